@@ -1,0 +1,42 @@
+"""The provider seam: stream one assistant message for (system prompt, messages, tools).
+
+Failures never raise: they come back as an AssistantMessage with stop_reason "error" and a readable
+error_message, so the loop has one path for every outcome.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from pid.messages import AssistantMessage, Message, ToolSpec
+
+
+@dataclass
+class ProviderConfig:
+    model: str
+    base_url: str = "https://api.openai.com/v1"
+    api_key: str | None = None
+    api: str = "openai-completions"          # or "anthropic-messages"
+    provider: str = "openai"                 # a label recorded in the session
+    max_tokens: int | None = None
+    temperature: float | None = None
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 300.0            # longest silence tolerated inside a stream
+    max_retries: int = 2                     # on connect errors, 429 and 5xx before any byte streamed
+    input_cost_per_mtok: float = 0.0         # USD per million tokens, for result.json and the cost cap
+    output_cost_per_mtok: float = 0.0
+    cache_read_cost_per_mtok: float = 0.0
+    cache_write_cost_per_mtok: float = 0.0
+
+
+StreamListener = Callable[[str], None]  # receives text deltas as they arrive, for live views
+
+
+class Provider(Protocol):
+    config: ProviderConfig
+
+    def stream(self, system: str, messages: list[Message], tools: list[ToolSpec], *,
+               cancel: threading.Event | None = None,
+               on_text: StreamListener | None = None) -> AssistantMessage:
+        ...

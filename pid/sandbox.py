@@ -1,0 +1,54 @@
+"""The seam between the agent core and wherever commands run.
+
+Tools see only this Protocol: run a command, read a file, write a file. `pid/` never imports docker; the Docker
+implementation lives in the top-level `sandbox` package, and anything with these three methods will do.
+All paths are paths *inside* the sandbox.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, Mapping, Protocol, runtime_checkable
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (channel broke, container gone); not an error of the command."""
+
+
+@dataclass
+class ExecResult:
+    exit_code: int | None      # None when the command was killed (timeout or cancel)
+    tail: bytes                # the last `tail_bytes` bytes of stdout+stderr, merged
+    total_bytes: int           # size of the whole output
+    total_lines: int           # lines in the whole output (a final line without newline counts)
+    timed_out: bool = False
+    cancelled: bool = False
+    output_path: str | None = None  # in-sandbox file with the full output (mode 0600), when kept
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    workdir: str  # where relative paths resolve and commands start, e.g. "/workspace"
+
+    def exec(self, command: str, *, timeout: float, tail_bytes: int = 65536,
+             env: Mapping[str, str] | None = None,
+             on_output: Callable[[bytes], None] | None = None,
+             cancel: threading.Event | None = None) -> ExecResult:
+        """Run `bash -c command` (sh where bash is missing) in `workdir`, stdin at EOF, in its own process group.
+
+        On timeout or cancel the whole process group is killed inside the sandbox before this returns.
+        Memory use is bounded by `tail_bytes` whatever the command prints. `on_output`, when given, receives
+        throttled chunks of recent output while the command runs (for live progress only).
+        """
+        ...
+
+    def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """The file's bytes, at most `max_bytes` from its start.
+
+        Raises FileNotFoundError, IsADirectoryError or PermissionError like the builtins; SandboxError otherwise.
+        """
+        ...
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Create or overwrite the file (parents created), keeping the mode of an existing file."""
+        ...

@@ -1,0 +1,41 @@
+"""What a tool is and what it gets when it runs. The registry and the four built-ins build on this."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Union
+
+from pid.messages import ImageContent, TextContent
+from pid.sandbox import Sandbox
+
+
+@dataclass
+class ToolSettings:
+    bash_timeout_s: float = 120.0       # default when the model gives none
+    bash_max_timeout_s: float = 600.0   # a larger `timeout` argument is a validation error
+
+
+@dataclass
+class ToolContext:
+    sandbox: Sandbox
+    cancel: threading.Event = field(default_factory=threading.Event)
+    settings: ToolSettings = field(default_factory=ToolSettings)
+    # Partial output of a long-running call, for live views (throttled by the caller of on_update's source).
+    on_update: Callable[[str], None] | None = None
+
+
+@dataclass
+class ToolResult:
+    content: list[Union[TextContent, ImageContent]]
+    is_error: bool = False
+    details: dict[str, Any] | None = None   # for the session and events, never sent to the model
+    timed_out: bool = False                 # lets the loop cap consecutive timed-out commands
+
+    @classmethod
+    def text(cls, text: str, *, is_error: bool = False, details: dict[str, Any] | None = None,
+             timed_out: bool = False) -> "ToolResult":
+        return cls([TextContent(text)], is_error, details, timed_out)
+
+    @classmethod
+    def error(cls, text: str) -> "ToolResult":
+        return cls([TextContent(text)], True)
