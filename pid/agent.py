@@ -1,0 +1,226 @@
+"""The agent loop: ask the model, run the tools it calls, feed the results back, until it answers.
+
+    task -> [model -> tool calls (concurrently) -> results in call order] * -> final answer
+
+Everything else here is an ending rule (limits, cancel, errors) or a hook for a human in the loop
+(steering, follow-ups, pause). The loop never raises for model or tool failures; each becomes an outcome.
+"""
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pid import events as ev
+from pid.messages import (AssistantMessage, Message, TextContent, ToolCall, ToolResultMessage, Usage,
+                          UserMessage)
+from pid.providers.base import Provider
+from pid.session import SessionWriter
+from pid.tools.base import ToolContext, ToolResult
+from pid.tools.registry import ToolRegistry
+
+Status = Literal["completed", "failed", "timeout", "cancelled"]
+# exit_reason values that mean "a limit was hit": the CLI maps them to exit code 3.
+LIMIT_REASONS = frozenset({"wall_clock", "max_turns", "max_cost", "consecutive_timeouts"})
+
+LENGTH_STOP_TOOL_ERROR = ('Tool call "{name}" was not executed: the response hit the output token limit, so its '
+                          'arguments may be truncated. Re-issue the tool call with complete arguments.')
+MISSING_RESULT_ERROR = "Tool call was interrupted before it returned a result."
+
+
+@dataclass
+class Limits:
+    max_turns: int = 100
+    wall_clock_s: float | None = None
+    max_cost: float | None = None             # USD
+    max_consecutive_timeouts: int = 3
+
+
+@dataclass
+class Outcome:
+    status: Status
+    exit_reason: str
+    final_message: str = ""
+    turns: int = 0
+    tool_calls: int = 0
+    usage: Usage = field(default_factory=Usage)
+    error: str | None = None
+
+
+class Agent:
+    """One task's conversation with the model. Thread-safe controls: steer, follow_up, pause, resume, cancel."""
+
+    def __init__(self, provider: Provider, tools: ToolRegistry, context: ToolContext, system_prompt: str, *,
+                 session: SessionWriter | None = None, sink: ev.EventSink = ev.ignore,
+                 limits: Limits | None = None, max_parallel_tools: int = 8) -> None:
+        self.provider = provider
+        self.tools = tools
+        self.context = context
+        self.system_prompt = system_prompt
+        self.session = session
+        self.sink = sink
+        self.limits = limits or Limits()
+        self.messages: list[Message] = []
+        self.cancel_event = context.cancel
+        self._stop_reason: str | None = None      # why cancel_event was set: "cancelled" or "wall_clock"
+        self._steering: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._follow_ups: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._resumed = threading.Event()
+        self._resumed.set()
+        self._pool = ThreadPoolExecutor(max_parallel_tools, thread_name_prefix="pid-tool")
+
+    # -- controls (any thread) --------------------------------------------------------------------------------------
+    def steer(self, text: str) -> None:
+        """Delivered after the running tool batch completes, before the next model call."""
+        self._steering.put(text)
+
+    def follow_up(self, text: str) -> None:
+        """Delivered when the agent would otherwise stop; the loop then goes on."""
+        self._follow_ups.put(text)
+
+    def pause(self) -> None:
+        self._resumed.clear()
+
+    def resume(self) -> None:
+        self._resumed.set()
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        self.cancel_event.set()
+        self._resumed.set()
+
+    # -- the loop ---------------------------------------------------------------------------------------------------
+    def run(self, task: str) -> Outcome:
+        timer = None
+        if self.limits.wall_clock_s is not None:
+            timer = threading.Timer(self.limits.wall_clock_s, self.cancel, args=("wall_clock",))
+            timer.daemon = True
+            timer.start()
+        self.sink(ev.AgentStart())
+        try:
+            outcome = self._loop(task)
+        finally:
+            if timer:
+                timer.cancel()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self.sink(ev.AgentEnd(outcome.status, outcome.exit_reason))
+        return outcome
+
+    def _loop(self, task: str) -> Outcome:
+        out = Outcome("completed", "stop")
+        self._add(UserMessage.text(task))
+        consecutive_timeouts = 0
+        while True:
+            self._deliver(self._steering)
+            if not self._resumed.is_set():
+                self._resumed.wait()
+            if self.cancel_event.is_set():
+                return self._stopped(out)
+            if out.turns >= self.limits.max_turns:
+                return self._end(out, "timeout", "max_turns", f"reached max_turns ({self.limits.max_turns})")
+            out.turns += 1
+            self.sink(ev.TurnStart(out.turns))
+            reply = self.provider.stream(self.system_prompt, self._context_messages(), self.tools.specs(),
+                                         cancel=self.cancel_event)
+            out.usage.add(reply.usage)
+            self._add(reply)
+            if reply.stop_reason == "aborted" or self.cancel_event.is_set():
+                self.sink(ev.TurnEnd(out.turns, reply, []))
+                return self._stopped(out)
+            if reply.stop_reason == "error":
+                self.sink(ev.TurnEnd(out.turns, reply, []))
+                return self._end(out, "failed", "provider_error", reply.error_message or "model request failed")
+            calls = reply.tool_calls
+            results = self._run_tools(reply) if calls else []
+            out.tool_calls += len(calls)
+            for result in results:
+                self._add(result)
+            self.sink(ev.TurnEnd(out.turns, reply, results))
+            if self.cancel_event.is_set():
+                return self._stopped(out)
+            if calls and results and all(r.details and r.details.get("timedOut") for r in results):
+                consecutive_timeouts += 1
+            elif calls:
+                consecutive_timeouts = 0
+            if consecutive_timeouts >= self.limits.max_consecutive_timeouts:
+                return self._end(out, "failed", "consecutive_timeouts",
+                                 f"{consecutive_timeouts} consecutive turns of timed-out commands")
+            if self.limits.max_cost is not None and out.usage.cost.total > self.limits.max_cost:
+                return self._end(out, "failed", "max_cost",
+                                 f"cost ${out.usage.cost.total:.4f} exceeded max_cost ${self.limits.max_cost:.4f}")
+            if not calls:
+                if self._deliver(self._follow_ups):
+                    continue
+                out.final_message = reply.text
+                return out
+
+    def _run_tools(self, reply: AssistantMessage) -> list[ToolResultMessage]:
+        calls = reply.tool_calls
+        if reply.stop_reason == "length":
+            return [self._result_message(c, ToolResult.error(LENGTH_STOP_TOOL_ERROR.format(name=c.name)))
+                    for c in calls]
+        if len(calls) == 1:
+            return [self._run_tool(calls[0])]
+        return list(self._pool.map(self._run_tool, calls))  # map keeps the order the model issued the calls
+
+    def _run_tool(self, call: ToolCall) -> ToolResultMessage:
+        self.sink(ev.ToolStart(call.id, call.name, call.arguments))
+        started = time.monotonic()
+
+        def update(partial: str) -> None:
+            self.sink(ev.ToolUpdate(call.id, call.name, partial))
+
+        result = self.tools.execute(call, dataclasses.replace(self.context, on_update=update))
+        message = self._result_message(call, result)
+        self.sink(ev.ToolEnd(call.id, call.name, message, time.monotonic() - started))
+        return message
+
+    @staticmethod
+    def _result_message(call: ToolCall, result: ToolResult) -> ToolResultMessage:
+        details = result.details
+        if result.timed_out:
+            details = {**(details or {}), "timedOut": True}
+        return ToolResultMessage(call.id, call.name, list(result.content), result.is_error, details)
+
+    def _context_messages(self) -> list[Message]:
+        """What the model sees: failed or aborted replies are left out, and every tool call it sees has a result."""
+        replayed: list[Message] = []
+        answered = {m.tool_call_id for m in self.messages if isinstance(m, ToolResultMessage)}
+        for m in self.messages:
+            if isinstance(m, AssistantMessage):
+                if m.stop_reason in ("error", "aborted"):
+                    continue
+                replayed.append(m)
+                replayed += [ToolResultMessage(c.id, c.name, [TextContent(MISSING_RESULT_ERROR)], True)
+                             for c in m.tool_calls if c.id not in answered]
+            else:
+                replayed.append(m)
+        return replayed
+
+    def _deliver(self, pending: "queue.SimpleQueue[str]") -> bool:
+        delivered = False
+        while not pending.empty():
+            self._add(UserMessage.text(pending.get()))
+            delivered = True
+        return delivered
+
+    def _add(self, message: Message) -> None:
+        self.messages.append(message)
+        if self.session:
+            self.session.message(message)
+        self.sink(ev.MessageEnd(message))
+
+    def _stopped(self, out: Outcome) -> Outcome:
+        if self._stop_reason == "wall_clock":
+            return self._end(out, "timeout", "wall_clock", f"wall-clock limit of {self.limits.wall_clock_s:g}s reached")
+        return self._end(out, "cancelled", "cancelled", None)
+
+    @staticmethod
+    def _end(out: Outcome, status: Status, reason: str, error: str | None) -> Outcome:
+        out.status, out.exit_reason, out.error = status, reason, error
+        return out

@@ -1,0 +1,94 @@
+"""Session transcripts as JSONL in pi's version-3 format, appended as the task runs.
+
+Each line is flushed when written, so a crash mid-task leaves a valid prefix that pi (and `read_session`) can open.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import uuid
+from datetime import datetime, timezone
+from typing import IO, Any
+
+from pid.messages import Message, message_from_dict
+
+SESSION_VERSION = 3
+
+
+def iso_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _entry_id() -> str:
+    return secrets.token_hex(4)
+
+
+class SessionWriter:
+    """Writes a pi session file: a header line, then entries chained by parentId."""
+
+    def __init__(self, path: str, *, cwd: str = "/workspace", session_id: str | None = None) -> None:
+        self.path = path
+        self.id = session_id or str(uuid.uuid4())
+        self._last_id: str | None = None
+        self._file: IO[str] = open(path, "a", encoding="utf-8")
+        self._write({"type": "session", "version": SESSION_VERSION, "id": self.id, "timestamp": iso_now(), "cwd": cwd})
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        self._file.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def _append(self, body: dict[str, Any]) -> str:
+        entry_id = _entry_id()
+        self._write({"type": body.pop("type"), "id": entry_id, "parentId": self._last_id, "timestamp": iso_now(), **body})
+        self._last_id = entry_id
+        return entry_id
+
+    def model_change(self, provider: str, model: str) -> str:
+        return self._append({"type": "model_change", "provider": provider, "modelId": model})
+
+    def thinking_level_change(self, level: str = "off") -> str:
+        return self._append({"type": "thinking_level_change", "thinkingLevel": level})
+
+    def message(self, message: Message) -> str:
+        return self._append({"type": "message", "message": message.to_dict()})
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+
+    def __enter__(self) -> "SessionWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_session(path: str) -> tuple[dict[str, Any], list[Message]]:
+    """The header and the messages along the chain ending at the last entry (the current branch of the tree)."""
+    header: dict[str, Any] = {}
+    entries: dict[str, dict[str, Any]] = {}
+    last: str | None = None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a torn last line after a crash: the prefix is what counts
+            if obj.get("type") == "session":
+                header = obj
+                continue
+            entries[obj["id"]] = obj
+            last = obj["id"]
+    chain: list[dict[str, Any]] = []
+    while last is not None:
+        entry = entries[last]
+        chain.append(entry)
+        last = entry.get("parentId")
+    chain.reverse()
+    return header, [message_from_dict(e["message"]) for e in chain if e.get("type") == "message"]
