@@ -1,0 +1,71 @@
+"""The job spec (what `submit` sends through the queue) and the job result (result.json). Plain JSON data."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
+from typing import Any
+
+from pid.config import DEFAULT_IMAGE
+
+TERMINAL = ("completed", "failed", "timeout", "cancelled")
+
+
+def new_job_id() -> str:
+    """Sortable by submission time, unique without coordination."""
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+@dataclass
+class JobSpec:
+    task: str
+    repo: str                       # absolute host path of the repository or directory to work on
+    model: str
+    out_dir: str                    # absolute; artifacts go to out_dir/<id>/
+    base_url: str
+    api: str = "openai-completions"
+    image: str = DEFAULT_IMAGE
+    timeout_s: float = 3600.0       # wall clock for the whole job
+    max_turns: int = 100
+    max_cost: float | None = None
+    tools: list[str] | None = None  # active subset; None = all four
+    files: list[str] = field(default_factory=list)  # in-container paths to collect as artifacts
+    memory: str = "2g"
+    cpus: float = 1.0
+    pids_limit: int = 512
+    network: str = "none"
+    id: str = field(default_factory=new_job_id)
+
+    @property
+    def job_dir(self) -> str:
+        return os.path.join(self.out_dir, self.id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def exit_code_for(result: dict[str, Any]) -> int:
+    """The CLI contract: 0 completed, 1 failed or cancelled, 3 a limit was hit (2 is bad usage, before any job)."""
+    from pid.agent import LIMIT_REASONS
+    if result.get("status") == "completed":
+        return 0
+    if result.get("exit_reason") in LIMIT_REASONS:
+        return 3
+    return 1
+
+
+def write_json_atomic(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,137 @@
+"""One job runner for both paths (`pid run` in the foreground, the Celery task in a worker):
+
+    create sandbox -> import workspace -> run agent -> collect artifacts -> write result.json -> remove container
+
+The container is removed in a `finally`, whatever the ending; result.json is always written.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from pid import events as ev
+from pid.agent import Agent, Limits, Outcome
+from pid.messages import Usage
+from pid.prompt import build_system_prompt
+from pid.providers import make_provider
+from pid.providers.base import ProviderConfig
+from pid.session import SessionWriter
+from pid.tools.base import ToolContext
+from pid.tools.registry import default_registry
+from sandbox import DockerSandbox, SandboxConfig
+from worker.jobs import JobSpec, write_json_atomic
+
+# The container outlives the job's wall clock by this much, so artifacts can still be collected after a timeout;
+# then its main process exits and Docker removes it even if this worker is gone.
+CONTAINER_TTL_MARGIN_S = 300.0
+
+AgentHook = Callable[[Agent], None]
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class JobCancelled(Exception):
+    """Cancel arrived before the agent started."""
+
+
+def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = ev.ignore,
+            on_agent: AgentHook | None = None, cancel: threading.Event | None = None) -> dict[str, Any]:
+    """Run one job to its end and return result.json's content. Never raises for job failures."""
+    started = time.time()
+    os.makedirs(spec.job_dir, exist_ok=True)
+    cancel = cancel or threading.Event()
+    outcome = Outcome("failed", "error", usage=Usage())
+    artifacts: dict[str, Any] = {}
+    sandbox: DockerSandbox | None = None
+    session: SessionWriter | None = None
+    try:
+        provider = make_provider(ProviderConfig(model=spec.model, base_url=spec.base_url, api_key=api_key,
+                                                api=spec.api, provider=_provider_label(spec)))
+        tools = default_registry()
+        if spec.tools:
+            tools = tools.subset(spec.tools)
+        if cancel.is_set():
+            raise JobCancelled
+        sandbox = DockerSandbox.create(SandboxConfig(
+            image=spec.image, job_id=spec.id, memory=spec.memory, cpus=spec.cpus, pids_limit=spec.pids_limit,
+            network=spec.network, ttl_s=spec.timeout_s + CONTAINER_TTL_MARGIN_S))
+        sandbox.import_workspace(spec.repo)
+        if cancel.is_set():
+            raise JobCancelled
+        context = ToolContext(sandbox=sandbox, cancel=cancel)
+        session = SessionWriter(os.path.join(spec.job_dir, "session.jsonl"), cwd=sandbox.workdir)
+        session.model_change(provider.config.provider, spec.model)
+        session.thinking_level_change("off")
+        remaining = max(1.0, spec.timeout_s - (time.time() - started))
+        agent = Agent(provider, tools, context, build_system_prompt(tools.specs(), sandbox), session=session,
+                      sink=sink, limits=Limits(max_turns=spec.max_turns, wall_clock_s=remaining,
+                                               max_cost=spec.max_cost))
+        if on_agent:
+            on_agent(agent)
+        outcome = agent.run(spec.task)
+    except JobCancelled:
+        outcome = Outcome("cancelled", "cancelled")
+    except KeyboardInterrupt:
+        outcome = Outcome("cancelled", "interrupted", error="interrupted")
+        raise
+    except Exception as exc:  # sandbox or setup failure: a failed job with a readable reason
+        outcome = Outcome("failed", "sandbox_error" if sandbox or _is_sandbox_error(exc) else "error",
+                          error=_describe(exc))
+    finally:
+        if session:
+            session.close()
+            artifacts["session"] = "session.jsonl"
+        if sandbox:
+            artifacts.update(_collect(sandbox, spec))
+            sandbox.close()
+        result = _result(spec, outcome, started, artifacts)
+        write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
+    return result
+
+
+def _collect(sandbox: DockerSandbox, spec: JobSpec) -> dict[str, Any]:
+    """Patch and requested files; a failure here is recorded, never allowed to lose the rest."""
+    found: dict[str, Any] = {}
+    try:
+        sandbox.export_patch(os.path.join(spec.job_dir, "patch.diff"))
+        found["patch"] = "patch.diff"
+    except Exception as exc:
+        found["patch_error"] = _describe(exc)
+    if spec.files:
+        try:
+            found["files"] = sandbox.export_files(spec.files, os.path.join(spec.job_dir, "files"))
+        except Exception as exc:
+            found["files_error"] = _describe(exc)
+    return found
+
+
+def _result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dict[str, Any]) -> dict[str, Any]:
+    finished = time.time()
+    result: dict[str, Any] = {
+        "id": spec.id, "status": outcome.status, "exit_reason": outcome.exit_reason,
+        "final_message": outcome.final_message, "turns": outcome.turns, "tool_calls": outcome.tool_calls,
+        "usage": outcome.usage.to_result(), "model": spec.model, "image": spec.image, "task": spec.task,
+        "repo": spec.repo, "started_at": iso(started), "finished_at": iso(finished),
+        "duration_s": round(finished - started, 3), "artifacts": artifacts,
+    }
+    if outcome.error:
+        result["error"] = outcome.error
+    return result
+
+
+def _provider_label(spec: JobSpec) -> str:
+    return "anthropic" if spec.api.startswith("anthropic") else "openai"
+
+
+def _is_sandbox_error(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith(("sandbox", "docker"))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:500] if len(text) > 500 else text

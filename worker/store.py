@@ -1,0 +1,214 @@
+"""The job store: each job's own record is the source of truth; the broker only dispatches.
+
+A job is claimed by one worker at a time under a lease that the worker renews while it runs. A redelivered
+message (Redis visibility timeout, RabbitMQ consumer timeout, a restarted worker) finds the job claimed and does
+nothing; a job whose worker died lets its lease lapse and the sweeper dispatches it again. SQLite (WAL) under
+PID_HOME: one file, no server, safe across the worker's processes on one machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from worker.jobs import TERMINAL, JobSpec
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+  id TEXT PRIMARY KEY,
+  spec TEXT NOT NULL,
+  status TEXT NOT NULL,            -- queued | running | completed | failed | timeout | cancelled
+  owner TEXT,                      -- the worker process holding the lease
+  lease_until REAL,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  cancel_requested INTEGER NOT NULL DEFAULT 0,
+  paused INTEGER NOT NULL DEFAULT 0,
+  turns INTEGER NOT NULL DEFAULT 0,
+  tool_calls INTEGER NOT NULL DEFAULT 0,
+  exit_reason TEXT,
+  error TEXT,
+  created_at REAL NOT NULL,
+  started_at REAL,
+  finished_at REAL
+);
+CREATE TABLE IF NOT EXISTS inbox (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  job_id TEXT NOT NULL,
+  kind TEXT NOT NULL,              -- steer | follow_up
+  text TEXT NOT NULL,
+  delivered INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS inbox_job ON inbox(job_id, delivered);
+"""
+
+
+@dataclass
+class JobRecord:
+    id: str
+    spec: JobSpec
+    status: str
+    owner: str | None
+    lease_until: float | None
+    attempts: int
+    cancel_requested: bool
+    paused: bool
+    turns: int
+    tool_calls: int
+    exit_reason: str | None
+    error: str | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "spec"}
+        d["task"] = self.spec.task
+        d["job_dir"] = self.spec.job_dir
+        return d
+
+
+class JobStore:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with self._db() as db:
+            db.executescript(SCHEMA)
+
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA busy_timeout=30000")
+            db.row_factory = sqlite3.Row
+            yield db
+        finally:
+            db.close()
+
+    def create(self, spec: JobSpec) -> JobRecord:
+        with self._db() as db:
+            db.execute("INSERT INTO jobs (id, spec, status, created_at) VALUES (?, ?, 'queued', ?)",
+                       (spec.id, json.dumps(spec.to_dict()), time.time()))
+        record = self.get(spec.id)
+        assert record is not None
+        return record
+
+    def get(self, job_id: str) -> JobRecord | None:
+        with self._db() as db:
+            row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return _record(row) if row else None
+
+    def list(self, limit: int = 50) -> list[JobRecord]:
+        with self._db() as db:
+            rows = db.execute("SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
+        return [_record(r) for r in rows]
+
+    def claim(self, job_id: str, owner: str, lease_s: float) -> bool:
+        """Take the job if it is queued, or running under a lapsed lease. Exactly one claimer wins."""
+        now = time.time()
+        with self._db() as db:
+            cur = db.execute(
+                "UPDATE jobs SET status = 'running', owner = ?, lease_until = ?, attempts = attempts + 1, "
+                "started_at = COALESCE(started_at, ?) "
+                "WHERE id = ? AND cancel_requested = 0 AND (status = 'queued' OR (status = 'running' AND lease_until < ?))",
+                (owner, now + lease_s, now, job_id, now))
+            return cur.rowcount == 1
+
+    def renew(self, job_id: str, owner: str, lease_s: float) -> bool:
+        with self._db() as db:
+            cur = db.execute("UPDATE jobs SET lease_until = ? WHERE id = ? AND owner = ? AND status = 'running'",
+                             (time.time() + lease_s, job_id, owner))
+            return cur.rowcount == 1
+
+    def progress(self, job_id: str, turns: int, tool_calls: int) -> None:
+        with self._db() as db:
+            db.execute("UPDATE jobs SET turns = ?, tool_calls = ? WHERE id = ?", (turns, tool_calls, job_id))
+
+    def finish(self, job_id: str, status: str, *, owner: str | None = None, exit_reason: str | None = None,
+               error: str | None = None, turns: int | None = None, tool_calls: int | None = None) -> bool:
+        """Record the ending. With an owner, only the lease holder may finish (a stale worker cannot overwrite)."""
+        assert status in TERMINAL
+        sql = ("UPDATE jobs SET status = ?, exit_reason = ?, error = ?, finished_at = ?, lease_until = NULL, "
+               "turns = COALESCE(?, turns), tool_calls = COALESCE(?, tool_calls) WHERE id = ? AND status NOT IN "
+               "('completed', 'failed', 'timeout', 'cancelled')")
+        args: list[Any] = [status, exit_reason, error, time.time(), turns, tool_calls, job_id]
+        if owner is not None:
+            sql += " AND owner = ?"
+            args.append(owner)
+        with self._db() as db:
+            return db.execute(sql, args).rowcount == 1
+
+    def request_cancel(self, job_id: str) -> str | None:
+        """Ask for a cancel. A queued job is cancelled on the spot; a running one by its worker. Returns the status."""
+        with self._db() as db:
+            db.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status IN ('queued', 'running')",
+                       (job_id,))
+        self.finish_if_queued(job_id, "cancelled", "cancelled")
+        record = self.get(job_id)
+        return record.status if record else None
+
+    def finish_if_queued(self, job_id: str, status: str, exit_reason: str) -> bool:
+        with self._db() as db:
+            return db.execute("UPDATE jobs SET status = ?, exit_reason = ?, finished_at = ? "
+                              "WHERE id = ? AND status = 'queued'",
+                              (status, exit_reason, time.time(), job_id)).rowcount == 1
+
+    def set_paused(self, job_id: str, paused: bool) -> bool:
+        with self._db() as db:
+            return db.execute("UPDATE jobs SET paused = ? WHERE id = ? AND status IN ('queued', 'running')",
+                              (int(paused), job_id)).rowcount == 1
+
+    def post(self, job_id: str, kind: str, text: str) -> bool:
+        """Queue a steering or follow-up message for a queued or running job."""
+        assert kind in ("steer", "follow_up")
+        with self._db() as db:
+            row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if not row or row["status"] not in ("queued", "running"):
+                return False
+            db.execute("INSERT INTO inbox (job_id, kind, text) VALUES (?, ?, ?)", (job_id, kind, text))
+            return True
+
+    def take_messages(self, job_id: str) -> list[tuple[str, str]]:
+        """Undelivered messages in the order they were posted, marked delivered."""
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            rows = db.execute("SELECT seq, kind, text FROM inbox WHERE job_id = ? AND delivered = 0 ORDER BY seq",
+                              (job_id,)).fetchall()
+            if rows:
+                db.execute(f"UPDATE inbox SET delivered = 1 WHERE seq IN ({','.join('?' * len(rows))})",
+                           [r["seq"] for r in rows])
+            db.execute("COMMIT")
+        return [(r["kind"], r["text"]) for r in rows]
+
+    def lapsed(self) -> list[JobRecord]:
+        """Running jobs whose worker stopped renewing: it died, or its machine did."""
+        with self._db() as db:
+            rows = db.execute("SELECT * FROM jobs WHERE status = 'running' AND lease_until < ?",
+                              (time.time(),)).fetchall()
+        return [_record(r) for r in rows]
+
+    def requeue(self, job_id: str) -> bool:
+        with self._db() as db:
+            return db.execute("UPDATE jobs SET status = 'queued', owner = NULL, lease_until = NULL "
+                              "WHERE id = ? AND status = 'running' AND lease_until < ?",
+                              (job_id, time.time())).rowcount == 1
+
+
+def _record(row: sqlite3.Row) -> JobRecord:
+    return JobRecord(row["id"], JobSpec.from_dict(json.loads(row["spec"])), row["status"], row["owner"],
+                     row["lease_until"], row["attempts"], bool(row["cancel_requested"]), bool(row["paused"]),
+                     row["turns"], row["tool_calls"], row["exit_reason"], row["error"], row["created_at"],
+                     row["started_at"], row["finished_at"])
+
+
+def default_store() -> JobStore:
+    from pid.config import pid_home
+    return JobStore(os.path.join(pid_home(), "jobs.db"))

@@ -1,0 +1,160 @@
+"""The Celery task and the worker's housekeeping. The task claims the job in the store, keeps its lease alive,
+relays cancel/pause/steer/follow-up from the store to the running agent, and records the ending."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from typing import Any
+
+from celery import signals
+
+from pid import events as ev
+from pid.agent import Agent
+from worker.app import app
+from worker.jobs import JobSpec, write_json_atomic
+from worker.runner import iso, run_job
+from worker.store import JobStore, default_store
+
+log = logging.getLogger("pid.worker")
+
+LEASE_S = 60.0            # a worker silent this long is presumed dead; its job may be claimed again
+CONTROL_POLL_S = 0.5      # how quickly cancel, pause and messages reach a running job
+SWEEP_EVERY_S = 30.0
+MAX_ATTEMPTS = 3
+
+
+@app.task(name="pid.run_job", acks_late=True)
+def run_job_task(job_id: str, api_key: str | None = None) -> dict[str, Any]:
+    store = default_store()
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    if not store.claim(job_id, owner, LEASE_S):
+        record = store.get(job_id)
+        log.info("job %s not claimed (status %s): duplicate or cancelled delivery", job_id,
+                 record.status if record else "unknown")
+        return {"id": job_id, "skipped": True}
+    record = store.get(job_id)
+    assert record is not None
+    relay = ControlRelay(store, job_id, owner)
+    relay.start()
+    result: dict[str, Any] = {"id": job_id, "status": "failed", "exit_reason": "error"}
+    try:
+        result = run_job(record.spec, api_key=api_key or _env_api_key(), sink=relay.on_event,
+                         on_agent=relay.attach, cancel=relay.cancel)
+    finally:
+        relay.stop()
+        store.finish(job_id, result["status"], owner=owner, exit_reason=result.get("exit_reason"),
+                     error=result.get("error"), turns=result.get("turns"), tool_calls=result.get("tool_calls"))
+    return result
+
+
+class ControlRelay:
+    """A thread beside the running job: renews the lease, and carries the store's controls to the agent."""
+
+    def __init__(self, store: JobStore, job_id: str, owner: str) -> None:
+        self.store, self.job_id, self.owner = store, job_id, owner
+        self.cancel = threading.Event()
+        self._agent: Agent | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pid-control", daemon=True)
+        self._progress = (0, 0)
+
+    def attach(self, agent: Agent) -> None:
+        self._agent = agent
+
+    def on_event(self, event: ev.Event) -> None:
+        if isinstance(event, ev.TurnEnd):
+            turns, calls = self._progress
+            self._progress = (event.turn, calls + len(event.tool_results))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        ticks_per_renew = max(1, int(LEASE_S / 4 / CONTROL_POLL_S))
+        tick = 0
+        reported = (0, 0)
+        while not self._done.wait(CONTROL_POLL_S):
+            tick += 1
+            try:
+                if tick % ticks_per_renew == 0 and not self.store.renew(self.job_id, self.owner, LEASE_S):
+                    log.warning("job %s: lease lost; stopping", self.job_id)
+                    self._cancel()
+                record = self.store.get(self.job_id)
+                if record is None:
+                    continue
+                if record.cancel_requested:
+                    self._cancel()
+                agent = self._agent
+                if agent is None:
+                    continue
+                (agent.pause if record.paused else agent.resume)()
+                for kind, text in self.store.take_messages(self.job_id):
+                    (agent.steer if kind == "steer" else agent.follow_up)(text)
+                if self._progress != reported:
+                    reported = self._progress
+                    self.store.progress(self.job_id, *reported)
+            except Exception:  # the store being briefly unavailable must not kill the job
+                log.exception("job %s: control relay", self.job_id)
+
+    def _cancel(self) -> None:
+        self.cancel.set()
+        if self._agent is not None:
+            self._agent.cancel()
+
+
+def dispatch(job_id: str, api_key: str | None = None) -> None:
+    run_job_task.apply_async(args=[job_id], kwargs={"api_key": api_key} if api_key else {}, task_id=job_id)
+
+
+def sweep(store: JobStore) -> None:
+    """Jobs whose worker died: dispatch again, or give up after MAX_ATTEMPTS with a result that says why."""
+    for record in store.lapsed():
+        if record.attempts >= MAX_ATTEMPTS:
+            if store.finish(record.id, "failed", exit_reason="worker_lost",
+                            error=f"worker lost {record.attempts} times"):
+                _write_lost_result(record.spec, record.attempts)
+        elif store.requeue(record.id):
+            log.warning("job %s: worker lost, dispatching again", record.id)
+            dispatch(record.id)
+
+
+def _write_lost_result(spec: JobSpec, attempts: int) -> None:
+    os.makedirs(spec.job_dir, exist_ok=True)
+    path = os.path.join(spec.job_dir, "result.json")
+    now = iso(__import__("time").time())
+    write_json_atomic(path, {"id": spec.id, "status": "failed", "exit_reason": "worker_lost",
+                             "error": f"worker lost {attempts} times", "final_message": "", "turns": 0,
+                             "tool_calls": 0, "usage": {}, "model": spec.model, "image": spec.image,
+                             "started_at": now, "finished_at": now, "duration_s": 0})
+
+
+def _env_api_key() -> str | None:
+    return os.environ.get("PID_API_KEY") or os.environ.get("OPENAI_API_KEY") or None
+
+
+@signals.worker_ready.connect
+def _start_housekeeping(**_: Any) -> None:
+    """In the worker's main process: reap expired containers, then sweep lost jobs periodically."""
+    def loop() -> None:
+        store = default_store()
+        stop = threading.Event()
+        while True:
+            try:
+                from sandbox import reap_expired
+                reap_expired()
+            except Exception:
+                log.exception("reaping expired containers")
+            try:
+                sweep(store)
+            except Exception:
+                log.exception("sweeping lost jobs")
+            stop.wait(SWEEP_EVERY_S)
+
+    threading.Thread(target=loop, name="pid-housekeeping", daemon=True).start()
