@@ -1,0 +1,298 @@
+"""The `pid` command. Thin: parse, call, print. Exit codes: 0 completed, 1 failed, 2 bad usage or input,
+3 a limit was hit (timeout, max turns, max cost)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any, Callable
+
+import click
+
+from pid.config import EnvDefaults
+from cli.output import EventPrinter, SessionFollower, print_result, wait_for
+from worker.jobs import JobSpec, exit_code_for
+
+TOOL_NAMES = ("read", "bash", "edit", "write")
+API_NAMES = {"openai": "openai-completions", "anthropic": "anthropic-messages"}
+
+
+class BadInput(click.ClickException):
+    """One line on stderr and exit code 2, never a traceback."""
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"pid: error: {self.format_message()}", err=True)
+
+
+def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options `run` and `submit` share: they describe the same job."""
+    options = [
+        click.argument("task"),
+        click.option("--repo", required=True, help="Repository or directory to work on (copied, never modified)."),
+        click.option("--model", help="Model name [env PID_MODEL]."),
+        click.option("--base-url", help="Model endpoint [env PID_BASE_URL, default OpenAI]."),
+        click.option("--api-key", help="API key [env PID_API_KEY or OPENAI_API_KEY]; never enters the container."),
+        click.option("--api", type=click.Choice(sorted(API_NAMES)), help="Wire format [env PID_API, default openai]."),
+        click.option("--image", help="Sandbox image [env PID_IMAGE, default pid-sandbox:latest]."),
+        click.option("--out", default="pid-runs", show_default=True, help="Artifacts go to OUT/<job id>/."),
+        click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=3600, show_default=True,
+                     help="Wall-clock limit for the whole job, in seconds."),
+        click.option("--max-turns", type=click.IntRange(min=1), default=100, show_default=True),
+        click.option("--max-cost", type=click.FloatRange(min=0), help="Stop when the cost in USD exceeds this."),
+        click.option("--tools", help="Active tools, comma-separated (default: read,bash,edit,write)."),
+        click.option("--file", "files", multiple=True, help="In-container path to collect as an artifact (repeatable)."),
+        click.option("--memory", default="2g", show_default=True, help="Container memory limit (swap = memory)."),
+        click.option("--cpus", type=click.FloatRange(min=0.01), default=1.0, show_default=True),
+        click.option("--pids", "pids_limit", type=click.IntRange(min=16), default=512, show_default=True),
+        click.option("--network", default="none", show_default=True, help="Container network (none: no network)."),
+        click.option("--json", "as_json", is_flag=True, help="Print result.json instead of the summary."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def build_spec(task: str, repo: str, model: str | None, base_url: str | None, api: str | None, image: str | None,
+               out: str, timeout_s: float, max_turns: int, max_cost: float | None, tools: str | None,
+               files: tuple[str, ...], memory: str, cpus: float, pids_limit: int, network: str) -> JobSpec:
+    env = EnvDefaults.read()
+    if not task.strip():
+        raise BadInput("the task is empty")
+    repo_path = os.path.abspath(os.path.expanduser(repo))
+    if not os.path.exists(repo_path):
+        raise BadInput(f"repo path does not exist: {repo}")
+    if not os.path.isdir(repo_path):
+        raise BadInput(f"repo path is not a directory: {repo}")
+    model = model or env.model
+    if not model:
+        raise BadInput("no model configured: pass --model or set PID_MODEL")
+    active = None
+    if tools:
+        active = [t.strip() for t in tools.split(",") if t.strip()]
+        unknown = sorted(set(active) - set(TOOL_NAMES))
+        if unknown or not active:
+            raise BadInput(f"unknown tool(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(TOOL_NAMES)}")
+    return JobSpec(task=task, repo=repo_path, model=model, out_dir=os.path.abspath(out),
+                   base_url=base_url or env.base_url, api=API_NAMES[api] if api else env.api,
+                   image=image or env.image, timeout_s=timeout_s, max_turns=max_turns, max_cost=max_cost,
+                   tools=active, files=list(files), memory=memory, cpus=cpus, pids_limit=pids_limit, network=network)
+
+
+def check_image(image: str) -> None:
+    from sandbox import DockerUnavailable, ImageNotFound, ensure_image
+    try:
+        ensure_image(image)
+    except (ImageNotFound, DockerUnavailable) as exc:
+        raise BadInput(str(exc)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="pid")
+def cli() -> None:
+    """pid runs LLM coding agents in Docker sandboxes, in the foreground or through a queue."""
+
+
+@cli.command()
+@job_options
+def run(api_key: str | None, as_json: bool, **options: Any) -> None:
+    """Run one job in the foreground (no queue)."""
+    from worker.runner import run_job
+    spec = build_spec(**options)
+    check_image(spec.image)
+    key = api_key or EnvDefaults.read().api_key
+    agents: list[Any] = []
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if agents and not agents[0].cancel_event.is_set():
+            click.echo("\ncancelling (Ctrl-C again to abort at once)…", err=True)
+            agents[0].cancel()
+        else:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        click.echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
+        result = run_job(spec, api_key=key, sink=EventPrinter() if not as_json else _quiet, on_agent=agents.append)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    print_result(result, spec.job_dir, as_json)
+    sys.exit(exit_code_for(result))
+
+
+def _quiet(_event: Any) -> None:
+    pass
+
+
+@cli.command()
+@job_options
+@click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code.")
+def submit(api_key: str | None, as_json: bool, wait: bool, **options: Any) -> None:
+    """Queue a job for a worker and print its id."""
+    from worker.store import default_store
+    from worker.tasks import dispatch
+    spec = build_spec(**options)
+    store = default_store()
+    store.create(spec)
+    dispatch(spec.id, api_key)
+    if not wait:
+        click.echo(spec.id)
+        return
+    click.echo(f"job {spec.id} queued", err=True)
+    _wait_and_exit(store, spec.id, as_json, follow=not as_json)
+
+
+def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool) -> None:
+    record = store.get(job_id)
+    result_path = os.path.join(record.spec.job_dir, "result.json")
+    follower = SessionFollower(os.path.join(record.spec.job_dir, "session.jsonl")) if follow else None
+    wait_for(result_path, lambda: (store.get(job_id).terminal and os.path.exists(result_path)) or
+             _cancelled_before_start(store, job_id), follower)
+    result = _load_result(store, job_id)
+    print_result(result, record.spec.job_dir, as_json)
+    sys.exit(exit_code_for(result))
+
+
+def _cancelled_before_start(store: Any, job_id: str) -> bool:
+    record = store.get(job_id)
+    return record.terminal and record.started_at is None
+
+
+def _load_result(store: Any, job_id: str) -> dict[str, Any]:
+    record = store.get(job_id)
+    path = os.path.join(record.spec.job_dir, "result.json")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    # Never started (cancelled while queued): the record is all there is.
+    return {"id": job_id, "status": record.status, "exit_reason": record.exit_reason, "final_message": "",
+            "turns": 0, "tool_calls": 0, "error": record.error}
+
+
+def _record_or_fail(job_id: str) -> Any:
+    from worker.store import default_store
+    store = default_store()
+    record = store.get(job_id)
+    if record is None:
+        raise BadInput(f"no such job: {job_id}")
+    return store, record
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+def status(job_id: str, as_json: bool) -> None:
+    """Show a job's status."""
+    _, record = _record_or_fail(job_id)
+    if as_json:
+        click.echo(json.dumps(record.to_dict(), indent=2))
+        return
+    flags = " (paused)" if record.paused and not record.terminal else ""
+    flags += " (cancel requested)" if record.cancel_requested and not record.terminal else ""
+    click.echo(f"{record.id}  {record.status}{flags}  turns={record.turns} tool_calls={record.tool_calls}"
+               f"  attempts={record.attempts}" + (f"  exit_reason={record.exit_reason}" if record.exit_reason else ""))
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print result.json.")
+@click.option("--wait", is_flag=True, help="Wait for the job to end first.")
+def result(job_id: str, as_json: bool, wait: bool) -> None:
+    """Show a finished job's result; exit with its exit code."""
+    store, record = _record_or_fail(job_id)
+    if wait:
+        _wait_and_exit(store, job_id, as_json, follow=False)
+    if not record.terminal:
+        raise click.ClickException(f"job {job_id} is {record.status}; use --wait to wait for it")
+    result = _load_result(store, job_id)
+    print_result(result, record.spec.job_dir, as_json)
+    sys.exit(exit_code_for(result))
+
+
+@cli.command()
+@click.argument("job_id")
+def cancel(job_id: str) -> None:
+    """Cancel a queued or running job (artifacts so far are kept)."""
+    store, _ = _record_or_fail(job_id)
+    click.echo(f"{job_id}: {store.request_cancel(job_id)}")
+
+
+def _post(kind: str, job_id: str, message: str) -> None:
+    store, record = _record_or_fail(job_id)
+    if not store.post(job_id, kind, message):
+        raise BadInput(f"job {job_id} is {record.status}: it takes no more messages")
+    click.echo(f"{job_id}: {kind.replace('_', '-')} queued")
+
+
+@cli.command()
+@click.argument("job_id")
+@click.argument("message")
+def steer(job_id: str, message: str) -> None:
+    """Send a message delivered after the current tool calls, before the next model call."""
+    _post("steer", job_id, message)
+
+
+@cli.command("follow-up")
+@click.argument("job_id")
+@click.argument("message")
+def follow_up(job_id: str, message: str) -> None:
+    """Send a message delivered when the agent would otherwise stop."""
+    _post("follow_up", job_id, message)
+
+
+@cli.command()
+@click.argument("job_id")
+def pause(job_id: str) -> None:
+    """Hold a job before its next model call (its wall clock keeps running)."""
+    store, record = _record_or_fail(job_id)
+    if not store.set_paused(job_id, True):
+        raise BadInput(f"job {job_id} is {record.status}")
+    click.echo(f"{job_id}: pause requested")
+
+
+@cli.command()
+@click.argument("job_id")
+def resume(job_id: str) -> None:
+    """Continue a paused job."""
+    store, record = _record_or_fail(job_id)
+    if not store.set_paused(job_id, False):
+        raise BadInput(f"job {job_id} is {record.status}")
+    click.echo(f"{job_id}: resumed")
+
+
+@cli.command("list")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+def list_jobs(limit: int) -> None:
+    """Recent jobs, newest first."""
+    from worker.store import default_store
+    for record in default_store().list(limit):
+        task = record.spec.task.replace("\n", " ")
+        click.echo(f"{record.id}  {record.status:<9}  {task[:60]}")
+
+
+@cli.command()
+@click.option("--concurrency", "-c", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Jobs run at once (each in its own process and container).")
+@click.option("--loglevel", default="INFO", show_default=True)
+def worker(concurrency: int, loglevel: str) -> None:
+    """Start a worker that runs queued jobs."""
+    from worker.app import QUEUE, app
+    app.worker_main(["worker", f"--concurrency={concurrency}", f"--queues={QUEUE}", f"--loglevel={loglevel}",
+                     "--without-gossip", "--without-mingle", "--without-heartbeat"])
+
+
+@cli.command()
+def reap() -> None:
+    """Remove pid containers whose time to live has passed (workers also do this on their own)."""
+    from sandbox import reap_expired
+    removed = reap_expired()
+    click.echo(f"removed {len(removed)} expired container(s)")
+
+
+def main() -> None:
+    cli(prog_name="pid")
+
+
+if __name__ == "__main__":
+    main()

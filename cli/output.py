@@ -1,0 +1,116 @@
+"""How a job looks in a terminal: one line per tool call, then the final message and a summary."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import click
+
+from pid import events as ev
+from pid.messages import AssistantMessage, ToolCall, ToolResultMessage, message_from_dict
+
+
+def summarize_call(name: str, args: dict[str, Any]) -> str:
+    if name == "bash":
+        text = str(args.get("command", "")).strip().splitlines()
+        summary = (text[0] + (" …" if len(text) > 1 else "")) if text else ""
+    elif name == "write":
+        summary = f"{args.get('path', '')} ({len(str(args.get('content', '')).encode())} bytes)"
+    elif name == "read":
+        extra = f" @{args['offset']}" if args.get("offset") else ""
+        summary = f"{args.get('path', '')}{extra}"
+    else:
+        summary = str(args.get("path", "")) or json.dumps(args)[:80]
+    return summary if len(summary) <= 100 else summary[:99] + "…"
+
+
+def tool_line(name: str, args: dict[str, Any], result: ToolResultMessage, duration_s: float | None) -> str:
+    mark = click.style("✗", fg="red") if result.is_error else click.style("✓", fg="green")
+    took = f"  {duration_s:.2f}s" if duration_s is not None else ""
+    line = f"{mark} {click.style(name, bold=True)} {summarize_call(name, args)}{took}"
+    if result.is_error:
+        last = result.text.strip().splitlines()[-1:] or [""]
+        line += click.style(f"  — {last[0][:100]}", fg="red")
+    return line
+
+
+class EventPrinter:
+    """An event sink for `pid run`: tool calls as they finish, on stderr."""
+
+    def __init__(self) -> None:
+        self._args: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, event: ev.Event) -> None:
+        if isinstance(event, ev.ToolStart):
+            self._args[event.call_id] = event.arguments
+        elif isinstance(event, ev.ToolEnd):
+            args = self._args.pop(event.call_id, {})
+            click.echo(tool_line(event.name, args, event.result, event.duration_s), err=True)
+        elif isinstance(event, ev.MessageEnd) and isinstance(event.message, AssistantMessage):
+            if event.message.stop_reason == "error" and event.message.error_message:
+                click.echo(click.style(f"model error: {event.message.error_message}", fg="red"), err=True)
+
+
+class SessionFollower:
+    """Prints the tool calls of a session file as a worker appends to it (for `submit --wait`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+        self._calls: dict[str, ToolCall] = {}
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        self._offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("type") != "message":
+                continue
+            message = message_from_dict(entry["message"])
+            if isinstance(message, AssistantMessage):
+                self._calls.update({c.id: c for c in message.tool_calls})
+            elif isinstance(message, ToolResultMessage):
+                call = self._calls.pop(message.tool_call_id, None)
+                click.echo(tool_line(message.tool_name, call.arguments if call else {}, message, None), err=True)
+
+
+def print_result(result: dict[str, Any], job_dir: str, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(result, indent=2, ensure_ascii=False))
+        return
+    if result.get("final_message"):
+        click.echo(result["final_message"])
+    status = result.get("status", "?")
+    colour = {"completed": "green", "cancelled": "yellow"}.get(status, "red")
+    usage = result.get("usage") or {}
+    summary = (f"{click.style(status, fg=colour, bold=True)} ({result.get('exit_reason')}) in "
+               f"{result.get('duration_s', 0):.1f}s · {result.get('turns', 0)} turns · "
+               f"{result.get('tool_calls', 0)} tool calls · {usage.get('total_tokens', 0)} tokens")
+    click.echo(summary, err=True)
+    if result.get("error"):
+        click.echo(click.style(f"error: {result['error']}", fg="red"), err=True)
+    click.echo(f"artifacts: {os.path.relpath(job_dir)}", err=True)
+
+
+def wait_for(path: str, done: Callable[[], bool], follower: SessionFollower | None, poll_s: float = 0.2) -> None:
+    while not done():
+        if follower:
+            follower.poll()
+        time.sleep(poll_s)
+    if follower:
+        follower.poll()
+    sys.stderr.flush()

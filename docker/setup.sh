@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian/Ubuntu machine for pid, idempotently, then optionally run the test suite.
+#   bash docker/setup.sh          engine + sandbox image + pid in .venv
+#   bash docker/setup.sh --test   the same, then the whole test suite (what .ci/run calls)
+# Needs root (or sudo) only for what is missing: installing docker.io/debootstrap and starting dockerd.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+image=${PID_IMAGE:-pid-sandbox:latest}
+sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+apt_install() {
+  say "installing $*"
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+# 1. A Docker engine that answers.
+command -v dockerd >/dev/null || apt_install docker.io
+if ! docker info >/dev/null 2>&1; then
+  say "starting dockerd"
+  ( $sudo nohup dockerd >/tmp/pid-dockerd.log 2>&1 & )
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /tmp/pid-dockerd.log" >&2; exit 1; }
+fi
+
+# 2. The sandbox image, built offline when absent (no registry needed).
+if ! docker image inspect "$image" >/dev/null 2>&1; then
+  command -v debootstrap >/dev/null || apt_install debootstrap
+  say "building $image with debootstrap (about a minute)"
+  bash docker/build-offline.sh "$image" >/dev/null
+fi
+
+# 3. pid and its test dependencies in a virtual environment.
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv 2>/dev/null || { apt_install python3-venv; python3 -m venv .venv; }
+fi
+say "installing pid into .venv"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+
+if [ "${1:-}" = "--test" ]; then
+  say "running the test suite"
+  exec .venv/bin/python -m pytest "${@:2}"
+fi
+say "ready: .venv/bin/pid --help"

@@ -1,0 +1,113 @@
+"""Shared fixtures: a private PID_HOME, a sample repository, the real `pid` CLI as a subprocess, a real worker.
+
+Everything is real: the Docker engine, the Celery worker on the embedded broker, and an HTTP LLM server.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGE = os.environ.get("PID_TEST_IMAGE", "pid-sandbox:latest")
+
+
+@dataclass
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> dict:
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def pid_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for pid subprocesses: a fresh home, no key or model leaking in from the machine."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PID_", "OPENAI_", "ANTHROPIC_"))}
+    env.update(PID_HOME=str(tmp_path / "home"), PID_IMAGE=IMAGE, PYTHONPATH=str(ROOT),
+               PYTHONUNBUFFERED="1")
+    return env
+
+
+@pytest.fixture
+def run_pid(pid_env: dict[str, str], tmp_path: Path):
+    """Run the real CLI: `run_pid("run", "task", "--repo", ...)`."""
+    def run(*args: str, timeout: float = 240, env: dict[str, str] | None = None) -> CliResult:
+        proc = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=tmp_path, env=env or pid_env,
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return CliResult(proc.returncode, proc.stdout, proc.stderr)
+    return run
+
+
+@pytest.fixture
+def sample_repo(tmp_path: Path) -> Path:
+    """A small git repository with an uncommitted change (the base must include it)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "hello.py").write_text('print("hello")\n')
+    (repo / "README.md").write_text("# sample\n")
+    (repo / "AGENTS.md").write_text("Always greet politely. MARKER-AGENTS-7f3a\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "init"], check=True)
+    (repo / "README.md").write_text("# sample\nuncommitted line\n")
+    return repo
+
+
+@pytest.fixture
+def worker(pid_env: dict[str, str], tmp_path: Path):
+    """A real `pid worker` process on the embedded (filesystem) broker."""
+    log_path = tmp_path / "worker.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", "1"], cwd=tmp_path,
+                            env=pid_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while "ready" not in log_path.read_text():
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError("worker did not start:\n" + log_path.read_text())
+        time.sleep(0.2)
+    yield proc
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
+
+
+def pid_containers() -> list:
+    return docker.from_env().containers.list(all=True, filters={"label": "pid.job"})
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After the suite no container with pid's labels may remain."""
+    try:
+        leaked = pid_containers()
+    except Exception:
+        return
+    # auto-removed containers can take a moment to disappear after their main process exits
+    deadline = time.time() + 10
+    while leaked and time.time() < deadline:
+        time.sleep(0.5)
+        leaked = [c for c in pid_containers() if c.status not in ("removing",)]
+    if leaked:
+        names = ", ".join(f"{c.short_id}({c.labels.get('pid.job')})" for c in leaked)
+        print(f"\nLEAKED CONTAINERS after the test suite: {names}", file=sys.stderr)
+        for c in leaked:
+            try:
+                c.remove(force=True)
+            except Exception:
+                pass
+        session.exitstatus = 1

@@ -1,0 +1,193 @@
+"""The spine, end to end: the real CLI, a real container, a real scripted LLM over HTTP, and (for submit) a real
+Celery worker on the embedded broker. Checks the patch, the session file and result.json."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.scripted_llm import ScriptedLLM
+
+FOUR_TOOLS_SCRIPT = [
+    {"text": "Let me look around.", "tool_calls": [
+        {"name": "bash", "arguments": {"command": "ls && cat hello.py"}},
+        {"name": "read", "arguments": {"path": "hello.py"}}]},
+    {"tool_calls": [
+        {"name": "edit", "arguments": {"path": "hello.py",
+                                       "edits": [{"oldText": 'print("hello")', "newText": 'print("hello, pid")'}]}},
+        {"name": "write", "arguments": {"path": "notes/new.txt", "content": "made by the agent\n"}}]},
+    {"tool_calls": [{"name": "bash", "arguments": {"command": "python3 hello.py; git status --short"}}]},
+    {"text": "Done: hello.py now greets pid."},
+]
+
+
+def job_options(llm: ScriptedLLM, out: Path) -> list[str]:
+    return ["--model", "scripted", "--base-url", llm.base_url, "--api-key", "sk-test-secret", "--out", str(out)]
+
+
+def check_four_tool_job(result: dict, job_dir: Path, llm: ScriptedLLM, repo: Path) -> None:
+    assert result["status"] == "completed", result
+    assert result["exit_reason"] == "stop"
+    assert result["final_message"] == "Done: hello.py now greets pid."
+    assert result["turns"] == 4 and result["tool_calls"] == 5
+    assert result["usage"]["total_tokens"] > 0
+    for key in ("id", "model", "image", "started_at", "finished_at", "duration_s"):
+        assert key in result
+
+    # What the model saw: the system prompt with AGENTS.md, four tool schemas, tool results in call order.
+    first, third, last = llm.requests[0], llm.requests[2], llm.requests[3]
+    assert "MARKER-AGENTS-7f3a" in first["messages"][0]["content"]
+    assert sorted(t["function"]["name"] for t in first["tools"]) == ["bash", "edit", "read", "write"]
+    tool_msgs = [m for m in third["messages"] if m["role"] == "tool"]
+    assert "hello.py" in tool_msgs[0]["content"] and 'print("hello")' in tool_msgs[1]["content"]
+    assert "Successfully replaced 1 block(s)" in tool_msgs[2]["content"]
+    assert "Successfully wrote 18 bytes" in tool_msgs[3]["content"]
+    assert "hello, pid" in [m for m in last["messages"] if m["role"] == "tool"][-1]["content"]
+
+    # The patch: the edit and the new file, against the imported state (uncommitted README change excluded).
+    patch = (job_dir / "patch.diff").read_text()
+    assert '+print("hello, pid")' in patch and "notes/new.txt" in patch and "README.md" not in patch
+    copy = repo.parent / "apply-check"
+    subprocess.run(["cp", "-r", str(repo), str(copy)], check=True)
+    subprocess.run(["git", "-C", str(copy), "apply", "--check", str(job_dir / "patch.diff")], check=True)
+
+    # The session: pi's version-3 format, chained by parentId.
+    lines = [json.loads(line) for line in (job_dir / "session.jsonl").read_text().splitlines()]
+    assert lines[0]["type"] == "session" and lines[0]["version"] == 3 and lines[0]["cwd"] == "/workspace"
+    for prev, entry in zip(lines[1:], lines[2:]):
+        assert entry["parentId"] == prev["id"]
+    messages = [e["message"] for e in lines if e["type"] == "message"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "toolResult", "toolResult", "assistant",
+                                            "toolResult", "toolResult", "assistant", "toolResult", "assistant"]
+    assert messages[1]["stopReason"] == "toolUse" and messages[-1]["stopReason"] == "stop"
+    assert all(not m["isError"] for m in messages if m["role"] == "toolResult")
+    assert "diff" in json.dumps(messages[3].get("details") or {})
+    # The API key stays in the worker: never in artifacts.
+    for artifact in job_dir.iterdir():
+        if artifact.is_file():
+            assert "sk-test-secret" not in artifact.read_text(errors="replace")
+    # The host repository is untouched.
+    assert (repo / "hello.py").read_text() == 'print("hello")\n'
+    assert not (repo / "notes").exists()
+
+
+def test_run_drives_all_four_tools_in_a_container(run_pid, sample_repo, tmp_path):
+    with ScriptedLLM(FOUR_TOOLS_SCRIPT) as llm:
+        res = run_pid("run", "Make hello.py greet pid.", "--repo", str(sample_repo), "--json",
+                      *job_options(llm, tmp_path / "out"))
+        assert res.code == 0, res.stderr
+        result = res.json()
+        check_four_tool_job(result, tmp_path / "out" / result["id"], llm, sample_repo)
+
+
+def test_run_prints_one_line_per_tool_call_and_the_final_message(run_pid, sample_repo, tmp_path):
+    with ScriptedLLM(FOUR_TOOLS_SCRIPT) as llm:
+        res = run_pid("run", "Make hello.py greet pid.", "--repo", str(sample_repo), *job_options(llm, tmp_path / "o"))
+    assert res.code == 0, res.stderr
+    assert res.stdout.strip() == "Done: hello.py now greets pid."
+    tool_lines = [line for line in res.stderr.splitlines() if line[:1] in ("✓", "✗")]
+    assert len(tool_lines) == 5
+    assert "bash ls && cat hello.py" in tool_lines[0] and "read hello.py" in tool_lines[1]
+
+
+def test_submit_wait_runs_through_a_real_worker(run_pid, worker, sample_repo, tmp_path):
+    with ScriptedLLM(FOUR_TOOLS_SCRIPT) as llm:
+        res = run_pid("submit", "--wait", "--json", "Make hello.py greet pid.", "--repo", str(sample_repo),
+                      *job_options(llm, tmp_path / "out"))
+        assert res.code == 0, res.stderr
+        result = res.json()
+        check_four_tool_job(result, tmp_path / "out" / result["id"], llm, sample_repo)
+    status = run_pid("status", result["id"])
+    assert status.code == 0 and "completed" in status.stdout
+    again = run_pid("result", result["id"], "--json")
+    assert again.code == 0 and again.json()["id"] == result["id"]
+
+
+def test_submit_without_wait_prints_the_id_and_result_waits(run_pid, worker, sample_repo, tmp_path):
+    with ScriptedLLM([{"text": "nothing to do"}]) as llm:
+        res = run_pid("submit", "Say hi.", "--repo", str(sample_repo), *job_options(llm, tmp_path / "out"))
+        assert res.code == 0, res.stderr
+        job_id = res.stdout.strip()
+        done = run_pid("result", job_id, "--wait", "--json")
+    assert done.code == 0, done.stderr
+    assert done.json()["final_message"] == "nothing to do"
+
+
+def test_bash_timeout_leaves_no_process_in_the_container(run_pid, sample_repo, tmp_path):
+    script = [
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 1000 & sleep 999; echo never", "timeout": 1}}]},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "ps -eo pid,pgid,comm"}}]},
+        {"text": "ok"},
+    ]
+    with ScriptedLLM(script) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), "--json", *job_options(llm, tmp_path / "out"))
+        assert res.code == 0, res.stderr
+        tool_msgs = [m for m in llm.requests[2]["messages"] if m["role"] == "tool"]
+    assert "Command timed out after 1 seconds" in tool_msgs[0]["content"]
+    assert "never" not in tool_msgs[0]["content"]
+    assert "sleep" not in tool_msgs[1]["content"], tool_msgs[1]["content"]
+
+
+# -- bad input: one clear line, exit code 2, nothing run --------------------------------------------------------
+
+def test_missing_repo_is_exit_2(run_pid, tmp_path):
+    res = run_pid("run", "t", "--repo", str(tmp_path / "nope"), "--model", "m")
+    assert res.code == 2
+    assert res.stderr.strip() == f"pid: error: repo path does not exist: {tmp_path / 'nope'}"
+
+
+def test_missing_model_is_exit_2(run_pid, sample_repo):
+    res = run_pid("run", "t", "--repo", str(sample_repo))
+    assert res.code == 2
+    assert res.stderr.strip() == "pid: error: no model configured: pass --model or set PID_MODEL"
+
+
+def test_missing_image_is_exit_2(run_pid, sample_repo):
+    res = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--image", "pid-no-such-image:0")
+    assert res.code == 2
+    assert res.stderr.startswith("pid: error: ") and "pid-no-such-image:0" in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_submit_validates_before_queueing(run_pid, tmp_path):
+    res = run_pid("submit", "t", "--repo", str(tmp_path / "nope"), "--model", "m")
+    assert res.code == 2 and "repo path does not exist" in res.stderr
+
+
+def test_unknown_job_is_exit_2(run_pid):
+    res = run_pid("status", "no-such-job")
+    assert res.code == 2 and res.stderr.strip() == "pid: error: no such job: no-such-job"
+
+
+def test_unreachable_endpoint_is_a_failed_job(run_pid, sample_repo, tmp_path):
+    res = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+                  "--out", str(tmp_path / "out"), "--json")
+    assert res.code == 1, res.stderr
+    result = res.json()
+    assert result["status"] == "failed" and result["exit_reason"] == "provider_error"
+    assert "127.0.0.1:9" in result["error"]
+    assert (tmp_path / "out" / result["id"] / "patch.diff").exists()
+
+
+def test_max_turns_is_exit_3(run_pid, sample_repo, tmp_path):
+    loop = [{"tool_calls": [{"name": "bash", "arguments": {"command": "true"}}]}] * 5
+    with ScriptedLLM(loop) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), "--max-turns", "2", "--json",
+                      *job_options(llm, tmp_path / "out"))
+    assert res.code == 3, res.stderr
+    assert res.json()["exit_reason"] == "max_turns" and res.json()["turns"] == 2
+
+
+def test_wall_clock_timeout_is_exit_3_with_artifacts(run_pid, sample_repo, tmp_path):
+    script = [{"tool_calls": [{"name": "write", "arguments": {"path": "a.txt", "content": "x"}},
+                              {"name": "bash", "arguments": {"command": "sleep 60"}}]}]
+    with ScriptedLLM(script) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), "--timeout", "3", "--json",
+                      *job_options(llm, tmp_path / "out"))
+    assert res.code == 3, res.stderr
+    result = res.json()
+    assert result["status"] == "timeout" and result["exit_reason"] == "wall_clock"
+    assert result["duration_s"] < 30
+    assert "a.txt" in (tmp_path / "out" / result["id"] / "patch.diff").read_text()
