@@ -1,0 +1,167 @@
+"""bash: run a command in the sandbox and show the model the last 2000 lines / 50KB of its output.
+
+The sandbox keeps only a bounded tail plus totals (and the full output in a file), so a command printing gigabytes
+costs nothing here; the notices' line numbers count the whole output, not the tail.
+"""
+from __future__ import annotations
+
+import codecs
+import re
+import shlex
+from typing import Any, Callable
+
+from pid.messages import ImageContent, TextContent
+from pid.sandbox import ExecResult
+from pid.tools.base import ToolContext, ToolResult, ToolSettings
+from pid.tools.registry import Tool
+from pid.tools.schema import format_validation_error
+from pid.tools.truncate import MAX_BYTES, MAX_LINES, format_size, truncate_tail
+
+# Comfortably more than MAX_BYTES so cuts land on line boundaries even after escape sequences are stripped.
+TAIL_BYTES = 128 * 1024
+
+_ANSI_RE = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"                 # CSI: colours, cursor movement
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"      # OSC: titles, hyperlinks
+    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"           # DCS, SOS, PM, APC strings
+    r"|\x1b[ -/]*[0-~]?"                        # other escapes (charset selection, keypad modes, ...)
+)
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")  # keeps \t and \n; drops \r
+
+
+def sanitize(text: str) -> str:
+    """What the model sees: no ANSI escapes, no control characters other than tab and newline."""
+    return _CONTROL_RE.sub("", _ANSI_RE.sub("", text))
+
+
+def _fmt_seconds(t: float) -> str:
+    return f"{t:g}"
+
+
+def _clean_number(x: float) -> int | float:
+    """600.0 -> 600, so the schema the model sees reads naturally."""
+    return int(x) if float(x).is_integer() else x
+
+
+def bash_tool(settings: ToolSettings | None = None) -> Tool:
+    settings = settings or ToolSettings()
+    description = (
+        f"Execute a bash command in the working directory. Returns stdout and stderr merged. Output is truncated "
+        f"to the last {MAX_LINES} lines or {MAX_BYTES // 1024}KB, whichever is hit first; when truncated, the "
+        f"full output is saved to a file you can read. Timeout defaults to {_fmt_seconds(settings.bash_timeout_s)} "
+        f"seconds (maximum {_fmt_seconds(settings.bash_max_timeout_s)}). Commands run non-interactively: stdin "
+        f"is empty.")
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "description": "Bash command to execute"},
+            "timeout": {"type": "number", "exclusiveMinimum": 0,
+                        "maximum": _clean_number(settings.bash_max_timeout_s),
+                        "description": f"Timeout in seconds (default {_fmt_seconds(settings.bash_timeout_s)})"},
+        },
+        "required": ["command"],
+    }
+    return Tool("bash", description, parameters, run_bash)
+
+
+def run_bash(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    timeout = args.get("timeout")
+    if timeout is not None and timeout > ctx.settings.bash_max_timeout_s:
+        # The schema carries the registry's maximum; a context with a lower one is enforced here, same wording.
+        return ToolResult.error(format_validation_error(
+            "bash", [("timeout", f"must be <= {_fmt_seconds(ctx.settings.bash_max_timeout_s)}")], args))
+    timeout = timeout or ctx.settings.bash_timeout_s
+    result = ctx.sandbox.exec(args["command"], timeout=timeout, tail_bytes=TAIL_BYTES, cancel=ctx.cancel,
+                              on_output=_forwarder(ctx.on_update) if ctx.on_update else None)
+    text, details = format_output(ctx, result)
+
+    if result.cancelled:
+        return ToolResult(_text(_append(text, "Command aborted")), True, details)
+    if result.timed_out:
+        return ToolResult(_text(_append(text, f"Command timed out after {_fmt_seconds(timeout)} seconds")),
+                          True, details, timed_out=True)
+    if result.exit_code is None:
+        return ToolResult(_text(_append(text, "Command was killed before it exited")), True, details)
+    if result.exit_code != 0:
+        return ToolResult(_text(_append(text or "(no output)", f"Command exited with code {result.exit_code}")),
+                          True, details)
+    return ToolResult(_text(text or "(no output)"), False, details)
+
+
+def _text(s: str) -> list[TextContent | ImageContent]:
+    return [TextContent(s)]
+
+
+def _append(text: str, status: str) -> str:
+    return f"{text}\n\n{status}" if text else status
+
+
+def _forwarder(on_update: Callable[[str], None]) -> Callable[[bytes], None]:
+    """Decode chunks incrementally (a character may straddle two chunks) and pass on the sanitised text."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def forward(chunk: bytes) -> None:
+        text = sanitize(decoder.decode(chunk))
+        if text:
+            on_update(text)
+
+    return forward
+
+
+def format_output(ctx: ToolContext, result: ExecResult) -> tuple[str, dict[str, Any] | None]:
+    """The tail the model sees plus a notice when anything was cut; empty string for no output."""
+    raw = result.tail
+    complete = len(raw) >= result.total_bytes  # the buffer holds the whole output
+    ends_with_newline = raw.endswith(b"\n")
+    starts_at_line = complete
+    if not complete:
+        # The buffer starts mid-line: that first fragment can never be shown whole, so drop it, unless it is all
+        # there is (one enormous last line), which truncate_tail then shows the end of.
+        newline = raw.find(b"\n")
+        if 0 <= newline < len(raw) - 1:
+            raw = raw[newline + 1:]
+            starts_at_line = True
+    text = sanitize(raw.decode("utf-8", "replace"))
+    if text.endswith("\n"):
+        text = text[:-1]
+    lines = text.split("\n") if text else []
+    cut = truncate_tail(lines)
+
+    shown_all = complete and cut.truncated_by is None
+    if shown_all:
+        return cut.content, None
+
+    total = result.total_lines
+    end = total
+    start = max(total - cut.output_lines + 1, 1)
+    where = f". Full output: {result.output_path}]" if result.output_path else ".]"
+    details: dict[str, Any] = {"truncation": {"totalLines": total, "totalBytes": result.total_bytes,
+                                              "outputLines": cut.output_lines, "outputBytes": cut.output_bytes},
+                               "fullOutputPath": result.output_path}
+    if cut.last_line_partial:
+        line_size = _last_line_size(ctx, result, raw, starts_at_line, ends_with_newline)
+        size_text = format_size(line_size) if line_size is not None else f"over {format_size(len(raw))}"
+        notice = f"[Showing last {format_size(cut.output_bytes)} of line {end} (line is {size_text}){where}"
+    elif cut.output_lines >= MAX_LINES and cut.truncated_by != "bytes":
+        notice = f"[Showing lines {start}-{end} of {total}{where}"
+    else:
+        notice = f"[Showing lines {start}-{end} of {total} ({format_size(MAX_BYTES)} limit){where}"
+    return f"{cut.content}\n\n{notice}", details
+
+
+def _last_line_size(ctx: ToolContext, result: ExecResult, raw: bytes, starts_at_line: bool,
+                    ends_with_newline: bool) -> int | None:
+    """Raw byte size of the output's last line, asking the sandbox when it began before the buffer."""
+    body = raw[:-1] if ends_with_newline else raw
+    if starts_at_line or b"\n" in body:
+        return len(body.rsplit(b"\n", 1)[-1])
+    if result.total_lines == 1:
+        return result.total_bytes - (1 if ends_with_newline else 0)
+    if not result.output_path:
+        return None
+    probe = ctx.sandbox.exec(f"tail -n 1 {shlex.quote(result.output_path)} | tr -d '\\n' | wc -c",
+                             timeout=60, tail_bytes=64)
+    try:
+        return int(probe.tail.strip()) if probe.exit_code == 0 else None
+    except ValueError:
+        return None

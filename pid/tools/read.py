@@ -1,0 +1,200 @@
+"""read: a file's text (at most 2000 lines / 50KB per call, continued with offset) or an image.
+
+Files up to READ_CAP bytes are read once and sliced here; bigger ones are never loaded whole: the line total and the
+requested slice come from `wc`/`tail`/`head` run inside the sandbox, so a 2 GB log costs a few KB of memory.
+"""
+from __future__ import annotations
+
+import base64
+import codecs
+import shlex
+from typing import Any
+
+from pid.messages import ImageContent, TextContent
+from pid.tools.base import ToolContext, ToolResult
+from pid.tools.paths import display_path, resolve_path
+from pid.tools.registry import Tool
+from pid.tools.truncate import MAX_BYTES, MAX_LINES, format_size, split_lines, truncate_head
+
+READ_CAP = 8 * 1024 * 1024       # files up to this size are read whole
+IMAGE_MAX_BYTES = 5 * 1024 * 1024  # providers reject bigger images
+BINARY_SNIFF_BYTES = 8192
+
+DESCRIPTION = (
+    f"Read the contents of a file. Supports text files and images (png, jpeg, gif, webp; sent as attachments). "
+    f"Text output is limited to {MAX_LINES} lines or {MAX_BYTES // 1024}KB, whichever is hit first; use offset "
+    f"(1-indexed line number) and limit to read large files in parts, continuing with the offset given in the notice.")
+
+PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string", "description": "Path to the file to read (relative or absolute)"},
+        "offset": {"type": "integer", "minimum": 0, "description": "Line number to start reading from (1-indexed)"},
+        "limit": {"type": "integer", "minimum": 1, "description": "Maximum number of lines to read"},
+    },
+    "required": ["path"],
+}
+
+_IMAGE_MAGIC: list[tuple[bytes, str]] = [
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+]
+
+_BINARY_MAGIC: list[tuple[bytes, str]] = [
+    (b"\x7fELF", "ELF executable"),
+    (b"PK\x03\x04", "zip archive"),
+    (b"\x1f\x8b", "gzip compressed data"),
+    (b"BZh", "bzip2 compressed data"),
+    (b"\xfd7zXZ\x00", "xz compressed data"),
+    (b"\x28\xb5\x2f\xfd", "zstd compressed data"),
+    (b"7z\xbc\xaf\x27\x1c", "7-zip archive"),
+    (b"%PDF", "PDF document"),
+    (b"SQLite format 3\x00", "SQLite database"),
+    (b"\x00asm", "WebAssembly module"),
+    (b"\xca\xfe\xba\xbe", "Java class or Mach-O universal binary"),
+    (b"\xcf\xfa\xed\xfe", "Mach-O executable"),
+    (b"MZ", "Windows executable"),
+    (b"BM", "BMP image (not a supported image format)"),
+    (b"II*\x00", "TIFF image (not a supported image format)"),
+    (b"MM\x00*", "TIFF image (not a supported image format)"),
+    (b"\xff\xfe", "UTF-16 text"),
+    (b"\xfe\xff", "UTF-16 text"),
+]
+
+
+def image_mime(head: bytes) -> str | None:
+    """The image type by magic bytes (never by extension)."""
+    for magic, mime in _IMAGE_MAGIC:
+        if head.startswith(magic):
+            return mime
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
+def guess_binary_type(head: bytes) -> str:
+    if head[257:262] == b"ustar":
+        return "tar archive"
+    for magic, kind in _BINARY_MAGIC:
+        if head.startswith(magic):
+            return kind
+    return "unknown binary data"
+
+
+def looks_binary(head: bytes, whole_file: bool) -> bool:
+    """NUL bytes or invalid UTF-8 in the first 8KB (a character cut at the sample's end is not invalid)."""
+    sample = head[:BINARY_SNIFF_BYTES]
+    if b"\x00" in sample:
+        return True
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(sample, final=whole_file and len(head) <= len(sample))
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def read_tool() -> Tool:
+    return Tool("read", DESCRIPTION, PARAMETERS, run_read)
+
+
+def run_read(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    shown = display_path(args["path"])
+    path = resolve_path(ctx.sandbox, args["path"])
+    offset: int | None = args.get("offset")
+    limit: int | None = args.get("limit")
+    try:
+        head = ctx.sandbox.read_file(path, max_bytes=READ_CAP + 1)
+    except FileNotFoundError:
+        return ToolResult.error(f"File not found: {shown}")
+    except IsADirectoryError:
+        return ToolResult.error(f"{shown} is a directory, not a file. Use bash with ls to list its contents.")
+    except PermissionError:
+        return ToolResult.error(f"Permission denied: {shown}")
+    whole = len(head) <= READ_CAP
+
+    mime = image_mime(head[:16])
+    if mime:
+        if not whole or len(head) > IMAGE_MAX_BYTES:
+            size = len(head) if whole else _file_size(ctx, path)
+            return ToolResult.error(f"Image {shown} is {format_size(size)}, over the "
+                                    f"{format_size(IMAGE_MAX_BYTES)} limit for images.")
+        return ToolResult([TextContent(f"Read image file [{mime}]"),
+                           ImageContent(base64.b64encode(head).decode("ascii"), mime)])
+
+    if looks_binary(head, whole):
+        size = len(head) if whole else _file_size(ctx, path)
+        return ToolResult.error(f"Cannot display binary file {shown} ({format_size(size)}, "
+                                f"{guess_binary_type(head)}). Use bash to inspect it (e.g. file, xxd, strings).")
+
+    start = max(offset or 1, 1)
+    if whole:
+        lines = split_lines(head.decode("utf-8", "replace"))
+        total = len(lines)
+        selected = lines[start - 1:start - 1 + limit] if limit else lines[start - 1:]
+        first_line_size = lambda: len(lines[start - 1].encode("utf-8"))  # noqa: E731
+    else:
+        total, selected = _slice_via_exec(ctx, path, start, limit)
+        first_line_size = lambda: _line_size_via_exec(ctx, path, start)  # noqa: E731
+
+    if total == 0 and start == 1:
+        return ToolResult.text("(empty file)")
+    if start > total:
+        return ToolResult.error(f"Offset {offset} is beyond end of file ({total} lines total)")
+    return ToolResult.text(_render(shown, start, total, selected, limit, first_line_size))
+
+
+def _render(shown: str, start: int, total: int, selected: list[str], limit: int | None,
+            first_line_size: Any) -> str:
+    cut = truncate_head(selected)
+    if cut.first_line_exceeds:
+        return (f"[Line {start} is {format_size(first_line_size())}, exceeds {format_size(MAX_BYTES)} limit. "
+                f"Use bash: sed -n '{start}p' {shlex.quote(shown)} | head -c {MAX_BYTES}]")
+    end = start + cut.output_lines - 1
+    if cut.truncated_by == "lines":
+        return cut.content + f"\n\n[Showing lines {start}-{end} of {total}. Use offset={end + 1} to continue.]"
+    if cut.truncated_by == "bytes":
+        return cut.content + (f"\n\n[Showing lines {start}-{end} of {total} ({format_size(MAX_BYTES)} limit). "
+                              f"Use offset={end + 1} to continue.]")
+    if limit is not None and end < total:
+        return cut.content + f"\n\n[{total - end} more lines in file. Use offset={end + 1} to continue.]"
+    return cut.content
+
+
+def _exec_checked(ctx: ToolContext, command: str) -> bytes:
+    result = ctx.sandbox.exec(command, timeout=ctx.settings.bash_timeout_s, tail_bytes=MAX_BYTES + 16 * 1024,
+                              cancel=ctx.cancel)
+    if result.exit_code != 0:
+        reason = "aborted" if result.cancelled else "timed out" if result.timed_out else \
+            result.tail.decode("utf-8", "replace").strip() or f"exit code {result.exit_code}"
+        raise RuntimeError(f"Could not read the file: {reason}")
+    return result.tail
+
+
+def _file_size(ctx: ToolContext, path: str) -> int:
+    return int(_exec_checked(ctx, f"wc -c < {shlex.quote(path)}").strip())
+
+
+# `head` closing the pipe early makes `tail` die of SIGPIPE: not an error, even where pipefail is on by default.
+_NO_PIPEFAIL = "set +o pipefail 2>/dev/null; "
+
+# Lines the way split_lines counts them: an unterminated last line counts, a final newline adds none.
+_COUNT_LINES = ('n=$(wc -l < "$f"); '
+                'if [ -s "$f" ] && [ "$(tail -c 1 "$f" | wc -l)" -eq 0 ]; then n=$((n+1)); fi; echo "$n"')
+
+
+def _slice_via_exec(ctx: ToolContext, path: str, start: int, limit: int | None) -> tuple[int, list[str]]:
+    """(line total, lines from `start`) for a file too big to read whole: at most MAX_LINES+1 lines and a little
+    over MAX_BYTES, enough for truncate_head to tell which cap was hit without ever holding more."""
+    max_lines = min(limit, MAX_LINES + 1) if limit else MAX_LINES + 1
+    command = (f"{_NO_PIPEFAIL}f={shlex.quote(path)}; {_COUNT_LINES}; "
+               f"tail -n +{start} \"$f\" | head -n {max_lines} | head -c {MAX_BYTES + 2}")
+    out = _exec_checked(ctx, command)
+    count, _, rest = out.partition(b"\n")
+    return int(count), split_lines(rest.decode("utf-8", "replace"))
+
+
+def _line_size_via_exec(ctx: ToolContext, path: str, line: int) -> int:
+    out = _exec_checked(ctx, f"{_NO_PIPEFAIL}tail -n +{line} {shlex.quote(path)} | head -n 1 | tr -d '\\n' | wc -c")
+    return int(out.strip())

@@ -1,0 +1,132 @@
+"""Tools by name: what the model is told (specs) and one `execute` that turns any call into a ToolResult.
+
+`execute` never raises: an unknown tool, unparseable or invalid arguments and handler exceptions all become error
+results the model can read and correct, so the loop has a single path for every tool call.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from pid.messages import ToolCall, ToolSpec
+from pid.tools.base import ToolContext, ToolResult, ToolSettings
+from pid.tools.schema import build_value, format_validation_error, signature_schema, validate
+
+Handler = Callable[[ToolContext, dict[str, Any]], ToolResult]
+
+RAW_ARGUMENTS_QUOTE_CHARS = 2000
+
+
+@dataclass
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]  # JSON schema of the arguments object
+    handler: Handler
+    # Rewrites accepted legacy argument shapes into the current schema before validation (e.g. edit's top-level
+    # oldText/newText). Keeps the schema the model sees clean while old habits still work.
+    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)
+
+
+class ToolRegistry:
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for t in tools:
+            self.register(t)
+
+    def register(self, tool: Tool) -> Tool:
+        if tool.name in self._tools:
+            raise ValueError(f"a tool named {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+        return tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def subset(self, names: Iterable[str]) -> "ToolRegistry":
+        names = list(names)
+        unknown = [n for n in names if n not in self._tools]
+        if unknown:
+            raise ValueError(f"unknown tool(s) {', '.join(unknown)}; known tools: {', '.join(self._tools)}")
+        return ToolRegistry(self._tools[n] for n in names)
+
+    def specs(self) -> list[ToolSpec]:
+        return [t.spec for t in self._tools.values()]
+
+    def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
+        tool = self._tools.get(call.name)
+        if tool is None:
+            return ToolResult.error(f"Tool {call.name} not found")
+        if call.raw_arguments is not None:
+            return ToolResult.error(_invalid_json_message(call.name, call.raw_arguments))
+        received = call.arguments
+        try:
+            args = tool.prepare(dict(received)) if tool.prepare and isinstance(received, dict) else received
+            args, errors = validate(tool.parameters, args)
+            if errors:
+                return ToolResult.error(format_validation_error(tool.name, errors, received))
+            result = tool.handler(ctx, args)
+        except Exception as e:  # noqa: BLE001 - every failure goes back to the model as text
+            return ToolResult.error(str(e) or type(e).__name__)
+        if isinstance(result, str):
+            return ToolResult.text(result)
+        return result
+
+
+def _invalid_json_message(name: str, raw: str) -> str:
+    quoted = raw if len(raw) <= RAW_ARGUMENTS_QUOTE_CHARS else (
+        raw[:RAW_ARGUMENTS_QUOTE_CHARS] + f"... [truncated, {len(raw)} characters total]")
+    return (f'The arguments for tool "{name}" were not valid JSON, so the tool was not run. '
+            f"Send the arguments again as one valid JSON object.\n\nReceived:\n{quoted}")
+
+
+def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,
+         description: str | None = None) -> Any:
+    """Build a Tool from `def my_tool(ctx: ToolContext, a: int, b: str = "x") -> ToolResult | str`.
+
+    The schema comes from the annotations (str, int, float, bool, list[T], Optional[T], Literal[...], dataclasses)
+    and the docstring: its text before `Args:` is the description, the `Args:` entries describe the parameters.
+    Usable bare (`@tool`) or with overrides (`@tool(name="x")`).
+    """
+    def build(f: Callable[..., Any]) -> Tool:
+        summary, parameters = signature_schema(f)
+        hints = typing.get_type_hints(f)
+        params = list(inspect.signature(f).parameters)[1:]
+
+        @functools.wraps(f)
+        def handler(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+            kwargs = {p: build_value(hints[p], args[p]) for p in params if p in args}
+            result = f(ctx, **kwargs)
+            return ToolResult.text(result) if isinstance(result, str) else result
+
+        return Tool(name or f.__name__, description if description is not None else summary, parameters, handler)
+
+    return build(fn) if fn is not None else build
+
+
+def default_registry(settings: ToolSettings | None = None) -> ToolRegistry:
+    """read, bash, edit and write. `settings` sets the bash timeout bounds written into its schema."""
+    from pid.tools import bash, edit, read, write  # the tool modules import this one
+
+    return ToolRegistry([read.read_tool(), bash.bash_tool(settings or ToolSettings()), edit.edit_tool(),
+                         write.write_tool()])
+
+
+__all__ = ["Tool", "ToolRegistry", "tool", "default_registry", "Handler"]

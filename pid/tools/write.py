@@ -1,0 +1,36 @@
+"""write: create or overwrite a file with the given text (parent directories created)."""
+from __future__ import annotations
+
+from typing import Any
+
+from pid.tools.base import ToolContext, ToolResult
+from pid.tools.paths import display_path, file_locks, resolve_path
+from pid.tools.registry import Tool
+
+DESCRIPTION = ("Write content to a file. Creates the file if it does not exist, overwrites it if it does, and "
+               "creates parent directories. Use edit for changes to part of an existing file.")
+
+PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string", "description": "Path to the file to write (relative or absolute)"},
+        "content": {"type": "string", "description": "Content to write to the file"},
+    },
+    "required": ["path", "content"],
+}
+
+
+def write_tool() -> Tool:
+    return Tool("write", DESCRIPTION, PARAMETERS, run_write)
+
+
+def run_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    shown = display_path(args["path"])
+    path = resolve_path(ctx.sandbox, args["path"])
+    data = args["content"].encode("utf-8")
+    with file_locks.hold(ctx.sandbox, path):
+        try:
+            ctx.sandbox.write_file(path, data)
+        except IsADirectoryError:
+            return ToolResult.error(f"{shown} is a directory, not a file.")
+    return ToolResult.text(f"Successfully wrote {len(data)} bytes to {shown}")

@@ -1,0 +1,134 @@
+"""bash, end to end through a real sandbox (Docker when available, else the subprocess double)."""
+from __future__ import annotations
+
+import threading
+
+from pid.messages import TextContent
+from pid.tools import ToolSettings
+from pid.tools.bash import sanitize
+from tests.tool_sandbox import call_tool, sandbox  # noqa: F401 - the fixture
+
+
+def text(result) -> str:
+    return "".join(c.text for c in result.content if isinstance(c, TextContent))
+
+
+def bash(box, command, **args):
+    ctx_fields = {k: args.pop(k) for k in ("settings", "cancel", "on_update") if k in args}
+    return call_tool(box, "bash", {"command": command, **args}, **ctx_fields)
+
+
+def full_output_path(result) -> str:
+    return result.details["fullOutputPath"]
+
+
+def test_plain_output(sandbox):
+    result = bash(sandbox, "echo hello; echo err >&2")
+    assert not result.is_error and text(result) == "hello\nerr"
+    assert result.details is None
+
+
+def test_runs_in_workdir(sandbox):
+    assert text(bash(sandbox, "pwd")) == sandbox.workdir
+
+
+def test_no_output(sandbox):
+    result = bash(sandbox, "true")
+    assert not result.is_error and text(result) == "(no output)"
+
+
+def test_exit_code(sandbox):
+    result = bash(sandbox, "echo oops; exit 3")
+    assert result.is_error and text(result) == "oops\n\nCommand exited with code 3"
+    assert text(bash(sandbox, "exit 2")) == "(no output)\n\nCommand exited with code 2"
+
+
+def test_timeout(sandbox):
+    result = bash(sandbox, "echo started; sleep 30", timeout=1)
+    assert result.is_error and result.timed_out
+    assert text(result) == "started\n\nCommand timed out after 1 seconds"
+    quiet = bash(sandbox, "sleep 30", timeout="0.5")
+    assert text(quiet) == "Command timed out after 0.5 seconds" and quiet.timed_out
+
+
+def test_default_timeout_comes_from_settings(sandbox):
+    result = bash(sandbox, "sleep 30", settings=ToolSettings(bash_timeout_s=1))
+    assert result.timed_out and text(result) == "Command timed out after 1 seconds"
+
+
+def test_context_with_lower_maximum_rejects_timeout(sandbox):
+    result = bash(sandbox, "true", timeout=100, settings=ToolSettings(bash_max_timeout_s=60))
+    assert result.is_error and text(result).startswith(
+        'Validation failed for tool "bash":\n  - timeout: must be <= 60\n')
+
+
+def test_cancel(sandbox):
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    result = bash(sandbox, "echo begun; sleep 30", cancel=cancel)
+    assert result.is_error and not result.timed_out
+    assert text(result) == "begun\n\nCommand aborted"
+
+
+def test_ansi_and_control_characters_stripped(sandbox):
+    result = bash(sandbox, r"printf '\033[1;31mred\033[0m plain\r\n\ttab\007bell\033]0;title\007 done\n'")
+    assert text(result) == "red plain\n\ttabbell done"
+
+
+def test_sanitize_unit():
+    assert sanitize("a\x1b[2K\rb\x1b(Bc\x00d\x9be\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\") == "abcdelink"
+
+
+def test_tail_line_cap(sandbox):
+    result = bash(sandbox, "seq 1 3000")
+    path = full_output_path(result)
+    assert text(result) == ("\n".join(str(i) for i in range(1001, 3001))
+                            + f"\n\n[Showing lines 1001-3000 of 3000. Full output: {path}]")
+    assert sandbox.read_file(path) == "".join(f"{i}\n" for i in range(1, 3001)).encode()
+
+
+def test_tail_byte_cap(sandbox):
+    result = bash(sandbox, "for i in $(seq 1 1000); do printf '%0200d\\n' $i; done")
+    # 254 lines = 254*200 + 253 = 51053 bytes; 255 would be 51254.
+    assert text(result) == ("\n".join(f"{i:0200d}" for i in range(747, 1001))
+                            + f"\n\n[Showing lines 747-1000 of 1000 (50.0KB limit). Full output: "
+                              f"{full_output_path(result)}]")
+
+
+def test_totals_count_the_whole_output_not_the_tail(sandbox):
+    result = bash(sandbox, "seq 1 1000000")
+    assert text(result) == ("\n".join(str(i) for i in range(998001, 1000001))
+                            + f"\n\n[Showing lines 998001-1000000 of 1000000. Full output: "
+                              f"{full_output_path(result)}]")
+    assert result.details["truncation"]["totalBytes"] == 6888896
+
+
+def test_last_line_over_the_cap(sandbox):
+    result = bash(sandbox, "echo first; head -c 100000 /dev/zero | tr '\\0' a")
+    assert text(result) == ("a" * 51200 + f"\n\n[Showing last 50.0KB of line 2 (line is 97.7KB). Full output: "
+                            f"{full_output_path(result)}]")
+
+
+def test_last_line_longer_than_the_tail_buffer(sandbox):
+    result = bash(sandbox, "seq 1 5; head -c 300000 /dev/zero | tr '\\0' b; echo")
+    assert text(result) == ("b" * 51200 + f"\n\n[Showing last 50.0KB of line 6 (line is 293.0KB). Full output: "
+                            f"{full_output_path(result)}]")
+
+
+def test_last_line_cut_on_utf8_boundary(sandbox):
+    result = bash(sandbox, "python3 -c \"print('x'); print('€' * 30000, end='')\"")
+    shown, notice = text(result).split("\n\n")
+    assert shown == "€" * 17066  # 51198 bytes: one more character would exceed 51200
+    assert notice == f"[Showing last 50.0KB of line 2 (line is 87.9KB). Full output: {full_output_path(result)}]"
+
+
+def test_invalid_utf8_is_replaced(sandbox):
+    assert text(bash(sandbox, r"printf 'ok \377 end\n'")) == "ok \ufffd end"
+
+
+def test_partial_output_reaches_on_update(sandbox):
+    updates: list[str] = []
+    result = bash(sandbox, "printf '\\033[32mone\\033[0m\\n'; sleep 0.6; echo two", on_update=updates.append)
+    assert text(result) == "one\ntwo"
+    seen = "".join(updates)
+    assert "one" in seen and "\x1b" not in seen

@@ -1,0 +1,174 @@
+"""read, end to end through a real sandbox (Docker when available, else the subprocess double)."""
+from __future__ import annotations
+
+import base64
+import zlib
+import struct
+
+from pid.messages import ImageContent, TextContent
+from pid.tools import read as read_module
+from tests.tool_sandbox import call_tool, put, sandbox  # noqa: F401 - the fixture
+
+
+def text(result) -> str:
+    return "".join(c.text for c in result.content if isinstance(c, TextContent))
+
+
+def read(box, **args):
+    return call_tool(box, "read", args)
+
+
+def png_bytes() -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00"))
+            + chunk(b"IEND", b""))
+
+
+def test_small_file_whole(sandbox):
+    put(sandbox, "a.txt", "one\ntwo\n")
+    result = read(sandbox, path="a.txt")
+    assert not result.is_error and text(result) == "one\ntwo"
+    assert text(read(sandbox, path="@a.txt")) == "one\ntwo"
+    assert text(read(sandbox, path=f"{sandbox.workdir}/./a.txt")) == "one\ntwo"
+
+
+def test_line_cap(sandbox):
+    lines = [f"line {i}" for i in range(1, 2501)]
+    put(sandbox, "long.txt", "\n".join(lines) + "\n")
+    assert text(read(sandbox, path="long.txt")) == (
+        "\n".join(lines[:2000]) + "\n\n[Showing lines 1-2000 of 2500. Use offset=2001 to continue.]")
+    assert text(read(sandbox, path="long.txt", offset=2001)) == "\n".join(lines[2000:])
+
+
+def test_byte_cap(sandbox):
+    lines = [f"{i:04d}" + "x" * 206 for i in range(1, 501)]  # 210 bytes each
+    put(sandbox, "wide.txt", "\n".join(lines) + "\n")
+    # 242 lines = 242*210 + 241 separators = 51061 bytes; a 243rd would make 51272 > 51200.
+    assert text(read(sandbox, path="wide.txt")) == (
+        "\n".join(lines[:242]) + "\n\n[Showing lines 1-242 of 500 (50.0KB limit). Use offset=243 to continue.]")
+
+
+def test_offset_and_limit(sandbox):
+    lines = [f"L{i}" for i in range(1, 101)]
+    put(sandbox, "hundred.txt", "\n".join(lines) + "\n")
+    assert text(read(sandbox, path="hundred.txt", offset=41, limit=20)) == (
+        "\n".join(lines[40:60]) + "\n\n[40 more lines in file. Use offset=61 to continue.]")
+    assert text(read(sandbox, path="hundred.txt", offset=91, limit=20)) == "\n".join(lines[90:])
+    assert text(read(sandbox, path="hundred.txt", offset="100", limit="1")) == "L100"
+
+
+def test_offset_beyond_end(sandbox):
+    put(sandbox, "ten.txt", "".join(f"{i}\n" for i in range(10)))
+    result = read(sandbox, path="ten.txt", offset=20)
+    assert result.is_error and text(result) == "Offset 20 is beyond end of file (10 lines total)"
+
+
+def test_long_first_line(sandbox):
+    put(sandbox, "minified.js", "x" * 60000 + "\nshort\n")
+    assert text(read(sandbox, path="minified.js")) == (
+        "[Line 1 is 58.6KB, exceeds 50.0KB limit. Use bash: sed -n '1p' minified.js | head -c 51200]")
+    assert text(read(sandbox, path="minified.js", offset=2)) == "short"
+
+
+def test_image_by_magic_bytes_not_extension(sandbox):
+    data = png_bytes()
+    put(sandbox, "picture.txt", data)
+    result = read(sandbox, path="picture.txt")
+    assert not result.is_error
+    assert isinstance(result.content[0], TextContent) and result.content[0].text == "Read image file [image/png]"
+    image = result.content[1]
+    assert isinstance(image, ImageContent) and image.mime_type == "image/png"
+    assert base64.b64decode(image.data) == data
+
+    put(sandbox, "notes.png", "just text\n")
+    result = read(sandbox, path="notes.png")
+    assert [type(c) for c in result.content] == [TextContent] and text(result) == "just text"
+
+
+def test_other_image_types(sandbox):
+    for name, head, mime in [("j", b"\xff\xd8\xff\xe0\x00\x10JFIF\x00", "image/jpeg"),
+                             ("g", b"GIF89a\x01\x00\x01\x00", "image/gif"),
+                             ("w", b"RIFF\x24\x00\x00\x00WEBPVP8 ", "image/webp")]:
+        put(sandbox, name, head + b"\x00" * 32)
+        assert text(read(sandbox, path=name)) == f"Read image file [{mime}]"
+
+
+def test_binary_file_is_described_not_dumped(sandbox):
+    put(sandbox, "prog", b"\x7fELF\x02\x01\x01" + bytes(range(256)) * 8)
+    result = read(sandbox, path="prog")
+    assert result.is_error
+    assert text(result) == ("Cannot display binary file prog (2.0KB, ELF executable). "
+                            "Use bash to inspect it (e.g. file, xxd, strings).")
+    put(sandbox, "latin1.txt", "caf\xe9 cr\xe8me\n".encode("latin-1"))
+    assert "unknown binary data" in text(read(sandbox, path="latin1.txt"))
+
+
+def test_utf8_character_cut_at_sniff_boundary_is_still_text(sandbox):
+    body = "a" * (read_module.BINARY_SNIFF_BYTES - 1) + "é" + "\nend\n"
+    put(sandbox, "edge.txt", body)
+    assert text(read(sandbox, path="edge.txt")).endswith("é\nend")
+
+
+def test_not_found_and_directory(sandbox):
+    missing = read(sandbox, path="nope/missing.txt")
+    assert missing.is_error and text(missing) == "File not found: nope/missing.txt"
+    put(sandbox, "dir/file", "x")
+    directory = read(sandbox, path="dir")
+    assert directory.is_error and "is a directory" in text(directory) and "ls" in text(directory)
+
+
+def test_empty_file(sandbox):
+    put(sandbox, "empty", b"")
+    assert text(read(sandbox, path="empty")) == "(empty file)"
+
+
+class CountingSandbox:
+    """Wraps a sandbox to record how much read_file was asked for and returned."""
+
+    def __init__(self, inner):
+        self.inner, self.workdir, self.reads = inner, inner.workdir, []
+
+    def read_file(self, path, *, max_bytes=None):
+        data = self.inner.read_file(path, max_bytes=max_bytes)
+        self.reads.append((max_bytes, len(data)))
+        return data
+
+    def exec(self, *args, **kwargs):
+        return self.inner.exec(*args, **kwargs)
+
+    def write_file(self, path, data):
+        return self.inner.write_file(path, data)
+
+
+def test_huge_file_is_never_read_whole(sandbox):
+    box = CountingSandbox(sandbox)
+    result = box.exec("seq 1 2000000 > big.txt && wc -c < big.txt", timeout=60)
+    size = int(result.tail)
+    assert size > read_module.READ_CAP
+    assert text(read(box, path="big.txt")) == (
+        "\n".join(str(i) for i in range(1, 2001))
+        + "\n\n[Showing lines 1-2000 of 2000000. Use offset=2001 to continue.]")
+    assert text(read(box, path="big.txt", offset=1999990)) == "\n".join(str(i) for i in range(1999990, 2000001))
+    assert text(read(box, path="big.txt", offset=10, limit=5)) == (
+        "10\n11\n12\n13\n14\n\n[1999986 more lines in file. Use offset=15 to continue.]")
+    assert text(read(box, path="big.txt", offset=2000001)).startswith(
+        "Offset 2000001 is beyond end of file (2000000 lines total)")
+    assert box.reads and all(max_bytes == read_module.READ_CAP + 1 and n <= max_bytes for max_bytes, n in box.reads)
+
+
+def test_huge_file_byte_cap_and_unterminated_last_line(sandbox):
+    sandbox.exec("yes \"$(printf 'y%.0s' $(seq 300))\" | head -n 40000 > wide.txt && printf tail >> wide.txt",
+                 timeout=60)
+    row = "y" * 300
+    # 170 lines = 170*300 + 169 = 51169 bytes; 171 would be 51470.
+    assert text(read(sandbox, path="wide.txt")) == (
+        "\n".join([row] * 170) + "\n\n[Showing lines 1-170 of 40001 (50.0KB limit). Use offset=171 to continue.]")
+    assert text(read(sandbox, path="wide.txt", offset=40000)) == row + "\ntail"
+
+
+def test_huge_single_line(sandbox):
+    sandbox.exec("head -c 9000000 /dev/zero | tr '\\0' a > one.txt", timeout=60)
+    assert text(read(sandbox, path="one.txt")) == (
+        "[Line 1 is 8.6MB, exceeds 50.0KB limit. Use bash: sed -n '1p' one.txt | head -c 51200]")

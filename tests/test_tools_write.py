@@ -1,0 +1,38 @@
+"""write, end to end through a real sandbox (Docker when available, else the subprocess double)."""
+from __future__ import annotations
+
+from pid.messages import TextContent
+from tests.tool_sandbox import call_tool, get, sandbox  # noqa: F401 - the fixture
+
+
+def text(result) -> str:
+    return "".join(c.text for c in result.content if isinstance(c, TextContent))
+
+
+def test_write_counts_utf8_bytes_and_creates_parents(sandbox):
+    result = call_tool(sandbox, "write", {"path": "deep/er/f.txt", "content": "héllo €\n"})
+    assert not result.is_error
+    assert text(result) == "Successfully wrote 11 bytes to deep/er/f.txt"
+    assert get(sandbox, "deep/er/f.txt") == "héllo €\n".encode()
+
+
+def test_write_overwrites(sandbox):
+    call_tool(sandbox, "write", {"path": "@o.txt", "content": "a much longer first version\n"})
+    result = call_tool(sandbox, "write", {"path": "o.txt", "content": ""})
+    assert text(result) == "Successfully wrote 0 bytes to o.txt"
+    assert get(sandbox, "o.txt") == b""
+
+
+def test_write_absolute_path_and_then_edit(sandbox):
+    path = f"{sandbox.workdir}/abs.txt"
+    result = call_tool(sandbox, "write", {"path": path, "content": "x\n"})
+    assert text(result) == f"Successfully wrote 2 bytes to {path}"
+    assert not call_tool(sandbox, "edit", {"path": "abs.txt", "edits": [{"oldText": "x", "newText": "y"}]}).is_error
+    assert get(sandbox, "abs.txt") == b"y\n"
+
+
+def test_write_missing_content_is_a_validation_error(sandbox):
+    result = call_tool(sandbox, "write", {"path": "f"})
+    assert result.is_error and text(result) == (
+        'Validation failed for tool "write":\n  - content: must have required property \'content\'\n\n'
+        'Received arguments:\n{\n  "path": "f"\n}')
