@@ -1,0 +1,235 @@
+"""Anthropic Messages API over SSE.
+
+Consecutive tool results travel as one user message of `tool_result` blocks; messages of the same role are merged
+because the API wants strict user/assistant alternation. The system prompt and the newest message are marked for
+prompt caching, which is what makes a long agent loop cheap. Failures come back with stop_reason "error".
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from pid.messages import (AssistantMessage, Content, ImageContent, Message, TextContent, ThinkingContent,
+                          ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
+from pid.providers.base import ProviderConfig, StreamListener
+from pid.providers.openai import parse_arguments
+from pid.providers.transport import iter_sse, make_client, price, stream_request, truncate
+
+API = "anthropic-messages"
+DEFAULT_BASE_URL = "https://api.anthropic.com/v1"
+DEFAULT_MAX_TOKENS = 8192
+ANTHROPIC_VERSION = "2023-06-01"
+
+_STOP = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "max_tokens": "length",
+         "model_context_window_exceeded": "length", "tool_use": "toolUse"}
+_CACHE = {"type": "ephemeral"}
+
+
+class AnthropicProvider:
+    def __init__(self, config: ProviderConfig) -> None:
+        self.config = config
+        # ProviderConfig's default base_url is OpenAI's; an Anthropic config that names none means Anthropic's.
+        unset = (None, "", ProviderConfig.__dataclass_fields__["base_url"].default)
+        base_url = DEFAULT_BASE_URL if config.base_url in unset else config.base_url
+        self._url = base_url.rstrip("/") + "/messages"
+        self._client = make_client(config)
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
+                         "anthropic-version": ANTHROPIC_VERSION}
+        if config.api_key:
+            self._headers["x-api-key"] = config.api_key
+
+    def close(self) -> None:
+        self._client.close()
+
+    def stream(self, system: str, messages: list[Message], tools: list[ToolSpec], *,
+               cancel: threading.Event | None = None,
+               on_text: StreamListener | None = None) -> AssistantMessage:
+        reply = _Reply()
+        try:
+            body = json.dumps(self.request_body(system, messages, tools)).encode()
+            failure = stream_request(self._client, self._url, headers=self._headers, body=body,
+                                     max_retries=self.config.max_retries, cancel=cancel,
+                                     consume=lambda response: self._consume(response, reply, on_text))
+            if failure is not None:
+                reply.fail(failure.message, aborted=failure.aborted)
+        except Exception as exc:  # noqa: BLE001 - the seam never raises
+            reply.fail(f"internal error in the anthropic provider: {type(exc).__name__}: {exc}")
+        content, stop_reason, error = reply.result()
+        return AssistantMessage(content, API, self.config.provider, self.config.model,
+                                price(reply.usage, self.config), stop_reason, error, reply.response_id)
+
+    def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.config.model,
+                                "max_tokens": self.config.max_tokens or DEFAULT_MAX_TOKENS,
+                                "messages": to_anthropic_messages(messages), "stream": True}
+        if system:
+            body["system"] = [{"type": "text", "text": system, "cache_control": _CACHE}]
+        if tools:
+            body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters}
+                             for t in tools]
+        if self.config.temperature is not None:
+            body["temperature"] = self.config.temperature
+        return body
+
+    @staticmethod
+    def _consume(response: Any, reply: "_Reply", on_text: StreamListener | None) -> None:
+        for event, data in iter_sse(response):
+            if reply.done:
+                continue  # drain to the end so the connection can be kept alive
+            try:
+                payload = json.loads(data)
+            except ValueError:
+                reply.fail("malformed stream data from the server: " + truncate(data.decode("utf-8", "replace")))
+                return
+            if isinstance(payload, dict):
+                reply.feed(payload.get("type") or event, payload, on_text)
+                if reply.error is not None:
+                    return
+
+
+@dataclass
+class _Block:
+    type: str
+    parts: list[str] = field(default_factory=list)
+    id: str = ""
+    name: str = ""
+    signature: str | None = None
+
+
+class _Reply:
+    """The assistant message as its events arrive."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, _Block] = {}
+        self.usage = Usage()
+        self.stop_reason: str | None = None
+        self.response_id: str | None = None
+        self.done = False
+        self.error: str | None = None
+        self.aborted = False
+
+    def fail(self, message: str, *, aborted: bool = False) -> None:
+        self.error, self.aborted = message, aborted
+
+    def feed(self, kind: str, event: dict[str, Any], on_text: StreamListener | None) -> None:
+        if kind == "content_block_delta":
+            block = self.blocks.get(event.get("index", 0))
+            delta = event.get("delta") or {}
+            if block is None:
+                return
+            delta_type = delta.get("type")
+            if delta_type == "text_delta":
+                text = delta.get("text", "")
+                block.parts.append(text)
+                if on_text is not None and text:
+                    on_text(text)
+            elif delta_type == "input_json_delta":
+                block.parts.append(delta.get("partial_json", ""))
+            elif delta_type == "thinking_delta":
+                block.parts.append(delta.get("thinking", ""))
+            elif delta_type == "signature_delta":
+                block.signature = (block.signature or "") + delta.get("signature", "")
+        elif kind == "content_block_start":
+            start = event.get("content_block") or {}
+            block = _Block(start.get("type", ""), id=start.get("id", ""), name=start.get("name", ""))
+            if block.type == "text" and start.get("text"):
+                block.parts.append(start["text"])
+            elif block.type == "thinking" and start.get("thinking"):
+                block.parts.append(start["thinking"])
+            elif block.type == "tool_use" and start.get("input"):  # a proxy that sends the input whole
+                block.parts.append(json.dumps(start["input"]))
+            self.blocks[event.get("index", len(self.blocks))] = block
+        elif kind == "message_start":
+            message = event.get("message") or {}
+            self.response_id = message.get("id")
+            self._count(message.get("usage") or {})
+        elif kind == "message_delta":
+            self.stop_reason = (event.get("delta") or {}).get("stop_reason") or self.stop_reason
+            self._count(event.get("usage") or {})
+        elif kind == "message_stop":
+            self.done = True
+        elif kind == "error":
+            error = event.get("error") or {}
+            label = error.get("type", "error") if isinstance(error, dict) else "error"
+            message = error.get("message", "") if isinstance(error, dict) else str(error)
+            self.fail(f"the server reported an error mid-stream ({label}): {truncate(message)}")
+
+    def _count(self, usage: dict[str, Any]) -> None:
+        """message_start carries the input side, message_delta the (cumulative) output side; later values win."""
+        for key, attr in (("input_tokens", "input"), ("output_tokens", "output"),
+                          ("cache_read_input_tokens", "cache_read"), ("cache_creation_input_tokens", "cache_write")):
+            value = usage.get(key)
+            if isinstance(value, int):
+                setattr(self.usage, attr, value)
+
+    def result(self) -> tuple[list[Content], str, str | None]:
+        content: list[Content] = []
+        has_calls = False
+        for index in sorted(self.blocks):
+            block = self.blocks[index]
+            text = "".join(block.parts)
+            if block.type == "text":
+                content.append(TextContent(text))
+            elif block.type == "thinking":
+                content.append(ThinkingContent(text, block.signature))
+            elif block.type == "tool_use":
+                arguments, raw = parse_arguments(text)
+                content.append(ToolCall(block.id, block.name, arguments, raw))
+                has_calls = True
+        if self.error is not None:
+            return content, ("aborted" if self.aborted else "error"), self.error
+        if not self.done and self.stop_reason is None:
+            return content, "error", "the stream ended before the response finished"
+        if has_calls:
+            return content, "toolUse", None
+        if self.stop_reason == "refusal":
+            return content, "error", "the model declined to answer (stop_reason refusal)"
+        return content, _STOP.get(self.stop_reason or "end_turn", "stop"), None
+
+
+def _tool_id(call_id: str) -> str:
+    """Anthropic accepts ids of [a-zA-Z0-9_-] only; ids from other providers are made to fit, consistently."""
+    return re.sub(r"[^a-zA-Z0-9_-]", "_", call_id)[:64] or "tool"
+
+
+def _block(c: TextContent | ImageContent) -> dict[str, Any]:
+    if isinstance(c, TextContent):
+        return {"type": "text", "text": c.text}
+    return {"type": "image", "source": {"type": "base64", "media_type": c.mime_type, "data": c.data}}
+
+
+def to_anthropic_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if not blocks:
+            return
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+
+    for message in messages:
+        if isinstance(message, UserMessage):
+            add("user", [_block(c) for c in message.content if not (isinstance(c, TextContent) and not c.text)])
+        elif isinstance(message, ToolResultMessage):
+            inner = [_block(c) for c in message.content if not (isinstance(c, TextContent) and not c.text)]
+            add("user", [{"type": "tool_result", "tool_use_id": _tool_id(message.tool_call_id),
+                          "content": inner or [{"type": "text", "text": "(no output)"}],
+                          "is_error": message.is_error}])
+        elif isinstance(message, AssistantMessage):
+            blocks: list[dict[str, Any]] = []
+            for c in message.content:
+                if isinstance(c, ThinkingContent) and c.signature:  # unsigned thinking cannot be replayed
+                    blocks.append({"type": "thinking", "thinking": c.thinking, "signature": c.signature})
+                elif isinstance(c, TextContent) and c.text:
+                    blocks.append({"type": "text", "text": c.text})
+                elif isinstance(c, ToolCall):
+                    blocks.append({"type": "tool_use", "id": _tool_id(c.id), "name": c.name, "input": c.arguments})
+            add("assistant", blocks)
+    if out and out[-1]["content"][-1]["type"] in ("text", "image", "tool_result"):
+        out[-1]["content"][-1] = {**out[-1]["content"][-1], "cache_control": _CACHE}
+    return out

@@ -1,0 +1,267 @@
+"""OpenAI-compatible Chat Completions over SSE.
+
+One lenient client for OpenAI, vLLM, Ollama, llama.cpp server and OpenRouter: tool-call fragments are assembled by
+index (or by id when a server leaves the index out), usage is taken from whichever chunk carries it, reasoning deltas
+become thinking, unknown fields are ignored. Failures come back as an AssistantMessage with stop_reason "error".
+
+Images: user messages carry them as `image_url` data URLs. A `tool` message may only hold text, so a tool result's
+images follow the run of tool messages as one extra user message ("Images returned by tool calls: ...").
+"""
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pid.messages import (AssistantMessage, Content, ImageContent, Message, TextContent, ThinkingContent,
+                          ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
+from pid.providers.base import ProviderConfig, StreamListener
+from pid.providers.transport import iter_sse, make_client, price, stream_request, truncate
+
+API = "openai-completions"
+
+_FINISH = {"stop": "stop", "length": "length", "tool_calls": "toolUse", "function_call": "toolUse"}
+
+
+class OpenAIProvider:
+    def __init__(self, config: ProviderConfig) -> None:
+        self.config = config
+        self._url = config.base_url.rstrip("/") + "/chat/completions"
+        self._client = make_client(config)
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if config.api_key:
+            self._headers["Authorization"] = f"Bearer {config.api_key}"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def stream(self, system: str, messages: list[Message], tools: list[ToolSpec], *,
+               cancel: threading.Event | None = None,
+               on_text: StreamListener | None = None) -> AssistantMessage:
+        reply = _Reply()
+        try:
+            body = json.dumps(self.request_body(system, messages, tools)).encode()
+            failure = stream_request(self._client, self._url, headers=self._headers, body=body,
+                                     max_retries=self.config.max_retries, cancel=cancel,
+                                     consume=lambda response: self._consume(response, reply, on_text))
+            if failure is not None:
+                reply.fail(failure.message, aborted=failure.aborted)
+        except Exception as exc:  # noqa: BLE001 - the seam never raises
+            reply.fail(f"internal error in the openai provider: {type(exc).__name__}: {exc}")
+        return self._message(reply)
+
+    def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.config.model, "messages": to_openai_messages(system, messages),
+                                "stream": True, "stream_options": {"include_usage": True}}
+        if tools:
+            body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                               "parameters": t.parameters}} for t in tools]
+        if self.config.max_tokens:
+            body["max_tokens"] = self.config.max_tokens
+        if self.config.temperature is not None:
+            body["temperature"] = self.config.temperature
+        return body
+
+    @staticmethod
+    def _consume(response: Any, reply: "_Reply", on_text: StreamListener | None) -> None:
+        for _event, data in iter_sse(response):
+            if reply.done:
+                continue  # drain to the end so the connection can be kept alive
+            if data == b"[DONE]":
+                reply.done = True
+                continue
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                reply.fail("malformed stream data from the server: " + truncate(data.decode("utf-8", "replace")))
+                return
+            if isinstance(chunk, dict):
+                reply.feed(chunk, on_text)
+                if reply.error is not None:
+                    return
+
+    def _message(self, reply: "_Reply") -> AssistantMessage:
+        content, stop_reason, error = reply.result()
+        return AssistantMessage(content, API, self.config.provider, self.config.model,
+                                price(reply.usage(), self.config), stop_reason, error, reply.response_id)
+
+
+@dataclass
+class _CallParts:
+    id: str | None = None
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+class _Reply:
+    """The assistant message as it streams in."""
+
+    def __init__(self) -> None:
+        self.blocks: list[tuple[str, list[str]]] = []  # ("text" | "thinking", pieces) in arrival order
+        self.calls: dict[Any, _CallParts] = {}
+        self.finish: str | None = None
+        self.raw_usage: dict[str, Any] | None = None
+        self.response_id: str | None = None
+        self.done = False
+        self.error: str | None = None
+        self.aborted = False
+
+    def fail(self, message: str, *, aborted: bool = False) -> None:
+        self.error, self.aborted = message, aborted
+
+    def feed(self, chunk: dict[str, Any], on_text: StreamListener | None) -> None:
+        if self.response_id is None and chunk.get("id"):
+            self.response_id = str(chunk["id"])
+        if chunk.get("error"):
+            self.fail("the server reported an error mid-stream: " + truncate(_error_message(chunk["error"])))
+            return
+        usage = chunk.get("usage")
+        if usage:
+            self.raw_usage = usage
+        choices = chunk.get("choices")
+        if not choices:
+            return
+        choice = choices[0]
+        delta = choice.get("delta")
+        if delta:
+            text = delta.get("content")
+            if text:
+                if isinstance(text, list):  # a few servers stream content parts
+                    text = "".join(p.get("text", "") for p in text if isinstance(p, dict))
+                self._append("text", text)
+                if on_text is not None and text:
+                    on_text(text)
+            thinking = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(thinking, str) and thinking:
+                self._append("thinking", thinking)
+            for fragment in delta.get("tool_calls") or ():
+                self._call_fragment(fragment)
+            if delta.get("function_call"):  # the legacy single-function shape
+                self._call_fragment({"index": 0, "function": delta["function_call"]})
+        if choice.get("finish_reason"):
+            self.finish = choice["finish_reason"]
+
+    def _append(self, kind: str, piece: str) -> None:
+        if self.blocks and self.blocks[-1][0] == kind:
+            self.blocks[-1][1].append(piece)
+        else:
+            self.blocks.append((kind, [piece]))
+
+    def _call_fragment(self, fragment: dict[str, Any]) -> None:
+        call_id = fragment.get("id")
+        key = fragment.get("index")
+        if key is None:  # no index: a new id starts the next call, anything else continues the last one
+            last = list(self.calls.values())[-1] if self.calls else None
+            continues = last is not None and (not call_id or call_id == last.id)
+            key = list(self.calls)[-1] if continues else ("next", len(self.calls))
+        slot = self.calls.get(key)
+        if slot is not None and call_id and slot.id and call_id != slot.id:
+            key, slot = ("next", len(self.calls)), None  # a server reusing one index for parallel calls
+        if slot is None:
+            slot = self.calls[key] = _CallParts()
+        if call_id and not slot.id:
+            slot.id = str(call_id)
+        function = fragment.get("function") or {}
+        if function.get("name") and not slot.name:
+            slot.name = function["name"]
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            if arguments:
+                slot.arguments.append(arguments)
+        elif isinstance(arguments, dict):  # already parsed by a lenient server
+            slot.arguments.append(json.dumps(arguments))
+
+    def usage(self) -> Usage:
+        raw = self.raw_usage or {}
+        prompt = _int(raw.get("prompt_tokens"))
+        details = raw.get("prompt_tokens_details") or {}
+        cached = _int(details.get("cached_tokens") if isinstance(details, dict) else 0) \
+            or _int(raw.get("prompt_cache_hit_tokens"))
+        return Usage(input=max(prompt - cached, 0), output=_int(raw.get("completion_tokens")), cache_read=cached)
+
+    def result(self) -> tuple[list[Content], str, str | None]:
+        content: list[Content] = []
+        for kind, pieces in self.blocks:
+            text = "".join(pieces)
+            content.append(TextContent(text) if kind == "text" else ThinkingContent(text))
+        for slot in self.calls.values():
+            arguments, raw = parse_arguments("".join(slot.arguments))
+            content.append(ToolCall(slot.id or f"call_{uuid.uuid4().hex[:24]}", slot.name, arguments, raw))
+        if self.error is not None:
+            return content, ("aborted" if self.aborted else "error"), self.error
+        if self.finish is None and not self.done:
+            return content, "error", "the stream ended before the response finished"
+        if self.calls:
+            return content, "toolUse", None
+        if self.finish == "content_filter":
+            return content, "error", "the provider's content filter stopped the response"
+        return content, _FINISH.get(self.finish or "stop", "stop"), None  # type: ignore[return-value]
+
+
+def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
+    """(arguments, None) when `text` is a JSON object; ({}, text) otherwise so the loop can show the model."""
+    if not text.strip():
+        return {}, None
+    try:
+        value = json.loads(text)
+        if isinstance(value, str):  # double-encoded by some models
+            value = json.loads(value)
+    except ValueError:
+        return {}, text
+    return (value, None) if isinstance(value, dict) else ({}, text)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def _error_message(error: Any) -> str:
+    if isinstance(error, dict):
+        return str(error.get("message") or json.dumps(error))
+    return str(error)
+
+
+def _data_url(image: ImageContent) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": f"data:{image.mime_type};base64,{image.data}"}}
+
+
+def _user_content(blocks: list[TextContent | ImageContent]) -> str | list[dict[str, Any]]:
+    if all(isinstance(b, TextContent) for b in blocks):
+        return "".join(b.text for b in blocks)  # type: ignore[union-attr]
+    return [{"type": "text", "text": b.text} if isinstance(b, TextContent) else _data_url(b) for b in blocks]
+
+
+def to_openai_messages(system: str, messages: list[Message]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    images: list[ImageContent] = []  # from the current run of tool results
+
+    def flush_images() -> None:
+        if images:
+            out.append({"role": "user", "content": [{"type": "text", "text": "Images returned by tool calls:"}]
+                        + [_data_url(i) for i in images]})
+            images.clear()
+
+    for message in messages:
+        if isinstance(message, ToolResultMessage):
+            attached = [c for c in message.content if isinstance(c, ImageContent)]
+            text = message.text or ("(image attached below)" if attached else "(no output)")
+            out.append({"role": "tool", "tool_call_id": message.tool_call_id, "content": text})
+            images.extend(attached)
+            continue
+        flush_images()
+        if isinstance(message, UserMessage):
+            out.append({"role": "user", "content": _user_content(message.content)})
+        elif isinstance(message, AssistantMessage):
+            text, calls = message.text, message.tool_calls
+            if not text and not calls:
+                continue  # nothing the model could use; some servers reject an empty assistant turn
+            entry: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if calls:
+                entry["tool_calls"] = [{"id": c.id, "type": "function",
+                                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                                       for c in calls]
+            out.append(entry)
+    flush_images()
+    return out

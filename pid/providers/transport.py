@@ -1,0 +1,298 @@
+"""HTTP plumbing the providers share: one keep-alive client, cancellable reads, retries, SSE events, pricing.
+
+Why a custom network backend: a cancel must stop a request promptly even while the server is silent (before the
+response headers or between chunks), and httpx has no cancel hook for sync streams. So every socket read is done in
+short slices that check the cancel event of the call running on that thread. Reads happen on the caller's thread,
+hence a thread-local; a thread with no cancel event set reads exactly as httpx would.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
+
+import httpcore
+import httpx
+
+from pid.messages import Usage
+from pid.providers.base import ProviderConfig
+
+CANCEL_CHECK_S = 0.1        # longest a cancelled read keeps waiting on a silent server
+MAX_RETRY_AFTER_S = 10.0    # a server asking for a longer pause gets this one
+BACKOFF_BASE_S = 0.25       # 0.25, 0.5, 1.0 ... between retries when the server names no delay
+ERROR_TEXT_LIMIT = 500
+
+ABORTED_MESSAGE = "request aborted"
+
+
+class Cancelled(Exception):
+    """Raised inside a socket read when the current call's cancel event is set."""
+
+
+_current = threading.local()
+
+
+class _CancellableStream(httpcore.NetworkStream):
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        cancel: threading.Event | None = getattr(_current, "cancel", None)
+        if cancel is None:
+            return self._inner.read(max_bytes, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if cancel.is_set():
+                raise Cancelled()
+            wait = CANCEL_CHECK_S if deadline is None else min(CANCEL_CHECK_S, deadline - time.monotonic())
+            if wait <= 0:
+                raise httpcore.ReadTimeout("timed out")
+            try:
+                return self._inner.read(max_bytes, wait)
+            except httpcore.ReadTimeout:
+                continue
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        return _CancellableStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _CancellableBackend(httpcore.SyncBackend):
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        return _CancellableStream(super().connect_tcp(*args, **kwargs))
+
+    def connect_unix_socket(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        return _CancellableStream(super().connect_unix_socket(*args, **kwargs))
+
+
+def _env_proxy(base_url: str) -> str | None:
+    """The http(s) proxy the environment names for base_url (honouring no_proxy), if any."""
+    parts = urlsplit(base_url)
+    if parts.hostname and urllib.request.proxy_bypass(parts.hostname):
+        return None
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    return proxy if proxy and proxy.startswith(("http://", "https://")) else None
+
+
+def make_client(config: ProviderConfig) -> httpx.Client:
+    """One client per provider instance, so consecutive turns reuse a kept-alive connection."""
+    transport = httpx.HTTPTransport(proxy=_env_proxy(config.base_url))
+    # The one reach into httpx internals: the pool it built gets our cancellable sockets.
+    transport._pool._network_backend = _CancellableBackend()  # type: ignore[attr-defined]
+    timeout = httpx.Timeout(connect=config.connect_timeout_s, read=config.read_timeout_s,
+                            write=config.connect_timeout_s, pool=config.connect_timeout_s)
+    return httpx.Client(transport=transport, timeout=timeout, trust_env=False)
+
+
+@contextmanager
+def cancellable(cancel: threading.Event | None) -> Iterator[None]:
+    """Make reads on this thread give up (raise Cancelled) once `cancel` is set."""
+    previous = getattr(_current, "cancel", None)
+    _current.cancel = cancel
+    try:
+        yield
+    finally:
+        _current.cancel = previous
+
+
+@dataclass
+class Failure:
+    """Why a request produced no stream; `aborted` when it was the caller's cancel."""
+    message: str
+    aborted: bool = False
+
+
+def stream_request(client: httpx.Client, url: str, *, headers: dict[str, str], body: bytes, max_retries: int,
+                   cancel: threading.Event | None, consume: Callable[[httpx.Response], None]) -> Failure | None:
+    """POST, hand the open response to `consume`, and turn every way this can go wrong into a Failure."""
+    with cancellable(cancel):
+        opened = post_stream(client, url, headers=headers, body=body, max_retries=max_retries, cancel=cancel)
+        if isinstance(opened, Failure):
+            return opened
+        try:
+            consume(opened)
+        except Cancelled:
+            return Failure(ABORTED_MESSAGE, aborted=True)
+        except Exception as exc:  # noqa: BLE001 - the provider seam never raises
+            if cancel is not None and cancel.is_set():
+                return Failure(ABORTED_MESSAGE, aborted=True)
+            return Failure(stream_failure(exc, url))
+        finally:
+            opened.close()
+    return None
+
+
+def post_stream(client: httpx.Client, url: str, *, headers: dict[str, str], body: bytes, max_retries: int,
+                cancel: threading.Event | None) -> httpx.Response | Failure:
+    """POST and return the open streaming response, retrying connect errors, 429 and 5xx (nothing was consumed yet).
+
+    Must run inside `cancellable(cancel)`. The caller closes the response.
+    """
+    attempt = 0
+    while True:
+        if cancel is not None and cancel.is_set():
+            return Failure(ABORTED_MESSAGE, aborted=True)
+        retry_after: float | None = None
+        try:
+            response = client.send(client.build_request("POST", url, headers=headers, content=body), stream=True)
+        except Cancelled:
+            return Failure(ABORTED_MESSAGE, aborted=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            problem, retryable = f"cannot reach {_origin(url)}: {_describe(exc)}", True
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            problem, retryable = f"connection to {_origin(url)} failed: {_describe(exc)}", True
+        except httpx.TimeoutException as exc:
+            return Failure(f"timed out waiting for a response from {_origin(url)} ({type(exc).__name__})")
+        except httpx.HTTPError as exc:
+            return Failure(f"request to {url} failed: {_describe(exc)}")
+        else:
+            if response.status_code < 300:
+                return response
+            try:
+                text = error_text(_read_bounded(response)) if response.status_code >= 400 else \
+                    f"redirected to {response.headers.get('location', '?')} (use that base URL)"
+            except Cancelled:
+                return Failure(ABORTED_MESSAGE, aborted=True)
+            except httpx.HTTPError as exc:
+                text = f"(error body unreadable: {_describe(exc)})"
+            finally:
+                response.close()
+            problem = f"HTTP {response.status_code} from {url}: {text}"
+            retryable = response.status_code == 429 or response.status_code >= 500
+            retry_after = _retry_after(response.headers.get("retry-after"))
+        if not retryable or attempt >= max_retries:
+            return Failure(problem + (f" (after {attempt + 1} attempts)" if attempt else ""))
+        delay = retry_after if retry_after is not None else BACKOFF_BASE_S * (2 ** attempt)
+        if cancel is not None:
+            if cancel.wait(delay):
+                return Failure(ABORTED_MESSAGE, aborted=True)
+        else:
+            time.sleep(delay)
+        attempt += 1
+
+
+def _read_bounded(response: httpx.Response, limit: int = 65536) -> bytes:
+    data = b""
+    for chunk in response.iter_bytes():
+        data += chunk
+        if len(data) >= limit:
+            break
+    return data
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+def truncate(text: str, limit: int = ERROR_TEXT_LIMIT) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def error_text(body: bytes) -> str:
+    """The server's own words from an error body: OpenAI, Anthropic, vLLM and FastAPI shapes, else the raw text."""
+    raw = body.decode("utf-8", errors="replace").strip()
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return truncate(raw) or "(empty body)"
+    message = _find_message(parsed)
+    return truncate(message if message else raw)
+
+
+def _find_message(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        for key in ("error", "message", "detail"):
+            if key in value:
+                found = _find_message(value[key])
+                if found:
+                    return found
+    return None
+
+
+def iter_sse(response: httpx.Response) -> Iterator[tuple[str, bytes]]:
+    """(event name, data) per server-sent event. Comment lines are skipped; `data:` may lack its space."""
+    event = ""
+    data: list[bytes] = []
+    buffer = b""
+    for chunk in response.iter_bytes():
+        if b"\n" not in chunk:
+            buffer += chunk
+            continue
+        lines = (buffer + chunk).split(b"\n")
+        buffer = lines.pop()
+        for line in lines:
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if data:
+                    yield event, b"\n".join(data)
+                    data = []
+                event = ""
+                continue
+            if line[0] == 58:  # ":" starts a comment (keep-alives from OpenRouter and others)
+                continue
+            name, _, value = line.partition(b":")
+            if value[:1] == b" ":
+                value = value[1:]
+            if name == b"data":
+                data.append(value)
+            elif name == b"event":
+                event = value.decode("utf-8", errors="replace")
+    if buffer.strip() and buffer.startswith(b"data:"):
+        value = buffer[5:]
+        data.append(value[1:] if value[:1] == b" " else value)
+    if data:
+        yield event, b"\n".join(data)
+
+
+def price(usage: Usage, config: ProviderConfig) -> Usage:
+    """Fill usage.cost from the configured per-million-token prices."""
+    usage.cost.input = usage.input * config.input_cost_per_mtok / 1e6
+    usage.cost.output = usage.output * config.output_cost_per_mtok / 1e6
+    usage.cost.cache_read = usage.cache_read * config.cache_read_cost_per_mtok / 1e6
+    usage.cost.cache_write = usage.cache_write * config.cache_write_cost_per_mtok / 1e6
+    return usage
+
+
+def stream_failure(exc: BaseException, url: str) -> str:
+    """A readable sentence for an error raised while a response body was streaming."""
+    if isinstance(exc, httpx.TimeoutException):
+        return f"stream from {_origin(url)} went silent (read timeout)"
+    if isinstance(exc, httpx.HTTPError):
+        return f"stream from {_origin(url)} broke: {_describe(exc)}"
+    return f"stream from {_origin(url)} failed: {type(exc).__name__}: {_describe(exc)}"

@@ -1,0 +1,422 @@
+"""The providers against a real HTTP server (tests/scripted_llm.py) speaking the OpenAI and Anthropic wire formats."""
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pid.messages import (AssistantMessage, ImageContent, TextContent, ToolCall, ToolResultMessage, ToolSpec,
+                          UserMessage)
+from pid.providers import AnthropicProvider, OpenAIProvider, ProviderConfig, make_provider
+from tests.scripted_llm import ScriptedLLM
+
+OPENAI = "openai-completions"
+ANTHROPIC = "anthropic-messages"
+BOTH = [OPENAI, ANTHROPIC]
+BASH = ToolSpec("bash", "Run a command.", {"type": "object", "properties": {"command": {"type": "string"}},
+                                           "required": ["command"]})
+HELLO = [UserMessage.text("hello")]
+
+
+def provider(llm: ScriptedLLM, api: str = OPENAI, **overrides: Any) -> OpenAIProvider | AnthropicProvider:
+    return make_provider(ProviderConfig(model="test-model", base_url=llm.base_url, api=api,  # type: ignore
+                                        provider="scripted", **overrides))
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- both wire formats ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("api", BOTH)
+def test_text_streams_in_pieces_and_is_assembled(api: str) -> None:
+    text = "I'll look at the repository layout first, then read the tests."
+    deltas: list[str] = []
+    with ScriptedLLM([{"text": text}]) as llm:
+        reply = provider(llm, api).stream("You are terse.", HELLO, [BASH], on_text=deltas.append)
+    assert (reply.stop_reason, reply.error_message) == ("stop", None)
+    assert reply.text == text and len(reply.content) == 1
+    assert len(deltas) > 1 and "".join(deltas) == text
+    assert (reply.api, reply.provider, reply.model) == (api, "scripted", "test-model")
+    assert reply.response_id and reply.response_id.startswith(("chatcmpl-", "msg_"))
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_parallel_tool_calls_are_assembled_from_split_fragments(api: str) -> None:
+    calls = [{"name": "bash", "arguments": {"command": "ls -la && cat \"README.md\"", "timeout": 30}},
+             {"name": "read", "arguments": {"path": "src/ünïcode.py", "offset": 10}},
+             {"name": "write", "arguments": {"path": "a.txt", "content": "line1\nline2\n" * 20}}]
+    with ScriptedLLM([{"text": "Looking.", "tool_calls": calls, "interleave": True}]) as llm:
+        reply = provider(llm, api).stream("", HELLO, [BASH])
+    assert reply.stop_reason == "toolUse"
+    assert [(c.name, c.arguments) for c in reply.tool_calls] == [(c["name"], c["arguments"]) for c in calls]
+    assert all(c.raw_arguments is None for c in reply.tool_calls)
+    assert len({c.id for c in reply.tool_calls}) == 3 and all(c.id for c in reply.tool_calls)
+    assert reply.text == "Looking."
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_invalid_argument_json_is_kept_raw(api: str) -> None:
+    with ScriptedLLM([{"tool_calls": [{"name": "bash", "raw_arguments": '{"command": "ls", oops'},
+                                      {"name": "bash", "arguments": {"command": "pwd"}}]}]) as llm:
+        reply = provider(llm, api).stream("", HELLO, [BASH])
+    bad, good = reply.tool_calls
+    assert (bad.arguments, bad.raw_arguments) == ({}, '{"command": "ls", oops')
+    assert (good.arguments, good.raw_arguments) == ({"command": "pwd"}, None)
+    assert reply.stop_reason == "toolUse"
+
+
+@pytest.mark.parametrize("api", BOTH)
+@pytest.mark.parametrize("finish, expected", [("stop", "stop"), ("length", "length"), ("content_filter", "error")])
+def test_finish_reasons_are_mapped(api: str, finish: str, expected: str) -> None:
+    with ScriptedLLM([{"text": "partial answer", "finish_reason": finish}]) as llm:
+        reply = provider(llm, api).stream("", HELLO, [])
+    assert reply.stop_reason == expected
+    assert reply.text == "partial answer"
+    assert (reply.error_message is not None) == (expected == "error")
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_tool_calls_mean_tool_use_whatever_the_finish_reason(api: str) -> None:
+    with ScriptedLLM([{"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}], "finish_reason": "stop"}]) as llm:
+        assert provider(llm, api).stream("", HELLO, [BASH]).stop_reason == "toolUse"
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_usage_and_cost(api: str) -> None:
+    prices = dict(input_cost_per_mtok=3.0, output_cost_per_mtok=15.0, cache_read_cost_per_mtok=0.3)
+    with ScriptedLLM([{"text": "ok", "usage": {"prompt_tokens": 1000, "completion_tokens": 200,
+                                               "cached_tokens": 400}}]) as llm:
+        usage = provider(llm, api, **prices).stream("", HELLO, []).usage
+    assert (usage.input, usage.output, usage.cache_read) == (600, 200, 400)
+    assert usage.cost.input == pytest.approx(600 * 3.0 / 1e6)
+    assert usage.cost.output == pytest.approx(200 * 15.0 / 1e6)
+    assert usage.cost.cache_read == pytest.approx(400 * 0.3 / 1e6)
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_server_error_is_retried_then_succeeds(api: str) -> None:
+    with ScriptedLLM([{"error": {"status": 500}}, {"error": {"status": 503}}, {"text": "recovered"}]) as llm:
+        reply = provider(llm, api, max_retries=2).stream("", HELLO, [])
+        assert (reply.stop_reason, reply.text) == ("stop", "recovered")
+        assert len(llm.requests) == 3 and llm.requests[0] == llm.requests[2]
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_retries_are_bounded_and_the_last_error_is_reported(api: str) -> None:
+    with ScriptedLLM([{"error": {"status": 502, "message": "upstream melted"}}] * 5) as llm:
+        reply = provider(llm, api, max_retries=1).stream("", HELLO, [])
+        assert len(llm.requests) == 2
+    assert reply.stop_reason == "error"
+    assert "502" in reply.error_message and "upstream melted" in reply.error_message
+    assert "after 2 attempts" in reply.error_message
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_client_error_is_reported_with_the_servers_words_and_not_retried(api: str) -> None:
+    body = {"error": {"message": "This model's maximum context length is 8192 tokens. " + "x" * 2000,
+                      "type": "invalid_request_error"}}
+    with ScriptedLLM([{"error": {"status": 400, "body": body}}, {"text": "must not be reached"}]) as llm:
+        reply = provider(llm, api).stream("", HELLO, [])
+        assert llm.remaining == 1 and len(llm.requests) == 1
+    assert reply.stop_reason == "error" and reply.content == []
+    assert "HTTP 400" in reply.error_message and "maximum context length is 8192" in reply.error_message
+    assert len(reply.error_message) < 700
+
+
+def test_plain_text_error_body_is_reported() -> None:
+    with ScriptedLLM([{"error": {"status": 404, "body": "model 'gpt-9' not found"}}]) as llm:
+        reply = provider(llm).stream("", HELLO, [])
+    assert "HTTP 404" in reply.error_message and "model 'gpt-9' not found" in reply.error_message
+
+
+def test_retry_after_is_honoured() -> None:
+    with ScriptedLLM([{"error": {"status": 429, "headers": {"Retry-After": "1"}}}, {"text": "ok"}]) as llm:
+        started = time.monotonic()
+        reply = provider(llm).stream("", HELLO, [])
+        elapsed = time.monotonic() - started
+    assert reply.text == "ok"
+    assert 0.9 <= elapsed < 3
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_unreachable_endpoint_is_an_error_not_an_exception(api: str) -> None:
+    config = ProviderConfig(model="m", base_url=f"http://127.0.0.1:{closed_port()}/v1", api=api)
+    started = time.monotonic()
+    reply = make_provider(config).stream("", HELLO, [])
+    assert time.monotonic() - started < 5
+    assert reply.stop_reason == "error"
+    assert reply.error_message.startswith("cannot reach http://127.0.0.1:")
+    assert "after 3 attempts" in reply.error_message
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_cancel_during_a_stalled_stream_aborts_promptly_with_partial_content(api: str) -> None:
+    cancel = threading.Event()
+    deltas: list[str] = []
+    # Anthropic: message_start, ping, block start, first text delta; OpenAI: role chunk, first text chunk.
+    stall_after = 4 if api == ANTHROPIC else 2
+    with ScriptedLLM([{"text": "first part and then the rest", "stall_s": 30, "stall_after": stall_after}]) as llm:
+        p = provider(llm, api)
+        threading.Timer(0.3, cancel.set).start()
+        started = time.monotonic()
+        reply = p.stream("", HELLO, [], cancel=cancel, on_text=deltas.append)
+        elapsed = time.monotonic() - started
+    assert reply.stop_reason == "aborted"
+    assert 0.25 <= elapsed < 1.0
+    assert deltas and reply.text == deltas[0] and "first part and then the rest".startswith(reply.text)
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_cancel_before_the_server_answers_aborts_promptly(api: str) -> None:
+    cancel = threading.Event()
+    with ScriptedLLM([{"text": "late", "delay_s": 30}]) as llm:
+        threading.Timer(0.2, cancel.set).start()
+        started = time.monotonic()
+        reply = provider(llm, api).stream("", HELLO, [], cancel=cancel)
+        elapsed = time.monotonic() - started
+    assert reply.stop_reason == "aborted" and elapsed < 0.8
+
+
+def test_a_provider_keeps_working_after_a_cancel() -> None:
+    cancel = threading.Event()
+    with ScriptedLLM([{"text": "slow", "stall_s": 30}, {"text": "next"}]) as llm:
+        p = provider(llm)
+        threading.Timer(0.2, cancel.set).start()
+        assert p.stream("", HELLO, [], cancel=cancel).stop_reason == "aborted"
+        assert p.stream("", HELLO, [], cancel=threading.Event()).text == "next"
+
+
+def test_already_cancelled_sends_nothing() -> None:
+    cancel = threading.Event()
+    cancel.set()
+    with ScriptedLLM([{"text": "x"}]) as llm:
+        reply = provider(llm).stream("", HELLO, [], cancel=cancel)
+        assert reply.stop_reason == "aborted" and llm.requests == []
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_a_silent_server_hits_the_read_timeout(api: str) -> None:
+    with ScriptedLLM([{"text": "never finished", "stall_s": 30}]) as llm:
+        started = time.monotonic()
+        reply = provider(llm, api, read_timeout_s=0.5).stream("", HELLO, [], cancel=threading.Event())
+        elapsed = time.monotonic() - started
+    assert reply.stop_reason == "error" and "silent" in reply.error_message
+    assert 0.4 <= elapsed < 2
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_a_stream_that_ends_without_finishing_is_an_error_keeping_the_content(api: str) -> None:
+    with ScriptedLLM([{"text": "half an answ", "cut": True}]) as llm:
+        reply = provider(llm, api).stream("", HELLO, [])
+    assert reply.stop_reason == "error" and "ended before" in reply.error_message
+    assert reply.text == "half an answ"
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_an_error_event_mid_stream_is_reported(api: str) -> None:
+    with ScriptedLLM([{"stream_error": "Overloaded, try later"}]) as llm:
+        reply = provider(llm, api).stream("", HELLO, [])
+    assert reply.stop_reason == "error" and "Overloaded, try later" in reply.error_message
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_connections_are_kept_alive_across_calls(api: str) -> None:
+    with ScriptedLLM([{"text": "one"}, {"tool_calls": [{"name": "bash", "arguments": {}}]}, {"text": "three"}]) as llm:
+        p = provider(llm, api)
+        for _ in range(3):
+            assert p.stream("", HELLO, [BASH]).stop_reason in ("stop", "toolUse")
+        assert llm.connections_opened == 1
+
+
+def test_unknown_api_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown provider api"):
+        make_provider(ProviderConfig(model="m", api="carrier-pigeon"))
+
+
+# -- OpenAI request shape and leniency --------------------------------------------------------------------------
+
+def conversation() -> list:
+    png = ImageContent("iVBORw0KGgo=", "image/png")
+    return [
+        UserMessage([TextContent("what is in "), TextContent("this repo?")]),
+        AssistantMessage([TextContent("Let me look."), ToolCall("call_a", "bash", {"command": "ls"}),
+                          ToolCall("call_b", "read", {"path": "logo.png"})], stop_reason="toolUse"),
+        ToolResultMessage("call_a", "bash", [TextContent("README.md\nlogo.png")]),
+        ToolResultMessage("call_b", "read", [TextContent("Read image file [image/png]"), png]),
+        AssistantMessage([TextContent("A readme and a logo.")]),
+        UserMessage([TextContent("and this?"), png]),
+    ]
+
+
+def test_openai_request_body_shape() -> None:
+    with ScriptedLLM([{"text": "ok"}]) as llm:
+        provider(llm, api_key="sk-test", max_tokens=1234, temperature=0.2).stream("SYSTEM", conversation(), [BASH])
+        body, headers = llm.requests[0], llm.request_headers[0]
+    assert headers["authorization"] == "Bearer sk-test"
+    assert (body["model"], body["stream"], body["stream_options"]) == ("test-model", True, {"include_usage": True})
+    assert (body["max_tokens"], body["temperature"]) == (1234, 0.2)
+    assert body["tools"] == [{"type": "function", "function": {"name": "bash", "description": "Run a command.",
+                                                               "parameters": BASH.parameters}}]
+    m = body["messages"]
+    assert [x["role"] for x in m] == ["system", "user", "assistant", "tool", "tool", "user", "assistant", "user"]
+    assert m[0] == {"role": "system", "content": "SYSTEM"}
+    assert m[1] == {"role": "user", "content": "what is in this repo?"}
+    assert m[2]["content"] == "Let me look."
+    assert m[2]["tool_calls"][0] == {"id": "call_a", "type": "function",
+                                     "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    assert m[3] == {"role": "tool", "tool_call_id": "call_a", "content": "README.md\nlogo.png"}
+    assert m[4] == {"role": "tool", "tool_call_id": "call_b", "content": "Read image file [image/png]"}
+    assert m[5]["content"][1] == {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    assert m[7]["content"] == [{"type": "text", "text": "and this?"},
+                               {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
+
+
+def test_openai_request_without_key_tools_or_limits() -> None:
+    with ScriptedLLM([{"text": "ok"}]) as llm:
+        provider(llm).stream("", HELLO, [])
+        body, headers = llm.requests[0], llm.request_headers[0]
+    assert "authorization" not in headers
+    assert not {"tools", "max_tokens", "temperature"} & body.keys()
+    assert body["messages"] == [{"role": "user", "content": "hello"}]
+
+
+def sse(*chunks: Any) -> list[str]:
+    return [c if isinstance(c, str) else f"data: {json.dumps(c)}\n\n" for c in chunks]
+
+
+def test_openai_leniency_for_other_servers() -> None:
+    """No tool-call index, `data:` without a space, comments, usage beside choices, `reasoning`, no [DONE]."""
+    raw = sse(": OPENROUTER PROCESSING\n\n",
+              {"id": "gen-1", "choices": [{"delta": {"role": "assistant", "reasoning": "Think"}}]},
+              'data:{"id": "gen-1", "choices": [{"delta": {"reasoning": "ing."}}]}\n\n',
+              {"id": "gen-1", "choices": [{"delta": {"content": "Hi"}, "extra": 1}], "provider": "x"},
+              {"choices": [{"delta": {"tool_calls": [{"id": "t1", "function": {"name": "bash", "arguments": "{\"co"}}]}}]},
+              {"choices": [{"delta": {"tool_calls": [{"function": {"arguments": "mmand\": \"ls\"}"}}]}}]},
+              {"choices": [{"delta": {"tool_calls": [{"id": "t2", "function": {"name": "read",
+                                                                               "arguments": "{\"path\": \"x\"}"}}]}}]},
+              {"choices": [{"delta": {}, "finish_reason": "tool_calls"}],
+               "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+    with ScriptedLLM([{"raw": raw}]) as llm:
+        reply = provider(llm).stream("", HELLO, [BASH])
+    assert reply.stop_reason == "toolUse", reply.error_message
+    assert [c.type for c in reply.content] == ["thinking", "text", "toolCall", "toolCall"]
+    assert reply.content[0].thinking == "Thinking." and reply.text == "Hi"
+    assert [(c.id, c.name, c.arguments) for c in reply.tool_calls] == [("t1", "bash", {"command": "ls"}),
+                                                                       ("t2", "read", {"path": "x"})]
+    assert (reply.usage.input, reply.usage.output, reply.response_id) == (10, 5, "gen-1")
+
+
+def test_openai_done_without_finish_reason_and_ollama_style_stop_with_tools() -> None:
+    raw = sse({"choices": [{"delta": {"content": "x"}}]}, "data: [DONE]\n\n")
+    tools = sse({"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": 0, "id": "c", "function": {"name": "bash", "arguments": {"command": "ls"}}}]},
+        "finish_reason": "stop"}]}, "data: [DONE]\n\n")
+    with ScriptedLLM([{"raw": raw}, {"raw": tools}]) as llm:
+        p = provider(llm)
+        assert p.stream("", HELLO, []).stop_reason == "stop"
+        reply = p.stream("", HELLO, [])
+    assert reply.stop_reason == "toolUse" and reply.tool_calls[0].arguments == {"command": "ls"}
+
+
+def test_openai_malformed_stream_data_is_an_error() -> None:
+    with ScriptedLLM([{"raw": sse({"choices": [{"delta": {"content": "ok"}}]}, "data: {broken\n\n")}]) as llm:
+        reply = provider(llm).stream("", HELLO, [])
+    assert reply.stop_reason == "error" and "malformed" in reply.error_message and reply.text == "ok"
+
+
+# -- Anthropic request shape ---------------------------------------------------------------------------------------
+
+def test_anthropic_request_body_shape() -> None:
+    messages = conversation()
+    messages[3].is_error = True
+    with ScriptedLLM([{"text": "ok"}]) as llm:
+        provider(llm, ANTHROPIC, api_key="sk-ant").stream("SYSTEM", messages, [BASH])
+        body, headers = llm.requests[0], llm.request_headers[0]
+    assert llm.paths[0] == "/v1/messages"
+    assert (headers["x-api-key"], headers["anthropic-version"]) == ("sk-ant", "2023-06-01")
+    assert "authorization" not in headers
+    assert (body["model"], body["max_tokens"], body["stream"]) == ("test-model", 8192, True)
+    assert body["system"][0]["text"] == "SYSTEM"
+    assert body["tools"] == [{"name": "bash", "description": "Run a command.", "input_schema": BASH.parameters}]
+    m = body["messages"]
+    assert [x["role"] for x in m] == ["user", "assistant", "user", "assistant", "user"]
+    assert m[1]["content"][1] == {"type": "tool_use", "id": "call_a", "name": "bash", "input": {"command": "ls"}}
+    results = m[2]["content"]
+    assert [(r["type"], r["tool_use_id"], r["is_error"]) for r in results] == [
+        ("tool_result", "call_a", False), ("tool_result", "call_b", True)]
+    assert results[1]["content"][1] == {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                    "data": "iVBORw0KGgo="}}
+    assert m[4]["content"][-1]["cache_control"] == {"type": "ephemeral"}
+
+
+def test_anthropic_thinking_is_kept_with_its_signature_and_replayed() -> None:
+    with ScriptedLLM([{"thinking": "Let me consider.", "text": "Answer."}, {"text": "ok"}]) as llm:
+        p = provider(llm, ANTHROPIC)
+        reply = p.stream("", HELLO, [])
+        thinking = reply.content[0]
+        assert (thinking.type, thinking.thinking, thinking.signature) == ("thinking", "Let me consider.",
+                                                                          "sig-scripted-1")
+        p.stream("", HELLO + [reply, UserMessage.text("more")], [])
+        replayed = llm.requests[1]["messages"][1]["content"]
+    assert replayed[0] == {"type": "thinking", "thinking": "Let me consider.", "signature": "sig-scripted-1"}
+
+
+def test_anthropic_default_base_url_is_anthropics() -> None:
+    p = AnthropicProvider(ProviderConfig(model="claude", api=ANTHROPIC))
+    assert p._url == "https://api.anthropic.com/v1/messages"
+
+
+# -- standalone server and overhead -------------------------------------------------------------------------------
+
+def test_standalone_server_serves_a_script_file(tmp_path: Path) -> None:
+    script = tmp_path / "turns.json"
+    script.write_text(json.dumps({"turns": [{"text": "from another process"}]}))
+    proc = subprocess.Popen([sys.executable, "-m", "tests.scripted_llm", "--script", str(script)],
+                            stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).resolve().parents[1]))
+    try:
+        base_url = proc.stdout.readline().strip()
+        assert base_url.startswith("http://127.0.0.1:") and base_url.endswith("/v1")
+        p = make_provider(ProviderConfig(model="m", base_url=base_url))
+        assert p.stream("", HELLO, []).text == "from another process"
+        assert p.stream("", HELLO, []).text == "script exhausted"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_per_call_overhead_against_a_local_server(api: str) -> None:
+    """Measured, not asserted: the cost of one streamed 3-chunk reply, client and server together."""
+    n = 300
+    with ScriptedLLM([{"text": "one two three"}] * (n + 20)) as llm:
+        p = provider(llm, api)
+        for _ in range(20):
+            p.stream("system", HELLO, [BASH])
+        times = []
+        for _ in range(n):
+            started = time.perf_counter()
+            reply = p.stream("system", HELLO, [BASH], cancel=threading.Event())
+            times.append(time.perf_counter() - started)
+        assert reply.text == "one two three"
+    print(f"\n{api}: streamed 3-chunk reply, median {statistics.median(times) * 1e3:.2f} ms, "
+          f"p95 {sorted(times)[int(n * 0.95)] * 1e3:.2f} ms over {n} calls (client + local server)")
+
+
+def test_no_response_within_the_read_timeout_is_an_error_without_retry() -> None:
+    with ScriptedLLM([{"text": "late", "delay_s": 30}, {"text": "must not be reached"}]) as llm:
+        started = time.monotonic()
+        reply = provider(llm, read_timeout_s=0.4).stream("", HELLO, [])
+        assert time.monotonic() - started < 2 and len(llm.requests) == 1
+    assert reply.stop_reason == "error" and "timed out waiting for a response" in reply.error_message
