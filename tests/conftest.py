@@ -65,26 +65,36 @@ def sample_repo(tmp_path: Path) -> Path:
     return repo
 
 
-@pytest.fixture
-def worker(pid_env: dict[str, str], tmp_path: Path):
-    """A real `pid worker` process on the embedded (filesystem) broker."""
-    log_path = tmp_path / "worker.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", "1"], cwd=tmp_path,
-                            env=pid_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+def start_worker(env: dict[str, str], cwd: Path, log_path: Path) -> subprocess.Popen:
+    """A real `pid worker` process (in its own process group) on the embedded (filesystem) broker."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", "1"], cwd=cwd,
+                                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
     deadline = time.time() + 60
     while "ready" not in log_path.read_text():
         if proc.poll() is not None or time.time() > deadline:
+            stop_worker(proc)
             raise RuntimeError("worker did not start:\n" + log_path.read_text())
         time.sleep(0.2)
+    return proc
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+@pytest.fixture
+def worker(pid_env: dict[str, str], tmp_path: Path):
+    proc = start_worker(pid_env, tmp_path, tmp_path / "worker.log")
     yield proc
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
+    stop_worker(proc)
 
 
 def pid_containers() -> list:

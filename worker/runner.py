@@ -64,7 +64,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         if cancel.is_set():
             raise JobCancelled
         context = ToolContext(sandbox=sandbox, cancel=cancel)
-        session = SessionWriter(os.path.join(spec.job_dir, "session.jsonl"), cwd=sandbox.workdir)
+        session = SessionWriter(_fresh(os.path.join(spec.job_dir, "session.jsonl")), cwd=sandbox.workdir)
         session.model_change(provider.config.provider, spec.model)
         session.thinking_level_change("off")
         remaining = max(1.0, spec.timeout_s - (time.time() - started))
@@ -92,6 +92,16 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         result = _result(spec, outcome, started, artifacts)
         write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
     return result
+
+
+def _fresh(path: str) -> str:
+    """A retried job starts a new transcript; the interrupted attempt's is kept beside it, not appended to."""
+    if os.path.exists(path):
+        attempt = 1
+        while os.path.exists(f"{path}.attempt{attempt}"):
+            attempt += 1
+        os.replace(path, f"{path}.attempt{attempt}")
+    return path
 
 
 def _collect(sandbox: DockerSandbox, spec: JobSpec) -> dict[str, Any]:

@@ -20,9 +20,10 @@ from worker.store import JobStore, default_store
 
 log = logging.getLogger("pid.worker")
 
-LEASE_S = 60.0            # a worker silent this long is presumed dead; its job may be claimed again
+# A worker silent for LEASE_S is presumed dead and its job may be claimed again; the sweeper looks every SWEEP_EVERY_S.
+LEASE_S = float(os.environ.get("PID_LEASE_S", "60"))
+SWEEP_EVERY_S = float(os.environ.get("PID_SWEEP_S", "30"))
 CONTROL_POLL_S = 0.5      # how quickly cancel, pause and messages reach a running job
-SWEEP_EVERY_S = 30.0
 MAX_ATTEMPTS = 3
 
 

@@ -183,6 +183,8 @@ class _Reply:
             return content, ("aborted" if self.aborted else "error"), self.error
         if not self.done and self.stop_reason is None:
             return content, "error", "the stream ended before the response finished"
+        if _STOP.get(self.stop_reason or "") == "length":  # truncated tool calls must not run
+            return content, "length", None
         if has_calls:
             return content, "toolUse", None
         if self.stop_reason == "refusal":

@@ -193,6 +193,8 @@ class _Reply:
             return content, ("aborted" if self.aborted else "error"), self.error
         if self.finish is None and not self.done:
             return content, "error", "the stream ended before the response finished"
+        if self.finish == "length":  # tool calls cut by the token limit must not run: the loop fails them
+            return content, "length", None
         if self.calls:
             return content, "toolUse", None
         if self.finish == "content_filter":

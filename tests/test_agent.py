@@ -1,0 +1,192 @@
+"""The loop's flow control, against the real OpenAI-compatible provider, the scripted LLM server over HTTP, and the
+real sandbox: parallel tools in call order, steering, follow-ups, pause, cancel, length stops, caps."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pid import events as ev
+from pid.agent import LENGTH_STOP_TOOL_ERROR, Agent, Limits
+from pid.messages import AssistantMessage, TextContent, ToolCall, ToolResultMessage, UserMessage
+from pid.providers import make_provider
+from pid.providers.base import ProviderConfig
+from pid.tools.base import ToolContext
+from pid.tools.registry import default_registry
+from tests.scripted_llm import ScriptedLLM
+
+pytest_plugins = ["tests.tool_sandbox"]
+
+
+def make_agent(llm: ScriptedLLM, sandbox, *, limits: Limits | None = None, sink=ev.ignore, **config) -> Agent:
+    provider = make_provider(ProviderConfig(model="scripted", base_url=llm.base_url, **config))
+    return Agent(provider, default_registry(), ToolContext(sandbox=sandbox), "system prompt", sink=sink,
+                 limits=limits)
+
+
+def tool_messages(request: dict) -> list[dict]:
+    return [m for m in request["messages"] if m["role"] == "tool"]
+
+
+def bash(command: str, **extra) -> dict:
+    return {"name": "bash", "arguments": {"command": command, **extra}}
+
+
+def test_parallel_tool_calls_run_concurrently_and_results_keep_call_order(sandbox):
+    script = [{"tool_calls": [bash("sleep 1; echo first"), bash("echo second"), bash("echo third")]},
+              {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        started = time.monotonic()
+        outcome = make_agent(llm, sandbox).run("go")
+        elapsed = time.monotonic() - started
+        results = tool_messages(llm.requests[1])
+    assert outcome.status == "completed" and outcome.tool_calls == 3
+    assert [r["content"].strip() for r in results] == ["first", "second", "third"]
+    assert elapsed < 2.5  # three calls, one of them 1 s long, did not run one after another... with margin
+
+
+def test_steering_lands_after_the_running_batch_and_before_the_next_model_call(sandbox):
+    script = [{"tool_calls": [bash("sleep 0.5; echo slow"), bash("echo fast")]}, {"text": "steered"}]
+    with ScriptedLLM(script) as llm:
+        holder: list[Agent] = []
+
+        def sink(event):
+            if isinstance(event, ev.ToolStart) and event.arguments["command"].startswith("sleep"):
+                holder[0].steer("change of plan")
+
+        agent = make_agent(llm, sandbox, sink=sink)
+        holder.append(agent)
+        outcome = agent.run("go")
+        second = llm.requests[1]["messages"]
+    assert outcome.final_message == "steered"
+    roles = [m["role"] for m in second]
+    assert roles[-4:] == ["assistant", "tool", "tool", "user"]
+    assert [m["content"].strip() for m in second[-3:-1]] == ["slow", "fast"]  # nothing skipped
+    assert second[-1]["content"] in ("change of plan", [{"type": "text", "text": "change of plan"}])
+
+
+def test_follow_up_continues_a_finished_agent(sandbox):
+    with ScriptedLLM([{"text": "first answer"}, {"text": "second answer"}]) as llm:
+        agent = make_agent(llm, sandbox)
+        agent.follow_up("one more thing")
+        outcome = agent.run("go")
+        assert len(llm.requests) == 2
+        last_user = llm.requests[1]["messages"][-1]
+    assert outcome.final_message == "second answer" and outcome.turns == 2
+    assert "one more thing" in str(last_user["content"])
+    assert [type(m).__name__ for m in agent.messages] == ["UserMessage", "AssistantMessage", "UserMessage",
+                                                          "AssistantMessage"]
+
+
+def test_pause_holds_the_next_model_call_until_resume(sandbox):
+    with ScriptedLLM([{"text": "after resume"}]) as llm:
+        agent = make_agent(llm, sandbox)
+        agent.pause()
+        threading.Timer(0.6, agent.resume).start()
+        started = time.monotonic()
+        outcome = agent.run("go")
+    assert outcome.final_message == "after resume"
+    assert time.monotonic() - started >= 0.55
+
+
+def test_a_paused_agent_still_honours_its_wall_clock(sandbox):
+    with ScriptedLLM([{"text": "never"}]) as llm:
+        agent = make_agent(llm, sandbox, limits=Limits(wall_clock_s=0.5))
+        agent.pause()
+        outcome = agent.run("go")
+        assert llm.requests == []
+    assert (outcome.status, outcome.exit_reason) == ("timeout", "wall_clock")
+
+
+def test_cancel_stops_a_running_command_within_seconds(sandbox):
+    with ScriptedLLM([{"tool_calls": [bash("sleep 100")]}, {"text": "never"}]) as llm:
+        agent = make_agent(llm, sandbox)
+        threading.Timer(0.5, agent.cancel).start()
+        started = time.monotonic()
+        outcome = agent.run("go")
+        assert len(llm.requests) == 1
+    assert outcome.status == "cancelled"
+    assert time.monotonic() - started < 5
+    check = sandbox.exec("ps -eo args | grep -c '^sleep 100$' || true", timeout=10)
+    assert check.tail.strip() == b"0"
+
+
+def test_cancel_during_a_silent_model_stream(sandbox):
+    with ScriptedLLM([{"stall_s": 30, "text": "slow answer"}]) as llm:
+        agent = make_agent(llm, sandbox)
+        threading.Timer(0.3, agent.cancel).start()
+        started = time.monotonic()
+        outcome = agent.run("go")
+    assert outcome.status == "cancelled" and time.monotonic() - started < 3
+    assert agent.messages[-1].stop_reason == "aborted"  # kept in the session, not replayed
+
+
+def test_length_stop_fails_its_tool_calls_without_running_them(sandbox):
+    script = [{"finish_reason": "length", "tool_calls": [bash("touch ran-it")]}, {"text": "retrying later"}]
+    with ScriptedLLM(script) as llm:
+        outcome = make_agent(llm, sandbox).run("go")
+        result = tool_messages(llm.requests[1])[0]["content"]
+    assert result == LENGTH_STOP_TOOL_ERROR.format(name="bash")
+    assert outcome.status == "completed"
+    assert sandbox.exec("test -e ran-it", timeout=10).exit_code == 1
+
+
+def test_bad_tool_calls_become_readable_errors_and_the_loop_goes_on(sandbox):
+    script = [{"tool_calls": [{"name": "nope", "arguments": {}}, {"name": "bash", "raw_arguments": "{not json"},
+                              {"name": "read", "arguments": {"offset": 3}}]},
+              {"text": "recovered"}]
+    with ScriptedLLM(script) as llm:
+        outcome = make_agent(llm, sandbox).run("go")
+        unknown, invalid, schema = (m["content"] for m in tool_messages(llm.requests[1]))
+    assert outcome.final_message == "recovered"
+    assert unknown == "Tool nope not found"
+    assert "{not json" in invalid and "JSON" in invalid
+    assert schema.startswith('Validation failed for tool "read":\n  - path:')
+
+
+def test_max_turns_and_consecutive_timeouts_end_with_their_own_reason(sandbox):
+    with ScriptedLLM([{"tool_calls": [bash("true")]}] * 3) as llm:
+        outcome = make_agent(llm, sandbox, limits=Limits(max_turns=2)).run("go")
+    assert (outcome.status, outcome.exit_reason, outcome.turns) == ("timeout", "max_turns", 2)
+
+    with ScriptedLLM([{"tool_calls": [bash("sleep 5", timeout=0.3)]}] * 4) as llm:
+        outcome = make_agent(llm, sandbox, limits=Limits(max_consecutive_timeouts=2)).run("go")
+    assert (outcome.status, outcome.exit_reason, outcome.turns) == ("failed", "consecutive_timeouts", 2)
+
+
+def test_max_cost_ends_the_job(sandbox):
+    script = [{"tool_calls": [bash("true")], "usage": {"prompt_tokens": 1_000_000, "completion_tokens": 0}}] * 3
+    with ScriptedLLM(script) as llm:
+        outcome = make_agent(llm, sandbox, limits=Limits(max_cost=1.5), input_cost_per_mtok=1.0).run("go")
+    assert (outcome.status, outcome.exit_reason, outcome.turns) == ("failed", "max_cost", 2)
+    assert outcome.usage.cost.total == pytest.approx(2.0)
+
+
+def test_provider_error_fails_the_job_with_the_message(sandbox):
+    with ScriptedLLM([{"error": {"status": 400, "body": {"error": {"message": "model not found"}}}}]) as llm:
+        outcome = make_agent(llm, sandbox).run("go")
+    assert outcome.status == "failed" and outcome.exit_reason == "provider_error"
+    assert "model not found" in outcome.error
+
+
+def test_failed_replies_are_not_replayed_and_unanswered_calls_get_a_result(sandbox):
+    with ScriptedLLM([]) as llm:
+        agent = make_agent(llm, sandbox)
+    agent.messages = [
+        UserMessage.text("task"),
+        AssistantMessage([ToolCall("c1", "bash", {"command": "ls"})], stop_reason="toolUse"),
+        AssistantMessage([TextContent("half")], stop_reason="error", error_message="boom"),
+        AssistantMessage([ToolCall("c2", "bash", {"command": "ls"})], stop_reason="aborted"),
+    ]
+    context = agent._context_messages()
+    assert [type(m).__name__ for m in context] == ["UserMessage", "AssistantMessage", "ToolResultMessage"]
+    assert isinstance(context[2], ToolResultMessage) and context[2].is_error and context[2].tool_call_id == "c1"
+
+
+def test_events_arrive_in_lifecycle_order(sandbox):
+    seen: list[str] = []
+    with ScriptedLLM([{"tool_calls": [bash("echo hi")]}, {"text": "bye"}]) as llm:
+        make_agent(llm, sandbox, sink=lambda e: seen.append(e.type) if e.type != "tool_update" else None).run("go")
+    assert seen == ["agent_start", "message_end", "turn_start", "message_end", "tool_start", "tool_end",
+                    "message_end", "turn_end", "turn_start", "message_end", "turn_end", "agent_end"]
