@@ -115,6 +115,9 @@ def run(api_key: str | None, as_json: bool, **options: Any) -> None:
     try:
         click.echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
         result = run_job(spec, api_key=key, sink=EventPrinter() if not as_json else _quiet, on_agent=agents.append)
+    except KeyboardInterrupt:  # a second Ctrl-C: run_job removed the container and wrote result.json on its way out
+        click.echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
+        sys.exit(130)
     finally:
         signal.signal(signal.SIGINT, previous)
     print_result(result, spec.job_dir, as_json)
@@ -147,8 +150,13 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool) -> None
     record = store.get(job_id)
     result_path = os.path.join(record.spec.job_dir, "result.json")
     follower = SessionFollower(os.path.join(record.spec.job_dir, "session.jsonl")) if follow else None
-    wait_for(result_path, lambda: (store.get(job_id).terminal and os.path.exists(result_path)) or
-             _cancelled_before_start(store, job_id), follower)
+    try:
+        wait_for(result_path, lambda: (store.get(job_id).terminal and os.path.exists(result_path)) or
+                 _cancelled_before_start(store, job_id), follower)
+    except KeyboardInterrupt:
+        click.echo(f"\nstopped waiting; job {job_id} goes on (pid result {job_id} --wait, pid cancel {job_id})",
+                   err=True)
+        sys.exit(130)
     result = _load_result(store, job_id)
     print_result(result, record.spec.job_dir, as_json)
     sys.exit(exit_code_for(result))
