@@ -63,7 +63,7 @@ def check_four_tool_job(result: dict, job_dir: Path, llm: ScriptedLLM, repo: Pat
                                             "toolResult", "toolResult", "assistant", "toolResult", "assistant"]
     assert messages[1]["stopReason"] == "toolUse" and messages[-1]["stopReason"] == "stop"
     assert all(not m["isError"] for m in messages if m["role"] == "toolResult")
-    assert "diff" in json.dumps(messages[3].get("details") or {})
+    assert "+print(\"hello, pid\")" in messages[5]["details"]["diff"]  # the edit's diff, for humans
     # The API key stays in the worker: never in artifacts.
     for artifact in job_dir.iterdir():
         if artifact.is_file():
@@ -118,7 +118,7 @@ def test_submit_without_wait_prints_the_id_and_result_waits(run_pid, worker, sam
 def test_bash_timeout_leaves_no_process_in_the_container(run_pid, sample_repo, tmp_path):
     script = [
         {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 1000 & sleep 999; echo never", "timeout": 1}}]},
-        {"tool_calls": [{"name": "bash", "arguments": {"command": "ps -eo pid,pgid,comm"}}]},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "ps -eo pid,pgid,args"}}]},
         {"text": "ok"},
     ]
     with ScriptedLLM(script) as llm:
@@ -127,7 +127,8 @@ def test_bash_timeout_leaves_no_process_in_the_container(run_pid, sample_repo, t
         tool_msgs = [m for m in llm.requests[2]["messages"] if m["role"] == "tool"]
     assert "Command timed out after 1 seconds" in tool_msgs[0]["content"]
     assert "never" not in tool_msgs[0]["content"]
-    assert "sleep" not in tool_msgs[1]["content"], tool_msgs[1]["content"]
+    processes = tool_msgs[1]["content"]
+    assert "PGID" in processes and "sleep 1000" not in processes and "sleep 999" not in processes, processes
 
 
 # -- bad input: one clear line, exit code 2, nothing run --------------------------------------------------------
