@@ -1,0 +1,54 @@
+"""Tool-call round trip through the Docker sandbox's exec channel, against a plain `docker exec`.
+
+    python bench/bench_tool_roundtrip.py [N]
+
+"back-to-back" sends the next call as soon as the previous one returns (worst case for the pre-started
+command shells); "paced" leaves 20 ms between calls, as an LLM's tool calls are seconds apart.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from typing import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sandbox import DockerSandbox, SandboxConfig  # noqa: E402
+
+
+def measure(name: str, call: Callable[[], object], n: int, pause_s: float = 0.0) -> None:
+    call()
+    samples = []
+    for _ in range(n):
+        if pause_s:
+            time.sleep(pause_s)
+        start = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - start) * 1000)
+    samples.sort()
+    p95 = samples[min(len(samples) - 1, int(len(samples) * 0.95))]
+    print(f"{name:<34} median {statistics.median(samples):7.3f} ms   p95 {p95:7.3f} ms   (n={n})")
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+    with DockerSandbox.create(SandboxConfig(job_id="bench-tool-roundtrip", ttl_s=600)) as sb:
+        sb.write_file("small.txt", b"hello world\n" * 20)
+        page = bytes(range(256)) * 16
+        for pause, label in ((0.0, "back-to-back"), (0.02, "paced")):
+            print(f"-- {label}")
+            measure("exec('true')", lambda: sb.exec("true", timeout=10), n, pause)
+            measure("exec('echo hi')", lambda: sb.exec("echo hi", timeout=10), n, pause)
+            measure("read_file(small, max_bytes=64KiB)",
+                    lambda: sb.read_file("small.txt", max_bytes=65536), n, pause)
+            measure("read_file(small)", lambda: sb.read_file("small.txt"), n, pause)
+            measure("write_file(4 KiB)", lambda: sb.write_file("w.bin", page), n, pause)
+        print("-- for comparison")
+        container = sb.client.containers.get(sb.container_id)
+        measure("docker exec true (exec_run)", lambda: container.exec_run(["true"]), max(10, n // 10))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Remove pid containers whose time is up: the safety net for workers that died without cleaning up.
+
+Every pid container carries `pid.job` and `pid.expires`; its main process also exits by itself at expiry
+(auto-remove), so this only matters for containers that are stuck or were created with another TTL.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+
+import docker
+import docker.errors
+
+from .config import LABEL_EXPIRES, LABEL_JOB
+from .docker_client import connect
+
+log = logging.getLogger(__name__)
+
+
+def parse_time(value: str) -> datetime | None:
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except (ValueError, AttributeError):
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def reap_expired(client: docker.DockerClient | None = None, now: datetime | None = None) -> list[str]:
+    """Force-remove every container labelled `pid.job` whose `pid.expires` has passed; returns their ids."""
+    client = connect(client)
+    now = now or datetime.now(timezone.utc)
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=timezone.utc)
+    removed = []
+    for container in client.containers.list(all=True, filters={"label": LABEL_JOB}):
+        expires = parse_time(container.labels.get(LABEL_EXPIRES, ""))
+        if expires is None or expires > now:
+            continue
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:   # 409: removal already in progress
+                log.warning("cannot remove expired container %s: %s", container.short_id, exc)
+                continue
+        removed.append(container.id)
+    return removed

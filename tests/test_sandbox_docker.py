@@ -1,0 +1,410 @@
+"""The Docker sandbox against a real engine: exec channel, files, limits, lifecycle, workspace and patch."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+from pid.sandbox import Sandbox, SandboxError
+from sandbox import DockerSandbox, ImageNotFound, SandboxConfig, reap_expired
+
+IMAGE = os.environ.get("PID_TEST_IMAGE", "pid-sandbox:latest")
+JOB = "test-sandbox"
+
+
+@pytest.fixture(scope="module")
+def client() -> docker.DockerClient:
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        pytest.skip(f"no Docker engine: {exc}")
+    return client
+
+
+@pytest.fixture(scope="module")
+def sb(client):
+    box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB, ttl_s=900), client)
+    try:
+        yield box
+    finally:
+        box.close()
+
+
+def gone(client, container_id: str, wait_s: float = 10.0) -> bool:
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        try:
+            client.containers.get(container_id)
+        except docker.errors.NotFound:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def rss_kb() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+# -- exec ---------------------------------------------------------------------------------------------------
+def test_is_a_sandbox(sb):
+    assert isinstance(sb, Sandbox)
+    assert sb.workdir == "/workspace"
+
+
+def test_exec_exit_code_and_merged_output(sb):
+    result = sb.exec("echo out; echo err >&2; printf 'no newline'; exit 3", timeout=10)
+    assert result.exit_code == 3
+    assert result.tail == b"out\nerr\nno newline"
+    assert (result.total_bytes, result.total_lines) == (18, 3)
+    assert not result.timed_out and not result.cancelled and result.output_path is None
+    assert sb.exec("true", timeout=10).exit_code == 0
+    assert sb.exec("false", timeout=10).exit_code == 1
+
+
+def test_exec_environment_cwd_stdin_and_quoting(sb):
+    result = sb.exec("""pwd; echo "$PAGER $GIT_PAGER $TERM $NO_COLOR [$A]"; cat; echo 'it''s' "a\\\\b" $'t\\tx'""",
+                     timeout=10, env={"A": "x 'y' \\z"})
+    assert result.tail == b"/workspace\ncat cat dumb 1 [x 'y' \\z]\nits a\\b t\tx\n"
+
+
+def test_exec_runs_in_own_process_group_and_fresh_shell(sb):
+    out = sb.exec("echo $$ $BASHPID; ps -o pgid= -p $$; echo $0", timeout=10).tail.split()
+    assert out[0] == out[1] == out[2]      # own pid, leader of its own group
+    assert out[3] == b"bash"
+
+
+def test_output_file_mode_and_tail_when_large(sb):
+    result = sb.exec("seq 1 100000", timeout=30, tail_bytes=100)
+    assert result.total_lines == 100000
+    assert result.total_bytes == len(b"".join(b"%d\n" % i for i in range(1, 100001)))
+    assert result.tail.endswith(b"99999\n100000\n") and len(result.tail) == 100
+    assert result.output_path
+    mode = sb.exec(f"stat -c %a {result.output_path} $(dirname {result.output_path})", timeout=10).tail.split()
+    assert mode == [b"600", b"700"]
+    assert sb.read_file(result.output_path, max_bytes=8) == b"1\n2\n3\n4\n"
+
+
+def test_background_process_does_not_block_reply(sb):
+    started = time.monotonic()
+    result = sb.exec("sleep 100 & echo started", timeout=20)
+    assert result.exit_code == 0 and result.tail == b"started\n"
+    assert time.monotonic() - started < 5
+    sb.exec("pkill -f '^sleep 100$' || true", timeout=10)
+
+
+def test_timeout_kills_whole_group(sb):
+    started = time.monotonic()
+    result = sb.exec("sleep 1000 & sleep 1001; echo never", timeout=1)
+    assert time.monotonic() - started < 5
+    assert result.timed_out and result.exit_code is None and not result.cancelled
+    ps = sb.exec("ps -eo pid,pgid,stat,args", timeout=10).tail.decode()
+    assert "sleep 100" not in ps, ps      # neither the foreground nor the background sleep survived
+
+
+def test_cancel_within_two_seconds(sb):
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    started = time.monotonic()
+    result = sb.exec("sleep 60", timeout=120, cancel=cancel)
+    assert time.monotonic() - started < 2
+    assert result.cancelled and result.exit_code is None and not result.timed_out
+
+
+def test_kill_all_cancels_running_commands(sb):
+    results = []
+    worker = threading.Thread(target=lambda: results.append(sb.exec("sleep 60", timeout=120)))
+    worker.start()
+    time.sleep(0.5)
+    sb.kill_all()
+    worker.join(5)
+    assert results and results[0].cancelled and results[0].exit_code is None
+
+
+def test_on_output_receives_progress(sb):
+    chunks: list[bytes] = []
+    result = sb.exec("for i in 1 2 3 4; do echo tick $i; sleep 0.5; done", timeout=20, on_output=chunks.append)
+    assert result.exit_code == 0
+    assert len(chunks) >= 2 and b"tick 1" in b"".join(chunks)
+
+
+def test_huge_output_keeps_host_memory_bounded(sb):
+    sb.exec("true", timeout=10)
+    before = rss_kb()
+    result = sb.exec("head -c 200000000 /dev/zero | tr '\\0' x", timeout=120)
+    growth_mb = (rss_kb() - before) / 1024
+    assert result.exit_code == 0
+    assert result.total_bytes == 200_000_000 and result.total_lines == 1
+    assert result.tail == b"x" * 65536
+    assert growth_mb < 10, growth_mb
+    sb.exec(f"rm -f {result.output_path}", timeout=10)
+
+
+def test_concurrent_execs_use_several_channels(sb):
+    results: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        results[i] = sb.exec(f"sleep 1; echo {i}", timeout=30)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert time.monotonic() - started < 3.5     # serial would take 4 s
+    assert {i: r.tail for i, r in results.items()} == {i: b"%d\n" % i for i in range(4)}
+
+
+def test_channel_recovers_after_agent_kills_servers(sb):
+    try:
+        sb.exec("pkill -9 -f channel.sh; true", timeout=10)   # also kills the server running this command
+    except SandboxError:
+        pass
+    assert sb.exec("echo alive", timeout=10).tail == b"alive\n"
+
+
+# -- files ---------------------------------------------------------------------------------------------------
+def test_binary_roundtrip_all_byte_values(sb):
+    data = bytes(range(256)) * 3
+    sb.write_file("bin/all.bin", data)
+    assert sb.read_file("/workspace/bin/all.bin") == data
+    assert sb.read_file("bin/all.bin", max_bytes=10) == data[:10]
+    sb.write_file("bin/small.txt", b"line\n\\0 x\r\n")
+    assert sb.read_file("bin/small.txt") == b"line\n\\0 x\r\n"
+    sb.write_file("bin/empty", b"")
+    assert sb.read_file("bin/empty") == b""
+
+
+def test_reads_count_bytes_and_keep_nul_bytes(sb):
+    text = "héllo wörld ✓\n".encode() * 50
+    sb.write_file("utf8.txt", text)
+    for limit in (0, 1, 2, 7, 100, len(text) - 1, len(text), len(text) + 5):
+        assert sb.read_file("utf8.txt", max_bytes=limit) == text[:limit]
+    few_nuls = b"a\0\0b\0" + b"xyz" * 100 + b"\0"
+    many_nuls = bytes(5000) + b"tail" + bytes(100)          # past 64 NULs the server switches to head
+    for data in (few_nuls, many_nuls, b"\0", b"\n\0\n"):
+        sb.write_file("nul.bin", data)
+        assert sb.read_file("nul.bin") == data
+        for limit in (1, 3, 70, len(data) - 1, len(data), len(data) + 1):
+            assert sb.read_file("nul.bin", max_bytes=limit) == data[:limit], (data[:10], limit)
+    result = sb.exec("printf 'a\\0b\\0\\0c'", timeout=10)
+    assert result.tail == b"a\0b\0\0c" and result.total_bytes == 6 and result.total_lines == 1
+
+
+def test_three_megabyte_file(sb):
+    data = os.urandom(3 * 1024 * 1024)
+    sb.write_file("/tmp/big.bin", data)
+    assert sb.read_file("/tmp/big.bin") == data
+    assert sb.exec("wc -c < /tmp/big.bin", timeout=10).tail == b"3145728\n"
+
+
+def test_paths_with_spaces_and_newlines(sb):
+    path = "odd dir/new\nline 'q' $x.txt"
+    sb.write_file(path, b"ok")
+    assert sb.read_file(path) == b"ok"
+
+
+def test_write_keeps_mode(sb):
+    sb.exec("printf x > tool.sh && chmod 751 tool.sh", timeout=10)
+    sb.write_file("tool.sh", b"#!/bin/sh\necho run\n")
+    assert sb.exec("stat -c %a tool.sh; ./tool.sh", timeout=10).tail == b"751\nrun\n"
+
+
+def test_file_errors(sb):
+    with pytest.raises(FileNotFoundError):
+        sb.read_file("does/not/exist")
+    with pytest.raises(IsADirectoryError):
+        sb.read_file("/workspace")
+    with pytest.raises(IsADirectoryError):
+        sb.write_file("/tmp", b"x")
+    sb.write_file("plainfile", b"x")
+    with pytest.raises(NotADirectoryError):
+        sb.write_file("plainfile/child", b"data")
+    assert sb.read_file("plainfile") == b"x"      # the channel is still in step after errors
+
+
+def test_git_kill_and_chown_work_with_dropped_capabilities(sb):
+    result = sb.exec("set -e; cd /tmp && rm -rf g && git init -q g && cd g && echo a > f && git add f && "
+                     "git -c user.name=t -c user.email=t@t commit -qm m && chown nobody f && chmod 600 f && "
+                     "sleep 30 & kill $! && echo ok", timeout=30)
+    assert result.exit_code == 0 and result.tail.endswith(b"ok\n"), result.tail
+
+
+# -- container ------------------------------------------------------------------------------------------------
+def test_limits_and_labels(client, sb):
+    attrs = client.api.inspect_container(sb.container_id)
+    host = attrs["HostConfig"]
+    assert host["Memory"] == 2 * 1024 ** 3 and host["MemorySwap"] == host["Memory"]
+    assert host["NanoCpus"] == 1_000_000_000
+    assert host["PidsLimit"] == 512
+    assert host["NetworkMode"] == "none"
+    assert host["Init"] is True and host["AutoRemove"] is True
+    assert "no-new-privileges" in host["SecurityOpt"]
+    assert host["CapDrop"] == ["ALL"] and "NET_RAW" not in host["CapAdd"]
+    assert not host.get("Binds") and not attrs.get("Mounts")
+    labels = attrs["Config"]["Labels"]
+    assert labels["pid.job"] == JOB
+    created = datetime.fromisoformat(labels["pid.created"].replace("Z", "+00:00"))
+    expires = datetime.fromisoformat(labels["pid.expires"].replace("Z", "+00:00"))
+    assert expires - created == timedelta(seconds=900)
+    assert attrs["Config"]["Cmd"] == ["sleep", "900"]
+
+
+def test_close_removes_container_and_is_idempotent(client):
+    box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-close", ttl_s=300), client)
+    try:
+        assert box.exec("echo hi", timeout=10).exit_code == 0
+    finally:
+        box.close()
+    box.close()
+    assert gone(client, box.container_id)
+
+
+def test_exception_inside_with_removes_container(client):
+    holder = {}
+    with pytest.raises(ZeroDivisionError):
+        with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-with", ttl_s=300), client) as box:
+            holder["id"] = box.container_id
+            1 / 0
+    assert gone(client, holder["id"])
+
+
+def test_reap_expired_removes_expired_labelled_container(client):
+    # Expiry in the future for any other reaper running on this engine; "now" is moved past it for ours.
+    now = datetime.now(timezone.utc)
+    stamp = lambda moment: moment.strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    expired = client.containers.run(IMAGE, ["sleep", "300"], detach=True,
+                                    labels={"pid.job": JOB + "-reap", "pid.expires": stamp(now + timedelta(minutes=30))})
+    alive = client.containers.run(IMAGE, ["sleep", "300"], detach=True,
+                                  labels={"pid.job": JOB + "-reap", "pid.expires": stamp(now + timedelta(hours=2))})
+    try:
+        removed = reap_expired(client, now=now + timedelta(hours=1))
+        assert expired.id in removed and alive.id not in removed
+        assert gone(client, expired.id)
+        alive.reload()
+        assert alive.status == "running"
+    finally:
+        for container in (expired, alive):
+            try:
+                container.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+
+
+def test_image_not_found_message(client):
+    with pytest.raises(ImageNotFound) as info:
+        DockerSandbox.create(SandboxConfig(image="pid-no-such-image:never", job_id=JOB + "-noimg"), client)
+    assert "pid-no-such-image:never" in str(info.value) and "build-offline.sh" in str(info.value)
+
+
+# -- workspace ------------------------------------------------------------------------------------------------
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def make_repo(root: Path) -> Path:
+    repo = root / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "edit.txt").write_text("one\ntwo\n")
+    (repo / "blob.bin").write_bytes(bytes(range(256)))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "init")
+    (repo / "edit.txt").write_text("one\ntwo\nuncommitted\n")   # part of the base, not of the patch
+    (repo / "untracked.txt").write_text("also base\n")
+    os.symlink("/etc/passwd", repo / "passwd-link")
+    return repo
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): (os.readlink(p).encode() if p.is_symlink() else p.read_bytes())
+            for p in sorted(root.rglob("*")) if p.is_symlink() or p.is_file()}
+
+
+def test_import_plain_directory(client, tmp_path):
+    plain = tmp_path / "plain"
+    (plain / "sub").mkdir(parents=True)
+    (plain / "sub" / "a.txt").write_text("hello\n")
+    (plain / "run.sh").write_text("#!/bin/sh\n")
+    (plain / "run.sh").chmod(0o755)
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-plain", ttl_s=300), client) as box:
+        box.import_workspace(str(plain))
+        assert box.read_file("sub/a.txt") == b"hello\n"
+        out = box.exec("stat -c %a run.sh; git log --oneline | wc -l; git status --porcelain", timeout=20).tail
+        assert out == b"755\n1\n"
+        box.write_file("new.txt", b"new\n")
+        dest = tmp_path / "plain.patch"
+        assert box.export_patch(str(dest)) == dest.stat().st_size > 0
+        assert b"+++ b/new.txt" in dest.read_bytes()
+    assert not (plain / ".git").exists()
+
+
+def test_git_repo_patch_roundtrip(client, tmp_path):
+    repo = make_repo(tmp_path)
+    before = snapshot(repo)
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-git", ttl_s=300), client) as box:
+        box.import_workspace(str(repo))
+        assert box.exec("git status --porcelain", timeout=20).tail == b""   # uncommitted state is the base
+        assert box.exec("readlink passwd-link", timeout=10).tail == b"/etc/passwd\n"
+        box.write_file("edit.txt", b"one\nTWO\nuncommitted\n")
+        box.write_file("added/new.txt", b"brand new\n")
+        box.write_file("blob.bin", bytes(reversed(range(256))))
+        box.write_file("img.bin", b"\x89PNG\0\1\2\xff" * 100)
+        patch = tmp_path / "out.patch"
+        size = box.export_patch(str(patch))
+        text = patch.read_bytes()
+        assert size == len(text)
+        assert b"+TWO" in text and b"b/added/new.txt" in text and b"GIT binary patch" in text
+        assert b"uncommitted" not in text.replace(b" uncommitted\n", b"")   # context only, not a change
+
+        copied = box.export_files(["passwd-link", "added", "missing-file"], str(tmp_path / "files"))
+    assert snapshot(repo) == before                      # the host repo was never modified
+    # export: the link to /etc/passwd is refused, nothing of the host file leaks; the directory arrives
+    assert copied == [str(tmp_path / "files" / "added")]
+    files = tmp_path / "files"
+    assert (files / "added" / "new.txt").read_bytes() == b"brand new\n"
+    assert not os.path.lexists(files / "passwd-link")
+    host_passwd = Path("/etc/passwd").read_bytes()
+    assert all(p.read_bytes() != host_passwd for p in files.rglob("*") if p.is_file())
+
+    fresh = tmp_path / "fresh"
+    shutil.copytree(repo, fresh, symlinks=True)
+    subprocess.run(["git", "apply", "--check", str(patch)], cwd=fresh, check=True)
+    subprocess.run(["git", "apply", str(patch)], cwd=fresh, check=True)
+    assert (fresh / "added" / "new.txt").read_text() == "brand new\n"
+    assert (fresh / "blob.bin").read_bytes() == bytes(reversed(range(256)))
+    assert (fresh / "edit.txt").read_text() == "one\nTWO\nuncommitted\n"
+
+
+def test_posix_sh_fallback_without_bash(client):
+    """The channel needs only /bin/sh and POSIX tools: remove bash, restart the channels, everything works."""
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-sh", ttl_s=300), client) as box:
+        try:
+            box.exec("mv /usr/bin/bash /usr/bin/bash.off; pkill -9 -f channel.sh", timeout=10)
+        except SandboxError:
+            pass
+        result = box.exec("echo $0 \"$X\"; exit 5", timeout=10, env={"X": "a 'b'"})
+        assert (result.exit_code, result.tail) == (5, b"sh a 'b'\n")
+        data = bytes(range(256)) * 40
+        box.write_file("d/x.bin", data)
+        assert box.read_file("d/x.bin") == data and box.read_file("d/x.bin", max_bytes=3) == data[:3]
+        started = time.monotonic()
+        assert box.exec("sleep 1000 & sleep 1001", timeout=1).timed_out
+        assert time.monotonic() - started < 5
+        assert b"sleep 100" not in box.exec("ps -eo args", timeout=10).tail
+        big = box.exec("seq 1 100000", timeout=30, tail_bytes=10)
+        assert (big.total_lines, big.tail) == (100000, b"99\n100000\n")
