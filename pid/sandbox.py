@@ -31,13 +31,16 @@ class Sandbox(Protocol):
     workdir: str  # where relative paths resolve and commands start, e.g. "/workspace"
 
     def exec(self, command: str, *, timeout: float, tail_bytes: int = 65536,
+             keep_lines: int | None = None, keep_bytes: int | None = None,
              env: Mapping[str, str] | None = None,
              on_output: Callable[[bytes], None] | None = None,
              cancel: threading.Event | None = None) -> ExecResult:
         """Run `bash -c command` (sh where bash is missing) in `workdir`, stdin at EOF, in its own process group.
 
         On timeout or cancel the whole process group is killed inside the sandbox before this returns.
-        Memory use is bounded by `tail_bytes` whatever the command prints. `on_output`, when given, receives
+        Memory use is bounded by `tail_bytes` whatever the command prints. The full output stays in a file
+        (`output_path`) when it is longer than `tail_bytes`, or than `keep_lines` lines or `keep_bytes` bytes when given
+        (what a caller shows less of than the whole must still be reachable). `on_output`, when given, receives
         throttled chunks of recent output while the command runs (for live progress only).
         """
         ...

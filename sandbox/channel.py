@@ -153,11 +153,14 @@ class Channel:
         return data
 
     # -- requests ----------------------------------------------------------------------------------------
-    def start_exec(self, command: str, env: Mapping[str, str] | None, tail_bytes: int) -> tuple[int, str]:
+    def start_exec(self, command: str, env: Mapping[str, str] | None, tail_bytes: int,
+                   keep_lines: int | None = None, keep_bytes: int | None = None) -> tuple[int, str]:
         """Start the command; returns (pgid, output file). Collect the result with `wait_exec`."""
         cmd = escape_field(command) if command else b":"
         self._nonce = secrets.token_hex(12).encode()
         self._tail_bytes = max(0, tail_bytes)
+        self._keep_lines = keep_lines
+        self._keep_bytes = keep_bytes
         self._send(b"x %d %s %s %s\n" % (self._tail_bytes, self._nonce, env_snippet(env), cmd))
         parts = self._line(time.monotonic() + _REPLY_TIMEOUT).split()
         if len(parts) != 3 or parts[0] != b"P":
@@ -176,9 +179,11 @@ class Channel:
         exit_code = int(parts[1])
         # The server sends the first tail_bytes+1 bytes: fewer means that is the whole output.
         head = self._raw_until_nonce(self._nonce + b"\n", time.monotonic() + _REPLY_TIMEOUT)
-        if len(head) <= self._tail_bytes:
+        wanted = (self._keep_lines is not None and head.count(b"\n") > self._keep_lines) or \
+            (self._keep_bytes is not None and len(head) > self._keep_bytes)
+        if len(head) <= self._tail_bytes and not wanted:
             tail, newlines, total, kept = head, head.count(b"\n"), len(head), None
-        else:
+        else:  # keep the file ("c" takes it off the delete list) and count the whole of it
             nonce = secrets.token_hex(12).encode()
             self._send(b"c %d %s %s\n" % (max(1, self._tail_bytes), nonce, escape_field(self._out_path)))
             counts = self._line(time.monotonic() + _REPLY_TIMEOUT).split()
@@ -187,7 +192,7 @@ class Channel:
             tail = self._raw_until_nonce(nonce + b"\n", time.monotonic() + _REPLY_TIMEOUT)
             newlines, total, kept = int(counts[1]), int(counts[2]), self._out_path
         lines = newlines + (1 if tail and not tail.endswith(b"\n") else 0)
-        tail = tail[len(tail) - self._tail_bytes:] if self._tail_bytes else b""
+        tail = tail[max(0, len(tail) - self._tail_bytes):] if self._tail_bytes else b""
         return ExecReply(exit_code=exit_code, total_lines=lines, total_bytes=total, tail=tail, kept_path=kept)
 
     def read_file(self, path: str, max_bytes: int | None) -> bytes:

@@ -159,11 +159,12 @@ class DockerSandbox:
         self._call(lambda channel: channel.write_file(self._abs(path), bytes(data)))
 
     def exec(self, command: str, *, timeout: float, tail_bytes: int = 65536,
+             keep_lines: int | None = None, keep_bytes: int | None = None,
              env: Mapping[str, str] | None = None,
              on_output: Callable[[bytes], None] | None = None,
              cancel: threading.Event | None = None) -> ExecResult:
         started = time.monotonic()
-        channel, pgid, out_path = self._start(command, env, tail_bytes)
+        channel, pgid, out_path = self._start(command, env, tail_bytes, keep_lines, keep_bytes)
         try:
             with self._lock:
                 self._running[pgid] = False
@@ -217,12 +218,13 @@ class DockerSandbox:
             output_path=reply.kept_path)
 
     # -- helpers for exec ----------------------------------------------------------------------------------------
-    def _start(self, command: str, env: Mapping[str, str] | None, tail_bytes: int) -> tuple[Channel, int, str]:
+    def _start(self, command: str, env: Mapping[str, str] | None, tail_bytes: int,
+               keep_lines: int | None, keep_bytes: int | None) -> tuple[Channel, int, str]:
         """Start the command on a channel; dead idle channels are replaced (the command never ran on them)."""
         for attempt in range(MAX_CHANNELS + 1):
             channel = self._pool.acquire()
             try:
-                pgid, out_path = channel.start_exec(command, env, tail_bytes)
+                pgid, out_path = channel.start_exec(command, env, tail_bytes, keep_lines, keep_bytes)
             except ChannelClosed:
                 self._pool.discard(channel)
                 if attempt == MAX_CHANNELS:

@@ -25,6 +25,22 @@ def parse_time(value: str) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
+def remove_job_containers(job_id: str, client: docker.DockerClient | None = None) -> list[str]:
+    """Force-remove the containers of one job: a retried job first clears what its lost attempt left behind."""
+    client = connect(client)
+    removed = []
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job_id}"}):
+        try:
+            container.remove(force=True)
+            removed.append(container.id)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:
+                log.warning("cannot remove container %s of job %s: %s", container.short_id, job_id, exc)
+    return removed
+
+
 def reap_expired(client: docker.DockerClient | None = None, now: datetime | None = None) -> list[str]:
     """Force-remove every container labelled `pid.job` whose `pid.expires` has passed; returns their ids."""
     client = connect(client)

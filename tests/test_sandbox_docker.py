@@ -97,6 +97,16 @@ def test_output_file_mode_and_tail_when_large(sb):
     assert sb.read_file(result.output_path, max_bytes=8) == b"1\n2\n3\n4\n"
 
 
+def test_output_with_many_lines_is_kept_when_asked(sb):
+    small = sb.exec("seq 1 3000", timeout=30, tail_bytes=65536)
+    assert small.output_path is None and small.total_lines == 3000  # all of it fits the tail: nothing kept
+    kept = sb.exec("seq 1 3000", timeout=30, tail_bytes=65536, keep_lines=2000)
+    assert kept.output_path and kept.total_lines == 3000 and kept.tail.startswith(b"1\n2\n")
+    assert sb.read_file(kept.output_path) == b"".join(b"%d\n" % i for i in range(1, 3001))
+    few = sb.exec("seq 1 10", timeout=30, keep_lines=2000)
+    assert few.output_path is None and few.tail == b"".join(b"%d\n" % i for i in range(1, 11))
+
+
 def test_background_process_does_not_block_reply(sb):
     started = time.monotonic()
     result = sb.exec("sleep 100 & echo started", timeout=20)

@@ -128,7 +128,8 @@ def test_invalid_utf8_is_replaced(sandbox):
 
 def test_partial_output_reaches_on_update(sandbox):
     updates: list[str] = []
-    result = bash(sandbox, "printf '\\033[32mone\\033[0m\\n'; sleep 0.6; echo two", on_update=updates.append)
+    # long enough that the sandbox's progress poll (every 0.75 s) sees "one" while the command still runs
+    result = bash(sandbox, "printf '\\033[32mone\\033[0m\\n'; sleep 1.6; echo two", on_update=updates.append)
     assert text(result) == "one\ntwo"
     seen = "".join(updates)
     assert "one" in seen and "\x1b" not in seen

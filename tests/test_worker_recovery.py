@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from tests.conftest import start_worker, stop_worker
+from tests.conftest import pid_containers, start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
 from worker.store import JobStore
 
@@ -27,6 +27,7 @@ def test_job_survives_a_killed_worker(run_pid, pid_env, sample_repo, tmp_path):
                 time.sleep(0.1)
             os.killpg(first.pid, signal.SIGKILL)  # the worker and its pool child, mid model call
             first.wait()
+            assert [c.labels["pid.job"] for c in pid_containers()] == [job_id]  # orphaned by the kill
         finally:
             stop_worker(first)
         second = start_worker(env, tmp_path, tmp_path / "w2.log")
@@ -38,3 +39,4 @@ def test_job_survives_a_killed_worker(run_pid, pid_env, sample_repo, tmp_path):
     assert done.json()["final_message"] == "recovered"
     record = JobStore(os.path.join(env["PID_HOME"], "jobs.db")).get(job_id)
     assert record.status == "completed" and record.attempts == 2
+    assert pid_containers() == []  # the retry removed the orphan of the lost attempt, then its own

@@ -37,6 +37,7 @@ class SubprocessSandbox:
         self._lock = threading.Lock()
 
     def exec(self, command: str, *, timeout: float, tail_bytes: int = 65536,
+             keep_lines: int | None = None, keep_bytes: int | None = None,
              env: Mapping[str, str] | None = None,
              on_output: Callable[[bytes], None] | None = None,
              cancel: threading.Event | None = None) -> ExecResult:
@@ -118,19 +119,13 @@ def _scan(path: str, tail_bytes: int) -> tuple[int, int, bytes]:
 
 
 def _docker_sandbox_factory() -> Callable[[], object] | None:
-    """A function creating the real DockerSandbox for this test, or None when it cannot run here."""
+    """A function creating the real DockerSandbox, or None when PID_TEST_LOCAL_SANDBOX asks for the local double.
+
+    Without that variable Docker is required: a missing engine fails the tests rather than quietly testing less.
+    """
     if os.environ.get("PID_TEST_LOCAL_SANDBOX"):
         return None
-    try:
-        from sandbox import DockerSandbox  # type: ignore[attr-defined]
-        try:
-            from sandbox import SandboxConfig  # type: ignore[attr-defined]
-        except ImportError:
-            from sandbox.config import SandboxConfig
-        if subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode != 0:
-            return None
-    except Exception:  # noqa: BLE001 - not importable or no engine: use the local double
-        return None
+    from sandbox import DockerSandbox, SandboxConfig
     return lambda: DockerSandbox.create(SandboxConfig(job_id="test-tools"))
 
 

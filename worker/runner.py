@@ -21,7 +21,7 @@ from pid.providers.base import ProviderConfig
 from pid.session import SessionWriter
 from pid.tools.base import ToolContext
 from pid.tools.registry import default_registry
-from sandbox import DockerSandbox, SandboxConfig
+from sandbox import DockerSandbox, SandboxConfig, remove_job_containers
 from worker.jobs import JobSpec, write_json_atomic
 
 # The container outlives the job's wall clock by this much, so artifacts can still be collected after a timeout;
@@ -57,6 +57,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             tools = tools.subset(spec.tools)
         if cancel.is_set():
             raise JobCancelled
+        remove_job_containers(spec.id)  # left by an earlier attempt whose worker died
         sandbox = DockerSandbox.create(SandboxConfig(
             image=spec.image, job_id=spec.id, memory=spec.memory, cpus=spec.cpus, pids_limit=spec.pids_limit,
             network=spec.network, ttl_s=spec.timeout_s + CONTAINER_TTL_MARGIN_S))

@@ -71,7 +71,8 @@ def run_bash(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         return ToolResult.error(format_validation_error(
             "bash", [("timeout", f"must be <= {_fmt_seconds(ctx.settings.bash_max_timeout_s)}")], args))
     timeout = timeout or ctx.settings.bash_timeout_s
-    result = ctx.sandbox.exec(args["command"], timeout=timeout, tail_bytes=TAIL_BYTES, cancel=ctx.cancel,
+    result = ctx.sandbox.exec(args["command"], timeout=timeout, tail_bytes=TAIL_BYTES, keep_lines=MAX_LINES,
+                              keep_bytes=MAX_BYTES, cancel=ctx.cancel,
                               on_output=_forwarder(ctx.on_update) if ctx.on_update else None)
     text, details = format_output(ctx, result)
 
