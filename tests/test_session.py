@@ -7,7 +7,8 @@ from pathlib import Path
 from pid.messages import (AssistantMessage, Cost, TextContent, ToolCall, ToolResultMessage, Usage, UserMessage)
 from pid.session import SessionWriter, read_session
 
-FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "pi-session-v3-sample.jsonl"
+# Written by pi itself (npm @mariozechner/pi-coding-agent 0.73.1); a copy of shared/fixtures/, so tests stand alone.
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "pi-session-v3-sample.jsonl"
 
 
 def shape(obj):
