@@ -41,6 +41,11 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="Wall-clock limit for the whole job, in seconds."),
         click.option("--max-turns", type=click.IntRange(min=1), default=100, show_default=True),
         click.option("--max-cost", type=click.FloatRange(min=0), help="Stop when the cost in USD exceeds this."),
+        click.option("--input-price", type=click.FloatRange(min=0), default=0.0,
+                     help="USD per million input tokens (for usage.cost and --max-cost)."),
+        click.option("--output-price", type=click.FloatRange(min=0), default=0.0,
+                     help="USD per million output tokens."),
+        click.option("--no-images", is_flag=True, help="The model takes no images: read's images reach it as a note."),
         click.option("--tools", help="Active tools, comma-separated (default: read,bash,edit,write)."),
         click.option("--file", "files", multiple=True, help="In-container path to collect as an artifact (repeatable)."),
         click.option("--memory", default="2g", show_default=True, help="Container memory limit (swap = memory)."),
@@ -55,8 +60,9 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def build_spec(task: str, repo: str, model: str | None, base_url: str | None, api: str | None, image: str | None,
-               out: str, timeout_s: float, max_turns: int, max_cost: float | None, tools: str | None,
-               files: tuple[str, ...], memory: str, cpus: float, pids_limit: int, network: str) -> JobSpec:
+               out: str, timeout_s: float, max_turns: int, max_cost: float | None, input_price: float,
+               output_price: float, no_images: bool, tools: str | None, files: tuple[str, ...], memory: str,
+               cpus: float, pids_limit: int, network: str) -> JobSpec:
     env = EnvDefaults.read()
     if not task.strip():
         raise BadInput("the task is empty")
@@ -68,6 +74,8 @@ def build_spec(task: str, repo: str, model: str | None, base_url: str | None, ap
     model = model or env.model
     if not model:
         raise BadInput("no model configured: pass --model or set PID_MODEL")
+    if max_cost is not None and not (input_price or output_price):
+        raise BadInput("--max-cost needs the model's prices: pass --input-price and/or --output-price")
     active = None
     if tools:
         active = [t.strip() for t in tools.split(",") if t.strip()]
@@ -77,7 +85,7 @@ def build_spec(task: str, repo: str, model: str | None, base_url: str | None, ap
     return JobSpec(task=task, repo=repo_path, model=model, out_dir=os.path.abspath(out),
                    base_url=base_url or env.base_url, api=API_NAMES[api] if api else env.api,
                    image=image or env.image, timeout_s=timeout_s, max_turns=max_turns, max_cost=max_cost,
-                   tools=active, files=list(files), memory=memory, cpus=cpus, pids_limit=pids_limit, network=network)
+                   input_price=input_price, output_price=output_price, images=not no_images, tools=active, files=list(files), memory=memory, cpus=cpus, pids_limit=pids_limit, network=network)
 
 
 def check_image(image: str) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import docker
@@ -101,17 +102,29 @@ def pid_containers() -> list:
     return docker.from_env().containers.list(all=True, filters={"label": "pid.job"})
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """After the suite no container with pid's labels may remain."""
+_SESSION_STARTED = datetime.now(timezone.utc) - timedelta(seconds=2)
+
+
+def _created_by_this_run(container) -> bool:
+    """Only what this test run made counts (and is removed): other pid jobs on the machine are not ours."""
     try:
-        leaked = pid_containers()
+        created = datetime.fromisoformat(container.labels.get("pid.created", "").replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return created >= _SESSION_STARTED
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After the suite no container with pid's labels, created by this run, may remain."""
+    try:
+        leaked = [c for c in pid_containers() if _created_by_this_run(c)]
     except Exception:
         return
     # auto-removed containers can take a moment to disappear after their main process exits
     deadline = time.time() + 10
     while leaked and time.time() < deadline:
         time.sleep(0.5)
-        leaked = [c for c in pid_containers() if c.status not in ("removing",)]
+        leaked = [c for c in pid_containers() if _created_by_this_run(c) and c.status != "removing"]
     if leaked:
         names = ", ".join(f"{c.short_id}({c.labels.get('pid.job')})" for c in leaked)
         print(f"\nLEAKED CONTAINERS after the test suite: {names}", file=sys.stderr)

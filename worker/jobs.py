@@ -30,6 +30,9 @@ class JobSpec:
     timeout_s: float = 3600.0       # wall clock for the whole job
     max_turns: int = 100
     max_cost: float | None = None
+    input_price: float = 0.0        # USD per million input tokens, for usage.cost and max_cost
+    output_price: float = 0.0       # USD per million output tokens
+    images: bool = True             # the model accepts images (else read's images reach it as a note)
     tools: list[str] | None = None  # active subset; None = all four
     files: list[str] = field(default_factory=list)  # in-container paths to collect as artifacts
     memory: str = "2g"

@@ -51,7 +51,9 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     session: SessionWriter | None = None
     try:
         provider = make_provider(ProviderConfig(model=spec.model, base_url=spec.base_url, api_key=api_key,
-                                                api=spec.api, provider=_provider_label(spec)))
+                                                api=spec.api, provider=_provider_label(spec),
+                                                input_cost_per_mtok=spec.input_price,
+                                                output_cost_per_mtok=spec.output_price, images=spec.images))
         tools = default_registry()
         if spec.tools:
             tools = tools.subset(spec.tools)

@@ -63,7 +63,12 @@ class ControlRelay:
         self._progress = (0, 0)
 
     def attach(self, agent: Agent) -> None:
+        """Called before the agent's first model call: messages sent while the job was queued go in first."""
         self._agent = agent
+        record = self.store.get(self.job_id)
+        if record is not None and record.paused:
+            agent.pause()
+        self._deliver(agent)
 
     def on_event(self, event: ev.Event) -> None:
         if isinstance(event, ev.TurnEnd):
@@ -96,13 +101,16 @@ class ControlRelay:
                 if agent is None:
                     continue
                 (agent.pause if record.paused else agent.resume)()
-                for kind, text in self.store.take_messages(self.job_id):
-                    (agent.steer if kind == "steer" else agent.follow_up)(text)
+                self._deliver(agent)
                 if self._progress != reported:
                     reported = self._progress
                     self.store.progress(self.job_id, *reported)
             except Exception:  # the store being briefly unavailable must not kill the job
                 log.exception("job %s: control relay", self.job_id)
+
+    def _deliver(self, agent: Agent) -> None:
+        for kind, text in self.store.take_messages(self.job_id):
+            (agent.steer if kind == "steer" else agent.follow_up)(text)
 
     def _cancel(self) -> None:
         self.cancel.set()

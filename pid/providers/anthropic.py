@@ -14,7 +14,7 @@ from typing import Any
 
 from pid.messages import (AssistantMessage, Content, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
-from pid.providers.base import ProviderConfig, StreamListener
+from pid.providers.base import ProviderConfig, StreamListener, without_images
 from pid.providers.openai import parse_arguments
 from pid.providers.transport import iter_sse, make_client, price, stream_request, truncate
 
@@ -62,6 +62,8 @@ class AnthropicProvider:
                                 price(reply.usage, self.config), stop_reason, error, reply.response_id)
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
+        if not self.config.images:
+            messages = without_images(messages)
         body: dict[str, Any] = {"model": self.config.model,
                                 "max_tokens": self.config.max_tokens or DEFAULT_MAX_TOKENS,
                                 "messages": to_anthropic_messages(messages), "stream": True}

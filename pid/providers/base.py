@@ -5,11 +5,13 @@ error_message, so the loop has one path for every outcome.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from pid.messages import AssistantMessage, Message, ToolSpec
+from pid.messages import (AssistantMessage, ImageContent, Message, TextContent, ToolResultMessage, ToolSpec,
+                          UserMessage)
 
 
 @dataclass
@@ -24,10 +26,27 @@ class ProviderConfig:
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 300.0            # longest silence tolerated inside a stream
     max_retries: int = 2                     # on connect errors, 429 and 5xx before any byte streamed
+    images: bool = True                      # the model accepts image input; else images become a note
     input_cost_per_mtok: float = 0.0         # USD per million tokens, for result.json and the cost cap
     output_cost_per_mtok: float = 0.0
     cache_read_cost_per_mtok: float = 0.0
     cache_write_cost_per_mtok: float = 0.0
+
+
+IMAGE_OMITTED = "[image omitted: this model cannot see images]"
+
+
+def without_images(messages: list[Message]) -> list[Message]:
+    """For text-only models: each image becomes a short note, so the model knows something was there."""
+    def strip(content: list) -> list:
+        return [TextContent(IMAGE_OMITTED) if isinstance(c, ImageContent) else c for c in content]
+
+    out: list[Message] = []
+    for m in messages:
+        if isinstance(m, (UserMessage, ToolResultMessage)) and any(isinstance(c, ImageContent) for c in m.content):
+            m = dataclasses.replace(m, content=strip(m.content))
+        out.append(m)
+    return out
 
 
 StreamListener = Callable[[str], None]  # receives text deltas as they arrive, for live views

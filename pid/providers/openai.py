@@ -17,7 +17,7 @@ from typing import Any
 
 from pid.messages import (AssistantMessage, Content, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
-from pid.providers.base import ProviderConfig, StreamListener
+from pid.providers.base import ProviderConfig, StreamListener, without_images
 from pid.providers.transport import iter_sse, make_client, price, stream_request, truncate
 
 API = "openai-completions"
@@ -53,6 +53,8 @@ class OpenAIProvider:
         return self._message(reply)
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
+        if not self.config.images:
+            messages = without_images(messages)
         body: dict[str, Any] = {"model": self.config.model, "messages": to_openai_messages(system, messages),
                                 "stream": True, "stream_options": {"include_usage": True}}
         if tools:
