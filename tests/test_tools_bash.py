@@ -133,3 +133,19 @@ def test_partial_output_reaches_on_update(sandbox):
     assert text(result) == "one\ntwo"
     seen = "".join(updates)
     assert "one" in seen and "\x1b" not in seen
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_gigantic_output_keeps_the_worker_memory_bounded(sandbox):
+    bash(sandbox, "echo warm")  # channel and buffers set up before measuring
+    before = _rss_kib()
+    result = bash(sandbox, "head -c 200000000 /dev/zero | tr '\\0' x", timeout=120)
+    grown_kib = _rss_kib() - before
+    assert grown_kib < 10 * 1024, f"grew {grown_kib} KiB"
+    shown, notice = text(result).split("\n\n")
+    assert shown == "x" * 51200
+    assert notice.startswith("[Showing last 50.0KB of line 1 (line is 190.7MB). Full output: ")
