@@ -192,3 +192,19 @@ def test_wall_clock_timeout_is_exit_3_with_artifacts(run_pid, sample_repo, tmp_p
     assert result["status"] == "timeout" and result["exit_reason"] == "wall_clock"
     assert result["duration_s"] < 30
     assert "a.txt" in (tmp_path / "out" / result["id"] / "patch.diff").read_text()
+
+
+def test_run_against_an_anthropic_compatible_endpoint(run_pid, sample_repo, tmp_path):
+    with ScriptedLLM(FOUR_TOOLS_SCRIPT) as llm:
+        res = run_pid("run", "Make hello.py greet pid.", "--repo", str(sample_repo), "--api", "anthropic", "--json",
+                      *job_options(llm, tmp_path / "out"))
+        paths, first = list(llm.paths), llm.requests[0]
+        headers = llm.request_headers[0]
+    assert res.code == 0, res.stderr
+    result = res.json()
+    assert result["status"] == "completed" and result["tool_calls"] == 5
+    assert set(paths) == {"/v1/messages"}
+    assert headers.get("x-api-key") == "sk-test-secret" and "MARKER-AGENTS-7f3a" in json.dumps(first["system"])
+    assert '+print("hello, pid")' in (tmp_path / "out" / result["id"] / "patch.diff").read_text()
+    lines = (tmp_path / "out" / result["id"] / "session.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["message"]["api"] == "anthropic-messages"
