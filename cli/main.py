@@ -159,8 +159,7 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool) -> None
     result_path = os.path.join(record.spec.job_dir, "result.json")
     follower = SessionFollower(os.path.join(record.spec.job_dir, "session.jsonl")) if follow else None
     try:
-        wait_for(result_path, lambda: (store.get(job_id).terminal and os.path.exists(result_path)) or
-                 _cancelled_before_start(store, job_id), follower)
+        wait_for(lambda: store.get(job_id).terminal and os.path.exists(result_path), follower)
     except KeyboardInterrupt:
         click.echo(f"\nstopped waiting; job {job_id} goes on (pid result {job_id} --wait, pid cancel {job_id})",
                    err=True)
@@ -170,20 +169,13 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool) -> None
     sys.exit(exit_code_for(result))
 
 
-def _cancelled_before_start(store: Any, job_id: str) -> bool:
-    record = store.get(job_id)
-    return record.terminal and record.started_at is None
-
-
 def _load_result(store: Any, job_id: str) -> dict[str, Any]:
-    record = store.get(job_id)
-    path = os.path.join(record.spec.job_dir, "result.json")
-    if os.path.exists(path):
+    path = os.path.join(store.get(job_id).spec.job_dir, "result.json")
+    try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    # Never started (cancelled while queued): the record is all there is.
-    return {"id": job_id, "status": record.status, "exit_reason": record.exit_reason, "final_message": "",
-            "turns": 0, "tool_calls": 0, "error": record.error}
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot read the result of job {job_id} at {path}: {exc}") from None
 
 
 def _record_or_fail(job_id: str) -> Any:
@@ -230,8 +222,9 @@ def result(job_id: str, as_json: bool, wait: bool) -> None:
 @click.argument("job_id")
 def cancel(job_id: str) -> None:
     """Cancel a queued or running job (artifacts so far are kept)."""
+    from worker.tasks import cancel_job
     store, _ = _record_or_fail(job_id)
-    click.echo(f"{job_id}: {store.request_cancel(job_id)}")
+    click.echo(f"{job_id}: {cancel_job(store, job_id)}")
 
 
 def _post(kind: str, job_id: str, message: str) -> None:

@@ -106,7 +106,7 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool) -> None:
     click.echo(f"artifacts: {os.path.relpath(job_dir)}", err=True)
 
 
-def wait_for(path: str, done: Callable[[], bool], follower: SessionFollower | None, poll_s: float = 0.2) -> None:
+def wait_for(done: Callable[[], bool], follower: SessionFollower | None, poll_s: float = 0.2) -> None:
     while not done():
         if follower:
             follower.poll()

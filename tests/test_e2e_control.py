@@ -133,3 +133,14 @@ def test_text_only_models_get_a_note_instead_of_the_image(run_pid, sample_repo, 
 def test_max_cost_needs_prices(run_pid, sample_repo):
     res = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--max-cost", "1")
     assert res.code == 2 and "--input-price" in res.stderr
+
+
+def test_cancel_of_a_queued_job_writes_its_result(run_pid, sample_repo, tmp_path):
+    # no worker runs: the job stays queued until cancelled
+    job_id = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+                     "--out", str(tmp_path / "out")).stdout.strip()
+    assert "queued" in run_pid("status", job_id).stdout
+    assert run_pid("cancel", job_id).stdout.strip() == f"{job_id}: cancelled"
+    done = run_pid("result", job_id, "--json")
+    assert done.code == 1 and done.json()["status"] == "cancelled"
+    assert (tmp_path / "out" / job_id / "result.json").exists()

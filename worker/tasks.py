@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -13,6 +14,7 @@ from celery import signals
 
 from pid import events as ev
 from pid.agent import Agent
+from pid.messages import Usage
 from worker.app import app
 from worker.jobs import JobSpec, write_json_atomic
 from worker.runner import iso, run_job
@@ -126,22 +128,34 @@ def sweep(store: JobStore) -> None:
     """Jobs whose worker died: dispatch again, or give up after MAX_ATTEMPTS with a result that says why."""
     for record in store.lapsed():
         if record.attempts >= MAX_ATTEMPTS:
-            if store.finish(record.id, "failed", exit_reason="worker_lost",
-                            error=f"worker lost {record.attempts} times"):
-                _write_lost_result(record.spec, record.attempts)
+            error = f"worker lost {record.attempts} times"
+            if store.finish(record.id, "failed", exit_reason="worker_lost", error=error):
+                write_unrun_result(record.spec, "failed", "worker_lost", error)
         elif store.requeue(record.id):
             log.warning("job %s: worker lost, dispatching again", record.id)
             dispatch(record.id)
 
 
-def _write_lost_result(spec: JobSpec, attempts: int) -> None:
+def cancel_job(store: JobStore, job_id: str) -> str | None:
+    """Cancel a job: a queued one ends here and now (with its result.json), a running one through its worker."""
+    was = store.get(job_id)
+    status = store.request_cancel(job_id)
+    if was is not None and was.status == "queued" and status == "cancelled":
+        write_unrun_result(was.spec, "cancelled", "cancelled", None)
+    return status
+
+
+def write_unrun_result(spec: JobSpec, status: str, exit_reason: str, error: str | None) -> None:
+    """result.json for a job that ended without running to its end here, so consumers always find one."""
     os.makedirs(spec.job_dir, exist_ok=True)
-    path = os.path.join(spec.job_dir, "result.json")
-    now = iso(__import__("time").time())
-    write_json_atomic(path, {"id": spec.id, "status": "failed", "exit_reason": "worker_lost",
-                             "error": f"worker lost {attempts} times", "final_message": "", "turns": 0,
-                             "tool_calls": 0, "usage": {}, "model": spec.model, "image": spec.image,
-                             "started_at": now, "finished_at": now, "duration_s": 0})
+    now = iso(time.time())
+    result = {"id": spec.id, "status": status, "exit_reason": exit_reason, "final_message": "", "turns": 0,
+              "tool_calls": 0, "usage": Usage().to_result(), "model": spec.model, "image": spec.image,
+              "task": spec.task, "repo": spec.repo, "started_at": now, "finished_at": now, "duration_s": 0,
+              "artifacts": {}}
+    if error:
+        result["error"] = error
+    write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
 
 
 def _env_api_key() -> str | None:
