@@ -143,13 +143,14 @@ class Agent:
             self.sink(ev.TurnEnd(out.turns, reply, results))
             if self.cancel_event.is_set():
                 return self._stopped(out)
-            if calls and results and all(r.details and r.details.get("timedOut") for r in results):
-                consecutive_timeouts += 1
-            elif calls:
-                consecutive_timeouts = 0
+            for result in results:  # in call order: a command that finished in time resets the count
+                if result.details and result.details.get("timedOut"):
+                    consecutive_timeouts += 1
+                elif result.tool_name == "bash":
+                    consecutive_timeouts = 0
             if consecutive_timeouts >= self.limits.max_consecutive_timeouts:
                 return self._end(out, "failed", "consecutive_timeouts",
-                                 f"{consecutive_timeouts} consecutive turns of timed-out commands")
+                                 f"{consecutive_timeouts} consecutive commands timed out")
             if self.limits.max_cost is not None and out.usage.cost.total > self.limits.max_cost:
                 return self._end(out, "failed", "max_cost",
                                  f"cost ${out.usage.cost.total:.4f} exceeded max_cost ${self.limits.max_cost:.4f}")
