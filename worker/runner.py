@@ -49,6 +49,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     artifacts: dict[str, Any] = {}
     sandbox: DockerSandbox | None = None
     session: SessionWriter | None = None
+    provider = None
     try:
         provider = make_provider(ProviderConfig(model=spec.model, base_url=spec.base_url, api_key=api_key,
                                                 api=spec.api, provider=_provider_label(spec),
@@ -86,6 +87,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         outcome = Outcome("failed", "sandbox_error" if sandbox or _is_sandbox_error(exc) else "error",
                           error=_describe(exc))
     finally:
+        if provider is not None:
+            provider.close()
         if session:
             session.close()
             artifacts["session"] = "session.jsonl"

@@ -59,3 +59,7 @@ class Provider(Protocol):
                cancel: threading.Event | None = None,
                on_text: StreamListener | None = None) -> AssistantMessage:
         ...
+
+    def close(self) -> None:
+        """Release the HTTP connections."""
+        ...
