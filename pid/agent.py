@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pid import events as ev
+from pid.context import estimate_usage
 from pid.messages import (AssistantMessage, Message, TextContent, ToolCall, ToolResultMessage, Usage,
                           UserMessage)
-from pid.providers.base import Provider
+from pid.providers.base import Provider, price
 from pid.session import SessionWriter
+from pid.tokens import get_counter
 from pid.tools.base import ToolContext, ToolResult
 from pid.tools.registry import ToolRegistry
 
@@ -125,8 +127,11 @@ class Agent:
                 return self._end(out, "timeout", "max_turns", f"reached max_turns ({self.limits.max_turns})")
             out.turns += 1
             self.sink(ev.TurnStart(out.turns))
-            reply = self.provider.stream(self.system_prompt, self._context_messages(), self.tools.specs(),
-                                         cancel=self.cancel_event)
+            context = self._context_messages()
+            reply = self.provider.stream(self.system_prompt, context, self.tools.specs(), cancel=self.cancel_event)
+            if reply.usage.total_tokens == 0 and reply.stop_reason not in ("error", "aborted"):
+                reply.usage = price(estimate_usage(get_counter(), self.system_prompt, context, reply),
+                                    self.provider.config)
             out.usage.add(reply.usage)
             self._add(reply)
             if reply.stop_reason == "aborted" or self.cancel_event.is_set():

@@ -190,3 +190,15 @@ def test_events_arrive_in_lifecycle_order(sandbox):
         make_agent(llm, sandbox, sink=lambda e: seen.append(e.type) if e.type != "tool_update" else None).run("go")
     assert seen == ["agent_start", "message_end", "turn_start", "message_end", "tool_start", "tool_end",
                     "message_end", "turn_end", "turn_start", "message_end", "turn_end", "agent_end"]
+
+
+def test_a_server_that_streams_no_usage_still_gets_counted(sandbox):
+    no_usage = [
+        'data: {"id":"c1","choices":[{"index":0,"delta":{"role":"assistant","content":"counted answer"}}]}\n\n',
+        'data: {"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n',
+        "data: [DONE]\n\n"]
+    with ScriptedLLM([{"raw": no_usage}]) as llm:
+        outcome = make_agent(llm, sandbox, input_cost_per_mtok=1.0).run("a task of some length " * 20)
+    assert outcome.final_message == "counted answer"
+    assert outcome.usage.input > 100 and 0 < outcome.usage.output < 10  # tiktoken, or its labelled estimate offline
+    assert outcome.usage.cost.input == pytest.approx(outcome.usage.input / 1e6)

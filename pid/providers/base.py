@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from pid.messages import (AssistantMessage, ImageContent, Message, TextContent, ToolResultMessage, ToolSpec,
-                          UserMessage)
+                          Usage, UserMessage)
 
 
 @dataclass
@@ -31,6 +31,15 @@ class ProviderConfig:
     output_cost_per_mtok: float = 0.0
     cache_read_cost_per_mtok: float = 0.0
     cache_write_cost_per_mtok: float = 0.0
+
+
+def price(usage: Usage, config: ProviderConfig) -> Usage:
+    """Fill usage.cost from the configured per-million-token prices."""
+    usage.cost.input = usage.input * config.input_cost_per_mtok / 1e6
+    usage.cost.output = usage.output * config.output_cost_per_mtok / 1e6
+    usage.cost.cache_read = usage.cache_read * config.cache_read_cost_per_mtok / 1e6
+    usage.cost.cache_write = usage.cache_write * config.cache_write_cost_per_mtok / 1e6
+    return usage
 
 
 IMAGE_OMITTED = "[image omitted: this model cannot see images]"

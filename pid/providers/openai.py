@@ -17,8 +17,8 @@ from typing import Any
 
 from pid.messages import (AssistantMessage, Content, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
-from pid.providers.base import ProviderConfig, StreamListener, without_images
-from pid.providers.transport import iter_sse, make_client, price, stream_request, truncate
+from pid.providers.base import ProviderConfig, StreamListener, price, without_images
+from pid.providers.transport import iter_sse, make_client, stream_request, truncate
 
 API = "openai-completions"
 

@@ -20,7 +20,6 @@ from urllib.parse import urlsplit
 import httpcore
 import httpx
 
-from pid.messages import Usage
 from pid.providers.base import ProviderConfig
 
 CANCEL_CHECK_S = 0.1        # longest a cancelled read keeps waiting on a silent server
@@ -278,15 +277,6 @@ def iter_sse(response: httpx.Response) -> Iterator[tuple[str, bytes]]:
         data.append(value[1:] if value[:1] == b" " else value)
     if data:
         yield event, b"\n".join(data)
-
-
-def price(usage: Usage, config: ProviderConfig) -> Usage:
-    """Fill usage.cost from the configured per-million-token prices."""
-    usage.cost.input = usage.input * config.input_cost_per_mtok / 1e6
-    usage.cost.output = usage.output * config.output_cost_per_mtok / 1e6
-    usage.cost.cache_read = usage.cache_read * config.cache_read_cost_per_mtok / 1e6
-    usage.cost.cache_write = usage.cache_write * config.cache_write_cost_per_mtok / 1e6
-    return usage
 
 
 def stream_failure(exc: BaseException, url: str) -> str:
