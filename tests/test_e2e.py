@@ -208,3 +208,13 @@ def test_run_against_an_anthropic_compatible_endpoint(run_pid, sample_repo, tmp_
     assert '+print("hello, pid")' in (tmp_path / "out" / result["id"] / "patch.diff").read_text()
     lines = (tmp_path / "out" / result["id"] / "session.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["message"]["api"] == "anthropic-messages"
+
+
+def test_submit_wait_shows_tool_calls_as_the_worker_makes_them(run_pid, worker, sample_repo, tmp_path):
+    with ScriptedLLM(FOUR_TOOLS_SCRIPT) as llm:
+        res = run_pid("submit", "--wait", "Make hello.py greet pid.", "--repo", str(sample_repo),
+                      *job_options(llm, tmp_path / "out"))
+    assert res.code == 0, res.stderr
+    assert res.stdout.strip() == "Done: hello.py now greets pid."
+    tool_lines = [line for line in res.stderr.splitlines() if line[:1] in ("✓", "✗")]
+    assert len(tool_lines) == 5 and "edit hello.py" in tool_lines[2]
