@@ -66,10 +66,10 @@ def sample_repo(tmp_path: Path) -> Path:
     return repo
 
 
-def start_worker(env: dict[str, str], cwd: Path, log_path: Path) -> subprocess.Popen:
+def start_worker(env: dict[str, str], cwd: Path, log_path: Path, concurrency: int = 1) -> subprocess.Popen:
     """A real `pid worker` process (in its own process group) on the embedded (filesystem) broker."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", "1"], cwd=cwd,
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", str(concurrency)], cwd=cwd,
                                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     deadline = time.time() + 60
