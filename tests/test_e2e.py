@@ -76,10 +76,14 @@ def check_four_tool_job(result: dict, job_dir: Path, llm: ScriptedLLM, repo: Pat
 def test_run_drives_all_four_tools_in_a_container(run_pid, sample_repo, tmp_path):
     with ScriptedLLM(FOUR_TOOLS_SCRIPT) as llm:
         res = run_pid("run", "Make hello.py greet pid.", "--repo", str(sample_repo), "--json",
+                      "--file", "notes/new.txt", "--file", "/workspace/missing.txt",
                       *job_options(llm, tmp_path / "out"))
         assert res.code == 0, res.stderr
         result = res.json()
         check_four_tool_job(result, tmp_path / "out" / result["id"], llm, sample_repo)
+    collected = tmp_path / "out" / result["id"] / "files"
+    assert (collected / "new.txt").read_text() == "made by the agent\n"
+    assert len(result["artifacts"]["files"]) == 1  # a missing file is skipped, not fatal
 
 
 def test_run_prints_one_line_per_tool_call_and_the_final_message(run_pid, sample_repo, tmp_path):
