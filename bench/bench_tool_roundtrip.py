@@ -36,7 +36,8 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     with DockerSandbox.create(SandboxConfig(job_id="bench-tool-roundtrip", ttl_s=600)) as sb:
         sb.write_file("small.txt", b"hello world\n" * 20)
-        page = bytes(range(256)) * 16
+        page = bytes(range(256)) * 16                    # binary: NULs and backslashes included
+        text = b"    return compute(value, other)  # comment\n" * 93
         for pause, label in ((0.0, "back-to-back"), (0.02, "paced")):
             print(f"-- {label}")
             measure("exec('true')", lambda: sb.exec("true", timeout=10), n, pause)
@@ -45,6 +46,7 @@ def main() -> None:
                     lambda: sb.read_file("small.txt", max_bytes=65536), n, pause)
             measure("read_file(small)", lambda: sb.read_file("small.txt"), n, pause)
             measure("write_file(4 KiB)", lambda: sb.write_file("w.bin", page), n, pause)
+            measure("write_file(4 KiB text)", lambda: sb.write_file("w.txt", text), n, pause)
         print("-- for comparison")
         container = sb.client.containers.get(sb.container_id)
         measure("docker exec true (exec_run)", lambda: container.exec_run(["true"]), max(10, n // 10))

@@ -46,7 +46,7 @@ def install_script(api, container_id: str) -> None:
 _STARTUP_TIMEOUT = 30.0
 _REPLY_TIMEOUT = 30.0   # for requests that must answer promptly (start, kill, errors)
 
-_BUILTIN_WRITE_MAX = 4096  # bash reads a pipe byte by byte: fine for small files only
+_BUILTIN_WRITE_MAX = 32768  # above this one `head -c` fork is cheaper than bash decoding the data
 
 _ESCAPE = re.compile(rb"[\\\x00-\x20\x7f]")
 
@@ -146,8 +146,9 @@ class Channel:
         except OSError:
             return False
 
-    def _raw_until_nonce(self, nonce: bytes, deadline: float | None) -> bytes:
-        data = self._try(lambda d: self.reader.read_until(b"\n" + nonce, d), deadline)
+    def _raw_until_nonce(self, marker: bytes, deadline: float | None) -> bytes:
+        """Raw reply data up to `marker` (the request's nonce and what follows it), consumed."""
+        data = self._try(lambda d: self.reader.read_until(marker, d), deadline)
         if data is None:
             raise SandboxError("exec channel did not answer in time")
         return data
@@ -170,15 +171,14 @@ class Channel:
 
     def wait_exec(self, deadline: float | None) -> ExecReply | None:
         """The finished command's result, or None if `deadline` passes first (the command keeps running)."""
-        line = self._try(self.reader.readline, deadline)
-        if line is None:
+        # The server sends the first tail_bytes+1 bytes, then "<nonce> <rc>": fewer means that is the whole output.
+        head = self._try(lambda d: self.reader.read_until(self._nonce + b" ", d), deadline)
+        if head is None:
             return None
-        parts = line.split()
-        if len(parts) != 2 or parts[0] != b"X":
-            raise SandboxError(f"exec channel: unexpected reply {line[:200]!r}")
-        exit_code = int(parts[1])
-        # The server sends the first tail_bytes+1 bytes: fewer means that is the whole output.
-        head = self._raw_until_nonce(self._nonce + b"\n", time.monotonic() + _REPLY_TIMEOUT)
+        status = self._line(time.monotonic() + _REPLY_TIMEOUT)
+        if not status.isdigit():
+            raise SandboxError(f"exec channel: unexpected reply {status[:200]!r}")
+        exit_code = int(status)
         wanted = (self._keep_lines is not None and head.count(b"\n") > self._keep_lines) or \
             (self._keep_bytes is not None and len(head) > self._keep_bytes)
         if len(head) <= self._tail_bytes and not wanted:
@@ -211,9 +211,13 @@ class Channel:
         return data
 
     def write_file(self, path: str, data: bytes) -> None:
-        # Small NUL-free data is read by bash's `read -N` (no fork); anything else by `head -c`.
-        op = b"W" if self.shell == "bash" and 0 < len(data) <= _BUILTIN_WRITE_MAX and b"\0" not in data else b"w"
-        self._send(b"%s %d %s\n" % (op, len(data), escape_field(path)) + data)
+        # Small data is read and decoded by bash builtins (no fork); anything else is copied by `head -c`.
+        if self.shell == "bash" and len(data) <= _BUILTIN_WRITE_MAX:
+            payload = data.replace(b"\\", b"\\\\").replace(b"\0", b"\\0000")
+            op = b"W"
+        else:
+            payload, op = data, b"w"
+        self._send(b"%s %d %s\n" % (op, len(payload), escape_field(path)) + payload)
         reply = self._line(None)
         if reply.startswith(b"E "):
             raise _ERRNO.get(reply[2:], PermissionError)(f"{reply[2:].decode()}: {path}")

@@ -11,20 +11,23 @@
 #
 # Requests are one line: an op letter and space separated fields. Free text fields (commands, paths, env
 # snippets) are escaped by the host so that they hold no space, tab or newline: "\\" for a backslash and
-# "\0ooo" (octal) for other bytes; `printf %b` decodes them without a fork. Raw data in replies ends with
-# "\n<nonce>", the nonce being a random token of the request, so no content can fake the end of a reply.
+# "\0ooo" (octal) for other bytes; `printf %b` decodes them without a fork. Raw data in replies is followed
+# directly by "<nonce>", a random token of the request, so no content can fake the end of a reply. (bash
+# flushes its stdout at every newline: each line is a write and a frame on the host's stream, so replies
+# carry as few newlines of their own as possible.)
 #   h                          -> "R <shell> <head-kind>"   (hello: prepares directories)
 #   x <tail> <nonce> <env|-> <cmd>
-#                              -> "P <pgid> <output-file>" when started; when it ends "X <rc>" and the first
-#                                 <tail>+1 bytes of its output, then "\n<nonce>\n" (fewer: that is all of it)
+#                              -> "P <pgid> <output-file>" when started; when it ends the first <tail>+1
+#                                 bytes of its output (fewer: that is all of it), then "<nonce> <rc>\n"
 #   c <tail> <nonce> <output-file>
-#                              -> "C <newlines> <bytes>", its last <tail> bytes, "\n<nonce>\n"; the file is
+#                              -> "C <newlines> <bytes>", its last <tail> bytes, "<nonce>\n"; the file is
 #                                 kept (otherwise removed later)
-#   r <max|-> <nonce> <path>   -> "E <errno-name>" | "D" line, the bytes, "\n<nonce> <rc>\n"
-#   w <n> <path> + n raw bytes -> "E <errno-name>" | "W <rc>"
-#   W <n> <path> + n raw bytes -> same; the bytes hold no NUL and the shell reads them itself (bash, small data)
+#   r <max|-> <nonce> <path>   -> "E <errno-name>" | "D" line, the bytes, "<nonce> <rc>\n"
+#   w <n> <path> + n raw bytes -> "E <errno-name>" | "W <rc>"   (copied by head: any size, any shell)
+#   W <n> <path> + n bytes     -> same; bash only, small data: "\\" for a backslash and "\0000" for NUL, so
+#                                 the shell reads and decodes it with builtins (read -N, printf %b)
 #   t <offset> <max> <nonce> <path>
-#                              -> "S <size>" line, bytes [max(offset, size-max), size), "\n<nonce>\n"
+#                              -> "S <size>" line, bytes [max(offset, size-max), size), "<nonce>\n"
 #   k <pgid>                   -> "K <rc>"  (SIGKILL the process group)
 #   q                          -> exit
 pid_cid=$1
@@ -110,8 +113,8 @@ pid_spawn() {  # $1: slot
 }
 pid_take_slot() {  # sets pid_pid/pid_out to the current slot's shell, starting one if it is gone
     if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0; else pid_pid=$pid_z1; fi
-    if [ -z "$pid_pid" ] || ! kill -0 "$pid_pid" 2>/dev/null; then
-        [ -n "$pid_pid" ] && wait "$pid_pid" 2>/dev/null
+    if [ -z "$pid_pid" ] || ! kill -0 "$pid_pid"; then     # (stderr is /dev/null already: see channel.py)
+        [ -n "$pid_pid" ] && wait "$pid_pid"
         pid_spawn "$pid_slot"
         if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0; else pid_pid=$pid_z1; fi
     fi
@@ -158,9 +161,8 @@ $pid_cmd"
     echo "P $pid_pid $pid_out"
     wait "$pid_pid"
     pid_rc=$?
-    echo "X $pid_rc"
     [ -s "$pid_out" ] && pid_emit "$pid_out" $((pid_tb + 1))
-    printf '\n%s\n' "$pid_nonce"
+    echo "$pid_nonce $pid_rc"
     pid_forget "$pid_out"
     if [ "$pid_shell" = bash ]; then
         pid_spawn "$pid_slot"
@@ -175,7 +177,7 @@ pid_count() {  # c tail nonce path
     set -- $(wc -l -c <"$pid_p" 2>/dev/null)
     echo "C ${1:-0} ${2:-0}"
     tail -c "$pid_tb" "$pid_p"
-    printf '\n%s\n' "$pid_nonce"
+    echo "$pid_nonce"
     case $pid_junk in
         *" $pid_p")
             pid_junk=${pid_junk%" $pid_p"}
@@ -205,10 +207,10 @@ pid_read() {  # r max nonce path
         cat -- "$pid_p"
         pid_rc=$?
     fi
-    printf '\n%s %s\n' "$3" "$pid_rc"
+    echo "$3 $pid_rc"
 }
 
-pid_write() {  # w|W n path, then n raw bytes on stdin; W: small and NUL-free, read by the shell itself
+pid_write() {  # w|W n path, then n bytes on stdin
     pid_dec pid_p "$3"
     pid_err=
     case $pid_p in
@@ -219,19 +221,29 @@ pid_write() {  # w|W n path, then n raw bytes on stdin; W: small and NUL-free, r
         mkdir -p -- "$pid_d" 2>/dev/null || pid_err=ENOTDIR
     fi
     if [ -z "$pid_err" ] && [ -d "$pid_p" ]; then pid_err=EISDIR; fi
-    if [ -z "$pid_err" ] && ! true 2>/dev/null >"$pid_p"; then pid_err=EACCES; fi
-    if [ "$2" -gt 0 ]; then
-        if [ "$1" = W ]; then
-            IFS= LC_ALL=C read -r -N "$2" pid_data
-            [ -z "$pid_err" ] && printf '%s' "$pid_data" >"$pid_p"
-        elif [ -n "$pid_err" ]; then
-            pid_take "$2" >/dev/null
-        else
-            pid_take "$2" >"$pid_p"
+    pid_rc=0
+    if [ "$1" = W ]; then
+        # Encoded data, read in bulk (read -N on a pipe reads blocks, -n would read byte by byte) and
+        # decoded by printf %b: no fork. The file is opened once; an open that fails leaves pid_open unset.
+        pid_data=
+        [ "$2" -gt 0 ] && { IFS= LC_ALL=C read -r -N "$2" pid_data || pid_rc=1; }
+        if [ -z "$pid_err" ]; then
+            pid_open=
+            { pid_open=1; [ -z "$pid_data" ] || printf '%b' "$pid_data" || pid_rc=1; } 2>/dev/null >"$pid_p"
+            [ -n "$pid_open" ] || pid_err=EACCES
+        fi
+        pid_data=
+    else
+        if [ -z "$pid_err" ] && ! true 2>/dev/null >"$pid_p"; then pid_err=EACCES; fi
+        if [ "$2" -gt 0 ]; then
+            if [ -n "$pid_err" ]; then
+                pid_take "$2" >/dev/null
+            else
+                pid_take "$2" >"$pid_p"
+            fi
+            pid_rc=$?
         fi
     fi
-    pid_rc=$?
-    pid_data=
     if [ -n "$pid_err" ]; then echo "E $pid_err"; else echo "W $pid_rc"; fi
 }
 
@@ -245,7 +257,7 @@ pid_tail() {  # t offset max nonce path: output appended since offset, at most t
         [ $((pid_size - $3)) -gt "$pid_from" ] && pid_from=$((pid_size - $3))
         tail -c +$((pid_from + 1)) "$pid_p" | head -c $((pid_size - pid_from))
     fi
-    printf '\n%s\n' "$4"
+    echo "$4"
 }
 
 while IFS= read -r pid_line; do

@@ -221,6 +221,46 @@ def test_three_megabyte_file(sb):
     assert sb.exec("wc -c < /tmp/big.bin", timeout=10).tail == b"3145728\n"
 
 
+def test_write_data_that_looks_like_escapes_or_options(sb):
+    """Small writes are decoded by the shell (printf %b): nothing in the data may act as an escape or option."""
+    cases = [b"\0" + b"0123", b"\\c stop here", b"\\0000 \\\\ \\x41 %s %b \\n", b"-n", b"-e \\t", b"-E",
+             b"\x01\x7f\x01\x01\x7f\x7f", b"\n\n\n", b"a\r\n\0", b"\xff\xfe\x80", bytes([1]) * 100, b"\0" * 300,
+             os.urandom(20000)]
+    for i, data in enumerate(cases):
+        sb.write_file(f"enc/{i}.bin", data)
+        assert sb.read_file(f"enc/{i}.bin") == data, (i, data[:40])
+    sizes = sb.exec("wc -c enc/*.bin | grep -v total", timeout=10).tail.split(b"\n")
+    assert sorted(int(line.split()[0]) for line in sizes if line) == sorted(len(d) for d in cases)
+
+
+def test_write_sizes_around_the_builtin_limit_keep_mode(sb):
+    sb.exec("printf x > limit.bin && chmod 640 limit.bin", timeout=10)
+    for size in (32767, 32768, 32769, 100000):          # both sides of the in-shell limit (channel.py)
+        data = (bytes(range(256)) * (size // 256 + 1))[:size]
+        sb.write_file("limit.bin", data)
+        assert sb.read_file("limit.bin") == data, size
+        assert sb.exec("stat -c '%a %s' limit.bin", timeout=10).tail == b"640 %d\n" % size
+
+
+def test_exec_output_at_the_tail_boundary(sb):
+    for size, kept in ((99, False), (100, False), (101, True)):
+        result = sb.exec(f"printf '%0{size}d' 7", timeout=10, tail_bytes=100)
+        assert result.tail == (b"0" * (size - 1) + b"7")[-100:], size
+        assert (result.total_bytes, result.total_lines) == (size, 1)
+        assert (result.output_path is not None) == kept, size
+
+
+def test_sequential_calls_reuse_one_warm_channel(client):
+    """Back-to-back tool calls must not open new exec channels (each costs a `docker exec`)."""
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-warm", ttl_s=300), client) as box:
+        for i in range(20):
+            assert box.exec(f"echo {i}", timeout=10).tail == b"%d\n" % i
+            box.write_file("w.txt", b"%d" % i)
+            assert box.read_file("w.txt") == b"%d" % i
+        servers = box.exec("ps -eo args", timeout=10).tail.decode().splitlines()
+        assert len([line for line in servers if line.startswith("bash /tmp/.pid/channel.sh")]) == 1, servers
+
+
 def test_paths_with_spaces_and_newlines(sb):
     path = "odd dir/new\nline 'q' $x.txt"
     sb.write_file(path, b"ok")
