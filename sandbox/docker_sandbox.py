@@ -95,7 +95,9 @@ class DockerSandbox:
         sandbox = cls(client, container.id, config)
         try:
             install_script(client.api, container.id)
-            sandbox._pool.release(sandbox._pool.acquire())   # pre-warm one channel
+            sandbox._pool.release(sandbox._pool.acquire())   # one warm channel now...
+            # ...and a second in the background, so the first parallel batch of tool calls pays no docker exec
+            threading.Thread(target=sandbox._pool.grow, name="pid-channel-warmup", daemon=True).start()
         except BaseException:
             sandbox.close()
             raise
@@ -334,7 +336,10 @@ class DockerSandbox:
                 continue
             except docker.errors.DockerException as exc:
                 raise SandboxError(f"cannot copy {path} out of the sandbox: {exc}") from exc
-            written = extract_safely(chunks, dest_dir)
+            # Keep the in-container path under dest_dir (files/workspace/a/out.txt) so equal names never collide.
+            target = os.path.join(dest_dir, posixpath.dirname(posixpath.normpath(self._abs(path))).lstrip("/"))
+            os.makedirs(target, exist_ok=True)
+            written = extract_safely(chunks, target)
             if written:
                 copied.append(written[0])
         return copied

@@ -47,6 +47,19 @@ class ChannelPool:
                 return channel
             self.discard(channel)   # its server died while idle (e.g. the agent killed it): make a new one
 
+    def grow(self) -> None:
+        """Add one idle channel if under the limit; for warming up off the request path. Never raises."""
+        with self._cond:
+            if self._closed or self._count >= self._max:
+                return
+            self._count += 1
+        try:
+            channel = self._factory()
+        except BaseException:
+            self._forget_one()
+            return
+        self.release(channel)
+
     def release(self, channel: Channel) -> None:
         if channel.broken:
             self.discard(channel)

@@ -76,14 +76,15 @@ def check_four_tool_job(result: dict, job_dir: Path, llm: ScriptedLLM, repo: Pat
 def test_run_drives_all_four_tools_in_a_container(run_pid, sample_repo, tmp_path):
     with ScriptedLLM(FOUR_TOOLS_SCRIPT) as llm:
         res = run_pid("run", "Make hello.py greet pid.", "--repo", str(sample_repo), "--json",
-                      "--file", "notes/new.txt", "--file", "/workspace/missing.txt",
+                      "--file", "notes/new.txt", "--file", "/workspace/missing.txt", "--file", "hello.py",
                       *job_options(llm, tmp_path / "out"))
         assert res.code == 0, res.stderr
         result = res.json()
         check_four_tool_job(result, tmp_path / "out" / result["id"], llm, sample_repo)
     collected = tmp_path / "out" / result["id"] / "files"
-    assert (collected / "new.txt").read_text() == "made by the agent\n"
-    assert len(result["artifacts"]["files"]) == 1  # a missing file is skipped, not fatal
+    assert (collected / "workspace" / "notes" / "new.txt").read_text() == "made by the agent\n"
+    assert (collected / "workspace" / "hello.py").read_text() == 'print("hello, pid")\n'
+    assert len(result["artifacts"]["files"]) == 2  # a missing file is skipped, not fatal
 
 
 def test_run_prints_one_line_per_tool_call_and_the_final_message(run_pid, sample_repo, tmp_path):
@@ -93,7 +94,8 @@ def test_run_prints_one_line_per_tool_call_and_the_final_message(run_pid, sample
     assert res.stdout.strip() == "Done: hello.py now greets pid."
     tool_lines = [line for line in res.stderr.splitlines() if line[:1] in ("✓", "✗")]
     assert len(tool_lines) == 5
-    assert "bash ls && cat hello.py" in tool_lines[0] and "read hello.py" in tool_lines[1]
+    first_batch = " | ".join(tool_lines[:2])  # printed as each call finishes, so in either order
+    assert "bash ls && cat hello.py" in first_batch and "read hello.py" in first_batch
 
 
 def test_submit_wait_runs_through_a_real_worker(run_pid, worker, sample_repo, tmp_path):
