@@ -144,3 +144,26 @@ def test_cancel_of_a_queued_job_writes_its_result(run_pid, sample_repo, tmp_path
     done = run_pid("result", job_id, "--json")
     assert done.code == 1 and done.json()["status"] == "cancelled"
     assert (tmp_path / "out" / job_id / "result.json").exists()
+
+
+def test_edit_and_read_behaviours_as_the_model_sees_them(run_pid, sample_repo, tmp_path):
+    (sample_repo / "quotes.py").write_bytes('msg = “smart”  \r\nkeep = 1\r\n'.encode())
+    (sample_repo / "wide.txt").write_text("".join(f"{i:04d} " + "w" * 205 + "\n" for i in range(500)))
+    script = [{"tool_calls": [
+        {"name": "edit", "arguments": {"path": "quotes.py", "edits": [{"oldText": 'msg = "smart"', "newText": "msg = 'plain'"}]}},
+        {"name": "read", "arguments": {"path": "wide.txt"}},
+        {"name": "edit", "arguments": {"path": "hello.py", "oldText": "absent text", "newText": "x"}},
+        {"name": "bash", "arguments": {"command": "echo out; exit 4"}}]},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "od -c quotes.py | head -3"}}]},
+        {"text": "checked"}]
+    with ScriptedLLM(script) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), "--json", *opts(llm, tmp_path / "out"))
+        edited, wide, missing, failed = tool_results(llm.requests[1])
+    assert res.code == 0, res.stderr
+    assert edited == "Successfully replaced 1 block(s) in quotes.py."
+    assert wide.endswith("\n\n[Showing lines 1-242 of 500 (50.0KB limit). Use offset=243 to continue.]")  # 211-byte lines
+    assert missing.startswith("Could not find the exact text in hello.py. The old text must match exactly")
+    assert failed == "out\n\nCommand exited with code 4"
+    patch = (tmp_path / "out" / res.json()["id"] / "patch.diff").read_bytes()
+    # matched through smart quotes; CRLF and the bytes around the match kept; the other line is untouched context
+    assert patch.endswith(b"-msg = \xe2\x80\x9csmart\xe2\x80\x9d  \r\n+msg = 'plain'  \r\n keep = 1\r\n")
