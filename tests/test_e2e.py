@@ -6,7 +6,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
 
 from tests.scripted_llm import ScriptedLLM
 

@@ -1,7 +1,5 @@
 """Token counting offline: an exact count from a local BPE table through real tiktoken, else a labelled estimate."""
 import base64
-import hashlib
-import os
 
 import pytest
 

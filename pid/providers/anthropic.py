@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from pid.messages import (AssistantMessage, Content, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
-from pid.providers.base import ProviderConfig, StreamListener, price, without_images
+from pid.providers.base import ProviderConfig, StreamListener, price
 from pid.providers.openai import parse_arguments
-from pid.providers.transport import iter_sse, make_client, stream_request, truncate
+from pid.providers.transport import StreamingProvider, iter_sse, truncate
 
 API = "anthropic-messages"
 DEFAULT_BASE_URL = "https://api.anthropic.com/v1"
@@ -28,42 +27,27 @@ _STOP = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "max
 _CACHE = {"type": "ephemeral"}
 
 
-class AnthropicProvider:
+class AnthropicProvider(StreamingProvider):
+    label = "anthropic"
+
     def __init__(self, config: ProviderConfig) -> None:
-        self.config = config
         # ProviderConfig's default base_url is OpenAI's; an Anthropic config that names none means Anthropic's.
         unset = (None, "", ProviderConfig.__dataclass_fields__["base_url"].default)
         base_url = DEFAULT_BASE_URL if config.base_url in unset else config.base_url
-        self._url = base_url.rstrip("/") + "/messages"
-        self._client = make_client(config)
-        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
-                         "anthropic-version": ANTHROPIC_VERSION}
+        headers = {"anthropic-version": ANTHROPIC_VERSION}
         if config.api_key:
-            self._headers["x-api-key"] = config.api_key
+            headers["x-api-key"] = config.api_key
+        super().__init__(config, base_url.rstrip("/") + "/messages", headers)
 
-    def close(self) -> None:
-        self._client.close()
+    def _new_reply(self) -> "_Reply":
+        return _Reply()
 
-    def stream(self, system: str, messages: list[Message], tools: list[ToolSpec], *,
-               cancel: threading.Event | None = None,
-               on_text: StreamListener | None = None) -> AssistantMessage:
-        reply = _Reply()
-        try:
-            body = json.dumps(self.request_body(system, messages, tools)).encode()
-            failure = stream_request(self._client, self._url, headers=self._headers, body=body,
-                                     max_retries=self.config.max_retries, cancel=cancel,
-                                     consume=lambda response: self._consume(response, reply, on_text))
-            if failure is not None:
-                reply.fail(failure.message, aborted=failure.aborted)
-        except Exception as exc:  # noqa: BLE001 - the seam never raises
-            reply.fail(f"internal error in the anthropic provider: {type(exc).__name__}: {exc}")
+    def _message(self, reply: "_Reply") -> AssistantMessage:
         content, stop_reason, error = reply.result()
         return AssistantMessage(content, API, self.config.provider, self.config.model,
                                 price(reply.usage, self.config), stop_reason, error, reply.response_id)
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
-        if not self.config.images:
-            messages = without_images(messages)
         body: dict[str, Any] = {"model": self.config.model,
                                 "max_tokens": self.config.max_tokens or DEFAULT_MAX_TOKENS,
                                 "messages": to_anthropic_messages(messages), "stream": True}
@@ -76,8 +60,7 @@ class AnthropicProvider:
             body["temperature"] = self.config.temperature
         return body
 
-    @staticmethod
-    def _consume(response: Any, reply: "_Reply", on_text: StreamListener | None) -> None:
+    def _consume(self, response: Any, reply: "_Reply", on_text: StreamListener | None) -> None:
         for event, data in iter_sse(response):
             if reply.done:
                 continue  # drain to the end so the connection can be kept alive

@@ -10,51 +10,31 @@ images follow the run of tool messages as one extra user message ("Images return
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from pid.messages import (AssistantMessage, Content, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
-from pid.providers.base import ProviderConfig, StreamListener, price, without_images
-from pid.providers.transport import iter_sse, make_client, stream_request, truncate
+from pid.providers.base import ProviderConfig, StreamListener, price
+from pid.providers.transport import StreamingProvider, iter_sse, truncate
 
 API = "openai-completions"
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "toolUse", "function_call": "toolUse"}
 
 
-class OpenAIProvider:
+class OpenAIProvider(StreamingProvider):
+    label = "openai"
+
     def __init__(self, config: ProviderConfig) -> None:
-        self.config = config
-        self._url = config.base_url.rstrip("/") + "/chat/completions"
-        self._client = make_client(config)
-        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        if config.api_key:
-            self._headers["Authorization"] = f"Bearer {config.api_key}"
+        auth = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        super().__init__(config, config.base_url.rstrip("/") + "/chat/completions", auth)
 
-    def close(self) -> None:
-        self._client.close()
-
-    def stream(self, system: str, messages: list[Message], tools: list[ToolSpec], *,
-               cancel: threading.Event | None = None,
-               on_text: StreamListener | None = None) -> AssistantMessage:
-        reply = _Reply()
-        try:
-            body = json.dumps(self.request_body(system, messages, tools)).encode()
-            failure = stream_request(self._client, self._url, headers=self._headers, body=body,
-                                     max_retries=self.config.max_retries, cancel=cancel,
-                                     consume=lambda response: self._consume(response, reply, on_text))
-            if failure is not None:
-                reply.fail(failure.message, aborted=failure.aborted)
-        except Exception as exc:  # noqa: BLE001 - the seam never raises
-            reply.fail(f"internal error in the openai provider: {type(exc).__name__}: {exc}")
-        return self._message(reply)
+    def _new_reply(self) -> "_Reply":
+        return _Reply()
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
-        if not self.config.images:
-            messages = without_images(messages)
         body: dict[str, Any] = {"model": self.config.model, "messages": to_openai_messages(system, messages),
                                 "stream": True, "stream_options": {"include_usage": True}}
         if tools:
@@ -66,8 +46,7 @@ class OpenAIProvider:
             body["temperature"] = self.config.temperature
         return body
 
-    @staticmethod
-    def _consume(response: Any, reply: "_Reply", on_text: StreamListener | None) -> None:
+    def _consume(self, response: Any, reply: "_Reply", on_text: StreamListener | None) -> None:
         for _event, data in iter_sse(response):
             if reply.done:
                 continue  # drain to the end so the connection can be kept alive

@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 import httpcore
 import httpx
 
-from pid.providers.base import ProviderConfig
+from pid.messages import AssistantMessage, Message, ToolSpec
+from pid.providers.base import ProviderConfig, without_images
 
 CANCEL_CHECK_S = 0.1        # longest a cancelled read keeps waiting on a silent server
 MAX_RETRY_AFTER_S = 10.0    # a server asking for a longer pause gets this one
@@ -286,3 +287,50 @@ def stream_failure(exc: BaseException, url: str) -> str:
     if isinstance(exc, httpx.HTTPError):
         return f"stream from {_origin(url)} broke: {_describe(exc)}"
     return f"stream from {_origin(url)} failed: {type(exc).__name__}: {_describe(exc)}"
+
+
+class StreamingProvider:
+    """What both wire formats share: one keep-alive client, and a stream() that never raises.
+
+    A subclass says how to build the request body, how to feed stream events into its reply, and how the reply
+    becomes an AssistantMessage.
+    """
+    label = "http"
+
+    def __init__(self, config: ProviderConfig, url: str, headers: dict[str, str]) -> None:
+        self.config = config
+        self._url = url
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
+        self._client = make_client(config)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def stream(self, system: str, messages: list[Message], tools: list[ToolSpec], *,
+               cancel: threading.Event | None = None,
+               on_text: Callable[[str], None] | None = None) -> AssistantMessage:
+        reply = self._new_reply()
+        try:
+            if not self.config.images:
+                messages = without_images(messages)
+            body = json.dumps(self.request_body(system, messages, tools)).encode()
+            failure = stream_request(self._client, self._url, headers=self._headers, body=body,
+                                     max_retries=self.config.max_retries, cancel=cancel,
+                                     consume=lambda response: self._consume(response, reply, on_text))
+            if failure is not None:
+                reply.fail(failure.message, aborted=failure.aborted)
+        except Exception as exc:  # noqa: BLE001 - the seam never raises
+            reply.fail(f"internal error in the {self.label} provider: {type(exc).__name__}: {exc}")
+        return self._message(reply)
+
+    def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _new_reply(self) -> Any:
+        raise NotImplementedError
+
+    def _consume(self, response: Any, reply: Any, on_text: Callable[[str], None] | None) -> None:
+        raise NotImplementedError
+
+    def _message(self, reply: Any) -> AssistantMessage:
+        raise NotImplementedError
