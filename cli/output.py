@@ -98,12 +98,16 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool) -> None:
     colour = {"completed": "green", "cancelled": "yellow"}.get(status, "red")
     usage = result.get("usage") or {}
     summary = (f"{click.style(status, fg=colour, bold=True)} ({result.get('exit_reason')}) in "
-               f"{result.get('duration_s', 0):.1f}s · {result.get('turns', 0)} turns · "
-               f"{result.get('tool_calls', 0)} tool calls · {usage.get('total_tokens', 0)} tokens")
+               f"{result.get('duration_s', 0):.1f}s · {_count(result.get('turns', 0), 'turn')} · "
+               f"{_count(result.get('tool_calls', 0), 'tool call')} · {_count(usage.get('total_tokens', 0), 'token')}")
     click.echo(summary, err=True)
     if result.get("error"):
         click.echo(click.style(f"error: {result['error']}", fg="red"), err=True)
     click.echo(f"artifacts: {os.path.relpath(job_dir)}", err=True)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def wait_for(done: Callable[[], bool], follower: SessionFollower | None, poll_s: float = 0.2) -> None:
