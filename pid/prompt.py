@@ -46,7 +46,7 @@ def load_context_file(sandbox: Sandbox) -> tuple[str, str] | None:
     for name in CONTEXT_FILES:
         try:
             data = sandbox.read_file(posixpath.join(sandbox.workdir, name), max_bytes=MAX_CONTEXT_FILE_BYTES)
-        except (FileNotFoundError, IsADirectoryError, PermissionError):
+        except OSError:  # missing, a directory, unreadable, or not a regular file
             continue
         return name, data.decode("utf-8", errors="replace")
     return None

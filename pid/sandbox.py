@@ -48,7 +48,8 @@ class Sandbox(Protocol):
     def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """The file's bytes, at most `max_bytes` from its start.
 
-        Raises FileNotFoundError, IsADirectoryError or PermissionError like the builtins; SandboxError otherwise.
+        Raises FileNotFoundError, IsADirectoryError or PermissionError like the builtins, OSError for a path that is
+        not a regular file (a FIFO or device would block); SandboxError when the sandbox itself fails.
         """
         ...
 

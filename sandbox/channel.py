@@ -89,6 +89,7 @@ _ERRNO = {
     b"EISDIR": IsADirectoryError,
     b"EACCES": PermissionError,
     b"ENOTDIR": NotADirectoryError,
+    b"EINVAL": OSError,              # not a regular file (FIFO, device): refused rather than blocking
 }
 
 

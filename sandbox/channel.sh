@@ -191,6 +191,7 @@ pid_read() {  # r max nonce path
     if [ -d "$pid_p" ]; then echo "E EISDIR"; return; fi
     if [ ! -e "$pid_p" ]; then echo "E ENOENT"; return; fi
     if [ ! -r "$pid_p" ]; then echo "E EACCES"; return; fi
+    if [ ! -f "$pid_p" ]; then echo "E EINVAL"; return; fi   # a FIFO or device would block the channel
     echo D
     if [ "$2" != - ]; then
         pid_emit "$pid_p" "$2"
@@ -221,6 +222,7 @@ pid_write() {  # w|W n path, then n bytes on stdin
         mkdir -p -- "$pid_d" 2>/dev/null || pid_err=ENOTDIR
     fi
     if [ -z "$pid_err" ] && [ -d "$pid_p" ]; then pid_err=EISDIR; fi
+    if [ -z "$pid_err" ] && [ -e "$pid_p" ] && [ ! -f "$pid_p" ]; then pid_err=EINVAL; fi
     pid_rc=0
     if [ "$1" = W ]; then
         # Encoded data, read in bulk (read -N on a pipe reads blocks, -n would read byte by byte) and

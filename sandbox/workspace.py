@@ -18,7 +18,8 @@ GIT = ("GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 git -c core.hooksPath=
        "-c commit.gpgsign=false -c core.fsmonitor=false -c user.name=pid -c user.email=pid@localhost")
 
 BASE_SCRIPT = f"""set -e
-[ -e .git ] || {GIT} -c init.defaultBranch=main init -q
+# A .git *file* (a worktree or submodule) points at a repository that was not copied in: start a fresh one.
+[ -d .git ] || {{ rm -f .git; {GIT} -c init.defaultBranch=main init -q; }}
 {GIT} add -A
 {GIT} commit -q --no-verify --allow-empty -m 'pid: base (workspace as imported)'
 {GIT} rev-parse HEAD

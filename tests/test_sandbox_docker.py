@@ -294,6 +294,18 @@ def test_file_errors(sb):
     assert sb.read_file("plainfile") == b"x"      # the channel is still in step after errors
 
 
+def test_fifos_and_devices_are_refused_not_blocked_on(sb):
+    sb.exec("rm -f pipe; mkfifo pipe", timeout=10)
+    started = time.monotonic()
+    for attempt in (lambda: sb.read_file("pipe"), lambda: sb.write_file("pipe", b"x"),
+                    lambda: sb.read_file("/dev/zero")):
+        with pytest.raises(OSError) as raised:
+            attempt()
+        assert type(raised.value) is OSError and "EINVAL" in str(raised.value)
+    assert time.monotonic() - started < 5
+    assert sb.read_file("plainfile") == b"x"
+
+
 def test_git_kill_and_chown_work_with_dropped_capabilities(sb):
     result = sb.exec("set -e; cd /tmp && rm -rf g && git init -q g && cd g && echo a > f && git add f && "
                      "git -c user.name=t -c user.email=t@t commit -qm m && chown nobody f && chmod 600 f && "
@@ -409,6 +421,20 @@ def test_import_plain_directory(client, tmp_path):
         assert box.export_patch(str(dest)) == dest.stat().st_size > 0
         assert b"+++ b/new.txt" in dest.read_bytes()
     assert not (plain / ".git").exists()
+
+
+def test_import_of_a_worktree_whose_git_is_a_file(client, tmp_path):
+    tree = tmp_path / "wt"
+    tree.mkdir()
+    (tree / ".git").write_text("gitdir: /somewhere/else/.git/worktrees/wt\n")
+    (tree / "a.txt").write_text("a\n")
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-wt", ttl_s=300), client) as box:
+        box.import_workspace(str(tree))
+        box.write_file("a.txt", b"b\n")
+        dest = tmp_path / "wt.patch"
+        box.export_patch(str(dest))
+        assert b"-a\n+b\n" in dest.read_bytes()
+    assert (tree / ".git").read_text().startswith("gitdir:")  # the host copy is untouched
 
 
 def test_git_repo_patch_roundtrip(client, tmp_path):
