@@ -113,17 +113,19 @@ def run(api_key: str | None, as_json: bool, **options: Any) -> None:
     agents: list[Any] = []
 
     def on_sigint(signum: int, frame: Any) -> None:
-        if agents and not agents[0].cancel_event.is_set():
-            click.echo("\ncancelling (Ctrl-C again to abort at once)…", err=True)
-            agents[0].cancel()
-        else:
+        if not agents:  # still setting up: the runner's finally removes what exists
             raise KeyboardInterrupt
+        if not agents[0].cancel_event.is_set():
+            click.echo("\ncancelling: collecting the patch and removing the container…", err=True)
+            agents[0].cancel()
+        else:  # cleanup is short and bounded; interrupting it would leak the container and lose the result
+            click.echo("still cleaning up…", err=True)
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         click.echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
         result = run_job(spec, api_key=key, sink=EventPrinter() if not as_json else _quiet, on_agent=agents.append)
-    except KeyboardInterrupt:  # a second Ctrl-C: run_job removed the container and wrote result.json on its way out
+    except KeyboardInterrupt:  # Ctrl-C during set-up: run_job removed the container and wrote result.json on its way out
         click.echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
         sys.exit(130)
     finally:
@@ -141,12 +143,19 @@ def _quiet(_event: Any) -> None:
 @click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code.")
 def submit(api_key: str | None, as_json: bool, wait: bool, **options: Any) -> None:
     """Queue a job for a worker and print its id."""
+    from worker.app import embedded_broker
     from worker.store import default_store
     from worker.tasks import dispatch
     spec = build_spec(**options)
+    if embedded_broker():  # the worker is on this machine: its image must be here too
+        check_image(spec.image)
     store = default_store()
     store.create(spec)
-    dispatch(spec.id, api_key)
+    try:
+        dispatch(spec.id, api_key)
+    except Exception as exc:  # the broker refused: the job must not sit queued forever
+        store.finish(spec.id, "failed", exit_reason="dispatch_failed", error=str(exc))
+        raise click.ClickException(f"could not queue job {spec.id}: {exc}") from None
     if not wait:
         click.echo(spec.id)
         return
@@ -159,7 +168,8 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool) -> None
     result_path = os.path.join(record.spec.job_dir, "result.json")
     follower = SessionFollower(os.path.join(record.spec.job_dir, "session.jsonl")) if follow else None
     try:
-        wait_for(lambda: store.get(job_id).terminal and os.path.exists(result_path), follower)
+        wait_for(lambda: store.get(job_id).terminal, follower)
+        wait_for(lambda: os.path.exists(result_path), None, timeout_s=10)  # written just before or after the end
     except KeyboardInterrupt:
         click.echo(f"\nstopped waiting; job {job_id} goes on (pid result {job_id} --wait, pid cancel {job_id})",
                    err=True)

@@ -66,6 +66,8 @@ class SessionFollower:
     def poll(self) -> None:
         try:
             with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self._offset:  # a retried job started a new transcript
+                    self._offset, self._partial = 0, b""
                 f.seek(self._offset)
                 chunk = f.read()
         except FileNotFoundError:
@@ -110,8 +112,10 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def wait_for(done: Callable[[], bool], follower: SessionFollower | None, poll_s: float = 0.2) -> None:
-    while not done():
+def wait_for(done: Callable[[], bool], follower: SessionFollower | None, poll_s: float = 0.2,
+             timeout_s: float | None = None) -> None:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while not done() and (deadline is None or time.monotonic() < deadline):
         if follower:
             follower.poll()
         time.sleep(poll_s)

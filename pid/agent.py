@@ -85,7 +85,8 @@ class Agent:
         self._follow_ups.put(text)
 
     def pause(self) -> None:
-        self._resumed.clear()
+        if not self.cancel_event.is_set():  # a cancelled agent must be able to run to its end
+            self._resumed.clear()
 
     def resume(self) -> None:
         self._resumed.set()
@@ -160,7 +161,8 @@ class Agent:
                 return self._end(out, "failed", "max_cost",
                                  f"cost ${out.usage.cost.total:.4f} exceeded max_cost ${self.limits.max_cost:.4f}")
             if not calls:
-                if self._deliver(self._follow_ups):
+                # a steer that came during this last reply is not dropped; follow-ups wait for exactly this moment
+                if self._deliver(self._steering) or self._deliver(self._follow_ups):
                     continue
                 out.final_message = reply.text
                 return out

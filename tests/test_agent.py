@@ -202,3 +202,12 @@ def test_a_server_that_streams_no_usage_still_gets_counted(sandbox):
     assert outcome.final_message == "counted answer"
     assert outcome.usage.input > 100 and 0 < outcome.usage.output < 10  # tiktoken, or its labelled estimate offline
     assert outcome.usage.cost.input == pytest.approx(outcome.usage.input / 1e6)
+
+
+def test_a_steer_during_the_final_reply_is_delivered_not_dropped(sandbox):
+    with ScriptedLLM([{"delay_s": 0.5, "text": "thought I was done"}, {"text": "handled the steer"}]) as llm:
+        agent = make_agent(llm, sandbox)
+        threading.Timer(0.2, agent.steer, args=("one more thing",)).start()
+        outcome = agent.run("go")
+        assert len(llm.requests) == 2 and "one more thing" in str(llm.requests[1]["messages"][-1]["content"])
+    assert outcome.final_message == "handled the steer"

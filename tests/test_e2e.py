@@ -223,3 +223,9 @@ def test_submit_wait_shows_tool_calls_as_the_worker_makes_them(run_pid, worker, 
     assert res.stdout.strip() == "Done: hello.py now greets pid."
     tool_lines = [line for line in res.stderr.splitlines() if line[:1] in ("✓", "✗")]
     assert len(tool_lines) == 5 and "edit hello.py" in tool_lines[2]
+
+
+def test_submit_checks_the_image_before_queueing(run_pid, sample_repo):
+    res = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", "--image", "pid-no-such-image:0")
+    assert res.code == 2 and "pid-no-such-image:0" in res.stderr
+    assert run_pid("list").stdout == ""  # nothing was queued

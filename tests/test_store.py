@@ -72,3 +72,24 @@ def test_spec_round_trips_and_ignores_unknown_fields(tmp_path):
     s = spec(tmp_path, tools=["read"], files=["/workspace/x"])
     data = s.to_dict() | {"from_a_newer_version": 1}
     assert JobSpec.from_dict(data) == s
+
+
+def test_a_cancelled_job_whose_worker_died_ends_cancelled_with_a_result(tmp_path):
+    from worker.tasks import sweep
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job = store.create(spec(tmp_path))
+    assert store.claim(job.id, "dead-worker", lease_s=0.2)
+    assert store.request_cancel(job.id) == "running"   # the worker would have stopped it, but it died
+    time.sleep(0.3)
+    sweep(store)
+    record = store.get(job.id)
+    assert (record.status, record.exit_reason) == ("cancelled", "cancelled")
+    assert '"status": "cancelled"' in (tmp_path / "out" / job.id / "result.json").read_text()
+
+
+def test_the_sweeper_never_ends_a_job_that_was_just_claimed_again(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job = store.create(spec(tmp_path))
+    assert store.claim(job.id, "a", lease_s=60)
+    assert not store.finish(job.id, "failed", exit_reason="worker_lost", lapsed_only=True)
+    assert store.get(job.id).status == "running"

@@ -14,9 +14,14 @@ from pid.config import pid_home
 QUEUE = "pid"
 
 
+def embedded_broker() -> bool:
+    """True when jobs run on this machine's filesystem queue (no PID_BROKER_URL)."""
+    return (os.environ.get("PID_BROKER_URL") or "filesystem://").startswith("filesystem://")
+
+
 def broker_settings(home: str) -> tuple[str, dict[str, object]]:
     url = os.environ.get("PID_BROKER_URL") or "filesystem://"
-    if not url.startswith("filesystem://"):
+    if not embedded_broker():
         # A long agent job must not be redelivered while it runs; the job store's lease guards against it anyway.
         return url, {"visibility_timeout": 7 * 24 * 3600}
     queue_dir = os.path.join(home, "broker", "queue")

@@ -84,8 +84,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         outcome = Outcome("cancelled", "interrupted", error="interrupted")
         raise
     except Exception as exc:  # sandbox or setup failure: a failed job with a readable reason
-        outcome = Outcome("failed", "sandbox_error" if sandbox or _is_sandbox_error(exc) else "error",
-                          error=_describe(exc))
+        outcome = Outcome("failed", "sandbox_error" if _is_sandbox_error(exc) else "error", error=_describe(exc))
     finally:
         if provider is not None:
             provider.close()
@@ -95,7 +94,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         if sandbox:
             artifacts.update(_collect(sandbox, spec))
             sandbox.close()
-        result = _result(spec, outcome, started, artifacts)
+        result = build_result(spec, outcome, started, artifacts)
         write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
     return result
 
@@ -126,7 +125,7 @@ def _collect(sandbox: DockerSandbox, spec: JobSpec) -> dict[str, Any]:
     return found
 
 
-def _result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dict[str, Any]) -> dict[str, Any]:
+def build_result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dict[str, Any]) -> dict[str, Any]:
     finished = time.time()
     result: dict[str, Any] = {
         "id": spec.id, "status": outcome.status, "exit_reason": outcome.exit_reason,

@@ -133,8 +133,10 @@ class JobStore:
             db.execute("UPDATE jobs SET turns = ?, tool_calls = ? WHERE id = ?", (turns, tool_calls, job_id))
 
     def finish(self, job_id: str, status: str, *, owner: str | None = None, exit_reason: str | None = None,
-               error: str | None = None, turns: int | None = None, tool_calls: int | None = None) -> bool:
-        """Record the ending. With an owner, only the lease holder may finish (a stale worker cannot overwrite)."""
+               error: str | None = None, turns: int | None = None, tool_calls: int | None = None,
+               lapsed_only: bool = False) -> bool:
+        """Record the ending. With an owner, only the lease holder may finish (a stale worker cannot overwrite);
+        with lapsed_only, only while nobody holds a live lease (the sweeper must not end a job just re-claimed)."""
         assert status in TERMINAL
         sql = ("UPDATE jobs SET status = ?, exit_reason = ?, error = ?, finished_at = ?, lease_until = NULL, "
                "turns = COALESCE(?, turns), tool_calls = COALESCE(?, tool_calls) WHERE id = ? AND status NOT IN "
@@ -143,6 +145,9 @@ class JobStore:
         if owner is not None:
             sql += " AND owner = ?"
             args.append(owner)
+        if lapsed_only:
+            sql += " AND (lease_until IS NULL OR lease_until < ?)"
+            args.append(time.time())
         with self._db() as db:
             return db.execute(sql, args).rowcount == 1
 

@@ -13,11 +13,11 @@ from typing import Any
 from celery import signals
 
 from pid import events as ev
-from pid.agent import Agent
-from pid.messages import Usage
+from pid.agent import Agent, Outcome, Status
+from pid.config import EnvDefaults
 from worker.app import app
 from worker.jobs import JobSpec, write_json_atomic
-from worker.runner import iso, run_job
+from worker.runner import build_result, run_job
 from worker.store import JobStore, default_store
 
 log = logging.getLogger("pid.worker")
@@ -48,9 +48,21 @@ def run_job_task(job_id: str, api_key: str | None = None) -> dict[str, Any]:
                          on_agent=relay.attach, cancel=relay.cancel)
     finally:
         relay.stop()
-        store.finish(job_id, result["status"], owner=owner, exit_reason=result.get("exit_reason"),
-                     error=result.get("error"), turns=result.get("turns"), tool_calls=result.get("tool_calls"))
+        _record_end(store, job_id, owner, result)
     return result
+
+
+def _record_end(store: JobStore, job_id: str, owner: str, result: dict[str, Any]) -> None:
+    """The job's ending must reach the store, or the sweeper would run a finished job again: retry a busy store."""
+    for attempt in range(6):
+        try:
+            store.finish(job_id, result["status"], owner=owner, exit_reason=result.get("exit_reason"),
+                         error=result.get("error"), turns=result.get("turns"), tool_calls=result.get("tool_calls"))
+            return
+        except Exception:
+            log.exception("job %s: recording its end (attempt %d)", job_id, attempt + 1)
+            time.sleep(2 ** attempt)
+
 
 
 class ControlRelay:
@@ -74,8 +86,7 @@ class ControlRelay:
 
     def on_event(self, event: ev.Event) -> None:
         if isinstance(event, ev.TurnEnd):
-            turns, calls = self._progress
-            self._progress = (event.turn, calls + len(event.tool_results))
+            self._progress = (event.turn, self._progress[1] + len(event.tool_results))
 
     def start(self) -> None:
         self._thread.start()
@@ -127,9 +138,12 @@ def dispatch(job_id: str, api_key: str | None = None) -> None:
 def sweep(store: JobStore) -> None:
     """Jobs whose worker died: dispatch again, or give up after MAX_ATTEMPTS with a result that says why."""
     for record in store.lapsed():
-        if record.attempts >= MAX_ATTEMPTS:
+        if record.cancel_requested:  # cancelled, then its worker died: it ends cancelled, not queued again
+            if store.finish(record.id, "cancelled", exit_reason="cancelled", lapsed_only=True):
+                write_unrun_result(record.spec, "cancelled", "cancelled", None)
+        elif record.attempts >= MAX_ATTEMPTS:
             error = f"worker lost {record.attempts} times"
-            if store.finish(record.id, "failed", exit_reason="worker_lost", error=error):
+            if store.finish(record.id, "failed", exit_reason="worker_lost", error=error, lapsed_only=True):
                 write_unrun_result(record.spec, "failed", "worker_lost", error)
         elif store.requeue(record.id):
             log.warning("job %s: worker lost, dispatching again", record.id)
@@ -145,21 +159,15 @@ def cancel_job(store: JobStore, job_id: str) -> str | None:
     return status
 
 
-def write_unrun_result(spec: JobSpec, status: str, exit_reason: str, error: str | None) -> None:
+def write_unrun_result(spec: JobSpec, status: Status, exit_reason: str, error: str | None) -> None:
     """result.json for a job that ended without running to its end here, so consumers always find one."""
     os.makedirs(spec.job_dir, exist_ok=True)
-    now = iso(time.time())
-    result = {"id": spec.id, "status": status, "exit_reason": exit_reason, "final_message": "", "turns": 0,
-              "tool_calls": 0, "usage": Usage().to_result(), "model": spec.model, "image": spec.image,
-              "task": spec.task, "repo": spec.repo, "started_at": now, "finished_at": now, "duration_s": 0,
-              "artifacts": {}}
-    if error:
-        result["error"] = error
+    result = build_result(spec, Outcome(status, exit_reason, error=error), time.time(), {})
     write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
 
 
 def _env_api_key() -> str | None:
-    return os.environ.get("PID_API_KEY") or os.environ.get("OPENAI_API_KEY") or None
+    return EnvDefaults.read().api_key
 
 
 @signals.worker_ready.connect
@@ -167,7 +175,6 @@ def _start_housekeeping(**_: Any) -> None:
     """In the worker's main process: reap expired containers, then sweep lost jobs periodically."""
     def loop() -> None:
         store = default_store()
-        stop = threading.Event()
         while True:
             try:
                 from sandbox import reap_expired
@@ -178,6 +185,6 @@ def _start_housekeeping(**_: Any) -> None:
                 sweep(store)
             except Exception:
                 log.exception("sweeping lost jobs")
-            stop.wait(SWEEP_EVERY_S)
+            time.sleep(SWEEP_EVERY_S)
 
     threading.Thread(target=loop, name="pid-housekeeping", daemon=True).start()
