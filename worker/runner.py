@@ -40,8 +40,13 @@ class JobCancelled(Exception):
 
 
 def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = ev.ignore,
-            on_agent: AgentHook | None = None, cancel: threading.Event | None = None) -> dict[str, Any]:
-    """Run one job to its end and return result.json's content. Never raises for job failures."""
+            on_agent: AgentHook | None = None, cancel: threading.Event | None = None,
+            still_owner: Callable[[], bool] = lambda: True) -> dict[str, Any]:
+    """Run one job to its end and return result.json's content. Never raises for job failures.
+
+    `still_owner` is asked before artifacts are written: a worker that lost its lease (another one took the job
+    over) must not overwrite the new owner's patch and result.
+    """
     started = time.time()
     os.makedirs(spec.job_dir, exist_ok=True)
     cancel = cancel or threading.Event()
@@ -91,11 +96,14 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         if session:
             session.close()
             artifacts["session"] = "session.jsonl"
+        owner = still_owner()
         if sandbox:
-            artifacts.update(_collect(sandbox, spec))
+            if owner:
+                artifacts.update(_collect(sandbox, spec))
             sandbox.close()
         result = build_result(spec, outcome, started, artifacts)
-        write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
+        if owner:
+            write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
     return result
 
 

@@ -45,7 +45,7 @@ def run_job_task(job_id: str, api_key: str | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"id": job_id, "status": "failed", "exit_reason": "error"}
     try:
         result = run_job(record.spec, api_key=api_key or _env_api_key(), sink=relay.on_event,
-                         on_agent=relay.attach, cancel=relay.cancel)
+                         on_agent=relay.attach, cancel=relay.cancel, still_owner=relay.still_owner)
     finally:
         relay.stop()
         _record_end(store, job_id, owner, result)
@@ -75,6 +75,14 @@ class ControlRelay:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pid-control", daemon=True)
         self._progress = (0, 0)
+
+    def still_owner(self) -> bool:
+        """False only when another worker holds the job now; an unreadable store must not lose the artifacts."""
+        try:
+            return self.store.renew(self.job_id, self.owner, LEASE_S)
+        except Exception:
+            log.exception("job %s: checking the lease", self.job_id)
+            return True
 
     def attach(self, agent: Agent) -> None:
         """Called before the agent's first model call: messages sent while the job was queued go in first."""
