@@ -25,20 +25,24 @@ def parse_time(value: str) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
+def _remove(container) -> bool:
+    """Force-remove; True when it is gone (or already going: 409 is a removal in progress)."""
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        return False
+    except docker.errors.APIError as exc:
+        if exc.status_code != 409:
+            log.warning("cannot remove container %s: %s", container.short_id, exc)
+            return False
+    return True
+
+
 def remove_job_containers(job_id: str, client: docker.DockerClient | None = None) -> list[str]:
     """Force-remove the containers of one job: a retried job first clears what its lost attempt left behind."""
     client = connect(client)
-    removed = []
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job_id}"}):
-        try:
-            container.remove(force=True)
-            removed.append(container.id)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:
-                log.warning("cannot remove container %s of job %s: %s", container.short_id, job_id, exc)
-    return removed
+    return [c.id for c in client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job_id}"})
+            if _remove(c)]
 
 
 def reap_expired(client: docker.DockerClient | None = None, now: datetime | None = None) -> list[str]:
@@ -47,18 +51,6 @@ def reap_expired(client: docker.DockerClient | None = None, now: datetime | None
     now = now or datetime.now(timezone.utc)
     if now.tzinfo is None:
         now = now.replace(tzinfo=timezone.utc)
-    removed = []
-    for container in client.containers.list(all=True, filters={"label": LABEL_JOB}):
-        expires = parse_time(container.labels.get(LABEL_EXPIRES, ""))
-        if expires is None or expires > now:
-            continue
-        try:
-            container.remove(force=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:   # 409: removal already in progress
-                log.warning("cannot remove expired container %s: %s", container.short_id, exc)
-                continue
-        removed.append(container.id)
-    return removed
+    expired = [c for c in client.containers.list(all=True, filters={"label": LABEL_JOB})
+               if (expires := parse_time(c.labels.get(LABEL_EXPIRES, ""))) is not None and expires <= now]
+    return [c.id for c in expired if _remove(c)]
