@@ -12,7 +12,7 @@ import posixpath
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import docker
 import docker.errors
@@ -133,26 +133,29 @@ class DockerSandbox:
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else posixpath.join(self.workdir, path)
 
-    def _call(self, fn: Callable[[Channel], object]):
-        """Run one request on a pooled channel. A dead idle channel (its server was killed) is replaced and
-        the request retried: reads and writes are idempotent, and a dead server did not run it."""
+    def _with_channel(self, fn: Callable[[Channel], Any]) -> tuple[Channel, Any]:
+        """(channel, fn(channel)) on a pooled channel that stays lent to the caller. A dead idle channel (its server
+        was killed) is replaced and fn retried: a dead server ran nothing, so every request is safe to retry."""
         for attempt in range(MAX_CHANNELS + 1):
             channel = self._pool.acquire()
             try:
-                result = fn(channel)
+                return channel, fn(channel)
             except ChannelClosed:
                 self._pool.discard(channel)
                 if attempt == MAX_CHANNELS:
                     raise
-                continue
             except BaseException as exc:
                 if isinstance(exc, OSError) and not channel.broken:   # FileNotFoundError & co: channel is fine
                     self._pool.release(channel)
                 else:
                     self._pool.discard(channel)
                 raise
-            self._pool.release(channel)
-            return result
+        raise AssertionError("unreachable")
+
+    def _call(self, fn: Callable[[Channel], Any]) -> Any:
+        channel, result = self._with_channel(fn)
+        self._pool.release(channel)
+        return result
 
     def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         return self._call(lambda channel: channel.read_file(self._abs(path), max_bytes))
@@ -222,21 +225,10 @@ class DockerSandbox:
     # -- helpers for exec ----------------------------------------------------------------------------------------
     def _start(self, command: str, env: Mapping[str, str] | None, tail_bytes: int,
                keep_lines: int | None, keep_bytes: int | None) -> tuple[Channel, int, str]:
-        """Start the command on a channel; dead idle channels are replaced (the command never ran on them)."""
-        for attempt in range(MAX_CHANNELS + 1):
-            channel = self._pool.acquire()
-            try:
-                pgid, out_path = channel.start_exec(command, env, tail_bytes, keep_lines, keep_bytes)
-            except ChannelClosed:
-                self._pool.discard(channel)
-                if attempt == MAX_CHANNELS:
-                    raise
-                continue
-            except BaseException:
-                self._pool.discard(channel)
-                raise
-            return channel, pgid, out_path
-        raise AssertionError("unreachable")
+        """Start the command on a channel, which stays lent until the command's reply is read."""
+        channel, (pgid, out_path) = self._with_channel(
+            lambda ch: ch.start_exec(command, env, tail_bytes, keep_lines, keep_bytes))
+        return channel, pgid, out_path
 
     def _poll_output(self, out_path: str, offset: int, on_output: Callable[[bytes], None]) -> int:
         """Hand output appended since `offset` to on_output, through a spare channel if one is free."""
