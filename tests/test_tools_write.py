@@ -36,3 +36,15 @@ def test_write_missing_content_is_a_validation_error(sandbox):
     assert result.is_error and text(result) == (
         'Validation failed for tool "write":\n  - content: must have required property \'content\'\n\n'
         'Received arguments:\n{\n  "path": "f"\n}')
+
+
+def test_the_tools_name_a_fifo_or_a_file_parent_plainly(sandbox):
+    sandbox.exec("rm -f fifo-x; mkfifo fifo-x; printf x > plain-x", timeout=10)
+    read = call_tool(sandbox, "read", {"path": "fifo-x"})
+    edit = call_tool(sandbox, "edit", {"path": "fifo-x", "edits": [{"oldText": "a", "newText": "b"}]})
+    write = call_tool(sandbox, "write", {"path": "fifo-x", "content": "y"})
+    under_file = call_tool(sandbox, "write", {"path": "plain-x/child.txt", "content": "y"})
+    expected = "fifo-x is not a regular file (a FIFO, socket or device). Use bash to work with it."
+    assert [r.content[0].text for r in (read, edit, write)] == [expected] * 3
+    assert all(r.is_error for r in (read, edit, write, under_file))
+    assert under_file.content[0].text == "A parent of plain-x/child.txt is a file, not a directory."

@@ -12,7 +12,7 @@ from typing import Any
 
 from pid.tools.base import ToolContext, ToolResult
 from pid.tools.fuzzy import LineEndings, NormalizedText, find_unique, normalize_fuzzy
-from pid.tools.paths import display_path, file_locks, resolve_path
+from pid.tools.paths import display_path, file_error, file_locks, resolve_path
 from pid.tools.registry import Tool
 from pid.tools.truncate import format_size
 
@@ -84,10 +84,8 @@ def run_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     with file_locks.hold(ctx.sandbox, path):
         try:
             data = ctx.sandbox.read_file(path, max_bytes=EDIT_CAP + 1)
-        except FileNotFoundError:
-            return ToolResult.error(f"File not found: {shown}")
-        except IsADirectoryError:
-            return ToolResult.error(f"{shown} is a directory, not a file.")
+        except OSError as exc:
+            return file_error(exc, shown)
         if len(data) > EDIT_CAP:
             return ToolResult.error(f"{shown} is over {format_size(EDIT_CAP)}, too large to edit. "
                                     f"Use bash (e.g. sed or a script) instead.")

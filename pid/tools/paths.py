@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from pid.sandbox import Sandbox
+from pid.tools.base import ToolResult
 
 
 def display_path(path: str) -> str:
@@ -18,6 +19,21 @@ def resolve_path(sandbox: Sandbox, path: str) -> str:
     """Absolute, normalised in-sandbox path; relative paths resolve against the sandbox's workdir."""
     path = display_path(path)
     return posixpath.normpath(posixpath.join(sandbox.workdir, path))
+
+
+def file_error(exc: OSError, shown: str, directory_hint: str = "") -> ToolResult:
+    """One wording, whichever tool met it, for a path that cannot be read or written as a file."""
+    if isinstance(exc, FileNotFoundError):
+        text = f"File not found: {shown}"
+    elif isinstance(exc, IsADirectoryError):
+        text = f"{shown} is a directory, not a file.{directory_hint}"
+    elif isinstance(exc, NotADirectoryError):
+        text = f"A parent of {shown} is a file, not a directory."
+    elif isinstance(exc, PermissionError):
+        text = f"Permission denied: {shown}"
+    else:
+        text = f"{shown} is not a regular file (a FIFO, socket or device). Use bash to work with it."
+    return ToolResult.error(text)
 
 
 class _PathLocks:

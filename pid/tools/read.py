@@ -12,7 +12,7 @@ from typing import Any
 
 from pid.messages import ImageContent, TextContent
 from pid.tools.base import ToolContext, ToolResult
-from pid.tools.paths import display_path, resolve_path
+from pid.tools.paths import display_path, file_error, resolve_path
 from pid.tools.registry import Tool
 from pid.tools.truncate import MAX_BYTES, MAX_LINES, format_size, split_lines, truncate_head
 
@@ -106,12 +106,8 @@ def run_read(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     limit: int | None = args.get("limit")
     try:
         head = ctx.sandbox.read_file(path, max_bytes=READ_CAP + 1)
-    except FileNotFoundError:
-        return ToolResult.error(f"File not found: {shown}")
-    except IsADirectoryError:
-        return ToolResult.error(f"{shown} is a directory, not a file. Use bash with ls to list its contents.")
-    except PermissionError:
-        return ToolResult.error(f"Permission denied: {shown}")
+    except OSError as exc:
+        return file_error(exc, shown, " Use bash with ls to list its contents.")
     whole = len(head) <= READ_CAP
 
     mime = image_mime(head[:16])

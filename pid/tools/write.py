@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from pid.tools.base import ToolContext, ToolResult
-from pid.tools.paths import display_path, file_locks, resolve_path
+from pid.tools.paths import display_path, file_error, file_locks, resolve_path
 from pid.tools.registry import Tool
 
 DESCRIPTION = ("Write content to a file. Creates the file if it does not exist, overwrites it if it does, and "
@@ -31,6 +31,6 @@ def run_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     with file_locks.hold(ctx.sandbox, path):
         try:
             ctx.sandbox.write_file(path, data)
-        except IsADirectoryError:
-            return ToolResult.error(f"{shown} is a directory, not a file.")
+        except OSError as exc:
+            return file_error(exc, shown)
     return ToolResult.text(f"Successfully wrote {len(data)} bytes to {shown}")
