@@ -15,7 +15,7 @@ from pid.messages import (AssistantMessage, Content, ImageContent, Message, Text
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers.base import ProviderConfig, StreamListener, price
 from pid.providers.openai import parse_arguments
-from pid.providers.transport import StreamingProvider, iter_sse, truncate
+from pid.providers.transport import StreamingProvider, truncate
 
 API = "anthropic-messages"
 DEFAULT_BASE_URL = "https://api.anthropic.com/v1"
@@ -60,20 +60,6 @@ class AnthropicProvider(StreamingProvider):
             body["temperature"] = self.config.temperature
         return body
 
-    def _consume(self, response: Any, reply: "_Reply", on_text: StreamListener | None) -> None:
-        for event, data in iter_sse(response):
-            if reply.done:
-                continue  # drain to the end so the connection can be kept alive
-            try:
-                payload = json.loads(data)
-            except ValueError:
-                reply.fail("malformed stream data from the server: " + truncate(data.decode("utf-8", "replace")))
-                return
-            if isinstance(payload, dict):
-                reply.feed(payload.get("type") or event, payload, on_text)
-                if reply.error is not None:
-                    return
-
 
 @dataclass
 class _Block:
@@ -99,7 +85,8 @@ class _Reply:
     def fail(self, message: str, *, aborted: bool = False) -> None:
         self.error, self.aborted = message, aborted
 
-    def feed(self, kind: str, event: dict[str, Any], on_text: StreamListener | None) -> None:
+    def feed(self, sse_event: str, event: dict[str, Any], on_text: StreamListener | None) -> None:
+        kind = event.get("type") or sse_event
         if kind == "content_block_delta":
             block = self.blocks.get(event.get("index", 0))
             delta = event.get("delta") or {}

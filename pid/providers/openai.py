@@ -17,7 +17,7 @@ from typing import Any
 from pid.messages import (AssistantMessage, Content, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers.base import ProviderConfig, StreamListener, price
-from pid.providers.transport import StreamingProvider, iter_sse, truncate
+from pid.providers.transport import StreamingProvider, truncate
 
 API = "openai-completions"
 
@@ -45,23 +45,6 @@ class OpenAIProvider(StreamingProvider):
         if self.config.temperature is not None:
             body["temperature"] = self.config.temperature
         return body
-
-    def _consume(self, response: Any, reply: "_Reply", on_text: StreamListener | None) -> None:
-        for _event, data in iter_sse(response):
-            if reply.done:
-                continue  # drain to the end so the connection can be kept alive
-            if data == b"[DONE]":
-                reply.done = True
-                continue
-            try:
-                chunk = json.loads(data)
-            except ValueError:
-                reply.fail("malformed stream data from the server: " + truncate(data.decode("utf-8", "replace")))
-                return
-            if isinstance(chunk, dict):
-                reply.feed(chunk, on_text)
-                if reply.error is not None:
-                    return
 
     def _message(self, reply: "_Reply") -> AssistantMessage:
         content, stop_reason, error = reply.result()
@@ -92,7 +75,7 @@ class _Reply:
     def fail(self, message: str, *, aborted: bool = False) -> None:
         self.error, self.aborted = message, aborted
 
-    def feed(self, chunk: dict[str, Any], on_text: StreamListener | None) -> None:
+    def feed(self, _event: str, chunk: dict[str, Any], on_text: StreamListener | None) -> None:
         if self.response_id is None and chunk.get("id"):
             self.response_id = str(chunk["id"])
         if chunk.get("error"):

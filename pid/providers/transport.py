@@ -330,7 +330,22 @@ class StreamingProvider:
         raise NotImplementedError
 
     def _consume(self, response: Any, reply: Any, on_text: Callable[[str], None] | None) -> None:
-        raise NotImplementedError
+        """SSE events into the reply (its feed(event, payload, on_text)); malformed data fails it."""
+        for event, data in iter_sse(response):
+            if reply.done:
+                continue  # drain to the end so the connection can be kept alive
+            if data == b"[DONE]":  # OpenAI's end marker; Anthropic ends with message_stop instead
+                reply.done = True
+                continue
+            try:
+                payload = json.loads(data)
+            except ValueError:
+                reply.fail("malformed stream data from the server: " + truncate(data.decode("utf-8", "replace")))
+                return
+            if isinstance(payload, dict):
+                reply.feed(event, payload, on_text)
+                if reply.error is not None:
+                    return
 
     def _message(self, reply: Any) -> AssistantMessage:
         raise NotImplementedError
