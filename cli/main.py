@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import click
 
+from pid import events as ev
 from pid.config import EnvDefaults
 from cli.output import EventPrinter, SessionFollower, print_result, wait_for
 from worker.jobs import JobSpec, exit_code_for
@@ -124,7 +125,7 @@ def run(api_key: str | None, as_json: bool, **options: Any) -> None:
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         click.echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
-        result = run_job(spec, api_key=key, sink=EventPrinter() if not as_json else _quiet, on_agent=agents.append)
+        result = run_job(spec, api_key=key, sink=ev.ignore if as_json else EventPrinter(), on_agent=agents.append)
     except KeyboardInterrupt:  # Ctrl-C during set-up: run_job removed the container and wrote result.json on its way out
         click.echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
         sys.exit(130)
@@ -132,10 +133,6 @@ def run(api_key: str | None, as_json: bool, **options: Any) -> None:
         signal.signal(signal.SIGINT, previous)
     print_result(result, spec.job_dir, as_json)
     sys.exit(exit_code_for(result))
-
-
-def _quiet(_event: Any) -> None:
-    pass
 
 
 @cli.command()
@@ -260,24 +257,25 @@ def follow_up(job_id: str, message: str) -> None:
     _post("follow_up", job_id, message)
 
 
+def _set_paused(job_id: str, paused: bool) -> None:
+    store, record = _record_or_fail(job_id)
+    if not store.set_paused(job_id, paused):
+        raise BadInput(f"job {job_id} is {record.status}")
+    click.echo(f"{job_id}: {'pause requested' if paused else 'resumed'}")
+
+
 @cli.command()
 @click.argument("job_id")
 def pause(job_id: str) -> None:
     """Hold a job before its next model call (its wall clock keeps running)."""
-    store, record = _record_or_fail(job_id)
-    if not store.set_paused(job_id, True):
-        raise BadInput(f"job {job_id} is {record.status}")
-    click.echo(f"{job_id}: pause requested")
+    _set_paused(job_id, True)
 
 
 @cli.command()
 @click.argument("job_id")
 def resume(job_id: str) -> None:
     """Continue a paused job."""
-    store, record = _record_or_fail(job_id)
-    if not store.set_paused(job_id, False):
-        raise BadInput(f"job {job_id} is {record.status}")
-    click.echo(f"{job_id}: resumed")
+    _set_paused(job_id, False)
 
 
 @cli.command("list")
