@@ -16,7 +16,7 @@ from pid.tools.base import ToolContext
 from pid.tools.registry import default_registry
 from tests.scripted_llm import ScriptedLLM
 
-pytest_plugins = ["tests.tool_sandbox"]
+from tests.tool_sandbox import sandbox  # noqa: F401 - the fixture
 
 
 def make_agent(llm: ScriptedLLM, sandbox, *, limits: Limits | None = None, sink=ev.ignore, **config) -> Agent:
