@@ -16,8 +16,10 @@ from pid.messages import Message, message_from_dict
 SESSION_VERSION = 3
 
 
-def iso_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def iso_time(ts: float | None = None) -> str:
+    """UTC, milliseconds, trailing Z: the timestamp form pi writes (and result.json uses)."""
+    moment = datetime.now(timezone.utc) if ts is None else datetime.fromtimestamp(ts, timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _entry_id() -> str:
@@ -32,7 +34,7 @@ class SessionWriter:
         self.id = session_id or str(uuid.uuid4())
         self._last_id: str | None = None
         self._file: IO[str] = open(path, "a", encoding="utf-8")
-        self._write({"type": "session", "version": SESSION_VERSION, "id": self.id, "timestamp": iso_now(), "cwd": cwd})
+        self._write({"type": "session", "version": SESSION_VERSION, "id": self.id, "timestamp": iso_time(), "cwd": cwd})
 
     def _write(self, obj: dict[str, Any]) -> None:
         self._file.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
@@ -40,7 +42,7 @@ class SessionWriter:
 
     def _append(self, body: dict[str, Any]) -> str:
         entry_id = _entry_id()
-        self._write({"type": body.pop("type"), "id": entry_id, "parentId": self._last_id, "timestamp": iso_now(), **body})
+        self._write({"type": body.pop("type"), "id": entry_id, "parentId": self._last_id, "timestamp": iso_time(), **body})
         self._last_id = entry_id
         return entry_id
 

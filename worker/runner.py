@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from datetime import datetime, timezone
 from typing import Any, Callable
 
 from pid import events as ev
@@ -18,7 +17,7 @@ from pid.messages import Usage
 from pid.prompt import build_system_prompt
 from pid.providers import make_provider
 from pid.providers.base import ProviderConfig
-from pid.session import SessionWriter
+from pid.session import SessionWriter, iso_time
 from pid.tools.base import ToolContext
 from pid.tools.registry import default_registry
 from sandbox import DockerSandbox, SandboxConfig, remove_job_containers
@@ -29,10 +28,6 @@ from worker.jobs import JobSpec, write_json_atomic
 CONTAINER_TTL_MARGIN_S = 300.0
 
 AgentHook = Callable[[Agent], None]
-
-
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class JobCancelled(Exception):
@@ -139,7 +134,7 @@ def build_result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dic
         "id": spec.id, "status": outcome.status, "exit_reason": outcome.exit_reason,
         "final_message": outcome.final_message, "turns": outcome.turns, "tool_calls": outcome.tool_calls,
         "usage": outcome.usage.to_result(), "model": spec.model, "image": spec.image, "task": spec.task,
-        "repo": spec.repo, "started_at": iso(started), "finished_at": iso(finished),
+        "repo": spec.repo, "started_at": iso_time(started), "finished_at": iso_time(finished),
         "duration_s": round(finished - started, 3), "artifacts": artifacts,
     }
     if outcome.error:

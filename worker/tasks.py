@@ -44,7 +44,7 @@ def run_job_task(job_id: str, api_key: str | None = None) -> dict[str, Any]:
     relay.start()
     result: dict[str, Any] = {"id": job_id, "status": "failed", "exit_reason": "error"}
     try:
-        result = run_job(record.spec, api_key=api_key or _env_api_key(), sink=relay.on_event,
+        result = run_job(record.spec, api_key=api_key or EnvDefaults.read().api_key, sink=relay.on_event,
                          on_agent=relay.attach, cancel=relay.cancel, still_owner=relay.still_owner)
     finally:
         relay.stop()
@@ -172,10 +172,6 @@ def write_unrun_result(spec: JobSpec, status: Status, exit_reason: str, error: s
     os.makedirs(spec.job_dir, exist_ok=True)
     result = build_result(spec, Outcome(status, exit_reason, error=error), time.time(), {})
     write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
-
-
-def _env_api_key() -> str | None:
-    return EnvDefaults.read().api_key
 
 
 @signals.worker_ready.connect
