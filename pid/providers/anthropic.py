@@ -15,7 +15,7 @@ from pid.messages import (AssistantMessage, Content, ImageContent, Message, Text
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers.base import ProviderConfig, StreamListener, price
 from pid.providers.openai import parse_arguments
-from pid.providers.transport import StreamingProvider, truncate
+from pid.providers.transport import StreamReply, StreamingProvider, truncate
 
 API = "anthropic-messages"
 DEFAULT_BASE_URL = "https://api.anthropic.com/v1"
@@ -70,20 +70,14 @@ class _Block:
     signature: str | None = None
 
 
-class _Reply:
+class _Reply(StreamReply):
     """The assistant message as its events arrive."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.blocks: dict[int, _Block] = {}
         self.usage = Usage()
         self.stop_reason: str | None = None
-        self.response_id: str | None = None
-        self.done = False
-        self.error: str | None = None
-        self.aborted = False
-
-    def fail(self, message: str, *, aborted: bool = False) -> None:
-        self.error, self.aborted = message, aborted
 
     def feed(self, sse_event: str, event: dict[str, Any], on_text: StreamListener | None) -> None:
         kind = event.get("type") or sse_event

@@ -17,7 +17,7 @@ from typing import Any
 from pid.messages import (AssistantMessage, Content, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers.base import ProviderConfig, StreamListener, price
-from pid.providers.transport import StreamingProvider, truncate
+from pid.providers.transport import StreamReply, StreamingProvider, truncate
 
 API = "openai-completions"
 
@@ -59,21 +59,15 @@ class _CallParts:
     arguments: list[str] = field(default_factory=list)
 
 
-class _Reply:
+class _Reply(StreamReply):
     """The assistant message as it streams in."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.blocks: list[tuple[str, list[str]]] = []  # ("text" | "thinking", pieces) in arrival order
         self.calls: dict[Any, _CallParts] = {}
         self.finish: str | None = None
         self.raw_usage: dict[str, Any] | None = None
-        self.response_id: str | None = None
-        self.done = False
-        self.error: str | None = None
-        self.aborted = False
-
-    def fail(self, message: str, *, aborted: bool = False) -> None:
-        self.error, self.aborted = message, aborted
 
     def feed(self, _event: str, chunk: dict[str, Any], on_text: StreamListener | None) -> None:
         if self.response_id is None and chunk.get("id"):

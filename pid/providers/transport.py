@@ -289,6 +289,22 @@ def stream_failure(exc: BaseException, url: str) -> str:
     return f"stream from {_origin(url)} failed: {type(exc).__name__}: {_describe(exc)}"
 
 
+class StreamReply:
+    """The part of a reply-in-progress the shared stream loop uses: its end, its failure, its id."""
+
+    def __init__(self) -> None:
+        self.response_id: str | None = None
+        self.done = False
+        self.error: str | None = None
+        self.aborted = False
+
+    def fail(self, message: str, *, aborted: bool = False) -> None:
+        self.error, self.aborted = message, aborted
+
+    def feed(self, event: str, payload: dict[str, Any], on_text: Callable[[str], None] | None) -> None:
+        raise NotImplementedError
+
+
 class StreamingProvider:
     """What both wire formats share: one keep-alive client, and a stream() that never raises.
 
@@ -326,10 +342,10 @@ class StreamingProvider:
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _new_reply(self) -> Any:
+    def _new_reply(self) -> StreamReply:
         raise NotImplementedError
 
-    def _consume(self, response: Any, reply: Any, on_text: Callable[[str], None] | None) -> None:
+    def _consume(self, response: Any, reply: StreamReply, on_text: Callable[[str], None] | None) -> None:
         """SSE events into the reply (its feed(event, payload, on_text)); malformed data fails it."""
         for event, data in iter_sse(response):
             if reply.done:
