@@ -11,7 +11,7 @@ from typing import Any, Callable
 import click
 
 from pid import events as ev
-from pid.config import EnvDefaults
+from pid.config import EnvDefaults, pid_home
 from cli.output import EventPrinter, SessionFollower, print_result, wait_for
 from worker.jobs import JobSpec, exit_code_for
 
@@ -53,6 +53,15 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--cpus", type=click.FloatRange(min=0.01), default=1.0, show_default=True),
         click.option("--pids", "pids_limit", type=click.IntRange(min=16), default=512, show_default=True),
         click.option("--network", default="none", show_default=True, help="Container network (none: no network)."),
+        click.option("--user", default="1000:1000", show_default=True,
+                     help="The agent's UID[:GID] in the container; 'root' is an explicit opt-in (weaker isolation)."),
+        click.option("--disk", default="10g", show_default=True,
+                     help="Everything the job may write (workspace, /tmp, home, kept output); 0: no limit."),
+        click.option("--runtime", help="Engine runtime for the container, e.g. runsc (gVisor)."),
+        click.option("--max-patch", default="100m", show_default=True, help="Largest patch.diff accepted."),
+        click.option("--max-files-size", default="100m", show_default=True, help="--file collection: bytes in all."),
+        click.option("--max-files", type=click.IntRange(min=1), default=10000, show_default=True,
+                     help="--file collection: entries in all."),
         click.option("--json", "as_json", is_flag=True, help="Print result.json instead of the summary."),
     ]
     for option in reversed(options):
@@ -63,7 +72,8 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def build_spec(task: str, repo: str, model: str | None, base_url: str | None, api: str | None, image: str | None,
                out: str, timeout_s: float, max_turns: int, max_cost: float | None, input_price: float,
                output_price: float, no_images: bool, tools: str | None, files: tuple[str, ...], memory: str,
-               cpus: float, pids_limit: int, network: str) -> JobSpec:
+               cpus: float, pids_limit: int, network: str, user: str, disk: str, runtime: str | None,
+               max_patch: str, max_files_size: str, max_files: int) -> JobSpec:
     env = EnvDefaults.read()
     if not task.strip():
         raise BadInput("the task is empty")
@@ -83,10 +93,20 @@ def build_spec(task: str, repo: str, model: str | None, base_url: str | None, ap
         unknown = sorted(set(active) - set(TOOL_NAMES))
         if unknown or not active:
             raise BadInput(f"unknown tool(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(TOOL_NAMES)}")
+    from sandbox.config import parse_user
+    from sandbox.disk import parse_size
+    try:
+        parse_user(user)
+        disk_bytes = 0 if disk.strip() in ("0", "none") else parse_size(disk)
+        patch_bytes, files_bytes = parse_size(max_patch), parse_size(max_files_size)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
     return JobSpec(task=task, repo=repo_path, model=model, out_dir=os.path.abspath(out),
                    base_url=base_url or env.base_url, api=API_NAMES[api] if api else env.api,
                    image=image or env.image, timeout_s=timeout_s, max_turns=max_turns, max_cost=max_cost,
-                   input_price=input_price, output_price=output_price, images=not no_images, tools=active, files=list(files), memory=memory, cpus=cpus, pids_limit=pids_limit, network=network)
+                   input_price=input_price, output_price=output_price, images=not no_images, tools=active, files=list(files), memory=memory, cpus=cpus, pids_limit=pids_limit, network=network,
+                   user=user.strip(), disk=disk_bytes, runtime=runtime or None, max_patch=patch_bytes,
+                   max_files_bytes=files_bytes, max_files=max_files)
 
 
 def check_image(image: str) -> None:
@@ -110,6 +130,7 @@ def run(api_key: str | None, as_json: bool, **options: Any) -> None:
     from worker.runner import run_job
     spec = build_spec(**options)
     check_image(spec.image)
+    reap_own_quietly()
     key = api_key or EnvDefaults.read().api_key
     agents: list[Any] = []
 
@@ -295,16 +316,29 @@ def list_jobs(limit: int) -> None:
 def worker(concurrency: int, loglevel: str) -> None:
     """Start a worker that runs queued jobs."""
     from worker.app import QUEUE, app
+    reap_own_quietly()
     app.worker_main(["worker", f"--concurrency={concurrency}", f"--queues={QUEUE}", f"--loglevel={loglevel}",
                      "--without-gossip", "--without-mingle", "--without-heartbeat"])
 
 
 @cli.command()
-def reap() -> None:
-    """Remove pid containers whose time to live has passed (workers also do this on their own)."""
-    from sandbox import reap_expired
-    removed = reap_expired()
-    click.echo(f"removed {len(removed)} expired container(s)")
+@click.option("--all", "all_owners", is_flag=True,
+              help="Also remove expired containers of other pid installations on this engine.")
+def reap(all_owners: bool) -> None:
+    """Remove this installation's pid containers whose time to live has passed, and orphaned job disks (workers and
+    `pid run` also do this on their own)."""
+    from sandbox.reaper import reap_installation
+    containers, disks = reap_installation(pid_home(), all_owners=all_owners)
+    click.echo(f"removed {len(containers)} expired container(s) and {len(disks)} orphaned disk(s)")
+
+
+def reap_own_quietly() -> None:
+    """At start: what an earlier run of this installation left behind goes first (never fatal)."""
+    try:
+        from sandbox.reaper import reap_installation
+        reap_installation(pid_home())
+    except Exception:
+        pass
 
 
 def main() -> None:

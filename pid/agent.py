@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pid import events as ev
+from pid.sandbox import SandboxLost
 from pid.context import estimate_usage
 from pid.messages import (AssistantMessage, Message, TextContent, ToolCall, ToolResultMessage, Usage,
                           UserMessage)
@@ -142,7 +143,13 @@ class Agent:
                 self.sink(ev.TurnEnd(out.turns, reply, []))
                 return self._end(out, "failed", "provider_error", reply.error_message or "model request failed")
             calls = reply.tool_calls
-            results = self._run_tools(reply) if calls else []
+            try:
+                results = self._run_tools(reply) if calls else []
+            except SandboxLost as exc:   # nothing more can run: end now, truthfully
+                self.sink(ev.TurnEnd(out.turns, reply, []))
+                if self.cancel_event.is_set():
+                    return self._stopped(out)
+                return self._end(out, "failed", "sandbox_error", str(exc))
             out.tool_calls += len(calls)
             for result in results:
                 self._add(result)

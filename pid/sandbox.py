@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 
 class SandboxError(RuntimeError):
     """The sandbox itself failed (channel broke, container gone); not an error of the command."""
+
+
+class SandboxLost(SandboxError):
+    """The sandbox is gone for good (its container was removed or stopped): the job cannot go on.
+
+    Tools let it through instead of reporting it to the model, and the loop ends the job with `sandbox_error`.
+    """
 
 
 @dataclass
@@ -23,7 +30,8 @@ class ExecResult:
     total_lines: int           # lines in the whole output (a final line without newline counts)
     timed_out: bool = False
     cancelled: bool = False
-    output_path: str | None = None  # in-sandbox file with the full output (mode 0600), when kept
+    output_path: str | None = None  # in-sandbox file with the full output, when kept
+    pids_limit_hit: bool = False    # the process limit refused a fork meanwhile (then the agent's processes were killed)
 
 
 @runtime_checkable
@@ -32,7 +40,6 @@ class Sandbox(Protocol):
 
     def exec(self, command: str, *, timeout: float, tail_bytes: int = 65536,
              keep_lines: int | None = None, keep_bytes: int | None = None,
-             env: Mapping[str, str] | None = None,
              on_output: Callable[[bytes], None] | None = None,
              cancel: threading.Event | None = None) -> ExecResult:
         """Run `bash -c command` (sh where bash is missing) in `workdir`, stdin at EOF, in its own process group.
@@ -45,14 +52,18 @@ class Sandbox(Protocol):
         """
         ...
 
-    def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
-        """The file's bytes, at most `max_bytes` from its start.
+    def read_file(self, path: str, *, max_bytes: int | None = None, timeout: float = 120.0,
+                  cancel: threading.Event | None = None) -> bytes:
+        """The file's bytes, at most `max_bytes` from its start (an implementation may cap it further).
 
         Raises FileNotFoundError, IsADirectoryError or PermissionError like the builtins, OSError for a path that is
-        not a regular file (a FIFO or device would block); SandboxError when the sandbox itself fails.
+        not a regular file (a FIFO or device would block), TimeoutError after `timeout`, InterruptedError on cancel;
+        SandboxError when the sandbox itself fails.
         """
         ...
 
-    def write_file(self, path: str, data: bytes) -> None:
-        """Create or overwrite the file (parents created), keeping the mode of an existing file."""
+    def write_file(self, path: str, data: bytes, *, timeout: float = 120.0,
+                   cancel: threading.Event | None = None) -> None:
+        """Create or overwrite the file (parents created), keeping the mode of an existing file. Errors as read_file;
+        OSError(ENOSPC) when the job's disk is full."""
         ...

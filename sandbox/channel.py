@@ -2,12 +2,13 @@
 
 Why: `docker exec` per tool call costs ~60 ms; a request on a warm channel costs about a millisecond.
 A channel serves one request at a time (the pool hands it to one caller); the wire format is described at the
-top of channel.sh. Any desync or broken stream raises SandboxError and the caller must discard the channel.
+top of channel.sh. The server is pid's (root), but the host trusts nothing it reads: every read has a deadline
+and a byte limit, and any desync, overflow or broken stream raises SandboxError; the caller discards the channel.
 """
 from __future__ import annotations
 
-import importlib.resources
 import io
+import importlib.resources
 import re
 import secrets
 import socket
@@ -16,37 +17,21 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-from .config import BASE_ENV
 from .errors import SandboxError
-from .frames import FrameReader, StreamClosed
+from .frames import FrameReader, ReplyTooLarge, StreamClosed
 
 SCRIPT = importlib.resources.files(__package__).joinpath("channel.sh").read_bytes()
-SCRIPT_PATH = "/tmp/.pid/channel.sh"   # installed once per container; keeps `ps` output short for the agent
+PID_DIR = "/.pid"
+SCRIPT_PATH = f"{PID_DIR}/channel.sh"
 
 # Prefer bash (faster paths), fall back to POSIX sh. stderr goes nowhere: nothing may reach the stream before
 # the host's first request, and the protocol reports errors in-band.
 _BOOT = ('exec 2>/dev/null; if command -v bash >/dev/null 2>&1; then exec bash "$@"; fi; exec sh "$@"')
 
-
-def install_script(api, container_id: str) -> None:
-    """Put channel.sh into the container (a tar stream through the API: no mount, no exec)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        folder = tarfile.TarInfo(".pid")
-        folder.type, folder.mode = tarfile.DIRTYPE, 0o700
-        tar.addfile(folder)
-        script = tarfile.TarInfo(".pid/channel.sh")
-        script.size, script.mode = len(SCRIPT), 0o500
-        tar.addfile(script, io.BytesIO(SCRIPT))
-    try:
-        api.put_archive(container_id, "/tmp", buffer.getvalue())
-    except Exception as exc:
-        raise SandboxError(f"cannot install the exec channel script: {exc}") from exc
-
-_STARTUP_TIMEOUT = 30.0
-_REPLY_TIMEOUT = 30.0   # for requests that must answer promptly (start, kill, errors)
-
-_BUILTIN_WRITE_MAX = 32768  # above this one `head -c` fork is cheaper than bash decoding the data
+STARTUP_TIMEOUT = 30.0
+REPLY_TIMEOUT = 30.0     # for requests that must answer promptly (start, kill, counts)
+LINE_LIMIT = 1024        # no protocol line is longer
+MARGIN = 64              # what a reply may carry besides the data asked for
 
 _ESCAPE = re.compile(rb"[\\\x00-\x20\x7f]")
 
@@ -71,8 +56,34 @@ def env_snippet(env: Mapping[str, str] | None) -> bytes:
     return escape_field("export " + " ".join(parts))
 
 
+def install_script(api, container_id: str) -> None:
+    """Put channel.sh into /.pid (a tar stream through the API: no exec). /.pid exists (the job disk's mount) or
+    is created here, root-owned; the agent may read the script, never change it."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        script = tarfile.TarInfo("channel.sh")
+        script.size, script.mode = len(SCRIPT), 0o555
+        tar.addfile(script, io.BytesIO(SCRIPT))
+    try:
+        api.put_archive(container_id, PID_DIR, buffer.getvalue())
+    except Exception as exc:
+        raise SandboxError(f"cannot install the exec channel script: {exc}") from exc
+
+
 class ChannelClosed(SandboxError):
     """The channel's server is gone (killed, or the container stopped)."""
+
+
+class ProtocolError(SandboxError):
+    """The server answered something no request asked for (too much, or malformed): the channel is dropped."""
+
+
+@dataclass
+class Finished:
+    """A command's end as the server reports it."""
+    head: bytes          # the first `emit` bytes of its output
+    exit_code: int
+    pids_events: int     # forks refused by the pids limit since the container started
 
 
 @dataclass
@@ -82,63 +93,84 @@ class ExecReply:
     total_bytes: int
     tail: bytes               # the last tail_bytes bytes of the output
     kept_path: str | None     # the output file, kept when the output is longer than the tail
-
-
-_ERRNO = {
-    b"ENOENT": FileNotFoundError,
-    b"EISDIR": IsADirectoryError,
-    b"EACCES": PermissionError,
-    b"ENOTDIR": NotADirectoryError,
-    b"EINVAL": OSError,              # not a regular file (FIFO, device): refused rather than blocking
-}
+    pids_events: int
 
 
 class Channel:
-    def __init__(self, api, container_id: str, channel_id: int, workdir: str) -> None:
+    def __init__(self, api, container_id: str, channel_id: int, *, role: str, workdir: str, uid: int, gid: int,
+                 env: Mapping[str, str]) -> None:
         self.channel_id = channel_id
+        self.role = role
+        self.broken = False
         try:
             exec_id = api.exec_create(
-                container_id, ["/bin/sh", "-c", _BOOT, "pid-boot", SCRIPT_PATH, str(channel_id), workdir],
-                stdin=True, stdout=True, stderr=True, tty=False, environment=dict(BASE_ENV), workdir="/")["Id"]
+                container_id, ["/bin/sh", "-c", _BOOT, "pid-boot", SCRIPT_PATH, role, str(channel_id), workdir,
+                               str(uid), str(gid)],
+                stdin=True, stdout=True, stderr=True, tty=False, environment=dict(env), workdir="/",
+                user="0:0")["Id"]
             self._response = api.exec_start(exec_id, socket=True)
         except Exception as exc:  # docker.errors.* and transport errors alike
             raise SandboxError(f"cannot start exec channel: {exc}") from exc
         self.sock: socket.socket = getattr(self._response, "_sock", self._response)
         self.sock.settimeout(None)
         self.reader = FrameReader(self.sock)
-        self.broken = False
         try:
-            self._send(b"h\n")
-            hello = self._line(time.monotonic() + _STARTUP_TIMEOUT).split()
+            self._send(b"h\n", time.monotonic() + STARTUP_TIMEOUT)
+            hello = self._line(time.monotonic() + STARTUP_TIMEOUT)
         except BaseException:
             self.close()
             raise
-        if len(hello) != 3 or hello[0] != b"R":
+        if hello.startswith(b"F "):
             self.close()
-            raise SandboxError(f"exec channel did not start (got {hello!r}); does the image have /bin/sh?")
-        self.shell = hello[1].decode()
+            raise SandboxError(f"sandbox setup failed: {hello[2:].decode('utf-8', 'replace')}")
+        parts = hello.split()
+        if len(parts) != 3 or parts[0] != b"R" or not parts[2].isdigit():
+            self.close()
+            raise SandboxError(f"exec channel did not start (got {hello[:200]!r}); does the image have /bin/sh?")
+        self.shell = parts[1].decode()
+        self.pids_events = int(parts[2])
 
     # -- transport -------------------------------------------------------------------------------------
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes, deadline: float) -> None:
+        """Send all of `data` by `deadline`: a stopped server stops reading, and sendall would block forever."""
         try:
+            self.sock.settimeout(max(0.001, deadline - time.monotonic()))
             self.sock.sendall(data)
+        except socket.timeout as exc:
+            self.broken = True
+            raise SandboxError("exec channel did not take the request in time") from exc
         except OSError as exc:
+            self.broken = True
             raise ChannelClosed(f"exec channel broken: {exc}") from exc
+        finally:
+            try:
+                self.sock.settimeout(None)
+            except OSError:
+                pass
 
-    def _line(self, deadline: float | None) -> bytes:
-        line = self._try(self.reader.readline, deadline)
-        if line is None:
-            raise SandboxError("exec channel did not answer in time")
-        return line
-
-    def _try(self, fn, deadline):
+    def _read(self, marker: bytes, deadline: float, limit: int) -> bytes | None:
         try:
-            return fn(deadline)
+            return self.reader.read_until(marker, deadline, limit)
         except StreamClosed as exc:
-            detail = self.reader.err_tail.decode("utf-8", "replace").strip()
+            self.broken = True
+            detail = self.reader.err_tail.decode("utf-8", "replace").strip()[-300:]
             raise ChannelClosed("exec channel closed (container stopped?)" + (f": {detail}" if detail else "")) from exc
+        except ReplyTooLarge as exc:
+            self.broken = True
+            raise ProtocolError(f"exec channel sent more than was asked for ({exc}); channel dropped") from exc
         except OSError as exc:
+            self.broken = True
             raise SandboxError(f"exec channel broken: {exc}") from exc
+
+    def _required(self, marker: bytes, deadline: float, limit: int) -> bytes:
+        data = self._read(marker, deadline, limit)
+        if data is None:
+            self.broken = True
+            raise SandboxError("exec channel did not answer in time")
+        return data
+
+    def _line(self, deadline: float) -> bytes:
+        return self._required(b"\n", deadline, LINE_LIMIT)
 
     def is_idle_clean(self) -> bool:
         """An idle channel has nothing to read; anything there (or EOF) means its server is gone or confused."""
@@ -147,99 +179,96 @@ class Channel:
         except OSError:
             return False
 
-    def _raw_until_nonce(self, marker: bytes, deadline: float | None) -> bytes:
-        """Raw reply data up to `marker` (the request's nonce and what follows it), consumed."""
-        data = self._try(lambda d: self.reader.read_until(marker, d), deadline)
-        if data is None:
-            raise SandboxError("exec channel did not answer in time")
-        return data
+    # -- commands ----------------------------------------------------------------------------------------
+    def start(self, command: bytes | str, env: Mapping[str, str] | None, emit: int, deadline: float,
+              upload: bytes | None = None) -> tuple[int, str]:
+        """Start a command (with `upload` stored in a file passed to it as "$1"); returns (pgid, output file).
 
-    # -- requests ----------------------------------------------------------------------------------------
-    def start_exec(self, command: str, env: Mapping[str, str] | None, tail_bytes: int,
-                   keep_lines: int | None = None, keep_bytes: int | None = None) -> tuple[int, str]:
-        """Start the command; returns (pgid, output file). Collect the result with `wait_exec`."""
+        Collect its end with `finish`, which returns at most `emit` bytes of its output.
+        """
         cmd = escape_field(command) if command else b":"
         self._nonce = secrets.token_hex(12).encode()
-        self._tail_bytes = max(0, tail_bytes)
-        self._keep_lines = keep_lines
-        self._keep_bytes = keep_bytes
-        self._send(b"x %d %s %s %s\n" % (self._tail_bytes, self._nonce, env_snippet(env), cmd))
-        parts = self._line(time.monotonic() + _REPLY_TIMEOUT).split()
-        if len(parts) != 3 or parts[0] != b"P":
-            raise SandboxError(f"exec channel: unexpected reply {parts!r}")
-        self._out_path = parts[2].decode()
+        self._emit = max(0, emit)
+        if upload is None:
+            self._send(b"x %d %s %s %s\n" % (self._emit, self._nonce, env_snippet(env), cmd), deadline)
+        else:
+            self._emit = 0
+            self._send(b"w %d %s %s %s\n" % (len(upload), self._nonce, env_snippet(env), cmd) + upload, deadline)
+        parts = self._line(deadline).split()
+        if len(parts) != 3 or parts[0] != b"P" or not parts[1].isdigit():
+            self.broken = True
+            raise ProtocolError(f"exec channel: unexpected reply {parts!r}")
+        self._out_path = parts[2].decode("utf-8", "replace")
         return int(parts[1]), self._out_path
 
-    def wait_exec(self, deadline: float | None) -> ExecReply | None:
-        """The finished command's result, or None if `deadline` passes first (the command keeps running)."""
-        # The server sends the first tail_bytes+1 bytes, then "<nonce> <rc>": fewer means that is the whole output.
-        head = self._try(lambda d: self.reader.read_until(self._nonce + b" ", d), deadline)
+    def finish(self, deadline: float) -> Finished | None:
+        """The started command's end, or None if `deadline` passes first (the command keeps running)."""
+        head = self._read(self._nonce + b" ", deadline, self._emit)
         if head is None:
             return None
-        status = self._line(time.monotonic() + _REPLY_TIMEOUT)
-        if not status.isdigit():
-            raise SandboxError(f"exec channel: unexpected reply {status[:200]!r}")
-        exit_code = int(status)
-        wanted = (self._keep_lines is not None and head.count(b"\n") > self._keep_lines) or \
-            (self._keep_bytes is not None and len(head) > self._keep_bytes)
-        if len(head) <= self._tail_bytes and not wanted:
-            tail, newlines, total, kept = head, head.count(b"\n"), len(head), None
-        else:  # keep the file ("c" takes it off the delete list) and count the whole of it
-            nonce = secrets.token_hex(12).encode()
-            self._send(b"c %d %s %s\n" % (max(1, self._tail_bytes), nonce, escape_field(self._out_path)))
-            counts = self._line(time.monotonic() + _REPLY_TIMEOUT).split()
-            if len(counts) != 3 or counts[0] != b"C":
-                raise SandboxError(f"exec channel: unexpected reply {counts!r}")
-            tail = self._raw_until_nonce(nonce + b"\n", time.monotonic() + _REPLY_TIMEOUT)
-            newlines, total, kept = int(counts[1]), int(counts[2]), self._out_path
-        lines = newlines + (1 if tail and not tail.endswith(b"\n") else 0)
-        tail = tail[max(0, len(tail) - self._tail_bytes):] if self._tail_bytes else b""
-        return ExecReply(exit_code=exit_code, total_lines=lines, total_bytes=total, tail=tail, kept_path=kept)
-
-    def read_file(self, path: str, max_bytes: int | None) -> bytes:
-        limit = b"-" if max_bytes is None else b"%d" % max(0, max_bytes)
-        nonce = secrets.token_hex(12).encode()
-        self._send(b"r %s %s %s\n" % (limit, nonce, escape_field(path)))
-        head = self._line(time.monotonic() + _REPLY_TIMEOUT)
-        if head.startswith(b"E "):
-            raise _ERRNO.get(head[2:], PermissionError)(f"{head[2:].decode()}: {path}")
-        if head != b"D":
-            raise SandboxError(f"exec channel: unexpected reply {head[:200]!r}")
-        data = self._raw_until_nonce(nonce + b" ", None)
-        status = self._line(time.monotonic() + _REPLY_TIMEOUT)
-        if status != b"0":
-            raise SandboxError(f"cannot read {path} (status {status.decode()})")
-        return data
-
-    def write_file(self, path: str, data: bytes) -> None:
-        # Small data is read and decoded by bash builtins (no fork); anything else is copied by `head -c`.
-        if self.shell == "bash" and len(data) <= _BUILTIN_WRITE_MAX:
-            payload = data.replace(b"\\", b"\\\\").replace(b"\0", b"\\0000")
-            op = b"W"
-        else:
-            payload, op = data, b"w"
-        self._send(b"%s %d %s\n" % (op, len(payload), escape_field(path)) + payload)
-        reply = self._line(None)
-        if reply.startswith(b"E "):
-            raise _ERRNO.get(reply[2:], PermissionError)(f"{reply[2:].decode()}: {path}")
-        if reply != b"W 0":
-            # The server may not have consumed all of `data`: the stream is out of step.
+        status = self._line(time.monotonic() + REPLY_TIMEOUT).split()
+        if len(status) != 2 or not status[0].isdigit() or not status[1].isdigit():
             self.broken = True
-            raise SandboxError(f"cannot write {path} (status {reply[2:].decode()})")
+            raise ProtocolError(f"exec channel: unexpected reply {status[:4]!r}")
+        self.pids_events = int(status[1])
+        return Finished(head, int(status[0]), self.pids_events)
 
-    def tail(self, path: str, offset: int, max_bytes: int) -> tuple[int, bytes]:
+    def wait_exec(self, deadline: float, tail_bytes: int, keep_lines: int | None,
+                  keep_bytes: int | None) -> ExecReply | None:
+        """`finish` for a command started with emit = tail_bytes + 1, with its totals and its kept output file."""
+        done = self.finish(deadline)
+        if done is None:
+            return None
+        head = done.head
+        wanted = (keep_lines is not None and head.count(b"\n") > keep_lines) or \
+            (keep_bytes is not None and len(head) > keep_bytes)
+        if len(head) <= tail_bytes and not wanted:
+            tail, newlines, total, kept = head, head.count(b"\n"), len(head), None
+        else:
+            newlines, total, tail = self.count(self._out_path, max(1, tail_bytes), time.monotonic() + REPLY_TIMEOUT)
+            kept = self._out_path
+        lines = newlines + (1 if tail and not tail.endswith(b"\n") else 0)
+        tail = tail[max(0, len(tail) - tail_bytes):] if tail_bytes else b""
+        return ExecReply(done.exit_code, lines, total, tail, kept, done.pids_events)
+
+    def count(self, path: str, tail_bytes: int, deadline: float) -> tuple[int, int, bytes]:
+        """(newlines, bytes, last tail_bytes bytes) of an output file, which is kept (not removed with the junk)."""
+        nonce = secrets.token_hex(12).encode()
+        self._send(b"c %d %s %s\n" % (tail_bytes, nonce, escape_field(path)), deadline)
+        counts = self._line(deadline).split()
+        if len(counts) != 3 or counts[0] != b"C" or not counts[1].isdigit() or not counts[2].isdigit():
+            self.broken = True
+            raise ProtocolError(f"exec channel: unexpected reply {counts[:4]!r}")
+        tail = self._required(nonce + b"\n", deadline, tail_bytes)
+        return int(counts[1]), int(counts[2]), tail
+
+    def tail(self, path: str, offset: int, max_bytes: int, deadline: float) -> tuple[int, bytes]:
         """(current size, bytes appended since `offset`, at most the last `max_bytes` of them)."""
         nonce = secrets.token_hex(12).encode()
-        self._send(b"t %d %d %s %s\n" % (offset, max_bytes, nonce, escape_field(path)))
-        head = self._line(time.monotonic() + _REPLY_TIMEOUT).split()
-        if len(head) != 2 or head[0] != b"S":
-            raise SandboxError(f"exec channel: unexpected reply {head!r}")
-        data = self._raw_until_nonce(nonce + b"\n", time.monotonic() + _REPLY_TIMEOUT)
+        self._send(b"t %d %d %s %s\n" % (offset, max_bytes, nonce, escape_field(path)), deadline)
+        head = self._line(deadline).split()
+        if len(head) != 2 or head[0] != b"S" or not head[1].isdigit():
+            self.broken = True
+            raise ProtocolError(f"exec channel: unexpected reply {head[:4]!r}")
+        data = self._required(nonce + b"\n", deadline, max_bytes)
         return int(head[1]), data
 
-    def kill(self, pgid: int) -> None:
-        self._send(b"k %d\n" % pgid)
-        self._line(time.monotonic() + _REPLY_TIMEOUT)
+    def kill(self, pgid: int, deadline: float) -> None:
+        """SIGKILL a process group (a builtin in the server: works with the process table full)."""
+        self._send(b"k %d\n" % pgid, deadline)
+        self._expect_k(deadline)
+
+    def kill_agent_processes(self, deadline: float) -> int:
+        """SIGKILL every process of the agent's uid; how many were killed."""
+        self._send(b"K\n", deadline)
+        return self._expect_k(deadline)
+
+    def _expect_k(self, deadline: float) -> int:
+        reply = self._line(deadline).split()
+        if len(reply) != 2 or reply[0] != b"K" or not reply[1].isdigit():
+            self.broken = True
+            raise ProtocolError(f"exec channel: unexpected reply {reply[:4]!r}")
+        return int(reply[1])
 
     def close(self) -> None:
         """End the server (EOF on its stdin) and drop the stream. Never raises."""
@@ -248,8 +277,9 @@ class Channel:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        for obj in (self.sock, self._response):
+        for obj in (self.sock, getattr(self, "_response", None)):
             try:
-                obj.close()
+                if obj is not None:
+                    obj.close()
             except Exception:
                 pass

@@ -1,48 +1,63 @@
-# pid exec channel: a long-lived request/reply server on stdin/stdout, one per channel.
+# pid exec channel: a long-lived request/reply server on stdin/stdout, one per channel, running as root.
 #
 # Why a script and not `docker exec` per call: one exec costs ~60 ms; a request here costs about a millisecond.
 # It runs in any image with /bin/sh and POSIX utilities; under bash it takes faster paths (printf -v, job
-# control for process groups, a pre-started command shell). Per request it forks as little as possible:
-# builtins do the bookkeeping.
+# control for process groups, pre-started command shells). Per request it forks as little as possible.
 #
-# Installed as /tmp/.pid/channel.sh and run as `bash|sh channel.sh <channel id> <workdir>`.
+# Trust: this server is pid's, the commands it starts are the agent's. The server runs as root; every agent
+# command (and every file read or write the tools make) runs as the agent's uid with no capabilities, in its own
+# process group, started through `setpriv` from a fixed PATH. The server's FIFOs live in /.pid/run (0700), its
+# output files in /.pid/out (0711: the agent can read an output file it is told the name of, never list, replace
+# or create one), so the agent can neither read, write, signal nor ptrace anything of the server's. The host still
+# treats every reply as untrusted (bounded in bytes and time): with `--user root` none of the above holds.
+#
+# Installed as /.pid/channel.sh and run as `bash|sh channel.sh <role> <channel id> <workdir> <uid> <gid>`.
+# role "agent": commands run as uid:gid. role "control": commands run as root (pid's own work: the base
+# commit, the patch), and the kill requests go here, so that killing never needs a new process.
 # Nothing is written to stdout before the first request ("h"): the host reads the stream only after the HTTP
 # upgrade, and output racing it could be lost.
 #
 # Requests are one line: an op letter and space separated fields. Free text fields (commands, paths, env
 # snippets) are escaped by the host so that they hold no space, tab or newline: "\\" for a backslash and
 # "\0ooo" (octal) for other bytes; `printf %b` decodes them without a fork. Raw data in replies is followed
-# directly by "<nonce>", a random token of the request, so no content can fake the end of a reply. (bash
-# flushes its stdout at every newline: each line is a write and a frame on the host's stream, so replies
-# carry as few newlines of their own as possible.)
-#   h                          -> "R <shell> <head-kind>"   (hello: prepares directories)
-#   x <tail> <nonce> <env|-> <cmd>
-#                              -> "P <pgid> <output-file>" when started; when it ends the first <tail>+1
-#                                 bytes of its output (fewer: that is all of it), then "<nonce> <rc>\n"
+# directly by "<nonce>", a random token of the request, so no content can fake the end of a reply.
+#   h                          -> "R <shell> <pids-events>" | "F <reason>"   (hello)
+#   x <emit> <nonce> <env|-> <cmd>
+#                              -> "P <pgid> <output-file>" when started; when it ends the first <emit> bytes of
+#                                 its output, then "<nonce> <rc> <pids-events>\n"
+#   w <n> <nonce> <env|-> <cmd> + n raw bytes
+#                              -> like x; the bytes are stored in a file first, passed to cmd as "$1"
 #   c <tail> <nonce> <output-file>
 #                              -> "C <newlines> <bytes>", its last <tail> bytes, "<nonce>\n"; the file is
 #                                 kept (otherwise removed later)
-#   r <max|-> <nonce> <path>   -> "E <errno-name>" | "D" line, the bytes, "<nonce> <rc>\n"
-#   w <n> <path> + n raw bytes -> "E <errno-name>" | "W <rc>"   (copied by head: any size, any shell)
-#   W <n> <path> + n bytes     -> same; bash only, small data: "\\" for a backslash and "\0000" for NUL, so
-#                                 the shell reads and decodes it with builtins (read -N, printf %b)
-#   t <offset> <max> <nonce> <path>
+#   t <offset> <max> <nonce> <output-file>
 #                              -> "S <size>" line, bytes [max(offset, size-max), size), "<nonce>\n"
-#   k <pgid>                   -> "K <rc>"  (SIGKILL the process group)
+#   k <pgid>                   -> "K <rc>"  (SIGKILL the process group: a builtin, no fork)
+#   K                          -> "K <n>"   (SIGKILL every process of the agent's uid: for a full process table)
 #   q                          -> exit
-pid_cid=$1
-pid_wd=$2
-pid_dir=/tmp/.pid/out
-pid_fifo=/tmp/.pid/cmd.$pid_cid
+# <pids-events> counts the forks the container's pids limit refused so far (0 when the cgroup does not say).
+pid_opath=${PATH:-/usr/local/bin:/usr/bin:/bin}     # the image's PATH, for the agent's commands
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin   # pid's: root-owned, read-only directories
+export PATH
+pid_role=$1
+pid_cid=$2
+pid_wd=$3
+pid_uid=$4
+pid_gid=$5
+pid_dir=/.pid/out
+pid_fifo=/.pid/run/cmd.$pid_cid
 pid_n=0
 pid_junk=
 pid_junkn=0
-pid_z=
-pid_um=$(umask)
+pid_um=022
+pid_pe=0
+pid_pevf=
+for pid_f in /sys/fs/cgroup/pids/pids.events /sys/fs/cgroup/pids.events; do
+    [ -r "$pid_f" ] && { pid_pevf=$pid_f; break; }
+done
 if [ -n "${BASH_VERSION:-}" ]; then
     pid_shell=bash
     set -m                      # async jobs get their own process group: the pgid we kill
-    set -o pipefail
     pid_dec() { printf -v "$1" '%b' "$2"; }
 else
     pid_shell=sh
@@ -50,18 +65,28 @@ else
 fi
 set -f                          # fields are split on spaces; never glob them
 
+# The agent's commands drop to its uid, with no capabilities at all (effective, permitted, inheritable, ambient
+# or bounding); with no-new-privileges on the container no set-uid binary can bring any back.
+# (Set up in pid_hello, with the binaries' absolute paths resolved on pid's PATH.)
+pid_drop=
+pid_setsid=setsid
+
+pid_events() {  # pid_pe <- refused forks so far, read without a fork
+    pid_pe=0
+    [ -n "$pid_pevf" ] && { read -r pid_k pid_pe <"$pid_pevf"; } 2>/dev/null
+    case $pid_pe in ''|*[!0-9]*) pid_pe=0 ;; esac
+}
+
 if head --version 2>/dev/null | grep -q GNU; then
-    pid_head=gnu
     pid_take() { head -c "$1"; }                    # GNU head never reads past N bytes of a pipe
 else
-    pid_head=other
     pid_take() { dd bs=1 count="$1" 2>/dev/null; }  # slow but exact
 fi
 
 if [ "$pid_shell" = bash ]; then
     # The first $2 bytes of file $1, exactly, without a fork: bash's `read` reads regular files in blocks.
     # -d '' stops at each NUL byte (which a shell variable cannot hold) so NULs are written back one by one;
-    # a file with many NULs is finished by head instead. Status: 0 end of file reached, 3 limit reached.
+    # a file with many NULs is finished by head instead.
     pid_emit() {
         local LC_ALL=C pid_left=$2 pid_want pid_c pid_nuls=0
         while [ "$pid_left" -gt 0 ]; do
@@ -78,38 +103,39 @@ if [ "$pid_shell" = bash ]; then
             pid_nuls=$((pid_nuls + 1))
             if [ "$pid_nuls" -gt 64 ] && [ "$pid_left" -gt 0 ]; then
                 tail -c +$(($2 - pid_left + 1)) -- "$1" | head -c "$pid_left"
-                return 3
+                return 0
             fi
-        done <"$1" || return 1
-        return 3
+        done <"$1"
+        return 0
     }
 else
     pid_emit() { head -c "$2" -- "$1"; }
 fi
 
-# bash: command shells are started ahead of time, blocked reading their command from a FIFO, so bash's
-# ~1.5 ms start-up is off the request path. Two slots alternate, so back-to-back requests still find a shell
-# that is up. Each is a fresh `bash` (own $$, no state of this server) in its own process group and evaluates
-# the command as `bash -c` would. The server holds each slot's FIFO open read-write (fd 4, fd 5) for its whole
-# life, so nothing blocks in open() and a command written before the shell is up waits in the FIFO.
-# A command ends at a NUL byte, which no command can contain.
+# bash: command shells are started ahead of time, already running as the agent, blocked reading their command
+# from a FIFO, so start-up (setpriv, bash: ~2 ms) is off the request path. Two slots alternate, so back-to-back
+# requests still find a shell that is up. Each is a fresh bash (own $$, no state of this server) in its own
+# process group and evaluates the command as `bash -c` would. The server holds each slot's FIFO open read-write
+# (fd 4, fd 5) for its whole life, so nothing blocks in open() and a command written before the shell is up
+# waits in the FIFO. A command ends at a NUL byte, which no command can contain.
+# The slot runs /.pid/bin/bash, a copy the agent may execute but not read: the kernel then makes the waiting
+# shell non-dumpable, so no process of the agent can ptrace it or open its FIFO through /proc/<pid>/fd.
 pid_zcode='IFS= read -r -d "" c <&3; exec 3<&-; umask "$1"; cd -- "$2" 2>/dev/null; set --; eval "unset c; $c"'
+pid_bash=bash
 pid_slot=0
 pid_z0=
 pid_z1=
 pid_spawn() {  # $1: slot
     pid_n=$((pid_n + 1))
-    umask 077                   # the output file is 0600; the command gets the normal umask back
     if [ "$1" = 0 ]; then
-        bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&4 4>&- 5>&- &
+        PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&4 4>&- 5>&- &
         pid_z0=$!
         pid_zo0=$pid_dir/$pid_cid.$pid_n
     else
-        bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&5 4>&- 5>&- &
+        PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&5 4>&- 5>&- &
         pid_z1=$!
         pid_zo1=$pid_dir/$pid_cid.$pid_n
     fi
-    umask "$pid_um"
 }
 pid_take_slot() {  # sets pid_pid/pid_out to the current slot's shell, starting one if it is gone
     if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0; else pid_pid=$pid_z1; fi
@@ -133,14 +159,8 @@ pid_sweep() {
     fi
 }
 
-pid_exec() {  # x tail nonce env cmd
-    pid_sweep
-    pid_tb=$2
-    pid_nonce=$3
-    pid_dec pid_cmd "$5"
-    pid_env=
-    [ "$4" = - ] || pid_dec pid_env "$4"
-    if [ "$pid_shell" = bash ]; then
+pid_start() {  # pid_cmd, pid_env -> a running command: pid_pid, pid_out
+    if [ "$pid_role" = agent ] && [ "$pid_shell" = bash ]; then
         pid_take_slot
         [ -n "$pid_env" ] && pid_cmd="$pid_env
 $pid_cmd"
@@ -152,22 +172,55 @@ $pid_cmd"
     else
         pid_n=$((pid_n + 1))
         pid_out=$pid_dir/$pid_cid.$pid_n
-        cd "$pid_wd" 2>/dev/null
-        umask 077
-        ( umask "$pid_um"; eval "$pid_env"; exec setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
+        if [ "$pid_role" = control ] && [ "$pid_shell" = bash ]; then   # pid's own commands, as root
+            ( cd / && eval "$pid_env" && exec bash -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
+        else
+            ( cd "$pid_wd" 2>/dev/null; eval "$pid_env"; PATH=$pid_opath; exec $pid_drop $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
+        fi
         pid_pid=$!
-        umask "$pid_um"
     fi
+}
+
+pid_finish() {  # wait for pid_pid, then reply with the head of its output and its status
     echo "P $pid_pid $pid_out"
     wait "$pid_pid"
     pid_rc=$?
-    [ -s "$pid_out" ] && pid_emit "$pid_out" $((pid_tb + 1))
-    echo "$pid_nonce $pid_rc"
+    [ -s "$pid_out" ] && pid_emit "$pid_out" "$pid_emitn"
+    pid_events
+    echo "$pid_nonce $pid_rc $pid_pe"
     pid_forget "$pid_out"
-    if [ "$pid_shell" = bash ]; then
+    if [ "$pid_role" = agent ] && [ "$pid_shell" = bash ]; then
         pid_spawn "$pid_slot"
         pid_slot=$((1 - pid_slot))
     fi
+}
+
+pid_exec() {  # x emit nonce env cmd
+    pid_sweep
+    pid_emitn=$2
+    pid_nonce=$3
+    pid_dec pid_cmd "$5"
+    pid_env=
+    [ "$4" = - ] || pid_dec pid_env "$4"
+    pid_start
+    pid_finish
+}
+
+pid_upload() {  # w n nonce env cmd, then n raw bytes: stored in a file the command gets as "$1"
+    pid_sweep
+    pid_n=$((pid_n + 1))
+    pid_in=$pid_dir/$pid_cid.$pid_n.in
+    if [ "$2" -gt 0 ]; then pid_take "$2" >"$pid_in"; else : >"$pid_in"; fi
+    pid_emitn=0
+    pid_nonce=$3
+    pid_dec pid_cmd "$5"
+    pid_cmd="set -- $pid_in
+$pid_cmd"
+    pid_env=
+    [ "$4" = - ] || pid_dec pid_env "$4"
+    pid_start
+    pid_finish
+    pid_forget "$pid_in"
 }
 
 pid_count() {  # c tail nonce path
@@ -186,69 +239,6 @@ pid_count() {  # c tail nonce path
     esac
 }
 
-pid_read() {  # r max nonce path
-    pid_dec pid_p "$4"
-    if [ -d "$pid_p" ]; then echo "E EISDIR"; return; fi
-    if [ ! -e "$pid_p" ]; then echo "E ENOENT"; return; fi
-    if [ ! -r "$pid_p" ]; then echo "E EACCES"; return; fi
-    if [ ! -f "$pid_p" ]; then echo "E EINVAL"; return; fi   # a FIFO or device would block the channel
-    echo D
-    if [ "$2" != - ]; then
-        pid_emit "$pid_p" "$2"
-        pid_rc=$?
-        [ "$pid_rc" = 3 ] && pid_rc=0
-    elif [ "$pid_shell" = bash ]; then
-        pid_emit "$pid_p" 1048576
-        pid_rc=$?
-        if [ "$pid_rc" = 3 ]; then
-            tail -c +1048577 -- "$pid_p"
-            pid_rc=$?
-        fi
-    else
-        cat -- "$pid_p"
-        pid_rc=$?
-    fi
-    echo "$3 $pid_rc"
-}
-
-pid_write() {  # w|W n path, then n bytes on stdin
-    pid_dec pid_p "$3"
-    pid_err=
-    case $pid_p in
-        */*) pid_d=${pid_p%/*} ;;
-        *) pid_d=. ;;
-    esac
-    if [ -n "$pid_d" ] && [ ! -d "$pid_d" ]; then
-        mkdir -p -- "$pid_d" 2>/dev/null || pid_err=ENOTDIR
-    fi
-    if [ -z "$pid_err" ] && [ -d "$pid_p" ]; then pid_err=EISDIR; fi
-    if [ -z "$pid_err" ] && [ -e "$pid_p" ] && [ ! -f "$pid_p" ]; then pid_err=EINVAL; fi
-    pid_rc=0
-    if [ "$1" = W ]; then
-        # Encoded data, read in bulk (read -N on a pipe reads blocks, -n would read byte by byte) and
-        # decoded by printf %b: no fork. The file is opened once; an open that fails leaves pid_open unset.
-        pid_data=
-        [ "$2" -gt 0 ] && { IFS= LC_ALL=C read -r -N "$2" pid_data || pid_rc=1; }
-        if [ -z "$pid_err" ]; then
-            pid_open=
-            { pid_open=1; [ -z "$pid_data" ] || printf '%b' "$pid_data" || pid_rc=1; } 2>/dev/null >"$pid_p"
-            [ -n "$pid_open" ] || pid_err=EACCES
-        fi
-        pid_data=
-    else
-        if [ -z "$pid_err" ] && ! true 2>/dev/null >"$pid_p"; then pid_err=EACCES; fi
-        if [ "$2" -gt 0 ]; then
-            if [ -n "$pid_err" ]; then
-                pid_take "$2" >/dev/null
-            else
-                pid_take "$2" >"$pid_p"
-            fi
-            pid_rc=$?
-        fi
-    fi
-    if [ -n "$pid_err" ]; then echo "E $pid_err"; else echo "W $pid_rc"; fi
-}
-
 pid_tail() {  # t offset max nonce path: output appended since offset, at most the last max bytes of it
     pid_dec pid_p "$5"
     pid_size=$(wc -c <"$pid_p" 2>/dev/null) || pid_size=0
@@ -262,27 +252,71 @@ pid_tail() {  # t offset max nonce path: output appended since offset, at most t
     echo "$4"
 }
 
+pid_killuid() {  # SIGKILL every process of the agent's uid, with builtins only: the process table may be full
+    pid_killed=0
+    [ "$pid_uid" = 0 ] && { echo "K 0"; return; }    # a root agent shares pid's uid: only its groups are killed
+    set +f
+    for pid_pass in 1 2 3 4 5 6 7 8 9 10; do
+        pid_found=0
+        for pid_p in /proc/[0-9]*; do
+            pid_u=
+            { while read -r pid_k pid_v pid_rest; do
+                  [ "$pid_k" = Uid: ] && { pid_u=$pid_v; break; }
+              done <"$pid_p/status"; } 2>/dev/null
+            if [ "$pid_u" = "$pid_uid" ]; then
+                kill -9 "${pid_p#/proc/}" 2>/dev/null && pid_found=$((pid_found + 1))
+            fi
+        done
+        pid_killed=$((pid_killed + pid_found))
+        [ "$pid_found" = 0 ] && break
+    done
+    set -f
+    echo "K $pid_killed"
+}
+
+pid_hello() {
+    umask 077
+    [ -d /.pid/run ] || mkdir -p /.pid/run /.pid/out || { echo "F cannot create /.pid"; return; }
+    if [ "$pid_role" = control ]; then
+        chmod 711 /.pid /.pid/out && chmod 700 /.pid/run || { echo "F cannot set up /.pid"; return; }
+        mkdir -p /.pid/git "$pid_wd" && chown "$pid_uid:$pid_gid" "$pid_wd" || { echo "F cannot create $pid_wd"; return; }
+        [ -n "${HOME:-}" ] && mkdir -p "$HOME" && chown "$pid_uid:$pid_gid" "$HOME"
+        if [ "$pid_uid" != 0 ]; then
+            command -v setpriv >/dev/null 2>&1 ||
+                { echo "F the image has no setpriv (util-linux), needed to run commands as a non-root user; use --user root or add util-linux"; return; }
+            if command -v bash >/dev/null 2>&1 && [ ! -x /.pid/bin/bash ]; then
+                mkdir -p /.pid/bin && cp "$(command -v bash)" /.pid/bin/bash && chmod 711 /.pid/bin /.pid/bin/bash
+            fi
+        fi
+    fi
+    umask "$pid_um"
+    pid_setsid=$(command -v setsid) || pid_setsid=setsid
+    if [ "$pid_role" = agent ] && [ "$pid_uid" != 0 ]; then
+        pid_drop="$(command -v setpriv) --reuid=$pid_uid --regid=$pid_gid --clear-groups --inh-caps=-all --bounding-set=-all"
+        [ "$pid_shell" = bash ] && { [ -x /.pid/bin/bash ] && pid_bash=/.pid/bin/bash || pid_bash=$(command -v bash); }
+    elif [ "$pid_shell" = bash ]; then
+        pid_bash=$(command -v bash)
+    fi
+    cd "$pid_wd" 2>/dev/null
+    if [ "$pid_role" = agent ] && [ "$pid_shell" = bash ]; then
+        rm -f "$pid_fifo.0" "$pid_fifo.1"
+        mkfifo -m 600 "$pid_fifo.0" "$pid_fifo.1" && exec 4<>"$pid_fifo.0" 5<>"$pid_fifo.1" &&
+            pid_spawn 0 && pid_spawn 1
+    fi
+    pid_events
+    echo "R $pid_shell $pid_pe"
+}
+
 while IFS= read -r pid_line; do
     set -- $pid_line
     case ${1:-} in
         x) pid_exec "$@" ;;
+        w) pid_upload "$@" ;;
         c) pid_count "$@" ;;
-        r) pid_read "$@" ;;
-        w|W) pid_write "$@" ;;
         t) pid_tail "$@" ;;
         k) kill -9 -"$2" 2>/dev/null || kill -9 "$2" 2>/dev/null; echo "K $?" ;;
-        h)
-            [ -d "$pid_dir" ] || mkdir -p "$pid_dir" 2>/dev/null
-            chmod 700 /tmp/.pid "$pid_dir" 2>/dev/null
-            [ -d "$pid_wd" ] || mkdir -p "$pid_wd" 2>/dev/null
-            cd "$pid_wd" 2>/dev/null
-            if [ "$pid_shell" = bash ]; then
-                rm -f "$pid_fifo.0" "$pid_fifo.1"
-                mkfifo -m 600 "$pid_fifo.0" "$pid_fifo.1" && exec 4<>"$pid_fifo.0" 5<>"$pid_fifo.1" &&
-                    pid_spawn 0 && pid_spawn 1
-            fi
-            echo "R $pid_shell $pid_head"
-            ;;
+        K) pid_killuid ;;
+        h) pid_hello ;;
         q) break ;;
         *) echo "E EPROTO" ;;
     esac

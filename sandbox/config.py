@@ -1,11 +1,17 @@
 """Settings of one sandbox container, and the labels every pid container carries."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 LABEL_JOB = "pid.job"          # which job owns the container; its presence marks a pid container
 LABEL_CREATED = "pid.created"  # ISO 8601 UTC
 LABEL_EXPIRES = "pid.expires"  # ISO 8601 UTC; after this the reaper may remove the container
+LABEL_OWNER = "pid.owner"      # which installation (PID_HOME) made it: `pid reap` removes only its own
+
+AGENT_HOME = "/home/agent"
+DEFAULT_USER = "1000:1000"
+DEFAULT_DISK = 10 << 30
 
 # Every command sees these: tools must never wait for a pager or paint colours into the model's context.
 BASE_ENV = {
@@ -14,7 +20,21 @@ BASE_ENV = {
     "TERM": "dumb",
     "NO_COLOR": "1",
     "GIT_TERMINAL_PROMPT": "0",
+    "HOME": AGENT_HOME,
+    "TMPDIR": "/tmp",
 }
+
+
+def parse_user(text: str) -> tuple[int, int]:
+    """'root', 'UID' or 'UID:GID' -> (uid, gid). The agent's identity inside the container."""
+    text = text.strip()
+    if text == "root":
+        return 0, 0
+    match = re.fullmatch(r"(\d{1,9})(?::(\d{1,9}))?", text)
+    if not match:
+        raise ValueError(f"--user takes 'root', UID or UID:GID (numbers), not {text!r}")
+    uid = int(match.group(1))
+    return uid, int(match.group(2)) if match.group(2) is not None else uid
 
 
 @dataclass
@@ -27,3 +47,8 @@ class SandboxConfig:
     network: str = "none"
     ttl_s: float = 3600.0         # the container's main process exits by itself after this (wall clock + margin)
     workdir: str = "/workspace"
+    user: str = DEFAULT_USER      # the agent's uid:gid; "root" is an explicit opt-in
+    disk: int = DEFAULT_DISK      # bytes the job may write in all (workspace, /tmp, home, kept output); 0: no limit
+    disk_root: str | None = None  # where per-job disk images live (under PID_HOME); None: the default there
+    runtime: str | None = None    # an engine runtime such as runsc (gVisor)
+    owner: str = ""               # the installation's label value (see reaper.owner_label)

@@ -1,7 +1,10 @@
 """`pid.sandbox.Sandbox` on Docker: one hardened, labelled, self-expiring container per task.
 
-Commands, reads and writes go through a pool of exec channels (see channel.py): no `docker exec` per call.
-Files cross the host boundary only as tar streams, built and extracted without following links.
+Commands, reads and writes go through a pool of exec channels (see channel.py): no `docker exec` per call. A
+separate control channel does pid's own work as root (kills, the base commit, the patch), where the agent, which
+runs as another uid with no capabilities, cannot reach it. Everything the job can write lives on a per-job
+filesystem of a fixed size; the image's own filesystem is read-only. Files cross the host boundary only as tar
+streams, built and extracted without following links, bounded in size and validated name by name.
 """
 from __future__ import annotations
 
@@ -16,85 +19,160 @@ from typing import Any, Callable, Mapping
 
 import docker
 import docker.errors
-from docker.types import Ulimit
+from docker.types import Mount, Ulimit
 
-from pid.sandbox import ExecResult
+from pid.sandbox import ExecResult, SandboxLost
 
-from .channel import Channel, ChannelClosed, install_script
-from .config import LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, SandboxConfig
+from . import fileops
+from .artifacts import FilesBudget, PatchCopy, Skipped, copy_patch, extract_files
+from .channel import PID_DIR, Channel, ChannelClosed, Finished, install_script
+from .config import (AGENT_HOME, BASE_ENV, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, SandboxConfig,
+                     parse_user)
+from .disk import DiskError, JobDisk, disks_supported
 from .docker_client import connect, ensure_image
 from .errors import SandboxError
 from .pool import ChannelPool
-from .workspace import BASE_SCRIPT, PATCH_SCRIPT, build_tar, copy_single_member, extract_safely
+from .reaper import owner_label
+from .workspace import base_script, build_tar, patch_script
 
 log = logging.getLogger(__name__)
 
 MAX_CHANNELS = 8
 OUTPUT_POLL_S = 0.75       # on_output cadence
 OUTPUT_CHUNK = 16384       # at most this much of the newest output per on_output call
-CANCEL_POLL_S = 0.1        # how often a waiting exec looks at its cancel Event
+CANCEL_POLL_S = 0.1        # how often a waiting call looks at its cancel Event
 KILL_GRACE_S = 10.0        # after SIGKILL, the server must report the end within this
+FILE_TIMEOUT_S = 120.0     # a read or write of the tools, start to end
+READ_LIMIT = 64 << 20      # the most one read_file returns, whatever the caller asks
+INLINE_WRITE_MAX = 32768   # above this, data is uploaded raw instead of inside the command
+CONTROL_TIMEOUT_S = 30.0   # a control request (kill, poll) must be answered within this
 
-# What an agent needs as root in its own workspace: own/chmod files, switch users, signal its processes,
-# bind low ports on loopback. Everything else (mknod, raw sockets, chroot, setfcap, audit...) is dropped.
-KEEP_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE"]
-NOFILE = 8192             # below the engine's own limit on common hosts (runc refuses to raise it)
+# pid's in-container machinery runs as root with only these capabilities; the agent (another uid) gets none:
+#   SETUID, SETGID  setpriv drops each agent command to the agent's uid and gid
+#   SETPCAP         ... and empties its capability bounding set
+#   KILL            signal the agent's processes (timeouts, cancel, a full process table)
+#   CHOWN           give the workspace and home to the agent's uid at start
+#   DAC_READ_SEARCH git reads every workspace file for the patch, whatever modes the agent set
+MACHINERY_CAPABILITIES = ["SETUID", "SETGID", "SETPCAP", "KILL", "CHOWN", "DAC_READ_SEARCH"]
+# With `--user root` the agent shares pid's uid; it also gets what root is expected to do in its own workspace.
+ROOT_AGENT_CAPABILITIES = ["DAC_OVERRIDE", "FOWNER", "FSETID", "NET_BIND_SERVICE"]
+
+NOFILE_MAX = 8192          # below the engine's own limit on common hosts (runc refuses to raise it)
+FILE_TABLE_SHARE = 8       # one job's processes x open files stay under 1/8 of the host's file table
 
 
 def _iso(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def nofile_limit(pids_limit: int, file_max_path: str = "/proc/sys/fs/file-max") -> int:
+    """Open files per process such that pids_limit processes cannot fill the host's file table."""
+    try:
+        with open(file_max_path) as f:
+            file_max = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 1024
+    return max(64, min(NOFILE_MAX, file_max // (FILE_TABLE_SHARE * max(1, pids_limit))))
+
+
+def _pid_home() -> str:
+    from pid.config import pid_home
+    return pid_home()
+
+
+def default_disk_root() -> str:
+    return os.path.join(_pid_home(), "disks")
+
+
 class DockerSandbox:
     """Implements pid.sandbox.Sandbox. Thread-safe: concurrent calls use separate channels."""
 
-    def __init__(self, client: docker.DockerClient, container_id: str, config: SandboxConfig) -> None:
+    def __init__(self, client: docker.DockerClient, container_id: str, config: SandboxConfig,
+                 disk: JobDisk | None = None) -> None:
         self.client = client
         self.container_id = container_id
         self.config = config
         self.workdir = config.workdir
+        self.uid, self.gid = parse_user(config.user)
         self.base_commit: str | None = None
+        self.shell = "bash"
+        self._disk = disk
+        self._env = dict(BASE_ENV, USER="root" if self.uid == 0 else "agent")
         self._channel_ids = itertools.count(1)
         self._pool = ChannelPool(self._new_channel, MAX_CHANNELS)
-        self._running: dict[int, bool] = {}   # pgid -> killed by kill_all
-        self._lock = threading.Lock()
+        self._control: Channel | None = None
+        self._control_lock = threading.Lock()
         self._closed = False
+        self.removed_by_pid = False       # kill() was called: the container is gone on purpose
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     @classmethod
     def create(cls, config: SandboxConfig, client: docker.DockerClient | None = None) -> "DockerSandbox":
-        """Start the container and one warm channel. Raises ImageNotFound / DockerUnavailable / SandboxError."""
+        """Start the container, its control channel and one warm channel.
+
+        Raises ImageNotFound / DockerUnavailable / SandboxError (also for a disk limit that cannot be applied).
+        """
+        uid, gid = parse_user(config.user)
         client = connect(client)
         ensure_image(config.image, client)
         now = datetime.now(timezone.utc)
         ttl = max(1, int(config.ttl_s))
+        disk: JobDisk | None = None
+        options: dict[str, Any] = {}
+        if config.disk:
+            reason = disks_supported()
+            if reason is None:
+                try:
+                    disk = JobDisk.create(config.disk_root or default_disk_root(),
+                                          f"{config.job_id}-{os.urandom(3).hex()}", config.disk,
+                                          layout={"workspace": (uid, gid, 0o755), "home": (uid, gid, 0o755),
+                                                  "tmp": (0, 0, 0o1777), "vartmp": (0, 0, 0o1777),
+                                                  "pid": (0, 0, 0o711)})
+                except DiskError as exc:
+                    raise SandboxError(f"cannot make the job's disk: {exc}") from exc
+                options["read_only"] = True
+                options["mounts"] = [Mount(target, disk.path(name), type="bind") for target, name in (
+                    (config.workdir, "workspace"), (AGENT_HOME, "home"), ("/tmp", "tmp"), ("/var/tmp", "vartmp"),
+                    (PID_DIR, "pid"))]
+            else:   # the engine's own quota (overlay2 on xfs with pquota) is the other way to bound the disk
+                options["storage_opt"] = {"size": str(config.disk)}
+        caps = MACHINERY_CAPABILITIES + (ROOT_AGENT_CAPABILITIES if uid == 0 else [])
+        nofile = nofile_limit(config.pids_limit)
         try:
             container = client.containers.create(
                 config.image, ["sleep", str(ttl)],   # exits (and is auto-removed) by itself when orphaned
-                auto_remove=True, init=True,
+                auto_remove=True, init=True, user="0:0",
                 labels={LABEL_JOB: config.job_id, LABEL_CREATED: _iso(now),
-                        LABEL_EXPIRES: _iso(now + timedelta(seconds=ttl))},
+                        LABEL_EXPIRES: _iso(now + timedelta(seconds=ttl)),
+                        LABEL_OWNER: config.owner or owner_label(_pid_home())},
                 mem_limit=config.memory, memswap_limit=config.memory,
                 nano_cpus=int(config.cpus * 1e9), pids_limit=config.pids_limit,
                 network_mode=config.network,
                 security_opt=["no-new-privileges"],
-                cap_drop=["ALL"], cap_add=KEEP_CAPABILITIES,
-                ulimits=[Ulimit(name="nofile", soft=NOFILE, hard=NOFILE)],
-                working_dir=config.workdir,
-            )
-        except docker.errors.DockerException as exc:
-            raise SandboxError(f"cannot create sandbox container from {config.image!r}: {exc}") from exc
+                cap_drop=["ALL"], cap_add=caps,
+                ulimits=[Ulimit(name="nofile", soft=nofile, hard=nofile)],
+                working_dir=config.workdir, runtime=config.runtime or None,
+                **options)
+        except BaseException as exc:
+            if disk:
+                disk.close()
+            if "storage_opt" in options and isinstance(exc, docker.errors.DockerException):
+                raise SandboxError(
+                    f"cannot limit the job's disk: {disks_supported()}, and the engine refused a disk quota "
+                    f"({exc}); run the worker as root, or pass --disk 0 for no limit") from exc
+            if isinstance(exc, docker.errors.DockerException):
+                raise SandboxError(f"cannot create sandbox container from {config.image!r}: {exc}") from exc
+            raise
+        sandbox = cls(client, container.id, config, disk)
         try:
-            container.start()
-        except docker.errors.DockerException as exc:
             try:
-                container.remove(force=True)
-            except docker.errors.DockerException:
-                pass
-            raise SandboxError(f"cannot start sandbox container from {config.image!r}: {exc}") from exc
-        sandbox = cls(client, container.id, config)
-        try:
+                container.start()
+            except docker.errors.DockerException as exc:
+                raise SandboxError(f"cannot start sandbox container from {config.image!r}: {exc}") from exc
             install_script(client.api, container.id)
+            sandbox._control = sandbox._open_channel("control")
+            sandbox.shell = sandbox._control.shell
+            sandbox._pids_events = sandbox._control.pids_events
             sandbox._pool.release(sandbox._pool.acquire())   # one warm channel now...
             # ...and a second in the background, so the first parallel batch of tool calls pays no docker exec
             threading.Thread(target=sandbox._pool.grow, name="pid-channel-warmup", daemon=True).start()
@@ -103,18 +181,38 @@ class DockerSandbox:
             raise
         return sandbox
 
-    def _new_channel(self) -> Channel:
-        return Channel(self.client.api, self.container_id, next(self._channel_ids), self.workdir)
+    def _open_channel(self, role: str) -> Channel:
+        return Channel(self.client.api, self.container_id, next(self._channel_ids), role=role,
+                       workdir=self.workdir, uid=self.uid, gid=self.gid, env=self._env)
 
-    def close(self) -> None:
-        """Remove the container (forced). Idempotent; never raises."""
-        if self._closed:
-            return
-        self._closed = True
+    def _new_channel(self) -> Channel:
         try:
-            self._pool.close()
-        except Exception:
-            pass
+            return self._open_channel("agent")
+        except SandboxError as exc:
+            self._raise_if_lost(exc)
+            raise
+
+    def _raise_if_lost(self, cause: BaseException) -> None:
+        """A failure that the container's end explains becomes SandboxLost: the job cannot go on."""
+        if self.removed_by_pid or not self.is_alive():
+            raise SandboxLost(f"the sandbox container is gone ({cause})") from cause
+
+    def is_alive(self) -> bool:
+        """The container exists and runs (one engine request)."""
+        try:
+            state = self.client.api.inspect_container(self.container_id).get("State", {})
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.DockerException:
+            return True   # the engine is slow or busy: not evidence that the container is gone
+        return bool(state.get("Running")) and not state.get("Dead")
+
+    def kill(self) -> None:
+        """Force-remove the container now, from any thread: every wait on it ends (the watchdog's tool)."""
+        self.removed_by_pid = True
+        self._remove_container()
+
+    def _remove_container(self) -> None:
         try:
             self.client.api.remove_container(self.container_id, force=True)
         except docker.errors.NotFound:
@@ -123,57 +221,147 @@ class DockerSandbox:
             if getattr(exc, "status_code", None) != 409:
                 log.warning("could not remove sandbox container %s: %s", self.container_id[:12], exc)
 
+    def close(self) -> None:
+        """Remove the container (forced) and its disk. Idempotent; never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._pool.close()
+        except Exception:
+            pass
+        if self._control is not None:
+            self._control.close()
+        self._remove_container()
+        if self._disk is not None:
+            self._wait_gone(10.0)     # the bind mounts hold the disk busy until the container is really gone
+            self._disk.close()
+
+    def _wait_gone(self, limit_s: float) -> None:
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end:
+            try:
+                self.client.api.inspect_container(self.container_id)
+            except docker.errors.NotFound:
+                return
+            except docker.errors.DockerException:
+                return
+            time.sleep(0.05)
+
     def __enter__(self) -> "DockerSandbox":
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
 
+    # -- the control channel ------------------------------------------------------------------------------------
+    def _with_control(self, fn: Callable[[Channel], Any], *, block: bool = True) -> Any:
+        """fn(control channel), one caller at a time; a broken control channel is replaced once."""
+        if self.removed_by_pid:
+            raise SandboxLost("the sandbox container was removed")
+        if not self._control_lock.acquire(timeout=CONTROL_TIMEOUT_S if block else 0):
+            if not block:
+                return None
+            raise SandboxError("the sandbox's control channel is busy")
+        try:
+            for attempt in range(2):
+                channel = self._control
+                if channel is None or channel.broken or not channel.is_idle_clean():
+                    if channel is not None:
+                        channel.close()
+                    self._control = None
+                    try:
+                        self._control = channel = self._open_channel("control")
+                    except SandboxError as exc:
+                        self._raise_if_lost(exc)
+                        raise
+                try:
+                    return fn(channel)
+                except ChannelClosed:
+                    if attempt:
+                        raise
+        finally:
+            self._control_lock.release()
+
+    def _kill_group(self, pgid: int) -> None:
+        """SIGKILL a process group inside the container. The control server does it with a builtin: no new process,
+        so a full process table cannot stop it. If even that fails, the container goes: nothing may outlive a kill."""
+        try:
+            self._with_control(lambda ch: ch.kill(pgid, time.monotonic() + CONTROL_TIMEOUT_S))
+        except SandboxLost:
+            raise
+        except SandboxError as exc:
+            log.warning("cannot kill process group %s (%s): removing the container", pgid, exc)
+            self.kill()
+            raise SandboxLost(f"could not stop a command inside the sandbox ({exc}); the container was removed") from exc
+
+    def _clear_process_table(self) -> int:
+        """After the pids limit was hit: kill every process of the agent, so that the next call can start."""
+        return self._with_control(lambda ch: ch.kill_agent_processes(time.monotonic() + CONTROL_TIMEOUT_S))
+
+    def run_as_pid(self, script: str, what: str, timeout: float = 600.0) -> bytes:
+        """Run one of pid's own scripts as root on the control channel; its output (at most 16 KiB).
+
+        Raises SandboxError when it fails or outlives `timeout` (then its process group is killed).
+        """
+        def run(channel: Channel) -> Finished:
+            pgid, _ = channel.start(script, None, 16384, time.monotonic() + CONTROL_TIMEOUT_S)
+            done = channel.finish(time.monotonic() + timeout)
+            if done is None:
+                channel.kill(pgid, time.monotonic() + CONTROL_TIMEOUT_S)
+                done = channel.finish(time.monotonic() + KILL_GRACE_S)
+                raise SandboxError(f"{what} did not finish within {timeout:g}s")
+            return done
+        done = self._with_control(run)
+        if done.exit_code != 0:
+            detail = done.head.decode("utf-8", "replace").strip()[-2000:]
+            raise SandboxError(f"{what} failed (exit {done.exit_code}): {detail}")
+        return done.head
+
     # -- the Sandbox protocol ---------------------------------------------------------------------------------
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else posixpath.join(self.workdir, path)
 
-    def _with_channel(self, fn: Callable[[Channel], Any]) -> tuple[Channel, Any]:
-        """(channel, fn(channel)) on a pooled channel that stays lent to the caller. A dead idle channel (its server
-        was killed) is replaced and fn retried: a dead server ran nothing, so every request is safe to retry."""
+    def _acquire(self) -> Channel:
+        """A pooled agent channel. A dead idle channel was already replaced by the pool; a new one that cannot
+        start because the container is gone raises SandboxLost."""
+        if self.removed_by_pid:
+            raise SandboxLost("the sandbox container was removed")
+        return self._pool.acquire()
+
+    def _start(self, command: bytes | str, env: Mapping[str, str] | None, emit: int, deadline: float,
+               upload: bytes | None) -> tuple[Channel, int, str]:
+        """Start a command on a pooled agent channel, which stays lent until its reply is read. A channel whose
+        server died while idle is replaced and the start retried: a dead server ran nothing."""
         for attempt in range(MAX_CHANNELS + 1):
-            channel = self._pool.acquire()
+            channel = self._acquire()
             try:
-                return channel, fn(channel)
-            except ChannelClosed:
+                pgid, out_path = channel.start(command, env, emit, deadline, upload=upload)
+                return channel, pgid, out_path
+            except ChannelClosed as exc:
                 self._pool.discard(channel)
+                self._raise_if_lost(exc)
                 if attempt == MAX_CHANNELS:
                     raise
             except BaseException as exc:
-                if isinstance(exc, OSError) and not channel.broken:   # FileNotFoundError & co: channel is fine
-                    self._pool.release(channel)
-                else:
-                    self._pool.discard(channel)
+                self._pool.discard(channel)
+                if isinstance(exc, SandboxError) and not isinstance(exc, SandboxLost):
+                    self._raise_if_lost(exc)
                 raise
         raise AssertionError("unreachable")
 
-    def _call(self, fn: Callable[[Channel], Any]) -> Any:
-        channel, result = self._with_channel(fn)
-        self._pool.release(channel)
-        return result
+    def _run(self, command: bytes | str, *, emit: int, timeout: float, cancel: threading.Event | None,
+             collect: Callable[[Channel, float], Any], env: Mapping[str, str] | None = None,
+             upload: bytes | None = None,
+             on_output: Callable[[bytes], None] | None = None) -> tuple[str | None, Any]:
+        """Start a command on an agent channel and wait for its end, its deadline or cancel; (stop reason, reply).
 
-    def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
-        return self._call(lambda channel: channel.read_file(self._abs(path), max_bytes))
-
-    def write_file(self, path: str, data: bytes) -> None:
-        self._call(lambda channel: channel.write_file(self._abs(path), bytes(data)))
-
-    def exec(self, command: str, *, timeout: float, tail_bytes: int = 65536,
-             keep_lines: int | None = None, keep_bytes: int | None = None,
-             env: Mapping[str, str] | None = None,
-             on_output: Callable[[bytes], None] | None = None,
-             cancel: threading.Event | None = None) -> ExecResult:
+        On timeout or cancel its process group is killed inside the container before this returns.
+        """
         started = time.monotonic()
-        channel, pgid, out_path = self._start(command, env, tail_bytes, keep_lines, keep_bytes)
+        deadline = started + timeout
+        channel, pgid, out_path = self._start(command, env, emit, min(deadline, started + CONTROL_TIMEOUT_S), upload)
         try:
-            with self._lock:
-                self._running[pgid] = False
-            deadline = started + timeout
             next_poll = started + OUTPUT_POLL_S
             polled = 0
             stop: str | None = None
@@ -193,145 +381,132 @@ class DockerSandbox:
                         polled = self._poll_output(out_path, polled, on_output)
                         next_poll = time.monotonic() + OUTPUT_POLL_S
                     wake = min(wake, next_poll)
-                reply = channel.wait_exec(wake)
+                reply = collect(channel, wake)
                 if reply is not None:
                     break
             if stop is not None:
                 self._kill_group(pgid)
-                reply = channel.wait_exec(time.monotonic() + KILL_GRACE_S)
+                reply = collect(channel, time.monotonic() + KILL_GRACE_S)
                 if reply is None:
                     raise SandboxError(f"command did not end after SIGKILL of its process group {pgid}")
-            with self._lock:
-                killed_by_kill_all = self._running.pop(pgid, False)
             pgid = None
-        except BaseException:
+        except BaseException as exc:
             if pgid is not None:   # interrupted while the command runs: it must not outlive us
                 try:
                     self._kill_group(pgid)
                 except Exception:
                     pass
-                with self._lock:
-                    self._running.pop(pgid, None)
             self._pool.discard(channel)
+            if isinstance(exc, SandboxError) and not isinstance(exc, SandboxLost):
+                self._raise_if_lost(exc)
             raise
         self._pool.release(channel)
-        if killed_by_kill_all and stop is None:
-            stop = "cancelled"
+        return stop, reply
+
+    def exec(self, command: str, *, timeout: float, tail_bytes: int = 65536,
+             keep_lines: int | None = None, keep_bytes: int | None = None,
+             on_output: Callable[[bytes], None] | None = None,
+             cancel: threading.Event | None = None) -> ExecResult:
+        stop, reply = self._run(
+            command, emit=tail_bytes + 1, timeout=timeout, cancel=cancel, on_output=on_output,
+            collect=lambda ch, deadline: ch.wait_exec(deadline, tail_bytes, keep_lines, keep_bytes))
+        pids_hit = reply.pids_events > self._pids_events
+        self._pids_events = max(self._pids_events, reply.pids_events)
+        if pids_hit and self.uid != 0:
+            self._clear_process_table()
         return ExecResult(
             exit_code=None if stop else reply.exit_code, tail=reply.tail, total_bytes=reply.total_bytes,
             total_lines=reply.total_lines, timed_out=stop == "timed_out", cancelled=stop == "cancelled",
-            output_path=reply.kept_path)
+            output_path=reply.kept_path, pids_limit_hit=pids_hit)
 
-    # -- helpers for exec ----------------------------------------------------------------------------------------
-    def _start(self, command: str, env: Mapping[str, str] | None, tail_bytes: int,
-               keep_lines: int | None, keep_bytes: int | None) -> tuple[Channel, int, str]:
-        """Start the command on a channel, which stays lent until the command's reply is read."""
-        channel, (pgid, out_path) = self._with_channel(
-            lambda ch: ch.start_exec(command, env, tail_bytes, keep_lines, keep_bytes))
-        return channel, pgid, out_path
+    def _file_op(self, snippet: bytes, path: str, *, emit: int, timeout: float, cancel: threading.Event | None,
+                 upload: bytes | None = None) -> bytes:
+        stop, done = self._run(snippet, emit=emit, timeout=timeout, cancel=cancel, upload=upload,
+                               collect=lambda ch, deadline: ch.finish(deadline))
+        if stop == "cancelled":
+            raise InterruptedError(f"cancelled: {path}")
+        if stop == "timed_out":
+            raise TimeoutError(f"no answer within {timeout:g}s: {path}")
+        fileops.raise_for_status(done.exit_code, path)
+        return done.head
 
+    def read_file(self, path: str, *, max_bytes: int | None = None, timeout: float = FILE_TIMEOUT_S,
+                  cancel: threading.Event | None = None) -> bytes:
+        limit = READ_LIMIT if max_bytes is None else max(0, min(max_bytes, READ_LIMIT))
+        target = self._abs(path)
+        return self._file_op(fileops.read_snippet(self.shell, target, limit), target, emit=limit, timeout=timeout,
+                             cancel=cancel)
+
+    def write_file(self, path: str, data: bytes, *, timeout: float = FILE_TIMEOUT_S,
+                   cancel: threading.Event | None = None) -> None:
+        target = self._abs(path)
+        data = bytes(data)
+        if len(data) <= INLINE_WRITE_MAX:
+            self._file_op(fileops.write_snippet(target, data), target, emit=0, timeout=timeout, cancel=cancel)
+        else:
+            self._file_op(fileops.write_snippet(target, None), target, emit=0, timeout=timeout, cancel=cancel,
+                          upload=data)
+
+    # -- helpers -----------------------------------------------------------------------------------------------
     def _poll_output(self, out_path: str, offset: int, on_output: Callable[[bytes], None]) -> int:
-        """Hand output appended since `offset` to on_output, through a spare channel if one is free."""
-        channel = self._pool.acquire(block=False)
-        if channel is None:
+        """Hand output appended since `offset` to on_output, through the control channel when it is free."""
+        got = self._with_control(
+            lambda ch: ch.tail(out_path, offset, OUTPUT_CHUNK, time.monotonic() + CONTROL_TIMEOUT_S), block=False)
+        if got is None:
             return offset
-        try:
-            size, chunk = channel.tail(out_path, offset, OUTPUT_CHUNK)
-        except BaseException:
-            self._pool.discard(channel)
-            raise
-        self._pool.release(channel)
+        size, chunk = got
         if chunk:
             on_output(chunk)
         return max(offset, size)
 
-    def _kill_group(self, pgid: int) -> None:
-        """SIGKILL a process group inside the container: via a free channel, or a one-off exec if none is."""
-        channel = self._pool.acquire(block=False)
-        if channel is not None:
-            try:
-                channel.kill(pgid)
-            except ChannelClosed:
-                self._pool.discard(channel)   # dead spare channel: use the one-off exec below
-            except BaseException:
-                self._pool.discard(channel)
-                raise
-            else:
-                self._pool.release(channel)
-                return
-        try:
-            self.client.api.exec_start(self.client.api.exec_create(
-                self.container_id, ["/bin/sh", "-c", f"kill -9 -{pgid} 2>/dev/null || kill -9 {pgid}"])["Id"])
-        except docker.errors.DockerException as exc:
-            raise SandboxError(f"cannot kill process group {pgid}: {exc}") from exc
-
-    def kill_all(self) -> None:
-        """Kill every running command's process group; their exec calls return with cancelled=True."""
-        with self._lock:
-            pgids = list(self._running)
-            for pgid in pgids:
-                self._running[pgid] = True
-        for pgid in pgids:
-            try:
-                self._kill_group(pgid)
-            except SandboxError as exc:
-                log.warning("kill_all: %s", exc)
-
     # -- workspace in, results out -----------------------------------------------------------------------------
-    def _run_checked(self, script: str, what: str, timeout: float = 600.0) -> bytes:
-        result = self.exec(script, timeout=timeout, tail_bytes=16384)
-        if result.exit_code != 0:
-            detail = result.tail.decode("utf-8", "replace").strip()[-2000:]
-            raise SandboxError(f"{what} failed (exit {result.exit_code}): {detail}")
-        return result.tail
-
-    def import_workspace(self, host_path: str) -> None:
-        """Copy a host directory into workdir and commit it inside as the base of the patch.
-
-        The host directory is only read (never followed through links, never touched by git).
-        """
-        with build_tar(host_path) as spool:
+    def import_workspace(self, host_path: str, timeout: float = 600.0) -> None:
+        """Copy a host directory into workdir (owned by the agent) and record it as the base of the patch, in a
+        repository of pid's own outside the workspace. The host directory is only read (never followed through
+        links, never touched by git)."""
+        with build_tar(host_path, self.uid, self.gid) as spool:
             try:
                 ok = self.client.api.put_archive(self.container_id, self.workdir, spool)
             except docker.errors.DockerException as exc:
                 raise SandboxError(f"cannot copy workspace into the sandbox: {exc}") from exc
         if not ok:
             raise SandboxError("cannot copy workspace into the sandbox")
-        out = self._run_checked(BASE_SCRIPT, "recording the base commit")
+        out = self.run_as_pid(base_script(self.workdir), "recording the base commit", timeout)
         self.base_commit = out.strip().splitlines()[-1].decode()
 
-    def export_patch(self, dest: str) -> int:
-        """Write `git diff --binary` of the workspace against the base commit to host file `dest`; its size."""
+    def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:
+        """Write the workspace's changes since the base commit to host file `dest` (made by pid's git, as root,
+        from pid's repository; paths validated, size capped)."""
         if self.base_commit is None:
             raise SandboxError("no base commit: import_workspace was not called")
-        inside = "/tmp/.pid/patch.diff"
-        self._run_checked(PATCH_SCRIPT.format(base=self.base_commit, dest=inside), "making the patch")
+        inside = f"{PID_DIR}/patch.diff"
+        self.run_as_pid(patch_script(self.workdir, self.base_commit, inside), "making the patch", timeout)
         try:
             chunks, _ = self.client.api.get_archive(self.container_id, inside)
-            return copy_single_member(chunks, dest)
+            return copy_patch(chunks, dest, max_bytes)
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot copy the patch out of the sandbox: {exc}") from exc
 
-    def export_files(self, paths: list[str], dest_dir: str) -> list[str]:
-        """Copy in-container files or directories into `dest_dir`; returns the host paths of those copied.
-
-        Missing paths are skipped. Extraction uses tarfile's "data" filter; members it refuses (absolute
-        or escaping links, `..`, devices) are skipped, so nothing outside dest_dir is written or followed.
-        """
+    def export_files(self, paths: list[str], dest_dir: str, budget: FilesBudget) -> tuple[list[str], list[Skipped]]:
+        """Copy in-container files or directories into `dest_dir`, under their in-container paths; (host paths
+        written, what was skipped and why). Limits and name checks: sandbox.artifacts."""
         os.makedirs(dest_dir, exist_ok=True)
-        copied = []
+        written: list[str] = []
+        skipped: list[Skipped] = []
         for path in paths:
             try:
                 chunks, _ = self.client.api.get_archive(self.container_id, self._abs(path))
             except docker.errors.NotFound:
-                log.info("export_files: %s does not exist in the sandbox", path)
+                skipped.append(Skipped(path, "not found"))
                 continue
             except docker.errors.DockerException as exc:
                 raise SandboxError(f"cannot copy {path} out of the sandbox: {exc}") from exc
             # Keep the in-container path under dest_dir (files/workspace/a/out.txt) so equal names never collide.
-            target = os.path.join(dest_dir, posixpath.dirname(posixpath.normpath(self._abs(path))).lstrip("/"))
+            parent = posixpath.dirname(posixpath.normpath(self._abs(path))).lstrip("/")
+            target = os.path.join(dest_dir, parent) if parent else dest_dir
             os.makedirs(target, exist_ok=True)
-            written = extract_safely(chunks, target)
-            if written:
-                copied.append(written[0])
-        return copied
+            copied = extract_files(chunks, target, max_bytes=budget.max_bytes, max_entries=budget.max_entries,
+                                   budget=budget)
+            written.extend(copied.written)
+            skipped.extend(copied.skipped)
+        return written, skipped

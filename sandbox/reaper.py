@@ -5,16 +5,26 @@ Every pid container carries `pid.job` and `pid.expires`; its main process also e
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import socket
 from datetime import datetime, timezone
 
 import docker
 import docker.errors
 
-from .config import LABEL_EXPIRES, LABEL_JOB
+from .config import LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER
 from .docker_client import connect
 
 log = logging.getLogger(__name__)
+
+
+def owner_label(pid_home: str) -> str:
+    """The installation's mark on its containers: this host and its PID_HOME, so two installations sharing an
+    engine (or a test run beside a real worker) never reap each other's containers."""
+    digest = hashlib.sha256(os.path.realpath(pid_home).encode()).hexdigest()[:16]
+    return f"{socket.gethostname()}:{digest}"
 
 
 def parse_time(value: str) -> datetime | None:
@@ -41,16 +51,35 @@ def _remove(container) -> bool:
 def remove_job_containers(job_id: str, client: docker.DockerClient | None = None) -> list[str]:
     """Force-remove the containers of one job: a retried job first clears what its lost attempt left behind."""
     client = connect(client)
-    return [c.id for c in client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job_id}"})
+    return [c.id for c in client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job_id}"},
+                                                 ignore_removed=True)
             if _remove(c)]
 
 
-def reap_expired(client: docker.DockerClient | None = None, now: datetime | None = None) -> list[str]:
-    """Force-remove every container labelled `pid.job` whose `pid.expires` has passed; returns their ids."""
+def reap_expired(owner: str | None, client: docker.DockerClient | None = None,
+                 now: datetime | None = None) -> list[str]:
+    """Force-remove the expired pid containers of installation `owner` (None: of every installation); their ids.
+
+    A container that vanishes while this runs (auto-removed, or another reaper) is simply not counted.
+    """
     client = connect(client)
     now = now or datetime.now(timezone.utc)
     if now.tzinfo is None:
         now = now.replace(tzinfo=timezone.utc)
-    expired = [c for c in client.containers.list(all=True, filters={"label": LABEL_JOB})
+    labels = [LABEL_JOB] + ([f"{LABEL_OWNER}={owner}"] if owner is not None else [])
+    try:
+        listed = client.containers.list(all=True, filters={"label": labels}, ignore_removed=True)
+    except docker.errors.NotFound:
+        return []
+    expired = [c for c in listed
                if (expires := parse_time(c.labels.get(LABEL_EXPIRES, ""))) is not None and expires <= now]
     return [c.id for c in expired if _remove(c)]
+
+
+def reap_installation(pid_home: str, *, all_owners: bool = False,
+                      client: docker.DockerClient | None = None) -> tuple[list[str], list[str]]:
+    """What `pid reap`, `pid run` and every worker do: remove this installation's expired containers (every
+    installation's with all_owners), then the per-job disks whose job process is gone. (container ids, disk names)"""
+    from .disk import reap_disks
+    containers = reap_expired(None if all_owners else owner_label(pid_home), client)
+    return containers, reap_disks(os.path.join(pid_home, "disks"))

@@ -7,33 +7,60 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import stat
 import tarfile
 import tempfile
 from typing import IO, Iterable, Iterator
 
-# Base commit and patch are made by git inside the container; hooks, pagers, external diff drivers and
-# textconv are disabled, and the user-level config is ignored so a changed ~/.gitconfig cannot alter the patch.
-GIT = ("GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 git -c core.hooksPath=/dev/null "
-       "-c commit.gpgsign=false -c core.fsmonitor=false -c user.name=pid -c user.email=pid@localhost")
+# The base commit and the patch are made by pid, as root, with git state the agent cannot reach: a repository in
+# /.pid/git (root, 0700) whose work tree is the workspace; the workspace's own .git is just files to it (git never
+# looks into a path component named .git). Configuration comes only from /.pid/gitconfig and the command line: no
+# hooks, no fsmonitor, no filters, textconv or external diff; attributes in the workspace cannot convert content
+# (info/attributes outranks every .gitattributes).
+_GIT_ENV = ("export GIT_DIR=/.pid/git GIT_WORK_TREE={workdir} GIT_CONFIG_GLOBAL=/.pid/gitconfig GIT_CONFIG_NOSYSTEM=1 "
+            "HOME=/.pid GIT_TERMINAL_PROMPT=0 GIT_OPTIONAL_LOCKS=0 LC_ALL=C\n"
+            "unset GIT_INDEX_FILE GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OBJECT_DIRECTORIES GIT_NAMESPACE\n"
+            "git() {{ command git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.untrackedCache=false "
+            "-c commit.gpgsign=false -c user.name=pid -c user.email=pid@localhost \"$@\"; }}\n")
 
-BASE_SCRIPT = f"""set -e
-# A .git *file* (a worktree or submodule) points at a repository that was not copied in: start a fresh one.
-[ -d .git ] || {{ rm -f .git; {GIT} -c init.defaultBranch=main init -q; }}
-{GIT} add -A
-{GIT} commit -q --no-verify --allow-empty -m 'pid: base (workspace as imported)'
-{GIT} rev-parse HEAD
+_GITCONFIG = """[safe]
+\tdirectory = *
+[core]
+\thooksPath = /dev/null
+\tfsmonitor = false
+\tautocrlf = false
+\tquotePath = true
+[gc]
+\tauto = 0
 """
 
-PATCH_SCRIPT = f"""set -e
-{GIT} add -A
-{GIT} -c diff.noprefix=false -c diff.mnemonicPrefix=false diff --cached --binary --no-color --no-ext-diff \\
-  --no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/ {{base}} -- > {{dest}}
-"""
+
+def base_script(workdir: str) -> str:
+    """Make pid's repository and commit the imported workspace as the base; prints the commit."""
+    return (_GIT_ENV.format(workdir=workdir) + "set -e\numask 077\n"
+            f"cat > /.pid/gitconfig <<'PIDEOF'\n{_GITCONFIG}PIDEOF\n"
+            "git init -q -b main\n"
+            "mkdir -p /.pid/git/info\n"
+            "echo '* -text -filter -ident -eol !diff -working-tree-encoding' > /.pid/git/info/attributes\n"
+            "git add -A\n"
+            "git commit -q --no-verify --allow-empty -m 'pid: base (workspace as imported)'\n"
+            "git rev-parse HEAD\n")
 
 
-def build_tar(root: str) -> IO[bytes]:
-    """A tar of the directory `root` in a temporary file (rewound): links stored as links, special files skipped.
+def patch_script(workdir: str, base: str, dest: str) -> str:
+    """Write the workspace's changes since `base` (new and binary files too) as a patch to `dest`."""
+    if not re.fullmatch(r"[0-9a-f]{40,64}", base):
+        raise ValueError(f"not a commit id: {base!r}")
+    return (_GIT_ENV.format(workdir=workdir) + "set -e\numask 077\n"
+            "git add -A\n"
+            "git -c diff.noprefix=false -c diff.mnemonicPrefix=false diff --cached --binary --no-color --no-ext-diff "
+            f"--no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/ {base} -- > {dest}\n")
+
+
+def build_tar(root: str, uid: int = 0, gid: int = 0) -> IO[bytes]:
+    """A tar of the directory `root` in a temporary file (rewound), every entry owned by uid:gid (the agent's): links
+    stored as links, special files skipped.
 
     Regular files are opened with O_NOFOLLOW, so a file swapped for a symlink meanwhile is never followed.
     """
@@ -45,18 +72,18 @@ def build_tar(root: str) -> IO[bytes]:
         for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
             dirnames.sort()
             for name in sorted(dirnames) + sorted(filenames):
-                _add(tar, os.path.join(dirpath, name), os.path.relpath(os.path.join(dirpath, name), root))
+                _add(tar, os.path.join(dirpath, name), os.path.relpath(os.path.join(dirpath, name), root), uid, gid)
     spool.seek(0)
     return spool
 
 
-def _owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    info.uid = info.gid = 0
-    info.uname = info.gname = "root"
+def _owned(info: tarfile.TarInfo, uid: int, gid: int) -> tarfile.TarInfo:
+    info.uid, info.gid = uid, gid
+    info.uname = info.gname = ""
     return info
 
 
-def _add(tar: tarfile.TarFile, path: str, arcname: str) -> None:
+def _add(tar: tarfile.TarFile, path: str, arcname: str, uid: int, gid: int) -> None:
     st = os.lstat(path)
     if stat.S_ISREG(st.st_mode):
         try:
@@ -66,9 +93,9 @@ def _add(tar: tarfile.TarFile, path: str, arcname: str) -> None:
         with os.fdopen(fd, "rb") as fileobj:
             info = tar.gettarinfo(arcname=arcname, fileobj=fileobj)
             if info.isreg() or info.islnk():
-                tar.addfile(_owned_by_root(info), fileobj if info.isreg() else None)
+                tar.addfile(_owned(info, uid, gid), fileobj if info.isreg() else None)
     elif stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode):
-        tar.addfile(_owned_by_root(tar.gettarinfo(path, arcname=arcname)))
+        tar.addfile(_owned(tar.gettarinfo(path, arcname=arcname), uid, gid))
     # sockets, FIFOs and devices are not part of a workspace
 
 
@@ -92,40 +119,3 @@ class ChunkStream(io.RawIOBase):
         buffer[:size] = self._pending[:size]
         self._pending = self._pending[size:]
         return size
-
-
-def copy_single_member(chunks: Iterable[bytes], dest: str) -> int:
-    """Write the one regular file of a tar stream to `dest`; returns its size."""
-    with tarfile.open(fileobj=io.BufferedReader(ChunkStream(chunks), 1 << 20), mode="r|") as tar:
-        for member in tar:
-            if not member.isreg():
-                continue
-            source = tar.extractfile(member)
-            size = 0
-            with open(dest, "wb") as out:
-                while block := source.read(1 << 20):
-                    out.write(block)
-                    size += len(block)
-            return size
-    raise FileNotFoundError("no regular file in the archive")
-
-
-def extract_safely(chunks: Iterable[bytes], dest_dir: str) -> list[str]:
-    """Extract a tar stream under `dest_dir` with the "data" filter; unsafe members are skipped.
-
-    The filter refuses absolute names, `..`, links that point outside `dest_dir` (or anywhere absolute),
-    device files and set-uid bits. Returns the host paths written.
-    """
-    written: list[str] = []
-
-    def keep_safe(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
-        try:
-            safe = tarfile.data_filter(member, path)
-        except tarfile.FilterError:
-            return None
-        written.append(os.path.join(path, safe.name))
-        return safe
-
-    with tarfile.open(fileobj=io.BufferedReader(ChunkStream(chunks), 1 << 20), mode="r|") as tar:
-        tar.extractall(dest_dir, filter=keep_safe)
-    return written

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -18,6 +19,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = os.environ.get("PID_TEST_IMAGE", "pid-sandbox:latest")
+
+# In-process sandboxes (tool and sandbox tests) keep their job disks, and take their owner label, from a home of
+# this run's own: nothing is shared with a real installation on the machine.
+os.environ["PID_HOME"] = tempfile.mkdtemp(prefix="pid-test-home-")
 
 
 @dataclass

@@ -111,7 +111,7 @@ def test_tool_subset_and_notices_as_the_model_sees_them(run_pid, sample_repo, tm
     assert "- read:" in system and "- bash:" in system and "- edit:" not in system and "- write:" not in system
     read_big, seq, write, image, bad_timeout = tool_results(second)
     assert read_big.endswith("line 2000\n\n[Showing lines 1-2000 of 2500. Use offset=2001 to continue.]")
-    assert seq.startswith("1001\n") and "[Showing lines 1001-3000 of 3000. Full output: /tmp/.pid/out/" in seq
+    assert seq.startswith("1001\n") and "[Showing lines 1001-3000 of 3000. Full output: /.pid/out/" in seq
     assert write == "Tool write not found"
     assert "Read image file [image/png]" in image
     images = [part for m in second["messages"] if m["role"] == "user" and isinstance(m["content"], list)

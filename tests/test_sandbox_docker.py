@@ -1,6 +1,7 @@
 """The Docker sandbox against a real engine: exec channel, files, limits, lifecycle, workspace and patch."""
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -13,11 +14,15 @@ import docker
 import docker.errors
 import pytest
 
+from pid.config import pid_home
 from pid.sandbox import SandboxError
 from sandbox import DockerSandbox, ImageNotFound, SandboxConfig, reap_expired
+from sandbox.artifacts import FilesBudget
+from sandbox.reaper import owner_label
 
 IMAGE = os.environ.get("PID_TEST_IMAGE", "pid-sandbox:latest")
 JOB = "test-sandbox"
+OWNER = owner_label(pid_home())
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +79,9 @@ def test_exec_exit_code_and_merged_output(sb):
 
 
 def test_exec_environment_cwd_stdin_and_quoting(sb):
-    result = sb.exec("""pwd; echo "$PAGER $GIT_PAGER $TERM $NO_COLOR [$A]"; cat; echo 'it''s' "a\\\\b" $'t\\tx'""",
-                     timeout=10, env={"A": "x 'y' \\z"})
-    assert result.tail == b"/workspace\ncat cat dumb 1 [x 'y' \\z]\nits a\\b t\tx\n"
+    result = sb.exec("""A="x 'y' \\z"; pwd; echo "$PAGER $GIT_PAGER $TERM $NO_COLOR $HOME [$A]"; cat; """
+                     """echo 'it''s' "a\\\\b" $'t\\tx'""", timeout=10)
+    assert result.tail == b"/workspace\ncat cat dumb 1 /home/agent [x 'y' \\z]\nits a\\b t\tx\n"
 
 
 def test_exec_runs_in_own_process_group_and_fresh_shell(sb):
@@ -91,8 +96,9 @@ def test_output_file_mode_and_tail_when_large(sb):
     assert result.total_bytes == len(b"".join(b"%d\n" % i for i in range(1, 100001)))
     assert result.tail.endswith(b"99999\n100000\n") and len(result.tail) == 100
     assert result.output_path
-    mode = sb.exec(f"stat -c %a {result.output_path} $(dirname {result.output_path})", timeout=10).tail.split()
-    assert mode == [b"600", b"700"]
+    # pid's file in pid's directory: the agent may read it, not replace it nor list its neighbours
+    mode = sb.exec(f"stat -c '%a %u' {result.output_path} $(dirname {result.output_path})", timeout=10).tail.split()
+    assert mode == [b"644", b"0", b"711", b"0"]
     assert sb.read_file(result.output_path, max_bytes=8) == b"1\n2\n3\n4\n"
 
 
@@ -132,16 +138,6 @@ def test_cancel_within_two_seconds(sb):
     assert result.cancelled and result.exit_code is None and not result.timed_out
 
 
-def test_kill_all_cancels_running_commands(sb):
-    results = []
-    worker = threading.Thread(target=lambda: results.append(sb.exec("sleep 60", timeout=120)))
-    worker.start()
-    time.sleep(0.5)
-    sb.kill_all()
-    worker.join(5)
-    assert results and results[0].cancelled and results[0].exit_code is None
-
-
 def test_on_output_receives_progress(sb):
     chunks: list[bytes] = []
     result = sb.exec("for i in 1 2 3 4; do echo tick $i; sleep 0.5; done", timeout=20, on_output=chunks.append)
@@ -177,17 +173,26 @@ def test_concurrent_execs_use_several_channels(sb):
     assert {i: r.tail for i, r in results.items()} == {i: b"%d\n" % i for i in range(4)}
 
 
-def test_channel_recovers_after_agent_kills_servers(sb):
-    def servers() -> set[bytes]:
-        return {line.split()[-2] for line in sb.exec("ps -eo args", timeout=10).tail.splitlines()
-                if line.startswith(b"bash /tmp/.pid/channel.sh")}
-
-    before = servers()
-    assert before
-    with pytest.raises(SandboxError):   # the server running this very command dies with the others
-        sb.exec("pkill -9 -f channel.sh; sleep 5", timeout=10)
+def test_agent_cannot_signal_pids_servers(sb):
+    """The servers are root's, the agent's commands are not: pkill finds them and is refused."""
+    result = sb.exec("pkill -9 -f channel.sh; echo rc=$?; kill -STOP 1; echo rc=$?", timeout=10)
+    assert result.tail.count(b"rc=1") == 2 or b"Operation not permitted" in result.tail, result.tail
     assert sb.exec("echo alive", timeout=10).tail == b"alive\n"
-    assert servers().isdisjoint(before)  # fresh channels replaced every killed one
+
+
+def test_channel_recovers_after_a_root_agent_kills_servers(client):
+    def servers(box) -> set[bytes]:
+        return {line.split()[-4] for line in box.exec("ps -eo args", timeout=10).tail.splitlines()
+                if line.startswith(b"bash /.pid/channel.sh agent")}
+
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-rootkill", ttl_s=300, user="root"),
+                              client) as box:
+        before = servers(box)
+        assert before
+        with pytest.raises(SandboxError):   # the server running this very command dies with the others
+            box.exec("pkill -9 -f 'channel.sh agent'; sleep 5", timeout=10)
+        assert box.exec("echo alive", timeout=10).tail == b"alive\n"
+        assert servers(box).isdisjoint(before)  # fresh channels replaced every killed one
 
 
 # -- files ---------------------------------------------------------------------------------------------------
@@ -259,7 +264,7 @@ def test_sequential_calls_reuse_the_warm_channels(client):
     create (one at once, one in the background for the first parallel batch) serve them all."""
     def servers(box) -> list[str]:
         lines = box.exec("ps -eo args", timeout=10).tail.decode().splitlines()
-        return [line for line in lines if line.startswith("bash /tmp/.pid/channel.sh")]
+        return [line for line in lines if line.startswith("bash /.pid/channel.sh agent")]
 
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-warm", ttl_s=300), client) as box:
         deadline = time.monotonic() + 10
@@ -305,16 +310,20 @@ def test_fifos_and_devices_are_refused_not_blocked_on(sb):
                     lambda: sb.read_file("/dev/zero")):
         with pytest.raises(OSError) as raised:
             attempt()
-        assert type(raised.value) is OSError and "EINVAL" in str(raised.value)
+        assert type(raised.value) is OSError and raised.value.errno == errno.EINVAL
     assert time.monotonic() - started < 5
     assert sb.read_file("plainfile") == b"x"
 
 
-def test_git_kill_and_chown_work_with_dropped_capabilities(sb):
-    result = sb.exec("set -e; cd /tmp && rm -rf g && git init -q g && cd g && echo a > f && git add f && "
-                     "git -c user.name=t -c user.email=t@t commit -qm m && chown nobody f && chmod 600 f && "
+def test_the_agent_is_unprivileged_and_git_works(sb):
+    result = sb.exec("set -e; id -u; id -g; grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status; "
+                     "cd /tmp && rm -rf g && git init -q g && cd g && echo a > f && git add f && "
+                     "git -c user.name=t -c user.email=t@t commit -qm m && chmod 600 f && "
                      "sleep 30 & kill $! && echo ok", timeout=30)
     assert result.exit_code == 0 and result.tail.endswith(b"ok\n"), result.tail
+    lines = result.tail.decode().splitlines()
+    assert lines[:2] == ["1000", "1000"]
+    assert all(line.split()[1] == "0000000000000000" for line in lines[2:6]), lines[2:6]
 
 
 # -- container ------------------------------------------------------------------------------------------------
@@ -327,10 +336,14 @@ def test_limits_and_labels(client, sb):
     assert host["NetworkMode"] == "none"
     assert host["Init"] is True and host["AutoRemove"] is True
     assert "no-new-privileges" in host["SecurityOpt"]
-    assert host["CapDrop"] == ["ALL"] and "NET_RAW" not in host["CapAdd"]
-    assert not host.get("Binds") and not attrs.get("Mounts")
+    assert host["CapDrop"] == ["ALL"] and "NET_RAW" not in host["CapAdd"] and "DAC_OVERRIDE" not in host["CapAdd"]
+    assert host["ReadonlyRootfs"] is True      # all writes go to the job's disk
+    assert sorted(m["Destination"] for m in attrs["Mounts"]) == ["/.pid", "/home/agent", "/tmp", "/var/tmp",
+                                                                   "/workspace"]
+    nofile = [u for u in host["Ulimits"] if u["Name"] == "nofile"][0]
+    assert 512 * nofile["Hard"] * 8 <= int(Path("/proc/sys/fs/file-max").read_text())
     labels = attrs["Config"]["Labels"]
-    assert labels["pid.job"] == JOB
+    assert labels["pid.job"] == JOB and labels["pid.owner"] == OWNER
     created = datetime.fromisoformat(labels["pid.created"].replace("Z", "+00:00"))
     expires = datetime.fromisoformat(labels["pid.expires"].replace("Z", "+00:00"))
     assert expires - created == timedelta(seconds=900)
@@ -360,18 +373,23 @@ def test_reap_expired_removes_expired_labelled_container(client):
     # Expiry in the future for any other reaper running on this engine; "now" is moved past it for ours.
     now = datetime.now(timezone.utc)
     stamp = lambda moment: moment.strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    mine = {"pid.job": JOB + "-reap", "pid.owner": OWNER}
     expired = client.containers.run(IMAGE, ["sleep", "300"], detach=True,
-                                    labels={"pid.job": JOB + "-reap", "pid.expires": stamp(now + timedelta(minutes=30))})
+                                    labels={**mine, "pid.expires": stamp(now + timedelta(minutes=30))})
     alive = client.containers.run(IMAGE, ["sleep", "300"], detach=True,
-                                  labels={"pid.job": JOB + "-reap", "pid.expires": stamp(now + timedelta(hours=2))})
+                                  labels={**mine, "pid.expires": stamp(now + timedelta(hours=2))})
+    other = client.containers.run(IMAGE, ["sleep", "300"], detach=True,   # another installation's: not ours to reap
+                                  labels={**mine, "pid.owner": OWNER + "-other",
+                                          "pid.expires": stamp(now + timedelta(minutes=30))})
     try:
-        removed = reap_expired(client, now=now + timedelta(hours=1))
-        assert expired.id in removed and alive.id not in removed
+        removed = reap_expired(OWNER, client, now=now + timedelta(hours=1))
+        assert expired.id in removed and alive.id not in removed and other.id not in removed
         assert gone(client, expired.id)
-        alive.reload()
-        assert alive.status == "running"
+        for container in (alive, other):
+            container.reload()
+            assert container.status == "running"
     finally:
-        for container in (expired, alive):
+        for container in (expired, alive, other):
             try:
                 container.remove(force=True)
             except docker.errors.NotFound:
@@ -418,11 +436,11 @@ def test_import_plain_directory(client, tmp_path):
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-plain", ttl_s=300), client) as box:
         box.import_workspace(str(plain))
         assert box.read_file("sub/a.txt") == b"hello\n"
-        out = box.exec("stat -c %a run.sh; git log --oneline | wc -l; git status --porcelain", timeout=20).tail
-        assert out == b"755\n1\n"
+        out = box.exec("stat -c '%a %u'  run.sh; ls -a", timeout=20).tail
+        assert out == b"755 1000\n.\n..\nrun.sh\nsub\n"     # pid's base repository is not in the workspace
         box.write_file("new.txt", b"new\n")
         dest = tmp_path / "plain.patch"
-        assert box.export_patch(str(dest)) == dest.stat().st_size > 0
+        assert box.export_patch(str(dest), 1 << 20).size == dest.stat().st_size > 0
         assert b"+++ b/new.txt" in dest.read_bytes()
     assert not (plain / ".git").exists()
 
@@ -436,7 +454,7 @@ def test_import_of_a_worktree_whose_git_is_a_file(client, tmp_path):
         box.import_workspace(str(tree))
         box.write_file("a.txt", b"b\n")
         dest = tmp_path / "wt.patch"
-        box.export_patch(str(dest))
+        box.export_patch(str(dest), 1 << 20)
         assert b"-a\n+b\n" in dest.read_bytes()
     assert (tree / ".git").read_text().startswith("gitdir:")  # the host copy is untouched
 
@@ -446,24 +464,27 @@ def test_git_repo_patch_roundtrip(client, tmp_path):
     before = snapshot(repo)
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-git", ttl_s=300), client) as box:
         box.import_workspace(str(repo))
-        assert box.exec("git status --porcelain", timeout=20).tail == b""   # uncommitted state is the base
+        # the repository's own history arrives as it was: uncommitted changes stay uncommitted for the agent
+        assert box.exec("git status --porcelain", timeout=20).tail == b" M edit.txt\n?? passwd-link\n?? untracked.txt\n"
         assert box.exec("readlink passwd-link", timeout=10).tail == b"/etc/passwd\n"
         box.write_file("edit.txt", b"one\nTWO\nuncommitted\n")
         box.write_file("added/new.txt", b"brand new\n")
         box.write_file("blob.bin", bytes(reversed(range(256))))
         box.write_file("img.bin", b"\x89PNG\0\1\2\xff" * 100)
         patch = tmp_path / "out.patch"
-        size = box.export_patch(str(patch))
+        size = box.export_patch(str(patch), 1 << 20).size
         text = patch.read_bytes()
         assert size == len(text)
         assert b"+TWO" in text and b"b/added/new.txt" in text and b"GIT binary patch" in text
         assert b"uncommitted" not in text.replace(b" uncommitted\n", b"")   # context only, not a change
 
-        copied = box.export_files(["passwd-link", "added", "missing-file"], str(tmp_path / "files"))
+        copied, skipped = box.export_files(["passwd-link", "added", "missing-file"], str(tmp_path / "files"),
+                                           FilesBudget(1 << 20, 100))
     assert snapshot(repo) == before                      # the host repo was never modified
     # export: the link to /etc/passwd is refused, nothing of the host file leaks; the directory arrives
     files = tmp_path / "files" / "workspace"   # the in-container path is kept under dest_dir
-    assert copied == [str(files / "added")]
+    assert copied == [str(files / "added"), str(files / "added" / "new.txt")]
+    assert sorted((s.path, s.reason) for s in skipped) == [("missing-file", "not found"), ("passwd-link", "symlink")]
     assert (files / "added" / "new.txt").read_bytes() == b"brand new\n"
     assert not os.path.lexists(files / "passwd-link")
     host_passwd = Path("/etc/passwd").read_bytes()
@@ -478,18 +499,30 @@ def test_git_repo_patch_roundtrip(client, tmp_path):
     assert (fresh / "edit.txt").read_text() == "one\nTWO\nuncommitted\n"
 
 
-def test_posix_sh_fallback_without_bash(client):
-    """The channel needs only /bin/sh and POSIX tools: remove bash, restart the channels, everything works."""
-    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-sh", ttl_s=300), client) as box:
-        try:
-            box.exec("mv /usr/bin/bash /usr/bin/bash.off; pkill -9 -f channel.sh", timeout=10)
-        except SandboxError:
-            pass
-        result = box.exec("echo $0 \"$X\"; exit 5", timeout=10, env={"X": "a 'b'"})
-        assert (result.exit_code, result.tail) == (5, b"sh a 'b'\n")
+@pytest.fixture
+def image_without_bash(client):
+    """The default image with bash removed: the channel must work with POSIX sh alone."""
+    base = client.containers.create(IMAGE, ["sh", "-c", "rm -f /usr/bin/bash /bin/bash"])
+    try:
+        base.start()
+        base.wait(timeout=30)
+        image = base.commit(repository="pid-test-nobash", tag=f"{os.getpid()}")
+    finally:
+        base.remove(force=True)
+    yield image.tags[0]
+    docker.from_env(timeout=600).images.remove(image.id, force=True)
+
+
+def test_posix_sh_fallback_without_bash(client, image_without_bash):
+    with DockerSandbox.create(SandboxConfig(image=image_without_bash, job_id=JOB + "-sh", ttl_s=300), client) as box:
+        result = box.exec("X=\"a 'b'\"; echo $0 \"$X\" $(id -u); exit 5", timeout=10)
+        assert (result.exit_code, result.tail) == (5, b"sh a 'b' 1000\n")
         data = bytes(range(256)) * 40
         box.write_file("d/x.bin", data)
         assert box.read_file("d/x.bin") == data and box.read_file("d/x.bin", max_bytes=3) == data[:3]
+        big_data = os.urandom(100000)
+        box.write_file("d/big.bin", big_data)
+        assert box.read_file("d/big.bin") == big_data
         started = time.monotonic()
         assert box.exec("sleep 1000 & sleep 1001", timeout=1).timed_out
         assert time.monotonic() - started < 5

@@ -130,8 +130,8 @@ class CountingSandbox:
     def __init__(self, inner):
         self.inner, self.workdir, self.reads = inner, inner.workdir, []
 
-    def read_file(self, path, *, max_bytes=None):
-        data = self.inner.read_file(path, max_bytes=max_bytes)
+    def read_file(self, path, *, max_bytes=None, **kwargs):
+        data = self.inner.read_file(path, max_bytes=max_bytes, **kwargs)
         self.reads.append((max_bytes, len(data)))
         return data
 

@@ -39,6 +39,12 @@ class JobSpec:
     cpus: float = 1.0
     pids_limit: int = 512
     network: str = "none"
+    user: str = "1000:1000"         # the agent's uid:gid in the container; "root" is an explicit opt-in
+    disk: int = 10 << 30            # bytes the job may write in all (workspace, /tmp, home, kept output); 0: no limit
+    runtime: str | None = None      # engine runtime (e.g. runsc for gVisor); None: the engine's default
+    max_patch: int = 100 << 20      # patch.diff larger than this is refused (the job fails: artifact_error)
+    max_files_bytes: int = 100 << 20  # --file collection: bytes in all...
+    max_files: int = 10000          # ...and entries in all; what is over is skipped and listed
     id: str = field(default_factory=new_job_id)
 
     @property

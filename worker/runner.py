@@ -2,17 +2,22 @@
 
     create sandbox -> import workspace -> run agent -> collect artifacts -> write result.json -> remove container
 
-The container is removed in a `finally`, whatever the ending; result.json is always written.
+The container is removed in a `finally`, whatever the ending; result.json is always written, and its status is
+true: a job whose sandbox died or whose artifacts could not be made is never `completed`.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
 from typing import Any, Callable
 
+import docker.errors
+
 from pid import events as ev
-from pid.agent import Agent, Limits, Outcome
+from pid.agent import Agent, Limits, Outcome, Status
+from pid.config import pid_home
 from pid.messages import Usage
 from pid.prompt import build_system_prompt
 from pid.providers import make_provider
@@ -20,12 +25,19 @@ from pid.providers.base import ProviderConfig
 from pid.session import SessionWriter, iso_time
 from pid.tools.base import ToolContext
 from pid.tools.registry import default_registry
+from pid.sandbox import SandboxError
 from sandbox import DockerSandbox, SandboxConfig, remove_job_containers
+from sandbox.artifacts import FilesBudget
+from sandbox.reaper import owner_label
 from worker.jobs import JobSpec, write_json_atomic
+from worker.watchdog import Watchdog
 
-# The container outlives the job's wall clock by this much, so artifacts can still be collected after a timeout;
-# then its main process exits and Docker removes it even if this worker is gone.
-CONTAINER_TTL_MARGIN_S = 300.0
+# The agent gets its wall clock; past it, and a grace period more, the watchdog removes the container, which ends
+# any wait that is still stuck. Artifacts are then collected under their own deadline. The container's own time to
+# live covers all of it, so that an orphan (its worker died) removes itself after.
+GRACE_S = 30.0
+COLLECT_TIMEOUT_S = 60.0
+CONTAINER_TTL_MARGIN_S = 120.0
 
 AgentHook = Callable[[Agent], None]
 
@@ -50,6 +62,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     sandbox: DockerSandbox | None = None
     session: SessionWriter | None = None
     provider = None
+    watchdog = Watchdog()
     try:
         provider = make_provider(ProviderConfig(model=spec.model, base_url=spec.base_url, api_key=api_key,
                                                 api=spec.api, provider=_provider_label(spec),
@@ -63,7 +76,10 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         remove_job_containers(spec.id)  # left by an earlier attempt whose worker died
         sandbox = DockerSandbox.create(SandboxConfig(
             image=spec.image, job_id=spec.id, memory=spec.memory, cpus=spec.cpus, pids_limit=spec.pids_limit,
-            network=spec.network, ttl_s=spec.timeout_s + CONTAINER_TTL_MARGIN_S))
+            network=spec.network, user=spec.user, disk=spec.disk, runtime=spec.runtime,
+            owner=owner_label(pid_home()), disk_root=os.path.join(pid_home(), "disks"),
+            ttl_s=spec.timeout_s + GRACE_S + COLLECT_TIMEOUT_S + CONTAINER_TTL_MARGIN_S))
+        watchdog.arm(spec.timeout_s - (time.time() - started) + GRACE_S, sandbox.kill, "wall_clock")
         sandbox.import_workspace(spec.repo)
         if cancel.is_set():
             raise JobCancelled
@@ -86,20 +102,40 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     except Exception as exc:  # sandbox or setup failure: a failed job with a readable reason
         outcome = Outcome("failed", "sandbox_error" if _is_sandbox_error(exc) else "error", error=_describe(exc))
     finally:
+        watchdog.disarm()
         if provider is not None:
             provider.close()
         if session:
             session.close()
             artifacts["session"] = "session.jsonl"
+        if watchdog.fired:   # the wall clock ran out and something was still stuck past the grace period
+            outcome = _ended(outcome, "timeout", "wall_clock",
+                             f"wall-clock limit of {spec.timeout_s:g}s reached; the sandbox was removed")
+        elif sandbox and outcome.status == "completed" and not sandbox.is_alive():
+            outcome = _ended(outcome, "failed", "sandbox_error", "the sandbox container is gone")
         owner = still_owner()
-        if sandbox:
-            if owner:
-                artifacts.update(_collect(sandbox, spec))
-            sandbox.close()
+        try:
+            if sandbox:
+                if owner and not sandbox.removed_by_pid:
+                    watchdog.arm(COLLECT_TIMEOUT_S, sandbox.kill, "collect")
+                    problem = _collect(sandbox, spec, artifacts)
+                    watchdog.disarm()
+                    if watchdog.fired == "collect":
+                        problem = f"collecting the artifacts ran out of time ({COLLECT_TIMEOUT_S:g}s)"
+                    if problem and outcome.status == "completed":
+                        outcome = _ended(outcome, "failed", "artifact_error", problem)
+                sandbox.close()
+        finally:
+            watchdog.stop()
         result = build_result(spec, outcome, started, artifacts)
         if owner:
             write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
     return result
+
+
+def _ended(outcome: Outcome, status: Status, reason: str, error: str) -> Outcome:
+    """The same run, with the ending that is true of it."""
+    return dataclasses.replace(outcome, status=status, exit_reason=reason, error=outcome.error or error)
 
 
 def _fresh(path: str) -> str:
@@ -112,20 +148,29 @@ def _fresh(path: str) -> str:
     return path
 
 
-def _collect(sandbox: DockerSandbox, spec: JobSpec) -> dict[str, Any]:
-    """Patch and requested files; a failure here is recorded, never allowed to lose the rest."""
-    found: dict[str, Any] = {}
+def _collect(sandbox: DockerSandbox, spec: JobSpec, artifacts: dict[str, Any]) -> str | None:
+    """Patch and requested files into `artifacts`; what was refused or skipped is listed with its reason.
+    Returns why the job's artifacts are incomplete (then a completed job fails), or None."""
+    refused: list[dict[str, str]] = []
+    problem = None
     try:
-        sandbox.export_patch(os.path.join(spec.job_dir, "patch.diff"))
-        found["patch"] = "patch.diff"
+        patch = sandbox.export_patch(os.path.join(spec.job_dir, "patch.diff"), spec.max_patch)
+        artifacts["patch"] = "patch.diff"
+        refused += [{"path": s.path, "reason": s.reason, "artifact": "patch"} for s in patch.dropped]
     except Exception as exc:
-        found["patch_error"] = _describe(exc)
+        artifacts["patch_error"] = problem = f"no patch: {_describe(exc)}"
     if spec.files:
         try:
-            found["files"] = sandbox.export_files(spec.files, os.path.join(spec.job_dir, "files"))
+            written, skipped = sandbox.export_files(spec.files, os.path.join(spec.job_dir, "files"),
+                                                    FilesBudget(spec.max_files_bytes, spec.max_files))
+            artifacts["files"] = written
+            refused += [{"path": s.path, "reason": s.reason, "artifact": "files"} for s in skipped]
         except Exception as exc:
-            found["files_error"] = _describe(exc)
-    return found
+            artifacts["files_error"] = f"files not collected: {_describe(exc)}"
+            problem = problem or artifacts["files_error"]
+    if refused:
+        artifacts["refused"] = refused
+    return problem
 
 
 def build_result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +192,7 @@ def _provider_label(spec: JobSpec) -> str:
 
 
 def _is_sandbox_error(exc: BaseException) -> bool:
-    return type(exc).__module__.startswith(("sandbox", "docker"))
+    return isinstance(exc, (SandboxError, docker.errors.DockerException))
 
 
 def _describe(exc: BaseException) -> str:

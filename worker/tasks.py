@@ -176,15 +176,17 @@ def write_unrun_result(spec: JobSpec, status: Status, exit_reason: str, error: s
 
 @signals.worker_ready.connect
 def _start_housekeeping(**_: Any) -> None:
-    """In the worker's main process: reap expired containers, then sweep lost jobs periodically."""
+    """In the worker's main process: reap this installation's expired containers and orphaned disks, then sweep lost
+    jobs; at start and periodically."""
     def loop() -> None:
         store = default_store()
         while True:
             try:
-                from sandbox import reap_expired
-                reap_expired()
+                from pid.config import pid_home
+                from sandbox.reaper import reap_installation
+                reap_installation(pid_home())
             except Exception:
-                log.exception("reaping expired containers")
+                log.exception("reaping expired containers and disks")
             try:
                 sweep(store)
             except Exception:

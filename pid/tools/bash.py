@@ -29,6 +29,10 @@ _ANSI_RE = re.compile(
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")  # keeps \t and \n; drops \r
 
 
+PIDS_LIMIT_NOTICE = ("The container's process limit was reached: some processes could not start. All of the agent's "
+                     "processes (background ones too) were killed so that the next command can run.")
+
+
 def sanitize(text: str) -> str:
     """What the model sees: no ANSI escapes, no control characters other than tab and newline."""
     return _CONTROL_RE.sub("", _ANSI_RE.sub("", text))
@@ -75,6 +79,8 @@ def run_bash(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
                               keep_bytes=MAX_BYTES, cancel=ctx.cancel,
                               on_output=_forwarder(ctx.on_update) if ctx.on_update else None)
     text, details = format_output(ctx, result)
+    if result.pids_limit_hit:
+        text = _append(text, PIDS_LIMIT_NOTICE)
 
     if result.cancelled:
         return ToolResult(_text(_append(text, "Command aborted")), True, details)

@@ -83,7 +83,7 @@ def run_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     edits: list[dict[str, str]] = args["edits"]
     with file_locks.hold(ctx.sandbox, path):
         try:
-            data = ctx.sandbox.read_file(path, max_bytes=EDIT_CAP + 1)
+            data = ctx.sandbox.read_file(path, max_bytes=EDIT_CAP + 1, cancel=ctx.cancel)
         except OSError as exc:
             return file_error(exc, shown)
         if len(data) > EDIT_CAP:
@@ -105,7 +105,7 @@ def run_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         new_data = (bom + result).encode("utf-8", "surrogateescape")
         if new_data == data:
             return ToolResult.error(f"No changes made to {shown}. The replacement produced identical content.")
-        ctx.sandbox.write_file(path, new_data)
+        ctx.sandbox.write_file(path, new_data, cancel=ctx.cancel)
 
     diff, first_changed = _diff(original, result, shown)
     return ToolResult.text(f"Successfully replaced {len(edits)} block(s) in {shown}.",

@@ -1,6 +1,7 @@
 """Sandbox path resolution and the per-file lock that serialises edit/write calls within a batch."""
 from __future__ import annotations
 
+import errno
 import posixpath
 import threading
 from contextlib import contextmanager
@@ -31,6 +32,12 @@ def file_error(exc: OSError, shown: str, directory_hint: str = "") -> ToolResult
         text = f"A parent of {shown} is a file, not a directory."
     elif isinstance(exc, PermissionError):
         text = f"Permission denied: {shown}"
+    elif isinstance(exc, TimeoutError):
+        text = f"The sandbox did not answer in time for {shown}; try again."
+    elif isinstance(exc, InterruptedError):
+        text = f"Aborted: {shown}"
+    elif exc.errno == errno.ENOSPC:
+        text = f"No space left on device: {shown} (the job's disk limit was reached)."
     else:
         text = f"{shown} is not a regular file (a FIFO, socket or device). Use bash to work with it."
     return ToolResult.error(text)

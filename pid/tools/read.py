@@ -105,7 +105,7 @@ def run_read(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     offset: int | None = args.get("offset")
     limit: int | None = args.get("limit")
     try:
-        head = ctx.sandbox.read_file(path, max_bytes=READ_CAP + 1)
+        head = ctx.sandbox.read_file(path, max_bytes=READ_CAP + 1, cancel=ctx.cancel)
     except OSError as exc:
         return file_error(exc, shown, " Use bash with ls to list its contents.")
     whole = len(head) <= READ_CAP

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from pid.messages import ToolCall, ToolSpec
+from pid.sandbox import SandboxLost
 from pid.tools.base import ToolContext, ToolResult, ToolSettings
 from pid.tools.schema import build_value, format_validation_error, signature_schema, validate
 
@@ -83,6 +84,8 @@ class ToolRegistry:
             if errors:
                 return ToolResult.error(format_validation_error(tool.name, errors, received))
             result = tool.handler(ctx, args)
+        except SandboxLost:
+            raise   # not the model's to handle: the loop ends the job
         except Exception as e:  # noqa: BLE001 - every failure goes back to the model as text
             return ToolResult.error(str(e) or type(e).__name__)
         if isinstance(result, str):

@@ -30,7 +30,7 @@ def run_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     data = args["content"].encode("utf-8")
     with file_locks.hold(ctx.sandbox, path):
         try:
-            ctx.sandbox.write_file(path, data)
+            ctx.sandbox.write_file(path, data, cancel=ctx.cancel)
         except OSError as exc:
             return file_error(exc, shown)
     return ToolResult.text(f"Successfully wrote {len(data)} bytes to {shown}")

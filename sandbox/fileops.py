@@ -1,0 +1,86 @@
+"""The read and write tools' file access, as small shell snippets run as the agent (never as pid's root server).
+
+Why snippets: a file the agent names is opened with the agent's own permissions, in its own process, so a symlink
+or FIFO it planted can only ever reach what the agent could reach itself. The snippet's exit status says what went
+wrong, in errno terms the tools already speak.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+# exit status of a snippet -> the exception the builtins would raise
+_ERRORS: dict[int, tuple[type[OSError], int]] = {
+    90: (FileNotFoundError, errno.ENOENT),
+    91: (IsADirectoryError, errno.EISDIR),
+    92: (PermissionError, errno.EACCES),
+    93: (NotADirectoryError, errno.ENOTDIR),
+    94: (OSError, errno.EINVAL),          # not a regular file (FIFO, device): refused rather than blocking
+    95: (OSError, errno.ENOSPC),          # the write itself failed: the job's disk is full (or quota)
+}
+
+# bash: copies the first $2 bytes of $1 to stdout with builtins only (no fork); NUL bytes, which a shell variable
+# cannot hold, end each `read` and are written back one by one; a file with many of them is finished by head.
+_BASH_EMIT = r"""e() {
+  local LC_ALL=C l=$2 w c n=0
+  while [ "$l" -gt 0 ]; do
+    w=$l
+    IFS= read -r -d '' -n "$w" c || { printf '%s' "$c"; return 0; }
+    printf '%s' "$c"; l=$((l - ${#c}))
+    [ "${#c}" -lt "$w" ] || continue
+    printf '\0'; l=$((l - 1)); n=$((n + 1))
+    if [ "$n" -gt 64 ] && [ "$l" -gt 0 ]; then tail -c +$(($2 - l + 1)) -- "$1" | head -c "$l"; return 0; fi
+  done <"$1"
+}
+"""
+
+_CHECK_READ = """[ -d "$f" ] && exit 91
+[ -e "$f" ] || exit 90
+[ -r "$f" ] || exit 92
+[ -f "$f" ] || exit 94
+"""
+
+_CHECK_WRITE = """case $f in */*) d=${f%/*} ;; *) d=. ;; esac
+[ -z "$d" ] || [ -d "$d" ] || mkdir -p -- "$d" 2>/dev/null || exit 93
+[ -d "$f" ] && exit 91
+[ -e "$f" ] && [ ! -f "$f" ] && exit 94
+{ : >"$f"; } 2>/dev/null || exit 92
+"""
+
+
+# Bytes printf %b must decode: the backslash itself, and control bytes, which a shell's `eval` may not keep as they
+# are (bash uses \x01 and \x7f as internal quoting marks); newline and tab are safe inside single quotes.
+_CONTROL = re.compile(rb"[\\\x00-\x08\x0b-\x1f\x7f]")
+
+
+def quote(value: str | bytes) -> bytes:
+    """Single-quote for the shell, byte for byte."""
+    raw = os.fsencode(value) if isinstance(value, str) else value
+    return b"'" + raw.replace(b"'", b"'\\''") + b"'"
+
+
+def read_snippet(shell: str, path: str, max_bytes: int) -> bytes:
+    """Print the first max_bytes bytes of `path`."""
+    head = b"f=" + quote(path) + b"\n" + _CHECK_READ.encode()
+    if shell == "bash":
+        return head + _BASH_EMIT.encode() + b'e "$f" %d 2>/dev/null\n' % max_bytes
+    return head + b'exec head -c %d -- "$f" 2>/dev/null\n' % max_bytes
+
+
+def write_snippet(path: str, data: bytes | None) -> bytes:
+    """Create or overwrite `path` (parents made, mode kept) with `data` inline (decoded by printf %b, no NUL in
+    the command), or with the uploaded file "$1" when data is None."""
+    body = b"f=" + quote(path) + b"\n" + _CHECK_WRITE.encode() + b"exec 2>/dev/null\n"
+    if data is None:
+        return body + b'cat -- "$1" >"$f" || exit 95\n'
+    encoded = _CONTROL.sub(lambda m: b"\\\\" if m.group() == b"\\" else b"\\0%03o" % m.group()[0], data)
+    return body + b"printf '%b' " + quote(encoded) + b' >"$f" || exit 95\n'
+
+
+def raise_for_status(status: int, path: str) -> None:
+    """Turn a snippet's exit status into the builtin exception, or return for success."""
+    if status == 0:
+        return
+    kind, code = _ERRORS.get(status, (OSError, errno.EIO))
+    raise kind(code, os.strerror(code), path)
