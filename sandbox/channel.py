@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import importlib.resources
+import os
 import re
 import secrets
 import socket
@@ -31,7 +32,7 @@ _BOOT = ('exec 2>/dev/null; if command -v bash >/dev/null 2>&1; then exec bash "
 STARTUP_TIMEOUT = 30.0
 REPLY_TIMEOUT = 30.0     # for requests that must answer promptly (start, kill, counts)
 LINE_LIMIT = 1024        # no protocol line is longer
-MARGIN = 64              # what a reply may carry besides the data asked for
+BUILTIN_UPLOAD_MAX = 32768  # above this, one `head -c` fork is cheaper than bash decoding the data
 
 _ESCAPE = re.compile(rb"[\\\x00-\x20\x7f]")
 
@@ -44,34 +45,35 @@ def escape_field(value: str | bytes) -> bytes:
     return _ESCAPE.sub(lambda m: b"\\\\" if m.group() == b"\\" else b"\\0%03o" % m.group()[0], raw)
 
 
-def env_snippet(env: Mapping[str, str] | None) -> bytes:
-    """`export K='v' ...` for the command's environment, or "-" for none."""
-    if not env:
-        return b"-"
-    parts = []
-    for key, value in env.items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise ValueError(f"invalid environment variable name: {key!r}")
-        parts.append(f"{key}='" + str(value).replace("'", "'\\''") + "'")
-    return escape_field("export " + " ".join(parts))
-
-
-def install_script(api, container_id: str) -> None:
-    """Put channel.sh into /.pid (a tar stream through the API: no exec). /.pid exists (the job disk's mount) or
-    is created here, root-owned; the agent may read the script, never change it."""
+def install_script(api, container_id: str, host_dir: str | None) -> None:
+    """Put channel.sh into /.pid, root-owned: the agent may read the script, never change it. With a job disk, /.pid
+    is a fresh directory of it on the host, written before the container starts (no engine request); otherwise the
+    script goes in as a tar stream through the API (no exec)."""
+    if host_dir is not None:
+        fd = os.open(os.path.join(host_dir, "channel.sh"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o555)
+        with os.fdopen(fd, "wb") as f:
+            f.write(SCRIPT)
+        return
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        script = tarfile.TarInfo("channel.sh")
+        folder = tarfile.TarInfo(PID_DIR.lstrip("/"))
+        folder.type, folder.mode = tarfile.DIRTYPE, 0o711
+        tar.addfile(folder)
+        script = tarfile.TarInfo(f"{folder.name}/channel.sh")
         script.size, script.mode = len(SCRIPT), 0o555
         tar.addfile(script, io.BytesIO(SCRIPT))
     try:
-        api.put_archive(container_id, PID_DIR, buffer.getvalue())
+        api.put_archive(container_id, "/", buffer.getvalue())
     except Exception as exc:
         raise SandboxError(f"cannot install the exec channel script: {exc}") from exc
 
 
 class ChannelClosed(SandboxError):
     """The channel's server is gone (killed, or the container stopped)."""
+
+
+class TableFull(SandboxError):
+    """The container's process table is full: the command was not started (the channel is fine)."""
 
 
 class ProtocolError(SandboxError):
@@ -94,6 +96,7 @@ class ExecReply:
     tail: bytes               # the last tail_bytes bytes of the output
     kept_path: str | None     # the output file, kept when the output is longer than the tail
     pids_events: int
+    kept_from: int = 0        # bytes cut from the front of the kept file (its disk use was capped)
 
 
 class Channel:
@@ -180,21 +183,28 @@ class Channel:
             return False
 
     # -- commands ----------------------------------------------------------------------------------------
-    def start(self, command: bytes | str, env: Mapping[str, str] | None, emit: int, deadline: float,
+    def start(self, command: bytes | str, emit: int, deadline: float,
               upload: bytes | None = None) -> tuple[int, str]:
         """Start a command (with `upload` stored in a file passed to it as "$1"); returns (pgid, output file).
 
         Collect its end with `finish`, which returns at most `emit` bytes of its output.
         """
-        cmd = escape_field(command) if command else b":"
+        cmd = command.encode("utf-8", "surrogateescape") if isinstance(command, str) else command
+        if b"\0" in cmd:
+            raise ValueError("a command cannot contain NUL bytes")
         self._nonce = secrets.token_hex(12).encode()
         self._emit = max(0, emit)
         if upload is None:
-            self._send(b"x %d %s %s %s\n" % (self._emit, self._nonce, env_snippet(env), cmd), deadline)
-        else:
+            self._send(b"x %d %s %d\n%s" % (self._emit, self._nonce, len(cmd), cmd), deadline)
+        else:   # small data through bash builtins (encoded: no NUL), anything else copied raw by head -c
+            op = b"w"
+            if self.shell == "bash" and len(upload) <= BUILTIN_UPLOAD_MAX:
+                op, upload = b"W", upload.replace(b"\\", b"\\\\").replace(b"\0", b"\\0000")
             self._emit = 0
-            self._send(b"w %d %s %s %s\n" % (len(upload), self._nonce, env_snippet(env), cmd) + upload, deadline)
+            self._send(b"%s %d %s %d\n%s%s" % (op, len(upload), self._nonce, len(cmd), cmd, upload), deadline)
         parts = self._line(deadline).split()
+        if parts == [b"B"]:
+            raise TableFull("the container's process table is full")
         if len(parts) != 3 or parts[0] != b"P" or not parts[1].isdigit():
             self.broken = True
             raise ProtocolError(f"exec channel: unexpected reply {parts!r}")
@@ -222,25 +232,37 @@ class Channel:
         head = done.head
         wanted = (keep_lines is not None and head.count(b"\n") > keep_lines) or \
             (keep_bytes is not None and len(head) > keep_bytes)
+        cut = 0
         if len(head) <= tail_bytes and not wanted:
             tail, newlines, total, kept = head, head.count(b"\n"), len(head), None
         else:
-            newlines, total, tail = self.count(self._out_path, max(1, tail_bytes), time.monotonic() + REPLY_TIMEOUT)
+            newlines, total, cut, tail = self.count(self._out_path, max(1, tail_bytes),
+                                                    time.monotonic() + REPLY_TIMEOUT)
             kept = self._out_path
         lines = newlines + (1 if tail and not tail.endswith(b"\n") else 0)
         tail = tail[max(0, len(tail) - tail_bytes):] if tail_bytes else b""
-        return ExecReply(done.exit_code, lines, total, tail, kept, done.pids_events)
+        return ExecReply(done.exit_code, lines, total, tail, kept, done.pids_events, cut)
 
-    def count(self, path: str, tail_bytes: int, deadline: float) -> tuple[int, int, bytes]:
-        """(newlines, bytes, last tail_bytes bytes) of an output file, which is kept (not removed with the junk)."""
+    def count(self, path: str, tail_bytes: int, deadline: float) -> tuple[int, int, int, bytes]:
+        """(newlines, bytes, bytes cut from its front, last tail_bytes bytes) of an output file, which is kept (not
+        removed with the junk)."""
         nonce = secrets.token_hex(12).encode()
         self._send(b"c %d %s %s\n" % (tail_bytes, nonce, escape_field(path)), deadline)
         counts = self._line(deadline).split()
-        if len(counts) != 3 or counts[0] != b"C" or not counts[1].isdigit() or not counts[2].isdigit():
+        if len(counts) != 4 or counts[0] != b"C" or not all(c.isdigit() for c in counts[1:]):
             self.broken = True
             raise ProtocolError(f"exec channel: unexpected reply {counts[:4]!r}")
         tail = self._required(nonce + b"\n", deadline, tail_bytes)
-        return int(counts[1]), int(counts[2]), tail
+        return int(counts[1]), int(counts[2]), int(counts[3]), tail
+
+    def trim(self, path: str, keep: int, deadline: float) -> int:
+        """Bound a running command's output file to about its last `keep` bytes on disk; bytes cut so far."""
+        self._send(b"T %d %s\n" % (keep, escape_field(path)), deadline)
+        reply = self._line(deadline).split()
+        if len(reply) != 2 or reply[0] != b"T" or not reply[1].isdigit():
+            self.broken = True
+            raise ProtocolError(f"exec channel: unexpected reply {reply[:4]!r}")
+        return int(reply[1])
 
     def tail(self, path: str, offset: int, max_bytes: int, deadline: float) -> tuple[int, bytes]:
         """(current size, bytes appended since `offset`, at most the last `max_bytes` of them)."""

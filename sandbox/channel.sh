@@ -17,21 +17,27 @@
 # Nothing is written to stdout before the first request ("h"): the host reads the stream only after the HTTP
 # upgrade, and output racing it could be lost.
 #
-# Requests are one line: an op letter and space separated fields. Free text fields (commands, paths, env
-# snippets) are escaped by the host so that they hold no space, tab or newline: "\\" for a backslash and
-# "\0ooo" (octal) for other bytes; `printf %b` decodes them without a fork. Raw data in replies is followed
-# directly by "<nonce>", a random token of the request, so no content can fake the end of a reply.
+# Requests are one line: an op letter and space separated fields; a command follows its line as <len> raw bytes
+# (read in one block). Paths are escaped by the host so that they hold no space, tab or newline: "\\" for a
+# backslash and "\0ooo" (octal) for other bytes; `printf %b` decodes them without a fork. Raw data in replies is
+# followed directly by "<nonce>", a random token of the request, so no content can fake the end of a reply.
 #   h                          -> "R <shell> <pids-events>" | "F <reason>"   (hello)
-#   x <emit> <nonce> <env|-> <cmd>
+#   x <emit> <nonce> <len> + the command
 #                              -> "P <pgid> <output-file>" when started; when it ends the first <emit> bytes of
 #                                 its output, then "<nonce> <rc> <pids-events>\n"
-#   w <n> <nonce> <env|-> <cmd> + n raw bytes
-#                              -> like x; the bytes are stored in a file first, passed to cmd as "$1"
+#   w <n> <nonce> <len> + the command + n raw bytes
+#                              -> like x; the bytes are stored in a file first, passed to the command as "$1"
+#   W <n> <nonce> <len> + the command + n bytes: the same, bash only, for small data: "\\" for a backslash and
+#                                 "\0000" for NUL, so that builtins read and decode it (read -N, printf %b): no fork
 #   c <tail> <nonce> <output-file>
 #                              -> "C <newlines> <bytes>", its last <tail> bytes, "<nonce>\n"; the file is
 #                                 kept (otherwise removed later)
+#   T <keep> <output-file>     -> "T <cut>": keeps the output file's disk use bounded while its command runs: all
+#                                 but the last ~<keep> bytes become a hole (the size, and so the byte count, stay);
+#                                 their newlines are counted in <output-file>.cut ("<cut offset> <lines cut>")
 #   t <offset> <max> <nonce> <output-file>
 #                              -> "S <size>" line, bytes [max(offset, size-max), size), "<nonce>\n"
+#   (x and w answer "B" instead, starting nothing, when the process table is full: the host clears it, retries)
 #   k <pgid>                   -> "K <rc>"  (SIGKILL the process group: a builtin, no fork)
 #   K                          -> "K <n>"   (SIGKILL every process of the agent's uid: for a full process table)
 #   q                          -> exit
@@ -51,9 +57,9 @@ pid_junk=
 pid_junkn=0
 pid_um=022
 pid_pe=0
-pid_pevf=
-for pid_f in /sys/fs/cgroup/pids/pids.events /sys/fs/cgroup/pids.events; do
-    [ -r "$pid_f" ] && { pid_pevf=$pid_f; break; }
+pid_cg=
+for pid_f in /sys/fs/cgroup/pids /sys/fs/cgroup; do
+    [ -r "$pid_f/pids.max" ] && { pid_cg=$pid_f; break; }
 done
 if [ -n "${BASH_VERSION:-}" ]; then
     pid_shell=bash
@@ -73,8 +79,14 @@ pid_setsid=setsid
 
 pid_events() {  # pid_pe <- refused forks so far, read without a fork
     pid_pe=0
-    [ -n "$pid_pevf" ] && { read -r pid_k pid_pe <"$pid_pevf"; } 2>/dev/null
+    [ -n "$pid_cg" ] && { read -r pid_k pid_pe <"$pid_cg/pids.events"; } 2>/dev/null
     case $pid_pe in ''|*[!0-9]*) pid_pe=0 ;; esac
+}
+pid_full() {  # true when the container's process table is (nearly) full: starting anything would hang in fork
+    [ -n "$pid_cg" ] || return 1
+    { read -r pid_pmax <"$pid_cg/pids.max" && read -r pid_pcur <"$pid_cg/pids.current"; } 2>/dev/null || return 1
+    case $pid_pmax$pid_pcur in *[!0-9]*|'') return 1 ;; esac
+    [ $((pid_pcur + 8)) -ge "$pid_pmax" ]
 }
 
 if head --version 2>/dev/null | grep -q GNU; then
@@ -117,10 +129,11 @@ fi
 # requests still find a shell that is up. Each is a fresh bash (own $$, no state of this server) in its own
 # process group and evaluates the command as `bash -c` would. The server holds each slot's FIFO open read-write
 # (fd 4, fd 5) for its whole life, so nothing blocks in open() and a command written before the shell is up
-# waits in the FIFO. A command ends at a NUL byte, which no command can contain.
-# The slot runs /.pid/bin/bash, a copy the agent may execute but not read: the kernel then makes the waiting
-# shell non-dumpable, so no process of the agent can ptrace it or open its FIFO through /proc/<pid>/fd.
-pid_zcode='IFS= read -r -d "" c <&3; exec 3<&-; umask "$1"; cd -- "$2" 2>/dev/null; set --; eval "unset c; $c"'
+# waits in the FIFO. A command comes as its length in bytes, a newline, then the command, read in one block.
+# A waiting slot already runs as the agent: code the agent ran before could reach it (and so the agent's own next
+# command), never the server or anything pid runs as root.
+pid_zcode='pid_r() { local LC_ALL=C; IFS= read -r n <&3 && IFS= read -r -N "$n" c <&3; }; pid_r; exec 3<&-
+unset -f pid_r; unset n; umask "$1"; cd -- "$2" 2>/dev/null; set --; eval "unset c; $c"'
 pid_bash=bash
 pid_slot=0
 pid_z0=
@@ -147,6 +160,8 @@ pid_take_slot() {  # sets pid_pid/pid_out to the current slot's shell, starting 
     if [ "$pid_slot" = 0 ]; then pid_out=$pid_zo0; else pid_out=$pid_zo1; fi
 }
 
+pid_bytes() { local LC_ALL=C; pid_l=${#1}; }   # the length of $1 in bytes, not characters
+
 pid_forget() {  # output files nobody needs; removed in batches (pid_sweep) to save a fork per call
     pid_junk="$pid_junk $1"
     pid_junkn=$((pid_junkn + 1))
@@ -159,23 +174,22 @@ pid_sweep() {
     fi
 }
 
-pid_start() {  # pid_cmd, pid_env -> a running command: pid_pid, pid_out
+pid_start() {  # pid_cmd -> a running command: pid_pid, pid_out
     if [ "$pid_role" = agent ] && [ "$pid_shell" = bash ]; then
         pid_take_slot
-        [ -n "$pid_env" ] && pid_cmd="$pid_env
-$pid_cmd"
+        pid_bytes "$pid_cmd"
         if [ "$pid_slot" = 0 ]; then
-            printf '%s\0' "$pid_cmd" >&4
+            printf '%s\n%s' "$pid_l" "$pid_cmd" >&4
         else
-            printf '%s\0' "$pid_cmd" >&5
+            printf '%s\n%s' "$pid_l" "$pid_cmd" >&5
         fi
     else
         pid_n=$((pid_n + 1))
         pid_out=$pid_dir/$pid_cid.$pid_n
         if [ "$pid_role" = control ] && [ "$pid_shell" = bash ]; then   # pid's own commands, as root
-            ( cd / && eval "$pid_env" && exec bash -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
+            ( cd / && exec bash -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
         else
-            ( cd "$pid_wd" 2>/dev/null; eval "$pid_env"; PATH=$pid_opath; exec $pid_drop $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
+            ( cd "$pid_wd" 2>/dev/null; PATH=$pid_opath; exec $pid_drop $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
         fi
         pid_pid=$!
     fi
@@ -190,45 +204,77 @@ pid_finish() {  # wait for pid_pid, then reply with the head of its output and i
     echo "$pid_nonce $pid_rc $pid_pe"
     pid_forget "$pid_out"
     if [ "$pid_role" = agent ] && [ "$pid_shell" = bash ]; then
-        pid_spawn "$pid_slot"
+        pid_full || pid_spawn "$pid_slot"     # else pid_take_slot starts it when it is needed (and possible)
         pid_slot=$((1 - pid_slot))
     fi
 }
 
-pid_exec() {  # x emit nonce env cmd
+pid_readcmd() {  # $1 bytes of command from stdin -> pid_cmd
+    if [ "$pid_shell" = bash ]; then
+        pid_readn "$1"
+        pid_cmd=$pid_data
+        pid_data=
+    else
+        pid_cmd=$(pid_take "$1")
+    fi
+    [ -n "$pid_cmd" ] || pid_cmd=:
+}
+
+pid_exec() {  # x emit nonce len, then the command
     pid_sweep
     pid_emitn=$2
     pid_nonce=$3
-    pid_dec pid_cmd "$5"
-    pid_env=
-    [ "$4" = - ] || pid_dec pid_env "$4"
+    pid_readcmd "$4"
+    if [ "$pid_role" = agent ] && pid_full; then echo B; return; fi
     pid_start
     pid_finish
 }
 
-pid_upload() {  # w n nonce env cmd, then n raw bytes: stored in a file the command gets as "$1"
+pid_upload() {  # w|W n nonce len, then the command, then n bytes: stored in a file the command gets as "$1"
     pid_sweep
+    pid_readcmd "$4"
     pid_n=$((pid_n + 1))
     pid_in=$pid_dir/$pid_cid.$pid_n.in
-    if [ "$2" -gt 0 ]; then pid_take "$2" >"$pid_in"; else : >"$pid_in"; fi
+    if [ "$1" = W ]; then
+        pid_readn "$2"
+        printf '%b' "$pid_data" >"$pid_in"
+        pid_data=
+    elif [ "$2" -gt 0 ]; then
+        pid_take "$2" >"$pid_in"
+    else
+        : >"$pid_in"
+    fi
     pid_emitn=0
     pid_nonce=$3
-    pid_dec pid_cmd "$5"
     pid_cmd="set -- $pid_in
 $pid_cmd"
-    pid_env=
-    [ "$4" = - ] || pid_dec pid_env "$4"
+    pid_forget "$pid_in"
+    if [ "$pid_role" = agent ] && pid_full; then echo B; return; fi
     pid_start
     pid_finish
-    pid_forget "$pid_in"
 }
+
+pid_cutinfo() {  # pid_cut, pid_cutl <- what pid_trim dropped from the front of file $1
+    pid_cut=0
+    pid_cutl=0
+    [ -f "$1.cut" ] && read -r pid_cut pid_cutl <"$1.cut" 2>/dev/null
+    case $pid_cut$pid_cutl in *[!0-9]*|'') pid_cut=0; pid_cutl=0 ;; esac
+}
+
+pid_readn() { local LC_ALL=C; pid_data=; [ "$1" -gt 0 ] && IFS= read -r -N "$1" pid_data; }  # bash: blocks, no fork
 
 pid_count() {  # c tail nonce path
     pid_dec pid_p "$4"
     pid_tb=$2
     pid_nonce=$3
-    set -- $(wc -l -c <"$pid_p" 2>/dev/null)
-    echo "C ${1:-0} ${2:-0}"
+    pid_cutinfo "$pid_p"
+    if [ "$pid_cut" = 0 ]; then
+        set -- $(wc -l -c <"$pid_p" 2>/dev/null)
+    else   # only the kept tail is read; the front's newlines were counted when it was cut
+        pid_size=$(wc -c <"$pid_p" 2>/dev/null)
+        set -- $(($(tail -c +$((pid_cut + 1)) "$pid_p" | wc -l) + pid_cutl)) "$pid_size"
+    fi
+    echo "C ${1:-0} ${2:-0} $pid_cut"
     tail -c "$pid_tb" "$pid_p"
     echo "$pid_nonce"
     case $pid_junk in
@@ -250,6 +296,23 @@ pid_tail() {  # t offset max nonce path: output appended since offset, at most t
         tail -c +$((pid_from + 1)) "$pid_p" | head -c $((pid_size - pid_from))
     fi
     echo "$4"
+}
+
+pid_trim() {  # T keep path
+    pid_dec pid_p "$3"
+    pid_cutinfo "$pid_p"
+    pid_size=$(wc -c <"$pid_p" 2>/dev/null) || pid_size=0
+    pid_size=$((pid_size + 0))
+    if [ $((pid_size - pid_cut)) -gt $(($2 * 2)) ]; then
+        pid_new=$(((pid_size - $2) / 1048576 * 1048576))
+        pid_nl=$(tail -c +$((pid_cut + 1)) "$pid_p" | head -c $((pid_new - pid_cut)) | wc -l)
+        if fallocate -p -o "$pid_cut" -l $((pid_new - pid_cut)) "$pid_p" 2>/dev/null; then
+            pid_cut=$pid_new
+            pid_cutl=$((pid_cutl + pid_nl))
+            echo "$pid_cut $pid_cutl" >"$pid_p.cut"
+        fi
+    fi
+    echo "T $pid_cut"
 }
 
 pid_killuid() {  # SIGKILL every process of the agent's uid, with builtins only: the process table may be full
@@ -284,19 +347,14 @@ pid_hello() {
         if [ "$pid_uid" != 0 ]; then
             command -v setpriv >/dev/null 2>&1 ||
                 { echo "F the image has no setpriv (util-linux), needed to run commands as a non-root user; use --user root or add util-linux"; return; }
-            if command -v bash >/dev/null 2>&1 && [ ! -x /.pid/bin/bash ]; then
-                mkdir -p /.pid/bin && cp "$(command -v bash)" /.pid/bin/bash && chmod 711 /.pid/bin /.pid/bin/bash
-            fi
         fi
     fi
     umask "$pid_um"
     pid_setsid=$(command -v setsid) || pid_setsid=setsid
     if [ "$pid_role" = agent ] && [ "$pid_uid" != 0 ]; then
         pid_drop="$(command -v setpriv) --reuid=$pid_uid --regid=$pid_gid --clear-groups --inh-caps=-all --bounding-set=-all"
-        [ "$pid_shell" = bash ] && { [ -x /.pid/bin/bash ] && pid_bash=/.pid/bin/bash || pid_bash=$(command -v bash); }
-    elif [ "$pid_shell" = bash ]; then
-        pid_bash=$(command -v bash)
     fi
+    [ "$pid_shell" = bash ] && pid_bash=$(command -v bash)
     cd "$pid_wd" 2>/dev/null
     if [ "$pid_role" = agent ] && [ "$pid_shell" = bash ]; then
         rm -f "$pid_fifo.0" "$pid_fifo.1"
@@ -311,9 +369,10 @@ while IFS= read -r pid_line; do
     set -- $pid_line
     case ${1:-} in
         x) pid_exec "$@" ;;
-        w) pid_upload "$@" ;;
+        w|W) pid_upload "$@" ;;
         c) pid_count "$@" ;;
         t) pid_tail "$@" ;;
+        T) pid_trim "$@" ;;
         k) kill -9 -"$2" 2>/dev/null || kill -9 "$2" 2>/dev/null; echo "K $?" ;;
         K) pid_killuid ;;
         h) pid_hello ;;

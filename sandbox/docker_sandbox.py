@@ -15,7 +15,7 @@ import posixpath
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import docker
 import docker.errors
@@ -25,13 +25,14 @@ from pid.sandbox import ExecResult, SandboxLost
 
 from . import fileops
 from .artifacts import FilesBudget, PatchCopy, Skipped, copy_patch, extract_files
-from .channel import PID_DIR, Channel, ChannelClosed, Finished, install_script
+from .channel import PID_DIR, Channel, ChannelClosed, Finished, TableFull, install_script
 from .config import (AGENT_HOME, BASE_ENV, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, SandboxConfig,
                      parse_user)
 from .disk import DiskError, JobDisk, disks_supported
 from .docker_client import connect, ensure_image
 from .errors import SandboxError
 from .pool import ChannelPool
+from .processes import kill_agent_processes
 from .reaper import owner_label
 from .workspace import base_script, build_tar, patch_script
 
@@ -44,8 +45,9 @@ CANCEL_POLL_S = 0.1        # how often a waiting call looks at its cancel Event
 KILL_GRACE_S = 10.0        # after SIGKILL, the server must report the end within this
 FILE_TIMEOUT_S = 120.0     # a read or write of the tools, start to end
 READ_LIMIT = 64 << 20      # the most one read_file returns, whatever the caller asks
-INLINE_WRITE_MAX = 32768   # above this, data is uploaded raw instead of inside the command
 CONTROL_TIMEOUT_S = 30.0   # a control request (kill, poll) must be answered within this
+KEEP_OUTPUT = 64 << 20     # a command's kept output file holds at most about its last this-many bytes...
+TRIM_EVERY_S = 1.0         # ...checked this often while it runs
 
 # pid's in-container machinery runs as root with only these capabilities; the agent (another uid) gets none:
 #   SETUID, SETGID  setpriv drops each agent command to the agent's uid and gid
@@ -103,6 +105,7 @@ class DockerSandbox:
         self._control: Channel | None = None
         self._control_lock = threading.Lock()
         self._closed = False
+        self._out_dir_fd: int | None = None   # the job disk's /.pid/out, opened on the host
         self.removed_by_pid = False       # kill() was called: the container is gone on purpose
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -165,13 +168,19 @@ class DockerSandbox:
             raise
         sandbox = cls(client, container.id, config, disk)
         try:
+            if disk is not None:
+                install_script(client.api, container.id, disk.path("pid"))
             try:
                 container.start()
             except docker.errors.DockerException as exc:
                 raise SandboxError(f"cannot start sandbox container from {config.image!r}: {exc}") from exc
-            install_script(client.api, container.id)
+            if disk is None:
+                install_script(client.api, container.id, None)
             sandbox._control = sandbox._open_channel("control")
             sandbox.shell = sandbox._control.shell
+            if disk is not None:   # made by the control server just now, before any command of the agent
+                sandbox._out_dir_fd = os.open(os.path.join(disk.path("pid"), "out"),
+                                              os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             sandbox._pids_events = sandbox._control.pids_events
             sandbox._pool.release(sandbox._pool.acquire())   # one warm channel now...
             # ...and a second in the background, so the first parallel batch of tool calls pays no docker exec
@@ -233,6 +242,9 @@ class DockerSandbox:
         if self._control is not None:
             self._control.close()
         self._remove_container()
+        if self._out_dir_fd is not None:
+            os.close(self._out_dir_fd)
+            self._out_dir_fd = None
         if self._disk is not None:
             self._wait_gone(10.0)     # the bind mounts hold the disk busy until the container is really gone
             self._disk.close()
@@ -296,7 +308,12 @@ class DockerSandbox:
             raise SandboxLost(f"could not stop a command inside the sandbox ({exc}); the container was removed") from exc
 
     def _clear_process_table(self) -> int:
-        """After the pids limit was hit: kill every process of the agent, so that the next call can start."""
+        """After the pids limit was hit: kill every process of the agent, so that the next call can start. From the
+        host with the container frozen where possible (a fork bomb cannot race it, nor starve it of CPU); else by
+        pid's server inside, with builtins."""
+        killed = kill_agent_processes(self.client, self.container_id, self.uid)
+        if killed is not None:
+            return killed
         return self._with_control(lambda ch: ch.kill_agent_processes(time.monotonic() + CONTROL_TIMEOUT_S))
 
     def run_as_pid(self, script: str, what: str, timeout: float = 600.0) -> bytes:
@@ -305,7 +322,7 @@ class DockerSandbox:
         Raises SandboxError when it fails or outlives `timeout` (then its process group is killed).
         """
         def run(channel: Channel) -> Finished:
-            pgid, _ = channel.start(script, None, 16384, time.monotonic() + CONTROL_TIMEOUT_S)
+            pgid, _ = channel.start(script, 16384, time.monotonic() + CONTROL_TIMEOUT_S)
             done = channel.finish(time.monotonic() + timeout)
             if done is None:
                 channel.kill(pgid, time.monotonic() + CONTROL_TIMEOUT_S)
@@ -329,15 +346,22 @@ class DockerSandbox:
             raise SandboxLost("the sandbox container was removed")
         return self._pool.acquire()
 
-    def _start(self, command: bytes | str, env: Mapping[str, str] | None, emit: int, deadline: float,
-               upload: bytes | None) -> tuple[Channel, int, str]:
-        """Start a command on a pooled agent channel, which stays lent until its reply is read. A channel whose
-        server died while idle is replaced and the start retried: a dead server ran nothing."""
+    def _start(self, command: bytes | str, emit: int, deadline: float, upload: bytes | None) -> tuple[Channel, int, str, bool]:
+        """Start a command on a pooled agent channel, which stays lent until its reply is read; (channel, pgid,
+        output file, whether a full process table had to be cleared first). A channel whose server died while idle
+        is replaced and the start retried: a dead server ran nothing."""
+        cleared = False
         for attempt in range(MAX_CHANNELS + 1):
             channel = self._acquire()
             try:
-                pgid, out_path = channel.start(command, env, emit, deadline, upload=upload)
-                return channel, pgid, out_path
+                pgid, out_path = channel.start(command, emit, deadline, upload=upload)
+                return channel, pgid, out_path, cleared
+            except TableFull:
+                self._pool.release(channel)
+                if cleared or self.uid == 0:
+                    raise
+                self._clear_process_table()
+                cleared = True
             except ChannelClosed as exc:
                 self._pool.discard(channel)
                 self._raise_if_lost(exc)
@@ -351,19 +375,21 @@ class DockerSandbox:
         raise AssertionError("unreachable")
 
     def _run(self, command: bytes | str, *, emit: int, timeout: float, cancel: threading.Event | None,
-             collect: Callable[[Channel, float], Any], env: Mapping[str, str] | None = None,
-             upload: bytes | None = None,
-             on_output: Callable[[bytes], None] | None = None) -> tuple[str | None, Any]:
-        """Start a command on an agent channel and wait for its end, its deadline or cancel; (stop reason, reply).
+             collect: Callable[[Channel, float], Any], upload: bytes | None = None,
+             on_output: Callable[[bytes], None] | None = None) -> tuple[str | None, Any, bool]:
+        """Start a command on an agent channel and wait for its end, its deadline or cancel; (stop reason, reply,
+        whether the process table had to be cleared to start it).
 
         On timeout or cancel its process group is killed inside the container before this returns.
         """
         started = time.monotonic()
         deadline = started + timeout
-        channel, pgid, out_path = self._start(command, env, emit, min(deadline, started + CONTROL_TIMEOUT_S), upload)
+        channel, pgid, out_path, cleared = self._start(command, emit, min(deadline, started + CONTROL_TIMEOUT_S),
+                                                       upload)
         try:
             next_poll = started + OUTPUT_POLL_S
-            polled = 0
+            next_trim = started + TRIM_EVERY_S
+            polled = cut = 0
             stop: str | None = None
             while True:
                 now = time.monotonic()
@@ -373,7 +399,10 @@ class DockerSandbox:
                 if now >= deadline:
                     stop = "timed_out"
                     break
-                wake = deadline
+                if now >= next_trim:
+                    cut = self._trim_output(out_path, cut)
+                    next_trim = time.monotonic() + TRIM_EVERY_S
+                wake = min(deadline, next_trim)
                 if cancel is not None:
                     wake = min(wake, now + CANCEL_POLL_S)
                 if on_output is not None:
@@ -401,28 +430,29 @@ class DockerSandbox:
                 self._raise_if_lost(exc)
             raise
         self._pool.release(channel)
-        return stop, reply
+        return stop, reply, cleared
 
     def exec(self, command: str, *, timeout: float, tail_bytes: int = 65536,
              keep_lines: int | None = None, keep_bytes: int | None = None,
              on_output: Callable[[bytes], None] | None = None,
              cancel: threading.Event | None = None) -> ExecResult:
-        stop, reply = self._run(
+        stop, reply, cleared = self._run(
             command, emit=tail_bytes + 1, timeout=timeout, cancel=cancel, on_output=on_output,
             collect=lambda ch, deadline: ch.wait_exec(deadline, tail_bytes, keep_lines, keep_bytes))
-        pids_hit = reply.pids_events > self._pids_events
+        refused = reply.pids_events > self._pids_events     # forks failed while it ran: clear what is left
         self._pids_events = max(self._pids_events, reply.pids_events)
-        if pids_hit and self.uid != 0:
+        if refused and self.uid != 0:
             self._clear_process_table()
+        pids_hit = refused or cleared
         return ExecResult(
             exit_code=None if stop else reply.exit_code, tail=reply.tail, total_bytes=reply.total_bytes,
             total_lines=reply.total_lines, timed_out=stop == "timed_out", cancelled=stop == "cancelled",
-            output_path=reply.kept_path, pids_limit_hit=pids_hit)
+            output_path=reply.kept_path, output_from=reply.kept_from, pids_limit_hit=pids_hit)
 
     def _file_op(self, snippet: bytes, path: str, *, emit: int, timeout: float, cancel: threading.Event | None,
                  upload: bytes | None = None) -> bytes:
-        stop, done = self._run(snippet, emit=emit, timeout=timeout, cancel=cancel, upload=upload,
-                               collect=lambda ch, deadline: ch.finish(deadline))
+        stop, done, _ = self._run(snippet, emit=emit, timeout=timeout, cancel=cancel, upload=upload,
+                                  collect=lambda ch, deadline: ch.finish(deadline))
         if stop == "cancelled":
             raise InterruptedError(f"cancelled: {path}")
         if stop == "timed_out":
@@ -441,17 +471,49 @@ class DockerSandbox:
                    cancel: threading.Event | None = None) -> None:
         target = self._abs(path)
         data = bytes(data)
-        if len(data) <= INLINE_WRITE_MAX:
-            self._file_op(fileops.write_snippet(target, data), target, emit=0, timeout=timeout, cancel=cancel)
-        else:
-            self._file_op(fileops.write_snippet(target, None), target, emit=0, timeout=timeout, cancel=cancel,
-                          upload=data)
+        self._file_op(fileops.write_snippet(self.shell, target, len(data)), target, emit=0, timeout=timeout,
+                      cancel=cancel, upload=data)
 
     # -- helpers -----------------------------------------------------------------------------------------------
+    def _output_size(self, out_path: str) -> int | None:
+        """A running command's output size, read on the host through the job disk (no request, no process in the
+        container); None without a job disk. The directory was opened before the agent ran: nothing is followed."""
+        name = posixpath.basename(out_path)
+        if self._out_dir_fd is None or out_path != f"{PID_DIR}/out/{name}":
+            return None
+        try:
+            return os.stat(name, dir_fd=self._out_dir_fd, follow_symlinks=False).st_size
+        except OSError:
+            return None
+
+    def _on_spare_channel(self, fn: Callable[[Channel], Any]) -> Any:
+        """fn(an idle pooled channel) if one is free right now, else None: housekeeping never waits, and never
+        holds up the control channel that kills depend on."""
+        channel = self._pool.acquire(block=False)
+        if channel is None:
+            return None
+        try:
+            result = fn(channel)
+        except BaseException:
+            self._pool.discard(channel)
+            raise
+        self._pool.release(channel)
+        return result
+
+    def _trim_output(self, out_path: str, cut: int) -> int:
+        """Keep a long-running command's output from filling the job's disk: beyond KEEP_OUTPUT only its tail is
+        kept. Returns the bytes cut so far."""
+        size = self._output_size(out_path)
+        if size is not None and size - cut <= 2 * KEEP_OUTPUT:
+            return cut
+        done = self._on_spare_channel(
+            lambda ch: ch.trim(out_path, KEEP_OUTPUT, time.monotonic() + CONTROL_TIMEOUT_S))
+        return cut if done is None else done
+
     def _poll_output(self, out_path: str, offset: int, on_output: Callable[[bytes], None]) -> int:
-        """Hand output appended since `offset` to on_output, through the control channel when it is free."""
-        got = self._with_control(
-            lambda ch: ch.tail(out_path, offset, OUTPUT_CHUNK, time.monotonic() + CONTROL_TIMEOUT_S), block=False)
+        """Hand output appended since `offset` to on_output, through a spare channel if one is free."""
+        got = self._on_spare_channel(
+            lambda ch: ch.tail(out_path, offset, OUTPUT_CHUNK, time.monotonic() + CONTROL_TIMEOUT_S))
         if got is None:
             return offset
         size, chunk = got

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 
 # exit status of a snippet -> the exception the builtins would raise
 _ERRORS: dict[int, tuple[type[OSError], int]] = {
@@ -49,9 +48,7 @@ _CHECK_WRITE = """case $f in */*) d=${f%/*} ;; *) d=. ;; esac
 """
 
 
-# Bytes printf %b must decode: the backslash itself, and control bytes, which a shell's `eval` may not keep as they
-# are (bash uses \x01 and \x7f as internal quoting marks); newline and tab are safe inside single quotes.
-_CONTROL = re.compile(rb"[\\\x00-\x08\x0b-\x1f\x7f]")
+_BUILTIN_COPY_MAX = 32768   # bash copies this much with builtins faster than `cat` starts
 
 
 def quote(value: str | bytes) -> bytes:
@@ -68,14 +65,12 @@ def read_snippet(shell: str, path: str, max_bytes: int) -> bytes:
     return head + b'exec head -c %d -- "$f" 2>/dev/null\n' % max_bytes
 
 
-def write_snippet(path: str, data: bytes | None) -> bytes:
-    """Create or overwrite `path` (parents made, mode kept) with `data` inline (decoded by printf %b, no NUL in
-    the command), or with the uploaded file "$1" when data is None."""
+def write_snippet(shell: str, path: str, size: int) -> bytes:
+    """Create or overwrite `path` (parents made, mode kept) with the `size` bytes of the uploaded file "$1"."""
     body = b"f=" + quote(path) + b"\n" + _CHECK_WRITE.encode() + b"exec 2>/dev/null\n"
-    if data is None:
-        return body + b'cat -- "$1" >"$f" || exit 95\n'
-    encoded = _CONTROL.sub(lambda m: b"\\\\" if m.group() == b"\\" else b"\\0%03o" % m.group()[0], data)
-    return body + b"printf '%b' " + quote(encoded) + b' >"$f" || exit 95\n'
+    if shell == "bash" and size <= _BUILTIN_COPY_MAX:
+        return body + _BASH_EMIT.encode() + b'e "$1" %d >"$f" || exit 95\n' % size
+    return body + b'cat -- "$1" >"$f" || exit 95\n'
 
 
 def raise_for_status(status: int, path: str) -> None:

@@ -141,7 +141,11 @@ def format_output(ctx: ToolContext, result: ExecResult) -> tuple[str, dict[str, 
     total = result.total_lines
     end = total
     start = max(total - cut.output_lines + 1, 1)
-    where = f". Full output: {result.output_path}]" if result.output_path else ".]"
+    if result.output_path and result.output_from:
+        where = (f". The last {format_size(result.total_bytes - result.output_from)} of the output (from byte "
+                 f"{result.output_from}; what is before it reads as NUL bytes): {result.output_path}]")
+    else:
+        where = f". Full output: {result.output_path}]" if result.output_path else ".]"
     details: dict[str, Any] = {"truncation": {"totalLines": total, "totalBytes": result.total_bytes,
                                               "outputLines": cut.output_lines, "outputBytes": cut.output_bytes},
                                "fullOutputPath": result.output_path}

@@ -1,0 +1,95 @@
+"""Killing every process of the agent from outside the container, where nothing the agent does can get in the way.
+
+Why from outside: a fork bomb keeps the process table full (so nothing new can start inside) and keeps the CPU
+busy (so pid's own server inside, one task among hundreds under the CPU quota, barely runs). The engine freezes the
+whole container (cgroup freezer: nothing runs, nothing forks), the host SIGKILLs every process of the agent's uid,
+and the container thaws with only pid's machinery left. This needs the worker to run as root on the engine's host,
+as the per-job disk does; elsewhere `kill_agent_processes` answers None and the caller uses the in-container sweep.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+import docker
+import docker.errors
+
+log = logging.getLogger(__name__)
+
+MAX_PROCESSES = 1 << 16    # a container's process list is read up to this many entries
+
+
+def _read(path: str, limit: int = 1 << 20) -> str:
+    with open(path, "rb") as f:
+        return f.read(limit).decode("ascii", "replace")
+
+
+def _cgroup_procs_file(init_pid: int) -> str | None:
+    """The host path of the cgroup.procs that holds the container's processes (cgroup v1 pids controller, or v2)."""
+    for line in _read(f"/proc/{init_pid}/cgroup").splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":                                   # cgroup v2
+            candidate = f"/sys/fs/cgroup{path}/cgroup.procs"
+        elif "pids" in controllers.split(","):
+            candidate = f"/sys/fs/cgroup/pids{path}/cgroup.procs"
+        else:
+            continue
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def _host_uid(init_pid: int, uid: int) -> int | None:
+    """The container's uid as the host sees it (different under user-namespace remapping)."""
+    for line in _read(f"/proc/{init_pid}/uid_map").splitlines():
+        inside, outside, count = (int(x) for x in line.split())
+        if inside <= uid < inside + count:
+            return outside + uid - inside
+    return None
+
+
+def _real_uid(pid: int) -> int | None:
+    try:
+        for line in _read(f"/proc/{pid}/status", 8192).splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: int) -> int | None:
+    """SIGKILL every process of uid `uid` in the container, frozen first; how many. None: not possible from here."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        init_pid = int(client.api.inspect_container(container_id)["State"]["Pid"])
+        procs = _cgroup_procs_file(init_pid) if init_pid > 0 else None
+        host_uid = _host_uid(init_pid, uid) if procs else None
+    except (OSError, ValueError, KeyError, docker.errors.DockerException) as exc:
+        log.info("cannot sweep the container from the host: %s", exc)
+        return None
+    if procs is None or host_uid is None or host_uid == 0:
+        return None
+    try:
+        client.api.pause(container_id)
+    except docker.errors.DockerException as exc:
+        log.info("cannot freeze the container: %s", exc)
+        return None
+    killed = 0
+    try:
+        for entry in _read(procs, MAX_PROCESSES * 12).split()[:MAX_PROCESSES]:
+            pid = int(entry)
+            if _real_uid(pid) == host_uid:
+                try:
+                    os.kill(pid, signal.SIGKILL)   # delivered the moment the container thaws
+                    killed += 1
+                except ProcessLookupError:
+                    pass
+    finally:
+        try:
+            client.api.unpause(container_id)
+        except docker.errors.DockerException as exc:
+            log.warning("could not thaw container %s: %s", container_id[:12], exc)
+    return killed

@@ -1,0 +1,281 @@
+"""The agent as an adversary: each attack on pid itself, against a real container (and, end to end, the real CLI).
+
+The default agent (uid 1000, no capabilities) must fail at the source; where an attack needs root in the container
+it is run with `--user root`, and what protects the host then is the host's own bounds (bytes, time, validation).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from pid.sandbox import SandboxError
+from sandbox import DockerSandbox, SandboxConfig
+from sandbox.channel import ProtocolError
+from tests.scripted_llm import ScriptedLLM
+
+IMAGE = os.environ.get("PID_TEST_IMAGE", "pid-sandbox:latest")
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def opts(llm: ScriptedLLM, out: Path, *extra: str) -> list[str]:
+    return ["--model", "scripted", "--base-url", llm.base_url, "--out", str(out), "--json", *extra]
+
+
+def tool_results(request: dict) -> list[str]:
+    return [m["content"] for m in request["messages"] if m["role"] == "tool"]
+
+
+@pytest.fixture(scope="module")
+def box():
+    sandbox = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id="test-trust", ttl_s=900))
+    try:
+        yield sandbox
+    finally:
+        sandbox.close()
+
+
+@pytest.fixture(scope="module")
+def root_box():
+    sandbox = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id="test-trust-root", ttl_s=900, user="root"))
+    try:
+        yield sandbox
+    finally:
+        sandbox.close()
+
+
+# -- 1. host memory ---------------------------------------------------------------------------------------------
+def test_a_flood_into_the_channel_is_refused_at_the_source(box):
+    result = box.exec("head -c 300M /dev/zero > /proc/$PPID/fd/1; echo rc=$?", timeout=60)
+    assert b"Permission denied" in result.tail and result.tail.endswith(b"rc=1\n"), result.tail
+
+
+def test_a_root_agent_flooding_the_channel_costs_the_host_no_memory(root_box):
+    root_box.exec("true", timeout=10)
+    before = rss_mb()
+    with pytest.raises(ProtocolError):
+        root_box.exec("head -c 300M /dev/zero > /proc/$PPID/fd/1; sleep 2", timeout=60)
+    assert rss_mb() - before < 100
+    assert root_box.exec("echo fresh", timeout=10).tail == b"fresh\n"   # a new channel carries on
+
+
+def test_a_root_agent_cannot_plant_the_tools_pid_runs(root_box):
+    """The image's filesystem is read-only: not even a root agent can replace tail, git or sh."""
+    result = root_box.exec("printf '#!/bin/sh\\nhead -c 1G /dev/zero\\n' > /usr/local/bin/tail; echo rc=$?; "
+                           "cp /bin/true /usr/bin/git; echo rc=$?", timeout=10)
+    assert result.tail.count(b"Read-only file system") == 2 and result.tail.count(b"rc=1") == 2, result.tail
+    before = rss_mb()
+    big = root_box.exec("seq 1 300000", timeout=60, tail_bytes=1000)   # counted and tailed by pid's own tools
+    assert big.total_lines == 300000 and big.tail.endswith(b"300000\n") and rss_mb() - before < 50
+
+
+# -- 3, 4. disk and file table ------------------------------------------------------------------------------------
+def test_the_disk_limit_holds_inside_and_costs_the_host_at_most_that(tmp_path):
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id="test-trust-disk", ttl_s=300,
+                                            disk=300 << 20)) as small:
+        image = small._disk.image
+        # (the command's own output shares the full disk: report after making room)
+        result = small.exec("a=$(head -c 1G /dev/zero 2>&1 >/workspace/big); b=$(head -c 100M /dev/zero 2>&1 >/tmp/more); "
+                            "used=$(du -sm /workspace/big | cut -f1); rm -f /workspace/big /tmp/more; echo \"$a\"; echo \"$b\"; "
+                            "echo used=$used", timeout=120)
+        assert result.tail.count(b"No space left on device") == 2, result.tail
+        assert 200 <= int(result.tail.split(b"used=")[1]) < 300, result.tail
+        small.exec("head -c 1G /dev/zero > /workspace/big", timeout=120)     # full again, for the host's count
+        used = os.stat(image).st_blocks * 512
+        assert used < 400 << 20, used
+        with pytest.raises(OSError) as full:             # the write tool says so too, plainly
+            small.write_file("/home/agent/x.bin", os.urandom(1 << 20))
+        assert "No space left" in str(full.value)
+        small.exec("rm -f /workspace/big /tmp/more", timeout=30)
+        assert small.exec("echo room again > /workspace/ok && cat /workspace/ok", timeout=10).tail == b"room again\n"
+    assert not os.path.exists(image)                      # the disk goes with the container
+
+
+def test_processes_times_open_files_stay_well_below_the_host_file_table(box):
+    limits = box.exec("ulimit -n; cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max",
+                      timeout=10).tail.split()
+    nofile, pids = int(limits[0]), int(limits[1])
+    assert nofile * pids * 4 <= int(Path("/proc/sys/fs/file-max").read_text())
+
+
+# -- 10. a full process table -------------------------------------------------------------------------------------
+def _load_host(seconds: float) -> list[subprocess.Popen]:
+    """Both cores busy on the host while the test runs ("also with the machine loaded")."""
+    return [subprocess.Popen(["timeout", str(seconds), "sh", "-c", "while :; do :; done"], start_new_session=True)
+            for _ in range(2)]
+
+
+@pytest.mark.parametrize("loaded", [False, True])
+def test_after_a_fork_bomb_the_next_tool_call_works(box, loaded):
+    hogs = _load_host(60) if loaded else []
+    try:
+        box.exec(":(){ :|:& };:", timeout=5)             # returns at once; the bomb goes on in the background
+        time.sleep(3)
+        after_bomb = box.exec("echo alive; ls -d / && echo forked", timeout=60)
+        assert after_bomb.pids_limit_hit                  # the model is told...
+        assert after_bomb.tail == b"alive\n/\nforked\n"  # ...and the call itself works
+        assert box.exec("echo again && ls -d /", timeout=30).tail == b"again\n/\n"
+        # an escaped bomb (its own sessions, outliving the command) is cleared too
+        escaped = box.exec("for i in $(seq 1 600); do setsid sleep 1000 & done 2>/dev/null; echo spawned", timeout=10)
+        assert escaped.pids_limit_hit
+        after = box.exec("ps -eo user=,args= | grep -c '^1000 *sleep 1000' || true", timeout=30)
+        assert after.tail == b"0\n"
+        box.write_file("after-bomb.txt", b"ok")
+        assert box.read_file("after-bomb.txt") == b"ok"
+    finally:
+        for hog in hogs:   # the whole group: killing `timeout` alone would leave its loop running
+            os.killpg(hog.pid, signal.SIGKILL)
+            hog.wait()
+
+
+# -- 5. the agent cannot reach pid's machinery ------------------------------------------------------------------------
+def test_pids_pipes_files_and_processes_are_out_of_the_agents_reach(box):
+    result = box.exec(
+        "ls /.pid/run 2>&1 | head -1; ls /.pid/git 2>&1 | head -1; "
+        "for f in /.pid/run/*; do echo x > $f; done 2>&1 | head -1; "
+        "s=$(pgrep -f 'channel.sh control' | head -1); cat /proc/$s/environ 2>&1 | head -c 80; echo; "
+        "ls -l /proc/$s/fd/ 2>&1 | head -1; kill -STOP $s; echo kill=$?; kill -STOP 1; echo init=$?; "
+        "kill -STOP $(pgrep -x sleep); echo ttl=$?",
+        timeout=10)
+    text = result.tail.decode()
+    # run, git, FIFOs, the control server's environment and fds; no signal to it, to init or to the TTL's sleep
+    assert text.count("Permission denied") == 5, text
+    assert "kill=1" in text and "init=1" in text and "ttl=1" in text, text
+
+
+def test_a_job_is_root_free_by_default_and_root_on_request(run_pid, sample_repo, tmp_path):
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "id -u; grep CapEff /proc/self/status"}}]},
+              {"text": "done"}]
+    for user, expect in (("1000:1000", "1000\nCapEff:\t0000000000000000"), ("root", "0\nCapEff:")):
+        with ScriptedLLM(script) as llm:
+            res = run_pid("run", "who am i", "--repo", str(sample_repo), "--user", user,
+                          *opts(llm, tmp_path / f"out-{user[:4]}"))
+            seen = tool_results(llm.requests[1])[0]
+        assert res.code == 0 and res.json()["status"] == "completed", res.stderr
+        assert seen.startswith(expect), seen
+
+
+# -- 2. a job that never ends ---------------------------------------------------------------------------------------
+def test_frozen_servers_cannot_keep_a_job_past_its_wall_clock(run_pid, sample_repo, tmp_path):
+    freeze = "(sleep 1; pkill -STOP -f channel.sh; pkill -STOP -x sleep) >/dev/null 2>&1 & echo armed"
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": freeze}}]},
+              {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 3"}}]},
+              {"tool_calls": [{"name": "write", "arguments": {"path": "stuck.txt", "content": "x" * 100000}}]},
+              {"text": "never"}]
+    with ScriptedLLM(script) as llm:
+        started = time.monotonic()
+        res = run_pid("run", "freeze", "--repo", str(sample_repo), "--user", "root", "--timeout", "30",
+                      *opts(llm, tmp_path / "out"), timeout=200)
+        took = time.monotonic() - started
+    result = res.json()
+    assert took < 90, took
+    assert res.code == 3 and result["status"] == "timeout" and result["exit_reason"] == "wall_clock", result
+    assert (tmp_path / "out" / result["id"] / "result.json").exists()
+
+
+def test_a_default_agent_cannot_freeze_pid(run_pid, sample_repo, tmp_path):
+    script = [{"tool_calls": [{"name": "bash", "arguments": {
+        "command": "pkill -STOP -f channel.sh; echo rc=$?; pkill -STOP -x sleep; echo rc=$?"}}]},
+              {"tool_calls": [{"name": "write", "arguments": {"path": "fine.txt", "content": "fine\n"}}]},
+              {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        res = run_pid("run", "freeze", "--repo", str(sample_repo), *opts(llm, tmp_path / "out"), timeout=120)
+        seen = tool_results(llm.requests[1])[0]
+        assert seen.count("Operation not permitted") >= 3 and seen.count("rc=1") == 2, seen
+    result = res.json()
+    assert res.code == 0 and result["status"] == "completed", result
+    assert "+fine" in (tmp_path / "out" / result["id"] / "patch.diff").read_text()
+
+
+# -- 6. a job that lies -----------------------------------------------------------------------------------------------
+def test_a_container_removed_mid_job_fails_the_job(run_pid, pid_env, sample_repo, tmp_path):
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]},
+              {"text": "all good, honest"}]
+    client = docker.from_env()
+    from sandbox.reaper import owner_label
+    owner = owner_label(pid_env["PID_HOME"])
+
+    def remove_when_running() -> None:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            found = client.containers.list(filters={"label": f"pid.owner={owner}"})
+            if found:
+                time.sleep(2)
+                found[0].remove(force=True)
+                return
+            time.sleep(0.2)
+
+    remover = threading.Thread(target=remove_when_running)
+    with ScriptedLLM(script) as llm:
+        remover.start()
+        res = run_pid("run", "t", "--repo", str(sample_repo), *opts(llm, tmp_path / "out"), timeout=120)
+        remover.join()
+    result = res.json()
+    assert res.code == 1 and result["status"] == "failed" and result["exit_reason"] == "sandbox_error", result
+    assert "gone" in result["error"]
+
+
+def test_a_forged_git_and_hostile_git_state_leave_the_real_change(run_pid, sample_repo, tmp_path):
+    attack = (
+        "mkdir -p ~/bin && printf '#!/bin/sh\\necho forged\\n' > ~/bin/git && chmod +x ~/bin/git; "
+        "printf '#!/bin/sh\\necho forged\\n' > /usr/local/bin/git; "
+        "git config core.fsmonitor 'touch /tmp/pwned'; git config filter.slow.clean 'sleep 900'; "
+        "echo '* filter=slow' > .gitattributes; mkdir -p .git/hooks; echo 'touch /tmp/pwned' > .git/hooks/post-checkout; "
+        "chmod +x .git/hooks/post-checkout; for f in /.pid/run/*; do echo 'x 1 n - rm -rf /workspace' > $f; done; "
+        "echo 'print(\"fixed\")' > hello.py; echo done")
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": attack}}]}, {"text": "fixed"}]
+    with ScriptedLLM(script) as llm:
+        started = time.monotonic()
+        res = run_pid("run", "t", "--repo", str(sample_repo), *opts(llm, tmp_path / "out"), timeout=120)
+        took = time.monotonic() - started
+    result = res.json()
+    assert res.code == 0 and result["status"] == "completed", result
+    assert took < 60, took                                # the filter's `sleep 900` never ran
+    patch = (tmp_path / "out" / result["id"] / "patch.diff").read_text()
+    assert '+print("fixed")' in patch and "+* filter=slow" in patch
+    headers = [line for line in patch.splitlines() if line.startswith(("diff --git", "--- ", "+++ "))]
+    assert not any(".git/" in line or ".." in line for line in headers), headers
+    copy = tmp_path / "apply"
+    subprocess.run(["cp", "-r", str(sample_repo), str(copy)], check=True)
+    subprocess.run(["git", "-C", str(copy), "apply", str(tmp_path / "out" / result["id"] / "patch.diff")], check=True)
+    assert (copy / "hello.py").read_text() == 'print("fixed")\n'
+
+
+# -- 8, 9. unbounded and hostile artifacts ----------------------------------------------------------------------------
+def test_oversized_and_hostile_artifacts_are_refused_and_listed(run_pid, sample_repo, tmp_path):
+    make = ("head -c 3000000 /dev/urandom > blob.bin; mkdir -p evil out/many && "
+            "printf 'evil' > \"evil/$(printf 'name\\033]0;pwned\\007\\nx')\" && cd out && ln -s /etc/passwd link && "
+            "for i in $(seq 1 50); do echo $i > many/$i; done && echo ok")
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": make}}]}, {"text": "made"}]
+    with ScriptedLLM(script) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), "--file", "evil", "--file", "out", "--file", "missing.txt",
+                      "--max-patch", "1m", "--max-files", "20", *opts(llm, tmp_path / "out"), timeout=120)
+    result = res.json()
+    job = tmp_path / "out" / result["id"]
+    # a patch over its limit is not delivered, and a job whose patch is missing is not "completed"
+    assert res.code == 1 and result["status"] == "failed" and result["exit_reason"] == "artifact_error", result
+    assert "limit" in result["artifacts"]["patch_error"] and not (job / "patch.diff").exists()
+    refused = {(r["path"], r["reason"]) for r in result["artifacts"]["refused"]}
+    assert ("missing.txt", "not found") in refused
+    assert any("symlink" in reason for _, reason in refused)
+    assert any("control character" in reason and "\\x1b" in path for path, reason in refused), refused
+    assert any("entry limit" in reason for _, reason in refused), refused
+    assert len(result["artifacts"]["files"]) == 20           # entries the limit allowed, directories included
+    written = [p for p in (job / "files").rglob("*")]
+    assert not any(p.is_symlink() for p in written)
+    assert not any("\x1b" in p.name or "\n" in p.name for p in written)
+    json.dumps(result)   # every reason is printable, plain JSON
