@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from typing import Any, Callable
 
 import click
@@ -127,10 +128,12 @@ def cli() -> None:
 @job_options
 def run(api_key: str | None, as_json: bool, **options: Any) -> None:
     """Run one job in the foreground (no queue)."""
-    from worker.runner import run_job
     spec = build_spec(**options)
-    check_image(spec.image)
+    from worker.sandbox_start import start_sandbox
+    starting = start_sandbox(spec)    # the container starts while the agent's code loads
+    check_image(spec.image)           # (when this fails, so did the start: there is no container to remove)
     reap_own_quietly()
+    from worker.runner import run_job
     key = api_key or EnvDefaults.read().api_key
     agents: list[Any] = []
 
@@ -146,7 +149,8 @@ def run(api_key: str | None, as_json: bool, **options: Any) -> None:
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         click.echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
-        result = run_job(spec, api_key=key, sink=ev.ignore if as_json else EventPrinter(), on_agent=agents.append)
+        result = run_job(spec, api_key=key, sink=ev.ignore if as_json else EventPrinter(), on_agent=agents.append,
+                         starting=starting)
     except KeyboardInterrupt:  # Ctrl-C during set-up: run_job removed the container and wrote result.json on its way out
         click.echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
         sys.exit(130)
@@ -316,7 +320,6 @@ def list_jobs(limit: int) -> None:
 def worker(concurrency: int, loglevel: str) -> None:
     """Start a worker that runs queued jobs."""
     from worker.app import QUEUE, app
-    reap_own_quietly()
     app.worker_main(["worker", f"--concurrency={concurrency}", f"--queues={QUEUE}", f"--loglevel={loglevel}",
                      "--without-gossip", "--without-mingle", "--without-heartbeat"])
 
@@ -333,12 +336,14 @@ def reap(all_owners: bool) -> None:
 
 
 def reap_own_quietly() -> None:
-    """At start: what an earlier run of this installation left behind goes first (never fatal)."""
-    try:
-        from sandbox.reaper import reap_installation
-        reap_installation(pid_home())
-    except Exception:
-        pass
+    """At start, beside the job: what an earlier run of this installation left behind goes (never fatal)."""
+    def reap() -> None:
+        try:
+            from sandbox.reaper import reap_installation
+            reap_installation(pid_home())
+        except Exception:
+            pass
+    threading.Thread(target=reap, name="pid-reap", daemon=True).start()
 
 
 def main() -> None:

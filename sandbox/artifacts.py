@@ -216,8 +216,8 @@ class _GuardedTarInfo(tarfile.TarInfo):
 
 
 class _ChunkReader(io.RawIOBase):
-    """A read-only file over an iterator of byte chunks (docker's get_archive stream, 2 MiB chunks). Like
-    workspace.ChunkStream, but a chunk is consumed through a memoryview, so small reads never copy its rest."""
+    """A read-only file over an iterator of byte chunks (docker's get_archive stream, 2 MiB chunks); a chunk is
+    consumed through a memoryview, so small reads never copy its rest."""
 
     def __init__(self, chunks: Iterable[bytes]) -> None:
         self._chunks: Iterator[bytes] = iter(chunks)

@@ -27,7 +27,10 @@ SCRIPT_PATH = f"{PID_DIR}/channel.sh"
 
 # Prefer bash (faster paths), fall back to POSIX sh. stderr goes nowhere: nothing may reach the stream before
 # the host's first request, and the protocol reports errors in-band.
-_BOOT = ('exec 2>/dev/null; if command -v bash >/dev/null 2>&1; then exec bash "$@"; fi; exec sh "$@"')
+# The image's PATH is kept for the agent's commands; pid's own server is looked up only in root-owned system
+# directories (an image PATH may name a directory the agent can write).
+_BOOT = ('exec 2>/dev/null; PID_IMAGE_PATH=$PATH; export PID_IMAGE_PATH; PATH=/usr/sbin:/usr/bin:/sbin:/bin; '
+         'export PATH; if command -v bash >/dev/null 2>&1; then exec bash "$@"; fi; exec sh "$@"')
 
 STARTUP_TIMEOUT = 30.0
 REPLY_TIMEOUT = 30.0     # for requests that must answer promptly (start, kill, counts)

@@ -42,8 +42,9 @@
 #   K                          -> "K <n>"   (SIGKILL every process of the agent's uid: for a full process table)
 #   q                          -> exit
 # <pids-events> counts the forks the container's pids limit refused so far (0 when the cgroup does not say).
-pid_opath=${PATH:-/usr/local/bin:/usr/bin:/bin}     # the image's PATH, for the agent's commands
-PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin   # pid's: root-owned, read-only directories
+pid_opath=${PID_IMAGE_PATH:-/usr/local/bin:/usr/bin:/bin}   # the image's PATH, for the agent's commands
+unset PID_IMAGE_PATH
+PATH=/usr/sbin:/usr/bin:/sbin:/bin   # pid's: system directories only (set by the boot line already)
 export PATH
 pid_role=$1
 pid_cid=$2
@@ -186,8 +187,10 @@ pid_start() {  # pid_cmd -> a running command: pid_pid, pid_out
     else
         pid_n=$((pid_n + 1))
         pid_out=$pid_dir/$pid_cid.$pid_n
-        if [ "$pid_role" = control ] && [ "$pid_shell" = bash ]; then   # pid's own commands, as root
-            ( cd / && exec bash -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
+        if [ "$pid_role" = control ] && [ "$pid_shell" = bash ]; then   # pid's own commands: as root, in a
+            ( cd / && exec env -i PATH="$PATH" HOME=/.pid LC_ALL=C bash -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
+        elif [ "$pid_role" = control ]; then                            # clean environment, from /
+            ( cd / && exec env -i PATH="$PATH" HOME=/.pid LC_ALL=C $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
         else
             ( cd "$pid_wd" 2>/dev/null; PATH=$pid_opath; exec $pid_drop $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
         fi
@@ -275,7 +278,7 @@ pid_count() {  # c tail nonce path
         set -- $(($(tail -c +$((pid_cut + 1)) "$pid_p" | wc -l) + pid_cutl)) "$pid_size"
     fi
     echo "C ${1:-0} ${2:-0} $pid_cut"
-    tail -c "$pid_tb" "$pid_p"
+    tail -c "$pid_tb" "$pid_p" | head -c "$pid_tb"
     echo "$pid_nonce"
     case $pid_junk in
         *" $pid_p")
@@ -349,6 +352,7 @@ pid_hello() {
                 { echo "F the image has no setpriv (util-linux), needed to run commands as a non-root user; use --user root or add util-linux"; return; }
         fi
     fi
+    [ "$pid_role" = control ] && pid_um=077   # pid's own outputs: for pid's eyes only
     umask "$pid_um"
     pid_setsid=$(command -v setsid) || pid_setsid=setsid
     if [ "$pid_role" = agent ] && [ "$pid_uid" != 0 ]; then

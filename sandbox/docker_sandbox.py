@@ -48,6 +48,7 @@ READ_LIMIT = 64 << 20      # the most one read_file returns, whatever the caller
 CONTROL_TIMEOUT_S = 30.0   # a control request (kill, poll) must be answered within this
 KEEP_OUTPUT = 64 << 20     # a command's kept output file holds at most about its last this-many bytes...
 TRIM_EVERY_S = 1.0         # ...checked this often while it runs
+HOUSEKEEPING_TIMEOUT_S = 5.0
 
 # pid's in-container machinery runs as root with only these capabilities; the agent (another uid) gets none:
 #   SETUID, SETGID  setpriv drops each agent command to the agent's uid and gid
@@ -106,6 +107,8 @@ class DockerSandbox:
         self._control_lock = threading.Lock()
         self._closed = False
         self._out_dir_fd: int | None = None   # the job disk's /.pid/out, opened on the host
+        self._pids_events = 0                 # forks the pids limit refused, as last seen
+        self._pids_lock = threading.Lock()
         self.removed_by_pid = False       # kill() was called: the container is gone on purpose
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -182,13 +185,17 @@ class DockerSandbox:
                 sandbox._out_dir_fd = os.open(os.path.join(disk.path("pid"), "out"),
                                               os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             sandbox._pids_events = sandbox._control.pids_events
-            sandbox._pool.release(sandbox._pool.acquire())   # one warm channel now...
-            # ...and a second in the background, so the first parallel batch of tool calls pays no docker exec
-            threading.Thread(target=sandbox._pool.grow, name="pid-channel-warmup", daemon=True).start()
+            # Two agent channels warm up in the background: the first tool call comes after the model's first
+            # reply, and a parallel batch of two pays no docker exec.
+            threading.Thread(target=sandbox._warm_up, args=(2,), name="pid-channel-warmup", daemon=True).start()
         except BaseException:
             sandbox.close()
             raise
         return sandbox
+
+    def _warm_up(self, count: int) -> None:
+        for _ in range(count):
+            self._pool.grow()
 
     def _open_channel(self, role: str) -> Channel:
         return Channel(self.client.api, self.container_id, next(self._channel_ids), role=role,
@@ -267,13 +274,11 @@ class DockerSandbox:
         self.close()
 
     # -- the control channel ------------------------------------------------------------------------------------
-    def _with_control(self, fn: Callable[[Channel], Any], *, block: bool = True) -> Any:
+    def _with_control(self, fn: Callable[[Channel], Any]) -> Any:
         """fn(control channel), one caller at a time; a broken control channel is replaced once."""
         if self.removed_by_pid:
             raise SandboxLost("the sandbox container was removed")
-        if not self._control_lock.acquire(timeout=CONTROL_TIMEOUT_S if block else 0):
-            if not block:
-                return None
+        if not self._control_lock.acquire(timeout=CONTROL_TIMEOUT_S):
             raise SandboxError("the sandbox's control channel is busy")
         try:
             for attempt in range(2):
@@ -322,11 +327,10 @@ class DockerSandbox:
         Raises SandboxError when it fails or outlives `timeout` (then its process group is killed).
         """
         def run(channel: Channel) -> Finished:
-            pgid, _ = channel.start(script, 16384, time.monotonic() + CONTROL_TIMEOUT_S)
+            channel.start(script, 16384, time.monotonic() + CONTROL_TIMEOUT_S)
             done = channel.finish(time.monotonic() + timeout)
-            if done is None:
-                channel.kill(pgid, time.monotonic() + CONTROL_TIMEOUT_S)
-                done = channel.finish(time.monotonic() + KILL_GRACE_S)
+            if done is None:   # its server waits for it and reads nothing meanwhile: drop the channel
+                channel.broken = True
                 raise SandboxError(f"{what} did not finish within {timeout:g}s")
             return done
         done = self._with_control(run)
@@ -352,7 +356,16 @@ class DockerSandbox:
         is replaced and the start retried: a dead server ran nothing."""
         cleared = False
         for attempt in range(MAX_CHANNELS + 1):
-            channel = self._acquire()
+            try:
+                channel = self._acquire()
+            except SandboxLost:
+                raise
+            except SandboxError:   # no new channel could start: a full process table is the usual reason
+                if cleared or self.uid == 0:
+                    raise
+                self._clear_process_table()
+                cleared = True
+                continue
             try:
                 pgid, out_path = channel.start(command, emit, deadline, upload=upload)
                 return channel, pgid, out_path, cleared
@@ -439,10 +452,11 @@ class DockerSandbox:
         stop, reply, cleared = self._run(
             command, emit=tail_bytes + 1, timeout=timeout, cancel=cancel, on_output=on_output,
             collect=lambda ch, deadline: ch.wait_exec(deadline, tail_bytes, keep_lines, keep_bytes))
-        refused = reply.pids_events > self._pids_events     # forks failed while it ran: clear what is left
-        self._pids_events = max(self._pids_events, reply.pids_events)
-        if refused and self.uid != 0:
-            self._clear_process_table()
+        with self._pids_lock:   # forks failed while it ran: clear what is left (once, for parallel calls)
+            refused = reply.pids_events > self._pids_events
+            self._pids_events = max(self._pids_events, reply.pids_events)
+            if refused and self.uid != 0:
+                self._clear_process_table()
         pids_hit = refused or cleared
         return ExecResult(
             exit_code=None if stop else reply.exit_code, tail=reply.tail, total_bytes=reply.total_bytes,
@@ -487,13 +501,18 @@ class DockerSandbox:
             return None
 
     def _on_spare_channel(self, fn: Callable[[Channel], Any]) -> Any:
-        """fn(an idle pooled channel) if one is free right now, else None: housekeeping never waits, and never
-        holds up the control channel that kills depend on."""
-        channel = self._pool.acquire(block=False)
+        """fn(an idle pooled channel) if one is free right now, else None: housekeeping (progress, trimming) never
+        waits, never starts a channel, never holds up the control channel that kills depend on, and never fails the
+        command it watches."""
+        channel = self._pool.take_idle()
         if channel is None:
             return None
         try:
             result = fn(channel)
+        except SandboxError as exc:
+            log.info("housekeeping request failed: %s", exc)
+            self._pool.discard(channel)
+            return None
         except BaseException:
             self._pool.discard(channel)
             raise
@@ -507,13 +526,13 @@ class DockerSandbox:
         if size is not None and size - cut <= 2 * KEEP_OUTPUT:
             return cut
         done = self._on_spare_channel(
-            lambda ch: ch.trim(out_path, KEEP_OUTPUT, time.monotonic() + CONTROL_TIMEOUT_S))
+            lambda ch: ch.trim(out_path, KEEP_OUTPUT, time.monotonic() + HOUSEKEEPING_TIMEOUT_S))
         return cut if done is None else done
 
     def _poll_output(self, out_path: str, offset: int, on_output: Callable[[bytes], None]) -> int:
         """Hand output appended since `offset` to on_output, through a spare channel if one is free."""
         got = self._on_spare_channel(
-            lambda ch: ch.tail(out_path, offset, OUTPUT_CHUNK, time.monotonic() + CONTROL_TIMEOUT_S))
+            lambda ch: ch.tail(out_path, offset, OUTPUT_CHUNK, time.monotonic() + HOUSEKEEPING_TIMEOUT_S))
         if got is None:
             return offset
         size, chunk = got
@@ -541,11 +560,16 @@ class DockerSandbox:
         from pid's repository; paths validated, size capped)."""
         if self.base_commit is None:
             raise SandboxError("no base commit: import_workspace was not called")
+        if self.uid != 0:   # nothing of the agent may still run (swap files, hold FIFOs) while pid's git reads
+            self._clear_process_table()
         inside = f"{PID_DIR}/patch.diff"
         self.run_as_pid(patch_script(self.workdir, self.base_commit, inside), "making the patch", timeout)
         try:
             chunks, _ = self.client.api.get_archive(self.container_id, inside)
-            return copy_patch(chunks, dest, max_bytes)
+            try:
+                return copy_patch(chunks, dest, max_bytes)
+            finally:
+                chunks.close()
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot copy the patch out of the sandbox: {exc}") from exc
 
@@ -567,8 +591,11 @@ class DockerSandbox:
             parent = posixpath.dirname(posixpath.normpath(self._abs(path))).lstrip("/")
             target = os.path.join(dest_dir, parent) if parent else dest_dir
             os.makedirs(target, exist_ok=True)
-            copied = extract_files(chunks, target, max_bytes=budget.max_bytes, max_entries=budget.max_entries,
-                                   budget=budget)
+            try:
+                copied = extract_files(chunks, target, max_bytes=budget.max_bytes, max_entries=budget.max_entries,
+                                       budget=budget)
+            finally:
+                chunks.close()
             written.extend(copied.written)
             skipped.extend(copied.skipped)
         return written, skipped

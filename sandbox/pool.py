@@ -17,11 +17,14 @@ class ChannelPool:
         self._max = max_size
         self._idle: list[Channel] = []
         self._count = 0            # channels alive: idle + lent out + being created
+        self._warming = 0          # being created by grow(), for whoever asks first
+        self._promised = 0         # callers waiting for one of those
         self._closed = False
         self._cond = threading.Condition()
 
     def acquire(self, block: bool = True) -> Channel | None:
-        """An idle channel, a new one while under the limit, else wait (or None when not blocking)."""
+        """An idle channel, one that is warming up, a new one while under the limit, else wait (or None when not
+        blocking)."""
         while True:
             with self._cond:
                 while True:
@@ -30,6 +33,13 @@ class ChannelPool:
                     if self._idle:
                         channel = self._idle.pop()
                         break
+                    if block and self._warming > self._promised:   # one is on its way: no second docker exec
+                        self._promised += 1
+                        try:
+                            self._cond.wait()
+                        finally:
+                            self._promised -= 1
+                        continue
                     if self._count < self._max:
                         self._count += 1
                         channel = None
@@ -47,18 +57,39 @@ class ChannelPool:
                 return channel
             self.discard(channel)   # its server died while idle (e.g. the agent killed it): make a new one
 
+    def take_idle(self) -> Channel | None:
+        """An idle channel if there is one right now; never creates one, never waits."""
+        with self._cond:
+            if self._closed or not self._idle:
+                return None
+            channel = self._idle.pop()
+        if channel.is_idle_clean():
+            return channel
+        self.discard(channel)
+        return None
+
     def grow(self) -> None:
         """Add one idle channel if under the limit; for warming up off the request path. Never raises."""
         with self._cond:
             if self._closed or self._count >= self._max:
                 return
             self._count += 1
+            self._warming += 1
         try:
             channel = self._factory()
         except BaseException:
+            with self._cond:
+                self._warming -= 1
             self._forget_one()
             return
-        self.release(channel)
+        with self._cond:
+            self._warming -= 1
+            if self._closed:
+                channel.close()
+                self._count -= 1
+            else:
+                self._idle.append(channel)
+            self._cond.notify()
 
     def release(self, channel: Channel) -> None:
         if channel.broken:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 
 import docker
 import docker.errors
@@ -92,4 +93,19 @@ def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: in
             client.api.unpause(container_id)
         except docker.errors.DockerException as exc:
             log.warning("could not thaw container %s: %s", container_id[:12], exc)
+    _wait_for_room(os.path.dirname(procs))
     return killed
+
+
+def _wait_for_room(cgroup_dir: str, limit_s: float = 3.0) -> None:
+    """The killed are counted until the container's init reaps them: wait (briefly) until the table has room."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            current = int(_read(os.path.join(cgroup_dir, "pids.current")))
+            maximum = _read(os.path.join(cgroup_dir, "pids.max")).strip()
+        except (OSError, ValueError):
+            return
+        if maximum == "max" or current + 16 < int(maximum):
+            return
+        time.sleep(0.02)

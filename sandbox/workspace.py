@@ -5,13 +5,12 @@ through temporary files or are read incrementally, so memory stays small whateve
 """
 from __future__ import annotations
 
-import io
 import os
 import re
 import stat
 import tarfile
 import tempfile
-from typing import IO, Iterable, Iterator
+from typing import IO
 
 # The base commit and the patch are made by pid, as root, with git state the agent cannot reach: a repository in
 # /.pid/git (root, 0700) whose work tree is the workspace; the workspace's own .git is just files to it (git never
@@ -20,8 +19,8 @@ from typing import IO, Iterable, Iterator
 # (info/attributes outranks every .gitattributes).
 _GIT_ENV = ("export GIT_DIR=/.pid/git GIT_WORK_TREE={workdir} GIT_CONFIG_GLOBAL=/.pid/gitconfig GIT_CONFIG_NOSYSTEM=1 "
             "HOME=/.pid GIT_TERMINAL_PROMPT=0 GIT_OPTIONAL_LOCKS=0 LC_ALL=C\n"
-            "unset GIT_INDEX_FILE GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OBJECT_DIRECTORIES GIT_NAMESPACE\n"
             "git() {{ command git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.untrackedCache=false "
+            "-c core.excludesFile=/dev/null -c core.attributesFile=/dev/null "
             "-c commit.gpgsign=false -c user.name=pid -c user.email=pid@localhost \"$@\"; }}\n")
 
 _GITCONFIG = """[safe]
@@ -97,25 +96,3 @@ def _add(tar: tarfile.TarFile, path: str, arcname: str, uid: int, gid: int) -> N
     elif stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode):
         tar.addfile(_owned(tar.gettarinfo(path, arcname=arcname), uid, gid))
     # sockets, FIFOs and devices are not part of a workspace
-
-
-class ChunkStream(io.RawIOBase):
-    """A read-only file over an iterator of byte chunks (docker's get_archive stream)."""
-
-    def __init__(self, chunks: Iterable[bytes]) -> None:
-        self._chunks: Iterator[bytes] = iter(chunks)
-        self._pending = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        while not self._pending:
-            try:
-                self._pending = next(self._chunks)
-            except StopIteration:
-                return 0
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size

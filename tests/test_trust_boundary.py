@@ -105,6 +105,18 @@ def test_the_disk_limit_holds_inside_and_costs_the_host_at_most_that(tmp_path):
     assert not os.path.exists(image)                      # the disk goes with the container
 
 
+def test_a_huge_output_keeps_only_its_tail_on_disk(box, monkeypatch):
+    from sandbox import docker_sandbox
+    monkeypatch.setattr(docker_sandbox, "KEEP_OUTPUT", 1 << 20)
+    monkeypatch.setattr(docker_sandbox, "TRIM_EVERY_S", 0.2)
+    result = box.exec("for i in $(seq 1 20); do head -c 1048575 /dev/zero | tr '\\0' x; echo; sleep 0.2; done",
+                      timeout=60, tail_bytes=100)
+    assert (result.total_bytes, result.total_lines) == (20 << 20, 20)       # counted whole...
+    assert result.output_from >= 10 << 20 and result.tail == b"x" * 99 + b"\n"
+    used = box.exec(f"du -k {result.output_path} | cut -f1", timeout=10).tail   # ...kept as its tail only
+    assert int(used) < 6 * 1024, used
+
+
 def test_processes_times_open_files_stay_well_below_the_host_file_table(box):
     limits = box.exec("ulimit -n; cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max",
                       timeout=10).tail.split()

@@ -3,6 +3,7 @@ test would dominate the run; tests use distinct file names). Tools never touch t
 """
 from __future__ import annotations
 
+import os
 import posixpath
 from typing import Iterator
 
@@ -13,9 +14,15 @@ from pid.tools import ToolContext, default_registry
 from sandbox import DockerSandbox, SandboxConfig
 
 
+# PID_TEST_RUNTIME=runsc runs the tool tests under gVisor (docker/setup.sh --test does, where runsc is registered);
+# gVisor's own threads count against the pids limit, hence the larger one there.
+RUNTIME = os.environ.get("PID_TEST_RUNTIME") or None
+
+
 @pytest.fixture(scope="module")
 def sandbox() -> Iterator[DockerSandbox]:
-    box = DockerSandbox.create(SandboxConfig(job_id="test-tools"))
+    box = DockerSandbox.create(SandboxConfig(job_id="test-tools", runtime=RUNTIME,
+                                             pids_limit=4096 if RUNTIME == "runsc" else 512))
     try:
         yield box
     finally:

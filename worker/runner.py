@@ -11,13 +11,13 @@ import dataclasses
 import os
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any, Callable
 
 import docker.errors
 
 from pid import events as ev
 from pid.agent import Agent, Limits, Outcome, Status
-from pid.config import pid_home
 from pid.messages import Usage
 from pid.prompt import build_system_prompt
 from pid.providers import make_provider
@@ -26,18 +26,11 @@ from pid.session import SessionWriter, iso_time
 from pid.tools.base import ToolContext
 from pid.tools.registry import default_registry
 from pid.sandbox import SandboxError
-from sandbox import DockerSandbox, SandboxConfig, remove_job_containers
+from sandbox import DockerSandbox, remove_job_containers
 from sandbox.artifacts import FilesBudget
-from sandbox.reaper import owner_label
 from worker.jobs import JobSpec, write_json_atomic
+from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, sandbox_config
 from worker.watchdog import Watchdog
-
-# The agent gets its wall clock; past it, and a grace period more, the watchdog removes the container, which ends
-# any wait that is still stuck. Artifacts are then collected under their own deadline. The container's own time to
-# live covers all of it, so that an orphan (its worker died) removes itself after.
-GRACE_S = 30.0
-COLLECT_TIMEOUT_S = 60.0
-CONTAINER_TTL_MARGIN_S = 120.0
 
 AgentHook = Callable[[Agent], None]
 
@@ -48,8 +41,11 @@ class JobCancelled(Exception):
 
 def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = ev.ignore,
             on_agent: AgentHook | None = None, cancel: threading.Event | None = None,
-            still_owner: Callable[[], bool] = lambda: True) -> dict[str, Any]:
+            still_owner: Callable[[], bool] = lambda: True,
+            starting: "Future[DockerSandbox] | None" = None) -> dict[str, Any]:
     """Run one job to its end and return result.json's content. Never raises for job failures.
+
+    `starting` is the job's sandbox already being created (sandbox_start.start_sandbox); else it is created here.
 
     `still_owner` is asked before artifacts are written: a worker that lost its lease (another one took the job
     over) must not overwrite the new owner's patch and result.
@@ -71,14 +67,13 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         tools = default_registry()
         if spec.tools:
             tools = tools.subset(spec.tools)
+        if starting is not None:
+            sandbox, starting = starting.result(), None
         if cancel.is_set():
             raise JobCancelled
-        remove_job_containers(spec.id)  # left by an earlier attempt whose worker died
-        sandbox = DockerSandbox.create(SandboxConfig(
-            image=spec.image, job_id=spec.id, memory=spec.memory, cpus=spec.cpus, pids_limit=spec.pids_limit,
-            network=spec.network, user=spec.user, disk=spec.disk, runtime=spec.runtime,
-            owner=owner_label(pid_home()), disk_root=os.path.join(pid_home(), "disks"),
-            ttl_s=spec.timeout_s + GRACE_S + COLLECT_TIMEOUT_S + CONTAINER_TTL_MARGIN_S))
+        if sandbox is None:
+            remove_job_containers(spec.id)  # left by an earlier attempt whose worker died
+            sandbox = DockerSandbox.create(sandbox_config(spec))
         watchdog.arm(spec.timeout_s - (time.time() - started) + GRACE_S, sandbox.kill, "wall_clock")
         sandbox.import_workspace(spec.repo)
         if cancel.is_set():
@@ -102,6 +97,11 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     except Exception as exc:  # sandbox or setup failure: a failed job with a readable reason
         outcome = Outcome("failed", "sandbox_error" if _is_sandbox_error(exc) else "error", error=_describe(exc))
     finally:
+        if starting is not None:   # set-up failed before the early sandbox was taken: it goes too
+            try:
+                sandbox = starting.result()
+            except BaseException:
+                pass
         watchdog.disarm()
         if provider is not None:
             provider.close()
@@ -113,20 +113,23 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                              f"wall-clock limit of {spec.timeout_s:g}s reached; the sandbox was removed")
         elif sandbox and outcome.status == "completed" and not sandbox.is_alive():
             outcome = _ended(outcome, "failed", "sandbox_error", "the sandbox container is gone")
-        owner = still_owner()
         try:
-            if sandbox:
-                if owner and not sandbox.removed_by_pid:
-                    watchdog.arm(COLLECT_TIMEOUT_S, sandbox.kill, "collect")
-                    problem = _collect(sandbox, spec, artifacts)
-                    watchdog.disarm()
-                    if watchdog.fired == "collect":
-                        problem = f"collecting the artifacts ran out of time ({COLLECT_TIMEOUT_S:g}s)"
-                    if problem and outcome.status == "completed":
-                        outcome = _ended(outcome, "failed", "artifact_error", problem)
-                sandbox.close()
+            owner = still_owner()
+        except Exception:   # the store is unreachable: better no artifacts than overwriting a new owner's
+            owner = False
+        try:
+            if sandbox and owner and not sandbox.removed_by_pid:
+                watchdog.arm(COLLECT_TIMEOUT_S, sandbox.kill, "collect")
+                problem = _collect(sandbox, spec, artifacts)
+                watchdog.disarm()
+                if watchdog.fired == "collect":
+                    problem = f"collecting the artifacts ran out of time ({COLLECT_TIMEOUT_S:g}s)"
+                if problem and outcome.status == "completed":
+                    outcome = _ended(outcome, "failed", "artifact_error", problem)
         finally:
             watchdog.stop()
+            if sandbox:
+                sandbox.close()
         result = build_result(spec, outcome, started, artifacts)
         if owner:
             write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
