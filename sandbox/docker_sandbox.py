@@ -114,7 +114,7 @@ class DockerSandbox:
     # -- lifecycle ------------------------------------------------------------------------------------------
     @classmethod
     def create(cls, config: SandboxConfig, client: docker.DockerClient | None = None) -> "DockerSandbox":
-        """Start the container, its control channel and one warm channel.
+        """Start the container and its control channel; two agent channels warm up in the background.
 
         Raises ImageNotFound / DockerUnavailable / SandboxError (also for a disk limit that cannot be applied).
         """

@@ -44,7 +44,7 @@ _CHECK_WRITE = """case $f in */*) d=${f%/*} ;; *) d=. ;; esac
 [ -z "$d" ] || [ -d "$d" ] || mkdir -p -- "$d" 2>/dev/null || exit 93
 [ -d "$f" ] && exit 91
 [ -e "$f" ] && [ ! -f "$f" ] && exit 94
-{ : >"$f"; } 2>/dev/null || exit 92
+{ : >"$f"; } 2>/dev/null || { [ -e "$f" ] && { [ -w "$f" ] && exit 95; exit 92; }; [ -w "${d:-/}" ] && exit 95; exit 92; }
 """
 
 
