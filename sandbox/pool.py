@@ -82,20 +82,15 @@ class ChannelPool:
                 self._warming -= 1
             self._forget_one()
             return
-        with self._cond:
-            self._warming -= 1
-            if self._closed:
-                channel.close()
-                self._count -= 1
-            else:
-                self._idle.append(channel)
-            self._cond.notify()
+        self.release(channel, warmed=True)
 
-    def release(self, channel: Channel) -> None:
-        if channel.broken:
+    def release(self, channel: Channel, *, warmed: bool = False) -> None:
+        """Give a channel back (or, from grow, a new one: in the same step its promise is kept)."""
+        if channel.broken and not warmed:
             self.discard(channel)
             return
         with self._cond:
+            self._warming -= warmed
             if self._closed:
                 channel.close()
                 self._count -= 1
