@@ -291,3 +291,23 @@ def test_oversized_and_hostile_artifacts_are_refused_and_listed(run_pid, sample_
     assert not any(p.is_symlink() for p in written)
     assert not any("\x1b" in p.name or "\n" in p.name for p in written)
     json.dumps(result)   # every reason is printable, plain JSON
+
+
+# -- 7. time outside the wall clock -----------------------------------------------------------------------------------
+def test_collection_that_outruns_its_deadline_fails_the_job(sample_repo, tmp_path, monkeypatch):
+    """Artifacts are collected under their own deadline: a patch that takes too long (here: git compressing 300 MB
+    of random data against a 2 s deadline) removes the container and fails the job instead of stretching it."""
+    import worker.runner as runner
+    from worker.jobs import JobSpec
+    monkeypatch.setattr(runner, "COLLECT_TIMEOUT_S", 2.0)
+    script = [{"tool_calls": [{"name": "bash", "arguments": {
+        "command": "head -c 300M /dev/urandom > big.bin && echo made"}}]}, {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        spec = JobSpec(task="t", repo=str(sample_repo), model="scripted", out_dir=str(tmp_path / "out"),
+                       base_url=llm.base_url)
+        started = time.monotonic()
+        result = runner.run_job(spec)
+        took = time.monotonic() - started
+    assert result["status"] == "failed" and result["exit_reason"] == "artifact_error", result
+    assert "ran out of time" in result["error"] and took < 60, (result, took)
+    assert json.loads((tmp_path / "out" / spec.id / "result.json").read_text())["exit_reason"] == "artifact_error"
