@@ -18,9 +18,9 @@
 # upgrade, and output racing it could be lost.
 #
 # Requests are one line: an op letter and space separated fields; a command follows its line as <len> raw bytes
-# (read in one block). Paths are escaped by the host so that they hold no space, tab or newline: "\\" for a
-# backslash and "\0ooo" (octal) for other bytes; `printf %b` decodes them without a fork. Raw data in replies is
-# followed directly by "<nonce>", a random token of the request, so no content can fake the end of a reply.
+# (read in one block). The only paths in requests are output files this server reported (/.pid/out/N.M), which
+# the host checks. Raw data in replies is followed directly by "<nonce>", a random token of the request, so no
+# content can fake the end of a reply.
 #   h                          -> "R <shell> <pids-events>" | "F <reason>"   (hello)
 #   x <emit> <nonce> <len> + the command
 #                              -> "P <pgid> <output-file>" when started; when it ends the first <emit> bytes of
@@ -65,10 +65,8 @@ done
 if [ -n "${BASH_VERSION:-}" ]; then
     pid_shell=bash
     set -m                      # async jobs get their own process group: the pgid we kill
-    pid_dec() { printf -v "$1" '%b' "$2"; }
 else
     pid_shell=sh
-    pid_dec() { eval "$1=\$(printf '%bX' \"\$2\")"; eval "$1=\${$1%X}"; }
 fi
 set -f                          # fields are split on spaces; never glob them
 
@@ -267,7 +265,7 @@ pid_cutinfo() {  # pid_cut, pid_cutl <- what pid_trim dropped from the front of 
 pid_readn() { local LC_ALL=C; pid_data=; [ "$1" -gt 0 ] && IFS= read -r -N "$1" pid_data; }  # bash: blocks, no fork
 
 pid_count() {  # c tail nonce path
-    pid_dec pid_p "$4"
+    pid_p=$4
     pid_tb=$2
     pid_nonce=$3
     pid_cutinfo "$pid_p"
@@ -289,7 +287,7 @@ pid_count() {  # c tail nonce path
 }
 
 pid_tail() {  # t offset max nonce path: output appended since offset, at most the last max bytes of it
-    pid_dec pid_p "$5"
+    pid_p=$5
     pid_size=$(wc -c <"$pid_p" 2>/dev/null) || pid_size=0
     pid_size=$((pid_size + 0))
     echo "S $pid_size"
@@ -302,7 +300,7 @@ pid_tail() {  # t offset max nonce path: output appended since offset, at most t
 }
 
 pid_trim() {  # T keep path
-    pid_dec pid_p "$3"
+    pid_p=$3
     pid_cutinfo "$pid_p"
     pid_size=$(wc -c <"$pid_p" 2>/dev/null) || pid_size=0
     pid_size=$((pid_size + 0))

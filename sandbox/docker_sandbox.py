@@ -492,11 +492,10 @@ class DockerSandbox:
     def _output_size(self, out_path: str) -> int | None:
         """A running command's output size, read on the host through the job disk (no request, no process in the
         container); None without a job disk. The directory was opened before the agent ran: nothing is followed."""
-        name = posixpath.basename(out_path)
-        if self._out_dir_fd is None or out_path != f"{PID_DIR}/out/{name}":
+        if self._out_dir_fd is None:   # (out_path was checked to be /.pid/out/N.M when the command started)
             return None
         try:
-            return os.stat(name, dir_fd=self._out_dir_fd, follow_symlinks=False).st_size
+            return os.stat(posixpath.basename(out_path), dir_fd=self._out_dir_fd, follow_symlinks=False).st_size
         except OSError:
             return None
 
