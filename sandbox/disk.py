@@ -32,6 +32,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -189,21 +190,20 @@ def _unmount(mountpoint: str, *, lazy_only: bool = False) -> bool:
 
 
 def _rmdir(path: str) -> None:
-    try:
-        os.rmdir(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.warning("cannot remove mount point %s: %s", path, exc)
+    _remove(os.rmdir, path, "mount point")
 
 
 def _unlink(path: str) -> None:
+    _remove(os.unlink, path, "disk image")
+
+
+def _remove(remove: Callable[[str], None], path: str, what: str) -> None:
     try:
-        os.unlink(path)
+        remove(path)
     except FileNotFoundError:
         pass
     except OSError as exc:
-        log.warning("cannot remove disk image %s: %s", path, exc)
+        log.warning("cannot remove %s %s: %s", what, path, exc)
 
 
 def _same_file(fd: int, path: str) -> bool:

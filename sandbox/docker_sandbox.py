@@ -33,7 +33,7 @@ from .docker_client import connect, ensure_image
 from .errors import SandboxError
 from .pool import ChannelPool
 from .processes import kill_agent_processes
-from .reaper import owner_label
+from .reaper import force_remove, owner_label
 from .workspace import base_script, build_tar, patch_script
 
 log = logging.getLogger(__name__)
@@ -226,16 +226,7 @@ class DockerSandbox:
     def kill(self) -> None:
         """Force-remove the container now, from any thread: every wait on it ends (the watchdog's tool)."""
         self.removed_by_pid = True
-        self._remove_container()
-
-    def _remove_container(self) -> None:
-        try:
-            self.client.api.remove_container(self.container_id, force=True)
-        except docker.errors.NotFound:
-            pass
-        except Exception as exc:  # 409 "removal already in progress" (auto_remove) is fine too
-            if getattr(exc, "status_code", None) != 409:
-                log.warning("could not remove sandbox container %s: %s", self.container_id[:12], exc)
+        force_remove(self.client, self.container_id)
 
     def close(self) -> None:
         """Remove the container (forced) and its disk. Idempotent; never raises."""
@@ -248,7 +239,7 @@ class DockerSandbox:
             pass
         if self._control is not None:
             self._control.close()
-        self._remove_container()
+        force_remove(self.client, self.container_id)
         if self._out_dir_fd is not None:
             os.close(self._out_dir_fd)
             self._out_dir_fd = None
@@ -261,9 +252,7 @@ class DockerSandbox:
         while time.monotonic() < end:
             try:
                 self.client.api.inspect_container(self.container_id)
-            except docker.errors.NotFound:
-                return
-            except docker.errors.DockerException:
+            except docker.errors.DockerException:   # NotFound: gone; anything else: nothing better to wait for
                 return
             time.sleep(0.05)
 
@@ -324,7 +313,8 @@ class DockerSandbox:
     def run_as_pid(self, script: str, what: str, timeout: float = 600.0) -> bytes:
         """Run one of pid's own scripts as root on the control channel; its output (at most 16 KiB).
 
-        Raises SandboxError when it fails or outlives `timeout` (then its process group is killed).
+        Raises SandboxError when it fails or outlives `timeout` (the channel is then dropped; what still runs ends
+        with the container, which the runner's collection deadline removes).
         """
         def run(channel: Channel) -> Finished:
             channel.start(script, 16384, time.monotonic() + CONTROL_TIMEOUT_S)

@@ -35,15 +35,15 @@ def parse_time(value: str) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
-def _remove(container) -> bool:
-    """Force-remove; True when it is gone (or already going: 409 is a removal in progress)."""
+def force_remove(client: docker.DockerClient, container_id: str) -> bool:
+    """Force-remove; True when it is gone (or already going: 409 is a removal in progress). Never raises."""
     try:
-        container.remove(force=True)
+        client.api.remove_container(container_id, force=True)
     except docker.errors.NotFound:
         return False
-    except docker.errors.APIError as exc:
-        if exc.status_code != 409:
-            log.warning("cannot remove container %s: %s", container.short_id, exc)
+    except Exception as exc:
+        if getattr(exc, "status_code", None) != 409:
+            log.warning("cannot remove container %s: %s", container_id[:12], exc)
             return False
     return True
 
@@ -53,7 +53,7 @@ def remove_job_containers(job_id: str, client: docker.DockerClient | None = None
     client = connect(client)
     return [c.id for c in client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job_id}"},
                                                  ignore_removed=True)
-            if _remove(c)]
+            if force_remove(client, c.id)]
 
 
 def reap_expired(owner: str | None, client: docker.DockerClient | None = None,
@@ -73,7 +73,7 @@ def reap_expired(owner: str | None, client: docker.DockerClient | None = None,
         return []
     expired = [c for c in listed
                if (expires := parse_time(c.labels.get(LABEL_EXPIRES, ""))) is not None and expires <= now]
-    return [c.id for c in expired if _remove(c)]
+    return [c.id for c in expired if force_remove(client, c.id)]
 
 
 def reap_installation(pid_home: str, *, all_owners: bool = False,
