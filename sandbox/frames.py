@@ -35,17 +35,16 @@ class FrameReader:
         self._left = 0               # payload bytes of that frame still to come
         self.closed = False
 
-    def fill(self, timeout: float | None) -> bool:
-        """Receive what is available, waiting at most `timeout` seconds (None: forever).
+    def fill(self, timeout: float) -> bool:
+        """Receive what is available, waiting at most `timeout` seconds.
 
         Returns False on timeout. Raises StreamClosed at end of stream. Adds at most RECV_SIZE bytes.
         """
         if self.closed:
             raise StreamClosed("exec stream closed")
-        if timeout is not None:
-            ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
-            if not ready:
-                return False
+        ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
+        if not ready:
+            return False
         chunk = self.sock.recv(RECV_SIZE)
         if not chunk:
             self.closed = True
@@ -78,7 +77,7 @@ class FrameReader:
         ready, _, _ = select.select([self.sock], [], [], 0)
         return bool(ready)
 
-    def read_until(self, marker: bytes, deadline: float | None, limit: int) -> bytes | None:
+    def read_until(self, marker: bytes, deadline: float, limit: int) -> bytes | None:
         """Stdout bytes up to `marker` (consumed, not returned); None when `deadline` (time.monotonic) passes first.
 
         Raises ReplyTooLarge when more than `limit` bytes come before the marker.
@@ -95,5 +94,5 @@ class FrameReader:
             if len(self.out) > limit + len(marker):
                 raise ReplyTooLarge(f"reply of over {limit} bytes")
             start = max(0, len(self.out) - len(marker) + 1)
-            if not self.fill(None if deadline is None else deadline - time.monotonic()):
+            if not self.fill(deadline - time.monotonic()):
                 return None
