@@ -109,6 +109,9 @@ class DockerSandbox:
         self._out_dir_fd: int | None = None   # the job disk's /.pid/out, opened on the host
         self._pids_events = 0                 # forks the pids limit refused, as last seen
         self._pids_lock = threading.Lock()
+        # A container frozen while `docker exec` starts a process in it wedges the engine's shim for good (runc's
+        # init freezes half-way): starting a channel and freezing the container exclude each other.
+        self._exec_gate = threading.Lock()
         self.removed_by_pid = False       # kill() was called: the container is gone on purpose
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -198,8 +201,9 @@ class DockerSandbox:
             self._pool.grow()
 
     def _open_channel(self, role: str) -> Channel:
-        return Channel(self.client.api, self.container_id, next(self._channel_ids), role=role,
-                       workdir=self.workdir, uid=self.uid, gid=self.gid, env=self._env)
+        with self._exec_gate:
+            return Channel(self.client.api, self.container_id, next(self._channel_ids), role=role,
+                           workdir=self.workdir, uid=self.uid, gid=self.gid, env=self._env)
 
     def _new_channel(self) -> Channel:
         try:
@@ -305,7 +309,8 @@ class DockerSandbox:
         """After the pids limit was hit: kill every process of the agent, so that the next call can start. From the
         host with the container frozen where possible (a fork bomb cannot race it, nor starve it of CPU); else by
         pid's server inside, with builtins."""
-        killed = kill_agent_processes(self.client, self.container_id, self.uid)
+        with self._exec_gate:
+            killed = kill_agent_processes(self.client, self.container_id, self.uid)
         if killed is not None:
             return killed
         return self._with_control(lambda ch: ch.kill_agent_processes(time.monotonic() + CONTROL_TIMEOUT_S))
