@@ -129,11 +129,15 @@ def cli() -> None:
 def run(api_key: str | None, as_json: bool, **options: Any) -> None:
     """Run one job in the foreground (no queue)."""
     spec = build_spec(**options)
-    from worker.sandbox_start import start_sandbox
+    from worker.sandbox_start import abandon, start_sandbox
     starting = start_sandbox(spec)    # the container starts while the agent's code loads
-    check_image(spec.image)           # (when this fails, so did the start: there is no container to remove)
-    reap_own_quietly()
-    from worker.runner import run_job
+    try:
+        check_image(spec.image)
+        reap_own_quietly()
+        from worker.runner import run_job
+    except BaseException:             # bad input or Ctrl-C before the job: nothing may stay behind
+        abandon(starting)
+        raise
     key = api_key or EnvDefaults.read().api_key
     agents: list[Any] = []
 

@@ -48,3 +48,11 @@ def start_sandbox(spec: JobSpec) -> "Future[DockerSandbox]":
 
     threading.Thread(target=create, name="pid-sandbox-start", daemon=True).start()
     return future
+
+
+def abandon(starting: "Future[DockerSandbox]") -> None:
+    """The job will not run after all: its early sandbox goes (never raises)."""
+    try:
+        starting.result(timeout=300).close()
+    except BaseException:
+        pass
