@@ -176,8 +176,8 @@ def test_a_job_is_root_free_by_default_and_root_on_request(run_pid, sample_repo,
         with ScriptedLLM(script) as llm:
             res = run_pid("run", "who am i", "--repo", str(sample_repo), "--user", user,
                           *opts(llm, tmp_path / f"out-{user[:4]}"))
-            seen = tool_results(llm.requests[1])[0]
-        assert res.code == 0 and res.json()["status"] == "completed", res.stderr
+        assert res.code == 0 and res.json()["status"] == "completed", (res.stdout, res.stderr)
+        seen = tool_results(llm.requests[1])[0]
         assert seen.startswith(expect), seen
 
 
