@@ -180,7 +180,7 @@ def submit(api_key: str | None, as_json: bool, wait: bool, **options: Any) -> No
     try:
         dispatch(spec.id, api_key)
     except Exception as exc:  # the broker refused: the job must not sit queued forever
-        store.finish(spec.id, "failed", exit_reason="dispatch_failed", error=str(exc))
+        store.finish(spec.id, "dispatch_failed", error=str(exc))
         raise click.ClickException(f"could not queue job {spec.id}: {exc}") from None
     if not wait:
         click.echo(spec.id)

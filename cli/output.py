@@ -97,7 +97,7 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool) -> None:
     if result.get("final_message"):
         click.echo(result["final_message"])
     status = result.get("status", "?")
-    colour = {"completed": "green", "cancelled": "yellow"}.get(status, "red")
+    colour = {"completed": "green", "limit": "yellow", "cancelled": "yellow"}.get(status, "red")
     usage = result.get("usage") or {}
     summary = (f"{click.style(status, fg=colour, bold=True)} ({result.get('exit_reason')}) in "
                f"{result.get('duration_s', 0):.1f}s · {_count(result.get('turns', 0), 'turn')} · "

@@ -13,22 +13,18 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Literal
 
 from pid import events as ev
-from pid.sandbox import SandboxLost
 from pid.context import estimate_usage
+from pid.endings import ExitReason, Status, status_of
 from pid.messages import (AssistantMessage, Message, TextContent, ToolCall, ToolResultMessage, Usage,
                           UserMessage)
 from pid.providers.base import Provider, price
+from pid.sandbox import SandboxLost
 from pid.session import SessionWriter
 from pid.tokens import get_counter
 from pid.tools.base import ToolContext, ToolResult
 from pid.tools.registry import ToolRegistry
-
-Status = Literal["completed", "failed", "timeout", "cancelled"]
-# exit_reason values that mean "a limit was hit": the CLI maps them to exit code 3.
-LIMIT_REASONS = frozenset({"wall_clock", "max_turns", "max_cost", "consecutive_timeouts"})
 
 LENGTH_STOP_TOOL_ERROR = ('Tool call "{name}" was not executed: the response hit the output token limit, so its '
                           'arguments may be truncated. Re-issue the tool call with complete arguments.')
@@ -45,13 +41,17 @@ class Limits:
 
 @dataclass
 class Outcome:
-    status: Status
-    exit_reason: str
+    """How a run ended. Only the reason is set; the status follows from it (pid/endings.py)."""
+    exit_reason: ExitReason
     final_message: str = ""
     turns: int = 0
     tool_calls: int = 0
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
+
+    @property
+    def status(self) -> Status:
+        return status_of(self.exit_reason)
 
 
 class Agent:
@@ -69,11 +69,12 @@ class Agent:
         self.limits = limits or Limits()
         self.messages: list[Message] = []
         self.cancel_event = context.cancel
-        self._stop_reason: str | None = None      # why cancel_event was set: "cancelled" or "wall_clock"
+        self._stop_reason: ExitReason | None = None   # why cancel_event was set: "cancelled" or "wall_clock"
         self._steering: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._follow_ups: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._resumed = threading.Event()
         self._resumed.set()
+        self._sink_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_parallel_tools, thread_name_prefix="pid-tool")
 
     # -- controls (any thread) --------------------------------------------------------------------------------------
@@ -92,7 +93,7 @@ class Agent:
     def resume(self) -> None:
         self._resumed.set()
 
-    def cancel(self, reason: str = "cancelled") -> None:
+    def cancel(self, reason: ExitReason = "cancelled") -> None:
         if self._stop_reason is None:
             self._stop_reason = reason
         self.cancel_event.set()
@@ -105,55 +106,59 @@ class Agent:
             timer = threading.Timer(self.limits.wall_clock_s, self.cancel, args=("wall_clock",))
             timer.daemon = True
             timer.start()
-        self.sink(ev.AgentStart())
+        self._emit(ev.AgentStart())
         try:
             outcome = self._loop(task)
         finally:
             if timer:
                 timer.cancel()
             self._pool.shutdown(wait=True, cancel_futures=True)
-        self.sink(ev.AgentEnd(outcome.status, outcome.exit_reason))
+        self._emit(ev.AgentEnd(outcome.status, outcome.exit_reason))
         return outcome
 
     def _loop(self, task: str) -> Outcome:
-        out = Outcome("completed", "stop")
-        self._add(UserMessage.text(task))
+        out = Outcome("stop")
+        pending = [task]            # user messages that open the next turn
         consecutive_timeouts = 0
         while True:
-            self._deliver(self._steering)
             if not self._resumed.is_set():
-                self._resumed.wait()
+                self._resumed.wait()    # what was steered while paused goes into the very next call
             if self.cancel_event.is_set():
                 return self._stopped(out)
             if out.turns >= self.limits.max_turns:
-                return self._end(out, "timeout", "max_turns", f"reached max_turns ({self.limits.max_turns})")
+                return self._end(out, "max_turns", f"reached max_turns ({self.limits.max_turns})")
             out.turns += 1
-            self.sink(ev.TurnStart(out.turns))
+            turn = out.turns
+            self._emit(ev.TurnStart(turn))
+            for text in pending + _drain(self._steering):
+                self._add(UserMessage.text(text))
+            pending = []
             context = self._context_messages()
-            reply = self.provider.stream(self.system_prompt, context, self.tools.specs(), cancel=self.cancel_event)
+            reply = self.provider.stream(self.system_prompt, context, self.tools.specs(), cancel=self.cancel_event,
+                                         on_text=lambda text: self._emit(ev.TextDelta(turn, text)))
             if reply.usage.total_tokens == 0 and reply.stop_reason not in ("error", "aborted"):
                 reply.usage = price(estimate_usage(get_counter(), self.system_prompt, context, reply),
                                     self.provider.config)
             out.usage.add(reply.usage)
             self._add(reply)
             if reply.stop_reason == "aborted" or self.cancel_event.is_set():
-                self.sink(ev.TurnEnd(out.turns, reply, []))
+                self._emit(ev.TurnEnd(turn, reply, []))
                 return self._stopped(out)
             if reply.stop_reason == "error":
-                self.sink(ev.TurnEnd(out.turns, reply, []))
-                return self._end(out, "failed", "provider_error", reply.error_message or "model request failed")
+                self._emit(ev.TurnEnd(turn, reply, []))
+                return self._end(out, "provider_error", reply.error_message or "model request failed")
             calls = reply.tool_calls
             try:
                 results = self._run_tools(reply) if calls else []
             except SandboxLost as exc:   # nothing more can run: end now, truthfully
-                self.sink(ev.TurnEnd(out.turns, reply, []))
+                self._emit(ev.TurnEnd(turn, reply, []))
                 if self.cancel_event.is_set():
                     return self._stopped(out)
-                return self._end(out, "failed", "sandbox_error", str(exc))
+                return self._end(out, "sandbox_error", str(exc))
             out.tool_calls += len(calls)
             for result in results:
                 self._add(result)
-            self.sink(ev.TurnEnd(out.turns, reply, results))
+            self._emit(ev.TurnEnd(turn, reply, results))
             if self.cancel_event.is_set():
                 return self._stopped(out)
             for result in results:  # in call order: a command that finished in time resets the count
@@ -162,14 +167,14 @@ class Agent:
                 elif result.tool_name == "bash":
                     consecutive_timeouts = 0
             if consecutive_timeouts >= self.limits.max_consecutive_timeouts:
-                return self._end(out, "failed", "consecutive_timeouts",
-                                 f"{consecutive_timeouts} consecutive commands timed out")
+                return self._end(out, "consecutive_timeouts", f"{consecutive_timeouts} consecutive commands timed out")
             if self.limits.max_cost is not None and out.usage.cost.total > self.limits.max_cost:
-                return self._end(out, "failed", "max_cost",
+                return self._end(out, "max_cost",
                                  f"cost ${out.usage.cost.total:.4f} exceeded max_cost ${self.limits.max_cost:.4f}")
             if not calls:
                 # a steer that came during this last reply is not dropped; follow-ups wait for exactly this moment
-                if self._deliver(self._steering) or self._deliver(self._follow_ups):
+                pending = _drain(self._steering) or _drain(self._follow_ups)
+                if pending:
                     continue
                 out.final_message = reply.text
                 return out
@@ -184,15 +189,15 @@ class Agent:
         return list(self._pool.map(self._run_tool, calls))  # map keeps the order the model issued the calls
 
     def _run_tool(self, call: ToolCall) -> ToolResultMessage:
-        self.sink(ev.ToolStart(call.id, call.name, call.arguments))
+        self._emit(ev.ToolStart(call.id, call.name, call.arguments))
         started = time.monotonic()
 
         def update(partial: str) -> None:
-            self.sink(ev.ToolUpdate(call.id, call.name, partial))
+            self._emit(ev.ToolUpdate(call.id, call.name, partial))
 
         result = self.tools.execute(call, dataclasses.replace(self.context, on_update=update))
         message = self._result_message(call, result)
-        self.sink(ev.ToolEnd(call.id, call.name, message, time.monotonic() - started))
+        self._emit(ev.ToolEnd(call.id, call.name, message, time.monotonic() - started))
         return message
 
     @staticmethod
@@ -217,25 +222,29 @@ class Agent:
                 replayed.append(m)
         return replayed
 
-    def _deliver(self, pending: "queue.SimpleQueue[str]") -> bool:
-        delivered = False
-        while not pending.empty():
-            self._add(UserMessage.text(pending.get()))
-            delivered = True
-        return delivered
-
     def _add(self, message: Message) -> None:
         self.messages.append(message)
         if self.session:
             self.session.message(message)
-        self.sink(ev.MessageEnd(message))
+        self._emit(ev.MessageEnd(message))
+
+    def _emit(self, event: ev.Event) -> None:
+        with self._sink_lock:     # tool threads emit too; a sink never sees two events at once
+            self.sink(event)
 
     def _stopped(self, out: Outcome) -> Outcome:
         if self._stop_reason == "wall_clock":
-            return self._end(out, "timeout", "wall_clock", f"wall-clock limit of {self.limits.wall_clock_s:g}s reached")
-        return self._end(out, "cancelled", "cancelled", None)
+            return self._end(out, "wall_clock", f"wall-clock limit of {self.limits.wall_clock_s:g}s reached")
+        return self._end(out, "cancelled", None)
 
     @staticmethod
-    def _end(out: Outcome, status: Status, reason: str, error: str | None) -> Outcome:
-        out.status, out.exit_reason, out.error = status, reason, error
+    def _end(out: Outcome, reason: ExitReason, error: str | None) -> Outcome:
+        out.exit_reason, out.error = reason, error
         return out
+
+
+def _drain(pending: "queue.SimpleQueue[str]") -> list[str]:
+    texts = []
+    while not pending.empty():
+        texts.append(pending.get())
+    return texts

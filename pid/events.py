@@ -1,27 +1,54 @@
-"""Events the agent loop emits. Plain data: the CLI prints them, the worker forwards them; nothing else couples."""
+"""Everything the agent loop tells the world, as one union of plain dataclasses (pi's AgentEvent, in pid's words).
+
+The CLI's printer, the worker's progress and any later consumer read only these events.
+
+Order, for one run:
+
+    agent_start
+    turn_start
+        message_end (user: the task, then steering or follow-up messages delivered at this point)
+        text_delta* (the model's reply as it streams)
+        message_end (assistant)
+        [tool_start, tool_update*, tool_end]* (parallel calls interleave; each call's own events keep this order)
+        message_end (tool result, one per call, in the order the model issued the calls)
+    turn_end
+    ... more turns ...
+    agent_end (always last, exactly once, also after errors and cancel)
+
+Threads: the sink is called from the loop's thread, and tool_start/tool_update/tool_end also from tool threads,
+but never concurrently: the agent serialises every call. A sink must be quick and must not raise.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import Any, Callable, Literal, Union
 
 from pid.messages import AssistantMessage, Message, ToolResultMessage
 
 
 @dataclass
 class AgentStart:
-    type: str = field(default="agent_start", init=False)
+    type: Literal["agent_start"] = field(default="agent_start", init=False)
 
 
 @dataclass
 class TurnStart:
     turn: int
-    type: str = field(default="turn_start", init=False)
+    type: Literal["turn_start"] = field(default="turn_start", init=False)
+
+
+@dataclass
+class TextDelta:
+    """A piece of the assistant's text, as it streams (for live views; the whole reply follows in message_end)."""
+    turn: int
+    text: str
+    type: Literal["text_delta"] = field(default="text_delta", init=False)
 
 
 @dataclass
 class MessageEnd:
     message: Message
-    type: str = field(default="message_end", init=False)
+    type: Literal["message_end"] = field(default="message_end", init=False)
 
 
 @dataclass
@@ -29,15 +56,16 @@ class ToolStart:
     call_id: str
     name: str
     arguments: dict[str, Any]
-    type: str = field(default="tool_start", init=False)
+    type: Literal["tool_start"] = field(default="tool_start", init=False)
 
 
 @dataclass
 class ToolUpdate:
+    """New output of a running call since its last update (a delta; pi sends the accumulated text), throttled."""
     call_id: str
     name: str
     partial: str
-    type: str = field(default="tool_update", init=False)
+    type: Literal["tool_update"] = field(default="tool_update", init=False)
 
 
 @dataclass
@@ -46,7 +74,7 @@ class ToolEnd:
     name: str
     result: ToolResultMessage
     duration_s: float
-    type: str = field(default="tool_end", init=False)
+    type: Literal["tool_end"] = field(default="tool_end", init=False)
 
 
 @dataclass
@@ -54,17 +82,17 @@ class TurnEnd:
     turn: int
     message: AssistantMessage
     tool_results: list[ToolResultMessage]
-    type: str = field(default="turn_end", init=False)
+    type: Literal["turn_end"] = field(default="turn_end", init=False)
 
 
 @dataclass
 class AgentEnd:
     status: str
     exit_reason: str
-    type: str = field(default="agent_end", init=False)
+    type: Literal["agent_end"] = field(default="agent_end", init=False)
 
 
-Event = Union[AgentStart, TurnStart, MessageEnd, ToolStart, ToolUpdate, ToolEnd, TurnEnd, AgentEnd]
+Event = Union[AgentStart, TurnStart, TextDelta, MessageEnd, ToolStart, ToolUpdate, ToolEnd, TurnEnd, AgentEnd]
 EventSink = Callable[[Event], None]
 
 

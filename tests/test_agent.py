@@ -96,7 +96,7 @@ def test_a_paused_agent_still_honours_its_wall_clock(sandbox):
         agent.pause()
         outcome = agent.run("go")
         assert llm.requests == []
-    assert (outcome.status, outcome.exit_reason) == ("timeout", "wall_clock")
+    assert (outcome.status, outcome.exit_reason) == ("limit", "wall_clock")
 
 
 def test_cancel_stops_a_running_command_within_seconds(sandbox):
@@ -148,18 +148,18 @@ def test_bad_tool_calls_become_readable_errors_and_the_loop_goes_on(sandbox):
 def test_max_turns_and_consecutive_timeouts_end_with_their_own_reason(sandbox):
     with ScriptedLLM([{"tool_calls": [bash("true")]}] * 3) as llm:
         outcome = make_agent(llm, sandbox, limits=Limits(max_turns=2)).run("go")
-    assert (outcome.status, outcome.exit_reason, outcome.turns) == ("timeout", "max_turns", 2)
+    assert (outcome.status, outcome.exit_reason, outcome.turns) == ("limit", "max_turns", 2)
 
     with ScriptedLLM([{"tool_calls": [bash("sleep 5", timeout=0.3)]}] * 4) as llm:
         outcome = make_agent(llm, sandbox, limits=Limits(max_consecutive_timeouts=2)).run("go")
-    assert (outcome.status, outcome.exit_reason, outcome.turns) == ("failed", "consecutive_timeouts", 2)
+    assert (outcome.status, outcome.exit_reason, outcome.turns) == ("limit", "consecutive_timeouts", 2)
 
 
 def test_max_cost_ends_the_job(sandbox):
     script = [{"tool_calls": [bash("true")], "usage": {"prompt_tokens": 1_000_000, "completion_tokens": 0}}] * 3
     with ScriptedLLM(script) as llm:
         outcome = make_agent(llm, sandbox, limits=Limits(max_cost=1.5), input_cost_per_mtok=1.0).run("go")
-    assert (outcome.status, outcome.exit_reason, outcome.turns) == ("failed", "max_cost", 2)
+    assert (outcome.status, outcome.exit_reason, outcome.turns) == ("limit", "max_cost", 2)
     assert outcome.usage.cost.total == pytest.approx(2.0)
 
 
@@ -184,12 +184,54 @@ def test_failed_replies_are_not_replayed_and_unanswered_calls_get_a_result(sandb
     assert isinstance(context[2], ToolResultMessage) and context[2].is_error and context[2].tool_call_id == "c1"
 
 
-def test_events_arrive_in_lifecycle_order(sandbox):
-    seen: list[str] = []
-    with ScriptedLLM([{"tool_calls": [bash("echo hi")]}, {"text": "bye"}]) as llm:
-        make_agent(llm, sandbox, sink=lambda e: seen.append(e.type) if e.type != "tool_update" else None).run("go")
-    assert seen == ["agent_start", "message_end", "turn_start", "message_end", "tool_start", "tool_end",
-                    "message_end", "turn_end", "turn_start", "message_end", "turn_end", "agent_end"]
+def test_events_arrive_in_lifecycle_order_with_the_reply_streamed_as_text_deltas(sandbox):
+    seen: list[ev.Event] = []
+    with ScriptedLLM([{"tool_calls": [bash("echo hi")]}, {"text": "bye for now"}]) as llm:
+        make_agent(llm, sandbox, sink=lambda e: seen.append(e) if e.type != "tool_update" else None).run("go")
+    tags = [e.type for e in seen]
+    assert tags[:8] == ["agent_start", "turn_start", "message_end", "message_end", "tool_start", "tool_end",
+                        "message_end", "turn_end"]
+    assert tags[8:10] == ["turn_start", "text_delta"] and tags[-3:] == ["message_end", "turn_end", "agent_end"]
+    assert set(tags[9:-3]) == {"text_delta"}
+    assert "".join(e.text for e in seen if isinstance(e, ev.TextDelta)) == "bye for now"
+    assert {e.turn for e in seen if isinstance(e, ev.TextDelta)} == {2}
+
+
+def test_the_sink_never_sees_two_events_at_once_even_from_parallel_tools(sandbox):
+    inside = threading.Lock()
+    overlaps: list[str] = []
+
+    def sink(event):
+        if not inside.acquire(blocking=False):
+            overlaps.append(event.type)
+            return
+        try:
+            time.sleep(0.002)   # widen the window a concurrent call would hit
+        finally:
+            inside.release()
+
+    calls = [bash(f"for i in 1 2 3; do echo {n}; sleep 0.05; done") for n in range(4)]
+    with ScriptedLLM([{"tool_calls": calls}, {"text": "done"}]) as llm:
+        outcome = make_agent(llm, sandbox, sink=sink).run("go")
+    assert outcome.status == "completed" and outcome.tool_calls == 4 and overlaps == []
+
+
+def test_a_steer_sent_while_paused_reaches_the_first_call_after_resume(sandbox):
+    with ScriptedLLM([{"tool_calls": [bash("echo one")]}, {"text": "two"}]) as llm:
+        holder: list[Agent] = []
+
+        def sink(event):   # pause as the first turn ends; steer while paused; then resume
+            if isinstance(event, ev.TurnEnd) and event.turn == 1:
+                holder[0].pause()
+                threading.Timer(0.1, holder[0].steer, args=("while you were paused",)).start()
+                threading.Timer(0.3, holder[0].resume).start()
+
+        agent = make_agent(llm, sandbox, sink=sink)
+        holder.append(agent)
+        outcome = agent.run("go")
+        second = llm.requests[1]["messages"]
+    assert outcome.final_message == "two" and len(llm.requests) == 2
+    assert second[-1]["role"] == "user" and "while you were paused" in str(second[-1]["content"])
 
 
 def test_a_server_that_streams_no_usage_still_gets_counted(sandbox):

@@ -194,7 +194,7 @@ def test_wall_clock_timeout_is_exit_3_with_artifacts(run_pid, sample_repo, tmp_p
                       *job_options(llm, tmp_path / "out"))
     assert res.code == 3, res.stderr
     result = res.json()
-    assert result["status"] == "timeout" and result["exit_reason"] == "wall_clock"
+    assert result["status"] == "limit" and result["exit_reason"] == "wall_clock"
     assert result["duration_s"] < 30
     assert "a.txt" in (tmp_path / "out" / result["id"] / "patch.diff").read_text()
 

@@ -43,8 +43,8 @@ def test_redelivery_while_leased_is_refused_and_lapsed_lease_is_reclaimed(tmp_pa
     assert [r.id for r in store.lapsed()] == [job.id]
     assert store.claim(job.id, "b", lease_s=60)
     assert not store.renew(job.id, "a", lease_s=60)         # the old owner learns it lost the job
-    assert not store.finish(job.id, "completed", owner="a")  # ...and cannot overwrite the ending
-    assert store.finish(job.id, "completed", owner="b", exit_reason="stop", turns=3, tool_calls=2)
+    assert not store.finish(job.id, "stop", owner="a")  # ...and cannot overwrite the ending
+    assert store.finish(job.id, "stop", owner="b", turns=3, tool_calls=2)
     record = store.get(job.id)
     assert (record.status, record.attempts, record.turns, record.exit_reason) == ("completed", 2, 3, "stop")
     assert not store.claim(job.id, "c", lease_s=60)         # finished jobs are never run again
@@ -91,5 +91,5 @@ def test_the_sweeper_never_ends_a_job_that_was_just_claimed_again(tmp_path):
     store = JobStore(str(tmp_path / "jobs.db"))
     job = store.create(spec(tmp_path))
     assert store.claim(job.id, "a", lease_s=60)
-    assert not store.finish(job.id, "failed", exit_reason="worker_lost", lapsed_only=True)
+    assert not store.finish(job.id, "worker_lost", lapsed_only=True)
     assert store.get(job.id).status == "running"

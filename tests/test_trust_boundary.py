@@ -195,7 +195,7 @@ def test_frozen_servers_cannot_keep_a_job_past_its_wall_clock(run_pid, sample_re
         took = time.monotonic() - started
     result = res.json()
     assert took < 90, took
-    assert res.code == 3 and result["status"] == "timeout" and result["exit_reason"] == "wall_clock", result
+    assert res.code == 3 and result["status"] == "limit" and result["exit_reason"] == "wall_clock", result
     assert (tmp_path / "out" / result["id"] / "result.json").exists()
 
 

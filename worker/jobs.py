@@ -9,9 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from pid.config import DEFAULT_IMAGE
-
-TERMINAL = ("completed", "failed", "timeout", "cancelled")
-
+from pid.endings import exit_code_for  # noqa: F401  (the CLI's import; defined in pid.endings)
 
 def new_job_id() -> str:
     """Sortable by submission time, unique without coordination."""
@@ -58,16 +56,6 @@ class JobSpec:
     def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
-
-
-def exit_code_for(result: dict[str, Any]) -> int:
-    """The CLI contract: 0 completed, 1 failed or cancelled, 3 a limit was hit (2 is bad usage, before any job)."""
-    from pid.agent import LIMIT_REASONS
-    if result.get("status") == "completed":
-        return 0
-    if result.get("exit_reason") in LIMIT_REASONS:
-        return 3
-    return 1
 
 
 def write_json_atomic(path: str, data: dict[str, Any]) -> None:

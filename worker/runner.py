@@ -17,7 +17,8 @@ from typing import Any, Callable
 import docker.errors
 
 from pid import events as ev
-from pid.agent import Agent, Limits, Outcome, Status
+from pid.agent import Agent, Limits, Outcome
+from pid.endings import ExitReason
 from pid.messages import Usage
 from pid.prompt import build_system_prompt
 from pid.providers import make_provider
@@ -53,7 +54,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     started = time.time()
     os.makedirs(spec.job_dir, exist_ok=True)
     cancel = cancel or threading.Event()
-    outcome = Outcome("failed", "error", usage=Usage())
+    outcome = Outcome("error", usage=Usage())
     artifacts: dict[str, Any] = {}
     sandbox: DockerSandbox | None = None
     session: SessionWriter | None = None
@@ -90,12 +91,12 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             on_agent(agent)
         outcome = agent.run(spec.task)
     except JobCancelled:
-        outcome = Outcome("cancelled", "cancelled")
+        outcome = Outcome("cancelled")
     except KeyboardInterrupt:
-        outcome = Outcome("cancelled", "interrupted", error="interrupted")
+        outcome = Outcome("interrupted", error="interrupted")
         raise
     except Exception as exc:  # sandbox or setup failure: a failed job with a readable reason
-        outcome = Outcome("failed", "sandbox_error" if _is_sandbox_error(exc) else "error", error=_describe(exc))
+        outcome = Outcome("sandbox_error" if _is_sandbox_error(exc) else "error", error=_describe(exc))
     finally:
         if starting is not None:   # set-up failed before the early sandbox was taken: it goes too
             try:
@@ -109,10 +110,10 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             session.close()
             artifacts["session"] = "session.jsonl"
         if watchdog.fired:   # the wall clock ran out and something was still stuck past the grace period
-            outcome = _ended(outcome, "timeout", "wall_clock",
+            outcome = _ended(outcome, "wall_clock",
                              f"wall-clock limit of {spec.timeout_s:g}s reached; the sandbox was removed")
         elif sandbox and outcome.status == "completed" and not sandbox.is_alive():
-            outcome = _ended(outcome, "failed", "sandbox_error", "the sandbox container is gone")
+            outcome = _ended(outcome, "sandbox_error", "the sandbox container is gone")
         try:
             owner = still_owner()
         except Exception:   # the store is unreachable: better no artifacts than overwriting a new owner's
@@ -125,7 +126,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                 if watchdog.fired == "collect":
                     problem = f"collecting the artifacts ran out of time ({COLLECT_TIMEOUT_S:g}s)"
                 if problem and outcome.status == "completed":
-                    outcome = _ended(outcome, "failed", "artifact_error", problem)
+                    outcome = _ended(outcome, "artifact_error", problem)
         finally:
             watchdog.stop()
             if sandbox:
@@ -136,9 +137,9 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     return result
 
 
-def _ended(outcome: Outcome, status: Status, reason: str, error: str) -> Outcome:
+def _ended(outcome: Outcome, reason: ExitReason, error: str) -> Outcome:
     """The same run, with the ending that is true of it."""
-    return dataclasses.replace(outcome, status=status, exit_reason=reason, error=outcome.error or error)
+    return dataclasses.replace(outcome, exit_reason=reason, error=outcome.error or error)
 
 
 def _fresh(path: str) -> str:

@@ -15,13 +15,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from worker.jobs import TERMINAL, JobSpec
+from pid.endings import TERMINAL_STATUSES, ExitReason, status_of
+from worker.jobs import JobSpec
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
   id TEXT PRIMARY KEY,
   spec TEXT NOT NULL,
-  status TEXT NOT NULL,            -- queued | running | completed | failed | timeout | cancelled
+  status TEXT NOT NULL,            -- queued | running | one of pid.endings.STATUSES
   owner TEXT,                      -- the worker process holding the lease
   lease_until REAL,
   attempts INTEGER NOT NULL DEFAULT 0,
@@ -66,7 +67,7 @@ class JobRecord:
 
     @property
     def terminal(self) -> bool:
-        return self.status in TERMINAL
+        return self.status in TERMINAL_STATUSES
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k != "spec"}
@@ -132,16 +133,15 @@ class JobStore:
         with self._db() as db:
             db.execute("UPDATE jobs SET turns = ?, tool_calls = ? WHERE id = ?", (turns, tool_calls, job_id))
 
-    def finish(self, job_id: str, status: str, *, owner: str | None = None, exit_reason: str | None = None,
-               error: str | None = None, turns: int | None = None, tool_calls: int | None = None,
-               lapsed_only: bool = False) -> bool:
-        """Record the ending. With an owner, only the lease holder may finish (a stale worker cannot overwrite);
-        with lapsed_only, only while nobody holds a live lease (the sweeper must not end a job just re-claimed)."""
-        assert status in TERMINAL
+    def finish(self, job_id: str, exit_reason: ExitReason, *, owner: str | None = None, error: str | None = None,
+               turns: int | None = None, tool_calls: int | None = None, lapsed_only: bool = False) -> bool:
+        """Record the ending (its status follows from the reason). With an owner, only the lease holder may finish
+        (a stale worker cannot overwrite); with lapsed_only, only while nobody holds a live lease (the sweeper must
+        not end a job just re-claimed)."""
         sql = ("UPDATE jobs SET status = ?, exit_reason = ?, error = ?, finished_at = ?, lease_until = NULL, "
-               "turns = COALESCE(?, turns), tool_calls = COALESCE(?, tool_calls) WHERE id = ? AND status NOT IN "
-               "('completed', 'failed', 'timeout', 'cancelled')")
-        args: list[Any] = [status, exit_reason, error, time.time(), turns, tool_calls, job_id]
+               "turns = COALESCE(?, turns), tool_calls = COALESCE(?, tool_calls) WHERE id = ? AND status IN "
+               "('queued', 'running')")
+        args: list[Any] = [status_of(exit_reason), exit_reason, error, time.time(), turns, tool_calls, job_id]
         if owner is not None:
             sql += " AND owner = ?"
             args.append(owner)
@@ -156,15 +156,15 @@ class JobStore:
         with self._db() as db:
             db.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status IN ('queued', 'running')",
                        (job_id,))
-        self.finish_if_queued(job_id, "cancelled", "cancelled")
+        self.finish_if_queued(job_id, "cancelled")
         record = self.get(job_id)
         return record.status if record else None
 
-    def finish_if_queued(self, job_id: str, status: str, exit_reason: str) -> bool:
+    def finish_if_queued(self, job_id: str, exit_reason: ExitReason) -> bool:
         with self._db() as db:
             return db.execute("UPDATE jobs SET status = ?, exit_reason = ?, finished_at = ? "
                               "WHERE id = ? AND status = 'queued'",
-                              (status, exit_reason, time.time(), job_id)).rowcount == 1
+                              (status_of(exit_reason), exit_reason, time.time(), job_id)).rowcount == 1
 
     def set_paused(self, job_id: str, paused: bool) -> bool:
         with self._db() as db:

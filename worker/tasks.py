@@ -13,7 +13,8 @@ from typing import Any
 from celery import signals
 
 from pid import events as ev
-from pid.agent import Agent, Outcome, Status
+from pid.agent import Agent, Outcome
+from pid.endings import ExitReason
 from pid.config import EnvDefaults
 from worker.app import app
 from worker.jobs import JobSpec, write_json_atomic
@@ -42,7 +43,7 @@ def run_job_task(job_id: str, api_key: str | None = None) -> dict[str, Any]:
     assert record is not None
     relay = ControlRelay(store, job_id, owner)
     relay.start()
-    result: dict[str, Any] = {"id": job_id, "status": "failed", "exit_reason": "error"}
+    result: dict[str, Any] = {"id": job_id, "exit_reason": "error"}
     try:
         result = run_job(record.spec, api_key=api_key or EnvDefaults.read().api_key, sink=relay.on_event,
                          on_agent=relay.attach, cancel=relay.cancel, still_owner=relay.still_owner)
@@ -56,7 +57,7 @@ def _record_end(store: JobStore, job_id: str, owner: str, result: dict[str, Any]
     """The job's ending must reach the store, or the sweeper would run a finished job again: retry a busy store."""
     for attempt in range(6):
         try:
-            store.finish(job_id, result["status"], owner=owner, exit_reason=result.get("exit_reason"),
+            store.finish(job_id, result["exit_reason"], owner=owner,
                          error=result.get("error"), turns=result.get("turns"), tool_calls=result.get("tool_calls"))
             return
         except Exception:
@@ -121,8 +122,8 @@ class ControlRelay:
                 agent = self._agent
                 if agent is None:
                     continue
+                self._deliver(agent)   # before a resume: a steer sent while paused reaches the very next call
                 (agent.pause if record.paused else agent.resume)()
-                self._deliver(agent)
                 if self._progress != reported:
                     reported = self._progress
                     self.store.progress(self.job_id, *reported)
@@ -147,12 +148,12 @@ def sweep(store: JobStore) -> None:
     """Jobs whose worker died: dispatch again, or give up after MAX_ATTEMPTS with a result that says why."""
     for record in store.lapsed():
         if record.cancel_requested:  # cancelled, then its worker died: it ends cancelled, not queued again
-            if store.finish(record.id, "cancelled", exit_reason="cancelled", lapsed_only=True):
-                write_unrun_result(record.spec, "cancelled", "cancelled", None)
+            if store.finish(record.id, "cancelled", lapsed_only=True):
+                write_unrun_result(record.spec, "cancelled", None)
         elif record.attempts >= MAX_ATTEMPTS:
             error = f"worker lost {record.attempts} times"
-            if store.finish(record.id, "failed", exit_reason="worker_lost", error=error, lapsed_only=True):
-                write_unrun_result(record.spec, "failed", "worker_lost", error)
+            if store.finish(record.id, "worker_lost", error=error, lapsed_only=True):
+                write_unrun_result(record.spec, "worker_lost", error)
         elif store.requeue(record.id):
             log.warning("job %s: worker lost, dispatching again", record.id)
             dispatch(record.id)
@@ -163,14 +164,14 @@ def cancel_job(store: JobStore, job_id: str) -> str | None:
     was = store.get(job_id)
     status = store.request_cancel(job_id)
     if was is not None and was.status == "queued" and status == "cancelled":
-        write_unrun_result(was.spec, "cancelled", "cancelled", None)
+        write_unrun_result(was.spec, "cancelled", None)
     return status
 
 
-def write_unrun_result(spec: JobSpec, status: Status, exit_reason: str, error: str | None) -> None:
+def write_unrun_result(spec: JobSpec, exit_reason: ExitReason, error: str | None) -> None:
     """result.json for a job that ended without running to its end here, so consumers always find one."""
     os.makedirs(spec.job_dir, exist_ok=True)
-    result = build_result(spec, Outcome(status, exit_reason, error=error), time.time(), {})
+    result = build_result(spec, Outcome(exit_reason, error=error), time.time(), {})
     write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
 
 
