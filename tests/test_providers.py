@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -394,24 +393,6 @@ def test_standalone_server_serves_a_script_file(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-
-
-@pytest.mark.parametrize("api", BOTH)
-def test_per_call_overhead_against_a_local_server(api: str) -> None:
-    """Measured, not asserted: the cost of one streamed 3-chunk reply, client and server together."""
-    n = 300
-    with ScriptedLLM([{"text": "one two three"}] * (n + 20)) as llm:
-        p = provider(llm, api)
-        for _ in range(20):
-            p.stream("system", HELLO, [BASH])
-        times = []
-        for _ in range(n):
-            started = time.perf_counter()
-            reply = p.stream("system", HELLO, [BASH], cancel=threading.Event())
-            times.append(time.perf_counter() - started)
-        assert reply.text == "one two three"
-    print(f"\n{api}: streamed 3-chunk reply, median {statistics.median(times) * 1e3:.2f} ms, "
-          f"p95 {sorted(times)[int(n * 0.95)] * 1e3:.2f} ms over {n} calls (client + local server)")
 
 
 def test_no_response_within_the_read_timeout_is_an_error_without_retry() -> None:

@@ -40,12 +40,14 @@ def test_explicit_table_gives_exact_counts_through_tiktoken(tmp_path, monkeypatc
     assert counter.count("zzz") == 3
 
 
-def test_table_found_by_convention_must_match_published_hash(tmp_path):
+def test_table_found_by_convention_is_read_but_must_match_published_hash(tmp_path, caplog):
     home_table = tmp_path / "home" / "tiktoken" / "o200k_base.tiktoken"
     home_table.parent.mkdir(parents=True)
     write_table(home_table)
-    counter = tokens.get_counter()  # wrong hash: ignored, not trusted
+    with caplog.at_level("WARNING", logger="pid.tokens"):
+        counter = tokens.get_counter()  # wrong hash: ignored, not trusted
     assert counter.exact is False
+    assert f"ignoring {home_table}: not the published o200k_base table" in caplog.text  # it was found and checked
 
 
 def test_unknown_encoding_is_an_error():
