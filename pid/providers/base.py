@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from pid.messages import (AssistantMessage, ImageContent, Message, TextContent, ToolResultMessage, ToolSpec,
                           Usage, UserMessage)
@@ -72,3 +72,26 @@ class Provider(Protocol):
     def close(self) -> None:
         """Release the HTTP connections."""
         ...
+
+
+class IdentityCache:
+    """A value computed once per object, for objects that never change once made (a conversation's messages).
+
+    Keyed by identity, and it keeps only what the last round used: begin() starts a round, get() carries an entry
+    over from the previous one or computes it. Not thread-safe: one provider streams from one thread.
+    """
+
+    def __init__(self) -> None:
+        self._previous: dict[int, tuple[Any, Any]] = {}
+        self._current: dict[int, tuple[Any, Any]] = {}
+
+    def begin(self) -> None:
+        self._previous, self._current = self._current, {}
+
+    def get(self, obj: Any, compute: Callable[[Any], Any]) -> Any:
+        key = id(obj)
+        hit = self._current.get(key) or self._previous.get(key)
+        if hit is None or hit[0] is not obj:     # the object holds its id only while it lives: check it is the same
+            hit = (obj, compute(obj))
+        self._current[key] = hit
+        return hit[1]

@@ -16,7 +16,7 @@ from typing import Any
 
 from pid.messages import (AssistantMessage, Content, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
-from pid.providers.base import ProviderConfig, StreamListener, price
+from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price
 from pid.providers.transport import StreamReply, StreamingProvider, truncate
 
 API = "openai-completions"
@@ -30,12 +30,13 @@ class OpenAIProvider(StreamingProvider):
     def __init__(self, config: ProviderConfig) -> None:
         auth = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         super().__init__(config, config.base_url.rstrip("/") + "/chat/completions", auth)
+        self._entries = IdentityCache()
 
     def _new_reply(self) -> "_Reply":
         return _Reply()
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.config.model, "messages": to_openai_messages(system, messages),
+        body: dict[str, Any] = {"model": self.config.model, "messages": to_openai_messages(system, messages, self._entries),
                                 "stream": True, "stream_options": {"include_usage": True}}
         if tools:
             body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
@@ -193,7 +194,12 @@ def _user_content(blocks: list[TextContent | ImageContent]) -> str | list[dict[s
     return [{"type": "text", "text": b.text} if isinstance(b, TextContent) else _data_url(b) for b in blocks]
 
 
-def to_openai_messages(system: str, messages: list[Message]) -> list[dict[str, Any]]:
+def to_openai_messages(system: str, messages: list[Message],
+                       entries: "IdentityCache | None" = None) -> list[dict[str, Any]]:
+    """The conversation in Chat Completions form. `entries` keeps each message's entry from the last request: the
+    whole conversation is sent every turn, and converting it again would make a turn's cost grow with its length."""
+    cache = entries if entries is not None else IdentityCache()
+    cache.begin()
     out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     images: list[ImageContent] = []  # from the current run of tool results
 
@@ -204,24 +210,33 @@ def to_openai_messages(system: str, messages: list[Message]) -> list[dict[str, A
             images.clear()
 
     for message in messages:
-        if isinstance(message, ToolResultMessage):
-            attached = [c for c in message.content if isinstance(c, ImageContent)]
-            text = message.text or ("(image attached below)" if attached else "(no output)")
-            out.append({"role": "tool", "tool_call_id": message.tool_call_id, "content": text})
-            images.extend(attached)
-            continue
-        flush_images()
-        if isinstance(message, UserMessage):
-            out.append({"role": "user", "content": _user_content(message.content)})
-        elif isinstance(message, AssistantMessage):
-            text, calls = message.text, message.tool_calls
-            if not text and not calls:
-                continue  # nothing the model could use; some servers reject an empty assistant turn
-            entry: dict[str, Any] = {"role": "assistant", "content": text or None}
-            if calls:
-                entry["tool_calls"] = [{"id": c.id, "type": "function",
-                                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                                       for c in calls]
+        entry, attached = cache.get(message, _entry)
+        if not isinstance(message, ToolResultMessage):
+            flush_images()
+        if entry is not None:   # None: nothing the model could use; some servers reject an empty assistant turn
             out.append(entry)
+        images.extend(attached)
     flush_images()
     return out
+
+
+def _entry(message: Message) -> tuple[dict[str, Any] | None, list[ImageContent]]:
+    """One message's entry, and the images that must follow the run of tool messages it belongs to."""
+    if isinstance(message, ToolResultMessage):
+        attached = [c for c in message.content if isinstance(c, ImageContent)]
+        text = message.text or ("(image attached below)" if attached else "(no output)")
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": text}, attached
+    if isinstance(message, UserMessage):
+        return {"role": "user", "content": _user_content(message.content)}, []
+    return _assistant_entry(message), []
+
+
+def _assistant_entry(message: AssistantMessage) -> dict[str, Any] | None:
+    text, calls = message.text, message.tool_calls
+    if not text and not calls:
+        return None
+    entry: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        entry["tool_calls"] = [{"id": c.id, "type": "function",
+                                "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
+    return entry
