@@ -146,8 +146,12 @@ def run(api_key: str | None, as_json: bool, no_images: bool, **options: Any) -> 
         click.echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
         result = run_job(spec, api_key=api_key, sink=ev.ignore if as_json else EventPrinter(),
                          on_agent=agents.append, starting=starting)
-    except KeyboardInterrupt:  # Ctrl-C during set-up: run_job removed the container and wrote result.json
-        click.echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
+    except KeyboardInterrupt:  # Ctrl-C during set-up: run_job removed the container and wrote result.json...
+        abandon(starting)      # ...unless it came before run_job took the early sandbox (idempotent otherwise)
+        if os.path.exists(os.path.join(spec.job_dir, "result.json")):
+            click.echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
+        else:
+            click.echo("interrupted before the job started", err=True)
         sys.exit(EXIT_INTERRUPTED)
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -283,7 +287,7 @@ def cancel(job_id: str) -> None:
     if status == "running":
         click.echo(f"{job_id}: cancelling (its worker stops it and keeps the artifacts so far)")
     elif status == "cancelled" and record.status == "queued":
-        click.echo(f"{job_id}: cancelled (it had not started)")
+        click.echo(f"{job_id}: cancelled")  # it had not started: it ends here and now
     else:
         raise BadInput(f"job {job_id} is {status}: nothing to cancel")
 
