@@ -381,6 +381,9 @@ def reap_own_quietly() -> None:
     threading.Thread(target=reap, name="pid-reap", daemon=True).start()
 
 
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)
+
+
 def main() -> None:
     """Every ending is an exit code and at most one line: usage errors included, Ctrl-C anywhere is 130."""
     try:
@@ -389,7 +392,7 @@ def main() -> None:
         click.echo("interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as exc:
-        if isinstance(exc, BadInput):
+        if isinstance(exc, (BadInput, _NO_ARGS_IS_HELP)):   # the latter: plain `pid` shows its help
             exc.show()
         else:
             click.echo(f"pid: error: {exc.format_message()}", err=True)
