@@ -1,23 +1,30 @@
-"""The `pid` command. Thin: parse, call, print. Exit codes: 0 completed, 1 failed, 2 bad usage or input,
-3 a limit was hit (timeout, max turns, max cost)."""
+"""The `pid` command. Thin: parse, call, print. Exit codes: 0 completed, 1 failed or cancelled, 2 bad usage or
+input (nothing ran), 3 a limit was hit (timeout, max turns, max cost), 5 `pid result` of a job not finished yet,
+130 interrupted (Ctrl-C)."""
 from __future__ import annotations
 
 import json
 import os
 import signal
 import sys
+import tempfile
 import threading
+import time
 from typing import Any, Callable
 
 import click
+from click.core import ParameterSource
 
 from pid import events as ev
-from pid.config import EnvDefaults, pid_home
+from pid.config import API_KEY_ENV, API_NAMES, HomeUnusable, ensure_pid_home, pid_home
+from cli.options import job_options
 from cli.output import EventPrinter, SessionFollower, print_result, wait_for
-from worker.jobs import JobSpec, exit_code_for
+from pid.endings import exit_code_for
+from worker.jobs import JobSpec
 
-TOOL_NAMES = ("read", "bash", "edit", "write")
-API_NAMES = {"openai": "openai-completions", "anthropic": "anthropic-messages"}
+EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without --wait)
+EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it
+NO_WORKER_NOTICE_S = 10.0  # `--wait` says so when a job is still queued after this long
 
 
 class BadInput(click.ClickException):
@@ -28,54 +35,25 @@ class BadInput(click.ClickException):
         click.echo(f"pid: error: {self.format_message()}", err=True)
 
 
-def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The options `run` and `submit` share: they describe the same job."""
-    options = [
-        click.argument("task"),
-        click.option("--repo", required=True, help="Repository or directory to work on (copied, never modified)."),
-        click.option("--model", help="Model name [env PID_MODEL]."),
-        click.option("--base-url", help="Model endpoint [env PID_BASE_URL, default OpenAI]."),
-        click.option("--api-key", help="API key [env PID_API_KEY or OPENAI_API_KEY]; never enters the container."),
-        click.option("--api", type=click.Choice(sorted(API_NAMES)), help="Wire format [env PID_API, default openai]."),
-        click.option("--image", help="Sandbox image [env PID_IMAGE, default pid-sandbox:latest]."),
-        click.option("--out", default="pid-runs", show_default=True, help="Artifacts go to OUT/<job id>/."),
-        click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=3600, show_default=True,
-                     help="Wall-clock limit for the whole job, in seconds."),
-        click.option("--max-turns", type=click.IntRange(min=1), default=100, show_default=True),
-        click.option("--max-cost", type=click.FloatRange(min=0), help="Stop when the cost in USD exceeds this."),
-        click.option("--input-price", type=click.FloatRange(min=0), default=0.0,
-                     help="USD per million input tokens (for usage.cost and --max-cost)."),
-        click.option("--output-price", type=click.FloatRange(min=0), default=0.0,
-                     help="USD per million output tokens."),
-        click.option("--no-images", is_flag=True, help="The model takes no images: read's images reach it as a note."),
-        click.option("--tools", help="Active tools, comma-separated (default: read,bash,edit,write)."),
-        click.option("--file", "files", multiple=True, help="In-container path to collect as an artifact (repeatable)."),
-        click.option("--memory", default="2g", show_default=True, help="Container memory limit (swap = memory)."),
-        click.option("--cpus", type=click.FloatRange(min=0.01), default=1.0, show_default=True),
-        click.option("--pids", "pids_limit", type=click.IntRange(min=16), default=512, show_default=True),
-        click.option("--network", default="none", show_default=True, help="Container network (none: no network)."),
-        click.option("--user", default="1000:1000", show_default=True,
-                     help="The agent's UID[:GID] in the container; 'root' is an explicit opt-in (weaker isolation)."),
-        click.option("--disk", default="10g", show_default=True,
-                     help="Everything the job may write (workspace, /tmp, home, kept output); 0: no limit."),
-        click.option("--runtime", help="Engine runtime for the container, e.g. runsc (gVisor)."),
-        click.option("--max-patch", default="100m", show_default=True, help="Largest patch.diff accepted."),
-        click.option("--max-files-size", default="100m", show_default=True, help="--file collection: bytes in all."),
-        click.option("--max-files", type=click.IntRange(min=1), default=10000, show_default=True,
-                     help="--file collection: entries in all."),
-        click.option("--json", "as_json", is_flag=True, help="Print result.json instead of the summary."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+class PidCommand(click.Command):
+    """Every command keeps its state under PID_HOME: an unusable one stops it before it does anything (after
+    parsing, so --help still works)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            ensure_pid_home()
+        except HomeUnusable as exc:
+            raise BadInput(str(exc)) from None
+        return super().invoke(ctx)
 
 
-def build_spec(task: str, repo: str, model: str | None, base_url: str | None, api: str | None, image: str | None,
-               out: str, timeout_s: float, max_turns: int, max_cost: float | None, input_price: float,
-               output_price: float, no_images: bool, tools: str | None, files: tuple[str, ...], memory: str,
-               cpus: float, pids_limit: int, network: str, user: str, disk: str, runtime: str | None,
-               max_patch: str, max_files_size: str, max_files: int) -> JobSpec:
-    env = EnvDefaults.read()
+class PidGroup(click.Group):
+    command_class = PidCommand
+
+
+def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
+    """The job the options describe, every value checked; refuses (BadInput) before anything starts."""
+    task, repo, model = options.pop("task"), options.pop("repo"), options.pop("model")
     if not task.strip():
         raise BadInput("the task is empty")
     repo_path = os.path.abspath(os.path.expanduser(repo))
@@ -83,31 +61,43 @@ def build_spec(task: str, repo: str, model: str | None, base_url: str | None, ap
         raise BadInput(f"repo path does not exist: {repo}")
     if not os.path.isdir(repo_path):
         raise BadInput(f"repo path is not a directory: {repo}")
-    model = model or env.model
     if not model:
         raise BadInput("no model configured: pass --model or set PID_MODEL")
-    if max_cost is not None and not (input_price or output_price):
+    if options["max_cost"] is not None and not (options["input_price"] or options["output_price"]):
         raise BadInput("--max-cost needs the model's prices: pass --input-price and/or --output-price")
-    active = None
-    if tools:
-        active = [t.strip() for t in tools.split(",") if t.strip()]
-        unknown = sorted(set(active) - set(TOOL_NAMES))
-        if unknown or not active:
-            raise BadInput(f"unknown tool(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(TOOL_NAMES)}")
-    from sandbox.config import parse_user
-    from sandbox.disk import parse_size
-    try:
-        parse_user(user)
-        disk_bytes = 0 if disk.strip() in ("0", "none") else parse_size(disk)
-        patch_bytes, files_bytes = parse_size(max_patch), parse_size(max_files_size)
-    except ValueError as exc:
-        raise BadInput(str(exc)) from None
-    return JobSpec(task=task, repo=repo_path, model=model, out_dir=os.path.abspath(out),
-                   base_url=base_url or env.base_url, api=API_NAMES[api] if api else env.api,
-                   image=image or env.image, timeout_s=timeout_s, max_turns=max_turns, max_cost=max_cost,
-                   input_price=input_price, output_price=output_price, images=not no_images, tools=active, files=list(files), memory=memory, cpus=cpus, pids_limit=pids_limit, network=network,
-                   user=user.strip(), disk=disk_bytes, runtime=runtime or None, max_patch=patch_bytes,
-                   max_files_bytes=files_bytes, max_files=max_files)
+    out_dir = check_out_dir(options.pop("out_dir"))
+    spec = JobSpec(task=task, repo=repo_path, model=model, out_dir=out_dir, images=not no_images,
+                   **{**options, "files": list(options["files"]), "runtime": options["runtime"] or None})
+    if spec.network != "none":
+        click.echo(f"pid: warning: --network {spec.network}: the sandbox can reach the network and is reachable "
+                   f"from it", err=True)
+    return spec
+
+
+def check_out_dir(out: str) -> str:
+    """OUT must be a directory pid can write in, or one it can create (its parent exists and is writable)."""
+    path = os.path.abspath(os.path.expanduser(out))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise BadInput(f"--out {out}: not a directory")
+    where = path if os.path.isdir(path) else os.path.dirname(path)
+    if not os.path.isdir(where):
+        raise BadInput(f"--out {out}: its parent directory {where} does not exist")
+    try:  # a real write: permission bits say nothing for root or a read-only filesystem
+        fd, probe = tempfile.mkstemp(prefix=".pid-write-check-", dir=where)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise BadInput(f"--out {out}: cannot write in {where} ({exc.strerror or exc})") from None
+    return path
+
+
+def check_api_key(spec: JobSpec, key: str | None) -> None:
+    """The default endpoints are remote services that need a key; an endpoint of one's own may not."""
+    if key or click.get_current_context().get_parameter_source("base_url") != ParameterSource.DEFAULT:
+        return
+    vendor = "Anthropic's" if spec.api == API_NAMES["anthropic"] else spec.base_url
+    raise BadInput(f"no API key: the default endpoint ({vendor}) needs one; pass --api-key or set "
+                   f"{' or '.join(API_KEY_ENV)}, or point --base-url at an endpoint of your own")
 
 
 def check_image(image: str) -> None:
@@ -118,7 +108,7 @@ def check_image(image: str) -> None:
         raise BadInput(str(exc)) from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=PidGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="pid")
 def cli() -> None:
     """pid runs LLM coding agents in Docker sandboxes, in the foreground or through a queue."""
@@ -126,9 +116,10 @@ def cli() -> None:
 
 @cli.command()
 @job_options
-def run(api_key: str | None, as_json: bool, **options: Any) -> None:
+def run(api_key: str | None, as_json: bool, no_images: bool, **options: Any) -> None:
     """Run one job in the foreground (no queue)."""
-    spec = build_spec(**options)
+    spec = build_spec(options, no_images)
+    check_api_key(spec, api_key)
     from worker.sandbox_start import abandon, start_sandbox
     starting = start_sandbox(spec)    # the container starts while the agent's code loads
     try:
@@ -138,10 +129,11 @@ def run(api_key: str | None, as_json: bool, **options: Any) -> None:
     except BaseException:             # bad input or Ctrl-C before the job: nothing may stay behind
         abandon(starting)
         raise
-    key = api_key or EnvDefaults.read().api_key
     agents: list[Any] = []
+    interrupted = threading.Event()
 
     def on_sigint(signum: int, frame: Any) -> None:
+        interrupted.set()
         if not agents:  # still setting up: the runner's finally removes what exists
             raise KeyboardInterrupt
         if not agents[0].cancel_event.is_set():
@@ -153,26 +145,30 @@ def run(api_key: str | None, as_json: bool, **options: Any) -> None:
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         click.echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
-        result = run_job(spec, api_key=key, sink=ev.ignore if as_json else EventPrinter(), on_agent=agents.append,
-                         starting=starting)
-    except KeyboardInterrupt:  # Ctrl-C during set-up: run_job removed the container and wrote result.json on its way out
-        click.echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
-        sys.exit(130)
+        result = run_job(spec, api_key=api_key, sink=ev.ignore if as_json else EventPrinter(),
+                         on_agent=agents.append, starting=starting)
+    except KeyboardInterrupt:  # Ctrl-C during set-up: run_job removed the container and wrote result.json...
+        abandon(starting)      # ...unless it came before run_job took the early sandbox (idempotent otherwise)
+        if os.path.exists(os.path.join(spec.job_dir, "result.json")):
+            click.echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
+        else:
+            click.echo("interrupted before the job started", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     finally:
         signal.signal(signal.SIGINT, previous)
     print_result(result, spec.job_dir, as_json)
-    sys.exit(exit_code_for(result))
+    sys.exit(EXIT_INTERRUPTED if interrupted.is_set() else exit_code_for(result))
 
 
 @cli.command()
 @job_options
 @click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code.")
-def submit(api_key: str | None, as_json: bool, wait: bool, **options: Any) -> None:
+def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, **options: Any) -> None:
     """Queue a job for a worker and print its id."""
+    spec = build_spec(options, no_images)
     from worker.app import embedded_broker
     from worker.store import default_store
     from worker.tasks import dispatch
-    spec = build_spec(**options)
     if embedded_broker():  # the worker is on this machine: its image must be here too
         check_image(spec.image)
     store = default_store()
@@ -194,15 +190,40 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool) -> None
     result_path = os.path.join(record.spec.job_dir, "result.json")
     follower = SessionFollower(os.path.join(record.spec.job_dir, "session.jsonl")) if follow else None
     try:
-        wait_for(lambda: store.get(job_id).terminal, follower)
+        wait_for(lambda: store.get(job_id).terminal, follower, tick=_no_worker_notice(store, job_id))
         wait_for(lambda: os.path.exists(result_path), None, timeout_s=10)  # written just before or after the end
     except KeyboardInterrupt:
         click.echo(f"\nstopped waiting; job {job_id} goes on (pid result {job_id} --wait, pid cancel {job_id})",
                    err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     result = _load_result(store, job_id)
     print_result(result, record.spec.job_dir, as_json)
     sys.exit(exit_code_for(result))
+
+
+def _no_worker_notice(store: Any, job_id: str) -> Callable[[], None]:
+    """Once, after NO_WORKER_NOTICE_S: a job still queued means no worker took it. The store tells whether any
+    worker is alive at all: a running job's lease is renewed by its worker every few seconds."""
+    deadline = time.monotonic() + NO_WORKER_NOTICE_S
+    done = False
+
+    def tick() -> None:
+        nonlocal done
+        if done or time.monotonic() < deadline:
+            return
+        done = True
+        record = store.get(job_id)
+        if record is None or record.status != "queued":
+            return
+        from worker.app import QUEUE
+        now = time.time()
+        busy = [r for r in store.list(500) if r.status == "running" and (r.lease_until or 0) > now]
+        waited = f"job {job_id} is still queued after {NO_WORKER_NOTICE_S:g}s"
+        if busy:
+            click.echo(f"{waited}: {len(busy)} job(s) are running; it waits for a free worker", err=True)
+        else:
+            click.echo(f"{waited}: no worker is consuming queue '{QUEUE}' (start one with `pid worker`)", err=True)
+    return tick
 
 
 def _load_result(store: Any, job_id: str) -> dict[str, Any]:
@@ -243,12 +264,13 @@ def status(job_id: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print result.json.")
 @click.option("--wait", is_flag=True, help="Wait for the job to end first.")
 def result(job_id: str, as_json: bool, wait: bool) -> None:
-    """Show a finished job's result; exit with its exit code."""
+    """Show a finished job's result; exit with its exit code (5: the job has not ended yet)."""
     store, record = _record_or_fail(job_id)
     if wait:
         _wait_and_exit(store, job_id, as_json, follow=False)
     if not record.terminal:
-        raise click.ClickException(f"job {job_id} is {record.status}; use --wait to wait for it")
+        click.echo(f"pid: job {job_id} is {record.status}: no result yet (--wait waits for it)", err=True)
+        sys.exit(EXIT_NOT_FINISHED)
     result = _load_result(store, job_id)
     print_result(result, record.spec.job_dir, as_json)
     sys.exit(exit_code_for(result))
@@ -259,11 +281,21 @@ def result(job_id: str, as_json: bool, wait: bool) -> None:
 def cancel(job_id: str) -> None:
     """Cancel a queued or running job (artifacts so far are kept)."""
     from worker.tasks import cancel_job
-    store, _ = _record_or_fail(job_id)
-    click.echo(f"{job_id}: {cancel_job(store, job_id)}")
+    store, record = _record_or_fail(job_id)
+    if record.terminal:
+        raise BadInput(f"job {job_id} is {record.status}: nothing to cancel")
+    status = cancel_job(store, job_id)
+    if status == "running":
+        click.echo(f"{job_id}: cancelling (its worker stops it and keeps the artifacts so far)")
+    elif status == "cancelled" and record.status == "queued":
+        click.echo(f"{job_id}: cancelled")  # it had not started: it ends here and now
+    else:
+        raise BadInput(f"job {job_id} is {status}: nothing to cancel")
 
 
 def _post(kind: str, job_id: str, message: str) -> None:
+    if not message.strip():
+        raise BadInput(f"the {kind.replace('_', '-')} message is empty")
     store, record = _record_or_fail(job_id)
     if not store.post(job_id, kind, message):
         raise BadInput(f"job {job_id} is {record.status}: it takes no more messages")
@@ -289,7 +321,7 @@ def follow_up(job_id: str, message: str) -> None:
 def _set_paused(job_id: str, paused: bool) -> None:
     store, record = _record_or_fail(job_id)
     if not store.set_paused(job_id, paused):
-        raise BadInput(f"job {job_id} is {record.status}")
+        raise BadInput(f"job {job_id} is {store.get(job_id).status}: nothing to {'pause' if paused else 'resume'}")
     click.echo(f"{job_id}: {'pause requested' if paused else 'resumed'}")
 
 
@@ -350,8 +382,23 @@ def reap_own_quietly() -> None:
     threading.Thread(target=reap, name="pid-reap", daemon=True).start()
 
 
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)
+
+
 def main() -> None:
-    cli(prog_name="pid")
+    """Every ending is an exit code and at most one line: usage errors included, Ctrl-C anywhere is 130."""
+    try:
+        code = cli.main(prog_name="pid", standalone_mode=False)
+    except click.exceptions.Abort:   # KeyboardInterrupt (or EOF) outside a command's own handling
+        click.echo("interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as exc:
+        if isinstance(exc, (BadInput, _NO_ARGS_IS_HELP)):   # the latter: plain `pid` shows its help
+            exc.show()
+        else:
+            click.echo(f"pid: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -113,11 +113,14 @@ def _count(n: int, noun: str) -> str:
 
 
 def wait_for(done: Callable[[], bool], follower: SessionFollower | None, poll_s: float = 0.2,
-             timeout_s: float | None = None) -> None:
+             timeout_s: float | None = None, tick: Callable[[], None] | None = None) -> None:
+    """Poll `done` (printing the follower's news) until it is true or `timeout_s` passes; `tick` runs each poll."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while not done() and (deadline is None or time.monotonic() < deadline):
         if follower:
             follower.poll()
+        if tick:
+            tick()
         time.sleep(poll_s)
     if follower:
         follower.poll()

@@ -33,7 +33,7 @@ MISSING_RESULT_ERROR = "Tool call was interrupted before it returned a result."
 
 @dataclass
 class Limits:
-    max_turns: int = 100
+    max_turns: int | None = None              # pi has no cap; a job's comes from its spec
     wall_clock_s: float | None = None
     max_cost: float | None = None             # USD
     max_consecutive_timeouts: int = 3
@@ -125,7 +125,7 @@ class Agent:
                 self._resumed.wait()    # what was steered while paused goes into the very next call
             if self.cancel_event.is_set():
                 return self._stopped(out)
-            if out.turns >= self.limits.max_turns:
+            if self.limits.max_turns is not None and out.turns >= self.limits.max_turns:
                 return self._end(out, "max_turns", f"reached max_turns ({self.limits.max_turns})")
             out.turns += 1
             turn = out.turns

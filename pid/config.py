@@ -1,11 +1,22 @@
-"""Where pid keeps its state, and the settings every entry point reads from the environment."""
+"""Where pid keeps its state, the model endpoint's defaults, and the API key from the environment.
+
+The job's other defaults live in worker/jobs.py (JobSpec); this module holds what the agent core itself needs.
+"""
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 
-DEFAULT_IMAGE = "pid-sandbox:latest"
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+# `--api` / PID_API name -> the wire format the providers speak (pid/providers keys its implementations by these).
+API_NAMES = {"openai": "openai-completions", "anthropic": "anthropic-messages"}
+DEFAULT_API = API_NAMES["openai"]
+API_KEY_ENV = ("PID_API_KEY", "OPENAI_API_KEY")   # the first one set wins
+
+
+class HomeUnusable(Exception):
+    """PID_HOME cannot be created or written: every command needs it, so nothing can run."""
 
 
 def pid_home() -> str:
@@ -17,18 +28,28 @@ def pid_home() -> str:
     return os.path.join(data, "pid")
 
 
+def ensure_pid_home() -> str:
+    """Create PID_HOME if needed and prove it writable (a file is made and removed), or raise HomeUnusable.
+
+    Why a real write: permission bits say nothing for root, nor for a read-only filesystem."""
+    home = pid_home()
+    try:
+        os.makedirs(home, mode=0o700, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".pid-write-check-", dir=home)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise HomeUnusable(f"PID_HOME {home} is not a writable directory ({exc.strerror or exc}); "
+                           f"set PID_HOME to one") from None
+    return home
+
+
 @dataclass
 class EnvDefaults:
-    model: str | None
-    base_url: str
+    """What the worker takes from its own environment when a job brings none (the CLI reads these through its
+    options' environment variables)."""
     api_key: str | None
-    image: str
-    api: str
 
     @classmethod
     def read(cls) -> "EnvDefaults":
-        return cls(model=os.environ.get("PID_MODEL") or None,
-                   base_url=os.environ.get("PID_BASE_URL") or DEFAULT_BASE_URL,
-                   api_key=os.environ.get("PID_API_KEY") or os.environ.get("OPENAI_API_KEY") or None,
-                   image=os.environ.get("PID_IMAGE") or DEFAULT_IMAGE,
-                   api=os.environ.get("PID_API") or "openai-completions")
+        return cls(api_key=next((os.environ[k] for k in API_KEY_ENV if os.environ.get(k)), None))

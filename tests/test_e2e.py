@@ -151,7 +151,8 @@ def test_missing_model_is_exit_2(run_pid, sample_repo):
 
 
 def test_missing_image_is_exit_2(run_pid, sample_repo):
-    res = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--image", "pid-no-such-image:0")
+    res = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--image", "pid-no-such-image:0",
+                  "--base-url", "http://127.0.0.1:9/v1")   # an endpoint of one's own: no key needed
     assert res.code == 2
     assert res.stderr.startswith("pid: error: ") and "pid-no-such-image:0" in res.stderr
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1

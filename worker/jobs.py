@@ -1,49 +1,74 @@
-"""The job spec (what `submit` sends through the queue) and the job result (result.json). Plain JSON data."""
+"""The job spec (what `submit` sends through the queue) and the job result (result.json). Plain JSON data.
+
+JobSpec is the one place a job's defaults are written: each field carries its default and, in its metadata, the
+help text and bounds that `pid run` and `pid submit` turn into their options (cli/options.py). The sandbox's
+limits default to the sandbox's own (sandbox/config.py), the endpoint to the agent core's (pid/config.py).
+"""
 from __future__ import annotations
 
 import json
 import os
 import secrets
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any
 
-from pid.config import DEFAULT_IMAGE
-from pid.endings import exit_code_for  # noqa: F401  (the CLI's import; defined in pid.endings)
+from pid.config import DEFAULT_API, DEFAULT_BASE_URL
+from sandbox.config import SandboxConfig
+
+MAX_TIMEOUT_S = 7 * 24 * 3600.0   # a week: longer is a typo (or inf), and the container's time to live must fit
+
 
 def new_job_id() -> str:
     """Sortable by submission time, unique without coordination."""
     return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
+def setting(default: Any, help: str, *, min: float | None = None, max: float | None = None,
+            factory: Any = None) -> Any:
+    """A field with its default, the help text its option shows, and the bounds the option enforces."""
+    metadata = {"help": help, "min": min, "max": max}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def required(help: str) -> Any:
+    return field(metadata={"help": help, "min": None, "max": None})
+
+
 @dataclass
 class JobSpec:
-    task: str
-    repo: str                       # absolute host path of the repository or directory to work on
-    model: str
-    out_dir: str                    # absolute; artifacts go to out_dir/<id>/
-    base_url: str
-    api: str = "openai-completions"
-    image: str = DEFAULT_IMAGE
-    timeout_s: float = 3600.0       # wall clock for the whole job
-    max_turns: int = 100
-    max_cost: float | None = None
-    input_price: float = 0.0        # USD per million input tokens, for usage.cost and max_cost
-    output_price: float = 0.0       # USD per million output tokens
-    images: bool = True             # the model accepts images (else read's images reach it as a note)
-    tools: list[str] | None = None  # active subset; None = all four
-    files: list[str] = field(default_factory=list)  # in-container paths to collect as artifacts
-    memory: str = "2g"
-    cpus: float = 1.0
-    pids_limit: int = 512
-    network: str = "none"
-    user: str = "1000:1000"         # the agent's uid:gid in the container; "root" is an explicit opt-in
-    disk: int = 10 << 30            # bytes the job may write in all (workspace, /tmp, home, kept output); 0: no limit
-    runtime: str | None = None      # engine runtime (e.g. runsc for gVisor); None: the engine's default
-    max_patch: int = 100 << 20      # patch.diff larger than this is refused (the job fails: artifact_error)
-    max_files_bytes: int = 100 << 20  # --file collection: bytes in all...
-    max_files: int = 10000          # ...and entries in all; what is over is skipped and listed
-    id: str = field(default_factory=new_job_id)
+    task: str = required("What the agent is asked to do.")
+    repo: str = required("Repository or directory to work on (copied, never modified).")  # absolute in the spec
+    model: str = required("Model name.")
+    out_dir: str = setting("pid-runs", "Artifacts go to OUT/<job id>/.")  # absolute in the spec
+    base_url: str = setting(DEFAULT_BASE_URL, "Model endpoint (OpenAI-compatible, or Anthropic with --api).")
+    api: str = setting(DEFAULT_API, "Wire format of the endpoint.")
+    image: str = setting(SandboxConfig.image, "Sandbox image (must be present locally: pid never pulls).")
+    timeout_s: float = setting(3600.0, "Wall-clock limit for the whole job, in seconds.", min=1, max=MAX_TIMEOUT_S)
+    max_turns: int = setting(100, "Model calls at most.", min=1)
+    max_cost: float | None = setting(None, "Stop when the cost in USD exceeds this (needs the prices).", min=0)
+    input_price: float = setting(0.0, "USD per million input tokens (for usage.cost and --max-cost).", min=0)
+    output_price: float = setting(0.0, "USD per million output tokens.", min=0)
+    images: bool = setting(True, "The model accepts images (else read's images reach it as a note).")
+    tools: list[str] | None = setting(None, "Active tools, comma-separated (default: all).")
+    files: list[str] = setting(None, "In-container path to collect as an artifact (repeatable).", factory=list)
+    memory: str = setting(SandboxConfig.memory, "Container memory limit (swap = memory: no swap).")
+    cpus: float = setting(SandboxConfig.cpus, "CPUs the container may use.", min=0.01)
+    pids_limit: int = setting(SandboxConfig.pids_limit, "Processes and threads in the container at most.", min=16)
+    network: str = setting(SandboxConfig.network, "Container network: none (no network) or bridge (outbound "
+                                                   "access; the sandbox is then reachable from the network).")
+    user: str = setting(SandboxConfig.user, "The agent's UID[:GID] in the container; 'root' is an explicit "
+                                            "opt-in (weaker isolation).")
+    disk: int = setting(SandboxConfig.disk, "Bytes the job may write in all (workspace, /tmp, home, kept "
+                                            "output); 0: no limit.")
+    runtime: str | None = setting(None, "Engine runtime for the container, e.g. runsc (gVisor); none: the "
+                                        "engine's default.")
+    max_patch: int = setting(100 << 20, "Largest patch.diff accepted (larger: the job fails, artifact_error).")
+    max_files_bytes: int = setting(100 << 20, "--file collection: bytes in all.")
+    max_files: int = setting(10000, "--file collection: entries in all (what is over is skipped and listed).", min=1)
+    id: str = setting(None, "The job's id.", factory=new_job_id)
 
     @property
     def job_dir(self) -> str:
@@ -56,6 +81,19 @@ class JobSpec:
     def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def spec_field(name: str) -> Field:
+    """One JobSpec field, for the options derived from it."""
+    return next(f for f in fields(JobSpec) if f.name == name)
+
+
+def default_of(name: str) -> Any:
+    """A JobSpec field's default (None for required fields)."""
+    f = spec_field(name)
+    if f.default is not MISSING:
+        return f.default
+    return None if f.default_factory is MISSING else f.default_factory()
 
 
 def write_json_atomic(path: str, data: dict[str, Any]) -> None:

@@ -90,6 +90,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         if on_agent:
             on_agent(agent)
         outcome = agent.run(spec.task)
+        if outcome.exit_reason == "wall_clock":  # the agent's timer had what set-up left; the limit is the job's
+            outcome = dataclasses.replace(outcome, error=f"wall-clock limit of {spec.timeout_s:g}s reached")
     except JobCancelled:
         outcome = Outcome("cancelled")
     except KeyboardInterrupt:

@@ -1,11 +1,12 @@
 """LLM providers behind one seam (`Provider.stream`); `make_provider` picks the implementation by `config.api`."""
 from __future__ import annotations
 
+from pid.providers import anthropic, openai
 from pid.providers.anthropic import AnthropicProvider
 from pid.providers.base import Provider, ProviderConfig
 from pid.providers.openai import OpenAIProvider
 
-PROVIDERS = {"openai-completions": OpenAIProvider, "anthropic-messages": AnthropicProvider}
+PROVIDERS = {openai.API: OpenAIProvider, anthropic.API: AnthropicProvider}
 
 
 def make_provider(config: ProviderConfig) -> Provider:

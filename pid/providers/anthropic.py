@@ -11,13 +11,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from pid.config import API_NAMES
 from pid.messages import (AssistantMessage, Content, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers.base import ProviderConfig, StreamListener, price
 from pid.providers.openai import parse_arguments
 from pid.providers.transport import StreamReply, StreamingProvider, truncate
 
-API = "anthropic-messages"
+API = API_NAMES["anthropic"]
 DEFAULT_BASE_URL = "https://api.anthropic.com/v1"
 DEFAULT_MAX_TOKENS = 8192
 ANTHROPIC_VERSION = "2023-06-01"

@@ -10,6 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from pid.config import DEFAULT_API, DEFAULT_BASE_URL
 from pid.messages import (AssistantMessage, ImageContent, Message, TextContent, ToolResultMessage, ToolSpec,
                           Usage, UserMessage)
 
@@ -17,9 +18,9 @@ from pid.messages import (AssistantMessage, ImageContent, Message, TextContent, 
 @dataclass
 class ProviderConfig:
     model: str
-    base_url: str = "https://api.openai.com/v1"
+    base_url: str = DEFAULT_BASE_URL
     api_key: str | None = None
-    api: str = "openai-completions"          # or "anthropic-messages"
+    api: str = DEFAULT_API                   # a value of pid.config.API_NAMES
     provider: str = "openai"                 # a label recorded in the session
     max_tokens: int | None = None
     temperature: float | None = None

@@ -14,12 +14,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from pid.config import API_NAMES
 from pid.messages import (AssistantMessage, Content, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price
 from pid.providers.transport import StreamReply, StreamingProvider, truncate
 
-API = "openai-completions"
+API = API_NAMES["openai"]
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "toolUse", "function_call": "toolUse"}
 

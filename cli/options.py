@@ -1,0 +1,267 @@
+"""The options `pid run` and `pid submit` share, derived from JobSpec: its defaults, help texts and bounds.
+
+Each value is checked as it is parsed, so a bad one is refused (exit 2, one line) before anything starts.
+"""
+from __future__ import annotations
+
+import math
+import re
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import click
+from click.core import ParameterSource
+
+from pid.config import API_KEY_ENV, API_NAMES
+from worker.jobs import default_of, spec_field
+
+MIN_MEMORY = 6 << 20   # the Docker engine refuses less
+
+
+class Number(click.ParamType):
+    """A finite int or float within the field's bounds (click's ranges let nan through)."""
+
+    def __init__(self, kind: type, low: float | None, high: float | None) -> None:
+        self.kind, self.low, self.high = kind, low, high
+        self.name = "integer" if kind is int else "number"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = value
+        else:
+            try:
+                number = self.kind(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r} is not {'a whole number' if self.kind is int else 'a number'}", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if (self.low is not None and number < self.low) or (self.high is not None and number > self.high):
+            self.fail(f"{value} is out of range ({self.range_text()})", param, ctx)
+        return self.kind(number)
+
+    def range_text(self) -> str:
+        low, high = (None if b is None else f"{b:g}" for b in (self.low, self.high))
+        if low is not None and high is not None:
+            return f"{low} to {high}"
+        return f"at least {low}" if low is not None else f"at most {high}"
+
+
+def format_size(n: int) -> str:
+    """Bytes as the shortest exact size: 10737418240 -> '10g'."""
+    for unit, shift in (("g", 30), ("m", 20), ("k", 10)):
+        if n and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+class Size(click.ParamType):
+    """'10g', '300m', '1.5G', bytes -> bytes; with `zero_ok`, '0' or 'none' means no limit."""
+    name = "size"
+
+    def __init__(self, zero_ok: bool = False) -> None:
+        self.zero_ok = zero_ok
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int):
+            return value
+        if self.zero_ok and str(value).strip().lower() in ("0", "none"):
+            return 0
+        from sandbox.disk import parse_size
+        try:
+            return parse_size(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class Memory(click.ParamType):
+    """A Docker memory limit, written back in the short form the engine takes ('2g', '1536m')."""
+    name = "size"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        size = Size().convert(value, param, ctx)
+        if size < MIN_MEMORY:
+            self.fail(f"{value!r} is below the engine's minimum of {format_size(MIN_MEMORY)}", param, ctx)
+        return format_size(size)
+
+
+class Url(click.ParamType):
+    name = "url"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        text = str(value).strip()
+        try:
+            parts = urllib.parse.urlsplit(text)
+            host = parts.hostname
+            parts.port  # raises on a bad port
+        except ValueError:
+            host = None
+        if parts.scheme not in ("http", "https") or not host or re.search(r"\s", text):
+            self.fail(f"{value!r} is not an http(s) URL (e.g. http://localhost:8000/v1)", param, ctx)
+        return text
+
+
+# Docker's reference grammar (distribution/reference): [host[:port]/]path[:tag][@digest].
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+_IMAGE_RE = re.compile(rf"(?:{_HOST}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?"
+                       rf"(?:@{_DIGEST})?")
+_IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+class ImageRef(click.ParamType):
+    name = "image"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        text = str(value).strip()
+        if len(text) > 255 or not (_IMAGE_RE.fullmatch(text) or _IMAGE_ID_RE.fullmatch(text)):
+            self.fail(f"{value!r} is not a valid image reference (e.g. pid-sandbox:latest, "
+                      f"registry:5000/team/image:tag)", param, ctx)
+        return text
+
+
+NETWORKS = ("none", "bridge")
+
+
+class Network(click.ParamType):
+    """none (no network) or bridge (the engine's NAT network). Never host: it would hand the agent the host's own
+    network stack, every service on the host's localhost included."""
+    name = "|".join(NETWORKS)
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        text = str(value).strip()
+        if text == "host":
+            self.fail("'host' would give the agent the host's own network (every service listening on its "
+                      "localhost); use none or bridge", param, ctx)
+        if text not in NETWORKS:
+            self.fail(f"{value!r} is not allowed; choose none or bridge", param, ctx)
+        return text
+
+
+class User(click.ParamType):
+    name = "uid[:gid]"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        from sandbox.config import parse_user
+        try:
+            parse_user(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        return str(value).strip()
+
+
+class Api(click.ParamType):
+    """A short name (openai, anthropic) or its wire format -> the wire format."""
+    name = "|".join(API_NAMES)
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        text = str(value).strip()
+        if text in API_NAMES.values():
+            return text
+        if text not in API_NAMES:
+            self.fail(f"{value!r} is not one of {', '.join(API_NAMES)}", param, ctx)
+        return API_NAMES[text]
+
+
+class Tools(click.ParamType):
+    """Comma-separated tool names, checked against the tool registry (the one place tools are named)."""
+    name = "names"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> list[str] | None:
+        if value is None or isinstance(value, list):
+            return value
+        from pid.tools.registry import default_registry
+        known = default_registry().names
+        active = [t.strip() for t in str(value).split(",") if t.strip()]
+        unknown = [t for t in active if t not in known]
+        if unknown or not active:
+            self.fail(f"unknown tool(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(known)}",
+                      param, ctx)
+        return list(dict.fromkeys(active))
+
+
+class EnvOption(click.Option):
+    """Names the environment variable in an error only when the bad value came from it."""
+
+    def get_error_hint(self, ctx: Any) -> str:
+        hint = click.Parameter.get_error_hint(self, ctx)
+        if ctx is not None and self.name and ctx.get_parameter_source(self.name) == ParameterSource.ENVIRONMENT:
+            hint += f" (from ${self.envvar})"
+        return hint
+
+
+@dataclass
+class JobOption:
+    """One option of `run`/`submit` for one JobSpec field: default, help and bounds come from the field."""
+    flag: str
+    name: str                          # the JobSpec field
+    type: Callable[[float | None, float | None], click.ParamType] | None = None
+    envvar: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def decorator(self) -> Callable[[Any], Any]:
+        meta = spec_field(self.name).metadata
+        default = default_of(self.name)
+        kind = self.type(meta["min"], meta["max"]) if self.type else None
+        shown = _as_typed(default, kind)   # the option's type turns it back into the field's value
+        return click.option(self.flag, self.name, type=kind, default=default if shown is None else shown,
+                            show_default=shown is not None, help=meta["help"], envvar=self.envvar,
+                            show_envvar=bool(self.envvar), cls=EnvOption, **self.extra)
+
+
+def _as_typed(default: Any, kind: click.ParamType | None) -> str | None:
+    """A field's default as a user would type it ('10g', 'openai', '3600'); None when there is none."""
+    if default is None or default == []:
+        return None
+    if isinstance(kind, Size):
+        return format_size(default) if default else "0"
+    if isinstance(kind, Api):
+        return next(short for short, wire in API_NAMES.items() if wire == default)
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+def _const(kind: click.ParamType) -> Callable[[Any, Any], click.ParamType]:
+    return lambda low, high: kind
+
+
+JOB_OPTIONS = [
+    JobOption("--model", "model", envvar="PID_MODEL"),
+    JobOption("--base-url", "base_url", _const(Url()), envvar="PID_BASE_URL"),
+    JobOption("--api", "api", _const(Api()), envvar="PID_API"),
+    JobOption("--image", "image", _const(ImageRef()), envvar="PID_IMAGE"),
+    JobOption("--out", "out_dir"),
+    JobOption("--timeout", "timeout_s", lambda low, high: Number(float, low, high)),
+    JobOption("--max-turns", "max_turns", lambda low, high: Number(int, low, high)),
+    JobOption("--max-cost", "max_cost", lambda low, high: Number(float, low, high)),
+    JobOption("--input-price", "input_price", lambda low, high: Number(float, low, high)),
+    JobOption("--output-price", "output_price", lambda low, high: Number(float, low, high)),
+    JobOption("--tools", "tools", _const(Tools())),
+    JobOption("--file", "files", extra={"multiple": True}),
+    JobOption("--memory", "memory", _const(Memory())),
+    JobOption("--cpus", "cpus", lambda low, high: Number(float, low, high)),
+    JobOption("--pids", "pids_limit", lambda low, high: Number(int, low, high)),
+    JobOption("--network", "network", _const(Network())),
+    JobOption("--user", "user", _const(User())),
+    JobOption("--disk", "disk", _const(Size(zero_ok=True))),
+    JobOption("--runtime", "runtime"),
+    JobOption("--max-patch", "max_patch", _const(Size())),
+    JobOption("--max-files-size", "max_files_bytes", _const(Size())),
+    JobOption("--max-files", "max_files", lambda low, high: Number(int, low, high)),
+]
+
+
+def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options `run` and `submit` share: they describe the same job."""
+    decorators = [
+        click.argument("task"),
+        click.option("--repo", "repo", required=True, help=spec_field("repo").metadata["help"]),
+        *(option.decorator() for option in JOB_OPTIONS),
+        click.option("--api-key", envvar=list(API_KEY_ENV), show_envvar=True,
+                     help="API key; never enters the container."),
+        click.option("--no-images", is_flag=True, help="The model takes no images: read's images reach it as a note."),
+        click.option("--json", "as_json", is_flag=True, help="Print result.json instead of the summary."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func

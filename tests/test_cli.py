@@ -1,0 +1,305 @@
+"""The CLI's promises to its user, through the real `pid` command: options come from the job spec's defaults, bad
+values are one line and exit 2 before anything starts, messages say what happened, Ctrl-C is exit 130."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CliResult, pid_containers
+from tests.scripted_llm import ScriptedLLM
+from worker.jobs import JobSpec, default_of
+from worker.store import JobStore
+
+LOCAL = "http://127.0.0.1:9/v1"   # an endpoint of one's own: no key needed, nothing answers
+
+
+def job_args(repo: Path, out: Path, *extra: str) -> list[str]:
+    return ["t", "--repo", str(repo), "--model", "m", "--base-url", LOCAL, "--out", str(out), *extra]
+
+
+def assert_one_error(res: CliResult, *needles: str) -> str:
+    assert res.code == 2, (res.code, res.stderr)
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pid: error: "), res.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def stored_spec(env: dict[str, str], job_id: str) -> JobSpec:
+    record = JobStore(os.path.join(env["PID_HOME"], "jobs.db")).get(job_id)
+    assert record is not None
+    return record.spec
+
+
+def start_pid(env: dict[str, str], cwd: Path, *args: str) -> subprocess.Popen:
+    """`pid` in the background, with Ctrl-C's default meaning even if this test runs with SIGINT ignored."""
+    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def wait_until(predicate, timeout: float = 60, what: str = "condition") -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+# -- A. one source for every default ---------------------------------------------------------------------------
+
+def test_a_job_with_no_options_gets_exactly_the_job_specs_defaults(run_pid, pid_env, sample_repo, tmp_path):
+    env = {k: v for k, v in pid_env.items() if k != "PID_IMAGE"}
+    res = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", LOCAL, env=env)
+    assert res.code == 0, res.stderr
+    spec = stored_spec(env, res.stdout.strip())
+    given = {"task", "repo", "model", "base_url", "out_dir", "id"}
+    for f in fields(JobSpec):
+        if f.name not in given:
+            assert getattr(spec, f.name) == default_of(f.name), f.name
+    assert spec.out_dir == str(tmp_path / default_of("out_dir"))
+
+
+@pytest.mark.parametrize("command", ["run", "submit"])
+def test_help_shows_the_job_specs_defaults_and_help(run_pid, command):
+    text = " ".join(run_pid(command, "--help").stdout.split())
+    assert f"[default: {default_of('timeout_s'):g}]" in text
+    assert f"[default: {default_of('memory')}]" in text and "[default: 10g]" in text   # disk, in bytes in the spec
+    assert f"[default: {default_of('pids_limit')}]" in text and "[default: none]" in text
+    assert " ".join(JobSpec.__dataclass_fields__["timeout_s"].metadata["help"].split()) in text
+    assert "env var: PID_API_KEY, OPENAI_API_KEY" in text
+
+
+def test_the_api_option_takes_short_and_wire_names(run_pid, pid_env, sample_repo, tmp_path):
+    short = run_pid("submit", *job_args(sample_repo, tmp_path / "out", "--api", "anthropic"))
+    wire = run_pid("submit", *job_args(sample_repo, tmp_path / "out"), env={**pid_env, "PID_API": "anthropic-messages"})
+    assert short.code == 0 and wire.code == 0, short.stderr + wire.stderr
+    assert stored_spec(pid_env, short.stdout.strip()).api == stored_spec(pid_env, wire.stdout.strip()).api \
+        == "anthropic-messages"
+
+
+# -- B. bad values: one line, exit 2, before anything starts ---------------------------------------------------
+
+BAD_VALUES = [
+    ("--timeout", "inf", "not a finite number"),
+    ("--timeout", "nan", "not a finite number"),
+    ("--timeout", "1e12", "out of range (1 to 604800)"),
+    ("--timeout", "0.5", "out of range"),
+    ("--memory", "lots", "invalid size 'lots'"),
+    ("--memory", "1k", "minimum"),
+    ("--network", "host", "host's own network"),
+    ("--network", "nowhere", "choose none or bridge"),
+    ("--base-url", "ftp://example.com/v1", "not an http(s) URL"),
+    ("--base-url", "localhost:8000", "not an http(s) URL"),
+    ("--image", "Not/A Valid:image!", "not a valid image reference"),
+    ("--api", "nope", "not one of openai, anthropic"),
+    ("--tools", "read,nope", "unknown tool(s) nope; choose from read, bash, edit, write"),
+    ("--cpus", "nan", "not a finite number"),
+    ("--input-price", "-1", "out of range"),
+    ("--max-turns", "2.5", "not a whole number"),
+    ("--user", "alice", "UID:GID"),
+    ("--disk", "lots", "invalid size"),
+]
+
+
+@pytest.mark.parametrize("command", ["run", "submit"])
+@pytest.mark.parametrize("option, value, needle", BAD_VALUES, ids=[f"{o}={v}" for o, v, _ in BAD_VALUES])
+def test_bad_values_are_one_line_and_exit_2(run_pid, pid_env, sample_repo, tmp_path, command, option, value, needle):
+    res = run_pid(command, *job_args(sample_repo, tmp_path / "out", option, value))
+    assert_one_error(res, option, needle)
+    assert not (tmp_path / "out").exists()
+    assert not (Path(pid_env["PID_HOME"]) / "jobs.db").exists() or not JobStore(
+        os.path.join(pid_env["PID_HOME"], "jobs.db")).list()
+
+
+def test_a_bad_value_from_the_environment_names_the_variable(run_pid, pid_env, sample_repo, tmp_path):
+    res = run_pid("run", *job_args(sample_repo, tmp_path / "out"), env={**pid_env, "PID_IMAGE": "No Such!"})
+    assert_one_error(res, "--image", "$PID_IMAGE", "not a valid image reference")
+    assert "cannot reach the Docker engine" not in res.stderr
+
+
+def test_usage_errors_are_one_line(run_pid, sample_repo):
+    assert_one_error(run_pid("run"), "Missing argument")
+    assert_one_error(run_pid("run", "t"), "Missing option '--repo'")
+
+
+def test_a_network_other_than_none_is_allowed_with_a_warning(run_pid, pid_env, sample_repo, tmp_path):
+    res = run_pid("submit", *job_args(sample_repo, tmp_path / "out", "--network", "bridge"))
+    assert res.code == 0, res.stderr
+    assert "pid: warning: --network bridge: the sandbox can reach the network and is reachable from it" in res.stderr
+    assert stored_spec(pid_env, res.stdout.strip()).network == "bridge"
+    quiet = run_pid("submit", *job_args(sample_repo, tmp_path / "out"))
+    assert quiet.code == 0 and "warning" not in quiet.stderr
+
+
+@pytest.mark.parametrize("command", ["steer", "follow-up"])
+def test_empty_messages_are_refused(run_pid, sample_repo, tmp_path, command):
+    job_id = run_pid("submit", *job_args(sample_repo, tmp_path / "out")).stdout.strip()
+    for empty in ("", "  \n"):
+        assert_one_error(run_pid(command, job_id, empty), "message is empty")
+    sent = run_pid(command, job_id, "look at the README")
+    assert sent.code == 0 and sent.stdout.strip() == f"{job_id}: {command} queued"
+
+
+# -- C. no traceback: unusable --out and PID_HOME ---------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["run", "submit"])
+def test_an_unusable_out_is_one_line_before_anything_runs(run_pid, pid_env, sample_repo, tmp_path, command):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    cases = [(tmp_path / "missing" / "out", "its parent directory"), (a_file, "not a directory"),
+             (a_file / "out", "does not exist"), (Path("/proc/pid-test-out"), "cannot write in /proc")]
+    for out, needle in cases:
+        assert_one_error(run_pid(command, *job_args(sample_repo, out)), f"--out {out}", needle)
+    assert not (Path(pid_env["PID_HOME"]) / "jobs.db").exists() or not JobStore(
+        os.path.join(pid_env["PID_HOME"], "jobs.db")).list()
+
+
+def test_an_unusable_pid_home_is_one_line_for_every_command(run_pid, pid_env, sample_repo, tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    for home in (tmp_path / "a-file" / "home", Path("/proc/pid-test-home")):
+        env = {**pid_env, "PID_HOME": str(home)}
+        for args in (["list"], ["status", "x"], ["result", "x"], ["cancel", "x"], ["steer", "x", "m"], ["reap"],
+                     ["run", *job_args(sample_repo, tmp_path / "out")],
+                     ["submit", *job_args(sample_repo, tmp_path / "out")]):
+            assert_one_error(run_pid(*args, env=env), f"PID_HOME {home} is not a writable directory")
+        assert run_pid("run", "--help", env=env).code == 0   # help needs no state
+
+
+# -- D. messages say what happened -----------------------------------------------------------------------------
+
+def test_the_timeout_message_names_the_jobs_timeout(run_pid, sample_repo, tmp_path):
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}]
+    with ScriptedLLM(script) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url,
+                      "--out", str(tmp_path / "out"), "--timeout", "5", "--json")
+    assert res.code == 3, res.stderr
+    assert res.json()["error"] == "wall-clock limit of 5s reached"
+
+
+def test_result_of_an_unfinished_job_is_exit_5_and_cancel_of_a_finished_one_exit_2(run_pid, sample_repo, tmp_path):
+    job_id = run_pid("submit", *job_args(sample_repo, tmp_path / "out")).stdout.strip()
+    early = run_pid("result", job_id)
+    assert early.code == 5
+    assert early.stderr.strip() == f"pid: job {job_id} is queued: no result yet (--wait waits for it)"
+    assert run_pid("cancel", job_id).stdout.strip() == f"{job_id}: cancelled"
+    assert run_pid("result", job_id).code == 1
+    assert_one_error(run_pid("cancel", job_id), f"job {job_id} is cancelled: nothing to cancel")
+    assert_one_error(run_pid("pause", job_id), f"job {job_id} is cancelled: nothing to pause")
+    assert_one_error(run_pid("steer", job_id, "hi"), "takes no more messages")
+
+
+def test_waiting_with_no_worker_says_so_and_ctrl_c_is_130(pid_env, run_pid, sample_repo, tmp_path):
+    waiting = start_pid(pid_env, tmp_path, "submit", "--wait", *job_args(sample_repo, tmp_path / "out"))
+    result_wait = None
+    try:
+        wait_until(lambda: (tmp_path / "out").exists() or JobStore(
+            os.path.join(pid_env["PID_HOME"], "jobs.db")).list(), what="the job to be queued")
+        job_id = JobStore(os.path.join(pid_env["PID_HOME"], "jobs.db")).list()[0].id
+        result_wait = start_pid(pid_env, tmp_path, "result", job_id, "--wait")
+        time.sleep(13)
+        for proc in (waiting, result_wait):
+            proc.send_signal(signal.SIGINT)
+        outs = [proc.communicate(timeout=30) for proc in (waiting, result_wait)]
+    finally:
+        for proc in (waiting, result_wait):
+            if proc and proc.poll() is None:
+                proc.kill()
+    for proc, (_, err) in zip((waiting, result_wait), outs):
+        assert f"job {job_id} is still queued after 10s: no worker is consuming queue 'pid'" in err, err
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err
+    assert run_pid("status", job_id).code == 0 and "queued" in run_pid("status", job_id).stdout
+
+
+def test_ctrl_c_during_a_run_is_130_with_the_result(pid_env, sample_repo, tmp_path):
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}]
+    with ScriptedLLM(script) as llm:
+        proc = start_pid(pid_env, tmp_path, "run", "t", "--repo", str(sample_repo), "--model", "m",
+                         "--base-url", llm.base_url, "--out", str(tmp_path / "out"), "--json")
+        try:
+            wait_until(lambda: len(llm.requests) >= 1, what="the first model call")
+            time.sleep(1)   # the sleep is running now
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, err
+    result = json.loads(out)
+    assert (result["status"], result["exit_reason"]) == ("cancelled", "cancelled")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("delay_s", [0, 0.3, 0.8])
+def test_ctrl_c_during_set_up_is_130_and_leaves_no_container(pid_env, sample_repo, tmp_path, delay_s):
+    with ScriptedLLM([{"delay_s": 5, "text": "done"}]) as llm:
+        proc = start_pid(pid_env, tmp_path, "run", "t", "--repo", str(sample_repo), "--model", "m",
+                         "--base-url", llm.base_url, "--out", str(tmp_path / "out"))
+        try:
+            line = proc.stderr.readline()   # set-up starts right after this line
+            assert line.startswith("job "), line
+            time.sleep(delay_s)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+    job_id = line.split()[1].rstrip(":")
+    wait_until(lambda: not [c for c in pid_containers() if c.labels.get("pid.job") == job_id and
+                            c.status != "removing"], timeout=15, what="the job's container to go")
+
+
+def test_cancel_says_cancelling_and_a_busy_worker_is_named(run_pid, worker, pid_env, sample_repo, tmp_path):
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 100"}}]}, {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        args = ["t", "--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url, "--out",
+                str(tmp_path / "out")]
+        running = run_pid("submit", *args).stdout.strip()
+        wait_until(lambda: len(llm.requests) >= 1, what="the first job's model call")
+        second = start_pid(pid_env, tmp_path, "submit", "--wait", *args)   # the only worker is busy
+        try:
+            time.sleep(13)
+            cancel = run_pid("cancel", running)
+            second.send_signal(signal.SIGINT)
+            _, err = second.communicate(timeout=30)
+        finally:
+            if second.poll() is None:
+                second.kill()
+        assert cancel.code == 0 and cancel.stdout.strip() == \
+            f"{running}: cancelling (its worker stops it and keeps the artifacts so far)"
+        assert "is still queued after 10s: 1 job(s) are running; it waits for a free worker" in err, err
+        assert second.returncode == 130
+        assert run_pid("result", running, "--wait").code == 1
+        newest = JobStore(os.path.join(pid_env["PID_HOME"], "jobs.db")).list()[0]
+        run_pid("cancel", newest.id)     # it may have run already: either way it ends before the worker stops
+        run_pid("result", newest.id, "--wait")
+
+
+# -- E. a remote default endpoint needs a key ------------------------------------------------------------------
+
+@pytest.mark.parametrize("api, endpoint", [("openai", "https://api.openai.com/v1"), ("anthropic", "Anthropic's")])
+def test_no_api_key_for_the_default_endpoint_is_exit_2(run_pid, sample_repo, tmp_path, api, endpoint):
+    res = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--api", api, "--out", str(tmp_path / "o"))
+    assert_one_error(res, "no API key: ", f"({endpoint})", "--api-key", "PID_API_KEY or OPENAI_API_KEY")
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_endpoint_of_ones_own_runs_without_a_key(run_pid, sample_repo, tmp_path):
+    with ScriptedLLM([{"text": "done"}]) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url,
+                      "--out", str(tmp_path / "out"), "--json")
+    assert res.code == 0, res.stderr
+    assert "authorization" not in llm.request_headers[0]
+
