@@ -18,6 +18,7 @@ from worker.jobs import JobSpec, exit_code_for
 
 TOOL_NAMES = ("read", "bash", "edit", "write")
 API_NAMES = {"openai": "openai-completions", "anthropic": "anthropic-messages"}
+TERMINAL_AND_LIVE = ("queued", "running", "completed", "failed", "timeout", "cancelled")
 
 
 class BadInput(click.ClickException):
@@ -140,6 +141,9 @@ def run(api_key: str | None, as_json: bool, **options: Any) -> None:
         raise
     key = api_key or EnvDefaults.read().api_key
     agents: list[Any] = []
+    from worker.control import ForegroundJob
+    job = ForegroundJob.start(spec)   # in the job store: list, status, steer, pause, cancel reach it from elsewhere
+    result = None
 
     def on_sigint(signum: int, frame: Any) -> None:
         if not agents:  # still setting up: the runner's finally removes what exists
@@ -153,13 +157,15 @@ def run(api_key: str | None, as_json: bool, **options: Any) -> None:
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         click.echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
-        result = run_job(spec, api_key=key, sink=ev.ignore if as_json else EventPrinter(), on_agent=agents.append,
+        result = run_job(spec, api_key=key, sink=job.sink(ev.ignore if as_json else EventPrinter()),
+                         on_agent=lambda agent: (agents.append(agent), job.attach(agent)), cancel=job.cancel,
                          starting=starting)
     except KeyboardInterrupt:  # Ctrl-C during set-up: run_job removed the container and wrote result.json on its way out
         click.echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
         sys.exit(130)
     finally:
         signal.signal(signal.SIGINT, previous)
+        job.end(result)
     print_result(result, spec.job_dir, as_json)
     sys.exit(exit_code_for(result))
 
@@ -227,7 +233,9 @@ def _record_or_fail(job_id: str) -> Any:
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True)
 def status(job_id: str, as_json: bool) -> None:
-    """Show a job's status."""
+    """Show a job's status: counts, what it is doing now, its error."""
+    from worker.sweep import sweep_quietly
+    sweep_quietly()
     _, record = _record_or_fail(job_id)
     if as_json:
         click.echo(json.dumps(record.to_dict(), indent=2))
@@ -236,6 +244,24 @@ def status(job_id: str, as_json: bool) -> None:
     flags += " (cancel requested)" if record.cancel_requested and not record.terminal else ""
     click.echo(f"{record.id}  {record.status}{flags}  turns={record.turns} tool_calls={record.tool_calls}"
                f"  attempts={record.attempts}" + (f"  exit_reason={record.exit_reason}" if record.exit_reason else ""))
+    usage = record.total_usage
+    click.echo(f"  {'pid run' if record.kind == 'run' else 'worker job'} · {_duration(record.duration_s)} · "
+               f"{usage['total_tokens']} tokens · ${usage['cost']:.4f}")
+    if record.activity and not record.terminal:
+        click.echo(f"  now: {record.activity}")
+    if record.last_tool:
+        click.echo(f"  last tool: {record.last_tool}")
+    if record.error:
+        click.echo(f"  error: {record.error}")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
 
 
 @cli.command()
@@ -309,23 +335,40 @@ def resume(job_id: str) -> None:
 
 @cli.command("list")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
-def list_jobs(limit: int) -> None:
-    """Recent jobs, newest first."""
+@click.option("--status", "status_filter", type=click.Choice(list(TERMINAL_AND_LIVE)), help="Only jobs in this status.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON array of the jobs' records.")
+def list_jobs(limit: int, status_filter: str | None, as_json: bool) -> None:
+    """Recent jobs, newest first: status, duration, cost, exit reason, task (`pid run` jobs too)."""
     from worker.store import default_store
-    for record in default_store().list(limit):
-        task = record.spec.task.replace("\n", " ")
-        click.echo(f"{record.id}  {record.status:<9}  {task[:60]}")
+    from worker.sweep import sweep_quietly
+    store = default_store()
+    sweep_quietly(store)
+    records = store.list(limit, status_filter)
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in records], indent=2))
+        return
+    for record in records:
+        task = " ".join(record.spec.task.split())
+        cost = record.total_usage["cost"]
+        click.echo(f"{record.id}  {record.status:<9}  {_duration(record.duration_s):>8}  "
+                   f"{f'${cost:.4f}':>9}  {record.exit_reason or '-':<16}  {task[:50]}")
 
 
 @cli.command()
 @click.option("--concurrency", "-c", type=click.IntRange(min=1), default=1, show_default=True,
               help="Jobs run at once (each in its own process and container).")
-@click.option("--loglevel", default="INFO", show_default=True)
+@click.option("--loglevel", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              default="WARNING", show_default=True,
+              help="Celery's and the libraries' logging (INFO: Celery's banner, every task, every HTTP request); "
+                   "pid's own line per job start and end always prints.")
 def worker(concurrency: int, loglevel: str) -> None:
-    """Start a worker that runs queued jobs."""
+    """Start a worker that runs queued jobs (Ctrl-C: finish the running jobs, then stop; twice: stop now)."""
     from worker.app import QUEUE, app
-    app.worker_main(["worker", f"--concurrency={concurrency}", f"--queues={QUEUE}", f"--loglevel={loglevel}",
-                     "--without-gossip", "--without-mingle", "--without-heartbeat"])
+    from worker.tasks import configure_job_lines
+    configure_job_lines()
+    quiet = ["--quiet"] if loglevel.upper() != "DEBUG" and loglevel.upper() != "INFO" else []
+    app.worker_main([*quiet, "worker", f"--concurrency={concurrency}", f"--queues={QUEUE}",
+                     f"--loglevel={loglevel.upper()}", "--without-gossip", "--without-mingle", "--without-heartbeat"])
 
 
 @cli.command()
@@ -347,11 +390,18 @@ def reap_own_quietly() -> None:
             reap_installation(pid_home())
         except Exception:
             pass
+        from worker.sweep import sweep_quietly
+        sweep_quietly()   # a `pid run` killed earlier is ended, with its result.json
     threading.Thread(target=reap, name="pid-reap", daemon=True).start()
 
 
 def main() -> None:
-    cli(prog_name="pid")
+    from worker.clients import MissingClient
+    try:
+        cli(prog_name="pid")
+    except MissingClient as exc:
+        click.echo(f"pid: error: {exc}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
