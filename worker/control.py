@@ -145,8 +145,8 @@ class ControlRelay:
                 agent = self._agent
                 if agent is None:
                     continue
+                self._deliver(agent)   # before a resume: what was sent while paused goes in first
                 (agent.pause if record.paused else agent.resume)()
-                self._deliver(agent)
             except Exception:  # the store being briefly unavailable must not kill the job
                 log.exception("job %s: control relay", self.job_id)
 
