@@ -18,7 +18,7 @@ from worker.jobs import JobSpec, exit_code_for
 
 TOOL_NAMES = ("read", "bash", "edit", "write")
 API_NAMES = {"openai": "openai-completions", "anthropic": "anthropic-messages"}
-TERMINAL_AND_LIVE = ("queued", "running", "completed", "failed", "timeout", "cancelled")
+JOB_STATUSES = ("queued", "running", "completed", "failed", "timeout", "cancelled")
 
 
 class BadInput(click.ClickException):
@@ -335,7 +335,7 @@ def resume(job_id: str) -> None:
 
 @cli.command("list")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option("--status", "status_filter", type=click.Choice(list(TERMINAL_AND_LIVE)), help="Only jobs in this status.")
+@click.option("--status", "status_filter", type=click.Choice(list(JOB_STATUSES)), help="Only jobs in this status.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON array of the jobs' records.")
 def list_jobs(limit: int, status_filter: str | None, as_json: bool) -> None:
     """Recent jobs, newest first: status, duration, cost, exit reason, task (`pid run` jobs too)."""
@@ -366,7 +366,7 @@ def worker(concurrency: int, loglevel: str) -> None:
     from worker.app import QUEUE, app
     from worker.tasks import configure_job_lines
     configure_job_lines()
-    quiet = ["--quiet"] if loglevel.upper() != "DEBUG" and loglevel.upper() != "INFO" else []
+    quiet = ["--quiet"] if loglevel.upper() in ("WARNING", "ERROR") else []   # Celery's banner only when asked
     app.worker_main([*quiet, "worker", f"--concurrency={concurrency}", f"--queues={QUEUE}",
                      f"--loglevel={loglevel.upper()}", "--without-gossip", "--without-mingle", "--without-heartbeat"])
 
