@@ -78,7 +78,6 @@ def write_unrun_result(spec: JobSpec, status: Status, exit_reason: str, error: s
     """result.json for a job that ended without running to its end here, so consumers always find one; with its
     record, the counts it had reached (turns, tool calls, every attempt's usage). Never raises: an out dir that
     cannot be written only costs the file."""
-    from pid.session import iso_time
     from worker.runner import build_result
     try:
         os.makedirs(spec.job_dir, exist_ok=True)
@@ -93,7 +92,6 @@ def write_unrun_result(spec: JobSpec, status: Status, exit_reason: str, error: s
                                                 error=error), started, artifacts)
             result["usage"] = record.usage or result["usage"]
             with_earlier_attempts(result, record.earlier)
-            result["started_at"] = iso_time(started)
         write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
     except OSError as exc:
         log.warning("job %s: cannot write result.json in %s: %s", spec.id, spec.job_dir, exc)

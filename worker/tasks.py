@@ -16,7 +16,7 @@ from celery import signals
 
 from pid.config import EnvDefaults
 from worker.app import QUEUE, app
-from worker.control import (LEASE_S, ControlRelay, new_owner, record_end,  # noqa: F401  (re-exported)
+from worker.control import (CONTROL_POLL_S, LEASE_S, ControlRelay, new_owner, record_end,  # noqa: F401
                             with_earlier_attempts)
 from worker.runner import run_job
 from worker.store import JobRecord, JobStore, default_store
