@@ -19,12 +19,13 @@ from pid import events as ev
 from pid.config import API_KEY_ENV, API_NAMES, HomeUnusable, ensure_pid_home, pid_home
 from cli.options import job_options
 from cli.output import EventPrinter, SessionFollower, print_result, wait_for
-from pid.endings import exit_code_for
+from pid.endings import STATUSES, exit_code_for
 from worker.jobs import JobSpec
 
 EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without --wait)
 EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it
 NO_WORKER_NOTICE_S = 10.0  # `--wait` says so when a job is still queued after this long
+JOB_STATUSES = ("queued", "running", *STATUSES)
 
 
 class BadInput(click.ClickException):
@@ -125,12 +126,15 @@ def run(api_key: str | None, as_json: bool, no_images: bool, **options: Any) -> 
     try:
         check_image(spec.image)
         reap_own_quietly()
+        from worker.control import ForegroundJob
         from worker.runner import run_job
+        job = ForegroundJob.start(spec)   # in the job store: list, status, steer, pause, cancel reach it from elsewhere
     except BaseException:             # bad input or Ctrl-C before the job: nothing may stay behind
         abandon(starting)
         raise
     agents: list[Any] = []
     interrupted = threading.Event()
+    result = None
 
     def on_sigint(signum: int, frame: Any) -> None:
         interrupted.set()
@@ -145,8 +149,9 @@ def run(api_key: str | None, as_json: bool, no_images: bool, **options: Any) -> 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         click.echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
-        result = run_job(spec, api_key=api_key, sink=ev.ignore if as_json else EventPrinter(),
-                         on_agent=agents.append, starting=starting)
+        result = run_job(spec, api_key=api_key, sink=job.sink(ev.ignore if as_json else EventPrinter()),
+                         on_agent=lambda agent: (agents.append(agent), job.attach(agent)), cancel=job.cancel,
+                         starting=starting)
     except KeyboardInterrupt:  # Ctrl-C during set-up: run_job removed the container and wrote result.json...
         abandon(starting)      # ...unless it came before run_job took the early sandbox (idempotent otherwise)
         if os.path.exists(os.path.join(spec.job_dir, "result.json")):
@@ -156,6 +161,7 @@ def run(api_key: str | None, as_json: bool, no_images: bool, **options: Any) -> 
         sys.exit(EXIT_INTERRUPTED)
     finally:
         signal.signal(signal.SIGINT, previous)
+        job.end(result)
     print_result(result, spec.job_dir, as_json)
     sys.exit(EXIT_INTERRUPTED if interrupted.is_set() else exit_code_for(result))
 
@@ -248,7 +254,9 @@ def _record_or_fail(job_id: str) -> Any:
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True)
 def status(job_id: str, as_json: bool) -> None:
-    """Show a job's status."""
+    """Show a job's status: counts, what it is doing now, its error."""
+    from worker.sweep import sweep_quietly
+    sweep_quietly()
     _, record = _record_or_fail(job_id)
     if as_json:
         click.echo(json.dumps(record.to_dict(), indent=2))
@@ -257,6 +265,24 @@ def status(job_id: str, as_json: bool) -> None:
     flags += " (cancel requested)" if record.cancel_requested and not record.terminal else ""
     click.echo(f"{record.id}  {record.status}{flags}  turns={record.turns} tool_calls={record.tool_calls}"
                f"  attempts={record.attempts}" + (f"  exit_reason={record.exit_reason}" if record.exit_reason else ""))
+    usage = record.total_usage
+    click.echo(f"  {'pid run' if record.kind == 'run' else 'worker job'} · {_duration(record.duration_s)} · "
+               f"{usage['total_tokens']} tokens · ${usage['cost']:.4f}")
+    if record.activity and not record.terminal:
+        click.echo(f"  now: {record.activity}")
+    if record.last_tool:
+        click.echo(f"  last tool: {record.last_tool}")
+    if record.error:
+        click.echo(f"  error: {record.error}")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
 
 
 @cli.command()
@@ -341,23 +367,40 @@ def resume(job_id: str) -> None:
 
 @cli.command("list")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
-def list_jobs(limit: int) -> None:
-    """Recent jobs, newest first."""
+@click.option("--status", "status_filter", type=click.Choice(list(JOB_STATUSES)), help="Only jobs in this status.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON array of the jobs' records.")
+def list_jobs(limit: int, status_filter: str | None, as_json: bool) -> None:
+    """Recent jobs, newest first: status, duration, cost, exit reason, task (`pid run` jobs too)."""
     from worker.store import default_store
-    for record in default_store().list(limit):
-        task = record.spec.task.replace("\n", " ")
-        click.echo(f"{record.id}  {record.status:<9}  {task[:60]}")
+    from worker.sweep import sweep_quietly
+    store = default_store()
+    sweep_quietly(store)
+    records = store.list(limit, status_filter)
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in records], indent=2))
+        return
+    for record in records:
+        task = " ".join(record.spec.task.split())
+        cost = record.total_usage["cost"]
+        click.echo(f"{record.id}  {record.status:<9}  {_duration(record.duration_s):>8}  "
+                   f"{f'${cost:.4f}':>9}  {record.exit_reason or '-':<16}  {task[:50]}")
 
 
 @cli.command()
 @click.option("--concurrency", "-c", type=click.IntRange(min=1), default=1, show_default=True,
               help="Jobs run at once (each in its own process and container).")
-@click.option("--loglevel", default="INFO", show_default=True)
+@click.option("--loglevel", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              default="WARNING", show_default=True,
+              help="Celery's and the libraries' logging (INFO: Celery's banner, every task, every HTTP request); "
+                   "pid's own line per job start and end always prints.")
 def worker(concurrency: int, loglevel: str) -> None:
-    """Start a worker that runs queued jobs."""
+    """Start a worker that runs queued jobs (Ctrl-C: finish the running jobs, then stop; twice: stop now)."""
     from worker.app import QUEUE, app
-    app.worker_main(["worker", f"--concurrency={concurrency}", f"--queues={QUEUE}", f"--loglevel={loglevel}",
-                     "--without-gossip", "--without-mingle", "--without-heartbeat"])
+    from worker.tasks import configure_job_lines
+    configure_job_lines()
+    quiet = ["--quiet"] if loglevel.upper() in ("WARNING", "ERROR") else []   # Celery's banner only when asked
+    app.worker_main([*quiet, "worker", f"--concurrency={concurrency}", f"--queues={QUEUE}",
+                     f"--loglevel={loglevel.upper()}", "--without-gossip", "--without-mingle", "--without-heartbeat"])
 
 
 @cli.command()
@@ -379,6 +422,8 @@ def reap_own_quietly() -> None:
             reap_installation(pid_home())
         except Exception:
             pass
+        from worker.sweep import sweep_quietly
+        sweep_quietly()   # a `pid run` killed earlier is ended, with its result.json
     threading.Thread(target=reap, name="pid-reap", daemon=True).start()
 
 
@@ -387,11 +432,15 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)
 
 def main() -> None:
     """Every ending is an exit code and at most one line: usage errors included, Ctrl-C anywhere is 130."""
+    from worker.clients import MissingClient
     try:
         code = cli.main(prog_name="pid", standalone_mode=False)
     except click.exceptions.Abort:   # KeyboardInterrupt (or EOF) outside a command's own handling
         click.echo("interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    except MissingClient as exc:
+        click.echo(f"pid: error: {exc}", err=True)
+        sys.exit(2)
     except click.ClickException as exc:
         if isinstance(exc, (BadInput, _NO_ARGS_IS_HELP)):   # the latter: plain `pid` shows its help
             exc.show()

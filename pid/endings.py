@@ -21,6 +21,7 @@ ExitReason = Literal[
     "sandbox_error",          # the container failed or vanished
     "artifact_error",         # the patch or the asked-for files could not be collected
     "worker_lost",            # the worker died and the job cannot run again
+    "client_lost",            # the `pid run` process died (killed?): a foreground job is not run again
     "dispatch_failed",        # the queue refused the job
     "error",                  # anything else (a bug or a set-up failure), with its message in `error`
 ]
@@ -44,6 +45,7 @@ ENDINGS: dict[str, Ending] = {
     "sandbox_error": Ending("failed", 1),
     "artifact_error": Ending("failed", 1),
     "worker_lost": Ending("failed", 1),
+    "client_lost": Ending("failed", 1),
     "dispatch_failed": Ending("failed", 1),
     "error": Ending("failed", 1),
 }

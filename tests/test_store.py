@@ -93,3 +93,96 @@ def test_the_sweeper_never_ends_a_job_that_was_just_claimed_again(tmp_path):
     assert store.claim(job.id, "a", lease_s=60)
     assert not store.finish(job.id, "worker_lost", lapsed_only=True)
     assert store.get(job.id).status == "running"
+
+
+def test_a_job_taken_up_again_keeps_the_earlier_attempts_counts_and_usage(tmp_path):
+    from worker.control import with_earlier_attempts
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job = store.create(spec(tmp_path))
+    assert store.claim(job.id, "a", lease_s=0.2)
+    used = {"input": 1000, "output": 50, "cache_read": 0, "cache_write": 0, "total_tokens": 1050, "cost": 0.5}
+    assert store.progress(job.id, "a", 2, 3, used, "turn 2: running bash sleep 9", "bash ls (ok, 0.1s)")
+    assert not store.progress(job.id, "intruder", 9, 9, used)   # only the lease holder records progress
+    time.sleep(0.3)
+    assert store.claim(job.id, "b", lease_s=60)
+    record = store.get(job.id)
+    assert (record.turns, record.tool_calls, record.usage, record.activity) == (0, 0, {}, None)
+    assert record.earlier == [{"attempt": 1, "turns": 2, "tool_calls": 3, "usage": used}]
+    assert record.total_usage["total_tokens"] == 1050 and record.total_usage["cost"] == 0.5
+    result = {"turns": 1, "tool_calls": 0, "usage": dict(used, input=10, total_tokens=60, cost=0.25)}
+    with_earlier_attempts(result, record.earlier)
+    assert result["usage"]["input"] == 1010 and result["usage"]["cost"] == 0.75
+    assert [a["attempt"] for a in result["per_attempt"]] == [1, 2]
+    assert store.finish(job.id, "stop", owner="b", usage=result["per_attempt"][-1]["usage"])
+    assert store.get(job.id).total_usage["cost"] == 0.75
+
+
+def test_list_filters_by_status(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    queued, done = store.create(spec(tmp_path)), store.create(spec(tmp_path))
+    store.request_cancel(done.id)
+    assert [r.id for r in store.list(status="queued")] == [queued.id]
+    assert [r.id for r in store.list(status="cancelled")] == [done.id]
+    assert len(store.list()) == 2
+
+
+def test_a_store_made_by_an_older_pid_gets_the_new_columns(tmp_path):
+    import sqlite3
+    path = str(tmp_path / "jobs.db")
+    old = sqlite3.connect(path)
+    old.executescript("CREATE TABLE jobs (id TEXT PRIMARY KEY, spec TEXT NOT NULL, status TEXT NOT NULL, owner TEXT, "
+                      "lease_until REAL, attempts INTEGER NOT NULL DEFAULT 0, cancel_requested INTEGER NOT NULL "
+                      "DEFAULT 0, paused INTEGER NOT NULL DEFAULT 0, turns INTEGER NOT NULL DEFAULT 0, tool_calls "
+                      "INTEGER NOT NULL DEFAULT 0, exit_reason TEXT, error TEXT, created_at REAL NOT NULL, "
+                      "started_at REAL, finished_at REAL);")
+    s = spec(tmp_path)
+    old.execute("INSERT INTO jobs (id, spec, status, created_at) VALUES (?, ?, 'queued', 1)",
+                (s.id, __import__("json").dumps(s.to_dict())))
+    old.commit()
+    old.close()
+    store = JobStore(path)
+    record = store.get(s.id)
+    assert (record.kind, record.usage, record.earlier) == ("worker", {}, [])
+    assert store.claim(s.id, "w", 60) and store.progress(s.id, "w", 1, 1, {"input": 5})
+
+
+def test_the_sweep_ends_a_lost_pid_run_but_not_a_stopped_one(tmp_path):
+    import os
+    import socket
+    import subprocess
+    from worker.sweep import sweep
+    store = JobStore(str(tmp_path / "jobs.db"))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lost, stopped = store.create(spec(tmp_path), kind="run"), store.create(spec(tmp_path), kind="run")
+    host = socket.gethostname()
+    assert store.claim(lost.id, f"{host}:{dead.pid}:x", lease_s=0.2)
+    assert store.claim(stopped.id, f"{host}:{os.getpid()}:y", lease_s=0.2)   # alive, only not renewing
+    assert store.progress(lost.id, f"{host}:{dead.pid}:x", 3, 2, {"input": 700, "output": 30, "cost": 0.01})
+    time.sleep(0.3)
+    assert sweep(store, redispatch=False) == [lost.id]
+    record = store.get(lost.id)
+    assert (record.status, record.exit_reason, record.turns, record.tool_calls) == ("failed", "client_lost", 3, 2)
+    assert "`pid run` process" in record.error and f"pid {dead.pid}" in record.error
+    result = __import__("json").loads((tmp_path / "out" / lost.id / "result.json").read_text())
+    assert (result["status"], result["exit_reason"], result["turns"], result["tool_calls"]) == \
+        ("failed", "client_lost", 3, 2)
+    assert result["usage"]["input"] == 700 and result["error"] == record.error
+    assert store.get(stopped.id).status == "running"
+    assert store.renew(stopped.id, f"{host}:{os.getpid()}:y", 60)   # it goes on where it was
+
+
+def test_the_sweep_fails_a_job_whose_attempts_are_used_up_with_its_counts(tmp_path):
+    from worker.sweep import MAX_ATTEMPTS, sweep
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job = store.create(spec(tmp_path))
+    for attempt in range(MAX_ATTEMPTS):
+        assert store.claim(job.id, f"w{attempt}", lease_s=0.1)
+        store.progress(job.id, f"w{attempt}", 1, 1, {"input": 100, "output": 10, "total_tokens": 110, "cost": 0.1})
+        time.sleep(0.2)
+    assert sweep(store, redispatch=False) == [job.id]
+    record = store.get(job.id)
+    assert (record.status, record.exit_reason) == ("failed", "worker_lost")
+    assert f"worker lost {MAX_ATTEMPTS} time(s)" in record.error
+    result = __import__("json").loads((tmp_path / "out" / job.id / "result.json").read_text())
+    assert result["usage"]["input"] == 100 * MAX_ATTEMPTS and len(result["per_attempt"]) == MAX_ATTEMPTS

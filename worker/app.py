@@ -10,6 +10,7 @@ import os
 from celery import Celery
 
 from pid.config import pid_home
+from worker.clients import check_clients
 
 QUEUE = "pid"
 
@@ -38,6 +39,7 @@ def make_app() -> Celery:
     os.makedirs(home, mode=0o700, exist_ok=True)
     broker, transport_options = broker_settings(home)
     results = os.environ.get("PID_RESULT_BACKEND")
+    check_clients({"PID_BROKER_URL": broker, **({"PID_RESULT_BACKEND": results} if results else {})})
     if not results:
         os.makedirs(os.path.join(home, "results"), mode=0o700, exist_ok=True)
         results = "file://" + os.path.join(home, "results")

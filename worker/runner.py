@@ -43,13 +43,15 @@ class JobCancelled(Exception):
 def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = ev.ignore,
             on_agent: AgentHook | None = None, cancel: threading.Event | None = None,
             still_owner: Callable[[], bool] = lambda: True,
-            starting: "Future[DockerSandbox] | None" = None) -> dict[str, Any]:
+            starting: "Future[DockerSandbox] | None" = None,
+            amend_result: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run one job to its end and return result.json's content. Never raises for job failures.
 
     `starting` is the job's sandbox already being created (sandbox_start.start_sandbox); else it is created here.
 
     `still_owner` is asked before artifacts are written: a worker that lost its lease (another one took the job
-    over) must not overwrite the new owner's patch and result.
+    over) must not overwrite the new owner's patch and result. `amend_result` completes the result before it is
+    written (a re-dispatched job adds its earlier attempts' usage).
     """
     started = time.time()
     os.makedirs(spec.job_dir, exist_ok=True)
@@ -134,6 +136,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             if sandbox:
                 sandbox.close()
         result = build_result(spec, outcome, started, artifacts)
+        if amend_result:
+            amend_result(result)
         if owner:
             write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
     return result
@@ -145,12 +149,14 @@ def _ended(outcome: Outcome, reason: ExitReason, error: str) -> Outcome:
 
 
 def _fresh(path: str) -> str:
-    """A retried job starts a new transcript; the interrupted attempt's is kept beside it, not appended to."""
+    """A retried job starts a new transcript; the interrupted attempt's is kept beside it (session.attempt-1.jsonl),
+    not appended to."""
     if os.path.exists(path):
+        stem, ext = os.path.splitext(path)
         attempt = 1
-        while os.path.exists(f"{path}.attempt{attempt}"):
+        while os.path.exists(f"{stem}.attempt-{attempt}{ext}"):
             attempt += 1
-        os.replace(path, f"{path}.attempt{attempt}")
+        os.replace(path, f"{stem}.attempt-{attempt}{ext}")
     return path
 
 

@@ -12,7 +12,7 @@ import os
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from pid.endings import TERMINAL_STATUSES, ExitReason, status_of
@@ -34,7 +34,13 @@ CREATE TABLE IF NOT EXISTS jobs (
   error TEXT,
   created_at REAL NOT NULL,
   started_at REAL,
-  finished_at REAL
+  finished_at REAL,
+  kind TEXT NOT NULL DEFAULT 'worker', -- worker (submitted) | run (a foreground `pid run`: never dispatched again)
+  usage TEXT,                      -- this attempt's usage so far, result.json's shape (JSON)
+  earlier TEXT,                    -- the earlier attempts' counts: [{attempt, turns, tool_calls, usage}] (JSON)
+  activity TEXT,                   -- what the job is doing now (turn, running tool)
+  last_tool TEXT,                  -- the last tool call that finished
+  updated_at REAL                  -- when progress was last recorded
 );
 CREATE TABLE IF NOT EXISTS inbox (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -45,6 +51,11 @@ CREATE TABLE IF NOT EXISTS inbox (
 );
 CREATE INDEX IF NOT EXISTS inbox_job ON inbox(job_id, delivered);
 """
+
+# Columns added after the first release: a store made by an older pid gets them on open.
+ADDED_COLUMNS = {"kind": "TEXT NOT NULL DEFAULT 'worker'", "usage": "TEXT", "earlier": "TEXT", "activity": "TEXT",
+                 "last_tool": "TEXT", "updated_at": "REAL"}
+USAGE_KEYS = ("input", "output", "cache_read", "cache_write", "total_tokens")
 
 
 @dataclass
@@ -64,16 +75,43 @@ class JobRecord:
     created_at: float
     started_at: float | None
     finished_at: float | None
+    kind: str = "worker"
+    usage: dict[str, Any] = field(default_factory=dict)        # this attempt's
+    earlier: list[dict[str, Any]] = field(default_factory=list)  # earlier attempts' counts
+    activity: str | None = None
+    last_tool: str | None = None
+    updated_at: float | None = None
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
+    @property
+    def total_usage(self) -> dict[str, Any]:
+        """Every attempt's tokens and cost: what the job has spent."""
+        return sum_usage(*(a.get("usage") or {} for a in self.earlier), self.usage)
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return round((self.finished_at or time.time()) - self.started_at, 3)
+
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k != "spec"}
         d["task"] = self.spec.task
         d["job_dir"] = self.spec.job_dir
+        d["duration_s"] = self.duration_s
+        d["total_usage"] = self.total_usage
+        d["cost"] = d["total_usage"]["cost"]
         return d
+
+
+def sum_usage(*usages: dict[str, Any]) -> dict[str, Any]:
+    """Usage dicts in result.json's shape, added up."""
+    total: dict[str, Any] = {k: sum(int(u.get(k) or 0) for u in usages) for k in USAGE_KEYS}
+    total["cost"] = round(sum(float(u.get("cost") or 0.0) for u in usages), 6)
+    return total
 
 
 class JobStore:
@@ -82,6 +120,14 @@ class JobStore:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with self._db() as db:
             db.executescript(SCHEMA)
+            have = {row["name"] for row in db.execute("PRAGMA table_info(jobs)")}
+            for name, decl in ADDED_COLUMNS.items():
+                if name not in have:
+                    try:
+                        db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
+                    except sqlite3.OperationalError as exc:  # another process added it first
+                        if "duplicate column" not in str(exc):
+                            raise
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -94,10 +140,12 @@ class JobStore:
         finally:
             db.close()
 
-    def create(self, spec: JobSpec) -> JobRecord:
+    def create(self, spec: JobSpec, kind: str = "worker") -> JobRecord:
+        """A queued job. kind "run" is a foreground `pid run`: its process is its only worker."""
+        assert kind in ("worker", "run")
         with self._db() as db:
-            db.execute("INSERT INTO jobs (id, spec, status, created_at) VALUES (?, ?, 'queued', ?)",
-                       (spec.id, json.dumps(spec.to_dict()), time.time()))
+            db.execute("INSERT INTO jobs (id, spec, status, created_at, kind) VALUES (?, ?, 'queued', ?, ?)",
+                       (spec.id, json.dumps(spec.to_dict()), time.time(), kind))
         record = self.get(spec.id)
         assert record is not None
         return record
@@ -107,21 +155,27 @@ class JobStore:
             row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return _record(row) if row else None
 
-    def list(self, limit: int = 50) -> list[JobRecord]:
+    def list(self, limit: int = 50, status: str | None = None) -> list[JobRecord]:
+        """Newest first; only jobs in `status` when given."""
+        where, args = ("WHERE status = ?", [status]) if status else ("", [])
         with self._db() as db:
-            rows = db.execute("SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
+            rows = db.execute(f"SELECT * FROM jobs {where} ORDER BY created_at DESC LIMIT ?", [*args, limit]).fetchall()
         return [_record(r) for r in rows]
 
     def claim(self, job_id: str, owner: str, lease_s: float) -> bool:
-        """Take the job if it is queued, or running under a lapsed lease. Exactly one claimer wins."""
+        """Take the job if it is queued, or running under a lapsed lease. Exactly one claimer wins.
+
+        Taking up a job that ran before keeps that attempt's counts (turns, tool calls, usage) in `earlier`."""
         now = time.time()
         with self._db() as db:
-            cur = db.execute(
-                "UPDATE jobs SET status = 'running', owner = ?, lease_until = ?, attempts = attempts + 1, "
-                "started_at = COALESCE(started_at, ?) "
-                "WHERE id = ? AND cancel_requested = 0 AND (status = 'queued' OR (status = 'running' AND lease_until < ?))",
-                (owner, now + lease_s, now, job_id, now))
-            return cur.rowcount == 1
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                won = _take(db, job_id, owner, now, lease_s)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return won
 
     def renew(self, job_id: str, owner: str, lease_s: float) -> bool:
         with self._db() as db:
@@ -129,19 +183,27 @@ class JobStore:
                              (time.time() + lease_s, job_id, owner))
             return cur.rowcount == 1
 
-    def progress(self, job_id: str, turns: int, tool_calls: int) -> None:
+    def progress(self, job_id: str, owner: str, turns: int, tool_calls: int, usage: dict[str, Any] | None = None,
+                 activity: str | None = None, last_tool: str | None = None) -> bool:
+        """The running attempt's counts so far, so that a job stopped cold still has true ones. Lease holder only."""
         with self._db() as db:
-            db.execute("UPDATE jobs SET turns = ?, tool_calls = ? WHERE id = ?", (turns, tool_calls, job_id))
+            return db.execute(
+                "UPDATE jobs SET turns = ?, tool_calls = ?, usage = COALESCE(?, usage), activity = ?, "
+                "last_tool = COALESCE(?, last_tool), updated_at = ? WHERE id = ? AND owner = ? AND status = 'running'",
+                (turns, tool_calls, json.dumps(usage) if usage is not None else None, activity, last_tool,
+                 time.time(), job_id, owner)).rowcount == 1
 
     def finish(self, job_id: str, exit_reason: ExitReason, *, owner: str | None = None, error: str | None = None,
-               turns: int | None = None, tool_calls: int | None = None, lapsed_only: bool = False) -> bool:
-        """Record the ending (its status follows from the reason). With an owner, only the lease holder may finish
-        (a stale worker cannot overwrite); with lapsed_only, only while nobody holds a live lease (the sweeper must
-        not end a job just re-claimed)."""
+               turns: int | None = None, tool_calls: int | None = None, usage: dict[str, Any] | None = None,
+               lapsed_only: bool = False) -> bool:
+        """Record the ending (its status follows from the reason; `usage`: this attempt's). With an owner, only the
+        lease holder may finish (a stale worker cannot overwrite); with lapsed_only, only while nobody holds a live
+        lease (the sweeper must not end a job just re-claimed)."""
         sql = ("UPDATE jobs SET status = ?, exit_reason = ?, error = ?, finished_at = ?, lease_until = NULL, "
-               "turns = COALESCE(?, turns), tool_calls = COALESCE(?, tool_calls) WHERE id = ? AND status IN "
-               "('queued', 'running')")
-        args: list[Any] = [status_of(exit_reason), exit_reason, error, time.time(), turns, tool_calls, job_id]
+               "turns = COALESCE(?, turns), tool_calls = COALESCE(?, tool_calls), usage = COALESCE(?, usage), "
+               "activity = NULL WHERE id = ? AND status IN ('queued', 'running')")
+        args: list[Any] = [status_of(exit_reason), exit_reason, error, time.time(), turns, tool_calls,
+                           json.dumps(usage) if usage is not None else None, job_id]
         if owner is not None:
             sql += " AND owner = ?"
             args.append(owner)
@@ -207,11 +269,29 @@ class JobStore:
                               (job_id, time.time())).rowcount == 1
 
 
+def _take(db: sqlite3.Connection, job_id: str, owner: str, now: float, lease_s: float) -> bool:
+    """claim's body, inside its transaction."""
+    row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    if row is None or row["cancel_requested"] or not (
+            row["status"] == "queued" or (row["status"] == "running" and (row["lease_until"] or 0) < now)):
+        return False
+    earlier = json.loads(row["earlier"] or "[]")
+    if row["attempts"] > 0:
+        earlier.append({"attempt": row["attempts"], "turns": row["turns"], "tool_calls": row["tool_calls"],
+                        "usage": sum_usage(json.loads(row["usage"] or "{}"))})
+    db.execute("UPDATE jobs SET status = 'running', owner = ?, lease_until = ?, attempts = attempts + 1, "
+               "started_at = COALESCE(started_at, ?), earlier = ?, turns = 0, tool_calls = 0, usage = NULL, "
+               "activity = NULL, updated_at = ? WHERE id = ?",
+               (owner, now + lease_s, now, json.dumps(earlier), now, job_id))
+    return True
+
+
 def _record(row: sqlite3.Row) -> JobRecord:
     return JobRecord(row["id"], JobSpec.from_dict(json.loads(row["spec"])), row["status"], row["owner"],
                      row["lease_until"], row["attempts"], bool(row["cancel_requested"]), bool(row["paused"]),
                      row["turns"], row["tool_calls"], row["exit_reason"], row["error"], row["created_at"],
-                     row["started_at"], row["finished_at"])
+                     row["started_at"], row["finished_at"], row["kind"], json.loads(row["usage"] or "{}"),
+                     json.loads(row["earlier"] or "[]"), row["activity"], row["last_tool"], row["updated_at"])
 
 
 def default_store() -> JobStore:

@@ -1,0 +1,247 @@
+"""A running job's link to the job store, for a worker's task and for a foreground `pid run` alike: a thread beside
+the job renews its lease, carries cancel/pause/steer/follow-up from the store to the agent, and records the job's
+progress (turns, tool calls, usage, what it is doing) so that `pid status` shows it and a job stopped cold keeps
+true counts. No Celery here: `pid run` uses it without loading the queue.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pid import events as ev
+from pid.agent import Agent
+from pid.messages import AssistantMessage, Usage
+from worker.store import JobStore
+
+log = logging.getLogger("pid.worker")
+
+# A job silent for LEASE_S is presumed dead: a worker's is dispatched again, a `pid run`'s is ended by the next sweep.
+LEASE_S = float(os.environ.get("PID_LEASE_S", "60"))
+CONTROL_POLL_S = 0.5      # how quickly cancel, pause and messages reach a running job
+
+
+def new_owner() -> str:
+    """host:pid:nonce: who holds a job's lease (the sweeper reads the host and pid back)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def describe_call(name: str, args: dict[str, Any]) -> str:
+    """A tool call in a few words, for `pid status`."""
+    if name == "bash":
+        lines = str(args.get("command", "")).strip().splitlines()
+        what = lines[0] + (" …" if len(lines) > 1 else "") if lines else ""
+    else:
+        what = str(args.get("path", ""))
+    what = what if len(what) <= 80 else what[:79] + "…"
+    return f"{name} {what}".rstrip()
+
+
+@dataclass
+class Progress:
+    """The running attempt as its events tell it. Events come from the agent's thread and its tool threads."""
+    turns: int = 0
+    tool_calls: int = 0
+    usage: Usage = field(default_factory=Usage)
+    activity: str | None = None
+    last_tool: str | None = None
+    version: int = 0
+    _running: dict[str, str] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def on_event(self, event: ev.Event) -> None:
+        with self._lock:
+            if isinstance(event, ev.TurnStart):
+                self.turns = event.turn
+                self.activity = f"turn {event.turn}: waiting for the model"
+            elif isinstance(event, ev.MessageEnd) and isinstance(event.message, AssistantMessage):
+                self.usage.add(event.message.usage)
+            elif isinstance(event, ev.ToolStart):
+                self.tool_calls += 1
+                self._running[event.call_id] = describe_call(event.name, event.arguments)
+                self.activity = f"turn {self.turns}: running {self._running[event.call_id]}"
+            elif isinstance(event, ev.ToolEnd):
+                call = self._running.pop(event.call_id, event.name)
+                mark = "failed" if event.result.is_error else "ok"
+                self.last_tool = f"{call} ({mark}, {event.duration_s:.1f}s)"
+                still = next(iter(self._running.values()), None)
+                self.activity = f"turn {self.turns}: " + (f"running {still}" if still else "tool calls done")
+            elif isinstance(event, ev.AgentEnd):
+                self.activity = "collecting the artifacts"
+            else:
+                return
+            self.version += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"turns": self.turns, "tool_calls": self.tool_calls, "usage": self.usage.to_result(),
+                    "activity": self.activity, "last_tool": self.last_tool}
+
+
+class ControlRelay:
+    """A thread beside the running job: renews the lease, carries the store's controls to the agent, records
+    progress."""
+
+    def __init__(self, store: JobStore, job_id: str, owner: str) -> None:
+        self.store, self.job_id, self.owner = store, job_id, owner
+        self.cancel = threading.Event()
+        self.progress = Progress()
+        self._agent: Agent | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pid-control", daemon=True)
+        self._reported = -1
+
+    def still_owner(self) -> bool:
+        """False only when another worker holds the job now; an unreadable store must not lose the artifacts."""
+        try:
+            return self.store.renew(self.job_id, self.owner, LEASE_S)
+        except Exception:
+            log.exception("job %s: checking the lease", self.job_id)
+            return True
+
+    def attach(self, agent: Agent) -> None:
+        """Called before the agent's first model call: messages sent while the job was queued go in first."""
+        self._agent = agent
+        record = self.store.get(self.job_id)
+        if record is not None and record.paused:
+            agent.pause()
+        self._deliver(agent)
+
+    def on_event(self, event: ev.Event) -> None:
+        self.progress.on_event(event)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+        try:
+            self._report()
+        except Exception:
+            log.exception("job %s: recording progress", self.job_id)
+
+    def _run(self) -> None:
+        ticks_per_renew = max(1, int(LEASE_S / 4 / CONTROL_POLL_S))
+        tick = 0
+        while not self._done.wait(CONTROL_POLL_S):
+            tick += 1
+            try:
+                if tick % ticks_per_renew == 0 and not self.store.renew(self.job_id, self.owner, LEASE_S):
+                    log.warning("job %s: lease lost; stopping", self.job_id)
+                    self._cancel()
+                record = self.store.get(self.job_id)
+                if record is None:
+                    continue
+                if record.cancel_requested:
+                    self._cancel()
+                self._report()
+                agent = self._agent
+                if agent is None:
+                    continue
+                self._deliver(agent)   # before a resume: what was sent while paused goes in first
+                (agent.pause if record.paused else agent.resume)()
+            except Exception:  # the store being briefly unavailable must not kill the job
+                log.exception("job %s: control relay", self.job_id)
+
+    def _report(self) -> None:
+        version = self.progress.version
+        if version != self._reported:
+            self.store.progress(self.job_id, self.owner, **self.progress.snapshot())
+            self._reported = version
+
+    def _deliver(self, agent: Agent) -> None:
+        for kind, text in self.store.take_messages(self.job_id):
+            (agent.steer if kind == "steer" else agent.follow_up)(text)
+
+    def _cancel(self) -> None:
+        self.cancel.set()
+        if self._agent is not None:
+            self._agent.cancel()
+
+
+def attempt_usage(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The usage of the attempt that produced `result` (its `usage` counts the earlier attempts too)."""
+    per_attempt = result.get("per_attempt")
+    return per_attempt[-1]["usage"] if per_attempt else result.get("usage")
+
+
+def with_earlier_attempts(result: dict[str, Any], earlier: list[dict[str, Any]]) -> None:
+    """A job taken up again after its worker died: its result counts what the earlier attempts spent.
+
+    `usage` becomes the sum over attempts; `per_attempt` lists each attempt's own turns, tool calls and usage
+    (turns and tool_calls stay this attempt's: they describe this attempt's transcript, session.jsonl)."""
+    if not earlier:
+        return
+    from worker.store import sum_usage
+    this = {"attempt": len(earlier) + 1, "turns": result.get("turns", 0), "tool_calls": result.get("tool_calls", 0),
+            "usage": result.get("usage") or {}}
+    result["per_attempt"] = [*earlier, this]
+    result["usage"] = sum_usage(*(a.get("usage") or {} for a in result["per_attempt"]))
+
+
+def record_end(store: JobStore, job_id: str, owner: str, result: dict[str, Any]) -> None:
+    """The job's ending must reach the store, or the sweeper would run a finished job again: retry a busy store."""
+    for attempt in range(6):
+        try:
+            store.finish(job_id, result["exit_reason"], owner=owner, error=result.get("error"), turns=result.get("turns"), tool_calls=result.get("tool_calls"),
+                         usage=attempt_usage(result))
+            return
+        except Exception:
+            log.exception("job %s: recording its end (attempt %d)", job_id, attempt + 1)
+            time.sleep(2 ** attempt)
+
+
+class ForegroundJob:
+    """A `pid run` job in the store, so that `list`, `status`, `steer`, `pause` and `cancel` reach it from another
+    terminal. Its process is its only worker: if it dies the job is never dispatched again, the next sweep ends it.
+    A store that cannot be written costs those controls, never the run (one warning)."""
+
+    def __init__(self, store: JobStore | None, relay: ControlRelay | None) -> None:
+        self.store, self.relay = store, relay
+        self.cancel = relay.cancel if relay else threading.Event()
+
+    @classmethod
+    def start(cls, spec: Any) -> "ForegroundJob":
+        from worker.store import default_store
+        try:
+            store = default_store()
+            store.create(spec, kind="run")
+            owner = new_owner()
+            if not store.claim(spec.id, owner, LEASE_S):
+                raise RuntimeError("the job was claimed by another process")
+        except Exception as exc:
+            print(f"pid: warning: job {spec.id} is not in the job store ({exc}): list, status, steer, pause and "
+                  "cancel will not reach it", file=sys.stderr)
+            return cls(None, None)
+        relay = ControlRelay(store, spec.id, owner)
+        relay.start()
+        return cls(store, relay)
+
+    def sink(self, inner: ev.EventSink) -> ev.EventSink:
+        if self.relay is None:
+            return inner
+        relay = self.relay
+
+        def both(event: ev.Event) -> None:
+            relay.on_event(event)
+            inner(event)
+        return both
+
+    def attach(self, agent: Agent) -> None:
+        if self.relay is not None:
+            self.relay.attach(agent)
+
+    def end(self, result: dict[str, Any] | None) -> None:
+        """Record the ending; None: interrupted before the job could end by itself."""
+        if self.relay is None or self.store is None:
+            return
+        self.relay.stop()
+        record_end(self.store, self.relay.job_id, self.relay.owner, result or
+                   {"exit_reason": "interrupted", "error": "interrupted"})

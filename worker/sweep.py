@@ -1,0 +1,157 @@
+"""Jobs whose process died: found by their lapsed lease, then dispatched again or ended, truthfully.
+
+Workers sweep periodically; `pid run`, `pid list` and `pid status` sweep too (without dispatching: that is a
+worker's business), so a `pid run` killed with SIGKILL is ended by the next command. No Celery unless a job is
+dispatched again.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any, Callable
+
+from pid.agent import Outcome
+from pid.endings import ExitReason
+from worker.control import with_earlier_attempts
+from worker.jobs import JobSpec, write_json_atomic
+from worker.store import JobRecord, JobStore
+
+log = logging.getLogger("pid.worker")
+
+MAX_ATTEMPTS = int(os.environ.get("PID_MAX_ATTEMPTS", "3"))   # a job whose worker died this often has failed
+
+Ended = Callable[[JobRecord], None]
+
+
+def sweep(store: JobStore, *, redispatch: bool = True, on_end: Ended | None = None) -> list[str]:
+    """Lapsed jobs: a worker's is dispatched again (if `redispatch`) or, after MAX_ATTEMPTS, failed (`worker_lost`);
+    a `pid run`'s whose process is gone is failed (`client_lost`): nobody can take it up. Returns the ids ended."""
+    ended = []
+    for record in store.lapsed():
+        if record.kind == "run" and owner_alive(record):
+            continue  # stopped (Ctrl-Z, a suspended machine), not dead: it renews its lease when it goes on
+        if record.cancel_requested:  # cancelled, then its process died: it ends cancelled, not queued again
+            reason: ExitReason = "cancelled"
+            error = None
+        elif record.kind == "run":
+            reason, error = "client_lost", (f"the `pid run` process that ran this job ({_who(record)}) ended "
+                                                "without finishing it (killed?); a foreground job is not run again")
+        elif record.attempts >= MAX_ATTEMPTS:
+            reason, error = "worker_lost", (f"worker lost {record.attempts} time(s) ({_who(record)} last): "
+                                                "the job is not dispatched again")
+        else:
+            if redispatch and store.requeue(record.id):
+                log.warning("job %s: worker lost, dispatching again", record.id)
+                from worker.tasks import dispatch
+                dispatch(record.id)
+            continue
+        if store.finish(record.id, reason, error=error, lapsed_only=True):
+            ended.append(record.id)
+            write_unrun_result(record.spec, reason, error, record)
+            _remove_containers(record.id)
+            if on_end:
+                on_end(store.get(record.id) or record)
+    return ended
+
+
+def sweep_quietly(store: JobStore | None = None) -> None:
+    """The CLI's sweep: never fatal, never dispatches."""
+    try:
+        from worker.store import default_store
+        sweep(store or default_store(), redispatch=False)
+    except Exception:
+        log.debug("sweeping lost jobs", exc_info=True)
+
+
+def cancel_job(store: JobStore, job_id: str) -> str | None:
+    """Cancel a job: a queued one ends here and now (with its result.json), a running one through its worker."""
+    was = store.get(job_id)
+    status = store.request_cancel(job_id)
+    if was is not None and was.status == "queued" and status == "cancelled":
+        write_unrun_result(was.spec, "cancelled", None)
+    return status
+
+
+def write_unrun_result(spec: JobSpec, exit_reason: ExitReason, error: str | None,
+                       record: JobRecord | None = None) -> None:
+    """result.json for a job that ended without running to its end here, so consumers always find one; with its
+    record, the counts it had reached (turns, tool calls, every attempt's usage). Never raises: an out dir that
+    cannot be written only costs the file."""
+    from worker.runner import build_result
+    try:
+        os.makedirs(spec.job_dir, exist_ok=True)
+        artifacts: dict[str, Any] = {}
+        if os.path.exists(os.path.join(spec.job_dir, "session.jsonl")):
+            artifacts["session"] = "session.jsonl"
+        if record is None:
+            result = build_result(spec, Outcome(exit_reason, error=error), time.time(), artifacts)
+        else:
+            started = record.started_at or record.created_at
+            result = build_result(spec, Outcome(exit_reason, turns=record.turns, tool_calls=record.tool_calls,
+                                                error=error), started, artifacts)
+            result["usage"] = record.usage or result["usage"]
+            with_earlier_attempts(result, record.earlier)
+        write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
+    except OSError as exc:
+        log.warning("job %s: cannot write result.json in %s: %s", spec.id, spec.job_dir, exc)
+
+
+def owner_alive(record: JobRecord) -> bool:
+    """Is the process holding the job's lease still there? Only knowable on its own host; a pid reused by a process
+    started after the job was claimed does not count."""
+    host, pid = _owner(record)
+    if host != socket.gethostname() or pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    started = _process_start(pid)
+    if started is None:
+        return True
+    state, since = started
+    return state != "Z" and since <= (record.started_at or record.created_at) + 1
+
+
+def _process_start(pid: int) -> tuple[str, float] | None:
+    """(state, start time in epoch seconds) from /proc, or None where there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/stat") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith("btime"))
+        return fields[0], boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
+
+
+def _owner(record: JobRecord) -> tuple[str, int | None]:
+    parts = (record.owner or "").rsplit(":", 2)
+    if len(parts) != 3:
+        return "", None
+    try:
+        return parts[0], int(parts[1])
+    except ValueError:
+        return parts[0], None
+
+
+def _who(record: JobRecord) -> str:
+    host, pid = _owner(record)
+    return f"pid {pid} on {host}" if pid is not None else (record.owner or "unknown")
+
+
+def _remove_containers(job_id: str) -> None:
+    """The dead process's container goes now rather than at its expiry, and with it the job's disk (whose lock
+    died with the process)."""
+    try:
+        from pid.config import pid_home
+        from sandbox import remove_job_containers
+        from sandbox.disk import reap_disks
+        remove_job_containers(job_id)
+        reap_disks(os.path.join(pid_home(), "disks"))
+    except Exception:
+        log.debug("job %s: removing its containers and disk", job_id, exc_info=True)
