@@ -53,6 +53,9 @@ pid_uid=$4
 pid_gid=$5
 pid_dir=/.pid/out
 pid_fifo=/.pid/run/cmd.$pid_cid
+pid_mark=/.pid/run/mark.$pid_cid
+pid_napfd=
+pid_shbin=sh
 pid_n=0
 pid_junk=
 pid_junkn=0
@@ -131,20 +134,30 @@ fi
 # waits in the FIFO. A command comes as its length in bytes, a newline, then the command, read in one block.
 # A waiting slot already runs as the agent: code the agent ran before could reach it (and so the agent's own next
 # command), never the server or anything pid runs as root.
+# A command needs the working directory (pi's bash refuses to run without it): when it is gone the command is not run,
+# its output is pi's message and its status 212; pid's own file snippets, which name absolute paths, start with the
+# line "#pid:anywhere" and run anyway.
 pid_zcode='pid_r() { local LC_ALL=C; IFS= read -r n <&3 && IFS= read -r -N "$n" c <&3; }; pid_r; exec 3<&-
-unset -f pid_r; unset n; umask "$1"; cd -- "$2" 2>/dev/null; set --; eval "unset c; $c"'
+unset -f pid_r; unset n; umask "$1"; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
+printf "Working directory does not exist: %s\nCannot execute bash commands." "$2"; exit 212 ;; esac; set --; eval "unset c; $c"'
 pid_bash=bash
 pid_slot=0
 pid_z0=
 pid_z1=
+pid_drain() {  # $1: a slot's FIFO fd. A slot killed before it read all of its command (a cancel at once) left the
+    # rest in the FIFO: the next shell must not take it for its own command.
+    local LC_ALL=C
+    while read -r -t 0 -u "$1"; do IFS= read -r -d '' -t 0.01 -N 65536 -u "$1" pid_k; done
+}
 pid_spawn() {  # $1: slot
     pid_n=$((pid_n + 1))
+    pid_drain $((4 + $1))
     if [ "$1" = 0 ]; then
-        PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&4 4>&- 5>&- &
+        PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&4 4>&- 5>&- 6>&- &
         pid_z0=$!
         pid_zo0=$pid_dir/$pid_cid.$pid_n
     else
-        PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&5 4>&- 5>&- &
+        PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&5 4>&- 5>&- 6>&- &
         pid_z1=$!
         pid_zo1=$pid_dir/$pid_cid.$pid_n
     fi
@@ -190,16 +203,53 @@ pid_start() {  # pid_cmd -> a running command: pid_pid, pid_out
         elif [ "$pid_role" = control ]; then                            # clean environment, from /
             ( cd / && exec env -i PATH="$PATH" HOME=/.pid LC_ALL=C $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
         else
-            ( cd "$pid_wd" 2>/dev/null; PATH=$pid_opath; exec $pid_drop $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
+            ( cd "$pid_wd" 2>/dev/null || pid_nowd; PATH=$pid_opath; exec $pid_drop $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
         fi
         pid_pid=$!
     fi
+}
+
+pid_nowd() {  # the sh path's twin of the working directory check in pid_zcode (run in the command's subshell)
+    case $pid_cmd in
+        "#pid:anywhere"*) ;;
+        *) printf 'Working directory does not exist: %s\nCannot execute bash commands.' "$pid_wd"; exit 212 ;;
+    esac
+}
+
+pid_nap() {  # about 10 ms; bash times out a read on its own idle FIFO (fd 6), no fork
+    if [ -n "$pid_napfd" ]; then IFS= read -r -t 0.01 -u 6 pid_k; else sleep 0.01; fi
+}
+
+# A command's background processes may still write to its output just after it ended ("(sleep .05; echo x) &");
+# pi keeps reading while its pipe has writers, until they fall silent for 100 ms. Here: only when processes of the
+# command's group are left (a builtin check: the usual case costs nothing) and one of the agent's processes holds
+# the output file open (seen as the agent: pid's server may not look into the agent's /proc entries), wait until
+# the group is gone or the file went unwritten for ~100 ms, 1 s at most (never with the process table full: a fork
+# bomb is no output to wait for).
+pid_scan='set +f; for f in /proc/[0-9]*/fd/*; do [ "$f" -ef "$1" ] && exit 0; done; exit 1'
+pid_linger() {  # $1: pgid, $2: output file
+    kill -0 -"$1" 2>/dev/null && ! pid_full || return 0
+    PATH=$pid_opath $pid_drop $pid_shbin -c "$pid_scan" pid-scan "$2" </dev/null >/dev/null 2>&1 4>&- 5>&- 6>&- || return 0
+    pid_quiet=0
+    pid_ticks=0
+    : >"$pid_mark"
+    while [ "$pid_quiet" -lt 10 ] && [ "$pid_ticks" -lt 100 ] && kill -0 -"$1" 2>/dev/null && ! pid_full; do
+        pid_nap
+        if [ "$2" -nt "$pid_mark" ]; then
+            pid_quiet=0
+            : >"$pid_mark"
+        else
+            pid_quiet=$((pid_quiet + 1))
+        fi
+        pid_ticks=$((pid_ticks + 1))
+    done
 }
 
 pid_finish() {  # wait for pid_pid, then reply with the head of its output and its status
     echo "P $pid_pid $pid_out"
     wait "$pid_pid"
     pid_rc=$?
+    [ "$pid_role" = agent ] && pid_linger "$pid_pid" "$pid_out"
     [ -s "$pid_out" ] && pid_emit "$pid_out" "$pid_emitn"
     pid_events
     echo "$pid_nonce $pid_rc $pid_pe"
@@ -247,8 +297,15 @@ pid_upload() {  # w|W n nonce len, then the command, then n bytes: stored in a f
     fi
     pid_emitn=0
     pid_nonce=$3
-    pid_cmd="set -- $pid_in
-$pid_cmd"
+    case $pid_cmd in   # "$1" is set after the first line when that is the "#pid:anywhere" mark
+        "#pid:anywhere
+"*) pid_cmd="#pid:anywhere
+set -- $pid_in
+${pid_cmd#*
+}" ;;
+        *) pid_cmd="set -- $pid_in
+$pid_cmd" ;;
+    esac
     pid_forget "$pid_in"
     if [ "$pid_role" = agent ] && pid_full; then echo B; return; fi
     pid_start
@@ -357,11 +414,13 @@ pid_hello() {
         pid_drop="$(command -v setpriv) --reuid=$pid_uid --regid=$pid_gid --clear-groups --inh-caps=-all --bounding-set=-all"
     fi
     [ "$pid_shell" = bash ] && pid_bash=$(command -v bash)
-    cd "$pid_wd" 2>/dev/null
+    pid_shbin=$(command -v "$pid_shell") || pid_shbin=$pid_shell
+    cd /   # commands cd to the workdir themselves; a shell started in a directory since removed complains
     if [ "$pid_role" = agent ] && [ "$pid_shell" = bash ]; then
         rm -f "$pid_fifo.0" "$pid_fifo.1"
         mkfifo -m 600 "$pid_fifo.0" "$pid_fifo.1" && exec 4<>"$pid_fifo.0" 5<>"$pid_fifo.1" &&
             pid_spawn 0 && pid_spawn 1
+        rm -f "$pid_fifo.s" && mkfifo -m 600 "$pid_fifo.s" && exec 6<>"$pid_fifo.s" && pid_napfd=6
     fi
     pid_events
     echo "R $pid_shell $pid_pe"
@@ -384,4 +443,4 @@ while IFS= read -r pid_line; do
 done
 # The host went away: the pre-started shells wait for commands that will never come.
 for pid_pid in $pid_z0 $pid_z1; do kill -9 "$pid_pid" 2>/dev/null; done
-rm -f "$pid_fifo.0" "$pid_fifo.1"
+rm -f "$pid_fifo.0" "$pid_fifo.1" "$pid_fifo.s" "$pid_mark"

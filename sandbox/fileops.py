@@ -50,6 +50,10 @@ _CHECK_WRITE = """case $f in */*) d=${f%/*} ;; *) d=. ;; esac
 
 _BUILTIN_COPY_MAX = 32768   # bash copies this much with builtins faster than `cat` starts
 
+# Snippets name absolute paths, so they run even when the working directory is gone (channel.sh refuses other
+# commands then, as pi's bash does).
+ANYWHERE = b"#pid:anywhere\n"
+
 
 def quote(value: str | bytes) -> bytes:
     """Single-quote for the shell, byte for byte."""
@@ -59,7 +63,7 @@ def quote(value: str | bytes) -> bytes:
 
 def read_snippet(shell: str, path: str, max_bytes: int) -> bytes:
     """Print the first max_bytes bytes of `path`."""
-    head = b"f=" + quote(path) + b"\n" + _CHECK_READ.encode()
+    head = ANYWHERE + b"f=" + quote(path) + b"\n" + _CHECK_READ.encode()
     if shell == "bash":
         return head + _BASH_EMIT.encode() + b'e "$f" %d 2>/dev/null\n' % max_bytes
     return head + b'exec head -c %d -- "$f" 2>/dev/null\n' % max_bytes
@@ -67,7 +71,7 @@ def read_snippet(shell: str, path: str, max_bytes: int) -> bytes:
 
 def write_snippet(shell: str, path: str, size: int) -> bytes:
     """Create or overwrite `path` (parents made, mode kept) with the `size` bytes of the uploaded file "$1"."""
-    body = b"f=" + quote(path) + b"\n" + _CHECK_WRITE.encode() + b"exec 2>/dev/null\n"
+    body = ANYWHERE + b"f=" + quote(path) + b"\n" + _CHECK_WRITE.encode() + b"exec 2>/dev/null\n"
     if shell == "bash" and size <= _BUILTIN_COPY_MAX:
         return body + _BASH_EMIT.encode() + b'e "$1" %d >"$f" || exit 95\n' % size
     return body + b'cat -- "$1" >"$f" || exit 95\n'

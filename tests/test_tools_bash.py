@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from pid.messages import TextContent
 from pid.tools import ToolSettings
 from pid.tools.bash import sanitize
-from tests.tool_sandbox import call_tool, sandbox  # noqa: F401 - the fixture
+from sandbox import DockerSandbox, SandboxConfig
+from tests.tool_sandbox import RUNTIME, call_tool, sandbox  # noqa: F401 - the fixture
 
 
 def text(result) -> str:
@@ -24,12 +26,12 @@ def full_output_path(result) -> str:
 
 def test_plain_output(sandbox):
     result = bash(sandbox, "echo hello; echo err >&2")
-    assert not result.is_error and text(result) == "hello\nerr"
+    assert not result.is_error and text(result) == "hello\nerr\n"  # the final newline is kept, as pi keeps it
     assert result.details is None
 
 
 def test_runs_in_workdir(sandbox):
-    assert text(bash(sandbox, "pwd")) == sandbox.workdir
+    assert text(bash(sandbox, "pwd")) == sandbox.workdir + "\n"
 
 
 def test_no_output(sandbox):
@@ -39,14 +41,14 @@ def test_no_output(sandbox):
 
 def test_exit_code(sandbox):
     result = bash(sandbox, "echo oops; exit 3")
-    assert result.is_error and text(result) == "oops\n\nCommand exited with code 3"
+    assert result.is_error and text(result) == "oops\n\n\nCommand exited with code 3"
     assert text(bash(sandbox, "exit 2")) == "(no output)\n\nCommand exited with code 2"
 
 
 def test_timeout(sandbox):
     result = bash(sandbox, "echo started; sleep 30", timeout=1)
     assert result.is_error and result.timed_out
-    assert text(result) == "started\n\nCommand timed out after 1 seconds"
+    assert text(result) == "started\n\n\nCommand timed out after 1 seconds"
     quiet = bash(sandbox, "sleep 30", timeout="0.5")
     assert text(quiet) == "Command timed out after 0.5 seconds" and quiet.timed_out
 
@@ -67,12 +69,12 @@ def test_cancel(sandbox):
     threading.Timer(0.5, cancel.set).start()
     result = bash(sandbox, "echo begun; sleep 30", cancel=cancel)
     assert result.is_error and not result.timed_out
-    assert text(result) == "begun\n\nCommand aborted"
+    assert text(result) == "begun\n\n\nCommand aborted"
 
 
 def test_ansi_and_control_characters_stripped(sandbox):
     result = bash(sandbox, r"printf '\033[1;31mred\033[0m plain\r\n\ttab\007bell\033]0;title\007 done\n'")
-    assert text(result) == "red plain\n\ttabbell done"
+    assert text(result) == "red plain\n\ttabbell done\n"
 
 
 def test_sanitize_unit():
@@ -83,22 +85,25 @@ def test_tail_line_cap(sandbox):
     result = bash(sandbox, "seq 1 3000")
     path = full_output_path(result)
     assert text(result) == ("\n".join(str(i) for i in range(1001, 3001))
-                            + f"\n\n[Showing lines 1001-3000 of 3000. Full output: {path}]")
+                            + f"\n\n\n[Showing lines 1001-3000 of 3000. Full output: {path}]")
     assert sandbox.read_file(path) == "".join(f"{i}\n" for i in range(1, 3001)).encode()
+    assert result.details["truncation"]["truncated"] is True
+    assert result.details["truncation"]["truncatedBy"] == "lines"
 
 
 def test_tail_byte_cap(sandbox):
     result = bash(sandbox, "for i in $(seq 1 1000); do printf '%0200d\\n' $i; done")
     # 254 lines = 254*200 + 253 = 51053 bytes; 255 would be 51254.
     assert text(result) == ("\n".join(f"{i:0200d}" for i in range(747, 1001))
-                            + f"\n\n[Showing lines 747-1000 of 1000 (50.0KB limit). Full output: "
+                            + f"\n\n\n[Showing lines 747-1000 of 1000 (50.0KB limit). Full output: "
                               f"{full_output_path(result)}]")
+    assert result.details["truncation"]["truncatedBy"] == "bytes"
 
 
 def test_totals_count_the_whole_output_not_the_tail(sandbox):
     result = bash(sandbox, "seq 1 1000000")
     assert text(result) == ("\n".join(str(i) for i in range(998001, 1000001))
-                            + f"\n\n[Showing lines 998001-1000000 of 1000000. Full output: "
+                            + f"\n\n\n[Showing lines 998001-1000000 of 1000000. Full output: "
                               f"{full_output_path(result)}]")
     assert result.details["truncation"]["totalBytes"] == 6888896
 
@@ -107,11 +112,12 @@ def test_last_line_over_the_cap(sandbox):
     result = bash(sandbox, "echo first; head -c 100000 /dev/zero | tr '\\0' a")
     assert text(result) == ("a" * 51200 + f"\n\n[Showing last 50.0KB of line 2 (line is 97.7KB). Full output: "
                             f"{full_output_path(result)}]")
+    assert result.details["truncation"]["lastLinePartial"] is True
 
 
 def test_last_line_longer_than_the_tail_buffer(sandbox):
     result = bash(sandbox, "seq 1 5; head -c 300000 /dev/zero | tr '\\0' b; echo")
-    assert text(result) == ("b" * 51200 + f"\n\n[Showing last 50.0KB of line 6 (line is 293.0KB). Full output: "
+    assert text(result) == ("b" * 51200 + f"\n\n\n[Showing last 50.0KB of line 6 (line is 293.0KB). Full output: "
                             f"{full_output_path(result)}]")
 
 
@@ -123,14 +129,14 @@ def test_last_line_cut_on_utf8_boundary(sandbox):
 
 
 def test_invalid_utf8_is_replaced(sandbox):
-    assert text(bash(sandbox, r"printf 'ok \377 end\n'")) == "ok \ufffd end"
+    assert text(bash(sandbox, r"printf 'ok \377 end\n'")) == "ok \ufffd end\n"
 
 
 def test_partial_output_reaches_on_update(sandbox):
     updates: list[str] = []
     # long enough that the sandbox's progress poll (every 0.75 s) sees "one" while the command still runs
     result = bash(sandbox, "printf '\\033[32mone\\033[0m\\n'; sleep 1.6; echo two", on_update=updates.append)
-    assert text(result) == "one\ntwo"
+    assert text(result) == "one\ntwo\n"
     seen = "".join(updates)
     assert "one" in seen and "\x1b" not in seen
 
@@ -149,3 +155,52 @@ def test_gigantic_output_keeps_the_worker_memory_bounded(sandbox):
     shown, notice = text(result).split("\n\n")
     assert shown == "x" * 51200
     assert notice.startswith("[Showing last 50.0KB of line 1 (line is 190.7MB). Full output: ")
+
+
+def test_final_newlines_are_kept(sandbox):
+    assert text(bash(sandbox, "printf 'a\\n\\n'")) == "a\n\n"
+    assert text(bash(sandbox, "printf 'no newline'")) == "no newline"
+
+
+def test_output_of_background_children_just_after_exit_is_kept(sandbox):
+    result = bash(sandbox, "(sleep 0.1; echo late) & echo early")
+    assert text(result) == "early\nlate\n"
+    result = bash(sandbox, "(for i in 1 2 3; do sleep 0.05; echo tick$i; done) & echo go")
+    assert text(result) == "go\ntick1\ntick2\ntick3\n"
+
+
+def test_waiting_for_background_output_is_bounded(sandbox):
+    started = time.monotonic()
+    quiet = bash(sandbox, "sleep 30 & echo quiet")   # holds the output open, writes nothing
+    assert text(quiet) == "quiet\n"
+    chatty = bash(sandbox, "(for i in $(seq 150); do echo x; sleep 0.02; done) & echo chatty")  # ~3 s of output
+    assert text(chatty).startswith("chatty\nx\n")
+    assert time.monotonic() - started < 6
+    bash(sandbox, "pkill -u \"$(id -u)\" -x sleep; true")   # the agent's leftovers only
+
+
+def test_missing_working_directory():
+    """pi refuses to run a command without its working directory (the file tools still work by absolute path)."""
+    box = DockerSandbox.create(SandboxConfig(job_id="test-tools-nowd", workdir="/tmp/pid-wd", disk=0,
+                                             runtime=RUNTIME, pids_limit=4096 if RUNTIME == "runsc" else 512))
+    try:
+        assert text(bash(box, "pwd")) == "/tmp/pid-wd\n"
+        box.write_file("/tmp/kept.txt", b"kept\n")
+        bash(box, "cd / && rm -rf /tmp/pid-wd")
+        result = bash(box, "touch /tmp/ran")
+        assert result.is_error and text(result) == (
+            "Working directory does not exist: /tmp/pid-wd\nCannot execute bash commands.")
+        assert text(call_tool(box, "read", {"path": "/tmp/kept.txt"})) == "kept\n"
+        assert text(call_tool(box, "read", {"path": "/tmp/ran"})) == "File not found: /tmp/ran"
+    finally:
+        box.close()
+
+
+def test_a_call_cancelled_at_once_leaves_later_calls_intact(sandbox):
+    """A command killed before its shell read it must not be run by (or garble) the next call on that channel."""
+    cancel = threading.Event()
+    cancel.set()
+    for i in range(6):
+        assert text(bash(sandbox, f"echo stale{i}", cancel=cancel)).endswith("Command aborted")
+        for j in range(3):
+            assert text(bash(sandbox, f"echo fresh{i}{j}")) == f"fresh{i}{j}\n"

@@ -7,6 +7,8 @@ import threading
 import pytest
 
 from pid.messages import TextContent
+from pid.tools import ToolContext, default_registry
+from pid.messages import ToolCall
 from tests.tool_sandbox import call_tool, get, put, sandbox  # noqa: F401 - the fixture
 
 
@@ -175,7 +177,7 @@ def test_edits_as_a_json_string(sandbox):
 
 
 def test_missing_file_and_bad_arguments(sandbox):
-    assert text(edit(sandbox, "missing.txt", ("a", "b"))) == "File not found: missing.txt"
+    assert text(edit(sandbox, "missing.txt", ("a", "b"))) == "Could not edit file: missing.txt. Error code: ENOENT."
     result = call_tool(sandbox, "edit", {"path": "x", "edits": [{"oldText": "a"}]})
     assert text(result).startswith(
         'Validation failed for tool "edit":\n  - edits/0/newText: must have required property \'newText\'')
@@ -201,3 +203,82 @@ def test_legacy_fields_alongside_edits_become_one_more_edit(sandbox):
                                          "oldText": "two", "newText": "2"})
     assert text(result) == "Successfully replaced 2 block(s) in both.txt."
     assert get(sandbox, "both.txt") == b"1 2\n"
+
+
+def test_edits_through_a_symlink_and_its_target_are_serialised(sandbox):
+    tokens = [f"word{i:02d}" for i in range(16)]
+    put(sandbox, "target.txt", "\n".join(tokens) + "\n")
+    sandbox.exec("mkdir -p sub && ln -sfn target.txt link.txt", timeout=10)
+    names = ["link.txt", "target.txt", "sub/../target.txt", f"{sandbox.workdir}/link.txt"]
+    results = []
+    threads = [threading.Thread(target=lambda i=i, t=t: results.append(
+        edit(sandbox, names[i % len(names)], (t, t.upper())))) for i, t in enumerate(tokens)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not any(r.is_error for r in results), [text(r) for r in results if r.is_error]
+    assert get(sandbox, "target.txt") == ("\n".join(t.upper() for t in tokens) + "\n").encode()
+
+
+def test_empty_edits_directory_and_permissions_keep_pi_wording(sandbox):
+    put(sandbox, "any.txt", "x\n")
+    assert text(call_tool(sandbox, "edit", {"path": "any.txt", "edits": []})) == (
+        "Edit tool input is invalid. edits must contain at least one replacement.")
+    sandbox.exec("mkdir -p adir && printf 'x\\n' > locked.txt && chmod 000 locked.txt && "
+                 "printf 'x\\n' > readonly.txt && chmod 444 readonly.txt", timeout=10)
+    assert text(edit(sandbox, "adir", ("x", "y"))) == f"EISDIR: Is a directory, read '{sandbox.workdir}/adir'"
+    assert text(edit(sandbox, "locked.txt", ("x", "y"))) == "Could not edit file: locked.txt. Error code: EACCES."
+    assert text(edit(sandbox, "readonly.txt", ("x", "y"))) == "Could not edit file: readonly.txt. Error code: EACCES."
+    assert get(sandbox, "readonly.txt") == b"x\n"
+
+
+class CancelAfterWrite:
+    """A sandbox that is cancelled while its write is under way (the write still lands, as a cancel cannot
+    unwrite it): pi fails the call all the same."""
+
+    def __init__(self, inner, cancel):
+        self.inner, self.workdir, self.cancel = inner, inner.workdir, cancel
+
+    def exec(self, *args, **kwargs):
+        return self.inner.exec(*args, **kwargs)
+
+    def read_file(self, *args, **kwargs):
+        return self.inner.read_file(*args, **kwargs)
+
+    def write_file(self, path, data, **kwargs):
+        self.inner.write_file(path, data)
+        self.cancel.set()
+
+
+@pytest.mark.parametrize("tool", ["edit", "write"])
+def test_cancel_fails_edit_and_write_with_pi_text(sandbox, tool):
+    put(sandbox, f"cancel-{tool}.txt", "before\n")
+    args = {"path": f"cancel-{tool}.txt"}
+    args.update({"edits": [{"oldText": "before", "newText": "after"}]} if tool == "edit" else {"content": "after\n"})
+    cancelled = threading.Event()
+    cancelled.set()
+    early = default_registry().execute(ToolCall("c1", tool, args), ToolContext(sandbox, cancel=cancelled))
+    assert early.is_error and text(early) == "Operation aborted"
+    assert get(sandbox, f"cancel-{tool}.txt") == b"before\n"
+
+    during = threading.Event()
+    late = default_registry().execute(ToolCall("c2", tool, args),
+                                      ToolContext(CancelAfterWrite(sandbox, during), cancel=during))
+    assert late.is_error and text(late) == "Operation aborted"
+
+
+def test_patch_applies_to_the_original_file(sandbox):
+    original = b"\xef\xbb\xbfone\r\ntwo\r\nthree\r\nfour\r\nfive\r\nsix\r\nseven\r\neight\r\nnine\r\nlast"
+    put(sandbox, "p.txt", original)
+    result = edit(sandbox, "p.txt", ("two", "TWO"), ("last", "LAST\nmore"))
+    assert not result.is_error, text(result)
+    edited = get(sandbox, "p.txt")
+    patch = result.details["patch"]
+    assert patch.startswith("--- p.txt\n+++ p.txt\n@@ ")
+    put(sandbox, "p.txt", original)
+    put(sandbox, "p.diff", patch)
+    applied = sandbox.exec("patch -p0 --quiet < p.diff", timeout=30)
+    assert applied.exit_code == 0, applied.tail
+    assert get(sandbox, "p.txt") == edited == (b"\xef\xbb\xbfone\r\nTWO\r\nthree\r\nfour\r\nfive\r\nsix\r\n"
+                                               b"seven\r\neight\r\nnine\r\nLAST\r\nmore")

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import base64
+import threading
 import zlib
 import struct
 
 from pid.messages import ImageContent, TextContent
 from pid.tools import read as read_module
+from sandbox.config import AGENT_HOME
 from tests.tool_sandbox import call_tool, put, sandbox  # noqa: F401 - the fixture
 
 
@@ -29,17 +31,24 @@ def png_bytes() -> bytes:
 def test_small_file_whole(sandbox):
     put(sandbox, "a.txt", "one\ntwo\n")
     result = read(sandbox, path="a.txt")
-    assert not result.is_error and text(result) == "one\ntwo"
-    assert text(read(sandbox, path="@a.txt")) == "one\ntwo"
-    assert text(read(sandbox, path=f"{sandbox.workdir}/./a.txt")) == "one\ntwo"
+    assert not result.is_error and text(result) == "one\ntwo\n"  # exactly the file, final newline included
+    assert result.details is None
+    assert text(read(sandbox, path="@a.txt")) == "one\ntwo\n"
+    assert text(read(sandbox, path=f"{sandbox.workdir}/./a.txt")) == "one\ntwo\n"
 
 
 def test_line_cap(sandbox):
     lines = [f"line {i}" for i in range(1, 2501)]
     put(sandbox, "long.txt", "\n".join(lines) + "\n")
-    assert text(read(sandbox, path="long.txt")) == (
-        "\n".join(lines[:2000]) + "\n\n[Showing lines 1-2000 of 2500. Use offset=2001 to continue.]")
-    assert text(read(sandbox, path="long.txt", offset=2001)) == "\n".join(lines[2000:])
+    # pi counts lines as it splits them: the final newline makes a 2501st, empty line.
+    result = read(sandbox, path="long.txt")
+    assert text(result) == (
+        "\n".join(lines[:2000]) + "\n\n[Showing lines 1-2000 of 2501. Use offset=2001 to continue.]")
+    assert result.details["truncation"] == {
+        "truncated": True, "truncatedBy": "lines", "totalLines": 2501, "totalBytes": len("\n".join(lines)) + 1,
+        "outputLines": 2000, "outputBytes": len("\n".join(lines[:2000])), "lastLinePartial": False,
+        "firstLineExceedsLimit": False, "maxLines": 2000, "maxBytes": 51200}
+    assert text(read(sandbox, path="long.txt", offset=2001)) == "\n".join(lines[2000:]) + "\n"
 
 
 def test_byte_cap(sandbox):
@@ -47,29 +56,33 @@ def test_byte_cap(sandbox):
     put(sandbox, "wide.txt", "\n".join(lines) + "\n")
     # 242 lines = 242*210 + 241 separators = 51061 bytes; a 243rd would make 51272 > 51200.
     assert text(read(sandbox, path="wide.txt")) == (
-        "\n".join(lines[:242]) + "\n\n[Showing lines 1-242 of 500 (50.0KB limit). Use offset=243 to continue.]")
+        "\n".join(lines[:242]) + "\n\n[Showing lines 1-242 of 501 (50.0KB limit). Use offset=243 to continue.]")
+    assert read(sandbox, path="wide.txt").details["truncation"]["truncatedBy"] == "bytes"
 
 
 def test_offset_and_limit(sandbox):
     lines = [f"L{i}" for i in range(1, 101)]
     put(sandbox, "hundred.txt", "\n".join(lines) + "\n")
     assert text(read(sandbox, path="hundred.txt", offset=41, limit=20)) == (
-        "\n".join(lines[40:60]) + "\n\n[40 more lines in file. Use offset=61 to continue.]")
-    assert text(read(sandbox, path="hundred.txt", offset=91, limit=20)) == "\n".join(lines[90:])
-    assert text(read(sandbox, path="hundred.txt", offset="100", limit="1")) == "L100"
+        "\n".join(lines[40:60]) + "\n\n[41 more lines in file. Use offset=61 to continue.]")
+    assert text(read(sandbox, path="hundred.txt", offset=91, limit=20)) == "\n".join(lines[90:]) + "\n"
+    assert text(read(sandbox, path="hundred.txt", offset="100", limit="1")) == (
+        "L100\n\n[1 more lines in file. Use offset=101 to continue.]")
+    assert text(read(sandbox, path="hundred.txt", offset=101)) == ""
 
 
 def test_offset_beyond_end(sandbox):
     put(sandbox, "ten.txt", "".join(f"{i}\n" for i in range(10)))
     result = read(sandbox, path="ten.txt", offset=20)
-    assert result.is_error and text(result) == "Offset 20 is beyond end of file (10 lines total)"
+    assert result.is_error and text(result) == "Offset 20 is beyond end of file (11 lines total)"
 
 
 def test_long_first_line(sandbox):
     put(sandbox, "minified.js", "x" * 60000 + "\nshort\n")
     assert text(read(sandbox, path="minified.js")) == (
         "[Line 1 is 58.6KB, exceeds 50.0KB limit. Use bash: sed -n '1p' minified.js | head -c 51200]")
-    assert text(read(sandbox, path="minified.js", offset=2)) == "short"
+    assert read(sandbox, path="minified.js").details["truncation"]["firstLineExceedsLimit"] is True
+    assert text(read(sandbox, path="minified.js", offset=2)) == "short\n"
 
 
 def test_image_by_magic_bytes_not_extension(sandbox):
@@ -84,7 +97,7 @@ def test_image_by_magic_bytes_not_extension(sandbox):
 
     put(sandbox, "notes.png", "just text\n")
     result = read(sandbox, path="notes.png")
-    assert [type(c) for c in result.content] == [TextContent] and text(result) == "just text"
+    assert [type(c) for c in result.content] == [TextContent] and text(result) == "just text\n"
 
 
 def test_other_image_types(sandbox):
@@ -108,7 +121,7 @@ def test_binary_file_is_described_not_dumped(sandbox):
 def test_utf8_character_cut_at_sniff_boundary_is_still_text(sandbox):
     body = "a" * (read_module.BINARY_SNIFF_BYTES - 1) + "é" + "\nend\n"
     put(sandbox, "edge.txt", body)
-    assert text(read(sandbox, path="edge.txt")).endswith("é\nend")
+    assert text(read(sandbox, path="edge.txt")).endswith("é\nend\n")
 
 
 def test_not_found_and_directory(sandbox):
@@ -121,7 +134,9 @@ def test_not_found_and_directory(sandbox):
 
 def test_empty_file(sandbox):
     put(sandbox, "empty", b"")
-    assert text(read(sandbox, path="empty")) == "(empty file)"
+    result = read(sandbox, path="empty")
+    assert not result.is_error and text(result) == ""   # pi: an empty file is one empty line
+    assert text(read(sandbox, path="empty", offset=2)) == "Offset 2 is beyond end of file (1 lines total)"
 
 
 class CountingSandbox:
@@ -149,12 +164,14 @@ def test_huge_file_is_never_read_whole(sandbox):
     assert size > read_module.READ_CAP
     assert text(read(box, path="big.txt")) == (
         "\n".join(str(i) for i in range(1, 2001))
-        + "\n\n[Showing lines 1-2000 of 2000000. Use offset=2001 to continue.]")
-    assert text(read(box, path="big.txt", offset=1999990)) == "\n".join(str(i) for i in range(1999990, 2000001))
+        + "\n\n[Showing lines 1-2000 of 2000001. Use offset=2001 to continue.]")
+    assert text(read(box, path="big.txt", offset=1999990)) == (
+        "\n".join(str(i) for i in range(1999990, 2000001)) + "\n")
     assert text(read(box, path="big.txt", offset=10, limit=5)) == (
-        "10\n11\n12\n13\n14\n\n[1999986 more lines in file. Use offset=15 to continue.]")
-    assert text(read(box, path="big.txt", offset=2000001)).startswith(
-        "Offset 2000001 is beyond end of file (2000000 lines total)")
+        "10\n11\n12\n13\n14\n\n[1999987 more lines in file. Use offset=15 to continue.]")
+    assert text(read(box, path="big.txt", offset=2000001)) == ""
+    assert text(read(box, path="big.txt", offset=2000002)).startswith(
+        "Offset 2000002 is beyond end of file (2000001 lines total)")
     assert box.reads and all(max_bytes == read_module.READ_CAP + 1 and n <= max_bytes for max_bytes, n in box.reads)
 
 
@@ -172,3 +189,25 @@ def test_huge_single_line(sandbox):
     sandbox.exec("head -c 9000000 /dev/zero | tr '\\0' a > one.txt", timeout=60)
     assert text(read(sandbox, path="one.txt")) == (
         "[Line 1 is 8.6MB, exceeds 50.0KB limit. Use bash: sed -n '1p' one.txt | head -c 51200]")
+
+
+def test_read_falls_back_to_macos_names(sandbox):
+    """pi's read tries a narrow no-break space before AM/PM, NFD and a curly apostrophe when the name as written is
+    missing."""
+    put(sandbox, "Shot 2024-05-01 at 9.41.07\u202fPM.txt", "am-pm\n")
+    assert text(read(sandbox, path="Shot 2024-05-01 at 9.41.07 PM.txt")) == "am-pm\n"
+    put(sandbox, "Capture d\u2019e\u0301cran.txt", "curly+nfd\n")
+    assert text(read(sandbox, path="Capture d'\u00e9cran.txt")) == "curly+nfd\n"
+    put(sandbox, "it\u2019s.txt", "curly\n")
+    assert text(read(sandbox, path="it's.txt")) == "curly\n"
+    missing = read(sandbox, path="gone at 1.00.00 AM.txt")
+    assert missing.is_error and text(missing) == "File not found: gone at 1.00.00 AM.txt"
+
+
+def test_read_expands_home_and_honours_cancel(sandbox):
+    sandbox.write_file(f"{AGENT_HOME}/h.txt", b"home\n")
+    assert text(read(sandbox, path="~/h.txt")) == "home\n"
+    cancel = threading.Event()
+    cancel.set()
+    result = call_tool(sandbox, "read", {"path": "~/h.txt"}, cancel=cancel)
+    assert result.is_error and text(result) == "Operation aborted"

@@ -1,5 +1,5 @@
 """Truncation arithmetic shared by read (head) and bash (tail)."""
-from pid.tools.truncate import (MAX_BYTES, format_size, split_lines, tail_utf8, truncate_head, truncate_tail)
+from pid.tools.truncate import (MAX_BYTES, format_size, tail_utf8, truncate_head, truncate_tail)
 
 
 def test_format_size():
@@ -10,13 +10,6 @@ def test_format_size():
     assert format_size(60000) == "58.6KB"
     assert format_size(1024 * 1024) == "1.0MB"
     assert format_size(9_000_000) == "8.6MB"
-
-
-def test_split_lines_final_newline_ends_the_last_line():
-    assert split_lines("") == []
-    assert split_lines("a\nb\n") == ["a", "b"]
-    assert split_lines("a\nb") == ["a", "b"]
-    assert split_lines("\n") == [""]
 
 
 def test_head_line_cap():

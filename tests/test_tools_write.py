@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pid.messages import TextContent
+from sandbox.config import AGENT_HOME
 from tests.tool_sandbox import call_tool, get, sandbox  # noqa: F401 - the fixture
 
 
@@ -48,3 +49,16 @@ def test_the_tools_name_a_fifo_or_a_file_parent_plainly(sandbox):
     assert [r.content[0].text for r in (read, edit, write)] == [expected] * 3
     assert all(r.is_error for r in (read, edit, write, under_file))
     assert under_file.content[0].text == "A parent of plain-x/child.txt is a file, not a directory."
+
+
+def test_paths_follow_pi_rules(sandbox):
+    """`~` is the agent's home, a file:// URL names its path, Unicode spaces are plain spaces."""
+    result = call_tool(sandbox, "write", {"path": "~/notes/home.txt", "content": "h"})
+    assert text(result) == "Successfully wrote 1 bytes to ~/notes/home.txt"
+    assert sandbox.read_file(f"{AGENT_HOME}/notes/home.txt") == b"h"
+    call_tool(sandbox, "write", {"path": f"file://{sandbox.workdir}/url%20name.txt", "content": "u"})
+    assert get(sandbox, "url name.txt") == b"u"
+    call_tool(sandbox, "write", {"path": "no\u00a0break\u202fspaces.txt", "content": "s"})
+    assert get(sandbox, "no break spaces.txt") == b"s"
+    remote = call_tool(sandbox, "write", {"path": "file://example.com/x", "content": "r"})
+    assert remote.is_error and text(remote) == 'File URL host must be "localhost" or empty on linux'

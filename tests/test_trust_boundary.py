@@ -135,10 +135,10 @@ def _load_host(seconds: float) -> list[subprocess.Popen]:
 def test_after_a_fork_bomb_the_next_tool_call_works(box, loaded):
     hogs = _load_host(60) if loaded else []
     try:
-        box.exec(":(){ :|:& };:", timeout=5)             # returns at once; the bomb goes on in the background
+        bomb = box.exec(":(){ :|:& };:", timeout=5)      # returns soon; the bomb goes on in the background
         time.sleep(3)
         after_bomb = box.exec("echo alive; ls -d / && echo forked", timeout=60)
-        assert after_bomb.pids_limit_hit                  # the model is told...
+        assert bomb.pids_limit_hit or after_bomb.pids_limit_hit  # the model is told...
         assert after_bomb.tail == b"alive\n/\nforked\n"  # ...and the call itself works
         assert box.exec("echo again && ls -d /", timeout=30).tail == b"again\n/\n"
         # an escaped bomb (its own sessions, outliving the command) is cleared too

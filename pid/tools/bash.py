@@ -33,6 +33,14 @@ PIDS_LIMIT_NOTICE = ("The container's process limit was reached: some processes 
                      "processes (background ones too) were killed so that the next command can run.")
 
 
+# The sandbox runs no command without its working directory; it answers with this status and pi's message instead.
+NO_WORKDIR_STATUS = 212
+
+
+def no_workdir_message(workdir: str) -> str:
+    return f"Working directory does not exist: {workdir}\nCannot execute bash commands."
+
+
 def sanitize(text: str) -> str:
     """What the model sees: no ANSI escapes, no control characters other than tab and newline."""
     return _CONTROL_RE.sub("", _ANSI_RE.sub("", text))
@@ -78,6 +86,8 @@ def run_bash(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     result = ctx.sandbox.exec(args["command"], timeout=timeout, tail_bytes=TAIL_BYTES, keep_lines=MAX_LINES,
                               keep_bytes=MAX_BYTES, cancel=ctx.cancel,
                               on_output=_forwarder(ctx.on_update) if ctx.on_update else None)
+    if result.exit_code == NO_WORKDIR_STATUS and result.tail == no_workdir_message(ctx.sandbox.workdir).encode():
+        return ToolResult.error(no_workdir_message(ctx.sandbox.workdir))
     text, details = format_output(ctx, result)
     if result.pids_limit_hit:
         text = _append(text, PIDS_LIMIT_NOTICE)
@@ -129,14 +139,18 @@ def format_output(ctx: ToolContext, result: ExecResult) -> tuple[str, dict[str, 
             raw = raw[newline + 1:]
             starts_at_line = True
     text = sanitize(raw.decode("utf-8", "replace"))
-    if text.endswith("\n"):
+    # The output's final newline is kept, as pi keeps it; the lines are cut without it, so that it never counts as
+    # an extra (empty) line.
+    final_newline = "\n" if text.endswith("\n") else ""
+    if final_newline:
         text = text[:-1]
     lines = text.split("\n") if text else []
     cut = truncate_tail(lines)
+    content = cut.content + final_newline
 
     shown_all = complete and cut.truncated_by is None
     if shown_all:
-        return cut.content, None
+        return content, None
 
     total = result.total_lines
     end = total
@@ -146,8 +160,13 @@ def format_output(ctx: ToolContext, result: ExecResult) -> tuple[str, dict[str, 
                  f"{result.output_from}; what is before it reads as NUL bytes): {result.output_path}]")
     else:
         where = f". Full output: {result.output_path}]" if result.output_path else ".]"
-    details: dict[str, Any] = {"truncation": {"totalLines": total, "totalBytes": result.total_bytes,
-                                              "outputLines": cut.output_lines, "outputBytes": cut.output_bytes},
+    truncated_by = cut.truncated_by or ("bytes" if result.total_bytes > MAX_BYTES else "lines")
+    details: dict[str, Any] = {"truncation": {"truncated": True, "truncatedBy": truncated_by, "totalLines": total,
+                                              "totalBytes": result.total_bytes, "outputLines": cut.output_lines,
+                                              "outputBytes": cut.output_bytes,
+                                              "lastLinePartial": cut.last_line_partial,
+                                              "firstLineExceedsLimit": False, "maxLines": MAX_LINES,
+                                              "maxBytes": MAX_BYTES},
                                "fullOutputPath": result.output_path}
     if cut.last_line_partial:
         line_size = _last_line_size(ctx, result, raw, starts_at_line, ends_with_newline)
@@ -157,7 +176,7 @@ def format_output(ctx: ToolContext, result: ExecResult) -> tuple[str, dict[str, 
         notice = f"[Showing lines {start}-{end} of {total}{where}"
     else:
         notice = f"[Showing lines {start}-{end} of {total} ({format_size(MAX_BYTES)} limit){where}"
-    return f"{cut.content}\n\n{notice}", details
+    return f"{content}\n\n{notice}", details
 
 
 def _last_line_size(ctx: ToolContext, result: ExecResult, raw: bytes, starts_at_line: bool,

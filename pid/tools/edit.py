@@ -6,13 +6,16 @@ match all survive (the file is decoded with surrogateescape so it round-trips ex
 from __future__ import annotations
 
 import difflib
+import errno
 import json
+import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from pid.tools.base import ToolContext, ToolResult
 from pid.tools.fuzzy import LineEndings, NormalizedText, find_unique, normalize_fuzzy
-from pid.tools.paths import display_path, file_error, file_locks, resolve_path
+from pid.tools.paths import ABORTED, display_path, file_error, mutation_lock, resolve_path
 from pid.tools.registry import Tool
 from pid.tools.truncate import format_size
 
@@ -32,7 +35,6 @@ PARAMETERS: dict[str, Any] = {
         "path": {"type": "string", "description": "Path to the file to edit (relative or absolute)"},
         "edits": {
             "type": "array",
-            "minItems": 1,
             "description": "Replacements to apply, each matched against the original file",
             "items": {
                 "type": "object",
@@ -79,37 +81,78 @@ class _Planned:
 
 def run_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     shown = display_path(args["path"])
-    path = resolve_path(ctx.sandbox, args["path"])
     edits: list[dict[str, str]] = args["edits"]
-    with file_locks.hold(ctx.sandbox, path):
-        try:
-            data = ctx.sandbox.read_file(path, max_bytes=EDIT_CAP + 1, cancel=ctx.cancel)
-        except OSError as exc:
-            return file_error(exc, shown)
-        if len(data) > EDIT_CAP:
-            return ToolResult.error(f"{shown} is over {format_size(EDIT_CAP)}, too large to edit. "
-                                    f"Use bash (e.g. sed or a script) instead.")
-        text = data.decode("utf-8", "surrogateescape")
-        bom = BOM if text.startswith(BOM) else ""
-        original = text[len(bom):]
+    if not edits:
+        return ToolResult.error("Edit tool input is invalid. edits must contain at least one replacement.")
+    path = resolve_path(ctx.sandbox, args["path"])
+    try:
+        with mutation_lock(ctx, path):
+            # pi checks for a cancel after every step; the lock is held until the step in flight has ended.
+            if ctx.cancel.is_set():
+                return ToolResult.error(ABORTED)
+            try:
+                data = ctx.sandbox.read_file(path, max_bytes=EDIT_CAP + 1, cancel=ctx.cancel)
+            except OSError as exc:
+                return _io_error(exc, shown, path, "read")
+            if ctx.cancel.is_set():
+                return ToolResult.error(ABORTED)
+            if len(data) > EDIT_CAP:
+                return ToolResult.error(f"{shown} is over {format_size(EDIT_CAP)}, too large to edit. "
+                                        f"Use bash (e.g. sed or a script) instead.")
+            text = data.decode("utf-8", "surrogateescape")
+            bom = BOM if text.startswith(BOM) else ""
+            original = text[len(bom):]
 
-        planned, errors = _plan(original, edits, shown)
-        if errors:
-            if len(edits) > 1:
-                errors.append(f"None of the {len(edits)} edits were applied.")
-            return ToolResult.error("\n\n".join(errors))
+            planned, errors = _plan(original, edits, shown)
+            if errors:
+                if len(edits) > 1:
+                    errors.append(f"None of the {len(edits)} edits were applied.")
+                return ToolResult.error("\n\n".join(errors))
 
-        result = original
-        for p in sorted(planned, key=lambda p: p.start, reverse=True):
-            result = result[:p.start] + p.new_text + result[p.end:]
-        new_data = (bom + result).encode("utf-8", "surrogateescape")
-        if new_data == data:
-            return ToolResult.error(f"No changes made to {shown}. The replacement produced identical content.")
-        ctx.sandbox.write_file(path, new_data, cancel=ctx.cancel)
+            result = original
+            for p in sorted(planned, key=lambda p: p.start, reverse=True):
+                result = result[:p.start] + p.new_text + result[p.end:]
+            new_data = (bom + result).encode("utf-8", "surrogateescape")
+            if new_data == data:
+                return ToolResult.error(f"No changes made to {shown}. The replacement produced identical content.")
+            try:
+                ctx.sandbox.write_file(path, new_data, cancel=ctx.cancel)
+            except OSError as exc:
+                return _io_error(exc, shown, path, "write")
+            if ctx.cancel.is_set():
+                return ToolResult.error(ABORTED)
+    except InterruptedError:   # cancelled while the lock's key (the real path) was being found
+        return ToolResult.error(ABORTED)
 
     diff, first_changed = _diff(original, result, shown)
     return ToolResult.text(f"Successfully replaced {len(edits)} block(s) in {shown}.",
-                           details={"diff": diff, "firstChangedLine": first_changed})
+                           details={"diff": diff, "patch": unified_patch(shown, bom + original, bom + result),
+                                    "firstChangedLine": first_changed})
+
+
+def _io_error(exc: OSError, shown: str, path: str, op: str) -> ToolResult:
+    """pi's wording: a file that cannot be reached is `Could not edit file: P. Error code: CODE.`; any other I/O
+    error is the system's message. pid's own refusals (a FIFO or device, a sandbox timeout) keep pid's wording."""
+    if isinstance(exc, InterruptedError):
+        return ToolResult.error(ABORTED)
+    if isinstance(exc, TimeoutError) or exc.errno in (None, errno.EINVAL):
+        return file_error(exc, shown)
+    code = errno.errorcode.get(exc.errno, str(exc.errno))
+    if isinstance(exc, (FileNotFoundError, PermissionError, NotADirectoryError)):
+        return ToolResult.error(f"Could not edit file: {shown}. Error code: {code}.")
+    return ToolResult.error(f"{code}: {os.strerror(exc.errno)}, {op} '{path}'")
+
+
+_LINE = re.compile(r"[^\n]*\n|[^\n]+")
+
+
+def unified_patch(shown: str, old: str, new: str, context: int = 4) -> str:
+    """A standard unified patch (pi's `details.patch`: `--- path`/`+++ path` headers, 4 lines of context) made from
+    the file's real text, line endings and BOM included, so that it applies to the original file as it was."""
+    out = []
+    for line in difflib.unified_diff(_LINE.findall(old), _LINE.findall(new), shown, shown, n=context):
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(out).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _plan(original: str, edits: list[dict[str, str]], shown: str) -> tuple[list[_Planned], list[str]]:

@@ -12,9 +12,9 @@ from typing import Any
 
 from pid.messages import ImageContent, TextContent
 from pid.tools.base import ToolContext, ToolResult
-from pid.tools.paths import display_path, file_error, resolve_path
+from pid.tools.paths import ABORTED, display_path, file_error, resolve_path, with_read_fallback
 from pid.tools.registry import Tool
-from pid.tools.truncate import MAX_BYTES, MAX_LINES, format_size, split_lines, truncate_head
+from pid.tools.truncate import MAX_BYTES, MAX_LINES, format_size, truncate_head, utf8_len
 
 READ_CAP = 8 * 1024 * 1024       # files up to this size are read whole
 IMAGE_MAX_BYTES = 5 * 1024 * 1024  # providers reject bigger images
@@ -101,11 +101,14 @@ def read_tool() -> Tool:
 
 def run_read(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     shown = display_path(args["path"])
-    path = resolve_path(ctx.sandbox, args["path"])
+    if ctx.cancel.is_set():
+        return ToolResult.error(ABORTED)
     offset: int | None = args.get("offset")
     limit: int | None = args.get("limit")
     try:
-        head = ctx.sandbox.read_file(path, max_bytes=READ_CAP + 1, cancel=ctx.cancel)
+        path, head = with_read_fallback(
+            resolve_path(ctx.sandbox, args["path"]),
+            lambda p: ctx.sandbox.read_file(p, max_bytes=READ_CAP + 1, cancel=ctx.cancel))
     except OSError as exc:
         return file_error(exc, shown, " Use bash with ls to list its contents.")
     whole = len(head) <= READ_CAP
@@ -124,45 +127,59 @@ def run_read(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         return ToolResult.error(f"Cannot display binary file {shown} ({format_size(size)}, "
                                 f"{guess_binary_type(head)}). Use bash to inspect it (e.g. file, xxd, strings).")
 
+    # Lines as pi counts them: split on "\n", so a final newline makes an empty last line (and an empty file is one
+    # empty line): the text comes back exactly, final newline included.
     start = max(offset or 1, 1)
     if whole:
-        lines = split_lines(head.decode("utf-8", "replace"))
+        lines = head.decode("utf-8", "replace").split("\n")
         total = len(lines)
         selected = lines[start - 1:start - 1 + limit] if limit else lines[start - 1:]
-        first_line_size = lambda: len(lines[start - 1].encode("utf-8"))  # noqa: E731
+        selected_bytes: int | None = utf8_len("\n".join(selected))
+        first_line_size = lambda: utf8_len(lines[start - 1])  # noqa: E731
     else:
         total, selected = _slice_via_exec(ctx, path, start, limit)
+        selected_bytes = None   # the slice was read only as far as the caps need
         first_line_size = lambda: _line_size_via_exec(ctx, path, start)  # noqa: E731
 
-    if total == 0 and start == 1:
-        return ToolResult.text("(empty file)")
     if start > total:
         return ToolResult.error(f"Offset {offset} is beyond end of file ({total} lines total)")
-    return ToolResult.text(_render(shown, start, total, selected, limit, first_line_size))
+    selected_lines = min(limit, total - start + 1) if limit else total - start + 1
+    return _render(shown, start, total, selected, selected_lines, selected_bytes, limit, first_line_size)
 
 
-def _render(shown: str, start: int, total: int, selected: list[str], limit: int | None,
-            first_line_size: Any) -> str:
+def _render(shown: str, start: int, total: int, selected: list[str], selected_lines: int,
+            selected_bytes: int | None, limit: int | None, first_line_size: Any) -> ToolResult:
     cut = truncate_head(selected)
+    details = {"truncation": {
+        "truncated": True, "truncatedBy": cut.truncated_by, "totalLines": selected_lines,
+        "totalBytes": selected_bytes, "outputLines": cut.output_lines, "outputBytes": utf8_len(cut.content),
+        "lastLinePartial": False, "firstLineExceedsLimit": cut.first_line_exceeds,
+        "maxLines": MAX_LINES, "maxBytes": MAX_BYTES}}
     if cut.first_line_exceeds:
-        return (f"[Line {start} is {format_size(first_line_size())}, exceeds {format_size(MAX_BYTES)} limit. "
-                f"Use bash: sed -n '{start}p' {shlex.quote(shown)} | head -c {MAX_BYTES}]")
+        return ToolResult.text(f"[Line {start} is {format_size(first_line_size())}, exceeds {format_size(MAX_BYTES)} "
+                               f"limit. Use bash: sed -n '{start}p' {shlex.quote(shown)} | head -c {MAX_BYTES}]",
+                               details=details)
     end = start + cut.output_lines - 1
     if cut.truncated_by == "lines":
-        return cut.content + f"\n\n[Showing lines {start}-{end} of {total}. Use offset={end + 1} to continue.]"
+        return ToolResult.text(cut.content + f"\n\n[Showing lines {start}-{end} of {total}. Use offset={end + 1} "
+                                             f"to continue.]", details=details)
     if cut.truncated_by == "bytes":
-        return cut.content + (f"\n\n[Showing lines {start}-{end} of {total} ({format_size(MAX_BYTES)} limit). "
-                              f"Use offset={end + 1} to continue.]")
+        return ToolResult.text(cut.content + (f"\n\n[Showing lines {start}-{end} of {total} "
+                                              f"({format_size(MAX_BYTES)} limit). Use offset={end + 1} to continue.]"),
+                               details=details)
     if limit is not None and end < total:
-        return cut.content + f"\n\n[{total - end} more lines in file. Use offset={end + 1} to continue.]"
-    return cut.content
+        return ToolResult.text(cut.content + f"\n\n[{total - end} more lines in file. Use offset={end + 1} "
+                                             f"to continue.]")
+    return ToolResult.text(cut.content)
 
 
 def _exec_checked(ctx: ToolContext, command: str) -> bytes:
     result = ctx.sandbox.exec(command, timeout=ctx.settings.bash_timeout_s, tail_bytes=MAX_BYTES + 16 * 1024,
                               cancel=ctx.cancel)
+    if result.cancelled:
+        raise RuntimeError(ABORTED)
     if result.exit_code != 0:
-        reason = "aborted" if result.cancelled else "timed out" if result.timed_out else \
+        reason = "timed out" if result.timed_out else \
             result.tail.decode("utf-8", "replace").strip() or f"exit code {result.exit_code}"
         raise RuntimeError(f"Could not read the file: {reason}")
     return result.tail
@@ -175,9 +192,8 @@ def _file_size(ctx: ToolContext, path: str) -> int:
 # `head` closing the pipe early makes `tail` die of SIGPIPE: not an error, even where pipefail is on by default.
 _NO_PIPEFAIL = "set +o pipefail 2>/dev/null; "
 
-# Lines the way split_lines counts them: an unterminated last line counts, a final newline adds none.
-_COUNT_LINES = ('n=$(wc -l < "$f"); '
-                'if [ -s "$f" ] && [ "$(tail -c 1 "$f" | wc -l)" -eq 0 ]; then n=$((n+1)); fi; echo "$n"')
+# Lines the way pi counts them: one more than the newlines (a final newline starts an empty last line).
+_COUNT_LINES = 'n=$(wc -l < "$f"); echo "$((n+1))"'
 
 
 def _slice_via_exec(ctx: ToolContext, path: str, start: int, limit: int | None) -> tuple[int, list[str]]:
@@ -188,7 +204,9 @@ def _slice_via_exec(ctx: ToolContext, path: str, start: int, limit: int | None) 
                f"tail -n +{start} \"$f\" | head -n {max_lines} | head -c {MAX_BYTES + 2}")
     out = _exec_checked(ctx, command)
     count, _, rest = out.partition(b"\n")
-    return int(count), split_lines(rest.decode("utf-8", "replace"))
+    total = int(count)
+    # What `head -n` cut ends with a newline that starts no line of the file: keep only the lines that exist.
+    return total, rest.decode("utf-8", "replace").split("\n")[:max(0, min(max_lines, total - start + 1))]
 
 
 def _line_size_via_exec(ctx: ToolContext, path: str, line: int) -> int:

@@ -94,11 +94,3 @@ def tail_utf8(text: str, max_bytes: int) -> str:
         cut += 1
     return data[cut:].decode("utf-8", "surrogatepass")
 
-
-def split_lines(text: str) -> list[str]:
-    """Lines as a file has them: a final newline ends the last line rather than starting an empty one."""
-    if not text:
-        return []
-    if text.endswith("\n"):
-        text = text[:-1]
-    return text.split("\n")

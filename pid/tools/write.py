@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from pid.tools.base import ToolContext, ToolResult
-from pid.tools.paths import display_path, file_error, file_locks, resolve_path
+from pid.tools.paths import ABORTED, display_path, file_error, mutation_lock, resolve_path
 from pid.tools.registry import Tool
 
 DESCRIPTION = ("Write content to a file. Creates the file if it does not exist, overwrites it if it does, and "
@@ -28,9 +28,15 @@ def run_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     shown = display_path(args["path"])
     path = resolve_path(ctx.sandbox, args["path"])
     data = args["content"].encode("utf-8")
-    with file_locks.hold(ctx.sandbox, path):
-        try:
+    try:
+        with mutation_lock(ctx, path):
+            # Like pi: a cancel seen before or after the write fails the call (the write itself is never cut short
+            # by a released lock).
+            if ctx.cancel.is_set():
+                return ToolResult.error(ABORTED)
             ctx.sandbox.write_file(path, data, cancel=ctx.cancel)
-        except OSError as exc:
-            return file_error(exc, shown)
+            if ctx.cancel.is_set():
+                return ToolResult.error(ABORTED)
+    except OSError as exc:
+        return file_error(exc, shown)
     return ToolResult.text(f"Successfully wrote {len(data)} bytes to {shown}")
