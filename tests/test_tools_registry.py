@@ -1,16 +1,14 @@
-"""Schema validation and coercion, the @tool decorator, and ToolRegistry.execute never raising."""
+"""Schema validation and coercion, and ToolRegistry.execute never raising."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Literal, Optional
 
 import pytest
 
 from pid.messages import TextContent, ToolCall, ToolSpec
 from pid.sandbox import SandboxError
-from pid.tools import Tool, ToolContext, ToolRegistry, ToolResult, default_registry, tool
-from pid.tools.schema import parse_docstring, validate
+from pid.tools import Tool, ToolContext, ToolRegistry, ToolResult, default_registry
+from pid.tools.schema import validate
 
 
 class NoSandbox:
@@ -174,114 +172,6 @@ def test_builtin_schemas_are_clean_json():
 
 
 # ---------------------------------------------------------------- the decorator
-
-@dataclass
-class Span:
-    """A region.
-
-    Attributes:
-        start: First line.
-        end: Last line (inclusive).
-    """
-    start: int
-    end: int = -1
-
-
-@dataclass
-class Patch:
-    file: str
-    spans: list[Span]
-    note: Optional[str] = None
-
-
-@tool
-def everything(ctx: ToolContext, name: str, count: int, ratio: float, dry: bool, tags: list[str],
-               mode: Literal["fast", "slow"], patch: Patch, limit: Optional[int] = None, label: str = "x",
-               level: int | None = None) -> str:
-    """Do everything at once.
-
-    Used to check every supported annotation.
-
-    Args:
-        name: Who to greet.
-        count: How many times,
-            on one or more lines.
-        ratio (float): A fraction.
-        dry: Only pretend.
-        tags: Labels to attach.
-        mode: How hard to try.
-        patch: The change.
-        limit: Optional cap.
-    """
-    return f"{name}|{count}|{ratio!r}|{dry}|{tags}|{mode}|{patch!r}|{limit}|{label}|{level}"
-
-
-def test_decorator_schema_for_each_supported_type():
-    assert isinstance(everything, Tool)
-    assert everything.name == "everything"
-    assert everything.description == "Do everything at once.\n\nUsed to check every supported annotation."
-    span = {"type": "object", "properties": {"start": {"type": "integer", "description": "First line."},
-                                             "end": {"type": "integer", "description": "Last line (inclusive)."}},
-            "required": ["start"]}
-    assert everything.parameters == {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "description": "Who to greet."},
-            "count": {"type": "integer", "description": "How many times, on one or more lines."},
-            "ratio": {"type": "number", "description": "A fraction."},
-            "dry": {"type": "boolean", "description": "Only pretend."},
-            "tags": {"type": "array", "items": {"type": "string"}, "description": "Labels to attach."},
-            "mode": {"type": "string", "enum": ["fast", "slow"], "description": "How hard to try."},
-            "patch": {"type": "object", "properties": {
-                "file": {"type": "string"},
-                "spans": {"type": "array", "items": span},
-                "note": {"type": "string"}}, "required": ["file", "spans"], "description": "The change."},
-            "limit": {"type": "integer", "description": "Optional cap."},
-            "label": {"type": "string"},
-            "level": {"type": "integer"},
-        },
-        "required": ["name", "count", "ratio", "dry", "tags", "mode", "patch"],
-    }
-
-
-def test_decorated_tool_runs_with_built_values():
-    registry = ToolRegistry([everything])
-    result = run(registry, "everything", {
-        "name": "pi", "count": "2", "ratio": 1, "dry": "false", "tags": '["a"]', "mode": "slow",
-        "patch": {"file": "f", "spans": [{"start": 1}, {"start": 2, "end": 3}]}, "unknown": "ignored"})
-    assert not result.is_error
-    assert text(result) == ("pi|2|1.0|False|['a']|slow|Patch(file='f', spans=[Span(start=1, end=-1), "
-                            "Span(start=2, end=3)], note=None)|None|x|None")
-    bad = run(registry, "everything", {"name": "pi"})
-    assert text(bad).startswith('Validation failed for tool "everything":\n  - count: must have required property')
-
-
-def test_decorator_with_overrides_and_toolresult_return():
-    @tool(name="ping", description="Reply pong.")
-    def _ping(ctx: ToolContext) -> ToolResult:
-        return ToolResult.text("pong", details={"k": 1})
-
-    assert (_ping.name, _ping.description, _ping.parameters) == ("ping", "Reply pong.",
-                                                               {"type": "object", "properties": {}})
-    result = run(ToolRegistry([_ping]), "ping", {})
-    assert text(result) == "pong" and result.details == {"k": 1}
-
-
-def test_decorator_rejects_unsupported_types():
-    with pytest.raises(TypeError):
-        @tool
-        def _bad(ctx: ToolContext, x: dict) -> str:
-            return ""
-    with pytest.raises(TypeError):
-        @tool
-        def _union(ctx: ToolContext, x: int | str) -> str:
-            return ""
-
-
-def test_parse_docstring_without_args():
-    assert parse_docstring("Just a line.") == ("Just a line.", {})
-    assert parse_docstring(None) == ("", {})
-
 
 
 def test_arguments_that_are_not_an_object():

@@ -5,16 +5,13 @@ results the model can read and correct, so the loop has a single path for every 
 """
 from __future__ import annotations
 
-import functools
-import inspect
-import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from pid.messages import ToolCall, ToolSpec
 from pid.sandbox import SandboxLost
 from pid.tools.base import ToolContext, ToolResult, ToolSettings
-from pid.tools.schema import build_value, format_validation_error, signature_schema, validate
+from pid.tools.schema import format_validation_error, validate
 
 Handler = Callable[[ToolContext, dict[str, Any]], ToolResult]
 
@@ -100,30 +97,6 @@ def _invalid_json_message(name: str, raw: str) -> str:
             f"Send the arguments again as one valid JSON object.\n\nReceived:\n{quoted}")
 
 
-def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,
-         description: str | None = None) -> Any:
-    """Build a Tool from `def my_tool(ctx: ToolContext, a: int, b: str = "x") -> ToolResult | str`.
-
-    The schema comes from the annotations (str, int, float, bool, list[T], Optional[T], Literal[...], dataclasses)
-    and the docstring: its text before `Args:` is the description, the `Args:` entries describe the parameters.
-    Usable bare (`@tool`) or with overrides (`@tool(name="x")`).
-    """
-    def build(f: Callable[..., Any]) -> Tool:
-        summary, parameters = signature_schema(f)
-        hints = typing.get_type_hints(f)
-        params = list(inspect.signature(f).parameters)[1:]
-
-        @functools.wraps(f)
-        def handler(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
-            kwargs = {p: build_value(hints[p], args[p]) for p in params if p in args}
-            result = f(ctx, **kwargs)
-            return ToolResult.text(result) if isinstance(result, str) else result
-
-        return Tool(name or f.__name__, description if description is not None else summary, parameters, handler)
-
-    return build(fn) if fn is not None else build
-
-
 def default_registry(settings: ToolSettings | None = None) -> ToolRegistry:
     """read, bash, edit and write. `settings` sets the bash timeout bounds written into its schema."""
     from pid.tools import bash, edit, read, write  # the tool modules import this one
@@ -132,4 +105,4 @@ def default_registry(settings: ToolSettings | None = None) -> ToolRegistry:
                          write.write_tool()])
 
 
-__all__ = ["Tool", "ToolRegistry", "tool", "default_registry", "Handler"]
+__all__ = ["Tool", "ToolRegistry", "default_registry", "Handler"]

@@ -1,4 +1,4 @@
-"""JSON-schema validation with safe coercion, and schemas built from typed Python signatures.
+"""JSON-schema validation with safe coercion.
 
 Only the subset tools use is supported: type (string, integer, number, boolean, array, object, null), properties,
 required, items, enum, minimum, exclusiveMinimum, maximum, exclusiveMaximum, minItems. Models often send "5" for 5,
@@ -6,13 +6,9 @@ required, items, enum, minimum, exclusiveMinimum, maximum, exclusiveMaximum, min
 """
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import json
 import re
-import types
-import typing
-from typing import Any, Callable, Literal, Union
+from typing import Any
 
 _INT_RE = re.compile(r"^\s*[+-]?\d+\s*$")
 _FLOAT_RE = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$")
@@ -143,132 +139,3 @@ def _accepts_null(schema: dict[str, Any]) -> bool:
 
 _SECTION_RE = re.compile(r"^(Args|Arguments|Parameters|Attributes|Returns|Raises|Yields|Examples?|Notes?):\s*$")
 _ARG_RE = re.compile(r"^(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
-
-
-def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
-    """(summary, {arg: description}) from a Google-style docstring with an `Args:` (or `Attributes:`) section."""
-    if not doc:
-        return "", {}
-    lines = inspect.cleandoc(doc).splitlines()
-    summary: list[str] = []
-    params: dict[str, str] = {}
-    section: str | None = None
-    current: str | None = None
-    entry_indent = 0
-    for line in lines:
-        m = _SECTION_RE.match(line.strip()) if not line.startswith((" ", "\t")) else None
-        if m:
-            section, current = m.group(1), None
-            continue
-        if section is None:
-            summary.append(line)
-            continue
-        if section not in ("Args", "Arguments", "Parameters", "Attributes") or not line.strip():
-            continue
-        indent = len(line) - len(line.lstrip())
-        arg = _ARG_RE.match(line.strip())
-        if arg and (current is None or indent <= entry_indent):
-            current, entry_indent = arg.group(1).lstrip("*"), indent
-            params[current] = arg.group(3).strip()
-        elif current is not None:
-            params[current] = (params[current] + " " + line.strip()).strip()
-    return "\n".join(summary).strip(), params
-
-
-def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
-    if typing.get_origin(tp) in (Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(tp)) == 2:
-            return args[0], True
-        raise TypeError(f"unions other than Optional[T] are not supported: {tp!r}")
-    return tp, False
-
-
-def schema_for_type(tp: Any, description: str | None = None) -> dict[str, Any]:
-    """The JSON schema for one annotation (str, int, float, bool, list[T], Optional[T], Literal[...], dataclass)."""
-    tp, _ = _unwrap_optional(tp)
-    origin = typing.get_origin(tp)
-    schema: dict[str, Any]
-    if tp is str:
-        schema = {"type": "string"}
-    elif tp is bool:
-        schema = {"type": "boolean"}
-    elif tp is int:
-        schema = {"type": "integer"}
-    elif tp is float:
-        schema = {"type": "number"}
-    elif origin is Literal:
-        values = list(typing.get_args(tp))
-        schema = {}
-        if all(isinstance(v, str) for v in values):
-            schema["type"] = "string"
-        elif all(isinstance(v, bool) for v in values):
-            schema["type"] = "boolean"
-        elif all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            schema["type"] = "integer"
-        schema["enum"] = values
-    elif tp is list or origin is list:
-        schema = {"type": "array"}
-        args = typing.get_args(tp)
-        if args:
-            schema["items"] = schema_for_type(args[0])
-    elif dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        schema = _object_schema(_dataclass_params(tp), parse_docstring(tp.__doc__)[1])
-    else:
-        raise TypeError(f"unsupported parameter type for a tool: {tp!r}")
-    if description:
-        schema["description"] = description
-    return schema
-
-
-def _dataclass_params(cls: type) -> list[tuple[str, Any, bool]]:
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-        out.append((f.name, hints[f.name], has_default))
-    return out
-
-
-def _object_schema(params: list[tuple[str, Any, bool]], docs: dict[str, str]) -> dict[str, Any]:
-    properties: dict[str, Any] = {}
-    required: list[str] = []
-    for name, tp, has_default in params:
-        properties[name] = schema_for_type(tp, docs.get(name))
-        if not has_default and not _unwrap_optional(tp)[1]:
-            required.append(name)
-    schema: dict[str, Any] = {"type": "object", "properties": properties}
-    if required:
-        schema["required"] = required
-    return schema
-
-
-def signature_schema(fn: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
-    """(description, parameters schema) for `fn(ctx, ...)`: the first parameter is the ToolContext, not a tool arg."""
-    summary, docs = parse_docstring(fn.__doc__)
-    hints = typing.get_type_hints(fn)
-    params = list(inspect.signature(fn).parameters.values())[1:]
-    spec = []
-    for p in params:
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise TypeError(f"{fn.__name__}: *args/**kwargs cannot be tool parameters")
-        if p.name not in hints:
-            raise TypeError(f"{fn.__name__}: parameter {p.name!r} needs a type annotation")
-        spec.append((p.name, hints[p.name], p.default is not p.empty))
-    return summary, _object_schema(spec, docs)
-
-
-def build_value(tp: Any, value: Any) -> Any:
-    """Turn validated JSON into the annotated Python value (dicts into dataclasses, recursively)."""
-    if value is None:
-        return None
-    tp, _ = _unwrap_optional(tp)
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type) and isinstance(value, dict):
-        kwargs = {name: build_value(ftp, value[name]) for name, ftp, _ in _dataclass_params(tp) if name in value}
-        return tp(**kwargs)
-    if typing.get_origin(tp) is list and isinstance(value, list):
-        (item_tp,) = typing.get_args(tp) or (Any,)
-        return [build_value(item_tp, v) for v in value]
-    if tp is float and isinstance(value, int):
-        return float(value)
-    return value
