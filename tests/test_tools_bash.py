@@ -1,12 +1,20 @@
-"""bash, end to end through a real sandbox (Docker when available, else the subprocess double)."""
+"""bash in a real container: real shells, real processes, real output (the Docker tier). Its logic alone, without
+a shell, is tested against the in-memory sandbox in test_tools_bash_logic.py."""
 from __future__ import annotations
 
 import threading
 
+import pytest
+
 from pid.messages import TextContent
 from pid.tools import ToolSettings
 from pid.tools.bash import sanitize
-from tests.tool_sandbox import call_tool, sandbox  # noqa: F401 - the fixture
+from tests.tool_sandbox import call_tool, docker_sandbox  # noqa: F401 - the fixture
+
+
+@pytest.fixture(scope="module")
+def sandbox(docker_sandbox):  # noqa: F811 - a container only (marks each test `docker`)
+    return docker_sandbox
 
 
 def text(result) -> str:

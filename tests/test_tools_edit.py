@@ -1,4 +1,4 @@
-"""edit, end to end through a real sandbox (Docker when available, else the subprocess double)."""
+"""edit through the registry, against the in-memory sandbox and a real container (see tests/tool_sandbox.py)."""
 from __future__ import annotations
 
 import json

@@ -1,8 +1,9 @@
-"""write, end to end through a real sandbox (Docker when available, else the subprocess double)."""
+"""write through the registry, against the in-memory sandbox and a real container (see tests/tool_sandbox.py)."""
 from __future__ import annotations
 
 from pid.messages import TextContent
-from tests.tool_sandbox import call_tool, get, sandbox  # noqa: F401 - the fixture
+from tests.memory_sandbox import MemorySandbox
+from tests.tool_sandbox import call_tool, docker_sandbox, get, sandbox  # noqa: F401 - the fixtures
 
 
 def text(result) -> str:
@@ -38,8 +39,16 @@ def test_write_missing_content_is_a_validation_error(sandbox):
         'Received arguments:\n{\n  "path": "f"\n}')
 
 
+def make_fifo_and_file(box, fifo: str, plain: str) -> None:
+    if isinstance(box, MemorySandbox):
+        box.special.add(f"{box.workdir}/{fifo}")
+        box.write_file(plain, b"x")
+    else:
+        box.exec(f"rm -f {fifo}; mkfifo {fifo}; printf x > {plain}", timeout=10)
+
+
 def test_the_tools_name_a_fifo_or_a_file_parent_plainly(sandbox):
-    sandbox.exec("rm -f fifo-x; mkfifo fifo-x; printf x > plain-x", timeout=10)
+    make_fifo_and_file(sandbox, "fifo-x", "plain-x")
     read = call_tool(sandbox, "read", {"path": "fifo-x"})
     edit = call_tool(sandbox, "edit", {"path": "fifo-x", "edits": [{"oldText": "a", "newText": "b"}]})
     write = call_tool(sandbox, "write", {"path": "fifo-x", "content": "y"})

@@ -11,6 +11,7 @@ import shlex
 from typing import Any
 
 from pid.messages import ImageContent, TextContent
+from pid.sandbox import OutputPolicy
 from pid.tools.base import ToolContext, ToolResult
 from pid.tools.paths import display_path, file_error, resolve_path
 from pid.tools.registry import Tool
@@ -159,8 +160,8 @@ def _render(shown: str, start: int, total: int, selected: list[str], limit: int 
 
 
 def _exec_checked(ctx: ToolContext, command: str) -> bytes:
-    result = ctx.sandbox.exec(command, timeout=ctx.settings.bash_timeout_s, tail_bytes=MAX_BYTES + 16 * 1024,
-                              cancel=ctx.cancel)
+    result = ctx.sandbox.exec(command, timeout=ctx.settings.bash_timeout_s,
+                              output=OutputPolicy(tail_bytes=MAX_BYTES + 16 * 1024), cancel=ctx.cancel)
     if result.exit_code != 0:
         reason = "aborted" if result.cancelled else "timed out" if result.timed_out else \
             result.tail.decode("utf-8", "replace").strip() or f"exit code {result.exit_code}"
