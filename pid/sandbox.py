@@ -35,9 +35,9 @@ class OutputPolicy:
     keep_lines: int | None = None
     keep_bytes: int | None = None
 
-    def keeps(self, total_bytes: int, newlines: int) -> bool:
-        """Whether an output of this size (in bytes, and in newline characters) is kept in a file."""
-        return (total_bytes > self.tail_bytes or (self.keep_lines is not None and newlines > self.keep_lines)
+    def keeps(self, total_bytes: int, total_lines: int) -> bool:
+        """Whether an output of this size is kept in a file (lines counted as ExecResult.total_lines counts them)."""
+        return (total_bytes > self.tail_bytes or (self.keep_lines is not None and total_lines > self.keep_lines)
                 or (self.keep_bytes is not None and total_bytes > self.keep_bytes))
 
 

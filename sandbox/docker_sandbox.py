@@ -447,8 +447,7 @@ class DockerSandbox:
              cancel: threading.Event | None = None) -> ExecResult:
         stop, reply, cleared = self._run(
             command, emit=output.tail_bytes + 1, timeout=timeout, cancel=cancel, on_output=on_output,
-            collect=lambda ch, deadline: ch.wait_exec(deadline, output.tail_bytes, output.keep_lines,
-                                                      output.keep_bytes))
+            collect=lambda ch, deadline: ch.wait_exec(deadline, output))
         with self._pids_lock:   # forks failed while it ran: clear what is left (once, for parallel calls)
             refused = reply.pids_events > self._pids_events
             self._pids_events = max(self._pids_events, reply.pids_events)

@@ -60,6 +60,24 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip(reason)
 
 
+# PID_TEST_RUNTIME=runsc runs the tool tests under gVisor (docker/setup.sh --test does, where runsc is registered);
+# gVisor's own threads count against the pids limit, hence the larger one there.
+RUNTIME = os.environ.get("PID_TEST_RUNTIME") or None
+
+
+@pytest.fixture(scope="module")
+def tools_container():
+    """The real container behind tool_sandbox's `sandbox` and `docker_sandbox` fixtures (which mark their tests
+    `docker`): one per test module."""
+    from sandbox import DockerSandbox, SandboxConfig
+    box = DockerSandbox.create(SandboxConfig(job_id="test-tools", runtime=RUNTIME,
+                                             pids_limit=4096 if RUNTIME == "runsc" else 512))
+    try:
+        yield box
+    finally:
+        box.close()
+
+
 @dataclass
 class CliResult:
     code: int

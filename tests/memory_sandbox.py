@@ -145,9 +145,9 @@ class MemorySandbox:
 
     def _result(self, data: bytes, output: OutputPolicy, exit_code: int | None, stop: str | None,
                 pids_limit_hit: bool) -> ExecResult:
-        newlines = data.count(b"\n")
+        lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
         kept, kept_from = None, 0
-        if output.keeps(len(data), newlines):
+        if output.keeps(len(data), lines):
             if self.keep_output_max is not None and len(data) > self.keep_output_max:
                 kept_from = len(data) - self.keep_output_max
             with self._lock:
@@ -156,7 +156,7 @@ class MemorySandbox:
                 self.files[kept] = bytes(kept_from) + data[kept_from:]
         tail = data[max(0, len(data) - output.tail_bytes):] if output.tail_bytes > 0 else b""
         return ExecResult(exit_code=exit_code, tail=tail, total_bytes=len(data),
-                          total_lines=newlines + (1 if data and not data.endswith(b"\n") else 0),
+                          total_lines=lines,
                           timed_out=stop == "timed_out", cancelled=stop == "cancelled", output_path=kept,
                           output_from=kept_from, pids_limit_hit=pids_limit_hit)
 

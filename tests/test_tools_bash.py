@@ -157,3 +157,10 @@ def test_gigantic_output_keeps_the_worker_memory_bounded(sandbox):
     shown, notice = text(result).split("\n\n")
     assert shown == "x" * 51200
     assert notice.startswith("[Showing last 50.0KB of line 1 (line is 190.7MB). Full output: ")
+
+
+def test_one_line_over_the_cap_without_a_final_newline_is_kept_too(sandbox):
+    result = bash(sandbox, "seq 1 2000; printf last")   # 2000 newlines, 2001 lines: line 1 is not shown
+    path = full_output_path(result)
+    assert text(result).endswith(f"\nlast\n\n[Showing lines 2-2001 of 2001. Full output: {path}]")
+    assert sandbox.read_file(path).startswith(b"1\n2\n")

@@ -91,6 +91,14 @@ def test_line_cap_shows_the_tail_and_keeps_the_whole_output():
                                             "outputLines": 2000, "outputBytes": len(seq(1001, 3000)) - 1}
 
 
+def test_one_line_over_the_cap_without_a_final_newline_is_kept_too():
+    box = box_with(many=Run(seq(1, 2000) + "last"))   # 2000 newlines, 2001 lines: line 1 is not shown
+    result = bash(box, "many")
+    path = result.details["fullOutputPath"]
+    assert text(result).endswith(f"\nlast\n\n[Showing lines 2-2001 of 2001. Full output: {path}]")
+    assert box.read_file(path) == (seq(1, 2000) + "last").encode()
+
+
 def test_byte_cap():
     rows = "".join(f"{i:0200d}\n" for i in range(1, 1001))
     result = bash(box_with(wide=Run(rows)), "wide")

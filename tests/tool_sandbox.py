@@ -5,11 +5,10 @@
 - `docker_sandbox`: a real container only (marked `docker` through its one parameter), for tests of real shell
   behaviour.
 The container is one per test module (a container start per test would dominate the run; tests use distinct file
-names), shared by both fixtures.
+names), shared by both fixtures: conftest's `tools_container`.
 """
 from __future__ import annotations
 
-import os
 import posixpath
 from typing import Any, Iterator
 
@@ -19,27 +18,12 @@ from pid.messages import ToolCall
 from pid.tools import ToolContext, default_registry
 from tests.memory_sandbox import MemorySandbox
 
-# PID_TEST_RUNTIME=runsc runs the tool tests under gVisor (docker/setup.sh --test does, where runsc is registered);
-# gVisor's own threads count against the pids limit, hence the larger one there.
-RUNTIME = os.environ.get("PID_TEST_RUNTIME") or None
-
 DOCKER = pytest.param("docker", marks=pytest.mark.docker)
-
-
-@pytest.fixture(scope="module")
-def _container_sandbox() -> Iterator[Any]:
-    from sandbox import DockerSandbox, SandboxConfig
-    box = DockerSandbox.create(SandboxConfig(job_id="test-tools", runtime=RUNTIME,
-                                             pids_limit=4096 if RUNTIME == "runsc" else 512))
-    try:
-        yield box
-    finally:
-        box.close()
 
 
 @pytest.fixture(scope="module", params=[DOCKER])
 def docker_sandbox(request: pytest.FixtureRequest) -> Any:
-    return request.getfixturevalue("_container_sandbox")
+    return request.getfixturevalue("tools_container")
 
 
 @pytest.fixture(scope="module", params=["memory", DOCKER])
@@ -48,7 +32,7 @@ def sandbox(request: pytest.FixtureRequest) -> Iterator[Any]:
         with MemorySandbox() as box:
             yield box
     else:
-        yield request.getfixturevalue("_container_sandbox")
+        yield request.getfixturevalue("tools_container")
 
 
 # ---------------------------------------------------------------- helpers for the tool tests
