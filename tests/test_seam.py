@@ -103,7 +103,7 @@ def test_a_sandbox_lost_mid_job_fails_it_as_a_sandbox_error(sample_repo, tmp_pat
 
 
 def test_the_loop_streams_tool_output_as_updates(sample_repo, tmp_path):
-    provider = MemoryProvider({"build": Run("step 1\n", 0.9, "step 2\n")})
+    provider = MemoryProvider({"build": Run("step 1\n", 0.05, "step 2\n")})
     updates: list[str] = []
 
     def sink(event) -> None:
