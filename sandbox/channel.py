@@ -229,11 +229,11 @@ class Channel:
             return None
         head = done.head
         tail_bytes = output.tail_bytes
-        head_lines = head.count(b"\n") + (1 if head and not head.endswith(b"\n") else 0)
+        newlines = head.count(b"\n")
         cut = 0
-        # A head over tail_bytes is not the whole output: the policy keeps it whatever its lines.
-        if not output.keeps(len(head), head_lines):
-            tail, newlines, total, kept = head, head.count(b"\n"), len(head), None
+        # (A head over tail_bytes is not the whole output: the policy keeps that, whatever its lines say.)
+        if not output.keeps(len(head), newlines + (1 if head and not head.endswith(b"\n") else 0)):
+            tail, total, kept = head, len(head), None
         else:
             newlines, total, cut, tail = self.count(self._out_path, max(1, tail_bytes),
                                                     time.monotonic() + REPLY_TIMEOUT)
