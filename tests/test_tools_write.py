@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pid.messages import TextContent
 from tests.memory_sandbox import MemorySandbox
-from tests.tool_sandbox import call_tool, docker_sandbox, get, sandbox  # noqa: F401 - the fixtures
+from tests.tool_sandbox import call_tool, get, sandbox  # noqa: F401 - the fixture
 
 
 def text(result) -> str:

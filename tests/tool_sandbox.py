@@ -1,4 +1,4 @@
-"""Sandbox fixtures for the tool and loop tests. Tools never touch the host, so neither do their tests.
+"""Sandbox fixtures for the tool tests. Tools never touch the host, so neither do their tests.
 
 - `sandbox`: each test twice, against the in-memory sandbox (fast tier) and a real container (`docker` tier). For
   tests that need only files, or commands the test itself scripts.
