@@ -1,8 +1,9 @@
 """The seam between the agent core and wherever commands run.
 
 Tools see only this Protocol: run a command, read a file, write a file. `pid/` never imports docker; the Docker
-implementation lives in the top-level `sandbox` package, and anything with these three methods will do.
-All paths are paths *inside* the sandbox.
+implementation lives in the top-level `sandbox` package, and anything with these three methods will do (the tests'
+in-memory one, tests/memory_sandbox.py, too). A sandbox's life around the tools (create, workspace in, patch out,
+removal) is the runner's business: pid/sandbox_lifecycle.py. All paths are paths *inside* the sandbox.
 """
 from __future__ import annotations
 
@@ -22,10 +23,31 @@ class SandboxLost(SandboxError):
     """
 
 
+@dataclass(frozen=True)
+class OutputPolicy:
+    """How much of a command's output its caller gets back, and when the whole of it is kept in a file.
+
+    The tail bounds the caller's memory whatever the command prints. The full output is kept (ExecResult.output_path)
+    when it is longer than the tail, or than `keep_lines` lines or `keep_bytes` bytes when given: what a caller shows
+    less of than the whole must still be reachable.
+    """
+    tail_bytes: int = 65536
+    keep_lines: int | None = None
+    keep_bytes: int | None = None
+
+    def keeps(self, total_bytes: int, total_lines: int) -> bool:
+        """Whether an output of this size is kept in a file (lines counted as ExecResult.total_lines counts them)."""
+        return (total_bytes > self.tail_bytes or (self.keep_lines is not None and total_lines > self.keep_lines)
+                or (self.keep_bytes is not None and total_bytes > self.keep_bytes))
+
+
+DEFAULT_OUTPUT = OutputPolicy()
+
+
 @dataclass
 class ExecResult:
     exit_code: int | None      # None when the command was killed (timeout or cancel)
-    tail: bytes                # the last `tail_bytes` bytes of stdout+stderr, merged
+    tail: bytes                # the last `output.tail_bytes` bytes of stdout+stderr, merged
     total_bytes: int           # size of the whole output
     total_lines: int           # lines in the whole output (a final line without newline counts)
     timed_out: bool = False
@@ -39,17 +61,15 @@ class ExecResult:
 class Sandbox(Protocol):
     workdir: str  # where relative paths resolve and commands start, e.g. "/workspace"
 
-    def exec(self, command: str, *, timeout: float, tail_bytes: int = 65536,
-             keep_lines: int | None = None, keep_bytes: int | None = None,
+    def exec(self, command: str, *, timeout: float, output: OutputPolicy = DEFAULT_OUTPUT,
              on_output: Callable[[bytes], None] | None = None,
              cancel: threading.Event | None = None) -> ExecResult:
         """Run `bash -c command` (sh where bash is missing) in `workdir`, stdin at EOF, in its own process group.
 
         On timeout or cancel the whole process group is killed inside the sandbox before this returns.
-        Memory use is bounded by `tail_bytes` whatever the command prints. The full output stays in a file
-        (`output_path`) when it is longer than `tail_bytes`, or than `keep_lines` lines or `keep_bytes` bytes when given
-        (what a caller shows less of than the whole must still be reachable). `on_output`, when given, receives
-        throttled chunks of recent output while the command runs (for live progress only).
+        What comes back of the output, and when all of it is kept in a file, is `output`'s (see OutputPolicy).
+        `on_output`, when given, receives throttled chunks of recent output while the command runs (for live
+        progress only).
         """
         ...
 

@@ -1,4 +1,5 @@
-"""Docker implementation of `pid.sandbox.Sandbox`: containers, the exec channel, workspace in and patch out.
+"""Docker implementation of `pid.sandbox.Sandbox` and `pid.sandbox_lifecycle` (the runner needs only
+DockerProvider): containers, the exec channel, workspace in and patch out.
 
 Only the settings load eagerly: the job spec takes its sandbox defaults from `sandbox.config`, and every `pid`
 command must not pay for importing docker. The rest loads on first use.
@@ -10,11 +11,12 @@ from typing import Any
 
 from .config import SandboxConfig
 
-_LAZY = {"ensure_image": "docker_client", "DockerSandbox": "docker_sandbox", "DockerUnavailable": "errors",
+_LAZY = {"ensure_image": "docker_client", "DockerSandbox": "docker_sandbox",
+         "DockerProvider": "docker_sandbox", "DockerUnavailable": "errors",
          "ImageNotFound": "errors", "SandboxError": "errors", "reap_expired": "reaper",
          "reap_installation": "reaper", "remove_job_containers": "reaper"}
 
-__all__ = ["DockerSandbox", "SandboxConfig", "ImageNotFound", "DockerUnavailable", "SandboxError",
+__all__ = ["DockerProvider", "DockerSandbox", "SandboxConfig", "ImageNotFound", "DockerUnavailable", "SandboxError",
            "reap_expired", "reap_installation", "remove_job_containers", "ensure_image"]
 
 

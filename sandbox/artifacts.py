@@ -18,6 +18,8 @@ import tarfile
 from dataclasses import dataclass
 from typing import BinaryIO, Iterable, Iterator
 
+from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped   # the seam's data, made here
+
 __all__ = ["Skipped", "PatchCopy", "FilesCopy", "FilesBudget", "ArtifactTooLarge", "unsafe_path_reason",
            "copy_patch", "extract_files"]
 
@@ -35,37 +37,10 @@ _IGNORABLE = re.compile("[\u200c-\u200f\u202a-\u202e\u206a-\u206f\ufeff]")
 
 
 @dataclass
-class Skipped:
-    """A member or patch section that was not written, and why (shown to the user, so never raw)."""
-    path: str      # printable form of the offending name: control chars escaped, at most 300 chars
-    reason: str
-
-
-@dataclass
-class PatchCopy:
-    size: int                   # bytes written to dest
-    dropped: list[Skipped]      # file sections removed from the patch, with reasons
-
-
-@dataclass
 class FilesCopy:
     written: list[str]          # host paths of regular files and directories created, in order
     skipped: list[Skipped]
     total_bytes: int
-
-
-@dataclass
-class FilesBudget:
-    """Limits shared by several extract_files calls (one per requested path) so they cap the whole collection.
-
-    Entries are filesystem objects created, parent directories made on the way included. Once a limit is hit,
-    `stopped` holds the reason and every later member, in this call or a later one, is skipped with it.
-    """
-    max_bytes: int
-    max_entries: int
-    used_bytes: int = 0
-    used_entries: int = 0
-    stopped: str | None = None
 
 
 class ArtifactTooLarge(Exception):

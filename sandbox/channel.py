@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
+from pid.sandbox import OutputPolicy
+
 from .errors import SandboxError
 from .frames import FrameReader, ReplyTooLarge, StreamClosed
 
@@ -220,18 +222,18 @@ class Channel:
         self.pids_events = int(status[1])
         return Finished(head, int(status[0]), self.pids_events)
 
-    def wait_exec(self, deadline: float, tail_bytes: int, keep_lines: int | None,
-                  keep_bytes: int | None) -> ExecReply | None:
+    def wait_exec(self, deadline: float, output: OutputPolicy) -> ExecReply | None:
         """`finish` for a command started with emit = tail_bytes + 1, with its totals and its kept output file."""
         done = self.finish(deadline)
         if done is None:
             return None
         head = done.head
-        wanted = (keep_lines is not None and head.count(b"\n") > keep_lines) or \
-            (keep_bytes is not None and len(head) > keep_bytes)
+        tail_bytes = output.tail_bytes
+        newlines = head.count(b"\n")
         cut = 0
-        if len(head) <= tail_bytes and not wanted:
-            tail, newlines, total, kept = head, head.count(b"\n"), len(head), None
+        # (A head over tail_bytes is not the whole output: the policy keeps that, whatever its lines say.)
+        if not output.keeps(len(head), newlines + (1 if head and not head.endswith(b"\n") else 0)):
+            tail, total, kept = head, len(head), None
         else:
             newlines, total, cut, tail = self.count(self._out_path, max(1, tail_bytes),
                                                     time.monotonic() + REPLY_TIMEOUT)

@@ -21,10 +21,11 @@ import docker
 import docker.errors
 from docker.types import Mount, Ulimit
 
-from pid.sandbox import ExecResult, SandboxLost
+from pid.sandbox import DEFAULT_OUTPUT, ExecResult, OutputPolicy, SandboxLost
+from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped
 
 from . import fileops
-from .artifacts import FilesBudget, PatchCopy, Skipped, copy_patch, extract_files
+from .artifacts import copy_patch, extract_files
 from .channel import PID_DIR, Channel, ChannelClosed, Finished, TableFull, install_script
 from .config import (AGENT_HOME, BASE_ENV, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, SandboxConfig,
                      parse_user)
@@ -33,7 +34,7 @@ from .docker_client import connect, ensure_image
 from .errors import SandboxError
 from .pool import ChannelPool
 from .processes import kill_agent_processes
-from .reaper import force_remove, owner_label
+from .reaper import force_remove, owner_label, remove_job_containers, run_labels
 from .workspace import base_script, build_tar, patch_script
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,8 @@ def default_disk_root() -> str:
 
 
 class DockerSandbox:
-    """Implements pid.sandbox.Sandbox. Thread-safe: concurrent calls use separate channels."""
+    """Implements pid.sandbox_lifecycle.JobSandbox (and so pid.sandbox.Sandbox). Thread-safe: concurrent calls use
+    separate channels."""
 
     def __init__(self, client: docker.DockerClient, container_id: str, config: SandboxConfig,
                  disk: JobDisk | None = None) -> None:
@@ -153,7 +155,7 @@ class DockerSandbox:
                 auto_remove=True, init=True, user="0:0",
                 labels={LABEL_JOB: config.job_id, LABEL_CREATED: _iso(now),
                         LABEL_EXPIRES: _iso(now + timedelta(seconds=ttl)),
-                        LABEL_OWNER: config.owner or owner_label(_pid_home())},
+                        LABEL_OWNER: config.owner or owner_label(_pid_home()), **run_labels()},
                 mem_limit=config.memory, memswap_limit=config.memory,
                 nano_cpus=int(config.cpus * 1e9), pids_limit=config.pids_limit,
                 network_mode=config.network,
@@ -440,13 +442,12 @@ class DockerSandbox:
         self._pool.release(channel)
         return stop, reply, cleared
 
-    def exec(self, command: str, *, timeout: float, tail_bytes: int = 65536,
-             keep_lines: int | None = None, keep_bytes: int | None = None,
+    def exec(self, command: str, *, timeout: float, output: OutputPolicy = DEFAULT_OUTPUT,
              on_output: Callable[[bytes], None] | None = None,
              cancel: threading.Event | None = None) -> ExecResult:
         stop, reply, cleared = self._run(
-            command, emit=tail_bytes + 1, timeout=timeout, cancel=cancel, on_output=on_output,
-            collect=lambda ch, deadline: ch.wait_exec(deadline, tail_bytes, keep_lines, keep_bytes))
+            command, emit=output.tail_bytes + 1, timeout=timeout, cancel=cancel, on_output=on_output,
+            collect=lambda ch, deadline: ch.wait_exec(deadline, output))
         with self._pids_lock:   # forks failed while it ran: clear what is left (once, for parallel calls)
             refused = reply.pids_events > self._pids_events
             self._pids_events = max(self._pids_events, reply.pids_events)
@@ -593,3 +594,16 @@ class DockerSandbox:
             written.extend(copied.written)
             skipped.extend(copied.skipped)
         return written, skipped
+
+
+class DockerProvider:
+    """pid.sandbox_lifecycle.SandboxProvider on a Docker engine: the runner makes its job's sandbox through this."""
+
+    def __init__(self, client: docker.DockerClient | None = None) -> None:
+        self.client = client   # None: connect from the environment at each create
+
+    def create(self, config: SandboxConfig) -> DockerSandbox:
+        return DockerSandbox.create(config, self.client)
+
+    def clear_job(self, job_id: str) -> None:
+        remove_job_containers(job_id, self.client)

@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 from datetime import datetime, timezone
+from typing import Any
 
 import docker
 import docker.errors
@@ -18,6 +19,17 @@ from .config import LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER
 from .docker_client import connect
 
 log = logging.getLogger(__name__)
+
+# A test run marks every container it makes with its own id (conftest sets the variable), so that its leak check
+# counts, and removes, only its own containers on an engine that other runs and real workers share.
+TEST_RUN_ENV = "PID_TEST_RUN"
+LABEL_TEST_RUN = "pid.test-run"
+
+
+def run_labels() -> dict[str, str]:
+    """Labels a new container carries beyond pid's own: the test run's mark, when there is one."""
+    run = os.environ.get(TEST_RUN_ENV, "").strip()
+    return {LABEL_TEST_RUN: run} if run else {}
 
 
 def owner_label(pid_home: str) -> str:
@@ -48,12 +60,20 @@ def force_remove(client: docker.DockerClient, container_id: str) -> bool:
     return True
 
 
+def list_containers(client: docker.DockerClient, labels: list[str]) -> list[dict[str, Any]]:
+    """The containers carrying all these label filters ("key" or "key=value"), as the engine lists them ("Id",
+    "Labels", "State", ...). One request and no inspection per container: one that vanishes meanwhile (auto-removed,
+    another reaper) cannot fail the listing; it is simply in it or not."""
+    try:
+        return client.api.containers(all=True, filters={"label": labels})
+    except docker.errors.NotFound:
+        return []
+
+
 def remove_job_containers(job_id: str, client: docker.DockerClient | None = None) -> list[str]:
     """Force-remove the containers of one job: a retried job first clears what its lost attempt left behind."""
     client = connect(client)
-    return [c.id for c in client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job_id}"},
-                                                 ignore_removed=True)
-            if force_remove(client, c.id)]
+    return [c["Id"] for c in list_containers(client, [f"{LABEL_JOB}={job_id}"]) if force_remove(client, c["Id"])]
 
 
 def reap_expired(owner: str | None, client: docker.DockerClient | None = None,
@@ -67,13 +87,10 @@ def reap_expired(owner: str | None, client: docker.DockerClient | None = None,
     if now.tzinfo is None:
         now = now.replace(tzinfo=timezone.utc)
     labels = [LABEL_JOB] + ([f"{LABEL_OWNER}={owner}"] if owner is not None else [])
-    try:
-        listed = client.containers.list(all=True, filters={"label": labels}, ignore_removed=True)
-    except docker.errors.NotFound:
-        return []
-    expired = [c for c in listed
-               if (expires := parse_time(c.labels.get(LABEL_EXPIRES, ""))) is not None and expires <= now]
-    return [c.id for c in expired if force_remove(client, c.id)]
+    expired = [c["Id"] for c in list_containers(client, labels)
+               if (expires := parse_time((c.get("Labels") or {}).get(LABEL_EXPIRES, ""))) is not None
+               and expires <= now]
+    return [container_id for container_id in expired if force_remove(client, container_id)]
 
 
 def reap_installation(pid_home: str, *, all_owners: bool = False,

@@ -1,6 +1,10 @@
 """Shared fixtures: a private PID_HOME, a sample repository, the real `pid` CLI as a subprocess, a real worker.
 
 Everything is real: the Docker engine, the Celery worker on the embedded broker, and an HTTP LLM server.
+
+Tiers: tests marked `docker` need an engine (they are skipped, with one reason, when none answers); `cli` tests run
+the `pid` command as a subprocess; the rest run anywhere, fast (`pytest -m "not docker and not cli"`), with the
+in-memory sandbox (tests/memory_sandbox.py).
 """
 from __future__ import annotations
 
@@ -10,12 +14,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-import docker
 import pytest
+
+from sandbox.reaper import TEST_RUN_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = os.environ.get("PID_TEST_IMAGE", "pid-sandbox:latest")
@@ -23,6 +28,55 @@ IMAGE = os.environ.get("PID_TEST_IMAGE", "pid-sandbox:latest")
 # In-process sandboxes (tool and sandbox tests) keep their job disks, and take their owner label, from a home of
 # this run's own: nothing is shared with a real installation on the machine.
 os.environ["PID_HOME"] = tempfile.mkdtemp(prefix="pid-test-home-")
+# Every container this run makes, here or in the pid processes it starts, carries this id: the leak check at the end
+# counts and removes only those (the engine is shared with other runs and real workers).
+RUN_ID = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+os.environ[TEST_RUN_ENV] = RUN_ID
+
+_engine_problem: list[str | None] = []   # filled on first need: None when an engine answers, else why not
+
+
+def docker_unavailable() -> str | None:
+    """Why Docker tests cannot run here, or None; asked of the engine once per session."""
+    if not _engine_problem:
+        try:
+            import docker
+            client = docker.from_env(timeout=10)
+            try:
+                client.ping()
+            finally:
+                client.close()
+            _engine_problem.append(None)
+        except Exception as exc:  # noqa: BLE001 - DockerException, or the connection's own errors
+            _engine_problem.append(f"no Docker engine reachable ({type(exc).__name__}: {str(exc)[:200]})")
+    return _engine_problem[0]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A `docker` test is skipped, before its fixtures start anything, when no engine answers."""
+    if item.get_closest_marker("docker") is not None:
+        reason = docker_unavailable()
+        if reason:
+            pytest.skip(reason)
+
+
+# PID_TEST_RUNTIME=runsc runs the tool tests under gVisor (docker/setup.sh --test does, where runsc is registered);
+# gVisor's own threads count against the pids limit, hence the larger one there.
+RUNTIME = os.environ.get("PID_TEST_RUNTIME") or None
+
+
+@pytest.fixture(scope="module")
+def tools_container():
+    """The real container behind tool_sandbox's `sandbox` and `docker_sandbox` fixtures (which mark their tests
+    `docker`): one per test module."""
+    from sandbox import DockerSandbox, SandboxConfig
+    box = DockerSandbox.create(SandboxConfig(job_id="test-tools", runtime=RUNTIME,
+                                             pids_limit=4096 if RUNTIME == "runsc" else 512))
+    try:
+        yield box
+    finally:
+        box.close()
 
 
 @dataclass
@@ -41,7 +95,7 @@ def pid_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PID_", "OPENAI_", "ANTHROPIC_"))}
     env.update(PID_HOME=str(tmp_path / "home"), PID_IMAGE=IMAGE, PYTHONPATH=str(ROOT),
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", **{TEST_RUN_ENV: RUN_ID})
     return env
 
 
@@ -104,38 +158,28 @@ def worker(pid_env: dict[str, str], tmp_path: Path):
 
 
 def pid_containers() -> list:
-    return docker.from_env().containers.list(all=True, filters={"label": "pid.job"})
-
-
-_SESSION_STARTED = datetime.now(timezone.utc) - timedelta(seconds=2)
-
-
-def _created_by_this_run(container) -> bool:
-    """Only what this test run made counts (and is removed): other pid jobs on the machine are not ours."""
-    try:
-        created = datetime.fromisoformat(container.labels.get("pid.created", "").replace("Z", "+00:00"))
-    except ValueError:
-        return False
-    return created >= _SESSION_STARTED
+    """pid's containers on the engine (everybody's: filter by job id); one that vanishes meanwhile is left out."""
+    import docker
+    return docker.from_env().containers.list(all=True, filters={"label": "pid.job"}, ignore_removed=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """After the suite no container with pid's labels, created by this run, may remain."""
+    """After the suite no container of this run may remain; those that do are removed and fail the run. Containers
+    of other runs and of real workers on the same engine are never counted nor touched."""
+    if _engine_problem and _engine_problem[0] is not None:
+        return   # no engine: nothing can have been made
     try:
-        leaked = [c for c in pid_containers() if _created_by_this_run(c)]
+        import docker
+        client = docker.from_env(timeout=30)
+        client.ping()
     except Exception:
         return
-    # auto-removed containers can take a moment to disappear after their main process exits
-    deadline = time.time() + 10
-    while leaked and time.time() < deadline:
-        time.sleep(0.5)
-        leaked = [c for c in pid_containers() if _created_by_this_run(c) and c.status != "removing"]
-    if leaked:
-        names = ", ".join(f"{c.short_id}({c.labels.get('pid.job')})" for c in leaked)
-        print(f"\nLEAKED CONTAINERS after the test suite: {names}", file=sys.stderr)
-        for c in leaked:
-            try:
-                c.remove(force=True)
-            except Exception:
-                pass
-        session.exitstatus = 1
+    from tests.leaks import describe, find_leaks, remove_leaks
+    try:
+        leaked = find_leaks(client, RUN_ID)
+        if leaked:
+            print(f"\nLEAKED CONTAINERS after the test suite: {describe(leaked)}", file=sys.stderr)
+            remove_leaks(client, leaked)
+            session.exitstatus = 1
+    finally:
+        client.close()

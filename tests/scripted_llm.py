@@ -104,7 +104,8 @@ class ScriptedLLM:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self) -> "ScriptedLLM":
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+        # (how long close() waits for the server loop to notice: one poll interval, paid by every test that uses one)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.005},
                                         name="scripted-llm", daemon=True)
         self._thread.start()
         return self

@@ -18,6 +18,8 @@ from tests.scripted_llm import ScriptedLLM
 from worker.jobs import JobSpec, default_of
 from worker.store import JobStore
 
+pytestmark = pytest.mark.cli
+
 LOCAL = "http://127.0.0.1:9/v1"   # an endpoint of one's own: no key needed, nothing answers
 
 
@@ -57,6 +59,7 @@ def wait_until(predicate, timeout: float = 60, what: str = "condition") -> None:
 
 # -- A. one source for every default ---------------------------------------------------------------------------
 
+@pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
 def test_a_job_with_no_options_gets_exactly_the_job_specs_defaults(run_pid, pid_env, sample_repo, tmp_path):
     env = {k: v for k, v in pid_env.items() if k != "PID_IMAGE"}
     res = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", LOCAL, env=env)
@@ -79,6 +82,7 @@ def test_help_shows_the_job_specs_defaults_and_help(run_pid, command):
     assert "env var: PID_API_KEY, OPENAI_API_KEY" in text
 
 
+@pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
 def test_the_api_option_takes_short_and_wire_names(run_pid, pid_env, sample_repo, tmp_path):
     short = run_pid("submit", *job_args(sample_repo, tmp_path / "out", "--api", "anthropic"))
     wire = run_pid("submit", *job_args(sample_repo, tmp_path / "out"), env={**pid_env, "PID_API": "anthropic-messages"})
@@ -132,6 +136,7 @@ def test_usage_errors_are_one_line(run_pid, sample_repo):
     assert_one_error(run_pid("run", "t"), "Missing option '--repo'")
 
 
+@pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
 def test_a_network_other_than_none_is_allowed_with_a_warning(run_pid, pid_env, sample_repo, tmp_path):
     res = run_pid("submit", *job_args(sample_repo, tmp_path / "out", "--network", "bridge"))
     assert res.code == 0, res.stderr
@@ -177,6 +182,7 @@ def test_an_unusable_pid_home_is_one_line_for_every_command(run_pid, pid_env, sa
 
 # -- D. messages say what happened -----------------------------------------------------------------------------
 
+@pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
 def test_the_timeout_message_names_the_jobs_timeout(run_pid, sample_repo, tmp_path):
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}]
     with ScriptedLLM(script) as llm:
@@ -186,6 +192,7 @@ def test_the_timeout_message_names_the_jobs_timeout(run_pid, sample_repo, tmp_pa
     assert res.json()["error"] == "wall-clock limit of 5s reached"
 
 
+@pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
 def test_result_of_an_unfinished_job_is_exit_5_and_cancel_of_a_finished_one_exit_2(run_pid, sample_repo, tmp_path):
     job_id = run_pid("submit", *job_args(sample_repo, tmp_path / "out")).stdout.strip()
     early = run_pid("result", job_id)
@@ -198,6 +205,7 @@ def test_result_of_an_unfinished_job_is_exit_5_and_cancel_of_a_finished_one_exit
     assert_one_error(run_pid("steer", job_id, "hi"), "takes no more messages")
 
 
+@pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
 def test_waiting_with_no_worker_says_so_and_ctrl_c_is_130(pid_env, run_pid, sample_repo, tmp_path):
     waiting = start_pid(pid_env, tmp_path, "submit", "--wait", *job_args(sample_repo, tmp_path / "out"))
     result_wait = None
@@ -221,6 +229,7 @@ def test_waiting_with_no_worker_says_so_and_ctrl_c_is_130(pid_env, run_pid, samp
     assert run_pid("status", job_id).code == 0 and "queued" in run_pid("status", job_id).stdout
 
 
+@pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
 def test_ctrl_c_during_a_run_is_130_with_the_result(pid_env, sample_repo, tmp_path):
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}]
     with ScriptedLLM(script) as llm:
@@ -240,6 +249,7 @@ def test_ctrl_c_during_a_run_is_130_with_the_result(pid_env, sample_repo, tmp_pa
     assert "Traceback" not in err
 
 
+@pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
 @pytest.mark.parametrize("delay_s", [0, 0.3, 0.8])
 def test_ctrl_c_during_set_up_is_130_and_leaves_no_container(pid_env, sample_repo, tmp_path, delay_s):
     with ScriptedLLM([{"delay_s": 5, "text": "done"}]) as llm:
@@ -261,6 +271,7 @@ def test_ctrl_c_during_set_up_is_130_and_leaves_no_container(pid_env, sample_rep
                             c.status != "removing"], timeout=15, what="the job's container to go")
 
 
+@pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
 def test_cancel_says_cancelling_and_a_busy_worker_is_named(run_pid, worker, pid_env, sample_repo, tmp_path):
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 100"}}]}, {"text": "done"}]
     with ScriptedLLM(script) as llm:
@@ -296,6 +307,7 @@ def test_no_api_key_for_the_default_endpoint_is_exit_2(run_pid, sample_repo, tmp
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
 def test_an_endpoint_of_ones_own_runs_without_a_key(run_pid, sample_repo, tmp_path):
     with ScriptedLLM([{"text": "done"}]) as llm:
         res = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url,

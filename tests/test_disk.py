@@ -15,6 +15,8 @@ import pytest
 from sandbox import disk as disk_mod
 from sandbox.disk import DiskError, JobDisk, disks_supported, parse_size, reap_disks
 
+pytestmark = pytest.mark.docker  # real loop-mounted disks need root and the host's loop devices, like the engine
+
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
 GiB = 1 << 30
@@ -371,6 +373,7 @@ def test_discard_only_hits_the_disks_own_filesystem(root: str) -> None:
 CHILD = """
 import sys, time
 from sandbox.disk import JobDisk
+
 d = JobDisk.create(sys.argv[1], sys.argv[2], 64 << 20, layout={"workspace": (1000, 1000, 0o755)})
 open(d.path("workspace") + "/data", "w").write("orphan")
 print("ready", flush=True)

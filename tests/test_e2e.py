@@ -6,8 +6,11 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 
 from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.docker  # the whole module needs an engine
 
 FOUR_TOOLS_SCRIPT = [
     {"text": "Let me look around.", "tool_calls": [

@@ -7,7 +7,11 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.docker  # the whole module needs an engine
 
 
 def opts(llm: ScriptedLLM, out: Path) -> list[str]:

@@ -2,6 +2,8 @@
 another terminal, and a `pid run` killed with SIGKILL is ended by the next command that sweeps."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import signal
@@ -12,6 +14,8 @@ from pathlib import Path
 
 from tests.conftest import pid_containers
 from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.docker  # the whole module needs an engine
 
 
 def start_run(env: dict[str, str], cwd: Path, *args: str) -> subprocess.Popen:

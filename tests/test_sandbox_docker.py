@@ -15,10 +15,12 @@ import docker.errors
 import pytest
 
 from pid.config import pid_home
-from pid.sandbox import SandboxError
+from pid.sandbox import OutputPolicy, SandboxError
 from sandbox import DockerSandbox, ImageNotFound, SandboxConfig, reap_expired
 from sandbox.artifacts import FilesBudget
-from sandbox.reaper import owner_label
+from sandbox.reaper import owner_label, run_labels
+
+pytestmark = pytest.mark.docker  # the whole module needs an engine
 
 IMAGE = os.environ.get("PID_TEST_IMAGE", "pid-sandbox:latest")
 JOB = "test-sandbox"
@@ -91,7 +93,7 @@ def test_exec_runs_in_own_process_group_and_fresh_shell(sb):
 
 
 def test_output_file_mode_and_tail_when_large(sb):
-    result = sb.exec("seq 1 100000", timeout=30, tail_bytes=100)
+    result = sb.exec("seq 1 100000", timeout=30, output=OutputPolicy(tail_bytes=100))
     assert result.total_lines == 100000
     assert result.total_bytes == len(b"".join(b"%d\n" % i for i in range(1, 100001)))
     assert result.tail.endswith(b"99999\n100000\n") and len(result.tail) == 100
@@ -103,12 +105,12 @@ def test_output_file_mode_and_tail_when_large(sb):
 
 
 def test_output_with_many_lines_is_kept_when_asked(sb):
-    small = sb.exec("seq 1 3000", timeout=30, tail_bytes=65536)
+    small = sb.exec("seq 1 3000", timeout=30, output=OutputPolicy(tail_bytes=65536))
     assert small.output_path is None and small.total_lines == 3000  # all of it fits the tail: nothing kept
-    kept = sb.exec("seq 1 3000", timeout=30, tail_bytes=65536, keep_lines=2000)
+    kept = sb.exec("seq 1 3000", timeout=30, output=OutputPolicy(tail_bytes=65536, keep_lines=2000))
     assert kept.output_path and kept.total_lines == 3000 and kept.tail.startswith(b"1\n2\n")
     assert sb.read_file(kept.output_path) == b"".join(b"%d\n" % i for i in range(1, 3001))
-    few = sb.exec("seq 1 10", timeout=30, keep_lines=2000)
+    few = sb.exec("seq 1 10", timeout=30, output=OutputPolicy(keep_lines=2000))
     assert few.output_path is None and few.tail == b"".join(b"%d\n" % i for i in range(1, 11))
 
 
@@ -253,7 +255,7 @@ def test_write_sizes_around_the_builtin_limit_keep_mode(sb):
 
 def test_exec_output_at_the_tail_boundary(sb):
     for size, kept in ((99, False), (100, False), (101, True)):
-        result = sb.exec(f"printf '%0{size}d' 7", timeout=10, tail_bytes=100)
+        result = sb.exec(f"printf '%0{size}d' 7", timeout=10, output=OutputPolicy(tail_bytes=100))
         assert result.tail == (b"0" * (size - 1) + b"7")[-100:], size
         assert (result.total_bytes, result.total_lines) == (size, 1)
         assert (result.output_path is not None) == kept, size
@@ -373,7 +375,7 @@ def test_reap_expired_removes_expired_labelled_container(client):
     # Expiry in the future for any other reaper running on this engine; "now" is moved past it for ours.
     now = datetime.now(timezone.utc)
     stamp = lambda moment: moment.strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
-    mine = {"pid.job": JOB + "-reap", "pid.owner": OWNER}
+    mine = {"pid.job": JOB + "-reap", "pid.owner": OWNER, **run_labels()}   # this test run's, for the leak check
     expired = client.containers.run(IMAGE, ["sleep", "300"], detach=True,
                                     labels={**mine, "pid.expires": stamp(now + timedelta(minutes=30))})
     alive = client.containers.run(IMAGE, ["sleep", "300"], detach=True,
@@ -527,5 +529,5 @@ def test_posix_sh_fallback_without_bash(client, image_without_bash):
         assert box.exec("sleep 1000 & sleep 1001", timeout=1).timed_out
         assert time.monotonic() - started < 5
         assert b"sleep 100" not in box.exec("ps -eo args", timeout=10).tail
-        big = box.exec("seq 1 100000", timeout=30, tail_bytes=10)
+        big = box.exec("seq 1 100000", timeout=30, output=OutputPolicy(tail_bytes=10))
         assert (big.total_lines, big.tail) == (100000, b"99\n100000\n")

@@ -1,14 +1,23 @@
-"""bash, end to end through a real sandbox (Docker when available, else the subprocess double)."""
+"""bash in a real container: real shells, real processes, real output (the Docker tier). Its logic alone, without
+a shell, is tested against the in-memory sandbox in test_tools_bash_logic.py."""
 from __future__ import annotations
 
 import threading
 import time
 
+import pytest
+
 from pid.messages import TextContent
 from pid.tools import ToolSettings
 from pid.tools.bash import sanitize
 from sandbox import DockerSandbox, SandboxConfig
-from tests.tool_sandbox import RUNTIME, call_tool, sandbox  # noqa: F401 - the fixture
+from tests.conftest import RUNTIME
+from tests.tool_sandbox import call_tool, docker_sandbox  # noqa: F401 - the fixture
+
+
+@pytest.fixture(scope="module")
+def sandbox(docker_sandbox):  # noqa: F811 - a container only (marks each test `docker`)
+    return docker_sandbox
 
 
 def text(result) -> str:
@@ -179,6 +188,7 @@ def test_waiting_for_background_output_is_bounded(sandbox):
     bash(sandbox, "pkill -u \"$(id -u)\" -x sleep; true")   # the agent's leftovers only
 
 
+@pytest.mark.docker
 def test_missing_working_directory():
     """pi refuses to run a command without its working directory (the file tools still work by absolute path)."""
     box = DockerSandbox.create(SandboxConfig(job_id="test-tools-nowd", workdir="/tmp/pid-wd", disk=0,
@@ -204,3 +214,10 @@ def test_a_call_cancelled_at_once_leaves_later_calls_intact(sandbox):
         assert text(bash(sandbox, f"echo stale{i}", cancel=cancel)).endswith("Command aborted")
         for j in range(3):
             assert text(bash(sandbox, f"echo fresh{i}{j}")) == f"fresh{i}{j}\n"
+
+
+def test_one_line_over_the_cap_without_a_final_newline_is_kept_too(sandbox):
+    result = bash(sandbox, "seq 1 2000; printf last")   # 2000 newlines, 2001 lines: line 1 is not shown
+    path = full_output_path(result)
+    assert text(result).endswith(f"\nlast\n\n[Showing lines 2-2001 of 2001. Full output: {path}]")
+    assert sandbox.read_file(path).startswith(b"1\n2\n")

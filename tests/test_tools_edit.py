@@ -1,4 +1,4 @@
-"""edit, end to end through a real sandbox (Docker when available, else the subprocess double)."""
+"""edit through the registry, against the in-memory sandbox and a real container (see tests/tool_sandbox.py)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import pytest
 from pid.messages import TextContent
 from pid.tools import ToolContext, default_registry
 from pid.messages import ToolCall
-from tests.tool_sandbox import call_tool, get, put, sandbox  # noqa: F401 - the fixture
+from tests.tool_sandbox import call_tool, docker_sandbox, get, put, sandbox  # noqa: F401 - the fixtures
 
 
 def text(result) -> str:
@@ -205,7 +205,8 @@ def test_legacy_fields_alongside_edits_become_one_more_edit(sandbox):
     assert get(sandbox, "both.txt") == b"1 2\n"
 
 
-def test_edits_through_a_symlink_and_its_target_are_serialised(sandbox):
+def test_edits_through_a_symlink_and_its_target_are_serialised(docker_sandbox):  # noqa: F811 - needs a real shell
+    sandbox = docker_sandbox
     tokens = [f"word{i:02d}" for i in range(16)]
     put(sandbox, "target.txt", "\n".join(tokens) + "\n")
     sandbox.exec("mkdir -p sub && ln -sfn target.txt link.txt", timeout=10)
@@ -221,7 +222,8 @@ def test_edits_through_a_symlink_and_its_target_are_serialised(sandbox):
     assert get(sandbox, "target.txt") == ("\n".join(t.upper() for t in tokens) + "\n").encode()
 
 
-def test_empty_edits_directory_and_permissions_keep_pi_wording(sandbox):
+def test_empty_edits_directory_and_permissions_keep_pi_wording(docker_sandbox):  # noqa: F811 - needs a real shell
+    sandbox = docker_sandbox
     put(sandbox, "any.txt", "x\n")
     assert text(call_tool(sandbox, "edit", {"path": "any.txt", "edits": []})) == (
         "Edit tool input is invalid. edits must contain at least one replacement.")
@@ -268,7 +270,8 @@ def test_cancel_fails_edit_and_write_with_pi_text(sandbox, tool):
     assert late.is_error and text(late) == "Operation aborted"
 
 
-def test_patch_applies_to_the_original_file(sandbox):
+def test_patch_applies_to_the_original_file(docker_sandbox):  # noqa: F811 - needs a real shell
+    sandbox = docker_sandbox
     original = b"\xef\xbb\xbfone\r\ntwo\r\nthree\r\nfour\r\nfive\r\nsix\r\nseven\r\neight\r\nnine\r\nlast"
     put(sandbox, "p.txt", original)
     result = edit(sandbox, "p.txt", ("two", "TWO"), ("last", "LAST\nmore"))

@@ -1,4 +1,4 @@
-"""read, end to end through a real sandbox (Docker when available, else the subprocess double)."""
+"""read through the registry, against the in-memory sandbox and a real container (see tests/tool_sandbox.py)."""
 from __future__ import annotations
 
 import base64
@@ -9,7 +9,7 @@ import struct
 from pid.messages import ImageContent, TextContent
 from pid.tools import read as read_module
 from sandbox.config import AGENT_HOME
-from tests.tool_sandbox import call_tool, put, sandbox  # noqa: F401 - the fixture
+from tests.tool_sandbox import call_tool, docker_sandbox, put, sandbox  # noqa: F401 - the fixtures
 
 
 def text(result) -> str:
@@ -157,8 +157,8 @@ class CountingSandbox:
         return self.inner.write_file(path, data)
 
 
-def test_huge_file_is_never_read_whole(sandbox):
-    box = CountingSandbox(sandbox)
+def test_huge_file_is_never_read_whole(docker_sandbox):   # files made by a real shell, read in parts by one
+    box = CountingSandbox(docker_sandbox)
     result = box.exec("seq 1 2000000 > big.txt && wc -c < big.txt", timeout=60)
     size = int(result.tail)
     assert size > read_module.READ_CAP
@@ -175,7 +175,8 @@ def test_huge_file_is_never_read_whole(sandbox):
     assert box.reads and all(max_bytes == read_module.READ_CAP + 1 and n <= max_bytes for max_bytes, n in box.reads)
 
 
-def test_huge_file_byte_cap_and_unterminated_last_line(sandbox):
+def test_huge_file_byte_cap_and_unterminated_last_line(docker_sandbox):
+    sandbox = docker_sandbox
     sandbox.exec("yes \"$(printf 'y%.0s' $(seq 300))\" | head -n 40000 > wide.txt && printf tail >> wide.txt",
                  timeout=60)
     row = "y" * 300
@@ -185,7 +186,8 @@ def test_huge_file_byte_cap_and_unterminated_last_line(sandbox):
     assert text(read(sandbox, path="wide.txt", offset=40000)) == row + "\ntail"
 
 
-def test_huge_single_line(sandbox):
+def test_huge_single_line(docker_sandbox):
+    sandbox = docker_sandbox
     sandbox.exec("head -c 9000000 /dev/zero | tr '\\0' a > one.txt", timeout=60)
     assert text(read(sandbox, path="one.txt")) == (
         "[Line 1 is 8.6MB, exceeds 50.0KB limit. Use bash: sed -n '1p' one.txt | head -c 51200]")
@@ -204,7 +206,8 @@ def test_read_falls_back_to_macos_names(sandbox):
     assert missing.is_error and text(missing) == "File not found: gone at 1.00.00 AM.txt"
 
 
-def test_read_expands_home_and_honours_cancel(sandbox):
+def test_read_expands_home_and_honours_cancel(docker_sandbox):  # noqa: F811 - needs a real shell
+    sandbox = docker_sandbox
     sandbox.write_file(f"{AGENT_HOME}/h.txt", b"home\n")
     assert text(read(sandbox, path="~/h.txt")) == "home\n"
     cancel = threading.Event()

@@ -1,9 +1,10 @@
-"""write, end to end through a real sandbox (Docker when available, else the subprocess double)."""
+"""write through the registry, against the in-memory sandbox and a real container (see tests/tool_sandbox.py)."""
 from __future__ import annotations
 
 from pid.messages import TextContent
 from sandbox.config import AGENT_HOME
-from tests.tool_sandbox import call_tool, get, sandbox  # noqa: F401 - the fixture
+from tests.memory_sandbox import MemorySandbox
+from tests.tool_sandbox import call_tool, docker_sandbox, get, sandbox  # noqa: F401 - the fixtures
 
 
 def text(result) -> str:
@@ -39,8 +40,16 @@ def test_write_missing_content_is_a_validation_error(sandbox):
         'Received arguments:\n{\n  "path": "f"\n}')
 
 
+def make_fifo_and_file(box, fifo: str, plain: str) -> None:
+    if isinstance(box, MemorySandbox):
+        box.special.add(f"{box.workdir}/{fifo}")
+        box.write_file(plain, b"x")
+    else:
+        box.exec(f"rm -f {fifo}; mkfifo {fifo}; printf x > {plain}", timeout=10)
+
+
 def test_the_tools_name_a_fifo_or_a_file_parent_plainly(sandbox):
-    sandbox.exec("rm -f fifo-x; mkfifo fifo-x; printf x > plain-x", timeout=10)
+    make_fifo_and_file(sandbox, "fifo-x", "plain-x")
     read = call_tool(sandbox, "read", {"path": "fifo-x"})
     edit = call_tool(sandbox, "edit", {"path": "fifo-x", "edits": [{"oldText": "a", "newText": "b"}]})
     write = call_tool(sandbox, "write", {"path": "fifo-x", "content": "y"})
@@ -51,7 +60,8 @@ def test_the_tools_name_a_fifo_or_a_file_parent_plainly(sandbox):
     assert under_file.content[0].text == "A parent of plain-x/child.txt is a file, not a directory."
 
 
-def test_paths_follow_pi_rules(sandbox):
+def test_paths_follow_pi_rules(docker_sandbox):  # noqa: F811 - needs a real shell
+    sandbox = docker_sandbox
     """`~` is the agent's home, a file:// URL names its path, Unicode spaces are plain spaces."""
     result = call_tool(sandbox, "write", {"path": "~/notes/home.txt", "content": "h"})
     assert text(result) == "Successfully wrote 1 bytes to ~/notes/home.txt"

@@ -16,10 +16,12 @@ from pathlib import Path
 import docker
 import pytest
 
-from pid.sandbox import SandboxError
+from pid.sandbox import OutputPolicy, SandboxError
 from sandbox import DockerSandbox, SandboxConfig
 from sandbox.channel import ProtocolError
 from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.docker  # the whole module needs an engine
 
 IMAGE = os.environ.get("PID_TEST_IMAGE", "pid-sandbox:latest")
 
@@ -79,7 +81,8 @@ def test_a_root_agent_cannot_plant_the_tools_pid_runs(root_box):
                            "cp /bin/true /usr/bin/git; echo rc=$?", timeout=10)
     assert result.tail.count(b"Read-only file system") == 2 and result.tail.count(b"rc=1") == 2, result.tail
     before = rss_mb()
-    big = root_box.exec("seq 1 300000", timeout=60, tail_bytes=1000)   # counted and tailed by pid's own tools
+    big = root_box.exec("seq 1 300000", timeout=60,
+                        output=OutputPolicy(tail_bytes=1000))   # counted and tailed by pid's own tools
     assert big.total_lines == 300000 and big.tail.endswith(b"300000\n") and rss_mb() - before < 50
 
 
@@ -110,7 +113,7 @@ def test_a_huge_output_keeps_only_its_tail_on_disk(box, monkeypatch):
     monkeypatch.setattr(docker_sandbox, "KEEP_OUTPUT", 1 << 20)
     monkeypatch.setattr(docker_sandbox, "TRIM_EVERY_S", 0.2)
     result = box.exec("for i in $(seq 1 20); do head -c 1048575 /dev/zero | tr '\\0' x; echo; sleep 0.2; done",
-                      timeout=60, tail_bytes=100)
+                      timeout=60, output=OutputPolicy(tail_bytes=100))
     assert (result.total_bytes, result.total_lines) == (20 << 20, 20)       # counted whole...
     assert result.output_from >= 10 << 20 and result.tail == b"x" * 99 + b"\n"
     used = box.exec(f"du -k {result.output_path} | cut -f1", timeout=10).tail   # ...kept as its tail only

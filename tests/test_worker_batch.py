@@ -3,8 +3,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import pytest
+
 from tests.conftest import start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.docker  # the whole module needs an engine
 
 
 def test_two_jobs_run_concurrently_and_both_finish(run_pid, pid_env, sample_repo, tmp_path):

@@ -2,12 +2,16 @@
 Ctrl-C lets the running job end, then stops. A Redis broker without its client is a clear error."""
 from __future__ import annotations
 
+import pytest
+
 import os
 import signal
 import time
 
 from tests.conftest import start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.docker  # the whole module needs an engine
 
 
 def test_the_worker_prints_a_line_per_job_and_ctrl_c_lets_the_running_job_end(run_pid, pid_env, sample_repo,

@@ -9,9 +9,13 @@ import os
 import signal
 import time
 
+import pytest
+
 from tests.conftest import pid_containers, start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
 from worker.store import JobStore
+
+pytestmark = pytest.mark.docker  # the whole module needs an engine
 
 
 def test_job_survives_a_killed_worker(run_pid, pid_env, sample_repo, tmp_path):

@@ -27,8 +27,8 @@ from pid.session import SessionWriter, iso_time
 from pid.tools.base import ToolContext
 from pid.tools.registry import default_registry
 from pid.sandbox import SandboxError
-from sandbox import DockerSandbox, remove_job_containers
-from sandbox.artifacts import FilesBudget
+from pid.sandbox_lifecycle import FilesBudget, JobSandbox, SandboxProvider
+from sandbox import DockerProvider
 from worker.jobs import JobSpec, write_json_atomic
 from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, sandbox_config
 from worker.watchdog import Watchdog
@@ -43,11 +43,13 @@ class JobCancelled(Exception):
 def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = ev.ignore,
             on_agent: AgentHook | None = None, cancel: threading.Event | None = None,
             still_owner: Callable[[], bool] = lambda: True,
-            starting: "Future[DockerSandbox] | None" = None,
+            starting: "Future[JobSandbox] | None" = None,
+            sandboxes: SandboxProvider[Any] | None = None,
             amend_result: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run one job to its end and return result.json's content. Never raises for job failures.
 
-    `starting` is the job's sandbox already being created (sandbox_start.start_sandbox); else it is created here.
+    `starting` is the job's sandbox already being created (sandbox_start.start_sandbox); else it is created here,
+    by `sandboxes` (Docker's by default).
 
     `still_owner` is asked before artifacts are written: a worker that lost its lease (another one took the job
     over) must not overwrite the new owner's patch and result. `amend_result` completes the result before it is
@@ -58,7 +60,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     cancel = cancel or threading.Event()
     outcome = Outcome("error", usage=Usage())
     artifacts: dict[str, Any] = {}
-    sandbox: DockerSandbox | None = None
+    sandbox: JobSandbox | None = None
     session: SessionWriter | None = None
     provider = None
     watchdog = Watchdog()
@@ -75,8 +77,9 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         if cancel.is_set():
             raise JobCancelled
         if sandbox is None:
-            remove_job_containers(spec.id)  # left by an earlier attempt whose worker died
-            sandbox = DockerSandbox.create(sandbox_config(spec))
+            sandboxes = sandboxes or DockerProvider()
+            sandboxes.clear_job(spec.id)  # left by an earlier attempt whose worker died
+            sandbox = sandboxes.create(sandbox_config(spec))
         watchdog.arm(spec.timeout_s - (time.time() - started) + GRACE_S, sandbox.kill, "wall_clock")
         sandbox.import_workspace(spec.repo)
         if cancel.is_set():
@@ -160,7 +163,7 @@ def _fresh(path: str) -> str:
     return path
 
 
-def _collect(sandbox: DockerSandbox, spec: JobSpec, artifacts: dict[str, Any]) -> str | None:
+def _collect(sandbox: JobSandbox, spec: JobSpec, artifacts: dict[str, Any]) -> str | None:
     """Patch and requested files into `artifacts`; what was refused or skipped is listed with its reason.
     Returns why the job's artifacts are incomplete (then a completed job fails), or None."""
     refused: list[dict[str, str]] = []

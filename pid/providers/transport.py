@@ -7,7 +7,9 @@ hence a thread-local; a thread with no cancel event set reads exactly as httpx w
 """
 from __future__ import annotations
 
+import functools
 import json
+import ssl
 import threading
 import time
 import urllib.request
@@ -89,9 +91,15 @@ def _env_proxy(base_url: str) -> str | None:
     return proxy if proxy and proxy.startswith(("http://", "https://")) else None
 
 
+@functools.lru_cache(maxsize=1)
+def _tls_context() -> ssl.SSLContext:
+    """httpx's default TLS settings, made once: loading the CA bundle takes ~50 ms, paid per client otherwise."""
+    return httpx.create_ssl_context()
+
+
 def make_client(config: ProviderConfig) -> httpx.Client:
     """One client per provider instance, so consecutive turns reuse a kept-alive connection."""
-    transport = httpx.HTTPTransport(proxy=_env_proxy(config.base_url))
+    transport = httpx.HTTPTransport(verify=_tls_context(), proxy=_env_proxy(config.base_url))
     # The one reach into httpx internals: the pool it built gets our cancellable sockets.
     transport._pool._network_backend = _CancellableBackend()  # type: ignore[attr-defined]
     timeout = httpx.Timeout(connect=config.connect_timeout_s, read=config.read_timeout_s,

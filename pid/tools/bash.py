@@ -11,7 +11,7 @@ import shlex
 from typing import Any, Callable
 
 from pid.messages import ImageContent, TextContent
-from pid.sandbox import ExecResult
+from pid.sandbox import ExecResult, OutputPolicy
 from pid.tools.base import ToolContext, ToolResult, ToolSettings
 from pid.tools.registry import Tool
 from pid.tools.schema import format_validation_error
@@ -19,6 +19,8 @@ from pid.tools.truncate import MAX_BYTES, MAX_LINES, format_size, truncate_tail
 
 # Comfortably more than MAX_BYTES so cuts land on line boundaries even after escape sequences are stripped.
 TAIL_BYTES = 128 * 1024
+# Whatever the model is shown less of than the whole stays reachable in the kept output file.
+OUTPUT = OutputPolicy(tail_bytes=TAIL_BYTES, keep_lines=MAX_LINES, keep_bytes=MAX_BYTES)
 
 _ANSI_RE = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"                 # CSI: colours, cursor movement
@@ -83,8 +85,7 @@ def run_bash(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         return ToolResult.error(format_validation_error(
             "bash", [("timeout", f"must be <= {_fmt_seconds(ctx.settings.bash_max_timeout_s)}")], args))
     timeout = timeout or ctx.settings.bash_timeout_s
-    result = ctx.sandbox.exec(args["command"], timeout=timeout, tail_bytes=TAIL_BYTES, keep_lines=MAX_LINES,
-                              keep_bytes=MAX_BYTES, cancel=ctx.cancel,
+    result = ctx.sandbox.exec(args["command"], timeout=timeout, output=OUTPUT, cancel=ctx.cancel,
                               on_output=_forwarder(ctx.on_update) if ctx.on_update else None)
     if result.exit_code == NO_WORKDIR_STATUS and result.tail == no_workdir_message(ctx.sandbox.workdir).encode():
         return ToolResult.error(no_workdir_message(ctx.sandbox.workdir))
@@ -190,7 +191,7 @@ def _last_line_size(ctx: ToolContext, result: ExecResult, raw: bytes, starts_at_
     if not result.output_path:
         return None
     probe = ctx.sandbox.exec(f"tail -n 1 {shlex.quote(result.output_path)} | tr -d '\\n' | wc -c",
-                             timeout=60, tail_bytes=64)
+                             timeout=60, output=OutputPolicy(tail_bytes=64))
     try:
         return int(probe.tail.strip()) if probe.exit_code == 0 else None
     except ValueError:

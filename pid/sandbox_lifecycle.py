@@ -1,0 +1,89 @@
+"""A job's sandbox around the tools: made from a config, the workspace copied in, the results copied out, removed.
+
+The runner sees only these Protocols, so it does not care where commands run: `sandbox.DockerProvider` makes
+containers, the tests' `MemoryProvider` (tests/memory_sandbox.py) keeps everything in a dict. The tools never see
+this side of a sandbox (pid/sandbox.py is theirs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, TypeVar, runtime_checkable
+
+from pid.sandbox import Sandbox
+
+
+@dataclass
+class Skipped:
+    """A member or patch section that was not written, and why (shown to the user, so never raw)."""
+    path: str      # printable form of the offending name: control chars escaped, at most 300 chars
+    reason: str
+
+
+@dataclass
+class PatchCopy:
+    size: int                   # bytes written to dest
+    dropped: list[Skipped]      # file sections removed from the patch, with reasons
+
+
+@dataclass
+class FilesBudget:
+    """Limits shared by several extract_files calls (one per requested path) so they cap the whole collection.
+
+    Entries are filesystem objects created, parent directories made on the way included. Once a limit is hit,
+    `stopped` holds the reason and every later member, in this call or a later one, is skipped with it.
+    """
+    max_bytes: int
+    max_entries: int
+    used_bytes: int = 0
+    used_entries: int = 0
+    stopped: str | None = None
+
+
+@runtime_checkable
+class JobSandbox(Sandbox, Protocol):
+    """One job's sandbox: what the tools use, plus what the runner does before and after them."""
+
+    removed_by_pid: bool   # kill() was called: the sandbox is gone on purpose (nothing left to collect)
+
+    def import_workspace(self, host_path: str, timeout: float = 600.0) -> None:
+        """Copy a host directory into workdir and record it as the base of the patch (the host side is only read)."""
+        ...
+
+    def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:
+        """Write the workspace's changes since import_workspace to host file `dest`, at most `max_bytes`."""
+        ...
+
+    def export_files(self, paths: list[str], dest_dir: str, budget: FilesBudget) -> tuple[list[str], list[Skipped]]:
+        """Copy in-sandbox files or directories under `dest_dir`, at their in-sandbox paths; (host paths written,
+        what was skipped and why)."""
+        ...
+
+    def is_alive(self) -> bool:
+        """The sandbox still exists and runs."""
+        ...
+
+    def kill(self) -> None:
+        """Remove the sandbox now, from any thread: every wait on it ends (the watchdog's tool)."""
+        ...
+
+    def close(self) -> None:
+        """Remove the sandbox and what it holds. Idempotent; never raises."""
+        ...
+
+
+ConfigT = TypeVar("ConfigT", contravariant=True)
+
+
+class SandboxProvider(Protocol[ConfigT]):
+    """Makes job sandboxes. The config's type is the provider's own (sandbox.SandboxConfig for Docker)."""
+
+    def create(self, config: ConfigT) -> JobSandbox:
+        """A started sandbox the caller owns (and closes). Raises SandboxError (or a subclass) when it cannot."""
+        ...
+
+    def clear_job(self, job_id: str) -> None:
+        """Remove what an earlier attempt of this job left behind (its worker died before cleaning up)."""
+        ...
+
+
+__all__ = ["JobSandbox", "SandboxProvider", "Skipped", "PatchCopy", "FilesBudget"]

@@ -1,0 +1,116 @@
+"""The sandbox seam holds: pid/ needs no Docker, the Docker sandbox and the in-memory one fit the same Protocols, and
+a whole job runs through the runner on the in-memory provider (no DockerSandbox anywhere in the runner's path)."""
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pid import events as ev
+from pid.sandbox import Sandbox, SandboxLost
+from pid.sandbox_lifecycle import JobSandbox, SandboxProvider
+from sandbox import DockerProvider, DockerSandbox
+from tests.memory_sandbox import MemoryProvider, MemorySandbox, Run
+from tests.scripted_llm import ScriptedLLM
+from worker.jobs import JobSpec
+from worker.runner import run_job
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def protocol_methods(protocol: type) -> list[str]:
+    return sorted(name for name, value in vars(protocol).items() if inspect.isfunction(value)
+                  and not name.startswith("_"))
+
+
+@pytest.mark.parametrize("implementation", [DockerSandbox, MemorySandbox])
+def test_sandboxes_take_what_the_protocols_give(implementation):
+    """Same parameter names, kinds and defaults as the Protocols, so a caller written against them works on both."""
+    methods = {name: getattr(proto, name) for proto in (Sandbox, JobSandbox) for name in protocol_methods(proto)}
+    assert set(methods) >= {"exec", "read_file", "write_file", "import_workspace", "export_patch", "export_files",
+                            "is_alive", "kill", "close"}
+    for name, declared in methods.items():
+        expected = [(p.name, p.kind, p.default) for p in inspect.signature(declared).parameters.values()]
+        actual = [(p.name, p.kind, p.default) for p in inspect.signature(getattr(implementation, name)).parameters.values()]
+        assert actual == expected, name
+
+
+@pytest.mark.parametrize("implementation", [DockerProvider, MemoryProvider])
+def test_providers_take_what_the_protocol_gives(implementation):
+    for name in protocol_methods(SandboxProvider):
+        expected = [p.name for p in inspect.signature(getattr(SandboxProvider, name)).parameters.values()]
+        assert [p.name for p in inspect.signature(getattr(implementation, name)).parameters.values()] == expected
+
+
+def test_the_agent_core_imports_no_docker():
+    code = ("import sys, pid.agent, pid.tools, pid.prompt, pid.sandbox_lifecycle; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('docker', 'sandbox', 'worker')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_runner_does_not_know_dockersandbox():
+    import worker.runner
+    assert "DockerSandbox" not in vars(worker.runner)
+
+
+def spec_for(repo: Path, out: Path, llm: ScriptedLLM, **extra) -> JobSpec:
+    return JobSpec(task="greet", repo=str(repo), model="m", out_dir=str(out), base_url=llm.base_url, **extra)
+
+
+def test_a_job_runs_through_the_runner_on_the_memory_provider(sample_repo, tmp_path):
+    script = [{"tool_calls": [{"name": "write", "arguments": {"path": "hello.py", "content": 'print("hi, pid")\n'}},
+                              {"name": "bash", "arguments": {"command": "python3 hello.py"}}]},
+              {"text": "done"}]
+    provider = MemoryProvider({"python3 hello.py": Run("hi, pid\n")})
+    with ScriptedLLM(script) as llm:
+        spec = spec_for(sample_repo, tmp_path / "out", llm, files=["hello.py", "missing.txt"])
+        result = run_job(spec, sandboxes=provider)
+        system = llm.requests[0]["messages"][0]["content"]
+        tool_results = [m["content"] for m in llm.requests[1]["messages"] if m["role"] == "tool"]
+    assert (result["status"], result["exit_reason"], result["final_message"]) == ("completed", "stop", "done"), result
+    assert "MARKER-AGENTS-7f3a" in str(system)   # the prompt read AGENTS.md inside the sandbox
+    assert tool_results[1].strip() == "hi, pid"
+    job_dir = Path(spec.job_dir)
+    patch = (job_dir / "patch.diff").read_text()
+    assert '+print("hi, pid")' in patch and "uncommitted" not in patch   # the base includes uncommitted work
+    assert json.loads((job_dir / "result.json").read_text())["status"] == "completed"
+    assert (job_dir / "files" / "workspace" / "hello.py").read_text() == 'print("hi, pid")\n'
+    assert result["artifacts"]["refused"] == [{"path": "missing.txt", "reason": "not found", "artifact": "files"}]
+    [box] = provider.created
+    assert provider.cleared == [spec.id] and box.closed and not box.removed_by_pid
+
+
+def test_a_sandbox_lost_mid_job_fails_it_as_a_sandbox_error(sample_repo, tmp_path):
+    def lose(command: str, box: MemorySandbox) -> Run:
+        box.kill()   # as the watchdog would, or the engine
+        raise SandboxLost("the sandbox container is gone")
+
+    provider = MemoryProvider({"make": lose})
+    events: list[str] = []
+    with ScriptedLLM([{"tool_calls": [{"name": "bash", "arguments": {"command": "make"}}]}, {"text": "never"}]) as llm:
+        result = run_job(spec_for(sample_repo, tmp_path / "out", llm), sandboxes=provider,
+                         sink=lambda e: events.append(e.type))
+        assert len(llm.requests) == 1
+    assert (result["status"], result["exit_reason"]) == ("failed", "sandbox_error")
+    assert "gone" in result["error"] and "patch" not in result["artifacts"]   # nothing to collect from a removed box
+    assert events[-1] == "agent_end" and provider.created[0].closed
+
+
+def test_the_loop_streams_tool_output_as_updates(sample_repo, tmp_path):
+    provider = MemoryProvider({"build": Run("step 1\n", 0.05, "step 2\n")})
+    updates: list[str] = []
+
+    def sink(event) -> None:
+        if isinstance(event, ev.ToolUpdate):
+            updates.append(event.partial)
+
+    with ScriptedLLM([{"tool_calls": [{"name": "bash", "arguments": {"command": "build"}}]}, {"text": "ok"}]) as llm:
+        result = run_job(spec_for(sample_repo, tmp_path / "out", llm), sandboxes=provider, sink=sink)
+    assert result["status"] == "completed"
+    assert "".join(updates) == "step 1\nstep 2\n"
