@@ -150,7 +150,7 @@ def run(api_key: str | None, as_json: bool, no_images: bool, **options: Any) -> 
     try:
         click.echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
         result = run_job(spec, api_key=api_key, sink=job.sink(ev.ignore if as_json else EventPrinter()),
-                         on_agent=lambda agent: (agents.append(agent), job.attach(agent)), cancel=job.cancel,
+                         on_agent=lambda agent: _attach(agent, agents, job), cancel=job.cancel,
                          starting=starting)
     except KeyboardInterrupt:  # Ctrl-C during set-up: run_job removed the container and wrote result.json...
         abandon(starting)      # ...unless it came before run_job took the early sandbox (idempotent otherwise)
@@ -164,6 +164,12 @@ def run(api_key: str | None, as_json: bool, no_images: bool, **options: Any) -> 
         job.end(result)
     print_result(result, spec.job_dir, as_json)
     sys.exit(EXIT_INTERRUPTED if interrupted.is_set() else exit_code_for(result))
+
+
+def _attach(agent: Any, agents: list[Any], job: Any) -> None:
+    """The running agent, for Ctrl-C here and for the store's controls from other terminals."""
+    agents.append(agent)
+    job.attach(agent)
 
 
 @cli.command()

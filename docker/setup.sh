@@ -56,6 +56,9 @@ if [ "${1:-}" = "--test" ]; then
   # tier runs; the script fails at the end if one did. Exit status 5 (nothing selected, e.g. for a file given on the
   # command line with no test of that tier) is no failure.
   failed=0
+  say "checking the code (ruff, mypy)"
+  .venv/bin/ruff check . || failed=1
+  .venv/bin/mypy || failed=1
   tier() { .venv/bin/python -m pytest "$@" || [ $? -eq 5 ] || failed=1; }
   say "running the fast tests (no Docker, no subprocesses)"
   tier -m "not docker and not cli" "${@:2}"

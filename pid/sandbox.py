@@ -54,7 +54,7 @@ class ExecResult:
     cancelled: bool = False
     output_path: str | None = None  # in-sandbox file with the full output, when kept
     output_from: int = 0            # the kept file starts at this byte of the output (its front was dropped: size cap)
-    pids_limit_hit: bool = False    # the process limit refused a fork meanwhile (then the agent's processes were killed)
+    pids_limit_hit: bool = False    # the process limit refused a fork meanwhile (the agent's processes were killed)
 
 
 @runtime_checkable

@@ -42,7 +42,8 @@ class SessionWriter:
 
     def _append(self, body: dict[str, Any]) -> str:
         entry_id = _entry_id()
-        self._write({"type": body.pop("type"), "id": entry_id, "parentId": self._last_id, "timestamp": iso_time(), **body})
+        self._write({"type": body.pop("type"), "id": entry_id, "parentId": self._last_id, "timestamp": iso_time(),
+                     **body})
         self._last_id = entry_id
         return entry_id
 

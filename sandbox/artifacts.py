@@ -178,7 +178,7 @@ class _GuardedTarInfo(tarfile.TarInfo):
         stream = tar.fileobj
         if getattr(stream, "comptype", None) != "tar" or not isinstance(getattr(stream, "buf", None), bytes):
             return
-        data = stream.read(self._block(self.size))
+        data = stream.read(self._block(self.size))  # type: ignore[attr-defined]  # TarInfo's private block size
         stream.buf = data + stream.buf           # put it back for tarfile to read
         stream.pos -= len(data)
         if _LONG_DIGITS.search(data):
@@ -218,10 +218,17 @@ def _open_tar(chunks: Iterable[bytes]) -> tarfile.TarFile:
     return tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks), _BLOCK), mode="r|", tarinfo=_GuardedTarInfo)
 
 
+def _regular(tar: tarfile.TarFile, member: tarfile.TarInfo) -> BinaryIO:
+    """A regular member's data (extractfile gives None only for other kinds, which callers never pass)."""
+    stream = tar.extractfile(member)
+    assert stream is not None, member.name
+    return stream  # type: ignore[return-value]
+
+
 def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
     """Members one at a time; tarfile would otherwise keep every TarInfo it has read."""
     while (member := tar.next()) is not None:
-        tar.members.clear()
+        tar.members.clear()  # type: ignore[attr-defined]  # tarfile's private list of what it has read
         yield member
 
 
@@ -244,7 +251,7 @@ def copy_patch(chunks: Iterable[bytes], dest: str, max_bytes: int) -> PatchCopy:
                 continue
             if member.size > max_bytes:
                 raise ArtifactTooLarge(f"the patch is {member.size} bytes, over the {_size_text(max_bytes)} limit")
-            return _write_patch(tar.extractfile(member), dest, max_bytes)
+            return _write_patch(_regular(tar, member), dest, max_bytes)
     raise FileNotFoundError("no regular file in the archive")
 
 
@@ -693,7 +700,7 @@ class _Extractor:
             out = os.fdopen(_host(os.open, parts[-1], _FILE_FLAGS, mode, dir_fd=parent), "wb", buffering=_BLOCK)
             try:
                 with out:
-                    size = _copy(tar.extractfile(member), out, member)
+                    size = _copy(_regular(tar, member), out, member)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(parts[-1], dir_fd=parent)

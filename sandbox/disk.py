@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 TIMEOUT = 30.0                     # seconds for mkfs / mount / umount -l
 UMOUNT_TIMEOUT = 60.0              # a plain umount may have to flush dirty pages into the image first
-RESERVED_PERCENT = 5               # blocks only root can use: pid's machinery still writes after the agent filled the disk
+RESERVED_PERCENT = 5   # blocks only root can use: pid's machinery still writes after the agent filled the disk
 IMAGE_SUFFIX = ".img"
 # Where root's tools live, for workers started with a PATH that lacks the sbin directories.
 _FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -450,7 +450,8 @@ def reap_disks(root: str) -> list[str]:
     """Clean up disks under `root` whose owner process is gone; returns the names reaped.
 
     An image whose flock can be taken has no live owner: its filesystem is shut down (see _discard), its mount point
-    lazily unmounted and removed, then the image. Mount-point directories without an image are removed as well. Disks whose lock is held are never
+    lazily unmounted and removed, then the image. Mount-point directories without an image are removed as well.
+    Disks whose lock is held are never
     touched, entries that vanish mid-scan are skipped, symlinks are never followed.
     """
     try:

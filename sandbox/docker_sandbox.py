@@ -305,7 +305,8 @@ class DockerSandbox:
         except SandboxError as exc:
             log.warning("cannot kill process group %s (%s): removing the container", pgid, exc)
             self.kill()
-            raise SandboxLost(f"could not stop a command inside the sandbox ({exc}); the container was removed") from exc
+            raise SandboxLost(f"could not stop a command inside the sandbox ({exc}); the container was removed") \
+                from exc
 
     def _clear_process_table(self) -> int:
         """After the pids limit was hit: kill every process of the agent, so that the next call can start. From the
@@ -345,9 +346,12 @@ class DockerSandbox:
         start because the container is gone raises SandboxLost."""
         if self.removed_by_pid:
             raise SandboxLost("the sandbox container was removed")
-        return self._pool.acquire()
+        channel = self._pool.acquire()
+        assert channel is not None   # a blocking acquire waits rather than return None
+        return channel
 
-    def _start(self, command: bytes | str, emit: int, deadline: float, upload: bytes | None) -> tuple[Channel, int, str, bool]:
+    def _start(self, command: bytes | str, emit: int, deadline: float,
+               upload: bytes | None) -> tuple[Channel, int, str, bool]:
         """Start a command on a pooled agent channel, which stays lent until its reply is read; (channel, pgid,
         output file, whether a full process table had to be cleared first). A channel whose server died while idle
         is replaced and the start retried: a dead server ran nothing."""
@@ -394,8 +398,9 @@ class DockerSandbox:
         """
         started = time.monotonic()
         deadline = started + timeout
-        channel, pgid, out_path, cleared = self._start(command, emit, min(deadline, started + CONTROL_TIMEOUT_S),
-                                                       upload)
+        channel, started_pgid, out_path, cleared = self._start(command, emit,
+                                                               min(deadline, started + CONTROL_TIMEOUT_S), upload)
+        pgid: int | None = started_pgid   # None once the command has ended: nothing left to kill
         try:
             next_poll = started + OUTPUT_POLL_S
             next_trim = started + TRIM_EVERY_S
@@ -424,7 +429,7 @@ class DockerSandbox:
                 if reply is not None:
                     break
             if stop is not None:
-                self._kill_group(pgid)
+                self._kill_group(started_pgid)
                 reply = collect(channel, time.monotonic() + KILL_GRACE_S)
                 if reply is None:
                     raise SandboxError(f"command did not end after SIGKILL of its process group {pgid}")

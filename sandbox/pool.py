@@ -25,6 +25,7 @@ class ChannelPool:
     def acquire(self, block: bool = True) -> Channel | None:
         """An idle channel, one that is warming up, a new one while under the limit, else wait (or None when not
         blocking)."""
+        channel: Channel | None
         while True:
             with self._cond:
                 while True:

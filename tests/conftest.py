@@ -66,6 +66,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 RUNTIME = os.environ.get("PID_TEST_RUNTIME") or None
 
 
+from tests.tool_sandbox import docker_sandbox, sandbox  # noqa: E402,F401 - the tool tests' fixtures, for every module
+
+
 @pytest.fixture(scope="module")
 def tools_container():
     """The real container behind tool_sandbox's `sandbox` and `docker_sandbox` fixtures (which mark their tests
@@ -128,7 +131,8 @@ def sample_repo(tmp_path: Path) -> Path:
 def start_worker(env: dict[str, str], cwd: Path, log_path: Path, concurrency: int = 1) -> subprocess.Popen:
     """A real `pid worker` process (in its own process group) on the embedded (filesystem) broker."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", str(concurrency)], cwd=cwd,
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", str(concurrency)],
+                                cwd=cwd,
                                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     deadline = time.time() + 60

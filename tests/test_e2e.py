@@ -125,7 +125,8 @@ def test_submit_without_wait_prints_the_id_and_result_waits(run_pid, worker, sam
 
 def test_bash_timeout_leaves_no_process_in_the_container(run_pid, sample_repo, tmp_path):
     script = [
-        {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 1000 & sleep 999; echo never", "timeout": 1}}]},
+        {"tool_calls": [{"name": "bash",
+                         "arguments": {"command": "sleep 1000 & sleep 999; echo never", "timeout": 1}}]},
         {"tool_calls": [{"name": "bash", "arguments": {"command": "ps -eo pid,pgid,args"}}]},
         {"text": "ok"},
     ]

@@ -92,7 +92,8 @@ def test_pause_holds_a_job_and_resume_continues_it(run_pid, worker, sample_repo,
     assert done.code == 0 and done.json()["final_message"] == "resumed"
 
 
-PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGBgAAAABQABpfZFQAAAAABJRU5ErkJggg==")
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGBgAAAABQABpfZFQAAAA"
+                       "ABJRU5ErkJggg==")
 
 
 def test_tool_subset_and_notices_as_the_model_sees_them(run_pid, sample_repo, tmp_path):
@@ -154,7 +155,8 @@ def test_edit_and_read_behaviours_as_the_model_sees_them(run_pid, sample_repo, t
     (sample_repo / "quotes.py").write_bytes('msg = “smart”  \r\nkeep = 1\r\n'.encode())
     (sample_repo / "wide.txt").write_text("".join(f"{i:04d} " + "w" * 205 + "\n" for i in range(500)))
     script = [{"tool_calls": [
-        {"name": "edit", "arguments": {"path": "quotes.py", "edits": [{"oldText": 'msg = "smart"', "newText": "msg = 'plain'"}]}},
+        {"name": "edit", "arguments": {"path": "quotes.py",
+                                       "edits": [{"oldText": 'msg = "smart"', "newText": "msg = 'plain'"}]}},
         {"name": "read", "arguments": {"path": "wide.txt"}},
         {"name": "edit", "arguments": {"path": "hello.py", "oldText": "absent text", "newText": "x"}},
         {"name": "bash", "arguments": {"command": "echo out; exit 4"}}]},
@@ -165,7 +167,8 @@ def test_edit_and_read_behaviours_as_the_model_sees_them(run_pid, sample_repo, t
         edited, wide, missing, failed = tool_results(llm.requests[1])
     assert res.code == 0, res.stderr
     assert edited == "Successfully replaced 1 block(s) in quotes.py."
-    assert wide.endswith("\n\n[Showing lines 1-242 of 500 (50.0KB limit). Use offset=243 to continue.]")  # 211-byte lines
+    # 211-byte lines
+    assert wide.endswith("\n\n[Showing lines 1-242 of 500 (50.0KB limit). Use offset=243 to continue.]")
     assert missing.startswith("Could not find the exact text in hello.py. The old text must match exactly")
     assert failed == "out\n\nCommand exited with code 4"
     patch = (tmp_path / "out" / res.json()["id"] / "patch.diff").read_bytes()

@@ -88,7 +88,8 @@ def test_finish_reasons_are_mapped(api: str, finish: str, expected: str) -> None
 
 @pytest.mark.parametrize("api", BOTH)
 def test_tool_calls_mean_tool_use_whatever_the_finish_reason(api: str) -> None:
-    with ScriptedLLM([{"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}], "finish_reason": "stop"}]) as llm:
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}], "finish_reason": "stop"}]
+    with ScriptedLLM(script) as llm:
         assert provider(llm, api).stream("", HELLO, [BASH]).stop_reason == "toolUse"
 
 
@@ -301,7 +302,8 @@ def test_openai_leniency_for_other_servers() -> None:
               {"id": "gen-1", "choices": [{"delta": {"role": "assistant", "reasoning": "Think"}}]},
               'data:{"id": "gen-1", "choices": [{"delta": {"reasoning": "ing."}}]}\n\n',
               {"id": "gen-1", "choices": [{"delta": {"content": "Hi"}, "extra": 1}], "provider": "x"},
-              {"choices": [{"delta": {"tool_calls": [{"id": "t1", "function": {"name": "bash", "arguments": "{\"co"}}]}}]},
+              {"choices": [{"delta": {"tool_calls": [{"id": "t1",
+                                                      "function": {"name": "bash", "arguments": "{\"co"}}]}}]},
               {"choices": [{"delta": {"tool_calls": [{"function": {"arguments": "mmand\": \"ls\"}"}}]}}]},
               {"choices": [{"delta": {"tool_calls": [{"id": "t2", "function": {"name": "read",
                                                                                "arguments": "{\"path\": \"x\"}"}}]}}]},

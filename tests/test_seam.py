@@ -35,7 +35,8 @@ def test_sandboxes_take_what_the_protocols_give(implementation):
                             "is_alive", "kill", "close"}
     for name, declared in methods.items():
         expected = [(p.name, p.kind, p.default) for p in inspect.signature(declared).parameters.values()]
-        actual = [(p.name, p.kind, p.default) for p in inspect.signature(getattr(implementation, name)).parameters.values()]
+        params = inspect.signature(getattr(implementation, name)).parameters.values()
+        actual = [(p.name, p.kind, p.default) for p in params]
         assert actual == expected, name
 
 

@@ -12,11 +12,11 @@ from pid.tools import ToolSettings
 from pid.tools.bash import sanitize
 from sandbox import DockerSandbox, SandboxConfig
 from tests.conftest import RUNTIME
-from tests.tool_sandbox import call_tool, docker_sandbox  # noqa: F401 - the fixture
+from tests.tool_sandbox import call_tool
 
 
 @pytest.fixture(scope="module")
-def sandbox(docker_sandbox):  # noqa: F811 - a container only (marks each test `docker`)
+def sandbox(docker_sandbox):  # a container only (marks each test `docker`)
     return docker_sandbox
 
 

@@ -9,7 +9,7 @@ import pytest
 from pid.messages import TextContent
 from pid.tools import ToolContext, default_registry
 from pid.messages import ToolCall
-from tests.tool_sandbox import call_tool, docker_sandbox, get, put, sandbox  # noqa: F401 - the fixtures
+from tests.tool_sandbox import call_tool, get, put
 
 
 def text(result) -> str:
@@ -205,7 +205,7 @@ def test_legacy_fields_alongside_edits_become_one_more_edit(sandbox):
     assert get(sandbox, "both.txt") == b"1 2\n"
 
 
-def test_edits_through_a_symlink_and_its_target_are_serialised(docker_sandbox):  # noqa: F811 - needs a real shell
+def test_edits_through_a_symlink_and_its_target_are_serialised(docker_sandbox):  # needs a real shell
     sandbox = docker_sandbox
     tokens = [f"word{i:02d}" for i in range(16)]
     put(sandbox, "target.txt", "\n".join(tokens) + "\n")
@@ -222,7 +222,7 @@ def test_edits_through_a_symlink_and_its_target_are_serialised(docker_sandbox): 
     assert get(sandbox, "target.txt") == ("\n".join(t.upper() for t in tokens) + "\n").encode()
 
 
-def test_empty_edits_directory_and_permissions_keep_pi_wording(docker_sandbox):  # noqa: F811 - needs a real shell
+def test_empty_edits_directory_and_permissions_keep_pi_wording(docker_sandbox):  # needs a real shell
     sandbox = docker_sandbox
     put(sandbox, "any.txt", "x\n")
     assert text(call_tool(sandbox, "edit", {"path": "any.txt", "edits": []})) == (
@@ -270,7 +270,7 @@ def test_cancel_fails_edit_and_write_with_pi_text(sandbox, tool):
     assert late.is_error and text(late) == "Operation aborted"
 
 
-def test_patch_applies_to_the_original_file(docker_sandbox):  # noqa: F811 - needs a real shell
+def test_patch_applies_to_the_original_file(docker_sandbox):  # needs a real shell
     sandbox = docker_sandbox
     original = b"\xef\xbb\xbfone\r\ntwo\r\nthree\r\nfour\r\nfive\r\nsix\r\nseven\r\neight\r\nnine\r\nlast"
     put(sandbox, "p.txt", original)

@@ -9,7 +9,7 @@ import struct
 from pid.messages import ImageContent, TextContent
 from pid.tools import read as read_module
 from sandbox.config import AGENT_HOME
-from tests.tool_sandbox import call_tool, docker_sandbox, put, sandbox  # noqa: F401 - the fixtures
+from tests.tool_sandbox import call_tool, put
 
 
 def text(result) -> str:
@@ -206,7 +206,7 @@ def test_read_falls_back_to_macos_names(sandbox):
     assert missing.is_error and text(missing) == "File not found: gone at 1.00.00 AM.txt"
 
 
-def test_read_expands_home_and_honours_cancel(docker_sandbox):  # noqa: F811 - needs a real shell
+def test_read_expands_home_and_honours_cancel(docker_sandbox):  # needs a real shell
     sandbox = docker_sandbox
     sandbox.write_file(f"{AGENT_HOME}/h.txt", b"home\n")
     assert text(read(sandbox, path="~/h.txt")) == "home\n"

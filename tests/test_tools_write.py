@@ -4,7 +4,7 @@ from __future__ import annotations
 from pid.messages import TextContent
 from sandbox.config import AGENT_HOME
 from tests.memory_sandbox import MemorySandbox
-from tests.tool_sandbox import call_tool, docker_sandbox, get, sandbox  # noqa: F401 - the fixtures
+from tests.tool_sandbox import call_tool, get
 
 
 def text(result) -> str:
@@ -60,7 +60,7 @@ def test_the_tools_name_a_fifo_or_a_file_parent_plainly(sandbox):
     assert under_file.content[0].text == "A parent of plain-x/child.txt is a file, not a directory."
 
 
-def test_paths_follow_pi_rules(docker_sandbox):  # noqa: F811 - needs a real shell
+def test_paths_follow_pi_rules(docker_sandbox):  # needs a real shell
     sandbox = docker_sandbox
     """`~` is the agent's home, a file:// URL names its path, Unicode spaces are plain spaces."""
     result = call_tool(sandbox, "write", {"path": "~/notes/home.txt", "content": "h"})

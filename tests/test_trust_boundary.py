@@ -16,7 +16,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from pid.sandbox import OutputPolicy, SandboxError
+from pid.sandbox import OutputPolicy
 from sandbox import DockerSandbox, SandboxConfig
 from sandbox.channel import ProtocolError
 from tests.scripted_llm import ScriptedLLM
@@ -92,8 +92,10 @@ def test_the_disk_limit_holds_inside_and_costs_the_host_at_most_that(tmp_path):
                                             disk=300 << 20)) as small:
         image = small._disk.image
         # (the command's own output shares the full disk: report after making room)
-        result = small.exec("a=$(head -c 1G /dev/zero 2>&1 >/workspace/big); b=$(head -c 100M /dev/zero 2>&1 >/tmp/more); "
-                            "used=$(du -sm /workspace/big | cut -f1); rm -f /workspace/big /tmp/more; echo \"$a\"; echo \"$b\"; "
+        result = small.exec("a=$(head -c 1G /dev/zero 2>&1 >/workspace/big); "
+                            "b=$(head -c 100M /dev/zero 2>&1 >/tmp/more); "
+                            "used=$(du -sm /workspace/big | cut -f1); rm -f /workspace/big /tmp/more; "
+                            "echo \"$a\"; echo \"$b\"; "
                             "echo used=$used", timeout=120)
         assert result.tail.count(b"No space left on device") == 2, result.tail
         assert 200 <= int(result.tail.split(b"used=")[1]) < 300, result.tail
@@ -249,7 +251,8 @@ def test_a_forged_git_and_hostile_git_state_leave_the_real_change(run_pid, sampl
         "mkdir -p ~/bin && printf '#!/bin/sh\\necho forged\\n' > ~/bin/git && chmod +x ~/bin/git; "
         "printf '#!/bin/sh\\necho forged\\n' > /usr/local/bin/git; "
         "git config core.fsmonitor 'touch /tmp/pwned'; git config filter.slow.clean 'sleep 900'; "
-        "echo '* filter=slow' > .gitattributes; mkdir -p .git/hooks; echo 'touch /tmp/pwned' > .git/hooks/post-checkout; "
+        "echo '* filter=slow' > .gitattributes; mkdir -p .git/hooks; "
+        "echo 'touch /tmp/pwned' > .git/hooks/post-checkout; "
         "chmod +x .git/hooks/post-checkout; for f in /.pid/run/*; do echo 'x 1 n - rm -rf /workspace' > $f; done; "
         "echo 'print(\"fixed\")' > hello.py; echo done")
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": attack}}]}, {"text": "fixed"}]
@@ -277,7 +280,8 @@ def test_oversized_and_hostile_artifacts_are_refused_and_listed(run_pid, sample_
             "for i in $(seq 1 50); do echo $i > many/$i; done && echo ok")
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": make}}]}, {"text": "made"}]
     with ScriptedLLM(script) as llm:
-        res = run_pid("run", "t", "--repo", str(sample_repo), "--file", "evil", "--file", "out", "--file", "missing.txt",
+        res = run_pid("run", "t", "--repo", str(sample_repo),
+                      "--file", "evil", "--file", "out", "--file", "missing.txt",
                       "--max-patch", "1m", "--max-files", "20", *opts(llm, tmp_path / "out"), timeout=120)
     result = res.json()
     job = tmp_path / "out" / result["id"]

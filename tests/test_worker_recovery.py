@@ -54,7 +54,8 @@ def test_job_survives_a_killed_worker(run_pid, pid_env, sample_repo, tmp_path):
     assert [(a["attempt"], a["turns"], a["tool_calls"]) for a in result["per_attempt"]] == [(1, 1, 1), (2, 1, 0)]
     job_dir = tmp_path / "out" / job_id
     assert "sleep 60" in (job_dir / "session.attempt-1.jsonl").read_text()
-    assert "recovered" in (job_dir / "session.jsonl").read_text() and "sleep 60" not in (job_dir / "session.jsonl").read_text()
+    transcript = (job_dir / "session.jsonl").read_text()
+    assert "recovered" in transcript and "sleep 60" not in transcript
     # the retry removed the orphan of the lost attempt, then its own
     assert [c for c in pid_containers() if c.labels["pid.job"] == job_id] == []
 

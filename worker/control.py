@@ -190,7 +190,8 @@ def record_end(store: JobStore, job_id: str, owner: str, result: dict[str, Any])
     """The job's ending must reach the store, or the sweeper would run a finished job again: retry a busy store."""
     for attempt in range(6):
         try:
-            store.finish(job_id, result["exit_reason"], owner=owner, error=result.get("error"), turns=result.get("turns"), tool_calls=result.get("tool_calls"),
+            store.finish(job_id, result["exit_reason"], owner=owner, error=result.get("error"),
+                         turns=result.get("turns"), tool_calls=result.get("tool_calls"),
                          usage=attempt_usage(result))
             return
         except Exception:

@@ -7,6 +7,7 @@ PID_HOME: one file, no server, safe across the worker's processes on one machine
 """
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import sqlite3
@@ -243,7 +244,7 @@ class JobStore:
             db.execute("INSERT INTO inbox (job_id, kind, text) VALUES (?, ?, ?)", (job_id, kind, text))
             return True
 
-    def take_messages(self, job_id: str) -> list[tuple[str, str]]:
+    def take_messages(self, job_id: str) -> "builtins.list[tuple[str, str]]":
         """Undelivered messages in the order they were posted, marked delivered."""
         with self._db() as db:
             db.execute("BEGIN IMMEDIATE")
@@ -255,7 +256,7 @@ class JobStore:
             db.execute("COMMIT")
         return [(r["kind"], r["text"]) for r in rows]
 
-    def lapsed(self) -> list[JobRecord]:
+    def lapsed(self) -> "builtins.list[JobRecord]":
         """Running jobs whose worker stopped renewing: it died, or its machine did."""
         with self._db() as db:
             rows = db.execute("SELECT * FROM jobs WHERE status = 'running' AND lease_until < ?",

@@ -19,7 +19,7 @@ from worker.app import QUEUE, app
 from worker.control import (CONTROL_POLL_S, LEASE_S, ControlRelay, new_owner, record_end,  # noqa: F401
                             with_earlier_attempts)
 from worker.runner import run_job
-from worker.store import JobRecord, JobStore, default_store
+from worker.store import JobRecord, default_store
 from worker.sweep import MAX_ATTEMPTS, cancel_job, sweep, write_unrun_result  # noqa: F401  (re-exported)
 
 log = logging.getLogger("pid.worker")

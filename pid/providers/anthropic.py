@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pid.config import API_NAMES
-from pid.messages import (AssistantMessage, Content, ImageContent, Message, TextContent, ThinkingContent,
+from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers.base import ProviderConfig, StreamListener, price
 from pid.providers.openai import parse_arguments
@@ -23,7 +23,8 @@ DEFAULT_BASE_URL = "https://api.anthropic.com/v1"
 DEFAULT_MAX_TOKENS = 8192
 ANTHROPIC_VERSION = "2023-06-01"
 
-_STOP = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "max_tokens": "length",
+_STOP: dict[str, StopReason] = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop",
+                                "max_tokens": "length",
          "model_context_window_exceeded": "length", "tool_use": "toolUse"}
 _CACHE = {"type": "ephemeral"}
 
@@ -80,11 +81,11 @@ class _Reply(StreamReply):
         self.usage = Usage()
         self.stop_reason: str | None = None
 
-    def feed(self, sse_event: str, event: dict[str, Any], on_text: StreamListener | None) -> None:
-        kind = event.get("type") or sse_event
+    def feed(self, event: str, payload: dict[str, Any], on_text: StreamListener | None) -> None:
+        kind = payload.get("type") or event
         if kind == "content_block_delta":
-            block = self.blocks.get(event.get("index", 0))
-            delta = event.get("delta") or {}
+            block = self.blocks.get(payload.get("index", 0))
+            delta = payload.get("delta") or {}
             if block is None:
                 return
             delta_type = delta.get("type")
@@ -100,7 +101,7 @@ class _Reply(StreamReply):
             elif delta_type == "signature_delta":
                 block.signature = (block.signature or "") + delta.get("signature", "")
         elif kind == "content_block_start":
-            start = event.get("content_block") or {}
+            start = payload.get("content_block") or {}
             block = _Block(start.get("type", ""), id=start.get("id", ""), name=start.get("name", ""))
             if block.type == "text" and start.get("text"):
                 block.parts.append(start["text"])
@@ -108,18 +109,18 @@ class _Reply(StreamReply):
                 block.parts.append(start["thinking"])
             elif block.type == "tool_use" and start.get("input"):  # a proxy that sends the input whole
                 block.parts.append(json.dumps(start["input"]))
-            self.blocks[event.get("index", len(self.blocks))] = block
+            self.blocks[payload.get("index", len(self.blocks))] = block
         elif kind == "message_start":
-            message = event.get("message") or {}
+            message = payload.get("message") or {}
             self.response_id = message.get("id")
             self._count(message.get("usage") or {})
         elif kind == "message_delta":
-            self.stop_reason = (event.get("delta") or {}).get("stop_reason") or self.stop_reason
-            self._count(event.get("usage") or {})
+            self.stop_reason = (payload.get("delta") or {}).get("stop_reason") or self.stop_reason
+            self._count(payload.get("usage") or {})
         elif kind == "message_stop":
             self.done = True
         elif kind == "error":
-            error = event.get("error") or {}
+            error = payload.get("error") or {}
             label = error.get("type", "error") if isinstance(error, dict) else "error"
             message = error.get("message", "") if isinstance(error, dict) else str(error)
             self.fail(f"the server reported an error mid-stream ({label}): {truncate(message)}")
@@ -132,7 +133,7 @@ class _Reply(StreamReply):
             if isinstance(value, int):
                 setattr(self.usage, attr, value)
 
-    def result(self) -> tuple[list[Content], str, str | None]:
+    def result(self) -> tuple[list[Content], StopReason, str | None]:
         content: list[Content] = []
         has_calls = False
         for index in sorted(self.blocks):

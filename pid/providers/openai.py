@@ -15,14 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pid.config import API_NAMES
-from pid.messages import (AssistantMessage, Content, ImageContent, Message, TextContent, ThinkingContent,
+from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price
 from pid.providers.transport import StreamReply, StreamingProvider, truncate
 
 API = API_NAMES["openai"]
 
-_FINISH = {"stop": "stop", "length": "length", "tool_calls": "toolUse", "function_call": "toolUse"}
+_FINISH: dict[str, StopReason] = {"stop": "stop", "length": "length", "tool_calls": "toolUse",
+                                  "function_call": "toolUse"}
 
 
 class OpenAIProvider(StreamingProvider):
@@ -37,7 +38,8 @@ class OpenAIProvider(StreamingProvider):
         return _Reply()
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.config.model, "messages": to_openai_messages(system, messages, self._entries),
+        body: dict[str, Any] = {"model": self.config.model,
+                                "messages": to_openai_messages(system, messages, self._entries),
                                 "stream": True, "stream_options": {"include_usage": True}}
         if tools:
             body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
@@ -141,7 +143,7 @@ class _Reply(StreamReply):
             or _int(raw.get("prompt_cache_hit_tokens"))
         return Usage(input=max(prompt - cached, 0), output=_int(raw.get("completion_tokens")), cache_read=cached)
 
-    def result(self) -> tuple[list[Content], str, str | None]:
+    def result(self) -> tuple[list[Content], StopReason, str | None]:
         content: list[Content] = []
         for kind, pieces in self.blocks:
             text = "".join(pieces)
@@ -159,7 +161,7 @@ class _Reply(StreamReply):
             return content, "toolUse", None
         if self.finish == "content_filter":
             return content, "error", "the provider's content filter stopped the response"
-        return content, _FINISH.get(self.finish or "stop", "stop"), None  # type: ignore[return-value]
+        return content, _FINISH.get(self.finish or "stop", "stop"), None
 
 
 def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:

@@ -101,7 +101,7 @@ def make_client(config: ProviderConfig) -> httpx.Client:
     """One client per provider instance, so consecutive turns reuse a kept-alive connection."""
     transport = httpx.HTTPTransport(verify=_tls_context(), proxy=_env_proxy(config.base_url))
     # The one reach into httpx internals: the pool it built gets our cancellable sockets.
-    transport._pool._network_backend = _CancellableBackend()  # type: ignore[attr-defined]
+    transport._pool._network_backend = _CancellableBackend()
     timeout = httpx.Timeout(connect=config.connect_timeout_s, read=config.read_timeout_s,
                             write=config.connect_timeout_s, pool=config.connect_timeout_s)
     return httpx.Client(transport=transport, timeout=timeout, trust_env=False)

@@ -201,8 +201,8 @@ def _numbered(lines: list[str], first: int) -> str:
 def _closest_hint(lf_text: str, old: str) -> str:
     """Where the model probably meant: the file line most like oldText's first non-blank line, with context."""
     file_lines = lf_text.split("\n")
-    old_lines = [l for l in old.split("\n")]
-    anchor_at = next((k for k, l in enumerate(old_lines) if l.strip()), 0)
+    old_lines = old.split("\n")
+    anchor_at = next((k for k, line in enumerate(old_lines) if line.strip()), 0)
     anchor = normalize_fuzzy(old_lines[anchor_at]).strip()
     best, best_score = -1, 0.0
     matcher = difflib.SequenceMatcher(autojunk=False)
