@@ -403,3 +403,12 @@ def test_no_response_within_the_read_timeout_is_an_error_without_retry() -> None
         reply = provider(llm, read_timeout_s=0.4).stream("", HELLO, [])
         assert time.monotonic() - started < 2 and len(llm.requests) == 1
     assert reply.stop_reason == "error" and "timed out waiting for a response" in reply.error_message
+
+
+@pytest.mark.parametrize("api, host", [(OPENAI, "api.openai.com"), (ANTHROPIC, "api.anthropic.com")])
+def test_a_vendor_endpoint_without_a_key_fails_at_once_saying_so(api: str, host: str) -> None:
+    started = time.monotonic()
+    p = make_provider(ProviderConfig(model="m", api=api, api_key=None, provider="x"))   # the vendor's default URL
+    reply = p.stream("", HELLO, [])
+    assert reply.stop_reason == "error" and reply.error_message.startswith(f"no API key: {host} needs one")
+    assert time.monotonic() - started < 1   # no network was tried (this machine has none)

@@ -321,9 +321,15 @@ class StreamingProvider:
     """
     label = "http"
 
+    # Vendors' own endpoints: without a key they can only refuse, so a keyless request fails at once, saying why.
+    KEYED_HOSTS = ("api.openai.com", "api.anthropic.com")
+
     def __init__(self, config: ProviderConfig, url: str, headers: dict[str, str]) -> None:
         self.config = config
         self._url = url
+        host = httpx.URL(url).host
+        self._missing_key = None if config.api_key or host not in self.KEYED_HOSTS else (
+            f"no API key: {host} needs one (set PID_API_KEY where the job runs, or pass --api-key)")
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
         self._client = make_client(config)
 
@@ -335,6 +341,9 @@ class StreamingProvider:
                on_text: Callable[[str], None] | None = None) -> AssistantMessage:
         reply = self._new_reply()
         try:
+            if self._missing_key:
+                reply.fail(self._missing_key, aborted=False)
+                return self._message(reply)
             if not self.config.images:
                 messages = without_images(messages)
             body = json.dumps(self.request_body(system, messages, tools)).encode()
