@@ -115,3 +115,15 @@ def test_the_loop_streams_tool_output_as_updates(sample_repo, tmp_path):
         result = run_job(spec_for(sample_repo, tmp_path / "out", llm), sandboxes=provider, sink=sink)
     assert result["status"] == "completed"
     assert "".join(updates) == "step 1\nstep 2\n"
+
+
+def test_a_job_whose_directory_cannot_be_made_fails_with_its_reason(sample_repo, tmp_path):
+    blocker = tmp_path / "out"
+    blocker.write_text("a file where the artifacts' directory should be")
+    provider = MemoryProvider({})
+    with ScriptedLLM([{"text": "never asked"}]) as llm:
+        result = run_job(spec_for(sample_repo, blocker, llm), sandboxes=provider)
+        assert llm.requests == []
+    assert (result["status"], result["exit_reason"]) == ("failed", "error")
+    assert result["error"].startswith(f"cannot create the job's directory {blocker}/")
+    assert provider.created == []

@@ -56,7 +56,11 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     written (a re-dispatched job adds its earlier attempts' usage).
     """
     started = time.time()
-    os.makedirs(spec.job_dir, exist_ok=True)
+    try:
+        os.makedirs(spec.job_dir, exist_ok=True)
+    except OSError as exc:   # e.g. --out unwritable on this worker: the job fails, saying where and why
+        return build_result(spec, Outcome("error", error=f"cannot create the job's directory {spec.job_dir}: "
+                                                          f"{exc.strerror or exc}"), started, {})
     cancel = cancel or threading.Event()
     outcome = Outcome("error", usage=Usage())
     artifacts: dict[str, Any] = {}

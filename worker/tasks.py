@@ -48,6 +48,9 @@ def run_job_task(job_id: str, api_key: str | None = None) -> dict[str, Any]:
         result = run_job(record.spec, api_key=api_key or EnvDefaults.read().api_key, sink=relay.on_event,
                          on_agent=relay.attach, cancel=relay.cancel, still_owner=relay.still_owner,
                          amend_result=lambda r: with_earlier_attempts(r, record.earlier))
+    except BaseException as exc:   # never a silent failure: the record says what stopped the job
+        result["error"] = f"the job was stopped by {type(exc).__name__}: {exc}".strip().rstrip(":")[:500]
+        raise
     finally:
         relay.stop()
         record_end(store, job_id, owner, result)
