@@ -265,7 +265,8 @@ def test_ctrl_c_during_set_up_is_130_and_leaves_no_container(pid_env, sample_rep
             if proc.poll() is None:
                 proc.kill()
     assert proc.returncode == 130, err
-    assert "Traceback" not in err and "interrupted" in err
+    # set-up may already be over at the later delays on a fast machine: then the running job is cancelled instead
+    assert "Traceback" not in err and ("interrupted" in err or "cancelling" in err), err
     job_id = line.split()[1].rstrip(":")
     wait_until(lambda: not [c for c in pid_containers() if c.labels.get("pid.job") == job_id and
                             c.status != "removing"], timeout=15, what="the job's container to go")
