@@ -25,6 +25,7 @@ from worker.jobs import JobSpec
 EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without --wait)
 EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it
 NO_WORKER_NOTICE_S = 10.0  # `--wait` says so when a job is still queued after this long
+SWEEP_WHILE_WAITING_S = 5.0   # how often a `--wait` looks for jobs whose process died
 JOB_STATUSES = ("queued", "running", *STATUSES)
 
 
@@ -135,6 +136,7 @@ def run(api_key: str | None, as_json: bool, no_images: bool, **options: Any) -> 
     agents: list[Any] = []
     interrupted = threading.Event()
     result = None
+    failure: str | None = None
 
     def on_sigint(signum: int, frame: Any) -> None:
         interrupted.set()
@@ -159,9 +161,12 @@ def run(api_key: str | None, as_json: bool, no_images: bool, **options: Any) -> 
         else:
             click.echo("interrupted before the job started", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:   # not the job's own failure (run_job records those): the store must not say Ctrl-C
+        failure = f"{type(exc).__name__}: {exc}"
+        raise
     finally:
         signal.signal(signal.SIGINT, previous)
-        job.end(result)
+        job.end(result, failure)
     print_result(result, spec.job_dir, as_json)
     sys.exit(EXIT_INTERRUPTED if interrupted.is_set() else exit_code_for(result))
 
@@ -202,7 +207,7 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool) -> None
     result_path = os.path.join(record.spec.job_dir, "result.json")
     follower = SessionFollower(os.path.join(record.spec.job_dir, "session.jsonl")) if follow else None
     try:
-        wait_for(lambda: store.get(job_id).terminal, follower, tick=_no_worker_notice(store, job_id))
+        wait_for(lambda: store.get(job_id).terminal, follower, tick=_while_waiting(store, job_id))
         wait_for(lambda: os.path.exists(result_path), None, timeout_s=10)  # written just before or after the end
     except KeyboardInterrupt:
         click.echo(f"\nstopped waiting; job {job_id} goes on (pid result {job_id} --wait, pid cancel {job_id})",
@@ -211,6 +216,22 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool) -> None
     result = _load_result(store, job_id)
     print_result(result, record.spec.job_dir, as_json)
     sys.exit(exit_code_for(result))
+
+
+def _while_waiting(store: Any, job_id: str) -> Callable[[], None]:
+    """What a wait does besides polling: say when no worker takes the job, and sweep now and then, so that a job
+    whose `pid run` was killed is ended instead of waited for forever."""
+    from worker.sweep import sweep_quietly
+    notice = _no_worker_notice(store, job_id)
+    next_sweep = time.monotonic() + SWEEP_WHILE_WAITING_S
+
+    def tick() -> None:
+        nonlocal next_sweep
+        notice()
+        if time.monotonic() >= next_sweep:
+            next_sweep = time.monotonic() + SWEEP_WHILE_WAITING_S
+            sweep_quietly(store)
+    return tick
 
 
 def _no_worker_notice(store: Any, job_id: str) -> Callable[[], None]:
@@ -229,7 +250,8 @@ def _no_worker_notice(store: Any, job_id: str) -> Callable[[], None]:
             return
         from worker.app import QUEUE
         now = time.time()
-        busy = [r for r in store.list(500) if r.status == "running" and (r.lease_until or 0) > now]
+        busy = [r for r in store.list(500)
+                if r.kind == "worker" and r.status == "running" and (r.lease_until or 0) > now]
         waited = f"job {job_id} is still queued after {NO_WORKER_NOTICE_S:g}s"
         if busy:
             click.echo(f"{waited}: {len(busy)} job(s) are running; it waits for a free worker", err=True)
@@ -312,7 +334,7 @@ def result(job_id: str, as_json: bool, wait: bool) -> None:
 @click.argument("job_id")
 def cancel(job_id: str) -> None:
     """Cancel a queued or running job (artifacts so far are kept)."""
-    from worker.tasks import cancel_job
+    from worker.sweep import cancel_job
     store, record = _record_or_fail(job_id)
     if record.terminal:
         raise BadInput(f"job {job_id} is {record.status}: nothing to cancel")

@@ -11,20 +11,7 @@ import click
 
 from pid import events as ev
 from pid.messages import AssistantMessage, ToolCall, ToolResultMessage, message_from_dict
-
-
-def summarize_call(name: str, args: dict[str, Any]) -> str:
-    if name == "bash":
-        text = str(args.get("command", "")).strip().splitlines()
-        summary = (text[0] + (" …" if len(text) > 1 else "")) if text else ""
-    elif name == "write":
-        summary = f"{args.get('path', '')} ({len(str(args.get('content', '')).encode())} bytes)"
-    elif name == "read":
-        extra = f" @{args['offset']}" if args.get("offset") else ""
-        summary = f"{args.get('path', '')}{extra}"
-    else:
-        summary = str(args.get("path", "")) or json.dumps(args)[:80]
-    return summary if len(summary) <= 100 else summary[:99] + "…"
+from pid.tools.summary import summarize_call
 
 
 def tool_line(name: str, args: dict[str, Any], result: ToolResultMessage, duration_s: float | None) -> str:

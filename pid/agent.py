@@ -124,6 +124,8 @@ class Agent:
             if not self._resumed.is_set():
                 self._resumed.wait()    # what was steered while paused goes into the very next call
             if self.cancel_event.is_set():
+                for text in pending:   # the transcript keeps what was asked, even if no model call followed
+                    self._add(UserMessage.text(text))
                 return self._stopped(out)
             if self.limits.max_turns is not None and out.turns >= self.limits.max_turns:
                 return self._end(out, "max_turns", f"reached max_turns ({self.limits.max_turns})")

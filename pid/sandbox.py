@@ -12,6 +12,11 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
 
 
+# A command whose first line is this runs even when the working directory is gone (which makes the agent's own
+# commands fail as pi's do): for pid's helper commands that name absolute paths.
+RUN_ANYWHERE = "#pid:anywhere\n"
+
+
 class SandboxError(RuntimeError):
     """The sandbox itself failed (channel broke, container gone); not an error of the command."""
 

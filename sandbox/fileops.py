@@ -6,6 +6,8 @@ wrong, in errno terms the tools already speak.
 """
 from __future__ import annotations
 
+from pid.sandbox import RUN_ANYWHERE
+
 import errno
 import os
 
@@ -52,7 +54,7 @@ _BUILTIN_COPY_MAX = 32768   # bash copies this much with builtins faster than `c
 
 # Snippets name absolute paths, so they run even when the working directory is gone (channel.sh refuses other
 # commands then, as pi's bash does).
-ANYWHERE = b"#pid:anywhere\n"
+ANYWHERE = RUN_ANYWHERE.encode()
 
 
 def quote(value: str | bytes) -> bytes:

@@ -186,3 +186,27 @@ def test_the_sweep_fails_a_job_whose_attempts_are_used_up_with_its_counts(tmp_pa
     assert f"worker lost {MAX_ATTEMPTS} time(s)" in record.error
     result = __import__("json").loads((tmp_path / "out" / job.id / "result.json").read_text())
     assert result["usage"]["input"] == 100 * MAX_ATTEMPTS and len(result["per_attempt"]) == MAX_ATTEMPTS
+
+
+def test_a_job_that_wrote_its_result_then_died_keeps_that_result(tmp_path):
+    """Killed between writing result.json and telling the store: the sweep takes the written ending, never an
+    'unrun' one over it."""
+    import json
+    import os
+
+    from worker.sweep import sweep
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job = store.create(spec(tmp_path), kind="run")
+    assert store.claim(job.id, "nohost:1:x", lease_s=0.2)
+    os.makedirs(job.spec.job_dir)
+    written = {"id": job.id, "status": "completed", "exit_reason": "stop", "final_message": "all done", "turns": 4,
+               "tool_calls": 3}
+    path = os.path.join(job.spec.job_dir, "result.json")
+    with open(path, "w") as f:
+        json.dump(written, f)
+    time.sleep(0.3)
+    assert sweep(store, redispatch=False) == [job.id]
+    record = store.get(job.id)
+    assert (record.status, record.exit_reason, record.turns, record.tool_calls) == ("completed", "stop", 4, 3)
+    with open(path) as f:
+        assert json.load(f) == written

@@ -11,6 +11,7 @@ from pid.messages import TextContent
 from pid.tools import ToolSettings
 from pid.tools.bash import sanitize
 from sandbox import DockerSandbox, SandboxConfig
+from sandbox.config import AGENT_HOME
 from tests.conftest import RUNTIME
 from tests.tool_sandbox import call_tool
 
@@ -202,6 +203,10 @@ def test_missing_working_directory():
             "Working directory does not exist: /tmp/pid-wd\nCannot execute bash commands.")
         assert text(call_tool(box, "read", {"path": "/tmp/kept.txt"})) == "kept\n"
         assert text(call_tool(box, "read", {"path": "/tmp/ran"})) == "File not found: /tmp/ran"
+        # pid's own helper commands still run: ~ is expanded, a symlinked name is locked by its real path
+        box.write_file(f"{AGENT_HOME}/h.txt", b"home\n")
+        assert text(call_tool(box, "read", {"path": "~/h.txt"})) == "home\n"
+        assert not call_tool(box, "write", {"path": "~/w.txt", "content": "w"}).is_error
     finally:
         box.close()
 

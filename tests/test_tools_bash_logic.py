@@ -11,7 +11,7 @@ import time
 import pytest
 
 from pid.messages import TextContent
-from pid.sandbox import OutputPolicy, SandboxError, SandboxLost
+from pid.sandbox import OutputPolicy, RUN_ANYWHERE, SandboxError, SandboxLost
 from pid.tools import ToolSettings
 from pid.tools.bash import OUTPUT, PIDS_LIMIT_NOTICE, TAIL_BYTES
 from pid.tools.truncate import MAX_BYTES, MAX_LINES
@@ -125,13 +125,13 @@ def test_a_last_line_over_the_cap_that_starts_in_the_buffer():
 
 def last_line_size(command: str, box: MemorySandbox) -> Run:
     """What `tail -n 1 FILE | tr -d '\\n' | wc -c` prints, from the sandbox's own file."""
-    last = box.read_file(command.split()[3]).rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    last = box.read_file(command.removeprefix(RUN_ANYWHERE).split()[3]).rstrip(b"\n").rsplit(b"\n", 1)[-1]
     return Run(f"{len(last)}\n")
 
 
 def test_a_last_line_longer_than_the_tail_buffer_is_measured_in_the_sandbox():
     def handler(command: str, box: MemorySandbox) -> Run:
-        if command.startswith("tail -n 1 "):
+        if command.startswith(RUN_ANYWHERE + "tail -n 1 "):
             return last_line_size(command, box)
         return Run(seq(1, 5) + "b" * 300000 + "\n")
     box = MemorySandbox(handler)
@@ -139,7 +139,8 @@ def test_a_last_line_longer_than_the_tail_buffer_is_measured_in_the_sandbox():
     path = result.details["fullOutputPath"]
     assert text(result) == "b" * 51200 + f"\n\n\n[Showing last 50.0KB of line 6 (line is 293.0KB). Full output: {path}]"
     probe = box.calls[1]
-    assert probe.command == f"tail -n 1 {path} | tr -d '\\n' | wc -c" and probe.output == OutputPolicy(tail_bytes=64)
+    assert probe.command == f"#pid:anywhere\ntail -n 1 {path} | tr -d '\\n' | wc -c"
+    assert probe.output == OutputPolicy(tail_bytes=64)
 
 
 def test_when_the_last_line_cannot_be_measured_its_size_is_a_lower_bound():

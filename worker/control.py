@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pid import events as ev
+from pid.tools.summary import summarize_call
 from pid.agent import Agent
 from pid.messages import AssistantMessage, Usage
 from worker.store import JobStore
@@ -34,13 +35,7 @@ def new_owner() -> str:
 
 def describe_call(name: str, args: dict[str, Any]) -> str:
     """A tool call in a few words, for `pid status`."""
-    if name == "bash":
-        lines = str(args.get("command", "")).strip().splitlines()
-        what = lines[0] + (" …" if len(lines) > 1 else "") if lines else ""
-    else:
-        what = str(args.get("path", ""))
-    what = what if len(what) <= 80 else what[:79] + "…"
-    return f"{name} {what}".rstrip()
+    return f"{name} {summarize_call(name, args, width=80)}".rstrip()
 
 
 @dataclass
@@ -108,10 +103,13 @@ class ControlRelay:
     def attach(self, agent: Agent) -> None:
         """Called before the agent's first model call: messages sent while the job was queued go in first."""
         self._agent = agent
-        record = self.store.get(self.job_id)
-        if record is not None and record.paused:
-            agent.pause()
-        self._deliver(agent)
+        try:
+            record = self.store.get(self.job_id)
+            if record is not None and record.paused:
+                agent.pause()
+            self._deliver(agent)
+        except Exception:   # an unreadable store costs the controls for now (the relay retries), never the job
+            log.exception("job %s: reading its controls", self.job_id)
 
     def on_event(self, event: ev.Event) -> None:
         self.progress.on_event(event)
@@ -186,15 +184,18 @@ def with_earlier_attempts(result: dict[str, Any], earlier: list[dict[str, Any]])
     result["usage"] = sum_usage(*(a.get("usage") or {} for a in result["per_attempt"]))
 
 
-def record_end(store: JobStore, job_id: str, owner: str, result: dict[str, Any]) -> None:
+def record_end(store: JobStore, job_id: str, owner: str, result: dict[str, Any], attempts: int = 6) -> None:
     """The job's ending must reach the store, or the sweeper would run a finished job again: retry a busy store."""
-    for attempt in range(6):
+    for attempt in range(attempts):
         try:
             store.finish(job_id, result["exit_reason"], owner=owner, error=result.get("error"),
                          turns=result.get("turns"), tool_calls=result.get("tool_calls"),
                          usage=attempt_usage(result))
             return
-        except Exception:
+        except Exception as exc:
+            if attempts == 1:   # a foreground run: one line, no traceback
+                log.warning("job %s: could not record its end in the job store: %s", job_id, exc)
+                return
             log.exception("job %s: recording its end (attempt %d)", job_id, attempt + 1)
             time.sleep(2 ** attempt)
 
@@ -239,10 +240,12 @@ class ForegroundJob:
         if self.relay is not None:
             self.relay.attach(agent)
 
-    def end(self, result: dict[str, Any] | None) -> None:
-        """Record the ending; None: interrupted before the job could end by itself."""
+    def end(self, result: dict[str, Any] | None, error: str | None = None) -> None:
+        """Record the ending. No result: the run stopped before the job could end by itself, by Ctrl-C (no error)
+        or by the error given. One attempt: a store that fails now must not hold the terminal."""
         if self.relay is None or self.store is None:
             return
         self.relay.stop()
-        record_end(self.store, self.relay.job_id, self.relay.owner, result or
-                   {"exit_reason": "interrupted", "error": "interrupted"})
+        ending = result or ({"exit_reason": "error", "error": error} if error else
+                            {"exit_reason": "interrupted", "error": "interrupted"})
+        record_end(self.store, self.relay.job_id, self.relay.owner, ending, attempts=1)

@@ -30,7 +30,7 @@ from pid.sandbox import SandboxError
 from pid.sandbox_lifecycle import FilesBudget, JobSandbox, SandboxProvider
 from sandbox import DockerProvider
 from worker.jobs import JobSpec, write_json_atomic
-from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, sandbox_config
+from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, abandon, sandbox_config
 from worker.watchdog import Watchdog
 
 AgentHook = Callable[[Agent], None]
@@ -59,6 +59,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     try:
         os.makedirs(spec.job_dir, exist_ok=True)
     except OSError as exc:   # e.g. --out unwritable on this worker: the job fails, saying where and why
+        if starting is not None:
+            abandon(starting)
         return build_result(spec, Outcome("error", error=f"cannot create the job's directory {spec.job_dir}: "
                                                           f"{exc.strerror or exc}"), started, {})
     cancel = cancel or threading.Event()

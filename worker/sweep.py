@@ -6,6 +6,7 @@ dispatched again.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -13,7 +14,7 @@ import time
 from typing import Any, Callable
 
 from pid.agent import Outcome
-from pid.endings import ExitReason
+from pid.endings import ENDINGS, ExitReason
 from worker.control import with_earlier_attempts
 from worker.jobs import JobSpec, write_json_atomic
 from worker.store import JobRecord, JobStore
@@ -32,6 +33,15 @@ def sweep(store: JobStore, *, redispatch: bool = True, on_end: Ended | None = No
     for record in store.lapsed():
         if record.kind == "run" and owner_alive(record):
             continue  # stopped (Ctrl-Z, a suspended machine), not dead: it renews its lease when it goes on
+        written = _written_result(record)
+        if written is not None:   # it ended and wrote result.json, then died before telling the store: that holds
+            if store.finish(record.id, written["exit_reason"], error=written.get("error"),
+                            turns=written.get("turns"), tool_calls=written.get("tool_calls"), lapsed_only=True):
+                ended.append(record.id)
+                _remove_containers(record.id)
+                if on_end:
+                    on_end(store.get(record.id) or record)
+            continue
         if record.cancel_requested:  # cancelled, then its process died: it ends cancelled, not queued again
             reason: ExitReason = "cancelled"
             error = None
@@ -54,6 +64,21 @@ def sweep(store: JobStore, *, redispatch: bool = True, on_end: Ended | None = No
             if on_end:
                 on_end(store.get(record.id) or record)
     return ended
+
+
+def _written_result(record: JobRecord) -> dict[str, Any] | None:
+    """The result.json this attempt wrote, if it got that far (pid's own file, but read bounded all the same)."""
+    path = os.path.join(record.spec.job_dir, "result.json")
+    try:
+        if os.stat(path).st_mtime < (record.started_at or record.created_at):
+            return None   # an earlier run's
+        with open(path, "rb") as f:
+            result = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(result, dict) or result.get("id") != record.id or result.get("exit_reason") not in ENDINGS:
+        return None
+    return result
 
 
 def sweep_quietly(store: JobStore | None = None) -> None:

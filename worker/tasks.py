@@ -15,6 +15,7 @@ from typing import Any
 from celery import signals
 
 from pid.config import EnvDefaults
+from pid.endings import status_of
 from worker.app import QUEUE, app
 from worker.control import (CONTROL_POLL_S, LEASE_S, ControlRelay, new_owner, record_end,  # noqa: F401
                             with_earlier_attempts)
@@ -54,7 +55,7 @@ def run_job_task(job_id: str, api_key: str | None = None) -> dict[str, Any]:
     finally:
         relay.stop()
         record_end(store, job_id, owner, result)
-        jobs_log.info("%s", end_line(job_id, result.get("status"), result.get("exit_reason"),
+        jobs_log.info("%s", end_line(job_id, status_of(result["exit_reason"]), result.get("exit_reason"),
                                      result.get("duration_s"), (result.get("usage") or {}).get("cost")))
     return result
 

@@ -11,7 +11,7 @@ import shlex
 from typing import Any, Callable
 
 from pid.messages import ImageContent, TextContent
-from pid.sandbox import ExecResult, OutputPolicy
+from pid.sandbox import ExecResult, OutputPolicy, RUN_ANYWHERE
 from pid.tools.base import ToolContext, ToolResult, ToolSettings
 from pid.tools.registry import Tool
 from pid.tools.schema import format_validation_error
@@ -190,7 +190,7 @@ def _last_line_size(ctx: ToolContext, result: ExecResult, raw: bytes, starts_at_
         return result.total_bytes - (1 if ends_with_newline else 0)
     if not result.output_path:
         return None
-    probe = ctx.sandbox.exec(f"tail -n 1 {shlex.quote(result.output_path)} | tr -d '\\n' | wc -c",
+    probe = ctx.sandbox.exec(f"{RUN_ANYWHERE}tail -n 1 {shlex.quote(result.output_path)} | tr -d '\\n' | wc -c",
                              timeout=60, output=OutputPolicy(tail_bytes=64))
     try:
         return int(probe.tail.strip()) if probe.exit_code == 0 else None

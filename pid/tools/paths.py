@@ -18,7 +18,7 @@ import weakref
 from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
 
-from pid.sandbox import OutputPolicy, Sandbox
+from pid.sandbox import OutputPolicy, RUN_ANYWHERE, Sandbox
 from pid.tools.base import ToolContext, ToolResult
 
 ABORTED = "Operation aborted"   # pi's text for a call cancelled before or while it ran
@@ -71,7 +71,7 @@ def sandbox_home(sandbox: Sandbox) -> str:
         known = None
     if known:
         return known
-    result = sandbox.exec('printf %s "$HOME"', timeout=30, output=OutputPolicy(tail_bytes=4096))
+    result = sandbox.exec(RUN_ANYWHERE + 'printf %s "$HOME"', timeout=30, output=OutputPolicy(tail_bytes=4096))
     home = result.tail.decode("utf-8", "surrogateescape")
     if result.exit_code != 0 or not home.startswith("/"):
         raise ValueError("Cannot expand ~: the sandbox did not say where the home directory is")
@@ -122,7 +122,7 @@ def real_path(ctx: ToolContext, path: str) -> str:
     names of one file share a lock. The path itself when the sandbox cannot say."""
     if ctx.cancel.is_set():   # nothing is started only to be killed at once
         raise InterruptedError(errno.EINTR, ABORTED)
-    result = ctx.sandbox.exec(f"realpath -m -z -- {shlex.quote(path)}", timeout=30,
+    result = ctx.sandbox.exec(f"{RUN_ANYWHERE}realpath -m -z -- {shlex.quote(path)}", timeout=30,
                               output=OutputPolicy(tail_bytes=65536), cancel=ctx.cancel)
     if result.cancelled:
         raise InterruptedError(errno.EINTR, ABORTED)

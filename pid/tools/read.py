@@ -11,7 +11,7 @@ import shlex
 from typing import Any
 
 from pid.messages import ImageContent, TextContent
-from pid.sandbox import OutputPolicy
+from pid.sandbox import OutputPolicy, RUN_ANYWHERE
 from pid.tools.base import ToolContext, ToolResult
 from pid.tools.paths import ABORTED, display_path, file_error, resolve_path, with_read_fallback
 from pid.tools.registry import Tool
@@ -175,7 +175,7 @@ def _render(shown: str, start: int, total: int, selected: list[str], selected_li
 
 
 def _exec_checked(ctx: ToolContext, command: str) -> bytes:
-    result = ctx.sandbox.exec(command, timeout=ctx.settings.bash_timeout_s,
+    result = ctx.sandbox.exec(RUN_ANYWHERE + command, timeout=ctx.settings.bash_timeout_s,
                               output=OutputPolicy(tail_bytes=MAX_BYTES + 16 * 1024), cancel=ctx.cancel)
     if result.cancelled:
         raise RuntimeError(ABORTED)

@@ -133,9 +133,3 @@ def _check(schema: dict[str, Any], value: Any, path: str, errors: list[Validatio
 def _accepts_null(schema: dict[str, Any]) -> bool:
     kinds = schema.get("type")
     return kinds is None or kinds == "null" or (isinstance(kinds, list) and "null" in kinds)
-
-
-# ---------------------------------------------------------------- schemas from signatures
-
-_SECTION_RE = re.compile(r"^(Args|Arguments|Parameters|Attributes|Returns|Raises|Yields|Examples?|Notes?):\s*$")
-_ARG_RE = re.compile(r"^(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
