@@ -10,13 +10,13 @@ import sys
 import tempfile
 import threading
 import time
+from urllib.parse import urlsplit
 from typing import Any, Callable
 
 import click
-from click.core import ParameterSource
 
 from pid import events as ev
-from pid.config import API_KEY_ENV, API_NAMES, HomeUnusable, ensure_pid_home, pid_home
+from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
 from cli.options import job_options
 from cli.output import EventPrinter, SessionFollower, print_result, wait_for
 from pid.endings import STATUSES, exit_code_for
@@ -70,6 +70,7 @@ def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
     out_dir = check_out_dir(options.pop("out_dir"))
     spec = JobSpec(task=task, repo=repo_path, model=model, out_dir=out_dir, images=not no_images,
                    **{**options, "files": list(options["files"]), "runtime": options["runtime"] or None})
+    spec.base_url = base_url_for(spec.api, spec.base_url)   # the spec records the endpoint the job really uses
     if spec.network != "none":
         click.echo(f"pid: warning: --network {spec.network}: the sandbox can reach the network and is reachable "
                    f"from it", err=True)
@@ -94,12 +95,12 @@ def check_out_dir(out: str) -> str:
 
 
 def check_api_key(spec: JobSpec, key: str | None) -> None:
-    """The default endpoints are remote services that need a key; an endpoint of one's own may not."""
-    if key or click.get_current_context().get_parameter_source("base_url") != ParameterSource.DEFAULT:
+    """The vendors' endpoints need a key (the same rule as the providers'); an endpoint of one's own may not."""
+    host = urlsplit(spec.base_url or "").hostname
+    if key or host not in KEYED_HOSTS:
         return
-    vendor = "Anthropic's" if spec.api == API_NAMES["anthropic"] else spec.base_url
-    raise BadInput(f"no API key: the default endpoint ({vendor}) needs one; pass --api-key or set "
-                   f"{' or '.join(API_KEY_ENV)}, or point --base-url at an endpoint of your own")
+    raise BadInput(f"no API key: {host} needs one; pass --api-key or set {' or '.join(API_KEY_ENV)}, or point "
+                   f"--base-url at an endpoint of your own")
 
 
 def check_image(image: str) -> None:

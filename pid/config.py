@@ -8,10 +8,19 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-DEFAULT_BASE_URL = "https://api.openai.com/v1"
 # `--api` / PID_API name -> the wire format the providers speak (pid/providers keys its implementations by these).
 API_NAMES = {"openai": "openai-completions", "anthropic": "anthropic-messages"}
 DEFAULT_API = API_NAMES["openai"]
+# Each wire format's own endpoint, used when no base URL is given. Their hosts need a key: without one they can
+# only refuse, so a keyless call to them fails at once.
+DEFAULT_BASE_URLS = {API_NAMES["openai"]: "https://api.openai.com/v1",
+                     API_NAMES["anthropic"]: "https://api.anthropic.com/v1"}
+KEYED_HOSTS = frozenset(url.split("/")[2] for url in DEFAULT_BASE_URLS.values())
+
+
+def base_url_for(api: str, base_url: str | None) -> str:
+    """The endpoint a job talks to: the one given, else its wire format's own."""
+    return base_url or DEFAULT_BASE_URLS[api]
 API_KEY_ENV = ("PID_API_KEY", "OPENAI_API_KEY")   # the first one set wins
 
 

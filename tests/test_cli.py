@@ -301,11 +301,29 @@ def test_cancel_says_cancelling_and_a_busy_worker_is_named(run_pid, worker, pid_
 
 # -- E. a remote default endpoint needs a key ------------------------------------------------------------------
 
-@pytest.mark.parametrize("api, endpoint", [("openai", "https://api.openai.com/v1"), ("anthropic", "Anthropic's")])
-def test_no_api_key_for_the_default_endpoint_is_exit_2(run_pid, sample_repo, tmp_path, api, endpoint):
+@pytest.mark.parametrize("api, host", [("openai", "api.openai.com"), ("anthropic", "api.anthropic.com")])
+def test_no_api_key_for_the_default_endpoint_is_exit_2(run_pid, sample_repo, tmp_path, api, host):
     res = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--api", api, "--out", str(tmp_path / "o"))
-    assert_one_error(res, "no API key: ", f"({endpoint})", "--api-key", "PID_API_KEY or OPENAI_API_KEY")
+    assert_one_error(res, f"no API key: {host} needs one", "--api-key", "PID_API_KEY or OPENAI_API_KEY")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_vendor_endpoint_named_explicitly_still_needs_a_key(run_pid, sample_repo, tmp_path):
+    res = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", "https://api.openai.com/v1/",
+                  "--out", str(tmp_path / "o"))
+    assert_one_error(res, "no API key: api.openai.com needs one")
+
+
+@pytest.mark.docker   # submits a job (the embedded queue checks the image)
+def test_an_anthropic_job_records_anthropics_endpoint_and_an_explicit_one_is_kept(run_pid, pid_env, sample_repo,
+                                                                                  tmp_path):
+    own = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", "--api", "anthropic")
+    assert own.code == 0, own.stderr
+    assert stored_spec(pid_env, own.stdout.strip()).base_url == "https://api.anthropic.com/v1"
+    given = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", "--api", "anthropic",
+                    "--base-url", "https://api.openai.com/v1")
+    assert given.code == 0, given.stderr
+    assert stored_spec(pid_env, given.stdout.strip()).base_url == "https://api.openai.com/v1"
 
 
 @pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)

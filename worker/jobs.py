@@ -13,7 +13,7 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any
 
-from pid.config import DEFAULT_API, DEFAULT_BASE_URL
+from pid.config import DEFAULT_API
 from sandbox.config import SandboxConfig
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0   # a week: longer is a typo (or inf), and the container's time to live must fit
@@ -43,7 +43,8 @@ class JobSpec:
     repo: str = required("Repository or directory to work on (copied, never modified).")  # absolute in the spec
     model: str = required("Model name.")
     out_dir: str = setting("pid-runs", "Artifacts go to OUT/<job id>/.")  # absolute in the spec
-    base_url: str = setting(DEFAULT_BASE_URL, "Model endpoint (OpenAI-compatible, or Anthropic with --api).")
+    base_url: str | None = setting(None, "Model endpoint (OpenAI-compatible, or Anthropic with --api); default: "
+                                         "the API's own (OpenAI's or Anthropic's).")
     api: str = setting(DEFAULT_API, "Wire format of the endpoint.")
     image: str = setting(SandboxConfig.image, "Sandbox image (must be present locally: pid never pulls).")
     timeout_s: float = setting(3600.0, "Wall-clock limit for the whole job, in seconds.", min=1, max=MAX_TIMEOUT_S)

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pid.config import API_NAMES
+from pid.config import API_NAMES, base_url_for
 from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers.base import ProviderConfig, StreamListener, price
@@ -19,7 +19,6 @@ from pid.providers.openai import parse_arguments
 from pid.providers.transport import StreamReply, StreamingProvider, truncate
 
 API = API_NAMES["anthropic"]
-DEFAULT_BASE_URL = "https://api.anthropic.com/v1"
 DEFAULT_MAX_TOKENS = 8192
 ANTHROPIC_VERSION = "2023-06-01"
 
@@ -33,9 +32,7 @@ class AnthropicProvider(StreamingProvider):
     label = "anthropic"
 
     def __init__(self, config: ProviderConfig) -> None:
-        # ProviderConfig's default base_url is OpenAI's; an Anthropic config that names none means Anthropic's.
-        unset = (None, "", ProviderConfig.__dataclass_fields__["base_url"].default)
-        base_url = DEFAULT_BASE_URL if config.base_url in unset else config.base_url
+        base_url = base_url_for(API, config.base_url)
         headers = {"anthropic-version": ANTHROPIC_VERSION}
         if config.api_key:
             headers["x-api-key"] = config.api_key

@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from pid.config import DEFAULT_API, DEFAULT_BASE_URL
+from pid.config import DEFAULT_API
 from pid.messages import (AssistantMessage, ImageContent, Message, TextContent, ToolResultMessage, ToolSpec,
                           Usage, UserMessage)
 
@@ -18,7 +18,7 @@ from pid.messages import (AssistantMessage, ImageContent, Message, TextContent, 
 @dataclass
 class ProviderConfig:
     model: str
-    base_url: str = DEFAULT_BASE_URL
+    base_url: str | None = None              # None: the API's own endpoint (pid.config.DEFAULT_BASE_URLS)
     api_key: str | None = None
     api: str = DEFAULT_API                   # a value of pid.config.API_NAMES
     provider: str = "openai"                 # a label recorded in the session

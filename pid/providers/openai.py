@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from pid.config import API_NAMES
+from pid.config import API_NAMES, base_url_for
 from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price
@@ -31,7 +31,7 @@ class OpenAIProvider(StreamingProvider):
 
     def __init__(self, config: ProviderConfig) -> None:
         auth = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-        super().__init__(config, config.base_url.rstrip("/") + "/chat/completions", auth)
+        super().__init__(config, base_url_for(API, config.base_url).rstrip("/") + "/chat/completions", auth)
         self._entries = IdentityCache()
 
     def _new_reply(self) -> "_Reply":

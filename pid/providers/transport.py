@@ -23,6 +23,7 @@ import httpcore
 import httpx
 
 from pid.messages import AssistantMessage, Message, ToolSpec
+from pid.config import KEYED_HOSTS
 from pid.providers.base import ProviderConfig, without_images
 
 CANCEL_CHECK_S = 0.1        # longest a cancelled read keeps waiting on a silent server
@@ -97,9 +98,9 @@ def _tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def make_client(config: ProviderConfig) -> httpx.Client:
+def make_client(config: ProviderConfig, url: str) -> httpx.Client:
     """One client per provider instance, so consecutive turns reuse a kept-alive connection."""
-    transport = httpx.HTTPTransport(verify=_tls_context(), proxy=_env_proxy(config.base_url))
+    transport = httpx.HTTPTransport(verify=_tls_context(), proxy=_env_proxy(url))
     # The one reach into httpx internals: the pool it built gets our cancellable sockets.
     transport._pool._network_backend = _CancellableBackend()
     timeout = httpx.Timeout(connect=config.connect_timeout_s, read=config.read_timeout_s,
@@ -321,17 +322,14 @@ class StreamingProvider:
     """
     label = "http"
 
-    # Vendors' own endpoints: without a key they can only refuse, so a keyless request fails at once, saying why.
-    KEYED_HOSTS = ("api.openai.com", "api.anthropic.com")
-
     def __init__(self, config: ProviderConfig, url: str, headers: dict[str, str]) -> None:
         self.config = config
         self._url = url
         host = httpx.URL(url).host
-        self._missing_key = None if config.api_key or host not in self.KEYED_HOSTS else (
+        self._missing_key = None if config.api_key or host not in KEYED_HOSTS else (
             f"no API key: {host} needs one (set PID_API_KEY where the job runs, or pass --api-key)")
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
-        self._client = make_client(config)
+        self._client = make_client(config, url)
 
     def close(self) -> None:
         self._client.close()
