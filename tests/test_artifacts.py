@@ -569,8 +569,9 @@ def test_huge_member_over_the_limit_ends_the_reading(tmp_path):
         ("huge", "over the 1 MB limit"), ("…", "rest of the archive not read")]
 
 
-def test_entry_limit_with_a_20k_member_archive_keeps_the_list_bounded(tmp_path):
-    chunks = chunked(tar_bytes(*(member(f"f{i:05}", b"") for i in range(20000))), 1 << 20)
+def test_entry_limit_with_a_5k_member_archive_keeps_the_list_bounded(tmp_path):
+    # 5,000 members kept in memory would peak near 5 MB; read one at a time, the peak stays near 0.2 MB
+    chunks = chunked(tar_bytes(*(member(f"f{i:05}", b"") for i in range(5000))), 1 << 20)
     dest = tmp_path / "dest"
     tracemalloc.start()
     try:
@@ -582,7 +583,7 @@ def test_entry_limit_with_a_20k_member_archive_keeps_the_list_bounded(tmp_path):
     assert len(os.listdir(dest)) == 10 and len(result.written) == 10
     assert len(result.skipped) == 101
     assert result.skipped[0] == Skipped("f00010", "over the 10-entry limit")
-    assert result.skipped[-1] == Skipped("…", "and 19890 more skipped")
+    assert result.skipped[-1] == Skipped("…", "and 4890 more skipped")
 
 
 def test_parent_directories_count_as_entries(tmp_path):
