@@ -16,12 +16,12 @@ DEFAULT_API = API_NAMES["openai"]
 DEFAULT_BASE_URLS = {API_NAMES["openai"]: "https://api.openai.com/v1",
                      API_NAMES["anthropic"]: "https://api.anthropic.com/v1"}
 KEYED_HOSTS = frozenset(url.split("/")[2] for url in DEFAULT_BASE_URLS.values())
+API_KEY_ENV = ("PID_API_KEY", "OPENAI_API_KEY")   # the first one set wins
 
 
 def base_url_for(api: str, base_url: str | None) -> str:
     """The endpoint a job talks to: the one given, else its wire format's own."""
     return base_url or DEFAULT_BASE_URLS[api]
-API_KEY_ENV = ("PID_API_KEY", "OPENAI_API_KEY")   # the first one set wins
 
 
 class HomeUnusable(Exception):
