@@ -227,8 +227,8 @@ pid_nap() {  # about 10 ms; bash times out a read on its own idle FIFO (fd 6), n
 # the group is gone or the file went unwritten for ~100 ms, 1 s at most (never with the process table full: a fork
 # bomb is no output to wait for).
 pid_scan='set +f; for f in /proc/[0-9]*/fd/*; do [ "$f" -ef "$1" ] && exit 0; done; exit 1'
-pid_linger() {  # $1: pgid, $2: output file
-    kill -0 -"$1" 2>/dev/null && ! pid_full || return 0
+pid_linger() {  # $1: pgid, $2: output file; called only while processes of the group are left
+    ! pid_full || return 0
     PATH=$pid_opath $pid_drop $pid_shbin -c "$pid_scan" pid-scan "$2" </dev/null >/dev/null 2>&1 4>&- 5>&- 6>&- || return 0
     pid_quiet=0
     pid_ticks=0
@@ -249,7 +249,7 @@ pid_finish() {  # wait for pid_pid, then reply with the head of its output and i
     echo "P $pid_pid $pid_out"
     wait "$pid_pid"
     pid_rc=$?
-    [ "$pid_role" = agent ] && pid_linger "$pid_pid" "$pid_out"
+    [ "$pid_role" = agent ] && kill -0 -"$pid_pid" && pid_linger "$pid_pid" "$pid_out"
     [ -s "$pid_out" ] && pid_emit "$pid_out" "$pid_emitn"
     pid_events
     echo "$pid_nonce $pid_rc $pid_pe"
