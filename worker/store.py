@@ -115,6 +115,19 @@ def sum_usage(*usages: dict[str, Any]) -> dict[str, Any]:
     return total
 
 
+def _wal(db: sqlite3.Connection) -> None:
+    """WAL mode. Switching a new database to it takes an exclusive lock and fails at once ("database is locked"),
+    without waiting, when another process opens the same new file at that moment (pid run and its own sweep do)."""
+    for attempt in range(50):
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == 49:
+                raise
+            time.sleep(0.02)
+
+
 class JobStore:
     def __init__(self, path: str) -> None:
         self.path = path
@@ -134,7 +147,7 @@ class JobStore:
     def _db(self) -> Iterator[sqlite3.Connection]:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         try:
-            db.execute("PRAGMA journal_mode=WAL")
+            _wal(db)
             db.execute("PRAGMA busy_timeout=30000")
             db.row_factory = sqlite3.Row
             yield db
