@@ -75,7 +75,7 @@ def test_spec_round_trips_and_ignores_unknown_fields(tmp_path):
 
 
 def test_a_cancelled_job_whose_worker_died_ends_cancelled_with_a_result(tmp_path):
-    from worker.tasks import sweep
+    from worker.sweep import sweep
     store = JobStore(str(tmp_path / "jobs.db"))
     job = store.create(spec(tmp_path))
     assert store.claim(job.id, "dead-worker", lease_s=0.2)

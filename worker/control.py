@@ -9,12 +9,11 @@ import logging
 import os
 import socket
 import sys
-import sqlite3
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from pid import events as ev
 from pid.tools.summary import summarize_call
@@ -201,18 +200,6 @@ def record_end(store: JobStore, job_id: str, owner: str, result: dict[str, Any],
             time.sleep(2 ** attempt)
 
 
-def _retry_locked(step: Callable[[], Any], attempts: int = 5) -> Any:
-    """SQLite can refuse at once ("database is locked") rather than wait, e.g. while a new store switches to WAL
-    under the run's own sweep: a foreground run tries again briefly before it gives up its controls."""
-    for attempt in range(attempts):
-        try:
-            return step()
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or attempt == attempts - 1:
-                raise
-            time.sleep(0.1 * (attempt + 1))
-
-
 class ForegroundJob:
     """A `pid run` job in the store, so that `list`, `status`, `steer`, `pause` and `cancel` reach it from another
     terminal. Its process is its only worker: if it dies the job is never dispatched again, the next sweep ends it.
@@ -227,9 +214,9 @@ class ForegroundJob:
         from worker.store import default_store
         try:
             store = default_store()
-            _retry_locked(lambda: store.create(spec, kind="run"))
+            store.create(spec, kind="run")
             owner = new_owner()
-            if not _retry_locked(lambda: store.claim(spec.id, owner, LEASE_S)):
+            if not store.claim(spec.id, owner, LEASE_S):
                 raise RuntimeError("the job was claimed by another process")
         except Exception as exc:
             print(f"pid: warning: job {spec.id} is not in the job store ({exc}): list, status, steer, pause and "

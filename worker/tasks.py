@@ -17,11 +17,10 @@ from celery import signals
 from pid.config import EnvDefaults
 from pid.endings import status_of
 from worker.app import QUEUE, app
-from worker.control import (CONTROL_POLL_S, LEASE_S, ControlRelay, new_owner, record_end,  # noqa: F401
-                            with_earlier_attempts)
+from worker.control import LEASE_S, ControlRelay, new_owner, record_end, with_earlier_attempts
 from worker.runner import run_job
 from worker.store import JobRecord, default_store
-from worker.sweep import MAX_ATTEMPTS, cancel_job, sweep, write_unrun_result  # noqa: F401  (re-exported)
+from worker.sweep import sweep
 
 log = logging.getLogger("pid.worker")
 jobs_log = logging.getLogger("pid.jobs")   # the worker's own lines: one when a job starts, one when it ends
