@@ -192,7 +192,7 @@ def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, **op
     store = default_store()
     store.create(spec)
     try:
-        dispatch(spec.id, api_key)
+        dispatch(spec.id, api_key, store=store)
     except Exception as exc:  # the broker refused: the job must not sit queued forever
         store.finish(spec.id, "dispatch_failed", error=str(exc))
         raise click.ClickException(f"could not queue job {spec.id}: {exc}") from None
@@ -236,8 +236,8 @@ def _while_waiting(store: Any, job_id: str) -> Callable[[], None]:
 
 
 def _no_worker_notice(store: Any, job_id: str) -> Callable[[], None]:
-    """Once, after NO_WORKER_NOTICE_S: a job still queued means no worker took it. The store tells whether any
-    worker is alive at all: a running job's lease is renewed by its worker every few seconds."""
+    """Once, after NO_WORKER_NOTICE_S: a job still queued means no worker took it. The workers' heartbeats in the
+    store tell whether any is alive, and how busy."""
     deadline = time.monotonic() + NO_WORKER_NOTICE_S
     done = False
 
@@ -250,12 +250,13 @@ def _no_worker_notice(store: Any, job_id: str) -> Callable[[], None]:
         if record is None or record.status != "queued":
             return
         from worker.app import QUEUE
-        now = time.time()
-        busy = [r for r in store.list(500)
-                if r.kind == "worker" and r.status == "running" and (r.lease_until or 0) > now]
+        from worker.housekeeping import ALIVE_WITHIN_S
+        workers = store.workers(alive_within_s=ALIVE_WITHIN_S)
         waited = f"job {job_id} is still queued after {NO_WORKER_NOTICE_S:g}s"
-        if busy:
-            click.echo(f"{waited}: {len(busy)} job(s) are running; it waits for a free worker", err=True)
+        if workers:
+            running = sum(w.running for w in workers)
+            click.echo(f"{waited}: {len(workers)} worker(s) are running {running} job(s); it waits for a free one",
+                       err=True)
         else:
             click.echo(f"{waited}: no worker is consuming queue '{QUEUE}' (start one with `pid worker`)", err=True)
     return tick
@@ -342,8 +343,8 @@ def cancel(job_id: str) -> None:
     status = cancel_job(store, job_id)
     if status == "running":
         click.echo(f"{job_id}: cancelling (its worker stops it and keeps the artifacts so far)")
-    elif status == "cancelled" and record.status == "queued":
-        click.echo(f"{job_id}: cancelled")  # it had not started: it ends here and now
+    elif status == "cancelled":
+        click.echo(f"{job_id}: cancelled")  # it had not started, or its process was gone: it ends here and now
     else:
         raise BadInput(f"job {job_id} is {status}: nothing to cancel")
 
@@ -422,14 +423,17 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool) -> None:
               default="WARNING", show_default=True,
               help="Celery's and the libraries' logging (INFO: Celery's banner, every task, every HTTP request); "
                    "pid's own line per job start and end always prints.")
-def worker(concurrency: int, loglevel: str) -> None:
-    """Start a worker that runs queued jobs (Ctrl-C: finish the running jobs, then stop; twice: stop now)."""
+@click.option("--events", is_flag=True, help="Send Celery task events, for monitors such as Flower.")
+def worker(concurrency: int, loglevel: str, events: bool) -> None:
+    """Start a worker that runs queued jobs (Ctrl-C: finish the running jobs, then stop; twice, or SIGTERM, or
+    SIGHUP: hand them back to the queue now)."""
     from worker.app import QUEUE, app
-    from worker.tasks import configure_job_lines
+    from worker.tasks import configure_job_lines, node_name
     configure_job_lines()
     quiet = ["--quiet"] if loglevel.upper() in ("WARNING", "ERROR") else []   # Celery's banner only when asked
     app.worker_main([*quiet, "worker", f"--concurrency={concurrency}", f"--queues={QUEUE}",
-                     f"--loglevel={loglevel.upper()}", "--without-gossip", "--without-mingle", "--without-heartbeat"])
+                     f"--hostname={node_name()}", f"--loglevel={loglevel.upper()}", "--without-gossip",
+                     "--without-mingle", *(["--task-events"] if events else [])])
 
 
 @cli.command()

@@ -19,6 +19,8 @@ A turn is a dict; every key is optional:
     raw             [str, ...]: send these SSE texts verbatim instead of a generated stream (leniency tests)
 
 When the script runs out every request gets the plain answer "script exhausted", so a bug never hangs a test.
+Instead of a script, a `responder(body) -> turn` can answer each request from what it carries (tests with many jobs
+at once, whose requests arrive in any order); `arrived` holds each request's arrival time.
 
     with ScriptedLLM([{"text": "hi"}]) as llm:
         ... ProviderConfig(model="m", base_url=llm.base_url) ...
@@ -40,7 +42,7 @@ import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 EXHAUSTED_TURN: dict[str, Any] = {"text": "script exhausted"}
 
@@ -49,8 +51,10 @@ _ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "to
 
 
 class ScriptedLLM:
-    def __init__(self, turns: list[dict[str, Any]] | None = None, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, turns: list[dict[str, Any]] | None = None, *, host: str = "127.0.0.1", port: int = 0,
+                 responder: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
         self._turns: deque[dict[str, Any]] = deque(turns or [])
+        self.responder = responder
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._connections: set[socket.socket] = set()
@@ -59,6 +63,7 @@ class ScriptedLLM:
         self.requests: list[dict[str, Any]] = []       # JSON bodies, in arrival order
         self.request_headers: list[dict[str, str]] = []  # lower-cased header names, parallel to `requests`
         self.paths: list[str] = []
+        self.arrived: list[float] = []                 # time.time() of each request, parallel to `requests`
         self._server = _Server((host, port), _Handler)
         self._server.llm = self
         self._thread: threading.Thread | None = None
@@ -91,7 +96,10 @@ class ScriptedLLM:
             self.requests.append(body)
             self.request_headers.append(headers)
             self.paths.append(path)
+            self.arrived.append(time.time())
             self._served += 1
+            if self.responder is not None:
+                return self.responder(body), self._served
             return (self._turns.popleft() if self._turns else EXHAUSTED_TURN), self._served
 
     # -- lifecycle --------------------------------------------------------------------------------------------

@@ -291,7 +291,7 @@ def test_cancel_says_cancelling_and_a_busy_worker_is_named(run_pid, worker, pid_
                 second.kill()
         assert cancel.code == 0 and cancel.stdout.strip() == \
             f"{running}: cancelling (its worker stops it and keeps the artifacts so far)"
-        assert "is still queued after 10s: 1 job(s) are running; it waits for a free worker" in err, err
+        assert "is still queued after 10s: 1 worker(s) are running 1 job(s); it waits for a free one" in err, err
         assert second.returncode == 130
         assert run_pid("result", running, "--wait").code == 1
         newest = JobStore(os.path.join(pid_env["PID_HOME"], "jobs.db")).list()[0]

@@ -160,7 +160,7 @@ def test_the_sweep_ends_a_lost_pid_run_but_not_a_stopped_one(tmp_path):
     assert store.claim(stopped.id, f"{host}:{os.getpid()}:y", lease_s=0.2)   # alive, only not renewing
     assert store.progress(lost.id, f"{host}:{dead.pid}:x", 3, 2, {"input": 700, "output": 30, "cost": 0.01})
     time.sleep(0.3)
-    assert sweep(store, redispatch=False) == [lost.id]
+    assert sweep(store) == [lost.id]
     record = store.get(lost.id)
     assert (record.status, record.exit_reason, record.turns, record.tool_calls) == ("failed", "client_lost", 3, 2)
     assert "`pid run` process" in record.error and f"pid {dead.pid}" in record.error
@@ -180,7 +180,7 @@ def test_the_sweep_fails_a_job_whose_attempts_are_used_up_with_its_counts(tmp_pa
         assert store.claim(job.id, f"w{attempt}", lease_s=0.1)
         store.progress(job.id, f"w{attempt}", 1, 1, {"input": 100, "output": 10, "total_tokens": 110, "cost": 0.1})
         time.sleep(0.2)
-    assert sweep(store, redispatch=False) == [job.id]
+    assert sweep(store) == [job.id]
     record = store.get(job.id)
     assert (record.status, record.exit_reason) == ("failed", "worker_lost")
     assert f"worker lost {MAX_ATTEMPTS} time(s)" in record.error
@@ -205,7 +205,7 @@ def test_a_job_that_wrote_its_result_then_died_keeps_that_result(tmp_path):
     with open(path, "w") as f:
         json.dump(written, f)
     time.sleep(0.3)
-    assert sweep(store, redispatch=False) == [job.id]
+    assert sweep(store) == [job.id]
     record = store.get(job.id)
     assert (record.status, record.exit_reason, record.turns, record.tool_calls) == ("completed", "stop", 4, 3)
     with open(path) as f:

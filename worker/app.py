@@ -1,7 +1,9 @@
-"""The Celery app. Embedded by default (kombu's filesystem transport and a file result store under PID_HOME: no
-server to install); PID_BROKER_URL / PID_RESULT_BACKEND switch to Redis or RabbitMQ for several machines.
+"""The Celery app. Embedded by default (a filesystem queue under PID_HOME: no server to install); PID_BROKER_URL
+switches to Redis or RabbitMQ for several machines.
 
-Celery only dispatches. Whether a job runs, and only once, is decided by the job store (worker/store.py).
+Celery only dispatches. Whether a job runs, and only once, is decided by the job store (worker/store.py): so a
+message is acknowledged as soon as a worker process takes it (no broker timeout can then redeliver a long job or
+close a worker's channel), and Celery keeps no results (the store has them; nothing waits on a result backend).
 """
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ def embedded_broker() -> bool:
 def broker_settings(home: str) -> tuple[str, dict[str, object]]:
     url = os.environ.get("PID_BROKER_URL") or "filesystem://"
     if not embedded_broker():
-        # A long agent job must not be redelivered while it runs; the job store's lease guards against it anyway.
-        return url, {"visibility_timeout": 7 * 24 * 3600}
+        # Only a message taken but not yet started is unacknowledged (a worker takes one only when it has a free
+        # process): if its worker dies, Redis hands it out again after this long.
+        return url, {"visibility_timeout": 300}
     queue_dir = os.path.join(home, "broker", "queue")
     processed = os.path.join(home, "broker", "processed")
     control = os.path.join(home, "broker", "control")
@@ -38,21 +41,17 @@ def make_app() -> Celery:
     home = pid_home()
     os.makedirs(home, mode=0o700, exist_ok=True)
     broker, transport_options = broker_settings(home)
-    results = os.environ.get("PID_RESULT_BACKEND")
-    check_clients({"PID_BROKER_URL": broker, **({"PID_RESULT_BACKEND": results} if results else {})})
-    if not results:
-        os.makedirs(os.path.join(home, "results"), mode=0o700, exist_ok=True)
-        results = "file://" + os.path.join(home, "results")
-    app = Celery("pid", broker=broker, backend=results, include=["worker.tasks"])
+    check_clients({"PID_BROKER_URL": broker})
+    app = Celery("pid", broker=broker, include=["worker.tasks"])
     app.conf.update(
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
         task_default_queue=QUEUE,
         task_serializer="json", result_serializer="json", accept_content=["json"],
-        task_acks_late=True,                # a worker that dies mid-job leaves the message to be redelivered...
-        task_reject_on_worker_lost=True,    # ...and the job store's lease makes that redelivery safe
-        task_track_started=True,
+        task_acks_late=False,               # acked when a worker process takes it: the store's claim follows at once
+        task_ignore_result=True,
         worker_prefetch_multiplier=1,       # long jobs: never hoard messages another worker could run
+        worker_disable_prefetch=broker.startswith(("redis", "rediss", "sentinel")),   # ...not even one (Redis only)
         worker_max_tasks_per_child=1,       # a fresh process per job: no state leaks between jobs
         worker_pool="prefork",
         worker_hijack_root_logger=False,

@@ -24,8 +24,10 @@ from worker.store import JobStore
 log = logging.getLogger("pid.worker")
 
 # A job silent for LEASE_S is presumed dead: a worker's is dispatched again, a `pid run`'s is ended by the next sweep.
-LEASE_S = float(os.environ.get("PID_LEASE_S", "60"))
-CONTROL_POLL_S = 0.5      # how quickly cancel, pause and messages reach a running job
+# (On the job's own host the sweep does not wait for that: it sees that the process is gone.)
+LEASE_S = float(os.environ.get("PID_LEASE_S", "30"))
+CONTROL_POLL_S = 0.5      # how quickly cancel, pause and messages reach a running job (one read of the store)
+PROGRESS_EVERY_S = 2.0    # how often progress is written, at most; the lease is renewed in the same write
 
 
 def new_owner() -> str:
@@ -91,6 +93,7 @@ class ControlRelay:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pid-control", daemon=True)
         self._reported = -1
+        self._stop_requested = False
 
     def still_owner(self) -> bool:
         """False only when another worker holds the job now; an unreadable store must not lose the artifacts."""
@@ -125,34 +128,49 @@ class ControlRelay:
         except Exception:
             log.exception("job %s: recording progress", self.job_id)
 
+    def request_stop(self) -> None:
+        """Stop the job soon, from anywhere (a signal handler included: this only sets a flag, which the relay's
+        thread acts on)."""
+        self._stop_requested = True
+
     def _run(self) -> None:
-        ticks_per_renew = max(1, int(LEASE_S / 4 / CONTROL_POLL_S))
-        tick = 0
+        renew_every = LEASE_S / 6
+        last_write = time.monotonic()
         while not self._done.wait(CONTROL_POLL_S):
-            tick += 1
             try:
-                if tick % ticks_per_renew == 0 and not self.store.renew(self.job_id, self.owner, LEASE_S):
-                    log.warning("job %s: lease lost; stopping", self.job_id)
+                if self._stop_requested:
                     self._cancel()
-                record = self.store.get(self.job_id)
-                if record is None:
+                controls = self.store.controls(self.job_id, self.owner)
+                if controls is None or not controls.owned:
+                    if not self.cancel.is_set():
+                        log.warning("job %s: no longer this worker's; stopping", self.job_id)
+                    self._cancel()
                     continue
-                if record.cancel_requested:
+                if controls.cancel_requested:
                     self._cancel()
-                self._report()
+                now = time.monotonic()
+                changed = self.progress.version != self._reported
+                if now - last_write >= renew_every or (changed and now - last_write >= PROGRESS_EVERY_S):
+                    if not self._report(renew=True):
+                        continue   # the next poll sees who holds the job now
+                    last_write = now
                 agent = self._agent
                 if agent is None:
                     continue
-                self._deliver(agent)   # before a resume: what was sent while paused goes in first
-                (agent.pause if record.paused else agent.resume)()
+                if controls.mail:
+                    self._deliver(agent)   # before a resume: what was sent while paused goes in first
+                (agent.pause if controls.paused else agent.resume)()
             except Exception:  # the store being briefly unavailable must not kill the job
                 log.exception("job %s: control relay", self.job_id)
 
-    def _report(self) -> None:
+    def _report(self, renew: bool = False) -> bool:
         version = self.progress.version
-        if version != self._reported:
-            self.store.progress(self.job_id, self.owner, **self.progress.snapshot())
-            self._reported = version
+        if version == self._reported and not renew:
+            return True
+        ok = self.store.progress(self.job_id, self.owner, **self.progress.snapshot(),
+                                 lease_s=LEASE_S if renew else None)
+        self._reported = version
+        return ok
 
     def _deliver(self, agent: Agent) -> None:
         for kind, text in self.store.take_messages(self.job_id):

@@ -1,9 +1,11 @@
 """The job store: each job's own record is the source of truth; the broker only dispatches.
 
-A job is claimed by one worker at a time under a lease that the worker renews while it runs. A redelivered
-message (Redis visibility timeout, RabbitMQ consumer timeout, a restarted worker) finds the job claimed and does
-nothing; a job whose worker died lets its lease lapse and the sweeper dispatches it again. SQLite (WAL) under
-PID_HOME: one file, no server, safe across the worker's processes on one machine.
+A job is claimed by one worker at a time under a lease that the worker renews while it runs. A duplicate message
+(a re-dispatch, a redelivery) finds the job claimed and does nothing; a job whose worker died (its lease lapsed, or
+its process is gone) is put back in the queue by the sweeper (worker/sweep.py), and the store records when each
+queued job was dispatched so that one whose message was lost is dispatched again (worker/housekeeping.py). Workers
+record a heartbeat here too. SQLite (WAL) under PID_HOME: one file, no server, safe across the worker's processes
+on one machine, and across fork(): a fork waits until no thread of the process is inside SQLite.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import builtins
 import json
 import os
 import sqlite3
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -41,7 +44,24 @@ CREATE TABLE IF NOT EXISTS jobs (
   earlier TEXT,                    -- the earlier attempts' counts: [{attempt, turns, tool_calls, usage}] (JSON)
   activity TEXT,                   -- what the job is doing now (turn, running tool)
   last_tool TEXT,                  -- the last tool call that finished
-  updated_at REAL                  -- when progress was last recorded
+  updated_at REAL,                 -- when progress was last recorded
+  claimed_at REAL,                 -- when the running attempt was claimed (its owner process started before)
+  handbacks INTEGER NOT NULL DEFAULT 0,  -- attempts handed back by a stopping worker (not lost: not counted as such)
+  dispatched_at REAL,              -- when its message was last published; NULL: it must be (re)dispatched
+  dispatch_error TEXT,             -- why the last publish failed
+  undispatched_since REAL          -- since when it has waited for a publish that works
+);
+CREATE INDEX IF NOT EXISTS jobs_status ON jobs(status);
+CREATE TABLE IF NOT EXISTS workers (
+  node TEXT PRIMARY KEY,           -- Celery's node name, unique per worker process
+  host TEXT NOT NULL,
+  pid INTEGER NOT NULL,
+  boot_id TEXT,                    -- tells a rebooted host from a live one
+  concurrency INTEGER NOT NULL,
+  running INTEGER NOT NULL,
+  free_since REAL,                 -- since when it has had a free process and taken jobs; NULL: busy or stopping
+  started_at REAL NOT NULL,
+  beat_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS inbox (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -55,7 +75,9 @@ CREATE INDEX IF NOT EXISTS inbox_job ON inbox(job_id, delivered);
 
 # Columns added after the first release: a store made by an older pid gets them on open.
 ADDED_COLUMNS = {"kind": "TEXT NOT NULL DEFAULT 'worker'", "usage": "TEXT", "earlier": "TEXT", "activity": "TEXT",
-                 "last_tool": "TEXT", "updated_at": "REAL"}
+                 "last_tool": "TEXT", "updated_at": "REAL", "claimed_at": "REAL",
+                 "handbacks": "INTEGER NOT NULL DEFAULT 0", "dispatched_at": "REAL", "dispatch_error": "TEXT",
+                 "undispatched_since": "REAL"}
 USAGE_KEYS = ("input", "output", "cache_read", "cache_write", "total_tokens")
 
 
@@ -82,6 +104,16 @@ class JobRecord:
     activity: str | None = None
     last_tool: str | None = None
     updated_at: float | None = None
+    claimed_at: float | None = None
+    handbacks: int = 0
+    dispatched_at: float | None = None
+    dispatch_error: str | None = None
+    undispatched_since: float | None = None
+
+    @property
+    def losses(self) -> int:
+        """Attempts whose worker was lost (a handed-back attempt was not)."""
+        return self.attempts - self.handbacks
 
     @property
     def terminal(self) -> bool:
@@ -115,6 +147,42 @@ def sum_usage(*usages: dict[str, Any]) -> dict[str, Any]:
     return total
 
 
+@dataclass
+class Controls:
+    """What a running job's relay polls for: one read, no write."""
+    owned: bool          # still running under this owner
+    cancel_requested: bool
+    paused: bool
+    mail: bool           # undelivered steer / follow-up messages wait
+
+
+@dataclass
+class WorkerBeat:
+    node: str
+    host: str
+    pid: int
+    boot_id: str | None
+    concurrency: int
+    running: int
+    free_since: float | None
+    started_at: float
+    beat_at: float
+
+
+# SQLite's state must not be copied mid-operation into a forked child (its mutexes, a half-done write): every
+# store operation holds this lock, and a fork in this process waits for it.
+_fork_guard = threading.RLock()
+
+
+def _fresh_guard_in_child() -> None:
+    global _fork_guard
+    _fork_guard = threading.RLock()
+
+
+os.register_at_fork(before=lambda: _fork_guard.acquire(), after_in_parent=lambda: _fork_guard.release(),
+                    after_in_child=_fresh_guard_in_child)
+
+
 def _wal(db: sqlite3.Connection) -> None:
     """WAL mode. Switching a new database to it takes an exclusive lock and fails at once ("database is locked"),
     without waiting, when another process opens the same new file at that moment (pid run and its own sweep do)."""
@@ -145,21 +213,23 @@ class JobStore:
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
-            _wal(db)
-            db.execute("PRAGMA busy_timeout=30000")
-            db.row_factory = sqlite3.Row
-            yield db
-        finally:
-            db.close()
+        with _fork_guard:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            try:
+                _wal(db)
+                db.execute("PRAGMA busy_timeout=30000")
+                db.row_factory = sqlite3.Row
+                yield db
+            finally:
+                db.close()
 
     def create(self, spec: JobSpec, kind: str = "worker") -> JobRecord:
-        """A queued job. kind "run" is a foreground `pid run`: its process is its only worker."""
+        """A queued job, not yet dispatched. kind "run" is a foreground `pid run`: its process is its only worker."""
         assert kind in ("worker", "run")
+        now = time.time()
         with self._db() as db:
-            db.execute("INSERT INTO jobs (id, spec, status, created_at, kind) VALUES (?, ?, 'queued', ?, ?)",
-                       (spec.id, json.dumps(spec.to_dict()), time.time(), kind))
+            db.execute("INSERT INTO jobs (id, spec, status, created_at, kind, undispatched_since) "
+                       "VALUES (?, ?, 'queued', ?, ?, ?)", (spec.id, json.dumps(spec.to_dict()), now, kind, now))
         record = self.get(spec.id)
         assert record is not None
         return record
@@ -198,14 +268,28 @@ class JobStore:
             return cur.rowcount == 1
 
     def progress(self, job_id: str, owner: str, turns: int, tool_calls: int, usage: dict[str, Any] | None = None,
-                 activity: str | None = None, last_tool: str | None = None) -> bool:
-        """The running attempt's counts so far, so that a job stopped cold still has true ones. Lease holder only."""
+                 activity: str | None = None, last_tool: str | None = None, lease_s: float | None = None) -> bool:
+        """The running attempt's counts so far, so that a job stopped cold still has true ones; with lease_s, the
+        lease renewed in the same write. Lease holder only."""
+        now = time.time()
         with self._db() as db:
             return db.execute(
                 "UPDATE jobs SET turns = ?, tool_calls = ?, usage = COALESCE(?, usage), activity = ?, "
-                "last_tool = COALESCE(?, last_tool), updated_at = ? WHERE id = ? AND owner = ? AND status = 'running'",
+                "last_tool = COALESCE(?, last_tool), updated_at = ?, lease_until = COALESCE(?, lease_until) "
+                "WHERE id = ? AND owner = ? AND status = 'running'",
                 (turns, tool_calls, json.dumps(usage) if usage is not None else None, activity, last_tool,
-                 time.time(), job_id, owner)).rowcount == 1
+                 now, now + lease_s if lease_s is not None else None, job_id, owner)).rowcount == 1
+
+    def controls(self, job_id: str, owner: str) -> Controls | None:
+        """A running job's controls in one read (None: no such job)."""
+        with self._db() as db:
+            row = db.execute(
+                "SELECT status, owner, cancel_requested, paused, EXISTS(SELECT 1 FROM inbox WHERE inbox.job_id = "
+                "jobs.id AND delivered = 0) AS mail FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            return None
+        return Controls(row["status"] == "running" and row["owner"] == owner, bool(row["cancel_requested"]),
+                        bool(row["paused"]), bool(row["mail"]))
 
     def finish(self, job_id: str, exit_reason: ExitReason, *, owner: str | None = None, error: str | None = None,
                turns: int | None = None, tool_calls: int | None = None, usage: dict[str, Any] | None = None,
@@ -271,16 +355,112 @@ class JobStore:
 
     def lapsed(self) -> "builtins.list[JobRecord]":
         """Running jobs whose worker stopped renewing: it died, or its machine did."""
+        return self.suspects(host=None)
+
+    def suspects(self, host: str | None) -> "builtins.list[JobRecord]":
+        """Running jobs that may have lost their process: lapsed ones, and (with a host) those owned by a process
+        on that host, which the caller can check for itself."""
+        sql = "SELECT * FROM jobs WHERE status = 'running' AND (lease_until < ?"
+        args: list[Any] = [time.time()]
+        if host is not None:
+            sql += " OR substr(owner, 1, length(?)) = ?"
+            args += [host + ":", host + ":"]
         with self._db() as db:
-            rows = db.execute("SELECT * FROM jobs WHERE status = 'running' AND lease_until < ?",
-                              (time.time(),)).fetchall()
+            rows = db.execute(sql + ")", args).fetchall()
         return [_record(r) for r in rows]
 
-    def requeue(self, job_id: str) -> bool:
+    def requeue(self, job_id: str, owner: str | None = None, lapsed_only: bool = True) -> bool:
+        """A running job whose process is gone goes back to the queue, to be dispatched again. With an owner, only
+        if that process still holds it; with lapsed_only, only while its lease has lapsed."""
+        now = time.time()
+        sql = ("UPDATE jobs SET status = 'queued', owner = NULL, lease_until = NULL, activity = NULL, "
+               "dispatched_at = NULL, undispatched_since = ? WHERE id = ? AND status = 'running'")
+        args: list[Any] = [now, job_id]
+        if owner is not None:
+            sql += " AND owner = ?"
+            args.append(owner)
+        if lapsed_only:
+            sql += " AND lease_until < ?"
+            args.append(now)
         with self._db() as db:
-            return db.execute("UPDATE jobs SET status = 'queued', owner = NULL, lease_until = NULL "
-                              "WHERE id = ? AND status = 'running' AND lease_until < ?",
-                              (job_id, time.time())).rowcount == 1
+            return db.execute(sql, args).rowcount == 1
+
+    def hand_back(self, job_id: str, owner: str, turns: int, tool_calls: int,
+                  usage: dict[str, Any] | None) -> bool:
+        """A stopping worker gives its running job back to the queue (to be dispatched again at once), with this
+        attempt's counts. Not a loss: it does not count against the job's attempts."""
+        now = time.time()
+        with self._db() as db:
+            return db.execute(
+                "UPDATE jobs SET status = 'queued', owner = NULL, lease_until = NULL, activity = NULL, "
+                "handbacks = handbacks + 1, turns = ?, tool_calls = ?, usage = COALESCE(?, usage), "
+                "dispatched_at = NULL, undispatched_since = ? WHERE id = ? AND owner = ? AND status = 'running'",
+                (turns, tool_calls, json.dumps(usage) if usage is not None else None, now, job_id,
+                 owner)).rowcount == 1
+
+    # -- dispatch records: what the reconciler reads ----------------------------------------------------------
+
+    def mark_dispatched(self, job_id: str, previous: float | None = None, *, only_if: bool = False) -> bool:
+        """Record a publish about to happen. With only_if, only if the job is still queued and its last dispatch is
+        still `previous`: of several workers re-dispatching one job, one wins."""
+        sql = ("UPDATE jobs SET dispatched_at = ?, dispatch_error = NULL, undispatched_since = NULL "
+               "WHERE id = ? AND status IN ('queued', 'running')")
+        args: list[Any] = [time.time(), job_id]
+        if only_if:
+            sql += " AND status = 'queued' AND dispatched_at IS ?"
+            args.append(previous)
+        with self._db() as db:
+            return db.execute(sql, args).rowcount == 1
+
+    def mark_undispatched(self, job_id: str, error: str) -> None:
+        """The publish failed: the job waits for a worker's reconciler to try again."""
+        with self._db() as db:
+            db.execute("UPDATE jobs SET dispatched_at = NULL, dispatch_error = ?, "
+                       "undispatched_since = COALESCE(undispatched_since, ?) WHERE id = ? AND status = 'queued'",
+                       (error[:500], time.time(), job_id))
+
+    def to_dispatch(self, stale_before: float | None) -> "builtins.list[JobRecord]":
+        """Queued worker jobs that need a message: never dispatched (or the publish failed), or (with
+        stale_before) dispatched before then and still not taken, so their message is presumably lost."""
+        sql = ("SELECT * FROM jobs WHERE status = 'queued' AND kind = 'worker' AND cancel_requested = 0 "
+               "AND (dispatched_at IS NULL")
+        args: list[Any] = []
+        if stale_before is not None:
+            sql += " OR dispatched_at < ?"
+            args.append(stale_before)
+        with self._db() as db:
+            rows = db.execute(sql + ") ORDER BY created_at", args).fetchall()
+        return [_record(r) for r in rows]
+
+    # -- worker heartbeats ---------------------------------------------------------------------------------------
+
+    def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
+             taking_jobs: bool) -> None:
+        """A worker is alive; `free_since` tracks how long it has had a free process while taking jobs."""
+        now = time.time()
+        free = taking_jobs and running < concurrency
+        with self._db() as db:
+            db.execute(
+                "INSERT INTO workers (node, host, pid, boot_id, concurrency, running, free_since, started_at, beat_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(node) DO UPDATE SET "
+                "concurrency = excluded.concurrency, running = excluded.running, beat_at = excluded.beat_at, "
+                "boot_id = excluded.boot_id, "
+                "free_since = CASE WHEN ? THEN COALESCE(workers.free_since, excluded.beat_at) ELSE NULL END",
+                (node, host, pid, boot_id, concurrency, running, now if free else None, now, now, free))
+
+    def forget_worker(self, node: str) -> None:
+        with self._db() as db:
+            db.execute("DELETE FROM workers WHERE node = ?", (node,))
+
+    def workers(self, alive_within_s: float | None = None) -> "builtins.list[WorkerBeat]":
+        """Workers by heartbeat; with alive_within_s, only those heard from that recently."""
+        sql, args = "SELECT * FROM workers", []
+        if alive_within_s is not None:
+            sql += " WHERE beat_at >= ?"
+            args.append(time.time() - alive_within_s)
+        with self._db() as db:
+            rows = db.execute(sql + " ORDER BY started_at", args).fetchall()
+        return [WorkerBeat(**{k: r[k] for k in r.keys()}) for r in rows]
 
 
 def _take(db: sqlite3.Connection, job_id: str, owner: str, now: float, lease_s: float) -> bool:
@@ -295,8 +475,8 @@ def _take(db: sqlite3.Connection, job_id: str, owner: str, now: float, lease_s: 
                         "usage": sum_usage(json.loads(row["usage"] or "{}"))})
     db.execute("UPDATE jobs SET status = 'running', owner = ?, lease_until = ?, attempts = attempts + 1, "
                "started_at = COALESCE(started_at, ?), earlier = ?, turns = 0, tool_calls = 0, usage = NULL, "
-               "activity = NULL, updated_at = ? WHERE id = ?",
-               (owner, now + lease_s, now, json.dumps(earlier), now, job_id))
+               "activity = NULL, updated_at = ?, claimed_at = ? WHERE id = ?",
+               (owner, now + lease_s, now, json.dumps(earlier), now, now, job_id))
     return True
 
 
@@ -305,7 +485,9 @@ def _record(row: sqlite3.Row) -> JobRecord:
                      row["lease_until"], row["attempts"], bool(row["cancel_requested"]), bool(row["paused"]),
                      row["turns"], row["tool_calls"], row["exit_reason"], row["error"], row["created_at"],
                      row["started_at"], row["finished_at"], row["kind"], json.loads(row["usage"] or "{}"),
-                     json.loads(row["earlier"] or "[]"), row["activity"], row["last_tool"], row["updated_at"])
+                     json.loads(row["earlier"] or "[]"), row["activity"], row["last_tool"], row["updated_at"],
+                     row["claimed_at"], row["handbacks"], row["dispatched_at"], row["dispatch_error"],
+                     row["undispatched_since"])
 
 
 def default_store() -> JobStore:

@@ -1,8 +1,8 @@
-"""Jobs whose process died: found by their lapsed lease, then dispatched again or ended, truthfully.
+"""Jobs whose process died: found by their lapsed lease, or at once when their process on this host is gone; then
+put back in the queue (a worker's reconciler dispatches them again) or ended, truthfully.
 
-Workers sweep periodically; `pid run`, `pid list` and `pid status` sweep too (without dispatching: that is a
-worker's business), so a `pid run` killed with SIGKILL is ended by the next command. No Celery unless a job is
-dispatched again.
+Workers sweep every few seconds; `pid run`, `pid list` and `pid status` sweep too, so a `pid run` killed with SIGKILL
+is ended by the next command. No Celery here: dispatching is worker/housekeeping.py's.
 """
 from __future__ import annotations
 
@@ -21,22 +21,26 @@ from worker.store import JobRecord, JobStore
 
 log = logging.getLogger("pid.worker")
 
-MAX_ATTEMPTS = int(os.environ.get("PID_MAX_ATTEMPTS", "3"))   # a job whose worker died this often has failed
+MAX_ATTEMPTS = int(os.environ.get("PID_MAX_ATTEMPTS", "3"))   # a job whose worker was lost this often has failed
 
 Ended = Callable[[JobRecord], None]
 
 
-def sweep(store: JobStore, *, redispatch: bool = True, on_end: Ended | None = None) -> list[str]:
-    """Lapsed jobs: a worker's is dispatched again (if `redispatch`) or, after MAX_ATTEMPTS, failed (`worker_lost`);
-    a `pid run`'s whose process is gone is failed (`client_lost`): nobody can take it up. Returns the ids ended."""
+def sweep(store: JobStore, *, on_end: Ended | None = None, on_requeue: Ended | None = None) -> list[str]:
+    """Running jobs whose process is gone: a worker's goes back to the queue or, lost MAX_ATTEMPTS times, fails
+    (`worker_lost`); a `pid run`'s fails (`client_lost`): nobody can take it up. Each one's containers go with it.
+    Returns the ids ended."""
     ended = []
-    for record in store.lapsed():
-        if record.kind == "run" and owner_alive(record):
-            continue  # stopped (Ctrl-Z, a suspended machine), not dead: it renews its lease when it goes on
+    now = time.time()
+    for record in store.suspects(host=socket.gethostname()):
+        lapsed = (record.lease_until or 0) < now
+        if owner_alive(record) and (not lapsed or record.kind == "run"):
+            continue  # alive; a `pid run` stopped (Ctrl-Z, a suspended machine) renews its lease when it goes on
         written = _written_result(record)
         if written is not None:   # it ended and wrote result.json, then died before telling the store: that holds
-            if store.finish(record.id, written["exit_reason"], error=written.get("error"),
-                            turns=written.get("turns"), tool_calls=written.get("tool_calls"), lapsed_only=True):
+            if store.finish(record.id, written["exit_reason"], owner=record.owner, error=written.get("error"),
+                            turns=written.get("turns"), tool_calls=written.get("tool_calls"),
+                            lapsed_only=lapsed):
                 ended.append(record.id)
                 _remove_containers(record.id)
                 if on_end:
@@ -48,16 +52,17 @@ def sweep(store: JobStore, *, redispatch: bool = True, on_end: Ended | None = No
         elif record.kind == "run":
             reason, error = "client_lost", (f"the `pid run` process that ran this job ({_who(record)}) ended "
                                                 "without finishing it (killed?); a foreground job is not run again")
-        elif record.attempts >= MAX_ATTEMPTS:
-            reason, error = "worker_lost", (f"worker lost {record.attempts} time(s) ({_who(record)} last): "
+        elif record.losses >= MAX_ATTEMPTS:
+            reason, error = "worker_lost", (f"worker lost {record.losses} time(s) ({_who(record)} last): "
                                                 "the job is not dispatched again")
         else:
-            if redispatch and store.requeue(record.id):
-                log.warning("job %s: worker lost, dispatching again", record.id)
-                from worker.tasks import dispatch
-                dispatch(record.id)
+            if store.requeue(record.id, record.owner, lapsed_only=lapsed):
+                log.warning("job %s: its worker process (%s) is gone; back in the queue", record.id, _who(record))
+                _remove_containers(record.id)
+                if on_requeue:
+                    on_requeue(record)
             continue
-        if store.finish(record.id, reason, error=error, lapsed_only=True):
+        if store.finish(record.id, reason, owner=record.owner, error=error, lapsed_only=lapsed):
             ended.append(record.id)
             write_unrun_result(record.spec, reason, error, record)
             _remove_containers(record.id)
@@ -82,20 +87,25 @@ def _written_result(record: JobRecord) -> dict[str, Any] | None:
 
 
 def sweep_quietly(store: JobStore | None = None) -> None:
-    """The CLI's sweep: never fatal, never dispatches."""
+    """The CLI's sweep: never fatal."""
     try:
         from worker.store import default_store
-        sweep(store or default_store(), redispatch=False)
+        sweep(store or default_store())
     except Exception:
         log.debug("sweeping lost jobs", exc_info=True)
 
 
 def cancel_job(store: JobStore, job_id: str) -> str | None:
-    """Cancel a job: a queued one ends here and now (with its result.json), a running one through its worker."""
+    """Cancel a job: a queued one ends here and now (with its result.json), a running one through its worker, or
+    here and now too if its process is gone (the sweep sees to that, and to its containers)."""
     was = store.get(job_id)
     status = store.request_cancel(job_id)
     if was is not None and was.status == "queued" and status == "cancelled":
         write_unrun_result(was.spec, "cancelled", None)
+    elif status == "running":
+        sweep_quietly(store)
+        record = store.get(job_id)
+        status = record.status if record else status
     return status
 
 
@@ -139,7 +149,7 @@ def owner_alive(record: JobRecord) -> bool:
     if started is None:
         return True
     state, since = started
-    return state != "Z" and since <= (record.started_at or record.created_at) + 1
+    return state != "Z" and since <= (record.claimed_at or record.started_at or record.created_at) + 1
 
 
 def _process_start(pid: int) -> tuple[str, float] | None:

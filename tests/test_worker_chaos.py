@@ -1,0 +1,167 @@
+"""Chaos on the embedded queue: a worker told to stop (SIGTERM or SIGHUP to its process group, as a service manager
+or a closed terminal does; Ctrl-C twice) hands its running jobs back, never fails them; a SIGKILLed worker's job
+starts again on another worker within seconds. Every job completes exactly once: no two attempts of one job are
+ever live at the same time, as the model server's request log shows."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.conftest import pid_containers, start_worker, stop_worker
+from tests.scripted_llm import ScriptedLLM
+from worker.store import JobStore
+
+pytestmark = pytest.mark.docker
+
+
+class JobsModel:
+    """Answers each job by its task ("chaos-N"): its first attempt runs a long command, a later attempt a short one,
+    and after a tool result the job is done. Keeps, per job and attempt, when its requests arrived."""
+
+    def __init__(self, long_command: str = "sleep 30") -> None:
+        self.long_command = long_command
+        self.attempts: dict[str, list[list[float]]] = {}   # job task -> [request times of each attempt]
+        self._lock = threading.Lock()
+
+    def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
+        text = json.dumps(body.get("messages", []))
+        task = re.search(r"chaos-\d+", text)
+        assert task, text[:300]
+        name = task.group(0)
+        with self._lock:
+            runs = self.attempts.setdefault(name, [])
+            called = re.search(rf"call-{name}-(\d+)", text)
+            if called is None:   # a new attempt: system prompt and task only
+                runs.append([time.time()])
+                command = self.long_command if len(runs) == 1 else "true"
+                return {"tool_calls": [{"id": f"call-{name}-{len(runs)}", "name": "bash",
+                                        "arguments": {"command": command}}]}
+            runs[int(called.group(1)) - 1].append(time.time())
+            return {"text": f"done {name}"}
+
+    def assert_never_two_live_attempts(self) -> None:
+        for name, runs in self.attempts.items():
+            for earlier, later in zip(runs, runs[1:]):
+                assert max(earlier) < min(later), f"{name}: two attempts were live at once: {runs}"
+
+
+def _submit(run_pid, env, repo, llm, out, n: int) -> str:
+    res = run_pid("submit", f"chaos-{n}", "--repo", str(repo), "--model", "m", "--base-url", llm.base_url,
+                  "--out", str(out), env=env)
+    assert res.code == 0, res.stderr
+    return res.stdout.strip()
+
+
+def _wait_running_tool(store: JobStore, job_ids: list[str], log_path, timeout: float = 90) -> None:
+    deadline = time.time() + timeout
+    while not all("running bash" in ((r := store.get(j)) and r.activity or "") for j in job_ids):
+        assert time.time() < deadline, log_path.read_text()
+        time.sleep(0.2)
+
+
+def _own_containers(job_ids: list[str]) -> list[str]:
+    return [c.labels["pid.job"] for c in pid_containers() if c.labels.get("pid.job") in job_ids]
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP", "SIGINT twice"])
+def test_a_stopped_worker_hands_its_jobs_back_and_they_complete_exactly_once(stop, run_pid, pid_env, sample_repo,
+                                                                              tmp_path):
+    env = {**pid_env, "PID_SWEEP_S": "1"}
+    store = JobStore(os.path.join(env["PID_HOME"], "jobs.db"))
+    model = JobsModel()
+    with ScriptedLLM(responder=model) as llm:
+        first = start_worker(env, tmp_path, tmp_path / "w1.log", concurrency=2)
+        try:
+            jobs = [_submit(run_pid, env, sample_repo, llm, tmp_path / "out", n) for n in range(2)]
+            _wait_running_tool(store, jobs, tmp_path / "w1.log")
+            if stop == "SIGINT twice":
+                os.killpg(first.pid, signal.SIGINT)
+                time.sleep(1.5)
+                assert first.poll() is None and [store.get(j).status for j in jobs] == ["running"] * 2
+                os.killpg(first.pid, signal.SIGINT)
+            else:
+                os.killpg(first.pid, getattr(signal, stop))
+            first.wait(timeout=60)
+        finally:
+            stop_worker(first)
+        log = (tmp_path / "w1.log").read_text()
+        records = [store.get(j) for j in jobs]
+        assert [(r.status, r.exit_reason, r.attempts, r.handbacks) for r in records] == \
+            [("queued", None, 1, 1)] * 2, log
+        assert log.count("handed back to the queue") == 2, log
+        assert _own_containers(jobs) == []
+        second = start_worker(env, tmp_path, tmp_path / "w2.log", concurrency=2)
+        try:
+            results = [run_pid("result", j, "--wait", "--json", env=env, timeout=120) for j in jobs]
+        finally:
+            stop_worker(second)
+    for job_id, done in zip(jobs, results):
+        assert done.code == 0, done.stderr + (tmp_path / "w2.log").read_text()
+        result = done.json()
+        assert result["final_message"].startswith("done chaos-")
+        assert [a["attempt"] for a in result["per_attempt"]] == [1, 2]
+        record = store.get(job_id)
+        assert (record.status, record.attempts) == ("completed", 2)
+    assert sorted(len(runs) for runs in model.attempts.values()) == [2, 2]
+    model.assert_never_two_live_attempts()
+    assert _own_containers(jobs) == []
+
+
+def test_a_killed_workers_job_starts_again_on_another_worker_within_15_s(run_pid, pid_env, sample_repo, tmp_path):
+    env = dict(pid_env)   # the default sweep interval: what a real deployment gets
+    store = JobStore(os.path.join(env["PID_HOME"], "jobs.db"))
+    model = JobsModel()
+    with ScriptedLLM(responder=model) as llm:
+        first = start_worker(env, tmp_path, tmp_path / "w1.log")
+        second = None
+        try:
+            job_id = _submit(run_pid, env, sample_repo, llm, tmp_path / "out", 0)
+            _wait_running_tool(store, [job_id], tmp_path / "w1.log")
+            second = start_worker(env, tmp_path, tmp_path / "w2.log")
+            killed_at = time.time()
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+            deadline = time.time() + 60
+            while len(model.attempts["chaos-0"]) < 2:
+                assert time.time() < deadline, (tmp_path / "w2.log").read_text()
+                time.sleep(0.1)
+            restarted_after = model.attempts["chaos-0"][1][0] - killed_at
+            done = run_pid("result", job_id, "--wait", "--json", env=env, timeout=120)
+        finally:
+            stop_worker(first)
+            if second is not None:
+                stop_worker(second)
+    assert restarted_after <= 15, f"the job started again {restarted_after:.1f}s after its worker was killed"
+    assert done.code == 0, done.stderr
+    assert store.get(job_id).attempts == 2
+    model.assert_never_two_live_attempts()
+    assert _own_containers([job_id]) == []
+
+
+def test_a_job_cancelled_while_its_worker_is_dead_ends_at_once_without_leaving_its_container(run_pid, pid_env,
+                                                                                            sample_repo, tmp_path):
+    store = JobStore(os.path.join(pid_env["PID_HOME"], "jobs.db"))
+    model = JobsModel()
+    with ScriptedLLM(responder=model) as llm:
+        worker = start_worker(pid_env, tmp_path, tmp_path / "w.log")
+        try:
+            job_id = _submit(run_pid, pid_env, sample_repo, llm, tmp_path / "out", 0)
+            _wait_running_tool(store, [job_id], tmp_path / "w.log")
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+        finally:
+            stop_worker(worker)
+        assert _own_containers([job_id]) == [job_id]   # the dead worker's container is still there
+        cancel = run_pid("cancel", job_id)
+    assert cancel.code == 0, cancel.stderr
+    record = store.get(job_id)
+    assert (record.status, record.exit_reason) == ("cancelled", "cancelled")
+    assert json.loads((tmp_path / "out" / job_id / "result.json").read_text())["exit_reason"] == "cancelled"
+    assert _own_containers([job_id]) == []

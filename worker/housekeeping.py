@@ -1,0 +1,124 @@
+"""What a worker does beside its jobs, in its main process, every few seconds: say it is alive (a heartbeat in the
+store), put back in the queue the jobs whose process is gone (worker/sweep.py), dispatch the queued jobs that need
+a message (put back, handed back, or whose message was lost), and now and then remove expired containers.
+
+Why a reconciler: the broker can lose a message (an exception before the claim after Celery acked it, a Redis that
+restarts without persistence, a broker down when a job was put back), and nothing else would ever dispatch that job.
+A queued job is dispatched again when some live worker has had a free process for RECONCILE_S while the job's message
+should have been in the queue that whole time: the message is lost, or stuck. The claim makes a duplicate harmless.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Callable
+
+from pid.config import pid_home
+from worker.store import JobRecord, JobStore
+
+log = logging.getLogger("pid.worker")
+
+EVERY_S = float(os.environ.get("PID_SWEEP_S", "5"))
+RECONCILE_S = float(os.environ.get("PID_RECONCILE_S", "60"))
+DISPATCH_GIVE_UP_S = float(os.environ.get("PID_DISPATCH_GIVE_UP_S", "600"))
+REAP_EVERY_S = 60.0
+ALIVE_WITHIN_S = 3 * EVERY_S + 5      # a worker not heard from for this long is presumed gone
+
+
+def boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def reconcile(store: JobStore, on_end: Callable[[JobRecord], None] | None = None) -> list[str]:
+    """Dispatch the queued jobs that need a message; end those that could not be dispatched for
+    DISPATCH_GIVE_UP_S. Returns the ids dispatched."""
+    from worker.sweep import write_unrun_result
+    from worker.tasks import dispatch
+    now = time.time()
+    idle = any(w.free_since is not None and w.free_since < now - RECONCILE_S
+               for w in store.workers(alive_within_s=ALIVE_WITHIN_S))
+    dispatched = []
+    for job in store.to_dispatch(stale_before=now - RECONCILE_S if idle else None):
+        if job.dispatched_at is not None:
+            log.warning("job %s: queued for %.0fs and no worker has taken it: its message is lost; dispatching it "
+                        "again", job.id, now - job.dispatched_at)
+        try:
+            if dispatch(job.id, store=store, previous=job.dispatched_at, reconcile=True):
+                dispatched.append(job.id)
+        except Exception as exc:
+            log.warning("dispatching queued jobs: %s", exc)
+            for waiting in store.to_dispatch(stale_before=None):
+                since = waiting.undispatched_since or waiting.created_at
+                if now - since < DISPATCH_GIVE_UP_S:
+                    continue
+                error = f"could not be dispatched for {now - since:.0f}s: {exc}"[:500]
+                if store.finish(waiting.id, "dispatch_failed", error=error):
+                    write_unrun_result(waiting.spec, "dispatch_failed", error, waiting)
+                    if on_end:
+                        on_end(store.get(waiting.id) or waiting)
+            break   # the broker is down: the next pass tries again
+    return dispatched
+
+
+class Housekeeping:
+    """The worker's housekeeping thread. `running` and `taking_jobs` tell its heartbeat how busy it is."""
+
+    def __init__(self, node: str, concurrency: int, running: Callable[[], int], taking_jobs: Callable[[], bool],
+                 on_end: Callable[[JobRecord], None] | None = None) -> None:
+        self.node, self.concurrency = node, concurrency
+        self.running, self.taking_jobs, self.on_end = running, taking_jobs, on_end
+        self._stop = threading.Event()
+        self._next_reap = 0.0
+        self._thread = threading.Thread(target=self._loop, name="pid-housekeeping", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        try:
+            from worker.store import default_store
+            default_store().forget_worker(self.node)
+        except Exception:
+            log.debug("forgetting this worker's heartbeat", exc_info=True)
+
+    def _loop(self) -> None:
+        from worker.store import default_store
+        store = default_store()
+        while True:
+            self.once(store)
+            if self._stop.wait(EVERY_S):
+                return
+
+    def once(self, store: JobStore) -> None:
+        from worker.sweep import sweep
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("recording this worker's heartbeat", lambda: store.beat(
+                self.node, socket.gethostname(), os.getpid(), boot_id(), self.concurrency, self.running(),
+                self.taking_jobs())),
+            ("sweeping lost jobs", lambda: sweep(store, on_end=self.on_end)),
+            ("dispatching queued jobs", lambda: reconcile(store, on_end=self.on_end)),
+        ]
+        if time.monotonic() >= self._next_reap:
+            self._next_reap = time.monotonic() + REAP_EVERY_S
+            steps.insert(0, ("reaping expired containers and disks", self._reap))
+        for what, step in steps:
+            if self._stop.is_set():
+                return
+            try:
+                step()
+            except Exception:
+                log.exception("%s", what)
+
+    @staticmethod
+    def _reap() -> None:
+        from sandbox.reaper import reap_installation
+        reap_installation(pid_home())
