@@ -188,6 +188,22 @@ def test_store_processed_keeps_the_message_in_the_processed_folder(tmp_path: Pat
     assert os.listdir(Path(options["data_folder_in"]) / transport.CLAIMED) == []
 
 
+def test_a_message_read_is_delivered_even_if_it_cannot_be_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    options = {**transport_options(tmp_path), "store_processed": True, "processed_folder": str(tmp_path / "done")}
+
+    def disk_full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    with kombu.Connection("pidfs://", transport_options=options) as connection:
+        queue = connection.SimpleQueue("jobs")
+        queue.put({"n": 1})
+        monkeypatch.setattr(transport.shutil, "move", disk_full)
+        with caplog.at_level(logging.WARNING, logger="pid.worker"):
+            assert queue.get_nowait().payload == {"n": 1}
+    assert "was delivered but not kept" in caplog.text
+
+
 def test_fanout_goes_through_the_atomic_put(conn: kombu.Connection, options: dict[str, Any]) -> None:
     """Celery's control messages (pidbox) are fanout: every bound queue gets a complete, owner-only copy."""
     exchange = kombu.Exchange("control", type="fanout")

@@ -157,6 +157,7 @@ class Channel(filesystem.Channel):
             if not pending:
                 pending = self._pending[queue] = self._listing(queue)
                 if not pending:
+                    del self._pending[queue]    # no key per reply queue ever polled, in a long-lived process
                     raise Empty()
             claimed = self._claim(pending.popleft())
             if claimed is None:
@@ -209,22 +210,25 @@ class Channel(filesystem.Channel):
             log.warning("broker: could not return message %s to the queue", path)
 
     def _set_aside(self, path: str, why: Exception) -> None:
-        target = os.path.join(_mkdir_private(self.bad_folder), os.path.basename(path))
+        target = os.path.join(self.bad_folder, os.path.basename(path))
         try:
-            shutil.move(path, target)
+            shutil.move(path, _mkdir_private(self.bad_folder))
         except OSError as exc:
             log.warning("broker: unreadable message %s (%s) could not be moved aside: %s", path, why, exc)
             return
         log.warning("broker: unreadable message moved aside to %s (%s)", target, why)
 
     def _done_with(self, path: str) -> None:
-        if self.store_processed:
-            shutil.move(path, os.path.join(_mkdir_private(self.processed_folder), os.path.basename(path)))
-        else:
-            try:
+        """Keep or delete a message that was read: a failure here leaves a copy in the claim folder (which no one
+        reads) but must not lose the message, which the consumer already holds."""
+        try:
+            if self.store_processed:
+                shutil.move(path, os.path.join(_mkdir_private(self.processed_folder), os.path.basename(path)))
+            else:
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
+        except OSError as exc:
+            log.warning("broker: message %s was delivered but not %s: %s", path,
+                        "kept" if self.store_processed else "deleted", exc)
 
     # ---------------------------------------------------------------- size and purge
 
