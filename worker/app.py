@@ -1,5 +1,5 @@
-"""The Celery app. Embedded by default (a filesystem queue under PID_HOME: no server to install); PID_BROKER_URL
-switches to Redis or RabbitMQ for several machines.
+"""The Celery app. Embedded by default (a filesystem queue under PID_HOME whose messages appear whole or not at all:
+worker/transport.py; no server to install); PID_BROKER_URL switches to Redis or RabbitMQ for several machines.
 
 Celery only dispatches. Whether a job runs, and only once, is decided by the job store (worker/store.py): so a
 message is acknowledged as soon as a worker process takes it (no broker timeout can then redeliver a long job or
@@ -17,13 +17,16 @@ from worker.clients import check_clients
 QUEUE = "pid"
 
 
+EMBEDDED = ("pidfs://", "filesystem://")   # kombu's own filesystem transport can read half-written messages
+
+
 def embedded_broker() -> bool:
     """True when jobs run on this machine's filesystem queue (no PID_BROKER_URL)."""
-    return (os.environ.get("PID_BROKER_URL") or "filesystem://").startswith("filesystem://")
+    return (os.environ.get("PID_BROKER_URL") or "pidfs://").startswith(EMBEDDED)
 
 
 def broker_settings(home: str) -> tuple[str, dict[str, object]]:
-    url = os.environ.get("PID_BROKER_URL") or "filesystem://"
+    url = os.environ.get("PID_BROKER_URL") or "pidfs://"
     if not embedded_broker():
         # Only a message taken but not yet started is unacknowledged (a worker takes one only when it has a free
         # process): if its worker dies, Redis hands it out again after this long.
@@ -33,8 +36,10 @@ def broker_settings(home: str) -> tuple[str, dict[str, object]]:
     control = os.path.join(home, "broker", "control")
     for folder in (queue_dir, processed, control):
         os.makedirs(folder, mode=0o700, exist_ok=True)
-    return url, {"data_folder_in": queue_dir, "data_folder_out": queue_dir, "processed_folder": processed,
-                 "store_processed": False, "control_folder": control}
+    from worker.transport import register
+    register()
+    return "pidfs://", {"data_folder_in": queue_dir, "data_folder_out": queue_dir,
+                        "processed_folder": processed, "store_processed": False, "control_folder": control}
 
 
 def make_app() -> Celery:
