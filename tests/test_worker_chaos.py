@@ -165,3 +165,51 @@ def test_a_job_cancelled_while_its_worker_is_dead_ends_at_once_without_leaving_i
     assert (record.status, record.exit_reason) == ("cancelled", "cancelled")
     assert json.loads((tmp_path / "out" / job_id / "result.json").read_text())["exit_reason"] == "cancelled"
     assert _own_containers([job_id]) == []
+
+
+SUBMIT_MANY = """
+import sys
+from worker.jobs import JobSpec
+from worker.store import default_store
+from worker.tasks import dispatch
+store = default_store()
+for n in range(int(sys.argv[1])):
+    spec = JobSpec(task=f"chaos-{n}", repo=sys.argv[2], model="m", base_url=sys.argv[3], out_dir=sys.argv[4])
+    store.create(spec)
+    dispatch(spec.id, store=store)
+    print(spec.id, flush=True)
+"""
+
+
+@pytest.mark.parametrize("load", [False, True], ids=["idle", "loaded"])
+def test_a_100_job_batch_on_two_workers_completes_every_job_once(load, pid_env, sample_repo, tmp_path):
+    """What `pid submit` does, 100 times from one process (100 CLI starts would be most of the test's time)."""
+    import subprocess
+    import sys
+    store = JobStore(os.path.join(pid_env["PID_HOME"], "jobs.db"))
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 if load else 0)]
+    with ScriptedLLM() as llm:   # every job's one model call is answered at once: "script exhausted"
+        workers = [start_worker(pid_env, tmp_path, tmp_path / f"w{n}.log", concurrency=3) for n in range(2)]
+        try:
+            submitted = subprocess.run([sys.executable, "-c", SUBMIT_MANY, "100", str(sample_repo), llm.base_url,
+                                        str(tmp_path / "out")], env=pid_env, capture_output=True, text=True,
+                                       timeout=300)
+            assert submitted.returncode == 0, submitted.stderr
+            jobs = submitted.stdout.split()
+            deadline = time.time() + 900
+            while not all(store.get(j).terminal for j in jobs):
+                assert time.time() < deadline, [store.get(j).status for j in jobs].count("queued")
+                time.sleep(1)
+        finally:
+            for burner in burners:
+                burner.kill()
+            for worker in workers:
+                stop_worker(worker)
+        requests = len(llm.requests)
+    records = [store.get(j) for j in jobs]
+    assert len(jobs) == 100
+    assert [r.status for r in records].count("completed") == 100, \
+        {r.id: (r.status, r.exit_reason, r.error) for r in records if r.status != "completed"}
+    assert [r.attempts for r in records] == [1] * 100
+    assert requests == 100      # one model call per job: no job ran twice
+    assert _own_containers(jobs) == []
