@@ -174,6 +174,9 @@ class WorkerBeat:
 _fork_guard = threading.RLock()
 
 
+_inherited: list[sqlite3.Connection] = []
+
+
 def _fresh_guard_in_child() -> None:
     global _fork_guard
     _fork_guard = threading.RLock()
@@ -199,6 +202,7 @@ def _wal(db: sqlite3.Connection) -> None:
 class JobStore:
     def __init__(self, path: str) -> None:
         self.path = path
+        self._local = threading.local()
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with self._db() as db:
             db.executescript(SCHEMA)
@@ -222,6 +226,27 @@ class JobStore:
                 yield db
             finally:
                 db.close()
+
+    @contextmanager
+    def _reader(self) -> Iterator[sqlite3.Connection]:
+        """A connection kept by this thread for frequent reads (a running job's control polling): opening one costs
+        more than the read. One inherited across a fork is never used (nor closed) by the child."""
+        with _fork_guard:
+            held = getattr(self._local, "db", None)
+            if held is not None and held[0] != os.getpid():
+                _inherited.append(held[1])   # kept from garbage collection: closing it here could disturb the parent
+                held = None
+            if held is None:
+                db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+                db.execute("PRAGMA busy_timeout=30000")
+                db.row_factory = sqlite3.Row
+                held = self._local.db = (os.getpid(), db)
+            try:
+                yield held[1]
+            except sqlite3.Error:
+                self._local.db = None
+                held[1].close()
+                raise
 
     def create(self, spec: JobSpec, kind: str = "worker") -> JobRecord:
         """A queued job, not yet dispatched. kind "run" is a foreground `pid run`: its process is its only worker."""
@@ -282,7 +307,7 @@ class JobStore:
 
     def controls(self, job_id: str, owner: str) -> Controls | None:
         """A running job's controls in one read (None: no such job)."""
-        with self._db() as db:
+        with self._reader() as db:
             row = db.execute(
                 "SELECT status, owner, cancel_requested, paused, EXISTS(SELECT 1 FROM inbox WHERE inbox.job_id = "
                 "jobs.id AND delivered = 0) AS mail FROM jobs WHERE id = ?", (job_id,)).fetchone()
