@@ -77,6 +77,37 @@ def test_rabbitmq_a_job_longer_than_the_consumer_timeout_completes_and_the_worke
     assert "timed out" not in rabbitmq_server.log()
 
 
+def test_rabbitmq_a_message_that_arrives_while_every_process_is_busy_goes_back_to_the_broker(
+        rabbitmq_server, run_pid, pid_env, sample_repo, tmp_path):
+    """Two processes, two jobs running, two more queued: when the shorter job ends the broker sends two (its
+    prefetch), one more than can start; that one goes back to the broker instead of timing out in the worker while
+    the long jobs run."""
+    env = {**pid_env, "PID_BROKER_URL": rabbitmq_server.url}
+    store = _store(env)
+    timeout_s = rabbitmq_server.consumer_timeout_ms / 1000
+    model = JobsModel(long_command=f"sleep {timeout_s * 4:.0f}",
+                      first_commands={"chaos-1": f"sleep {timeout_s * 2:.0f}"})
+    log = tmp_path / "w.log"
+    with ScriptedLLM(responder=model) as llm:
+        worker = start_worker(env, tmp_path, log, concurrency=2)
+        try:
+            with ThreadPoolExecutor(2) as submits:
+                def submit(numbers: range) -> list[str]:
+                    return list(submits.map(lambda n: _submit(run_pid, env, sample_repo, llm, tmp_path / "out", n),
+                                            numbers))
+                jobs = submit(range(2))
+                _wait_running_tool(store, jobs, log)   # the first two run; two more wait for the shorter one's end
+                jobs += submit(range(2, 4))
+            assert store.get(jobs[1]).status == "running", log.read_text()
+            _wait_ended(store, jobs, [log], timeout=150)
+            assert worker.poll() is None, log.read_text()
+        finally:
+            stop_worker(worker)
+    records = _all_completed_once(store, jobs, model)
+    assert [r.attempts for r in records] == [1] * 4
+    assert "timed out" not in rabbitmq_server.log()
+
+
 def test_rabbitmq_two_workers_on_one_host_both_consume(rabbitmq_server, run_pid, pid_env, sample_repo, tmp_path):
     env = {**pid_env, "PID_BROKER_URL": rabbitmq_server.url}
     store = _store(env)
