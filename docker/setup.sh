@@ -52,6 +52,16 @@ if [ "${1:-}" = "--test" ]; then
       for _ in $(seq 1 40); do docker info --format '{{json .Runtimes}}' | grep -q '"runsc"' && break; sleep 0.25; done
     fi
   fi
+  # The broker tests (tests/test_brokers.py) start their own Redis and RabbitMQ: the servers, best-effort (without
+  # them those tests skip). Installing must not leave the system's services running.
+  if ! command -v redis-server >/dev/null || [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
+    if apt_install redis-server rabbitmq-server; then
+      for service in redis-server rabbitmq-server; do
+        $sudo service "$service" stop >/dev/null 2>&1 || true
+        $sudo update-rc.d "$service" disable >/dev/null 2>&1 || true
+      done
+    fi
+  fi
   # Two tiers: first the fast one (no Docker: in-memory sandbox, scripted LLM), then the tests marked `docker`. Every
   # tier runs; the script fails at the end if one did. Exit status 5 (nothing selected, e.g. for a file given on the
   # command line with no test of that tier) is no failure.

@@ -67,6 +67,7 @@ RUNTIME = os.environ.get("PID_TEST_RUNTIME") or None
 
 
 from tests.tool_sandbox import docker_sandbox, sandbox  # noqa: E402,F401 - the tool tests' fixtures, for every module
+from tests.brokers import rabbitmq_server, redis_server  # noqa: E402,F401 - private brokers (tests/test_brokers.py)
 
 
 @pytest.fixture(scope="module")
@@ -128,10 +129,13 @@ def sample_repo(tmp_path: Path) -> Path:
     return repo
 
 
-def start_worker(env: dict[str, str], cwd: Path, log_path: Path, concurrency: int = 1) -> subprocess.Popen:
-    """A real `pid worker` process (in its own process group) on the embedded (filesystem) broker."""
+def start_worker(env: dict[str, str], cwd: Path, log_path: Path, concurrency: int = 1,
+                 events: bool = False) -> subprocess.Popen:
+    """A real `pid worker` process (in its own process group) on the embedded (filesystem) broker, or on the one
+    env's PID_BROKER_URL names."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", str(concurrency)],
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", str(concurrency),
+                                 *(["--events"] if events else [])],
                                 cwd=cwd,
                                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)

@@ -25,8 +25,9 @@ class JobsModel:
     """Answers each job by its task ("chaos-N"): its first attempt runs a long command, a later attempt a short one,
     and after a tool result the job is done. Keeps, per job and attempt, when its requests arrived."""
 
-    def __init__(self, long_command: str = "sleep 30") -> None:
+    def __init__(self, long_command: str = "sleep 30", first_commands: dict[str, str] | None = None) -> None:
         self.long_command = long_command
+        self.first_commands = first_commands or {}   # job task -> its first attempt's command, instead
         self.attempts: dict[str, list[list[float]]] = {}   # job task -> [request times of each attempt]
         self._lock = threading.Lock()
 
@@ -40,7 +41,7 @@ class JobsModel:
             called = re.search(rf"call-{name}-(\d+)", text)
             if called is None:   # a new attempt: system prompt and task only
                 runs.append([time.time()])
-                command = self.long_command if len(runs) == 1 else "true"
+                command = self.first_commands.get(name, self.long_command) if len(runs) == 1 else "true"
                 return {"tool_calls": [{"id": f"call-{name}-{len(runs)}", "name": "bash",
                                         "arguments": {"command": command}}]}
             runs[int(called.group(1)) - 1].append(time.time())

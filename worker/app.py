@@ -58,6 +58,9 @@ def make_app() -> Celery:
         worker_prefetch_multiplier=1,       # long jobs: never hoard messages another worker could run
         worker_disable_prefetch=broker.startswith(("redis", "rediss", "sentinel")),   # ...not even one (Redis only)
         worker_max_tasks_per_child=1,       # a fresh process per job: no state leaks between jobs
+        # Only late-acked tasks are cancelled on a lost connection (pid's are acked on take: none is); set, it spares
+        # the worker's log Celery's warning about this setting on every reconnection.
+        worker_cancel_long_running_tasks_on_connection_loss=True,
         worker_pool="prefork",
         worker_hijack_root_logger=False,
         result_expires=7 * 24 * 3600,

@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 from celery import signals
 
@@ -64,7 +64,51 @@ class StopSignals:
                 self.relay.request_stop()
 
 
-@app.task(name="pid.run_job")
+def start_only_what_can_start(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Callable[..., Any]:
+    """The job task's Celery strategy. On RabbitMQ the broker pushes messages, and one a worker holds without a free
+    process to start it stays unacknowledged until one is free: past the broker's consumer_timeout, the broker
+    closes the channel and the worker stops. So there the worker consumes only while it has a free process: it stops
+    consuming when its processes are all taken (a timer in the worker starts it again when one is free), and gives
+    back, at once, a message that arrives anyway (sent before the pause, or after a reconnection)."""
+    from celery.worker.strategy import default
+    handle = default(task, app, consumer, **kwargs)
+    if consumer.connection.transport.driver_type != "amqp":
+        return handle   # the other transports take a message only when asked (see _take_only_what_can_start)
+    from celery.worker import state
+    concurrency = getattr(consumer.controller, "concurrency", None) or consumer.pool.num_processes
+
+    def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **more: Any) -> Any:
+        if len(state.reserved_requests) >= concurrency:
+            log.info("job %s: no free process; the message goes back to the broker", message.headers.get("id"))
+            message.reject_log_error(log, consumer.connection_errors, requeue=True)
+            _pause_consuming(consumer)
+            return None
+        handled = handle(message, body, ack, reject, callbacks, **more)
+        if len(state.reserved_requests) >= concurrency:
+            _pause_consuming(consumer)
+        return handled
+    return on_message
+
+
+def _pause_consuming(consumer: Any) -> None:
+    if consumer.task_consumer.consuming_from(QUEUE):
+        consumer.task_consumer.cancel_by_queue(QUEUE)   # still selected: a reconnection consumes again
+
+
+def _resume_consuming(consumer: Any, concurrency: int, taking_jobs: Callable[[], bool]) -> None:
+    """In the worker's event loop: consume again once a process is free (unless the worker is stopping)."""
+    from celery.worker import state
+    task_consumer = consumer.task_consumer
+    if (task_consumer is None or not taking_jobs() or len(state.reserved_requests) >= concurrency
+            or task_consumer.consuming_from(QUEUE)):
+        return
+    try:
+        consumer.add_task_queue(QUEUE)
+    except Exception as exc:   # the connection is down: Celery reconnects, and consumes again itself
+        log.debug("consuming again: %s", exc)
+
+
+@app.task(name="pid.run_job", Strategy="worker.tasks:start_only_what_can_start")
 def run_job_task(job_id: str, api_key: str | None = None) -> None:
     stop = StopSignals().install()
     try:
@@ -296,6 +340,8 @@ def _start_housekeeping(sender: Any = None, **_: Any) -> None:
         _take_only_what_can_start(sender, concurrency)
     stops = WorkerSignals(sender)
     stops.install()
+    if sender.connection.transport.driver_type == "amqp":   # see start_only_what_can_start
+        sender.timer.call_repeatedly(0.5, _resume_consuming, (sender, concurrency, lambda: stops.taking_jobs))
     node = getattr(sender, "hostname", None) or node_name()
     housekeeping = Housekeeping(node, concurrency, stops.running, lambda: stops.taking_jobs, on_end=_log_swept)
     housekeeping.start()
