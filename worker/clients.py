@@ -1,4 +1,4 @@
-"""Client libraries that a broker or result backend needs and pid does not install by default (extras).
+"""Client libraries that a broker needs and pid does not install by default (extras).
 No Celery here: the CLI catches MissingClient without loading the queue."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ CLIENTS = {"redis": ("redis", "redis"), "rediss": ("redis", "redis"), "sentinel"
 
 
 class MissingClient(RuntimeError):
-    """PID_BROKER_URL / PID_RESULT_BACKEND names a service whose client library is not installed."""
+    """PID_BROKER_URL names a service whose client library is not installed."""
 
 
 def check_clients(urls: dict[str, str]) -> None:
