@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-# URL schemes whose Celery transport or result backend needs a client library pid does not install by default.
+# URL schemes whose Celery transport needs a client library pid does not install by default.
 CLIENTS = {"redis": ("redis", "redis"), "rediss": ("redis", "redis"), "sentinel": ("redis", "redis")}
 
 
