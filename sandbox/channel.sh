@@ -62,12 +62,22 @@ pid_junkn=0
 pid_um=022
 pid_pe=0
 pid_cg=
+pid_pmax=
 for pid_f in /sys/fs/cgroup/pids /sys/fs/cgroup; do
     [ -r "$pid_f/pids.max" ] && { pid_cg=$pid_f; break; }
 done
+# The limit is fixed for the container's life: read once ("max", no limit, leaves it empty). pid_full then reads
+# only pids.current.
+[ -n "$pid_cg" ] && read -r pid_pmax <"$pid_cg/pids.max"
+case $pid_pmax in ''|*[!0-9]*) pid_pmax= ;; esac
 if [ -n "${BASH_VERSION:-}" ]; then
     pid_shell=bash
     set -m                      # async jobs get their own process group: the pgid we kill
+    # The server counts bytes (read -N, ${#var}): its own locale is C, set once and not exported (a local LC_ALL in
+    # each function cost ~50 us per call). An LC_ALL of the image's goes back to the agent in its slot shell.
+    pid_lcall=${LC_ALL:-}
+    export -n LC_ALL
+    LC_ALL=C
 else
     pid_shell=sh
 fi
@@ -81,13 +91,13 @@ pid_setsid=setsid
 
 pid_events() {  # pid_pe <- refused forks so far, read without a fork
     pid_pe=0
-    [ -n "$pid_cg" ] && { read -r pid_k pid_pe <"$pid_cg/pids.events"; } 2>/dev/null
+    [ -n "$pid_cg" ] && read -r pid_k pid_pe <"$pid_cg/pids.events"   # (the server's stderr is /dev/null)
     case $pid_pe in ''|*[!0-9]*) pid_pe=0 ;; esac
 }
 pid_full() {  # true when the container's process table is (nearly) full: starting anything would hang in fork
-    [ -n "$pid_cg" ] || return 1
-    { read -r pid_pmax <"$pid_cg/pids.max" && read -r pid_pcur <"$pid_cg/pids.current"; } 2>/dev/null || return 1
-    case $pid_pmax$pid_pcur in *[!0-9]*|'') return 1 ;; esac
+    [ -n "$pid_pmax" ] || return 1
+    read -r pid_pcur <"$pid_cg/pids.current" || return 1
+    case $pid_pcur in *[!0-9]*|'') return 1 ;; esac
     [ $((pid_pcur + 8)) -ge "$pid_pmax" ]
 }
 
@@ -102,7 +112,7 @@ if [ "$pid_shell" = bash ]; then
     # -d '' stops at each NUL byte (which a shell variable cannot hold) so NULs are written back one by one;
     # a file with many NULs is finished by head instead.
     pid_emit() {
-        local LC_ALL=C pid_left=$2 pid_want pid_c pid_nuls=0
+        local pid_left=$2 pid_want pid_c pid_nuls=0
         while [ "$pid_left" -gt 0 ]; do
             pid_want=$pid_left
             if ! IFS= read -r -d '' -n "$pid_want" pid_c; then
@@ -138,7 +148,7 @@ fi
 # its output is pi's message and its status 212; pid's own file snippets, which name absolute paths, start with the
 # line "#pid:anywhere" and run anyway.
 pid_zcode='pid_r() { local LC_ALL=C; IFS= read -r n <&3 && IFS= read -r -N "$n" c <&3; }; pid_r; exec 3<&-
-unset -f pid_r; unset n; umask "$1"; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
+unset -f pid_r; unset n; [ -z "$3" ] || export LC_ALL="$3"; umask "$1"; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
 printf "Working directory does not exist: %s\nCannot execute bash commands." "$2"; exit 212 ;; esac; set --; eval "unset c; $c"'
 pid_bash=bash
 pid_slot=0
@@ -146,18 +156,17 @@ pid_z0=
 pid_z1=
 pid_drain() {  # $1: a slot's FIFO fd. A slot killed before it read all of its command (a cancel at once) left the
     # rest in the FIFO: the next shell must not take it for its own command.
-    local LC_ALL=C
     while read -r -t 0 -u "$1"; do IFS= read -r -d '' -t 0.01 -N 65536 -u "$1" pid_k; done
 }
 pid_spawn() {  # $1: slot
     pid_n=$((pid_n + 1))
     pid_drain $((4 + $1))
     if [ "$1" = 0 ]; then
-        PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&4 4>&- 5>&- 6>&- &
+        PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" "$pid_lcall" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&4 4>&- 5>&- 6>&- &
         pid_z0=$!
         pid_zo0=$pid_dir/$pid_cid.$pid_n
     else
-        PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&5 4>&- 5>&- 6>&- &
+        PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" "$pid_lcall" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&5 4>&- 5>&- 6>&- &
         pid_z1=$!
         pid_zo1=$pid_dir/$pid_cid.$pid_n
     fi
@@ -171,8 +180,6 @@ pid_take_slot() {  # sets pid_pid/pid_out to the current slot's shell, starting 
     fi
     if [ "$pid_slot" = 0 ]; then pid_out=$pid_zo0; else pid_out=$pid_zo1; fi
 }
-
-pid_bytes() { local LC_ALL=C; pid_l=${#1}; }   # the length of $1 in bytes, not characters
 
 pid_forget() {  # output files nobody needs; removed in batches (pid_sweep) to save a fork per call
     pid_junk="$pid_junk $1"
@@ -189,7 +196,7 @@ pid_sweep() {
 pid_start() {  # pid_cmd -> a running command: pid_pid, pid_out
     if [ "$pid_role" = agent ] && [ "$pid_shell" = bash ]; then
         pid_take_slot
-        pid_bytes "$pid_cmd"
+        pid_l=${#pid_cmd}   # bytes: the server's locale is C
         if [ "$pid_slot" = 0 ]; then
             printf '%s\n%s' "$pid_l" "$pid_cmd" >&4
         else
@@ -319,7 +326,7 @@ pid_cutinfo() {  # pid_cut, pid_cutl <- what pid_trim dropped from the front of 
     case $pid_cut$pid_cutl in *[!0-9]*|'') pid_cut=0; pid_cutl=0 ;; esac
 }
 
-pid_readn() { local LC_ALL=C; pid_data=; [ "$1" -gt 0 ] && IFS= read -r -N "$1" pid_data; }  # bash: blocks, no fork
+pid_readn() { pid_data=; [ "$1" -gt 0 ] && IFS= read -r -N "$1" pid_data; }  # bash: blocks, no fork
 
 pid_count() {  # c tail nonce path
     pid_p=$4
