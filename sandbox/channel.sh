@@ -81,6 +81,8 @@ if [ -n "${BASH_VERSION:-}" ]; then
 else
     pid_shell=sh
 fi
+pid_fast=   # the agent's commands run on pre-started slot shells (bash): pid_slotrun
+[ "$pid_role" = agent ] && [ "$pid_shell" = bash ] && pid_fast=1
 set -f                          # fields are split on spaces; never glob them
 
 # The agent's commands drop to its uid, with no capabilities at all (effective, permitted, inheritable, ambient
@@ -147,8 +149,10 @@ fi
 # A command needs the working directory (pi's bash refuses to run without it): when it is gone the command is not run,
 # its output is pi's message and its status 212; pid's own file snippets, which name absolute paths, start with the
 # line "#pid:anywhere" and run anyway.
-pid_zcode='pid_r() { local LC_ALL=C; IFS= read -r n <&3 && IFS= read -r -N "$n" c <&3; }; pid_r; exec 3<&-
-unset -f pid_r; unset n; [ -z "$3" ] || export LC_ALL="$3"; umask "$1"; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
+# The command is read in the C locale (its length is in bytes), then the agent's locale is back: its LANG, or the
+# image's LC_ALL ($3). The umask is set before the wait, the working directory after it (it may change meanwhile).
+pid_zcode='umask "$1"; LC_ALL=C; IFS= read -r n <&3 && IFS= read -r -N "$n" c <&3; exec 3<&-
+if [ -n "$3" ]; then export LC_ALL="$3"; else unset LC_ALL; fi; unset n; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
 printf "Working directory does not exist: %s\nCannot execute bash commands." "$2"; exit 212 ;; esac; set --; eval "unset c; $c"'
 pid_bash=bash
 pid_slot=0
@@ -193,27 +197,17 @@ pid_sweep() {
     fi
 }
 
-pid_start() {  # pid_cmd -> a running command: pid_pid, pid_out
-    if [ "$pid_role" = agent ] && [ "$pid_shell" = bash ]; then
-        pid_take_slot
-        pid_l=${#pid_cmd}   # bytes: the server's locale is C
-        if [ "$pid_slot" = 0 ]; then
-            printf '%s\n%s' "$pid_l" "$pid_cmd" >&4
-        else
-            printf '%s\n%s' "$pid_l" "$pid_cmd" >&5
-        fi
+pid_start() {  # pid_cmd -> a running command: pid_pid, pid_out (not for the slot shells: pid_slotrun)
+    pid_n=$((pid_n + 1))
+    pid_out=$pid_dir/$pid_cid.$pid_n
+    if [ "$pid_role" = control ] && [ "$pid_shell" = bash ]; then   # pid's own commands: as root, in a
+        ( cd / && exec env -i PATH="$PATH" HOME=/.pid LC_ALL=C bash -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
+    elif [ "$pid_role" = control ]; then                            # clean environment, from /
+        ( cd / && exec env -i PATH="$PATH" HOME=/.pid LC_ALL=C $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
     else
-        pid_n=$((pid_n + 1))
-        pid_out=$pid_dir/$pid_cid.$pid_n
-        if [ "$pid_role" = control ] && [ "$pid_shell" = bash ]; then   # pid's own commands: as root, in a
-            ( cd / && exec env -i PATH="$PATH" HOME=/.pid LC_ALL=C bash -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
-        elif [ "$pid_role" = control ]; then                            # clean environment, from /
-            ( cd / && exec env -i PATH="$PATH" HOME=/.pid LC_ALL=C $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
-        else
-            ( cd "$pid_wd" 2>/dev/null || pid_nowd; PATH=$pid_opath; exec $pid_drop $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
-        fi
-        pid_pid=$!
+        ( cd "$pid_wd" 2>/dev/null || pid_nowd; PATH=$pid_opath; exec $pid_drop $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
     fi
+    pid_pid=$!
 }
 
 pid_nowd() {  # the sh path's twin of the working directory check in pid_zcode (run in the command's subshell)
@@ -261,10 +255,6 @@ pid_finish() {  # wait for pid_pid, then reply with the head of its output and i
     pid_events
     echo "$pid_nonce $pid_rc $pid_pe"
     pid_forget "$pid_out"
-    if [ "$pid_role" = agent ] && [ "$pid_shell" = bash ]; then
-        pid_full || pid_spawn "$pid_slot"     # else pid_take_slot starts it when it is needed (and possible)
-        pid_slot=$((1 - pid_slot))
-    fi
 }
 
 pid_readcmd() {  # $1 bytes of command from stdin -> pid_cmd
@@ -278,10 +268,53 @@ pid_readcmd() {  # $1 bytes of command from stdin -> pid_cmd
     [ -n "$pid_cmd" ] || pid_cmd=:
 }
 
+# The agent's command on a slot shell, from start to reply: the hot path, so its steps are written inline (a bash
+# function call costs ~20 us here) and the reply after the "P" line is one write when the output's head holds no NUL.
+pid_slotrun() {
+    if [ -n "$pid_pmax" ] && read -r pid_pcur <"$pid_cg/pids.current"; then   # pid_full
+        case $pid_pcur in ''|*[!0-9]*) ;; *) [ $((pid_pcur + 8)) -lt "$pid_pmax" ] || { echo B; return; } ;; esac
+    fi
+    if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0 pid_out=$pid_zo0; else pid_pid=$pid_z1 pid_out=$pid_zo1; fi
+    [ -n "$pid_pid" ] && kill -0 "$pid_pid" || pid_take_slot
+    if [ "$pid_slot" = 0 ]; then
+        printf '%s\n%s' "${#pid_cmd}" "$pid_cmd" >&4   # (bytes: the server's locale is C)
+    else
+        printf '%s\n%s' "${#pid_cmd}" "$pid_cmd" >&5
+    fi
+    echo "P $pid_pid $pid_out"
+    wait "$pid_pid"
+    pid_rc=$?
+    kill -0 -"$pid_pid" && pid_linger "$pid_pid" "$pid_out"
+    pid_pe=0                                                                  # pid_events
+    [ -n "$pid_cg" ] && read -r pid_k pid_pe <"$pid_cg/pids.events"
+    case $pid_pe in ''|*[!0-9]*) pid_pe=0 ;; esac
+    pid_c=
+    if [ "$pid_emitn" -gt 0 ] && [ -s "$pid_out" ]; then
+        # read stops early only at a NUL byte, which a variable cannot hold: then pid_emit writes it byte-exact
+        if IFS= read -r -d '' -n "$pid_emitn" pid_c <"$pid_out" && [ "${#pid_c}" -lt "$pid_emitn" ]; then
+            pid_c=
+            pid_emit "$pid_out" "$pid_emitn"
+        fi
+    fi
+    printf '%s%s %s %s\n' "$pid_c" "$pid_nonce" "$pid_rc" "$pid_pe"
+    pid_c=
+    pid_junk="$pid_junk $pid_out"                                             # pid_forget
+    pid_junkn=$((pid_junkn + 1))
+    pid_full || pid_spawn "$pid_slot"     # else pid_take_slot starts it when it is needed (and possible)
+    pid_slot=$((1 - pid_slot))
+}
+
 pid_exec() {  # x emit nonce len, then the command
-    pid_sweep
+    [ "$pid_junkn" -lt 32 ] || pid_sweep
     pid_emitn=$2
     pid_nonce=$3
+    if [ -n "$pid_fast" ]; then   # pid_readcmd, inline
+        pid_cmd=
+        [ "$4" -gt 0 ] && IFS= read -r -N "$4" pid_cmd
+        [ -n "$pid_cmd" ] || pid_cmd=:
+        pid_slotrun
+        return
+    fi
     pid_readcmd "$4"
     if [ "$pid_role" = agent ] && pid_full; then echo B; return; fi
     pid_start
@@ -314,6 +347,7 @@ ${pid_cmd#*
 $pid_cmd" ;;
     esac
     pid_forget "$pid_in"
+    if [ -n "$pid_fast" ]; then pid_slotrun; return; fi
     if [ "$pid_role" = agent ] && pid_full; then echo B; return; fi
     pid_start
     pid_finish

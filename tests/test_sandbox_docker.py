@@ -18,6 +18,8 @@ from pid.config import pid_home
 from pid.sandbox import OutputPolicy, SandboxError
 from sandbox import DockerSandbox, ImageNotFound, SandboxConfig, reap_expired
 from sandbox.artifacts import FilesBudget
+from sandbox.channel import Channel
+from sandbox.config import BASE_ENV
 from sandbox.reaper import owner_label, run_labels
 
 pytestmark = pytest.mark.docker  # the whole module needs an engine
@@ -84,6 +86,22 @@ def test_exec_environment_cwd_stdin_and_quoting(sb):
     result = sb.exec("""A="x 'y' \\z"; pwd; echo "$PAGER $GIT_PAGER $TERM $NO_COLOR $HOME [$A]"; cat; """
                      """echo 'it''s' "a\\\\b" $'t\\tx'""", timeout=10)
     assert result.tail == b"/workspace\ncat cat dumb 1 /home/agent [x 'y' \\z]\nits a\\b t\tx\n"
+
+
+def test_agent_commands_keep_their_locale(client, sb):
+    # The server reads and counts in the C locale; the agent's commands run in theirs: the image's LANG, or an LC_ALL
+    # of the environment, as it was (never the server's C). Commands and output are bytes either way.
+    assert sb.exec('x=é✓; echo "${LC_ALL-unset} $LANG ${#x}"; echo ✓', timeout=10).tail == \
+        "unset C.UTF-8 2\n✓\n".encode()
+    channel = Channel(client.api, sb.container_id, 900, role="agent", workdir=sb.workdir, uid=sb.uid, gid=sb.gid,
+                      env={**BASE_ENV, "LC_ALL": "C.UTF-8"})
+    try:
+        for _ in range(3):   # the first slot shells and their successors
+            channel.start('x=é✓; echo "$LC_ALL ${#x}"; env | grep -c ^LC_ALL=', 100, time.monotonic() + 10)
+            done = channel.finish(time.monotonic() + 10)
+            assert done is not None and done.head == b"C.UTF-8 2\n1\n" and done.exit_code == 0
+    finally:
+        channel.close()
 
 
 def test_exec_runs_in_own_process_group_and_fresh_shell(sb):
