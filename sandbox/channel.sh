@@ -149,10 +149,13 @@ fi
 # A command needs the working directory (pi's bash refuses to run without it): when it is gone the command is not run,
 # its output is pi's message and its status 212; pid's own file snippets, which name absolute paths, start with the
 # line "#pid:anywhere" and run anyway.
-# The command is read in the C locale (its length is in bytes), then the agent's locale is back: its LANG, or the
-# image's LC_ALL ($3). The umask is set before the wait, the working directory after it (it may change meanwhile).
-pid_zcode='umask "$1"; LC_ALL=C; IFS= read -r n <&3 && IFS= read -r -N "$n" c <&3; exec 3<&-
-if [ -n "$3" ]; then export LC_ALL="$3"; else unset LC_ALL; fi; unset n; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
+# setpriv and the shell start in the C locale (setpriv would load the agent's locale from a dozen files, for nothing);
+# the shell then loads the agent's locale (its LANG, or the image's LC_ALL: $3) before it waits, reads the command
+# in C (its length is in bytes), and is back in the agent's locale, already loaded, before the command runs.
+# The umask is set before the wait, the working directory after it (it may change meanwhile).
+pid_zcode='umask "$1"; if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; LC_ALL=C
+IFS= read -r n <&3 && IFS= read -r -N "$n" c <&3; exec 3<&-
+if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; unset n; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
 printf "Working directory does not exist: %s\nCannot execute bash commands." "$2"; exit 212 ;; esac; set --; eval "unset c; $c"'
 pid_bash=bash
 pid_slot=0
@@ -166,11 +169,11 @@ pid_spawn() {  # $1: slot
     pid_n=$((pid_n + 1))
     pid_drain $((4 + $1))
     if [ "$1" = 0 ]; then
-        PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" "$pid_lcall" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&4 4>&- 5>&- 6>&- &
+        LC_ALL=C PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" "$pid_lcall" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&4 4>&- 5>&- 6>&- &
         pid_z0=$!
         pid_zo0=$pid_dir/$pid_cid.$pid_n
     else
-        PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" "$pid_lcall" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&5 4>&- 5>&- 6>&- &
+        LC_ALL=C PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" "$pid_lcall" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&5 4>&- 5>&- 6>&- &
         pid_z1=$!
         pid_zo1=$pid_dir/$pid_cid.$pid_n
     fi
