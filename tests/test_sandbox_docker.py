@@ -465,6 +465,33 @@ def test_import_plain_directory(client, tmp_path):
     assert not (plain / ".git").exists()
 
 
+def test_import_before_any_agent_command_writes_the_job_disk_directly(client, tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    (src / "d" / "empty").mkdir(parents=True)
+    (src / "d" / "f.txt").write_text("f\n")
+    (src / "d" / "f.txt").chmod(0o640)
+    os.utime(src / "d" / "f.txt", (1_000_000_000, 1_000_000_000))
+    os.symlink("/etc/hostname", src / "abs")          # links stay links, whatever they point at
+    os.symlink("d/f.txt", src / "rel")
+    os.link(src / "d" / "f.txt", src / "hard")
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-direct", ttl_s=300), client) as box:
+        if box._disk is None:
+            pytest.skip("no job disk on this host: the workspace goes through the engine")
+        real = box.client.api.put_archive
+        calls: list[str] = []
+        monkeypatch.setattr(box.client.api, "put_archive", lambda cid, path, data: calls.append(path) or real(cid, path, data))
+        box.import_workspace(str(src))
+        assert calls == []                               # no engine request
+        out = box.exec("stat -c '%n %a %u:%g' d d/empty; stat -c '%n %a %u:%g %Y %h' d/f.txt; readlink abs rel; "
+                       "stat -c '%u' abs; cat rel", timeout=20).tail
+        assert out == (b"d 755 1000:1000\nd/empty 755 1000:1000\nd/f.txt 640 1000:1000 1000000000 2\n"
+                       b"/etc/hostname\nd/f.txt\n1000\nf\n")
+        assert Path("/etc/hostname").stat().st_uid == 0   # the host's file the link names was not touched
+        box.write_file("new.txt", b"new\n")             # after an agent request, imports go through the engine
+        box.import_workspace(str(src))
+        assert calls == [box.workdir]
+
+
 def test_import_of_a_worktree_whose_git_is_a_file(client, tmp_path):
     tree = tmp_path / "wt"
     tree.mkdir()
