@@ -62,15 +62,27 @@ pid_junkn=0
 pid_um=022
 pid_pe=0
 pid_cg=
+pid_pmax=
 for pid_f in /sys/fs/cgroup/pids /sys/fs/cgroup; do
     [ -r "$pid_f/pids.max" ] && { pid_cg=$pid_f; break; }
 done
+# The limit is fixed for the container's life: read once ("max", no limit, leaves it empty). pid_full then reads
+# only pids.current.
+[ -n "$pid_cg" ] && read -r pid_pmax <"$pid_cg/pids.max"
+case $pid_pmax in ''|*[!0-9]*) pid_pmax= ;; esac
 if [ -n "${BASH_VERSION:-}" ]; then
     pid_shell=bash
     set -m                      # async jobs get their own process group: the pgid we kill
+    # The server counts bytes (read -N, ${#var}): its own locale is C, set once and not exported (a local LC_ALL in
+    # each function cost ~50 us per call). An LC_ALL of the image's goes back to the agent in its slot shell.
+    pid_lcall=${LC_ALL:-}
+    export -n LC_ALL
+    LC_ALL=C
 else
     pid_shell=sh
 fi
+pid_fast=   # the agent's commands run on pre-started slot shells (bash): pid_slotrun
+[ "$pid_role" = agent ] && [ "$pid_shell" = bash ] && pid_fast=1
 set -f                          # fields are split on spaces; never glob them
 
 # The agent's commands drop to its uid, with no capabilities at all (effective, permitted, inheritable, ambient
@@ -81,13 +93,13 @@ pid_setsid=setsid
 
 pid_events() {  # pid_pe <- refused forks so far, read without a fork
     pid_pe=0
-    [ -n "$pid_cg" ] && { read -r pid_k pid_pe <"$pid_cg/pids.events"; } 2>/dev/null
+    [ -n "$pid_cg" ] && read -r pid_k pid_pe <"$pid_cg/pids.events"   # (the server's stderr is /dev/null)
     case $pid_pe in ''|*[!0-9]*) pid_pe=0 ;; esac
 }
 pid_full() {  # true when the container's process table is (nearly) full: starting anything would hang in fork
-    [ -n "$pid_cg" ] || return 1
-    { read -r pid_pmax <"$pid_cg/pids.max" && read -r pid_pcur <"$pid_cg/pids.current"; } 2>/dev/null || return 1
-    case $pid_pmax$pid_pcur in *[!0-9]*|'') return 1 ;; esac
+    [ -n "$pid_pmax" ] || return 1
+    read -r pid_pcur <"$pid_cg/pids.current" || return 1
+    case $pid_pcur in *[!0-9]*|'') return 1 ;; esac
     [ $((pid_pcur + 8)) -ge "$pid_pmax" ]
 }
 
@@ -102,7 +114,7 @@ if [ "$pid_shell" = bash ]; then
     # -d '' stops at each NUL byte (which a shell variable cannot hold) so NULs are written back one by one;
     # a file with many NULs is finished by head instead.
     pid_emit() {
-        local LC_ALL=C pid_left=$2 pid_want pid_c pid_nuls=0
+        local pid_left=$2 pid_want pid_c pid_nuls=0
         while [ "$pid_left" -gt 0 ]; do
             pid_want=$pid_left
             if ! IFS= read -r -d '' -n "$pid_want" pid_c; then
@@ -137,8 +149,13 @@ fi
 # A command needs the working directory (pi's bash refuses to run without it): when it is gone the command is not run,
 # its output is pi's message and its status 212; pid's own file snippets, which name absolute paths, start with the
 # line "#pid:anywhere" and run anyway.
-pid_zcode='pid_r() { local LC_ALL=C; IFS= read -r n <&3 && IFS= read -r -N "$n" c <&3; }; pid_r; exec 3<&-
-unset -f pid_r; unset n; umask "$1"; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
+# setpriv and the shell start in the C locale (setpriv would load the agent's locale from a dozen files, for nothing);
+# the shell then loads the agent's locale (its LANG, or the image's LC_ALL: $3) before it waits, reads the command
+# in C (its length is in bytes), and is back in the agent's locale, already loaded, before the command runs.
+# The umask is set before the wait, the working directory after it (it may change meanwhile).
+pid_zcode='umask "$1"; if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; LC_ALL=C
+IFS= read -r n <&3 && IFS= read -r -N "$n" c <&3; exec 3<&-
+if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; unset n; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
 printf "Working directory does not exist: %s\nCannot execute bash commands." "$2"; exit 212 ;; esac; set --; eval "unset c; $c"'
 pid_bash=bash
 pid_slot=0
@@ -146,18 +163,17 @@ pid_z0=
 pid_z1=
 pid_drain() {  # $1: a slot's FIFO fd. A slot killed before it read all of its command (a cancel at once) left the
     # rest in the FIFO: the next shell must not take it for its own command.
-    local LC_ALL=C
     while read -r -t 0 -u "$1"; do IFS= read -r -d '' -t 0.01 -N 65536 -u "$1" pid_k; done
 }
 pid_spawn() {  # $1: slot
     pid_n=$((pid_n + 1))
     pid_drain $((4 + $1))
     if [ "$1" = 0 ]; then
-        PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&4 4>&- 5>&- 6>&- &
+        LC_ALL=C PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" "$pid_lcall" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&4 4>&- 5>&- 6>&- &
         pid_z0=$!
         pid_zo0=$pid_dir/$pid_cid.$pid_n
     else
-        PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&5 4>&- 5>&- 6>&- &
+        LC_ALL=C PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" "$pid_lcall" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&5 4>&- 5>&- 6>&- &
         pid_z1=$!
         pid_zo1=$pid_dir/$pid_cid.$pid_n
     fi
@@ -172,8 +188,6 @@ pid_take_slot() {  # sets pid_pid/pid_out to the current slot's shell, starting 
     if [ "$pid_slot" = 0 ]; then pid_out=$pid_zo0; else pid_out=$pid_zo1; fi
 }
 
-pid_bytes() { local LC_ALL=C; pid_l=${#1}; }   # the length of $1 in bytes, not characters
-
 pid_forget() {  # output files nobody needs; removed in batches (pid_sweep) to save a fork per call
     pid_junk="$pid_junk $1"
     pid_junkn=$((pid_junkn + 1))
@@ -186,27 +200,17 @@ pid_sweep() {
     fi
 }
 
-pid_start() {  # pid_cmd -> a running command: pid_pid, pid_out
-    if [ "$pid_role" = agent ] && [ "$pid_shell" = bash ]; then
-        pid_take_slot
-        pid_bytes "$pid_cmd"
-        if [ "$pid_slot" = 0 ]; then
-            printf '%s\n%s' "$pid_l" "$pid_cmd" >&4
-        else
-            printf '%s\n%s' "$pid_l" "$pid_cmd" >&5
-        fi
+pid_start() {  # pid_cmd -> a running command: pid_pid, pid_out (not for the slot shells: pid_slotrun)
+    pid_n=$((pid_n + 1))
+    pid_out=$pid_dir/$pid_cid.$pid_n
+    if [ "$pid_role" = control ] && [ "$pid_shell" = bash ]; then   # pid's own commands: as root, in a
+        ( cd / && exec env -i PATH="$PATH" HOME=/.pid LC_ALL=C bash -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
+    elif [ "$pid_role" = control ]; then                            # clean environment, from /
+        ( cd / && exec env -i PATH="$PATH" HOME=/.pid LC_ALL=C $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
     else
-        pid_n=$((pid_n + 1))
-        pid_out=$pid_dir/$pid_cid.$pid_n
-        if [ "$pid_role" = control ] && [ "$pid_shell" = bash ]; then   # pid's own commands: as root, in a
-            ( cd / && exec env -i PATH="$PATH" HOME=/.pid LC_ALL=C bash -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
-        elif [ "$pid_role" = control ]; then                            # clean environment, from /
-            ( cd / && exec env -i PATH="$PATH" HOME=/.pid LC_ALL=C $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
-        else
-            ( cd "$pid_wd" 2>/dev/null || pid_nowd; PATH=$pid_opath; exec $pid_drop $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
-        fi
-        pid_pid=$!
+        ( cd "$pid_wd" 2>/dev/null || pid_nowd; PATH=$pid_opath; exec $pid_drop $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
     fi
+    pid_pid=$!
 }
 
 pid_nowd() {  # the sh path's twin of the working directory check in pid_zcode (run in the command's subshell)
@@ -254,10 +258,6 @@ pid_finish() {  # wait for pid_pid, then reply with the head of its output and i
     pid_events
     echo "$pid_nonce $pid_rc $pid_pe"
     pid_forget "$pid_out"
-    if [ "$pid_role" = agent ] && [ "$pid_shell" = bash ]; then
-        pid_full || pid_spawn "$pid_slot"     # else pid_take_slot starts it when it is needed (and possible)
-        pid_slot=$((1 - pid_slot))
-    fi
 }
 
 pid_readcmd() {  # $1 bytes of command from stdin -> pid_cmd
@@ -271,10 +271,53 @@ pid_readcmd() {  # $1 bytes of command from stdin -> pid_cmd
     [ -n "$pid_cmd" ] || pid_cmd=:
 }
 
+# The agent's command on a slot shell, from start to reply: the hot path, so its steps are written inline (a bash
+# function call costs ~20 us here) and the reply after the "P" line is one write when the output's head holds no NUL.
+pid_slotrun() {
+    if [ -n "$pid_pmax" ] && read -r pid_pcur <"$pid_cg/pids.current"; then   # pid_full
+        case $pid_pcur in ''|*[!0-9]*) ;; *) [ $((pid_pcur + 8)) -lt "$pid_pmax" ] || { echo B; return; } ;; esac
+    fi
+    if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0 pid_out=$pid_zo0; else pid_pid=$pid_z1 pid_out=$pid_zo1; fi
+    [ -n "$pid_pid" ] && kill -0 "$pid_pid" || pid_take_slot
+    if [ "$pid_slot" = 0 ]; then
+        printf '%s\n%s' "${#pid_cmd}" "$pid_cmd" >&4   # (bytes: the server's locale is C)
+    else
+        printf '%s\n%s' "${#pid_cmd}" "$pid_cmd" >&5
+    fi
+    echo "P $pid_pid $pid_out"
+    wait "$pid_pid"
+    pid_rc=$?
+    kill -0 -"$pid_pid" && pid_linger "$pid_pid" "$pid_out"
+    pid_pe=0                                                                  # pid_events
+    [ -n "$pid_cg" ] && read -r pid_k pid_pe <"$pid_cg/pids.events"
+    case $pid_pe in ''|*[!0-9]*) pid_pe=0 ;; esac
+    pid_c=
+    if [ "$pid_emitn" -gt 0 ] && [ -s "$pid_out" ]; then
+        # read stops early only at a NUL byte, which a variable cannot hold: then pid_emit writes it byte-exact
+        if IFS= read -r -d '' -n "$pid_emitn" pid_c <"$pid_out" && [ "${#pid_c}" -lt "$pid_emitn" ]; then
+            pid_c=
+            pid_emit "$pid_out" "$pid_emitn"
+        fi
+    fi
+    printf '%s%s %s %s\n' "$pid_c" "$pid_nonce" "$pid_rc" "$pid_pe"
+    pid_c=
+    pid_junk="$pid_junk $pid_out"                                             # pid_forget
+    pid_junkn=$((pid_junkn + 1))
+    pid_full || pid_spawn "$pid_slot"     # else pid_take_slot starts it when it is needed (and possible)
+    pid_slot=$((1 - pid_slot))
+}
+
 pid_exec() {  # x emit nonce len, then the command
-    pid_sweep
+    [ "$pid_junkn" -lt 32 ] || pid_sweep
     pid_emitn=$2
     pid_nonce=$3
+    if [ -n "$pid_fast" ]; then   # pid_readcmd, inline
+        pid_cmd=
+        [ "$4" -gt 0 ] && IFS= read -r -N "$4" pid_cmd
+        [ -n "$pid_cmd" ] || pid_cmd=:
+        pid_slotrun
+        return
+    fi
     pid_readcmd "$4"
     if [ "$pid_role" = agent ] && pid_full; then echo B; return; fi
     pid_start
@@ -307,6 +350,7 @@ ${pid_cmd#*
 $pid_cmd" ;;
     esac
     pid_forget "$pid_in"
+    if [ -n "$pid_fast" ]; then pid_slotrun; return; fi
     if [ "$pid_role" = agent ] && pid_full; then echo B; return; fi
     pid_start
     pid_finish
@@ -319,7 +363,7 @@ pid_cutinfo() {  # pid_cut, pid_cutl <- what pid_trim dropped from the front of 
     case $pid_cut$pid_cutl in *[!0-9]*|'') pid_cut=0; pid_cutl=0 ;; esac
 }
 
-pid_readn() { local LC_ALL=C; pid_data=; [ "$1" -gt 0 ] && IFS= read -r -N "$1" pid_data; }  # bash: blocks, no fork
+pid_readn() { pid_data=; [ "$1" -gt 0 ] && IFS= read -r -N "$1" pid_data; }  # bash: blocks, no fork
 
 pid_count() {  # c tail nonce path
     pid_p=$4

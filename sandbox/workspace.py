@@ -36,15 +36,21 @@ _GITCONFIG = """[safe]
 
 
 def base_script(workdir: str) -> str:
-    """Make pid's repository and commit the imported workspace as the base; prints the commit."""
+    """Make pid's repository and commit the imported workspace as the base; prints the commit.
+
+    It runs before the first model request, so it forks little: the config is written by a builtin, the repository
+    gets no template (sample hooks pid never runs), and the commit id is read from its ref rather than by git.
+    """
+    assert "'" not in _GITCONFIG
     return (_GIT_ENV.format(workdir=workdir) + "set -e\numask 077\n"
-            f"cat > /.pid/gitconfig <<'PIDEOF'\n{_GITCONFIG}PIDEOF\n"
-            "git init -q -b main\n"
+            f"printf '%s' '{_GITCONFIG}' > /.pid/gitconfig\n"
+            "git init -q -b main --template=\n"
             "mkdir -p /.pid/git/info\n"
             "echo '* -text -filter -ident -eol !diff -working-tree-encoding' > /.pid/git/info/attributes\n"
             "git add -A\n"
             "git commit -q --no-verify --allow-empty -m 'pid: base (workspace as imported)'\n"
-            "git rev-parse HEAD\n")
+            "read -r head < /.pid/git/refs/heads/main\n"
+            "echo \"$head\"\n")
 
 
 def patch_script(workdir: str, base: str, dest: str) -> str:
@@ -55,6 +61,17 @@ def patch_script(workdir: str, base: str, dest: str) -> str:
             "git add -A\n"
             "git -c diff.noprefix=false -c diff.mnemonicPrefix=false diff --cached --binary --no-color --no-ext-diff "
             f"--no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/ {base} -- > {dest}\n")
+
+
+def unpack_tar(spool: IO[bytes], dest: str) -> None:
+    """Unpack a tar that build_tar made into the host directory `dest`, owners and modes as recorded (the caller is
+    root). No member can pass through a link: build_tar never descends into one, so every member's parent is a real
+    directory of the same tar. Rewinds `spool` first."""
+    spool.seek(0)
+    # (filter= exists from Python 3.11.4; "fully_trusted" is what older versions do without it)
+    trusted = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+    with tarfile.open(fileobj=spool, mode="r") as tar:
+        tar.extractall(dest, numeric_owner=True, **trusted)
 
 
 def build_tar(root: str, uid: int = 0, gid: int = 0) -> IO[bytes]:

@@ -18,6 +18,8 @@ from pid.config import pid_home
 from pid.sandbox import OutputPolicy, SandboxError
 from sandbox import DockerSandbox, ImageNotFound, SandboxConfig, reap_expired
 from sandbox.artifacts import FilesBudget
+from sandbox.channel import Channel
+from sandbox.config import BASE_ENV
 from sandbox.reaper import owner_label, run_labels
 
 pytestmark = pytest.mark.docker  # the whole module needs an engine
@@ -84,6 +86,22 @@ def test_exec_environment_cwd_stdin_and_quoting(sb):
     result = sb.exec("""A="x 'y' \\z"; pwd; echo "$PAGER $GIT_PAGER $TERM $NO_COLOR $HOME [$A]"; cat; """
                      """echo 'it''s' "a\\\\b" $'t\\tx'""", timeout=10)
     assert result.tail == b"/workspace\ncat cat dumb 1 /home/agent [x 'y' \\z]\nits a\\b t\tx\n"
+
+
+def test_agent_commands_keep_their_locale(client, sb):
+    # The server reads and counts in the C locale; the agent's commands run in theirs: the image's LANG, or an LC_ALL
+    # of the environment, as it was (never the server's C). Commands and output are bytes either way.
+    assert sb.exec('x=é✓; echo "${LC_ALL-unset} $LANG ${#x}"; echo ✓', timeout=10).tail == \
+        "unset C.UTF-8 2\n✓\n".encode()
+    channel = Channel(client.api, sb.container_id, 900, role="agent", workdir=sb.workdir, uid=sb.uid, gid=sb.gid,
+                      env={**BASE_ENV, "LC_ALL": "C.UTF-8"})
+    try:
+        for _ in range(3):   # the first slot shells and their successors
+            channel.start('x=é✓; echo "$LC_ALL ${#x}"; env | grep -c ^LC_ALL=', 100, time.monotonic() + 10)
+            done = channel.finish(time.monotonic() + 10)
+            assert done is not None and done.head == b"C.UTF-8 2\n1\n" and done.exit_code == 0
+    finally:
+        channel.close()
 
 
 def test_exec_runs_in_own_process_group_and_fresh_shell(sb):
@@ -445,6 +463,33 @@ def test_import_plain_directory(client, tmp_path):
         assert box.export_patch(str(dest), 1 << 20).size == dest.stat().st_size > 0
         assert b"+++ b/new.txt" in dest.read_bytes()
     assert not (plain / ".git").exists()
+
+
+def test_import_before_any_agent_command_writes_the_job_disk_directly(client, tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    (src / "d" / "empty").mkdir(parents=True)
+    (src / "d" / "f.txt").write_text("f\n")
+    (src / "d" / "f.txt").chmod(0o640)
+    os.utime(src / "d" / "f.txt", (1_000_000_000, 1_000_000_000))
+    os.symlink("/etc/hostname", src / "abs")          # links stay links, whatever they point at
+    os.symlink("d/f.txt", src / "rel")
+    os.link(src / "d" / "f.txt", src / "hard")
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-direct", ttl_s=300), client) as box:
+        if box._disk is None:
+            pytest.skip("no job disk on this host: the workspace goes through the engine")
+        real = box.client.api.put_archive
+        calls: list[str] = []
+        monkeypatch.setattr(box.client.api, "put_archive", lambda cid, path, data: calls.append(path) or real(cid, path, data))
+        box.import_workspace(str(src))
+        assert calls == []                               # no engine request
+        out = box.exec("stat -c '%n %a %u:%g' d d/empty; stat -c '%n %a %u:%g %Y %h' d/f.txt; readlink abs rel; "
+                       "stat -c '%u' abs; cat rel", timeout=20).tail
+        assert out == (b"d 755 1000:1000\nd/empty 755 1000:1000\nd/f.txt 640 1000:1000 1000000000 2\n"
+                       b"/etc/hostname\nd/f.txt\n1000\nf\n")
+        assert Path("/etc/hostname").stat().st_uid == 0   # the host's file the link names was not touched
+        box.write_file("new.txt", b"new\n")             # after an agent request, imports go through the engine
+        box.import_workspace(str(src))
+        assert calls == [box.workdir]
 
 
 def test_import_of_a_worktree_whose_git_is_a_file(client, tmp_path):
