@@ -479,7 +479,8 @@ def test_import_before_any_agent_command_writes_the_job_disk_directly(client, tm
             pytest.skip("no job disk on this host: the workspace goes through the engine")
         real = box.client.api.put_archive
         calls: list[str] = []
-        monkeypatch.setattr(box.client.api, "put_archive", lambda cid, path, data: calls.append(path) or real(cid, path, data))
+        monkeypatch.setattr(box.client.api, "put_archive",
+                            lambda cid, path, data: calls.append(path) or real(cid, path, data))
         box.import_workspace(str(src))
         assert calls == []                               # no engine request
         out = box.exec("stat -c '%n %a %u:%g' d d/empty; stat -c '%n %a %u:%g %Y %h' d/f.txt; readlink abs rel; "
