@@ -68,10 +68,11 @@ def unpack_tar(spool: IO[bytes], dest: str) -> None:
     root). No member can pass through a link: build_tar never descends into one, so every member's parent is a real
     directory of the same tar. Rewinds `spool` first."""
     spool.seek(0)
-    # (filter= exists from Python 3.11.4; "fully_trusted" is what older versions do without it)
-    trusted = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
     with tarfile.open(fileobj=spool, mode="r") as tar:
-        tar.extractall(dest, numeric_owner=True, **trusted)
+        if hasattr(tarfile, "fully_trusted_filter"):   # filter= exists from Python 3.11.4
+            tar.extractall(dest, numeric_owner=True, filter="fully_trusted")
+        else:                                           # ...and older versions do just that without it
+            tar.extractall(dest, numeric_owner=True)
 
 
 def build_tar(root: str, uid: int = 0, gid: int = 0) -> IO[bytes]:
