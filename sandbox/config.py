@@ -8,6 +8,7 @@ LABEL_JOB = "pid.job"          # which job owns the container; its presence mark
 LABEL_CREATED = "pid.created"  # ISO 8601 UTC
 LABEL_EXPIRES = "pid.expires"  # ISO 8601 UTC; after this the reaper may remove the container
 LABEL_OWNER = "pid.owner"      # which installation (PID_HOME) made it: `pid reap` removes only its own
+LABEL_ATTEMPT = "pid.attempt"  # which attempt of its job: a lost attempt's is removed, never the next one's
 
 AGENT_HOME = "/home/agent"
 DEFAULT_USER = "1000:1000"
@@ -52,3 +53,4 @@ class SandboxConfig:
     disk_root: str | None = None  # where per-job disk images live (under PID_HOME); None: the default there
     runtime: str | None = None    # an engine runtime such as runsc (gVisor)
     owner: str = ""               # the installation's label value (see reaper.owner_label)
+    attempt: int = 1              # the job's attempt this sandbox serves

@@ -28,8 +28,8 @@ from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped
 from . import fileops
 from .artifacts import copy_patch, extract_files
 from .channel import PID_DIR, Channel, ChannelClosed, Finished, TableFull, install_script
-from .config import (AGENT_HOME, BASE_ENV, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, SandboxConfig,
-                     parse_user)
+from .config import (AGENT_HOME, BASE_ENV, LABEL_ATTEMPT, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER,
+                     SandboxConfig, parse_user)
 from .disk import DiskError, JobDisk, disks_supported
 from .docker_client import connect, ensure_image
 from .errors import SandboxError
@@ -157,7 +157,8 @@ class DockerSandbox:
                 auto_remove=True, init=True, user="0:0",
                 labels={LABEL_JOB: config.job_id, LABEL_CREATED: _iso(now),
                         LABEL_EXPIRES: _iso(now + timedelta(seconds=ttl)),
-                        LABEL_OWNER: config.owner or owner_label(_pid_home()), **run_labels()},
+                        LABEL_OWNER: config.owner or owner_label(_pid_home()),
+                        LABEL_ATTEMPT: str(config.attempt), **run_labels()},
                 mem_limit=config.memory, memswap_limit=config.memory,
                 nano_cpus=int(config.cpus * 1e9), pids_limit=config.pids_limit,
                 network_mode=config.network,

@@ -15,7 +15,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from .config import LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER
+from .config import LABEL_ATTEMPT, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER
 from .docker_client import connect
 
 log = logging.getLogger(__name__)
@@ -70,10 +70,13 @@ def list_containers(client: docker.DockerClient, labels: list[str]) -> list[dict
         return []
 
 
-def remove_job_containers(job_id: str, client: docker.DockerClient | None = None) -> list[str]:
-    """Force-remove the containers of one job: a retried job first clears what its lost attempt left behind."""
+def remove_job_containers(job_id: str, client: docker.DockerClient | None = None,
+                          attempt: int | None = None) -> list[str]:
+    """Force-remove the containers of one job (of one of its attempts): a retried job first clears what its lost
+    attempts left behind; a sweeper removes a lost attempt's, never the next attempt's."""
     client = connect(client)
-    return [c["Id"] for c in list_containers(client, [f"{LABEL_JOB}={job_id}"]) if force_remove(client, c["Id"])]
+    labels = [f"{LABEL_JOB}={job_id}"] + ([f"{LABEL_ATTEMPT}={attempt}"] if attempt is not None else [])
+    return [c["Id"] for c in list_containers(client, labels) if force_remove(client, c["Id"])]
 
 
 def reap_expired(owner: str | None, client: docker.DockerClient | None = None,

@@ -31,8 +31,24 @@ PROGRESS_EVERY_S = 2.0    # how often progress is written, at most; the lease is
 
 
 def new_owner() -> str:
-    """host:pid:nonce: who holds a job's lease (the sweeper reads the host and pid back)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """host:pid:nonce.identity: who holds a job's lease. The sweeper reads the host and pid back, and the identity
+    (boot id, pid namespace, the process's start time in clock ticks) tells it, exactly, whether that process is still
+    the one: immune to clock steps, pid reuse and hosts that share a name (see worker/sweep.owner_alive)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}.{process_identity(os.getpid()) or ''}"
+
+
+def process_identity(pid: int) -> str | None:
+    """boot id, pid namespace and start time of a process on this machine, as one token; None where /proc lacks
+    them."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()[:8]
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+        with open(f"/proc/{pid}/stat") as f:
+            started = f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+    return f"{boot}-{namespace}-{started}"
 
 
 def describe_call(name: str, args: dict[str, Any]) -> str:

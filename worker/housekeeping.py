@@ -5,7 +5,9 @@ a message (put back, handed back, or whose message was lost), and now and then r
 Why a reconciler: the broker can lose a message (an exception before the claim after Celery acked it, a Redis that
 restarts without persistence, a broker down when a job was put back), and nothing else would ever dispatch that job.
 A queued job is dispatched again when some live worker has had a free process for RECONCILE_S while the job's message
-should have been in the queue that whole time: the message is lost, or stuck. The claim makes a duplicate harmless.
+should have been in the queue that whole time: the message is lost, or stuck. Whatever the workers are doing, a job
+waits at most REDISPATCH_AFTER_S for its message to be taken before it is dispatched again. The claim makes a
+duplicate harmless.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ log = logging.getLogger("pid.worker")
 
 EVERY_S = float(os.environ.get("PID_SWEEP_S", "5"))
 RECONCILE_S = float(os.environ.get("PID_RECONCILE_S", "60"))
+REDISPATCH_AFTER_S = float(os.environ.get("PID_REDISPATCH_AFTER_S", "1800"))   # ...whatever the workers are doing
 DISPATCH_GIVE_UP_S = float(os.environ.get("PID_DISPATCH_GIVE_UP_S", "600"))
 REAP_EVERY_S = 60.0
 ALIVE_WITHIN_S = 3 * EVERY_S + 5      # a worker not heard from for this long is presumed gone
@@ -36,16 +39,19 @@ def boot_id() -> str | None:
         return None
 
 
-def reconcile(store: JobStore, on_end: Callable[[JobRecord], None] | None = None) -> list[str]:
-    """Dispatch the queued jobs that need a message; end those that could not be dispatched for
-    DISPATCH_GIVE_UP_S. Returns the ids dispatched."""
+def reconcile(store: JobStore, on_end: Callable[[JobRecord], None] | None = None,
+              dispatch: Callable[..., bool] | None = None) -> list[str]:
+    """Dispatch the queued jobs that need a message (with `dispatch`, worker.tasks.dispatch by default); end those
+    that could not be dispatched for DISPATCH_GIVE_UP_S. Returns the ids dispatched."""
     from worker.sweep import write_unrun_result
-    from worker.tasks import dispatch
+    if dispatch is None:
+        from worker import tasks
+        dispatch = tasks.dispatch
     now = time.time()
     idle = any(w.free_since is not None and w.free_since < now - RECONCILE_S
                for w in store.workers(alive_within_s=ALIVE_WITHIN_S))
     dispatched = []
-    for job in store.to_dispatch(stale_before=now - RECONCILE_S if idle else None):
+    for job in store.to_dispatch(stale_before=now - (RECONCILE_S if idle else REDISPATCH_AFTER_S)):
         if job.dispatched_at is not None:
             log.warning("job %s: queued for %.0fs and no worker has taken it: its message is lost; dispatching it "
                         "again", job.id, now - job.dispatched_at)
@@ -121,4 +127,6 @@ class Housekeeping:
     @staticmethod
     def _reap() -> None:
         from sandbox.reaper import reap_installation
+        from worker.store import default_store
         reap_installation(pid_home())
+        default_store().forget_silent_workers()

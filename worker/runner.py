@@ -45,13 +45,14 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             still_owner: Callable[[], bool] = lambda: True,
             starting: "Future[JobSandbox] | None" = None,
             sandboxes: SandboxProvider[Any] | None = None,
-            amend_result: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+            amend_result: Callable[[dict[str, Any]], None] | None = None, attempt: int = 1) -> dict[str, Any]:
     """Run one job to its end and return result.json's content. Never raises for job failures.
 
     `starting` is the job's sandbox already being created (sandbox_start.start_sandbox); else it is created here,
     by `sandboxes` (Docker's by default).
 
-    `still_owner` is asked before artifacts are written: a worker that lost its lease (another one took the job
+    `attempt` is the job's attempt this run is (its containers carry it). `still_owner` is asked before artifacts
+    are written: a worker that lost its lease (another one took the job
     over) must not overwrite the new owner's patch and result. `amend_result` completes the result before it is
     written (a re-dispatched job adds its earlier attempts' usage).
     """
@@ -85,7 +86,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         if sandbox is None:
             sandboxes = sandboxes or DockerProvider()
             sandboxes.clear_job(spec.id)  # left by an earlier attempt whose worker died
-            sandbox = sandboxes.create(sandbox_config(spec))
+            sandbox = sandboxes.create(sandbox_config(spec, attempt))
         watchdog.arm(spec.timeout_s - (time.time() - started) + GRACE_S, sandbox.kill, "wall_clock")
         sandbox.import_workspace(spec.repo)
         if cancel.is_set():

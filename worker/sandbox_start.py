@@ -24,13 +24,14 @@ COLLECT_TIMEOUT_S = 60.0
 CONTAINER_TTL_MARGIN_S = 120.0
 
 
-def sandbox_config(spec: JobSpec) -> "SandboxConfig":
+def sandbox_config(spec: JobSpec, attempt: int = 1) -> "SandboxConfig":
     from sandbox import SandboxConfig
     from sandbox.reaper import owner_label
     home = pid_home()
     return SandboxConfig(
         image=spec.image, job_id=spec.id, memory=spec.memory, cpus=spec.cpus, pids_limit=spec.pids_limit,
         network=spec.network, user=spec.user, disk=spec.disk, runtime=spec.runtime, owner=owner_label(home),
+        attempt=attempt,
         disk_root=os.path.join(home, "disks"),
         ttl_s=spec.timeout_s + GRACE_S + COLLECT_TIMEOUT_S + CONTAINER_TTL_MARGIN_S)
 

@@ -395,12 +395,15 @@ class JobStore:
         return [_record(r) for r in rows]
 
     def requeue(self, job_id: str, owner: str | None = None, lapsed_only: bool = True) -> bool:
-        """A running job whose process is gone goes back to the queue, to be dispatched again. With an owner, only
-        if that process still holds it; with lapsed_only, only while its lease has lapsed."""
+        """A running job whose process is gone goes back to the queue, to be dispatched again (or, if its cancel was
+        asked meanwhile, ends `cancelled`). With an owner, only if that process still holds it; with lapsed_only, only
+        while its lease has lapsed."""
         now = time.time()
-        sql = ("UPDATE jobs SET status = 'queued', owner = NULL, lease_until = NULL, activity = NULL, "
-               "dispatched_at = NULL, undispatched_since = ? WHERE id = ? AND status = 'running'")
-        args: list[Any] = [now, job_id]
+        sql = ("UPDATE jobs SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, "
+               "exit_reason = CASE WHEN cancel_requested THEN 'cancelled' END, "
+               "finished_at = CASE WHEN cancel_requested THEN ? END, owner = NULL, lease_until = NULL, "
+               "activity = NULL, dispatched_at = NULL, undispatched_since = ? WHERE id = ? AND status = 'running'")
+        args: list[Any] = [now, now, job_id]
         if owner is not None:
             sql += " AND owner = ?"
             args.append(owner)
@@ -411,25 +414,32 @@ class JobStore:
             return db.execute(sql, args).rowcount == 1
 
     def hand_back(self, job_id: str, owner: str, turns: int, tool_calls: int,
-                  usage: dict[str, Any] | None) -> bool:
+                  usage: dict[str, Any] | None) -> str | None:
         """A stopping worker gives its running job back to the queue (to be dispatched again at once), with this
-        attempt's counts. Not a loss: it does not count against the job's attempts."""
+        attempt's counts. Not a loss: it does not count against the job's attempts. A job whose cancel was asked
+        ends `cancelled` instead: nothing would ever run it again. Returns the job's status now (None: this owner
+        no longer held it)."""
         now = time.time()
         with self._db() as db:
-            return db.execute(
-                "UPDATE jobs SET status = 'queued', owner = NULL, lease_until = NULL, activity = NULL, "
-                "handbacks = handbacks + 1, turns = ?, tool_calls = ?, usage = COALESCE(?, usage), "
+            db.execute("BEGIN IMMEDIATE")
+            handed = db.execute(
+                "UPDATE jobs SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, "
+                "exit_reason = CASE WHEN cancel_requested THEN 'cancelled' END, "
+                "finished_at = CASE WHEN cancel_requested THEN ? END, owner = NULL, lease_until = NULL, "
+                "activity = NULL, handbacks = handbacks + 1, turns = ?, tool_calls = ?, usage = COALESCE(?, usage), "
                 "dispatched_at = NULL, undispatched_since = ? WHERE id = ? AND owner = ? AND status = 'running'",
-                (turns, tool_calls, json.dumps(usage) if usage is not None else None, now, job_id,
+                (now, turns, tool_calls, json.dumps(usage) if usage is not None else None, now, job_id,
                  owner)).rowcount == 1
+            row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            db.execute("COMMIT")
+        return row["status"] if handed and row else None
 
     # -- dispatch records: what the reconciler reads ----------------------------------------------------------
 
     def mark_dispatched(self, job_id: str, previous: float | None = None, *, only_if: bool = False) -> bool:
         """Record a publish about to happen. With only_if, only if the job is still queued and its last dispatch is
         still `previous`: of several workers re-dispatching one job, one wins."""
-        sql = ("UPDATE jobs SET dispatched_at = ?, dispatch_error = NULL, undispatched_since = NULL "
-               "WHERE id = ? AND status IN ('queued', 'running')")
+        sql = "UPDATE jobs SET dispatched_at = ? WHERE id = ? AND status IN ('queued', 'running')"
         args: list[Any] = [time.time(), job_id]
         if only_if:
             sql += " AND status = 'queued' AND dispatched_at IS ?"
@@ -437,8 +447,14 @@ class JobStore:
         with self._db() as db:
             return db.execute(sql, args).rowcount == 1
 
+    def mark_published(self, job_id: str) -> None:
+        """The publish worked: the job no longer waits for one."""
+        with self._db() as db:
+            db.execute("UPDATE jobs SET dispatch_error = NULL, undispatched_since = NULL WHERE id = ?", (job_id,))
+
     def mark_undispatched(self, job_id: str, error: str) -> None:
-        """The publish failed: the job waits for a worker's reconciler to try again."""
+        """The publish failed: the job waits for a worker's reconciler to try again (`undispatched_since` keeps
+        when the waiting began)."""
         with self._db() as db:
             db.execute("UPDATE jobs SET dispatched_at = NULL, dispatch_error = ?, "
                        "undispatched_since = COALESCE(undispatched_since, ?) WHERE id = ? AND status = 'queued'",
@@ -476,6 +492,11 @@ class JobStore:
     def forget_worker(self, node: str) -> None:
         with self._db() as db:
             db.execute("DELETE FROM workers WHERE node = ?", (node,))
+
+    def forget_silent_workers(self, silent_s: float = 86400) -> None:
+        """Workers not heard from for a day (killed, not stopped) leave the table."""
+        with self._db() as db:
+            db.execute("DELETE FROM workers WHERE beat_at < ?", (time.time() - silent_s,))
 
     def workers(self, alive_within_s: float | None = None) -> "builtins.list[WorkerBeat]":
         """Workers by heartbeat; with alive_within_s, only those heard from that recently."""

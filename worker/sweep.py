@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from pid.agent import Outcome
 from pid.endings import ENDINGS, ExitReason
-from worker.control import with_earlier_attempts
+from worker.control import process_identity, with_earlier_attempts
 from worker.jobs import JobSpec, write_json_atomic
 from worker.store import JobRecord, JobStore
 
@@ -34,7 +34,8 @@ def sweep(store: JobStore, *, on_end: Ended | None = None, on_requeue: Ended | N
     now = time.time()
     for record in store.suspects(host=socket.gethostname()):
         lapsed = (record.lease_until or 0) < now
-        if owner_alive(record) and (not lapsed or record.kind == "run"):
+        alive = owner_alive(record)   # None: not knowable from here (another host): the lease decides
+        if (not lapsed and alive is not False) or (lapsed and alive and record.kind == "run"):
             continue  # alive; a `pid run` stopped (Ctrl-Z, a suspended machine) renews its lease when it goes on
         written = _written_result(record)
         if written is not None:   # it ended and wrote result.json, then died before telling the store: that holds
@@ -42,7 +43,7 @@ def sweep(store: JobStore, *, on_end: Ended | None = None, on_requeue: Ended | N
                             turns=written.get("turns"), tool_calls=written.get("tool_calls"),
                             lapsed_only=lapsed):
                 ended.append(record.id)
-                _remove_containers(record.id)
+                _remove_containers(record.id, record.attempts)
                 if on_end:
                     on_end(store.get(record.id) or record)
             continue
@@ -57,15 +58,22 @@ def sweep(store: JobStore, *, on_end: Ended | None = None, on_requeue: Ended | N
                                                 "the job is not dispatched again")
         else:
             if store.requeue(record.id, record.owner, lapsed_only=lapsed):
+                _remove_containers(record.id, record.attempts)
+                now_record = store.get(record.id) or record
+                if now_record.status == "cancelled":   # cancelled between our look and the requeue
+                    ended.append(record.id)
+                    write_unrun_result(record.spec, "cancelled", None, now_record)
+                    if on_end:
+                        on_end(now_record)
+                    continue
                 log.warning("job %s: its worker process (%s) is gone; back in the queue", record.id, _who(record))
-                _remove_containers(record.id)
                 if on_requeue:
                     on_requeue(record)
             continue
         if store.finish(record.id, reason, owner=record.owner, error=error, lapsed_only=lapsed):
             ended.append(record.id)
             write_unrun_result(record.spec, reason, error, record)
-            _remove_containers(record.id)
+            _remove_containers(record.id, record.attempts)
             if on_end:
                 on_end(store.get(record.id) or record)
     return ended
@@ -133,12 +141,24 @@ def write_unrun_result(spec: JobSpec, exit_reason: ExitReason, error: str | None
         log.warning("job %s: cannot write result.json in %s: %s", spec.id, spec.job_dir, exc)
 
 
-def owner_alive(record: JobRecord) -> bool:
-    """Is the process holding the job's lease still there? Only knowable on its own host; a pid reused by a process
-    started after the job was claimed does not count."""
+def owner_alive(record: JobRecord) -> bool | None:
+    """Is the process holding the job's lease still there? Knowable only on its own machine and in its own pid
+    namespace (None elsewhere): the owner's identity (worker/control.new_owner) names its boot, namespace and start
+    time, so a pid reused by another process, or a host of the same name, cannot pass for it."""
     host, pid = _owner(record)
     if host != socket.gethostname() or pid is None:
-        return False
+        return None
+    identity = (record.owner or "").rsplit(":", 1)[-1].partition(".")[2]
+    if not identity:   # an owner recorded by an older pid: judged by the start time against the claim
+        return _alive_since(pid, record.claimed_at or record.started_at or record.created_at)
+    boot, namespace, _ = identity.split("-", 2) if identity.count("-") >= 2 else ("", "", "")
+    mine = process_identity(os.getpid())
+    if mine is None or mine.split("-", 2)[:2] != [boot, namespace]:
+        return None   # another boot or another pid namespace of a host with this name: not ours to judge
+    return process_identity(pid) == identity and _process_state(pid) not in (None, "Z")
+
+
+def _alive_since(pid: int, claimed_at: float) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -149,7 +169,15 @@ def owner_alive(record: JobRecord) -> bool:
     if started is None:
         return True
     state, since = started
-    return state != "Z" and since <= (record.claimed_at or record.started_at or record.created_at) + 1
+    return state != "Z" and since <= claimed_at + 1
+
+
+def _process_state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _process_start(pid: int) -> tuple[str, float] | None:
@@ -179,14 +207,14 @@ def _who(record: JobRecord) -> str:
     return f"pid {pid} on {host}" if pid is not None else (record.owner or "unknown")
 
 
-def _remove_containers(job_id: str) -> None:
+def _remove_containers(job_id: str, attempt: int | None = None) -> None:
     """The dead process's container goes now rather than at its expiry, and with it the job's disk (whose lock
-    died with the process)."""
+    died with the process). Only that attempt's: the job may already run again elsewhere."""
     try:
         from pid.config import pid_home
         from sandbox import remove_job_containers
         from sandbox.disk import reap_disks
-        remove_job_containers(job_id)
+        remove_job_containers(job_id, attempt=attempt)
         reap_disks(os.path.join(pid_home(), "disks"))
     except Exception:
         log.debug("job %s: removing its containers and disk", job_id, exc_info=True)

@@ -1,0 +1,132 @@
+"""The store's side of never losing a job: hand-back, dispatch records, the reconciler's rules, heartbeats, and
+telling a dead lease holder from a live one. No broker here: `dispatch` is given."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+
+from worker.control import new_owner
+from worker.housekeeping import RECONCILE_S, reconcile
+from worker.jobs import JobSpec
+from worker.store import JobStore
+from worker.sweep import owner_alive
+
+
+def spec(tmp_path, n: int = 0) -> JobSpec:
+    return JobSpec(task=f"t{n}", repo=str(tmp_path), model="m", out_dir=str(tmp_path / "out"), base_url="http://x")
+
+
+def test_a_handed_back_job_is_queued_with_its_counts_and_is_not_a_loss(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job = store.create(spec(tmp_path))
+    assert store.claim(job.id, "w1", 60)
+    assert store.hand_back(job.id, "w1", 2, 3, {"input": 50}) == "queued"
+    record = store.get(job.id)
+    assert (record.status, record.owner, record.dispatched_at, record.handbacks, record.losses) == \
+        ("queued", None, None, 1, 0)
+    assert store.hand_back(job.id, "w1", 2, 3, None) is None          # no longer its to hand back
+    assert store.claim(job.id, "w2", 60)
+    assert store.get(job.id).earlier == [{"attempt": 1, "turns": 2, "tool_calls": 3,
+                                          "usage": {"input": 50, "output": 0, "cache_read": 0, "cache_write": 0,
+                                                    "total_tokens": 0, "cost": 0.0}}]
+
+
+def test_a_job_cancelled_then_handed_back_ends_cancelled_instead_of_waiting_forever(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job = store.create(spec(tmp_path))
+    assert store.claim(job.id, "w1", 60)
+    assert store.request_cancel(job.id) == "running"
+    assert store.hand_back(job.id, "w1", 1, 1, None) == "cancelled"
+    record = store.get(job.id)
+    assert (record.status, record.exit_reason) == ("cancelled", "cancelled") and record.finished_at
+
+
+def test_the_reconciler_dispatches_what_needs_it_and_one_worker_wins_each(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    fresh, sent = store.create(spec(tmp_path, 0)), store.create(spec(tmp_path, 1))
+    assert store.mark_dispatched(sent.id)
+    calls: list[str] = []
+
+    def publish(job_id: str, **kw) -> bool:   # worker.tasks.dispatch's bookkeeping, with a publish that works
+        if not store.mark_dispatched(job_id, kw.get("previous"), only_if=kw.get("reconcile", False)):
+            return False
+        calls.append(job_id)
+        store.mark_published(job_id)
+        return True
+
+    assert reconcile(store, dispatch=publish) == [fresh.id]   # never dispatched: at once; the sent one waits
+    assert reconcile(store, dispatch=publish) == []            # dispatched now: not again
+    # a message is presumed lost only once a live worker has had a free process for RECONCILE_S
+    store.beat("w@h", "h", 1, None, 2, 0, True)
+    with store._db() as db:
+        db.execute("UPDATE workers SET free_since = ?", (time.time() - RECONCILE_S - 1,))
+        db.execute("UPDATE jobs SET dispatched_at = ?", (time.time() - RECONCILE_S - 1,))
+    assert sorted(reconcile(store, dispatch=publish)) == sorted([fresh.id, sent.id])
+    assert store.mark_dispatched(sent.id, 12.0, only_if=True) is False   # another worker re-dispatched it already
+
+
+def test_a_busy_worker_is_not_free_and_a_stopping_one_neither(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    store.beat("a@h", "h", 1, "boot", 2, 1, True)
+    store.beat("b@h", "h", 2, "boot", 2, 2, True)
+    store.beat("c@h", "h", 3, "boot", 2, 0, False)
+    free = {w.node: w.free_since is not None for w in store.workers(alive_within_s=10)}
+    assert free == {"a@h": True, "b@h": False, "c@h": False}
+    first = store.workers()[0].free_since
+    time.sleep(0.01)
+    store.beat("a@h", "h", 1, "boot", 2, 0, True)
+    assert store.workers()[0].free_since == first          # free since then, continuously
+    store.forget_worker("a@h")
+    assert [w.node for w in store.workers()] == ["b@h", "c@h"]
+
+
+def test_a_job_that_cannot_be_dispatched_for_long_ends_failed_even_the_oldest(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    jobs = [store.create(spec(tmp_path, n)) for n in range(2)]
+    with store._db() as db:
+        db.execute("UPDATE jobs SET undispatched_since = ?", (time.time() - 3600,))
+
+    def refused(job_id: str, **kw) -> bool:
+        store.mark_dispatched(job_id, kw.get("previous"), only_if=kw.get("reconcile", False))
+        store.mark_undispatched(job_id, "ConnectionRefusedError: the broker is down")
+        raise ConnectionRefusedError("the broker is down")
+
+    assert reconcile(store, dispatch=refused) == []
+    for job in jobs:
+        record = store.get(job.id)
+        assert (record.status, record.exit_reason) == ("failed", "dispatch_failed"), record
+        assert "the broker is down" in record.error
+        result = json.loads((tmp_path / "out" / job.id / "result.json").read_text())
+        assert result["exit_reason"] == "dispatch_failed"
+
+
+def test_a_short_broker_outage_fails_nothing(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job = store.create(spec(tmp_path))
+
+    def refused(job_id: str, **kw) -> bool:
+        store.mark_undispatched(job_id, "down")
+        raise ConnectionRefusedError("down")
+    reconcile(store, dispatch=refused)
+    record = store.get(job.id)
+    assert (record.status, record.dispatch_error) == ("queued", "down")
+
+
+def test_a_lease_holder_is_known_alive_or_dead_only_where_that_can_be_told(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    alive, dead, elsewhere = (store.create(spec(tmp_path, n)) for n in range(3))
+    assert store.claim(alive.id, new_owner(), 60)
+    child = subprocess.Popen(["sleep", "30"])
+    from worker.control import process_identity
+    identity = process_identity(child.pid)
+    child.kill()
+    child.wait()
+    host = socket.gethostname()
+    assert store.claim(dead.id, f"{host}:{child.pid}:abcd.{identity}", 60)
+    assert store.claim(elsewhere.id, f"{host}:{os.getpid()}:abcd.0000-1-{identity.rsplit('-', 1)[1]}", 60)
+    assert owner_alive(store.get(alive.id)) is True
+    assert owner_alive(store.get(dead.id)) is False
+    assert owner_alive(store.get(elsewhere.id)) is None   # another boot of a host with this name: the lease decides

@@ -1,0 +1,194 @@
+"""The worker's main process: how it takes jobs, how it stops, and its housekeeping.
+
+It takes a message only when a process is free to start it at once, on every broker, so that a busy worker never holds
+a job another could run, and no unacknowledged message waits in it (RabbitMQ would close the channel past its
+consumer_timeout). It stops in two ways: the first Ctrl-C takes no new job and lets the running ones end; SIGTERM,
+SIGHUP or a second Ctrl-C tell the running jobs to hand themselves back (worker/tasks.py) and stop once they have.
+Its signal handlers only set flags and send signals: the work is done by the event loop and a watcher thread.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable
+
+from celery import bootsteps, signals
+
+from worker.app import QUEUE, app
+from worker.tasks import STOP_SIGNALS, _log_swept, jobs_log, node_name
+
+log = logging.getLogger("pid.worker")
+
+
+class Taking:
+    """Whether this worker takes new jobs (False once it is stopping), and how many it can run at once."""
+    jobs = True
+    concurrency = 1
+
+
+def _free_process() -> bool:
+    from celery.worker import state
+    return Taking.jobs and len(state.reserved_requests) < Taking.concurrency
+
+
+# -- taking only what can start ------------------------------------------------------------------------------------
+
+class OnlyWhatCanStart(bootsteps.StartStopStep):
+    """Every time the consumer starts (also after a reconnection, which rebuilds its channel): on the brokers that
+    are asked for each message (the embedded one, Redis), ask only when a process is free."""
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, c: Any) -> None:
+        Taking.concurrency = getattr(c.controller, "concurrency", None) or Taking.concurrency
+        if c.connection.transport.driver_type == "amqp":
+            return   # the broker pushes: see start_only_what_can_start
+        try:
+            qos = c.task_consumer.channel.qos
+        except AttributeError:
+            return
+        can_consume = getattr(qos, "_pid_can_consume", qos.can_consume)
+        qos._pid_can_consume = can_consume
+        qos.can_consume = lambda: _free_process() and can_consume()
+
+
+app.steps["consumer"].add(OnlyWhatCanStart)
+
+
+def start_only_what_can_start(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Callable[..., Any]:
+    """The job task's Celery strategy. On RabbitMQ the broker pushes messages, and one a worker holds without a free
+    process to start it stays unacknowledged until one is free: past the broker's consumer_timeout, the broker
+    closes the channel and the worker stops. So there the worker consumes only while it has a free process: it stops
+    consuming when its processes are all taken (a timer in the worker starts it again when one is free), and gives
+    back, at once, a message that arrives anyway (sent before the pause, or after a reconnection)."""
+    from celery.worker.strategy import default
+    handle = default(task, app, consumer, **kwargs)
+    if consumer.connection.transport.driver_type != "amqp":
+        return handle   # the other transports take a message only when asked (OnlyWhatCanStart)
+
+    def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **more: Any) -> Any:
+        if not _free_process():
+            log.info("job %s: no free process; the message goes back to the broker", message.headers.get("id"))
+            message.reject_log_error(log, consumer.connection_errors, requeue=True)
+            _pause_consuming(consumer)
+            return None
+        handled = handle(message, body, ack, reject, callbacks, **more)
+        if not _free_process():
+            _pause_consuming(consumer)
+        return handled
+    return on_message
+
+
+def _pause_consuming(consumer: Any) -> None:
+    if consumer.task_consumer.consuming_from(QUEUE):
+        consumer.task_consumer.cancel_by_queue(QUEUE)   # still selected: a reconnection consumes again
+
+
+def _resume_consuming(consumer: Any) -> None:
+    """In the worker's event loop (RabbitMQ): consume again once a process is free, unless the worker is stopping."""
+    task_consumer = consumer.task_consumer
+    if task_consumer is None or not _free_process() or task_consumer.consuming_from(QUEUE):
+        return
+    try:
+        consumer.add_task_queue(QUEUE)
+    except Exception as exc:   # the connection is down: Celery reconnects, and consumes again itself
+        log.debug("consuming again: %s", exc)
+
+
+# -- stopping --------------------------------------------------------------------------------------------------------
+
+def _pool_processes() -> list[int]:
+    """The pids of this process's children: the worker's pool processes."""
+    me, found = str(os.getpid()), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[1] == me:
+                    found.append(int(entry))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+class WorkerSignals:
+    """SIGINT, SIGTERM and SIGHUP in the worker's main process. The first Ctrl-C drains: no new job, the running ones
+    end, then the worker stops. SIGTERM, SIGHUP, or Ctrl-C once more: the running jobs are told to hand themselves
+    back (SIGTERM to each pool process), and Celery's warm shutdown waits for them. A Ctrl-C after that is Celery's
+    own (its second one a cold shutdown), for a worker that still does not stop."""
+
+    def __init__(self) -> None:
+        from celery.worker import state
+        self.state = state
+        self.pid = os.getpid()
+        self.draining = False
+        self.handing_back = False
+        self._celery_int = signal.getsignal(signal.SIGINT)
+        self._celery_term = signal.getsignal(signal.SIGTERM)
+
+    def install(self) -> None:
+        for sig in STOP_SIGNALS:
+            try:
+                signal.signal(sig, self._on_signal)
+            except ValueError:   # not the main thread: Celery's handling stays
+                return
+        threading.Thread(target=self._stop_when_drained, name="pid-stop-when-drained", daemon=True).start()
+
+    def running(self) -> int:
+        return len(self.state.reserved_requests)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self.pid:   # a pool process forked before it set its own handlers: the default
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        Taking.jobs = False
+        if signum == signal.SIGINT and not self.draining and not self.handing_back and self.running():
+            self.draining = True
+            jobs_log.info("stopping: no new jobs; waiting for %d running job(s) to end (Ctrl-C again: hand them "
+                          "back to the queue and stop)", self.running())
+            return
+        if self.handing_back:
+            if signum == signal.SIGINT and callable(self._celery_int):
+                self._celery_int(signum, frame)   # they are already being handed back: Celery's own, now
+            return
+        self.handing_back = True
+        if self.running():
+            jobs_log.info("stopping: handing %d running job(s) back to the queue", self.running())
+        for child in _pool_processes():
+            try:
+                os.kill(child, signal.SIGTERM)
+            except OSError:
+                pass
+        if callable(self._celery_term):
+            self._celery_term(signum, frame)   # Celery's warm shutdown: waits for the jobs to hand themselves back
+
+    def _stop_when_drained(self) -> None:
+        while not (self.draining and not self.handing_back and not self.state.reserved_requests):
+            time.sleep(0.5)
+        os.kill(self.pid, signal.SIGTERM)   # nothing runs now: stop
+
+
+@signals.worker_ready.connect
+def _start(sender: Any = None, **_: Any) -> None:
+    """In the worker's main process: take over the stop signals, say it is ready, start the housekeeping."""
+    from worker.housekeeping import Housekeeping
+    Taking.concurrency = getattr(getattr(sender, "controller", None), "concurrency", None) or 1
+    stops = WorkerSignals()
+    stops.install()
+    if sender.connection.transport.driver_type == "amqp":   # see start_only_what_can_start
+        sender.timer.call_repeatedly(0.5, _resume_consuming, (sender,))
+    node = getattr(sender, "hostname", None) or node_name()
+    housekeeping = Housekeeping(node, Taking.concurrency, stops.running, lambda: Taking.jobs, on_end=_log_swept)
+    housekeeping.start()
+    signals.worker_shutdown.connect(lambda **_: housekeeping.stop(), weak=False)
+    if os.environ.get("PID_RESULT_BACKEND"):
+        jobs_log.info("PID_RESULT_BACKEND is set but no longer used: the job store holds every result")
+    jobs_log.info("pid worker ready (%s, %d at once): waiting for jobs (Ctrl-C: finish the running jobs, then stop; "
+                  "twice: hand them back and stop)", node, Taking.concurrency)
+
+
+__all__ = ["OnlyWhatCanStart", "WorkerSignals", "start_only_what_can_start"]
