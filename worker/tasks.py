@@ -13,7 +13,6 @@ import uuid
 import warnings
 from typing import Any
 
-
 from pid.config import EnvDefaults
 from pid.endings import status_of
 from worker.app import app
