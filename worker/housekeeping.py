@@ -53,8 +53,9 @@ def reconcile(store: JobStore, on_end: Callable[[JobRecord], None] | None = None
     dispatched = []
     for job in store.to_dispatch(stale_before=now - (RECONCILE_S if idle else REDISPATCH_AFTER_S)):
         if job.dispatched_at is not None:
-            log.warning("job %s: queued for %.0fs and no worker has taken it: its message is lost; dispatching it "
-                        "again", job.id, now - job.dispatched_at)
+            log.warning("job %s: dispatched %.0fs ago and not taken%s: dispatching it again (a duplicate is "
+                        "harmless)", job.id, now - job.dispatched_at,
+                        " while a worker was free: its message is lost" if idle else "")
         try:
             if dispatch(job.id, store=store, previous=job.dispatched_at, reconcile=True):
                 dispatched.append(job.id)
