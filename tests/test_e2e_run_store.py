@@ -43,7 +43,7 @@ def opts(llm: ScriptedLLM, out: Path) -> list[str]:
 
 def test_a_foreground_run_is_listed_steered_paused_and_resumed_from_another_terminal(run_pid, pid_env, sample_repo,
                                                                                       tmp_path):
-    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 3; echo slow"}}]},
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 8; echo slow"}}]},
               {"text": "first"}, {"text": "second"}]
     with ScriptedLLM(script) as llm:
         proc = start_run(pid_env, tmp_path, "t", "--repo", str(sample_repo), *opts(llm, tmp_path / "out"))
@@ -51,10 +51,12 @@ def test_a_foreground_run_is_listed_steered_paused_and_resumed_from_another_term
             job = wait_for_record(run_pid, lambda r: (r["activity"] or "").startswith("turn 1: running bash"))
             assert (job["kind"], job["status"], job["turns"], job["tool_calls"]) == ("run", "running", 1, 1)
             status = run_pid("status", job["id"])
-            assert "now: turn 1: running bash sleep 3; echo slow" in status.stdout, status.stdout
+            assert "now: turn 1: running bash sleep 8; echo slow" in status.stdout, status.stdout
             assert run_pid("steer", job["id"], "also check the README").code == 0
             assert run_pid("pause", job["id"]).code == 0
-            time.sleep(5)                      # the command ended; the pause holds the next model call
+            # the command ends (progress reaches the store within 2 s); the pause holds the next model call
+            wait_for_record(run_pid, lambda r: "sleep 8" in (r["last_tool"] or ""))
+            time.sleep(1)
             assert len(llm.requests) == 1
             assert "running (paused)" in run_pid("status", job["id"]).stdout
             assert run_pid("follow-up", job["id"], "now summarize").code == 0
