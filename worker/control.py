@@ -40,15 +40,23 @@ def new_owner() -> str:
 def process_identity(pid: int) -> str | None:
     """boot id, pid namespace and start time of a process on this machine, as one token; None where /proc lacks
     them."""
+    fields = proc_stat(pid)
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()[:8]
         namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return f"{boot}-{namespace}-{fields[19]}" if fields is not None and len(fields) > 19 else None
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (state first, start time at index 19); None if gone."""
+    try:
         with open(f"/proc/{pid}/stat") as f:
-            started = f.read().rsplit(")", 1)[1].split()[19]
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return f"{boot}-{namespace}-{started}"
 
 
 def describe_call(name: str, args: dict[str, Any]) -> str:

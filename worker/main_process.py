@@ -18,6 +18,7 @@ from typing import Any, Callable
 from celery import bootsteps, signals
 
 from worker.app import QUEUE, app
+from worker.control import proc_stat
 from worker.tasks import STOP_SIGNALS, _log_swept, jobs_log, node_name
 
 log = logging.getLogger("pid.worker")
@@ -101,17 +102,9 @@ def _resume_consuming(consumer: Any) -> None:
 
 def _pool_processes() -> list[int]:
     """The pids of this process's children: the worker's pool processes."""
-    me, found = str(os.getpid()), []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[1] == me:
-                    found.append(int(entry))
-        except (OSError, IndexError):
-            continue
-    return found
+    me = str(os.getpid())
+    return [int(entry) for entry in os.listdir("/proc")
+            if entry.isdigit() and (fields := proc_stat(int(entry))) is not None and fields[1:2] == [me]]
 
 
 class WorkerSignals:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from pid.agent import Outcome
 from pid.endings import ENDINGS, ExitReason
-from worker.control import process_identity, with_earlier_attempts
+from worker.control import proc_stat, process_identity, with_earlier_attempts
 from worker.jobs import JobSpec, write_json_atomic
 from worker.store import JobRecord, JobStore
 
@@ -26,7 +26,7 @@ MAX_ATTEMPTS = int(os.environ.get("PID_MAX_ATTEMPTS", "3"))   # a job whose work
 Ended = Callable[[JobRecord], None]
 
 
-def sweep(store: JobStore, *, on_end: Ended | None = None, on_requeue: Ended | None = None) -> list[str]:
+def sweep(store: JobStore, *, on_end: Ended | None = None) -> list[str]:
     """Running jobs whose process is gone: a worker's goes back to the queue or, lost MAX_ATTEMPTS times, fails
     (`worker_lost`); a `pid run`'s fails (`client_lost`): nobody can take it up. Each one's containers go with it.
     Returns the ids ended."""
@@ -67,8 +67,6 @@ def sweep(store: JobStore, *, on_end: Ended | None = None, on_requeue: Ended | N
                         on_end(now_record)
                     continue
                 log.warning("job %s: its worker process (%s) is gone; back in the queue", record.id, _who(record))
-                if on_requeue:
-                    on_requeue(record)
             continue
         if store.finish(record.id, reason, owner=record.owner, error=error, lapsed_only=lapsed):
             ended.append(record.id)
@@ -155,7 +153,8 @@ def owner_alive(record: JobRecord) -> bool | None:
     mine = process_identity(os.getpid())
     if mine is None or mine.split("-", 2)[:2] != [boot, namespace]:
         return None   # another boot or another pid namespace of a host with this name: not ours to judge
-    return process_identity(pid) == identity and _process_state(pid) not in (None, "Z")
+    fields = proc_stat(pid)
+    return process_identity(pid) == identity and fields is not None and fields[0] != "Z"
 
 
 def _alive_since(pid: int, claimed_at: float) -> bool:
@@ -172,19 +171,12 @@ def _alive_since(pid: int, claimed_at: float) -> bool:
     return state != "Z" and since <= claimed_at + 1
 
 
-def _process_state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
 def _process_start(pid: int) -> tuple[str, float] | None:
     """(state, start time in epoch seconds) from /proc, or None where there is no /proc."""
+    fields = proc_stat(pid)
+    if fields is None:
+        return None
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
         with open("/proc/stat") as f:
             boot = next(float(line.split()[1]) for line in f if line.startswith("btime"))
         return fields[0], boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
