@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 from typing import Any
@@ -67,6 +68,16 @@ def _wait_running_tool(store: JobStore, job_ids: list[str], log_path, timeout: f
         time.sleep(0.2)
 
 
+def _wait_stopped(proc, log_path, timeout: float) -> None:
+    """Wait for a worker to exit; if it does not, its log with every thread's stack (SIGUSR2) is the failure."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGUSR2)
+        time.sleep(2)
+        pytest.fail(f"the worker did not stop within {timeout:.0f} s:\n" + log_path.read_text()[-20000:])
+
+
 def _own_containers(job_ids: list[str]) -> list[str]:
     return [c.labels["pid.job"] for c in pid_containers() if c.labels.get("pid.job") in job_ids]
 
@@ -89,7 +100,7 @@ def test_a_stopped_worker_hands_its_jobs_back_and_they_complete_exactly_once(sto
                 os.killpg(first.pid, signal.SIGINT)
             else:
                 os.killpg(first.pid, getattr(signal, stop))
-            first.wait(timeout=120)   # seconds when idle; a loaded machine is slower
+            _wait_stopped(first, tmp_path / "w1.log", timeout=120)   # seconds when idle; a loaded machine is slower
         finally:
             stop_worker(first)
         log = (tmp_path / "w1.log").read_text()

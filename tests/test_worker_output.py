@@ -56,3 +56,20 @@ def test_a_redis_broker_without_its_client_is_a_clear_error(run_pid, pid_env, sa
         assert res.stderr.strip() == ("pid: error: PID_BROKER_URL=redis://… needs the redis client, which is not "
                                       "installed: pip install 'pid[redis]'")
     assert run_pid("list", env=env).code == 0   # what needs no broker still works
+
+
+def test_sigusr2_writes_every_threads_stack_to_the_workers_log(pid_env, tmp_path):
+    """What a worker that does not stop is waiting for: `kill -USR2` answers it, and the worker runs on."""
+    log_path = tmp_path / "w.log"
+    proc = start_worker(pid_env, tmp_path, log_path)
+    try:
+        os.kill(proc.pid, signal.SIGUSR2)
+        deadline = time.time() + 10
+        while "pid-stop-when-drained" not in log_path.read_text() and "_stop_when_drained" not in log_path.read_text():
+            assert time.time() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        assert 'File "' in log_path.read_text()
+        time.sleep(0.5)
+        assert proc.poll() is None
+    finally:
+        stop_worker(proc)

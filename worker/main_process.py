@@ -8,6 +8,7 @@ Its signal handlers only set flags and send signals: the work is done by the eve
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -22,6 +23,9 @@ from worker.control import proc_stat
 from worker.tasks import STOP_SIGNALS, _log_swept, jobs_log, node_name
 
 log = logging.getLogger("pid.worker")
+
+HANDBACK_S = 60      # for the running jobs to hand themselves back once the worker is told to stop
+POOL_STOP_S = 10     # for the pool to stop once no job runs
 
 
 class Taking:
@@ -151,6 +155,7 @@ class WorkerSignals:
         self.handing_back = True
         if self.running():
             jobs_log.info("stopping: handing %d running job(s) back to the queue", self.running())
+        threading.Thread(target=self._bound_the_stop, name="pid-bound-the-stop", daemon=True).start()
         for child in _pool_processes():
             try:
                 os.kill(child, signal.SIGTERM)
@@ -159,10 +164,51 @@ class WorkerSignals:
         if callable(self._celery_term):
             self._celery_term(signum, frame)   # Celery's warm shutdown: waits for the jobs to hand themselves back
 
+    def _bound_the_stop(self) -> None:
+        """A stop always ends. Celery's warm shutdown waits for every pool process; one that hangs (a process forked
+        beside a thread holding a lock never starts) would keep the worker forever. Jobs get HANDBACK_S to hand
+        themselves back; once none runs, the pool gets POOL_STOP_S; then what is left of it is killed (a killed
+        job's lease holder is gone: the next sweep on this host puts it back at once) and the worker exits."""
+        deadline = time.monotonic() + HANDBACK_S
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stuck = self.running()
+        if not stuck:
+            time.sleep(POOL_STOP_S)
+        children = _pool_processes()
+        if stuck:
+            jobs_log.info("stopping: %d job(s) did not hand themselves back within %d s; their processes are "
+                          "killed (the next sweep puts the jobs back)", stuck, HANDBACK_S)
+        elif children:
+            jobs_log.info("stopping: %d pool process(es) did not stop within %d s (they ran no job): killed",
+                          len(children), POOL_STOP_S)
+        else:
+            time.sleep(POOL_STOP_S)   # no process left: Celery is about to exit
+        for child in children:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(POOL_STOP_S)
+        jobs_log.info("stopping: the worker did not exit by itself; it exits now")
+        logging.shutdown()
+        os._exit(1 if stuck else 0)
+
     def _stop_when_drained(self) -> None:
         while not (self.draining and not self.handing_back and not self.state.reserved_requests):
             time.sleep(0.5)
         os.kill(self.pid, signal.SIGTERM)   # nothing runs now: stop
+
+
+def dump_stacks_on_sigusr2() -> None:
+    """`kill -USR2` on a worker (or its pool processes) writes every thread's stack to its log: what a worker that
+    does not stop is waiting for."""
+    faulthandler.register(signal.SIGUSR2, file=2, all_threads=True, chain=False)   # fd 2: the log
+
+
+@signals.worker_process_init.connect
+def _in_pool_process(**_: Any) -> None:
+    dump_stacks_on_sigusr2()
 
 
 @signals.worker_ready.connect
@@ -170,6 +216,7 @@ def _start(sender: Any = None, **_: Any) -> None:
     """In the worker's main process: take over the stop signals, say it is ready, start the housekeeping."""
     from worker.housekeeping import Housekeeping
     Taking.concurrency = getattr(getattr(sender, "controller", None), "concurrency", None) or 1
+    dump_stacks_on_sigusr2()
     stops = WorkerSignals()
     stops.install()
     if sender.connection.transport.driver_type == "amqp":   # see start_only_what_can_start
