@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 from urllib.parse import urlsplit
+from dataclasses import asdict
 from typing import Any, Callable
 
 import click
@@ -417,8 +418,30 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--concurrency", "-c", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Jobs run at once (each in its own process and container).")
+@click.option("--all", "show_all", is_flag=True, help="Also workers not heard from lately (stopped or lost).")
+@click.option("--json", "as_json", is_flag=True, help="A JSON array of the workers' heartbeats.")
+def workers(show_all: bool, as_json: bool) -> None:
+    """The workers of this job store, from their heartbeats (every 5 s): host, process, jobs running of how many."""
+    from worker.housekeeping import ALIVE_WITHIN_S
+    from worker.store import default_store
+    now = time.time()
+    beats = default_store().workers(alive_within_s=None if show_all else ALIVE_WITHIN_S)
+    if as_json:
+        click.echo(json.dumps([{**asdict(b), "alive": now - b.beat_at <= ALIVE_WITHIN_S} for b in beats], indent=2))
+        return
+    if not beats:
+        click.echo("no live worker" + ("" if show_all else " (pid workers --all: also stopped or lost ones)"))
+        return
+    for b in beats:
+        seen = "alive" if now - b.beat_at <= ALIVE_WITHIN_S else f"silent {_duration(now - b.beat_at)}"
+        click.echo(f"{b.node:<40}  {b.host}:{b.pid:<8}  {b.running}/{b.concurrency} running  "
+                   f"up {_duration(now - b.started_at):>8}  {seen}")
+
+
+@cli.command()
+@click.option("--concurrency", "-c", type=click.IntRange(min=1, max=1024), default=8, show_default=True,
+              help="Jobs run at once (each a thread of the worker, with its own container). A job mostly waits on "
+                   "its model: dozens fit on two cores; the containers' memory is the usual limit.")
 @click.option("--loglevel", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               default="WARNING", show_default=True,
               help="Celery's and the libraries' logging (INFO: Celery's banner, every task, every HTTP request); "

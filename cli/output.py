@@ -10,35 +10,58 @@ from typing import Any, Callable
 import click
 
 from pid import events as ev
+from pid.event_records import EventRecords
 from pid.messages import AssistantMessage, ToolCall, ToolResultMessage, message_from_dict
 from pid.tools.summary import summarize_call
 
 
-def tool_line(name: str, args: dict[str, Any], result: ToolResultMessage, duration_s: float | None) -> str:
-    mark = click.style("✗", fg="red") if result.is_error else click.style("✓", fg="green")
+def tool_line(name: str, summary: str, is_error: bool, error_line: str | None, duration_s: float | None) -> str:
+    mark = click.style("✗", fg="red") if is_error else click.style("✓", fg="green")
     took = f"  {duration_s:.2f}s" if duration_s is not None else ""
-    line = f"{mark} {click.style(name, bold=True)} {summarize_call(name, args)}{took}"
-    if result.is_error:
-        last = result.text.strip().splitlines()[-1:] or [""]
-        line += click.style(f"  — {last[0][:100]}", fg="red")
+    line = f"{mark} {click.style(name, bold=True)} {summary}{took}"
+    if is_error:
+        line += click.style(f"  — {(error_line or '')[:100]}", fg="red")
     return line
 
 
+def _result_line(name: str, args: dict[str, Any], result: ToolResultMessage, duration_s: float | None) -> str:
+    last = result.text.strip().splitlines()[-1:] or [""]
+    return tool_line(name, summarize_call(name, args), result.is_error, last[0], duration_s)
+
+
+class RecordPrinter:
+    """Prints a job's log records (pid/event_records.py) on stderr: a line per tool call as it ends, model errors,
+    and what happened to the job (an attempt started, handed back, put back). With as_json, each record is one JSON
+    line on stdout instead."""
+
+    def __init__(self, as_json: bool = False) -> None:
+        self.as_json = as_json
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        if self.as_json:
+            click.echo(json.dumps(record, ensure_ascii=False))
+            return
+        kind = record.get("type")
+        if kind == "tool_end":
+            click.echo(tool_line(str(record.get("name")), str(record.get("summary", "")), bool(record.get("is_error")),
+                                 record.get("error_line"), record.get("duration_s")), err=True)
+        elif kind == "assistant" and record.get("error"):
+            click.echo(click.style(f"model error: {record['error']}", fg="red"), err=True)
+        elif kind == "job" and record.get("note"):
+            click.echo(click.style(f"· {record['note']}", dim=True), err=True)
+
+
 class EventPrinter:
-    """An event sink for `pid run`: tool calls as they finish, on stderr."""
+    """An event sink for `pid run`: the same lines a job's log prints, straight from its events."""
 
     def __init__(self) -> None:
-        self._args: dict[str, dict[str, Any]] = {}
+        self._records = EventRecords()
+        self._printer = RecordPrinter()
 
     def __call__(self, event: ev.Event) -> None:
-        if isinstance(event, ev.ToolStart):
-            self._args[event.call_id] = event.arguments
-        elif isinstance(event, ev.ToolEnd):
-            args = self._args.pop(event.call_id, {})
-            click.echo(tool_line(event.name, args, event.result, event.duration_s), err=True)
-        elif isinstance(event, ev.MessageEnd) and isinstance(event.message, AssistantMessage):
-            if event.message.stop_reason == "error" and event.message.error_message:
-                click.echo(click.style(f"model error: {event.message.error_message}", fg="red"), err=True)
+        record = self._records(event)
+        if record is not None:
+            self._printer(record)
 
 
 class SessionFollower:
@@ -74,7 +97,7 @@ class SessionFollower:
                 self._calls.update({c.id: c for c in message.tool_calls})
             elif isinstance(message, ToolResultMessage):
                 call = self._calls.pop(message.tool_call_id, None)
-                click.echo(tool_line(message.tool_name, call.arguments if call else {}, message, None), err=True)
+                click.echo(_result_line(message.tool_name, call.arguments if call else {}, message, None), err=True)
 
 
 def print_result(result: dict[str, Any], job_dir: str, as_json: bool) -> None:

@@ -73,3 +73,22 @@ def test_sigusr2_writes_every_threads_stack_to_the_workers_log(pid_env, tmp_path
         assert proc.poll() is None
     finally:
         stop_worker(proc)
+
+
+def test_pid_workers_lists_the_live_workers_from_their_heartbeats(run_pid, pid_env, tmp_path):
+    assert run_pid("workers", env=pid_env).stdout.startswith("no live worker")
+    procs = [start_worker(pid_env, tmp_path, tmp_path / f"w{n}.log", concurrency=n + 1) for n in range(2)]
+    try:
+        deadline = time.time() + 20
+        while len(run_pid("workers", "--json", env=pid_env).json()) < 2:
+            assert time.time() < deadline
+            time.sleep(0.5)
+        listed = run_pid("workers", "--json", env=pid_env).json()
+        assert sorted((w["pid"], w["concurrency"], w["running"], w["alive"]) for w in listed) == \
+            sorted((p.pid, n + 1, 0, True) for n, p in enumerate(procs))
+        text = run_pid("workers", env=pid_env).stdout
+        assert "0/1 running" in text and "0/2 running" in text and text.count("alive") == 2
+    finally:
+        for proc in procs:
+            stop_worker(proc)
+    assert run_pid("workers", env=pid_env).stdout.startswith("no live worker")

@@ -1,10 +1,10 @@
-"""What a worker does beside its jobs, in its main process, every few seconds: say it is alive (a heartbeat in the
+"""What a worker does beside its jobs, in its own thread, every few seconds: say it is alive (a heartbeat in the
 store), put back in the queue the jobs whose process is gone (worker/sweep.py), dispatch the queued jobs that need
 a message (put back, handed back, or whose message was lost), and now and then remove expired containers.
 
 Why a reconciler: the broker can lose a message (an exception before the claim after Celery acked it, a Redis that
 restarts without persistence, a broker down when a job was put back), and nothing else would ever dispatch that job.
-A queued job is dispatched again when some live worker has had a free process for RECONCILE_S while the job's message
+A queued job is dispatched again when some live worker has had a free slot for RECONCILE_S while the job's message
 should have been in the queue that whole time: the message is lost, or stuck. Whatever the workers are doing, a job
 waits at most REDISPATCH_AFTER_S for its message to be taken before it is dispatched again. The claim makes a
 duplicate harmless.

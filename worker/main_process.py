@@ -1,6 +1,6 @@
-"""The worker's main process: how it takes jobs, how it stops, and its housekeeping.
+"""The worker process: how it takes jobs, how it stops, and its housekeeping.
 
-It takes a message only when a process is free to start it at once, on every broker, so that a busy worker never holds
+It takes a message only when a slot is free to start it at once, on every broker, so that a busy worker never holds
 a job another could run, and no unacknowledged message waits in it (RabbitMQ would close the channel past its
 consumer_timeout). It stops in two ways: the first Ctrl-C takes no new job and lets the running ones end; SIGTERM,
 SIGHUP or a second Ctrl-C tell the running jobs to hand themselves back (worker/tasks.py) and stop once they have.
@@ -19,13 +19,12 @@ from typing import Any, Callable
 from celery import bootsteps, signals
 
 from worker.app import QUEUE, app
-from worker.control import proc_stat
-from worker.tasks import STOP_SIGNALS, _log_swept, jobs_log, node_name
+from worker.tasks import STOP_SIGNALS, _log_swept, hand_back_all, jobs_log, node_name
 
 log = logging.getLogger("pid.worker")
 
 HANDBACK_S = 60      # for the running jobs to hand themselves back once the worker is told to stop
-POOL_STOP_S = 10     # for the pool to stop once no job runs
+POOL_STOP_S = 10     # for the worker to exit once no job runs
 
 
 class Taking:
@@ -65,8 +64,8 @@ app.steps["consumer"].add(OnlyWhatCanStart)
 def start_only_what_can_start(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Callable[..., Any]:
     """The job task's Celery strategy. On RabbitMQ the broker pushes messages, and one a worker holds without a free
     process to start it stays unacknowledged until one is free: past the broker's consumer_timeout, the broker
-    closes the channel and the worker stops. So there the worker consumes only while it has a free process: it stops
-    consuming when its processes are all taken (a timer in the worker starts it again when one is free), and gives
+    closes the channel and the worker stops. So there the worker consumes only while it has a free slot: it stops
+    consuming when its slots are all taken (a timer in the worker starts it again when one is free), and gives
     back, at once, a message that arrives anyway (sent before the pause, or after a reconnection)."""
     from celery.worker.strategy import default
     handle = default(task, app, consumer, **kwargs)
@@ -104,18 +103,11 @@ def _resume_consuming(consumer: Any) -> None:
 
 # -- stopping --------------------------------------------------------------------------------------------------------
 
-def _pool_processes() -> list[int]:
-    """The pids of this process's children: the worker's pool processes."""
-    me = str(os.getpid())
-    return [int(entry) for entry in os.listdir("/proc")
-            if entry.isdigit() and (fields := proc_stat(int(entry))) is not None and fields[1:2] == [me]]
-
-
 class WorkerSignals:
-    """SIGINT, SIGTERM and SIGHUP in the worker's main process. The first Ctrl-C drains: no new job, the running ones
-    end, then the worker stops. SIGTERM, SIGHUP, or Ctrl-C once more: the running jobs are told to hand themselves
-    back (SIGTERM to each pool process), and Celery's warm shutdown waits for them. A Ctrl-C after that is Celery's
-    own (its second one a cold shutdown), for a worker that still does not stop."""
+    """SIGINT, SIGTERM and SIGHUP in the worker. The first Ctrl-C drains: no new job, the running ones end, then the
+    worker stops. SIGTERM, SIGHUP, or Ctrl-C once more: the running jobs are told to hand themselves back
+    (worker/tasks.py hand_back_all), and Celery's warm shutdown waits for them. A Ctrl-C after that is Celery's own
+    (its second one a cold shutdown), for a worker that still does not stop."""
 
     def __init__(self) -> None:
         from celery.worker import state
@@ -138,10 +130,6 @@ class WorkerSignals:
         return len(self.state.reserved_requests)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if os.getpid() != self.pid:   # a pool process forked before it set its own handlers: the default
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
         Taking.jobs = False
         if signum == signal.SIGINT and not self.draining and not self.handing_back and self.running():
             self.draining = True
@@ -155,40 +143,22 @@ class WorkerSignals:
         self.handing_back = True
         if self.running():
             jobs_log.info("stopping: handing %d running job(s) back to the queue", self.running())
+        hand_back_all(signal.Signals(signum).name)
         threading.Thread(target=self._bound_the_stop, name="pid-bound-the-stop", daemon=True).start()
-        for child in _pool_processes():
-            try:
-                os.kill(child, signal.SIGTERM)
-            except OSError:
-                pass
         if callable(self._celery_term):
             self._celery_term(signum, frame)   # Celery's warm shutdown: waits for the jobs to hand themselves back
 
     def _bound_the_stop(self) -> None:
-        """A stop always ends. Celery's warm shutdown waits for every pool process; one that hangs (a process forked
-        beside a thread holding a lock never starts) would keep the worker forever. Jobs get HANDBACK_S to hand
-        themselves back; once none runs, the pool gets POOL_STOP_S; then what is left of it is killed (a killed
-        job's lease holder is gone: the next sweep on this host puts it back at once) and the worker exits."""
+        """A stop always ends. Jobs get HANDBACK_S to hand themselves back, then the worker POOL_STOP_S to exit on
+        its own; after that it exits anyway. A job still running then loses its lease holder with this process: the
+        next sweep on this host puts it back at once."""
         deadline = time.monotonic() + HANDBACK_S
         while self.running() and time.monotonic() < deadline:
             time.sleep(0.2)
         stuck = self.running()
-        if not stuck:
-            time.sleep(POOL_STOP_S)
-        children = _pool_processes()
         if stuck:
-            jobs_log.info("stopping: %d job(s) did not hand themselves back within %d s; their processes are "
-                          "killed (the next sweep puts the jobs back)", stuck, HANDBACK_S)
-        elif children:
-            jobs_log.info("stopping: %d pool process(es) did not stop within %d s (they ran no job): killed",
-                          len(children), POOL_STOP_S)
-        else:
-            time.sleep(POOL_STOP_S)   # no process left: Celery is about to exit
-        for child in children:
-            try:
-                os.kill(child, signal.SIGKILL)
-            except OSError:
-                pass
+            jobs_log.info("stopping: %d job(s) did not hand themselves back within %d s (the next sweep puts them "
+                          "back)", stuck, HANDBACK_S)
         time.sleep(POOL_STOP_S)
         jobs_log.info("stopping: the worker did not exit by itself; it exits now")
         logging.shutdown()
@@ -201,19 +171,14 @@ class WorkerSignals:
 
 
 def dump_stacks_on_sigusr2() -> None:
-    """`kill -USR2` on a worker (or its pool processes) writes every thread's stack to its log: what a worker that
+    """`kill -USR2` on a worker writes every thread's stack to its log: what a worker that
     does not stop is waiting for."""
     faulthandler.register(signal.SIGUSR2, file=2, all_threads=True, chain=False)   # fd 2: the log
 
 
-@signals.worker_process_init.connect
-def _in_pool_process(**_: Any) -> None:
-    dump_stacks_on_sigusr2()
-
-
 @signals.worker_ready.connect
 def _start(sender: Any = None, **_: Any) -> None:
-    """In the worker's main process: take over the stop signals, say it is ready, start the housekeeping."""
+    """In the worker, once ready: take over the stop signals, say it is ready, start the housekeeping."""
     from worker.housekeeping import Housekeeping
     Taking.concurrency = getattr(getattr(sender, "controller", None), "concurrency", None) or 1
     dump_stacks_on_sigusr2()

@@ -1,4 +1,4 @@
-"""The Celery task, in a job's own process: it claims the job in the store and runs it beside a ControlRelay
+"""The Celery task, in a thread of the worker: it claims the job in the store and runs it beside a ControlRelay
 (worker/control.py: lease, cancel/pause/steer/follow-up, progress), records the ending, and prints one line when a
 job starts and one when it ends. Told to stop (SIGTERM, SIGHUP, a second Ctrl-C: worker/main_process.py), it hands
 the job back to the queue: it runs again on the next worker, never `failed` for it."""
@@ -26,50 +26,44 @@ jobs_log = logging.getLogger("pid.jobs")   # the worker's own lines: one when a 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
-class StopSignals:
-    """In a job's process, while the job runs: SIGTERM, SIGHUP or a second SIGINT (the first one is the worker's:
-    it lets running jobs end) ask for the job to be handed back. The handler only sets a flag: the relay's thread
-    stops the agent."""
+class StopRequest:
+    """One running job's answer to its worker being told to stop (SIGTERM, SIGHUP, a second Ctrl-C: see
+    worker/main_process.py): hand the job back. `request` only sets flags (it is called from a signal handler); the
+    relay's thread stops the agent."""
 
-    def __init__(self, relay: ControlRelay | None = None) -> None:
-        self.relay = relay
-        self.requested: str | None = None   # the signal's name, once one asked
-        self._interrupts = 0
-        self._previous: dict[int, Any] = {}
+    def __init__(self) -> None:
+        self.relay: ControlRelay | None = None
+        self.requested: str | None = _stopping[0]   # a job taken as its worker stops goes back at once
 
-    def install(self) -> "StopSignals":
-        for sig in STOP_SIGNALS:
-            try:
-                self._previous[sig] = signal.signal(sig, self._on_signal)
-            except ValueError:   # not the main thread (a test calling the task directly)
-                pass
-        return self
-
-    def restore(self) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if signum == signal.SIGINT:
-            self._interrupts += 1
-            if self._interrupts < 2:
-                return
+    def request(self, why: str) -> None:
         if self.requested is None:
-            self.requested = signal.Signals(signum).name
+            self.requested = why
             if self.relay is not None:
                 self.relay.request_stop()
 
 
+_running: dict[int, StopRequest] = {}   # this worker's running jobs, by id(): written by their threads
+_stopping: list[str | None] = [None]    # why this worker stops, once it does
+
+
+def hand_back_all(why: str) -> None:
+    """Every running job of this worker goes back to the queue (from a signal handler: flags only)."""
+    _stopping[0] = why
+    for request in list(_running.values()):
+        request.request(why)
+
+
 @app.task(name="pid.run_job", Strategy="worker.main_process:start_only_what_can_start")
 def run_job_task(job_id: str, api_key: str | None = None) -> None:
-    stop = StopSignals().install()
+    stop = StopRequest()
+    _running[id(stop)] = stop
     try:
         _run_claimed(job_id, api_key, stop)
     finally:
-        stop.restore()
+        _running.pop(id(stop), None)
 
 
-def _run_claimed(job_id: str, api_key: str | None, stop: StopSignals) -> None:
+def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
     store = default_store()
     owner = new_owner()
     if stop.requested:   # told to stop before it began: the job is not taken, and goes to another worker
@@ -195,4 +189,4 @@ def _log_swept(record: JobRecord) -> None:
                                  record.total_usage.get("cost")) + (f": {record.error}" if record.error else ""))
 
 
-from worker import main_process  # noqa: E402,F401  (the worker's main process: its signals, consuming, housekeeping)
+from worker import main_process  # noqa: E402,F401  (the worker process: its signals, consuming, housekeeping)

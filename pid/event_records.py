@@ -1,0 +1,60 @@
+"""A job's live log: its events as small JSON records, for people watching it from anywhere (the job store keeps
+them; `pid logs`, `submit --wait` and `result --wait` print them; `pid run` prints the same lines directly).
+
+A record is bounded whatever the agent does: a tool call is its name and a one-line summary, never its output; an
+assistant message is its first TEXT_MAX characters. Text deltas and tool output updates are not kept: a log is for
+what happened, the session file for everything.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pid import events as ev
+from pid.messages import AssistantMessage
+from pid.tools.bash import sanitize
+from pid.tools.summary import summarize_call
+
+TEXT_MAX = 2000
+
+
+class EventRecords:
+    """Turns one job's events into records (it remembers each running call's arguments for its end's summary)."""
+
+    def __init__(self) -> None:
+        self._summaries: dict[str, str] = {}
+
+    def __call__(self, event: ev.Event) -> dict[str, Any] | None:
+        now = round(time.time(), 3)
+        if isinstance(event, ev.TurnStart):
+            return {"type": "turn_start", "turn": event.turn, "t": now}
+        if isinstance(event, ev.ToolStart):
+            summary = summarize_call(event.name, event.arguments)
+            self._summaries[event.call_id] = summary
+            return {"type": "tool_start", "call_id": event.call_id, "name": event.name, "summary": summary, "t": now}
+        if isinstance(event, ev.ToolEnd):
+            record: dict[str, Any] = {
+                "type": "tool_end", "call_id": event.call_id, "name": event.name,
+                "summary": self._summaries.pop(event.call_id, ""), "duration_s": round(event.duration_s, 3),
+                "is_error": event.result.is_error, "t": now}
+            if event.result.is_error:
+                last = event.result.text.strip().splitlines()[-1:] or [""]
+                record["error_line"] = sanitize(last[0])[:200]
+            return record
+        if isinstance(event, ev.MessageEnd) and isinstance(event.message, AssistantMessage):
+            message = event.message
+            record = {"type": "assistant", "text": sanitize(message.text)[:TEXT_MAX],
+                      "tool_calls": len(message.tool_calls), "stop_reason": message.stop_reason, "t": now}
+            if message.stop_reason == "error" and message.error_message:
+                record["error"] = sanitize(message.error_message)[:500]
+            return record
+        if isinstance(event, ev.AgentEnd):
+            return {"type": "agent_end", "status": event.status, "exit_reason": event.exit_reason, "t": now}
+        return None
+
+
+def job_record(status: str, **fields: Any) -> dict[str, Any]:
+    """A change of the job's own state, written by whoever changes it (a worker starts it, hands it back, a sweep
+    puts it back, it ends)."""
+    return {"type": "job", "status": status, **{k: v for k, v in fields.items() if v is not None},
+            "t": round(time.time(), 3)}
