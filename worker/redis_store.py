@@ -24,7 +24,7 @@ One Redis, not Redis Cluster: the scripts touch keys they derive from the job id
 
 Fork: redis-py's connection pool notices a fork by its pid and starts afresh in the child, but it does so under the
 pool's own locks, which a fork may copy held (another thread inside the pool at that moment): the child would hang
-on them. So a child never touches the parent's client: `_r` makes a new client in a new process.
+on them. So a child never touches the parent's client: `_connection()` makes a new one in a new process.
 """
 from __future__ import annotations
 
@@ -240,7 +240,9 @@ redis.call('HSET', K, 'pinned', 1)
 for _, k in ipairs({K, P .. 'inbox:' .. ID, P .. 'events:' .. ID, P .. 'evseq:' .. ID, P .. 'artifacts:' .. ID}) do
   redis.call('PERSIST', k)
 end
-for _, d in ipairs(redis.call('HVALS', P .. 'artifacts:' .. ID)) do redis.call('PERSIST', P .. 'blob:' .. string.sub(d, 8)) end
+for _, d in ipairs(redis.call('HVALS', P .. 'artifacts:' .. ID)) do
+  redis.call('PERSIST', P .. 'blob:' .. string.sub(d, 8))
+end
 return 1
 """,
     "append_event": r"""
@@ -316,7 +318,10 @@ else redis.call('EXPIRE', final, ttl) end
 return 1
 """,
     "touch_blob": r"""
-return redis.call('EXPIRE', P .. 'blob:' .. A.hex, math.max(1, math.floor(RET)), 'GT') + redis.call('EXISTS', P .. 'blob:' .. A.hex)
+local key = P .. 'blob:' .. A.hex
+if redis.call('EXISTS', key) == 0 then return 0 end
+redis.call('EXPIRE', key, math.max(1, math.floor(RET)), 'GT')
+return 1
 """,
     "pin_blob": r"""
 local key = P .. 'blob:' .. A.hex
@@ -364,7 +369,9 @@ class RedisStore:
         return state[1], state[2]
 
     @property
-    def _r(self) -> redis.Redis:
+    def _r(self) -> Any:
+        """The client (Any: redis-py's stubs type replies as bytes | str; with decode_responses off they are
+        bytes)."""
         return self._connection()[0]
 
     def _run(self, script: str, job_id: str = "", /, **args: Any) -> Any:
@@ -486,7 +493,7 @@ class RedisStore:
 
     def take_messages(self, job_id: str) -> "builtins.list[tuple[str, str]]":
         """Undelivered messages in the order they were posted, taken (delivered) at once."""
-        return [tuple(json.loads(m)) for m in self._run("take_messages", job_id)]  # type: ignore[misc]
+        return [(kind, text) for kind, text in map(json.loads, self._run("take_messages", job_id))]
 
     def _running(self) -> "builtins.list[JobRecord]":
         ids = self._r.zrange(PREFIX + "st:running", 0, -1)
@@ -610,7 +617,7 @@ class RedisStore:
     def put_blob_file(self, path: str, digest: str | None = None) -> str:
         """A file as a blob. With its digest known, a blob already stored is not read nor sent again (its TTL is
         renewed). ValueError if the file's content does not match `digest`."""
-        if digest is not None and self._run("touch_blob", hex=blob_hex(digest)) > 0:
+        if digest is not None and self._run("touch_blob", hex=blob_hex(digest)) == 1:
             return digest
         with open(path, "rb") as f:
             stored = self.put_blob(f)
