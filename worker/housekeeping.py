@@ -47,7 +47,7 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
     if dispatch is None:
         from worker import tasks
         dispatch = tasks.dispatch
-    now = time.time()
+    now = store.now()   # the clock the store's times are on
     idle = any(w.free_since is not None and w.free_since < now - RECONCILE_S
                for w in store.workers(alive_within_s=ALIVE_WITHIN_S))
     dispatched = []

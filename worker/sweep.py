@@ -31,7 +31,7 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
     (`worker_lost`); a `pid run`'s fails (`client_lost`): nobody can take it up. Each one's containers go with it.
     Returns the ids ended."""
     ended = []
-    now = time.time()
+    now = store.now()   # the clock the store's times are on
     for record in store.suspects(host=socket.gethostname()):
         lapsed = (record.lease_until or 0) < now
         alive = owner_alive(record)   # None: not knowable from here (another host): the lease decides
