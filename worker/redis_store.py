@@ -44,7 +44,7 @@ from worker.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BlobMissing, 
                           WorkerBeat, blob_hex, check_artifact_name, retention_s, sum_usage)
 
 PREFIX = "pid:"
-UPLOAD_TTL_S = 3600    # an upload's temporary key vanishes if its writer dies
+UPLOAD_TTL_S = 3600    # an upload's temporary key vanishes an hour after its writer stopped sending
 
 # Shared by the scripts. ARGV[1]: the key prefix, ARGV[2]: the retention (s), ARGV[3]: the job id, ARGV[4]: the
 # operation's arguments as a JSON object (null: None). Times are written "%.6f".
@@ -111,6 +111,12 @@ if field('started_at') == nil then redis.call('HSET', K, 'started_at', fmt(t)) e
 redis.call('HDEL', K, 'usage', 'activity')
 move(status, 'running')
 return 1
+""",
+    "controls": r"""
+local h = redis.call('HMGET', K, 'status', 'owner', 'cancel_requested', 'paused')
+if not h[1] then return false end
+return {h[1] == 'running' and h[2] == A.owner and 1 or 0, h[3] == '1' and 1 or 0, h[4] == '1' and 1 or 0,
+  redis.call('EXISTS', P .. 'inbox:' .. ID)}
 """,
     "renew": r"""
 if field('status') ~= 'running' or field('owner') ~= A.owner then return 0 end
@@ -457,14 +463,8 @@ class RedisStore:
 
     def controls(self, job_id: str, owner: str) -> Controls | None:
         """A running job's controls in one read (None: no such job)."""
-        pipe = self._r.pipeline(transaction=True)
-        pipe.hmget(PREFIX + "job:" + job_id, "status", "owner", "cancel_requested", "paused")
-        pipe.exists(PREFIX + "inbox:" + job_id)
-        (status, held_by, cancel, paused), mail = pipe.execute()
-        if status is None:
-            return None
-        return Controls(status == b"running" and held_by == owner.encode(), cancel == b"1", paused == b"1",
-                        bool(mail))
+        found = self._run("controls", job_id, owner=owner)
+        return Controls(*(bool(v) for v in found)) if found else None
 
     def finish(self, job_id: str, exit_reason: ExitReason, *, owner: str | None = None, error: str | None = None,
                turns: int | None = None, tool_calls: int | None = None, usage: dict[str, Any] | None = None,
@@ -599,8 +599,7 @@ class RedisStore:
                 sha.update(chunk)
                 pipe = client.pipeline(transaction=False)
                 pipe.rpush(key, chunk)
-                if first:
-                    pipe.expire(key, UPLOAD_TTL_S)
+                pipe.expire(key, UPLOAD_TTL_S)   # from the last chunk: a slow upload lives, a dead one goes
                 pipe.execute()
                 first = False
                 if not chunk:   # an empty blob: one empty chunk (Redis has no empty list)
