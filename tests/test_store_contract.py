@@ -465,6 +465,11 @@ def test_the_store_url_chooses_the_store(tmp_path, monkeypatch):
     for bad in ("sqlite://relative.db", "sqlite:///", "postgres://x/y", "jobs.db"):
         with pytest.raises(ValueError, match="sqlite:///ABS/PATH.db"):
             open_store(bad)
+    monkeypatch.setenv("PID_STORE_URL", "postgres://me:pw@db/x")
+    with pytest.raises(ValueError) as bad:
+        default_store()
+    assert str(bad.value) == ("PID_STORE_URL=postgres://…: not a store pid knows: use sqlite:///ABS/PATH.db or "
+                              "redis://HOST:PORT/DB")
     monkeypatch.setenv("PID_RETENTION", "forever")
     with pytest.raises(ValueError, match="PID_RETENTION"):
         open_store("redis://127.0.0.1:4/0")
@@ -545,3 +550,24 @@ def test_redis_store_across_fork_while_another_thread_uses_it(redis_server, tmp_
         stop.set()
         writer.join(10)
     assert store.progress(busy, "parent", 1, 1)                      # the parent's connection still works
+
+
+def test_redis_leases_are_on_the_servers_clock_not_the_workers(redis_server, tmp_path, monkeypatch):
+    """A worker whose clock runs an hour behind claims a job: another worker must not find its lease lapsed, and
+    one whose clock runs ahead must not keep a lapsed lease alive."""
+    from worker.redis_store import RedisStore
+    store = RedisStore(redis_server.url)
+    job = store.create(spec(tmp_path))
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 3600)          # the slow machine
+    assert store.claim(job.id, "slow:1:x", lease_s=60)
+    monkeypatch.setattr(time, "time", real)
+    assert store.lapsed() == [] and not store.claim(job.id, "h:2:y", lease_s=60)
+    assert not store.requeue(job.id) and not store.finish(job.id, "error", lapsed_only=True)
+    other = store.create(spec(tmp_path, 1))
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)          # the fast machine
+    assert store.claim(other.id, "fast:1:x", lease_s=0.2)
+    monkeypatch.setattr(time, "time", real)
+    time.sleep(0.4)
+    assert [r.id for r in store.lapsed()] == [other.id] and store.claim(other.id, "h:2:y", lease_s=60)
+    assert abs(store.now() - real()) < 5

@@ -14,7 +14,8 @@ live job nor keep a lapsed one. Every time in a record (created_at, lease_until,
 Keys (all under PREFIX "pid:"): job:{id} (a hash: the record's fields, as strings; an absent field is None),
 inbox:{id} (a list of [kind, text]), events:{id} (a stream, ids "<n>-0"), evseq:{id}, artifacts:{id} (a hash name ->
 digest), secret:{id}; indexes jobs (a sorted set by created_at), st:{status} (per status, by created_at) and ended
-(by finished_at); worker:{node} (a hash) and workers (by started_at); blob:{hex} (a list of chunks) and pins.
+(by finished_at); worker:{node} (a hash) and workers (by started_at); blob:{hex} (a list of chunks, each at most
+BLOB_CHUNK), upload:{uuid} (one being written) and pins (a set of pinned blobs' hex).
 
 Retention: when a job ends its keys get a TTL of PID_RETENTION (unless it is pinned), its artifacts' blobs at least
 that; a blob lives at least PID_RETENTION after its last put; pinned ones have no TTL. Index entries of expired jobs

@@ -895,10 +895,10 @@ def store_url() -> str | None:
 _redis_stores: dict[tuple[int, str], Store] = {}   # one client (and connection pool) per URL and process
 
 
-def open_store(url: str | None) -> Store:
+def open_store(url: str | None, variable: str = "PID_STORE_URL") -> Store:
     """The store at `url`: None or "" -> SQLite under PID_HOME; sqlite:///ABS/PATH.db -> SQLite there;
-    redis://HOST:PORT/DB (rediss://, unix://) -> RedisStore. ValueError, with a message to show as is, for any
-    other URL."""
+    redis://HOST:PORT/DB (rediss://, unix://) -> RedisStore (one per URL and process: it holds a connection pool).
+    ValueError, with a one-line message naming `variable`, for any other URL or a bad PID_RETENTION."""
     if not url:
         from pid.config import pid_home
         return JobStore(os.path.join(pid_home(), "jobs.db"))
@@ -906,7 +906,7 @@ def open_store(url: str | None) -> Store:
     if scheme == "sqlite":
         path = url[len("sqlite://"):]
         if not path.startswith("/") or path.endswith("/"):
-            raise ValueError(f"store URL {url!r}: a SQLite store is named by an absolute file path, "
+            raise ValueError(f"{variable}={url}: a SQLite store is named by an absolute file path, "
                              "sqlite:///ABS/PATH.db")
         return JobStore(path)
     if scheme in ("redis", "rediss", "unix"):
@@ -914,14 +914,15 @@ def open_store(url: str | None) -> Store:
         store = _redis_stores.get(key)
         if store is None:
             from worker.clients import check_clients
-            check_clients({"PID_STORE_URL": url})
+            check_clients({variable: url})
             from worker.redis_store import RedisStore
             store = _redis_stores[key] = RedisStore(url)
         return store
-    raise ValueError(f"store URL {url[:200]!r} is not one pid knows: use sqlite:///ABS/PATH.db or "
-                     "redis://HOST:PORT/DB (PID_STORE_URL)")
+    shown = url[:200] if "@" not in url else scheme + "://…"   # never a password
+    raise ValueError(f"{variable}={shown}: not a store pid knows: use sqlite:///ABS/PATH.db or "
+                     "redis://HOST:PORT/DB")
 
 
 def default_store() -> Store:
     """The store named by the environment (store_url())."""
-    return open_store(store_url())
+    return open_store(store_url(), "PID_STORE_URL" if os.environ.get("PID_STORE_URL") else "PID_BROKER_URL")
