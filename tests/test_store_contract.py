@@ -571,3 +571,30 @@ def test_redis_leases_are_on_the_servers_clock_not_the_workers(redis_server, tmp
     time.sleep(0.4)
     assert [r.id for r in store.lapsed()] == [other.id] and store.claim(other.id, "h:2:y", lease_s=60)
     assert abs(store.now() - real()) < 5
+
+
+def test_redis_a_script_sent_again_after_a_lost_reply_does_not_run_twice(redis_server, tmp_path):
+    """redis-py sends a command again when the connection breaks before the reply: the second send of a claim must
+    not refuse the claimer, nor a second take_messages lose the messages."""
+    import json
+
+    from worker.redis_store import PREFIX, RedisStore
+    store = RedisStore(redis_server.url)
+    client, scripts = store._connection()
+    job = store.create(spec(tmp_path))
+
+    def send(script: str, token: str, **args: Any) -> Any:
+        return scripts[script](args=[PREFIX, str(store.retention), job.id, json.dumps(args), token], client=client)
+
+    assert send("claim", "t1", owner="a", lease_s=60) == 1
+    assert send("claim", "t1", owner="a", lease_s=60) == 1            # the same call, sent again
+    assert send("claim", "t2", owner="a", lease_s=60) == 0            # a new claim is refused
+    assert store.get(job.id).attempts == 1
+    store.post(job.id, "steer", "one")
+    taken = send("take_messages", "t3")
+    assert send("take_messages", "t3") == taken and len(taken) == 1
+    assert send("requeue", "t4", owner="a", lapsed_only=False, handback=True, turns=1, tool_calls=1, usage=None,
+                cancelled_status="cancelled") == b"queued"
+    assert send("requeue", "t4", owner="a", lapsed_only=False, handback=True, turns=1, tool_calls=1, usage=None,
+                cancelled_status="cancelled") == b"queued"
+    assert store.get(job.id).handbacks == 1

@@ -48,7 +48,7 @@ PREFIX = "pid:"
 UPLOAD_TTL_S = 3600    # an upload's temporary key vanishes an hour after its writer stopped sending
 
 # Shared by the scripts. ARGV[1]: the key prefix, ARGV[2]: the retention (s), ARGV[3]: the job id, ARGV[4]: the
-# operation's arguments as a JSON object (null: None). Times are written "%.6f".
+# operation's arguments as a JSON object (null: None), ARGV[5]: the call's token (_ONCE). Times are written "%.6f".
 _PRELUDE = r"""
 local P, RET, ID = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local A = cjson.decode(ARGV[4])
@@ -339,6 +339,22 @@ return 1
 """,
 }
 
+# redis-py sends a command again when the connection breaks before its reply (its default Retry): a script that
+# ran but whose reply was lost would run twice (a claim refused to its own claimer, messages taken twice, i.e. lost).
+# So each call of a script that writes carries a token (ARGV[5]); its result is kept under done:{token} for ten
+# minutes and a second run with that token returns it without doing anything.
+_ONCE = r"""
+local DONE = P .. 'done:' .. ARGV[5]
+local prior = redis.call('GET', DONE)
+if prior then return cjson.decode(prior)[1] end
+local result = (function()
+%s
+end)()
+redis.call('SET', DONE, cjson.encode({result}), 'EX', 600)
+return result
+"""
+_READ_ONLY = {"controls"}
+
 # Fields of a record that are numbers; the others are strings (absent: None).
 _FLOATS = ("lease_until", "created_at", "started_at", "finished_at", "updated_at", "claimed_at", "dispatched_at",
            "undispatched_since")
@@ -371,7 +387,8 @@ class RedisStore:
         state = self._state
         if state is None or state[0] != os.getpid():
             client = redis.Redis.from_url(self.url, socket_connect_timeout=10, health_check_interval=30)
-            scripts = {name: client.register_script(_PRELUDE + body) for name, body in _SCRIPTS.items()}
+            scripts = {name: client.register_script(_PRELUDE + (body if name in _READ_ONLY else _ONCE % body))
+                       for name, body in _SCRIPTS.items()}
             state = self._state = (os.getpid(), client, scripts)
         return state[1], state[2]
 
@@ -383,7 +400,8 @@ class RedisStore:
 
     def _run(self, script: str, job_id: str = "", /, **args: Any) -> Any:
         client, scripts = self._connection()
-        return scripts[script](args=[PREFIX, str(self.retention), job_id, json.dumps(args)], client=client)
+        return scripts[script](args=[PREFIX, str(self.retention), job_id, json.dumps(args), uuid.uuid4().hex],
+                               client=client)
 
     def close(self) -> None:
         if self._state is not None and self._state[0] == os.getpid():
