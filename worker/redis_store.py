@@ -2,14 +2,16 @@
 several machines that share nothing but a Redis.
 
 Atomicity: every operation that reads a job's state and changes it is one Lua script (redis-py `register_script`),
-which Redis runs alone: a claim, a renewal, a finish, a requeue can never interleave with another. Reads that only
-read (get, list, lapsed, to_dispatch, workers) are plain or MULTI reads; whoever acts on what they return does so
-through a script that checks again.
+which Redis runs alone: a claim, a renewal, a finish, a requeue can never interleave with another; a script sent
+again by redis-py after a lost reply does not run twice (_ONCE). Reads that only read (get, list, lapsed,
+to_dispatch, workers) are plain commands or pipelines; whoever acts on what they return does so through a script
+that checks again. A blob appears by one RENAME of its finished upload.
 
 Time: the Redis server's clock (TIME, called inside the scripts), never the client's. A lease is granted, renewed
 and found lapsed by one clock whatever the workers' clocks say, so a machine whose clock runs ahead cannot take a
 live job nor keep a lapsed one. Every time in a record (created_at, lease_until, finished_at ...) is on that clock;
-`now()` reads it for callers that compare.
+`now()` reads it for callers that compare (the sweeper, the reconciler). Needs Redis >= 7 (scripts that write after
+TIME; EXPIRE ... GT).
 
 Keys (all under PREFIX "pid:"): job:{id} (a hash: the record's fields, as strings; an absent field is None),
 inbox:{id} (a list of [kind, text]), events:{id} (a stream, ids "<n>-0"), evseq:{id}, artifacts:{id} (a hash name ->
@@ -33,6 +35,7 @@ import builtins
 import hashlib
 import json
 import os
+import time
 import uuid
 from typing import Any, BinaryIO, Iterator
 from urllib.parse import urlsplit, urlunsplit
@@ -45,6 +48,7 @@ from worker.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BlobMissing, 
                           WorkerBeat, blob_hex, check_artifact_name, retention_s, sum_usage)
 
 PREFIX = "pid:"
+SOCKET_TIMEOUT_S = 60  # a Redis that stopped answering is an error, not a hang (a blocking read waits less)
 UPLOAD_TTL_S = 3600    # an upload's temporary key vanishes an hour after its writer stopped sending
 
 # Shared by the scripts. ARGV[1]: the key prefix, ARGV[2]: the retention (s), ARGV[3]: the job id, ARGV[4]: the
@@ -67,7 +71,7 @@ local function move(old, new)
     redis.call('HSET', K, 'status', new)
   end
 end
--- A job has just ended: its key goes, its data expires (unless pinned), its artifacts' blobs live as long at least.
+-- A job has just ended: its API key goes, its data expires (unless pinned), its artifacts' blobs live as long at least.
 local function ended(t)
   redis.call('ZADD', P .. 'ended', t, ID)
   redis.call('DEL', P .. 'secret:' .. ID)
@@ -386,7 +390,8 @@ class RedisStore:
         have copied held (two threads of a child racing here make two clients: harmless, one is kept)."""
         state = self._state
         if state is None or state[0] != os.getpid():
-            client = redis.Redis.from_url(self.url, socket_connect_timeout=10, health_check_interval=30)
+            client = redis.Redis.from_url(self.url, socket_connect_timeout=10, socket_timeout=SOCKET_TIMEOUT_S,
+                                          socket_keepalive=True, health_check_interval=30)
             scripts = {name: client.register_script(_PRELUDE + (body if name in _READ_ONLY else _ONCE % body))
                        for name, body in _SCRIPTS.items()}
             state = self._state = (os.getpid(), client, scripts)
@@ -683,8 +688,13 @@ class RedisStore:
                wait_s: float = 0) -> "builtins.list[tuple[int, dict[str, Any]]]":
         """The job's events numbered above `after`, oldest first; with wait_s, waits that long (XREAD BLOCK) for
         one when there is none yet."""
-        block = max(1, int(wait_s * 1000)) if wait_s > 0 else None
-        replies = self._r.xread({PREFIX + "events:" + job_id: f"{int(after)}-0"}, block=block)
+        deadline = time.monotonic() + wait_s
+        while True:
+            left = deadline - time.monotonic()
+            block = max(1, int(min(left, SOCKET_TIMEOUT_S / 2) * 1000)) if left > 0 else None
+            replies = self._r.xread({PREFIX + "events:" + job_id: f"{int(after)}-0"}, block=block)
+            if replies or deadline - time.monotonic() <= 0:
+                break
         found = []
         for _stream, entries in replies or []:
             for entry_id, fields in entries:
