@@ -30,6 +30,12 @@ def _store(env: dict[str, str]) -> JobStore:
     return JobStore(os.path.join(env["PID_HOME"], "jobs.db"))
 
 
+def _local_store(pid_env: dict[str, str]) -> dict[str, str]:
+    """These tests are about the broker: the job store stays SQLite under PID_HOME (a Redis broker would otherwise
+    be the store too, worker/store.py: store_url)."""
+    return {"PID_STORE_URL": "sqlite://" + os.path.join(os.path.abspath(pid_env["PID_HOME"]), "jobs.db")}
+
+
 def _wait_ended(store: JobStore, job_ids: list[str], logs: list[Path], timeout: float) -> None:
     deadline = time.time() + timeout
     while True:
@@ -138,7 +144,8 @@ def _messages_lost(*logs: Path) -> int:
 def test_redis_killed_and_restarted_empty_mid_batch_every_job_completes_exactly_once(
         redis_server, run_pid, pid_env, sample_repo, tmp_path):
     """kill -9 and an empty restart lose every message Redis held: the reconciler dispatches those jobs again."""
-    env = {**pid_env, "PID_BROKER_URL": redis_server.url, "PID_SWEEP_S": "1", "PID_RECONCILE_S": "8"}
+    env = {**pid_env, "PID_BROKER_URL": redis_server.url, "PID_SWEEP_S": "1", "PID_RECONCILE_S": "8",
+           **_local_store(pid_env)}
     store = _store(env)
     model = JobsModel(long_command="sleep 8")
     logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
@@ -172,7 +179,7 @@ def test_redis_down_while_a_lost_job_is_put_back_then_back_the_job_completes(
         redis_server, run_pid, pid_env, sample_repo, tmp_path):
     """A worker SIGKILLed while Redis is down: its job goes back to the queue but cannot be dispatched; once Redis is
     back the reconciler dispatches it and it completes, once."""
-    env = {**pid_env, "PID_BROKER_URL": redis_server.url, "PID_SWEEP_S": "1"}
+    env = {**pid_env, "PID_BROKER_URL": redis_server.url, "PID_SWEEP_S": "1", **_local_store(pid_env)}
     store = _store(env)
     model = JobsModel(long_command="sleep 60")
     logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
@@ -208,7 +215,7 @@ def test_redis_down_while_a_lost_job_is_put_back_then_back_the_job_completes(
 
 def test_flower_lists_a_pid_jobs_task(redis_server, run_pid, pid_env, sample_repo, tmp_path):
     """The command the README gives: Flower on the broker, a `pid worker --events`; Flower's API lists the job."""
-    env = {**pid_env, "PID_BROKER_URL": redis_server.url}
+    env = {**pid_env, "PID_BROKER_URL": redis_server.url, **_local_store(pid_env)}
     port = free_port()
     flower_log = tmp_path / "flower.log"
     with open(flower_log, "w") as out:
