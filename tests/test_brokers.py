@@ -21,7 +21,7 @@ from tests.brokers import free_port
 from tests.conftest import start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
 from tests.test_worker_chaos import JobsModel, _submit, _wait_running_tool
-from worker.store import JobStore
+from worker.store import JobStore, Store
 
 pytestmark = pytest.mark.docker
 
@@ -36,7 +36,7 @@ def _local_store(pid_env: dict[str, str]) -> dict[str, str]:
     return {"PID_STORE_URL": "sqlite://" + os.path.join(os.path.abspath(pid_env["PID_HOME"]), "jobs.db")}
 
 
-def _wait_ended(store: JobStore, job_ids: list[str], logs: list[Path], timeout: float) -> None:
+def _wait_ended(store: Store, job_ids: list[str], logs: list[Path], timeout: float) -> None:
     deadline = time.time() + timeout
     while True:
         records = [store.get(j) for j in job_ids]
@@ -49,7 +49,7 @@ def _wait_ended(store: JobStore, job_ids: list[str], logs: list[Path], timeout: 
         time.sleep(0.5)
 
 
-def _all_completed_once(store: JobStore, job_ids: list[str], model: JobsModel) -> list:
+def _all_completed_once(store: Store, job_ids: list[str], model: JobsModel) -> list:
     records = [store.get(j) for j in job_ids]
     assert [(r.status, r.exit_reason) for r in records] == [("completed", "stop")] * len(job_ids), \
         [(r.id, r.status, r.exit_reason, r.error) for r in records]
@@ -209,6 +209,27 @@ def test_redis_down_while_a_lost_job_is_put_back_then_back_the_job_completes(
     assert runs_while_down == 1   # nothing ran while Redis was down
     record = _all_completed_once(store, [job_id], model)[0]
     assert record.attempts == 2 and len(model.attempts["chaos-0"]) == 2
+
+
+def test_a_redis_broker_is_the_job_store_too(redis_server, run_pid, pid_env, sample_repo, tmp_path):
+    """No PID_STORE_URL: the broker's Redis holds the jobs (worker/redis_store.py); no database under PID_HOME."""
+    from worker.redis_store import RedisStore
+    env = {**pid_env, "PID_BROKER_URL": redis_server.url, "PID_SWEEP_S": "1"}
+    store = RedisStore(redis_server.url)
+    model = JobsModel(long_command="true")
+    log = tmp_path / "w.log"
+    with ScriptedLLM(responder=model) as llm:
+        worker = start_worker(env, tmp_path, log, concurrency=2)
+        try:
+            jobs = [_submit(run_pid, env, sample_repo, llm, tmp_path / "out", n) for n in range(3)]
+            _wait_ended(store, jobs, [log], timeout=120)
+            listed = run_pid("list", env=env)
+            assert [w.concurrency for w in store.workers(alive_within_s=30)] == [2]
+        finally:
+            stop_worker(worker)
+    assert listed.code == 0 and all(j in listed.stdout for j in jobs), listed
+    _all_completed_once(store, jobs, model)
+    assert not os.path.exists(os.path.join(pid_env["PID_HOME"], "jobs.db"))
 
 
 # -- Flower ---------------------------------------------------------------------------------------------------------
