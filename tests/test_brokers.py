@@ -21,7 +21,7 @@ from tests.brokers import free_port
 from tests.conftest import start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
 from tests.test_worker_chaos import JobsModel, _submit, _wait_running_tool
-from worker.store import JobStore
+from worker.store import JobStore, Store
 
 pytestmark = pytest.mark.docker
 
@@ -30,7 +30,13 @@ def _store(env: dict[str, str]) -> JobStore:
     return JobStore(os.path.join(env["PID_HOME"], "jobs.db"))
 
 
-def _wait_ended(store: JobStore, job_ids: list[str], logs: list[Path], timeout: float) -> None:
+def _local_store(pid_env: dict[str, str]) -> dict[str, str]:
+    """These tests are about the broker: the job store stays SQLite under PID_HOME (a Redis broker would otherwise
+    be the store too, worker/store.py: store_url)."""
+    return {"PID_STORE_URL": "sqlite://" + os.path.join(os.path.abspath(pid_env["PID_HOME"]), "jobs.db")}
+
+
+def _wait_ended(store: Store, job_ids: list[str], logs: list[Path], timeout: float) -> None:
     deadline = time.time() + timeout
     while True:
         records = [store.get(j) for j in job_ids]
@@ -43,7 +49,7 @@ def _wait_ended(store: JobStore, job_ids: list[str], logs: list[Path], timeout: 
         time.sleep(0.5)
 
 
-def _all_completed_once(store: JobStore, job_ids: list[str], model: JobsModel) -> list:
+def _all_completed_once(store: Store, job_ids: list[str], model: JobsModel) -> list:
     records = [store.get(j) for j in job_ids]
     assert [(r.status, r.exit_reason) for r in records] == [("completed", "stop")] * len(job_ids), \
         [(r.id, r.status, r.exit_reason, r.error) for r in records]
@@ -138,7 +144,8 @@ def _messages_lost(*logs: Path) -> int:
 def test_redis_killed_and_restarted_empty_mid_batch_every_job_completes_exactly_once(
         redis_server, run_pid, pid_env, sample_repo, tmp_path):
     """kill -9 and an empty restart lose every message Redis held: the reconciler dispatches those jobs again."""
-    env = {**pid_env, "PID_BROKER_URL": redis_server.url, "PID_SWEEP_S": "1", "PID_RECONCILE_S": "8"}
+    env = {**pid_env, "PID_BROKER_URL": redis_server.url, "PID_SWEEP_S": "1", "PID_RECONCILE_S": "8",
+           **_local_store(pid_env)}
     store = _store(env)
     model = JobsModel(long_command="sleep 8")
     logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
@@ -172,7 +179,7 @@ def test_redis_down_while_a_lost_job_is_put_back_then_back_the_job_completes(
         redis_server, run_pid, pid_env, sample_repo, tmp_path):
     """A worker SIGKILLed while Redis is down: its job goes back to the queue but cannot be dispatched; once Redis is
     back the reconciler dispatches it and it completes, once."""
-    env = {**pid_env, "PID_BROKER_URL": redis_server.url, "PID_SWEEP_S": "1"}
+    env = {**pid_env, "PID_BROKER_URL": redis_server.url, "PID_SWEEP_S": "1", **_local_store(pid_env)}
     store = _store(env)
     model = JobsModel(long_command="sleep 60")
     logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
@@ -204,11 +211,32 @@ def test_redis_down_while_a_lost_job_is_put_back_then_back_the_job_completes(
     assert record.attempts == 2 and len(model.attempts["chaos-0"]) == 2
 
 
+def test_a_redis_broker_is_the_job_store_too(redis_server, run_pid, pid_env, sample_repo, tmp_path):
+    """No PID_STORE_URL: the broker's Redis holds the jobs (worker/redis_store.py); no database under PID_HOME."""
+    from worker.redis_store import RedisStore
+    env = {**pid_env, "PID_BROKER_URL": redis_server.url, "PID_SWEEP_S": "1"}
+    store = RedisStore(redis_server.url)
+    model = JobsModel(long_command="true")
+    log = tmp_path / "w.log"
+    with ScriptedLLM(responder=model) as llm:
+        worker = start_worker(env, tmp_path, log, concurrency=2)
+        try:
+            jobs = [_submit(run_pid, env, sample_repo, llm, tmp_path / "out", n) for n in range(3)]
+            _wait_ended(store, jobs, [log], timeout=120)
+            listed = run_pid("list", env=env)
+            assert [w.concurrency for w in store.workers(alive_within_s=30)] == [2]
+        finally:
+            stop_worker(worker)
+    assert listed.code == 0 and all(j in listed.stdout for j in jobs), listed
+    _all_completed_once(store, jobs, model)
+    assert not os.path.exists(os.path.join(pid_env["PID_HOME"], "jobs.db"))
+
+
 # -- Flower ---------------------------------------------------------------------------------------------------------
 
 def test_flower_lists_a_pid_jobs_task(redis_server, run_pid, pid_env, sample_repo, tmp_path):
     """The command the README gives: Flower on the broker, a `pid worker --events`; Flower's API lists the job."""
-    env = {**pid_env, "PID_BROKER_URL": redis_server.url}
+    env = {**pid_env, "PID_BROKER_URL": redis_server.url, **_local_store(pid_env)}
     port = free_port()
     flower_log = tmp_path / "flower.log"
     with open(flower_log, "w") as out:

@@ -19,7 +19,7 @@ from pid import events as ev
 from pid.tools.summary import summarize_call
 from pid.agent import Agent
 from pid.messages import AssistantMessage, Usage
-from worker.store import JobStore
+from worker.store import Store
 
 log = logging.getLogger("pid.worker")
 
@@ -109,7 +109,7 @@ class ControlRelay:
     """A thread beside the running job: renews the lease, carries the store's controls to the agent, records
     progress."""
 
-    def __init__(self, store: JobStore, job_id: str, owner: str) -> None:
+    def __init__(self, store: Store, job_id: str, owner: str) -> None:
         self.store, self.job_id, self.owner = store, job_id, owner
         self.cancel = threading.Event()
         self.progress = Progress()
@@ -226,7 +226,7 @@ def with_earlier_attempts(result: dict[str, Any], earlier: list[dict[str, Any]])
     result["usage"] = sum_usage(*(a.get("usage") or {} for a in result["per_attempt"]))
 
 
-def record_end(store: JobStore, job_id: str, owner: str, result: dict[str, Any], attempts: int = 6) -> None:
+def record_end(store: Store, job_id: str, owner: str, result: dict[str, Any], attempts: int = 6) -> None:
     """The job's ending must reach the store, or the sweeper would run a finished job again: retry a busy store."""
     for attempt in range(attempts):
         try:
@@ -247,7 +247,7 @@ class ForegroundJob:
     terminal. Its process is its only worker: if it dies the job is never dispatched again, the next sweep ends it.
     A store that cannot be written costs those controls, never the run (one warning)."""
 
-    def __init__(self, store: JobStore | None, relay: ControlRelay | None) -> None:
+    def __init__(self, store: Store | None, relay: ControlRelay | None) -> None:
         self.store, self.relay = store, relay
         self.cancel = relay.cancel if relay else threading.Event()
 

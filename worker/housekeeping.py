@@ -19,7 +19,7 @@ import time
 from typing import Callable
 
 from pid.config import pid_home
-from worker.store import JobRecord, JobStore
+from worker.store import JobRecord, Store
 
 log = logging.getLogger("pid.worker")
 
@@ -39,7 +39,7 @@ def boot_id() -> str | None:
         return None
 
 
-def reconcile(store: JobStore, on_end: Callable[[JobRecord], None] | None = None,
+def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
               dispatch: Callable[..., bool] | None = None) -> list[str]:
     """Dispatch the queued jobs that need a message (with `dispatch`, worker.tasks.dispatch by default); end those
     that could not be dispatched for DISPATCH_GIVE_UP_S. Returns the ids dispatched."""
@@ -47,7 +47,7 @@ def reconcile(store: JobStore, on_end: Callable[[JobRecord], None] | None = None
     if dispatch is None:
         from worker import tasks
         dispatch = tasks.dispatch
-    now = time.time()
+    now = store.now()   # the clock the store's times are on
     idle = any(w.free_since is not None and w.free_since < now - RECONCILE_S
                for w in store.workers(alive_within_s=ALIVE_WITHIN_S))
     dispatched = []
@@ -105,7 +105,7 @@ class Housekeeping:
             if self._stop.wait(EVERY_S):
                 return
 
-    def once(self, store: JobStore) -> None:
+    def once(self, store: Store) -> None:
         from worker.sweep import sweep
         steps: list[tuple[str, Callable[[], object]]] = [
             ("recording this worker's heartbeat", lambda: store.beat(

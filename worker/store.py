@@ -6,18 +6,25 @@ its process is gone) is put back in the queue by the sweeper (worker/sweep.py), 
 queued job was dispatched so that one whose message was lost is dispatched again (worker/housekeeping.py). Workers
 record a heartbeat here too. SQLite (WAL) under PID_HOME: one file, no server, safe across the worker's processes
 on one machine, and across fork(): a fork waits until no thread of the process is inside SQLite.
+
+Across machines the same interface (`Store`, below) is served by Redis (worker/redis_store.py); `open_store` picks
+one from PID_STORE_URL. Besides the jobs, a store keeps content-addressed blobs, each job's events, artifacts and
+API key (for the life of the job), and forgets ended jobs after a retention period (PID_RETENTION).
 """
 from __future__ import annotations
 
 import builtins
+import hashlib
 import json
 import os
+import re
 import sqlite3
 import threading
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Iterator, Protocol
 
 from pid.endings import TERMINAL_STATUSES, ExitReason, status_of
 from worker.jobs import JobSpec
@@ -71,14 +78,93 @@ CREATE TABLE IF NOT EXISTS inbox (
   delivered INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS inbox_job ON inbox(job_id, delivered);
+CREATE TABLE IF NOT EXISTS events (
+  job_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,            -- 1, 2, ... per job; the newest EVENTS_KEPT are kept
+  data TEXT NOT NULL,              -- the event (JSON)
+  PRIMARY KEY (job_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS artifacts (
+  job_id TEXT NOT NULL,
+  name TEXT NOT NULL,
+  digest TEXT NOT NULL,            -- its content: a blob
+  size INTEGER NOT NULL,
+  PRIMARY KEY (job_id, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS secrets (
+  job_id TEXT PRIMARY KEY,         -- a job's API key, for the life of the job only
+  api_key TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS blob_pins (
+  digest TEXT PRIMARY KEY          -- blobs that prune() keeps whatever their age
+);
+CREATE TRIGGER IF NOT EXISTS jobs_end_forget_secret AFTER UPDATE OF status ON jobs
+  WHEN NEW.status NOT IN ('queued', 'running')
+  BEGIN DELETE FROM secrets WHERE job_id = NEW.id; END;
 """
 
 # Columns added after the first release: a store made by an older pid gets them on open.
 ADDED_COLUMNS = {"kind": "TEXT NOT NULL DEFAULT 'worker'", "usage": "TEXT", "earlier": "TEXT", "activity": "TEXT",
                  "last_tool": "TEXT", "updated_at": "REAL", "claimed_at": "REAL",
                  "handbacks": "INTEGER NOT NULL DEFAULT 0", "dispatched_at": "REAL", "dispatch_error": "TEXT",
-                 "undispatched_since": "REAL"}
+                 "undispatched_since": "REAL", "pinned": "INTEGER NOT NULL DEFAULT 0"}
 USAGE_KEYS = ("input", "output", "cache_read", "cache_write", "total_tokens")
+
+EVENTS_KEPT = 10_000                    # per job: older events are dropped
+ARTIFACT_LIMIT = 256 * 1024 * 1024      # bytes per artifact, by default
+BLOB_CHUNK = 1024 * 1024                # the unit blobs are streamed (and, in Redis, stored) in
+DEFAULT_RETENTION_S = 7 * 86400
+_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", re.IGNORECASE)
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class BlobMissing(KeyError):
+    """No blob (or artifact) by that name: never stored, or expired."""
+
+
+class TooLarge(ValueError):
+    """An artifact over its size limit: nothing was stored."""
+
+
+def retention_s(value: str | None = None) -> float:
+    """PID_RETENTION (or `value`): seconds, or a number with a unit s/m/h/d/w ("7d"); 7 days when unset. How long
+    an ended job (its record, events and artifacts) and an unpinned blob are kept."""
+    raw = os.environ.get("PID_RETENTION") if value is None else value
+    if not raw:
+        return DEFAULT_RETENTION_S
+    m = _DURATION.fullmatch(raw)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"PID_RETENTION={raw!r} is not a duration: give seconds or e.g. 12h, 7d, 2w")
+    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def blob_hex(digest: str) -> str:
+    """The hex part of "sha256:<64 hex>", or ValueError: digests name files and keys, so they are checked."""
+    m = _DIGEST.fullmatch(digest)
+    if not m:
+        raise ValueError(f"not a blob digest (sha256:<64 lowercase hex>): {digest[:80]!r}")
+    return m.group(1)
+
+
+def check_artifact_name(name: str) -> None:
+    """A name is a label (often a relative path), never used as a path by the store itself."""
+    if not name or "\0" in name or len(name.encode("utf-8", "surrogateescape")) > 4096:
+        raise ValueError(f"bad artifact name: {name[:80]!r}")
+
+
+class Capped:
+    """A stream that raises TooLarge once more than `limit` bytes have been read from it."""
+
+    def __init__(self, stream: BinaryIO, limit: int, what: str) -> None:
+        self.stream, self.limit, self.what, self.read_bytes = stream, limit, what, 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.stream.read(n if n is not None and n >= 0 else self.limit + 1)
+        self.read_bytes += len(data)
+        if self.read_bytes > self.limit:
+            raise TooLarge(f"{self.what} is larger than its limit of {self.limit} bytes")
+        return data
 
 
 @dataclass
@@ -169,6 +255,66 @@ class WorkerBeat:
     beat_at: float
 
 
+class Store(Protocol):
+    """What pid asks of its job store. Two implementations with the same semantics (tests/test_store_contract.py):
+    JobStore (SQLite under PID_HOME, one machine) and worker.redis_store.RedisStore (a cluster). Times in records
+    come from the store's clock (`now()`); compare them with that, not with the caller's."""
+
+    path: str   # where the store is, for messages (a file, or a Redis URL without its password)
+
+    def now(self) -> float: ...
+    # jobs
+    def create(self, spec: JobSpec, kind: str = "worker") -> JobRecord: ...
+    def get(self, job_id: str) -> JobRecord | None: ...
+    def list(self, limit: int = 50, status: str | None = None) -> "builtins.list[JobRecord]": ...
+    def claim(self, job_id: str, owner: str, lease_s: float) -> bool: ...
+    def renew(self, job_id: str, owner: str, lease_s: float) -> bool: ...
+    def progress(self, job_id: str, owner: str, turns: int, tool_calls: int, usage: dict[str, Any] | None = None,
+                 activity: str | None = None, last_tool: str | None = None, lease_s: float | None = None) -> bool: ...
+    def controls(self, job_id: str, owner: str) -> Controls | None: ...
+    def finish(self, job_id: str, exit_reason: ExitReason, *, owner: str | None = None, error: str | None = None,
+               turns: int | None = None, tool_calls: int | None = None, usage: dict[str, Any] | None = None,
+               lapsed_only: bool = False) -> bool: ...
+    def request_cancel(self, job_id: str) -> str | None: ...
+    def finish_if_queued(self, job_id: str, exit_reason: ExitReason) -> bool: ...
+    def set_paused(self, job_id: str, paused: bool) -> bool: ...
+    def post(self, job_id: str, kind: str, text: str) -> bool: ...
+    def take_messages(self, job_id: str) -> "builtins.list[tuple[str, str]]": ...
+    def lapsed(self) -> "builtins.list[JobRecord]": ...
+    def suspects(self, host: str | None) -> "builtins.list[JobRecord]": ...
+    def requeue(self, job_id: str, owner: str | None = None, lapsed_only: bool = True) -> bool: ...
+    def hand_back(self, job_id: str, owner: str, turns: int, tool_calls: int,
+                  usage: dict[str, Any] | None) -> str | None: ...
+    def pin_job(self, job_id: str) -> bool: ...
+    # dispatch records
+    def mark_dispatched(self, job_id: str, previous: float | None = None, *, only_if: bool = False) -> bool: ...
+    def mark_published(self, job_id: str) -> None: ...
+    def mark_undispatched(self, job_id: str, error: str) -> None: ...
+    def to_dispatch(self, stale_before: float | None) -> "builtins.list[JobRecord]": ...
+    # worker heartbeats
+    def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
+             taking_jobs: bool) -> None: ...
+    def forget_worker(self, node: str) -> None: ...
+    def forget_silent_workers(self, silent_s: float = 86400) -> None: ...
+    def workers(self, alive_within_s: float | None = None) -> "builtins.list[WorkerBeat]": ...
+    # blobs: content-addressed, "sha256:<hex>"
+    def put_blob(self, stream: BinaryIO) -> str: ...
+    def put_blob_file(self, path: str, digest: str | None = None) -> str: ...
+    def has_blob(self, digest: str) -> bool: ...
+    def open_blob(self, digest: str) -> Iterator[bytes]: ...
+    def pin_blob(self, digest: str) -> bool: ...
+    # per job: events, artifacts, API key
+    def append_event(self, job_id: str, event: dict[str, Any]) -> int: ...
+    def events(self, job_id: str, after: int = 0, wait_s: float = 0) -> "builtins.list[tuple[int, dict[str, Any]]]": ...
+    def put_artifact(self, job_id: str, name: str, stream: BinaryIO, limit: int = ARTIFACT_LIMIT) -> str: ...
+    def artifact_names(self, job_id: str) -> "builtins.list[str]": ...
+    def open_artifact(self, job_id: str, name: str) -> Iterator[bytes]: ...
+    def set_secret(self, job_id: str, api_key: str) -> bool: ...
+    def secret(self, job_id: str) -> str | None: ...
+    # retention
+    def prune(self) -> dict[str, int]: ...
+
+
 # SQLite's state must not be copied mid-operation into a forked child (its mutexes, a half-done write): every
 # store operation holds this lock, and a fork in this process waits for it.
 _fork_guard = threading.RLock()
@@ -200,8 +346,13 @@ def _wal(db: sqlite3.Connection) -> None:
 
 
 class JobStore:
-    def __init__(self, path: str) -> None:
+    """The SQLite store (see the module's docstring); blobs are files under blobs/ next to the database."""
+
+    def __init__(self, path: str, retention: float | None = None) -> None:
         self.path = path
+        self.blob_dir = os.path.join(os.path.dirname(os.path.abspath(path)), "blobs")
+        self.retention = retention          # None: PID_RETENTION, read by prune()
+        self.events_kept = EVENTS_KEPT
         self._local = threading.local()
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with self._db() as db:
@@ -247,6 +398,10 @@ class JobStore:
                 self._local.db = None
                 held[1].close()
                 raise
+
+    def now(self) -> float:
+        """The store's clock: this machine's."""
+        return time.time()
 
     def create(self, spec: JobSpec, kind: str = "worker") -> JobRecord:
         """A queued job, not yet dispatched. kind "run" is a foreground `pid run`: its process is its only worker."""
@@ -508,6 +663,197 @@ class JobStore:
             rows = db.execute(sql + " ORDER BY started_at", args).fetchall()
         return [WorkerBeat(**{k: r[k] for k in r.keys()}) for r in rows]
 
+    # -- retention -------------------------------------------------------------------------------------------------
+
+    def pin_job(self, job_id: str) -> bool:
+        """Keep this job (record, events, artifacts and their blobs) past the retention period."""
+        with self._db() as db:
+            return db.execute("UPDATE jobs SET pinned = 1 WHERE id = ?", (job_id,)).rowcount == 1
+
+    def prune(self) -> dict[str, int]:
+        """Forget what retention lets go: jobs ended longer than PID_RETENTION ago (unless pinned) with their
+        messages, events, artifacts and key, and blobs not stored since then that no artifact names nor a pin keeps.
+        Housekeeping calls it; returns what was removed."""
+        cutoff = time.time() - (self.retention if self.retention is not None else retention_s())
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                jobs = db.execute("DELETE FROM jobs WHERE status NOT IN ('queued', 'running') AND pinned = 0 "
+                                  "AND COALESCE(finished_at, created_at) < ?", (cutoff,)).rowcount
+                for table in ("inbox", "events", "artifacts", "secrets"):
+                    db.execute(f"DELETE FROM {table} WHERE job_id NOT IN (SELECT id FROM jobs)")
+                keep = {row[0] for row in db.execute("SELECT digest FROM artifacts UNION SELECT digest FROM blob_pins")}
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        blobs = 0
+        try:
+            entries = list(os.scandir(self.blob_dir))
+        except FileNotFoundError:
+            entries = []
+        for entry in entries:
+            try:
+                if entry.name.startswith(".tmp-"):   # an upload that died: no live one takes a day
+                    if entry.stat().st_mtime < time.time() - 86400:
+                        os.unlink(entry.path)
+                elif "sha256:" + entry.name not in keep and entry.stat().st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    blobs += 1
+            except FileNotFoundError:
+                pass
+        return {"jobs": jobs, "blobs": blobs}
+
+    # -- blobs: files under blobs/, named by their SHA-256; written to a temporary file and renamed when whole ------
+
+    def _blob_path(self, digest: str) -> str:
+        return os.path.join(self.blob_dir, blob_hex(digest))
+
+    def put_blob(self, stream: BinaryIO) -> str:
+        """Store what `stream` holds (read in chunks, never whole in memory); returns its "sha256:<hex>". A reader
+        never sees part of a blob: it appears under its name only when complete. Storing one that exists again
+        only renews its age."""
+        os.makedirs(self.blob_dir, exist_ok=True)
+        tmp = os.path.join(self.blob_dir, f".tmp-{uuid.uuid4().hex}")
+        sha = hashlib.sha256()
+        try:
+            with open(tmp, "wb") as f:
+                while chunk := stream.read(BLOB_CHUNK):
+                    sha.update(chunk)
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            digest = "sha256:" + sha.hexdigest()
+            final = self._blob_path(digest)
+            if os.path.exists(final):
+                os.unlink(tmp)
+                os.utime(final)
+            else:
+                os.replace(tmp, final)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        return digest
+
+    def put_blob_file(self, path: str, digest: str | None = None) -> str:
+        """A file as a blob. With its digest known, a blob already stored is not read nor sent again (its age is
+        renewed). ValueError if the file's content does not match `digest`."""
+        if digest is not None and self.has_blob(digest):
+            try:
+                os.utime(self._blob_path(digest))
+                return digest
+            except FileNotFoundError:   # pruned just now
+                pass
+        with open(path, "rb") as f:
+            stored = self.put_blob(f)
+        if digest is not None and stored != digest:
+            raise ValueError(f"{path}: its content is {stored}, not {digest}")
+        return stored
+
+    def has_blob(self, digest: str) -> bool:
+        return os.path.exists(self._blob_path(digest))
+
+    def open_blob(self, digest: str) -> Iterator[bytes]:
+        """The blob's bytes, in chunks; BlobMissing (now, not on first read) if there is none."""
+        try:
+            f = open(self._blob_path(digest), "rb")
+        except FileNotFoundError:
+            raise BlobMissing(digest) from None
+        return _file_chunks(f)
+
+    def pin_blob(self, digest: str) -> bool:
+        """Keep a blob past the retention period (False: no such blob)."""
+        if not self.has_blob(digest):
+            return False
+        with self._db() as db:
+            db.execute("INSERT OR IGNORE INTO blob_pins (digest) VALUES (?)", (digest,))
+        return True
+
+    # -- per job: events, artifacts, API key -------------------------------------------------------------------
+
+    def append_event(self, job_id: str, event: dict[str, Any]) -> int:
+        """Add an event to the job's log; returns its number (1, 2, ...). The newest `events_kept` (EVENTS_KEPT)
+        are kept, older ones are dropped. KeyError for an unknown job."""
+        data = json.dumps(event)
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
+                    raise KeyError(job_id)
+                seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id = ?",
+                                 (job_id,)).fetchone()[0]
+                db.execute("INSERT INTO events (job_id, seq, data) VALUES (?, ?, ?)", (job_id, seq, data))
+                if seq > self.events_kept:
+                    db.execute("DELETE FROM events WHERE job_id = ? AND seq <= ?", (job_id, seq - self.events_kept))
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        return int(seq)
+
+    def events(self, job_id: str, after: int = 0,
+               wait_s: float = 0) -> "builtins.list[tuple[int, dict[str, Any]]]":
+        """The job's events numbered above `after`, oldest first; with wait_s, waits that long for one when there
+        is none yet (SQLite has no notification: it polls every 50 ms)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._reader() as db:
+                rows = db.execute("SELECT seq, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq",
+                                  (job_id, after)).fetchall()
+            left = deadline - time.monotonic()
+            if rows or left <= 0:
+                return [(r["seq"], json.loads(r["data"])) for r in rows]
+            time.sleep(min(0.05, left))
+
+    def put_artifact(self, job_id: str, name: str, stream: BinaryIO, limit: int = ARTIFACT_LIMIT) -> str:
+        """Store a file the job produced under `name` (replacing one of that name); returns its blob digest.
+        TooLarge past `limit` bytes (nothing is recorded then); KeyError for an unknown job."""
+        check_artifact_name(name)
+        with self._reader() as db:
+            if db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
+                raise KeyError(job_id)
+        capped = Capped(stream, limit, f"artifact {name!r}")
+        digest = self.put_blob(capped)   # type: ignore[arg-type]
+        with self._db() as db:
+            db.execute("INSERT OR REPLACE INTO artifacts (job_id, name, digest, size) VALUES (?, ?, ?, ?)",
+                       (job_id, name, digest, capped.read_bytes))
+        return digest
+
+    def artifact_names(self, job_id: str) -> "builtins.list[str]":
+        with self._reader() as db:
+            return [r["name"] for r in db.execute("SELECT name FROM artifacts WHERE job_id = ? ORDER BY name",
+                                                  (job_id,))]
+
+    def open_artifact(self, job_id: str, name: str) -> Iterator[bytes]:
+        """The artifact's bytes in chunks; BlobMissing if the job has none by that name."""
+        with self._reader() as db:
+            row = db.execute("SELECT digest FROM artifacts WHERE job_id = ? AND name = ?", (job_id, name)).fetchone()
+        if row is None:
+            raise BlobMissing(f"{job_id}: {name}")
+        return self.open_blob(row["digest"])
+
+    def set_secret(self, job_id: str, api_key: str) -> bool:
+        """The job's API key, kept only while it is queued or running (its end deletes it: a trigger); never in
+        its record. False if the job is unknown or ended."""
+        with self._db() as db:
+            return db.execute("INSERT OR REPLACE INTO secrets (job_id, api_key) SELECT ?, ? WHERE EXISTS "
+                              "(SELECT 1 FROM jobs WHERE id = ? AND status IN ('queued', 'running'))",
+                              (job_id, api_key, job_id)).rowcount == 1
+
+    def secret(self, job_id: str) -> str | None:
+        with self._db() as db:
+            row = db.execute("SELECT api_key FROM secrets WHERE job_id = ?", (job_id,)).fetchone()
+        return row["api_key"] if row else None
+
+
+def _file_chunks(f: BinaryIO) -> Iterator[bytes]:
+    with f:
+        while chunk := f.read(BLOB_CHUNK):
+            yield chunk
+
 
 def _take(db: sqlite3.Connection, job_id: str, owner: str, now: float, lease_s: float) -> bool:
     """claim's body, inside its transaction."""
@@ -536,6 +882,47 @@ def _record(row: sqlite3.Row) -> JobRecord:
                      row["undispatched_since"])
 
 
-def default_store() -> JobStore:
-    from pid.config import pid_home
-    return JobStore(os.path.join(pid_home(), "jobs.db"))
+def store_url() -> str | None:
+    """The store pid uses: PID_STORE_URL; else the broker's Redis when PID_BROKER_URL is one (a cluster needs one
+    store, and a Redis broker is one every machine reaches); else None, SQLite under PID_HOME."""
+    url = os.environ.get("PID_STORE_URL")
+    if url:
+        return url
+    broker = os.environ.get("PID_BROKER_URL") or ""
+    return broker if broker.split("://", 1)[0].lower() in ("redis", "rediss") else None
+
+
+_redis_stores: dict[tuple[int, str], Store] = {}   # one client (and connection pool) per URL and process
+
+
+def open_store(url: str | None, variable: str = "PID_STORE_URL") -> Store:
+    """The store at `url`: None or "" -> SQLite under PID_HOME; sqlite:///ABS/PATH.db -> SQLite there;
+    redis://HOST:PORT/DB (rediss://, unix://) -> RedisStore (one per URL and process: it holds a connection pool).
+    ValueError, with a one-line message naming `variable`, for any other URL or a bad PID_RETENTION."""
+    if not url:
+        from pid.config import pid_home
+        return JobStore(os.path.join(pid_home(), "jobs.db"))
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "sqlite":
+        path = url[len("sqlite://"):]
+        if not path.startswith("/") or path.endswith("/"):
+            raise ValueError(f"{variable}={url}: a SQLite store is named by an absolute file path, "
+                             "sqlite:///ABS/PATH.db")
+        return JobStore(path)
+    if scheme in ("redis", "rediss", "unix"):
+        key = (os.getpid(), url)
+        store = _redis_stores.get(key)
+        if store is None:
+            from worker.clients import check_clients
+            check_clients({variable: url})
+            from worker.redis_store import RedisStore
+            store = _redis_stores[key] = RedisStore(url)
+        return store
+    shown = url[:200] if "@" not in url else scheme + "://…"   # never a password
+    raise ValueError(f"{variable}={shown}: not a store pid knows: use sqlite:///ABS/PATH.db or "
+                     "redis://HOST:PORT/DB")
+
+
+def default_store() -> Store:
+    """The store named by the environment (store_url())."""
+    return open_store(store_url(), "PID_STORE_URL" if os.environ.get("PID_STORE_URL") else "PID_BROKER_URL")

@@ -17,7 +17,7 @@ from pid.agent import Outcome
 from pid.endings import ENDINGS, ExitReason
 from worker.control import proc_stat, process_identity, with_earlier_attempts
 from worker.jobs import JobSpec, write_json_atomic
-from worker.store import JobRecord, JobStore
+from worker.store import JobRecord, Store
 
 log = logging.getLogger("pid.worker")
 
@@ -26,12 +26,12 @@ MAX_ATTEMPTS = int(os.environ.get("PID_MAX_ATTEMPTS", "3"))   # a job whose work
 Ended = Callable[[JobRecord], None]
 
 
-def sweep(store: JobStore, *, on_end: Ended | None = None) -> list[str]:
+def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
     """Running jobs whose process is gone: a worker's goes back to the queue or, lost MAX_ATTEMPTS times, fails
     (`worker_lost`); a `pid run`'s fails (`client_lost`): nobody can take it up. Each one's containers go with it.
     Returns the ids ended."""
     ended = []
-    now = time.time()
+    now = store.now()   # the clock the store's times are on
     for record in store.suspects(host=socket.gethostname()):
         lapsed = (record.lease_until or 0) < now
         alive = owner_alive(record)   # None: not knowable from here (another host): the lease decides
@@ -92,7 +92,7 @@ def _written_result(record: JobRecord) -> dict[str, Any] | None:
     return result
 
 
-def sweep_quietly(store: JobStore | None = None) -> None:
+def sweep_quietly(store: Store | None = None) -> None:
     """The CLI's sweep: never fatal."""
     try:
         from worker.store import default_store
@@ -101,7 +101,7 @@ def sweep_quietly(store: JobStore | None = None) -> None:
         log.debug("sweeping lost jobs", exc_info=True)
 
 
-def cancel_job(store: JobStore, job_id: str) -> str | None:
+def cancel_job(store: Store, job_id: str) -> str | None:
     """Cancel a job: a queued one ends here and now (with its result.json), a running one through its worker, or
     here and now too if its process is gone (the sweep sees to that, and to its containers)."""
     was = store.get(job_id)

@@ -18,7 +18,7 @@ from pid.endings import status_of
 from worker.app import app
 from worker.control import LEASE_S, ControlRelay, new_owner, record_end, with_earlier_attempts
 from worker.runner import run_job
-from worker.store import JobRecord, JobStore, default_store
+from worker.store import JobRecord, Store, default_store
 
 log = logging.getLogger("pid.worker")
 jobs_log = logging.getLogger("pid.jobs")   # the worker's own lines: one when a job starts, one when it ends
@@ -109,7 +109,7 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
                                          result.get("duration_s"), (result.get("usage") or {}).get("cost")))
 
 
-def hand_back(store: JobStore, job_id: str, owner: str, relay: ControlRelay, why: str, api_key: str | None) -> None:
+def hand_back(store: Store, job_id: str, owner: str, relay: ControlRelay, why: str, api_key: str | None) -> None:
     """The job goes back to the queue with this attempt's counts and is dispatched again at once (if the broker
     refuses, a worker's reconciler dispatches it later)."""
     snapshot = relay.progress.snapshot()
@@ -149,7 +149,7 @@ def _short(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
-def dispatch(job_id: str, api_key: str | None = None, store: JobStore | None = None,
+def dispatch(job_id: str, api_key: str | None = None, store: Store | None = None,
              previous: float | None = None, reconcile: bool = False) -> bool:
     """Publish the job's message, recording it in the store first (the reconciler reads that record). With
     reconcile, only if no other worker re-dispatched it since `previous`: returns False then. A failed publish

@@ -1,0 +1,600 @@
+"""One contract, two stores: every test here runs against the SQLite JobStore and the RedisStore (a private
+redis-server; skipped where none is installed). What pid relies on: one claimer wins, a lease lapses, a stale owner
+is refused, the end is recorded once, the mailboxes, dispatch records and heartbeats, and the newer blobs, events,
+artifacts, API keys and retention."""
+from __future__ import annotations
+
+import hashlib
+import io
+import multiprocessing
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from worker.jobs import JobSpec
+from worker.store import BlobMissing, JobStore, Store, TooLarge, default_store, open_store, retention_s
+
+KINDS = ["sqlite", "redis"]
+
+
+def spec(tmp_path: Path, n: int = 0) -> JobSpec:
+    return JobSpec(task=f"t{n}", repo=str(tmp_path), model="m", out_dir=str(tmp_path / "out"), base_url="http://x")
+
+
+@pytest.fixture(params=KINDS)
+def make_store(request, tmp_path) -> Callable[..., Store]:
+    """A factory of stores of one kind, all on the same data: make_store(retention=None)."""
+    if request.param == "sqlite":
+        return lambda retention=None: JobStore(str(tmp_path / "jobs.db"), retention=retention)
+    server = request.getfixturevalue("redis_server")
+    from worker.redis_store import RedisStore
+    return lambda retention=None: RedisStore(server.url, retention=retention)
+
+
+@pytest.fixture
+def store(make_store) -> Store:
+    return make_store()
+
+
+def leftovers(store: Store) -> list[str]:
+    """Half-written blobs left behind (temporary files, upload keys)."""
+    if isinstance(store, JobStore):
+        return [n for n in os.listdir(store.blob_dir) if n.startswith(".tmp-")] if os.path.isdir(store.blob_dir) else []
+    return [k.decode() for k in store._r.scan_iter(match="pid:upload:*")]
+
+
+# -- leases ---------------------------------------------------------------------------------------------------------
+
+def test_claim_is_refused_while_leased_and_taken_once_lapsed(store, tmp_path):
+    job = store.create(spec(tmp_path))
+    assert (job.status, job.attempts, job.kind, job.owner) == ("queued", 0, "worker", None)
+    assert store.claim(job.id, "h:1:a", lease_s=0.4)
+    assert not store.claim(job.id, "h:2:b", lease_s=60)          # a duplicate delivery while a lives
+    assert store.renew(job.id, "h:1:a", lease_s=0.4)
+    running = store.get(job.id)
+    assert running.status == "running" and running.owner == "h:1:a" and running.attempts == 1
+    assert running.started_at is not None and running.claimed_at is not None
+    assert running.lease_until > store.now()
+    assert store.lapsed() == []
+    time.sleep(0.6)                                               # a stopped renewing
+    assert [r.id for r in store.lapsed()] == [job.id]
+    assert store.claim(job.id, "h:2:b", lease_s=60)
+    assert not store.renew(job.id, "h:1:a", lease_s=60)          # the old owner learns it lost the job
+    assert not store.progress(job.id, "h:1:a", 9, 9)
+    assert not store.finish(job.id, "stop", owner="h:1:a")       # ...and cannot overwrite the ending
+    record = store.get(job.id)
+    assert (record.owner, record.attempts, record.turns, record.status) == ("h:2:b", 2, 0, "running")
+    assert store.claim("no-such-job", "x", 60) is False
+
+
+def test_progress_renews_and_keeps_counts_and_a_new_attempt_keeps_the_earlier_ones(store, tmp_path):
+    job = store.create(spec(tmp_path))
+    assert store.claim(job.id, "a", lease_s=0.3)
+    usage = {"input": 10, "output": 5, "cost": 0.25}
+    assert store.progress(job.id, "a", 2, 3, usage, activity="bash: ls", last_tool="read", lease_s=60)
+    r = store.get(job.id)
+    assert (r.turns, r.tool_calls, r.usage, r.activity, r.last_tool) == (2, 3, usage, "bash: ls", "read")
+    assert r.lease_until > store.now() + 30
+    assert store.progress(job.id, "a", 3, 3, activity=None)       # usage and last tool kept; activity cleared
+    r = store.get(job.id)
+    assert (r.turns, r.usage, r.activity, r.last_tool) == (3, usage, None, "read")
+    assert store.requeue(job.id, lapsed_only=False)              # its process is gone
+    r = store.get(job.id)
+    assert (r.status, r.owner, r.lease_until, r.dispatched_at) == ("queued", None, None, None)
+    assert r.undispatched_since is not None and r.exit_reason is None and r.finished_at is None
+    assert store.claim(job.id, "b", lease_s=60)
+    r = store.get(job.id)
+    assert r.attempts == 2 and r.turns == 0 and r.usage == {}
+    assert [(e["attempt"], e["turns"], e["tool_calls"], e["usage"]["input"], e["usage"]["cost"]) for e in r.earlier] \
+        == [(1, 3, 3, 10, 0.25)]
+    assert r.total_usage["input"] == 10 and r.losses == 2
+    assert store.finish(job.id, "stop", owner="b", turns=1, tool_calls=1, usage={"input": 1, "cost": 0.5})
+    r = store.get(job.id)
+    assert r.total_usage["input"] == 11 and r.total_usage["cost"] == 0.75
+
+
+def test_requeue_only_lapsed_or_by_owner_and_a_cancelled_one_ends(store, tmp_path):
+    job = store.create(spec(tmp_path))
+    assert store.claim(job.id, "h:1:a", lease_s=0.3)
+    assert not store.requeue(job.id)                               # still leased
+    assert not store.requeue(job.id, owner="h:9:z", lapsed_only=False)
+    assert [r.id for r in store.suspects("h")] == [job.id]        # owned by a process on host h
+    assert store.suspects("other") == []
+    time.sleep(0.5)
+    assert [r.id for r in store.suspects("other")] == [job.id]    # lapsed
+    assert store.requeue(job.id)
+    assert store.get(job.id).status == "queued"
+    assert not store.requeue(job.id)                               # not running
+    assert store.claim(job.id, "h:1:b", lease_s=60)
+    assert store.request_cancel(job.id) == "running"               # its worker will stop it
+    assert store.requeue(job.id, owner="h:1:b", lapsed_only=False)
+    r = store.get(job.id)
+    assert (r.status, r.exit_reason) == ("cancelled", "cancelled") and r.finished_at is not None
+    assert not store.claim(job.id, "c", 60)
+
+
+# -- the end, recorded once -------------------------------------------------------------------------------------------
+
+def test_the_end_is_recorded_once(store, tmp_path):
+    job = store.create(spec(tmp_path))
+    assert store.claim(job.id, "a", lease_s=60)
+    assert not store.finish(job.id, "error", lapsed_only=True)     # the sweeper: a live lease, not its to end
+    assert store.finish(job.id, "stop", owner="a", turns=4, tool_calls=2, error=None)
+    first = store.get(job.id)
+    assert (first.status, first.exit_reason, first.turns, first.lease_until) == ("completed", "stop", 4, None)
+    assert not store.finish(job.id, "error", error="late")         # a second ending does not overwrite
+    assert not store.finish(job.id, "error", owner="a")
+    assert not store.finish_if_queued(job.id, "cancelled")
+    again = store.get(job.id)
+    assert (again.status, again.exit_reason, again.error, again.finished_at) == \
+        ("completed", "stop", None, first.finished_at)
+    assert not store.claim(job.id, "b", 60) and not store.set_paused(job.id, True)
+    # a lapsed job may be ended by the sweeper, with its error
+    other = store.create(spec(tmp_path, 1))
+    assert store.claim(other.id, "a", lease_s=0.2)
+    time.sleep(0.4)
+    assert store.finish(other.id, "error", error="worker lost", lapsed_only=True)
+    r = store.get(other.id)
+    assert (r.status, r.error) == ("failed", "worker lost")
+    queued = store.create(spec(tmp_path, 2))
+    assert store.finish_if_queued(queued.id, "cancelled") and store.get(queued.id).status == "cancelled"
+
+
+def test_hand_back_returns_the_job_to_the_queue_without_counting_a_loss(store, tmp_path):
+    job = store.create(spec(tmp_path))
+    assert store.claim(job.id, "a", lease_s=60)
+    assert store.hand_back(job.id, "z", 1, 1, None) is None          # not its holder
+    assert store.hand_back(job.id, "a", 3, 4, {"input": 7}) == "queued"
+    r = store.get(job.id)
+    assert (r.status, r.owner, r.handbacks, r.attempts, r.losses, r.turns, r.tool_calls, r.usage) == \
+        ("queued", None, 1, 1, 0, 3, 4, {"input": 7})
+    assert r.dispatched_at is None and r.undispatched_since is not None
+    assert store.claim(job.id, "b", lease_s=60)
+    assert store.get(job.id).earlier[0]["turns"] == 3
+    store.request_cancel(job.id)
+    assert store.hand_back(job.id, "b", 0, 0, None) == "cancelled"  # nothing would run it again
+    assert store.get(job.id).finished_at is not None
+
+
+# -- mailboxes ------------------------------------------------------------------------------------------------------
+
+def test_cancel_pause_steer_and_follow_up(store, tmp_path):
+    job = store.create(spec(tmp_path))
+    assert store.claim(job.id, "a", lease_s=60)
+    assert store.controls(job.id, "a") == store.controls(job.id, "a")
+    c = store.controls(job.id, "a")
+    assert (c.owned, c.cancel_requested, c.paused, c.mail) == (True, False, False, False)
+    assert not store.controls(job.id, "b").owned
+    assert store.controls("no-such-job", "a") is None
+    assert store.post(job.id, "steer", "look at b.py")
+    assert store.post(job.id, "follow_up", "then add a test")
+    assert store.post(job.id, "steer", "x" * 10_000)
+    assert store.set_paused(job.id, True)
+    c = store.controls(job.id, "a")
+    assert c.mail and c.paused
+    assert store.take_messages(job.id) == [("steer", "look at b.py"), ("follow_up", "then add a test"),
+                                           ("steer", "x" * 10_000)]
+    assert store.take_messages(job.id) == []                       # delivered once
+    assert not store.controls(job.id, "a").mail
+    assert store.set_paused(job.id, False) and not store.controls(job.id, "a").paused
+    assert store.request_cancel(job.id) == "running"
+    assert store.controls(job.id, "a").cancel_requested and store.get(job.id).cancel_requested
+    assert store.finish(job.id, "cancelled", owner="a")
+    assert store.get(job.id).status == "cancelled"
+    assert not store.post(job.id, "steer", "too late")
+    assert store.request_cancel("no-such-job") is None
+    queued = store.create(spec(tmp_path, 1))
+    assert store.post(queued.id, "follow_up", "waits for the run")
+    assert store.request_cancel(queued.id) == "cancelled"          # a queued job ends on the spot
+    assert not store.claim(queued.id, "a", 60)
+    assert store.request_cancel(queued.id) == "cancelled"
+
+
+# -- dispatch records and heartbeats --------------------------------------------------------------------------------
+
+def test_dispatch_records(store, tmp_path):
+    fresh = store.create(spec(tmp_path, 0))
+    sent = store.create(spec(tmp_path, 1))
+    run = store.create(spec(tmp_path, 2), kind="run")
+    assert [r.id for r in store.to_dispatch(None)] == [fresh.id, sent.id]   # oldest first; never a `pid run`
+    assert run.kind == "run"
+    assert store.mark_dispatched(sent.id)
+    store.mark_published(sent.id)
+    r = store.get(sent.id)
+    assert r.dispatched_at is not None and r.undispatched_since is None and r.dispatch_error is None
+    assert [r.id for r in store.to_dispatch(None)] == [fresh.id]
+    assert [r.id for r in store.to_dispatch(store.now() + 1)] == [fresh.id, sent.id]   # presumed lost
+    previous = store.get(sent.id).dispatched_at
+    assert not store.mark_dispatched(sent.id, previous + 1, only_if=True)   # someone else dispatched it since
+    assert store.mark_dispatched(sent.id, previous, only_if=True)
+    assert not store.mark_dispatched(sent.id, previous, only_if=True)       # of two re-dispatchers, one wins
+    assert store.mark_dispatched(fresh.id, None, only_if=True)
+    assert not store.mark_dispatched(fresh.id, None, only_if=True)
+    store.mark_undispatched(fresh.id, "ConnectionRefusedError: down " + "x" * 1000)
+    r = store.get(fresh.id)
+    assert r.dispatched_at is None and r.dispatch_error.startswith("ConnectionRefusedError") \
+        and len(r.dispatch_error) == 500 and r.undispatched_since == fresh.undispatched_since
+    store.request_cancel(fresh.id)
+    assert fresh.id not in [r.id for r in store.to_dispatch(None)]
+    assert not store.mark_dispatched(fresh.id)
+
+
+def test_heartbeats(store):
+    store.beat("a@h", "h", 1, "boot", 2, 1, True)
+    store.beat("b@h", "h", 2, "boot", 2, 2, True)
+    store.beat("c@h", "h", 3, None, 2, 0, False)
+    free = {w.node: w.free_since is not None for w in store.workers(alive_within_s=10)}
+    assert free == {"a@h": True, "b@h": False, "c@h": False}
+    a = store.workers()[0]
+    assert (a.node, a.host, a.pid, a.boot_id, a.concurrency, a.running) == ("a@h", "h", 1, "boot", 2, 1)
+    assert store.workers()[2].boot_id is None
+    time.sleep(0.05)
+    store.beat("a@h", "h", 1, "boot", 2, 0, True)
+    assert store.workers()[0].free_since == a.free_since            # free since then, continuously
+    assert store.workers()[0].beat_at > a.beat_at and store.workers()[0].started_at == a.started_at
+    store.beat("a@h", "h", 1, "boot", 2, 2, True)
+    assert store.workers()[0].free_since is None                    # busy
+    store.forget_worker("a@h")
+    assert [w.node for w in store.workers()] == ["b@h", "c@h"]
+    time.sleep(0.3)
+    store.beat("c@h", "h", 3, None, 2, 0, False)
+    assert [w.node for w in store.workers(alive_within_s=0.2)] == ["c@h"]
+    store.forget_silent_workers(silent_s=0.2)
+    assert [w.node for w in store.workers()] == ["c@h"]
+
+
+def test_list_newest_first_by_status(store, tmp_path):
+    jobs = [store.create(spec(tmp_path, n)) for n in range(5)]
+    assert [r.id for r in store.list()] == [j.id for j in reversed(jobs)]
+    assert [r.id for r in store.list(limit=2)] == [jobs[4].id, jobs[3].id]
+    assert store.claim(jobs[1].id, "a", 60)
+    assert [r.id for r in store.list(status="running")] == [jobs[1].id]
+    store.request_cancel(jobs[2].id)
+    assert [r.id for r in store.list(status="cancelled")] == [jobs[2].id]
+    assert [r.id for r in store.list(status="queued")] == [jobs[4].id, jobs[3].id, jobs[0].id]
+    assert store.get("no-such-job") is None
+    d = store.get(jobs[0].id).to_dict()
+    assert {"id", "status", "task", "total_usage", "dispatched_at", "undispatched_since", "earlier"} <= set(d)
+    assert not {"pinned", "api_key", "secret"} & set(d)
+
+
+# -- blobs ------------------------------------------------------------------------------------------------------------
+
+def test_blobs_are_content_addressed_and_deduplicated(store, tmp_path):
+    data = b"hello blob\n"
+    digest = store.put_blob(io.BytesIO(data))
+    assert digest == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert store.has_blob(digest) and b"".join(store.open_blob(digest)) == data
+    assert store.put_blob(io.BytesIO(data)) == digest
+    empty = store.put_blob(io.BytesIO(b""))
+    assert empty == "sha256:" + hashlib.sha256(b"").hexdigest() and b"".join(store.open_blob(empty)) == b""
+    missing = "sha256:" + "0" * 64
+    assert not store.has_blob(missing)
+    with pytest.raises(BlobMissing):
+        store.open_blob(missing)
+    for bad in ("sha256:xyz", "md5:" + "0" * 32, "sha256:../../etc/passwd"):
+        with pytest.raises(ValueError):
+            store.has_blob(bad)
+    # a file whose digest is known and stored is neither read nor sent again
+    assert store.put_blob_file(str(tmp_path / "does-not-exist"), digest) == digest
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"file content")
+    assert store.put_blob_file(str(path)) == "sha256:" + hashlib.sha256(b"file content").hexdigest()
+    with pytest.raises(ValueError):
+        store.put_blob_file(str(path), "sha256:" + "1" * 64)
+    assert leftovers(store) == []
+
+
+def test_a_large_blob_goes_in_chunks_and_is_never_seen_in_part(store):
+    data = os.urandom(3 * 1024 * 1024 + 12345)
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    seen_during_upload = []
+
+    class Watched(io.BytesIO):
+        def read(self, n: int = -1) -> bytes:
+            assert 0 < n <= 1024 * 1024                                 # asked for in chunks, not whole
+            seen_during_upload.append(store.has_blob(digest))
+            return super().read(n)
+
+    assert store.put_blob(Watched(data)) == digest
+    assert len(seen_during_upload) >= 4 and not any(seen_during_upload)
+    chunks = list(store.open_blob(digest))
+    assert len(chunks) >= 4 and max(map(len, chunks)) <= 1024 * 1024 and b"".join(chunks) == data
+
+    class Broken(io.BytesIO):
+        def read(self, n: int = -1) -> bytes:
+            if self.tell() >= 2 * 1024 * 1024:
+                raise OSError("the client died")
+            return super().read(n)
+
+    other = os.urandom(3 * 1024 * 1024)
+    with pytest.raises(OSError):
+        store.put_blob(Broken(other))
+    assert not store.has_blob("sha256:" + hashlib.sha256(other).hexdigest())
+    assert not store.has_blob("sha256:" + hashlib.sha256(other[:2 * 1024 * 1024]).hexdigest())
+    assert leftovers(store) == []
+
+
+# -- events ------------------------------------------------------------------------------------------------------------
+
+def test_events_in_order_after_a_number_and_waiting(store, tmp_path):
+    job = store.create(spec(tmp_path))
+    assert store.events(job.id) == []
+    numbers = [store.append_event(job.id, {"type": "turn_start", "turn": n, "text": "é"}) for n in range(5)]
+    assert numbers == [1, 2, 3, 4, 5]
+    assert [e["turn"] for _, e in store.events(job.id)] == [0, 1, 2, 3, 4]
+    assert store.events(job.id, after=3) == [(4, {"type": "turn_start", "turn": 3, "text": "é"}),
+                                             (5, {"type": "turn_start", "turn": 4, "text": "é"})]
+    assert store.events(job.id, after=5) == []
+    started = time.monotonic()
+    assert store.events(job.id, after=5, wait_s=0.3) == []            # waits, then gives up
+    assert 0.25 <= time.monotonic() - started < 2
+    threading.Timer(0.3, lambda: store.append_event(job.id, {"type": "late"})).start()
+    started = time.monotonic()
+    assert store.events(job.id, after=5, wait_s=10) == [(6, {"type": "late"})]   # woken by the event
+    assert time.monotonic() - started < 2
+    with pytest.raises(KeyError):
+        store.append_event("no-such-job", {"type": "x"})
+
+
+def test_events_are_bounded_per_job(store, tmp_path):
+    job = store.create(spec(tmp_path))
+    other = store.create(spec(tmp_path, 1))
+    store.append_event(other.id, {"n": 0})
+    store.events_kept = 50
+    for n in range(1, 301):
+        store.append_event(job.id, {"n": n})
+    kept = store.events(job.id)
+    numbers = [seq for seq, _ in kept]
+    assert numbers == list(range(numbers[0], 301)) and [e["n"] for _, e in kept] == numbers
+    assert 50 <= len(kept) <= 150 and numbers[0] > 1                 # Redis trims whole stream nodes (~100)
+    assert store.events(other.id) == [(1, {"n": 0})]
+
+
+# -- artifacts and API keys -------------------------------------------------------------------------------------------
+
+def test_artifacts_with_a_size_cap(store, tmp_path):
+    job = store.create(spec(tmp_path))
+    digest = store.put_artifact(job.id, "patch.diff", io.BytesIO(b"--- a\n+++ b\n"))
+    store.put_artifact(job.id, "files/src/a.py", io.BytesIO(b"print(1)\n"))
+    assert store.has_blob(digest)
+    assert store.artifact_names(job.id) == ["files/src/a.py", "patch.diff"]
+    assert b"".join(store.open_artifact(job.id, "patch.diff")) == b"--- a\n+++ b\n"
+    store.put_artifact(job.id, "patch.diff", io.BytesIO(b"new"))                # replaced
+    assert b"".join(store.open_artifact(job.id, "patch.diff")) == b"new"
+    assert store.put_artifact(job.id, "exact", io.BytesIO(b"x" * 100), limit=100)
+    with pytest.raises(TooLarge, match="larger than its limit of 100 bytes"):
+        store.put_artifact(job.id, "big", io.BytesIO(b"x" * 101), limit=100)
+    with pytest.raises(TooLarge):
+        store.put_artifact(job.id, "bigger", io.BytesIO(os.urandom(3 * 1024 * 1024)), limit=2 * 1024 * 1024)
+    assert "big" not in store.artifact_names(job.id) and leftovers(store) == []
+    with pytest.raises(BlobMissing):
+        store.open_artifact(job.id, "big")
+    with pytest.raises(KeyError):
+        store.put_artifact("no-such-job", "x", io.BytesIO(b"x"))
+    with pytest.raises(ValueError):
+        store.put_artifact(job.id, "", io.BytesIO(b"x"))
+    assert store.artifact_names("no-such-job") == []
+
+
+def test_an_api_key_lives_only_as_long_as_its_job_and_never_in_its_record(store, tmp_path):
+    key = "sk-secret-0123456789"
+    job = store.create(spec(tmp_path))
+    assert store.set_secret(job.id, key) and store.secret(job.id) == key
+    assert store.claim(job.id, "a", lease_s=60)
+    assert store.secret(job.id) == key                               # a re-dispatched job keeps it
+    record = store.get(job.id)
+    assert key not in repr(record.to_dict()) and key not in repr(record)
+    assert store.finish(job.id, "stop", owner="a")
+    assert store.secret(job.id) is None
+    assert not store.set_secret(job.id, key)                          # ended: not taken
+    assert not store.set_secret("no-such-job", key)
+    queued = store.create(spec(tmp_path, 1))
+    assert store.set_secret(queued.id, key)
+    assert store.request_cancel(queued.id) == "cancelled" and store.secret(queued.id) is None
+    lost = store.create(spec(tmp_path, 2))
+    assert store.set_secret(lost.id, key) and store.claim(lost.id, "a", 60)
+    store.request_cancel(lost.id)
+    assert store.requeue(lost.id, lapsed_only=False) and store.secret(lost.id) is None
+
+
+# -- retention -------------------------------------------------------------------------------------------------------
+
+def test_retention_forgets_ended_jobs_and_old_blobs_unless_pinned(make_store, tmp_path):
+    store = make_store(retention=1)
+    ended = store.create(spec(tmp_path, 0))
+    kept = store.create(spec(tmp_path, 1))
+    live = store.create(spec(tmp_path, 2))
+    for job in (ended, kept):
+        store.append_event(job.id, {"type": "x"})
+        store.put_artifact(job.id, f"result-{job.id}.json", io.BytesIO(job.id.encode()))
+        store.post(job.id, "steer", "s")
+    assert store.pin_job(kept.id) and not store.pin_job("no-such-job")
+    loose = store.put_blob(io.BytesIO(b"loose"))
+    pinned = store.put_blob(io.BytesIO(b"pinned"))
+    assert store.pin_blob(pinned) and not store.pin_blob("sha256:" + "2" * 64)
+    ended_blob = store.put_blob(io.BytesIO(ended.id.encode()))
+    for job in (ended, kept):
+        assert store.finish_if_queued(job.id, "cancelled")
+    assert store.get(ended.id) is not None                            # not yet
+    time.sleep(2.2)
+    removed = store.prune()
+    assert set(removed) == {"jobs", "blobs"}
+    assert store.get(ended.id) is None and store.events(ended.id) == [] and store.artifact_names(ended.id) == []
+    assert ended.id not in [r.id for r in store.list()]
+    assert not store.has_blob(loose) and not store.has_blob(ended_blob)
+    assert store.has_blob(pinned)
+    assert store.get(kept.id).status == "cancelled" and store.events(kept.id) != []
+    assert b"".join(store.open_artifact(kept.id, f"result-{kept.id}.json")) == kept.id.encode()
+    assert store.get(live.id).status == "queued"                     # a job that has not ended is never forgotten
+    assert [r.id for r in store.list()] == [live.id, kept.id]
+    assert store.prune()["jobs"] == 0
+
+
+def test_retention_setting():
+    assert retention_s("") == 7 * 86400 and retention_s("3600") == 3600 and retention_s("7d") == 7 * 86400
+    assert retention_s("12h") == 43200 and retention_s("1.5m") == 90 and retention_s("2w") == 14 * 86400
+    for bad in ("soon", "-1", "0", "7 days", "d"):
+        with pytest.raises(ValueError, match="PID_RETENTION"):
+            retention_s(bad)
+
+
+# -- choosing the store -----------------------------------------------------------------------------------------------
+
+def test_the_store_url_chooses_the_store(tmp_path, monkeypatch):
+    monkeypatch.delenv("PID_STORE_URL", raising=False)
+    monkeypatch.delenv("PID_BROKER_URL", raising=False)
+    monkeypatch.setenv("PID_HOME", str(tmp_path / "home"))
+    s = default_store()
+    assert isinstance(s, JobStore) and s.path == str(tmp_path / "home" / "jobs.db")
+    monkeypatch.setenv("PID_BROKER_URL", "pidfs://")
+    assert isinstance(default_store(), JobStore)
+    monkeypatch.setenv("PID_STORE_URL", f"sqlite://{tmp_path}/elsewhere/x.db")
+    assert default_store().path == f"{tmp_path}/elsewhere/x.db"
+    from worker.redis_store import RedisStore
+    monkeypatch.setenv("PID_STORE_URL", "redis://:hunter2@127.0.0.1:1/3")
+    r = default_store()
+    assert isinstance(r, RedisStore) and "hunter2" not in r.path and r is default_store()
+    monkeypatch.delenv("PID_STORE_URL")
+    monkeypatch.setenv("PID_BROKER_URL", "redis://127.0.0.1:2/0")   # the broker's Redis
+    assert isinstance(default_store(), RedisStore) and default_store().path == "redis://127.0.0.1:2/0"
+    for bad in ("sqlite://relative.db", "sqlite:///", "postgres://x/y", "jobs.db"):
+        with pytest.raises(ValueError, match="sqlite:///ABS/PATH.db"):
+            open_store(bad)
+    monkeypatch.setenv("PID_STORE_URL", "postgres://me:pw@db/x")
+    with pytest.raises(ValueError) as bad:
+        default_store()
+    assert str(bad.value) == ("PID_STORE_URL=postgres://…: not a store pid knows: use sqlite:///ABS/PATH.db or "
+                              "redis://HOST:PORT/DB")
+    monkeypatch.setenv("PID_RETENTION", "forever")
+    with pytest.raises(ValueError, match="PID_RETENTION"):
+        open_store("redis://127.0.0.1:4/0")
+
+
+# -- Redis under contention and across fork() ------------------------------------------------------------------------
+
+def _claim_in_child(store: Any, job_id: str, owner: str, q: Any) -> None:
+    q.put((owner, store.claim(job_id, owner, 60)))
+
+
+def test_redis_one_of_many_concurrent_claimers_wins(redis_server, tmp_path):
+    from worker.redis_store import RedisStore
+    store = RedisStore(redis_server.url)
+    for round_ in range(5):
+        job = store.create(spec(tmp_path, round_))
+        ctx = multiprocessing.get_context("fork")
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_claim_in_child, args=(store, job.id, f"p{i}", q)) for i in range(8)]
+        results: list[tuple[str, bool]] = []
+        threads = [threading.Thread(target=lambda i=i: results.append((f"t{i}", store.claim(job.id, f"t{i}", 60))))
+                   for i in range(16)]
+        for p in procs:
+            p.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for p in procs:
+            p.join(30)
+        results += [q.get(timeout=5) for _ in procs]
+        winners = [owner for owner, won in results if won]
+        assert len(results) == 24 and len(winners) == 1
+        record = store.get(job.id)
+        assert record.owner == winners[0] and record.attempts == 1
+
+
+def test_redis_store_across_fork_while_another_thread_uses_it(redis_server, tmp_path):
+    """A worker's pool forks while its housekeeping thread talks to Redis: each child gets its own connection."""
+    from worker.redis_store import RedisStore
+    store = RedisStore(redis_server.url)
+    busy = store.create(spec(tmp_path, -1)).id
+    assert store.claim(busy, "parent", 60)
+    stop = threading.Event()
+
+    def write() -> None:
+        n = 0
+        while not stop.is_set():
+            store.beat("node", "host", os.getpid(), None, 4, 1, True)
+            store.progress(busy, "parent", n, 0, {"input": n})
+            store.suspects("host")
+            n += 1
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        for n in range(30):
+            job = store.create(spec(tmp_path, n)).id
+            pid = os.fork()
+            if pid == 0:   # the child: what a pool process does first
+                code = 1
+                try:
+                    owner = f"child:{os.getpid()}:x"
+                    ok = store.claim(job, owner, 60) and store.get(job).status == "running"
+                    code = 0 if ok and store.progress(job, owner, 1, 1, lease_s=60) else 3
+                finally:
+                    os._exit(code)
+            deadline = time.time() + 20
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    assert os.waitstatus_to_exitcode(status) == 0
+                    break
+                assert time.time() < deadline, "a forked child hung"
+                time.sleep(0.01)
+            assert store.get(job).owner.startswith("child:")
+    finally:
+        stop.set()
+        writer.join(10)
+    assert store.progress(busy, "parent", 1, 1)                      # the parent's connection still works
+
+
+def test_redis_leases_are_on_the_servers_clock_not_the_workers(redis_server, tmp_path, monkeypatch):
+    """A worker whose clock runs an hour behind claims a job: another worker must not find its lease lapsed, and
+    one whose clock runs ahead must not keep a lapsed lease alive."""
+    from worker.redis_store import RedisStore
+    store = RedisStore(redis_server.url)
+    job = store.create(spec(tmp_path))
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 3600)          # the slow machine
+    assert store.claim(job.id, "slow:1:x", lease_s=60)
+    monkeypatch.setattr(time, "time", real)
+    assert store.lapsed() == [] and not store.claim(job.id, "h:2:y", lease_s=60)
+    assert not store.requeue(job.id) and not store.finish(job.id, "error", lapsed_only=True)
+    other = store.create(spec(tmp_path, 1))
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)          # the fast machine
+    assert store.claim(other.id, "fast:1:x", lease_s=0.2)
+    monkeypatch.setattr(time, "time", real)
+    time.sleep(0.4)
+    assert [r.id for r in store.lapsed()] == [other.id] and store.claim(other.id, "h:2:y", lease_s=60)
+    assert abs(store.now() - real()) < 5
+
+
+def test_redis_a_script_sent_again_after_a_lost_reply_does_not_run_twice(redis_server, tmp_path):
+    """redis-py sends a command again when the connection breaks before the reply: the second send of a claim must
+    not refuse the claimer, nor a second take_messages lose the messages."""
+    import json
+
+    from worker.redis_store import PREFIX, RedisStore
+    store = RedisStore(redis_server.url)
+    client, scripts = store._connection()
+    job = store.create(spec(tmp_path))
+
+    def send(script: str, token: str, **args: Any) -> Any:
+        return scripts[script](args=[PREFIX, str(store.retention), job.id, json.dumps(args), token], client=client)
+
+    assert send("claim", "t1", owner="a", lease_s=60) == 1
+    assert send("claim", "t1", owner="a", lease_s=60) == 1            # the same call, sent again
+    assert send("claim", "t2", owner="a", lease_s=60) == 0            # a new claim is refused
+    assert store.get(job.id).attempts == 1
+    store.post(job.id, "steer", "one")
+    taken = send("take_messages", "t3")
+    assert send("take_messages", "t3") == taken and len(taken) == 1
+    assert send("requeue", "t4", owner="a", lapsed_only=False, handback=True, turns=1, tool_calls=1, usage=None,
+                cancelled_status="cancelled") == b"queued"
+    assert send("requeue", "t4", owner="a", lapsed_only=False, handback=True, turns=1, tool_calls=1, usage=None,
+                cancelled_status="cancelled") == b"queued"
+    assert store.get(job.id).handbacks == 1
