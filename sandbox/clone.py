@@ -35,20 +35,23 @@ _SHA_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 _SCRIPT = r"""
 set -u
-export HOME=/tmp GIT_TERMINAL_PROMPT=0 GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null GIT_ASKPASS=/bin/false \
-  SSH_ASKPASS=/bin/false GIT_SSH_COMMAND='ssh -o BatchMode=yes' LC_ALL=C
+export HOME=/tmp GIT_TERMINAL_PROMPT=0 GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/tmp/.pid-gitconfig \
+  GIT_ASKPASS=/bin/false SSH_ASKPASS=/bin/false GIT_SSH_COMMAND='ssh -o BatchMode=yes' LC_ALL=C
+# git reads safe.directory from the global configuration only (not -c): a mounted repository has another owner
+printf '[safe]\n\tdirectory = *\n' > /tmp/.pid-gitconfig
 url=$1 ref=$2 scheme=$3
 g() { git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c credential.helper= -c protocol.allow=never \
   -c "protocol.$scheme.allow=always" -c safe.directory='*' -c submodule.recurse=false -c advice.detachedHead=false \
   -c init.defaultBranch=main "$@"; }
 fail() { echo "pid-clone-error $*" >&2; exit 1; }
 full() {
-  rm -rf "$dir" && g clone -q --no-checkout --no-recurse-submodules -- "$url" "$dir" || fail "cannot clone $url"
-  cd "$dir" && g checkout -q --detach "$ref" || fail "no branch, tag or commit $ref in $url"
+  cd /tmp && rm -rf "$dir" && g clone -q --no-checkout --no-recurse-submodules -- "$url" "$dir" || fail "cannot clone"
+  cd "$dir" && commit=$(g rev-parse -q --verify "$ref^{commit}") || fail "no branch, tag or commit named $ref"
+  g checkout -q --detach "$commit" || fail "cannot check out $ref"
 }
 dir=CLONE_DIR
 if [ -z "$ref" ]; then
-  g clone -q --depth 1 --no-recurse-submodules -- "$url" "$dir" || fail "cannot clone $url"
+  g clone -q --depth 1 --no-recurse-submodules -- "$url" "$dir" || fail "cannot clone"
 elif printf '%s' "$ref" | grep -Eqx '[0-9a-f]{40}|[0-9a-f]{64}'; then
   { mkdir -p "$dir" && cd "$dir" && g init -q && g remote add origin "$url" &&
     g fetch -q --depth 1 origin "$ref" && g checkout -q --detach FETCH_HEAD; } 2>/dev/null || full
@@ -143,9 +146,9 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
         if time.monotonic() - started >= timeout:
             raise SandboxError(f"cloning {url} took longer than {timeout:g}s")
         if code != 0 or commit is None or not _SHA_RE.fullmatch(commit):
-            reason = next((ln[len("pid-clone-error "):] for ln in lines if ln.startswith("pid-clone-error ")), None)
+            git_said = _last(lines)
             raise SandboxError(f"cannot clone {url}{f' at {ref}' if ref else ''}: "
-                               f"{reason or _last(lines) or f'exit status {code}'}")
+                               f"{git_said or f'exit status {code}'}")
         if problem is not None:
             raise problem
         return commit
@@ -155,8 +158,11 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
 
 
 def _last(lines: list[str]) -> str:
-    useful = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("pid-")]
-    return useful[-1][:300] if useful else ""
+    """Why the clone failed: the script's reason, with git's last "fatal:" or "error:" line."""
+    ours = [ln[len("pid-clone-error "):] for ln in lines if ln.startswith("pid-clone-error ")]
+    git = [ln.strip() for ln in lines if ln.startswith(("fatal:", "error:"))]
+    text = "; ".join(x[-1] for x in (ours, git) if x)
+    return text[:500]
 
 
 def _iso(moment: datetime) -> str:
