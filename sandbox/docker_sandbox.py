@@ -573,11 +573,11 @@ class DockerSandbox:
     def _unpack(self, stream: IO[bytes], trusted: bool) -> None:
         """A workspace tar into workdir. `trusted`: build_tar made it here (else every member is checked)."""
         try:
-            if self._disk is not None and not self._agent_started:
+            if self._disk is not None and not self._agent_started and not os.listdir(self._disk.path("workspace")):
                 # Straight into the job disk's workspace directory as the tar streams in: no engine request
                 # (put_archive re-executes the engine in the container, 130-250 ms here), no copy. Only before any
-                # agent command: until then nothing in that directory is the agent's, so nothing there can
-                # redirect the host's writes.
+                # agent command, into the empty directory: until then nothing in it is the agent's, so nothing there
+                # can redirect the host's writes.
                 unpack_tar(stream, self._disk.path("workspace"), self.uid, self.gid)
                 return
             if trusted:

@@ -194,12 +194,12 @@ class MemberCheck:
     Regular files, directories, symlinks and hard links only (no devices, FIFOs); relative names without '..'; each
     name once; nothing below a link or a file of the same tar (so no write goes through a link); a hard link only to
     a regular file unpacked before it. Symlinks are stored as they are, whatever they point at: they are links inside
-    the sandbox, never followed by pid. Owners become uid:gid; modes lose setuid, setgid and sticky bits. With
-    `dest`, each parent that exists on disk must also be a real directory (checked just before the member is written).
+    the sandbox, never followed by pid. Owners become uid:gid; modes lose setuid, setgid and sticky bits. Unpacked
+    into an empty directory, these rules alone keep every write below it (nothing else is there to lead elsewhere).
     """
 
-    def __init__(self, uid: int, gid: int, dest: str | None = None) -> None:
-        self.uid, self.gid, self.dest = uid, gid, dest
+    def __init__(self, uid: int, gid: int) -> None:
+        self.uid, self.gid = uid, gid
         self.kinds: dict[str, str] = {}   # name -> "dir" | "implicit" | "file" | "link"
 
     def __call__(self, member: tarfile.TarInfo, path: str = "") -> tarfile.TarInfo | None:
@@ -217,8 +217,6 @@ class MemberCheck:
         seen = self.kinds.get(name)
         if seen is not None and not (seen == "implicit" and member.isdir()):
             raise UnsafeTar(f"{printable(member.name)}: appears twice")
-        if self.dest is not None:
-            self._check_disk(parts, member.name)
         changes: dict = {}
         if member.islnk():
             target = self._name(member.linkname, member.name)
@@ -238,24 +236,14 @@ class MemberCheck:
             raise UnsafeTar(f"{printable(member)}: a path with '..'")
         return "/".join(parts) or None
 
-    def _check_disk(self, parts: list[str], member: str) -> None:
-        assert self.dest is not None
-        for i in range(1, len(parts) + 1):
-            try:
-                st = os.lstat(os.path.join(self.dest, *parts[:i]))
-            except FileNotFoundError:
-                return
-            if i < len(parts) and not stat.S_ISDIR(st.st_mode):
-                raise UnsafeTar(f"{printable(member)}: below something that is not a directory")
-            if i == len(parts) and not stat.S_ISDIR(st.st_mode):
-                raise UnsafeTar(f"{printable(member)}: already exists")
-
 
 def unpack_tar(stream: IO[bytes], dest: str, uid: int, gid: int) -> None:
-    """Unpack a workspace tar, read as a stream (never whole in memory, never seeked), into the host directory
+    """Unpack a workspace tar, read as a stream (never whole in memory, never seeked), into the empty host directory
     `dest`, every member checked by MemberCheck just before it is written (the caller is root: owners become
     uid:gid). Raises UnsafeTar (or tarfile.TarError for a broken archive, OSError for the disk)."""
-    check = MemberCheck(uid, gid, dest)
+    if os.listdir(dest):   # MemberCheck's rules hold only for an empty destination (no link of someone else's)
+        raise UnsafeTar(f"{dest} is not empty")
+    check = MemberCheck(uid, gid)
     with tarfile.open(fileobj=stream, mode="r|") as tar:   # type: ignore[call-overload]
         tar.extractall(dest, numeric_owner=True, filter=check)
 

@@ -191,3 +191,13 @@ def test_git_urls_and_paths(repo, expected):
 def test_bad_git_sources_are_refused(url, ref):
     with pytest.raises(ValueError):
         check_git_source(url, ref)
+
+
+def test_unpack_wants_an_empty_destination(tmp_path):
+    data, _ = pack(tree(tmp_path / "r"))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    os.symlink(str(tmp_path), dest / "src")        # someone else's link where the tar writes: never written through
+    with pytest.raises(UnsafeTar, match="is not empty"):
+        unpack_tar(io.BytesIO(data), str(dest), 1000, 1000)
+    assert os.listdir(dest) == ["src"] and sorted(os.listdir(tmp_path)) == ["dest", "r"]
