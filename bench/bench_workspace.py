@@ -37,7 +37,7 @@ def big_repo(root: str, files: int) -> str:
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, f"m{i}.py"), "w") as f:
             f.write(f"def f{i}(x):\n    return x + {i}\n" * (40 + i % 80))
-    git = ["git", "-C", repo, "-c", "user.name=b", "-c", "user.email=b@b"]
+    git = ["git", "-C", repo, "-c", "user.name=b", "-c", "user.email=b@b", "-c", "gc.auto=0"]
     subprocess.run(["git", "init", "-q", repo], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-qm", "init"], check=True)
