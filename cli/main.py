@@ -98,12 +98,12 @@ def pack_workspace(spec: JobSpec, max_bytes: int) -> None:
         return
     from sandbox.workspace import WorkspaceTooLarge
     from worker.blobs import default_blobs
-    from cli.options import format_size
     try:
         spec.workspace = pack_and_store(spec.repo, default_blobs(), max_bytes, tmp_dir=pid_home()).digest
     except WorkspaceTooLarge:
         raise BadInput(f"--repo {spec.repo} is larger than --max-workspace {format_size(max_bytes)} once packed; "
-                       f"nothing was queued (raise --max-workspace or PID_MAX_WORKSPACE, or submit a git URL)") from None
+                       "nothing was queued (raise --max-workspace or PID_MAX_WORKSPACE, or submit a git URL)"
+                       ) from None
     except OSError as exc:
         raise BadInput(f"cannot pack --repo {spec.repo}: {exc.strerror or exc}"
                        f"{f' ({exc.filename})' if exc.filename else ''}") from None

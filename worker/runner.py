@@ -1,6 +1,8 @@
 """One job runner for both paths (`pid run` in the foreground, the Celery task in a worker):
 
-    create sandbox -> import workspace (packed at submit, a git URL, or a directory) -> run agent -> collect artifacts -> write result.json -> remove container
+    create sandbox -> import workspace -> run agent -> collect artifacts -> write result.json -> remove container
+
+The workspace is the tree `submit` packed (a blob), a git URL cloned for the job, or a directory (`pid run`).
 
 The container is removed in a `finally`, whatever the ending; result.json is always written, and its status is
 true: a job whose sandbox died or whose artifacts could not be made is never `completed`.
