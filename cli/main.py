@@ -18,7 +18,7 @@ import click
 
 from pid import events as ev
 from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
-from cli.options import job_options
+from cli.options import EnvOption, Size, format_size, job_options
 from cli.output import EventPrinter, SessionFollower, print_result, wait_for
 from pid.endings import STATUSES, exit_code_for
 from worker.jobs import JobSpec
@@ -28,6 +28,7 @@ EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it
 NO_WORKER_NOTICE_S = 10.0  # `--wait` says so when a job is still queued after this long
 SWEEP_WHILE_WAITING_S = 5.0   # how often a `--wait` looks for jobs whose process died
 JOB_STATUSES = ("queued", "running", *STATUSES)
+DEFAULT_MAX_WORKSPACE = 200 << 20   # bytes of a directory --repo once packed at submit
 
 
 class BadInput(click.ClickException):
@@ -59,11 +60,7 @@ def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
     task, repo, model = options.pop("task"), options.pop("repo"), options.pop("model")
     if not task.strip():
         raise BadInput("the task is empty")
-    repo_path = os.path.abspath(os.path.expanduser(repo))
-    if not os.path.exists(repo_path):
-        raise BadInput(f"repo path does not exist: {repo}")
-    if not os.path.isdir(repo_path):
-        raise BadInput(f"repo path is not a directory: {repo}")
+    repo_path = check_repo(repo)
     if not model:
         raise BadInput("no model configured: pass --model or set PID_MODEL")
     if options["max_cost"] is not None and not (options["input_price"] or options["output_price"]):
@@ -76,6 +73,41 @@ def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
         click.echo(f"pid: warning: --network {spec.network}: the sandbox can reach the network and is reachable "
                    f"from it", err=True)
     return spec
+
+
+def check_repo(repo: str) -> str:
+    """--repo as the spec keeps it: a git URL (checked, kept as given) or an existing directory (absolute)."""
+    from worker.snapshot import git_source
+    try:
+        if git_source(repo) is not None:
+            return repo
+    except ValueError as exc:
+        raise BadInput(f"--repo: {exc}") from None
+    repo_path = os.path.abspath(os.path.expanduser(repo))
+    if not os.path.exists(repo_path):
+        raise BadInput(f"repo path does not exist: {repo}")
+    if not os.path.isdir(repo_path):
+        raise BadInput(f"repo path is not a directory: {repo}")
+    return repo_path
+
+
+def pack_workspace(spec: JobSpec, max_bytes: int) -> None:
+    """A directory --repo is packed now and stored as a blob (once per tree): the job runs on the tree as it is at
+    submit, on whatever machine takes it. A git URL is cloned by the worker instead."""
+    from worker.snapshot import git_source, pack_and_store
+    if git_source(spec.repo) is not None:
+        return
+    from sandbox.workspace import WorkspaceTooLarge
+    from worker.blobs import default_blobs
+    try:
+        spec.workspace = pack_and_store(spec.repo, default_blobs(), max_bytes, tmp_dir=pid_home()).digest
+    except WorkspaceTooLarge:
+        raise BadInput(f"--repo {spec.repo} is larger than --max-workspace {format_size(max_bytes)} once packed; "
+                       "nothing was queued (raise --max-workspace or PID_MAX_WORKSPACE, or submit a git URL)"
+                       ) from None
+    except OSError as exc:
+        raise BadInput(f"cannot pack --repo {spec.repo}: {exc.strerror or exc}"
+                       f"{f' ({exc.filename})' if exc.filename else ''}") from None
 
 
 def check_out_dir(out: str) -> str:
@@ -182,14 +214,19 @@ def _attach(agent: Any, agents: list[Any], job: Any) -> None:
 @cli.command()
 @job_options
 @click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code.")
-def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, **options: Any) -> None:
-    """Queue a job for a worker and print its id."""
+@click.option("--max-workspace", type=Size(), default=format_size(DEFAULT_MAX_WORKSPACE), show_default=True,
+              envvar="PID_MAX_WORKSPACE", show_envvar=True, cls=EnvOption,
+              help="Largest packed size of a directory --repo (it is packed at submit and travels with the job).")
+def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_workspace: int,
+           **options: Any) -> None:
+    """Queue a job for a worker and print its id. A directory --repo is packed now: the job sees it as it is now."""
     spec = build_spec(options, no_images)
     from worker.app import embedded_broker
     from worker.store import default_store
     from worker.tasks import dispatch
     if embedded_broker():  # the worker is on this machine: its image must be here too
         check_image(spec.image)
+    pack_workspace(spec, max_workspace)
     store = default_store()
     store.create(spec)
     try:

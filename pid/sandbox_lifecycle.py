@@ -7,7 +7,7 @@ this side of a sandbox (pid/sandbox.py is theirs).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import IO, Protocol, TypeVar, runtime_checkable
 
 from pid.sandbox import Sandbox
 
@@ -47,6 +47,17 @@ class JobSandbox(Sandbox, Protocol):
 
     def import_workspace(self, host_path: str, timeout: float = 600.0) -> None:
         """Copy a host directory into workdir and record it as the base of the patch (the host side is only read)."""
+        ...
+
+    def import_tar(self, stream: IO[bytes], timeout: float = 600.0) -> None:
+        """Unpack a workspace tar read from `stream` into workdir and record it as the base of the patch. The tar may
+        come from another machine: members are checked (relative names, no '..', nothing through a link, regular
+        files, directories and links only), and a refused one fails the import (SandboxError)."""
+        ...
+
+    def import_git(self, url: str, ref: str | None, timeout: float = 600.0) -> str:
+        """Clone a git URL at `ref` (branch, tag or commit id; None: the default branch) into workdir, git running
+        in the sandbox's world, never on the host; record it as the base of the patch. Returns the commit id."""
         ...
 
     def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:

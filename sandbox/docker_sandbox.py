@@ -8,15 +8,17 @@ streams, built and extracted without following links, bounded in size and valida
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
 import posixpath
 import tarfile
+import tempfile
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 import docker
 import docker.errors
@@ -36,7 +38,7 @@ from .errors import SandboxError
 from .pool import ChannelPool
 from .processes import kill_agent_processes
 from .reaper import force_remove, owner_label, remove_job_containers, run_labels
-from .workspace import base_script, build_tar, patch_script, unpack_tar
+from .workspace import UnsafeTar, base_script, build_tar, patch_script, sanitize_tar, unpack_tar
 
 log = logging.getLogger(__name__)
 
@@ -550,22 +552,49 @@ class DockerSandbox:
         repository of pid's own outside the workspace. The host directory is only read (never followed through
         links, never touched by git)."""
         with build_tar(host_path, self.uid, self.gid) as spool:
-            if self._disk is not None and not self._agent_started:
-                # Straight into the job disk's workspace directory: no engine request (put_archive re-executes the
-                # engine in the container, 130-250 ms here). Only before any agent command: until then nothing in
-                # that directory is the agent's, so nothing there can redirect the host's writes.
-                try:
-                    unpack_tar(spool, self._disk.path("workspace"))
-                except (OSError, tarfile.TarError) as exc:
-                    raise SandboxError(f"cannot copy workspace into the sandbox: {exc}") from exc
-                ok = True
-            else:
-                try:
+            self._unpack(spool, trusted=True)
+        self._record_base(timeout)
+
+    def import_tar(self, stream: IO[bytes], timeout: float = 600.0) -> None:
+        """Unpack a workspace tar read from `stream` (as `pid submit` packed it, on whatever machine: checked member
+        by member, see workspace.MemberCheck) into workdir as it arrives, and record it as the base."""
+        self._unpack(stream, trusted=False)
+        self._record_base(timeout)
+
+    def import_git(self, url: str, ref: str | None, timeout: float = 600.0) -> str:
+        """Clone `url` at `ref` into workdir, git running in a container of its own (sandbox.clone), and record the
+        checkout as the base; returns the commit cloned."""
+        from .clone import clone_into
+        config = dataclasses.replace(self.config, owner=self.config.owner or owner_label(_pid_home()))
+        commit = clone_into(self.client, config, url, ref, lambda tar: self._unpack(tar, trusted=False), timeout)
+        self._record_base(timeout)
+        return commit
+
+    def _unpack(self, stream: IO[bytes], trusted: bool) -> None:
+        """A workspace tar into workdir. `trusted`: build_tar made it here (else every member is checked)."""
+        try:
+            if self._disk is not None and not self._agent_started and not os.listdir(self._disk.path("workspace")):
+                # Straight into the job disk's workspace directory as the tar streams in: no engine request
+                # (put_archive re-executes the engine in the container, 130-250 ms here), no copy. Only before any
+                # agent command, into the empty directory: until then nothing in it is the agent's, so nothing there
+                # can redirect the host's writes.
+                unpack_tar(stream, self._disk.path("workspace"), self.uid, self.gid)
+                return
+            if trusted:
+                ok = self.client.api.put_archive(self.container_id, self.workdir, stream)
+            else:   # the engine unpacks as root in the container: it gets only what the checks let through
+                with tempfile.TemporaryFile(prefix="pid-import-") as spool:
+                    sanitize_tar(stream, spool, self.uid, self.gid)
+                    spool.seek(0)
                     ok = self.client.api.put_archive(self.container_id, self.workdir, spool)
-                except docker.errors.DockerException as exc:
-                    raise SandboxError(f"cannot copy workspace into the sandbox: {exc}") from exc
+        except UnsafeTar as exc:
+            raise SandboxError(f"the workspace archive was refused: {exc}") from exc
+        except (OSError, tarfile.TarError, docker.errors.DockerException) as exc:
+            raise SandboxError(f"cannot copy workspace into the sandbox: {exc}") from exc
         if not ok:
             raise SandboxError("cannot copy workspace into the sandbox")
+
+    def _record_base(self, timeout: float) -> None:
         out = self.run_as_pid(base_script(self.workdir), "recording the base commit", timeout)
         self.base_commit = out.strip().splitlines()[-1].decode()
 

@@ -16,10 +16,11 @@ import difflib
 import errno
 import os
 import posixpath
+import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Union
+from typing import IO, Any, Callable, Mapping, Union
 
 from pid.sandbox import DEFAULT_OUTPUT, ExecResult, OutputPolicy, SandboxError, SandboxLost
 from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped
@@ -265,6 +266,32 @@ class MemorySandbox:
                     with open(host, "rb") as f:
                         self.files[posixpath.join(inside, name)] = f.read()
         self.base = self._workspace()
+
+    def import_tar(self, stream: IO[bytes], timeout: float = 600.0) -> None:
+        """A workspace tar's regular files into workdir, under the same member checks as the Docker sandbox."""
+        from sandbox.workspace import MemberCheck, UnsafeTar
+        self._check_alive()
+        check = MemberCheck(0, 0)
+        try:
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                for member in tar:
+                    info = check(member)
+                    if info is None:
+                        continue
+                    path = posixpath.join(self.workdir, info.name)
+                    if info.isdir():
+                        self.dirs.add(path)
+                    elif info.isreg():
+                        fileobj = tar.extractfile(member)
+                        assert fileobj is not None
+                        self.files[path] = fileobj.read()
+        except (UnsafeTar, tarfile.TarError) as exc:
+            raise SandboxError(f"the workspace archive was refused: {exc}") from exc
+        self.base = self._workspace()
+
+    def import_git(self, url: str, ref: str | None, timeout: float = 600.0) -> str:
+        """No git here: the Docker sandbox clones (tests of git URLs are in the Docker tier)."""
+        raise SandboxError(f"cannot clone {url}: the in-memory sandbox has no git")
 
     def _workspace(self) -> dict[str, bytes]:
         prefix = self.workdir.rstrip("/") + "/"

@@ -65,11 +65,12 @@ def test_a_job_with_no_options_gets_exactly_the_job_specs_defaults(run_pid, pid_
     res = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", LOCAL, env=env)
     assert res.code == 0, res.stderr
     spec = stored_spec(env, res.stdout.strip())
-    given = {"task", "repo", "model", "base_url", "out_dir", "id"}
+    given = {"task", "repo", "model", "base_url", "out_dir", "id", "workspace"}
     for f in fields(JobSpec):
         if f.name not in given:
             assert getattr(spec, f.name) == default_of(f.name), f.name
     assert spec.out_dir == str(tmp_path / default_of("out_dir"))
+    assert spec.workspace.startswith("sha256:")   # the repository, packed at submit
 
 
 @pytest.mark.parametrize("command", ["run", "submit"])

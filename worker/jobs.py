@@ -40,7 +40,8 @@ def required(help: str) -> Any:
 @dataclass
 class JobSpec:
     task: str = required("What the agent is asked to do.")
-    repo: str = required("Repository or directory to work on (copied, never modified).")  # absolute in the spec
+    repo: str = required("Directory to work on (copied, never modified), or a git URL (https://, ssh://, git://, "
+                         "file://; #REF for a branch, tag or commit) the worker clones.")  # absolute in the spec
     model: str = required("Model name.")
     out_dir: str = setting("pid-runs", "Artifacts go to OUT/<job id>/.")  # absolute in the spec
     base_url: str | None = setting(None, "Model endpoint (OpenAI-compatible, or Anthropic with --api); default: "
@@ -70,6 +71,9 @@ class JobSpec:
     max_files_bytes: int = setting(100 << 20, "--file collection: bytes in all.")
     max_files: int = setting(10000, "--file collection: entries in all (what is over is skipped and listed).", min=1)
     id: str = setting(None, "The job's id.", factory=new_job_id)
+    # The workspace as `submit` packed it: a blob digest ("sha256:<hex>", worker/blobs.py). None: the worker reads
+    # `repo` (a git URL to clone, or a directory when the job starts, as `pid run` does). `repo` is kept for display.
+    workspace: str | None = setting(None, "The packed workspace's blob digest.")
 
     @property
     def job_dir(self) -> str:

@@ -2,6 +2,8 @@
 
     create sandbox -> import workspace -> run agent -> collect artifacts -> write result.json -> remove container
 
+The workspace is the tree `submit` packed (a blob), a git URL cloned for the job, or a directory (`pid run`).
+
 The container is removed in a `finally`, whatever the ending; result.json is always written, and its status is
 true: a job whose sandbox died or whose artifacts could not be made is never `completed`.
 """
@@ -29,8 +31,10 @@ from pid.tools.registry import default_registry
 from pid.sandbox import SandboxError
 from pid.sandbox_lifecycle import FilesBudget, JobSandbox, SandboxProvider
 from sandbox import DockerProvider
+from worker.blobs import Blobs
 from worker.jobs import JobSpec, write_json_atomic
 from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, abandon, sandbox_config
+from worker.snapshot import import_into
 from worker.watchdog import Watchdog
 
 AgentHook = Callable[[Agent], None]
@@ -45,11 +49,12 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             still_owner: Callable[[], bool] = lambda: True,
             starting: "Future[JobSandbox] | None" = None,
             sandboxes: SandboxProvider[Any] | None = None,
-            amend_result: Callable[[dict[str, Any]], None] | None = None, attempt: int = 1) -> dict[str, Any]:
+            amend_result: Callable[[dict[str, Any]], None] | None = None, attempt: int = 1,
+            blobs: Blobs | None = None) -> dict[str, Any]:
     """Run one job to its end and return result.json's content. Never raises for job failures.
 
     `starting` is the job's sandbox already being created (sandbox_start.start_sandbox); else it is created here,
-    by `sandboxes` (Docker's by default).
+    by `sandboxes` (Docker's by default). The workspace comes from `blobs` (default_blobs()) when the spec has one.
 
     `attempt` is the job's attempt this run is (its containers carry it). `still_owner` is asked before artifacts
     are written: a worker that lost its lease (another one took the job
@@ -67,6 +72,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     cancel = cancel or threading.Event()
     outcome = Outcome("error", usage=Usage())
     artifacts: dict[str, Any] = {}
+    workspace: dict[str, Any] | None = None   # which snapshot the job runs on, once imported
     sandbox: JobSandbox | None = None
     session: SessionWriter | None = None
     provider = None
@@ -88,7 +94,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             sandboxes.clear_job(spec.id)  # left by an earlier attempt whose worker died
             sandbox = sandboxes.create(sandbox_config(spec, attempt))
         watchdog.arm(spec.timeout_s - (time.time() - started) + GRACE_S, sandbox.kill, "wall_clock")
-        sandbox.import_workspace(spec.repo)
+        workspace = import_into(sandbox, spec.repo, spec.workspace, blobs)
         if cancel.is_set():
             raise JobCancelled
         context = ToolContext(sandbox=sandbox, cancel=cancel)
@@ -145,7 +151,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             watchdog.stop()
             if sandbox:
                 sandbox.close()
-        result = build_result(spec, outcome, started, artifacts)
+        result = build_result(spec, outcome, started, artifacts, workspace)
         if amend_result:
             amend_result(result)
         if owner:
@@ -195,7 +201,8 @@ def _collect(sandbox: JobSandbox, spec: JobSpec, artifacts: dict[str, Any]) -> s
     return problem
 
 
-def build_result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dict[str, Any]) -> dict[str, Any]:
+def build_result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dict[str, Any],
+                 workspace: dict[str, Any] | None = None) -> dict[str, Any]:
     finished = time.time()
     result: dict[str, Any] = {
         "id": spec.id, "status": outcome.status, "exit_reason": outcome.exit_reason,
@@ -204,6 +211,8 @@ def build_result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dic
         "repo": spec.repo, "started_at": iso_time(started), "finished_at": iso_time(finished),
         "duration_s": round(finished - started, 3), "artifacts": artifacts,
     }
+    if workspace is not None:
+        result["workspace"] = workspace
     if outcome.error:
         result["error"] = outcome.error
     return result

@@ -1,0 +1,169 @@
+"""Cloning a git URL for a job's workspace, in a short-lived container of its own: git never runs on the host.
+
+Why a separate container and not the job's: the job's container has no network by default, and a `file://`
+repository must be mounted to be read; a step of its own gets network (for https/ssh/git URLs) or the read-only mount
+(for file://) for the clone only, and the agent never sees either. The step writes the checkout as a tar on its
+stdout; the job's sandbox unpacks it with the checks every workspace tar passes (workspace.unpack_tar).
+
+git runs with hooks and external helpers off: no hooks, no fsmonitor, no credential helper or prompt, no submodules,
+only the URL's own protocol allowed (so no `ext::` and no redirect to another transport), no system or global
+configuration. The checkout is shallow: `--depth 1 --branch REF` for a branch or tag; a full commit id is fetched
+alone at depth 1, and if the server refuses that, the whole history is cloned and the commit checked out.
+"""
+from __future__ import annotations
+
+import io
+import os
+import re
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from typing import IO, Any, Callable, Iterator
+from urllib.parse import urlsplit
+
+import docker
+import docker.errors
+
+from .config import LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, SandboxConfig
+from .errors import SandboxError
+from .reaper import force_remove, run_labels
+from .workspace import check_git_source
+
+SOURCE_MOUNT = "/pid-src"     # where a file:// repository appears, read-only, in the clone's container
+CLONE_DIR = "/tmp/pid-clone"
+_SHA_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+_SCRIPT = r"""
+set -u
+export HOME=/tmp GIT_TERMINAL_PROMPT=0 GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/tmp/.pid-gitconfig \
+  GIT_ASKPASS=/bin/false SSH_ASKPASS=/bin/false GIT_SSH_COMMAND='ssh -o BatchMode=yes' LC_ALL=C
+# git reads safe.directory from the global configuration only (not -c): a mounted repository has another owner
+printf '[safe]\n\tdirectory = *\n' > /tmp/.pid-gitconfig
+url=$1 ref=$2 scheme=$3
+g() { git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c credential.helper= -c protocol.allow=never \
+  -c "protocol.$scheme.allow=always" -c safe.directory='*' -c submodule.recurse=false -c advice.detachedHead=false \
+  -c init.defaultBranch=main "$@"; }
+fail() { echo "pid-clone-error $*" >&2; exit 1; }
+full() {
+  cd /tmp && rm -rf "$dir" && g clone -q --no-checkout --no-recurse-submodules -- "$url" "$dir" || fail "cannot clone"
+  cd "$dir" && commit=$(g rev-parse -q --verify "$ref^{commit}") || fail "no branch, tag or commit named $ref"
+  g checkout -q --detach "$commit" || fail "cannot check out $ref"
+}
+dir=CLONE_DIR
+if [ -z "$ref" ]; then
+  g clone -q --depth 1 --no-recurse-submodules -- "$url" "$dir" || fail "cannot clone"
+elif printf '%s' "$ref" | grep -Eqx '[0-9a-f]{40}|[0-9a-f]{64}'; then
+  { mkdir -p "$dir" && cd "$dir" && g init -q && g remote add origin "$url" &&
+    g fetch -q --depth 1 origin "$ref" && g checkout -q --detach FETCH_HEAD; } 2>/dev/null || full
+else
+  g clone -q --depth 1 --branch "$ref" --no-recurse-submodules -- "$url" "$dir" 2>/dev/null || full
+fi
+cd "$dir" || fail "no checkout"
+echo "pid-commit $(g rev-parse HEAD)" >&2
+exec tar -cf - --numeric-owner .
+""".replace("CLONE_DIR", CLONE_DIR)
+
+
+class _Stdout(io.RawIOBase):
+    """The clone's stdout (the tar) as a readable stream; its stderr lines are kept apart."""
+
+    def __init__(self, frames: Iterator[tuple[bytes | None, bytes | None]]) -> None:
+        self.frames = frames
+        self.pending = b""
+        self.stderr = bytearray()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.pending:
+            try:
+                out, err = next(self.frames)
+            except StopIteration:
+                return 0
+            if err:
+                self.stderr += err[: max(0, 65536 - len(self.stderr))]
+            if out:
+                self.pending = out
+        n = min(len(buffer), len(self.pending))
+        buffer[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+    def drain(self) -> None:
+        while self.readinto(bytearray(65536)):
+            pass
+
+
+def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref: str | None,
+               unpack: Callable[[IO[bytes]], None], timeout: float) -> str:
+    """Clone `url` at `ref` in a container of its own and hand the checkout, as a tar stream, to `unpack`. Returns the
+    commit checked out. Raises SandboxError with git's reason (or the time limit) when it cannot."""
+    check_git_source(url, ref)
+    scheme = urlsplit(url).scheme
+    mounts: list[docker.types.Mount] = []
+    inside = url
+    if scheme == "file":
+        source = os.path.realpath(urlsplit(url).path)
+        if not os.path.isdir(source):
+            raise SandboxError(f"cannot clone {url}: {source} is not a directory on this worker")
+        mounts.append(docker.types.Mount(SOURCE_MOUNT, source, type="bind", read_only=True))
+        inside = f"file://{SOURCE_MOUNT}"
+    now = datetime.now(timezone.utc)
+    labels = {LABEL_JOB: config.job_id, LABEL_OWNER: config.owner, LABEL_CREATED: _iso(now),
+              LABEL_EXPIRES: _iso(now + timedelta(seconds=timeout + 60)), **run_labels()}
+    try:
+        created = client.api.create_container(
+            config.image, ["sh", "-c", _SCRIPT, "pid-clone", inside, ref or "", scheme],
+            user=config.user if config.user != "root" else "0:0", labels=labels, environment={"HOME": "/tmp"},
+            host_config=client.api.create_host_config(
+                network_mode="none" if scheme == "file" else "bridge", mounts=mounts,
+                mem_limit=config.memory, memswap_limit=config.memory, nano_cpus=int(config.cpus * 1e9),
+                pids_limit=config.pids_limit, security_opt=["no-new-privileges"], cap_drop=["ALL"],
+                log_config={"type": "none"}, runtime=config.runtime or None, init=True))
+    except docker.errors.DockerException as exc:
+        raise SandboxError(f"cannot start the clone of {url}: {exc}") from exc
+    cid = created["Id"]
+    timer = threading.Timer(timeout, lambda: force_remove(client, cid))
+    timer.daemon = True
+    started = time.monotonic()
+    try:
+        stdout = _Stdout(client.api.attach(cid, stdout=True, stderr=True, stream=True, logs=False, demux=True))
+        client.api.start(cid)
+        timer.start()
+        problem: BaseException | None = None
+        try:
+            unpack(io.BufferedReader(stdout, 1 << 16))   # type: ignore[arg-type]
+        except Exception as exc:   # the tar was cut short or refused: git's own reason comes first, if any
+            problem = exc
+        stdout.drain()
+        try:
+            code = client.api.wait(cid, timeout=max(1.0, timeout - (time.monotonic() - started)))["StatusCode"]
+        except Exception:
+            code = None
+        lines = stdout.stderr.decode("utf-8", "replace").splitlines()
+        commit = next((ln.split()[1] for ln in lines if ln.startswith("pid-commit ") and len(ln.split()) == 2), None)
+        if time.monotonic() - started >= timeout:
+            raise SandboxError(f"cloning {url} took longer than {timeout:g}s")
+        if code != 0 or commit is None or not _SHA_RE.fullmatch(commit):
+            git_said = _last(lines)
+            raise SandboxError(f"cannot clone {url}{f' at {ref}' if ref else ''}: "
+                               f"{git_said or f'exit status {code}'}")
+        if problem is not None:
+            raise problem
+        return commit
+    finally:
+        timer.cancel()
+        force_remove(client, cid)
+
+
+def _last(lines: list[str]) -> str:
+    """Why the clone failed: the script's reason, with git's last "fatal:" or "error:" line."""
+    ours = [ln[len("pid-clone-error "):] for ln in lines if ln.startswith("pid-clone-error ")]
+    git = [ln.strip() for ln in lines if ln.startswith(("fatal:", "error:"))]
+    text = "; ".join(x[-1] for x in (ours, git) if x)
+    return text[:500]
+
+
+def _iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

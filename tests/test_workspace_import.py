@@ -1,0 +1,123 @@
+"""The Docker sandbox imports a workspace from a tar stream (as packed at submit; untrusted) and from a git URL
+(cloned in a container of its own, at a branch, a tag or a commit). Real engine."""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from sandbox import DockerSandbox, SandboxConfig, SandboxError
+from sandbox.workspace import pack_tar
+from tests.conftest import IMAGE, pid_containers
+
+pytestmark = pytest.mark.docker  # the whole module needs an engine
+
+JOB = "test-import"
+
+
+def packed(root: Path) -> io.BytesIO:
+    out = io.BytesIO()
+    pack_tar(str(root), out)
+    out.seek(0)
+    return out
+
+
+def evil_tar(outside: Path) -> io.BytesIO:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        link = tarfile.TarInfo("escape")
+        link.type, link.linkname = tarfile.SYMTYPE, str(outside)
+        tar.addfile(link)
+        evil = tarfile.TarInfo("escape/evil.txt")
+        evil.size = 4
+        tar.addfile(evil, io.BytesIO(b"evil"))
+    out.seek(0)
+    return out
+
+
+def test_a_packed_tree_streams_in_with_links_kept(tmp_path):
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f.txt").write_text("f\n")
+    os.symlink("/etc/hostname", src / "abs")
+    os.symlink("d/f.txt", src / "rel")
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-tar", ttl_s=300)) as box:
+        box.import_tar(packed(src))
+        out = box.exec("readlink abs rel; stat -c '%n %u' d/f.txt abs; cat rel", timeout=20).tail
+        assert out == b"/etc/hostname\nd/f.txt\nd/f.txt 1000\nabs 1000\nf\n"
+        box.write_file("d/f.txt", b"g\n")
+        dest = tmp_path / "p.diff"
+        box.export_patch(str(dest), 1 << 20)
+        assert b"-f\n+g\n" in dest.read_bytes() and b"abs" not in dest.read_bytes()   # the base is the tar
+
+
+@pytest.mark.parametrize("after_agent", [False, True], ids=["job-disk", "engine"])
+def test_a_hostile_tar_is_refused_whichever_way_it_goes_in(tmp_path, after_agent):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-evil", ttl_s=300)) as box:
+        if after_agent:
+            box.exec("true", timeout=20)   # from now on the engine unpacks (put_archive), after pid's checks
+        with pytest.raises(SandboxError, match="the workspace archive was refused: escape/evil.txt: below a link"):
+            box.import_tar(evil_tar(outside))
+        # the import fails (and so the job): at most the members before the refused one are there, never below it
+        assert box.exec("ls -A; ls -A /tmp", timeout=20).tail == (b"" if after_agent else b"escape\n")
+    assert list(outside.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def bare_repo(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """A bare repository with main (a.txt 'two'), tag v1 (a.txt 'one') and branch feature (a.txt 'three')."""
+    root = tmp_path_factory.mktemp("git")
+    src = root / "src"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(src)]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(src)], check=True)
+    commits = {}
+    for name, text in (("v1", "one"), ("main", "two")):
+        (src / "a.txt").write_text(text + "\n")
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-qm", text], check=True)
+        commits[name] = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True,
+                                       text=True).stdout.strip()
+        if name == "v1":
+            subprocess.run([*git, "tag", "v1"], check=True)
+    subprocess.run([*git, "checkout", "-qb", "feature"], check=True)
+    (src / "a.txt").write_text("three\n")
+    subprocess.run([*git, "commit", "-qam", "three"], check=True)
+    commits["feature"] = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True,
+                                        text=True).stdout.strip()
+    subprocess.run([*git, "checkout", "-q", "main"], check=True)   # the default branch of the bare clone
+    bare = root / "bare.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(src), str(bare)], check=True)
+    return bare, commits
+
+
+@pytest.mark.parametrize("ref, text", [(None, "two"), ("v1", "one"), ("feature", "three"), ("sha:v1", "one")])
+def test_a_git_url_is_cloned_at_its_ref(tmp_path, bare_repo, ref, text):
+    bare, commits = bare_repo
+    expected = commits[ref[4:] if ref and ref.startswith("sha:") else ref or "main"]
+    if ref and ref.startswith("sha:"):
+        ref = expected
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-git", ttl_s=300)) as box:
+        assert box.import_git(f"file://{bare}", ref) == expected
+        out = box.exec("cat a.txt; git rev-parse HEAD; git status --porcelain; ls -A /; id -u", timeout=20).tail
+        lines = out.decode().splitlines()
+        assert lines[:2] == [text, expected]
+        assert "pid-src" not in lines                 # the repository was mounted for the clone only
+        box.write_file("a.txt", b"changed\n")
+        dest = tmp_path / "p.diff"
+        box.export_patch(str(dest), 1 << 20)
+        assert f"-{text}\n+changed\n".encode() in dest.read_bytes()
+    assert not [c for c in pid_containers() if c.labels.get("pid.job") == JOB + "-git"]   # the clone's is gone too
+
+
+def test_a_git_ref_that_does_not_exist_is_a_clear_error(bare_repo):
+    bare, _ = bare_repo
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-noref", ttl_s=300)) as box:
+        with pytest.raises(SandboxError, match=f"cannot clone file://{bare} at nope: no branch, tag or commit "
+                                               f"named nope"):
+            box.import_git(f"file://{bare}", "nope")

@@ -1,0 +1,203 @@
+"""The workspace tar packed at submit (deterministic, bounded, links kept) and its unpacking on the worker, where it
+is untrusted: hostile archives are refused and nothing lands outside the destination. Blobs: content-addressed,
+checked, atomic. No Docker needed."""
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from sandbox.workspace import (MemberCheck, UnsafeTar, WorkspaceTooLarge, check_git_source, pack_tar, sanitize_tar,
+                               unpack_tar)
+from worker.blobs import BlobCorrupt, BlobMissing, FileBlobs
+from worker.snapshot import git_source, pack_and_store
+
+
+def tree(root: Path) -> Path:
+    (root / "src" / "pkg").mkdir(parents=True)
+    (root / "src" / "pkg" / "m.py").write_text("x = 1\n")
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o4755)                          # setuid: dropped on unpack
+    os.symlink("/etc/passwd", root / "abs-link")             # kept as a link, never followed
+    os.symlink("src/pkg", root / "dir-link")
+    os.link(root / "src" / "pkg" / "m.py", root / "hard")
+    os.mkfifo(root / "fifo")                                 # not part of a workspace
+    return root
+
+
+def pack(root: Path, max_bytes: int = 0) -> tuple[bytes, str]:
+    out = io.BytesIO()
+    packed = pack_tar(str(root), out, 0, 0, max_bytes)
+    assert packed.size == len(out.getvalue())
+    return out.getvalue(), packed.digest
+
+
+def test_the_same_tree_packs_to_the_same_bytes_and_a_change_changes_them(tmp_path):
+    root = tree(tmp_path / "r")
+    first, digest = pack(root)
+    assert pack(root) == (first, digest)
+    assert digest.startswith("sha256:") and len(digest) == 71
+    names = [m.name for m in tarfile.open(fileobj=io.BytesIO(first))]
+    # sorted (directories, links to them among them, then files), no fifo
+    assert names == ["dir-link", "src", "abs-link", "hard", "run.sh", "src/pkg", "src/pkg/m.py"]
+    (root / "src" / "pkg" / "m.py").write_text("x = 2\n")
+    os.utime(root / "src" / "pkg" / "m.py", (1, 1))
+    assert pack(root)[1] != digest
+
+
+def test_links_are_packed_as_links_and_owners_are_fixed(tmp_path):
+    data, _ = pack(tree(tmp_path / "r"))
+    members = {m.name: m for m in tarfile.open(fileobj=io.BytesIO(data))}
+    assert members["abs-link"].issym() and members["abs-link"].linkname == "/etc/passwd"
+    assert members["dir-link"].issym() and members["dir-link"].linkname == "src/pkg"
+    assert members["src/pkg/m.py"].islnk() and members["src/pkg/m.py"].linkname == "hard"
+    assert {(m.uid, m.gid, m.uname, m.gname) for m in members.values()} == {(0, 0, "", "")}
+
+
+def test_a_tree_over_the_limit_stops_packing(tmp_path):
+    root = tmp_path / "big"
+    root.mkdir()
+    (root / "blob").write_bytes(os.urandom(300_000))
+    with pytest.raises(WorkspaceTooLarge):
+        pack(root, max_bytes=100_000)
+    assert pack(root, max_bytes=400_000)[0]
+
+
+def test_unpack_keeps_links_and_hard_links_and_masks_modes(tmp_path):
+    data, _ = pack(tree(tmp_path / "r"))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    unpack_tar(io.BytesIO(data), str(dest), 1000, 1000)
+    assert os.readlink(dest / "abs-link") == "/etc/passwd" and os.readlink(dest / "dir-link") == "src/pkg"
+    assert (dest / "hard").read_text() == "x = 1\n" and os.stat(dest / "hard").st_nlink == 2
+    assert stat.S_IMODE(os.stat(dest / "run.sh").st_mode) == 0o755
+    assert {os.lstat(p).st_uid for p in dest.rglob("*")} == {1000}
+
+
+def hostile(*members: tuple[str, bytes, dict]) -> bytes:
+    """A tar of (name, data, TarInfo attributes) members, written as given."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data, attrs in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            for key, value in attrs.items():
+                setattr(info, key, value)
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    return out.getvalue()
+
+
+SYM = {"type": tarfile.SYMTYPE}
+HOSTILE = {
+    "absolute path": hostile(("/tmp/pid-evil-abs", b"x", {})),
+    "dot-dot": hostile(("a/../../evil", b"x", {})),
+    "write through a symlink": hostile(("out", b"", {**SYM, "linkname": "{outside}"}), ("out/evil", b"x", {})),
+    "write through a symlinked parent": hostile(("d", b"", {**SYM, "linkname": "{outside}"}),
+                                                ("d/sub/evil", b"x", {})),
+    "hard link outside": hostile(("h", b"", {"type": tarfile.LNKTYPE, "linkname": "{outside}/victim"})),
+    "hard link to a symlink": hostile(("s", b"", {**SYM, "linkname": "{outside}/victim"}),
+                                      ("h", b"", {"type": tarfile.LNKTYPE, "linkname": "s"})),
+    "hard link with dot-dot": hostile(("h", b"", {"type": tarfile.LNKTYPE, "linkname": "../victim"})),
+    "device": hostile(("dev", b"", {"type": tarfile.CHRTYPE, "devmajor": 1, "devminor": 3})),
+    "fifo": hostile(("fifo", b"", {"type": tarfile.FIFOTYPE})),
+    "twice": hostile(("f", b"one", {}), ("f", b"two", {})),
+    "file then below it": hostile(("f", b"one", {}), ("f/g", b"two", {})),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+@pytest.mark.parametrize("how", ["unpack", "sanitize"])
+def test_hostile_tars_are_refused_and_nothing_lands_outside(tmp_path, case, how):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_text("victim\n")
+    data = _rebuild(HOSTILE[case], str(outside))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(UnsafeTar):
+        if how == "unpack":
+            unpack_tar(io.BytesIO(data), str(dest), 1000, 1000)
+        else:
+            sanitize_tar(io.BytesIO(data), io.BytesIO(), 1000, 1000)
+    assert sorted(p.name for p in outside.iterdir()) == ["victim"]
+    assert (outside / "victim").read_text() == "victim\n" and os.stat(outside / "victim").st_nlink == 1
+    assert not os.path.exists("/tmp/pid-evil-abs") and not (tmp_path / "evil").exists()
+
+
+def _rebuild(data: bytes, outside: str) -> bytes:
+    """The case's tar with {outside} in link targets made the test's own directory."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(data)) as src, tarfile.open(fileobj=out, mode="w",
+                                                                     format=tarfile.PAX_FORMAT) as dst:
+        for m in src:
+            m.linkname = m.linkname.replace("{outside}", outside)
+            dst.addfile(m, src.extractfile(m) if m.isreg() else None)
+    return out.getvalue()
+
+
+def test_member_check_drops_the_root_entry_and_normalises_names():
+    check = MemberCheck(5, 6)
+    assert check(tarfile.TarInfo("./")) is None
+    info = tarfile.TarInfo("./a//b")
+    info.mode = 0o6777
+    checked = check(info)
+    assert (checked.name, checked.uid, checked.gid, checked.mode) == ("a/b", 5, 6, 0o777)
+
+
+def test_blobs_are_content_addressed_checked_and_stored_once(tmp_path):
+    blobs = FileBlobs(str(tmp_path / "blobs"))
+    root = tree(tmp_path / "r")
+    first = pack_and_store(str(root), blobs, 0, tmp_dir=str(tmp_path))
+    second = pack_and_store(str(root), blobs, 0, tmp_dir=str(tmp_path))
+    assert first == second and blobs.has(first.digest)
+    stored = [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]
+    assert len(stored) == 1 and stored[0].stat().st_size == first.size
+    assert not list(tmp_path.glob(".pid-pack-*"))          # the packing's temporary file is gone
+    with blobs.open(first.digest) as f:
+        assert f.read() == pack(root)[0]
+    other = tmp_path / "other"
+    other.write_bytes(b"not that")
+    with pytest.raises(BlobCorrupt):
+        blobs.put_file(str(other), "sha256:" + "0" * 64)
+    assert not blobs.has("sha256:" + "0" * 64) and len([p for p in (tmp_path / "blobs").rglob("*")
+                                                           if p.is_file()]) == 1
+    with pytest.raises(BlobMissing):
+        blobs.open("sha256:" + "1" * 64)
+    with pytest.raises(ValueError):
+        blobs.has("sha256:../../etc/passwd")
+
+
+@pytest.mark.parametrize("repo, expected", [
+    ("/some/dir", None), ("relative/dir", None),
+    ("https://example.com/r.git", ("https://example.com/r.git", None)),
+    ("file:///srv/r.git#v1.2", ("file:///srv/r.git", "v1.2")),
+    ("ssh://git@host/r.git#feature/x", ("ssh://git@host/r.git", "feature/x")),
+    ("git://host/r#" + "a" * 40, ("git://host/r", "a" * 40)),
+])
+def test_git_urls_and_paths(repo, expected):
+    got = git_source(repo)
+    assert (got and (got.url, got.ref)) == expected
+
+
+@pytest.mark.parametrize("url, ref", [
+    ("ext::sh -c evil", None), ("ftp://host/r", None), ("file://otherhost/r", None), ("https://-oProxy/r", None),
+    ("https://host/r", "-upload-pack=evil"), ("https://host/r", "a..b"), ("https://host/r", "x y"),
+    ("https://host/a b", None),
+])
+def test_bad_git_sources_are_refused(url, ref):
+    with pytest.raises(ValueError):
+        check_git_source(url, ref)
+
+
+def test_unpack_wants_an_empty_destination(tmp_path):
+    data, _ = pack(tree(tmp_path / "r"))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    os.symlink(str(tmp_path), dest / "src")        # someone else's link where the tar writes: never written through
+    with pytest.raises(UnsafeTar, match="is not empty"):
+        unpack_tar(io.BytesIO(data), str(dest), 1000, 1000)
+    assert os.listdir(dest) == ["src"] and sorted(os.listdir(tmp_path)) == ["dest", "r"]
