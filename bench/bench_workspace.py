@@ -55,10 +55,11 @@ def in_process(repo: str, home: str, runs: int) -> None:
     os.environ["PID_HOME"] = home
     from sandbox import DockerSandbox, SandboxConfig
     from sandbox.workspace import build_tar
-    from worker.blobs import FileBlobs
+    from worker.blobs import StoreBlobs
+    from worker.store import JobStore
     from worker.snapshot import pack_and_store
     os.makedirs(home, exist_ok=True)
-    blobs = FileBlobs(os.path.join(home, "blobs"))
+    blobs = StoreBlobs(JobStore(os.path.join(home, "jobs.db")))
     pack, unpack, base, old = [], [], [], []
     for n in range(runs + 1):                                         # the first round warms the caches
         for leftover in (os.path.join(home, "blobs"),):

@@ -133,7 +133,7 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
         timer.start()
         problem: BaseException | None = None
         try:
-            unpack(io.BufferedReader(stdout, 1 << 16))   # type: ignore[arg-type]
+            unpack(io.BufferedReader(stdout, 1 << 16))
         except Exception as exc:   # the tar was cut short or refused: git's own reason comes first, if any
             problem = exc
         stdout.drain()

@@ -124,7 +124,7 @@ def pack_tar(root: str, out: IO[bytes], uid: int = 0, gid: int = 0, max_bytes: i
     if not os.path.isdir(root) or os.path.islink(root):
         raise NotADirectoryError(f"not a directory: {root}")
     sink = _HashingSink(out, max_bytes)
-    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:   # type: ignore[call-overload]
+    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
         for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
             dirnames.sort()
             for name in sorted(dirnames) + sorted(filenames):
@@ -244,7 +244,7 @@ def unpack_tar(stream: IO[bytes], dest: str, uid: int, gid: int) -> None:
     if os.listdir(dest):   # MemberCheck's rules hold only for an empty destination (no link of someone else's)
         raise UnsafeTar(f"{dest} is not empty")
     check = MemberCheck(uid, gid)
-    with tarfile.open(fileobj=stream, mode="r|") as tar:   # type: ignore[call-overload]
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
         tar.extractall(dest, numeric_owner=True, filter=check)
 
 
@@ -253,7 +253,7 @@ def sanitize_tar(stream: IO[bytes], out: IO[bytes], uid: int, gid: int) -> None:
     cannot write itself (the engine unpacks it inside the container). Raises UnsafeTar like unpack_tar."""
     check = MemberCheck(uid, gid)
     with tarfile.open(fileobj=stream, mode="r|") as src, \
-            tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as dst:   # type: ignore[call-overload]
+            tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as dst:
         for member in src:
             info = check(member)
             if info is not None:

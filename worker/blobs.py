@@ -1,29 +1,25 @@
 """Content-addressed blobs: a job's workspace tar goes in at submit and comes out on the worker, by its digest.
 
 Code uses the `Blobs` Protocol and gets the implementation from `default_blobs()`, the one place that chooses it
-(today files under PID_HOME/blobs; a store shared between machines plugs in there). A digest is "sha256:<64 hex>",
+(the job store's: shared by every machine that shares the store). A digest is "sha256:<64 hex>",
 the hash of the blob's bytes, so a hundred jobs on one tree store it once (has() first), and a blob is never
 rewritten: a reader sees the whole of it or nothing.
 """
 from __future__ import annotations
 
-import hashlib
-import os
+import io
 import re
-import tempfile
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Iterator, Protocol
 
-from pid.config import pid_home
+from worker.store import BlobMissing, Store, default_store
+
+__all__ = ["BlobCorrupt", "BlobMissing", "Blobs", "StoreBlobs", "default_blobs", "hex_of"]
 
 DIGEST_RE = re.compile(r"sha256:([0-9a-f]{64})")
 CHUNK = 1 << 20
 
 
-class BlobMissing(Exception):
-    """No blob with this digest (never stored, or expired)."""
-
-
-class BlobCorrupt(Exception):
+class BlobCorrupt(ValueError):
     """The bytes do not hash to the digest they were given under."""
 
 
@@ -50,49 +46,57 @@ def hex_of(digest: str) -> str:
     return match.group(1)
 
 
-class FileBlobs:
-    """Blobs as files: ROOT/sha256/<2 hex>/<62 hex>, each written to a temporary file in ROOT and renamed."""
+class StoreBlobs:
+    """The job store's blobs as `Blobs`: files beside the SQLite database, or chunks in Redis (worker/store.py),
+    so a workspace packed on one machine is read on another through the store both use."""
 
-    def __init__(self, root: str) -> None:
-        self.root = root
-
-    def _path(self, digest: str) -> str:
-        hexd = hex_of(digest)
-        return os.path.join(self.root, "sha256", hexd[:2], hexd[2:])
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     def has(self, digest: str) -> bool:
-        return os.path.isfile(self._path(digest))
+        hex_of(digest)
+        return self.store.has_blob(digest)
 
     def put_file(self, path: str, digest: str) -> None:
-        final = self._path(digest)
-        os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".put-", dir=self.root)
+        hex_of(digest)
         try:
-            hasher = hashlib.sha256()
-            with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
-                while chunk := src.read(CHUNK):
-                    hasher.update(chunk)
-                    dst.write(chunk)
-                dst.flush()
-                os.fsync(dst.fileno())
-            if f"sha256:{hasher.hexdigest()}" != digest:
-                raise BlobCorrupt(f"{path} does not hash to {digest}")
-            os.chmod(tmp, 0o400)
-            os.replace(tmp, final)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+            self.store.put_blob_file(path, digest)
+        except ValueError as exc:
+            raise BlobCorrupt(f"{path} does not hash to {digest}") from exc
 
     def open(self, digest: str) -> BinaryIO:
-        try:
-            return open(self._path(digest), "rb")
-        except FileNotFoundError:
-            raise BlobMissing(f"no blob {digest}") from None
+        hex_of(digest)
+        return io.BufferedReader(_ChunkStream(self.store.open_blob(digest)), CHUNK)
+
+
+class _ChunkStream(io.RawIOBase):
+    """An iterator of byte chunks as a readable stream (tarfile reads it as it arrives)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._left = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._left:
+            try:
+                self._left = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(buffer), len(self._left))
+        buffer[:n] = self._left[:n]
+        self._left = self._left[n:]
+        return n
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+        super().close()
 
 
 def default_blobs() -> Blobs:
-    """The blob store this installation uses (the one line to change for another implementation)."""
-    return FileBlobs(os.path.join(pid_home(), "blobs"))
+    """The blob store this installation uses: the job store's."""
+    return StoreBlobs(default_store())
