@@ -19,7 +19,7 @@ import click
 from pid import events as ev
 from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
 from cli.options import EnvOption, Size, format_size, job_options
-from cli.output import EventPrinter, SessionFollower, print_result, wait_for
+from cli.output import EventFollower, EventPrinter, RecordPrinter, print_result, wait_for
 from pid.endings import STATUSES, exit_code_for
 from worker.jobs import JobSpec
 
@@ -244,7 +244,7 @@ def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_
 def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool) -> None:
     record = store.get(job_id)
     result_path = os.path.join(record.spec.job_dir, "result.json")
-    follower = SessionFollower(os.path.join(record.spec.job_dir, "session.jsonl")) if follow else None
+    follower = EventFollower(store, job_id, RecordPrinter()) if follow else None
     try:
         wait_for(lambda: store.get(job_id).terminal, follower, tick=_while_waiting(store, job_id))
         wait_for(lambda: os.path.exists(result_path), None, timeout_s=10)  # written just before or after the end
@@ -452,6 +452,29 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool) -> None:
         cost = record.total_usage["cost"]
         click.echo(f"{record.id}  {record.status:<9}  {_duration(record.duration_s):>8}  "
                    f"{f'${cost:.4f}':>9}  {record.exit_reason or '-':<16}  {task[:50]}")
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing as the job goes on, until it ends.")
+@click.option("--json", "as_json", is_flag=True, help="Every record, one JSON object per line.")
+def logs(job_id: str, follow: bool, as_json: bool) -> None:
+    """A job's log, from any machine that shares its store: a line per tool call (name, summary, duration), model
+    errors, and what happened to the job (each attempt's start, hand-backs, its end)."""
+    store, _ = _record_or_fail(job_id)
+    follower = EventFollower(store, job_id, RecordPrinter(as_json, err=False))
+    follower.poll()
+    if not follow:
+        return
+    try:
+        while True:
+            record = store.get(job_id)
+            follower.poll(wait_s=1.0)
+            if record is None or record.terminal:
+                follower.poll()
+                return
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
 
 
 @cli.command()

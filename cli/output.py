@@ -11,8 +11,6 @@ import click
 
 from pid import events as ev
 from pid.event_records import EventRecords
-from pid.messages import AssistantMessage, ToolCall, ToolResultMessage, message_from_dict
-from pid.tools.summary import summarize_call
 
 
 def tool_line(name: str, summary: str, is_error: bool, error_line: str | None, duration_s: float | None) -> str:
@@ -24,18 +22,13 @@ def tool_line(name: str, summary: str, is_error: bool, error_line: str | None, d
     return line
 
 
-def _result_line(name: str, args: dict[str, Any], result: ToolResultMessage, duration_s: float | None) -> str:
-    last = result.text.strip().splitlines()[-1:] or [""]
-    return tool_line(name, summarize_call(name, args), result.is_error, last[0], duration_s)
-
-
 class RecordPrinter:
     """Prints a job's log records (pid/event_records.py) on stderr: a line per tool call as it ends, model errors,
     and what happened to the job (an attempt started, handed back, put back). With as_json, each record is one JSON
     line on stdout instead."""
 
-    def __init__(self, as_json: bool = False) -> None:
-        self.as_json = as_json
+    def __init__(self, as_json: bool = False, err: bool = True) -> None:
+        self.as_json, self.err = as_json, err
 
     def __call__(self, record: dict[str, Any]) -> None:
         if self.as_json:
@@ -44,11 +37,13 @@ class RecordPrinter:
         kind = record.get("type")
         if kind == "tool_end":
             click.echo(tool_line(str(record.get("name")), str(record.get("summary", "")), bool(record.get("is_error")),
-                                 record.get("error_line"), record.get("duration_s")), err=True)
+                                 record.get("error_line"), record.get("duration_s")), err=self.err)
         elif kind == "assistant" and record.get("error"):
-            click.echo(click.style(f"model error: {record['error']}", fg="red"), err=True)
+            click.echo(click.style(f"model error: {record['error']}", fg="red"), err=self.err)
         elif kind == "job" and record.get("note"):
-            click.echo(click.style(f"· {record['note']}", dim=True), err=True)
+            click.echo(click.style(f"· {record['note']}", dim=True), err=self.err)
+        elif kind == "dropped":
+            click.echo(click.style(f"· {record.get('count')} log record(s) dropped", dim=True), err=self.err)
 
 
 class EventPrinter:
@@ -64,40 +59,22 @@ class EventPrinter:
             self._printer(record)
 
 
-class SessionFollower:
-    """Prints the tool calls of a session file as a worker appends to it (for `submit --wait`)."""
+class EventFollower:
+    """Prints a job's log records as they reach its store (`pid logs -f`, `submit --wait`, `result --wait`): from
+    any machine that shares the store, whichever worker runs the job."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._offset = 0
-        self._partial = b""
-        self._calls: dict[str, ToolCall] = {}
+    def __init__(self, store: Any, job_id: str, printer: Callable[[dict[str, Any]], None]) -> None:
+        self.store, self.job_id, self.printer = store, job_id, printer
+        self.after = 0
 
-    def poll(self) -> None:
+    def poll(self, wait_s: float = 0) -> None:
         try:
-            with open(self.path, "rb") as f:
-                if os.fstat(f.fileno()).st_size < self._offset:  # a retried job started a new transcript
-                    self._offset, self._partial = 0, b""
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
+            records = self.store.events(self.job_id, after=self.after, wait_s=wait_s)
+        except Exception:   # a store briefly unreachable: the next poll catches up
             return
-        self._offset += len(chunk)
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if entry.get("type") != "message":
-                continue
-            message = message_from_dict(entry["message"])
-            if isinstance(message, AssistantMessage):
-                self._calls.update({c.id: c for c in message.tool_calls})
-            elif isinstance(message, ToolResultMessage):
-                call = self._calls.pop(message.tool_call_id, None)
-                click.echo(_result_line(message.tool_name, call.arguments if call else {}, message, None), err=True)
+        for n, record in records:
+            self.printer(record)
+            self.after = n
 
 
 def print_result(result: dict[str, Any], job_dir: str, as_json: bool) -> None:
@@ -122,7 +99,7 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def wait_for(done: Callable[[], bool], follower: SessionFollower | None, poll_s: float = 0.2,
+def wait_for(done: Callable[[], bool], follower: EventFollower | None, poll_s: float = 0.2,
              timeout_s: float | None = None, tick: Callable[[], None] | None = None) -> None:
     """Poll `done` (printing the follower's news) until it is true or `timeout_s` passes; `tick` runs each poll."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s

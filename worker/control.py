@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pid import events as ev
+from pid.event_records import EventRecords, job_record
 from pid.tools.summary import summarize_call
 from pid.agent import Agent
 from pid.messages import AssistantMessage, Usage
@@ -105,6 +106,47 @@ class Progress:
                     "activity": self.activity, "last_tool": self.last_tool}
 
 
+class EventLog:
+    """A job's log records on their way to the store (`pid logs`, `submit --wait`): the agent's threads add them,
+    the relay's thread writes them every poll, so a model or tool call never waits on the store. At most
+    PENDING_MAX wait; past that the oldest go, and a record says how many."""
+
+    PENDING_MAX = 1000
+
+    def __init__(self, store: Store, job_id: str) -> None:
+        self.store, self.job_id = store, job_id
+        self._pending: list[dict[str, Any]] = []
+        self._dropped = 0
+        self._lock = threading.Lock()
+
+    def add(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            if len(self._pending) >= self.PENDING_MAX:
+                self._pending.pop(0)
+                self._dropped += 1
+            self._pending.append(record)
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+            dropped, self._dropped = self._dropped, 0
+        if dropped:
+            pending.insert(0, {"type": "dropped", "count": dropped, "t": round(time.time(), 3)})
+        try:
+            for n, record in enumerate(pending):
+                self.store.append_event(self.job_id, record)
+        except Exception:   # an unreachable store costs these records, never the job
+            log.warning("job %s: %d log record(s) not written to the store", self.job_id, len(pending) - n)
+
+
+def log_job(store: Store, job_id: str, status: str, note: str, **fields: Any) -> None:
+    """One record of what happened to the job itself (started, handed back, put back, ended) in its log."""
+    try:
+        store.append_event(job_id, job_record(status, note=note, **fields))
+    except Exception:
+        log.warning("job %s: its log record (%s) not written to the store", job_id, note)
+
+
 class ControlRelay:
     """A thread beside the running job: renews the lease, carries the store's controls to the agent, records
     progress."""
@@ -118,6 +160,8 @@ class ControlRelay:
         self._thread = threading.Thread(target=self._run, name="pid-control", daemon=True)
         self._reported = -1
         self._stop_requested = False
+        self._records = EventRecords()
+        self._log = EventLog(store, job_id)
 
     def still_owner(self) -> bool:
         """False only when another worker holds the job now; an unreadable store must not lose the artifacts."""
@@ -140,6 +184,9 @@ class ControlRelay:
 
     def on_event(self, event: ev.Event) -> None:
         self.progress.on_event(event)
+        record = self._records(event)
+        if record is not None:
+            self._log.add(record)
 
     def start(self) -> None:
         self._thread.start()
@@ -147,6 +194,7 @@ class ControlRelay:
     def stop(self) -> None:
         self._done.set()
         self._thread.join(timeout=5)
+        self._log.flush()
         try:
             self._report()
         except Exception:
@@ -161,6 +209,7 @@ class ControlRelay:
         renew_every = LEASE_S / 6
         last_write = time.monotonic()
         while not self._done.wait(CONTROL_POLL_S):
+            self._log.flush()
             try:
                 if self._stop_requested:
                     self._cancel()

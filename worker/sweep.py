@@ -14,8 +14,8 @@ import time
 from typing import Any, Callable
 
 from pid.agent import Outcome
-from pid.endings import ENDINGS, ExitReason
-from worker.control import proc_stat, process_identity, with_earlier_attempts
+from pid.endings import ENDINGS, ExitReason, status_of
+from worker.control import log_job, proc_stat, process_identity, with_earlier_attempts
 from worker.jobs import JobSpec, write_json_atomic
 from worker.store import JobRecord, Store
 
@@ -67,9 +67,11 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
                         on_end(now_record)
                     continue
                 log.warning("job %s: its worker process (%s) is gone; back in the queue", record.id, _who(record))
+                log_job(store, record.id, "queued", f"its worker ({_who(record)}) was lost: back in the queue")
             continue
         if store.finish(record.id, reason, owner=record.owner, error=error, lapsed_only=lapsed):
             ended.append(record.id)
+            log_job(store, record.id, status_of(reason), f"{reason}: {error}" if error else reason, exit_reason=reason)
             write_unrun_result(record.spec, reason, error, record)
             _remove_containers(record.id, record.attempts)
             if on_end:

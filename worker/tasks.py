@@ -16,7 +16,7 @@ from typing import Any
 from pid.config import EnvDefaults
 from pid.endings import status_of
 from worker.app import app
-from worker.control import LEASE_S, ControlRelay, new_owner, record_end, with_earlier_attempts
+from worker.control import LEASE_S, ControlRelay, log_job, new_owner, record_end, with_earlier_attempts
 from worker.runner import run_job
 from worker.store import JobRecord, Store, default_store
 
@@ -80,6 +80,8 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
     assert record is not None
     jobs_log.info("job %s started%s: %s", job_id, f" (attempt {record.attempts})" if record.attempts > 1 else "",
                   _short(record.spec.task))
+    log_job(store, job_id, "running", f"attempt {record.attempts} started on {socket.gethostname()}",
+            attempt=record.attempts)
     relay = ControlRelay(store, job_id, owner)
     stop.relay = relay
     if stop.requested:
@@ -105,8 +107,10 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
             hand_back(store, job_id, owner, relay, stop.requested, api_key)
         else:
             record_end(store, job_id, owner, result)
-            jobs_log.info("%s", end_line(job_id, status_of(result["exit_reason"]), result.get("exit_reason"),
-                                         result.get("duration_s"), (result.get("usage") or {}).get("cost")))
+            line = end_line(job_id, status_of(result["exit_reason"]), result.get("exit_reason"),
+                            result.get("duration_s"), (result.get("usage") or {}).get("cost"))
+            jobs_log.info("%s", line)
+            log_job(store, job_id, status_of(result["exit_reason"]), line, exit_reason=result["exit_reason"])
 
 
 def hand_back(store: Store, job_id: str, owner: str, relay: ControlRelay, why: str, api_key: str | None) -> None:
@@ -128,6 +132,7 @@ def hand_back(store: Store, job_id: str, owner: str, relay: ControlRelay, why: s
     if status != "queued":
         return
     jobs_log.info("job %s handed back to the queue (%s): it runs again on the next worker", job_id, why)
+    log_job(store, job_id, "queued", f"its worker stopped ({why}): handed back to the queue")
     try:
         dispatch(job_id, api_key, store=store)
     except Exception as exc:

@@ -1,0 +1,61 @@
+"""A job's log from its store: `pid logs` (and `-f`, `--json`) shows a running job's tool calls live and what
+happened to the job, from any process that shares the store; `submit --wait` prints the same lines."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.docker
+
+
+def test_pid_logs_follows_a_running_job_live_and_prints_its_whole_log_after(run_pid, worker, pid_env, sample_repo,
+                                                                             tmp_path):
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo one"}}]},
+              {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 4; echo two"}}]},
+              {"tool_calls": [{"name": "read", "arguments": {"path": "missing.txt"}}]},
+              {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        job_id = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url,
+                         "--out", str(tmp_path / "out")).stdout.strip()
+        follower = subprocess.Popen([sys.executable, "-m", "cli.main", "logs", job_id, "-f"], cwd=tmp_path,
+                                    env=pid_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            seen = [follower.stdout.readline()]   # live: the first call's line arrives while the second runs
+            while "echo one" not in seen[-1]:
+                seen.append(follower.stdout.readline())
+                assert seen[-1], follower.stderr.read()
+            assert len(llm.requests) <= 2, "the first line came only after the job went on"
+            rest, err = follower.communicate(timeout=120)
+            out = "".join(seen) + rest
+        finally:
+            follower.kill()
+    assert follower.returncode == 0, err
+    assert "✓ bash sleep 4; echo two" in out and "✗ read missing.txt" in out
+    assert "attempt 1 started on" in out and f"job {job_id} completed (stop)" in out
+    whole = run_pid("logs", job_id)
+    assert whole.code == 0 and whole.stdout.count("✓ bash") == 2
+    records = [json.loads(line) for line in run_pid("logs", job_id, "--json").stdout.splitlines()]
+    kinds = [r["type"] for r in records]
+    assert kinds[0] == "job" and records[0]["status"] == "running"
+    assert kinds[-1] == "job" and records[-1]["status"] == "completed"
+    assert kinds.count("tool_start") == kinds.count("tool_end") == 3 and kinds.count("turn_start") == 4
+    ends = [r for r in records if r["type"] == "tool_end"]
+    assert [(r["name"], r["is_error"]) for r in ends] == [("bash", False), ("bash", False), ("read", True)]
+    assert ends[1]["duration_s"] >= 4 and "missing.txt" in ends[2]["error_line"]
+    assert run_pid("logs", "nope").code == 2
+
+
+def test_submit_wait_prints_the_tool_calls_from_the_store(run_pid, worker, sample_repo, tmp_path):
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo hi"}}]}, {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        res = run_pid("submit", "--wait", "t", "--repo", str(sample_repo), "--model", "m", "--base-url",
+                      llm.base_url, "--out", str(tmp_path / "out"))
+    assert res.code == 0, res.stderr
+    assert "✓ bash echo hi" in res.stderr and "attempt 1 started on" in res.stderr
+    assert res.stdout.strip() == "done"
