@@ -18,10 +18,10 @@ import click
 
 from pid import events as ev
 from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
-from cli.options import EnvOption, Size, format_size, job_options
+from cli.options import EnvOption, QueueName, Size, format_size, job_options
 from cli.output import EventFollower, EventPrinter, RecordPrinter, print_result, wait_for
 from pid.endings import STATUSES, exit_code_for
-from worker.jobs import JobSpec
+from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
 
 EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without --wait)
 EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it
@@ -217,10 +217,13 @@ def _attach(agent: Any, agents: list[Any], job: Any) -> None:
 @click.option("--max-workspace", type=Size(), default=format_size(DEFAULT_MAX_WORKSPACE), show_default=True,
               envvar="PID_MAX_WORKSPACE", show_envvar=True, cls=EnvOption,
               help="Largest packed size of a directory --repo (it is packed at submit and travels with the job).")
-def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_workspace: int,
+@click.option("--queue", type=QueueName(), default=DEFAULT_QUEUE, show_default=True, envvar="PID_QUEUE",
+              show_envvar=True, cls=EnvOption, help=spec_field("queue").metadata["help"])
+def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_workspace: int, queue: str,
            **options: Any) -> None:
     """Queue a job for a worker and print its id. A directory --repo is packed now: the job sees it as it is now."""
     spec = build_spec(options, no_images)
+    spec.queue = queue
     from worker.app import embedded_broker
     from worker.store import default_store
     from worker.tasks import dispatch
@@ -287,16 +290,17 @@ def _no_worker_notice(store: Any, job_id: str) -> Callable[[], None]:
         record = store.get(job_id)
         if record is None or record.status != "queued":
             return
-        from worker.app import QUEUE
         from worker.housekeeping import ALIVE_WITHIN_S
-        workers = store.workers(alive_within_s=ALIVE_WITHIN_S)
+        queue = record.spec.queue
+        workers = [w for w in store.workers(alive_within_s=ALIVE_WITHIN_S) if queue in w.queues]
         waited = f"job {job_id} is still queued after {NO_WORKER_NOTICE_S:g}s"
         if workers:
             running = sum(w.running for w in workers)
             click.echo(f"{waited}: {len(workers)} worker(s) are running {running} job(s); it waits for a free one",
                        err=True)
         else:
-            click.echo(f"{waited}: no worker is consuming queue '{QUEUE}' (start one with `pid worker`)", err=True)
+            start = "pid worker" + ("" if queue == DEFAULT_QUEUE else f" --queue {queue}")
+            click.echo(f"{waited}: no worker is consuming queue '{queue}' (start one with `{start}`)", err=True)
     return tick
 
 
@@ -495,7 +499,7 @@ def workers(show_all: bool, as_json: bool) -> None:
     for b in beats:
         seen = "alive" if now - b.beat_at <= ALIVE_WITHIN_S else f"silent {_duration(now - b.beat_at)}"
         click.echo(f"{b.node:<40}  {b.host}:{b.pid:<8}  {b.running}/{b.concurrency} running  "
-                   f"up {_duration(now - b.started_at):>8}  {seen}")
+                   f"queue {','.join(b.queues):<12}  up {_duration(now - b.started_at):>8}  {seen}")
 
 
 @cli.command()
@@ -507,14 +511,17 @@ def workers(show_all: bool, as_json: bool) -> None:
               help="Celery's and the libraries' logging (INFO: Celery's banner, every task, every HTTP request); "
                    "pid's own line per job start and end always prints.")
 @click.option("--events", is_flag=True, help="Send Celery task events, for monitors such as Flower.")
-def worker(concurrency: int, loglevel: str, events: bool) -> None:
+@click.option("--queue", "-Q", "queues", type=QueueName(many=True), default=DEFAULT_QUEUE, show_default=True,
+              envvar="PID_QUEUES", show_envvar=True, cls=EnvOption,
+              help="The queues this worker takes jobs from, comma-separated (submit --queue routes a job).")
+def worker(concurrency: int, loglevel: str, events: bool, queues: str) -> None:
     """Start a worker that runs queued jobs (Ctrl-C: finish the running jobs, then stop; twice, or SIGTERM, or
     SIGHUP: hand them back to the queue now)."""
-    from worker.app import QUEUE, app
+    from worker.app import app
     from worker.tasks import configure_job_lines, node_name
     configure_job_lines()
     quiet = ["--quiet"] if loglevel.upper() in ("WARNING", "ERROR") else []   # Celery's banner only when asked
-    app.worker_main([*quiet, "worker", f"--concurrency={concurrency}", f"--queues={QUEUE}",
+    app.worker_main([*quiet, "worker", f"--concurrency={concurrency}", f"--queues={queues}",
                      f"--hostname={node_name()}", f"--loglevel={loglevel.upper()}", "--without-gossip",
                      "--without-mingle", *(["--task-events"] if events else [])])
 

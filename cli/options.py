@@ -181,6 +181,25 @@ class Tools(click.ParamType):
         return list(dict.fromkeys(active))
 
 
+class QueueName(click.ParamType):
+    """A queue name (letters, digits, `.`, `_`, `-`; at most 64), or with many=True a comma-separated list of them
+    (kept as the comma-separated text Celery's --queues takes)."""
+    name = "name"
+
+    def __init__(self, many: bool = False) -> None:
+        self.many = many
+        if many:
+            self.name = "names"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        names = [n.strip() for n in str(value).split(",")] if self.many else [str(value).strip()]
+        bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", n)]
+        if bad or not names:
+            self.fail(f"{bad[0] if bad else value!r} is not a queue name (letters, digits, '.', '_', '-'; at most "
+                      "64)", param, ctx)
+        return ",".join(dict.fromkeys(names))
+
+
 class EnvOption(click.Option):
     """Names the environment variable in an error only when the bad value came from it."""
 

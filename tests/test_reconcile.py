@@ -68,6 +68,22 @@ def test_the_reconciler_dispatches_what_needs_it_and_one_worker_wins_each(tmp_pa
     assert store.mark_dispatched(sent.id, 12.0, only_if=True) is False   # another worker re-dispatched it already
 
 
+def test_a_free_worker_says_a_message_is_lost_only_for_the_queues_it_consumes(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    routed = spec(tmp_path, 0)
+    routed.queue = "big"
+    big, plain = store.create(routed), store.create(spec(tmp_path, 1))
+    for job in (big, plain):
+        assert store.mark_dispatched(job.id)
+        store.mark_published(job.id)
+    store.beat("w@h", "h", 1, None, 2, 0, True)   # consumes the default queue only
+    with store._db() as db:
+        db.execute("UPDATE workers SET free_since = ?", (time.time() - RECONCILE_S - 1,))
+        db.execute("UPDATE jobs SET dispatched_at = ?", (time.time() - RECONCILE_S - 1,))
+    sent: list[str] = []
+    assert reconcile(store, dispatch=lambda job_id, **kw: sent.append(job_id) or True) == [plain.id]
+
+
 def test_a_busy_worker_is_not_free_and_a_stopping_one_neither(tmp_path):
     store = JobStore(str(tmp_path / "jobs.db"))
     store.beat("a@h", "h", 1, "boot", 2, 1, True)

@@ -225,10 +225,11 @@ def test_dispatch_records(store, tmp_path):
 
 def test_heartbeats(store):
     store.beat("a@h", "h", 1, "boot", 2, 1, True)
-    store.beat("b@h", "h", 2, "boot", 2, 2, True)
+    store.beat("b@h", "h", 2, "boot", 2, 2, True, ["big", "pid"])
     store.beat("c@h", "h", 3, None, 2, 0, False)
     free = {w.node: w.free_since is not None for w in store.workers(alive_within_s=10)}
     assert free == {"a@h": True, "b@h": False, "c@h": False}
+    assert [w.queues for w in store.workers()] == [["pid"], ["big", "pid"], ["pid"]]   # the default queue unless named
     a = store.workers()[0]
     assert (a.node, a.host, a.pid, a.boot_id, a.concurrency, a.running) == ("a@h", "h", 1, "boot", 2, 1)
     assert store.workers()[2].boot_id is None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 import os
+import subprocess
+import sys
 import signal
 import time
 
@@ -97,3 +99,33 @@ def test_pid_workers_lists_the_live_workers_from_their_heartbeats(run_pid, pid_e
         for proc in procs:
             stop_worker(proc)
     assert run_pid("workers", env=pid_env).stdout.startswith("no live worker")
+
+
+def test_queues_route_jobs_to_the_workers_that_consume_them(run_pid, pid_env, sample_repo, tmp_path):
+    """A job submitted to queue 'big' waits while only a default-queue worker runs (and --wait says no worker
+    consumes 'big'); a worker started with --queue big takes it. `pid workers` shows each worker's queues."""
+    script = [{"text": "done"}, {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        args = ["t", "--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url,
+                "--out", str(tmp_path / "out")]
+        default = start_worker(pid_env, tmp_path, tmp_path / "w1.log")
+        big = None
+        try:
+            plain = run_pid("submit", "--wait", *args)
+            assert plain.code == 0, plain.stderr
+            waiting = subprocess.Popen([sys.executable, "-m", "cli.main", "submit", "--wait", "--queue", "big", *args],
+                                       cwd=tmp_path, env=pid_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True)
+            time.sleep(12)
+            assert waiting.poll() is None and len(llm.requests) == 1   # the default worker did not take it
+            big = start_worker({**pid_env, "PID_QUEUES": "big,other"}, tmp_path, tmp_path / "w2.log")
+            out, err = waiting.communicate(timeout=120)
+            assert waiting.returncode == 0, err
+            assert "no worker is consuming queue 'big' (start one with `pid worker --queue big`)" in err, err
+            listed = {w["pid"]: w["queues"] for w in run_pid("workers", "--json").json()}
+            assert listed == {default.pid: ["pid"], big.pid: ["big", "other"]}
+        finally:
+            stop_worker(default)
+            if big is not None:
+                stop_worker(big)
+    assert "job " in (tmp_path / "w2.log").read_text() and " completed (" in (tmp_path / "w2.log").read_text()

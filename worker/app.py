@@ -13,8 +13,9 @@ from celery import Celery
 
 from pid.config import pid_home
 from worker.clients import check_clients
+from worker.jobs import DEFAULT_QUEUE
 
-QUEUE = "pid"
+QUEUE = DEFAULT_QUEUE   # the default queue (a job names its own: JobSpec.queue)
 
 
 EMBEDDED = ("pidfs://", "filesystem://")   # kombu's own filesystem transport can read half-written messages

@@ -19,6 +19,7 @@ import time
 from typing import Callable
 
 from pid.config import pid_home
+from worker.jobs import DEFAULT_QUEUE
 from worker.store import JobRecord, Store
 
 log = logging.getLogger("pid.worker")
@@ -48,10 +49,13 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
         from worker import tasks
         dispatch = tasks.dispatch
     now = store.now()   # the clock the store's times are on
-    idle = any(w.free_since is not None and w.free_since < now - RECONCILE_S
-               for w in store.workers(alive_within_s=ALIVE_WITHIN_S))
+    idle_queues = {queue for w in store.workers(alive_within_s=ALIVE_WITHIN_S)
+                   if w.free_since is not None and w.free_since < now - RECONCILE_S for queue in w.queues}
     dispatched = []
-    for job in store.to_dispatch(stale_before=now - (RECONCILE_S if idle else REDISPATCH_AFTER_S)):
+    for job in store.to_dispatch(stale_before=now - RECONCILE_S):
+        idle = job.spec.queue in idle_queues   # a worker of the job's queue has been free: its message is lost
+        if job.dispatched_at is not None and not idle and job.dispatched_at >= now - REDISPATCH_AFTER_S:
+            continue
         if job.dispatched_at is not None:
             log.warning("job %s: dispatched %.0fs ago and not taken%s: dispatching it again (a duplicate is "
                         "harmless)", job.id, now - job.dispatched_at,
@@ -78,8 +82,8 @@ class Housekeeping:
     """The worker's housekeeping thread. `running` and `taking_jobs` tell its heartbeat how busy it is."""
 
     def __init__(self, node: str, concurrency: int, running: Callable[[], int], taking_jobs: Callable[[], bool],
-                 on_end: Callable[[JobRecord], None] | None = None) -> None:
-        self.node, self.concurrency = node, concurrency
+                 on_end: Callable[[JobRecord], None] | None = None, queues: list[str] | None = None) -> None:
+        self.node, self.concurrency, self.queues = node, concurrency, queues or [DEFAULT_QUEUE]
         self.running, self.taking_jobs, self.on_end = running, taking_jobs, on_end
         self._stop = threading.Event()
         self._next_reap = 0.0
@@ -110,7 +114,7 @@ class Housekeeping:
         steps: list[tuple[str, Callable[[], object]]] = [
             ("recording this worker's heartbeat", lambda: store.beat(
                 self.node, socket.gethostname(), os.getpid(), boot_id(), self.concurrency, self.running(),
-                self.taking_jobs())),
+                self.taking_jobs(), self.queues)),
             ("sweeping lost jobs", lambda: sweep(store, on_end=self.on_end)),
             ("dispatching queued jobs", lambda: reconcile(store, on_end=self.on_end)),
         ]

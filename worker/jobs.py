@@ -16,6 +16,7 @@ from typing import Any
 from pid.config import DEFAULT_API
 from sandbox.config import SandboxConfig
 
+DEFAULT_QUEUE = "pid"             # the queue a job waits in unless `submit --queue` names another
 MAX_TIMEOUT_S = 7 * 24 * 3600.0   # a week: longer is a typo (or inf), and the container's time to live must fit
 
 
@@ -71,6 +72,8 @@ class JobSpec:
     max_files_bytes: int = setting(100 << 20, "--file collection: bytes in all.")
     max_files: int = setting(10000, "--file collection: entries in all (what is over is skipped and listed).", min=1)
     id: str = setting(None, "The job's id.", factory=new_job_id)
+    queue: str = setting(DEFAULT_QUEUE, "The queue the job waits in: only workers that consume it take it "
+                                        "(pid worker --queue).")
     # The workspace as `submit` packed it: a blob digest ("sha256:<hex>", worker/blobs.py). None: the worker reads
     # `repo` (a git URL to clone, or a directory when the job starts, as `pid run` does). `repo` is kept for display.
     workspace: str | None = setting(None, "The packed workspace's blob digest.")

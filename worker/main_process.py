@@ -31,6 +31,7 @@ class Taking:
     """Whether this worker takes new jobs (False once it is stopping), and how many it can run at once."""
     jobs = True
     concurrency = 1
+    queues: list[str] = [QUEUE]
 
 
 def _free_process() -> bool:
@@ -86,19 +87,24 @@ def start_only_what_can_start(task: Any, app: Any, consumer: Any, **kwargs: Any)
 
 
 def _pause_consuming(consumer: Any) -> None:
-    if consumer.task_consumer.consuming_from(QUEUE):
-        consumer.task_consumer.cancel_by_queue(QUEUE)   # still selected: a reconnection consumes again
+    for queue in Taking.queues:
+        if consumer.task_consumer.consuming_from(queue):
+            consumer.task_consumer.cancel_by_queue(queue)   # still selected: a reconnection consumes again
 
 
 def _resume_consuming(consumer: Any) -> None:
     """In the worker's event loop (RabbitMQ): consume again once a process is free, unless the worker is stopping."""
     task_consumer = consumer.task_consumer
-    if task_consumer is None or not _free_process() or task_consumer.consuming_from(QUEUE):
+    if task_consumer is None or not _free_process():
         return
-    try:
-        consumer.add_task_queue(QUEUE)
-    except Exception as exc:   # the connection is down: Celery reconnects, and consumes again itself
-        log.debug("consuming again: %s", exc)
+    for queue in Taking.queues:
+        if task_consumer.consuming_from(queue):
+            continue
+        try:
+            consumer.add_task_queue(queue)
+        except Exception as exc:   # the connection is down: Celery reconnects, and consumes again itself
+            log.debug("consuming again: %s", exc)
+            return
 
 
 # -- stopping --------------------------------------------------------------------------------------------------------
@@ -181,19 +187,21 @@ def _start(sender: Any = None, **_: Any) -> None:
     """In the worker, once ready: take over the stop signals, say it is ready, start the housekeeping."""
     from worker.housekeeping import Housekeeping
     Taking.concurrency = getattr(getattr(sender, "controller", None), "concurrency", None) or 1
+    Taking.queues = sorted(sender.app.amqp.queues.consume_from or [QUEUE])
     dump_stacks_on_sigusr2()
     stops = WorkerSignals()
     stops.install()
     if sender.connection.transport.driver_type == "amqp":   # see start_only_what_can_start
         sender.timer.call_repeatedly(0.5, _resume_consuming, (sender,))
     node = getattr(sender, "hostname", None) or node_name()
-    housekeeping = Housekeeping(node, Taking.concurrency, stops.running, lambda: Taking.jobs, on_end=_log_swept)
+    housekeeping = Housekeeping(node, Taking.concurrency, stops.running, lambda: Taking.jobs, on_end=_log_swept,
+                                queues=Taking.queues)
     housekeeping.start()
     signals.worker_shutdown.connect(lambda **_: housekeeping.stop(), weak=False)
     if os.environ.get("PID_RESULT_BACKEND"):
         jobs_log.info("PID_RESULT_BACKEND is set but no longer used: the job store holds every result")
-    jobs_log.info("pid worker ready (%s, %d at once): waiting for jobs (Ctrl-C: finish the running jobs, then stop; "
-                  "twice: hand them back and stop)", node, Taking.concurrency)
+    jobs_log.info("pid worker ready (%s, %d at once, queue %s): waiting for jobs (Ctrl-C: finish the running jobs, "
+                  "then stop; twice: hand them back and stop)", node, Taking.concurrency, ",".join(Taking.queues))
 
 
 __all__ = ["OnlyWhatCanStart", "WorkerSignals", "start_only_what_can_start"]

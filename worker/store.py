@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterator, Protocol
 
 from pid.endings import TERMINAL_STATUSES, ExitReason, status_of
-from worker.jobs import JobSpec
+from worker.jobs import DEFAULT_QUEUE, JobSpec
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -66,9 +66,10 @@ CREATE TABLE IF NOT EXISTS workers (
   boot_id TEXT,                    -- tells a rebooted host from a live one
   concurrency INTEGER NOT NULL,
   running INTEGER NOT NULL,
-  free_since REAL,                 -- since when it has had a free process and taken jobs; NULL: busy or stopping
+  free_since REAL,                 -- since when it has had a free slot and taken jobs; NULL: busy or stopping
   started_at REAL NOT NULL,
-  beat_at REAL NOT NULL
+  beat_at REAL NOT NULL,
+  queues TEXT                      -- the queues it consumes, comma-separated
 );
 CREATE TABLE IF NOT EXISTS inbox (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -253,6 +254,7 @@ class WorkerBeat:
     free_since: float | None
     started_at: float
     beat_at: float
+    queues: list[str] = field(default_factory=lambda: [DEFAULT_QUEUE])   # the queues it consumes
 
 
 class Store(Protocol):
@@ -293,7 +295,7 @@ class Store(Protocol):
     def to_dispatch(self, stale_before: float | None) -> "builtins.list[JobRecord]": ...
     # worker heartbeats
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
-             taking_jobs: bool) -> None: ...
+             taking_jobs: bool, queues: "builtins.list[str] | None" = None) -> None: ...
     def forget_worker(self, node: str) -> None: ...
     def forget_silent_workers(self, silent_s: float = 86400) -> None: ...
     def workers(self, alive_within_s: float | None = None) -> "builtins.list[WorkerBeat]": ...
@@ -357,14 +359,15 @@ class JobStore:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with self._db() as db:
             db.executescript(SCHEMA)
-            have = {row["name"] for row in db.execute("PRAGMA table_info(jobs)")}
-            for name, decl in ADDED_COLUMNS.items():
-                if name not in have:
-                    try:
-                        db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
-                    except sqlite3.OperationalError as exc:  # another process added it first
-                        if "duplicate column" not in str(exc):
-                            raise
+            for table, added in (("jobs", ADDED_COLUMNS), ("workers", {"queues": "TEXT"})):
+                have = {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
+                for name, decl in added.items():
+                    if name not in have:
+                        try:
+                            db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+                        except sqlite3.OperationalError as exc:  # another process added it first
+                            if "duplicate column" not in str(exc):
+                                raise
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -631,18 +634,19 @@ class JobStore:
     # -- worker heartbeats ---------------------------------------------------------------------------------------
 
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
-             taking_jobs: bool) -> None:
-        """A worker is alive; `free_since` tracks how long it has had a free process while taking jobs."""
+             taking_jobs: bool, queues: "builtins.list[str] | None" = None) -> None:
+        """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs."""
         now = time.time()
         free = taking_jobs and running < concurrency
         with self._db() as db:
             db.execute(
-                "INSERT INTO workers (node, host, pid, boot_id, concurrency, running, free_since, started_at, beat_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(node) DO UPDATE SET "
+                "INSERT INTO workers (node, host, pid, boot_id, concurrency, running, free_since, started_at, beat_at, "
+                "queues) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(node) DO UPDATE SET "
                 "concurrency = excluded.concurrency, running = excluded.running, beat_at = excluded.beat_at, "
-                "boot_id = excluded.boot_id, "
+                "boot_id = excluded.boot_id, queues = excluded.queues, "
                 "free_since = CASE WHEN ? THEN COALESCE(workers.free_since, excluded.beat_at) ELSE NULL END",
-                (node, host, pid, boot_id, concurrency, running, now if free else None, now, now, free))
+                (node, host, pid, boot_id, concurrency, running, now if free else None, now, now,
+                 ",".join(queues or [DEFAULT_QUEUE]), free))
 
     def forget_worker(self, node: str) -> None:
         with self._db() as db:
@@ -661,7 +665,8 @@ class JobStore:
             args.append(time.time() - alive_within_s)
         with self._db() as db:
             rows = db.execute(sql + " ORDER BY started_at", args).fetchall()
-        return [WorkerBeat(**{k: r[k] for k in r.keys()}) for r in rows]
+        return [WorkerBeat(**{k: r[k] for k in r.keys() if k != "queues"}, queues=_queues(r["queues"]))
+                for r in rows]
 
     # -- retention -------------------------------------------------------------------------------------------------
 
@@ -921,6 +926,10 @@ def open_store(url: str | None, variable: str = "PID_STORE_URL") -> Store:
     shown = url[:200] if "@" not in url else scheme + "://…"   # never a password
     raise ValueError(f"{variable}={shown}: not a store pid knows: use sqlite:///ABS/PATH.db or "
                      "redis://HOST:PORT/DB")
+
+
+def _queues(text: str | None) -> list[str]:
+    return [q for q in (text or "").split(",") if q] or [DEFAULT_QUEUE]
 
 
 def default_store() -> Store:

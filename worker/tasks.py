@@ -15,7 +15,7 @@ from typing import Any
 
 from pid.config import EnvDefaults
 from pid.endings import status_of
-from worker.app import app
+from worker.app import QUEUE, app
 from worker.control import LEASE_S, ControlRelay, log_job, new_owner, record_end, with_earlier_attempts
 from worker.runner import run_job
 from worker.store import JobRecord, Store, default_store
@@ -160,10 +160,13 @@ def dispatch(job_id: str, api_key: str | None = None, store: Store | None = None
     reconcile, only if no other worker re-dispatched it since `previous`: returns False then. A failed publish
     is recorded and raised."""
     store = store or default_store()
+    record = store.get(job_id)
+    queue = record.spec.queue if record is not None else QUEUE
     if not store.mark_dispatched(job_id, previous, only_if=reconcile):
         return False
     try:
-        run_job_task.apply_async(args=[job_id], kwargs={"api_key": api_key} if api_key else {}, task_id=job_id)
+        run_job_task.apply_async(args=[job_id], kwargs={"api_key": api_key} if api_key else {}, task_id=job_id,
+                                 queue=queue)
     except Exception as exc:
         store.mark_undispatched(job_id, f"{type(exc).__name__}: {exc}")
         raise
