@@ -19,7 +19,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -32,25 +31,24 @@ from tests.scripted_llm import ScriptedLLM  # noqa: E402
 
 
 class Model:
-    """Job "conc-N" gets `turns` tool calls, then a final answer; every reply after `think` seconds. Counts how many
-    requests were in flight at once."""
+    """Job "conc-N" gets `turns` tool calls, then a final answer; every reply after `think` seconds (the scripted
+    server waits outside its lock, so replies overlap)."""
 
     def __init__(self, turns: int, think: float) -> None:
         self.turns, self.think = turns, think
-        self.in_flight = self.most_in_flight = 0
-        self._lock = threading.Lock()
 
     def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
-        with self._lock:
-            self.in_flight += 1
-            self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        time.sleep(self.think)
-        with self._lock:
-            self.in_flight -= 1
         done = json.dumps(body.get("messages", [])).count('"role": "tool"')
         if done >= self.turns:
-            return {"text": "done"}
-        return {"tool_calls": [{"id": f"call-{done}", "name": "bash", "arguments": {"command": "echo hi"}}]}
+            return {"text": "done", "delay_s": self.think}
+        return {"tool_calls": [{"id": f"call-{done}", "name": "bash", "arguments": {"command": "echo hi"}}],
+                "delay_s": self.think}
+
+
+def most_at_once(arrived: list[float], think: float) -> int:
+    """How many model requests were waiting at once at most (each waits `think` seconds from its arrival)."""
+    times = sorted(arrived)
+    return max((sum(1 for u in times if t <= u < t + think) for t in times), default=0)
 
 
 def cpu_s(pid: int) -> float:
@@ -80,14 +78,17 @@ def one_round(jobs: int, turns: int, think: float, concurrency: int) -> Round:
         home = os.path.join(root, "home")
         env = dict(os.environ, PID_HOME=home, PYTHONPATH=ROOT)
         repo = small_repo(root)
+        os.makedirs(os.path.join(root, "out"))
         model = Model(turns, think)
         with ScriptedLLM(responder=model) as llm:
             ids = []
             for n in range(jobs):
                 out = subprocess.run([sys.executable, "-m", "cli.main", "submit", f"conc-{n}", "--repo", repo,
                                       "--model", "m", "--base-url", llm.base_url, "--api-key", "k",
-                                      "--out", os.path.join(root, "out", str(n))],
-                                     env=env, capture_output=True, text=True, check=True)
+                                      "--out", os.path.join(root, "out")],
+                                     env=env, capture_output=True, text=True)
+                if out.returncode != 0:
+                    raise RuntimeError(f"submit failed: {out.stderr}")
                 ids.append(out.stdout.strip())
             log_path = os.path.join(root, "worker.log")
             with open(log_path, "w") as log:
@@ -107,7 +108,7 @@ def one_round(jobs: int, turns: int, think: float, concurrency: int) -> Round:
             finally:
                 worker.terminate()
                 worker.wait(timeout=120)
-        return Round(jobs, turns, wall, cpu, rss, model.most_in_flight, completed)
+        return Round(jobs, turns, wall, cpu, rss, most_at_once(llm.arrived, think), completed)
 
 
 def main() -> None:

@@ -245,7 +245,13 @@ def unpack_tar(stream: IO[bytes], dest: str, uid: int, gid: int) -> None:
         raise UnsafeTar(f"{dest} is not empty")
     check = MemberCheck(uid, gid)
     with tarfile.open(fileobj=stream, mode="r|") as tar:
-        tar.extractall(dest, numeric_owner=True, filter=check)
+        if hasattr(tarfile, "data_filter"):   # Python >= 3.11.4: extraction filters
+            tar.extractall(dest, numeric_owner=True, filter=check)
+            return
+        for member in tar:   # older (Debian bookworm's 3.11.2): the same check, member by member
+            info = check(member, dest)
+            if info is not None:
+                tar.extract(info, dest, numeric_owner=True)
 
 
 def sanitize_tar(stream: IO[bytes], out: IO[bytes], uid: int, gid: int) -> None:
