@@ -62,6 +62,10 @@ if [ "${1:-}" = "--test" ]; then
       done
     fi
   fi
+  # The deployment test (tests/test_deploy.py) validates docker/compose.yaml with the compose tool, best-effort.
+  if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null; then
+    apt_install docker-compose || true
+  fi
   # Two tiers: first the fast one (no Docker: in-memory sandbox, scripted LLM), then the tests marked `docker`. Every
   # tier runs; the script fails at the end if one did. Exit status 5 (nothing selected, e.g. for a file given on the
   # command line with no test of that tier) is no failure.
