@@ -40,10 +40,12 @@ def _answers(port: int) -> bool:
 
 @dataclass
 class RedisServer:
-    """`redis-server` without persistence: a restart after `kill()` starts empty, as a crashed Redis does."""
+    """`redis-server`, by default without persistence: a restart after `kill()` starts empty, as a crashed Redis
+    does. With appendonly, every write is in its append-only file first (fsync always): a restart has them all."""
     home: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
+    appendonly: bool = False
 
     @property
     def url(self) -> str:
@@ -53,7 +55,8 @@ class RedisServer:
         self.home.mkdir(parents=True, exist_ok=True)
         log = open(self.home / "redis.log", "a")
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             *(["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else ["--appendonly", "no"]),
              "--dir", str(self.home)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         log.close()
@@ -78,7 +81,7 @@ class RedisServer:
             self.proc.wait()
 
     def restart(self) -> None:
-        """On the same port, empty (no persistence)."""
+        """Killed and started again on the same port: empty, or with what its append-only file holds."""
         self.kill()
         self.start()
 
