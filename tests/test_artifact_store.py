@@ -256,3 +256,55 @@ def test_a_result_from_before_the_store_kept_them_is_read_from_the_job_dir(store
                                                              "exit_reason": "stop", "final_message": "old"}))
     res = pid(cli_env, tmp_path, "result", spec.id)
     assert res.returncode == 0 and res.stdout.strip() == "old", res.stderr
+
+
+# -- the runner: a worker's job stores its artifacts before it returns (on the in-memory sandbox) -------------------
+
+def runner_spec(repo: Path, out: Path, llm, **extra) -> JobSpec:
+    return JobSpec(task="greet", repo=str(repo), model="m", out_dir=str(out), base_url=llm.base_url, **extra)
+
+
+def test_a_worker_job_whose_out_dir_cannot_be_made_here_spools_and_stores_everything(sample_repo, tmp_path,
+                                                                                      monkeypatch):
+    from tests.memory_sandbox import MemoryProvider
+    from tests.scripted_llm import ScriptedLLM
+    from worker.runner import run_job
+    monkeypatch.setenv("PID_HOME", str(tmp_path / "worker-home"))
+    store = JobStore(str(tmp_path / "jobs.db"))
+    blocker = tmp_path / "out"
+    blocker.write_text("the client's --out does not exist on this machine")
+    script = [{"tool_calls": [{"name": "write", "arguments": {"path": "hello.py", "content": "print(1)\n"}}]},
+              {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        spec = runner_spec(sample_repo, blocker, llm, files=["hello.py"])
+        store.create(spec)
+        result = run_job(spec, sandboxes=MemoryProvider({}), artifact_store=store)
+    assert (result["status"], result["final_message"]) == ("completed", "done"), result
+    assert store.artifact_names(spec.id) == ["files/workspace/hello.py", "patch.diff", "result.json",
+                                             "session.jsonl"]
+    assert read_result(store, spec.id) == result
+    assert "+print(1)" in stored(store, spec.id, "patch.diff").decode()
+    assert os.listdir(tmp_path / "worker-home" / "spool") == []   # the spool goes once its files are stored
+
+
+def test_a_pid_run_whose_out_dir_cannot_be_made_still_fails_saying_so(sample_repo, tmp_path):
+    from tests.memory_sandbox import MemoryProvider
+    from tests.scripted_llm import ScriptedLLM
+    from worker.runner import run_job
+    blocker = tmp_path / "out"
+    blocker.write_text("x")
+    with ScriptedLLM([{"text": "never asked"}]) as llm:
+        result = run_job(runner_spec(sample_repo, blocker, llm), sandboxes=MemoryProvider({}))
+    assert result["exit_reason"] == "error" and "cannot create the job's directory" in result["error"]
+
+
+def test_an_attempt_that_no_longer_owns_its_job_stores_only_its_transcript(sample_repo, tmp_path):
+    from tests.memory_sandbox import MemoryProvider
+    from tests.scripted_llm import ScriptedLLM
+    from worker.runner import run_job
+    store = JobStore(str(tmp_path / "jobs.db"))
+    with ScriptedLLM([{"text": "done"}]) as llm:
+        spec = runner_spec(sample_repo, tmp_path / "out", llm)
+        store.create(spec)
+        run_job(spec, sandboxes=MemoryProvider({}), artifact_store=store, still_owner=lambda: False, attempt=3)
+    assert store.artifact_names(spec.id) == ["session.attempt-3.jsonl"]
