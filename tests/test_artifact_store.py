@@ -308,3 +308,23 @@ def test_an_attempt_that_no_longer_owns_its_job_stores_only_its_transcript(sampl
         store.create(spec)
         run_job(spec, sandboxes=MemoryProvider({}), artifact_store=store, still_owner=lambda: False, attempt=3)
     assert store.artifact_names(spec.id) == ["session.attempt-3.jsonl"]
+
+
+def test_a_job_that_stored_its_result_then_died_keeps_that_result_on_any_machine(store, tmp_path):
+    """Its worker (elsewhere: no local result.json) stored result.json and died before recording the end: the
+    sweep takes the stored ending of this attempt, never runs the job again; an earlier attempt's does not count."""
+    import time as _time
+
+    from worker.sweep import sweep
+    spec = make_job(store, tmp_path)
+    assert store.claim(spec.id, "elsewhere:1:x", lease_s=0.2)
+    store_result(store, spec.id, {"id": spec.id, "status": "completed", "exit_reason": "stop", "turns": 4,
+                                  "tool_calls": 3, "attempt": 2})   # not this attempt's: ignored
+    _time.sleep(0.3)
+    assert sweep(store) == [] and store.get(spec.id).status == "queued"
+    assert store.claim(spec.id, "elsewhere:2:y", lease_s=0.2)   # attempt 2
+    _time.sleep(0.3)
+    assert sweep(store) == [spec.id]
+    record = store.get(spec.id)
+    assert (record.status, record.exit_reason, record.turns, record.tool_calls) == ("completed", "stop", 4, 3)
+    assert not os.path.exists(spec.job_dir)

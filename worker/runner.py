@@ -168,6 +168,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             if sandbox:
                 sandbox.close()
         result = build_result(spec, outcome, started, artifacts, workspace)
+        result["attempt"] = attempt   # whose result this is: a sweep elsewhere trusts a stored one of this attempt
         if amend_result:
             amend_result(result)
         if artifact_store is not None:

@@ -37,7 +37,7 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
         alive = owner_alive(record)   # None: not knowable from here (another host): the lease decides
         if (not lapsed and alive is not False) or (lapsed and alive and record.kind == "run"):
             continue  # alive; a `pid run` stopped (Ctrl-Z, a suspended machine) renews its lease when it goes on
-        written = _written_result(record)
+        written = _written_result(record, store)
         if written is not None:   # it ended and wrote result.json, then died before telling the store: that holds
             if store.finish(record.id, written["exit_reason"], owner=record.owner, error=written.get("error"),
                             turns=written.get("turns"), tool_calls=written.get("tool_calls"),
@@ -77,19 +77,32 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
     return ended
 
 
-def _written_result(record: JobRecord) -> dict[str, Any] | None:
-    """The result.json this attempt wrote, if it got that far (pid's own file, but read bounded all the same)."""
+def _written_result(record: JobRecord, store: Store | None = None) -> dict[str, Any] | None:
+    """The result.json this attempt wrote, if it got that far (pid's own file, but read bounded all the same): in
+    the job's directory here, or (its worker on another machine) the one it stored, if it says it is this
+    attempt's."""
     path = os.path.join(record.spec.job_dir, "result.json")
     try:
         if os.stat(path).st_mtime < (record.started_at or record.created_at):
-            return None   # an earlier run's
+            raise FileNotFoundError(path)   # an earlier run's
         with open(path, "rb") as f:
             result = json.loads(f.read(1 << 20))
     except (OSError, ValueError):
-        return None
+        result = _stored_result(record, store)
     if not isinstance(result, dict) or result.get("id") != record.id or result.get("exit_reason") not in ENDINGS:
         return None
     return result
+
+
+def _stored_result(record: JobRecord, store: Store | None) -> dict[str, Any] | None:
+    if store is None:
+        return None
+    from worker.artifact_store import read_result
+    try:
+        result = read_result(store, record.id)
+    except Exception:
+        return None
+    return result if result is not None and result.get("attempt") == record.attempts else None
 
 
 def sweep_quietly(store: Store | None = None) -> None:
