@@ -233,7 +233,11 @@ def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_
     store = default_store()
     store.create(spec)
     try:
-        dispatch(spec.id, api_key, store=store)
+        # The key goes into the store for the life of the job, never into the broker's message: any worker that
+        # runs the job (again) reads it there.
+        if api_key and not store.set_secret(spec.id, api_key):
+            raise RuntimeError("the job store did not keep its API key")
+        dispatch(spec.id, store=store)
     except Exception as exc:  # the broker refused: the job must not sit queued forever
         store.finish(spec.id, "dispatch_failed", error=str(exc))
         raise click.ClickException(f"could not queue job {spec.id}: {exc}") from None
@@ -241,23 +245,40 @@ def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_
         click.echo(spec.id)
         return
     click.echo(f"job {spec.id} queued", err=True)
-    _wait_and_exit(store, spec.id, as_json, follow=not as_json)
+    _wait_and_exit(store, spec.id, as_json, follow=not as_json, download=spec.job_dir, own_dir=True)
 
 
-def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool) -> None:
+def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, download: str | None = None,
+                   own_dir: bool = False) -> None:
+    """Wait for the job's end, print its result (from the store: the worker may be on another machine) and exit
+    with its code; with `download`, its artifacts go there first (see _download)."""
     record = store.get(job_id)
-    result_path = os.path.join(record.spec.job_dir, "result.json")
     follower = EventFollower(store, job_id, RecordPrinter()) if follow else None
     try:
         wait_for(lambda: store.get(job_id).terminal, follower, tick=_while_waiting(store, job_id))
-        wait_for(lambda: os.path.exists(result_path), None, timeout_s=10)  # written just before or after the end
     except KeyboardInterrupt:
         click.echo(f"\nstopped waiting; job {job_id} goes on (pid result {job_id} --wait, pid cancel {job_id})",
                    err=True)
         sys.exit(EXIT_INTERRUPTED)
     result = _load_result(store, job_id)
-    print_result(result, record.spec.job_dir, as_json)
+    where = _download(store, job_id, download, own_dir) if download else record.spec.job_dir
+    print_result(result, where, as_json)
     sys.exit(exit_code_for(result))
+
+
+def _download(store: Any, job_id: str, dest: str, own_dir: bool) -> str:
+    """The job's artifacts from the store into `dest`; returns it. `own_dir`: dest is the job's own out directory
+    (`submit --wait`): nothing is fetched when a worker sharing this filesystem already wrote it there. Otherwise a
+    non-empty dest must hold this job's earlier download (worker/artifact_store.py). Failure: one line, exit 2."""
+    from worker.artifact_store import DownloadError, already_local, download
+    dest = os.path.abspath(os.path.expanduser(dest))
+    if own_dir and already_local(store, job_id, dest):
+        return dest
+    try:
+        download(store, job_id, dest, own=own_dir)
+    except DownloadError as exc:
+        raise BadInput(str(exc)) from None
+    return dest
 
 
 def _while_waiting(store: Any, job_id: str) -> Callable[[], None]:
@@ -304,13 +325,39 @@ def _no_worker_notice(store: Any, job_id: str) -> Callable[[], None]:
     return tick
 
 
+RESULT_GRACE_S = 10.0   # an ended job's result.json may follow its end by this much (a sweep, a cancel write it then)
+
+
 def _load_result(store: Any, job_id: str) -> dict[str, Any]:
-    path = os.path.join(store.get(job_id).spec.job_dir, "result.json")
+    """An ended job's result.json from the job store, wherever the worker ran; for a job recorded before results
+    went there, from its local out directory. Neither: one line, exit 2."""
+    from worker.artifact_store import DownloadError, read_result
+    record = store.get(job_id)
+    path = os.path.join(record.spec.job_dir, "result.json")
+    ended = record.finished_at if record.finished_at is not None else store.now()
+    deadline = time.monotonic() + max(0.0, RESULT_GRACE_S - (store.now() - ended))
+    while True:
+        try:
+            result = read_result(store, job_id)
+        except DownloadError as exc:
+            raise BadInput(str(exc)) from None
+        if result is None:
+            result = _local_result(path, job_id)
+        if result is not None:
+            return result
+        if time.monotonic() >= deadline:
+            raise BadInput(f"job {job_id} ({record.status}): its result.json is neither in the job store (expired "
+                           f"after the retention period?) nor at {path}")
+        time.sleep(0.2)
+
+
+def _local_result(path: str, job_id: str) -> dict[str, Any] | None:
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(f"cannot read the result of job {job_id} at {path}: {exc}") from None
+            result = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return result if isinstance(result, dict) and result.get("id") == job_id else None
 
 
 def _record_or_fail(job_id: str) -> Any:
@@ -361,16 +408,21 @@ def _duration(seconds: float | None) -> str:
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print result.json.")
 @click.option("--wait", is_flag=True, help="Wait for the job to end first.")
-def result(job_id: str, as_json: bool, wait: bool) -> None:
+@click.option("--download", metavar="DIR", type=click.Path(file_okay=False),
+              help="Write all the job's artifacts (result.json, patch.diff, session.jsonl, files/) under DIR, from "
+                   "the job store: works on any machine. DIR is created, or must be empty or hold this job's "
+                   "earlier download.")
+def result(job_id: str, as_json: bool, wait: bool, download: str | None) -> None:
     """Show a finished job's result; exit with its exit code (5: the job has not ended yet)."""
     store, record = _record_or_fail(job_id)
     if wait:
-        _wait_and_exit(store, job_id, as_json, follow=False)
+        _wait_and_exit(store, job_id, as_json, follow=False, download=download)
     if not record.terminal:
         click.echo(f"pid: job {job_id} is {record.status}: no result yet (--wait waits for it)", err=True)
         sys.exit(EXIT_NOT_FINISHED)
     result = _load_result(store, job_id)
-    print_result(result, record.spec.job_dir, as_json)
+    where = _download(store, job_id, download, own_dir=False) if download else record.spec.job_dir
+    print_result(result, where, as_json)
     sys.exit(exit_code_for(result))
 
 

@@ -71,7 +71,7 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
                     continue
                 error = f"could not be dispatched for {now - since:.0f}s: {exc}"[:500]
                 if store.finish(waiting.id, "dispatch_failed", error=error):
-                    write_unrun_result(waiting.spec, "dispatch_failed", error, waiting)
+                    write_unrun_result(waiting.spec, "dispatch_failed", error, waiting, store=store)
                     if on_end:
                         on_end(store.get(waiting.id) or waiting)
             break   # the broker is down: the next pass tries again

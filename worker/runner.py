@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import threading
 import time
 from concurrent.futures import Future
@@ -31,10 +32,12 @@ from pid.tools.registry import default_registry
 from pid.sandbox import SandboxError
 from pid.sandbox_lifecycle import FilesBudget, JobSandbox, SandboxProvider
 from sandbox import DockerProvider
+from worker.artifact_store import store_result, upload_artifacts, upload_transcript
 from worker.blobs import Blobs
 from worker.jobs import JobSpec, write_json_atomic
 from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, abandon, sandbox_config
 from worker.snapshot import import_into
+from worker.store import Store
 from worker.watchdog import Watchdog
 
 AgentHook = Callable[[Agent], None]
@@ -50,7 +53,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             starting: "Future[JobSandbox] | None" = None,
             sandboxes: SandboxProvider[Any] | None = None,
             amend_result: Callable[[dict[str, Any]], None] | None = None, attempt: int = 1,
-            blobs: Blobs | None = None) -> dict[str, Any]:
+            blobs: Blobs | None = None, artifact_store: Store | None = None) -> dict[str, Any]:
     """Run one job to its end and return result.json's content. Never raises for job failures.
 
     `starting` is the job's sandbox already being created (sandbox_start.start_sandbox); else it is created here,
@@ -60,15 +63,28 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     are written: a worker that lost its lease (another one took the job
     over) must not overwrite the new owner's patch and result. `amend_result` completes the result before it is
     written (a re-dispatched job adds its earlier attempts' usage).
+
+    With `artifact_store` (a worker's job), the artifacts and then result.json are also stored there, before this
+    returns (so before the job's end is recorded): clients on any machine download them. --out is the client's
+    path: where this machine cannot make it, the job works in a spool directory under PID_HOME instead, removed once
+    its artifacts are stored.
     """
     started = time.time()
+    job_dir = spec.job_dir
+    spool: str | None = None
     try:
-        os.makedirs(spec.job_dir, exist_ok=True)
-    except OSError as exc:   # e.g. --out unwritable on this worker: the job fails, saying where and why
-        if starting is not None:
-            abandon(starting)
-        return build_result(spec, Outcome("error", error=f"cannot create the job's directory {spec.job_dir}: "
-                                                          f"{exc.strerror or exc}"), started, {})
+        os.makedirs(job_dir, exist_ok=True)
+    except OSError as exc:   # --out unwritable here: a worker's job spools; a `pid run` fails, saying where and why
+        if artifact_store is not None:
+            spool = job_dir = spool_dir(spec.id)
+        if spool is None or not _made(spool):
+            if starting is not None:
+                abandon(starting)
+            failed = build_result(spec, Outcome("error", error=f"cannot create the job's directory {spec.job_dir}: "
+                                                                f"{exc.strerror or exc}"), started, {})
+            if artifact_store is not None:
+                store_result(artifact_store, spec.id, failed)
+            return failed
     cancel = cancel or threading.Event()
     outcome = Outcome("error", usage=Usage())
     artifacts: dict[str, Any] = {}
@@ -98,7 +114,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         if cancel.is_set():
             raise JobCancelled
         context = ToolContext(sandbox=sandbox, cancel=cancel)
-        session = SessionWriter(_fresh(os.path.join(spec.job_dir, "session.jsonl")), cwd=sandbox.workdir)
+        session = SessionWriter(_fresh(os.path.join(job_dir, "session.jsonl")), cwd=sandbox.workdir)
         session.model_change(provider.config.provider, spec.model)
         session.thinking_level_change("off")
         remaining = max(1.0, spec.timeout_s - (time.time() - started))
@@ -141,7 +157,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         try:
             if sandbox and owner and not sandbox.removed_by_pid:
                 watchdog.arm(COLLECT_TIMEOUT_S, sandbox.kill, "collect")
-                problem = _collect(sandbox, spec, artifacts)
+                problem = _collect(sandbox, spec, job_dir, artifacts)
                 watchdog.disarm()
                 if watchdog.fired == "collect":
                     problem = f"collecting the artifacts ran out of time ({COLLECT_TIMEOUT_S:g}s)"
@@ -152,11 +168,38 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             if sandbox:
                 sandbox.close()
         result = build_result(spec, outcome, started, artifacts, workspace)
+        result["attempt"] = attempt   # whose result this is: a sweep elsewhere trusts a stored one of this attempt
         if amend_result:
             amend_result(result)
+        if artifact_store is not None:
+            if owner:
+                upload_artifacts(artifact_store, spec, job_dir, result)
+            else:   # handed back or taken over: this attempt's transcript is kept all the same
+                upload_transcript(artifact_store, spec.id, job_dir, attempt)
         if owner:
-            write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
+            try:
+                write_json_atomic(os.path.join(job_dir, "result.json"), result)
+            except OSError:
+                if artifact_store is None:
+                    raise
+                # the store has it: a --out that vanished here (another machine's path) costs only the local copy
+        if spool is not None:
+            shutil.rmtree(spool, ignore_errors=True)
     return result
+
+
+def spool_dir(job_id: str) -> str:
+    """Where a worker job works when the client's --out cannot be made on this machine."""
+    from pid.config import pid_home
+    return os.path.join(pid_home(), "spool", job_id)
+
+
+def _made(path: str) -> bool:
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return True
+    except OSError:
+        return False
 
 
 def _ended(outcome: Outcome, reason: ExitReason, error: str) -> Outcome:
@@ -176,20 +219,20 @@ def _fresh(path: str) -> str:
     return path
 
 
-def _collect(sandbox: JobSandbox, spec: JobSpec, artifacts: dict[str, Any]) -> str | None:
+def _collect(sandbox: JobSandbox, spec: JobSpec, job_dir: str, artifacts: dict[str, Any]) -> str | None:
     """Patch and requested files into `artifacts`; what was refused or skipped is listed with its reason.
     Returns why the job's artifacts are incomplete (then a completed job fails), or None."""
     refused: list[dict[str, str]] = []
     problem = None
     try:
-        patch = sandbox.export_patch(os.path.join(spec.job_dir, "patch.diff"), spec.max_patch)
+        patch = sandbox.export_patch(os.path.join(job_dir, "patch.diff"), spec.max_patch)
         artifacts["patch"] = "patch.diff"
         refused += [{"path": s.path, "reason": s.reason, "artifact": "patch"} for s in patch.dropped]
     except Exception as exc:
         artifacts["patch_error"] = problem = f"no patch: {_describe(exc)}"
     if spec.files:
         try:
-            written, skipped = sandbox.export_files(spec.files, os.path.join(spec.job_dir, "files"),
+            written, skipped = sandbox.export_files(spec.files, os.path.join(job_dir, "files"),
                                                     FilesBudget(spec.max_files_bytes, spec.max_files))
             artifacts["files"] = written
             refused += [{"path": s.path, "reason": s.reason, "artifact": "files"} for s in skipped]

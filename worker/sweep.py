@@ -37,7 +37,7 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
         alive = owner_alive(record)   # None: not knowable from here (another host): the lease decides
         if (not lapsed and alive is not False) or (lapsed and alive and record.kind == "run"):
             continue  # alive; a `pid run` stopped (Ctrl-Z, a suspended machine) renews its lease when it goes on
-        written = _written_result(record)
+        written = _written_result(record, store)
         if written is not None:   # it ended and wrote result.json, then died before telling the store: that holds
             if store.finish(record.id, written["exit_reason"], owner=record.owner, error=written.get("error"),
                             turns=written.get("turns"), tool_calls=written.get("tool_calls"),
@@ -62,7 +62,7 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
                 now_record = store.get(record.id) or record
                 if now_record.status == "cancelled":   # cancelled between our look and the requeue
                     ended.append(record.id)
-                    write_unrun_result(record.spec, "cancelled", None, now_record)
+                    write_unrun_result(record.spec, "cancelled", None, now_record, store=store)
                     if on_end:
                         on_end(now_record)
                     continue
@@ -72,26 +72,39 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
         if store.finish(record.id, reason, owner=record.owner, error=error, lapsed_only=lapsed):
             ended.append(record.id)
             log_job(store, record.id, status_of(reason), f"{reason}: {error}" if error else reason, exit_reason=reason)
-            write_unrun_result(record.spec, reason, error, record)
+            write_unrun_result(record.spec, reason, error, record, store=store)
             _remove_containers(record.id, record.attempts)
             if on_end:
                 on_end(store.get(record.id) or record)
     return ended
 
 
-def _written_result(record: JobRecord) -> dict[str, Any] | None:
-    """The result.json this attempt wrote, if it got that far (pid's own file, but read bounded all the same)."""
+def _written_result(record: JobRecord, store: Store | None = None) -> dict[str, Any] | None:
+    """The result.json this attempt wrote, if it got that far (pid's own file, but read bounded all the same): in
+    the job's directory here, or (its worker on another machine) the one it stored, if it says it is this
+    attempt's."""
     path = os.path.join(record.spec.job_dir, "result.json")
     try:
         if os.stat(path).st_mtime < (record.started_at or record.created_at):
-            return None   # an earlier run's
+            raise FileNotFoundError(path)   # an earlier run's
         with open(path, "rb") as f:
             result = json.loads(f.read(1 << 20))
     except (OSError, ValueError):
-        return None
+        result = _stored_result(record, store)
     if not isinstance(result, dict) or result.get("id") != record.id or result.get("exit_reason") not in ENDINGS:
         return None
     return result
+
+
+def _stored_result(record: JobRecord, store: Store | None) -> dict[str, Any] | None:
+    if store is None:
+        return None
+    from worker.artifact_store import read_result
+    try:
+        result = read_result(store, record.id)
+    except Exception:
+        return None
+    return result if result is not None and result.get("attempt") == record.attempts else None
 
 
 def sweep_quietly(store: Store | None = None) -> None:
@@ -109,7 +122,7 @@ def cancel_job(store: Store, job_id: str) -> str | None:
     was = store.get(job_id)
     status = store.request_cancel(job_id)
     if was is not None and was.status == "queued" and status == "cancelled":
-        write_unrun_result(was.spec, "cancelled", None)
+        write_unrun_result(was.spec, "cancelled", None, store=store)
     elif status == "running":
         sweep_quietly(store)
         record = store.get(job_id)
@@ -118,24 +131,30 @@ def cancel_job(store: Store, job_id: str) -> str | None:
 
 
 def write_unrun_result(spec: JobSpec, exit_reason: ExitReason, error: str | None,
-                       record: JobRecord | None = None) -> None:
+                       record: JobRecord | None = None, store: Store | None = None) -> None:
     """result.json for a job that ended without running to its end here, so consumers always find one; with its
-    record, the counts it had reached (turns, tool calls, every attempt's usage). Never raises: an out dir that
-    cannot be written only costs the file."""
+    record, the counts it had reached (turns, tool calls, every attempt's usage). With the store, it goes there too
+    (and the transcript, where this machine has it), for clients on any machine: just after the end is recorded,
+    since recording the end is what decides who ends the job. Never raises: an out dir that cannot be written only
+    costs the local file."""
     from worker.runner import build_result
+    session = os.path.join(spec.job_dir, "session.jsonl")
+    artifacts: dict[str, Any] = {}
+    if os.path.exists(session):
+        artifacts["session"] = "session.jsonl"
+    if record is None:
+        result = build_result(spec, Outcome(exit_reason, error=error), time.time(), artifacts)
+    else:
+        started = record.started_at or record.created_at
+        result = build_result(spec, Outcome(exit_reason, turns=record.turns, tool_calls=record.tool_calls,
+                                            error=error), started, artifacts)
+        result["usage"] = record.usage or result["usage"]
+        with_earlier_attempts(result, record.earlier)
+    if store is not None:
+        from worker.artifact_store import upload_artifacts
+        upload_artifacts(store, spec, spec.job_dir, result)
     try:
         os.makedirs(spec.job_dir, exist_ok=True)
-        artifacts: dict[str, Any] = {}
-        if os.path.exists(os.path.join(spec.job_dir, "session.jsonl")):
-            artifacts["session"] = "session.jsonl"
-        if record is None:
-            result = build_result(spec, Outcome(exit_reason, error=error), time.time(), artifacts)
-        else:
-            started = record.started_at or record.created_at
-            result = build_result(spec, Outcome(exit_reason, turns=record.turns, tool_calls=record.tool_calls,
-                                                error=error), started, artifacts)
-            result["usage"] = record.usage or result["usage"]
-            with_earlier_attempts(result, record.earlier)
         write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
     except OSError as exc:
         log.warning("job %s: cannot write result.json in %s: %s", spec.id, spec.job_dir, exc)

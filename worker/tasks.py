@@ -55,6 +55,8 @@ def hand_back_all(why: str) -> None:
 
 @app.task(name="pid.run_job", Strategy="worker.main_process:start_only_what_can_start")
 def run_job_task(job_id: str, api_key: str | None = None) -> None:
+    """Run a job. The message carries only its id: a key given with `submit --api-key` is in the store (for the
+    life of the job); `api_key` is read from messages an older client queued, never sent any more."""
     stop = StopRequest()
     _running[id(stop)] = stop
     try:
@@ -95,16 +97,17 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
         return kept[-1]
 
     try:
-        result = run_job(record.spec, api_key=api_key or EnvDefaults.read().api_key, sink=relay.on_event,
+        result = run_job(record.spec, api_key=_api_key(store, job_id, api_key), sink=relay.on_event,
                          on_agent=relay.attach, cancel=relay.cancel, still_owner=still_owner,
-                         amend_result=lambda r: with_earlier_attempts(r, record.earlier), attempt=record.attempts)
+                         amend_result=lambda r: with_earlier_attempts(r, record.earlier), attempt=record.attempts,
+                         artifact_store=store)
     except BaseException as exc:   # never a silent failure: the record says what stopped the job
         result["error"] = f"the job was stopped by {type(exc).__name__}: {exc}".strip().rstrip(":")[:500]
         raise
     finally:
         relay.stop()
         if stop.requested and not (kept and kept[-1]):
-            hand_back(store, job_id, owner, relay, stop.requested, api_key)
+            hand_back(store, job_id, owner, relay, stop.requested)
         else:
             record_end(store, job_id, owner, result)
             line = end_line(job_id, status_of(result["exit_reason"]), result.get("exit_reason"),
@@ -113,9 +116,21 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
             log_job(store, job_id, status_of(result["exit_reason"]), line, exit_reason=result["exit_reason"])
 
 
-def hand_back(store: Store, job_id: str, owner: str, relay: ControlRelay, why: str, api_key: str | None) -> None:
+def _api_key(store: Store, job_id: str, from_message: str | None) -> str | None:
+    """The job's key: the one submitted with it (in the store), else one an older client's message carried, else
+    this worker's own environment's."""
+    try:
+        stored = store.secret(job_id)
+    except Exception:
+        log.exception("job %s: reading its API key from the job store", job_id)
+        stored = None
+    return stored or from_message or EnvDefaults.read().api_key
+
+
+def hand_back(store: Store, job_id: str, owner: str, relay: ControlRelay, why: str) -> None:
     """The job goes back to the queue with this attempt's counts and is dispatched again at once (if the broker
-    refuses, a worker's reconciler dispatches it later)."""
+    refuses, a worker's reconciler dispatches it later). A key submitted with it stays in the store, for the next
+    attempt."""
     snapshot = relay.progress.snapshot()
     try:
         status = store.hand_back(job_id, owner, snapshot["turns"], snapshot["tool_calls"], snapshot["usage"])
@@ -126,7 +141,7 @@ def hand_back(store: Store, job_id: str, owner: str, relay: ControlRelay, why: s
         from worker.sweep import write_unrun_result
         record = store.get(job_id)
         if record is not None:
-            write_unrun_result(record.spec, "cancelled", None, record)
+            write_unrun_result(record.spec, "cancelled", None, record, store=store)
             _log_swept(record)
         return
     if status != "queued":
@@ -134,7 +149,7 @@ def hand_back(store: Store, job_id: str, owner: str, relay: ControlRelay, why: s
     jobs_log.info("job %s handed back to the queue (%s): it runs again on the next worker", job_id, why)
     log_job(store, job_id, "queued", f"its worker stopped ({why}): handed back to the queue")
     try:
-        dispatch(job_id, api_key, store=store)
+        dispatch(job_id, store=store)
     except Exception as exc:
         log.warning("job %s: dispatching it again: %s (a worker's reconciler will)", job_id, exc)
 
@@ -154,19 +169,18 @@ def _short(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
-def dispatch(job_id: str, api_key: str | None = None, store: Store | None = None,
-             previous: float | None = None, reconcile: bool = False) -> bool:
+def dispatch(job_id: str, store: Store | None = None, previous: float | None = None,
+             reconcile: bool = False) -> bool:
     """Publish the job's message, recording it in the store first (the reconciler reads that record). With
     reconcile, only if no other worker re-dispatched it since `previous`: returns False then. A failed publish
-    is recorded and raised."""
+    is recorded and raised. The message is the job's id and nothing else (no key: that stays in the store)."""
     store = store or default_store()
     record = store.get(job_id)
     queue = record.spec.queue if record is not None else QUEUE
     if not store.mark_dispatched(job_id, previous, only_if=reconcile):
         return False
     try:
-        run_job_task.apply_async(args=[job_id], kwargs={"api_key": api_key} if api_key else {}, task_id=job_id,
-                                 queue=queue)
+        run_job_task.apply_async(args=[job_id], task_id=job_id, queue=queue)
     except Exception as exc:
         store.mark_undispatched(job_id, f"{type(exc).__name__}: {exc}")
         raise
