@@ -38,7 +38,8 @@ def _can_hide() -> str | None:
     return None if probe.returncode == 0 else f"no private mount namespace here (unshare: {probe.stderr.strip()})"
 
 
-def start_hidden_worker(env: dict[str, str], cwd: Path, log_path: Path, hide: Path) -> subprocess.Popen:
+def start_hidden_worker(env: dict[str, str], cwd: Path, log_path: Path, hide: Path,
+                        concurrency: int = 1) -> subprocess.Popen:
     """A real `pid worker` that cannot see `hide` (an empty tmpfs of its own is mounted there)."""
     reason = _can_hide()
     if reason:
@@ -46,7 +47,8 @@ def start_hidden_worker(env: dict[str, str], cwd: Path, log_path: Path, hide: Pa
     script = 'mount -t tmpfs -o mode=0700 pid-elsewhere "$1" && shift && exec "$@"'
     with open(log_path, "w") as log:
         proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-                                 str(hide), sys.executable, "-m", "cli.main", "worker", "--concurrency", "1"],
+                                 str(hide), sys.executable, "-m", "cli.main", "worker", "--concurrency",
+                                 str(concurrency)],
                                 cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     deadline = time.time() + 60

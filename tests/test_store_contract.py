@@ -367,6 +367,9 @@ def test_artifacts_with_a_size_cap(store, tmp_path):
     assert b"".join(store.open_artifact(job.id, "patch.diff")) == b"--- a\n+++ b\n"
     store.put_artifact(job.id, "patch.diff", io.BytesIO(b"new"))                # replaced
     assert b"".join(store.open_artifact(job.id, "patch.diff")) == b"new"
+    assert store.delete_artifact(job.id, "files/src/a.py") is True
+    assert store.delete_artifact(job.id, "files/src/a.py") is False
+    assert store.artifact_names(job.id) == ["patch.diff"]
     assert store.put_artifact(job.id, "exact", io.BytesIO(b"x" * 100), limit=100)
     with pytest.raises(TooLarge, match="larger than its limit of 100 bytes"):
         store.put_artifact(job.id, "big", io.BytesIO(b"x" * 101), limit=100)

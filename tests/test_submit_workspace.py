@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
+from worker.store import JobStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.cli]
 
@@ -129,4 +130,5 @@ def test_git_url_jobs_run_at_a_branch_a_tag_and_a_commit(run_pid, pid_env, bare_
                 assert f"-{refs[ref]}\n+agent\n" in patch, patch
         finally:
             stop_worker(worker)
-    assert blob_files(pid_env["PID_HOME"]) == []   # nothing packed for a git URL
+    store = JobStore(os.path.join(pid_env["PID_HOME"], "jobs.db"))
+    assert [store.get(job_id).spec.workspace for job_id in jobs.values()] == [None] * len(jobs)   # nothing packed

@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -128,6 +129,39 @@ def upload_transcript(store: Store, job_id: str, job_dir: str, attempt: int) -> 
     path = os.path.join(job_dir, SESSION)
     if _regular(path):
         _put_file(store, job_id, f"session.attempt-{attempt}.jsonl", path, ARTIFACT_LIMIT)
+
+
+class TranscriptSync:
+    """While an attempt runs, its transcript goes to the store now and then as session.attempt-N.jsonl, so that a
+    worker killed mid-job (SIGKILL, a machine lost) still leaves the attempt's transcript to the client. A copy is
+    made when the file has grown by a quarter since the last one (at most every MIN_INTERVAL_S): the copies of one
+    attempt together stay within about five times its final transcript, and a loss costs at most its last quarter.
+    The attempt's own end replaces or removes the copy (run_job)."""
+
+    MIN_INTERVAL_S = 5.0
+    GROWTH = 1.25
+
+    def __init__(self, store: Store, job_id: str, job_dir: str, attempt: int) -> None:
+        self.store, self.job_id, self.job_dir, self.attempt = store, job_id, job_dir, attempt
+        self.name = f"session.attempt-{attempt}.jsonl"
+        self._synced = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pid-transcript-sync", daemon=True)
+
+    def start(self) -> "TranscriptSync":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.MIN_INTERVAL_S):
+            size = _size(os.path.join(self.job_dir, SESSION))
+            if size > 0 and size >= self._synced * self.GROWTH:
+                upload_transcript(self.store, self.job_id, self.job_dir, self.attempt)
+                self._synced = size
 
 
 def _put_file(store: Store, job_id: str, name: str, path: str, limit: int) -> str | None:

@@ -712,6 +712,10 @@ class RedisStore:
             raise KeyError(job_id)
         return digest
 
+    def delete_artifact(self, job_id: str, name: str) -> bool:
+        """Forget the job's artifact of that name (its blob ages out like any other); False: there was none."""
+        return bool(self._r.hdel(PREFIX + "artifacts:" + job_id, name))
+
     def artifact_names(self, job_id: str) -> "builtins.list[str]":
         return sorted(n.decode() for n in self._r.hkeys(PREFIX + "artifacts:" + job_id))
 

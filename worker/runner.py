@@ -32,7 +32,7 @@ from pid.tools.registry import default_registry
 from pid.sandbox import SandboxError
 from pid.sandbox_lifecycle import FilesBudget, JobSandbox, SandboxProvider
 from sandbox import DockerProvider
-from worker.artifact_store import store_result, upload_artifacts, upload_transcript
+from worker.artifact_store import TranscriptSync, store_result, upload_artifacts, upload_transcript
 from worker.blobs import Blobs
 from worker.jobs import JobSpec, write_json_atomic
 from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, abandon, sandbox_config
@@ -91,6 +91,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     workspace: dict[str, Any] | None = None   # which snapshot the job runs on, once imported
     sandbox: JobSandbox | None = None
     session: SessionWriter | None = None
+    syncing: TranscriptSync | None = None
     provider = None
     watchdog = Watchdog()
     try:
@@ -115,6 +116,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             raise JobCancelled
         context = ToolContext(sandbox=sandbox, cancel=cancel)
         session = SessionWriter(_fresh(os.path.join(job_dir, "session.jsonl")), cwd=sandbox.workdir)
+        if artifact_store is not None:
+            syncing = TranscriptSync(artifact_store, spec.id, job_dir, attempt).start()
         session.model_change(provider.config.provider, spec.model)
         session.thinking_level_change("off")
         remaining = max(1.0, spec.timeout_s - (time.time() - started))
@@ -171,9 +174,12 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         result["attempt"] = attempt   # whose result this is: a sweep elsewhere trusts a stored one of this attempt
         if amend_result:
             amend_result(result)
+        if syncing is not None:
+            syncing.stop()
         if artifact_store is not None:
             if owner:
                 upload_artifacts(artifact_store, spec, job_dir, result)
+                _forget(artifact_store, spec.id, f"session.attempt-{attempt}.jsonl")   # session.jsonl is this one's
             else:   # handed back or taken over: this attempt's transcript is kept all the same
                 upload_transcript(artifact_store, spec.id, job_dir, attempt)
         if owner:
@@ -186,6 +192,13 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         if spool is not None:
             shutil.rmtree(spool, ignore_errors=True)
     return result
+
+
+def _forget(store: Store, job_id: str, name: str) -> None:
+    try:
+        store.delete_artifact(job_id, name)
+    except Exception:   # a stale copy of this attempt's transcript beside its final one: untidy, never harmful
+        pass
 
 
 def spool_dir(job_id: str) -> str:
