@@ -29,6 +29,7 @@ RECONCILE_S = float(os.environ.get("PID_RECONCILE_S", "60"))
 REDISPATCH_AFTER_S = float(os.environ.get("PID_REDISPATCH_AFTER_S", "1800"))   # ...whatever the workers are doing
 DISPATCH_GIVE_UP_S = float(os.environ.get("PID_DISPATCH_GIVE_UP_S", "600"))
 REAP_EVERY_S = 60.0
+PRUNE_EVERY_S = 3600.0   # ended jobs, their logs and artifacts, and unused blobs past PID_RETENTION leave the store
 ALIVE_WITHIN_S = 3 * EVERY_S + 5      # a worker not heard from for this long is presumed gone
 
 
@@ -87,6 +88,7 @@ class Housekeeping:
         self.running, self.taking_jobs, self.on_end = running, taking_jobs, on_end
         self._stop = threading.Event()
         self._next_reap = 0.0
+        self._next_prune = time.monotonic() + REAP_EVERY_S   # not in the worker's first minute
         self._thread = threading.Thread(target=self._loop, name="pid-housekeeping", daemon=True)
 
     def start(self) -> None:
@@ -118,6 +120,9 @@ class Housekeeping:
             ("sweeping lost jobs", lambda: sweep(store, on_end=self.on_end)),
             ("dispatching queued jobs", lambda: reconcile(store, on_end=self.on_end)),
         ]
+        if time.monotonic() >= self._next_prune:
+            self._next_prune = time.monotonic() + PRUNE_EVERY_S
+            steps.append(("removing what the retention period has passed", store.prune))
         if time.monotonic() >= self._next_reap:
             self._next_reap = time.monotonic() + REAP_EVERY_S
             steps.insert(0, ("reaping expired containers and disks", self._reap))
