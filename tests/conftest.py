@@ -139,7 +139,12 @@ def start_worker(env: dict[str, str], cwd: Path, log_path: Path, concurrency: in
                                 cwd=cwd,
                                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    deadline = time.time() + 60
+    return wait_ready(proc, log_path)
+
+
+def wait_ready(proc: subprocess.Popen, log_path: Path, timeout: float = 60) -> subprocess.Popen:
+    """A worker just started: wait for its ready line; if it dies or takes too long, its log is the error."""
+    deadline = time.time() + timeout
     while "ready" not in log_path.read_text():
         if proc.poll() is not None or time.time() > deadline:
             stop_worker(proc)

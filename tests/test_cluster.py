@@ -24,6 +24,7 @@ from tests.brokers import RedisServer, _skip_unless
 from tests.conftest import stop_worker
 from tests.scripted_llm import ScriptedLLM
 from tests.test_e2e_remote import start_hidden_worker
+from tests.test_worker_chaos import assert_never_two_live_attempts
 from worker.redis_store import RedisStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.cli]
@@ -54,10 +55,6 @@ class ClusterModel:
             runs[int(called.group(1)) - 1].append(time.time())
             return {"text": f"done {name}"}
 
-    def assert_never_two_live_attempts(self) -> None:
-        for name, runs in self.attempts.items():
-            for earlier, later in zip(runs, runs[1:]):
-                assert max(earlier) < min(later), f"{name}: two attempts were live at once: {runs}"
 
 
 def _pid(env: dict[str, str], cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -155,7 +152,7 @@ def test_workers_sharing_only_redis_run_a_batch_exactly_once_through_a_redis_res
         assert "-v1" in patch and f"+v2-{n}" in patch, patch   # the tree at submit, not the one after
         assert (client / "dl" / job_id / "session.jsonl").exists()
         assert not (client / "out" / job_id).exists()         # every byte came back through the store
-    model.assert_never_two_live_attempts()
+    assert_never_two_live_attempts(model.attempts)
     runs = sorted(len(attempts) for attempts in model.attempts.values())
     assert runs.count(1) >= JOBS - len(lost) and max(runs) <= 2, (runs, lost)
     for job_id in killed:

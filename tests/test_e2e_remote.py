@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import stop_worker
+from tests.conftest import stop_worker, wait_ready
 from tests.scripted_llm import ScriptedLLM
 from worker.store import JobStore
 
@@ -51,13 +51,7 @@ def start_hidden_worker(env: dict[str, str], cwd: Path, log_path: Path, hide: Pa
                                  str(concurrency)],
                                 cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    deadline = time.time() + 60
-    while "ready" not in log_path.read_text():
-        if proc.poll() is not None or time.time() > deadline:
-            stop_worker(proc)
-            raise RuntimeError("worker did not start:\n" + log_path.read_text())
-        time.sleep(0.2)
-    return proc
+    return wait_ready(proc, log_path)
 
 
 def job_args(llm: ScriptedLLM, repo: Path, out: Path, *extra: str) -> list[str]:

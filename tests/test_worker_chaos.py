@@ -49,9 +49,14 @@ class JobsModel:
             return {"text": f"done {name}"}
 
     def assert_never_two_live_attempts(self) -> None:
-        for name, runs in self.attempts.items():
-            for earlier, later in zip(runs, runs[1:]):
-                assert max(earlier) < min(later), f"{name}: two attempts were live at once: {runs}"
+        assert_never_two_live_attempts(self.attempts)
+
+
+def assert_never_two_live_attempts(attempts: dict[str, list[list[float]]]) -> None:
+    """Each attempt's model requests all come before the next attempt's first: never two live at once."""
+    for name, runs in attempts.items():
+        for earlier, later in zip(runs, runs[1:]):
+            assert max(earlier) < min(later), f"{name}: two attempts were live at once: {runs}"
 
 
 def _submit(run_pid, env, repo, llm, out, n: int) -> str:
