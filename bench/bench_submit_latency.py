@@ -1,0 +1,77 @@
+"""Benchmark: `pid submit` to the job's first model request, on an idle worker — the client's start-up and packing,
+the broker, the worker taking the job, its sandbox and workspace import. With Redis as broker and store (a private
+redis-server started here) and on the embedded default.
+
+Target (issue 9): <= 1 s with Redis (median).
+
+    python bench/bench_submit_latency.py [--runs 7] [--broker redis|embedded|both]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench.bench_run_startup import small_repo  # noqa: E402
+from tests.brokers import RedisServer  # noqa: E402
+from tests.scripted_llm import ScriptedLLM  # noqa: E402
+
+
+def measure(broker: str, runs: int) -> list[float]:
+    with tempfile.TemporaryDirectory(prefix="pid-bench-submit-") as root:
+        env = dict(os.environ, PID_HOME=os.path.join(root, "home"), PYTHONPATH=ROOT)
+        redis = None
+        if broker == "redis":
+            redis = RedisServer(Path(root) / "redis")
+            redis.start()
+            env["PID_BROKER_URL"] = redis.url
+        repo = small_repo(root)
+        os.makedirs(os.path.join(root, "out"))
+        log_path = os.path.join(root, "worker.log")
+        with open(log_path, "w") as log:
+            worker = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", "2"],
+                                      env=env, stdout=log, stderr=subprocess.STDOUT)
+        samples = []
+        try:
+            while "ready" not in open(log_path).read():
+                time.sleep(0.05)
+            for n in range(runs + 1):   # the first warms the engine's and the OS's caches
+                with ScriptedLLM([{"text": "done"}]) as llm:
+                    started = time.time()
+                    subprocess.run([sys.executable, "-m", "cli.main", "submit", f"t{n}", "--repo", repo, "--model",
+                                    "m", "--base-url", llm.base_url, "--api-key", "k", "--out",
+                                    os.path.join(root, "out")], env=env, check=True, capture_output=True)
+                    while not llm.arrived:
+                        time.sleep(0.005)
+                    if n:
+                        samples.append(llm.arrived[0] - started)
+                    time.sleep(1.5)   # the job ends; the worker is idle again
+        finally:
+            worker.terminate()
+            worker.wait(timeout=120)
+            if redis is not None:
+                redis.stop()
+        return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--broker", choices=["redis", "embedded", "both"], default="both")
+    args = parser.parse_args()
+    for broker in (["redis", "embedded"] if args.broker == "both" else [args.broker]):
+        samples = sorted(measure(broker, args.runs))
+        print(f"{broker:9} submit -> first model request: median {statistics.median(samples):.2f} s "
+              f"(min {samples[0]:.2f}, max {samples[-1]:.2f}, n={len(samples)})")
+
+
+if __name__ == "__main__":
+    main()
