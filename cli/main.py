@@ -226,7 +226,7 @@ def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_
     spec.queue = queue
     from worker.app import embedded_broker
     from worker.store import default_store
-    from worker.tasks import dispatch
+    from worker.dispatch import dispatch
     if embedded_broker():  # the worker is on this machine: its image must be here too
         check_image(spec.image)
     pack_workspace(spec, max_workspace)

@@ -50,7 +50,7 @@ def test_the_reconciler_dispatches_what_needs_it_and_one_worker_wins_each(tmp_pa
     assert store.mark_dispatched(sent.id)
     calls: list[str] = []
 
-    def publish(job_id: str, **kw) -> bool:   # worker.tasks.dispatch's bookkeeping, with a publish that works
+    def publish(job_id: str, **kw) -> bool:   # worker.dispatch.dispatch's bookkeeping, with a publish that works
         if not store.mark_dispatched(job_id, kw.get("previous"), only_if=kw.get("reconcile", False)):
             return False
         calls.append(job_id)

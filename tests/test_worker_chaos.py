@@ -188,7 +188,7 @@ SUBMIT_MANY = """
 import sys
 from worker.jobs import JobSpec
 from worker.store import default_store
-from worker.tasks import dispatch
+from worker.dispatch import dispatch
 store = default_store()
 for n in range(int(sys.argv[1])):
     spec = JobSpec(task=f"chaos-{n}", repo=sys.argv[2], model="m", base_url=sys.argv[3], out_dir=sys.argv[4])

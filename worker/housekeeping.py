@@ -43,12 +43,12 @@ def boot_id() -> str | None:
 
 def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
               dispatch: Callable[..., bool] | None = None) -> list[str]:
-    """Dispatch the queued jobs that need a message (with `dispatch`, worker.tasks.dispatch by default); end those
+    """Dispatch the queued jobs that need a message (with `dispatch`, worker.dispatch.dispatch by default); end those
     that could not be dispatched for DISPATCH_GIVE_UP_S. Returns the ids dispatched."""
     from worker.sweep import write_unrun_result
     if dispatch is None:
-        from worker import tasks
-        dispatch = tasks.dispatch
+        from worker.dispatch import dispatch as publish
+        dispatch = publish
     now = store.now()   # the clock the store's times are on
     idle_queues = {queue for w in store.workers(alive_within_s=ALIVE_WITHIN_S)
                    if w.free_since is not None and w.free_since < now - RECONCILE_S for queue in w.queues}

@@ -15,8 +15,9 @@ from typing import Any
 
 from pid.config import EnvDefaults
 from pid.endings import status_of
-from worker.app import QUEUE, app
+from worker.app import app
 from worker.control import LEASE_S, ControlRelay, log_job, new_owner, record_end, with_earlier_attempts
+from worker.dispatch import TASK, dispatch
 from worker.runner import run_job
 from worker.store import JobRecord, Store, default_store
 
@@ -53,7 +54,7 @@ def hand_back_all(why: str) -> None:
         request.request(why)
 
 
-@app.task(name="pid.run_job", Strategy="worker.main_process:start_only_what_can_start")
+@app.task(name=TASK, Strategy="worker.main_process:start_only_what_can_start")
 def run_job_task(job_id: str, api_key: str | None = None) -> None:
     """Run a job. The message carries only its id: a key given with `submit --api-key` is in the store (for the
     life of the job); `api_key` is read from messages an older client queued, never sent any more."""
@@ -167,25 +168,6 @@ def end_line(job_id: str, status: str | None, exit_reason: str | None, duration_
 def _short(text: str, width: int = 60) -> str:
     text = " ".join(text.split())
     return text if len(text) <= width else text[:width - 1] + "…"
-
-
-def dispatch(job_id: str, store: Store | None = None, previous: float | None = None,
-             reconcile: bool = False) -> bool:
-    """Publish the job's message, recording it in the store first (the reconciler reads that record). With
-    reconcile, only if no other worker re-dispatched it since `previous`: returns False then. A failed publish
-    is recorded and raised. The message is the job's id and nothing else (no key: that stays in the store)."""
-    store = store or default_store()
-    record = store.get(job_id)
-    queue = record.spec.queue if record is not None else QUEUE
-    if not store.mark_dispatched(job_id, previous, only_if=reconcile):
-        return False
-    try:
-        run_job_task.apply_async(args=[job_id], task_id=job_id, queue=queue)
-    except Exception as exc:
-        store.mark_undispatched(job_id, f"{type(exc).__name__}: {exc}")
-        raise
-    store.mark_published(job_id)
-    return True
 
 
 def node_name() -> str:
