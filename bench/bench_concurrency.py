@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,16 +96,16 @@ def one_round(jobs: int, turns: int, think: float, concurrency: int) -> Round:
                 worker = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency",
                                            str(concurrency)], env=env, stdout=log, stderr=subprocess.STDOUT)
             try:
-                while "ready" not in open(log_path).read():
+                while "ready" not in Path(log_path).read_text():
                     time.sleep(0.05)
                 started, cpu_before = time.monotonic(), cpu_s(worker.pid)
-                while open(log_path).read().count(" completed (") + open(log_path).read().count(" failed (") < jobs:
+                while (text := Path(log_path).read_text()).count(" completed (") + text.count(" failed (") < jobs:
                     if worker.poll() is not None or time.monotonic() - started > 600:
-                        raise RuntimeError("the worker stopped or took too long:\n" + open(log_path).read()[-3000:])
+                        raise RuntimeError("the worker stopped or took too long:\n" + text[-3000:])
                     time.sleep(0.2)
                 wall, cpu = time.monotonic() - started, cpu_s(worker.pid) - cpu_before
                 rss = peak_rss_mb(worker.pid)
-                completed = open(log_path).read().count(" completed (")
+                completed = Path(log_path).read_text().count(" completed (")
             finally:
                 worker.terminate()
                 worker.wait(timeout=120)

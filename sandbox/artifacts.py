@@ -190,9 +190,9 @@ class _GuardedTarInfo(tarfile.TarInfo):
     _proc_gnusparse_01 = _proc_gnusparse_10 = _proc_gnusparse_00
 
 
-class _ChunkReader(io.RawIOBase):
-    """A read-only file over an iterator of byte chunks (docker's get_archive stream, 2 MiB chunks); a chunk is
-    consumed through a memoryview, so small reads never copy its rest."""
+class ChunkReader(io.RawIOBase):
+    """A read-only file over an iterator of byte chunks (docker's get_archive stream, a blob from the job store); a
+    chunk is consumed through a memoryview, so small reads never copy its rest. Closing it closes the iterator."""
 
     def __init__(self, chunks: Iterable[bytes]) -> None:
         self._chunks: Iterator[bytes] = iter(chunks)
@@ -212,10 +212,16 @@ class _ChunkReader(io.RawIOBase):
         self._pending = self._pending[size:]
         return size
 
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+        super().close()
+
 
 def _open_tar(chunks: Iterable[bytes]) -> tarfile.TarFile:
     """An uncompressed, forward-only reading of the chunk stream (no compression is guessed: no zip bombs)."""
-    return tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks), _BLOCK), mode="r|", tarinfo=_GuardedTarInfo)
+    return tarfile.open(fileobj=io.BufferedReader(ChunkReader(chunks), _BLOCK), mode="r|", tarinfo=_GuardedTarInfo)
 
 
 def _regular(tar: tarfile.TarFile, member: tarfile.TarInfo) -> BinaryIO:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import io
 import re
-from typing import Any, BinaryIO, Iterator, Protocol
+from typing import BinaryIO, Protocol
 
+from sandbox.artifacts import ChunkReader
 from worker.store import BlobMissing, Store, default_store
 
 __all__ = ["BlobCorrupt", "BlobMissing", "Blobs", "StoreBlobs", "default_blobs", "hex_of"]
@@ -66,35 +67,7 @@ class StoreBlobs:
 
     def open(self, digest: str) -> BinaryIO:
         hex_of(digest)
-        return io.BufferedReader(_ChunkStream(self.store.open_blob(digest)), CHUNK)
-
-
-class _ChunkStream(io.RawIOBase):
-    """An iterator of byte chunks as a readable stream (tarfile reads it as it arrives)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._left = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._left:
-            try:
-                self._left = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(buffer), len(self._left))
-        buffer[:n] = self._left[:n]
-        self._left = self._left[n:]
-        return n
-
-    def close(self) -> None:
-        close = getattr(self._chunks, "close", None)
-        if close is not None:
-            close()
-        super().close()
+        return io.BufferedReader(ChunkReader(self.store.open_blob(digest)), CHUNK)
 
 
 def default_blobs() -> Blobs:

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,21 +116,20 @@ class EventLog:
 
     def __init__(self, store: Store, job_id: str) -> None:
         self.store, self.job_id = store, job_id
-        self._pending: list[dict[str, Any]] = []
+        self._pending: deque[dict[str, Any]] = deque(maxlen=self.PENDING_MAX)
         self._dropped = 0
         self._lock = threading.Lock()
 
     def add(self, record: dict[str, Any]) -> None:
         with self._lock:
-            if len(self._pending) >= self.PENDING_MAX:
-                self._pending.pop(0)
-                self._dropped += 1
+            self._dropped += len(self._pending) == self.PENDING_MAX   # the oldest goes
             self._pending.append(record)
 
     def flush(self) -> None:
         with self._lock:
-            pending, self._pending = self._pending, []
-            dropped, self._dropped = self._dropped, 0
+            pending, dropped = list(self._pending), self._dropped
+            self._pending.clear()
+            self._dropped = 0
         if dropped:
             pending.insert(0, {"type": "dropped", "count": dropped, "t": round(time.time(), 3)})
         try:

@@ -45,7 +45,7 @@ import redis
 from pid.endings import ExitReason, status_of
 from worker.jobs import DEFAULT_QUEUE, JobSpec
 from worker.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BlobMissing, Capped, Controls, JobRecord,
-                          WorkerBeat, _queues, blob_hex, check_artifact_name, retention_s, sum_usage)
+                          WorkerBeat, _queues, blob_from_file, blob_hex, check_artifact_name, retention_s, sum_usage)
 
 PREFIX = "pid:"
 SOCKET_TIMEOUT_S = 60  # a Redis that stopped answering is an error, not a hang (a blocking read waits less)
@@ -642,11 +642,7 @@ class RedisStore:
         renewed). ValueError if the file's content does not match `digest`."""
         if digest is not None and self._run("touch_blob", hex=blob_hex(digest)) == 1:
             return digest
-        with open(path, "rb") as f:
-            stored = self.put_blob(f)
-        if digest is not None and stored != digest:
-            raise ValueError(f"{path}: its content is {stored}, not {digest}")
-        return stored
+        return blob_from_file(self, path, digest)
 
     def has_blob(self, digest: str) -> bool:
         return bool(self._r.exists(PREFIX + "blob:" + blob_hex(digest)))

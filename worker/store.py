@@ -753,11 +753,7 @@ class JobStore:
                 return digest
             except FileNotFoundError:   # pruned just now
                 pass
-        with open(path, "rb") as f:
-            stored = self.put_blob(f)
-        if digest is not None and stored != digest:
-            raise ValueError(f"{path}: its content is {stored}, not {digest}")
-        return stored
+        return blob_from_file(self, path, digest)
 
     def has_blob(self, digest: str) -> bool:
         return os.path.exists(self._blob_path(digest))
@@ -932,6 +928,15 @@ def open_store(url: str | None, variable: str = "PID_STORE_URL") -> Store:
     shown = url[:200] if "@" not in url else scheme + "://…"   # never a password
     raise ValueError(f"{variable}={shown}: not a store pid knows: use sqlite:///ABS/PATH.db or "
                      "redis://HOST:PORT/DB")
+
+
+def blob_from_file(store: Store, path: str, digest: str | None) -> str:
+    """put_blob_file's upload, once the store found no blob of that digest: the file's content, checked against it."""
+    with open(path, "rb") as f:
+        stored = store.put_blob(f)
+    if digest is not None and stored != digest:
+        raise ValueError(f"{path}: its content is {stored}, not {digest}")
+    return stored
 
 
 def _queues(text: str | None) -> list[str]:
