@@ -602,6 +602,10 @@ def reap_own_quietly() -> None:
     threading.Thread(target=reap, name="pid-reap", daemon=True).start()
 
 
+from cli.view import view as view_command  # noqa: E402 - the command lives in its own module; it imports lightly
+cli.add_command(view_command)
+
+
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)
 
 
