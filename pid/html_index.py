@@ -7,7 +7,7 @@ asset, no network) and the links between them are relative, so the view/ folder 
 The batch directory (written by `pid batch --out DIR`): DIR/batch.jsonl, one JSON object per item (id, job_id,
 status, exit_reason, exit_code, cost, tokens, turns, duration_s, check), DIR/summary.json, and DIR/<id>/ holding
 each item's artifacts. Any field may be missing; lines that are not JSON objects are counted and skipped; an id
-seen twice (a resumed batch) keeps its last line.
+seen twice (a resumed batch) keeps its last line, in its first place.
 """
 from __future__ import annotations
 
@@ -74,14 +74,13 @@ def read_items(batch_dir: str) -> tuple[list[Item], int]:
                 bad += 1
                 continue
             obj.setdefault("id", str(n))
-            items.pop(str(obj["id"]), None)   # a later line of the same id: its new place is the end
-            items[str(obj["id"])] = Item(obj)
+            items[str(obj["id"])] = Item(obj)   # a later line of the same id replaces it, in its first place
     return list(items.values()), bad
 
 
 def page_name(item_id: str, taken: set[str]) -> str:
     """A file name for an item's page: the id itself when it is a plain name, else a hash of it."""
-    base = item_id if _SAFE_NAME.fullmatch(item_id) and item_id.lower() != "index" else \
+    base = item_id if _SAFE_NAME.fullmatch(item_id) else \
         "item-" + hashlib.sha256(item_id.encode("utf-8", "replace")).hexdigest()[:12]
     name, n = f"{base}.html", 1
     while name.lower() in taken:

@@ -1,0 +1,250 @@
+"""The HTML renderer of `pid view` (pid/html_view.py, pid/html_index.py), without a browser: escaping of hostile
+transcripts, every tool call present, diffs highlighted, missing fields tolerated, bounded pages."""
+from __future__ import annotations
+
+import json
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+from pid.html_index import render_batch
+from pid.html_view import Limits, clip, diff_html, render_job
+from tests.view_fixtures import (BATCH_ITEMS, HOSTILE, HOSTILE_CALL_IDS, PWNED_ATTR, SessionBuilder, call,
+                                 hostile_result, hostile_session, simple_session, write_batch, write_job)
+
+
+class Structure(HTMLParser):
+    """What a page is made of: its tags, their attributes, its text."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.starts: list[tuple[str, dict[str, str | None]]] = []
+        self.ends: list[str] = []
+        self.text: list[str] = []
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.starts.append((tag, dict(attrs)))
+
+    def handle_endtag(self, tag: str) -> None:
+        self.ends.append(tag)
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+    def count(self, tag: str) -> int:
+        return sum(1 for t, _ in self.starts if t == tag)
+
+    def attr_values(self, name: str) -> list[str]:
+        return [a[name] or "" for _, a in self.starts if name in a]
+
+
+def assert_inert(text: str, scripts: int = 0) -> Structure:
+    """Nothing the transcript carried became markup: only our own tags, no handler attribute, balanced details."""
+    s = Structure(text)
+    assert s.count("script") == scripts
+    assert s.count("img") == 0
+    assert not [a for _, attrs in s.starts for a in attrs if a.startswith("on")]
+    for tag in ("details", "pre", "div", "summary"):
+        assert s.count(tag) == s.ends.count(tag), tag
+    assert PWNED_ATTR not in text
+    assert "Content-Security-Policy" in text and "default-src 'none'" in text
+    return s
+
+
+def job_page(tmp_path: Path, **kwargs) -> str:
+    job = write_job(tmp_path / "job", hostile_result(), hostile_session())
+    return render_job(str(job), **kwargs)
+
+
+def test_a_hostile_transcript_is_escaped_everywhere(tmp_path):
+    text = job_page(tmp_path)
+    s = assert_inert(text)
+    visible = "".join(s.text)
+    # The hostile strings are there, as text: in the task, the user message, thinking, text, a tool's arguments and
+    # output, the edit's and write's diffs, the compaction summary, the check, the error, the final message.
+    assert visible.count(HOSTILE) >= 10
+    assert "</details>" in visible and "<script>" in visible
+
+
+def test_every_tool_call_is_on_the_page_with_its_output(tmp_path):
+    s = Structure(job_page(tmp_path))
+    assert s.attr_values("data-tool-call") == HOSTILE_CALL_IDS
+    visible = "".join(s.text)
+    assert "hello.py\nREADME.md" in visible          # a bash output, in its collapsible block
+    assert "No matches" in visible and "Command exited with code 3" in visible
+    outputs = [attrs for tag, attrs in s.starts if tag == "details" and attrs.get("class") == "output"]
+    assert len(outputs) == len(HOSTILE_CALL_IDS)
+    errors = [attrs for tag, attrs in s.starts if tag == "div" and "error" in (attrs.get("class") or "").split()]
+    assert len(errors) == 2
+
+
+def test_the_header_shows_the_result_and_its_check(tmp_path):
+    text = job_page(tmp_path)
+    visible = "".join(Structure(text).text)
+    for expected in ("failed", "check_failed", "scripted", "600", "$0.0050", "7.2s", "CHECK-TAIL-MARK", "exit 1",
+                     "python3 -m unittest"):
+        assert expected in visible, expected
+    assert '<details class="check-output" open>' in text   # a failed check shows its output
+
+
+def test_edits_writes_and_the_patch_are_highlighted_diffs(tmp_path):
+    text = job_page(tmp_path)
+    # The edit with the tool's own patch, the legacy edit from its arguments, the write as an added file.
+    assert '<div class="del">-print(&quot;hello&quot;)</div><div class="add">+print(&quot;hello, pid&quot;)</div>' \
+        in text
+    assert '<div class="add">+b = 3  # &lt;/details&gt;' in text and '<div class="del">-b = 2</div>' in text
+    assert '<div class="add">+made by the agent</div>' in text
+    patch = text[text.index('id="patch"'):]
+    assert '<div class="meta">diff --git a/hello.py b/hello.py</div>' in patch
+    assert '<div class="hunk">@@ -1 +1 @@</div>' in patch
+    assert '<div class="add">+print(&quot;hello, pid&quot;)  # &lt;/details&gt;&lt;script&gt;' in patch
+
+
+def test_thinking_compaction_branches_and_torn_lines(tmp_path):
+    text = job_page(tmp_path)
+    assert '<details class="thinking"><summary>thinking</summary>' in text
+    assert "compaction · the history before this point was summarised (12,345 tokens before)" in text
+    assert "BRANCH-NOT-SHOWN" not in text
+    assert "entries on other branches of the session are not shown" in text
+    assert "1 line(s) of session.jsonl are not JSON" in text
+    assert "thinking level: high" in text
+
+
+def test_missing_fields_and_files_are_tolerated(tmp_path):
+    # Only a session (no result.json, no patch): the header comes from the session.
+    bare = write_job(tmp_path / "bare", None, simple_session(["c1", "c2"]), patch=None)
+    text = render_job(str(bare))
+    visible = "".join(Structure(text).text)
+    assert "no patch.diff" in visible and "scripted" in visible and "360" in visible   # 3 × 120 tokens, from the session
+    assert Structure(text).attr_values("data-tool-call") == ["c1", "c2"]
+    # A result with nothing but odd values, a session of odd entries, an empty patch.
+    odd = SessionBuilder()
+    odd.add({"type": "message", "message": {"role": "assistant", "content": "not a list"}})
+    odd.add({"type": "message", "message": {"role": "assistant", "content": [call("c9", "bash"), "junk", None]}})
+    odd.add({"type": "message", "message": {"role": "toolResult"}})
+    odd.add({"type": "message", "message": "nope"})
+    odd.add({"type": "mystery"})
+    odd.add({"type": "message", "message": {"role": "user", "content": [{"type": "image", "data": "AAAA"}]}})
+    weird = write_job(tmp_path / "weird", {"status": None, "usage": "x", "check": "yes", "duration_s": "soon",
+                                           "turns": [], "model": 3}, odd.text() + "[1, 2]\n", patch="")
+    text = render_job(str(weird))
+    assert_inert(text)
+    assert "the patch is empty" in text and "c9" in text and "image" in text
+    # Nothing at all but a result.json that is not an object.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "result.json").write_text("[]")
+    assert "no transcript" in render_job(str(empty))
+
+
+def test_a_job_store_record_fills_in_for_a_missing_result(tmp_path):
+    job = write_job(tmp_path / "job", None, simple_session(["c1"]), patch=None)
+    text = render_job(str(job), fallback={"id": "job-123", "status": "running", "model": "m-from-store"})
+    visible = "".join(Structure(text).text)
+    assert "job-123" in visible and "running" in visible and "m-from-store" in visible
+
+
+def test_huge_outputs_are_clipped_with_a_note(tmp_path):
+    s = SessionBuilder()
+    s.user("go")
+    s.assistant(call("c1", "bash", command="cat big"))
+    s.result("c1", "bash", "HEAD-MARK\n" + "x" * 300_000 + "\nTAIL-MARK\n")
+    s.assistant(call("c2", "write", path="big.txt", content="line\n" * 50_000))
+    s.result("c2", "write", "ok")
+    job = write_job(tmp_path / "job", None, s.text(), patch="+" * 10 + "\n")
+    text = render_job(str(job))
+    assert len(text) < 200_000
+    assert "HEAD-MARK" in text and "TAIL-MARK" in text and "characters not shown here" in text
+    assert "lines not shown here" in text
+
+
+def test_a_50_mb_session_makes_a_bounded_page_quickly(tmp_path):
+    s = SessionBuilder()
+    s.user("go")
+    ids = []
+    for n in range(2_000):   # 2,000 tool calls with 25 kB of output each: about 50 MB
+        ids.append(f"c{n}")
+        s.assistant({"type": "text", "text": f"step {n}"}, call(f"c{n}", "bash", command=f"make step{n}"))
+        s.result(f"c{n}", "bash", f"out {n}\n" + "y" * 25_000)
+    path = tmp_path / "job" / "session.jsonl"
+    write_job(tmp_path / "job", None, s.text(), patch=None)
+    assert path.stat().st_size > 50_000_000
+    started = time.monotonic()
+    text = render_job(str(tmp_path / "job"))
+    took = time.monotonic() - started
+    assert len(text) < 8_000_000, len(text)
+    assert took < 20, took
+    calls = Structure(text).attr_values("data-tool-call")
+    assert calls[:5] == ids[:5] and len(calls) > 150
+    assert "listed one line each" in text and "The whole transcript is in session.jsonl" in text
+    # Small limits: the later calls are one line each, then left out, and the page says how many.
+    small = render_job(str(tmp_path / "job"), limits=Limits(full_budget=100_000, compact_budget=150_000))
+    assert len(small) < 250_000
+    assert "tool call(s) and" in small and "are not shown" in small
+
+
+def test_clip_keeps_head_and_tail():
+    shown, left = clip("a" * 10 + "b" * 10, 9)
+    assert shown == "a" * 6 + "\n" + "b" * 3 and left == 11
+    assert clip("short", 10) == ("short", 0)
+
+
+def test_diff_lines_are_classified():
+    text = diff_html("--- a\n+++ b\n@@ -1 +1 @@\n-old\n+new\n ctx\n\\ No newline at end of file", 100)
+    assert [c for c in ("meta", "meta", "hunk", "del", "add", "ctx", "meta")] == \
+        [a["class"] for t, a in Structure(text).starts if t == "div"][1:]
+
+
+def test_a_batch_index_links_each_item_and_is_sortable(tmp_path):
+    batch = write_batch(tmp_path / "batch")
+    index, pages = render_batch(str(batch), str(batch / "view"))
+    text = Path(index).read_text()
+    s = assert_inert(text, scripts=1)
+    rows = [a["data-id"] for t, a in s.starts if t == "tr" and "data-id" in a]
+    assert rows == [i[0] for i in BATCH_ITEMS] + ["never-ran"]   # a resumed id's last line wins, in its place
+    assert "running" not in "".join(s.text)
+    links = s.attr_values("href")
+    assert sorted(links) == sorted(Path(p).name for p in pages) and len(pages) == len(BATCH_ITEMS)
+    assert "proj-a-1.html" in links and all(name.endswith(".html") and "/" not in name for name in links)
+    assert [a.get("data-key") for t, a in s.starts if t == "th"] == \
+        ["id", "status", "check", "cost", "tokens", "turns", "duration_s", "task"]
+    visible = "".join(s.text)
+    assert "1 line(s) of batch.jsonl are not JSON" in visible and "checks passed 2/3" in visible
+    assert "summary.json" in visible and "cost.p50" in visible
+    # Each item's page is its job page, linking back.
+    page = Path(batch / "view" / "proj-b-2.html").read_text()
+    assert_inert(page)
+    assert Structure(page).attr_values("data-tool-call") == ["call_1_a", "call_1_b"]
+    assert 'href="index.html"' in page
+    # Cells carry their sort values.
+    assert 'data-v="0.034"' in text and 'data-v="40.0"' in text
+
+
+def test_a_batch_item_id_never_leaves_the_view_directory(tmp_path):
+    batch = tmp_path / "batch"
+    batch.mkdir()
+    (tmp_path / "outside").mkdir()
+    write_job(tmp_path / "outside", {"id": "x", "task": "OUTSIDE"}, simple_session(["c"]))
+    (batch / "batch.jsonl").write_text(json.dumps({"id": "../outside", "status": "completed"}) + "\n" +
+                                       json.dumps({"id": "index", "status": "completed"}) + "\n")
+    write_job(batch / "index", {"id": "j"}, simple_session(["c"]))
+    index, pages = render_batch(str(batch), str(batch / "view"))
+    assert [Path(p).name for p in pages] == ["index-2.html"]   # "index" is the index's own name
+    assert "OUTSIDE" not in Path(index).read_text()
+    assert sorted(p.name for p in (batch / "view").iterdir()) == ["index-2.html", "index.html"]
+
+
+def test_an_empty_batch_renders(tmp_path):
+    (tmp_path / "batch.jsonl").write_text("")
+    index, pages = render_batch(str(tmp_path), str(tmp_path / "view"))
+    assert pages == [] and "lists no items yet" in Path(index).read_text()
+
+
+def test_hostile_text_in_batch_fields_is_escaped(tmp_path):
+    (tmp_path / "batch.jsonl").write_text(json.dumps({"id": HOSTILE, "status": HOSTILE, "exit_reason": HOSTILE,
+                                                      "cost": HOSTILE, "check": {"passed": HOSTILE}}) + "\n")
+    (tmp_path / "summary.json").write_text(json.dumps({HOSTILE: {HOSTILE: HOSTILE}}))
+    index, _ = render_batch(str(tmp_path), str(tmp_path / "view"))
+    assert_inert(Path(index).read_text(), scripts=1)
