@@ -66,6 +66,9 @@ if [ "${1:-}" = "--test" ]; then
   if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null; then
     apt_install docker-compose || true
   fi
+  # `pid view`'s acceptance test (tests/test_view_browser.py) loads its pages in headless Chromium, best-effort
+  # (without it those tests skip).
+  command -v chromium >/dev/null || apt_install chromium || true
   # Two tiers: first the fast one (no Docker: in-memory sandbox, scripted LLM), then the tests marked `docker`. Every
   # tier runs; the script fails at the end if one did. Exit status 5 (nothing selected, e.g. for a file given on the
   # command line with no test of that tier) is no failure.

@@ -265,6 +265,7 @@ nav{font-size:.9em}nav a{margin-right:1rem}
 table{border-collapse:collapse;width:100%;font-size:.92em}
 th,td{padding:.3rem .5rem;border-bottom:1px solid var(--line);text-align:left;white-space:nowrap}
 td.num,th.num{text-align:right}th{cursor:pointer;user-select:none}
+td.task{max-width:26rem;overflow:hidden;text-overflow:ellipsis;color:var(--dim)}
 th[aria-sort=ascending]::after{content:" ▲"}th[aria-sort=descending]::after{content:" ▼"}
 tbody tr:hover{background:var(--box)}
 """
@@ -322,8 +323,8 @@ def fmt_int(value: Any) -> str:
 
 
 def status_class(status: Any) -> str:
-    return {"completed": "ok", "limit": "warn", "cancelled": "warn", "queued": "dim", "running": "dim"}.get(
-        str(status), "bad")
+    return {"completed": "ok", "limit": "warn", "cancelled": "warn", "queued": "dim", "running": "dim",
+            "unknown": "dim"}.get(str(status), "bad")
 
 
 def badge(text: Any, cls: str) -> str:

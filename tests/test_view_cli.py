@@ -1,0 +1,137 @@
+"""`pid view` as a command (no engine, no browser): a job by id from the job store, a job's directory, a batch
+directory; where pages go; one-line errors; --open."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.view_fixtures import HOSTILE_CALL_IDS, hostile_result, hostile_session, simple_session, write_batch, \
+    write_job
+from worker.jobs import JobSpec
+from worker.store import JobStore
+
+pytestmark = pytest.mark.cli
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """No browser and no display: --open has nothing to open unless a test says so."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PID_", "OPENAI_", "ANTHROPIC_"))
+           and k not in ("BROWSER", "DISPLAY", "WAYLAND_DISPLAY")}
+    env.update(PID_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
+    return env
+
+
+def pid(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def one_line_error(res: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("pid: error: ") and len(res.stderr.splitlines()) == 1, res.stderr
+    for fragment in fragments:
+        assert fragment in res.stderr
+
+
+def calls(page: Path) -> list[str]:
+    import html
+    return [html.unescape(v) for v in re.findall(r'data-tool-call="([^"]*)"', page.read_text())]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> JobStore:
+    (tmp_path / "home").mkdir()
+    return JobStore(str(tmp_path / "home" / "jobs.db"))
+
+
+def stored_job(store: JobStore, tmp_path: Path, artifacts: dict[str, str] | None = None) -> JobSpec:
+    """A job whose worker was elsewhere: its artifacts are in the store only."""
+    spec = JobSpec(task="t", repo=str(tmp_path), model="m-from-spec", out_dir=str(tmp_path / "worker-disk"))
+    store.create(spec)
+    for name, text in (artifacts or {}).items():
+        store.put_artifact(spec.id, name, io.BytesIO(text.encode()))
+    return spec
+
+
+def test_a_job_by_id_comes_from_the_job_store(store, tmp_path, env):
+    spec = stored_job(store, tmp_path)
+    stored_job_artifacts = {"result.json": json.dumps(hostile_result(spec.id)), "session.jsonl": hostile_session(),
+                            "patch.diff": "+x\n", "files/workspace/big.bin": "x" * 100_000}
+    for name, text in stored_job_artifacts.items():
+        store.put_artifact(spec.id, name, io.BytesIO(text.encode()))
+    store.finish(spec.id, "stop")
+    assert not Path(spec.job_dir).exists()
+    res = pid(env, tmp_path, "view", spec.id)
+    assert res.returncode == 0, res.stderr
+    page = Path(res.stdout.strip())
+    assert page == tmp_path / f"pid-view-{spec.id}.html"
+    assert calls(page) == HOSTILE_CALL_IDS
+    assert "CHECK-TAIL-MARK" in page.read_text() and spec.id in page.read_text()
+
+
+def test_a_running_job_shows_its_transcript_so_far(store, tmp_path, env):
+    spec = stored_job(store, tmp_path, {"session.attempt-1.jsonl": simple_session(["c1", "c2"])})
+    res = pid(env, tmp_path, "view", spec.id, "-o", "live.html")
+    assert res.returncode == 0, res.stderr
+    text = (tmp_path / "live.html").read_text()
+    assert calls(tmp_path / "live.html") == ["c1", "c2"]
+    assert ">queued<" in text and "m-from-spec" in text
+
+
+def test_a_job_without_artifacts_or_id_is_one_line(store, tmp_path, env):
+    spec = stored_job(store, tmp_path)
+    one_line_error(pid(env, tmp_path, "view", spec.id), f"job {spec.id} (queued) has no result or transcript yet")
+    one_line_error(pid(env, tmp_path, "view", "no-such-job"), "no such job or directory: no-such-job")
+    one_line_error(pid(env, tmp_path, "view", str(tmp_path)), "neither a batch directory")
+    job = write_job(tmp_path / "job", hostile_result(), hostile_session())
+    one_line_error(pid(env, tmp_path, "view", str(job), "-o", str(tmp_path / "missing" / "x.html")),
+                   "does not exist")
+
+
+def test_a_job_directory_and_its_default_page_name(tmp_path, env):
+    job = write_job(tmp_path / "job", hostile_result("job/with odd:id"), hostile_session())
+    res = pid(env, tmp_path, "view", str(job))
+    assert res.returncode == 0, res.stderr
+    assert Path(res.stdout.strip()) == tmp_path / "pid-view-job_with_odd_id.html"
+    bare = write_job(tmp_path / "bare-job", None, simple_session(["c1"]), patch=None)
+    res = pid(env, tmp_path, "view", str(bare))
+    assert res.returncode == 0 and Path(res.stdout.strip()) == tmp_path / "pid-view-bare-job.html"
+
+
+def test_a_batch_directory_writes_an_index_and_item_pages(tmp_path, env):
+    batch = write_batch(tmp_path / "batch")
+    res = pid(env, tmp_path, "view", str(batch))
+    assert res.returncode == 0, res.stderr
+    assert Path(res.stdout.strip()) == batch / "view" / "index.html"
+    assert len(list((batch / "view").glob("*.html"))) == 5
+    res = pid(env, tmp_path, "view", str(batch), "-o", str(tmp_path / "elsewhere" / "b.html"))
+    one_line_error(res, "does not exist")
+    (tmp_path / "elsewhere").mkdir()
+    res = pid(env, tmp_path, "view", str(batch), "-o", str(tmp_path / "elsewhere" / "b.html"))
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == \
+        sorted(["b.html", "proj-a-1.html", "proj-b-2.html", "proj-c-3.html", [p.name for p in
+                (batch / "view").glob("item-*.html")][0]])
+    assert 'href="b.html"' in (tmp_path / "elsewhere" / "proj-a-1.html").read_text()
+
+
+def test_open_uses_the_browser_there_is_and_is_silent_without_one(tmp_path, env):
+    job = write_job(tmp_path / "job", hostile_result(), hostile_session())
+    res = pid(env, tmp_path, "view", str(job), "--open")   # no BROWSER, no display: only the path
+    assert res.returncode == 0 and res.stderr == "" and res.stdout.strip().endswith(".html")
+    opened = tmp_path / "opened.txt"
+    browser = tmp_path / "fake-browser"
+    browser.write_text(f'#!/bin/sh\necho "$@" > {opened}\n')
+    browser.chmod(0o755)
+    res = pid({**env, "BROWSER": str(browser)}, tmp_path, "view", str(job), "--open", "-o", "p age.html")
+    assert res.returncode == 0, res.stderr
+    assert opened.read_text().strip() == (tmp_path / "p age.html").as_uri()
