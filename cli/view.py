@@ -50,7 +50,10 @@ def _view_dir(directory: str, output: str | None) -> str:
     from pid.html_index import render_batch
     from pid.html_view import read_result, render_job
     if os.path.isfile(os.path.join(directory, BATCH)):
-        index = os.path.abspath(output or os.path.join(directory, "view", "index.html"))
+        default = os.path.join(directory, "view")
+        if output is None and any(os.path.exists(os.path.join(default, n)) for n in (RESULT, SESSION)):
+            raise ViewError(f"{default} is an item's folder (an item whose id is 'view'): pass -o FILE")
+        index = os.path.abspath(output or os.path.join(default, "index.html"))
         _check_writable(os.path.dirname(index), create=output is None)
         try:
             path, _ = render_batch(directory, os.path.dirname(index), os.path.basename(index))

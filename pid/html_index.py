@@ -23,7 +23,7 @@ from pid.html_view import (LIMITS, Limits, badge, check_badge, esc, fmt_cost, fm
 
 BATCH = "batch.jsonl"
 SUMMARY = "summary.json"
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,100}")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")   # what `pid batch` allows as an id, but a leading -
 
 SORT_SCRIPT = """(function(){
 var t=document.getElementById('items');if(!t||!t.tHead)return;var b=t.tBodies[0],hs=t.tHead.rows[0].cells;

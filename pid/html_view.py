@@ -495,9 +495,13 @@ class JobRenderer:
             self.message(entry["message"])
         elif kind == "compaction":
             tokens = fmt_int(entry.get("tokensBefore"))
+            details = as_dict(entry.get("details"))
+            files = "".join(f'<div class="dim">{label}: {esc(", ".join(str(p) for p in as_list(details.get(key))))}'
+                            "</div>" for key, label in (("modifiedFiles", "modified"), ("readFiles", "read"))
+                            if as_list(details.get(key)))
             self.emit(f'<details class="msg compaction"><summary>compaction · the history before this point was '
                       f'summarised ({tokens} tokens before)</summary>'
-                      f'{pre(str(entry.get("summary", "")), limits.block)}</details>')
+                      f'{pre(str(entry.get("summary", "")), limits.block)}{files}</details>')
         elif kind == "branch_summary":
             self.emit(f'<details class="msg branch-summary"><summary>branch summary</summary>'
                       f'{pre(str(entry.get("summary", "")), limits.block)}</details>')

@@ -106,6 +106,7 @@ def test_thinking_compaction_branches_and_torn_lines(tmp_path):
     text = job_page(tmp_path)
     assert '<details class="thinking"><summary>thinking</summary>' in text
     assert "compaction · the history before this point was summarised (12,345 tokens before)" in text
+    assert '<div class="dim">read: README.md</div>' in text and "modified: hello.py&lt;/details&gt;" in text
     assert "BRANCH-NOT-SHOWN" not in text
     assert "entries on other branches of the session are not shown" in text
     assert "1 line(s) of session.jsonl are not JSON" in text
@@ -117,7 +118,7 @@ def test_missing_fields_and_files_are_tolerated(tmp_path):
     bare = write_job(tmp_path / "bare", None, simple_session(["c1", "c2"]), patch=None)
     text = render_job(str(bare))
     visible = "".join(Structure(text).text)
-    assert "no patch.diff" in visible and "scripted" in visible and "360" in visible   # 3 × 120 tokens, from the session
+    assert "no patch.diff" in visible and "scripted" in visible and "360" in visible   # 3 × 120 tokens
     assert Structure(text).attr_values("data-tool-call") == ["c1", "c2"]
     # A result with nothing but odd values, a session of odd entries, an empty patch.
     odd = SessionBuilder()

@@ -122,6 +122,8 @@ def test_a_batch_directory_writes_an_index_and_item_pages(tmp_path, env):
         sorted(["b.html", "proj-a-1.html", "proj-b-2.html", "proj-c-3.html", [p.name for p in
                 (batch / "view").glob("item-*.html")][0]])
     assert 'href="b.html"' in (tmp_path / "elsewhere" / "proj-a-1.html").read_text()
+    write_job(batch / "view", {"id": "j"}, simple_session(["c"]))   # an item whose id is "view"
+    one_line_error(pid(env, tmp_path, "view", str(batch)), "is an item's folder", "pass -o FILE")
 
 
 def test_open_uses_the_browser_there_is_and_is_silent_without_one(tmp_path, env):

@@ -112,7 +112,8 @@ def hostile_session() -> str:
     s.result('call_"><script>x</script>', "weird", HOSTILE, is_error=True)
     s.result("call_grep_1", "grep", "No matches")
     s.add({"type": "compaction", "summary": f"## Goal\nFix hello.py {HOSTILE}", "firstKeptEntryId": "e0000003",
-           "tokensBefore": 12345})
+           "tokensBefore": 12345, "details": {"readFiles": ["README.md"], "modifiedFiles": [f"hello.py{HOSTILE}"]},
+           "fromHook": False})
     s.assistant(call("call_bash_err", "bash", command="python3 hello.py\nexit 3"),
                 call("call_after_compaction", "bash", command="git diff"))
     s.result("call_bash_err", "bash", "hello, pid\n\nCommand exited with code 3", is_error=True)
