@@ -133,7 +133,7 @@ def _from_record(record: Any) -> dict[str, Any]:
 
 
 def _write(output: str | None, job_id: str, text: str) -> str:
-    from pid.html_view import write_page
+    from pid.html_page import write_page
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", job_id)[:100] or "job"
     path = os.path.abspath(output or f"pid-view-{safe}.html")
     _check_writable(os.path.dirname(path), create=False)

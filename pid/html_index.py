@@ -18,8 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pid.html_view import (LIMITS, Limits, badge, check_badge, esc, fmt_cost, fmt_duration, fmt_int, number, page,
-                           read_result, render_job, status_class, write_page)
+from pid.html_page import (LIMITS, Limits, badge, check_badge, esc, fmt_cost, fmt_duration, fmt_int, number, page,
+                           status_class, write_page)
+from pid.html_view import read_result, render_job
 
 BATCH = "batch.jsonl"
 SUMMARY = "summary.json"

@@ -1,5 +1,6 @@
-"""The HTML renderer of `pid view` (pid/html_view.py, pid/html_index.py), without a browser: escaping of hostile
-transcripts, every tool call present, diffs highlighted, missing fields tolerated, bounded pages."""
+"""The HTML renderer of `pid view` (pid/html_view.py, pid/html_index.py, pid/html_page.py), without a browser:
+escaping of hostile transcripts, every tool call present, diffs highlighted, missing fields tolerated, bounded
+pages."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from pid.html_index import render_batch
-from pid.html_view import Limits, clip, diff_html, render_job
+from pid.html_page import Limits, clip, diff_html
+from pid.html_view import render_job
 from tests.view_fixtures import (BATCH_ITEMS, HOSTILE, HOSTILE_CALL_IDS, PWNED_ATTR, SessionBuilder, call,
                                  hostile_result, hostile_session, simple_session, write_batch, write_job)
 
@@ -186,16 +188,22 @@ def test_a_50_mb_session_makes_a_bounded_page_quickly(tmp_path):
     assert "tool call(s) and" in small and "are not shown" in small
 
 
-def test_clip_keeps_head_and_tail():
+def test_clip_keeps_head_and_tail_and_says_what_is_left_out():
     shown, left = clip("a" * 10 + "b" * 10, 9)
-    assert shown == "a" * 6 + "\n" + "b" * 3 and left == 11
+    assert shown == "a" * 6 + "\n[… 11 characters not shown here …]\n" + "b" * 3 and left == 11
     assert clip("short", 10) == ("short", 0)
 
 
 def test_diff_lines_are_classified():
-    text = diff_html("--- a\n+++ b\n@@ -1 +1 @@\n-old\n+new\n ctx\n\\ No newline at end of file", 100)
-    assert [c for c in ("meta", "meta", "hunk", "del", "add", "ctx", "meta")] == \
-        [a["class"] for t, a in Structure(text).starts if t == "div"][1:]
+    diff = ("diff --git a/x.sql b/x.sql\n--- a/x.sql\n+++ b/x.sql\n@@ -1,3 +1,2 @@\n -- a comment kept\n"
+            "--- a comment removed\n+++ a counter added\n-x\n\\ No newline at end of file\n"
+            "--- a/y\n+++ b/y\n@@ -5 +5,0 @@\n-gone\n")
+    classes = [a["class"] for t, a in Structure(diff_html(diff, 100)).starts if t == "div"][1:]
+    assert classes == ["meta", "meta", "meta", "hunk", "ctx", "del", "add", "del", "meta", "meta", "meta", "hunk",
+                       "del"]
+    # pi's numbered diff (details.diff): no hunk headers, the first character decides.
+    assert [a["class"] for t, a in Structure(diff_html("-1 old\n+1 new\n 2 same", 100)).starts
+            if t == "div"][1:] == ["del", "add", "ctx"]
 
 
 def test_a_batch_index_links_each_item_and_is_sortable(tmp_path):
