@@ -137,3 +137,13 @@ def test_open_uses_the_browser_there_is_and_is_silent_without_one(tmp_path, env)
     res = pid({**env, "BROWSER": str(browser)}, tmp_path, "view", str(job), "--open", "-o", "p age.html")
     assert res.returncode == 0, res.stderr
     assert opened.read_text().strip() == (tmp_path / "p age.html").as_uri()
+
+
+def test_an_unusable_pid_home_matters_only_for_a_job_id(tmp_path, env):
+    (tmp_path / "a-file").write_text("x")
+    home = tmp_path / "a-file" / "home"
+    broken = {**env, "PID_HOME": str(home)}
+    one_line_error(pid(broken, tmp_path, "view", "some-job"), f"PID_HOME {home} is not a writable directory")
+    job = write_job(tmp_path / "job", hostile_result(), hostile_session())
+    res = pid(broken, tmp_path, "view", str(job))   # a directory needs no state
+    assert res.returncode == 0, res.stderr
