@@ -602,6 +602,10 @@ def reap_own_quietly() -> None:
     threading.Thread(target=reap, name="pid-reap", daemon=True).start()
 
 
+from cli.rerun import register as register_rerun  # noqa: E402 - `continue` and `retry`, with this module's helpers
+register_rerun(cli, sys.modules[__name__])
+
+
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)
 
 
