@@ -12,11 +12,11 @@ from typing import Any
 
 import click
 
-from cli.options import EnvOption, Number, QueueName
+from cli.options import Number, QueueName
 from pid.config import API_KEY_ENV
 from worker.jobs import JobSpec, spec_field
 
-_main: ModuleType | None = None   # cli.main, once registered
+_main: Any = None   # cli.main (a module), once registered
 
 
 def register(group: click.Group, main_module: ModuleType) -> None:

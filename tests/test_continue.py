@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import IMAGE, ROOT, RUN_ID, CliResult, start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
 from sandbox.reaper import TEST_RUN_ENV
+from worker.store import JobStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.cli]
 
@@ -196,6 +197,13 @@ def test_continue_and_retry_refuse_clearly(env: Env, tmp_path: Path):
     res = env.pid("continue", job, "more")
     assert res.stderr == f"pid: error: job {job} ended (cancelled) before it ran: it has no conversation to continue\n"
     assert len(env.pid("list", "--json", "--limit", "1000").json()) == jobs   # nothing was queued
+
+    ended, _ = env.requests_during([{"text": "ok"}], lambda: env.submit(repo, "--wait", "--json"))
+    job = ended.json()["id"]
+    JobStore(os.path.join(env.env["PID_HOME"], "jobs.db")).delete_artifact(job, "patch.diff")   # as if expired
+    res = env.pid("continue", job, "more")
+    assert res.code == 2 and res.stderr.startswith(f"pid: error: job {job} has no patch.diff in the job store "
+                                                   "(expired after the retention period"), res.stderr
 
 
 def test_system_md_append_system_md_and_system_prompt_reach_the_model(env: Env, tmp_path: Path):

@@ -22,7 +22,7 @@ import docker.errors
 from pid import events as ev
 from pid.agent import Agent, Limits, Outcome
 from pid.endings import ExitReason
-from pid.messages import Usage
+from pid.messages import Message, Usage
 from pid.prompt import build_system_prompt
 from pid.providers import make_provider
 from pid.providers.base import ProviderConfig
@@ -34,7 +34,7 @@ from pid.sandbox_lifecycle import FilesBudget, JobSandbox, SandboxProvider
 from sandbox import DockerProvider
 from worker.artifact_store import TranscriptSync, store_result, upload_artifacts, upload_transcript
 from worker.blobs import Blobs
-from worker.continuation import apply_patch, load_parent, start_session
+from worker.continuation import Parent, apply_patch, load_parent, start_session
 from worker.jobs import JobSpec, write_json_atomic
 from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, abandon, sandbox_config
 from worker.snapshot import import_into
@@ -113,7 +113,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             sandbox = sandboxes.create(sandbox_config(spec, attempt))
         watchdog.arm(spec.timeout_s - (time.time() - started) + GRACE_S, sandbox.kill, "wall_clock")
         workspace = import_into(sandbox, spec.repo, spec.workspace, blobs)
-        parent, earlier = None, []
+        parent: Parent | None = None
+        earlier: list[Message] = []
         if spec.parent:   # `pid continue`: the parent's patch onto the same snapshot, its conversation loaded
             parent, earlier = load_parent(artifact_store or default_store(), spec.parent, job_dir)
             apply_patch(sandbox, parent.patch)
