@@ -72,7 +72,7 @@ def make_repo(path: Path, files: dict[str, str]) -> Path:
         (path / name).parent.mkdir(parents=True, exist_ok=True)
         (path / name).write_text(text)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(path)]
-    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-qm", "init"], check=True)
     with open(path / "hello.py", "a") as f:
@@ -228,3 +228,29 @@ def test_system_md_append_system_md_and_system_prompt_reach_the_model(env: Env, 
     res = env.submit(repo, "--system-prompt", str(mine))
     assert res.code == 2 and res.stderr == (f"pid: error: Invalid value for '--system-prompt': {mine} is larger "
                                             "than 64k\n"), res.stderr
+
+
+def test_a_git_url_job_is_continued_at_the_commit_it_ran_on_though_its_branch_moved(env: Env, tmp_path: Path):
+    src = make_repo(tmp_path / "src", ORIGINAL)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(src)]
+    subprocess.run([*git, "commit", "-qam", "two"], check=True)
+    bare = tmp_path / "bare.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(src), str(bare)], check=True)
+    first, _ = env.requests_during(
+        [tool("write", path="hello.py", content="by job one\n"), {"text": "ONE"}],
+        lambda: env.pid("submit", TASK, "--repo", f"file://{bare}#main", "--model", "scripted", "--base-url",
+                        env.llm.base_url, "--out", str(env.out), "--wait", "--json"))
+    assert first.code == 0, first.stderr
+    ran_on = first.json()["workspace"]["commit"]
+    (src / "keep.txt").write_text("moved on\n")                  # the branch moves on after the job
+    subprocess.run([*git, "commit", "-qam", "three"], check=True)
+    subprocess.run([*git, "push", "-q", str(bare), "HEAD:main"], check=True)
+
+    turns = [tool("bash", command="cat hello.py keep.txt"), {"text": "TWO"}]
+    done, requests = env.requests_during(turns, lambda: env.pid("continue", first.json()["id"], "go on", "--wait",
+                                                                "--json"))
+    assert done.code == 0, done.stderr
+    result = done.json()
+    assert result["workspace"] == {"kind": "git", "url": f"file://{bare}", "ref": ran_on, "commit": ran_on}
+    assert texts(requests[1])[-1][1].startswith("by job one\nunchanged\n")
+    assert "+by job one" in (env.out / result["id"] / "patch.diff").read_text()
