@@ -110,3 +110,44 @@ new file mode 100644
     done = box.exec("ls /tmp/cont-target; test -e /tmp/cont-fsmonitor-ran && echo RAN; cat cont-made-2.txt",
                     timeout=10)
     assert done.tail.decode() == "evil\n"    # applied; nothing through the link; the repository's config unread
+
+
+def _store(tmp_path):
+    from worker.store import JobStore
+    return JobStore(str(tmp_path / "jobs.db"))
+
+
+def _ended(store, spec, artifacts=("result.json", "session.jsonl", "patch.diff")):
+    import io
+    store.create(spec)
+    assert store.claim(spec.id, "w", 60)
+    store.finish(spec.id, "stop", owner="w")
+    for name in artifacts:
+        store.put_artifact(spec.id, name, io.BytesIO(b"{}"))
+    return spec
+
+
+def test_retry_keeps_the_snapshot_and_refuses_what_it_cannot_run_again(tmp_path):
+    import io
+    from worker.continuation import continuation_spec, retry_spec
+    from worker.jobs import JobSpec
+    store = _store(tmp_path)
+    digest = store.put_blob(io.BytesIO(b"a tar"))
+    job = _ended(store, JobSpec(task="t", repo="/r", model="m", workspace=digest, system_prompt="SYS"))
+    again = retry_spec(store, job.id)
+    assert (again.retry_of, again.task, again.workspace, again.system_prompt) == (job.id, "t", digest, "SYS")
+    assert again.id != job.id and again.parent is None
+    more = continuation_spec(store, job.id, "more")
+    assert (more.task, more.parent, more.retry_of, more.workspace) == ("more", job.id, None, digest)
+
+    dir_job = _ended(store, JobSpec(task="t", repo=str(tmp_path), model="m"))      # `pid run` read a directory
+    with pytest.raises(Refused, match=r"read its directory .* when it started \(`pid run`\): pid kept no snapshot"):
+        retry_spec(store, dir_job.id)
+    gone = _ended(store, JobSpec(task="t", repo="/r", model="m", workspace="sha256:" + "0" * 64))
+    with pytest.raises(Refused, match="its workspace snapshot .* is no longer in the job store"):
+        retry_spec(store, gone.id)
+    # a continuation retried continues the same parent: whose transcript must still be there
+    child = _ended(store, JobSpec(task="t", repo="/r", model="m", workspace=digest, parent=job.id))
+    store.delete_artifact(job.id, "session.jsonl")
+    with pytest.raises(Refused, match=f"job {job.id} has no session.jsonl in the job store"):
+        retry_spec(store, child.id)

@@ -36,6 +36,8 @@ def retry_spec(store: Store, job_id: str) -> JobSpec:
     """The job's spec again, under a new id: the same task on the same snapshot (a git URL pinned to the commit the
     job ran on, when it ran). A retried continuation continues the same parent again."""
     record = _record(store, job_id)
+    if record.spec.parent:
+        _continuable(store, record.spec.parent)
     spec = _copy(record.spec, store, job_id)
     spec.retry_of = job_id
     return spec
@@ -44,6 +46,14 @@ def retry_spec(store: Store, job_id: str) -> JobSpec:
 def continuation_spec(store: Store, job_id: str, message: str) -> JobSpec:
     """A new job that continues `job_id` (which must have ended, with its transcript and patch in the store) with
     `message` as the next user message."""
+    record = _continuable(store, job_id)
+    spec = _copy(record.spec, store, job_id)
+    spec.task, spec.parent, spec.retry_of = message, job_id, None
+    return spec
+
+
+def _continuable(store: Store, job_id: str) -> Any:
+    """The job's record, if it can be continued: it has ended, and its transcript and patch are in the store."""
     record = _record(store, job_id)
     if not record.terminal:
         raise Refused(f"job {job_id} is {record.status}: only a job that has ended can be continued "
@@ -56,9 +66,7 @@ def continuation_spec(store: Store, job_id: str, message: str) -> JobSpec:
         why = ("a `pid run` job keeps its artifacts in its out directory only" if record.kind == "run" else
                "expired after the retention period, or the job ended without them")
         raise Refused(f"job {job_id} has no {' or '.join(missing)} in the job store ({why}): it cannot be continued")
-    spec = _copy(record.spec, store, job_id)
-    spec.task, spec.parent, spec.retry_of = message, job_id, None
-    return spec
+    return record
 
 
 def _record(store: Store, job_id: str) -> Any:
