@@ -604,6 +604,8 @@ def reap_own_quietly() -> None:
 
 from cli.view import view as view_command  # noqa: E402 - the command lives in its own module; it imports lightly
 cli.add_command(view_command)
+from cli.rerun import register as register_rerun  # noqa: E402 - `continue` and `retry`, with this module's helpers
+register_rerun(cli, sys.modules[__name__])
 
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)

@@ -200,6 +200,32 @@ class QueueName(click.ParamType):
         return ",".join(dict.fromkeys(names))
 
 
+class PromptFile(click.ParamType):
+    """A file on this machine whose text goes into the job's spec (the worker may be on another machine): read now,
+    UTF-8, at most pid.prompt.MAX_SYSTEM_PROMPT_BYTES, not empty."""
+    name = "file"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str | None:
+        if value is None:
+            return None
+        from pid.prompt import MAX_SYSTEM_PROMPT_BYTES
+        path = str(value)
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_SYSTEM_PROMPT_BYTES + 1)
+        except OSError as exc:
+            self.fail(f"cannot read {path}: {exc.strerror or exc}", param, ctx)
+        if len(data) > MAX_SYSTEM_PROMPT_BYTES:
+            self.fail(f"{path} is larger than {format_size(MAX_SYSTEM_PROMPT_BYTES)}", param, ctx)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            self.fail(f"{path} is not UTF-8 text", param, ctx)
+        if not text.strip():
+            self.fail(f"{path} is empty", param, ctx)
+        return text
+
+
 class EnvOption(click.Option):
     """Names the environment variable in an error only when the bad value came from it."""
 
@@ -267,6 +293,7 @@ JOB_OPTIONS = [
     JobOption("--max-patch", "max_patch", _const(Size())),
     JobOption("--max-files-size", "max_files_bytes", _const(Size())),
     JobOption("--max-files", "max_files", lambda low, high: Number(int, low, high)),
+    JobOption("--system-prompt", "system_prompt", _const(PromptFile())),
 ]
 
 

@@ -1,4 +1,8 @@
-"""The system prompt: a short default that names the active tools, then the workspace's context file."""
+"""The system prompt, assembled as pi assembles it: a base (pid's short default naming the active tools, or a
+replacement: `--system-prompt FILE`, else the workspace's .pi/SYSTEM.md), then the workspace's APPEND_SYSTEM.md,
+then its context file (AGENTS.md), then the date and working directory.
+
+Workspace files are read inside the sandbox (never on the host: the tree is the agent's to change)."""
 from __future__ import annotations
 
 import posixpath
@@ -9,6 +13,10 @@ from pid.sandbox import Sandbox
 
 CONTEXT_FILES = ("AGENTS.md", "CLAUDE.md")
 MAX_CONTEXT_FILE_BYTES = 64 * 1024
+# pi reads <cwd>/.pi/SYSTEM.md (its fallback, ~/.pi/agent/, has no place in a sandbox); pid also takes one at the root.
+SYSTEM_FILES = (".pi/SYSTEM.md", "SYSTEM.md")
+APPEND_SYSTEM_FILES = (".pi/APPEND_SYSTEM.md", "APPEND_SYSTEM.md")
+MAX_SYSTEM_PROMPT_BYTES = 64 * 1024   # a --system-prompt file, and the workspace's SYSTEM.md / APPEND_SYSTEM.md
 
 TOOL_HINTS = {
     "read": "read: read a file (text or image); use offset/limit for large files",
@@ -25,13 +33,16 @@ GUIDELINES = """Guidelines:
 - Be concise; show file paths clearly when you mention them."""
 
 
-def build_system_prompt(tools: list[ToolSpec], sandbox: Sandbox, *, today: date | None = None) -> str:
-    names = [t.name for t in tools]
-    lines = ["You are an expert coding assistant working in a sandboxed workspace. You help by reading files, "
-             "running commands, editing code and writing new files.", "", "Available tools:"]
-    lines += [f"- {TOOL_HINTS.get(n, n + ': ' + next(t.description for t in tools if t.name == n).splitlines()[0])}"
-              for n in names] or ["- (none)"]
-    lines += ["", GUIDELINES]
+def build_system_prompt(tools: list[ToolSpec], sandbox: Sandbox, *, today: date | None = None,
+                        custom: str | None = None) -> str:
+    """`custom` (a --system-prompt file's text) replaces the base and wins over the workspace's SYSTEM.md."""
+    if custom is None:
+        found = load_workspace_file(sandbox, SYSTEM_FILES, MAX_SYSTEM_PROMPT_BYTES)
+        custom = found[1] if found else None
+    lines = [custom.rstrip()] if custom and custom.strip() else default_prompt(tools)   # empty: pi's default too
+    append = load_workspace_file(sandbox, APPEND_SYSTEM_FILES, MAX_SYSTEM_PROMPT_BYTES)
+    if append and append[1].strip():
+        lines += ["", append[1].rstrip()]
     context = load_context_file(sandbox)
     if context:
         name, text = context
@@ -41,11 +52,26 @@ def build_system_prompt(tools: list[ToolSpec], sandbox: Sandbox, *, today: date 
     return "\n".join(lines)
 
 
+def default_prompt(tools: list[ToolSpec]) -> list[str]:
+    names = [t.name for t in tools]
+    lines = ["You are an expert coding assistant working in a sandboxed workspace. You help by reading files, "
+             "running commands, editing code and writing new files.", "", "Available tools:"]
+    lines += [f"- {TOOL_HINTS.get(n, n + ': ' + next(t.description for t in tools if t.name == n).splitlines()[0])}"
+              for n in names] or ["- (none)"]
+    return lines + ["", GUIDELINES]
+
+
 def load_context_file(sandbox: Sandbox) -> tuple[str, str] | None:
-    """AGENTS.md, else CLAUDE.md, at the workspace root, read inside the sandbox (never on the host)."""
-    for name in CONTEXT_FILES:
+    """AGENTS.md, else CLAUDE.md, at the workspace root."""
+    return load_workspace_file(sandbox, CONTEXT_FILES, MAX_CONTEXT_FILE_BYTES)
+
+
+def load_workspace_file(sandbox: Sandbox, names: tuple[str, ...], max_bytes: int) -> tuple[str, str] | None:
+    """The first of `names` (relative to the workspace) that is a readable regular file, read inside the sandbox
+    (never on the host), at most `max_bytes` of it: (name, text)."""
+    for name in names:
         try:
-            data = sandbox.read_file(posixpath.join(sandbox.workdir, name), max_bytes=MAX_CONTEXT_FILE_BYTES)
+            data = sandbox.read_file(posixpath.join(sandbox.workdir, name), max_bytes=max_bytes)
         except OSError:  # missing, a directory, unreadable, or not a regular file
             continue
         return name, data.decode("utf-8", errors="replace")

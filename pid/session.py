@@ -29,12 +29,20 @@ def _entry_id() -> str:
 class SessionWriter:
     """Writes a pi session file: a header line, then entries chained by parentId."""
 
-    def __init__(self, path: str, *, cwd: str = "/workspace", session_id: str | None = None) -> None:
+    def __init__(self, path: str, *, cwd: str = "/workspace", session_id: str | None = None,
+                 parent_session: str | None = None) -> None:
+        """`parent_session`: the session file this one continues (pi's header field, as its fork writes it)."""
         self.path = path
         self.id = session_id or str(uuid.uuid4())
         self._last_id: str | None = None
         self._file: IO[str] = open(path, "a", encoding="utf-8")
-        self._write({"type": "session", "version": SESSION_VERSION, "id": self.id, "timestamp": iso_time(), "cwd": cwd})
+        header = {"type": "session", "version": SESSION_VERSION, "id": self.id, "timestamp": iso_time(), "cwd": cwd}
+        self._write({**header, "parentSession": parent_session} if parent_session else header)
+
+    def copy(self, entry: dict[str, Any]) -> None:
+        """An entry of the parent session, as it was (id and parentId kept): the next entries follow it."""
+        self._write(entry)
+        self._last_id = entry["id"]
 
     def _write(self, obj: dict[str, Any]) -> None:
         self._file.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")

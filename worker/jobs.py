@@ -77,6 +77,12 @@ class JobSpec:
     # The workspace as `submit` packed it: a blob digest ("sha256:<hex>", worker/blobs.py). None: the worker reads
     # `repo` (a git URL to clone, or a directory when the job starts, as `pid run` does). `repo` is kept for display.
     workspace: str | None = setting(None, "The packed workspace's blob digest.")
+    # The text of `--system-prompt FILE`, read by the client: it replaces the system prompt's base (pid/prompt.py).
+    system_prompt: str | None = setting(None, "A file whose text replaces the system prompt (read now; it wins over "
+                                              "the workspace's .pi/SYSTEM.md).")
+    parent: str | None = setting(None, "The job this one continues (`pid continue`): its transcript is loaded and its "
+                                       "patch applied to the same snapshot.")
+    retry_of: str | None = setting(None, "The job this one runs again (`pid retry`).")
 
     @property
     def job_dir(self) -> str:

@@ -22,7 +22,7 @@ import docker.errors
 from pid import events as ev
 from pid.agent import Agent, Limits, Outcome
 from pid.endings import ExitReason
-from pid.messages import Usage
+from pid.messages import Message, Usage
 from pid.prompt import build_system_prompt
 from pid.providers import make_provider
 from pid.providers.base import ProviderConfig
@@ -34,10 +34,11 @@ from pid.sandbox_lifecycle import FilesBudget, JobSandbox, SandboxProvider
 from sandbox import DockerProvider
 from worker.artifact_store import TranscriptSync, store_result, upload_artifacts, upload_transcript
 from worker.blobs import Blobs
+from worker.continuation import Parent, apply_patch, load_parent, start_session
 from worker.jobs import JobSpec, write_json_atomic
 from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, abandon, sandbox_config
 from worker.snapshot import import_into
-from worker.store import Store
+from worker.store import Store, default_store
 from worker.watchdog import Watchdog
 
 AgentHook = Callable[[Agent], None]
@@ -112,18 +113,28 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             sandbox = sandboxes.create(sandbox_config(spec, attempt))
         watchdog.arm(spec.timeout_s - (time.time() - started) + GRACE_S, sandbox.kill, "wall_clock")
         workspace = import_into(sandbox, spec.repo, spec.workspace, blobs)
+        parent: Parent | None = None
+        earlier: list[Message] = []
+        if spec.parent:   # `pid continue`: the parent's patch onto the same snapshot, its conversation loaded
+            parent, earlier = load_parent(artifact_store or default_store(), spec.parent, job_dir)
+            apply_patch(sandbox, parent.patch)
         if cancel.is_set():
             raise JobCancelled
         context = ToolContext(sandbox=sandbox, cancel=cancel)
-        session = SessionWriter(_fresh(os.path.join(job_dir, "session.jsonl")), cwd=sandbox.workdir)
+        session = SessionWriter(_fresh(os.path.join(job_dir, "session.jsonl")), cwd=sandbox.workdir,
+                                parent_session=parent.session_path if parent else None)
+        if parent:
+            start_session(session, parent)
         if artifact_store is not None:
             syncing = TranscriptSync(artifact_store, spec.id, job_dir, attempt).start()
         session.model_change(provider.config.provider, spec.model)
         session.thinking_level_change("off")
         remaining = max(1.0, spec.timeout_s - (time.time() - started))
-        agent = Agent(provider, tools, context, build_system_prompt(tools.specs(), sandbox), session=session,
+        system_prompt = build_system_prompt(tools.specs(), sandbox, custom=spec.system_prompt)
+        agent = Agent(provider, tools, context, system_prompt, session=session,
                       sink=sink, limits=Limits(max_turns=spec.max_turns, wall_clock_s=remaining,
                                                max_cost=spec.max_cost))
+        agent.messages = list(earlier)   # a continued job's conversation so far (already in its session file)
         if on_agent:
             on_agent(agent)
         outcome = agent.run(spec.task)
@@ -269,6 +280,9 @@ def build_result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dic
     }
     if workspace is not None:
         result["workspace"] = workspace
+    for key in ("parent", "retry_of"):   # the job this one continues, or runs again
+        if getattr(spec, key, None):
+            result[key] = getattr(spec, key)
     if outcome.error:
         result["error"] = outcome.error
     return result

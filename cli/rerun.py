@@ -1,0 +1,137 @@
+"""`pid continue ID MESSAGE` and `pid retry ID`: a new job made from an earlier one, queued like `submit`.
+
+The new job's spec comes from the job store (worker/continuation.py), so either works from any machine that shares
+it. cli/main.py registers these commands (register), handing over its own module for the helpers `submit` uses
+(errors, image and key checks, waiting): this module never imports cli.main, which may be running as __main__.
+"""
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Any
+
+import click
+
+from cli.options import Number, QueueName
+from pid.config import API_KEY_ENV
+from worker.jobs import JobSpec, spec_field
+
+_main: Any = None   # cli.main (a module), once registered
+
+
+def register(group: click.Group, main_module: ModuleType) -> None:
+    global _main
+    _main = main_module
+    group.add_command(continue_job)
+    group.add_command(retry)
+
+
+class HomeCommand(click.Command):
+    """As cli.main's commands: an unusable PID_HOME stops it before it does anything."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from pid.config import HomeUnusable, ensure_pid_home
+        try:
+            ensure_pid_home()
+        except HomeUnusable as exc:
+            raise _main.BadInput(str(exc)) from None
+        return super().invoke(ctx)
+
+
+def _limit(flag: str, name: str, kind: type) -> Any:
+    """An override of one of the earlier job's limits (default: the earlier job's own)."""
+    meta = spec_field(name).metadata
+    return click.option(flag, name, type=Number(kind, meta["min"], meta["max"]), default=None,
+                        help=f"{meta['help']} Default: the earlier job's.")
+
+
+def queue_options(func: Any) -> Any:
+    decorators = [
+        click.option("--out", "out_dir", help="Artifacts go to OUT/<job id>/. Default: the earlier job's OUT when it "
+                                              "can be written here, else pid-runs."),
+        click.option("--queue", type=QueueName(), default=None,
+                     help="The queue the job waits in. Default: the earlier job's."),
+        click.option("--api-key", envvar=list(API_KEY_ENV), show_envvar=True,
+                     help="API key; never enters the container (an ended job's key is not kept: give it again)."),
+        click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code."),
+        click.option("--json", "as_json", is_flag=True, help="With --wait: print result.json instead of the summary."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+@click.command("continue", cls=HomeCommand)
+@click.argument("job_id")
+@click.argument("message")
+@_limit("--max-turns", "max_turns", int)
+@_limit("--timeout", "timeout_s", float)
+@_limit("--max-cost", "max_cost", float)
+@queue_options
+def continue_job(job_id: str, message: str, out_dir: str | None, queue: str | None, api_key: str | None,
+                 wait: bool, as_json: bool, **limits: Any) -> None:
+    """Continue an ended job as a new job: its conversation, then MESSAGE; on its snapshot with its patch applied,
+    so the new job's patch holds both jobs' changes. Prints the new job's id."""
+    if not message.strip():
+        raise _main.BadInput("the message is empty")
+    from worker.continuation import continuation_spec
+    _queue(lambda store: continuation_spec(store, job_id, message), out_dir, queue, api_key, wait, as_json, limits)
+
+
+@click.command(cls=HomeCommand)
+@click.argument("job_id")
+@queue_options
+def retry(job_id: str, out_dir: str | None, queue: str | None, api_key: str | None, wait: bool,
+          as_json: bool) -> None:
+    """Run a job again as a new job: the same task and options, on the same workspace snapshot. Prints the new
+    job's id."""
+    from worker.continuation import retry_spec
+    _queue(lambda store: retry_spec(store, job_id), out_dir, queue, api_key, wait, as_json, {})
+
+
+def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | None, wait: bool, as_json: bool,
+           limits: dict[str, Any]) -> None:
+    """Make the spec, check it as submit checks its own, record it, publish it; then print the id or wait."""
+    from worker.app import embedded_broker
+    from worker.continuation import Refused
+    from worker.dispatch import dispatch
+    from worker.store import default_store
+    store = default_store()
+    try:
+        spec: JobSpec = make(store)
+    except Refused as exc:
+        raise _main.BadInput(str(exc)) from None
+    for name, value in limits.items():
+        if value is not None:
+            setattr(spec, name, value)
+    if spec.max_cost is not None and not (spec.input_price or spec.output_price):
+        raise _main.BadInput("--max-cost needs the model's prices, and the earlier job had none")
+    spec.out_dir = _out_dir(out_dir, spec.out_dir)
+    if queue:
+        spec.queue = queue
+    _main.check_api_key(spec, api_key)
+    if embedded_broker():   # the worker is on this machine: its image must be here too
+        _main.check_image(spec.image)
+    store.create(spec)
+    try:
+        if api_key and not store.set_secret(spec.id, api_key):
+            raise RuntimeError("the job store did not keep its API key")
+        dispatch(spec.id, store=store)
+    except Exception as exc:   # the broker refused: the job must not sit queued forever
+        store.finish(spec.id, "dispatch_failed", error=str(exc))
+        raise click.ClickException(f"could not queue job {spec.id}: {exc}") from None
+    if not wait:
+        click.echo(spec.id)
+        return
+    click.echo(f"job {spec.id} queued", err=True)
+    _main._wait_and_exit(store, spec.id, as_json, follow=not as_json, download=spec.job_dir, own_dir=True)
+
+
+def _out_dir(given: str | None, earlier: str) -> str:
+    """--out as given (checked), else the earlier job's when this machine can write there, else submit's default."""
+    if given is not None:
+        return _main.check_out_dir(given)
+    try:
+        return _main.check_out_dir(earlier)
+    except click.ClickException:
+        return _main.check_out_dir(os.path.join(os.getcwd(), str(spec_field("out_dir").default)))

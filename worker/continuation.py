@@ -1,0 +1,198 @@
+"""Jobs made from other jobs: `pid retry` (the same spec again) and `pid continue` (the conversation goes on).
+
+A continued job runs on its parent's snapshot (the same workspace blob, or the same git commit) with the parent's
+patch applied inside the container (git apply as the agent's user: never git on the host), so its own patch, made
+against that same snapshot, is the whole change. Its transcript starts as a copy of the parent's (a new session file
+whose header names the parent's, as pi's fork writes it); the new message follows, and the loop runs on.
+
+Everything comes from the job store, so both work from any machine that shares it. The client side (the specs) is
+light: no agent, provider or sandbox code is imported for it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from worker.jobs import JobSpec, new_job_id
+from worker.store import ARTIFACT_LIMIT, BlobMissing, Store
+
+SESSION = "session.jsonl"
+PATCH = "patch.diff"
+RESULT = "result.json"
+PATCH_IN_SANDBOX = "/tmp/.pid-parent.patch"
+APPLY_TIMEOUT_S = 600.0
+
+
+class Refused(Exception):
+    """The job cannot be made from that one: one line for the user."""
+
+
+# -- the client's side: the new job's spec ------------------------------------------------------------------------
+
+def retry_spec(store: Store, job_id: str) -> JobSpec:
+    """The job's spec again, under a new id: the same task on the same snapshot (a git URL pinned to the commit the
+    job ran on, when it ran). A retried continuation continues the same parent again."""
+    record = _record(store, job_id)
+    if record.spec.parent:
+        _continuable(store, record.spec.parent)
+    spec = _copy(record.spec, store, job_id)
+    spec.retry_of = job_id
+    return spec
+
+
+def continuation_spec(store: Store, job_id: str, message: str) -> JobSpec:
+    """A new job that continues `job_id` (which must have ended, with its transcript and patch in the store) with
+    `message` as the next user message."""
+    record = _continuable(store, job_id)
+    spec = _copy(record.spec, store, job_id)
+    spec.task, spec.parent, spec.retry_of = message, job_id, None
+    return spec
+
+
+def _continuable(store: Store, job_id: str) -> Any:
+    """The job's record, if it can be continued: it has ended, and its transcript and patch are in the store."""
+    record = _record(store, job_id)
+    if not record.terminal:
+        raise Refused(f"job {job_id} is {record.status}: only a job that has ended can be continued "
+                      f"(pid result {job_id} --wait waits for it; pid follow-up talks to a running one)")
+    if record.attempts == 0:
+        raise Refused(f"job {job_id} ended ({record.status}) before it ran: it has no conversation to continue")
+    names = set(store.artifact_names(job_id))
+    missing = [name for name in (RESULT, SESSION, PATCH) if name not in names]
+    if missing:
+        why = ("a `pid run` job keeps its artifacts in its out directory only" if record.kind == "run" else
+               "expired after the retention period, or the job ended without them")
+        raise Refused(f"job {job_id} has no {' or '.join(missing)} in the job store ({why}): it cannot be continued")
+    return record
+
+
+def _record(store: Store, job_id: str) -> Any:
+    record = store.get(job_id)
+    if record is None:
+        raise Refused(f"no such job: {job_id}")
+    return record
+
+
+def _copy(spec: JobSpec, store: Store, job_id: str) -> JobSpec:
+    """The spec under a new id, on the very snapshot the job had."""
+    new = dataclasses.replace(spec, id=new_job_id(), files=list(spec.files),
+                              tools=list(spec.tools) if spec.tools else spec.tools)
+    if spec.workspace:
+        if not store.has_blob(spec.workspace):
+            raise Refused(f"job {job_id}: its workspace snapshot ({spec.workspace[:19]}…) is no longer in the job "
+                          "store (expired after the retention period)")
+        return new
+    from worker.snapshot import git_source
+    git = git_source(spec.repo) if "://" in spec.repo else None
+    if git is not None:
+        commit = _ran_on_commit(store, job_id)
+        if commit:
+            new.repo = f"{git.url}#{commit}"
+        return new
+    raise Refused(f"job {job_id} read its directory {spec.repo} when it started (`pid run`): pid kept no snapshot "
+                  "of it to run on again")
+
+
+def _ran_on_commit(store: Store, job_id: str) -> str | None:
+    from worker.artifact_store import read_result
+    try:
+        result = read_result(store, job_id) or {}
+    except Exception:
+        return None
+    workspace = result.get("workspace") or {}
+    return workspace.get("commit") if workspace.get("kind") == "git" else None
+
+
+# -- the worker's side: the parent's state into the new job -------------------------------------------------------
+
+@dataclass
+class Parent:
+    id: str
+    session_path: str               # where the parent's transcript is, for the header's parentSession
+    entries: list[dict[str, Any]]   # the parent session's entries along its current branch, oldest first
+    patch: bytes
+
+
+def load_parent(store: Store, parent_id: str, tmp_dir: str) -> tuple[Parent, list[Any]]:
+    """The parent's transcript and patch from the store, and the messages its conversation holds (as
+    pid.session.read_session builds them). Raises Refused when they are gone or unreadable."""
+    import os
+    import tempfile
+    from pid.session import read_session
+    parent = _record(store, parent_id).spec
+    data = {name: _artifact(store, parent.id, name) for name in (SESSION, PATCH)}
+    fd, path = tempfile.mkstemp(prefix=".pid-parent-session-", suffix=".jsonl", dir=tmp_dir)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data[SESSION])
+        try:
+            _, messages = read_session(path)
+            entries = session_chain(data[SESSION].decode("utf-8"))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise Refused(f"the transcript of job {parent.id} cannot be read: {exc}") from None
+    finally:
+        os.unlink(path)
+    return Parent(parent.id, os.path.join(parent.job_dir, SESSION), entries, data[PATCH]), messages
+
+
+def session_chain(text: str) -> list[dict[str, Any]]:
+    """The entries from the root to the last one (the session's leaf, as pi loads it), skipping the header; a torn
+    last line is ignored, as read_session ignores it."""
+    entries: dict[str, dict[str, Any]] = {}
+    last: str | None = None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if obj.get("type") == "session":
+            continue
+        entries[obj["id"]] = obj
+        last = obj["id"]
+    chain: list[dict[str, Any]] = []
+    while last is not None:
+        chain.append(entries[last])
+        last = entries[last].get("parentId")
+    return chain[::-1]
+
+
+def _artifact(store: Store, job_id: str, name: str) -> bytes:
+    try:
+        data = bytearray()
+        for chunk in store.open_artifact(job_id, name):
+            data += chunk
+            if len(data) > ARTIFACT_LIMIT:
+                raise Refused(f"the {name} of job {job_id} is larger than {ARTIFACT_LIMIT} bytes")
+        return bytes(data)
+    except BlobMissing:
+        raise Refused(f"the {name} of job {job_id} is no longer in the job store (expired?)") from None
+
+
+def apply_patch(sandbox: Any, patch: bytes) -> None:
+    """The parent's patch onto the freshly imported workspace, by git apply inside the sandbox, as the agent's
+    user (the files stay the agent's). The base the new patch is made against stays the snapshot. Run from / on
+    paths under the workspace, so no repository of the workspace (its config, its hooks) has any say."""
+    if not patch.strip():
+        return
+    sandbox.write_file(PATCH_IN_SANDBOX, patch)
+    where = sandbox.workdir.strip("/")
+    command = ("cd / && env -u GIT_DIR -u GIT_WORK_TREE GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null "
+               f"git apply --binary --whitespace=nowarn --directory={shlex.quote(where)} {PATCH_IN_SANDBOX}; "
+               f"status=$?; rm -f {PATCH_IN_SANDBOX}; exit $status")
+    done = sandbox.exec(command, timeout=APPLY_TIMEOUT_S)
+    if done.exit_code != 0:
+        tail = done.tail.decode("utf-8", errors="replace").strip().splitlines()
+        raise Refused("the parent job's patch does not apply to its snapshot: "
+                      + (tail[-1][:300] if tail else f"git apply exited {done.exit_code}"))
+
+
+def start_session(writer: Any, parent: Parent) -> None:
+    """The parent's entries, as they were, at the top of the new session file."""
+    for entry in parent.entries:
+        writer.copy(entry)
+
