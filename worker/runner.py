@@ -21,8 +21,10 @@ import docker.errors
 
 from pid import events as ev
 from pid.agent import Agent, Limits, Outcome
+from pid.compaction import Compactor
 from pid.endings import ExitReason
 from pid.messages import Usage
+from pid.models import model_info, unknown_model_warning
 from pid.prompt import build_system_prompt
 from pid.providers import make_provider
 from pid.providers.base import ProviderConfig
@@ -95,10 +97,15 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     provider = None
     watchdog = Watchdog()
     try:
+        model = model_info(spec.model, {"context_window": spec.context_window,
+                                        "input_price": spec.input_price or None,
+                                        "output_price": spec.output_price or None})
         provider = make_provider(ProviderConfig(model=spec.model, base_url=spec.base_url, api_key=api_key,
                                                 api=spec.api, provider=_provider_label(spec),
-                                                input_cost_per_mtok=spec.input_price,
-                                                output_cost_per_mtok=spec.output_price, images=spec.images))
+                                                input_cost_per_mtok=model.input_price,
+                                                output_cost_per_mtok=model.output_price,
+                                                cache_read_cost_per_mtok=model.cache_read_price,
+                                                cache_write_cost_per_mtok=model.cache_write_price, images=spec.images))
         tools = default_registry()
         if spec.tools:
             tools = tools.subset(spec.tools)
@@ -123,7 +130,9 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         remaining = max(1.0, spec.timeout_s - (time.time() - started))
         agent = Agent(provider, tools, context, build_system_prompt(tools.specs(), sandbox), session=session,
                       sink=sink, limits=Limits(max_turns=spec.max_turns, wall_clock_s=remaining,
-                                               max_cost=spec.max_cost))
+                                               max_cost=spec.max_cost),
+                      compactor=Compactor(provider, model.context_window),
+                      notices=[] if model.known or spec.context_window else [unknown_model_warning(model)])
         if on_agent:
             on_agent(agent)
         outcome = agent.run(spec.task)
