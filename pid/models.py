@@ -170,21 +170,20 @@ def _from_pi(model: dict[str, Any], path: str) -> dict[str, Any]:
         raise ModelsFileError(f"{path}: model {model.get('id')!r}: {exc}") from None
 
 
-def _lookup(table: Mapping[str, dict[str, Any]], name: str) -> dict[str, Any] | None:
-    """Exact id, then the id without its "vendor/" prefix, then the longest table id the name starts with followed by
-    a separator (a dated snapshot "claude-sonnet-4-5-20250929", a tag "qwen3-coder:30b")."""
+def _lookup(table: Mapping[str, dict[str, Any]], name: str, *, prefix: bool) -> dict[str, Any] | None:
+    """The exact id (also without its "vendor/" prefix, ":" read as "-"); with `prefix`, the longest table id the name
+    starts with followed by a separator (a dated snapshot "claude-sonnet-4-5-20250929", a tag "qwen3-coder:30b")."""
     key = name.strip().lower()
     candidates = [key, key.rsplit("/", 1)[-1]]
+    candidates += [c.replace(":", "-") for c in candidates]
     for candidate in candidates:
         if candidate in table:
             return table[candidate]
-    for candidate in candidates:
-        normal = candidate.replace(":", "-")
-        if normal in table:
-            return table[normal]
-        prefixes = [k for k in table if normal.startswith(k) and normal[len(k):len(k) + 1] in ("-", "@")]
-        if prefixes:
-            return table[max(prefixes, key=len)]
+    if prefix:
+        for candidate in candidates:
+            starts = [k for k in table if candidate.startswith(k) and candidate[len(k):len(k) + 1] in ("-", "@")]
+            if starts:
+                return table[max(starts, key=len)]
     return None
 
 
@@ -192,15 +191,17 @@ def model_info(name: str, overrides: Mapping[str, Any] | None = None) -> ModelIn
     """What is known of `name`: the user's file first, then the built-in table, then the defaults; `overrides`
     (ModelInfo field -> value; None values ignored) win. Raises ModelsFileError for a broken user file."""
     path = models_file()
-    found: dict[str, Any] | None = None
+    user: Mapping[str, dict[str, Any]] = {}
     if path is not None:
         if not os.path.isfile(path):
             raise ModelsFileError(f"{MODELS_ENV}={path}: no such file")
-        found = _lookup(load_models_file(path), name)
-    if found is None:
-        found = _lookup(BUILT_IN, name)
+        user = load_models_file(path)
+    built_in = {k: {**v, "source": "built-in"} for k, v in BUILT_IN.items()}
+    found: dict[str, Any] | None = None
+    for prefix in (False, True):   # an exact entry anywhere beats a prefix anywhere; the user's file first
+        found = _lookup(user, name, prefix=prefix) or _lookup(built_in, name, prefix=prefix)
         if found is not None:
-            found = {**found, "source": "built-in"}
+            break
     info = ModelInfo(id=name, known=found is not None, **(found or {}))
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     return dataclasses.replace(info, **given) if given else info
