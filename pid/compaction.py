@@ -238,7 +238,7 @@ class Compactor:
         tail = (f"<previous-summary>\n{previous}\n</previous-summary>\n\n" if previous else "") + prompt
         budget = self.window - max_tokens - self.counter.count(SUMMARIZATION_SYSTEM_PROMPT + tail) - 512
         conversation = self._fit(serialize_conversation(messages), budget)
-        request = [UserMessage.text(f"<conversation>\n{conversation}\n</conversation>\n\n{tail}")]
+        request: list[Message] = [UserMessage.text(f"<conversation>\n{conversation}\n</conversation>\n\n{tail}")]
         provider = make_provider(dataclasses.replace(self.provider.config, max_tokens=max_tokens))
         try:
             reply = provider.stream(SUMMARIZATION_SYSTEM_PROMPT, request, [], cancel=cancel)
