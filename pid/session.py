@@ -82,6 +82,29 @@ class SessionWriter:
 
 def read_session(path: str) -> tuple[dict[str, Any], list[Message]]:
     """The header and the messages along the chain ending at the last entry (the current branch of the tree)."""
+    header, chain = _read(path)
+    return header, [message_from_dict(e["message"]) for e in chain if e.get("type") == "message"]
+
+
+def session_context(path: str) -> list[Message]:
+    """The conversation a model would see on continuing the session, as pi builds it: with a compaction on the
+    current branch, its summary (as a user message), then the messages from its firstKeptEntryId on."""
+    from pid.compaction import SUMMARY_PREFIX, SUMMARY_SUFFIX
+    from pid.messages import UserMessage
+
+    _header, chain = _read(path)
+    latest = max((i for i, e in enumerate(chain) if e.get("type") == "compaction"), default=None)
+    if latest is None:
+        return [message_from_dict(e["message"]) for e in chain if e.get("type") == "message"]
+    compaction = chain[latest]
+    first = next((i for i, e in enumerate(chain) if e.get("id") == compaction.get("firstKeptEntryId")), latest)
+    kept = [e for i, e in enumerate(chain) if i >= first and i != latest and e.get("type") == "message"]
+    summary = UserMessage.text(SUMMARY_PREFIX + str(compaction.get("summary", "")) + SUMMARY_SUFFIX)
+    return [summary, *(message_from_dict(e["message"]) for e in kept)]
+
+
+def _read(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The header, and the entries along the chain ending at the file's last entry, oldest first."""
     header: dict[str, Any] = {}
     entries: dict[str, dict[str, Any]] = {}
     last: str | None = None
@@ -105,46 +128,4 @@ def read_session(path: str) -> tuple[dict[str, Any], list[Message]]:
         chain.append(entry)
         last = entry.get("parentId")
     chain.reverse()
-    return header, [message_from_dict(e["message"]) for e in chain if e.get("type") == "message"]
-
-
-def session_context(path: str) -> list[Message]:
-    """The conversation a model would see on continuing the session, as pi builds it: with a compaction on the
-    current branch, its summary (as a user message), then the messages from its firstKeptEntryId on."""
-    from pid.compaction import SUMMARY_PREFIX, SUMMARY_SUFFIX
-    from pid.messages import UserMessage
-
-    chain = _branch(path)
-    latest = max((i for i, e in enumerate(chain) if e.get("type") == "compaction"), default=None)
-    if latest is None:
-        return [message_from_dict(e["message"]) for e in chain if e.get("type") == "message"]
-    compaction = chain[latest]
-    first = next((i for i, e in enumerate(chain) if e.get("id") == compaction.get("firstKeptEntryId")), latest)
-    kept = [e for i, e in enumerate(chain) if i >= first and i != latest and e.get("type") == "message"]
-    summary = UserMessage.text(SUMMARY_PREFIX + str(compaction.get("summary", "")) + SUMMARY_SUFFIX)
-    return [summary, *(message_from_dict(e["message"]) for e in kept)]
-
-
-def _branch(path: str) -> list[dict[str, Any]]:
-    """The entries along the chain ending at the file's last entry, oldest first."""
-    entries: dict[str, dict[str, Any]] = {}
-    last: str | None = None
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            if obj.get("type") == "session" or "id" not in obj:
-                continue
-            entries[obj["id"]] = obj
-            last = obj["id"]
-    chain: list[dict[str, Any]] = []
-    while last is not None and last in entries:
-        chain.append(entries[last])
-        last = entries[last].get("parentId")
-    chain.reverse()
-    return chain
+    return header, chain

@@ -279,3 +279,10 @@ def test_small_windows_scale_the_reserve_and_the_kept_part():
     big, small = Compactor(provider, 200_000), Compactor(provider, 8192)
     assert (big.reserve, big.keep, big.threshold) == (16384, 20000, 200_000 - 16384)
     assert (small.reserve, small.threshold, small.keep) == (4096, 4096, 2048)
+
+
+def test_without_a_compaction_the_session_context_is_the_whole_branch():
+    from pid.session import read_session
+    fixture = Path(__file__).parent / "fixtures" / "pi-session-v3-sample.jsonl"
+    context = session_context(str(fixture))
+    assert [m.to_dict() for m in context] == [m.to_dict() for m in read_session(str(fixture))[1]]
