@@ -134,9 +134,11 @@ class Compactor:
     """Decides when to compact and does it, for one agent. Not thread-safe: the loop's thread uses it."""
 
     def __init__(self, provider: Provider, context_window: int, *, reserve_tokens: int = RESERVE_TOKENS,
-                 keep_recent_tokens: int = KEEP_RECENT_TOKENS, counter: TokenCounter | None = None) -> None:
+                 keep_recent_tokens: int = KEEP_RECENT_TOKENS, counter: TokenCounter | None = None,
+                 max_output_tokens: int | None = None) -> None:
         self.provider = provider
         self.window = context_window
+        self.max_output = max_output_tokens     # the model's largest reply: a summary asks for no more
         self.reserve = min(reserve_tokens, context_window // 2)
         self.threshold = context_window - self.reserve
         self.keep = min(keep_recent_tokens, self.threshold // 2)
@@ -235,6 +237,8 @@ class Compactor:
                    cancel: threading.Event | None, usage: Usage) -> str:
         from pid.providers import make_provider   # here: providers import nothing of this module, keep it so
 
+        if self.max_output:
+            max_tokens = min(max_tokens, self.max_output)
         tail = (f"<previous-summary>\n{previous}\n</previous-summary>\n\n" if previous else "") + prompt
         budget = self.window - max_tokens - self.counter.count(SUMMARIZATION_SYSTEM_PROMPT + tail) - 512
         conversation = self._fit(serialize_conversation(messages), budget)

@@ -281,6 +281,18 @@ def test_small_windows_scale_the_reserve_and_the_kept_part():
     assert (small.reserve, small.threshold, small.keep) == (4096, 4096, 2048)
 
 
+def test_a_summary_asks_for_no_more_than_the_model_can_answer(tmp_path):
+    model = LongJob(turns=20)
+    with ScriptedLLM(responder=model) as llm:
+        provider = make_provider(ProviderConfig(model="scripted", base_url=llm.base_url))
+        with make_box() as box:
+            agent = Agent(provider, default_registry(), ToolContext(sandbox=box), "system",
+                          compactor=Compactor(provider, WINDOW, max_output_tokens=4096))
+            assert agent.run("go").status == "completed"
+        provider.close()
+    assert model.summaries and {s["max_tokens"] for s in model.summaries} == {4096}
+
+
 def test_without_a_compaction_the_session_context_is_the_whole_branch():
     from pid.session import read_session
     fixture = Path(__file__).parent / "fixtures" / "pi-session-v3-sample.jsonl"

@@ -131,7 +131,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         agent = Agent(provider, tools, context, build_system_prompt(tools.specs(), sandbox), session=session,
                       sink=sink, limits=Limits(max_turns=spec.max_turns, wall_clock_s=remaining,
                                                max_cost=spec.max_cost),
-                      compactor=Compactor(provider, model.context_window),
+                      compactor=Compactor(provider, model.context_window, max_output_tokens=model.max_tokens),
                       notices=[] if model.known or spec.context_window else [unknown_model_warning(model)])
         if on_agent:
             on_agent(agent)
