@@ -298,3 +298,32 @@ def test_without_a_compaction_the_session_context_is_the_whole_branch():
     fixture = Path(__file__).parent / "fixtures" / "pi-session-v3-sample.jsonl"
     context = session_context(str(fixture))
     assert [m.to_dict() for m in context] == [m.to_dict() for m in read_session(str(fixture))[1]]
+
+
+def test_cancel_during_a_summary_ends_the_job_at_once(tmp_path):
+    import threading
+    import time
+    model = LongJob(turns=40)
+
+    def responder(body: dict[str, Any]) -> dict[str, Any]:
+        turn = model(body)
+        return {**turn, "delay_s": 30} if model.summaries else turn
+
+    holder: list[Agent] = []
+
+    def sink(event: Any) -> None:
+        if isinstance(event, ev.CompactionStart):
+            threading.Timer(0.2, holder[0].cancel).start()
+
+    with ScriptedLLM(responder=responder) as llm:
+        provider = make_provider(ProviderConfig(model="scripted", base_url=llm.base_url))
+        with make_box() as box:
+            agent = Agent(provider, default_registry(), ToolContext(sandbox=box), "system", sink=sink,
+                          compactor=Compactor(provider, WINDOW))
+            holder.append(agent)
+            started = time.monotonic()
+            outcome = agent.run("go")
+            elapsed = time.monotonic() - started
+        provider.close()
+    assert outcome.exit_reason == "cancelled" and len(model.summaries) == 1
+    assert elapsed < 10      # not the summary's 30 s
