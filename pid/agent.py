@@ -237,14 +237,14 @@ class Agent:
             done = self.compactor.compact(self.messages, tokens, reason=reason, cancel=self.cancel_event)
         except CompactionFailed as exc:
             out.usage.add(exc.usage)
-            self._emit(ev.CompactionEnd(reason, tokens, error=str(exc)))
+            self._emit(ev.CompactionEnd(reason, tokens, error=str(exc), usage=exc.usage))
             return str(exc)
         out.usage.add(done.usage)
         first_kept_id = self._entry_ids[done.first_kept]
         if self.session and first_kept_id:
             self.session.compaction(done.summary, first_kept_id, done.tokens_before, done.details())
         self._emit(ev.CompactionEnd(reason, tokens, self._context_tokens(), done.summarized, done.summary,
-                                    will_retry=reason == "overflow"))
+                                    will_retry=reason == "overflow", usage=done.usage))
         return None
 
     def _run_tools(self, reply: AssistantMessage) -> list[ToolResultMessage]:

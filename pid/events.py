@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
-from pid.messages import AssistantMessage, Message, ToolResultMessage
+from pid.messages import AssistantMessage, Message, ToolResultMessage, Usage
 
 
 @dataclass
@@ -106,6 +106,7 @@ class CompactionEnd:
     summary: str | None = None
     error: str | None = None
     will_retry: bool = False             # the refused call is sent again
+    usage: Usage = field(default_factory=Usage)   # the summary calls' (already in the job's totals)
     type: Literal["compaction_end"] = field(default="compaction_end", init=False)
 
 

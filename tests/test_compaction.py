@@ -175,7 +175,13 @@ def test_a_300_turn_job_far_over_its_window_completes_compacting_at_turn_boundar
     assert len(starts) == len(ends) == len(compactions) and all(e.reason == "threshold" for e in starts)
     assert all(e.error is None and e.tokens_after < e.tokens_before for e in ends)
     replies = sum(m.usage.total_tokens for m in agent.messages if isinstance(m, AssistantMessage))
-    assert outcome.usage.total_tokens > replies    # plus the summaries'
+    assert outcome.usage.total_tokens == replies + sum(e.usage.total_tokens for e in ends)
+    assert all(e.usage.total_tokens > 0 for e in ends)
+    from worker.control import Progress     # `pid status` counts them as they happen
+    progress = Progress()
+    for event in events:
+        progress.on_event(event)
+    assert progress.snapshot()["usage"]["total_tokens"] == outcome.usage.total_tokens
 
     # the session file rebuilds the same context pi would
     context = session_context(str(session_path))
