@@ -144,7 +144,7 @@ class Compactor:
         self.keep = min(keep_recent_tokens, self.threshold // 2)
         self.counter = counter or get_counter()
         self.latest: Compaction | None = None
-        self.count = 0                          # compactions so far
+        self._summary: UserMessage | None = None   # the latest summary as the context's first message
         self._since = 0                         # the agent's message count at the latest compaction
         self._counts: dict[int, tuple[Message, int]] = {}
 
@@ -154,9 +154,9 @@ class Compactor:
         return self.latest.first_kept if self.latest else 0
 
     def summary_message(self) -> UserMessage | None:
-        if self.latest is None:
-            return None
-        return UserMessage.text(SUMMARY_PREFIX + self.latest.summary + SUMMARY_SUFFIX)
+        """The same object until the next compaction (token counts and the providers' conversions are cached by
+        identity)."""
+        return self._summary
 
     def message_tokens(self, message: Message) -> int:
         hit = self._counts.get(id(message))
@@ -230,7 +230,7 @@ class Compactor:
         done = Compaction(summary, cut.first_kept, tokens_before, read_files, modified_files,
                           len(history) + len(prefix), usage)
         self.latest, self._since = done, len(messages)
-        self.count += 1
+        self._summary = UserMessage.text(SUMMARY_PREFIX + summary + SUMMARY_SUFFIX)
         return done
 
     def _summarize(self, messages: list[Message], prompt: str, previous: str | None, max_tokens: int,
