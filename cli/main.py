@@ -63,8 +63,10 @@ def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
     repo_path = check_repo(repo)
     if not model:
         raise BadInput("no model configured: pass --model or set PID_MODEL")
-    if options["max_cost"] is not None and not (options["input_price"] or options["output_price"]):
-        raise BadInput("--max-cost needs the model's prices: pass --input-price and/or --output-price")
+    if options["max_cost"] is not None and not (options["input_price"] or options["output_price"]) \
+            and not _table_prices(model):
+        raise BadInput("--max-cost needs the model's prices: pass --input-price and/or --output-price (or describe "
+                       "the model in models.json)")
     out_dir = check_out_dir(options.pop("out_dir"))
     spec = JobSpec(task=task, repo=repo_path, model=model, out_dir=out_dir, images=not no_images,
                    **{**options, "files": list(options["files"]), "runtime": options["runtime"] or None})
@@ -73,6 +75,16 @@ def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
         click.echo(f"pid: warning: --network {spec.network}: the sandbox can reach the network and is reachable "
                    f"from it", err=True)
     return spec
+
+
+def _table_prices(model: str) -> bool:
+    """The model table (pid/models.py) prices this model."""
+    from pid.models import ModelsFileError, model_info
+    try:
+        info = model_info(model)
+    except ModelsFileError as exc:
+        raise BadInput(str(exc)) from None
+    return bool(info.input_price or info.output_price)
 
 
 def check_repo(repo: str) -> str:

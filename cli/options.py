@@ -281,6 +281,7 @@ JOB_OPTIONS = [
     JobOption("--max-cost", "max_cost", lambda low, high: Number(float, low, high)),
     JobOption("--input-price", "input_price", lambda low, high: Number(float, low, high)),
     JobOption("--output-price", "output_price", lambda low, high: Number(float, low, high)),
+    JobOption("--context-window", "context_window", lambda low, high: Number(int, low, high)),
     JobOption("--tools", "tools", _const(Tools())),
     JobOption("--file", "files", extra={"multiple": True}),
     JobOption("--memory", "memory", _const(Memory())),

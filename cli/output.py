@@ -22,6 +22,16 @@ def tool_line(name: str, summary: str, is_error: bool, error_line: str | None, d
     return line
 
 
+def compaction_line(record: dict[str, Any]) -> str:
+    """One line for a compaction: why, how much, and whether it worked."""
+    why = "refused for length" if record.get("reason") == "overflow" else "context full"
+    before = record.get("tokens_before") or 0
+    if record.get("error"):
+        return f"· compaction failed ({why}, {before:,} tokens): {record['error']}"
+    return (f"· context compacted ({why}): {before:,} -> {record.get('tokens_after') or 0:,} tokens, "
+            f"{record.get('summarized', 0)} messages summarised" + (", retrying" if record.get("will_retry") else ""))
+
+
 class RecordPrinter:
     """Prints a job's log records (pid/event_records.py) on stderr: a line per tool call as it ends, model errors,
     and what happened to the job (an attempt started, handed back, put back). With as_json, each record is one JSON
@@ -40,6 +50,12 @@ class RecordPrinter:
                                  record.get("error_line"), record.get("duration_s")), err=self.err)
         elif kind == "assistant" and record.get("error"):
             click.echo(click.style(f"model error: {record['error']}", fg="red"), err=self.err)
+        elif kind == "compaction_end":
+            click.echo(click.style(compaction_line(record), fg="red" if record.get("error") else None, dim=True),
+                       err=self.err)
+        elif kind == "notice":
+            click.echo(click.style(f"{record.get('level', 'warning')}: {record.get('text')}", fg="yellow"),
+                       err=self.err)
         elif kind == "job" and record.get("note"):
             click.echo(click.style(f"· {record['note']}", dim=True), err=self.err)
         elif kind == "dropped":

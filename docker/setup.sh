@@ -69,6 +69,14 @@ if [ "${1:-}" = "--test" ]; then
   # `pid view`'s acceptance test (tests/test_view_browser.py) loads its pages in headless Chromium, best-effort
   # (without it those tests skip).
   command -v chromium >/dev/null || apt_install chromium || true
+  # The pi compatibility test (tests/test_compaction_pi.py) continues a session pid compacted with the real pi, from
+  # npm, best-effort (node and npm from apt when absent; without them that test skips).
+  command -v npm >/dev/null || apt_install nodejs npm || true
+  if command -v npm >/dev/null && [ ! -x .cache/pi-npm/node_modules/.bin/pi ]; then
+    say "installing pi (npm) into .cache/pi-npm"
+    npm install --prefix .cache/pi-npm --no-audit --no-fund --loglevel=error @mariozechner/pi-coding-agent@0.73.1 \
+      >/dev/null || true
+  fi
   # Two tiers: first the fast one (no Docker: in-memory sandbox, scripted LLM), then the tests marked `docker`. Every
   # tier runs; the script fails at the end if one did. Exit status 5 (nothing selected, e.g. for a file given on the
   # command line with no test of that tier) is no failure.

@@ -15,11 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pid import events as ev
+from pid.compaction import CompactionFailed, Compactor
 from pid.context import estimate_usage
 from pid.endings import ExitReason, Status, status_of
 from pid.messages import (AssistantMessage, Message, TextContent, ToolCall, ToolResultMessage, Usage,
                           UserMessage)
 from pid.providers.base import Provider, price
+from pid.providers.overflow import is_context_overflow
 from pid.sandbox import SandboxLost
 from pid.session import SessionWriter
 from pid.tokens import get_counter
@@ -29,6 +31,8 @@ from pid.tools.registry import ToolRegistry
 LENGTH_STOP_TOOL_ERROR = ('Tool call "{name}" was not executed: the response hit the output token limit, so its '
                           'arguments may be truncated. Re-issue the tool call with complete arguments.')
 MISSING_RESULT_ERROR = "Tool call was interrupted before it returned a result."
+OVERFLOW_ERROR = ("the conversation is too long for the model's context window ({detail}); try a model with a larger "
+                  "window, or set --context-window to the window the server really has")
 
 
 @dataclass
@@ -59,7 +63,8 @@ class Agent:
 
     def __init__(self, provider: Provider, tools: ToolRegistry, context: ToolContext, system_prompt: str, *,
                  session: SessionWriter | None = None, sink: ev.EventSink = ev.ignore,
-                 limits: Limits | None = None, max_parallel_tools: int = 8) -> None:
+                 limits: Limits | None = None, max_parallel_tools: int = 8, compactor: Compactor | None = None,
+                 notices: list[str] | None = None) -> None:
         self.provider = provider
         self.tools = tools
         self.context = context
@@ -68,6 +73,9 @@ class Agent:
         self.sink = sink
         self.limits = limits or Limits()
         self.messages: list[Message] = []
+        self.compactor = compactor               # None: the context is never compacted
+        self.notices = list(notices or [])
+        self._entry_ids: list[str | None] = []   # each message's session entry, parallel to `messages`
         self.cancel_event = context.cancel
         self._stop_reason: ExitReason | None = None   # why cancel_event was set: "cancelled" or "wall_clock"
         self._steering: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -78,6 +86,12 @@ class Agent:
         self._pool = ThreadPoolExecutor(max_parallel_tools, thread_name_prefix="pid-tool")
 
     # -- controls (any thread) --------------------------------------------------------------------------------------
+    def load_history(self, entries: list[tuple[str | None, Message]]) -> None:
+        """A continued job's conversation so far, already in its session file: (entry id, message) pairs, so a later
+        compaction can name the entry it keeps from."""
+        self.messages = [message for _id, message in entries]
+        self._entry_ids = [entry_id for entry_id, _message in entries]
+
     def steer(self, text: str) -> None:
         """Delivered after the running tool batch completes, before the next model call."""
         self._steering.put(text)
@@ -107,6 +121,8 @@ class Agent:
             timer.daemon = True
             timer.start()
         self._emit(ev.AgentStart())
+        for text in self.notices:
+            self._emit(ev.Notice(text))
         try:
             outcome = self._loop(task)
         finally:
@@ -135,14 +151,10 @@ class Agent:
             for text in pending + _drain(self._steering):
                 self._add(UserMessage.text(text))
             pending = []
-            context = self._context_messages()
-            reply = self.provider.stream(self.system_prompt, context, self.tools.specs(), cancel=self.cancel_event,
-                                         on_text=lambda text: self._emit(ev.TextDelta(turn, text)))
-            if reply.usage.total_tokens == 0 and reply.stop_reason not in ("error", "aborted"):
-                reply.usage = price(estimate_usage(get_counter(), self.system_prompt, context, reply),
-                                    self.provider.config)
-            out.usage.add(reply.usage)
-            self._add(reply)
+            reply, overflow = self._ask_fitting(turn, out)
+            if overflow is not None:
+                self._emit(ev.TurnEnd(turn, reply, []))
+                return self._end(out, "context_overflow", overflow)
             if reply.stop_reason == "aborted" or self.cancel_event.is_set():
                 self._emit(ev.TurnEnd(turn, reply, []))
                 return self._stopped(out)
@@ -181,6 +193,66 @@ class Agent:
                 out.final_message = reply.text
                 return out
 
+    def _ask(self, turn: int, out: Outcome) -> AssistantMessage:
+        """One model call on the current context; its reply joins the transcript (a failed one is never replayed)."""
+        context = self._context_messages()
+        reply = self.provider.stream(self.system_prompt, context, self.tools.specs(), cancel=self.cancel_event,
+                                     on_text=lambda text: self._emit(ev.TextDelta(turn, text)))
+        if reply.usage.total_tokens == 0 and reply.stop_reason not in ("error", "aborted"):
+            reply.usage = price(estimate_usage(get_counter(), self.system_prompt, context, reply),
+                                self.provider.config)
+        out.usage.add(reply.usage)
+        self._add(reply)
+        return reply
+
+    # -- compaction (pid/compaction.py decides and summarises; the loop records it) ---------------------------------
+    def _ask_fitting(self, turn: int, out: Outcome) -> tuple[AssistantMessage, str | None]:
+        """The model's reply, the context compacted first when it would not fit, and once more (then asked again)
+        when the provider refuses it for its length. The second value, if any, is why the job ends (context_overflow).
+        """
+        if self.compactor is not None:
+            tokens = self._context_tokens()
+            if self.compactor.should_compact(tokens):
+                self._compact(out, "threshold", tokens)   # failing, the call goes ahead: the window may still hold it
+        reply = self._ask(turn, out)
+        if not is_context_overflow(reply) or self.cancel_event.is_set():
+            return reply, None
+        refused = reply.error_message or "refused for its length"
+        if self.compactor is None:
+            return reply, OVERFLOW_ERROR.format(detail=refused)
+        problem = self._compact(out, "overflow", self._context_tokens())
+        if problem is not None:
+            return reply, None if self.cancel_event.is_set() else \
+                OVERFLOW_ERROR.format(detail=f"{refused}; compacting did not help: {problem}")
+        reply = self._ask(turn, out)
+        if is_context_overflow(reply):
+            return reply, OVERFLOW_ERROR.format(detail=f"still refused after compacting: {reply.error_message}")
+        return reply, None
+
+    def _context_tokens(self) -> int:
+        assert self.compactor is not None
+        return self.compactor.context_tokens(self.system_prompt, self.tools.specs(), self._context_messages(),
+                                             self.messages)
+
+    def _compact(self, out: Outcome, reason: str, tokens: int) -> str | None:
+        """Summarise the older part of the conversation; the session gets pi's compaction entry. Returns why it could
+        not be done, or None."""
+        assert self.compactor is not None
+        self._emit(ev.CompactionStart(reason, tokens))
+        try:
+            done = self.compactor.compact(self.messages, tokens, reason=reason, cancel=self.cancel_event)
+        except CompactionFailed as exc:
+            out.usage.add(exc.usage)
+            self._emit(ev.CompactionEnd(reason, tokens, error=str(exc), usage=exc.usage))
+            return str(exc)
+        out.usage.add(done.usage)
+        first_kept_id = self._entry_ids[done.first_kept]
+        if self.session and first_kept_id:
+            self.session.compaction(done.summary, first_kept_id, done.tokens_before, done.details())
+        self._emit(ev.CompactionEnd(reason, tokens, self._context_tokens(), done.summarized, done.summary,
+                                    will_retry=reason == "overflow", usage=done.usage))
+        return None
+
     def _run_tools(self, reply: AssistantMessage) -> list[ToolResultMessage]:
         calls = reply.tool_calls
         if reply.stop_reason == "length":
@@ -211,9 +283,13 @@ class Agent:
 
     def _context_messages(self) -> list[Message]:
         """What the model sees: failed or aborted replies are left out, and every tool call it sees has a result."""
+        visible = self.messages
         replayed: list[Message] = []
-        answered = {m.tool_call_id for m in self.messages if isinstance(m, ToolResultMessage)}
-        for m in self.messages:
+        if self.compactor is not None and self.compactor.latest is not None:
+            visible = self.messages[self.compactor.first_kept:]
+            replayed.append(self.compactor.summary_message())  # type: ignore[arg-type]
+        answered = {m.tool_call_id for m in visible if isinstance(m, ToolResultMessage)}
+        for m in visible:
             if isinstance(m, AssistantMessage):
                 if m.stop_reason in ("error", "aborted"):
                     continue
@@ -226,8 +302,7 @@ class Agent:
 
     def _add(self, message: Message) -> None:
         self.messages.append(message)
-        if self.session:
-            self.session.message(message)
+        self._entry_ids.append(self.session.message(message) if self.session else None)
         self._emit(ev.MessageEnd(message))
 
     def _emit(self, event: ev.Event) -> None:

@@ -18,6 +18,7 @@ ExitReason = Literal[
     "cancelled",              # `pid cancel`, Ctrl-C, or the job lost its lease to another worker
     "interrupted",            # Ctrl-C while the job was still being set up
     "provider_error",         # the model's endpoint failed
+    "context_overflow",       # the model refused the conversation for its length, even after compacting it
     "sandbox_error",          # the container failed or vanished
     "artifact_error",         # the patch or the asked-for files could not be collected
     "worker_lost",            # the worker died and the job cannot run again
@@ -42,6 +43,7 @@ ENDINGS: dict[str, Ending] = {
     "cancelled": Ending("cancelled", 1),
     "interrupted": Ending("cancelled", 1),
     "provider_error": Ending("failed", 1),
+    "context_overflow": Ending("failed", 1),
     "sandbox_error": Ending("failed", 1),
     "artifact_error": Ending("failed", 1),
     "worker_lost": Ending("failed", 1),

@@ -48,6 +48,17 @@ class EventRecords:
             if message.stop_reason == "error" and message.error_message:
                 record["error"] = sanitize(message.error_message)[:500]
             return record
+        if isinstance(event, ev.CompactionStart):
+            return {"type": "compaction_start", "reason": event.reason, "tokens": event.tokens, "t": now}
+        if isinstance(event, ev.CompactionEnd):
+            record = {"type": "compaction_end", "reason": event.reason, "tokens_before": event.tokens_before,
+                      "tokens_after": event.tokens_after, "summarized": event.summarized,
+                      "will_retry": event.will_retry, "t": now}
+            if event.error:
+                record["error"] = sanitize(event.error)[:500]
+            return record
+        if isinstance(event, ev.Notice):
+            return {"type": "notice", "level": event.level, "text": sanitize(event.text)[:500], "t": now}
         if isinstance(event, ev.AgentEnd):
             return {"type": "agent_end", "status": event.status, "exit_reason": event.exit_reason, "t": now}
         return None

@@ -5,10 +5,13 @@ The CLI's printer, the worker's progress and any later consumer read only these 
 Order, for one run:
 
     agent_start
+    notice* (set-up warnings, e.g. a model the table does not know)
     turn_start
         message_end (user: the task, then steering or follow-up messages delivered at this point)
+        [compaction_start, compaction_end] (the context would not fit: older messages become a summary)
         text_delta* (the model's reply as it streams)
         message_end (assistant)
+        [compaction_start, compaction_end, message_end (assistant)] (refused for length: compact, ask once more)
         [tool_start, tool_update*, tool_end]* (parallel calls interleave; each call's own events keep this order)
         message_end (tool result, one per call, in the order the model issued the calls)
     turn_end
@@ -23,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
-from pid.messages import AssistantMessage, Message, ToolResultMessage
+from pid.messages import AssistantMessage, Message, ToolResultMessage, Usage
 
 
 @dataclass
@@ -86,13 +89,44 @@ class TurnEnd:
 
 
 @dataclass
+class CompactionStart:
+    """The context is being compacted (pid/compaction.py): `threshold` (it would no longer fit) or `overflow` (the
+    provider refused a request for its length; the call is retried once after)."""
+    reason: str
+    tokens: int                          # the context's size, by the job's count
+    type: Literal["compaction_start"] = field(default="compaction_start", init=False)
+
+
+@dataclass
+class CompactionEnd:
+    reason: str
+    tokens_before: int
+    tokens_after: int | None = None      # None when it failed
+    summarized: int = 0                  # messages summarised
+    summary: str | None = None
+    error: str | None = None
+    will_retry: bool = False             # the refused call is sent again
+    usage: Usage = field(default_factory=Usage)   # the summary calls' (already in the job's totals)
+    type: Literal["compaction_end"] = field(default="compaction_end", init=False)
+
+
+@dataclass
+class Notice:
+    """Something the person running the job should know that is not an error (e.g. a model not in the table)."""
+    text: str
+    level: Literal["warning", "info"] = "warning"
+    type: Literal["notice"] = field(default="notice", init=False)
+
+
+@dataclass
 class AgentEnd:
     status: str
     exit_reason: str
     type: Literal["agent_end"] = field(default="agent_end", init=False)
 
 
-Event = Union[AgentStart, TurnStart, TextDelta, MessageEnd, ToolStart, ToolUpdate, ToolEnd, TurnEnd, AgentEnd]
+Event = Union[AgentStart, TurnStart, TextDelta, MessageEnd, ToolStart, ToolUpdate, ToolEnd, TurnEnd, CompactionStart,
+              CompactionEnd, Notice, AgentEnd]
 EventSink = Callable[[Event], None]
 
 

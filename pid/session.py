@@ -64,6 +64,17 @@ class SessionWriter:
     def message(self, message: Message) -> str:
         return self._append({"type": "message", "message": message.to_dict()})
 
+    def compaction(self, summary: str, first_kept_entry_id: str, tokens_before: int,
+                   details: dict[str, Any] | None = None) -> str:
+        """pi's compaction entry: pi (and `session_context`) rebuild the context as the summary, then the messages
+        from firstKeptEntryId on."""
+        body: dict[str, Any] = {"type": "compaction", "summary": summary, "firstKeptEntryId": first_kept_entry_id,
+                                "tokensBefore": tokens_before}
+        if details is not None:
+            body["details"] = details
+        body["fromHook"] = False
+        return self._append(body)
+
     def close(self) -> None:
         if not self._file.closed:
             self._file.flush()
@@ -79,6 +90,35 @@ class SessionWriter:
 
 def read_session(path: str) -> tuple[dict[str, Any], list[Message]]:
     """The header and the messages along the chain ending at the last entry (the current branch of the tree)."""
+    header, chain = _read(path)
+    return header, [message_from_dict(e["message"]) for e in chain if e.get("type") == "message"]
+
+
+def session_context(path: str) -> list[Message]:
+    """The conversation a model would see on continuing the session, as pi builds it: with a compaction on the
+    current branch, its summary (as a user message), then the messages from its firstKeptEntryId on."""
+    return [message for _id, message in session_context_entries(path)]
+
+
+def session_context_entries(path: str) -> list[tuple[str | None, Message]]:
+    """session_context's messages with the id of the entry each came from (None for a compaction's summary), so a
+    continued conversation can be compacted again against the entries it was loaded from."""
+    from pid.compaction import SUMMARY_PREFIX, SUMMARY_SUFFIX
+    from pid.messages import UserMessage
+
+    _header, chain = _read(path)
+    latest = max((i for i, e in enumerate(chain) if e.get("type") == "compaction"), default=None)
+    if latest is None:
+        return [(e.get("id"), message_from_dict(e["message"])) for e in chain if e.get("type") == "message"]
+    compaction = chain[latest]
+    first = next((i for i, e in enumerate(chain) if e.get("id") == compaction.get("firstKeptEntryId")), latest)
+    kept = [e for i, e in enumerate(chain) if i >= first and i != latest and e.get("type") == "message"]
+    summary = UserMessage.text(SUMMARY_PREFIX + str(compaction.get("summary", "")) + SUMMARY_SUFFIX)
+    return [(None, summary), *((e.get("id"), message_from_dict(e["message"])) for e in kept)]
+
+
+def _read(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The header, and the entries along the chain ending at the file's last entry, oldest first."""
     header: dict[str, Any] = {}
     entries: dict[str, dict[str, Any]] = {}
     last: str | None = None
@@ -102,4 +142,4 @@ def read_session(path: str) -> tuple[dict[str, Any], list[Message]]:
         chain.append(entry)
         last = entry.get("parentId")
     chain.reverse()
-    return header, [message_from_dict(e["message"]) for e in chain if e.get("type") == "message"]
+    return header, chain

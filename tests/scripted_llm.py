@@ -12,6 +12,8 @@ A turn is a dict; every key is optional:
     finish_reason   OpenAI vocabulary (stop, length, tool_calls, content_filter), mapped for Anthropic
     usage           {"prompt_tokens", "completion_tokens", "cached_tokens"?}; else estimated from sizes
     error           {"status": 500, "body": {...}?, "headers": {...}?}: an HTTP error instead of a stream
+    overflow        true (or the window, an int): a 400 refusing the request for its length, in the wire's own words
+                    (OpenAI `context_length_exceeded`, Anthropic "prompt is too long")
     stream_error    "message": an error event after the first chunk, then the stream ends
     delay_s         wait before answering at all (no headers yet)
     stall_s         send the first chunk (or `stall_after` chunks), then go silent this long before the rest
@@ -193,6 +195,8 @@ class _Handler(BaseHTTPRequestHandler):
         if turn.get("delay_s") and llm._closing.wait(turn["delay_s"]):
             return
         try:
+            if turn.get("overflow"):
+                return self._send_error_turn(wire, _overflow_error(wire, turn["overflow"], len(raw) // 4))
             if "error" in turn:
                 return self._send_error_turn(wire, turn["error"])
             if "raw" in turn:
@@ -250,6 +254,19 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 # -- wire formats ---------------------------------------------------------------------------------------------
+
+def _overflow_error(wire: str, window: Any, tokens: int) -> dict[str, Any]:
+    """A refusal for length as each service words it (the body the real APIs send with their 400)."""
+    limit = window if isinstance(window, int) and not isinstance(window, bool) else 32768
+    tokens = max(tokens, limit + 1)
+    if wire == "openai":
+        return {"status": 400, "body": {"error": {
+            "message": f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
+                       f"{tokens} tokens. Please reduce the length of the messages.",
+            "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}}
+    return {"status": 400, "body": {"type": "error", "error": {
+        "type": "invalid_request_error", "message": f"prompt is too long: {tokens} tokens > {limit} maximum"}}}
+
 
 def _pieces(text: str, count: int) -> list[str]:
     """`text` cut into up to `count` consecutive pieces of near-equal length."""

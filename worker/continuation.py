@@ -117,11 +117,12 @@ class Parent:
 
 
 def load_parent(store: Store, parent_id: str, tmp_dir: str) -> tuple[Parent, list[Any]]:
-    """The parent's transcript and patch from the store, and the messages its conversation holds (as
-    pid.session.read_session builds them). Raises Refused when they are gone or unreadable."""
+    """The parent's transcript and patch from the store, and its conversation as (entry id, message) pairs, as
+    pid.session.session_context_entries builds them (after a compaction: its summary, then the kept messages).
+    Raises Refused when they are gone or unreadable."""
     import os
     import tempfile
-    from pid.session import read_session
+    from pid.session import session_context_entries
     parent = _record(store, parent_id).spec
     data = {name: _artifact(store, parent.id, name) for name in (SESSION, PATCH)}
     fd, path = tempfile.mkstemp(prefix=".pid-parent-session-", suffix=".jsonl", dir=tmp_dir)
@@ -129,7 +130,7 @@ def load_parent(store: Store, parent_id: str, tmp_dir: str) -> tuple[Parent, lis
         with os.fdopen(fd, "wb") as f:
             f.write(data[SESSION])
         try:
-            _, messages = read_session(path)
+            messages = session_context_entries(path)
             entries = session_chain(data[SESSION].decode("utf-8"))
         except (ValueError, KeyError, TypeError) as exc:
             raise Refused(f"the transcript of job {parent.id} cannot be read: {exc}") from None

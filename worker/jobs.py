@@ -52,8 +52,11 @@ class JobSpec:
     timeout_s: float = setting(3600.0, "Wall-clock limit for the whole job, in seconds.", min=1, max=MAX_TIMEOUT_S)
     max_turns: int = setting(100, "Model calls at most.", min=1)
     max_cost: float | None = setting(None, "Stop when the cost in USD exceeds this (needs the prices).", min=0)
-    input_price: float = setting(0.0, "USD per million input tokens (for usage.cost and --max-cost).", min=0)
-    output_price: float = setting(0.0, "USD per million output tokens.", min=0)
+    input_price: float = setting(0.0, "USD per million input tokens (for usage.cost and --max-cost); 0: the "
+                                      "model table's price.", min=0)
+    output_price: float = setting(0.0, "USD per million output tokens; 0: the model table's price.", min=0)
+    context_window: int | None = setting(None, "The model's context window in tokens (default: the model table's; "
+                                               "unknown models 32768). The context is compacted to fit.", min=4096)
     images: bool = setting(True, "The model accepts images (else read's images reach it as a note).")
     tools: list[str] | None = setting(None, "Active tools, comma-separated (default: all).")
     files: list[str] = setting(None, "In-container path to collect as an artifact (repeatable).", factory=list)

@@ -21,8 +21,10 @@ import docker.errors
 
 from pid import events as ev
 from pid.agent import Agent, Limits, Outcome
+from pid.compaction import Compactor
 from pid.endings import ExitReason
 from pid.messages import Message, Usage
+from pid.models import model_info, unknown_model_warning
 from pid.prompt import build_system_prompt
 from pid.providers import make_provider
 from pid.providers.base import ProviderConfig
@@ -96,10 +98,15 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     provider = None
     watchdog = Watchdog()
     try:
+        model = model_info(spec.model, {"context_window": spec.context_window,
+                                        "input_price": spec.input_price or None,
+                                        "output_price": spec.output_price or None})
         provider = make_provider(ProviderConfig(model=spec.model, base_url=spec.base_url, api_key=api_key,
                                                 api=spec.api, provider=_provider_label(spec),
-                                                input_cost_per_mtok=spec.input_price,
-                                                output_cost_per_mtok=spec.output_price, images=spec.images))
+                                                input_cost_per_mtok=model.input_price,
+                                                output_cost_per_mtok=model.output_price,
+                                                cache_read_cost_per_mtok=model.cache_read_price,
+                                                cache_write_cost_per_mtok=model.cache_write_price, images=spec.images))
         tools = default_registry()
         if spec.tools:
             tools = tools.subset(spec.tools)
@@ -114,7 +121,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         watchdog.arm(spec.timeout_s - (time.time() - started) + GRACE_S, sandbox.kill, "wall_clock")
         workspace = import_into(sandbox, spec.repo, spec.workspace, blobs)
         parent: Parent | None = None
-        earlier: list[Message] = []
+        earlier: list[tuple[str | None, Message]] = []
         if spec.parent:   # `pid continue`: the parent's patch onto the same snapshot, its conversation loaded
             parent, earlier = load_parent(artifact_store or default_store(), spec.parent, job_dir)
             apply_patch(sandbox, parent.patch)
@@ -133,8 +140,10 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         system_prompt = build_system_prompt(tools.specs(), sandbox, custom=spec.system_prompt)
         agent = Agent(provider, tools, context, system_prompt, session=session,
                       sink=sink, limits=Limits(max_turns=spec.max_turns, wall_clock_s=remaining,
-                                               max_cost=spec.max_cost))
-        agent.messages = list(earlier)   # a continued job's conversation so far (already in its session file)
+                                               max_cost=spec.max_cost),
+                      compactor=Compactor(provider, model.context_window, max_output_tokens=model.max_tokens),
+                      notices=[] if model.known or spec.context_window else [unknown_model_warning(model)])
+        agent.load_history(earlier)   # a continued job's conversation so far (already in its session file)
         if on_agent:
             on_agent(agent)
         outcome = agent.run(spec.task)
