@@ -267,6 +267,8 @@ JOB_OPTIONS = [
     JobOption("--max-patch", "max_patch", _const(Size())),
     JobOption("--max-files-size", "max_files_bytes", _const(Size())),
     JobOption("--max-files", "max_files", lambda low, high: Number(int, low, high)),
+    JobOption("--check", "check", extra={"metavar": "CMD"}),
+    JobOption("--check-timeout", "check_timeout_s", lambda low, high: Number(float, low, high)),
 ]
 
 
