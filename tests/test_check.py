@@ -180,6 +180,25 @@ def test_a_cancel_while_the_check_runs_cancels_the_job(buggy, tmp_path):
     assert exit_code_for(result) == 1
 
 
+def test_a_worker_stopping_while_the_check_runs_leaves_the_job_to_the_queue(buggy, tmp_path):
+    """Its relay cancels, and the job is no longer this attempt's: no result is written (the task hands it back)."""
+    from worker.runner import run_job
+    cancel = threading.Event()
+    asked: list[bool] = []
+
+    def still_owner() -> bool:
+        asked.append(not cancel.is_set())
+        return asked[-1]
+    with ScriptedLLM(NO_FIX) as llm:
+        spec = JobSpec(task="t", repo=str(buggy), model="m", out_dir=str(tmp_path / "o"), base_url=llm.base_url,
+                       check=UNITTEST, files=["calc.py"])
+        threading.Timer(1.0, cancel.set).start()
+        result = run_job(spec, sandboxes=MemoryProvider({UNITTEST: Run(30.0)}), cancel=cancel,
+                         still_owner=still_owner)
+    assert asked == [True, False] and result["check"]["cancelled"] is True
+    assert not Path(spec.job_dir, "result.json").exists() and "files" not in result["artifacts"]
+
+
 def test_a_check_the_sandbox_could_not_run_fails_the_job(buggy, tmp_path):
     def gone(command, box):
         raise SandboxLost("the sandbox container is gone")

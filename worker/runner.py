@@ -155,10 +155,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                              f"wall-clock limit of {spec.timeout_s:g}s reached; the sandbox was removed")
         elif sandbox and outcome.status == "completed" and not sandbox.is_alive():
             outcome = _ended(outcome, "sandbox_error", "the sandbox container is gone")
-        try:
-            owner = still_owner()
-        except Exception:   # the store is unreachable: better no artifacts than overwriting a new owner's
-            owner = False
+        owner = _owns(still_owner)
         check: Check | None = None
         try:
             if sandbox and owner and not sandbox.removed_by_pid:
@@ -168,8 +165,11 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                 problem = _collecting(watchdog, sandbox, lambda: _collect_patch(sandbox, spec, job_dir, artifacts))
                 if spec.check and checks_after(outcome.exit_reason) and not problem and not sandbox.removed_by_pid:
                     check = _check(sandbox, spec, cancel, sink, watchdog)
+                    # A cancel while the check ran: the job's own (it ends cancelled), or its worker stopping or
+                    # losing the job (then it is no longer this attempt's to end: it goes back to the queue).
+                    owner = _owns(still_owner) if check.cancelled else owner
                     outcome = _after_check(outcome, check)
-                if spec.files and not sandbox.removed_by_pid:
+                if spec.files and owner and not sandbox.removed_by_pid:
                     files_problem = _collecting(watchdog, sandbox,
                                                 lambda: _collect_files(sandbox, spec, job_dir, artifacts))
                     problem = problem or files_problem
@@ -201,6 +201,13 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         if spool is not None:
             shutil.rmtree(spool, ignore_errors=True)
     return result
+
+
+def _owns(still_owner: Callable[[], bool]) -> bool:
+    try:
+        return still_owner()
+    except Exception:   # the store is unreachable: better no artifacts than overwriting a new owner's
+        return False
 
 
 def _forget(store: Store, job_id: str, name: str) -> None:
