@@ -47,18 +47,6 @@ class Check:
             result["error"] = self.error
         return result
 
-    def summary(self) -> str:
-        """One line: how the check ended (for logs and the CLI)."""
-        if self.error:
-            return f"could not run: {self.error}"
-        if self.timed_out:
-            return f"timed out after {self.duration_s:.1f}s"
-        if self.cancelled:
-            return "cancelled"
-        if self.exit_code is None:
-            return "killed"
-        return "passed" if self.passed else f"exit {self.exit_code}"
-
 
 def command_problem(command: str | None) -> str | None:
     """Why a --check command cannot be run, or None (checked before the job is queued)."""
