@@ -1,6 +1,7 @@
-"""The `pid` command. Thin: parse, call, print. Exit codes: 0 completed, 1 failed or cancelled, 2 bad usage or
-input (nothing ran), 3 a limit was hit (timeout, max turns, max cost), 5 `pid result` of a job not finished yet,
-130 interrupted (Ctrl-C)."""
+"""The `pid` command. Thin: parse, call, print. Exit codes: 0 completed (and its --check passed), 1 failed or
+cancelled, 2 bad usage or input (nothing ran), 3 a limit was hit (timeout, max turns, max cost), 4 completed but its
+--check failed, 5 `pid result` of a job not finished yet, 130 interrupted (Ctrl-C). A job's codes (0, 1, 3, 4) come
+from pid.endings.exit_code_for."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ import click
 from pid import events as ev
 from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
 from cli.options import EnvOption, QueueName, Size, format_size, job_options
-from cli.output import EventFollower, EventPrinter, RecordPrinter, print_result, wait_for
+from cli.output import EventFollower, EventPrinter, RecordPrinter, check_line, print_result, wait_for
 from pid.endings import STATUSES, exit_code_for
 from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
 
@@ -63,6 +64,10 @@ def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
     repo_path = check_repo(repo)
     if not model:
         raise BadInput("no model configured: pass --model or set PID_MODEL")
+    from worker.check import command_problem
+    problem = command_problem(options.get("check"))
+    if problem:
+        raise BadInput(f"--check: {problem}")
     if options["max_cost"] is not None and not (options["input_price"] or options["output_price"]) \
             and not _table_prices(model):
         raise BadInput("--max-cost needs the model's prices: pass --input-price and/or --output-price (or describe "
@@ -403,6 +408,8 @@ def status(job_id: str, as_json: bool) -> None:
         click.echo(f"  now: {record.activity}")
     if record.last_tool:
         click.echo(f"  last tool: {record.last_tool}")
+    if record.check:
+        click.echo(f"  {check_line(record.check)}")
     if record.error:
         click.echo(f"  error: {record.error}")
 
@@ -518,8 +525,11 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool) -> None:
     for record in records:
         task = " ".join(record.spec.task.split())
         cost = record.total_usage["cost"]
+        reason = record.exit_reason or "-"
+        if record.check:   # the check's verdict beside the reason
+            reason += " ✓check" if record.check.get("passed") is True else " ✗check"
         click.echo(f"{record.id}  {record.status:<9}  {_duration(record.duration_s):>8}  "
-                   f"{f'${cost:.4f}':>9}  {record.exit_reason or '-':<16}  {task[:50]}")
+                   f"{f'${cost:.4f}':>9}  {reason:<16}  {task[:50]}")
 
 
 @cli.command()

@@ -295,6 +295,8 @@ JOB_OPTIONS = [
     JobOption("--max-files-size", "max_files_bytes", _const(Size())),
     JobOption("--max-files", "max_files", lambda low, high: Number(int, low, high)),
     JobOption("--system-prompt", "system_prompt", _const(PromptFile())),
+    JobOption("--check", "check", extra={"metavar": "CMD"}),
+    JobOption("--check-timeout", "check_timeout_s", lambda low, high: Number(float, low, high)),
 ]
 
 

@@ -12,6 +12,8 @@ import click
 from pid import events as ev
 from pid.event_records import EventRecords
 
+CHECK_LINES_SHOWN = 15   # of a failed check's output_tail, under the summary (all of it is in result.json)
+
 
 def tool_line(name: str, summary: str, is_error: bool, error_line: str | None, duration_s: float | None) -> str:
     mark = click.style("✗", fg="red") if is_error else click.style("✓", fg="green")
@@ -48,6 +50,14 @@ class RecordPrinter:
         if kind == "tool_end":
             click.echo(tool_line(str(record.get("name")), str(record.get("summary", "")), bool(record.get("is_error")),
                                  record.get("error_line"), record.get("duration_s")), err=self.err)
+        elif kind == "check_start":
+            click.echo(click.style(f"· check: {record.get('command', '')}", dim=True), err=self.err)
+        elif kind == "check_end":
+            passed = bool(record.get("passed"))
+            why = "" if passed else check_failure(record) + (f": {record['error_line']}" if record.get("error_line")
+                                                              else "")
+            click.echo(tool_line("check", str(record.get("command", "")), not passed, why, record.get("duration_s")),
+                       err=self.err)
         elif kind == "assistant" and record.get("error"):
             click.echo(click.style(f"model error: {record['error']}", fg="red"), err=self.err)
         elif kind == "compaction_end":
@@ -93,6 +103,28 @@ class EventFollower:
             self.after = n
 
 
+def check_failure(check: dict[str, Any]) -> str:
+    """How a check failed, in a few words."""
+    if check.get("error"):
+        return "could not run"
+    if check.get("timed_out"):
+        return "timed out"
+    if check.get("cancelled"):
+        return "cancelled"
+    return "killed" if check.get("exit_code") is None else f"exit {check.get('exit_code')}"
+
+
+def check_line(check: dict[str, Any]) -> str:
+    """result.json's check as one line: `check passed (python3 -m unittest) in 1.2s` or `check FAILED (exit 1) …`."""
+    took = check.get("duration_s")
+    took_text = f" in {took:.1f}s" if isinstance(took, (int, float)) else ""
+    command = " ".join(str(check.get("command", "")).split())
+    command = command if len(command) <= 80 else command[:79] + "…"
+    if check.get("passed") is True:
+        return f"{click.style('check passed', fg='green', bold=True)}{took_text}: {command}"
+    return f"{click.style('check FAILED', fg='red', bold=True)} ({check_failure(check)}){took_text}: {command}"
+
+
 def print_result(result: dict[str, Any], job_dir: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(result, indent=2, ensure_ascii=False))
@@ -106,6 +138,15 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool) -> None:
                f"{result.get('duration_s', 0):.1f}s · {_count(result.get('turns', 0), 'turn')} · "
                f"{_count(result.get('tool_calls', 0), 'tool call')} · {_count(usage.get('total_tokens', 0), 'token')}")
     click.echo(summary, err=True)
+    check = result.get("check")
+    if isinstance(check, dict):
+        click.echo(check_line(check), err=True)
+        if check.get("passed") is not True:
+            if check.get("error"):
+                click.echo(click.style(f"check error: {check['error']}", fg="red"), err=True)
+            tail = str(check.get("output_tail") or "").splitlines()[-CHECK_LINES_SHOWN:]
+            for line in tail:
+                click.echo(f"  {line}", err=True)
     if result.get("error"):
         click.echo(click.style(f"error: {result['error']}", fg="red"), err=True)
     click.echo(f"artifacts: {os.path.relpath(job_dir)}", err=True)

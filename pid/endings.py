@@ -2,6 +2,12 @@
 
 Code that ends a job names only the reason; the status and the CLI's exit code are looked up here, so they cannot
 disagree between the loop, the runner, the worker, the store and the CLI.
+
+A job with a check (`--check CMD`) has one more input: whether its check passed. The check never changes the
+reason nor the status (they say how the agent's run ended: a `completed` job whose check failed is still
+`completed`, with `check.passed` false); it changes only the exit code, through `exit_code_of`: a completed job
+whose check did not pass exits 4, so that `submit --wait --check CMD` exits 0 only when the agent completed AND the
+check passed.
 """
 from __future__ import annotations
 
@@ -28,18 +34,25 @@ ExitReason = Literal[
 ]
 
 
+EXIT_CHECK_FAILED = 4   # the agent completed, its check did not pass (non-zero, timed out, cancelled)
+
+
 @dataclass(frozen=True)
 class Ending:
     status: Status
     exit_code: int
+    # The workspace is the agent's finished (or stopped) work, so a check of it means something: after the agent
+    # stopped by itself, and after a limit other than the wall clock (the work so far may well pass; the wall clock's
+    # time is spent, and its container is about to go). Never after a cancel or a failure.
+    checked: bool = False
 
 
 ENDINGS: dict[str, Ending] = {
-    "stop": Ending("completed", 0),
+    "stop": Ending("completed", 0, checked=True),
     "wall_clock": Ending("limit", 3),
-    "max_turns": Ending("limit", 3),
-    "max_cost": Ending("limit", 3),
-    "consecutive_timeouts": Ending("limit", 3),
+    "max_turns": Ending("limit", 3, checked=True),
+    "max_cost": Ending("limit", 3, checked=True),
+    "consecutive_timeouts": Ending("limit", 3, checked=True),
     "cancelled": Ending("cancelled", 1),
     "interrupted": Ending("cancelled", 1),
     "provider_error": Ending("failed", 1),
@@ -61,8 +74,34 @@ def status_of(reason: ExitReason) -> Status:
     return ENDINGS[reason].status
 
 
+def checks_after(reason: str | None) -> bool:
+    """Whether a job's check runs after it ended for this reason (see Ending.checked)."""
+    ending = ENDINGS.get(str(reason))
+    return ending is not None and ending.checked
+
+
+def exit_code_of(reason: str | None, check_passed: bool | None = None) -> int:
+    """The exit code of a job that ended for `reason`: 0 completed, 1 failed or cancelled, 3 a limit was hit, 4
+    completed but its check did not pass. (2 is bad usage, before any job.) `check_passed`: None when the job has no
+    check (or it did not run). A limit keeps 3 whatever its check says: the agent did not finish, which is the more
+    useful thing to know. An unknown reason, e.g. from a newer worker, counts as a failure."""
+    ending = ENDINGS.get(str(reason))
+    if ending is None:
+        return 1
+    if ending.exit_code == 0 and check_passed is False:
+        return EXIT_CHECK_FAILED
+    return ending.exit_code
+
+
+def check_passed_of(result: dict[str, Any]) -> bool | None:
+    """result.json's (or a job record's) `check.passed`; None without a check. A check that is there but says
+    nothing readable has not passed."""
+    check = result.get("check")
+    if check is None:
+        return None
+    return isinstance(check, dict) and check.get("passed") is True
+
+
 def exit_code_for(result: dict[str, Any]) -> int:
-    """The CLI's exit code for a result.json: 0 completed, 1 failed or cancelled, 3 a limit was hit.
-    (2 is bad usage, before any job.) An unknown reason, e.g. from a newer worker, counts as a failure."""
-    ending = ENDINGS.get(str(result.get("exit_reason")))
-    return ending.exit_code if ending is not None else 1
+    """The CLI's exit code for a result.json (see exit_code_of)."""
+    return exit_code_of(result.get("exit_reason"), check_passed_of(result))

@@ -61,7 +61,24 @@ class EventRecords:
             return {"type": "notice", "level": event.level, "text": sanitize(event.text)[:500], "t": now}
         if isinstance(event, ev.AgentEnd):
             return {"type": "agent_end", "status": event.status, "exit_reason": event.exit_reason, "t": now}
+        if isinstance(event, ev.CheckStart):
+            return {"type": "check_start", "command": _one_line(event.command), "t": now}
+        if isinstance(event, ev.CheckEnd):
+            check = event.check
+            record = {"type": "check_end", "command": _one_line(str(check.get("command", ""))),
+                      "passed": bool(check.get("passed")), "exit_code": check.get("exit_code"),
+                      "timed_out": bool(check.get("timed_out")), "duration_s": check.get("duration_s"), "t": now}
+            if not record["passed"]:
+                last = (check.get("error") or str(check.get("output_tail") or "")).strip().splitlines()[-1:] or [""]
+                record["error_line"] = sanitize(last[0])[:200]
+            return record
         return None
+
+
+def _one_line(command: str, width: int = 200) -> str:
+    """A command as one short line (a check may be a whole script)."""
+    text = " ".join(sanitize(command).split())
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def job_record(status: str, **fields: Any) -> dict[str, Any]:

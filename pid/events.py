@@ -18,6 +18,8 @@ Order, for one run:
     ... more turns ...
     agent_end (always last, exactly once, also after errors and cancel)
 
+A job with a check (`--check`) has two more events, from its runner, after agent_end: check_start, check_end.
+
 Threads: the sink is called from the loop's thread, and tool_start/tool_update/tool_end also from tool threads,
 but never concurrently: the agent serialises every call. A sink must be quick and must not raise.
 """
@@ -125,8 +127,22 @@ class AgentEnd:
     type: Literal["agent_end"] = field(default="agent_end", init=False)
 
 
+@dataclass
+class CheckStart:
+    """The job's check (`--check CMD`) starts, after the agent ended (the runner's event, not the loop's)."""
+    command: str
+    type: Literal["check_start"] = field(default="check_start", init=False)
+
+
+@dataclass
+class CheckEnd:
+    """The check ended: `check` is what result.json records of it (worker/check.py: Check.to_result)."""
+    check: dict[str, Any]
+    type: Literal["check_end"] = field(default="check_end", init=False)
+
+
 Event = Union[AgentStart, TurnStart, TextDelta, MessageEnd, ToolStart, ToolUpdate, ToolEnd, TurnEnd, CompactionStart,
-              CompactionEnd, Notice, AgentEnd]
+              CompactionEnd, Notice, AgentEnd, CheckStart, CheckEnd]
 EventSink = Callable[[Event], None]
 
 

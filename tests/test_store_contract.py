@@ -97,6 +97,23 @@ def test_progress_renews_and_keeps_counts_and_a_new_attempt_keeps_the_earlier_on
     assert r.total_usage["input"] == 11 and r.total_usage["cost"] == 0.75
 
 
+def test_an_ending_keeps_its_check_and_the_record_says_its_exit_code(store, tmp_path):
+    """--check's verdict is in the record (status, list --json, a waiting submit), and the exit code follows it."""
+    checked, plain = store.create(spec(tmp_path, 1)), store.create(spec(tmp_path, 2))
+    check = {"command": "python3 -m unittest", "exit_code": 1, "passed": False, "duration_s": 0.2,
+             "output_tail": "FAILED (failures=1)", "timed_out": False}
+    for job in (checked, plain):
+        assert store.claim(job.id, "h:1:a", lease_s=30)
+        assert store.get(job.id).exit_code is None                  # running: no exit code yet
+    assert store.finish(checked.id, "stop", owner="h:1:a", check=check)
+    assert store.finish(plain.id, "stop", owner="h:1:a")
+    r = store.get(checked.id)
+    assert (r.status, r.check, r.exit_code) == ("completed", check, 4)
+    assert r.to_dict()["check"] == check and r.to_dict()["exit_code"] == 4
+    assert (store.get(plain.id).check, store.get(plain.id).exit_code) == (None, 0)
+    assert {x.id: x.check for x in store.list(10)} == {checked.id: check, plain.id: None}
+
+
 def test_requeue_only_lapsed_or_by_owner_and_a_cancelled_one_ends(store, tmp_path):
     job = store.create(spec(tmp_path))
     assert store.claim(job.id, "h:1:a", lease_s=0.3)

@@ -101,6 +101,10 @@ class Progress:
                 self.usage.add(event.usage)
             elif isinstance(event, ev.AgentEnd):
                 self.activity = "collecting the artifacts"
+            elif isinstance(event, ev.CheckStart):
+                self.activity = "running the check"
+            elif isinstance(event, ev.CheckEnd):
+                self.activity = "collecting the artifacts"
             else:
                 return
             self.version += 1
@@ -285,7 +289,7 @@ def record_end(store: Store, job_id: str, owner: str, result: dict[str, Any], at
         try:
             store.finish(job_id, result["exit_reason"], owner=owner, error=result.get("error"),
                          turns=result.get("turns"), tool_calls=result.get("tool_calls"),
-                         usage=attempt_usage(result))
+                         usage=attempt_usage(result), check=result.get("check"))
             return
         except Exception as exc:
             if attempts == 1:   # a foreground run: one line, no traceback

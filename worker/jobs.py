@@ -74,6 +74,11 @@ class JobSpec:
     max_patch: int = setting(100 << 20, "Largest patch.diff accepted (larger: the job fails, artifact_error).")
     max_files_bytes: int = setting(100 << 20, "--file collection: bytes in all.")
     max_files: int = setting(10000, "--file collection: entries in all (what is over is skipped and listed).", min=1)
+    check: str | None = setting(None, "After the agent ends, run CMD in the job's container (in the workspace, as "
+                                      "the agent's user); its exit status decides the job's exit code (4: the "
+                                      "agent completed but the check failed). See result.json's `check`.")
+    check_timeout_s: float = setting(600.0, "--check's own time limit, in seconds (beyond --timeout); past it the "
+                                            "check is killed and fails.", min=1, max=MAX_TIMEOUT_S)
     id: str = setting(None, "The job's id.", factory=new_job_id)
     queue: str = setting(DEFAULT_QUEUE, "The queue the job waits in: only workers that consume it take it "
                                         "(pid worker --queue).")

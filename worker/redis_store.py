@@ -152,6 +152,7 @@ set_or_del('error', A.error)
 if not isnull(A.turns) then redis.call('HSET', K, 'turns', A.turns) end
 if not isnull(A.tool_calls) then redis.call('HSET', K, 'tool_calls', A.tool_calls) end
 if not isnull(A.usage) then redis.call('HSET', K, 'usage', A.usage) end
+set_or_del('check', A.check)
 redis.call('HDEL', K, 'lease_until', 'activity')
 move(status, A.status)
 ended(t)
@@ -492,12 +493,14 @@ class RedisStore:
 
     def finish(self, job_id: str, exit_reason: ExitReason, *, owner: str | None = None, error: str | None = None,
                turns: int | None = None, tool_calls: int | None = None, usage: dict[str, Any] | None = None,
-               lapsed_only: bool = False) -> bool:
-        """Record the ending, once. With an owner, only the lease holder may; with lapsed_only, only while nobody
-        holds a live lease. The job's API key is deleted; its keys expire after the retention period."""
+               lapsed_only: bool = False, check: dict[str, Any] | None = None) -> bool:
+        """Record the ending, once (`check`: result.json's, when the job's check ran). With an owner, only the lease
+        holder may; with lapsed_only, only while nobody holds a live lease. The job's API key is deleted; its keys
+        expire after the retention period."""
         return self._run("finish", job_id, exit_reason=exit_reason, status=status_of(exit_reason), owner=owner,
                          error=error, turns=turns, tool_calls=tool_calls,
-                         usage=json.dumps(usage) if usage is not None else None, lapsed_only=lapsed_only) == 1
+                         usage=json.dumps(usage) if usage is not None else None, lapsed_only=lapsed_only,
+                         check=json.dumps(check) if check is not None else None) == 1
 
     def request_cancel(self, job_id: str) -> str | None:
         """Ask for a cancel. A queued job is cancelled on the spot; a running one by its worker. Returns the status."""
@@ -752,7 +755,8 @@ def _text(fields: dict[bytes, bytes], name: str) -> str | None:
 
 def _record(fields: dict[bytes, bytes]) -> JobRecord:
     t = {k: _text(fields, k) for k in ("id", "spec", "status", "owner", "cancel_requested", "paused", "exit_reason",
-                                       "error", "kind", "usage", "earlier", "activity", "last_tool", "dispatch_error")}
+                                       "error", "kind", "usage", "earlier", "activity", "last_tool", "dispatch_error",
+                                       "check")}
     floats = {k: (float(v) if (v := _text(fields, k)) is not None else None) for k in _FLOATS}
     ints = {k: int(_text(fields, k) or 0) for k in _INTS}
     earlier = json.loads(t["earlier"] or "[]")
@@ -765,7 +769,7 @@ def _record(fields: dict[bytes, bytes]) -> JobRecord:
                      floats["started_at"], floats["finished_at"], t["kind"] or "worker",
                      json.loads(t["usage"] or "{}"), earlier, t["activity"], t["last_tool"], floats["updated_at"],
                      floats["claimed_at"], ints["handbacks"], floats["dispatched_at"], t["dispatch_error"],
-                     floats["undispatched_since"])
+                     floats["undispatched_since"], json.loads(t["check"]) if t["check"] else None)
 
 
 def _beat(fields: dict[bytes, bytes]) -> WorkerBeat:

@@ -1,6 +1,7 @@
 """One job runner for both paths (`pid run` in the foreground, the Celery task in a worker):
 
-    create sandbox -> import workspace -> run agent -> collect artifacts -> write result.json -> remove container
+    create sandbox -> import workspace -> run agent -> collect the patch -> run the check (--check)
+        -> collect the files -> write result.json -> remove container
 
 The workspace is the tree `submit` packed (a blob), a git URL cloned for the job, or a directory (`pid run`).
 
@@ -22,7 +23,7 @@ import docker.errors
 from pid import events as ev
 from pid.agent import Agent, Limits, Outcome
 from pid.compaction import Compactor
-from pid.endings import ExitReason
+from pid.endings import ExitReason, checks_after
 from pid.messages import Message, Usage
 from pid.models import model_info, unknown_model_warning
 from pid.prompt import build_system_prompt
@@ -37,6 +38,7 @@ from sandbox import DockerProvider
 from worker.artifact_store import TranscriptSync, store_result, upload_artifacts, upload_transcript
 from worker.blobs import Blobs
 from worker.continuation import Parent, apply_patch, load_parent, start_session
+from worker.check import Check, run_check
 from worker.jobs import JobSpec, write_json_atomic
 from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, abandon, sandbox_config
 from worker.snapshot import import_into
@@ -173,24 +175,31 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                              f"wall-clock limit of {spec.timeout_s:g}s reached; the sandbox was removed")
         elif sandbox and outcome.status == "completed" and not sandbox.is_alive():
             outcome = _ended(outcome, "sandbox_error", "the sandbox container is gone")
-        try:
-            owner = still_owner()
-        except Exception:   # the store is unreachable: better no artifacts than overwriting a new owner's
-            owner = False
+        owner = _owns(still_owner)
+        check: Check | None = None
         try:
             if sandbox and owner and not sandbox.removed_by_pid:
-                watchdog.arm(COLLECT_TIMEOUT_S, sandbox.kill, "collect")
-                problem = _collect(sandbox, spec, job_dir, artifacts)
-                watchdog.disarm()
-                if watchdog.fired == "collect":
-                    problem = f"collecting the artifacts ran out of time ({COLLECT_TIMEOUT_S:g}s)"
+                # The patch first, then the check, then the files. The patch must be the agent's change alone, and
+                # a check writes (bytecode caches, reports, a formatter's rewrites): run after the patch is made, it
+                # cannot reach it. The files come last: --file may well ask for what the check wrote (a report).
+                problem = _collecting(watchdog, sandbox, lambda: _collect_patch(sandbox, spec, job_dir, artifacts))
+                if spec.check and checks_after(outcome.exit_reason) and not problem and not sandbox.removed_by_pid:
+                    check = _check(sandbox, spec, cancel, sink, watchdog)
+                    # A cancel while the check ran: the job's own (it ends cancelled), or its worker stopping or
+                    # losing the job (then it is no longer this attempt's to end: it goes back to the queue).
+                    owner = _owns(still_owner) if check.cancelled else owner
+                    outcome = _after_check(outcome, check)
+                if spec.files and owner and not sandbox.removed_by_pid:
+                    files_problem = _collecting(watchdog, sandbox,
+                                                lambda: _collect_files(sandbox, spec, job_dir, artifacts))
+                    problem = problem or files_problem
                 if problem and outcome.status == "completed":
                     outcome = _ended(outcome, "artifact_error", problem)
         finally:
             watchdog.stop()
             if sandbox:
                 sandbox.close()
-        result = build_result(spec, outcome, started, artifacts, workspace)
+        result = build_result(spec, outcome, started, artifacts, workspace, check)
         result["attempt"] = attempt   # whose result this is: a sweep elsewhere trusts a stored one of this attempt
         if amend_result:
             amend_result(result)
@@ -212,6 +221,13 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         if spool is not None:
             shutil.rmtree(spool, ignore_errors=True)
     return result
+
+
+def _owns(still_owner: Callable[[], bool]) -> bool:
+    try:
+        return still_owner()
+    except Exception:   # the store is unreachable: better no artifacts than overwriting a new owner's
+        return False
 
 
 def _forget(store: Store, job_id: str, name: str) -> None:
@@ -252,33 +268,83 @@ def _fresh(path: str) -> str:
     return path
 
 
-def _collect(sandbox: JobSandbox, spec: JobSpec, job_dir: str, artifacts: dict[str, Any]) -> str | None:
-    """Patch and requested files into `artifacts`; what was refused or skipped is listed with its reason.
-    Returns why the job's artifacts are incomplete (then a completed job fails), or None."""
-    refused: list[dict[str, str]] = []
-    problem = None
-    try:
-        patch = sandbox.export_patch(os.path.join(job_dir, "patch.diff"), spec.max_patch)
-        artifacts["patch"] = "patch.diff"
-        refused += [{"path": s.path, "reason": s.reason, "artifact": "patch"} for s in patch.dropped]
-    except Exception as exc:
-        artifacts["patch_error"] = problem = f"no patch: {_describe(exc)}"
-    if spec.files:
-        try:
-            written, skipped = sandbox.export_files(spec.files, os.path.join(job_dir, "files"),
-                                                    FilesBudget(spec.max_files_bytes, spec.max_files))
-            artifacts["files"] = written
-            refused += [{"path": s.path, "reason": s.reason, "artifact": "files"} for s in skipped]
-        except Exception as exc:
-            artifacts["files_error"] = f"files not collected: {_describe(exc)}"
-            problem = problem or artifacts["files_error"]
-    if refused:
-        artifacts["refused"] = refused
+def _collecting(watchdog: Watchdog, sandbox: JobSandbox, collect: Callable[[], str | None]) -> str | None:
+    """One collection under its deadline (past it the container goes, which ends any stuck copy)."""
+    watchdog.arm(COLLECT_TIMEOUT_S, sandbox.kill, "collect")
+    problem = collect()
+    watchdog.disarm()
+    if watchdog.fired == "collect":
+        return f"collecting the artifacts ran out of time ({COLLECT_TIMEOUT_S:g}s)"
     return problem
 
 
+def _collect_patch(sandbox: JobSandbox, spec: JobSpec, job_dir: str, artifacts: dict[str, Any]) -> str | None:
+    """The patch into `artifacts` (what was refused is listed with its reason). Returns why there is none (then a
+    completed job fails), or None."""
+    try:
+        patch = sandbox.export_patch(os.path.join(job_dir, "patch.diff"), spec.max_patch)
+        artifacts["patch"] = "patch.diff"
+        _refused(artifacts, [{"path": s.path, "reason": s.reason, "artifact": "patch"} for s in patch.dropped])
+        return None
+    except Exception as exc:
+        artifacts["patch_error"] = f"no patch: {_describe(exc)}"
+        return artifacts["patch_error"]
+
+
+def _collect_files(sandbox: JobSandbox, spec: JobSpec, job_dir: str, artifacts: dict[str, Any]) -> str | None:
+    """The requested files into `artifacts`, likewise."""
+    try:
+        written, skipped = sandbox.export_files(spec.files, os.path.join(job_dir, "files"),
+                                                FilesBudget(spec.max_files_bytes, spec.max_files))
+        artifacts["files"] = written
+        _refused(artifacts, [{"path": s.path, "reason": s.reason, "artifact": "files"} for s in skipped])
+        return None
+    except Exception as exc:
+        artifacts["files_error"] = f"files not collected: {_describe(exc)}"
+        return artifacts["files_error"]
+
+
+def _refused(artifacts: dict[str, Any], refused: list[dict[str, str]]) -> None:
+    if refused:
+        artifacts.setdefault("refused", []).extend(refused)
+
+
+def _check(sandbox: JobSandbox, spec: JobSpec, cancel: threading.Event, sink: ev.EventSink,
+           watchdog: Watchdog) -> Check:
+    """Run the job's check (worker/check.py) under a deadline of its own: exec kills it in the container at its
+    timeout; should that kill itself hang, the watchdog removes the container a grace period later."""
+    assert spec.check is not None
+    sink(ev.CheckStart(spec.check))
+    watchdog.arm(spec.check_timeout_s + GRACE_S, sandbox.kill, "check")
+    started = time.monotonic()
+    try:
+        check = run_check(sandbox, spec.check, spec.check_timeout_s, cancel)
+    except Exception as exc:
+        took = round(time.monotonic() - started, 3)
+        if watchdog.fired == "check":
+            check = Check(spec.check, None, False, took, "", timed_out=True,
+                          error=f"the check did not end within {spec.check_timeout_s:g}s; the sandbox was removed")
+        else:
+            check = Check(spec.check, None, False, took, "", error=_describe(exc))
+    finally:
+        watchdog.disarm()
+    sink(ev.CheckEnd(check.to_result()))
+    return check
+
+
+def _after_check(outcome: Outcome, check: Check) -> Outcome:
+    """The ending, once the check ran. A check that ran keeps the reason (its verdict is the exit code's business:
+    pid.endings.exit_code_of); a cancel while it ran cancels the job; a check the sandbox could not run fails a
+    completed job (the sandbox failed: nothing was checked)."""
+    if check.cancelled:
+        return _ended(outcome, "cancelled", "cancelled while the check ran")
+    if check.error and not check.timed_out and outcome.status == "completed":
+        return _ended(outcome, "sandbox_error", f"the check could not run: {check.error}")
+    return outcome
+
+
 def build_result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dict[str, Any],
-                 workspace: dict[str, Any] | None = None) -> dict[str, Any]:
+                 workspace: dict[str, Any] | None = None, check: Check | None = None) -> dict[str, Any]:
     finished = time.time()
     result: dict[str, Any] = {
         "id": spec.id, "status": outcome.status, "exit_reason": outcome.exit_reason,
@@ -292,6 +358,8 @@ def build_result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dic
     for key in ("parent", "retry_of"):   # the job this one continues, or runs again
         if getattr(spec, key, None):
             result[key] = getattr(spec, key)
+    if check is not None:   # the job's exit code follows from it: pid.endings.exit_code_for
+        result["check"] = check.to_result()
     if outcome.error:
         result["error"] = outcome.error
     return result

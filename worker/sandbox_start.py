@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     from sandbox import DockerSandbox, SandboxConfig
 
 # The agent gets its wall clock; past it, and a grace period more, the watchdog removes the container, which ends
-# any wait that is still stuck. Artifacts are then collected under their own deadline. The container's own time to
-# live covers all of it, so that an orphan (its worker died) removes itself after.
+# any wait that is still stuck. Artifacts are then collected under their own deadline, and a --check runs under its
+# own (--check-timeout, plus the grace period). The container's own time to live covers all of it, so that an orphan
+# (its worker died) removes itself after.
 GRACE_S = 30.0
 COLLECT_TIMEOUT_S = 60.0
 CONTAINER_TTL_MARGIN_S = 120.0
@@ -33,7 +34,8 @@ def sandbox_config(spec: JobSpec, attempt: int = 1) -> "SandboxConfig":
         network=spec.network, user=spec.user, disk=spec.disk, runtime=spec.runtime, owner=owner_label(home),
         attempt=attempt,
         disk_root=os.path.join(home, "disks"),
-        ttl_s=spec.timeout_s + GRACE_S + COLLECT_TIMEOUT_S + CONTAINER_TTL_MARGIN_S)
+        ttl_s=spec.timeout_s + GRACE_S + COLLECT_TIMEOUT_S + CONTAINER_TTL_MARGIN_S
+        + (spec.check_timeout_s + GRACE_S + COLLECT_TIMEOUT_S if spec.check else 0.0))
 
 
 def start_sandbox(spec: JobSpec) -> "Future[DockerSandbox]":

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterator, Protocol
 
-from pid.endings import TERMINAL_STATUSES, ExitReason, status_of
+from pid.endings import TERMINAL_STATUSES, ExitReason, check_passed_of, exit_code_of, status_of
 from worker.jobs import DEFAULT_QUEUE, JobSpec
 
 SCHEMA = """
@@ -108,7 +108,8 @@ CREATE TRIGGER IF NOT EXISTS jobs_end_forget_secret AFTER UPDATE OF status ON jo
 ADDED_COLUMNS = {"kind": "TEXT NOT NULL DEFAULT 'worker'", "usage": "TEXT", "earlier": "TEXT", "activity": "TEXT",
                  "last_tool": "TEXT", "updated_at": "REAL", "claimed_at": "REAL",
                  "handbacks": "INTEGER NOT NULL DEFAULT 0", "dispatched_at": "REAL", "dispatch_error": "TEXT",
-                 "undispatched_since": "REAL", "pinned": "INTEGER NOT NULL DEFAULT 0"}
+                 "undispatched_since": "REAL", "pinned": "INTEGER NOT NULL DEFAULT 0",
+                 "check_result": "TEXT"}   # result.json's `check` (JSON), once the job's check ran
 USAGE_KEYS = ("input", "output", "cache_read", "cache_write", "total_tokens")
 
 EVENTS_KEPT = 10_000                    # per job: older events are dropped
@@ -196,6 +197,7 @@ class JobRecord:
     dispatched_at: float | None = None
     dispatch_error: str | None = None
     undispatched_since: float | None = None
+    check: dict[str, Any] | None = None   # result.json's `check` (--check), once it ran: its verdict sets the exit code
 
     @property
     def losses(self) -> int:
@@ -224,7 +226,15 @@ class JobRecord:
         d["duration_s"] = self.duration_s
         d["total_usage"] = self.total_usage
         d["cost"] = d["total_usage"]["cost"]
+        d["exit_code"] = self.exit_code
         return d
+
+    @property
+    def exit_code(self) -> int | None:
+        """The ended job's exit code (pid.endings.exit_code_of: the CLI's), None while it runs."""
+        if not self.terminal:
+            return None
+        return exit_code_of(self.exit_reason, check_passed_of({"check": self.check}))
 
 
 def sum_usage(*usages: dict[str, Any]) -> dict[str, Any]:
@@ -276,7 +286,7 @@ class Store(Protocol):
     def controls(self, job_id: str, owner: str) -> Controls | None: ...
     def finish(self, job_id: str, exit_reason: ExitReason, *, owner: str | None = None, error: str | None = None,
                turns: int | None = None, tool_calls: int | None = None, usage: dict[str, Any] | None = None,
-               lapsed_only: bool = False) -> bool: ...
+               lapsed_only: bool = False, check: dict[str, Any] | None = None) -> bool: ...
     def request_cancel(self, job_id: str) -> str | None: ...
     def finish_if_queued(self, job_id: str, exit_reason: ExitReason) -> bool: ...
     def set_paused(self, job_id: str, paused: bool) -> bool: ...
@@ -477,15 +487,17 @@ class JobStore:
 
     def finish(self, job_id: str, exit_reason: ExitReason, *, owner: str | None = None, error: str | None = None,
                turns: int | None = None, tool_calls: int | None = None, usage: dict[str, Any] | None = None,
-               lapsed_only: bool = False) -> bool:
-        """Record the ending (its status follows from the reason; `usage`: this attempt's). With an owner, only the
-        lease holder may finish (a stale worker cannot overwrite); with lapsed_only, only while nobody holds a live
-        lease (the sweeper must not end a job just re-claimed)."""
+               lapsed_only: bool = False, check: dict[str, Any] | None = None) -> bool:
+        """Record the ending (its status follows from the reason; `usage`: this attempt's; `check`: result.json's,
+        when the job's check ran). With an owner, only the lease holder may finish (a stale worker cannot
+        overwrite); with lapsed_only, only while nobody holds a live lease (the sweeper must not end a job just
+        re-claimed)."""
         sql = ("UPDATE jobs SET status = ?, exit_reason = ?, error = ?, finished_at = ?, lease_until = NULL, "
                "turns = COALESCE(?, turns), tool_calls = COALESCE(?, tool_calls), usage = COALESCE(?, usage), "
-               "activity = NULL WHERE id = ? AND status IN ('queued', 'running')")
+               "check_result = ?, activity = NULL WHERE id = ? AND status IN ('queued', 'running')")
         args: list[Any] = [status_of(exit_reason), exit_reason, error, time.time(), turns, tool_calls,
-                           json.dumps(usage) if usage is not None else None, job_id]
+                           json.dumps(usage) if usage is not None else None,
+                           json.dumps(check) if check is not None else None, job_id]
         if owner is not None:
             sql += " AND owner = ?"
             args.append(owner)
@@ -886,7 +898,7 @@ def _record(row: sqlite3.Row) -> JobRecord:
                      row["started_at"], row["finished_at"], row["kind"], json.loads(row["usage"] or "{}"),
                      json.loads(row["earlier"] or "[]"), row["activity"], row["last_tool"], row["updated_at"],
                      row["claimed_at"], row["handbacks"], row["dispatched_at"], row["dispatch_error"],
-                     row["undispatched_since"])
+                     row["undispatched_since"], json.loads(row["check_result"]) if row["check_result"] else None)
 
 
 def store_url() -> str | None:

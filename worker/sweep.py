@@ -41,7 +41,7 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
         if written is not None:   # it ended and wrote result.json, then died before telling the store: that holds
             if store.finish(record.id, written["exit_reason"], owner=record.owner, error=written.get("error"),
                             turns=written.get("turns"), tool_calls=written.get("tool_calls"),
-                            lapsed_only=lapsed):
+                            lapsed_only=lapsed, check=written.get("check")):
                 ended.append(record.id)
                 _remove_containers(record.id, record.attempts)
                 if on_end:

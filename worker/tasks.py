@@ -112,7 +112,7 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
         else:
             record_end(store, job_id, owner, result)
             line = end_line(job_id, status_of(result["exit_reason"]), result.get("exit_reason"),
-                            result.get("duration_s"), (result.get("usage") or {}).get("cost"))
+                            result.get("duration_s"), (result.get("usage") or {}).get("cost"), result.get("check"))
             jobs_log.info("%s", line)
             log_job(store, job_id, status_of(result["exit_reason"]), line, exit_reason=result["exit_reason"])
 
@@ -156,12 +156,14 @@ def hand_back(store: Store, job_id: str, owner: str, relay: ControlRelay, why: s
 
 
 def end_line(job_id: str, status: str | None, exit_reason: str | None, duration_s: float | None,
-             cost: float | None) -> str:
+             cost: float | None, check: dict[str, Any] | None = None) -> str:
     line = f"job {job_id} {status} ({exit_reason})"
     if duration_s is not None:
         line += f" in {duration_s:.1f}s"
     if cost:
         line += f" · ${cost:.4f}"
+    if check is not None:
+        line += " · check passed" if check.get("passed") is True else " · check FAILED"
     return line
 
 

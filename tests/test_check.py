@@ -1,0 +1,306 @@
+"""--check CMD: after the agent ends, one command in the job's container decides the job's exit code.
+
+Fast tier: the exit-code table (pid.endings), the output tail, and the runner's order (patch, check, files) on the
+in-memory sandbox. Docker tier: a check past its timeout is killed inside the container. CLI tier: `pid run` and
+`pid submit --wait` (a real worker) on a small project with a bug, `python3 -m unittest` as the check.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pid import events as ev
+from pid.endings import ENDINGS, EXIT_CHECK_FAILED, checks_after, exit_code_for, exit_code_of
+from pid.event_records import EventRecords
+from pid.sandbox import ExecResult, SandboxLost
+from tests.memory_sandbox import MemoryProvider, Run
+from tests.scripted_llm import ScriptedLLM
+from worker.check import OUTPUT_TAIL_BYTES, OUTPUT_TAIL_LINES, command_problem, output_tail, run_check
+from worker.jobs import JobSpec
+
+FIX = [{"tool_calls": [{"name": "edit", "arguments": {
+           "path": "calc.py", "edits": [{"oldText": "return a - b", "newText": "return a + b"}]}}]},
+       {"text": "Fixed add()."}]
+NO_FIX = [{"text": "I looked and changed nothing."}]
+UNITTEST = "python3 -m unittest"
+
+
+# -- the exit code: one function, pid.endings --------------------------------------------------------------------
+
+@pytest.mark.parametrize("reason, passed, code", [
+    ("stop", None, 0), ("stop", True, 0), ("stop", False, EXIT_CHECK_FAILED),
+    ("max_turns", None, 3), ("max_turns", True, 3), ("max_turns", False, 3),   # a limit keeps its code
+    ("cancelled", False, 1), ("sandbox_error", None, 1), ("artifact_error", True, 1), ("from-the-future", None, 1),
+])
+def test_the_exit_code_follows_the_reason_and_the_check(reason, passed, code):
+    assert exit_code_of(reason, passed) == code
+    result = {"exit_reason": reason} if passed is None else {"exit_reason": reason, "check": {"passed": passed}}
+    assert exit_code_for(result) == code
+
+
+def test_a_check_that_says_nothing_readable_has_not_passed():
+    assert exit_code_for({"exit_reason": "stop", "check": {"exit_code": 0}}) == EXIT_CHECK_FAILED
+    assert exit_code_for({"exit_reason": "stop", "check": "yes"}) == EXIT_CHECK_FAILED
+
+
+def test_the_check_runs_after_the_agent_s_own_end_and_limits_but_the_wall_clock():
+    assert {r for r in ENDINGS if checks_after(r)} == {"stop", "max_turns", "max_cost", "consecutive_timeouts"}
+    assert not checks_after(None) and not checks_after("wall_clock") and not checks_after("cancelled")
+
+
+def test_a_check_command_is_refused_when_empty_or_unrunnable():
+    assert command_problem(None) is None and command_problem("pytest -q") is None
+    assert command_problem("  ") == "the check command is empty"
+    assert "NUL" in command_problem("a\0b")
+
+
+# -- the output tail ---------------------------------------------------------------------------------------------
+
+def _exec(text: bytes, total: int | None = None, lines: int | None = None) -> ExecResult:
+    return ExecResult(exit_code=1, tail=text, total_bytes=total if total is not None else len(text),
+                      total_lines=lines if lines is not None else text.count(b"\n"))
+
+
+def test_the_output_tail_keeps_the_last_lines_bounded_and_clean():
+    many = b"".join(b"line %d\n" % i for i in range(500))
+    tail = output_tail(_exec(many))
+    assert tail.splitlines() == [f"line {i}" for i in range(500 - OUTPUT_TAIL_LINES, 500)]
+    wide = b"".join(b"%04d " % i + b"x" * 300 + b"\n" for i in range(40))
+    tail = output_tail(_exec(wide))
+    assert len(tail.encode()) <= OUTPUT_TAIL_BYTES and tail.endswith("x") and tail.splitlines()[-1].startswith("0039")
+    assert output_tail(_exec(b"\x1b[31mFAILED\x1b[0m (failures=1)\r\n")) == "FAILED (failures=1)"
+    # exec's buffer began mid-line: that fragment is dropped
+    assert output_tail(_exec(b"ment of a line\nwhole line\n", total=10_000, lines=300)) == "whole line"
+
+
+# -- the runner, on the in-memory sandbox -------------------------------------------------------------------------
+
+@pytest.fixture
+def buggy(tmp_path: Path) -> Path:
+    """A small project whose test fails until add() is fixed."""
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (repo / "test_calc.py").write_text("import unittest\nfrom calc import add\n\n\nclass T(unittest.TestCase):\n"
+                                       "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n")
+    return repo
+
+
+def _memory_job(repo: Path, tmp_path: Path, script: list, handler, **spec_fields):
+    from worker.runner import run_job
+    events: list = []
+    provider = MemoryProvider(handler)
+    with ScriptedLLM(script) as llm:
+        spec = JobSpec(task="fix add", repo=str(repo), model="m", out_dir=str(tmp_path / "out"),
+                       base_url=llm.base_url, **spec_fields)
+        result = run_job(spec, sandboxes=provider, sink=events.append)
+    return result, events, provider.created[0], Path(spec.job_dir)
+
+
+def test_the_patch_is_made_before_the_check_and_the_files_after_it(buggy, tmp_path):
+    """The check writes (a cache, a report): none of it is in the patch; --file still collects the report."""
+    def unittest(command, box):
+        box.files["/workspace/__pycache__/calc.cpython-311.pyc"] = b"\0bytecode"
+        box.files["/workspace/report.txt"] = b"1 test ok\n"
+        return Run("Ran 1 test in 0.001s\n\nOK\n")
+    result, events, box, job_dir = _memory_job(buggy, tmp_path, FIX, {UNITTEST: unittest}, check=UNITTEST,
+                                               files=["report.txt"])
+    assert box.commands.count(UNITTEST) == 1 and box.commands[-1] == UNITTEST
+    check = result["check"]
+    assert check == {"command": UNITTEST, "exit_code": 0, "passed": True, "duration_s": check["duration_s"],
+                     "output_tail": "Ran 1 test in 0.001s\n\nOK", "timed_out": False}
+    assert (result["status"], result["exit_reason"], exit_code_for(result)) == ("completed", "stop", 0)
+    patch = (job_dir / "patch.diff").read_text()
+    assert "+    return a + b" in patch and "report.txt" not in patch and "__pycache__" not in patch
+    assert (job_dir / "files" / "workspace" / "report.txt").read_text() == "1 test ok\n"
+    assert json.loads((job_dir / "result.json").read_text())["check"] == check
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[-3:] == ["AgentEnd", "CheckStart", "CheckEnd"]
+    records = EventRecords()
+    start, end = records(events[-2]), records(events[-1])
+    assert start["type"] == "check_start" and start["command"] == UNITTEST
+    assert (end["type"], end["passed"], end["exit_code"], end["timed_out"]) == ("check_end", True, 0, False)
+
+
+def test_a_failing_check_keeps_the_agent_s_ending_and_exits_4(buggy, tmp_path):
+    failing = Run("F\n", "FAIL: test_add (test_calc.T)\n", "AssertionError: -1 != 5\n", "\nFAILED (failures=1)\n",
+                  exit_code=1)
+    result, events, _, _ = _memory_job(buggy, tmp_path, NO_FIX, {UNITTEST: failing}, check=UNITTEST)
+    assert (result["status"], result["exit_reason"]) == ("completed", "stop")
+    assert result["check"]["passed"] is False and result["check"]["exit_code"] == 1
+    assert "AssertionError: -1 != 5" in result["check"]["output_tail"]
+    assert exit_code_for(result) == EXIT_CHECK_FAILED
+    end = EventRecords()(events[-1])
+    assert end["passed"] is False and end["error_line"] == "FAILED (failures=1)"
+
+
+def test_a_limit_hit_is_checked_and_keeps_exit_code_3(buggy, tmp_path):
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}]
+    result, _, box, _ = _memory_job(buggy, tmp_path, script, {"ls": Run("calc.py\n"), UNITTEST: Run("OK\n")},
+                                    check=UNITTEST, max_turns=1)
+    assert result["exit_reason"] == "max_turns" and box.commands == ["ls", UNITTEST]
+    assert result["check"]["passed"] is True and exit_code_for(result) == 3
+
+
+def test_no_check_without_one_nor_after_a_cancel(buggy, tmp_path):
+    result, events, box, _ = _memory_job(buggy, tmp_path, NO_FIX, {})
+    assert "check" not in result and box.commands == []
+    assert not any(isinstance(e, (ev.CheckStart, ev.CheckEnd)) for e in events)
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep"}}]}, {"text": "never"}]
+    from worker.runner import run_job
+    cancel = threading.Event()
+    with ScriptedLLM(script) as llm:
+        spec = JobSpec(task="t", repo=str(buggy), model="m", out_dir=str(tmp_path / "o2"), base_url=llm.base_url,
+                       check=UNITTEST)
+        provider = MemoryProvider({"sleep": Run(30.0), UNITTEST: Run("OK\n")})
+        threading.Timer(0.5, cancel.set).start()
+        result = run_job(spec, sandboxes=provider, cancel=cancel)
+    assert result["exit_reason"] == "cancelled" and "check" not in result
+    assert provider.created[0].commands == ["sleep"]
+
+
+def test_a_cancel_while_the_check_runs_cancels_the_job(buggy, tmp_path):
+    from worker.runner import run_job
+    cancel = threading.Event()
+    with ScriptedLLM(NO_FIX) as llm:
+        spec = JobSpec(task="t", repo=str(buggy), model="m", out_dir=str(tmp_path / "o"), base_url=llm.base_url,
+                       check=UNITTEST)
+        provider = MemoryProvider({UNITTEST: Run("running\n", 30.0)})
+        threading.Timer(1.0, cancel.set).start()
+        started = time.monotonic()
+        result = run_job(spec, sandboxes=provider, cancel=cancel)
+    assert time.monotonic() - started < 10
+    assert result["exit_reason"] == "cancelled" and result["error"] == "cancelled while the check ran"
+    assert result["check"]["cancelled"] is True and result["check"]["passed"] is False
+    assert exit_code_for(result) == 1
+
+
+def test_a_worker_stopping_while_the_check_runs_leaves_the_job_to_the_queue(buggy, tmp_path):
+    """Its relay cancels, and the job is no longer this attempt's: no result is written (the task hands it back)."""
+    from worker.runner import run_job
+    cancel = threading.Event()
+    asked: list[bool] = []
+
+    def still_owner() -> bool:
+        asked.append(not cancel.is_set())
+        return asked[-1]
+    with ScriptedLLM(NO_FIX) as llm:
+        spec = JobSpec(task="t", repo=str(buggy), model="m", out_dir=str(tmp_path / "o"), base_url=llm.base_url,
+                       check=UNITTEST, files=["calc.py"])
+        threading.Timer(1.0, cancel.set).start()
+        result = run_job(spec, sandboxes=MemoryProvider({UNITTEST: Run(30.0)}), cancel=cancel,
+                         still_owner=still_owner)
+    assert asked == [True, False] and result["check"]["cancelled"] is True
+    assert not Path(spec.job_dir, "result.json").exists() and "files" not in result["artifacts"]
+
+
+def test_a_check_the_sandbox_could_not_run_fails_the_job(buggy, tmp_path):
+    def gone(command, box):
+        raise SandboxLost("the sandbox container is gone")
+    result, _, _, _ = _memory_job(buggy, tmp_path, NO_FIX, {UNITTEST: gone}, check=UNITTEST)
+    assert (result["status"], result["exit_reason"]) == ("failed", "sandbox_error")
+    assert result["check"]["passed"] is False and "gone" in result["check"]["error"]
+    assert exit_code_for(result) == 1
+
+
+# -- a real container ---------------------------------------------------------------------------------------------
+
+@pytest.mark.docker
+def test_a_check_past_its_timeout_is_killed_inside_the_container(docker_sandbox):
+    started = time.monotonic()
+    check = run_check(docker_sandbox, "echo started; sleep 301; echo never", timeout_s=1.5)
+    assert time.monotonic() - started < 15
+    assert check.timed_out and not check.passed and check.exit_code is None
+    assert check.output_tail == "started"
+    ps = docker_sandbox.exec("ps -eo args", timeout=30)
+    assert b"sleep 301" not in ps.tail, ps.tail.decode()
+
+
+# -- the real CLI ------------------------------------------------------------------------------------------------
+
+def _options(llm: ScriptedLLM, out: Path, repo: Path, *extra: str) -> list[str]:
+    return ["fix add()", "--repo", str(repo), "--model", "scripted", "--base-url", llm.base_url, "--out", str(out),
+            *extra]
+
+
+@pytest.mark.docker
+@pytest.mark.cli
+def test_pid_run_exits_0_when_the_agent_fixes_the_bug_and_4_when_it_does_not(run_pid, buggy, tmp_path):
+    with ScriptedLLM(FIX) as llm:
+        res = run_pid("run", *_options(llm, tmp_path / "out", buggy, "--check", UNITTEST))
+    assert res.code == 0, res.stderr
+    assert "✓ check python3 -m unittest" in res.stderr and "check passed" in res.stderr
+    job_dir = next((tmp_path / "out").iterdir())
+    result = json.loads((job_dir / "result.json").read_text())
+    check = result["check"]
+    assert (check["passed"], check["exit_code"], check["timed_out"]) == (True, 0, False)
+    assert "Ran 1 test" in check["output_tail"] and check["output_tail"].endswith("OK")
+    # The check's bytecode cache is not the agent's change: the patch holds calc.py alone, and applies.
+    patch = (job_dir / "patch.diff").read_text()
+    assert "+    return a + b" in patch and "__pycache__" not in patch and "pyc" not in patch
+    assert subprocess.run(["git", "apply", "--check", str(job_dir / "patch.diff")], cwd=buggy).returncode == 0
+
+    with ScriptedLLM(NO_FIX) as llm:
+        res = run_pid("run", "--json", *_options(llm, tmp_path / "out2", buggy, "--check", UNITTEST))
+    assert res.code == EXIT_CHECK_FAILED, res.stderr
+    result = res.json()
+    assert (result["status"], result["exit_reason"]) == ("completed", "stop")
+    assert result["check"]["passed"] is False and result["check"]["exit_code"] == 1
+    assert "AssertionError: -1 != 5" in result["check"]["output_tail"]
+    assert "FAILED (failures=1)" in result["check"]["output_tail"]
+
+
+@pytest.mark.docker
+@pytest.mark.cli
+def test_pid_run_a_check_past_its_timeout_fails_the_job(run_pid, buggy, tmp_path):
+    with ScriptedLLM(FIX) as llm:
+        started = time.monotonic()
+        res = run_pid("run", *_options(llm, tmp_path / "out", buggy, "--check", "echo checking; sleep 300",
+                                       "--check-timeout", "2"))
+    assert res.code == EXIT_CHECK_FAILED, res.stderr
+    assert time.monotonic() - started < 60
+    assert "check FAILED (timed out)" in res.stderr and "checking" in res.stderr
+    result = json.loads(next((tmp_path / "out").iterdir()).joinpath("result.json").read_text())
+    assert result["check"]["timed_out"] is True and result["check"]["exit_code"] is None
+    assert 2 <= result["check"]["duration_s"] < 30
+
+
+@pytest.mark.cli
+def test_an_empty_check_is_bad_input(run_pid, buggy, tmp_path):
+    res = run_pid("run", "t", "--repo", str(buggy), "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+                  "--check", " ")
+    assert res.code == 2 and res.stderr.strip() == "pid: error: --check: the check command is empty", res.stderr
+
+
+@pytest.mark.docker
+@pytest.mark.cli
+def test_submit_wait_is_a_ci_gate_and_the_store_has_the_check(run_pid, worker, buggy, tmp_path):
+    with ScriptedLLM(NO_FIX) as llm:
+        res = run_pid("submit", "--wait", *_options(llm, tmp_path / "out", buggy, "--check", UNITTEST))
+    assert res.code == EXIT_CHECK_FAILED, res.stderr
+    assert "check FAILED (exit 1)" in res.stderr and "AssertionError: -1 != 5" in res.stderr
+    assert "✗ check python3 -m unittest" in res.stderr   # the live log's line
+    job_id = next((tmp_path / "out").iterdir()).name
+
+    status = run_pid("status", job_id, "--json")
+    record = status.json()
+    assert record["status"] == "completed" and record["exit_code"] == EXIT_CHECK_FAILED
+    assert record["check"]["passed"] is False and "AssertionError" in record["check"]["output_tail"]
+    assert "check FAILED" in run_pid("status", job_id).stdout
+    listed = run_pid("list", "--json").json()
+    assert [(r["id"], r["exit_code"], r["check"]["passed"]) for r in listed] == [(job_id, 4, False)]
+    assert "stop ✗check" in run_pid("list").stdout
+    again = run_pid("result", job_id, "--json")
+    assert again.code == EXIT_CHECK_FAILED and again.json()["check"] == record["check"]
+    logged = [json.loads(line) for line in run_pid("logs", job_id, "--json").stdout.splitlines()]
+    assert [r["type"] for r in logged if r["type"].startswith("check")] == ["check_start", "check_end"]
+
+    with ScriptedLLM(FIX) as llm:
+        res = run_pid("submit", "--wait", "--json", *_options(llm, tmp_path / "out", buggy, "--check", UNITTEST))
+    assert res.code == 0, res.stderr
+    assert res.json()["check"]["passed"] is True
