@@ -38,6 +38,10 @@ class RecordPrinter:
         if kind == "tool_end":
             click.echo(tool_line(str(record.get("name")), str(record.get("summary", "")), bool(record.get("is_error")),
                                  record.get("error_line"), record.get("duration_s")), err=self.err)
+        elif kind == "model_retry":
+            status = f"HTTP {record['status']}, " if record.get("status") else ""
+            click.echo(click.style(f"· {record.get('message')} ({status}attempt {record.get('attempt')} failed)",
+                                   fg="yellow"), err=self.err)
         elif kind == "assistant" and record.get("error"):
             click.echo(click.style(f"model error: {record['error']}", fg="red"), err=self.err)
         elif kind == "job" and record.get("note"):

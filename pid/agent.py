@@ -20,6 +20,7 @@ from pid.endings import ExitReason, Status, status_of
 from pid.messages import (AssistantMessage, Message, TextContent, ToolCall, ToolResultMessage, Usage,
                           UserMessage)
 from pid.providers.base import Provider, price
+from pid.providers.retry import RetryNotice
 from pid.sandbox import SandboxLost
 from pid.session import SessionWriter
 from pid.tokens import get_counter
@@ -136,8 +137,7 @@ class Agent:
                 self._add(UserMessage.text(text))
             pending = []
             context = self._context_messages()
-            reply = self.provider.stream(self.system_prompt, context, self.tools.specs(), cancel=self.cancel_event,
-                                         on_text=lambda text: self._emit(ev.TextDelta(turn, text)))
+            reply = self._call_model(turn, context)
             if reply.usage.total_tokens == 0 and reply.stop_reason not in ("error", "aborted"):
                 reply.usage = price(estimate_usage(get_counter(), self.system_prompt, context, reply),
                                     self.provider.config)
@@ -180,6 +180,20 @@ class Agent:
                     continue
                 out.final_message = reply.text
                 return out
+
+    def _call_model(self, turn: int, context: list[Message]) -> AssistantMessage:
+        """One model call, retried by the provider; each wait is an event, and the deltas say which attempt."""
+        attempt = 1
+
+        def retrying(notice: RetryNotice) -> None:
+            nonlocal attempt
+            attempt = notice.attempt + 1
+            self._emit(ev.ModelRetry(turn, notice.attempt, notice.wait_s, notice.reason, notice.status,
+                                     notice.error))
+
+        return self.provider.stream(self.system_prompt, context, self.tools.specs(), cancel=self.cancel_event,
+                                    on_text=lambda text: self._emit(ev.TextDelta(turn, text, attempt)),
+                                    on_retry=retrying)
 
     def _run_tools(self, reply: AssistantMessage) -> list[ToolResultMessage]:
         calls = reply.tool_calls

@@ -48,6 +48,13 @@ class EventRecords:
             if message.stop_reason == "error" and message.error_message:
                 record["error"] = sanitize(message.error_message)[:500]
             return record
+        if isinstance(event, ev.ModelRetry):
+            record = {"type": "model_retry", "turn": event.turn, "attempt": event.attempt,
+                      "wait_s": round(event.wait_s, 3), "reason": event.reason, "message": event.describe(),
+                      "error": sanitize(event.error)[:500], "t": now}
+            if event.status is not None:
+                record["status"] = event.status
+            return record
         if isinstance(event, ev.AgentEnd):
             return {"type": "agent_end", "status": event.status, "exit_reason": event.exit_reason, "t": now}
         return None

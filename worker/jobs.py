@@ -54,6 +54,17 @@ class JobSpec:
     max_cost: float | None = setting(None, "Stop when the cost in USD exceeds this (needs the prices).", min=0)
     input_price: float = setting(0.0, "USD per million input tokens (for usage.cost and --max-cost).", min=0)
     output_price: float = setting(0.0, "USD per million output tokens.", min=0)
+    cache_read_price: float = setting(0.0, "USD per million input tokens read from the provider's prompt cache.",
+                                      min=0)
+    cache_write_price: float = setting(0.0, "USD per million input tokens written to the provider's prompt cache.",
+                                       min=0)
+    thinking: str = setting("off", "Thinking level: off, low, medium or high (OpenAI reasoning_effort; Anthropic "
+                                   "extended thinking with a token budget per level).")
+    max_retry_wait: float = setting(60.0, "Longest single wait, in seconds, before a rate-limited or failed model "
+                                          "call is retried (the server's Retry-After is honoured up to this).",
+                                    min=0, max=3600)
+    retry_budget: float = setting(900.0, "All waits before retrying one model call, in seconds, at most.",
+                                  min=0, max=MAX_TIMEOUT_S)
     images: bool = setting(True, "The model accepts images (else read's images reach it as a note).")
     tools: list[str] | None = setting(None, "Active tools, comma-separated (default: all).")
     files: list[str] = setting(None, "In-container path to collect as an artifact (repeatable).", factory=list)

@@ -98,7 +98,11 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         provider = make_provider(ProviderConfig(model=spec.model, base_url=spec.base_url, api_key=api_key,
                                                 api=spec.api, provider=_provider_label(spec),
                                                 input_cost_per_mtok=spec.input_price,
-                                                output_cost_per_mtok=spec.output_price, images=spec.images))
+                                                output_cost_per_mtok=spec.output_price,
+                                                cache_read_cost_per_mtok=spec.cache_read_price,
+                                                cache_write_cost_per_mtok=spec.cache_write_price,
+                                                thinking=spec.thinking, max_retry_wait_s=spec.max_retry_wait,
+                                                retry_budget_s=spec.retry_budget, images=spec.images))
         tools = default_registry()
         if spec.tools:
             tools = tools.subset(spec.tools)
@@ -119,7 +123,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         if artifact_store is not None:
             syncing = TranscriptSync(artifact_store, spec.id, job_dir, attempt).start()
         session.model_change(provider.config.provider, spec.model)
-        session.thinking_level_change("off")
+        session.thinking_level_change(spec.thinking)
         remaining = max(1.0, spec.timeout_s - (time.time() - started))
         agent = Agent(provider, tools, context, build_system_prompt(tools.specs(), sandbox), session=session,
                       sink=sink, limits=Limits(max_turns=spec.max_turns, wall_clock_s=remaining,
