@@ -63,7 +63,8 @@ def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
     repo_path = check_repo(repo)
     if not model:
         raise BadInput("no model configured: pass --model or set PID_MODEL")
-    if options["max_cost"] is not None and not (options["input_price"] or options["output_price"]):
+    if options["max_cost"] is not None and not any(options[p] for p in ("input_price", "output_price",
+                                                                        "cache_read_price", "cache_write_price")):
         raise BadInput("--max-cost needs the model's prices: pass --input-price and/or --output-price")
     out_dir = check_out_dir(options.pop("out_dir"))
     spec = JobSpec(task=task, repo=repo_path, model=model, out_dir=out_dir, images=not no_images,

@@ -62,8 +62,9 @@ class JobSpec:
                                    "extended thinking with a token budget per level).")
     max_retry_wait: float = setting(60.0, "Longest single wait, in seconds, before a rate-limited or failed model "
                                           "call is retried (the server's Retry-After is honoured up to this).",
-                                    min=0, max=3600)
-    retry_budget: float = setting(900.0, "All waits before retrying one model call, in seconds, at most.",
+                                    min=1, max=3600)
+    retry_budget: float = setting(900.0, "Time one model call may spend retrying (its waits and the attempts "
+                                         "after its first failure), in seconds; 0: no retries.",
                                   min=0, max=MAX_TIMEOUT_S)
     images: bool = setting(True, "The model accepts images (else read's images reach it as a note).")
     tools: list[str] | None = setting(None, "Active tools, comma-separated (default: all).")

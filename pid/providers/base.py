@@ -27,8 +27,9 @@ class ProviderConfig:
     temperature: float | None = None
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 300.0            # longest silence tolerated inside a stream
-    # Retries (pid/providers/retry.py): each wait at most max_retry_wait_s, all of one call's waits at most
-    # retry_budget_s; backoff from retry_base_s when the server names no wait; max_retries None: budget only.
+    # Retries (pid/providers/retry.py): each wait at most max_retry_wait_s, one call's retrying (from its first
+    # failure) at most retry_budget_s; backoff from retry_base_s when the server names no wait; max_retries None:
+    # as many as the budget allows.
     max_retry_wait_s: float = 60.0
     retry_budget_s: float = 900.0
     retry_base_s: float = 1.0

@@ -7,7 +7,8 @@ the reply finished. The whole call is repeated; the partial reply of the failed 
 
 How long: what the server asks for (`Retry-After` in seconds or as an HTTP date, `retry-after-ms`, or on a 429 the
 rate-limit reset headers of OpenAI and Anthropic), else exponential backoff with full jitter. Each wait is capped at
-`max_wait_s`; all of one call's waits together stay within `budget_s`. A refused connection (nothing listening, an
+`max_wait_s`; one call's retrying (from its first failure: the waits and the attempts after it) stays within
+`budget_s`: no wait starts that would end past it. A refused connection (nothing listening, an
 unknown host) is most likely a wrong URL, so it gets only UNREACHABLE_RETRIES retries.
 """
 from __future__ import annotations
@@ -36,12 +37,13 @@ UNREACHABLE = "unreachable"
 @dataclass
 class RetryPolicy:
     max_wait_s: float = 60.0            # the longest single wait, whatever a server asks for
-    budget_s: float = 900.0             # all waits of one model call together
+    budget_s: float = 900.0             # one model call's retrying: from its first failure to its last attempt
     base_s: float = 1.0                 # backoff: uniform(0, min(max_wait_s, base_s * 2**(attempt-1)))
     max_retries: int | None = None      # None: as many as the budget allows
 
-    def wait_before_retry(self, attempt: int, reason: str, asked_s: float | None, waited_s: float) -> float | None:
-        """Seconds to wait before attempt `attempt + 1`, or None to give up (`waited_s`: spent so far)."""
+    def wait_before_retry(self, attempt: int, reason: str, asked_s: float | None, spent_s: float) -> float | None:
+        """Seconds to wait before attempt `attempt + 1`, or None to give up (`spent_s`: time since the call
+        first failed, later attempts included)."""
         if self.max_retries is not None and attempt > self.max_retries:
             return None
         if reason == UNREACHABLE and attempt > UNREACHABLE_RETRIES:
@@ -50,7 +52,7 @@ class RetryPolicy:
             wait = min(max(asked_s, 0.0), self.max_wait_s)
         else:
             wait = random.uniform(0.0, min(self.max_wait_s, self.base_s * 2 ** (attempt - 1)))
-        if waited_s + wait > self.budget_s:
+        if spent_s + wait > self.budget_s:
             return None
         return wait
 

@@ -342,10 +342,6 @@ class StreamingProvider:
     def close(self) -> None:
         self._client.close()
 
-    def request_headers(self) -> dict[str, str]:
-        """Headers of this request (a subclass adds per-request ones)."""
-        return self._headers
-
     def stream(self, system: str, messages: list[Message], tools: list[ToolSpec], *,
                cancel: threading.Event | None = None,
                on_text: Callable[[str], None] | None = None,
@@ -358,11 +354,11 @@ class StreamingProvider:
             if not self.config.images:
                 messages = without_images(messages)
             body = json.dumps(self.request_body(system, messages, tools)).encode()
-            headers = self.request_headers()
             policy = retry_policy(self.config)
-            waited, attempt = 0.0, 1
+            retrying_since: float | None = None   # the first failure: the retry budget counts from there
+            attempt = 1
             while True:
-                failure = stream_request(self._client, self._url, headers=headers, body=body, cancel=cancel,
+                failure = stream_request(self._client, self._url, headers=self._headers, body=body, cancel=cancel,
                                          consume=lambda response: self._consume(response, reply, on_text))
                 if failure is not None:
                     reply.fail(failure.message, aborted=failure.aborted, retry=failure.retry, status=failure.status,
@@ -371,7 +367,9 @@ class StreamingProvider:
                     reply.fail(UNFINISHED_MESSAGE, retry=retry.STREAM_BROKE)
                 if reply.error is None or reply.aborted or reply.retry is None:
                     return self._message(reply)
-                wait = policy.wait_before_retry(attempt, reply.retry, reply.asked_s, waited)
+                now = time.monotonic()
+                retrying_since = retrying_since if retrying_since is not None else now
+                wait = policy.wait_before_retry(attempt, reply.retry, reply.asked_s, now - retrying_since)
                 if wait is None:
                     if attempt > 1:
                         reply.error += f" (after {attempt} attempts)"
@@ -382,7 +380,6 @@ class StreamingProvider:
                 if retry.interruptible_wait(wait, cancel):
                     reply.fail(ABORTED_MESSAGE, aborted=True)
                     return self._message(reply)
-                waited += wait
                 attempt += 1
         except Exception as exc:  # noqa: BLE001 - the seam never raises
             reply.fail(f"internal error in the {self.label} provider: {type(exc).__name__}: {exc}")
