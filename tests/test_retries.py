@@ -259,6 +259,14 @@ def test_cancel_during_a_wait_ends_the_job_within_a_second():
     assert isinstance(events[-1], ev.AgentEnd) and events[-1].exit_reason == "cancelled"
 
 
+def test_pid_status_says_the_job_is_waiting_to_retry():
+    from worker.control import Progress
+    progress = Progress()
+    progress.on_event(ev.TurnStart(3))
+    progress.on_event(ev.ModelRetry(3, 2, 12.0, "rate limited", 429, "HTTP 429 from ..."))
+    assert progress.snapshot()["activity"] == "turn 3: rate limited, retrying in 12 s (attempt 2 failed)"
+
+
 # -- the real CLI: a 40 s rate limit -------------------------------------------------------------------------------
 
 def test_pid_run_waits_out_a_40_second_rate_limit_and_shows_the_waits(run_pid, pid_env, sample_repo, tmp_path):

@@ -95,6 +95,8 @@ class Progress:
                 self.last_tool = f"{call} ({mark}, {event.duration_s:.1f}s)"
                 still = next(iter(self._running.values()), None)
                 self.activity = f"turn {self.turns}: " + (f"running {still}" if still else "tool calls done")
+            elif isinstance(event, ev.ModelRetry):
+                self.activity = f"turn {event.turn}: {event.describe()} (attempt {event.attempt} failed)"
             elif isinstance(event, ev.AgentEnd):
                 self.activity = "collecting the artifacts"
             else:
