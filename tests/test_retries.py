@@ -153,6 +153,23 @@ def test_an_overloaded_error_event_inside_an_anthropic_stream_is_retried():
     assert notices[0].reason == "overloaded" and "Overloaded" in notices[0].error
 
 
+def test_a_server_error_chunk_inside_an_openai_stream_is_retried():
+    refused = sse_error({"message": "context too long", "type": "invalid_request_error", "code": "bad_request"})
+    with ScriptedLLM([{"stream_error": "upstream hiccup"},          # {"error": {"code": 502, ...}}
+                      {"raw": [sse_error({"message": "Rate limit reached", "type": "rate_limit_exceeded"})]},
+                      {"text": "third time"}, {"raw": [refused]}, {"text": "must not be reached"}]) as llm:
+        p = provider(llm)
+        reply, notices, _ = stream(p)
+        assert reply.text == "third time" and [n.reason for n in notices] == ["server error", "rate limited"]
+        reply, notices, _ = stream(p)
+        assert len(llm.requests) == 4
+    assert reply.stop_reason == "error" and notices == [] and "context too long" in reply.error_message
+
+
+def sse_error(error: dict) -> str:
+    return "data: " + json.dumps({"error": error}) + "\n\n"
+
+
 def test_a_request_error_inside_a_stream_is_not_retried():
     with ScriptedLLM([{"stream_error": "bad tool schema", "stream_error_type": "invalid_request_error"},
                       {"text": "must not be reached"}]) as llm:

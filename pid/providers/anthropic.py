@@ -78,7 +78,8 @@ class AnthropicProvider(StreamingProvider):
         content, stop_reason, error = reply.result()
         thought = "".join(c.thinking for c in content if isinstance(c, ThinkingContent) and not c.redacted)
         if thought:   # the API counts thinking within output_tokens, without a figure of its own: estimated
-            reply.usage.reasoning = min(get_counter().count(thought), reply.usage.output or 1 << 62)
+            counted = get_counter().count(thought)
+            reply.usage.reasoning = min(counted, reply.usage.output) if reply.usage.output else counted
         return AssistantMessage(content, API, self.config.provider, self.config.model,
                                 price(reply.usage, self.config), stop_reason, error, reply.response_id)
 
