@@ -68,7 +68,8 @@ def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
     problem = command_problem(options.get("check"))
     if problem:
         raise BadInput(f"--check: {problem}")
-    if options["max_cost"] is not None and not (options["input_price"] or options["output_price"]) \
+    if options["max_cost"] is not None and not any(options[p] for p in ("input_price", "output_price",
+                                                                        "cache_read_price", "cache_write_price")) \
             and not _table_prices(model):
         raise BadInput("--max-cost needs the model's prices: pass --input-price and/or --output-price (or describe "
                        "the model in models.json)")

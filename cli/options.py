@@ -13,7 +13,7 @@ from typing import Any, Callable
 import click
 from click.core import ParameterSource
 
-from pid.config import API_KEY_ENV, API_NAMES
+from pid.config import API_KEY_ENV, API_NAMES, THINKING_LEVELS
 from worker.jobs import default_of, spec_field
 
 MIN_MEMORY = 6 << 20   # the Docker engine refuses less
@@ -164,6 +164,16 @@ class Api(click.ParamType):
         return API_NAMES[text]
 
 
+class Thinking(click.ParamType):
+    name = "|".join(THINKING_LEVELS)
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in THINKING_LEVELS:
+            self.fail(f"{value!r} is not one of {', '.join(THINKING_LEVELS)}", param, ctx)
+        return text
+
+
 class Tools(click.ParamType):
     """Comma-separated tool names, checked against the tool registry (the one place tools are named)."""
     name = "names"
@@ -282,6 +292,11 @@ JOB_OPTIONS = [
     JobOption("--input-price", "input_price", lambda low, high: Number(float, low, high)),
     JobOption("--output-price", "output_price", lambda low, high: Number(float, low, high)),
     JobOption("--context-window", "context_window", lambda low, high: Number(int, low, high)),
+    JobOption("--cache-read-price", "cache_read_price", lambda low, high: Number(float, low, high)),
+    JobOption("--cache-write-price", "cache_write_price", lambda low, high: Number(float, low, high)),
+    JobOption("--thinking", "thinking", _const(Thinking()), envvar="PID_THINKING"),
+    JobOption("--max-retry-wait", "max_retry_wait", lambda low, high: Number(float, low, high)),
+    JobOption("--retry-budget", "retry_budget", lambda low, high: Number(float, low, high)),
     JobOption("--tools", "tools", _const(Tools())),
     JobOption("--file", "files", extra={"multiple": True}),
     JobOption("--memory", "memory", _const(Memory())),

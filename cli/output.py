@@ -58,6 +58,10 @@ class RecordPrinter:
                                                               else "")
             click.echo(tool_line("check", str(record.get("command", "")), not passed, why, record.get("duration_s")),
                        err=self.err)
+        elif kind == "model_retry":
+            status = f"HTTP {record['status']}, " if record.get("status") else ""
+            click.echo(click.style(f"· {record.get('message')} ({status}attempt {record.get('attempt')} failed)",
+                                   fg="yellow"), err=self.err)
         elif kind == "assistant" and record.get("error"):
             click.echo(click.style(f"model error: {record['error']}", fg="red"), err=self.err)
         elif kind == "compaction_end":

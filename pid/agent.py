@@ -22,6 +22,7 @@ from pid.messages import (AssistantMessage, Message, TextContent, ToolCall, Tool
                           UserMessage)
 from pid.providers.base import Provider, price
 from pid.providers.overflow import is_context_overflow
+from pid.providers.retry import RetryNotice
 from pid.sandbox import SandboxLost
 from pid.session import SessionWriter
 from pid.tokens import get_counter
@@ -193,11 +194,24 @@ class Agent:
                 out.final_message = reply.text
                 return out
 
+    def _call_model(self, turn: int, context: list[Message]) -> AssistantMessage:
+        """One model call, retried by the provider; each wait is an event, and the deltas say which attempt."""
+        attempt = 1
+
+        def retrying(notice: RetryNotice) -> None:
+            nonlocal attempt
+            attempt = notice.attempt + 1
+            self._emit(ev.ModelRetry(turn, notice.attempt, notice.wait_s, notice.reason, notice.status,
+                                     notice.error))
+
+        return self.provider.stream(self.system_prompt, context, self.tools.specs(), cancel=self.cancel_event,
+                                    on_text=lambda text: self._emit(ev.TextDelta(turn, text, attempt)),
+                                    on_retry=retrying)
+
     def _ask(self, turn: int, out: Outcome) -> AssistantMessage:
         """One model call on the current context; its reply joins the transcript (a failed one is never replayed)."""
         context = self._context_messages()
-        reply = self.provider.stream(self.system_prompt, context, self.tools.specs(), cancel=self.cancel_event,
-                                     on_text=lambda text: self._emit(ev.TextDelta(turn, text)))
+        reply = self._call_model(turn, context)
         if reply.usage.total_tokens == 0 and reply.stop_reason not in ("error", "aborted"):
             reply.usage = price(estimate_usage(get_counter(), self.system_prompt, context, reply),
                                 self.provider.config)

@@ -17,6 +17,7 @@ DEFAULT_BASE_URLS = {API_NAMES["openai"]: "https://api.openai.com/v1",
                      API_NAMES["anthropic"]: "https://api.anthropic.com/v1"}
 KEYED_HOSTS = frozenset(url.split("/")[2] for url in DEFAULT_BASE_URLS.values())
 API_KEY_ENV = ("PID_API_KEY", "OPENAI_API_KEY")   # the first one set wins
+THINKING_LEVELS = ("off", "low", "medium", "high")   # --thinking (pid/providers map them to each API)
 
 
 def base_url_for(api: str, base_url: str | None) -> str:

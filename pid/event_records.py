@@ -59,6 +59,13 @@ class EventRecords:
             return record
         if isinstance(event, ev.Notice):
             return {"type": "notice", "level": event.level, "text": sanitize(event.text)[:500], "t": now}
+        if isinstance(event, ev.ModelRetry):
+            record = {"type": "model_retry", "turn": event.turn, "attempt": event.attempt,
+                      "wait_s": round(event.wait_s, 3), "reason": event.reason, "message": event.describe(),
+                      "error": sanitize(event.error)[:500], "t": now}
+            if event.status is not None:
+                record["status"] = event.status
+            return record
         if isinstance(event, ev.AgentEnd):
             return {"type": "agent_end", "status": event.status, "exit_reason": event.exit_reason, "t": now}
         if isinstance(event, ev.CheckStart):

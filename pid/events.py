@@ -10,6 +10,7 @@ Order, for one run:
         message_end (user: the task, then steering or follow-up messages delivered at this point)
         [compaction_start, compaction_end] (the context would not fit: older messages become a summary)
         text_delta* (the model's reply as it streams)
+        [model_retry, text_delta*]* (the call failed in a way worth retrying: after the wait it is repeated whole)
         message_end (assistant)
         [compaction_start, compaction_end, message_end (assistant)] (refused for length: compact, ask once more)
         [tool_start, tool_update*, tool_end]* (parallel calls interleave; each call's own events keep this order)
@@ -44,10 +45,32 @@ class TurnStart:
 
 @dataclass
 class TextDelta:
-    """A piece of the assistant's text, as it streams (for live views; the whole reply follows in message_end)."""
+    """A piece of the assistant's text, as it streams (for live views; the whole reply follows in message_end).
+    `attempt` counts the model calls of this turn: after a model_retry the reply streams again from its start."""
     turn: int
     text: str
+    attempt: int = 1
     type: Literal["text_delta"] = field(default="text_delta", init=False)
+
+
+@dataclass
+class ModelRetry:
+    """The model call failed in a way worth retrying (rate limit, overload, server error, broken connection or
+    stream); pid waits `wait_s`, then repeats the whole call. The text deltas this turn streamed so far are void:
+    a live view drops them (the retried call's deltas carry attempt + 1). Nothing of the failed attempt reaches the
+    transcript."""
+    turn: int
+    attempt: int               # the attempt that failed (1: the first)
+    wait_s: float
+    reason: str                # "rate limited", "overloaded", "server error", ... (pid/providers/retry.py)
+    status: int | None         # the HTTP status, when there was one
+    error: str
+    type: Literal["model_retry"] = field(default="model_retry", init=False)
+
+    def describe(self) -> str:
+        """'rate limited, retrying in 12 s'."""
+        wait = f"{self.wait_s:.1f} s" if self.wait_s < 10 else f"{self.wait_s:.0f} s"
+        return f"{self.reason}, retrying in {wait}"
 
 
 @dataclass
@@ -141,8 +164,8 @@ class CheckEnd:
     type: Literal["check_end"] = field(default="check_end", init=False)
 
 
-Event = Union[AgentStart, TurnStart, TextDelta, MessageEnd, ToolStart, ToolUpdate, ToolEnd, TurnEnd, CompactionStart,
-              CompactionEnd, Notice, AgentEnd, CheckStart, CheckEnd]
+Event = Union[AgentStart, TurnStart, TextDelta, ModelRetry, MessageEnd, ToolStart, ToolUpdate, ToolEnd, TurnEnd,
+              CompactionStart, CompactionEnd, Notice, AgentEnd, CheckStart, CheckEnd]
 EventSink = Callable[[Event], None]
 
 

@@ -37,14 +37,19 @@ class ImageContent:
 
 @dataclass
 class ThinkingContent:
+    """The model's reasoning. `signature`: what the provider needs to accept it back (Anthropic's signature, the
+    opaque data of redacted thinking, or the OpenAI-compatible field it came in, e.g. "reasoning_content")."""
     thinking: str
     signature: str | None = None
+    redacted: bool = False
     type: Literal["thinking"] = "thinking"
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"type": "thinking", "thinking": self.thinking}
         if self.signature:
             d["thinkingSignature"] = self.signature
+        if self.redacted:
+            d["redacted"] = True
         return d
 
 
@@ -87,6 +92,7 @@ class Usage:
     cache_read: int = 0
     cache_write: int = 0
     cost: Cost = field(default_factory=Cost)
+    reasoning: int = 0      # of `output`, the tokens spent thinking (not in pi's session shape: result.json only)
 
     @property
     def total_tokens(self) -> int:
@@ -97,6 +103,7 @@ class Usage:
         self.output += other.output
         self.cache_read += other.cache_read
         self.cache_write += other.cache_write
+        self.reasoning += other.reasoning
         self.cost.input += other.cost.input
         self.cost.output += other.cost.output
         self.cost.cache_read += other.cost.cache_read
@@ -110,7 +117,8 @@ class Usage:
     def to_result(self) -> dict[str, Any]:
         """result.json's shape (snake_case, cost as one number in USD)."""
         return {"input": self.input, "output": self.output, "cache_read": self.cache_read,
-                "cache_write": self.cache_write, "total_tokens": self.total_tokens, "cost": round(self.cost.total, 6)}
+                "cache_write": self.cache_write, "reasoning": self.reasoning, "total_tokens": self.total_tokens,
+                "cost": round(self.cost.total, 6)}
 
 
 @dataclass
@@ -194,7 +202,7 @@ def content_from_dict(d: dict[str, Any]) -> Content:
     if kind == "image":
         return ImageContent(d["data"], d.get("mimeType", "image/png"))
     if kind == "thinking":
-        return ThinkingContent(d.get("thinking", ""), d.get("thinkingSignature"))
+        return ThinkingContent(d.get("thinking", ""), d.get("thinkingSignature"), bool(d.get("redacted")))
     if kind == "toolCall":
         return ToolCall(d["id"], d["name"], d.get("arguments") or {})
     raise ValueError(f"unknown content type {kind!r}")

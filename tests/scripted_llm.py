@@ -6,15 +6,23 @@ usage chunk with `choices: []`, `[DONE]`) and `POST /v1/messages` (Anthropic eve
 
 A turn is a dict; every key is optional:
     text            the answer text, streamed in several chunks
-    thinking        reasoning text (OpenAI: `reasoning_content` deltas; Anthropic: a signed thinking block)
+    thinking        reasoning text (OpenAI: `reasoning_content` deltas; Anthropic: a thinking block signed
+                    "sig-scripted-<request number>")
+    redacted_thinking  Anthropic: a redacted_thinking block carrying this opaque data, before any thinking
     tool_calls      [{"name": ..., "arguments": {...}} | {"name": ..., "raw_arguments": "{not json"}, "id"?: ...]
     interleave      true: fragments of parallel tool calls alternate (tests assembly by index)
     finish_reason   OpenAI vocabulary (stop, length, tool_calls, content_filter), mapped for Anthropic
-    usage           {"prompt_tokens", "completion_tokens", "cached_tokens"?}; else estimated from sizes
+    usage           {"prompt_tokens", "completion_tokens", "cached_tokens"?, "cache_write_tokens"? (Anthropic's
+                    cache_creation_input_tokens), "reasoning_tokens"? (OpenAI's completion_tokens_details)}; else
+                    estimated from sizes
     error           {"status": 500, "body": {...}?, "headers": {...}?}: an HTTP error instead of a stream
     overflow        true (or the window, an int): a 400 refusing the request for its length, in the wire's own words
                     (OpenAI `context_length_exceeded`, Anthropic "prompt is too long")
     stream_error    "message": an error event after the first chunk, then the stream ends
+    stream_error_type  Anthropic's error type for it (default overloaded_error)
+    break_after     N: send the first N events, then drop the connection mid-body (a stream that breaks)
+    repeat_s        S: this turn answers every request until S seconds after it first answered one (a rate limit
+                    that lasts), then the script goes on
     delay_s         wait before answering at all (no headers yet)
     stall_s         send the first chunk (or `stall_after` chunks), then go silent this long before the rest
     cut             true: end the stream cleanly but without finish / [DONE] / message_stop
@@ -61,6 +69,7 @@ class ScriptedLLM:
         self._closing = threading.Event()
         self._connections: set[socket.socket] = set()
         self._served = 0
+        self._repeat_started: dict[int, float] = {}   # id(turn) -> when a repeating turn first answered
         self.connections_opened = 0  # TCP connections accepted: tells whether clients keep connections alive
         self.requests: list[dict[str, Any]] = []       # JSON bodies, in arrival order
         self.request_headers: list[dict[str, str]] = []  # lower-cased header names, parallel to `requests`
@@ -102,7 +111,27 @@ class ScriptedLLM:
             self._served += 1
             if self.responder is not None:
                 return self.responder(body), self._served
-            return (self._turns.popleft() if self._turns else EXHAUSTED_TURN), self._served
+            if not self._turns:
+                return EXHAUSTED_TURN, self._served
+            turn = self._turns[0]
+            if turn.get("repeat_s") is None:
+                return self._turns.popleft(), self._served
+            now = time.monotonic()
+            first = self._repeat_started.setdefault(id(turn), now)
+            if now - first >= turn["repeat_s"]:
+                self._turns.popleft()
+                return self._take_next(), self._served
+            return turn, self._served
+
+    def _take_next(self) -> dict[str, Any]:
+        """The next turn once a repeating one has run out (it may repeat in turn). Holds the lock."""
+        if not self._turns:
+            return EXHAUSTED_TURN
+        turn = self._turns[0]
+        if turn.get("repeat_s") is None:
+            return self._turns.popleft()
+        self._repeat_started.setdefault(id(turn), time.monotonic())
+        return turn
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     @property
@@ -205,6 +234,8 @@ class _Handler(BaseHTTPRequestHandler):
                 events = _openai_events(turn, body, raw, number)
             else:
                 events = _anthropic_events(turn, body, raw, number)
+            if turn.get("break_after") is not None:
+                return self._break(events, int(turn["break_after"]))
             self._stream(events, turn.get("stall_s"), int(turn.get("stall_after", 1)))
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
@@ -236,6 +267,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         else:
             self._send_json(status, body, error.get("headers"))
+
+    def _break(self, events: list[bytes], count: int) -> None:
+        """Send `count` events of a chunked stream, then drop the connection without its terminating chunk."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.write(b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events[:count] if e))
+        self.wfile.flush()
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def _stream(self, events: list[bytes], stall_s: float | None, stall_after: int) -> None:
         self.send_response(200)
@@ -285,7 +330,8 @@ def _arguments_text(call: dict[str, Any]) -> str:
 
 
 def _usage(turn: dict[str, Any], raw_request: bytes) -> tuple[int, int, int]:
-    """(prompt tokens including cached, completion tokens, cached tokens)."""
+    """(prompt tokens including cached, completion tokens, cached tokens). The extra counts (cache writes,
+    reasoning) are read where they are sent."""
     given = turn.get("usage") or {}
     produced = len(turn.get("text", "")) + len(turn.get("thinking", "")) + sum(
         len(_arguments_text(c)) for c in turn.get("tool_calls", []))
@@ -342,7 +388,8 @@ def _openai_events(turn: dict[str, Any], request: dict[str, Any], raw: bytes, nu
         prompt, completion, cached = _usage(turn, raw)
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                  "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
-                 "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0}}
+                 "completion_tokens_details": {"reasoning_tokens": int((turn.get("usage") or {}).get(
+                     "reasoning_tokens", 0)), "audio_tokens": 0}}
         events.append(b"data: " + json.dumps({"id": chunk_id, "object": "chat.completion.chunk", "created": created,
                                               "model": model, "system_fingerprint": "fp_scripted", "choices": [],
                                               "usage": usage}).encode() + b"\n\n")
@@ -355,14 +402,15 @@ def _anthropic_events(turn: dict[str, Any], request: dict[str, Any], raw: bytes,
         return b"event: " + name.encode() + b"\ndata: " + json.dumps(payload).encode() + b"\n\n"
 
     prompt, completion, cached = _usage(turn, raw)
+    written = int((turn.get("usage") or {}).get("cache_write_tokens", 0))
     events = [event("message_start", {"type": "message_start", "message": {
         "id": f"msg_scripted{number}", "type": "message", "role": "assistant",
         "model": request.get("model", "scripted"), "content": [], "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": prompt - cached, "cache_creation_input_tokens": 0,
+        "usage": {"input_tokens": max(prompt - cached - written, 0), "cache_creation_input_tokens": written,
                   "cache_read_input_tokens": cached, "output_tokens": 1}}})]
     if turn.get("stream_error"):
-        return events + [event("error", {"type": "error", "error": {"type": "overloaded_error",
-                                                                      "message": turn["stream_error"]}})]
+        return events + [event("error", {"type": "error", "error": {
+            "type": turn.get("stream_error_type", "overloaded_error"), "message": turn["stream_error"]}})]
     events.append(event("ping", {"type": "ping"}))
     index = 0
 
@@ -375,6 +423,8 @@ def _anthropic_events(turn: dict[str, Any], request: dict[str, Any], raw: bytes,
         events.append(event("content_block_stop", {"type": "content_block_stop", "index": index}))
         index += 1
 
+    if turn.get("redacted_thinking"):
+        block({"type": "redacted_thinking", "data": turn["redacted_thinking"]}, [])
     if turn.get("thinking"):
         block({"type": "thinking", "thinking": ""},
               [{"type": "thinking_delta", "thinking": p} for p in _text_pieces(turn["thinking"])]

@@ -113,6 +113,10 @@ BAD_VALUES = [
     ("--max-turns", "2.5", "not a whole number"),
     ("--user", "alice", "UID:GID"),
     ("--disk", "lots", "invalid size"),
+    ("--thinking", "max", "not one of off, low, medium, high"),
+    ("--max-retry-wait", "0", "out of range (1 to 3600)"),
+    ("--retry-budget", "-5", "out of range"),
+    ("--cache-read-price", "-1", "out of range"),
 ]
 
 

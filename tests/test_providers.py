@@ -25,9 +25,14 @@ BASH = ToolSpec("bash", "Run a command.", {"type": "object", "properties": {"com
 HELLO = [UserMessage.text("hello")]
 
 
+FAST_RETRIES = {"retry_base_s": 0.01, "max_retry_wait_s": 0.2}
+
+
 def provider(llm: ScriptedLLM, api: str = OPENAI, **overrides: Any) -> OpenAIProvider | AnthropicProvider:
+    """No retries unless a test asks for them (then with short waits): most tests look at one failure."""
+    settings = {"max_retries": 0, **FAST_RETRIES, **overrides}
     return make_provider(ProviderConfig(model="test-model", base_url=llm.base_url, api=api,  # type: ignore
-                                        provider="scripted", **overrides))
+                                        provider="scripted", **settings))
 
 
 def closed_port() -> int:
@@ -144,7 +149,7 @@ def test_plain_text_error_body_is_reported() -> None:
 def test_retry_after_is_honoured() -> None:
     with ScriptedLLM([{"error": {"status": 429, "headers": {"Retry-After": "1"}}}, {"text": "ok"}]) as llm:
         started = time.monotonic()
-        reply = provider(llm).stream("", HELLO, [])
+        reply = provider(llm, max_retries=None, max_retry_wait_s=60).stream("", HELLO, [])
         elapsed = time.monotonic() - started
     assert reply.text == "ok"
     assert 0.9 <= elapsed < 3
@@ -152,7 +157,7 @@ def test_retry_after_is_honoured() -> None:
 
 @pytest.mark.parametrize("api", BOTH)
 def test_unreachable_endpoint_is_an_error_not_an_exception(api: str) -> None:
-    config = ProviderConfig(model="m", base_url=f"http://127.0.0.1:{closed_port()}/v1", api=api)
+    config = ProviderConfig(model="m", base_url=f"http://127.0.0.1:{closed_port()}/v1", api=api, **FAST_RETRIES)
     started = time.monotonic()
     reply = make_provider(config).stream("", HELLO, [])
     assert time.monotonic() - started < 5
@@ -397,7 +402,7 @@ def test_standalone_server_serves_a_script_file(tmp_path: Path) -> None:
         proc.wait(timeout=10)
 
 
-def test_no_response_within_the_read_timeout_is_an_error_without_retry() -> None:
+def test_no_response_within_the_read_timeout_is_an_error() -> None:
     with ScriptedLLM([{"text": "late", "delay_s": 30}, {"text": "must not be reached"}]) as llm:
         started = time.monotonic()
         reply = provider(llm, read_timeout_s=0.4).stream("", HELLO, [])

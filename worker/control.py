@@ -99,6 +99,8 @@ class Progress:
                 self.activity = f"turn {self.turns}: compacting the context"
             elif isinstance(event, ev.CompactionEnd):
                 self.usage.add(event.usage)
+            elif isinstance(event, ev.ModelRetry):
+                self.activity = f"turn {event.turn}: {event.describe()} (attempt {event.attempt} failed)"
             elif isinstance(event, ev.AgentEnd):
                 self.activity = "collecting the artifacts"
             elif isinstance(event, ev.CheckStart):

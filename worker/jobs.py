@@ -57,6 +57,18 @@ class JobSpec:
     output_price: float = setting(0.0, "USD per million output tokens; 0: the model table's price.", min=0)
     context_window: int | None = setting(None, "The model's context window in tokens (default: the model table's; "
                                                "unknown models 32768). The context is compacted to fit.", min=4096)
+    cache_read_price: float = setting(0.0, "USD per million input tokens read from the provider's prompt cache; "
+                                           "0: the model table's price.", min=0)
+    cache_write_price: float = setting(0.0, "USD per million input tokens written to the provider's prompt "
+                                            "cache; 0: the model table's price.", min=0)
+    thinking: str = setting("off", "Thinking level: off, low, medium or high (OpenAI reasoning_effort; Anthropic "
+                                   "extended thinking with a token budget per level).")
+    max_retry_wait: float = setting(60.0, "Longest single wait, in seconds, before a rate-limited or failed model "
+                                          "call is retried (the server's Retry-After is honoured up to this).",
+                                    min=1, max=3600)
+    retry_budget: float = setting(900.0, "Time one model call may spend retrying (its waits and the attempts "
+                                         "after its first failure), in seconds; 0: no retries.",
+                                  min=0, max=MAX_TIMEOUT_S)
     images: bool = setting(True, "The model accepts images (else read's images reach it as a note).")
     tools: list[str] | None = setting(None, "Active tools, comma-separated (default: all).")
     files: list[str] = setting(None, "In-container path to collect as an artifact (repeatable).", factory=list)

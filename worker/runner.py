@@ -102,13 +102,19 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     try:
         model = model_info(spec.model, {"context_window": spec.context_window,
                                         "input_price": spec.input_price or None,
-                                        "output_price": spec.output_price or None})
+                                        "output_price": spec.output_price or None,
+                                        "cache_read_price": spec.cache_read_price or None,
+                                        "cache_write_price": spec.cache_write_price or None})
         provider = make_provider(ProviderConfig(model=spec.model, base_url=spec.base_url, api_key=api_key,
                                                 api=spec.api, provider=_provider_label(spec),
                                                 input_cost_per_mtok=model.input_price,
                                                 output_cost_per_mtok=model.output_price,
                                                 cache_read_cost_per_mtok=model.cache_read_price,
-                                                cache_write_cost_per_mtok=model.cache_write_price, images=spec.images))
+                                                cache_write_cost_per_mtok=model.cache_write_price,
+                                                model_max_tokens=model.max_tokens if model.known else None,
+                                                thinking=spec.thinking,
+                                                max_retry_wait_s=spec.max_retry_wait,
+                                                retry_budget_s=spec.retry_budget, images=spec.images))
         tools = default_registry()
         if spec.tools:
             tools = tools.subset(spec.tools)
@@ -137,7 +143,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         if artifact_store is not None:
             syncing = TranscriptSync(artifact_store, spec.id, job_dir, attempt).start()
         session.model_change(provider.config.provider, spec.model)
-        session.thinking_level_change("off")
+        session.thinking_level_change(spec.thinking)
         remaining = max(1.0, spec.timeout_s - (time.time() - started))
         system_prompt = build_system_prompt(tools.specs(), sandbox, custom=spec.system_prompt)
         agent = Agent(provider, tools, context, system_prompt, session=session,

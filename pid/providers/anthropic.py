@@ -1,22 +1,27 @@
 """Anthropic Messages API over SSE.
 
 Consecutive tool results travel as one user message of `tool_result` blocks; messages of the same role are merged
-because the API wants strict user/assistant alternation. The system prompt and the newest message are marked for
-prompt caching, which is what makes a long agent loop cheap. Failures come back with stop_reason "error".
+because the API wants strict user/assistant alternation. The system prompt and the conversation's moving tail (the
+last block of the last user message) are marked for prompt caching, as pi does: that is what makes a long agent loop
+cheap. Extended thinking follows pi: a token budget per level (adaptive thinking on the 4.6 models); thinking blocks
+go back unchanged with their signatures, redacted ones as `redacted_thinking`. Failures come back with stop_reason
+"error".
 """
 from __future__ import annotations
 
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from pid.config import API_NAMES, base_url_for
 from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
+from pid.providers import retry
 from pid.providers.base import ProviderConfig, StreamListener, price
 from pid.providers.openai import parse_arguments
 from pid.providers.transport import StreamReply, StreamingProvider, truncate
+from pid.tokens import get_counter
 
 API = API_NAMES["anthropic"]
 DEFAULT_MAX_TOKENS = 8192
@@ -26,6 +31,31 @@ _STOP: dict[str, StopReason] = {"end_turn": "stop", "stop_sequence": "stop", "pa
                                 "max_tokens": "length",
          "model_context_window_exceeded": "length", "tool_use": "toolUse"}
 _CACHE = {"type": "ephemeral"}
+# pi's thinking budgets per level, and the output it keeps beside them when the model's ceiling is tight.
+THINKING_BUDGETS = {"low": 2048, "medium": 8192, "high": 16384}
+MIN_OUTPUT_TOKENS = 1024
+MIN_THINKING_BUDGET = 1024       # the API's own minimum
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+REDACTED_THINKING = "[Reasoning redacted]"
+# Mid-stream error types that are the service's trouble, not the request's.
+_STREAM_RETRY = {"overloaded_error": retry.OVERLOADED, "rate_limit_error": retry.RATE_LIMITED,
+                 "api_error": retry.SERVER_ERROR, "timeout_error": retry.TIMEOUT}
+
+
+def thinking_tokens(level: str, base_max_tokens: int, model_max_tokens: int | None) -> tuple[int, int]:
+    """(max_tokens, thinking budget) for a level, as pi computes them: max_tokens must exceed the budget."""
+    budget = THINKING_BUDGETS[level]
+    max_tokens = base_max_tokens + budget
+    if model_max_tokens:
+        max_tokens = min(max_tokens, model_max_tokens)
+    if max_tokens <= budget:
+        budget = max(0, max_tokens - MIN_OUTPUT_TOKENS)
+    return max_tokens, budget
+
+
+def adaptive_thinking(model: str) -> bool:
+    """Opus and Sonnet 4.6 decide how much to think (`thinking: {type: adaptive}` with an effort)."""
+    return any(name in model for name in ("opus-4-6", "opus-4.6", "sonnet-4-6", "sonnet-4.6"))
 
 
 class AnthropicProvider(StreamingProvider):
@@ -37,26 +67,49 @@ class AnthropicProvider(StreamingProvider):
         if config.api_key:
             headers["x-api-key"] = config.api_key
         super().__init__(config, base_url.rstrip("/") + "/messages", headers)
+        if config.thinking != "off" and not adaptive_thinking(config.model):
+            self._headers["anthropic-beta"] = INTERLEAVED_THINKING_BETA
+        self._same_model = lambda m: m.api == API and m.model == config.model
 
     def _new_reply(self) -> "_Reply":
         return _Reply()
 
     def _message(self, reply: "_Reply") -> AssistantMessage:
         content, stop_reason, error = reply.result()
+        thought = "".join(c.thinking for c in content if isinstance(c, ThinkingContent) and not c.redacted)
+        if thought:   # the API counts thinking within output_tokens, without a figure of its own: estimated
+            counted = get_counter().count(thought)
+            reply.usage.reasoning = min(counted, reply.usage.output) if reply.usage.output else counted
         return AssistantMessage(content, API, self.config.provider, self.config.model,
                                 price(reply.usage, self.config), stop_reason, error, reply.response_id)
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.config.model,
-                                "max_tokens": self.config.max_tokens or DEFAULT_MAX_TOKENS,
-                                "messages": to_anthropic_messages(messages), "stream": True}
+        config = self.config
+        max_tokens = config.max_tokens or DEFAULT_MAX_TOKENS
+        if config.model_max_tokens:
+            max_tokens = min(max_tokens, config.model_max_tokens)
+        thinking: dict[str, Any] | None = None
+        effort: str | None = None
+        if config.thinking != "off":
+            if adaptive_thinking(config.model):
+                thinking, effort = {"type": "adaptive"}, config.thinking
+            else:
+                max_tokens, budget = thinking_tokens(config.thinking, max_tokens, config.model_max_tokens)
+                if budget >= MIN_THINKING_BUDGET:
+                    thinking = {"type": "enabled", "budget_tokens": budget}
+        body: dict[str, Any] = {"model": config.model, "max_tokens": max_tokens,
+                                "messages": to_anthropic_messages(messages, self._same_model), "stream": True}
         if system:
             body["system"] = [{"type": "text", "text": system, "cache_control": _CACHE}]
         if tools:
             body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters}
                              for t in tools]
-        if self.config.temperature is not None:
-            body["temperature"] = self.config.temperature
+        if thinking is not None:
+            body["thinking"] = thinking
+            if effort:
+                body["output_config"] = {"effort": effort}
+        elif config.temperature is not None:   # the API refuses a temperature with thinking on
+            body["temperature"] = config.temperature
         return body
 
 
@@ -67,6 +120,7 @@ class _Block:
     id: str = ""
     name: str = ""
     signature: str | None = None
+    data: str = ""           # a redacted_thinking block's opaque payload
 
 
 class _Reply(StreamReply):
@@ -77,6 +131,10 @@ class _Reply(StreamReply):
         self.blocks: dict[int, _Block] = {}
         self.usage = Usage()
         self.stop_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.done or self.stop_reason is not None
 
     def feed(self, event: str, payload: dict[str, Any], on_text: StreamListener | None) -> None:
         kind = payload.get("type") or event
@@ -99,7 +157,8 @@ class _Reply(StreamReply):
                 block.signature = (block.signature or "") + delta.get("signature", "")
         elif kind == "content_block_start":
             start = payload.get("content_block") or {}
-            block = _Block(start.get("type", ""), id=start.get("id", ""), name=start.get("name", ""))
+            block = _Block(start.get("type", ""), id=start.get("id", ""), name=start.get("name", ""),
+                           data=start.get("data", "") if start.get("type") == "redacted_thinking" else "")
             if block.type == "text" and start.get("text"):
                 block.parts.append(start["text"])
             elif block.type == "thinking" and start.get("thinking"):
@@ -120,7 +179,8 @@ class _Reply(StreamReply):
             error = payload.get("error") or {}
             label = error.get("type", "error") if isinstance(error, dict) else "error"
             message = error.get("message", "") if isinstance(error, dict) else str(error)
-            self.fail(f"the server reported an error mid-stream ({label}): {truncate(message)}")
+            self.fail(f"the server reported an error mid-stream ({label}): {truncate(message)}",
+                      retry=_STREAM_RETRY.get(label), status=529 if label == "overloaded_error" else None)
 
     def _count(self, usage: dict[str, Any]) -> None:
         """message_start carries the input side, message_delta the (cumulative) output side; later values win."""
@@ -140,14 +200,14 @@ class _Reply(StreamReply):
                 content.append(TextContent(text))
             elif block.type == "thinking":
                 content.append(ThinkingContent(text, block.signature))
+            elif block.type == "redacted_thinking":
+                content.append(ThinkingContent(REDACTED_THINKING, block.data, redacted=True))
             elif block.type == "tool_use":
                 arguments, raw = parse_arguments(text)
                 content.append(ToolCall(block.id, block.name, arguments, raw))
                 has_calls = True
         if self.error is not None:
             return content, ("aborted" if self.aborted else "error"), self.error
-        if not self.done and self.stop_reason is None:
-            return content, "error", "the stream ended before the response finished"
         if _STOP.get(self.stop_reason or "") == "length":  # truncated tool calls must not run
             return content, "length", None
         if has_calls:
@@ -168,7 +228,12 @@ def _block(c: TextContent | ImageContent) -> dict[str, Any]:
     return {"type": "image", "source": {"type": "base64", "media_type": c.mime_type, "data": c.data}}
 
 
-def to_anthropic_messages(messages: list[Message]) -> list[dict[str, Any]]:
+def to_anthropic_messages(messages: list[Message],
+                          same_model: Callable[[AssistantMessage], bool] = lambda m: m.api == API
+                          ) -> list[dict[str, Any]]:
+    """The conversation in Messages form. Thinking goes back only to the model that wrote it (its signature is
+    checked): unchanged when signed, as `redacted_thinking` when redacted; unsigned or another model's thinking
+    becomes text, as pi does."""
     out: list[dict[str, Any]] = []
 
     def add(role: str, blocks: list[dict[str, Any]]) -> None:
@@ -189,14 +254,25 @@ def to_anthropic_messages(messages: list[Message]) -> list[dict[str, Any]]:
                           "is_error": message.is_error}])
         elif isinstance(message, AssistantMessage):
             blocks: list[dict[str, Any]] = []
+            own = same_model(message)
             for c in message.content:
-                if isinstance(c, ThinkingContent) and c.signature:  # unsigned thinking cannot be replayed
-                    blocks.append({"type": "thinking", "thinking": c.thinking, "signature": c.signature})
+                if isinstance(c, ThinkingContent):
+                    blocks += _thinking_blocks(c, own)
                 elif isinstance(c, TextContent) and c.text:
                     blocks.append({"type": "text", "text": c.text})
                 elif isinstance(c, ToolCall):
                     blocks.append({"type": "tool_use", "id": _tool_id(c.id), "name": c.name, "input": c.arguments})
             add("assistant", blocks)
-    if out and out[-1]["content"][-1]["type"] in ("text", "image", "tool_result"):
+    if out and out[-1]["role"] == "user" and out[-1]["content"][-1]["type"] in ("text", "image", "tool_result"):
         out[-1]["content"][-1] = {**out[-1]["content"][-1], "cache_control": _CACHE}
     return out
+
+
+def _thinking_blocks(c: ThinkingContent, own: bool) -> list[dict[str, Any]]:
+    if c.redacted:
+        return [{"type": "redacted_thinking", "data": c.signature}] if own and c.signature else []
+    if not c.thinking.strip():
+        return []
+    if own and c.signature:
+        return [{"type": "thinking", "thinking": c.thinking, "signature": c.signature}]
+    return [{"type": "text", "text": c.thinking}]

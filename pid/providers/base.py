@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from pid.config import DEFAULT_API
+from pid.providers.retry import RetryListener
 from pid.messages import (AssistantMessage, ImageContent, Message, TextContent, ToolResultMessage, ToolSpec,
                           Usage, UserMessage)
 
@@ -26,7 +27,15 @@ class ProviderConfig:
     temperature: float | None = None
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 300.0            # longest silence tolerated inside a stream
-    max_retries: int = 2                     # on connect errors, 429 and 5xx before any byte streamed
+    # Retries (pid/providers/retry.py): each wait at most max_retry_wait_s, one call's retrying (from its first
+    # failure) at most retry_budget_s; backoff from retry_base_s when the server names no wait; max_retries None:
+    # as many as the budget allows.
+    max_retry_wait_s: float = 60.0
+    retry_budget_s: float = 900.0
+    retry_base_s: float = 1.0
+    max_retries: int | None = None
+    thinking: str = "off"                    # pid.config.THINKING_LEVELS
+    model_max_tokens: int | None = None      # the model's output ceiling, when known: caps max_tokens + thinking
     images: bool = True                      # the model accepts image input; else images become a note
     input_cost_per_mtok: float = 0.0         # USD per million tokens, for result.json and the cost cap
     output_cost_per_mtok: float = 0.0
@@ -67,7 +76,9 @@ class Provider(Protocol):
 
     def stream(self, system: str, messages: list[Message], tools: list[ToolSpec], *,
                cancel: threading.Event | None = None,
-               on_text: StreamListener | None = None) -> AssistantMessage:
+               on_text: StreamListener | None = None,
+               on_retry: RetryListener | None = None) -> AssistantMessage:
+        """on_retry hears of each wait before the call is repeated; text streamed before it is void."""
         ...
 
     def close(self) -> None:

@@ -12,15 +12,21 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from pid.config import API_NAMES, base_url_for
 from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
+from pid.providers import retry
 from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price
 from pid.providers.transport import StreamReply, StreamingProvider, truncate
 
 API = API_NAMES["openai"]
+
+# Where OpenAI-compatible servers put the reasoning text (vLLM, llama.cpp, DeepSeek, OpenRouter ...): the first
+# non-empty one counts. The field's name is kept as the thinking block's signature, and the reasoning goes back in
+# that field of the assistant message on the next request (llama.cpp and gpt-oss need it), as pi does.
+REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_text")
 
 _FINISH: dict[str, StopReason] = {"stop": "stop", "length": "length", "tool_calls": "toolUse",
                                   "function_call": "toolUse"}
@@ -33,13 +39,14 @@ class OpenAIProvider(StreamingProvider):
         auth = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         super().__init__(config, base_url_for(API, config.base_url).rstrip("/") + "/chat/completions", auth)
         self._entries = IdentityCache()
+        self._same_model = lambda m: m.api == API and m.model == config.model
 
     def _new_reply(self) -> "_Reply":
         return _Reply()
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.config.model,
-                                "messages": to_openai_messages(system, messages, self._entries),
+                                "messages": to_openai_messages(system, messages, self._entries, self._same_model),
                                 "stream": True, "stream_options": {"include_usage": True}}
         if tools:
             body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
@@ -48,6 +55,8 @@ class OpenAIProvider(StreamingProvider):
             body["max_tokens"] = self.config.max_tokens
         if self.config.temperature is not None:
             body["temperature"] = self.config.temperature
+        if self.config.thinking != "off":
+            body["reasoning_effort"] = self.config.thinking
         return body
 
     def _message(self, reply: "_Reply") -> AssistantMessage:
@@ -68,7 +77,8 @@ class _Reply(StreamReply):
 
     def __init__(self) -> None:
         super().__init__()
-        self.blocks: list[tuple[str, list[str]]] = []  # ("text" | "thinking", pieces) in arrival order
+        # ("text" | "thinking", pieces, the reasoning field) in arrival order
+        self.blocks: list[tuple[str, list[str], str | None]] = []
         self.calls: dict[Any, _CallParts] = {}
         self.finish: str | None = None
         self.raw_usage: dict[str, Any] | None = None
@@ -77,7 +87,8 @@ class _Reply(StreamReply):
         if self.response_id is None and chunk.get("id"):
             self.response_id = str(chunk["id"])
         if chunk.get("error"):
-            self.fail("the server reported an error mid-stream: " + truncate(_error_message(chunk["error"])))
+            self.fail("the server reported an error mid-stream: " + truncate(_error_message(chunk["error"])),
+                      retry=_stream_error_retry(chunk["error"]))
             return
         usage = chunk.get("usage")
         if usage:
@@ -95,9 +106,11 @@ class _Reply(StreamReply):
                 self._append("text", text)
                 if on_text is not None and text:
                     on_text(text)
-            thinking = delta.get("reasoning_content") or delta.get("reasoning")
-            if isinstance(thinking, str) and thinking:
-                self._append("thinking", thinking)
+            for name in REASONING_FIELDS:
+                thinking = delta.get(name)
+                if isinstance(thinking, str) and thinking:
+                    self._append("thinking", thinking, name)
+                    break
             for fragment in delta.get("tool_calls") or ():
                 self._call_fragment(fragment)
             if delta.get("function_call"):  # the legacy single-function shape
@@ -105,11 +118,15 @@ class _Reply(StreamReply):
         if choice.get("finish_reason"):
             self.finish = choice["finish_reason"]
 
-    def _append(self, kind: str, piece: str) -> None:
+    def _append(self, kind: str, piece: str, source: str | None = None) -> None:
         if self.blocks and self.blocks[-1][0] == kind:
             self.blocks[-1][1].append(piece)
         else:
-            self.blocks.append((kind, [piece]))
+            self.blocks.append((kind, [piece], source))
+
+    @property
+    def finished(self) -> bool:
+        return self.finish is not None or self.done
 
     def _call_fragment(self, fragment: dict[str, Any]) -> None:
         call_id = fragment.get("id")
@@ -141,20 +158,22 @@ class _Reply(StreamReply):
         details = raw.get("prompt_tokens_details") or {}
         cached = _int(details.get("cached_tokens") if isinstance(details, dict) else 0) \
             or _int(raw.get("prompt_cache_hit_tokens"))
-        return Usage(input=max(prompt - cached, 0), output=_int(raw.get("completion_tokens")), cache_read=cached)
+        completion = raw.get("completion_tokens_details") or {}
+        reasoning = _int(completion.get("reasoning_tokens") if isinstance(completion, dict) else 0)
+        # completion_tokens already holds the reasoning tokens (OpenAI's definition; pi adds them once more)
+        return Usage(input=max(prompt - cached, 0), output=_int(raw.get("completion_tokens")), cache_read=cached,
+                     reasoning=reasoning)
 
     def result(self) -> tuple[list[Content], StopReason, str | None]:
         content: list[Content] = []
-        for kind, pieces in self.blocks:
+        for kind, pieces, source in self.blocks:
             text = "".join(pieces)
-            content.append(TextContent(text) if kind == "text" else ThinkingContent(text))
+            content.append(TextContent(text) if kind == "text" else ThinkingContent(text, source))
         for slot in self.calls.values():
             arguments, raw = parse_arguments("".join(slot.arguments))
             content.append(ToolCall(slot.id or f"call_{uuid.uuid4().hex[:24]}", slot.name, arguments, raw))
         if self.error is not None:
             return content, ("aborted" if self.aborted else "error"), self.error
-        if self.finish is None and not self.done:
-            return content, "error", "the stream ended before the response finished"
         if self.finish == "length":  # tool calls cut by the token limit must not run: the loop fails them
             return content, "length", None
         if self.calls:
@@ -187,6 +206,24 @@ def _error_message(error: Any) -> str:
     return str(error)
 
 
+def _stream_error_retry(error: Any) -> str | None:
+    """Whether an error chunk inside a stream is the server's trouble (worth a retry) rather than the request's."""
+    if not isinstance(error, dict):
+        error = {"message": str(error)}
+    code = error.get("code")
+    status = code if isinstance(code, int) else int(code) if isinstance(code, str) and code.isdigit() else None
+    if status is not None and retry.reason_for_status(status):
+        return retry.reason_for_status(status)
+    words = " ".join(str(error.get(k) or "") for k in ("type", "code", "message")).lower()
+    if "overloaded" in words:
+        return retry.OVERLOADED
+    if "rate limit" in words or "rate_limit" in words:
+        return retry.RATE_LIMITED
+    if "server_error" in words or "server error" in words:
+        return retry.SERVER_ERROR
+    return None
+
+
 def _data_url(image: ImageContent) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": f"data:{image.mime_type};base64,{image.data}"}}
 
@@ -197,10 +234,12 @@ def _user_content(blocks: list[TextContent | ImageContent]) -> str | list[dict[s
     return [{"type": "text", "text": b.text} if isinstance(b, TextContent) else _data_url(b) for b in blocks]
 
 
-def to_openai_messages(system: str, messages: list[Message],
-                       entries: "IdentityCache | None" = None) -> list[dict[str, Any]]:
+def to_openai_messages(system: str, messages: list[Message], entries: "IdentityCache | None" = None,
+                       same_model: Callable[[AssistantMessage], bool] = lambda _m: False) -> list[dict[str, Any]]:
     """The conversation in Chat Completions form. `entries` keeps each message's entry from the last request: the
-    whole conversation is sent every turn, and converting it again would make a turn's cost grow with its length."""
+    whole conversation is sent every turn, and converting it again would make a turn's cost grow with its length.
+    `same_model` tells whether an assistant message came from the model being asked (only its reasoning goes back
+    in the reasoning field; another model's becomes text, as pi does)."""
     cache = entries if entries is not None else IdentityCache()
     cache.begin()
     out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
@@ -213,7 +252,7 @@ def to_openai_messages(system: str, messages: list[Message],
             images.clear()
 
     for message in messages:
-        entry, attached = cache.get(message, _entry)
+        entry, attached = cache.get(message, lambda m: _entry(m, same_model))
         if not isinstance(message, ToolResultMessage):
             flush_images()
         if entry is not None:   # None: nothing the model could use; some servers reject an empty assistant turn
@@ -223,7 +262,8 @@ def to_openai_messages(system: str, messages: list[Message],
     return out
 
 
-def _entry(message: Message) -> tuple[dict[str, Any] | None, list[ImageContent]]:
+def _entry(message: Message, same_model: Callable[[AssistantMessage], bool]
+           ) -> tuple[dict[str, Any] | None, list[ImageContent]]:
     """One message's entry, and the images that must follow the run of tool messages it belongs to."""
     if isinstance(message, ToolResultMessage):
         attached = [c for c in message.content if isinstance(c, ImageContent)]
@@ -231,14 +271,27 @@ def _entry(message: Message) -> tuple[dict[str, Any] | None, list[ImageContent]]
         return {"role": "tool", "tool_call_id": message.tool_call_id, "content": text}, attached
     if isinstance(message, UserMessage):
         return {"role": "user", "content": _user_content(message.content)}, []
-    return _assistant_entry(message), []
+    return _assistant_entry(message, same_model(message)), []
 
 
-def _assistant_entry(message: AssistantMessage) -> dict[str, Any] | None:
-    text, calls = message.text, message.tool_calls
-    if not text and not calls:
+def _assistant_entry(message: AssistantMessage, same_model: bool) -> dict[str, Any] | None:
+    thinking = [c for c in message.content if isinstance(c, ThinkingContent) and c.thinking.strip()
+                and not c.redacted]
+    field_name = thinking[0].signature if thinking and same_model else None
+    if field_name not in REASONING_FIELDS:
+        field_name = None
+    if same_model or not thinking:
+        text = message.text
+    else:   # another model's reasoning reaches this one as text
+        text = "".join(c.text if isinstance(c, TextContent) else c.thinking for c in message.content
+                       if isinstance(c, TextContent) or (isinstance(c, ThinkingContent) and c.thinking.strip()
+                                                          and not c.redacted))
+    calls = message.tool_calls
+    if not text and not calls and not field_name:
         return None
     entry: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if field_name:
+        entry[field_name] = "\n".join(c.thinking for c in thinking)
     if calls:
         entry["tool_calls"] = [{"id": c.id, "type": "function",
                                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]

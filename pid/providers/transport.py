@@ -1,4 +1,4 @@
-"""HTTP plumbing the providers share: one keep-alive client, cancellable reads, retries, SSE events, pricing.
+"""HTTP plumbing the providers share: one keep-alive client, cancellable reads, retries, SSE events.
 
 Why a custom network backend: a cancel must stop a request promptly even while the server is silent (before the
 response headers or between chunks), and httpx has no cancel hook for sync streams. So every socket read is done in
@@ -15,7 +15,6 @@ import time
 import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
@@ -24,11 +23,10 @@ import httpx
 
 from pid.messages import AssistantMessage, Message, ToolSpec
 from pid.config import KEYED_HOSTS
+from pid.providers import retry
 from pid.providers.base import ProviderConfig, without_images
 
 CANCEL_CHECK_S = 0.1        # longest a cancelled read keeps waiting on a silent server
-MAX_RETRY_AFTER_S = 10.0    # a server asking for a longer pause gets this one
-BACKOFF_BASE_S = 0.25       # 0.25, 0.5, 1.0 ... between retries when the server names no delay
 ERROR_TEXT_LIMIT = 500
 
 ABORTED_MESSAGE = "request aborted"
@@ -98,6 +96,11 @@ def _tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+def retry_policy(config: ProviderConfig) -> retry.RetryPolicy:
+    return retry.RetryPolicy(max_wait_s=config.max_retry_wait_s, budget_s=config.retry_budget_s,
+                             base_s=config.retry_base_s, max_retries=config.max_retries)
+
+
 def make_client(config: ProviderConfig, url: str) -> httpx.Client:
     """One client per provider instance, so consecutive turns reuse a kept-alive connection."""
     transport = httpx.HTTPTransport(verify=_tls_context(), proxy=_env_proxy(url))
@@ -121,16 +124,20 @@ def cancellable(cancel: threading.Event | None) -> Iterator[None]:
 
 @dataclass
 class Failure:
-    """Why a request produced no stream; `aborted` when it was the caller's cancel."""
+    """Why a request produced no (complete) stream; `aborted` when it was the caller's cancel. `retry` names why
+    trying again may help (pid/providers/retry.py), `asked_s` is the wait the server asked for."""
     message: str
     aborted: bool = False
+    retry: str | None = None
+    status: int | None = None
+    asked_s: float | None = None
 
 
-def stream_request(client: httpx.Client, url: str, *, headers: dict[str, str], body: bytes, max_retries: int,
+def stream_request(client: httpx.Client, url: str, *, headers: dict[str, str], body: bytes,
                    cancel: threading.Event | None, consume: Callable[[httpx.Response], None]) -> Failure | None:
-    """POST, hand the open response to `consume`, and turn every way this can go wrong into a Failure."""
+    """POST once, hand the open response to `consume`, and turn every way this can go wrong into a Failure."""
     with cancellable(cancel):
-        opened = post_stream(client, url, headers=headers, body=body, max_retries=max_retries, cancel=cancel)
+        opened = post_stream(client, url, headers=headers, body=body, cancel=cancel)
         if isinstance(opened, Failure):
             return opened
         try:
@@ -140,59 +147,61 @@ def stream_request(client: httpx.Client, url: str, *, headers: dict[str, str], b
         except Exception as exc:  # noqa: BLE001 - the provider seam never raises
             if cancel is not None and cancel.is_set():
                 return Failure(ABORTED_MESSAGE, aborted=True)
-            return Failure(stream_failure(exc, url))
+            return Failure(stream_failure(exc, url), retry=_stream_retry(exc))
         finally:
             opened.close()
     return None
 
 
-def post_stream(client: httpx.Client, url: str, *, headers: dict[str, str], body: bytes, max_retries: int,
+def post_stream(client: httpx.Client, url: str, *, headers: dict[str, str], body: bytes,
                 cancel: threading.Event | None) -> httpx.Response | Failure:
-    """POST and return the open streaming response, retrying connect errors, 429 and 5xx (nothing was consumed yet).
+    """POST and return the open streaming response, or the Failure (retryable or not) that came instead.
 
     Must run inside `cancellable(cancel)`. The caller closes the response.
     """
-    attempt = 0
-    while True:
-        if cancel is not None and cancel.is_set():
-            return Failure(ABORTED_MESSAGE, aborted=True)
-        retry_after: float | None = None
-        try:
-            response = client.send(client.build_request("POST", url, headers=headers, content=body), stream=True)
-        except Cancelled:
-            return Failure(ABORTED_MESSAGE, aborted=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            problem, retryable = f"cannot reach {_origin(url)}: {_describe(exc)}", True
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            problem, retryable = f"connection to {_origin(url)} failed: {_describe(exc)}", True
-        except httpx.TimeoutException as exc:
-            return Failure(f"timed out waiting for a response from {_origin(url)} ({type(exc).__name__})")
-        except httpx.HTTPError as exc:
-            return Failure(f"request to {url} failed: {_describe(exc)}")
-        else:
-            if response.status_code < 300:
-                return response
-            try:
-                text = error_text(_read_bounded(response)) if response.status_code >= 400 else \
-                    f"redirected to {response.headers.get('location', '?')} (use that base URL)"
-            except Cancelled:
-                return Failure(ABORTED_MESSAGE, aborted=True)
-            except httpx.HTTPError as exc:
-                text = f"(error body unreadable: {_describe(exc)})"
-            finally:
-                response.close()
-            problem = f"HTTP {response.status_code} from {url}: {text}"
-            retryable = response.status_code == 429 or response.status_code >= 500
-            retry_after = _retry_after(response.headers.get("retry-after"))
-        if not retryable or attempt >= max_retries:
-            return Failure(problem + (f" (after {attempt + 1} attempts)" if attempt else ""))
-        delay = retry_after if retry_after is not None else BACKOFF_BASE_S * (2 ** attempt)
-        if cancel is not None:
-            if cancel.wait(delay):
-                return Failure(ABORTED_MESSAGE, aborted=True)
-        else:
-            time.sleep(delay)
-        attempt += 1
+    if cancel is not None and cancel.is_set():
+        return Failure(ABORTED_MESSAGE, aborted=True)
+    try:
+        response = client.send(client.build_request("POST", url, headers=headers, content=body), stream=True)
+    except Cancelled:
+        return Failure(ABORTED_MESSAGE, aborted=True)
+    except httpx.ConnectError as exc:
+        return Failure(f"cannot reach {_origin(url)}: {_describe(exc)}", retry=retry.UNREACHABLE)
+    except httpx.ConnectTimeout as exc:
+        return Failure(f"cannot reach {_origin(url)}: {_describe(exc)}", retry=retry.TIMEOUT)
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        return Failure(f"connection to {_origin(url)} failed: {_describe(exc)}", retry=retry.CONNECTION)
+    except httpx.TimeoutException as exc:
+        return Failure(f"timed out waiting for a response from {_origin(url)} ({type(exc).__name__})",
+                       retry=retry.TIMEOUT)
+    except httpx.HTTPError as exc:
+        return Failure(f"request to {url} failed: {_describe(exc)}")
+    if response.status_code < 300:
+        return response
+    try:
+        text = error_text(_read_bounded(response)) if response.status_code >= 400 else \
+            f"redirected to {response.headers.get('location', '?')} (use that base URL)"
+    except Cancelled:
+        return Failure(ABORTED_MESSAGE, aborted=True)
+    except httpx.HTTPError as exc:
+        text = f"(error body unreadable: {_describe(exc)})"
+    finally:
+        response.close()
+    status = response.status_code
+    reason = retry.reason_for_status(status) if status >= 400 else None
+    if reason == retry.SERVER_ERROR and "overloaded" in text.lower():
+        reason = retry.OVERLOADED
+    return Failure(f"HTTP {status} from {url}: {text}", retry=reason, status=status,
+                   asked_s=retry.server_delay(status, response.headers) if reason else None)
+
+
+def _stream_retry(exc: BaseException) -> str | None:
+    """Why an error raised while the body streamed is worth a retry: the connection, not our parsing, failed."""
+    if isinstance(exc, httpx.TimeoutException):
+        return retry.TIMEOUT
+    if isinstance(exc, httpx.HTTPError):
+        return retry.STREAM_BROKE
+    return None
 
 
 def _read_bounded(response: httpx.Response, limit: int = 65536) -> bytes:
@@ -211,19 +220,6 @@ def _origin(url: str) -> str:
 
 def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError):
-            return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
 def truncate(text: str, limit: int = ERROR_TEXT_LIMIT) -> str:
@@ -306,16 +302,28 @@ class StreamReply:
         self.done = False
         self.error: str | None = None
         self.aborted = False
+        self.retry: str | None = None      # why the failed call may succeed when tried again (retry.py's names)
+        self.status: int | None = None
+        self.asked_s: float | None = None  # the wait the server asked for
 
-    def fail(self, message: str, *, aborted: bool = False) -> None:
-        self.error, self.aborted = message, aborted
+    def fail(self, message: str, *, aborted: bool = False, retry: str | None = None, status: int | None = None,
+             asked_s: float | None = None) -> None:
+        self.error, self.aborted, self.retry, self.status, self.asked_s = message, aborted, retry, status, asked_s
+
+    @property
+    def finished(self) -> bool:
+        """The server said the reply is complete (else the stream ended early)."""
+        raise NotImplementedError
 
     def feed(self, event: str, payload: dict[str, Any], on_text: Callable[[str], None] | None) -> None:
         raise NotImplementedError
 
 
+UNFINISHED_MESSAGE = "the stream ended before the response finished"
+
+
 class StreamingProvider:
-    """What both wire formats share: one keep-alive client, and a stream() that never raises.
+    """What both wire formats share: one keep-alive client, and a stream() that never raises and that retries.
 
     A subclass says how to build the request body, how to feed stream events into its reply, and how the reply
     becomes an AssistantMessage.
@@ -336,7 +344,8 @@ class StreamingProvider:
 
     def stream(self, system: str, messages: list[Message], tools: list[ToolSpec], *,
                cancel: threading.Event | None = None,
-               on_text: Callable[[str], None] | None = None) -> AssistantMessage:
+               on_text: Callable[[str], None] | None = None,
+               on_retry: retry.RetryListener | None = None) -> AssistantMessage:
         reply = self._new_reply()
         try:
             if self._missing_key:
@@ -345,11 +354,33 @@ class StreamingProvider:
             if not self.config.images:
                 messages = without_images(messages)
             body = json.dumps(self.request_body(system, messages, tools)).encode()
-            failure = stream_request(self._client, self._url, headers=self._headers, body=body,
-                                     max_retries=self.config.max_retries, cancel=cancel,
-                                     consume=lambda response: self._consume(response, reply, on_text))
-            if failure is not None:
-                reply.fail(failure.message, aborted=failure.aborted)
+            policy = retry_policy(self.config)
+            retrying_since: float | None = None   # the first failure: the retry budget counts from there
+            attempt = 1
+            while True:
+                failure = stream_request(self._client, self._url, headers=self._headers, body=body, cancel=cancel,
+                                         consume=lambda response: self._consume(response, reply, on_text))
+                if failure is not None:
+                    reply.fail(failure.message, aborted=failure.aborted, retry=failure.retry, status=failure.status,
+                               asked_s=failure.asked_s)
+                elif reply.error is None and not reply.finished:
+                    reply.fail(UNFINISHED_MESSAGE, retry=retry.STREAM_BROKE)
+                if reply.error is None or reply.aborted or reply.retry is None:
+                    return self._message(reply)
+                now = time.monotonic()
+                retrying_since = retrying_since if retrying_since is not None else now
+                wait = policy.wait_before_retry(attempt, reply.retry, reply.asked_s, now - retrying_since)
+                if wait is None:
+                    if attempt > 1:
+                        reply.error += f" (after {attempt} attempts)"
+                    return self._message(reply)
+                if on_retry is not None:
+                    on_retry(retry.RetryNotice(attempt, wait, reply.retry, reply.status, reply.error))
+                reply = self._new_reply()   # the failed attempt's partial reply is dropped, never merged
+                if retry.interruptible_wait(wait, cancel):
+                    reply.fail(ABORTED_MESSAGE, aborted=True)
+                    return self._message(reply)
+                attempt += 1
         except Exception as exc:  # noqa: BLE001 - the seam never raises
             reply.fail(f"internal error in the {self.label} provider: {type(exc).__name__}: {exc}")
         return self._message(reply)
