@@ -1,6 +1,6 @@
 """The `pid` command. Thin: parse, call, print. Exit codes: 0 completed, 1 failed or cancelled, 2 bad usage or
 input (nothing ran), 3 a limit was hit (timeout, max turns, max cost), 5 `pid result` of a job not finished yet,
-130 interrupted (Ctrl-C)."""
+130 interrupted (Ctrl-C). `pid batch` (cli/batch.py) exits with its worst item's code."""
 from __future__ import annotations
 
 import json
@@ -601,6 +601,9 @@ def reap_own_quietly() -> None:
         sweep_quietly()   # a `pid run` killed earlier is ended, with its result.json
     threading.Thread(target=reap, name="pid-reap", daemon=True).start()
 
+
+from cli.batch import batch as _batch  # noqa: E402  (it imports this module's checks lazily)
+cli.add_command(_batch)
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)
 

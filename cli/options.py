@@ -272,9 +272,17 @@ JOB_OPTIONS = [
 
 def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The options `run` and `submit` share: they describe the same job."""
+    func = spec_options(func)
+    for decorator in reversed([click.argument("task"),
+                               click.option("--repo", "repo", required=True,
+                                            help=spec_field("repo").metadata["help"])]):
+        func = decorator(func)
+    return func
+
+
+def spec_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The job's options without its task and repo: `pid batch` takes them as every item's defaults."""
     decorators = [
-        click.argument("task"),
-        click.option("--repo", "repo", required=True, help=spec_field("repo").metadata["help"]),
         *(option.decorator() for option in JOB_OPTIONS),
         click.option("--api-key", envvar=list(API_KEY_ENV), show_envvar=True,
                      help="API key; never enters the container."),

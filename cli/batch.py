@@ -1,0 +1,557 @@
+"""`pid batch TASKS.jsonl`: many jobs from one file, in one process with one store and one broker connection;
+followed live, resumable from its output directory, with a budget and a running limit kept in the job store.
+
+    check every line -> pack each repo once -> ledger, create, dispatch (in chunks) -> follow -> download -> summary
+
+The output directory is the batch's memory (worker/batch.py): a rerun of the same command skips the items that
+completed, waits for those whose job is still queued or running (never a second job beside it), submits the rest
+again; --retry-failed also reruns failed and limit-hit items.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from cli.batch_progress import Display, Progress, make_display, summary_text
+from cli.batch_tasks import Item, parse
+from cli.options import EnvOption, Number, QueueName, Size, format_size, spec_options
+from worker.batch import BatchDir, needs_run, row_for, summarize
+from worker.jobs import DEFAULT_QUEUE, JobSpec, new_job_id, spec_field
+
+POLL_S = 0.5                 # how often the store is read for the batch's jobs (one query for all)
+CHUNK = 200                  # jobs per ledger sync
+DOWNLOADS = 4                # artifacts downloaded at once
+ROWS_EVERY_S = 2.0           # batch.jsonl is rewritten at most this often while the batch runs (and at its end)
+CANCEL_WAIT_S = 90.0         # after Ctrl-C, how long the running jobs get to end before the command stops waiting
+WORKER_STOP_S = 60.0
+EXIT_INTERRUPTED = 130
+
+
+def _bad(message: str) -> click.ClickException:
+    from cli.main import BadInput
+    return BadInput(message)
+
+
+@click.command("batch")
+@click.argument("tasks", required=False, metavar="TASKS.jsonl|-")
+@spec_options
+@click.option("--repo", help="Every item's repo unless its line names one: " + spec_field("repo").metadata["help"])
+@click.option("--queue", type=QueueName(), default=DEFAULT_QUEUE, show_default=True, envvar="PID_QUEUE",
+              show_envvar=True, cls=EnvOption, help=spec_field("queue").metadata["help"])
+@click.option("--max-workspace", type=Size(), default=format_size(200 << 20), show_default=True,
+              envvar="PID_MAX_WORKSPACE", show_envvar=True, cls=EnvOption,
+              help="Largest packed size of a directory repo (each is packed once, at submit).")
+@click.option("--workers", type=click.IntRange(1, 256), default=None,
+              help="Also run N job slots here (a `pid worker` for the life of the command).")
+@click.option("--max-total-cost", type=Number(float, 0, None), default=None,
+              help="USD for the whole batch, across every worker: once its jobs have spent it, queued items are "
+                   "cancelled and running ones stop before their next model call (exit reason batch_budget).")
+@click.option("--max-running", type=click.IntRange(min=1), default=None,
+              help="The batch's jobs running at once at most, whichever workers take them (the job store enforces it).")
+@click.option("--retry-failed", is_flag=True, help="Also rerun items that failed or hit a limit (or whose check failed).")
+@click.option("--detach", is_flag=True, help="Submit and return at once (then --status DIR, --wait DIR).")
+@click.option("--status", "status_dir", metavar="DIR", help="Show a batch's progress from its output directory.")
+@click.option("--wait", "wait_dir", metavar="DIR", help="Wait for a (detached) batch's items, download, summarize.")
+def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool, repo: str | None, queue: str,
+          max_workspace: int, workers: int | None, max_total_cost: float | None, max_running: int | None,
+          retry_failed: bool, detach: bool, status_dir: str | None, wait_dir: str | None, **options: Any) -> None:
+    """Run one job per line of TASKS.jsonl (`-`: stdin): {"id", "task", "repo", and any job option as a field};
+    the command line's options are every item's defaults. --out DIR holds one folder per item, batch.jsonl and
+    summary.json; running the same command again resumes the batch. Exit code: 0 when every item completed (and
+    passed its check), else the worst item's (README: Batches)."""
+    from pid.config import HomeUnusable, ensure_pid_home
+    try:
+        ensure_pid_home()
+    except HomeUnusable as exc:
+        raise _bad(str(exc)) from None
+    if status_dir or wait_dir:
+        if tasks or (status_dir and wait_dir):
+            raise _bad("--status DIR and --wait DIR take no tasks file, and not both")
+        path = os.path.abspath(os.path.expanduser(status_dir or wait_dir or ""))
+        bdir = _open(path)
+        if status_dir:
+            _status(bdir, as_json)
+            return
+        Run(bdir, _store(), as_json, retry_failed=False).follow_existing()
+        return
+    if not tasks:
+        raise _bad("pid batch needs a tasks file (TASKS.jsonl, or - for stdin), or --status DIR / --wait DIR")
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("out_dir") in (ParameterSource.DEFAULT, None):
+        raise _bad("pid batch needs --out DIR: the batch's results, and its memory when it runs again")
+    if detach and workers:
+        raise _bad("--detach and --workers: the local workers would stop as the command returns")
+    from cli.main import check_out_dir
+    out = check_out_dir(options.pop("out_dir"))
+    if os.path.isdir(out) and os.listdir(out) and not BatchDir.exists(out):
+        raise _bad(f"--out {out}: not empty and not a batch's output directory")
+    items, errors = _read_items(tasks)
+    specs = build_specs(items, options, repo=repo, queue=queue, no_images=no_images, api_key=api_key,
+                        jobs_dir=os.path.join(out, ".jobs"), max_workspace=max_workspace,
+                        need_prices=max_total_cost is not None, tasks=tasks, errors=errors)
+    settings = {"tasks": os.path.abspath(tasks) if tasks != "-" else "-", "max_total_cost": max_total_cost,
+                "max_running": max_running}
+    bdir = _open(out) if BatchDir.exists(out) else BatchDir.create(out, settings)
+    bdir.set_order([item.id for item in items], settings)
+    store = _store()
+    store.set_batch(bdir.batch_id, max_total_cost, max_running)
+    local = LocalWorkers.start(workers, sorted({s.queue for s in specs.values()}), out) if workers else None
+    run = Run(bdir, store, as_json, retry_failed, specs=specs, api_key=api_key, max_running=max_running,
+              local=local, tasks=tasks)
+    try:
+        run.start()
+        if detach:
+            click.echo(f"batch {bdir.batch_id}: {run.submitted} job(s) submitted, {len(run.tracked)} item(s) to "
+                       f"wait for; later: pid batch --status {shlex.quote(out)} / pid batch --wait {shlex.quote(out)}")
+            return
+        run.follow()
+    finally:
+        if local is not None:
+            local.stop()
+
+
+def _store() -> Any:
+    from worker.store import default_store
+    return default_store()
+
+
+def _open(path: str) -> BatchDir:
+    try:
+        return BatchDir.open(path)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+
+
+def _read_items(tasks: str) -> tuple[list[Item], list[str]]:
+    """Every line read and parsed; the bad ones are reported with the others build_specs finds."""
+    try:
+        if tasks == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            with open(os.path.expanduser(tasks), encoding="utf-8") as f:
+                lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _bad(f"cannot read {tasks}: {getattr(exc, 'strerror', None) or exc}") from None
+    parsed = parse(lines)
+    if not parsed.items and not parsed.errors:
+        raise _bad(f"{tasks}: no tasks")
+    return parsed.items, parsed.errors
+
+
+def _refuse(errors: list[str], tasks: str) -> None:
+    if not errors:
+        return
+    errors.sort(key=lambda e: int(e.split(":", 1)[0].split()[-1]) if e.startswith("line ") else 0)
+    for error in errors:
+        click.echo(f"pid: error: {tasks}: {error}", err=True)
+    lines = len({e.split(":", 1)[0] for e in errors})
+    raise _bad(f"{lines} bad line(s) in {tasks}; nothing was submitted")
+
+
+def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None, queue: str, no_images: bool,
+                api_key: str | None, jobs_dir: str, max_workspace: int, need_prices: bool,
+                tasks: str = "TASKS", errors: list[str] | None = None) -> dict[str, JobSpec]:
+    """Each item's JobSpec: the command line's options, then its line's fields; checked as `pid submit` checks
+    one (repos, model, prices, key), every directory repo packed once. Any problem: all of them, exit 2."""
+    from cli.main import BadInput, check_api_key, check_repo
+    from pid.config import base_url_for
+    errors = list(errors or [])
+    specs: dict[str, JobSpec] = {}
+    repos: dict[str, str | BaseException] = {}
+    for item in items:
+        where = f"line {item.line}"
+        given = item.repo or repo
+        if not given:
+            errors.append(f"{where}: no repo (a \"repo\" field, or --repo for every item)")
+            continue
+        if given not in repos:
+            try:
+                repos[given] = check_repo(given)
+            except BadInput as exc:
+                repos[given] = exc
+        checked = repos[given]
+        if isinstance(checked, BaseException):
+            errors.append(f"{where}: {checked.format_message()}")   # type: ignore[attr-defined]
+            continue
+        fields = {**options, **item.fields}
+        model = fields.pop("model", None)
+        if not model:
+            errors.append(f"{where}: no model (a \"model\" field, --model or PID_MODEL)")
+            continue
+        priced = bool(fields.get("input_price") or fields.get("output_price"))
+        if fields.get("max_cost") is not None and not priced:
+            errors.append(f"{where}: max_cost needs the model's prices (input_price and/or output_price)")
+            continue
+        if need_prices and not priced:
+            errors.append(f"{where}: --max-total-cost needs the model's prices (--input-price and/or "
+                          "--output-price, or the line's fields)")
+            continue
+        item_queue = fields.pop("queue", queue)
+        spec = JobSpec(task=item.task, repo=checked, model=model, out_dir=jobs_dir, images=not no_images,
+                       **{**fields, "files": list(fields.get("files") or []), "runtime": fields.get("runtime") or None})
+        spec.queue = item_queue
+        spec.base_url = base_url_for(spec.api, spec.base_url)
+        try:
+            check_api_key(spec, api_key)
+        except BadInput as exc:
+            errors.append(f"{where}: {exc.format_message()}")
+            continue
+        specs[item.id] = spec
+    _refuse(errors, tasks)
+    errors += _pack(items, specs, max_workspace)
+    _refuse(errors, tasks)
+    if any(s.network != "none" for s in specs.values()):
+        click.echo("pid: warning: some items use --network bridge: their sandboxes can reach the network and are "
+                   "reachable from it", err=True)
+    _check_images(specs)
+    return specs
+
+
+def _pack(items: list[Item], specs: dict[str, JobSpec], max_bytes: int) -> list[str]:
+    """Each directory repo packed and stored once (the same tree, whatever the number of items on it)."""
+    from pid.config import pid_home
+    from sandbox.workspace import WorkspaceTooLarge
+    from worker.blobs import default_blobs
+    from worker.snapshot import git_source, pack_and_store
+    packed: dict[str, str | str] = {}
+    failed: dict[str, str] = {}
+    errors = []
+    blobs = None
+    for item in items:
+        spec = specs.get(item.id)
+        if spec is None or git_source(spec.repo) is not None:
+            continue
+        if spec.repo not in packed and spec.repo not in failed:
+            blobs = blobs or default_blobs()
+            try:
+                packed[spec.repo] = pack_and_store(spec.repo, blobs, max_bytes, tmp_dir=pid_home()).digest
+            except WorkspaceTooLarge:
+                failed[spec.repo] = (f"repo {spec.repo} is larger than --max-workspace {format_size(max_bytes)} "
+                                     "once packed")
+            except OSError as exc:
+                failed[spec.repo] = f"cannot pack repo {spec.repo}: {exc.strerror or exc}"
+        if spec.repo in failed:
+            errors.append(f"line {item.line}: {failed[spec.repo]}")
+        else:
+            spec.workspace = packed[spec.repo]
+    return errors
+
+
+def _check_images(specs: dict[str, JobSpec]) -> None:
+    from worker.app import embedded_broker
+    if not embedded_broker():
+        return
+    from cli.main import check_image
+    for image in sorted({s.image for s in specs.values()}):
+        check_image(image)
+
+
+class LocalWorkers:
+    """`--workers N`: a `pid worker --concurrency N` child for the life of the command, on the batch's queues, in
+    its own session (a Ctrl-C at the terminal is the batch's to handle); its log in DIR/.worker.log."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log_path: str) -> None:
+        self.proc, self.log_path = proc, log_path
+
+    @classmethod
+    def start(cls, n: int, queues: list[str], out: str) -> "LocalWorkers":
+        log_path = os.path.join(out, ".worker.log")
+        os.makedirs(out, exist_ok=True)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", str(n),
+                                     "--queue", ",".join(queues)], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        return cls(proc, log_path)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM: a job still running goes back to the queue (none does at a batch's normal end)."""
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=WORKER_STOP_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@dataclass
+class Run:
+    """One run of the command over the batch directory: what it submits, waits for, downloads and records."""
+    bdir: BatchDir
+    store: Any
+    as_json: bool
+    retry_failed: bool
+    specs: dict[str, JobSpec] = field(default_factory=dict)   # item id -> its spec (none with --wait DIR)
+    api_key: str | None = None
+    max_running: int | None = None
+    local: LocalWorkers | None = None
+    tasks: str | None = None
+    tracked: dict[str, str] = field(default_factory=dict)     # job id -> item id: jobs this run waits for
+    adopted: set[str] = field(default_factory=set)            # ...of which those an earlier run submitted
+    submitted: int = 0
+    interrupted: int = 0                                      # Ctrl-C count
+
+    # -- submitting --------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Decide per item (skip, wait for its job, submit), then submit."""
+        records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
+        to_submit = []
+        for item_id in self.bdir.order:
+            if item_id not in self.specs:
+                continue
+            job_id = self.bdir.current_job(item_id)
+            record = records.get(job_id) if job_id else None
+            row = self.bdir.rows.get(item_id)
+            if record is not None and not record.terminal:
+                self.tracked[job_id] = item_id           # still queued or running: wait for it, never beside it
+                self.adopted.add(job_id)
+            elif record is not None and (row is None or row.get("job_id") != job_id):
+                self.tracked[job_id] = item_id           # it ended while no run was watching: record it first
+                self.adopted.add(job_id)
+            elif needs_run(row, self.retry_failed):
+                to_submit.append(item_id)
+        self.submit(to_submit)
+
+    def submit(self, item_ids: list[str]) -> None:
+        """Ledger first (synced), then the jobs: created, and dispatched unless --max-running holds them back."""
+        from worker.dispatch import dispatch
+        room = None
+        if self.max_running is not None:
+            info = self.store.batch(self.bdir.batch_id)
+            room = max(0, self.max_running - (info.running if info else 0)) - sum(
+                1 for j in self.tracked if (r := self.store.get(j)) is not None and r.status == "queued")
+        for start in range(0, len(item_ids), CHUNK):
+            chunk = [(item_id, _job_spec(self.specs[item_id], self.bdir.batch_id)) for item_id in
+                     item_ids[start:start + CHUNK]]
+            self.bdir.record_jobs([(item_id, spec.id) for item_id, spec in chunk])
+            for item_id, spec in chunk:
+                self.store.create(spec)
+                if self.api_key and not self.store.set_secret(spec.id, self.api_key):
+                    raise click.ClickException(f"the job store did not keep job {spec.id}'s API key")
+                self.tracked[spec.id] = item_id
+                self.submitted += 1
+                if room is not None:
+                    if room <= 0:
+                        continue         # parked: dispatched when a slot of the batch is free (worker/batch_budget)
+                    room -= 1
+                try:
+                    dispatch(spec.id, store=self.store)
+                except Exception as exc:
+                    self.store.finish(spec.id, "dispatch_failed", error=str(exc))
+                    raise click.ClickException(f"could not queue job {spec.id}: {exc}") from None
+
+    # -- following ---------------------------------------------------------------------------------------------
+
+    def follow_existing(self) -> None:
+        """--wait DIR: the jobs the ledger names that have not been recorded as ended."""
+        records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
+        for item_id in self.bdir.order:
+            job_id = self.bdir.current_job(item_id)
+            row = self.bdir.rows.get(item_id)
+            if job_id and job_id in records and (row is None or row.get("job_id") != job_id):
+                self.tracked[job_id] = item_id
+        self.follow()
+
+    def follow(self) -> None:
+        """Wait for every tracked job, recording each as it ends; then the summary, and exit with its code."""
+        display = make_display(self.as_json)
+        progress = Progress(total=len(self.bdir.order))
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        downloads = ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="pid-batch-download")
+        pending: dict[str, Future[dict[str, Any]]] = {}
+        cancelled_at: float | None = None
+        budget_ended = False
+        last_rows = 0.0
+        try:
+            while self.tracked or pending:
+                records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
+                if self.interrupted and cancelled_at is None:
+                    cancelled_at = time.monotonic()
+                    self._cancel_all(records, display)
+                    records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
+                if cancelled_at is not None and (self.interrupted > 1 or
+                                                 time.monotonic() - cancelled_at > CANCEL_WAIT_S):
+                    break
+                for job_id, item_id in list(self.tracked.items()):
+                    record = records.get(job_id)
+                    if record is None:       # gone from the store (expired): it never ended for this batch
+                        del self.tracked[job_id]
+                        if not self.interrupted and item_id in self.specs:
+                            self.submit([item_id])
+                    elif record.terminal and job_id not in pending:
+                        pending[job_id] = downloads.submit(self._finish_item, job_id, item_id, record)
+                for job_id, future in list(pending.items()):
+                    if not future.done():
+                        continue
+                    del pending[job_id]
+                    item_id = self.tracked.pop(job_id)
+                    row = future.result()
+                    self.bdir.rows[item_id] = row
+                    progress.ended_now += 1
+                    _count(progress, self.bdir, records, self.tracked)
+                    display.item_ended(row, progress)
+                    if (job_id in self.adopted and not self.interrupted and item_id in self.specs
+                            and needs_run(row, self.retry_failed) and row.get("exit_reason") != "batch_budget"):
+                        self.submit([item_id])   # an earlier run's job, cancelled (or failed, --retry-failed)
+                if not budget_ended:
+                    info = self.store.batch(self.bdir.batch_id)
+                    progress.budget = info.max_total_cost if info else None
+                    if info is not None and info.exhausted:
+                        from worker.batch_budget import budget_note, end_queued
+                        budget_ended = True
+                        if end_queued(self.store, self.bdir.batch_id, budget_note(info)):
+                            display.note(f"pid: {budget_note(info)}: the queued items are cancelled")
+                if self.local is not None and not self.local.alive() and self.tracked:
+                    display.note(f"pid: the local worker stopped (see {self.local.log_path})")
+                    self.local = None
+                _count(progress, self.bdir, records, self.tracked)
+                display.update(progress)
+                if time.monotonic() - last_rows >= ROWS_EVERY_S:
+                    self.bdir.write_rows()
+                    last_rows = time.monotonic()
+                if self.tracked or pending:
+                    time.sleep(POLL_S)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            downloads.shutdown(wait=True)
+            display.stop()
+            self.bdir.write_rows()
+        self._end()
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.interrupted += 1
+        if self.interrupted == 1:
+            click.echo("\ninterrupted: cancelling the batch's queued and running jobs (Ctrl-C again: stop waiting "
+                       "for them)…", err=True)
+
+    def _cancel_all(self, records: dict[str, Any], display: Display) -> None:
+        from worker.sweep import cancel_job
+        for job_id in list(self.tracked):
+            record = records.get(job_id)
+            if record is not None and not record.terminal:
+                try:
+                    cancel_job(self.store, job_id)
+                except Exception as exc:
+                    display.note(f"pid: cancelling job {job_id}: {exc}")
+
+    def _finish_item(self, job_id: str, item_id: str, record: Any) -> dict[str, Any]:
+        """An ended job: its result.json and artifacts from the store into DIR/<item id>/; its batch.jsonl row."""
+        from worker.artifact_store import DownloadError, download, read_result
+        from cli.main import RESULT_GRACE_S
+        note = None
+        try:
+            result = read_result(self.store, job_id, wait_s=RESULT_GRACE_S)
+        except DownloadError as exc:
+            result, note = None, str(exc)
+        if result is None:
+            result = {"id": job_id, "status": record.status, "exit_reason": record.exit_reason,
+                      "error": record.error or note or "no result.json in the job store", "turns": record.turns,
+                      "tool_calls": record.tool_calls, "usage": record.total_usage, "duration_s": record.duration_s}
+        else:
+            fresh = os.path.join(self.bdir.path, f".download-{item_id}-{secrets.token_hex(3)}")
+            try:
+                download(self.store, job_id, fresh)
+                self.bdir.replace_item_dir(item_id, fresh)
+            except (DownloadError, OSError) as exc:
+                shutil.rmtree(fresh, ignore_errors=True)
+                result.setdefault("error", f"artifacts not downloaded: {exc}")
+        shutil.rmtree(os.path.join(self.bdir.jobs_dir, job_id), ignore_errors=True)
+        return row_for(item_id, job_id, result)
+
+    def _end(self) -> None:
+        rows = [self.bdir.rows[i] for i in self.bdir.order if i in self.bdir.rows]
+        summary = {"batch": self.bdir.batch_id, **summarize(rows, len(self.bdir.order))}
+        info = self.store.batch(self.bdir.batch_id)
+        if info is not None:
+            summary["budget"] = {"max_total_cost": info.max_total_cost, "spent": info.spent,
+                                 "max_running": info.max_running}
+        self.bdir.write_summary(summary)
+        if self.as_json:
+            import json
+            click.echo(json.dumps({"summary": summary}))
+        else:
+            click.echo(summary_text(summary, self.bdir.path))
+        if self.interrupted:
+            left = len(self.tracked)
+            again = "pid " + shlex.join(["batch", *sys.argv[2:]]) if self.tasks else \
+                f"pid batch --wait {shlex.quote(self.bdir.path)}"
+            click.echo(f"interrupted: {len(rows)} of {len(self.bdir.order)} item(s) ended"
+                       + (f", {left} still ending (their jobs were cancelled)" if left else "")
+                       + f"; resume with: {again}", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        sys.exit(summary["exit_code"])
+
+
+def _job_spec(template: JobSpec, batch_id: str) -> JobSpec:
+    """A new job for an item: its spec, with a fresh id (longer than submit's: thousands are made per second)."""
+    from dataclasses import replace
+    return replace(template, id=new_job_id() + secrets.token_hex(2), batch=batch_id)
+
+
+def _count(progress: Progress, bdir: BatchDir, records: dict[str, Any], tracked: dict[str, str]) -> None:
+    """The display's numbers: ended items by their row, the others by their job's status now."""
+    counts: dict[str, int] = {}
+    running = []
+    cost = 0.0
+    live_items = set(tracked.values())
+    for item_id in bdir.order:
+        job_id = bdir.current_job(item_id)
+        record = records.get(job_id) if job_id else None
+        row = bdir.rows.get(item_id)
+        if item_id in live_items and record is not None:
+            status = record.status if not record.terminal else "ending"
+            if record.status == "running":
+                running.append((item_id, record))
+        elif row is not None:
+            status = str(row.get("status"))
+        else:
+            status = "not submitted"
+        counts[status] = counts.get(status, 0) + 1
+        if record is not None:
+            cost += float(record.total_usage.get("cost") or 0)
+        elif row is not None:
+            cost += float(row.get("cost") or 0)
+    progress.counts, progress.running, progress.cost = counts, running, cost
+    progress.to_end = len(tracked)
+
+
+def _status(bdir: BatchDir, as_json: bool) -> None:
+    """--status DIR: every item by its current job's status (or its recorded end), the spend, no waiting."""
+    store = _store()
+    records = {r.id: r for r in store.batch_jobs(bdir.batch_id)}
+    live = {bdir.current_job(i): i for i in bdir.order if bdir.current_job(i) in records
+            and not records[bdir.current_job(i)].terminal}
+    progress = Progress(total=len(bdir.order))
+    _count(progress, bdir, records, {j: i for j, i in live.items() if j})
+    info = store.batch(bdir.batch_id)
+    if as_json:
+        import json
+        click.echo(json.dumps({"batch": bdir.batch_id, "items": len(bdir.order), "counts": progress.counts,
+                               "cost": round(progress.cost, 6),
+                               "budget": None if info is None else {"max_total_cost": info.max_total_cost,
+                                                                     "spent": info.spent,
+                                                                     "max_running": info.max_running}}))
+        return
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(progress.counts.items()))
+    budget = f" of ${info.max_total_cost:.4f}" if info is not None and info.max_total_cost is not None else ""
+    click.echo(f"batch {bdir.batch_id}: {len(bdir.order)} items: {counts}; cost ${progress.cost:.4f}{budget}")
+    for item_id, record in progress.running:
+        click.echo(f"  {item_id}  turn {record.turns}  {record.activity or ''}")
+
