@@ -330,32 +330,52 @@ class Run:
         self.submit(to_submit)
 
     def submit(self, item_ids: list[str]) -> None:
-        """Ledger first (synced), then the jobs: created, and dispatched unless --max-running holds them back."""
-        from worker.dispatch import dispatch
+        """Ledger first (synced), then the jobs, a chunk at a time: created in one store operation, and published
+        (one broker connection) unless --max-running holds them back (parked: worker/batch_budget.py)."""
         room = None
         if self.max_running is not None:
             info = self.store.batch(self.bdir.batch_id)
-            room = max(0, self.max_running - (info.running if info else 0)) - sum(
-                1 for j in self.tracked if (r := self.store.get(j)) is not None and r.status == "queued")
+            records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
+            waiting = sum(1 for j in self.tracked if j in records and records[j].status == "queued"
+                          and records[j].dispatched_at is not None)
+            room = max(0, self.max_running - (info.running if info else 0) - waiting)
         for start in range(0, len(item_ids), CHUNK):
             chunk = [(item_id, _job_spec(self.specs[item_id], self.bdir.batch_id)) for item_id in
                      item_ids[start:start + CHUNK]]
             self.bdir.record_jobs([(item_id, spec.id) for item_id, spec in chunk])
+            go = chunk if room is None else chunk[:room]
+            room = None if room is None else room - len(go)
+            self.store.create_many([spec for _, spec in go], dispatched=True)
+            self.store.create_many([spec for _, spec in chunk[len(go):]], dispatched=False)
             for item_id, spec in chunk:
-                self.store.create(spec)
                 if self.api_key and not self.store.set_secret(spec.id, self.api_key):
                     raise click.ClickException(f"the job store did not keep job {spec.id}'s API key")
                 self.tracked[spec.id] = item_id
-                self.submitted += 1
-                if room is not None:
-                    if room <= 0:
-                        continue         # parked: dispatched when a slot of the batch is free (worker/batch_budget)
-                    room -= 1
-                try:
-                    dispatch(spec.id, store=self.store)
-                except Exception as exc:
-                    self.store.finish(spec.id, "dispatch_failed", error=str(exc))
-                    raise click.ClickException(f"could not queue job {spec.id}: {exc}") from None
+            self.submitted += len(chunk)
+            self._publish([spec for _, spec in go])
+
+    def _publish(self, specs: list[JobSpec]) -> None:
+        """Each job's message (its id). A publish that fails leaves it and the rest to the workers' reconcilers,
+        which publish what the store says was not (a warning, once)."""
+        from worker.app import app
+        from worker.dispatch import TASK
+        if not specs:
+            return
+        with app.producer_or_acquire() as producer:   # one producer (and connection) for the whole chunk
+            self._send(specs, producer)
+
+    def _send(self, specs: list[JobSpec], producer: Any) -> None:
+        from worker.app import app
+        from worker.dispatch import TASK
+        for n, spec in enumerate(specs):
+            try:
+                app.send_task(TASK, args=[spec.id], task_id=spec.id, queue=spec.queue, producer=producer)
+            except Exception as exc:
+                for left in specs[n:]:
+                    self.store.mark_undispatched(left.id, f"{type(exc).__name__}: {exc}")
+                click.echo(f"pid: warning: the broker refused job {spec.id} ({exc}); {len(specs) - n} job(s) wait "
+                           "for a worker's reconciler to queue them", err=True)
+                return
 
     # -- following ---------------------------------------------------------------------------------------------
 

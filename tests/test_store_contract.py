@@ -652,3 +652,20 @@ def test_a_batch_runs_at_most_max_running_jobs_whoever_claims(store, tmp_path):
     assert store.requeue(jobs[1].id, owner="w5", lapsed_only=False)
     assert store.claim(jobs[3].id, "w4", 60)
     assert not store.claim(jobs[1].id, "w6", 60)
+
+
+def test_create_many_makes_queued_jobs_at_once_dispatched_or_not(store, tmp_path):
+    made = [batch_spec(tmp_path, n, "b3") for n in range(5)]
+    store.create_many(made[:3], dispatched=True)
+    store.create_many(made[3:])
+    records = {r.id: r for r in store.batch_jobs("b3")}
+    assert list(records) == [s.id for s in made]
+    for n, s in enumerate(made):
+        r = records[s.id]
+        assert (r.status, r.kind, r.spec.task, r.attempts) == ("queued", "worker", s.task, 0)
+        assert (r.dispatched_at is not None) == (n < 3) and (r.undispatched_since is None) == (n < 3)
+    waiting = {r.id for r in store.to_dispatch(stale_before=None)}
+    assert waiting >= {s.id for s in made[3:]} and not waiting & {s.id for s in made[:3]}
+    with pytest.raises(ValueError):
+        store.create_many([made[0]])
+    assert store.claim(made[0].id, "w", 60)

@@ -117,6 +117,10 @@ redis.call('HSET', K, 'id', ID, 'spec', A.spec, 'status', 'queued', 'attempts', 
   'undispatched_since', fmt(t), 'pinned', 0)
 redis.call('ZADD', P .. 'jobs', t, ID)
 redis.call('ZADD', P .. 'st:queued', t, ID)
+if A.dispatched then
+  redis.call('HSET', K, 'dispatched_at', fmt(t))
+  redis.call('HDEL', K, 'undispatched_since')
+end
 if not isnull(A.batch) then
   redis.call('HSET', K, 'batch', A.batch)
   redis.call('SADD', P .. 'batchjobs:' .. A.batch, ID)
@@ -479,12 +483,27 @@ class RedisStore:
         """A queued job, not yet dispatched. kind "run" is a foreground `pid run`: its process is its only worker."""
         assert kind in ("worker", "run")
         try:
-            self._run("create", spec.id, spec=json.dumps(spec.to_dict()), kind=kind, batch=spec.batch)
+            self._run("create", spec.id, spec=json.dumps(spec.to_dict()), kind=kind, batch=spec.batch,
+                      dispatched=False)
         except redis.ResponseError as exc:
             raise ValueError(str(exc)) from None
         record = self.get(spec.id)
         assert record is not None
         return record
+
+    def create_many(self, specs: "builtins.list[JobSpec]", dispatched: bool = False) -> None:
+        """Queued worker jobs, in one round trip (a pipeline of create scripts); with `dispatched`, each recorded
+        as dispatched now (the caller publishes next). ValueError if one exists already (the others are made)."""
+        client, scripts = self._connection()
+        pipe = client.pipeline(transaction=False)
+        for spec in specs:
+            scripts["create"](args=[PREFIX, str(self.retention), spec.id,
+                                    json.dumps({"spec": json.dumps(spec.to_dict()), "kind": "worker",
+                                                "batch": spec.batch, "dispatched": dispatched}),
+                                    uuid.uuid4().hex], client=pipe)
+        for reply in pipe.execute(raise_on_error=False):
+            if isinstance(reply, Exception):
+                raise ValueError(str(reply))
 
     def get(self, job_id: str) -> JobRecord | None:
         fields = self._r.hgetall(PREFIX + "job:" + job_id)

@@ -290,6 +290,7 @@ class Store(Protocol):
     def now(self) -> float: ...
     # jobs
     def create(self, spec: JobSpec, kind: str = "worker") -> JobRecord: ...
+    def create_many(self, specs: "builtins.list[JobSpec]", dispatched: bool = False) -> None: ...
     def get(self, job_id: str) -> JobRecord | None: ...
     def list(self, limit: int = 50, status: str | None = None) -> "builtins.list[JobRecord]": ...
     def claim(self, job_id: str, owner: str, lease_s: float) -> bool: ...
@@ -447,6 +448,26 @@ class JobStore:
         record = self.get(spec.id)
         assert record is not None
         return record
+
+    def create_many(self, specs: "builtins.list[JobSpec]", dispatched: bool = False) -> None:
+        """Queued worker jobs, all in one transaction (`pid batch`: one commit for many). With `dispatched`, each is
+        recorded as dispatched now, as dispatch() records it before it publishes: the caller publishes next (and
+        marks undispatched one whose publish fails)."""
+        now = time.time()
+        rows = [(s.id, json.dumps(s.to_dict()), now, None if dispatched else now, now if dispatched else None,
+                 s.batch) for s in specs]
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany("INSERT INTO jobs (id, spec, status, created_at, kind, undispatched_since, "
+                               "dispatched_at, batch) VALUES (?, ?, 'queued', ?, 'worker', ?, ?, ?)", rows)
+            except sqlite3.IntegrityError as exc:
+                db.execute("ROLLBACK")
+                raise ValueError(f"a job exists already ({exc})") from None
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
 
     def get(self, job_id: str) -> JobRecord | None:
         with self._db() as db:
