@@ -30,7 +30,8 @@ from cli.options import EnvOption, Number, QueueName, Size, format_size, spec_op
 from worker.batch import BatchDir, needs_run, row_for, summarize
 from worker.jobs import DEFAULT_QUEUE, JobSpec, new_job_id, spec_field
 
-POLL_S = 0.5                 # how often the store is read for the batch's jobs (one query for all)
+POLL_S = 0.5                 # how often the store is read for the batch's jobs (one query for all)...
+POLL_MAX_S = 2.0             # ...or, with more than 250 jobs to follow, up to this
 CHUNK = 200                  # jobs per ledger sync
 DOWNLOADS = 4                # artifacts downloaded at once
 ROWS_EVERY_S = 2.0           # batch.jsonl is rewritten at most this often while the batch runs (and at its end)
@@ -59,8 +60,10 @@ def _bad(message: str) -> click.ClickException:
               help="USD for the whole batch, across every worker: once its jobs have spent it, queued items are "
                    "cancelled and running ones stop before their next model call (exit reason batch_budget).")
 @click.option("--max-running", type=click.IntRange(min=1), default=None,
-              help="The batch's jobs running at once at most, whichever workers take them (the job store enforces it).")
-@click.option("--retry-failed", is_flag=True, help="Also rerun items that failed or hit a limit (or whose check failed).")
+              help="The batch's jobs running at once at most, whichever workers take them (the job store "
+                   "enforces it).")
+@click.option("--retry-failed", is_flag=True,
+              help="Also rerun items that failed or hit a limit (or whose check failed).")
 @click.option("--detach", is_flag=True, help="Submit and return at once (then --status DIR, --wait DIR).")
 @click.option("--status", "status_dir", metavar="DIR", help="Show a batch's progress from its output directory.")
 @click.option("--wait", "wait_dir", metavar="DIR", help="Wait for a (detached) batch's items, download, summarize.")
@@ -111,7 +114,12 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
     run = Run(bdir, store, as_json, retry_failed, specs=specs, api_key=api_key, max_running=max_running,
               local=local, tasks=tasks)
     try:
-        run.start()
+        try:
+            run.start()
+        except KeyboardInterrupt:   # mid-submit: what was submitted goes, and the ledger keeps it for a rerun
+            click.echo("\ninterrupted while submitting: cancelling the jobs submitted so far", err=True)
+            run.cancel_tracked()
+            sys.exit(EXIT_INTERRUPTED)
         if detach:
             click.echo(f"batch {bdir.batch_id}: {run.submitted} job(s) submitted, {len(run.tracked)} item(s) to "
                        f"wait for; later: pid batch --status {shlex.quote(out)} / pid batch --wait {shlex.quote(out)}")
@@ -272,7 +280,7 @@ class LocalWorkers:
         with open(log_path, "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", str(n),
                                      "--queue", ",".join(queues)], stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
         return cls(proc, log_path)
 
     def alive(self) -> bool:
@@ -288,6 +296,16 @@ class LocalWorkers:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def _die_with_parent() -> None:
+    """In the local worker's child, before exec: SIGTERM when the batch's process dies, however it dies (Linux), so
+    a killed `pid batch` leaves no worker behind (SIGTERM hands its running jobs back to the queue)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except Exception:
+        pass
 
 
 @dataclass
@@ -319,10 +337,13 @@ class Run:
             job_id = self.bdir.current_job(item_id)
             record = records.get(job_id) if job_id else None
             row = self.bdir.rows.get(item_id)
-            if record is not None and not record.terminal:
+            if job_id is None or record is None:
+                if needs_run(row, self.retry_failed):
+                    to_submit.append(item_id)
+            elif not record.terminal:
                 self.tracked[job_id] = item_id           # still queued or running: wait for it, never beside it
                 self.adopted.add(job_id)
-            elif record is not None and (row is None or row.get("job_id") != job_id):
+            elif row is None or row.get("job_id") != job_id:
                 self.tracked[job_id] = item_id           # it ended while no run was watching: record it first
                 self.adopted.add(job_id)
             elif needs_run(row, self.retry_failed):
@@ -358,7 +379,6 @@ class Run:
         """Each job's message (its id). A publish that fails leaves it and the rest to the workers' reconcilers,
         which publish what the store says was not (a warning, once)."""
         from worker.app import app
-        from worker.dispatch import TASK
         if not specs:
             return
         with app.producer_or_acquire() as producer:   # one producer (and connection) for the whole chunk
@@ -446,8 +466,8 @@ class Run:
                 if time.monotonic() - last_rows >= ROWS_EVERY_S:
                     self.bdir.write_rows()
                     last_rows = time.monotonic()
-                if self.tracked or pending:
-                    time.sleep(POLL_S)
+                if self.tracked or pending:   # one query for all: less often for thousands of jobs
+                    time.sleep(min(POLL_MAX_S, max(POLL_S, len(self.tracked) / 500)))
         finally:
             signal.signal(signal.SIGINT, previous)
             downloads.shutdown(wait=True)
@@ -462,14 +482,19 @@ class Run:
                        "for them)…", err=True)
 
     def _cancel_all(self, records: dict[str, Any], display: Display) -> None:
+        self.cancel_tracked(records, display.note)
+
+    def cancel_tracked(self, records: dict[str, Any] | None = None, note: Any = None) -> None:
+        """Cancel every job this run waits for that has not ended (queued ones end now, running ones through
+        their workers)."""
         from worker.sweep import cancel_job
         for job_id in list(self.tracked):
-            record = records.get(job_id)
+            record = records.get(job_id) if records is not None else self.store.get(job_id)
             if record is not None and not record.terminal:
                 try:
                     cancel_job(self.store, job_id)
                 except Exception as exc:
-                    display.note(f"pid: cancelling job {job_id}: {exc}")
+                    (note or (lambda text: click.echo(text, err=True)))(f"pid: cancelling job {job_id}: {exc}")
 
     def _finish_item(self, job_id: str, item_id: str, record: Any) -> dict[str, Any]:
         """An ended job: its result.json and artifacts from the store into DIR/<item id>/; its batch.jsonl row."""

@@ -90,7 +90,8 @@ class Agentish:
             command = "ls" if forgetful else f"sed -i 's/{old}/{new}/' {module}"
             return {**answer, "tool_calls": [{"name": "bash", "arguments": {"command": command}, "id": conversation}]}
         if turn == 1:
-            return {**answer, "tool_calls": [{"name": "bash", "arguments": {"command": "python3 -m unittest -q || true"},
+            command = "python3 -m unittest -q || true"
+            return {**answer, "tool_calls": [{"name": "bash", "arguments": {"command": command},
                                               "id": f"t-{conversation}"}]}
         return {**answer, "text": "Fixed."}
 
@@ -330,3 +331,70 @@ def test_a_detached_batch_keeps_its_running_limit_without_its_client(run_pid, pi
     for earlier, later in zip(results, results[1:]):
         assert later["started_at"] >= earlier["finished_at"], "two of the batch's jobs ran at once"
     assert json.loads(run_pid("batch", "--status", str(out), "--json").stdout)["counts"] == {"completed": 4}
+
+
+def run_in_pty(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 300) -> tuple[int, str]:
+    """The command with a terminal (120 columns) as its stdout and stderr: what a person at one sees."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen(cmd, cwd=cwd, env={**env, "TERM": "xterm-256color", "COLUMNS": "120"},
+                            stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
+    os.close(follower)
+    chunks = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:   # the terminal's other end closed: the command ended
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    return proc.wait(timeout=30), b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.docker
+@pytest.mark.cli
+def test_a_terminal_gets_a_live_table_and_retry_failed_reruns_only_the_failed(pid_env, tmp_path):
+    """On a terminal: the live table (counts, running items with their turn, cost, ETA). Items that hit a limit
+    are not rerun by the same command; with --retry-failed (their limit raised in the file) they are, and only
+    they."""
+    projects = make_projects(tmp_path / "projects")
+    tasks = tasks_file(tmp_path / "tasks.jsonl", projects, 4)
+    lines = [json.loads(line) for line in tasks.read_text().splitlines()]
+    for line in lines[2:]:
+        line["max_turns"] = 1                     # three turns needed: these end `limit`
+    tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    agent = Agentish(delay_s=0.6, usage={"prompt_tokens": 1000, "completion_tokens": 100})
+    with ScriptedLLM(responder=agent) as llm:
+        cmd = batch_cmd(tasks, out, llm, "--workers", "2", "--input-price", "1")
+        code, screen = run_in_pty(cmd, pid_env, tmp_path)
+        assert code == 3, screen
+        plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen)
+        assert "4 items" in plain and "ETA" in plain and "turn" in plain and "last tool" in plain, plain
+        assert re.search(r"item-\d +[123] +\$", plain), plain          # a running item, its turn and its cost
+        assert "[4/4]" in plain and "4 items: 2 completed, 2 limit" in plain
+        first = rows(out)
+        assert {i: r["status"] for i, r in first.items()} == {"item-0": "completed", "item-1": "completed",
+                                                                "item-2": "limit", "item-3": "limit"}
+        requests = len(agent.log)
+        same = subprocess.run(cmd, cwd=tmp_path, env=pid_env, capture_output=True, text=True, timeout=300)
+        assert same.returncode == 3 and len(agent.log) == requests, same.stderr    # nothing ran again
+        for line in lines:
+            line.pop("max_turns", None)
+        tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        retried = subprocess.run([*cmd, "--retry-failed"], cwd=tmp_path, env=pid_env, capture_output=True,
+                                 text=True, timeout=300)
+    assert retried.returncode == 0, retried.stderr
+    final = rows(out)
+    assert all(r["status"] == "completed" for r in final.values())
+    assert [final[i]["job_id"] for i in ("item-0", "item-1")] == [first[i]["job_id"] for i in ("item-0", "item-1")]
+    assert all(final[i]["job_id"] != first[i]["job_id"] for i in ("item-2", "item-3"))
+    assert {e["item"] for e in agent.log[requests:]} == {"item-2", "item-3"}
+    assert json.loads((out / "item-2" / "result.json").read_text())["id"] == final["item-2"]["job_id"]
