@@ -213,7 +213,7 @@ def test_a_batch_interrupted_halfway_resumes_and_its_summary_matches_the_items_r
     projects = make_projects(tmp_path / "projects")
     tasks = tasks_file(tmp_path / "tasks.jsonl", projects, 50, forget_every=10)
     out = tmp_path / "out"
-    agent = Agentish(delay_s=0.15, usage={"prompt_tokens": 1000, "completion_tokens": 100})
+    agent = Agentish(delay_s=0.05, usage={"prompt_tokens": 1000, "completion_tokens": 100})
     check = ["--check", CHECK] if HAS_CHECK else []
     with ScriptedLLM(responder=agent) as llm:
         cmd = batch_cmd(tasks, out, llm, "--workers", "4", "--input-price", "1", "--output-price", "2", *check)

@@ -95,12 +95,19 @@ def refused(store: Store, record: JobRecord) -> str | None:
     return None
 
 
+IN_FLIGHT_S = 60.0   # a job dispatched this recently and not yet taken holds a slot of its batch (its message waits)
+
+
 def room(store: Store, batch_id: str) -> int | None:
-    """How many more of the batch's jobs may start now (None: no limit)."""
+    """How many more of the batch's jobs may be dispatched now (None: no limit): its free slots, less the jobs
+    whose message is on its way to a worker."""
     info = store.batch(batch_id)
     if info is None or info.max_running is None:
         return None
-    return max(0, info.max_running - info.running)
+    since = store.now() - IN_FLIGHT_S
+    in_flight = sum(1 for r in store.batch_jobs(batch_id) if r.status == "queued" and r.dispatched_at is not None
+                    and r.dispatched_at >= since)
+    return max(0, info.max_running - info.running - in_flight)
 
 
 def wake_parked(store: Store, batch_id: str) -> list[str]:
