@@ -277,9 +277,14 @@ def test_a_batch_interrupted_halfway_resumes_and_its_summary_matches_the_items_r
 
 @pytest.mark.docker
 @pytest.mark.cli
-def test_the_batch_budget_stops_running_jobs_at_their_next_model_call_and_cancels_the_queued(pid_env, tmp_path):
+@pytest.mark.parametrize("store", ["embedded", "redis"])
+def test_the_batch_budget_stops_running_jobs_at_their_next_model_call_and_cancels_the_queued(store, pid_env, tmp_path,
+                                                                                          request):
     """$0.01 per model call, a budget of $0.05, two jobs at once, eight items of six calls each: the batch stops
-    within one call per running job; every item ends cancelled, batch_budget."""
+    within one call per running job; every item ends cancelled, batch_budget. With SQLite (a transaction) and with
+    Redis as broker and store (a Lua script)."""
+    if store == "redis":
+        pid_env = {**pid_env, "PID_BROKER_URL": request.getfixturevalue("redis_server").url}
     projects = make_projects(tmp_path / "projects")
     tasks = tasks_file(tmp_path / "tasks.jsonl", projects, 8)
     out = tmp_path / "out"
