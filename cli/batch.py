@@ -37,7 +37,8 @@ def _bad(message: str) -> click.ClickException:
 
 @click.command("batch")
 @click.argument("tasks", required=False, metavar="TASKS.jsonl|-")
-@spec_options
+@spec_options(json_help="No live table: a JSON line per item as it ends (its batch.jsonl object), then "
+                        "{\"summary\": ...}.")
 @click.option("--repo", help="Every item's repo unless its line names one: " + spec_field("repo").metadata["help"])
 @click.option("--queue", type=QueueName(), default=DEFAULT_QUEUE, show_default=True, envvar="PID_QUEUE",
               show_envvar=True, cls=EnvOption, help=spec_field("queue").metadata["help"])
@@ -118,6 +119,13 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
     finally:
         if local is not None:
             local.stop()
+
+
+for _param in batch.params:   # the job option --out is the batch's own directory here
+    if _param.name == "out_dir" and isinstance(_param, click.Option):
+        _param.help = ("The batch's directory (required): DIR/<item id>/ per item, batch.jsonl, summary.json; its "
+                       "memory when the same command runs again.")
+        _param.show_default = False
 
 
 def _store() -> Any:
