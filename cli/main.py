@@ -1,7 +1,8 @@
 """The `pid` command. Thin: parse, call, print. Exit codes: 0 completed (and its --check passed), 1 failed or
 cancelled, 2 bad usage or input (nothing ran), 3 a limit was hit (timeout, max turns, max cost), 4 completed but its
 --check failed, 5 `pid result` of a job not finished yet, 130 interrupted (Ctrl-C). A job's codes (0, 1, 3, 4) come
-from pid.endings.exit_code_for."""
+from pid.endings.exit_code_for. `pid batch` (cli/batch.py) exits with its
+worst item's code."""
 from __future__ import annotations
 
 import json
@@ -630,6 +631,8 @@ cli.add_command(view_command)
 from cli.rerun import register as register_rerun  # noqa: E402 - `continue` and `retry`, with this module's helpers
 register_rerun(cli, sys.modules[__name__])
 
+from cli.batch import batch as _batch  # noqa: E402  (it imports this module's checks lazily)
+cli.add_command(_batch)
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)
 

@@ -317,14 +317,26 @@ JOB_OPTIONS = [
 
 def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The options `run` and `submit` share: they describe the same job."""
+    func = spec_options(func)
+    for decorator in reversed([click.argument("task"),
+                               click.option("--repo", "repo", required=True,
+                                            help=spec_field("repo").metadata["help"])]):
+        func = decorator(func)
+    return func
+
+
+def spec_options(func: Callable[..., Any] | None = None, *,
+                 json_help: str = "Print result.json instead of the summary.") -> Any:
+    """The job's options without its task and repo: `pid batch` takes them as every item's defaults (and says
+    what its --json prints: `@spec_options(json_help=...)`)."""
+    if func is None:
+        return lambda f: spec_options(f, json_help=json_help)
     decorators = [
-        click.argument("task"),
-        click.option("--repo", "repo", required=True, help=spec_field("repo").metadata["help"]),
         *(option.decorator() for option in JOB_OPTIONS),
         click.option("--api-key", envvar=list(API_KEY_ENV), show_envvar=True,
                      help="API key; never enters the container."),
         click.option("--no-images", is_flag=True, help="The model takes no images: read's images reach it as a note."),
-        click.option("--json", "as_json", is_flag=True, help="Print result.json instead of the summary."),
+        click.option("--json", "as_json", is_flag=True, help=json_help),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)

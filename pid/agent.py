@@ -11,6 +11,7 @@ import dataclasses
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -42,6 +43,9 @@ class Limits:
     wall_clock_s: float | None = None
     max_cost: float | None = None             # USD
     max_consecutive_timeouts: int = 3
+    # Asked before every model call: a reason (and its message) to end the run now, or None. A limit shared with
+    # others that the loop cannot see (a batch's budget, kept elsewhere); it must not raise.
+    gate: Callable[[], tuple[ExitReason, str] | None] | None = None
 
 
 @dataclass
@@ -146,6 +150,11 @@ class Agent:
                 return self._stopped(out)
             if self.limits.max_turns is not None and out.turns >= self.limits.max_turns:
                 return self._end(out, "max_turns", f"reached max_turns ({self.limits.max_turns})")
+            stop = self.limits.gate() if self.limits.gate is not None else None
+            if stop is not None:
+                for text in pending:
+                    self._add(UserMessage.text(text))
+                return self._end(out, *stop)
             out.turns += 1
             turn = out.turns
             self._emit(ev.TurnStart(turn))

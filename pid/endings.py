@@ -30,6 +30,7 @@ ExitReason = Literal[
     "worker_lost",            # the worker died and the job cannot run again
     "client_lost",            # the `pid run` process died (killed?): a foreground job is not run again
     "dispatch_failed",        # the queue refused the job
+    "batch_budget",           # its batch's --max-total-cost was reached (pid batch): queued or at its next model call
     "error",                  # anything else (a bug or a set-up failure), with its message in `error`
 ]
 
@@ -62,6 +63,7 @@ ENDINGS: dict[str, Ending] = {
     "worker_lost": Ending("failed", 1),
     "client_lost": Ending("failed", 1),
     "dispatch_failed": Ending("failed", 1),
+    "batch_budget": Ending("cancelled", 1),
     "error": Ending("failed", 1),
 }
 assert set(ENDINGS) == set(get_args(ExitReason)), "every exit reason has exactly one ending"

@@ -267,3 +267,18 @@ def test_a_steer_during_the_final_reply_is_delivered_not_dropped(sandbox):
         outcome = agent.run("go")
         assert len(llm.requests) == 2 and "one more thing" in str(llm.requests[1]["messages"][-1]["content"])
     assert outcome.final_message == "handled the steer"
+
+
+def test_a_gate_asked_before_every_model_call_ends_the_run_with_its_reason(sandbox):
+    asked: list[int] = []
+
+    def gate():   # a batch's budget, spent once two calls were made
+        asked.append(1)
+        return ("batch_budget", "the batch's budget is spent") if len(asked) > 2 else None
+
+    with ScriptedLLM([{"tool_calls": [bash("true")]}] * 5) as llm:
+        outcome = make_agent(llm, sandbox, limits=Limits(gate=gate)).run("go")
+        calls = len(llm.requests)
+    assert (outcome.status, outcome.exit_reason, outcome.error) == ("cancelled", "batch_budget",
+                                                                    "the batch's budget is spent")
+    assert (outcome.turns, calls, len(asked)) == (2, 2, 3)

@@ -146,3 +146,29 @@ def test_a_lease_holder_is_known_alive_or_dead_only_where_that_can_be_told(tmp_p
     assert owner_alive(store.get(alive.id)) is True
     assert owner_alive(store.get(dead.id)) is False
     assert owner_alive(store.get(elsewhere.id)) is None   # another boot of a host with this name: the lease decides
+
+
+def test_the_reconciler_dispatches_a_batchs_waiting_jobs_only_into_its_free_slots(tmp_path):
+    """--max-running: jobs the store refused wait undispatched; a reconciler pass fills the batch's free slots and
+    no more (other jobs are not held back)."""
+    store = JobStore(str(tmp_path / "jobs.db"))
+    store.set_batch("b", max_total_cost=None, max_running=2)
+    jobs = []
+    for n in range(5):
+        s = spec(tmp_path, n)
+        s.batch = "b"
+        jobs.append(store.create(s))
+    other = store.create(spec(tmp_path, 9))
+    assert store.claim(jobs[0].id, "w", 60)
+    sent: list[str] = []
+
+    def publish(job_id: str, **kw) -> bool:
+        if not store.mark_dispatched(job_id, kw.get("previous"), only_if=kw.get("reconcile", False)):
+            return False
+        sent.append(job_id)
+        return True
+
+    assert reconcile(store, dispatch=publish) == [jobs[1].id, other.id]   # one slot of two is free
+    assert reconcile(store, dispatch=publish) == []                       # it is taken (dispatched)... until
+    assert store.claim(jobs[1].id, "w", 60) and store.finish(jobs[0].id, "stop", owner="w")
+    assert reconcile(store, dispatch=publish) == [jobs[2].id]

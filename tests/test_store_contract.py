@@ -619,3 +619,70 @@ def test_redis_a_script_sent_again_after_a_lost_reply_does_not_run_twice(redis_s
     assert send("requeue", "t4", owner="a", lapsed_only=False, handback=True, turns=1, tool_calls=1, usage=None,
                 cancelled_status="cancelled") == b"queued"
     assert store.get(job.id).handbacks == 1
+
+
+# -- batches ----------------------------------------------------------------------------------------------------------
+
+def batch_spec(tmp_path: Path, n: int, batch: str) -> JobSpec:
+    s = spec(tmp_path, n)
+    s.batch = batch
+    return s
+
+
+def test_a_batch_budget_adds_up_atomically_and_stops_claims_once_spent(store, tmp_path):
+    assert store.batch("b1") is None
+    assert store.add_batch_spend("b1", 1.0) is None              # an unknown batch: nothing recorded
+    info = store.set_batch("b1", max_total_cost=1.0, max_running=None)
+    assert (info.spent, info.max_total_cost, info.max_running, info.running, info.exhausted) == (0, 1.0, None, 0, False)
+    jobs = [store.create(batch_spec(tmp_path, n, "b1")) for n in range(3)]
+    other = store.create(spec(tmp_path, 9))
+    assert [r.id for r in store.batch_jobs("b1")] == [j.id for j in jobs]   # one query; not the other job
+    assert store.claim(jobs[0].id, "w", 60)
+    threads = [threading.Thread(target=store.add_batch_spend, args=("b1", 0.01)) for _ in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    info = store.batch("b1")
+    assert info.spent == pytest.approx(0.4) and info.running == 1 and not info.exhausted
+    assert store.add_batch_spend("b1", 0.6).exhausted
+    assert not store.claim(jobs[1].id, "w", 60)                  # the budget is spent: no job of it starts
+    assert store.get(jobs[1].id).status == "queued"
+    assert store.claim(other.id, "w", 60)                        # other jobs are not concerned
+    again = store.set_batch("b1", max_total_cost=5.0, max_running=None)   # a rerun raises the budget: spend is kept
+    assert again.spent == pytest.approx(1.0) and not again.exhausted
+    assert store.claim(jobs[1].id, "w", 60)
+
+
+def test_a_batch_runs_at_most_max_running_jobs_whoever_claims(store, tmp_path):
+    store.set_batch("b2", max_total_cost=None, max_running=2)
+    jobs = [store.create(batch_spec(tmp_path, n, "b2")) for n in range(4)]
+    assert store.claim(jobs[0].id, "w1", 60) and store.claim(jobs[1].id, "w2", 0.3)
+    assert not store.claim(jobs[2].id, "w3", 60)                 # over the limit: it waits, queued
+    assert store.get(jobs[2].id).status == "queued" and store.batch("b2").running == 2
+    assert store.finish(jobs[0].id, "stop", owner="w1")
+    assert store.claim(jobs[2].id, "w3", 60)                     # a slot of the batch is free again
+    assert not store.claim(jobs[3].id, "w4", 60)
+    time.sleep(0.5)                                              # jobs[1]'s worker died: its lapsed lease...
+    assert store.claim(jobs[1].id, "w5", 60)                     # ...is taken over: the same job, not one more
+    assert store.batch("b2").running == 2
+    assert store.requeue(jobs[1].id, owner="w5", lapsed_only=False)
+    assert store.claim(jobs[3].id, "w4", 60)
+    assert not store.claim(jobs[1].id, "w6", 60)
+
+
+def test_create_many_makes_queued_jobs_at_once_dispatched_or_not(store, tmp_path):
+    made = [batch_spec(tmp_path, n, "b3") for n in range(5)]
+    store.create_many(made[:3], dispatched=True)
+    store.create_many(made[3:])
+    records = {r.id: r for r in store.batch_jobs("b3")}
+    assert list(records) == [s.id for s in made]
+    for n, s in enumerate(made):
+        r = records[s.id]
+        assert (r.status, r.kind, r.spec.task, r.attempts) == ("queued", "worker", s.task, 0)
+        assert (r.dispatched_at is not None) == (n < 3) and (r.undispatched_since is None) == (n < 3)
+    waiting = {r.id for r in store.to_dispatch(stale_before=None)}
+    assert waiting >= {s.id for s in made[3:]} and not waiting & {s.id for s in made[:3]}
+    with pytest.raises(ValueError):
+        store.create_many([made[0]])
+    assert store.claim(made[0].id, "w", 60)

@@ -53,7 +53,14 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
     idle_queues = {queue for w in store.workers(alive_within_s=ALIVE_WITHIN_S)
                    if w.free_since is not None and w.free_since < now - RECONCILE_S for queue in w.queues}
     dispatched = []
+    rooms: dict[str, int | None] = {}   # a batch's free slots (--max-running): its other jobs wait, undispatched
     for job in store.to_dispatch(stale_before=now - RECONCILE_S):
+        if job.spec.batch:
+            if job.spec.batch not in rooms:
+                from worker.batch_budget import room
+                rooms[job.spec.batch] = room(store, job.spec.batch)
+            if rooms[job.spec.batch] == 0:
+                continue
         idle = job.spec.queue in idle_queues   # a worker of the job's queue has been free: its message is lost
         if job.dispatched_at is not None and not idle and job.dispatched_at >= now - REDISPATCH_AFTER_S:
             continue
@@ -64,6 +71,9 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
         try:
             if dispatch(job.id, store=store, previous=job.dispatched_at, reconcile=True):
                 dispatched.append(job.id)
+                left = rooms.get(job.spec.batch or "")
+                if left is not None:
+                    rooms[job.spec.batch or ""] = left - 1
         except Exception as exc:
             log.warning("dispatching queued jobs: %s", exc)
             for waiting in store.to_dispatch(stale_before=None):

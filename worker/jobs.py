@@ -94,6 +94,8 @@ class JobSpec:
     id: str = setting(None, "The job's id.", factory=new_job_id)
     queue: str = setting(DEFAULT_QUEUE, "The queue the job waits in: only workers that consume it take it "
                                         "(pid worker --queue).")
+    batch: str | None = setting(None, "The batch the job belongs to (pid batch): its budget and running limit, in "
+                                      "the job store.")
     # The workspace as `submit` packed it: a blob digest ("sha256:<hex>", worker/blobs.py). None: the worker reads
     # `repo` (a git URL to clone, or a directory when the job starts, as `pid run` does). `repo` is kept for display.
     workspace: str | None = setting(None, "The packed workspace's blob digest.")

@@ -44,7 +44,7 @@ import redis
 
 from pid.endings import ExitReason, status_of
 from worker.jobs import DEFAULT_QUEUE, JobSpec
-from worker.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BlobMissing, Capped, Controls, JobRecord,
+from worker.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing, Capped, Controls, JobRecord,
                           WorkerBeat, _queues, blob_from_file, blob_hex, check_artifact_name, retention_s, sum_usage)
 
 PREFIX = "pid:"
@@ -62,6 +62,9 @@ local function fmt(x) return string.format('%.6f', x) end
 local function isnull(v) return v == nil or v == cjson.null end
 local function field(f) local v = redis.call('HGET', K, f); if v == false then return nil end; return v end
 local function set_or_del(f, v) if isnull(v) then redis.call('HDEL', K, f) else redis.call('HSET', K, f, v) end end
+local function set_or_del_in(key, f, v)
+  if isnull(v) then redis.call('HDEL', key, f) else redis.call('HSET', key, f, tostring(v)) end
+end
 local function active(status) return status == 'queued' or status == 'running' end
 local function move(old, new)
   if old ~= new then
@@ -69,6 +72,26 @@ local function move(old, new)
     redis.call('ZREM', P .. 'st:' .. old, ID)
     redis.call('ZADD', P .. 'st:' .. new, created, ID)
     redis.call('HSET', K, 'status', new)
+  end
+end
+-- A batch's limits and spend, and how many of its jobs run (`besides` left out); its running set is pruned as read.
+local function batch_info(b, besides)
+  local BK = P .. 'batch:' .. b
+  local h = redis.call('HMGET', BK, 'max_total_cost', 'max_running', 'spent', 'created_at')
+  if not h[4] then return nil end
+  local RK = P .. 'batchrun:' .. b
+  local n = 0
+  for _, j in ipairs(redis.call('SMEMBERS', RK)) do
+    if redis.call('HGET', P .. 'job:' .. j, 'status') == 'running' then
+      if j ~= besides then n = n + 1 end
+    else redis.call('SREM', RK, j) end
+  end
+  return {h[1] or false, h[2] or false, h[3] or '0', n}
+end
+local function batch_ttl(b)
+  local ttl = math.max(1, math.floor(RET)) + 86400
+  for _, k in ipairs({P .. 'batch:' .. b, P .. 'batchjobs:' .. b, P .. 'batchrun:' .. b}) do
+    redis.call('EXPIRE', k, ttl)
   end
 end
 -- A job has just ended: its API key goes, its data expires (unless pinned), its artifacts' blobs live as long at least.
@@ -94,6 +117,15 @@ redis.call('HSET', K, 'id', ID, 'spec', A.spec, 'status', 'queued', 'attempts', 
   'undispatched_since', fmt(t), 'pinned', 0)
 redis.call('ZADD', P .. 'jobs', t, ID)
 redis.call('ZADD', P .. 'st:queued', t, ID)
+if A.dispatched then
+  redis.call('HSET', K, 'dispatched_at', fmt(t))
+  redis.call('HDEL', K, 'undispatched_since')
+end
+if not isnull(A.batch) then
+  redis.call('HSET', K, 'batch', A.batch)
+  redis.call('SADD', P .. 'batchjobs:' .. A.batch, ID)
+  batch_ttl(A.batch)
+end
 return 1
 """,
     "claim": r"""
@@ -101,6 +133,15 @@ local status = field('status')
 if status == nil or field('cancel_requested') == '1' then return 0 end
 local t = now()
 if not (status == 'queued' or (status == 'running' and (tonumber(field('lease_until')) or 0) < t)) then return 0 end
+local batch = field('batch')
+if batch ~= nil then
+  local b = batch_info(batch, ID)
+  if b then
+    if b[1] and tonumber(b[3]) >= tonumber(b[1]) then return 0 end
+    if b[2] and b[4] >= tonumber(b[2]) then return 0 end
+  end
+  redis.call('SADD', P .. 'batchrun:' .. batch, ID)
+end
 local attempts = tonumber(field('attempts'))
 if attempts > 0 then
   local entry = '{"attempt":' .. attempts .. ',"turns":' .. field('turns') .. ',"tool_calls":' ..
@@ -245,6 +286,25 @@ redis.call('HDEL', K, 'dispatched_at')
 redis.call('HSET', K, 'dispatch_error', A.error)
 if field('undispatched_since') == nil then redis.call('HSET', K, 'undispatched_since', fmt(now())) end
 return 1
+""",
+    # batches: ID is the batch's id here
+    "set_batch": r"""
+local BK = P .. 'batch:' .. ID
+if redis.call('EXISTS', BK) == 0 then redis.call('HSET', BK, 'spent', '0', 'created_at', fmt(now())) end
+set_or_del_in(BK, 'max_total_cost', A.max_total_cost)
+set_or_del_in(BK, 'max_running', A.max_running)
+batch_ttl(ID)
+return batch_info(ID, nil)
+""",
+    "add_batch_spend": r"""
+local BK = P .. 'batch:' .. ID
+if redis.call('EXISTS', BK) == 0 then return false end
+redis.call('HINCRBYFLOAT', BK, 'spent', A.amount)
+batch_ttl(ID)
+return batch_info(ID, nil)
+""",
+    "batch": r"""
+return batch_info(ID, nil) or false
 """,
     "pin_job": r"""
 if redis.call('EXISTS', K) == 0 then return 0 end
@@ -424,12 +484,27 @@ class RedisStore:
         """A queued job, not yet dispatched. kind "run" is a foreground `pid run`: its process is its only worker."""
         assert kind in ("worker", "run")
         try:
-            self._run("create", spec.id, spec=json.dumps(spec.to_dict()), kind=kind)
+            self._run("create", spec.id, spec=json.dumps(spec.to_dict()), kind=kind, batch=spec.batch,
+                      dispatched=False)
         except redis.ResponseError as exc:
             raise ValueError(str(exc)) from None
         record = self.get(spec.id)
         assert record is not None
         return record
+
+    def create_many(self, specs: "builtins.list[JobSpec]", dispatched: bool = False) -> None:
+        """Queued worker jobs, in one round trip (a pipeline of create scripts); with `dispatched`, each recorded
+        as dispatched now (the caller publishes next). ValueError if one exists already (the others are made)."""
+        client, scripts = self._connection()
+        pipe = client.pipeline(transaction=False)
+        for spec in specs:
+            scripts["create"](args=[PREFIX, str(self.retention), spec.id,
+                                    json.dumps({"spec": json.dumps(spec.to_dict()), "kind": "worker",
+                                                "batch": spec.batch, "dispatched": dispatched}),
+                                    uuid.uuid4().hex], client=pipe)
+        for reply in pipe.execute(raise_on_error=False):
+            if isinstance(reply, Exception):
+                raise ValueError(str(reply))
 
     def get(self, job_id: str) -> JobRecord | None:
         fields = self._r.hgetall(PREFIX + "job:" + job_id)
@@ -555,6 +630,27 @@ class RedisStore:
     def pin_job(self, job_id: str) -> bool:
         """Keep this job (its keys, its artifacts' blobs) past the retention period."""
         return self._run("pin_job", job_id) == 1
+
+    # -- batches ----------------------------------------------------------------------------------------------
+
+    def set_batch(self, batch_id: str, max_total_cost: float | None, max_running: int | None) -> BatchInfo:
+        """Create the batch, or set its limits anew (a rerun may change them); what it spent is kept."""
+        info = _batch(batch_id, self._run("set_batch", batch_id, max_total_cost=max_total_cost,
+                                          max_running=max_running))
+        assert info is not None
+        return info
+
+    def batch(self, batch_id: str) -> BatchInfo | None:
+        return _batch(batch_id, self._run("batch", batch_id))
+
+    def add_batch_spend(self, batch_id: str, amount: float) -> BatchInfo | None:
+        """Add a model call's cost to its batch, atomically (one script): the batch as it is now, None if unknown."""
+        return _batch(batch_id, self._run("add_batch_spend", batch_id, amount=float(amount)))
+
+    def batch_jobs(self, batch_id: str) -> "builtins.list[JobRecord]":
+        """Every job of the batch, oldest first (one pipeline)."""
+        ids = sorted(self._r.smembers(PREFIX + "batchjobs:" + batch_id))
+        return sorted((r for r in self._records(ids) if r is not None), key=lambda r: r.created_at)
 
     # -- dispatch records --------------------------------------------------------------------------------------
 
@@ -770,6 +866,14 @@ def _record(fields: dict[bytes, bytes]) -> JobRecord:
                      json.loads(t["usage"] or "{}"), earlier, t["activity"], t["last_tool"], floats["updated_at"],
                      floats["claimed_at"], ints["handbacks"], floats["dispatched_at"], t["dispatch_error"],
                      floats["undispatched_since"], json.loads(t["check"]) if t["check"] else None)
+
+
+def _batch(batch_id: str, found: Any) -> BatchInfo | None:
+    if not found:
+        return None
+    cost, running_max, spent, running = found
+    return BatchInfo(batch_id, float(cost) if cost else None, int(running_max) if running_max else None,
+                     round(float(spent), 9), int(running))
 
 
 def _beat(fields: dict[bytes, bytes]) -> WorkerBeat:

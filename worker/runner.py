@@ -58,7 +58,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             starting: "Future[JobSandbox] | None" = None,
             sandboxes: SandboxProvider[Any] | None = None,
             amend_result: Callable[[dict[str, Any]], None] | None = None, attempt: int = 1,
-            blobs: Blobs | None = None, artifact_store: Store | None = None) -> dict[str, Any]:
+            blobs: Blobs | None = None, artifact_store: Store | None = None,
+            gate: Callable[[], tuple[ExitReason, str] | None] | None = None) -> dict[str, Any]:
     """Run one job to its end and return result.json's content. Never raises for job failures.
 
     `starting` is the job's sandbox already being created (sandbox_start.start_sandbox); else it is created here,
@@ -73,6 +74,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     returns (so before the job's end is recorded): clients on any machine download them. --out is the client's
     path: where this machine cannot make it, the job works in a spool directory under PID_HOME instead, removed once
     its artifacts are stored.
+
+    `gate` is asked before every model call (pid/agent.py Limits.gate): a batch's budget stops the job there.
     """
     started = time.time()
     job_dir = spec.job_dir
@@ -148,7 +151,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         system_prompt = build_system_prompt(tools.specs(), sandbox, custom=spec.system_prompt)
         agent = Agent(provider, tools, context, system_prompt, session=session,
                       sink=sink, limits=Limits(max_turns=spec.max_turns, wall_clock_s=remaining,
-                                               max_cost=spec.max_cost),
+                                               max_cost=spec.max_cost, gate=gate),
                       compactor=Compactor(provider, model.context_window, max_output_tokens=model.max_tokens),
                       notices=[] if model.known or spec.context_window else [unknown_model_warning(model)])
         agent.load_history(earlier)   # a continued job's conversation so far (already in its session file)

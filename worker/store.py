@@ -96,6 +96,13 @@ CREATE TABLE IF NOT EXISTS secrets (
   job_id TEXT PRIMARY KEY,         -- a job's API key, for the life of the job only
   api_key TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS batches (
+  id TEXT PRIMARY KEY,             -- a `pid batch` (JobSpec.batch): what its jobs share across every worker
+  max_total_cost REAL,             -- USD for all its jobs together; NULL: no limit
+  max_running INTEGER,             -- its jobs running at once at most; NULL: no limit
+  spent REAL NOT NULL DEFAULT 0,   -- USD its jobs have spent (each model call adds its cost)
+  created_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS blob_pins (
   digest TEXT PRIMARY KEY          -- blobs that prune() keeps whatever their age
 );
@@ -109,7 +116,8 @@ ADDED_COLUMNS = {"kind": "TEXT NOT NULL DEFAULT 'worker'", "usage": "TEXT", "ear
                  "last_tool": "TEXT", "updated_at": "REAL", "claimed_at": "REAL",
                  "handbacks": "INTEGER NOT NULL DEFAULT 0", "dispatched_at": "REAL", "dispatch_error": "TEXT",
                  "undispatched_since": "REAL", "pinned": "INTEGER NOT NULL DEFAULT 0",
-                 "check_result": "TEXT"}   # result.json's `check` (JSON), once the job's check ran
+                 "check_result": "TEXT",   # result.json's `check` (JSON), once the job's check ran
+                 "batch": "TEXT"}
 USAGE_KEYS = ("input", "output", "cache_read", "cache_write", "total_tokens")
 
 EVENTS_KEPT = 10_000                    # per job: older events are dropped
@@ -245,6 +253,21 @@ def sum_usage(*usages: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
+class BatchInfo:
+    """A batch's shared limits and spend, as the store keeps them (see `set_batch`)."""
+    id: str
+    max_total_cost: float | None
+    max_running: int | None
+    spent: float
+    running: int          # its jobs running now
+
+    @property
+    def exhausted(self) -> bool:
+        """Its budget is spent: no job of it may start, nor make another model call."""
+        return self.max_total_cost is not None and self.spent >= self.max_total_cost
+
+
+@dataclass
 class Controls:
     """What a running job's relay polls for: one read, no write."""
     owned: bool          # still running under this owner
@@ -277,6 +300,7 @@ class Store(Protocol):
     def now(self) -> float: ...
     # jobs
     def create(self, spec: JobSpec, kind: str = "worker") -> JobRecord: ...
+    def create_many(self, specs: "builtins.list[JobSpec]", dispatched: bool = False) -> None: ...
     def get(self, job_id: str) -> JobRecord | None: ...
     def list(self, limit: int = 50, status: str | None = None) -> "builtins.list[JobRecord]": ...
     def claim(self, job_id: str, owner: str, lease_s: float) -> bool: ...
@@ -298,6 +322,11 @@ class Store(Protocol):
     def hand_back(self, job_id: str, owner: str, turns: int, tool_calls: int,
                   usage: dict[str, Any] | None) -> str | None: ...
     def pin_job(self, job_id: str) -> bool: ...
+    # batches: limits shared by a batch's jobs, enforced at claim time (and, for the budget, before each model call)
+    def set_batch(self, batch_id: str, max_total_cost: float | None, max_running: int | None) -> BatchInfo: ...
+    def batch(self, batch_id: str) -> BatchInfo | None: ...
+    def add_batch_spend(self, batch_id: str, amount: float) -> BatchInfo | None: ...
+    def batch_jobs(self, batch_id: str) -> "builtins.list[JobRecord]": ...
     # dispatch records
     def mark_dispatched(self, job_id: str, previous: float | None = None, *, only_if: bool = False) -> bool: ...
     def mark_published(self, job_id: str) -> None: ...
@@ -379,6 +408,7 @@ class JobStore:
                         except sqlite3.OperationalError as exc:  # another process added it first
                             if "duplicate column" not in str(exc):
                                 raise
+            db.execute("CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch)")
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -422,11 +452,32 @@ class JobStore:
         assert kind in ("worker", "run")
         now = time.time()
         with self._db() as db:
-            db.execute("INSERT INTO jobs (id, spec, status, created_at, kind, undispatched_since) "
-                       "VALUES (?, ?, 'queued', ?, ?, ?)", (spec.id, json.dumps(spec.to_dict()), now, kind, now))
+            db.execute("INSERT INTO jobs (id, spec, status, created_at, kind, undispatched_since, batch) "
+                       "VALUES (?, ?, 'queued', ?, ?, ?, ?)",
+                       (spec.id, json.dumps(spec.to_dict()), now, kind, now, spec.batch))
         record = self.get(spec.id)
         assert record is not None
         return record
+
+    def create_many(self, specs: "builtins.list[JobSpec]", dispatched: bool = False) -> None:
+        """Queued worker jobs, all in one transaction (`pid batch`: one commit for many). With `dispatched`, each is
+        recorded as dispatched now, as dispatch() records it before it publishes: the caller publishes next (and
+        marks undispatched one whose publish fails)."""
+        now = time.time()
+        rows = [(s.id, json.dumps(s.to_dict()), now, None if dispatched else now, now if dispatched else None,
+                 s.batch) for s in specs]
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany("INSERT INTO jobs (id, spec, status, created_at, kind, undispatched_since, "
+                               "dispatched_at, batch) VALUES (?, ?, 'queued', ?, 'worker', ?, ?, ?)", rows)
+            except sqlite3.IntegrityError as exc:
+                db.execute("ROLLBACK")
+                raise ValueError(f"a job exists already ({exc})") from None
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
 
     def get(self, job_id: str) -> JobRecord | None:
         with self._db() as db:
@@ -443,7 +494,9 @@ class JobStore:
     def claim(self, job_id: str, owner: str, lease_s: float) -> bool:
         """Take the job if it is queued, or running under a lapsed lease. Exactly one claimer wins.
 
-        Taking up a job that ran before keeps that attempt's counts (turns, tool calls, usage) in `earlier`."""
+        A job of a batch is refused (it stays queued) while its batch runs `max_running` others or has spent its
+        budget. Taking up a job that ran before keeps that attempt's counts (turns, tool calls, usage) in
+        `earlier`."""
         now = time.time()
         with self._db() as db:
             db.execute("BEGIN IMMEDIATE")
@@ -605,6 +658,42 @@ class JobStore:
             db.execute("COMMIT")
         return row["status"] if handed and row else None
 
+    # -- batches ----------------------------------------------------------------------------------------------
+
+    def set_batch(self, batch_id: str, max_total_cost: float | None, max_running: int | None) -> BatchInfo:
+        """Create the batch, or set its limits anew (a rerun may change them); what it spent is kept."""
+        with self._db() as db:
+            db.execute("INSERT INTO batches (id, max_total_cost, max_running, created_at) VALUES (?, ?, ?, ?) "
+                       "ON CONFLICT(id) DO UPDATE SET max_total_cost = excluded.max_total_cost, "
+                       "max_running = excluded.max_running", (batch_id, max_total_cost, max_running, time.time()))
+        info = self.batch(batch_id)
+        assert info is not None
+        return info
+
+    def batch(self, batch_id: str) -> BatchInfo | None:
+        with self._reader() as db:
+            return _batch_info(db, batch_id)
+
+    def add_batch_spend(self, batch_id: str, amount: float) -> BatchInfo | None:
+        """Add a model call's cost to its batch, atomically (one transaction): returns the batch as it is now,
+        None for an unknown batch."""
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("UPDATE batches SET spent = spent + ? WHERE id = ?", (float(amount), batch_id))
+                info = _batch_info(db, batch_id)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        return info
+
+    def batch_jobs(self, batch_id: str) -> "builtins.list[JobRecord]":
+        """Every job of the batch, oldest first: one query, for clients that follow many jobs."""
+        with self._reader() as db:
+            rows = db.execute("SELECT * FROM jobs WHERE batch = ? ORDER BY created_at", (batch_id,)).fetchall()
+        return [_record(r) for r in rows]
+
     # -- dispatch records: what the reconciler reads ----------------------------------------------------------
 
     def mark_dispatched(self, job_id: str, previous: float | None = None, *, only_if: bool = False) -> bool:
@@ -700,6 +789,8 @@ class JobStore:
                                   "AND COALESCE(finished_at, created_at) < ?", (cutoff,)).rowcount
                 for table in ("inbox", "events", "artifacts", "secrets"):
                     db.execute(f"DELETE FROM {table} WHERE job_id NOT IN (SELECT id FROM jobs)")
+                db.execute("DELETE FROM batches WHERE created_at < ? AND id NOT IN "
+                           "(SELECT batch FROM jobs WHERE batch IS NOT NULL)", (cutoff,))
                 keep = {row[0] for row in db.execute("SELECT digest FROM artifacts UNION SELECT digest FROM blob_pins")}
             except BaseException:
                 db.execute("ROLLBACK")
@@ -880,6 +971,11 @@ def _take(db: sqlite3.Connection, job_id: str, owner: str, now: float, lease_s: 
     if row is None or row["cancel_requested"] or not (
             row["status"] == "queued" or (row["status"] == "running" and (row["lease_until"] or 0) < now)):
         return False
+    if row["batch"] is not None:
+        batch = _batch_info(db, row["batch"], besides=job_id)
+        if batch is not None and (batch.exhausted or (batch.max_running is not None
+                                                      and batch.running >= batch.max_running)):
+            return False
     earlier = json.loads(row["earlier"] or "[]")
     if row["attempts"] > 0:
         earlier.append({"attempt": row["attempts"], "turns": row["turns"], "tool_calls": row["tool_calls"],
@@ -889,6 +985,15 @@ def _take(db: sqlite3.Connection, job_id: str, owner: str, now: float, lease_s: 
                "activity = NULL, updated_at = ?, claimed_at = ? WHERE id = ?",
                (owner, now + lease_s, now, json.dumps(earlier), now, now, job_id))
     return True
+
+
+def _batch_info(db: sqlite3.Connection, batch_id: str, besides: str | None = None) -> BatchInfo | None:
+    row = db.execute("SELECT * FROM batches WHERE id = ?", (batch_id,)).fetchone()
+    if row is None:
+        return None
+    running = db.execute("SELECT COUNT(*) FROM jobs WHERE batch = ? AND status = 'running' AND id IS NOT ?",
+                         (batch_id, besides)).fetchone()[0]
+    return BatchInfo(batch_id, row["max_total_cost"], row["max_running"], round(row["spent"], 9), running)
 
 
 def _record(row: sqlite3.Row) -> JobRecord:

@@ -15,6 +15,7 @@ from typing import Any
 
 from pid.config import EnvDefaults
 from pid.endings import status_of
+from worker import batch_budget
 from worker.app import app
 from worker.control import LEASE_S, ControlRelay, log_job, new_owner, record_end, with_earlier_attempts
 from worker.dispatch import TASK, dispatch
@@ -76,7 +77,7 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
         record = store.get(job_id)
         if record is None:
             log.error("job %s: a message for a job that is not in the job store (%s): dropped", job_id, store.path)
-        else:
+        elif batch_budget.refused(store, record) is None:
             log.info("job %s not claimed (status %s): duplicate or cancelled delivery", job_id, record.status)
         return
     record = store.get(job_id)
@@ -97,8 +98,9 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
         kept.append(stop.requested is None and relay.still_owner())
         return kept[-1]
 
+    sink, gate = batch_budget.attach(store, record, relay.on_event)
     try:
-        result = run_job(record.spec, api_key=_api_key(store, job_id, api_key), sink=relay.on_event,
+        result = run_job(record.spec, api_key=_api_key(store, job_id, api_key), sink=sink, gate=gate,
                          on_agent=relay.attach, cancel=relay.cancel, still_owner=still_owner,
                          amend_result=lambda r: with_earlier_attempts(r, record.earlier), attempt=record.attempts,
                          artifact_store=store)
@@ -115,6 +117,16 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
                             result.get("duration_s"), (result.get("usage") or {}).get("cost"), result.get("check"))
             jobs_log.info("%s", line)
             log_job(store, job_id, status_of(result["exit_reason"]), line, exit_reason=result["exit_reason"])
+        if record.spec.batch:
+            _wake_parked(store, record.spec.batch)
+
+
+def _wake_parked(store: Store, batch_id: str) -> None:
+    """A slot of the batch is free: its parked jobs go (never fatal: the reconciler does it later otherwise)."""
+    try:
+        batch_budget.wake_parked(store, batch_id)
+    except Exception:
+        log.exception("batch %s: dispatching its waiting jobs", batch_id)
 
 
 def _api_key(store: Store, job_id: str, from_message: str | None) -> str | None:

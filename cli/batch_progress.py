@@ -1,0 +1,160 @@
+"""How `pid batch` shows its progress: a live table on a terminal (rich), else one line per item as it ends
+(`--json`: the item's batch.jsonl object), and the summary at the end."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import click
+
+from worker.store import JobRecord
+
+RUNNING_SHOWN = 12   # running items listed in the live table at most
+
+
+@dataclass
+class Progress:
+    """What the display shows, recomputed from the store at each poll."""
+    total: int                                   # items of the batch
+    counts: dict[str, int] = field(default_factory=dict)   # by status: ended items' and the live jobs'
+    running: list[tuple[str, JobRecord]] = field(default_factory=list)   # (item id, its record)
+    cost: float = 0.0
+    budget: float | None = None
+    ended_now: int = 0                           # items ended since this run started
+    to_end: int = 0                              # items this run still waits for
+    started: float = field(default_factory=time.monotonic)
+
+    def rate(self) -> float | None:
+        """Items ended per minute in this run."""
+        elapsed = time.monotonic() - self.started
+        return self.ended_now / elapsed * 60 if self.ended_now and elapsed > 0 else None
+
+    def eta_s(self) -> float | None:
+        rate = self.rate()
+        return self.to_end / rate * 60 if rate else None
+
+
+class Display(Protocol):
+    def item_ended(self, row: dict[str, Any], progress: Progress) -> None: ...
+    def update(self, progress: Progress) -> None: ...
+    def note(self, text: str) -> None: ...
+    def stop(self) -> None: ...
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def item_line(row: dict[str, Any], done: int, total: int) -> str:
+    check = row.get("check")
+    checked = "" if not isinstance(check, dict) else f" check={'passed' if check.get('passed') else 'failed'}"
+    error = f": {row['error']}" if row.get("error") and row.get("status") != "completed" else ""
+    return (f"[{done}/{total}] {row['id']} {row['status']} ({row['exit_reason']}) turns={row['turns']} "
+            f"${row['cost']:.4f} {_duration(row.get('duration_s'))}{checked}{error}")
+
+
+class Lines:
+    """Without a terminal: a line per item as it ends, on stdout (--json: its batch.jsonl object)."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def item_ended(self, row: dict[str, Any], progress: Progress) -> None:
+        done = sum(progress.counts.get(s, 0) for s in ("completed", "failed", "limit", "cancelled"))
+        click.echo(json.dumps(row) if self.as_json else item_line(row, done, progress.total))
+
+    def update(self, progress: Progress) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        click.echo(text, err=True)
+
+    def stop(self) -> None:
+        pass
+
+
+class Live:
+    """On a terminal: counts by status, the running items (turn, what they do), cost, rate and ETA, redrawn in
+    place (rich.live); each ended item also prints a line above the table."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.live import Live as RichLive
+        self.console = Console(stderr=False)
+        self.live = RichLive(console=self.console, refresh_per_second=4, transient=True)
+        self.live.start()
+
+    def item_ended(self, row: dict[str, Any], progress: Progress) -> None:
+        done = sum(progress.counts.get(s, 0) for s in ("completed", "failed", "limit", "cancelled"))
+        self.console.print(item_line(row, done, progress.total), markup=False, highlight=False)
+
+    def update(self, progress: Progress) -> None:
+        self.live.update(render(progress))
+
+    def note(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False)
+
+    def stop(self) -> None:
+        self.live.stop()
+
+
+def render(progress: Progress) -> Any:
+    """The live table (a rich renderable)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+    counts = "  ".join(f"{status} {n}" for status, n in sorted(progress.counts.items()) if n)
+    rate, eta = progress.rate(), progress.eta_s()
+    budget = f" of ${progress.budget:.4f}" if progress.budget is not None else ""
+    head = Text(f"{progress.total} items  {counts or 'starting'}  ·  ${progress.cost:.4f}{budget}  ·  "
+                f"{f'{rate:.1f}/min' if rate else '-/min'}  ·  ETA {_duration(eta)}")
+    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+    for column in ("item", "turn", "cost", "now", "last tool"):
+        table.add_column(column, overflow="ellipsis", no_wrap=True,
+                         max_width=60 if column in ("now", "last tool") else 24)
+    for item_id, record in progress.running[:RUNNING_SHOWN]:
+        table.add_row(item_id, str(record.turns), f"${record.total_usage['cost']:.4f}",
+                      (record.activity or record.status).split(": ", 1)[-1], record.last_tool or "-")
+    more = len(progress.running) - RUNNING_SHOWN
+    parts: list[Any] = [head, table]
+    if more > 0:
+        parts.append(Text(f"… and {more} more running"))
+    return Group(*parts)
+
+
+def make_display(as_json: bool) -> Display:
+    if not as_json and sys.stdout.isatty():
+        try:
+            return Live()
+        except Exception:   # no usable terminal after all: lines
+            pass
+    return Lines(as_json)
+
+
+def summary_text(summary: dict[str, Any], where: str) -> str:
+    """The summary for people (summary.json has the same numbers)."""
+    s = summary
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(s["by_status"].items()))
+    lines = [f"{s['items']} items: {counts or 'none ended'}" + (f", {s['not_ended']} not ended" if s["not_ended"]
+                                                               else "")]
+    check = s["check"]
+    if check["checked"]:
+        lines.append(f"check: {check['passed']}/{check['checked']} passed ({check['pass_rate'] * 100:.0f}%)")
+    cost, tokens, dur = s["cost"], s["tokens"], s["duration_s"]
+    lines.append(f"cost: ${cost['total']:.4f} (per item p50 ${cost['p50'] or 0:.4f}, p95 ${cost['p95'] or 0:.4f})"
+                 f"  tokens: {int(tokens['total'])} (p50 {int(tokens['p50'] or 0)}, p95 {int(tokens['p95'] or 0)})")
+    lines.append(f"duration: p50 {_duration(dur['p50'])}, p95 {_duration(dur['p95'])}")
+    if s["slowest"]:
+        lines.append("slowest: " + ", ".join(f"{x['id']} {_duration(x['duration_s'])}" for x in s["slowest"][:3]))
+    if s["most_expensive"] and s["most_expensive"][0]["cost"]:
+        lines.append("most expensive: " + ", ".join(f"{x['id']} ${x['cost']:.4f}" for x in s["most_expensive"][:3]))
+    lines.append(f"results: {where}")
+    return "\n".join(lines)

@@ -1,0 +1,136 @@
+"""A batch's tasks file: one JSON object per line, `task` and `repo` and any job option as a field. Every line is
+checked, and every bad one reported with its number, before anything is submitted.
+
+A field is named as its option (`timeout`, `max-turns` or `max_turns`, `file`) or as its JobSpec field
+(`timeout_s`, `files`): the names and the checks are cli/options.py's JOB_OPTIONS, so an option added there is a
+field here too. `id` (unique in the file; default: the line's number) names the item's folder in the output
+directory.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import click
+
+from cli.options import JOB_OPTIONS, JobOption, QueueName
+from worker.jobs import spec_field
+
+ID_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+# An item's folder sits beside these in the output directory (and hidden ones, which an id cannot start with).
+RESERVED_IDS = {"batch.json", "batch.jsonl", "jobs.jsonl", "summary.json"}
+NOT_PER_ITEM = {"out_dir"}   # the batch's own: its output directory
+
+
+@dataclass
+class Item:
+    """One line of the tasks file: its id, and the JobSpec fields it sets (checked)."""
+    id: str
+    line: int
+    task: str
+    repo: str | None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Parsed:
+    items: list[Item]
+    errors: list[str]   # "line N: ..." each
+
+
+def field_options() -> dict[str, JobOption]:
+    """Every name a line may use for a job option -> that option."""
+    names: dict[str, JobOption] = {}
+    for option in JOB_OPTIONS:
+        if option.name in NOT_PER_ITEM:
+            continue
+        flag = option.flag.lstrip("-")
+        for name in (option.name, flag, flag.replace("-", "_")):
+            names[name] = option
+    return names
+
+
+def convert(option: JobOption, value: Any) -> Any:
+    """A line's value for an option, checked as the option checks it; click.BadParameter if bad."""
+    meta = spec_field(option.name).metadata
+    kind = option.type(meta["min"], meta["max"]) if option.type else None
+    if option.extra.get("multiple"):
+        values = [value] if isinstance(value, str) else value
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise click.BadParameter("must be a string or a list of strings")
+        return [kind.convert(v, None, None) if kind else v for v in values]
+    if value is None:
+        return None
+    if kind is None:
+        if not isinstance(value, str):
+            raise click.BadParameter("must be a string")
+        return value
+    if isinstance(value, list) and option.name == "tools":
+        value = ",".join(str(v) for v in value)
+    if isinstance(value, (dict, list, bool)):
+        raise click.BadParameter(f"{json.dumps(value)[:60]} is not a valid value")
+    return kind.convert(value, None, None)
+
+
+def parse(lines: Iterable[str]) -> Parsed:
+    """Every line checked; blank lines are skipped (they keep their number)."""
+    options = field_options()
+    items: list[Item] = []
+    errors: list[str] = []
+    seen: dict[str, int] = {}
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        problems: list[str] = []
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            errors.append(f"line {number}: not JSON ({exc})")
+            continue
+        if not isinstance(data, dict):
+            errors.append(f"line {number}: not a JSON object")
+            continue
+        item_id = data.pop("id", number)
+        if isinstance(item_id, bool) or not isinstance(item_id, (str, int)) or not ID_RE.fullmatch(str(item_id)) \
+                or str(item_id) in RESERVED_IDS:
+            problems.append(f"id {json.dumps(item_id)[:60]} is not a valid id (letters, digits, '.', '_', '-'; at "
+                            "most 128; not starting with '.')")
+            item_id = f"line-{number}"
+        item_id = str(item_id)
+        if item_id in seen:
+            problems.append(f"id {item_id!r} is also line {seen[item_id]}'s")
+        seen.setdefault(item_id, number)
+        task = data.pop("task", None)
+        if not isinstance(task, str) or not task.strip():
+            problems.append("no task (a non-empty string)")
+        repo = data.pop("repo", None)
+        if repo is not None and (not isinstance(repo, str) or not repo.strip()):
+            problems.append("repo must be a non-empty string")
+        fields: dict[str, Any] = {}
+        for key, value in data.items():
+            if key == "queue":
+                try:
+                    fields["queue"] = QueueName().convert(value, None, None) if isinstance(value, str) else \
+                        _raise("must be a string")
+                except click.BadParameter as exc:
+                    problems.append(f"queue: {exc.message}")
+                continue
+            option = options.get(key)
+            if option is None:
+                problems.append(f"unknown field {key!r}")
+                continue
+            try:
+                fields[option.name] = convert(option, value)
+            except click.BadParameter as exc:
+                problems.append(f"{key}: {exc.message}")
+        if problems:
+            errors.extend(f"line {number}: {p}" for p in problems)
+            continue
+        items.append(Item(item_id, number, str(task), repo, fields))
+    return Parsed(items, errors)
+
+
+def _raise(message: str) -> Any:
+    raise click.BadParameter(message)

@@ -1,0 +1,215 @@
+"""A batch's output directory: its memory between runs of `pid batch`, and what it produced.
+
+    DIR/batch.json      the batch's id (its jobs carry it: JobSpec.batch) and settings
+    DIR/jobs.jsonl      the ledger: a line {"id", "job_id"} per job submitted, written (and synced) before the job
+                        is created, so that a run that dies never leaves a job the next run does not know about
+    DIR/batch.jsonl     the results: one JSON object per ended item (id, job_id, status, exit_reason, exit_code,
+                        cost, tokens, turns, tool_calls, duration_s, check, error), in the tasks file's order
+    DIR/summary.json    the summary (summarize())
+    DIR/<item id>/      the item's artifacts, downloaded from the job store (result.json, patch.diff, session.jsonl…)
+    DIR/.jobs/          where a worker on this machine writes (the jobs' --out); removed once downloaded
+
+No click here: the command is cli/batch.py.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from pid.endings import exit_code_for
+from worker.jobs import write_json_atomic
+
+META, LEDGER, RESULTS, SUMMARY, JOBS = "batch.json", "jobs.jsonl", "batch.jsonl", "summary.json", ".jobs"
+
+# An item's exit code, from least to most serious: the batch exits with its worst item's (see README "Batches").
+# 0 completed (and its check passed), 3 a limit was hit, 4 its check failed, 1 failed or cancelled.
+SEVERITY = (0, 3, 4, 1)
+
+
+def new_batch_id() -> str:
+    return "b-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+def batch_exit_code(codes: list[int]) -> int:
+    """0 when every item's is; else the most serious one (an unknown code counts as 1)."""
+    worst = 0
+    for code in codes:
+        code = code if code in SEVERITY else 1
+        if SEVERITY.index(code) > SEVERITY.index(worst):
+            worst = code
+    return worst
+
+
+def row_for(item_id: str, job_id: str, result: dict[str, Any]) -> dict[str, Any]:
+    """An ended item's line in batch.jsonl, from its result.json."""
+    usage = result.get("usage") or {}
+    return {"id": item_id, "job_id": job_id, "status": result.get("status"), "exit_reason": result.get("exit_reason"),
+            "exit_code": exit_code_for(result), "cost": round(float(usage.get("cost") or 0.0), 6),
+            "tokens": int(usage.get("total_tokens") or 0), "turns": int(result.get("turns") or 0),
+            "tool_calls": int(result.get("tool_calls") or 0), "duration_s": result.get("duration_s"),
+            "check": result.get("check"), "error": result.get("error")}
+
+
+def needs_run(row: dict[str, Any] | None, retry_failed: bool) -> bool:
+    """Whether a (re)run of the batch runs this item: it never ended, or was cancelled (Ctrl-C, the budget), or
+    it failed or hit a limit (or its check failed) and --retry-failed asks for it again."""
+    if row is None or row.get("status") in (None, "cancelled"):
+        return True
+    return retry_failed and row.get("exit_code") != 0
+
+
+@dataclass
+class BatchDir:
+    path: str
+    meta: dict[str, Any]
+    ledger: dict[str, list[str]] = field(default_factory=dict)   # item id -> its job ids, oldest first
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)             # item ids, as the tasks file has them
+
+    @staticmethod
+    def exists(path: str) -> bool:
+        return os.path.isfile(os.path.join(path, META))
+
+    @classmethod
+    def create(cls, path: str, settings: dict[str, Any]) -> "BatchDir":
+        os.makedirs(os.path.join(path, JOBS), exist_ok=True)
+        meta = {"batch": new_batch_id(), "created_at": time.time(), **settings}
+        write_json_atomic(os.path.join(path, META), meta)
+        return cls(path, meta)
+
+    @classmethod
+    def open(cls, path: str) -> "BatchDir":
+        """ValueError (one line) when DIR is not a batch's."""
+        try:
+            with open(os.path.join(path, META), encoding="utf-8") as f:
+                meta = json.load(f)
+            if not isinstance(meta, dict) or not isinstance(meta.get("batch"), str):
+                raise ValueError
+        except (OSError, ValueError):
+            raise ValueError(f"{path} is not a batch's output directory (no readable {META})") from None
+        found = cls(path, meta)
+        for entry in _lines(os.path.join(path, LEDGER)):
+            found.ledger.setdefault(str(entry["id"]), []).append(str(entry["job_id"]))
+        for row in _lines(os.path.join(path, RESULTS)):
+            found.rows[str(row["id"])] = row
+        found.order = list(dict.fromkeys([*meta.get("order", []), *found.ledger, *found.rows]))
+        return found
+
+    @property
+    def batch_id(self) -> str:
+        return str(self.meta["batch"])
+
+    @property
+    def jobs_dir(self) -> str:
+        return os.path.join(self.path, JOBS)
+
+    def set_order(self, ids: list[str], settings: dict[str, Any]) -> None:
+        """The tasks file's items (a rerun may add some) and the run's settings, kept in batch.json."""
+        self.order = list(dict.fromkeys([*ids, *self.order]))
+        self.meta.update(settings, order=self.order)
+        write_json_atomic(os.path.join(self.path, META), self.meta)
+
+    def record_jobs(self, pairs: list[tuple[str, str]]) -> None:
+        """Ledger lines for jobs about to be created, on disk (synced) before they are."""
+        with open(os.path.join(self.path, LEDGER), "a", encoding="utf-8") as f:
+            for item_id, job_id in pairs:
+                f.write(json.dumps({"id": item_id, "job_id": job_id}) + "\n")
+                self.ledger.setdefault(item_id, []).append(job_id)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def current_job(self, item_id: str) -> str | None:
+        jobs = self.ledger.get(item_id)
+        return jobs[-1] if jobs else None
+
+    def write_rows(self) -> None:
+        """batch.jsonl anew (atomically): one line per ended item, in the tasks file's order."""
+        path = os.path.join(self.path, RESULTS)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            for item_id in self.order:
+                if item_id in self.rows:
+                    f.write(json.dumps(self.rows[item_id], ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_json_atomic(os.path.join(self.path, SUMMARY), summary)
+
+    def item_dir(self, item_id: str) -> str:
+        return os.path.join(self.path, item_id)
+
+    def replace_item_dir(self, item_id: str, fresh: str) -> None:
+        """The item's folder becomes `fresh` (a finished download), whatever an earlier job left there."""
+        final = self.item_dir(item_id)
+        old = f"{final}.old-{os.getpid()}"
+        if os.path.lexists(final):
+            os.replace(final, old)
+        os.replace(fresh, final)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _lines(path: str) -> list[dict[str, Any]]:
+    """A JSONL file's objects; a torn last line (a run killed mid-write) is skipped."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return []
+    found = []
+    for line in text.splitlines():
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and "id" in value:
+            found.append(value)
+    return found
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile (p in 0..100) of the values; None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def _spread(values: list[float], digits: int) -> dict[str, Any]:
+    p50, p95 = percentile(values, 50), percentile(values, 95)
+    return {"total": round(sum(values), digits), "p50": None if p50 is None else round(p50, digits),
+            "p95": None if p95 is None else round(p95, digits), "max": round(max(values), digits) if values else None}
+
+
+def summarize(rows: list[dict[str, Any]], items: int, top: int = 5) -> dict[str, Any]:
+    """The batch's summary over its ended items' rows (`items`: how many the batch has, ended or not)."""
+    by_status: dict[str, int] = {}
+    for row in rows:
+        by_status[str(row.get("status"))] = by_status.get(str(row.get("status")), 0) + 1
+    checked = [row for row in rows if isinstance(row.get("check"), dict)]
+    passed = sum(1 for row in checked if row["check"].get("passed"))
+    durations = [float(row["duration_s"]) for row in rows if isinstance(row.get("duration_s"), (int, float))]
+    codes = [int(row.get("exit_code", 1)) for row in rows]
+    return {
+        "items": items, "ended": len(rows), "not_ended": items - len(rows), "by_status": by_status,
+        "exit_code": batch_exit_code(codes + ([1] if items > len(rows) else [])),
+        "check": {"checked": len(checked), "passed": passed,
+                  "pass_rate": round(passed / len(checked), 4) if checked else None},
+        "cost": _spread([float(row.get("cost") or 0) for row in rows], 6),
+        "tokens": _spread([float(row.get("tokens") or 0) for row in rows], 1),
+        "turns": _spread([float(row.get("turns") or 0) for row in rows], 1),
+        "duration_s": _spread(durations, 3),
+        "slowest": [{"id": r["id"], "duration_s": r["duration_s"]}
+                    for r in sorted((r for r in rows if isinstance(r.get("duration_s"), (int, float))),
+                                    key=lambda r: -r["duration_s"])[:top]],
+        "most_expensive": [{"id": r["id"], "cost": r.get("cost") or 0}
+                           for r in sorted(rows, key=lambda r: -(r.get("cost") or 0))[:top]],
+    }
