@@ -1,0 +1,26 @@
+"""Fixes from the review of the long-tasks / batches merge: each test fails without its fix."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def no_user_files(tmp_path, monkeypatch):
+    """No models.json but the ones a test writes (never the machine's ~/.pi)."""
+    monkeypatch.delenv("PID_MODELS", raising=False)
+    monkeypatch.setenv("PID_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PI_CODING_AGENT_DIR", str(tmp_path / "pi-agent"))
+
+
+def test_continue_and_retry_accept_max_cost_with_the_model_tables_prices():
+    """`submit --max-cost` takes the model table's prices; `pid retry` / `pid continue` of that job must too (they
+    used to refuse every such job: its spec has max_cost and no explicit price)."""
+    import cli.main  # noqa: F401 - registers cli.rerun with its helpers
+    from cli.main import BadInput
+    from cli.rerun import check_prices
+    from worker.jobs import JobSpec
+    check_prices(JobSpec(task="t", repo="/r", model="gpt-4o", max_cost=1.0))            # the table prices it
+    check_prices(JobSpec(task="t", repo="/r", model="house-model", max_cost=1.0, input_price=2.0))
+    check_prices(JobSpec(task="t", repo="/r", model="house-model"))                     # no --max-cost
+    with pytest.raises(BadInput, match="--max-cost needs the model's prices"):
+        check_prices(JobSpec(task="t", repo="/r", model="house-model", max_cost=1.0))
