@@ -24,3 +24,19 @@ def test_continue_and_retry_accept_max_cost_with_the_model_tables_prices():
     check_prices(JobSpec(task="t", repo="/r", model="house-model"))                     # no --max-cost
     with pytest.raises(BadInput, match="--max-cost needs the model's prices"):
         check_prices(JobSpec(task="t", repo="/r", model="house-model", max_cost=1.0))
+
+
+def test_openai_s_own_endpoint_gets_max_completion_tokens():
+    """The compaction's summary call is the one that sets max_tokens; OpenAI's API refuses `max_tokens` for its
+    reasoning models (every summary of a gpt-5 / o3 / o4-mini job failed), and accepts max_completion_tokens for all
+    models. Other OpenAI-compatible servers keep `max_tokens`."""
+    from pid.providers import make_provider
+    from pid.providers.base import ProviderConfig
+    for base_url, field in ((None, "max_completion_tokens"), ("https://api.openai.com/v1", "max_completion_tokens"),
+                            ("http://127.0.0.1:8000/v1", "max_tokens")):
+        provider = make_provider(ProviderConfig(model="gpt-5", base_url=base_url, api_key="k", max_tokens=1234))
+        try:
+            body = provider.request_body("sys", [], [])
+        finally:
+            provider.close()
+        assert body.get(field) == 1234 and len({"max_tokens", "max_completion_tokens"} & set(body)) == 1, base_url
