@@ -40,3 +40,16 @@ def test_openai_s_own_endpoint_gets_max_completion_tokens():
         finally:
             provider.close()
         assert body.get(field) == 1234 and len({"max_tokens", "max_completion_tokens"} & set(body)) == 1, base_url
+
+
+def test_a_retry_after_of_nan_is_no_wait_asked_and_the_budget_still_ends_the_retries():
+    """float("nan") parses: the wait was NaN, every comparison with the budget False, so a server answering
+    `Retry-After: nan` was retried at once and forever."""
+    import math
+
+    from pid.providers.retry import RATE_LIMITED, RetryPolicy, server_delay
+    asked = server_delay(429, {"Retry-After": "nan"})
+    policy = RetryPolicy(max_wait_s=5, budget_s=10)
+    wait = policy.wait_before_retry(1, RATE_LIMITED, asked, 0.0)
+    assert wait is not None and math.isfinite(wait) and 0 <= wait <= 1
+    assert policy.wait_before_retry(3, RATE_LIMITED, asked, 10.0) is None
