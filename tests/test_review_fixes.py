@@ -53,3 +53,36 @@ def test_a_retry_after_of_nan_is_no_wait_asked_and_the_budget_still_ends_the_ret
     wait = policy.wait_before_retry(1, RATE_LIMITED, asked, 0.0)
     assert wait is not None and math.isfinite(wait) and 0 <= wait <= 1
     assert policy.wait_before_retry(3, RATE_LIMITED, asked, 10.0) is None
+
+
+def test_session_entry_ids_never_repeat_and_a_cycle_never_hangs_a_reader(tmp_path, monkeypatch):
+    """Entry ids are 8 hex digits: in a long (or continued) session two can meet. A repeated id turned the chain into
+    a cycle, and the readers `pid continue` uses (session_context_entries, session_chain) looped forever."""
+    import json
+    import threading
+
+    import pid.session
+    from pid.messages import UserMessage
+    from pid.session import SessionWriter, read_session, session_context_entries
+    from worker.continuation import session_chain
+
+    drawn = iter(["aaaaaaaa", "aaaaaaaa", "bbbbbbbb", "aaaaaaaa", "bbbbbbbb", "cccccccc"])
+    monkeypatch.setattr(pid.session, "_entry_id", lambda: next(drawn))
+    path = tmp_path / "s.jsonl"
+    with SessionWriter(str(path)) as writer:
+        ids = [writer.message(UserMessage.text(t)) for t in ("one", "two", "three")]
+    assert ids == ["aaaaaaaa", "bbbbbbbb", "cccccccc"]
+
+    header = {"type": "session", "version": 3, "id": "s", "timestamp": "t", "cwd": "/workspace"}
+    looped = [header] + [{"type": "message", "id": i, "parentId": p, "timestamp": "t",
+                          "message": UserMessage.text(i).to_dict()} for i, p in (("a", None), ("b", "a"), ("c", "b"),
+                                                                                  ("a", "c"))]
+    (tmp_path / "loop.jsonl").write_text("\n".join(json.dumps(x) for x in looped) + "\n")
+    done: list[object] = []
+    reader = threading.Thread(target=lambda: done.extend([read_session(str(tmp_path / "loop.jsonl")),
+                                                          session_context_entries(str(tmp_path / "loop.jsonl")),
+                                                          session_chain((tmp_path / "loop.jsonl").read_text())]),
+                              daemon=True)
+    reader.start()
+    reader.join(2)
+    assert len(done) == 3, "a reader loops on a cycle of parentIds"

@@ -156,7 +156,9 @@ def session_chain(text: str) -> list[dict[str, Any]]:
         entries[obj["id"]] = obj
         last = obj["id"]
     chain: list[dict[str, Any]] = []
-    while last is not None:
+    seen: set[str] = set()
+    while last is not None and last not in seen:   # a cycle (repeated ids) ends the walk
+        seen.add(last)
         chain.append(entries[last])
         last = entries[last].get("parentId")
     return chain[::-1]
