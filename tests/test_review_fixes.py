@@ -86,3 +86,18 @@ def test_session_entry_ids_never_repeat_and_a_cycle_never_hangs_a_reader(tmp_pat
     reader.start()
     reader.join(2)
     assert len(done) == 3, "a reader loops on a cycle of parentIds"
+
+
+def test_a_page_shows_a_dash_for_numbers_json_can_say_but_no_format_can(tmp_path):
+    """json.load takes NaN, Infinity and 1e999: fmt_int / fmt_duration raised on them (a traceback from pid view)."""
+    import json
+
+    from pid.html_index import render_batch
+    from pid.html_view import render_job
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "result.json").write_text('{"id": "x", "status": "completed", "turns": 1e999, "duration_s": Infinity, '
+                                     '"usage": {"total_tokens": NaN, "cost": "inf"}}')
+    assert "pid job" in render_job(str(job))
+    (tmp_path / "batch.jsonl").write_text(json.dumps({"id": "job", "tokens": "nan", "duration_s": "1e999"}) + "\n")
+    render_batch(str(tmp_path), str(tmp_path / "view"))
