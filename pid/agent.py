@@ -201,12 +201,14 @@ class Agent:
         def retrying(notice: RetryNotice) -> None:
             nonlocal attempt
             attempt = notice.attempt + 1
-            self._emit(ev.ModelRetry(turn, notice.attempt, notice.wait_s, notice.reason, notice.status,
-                                     notice.error))
+            self._retrying(turn, notice)
 
         return self.provider.stream(self.system_prompt, context, self.tools.specs(), cancel=self.cancel_event,
                                     on_text=lambda text: self._emit(ev.TextDelta(turn, text, attempt)),
                                     on_retry=retrying)
+
+    def _retrying(self, turn: int, notice: RetryNotice) -> None:
+        self._emit(ev.ModelRetry(turn, notice.attempt, notice.wait_s, notice.reason, notice.status, notice.error))
 
     def _ask(self, turn: int, out: Outcome) -> AssistantMessage:
         """One model call on the current context; its reply joins the transcript (a failed one is never replayed)."""
@@ -227,14 +229,15 @@ class Agent:
         if self.compactor is not None:
             tokens = self._context_tokens()
             if self.compactor.should_compact(tokens):
-                self._compact(out, "threshold", tokens)   # failing, the call goes ahead: the window may still hold it
+                # failing, the call goes ahead: the window may still hold it
+                self._compact(turn, out, "threshold", tokens)
         reply = self._ask(turn, out)
         if not is_context_overflow(reply) or self.cancel_event.is_set():
             return reply, None
         refused = reply.error_message or "refused for its length"
         if self.compactor is None:
             return reply, OVERFLOW_ERROR.format(detail=refused)
-        problem = self._compact(out, "overflow", self._context_tokens())
+        problem = self._compact(turn, out, "overflow", self._context_tokens())
         if problem is not None:
             return reply, None if self.cancel_event.is_set() else \
                 OVERFLOW_ERROR.format(detail=f"{refused}; compacting did not help: {problem}")
@@ -248,13 +251,14 @@ class Agent:
         return self.compactor.context_tokens(self.system_prompt, self.tools.specs(), self._context_messages(),
                                              self.messages)
 
-    def _compact(self, out: Outcome, reason: str, tokens: int) -> str | None:
+    def _compact(self, turn: int, out: Outcome, reason: str, tokens: int) -> str | None:
         """Summarise the older part of the conversation; the session gets pi's compaction entry. Returns why it could
         not be done, or None."""
         assert self.compactor is not None
         self._emit(ev.CompactionStart(reason, tokens))
         try:
-            done = self.compactor.compact(self.messages, tokens, reason=reason, cancel=self.cancel_event)
+            done = self.compactor.compact(self.messages, tokens, reason=reason, cancel=self.cancel_event,
+                                          on_retry=lambda notice: self._retrying(turn, notice))
         except CompactionFailed as exc:
             out.usage.add(exc.usage)
             self._emit(ev.CompactionEnd(reason, tokens, error=str(exc), usage=exc.usage))

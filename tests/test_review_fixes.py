@@ -101,3 +101,34 @@ def test_a_page_shows_a_dash_for_numbers_json_can_say_but_no_format_can(tmp_path
     assert "pid job" in render_job(str(job))
     (tmp_path / "batch.jsonl").write_text(json.dumps({"id": "job", "tokens": "nan", "duration_s": "1e999"}) + "\n")
     render_batch(str(tmp_path), str(tmp_path / "view"))
+
+
+def test_a_rate_limited_summary_call_waits_with_an_event_as_any_model_call(tmp_path):
+    """The summary call retried silently: `pid logs` showed 'compacting the context' through every wait. Each wait
+    is a model_retry event, between compaction_start and compaction_end."""
+    from typing import Any
+
+    from pid import events as ev
+    from pid.compaction import SUMMARIZATION_SYSTEM_PROMPT
+    from tests.scripted_llm import ScriptedLLM
+    from tests.test_compaction import LongJob, run_job, system_text
+
+    model = LongJob(turns=20)
+    limited = {"n": 0}
+
+    def responder(body: dict[str, Any]) -> dict[str, Any]:
+        if system_text(body).startswith(SUMMARIZATION_SYSTEM_PROMPT[:40]) and limited["n"] == 0:
+            limited["n"] += 1
+            return {"error": {"status": 429, "headers": {"Retry-After": "0.2"}}}
+        return model(body)
+
+    events: list = []
+    with ScriptedLLM(responder=responder) as llm:
+        outcome, _agent, _session = run_job(llm, tmp_path, events=events)
+    assert outcome.status == "completed", outcome.error
+    kinds = [type(e) for e in events if isinstance(e, (ev.CompactionStart, ev.CompactionEnd, ev.ModelRetry))]
+    assert kinds[:3] == [ev.CompactionStart, ev.ModelRetry, ev.CompactionEnd]
+    first_end = next(e for e in events if isinstance(e, ev.CompactionEnd))
+    assert first_end.error is None
+    retry = next(e for e in events if isinstance(e, ev.ModelRetry))
+    assert retry.status == 429 and retry.describe() == "rate limited, retrying in 0.2 s"
