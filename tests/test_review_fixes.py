@@ -132,3 +132,25 @@ def test_a_rate_limited_summary_call_waits_with_an_event_as_any_model_call(tmp_p
     assert first_end.error is None
     retry = next(e for e in events if isinstance(e, ev.ModelRetry))
     assert retry.status == 429 and retry.describe() == "rate limited, retrying in 0.2 s"
+
+
+def test_a_worker_without_the_models_prices_refuses_a_job_with_max_cost(sample_repo, tmp_path):
+    """The client accepts --max-cost on its own model table's prices; the worker reads its own table. One that has no
+    prices for the model ran the job with a cap that could never stop it (cost 0); it refuses the job instead."""
+    from tests.memory_sandbox import MemoryProvider
+    from tests.scripted_llm import ScriptedLLM
+    from worker.jobs import JobSpec
+    from worker.runner import run_job
+
+    def spec(llm: ScriptedLLM, **extra) -> JobSpec:
+        return JobSpec(task="go", repo=str(sample_repo), out_dir=str(tmp_path / "out"), base_url=llm.base_url,
+                       max_cost=1.0, **extra)
+
+    with ScriptedLLM([{"text": "done"}, {"text": "done"}]) as llm:
+        refused = run_job(spec(llm, model="house-model"), sandboxes=MemoryProvider({}))
+        priced = run_job(spec(llm, model="house-model", input_price=1.0), sandboxes=MemoryProvider({}))
+        tabled = run_job(spec(llm, model="gpt-4o-mini"), sandboxes=MemoryProvider({}))
+        served = len(llm.requests)
+    assert refused["status"] == "failed" and "--max-cost needs the model's prices" in refused["error"]
+    assert priced["status"] == tabled["status"] == "completed"
+    assert served == 2   # the refused job never called the model

@@ -105,6 +105,12 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                                         "output_price": spec.output_price or None,
                                         "cache_read_price": spec.cache_read_price or None,
                                         "cache_write_price": spec.cache_write_price or None})
+        if spec.max_cost is not None and not (model.input_price or model.output_price or model.cache_read_price
+                                              or model.cache_write_price):
+            # The client found prices (its own model table); this worker's table has none: the cap could never
+            # stop the job, so it does not start.
+            raise ValueError(f"--max-cost needs the model's prices, and {spec.model!r} has none where the job runs "
+                             "(this worker's model table does not price it): pass --input-price/--output-price")
         provider = make_provider(ProviderConfig(model=spec.model, base_url=spec.base_url, api_key=api_key,
                                                 api=spec.api, provider=_provider_label(spec),
                                                 input_cost_per_mtok=model.input_price,
