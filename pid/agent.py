@@ -13,6 +13,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from pid import events as ev
 from pid.compaction import CompactionFailed, Compactor
@@ -87,11 +88,16 @@ class Agent:
         self._pool = ThreadPoolExecutor(max_parallel_tools, thread_name_prefix="pid-tool")
 
     # -- controls (any thread) --------------------------------------------------------------------------------------
-    def load_history(self, entries: list[tuple[str | None, Message]]) -> None:
+    def load_history(self, entries: list[tuple[str | None, Message]],
+                     compaction: dict[str, Any] | None = None) -> None:
         """A continued job's conversation so far, already in its session file: (entry id, message) pairs, so a later
-        compaction can name the entry it keeps from."""
+        compaction can name the entry it keeps from. `compaction`: the session's latest compaction entry, when the
+        conversation opens with its summary (pid.session.session_context_entries): a later compaction updates it."""
         self.messages = [message for _id, message in entries]
         self._entry_ids = [entry_id for entry_id, _message in entries]
+        if self.compactor is not None and compaction is not None and entries and entries[0][0] is None \
+                and isinstance(self.messages[0], UserMessage):
+            self.compactor.resume(self.messages[0], str(compaction.get("summary", "")), compaction.get("details"))
 
     def steer(self, text: str) -> None:
         """Delivered after the running tool batch completes, before the next model call."""

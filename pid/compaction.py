@@ -149,6 +149,19 @@ class Compactor:
         self._since = 0                         # the agent's message count at the latest compaction
         self._counts: dict[int, tuple[Message, int]] = {}
 
+    def resume(self, summary: UserMessage, text: str, details: Any) -> None:
+        """A continued conversation that opens with an earlier compaction's summary (the agent's messages[0], from
+        pi's `compaction` entry: its `summary` text and `details`): the next compaction updates that summary and
+        carries its file lists on, as pi's would, instead of summarising the summary as a user message."""
+        details = details if isinstance(details, dict) else {}
+
+        def paths(key: str) -> list[str]:
+            value = details.get(key)
+            return [p for p in value if isinstance(p, str)] if isinstance(value, list) else []
+
+        self.latest = Compaction(text, 1, 0, paths("readFiles"), paths("modifiedFiles"), 0)
+        self._summary, self._since = summary, 1
+
     # -- the context ------------------------------------------------------------------------------------------------
     @property
     def first_kept(self) -> int:

@@ -154,3 +154,58 @@ def test_a_worker_without_the_models_prices_refuses_a_job_with_max_cost(sample_r
     assert refused["status"] == "failed" and "--max-cost needs the model's prices" in refused["error"]
     assert priced["status"] == tabled["status"] == "completed"
     assert served == 2   # the refused job never called the model
+
+
+def test_a_continued_conversation_updates_its_parents_summary_and_keeps_its_file_lists(tmp_path):
+    """A continued job opens with its parent's compaction summary. Its first compaction summarised that summary as
+    if the user had written it (a fresh summary, the parent's file lists lost); as pi does, it is the previous
+    summary to update, and its read/modified files carry on."""
+    from typing import Any
+
+    from pid.agent import Agent, Limits
+    from pid.compaction import Compactor
+    from pid.messages import AssistantMessage, TextContent, UserMessage
+    from pid.providers import make_provider
+    from pid.providers.base import ProviderConfig
+    from pid.session import SessionWriter, session_context, session_context_entries
+    from pid.tools.base import ToolContext
+    from pid.tools.registry import default_registry
+    from tests.scripted_llm import ScriptedLLM
+    from tests.test_compaction import WINDOW, LongJob, entries, make_box
+    from worker.continuation import Parent, session_chain, start_session
+
+    parent_path = tmp_path / "parent.jsonl"
+    with SessionWriter(str(parent_path)) as parent:
+        parent.message(UserMessage.text("the first task"))
+        kept = parent.message(AssistantMessage([TextContent("earlier work")]))
+        parent.compaction("## Goal\nPARENT-SUMMARY", kept, 30000,
+                          {"readFiles": ["PARENT-READ.py"], "modifiedFiles": ["PARENT-MOD.py"]})
+        parent.message(UserMessage.text("go on"))
+        parent.message(AssistantMessage([TextContent("done")]))
+    chain = session_chain(parent_path.read_text())
+    loaded = Parent("p", str(parent_path), chain, b"")
+
+    model = LongJob(turns=30)
+    child_path = tmp_path / "child.jsonl"
+    with ScriptedLLM(responder=model) as llm:
+        provider = make_provider(ProviderConfig(model="scripted", base_url=llm.base_url))
+        session = SessionWriter(str(child_path), parent_session=str(parent_path))
+        start_session(session, loaded)
+        with make_box() as box:
+            agent = Agent(provider, default_registry(), ToolContext(sandbox=box), "sys", session=session,
+                          limits=Limits(max_turns=100), compactor=Compactor(provider, WINDOW))
+            agent.load_history(session_context_entries(str(parent_path)), loaded.latest_compaction)
+            before = [m.to_dict() for m in agent._context_messages()]
+            outcome = agent.run("more")
+        session.close()
+        provider.close()
+    assert outcome.status == "completed", outcome.error
+    # loading changed nothing of what the model sees: the parent's summary, then its kept messages
+    assert [m["content"] for m in before] == [m.to_dict()["content"]
+                                              for m in session_context(str(parent_path))]
+    first: Any = model.summaries[0]["messages"][-1]["content"]
+    assert "<previous-summary>" in first and "PARENT-SUMMARY" in first.split("<conversation>")[0] + \
+        first.split("</conversation>")[1]
+    compactions = [e for e in entries(child_path) if e["type"] == "compaction"][1:]   # the child's own
+    assert compactions and "PARENT-READ.py" in compactions[0]["details"]["readFiles"]
+    assert "PARENT-MOD.py" in compactions[0]["details"]["modifiedFiles"]

@@ -157,7 +157,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                                                max_cost=spec.max_cost),
                       compactor=Compactor(provider, model.context_window, max_output_tokens=model.max_tokens),
                       notices=[] if model.known or spec.context_window else [unknown_model_warning(model)])
-        agent.load_history(earlier)   # a continued job's conversation so far (already in its session file)
+        # a continued job's conversation so far (already in its session file)
+        agent.load_history(earlier, parent.latest_compaction if parent else None)
         if on_agent:
             on_agent(agent)
         outcome = agent.run(spec.task)
