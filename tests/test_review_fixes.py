@@ -209,3 +209,16 @@ def test_a_continued_conversation_updates_its_parents_summary_and_keeps_its_file
     compactions = [e for e in entries(child_path) if e["type"] == "compaction"][1:]   # the child's own
     assert compactions and "PARENT-READ.py" in compactions[0]["details"]["readFiles"]
     assert "PARENT-MOD.py" in compactions[0]["details"]["modifiedFiles"]
+
+
+def test_anthropic_s_input_plus_max_tokens_refusal_is_a_refusal_for_length():
+    """With thinking, an Anthropic request asks for max_tokens = output + thinking budget (24,576 at `high`), more
+    than compaction's reserve (16,384): a context just under the threshold is refused in these words, which must
+    compact (the job ended provider_error)."""
+    from pid.messages import AssistantMessage
+    from pid.providers.overflow import is_context_overflow
+    text = ("HTTP 400 from https://api.anthropic.com/v1/messages: input length and `max_tokens` exceed context "
+            "limit: 183000 + 24576 > 200000, decrease input length or `max_tokens` and try again")
+    message = AssistantMessage([], "anthropic-messages", "anthropic", "claude-sonnet-4-5", stop_reason="error",
+                               error_message=text)
+    assert is_context_overflow(message)
