@@ -222,3 +222,15 @@ def test_anthropic_s_input_plus_max_tokens_refusal_is_a_refusal_for_length():
     message = AssistantMessage([], "anthropic-messages", "anthropic", "claude-sonnet-4-5", stop_reason="error",
                                error_message=text)
     assert is_context_overflow(message)
+
+
+def test_pid_status_stops_saying_compacting_once_the_compaction_ended():
+    """A compaction is followed by the model call: `pid status` said 'compacting the context' all through it."""
+    from pid import events as ev
+    from worker.control import Progress
+    progress = Progress()
+    progress.on_event(ev.TurnStart(7))
+    progress.on_event(ev.CompactionStart("threshold", 30000))
+    assert progress.snapshot()["activity"] == "turn 7: compacting the context"
+    progress.on_event(ev.CompactionEnd("threshold", 30000, 9000, 12, "summary"))
+    assert progress.snapshot()["activity"] == "turn 7: waiting for the model"
