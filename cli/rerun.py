@@ -104,8 +104,7 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
     for name, value in limits.items():
         if value is not None:
             setattr(spec, name, value)
-    if spec.max_cost is not None and not (spec.input_price or spec.output_price):
-        raise _main.BadInput("--max-cost needs the model's prices, and the earlier job had none")
+    check_prices(spec)
     spec.out_dir = _out_dir(out_dir, spec.out_dir)
     if queue:
         spec.queue = queue
@@ -125,6 +124,15 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
         return
     click.echo(f"job {spec.id} queued", err=True)
     _main._wait_and_exit(store, spec.id, as_json, follow=not as_json, download=spec.job_dir, own_dir=True)
+
+
+def check_prices(spec: JobSpec) -> None:
+    """--max-cost (given now, or the earlier job's) needs prices: the earlier job's own, or the model table's, as
+    `submit` accepts them (cli.main.build_spec)."""
+    priced = spec.input_price or spec.output_price or spec.cache_read_price or spec.cache_write_price
+    if spec.max_cost is not None and not priced and not _main._table_prices(spec.model):
+        raise _main.BadInput("--max-cost needs the model's prices, and neither the earlier job nor the model table "
+                             "has them")
 
 
 def _out_dir(given: str | None, earlier: str) -> str:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from pid import events as ev
 from pid.compaction import CompactionFailed, Compactor
@@ -91,11 +92,16 @@ class Agent:
         self._pool = ThreadPoolExecutor(max_parallel_tools, thread_name_prefix="pid-tool")
 
     # -- controls (any thread) --------------------------------------------------------------------------------------
-    def load_history(self, entries: list[tuple[str | None, Message]]) -> None:
+    def load_history(self, entries: list[tuple[str | None, Message]],
+                     compaction: dict[str, Any] | None = None) -> None:
         """A continued job's conversation so far, already in its session file: (entry id, message) pairs, so a later
-        compaction can name the entry it keeps from."""
+        compaction can name the entry it keeps from. `compaction`: the session's latest compaction entry, when the
+        conversation opens with its summary (pid.session.session_context_entries): a later compaction updates it."""
         self.messages = [message for _id, message in entries]
         self._entry_ids = [entry_id for entry_id, _message in entries]
+        if self.compactor is not None and compaction is not None and entries and entries[0][0] is None \
+                and isinstance(self.messages[0], UserMessage):
+            self.compactor.resume(self.messages[0], str(compaction.get("summary", "")), compaction.get("details"))
 
     def steer(self, text: str) -> None:
         """Delivered after the running tool batch completes, before the next model call."""
@@ -210,12 +216,14 @@ class Agent:
         def retrying(notice: RetryNotice) -> None:
             nonlocal attempt
             attempt = notice.attempt + 1
-            self._emit(ev.ModelRetry(turn, notice.attempt, notice.wait_s, notice.reason, notice.status,
-                                     notice.error))
+            self._retrying(turn, notice)
 
         return self.provider.stream(self.system_prompt, context, self.tools.specs(), cancel=self.cancel_event,
                                     on_text=lambda text: self._emit(ev.TextDelta(turn, text, attempt)),
                                     on_retry=retrying)
+
+    def _retrying(self, turn: int, notice: RetryNotice) -> None:
+        self._emit(ev.ModelRetry(turn, notice.attempt, notice.wait_s, notice.reason, notice.status, notice.error))
 
     def _ask(self, turn: int, out: Outcome) -> AssistantMessage:
         """One model call on the current context; its reply joins the transcript (a failed one is never replayed)."""
@@ -236,14 +244,15 @@ class Agent:
         if self.compactor is not None:
             tokens = self._context_tokens()
             if self.compactor.should_compact(tokens):
-                self._compact(out, "threshold", tokens)   # failing, the call goes ahead: the window may still hold it
+                # failing, the call goes ahead: the window may still hold it
+                self._compact(turn, out, "threshold", tokens)
         reply = self._ask(turn, out)
         if not is_context_overflow(reply) or self.cancel_event.is_set():
             return reply, None
         refused = reply.error_message or "refused for its length"
         if self.compactor is None:
             return reply, OVERFLOW_ERROR.format(detail=refused)
-        problem = self._compact(out, "overflow", self._context_tokens())
+        problem = self._compact(turn, out, "overflow", self._context_tokens())
         if problem is not None:
             return reply, None if self.cancel_event.is_set() else \
                 OVERFLOW_ERROR.format(detail=f"{refused}; compacting did not help: {problem}")
@@ -257,13 +266,14 @@ class Agent:
         return self.compactor.context_tokens(self.system_prompt, self.tools.specs(), self._context_messages(),
                                              self.messages)
 
-    def _compact(self, out: Outcome, reason: str, tokens: int) -> str | None:
+    def _compact(self, turn: int, out: Outcome, reason: str, tokens: int) -> str | None:
         """Summarise the older part of the conversation; the session gets pi's compaction entry. Returns why it could
         not be done, or None."""
         assert self.compactor is not None
         self._emit(ev.CompactionStart(reason, tokens))
         try:
-            done = self.compactor.compact(self.messages, tokens, reason=reason, cancel=self.cancel_event)
+            done = self.compactor.compact(self.messages, tokens, reason=reason, cancel=self.cancel_event,
+                                          on_retry=lambda notice: self._retrying(turn, notice))
         except CompactionFailed as exc:
             out.usage.add(exc.usage)
             self._emit(ev.CompactionEnd(reason, tokens, error=str(exc), usage=exc.usage))

@@ -31,6 +31,7 @@ from pid.context import MESSAGE_OVERHEAD_TOKENS, estimate_usage, message_text
 from pid.messages import (AssistantMessage, Message, TextContent, ThinkingContent, ToolCall, ToolResultMessage,
                           ToolSpec, Usage, UserMessage)
 from pid.providers.base import Provider, price
+from pid.providers.retry import RetryListener
 from pid.tokens import TokenCounter, get_counter
 
 RESERVE_TOKENS = 16384        # pi's compaction.reserveTokens: room for the reply (and the summary's)
@@ -148,6 +149,19 @@ class Compactor:
         self._since = 0                         # the agent's message count at the latest compaction
         self._counts: dict[int, tuple[Message, int]] = {}
 
+    def resume(self, summary: UserMessage, text: str, details: Any) -> None:
+        """A continued conversation that opens with an earlier compaction's summary (the agent's messages[0], from
+        pi's `compaction` entry: its `summary` text and `details`): the next compaction updates that summary and
+        carries its file lists on, as pi's would, instead of summarising the summary as a user message."""
+        details = details if isinstance(details, dict) else {}
+
+        def paths(key: str) -> list[str]:
+            value = details.get(key)
+            return [p for p in value if isinstance(p, str)] if isinstance(value, list) else []
+
+        self.latest = Compaction(text, 1, 0, paths("readFiles"), paths("modifiedFiles"), 0)
+        self._summary, self._since = summary, 1
+
     # -- the context ------------------------------------------------------------------------------------------------
     @property
     def first_kept(self) -> int:
@@ -203,9 +217,10 @@ class Compactor:
         return CutPoint(cut, turn_start, turn_start != -1)
 
     def compact(self, messages: list[Message], tokens_before: int, *, reason: str = "threshold",
-                cancel: threading.Event | None = None) -> Compaction:
+                cancel: threading.Event | None = None, on_retry: RetryListener | None = None) -> Compaction:
         """Summarise what is older than the kept part; raises CompactionFailed. On success the next context is
-        `summary_message()` + messages[first_kept:]."""
+        `summary_message()` + messages[first_kept:]. `on_retry` hears of each wait before a summary call is
+        repeated (a rate limit meets the summary as it meets any call)."""
         start, end = self.first_kept, len(messages)
         cut = self.find_cut_point(messages, start, end, self.keep)
         if cut.first_kept <= start and reason == "overflow":   # refused: keep no more than the newest turn
@@ -219,11 +234,13 @@ class Compactor:
         usage = Usage()
         if history:
             prompt = UPDATE_SUMMARIZATION_PROMPT if previous else SUMMARIZATION_PROMPT
-            summary = self._summarize(history, prompt, previous, int(0.8 * self.reserve), cancel, usage)
+            summary = self._summarize(history, prompt, previous, int(0.8 * self.reserve), cancel, usage,
+                                      on_retry)
         else:   # only the turn's prefix is new (pi would drop a previous summary here; it is kept)
             summary = previous or "No prior history."
         if prefix:
-            turn = self._summarize(prefix, TURN_PREFIX_PROMPT, None, int(0.5 * self.reserve), cancel, usage)
+            turn = self._summarize(prefix, TURN_PREFIX_PROMPT, None, int(0.5 * self.reserve), cancel, usage,
+                                   on_retry)
             summary = f"{summary}\n\n---\n\n**Turn Context (split turn):**\n\n{turn}"
         read_files, modified_files = self._file_lists(history + prefix)
         summary += _format_files(read_files, modified_files)
@@ -234,7 +251,7 @@ class Compactor:
         return done
 
     def _summarize(self, messages: list[Message], prompt: str, previous: str | None, max_tokens: int,
-                   cancel: threading.Event | None, usage: Usage) -> str:
+                   cancel: threading.Event | None, usage: Usage, on_retry: RetryListener | None = None) -> str:
         from pid.providers import make_provider   # here: providers import nothing of this module, keep it so
 
         if self.max_output:
@@ -245,7 +262,7 @@ class Compactor:
         request: list[Message] = [UserMessage.text(f"<conversation>\n{conversation}\n</conversation>\n\n{tail}")]
         provider = make_provider(dataclasses.replace(self.provider.config, max_tokens=max_tokens))
         try:
-            reply = provider.stream(SUMMARIZATION_SYSTEM_PROMPT, request, [], cancel=cancel)
+            reply = provider.stream(SUMMARIZATION_SYSTEM_PROMPT, request, [], cancel=cancel, on_retry=on_retry)
         finally:
             provider.close()
         if reply.usage.total_tokens == 0 and reply.stop_reason not in ("error", "aborted"):

@@ -8,7 +8,8 @@ Order, for one run:
     notice* (set-up warnings, e.g. a model the table does not know)
     turn_start
         message_end (user: the task, then steering or follow-up messages delivered at this point)
-        [compaction_start, compaction_end] (the context would not fit: older messages become a summary)
+        [compaction_start, model_retry*, compaction_end] (the context would not fit: older messages become a
+            summary; a summary call that must be retried waits as any model call does)
         text_delta* (the model's reply as it streams)
         [model_retry, text_delta*]* (the call failed in a way worth retrying: after the wait it is repeated whole)
         message_end (assistant)

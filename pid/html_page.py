@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -175,16 +176,14 @@ def page(title: str, body: str, script: str = "") -> str:
 
 
 def number(value: Any) -> float | None:
+    """A finite number, or None (JSON may say NaN, Infinity or 1e999, which no format can print as an int)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
+    try:
+        n = float(value) if isinstance(value, (int, float, str)) else None
+    except (ValueError, OverflowError):
+        return None
+    return n if n is not None and math.isfinite(n) else None
 
 
 def fmt_duration(value: Any) -> str:

@@ -35,6 +35,7 @@ class SessionWriter:
         self.path = path
         self.id = session_id or str(uuid.uuid4())
         self._last_id: str | None = None
+        self._ids: set[str] = set()   # ids are 8 hex digits (pi's): one is drawn again until it is new, as pi does
         self._file: IO[str] = open(path, "a", encoding="utf-8")
         header = {"type": "session", "version": SESSION_VERSION, "id": self.id, "timestamp": iso_time(), "cwd": cwd}
         self._write({**header, "parentSession": parent_session} if parent_session else header)
@@ -43,6 +44,7 @@ class SessionWriter:
         """An entry of the parent session, as it was (id and parentId kept): the next entries follow it."""
         self._write(entry)
         self._last_id = entry["id"]
+        self._ids.add(entry["id"])
 
     def _write(self, obj: dict[str, Any]) -> None:
         self._file.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
@@ -50,6 +52,9 @@ class SessionWriter:
 
     def _append(self, body: dict[str, Any]) -> str:
         entry_id = _entry_id()
+        while entry_id in self._ids:   # a repeated id would make the chain a cycle (readers would loop forever)
+            entry_id = _entry_id()
+        self._ids.add(entry_id)
         self._write({"type": body.pop("type"), "id": entry_id, "parentId": self._last_id, "timestamp": iso_time(),
                      **body})
         self._last_id = entry_id
@@ -137,7 +142,9 @@ def _read(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             entries[obj["id"]] = obj
             last = obj["id"]
     chain: list[dict[str, Any]] = []
-    while last is not None:
+    seen: set[str] = set()
+    while last is not None and last not in seen:   # a cycle (repeated ids) ends the walk
+        seen.add(last)
         entry = entries[last]
         chain.append(entry)
         last = entry.get("parentId")

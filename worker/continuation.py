@@ -115,6 +115,11 @@ class Parent:
     entries: list[dict[str, Any]]   # the parent session's entries along its current branch, oldest first
     patch: bytes
 
+    @property
+    def latest_compaction(self) -> dict[str, Any] | None:
+        """The latest compaction entry on the parent's branch: the conversation loaded opens with its summary."""
+        return next((e for e in reversed(self.entries) if e.get("type") == "compaction"), None)
+
 
 def load_parent(store: Store, parent_id: str, tmp_dir: str) -> tuple[Parent, list[Any]]:
     """The parent's transcript and patch from the store, and its conversation as (entry id, message) pairs, as
@@ -156,7 +161,9 @@ def session_chain(text: str) -> list[dict[str, Any]]:
         entries[obj["id"]] = obj
         last = obj["id"]
     chain: list[dict[str, Any]] = []
-    while last is not None:
+    seen: set[str] = set()
+    while last is not None and last not in seen:   # a cycle (repeated ids) ends the walk
+        seen.add(last)
         chain.append(entries[last])
         last = entries[last].get("parentId")
     return chain[::-1]

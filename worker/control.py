@@ -99,6 +99,7 @@ class Progress:
                 self.activity = f"turn {self.turns}: compacting the context"
             elif isinstance(event, ev.CompactionEnd):
                 self.usage.add(event.usage)
+                self.activity = f"turn {self.turns}: waiting for the model"   # compacted (or not): it is asked now
             elif isinstance(event, ev.ModelRetry):
                 self.activity = f"turn {event.turn}: {event.describe()} (attempt {event.attempt} failed)"
             elif isinstance(event, ev.AgentEnd):

@@ -108,6 +108,12 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                                         "output_price": spec.output_price or None,
                                         "cache_read_price": spec.cache_read_price or None,
                                         "cache_write_price": spec.cache_write_price or None})
+        if spec.max_cost is not None and not (model.input_price or model.output_price or model.cache_read_price
+                                              or model.cache_write_price):
+            # The client found prices (its own model table); this worker's table has none: the cap could never
+            # stop the job, so it does not start.
+            raise ValueError(f"--max-cost needs the model's prices, and {spec.model!r} has none where the job runs "
+                             "(this worker's model table does not price it): pass --input-price/--output-price")
         provider = make_provider(ProviderConfig(model=spec.model, base_url=spec.base_url, api_key=api_key,
                                                 api=spec.api, provider=_provider_label(spec),
                                                 input_cost_per_mtok=model.input_price,
@@ -154,7 +160,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                                                max_cost=spec.max_cost, gate=gate),
                       compactor=Compactor(provider, model.context_window, max_output_tokens=model.max_tokens),
                       notices=[] if model.known or spec.context_window else [unknown_model_warning(model)])
-        agent.load_history(earlier)   # a continued job's conversation so far (already in its session file)
+        # a continued job's conversation so far (already in its session file)
+        agent.load_history(earlier, parent.latest_compaction if parent else None)
         if on_agent:
             on_agent(agent)
         outcome = agent.run(spec.task)

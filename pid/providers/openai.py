@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import httpx
+
 from pid.config import API_NAMES, base_url_for
 from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
@@ -22,6 +24,7 @@ from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, pr
 from pid.providers.transport import StreamReply, StreamingProvider, truncate
 
 API = API_NAMES["openai"]
+OPENAI_HOST = "api.openai.com"
 
 # Where OpenAI-compatible servers put the reasoning text (vLLM, llama.cpp, DeepSeek, OpenRouter ...): the first
 # non-empty one counts. The field's name is kept as the thinking block's signature, and the reasoning goes back in
@@ -40,6 +43,9 @@ class OpenAIProvider(StreamingProvider):
         super().__init__(config, base_url_for(API, config.base_url).rstrip("/") + "/chat/completions", auth)
         self._entries = IdentityCache()
         self._same_model = lambda m: m.api == API and m.model == config.model
+        # OpenAI's own endpoint refuses `max_tokens` for its reasoning models (o1, o3, o4-mini, gpt-5...) and takes
+        # `max_completion_tokens` for every model; other servers (vLLM, llama.cpp, Ollama...) know `max_tokens`.
+        self._max_tokens_field = "max_completion_tokens" if httpx.URL(self._url).host == OPENAI_HOST else "max_tokens"
 
     def _new_reply(self) -> "_Reply":
         return _Reply()
@@ -52,7 +58,7 @@ class OpenAIProvider(StreamingProvider):
             body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                                "parameters": t.parameters}} for t in tools]
         if self.config.max_tokens:
-            body["max_tokens"] = self.config.max_tokens
+            body[self._max_tokens_field] = self.config.max_tokens
         if self.config.temperature is not None:
             body["temperature"] = self.config.temperature
         if self.config.thinking != "off":

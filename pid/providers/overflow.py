@@ -11,6 +11,7 @@ from pid.messages import AssistantMessage
 
 OVERFLOW_PATTERNS = [re.compile(p, re.IGNORECASE) for p in (
     r"prompt is too long",                              # Anthropic
+    r"input length and `?max_tokens`? exceed context limit",   # Anthropic: input + max_tokens (thinking's too)
     r"request_too_large",                               # Anthropic, by bytes (413)
     r"input is too long for requested model",           # Bedrock
     r"exceeds the context window",                      # OpenAI

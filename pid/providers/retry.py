@@ -13,6 +13,7 @@ unknown host) is most likely a wrong URL, so it gets only UNREACHABLE_RETRIES re
 """
 from __future__ import annotations
 
+import math
 import random
 import re
 import threading
@@ -48,7 +49,7 @@ class RetryPolicy:
             return None
         if reason == UNREACHABLE and attempt > UNREACHABLE_RETRIES:
             return None
-        if asked_s is not None:
+        if asked_s is not None and not math.isnan(asked_s):   # "nan" parses as a float: never compare with it
             wait = min(max(asked_s, 0.0), self.max_wait_s)
         else:
             wait = random.uniform(0.0, min(self.max_wait_s, self.base_s * 2 ** (attempt - 1)))
