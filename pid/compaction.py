@@ -260,7 +260,8 @@ class Compactor:
         budget = self.window - max_tokens - self.counter.count(SUMMARIZATION_SYSTEM_PROMPT + tail) - 512
         conversation = self._fit(serialize_conversation(messages), budget)
         request: list[Message] = [UserMessage.text(f"<conversation>\n{conversation}\n</conversation>\n\n{tail}")]
-        provider = make_provider(dataclasses.replace(self.provider.config, max_tokens=max_tokens))
+        # Thinking off: its budget would come on top of max_tokens, which the input budget above already takes whole.
+        provider = make_provider(dataclasses.replace(self.provider.config, max_tokens=max_tokens, thinking="off"))
         try:
             reply = provider.stream(SUMMARIZATION_SYSTEM_PROMPT, request, [], cancel=cancel, on_retry=on_retry)
         finally:

@@ -282,6 +282,10 @@ def test_pid_status_says_the_job_is_waiting_to_retry():
     progress.on_event(ev.TurnStart(3))
     progress.on_event(ev.ModelRetry(3, 2, 12.0, "rate limited", 429, "HTTP 429 from ..."))
     assert progress.snapshot()["activity"] == "turn 3: rate limited, retrying in 12 s (attempt 2 failed)"
+    progress.on_event(ev.TextDelta(3, "Here", 3))          # the retried call answers: the wait is over
+    assert progress.snapshot()["activity"] == "turn 3: the model is answering (attempt 3)"
+    progress.on_event(ev.TextDelta(3, " it is", 3))
+    assert progress.snapshot()["activity"] == "turn 3: the model is answering (attempt 3)"
 
 
 # -- the real CLI: a 40 s rate limit -------------------------------------------------------------------------------

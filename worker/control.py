@@ -76,12 +76,14 @@ class Progress:
     last_tool: str | None = None
     version: int = 0
     _running: dict[str, str] = field(default_factory=dict)
+    _retrying: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def on_event(self, event: ev.Event) -> None:
         with self._lock:
             if isinstance(event, ev.TurnStart):
                 self.turns = event.turn
+                self._retrying = False
                 self.activity = f"turn {event.turn}: waiting for the model"
             elif isinstance(event, ev.MessageEnd) and isinstance(event.message, AssistantMessage):
                 self.usage.add(event.message.usage)
@@ -102,6 +104,10 @@ class Progress:
                 self.activity = f"turn {self.turns}: waiting for the model"   # compacted (or not): it is asked now
             elif isinstance(event, ev.ModelRetry):
                 self.activity = f"turn {event.turn}: {event.describe()} (attempt {event.attempt} failed)"
+                self._retrying = True
+            elif isinstance(event, ev.TextDelta) and self._retrying:   # a retried call answers: the wait is over
+                self._retrying = False
+                self.activity = f"turn {event.turn}: the model is answering (attempt {event.attempt})"
             elif isinstance(event, ev.AgentEnd):
                 self.activity = "collecting the artifacts"
             elif isinstance(event, ev.CheckStart):
