@@ -204,7 +204,11 @@ def model_info(name: str, overrides: Mapping[str, Any] | None = None) -> ModelIn
             break
     info = ModelInfo(id=name, known=found is not None, **(found or {}))
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    return dataclasses.replace(info, **given) if given else info
+    info = dataclasses.replace(info, **given) if given else info
+    # Input tokens the provider says it cached are priced apart from the rest; where no one priced them, they cost
+    # what input costs, so --max-cost can overshoot nothing.
+    missing = {k: info.input_price for k in ("cache_read_price", "cache_write_price") if not getattr(info, k)}
+    return dataclasses.replace(info, **missing) if missing and info.input_price else info
 
 
 def unknown_model_warning(info: ModelInfo) -> str:

@@ -164,3 +164,12 @@ def test_a_job_takes_prices_and_window_from_the_table_and_warns_of_an_unknown_mo
     assert unknown["status"] == told["status"] == "completed"
     notices = [e for e in events if isinstance(e, ev.Notice)]
     assert len(notices) == 1 and "'house-model' is not in the model table" in notices[0].text   # not for `told`
+
+
+def test_cache_prices_nobody_gave_are_the_input_price():
+    """OpenAI reports cached input apart from the rest: priced at 0, --max-cost would under-count it."""
+    info = model_info("some-unknown-model", {"input_price": 2.0, "output_price": 8.0})
+    assert (info.cache_read_price, info.cache_write_price) == (2.0, 2.0)
+    info = model_info("some-unknown-model", {"input_price": 2.0, "cache_read_price": 0.5})
+    assert (info.cache_read_price, info.cache_write_price) == (0.5, 2.0)
+    assert model_info("some-unknown-model").cache_read_price == 0.0
