@@ -38,6 +38,7 @@ from .errors import SandboxError
 from .pool import ChannelPool
 from .processes import kill_agent_processes
 from .reaper import force_remove, owner_label, remove_job_containers, run_labels
+from .gitseed import GitSeed
 from .workspace import UnsafeTar, base_script, build_tar, patch_script, sanitize_tar, unpack_tar
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ class DockerSandbox:
         self._exec_gate = threading.Lock()
         self.removed_by_pid = False       # kill() was called: the container is gone on purpose
         self._agent_started = False       # an agent command (or file op) was started: the workspace may hold its links
+        self._seeded = False              # the import wrote the base's objects and index (see _record_base)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     @classmethod
@@ -577,8 +579,10 @@ class DockerSandbox:
                 # Straight into the job disk's workspace directory as the tar streams in: no engine request
                 # (put_archive re-executes the engine in the container, 130-250 ms here), no copy. Only before any
                 # agent command, into the empty directory: until then nothing in it is the agent's, so nothing there
-                # can redirect the host's writes.
-                unpack_tar(stream, self._disk.path("workspace"), self.uid, self.gid)
+                # can redirect the host's writes. The base's git objects and index are written on the way (gitseed).
+                seed = self._new_seed()
+                unpack_tar(stream, self._disk.path("workspace"), self.uid, self.gid, seed)
+                self._seeded = seed is not None and seed.unusable is None
                 return
             if trusted:
                 ok = self.client.api.put_archive(self.container_id, self.workdir, stream)
@@ -594,8 +598,26 @@ class DockerSandbox:
         if not ok:
             raise SandboxError("cannot copy workspace into the sandbox")
 
+    def _new_seed(self) -> GitSeed | None:
+        """pid's repository-to-be on the job disk (/.pid/git, root only), for the unpacker to write the base's
+        objects and index into; None if it is there already (a second import: git makes that base)."""
+        assert self._disk is not None
+        fds = [os.open(self._disk.path("pid"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)]
+        try:
+            for name in ("git", "objects", "pack"):
+                try:
+                    os.mkdir(name, 0o700, dir_fd=fds[-1])
+                except FileExistsError:
+                    return None
+                fds.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return GitSeed(os.path.join(self._disk.path("pid"), "git"))
+
     def _record_base(self, timeout: float) -> None:
-        out = self.run_as_pid(base_script(self.workdir), "recording the base commit", timeout)
+        seeded, self._seeded = self._seeded, False
+        out = self.run_as_pid(base_script(self.workdir, seeded), "recording the base commit", timeout)
         self.base_commit = out.strip().splitlines()[-1].decode()
 
     def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:

@@ -121,3 +121,59 @@ def test_a_git_ref_that_does_not_exist_is_a_clear_error(bare_repo):
         with pytest.raises(SandboxError, match=f"cannot clone file://{bare} at nope: no branch, tag or commit "
                                                f"named nope"):
             box.import_git(f"file://{bare}", "nope")
+
+
+def tricky_tree(root: Path, nested_repo: bool) -> Path:
+    """What `git add -A` treats with care: ignore rules (nested, negated, directories), modes, links, odd names, the
+    workspace's own .git, long names; with `nested_repo`, a repository inside it (git adds that its own way)."""
+    (root / "build" / "deep").mkdir(parents=True)
+    (root / "sub" / "d").mkdir(parents=True)
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / ".gitignore").write_text("*.log\nbuild/\n!keep.log\n")
+    (root / "sub" / ".gitignore").write_text("secret*\n")
+    for name, text in {"a.log": "ignored", "keep.log": "kept", "build/deep/out.o": "ignored",
+                       "sub/secret.txt": "ignored", "sub/ok.txt": "ok", "sub/d/x": "", "we*ird[1].txt": "glob",
+                       "ünï cödé.txt": "utf-8", "l" * 120: "long name", "same1": "dup", "same2": "dup"}.items():
+        (root / name).write_text(text)
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o755)
+    os.symlink("sub/ok.txt", root / "link")
+    os.symlink("/etc/hostname", root / "abs")
+    os.link(root / "sub" / "ok.txt", root / "hard")
+    if nested_repo:
+        subprocess.run(["git", "init", "-q", str(root / "vendored")], check=True)
+        (root / "vendored" / "v.txt").write_text("v\n")
+        subprocess.run(["git", "-C", str(root / "vendored"), "-c", "user.name=t", "-c", "user.email=t@t", "add", "."],
+                       check=True)
+        subprocess.run(["git", "-C", str(root / "vendored"), "-c", "user.name=t", "-c", "user.email=t@t", "commit",
+                        "-qm", "v"], check=True)
+    return root
+
+
+PID_GIT = "export GIT_DIR=/.pid/git GIT_WORK_TREE=/workspace HOME=/.pid GIT_CONFIG_GLOBAL=/.pid/gitconfig\n"
+
+
+@pytest.mark.parametrize("nested_repo", [False, True], ids=["seeded", "git-fallback"])
+def test_the_base_written_while_unpacking_is_the_one_git_makes(tmp_path, nested_repo):
+    src = tricky_tree(tmp_path / "src", nested_repo)
+    trees = {}
+    for disk in (0, 1 << 30):   # no job disk: the engine unpacks and git adds everything, as before the seed
+        with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-seed", ttl_s=300, disk=disk)) as box:
+            box.import_tar(packed(src))
+            assert box._seeded is False   # (used up by the base)
+            trees[disk] = box.run_as_pid(PID_GIT + "git rev-parse HEAD^{tree}; git ls-files -s | sort; "
+                                         "git status --porcelain --ignored=no; git fsck --no-progress 2>&1",
+                                         "inspect").decode()
+            if disk:
+                box.write_file("sub/ok.txt", b"changed\n")
+                box.exec("rm we*; echo new > keep.log; echo x > more.log", timeout=20)
+                dest = tmp_path / "p.diff"
+                box.export_patch(str(dest), 1 << 20)
+                files = sorted(line.split(" b/")[-1] for line in dest.read_text().splitlines()
+                               if line.startswith("diff --git"))
+                assert files == ["hard", "keep.log", "sub/ok.txt", "we*ird[1].txt"]   # (hard: the same inode)
+    assert trees[0] == trees[1 << 30]
+    listed = trees[0]
+    assert "keep.log" in listed and "sub/secret.txt" not in listed and "a.log" not in listed
+    assert "build/" not in listed and ".git/HEAD" not in listed and "100755" in listed and "120000" in listed

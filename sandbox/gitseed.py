@@ -1,0 +1,252 @@
+"""The base snapshot's git objects and index, written while the workspace is unpacked (no second pass over it).
+
+Why: `git add -A` over 10,000 files re-reads every file and writes 10,000 loose objects, 2-3 s on this VM, before
+the agent's first command. The unpacker holds each file's bytes anyway: hashing them is ~3 µs, and it can write
+their blobs into one pack and an index whose stat data is the files' own (so git finds them clean without reading
+them). pid's git then only drops what the workspace's .gitignore files ignore and commits (base_seeded_script).
+
+The pack's objects are stored, not compressed: deflate would cost more than the rest of the unpacking, and the
+pack lives only on the job's disk for the job's life (it holds the workspace's size again, at most
+--max-workspace).
+
+A tree git itself would not add as plain files (a nested repository, a name git refuses such as `.GIT` or
+`git~1`) makes the seed `unusable`: the caller records the base the slow way, with git doing all of it.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+_BLOB = 3
+_FINAL = struct.Struct("<BHH").pack
+_ADLER = struct.Struct(">I").pack
+
+
+@dataclass
+class _Entry:
+    mode: int
+    sha: bytes
+    stat: tuple[int, ...]   # ctime s, ctime ns, mtime s, mtime ns, dev, ino, uid, gid, size (index v2's fields)
+
+
+def _stat_fields(st: os.stat_result) -> tuple[int, ...]:
+    m = 0xFFFFFFFF
+    return (int(st.st_ctime) & m, st.st_ctime_ns % 1_000_000_000, int(st.st_mtime) & m,
+            st.st_mtime_ns % 1_000_000_000, st.st_dev & m, st.st_ino & m, st.st_uid & m, st.st_gid & m,
+            st.st_size & m)
+
+
+def _refused_name(part: bytes) -> bool:
+    """A path component git's own add would not take as a plain file of this tree."""
+    low = part.lower()
+    return low.rstrip(b". ") == b".git" or low.startswith(b"git~")
+
+
+class GitSeed:
+    """Collects blobs and index entries as files are written; write() puts the pack and the index in a git dir."""
+
+    def __init__(self, git_dir: str) -> None:
+        """`git_dir`: pid's repository-to-be, with objects/pack in it (the caller makes them)."""
+        self.git_dir = git_dir
+        self.pack_path = os.path.join(git_dir, "objects", "pack", "tmp_pack_pid")
+        self._pack = open(self.pack_path, "xb")
+        self._pack.write(b"PACK" + struct.pack(">II", 2, 0))   # the count is set when it is finished
+        self._offset = 12
+        self._objects: dict[bytes, tuple[int, int]] = {}   # sha -> (crc32, offset)
+        self.entries: dict[bytes, _Entry] = {}
+        self.unusable: str | None = None   # why git must make the base itself
+        self._relinked = False   # a hard link changed an inode's ctime after it was recorded: restat at the end
+
+    # -- while unpacking -------------------------------------------------------------------------------------
+    def check_name(self, name: bytes, is_dir: bool) -> bool:
+        """Whether a member named so goes into the index (the workspace's own top-level .git does not). A name git
+        would treat otherwise makes the seed unusable."""
+        parts = name.split(b"/")
+        if parts[0] == b".git":
+            return False
+        if self.unusable is None and any(_refused_name(p) for p in parts):
+            self.unusable = f"a path git treats specially: {name[:200]!r}"
+        return not is_dir
+
+    def blob(self, data: bytes) -> bytes:
+        """Store `data` as a blob object (once) and return its id."""
+        size = len(data)
+        sha = hashlib.sha1(b"blob %d\0" % size)
+        sha.update(data)
+        digest = sha.digest()
+        if digest in self._objects:
+            return digest
+        if size > 65535:
+            writer = self.blob_writer(size)
+            writer.update(data)
+            return writer.finish()
+        record = b"".join((_object_header(_BLOB, size), b"\x78\x01", _FINAL(1, size, size ^ 0xFFFF), data,
+                           _ADLER(zlib.adler32(data))))
+        self._objects[digest] = (zlib.crc32(record), self._offset)
+        self._pack.write(record)
+        self._offset += len(record)
+        return digest
+
+    def blob_writer(self, size: int) -> "_BlobWriter":
+        """A blob of `size` bytes, given in pieces (update) as they stream past; finish() returns its id."""
+        return _BlobWriter(self, size)
+
+    def file(self, name: bytes, sha: bytes, st: os.stat_result) -> None:
+        self.entries[name] = _Entry(0o100755 if st.st_mode & 0o100 else 0o100644, sha, _stat_fields(st))
+
+    def symlink(self, name: bytes, target: bytes, st: os.stat_result) -> None:
+        self.entries[name] = _Entry(0o120000, self.blob(target), _stat_fields(st))
+
+    def hard_link(self, name: bytes, target: bytes) -> None:
+        """`name` is a second name of `target`'s inode: the same blob (stat'ed again at the end: a link changes the
+        inode's ctime)."""
+        entry = self.entries.get(target)
+        if entry is not None:
+            self.entries[name] = _Entry(entry.mode, entry.sha, entry.stat)
+            self._relinked = True
+
+    # -- at the end -----------------------------------------------------------------------------------------
+    def discard(self) -> None:
+        """Not used after all: its temporary pack goes."""
+        self._pack.close()
+        try:
+            os.unlink(self.pack_path)
+        except FileNotFoundError:
+            pass
+
+    def write(self, restat: Callable[[bytes], os.stat_result]) -> None:
+        """Finish the pack (count, trailer, its .idx) and write the index. `restat(name)` stats a workspace file
+        again without following links."""
+        git_dir = self.git_dir
+        if self._relinked:
+            for name, entry in self.entries.items():
+                if entry.mode != 0o120000:
+                    entry.stat = _stat_fields(restat(name))
+        self._pack.seek(8)
+        self._pack.write(struct.pack(">I", len(self._objects)))
+        self._pack.close()
+        trailer = hashlib.sha1()
+        with open(self.pack_path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                trailer.update(chunk)
+        pack_sha = trailer.digest()
+        with open(self.pack_path, "ab") as f:
+            f.write(pack_sha)
+        name = os.path.join(git_dir, "objects", "pack", f"pack-{pack_sha.hex()}")
+        _write_new(name + ".idx", _idx(self._objects, pack_sha))
+        os.replace(self.pack_path, name + ".pack")
+        _write_new(os.path.join(git_dir, "index"), _index(self.entries))
+
+
+class _BlobWriter:
+    """One blob appended to the pack as stored deflate blocks, hashed as it goes; dropped again if the pack has it."""
+
+    def __init__(self, seed: GitSeed, size: int) -> None:
+        self.seed, self.size = seed, size
+        self.sha = hashlib.sha1(b"blob %d\0" % size)
+        self.adler = 1
+        self.left = size
+        self.pending = b""
+        head = _object_header(_BLOB, size) + b"\x78\x01"
+        self.crc = zlib.crc32(head)
+        self.written = len(head)
+        seed._pack.write(head)
+        if size == 0:
+            self._block(b"", True)
+
+    def _block(self, data: bytes, final: bool) -> None:
+        frame = struct.pack("<BHH", 1 if final else 0, len(data), len(data) ^ 0xFFFF)
+        self.crc = zlib.crc32(data, zlib.crc32(frame, self.crc))
+        self.seed._pack.write(frame)
+        self.seed._pack.write(data)
+        self.written += 5 + len(data)
+
+    def update(self, data: bytes) -> None:
+        if len(data) > self.left:
+            raise ValueError("more bytes than the blob's size")
+        self.left -= len(data)
+        self.sha.update(data)
+        self.adler = zlib.adler32(data, self.adler)
+        if self.pending:
+            data = self.pending + data
+        while len(data) >= 65535 or (data and not self.left):
+            block, data = data[:65535], data[65535:]
+            self._block(block, not self.left and not data)
+        self.pending = data
+
+    def finish(self) -> bytes:
+        if self.left:
+            raise ValueError("fewer bytes than the blob's size")
+        tail = struct.pack(">I", self.adler)
+        self.crc = zlib.crc32(tail, self.crc)
+        self.seed._pack.write(tail)
+        self.written += 4
+        digest = self.sha.digest()
+        seed = self.seed
+        if digest in seed._objects:   # the same content again: one object is enough
+            seed._pack.seek(seed._offset)
+            seed._pack.truncate()
+        else:
+            seed._objects[digest] = (self.crc, seed._offset)
+            seed._offset += self.written
+        return digest
+
+
+def _object_header(kind: int, size: int) -> bytes:
+    out = bytearray()
+    byte = (kind << 4) | (size & 0x0F)
+    size >>= 4
+    while size:
+        out.append(byte | 0x80)
+        byte = size & 0x7F
+        size >>= 7
+    out.append(byte)
+    return bytes(out)
+
+
+def _idx(objects: dict[bytes, tuple[int, int]], pack_sha: bytes) -> bytes:
+    """A version 2 pack index."""
+    shas = sorted(objects)
+    fanout = [0] * 256
+    for sha in shas:
+        fanout[sha[0]] += 1
+    total = 0
+    for i in range(256):
+        total += fanout[i]
+        fanout[i] = total
+    small, large = [], []
+    for sha in shas:
+        offset = objects[sha][1]
+        if offset < 0x80000000:
+            small.append(offset)
+        else:
+            small.append(0x80000000 | len(large))
+            large.append(offset)
+    body = (b"\xfftOc" + struct.pack(">I", 2) + struct.pack(">256I", *fanout) + b"".join(shas)
+            + struct.pack(f">{len(shas)}I", *(objects[s][0] for s in shas))
+            + struct.pack(f">{len(shas)}I", *small) + struct.pack(f">{len(large)}Q", *large) + pack_sha)
+    return body + hashlib.sha1(body).digest()
+
+
+def _index(entries: dict[bytes, _Entry]) -> bytes:
+    """A version 2 index: entries sorted by name, each padded to 8 bytes."""
+    parts = [b"DIRC" + struct.pack(">II", 2, len(entries))]
+    pack = struct.Struct(">10I20sH").pack
+    for name in sorted(entries):
+        e = entries[name]
+        ctime_s, ctime_ns, mtime_s, mtime_ns, dev, ino, uid, gid, size = e.stat
+        parts.append(pack(ctime_s, ctime_ns, mtime_s, mtime_ns, dev, ino, e.mode, uid, gid, size, e.sha,
+                          min(len(name), 0xFFF)))
+        parts.append(name + b"\0" * (8 - (62 + len(name)) % 8))
+    body = b"".join(parts)
+    return body + hashlib.sha1(body).digest()
+
+
+def _write_new(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
