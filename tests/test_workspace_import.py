@@ -2,6 +2,7 @@
 (cloned in a container of its own, at a branch, a tag or a commit). Real engine."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import subprocess
@@ -177,3 +178,28 @@ def test_the_base_written_while_unpacking_is_the_one_git_makes(tmp_path, nested_
     listed = trees[0]
     assert "keep.log" in listed and "sub/secret.txt" not in listed and "a.log" not in listed
     assert "build/" not in listed and ".git/HEAD" not in listed and "100755" in listed and "120000" in listed
+
+
+@pytest.mark.parametrize("ref", [None, "main"])
+def test_a_clone_larger_than_the_workspace_limit_fails_clearly_and_leaves_no_container(tmp_path, ref):
+    src = tmp_path / "big"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(src)], check=True)
+    (src / "noise.bin").write_bytes(os.urandom(3 << 20))   # incompressible: 3 MiB in .git and 3 MiB checked out
+    git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "big"], check=True)
+    config = SandboxConfig(image=IMAGE, job_id=JOB + "-big", ttl_s=300, max_workspace=2 << 20)
+    with DockerSandbox.create(config) as box:
+        with pytest.raises(SandboxError, match=r"cannot clone file://\S+( at main)?: the clone is larger than the "
+                                               r"workspace limit of 2 MiB \(raise --max-workspace"):
+            box.import_git(f"file://{src}", ref)
+        assert [c.labels.get("pid.job") for c in pid_containers()].count(JOB + "-big") == 1   # the job's own only
+    assert not [c for c in pid_containers() if c.labels.get("pid.job") == JOB + "-big"]
+    with DockerSandbox.create(dataclasses.replace(config, max_workspace=16 << 20)) as box:   # under the limit: fine
+        created = []
+        real = box.client.api.create_container
+        box.client.api.create_container = lambda *a, **kw: created.append(kw["host_config"]) or real(*a, **kw)
+        box.import_git(f"file://{src}", ref)
+        assert box.exec("stat -c %s noise.bin", timeout=20).tail == b"3145728\n"
+    assert created[0]["ReadonlyRootfs"] is True and created[0]["Tmpfs"] == {
+        "/tmp": f"rw,nosuid,nodev,noexec,size={16 << 20},mode=1777"}
