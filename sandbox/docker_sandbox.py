@@ -599,17 +599,23 @@ class DockerSandbox:
             raise SandboxError("cannot copy workspace into the sandbox")
 
     def _new_seed(self) -> GitSeed | None:
-        """pid's repository-to-be on the job disk (/.pid/git, root only), for the unpacker to write the base's
-        objects and index into; None if it is there already (a second import: git makes that base)."""
+        """pid's repository-to-be on the job disk (/.pid/git, root only; the control channel made it empty), for the
+        unpacker to write the base's objects and index into; None if something is in it already (a second import:
+        git makes that base)."""
         assert self._disk is not None
-        fds = [os.open(self._disk.path("pid"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)]
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        fds = [os.open(self._disk.path("pid"), flags)]
         try:
-            for name in ("git", "objects", "pack"):
-                try:
-                    os.mkdir(name, 0o700, dir_fd=fds[-1])
-                except FileExistsError:
-                    return None
-                fds.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
+            try:
+                os.mkdir("git", 0o700, dir_fd=fds[-1])
+            except FileExistsError:
+                pass
+            fds.append(os.open("git", flags, dir_fd=fds[-1]))
+            if os.listdir(fds[-1]):
+                return None
+            for name in ("objects", "pack"):
+                os.mkdir(name, 0o700, dir_fd=fds[-1])
+                fds.append(os.open(name, flags, dir_fd=fds[-1]))
         finally:
             for fd in fds:
                 os.close(fd)

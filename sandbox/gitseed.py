@@ -65,10 +65,9 @@ class GitSeed:
     def check_name(self, name: bytes, is_dir: bool) -> bool:
         """Whether a member named so goes into the index (the workspace's own top-level .git does not). A name git
         would treat otherwise makes the seed unusable."""
-        parts = name.split(b"/")
-        if parts[0] == b".git":
+        if name == b".git" or name.startswith(b".git/"):
             return False
-        if self.unusable is None and any(_refused_name(p) for p in parts):
+        if self.unusable is None and b"git" in name.lower() and any(_refused_name(p) for p in name.split(b"/")):
             self.unusable = f"a path git treats specially: {name[:200]!r}"
         return not is_dir
 

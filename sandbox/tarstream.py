@@ -126,7 +126,8 @@ class TarReader:
         long_name: bytes | None = None
         long_link: bytes | None = None
         while True:
-            self.skip_content()
+            if self._left or self._padding:
+                self.skip_content()
             header = self.stream.read(BLOCK)
             if not header or header == ZERO_BLOCK:
                 return

@@ -256,39 +256,49 @@ class _Rules:
     def __init__(self) -> None:
         self.kinds: dict[bytes, str] = {}   # name -> "dir" | "implicit" | "file" | "link"
 
-    def check(self, raw: bytes, kind: str, linkname: bytes, shown: str) -> tuple[bytes | None, bytes]:
+    def check(self, raw: bytes, kind: str, linkname: bytes) -> tuple[bytes | None, bytes]:
         """(the member's normalised name or None for the root itself, its hard link's normalised target)."""
-        name = self._name(raw, shown)
+        name = self._name(raw)
         if name is None:
             return None, linkname
         if kind not in (tarstream.REG, tarstream.DIR, tarstream.SYM, tarstream.LNK):
-            raise UnsafeTar(f"{printable(shown)}: not a regular file, directory or link")
-        parts = name.split(b"/")
-        for i in range(1, len(parts)):
-            parent = b"/".join(parts[:i])
-            seen = self.kinds.setdefault(parent, "implicit")
-            if seen not in ("dir", "implicit"):
-                raise UnsafeTar(f"{printable(shown)}: below a {seen}, not a directory")
-        seen = self.kinds.get(name)
+            raise UnsafeTar(f"{_shown(raw)}: not a regular file, directory or link")
+        kinds = self.kinds
+        parent = name.rpartition(b"/")[0]
+        if parent and kinds.get(parent) not in ("dir", "implicit"):   # (a known directory's ancestors were checked)
+            parts = name.split(b"/")
+            for i in range(1, len(parts)):
+                ancestor = b"/".join(parts[:i])
+                seen = kinds.setdefault(ancestor, "implicit")
+                if seen not in ("dir", "implicit"):
+                    raise UnsafeTar(f"{_shown(raw)}: below a {seen}, not a directory")
+        seen = kinds.get(name)
         if seen is not None and not (seen == "implicit" and kind == tarstream.DIR):
-            raise UnsafeTar(f"{printable(shown)}: appears twice")
+            raise UnsafeTar(f"{_shown(raw)}: appears twice")
         if kind == tarstream.LNK:
-            target = self._name(linkname, shown)
-            if target is None or self.kinds.get(target) != "file":
-                raise UnsafeTar(f"{printable(shown)}: a hard link to {printable(os.fsdecode(linkname))}, which is "
-                                f"not a regular file before it in the archive")
+            target = self._name(linkname, raw)
+            if target is None or kinds.get(target) != "file":
+                raise UnsafeTar(f"{_shown(raw)}: a hard link to {_shown(linkname)}, which is not a regular file "
+                                f"before it in the archive")
             linkname = target
-        self.kinds[name] = {tarstream.DIR: "dir", tarstream.SYM: "link"}.get(kind, "file")
+        kinds[name] = "dir" if kind == tarstream.DIR else "link" if kind == tarstream.SYM else "file"
         return name, linkname
 
     @staticmethod
-    def _name(raw: bytes, shown: str) -> bytes | None:
+    def _name(raw: bytes, member: bytes | None = None) -> bytes | None:
         if raw.startswith(b"/") or b"\0" in raw:
-            raise UnsafeTar(f"{printable(shown)}: an absolute path")
+            raise UnsafeTar(f"{_shown(member or raw)}: an absolute path")
+        if raw and not (b"//" in raw or b".." in raw or b"/./" in raw or raw.startswith(b"./") or raw == b"."
+                        or raw.endswith((b"/", b"/."))):
+            return raw   # the common name: nothing to normalise
         parts = [p for p in raw.split(b"/") if p not in (b"", b".")]
         if b".." in parts:
-            raise UnsafeTar(f"{printable(shown)}: a path with '..'")
+            raise UnsafeTar(f"{_shown(member or raw)}: a path with '..'")
         return b"/".join(parts) or None
+
+
+def _shown(raw: bytes) -> str:
+    return printable(os.fsdecode(raw))
 
 
 _TARFILE_KINDS = {tarfile.REGTYPE: tarstream.REG, tarfile.AREGTYPE: tarstream.REG, tarfile.CONTTYPE: tarstream.REG,
@@ -311,7 +321,7 @@ class MemberCheck:
 
     def __call__(self, member: tarfile.TarInfo, path: str = "") -> tarfile.TarInfo | None:
         kind = _TARFILE_KINDS.get(member.type, "other")
-        name, target = self.rules.check(os.fsencode(member.name), kind, os.fsencode(member.linkname), member.name)
+        name, target = self.rules.check(os.fsencode(member.name), kind, os.fsencode(member.linkname))
         if name is None:
             return None                       # the root directory itself ("." or "./")
         changes: dict = {"linkname": os.fsdecode(target)} if kind == tarstream.LNK else {}
@@ -391,7 +401,7 @@ class _Unpacker:
             self.dirs.clear()
 
     def add(self, member: tarstream.Member, reader: tarstream.TarReader | None = None) -> None:
-        name, target = self.rules.check(member.name, member.kind, member.linkname, os.fsdecode(member.name))
+        name, target = self.rules.check(member.name, member.kind, member.linkname)
         if name is None:
             return
         self._bound_fds()
