@@ -121,13 +121,20 @@ class DockerSandbox:
         self.removed_by_pid = False       # kill() was called: the container is gone on purpose
         self._agent_started = False       # an agent command (or file op) was started: the workspace may hold its links
         self._seeded = False              # the import wrote the base's objects and index (see _record_base)
+        self._early: IO[bytes] | None = None   # the workspace tar create() unpacked already
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     @classmethod
-    def create(cls, config: SandboxConfig, client: docker.DockerClient | None = None) -> "DockerSandbox":
+    def create(cls, config: SandboxConfig, client: docker.DockerClient | None = None,
+               workspace: IO[bytes] | None = None) -> "DockerSandbox":
         """Start the container and its control channel; two agent channels warm up in the background.
 
-        Raises ImageNotFound / DockerUnavailable / SandboxError (also for a disk limit that cannot be applied).
+        `workspace`: a workspace tar to unpack onto the job's disk while the engine starts the container (the
+        engine's ~0.5 s and the unpacking overlap); import_tar(workspace) then only records the base. Without a
+        job disk it is left for import_tar.
+
+        Raises ImageNotFound / DockerUnavailable / SandboxError (also for a disk limit that cannot be applied, or
+        a workspace tar that is refused).
         """
         uid, gid = parse_user(config.user)
         client = connect(client)
@@ -182,9 +189,21 @@ class DockerSandbox:
                 raise SandboxError(f"cannot create sandbox container from {config.image!r}: {exc}") from exc
             raise
         sandbox = cls(client, container.id, config, disk)
+        unpacking: threading.Thread | None = None
+        unpacked: list[BaseException | None] = []
         try:
             if disk is not None:
                 install_script(client.api, container.id, disk.path("pid"))
+                if workspace is not None:
+                    def unpack() -> None:
+                        try:
+                            sandbox._unpack(workspace, trusted=False)
+                            sandbox._early = workspace
+                            unpacked.append(None)
+                        except BaseException as exc:
+                            unpacked.append(exc)
+                    unpacking = threading.Thread(target=unpack, name="pid-workspace-unpack", daemon=True)
+                    unpacking.start()
             try:
                 container.start()
             except docker.errors.DockerException as exc:
@@ -197,10 +216,17 @@ class DockerSandbox:
                 sandbox._out_dir_fd = os.open(os.path.join(disk.path("pid"), "out"),
                                               os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             sandbox._pids_events = sandbox._control.pids_events
+            if unpacking is not None:
+                unpacking.join()
+                unpacking = None
+                if unpacked[0] is not None:
+                    raise unpacked[0]
             # Two agent channels warm up in the background: the first tool call comes after the model's first
             # reply, and a parallel batch of two pays no docker exec.
             threading.Thread(target=sandbox._warm_up, args=(2,), name="pid-channel-warmup", daemon=True).start()
         except BaseException:
+            if unpacking is not None:   # its writes go to the disk that close() removes: it ends first
+                unpacking.join()
             sandbox.close()
             raise
         return sandbox
@@ -559,8 +585,11 @@ class DockerSandbox:
 
     def import_tar(self, stream: IO[bytes], timeout: float = 600.0) -> None:
         """Unpack a workspace tar read from `stream` (as `pid submit` packed it, on whatever machine: checked member
-        by member, see workspace.MemberCheck) into workdir as it arrives, and record it as the base."""
-        self._unpack(stream, trusted=False)
+        by member, see workspace.MemberCheck) into workdir as it arrives, and record it as the base. If create()
+        unpacked this very stream already, only the base is left to record."""
+        if stream is not self._early:
+            self._unpack(stream, trusted=False)
+        self._early = None
         self._record_base(timeout)
 
     def import_git(self, url: str, ref: str | None, timeout: float = 600.0) -> str:
@@ -678,8 +707,8 @@ class DockerProvider:
     def __init__(self, client: docker.DockerClient | None = None) -> None:
         self.client = client   # None: connect from the environment at each create
 
-    def create(self, config: SandboxConfig) -> DockerSandbox:
-        return DockerSandbox.create(config, self.client)
+    def create(self, config: SandboxConfig, workspace: IO[bytes] | None = None) -> DockerSandbox:
+        return DockerSandbox.create(config, self.client, workspace)
 
     def clear_job(self, job_id: str) -> None:
         remove_job_containers(job_id, self.client)

@@ -204,3 +204,24 @@ def test_a_clone_larger_than_the_workspace_limit_fails_clearly_and_leaves_no_con
         assert box.exec("stat -c %s noise.bin", timeout=20).tail == b"3145728\n"
     assert created[0]["ReadonlyRootfs"] is True and created[0]["Tmpfs"] == {
         "/tmp": f"rw,nosuid,nodev,noexec,size={16 << 20},mode=1777"}
+
+
+def test_a_tar_given_at_create_is_unpacked_while_the_container_starts(tmp_path):
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f.txt").write_text("f\n")
+    stream = packed(src)
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-early", ttl_s=300), workspace=stream) as box:
+        assert box.exec("cat d/f.txt", timeout=20).tail == b"f\n"   # there before import_tar
+        box.import_tar(stream)                                      # only the base is left to record
+        box.write_file("d/f.txt", b"g\n")
+        dest = tmp_path / "p.diff"
+        box.export_patch(str(dest), 1 << 20)
+        assert b"-f\n+g\n" in dest.read_bytes()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with pytest.raises(SandboxError, match="the workspace archive was refused: escape/evil.txt: below a link"):
+        DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-early", ttl_s=300),
+                             workspace=evil_tar(outside))
+    assert list(outside.iterdir()) == []
+    assert not [c for c in pid_containers() if c.labels.get("pid.job") == JOB + "-early"]
