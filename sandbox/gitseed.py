@@ -18,19 +18,11 @@ import hashlib
 import os
 import struct
 import zlib
-from dataclasses import dataclass
 from typing import Callable
 
 _BLOB = 3
 _FINAL = struct.Struct("<BHH").pack
 _ADLER = struct.Struct(">I").pack
-
-
-@dataclass
-class _Entry:
-    mode: int
-    sha: bytes
-    stat: tuple[int, ...]   # ctime s, ctime ns, mtime s, mtime ns, dev, ino, uid, gid, size (index v2's fields)
 
 
 def _stat_fields(st: os.stat_result) -> tuple[int, ...]:
@@ -57,7 +49,7 @@ class GitSeed:
         self._pack.write(b"PACK" + struct.pack(">II", 2, 0))   # the count is set when it is finished
         self._offset = 12
         self._objects: dict[bytes, tuple[int, int]] = {}   # sha -> (crc32, offset)
-        self.entries: dict[bytes, _Entry] = {}
+        self.entries: dict[bytes, tuple[int, bytes, os.stat_result]] = {}   # name -> (mode, blob id, stat)
         self.unusable: str | None = None   # why git must make the base itself
         self._relinked = False   # a hard link changed an inode's ctime after it was recorded: restat at the end
 
@@ -95,17 +87,18 @@ class GitSeed:
         return _BlobWriter(self, size)
 
     def file(self, name: bytes, sha: bytes, st: os.stat_result) -> None:
-        self.entries[name] = _Entry(0o100755 if st.st_mode & 0o100 else 0o100644, sha, _stat_fields(st))
+        self.entries[name] = (0o100755 if st.st_mode & 0o100 else 0o100644, sha, st)
 
-    def symlink(self, name: bytes, target: bytes, st: os.stat_result) -> None:
-        self.entries[name] = _Entry(0o120000, self.blob(target), _stat_fields(st))
+    def symlink(self, name: bytes, sha: bytes, st: os.stat_result) -> None:
+        """A symbolic link whose target was stored as blob `sha`."""
+        self.entries[name] = (0o120000, sha, st)
 
     def hard_link(self, name: bytes, target: bytes) -> None:
         """`name` is a second name of `target`'s inode: the same blob (stat'ed again at the end: a link changes the
         inode's ctime)."""
         entry = self.entries.get(target)
         if entry is not None:
-            self.entries[name] = _Entry(entry.mode, entry.sha, entry.stat)
+            self.entries[name] = entry
             self._relinked = True
 
     # -- at the end -----------------------------------------------------------------------------------------
@@ -122,9 +115,9 @@ class GitSeed:
         again without following links."""
         git_dir = self.git_dir
         if self._relinked:
-            for name, entry in self.entries.items():
-                if entry.mode != 0o120000:
-                    entry.stat = _stat_fields(restat(name))
+            for name, (mode, sha, _) in self.entries.items():
+                if mode != 0o120000:
+                    self.entries[name] = (mode, sha, restat(name))
         self._pack.seek(8)
         self._pack.write(struct.pack(">I", len(self._objects)))
         self._pack.close()
@@ -231,14 +224,14 @@ def _idx(objects: dict[bytes, tuple[int, int]], pack_sha: bytes) -> bytes:
     return body + hashlib.sha1(body).digest()
 
 
-def _index(entries: dict[bytes, _Entry]) -> bytes:
+def _index(entries: dict[bytes, tuple[int, bytes, os.stat_result]]) -> bytes:
     """A version 2 index: entries sorted by name, each padded to 8 bytes."""
     parts = [b"DIRC" + struct.pack(">II", 2, len(entries))]
     pack = struct.Struct(">10I20sH").pack
     for name in sorted(entries):
-        e = entries[name]
-        ctime_s, ctime_ns, mtime_s, mtime_ns, dev, ino, uid, gid, size = e.stat
-        parts.append(pack(ctime_s, ctime_ns, mtime_s, mtime_ns, dev, ino, e.mode, uid, gid, size, e.sha,
+        mode, sha, st = entries[name]
+        ctime_s, ctime_ns, mtime_s, mtime_ns, dev, ino, uid, gid, size = _stat_fields(st)
+        parts.append(pack(ctime_s, ctime_ns, mtime_s, mtime_ns, dev, ino, mode, uid, gid, size, sha,
                           min(len(name), 0xFFF)))
         parts.append(name + b"\0" * (8 - (62 + len(name)) % 8))
     body = b"".join(parts)

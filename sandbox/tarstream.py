@@ -43,14 +43,17 @@ def _nts(field: bytes) -> bytes:
 
 
 def _number(field: bytes) -> int:
-    if field[:1] in (b"\x80", b"\xff"):   # base-256 (GNU, for big values)
+    if field[0] & 0x80:   # base-256 (GNU, for big values)
         value = int.from_bytes(field[1:], "big")
-        return value - (1 << (8 * (len(field) - 1))) if field[:1] == b"\xff" else value
-    text = _nts(field).strip(b" \0")
+        return value - (1 << (8 * (len(field) - 1))) if field[0] == 0xFF else value
+    text = field.partition(b"\0")[0].strip(b" ")
     try:
         return int(text, 8) if text else 0
     except ValueError:
         raise TarFormatError(f"a bad number field in a tar header: {field!r}") from None
+
+
+_HEADER = struct.Struct("100s8s8s8s12s12s8sc100s6s2s32s32s8s8s155s12x")
 
 
 def _pax_records(data: bytes) -> dict[bytes, bytes]:
@@ -104,6 +107,11 @@ class TarReader:
             self._exact(self._padding)
             self._padding = 0
 
+    @property
+    def left(self) -> int:
+        """Content bytes of the current member not read yet."""
+        return self._left
+
     def content(self) -> bytes:
         """The current member's whole content (for small members: one read)."""
         data = self._exact(self._left + self._padding)[:self._left]
@@ -133,11 +141,11 @@ class TarReader:
                 return
             if len(header) != BLOCK:
                 header += self._exact(BLOCK - len(header))
-            stored = _number(header[148:156])
-            if stored != sum(header[:148]) + 256 + sum(header[156:]):
+            (name, mode, _, _, size_field, mtime_field, checksum, flag, linkname, magic, _, _, _, _, _,
+             prefix) = _HEADER.unpack(header)
+            if _number(checksum) != sum(header) - sum(checksum) + 256:
                 raise TarFormatError("a tar header with a bad checksum")
-            flag = header[156:157]
-            size = _number(header[124:136])
+            size = _number(size_field)
             if size < 0:
                 raise TarFormatError("a negative size in a tar header")
             if flag in (b"x", b"g", b"X"):
@@ -155,39 +163,32 @@ class TarReader:
                 else:
                     long_link = value
                 continue
-            name = _nts(header[0:100])
-            if header[257:263] == b"ustar\0":   # POSIX: a prefix field (GNU's "ustar  " puts times there)
-                prefix = _nts(header[345:500])
-                if prefix:
-                    name = prefix + b"/" + name
-            linkname = _nts(header[157:257])
-            mtime = _number(header[136:148])
+            name = name.partition(b"\0")[0]
+            if magic == b"ustar\0" and prefix[0]:   # POSIX: a prefix field (GNU's "ustar  " puts times there)
+                name = prefix.partition(b"\0")[0] + b"/" + name
+            linkname = linkname.partition(b"\0")[0]
+            mtime = _number(mtime_field)
             if long_name is not None:
                 name = long_name
             if long_link is not None:
                 linkname = long_link
-            if b"path" in pax:
-                name = pax[b"path"]
-            if b"linkpath" in pax:
-                linkname = pax[b"linkpath"]
-            if b"size" in pax:
+            if pax:
+                name = pax.get(b"path", name)
+                linkname = pax.get(b"linkpath", linkname)
                 try:
-                    size = int(pax[b"size"])
-                except ValueError:
-                    raise TarFormatError("a bad pax size") from None
-            if b"mtime" in pax:
-                try:
-                    mtime = int(float(pax[b"mtime"]))
+                    size = int(pax.get(b"size", size))
+                    mtime = int(float(pax.get(b"mtime", mtime)))
                 except (ValueError, OverflowError):
-                    raise TarFormatError("a bad pax mtime") from None
-            pax, long_name, long_link = {}, None, None
+                    raise TarFormatError("a bad pax size or mtime") from None
+                pax = {}
+            long_name = long_link = None
             kind = _KINDS.get(flag) or _OTHER.get(flag) or f"a member of type {flag!r}"
             if kind == REG and name.endswith(b"/"):   # old tars mark directories by a trailing slash
                 kind = DIR
             if kind in (DIR, SYM, LNK):   # as tarfile: these have no content, whatever the size field says
                 size = 0
             self._left, self._padding = size, -size % BLOCK
-            yield Member(name, kind, size, _number(header[100:108]) & 0o7777, mtime, linkname)
+            yield Member(name, kind, size, _number(mode) & 0o7777, mtime, linkname)
 
 
 # -- writing ---------------------------------------------------------------------------------------------------------

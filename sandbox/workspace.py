@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import re
 import stat
 import tarfile
 import tempfile
+import threading
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 from . import tarstream
@@ -331,10 +333,10 @@ class MemberCheck:
 
 def unpack_tar(stream: IO[bytes], dest: str, uid: int, gid: int, seed: GitSeed | None = None) -> None:
     """Unpack a workspace tar, read as a stream (never whole in memory, never seeked), into the empty host directory
-    `dest`, every member checked by MemberCheck's rules just before it is written (the caller is root: owners
-    become uid:gid). With `seed`, each file's blob and index entry are recorded as it is written (gitseed), and the
-    seed is written out at the end unless it became unusable. Raises UnsafeTar (or tarfile.TarError for a broken
-    archive, OSError for the disk)."""
+    `dest`, every member checked by MemberCheck's rules before it is written (the caller is root: owners become
+    uid:gid). With `seed`, each file's blob and index entry are recorded as it is written (gitseed), and the seed is
+    written out at the end unless it became unusable. Raises UnsafeTar (or tarfile.TarError for a broken archive,
+    OSError for the disk)."""
     if os.listdir(dest):   # the rules hold only for an empty destination (no link of someone else's)
         raise UnsafeTar(f"{dest} is not empty")
     with _Unpacker(dest, uid, gid, seed) as unpacker:
@@ -347,31 +349,86 @@ def unpack_tar(stream: IO[bytes], dest: str, uid: int, gid: int, seed: GitSeed |
         unpacker.finish()
 
 
+_Op = tuple  # (function, *arguments): one filesystem step, run by the writer thread
+
+
 class _Unpacker:
     """Writes checked members below a directory through directory descriptors (openat, O_NOFOLLOW at every step)
-    and sets owners and modes on the open files: a few system calls per file, no path resolved twice."""
+    and sets owners and modes on the open files: a few system calls per file, no path resolved twice.
+
+    Two threads: this one reads, checks and hashes; a writer thread makes the files, in the archive's order, in
+    batches (the system calls release the GIL, so reading and writing overlap). At most MAX_QUEUED batches of at
+    most BATCH_BYTES (plus one file) wait, so memory stays bounded whatever the archive.
+    """
 
     MAX_DIR_FDS = 256
-    WHOLE = 1 << 20    # files up to this size are read, written and hashed in one piece
+    WHOLE = 1 << 20          # files up to this size are read, written and hashed in one piece (others stream)
+    BATCH, BATCH_BYTES, MAX_QUEUED = 64, 4 << 20, 8
 
     def __init__(self, dest: str, uid: int, gid: int, seed: GitSeed | None) -> None:
         self.uid, self.gid, self.seed = uid, gid, seed
         self.rules = _Rules()
         self.root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        self.dirs: dict[bytes, int] = {}          # open descriptors of directories below root (bounded)
+        self.dirs: dict[bytes, int] = {}          # open descriptors of directories below root (the writer's)
         self.dir_attrs: list[tuple[bytes, int, int]] = []   # (name, mode, mtime), set once their content is in
         self.reader: tarstream.TarReader | None = None
+        self._batch: list[_Op] = []
+        self._batch_bytes = 0
+        self._queue: queue.Queue[list[_Op] | None] = queue.Queue(self.MAX_QUEUED)
+        self._failed: BaseException | None = None
+        self._writer = threading.Thread(target=self._write_batches, name="pid-unpack-writer", daemon=True)
+        self._writer.start()
 
     def __enter__(self) -> "_Unpacker":
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._stop()
         for fd in self.dirs.values():
             os.close(fd)
         self.dirs.clear()
         os.close(self.root)
         if self.seed is not None and exc[0] is not None:
             self.seed.discard()
+
+    # -- the writer thread -------------------------------------------------------------------------------------
+    def _write_batches(self) -> None:
+        while (batch := self._queue.get()) is not None:
+            if self._failed is None:
+                try:
+                    for fn, *args in batch:
+                        fn(*args)
+                except BaseException as exc:   # reported to the reading thread at its next hand-over
+                    self._failed = exc
+
+    def _op(self, *op: Any, size: int = 0) -> None:
+        self._batch.append(op)
+        self._batch_bytes += size
+        if len(self._batch) >= self.BATCH or self._batch_bytes >= self.BATCH_BYTES:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+        if self._batch:
+            self._queue.put(self._batch)
+            self._batch, self._batch_bytes = [], 0
+
+    def _settle(self) -> None:
+        """Wait until the writer has done everything handed to it (then this thread may write itself)."""
+        done = threading.Event()
+        self._op(done.set)
+        self._hand_over()
+        while not done.wait(0.05):
+            if self._failed is not None:   # (a failed writer runs nothing more, done.set included)
+                break
+        if self._failed is not None:
+            raise self._failed
+
+    def _stop(self) -> None:
+        if self._writer.is_alive():
+            self._queue.put(None)
+            self._writer.join()
 
     def _dir(self, name: bytes) -> int:
         """A descriptor of the directory `name` (b"": the root), made (owned by uid:gid) if the tar implies it."""
@@ -400,64 +457,93 @@ class _Unpacker:
                 os.close(fd)
             self.dirs.clear()
 
-    def add(self, member: tarstream.Member, reader: tarstream.TarReader | None = None) -> None:
-        name, target = self.rules.check(member.name, member.kind, member.linkname)
-        if name is None:
-            return
+    def _make_dir(self, name: bytes) -> None:
+        self._bound_fds()
+        self._dir(name)
+
+    def _make_file(self, name: bytes, data: bytes | None, mode: int, mtime: int, sha: bytes | None) -> None:
+        """A regular file with `data` (None: the reader's current member, streamed: only when the writer is idle)."""
         self._bound_fds()
         parent, _, base = name.rpartition(b"/")
-        seed = self.seed
-        indexed = seed is not None and seed.check_name(name, member.kind == tarstream.DIR)
-        if member.kind == tarstream.DIR:
-            self._dir(name)
-            self.dir_attrs.append((name, member.mode & 0o777, member.mtime))
-            return
-        parent_fd = self._dir(parent)
-        if member.kind == tarstream.SYM:
-            os.symlink(member.linkname, base, dir_fd=parent_fd)
-            os.chown(base, self.uid, self.gid, dir_fd=parent_fd, follow_symlinks=False)
-            if indexed:
-                seed.symlink(name, member.linkname, os.stat(base, dir_fd=parent_fd, follow_symlinks=False))
-            return
-        if member.kind == tarstream.LNK:
-            target_parent, _, target_base = target.rpartition(b"/")
-            os.link(target_base, base, src_dir_fd=self._dir(target_parent), dst_dir_fd=parent_fd,
-                    follow_symlinks=False)
-            if indexed:
-                seed.hard_link(name, target)
-            return
         fd = os.open(base, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=parent_fd)
+                     dir_fd=self._dir(parent))
         try:
-            sha = self._write_content(fd, member.size, seed if indexed else None)
+            if data is not None:
+                _write_all(fd, data)
+            else:
+                sha = self._stream_content(fd, sha is not None)
             os.fchown(fd, self.uid, self.gid)
-            os.fchmod(fd, member.mode & 0o777)
-            os.utime(fd, (member.mtime, member.mtime))
+            os.fchmod(fd, mode)
+            os.utime(fd, (mtime, mtime))
             if sha is not None:
-                seed.file(name, sha, os.fstat(fd))
+                self.seed.file(name, sha, os.fstat(fd))   # type: ignore[union-attr]
         finally:
             os.close(fd)
 
-    def _write_content(self, fd: int, size: int, seed: GitSeed | None) -> bytes | None:
-        """The current member's content into `fd` (and its blob into `seed`): whole if small, else as it streams."""
+    def _stream_content(self, fd: int, indexed: bool) -> bytes | None:
         assert self.reader is not None
-        if size <= self.WHOLE:
-            data = self.reader.content()
-            _write_all(fd, data)
-            return seed.blob(data) if seed is not None else None
-        blob = seed.blob_writer(size) if seed is not None else None
+        blob = self.seed.blob_writer(self.reader.left) if indexed and self.seed is not None else None
         for chunk in self.reader.chunks():
             _write_all(fd, chunk)
             if blob is not None:
                 blob.update(chunk)
         return blob.finish() if blob is not None else None
 
-    def finish(self) -> None:
+    def _make_symlink(self, name: bytes, target: bytes, sha: bytes | None) -> None:
+        self._bound_fds()
+        parent, _, base = name.rpartition(b"/")
+        parent_fd = self._dir(parent)
+        os.symlink(target, base, dir_fd=parent_fd)
+        os.chown(base, self.uid, self.gid, dir_fd=parent_fd, follow_symlinks=False)
+        if sha is not None:
+            self.seed.symlink(name, sha, os.stat(base, dir_fd=parent_fd, follow_symlinks=False))  # type: ignore
+
+    def _make_link(self, name: bytes, target: bytes, indexed: bool) -> None:
+        self._bound_fds()
+        parent, _, base = name.rpartition(b"/")
+        target_parent, _, target_base = target.rpartition(b"/")
+        parent_fd = self._dir(parent)
+        os.link(target_base, base, src_dir_fd=self._dir(target_parent), dst_dir_fd=parent_fd,
+                follow_symlinks=False)
+        if indexed:
+            self.seed.hard_link(name, target)   # type: ignore[union-attr]
+
+    def _set_dir_attrs(self) -> None:
         for name, mode, mtime in self.dir_attrs:   # now that nothing more is made in them
             self._bound_fds()
             fd = self._dir(name)
             os.fchmod(fd, mode)
             os.utime(fd, (mtime, mtime))
+
+    # -- the reading thread ------------------------------------------------------------------------------------
+    def add(self, member: tarstream.Member) -> None:
+        name, target = self.rules.check(member.name, member.kind, member.linkname)
+        if name is None:
+            return
+        seed = self.seed
+        indexed = seed is not None and seed.check_name(name, member.kind == tarstream.DIR)
+        kind = member.kind
+        if kind == tarstream.REG:
+            assert self.reader is not None
+            if member.size <= self.WHOLE:
+                data = self.reader.content()
+                self._op(self._make_file, name, data, member.mode & 0o777, member.mtime,
+                         seed.blob(data) if indexed else None, size=len(data))   # type: ignore[union-attr]
+            else:   # written here, as it streams, once the writer is idle
+                self._settle()
+                self._make_file(name, None, member.mode & 0o777, member.mtime, b"" if indexed else None)
+        elif kind == tarstream.DIR:
+            self._op(self._make_dir, name)
+            self.dir_attrs.append((name, member.mode & 0o777, member.mtime))
+        elif kind == tarstream.SYM:
+            self._op(self._make_symlink, name, member.linkname,
+                     seed.blob(member.linkname) if indexed else None)   # type: ignore[union-attr]
+        else:
+            self._op(self._make_link, name, target, indexed)
+
+    def finish(self) -> None:
+        self._op(self._set_dir_attrs)
+        self._settle()
         if self.seed is not None and self.seed.unusable is None:
             root = self.root
             self.seed.write(lambda name: os.stat(name, dir_fd=root, follow_symlinks=False))   # (no links on the way)
