@@ -426,7 +426,11 @@ class _Unpacker:
             raise self._failed
 
     def _stop(self) -> None:
+        """The writer finishes what was checked (as a one-thread unpacker would have written it) and ends."""
         if self._writer.is_alive():
+            if self._batch:
+                self._queue.put(self._batch)
+                self._batch = []
             self._queue.put(None)
             self._writer.join()
 
