@@ -137,6 +137,9 @@ def check_api_key(spec: JobSpec, key: str | None) -> None:
 
 
 def check_image(image: str) -> None:
+    from sandbox.engine_probe import image_present
+    if image_present(image):   # (the engine's socket, without loading the Docker SDK)
+        return
     from sandbox import DockerUnavailable, ImageNotFound, ensure_image
     try:
         ensure_image(image)
