@@ -45,7 +45,7 @@ class GitSeed:
         """`git_dir`: pid's repository-to-be, with objects/pack in it (the caller makes them)."""
         self.git_dir = git_dir
         self.pack_path = os.path.join(git_dir, "objects", "pack", "tmp_pack_pid")
-        self._pack = open(self.pack_path, "xb")
+        self._pack = open(self.pack_path, "xb", buffering=0)   # (whole records in one system call each)
         self._pack.write(b"PACK" + struct.pack(">II", 2, 0))   # the count is set when it is finished
         self._offset = 12
         self._objects: dict[bytes, tuple[int, int]] = {}   # sha -> (crc32, offset)
@@ -75,11 +75,11 @@ class GitSeed:
             writer = self.blob_writer(size)
             writer.update(data)
             return writer.finish()
-        record = b"".join((_object_header(_BLOB, size), b"\x78\x01", _FINAL(1, size, size ^ 0xFFFF), data,
-                           _ADLER(zlib.adler32(data))))
-        self._objects[digest] = (zlib.crc32(record), self._offset)
-        self._pack.write(record)
-        self._offset += len(record)
+        head = _object_header(_BLOB, size) + b"\x78\x01" + _FINAL(1, size, size ^ 0xFFFF)
+        tail = _ADLER(zlib.adler32(data))
+        self._objects[digest] = (zlib.crc32(tail, zlib.crc32(data, zlib.crc32(head))), self._offset)
+        _write_all(self._pack.fileno(), [head, data, tail])
+        self._offset += len(head) + size + 4
         return digest
 
     def blob_writer(self, size: int) -> "_BlobWriter":
@@ -236,6 +236,16 @@ def _index(entries: dict[bytes, tuple[int, bytes, os.stat_result]]) -> bytes:
         parts.append(name + b"\0" * (8 - (62 + len(name)) % 8))
     body = b"".join(parts)
     return body + hashlib.sha1(body).digest()
+
+
+def _write_all(fd: int, parts: list[bytes]) -> None:
+    """writev, to the end (a regular file takes it whole; a short write is continued)."""
+    total = sum(len(p) for p in parts)
+    done = os.writev(fd, parts)
+    if done < total:
+        rest = b"".join(parts)[done:]
+        while rest:
+            rest = rest[os.write(fd, rest):]
 
 
 def _write_new(path: str, data: bytes) -> None:

@@ -113,8 +113,10 @@ class TarReader:
         return self._left
 
     def content(self) -> bytes:
-        """The current member's whole content (for small members: one read)."""
-        data = self._exact(self._left + self._padding)[:self._left]
+        """The current member's whole content (for small members: one read, no copy)."""
+        data = self._exact(self._left)
+        if self._padding:
+            self._exact(self._padding)
         self._left = self._padding = 0
         return data
 
