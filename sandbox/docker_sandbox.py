@@ -122,6 +122,10 @@ class DockerSandbox:
         self._agent_started = False       # an agent command (or file op) was started: the workspace may hold its links
         self._seeded = False              # the import wrote the base's objects and index (see _record_base)
         self._early: IO[bytes] | None = None   # the workspace tar create() unpacked already
+        self._seed: GitSeed | None = None       # a deferred seed, its tar spooled on the job disk, and its writer:
+        self._spool: str | None = None          # the base's blobs are written after the base (see _record_base)
+        self._packing: threading.Thread | None = None
+        self._packing_error: BaseException | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     @classmethod
@@ -272,6 +276,8 @@ class DockerSandbox:
         if self._closed:
             return
         self._closed = True
+        if self._packing is not None:   # it writes on the job disk: done (a second or so) before the disk goes
+            self._packing.join(30.0)
         try:
             self._pool.close()
         except Exception:
@@ -610,8 +616,16 @@ class DockerSandbox:
                 # agent command, into the empty directory: until then nothing in it is the agent's, so nothing there
                 # can redirect the host's writes. The base's git objects and index are written on the way (gitseed).
                 seed = self._new_seed()
-                unpack_tar(stream, self._disk.path("workspace"), self.uid, self.gid, seed)
-                self._seeded = seed is not None and seed.unusable is None
+                if seed is None:
+                    unpack_tar(stream, self._disk.path("workspace"), self.uid, self.gid)
+                    return
+                spool = os.path.join(seed.git_dir, "pid-workspace.tar")   # the tar again, for the deferred pack
+                with open(spool, "xb", buffering=1 << 20) as copy:
+                    unpack_tar(_Tee(stream, copy), self._disk.path("workspace"), self.uid, self.gid, seed)
+                if seed.unusable is None:
+                    self._seeded, self._seed, self._spool = True, seed, spool
+                else:
+                    os.unlink(spool)
                 return
             if trusted:
                 ok = self.client.api.put_archive(self.container_id, self.workdir, stream)
@@ -648,18 +662,46 @@ class DockerSandbox:
         finally:
             for fd in fds:
                 os.close(fd)
-        return GitSeed(os.path.join(self._disk.path("pid"), "git"))
+        return GitSeed(os.path.join(self._disk.path("pid"), "git"), deferred=True)
 
     def _record_base(self, timeout: float) -> None:
         seeded, self._seeded = self._seeded, False
-        out = self.run_as_pid(base_script(self.workdir, seeded), "recording the base commit", timeout)
+        out = self.run_as_pid(base_script(self.workdir, seeded, deferred=seeded), "recording the base commit",
+                              timeout)
         self.base_commit = out.strip().splitlines()[-1].decode()
+        if seeded:   # its blobs, from the spooled tar, while the model reads the first request
+            self._packing = threading.Thread(target=self._fill_pack, name="pid-base-pack", daemon=True)
+            self._packing.start()
+
+    def _fill_pack(self) -> None:
+        seed, spool = self._seed, self._spool
+        assert seed is not None and spool is not None
+        try:
+            with open(spool, "rb") as f:
+                seed.fill(f)
+        except BaseException as exc:
+            self._packing_error = exc
+            seed.discard()
+        finally:
+            try:
+                os.unlink(spool)
+            except OSError:
+                pass
+
+    def _wait_for_base(self) -> None:
+        """The base's blobs are all in pid's repository (the deferred pack is written)."""
+        if self._packing is not None:
+            self._packing.join()
+            self._packing = None
+        if self._packing_error is not None:
+            raise SandboxError(f"cannot write the base commit's objects: {self._packing_error}")
 
     def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:
         """Write the workspace's changes since the base commit to host file `dest` (made by pid's git, as root,
         from pid's repository; paths validated, size capped)."""
         if self.base_commit is None:
             raise SandboxError("no base commit: import_workspace was not called")
+        self._wait_for_base()
         if self.uid != 0:   # nothing of the agent may still run (swap files, hold FIFOs) while pid's git reads
             self._clear_process_table()
         inside = f"{PID_DIR}/patch.diff"
@@ -699,6 +741,18 @@ class DockerSandbox:
             written.extend(copied.written)
             skipped.extend(copied.skipped)
         return written, skipped
+
+
+class _Tee:
+    """A readable stream that copies what is read from it to `copy`."""
+
+    def __init__(self, stream: IO[bytes], copy: IO[bytes]) -> None:
+        self.stream, self.copy = stream, copy
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.stream.read(n)
+        self.copy.write(data)
+        return data
 
 
 class DockerProvider:

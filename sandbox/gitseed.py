@@ -18,7 +18,7 @@ import hashlib
 import os
 import struct
 import zlib
-from typing import Callable
+from typing import IO, Callable
 
 _BLOB = 3
 _FINAL = struct.Struct("<BHH").pack
@@ -39,19 +39,30 @@ def _refused_name(part: bytes) -> bool:
 
 
 class GitSeed:
-    """Collects blobs and index entries as files are written; write() puts the pack and the index in a git dir."""
+    """Collects blobs and index entries as files are written; write() puts the index (and the pack) in a git dir.
 
-    def __init__(self, git_dir: str) -> None:
+    `deferred`: blobs are only hashed while unpacking; the pack is written later by fill(), from the same tar read
+    again, once the agent has started (the base commit is made without its blobs: `write-tree --missing-ok`).
+    Nothing reads a base blob before the patch is made, and the patch waits for fill().
+    """
+
+    def __init__(self, git_dir: str, deferred: bool = False) -> None:
         """`git_dir`: pid's repository-to-be, with objects/pack in it (the caller makes them)."""
         self.git_dir = git_dir
+        self.deferred = deferred
         self.pack_path = os.path.join(git_dir, "objects", "pack", "tmp_pack_pid")
-        self._pack = open(self.pack_path, "xb", buffering=0)   # (whole records in one system call each)
-        self._pack.write(b"PACK" + struct.pack(">II", 2, 0))   # the count is set when it is finished
+        self._pack: IO[bytes] | None = None
+        if not deferred:
+            self._open_pack()
         self._offset = 12
         self._objects: dict[bytes, tuple[int, int]] = {}   # sha -> (crc32, offset)
         self.entries: dict[bytes, tuple[int, bytes, os.stat_result]] = {}   # name -> (mode, blob id, stat)
         self.unusable: str | None = None   # why git must make the base itself
         self._relinked = False   # a hard link changed an inode's ctime after it was recorded: restat at the end
+
+    def _open_pack(self) -> None:
+        self._pack = open(self.pack_path, "xb", buffering=0)   # (whole records in one system call each)
+        self._pack.write(b"PACK" + struct.pack(">II", 2, 0))   # the count is set when it is finished
 
     # -- while unpacking -------------------------------------------------------------------------------------
     def check_name(self, name: bytes, is_dir: bool) -> bool:
@@ -69,22 +80,28 @@ class GitSeed:
         sha = hashlib.sha1(b"blob %d\0" % size)
         sha.update(data)
         digest = sha.digest()
-        if digest in self._objects:
-            return digest
+        if not self.deferred and digest not in self._objects:
+            self._store(data, digest)
+        return digest
+
+    def _store(self, data: bytes, digest: bytes) -> None:
+        """`data` into the pack as blob `digest` (stored deflate blocks)."""
+        size = len(data)
         if size > 65535:
-            writer = self.blob_writer(size)
+            writer = _BlobWriter(self, size)
             writer.update(data)
-            return writer.finish()
+            writer.finish()
+            return
         head = _object_header(_BLOB, size) + b"\x78\x01" + _FINAL(1, size, size ^ 0xFFFF)
         tail = _ADLER(zlib.adler32(data))
         self._objects[digest] = (zlib.crc32(tail, zlib.crc32(data, zlib.crc32(head))), self._offset)
+        assert self._pack is not None
         _write_all(self._pack.fileno(), [head, data, tail])
         self._offset += len(head) + size + 4
-        return digest
 
-    def blob_writer(self, size: int) -> "_BlobWriter":
+    def blob_writer(self, size: int) -> "_BlobWriter | _BlobHasher":
         """A blob of `size` bytes, given in pieces (update) as they stream past; finish() returns its id."""
-        return _BlobWriter(self, size)
+        return _BlobHasher(size) if self.deferred else _BlobWriter(self, size)
 
     def file(self, name: bytes, sha: bytes, st: os.stat_result) -> None:
         self.entries[name] = (0o100755 if st.st_mode & 0o100 else 0o100644, sha, st)
@@ -104,20 +121,54 @@ class GitSeed:
     # -- at the end -----------------------------------------------------------------------------------------
     def discard(self) -> None:
         """Not used after all: its temporary pack goes."""
-        self._pack.close()
+        if self._pack is not None:
+            self._pack.close()
         try:
             os.unlink(self.pack_path)
         except FileNotFoundError:
             pass
 
     def write(self, restat: Callable[[bytes], os.stat_result]) -> None:
-        """Finish the pack (count, trailer, its .idx) and write the index. `restat(name)` stats a workspace file
-        again without following links."""
-        git_dir = self.git_dir
+        """Write the index (and, unless deferred, finish the pack). `restat(name)` stats a workspace file again
+        without following links."""
         if self._relinked:
             for name, (mode, sha, _) in self.entries.items():
                 if mode != 0o120000:
                     self.entries[name] = (mode, sha, restat(name))
+        if not self.deferred:
+            self._finish_pack()
+        _write_new(os.path.join(self.git_dir, "index"), _index(self.entries))
+
+    def fill(self, stream: IO[bytes]) -> None:
+        """A deferred seed's pack: every blob the index names, read from the workspace tar again (its names are
+        not used: only contents and link targets are)."""
+        from .tarstream import REG, SYM, TarReader
+        needed = {sha for _, sha, _ in self.entries.values()}
+        self._open_pack()
+        reader = TarReader(stream)
+        for member in reader:
+            if member.kind == REG and member.size > 1 << 20:
+                writer = _BlobWriter(self, member.size, needed)   # (dropped again unless needed and new)
+                for chunk in reader.chunks():
+                    writer.update(chunk)
+                writer.finish()
+                continue
+            if member.kind == REG:
+                data = reader.content()
+            elif member.kind == SYM:
+                data = member.linkname
+            else:
+                continue
+            sha = hashlib.sha1(b"blob %d\0" % len(data))
+            sha.update(data)
+            digest = sha.digest()
+            if digest in needed and digest not in self._objects:
+                self._store(data, digest)
+        self._finish_pack()
+
+    def _finish_pack(self) -> None:
+        """The pack's object count and trailer, then its .idx: from then on git sees its objects."""
+        assert self._pack is not None
         self._pack.seek(8)
         self._pack.write(struct.pack(">I", len(self._objects)))
         self._pack.close()
@@ -128,17 +179,29 @@ class GitSeed:
         pack_sha = trailer.digest()
         with open(self.pack_path, "ab") as f:
             f.write(pack_sha)
-        name = os.path.join(git_dir, "objects", "pack", f"pack-{pack_sha.hex()}")
+        name = os.path.join(self.git_dir, "objects", "pack", f"pack-{pack_sha.hex()}")
         _write_new(name + ".idx", _idx(self._objects, pack_sha))
         os.replace(self.pack_path, name + ".pack")
-        _write_new(os.path.join(git_dir, "index"), _index(self.entries))
+
+
+class _BlobHasher:
+    """A deferred seed's blob_writer: the id only."""
+
+    def __init__(self, size: int) -> None:
+        self.sha = hashlib.sha1(b"blob %d\0" % size)
+
+    def update(self, data: bytes) -> None:
+        self.sha.update(data)
+
+    def finish(self) -> bytes:
+        return self.sha.digest()
 
 
 class _BlobWriter:
     """One blob appended to the pack as stored deflate blocks, hashed as it goes; dropped again if the pack has it."""
 
-    def __init__(self, seed: GitSeed, size: int) -> None:
-        self.seed, self.size = seed, size
+    def __init__(self, seed: GitSeed, size: int, needed: set[bytes] | None = None) -> None:
+        self.seed, self.size, self.needed = seed, size, needed
         self.sha = hashlib.sha1(b"blob %d\0" % size)
         self.adler = 1
         self.left = size
@@ -146,6 +209,7 @@ class _BlobWriter:
         head = _object_header(_BLOB, size) + b"\x78\x01"
         self.crc = zlib.crc32(head)
         self.written = len(head)
+        assert seed._pack is not None
         seed._pack.write(head)
         if size == 0:
             self._block(b"", True)
@@ -153,8 +217,10 @@ class _BlobWriter:
     def _block(self, data: bytes, final: bool) -> None:
         frame = struct.pack("<BHH", 1 if final else 0, len(data), len(data) ^ 0xFFFF)
         self.crc = zlib.crc32(data, zlib.crc32(frame, self.crc))
-        self.seed._pack.write(frame)
-        self.seed._pack.write(data)
+        pack = self.seed._pack
+        assert pack is not None
+        pack.write(frame)
+        pack.write(data)
         self.written += 5 + len(data)
 
     def update(self, data: bytes) -> None:
@@ -175,11 +241,12 @@ class _BlobWriter:
             raise ValueError("fewer bytes than the blob's size")
         tail = struct.pack(">I", self.adler)
         self.crc = zlib.crc32(tail, self.crc)
+        assert self.seed._pack is not None
         self.seed._pack.write(tail)
         self.written += 4
         digest = self.sha.digest()
         seed = self.seed
-        if digest in seed._objects:   # the same content again: one object is enough
+        if digest in seed._objects or (self.needed is not None and digest not in self.needed):   # (not kept)
             seed._pack.seek(seed._offset)
             seed._pack.truncate()
         else:

@@ -44,14 +44,15 @@ _GITCONFIG = """[safe]
 """
 
 
-def base_script(workdir: str, seeded: bool = False) -> str:
+def base_script(workdir: str, seeded: bool = False, deferred: bool = False) -> str:
     """Make pid's repository and commit the imported workspace as the base; prints the commit.
 
     It runs before the first model request, so it forks little: the config is written by a builtin, the repository
     gets no template (sample hooks pid never runs), and the commit id is read from its ref rather than by git.
     `seeded`: the unpacker already wrote the workspace's blobs and index (sandbox.gitseed), with every file in it;
     git only drops what the workspace's .gitignore files ignore (as `git add -A` would not have added it) and
-    commits, reading no file's content.
+    commits, reading no file's content. `deferred`: the blobs are not there yet (gitseed.GitSeed.fill writes them
+    later): the tree is written without them and the commit made from it.
     """
     assert "'" not in _GITCONFIG
     if seeded:
@@ -66,10 +67,16 @@ def base_script(workdir: str, seeded: bool = False) -> str:
             "git init -q -b main --template=\n"
             "mkdir -p /.pid/git/info\n"
             "echo '* -text -filter -ident -eol !diff -working-tree-encoding' > /.pid/git/info/attributes\n"
-            + add +
-            "git commit -q --no-verify --allow-empty -m 'pid: base (workspace as imported)'\n"
-            "read -r head < /.pid/git/refs/heads/main\n"
-            "echo \"$head\"\n")
+            + add + (_COMMIT_DEFERRED if deferred else _COMMIT))
+
+
+_COMMIT = ("git commit -q --no-verify --allow-empty -m 'pid: base (workspace as imported)'\n"
+           "read -r head < /.pid/git/refs/heads/main\n"
+           "echo \"$head\"\n")
+_COMMIT_DEFERRED = ("tree=$(git write-tree --missing-ok)\n"
+                    "head=$(git commit-tree \"$tree\" -m 'pid: base (workspace as imported)' < /dev/null)\n"
+                    "git update-ref refs/heads/main \"$head\"\n"
+                    "echo \"$head\"\n")
 
 
 def patch_script(workdir: str, base: str, dest: str) -> str:

@@ -162,6 +162,7 @@ def test_the_base_written_while_unpacking_is_the_one_git_makes(tmp_path, nested_
     for disk in (0, 1 << 30):   # no job disk: the engine unpacks and git adds everything, as before the seed
         with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-seed", ttl_s=300, disk=disk)) as box:
             box.import_tar(packed(src))
+            box._wait_for_base()   # (the seeded base's blobs are written after it, in the background)
             in_pack = box.run_as_pid(PID_GIT + "git count-objects -v | grep in-pack", "count").decode().split()[1]
             assert (in_pack != "0") == (disk > 0 and not nested_repo)   # seeded: the blobs came in one pack
             trees[disk] = box.run_as_pid(PID_GIT + "git rev-parse HEAD^{tree}; git ls-files -s | sort; git status "
