@@ -226,3 +226,19 @@ def test_a_tar_given_at_create_is_unpacked_while_the_container_starts(tmp_path):
                              workspace=evil_tar(outside))
     assert list(outside.iterdir()) == []
     assert not [c for c in pid_containers() if c.labels.get("pid.job") == JOB + "-early"]
+
+
+def test_if_the_base_blobs_cannot_be_written_the_patch_fails_clearly(tmp_path, monkeypatch):
+    from sandbox.gitseed import GitSeed
+
+    def broken(self, stream):
+        raise OSError("disk full")
+    monkeypatch.setattr(GitSeed, "fill", broken)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f.txt").write_text("f\n")
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-nofill", ttl_s=300)) as box:
+        box.import_tar(packed(src))
+        box.write_file("f.txt", b"g\n")
+        with pytest.raises(SandboxError, match="cannot write the base commit's objects: disk full"):
+            box.export_patch(str(tmp_path / "p.diff"), 1 << 20)
