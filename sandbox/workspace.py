@@ -177,6 +177,9 @@ def _pack_entry(entry: os.DirEntry, arc: str, sink: "_HashingSink", uid: int, gi
                 inodes: dict[tuple[int, int], bytes]) -> None:
     name = os.fsencode(arc)
     try:
+        if entry.is_file(follow_symlinks=False):   # (the directory's entry type: no system call)
+            _pack_file(entry.path, name, sink, uid, gid, inodes)
+            return
         st = entry.stat(follow_symlinks=False)
     except FileNotFoundError:
         return   # vanished since the directory was read
@@ -188,34 +191,40 @@ def _pack_entry(entry: os.DirEntry, arc: str, sink: "_HashingSink", uid: int, gi
         except OSError:
             return
         sink.write(tarstream.header(name, tarstream.SYM, 0, st.st_mode, int(st.st_mtime), uid, gid, target))
-    elif stat.S_ISREG(st.st_mode):
-        try:
-            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return   # vanished or swapped for a link since the walk: skip it
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return
-            key = (st.st_dev, st.st_ino)
-            if st.st_nlink > 1 and key in inodes:   # a second name of a file packed already: a hard link
-                sink.write(tarstream.header(name, tarstream.LNK, 0, st.st_mode, int(st.st_mtime), uid, gid,
-                                            inodes[key]))
-                return
-            if st.st_nlink > 1:
-                inodes[key] = name
-            sink.write(tarstream.header(name, tarstream.REG, st.st_size, st.st_mode, int(st.st_mtime), uid, gid))
-            left = st.st_size
-            while left:
-                data = os.read(fd, min(left, 1 << 20))
-                if not data:
-                    raise OSError(f"{entry.path} shrank while it was packed")
-                sink.write(data)
-                left -= len(data)
-            sink.pad(tarstream.BLOCK)
-        finally:
-            os.close(fd)
+    elif stat.S_ISREG(st.st_mode):   # (an entry type the directory did not say)
+        _pack_file(entry.path, name, sink, uid, gid, inodes)
     # sockets, FIFOs and devices are not part of a workspace
+
+
+def _pack_file(path: str, name: bytes, sink: "_HashingSink", uid: int, gid: int,
+               inodes: dict[tuple[int, int], bytes]) -> None:
+    """A regular file, opened without following a link (a file swapped for one since the walk is skipped)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return   # vanished or swapped for a link since the walk: skip it
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return
+        key = (st.st_dev, st.st_ino)
+        if st.st_nlink > 1 and key in inodes:   # a second name of a file packed already: a hard link
+            sink.write(tarstream.header(name, tarstream.LNK, 0, st.st_mode, int(st.st_mtime), uid, gid,
+                                        inodes[key]))
+            return
+        if st.st_nlink > 1:
+            inodes[key] = name
+        sink.write(tarstream.header(name, tarstream.REG, st.st_size, st.st_mode, int(st.st_mtime), uid, gid))
+        left = st.st_size
+        while left:
+            data = os.read(fd, min(left, 1 << 20))
+            if not data:
+                raise OSError(f"{path} shrank while it was packed")
+            sink.write(data)
+            left -= len(data)
+        sink.pad(tarstream.BLOCK)
+    finally:
+        os.close(fd)
 
 
 class _HashingSink:
