@@ -616,8 +616,9 @@ class DockerSandbox:
                 # agent command, into the empty directory: until then nothing in it is the agent's, so nothing there
                 # can redirect the host's writes. The base's git objects and index are written on the way (gitseed).
                 seed = self._new_seed()
-                if seed is None:
-                    unpack_tar(stream, self._disk.path("workspace"), self.uid, self.gid)
+                if seed is None or not seed.deferred:
+                    unpack_tar(stream, self._disk.path("workspace"), self.uid, self.gid, seed)
+                    self._seeded = seed is not None and seed.unusable is None
                     return
                 spool = os.path.join(seed.git_dir, "pid-workspace.tar")   # the tar again, for the deferred pack
                 with open(spool, "xb", buffering=1 << 20) as copy:
@@ -662,14 +663,16 @@ class DockerSandbox:
         finally:
             for fd in fds:
                 os.close(fd)
-        return GitSeed(os.path.join(self._disk.path("pid"), "git"), deferred=True)
+        # Deferred (blobs written while the agent runs) only when the agent cannot reach /.pid/git: the host then
+        # writes there by path. A root agent could plant links there, so its base is written whole before it starts.
+        return GitSeed(os.path.join(self._disk.path("pid"), "git"), deferred=self.uid != 0)
 
     def _record_base(self, timeout: float) -> None:
         seeded, self._seeded = self._seeded, False
-        out = self.run_as_pid(base_script(self.workdir, seeded, deferred=seeded), "recording the base commit",
-                              timeout)
+        deferred = seeded and self._seed is not None
+        out = self.run_as_pid(base_script(self.workdir, seeded, deferred), "recording the base commit", timeout)
         self.base_commit = out.strip().splitlines()[-1].decode()
-        if seeded:   # its blobs, from the spooled tar, while the model reads the first request
+        if deferred:   # its blobs, from the spooled tar, while the model reads the first request
             self._packing = threading.Thread(target=self._fill_pack, name="pid-base-pack", daemon=True)
             self._packing.start()
 

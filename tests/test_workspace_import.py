@@ -159,16 +159,20 @@ PID_GIT = "export GIT_DIR=/.pid/git GIT_WORK_TREE=/workspace HOME=/.pid GIT_CONF
 def test_the_base_written_while_unpacking_is_the_one_git_makes(tmp_path, nested_repo):
     src = tricky_tree(tmp_path / "src", nested_repo)
     trees = {}
-    for disk in (0, 1 << 30):   # no job disk: the engine unpacks and git adds everything, as before the seed
-        with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-seed", ttl_s=300, disk=disk)) as box:
+    # no job disk: the engine unpacks and git adds everything, as before the seed; a root agent's base is written
+    # whole before it starts (it could reach pid's repository); another's blobs follow in the background
+    for disk, user in ((0, "1000"), (1 << 30, "root"), (1 << 30, "1000")):
+        config = SandboxConfig(image=IMAGE, job_id=JOB + "-seed", ttl_s=300, disk=disk, user=user)
+        with DockerSandbox.create(config) as box:
             box.import_tar(packed(src))
-            box._wait_for_base()   # (the seeded base's blobs are written after it, in the background)
+            assert (box._packing is not None) == (disk > 0 and user != "root" and not nested_repo)
+            box._wait_for_base()
             in_pack = box.run_as_pid(PID_GIT + "git count-objects -v | grep in-pack", "count").decode().split()[1]
             assert (in_pack != "0") == (disk > 0 and not nested_repo)   # seeded: the blobs came in one pack
-            trees[disk] = box.run_as_pid(PID_GIT + "git rev-parse HEAD^{tree}; git ls-files -s | sort; git status "
-                                         "--porcelain --ignored=no; git fsck --no-progress --no-dangling 2>&1",
-                                         "inspect").decode()
-            if disk:
+            trees[disk, user] = box.run_as_pid(PID_GIT + "git rev-parse HEAD^{tree}; git ls-files -s | sort; "
+                                               "git status --porcelain --ignored=no; git fsck --no-progress "
+                                               "--no-dangling 2>&1", "inspect").decode()
+            if disk and user != "root":
                 box.write_file("sub/ok.txt", b"changed\n")
                 box.exec("rm we*; echo new > keep.log; echo x > more.log", timeout=20)
                 dest = tmp_path / "p.diff"
@@ -176,8 +180,8 @@ def test_the_base_written_while_unpacking_is_the_one_git_makes(tmp_path, nested_
                 files = sorted(line.split(" b/")[-1] for line in dest.read_text().splitlines()
                                if line.startswith("diff --git"))
                 assert files == ["hard", "keep.log", "sub/ok.txt", "we*ird[1].txt"]   # (hard: the same inode)
-    assert trees[0] == trees[1 << 30]
-    listed = trees[0]
+    assert trees[0, "1000"] == trees[1 << 30, "root"] == trees[1 << 30, "1000"]
+    listed = trees[0, "1000"]
     assert "keep.log" in listed and "sub/secret.txt" not in listed and "a.log" not in listed
     assert "build/" not in listed and ".git/HEAD" not in listed and "100755" in listed and "120000" in listed
 
