@@ -176,9 +176,12 @@ def clone_limit(config: SandboxConfig) -> int:
     return min(limits) if limits else SandboxConfig.max_workspace
 
 
-def _memory(memory: str, tmpfs: int) -> int:
+def _memory(memory: str, tmpfs: int) -> int | str:
     """The clone container's memory limit: the job's, plus its tmpfs (whose pages are charged to it)."""
-    return parse_size(memory) + tmpfs
+    try:
+        return parse_size(memory) + tmpfs
+    except ValueError:   # a form the engine reads but parse_size does not: the job's own limit, as before
+        return memory
 
 
 def _mib(size: int) -> str:
