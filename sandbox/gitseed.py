@@ -6,8 +6,9 @@ their blobs into one pack and an index whose stat data is the files' own (so git
 them). pid's git then only drops what the workspace's .gitignore files ignore and commits (base_seeded_script).
 
 The pack's objects are stored, not compressed: deflate would cost more than the rest of the unpacking, and the
-pack lives only on the job's disk for the job's life (it holds the workspace's size again, at most
---max-workspace).
+pack lives only on the job's disk for the job's life. Disk: the pack holds the workspace's size again, and while a
+deferred pack is written the tar is spooled there too (the workspace three times at the peak, each at most
+--max-workspace; `git add -A`'s compressed objects took about a third).
 
 A tree git itself would not add as plain files (a nested repository, a name git refuses such as `.GIT` or
 `git~1`) makes the seed `unusable`: the caller records the base the slow way, with git doing all of it.
