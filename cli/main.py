@@ -156,6 +156,9 @@ def check_api_key(spec: JobSpec, key: str | None) -> None:
 
 
 def check_image(image: str) -> None:
+    from sandbox.engine_probe import image_present
+    if image_present(image):   # (the engine's socket, without loading the Docker SDK)
+        return
     from sandbox import DockerUnavailable, ImageNotFound, ensure_image
     try:
         ensure_image(image)
@@ -235,7 +238,8 @@ def _attach(agent: Any, agents: list[Any], job: Any) -> None:
 @click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code.")
 @click.option("--max-workspace", type=Size(), default=format_size(DEFAULT_MAX_WORKSPACE), show_default=True,
               envvar="PID_MAX_WORKSPACE", show_envvar=True, cls=EnvOption,
-              help="Largest packed size of a directory --repo (it is packed at submit and travels with the job).")
+              help="Largest packed size of a directory --repo (it is packed at submit and travels with the job), "
+                   "and the most a git URL's clone may take on the worker.")
 @click.option("--queue", type=QueueName(), default=DEFAULT_QUEUE, show_default=True, envvar="PID_QUEUE",
               show_envvar=True, cls=EnvOption, help=spec_field("queue").metadata["help"])
 def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_workspace: int, queue: str,
@@ -243,6 +247,7 @@ def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_
     """Queue a job for a worker and print its id. A directory --repo is packed now: the job sees it as it is now."""
     spec = build_spec(options, no_images)
     spec.queue = queue
+    spec.max_workspace = max_workspace
     from worker.app import embedded_broker
     from worker.store import default_store
     from worker.dispatch import dispatch

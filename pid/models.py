@@ -207,8 +207,10 @@ def model_info(name: str, overrides: Mapping[str, Any] | None = None) -> ModelIn
     info = dataclasses.replace(info, **given) if given else info
     # Input tokens the provider says it cached are priced apart from the rest; where no one priced them, they cost
     # what input costs, so --max-cost can overshoot nothing.
-    missing = {k: info.input_price for k in ("cache_read_price", "cache_write_price") if not getattr(info, k)}
-    return dataclasses.replace(info, **missing) if missing and info.input_price else info
+    if not info.input_price:
+        return info
+    return dataclasses.replace(info, cache_read_price=info.cache_read_price or info.input_price,
+                               cache_write_price=info.cache_write_price or info.input_price)
 
 
 def unknown_model_warning(info: ModelInfo) -> str:

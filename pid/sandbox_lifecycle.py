@@ -88,8 +88,11 @@ ConfigT = TypeVar("ConfigT", contravariant=True)
 class SandboxProvider(Protocol[ConfigT]):
     """Makes job sandboxes. The config's type is the provider's own (sandbox.SandboxConfig for Docker)."""
 
-    def create(self, config: ConfigT) -> JobSandbox:
-        """A started sandbox the caller owns (and closes). Raises SandboxError (or a subclass) when it cannot."""
+    def create(self, config: ConfigT, workspace: IO[bytes] | None = None) -> JobSandbox:
+        """A started sandbox the caller owns (and closes). Raises SandboxError (or a subclass) when it cannot.
+
+        `workspace`: the job's workspace tar, which the provider may start unpacking while the sandbox starts;
+        import_tar(workspace) then finishes the import (or does all of it)."""
         ...
 
     def clear_job(self, job_id: str) -> None:

@@ -5,6 +5,11 @@ repository must be mounted to be read; a step of its own gets network (for https
 (for file://) for the clone only, and the agent never sees either. The step writes the checkout as a tar on its
 stdout; the job's sandbox unpacks it with the checks every workspace tar passes (workspace.unpack_tar).
 
+The container's root filesystem is read-only; git writes only to a tmpfs at /tmp (the clone, HOME, git's config)
+of the job's workspace limit (`--max-workspace`, and at most its disk): a repository larger than that fails the
+clone with a clear error instead of filling the engine's disk. tmpfs pages count as the container's memory, so the
+container may use that much memory more than the job's limit.
+
 git runs with hooks and external helpers off: no hooks, no fsmonitor, no credential helper or prompt, no submodules,
 only the URL's own protocol allowed (so no `ext::` and no redirect to another transport), no system or global
 configuration. The checkout is shallow: `--depth 1 --branch REF` for a branch or tag; a full commit id is fetched
@@ -25,10 +30,12 @@ import docker
 import docker.errors
 
 from .config import LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, SandboxConfig
+from .disk import parse_size
 from .errors import SandboxError
 from .reaper import force_remove, run_labels
 from .workspace import check_git_source
 
+CLONE_TMP = "/tmp"            # the clone's only writable place: a tmpfs of clone_limit() bytes
 SOURCE_MOUNT = "/pid-src"     # where a file:// repository appears, read-only, in the clone's container
 CLONE_DIR = "/tmp/pid-clone"
 _SHA_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
@@ -109,6 +116,7 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
             raise SandboxError(f"cannot clone {url}: {source} is not a directory on this worker")
         mounts.append(docker.types.Mount(SOURCE_MOUNT, source, type="bind", read_only=True))
         inside = f"file://{SOURCE_MOUNT}"
+    limit = clone_limit(config)
     now = datetime.now(timezone.utc)
     labels = {LABEL_JOB: config.job_id, LABEL_OWNER: config.owner, LABEL_CREATED: _iso(now),
               LABEL_EXPIRES: _iso(now + timedelta(seconds=timeout + 60)), **run_labels()}
@@ -117,8 +125,10 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
             config.image, ["sh", "-c", _SCRIPT, "pid-clone", inside, ref or "", scheme],
             user=config.user if config.user != "root" else "0:0", labels=labels, environment={"HOME": "/tmp"},
             host_config=client.api.create_host_config(
-                network_mode="none" if scheme == "file" else "bridge", mounts=mounts,
-                mem_limit=config.memory, memswap_limit=config.memory, nano_cpus=int(config.cpus * 1e9),
+                network_mode="none" if scheme == "file" else "bridge", mounts=mounts, read_only=True,
+                tmpfs={CLONE_TMP: f"rw,nosuid,nodev,noexec,size={limit},mode=1777"},
+                mem_limit=_memory(config.memory, limit), memswap_limit=_memory(config.memory, limit),
+                nano_cpus=int(config.cpus * 1e9),
                 pids_limit=config.pids_limit, security_opt=["no-new-privileges"], cap_drop=["ALL"],
                 log_config={"type": "none"}, runtime=config.runtime or None, init=True))
     except docker.errors.DockerException as exc:
@@ -145,6 +155,9 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
         commit = next((ln.split()[1] for ln in lines if ln.startswith("pid-commit ") and len(ln.split()) == 2), None)
         if time.monotonic() - started >= timeout:
             raise SandboxError(f"cloning {url} took longer than {timeout:g}s")
+        if code != 0 and any("No space left on device" in ln for ln in lines):
+            raise SandboxError(f"cannot clone {url}{f' at {ref}' if ref else ''}: the clone is larger than the "
+                               f"workspace limit of {_mib(limit)} (raise --max-workspace, or the job's --disk)")
         if code != 0 or commit is None or not _SHA_RE.fullmatch(commit):
             git_said = _last(lines)
             raise SandboxError(f"cannot clone {url}{f' at {ref}' if ref else ''}: "
@@ -155,6 +168,24 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
     finally:
         timer.cancel()
         force_remove(client, cid)
+
+
+def clone_limit(config: SandboxConfig) -> int:
+    """Bytes the clone may write: the job's workspace limit, and no more than its disk."""
+    limits = [n for n in (config.max_workspace, config.disk) if n > 0]
+    return min(limits) if limits else SandboxConfig.max_workspace
+
+
+def _memory(memory: str, tmpfs: int) -> int | str:
+    """The clone container's memory limit: the job's, plus its tmpfs (whose pages are charged to it)."""
+    try:
+        return parse_size(memory) + tmpfs
+    except ValueError:   # a form the engine reads but parse_size does not: the job's own limit, as before
+        return memory
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.0f} MiB" if size >= 1 << 20 else f"{size} bytes"
 
 
 def _last(lines: list[str]) -> str:

@@ -13,6 +13,7 @@ LABEL_ATTEMPT = "pid.attempt"  # which attempt of its job: a lost attempt's is r
 AGENT_HOME = "/home/agent"
 DEFAULT_USER = "1000:1000"
 DEFAULT_DISK = 10 << 30
+DEFAULT_MAX_WORKSPACE = 200 << 20
 
 # Every command sees these: tools must never wait for a pager or paint colours into the model's context.
 BASE_ENV = {
@@ -54,3 +55,4 @@ class SandboxConfig:
     runtime: str | None = None    # an engine runtime such as runsc (gVisor)
     owner: str = ""               # the installation's label value (see reaper.owner_label)
     attempt: int = 1              # the job's attempt this sandbox serves
+    max_workspace: int = DEFAULT_MAX_WORKSPACE   # bytes a git URL's clone may take (its .git and checkout)

@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, cast
 
 import docker
 import docker.errors
@@ -38,6 +38,7 @@ from .errors import SandboxError
 from .pool import ChannelPool
 from .processes import kill_agent_processes
 from .reaper import force_remove, owner_label, remove_job_containers, run_labels
+from .gitseed import GitSeed
 from .workspace import UnsafeTar, base_script, build_tar, patch_script, sanitize_tar, unpack_tar
 
 log = logging.getLogger(__name__)
@@ -119,13 +120,25 @@ class DockerSandbox:
         self._exec_gate = threading.Lock()
         self.removed_by_pid = False       # kill() was called: the container is gone on purpose
         self._agent_started = False       # an agent command (or file op) was started: the workspace may hold its links
+        self._seeded = False              # the import wrote the base's objects and index (see _record_base)
+        self._early: IO[bytes] | None = None   # the workspace tar create() unpacked already
+        self._seed: GitSeed | None = None       # a deferred seed, its tar spooled on the job disk, and its writer:
+        self._spool: str | None = None          # the base's blobs are written after the base (see _record_base)
+        self._packing: threading.Thread | None = None
+        self._packing_error: BaseException | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     @classmethod
-    def create(cls, config: SandboxConfig, client: docker.DockerClient | None = None) -> "DockerSandbox":
+    def create(cls, config: SandboxConfig, client: docker.DockerClient | None = None,
+               workspace: IO[bytes] | None = None) -> "DockerSandbox":
         """Start the container and its control channel; two agent channels warm up in the background.
 
-        Raises ImageNotFound / DockerUnavailable / SandboxError (also for a disk limit that cannot be applied).
+        `workspace`: a workspace tar to unpack onto the job's disk while the engine starts the container (the
+        engine's ~0.5 s and the unpacking overlap); import_tar(workspace) then only records the base. Without a
+        job disk it is left for import_tar.
+
+        Raises ImageNotFound / DockerUnavailable / SandboxError (also for a disk limit that cannot be applied, or
+        a workspace tar that is refused).
         """
         uid, gid = parse_user(config.user)
         client = connect(client)
@@ -180,9 +193,21 @@ class DockerSandbox:
                 raise SandboxError(f"cannot create sandbox container from {config.image!r}: {exc}") from exc
             raise
         sandbox = cls(client, container.id, config, disk)
+        unpacking: threading.Thread | None = None
+        unpacked: list[BaseException | None] = []
         try:
             if disk is not None:
                 install_script(client.api, container.id, disk.path("pid"))
+                if workspace is not None:
+                    def unpack() -> None:
+                        try:
+                            sandbox._unpack(workspace, trusted=False)
+                            sandbox._early = workspace
+                            unpacked.append(None)
+                        except BaseException as exc:
+                            unpacked.append(exc)
+                    unpacking = threading.Thread(target=unpack, name="pid-workspace-unpack", daemon=True)
+                    unpacking.start()
             try:
                 container.start()
             except docker.errors.DockerException as exc:
@@ -195,10 +220,17 @@ class DockerSandbox:
                 sandbox._out_dir_fd = os.open(os.path.join(disk.path("pid"), "out"),
                                               os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             sandbox._pids_events = sandbox._control.pids_events
+            if unpacking is not None:
+                unpacking.join()
+                unpacking = None
+                if unpacked[0] is not None:
+                    raise unpacked[0]
             # Two agent channels warm up in the background: the first tool call comes after the model's first
             # reply, and a parallel batch of two pays no docker exec.
             threading.Thread(target=sandbox._warm_up, args=(2,), name="pid-channel-warmup", daemon=True).start()
         except BaseException:
+            if unpacking is not None:   # its writes go to the disk that close() removes: it ends first
+                unpacking.join()
             sandbox.close()
             raise
         return sandbox
@@ -244,6 +276,8 @@ class DockerSandbox:
         if self._closed:
             return
         self._closed = True
+        if self._packing is not None:   # it writes on the job disk: done (a second or so) before the disk goes
+            self._packing.join(30.0)
         try:
             self._pool.close()
         except Exception:
@@ -557,8 +591,11 @@ class DockerSandbox:
 
     def import_tar(self, stream: IO[bytes], timeout: float = 600.0) -> None:
         """Unpack a workspace tar read from `stream` (as `pid submit` packed it, on whatever machine: checked member
-        by member, see workspace.MemberCheck) into workdir as it arrives, and record it as the base."""
-        self._unpack(stream, trusted=False)
+        by member, see workspace.MemberCheck) into workdir as it arrives, and record it as the base. If create()
+        unpacked this very stream already, only the base is left to record."""
+        if stream is not self._early:
+            self._unpack(stream, trusted=False)
+        self._early = None
         self._record_base(timeout)
 
     def import_git(self, url: str, ref: str | None, timeout: float = 600.0) -> str:
@@ -577,16 +614,28 @@ class DockerSandbox:
                 # Straight into the job disk's workspace directory as the tar streams in: no engine request
                 # (put_archive re-executes the engine in the container, 130-250 ms here), no copy. Only before any
                 # agent command, into the empty directory: until then nothing in it is the agent's, so nothing there
-                # can redirect the host's writes.
-                unpack_tar(stream, self._disk.path("workspace"), self.uid, self.gid)
+                # can redirect the host's writes. The base's git objects and index are written on the way (gitseed).
+                seed = self._new_seed()
+                if seed is None or not seed.deferred:
+                    unpack_tar(stream, self._disk.path("workspace"), self.uid, self.gid, seed)
+                    self._seeded = seed is not None and seed.unusable is None
+                    return
+                spool = os.path.join(seed.git_dir, "pid-workspace.tar")   # the tar again, for the deferred pack
+                with open(spool, "xb", buffering=1 << 20) as copy:
+                    unpack_tar(cast(IO[bytes], _Tee(stream, copy)), self._disk.path("workspace"), self.uid, self.gid,
+                               seed)
+                if seed.unusable is None:
+                    self._seeded, self._seed, self._spool = True, seed, spool
+                else:
+                    os.unlink(spool)
                 return
             if trusted:
                 ok = self.client.api.put_archive(self.container_id, self.workdir, stream)
             else:   # the engine unpacks as root in the container: it gets only what the checks let through
-                with tempfile.TemporaryFile(prefix="pid-import-") as spool:
-                    sanitize_tar(stream, spool, self.uid, self.gid)
-                    spool.seek(0)
-                    ok = self.client.api.put_archive(self.container_id, self.workdir, spool)
+                with tempfile.TemporaryFile(prefix="pid-import-") as staged:
+                    sanitize_tar(stream, staged, self.uid, self.gid)
+                    staged.seek(0)
+                    ok = self.client.api.put_archive(self.container_id, self.workdir, staged)
         except UnsafeTar as exc:
             raise SandboxError(f"the workspace archive was refused: {exc}") from exc
         except (OSError, tarfile.TarError, docker.errors.DockerException) as exc:
@@ -594,15 +643,69 @@ class DockerSandbox:
         if not ok:
             raise SandboxError("cannot copy workspace into the sandbox")
 
+    def _new_seed(self) -> GitSeed | None:
+        """pid's repository-to-be on the job disk (/.pid/git, root only; the control channel made it empty), for the
+        unpacker to write the base's objects and index into; None if something is in it already (a second import:
+        git makes that base)."""
+        assert self._disk is not None
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        fds = [os.open(self._disk.path("pid"), flags)]
+        try:
+            try:
+                os.mkdir("git", 0o700, dir_fd=fds[-1])
+            except FileExistsError:
+                pass
+            fds.append(os.open("git", flags, dir_fd=fds[-1]))
+            if os.listdir(fds[-1]):
+                return None
+            for name in ("objects", "pack"):
+                os.mkdir(name, 0o700, dir_fd=fds[-1])
+                fds.append(os.open(name, flags, dir_fd=fds[-1]))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        # Deferred (blobs written while the agent runs) only when the agent cannot reach /.pid/git: the host then
+        # writes there by path. A root agent could plant links there, so its base is written whole before it starts.
+        return GitSeed(os.path.join(self._disk.path("pid"), "git"), deferred=self.uid != 0)
+
     def _record_base(self, timeout: float) -> None:
-        out = self.run_as_pid(base_script(self.workdir), "recording the base commit", timeout)
+        seeded, self._seeded = self._seeded, False
+        deferred = seeded and self._seed is not None
+        out = self.run_as_pid(base_script(self.workdir, seeded, deferred), "recording the base commit", timeout)
         self.base_commit = out.strip().splitlines()[-1].decode()
+        if deferred:   # its blobs, from the spooled tar, while the model reads the first request
+            self._packing = threading.Thread(target=self._fill_pack, name="pid-base-pack", daemon=True)
+            self._packing.start()
+
+    def _fill_pack(self) -> None:
+        seed, spool = self._seed, self._spool
+        assert seed is not None and spool is not None
+        try:
+            with open(spool, "rb") as f:
+                seed.fill(f)
+        except BaseException as exc:
+            self._packing_error = exc
+            seed.discard()
+        finally:
+            try:
+                os.unlink(spool)
+            except OSError:
+                pass
+
+    def _wait_for_base(self) -> None:
+        """The base's blobs are all in pid's repository (the deferred pack is written)."""
+        if self._packing is not None:
+            self._packing.join()
+            self._packing = None
+        if self._packing_error is not None:
+            raise SandboxError(f"cannot write the base commit's objects: {self._packing_error}")
 
     def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:
         """Write the workspace's changes since the base commit to host file `dest` (made by pid's git, as root,
         from pid's repository; paths validated, size capped)."""
         if self.base_commit is None:
             raise SandboxError("no base commit: import_workspace was not called")
+        self._wait_for_base()
         if self.uid != 0:   # nothing of the agent may still run (swap files, hold FIFOs) while pid's git reads
             self._clear_process_table()
         inside = f"{PID_DIR}/patch.diff"
@@ -644,14 +747,26 @@ class DockerSandbox:
         return written, skipped
 
 
+class _Tee:
+    """A readable stream that copies what is read from it to `copy`."""
+
+    def __init__(self, stream: IO[bytes], copy: IO[bytes]) -> None:
+        self.stream, self.copy = stream, copy
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.stream.read(n)
+        self.copy.write(data)
+        return data
+
+
 class DockerProvider:
     """pid.sandbox_lifecycle.SandboxProvider on a Docker engine: the runner makes its job's sandbox through this."""
 
     def __init__(self, client: docker.DockerClient | None = None) -> None:
         self.client = client   # None: connect from the environment at each create
 
-    def create(self, config: SandboxConfig) -> DockerSandbox:
-        return DockerSandbox.create(config, self.client)
+    def create(self, config: SandboxConfig, workspace: IO[bytes] | None = None) -> DockerSandbox:
+        return DockerSandbox.create(config, self.client, workspace)
 
     def clear_job(self, job_id: str) -> None:
         remove_job_containers(job_id, self.client)

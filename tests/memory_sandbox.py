@@ -373,7 +373,7 @@ class MemoryProvider:
     created: list[MemorySandbox] = field(default_factory=list)
     cleared: list[str] = field(default_factory=list)
 
-    def create(self, config: Any) -> MemorySandbox:
+    def create(self, config: Any, workspace: Any = None) -> MemorySandbox:
         box = MemorySandbox(self.handler, workdir=getattr(config, "workdir", "/workspace"))
         self.created.append(box)
         return box

@@ -71,6 +71,14 @@ def test_an_oversize_repo_is_refused_at_submit_and_nothing_is_queued(run_pid, pi
     assert not list(Path(pid_env["PID_HOME"]).glob(".pid-pack-*"))
 
 
+def test_a_missing_image_is_refused_at_submit_in_one_line(run_pid, sample_repo):
+    res = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", "--image", "pid-no-such-image:latest")
+    assert res.code == 2
+    assert res.stderr.startswith("pid: error: sandbox image 'pid-no-such-image:latest' not found in the local Docker "
+                                 "engine") and res.stderr.count("\n") == 1
+    assert run_pid("list", "--json").json() == []
+
+
 def test_a_bad_git_url_is_refused_at_submit(run_pid):
     res = run_pid("submit", "t", "--repo", "ftp://host/r.git", "--model", "m")
     assert res.code == 2 and res.stderr.startswith("pid: error: --repo: not a git URL pid clones")

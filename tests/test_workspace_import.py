@@ -2,6 +2,7 @@
 (cloned in a container of its own, at a branch, a tag or a commit). Real engine."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import subprocess
@@ -121,3 +122,127 @@ def test_a_git_ref_that_does_not_exist_is_a_clear_error(bare_repo):
         with pytest.raises(SandboxError, match=f"cannot clone file://{bare} at nope: no branch, tag or commit "
                                                f"named nope"):
             box.import_git(f"file://{bare}", "nope")
+
+
+def tricky_tree(root: Path, nested_repo: bool) -> Path:
+    """What `git add -A` treats with care: ignore rules (nested, negated, directories), modes, links, odd names, the
+    workspace's own .git, long names; with `nested_repo`, a repository inside it (git adds that its own way)."""
+    (root / "build" / "deep").mkdir(parents=True)
+    (root / "sub" / "d").mkdir(parents=True)
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / ".gitignore").write_text("*.log\nbuild/\n!keep.log\n")
+    (root / "sub" / ".gitignore").write_text("secret*\n")
+    for name, text in {"a.log": "ignored", "keep.log": "kept", "build/deep/out.o": "ignored",
+                       "sub/secret.txt": "ignored", "sub/ok.txt": "ok", "sub/d/x": "", "we*ird[1].txt": "glob",
+                       "ünï cödé.txt": "utf-8", "l" * 120: "long name", "same1": "dup", "same2": "dup"}.items():
+        (root / name).write_text(text)
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o755)
+    os.symlink("sub/ok.txt", root / "link")
+    os.symlink("/etc/hostname", root / "abs")
+    os.link(root / "sub" / "ok.txt", root / "hard")
+    if nested_repo:
+        subprocess.run(["git", "init", "-q", str(root / "vendored")], check=True)
+        (root / "vendored" / "v.txt").write_text("v\n")
+        subprocess.run(["git", "-C", str(root / "vendored"), "-c", "user.name=t", "-c", "user.email=t@t", "add", "."],
+                       check=True)
+        subprocess.run(["git", "-C", str(root / "vendored"), "-c", "user.name=t", "-c", "user.email=t@t", "commit",
+                        "-qm", "v"], check=True)
+    return root
+
+
+PID_GIT = "export GIT_DIR=/.pid/git GIT_WORK_TREE=/workspace HOME=/.pid GIT_CONFIG_GLOBAL=/.pid/gitconfig\n"
+
+
+@pytest.mark.parametrize("nested_repo", [False, True], ids=["seeded", "git-fallback"])
+def test_the_base_written_while_unpacking_is_the_one_git_makes(tmp_path, nested_repo):
+    src = tricky_tree(tmp_path / "src", nested_repo)
+    trees = {}
+    # no job disk: the engine unpacks and git adds everything, as before the seed; a root agent's base is written
+    # whole before it starts (it could reach pid's repository); another's blobs follow in the background
+    for disk, user in ((0, "1000"), (1 << 30, "root"), (1 << 30, "1000")):
+        config = SandboxConfig(image=IMAGE, job_id=JOB + "-seed", ttl_s=300, disk=disk, user=user)
+        with DockerSandbox.create(config) as box:
+            box.import_tar(packed(src))
+            assert (box._packing is not None) == (disk > 0 and user != "root" and not nested_repo)
+            box._wait_for_base()
+            in_pack = box.run_as_pid(PID_GIT + "git count-objects -v | grep in-pack", "count").decode().split()[1]
+            assert (in_pack != "0") == (disk > 0 and not nested_repo)   # seeded: the blobs came in one pack
+            trees[disk, user] = box.run_as_pid(PID_GIT + "git rev-parse HEAD^{tree}; git ls-files -s | sort; "
+                                               "git status --porcelain --ignored=no; git fsck --no-progress "
+                                               "--no-dangling 2>&1", "inspect").decode()
+            if disk and user != "root":
+                box.write_file("sub/ok.txt", b"changed\n")
+                box.exec("rm we*; echo new > keep.log; echo x > more.log", timeout=20)
+                dest = tmp_path / "p.diff"
+                box.export_patch(str(dest), 1 << 20)
+                files = sorted(line.split(" b/")[-1] for line in dest.read_text().splitlines()
+                               if line.startswith("diff --git"))
+                assert files == ["hard", "keep.log", "sub/ok.txt", "we*ird[1].txt"]   # (hard: the same inode)
+    assert trees[0, "1000"] == trees[1 << 30, "root"] == trees[1 << 30, "1000"]
+    listed = trees[0, "1000"]
+    assert "keep.log" in listed and "sub/secret.txt" not in listed and "a.log" not in listed
+    assert "build/" not in listed and ".git/HEAD" not in listed and "100755" in listed and "120000" in listed
+
+
+@pytest.mark.parametrize("ref", [None, "main"])
+def test_a_clone_larger_than_the_workspace_limit_fails_clearly_and_leaves_no_container(tmp_path, ref):
+    src = tmp_path / "big"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(src)], check=True)
+    (src / "noise.bin").write_bytes(os.urandom(3 << 20))   # incompressible: 3 MiB in .git and 3 MiB checked out
+    git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "big"], check=True)
+    config = SandboxConfig(image=IMAGE, job_id=JOB + "-big", ttl_s=300, max_workspace=2 << 20)
+    with DockerSandbox.create(config) as box:
+        with pytest.raises(SandboxError, match=r"cannot clone file://\S+( at main)?: the clone is larger than the "
+                                               r"workspace limit of 2 MiB \(raise --max-workspace"):
+            box.import_git(f"file://{src}", ref)
+        assert [c.labels.get("pid.job") for c in pid_containers()].count(JOB + "-big") == 1   # the job's own only
+    assert not [c for c in pid_containers() if c.labels.get("pid.job") == JOB + "-big"]
+    with DockerSandbox.create(dataclasses.replace(config, max_workspace=16 << 20)) as box:   # under the limit: fine
+        created = []
+        real = box.client.api.create_container
+        box.client.api.create_container = lambda *a, **kw: created.append(kw["host_config"]) or real(*a, **kw)
+        box.import_git(f"file://{src}", ref)
+        assert box.exec("stat -c %s noise.bin", timeout=20).tail == b"3145728\n"
+    assert created[0]["ReadonlyRootfs"] is True and created[0]["Tmpfs"] == {
+        "/tmp": f"rw,nosuid,nodev,noexec,size={16 << 20},mode=1777"}
+
+
+def test_a_tar_given_at_create_is_unpacked_while_the_container_starts(tmp_path):
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f.txt").write_text("f\n")
+    stream = packed(src)
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-early", ttl_s=300), workspace=stream) as box:
+        assert box.exec("cat d/f.txt", timeout=20).tail == b"f\n"   # there before import_tar
+        box.import_tar(stream)                                      # only the base is left to record
+        box.write_file("d/f.txt", b"g\n")
+        dest = tmp_path / "p.diff"
+        box.export_patch(str(dest), 1 << 20)
+        assert b"-f\n+g\n" in dest.read_bytes()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with pytest.raises(SandboxError, match="the workspace archive was refused: escape/evil.txt: below a link"):
+        DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-early", ttl_s=300),
+                             workspace=evil_tar(outside))
+    assert list(outside.iterdir()) == []
+    assert not [c for c in pid_containers() if c.labels.get("pid.job") == JOB + "-early"]
+
+
+def test_if_the_base_blobs_cannot_be_written_the_patch_fails_clearly(tmp_path, monkeypatch):
+    from sandbox.gitseed import GitSeed
+
+    def broken(self, stream):
+        raise OSError("disk full")
+    monkeypatch.setattr(GitSeed, "fill", broken)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f.txt").write_text("f\n")
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-nofill", ttl_s=300)) as box:
+        box.import_tar(packed(src))
+        box.write_file("f.txt", b"g\n")
+        with pytest.raises(SandboxError, match="cannot write the base commit's objects: disk full"):
+            box.export_patch(str(tmp_path / "p.diff"), 1 << 20)

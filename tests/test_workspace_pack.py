@@ -209,3 +209,64 @@ def test_unpack_wants_an_empty_destination(tmp_path):
     with pytest.raises(UnsafeTar, match="is not empty"):
         unpack_tar(io.BytesIO(data), str(dest), 1000, 1000)
     assert os.listdir(dest) == ["src"] and sorted(os.listdir(tmp_path)) == ["dest", "r"]
+
+
+def test_unpacking_many_directories_keeps_few_descriptors_open_and_leaks_none(tmp_path, monkeypatch):
+    from sandbox import workspace
+    monkeypatch.setattr(workspace._Unpacker, "MAX_DIR_FDS", 3)
+    root = tmp_path / "r"
+    for i in range(12):
+        (root / f"d{i}" / "e" / "f").mkdir(parents=True)
+        (root / f"d{i}" / "e" / "f" / "x.txt").write_text(str(i))
+        (root / f"d{i}" / "e").chmod(0o750)
+    data, _ = pack(root)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    before = len(os.listdir("/proc/self/fd"))
+    unpack_tar(io.BytesIO(data), str(dest), 1000, 1000)
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("x.txt")) == [f"d{i}/e/f/x.txt" for i in
+                                                                              sorted(range(12), key=str)]
+    assert (dest / "d11" / "e" / "f" / "x.txt").read_text() == "11"
+    assert stat.S_IMODE(os.stat(dest / "d7" / "e").st_mode) == 0o750   # set once its content was in
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("a/b.txt", "a/b.txt"), ("./a//b/./c/", "a/b/c"), ("a..b/c...d", "a..b/c...d"), ("./", None), (".", None),
+])
+def test_member_names_are_normalised(raw, expected):
+    info = tarfile.TarInfo(raw)
+    checked = MemberCheck(1, 1)(info)
+    assert (checked.name if checked else None) == expected
+
+
+@pytest.mark.parametrize("raw", ["a/../../b", "..", "a/..", "/etc/x"])
+def test_escaping_names_are_refused(raw):
+    with pytest.raises(UnsafeTar):
+        MemberCheck(1, 1)(tarfile.TarInfo(raw))
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT, tarfile.PAX_FORMAT])
+def test_tars_of_every_common_format_unpack(tmp_path, fmt):
+    """tar's own (GNU long names), ustar's prefix field, pax records: as tarfile and tar write them."""
+    long_dir = "d" * 90 + "/" + "e" * 60
+    members = [(f"{long_dir}/f.txt", b"deep\n"), ("ünï.txt" if fmt != tarfile.USTAR_FORMAT else "u.txt", b"u\n"),
+               ("big", os.urandom(70_000))]
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 1_700_000_000, 0o640
+            tar.addfile(info, io.BytesIO(data))
+        if fmt != tarfile.USTAR_FORMAT:
+            link = tarfile.TarInfo("link")
+            link.type, link.linkname = tarfile.SYMTYPE, "x" * 150
+            tar.addfile(link)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    unpack_tar(io.BytesIO(out.getvalue()), str(dest), 1000, 1000)
+    for name, data in members:
+        assert (dest / name).read_bytes() == data and os.stat(dest / name).st_mtime == 1_700_000_000
+        assert stat.S_IMODE(os.stat(dest / name).st_mode) == 0o640
+    if fmt != tarfile.USTAR_FORMAT:
+        assert os.readlink(dest / "link") == "x" * 150

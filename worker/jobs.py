@@ -83,6 +83,9 @@ class JobSpec:
                                             "output); 0: no limit.")
     runtime: str | None = setting(None, "Engine runtime for the container, e.g. runsc (gVisor); none: the "
                                         "engine's default.")
+    max_workspace: int = setting(SandboxConfig.max_workspace, "Bytes a git URL's clone may take on the worker "
+                                                               "(its .git and checkout; a directory is bounded "
+                                                               "when it is packed at submit).")
     max_patch: int = setting(100 << 20, "Largest patch.diff accepted (larger: the job fails, artifact_error).")
     max_files_bytes: int = setting(100 << 20, "--file collection: bytes in all.")
     max_files: int = setting(10000, "--file collection: entries in all (what is over is skipped and listed).", min=1)

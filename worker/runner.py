@@ -16,7 +16,7 @@ import shutil
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import docker.errors
 
@@ -41,7 +41,7 @@ from worker.continuation import Parent, apply_patch, load_parent, start_session
 from worker.check import Check, run_check
 from worker.jobs import JobSpec, write_json_atomic
 from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, abandon, sandbox_config
-from worker.snapshot import import_into
+from worker.snapshot import import_into, open_packed
 from worker.store import Store, default_store
 from worker.watchdog import Watchdog
 
@@ -98,6 +98,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     artifacts: dict[str, Any] = {}
     workspace: dict[str, Any] | None = None   # which snapshot the job runs on, once imported
     sandbox: JobSandbox | None = None
+    packed: BinaryIO | None = None   # the packed workspace's stream from the blob store, once opened
     session: SessionWriter | None = None
     syncing: TranscriptSync | None = None
     provider = None
@@ -134,9 +135,11 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         if sandbox is None:
             sandboxes = sandboxes or DockerProvider()
             sandboxes.clear_job(spec.id)  # left by an earlier attempt whose worker died
-            sandbox = sandboxes.create(sandbox_config(spec, attempt))
+            if spec.workspace:   # unpacked while the container starts
+                packed = open_packed(spec.workspace, blobs)
+            sandbox = sandboxes.create(sandbox_config(spec, attempt), workspace=packed)
         watchdog.arm(spec.timeout_s - (time.time() - started) + GRACE_S, sandbox.kill, "wall_clock")
-        workspace = import_into(sandbox, spec.repo, spec.workspace, blobs)
+        workspace = import_into(sandbox, spec.repo, spec.workspace, blobs, packed)
         parent: Parent | None = None
         earlier: list[tuple[str | None, Message]] = []
         if spec.parent:   # `pid continue`: the parent's patch onto the same snapshot, its conversation loaded
@@ -175,6 +178,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     except Exception as exc:  # sandbox or setup failure: a failed job with a readable reason
         outcome = Outcome("sandbox_error" if _is_sandbox_error(exc) else "error", error=_describe(exc))
     finally:
+        if packed is not None:
+            packed.close()
         if starting is not None:   # set-up failed before the early sandbox was taken: it goes too
             try:
                 sandbox = starting.result()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from pid.sandbox_lifecycle import JobSandbox
 from sandbox.workspace import Packed, check_git_source, pack_tar
@@ -47,14 +47,20 @@ def pack_and_store(root: str, blobs: Blobs, max_bytes: int, tmp_dir: str | None 
         os.unlink(tmp)
 
 
-def import_into(sandbox: JobSandbox, repo: str, workspace: str | None, blobs: Blobs | None = None) -> dict[str, Any]:
-    """Put the job's workspace into its sandbox and say which snapshot it is (result.json's `workspace`)."""
+def open_packed(workspace: str, blobs: Blobs | None = None) -> BinaryIO:
+    """The workspace tar packed at submit, as a stream from the blob store (the caller closes it)."""
+    try:
+        return (blobs or default_blobs()).open(workspace)
+    except BlobMissing as exc:
+        raise BlobMissing(f"the workspace packed at submit is not in the blob store ({exc})") from None
+
+
+def import_into(sandbox: JobSandbox, repo: str, workspace: str | None, blobs: Blobs | None = None,
+                packed: BinaryIO | None = None) -> dict[str, Any]:
+    """Put the job's workspace into its sandbox and say which snapshot it is (result.json's `workspace`).
+    `packed`: the workspace's stream, opened already (open_packed) and given to the sandbox as it was created."""
     if workspace:
-        try:
-            stream = (blobs or default_blobs()).open(workspace)
-        except BlobMissing as exc:
-            raise BlobMissing(f"the workspace packed at submit is not in the blob store ({exc})") from None
-        with stream:
+        with packed or open_packed(workspace, blobs) as stream:
             sandbox.import_tar(stream)
         return {"kind": "tar", "digest": workspace}
     git = git_source(repo)
