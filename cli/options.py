@@ -29,6 +29,8 @@ class Number(click.ParamType):
     def convert(self, value: Any, param: Any, ctx: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             number = value
+            if self.kind is int and isinstance(value, float) and math.isfinite(value) and not value.is_integer():
+                self.fail(f"{value!r} is not a whole number", param, ctx)   # a tasks line's 3.5: never truncated
         else:
             try:
                 number = self.kind(str(value).strip())
