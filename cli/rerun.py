@@ -136,10 +136,16 @@ def check_prices(spec: JobSpec) -> None:
 
 
 def _out_dir(given: str | None, earlier: str) -> str:
-    """--out as given (checked), else the earlier job's when this machine can write there, else submit's default."""
+    """--out as given (checked), else the earlier job's when this machine can write there (a batch item's: not the
+    batch's scratch directory), else submit's default."""
     if given is not None:
         return _main.check_out_dir(given)
+    default = os.path.join(os.getcwd(), str(spec_field("out_dir").default))
+    from worker.batch import JOBS, BatchDir
+    earlier_path = os.path.normpath(earlier)
+    if os.path.basename(earlier_path) == JOBS and BatchDir.exists(os.path.dirname(earlier_path)):
+        return _main.check_out_dir(default)   # the batch's scratch, which it empties as it downloads each item
     try:
         return _main.check_out_dir(earlier)
     except click.ClickException:
-        return _main.check_out_dir(os.path.join(os.getcwd(), str(spec_field("out_dir").default)))
+        return _main.check_out_dir(default)

@@ -64,3 +64,13 @@ def test_the_resume_line_never_shows_the_api_key():
     assert without_secrets(["t.jsonl", "--api-key", "sk-secret", "--out", "o", "--api-key=sk-2", "--model", "m"]) \
         == ["t.jsonl", "--api-key", "KEY", "--out", "o", "--api-key=KEY", "--model", "m"]
 
+
+def test_continue_and_retry_of_a_batch_item_default_their_out_to_pid_runs_not_the_batchs_scratch(tmp_path, monkeypatch):
+    import cli.main  # noqa: F401  (registers cli.rerun with its helpers)
+    from cli.rerun import _out_dir
+    batch = BatchDir.create(str(tmp_path / "b"), {})
+    monkeypatch.chdir(tmp_path)
+    assert _out_dir(None, batch.jobs_dir) == str(tmp_path / "pid-runs")
+    assert _out_dir(None, batch.jobs_dir + "/") == str(tmp_path / "pid-runs")
+    (tmp_path / "mine").mkdir()
+    assert _out_dir(None, str(tmp_path / "mine")) == str(tmp_path / "mine")   # any other: the earlier job's
