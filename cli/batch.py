@@ -144,9 +144,9 @@ def _read_items(tasks: str) -> tuple[list[Item], list[str]]:
     """Every line read and parsed; the bad ones are reported with the others build_specs finds."""
     try:
         if tasks == "-":
-            lines = sys.stdin.read().splitlines()
-        else:
-            with open(os.path.expanduser(tasks), encoding="utf-8") as f:
+            lines = sys.stdin.read().removeprefix("\ufeff").splitlines()
+        else:   # utf-8-sig: a byte order mark (some editors write one) is not part of line 1
+            with open(os.path.expanduser(tasks), encoding="utf-8-sig") as f:
                 lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise _bad(f"cannot read {tasks}: {getattr(exc, 'strerror', None) or exc}") from None

@@ -74,3 +74,15 @@ def test_continue_and_retry_of_a_batch_item_default_their_out_to_pid_runs_not_th
     assert _out_dir(None, batch.jobs_dir + "/") == str(tmp_path / "pid-runs")
     (tmp_path / "mine").mkdir()
     assert _out_dir(None, str(tmp_path / "mine")) == str(tmp_path / "mine")   # any other: the earlier job's
+
+
+@pytest.mark.cli
+def test_a_byte_order_mark_and_crlf_line_ends_are_not_part_of_the_lines(run_pid, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    good = json.dumps({"task": "t", "repo": str(repo)})
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(b"\xef\xbb\xbf" + good.encode() + b"\r\n" + good.encode() + b"\r\n{bad\r\n")
+    r = run_pid("batch", str(tasks), "--out", str(tmp_path / "out"), "--model", "m", "--base-url", "http://x/v1")
+    assert r.code == 2 and "line 3: not JSON" in r.stderr, r.stderr
+    assert "line 1:" not in r.stderr and "line 2:" not in r.stderr and "1 bad line(s)" in r.stderr
