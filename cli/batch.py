@@ -39,7 +39,8 @@ def _bad(message: str) -> click.ClickException:
 @click.argument("tasks", required=False, metavar="TASKS.jsonl|-")
 @spec_options(json_help="No live table: a JSON line per item as it ends (its batch.jsonl object), then "
                         "{\"summary\": ...}.")
-@click.option("--repo", help="Every item's repo unless its line names one: " + spec_field("repo").metadata["help"])
+@click.option("--repo", metavar="DIR|URL",
+              help="Every item's repo unless its line names one: " + spec_field("repo").metadata["help"])
 @click.option("--queue", type=QueueName(), default=DEFAULT_QUEUE, show_default=True, envvar="PID_QUEUE",
               show_envvar=True, cls=EnvOption, help=spec_field("queue").metadata["help"])
 @click.option("--max-workspace", type=Size(), default=format_size(200 << 20), show_default=True,

@@ -47,8 +47,9 @@ def _limit(flag: str, name: str, kind: type) -> Any:
 
 def queue_options(func: Any) -> Any:
     decorators = [
-        click.option("--out", "out_dir", help="Artifacts go to OUT/<job id>/. Default: the earlier job's OUT when it "
-                                              "can be written here, else pid-runs."),
+        click.option("--out", "out_dir", metavar="DIR",
+                     help="Artifacts go to DIR/<job id>/. Default: the earlier job's when it can be written here (a "
+                          "batch item's: pid-runs), else pid-runs."),
         click.option("--queue", type=QueueName(), default=None,
                      help="The queue the job waits in. Default: the earlier job's."),
         click.option("--api-key", envvar=list(API_KEY_ENV), show_envvar=True,

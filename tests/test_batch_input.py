@@ -86,3 +86,12 @@ def test_a_byte_order_mark_and_crlf_line_ends_are_not_part_of_the_lines(run_pid,
     r = run_pid("batch", str(tasks), "--out", str(tmp_path / "out"), "--model", "m", "--base-url", "http://x/v1")
     assert r.code == 2 and "line 3: not JSON" in r.stderr, r.stderr
     assert "line 1:" not in r.stderr and "line 2:" not in r.stderr and "1 bad line(s)" in r.stderr
+
+
+@pytest.mark.cli
+def test_help_names_what_repo_and_out_take(run_pid):
+    for command in ("run", "submit", "batch"):
+        text = run_pid(command, "--help").stdout
+        assert "--repo DIR|URL" in text and "--out DIR" in text and "--out TEXT" not in text, command
+    for command in ("continue", "retry"):
+        assert "--out DIR" in run_pid(command, "--help").stdout
