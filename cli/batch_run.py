@@ -256,8 +256,12 @@ class Run:
             click.echo(summary_text(summary, self.bdir.path))
         if self.interrupted:
             left = len(self.tracked)
-            again = "pid " + shlex.join(["batch", *without_secrets(sys.argv[2:])]) if self.tasks else \
-                f"pid batch --wait {shlex.quote(self.bdir.path)}"
+            if self.tasks:
+                again = "pid " + shlex.join(["batch", *without_secrets(sys.argv[2:])])
+            else:   # --wait DIR: it cannot submit the cancelled items again; the command that made the batch can
+                tasks = str(self.bdir.meta.get("tasks") or "TASKS")
+                again = (f"pid batch {shlex.quote(tasks)} --out {shlex.quote(self.bdir.path)} and the options that "
+                         "submitted it (without --detach to follow it here)")
             click.echo(f"interrupted: {len(rows)} of {len(self.bdir.order)} item(s) ended"
                        + (f", {left} still ending (their jobs were cancelled)" if left else "")
                        + f"; resume with: {again}", err=True)

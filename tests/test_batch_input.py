@@ -95,3 +95,31 @@ def test_help_names_what_repo_and_out_take(run_pid):
         assert "--repo DIR|URL" in text and "--out DIR" in text and "--out TEXT" not in text, command
     for command in ("continue", "retry"):
         assert "--out DIR" in run_pid(command, "--help").stdout
+
+
+@pytest.mark.docker
+@pytest.mark.cli
+def test_ctrl_c_on_wait_dir_names_the_command_that_resubmits_the_cancelled_items(run_pid, pid_env, tmp_path):
+    """`pid batch --wait DIR` cannot submit again what its Ctrl-C cancelled: the resume line is the batch's own
+    command (its tasks file and DIR), not `--wait DIR` (which would only summarize the cancelled items)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.txt").write_text("a\n")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "one", "task": "t", "repo": str(repo)}) + "\n")
+    out = tmp_path / "out"
+    r = run_pid("batch", str(tasks), "--out", str(out), "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+                "--detach")   # no worker: the job stays queued
+    assert r.code == 0, r.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "batch", "--wait", str(out)], cwd=tmp_path,
+                            env=pid_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert f"resume with: pid batch {tasks} --out {out} and the options that submitted it" in stderr, stderr
+    assert json.loads(run_pid("batch", "--status", str(out), "--json").stdout)["counts"] == {"cancelled": 1}
