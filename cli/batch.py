@@ -39,7 +39,8 @@ def _bad(message: str) -> click.ClickException:
 @click.argument("tasks", required=False, metavar="TASKS.jsonl|-")
 @spec_options(json_help="No live table: a JSON line per item as it ends (its batch.jsonl object), then "
                         "{\"summary\": ...}.")
-@click.option("--repo", help="Every item's repo unless its line names one: " + spec_field("repo").metadata["help"])
+@click.option("--repo", metavar="DIR|URL",
+              help="Every item's repo unless its line names one: " + spec_field("repo").metadata["help"])
 @click.option("--queue", type=QueueName(), default=DEFAULT_QUEUE, show_default=True, envvar="PID_QUEUE",
               show_envvar=True, cls=EnvOption, help=spec_field("queue").metadata["help"])
 @click.option("--max-workspace", type=Size(), default=format_size(200 << 20), show_default=True,
@@ -144,9 +145,9 @@ def _read_items(tasks: str) -> tuple[list[Item], list[str]]:
     """Every line read and parsed; the bad ones are reported with the others build_specs finds."""
     try:
         if tasks == "-":
-            lines = sys.stdin.read().splitlines()
-        else:
-            with open(os.path.expanduser(tasks), encoding="utf-8") as f:
+            lines = sys.stdin.read().removeprefix("\ufeff").splitlines()
+        else:   # utf-8-sig: a byte order mark (some editors write one) is not part of line 1
+            with open(os.path.expanduser(tasks), encoding="utf-8-sig") as f:
                 lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise _bad(f"cannot read {tasks}: {getattr(exc, 'strerror', None) or exc}") from None
@@ -166,6 +167,9 @@ def _refuse(errors: list[str], tasks: str) -> None:
     raise _bad(f"{lines} bad line(s) in {tasks}; nothing was submitted")
 
 
+PRICES = ("input_price", "output_price", "cache_read_price", "cache_write_price")
+
+
 def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None, queue: str, no_images: bool,
                 api_key: str | None, jobs_dir: str, max_workspace: int, need_prices: bool,
                 tasks: str = "TASKS", errors: list[str] | None = None) -> dict[str, JobSpec]:
@@ -173,9 +177,11 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
     one (repos, model, prices, key), every directory repo packed once. Any problem: all of them, exit 2."""
     from cli.main import BadInput, check_api_key, check_repo
     from pid.config import base_url_for
+    from worker.check import command_problem
     errors = list(errors or [])
     specs: dict[str, JobSpec] = {}
     repos: dict[str, str | BaseException] = {}
+    table: dict[str, bool] = {}   # model -> the model table prices it (asked once per model)
     for item in items:
         where = f"line {item.line}"
         given = item.repo or repo
@@ -196,16 +202,24 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
         if not model:
             errors.append(f"{where}: no model (a \"model\" field, --model or PID_MODEL)")
             continue
-        priced = bool(fields.get("input_price") or fields.get("output_price"))
+        problem = command_problem(fields.get("check"))
+        if problem:
+            errors.append(f"{where}: check: {problem}")
+            continue
+        # as `pid submit` accepts them: prices given (here or on the line), else the model table's
+        priced = any(fields.get(p) for p in PRICES) or (
+            (need_prices or fields.get("max_cost") is not None) and _priced_in_table(model, table))
         if fields.get("max_cost") is not None and not priced:
-            errors.append(f"{where}: max_cost needs the model's prices (input_price and/or output_price)")
+            errors.append(f"{where}: max_cost needs the model's prices (input_price and/or output_price, or the "
+                          "model table's)")
             continue
         if need_prices and not priced:
             errors.append(f"{where}: --max-total-cost needs the model's prices (--input-price and/or "
-                          "--output-price, or the line's fields)")
+                          "--output-price, or the line's fields, or the model table's)")
             continue
         item_queue = fields.pop("queue", queue)
-        spec = JobSpec(task=item.task, repo=checked, model=model, out_dir=jobs_dir, images=not no_images,
+        images = fields.pop("images", not no_images)
+        spec = JobSpec(task=item.task, repo=checked, model=model, out_dir=jobs_dir, images=images,
                        **{**fields, "files": list(fields.get("files") or []), "runtime": fields.get("runtime") or None})
         spec.queue = item_queue
         spec.base_url = base_url_for(spec.api, spec.base_url)
@@ -223,6 +237,13 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
                    "reachable from it", err=True)
     _check_images(specs)
     return specs
+
+
+def _priced_in_table(model: str, seen: dict[str, bool]) -> bool:
+    from cli.main import _table_prices
+    if model not in seen:
+        seen[model] = _table_prices(model)
+    return seen[model]
 
 
 def _pack(items: list[Item], specs: dict[str, JobSpec], max_bytes: int) -> list[str]:

@@ -256,13 +256,35 @@ class Run:
             click.echo(summary_text(summary, self.bdir.path))
         if self.interrupted:
             left = len(self.tracked)
-            again = "pid " + shlex.join(["batch", *sys.argv[2:]]) if self.tasks else \
-                f"pid batch --wait {shlex.quote(self.bdir.path)}"
+            if self.tasks:
+                again = "pid " + shlex.join(["batch", *without_secrets(sys.argv[2:])])
+            else:   # --wait DIR: it cannot submit the cancelled items again; the command that made the batch can
+                tasks = str(self.bdir.meta.get("tasks") or "TASKS")
+                again = (f"pid batch {shlex.quote(tasks)} --out {shlex.quote(self.bdir.path)} and the options that "
+                         "submitted it (without --detach to follow it here)")
             click.echo(f"interrupted: {len(rows)} of {len(self.bdir.order)} item(s) ended"
                        + (f", {left} still ending (their jobs were cancelled)" if left else "")
                        + f"; resume with: {again}", err=True)
             sys.exit(EXIT_INTERRUPTED)
         sys.exit(summary["exit_code"])
+
+
+def without_secrets(args: list[str]) -> list[str]:
+    """The command line to print, its --api-key value replaced (a terminal's scrollback or a CI log keeps it);
+    PID_API_KEY or the option given again supplies it."""
+    shown, hide = [], False
+    for arg in args:
+        if hide:
+            shown.append("KEY")
+            hide = False
+        elif arg == "--api-key":
+            shown.append(arg)
+            hide = True
+        elif arg.startswith("--api-key="):
+            shown.append("--api-key=KEY")
+        else:
+            shown.append(arg)
+    return shown
 
 
 def _job_spec(template: JobSpec, batch_id: str) -> JobSpec:
@@ -284,8 +306,10 @@ def count(progress: Progress, bdir: BatchDir, records: dict[str, Any], tracked: 
             status = record.status if not record.terminal else "ending"
             if record.status == "running":
                 running.append((item_id, record))
-        elif row is not None:
+        elif row is not None and (record is None or row.get("job_id") == job_id):
             status = str(row.get("status"))
+        elif record is not None:   # its current job, not followed here (--status DIR): as the store has it
+            status = record.status
         else:
             status = "not submitted"
         counts[status] = counts.get(status, 0) + 1

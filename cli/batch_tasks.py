@@ -22,6 +22,7 @@ ID_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 # An item's folder sits beside these in the output directory (and hidden ones, which an id cannot start with).
 RESERVED_IDS = {"batch.json", "batch.jsonl", "jobs.jsonl", "summary.json"}
 NOT_PER_ITEM = {"out_dir"}   # the batch's own: its output directory
+IMAGES_FIELDS = ("no-images", "no_images", "images")
 
 
 @dataclass
@@ -110,6 +111,12 @@ def parse(lines: Iterable[str]) -> Parsed:
             problems.append("repo must be a non-empty string")
         fields: dict[str, Any] = {}
         for key, value in data.items():
+            if key in IMAGES_FIELDS:   # the flag --no-images (or the JobSpec field `images`): a JSON boolean
+                if not isinstance(value, bool):
+                    problems.append(f"{key}: must be true or false")
+                else:
+                    fields["images"] = value if key == "images" else not value
+                continue
             if key == "queue":
                 try:
                     fields["queue"] = QueueName().convert(value, None, None) if isinstance(value, str) else \

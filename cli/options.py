@@ -29,6 +29,8 @@ class Number(click.ParamType):
     def convert(self, value: Any, param: Any, ctx: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             number = value
+            if self.kind is int and isinstance(value, float) and math.isfinite(value) and not value.is_integer():
+                self.fail(f"{value!r} is not a whole number", param, ctx)   # a tasks line's 3.5: never truncated
         else:
             try:
                 number = self.kind(str(value).strip())
@@ -285,7 +287,7 @@ JOB_OPTIONS = [
     JobOption("--base-url", "base_url", _const(Url()), envvar="PID_BASE_URL"),
     JobOption("--api", "api", _const(Api()), envvar="PID_API"),
     JobOption("--image", "image", _const(ImageRef()), envvar="PID_IMAGE"),
-    JobOption("--out", "out_dir"),
+    JobOption("--out", "out_dir", extra={"metavar": "DIR"}),
     JobOption("--timeout", "timeout_s", lambda low, high: Number(float, low, high)),
     JobOption("--max-turns", "max_turns", lambda low, high: Number(int, low, high)),
     JobOption("--max-cost", "max_cost", lambda low, high: Number(float, low, high)),
@@ -319,7 +321,7 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The options `run` and `submit` share: they describe the same job."""
     func = spec_options(func)
     for decorator in reversed([click.argument("task"),
-                               click.option("--repo", "repo", required=True,
+                               click.option("--repo", "repo", required=True, metavar="DIR|URL",
                                             help=spec_field("repo").metadata["help"])]):
         func = decorator(func)
     return func

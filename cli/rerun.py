@@ -47,8 +47,9 @@ def _limit(flag: str, name: str, kind: type) -> Any:
 
 def queue_options(func: Any) -> Any:
     decorators = [
-        click.option("--out", "out_dir", help="Artifacts go to OUT/<job id>/. Default: the earlier job's OUT when it "
-                                              "can be written here, else pid-runs."),
+        click.option("--out", "out_dir", metavar="DIR",
+                     help="Artifacts go to DIR/<job id>/. Default: the earlier job's when it can be written here (a "
+                          "batch item's: pid-runs), else pid-runs."),
         click.option("--queue", type=QueueName(), default=None,
                      help="The queue the job waits in. Default: the earlier job's."),
         click.option("--api-key", envvar=list(API_KEY_ENV), show_envvar=True,
@@ -136,10 +137,16 @@ def check_prices(spec: JobSpec) -> None:
 
 
 def _out_dir(given: str | None, earlier: str) -> str:
-    """--out as given (checked), else the earlier job's when this machine can write there, else submit's default."""
+    """--out as given (checked), else the earlier job's when this machine can write there (a batch item's: not the
+    batch's scratch directory), else submit's default."""
     if given is not None:
         return _main.check_out_dir(given)
+    default = os.path.join(os.getcwd(), str(spec_field("out_dir").default))
+    from worker.batch import JOBS, BatchDir
+    earlier_path = os.path.normpath(earlier)
+    if os.path.basename(earlier_path) == JOBS and BatchDir.exists(os.path.dirname(earlier_path)):
+        return _main.check_out_dir(default)   # the batch's scratch, which it empties as it downloads each item
     try:
         return _main.check_out_dir(earlier)
     except click.ClickException:
-        return _main.check_out_dir(os.path.join(os.getcwd(), str(spec_field("out_dir").default)))
+        return _main.check_out_dir(default)

@@ -173,7 +173,7 @@ def header_html(result: dict[str, Any], limits: Limits) -> str:
         ("cost", fmt_cost(usage.get("cost"))),
         ("duration", fmt_duration(result.get("duration_s"))),
         ("turns", f'{fmt_int(result.get("turns"))} <span class="dim">· {fmt_int(result.get("tool_calls"))} tool '
-                  f'calls</span>'),
+                  f'call{"" if result.get("tool_calls") == 1 else "s"}</span>'),
     ]
     if "check" in result:
         rows.append(("check", check_html(result.get("check"), limits) or '<span class="dim">—</span>'))
@@ -484,7 +484,7 @@ def render_job(job_dir: str, *, fallback: dict[str, Any] | None = None, back_lin
         patch_html = diff_html(patch[:limits.patch], max_lines=max(limits.patch // 40, 100)) + omitted_note(
             max(left, 0), "bytes of patch.diff")
     back = f'<a href="{esc(back_link)}">← batch</a>' if back_link else ""
-    nav = (f'<nav>{back}<a href="#transcript">transcript ({renderer.calls:,} tool calls)</a>'
+    nav = (f'<nav>{back}<a href="#transcript">transcript ({renderer.calls:,} tool call{"" if renderer.calls == 1 else "s"})</a>'
            '<a href="#patch">patch</a></nav>')
     body = (f"{nav}<h1>pid job <code>{esc(job_id)}</code></h1>{header_html(result, limits)}"
             f'<h2 id="transcript">Transcript</h2>{transcript_html}'

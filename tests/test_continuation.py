@@ -151,3 +151,22 @@ def test_retry_keeps_the_snapshot_and_refuses_what_it_cannot_run_again(tmp_path)
     store.delete_artifact(job.id, "session.jsonl")
     with pytest.raises(Refused, match=f"job {job.id} has no session.jsonl in the job store"):
         retry_spec(store, child.id)
+
+
+def test_retry_refuses_a_job_still_queued_or_running_and_neither_new_job_joins_the_earlier_ones_batch(tmp_path):
+    import io
+    from worker.continuation import continuation_spec, retry_spec
+    from worker.jobs import JobSpec
+    store = _store(tmp_path)
+    digest = store.put_blob(io.BytesIO(b"a tar"))
+    queued = JobSpec(task="t", repo="/r", model="m", workspace=digest)
+    store.create(queued)
+    with pytest.raises(Refused, match=f"job {queued.id} is queued: only a job that has ended can be retried"):
+        retry_spec(store, queued.id)
+    assert store.claim(queued.id, "w", 60)
+    with pytest.raises(Refused, match=f"job {queued.id} is running: only a job that has ended can be retried"):
+        retry_spec(store, queued.id)
+    # a batch item's: its batch's spent budget (or running limit) must not end or hold the new job
+    item = _ended(store, JobSpec(task="t", repo="/r", model="m", workspace=digest, batch="b-1"))
+    assert retry_spec(store, item.id).batch is None
+    assert continuation_spec(store, item.id, "more").batch is None

@@ -257,3 +257,13 @@ def test_hostile_text_in_batch_fields_is_escaped(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({HOSTILE: {HOSTILE: HOSTILE}}))
     index, _ = render_batch(str(tmp_path), str(tmp_path / "view"))
     assert_inert(Path(index).read_text(), scripts=1)
+
+
+def test_one_tool_call_is_one_tool_call(tmp_path):
+    one = render_job(str(write_job(tmp_path / "one", {"id": "j1", "status": "completed", "turns": 2,
+                                                      "tool_calls": 1}, simple_session(["c1"]))))
+    text = " ".join(Structure(one).text)
+    assert "1 tool call" in text and "1 tool calls" not in text
+    two = render_job(str(write_job(tmp_path / "two", {"id": "j2", "status": "completed", "turns": 3,
+                                                      "tool_calls": 2}, simple_session(["c1", "c2"]))))
+    assert "2 tool calls" in " ".join(Structure(two).text)

@@ -36,6 +36,9 @@ def retry_spec(store: Store, job_id: str) -> JobSpec:
     """The job's spec again, under a new id: the same task on the same snapshot (a git URL pinned to the commit the
     job ran on, when it ran). A retried continuation continues the same parent again."""
     record = _record(store, job_id)
+    if not record.terminal:   # a second run beside a live one: never (README: Continue and retry)
+        raise Refused(f"job {job_id} is {record.status}: only a job that has ended can be retried "
+                      f"(pid result {job_id} --wait waits for it; pid cancel {job_id} ends it)")
     if record.spec.parent:
         _continuable(store, record.spec.parent)
     spec = _copy(record.spec, store, job_id)
@@ -78,8 +81,9 @@ def _record(store: Store, job_id: str) -> Any:
 
 def _copy(spec: JobSpec, store: Store, job_id: str) -> JobSpec:
     """The spec under a new id, on the very snapshot the job had."""
+    # not in the earlier job's batch: that batch's ledger never names it, and its spent budget would end it at once
     new = dataclasses.replace(spec, id=new_job_id(), files=list(spec.files),
-                              tools=list(spec.tools) if spec.tools else spec.tools)
+                              tools=list(spec.tools) if spec.tools else spec.tools, batch=None)
     if spec.workspace:
         if not store.has_blob(spec.workspace):
             raise Refused(f"job {job_id}: its workspace snapshot ({spec.workspace[:19]}…) is no longer in the job "

@@ -1,0 +1,125 @@
+"""`pid batch`'s tasks file checked as `pid submit` checks its options (the real CLI; no engine needed: every case
+here is refused before anything is packed or submitted), and what the command prints about a batch it did not
+follow to its end (`--status DIR`, the resume line after Ctrl-C)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cli.batch_run import count, without_secrets
+from cli.batch_progress import Progress
+from worker.batch import BatchDir
+
+
+@pytest.mark.cli
+def test_a_line_is_refused_as_submit_would_refuse_its_options_and_accepted_as_submit_would_accept_them(
+        run_pid, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    lines = [
+        {"task": "t", "repo": str(repo), "max_turns": 3.5},                  # 1: never truncated to 3
+        {"task": "t", "repo": str(repo), "max_turns": 3.0},                  # 2: a whole number
+        {"task": "t", "repo": str(repo), "check": "  "},                     # 3: submit says the check is empty
+        {"task": "t", "repo": str(repo), "no_images": "yes"},                # 4: a flag is a JSON boolean
+        {"task": "t", "repo": str(repo), "no-images": True, "images": False},  # 5: --no-images, or the field
+        {"task": "t", "repo": str(repo), "max_cost": 1},                     # 6: gpt-4o-mini: the table's prices
+        {"task": "t", "repo": str(repo), "max_cost": 1, "model": "my-local-model"},  # 7: no prices anywhere
+    ]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    r = run_pid("batch", str(tasks), "--out", str(tmp_path / "out"), "--model", "gpt-4o-mini",
+                "--base-url", "http://127.0.0.1:9/v1", "--max-total-cost", "5")
+    assert r.code == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "line 1: max_turns: 3.5 is not a whole number" in r.stderr
+    assert "line 3: check: the check command is empty" in r.stderr
+    assert "line 4: no_images: must be true or false" in r.stderr
+    assert "line 7: max_cost needs the model's prices" in r.stderr
+    for number in (2, 5, 6):
+        assert f"line {number}:" not in r.stderr, r.stderr
+    assert "4 bad line(s)" in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_status_counts_an_ended_job_no_run_has_downloaded_yet_by_its_status(tmp_path: Path):
+    """`pid batch --status DIR` of a detached batch whose jobs ended: not 'not submitted'."""
+    bdir = BatchDir.create(str(tmp_path / "b"), {})
+    bdir.set_order(["a", "b", "c", "d"], {})
+    bdir.record_jobs([("a", "job-a"), ("b", "job-b"), ("c", "job-c")])
+    bdir.rows["c"] = {"id": "c", "job_id": "job-old", "status": "failed", "cost": 1.0}   # an earlier run's row
+
+    def record(status: str, cost: float) -> SimpleNamespace:
+        return SimpleNamespace(status=status, terminal=status not in ("queued", "running"),
+                               total_usage={"cost": cost}, turns=1, activity=None)
+
+    records = {"job-a": record("completed", 0.5), "job-b": record("running", 0.25), "job-c": record("limit", 0.125)}
+    progress = Progress(total=4)
+    count(progress, bdir, records, {"job-b": "b"})   # --status follows none: only the live ones are "tracked"
+    assert progress.counts == {"completed": 1, "running": 1, "limit": 1, "not submitted": 1}
+    assert progress.cost == 0.875
+
+
+def test_the_resume_line_never_shows_the_api_key():
+    assert without_secrets(["t.jsonl", "--api-key", "sk-secret", "--out", "o", "--api-key=sk-2", "--model", "m"]) \
+        == ["t.jsonl", "--api-key", "KEY", "--out", "o", "--api-key=KEY", "--model", "m"]
+
+
+def test_continue_and_retry_of_a_batch_item_default_their_out_to_pid_runs_not_the_batchs_scratch(tmp_path, monkeypatch):
+    import cli.main  # noqa: F401  (registers cli.rerun with its helpers)
+    from cli.rerun import _out_dir
+    batch = BatchDir.create(str(tmp_path / "b"), {})
+    monkeypatch.chdir(tmp_path)
+    assert _out_dir(None, batch.jobs_dir) == str(tmp_path / "pid-runs")
+    assert _out_dir(None, batch.jobs_dir + "/") == str(tmp_path / "pid-runs")
+    (tmp_path / "mine").mkdir()
+    assert _out_dir(None, str(tmp_path / "mine")) == str(tmp_path / "mine")   # any other: the earlier job's
+
+
+@pytest.mark.cli
+def test_a_byte_order_mark_and_crlf_line_ends_are_not_part_of_the_lines(run_pid, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    good = json.dumps({"task": "t", "repo": str(repo)})
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(b"\xef\xbb\xbf" + good.encode() + b"\r\n" + good.encode() + b"\r\n{bad\r\n")
+    r = run_pid("batch", str(tasks), "--out", str(tmp_path / "out"), "--model", "m", "--base-url", "http://x/v1")
+    assert r.code == 2 and "line 3: not JSON" in r.stderr, r.stderr
+    assert "line 1:" not in r.stderr and "line 2:" not in r.stderr and "1 bad line(s)" in r.stderr
+
+
+@pytest.mark.cli
+def test_help_names_what_repo_and_out_take(run_pid):
+    for command in ("run", "submit", "batch"):
+        text = run_pid(command, "--help").stdout
+        assert "--repo DIR|URL" in text and "--out DIR" in text and "--out TEXT" not in text, command
+    for command in ("continue", "retry"):
+        assert "--out DIR" in run_pid(command, "--help").stdout
+
+
+@pytest.mark.docker
+@pytest.mark.cli
+def test_ctrl_c_on_wait_dir_names_the_command_that_resubmits_the_cancelled_items(run_pid, pid_env, tmp_path):
+    """`pid batch --wait DIR` cannot submit again what its Ctrl-C cancelled: the resume line is the batch's own
+    command (its tasks file and DIR), not `--wait DIR` (which would only summarize the cancelled items)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.txt").write_text("a\n")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "one", "task": "t", "repo": str(repo)}) + "\n")
+    out = tmp_path / "out"
+    r = run_pid("batch", str(tasks), "--out", str(out), "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+                "--detach")   # no worker: the job stays queued
+    assert r.code == 0, r.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "batch", "--wait", str(out)], cwd=tmp_path,
+                            env=pid_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert f"resume with: pid batch {tasks} --out {out} and the options that submitted it" in stderr, stderr
+    assert json.loads(run_pid("batch", "--status", str(out), "--json").stdout)["counts"] == {"cancelled": 1}
