@@ -484,8 +484,8 @@ def render_job(job_dir: str, *, fallback: dict[str, Any] | None = None, back_lin
         patch_html = diff_html(patch[:limits.patch], max_lines=max(limits.patch // 40, 100)) + omitted_note(
             max(left, 0), "bytes of patch.diff")
     back = f'<a href="{esc(back_link)}">← batch</a>' if back_link else ""
-    nav = (f'<nav>{back}<a href="#transcript">transcript ({renderer.calls:,} tool call{"" if renderer.calls == 1 else "s"})</a>'
-           '<a href="#patch">patch</a></nav>')
+    calls = f'{renderer.calls:,} tool call{"" if renderer.calls == 1 else "s"}'
+    nav = f'<nav>{back}<a href="#transcript">transcript ({calls})</a><a href="#patch">patch</a></nav>'
     body = (f"{nav}<h1>pid job <code>{esc(job_id)}</code></h1>{header_html(result, limits)}"
             f'<h2 id="transcript">Transcript</h2>{transcript_html}'
             f'<h2 id="patch">Patch</h2>{patch_html}')

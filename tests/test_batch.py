@@ -397,3 +397,17 @@ def test_a_terminal_gets_a_live_table_and_retry_failed_reruns_only_the_failed(pi
     assert all(final[i]["job_id"] != first[i]["job_id"] for i in ("item-2", "item-3"))
     assert {e["item"] for e in agent.log[requests:]} == {"item-2", "item-3"}
     assert json.loads((out / "item-2" / "result.json").read_text())["id"] == final["item-2"]["job_id"]
+
+
+def test_the_summary_counts_per_item_figures_over_the_items_that_ran():
+    """Items the budget cancelled in the queue (no turn) are counted by status but do not drag p50 to zero."""
+    from worker.batch import summarize
+    ran = [{"id": f"r{i}", "status": "completed", "exit_code": 0, "cost": 1.0 + i, "tokens": 100, "turns": 2,
+            "duration_s": 10.0 + i} for i in range(3)]
+    queued = [{"id": f"q{i}", "status": "cancelled", "exit_code": 1, "exit_reason": "batch_budget", "cost": 0,
+               "tokens": 0, "turns": 0, "duration_s": 0.0} for i in range(5)]
+    summary = summarize(ran + queued, items=8)
+    assert summary["by_status"] == {"completed": 3, "cancelled": 5} and summary["ran"] == 3
+    assert summary["cost"]["total"] == 6.0 and summary["cost"]["p50"] == 2.0
+    assert summary["duration_s"]["p50"] == 11.0 and summary["slowest"][0] == {"id": "r2", "duration_s": 12.0}
+    assert summary["exit_code"] == 1

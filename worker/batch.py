@@ -196,20 +196,22 @@ def summarize(rows: list[dict[str, Any]], items: int, top: int = 5) -> dict[str,
         by_status[str(row.get("status"))] = by_status.get(str(row.get("status")), 0) + 1
     checked = [row for row in rows if isinstance(row.get("check"), dict)]
     passed = sum(1 for row in checked if row["check"].get("passed"))
-    durations = [float(row["duration_s"]) for row in rows if isinstance(row.get("duration_s"), (int, float))]
     codes = [int(row.get("exit_code", 1)) for row in rows]
+    ran = [row for row in rows if row.get("turns")]   # per item: an item ended before its first turn says nothing
+    durations = [float(row["duration_s"]) for row in ran if isinstance(row.get("duration_s"), (int, float))]
     return {
         "items": items, "ended": len(rows), "not_ended": items - len(rows), "by_status": by_status,
         "exit_code": batch_exit_code(codes + ([1] if items > len(rows) else [])),
         "check": {"checked": len(checked), "passed": passed,
                   "pass_rate": round(passed / len(checked), 4) if checked else None},
-        "cost": _spread([float(row.get("cost") or 0) for row in rows], 6),
-        "tokens": _spread([float(row.get("tokens") or 0) for row in rows], 1),
-        "turns": _spread([float(row.get("turns") or 0) for row in rows], 1),
+        "ran": len(ran),
+        "cost": _spread([float(row.get("cost") or 0) for row in ran], 6),
+        "tokens": _spread([float(row.get("tokens") or 0) for row in ran], 1),
+        "turns": _spread([float(row.get("turns") or 0) for row in ran], 1),
         "duration_s": _spread(durations, 3),
         "slowest": [{"id": r["id"], "duration_s": r["duration_s"]}
-                    for r in sorted((r for r in rows if isinstance(r.get("duration_s"), (int, float))),
+                    for r in sorted((r for r in ran if isinstance(r.get("duration_s"), (int, float))),
                                     key=lambda r: -r["duration_s"])[:top]],
         "most_expensive": [{"id": r["id"], "cost": r.get("cost") or 0}
-                           for r in sorted(rows, key=lambda r: -(r.get("cost") or 0))[:top]],
+                           for r in sorted(ran, key=lambda r: -(r.get("cost") or 0))[:top]],
     }
