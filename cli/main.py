@@ -54,7 +54,20 @@ class PidCommand(click.Command):
 
 
 class PidGroup(click.Group):
+    """pid's commands; those that live in their own modules are imported only when named (or listed by --help), so
+    `pid submit` does not pay for `pid batch`'s imports."""
     command_class = PidCommand
+    LAZY = {"batch": ("cli.batch", "batch")}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.LAZY})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.LAZY and name not in self.commands:
+            import importlib
+            module, attr = self.LAZY[name]
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return super().get_command(ctx, name)
 
 
 def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
@@ -636,8 +649,6 @@ cli.add_command(view_command)
 from cli.rerun import register as register_rerun  # noqa: E402 - `continue` and `retry`, with this module's helpers
 register_rerun(cli, sys.modules[__name__])
 
-from cli.batch import batch as _batch  # noqa: E402  (it imports this module's checks lazily)
-cli.add_command(_batch)
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)
 
