@@ -42,8 +42,8 @@ def view(target: str, output: str | None, open_page: bool) -> None:
     else:
         path = _view_job_id(target, output)
     click.echo(path)
-    if open_page:
-        open_in_browser(path)
+    if open_page and not open_in_browser(path):
+        click.echo("pid: no browser here (no $BROWSER, no display): open the file above yourself", err=True)
 
 
 def _view_dir(directory: str, output: str | None) -> str:
@@ -154,14 +154,15 @@ def _check_writable(directory: str, create: bool) -> None:
         raise ViewError(f"-o: directory {directory} does not exist")
 
 
-def open_in_browser(path: str) -> None:
+def open_in_browser(path: str) -> bool:
     """In a browser where there is one: $BROWSER, a desktop session, or macOS/Windows. Otherwise (a server over
-    SSH) nothing: the path is already printed, and a console browser taking over the terminal would surprise."""
+    SSH) nothing: the path is already printed, and a console browser taking over the terminal would surprise.
+    Returns whether a browser took it."""
     if sys.platform.startswith("linux") and not (os.environ.get("BROWSER") or os.environ.get("DISPLAY")
                                                  or os.environ.get("WAYLAND_DISPLAY")):
-        return
+        return False
     import webbrowser
     try:
-        webbrowser.open(Path(path).as_uri())
+        return webbrowser.open(Path(path).as_uri())
     except Exception:   # webbrowser.Error, or a browser that cannot start: the path is printed
-        pass
+        return False

@@ -126,10 +126,11 @@ def test_a_batch_directory_writes_an_index_and_item_pages(tmp_path, env):
     one_line_error(pid(env, tmp_path, "view", str(batch)), "is an item's folder", "pass -o FILE")
 
 
-def test_open_uses_the_browser_there_is_and_is_silent_without_one(tmp_path, env):
+def test_open_uses_the_browser_there_is_and_says_when_there_is_none(tmp_path, env):
     job = write_job(tmp_path / "job", hostile_result(), hostile_session())
-    res = pid(env, tmp_path, "view", str(job), "--open")   # no BROWSER, no display: only the path
-    assert res.returncode == 0 and res.stderr == "" and res.stdout.strip().endswith(".html")
+    res = pid(env, tmp_path, "view", str(job), "--open")   # no BROWSER, no display: the path, and why not opened
+    assert res.returncode == 0 and res.stdout.strip().endswith(".html")
+    assert res.stderr.strip() == "pid: no browser here (no $BROWSER, no display): open the file above yourself"
     opened = tmp_path / "opened.txt"
     browser = tmp_path / "fake-browser"
     browser.write_text(f'#!/bin/sh\necho "$@" > {opened}\n')
