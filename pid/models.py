@@ -24,10 +24,11 @@ from typing import Any, Mapping
 
 from pid.config import pid_home
 
-# Unknown models: 32k. Too small costs extra summaries (compaction comes early); too large costs a refused request
-# per compaction, and with servers that truncate silently (Ollama) the loss of the task itself. Open-weight models
-# are often served with a window far below their native one (vLLM --max-model-len, llama.cpp -c), so 128k is not safe.
-DEFAULT_CONTEXT_WINDOW = 32768
+# Unknown models: 128k, pi's own default for a models.json entry without contextWindow. Too small compacts a job
+# again and again (a 32k guess leaves ~16k of conversation: two file reads); too large costs one refused request,
+# which overflow recovery answers by compacting and asking again. A server that truncates silently (Ollama, whose
+# default window is a few thousand tokens) is wrong under any guess: say its window with --context-window.
+DEFAULT_CONTEXT_WINDOW = 128000
 DEFAULT_MAX_TOKENS = 16384   # pi's default for a models.json entry without maxTokens
 MODELS_ENV = "PID_MODELS"
 
@@ -160,7 +161,7 @@ def load_models_file(path: str) -> dict[str, dict[str, Any]]:
 def _from_pi(model: dict[str, Any], path: str) -> dict[str, Any]:
     cost = model.get("cost") or {}
     try:
-        return {"context_window": int(model.get("contextWindow") or 128000),   # pi's defaults for its own file
+        return {"context_window": int(model.get("contextWindow") or DEFAULT_CONTEXT_WINDOW),   # pi's defaults
                 "max_tokens": int(model.get("maxTokens") or DEFAULT_MAX_TOKENS),
                 "input_price": float(cost.get("input", 0)), "output_price": float(cost.get("output", 0)),
                 "cache_read_price": float(cost.get("cacheRead", 0)),

@@ -35,9 +35,9 @@ def test_built_in_models_by_id_snapshot_vendor_prefix_and_tag():
     assert model_info("qwen3-coder:30b").known
 
 
-def test_an_unknown_model_gets_the_conservative_default_and_a_warning():
+def test_an_unknown_model_gets_pis_default_window_and_a_warning():
     info = model_info("my-finetune-v3")
-    assert not info.known and info.context_window == DEFAULT_CONTEXT_WINDOW == 32768
+    assert not info.known and info.context_window == DEFAULT_CONTEXT_WINDOW == 128000
     assert info.input_price == info.output_price == 0
     assert "--context-window" in unknown_model_warning(info) and "my-finetune-v3" in unknown_model_warning(info)
     assert not model_info("gpt-4oo").known     # a prefix must end at a separator

@@ -56,7 +56,7 @@ class JobSpec:
                                       "model table's price.", min=0)
     output_price: float = setting(0.0, "USD per million output tokens; 0: the model table's price.", min=0)
     context_window: int | None = setting(None, "The model's context window in tokens (default: the model table's; "
-                                               "unknown models 32768). The context is compacted to fit.", min=4096)
+                                               "unknown models 128000). The context is compacted to fit.", min=4096)
     cache_read_price: float = setting(0.0, "USD per million input tokens read from the provider's prompt cache; "
                                            "0: the model table's price.", min=0)
     cache_write_price: float = setting(0.0, "USD per million input tokens written to the provider's prompt "
