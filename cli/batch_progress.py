@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 import click
 
+from cli.output import format_duration
 from worker.store import JobRecord
 
 RUNNING_SHOWN = 12   # running items listed in the live table at most
@@ -44,21 +45,13 @@ class Display(Protocol):
     def stop(self) -> None: ...
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
-
 
 def item_line(row: dict[str, Any], done: int, total: int) -> str:
     check = row.get("check")
     checked = "" if not isinstance(check, dict) else f" check={'passed' if check.get('passed') else 'failed'}"
     error = f": {row['error']}" if row.get("error") and row.get("status") != "completed" else ""
     return (f"[{done}/{total}] {row['id']} {row['status']} ({row['exit_reason']}) turns={row['turns']} "
-            f"${row['cost']:.4f} {_duration(row.get('duration_s'))}{checked}{error}")
+            f"${row['cost']:.4f} {format_duration(row.get('duration_s'))}{checked}{error}")
 
 
 class Lines:
@@ -115,7 +108,7 @@ def render(progress: Progress) -> Any:
     rate, eta = progress.rate(), progress.eta_s()
     budget = f" of ${progress.budget:.4f}" if progress.budget is not None else ""
     head = Text(f"{progress.total} items  {counts or 'starting'}  ·  ${progress.cost:.4f}{budget}  ·  "
-                f"{f'{rate:.1f}/min' if rate else '-/min'}  ·  ETA {_duration(eta)}")
+                f"{f'{rate:.1f}/min' if rate else '-/min'}  ·  ETA {format_duration(eta)}")
     table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
     for column in ("item", "turn", "cost", "now", "last tool"):
         table.add_column(column, overflow="ellipsis", no_wrap=True,
@@ -151,9 +144,9 @@ def summary_text(summary: dict[str, Any], where: str) -> str:
     cost, tokens, dur = s["cost"], s["tokens"], s["duration_s"]
     lines.append(f"cost: ${cost['total']:.4f} (per item p50 ${cost['p50'] or 0:.4f}, p95 ${cost['p95'] or 0:.4f})"
                  f"  tokens: {int(tokens['total'])} (p50 {int(tokens['p50'] or 0)}, p95 {int(tokens['p95'] or 0)})")
-    lines.append(f"duration: p50 {_duration(dur['p50'])}, p95 {_duration(dur['p95'])}")
+    lines.append(f"duration: p50 {format_duration(dur['p50'])}, p95 {format_duration(dur['p95'])}")
     if s["slowest"]:
-        lines.append("slowest: " + ", ".join(f"{x['id']} {_duration(x['duration_s'])}" for x in s["slowest"][:3]))
+        lines.append("slowest: " + ", ".join(f"{x['id']} {format_duration(x['duration_s'])}" for x in s["slowest"][:3]))
     if s["most_expensive"] and s["most_expensive"][0]["cost"]:
         lines.append("most expensive: " + ", ".join(f"{x['id']} ${x['cost']:.4f}" for x in s["most_expensive"][:3]))
     lines.append(f"results: {where}")

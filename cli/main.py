@@ -21,7 +21,8 @@ import click
 from pid import events as ev
 from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
 from cli.options import EnvOption, QueueName, Size, format_size, job_options
-from cli.output import EventFollower, EventPrinter, RecordPrinter, check_line, print_result, wait_for
+from cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, format_duration, print_result,
+                        wait_for)
 from pid.endings import STATUSES, exit_code_for
 from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
 
@@ -263,11 +264,15 @@ def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_
     spec.max_workspace = max_workspace
     from worker.app import embedded_broker
     from worker.store import default_store
-    from worker.dispatch import dispatch
     if embedded_broker():  # the worker is on this machine: its image must be here too
         check_image(spec.image)
     pack_workspace(spec, max_workspace)
-    store = default_store()
+    queue_job(default_store(), spec, api_key, wait, as_json)
+
+
+def queue_job(store: Any, spec: JobSpec, api_key: str | None, wait: bool, as_json: bool) -> None:
+    """Record the job, keep its key, publish it; then print its id, or wait for its end (submit, continue, retry)."""
+    from worker.dispatch import dispatch
     store.create(spec)
     try:
         # The key goes into the store for the life of the job, never into the broker's message: any worker that
@@ -422,7 +427,7 @@ def status(job_id: str, as_json: bool) -> None:
     click.echo(f"{record.id}  {record.status}{flags}  turns={record.turns} tool_calls={record.tool_calls}"
                f"  attempts={record.attempts}" + (f"  exit_reason={record.exit_reason}" if record.exit_reason else ""))
     usage = record.total_usage
-    click.echo(f"  {'pid run' if record.kind == 'run' else 'worker job'} · {_duration(record.duration_s)} · "
+    click.echo(f"  {'pid run' if record.kind == 'run' else 'worker job'} · {format_duration(record.duration_s)} · "
                f"{usage['total_tokens']} tokens · ${usage['cost']:.4f}")
     if record.activity and not record.terminal:
         click.echo(f"  now: {record.activity}")
@@ -433,14 +438,6 @@ def status(job_id: str, as_json: bool) -> None:
     if record.error:
         click.echo(f"  error: {record.error}")
 
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
 
 
 @cli.command()
@@ -548,7 +545,7 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool) -> None:
         reason = record.exit_reason or "-"
         if record.check:   # the check's verdict beside the reason
             reason += " ✓check" if record.check.get("passed") is True else " ✗check"
-        click.echo(f"{record.id}  {record.status:<9}  {_duration(record.duration_s):>8}  "
+        click.echo(f"{record.id}  {record.status:<9}  {format_duration(record.duration_s):>8}  "
                    f"{f'${cost:.4f}':>9}  {reason:<16}  {task[:50]}")
 
 
@@ -591,9 +588,9 @@ def workers(show_all: bool, as_json: bool) -> None:
         click.echo("no live worker" + ("" if show_all else " (pid workers --all: also stopped or lost ones)"))
         return
     for b in beats:
-        seen = "alive" if now - b.beat_at <= ALIVE_WITHIN_S else f"silent {_duration(now - b.beat_at)}"
+        seen = "alive" if now - b.beat_at <= ALIVE_WITHIN_S else f"silent {format_duration(now - b.beat_at)}"
         click.echo(f"{b.node:<40}  {b.host}:{b.pid:<8}  {b.running}/{b.concurrency} running  "
-                   f"queue {','.join(b.queues):<12}  up {_duration(now - b.started_at):>8}  {seen}")
+                   f"queue {','.join(b.queues):<12}  up {format_duration(now - b.started_at):>8}  {seen}")
 
 
 @cli.command()

@@ -173,3 +173,13 @@ def wait_for(done: Callable[[], bool], follower: EventFollower | None, poll_s: f
     if follower:
         follower.poll()
     sys.stderr.flush()
+
+
+def format_duration(seconds: float | None) -> str:
+    """1.5s, 2m05s, 1h02m; "-" for none."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"

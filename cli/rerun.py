@@ -95,7 +95,6 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
     """Make the spec, check it as submit checks its own, record it, publish it; then print the id or wait."""
     from worker.app import embedded_broker
     from worker.continuation import Refused
-    from worker.dispatch import dispatch
     from worker.store import default_store
     store = default_store()
     try:
@@ -112,19 +111,7 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
     _main.check_api_key(spec, api_key)
     if embedded_broker():   # the worker is on this machine: its image must be here too
         _main.check_image(spec.image)
-    store.create(spec)
-    try:
-        if api_key and not store.set_secret(spec.id, api_key):
-            raise RuntimeError("the job store did not keep its API key")
-        dispatch(spec.id, store=store)
-    except Exception as exc:   # the broker refused: the job must not sit queued forever
-        store.finish(spec.id, "dispatch_failed", error=str(exc))
-        raise click.ClickException(f"could not queue job {spec.id}: {exc}") from None
-    if not wait:
-        click.echo(spec.id)
-        return
-    click.echo(f"job {spec.id} queued", err=True)
-    _main._wait_and_exit(store, spec.id, as_json, follow=not as_json, download=spec.job_dir, own_dir=True)
+    _main.queue_job(store, spec, api_key, wait, as_json)
 
 
 def check_prices(spec: JobSpec) -> None:
