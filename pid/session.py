@@ -9,7 +9,7 @@ import os
 import secrets
 import uuid
 from datetime import datetime, timezone
-from typing import IO, Any
+from typing import IO, Any, Iterable
 
 from pid.messages import Message, message_from_dict
 
@@ -124,26 +124,32 @@ def session_context_entries(path: str) -> list[tuple[str | None, Message]]:
 
 def _read(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The header, and the entries along the chain ending at the file's last entry, oldest first."""
+    with open(path, encoding="utf-8") as f:
+        return read_chain(f)
+
+
+def read_chain(lines: Iterable[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A session's header, and its entries from the root to the last one (the leaf, as pi loads it). A torn last
+    line is ignored (the prefix is what counts after a crash); a cycle (repeated ids) ends the walk."""
     header: dict[str, Any] = {}
     entries: dict[str, dict[str, Any]] = {}
     last: str | None = None
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                break  # a torn last line after a crash: the prefix is what counts
-            if obj.get("type") == "session":
-                header = obj
-                continue
-            entries[obj["id"]] = obj
-            last = obj["id"]
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if obj.get("type") == "session":
+            header = obj
+            continue
+        entries[obj["id"]] = obj
+        last = obj["id"]
     chain: list[dict[str, Any]] = []
     seen: set[str] = set()
-    while last is not None and last not in seen:   # a cycle (repeated ids) ends the walk
+    while last is not None and last not in seen:
         seen.add(last)
         entry = entries[last]
         chain.append(entry)

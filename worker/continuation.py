@@ -11,7 +11,6 @@ light: no agent, provider or sandbox code is imported for it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -149,28 +148,9 @@ def load_parent(store: Store, parent_id: str, tmp_dir: str) -> tuple[Parent, lis
 
 
 def session_chain(text: str) -> list[dict[str, Any]]:
-    """The entries from the root to the last one (the session's leaf, as pi loads it), skipping the header; a torn
-    last line is ignored, as read_session ignores it."""
-    entries: dict[str, dict[str, Any]] = {}
-    last: str | None = None
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        if obj.get("type") == "session":
-            continue
-        entries[obj["id"]] = obj
-        last = obj["id"]
-    chain: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    while last is not None and last not in seen:   # a cycle (repeated ids) ends the walk
-        seen.add(last)
-        chain.append(entries[last])
-        last = entries[last].get("parentId")
-    return chain[::-1]
+    """The entries from the root to the session's leaf, skipping the header (pid.session.read_chain)."""
+    from pid.session import read_chain
+    return read_chain(text.splitlines())[1]
 
 
 def _artifact(store: Store, job_id: str, name: str) -> bytes:
