@@ -417,6 +417,34 @@ pid_trim() {  # T keep path
     echo "T $pid_cut"
 }
 
+pid_nl='
+'
+if [ "$pid_shell" = bash ]; then
+    # bash's `read` of lines from a regular file reads ahead into a buffer all its reads share, then seeks the file
+    # back to the end of the line. A process that exits in between makes that seek fail, and the rest of its status
+    # file stays in the buffer: the next `read -N` (the next request's command) would begin with it. `read -N`
+    # never reads past what it asks for, so the whole file in one read leaves nothing behind.
+    pid_uidof() {  # pid_u <- the real uid of process directory $1 (empty if it is gone)
+        pid_s=
+        IFS= read -r -N 16384 pid_s <"$1/status"
+        case $pid_s in
+            *"${pid_nl}Uid:"*)
+                pid_u=${pid_s#*"${pid_nl}Uid:"}
+                pid_u=${pid_u#"${pid_u%%[0-9]*}"}
+                pid_u=${pid_u%%[!0-9]*} ;;
+            *) pid_u= ;;
+        esac
+        pid_s=
+    }
+else   # POSIX sh reads byte by byte: nothing is read ahead
+    pid_uidof() {
+        pid_u=
+        while read -r pid_k pid_v pid_rest; do
+            [ "$pid_k" = Uid: ] && { pid_u=$pid_v; break; }
+        done <"$1/status"
+    }
+fi
+
 pid_killuid() {  # SIGKILL every process of the agent's uid, with builtins only: the process table may be full
     pid_killed=0
     [ "$pid_uid" = 0 ] && { echo "K 0"; return; }    # a root agent shares pid's uid: only its groups are killed
@@ -425,9 +453,7 @@ pid_killuid() {  # SIGKILL every process of the agent's uid, with builtins only:
         pid_found=0
         for pid_p in /proc/[0-9]*; do
             pid_u=
-            { while read -r pid_k pid_v pid_rest; do
-                  [ "$pid_k" = Uid: ] && { pid_u=$pid_v; break; }
-              done <"$pid_p/status"; } 2>/dev/null
+            { pid_uidof "$pid_p"; } 2>/dev/null
             if [ "$pid_u" = "$pid_uid" ]; then
                 kill -9 "${pid_p#/proc/}" 2>/dev/null && pid_found=$((pid_found + 1))
             fi

@@ -215,6 +215,36 @@ def test_channel_recovers_after_a_root_agent_kills_servers(client):
         assert servers(box).isdisjoint(before)  # fresh channels replaced every killed one
 
 
+def test_the_in_container_sweep_kills_the_agent_and_keeps_the_control_channel_in_step(client):
+    """The sweep pid's control server runs when the host cannot freeze the container (a worker that is not root on
+    the engine's host): it reads every process's status with builtins. It used to leave the rest of a status file
+    in bash's read buffer when that process exited mid-read, and the next request's command began with it (a CI
+    run's patch failed with "exit 127" and status lines in its output). Processes that come and go beside it make
+    that race likely within seconds."""
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-sweep", ttl_s=300), client) as box:
+        assert box.uid != 0
+        box.exec("sleep 300 >/dev/null 2>&1 &", timeout=10)
+        killed = box._with_control(lambda ch: ch.kill_agent_processes(time.monotonic() + 30))
+        assert killed >= 1
+        left = box.run_as_pid(f"for p in /proc/[0-9]*; do [ \"$(stat -c %u $p 2>/dev/null)\" = {box.uid} ] && "
+                              "echo $p; done; :", "listing the agent's processes", 30)
+        assert left == b""
+        # root's processes: one asleep, four forking all the time; the sweep reads them all, never kills them
+        for command in ["sleep 3131", *["while :; do /bin/true; done"] * 4]:
+            exec_id = client.api.exec_create(box.container_id, ["sh", "-c", command], user="0:0")["Id"]
+            client.api.exec_start(exec_id, detach=True)
+        deadline = time.monotonic() + 20
+        rounds = 0
+        while time.monotonic() < deadline and rounds < 600:
+            box._with_control(lambda ch: ch.kill_agent_processes(time.monotonic() + 30))
+            assert box.run_as_pid("echo in-step", "a probe", 30) == b"in-step\n"
+            rounds += 1
+        assert rounds >= 50
+        asleep = box.run_as_pid("for f in /proc/[0-9]*/cmdline; do case $(tr '\\0' ' ' 2>/dev/null <$f) in "
+                                "'sleep 3131 ') echo asleep ;; esac; done", "finding root's sleep", 30)
+        assert asleep == b"asleep\n"
+
+
 # -- files ---------------------------------------------------------------------------------------------------
 def test_binary_roundtrip_all_byte_values(sb):
     data = bytes(range(256)) * 3
