@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from pid.messages import (AssistantMessage, ImageContent, TextContent, ToolCall, ToolResultMessage, ToolSpec,
-                          UserMessage)
+from pid.messages import (AssistantMessage, ImageContent, TextContent, ThinkingContent, ToolCall, ToolResultMessage,
+                          ToolSpec, UserMessage)
 from pid.providers import AnthropicProvider, OpenAIProvider, ProviderConfig, make_provider
 from tests.scripted_llm import ScriptedLLM
 
@@ -286,6 +286,29 @@ def test_openai_request_body_shape() -> None:
     assert m[5]["content"][1] == {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     assert m[7]["content"] == [{"type": "text", "text": "and this?"},
                                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
+
+
+def test_openai_request_bytes_are_the_request_body_in_json_whatever_changed_between_calls() -> None:
+    """The body is sent from kept per-message JSON; it must be exactly json.dumps(request_body) when the
+    conversation grows (also by runs of tool results with images), is compacted, replaced, or the system prompt or
+    the tools change, with and without images, limits and thinking."""
+    for settings in ({}, {"max_tokens": 99, "temperature": 0.5, "thinking": "high"}, {"images": False}):
+        p = make_provider(ProviderConfig(model="test-model", base_url="http://127.0.0.1:9/v1", **settings))
+        assert isinstance(p, OpenAIProvider)
+        whole = conversation()
+        read = ToolSpec("read", "Read a file.", {"type": "object", "properties": {"path": {"type": "string"}}})
+        schema_changed = ToolSpec("bash", "Run a command.", {**BASH.parameters, "required": []})
+        steps: list[tuple[str, list[Any], list[ToolSpec]]] = [("SYS", whole[:n], [BASH]) for n in range(len(whole) + 1)]
+        steps += [("SYS", whole[:4], [BASH]),                          # shorter: a compaction or a new agent
+                  ("SYS", [UserMessage.text("summary")] + whole[3:], [BASH, read]),
+                  ("OTHER", [UserMessage.text("summary")] + whole[3:], [schema_changed]),
+                  ("", whole + [AssistantMessage([ThinkingContent("hmm", "reasoning_content"), TextContent("ok")],
+                                                 api=OPENAI, model="test-model")], []),
+                  ("", list(whole), [])]
+        for system, messages, tools in steps:
+            sent = p.request_bytes(system, messages, tools)
+            assert sent == json.dumps(p.request_body(system, messages, tools)).encode(), (settings, len(messages))
+        p.close()
 
 
 def test_openai_request_without_key_tools_or_limits() -> None:
