@@ -119,6 +119,39 @@ def test_server_error_is_retried_then_succeeds(api: str) -> None:
 
 
 @pytest.mark.parametrize("api", BOTH)
+def test_a_cookie_the_server_sets_goes_back_with_the_next_request(api: str) -> None:
+    """As httpx keeps them (a load balancer's sticky session): the client skips the cookie jar only for responses
+    that set no cookie."""
+    turns = [{"text": "one"}, {"error": {"status": 503, "headers": {"Set-Cookie": "sticky=b1; Path=/"}}},
+             {"text": "two"}, {"text": "three"}]
+    with ScriptedLLM(turns) as llm:
+        p = provider(llm, api, max_retries=1)
+        assert p.stream("", HELLO, []).text == "one"
+        assert p.stream("", HELLO, []).text == "two"
+        assert p.stream("", HELLO, []).text == "three"
+        cookies = [h.get("cookie") for h in llm.request_headers]
+    assert cookies == [None, None, "sticky=b1", "sticky=b1"]
+
+
+def test_the_clients_requests_are_the_ones_httpx_builds() -> None:
+    """The provider's client parses its URL and merges its headers once; what it builds must not differ."""
+    import httpx
+
+    from pid.providers.transport import make_client
+
+    url = "http://127.0.0.1:9/v1/chat/completions"
+    ours = make_client(ProviderConfig(model="m"), url)
+    for headers in ({"Content-Type": "application/json", "Accept": "text/event-stream"},
+                    {"Content-Type": "application/json", "x-api-key": "k"}, {"Content-Type": "application/json"}):
+        for body in (b"{}", b'{"a": 1}'):
+            built = ours.build_request("POST", url, headers=headers, content=body)
+            plain = httpx.Client.build_request(ours, "POST", url, headers=headers, content=body)
+            assert (built.method, built.url, built.headers.raw, built.extensions, built.content) == \
+                (plain.method, plain.url, plain.headers.raw, plain.extensions, plain.content)
+    ours.close()
+
+
+@pytest.mark.parametrize("api", BOTH)
 def test_retries_are_bounded_and_the_last_error_is_reported(api: str) -> None:
     with ScriptedLLM([{"error": {"status": 502, "message": "upstream melted"}}] * 5) as llm:
         reply = provider(llm, api, max_retries=1).stream("", HELLO, [])
