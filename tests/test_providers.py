@@ -321,13 +321,15 @@ def test_openai_request_body_shape() -> None:
                                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
 
 
-def test_openai_request_bytes_are_the_request_body_in_json_whatever_changed_between_calls() -> None:
+@pytest.mark.parametrize("api", BOTH)
+def test_request_bytes_are_the_request_body_in_json_whatever_changed_between_calls(api: str) -> None:
     """The body is sent from kept per-message JSON; it must be exactly json.dumps(request_body) when the
     conversation grows (also by runs of tool results with images), is compacted, replaced, or the system prompt or
     the tools change, with and without images, limits and thinking."""
-    for settings in ({}, {"max_tokens": 99, "temperature": 0.5, "thinking": "high"}, {"images": False}):
-        p = make_provider(ProviderConfig(model="test-model", base_url="http://127.0.0.1:9/v1", **settings))
-        assert isinstance(p, OpenAIProvider)
+    for settings in ({}, {"max_tokens": 99, "temperature": 0.5, "thinking": "high"}, {"images": False},
+                     {"temperature": 0.5, "model_max_tokens": 5000}):
+        p = make_provider(ProviderConfig(model="test-model", base_url="http://127.0.0.1:9/v1", api=api,
+                                         **settings))  # type: ignore[arg-type]
         whole = conversation()
         read = ToolSpec("read", "Read a file.", {"type": "object", "properties": {"path": {"type": "string"}}})
         schema_changed = ToolSpec("bash", "Run a command.", {**BASH.parameters, "required": []})
@@ -336,8 +338,10 @@ def test_openai_request_bytes_are_the_request_body_in_json_whatever_changed_betw
                   ("SYS", [UserMessage.text("summary")] + whole[3:], [BASH, read]),
                   ("OTHER", [UserMessage.text("summary")] + whole[3:], [schema_changed]),
                   ("", whole + [AssistantMessage([ThinkingContent("hmm", "reasoning_content"), TextContent("ok")],
-                                                 api=OPENAI, model="test-model")], []),
-                  ("", list(whole), [])]
+                                                 api=api, model="test-model")], []),
+                  ("", whole + [AssistantMessage([ThinkingContent("hmm", "sig"), TextContent("")], api=api,
+                                                 model="test-model"), UserMessage([TextContent("")])], []),
+                  ("", list(whole), []), ("", [], [])]
         for system, messages, tools in steps:
             sent = p.request_bytes(system, messages, tools)
             assert sent == json.dumps(p.request_body(system, messages, tools)).encode(), (settings, len(messages))
