@@ -37,16 +37,21 @@ class Replay:
             new = messages[first_kept:]
             answered = {m.tool_call_id for m in new if isinstance(m, ToolResultMessage)}
         self._answered |= answered
-        for m in new:
-            if isinstance(m, AssistantMessage):
-                if m.stop_reason in ("error", "aborted"):
-                    continue
-                self._out.append(m)
-                for c in m.tool_calls:
-                    if c.id not in self._answered:
-                        self._out.append(ToolResultMessage(c.id, c.name, [TextContent(MISSING_RESULT_ERROR)], True))
-                        self._stood_in.add(c.id)
-            else:
-                self._out.append(m)
+        try:
+            for m in new:
+                if isinstance(m, AssistantMessage):
+                    if m.stop_reason in ("error", "aborted"):
+                        continue
+                    self._out.append(m)
+                    for c in m.tool_calls:
+                        if c.id not in self._answered:
+                            self._out.append(ToolResultMessage(c.id, c.name, [TextContent(MISSING_RESULT_ERROR)],
+                                                               True))
+                            self._stood_in.add(c.id)
+                else:
+                    self._out.append(m)
+        except BaseException:
+            self._restart(None, 0)   # half-updated: the next call starts again
+            raise
         self._seen += new
         return list(self._out)

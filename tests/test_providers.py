@@ -348,6 +348,17 @@ def test_request_bytes_are_the_request_body_in_json_whatever_changed_between_cal
         p.close()
 
 
+@pytest.mark.parametrize("api", BOTH)
+def test_a_request_that_could_not_be_encoded_leaves_nothing_behind(api: str) -> None:
+    p = make_provider(ProviderConfig(model="test-model", base_url="http://127.0.0.1:9/v1", api=api))
+    good = conversation()[:3]
+    bad = AssistantMessage([ToolCall("call_x", "bash", {"command": {1, 2}})], stop_reason="toolUse")  # a set
+    with pytest.raises(TypeError):
+        p.request_bytes("SYS", good + [bad], [BASH])
+    assert p.request_bytes("SYS", good, [BASH]) == json.dumps(p.request_body("SYS", good, [BASH])).encode()
+    p.close()
+
+
 def test_openai_request_without_key_tools_or_limits() -> None:
     with ScriptedLLM([{"text": "ok"}]) as llm:
         provider(llm).stream("", HELLO, [])

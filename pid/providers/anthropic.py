@@ -327,16 +327,20 @@ class _MessagesJSON:
         if messages[:seen] != self._messages:   # not a continuation: start again
             self._restart()
             seen = 0
-        for message in messages[seen:]:
-            role, blocks, texts = self._encoded.get(message, self._encode)
-            if not blocks:
-                continue
-            if role != self._role:
-                if self._role is not None:
-                    self._closed.append(_group(self._role, self._blocks))
-                self._role, self._blocks = role, []
-            self._blocks += texts
-            self._last = blocks[-1]
+        try:
+            for message in messages[seen:]:
+                role, blocks, texts = self._encoded.get(message, self._encode)
+                if not blocks:
+                    continue
+                if role != self._role:
+                    if self._role is not None:
+                        self._closed.append(_group(self._role, self._blocks))
+                    self._role, self._blocks = role, []
+                self._blocks += texts
+                self._last = blocks[-1]
+        except BaseException:
+            self._restart()   # half-updated: the next request starts again
+            raise
         self._messages += messages[seen:]
         if self._role is None:
             return "[]"

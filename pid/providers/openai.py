@@ -314,14 +314,18 @@ class _ConversationJSON:
             self._system, self._messages, self._images = system, [], []
             self._parts = [json.dumps({"role": "system", "content": system})] if system else []
             seen = 0
-        for message in messages[seen:]:
-            text, attached = self._encoded.get(message, self._encode)
-            if self._images and not isinstance(message, ToolResultMessage):
-                self._parts.append(json.dumps(_images_entry(self._images)))
-                self._images = []
-            if text is not None:
-                self._parts.append(text)
-            self._images += attached
+        try:
+            for message in messages[seen:]:
+                text, attached = self._encoded.get(message, self._encode)
+                if self._images and not isinstance(message, ToolResultMessage):
+                    self._parts.append(json.dumps(_images_entry(self._images)))
+                    self._images = []
+                if text is not None:
+                    self._parts.append(text)
+                self._images += attached
+        except BaseException:
+            self._system = None   # half-updated: the next request starts again
+            raise
         self._messages += messages[seen:]
         parts = self._parts + [json.dumps(_images_entry(self._images))] if self._images else self._parts
         return "[" + ", ".join(parts) + "]"
