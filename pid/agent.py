@@ -20,11 +20,11 @@ from pid import events as ev
 from pid.compaction import CompactionFailed, Compactor
 from pid.context import estimate_usage
 from pid.endings import ExitReason, Status, status_of
-from pid.messages import (AssistantMessage, Message, TextContent, ToolCall, ToolResultMessage, Usage,
-                          UserMessage)
+from pid.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, Usage, UserMessage
 from pid.providers.base import Provider, price
 from pid.providers.overflow import is_context_overflow
 from pid.providers.retry import RetryNotice
+from pid.replay import Replay
 from pid.sandbox import SandboxLost
 from pid.session import SessionWriter
 from pid.tokens import get_counter
@@ -33,7 +33,6 @@ from pid.tools.registry import ToolRegistry
 
 LENGTH_STOP_TOOL_ERROR = ('Tool call "{name}" was not executed: the response hit the output token limit, so its '
                           'arguments may be truncated. Re-issue the tool call with complete arguments.')
-MISSING_RESULT_ERROR = "Tool call was interrupted before it returned a result."
 OVERFLOW_ERROR = ("the conversation is too long for the model's context window ({detail}); try a model with a larger "
                   "window, or set --context-window to the window the server really has")
 
@@ -82,6 +81,7 @@ class Agent:
         self.compactor = compactor               # None: the context is never compacted
         self.notices = list(notices or [])
         self._entry_ids: list[str | None] = []   # each message's session entry, parallel to `messages`
+        self._replay = Replay()
         self.cancel_event = context.cancel
         self._stop_reason: ExitReason | None = None   # why cancel_event was set: "cancelled" or "wall_clock"
         self._steering: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -316,22 +316,9 @@ class Agent:
 
     def _context_messages(self) -> list[Message]:
         """What the model sees: failed or aborted replies are left out, and every tool call it sees has a result."""
-        visible = self.messages
-        replayed: list[Message] = []
         if self.compactor is not None and self.compactor.latest is not None:
-            visible = self.messages[self.compactor.first_kept:]
-            replayed.append(self.compactor.summary_message())  # type: ignore[arg-type]
-        answered = {m.tool_call_id for m in visible if isinstance(m, ToolResultMessage)}
-        for m in visible:
-            if isinstance(m, AssistantMessage):
-                if m.stop_reason in ("error", "aborted"):
-                    continue
-                replayed.append(m)
-                replayed += [ToolResultMessage(c.id, c.name, [TextContent(MISSING_RESULT_ERROR)], True)
-                             for c in m.tool_calls if c.id not in answered]
-            else:
-                replayed.append(m)
-        return replayed
+            return self._replay.messages(self.messages, self.compactor.summary_message(), self.compactor.first_kept)
+        return self._replay.messages(self.messages)
 
     def _add(self, message: Message) -> None:
         self.messages.append(message)

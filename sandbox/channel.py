@@ -41,6 +41,7 @@ BUILTIN_UPLOAD_MAX = 32768  # above this, one `head -c` fork is cheaper than bas
 
 # The only paths a request names are output files the server itself reported: checked once, sent as they are.
 OUTPUT_FILE = re.compile(r"/\.pid/out/[0-9]+\.[0-9]+")
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)   # (Linux, the BSDs, macOS)
 
 
 def install_script(api, container_id: str, host_dir: str | None) -> None:
@@ -134,6 +135,19 @@ class Channel:
     # -- transport -------------------------------------------------------------------------------------
     def _send(self, data: bytes, deadline: float) -> None:
         """Send all of `data` by `deadline`: a stopped server stops reading, and sendall would block forever."""
+        if _DONTWAIT and type(self.sock) is socket.socket:
+            # A request fits the socket's buffer: one send that cannot block, and no switching the socket to
+            # timeout mode and back (two more system calls). What does not fit goes on the way below.
+            try:
+                sent = self.sock.send(data, _DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                self.broken = True
+                raise ChannelClosed(f"exec channel broken: {exc}") from exc
+            if sent == len(data):
+                return
+            data = data[sent:]
         try:
             self.sock.settimeout(max(0.001, deadline - time.monotonic()))
             self.sock.sendall(data)

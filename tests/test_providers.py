@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from pid.messages import (AssistantMessage, ImageContent, TextContent, ToolCall, ToolResultMessage, ToolSpec,
-                          UserMessage)
+from pid.messages import (AssistantMessage, ImageContent, TextContent, ThinkingContent, ToolCall, ToolResultMessage,
+                          ToolSpec, UserMessage)
 from pid.providers import AnthropicProvider, OpenAIProvider, ProviderConfig, make_provider
 from tests.scripted_llm import ScriptedLLM
 
@@ -116,6 +116,39 @@ def test_server_error_is_retried_then_succeeds(api: str) -> None:
         reply = provider(llm, api, max_retries=2).stream("", HELLO, [])
         assert (reply.stop_reason, reply.text) == ("stop", "recovered")
         assert len(llm.requests) == 3 and llm.requests[0] == llm.requests[2]
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_a_cookie_the_server_sets_goes_back_with_the_next_request(api: str) -> None:
+    """As httpx keeps them (a load balancer's sticky session): the client skips the cookie jar only for responses
+    that set no cookie."""
+    turns = [{"text": "one"}, {"error": {"status": 503, "headers": {"Set-Cookie": "sticky=b1; Path=/"}}},
+             {"text": "two"}, {"text": "three"}]
+    with ScriptedLLM(turns) as llm:
+        p = provider(llm, api, max_retries=1)
+        assert p.stream("", HELLO, []).text == "one"
+        assert p.stream("", HELLO, []).text == "two"
+        assert p.stream("", HELLO, []).text == "three"
+        cookies = [h.get("cookie") for h in llm.request_headers]
+    assert cookies == [None, None, "sticky=b1", "sticky=b1"]
+
+
+def test_the_clients_requests_are_the_ones_httpx_builds() -> None:
+    """The provider's client parses its URL and merges its headers once; what it builds must not differ."""
+    import httpx
+
+    from pid.providers.transport import make_client
+
+    url = "http://127.0.0.1:9/v1/chat/completions"
+    ours = make_client(ProviderConfig(model="m"), url)
+    for headers in ({"Content-Type": "application/json", "Accept": "text/event-stream"},
+                    {"Content-Type": "application/json", "x-api-key": "k"}, {"Content-Type": "application/json"}):
+        for body in (b"{}", b'{"a": 1}'):
+            built = ours.build_request("POST", url, headers=headers, content=body)
+            plain = httpx.Client.build_request(ours, "POST", url, headers=headers, content=body)
+            assert (built.method, built.url, built.headers.raw, built.extensions, built.content) == \
+                (plain.method, plain.url, plain.headers.raw, plain.extensions, plain.content)
+    ours.close()
 
 
 @pytest.mark.parametrize("api", BOTH)
@@ -286,6 +319,44 @@ def test_openai_request_body_shape() -> None:
     assert m[5]["content"][1] == {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     assert m[7]["content"] == [{"type": "text", "text": "and this?"},
                                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_request_bytes_are_the_request_body_in_json_whatever_changed_between_calls(api: str) -> None:
+    """The body is sent from kept per-message JSON; it must be exactly json.dumps(request_body) when the
+    conversation grows (also by runs of tool results with images), is compacted, replaced, or the system prompt or
+    the tools change, with and without images, limits and thinking."""
+    for settings in ({}, {"max_tokens": 99, "temperature": 0.5, "thinking": "high"}, {"images": False},
+                     {"temperature": 0.5, "model_max_tokens": 5000}):
+        p = make_provider(ProviderConfig(model="test-model", base_url="http://127.0.0.1:9/v1", api=api,
+                                         **settings))  # type: ignore[arg-type]
+        whole = conversation()
+        read = ToolSpec("read", "Read a file.", {"type": "object", "properties": {"path": {"type": "string"}}})
+        schema_changed = ToolSpec("bash", "Run a command.", {**BASH.parameters, "required": []})
+        steps: list[tuple[str, list[Any], list[ToolSpec]]] = [("SYS", whole[:n], [BASH]) for n in range(len(whole) + 1)]
+        steps += [("SYS", whole[:4], [BASH]),                          # shorter: a compaction or a new agent
+                  ("SYS", [UserMessage.text("summary")] + whole[3:], [BASH, read]),
+                  ("OTHER", [UserMessage.text("summary")] + whole[3:], [schema_changed]),
+                  ("", whole + [AssistantMessage([ThinkingContent("hmm", "reasoning_content"), TextContent("ok")],
+                                                 api=api, model="test-model")], []),
+                  ("", whole + [AssistantMessage([ThinkingContent("hmm", "sig"), TextContent("")], api=api,
+                                                 model="test-model"), UserMessage([TextContent("")])], []),
+                  ("", list(whole), []), ("", [], [])]
+        for system, messages, tools in steps:
+            sent = p.request_bytes(system, messages, tools)
+            assert sent == json.dumps(p.request_body(system, messages, tools)).encode(), (settings, len(messages))
+        p.close()
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_a_request_that_could_not_be_encoded_leaves_nothing_behind(api: str) -> None:
+    p = make_provider(ProviderConfig(model="test-model", base_url="http://127.0.0.1:9/v1", api=api))
+    good = conversation()[:3]
+    bad = AssistantMessage([ToolCall("call_x", "bash", {"command": {1, 2}})], stop_reason="toolUse")  # a set
+    with pytest.raises(TypeError):
+        p.request_bytes("SYS", good + [bad], [BASH])
+    assert p.request_bytes("SYS", good, [BASH]) == json.dumps(p.request_body("SYS", good, [BASH])).encode()
+    p.close()
 
 
 def test_openai_request_without_key_tools_or_limits() -> None:

@@ -9,6 +9,7 @@ go back unchanged with their signatures, redacted ones as `redacted_thinking`. F
 """
 from __future__ import annotations
 
+import copy
 import json
 import re
 from dataclasses import dataclass, field
@@ -18,9 +19,9 @@ from pid.config import API_NAMES, base_url_for
 from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers import retry
-from pid.providers.base import ProviderConfig, StreamListener, price
+from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price
 from pid.providers.openai import parse_arguments
-from pid.providers.transport import StreamReply, StreamingProvider, truncate
+from pid.providers.transport import StreamReply, StreamingProvider, json_object, truncate
 from pid.tokens import get_counter
 
 API = API_NAMES["anthropic"]
@@ -70,6 +71,9 @@ class AnthropicProvider(StreamingProvider):
         if config.thinking != "off" and not adaptive_thinking(config.model):
             self._headers["anthropic-beta"] = INTERLEAVED_THINKING_BETA
         self._same_model = lambda m: m.api == API and m.model == config.model
+        self._conversation = _MessagesJSON(self._same_model)
+        self._tools_sent: list[ToolSpec] = []
+        self._tools_json = "[]"
 
     def _new_reply(self) -> "_Reply":
         return _Reply()
@@ -84,6 +88,21 @@ class AnthropicProvider(StreamingProvider):
                                 price(reply.usage, self.config), stop_reason, error, reply.response_id)
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
+        return self._body(system, to_anthropic_messages(messages, self._same_model),
+                          [_tool_entry(t) for t in tools] if tools else None)
+
+    def request_bytes(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> bytes:
+        """request_body's JSON, byte for byte, without converting and encoding the whole conversation (and the tools)
+        again every turn: what the previous request sent is kept, and only what was added is encoded."""
+        raw = {"messages": self._conversation.json(messages)}
+        if tools:
+            if tools != self._tools_sent:
+                # a copy: a schema changed in place must not match what was sent
+                self._tools_sent, self._tools_json = copy.deepcopy(tools), json.dumps([_tool_entry(t) for t in tools])
+            raw["tools"] = self._tools_json
+        return json_object(self._body(system, None, True if tools else None), raw).encode()
+
+    def _body(self, system: str, messages: Any, tools: Any) -> dict[str, Any]:
         config = self.config
         max_tokens = config.max_tokens or DEFAULT_MAX_TOKENS
         if config.model_max_tokens:
@@ -97,13 +116,11 @@ class AnthropicProvider(StreamingProvider):
                 max_tokens, budget = thinking_tokens(config.thinking, max_tokens, config.model_max_tokens)
                 if budget >= MIN_THINKING_BUDGET:
                     thinking = {"type": "enabled", "budget_tokens": budget}
-        body: dict[str, Any] = {"model": config.model, "max_tokens": max_tokens,
-                                "messages": to_anthropic_messages(messages, self._same_model), "stream": True}
+        body: dict[str, Any] = {"model": config.model, "max_tokens": max_tokens, "messages": messages, "stream": True}
         if system:
             body["system"] = [{"type": "text", "text": system, "cache_control": _CACHE}]
-        if tools:
-            body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters}
-                             for t in tools]
+        if tools is not None:
+            body["tools"] = tools
         if thinking is not None:
             body["thinking"] = thinking
             if effort:
@@ -111,6 +128,10 @@ class AnthropicProvider(StreamingProvider):
         elif config.temperature is not None:   # the API refuses a temperature with thinking on
             body["temperature"] = config.temperature
         return body
+
+
+def _tool_entry(tool: ToolSpec) -> dict[str, Any]:
+    return {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
 
 
 @dataclass
@@ -245,27 +266,92 @@ def to_anthropic_messages(messages: list[Message],
             out.append({"role": role, "content": blocks})
 
     for message in messages:
-        if isinstance(message, UserMessage):
-            add("user", [_block(c) for c in message.content if not (isinstance(c, TextContent) and not c.text)])
-        elif isinstance(message, ToolResultMessage):
-            inner = [_block(c) for c in message.content if not (isinstance(c, TextContent) and not c.text)]
-            add("user", [{"type": "tool_result", "tool_use_id": _tool_id(message.tool_call_id),
-                          "content": inner or [{"type": "text", "text": "(no output)"}],
-                          "is_error": message.is_error}])
-        elif isinstance(message, AssistantMessage):
-            blocks: list[dict[str, Any]] = []
-            own = same_model(message)
-            for c in message.content:
-                if isinstance(c, ThinkingContent):
-                    blocks += _thinking_blocks(c, own)
-                elif isinstance(c, TextContent) and c.text:
-                    blocks.append({"type": "text", "text": c.text})
-                elif isinstance(c, ToolCall):
-                    blocks.append({"type": "tool_use", "id": _tool_id(c.id), "name": c.name, "input": c.arguments})
-            add("assistant", blocks)
-    if out and out[-1]["role"] == "user" and out[-1]["content"][-1]["type"] in ("text", "image", "tool_result"):
+        add(*_message_blocks(message, same_model))
+    if out and out[-1]["role"] == "user" and _cached(out[-1]["content"][-1]):
         out[-1]["content"][-1] = {**out[-1]["content"][-1], "cache_control": _CACHE}
     return out
+
+
+def _cached(block: dict[str, Any]) -> bool:
+    """Whether the conversation's last block, being this one, is marked for prompt caching."""
+    return block["type"] in ("text", "image", "tool_result")
+
+
+def _message_blocks(message: Message, same_model: Callable[[AssistantMessage], bool]
+                    ) -> tuple[str, list[dict[str, Any]]]:
+    """One message's role and content blocks (consecutive messages of a role are merged into one)."""
+    if isinstance(message, UserMessage):
+        return "user", [_block(c) for c in message.content if not (isinstance(c, TextContent) and not c.text)]
+    if isinstance(message, ToolResultMessage):
+        inner = [_block(c) for c in message.content if not (isinstance(c, TextContent) and not c.text)]
+        return "user", [{"type": "tool_result", "tool_use_id": _tool_id(message.tool_call_id),
+                         "content": inner or [{"type": "text", "text": "(no output)"}],
+                         "is_error": message.is_error}]
+    blocks: list[dict[str, Any]] = []
+    own = same_model(message)
+    for c in message.content:
+        if isinstance(c, ThinkingContent):
+            blocks += _thinking_blocks(c, own)
+        elif isinstance(c, TextContent) and c.text:
+            blocks.append({"type": "text", "text": c.text})
+        elif isinstance(c, ToolCall):
+            blocks.append({"type": "tool_use", "id": _tool_id(c.id), "name": c.name, "input": c.arguments})
+    return "assistant", blocks
+
+
+def _group(role: str, blocks: list[str]) -> str:
+    """json.dumps({"role": role, "content": [...]}) from its blocks' JSON."""
+    return '{"role": ' + json.dumps(role) + ', "content": [' + ", ".join(blocks) + "]}"
+
+
+class _MessagesJSON:
+    """to_anthropic_messages' list as json.dumps writes it, kept from one request to the next: when a request's
+    messages extend the previous request's (an agent's turn appends), only the new ones are converted and encoded,
+    each once; the moving cache mark is put on the last block as the JSON is joined."""
+
+    def __init__(self, same_model: Callable[[AssistantMessage], bool]) -> None:
+        self._same_model = same_model
+        self._encoded = IdentityCache()
+        self._restart()
+
+    def _restart(self) -> None:
+        self._encoded.begin()
+        self._messages: list[Message] = []     # what the state below encodes
+        self._closed: list[str] = []           # each finished role group's JSON
+        self._role: str | None = None          # the last group, still open to the next message of its role
+        self._blocks: list[str] = []           # its blocks' JSON
+        self._last: dict[str, Any] = {}        # its last block
+
+    def json(self, messages: list[Message]) -> str:
+        seen = len(self._messages)
+        if messages[:seen] != self._messages:   # not a continuation: start again
+            self._restart()
+            seen = 0
+        try:
+            for message in messages[seen:]:
+                role, blocks, texts = self._encoded.get(message, self._encode)
+                if not blocks:
+                    continue
+                if role != self._role:
+                    if self._role is not None:
+                        self._closed.append(_group(self._role, self._blocks))
+                    self._role, self._blocks = role, []
+                self._blocks += texts
+                self._last = blocks[-1]
+        except BaseException:
+            self._restart()   # half-updated: the next request starts again
+            raise
+        self._messages += messages[seen:]
+        if self._role is None:
+            return "[]"
+        blocks = self._blocks
+        if self._role == "user" and _cached(self._last):
+            blocks = blocks[:-1] + [json.dumps({**self._last, "cache_control": _CACHE})]
+        return "[" + ", ".join(self._closed + [_group(self._role, blocks)]) + "]"
+
+    def _encode(self, message: Message) -> tuple[str, list[dict[str, Any]], list[str]]:
+        role, blocks = _message_blocks(message, self._same_model)
+        return role, blocks, [json.dumps(b) for b in blocks]
 
 
 def _thinking_blocks(c: ThinkingContent, own: bool) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ images follow the run of tool messages as one extra user message ("Images return
 """
 from __future__ import annotations
 
+import copy
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, M
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers import retry
 from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price
-from pid.providers.transport import StreamReply, StreamingProvider, truncate
+from pid.providers.transport import StreamReply, StreamingProvider, json_object, truncate
 
 API = API_NAMES["openai"]
 OPENAI_HOST = "api.openai.com"
@@ -42,7 +43,10 @@ class OpenAIProvider(StreamingProvider):
         auth = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         super().__init__(config, base_url_for(API, config.base_url).rstrip("/") + "/chat/completions", auth)
         self._entries = IdentityCache()
+        self._tools_sent: list[ToolSpec] = []
+        self._tools_json = "[]"
         self._same_model = lambda m: m.api == API and m.model == config.model
+        self._conversation = _ConversationJSON(self._same_model)
         # OpenAI's own endpoint refuses `max_tokens` for its reasoning models (o1, o3, o4-mini, gpt-5...) and takes
         # `max_completion_tokens` for every model; other servers (vLLM, llama.cpp, Ollama...) know `max_tokens`.
         self._max_tokens_field = "max_completion_tokens" if httpx.URL(self._url).host == OPENAI_HOST else "max_tokens"
@@ -51,12 +55,25 @@ class OpenAIProvider(StreamingProvider):
         return _Reply()
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.config.model,
-                                "messages": to_openai_messages(system, messages, self._entries, self._same_model),
-                                "stream": True, "stream_options": {"include_usage": True}}
+        return self._body(to_openai_messages(system, messages, self._entries, self._same_model),
+                          [_tool_entry(t) for t in tools] if tools else None)
+
+    def request_bytes(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> bytes:
+        """request_body's JSON, byte for byte, without converting and encoding the whole conversation (and the tools)
+        again every turn: what the previous request sent is kept, and only what was added is encoded."""
+        raw = {"messages": self._conversation.json(system, messages)}
         if tools:
-            body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                               "parameters": t.parameters}} for t in tools]
+            if tools != self._tools_sent:
+                # a copy: a schema changed in place must not match what was sent
+                self._tools_sent, self._tools_json = copy.deepcopy(tools), json.dumps([_tool_entry(t) for t in tools])
+            raw["tools"] = self._tools_json
+        return json_object(self._body(None, True if tools else None), raw).encode()
+
+    def _body(self, messages: Any, tools: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.config.model, "messages": messages,
+                                "stream": True, "stream_options": {"include_usage": True}}
+        if tools is not None:
+            body["tools"] = tools
         if self.config.max_tokens:
             body[self._max_tokens_field] = self.config.max_tokens
         if self.config.temperature is not None:
@@ -253,8 +270,7 @@ def to_openai_messages(system: str, messages: list[Message], entries: "IdentityC
 
     def flush_images() -> None:
         if images:
-            out.append({"role": "user", "content": [{"type": "text", "text": "Images returned by tool calls:"}]
-                        + [_data_url(i) for i in images]})
+            out.append(_images_entry(images))
             images.clear()
 
     for message in messages:
@@ -266,6 +282,57 @@ def to_openai_messages(system: str, messages: list[Message], entries: "IdentityC
         images.extend(attached)
     flush_images()
     return out
+
+
+def _images_entry(images: list[ImageContent]) -> dict[str, Any]:
+    """The user message that carries a run of tool results' images (a `tool` message holds only text)."""
+    return {"role": "user", "content": [{"type": "text", "text": "Images returned by tool calls:"}]
+            + [_data_url(i) for i in images]}
+
+
+def _tool_entry(tool: ToolSpec) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": tool.name, "description": tool.description,
+                                             "parameters": tool.parameters}}
+
+
+class _ConversationJSON:
+    """to_openai_messages' list as json.dumps writes it, kept from one request to the next: when a request's messages
+    extend the previous request's (an agent's turn appends), only the new ones are converted and encoded, each once."""
+
+    def __init__(self, same_model: Callable[[AssistantMessage], bool]) -> None:
+        self._same_model = same_model
+        self._encoded = IdentityCache()
+        self._system: str | None = None
+        self._messages: list[Message] = []   # what the kept parts encode
+        self._parts: list[str] = []          # one JSON text per entry so far
+        self._images: list[ImageContent] = []  # from the trailing run of tool results: their entry is not yet made
+
+    def json(self, system: str, messages: list[Message]) -> str:
+        seen = len(self._messages)
+        if system != self._system or messages[:seen] != self._messages:   # not a continuation: start again
+            self._encoded.begin()
+            self._system, self._messages, self._images = system, [], []
+            self._parts = [json.dumps({"role": "system", "content": system})] if system else []
+            seen = 0
+        try:
+            for message in messages[seen:]:
+                text, attached = self._encoded.get(message, self._encode)
+                if self._images and not isinstance(message, ToolResultMessage):
+                    self._parts.append(json.dumps(_images_entry(self._images)))
+                    self._images = []
+                if text is not None:
+                    self._parts.append(text)
+                self._images += attached
+        except BaseException:
+            self._system = None   # half-updated: the next request starts again
+            raise
+        self._messages += messages[seen:]
+        parts = self._parts + [json.dumps(_images_entry(self._images))] if self._images else self._parts
+        return "[" + ", ".join(parts) + "]"
+
+    def _encode(self, message: Message) -> tuple[str | None, list[ImageContent]]:
+        entry, attached = _entry(message, self._same_model)
+        return (json.dumps(entry) if entry is not None else None), attached
 
 
 def _entry(message: Message, same_model: Callable[[AssistantMessage], bool]
