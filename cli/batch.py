@@ -277,7 +277,7 @@ def _pack(items: list[Item], specs: dict[str, JobSpec], max_bytes: int) -> list[
 
 
 def _check_images(specs: dict[str, JobSpec]) -> None:
-    from worker.app import embedded_broker
+    from worker.brokers import embedded_broker
     if not embedded_broker():
         return
     from cli.main import check_image

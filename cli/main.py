@@ -262,7 +262,7 @@ def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_
     spec = build_spec(options, no_images)
     spec.queue = queue
     spec.max_workspace = max_workspace
-    from worker.app import embedded_broker
+    from worker.brokers import embedded_broker
     from worker.store import default_store
     if embedded_broker():  # the worker is on this machine: its image must be here too
         check_image(spec.image)

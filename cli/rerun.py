@@ -93,7 +93,7 @@ def retry(job_id: str, out_dir: str | None, queue: str | None, api_key: str | No
 def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | None, wait: bool, as_json: bool,
            limits: dict[str, Any]) -> None:
     """Make the spec, check it as submit checks its own, record it, publish it; then print the id or wait."""
-    from worker.app import embedded_broker
+    from worker.brokers import embedded_broker
     from worker.continuation import Refused
     from worker.store import default_store
     store = default_store()

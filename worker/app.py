@@ -12,18 +12,11 @@ import os
 from celery import Celery
 
 from pid.config import pid_home
+from worker.brokers import embedded_broker
 from worker.clients import check_clients
 from worker.jobs import DEFAULT_QUEUE
 
 QUEUE = DEFAULT_QUEUE   # the default queue (a job names its own: JobSpec.queue)
-
-
-EMBEDDED = ("pidfs://", "filesystem://")   # kombu's own filesystem transport can read half-written messages
-
-
-def embedded_broker() -> bool:
-    """True when jobs run on this machine's filesystem queue (no PID_BROKER_URL)."""
-    return (os.environ.get("PID_BROKER_URL") or "pidfs://").startswith(EMBEDDED)
 
 
 def broker_settings(home: str) -> tuple[str, dict[str, object]]:

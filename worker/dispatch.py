@@ -4,10 +4,15 @@ in a fraction of the time.
 """
 from __future__ import annotations
 
-from worker.app import QUEUE, app
+import os
+from typing import Any
+
+from worker.jobs import DEFAULT_QUEUE
+from worker.brokers import redis_broker
+from worker.publish import TASK, push
 from worker.store import Store, default_store
 
-TASK = "pid.run_job"   # worker/tasks.py run_job_task
+_redis_clients: dict[tuple[int, str], Any] = {}   # a broker that is not the store's Redis: one client per process
 
 
 def dispatch(job_id: str, store: Store | None = None, previous: float | None = None,
@@ -17,13 +22,30 @@ def dispatch(job_id: str, store: Store | None = None, previous: float | None = N
     is recorded and raised. The message is the job's id and nothing else (no key: that stays in the store)."""
     store = store or default_store()
     record = store.get(job_id)
-    queue = record.spec.queue if record is not None else QUEUE
+    queue = record.spec.queue if record is not None else DEFAULT_QUEUE
     if not store.mark_dispatched(job_id, previous, only_if=reconcile):
         return False
     try:
-        app.send_task(TASK, args=[job_id], task_id=job_id, queue=queue)
+        broker = redis_broker()
+        if broker is not None:   # one LPUSH: no Celery, no kombu in this process (worker/publish.py)
+            push(_redis_client(store, broker), job_id, queue)
+        else:
+            from worker.app import app
+            app.send_task(TASK, args=[job_id], task_id=job_id, queue=queue)
     except Exception as exc:
         store.mark_undispatched(job_id, f"{type(exc).__name__}: {exc}")
         raise
     store.mark_published(job_id)
     return True
+
+
+def _redis_client(store: Store, url: str) -> Any:
+    """A client of the broker's Redis: the store's own when the store is that Redis (its connection is open)."""
+    from worker.redis_store import RedisStore
+    if isinstance(store, RedisStore) and store.url == url:
+        return store.client()
+    key = (os.getpid(), url)
+    if key not in _redis_clients:
+        import redis
+        _redis_clients[key] = redis.Redis.from_url(url, socket_connect_timeout=10, socket_timeout=60)
+    return _redis_clients[key]

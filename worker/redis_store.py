@@ -458,6 +458,10 @@ class RedisStore:
             state = self._state = (os.getpid(), client, scripts)
         return state[1], state[2]
 
+    def client(self) -> Any:
+        """This process's redis-py client (the broker's too when it is the same Redis: worker/dispatch.py)."""
+        return self._connection()[0]
+
     @property
     def _r(self) -> Any:
         """The client (Any: redis-py's stubs type replies as bytes | str; with decode_responses off they are

@@ -1,0 +1,86 @@
+"""A job's message on a Redis broker, pushed by pid itself (worker/publish.py): the same message Celery sends, and a
+`pid submit` that never loads Celery or kombu. (The cluster tests run jobs published this way on real workers.)"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.brokers import RedisServer
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.cli   # a redis-server and subprocesses
+
+# Fields that are fresh in every message, whoever sends it.
+PER_MESSAGE = {("headers", "origin"), ("properties", "delivery_tag"), ("properties", "reply_to")}
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path):
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def _env(tmp_path: Path, url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PID_")}
+    return dict(env, PID_BROKER_URL=url, PID_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
+
+
+def _fields(message: dict) -> dict[tuple[str, str], object]:
+    out: dict[tuple[str, str], object] = {}
+    for key, value in message.items():
+        if isinstance(value, dict):
+            out.update({(key, inner): v for inner, v in value.items()})
+        else:
+            out[(key, "")] = base64.b64decode(value) if key == "body" else value
+    return out
+
+
+def test_the_pushed_message_is_the_one_celery_sends(tmp_path, redis_url):
+    import redis
+
+    from worker.publish import message
+    sent = subprocess.run([sys.executable, "-c", "from worker.app import app; "
+                           "app.send_task('pid.run_job', args=['job-1'], task_id='job-1', queue='q1')"],
+                          env=_env(tmp_path, redis_url), capture_output=True, text=True, timeout=60)
+    assert sent.returncode == 0, sent.stderr
+    client = redis.Redis.from_url(redis_url)
+    celerys = _fields(json.loads(client.lpop("q1")))
+    ours = _fields(json.loads(message("job-1", "q1")))
+    assert set(ours) == set(celerys)
+    assert {k: v for k, v in ours.items() if k not in PER_MESSAGE} == \
+           {k: v for k, v in celerys.items() if k not in PER_MESSAGE}
+
+
+SUBMIT = """
+import sys
+from click.testing import CliRunner
+from cli.main import cli
+result = CliRunner().invoke(cli, sys.argv[1:], catch_exceptions=False)
+print(result.output, end="")
+print("loaded:", sorted(m for m in ("celery", "kombu") if m in sys.modules))
+sys.exit(result.exit_code)
+"""
+
+
+def test_submit_on_redis_pushes_one_message_without_loading_celery(tmp_path, redis_url, sample_repo):
+    import redis
+    done = subprocess.run([sys.executable, "-c", SUBMIT, "submit", "a task", "--repo", str(sample_repo), "--model",
+                           "m", "--base-url", "http://127.0.0.1:9/v1", "--queue", "q2"],
+                          env=_env(tmp_path, redis_url), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + done.stdout
+    job_id = done.stdout.split()[0]
+    assert "loaded: []" in done.stdout
+    entries = redis.Redis.from_url(redis_url).lrange("q2", 0, -1)
+    assert len(entries) == 1
+    sent = json.loads(entries[0])
+    assert sent["headers"]["id"] == job_id and sent["properties"]["delivery_info"]["routing_key"] == "q2"

@@ -1,0 +1,19 @@
+"""Which broker pid's jobs go through (PID_BROKER_URL), known without loading Celery: a client that only publishes
+(`pid submit` on Redis, worker/publish.py) never imports it."""
+from __future__ import annotations
+
+import os
+
+EMBEDDED = ("pidfs://", "filesystem://")   # kombu's own filesystem transport can read half-written messages
+REDIS_SCHEMES = ("redis", "rediss")
+
+
+def embedded_broker() -> bool:
+    """True when jobs run on this machine's filesystem queue (no PID_BROKER_URL)."""
+    return (os.environ.get("PID_BROKER_URL") or "pidfs://").startswith(EMBEDDED)
+
+
+def redis_broker() -> str | None:
+    """PID_BROKER_URL when it names a Redis, else None."""
+    url = os.environ.get("PID_BROKER_URL") or ""
+    return url if url.split("://", 1)[0].lower() in REDIS_SCHEMES else None
