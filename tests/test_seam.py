@@ -84,7 +84,15 @@ def test_a_job_runs_through_the_runner_on_the_memory_provider(sample_repo, tmp_p
     assert (job_dir / "files" / "workspace" / "hello.py").read_text() == 'print("hi, pid")\n'
     assert result["artifacts"]["refused"] == [{"path": "missing.txt", "reason": "not found", "artifact": "files"}]
     [box] = provider.created
-    assert provider.cleared == [spec.id] and box.closed and not box.removed_by_pid
+    assert provider.cleared == [] and box.closed and not box.removed_by_pid   # a first attempt has nothing to clear
+
+
+def test_a_later_attempt_clears_what_an_earlier_one_left(sample_repo, tmp_path):
+    provider = MemoryProvider({})
+    with ScriptedLLM([{"text": "done"}]) as llm:
+        spec = spec_for(sample_repo, tmp_path / "out", llm)
+        result = run_job(spec, sandboxes=provider, attempt=2)
+    assert result["exit_reason"] == "stop" and provider.cleared == [spec.id]
 
 
 def test_a_sandbox_lost_mid_job_fails_it_as_a_sandbox_error(sample_repo, tmp_path):

@@ -134,7 +134,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             raise JobCancelled
         if sandbox is None:
             sandboxes = sandboxes or DockerProvider()
-            sandboxes.clear_job(spec.id)  # left by an earlier attempt whose worker died
+            if attempt > 1:   # an earlier attempt's container, left by a worker that died (a first has none)
+                sandboxes.clear_job(spec.id)
             if spec.workspace:   # unpacked while the container starts
                 packed = open_packed(spec.workspace, blobs)
             sandbox = sandboxes.create(sandbox_config(spec, attempt), workspace=packed)
