@@ -163,7 +163,13 @@ pid_z0=
 pid_z1=
 pid_drain() {  # $1: a slot's FIFO fd. A slot killed before it read all of its command (a cancel at once) left the
     # rest in the FIFO: the next shell must not take it for its own command.
+    read -r -t 0 -u "$1" || return 0   # (the usual case: nothing left)
     while read -r -t 0 -u "$1"; do IFS= read -r -d '' -t 0.01 -N 65536 -u "$1" pid_k; done
+    pid_k=
+    # A `read -N` that times out leaves what it took from the FIFO in bash's shared read buffer, where the next
+    # request's `read -N` would find it first (the agent's bytes read as pid's requests). mapfile empties that buffer
+    # before it reads (a builtin: no fork).
+    mapfile pid_drained </dev/null
 }
 pid_spawn() {  # $1: slot
     pid_n=$((pid_n + 1))
@@ -417,7 +423,7 @@ pid_trim() {  # T keep path
     echo "T $pid_cut"
 }
 
-pid_nl='
+pid_lf='
 '
 if [ "$pid_shell" = bash ]; then
     # bash's `read` of lines from a regular file reads ahead into a buffer all its reads share, then seeks the file
@@ -428,8 +434,8 @@ if [ "$pid_shell" = bash ]; then
         pid_s=
         IFS= read -r -N 16384 pid_s <"$1/status"
         case $pid_s in
-            *"${pid_nl}Uid:"*)
-                pid_u=${pid_s#*"${pid_nl}Uid:"}
+            *"${pid_lf}Uid:"*)
+                pid_u=${pid_s#*"${pid_lf}Uid:"}
                 pid_u=${pid_u#"${pid_u%%[0-9]*}"}
                 pid_u=${pid_u%%[!0-9]*} ;;
             *) pid_u= ;;

@@ -174,6 +174,26 @@ def test_pids_pipes_files_and_processes_are_out_of_the_agents_reach(box):
     assert "kill=1" in text and "init=1" in text and "ttl=1" in text, text
 
 
+STOP_WAITING_SHELLS = ("for p in /proc/[0-9]*; do [ \"${p#/proc/}\" = $$ ] && continue; "
+                       "case $(tr '\\0' ' ' 2>/dev/null <$p/cmdline) in *'read -r n <&3'*) kill -STOP ${p#/proc/} ;; "
+                       "esac; done; echo stopped")
+
+
+def test_a_command_left_in_a_stopped_shells_pipe_never_reaches_pids_server():
+    """The shells waiting for the agent's next command run as the agent, which can stop them: its next command then
+    sits whole in the pipe, and the server drains the pipe before the next shell starts. That drain used to leave what it had read in bash's shared read buffer, so the next command's tail was
+    read by the root server as requests (a `t` request read back /etc/shadow)."""
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id="test-trust-drain", ttl_s=300)) as box:
+        forged = "t 0 300 ZZZ /etc/shadow\n" * 400
+        for _ in range(10):
+            assert box.exec(STOP_WAITING_SHELLS, timeout=10).tail == b"stopped\n"
+            box.exec(": '" + "A" * 60000 + "'", timeout=1)   # its shell is stopped: it never reads it
+            for n in range(3):
+                done = box.exec(f"echo in-step-{n}\n: '\n{forged}'", timeout=10)
+                assert (done.exit_code, done.tail) == (0, f"in-step-{n}\n".encode())
+        assert b"root:" not in box.exec("cat /etc/shadow 2>&1; echo", timeout=10).tail   # (still the agent's view)
+
+
 def test_a_job_is_root_free_by_default_and_root_on_request(run_pid, sample_repo, tmp_path):
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "id -u; grep CapEff /proc/self/status"}}]},
               {"text": "done"}]
