@@ -181,8 +181,9 @@ STOP_WAITING_SHELLS = ("for p in /proc/[0-9]*; do [ \"${p#/proc/}\" = $$ ] && co
 
 def test_a_command_left_in_a_stopped_shells_pipe_never_reaches_pids_server():
     """The shells waiting for the agent's next command run as the agent, which can stop them: its next command then
-    sits whole in the pipe, and the server drains the pipe before the next shell starts. That drain used to leave what it had read in bash's shared read buffer, so the next command's tail was
-    read by the root server as requests (a `t` request read back /etc/shadow)."""
+    sits whole in the pipe, and the server drains the pipe before the next shell starts. That drain used to leave
+    what it had read in bash's shared read buffer, so the next command's tail was read by the root server as
+    requests (a `t` request read back /etc/shadow)."""
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id="test-trust-drain", ttl_s=300)) as box:
         forged = "t 0 300 ZZZ /etc/shadow\n" * 400
         for _ in range(10):
