@@ -1,14 +1,14 @@
 """Publishing a job's message: what `submit`, a hand-back and the reconciler do. Light on purpose: a client imports
-this, the Celery app and the store, never the runner (the agent, its providers, the sandbox), so `pid submit` starts
-in a fraction of the time.
+this and the store, never the runner (the agent, its providers, the sandbox), and the Celery app only for a broker
+that is not Redis (worker/publish.py), so `pid submit` starts in a fraction of the time.
 """
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from worker.jobs import DEFAULT_QUEUE
 from worker.brokers import redis_broker
+from worker.jobs import DEFAULT_QUEUE
 from worker.publish import TASK, push
 from worker.store import Store, default_store
 

@@ -9,8 +9,8 @@ The workers consume with Celery as before; tests/test_publish.py checks this mes
 Celery itself sends, and the cluster tests run jobs published this way.
 
 What differs from send_task, none of which a worker reads for pid's task: `reply_to` and `delivery_tag` are fresh
-uuids (as kombu's are), `origin` names this process, and nothing declares the queue's binding (the workers do when
-they start consuming; a message pushed before that waits on the list).
+uuids (as kombu's are), `origin` names this process, and nothing is declared first (on Redis a queue is its list: a
+message pushed before any worker consumed the queue waits there).
 """
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ import uuid
 from typing import Any
 
 TASK = "pid.run_job"   # worker/tasks.py run_job_task
+
+
 def message(job_id: str, queue: str) -> bytes:
     """The list entry: kombu's envelope (its virtual transport's prepare_message and basic_publish) around Celery's
     task message (as_task_v2 with send_task's defaults: no eta, expiry, limits or parent)."""
