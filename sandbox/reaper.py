@@ -9,6 +9,7 @@ import hashlib
 import logging
 import os
 import socket
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -48,16 +49,23 @@ def parse_time(value: str) -> datetime | None:
 
 
 def force_remove(client: docker.DockerClient, container_id: str) -> bool:
-    """Force-remove; True when it is gone (or already going: 409 is a removal in progress). Never raises."""
-    try:
-        client.api.remove_container(container_id, force=True)
-    except docker.errors.NotFound:
-        return False
-    except Exception as exc:
-        if getattr(exc, "status_code", None) != 409:
-            log.warning("cannot remove container %s: %s", container_id[:12], exc)
+    """Force-remove; True when it is gone (or already going: 409 is a removal in progress). Never raises. An engine
+    that fails the request otherwise (busy, a kill it did not see end) is asked once more before giving up (the
+    container's own time to live and the reaper remain)."""
+    for attempt in range(2):
+        try:
+            client.api.remove_container(container_id, force=True)
+        except docker.errors.NotFound:
             return False
-    return True
+        except Exception as exc:
+            if getattr(exc, "status_code", None) != 409:
+                if attempt == 0:
+                    time.sleep(0.5)
+                    continue
+                log.warning("cannot remove container %s: %s", container_id[:12], exc)
+                return False
+        return True
+    return False
 
 
 def list_containers(client: docker.DockerClient, labels: list[str]) -> list[dict[str, Any]]:
