@@ -98,26 +98,16 @@ class Run:
             self._publish([spec for _, spec in go])
 
     def _publish(self, specs: list[JobSpec]) -> None:
-        """Each job's message (its id). A publish that fails leaves it and the rest to the workers' reconcilers,
-        which publish what the store says was not (a warning, once)."""
-        from worker.app import app
-        if not specs:
+        """Each job's message (its id), over one connection. A publish that fails leaves it and the rest to the
+        workers' reconcilers, which publish what the store says was not (a warning, once)."""
+        from worker.dispatch import publish
+        sent, error = publish(self.store, [(spec.id, spec.queue) for spec in specs])
+        if error is None:
             return
-        with app.producer_or_acquire() as producer:   # one producer (and connection) for the whole chunk
-            self._send(specs, producer)
-
-    def _send(self, specs: list[JobSpec], producer: Any) -> None:
-        from worker.app import app
-        from worker.dispatch import TASK
-        for n, spec in enumerate(specs):
-            try:
-                app.send_task(TASK, args=[spec.id], task_id=spec.id, queue=spec.queue, producer=producer)
-            except Exception as exc:
-                for left in specs[n:]:
-                    self.store.mark_undispatched(left.id, f"{type(exc).__name__}: {exc}")
-                click.echo(f"pid: warning: the broker refused job {spec.id} ({exc}); {len(specs) - n} job(s) wait "
-                           "for a worker's reconciler to queue them", err=True)
-                return
+        for left in specs[sent:]:
+            self.store.mark_undispatched(left.id, f"{type(error).__name__}: {error}")
+        click.echo(f"pid: warning: the broker refused job {specs[sent].id} ({error}); {len(specs) - sent} job(s) wait "
+                   "for a worker's reconciler to queue them", err=True)
 
     # -- following ---------------------------------------------------------------------------------------------
 

@@ -25,18 +25,39 @@ def dispatch(job_id: str, store: Store | None = None, previous: float | None = N
     queue = record.spec.queue if record is not None else DEFAULT_QUEUE
     if not store.mark_dispatched(job_id, previous, only_if=reconcile):
         return False
-    try:
-        broker = redis_broker()
-        if broker is not None:   # one LPUSH: no Celery, no kombu in this process (worker/publish.py)
-            push(_redis_client(store, broker), job_id, queue)
-        else:
-            from worker.app import app
-            app.send_task(TASK, args=[job_id], task_id=job_id, queue=queue)
-    except Exception as exc:
-        store.mark_undispatched(job_id, f"{type(exc).__name__}: {exc}")
-        raise
+    _, error = publish(store, [(job_id, queue)])
+    if error is not None:
+        store.mark_undispatched(job_id, f"{type(error).__name__}: {error}")
+        raise error
     store.mark_published(job_id)
     return True
+
+
+def publish(store: Store, jobs: list[tuple[str, str]]) -> tuple[int, Exception | None]:
+    """Send the messages of (job id, queue) pairs, in order, over one connection: how many went before the broker
+    refused one, and why (None: all went). The store's records are the caller's to keep."""
+    if not jobs:
+        return 0, None
+    broker = redis_broker()
+    if broker is not None:   # LPUSHes in one round trip: no Celery, no kombu in this process (worker/publish.py)
+        try:
+            pipe = _redis_client(store, broker).pipeline(transaction=False)
+            for job_id, queue in jobs:
+                push(pipe, job_id, queue)
+            pipe.execute()
+        except Exception as exc:
+            return 0, exc
+        return len(jobs), None
+    from worker.app import app
+    sent = 0
+    try:
+        with app.producer_or_acquire() as producer:
+            for job_id, queue in jobs:
+                app.send_task(TASK, args=[job_id], task_id=job_id, queue=queue, producer=producer)
+                sent += 1
+    except Exception as exc:
+        return sent, exc
+    return sent, None
 
 
 def _redis_client(store: Store, url: str) -> Any:

@@ -1012,8 +1012,8 @@ def store_url() -> str | None:
     url = os.environ.get("PID_STORE_URL")
     if url:
         return url
-    broker = os.environ.get("PID_BROKER_URL") or ""
-    return broker if broker.split("://", 1)[0].lower() in ("redis", "rediss") else None
+    from worker.brokers import redis_broker
+    return redis_broker()
 
 
 _redis_stores: dict[tuple[int, str], Store] = {}   # one client (and connection pool) per URL and process
