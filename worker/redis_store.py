@@ -466,7 +466,7 @@ class RedisStore:
     def _r(self) -> Any:
         """The client (Any: redis-py's stubs type replies as bytes | str; with decode_responses off they are
         bytes)."""
-        return self._connection()[0]
+        return self.client()
 
     def _run(self, script: str, job_id: str = "", /, **args: Any) -> Any:
         client, scripts = self._connection()

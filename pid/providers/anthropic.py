@@ -9,7 +9,6 @@ go back unchanged with their signatures, redacted ones as `redacted_thinking`. F
 """
 from __future__ import annotations
 
-import copy
 import json
 import re
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, M
 from pid.providers import retry
 from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price
 from pid.providers.openai import parse_arguments
-from pid.providers.transport import StreamReply, StreamingProvider, json_object, truncate
+from pid.providers.transport import StreamReply, StreamingProvider, ToolsJSON, json_object, truncate
 from pid.tokens import get_counter
 
 API = API_NAMES["anthropic"]
@@ -72,8 +71,7 @@ class AnthropicProvider(StreamingProvider):
             self._headers["anthropic-beta"] = INTERLEAVED_THINKING_BETA
         self._same_model = lambda m: m.api == API and m.model == config.model
         self._conversation = _MessagesJSON(self._same_model)
-        self._tools_sent: list[ToolSpec] = []
-        self._tools_json = "[]"
+        self._tools = ToolsJSON(_tool_entry)
 
     def _new_reply(self) -> "_Reply":
         return _Reply()
@@ -96,10 +94,7 @@ class AnthropicProvider(StreamingProvider):
         again every turn: what the previous request sent is kept, and only what was added is encoded."""
         raw = {"messages": self._conversation.json(messages)}
         if tools:
-            if tools != self._tools_sent:
-                # a copy: a schema changed in place must not match what was sent
-                self._tools_sent, self._tools_json = copy.deepcopy(tools), json.dumps([_tool_entry(t) for t in tools])
-            raw["tools"] = self._tools_json
+            raw["tools"] = self._tools.json(tools)
         return json_object(self._body(system, None, True if tools else None), raw).encode()
 
     def _body(self, system: str, messages: Any, tools: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ images follow the run of tool messages as one extra user message ("Images return
 """
 from __future__ import annotations
 
-import copy
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, M
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers import retry
 from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price
-from pid.providers.transport import StreamReply, StreamingProvider, json_object, truncate
+from pid.providers.transport import StreamReply, StreamingProvider, ToolsJSON, json_object, truncate
 
 API = API_NAMES["openai"]
 OPENAI_HOST = "api.openai.com"
@@ -42,9 +41,7 @@ class OpenAIProvider(StreamingProvider):
     def __init__(self, config: ProviderConfig) -> None:
         auth = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         super().__init__(config, base_url_for(API, config.base_url).rstrip("/") + "/chat/completions", auth)
-        self._entries = IdentityCache()
-        self._tools_sent: list[ToolSpec] = []
-        self._tools_json = "[]"
+        self._tools = ToolsJSON(_tool_entry)
         self._same_model = lambda m: m.api == API and m.model == config.model
         self._conversation = _ConversationJSON(self._same_model)
         # OpenAI's own endpoint refuses `max_tokens` for its reasoning models (o1, o3, o4-mini, gpt-5...) and takes
@@ -55,7 +52,7 @@ class OpenAIProvider(StreamingProvider):
         return _Reply()
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
-        return self._body(to_openai_messages(system, messages, self._entries, self._same_model),
+        return self._body(to_openai_messages(system, messages, self._same_model),
                           [_tool_entry(t) for t in tools] if tools else None)
 
     def request_bytes(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> bytes:
@@ -63,10 +60,7 @@ class OpenAIProvider(StreamingProvider):
         again every turn: what the previous request sent is kept, and only what was added is encoded."""
         raw = {"messages": self._conversation.json(system, messages)}
         if tools:
-            if tools != self._tools_sent:
-                # a copy: a schema changed in place must not match what was sent
-                self._tools_sent, self._tools_json = copy.deepcopy(tools), json.dumps([_tool_entry(t) for t in tools])
-            raw["tools"] = self._tools_json
+            raw["tools"] = self._tools.json(tools)
         return json_object(self._body(None, True if tools else None), raw).encode()
 
     def _body(self, messages: Any, tools: Any) -> dict[str, Any]:
@@ -257,14 +251,11 @@ def _user_content(blocks: list[TextContent | ImageContent]) -> str | list[dict[s
     return [{"type": "text", "text": b.text} if isinstance(b, TextContent) else _data_url(b) for b in blocks]
 
 
-def to_openai_messages(system: str, messages: list[Message], entries: "IdentityCache | None" = None,
+def to_openai_messages(system: str, messages: list[Message],
                        same_model: Callable[[AssistantMessage], bool] = lambda _m: False) -> list[dict[str, Any]]:
-    """The conversation in Chat Completions form. `entries` keeps each message's entry from the last request: the
-    whole conversation is sent every turn, and converting it again would make a turn's cost grow with its length.
-    `same_model` tells whether an assistant message came from the model being asked (only its reasoning goes back
-    in the reasoning field; another model's becomes text, as pi does)."""
-    cache = entries if entries is not None else IdentityCache()
-    cache.begin()
+    """The conversation in Chat Completions form (what a request sends is built faster, to the same bytes, by
+    _ConversationJSON). `same_model` tells whether an assistant message came from the model being asked (only its
+    reasoning goes back in the reasoning field; another model's becomes text, as pi does)."""
     out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     images: list[ImageContent] = []  # from the current run of tool results
 
@@ -274,7 +265,7 @@ def to_openai_messages(system: str, messages: list[Message], entries: "IdentityC
             images.clear()
 
     for message in messages:
-        entry, attached = cache.get(message, lambda m: _entry(m, same_model))
+        entry, attached = _entry(message, same_model)
         if not isinstance(message, ToolResultMessage):
             flush_images()
         if entry is not None:   # None: nothing the model could use; some servers reject an empty assistant turn

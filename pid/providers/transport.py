@@ -7,6 +7,7 @@ hence a thread-local; a thread with no cancel event set reads exactly as httpx w
 """
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import ssl
@@ -280,6 +281,21 @@ def _find_message(value: Any) -> str | None:
                 if found:
                     return found
     return None
+
+
+class ToolsJSON:
+    """The tools' part of a request body, encoded again only when the tools change (a turn's tools rarely do). A
+    copy of what was encoded is kept: a schema changed in place must not match what was sent."""
+
+    def __init__(self, entry: Callable[[ToolSpec], dict[str, Any]]) -> None:
+        self._entry = entry
+        self._sent: list[ToolSpec] = []
+        self._json = "[]"
+
+    def json(self, tools: list[ToolSpec]) -> str:
+        if tools != self._sent:
+            self._sent, self._json = copy.deepcopy(tools), json.dumps([self._entry(t) for t in tools])
+        return self._json
 
 
 def json_object(fields: dict[str, Any], raw: dict[str, str]) -> str:
