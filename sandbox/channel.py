@@ -1,9 +1,14 @@
-"""One exec channel: a long-lived `channel.sh` server inside the container, spoken to over an attached stream.
+"""One exec channel: a long-lived `channel.sh` server inside the container, spoken to over its stdin and stdout.
 
 Why: `docker exec` per tool call costs ~60 ms; a request on a warm channel costs about a millisecond.
 A channel serves one request at a time (the pool hands it to one caller); the wire format is described at the
 top of channel.sh. The server is pid's (root), but the host trusts nothing it reads: every read has a deadline
 and a byte limit, and any desync, overflow or broken stream raises SandboxError; the caller discards the channel.
+
+Two links carry the bytes. A `docker exec` with an attached stream (StreamLink) works with any engine. With a job
+disk, whose /.pid is a host directory, the servers a sandbox needs first are started by the container's own entry
+command with two FIFOs of that directory as stdin and stdout (PipeLink): no `docker exec` (~0.1 s each) before the
+first request, and the bytes go through the kernel only.
 """
 from __future__ import annotations
 
@@ -12,16 +17,18 @@ import importlib.resources
 import os
 import re
 import secrets
+import select
 import socket
+import stat
 import tarfile
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 from pid.sandbox import OutputPolicy
 
 from .errors import SandboxError
-from .frames import FrameReader, ReplyTooLarge, StreamClosed
+from .frames import BoundedReader, FrameReader, PipeReader, ReplyTooLarge, StreamClosed
 
 SCRIPT = importlib.resources.files(__package__).joinpath("channel.sh").read_bytes()
 PID_DIR = "/.pid"
@@ -33,6 +40,16 @@ SCRIPT_PATH = f"{PID_DIR}/channel.sh"
 # directories (an image PATH may name a directory the agent can write).
 _BOOT = ('exec 2>/dev/null; PID_IMAGE_PATH=$PATH; export PID_IMAGE_PATH; PATH=/usr/sbin:/usr/bin:/sbin:/bin; '
          'export PATH; if command -v bash >/dev/null 2>&1; then exec bash "$@"; fi; exec sh "$@"')
+
+# The container's entry command when its first servers start with it: each reads its requests from
+# /.pid/run/req.<id> and writes its replies to /.pid/run/rep.<id>, FIFOs the host made and opened before the start;
+# then the entry becomes the time-to-live `sleep`, as without them. Nothing here is the agent's: the FIFOs' directory
+# is root's (0700) and the servers run as root. Arguments: ttl, workdir, uid, gid, _BOOT, then "<role>:<id>"...
+_ENTRY = ('exec </dev/null 2>/dev/null; t=$1 w=$2 u=$3 g=$4 b=$5; shift 5; for s in "$@"; do '
+          '( exec <"/.pid/run/req.${s#*:}" >"/.pid/run/rep.${s#*:}" && '
+          'exec /bin/sh -c "$b" pid-boot ' + SCRIPT_PATH + ' "${s%%:*}" "${s#*:}" "$w" "$u" "$g" ) & done; '
+          'exec sleep "$t"')
+RUN_DIR = "run"   # the FIFOs' directory in /.pid
 
 STARTUP_TIMEOUT = 30.0
 REPLY_TIMEOUT = 30.0     # for requests that must answer promptly (start, kill, counts)
@@ -67,6 +84,134 @@ def install_script(api, container_id: str, host_dir: str | None) -> None:
         raise SandboxError(f"cannot install the exec channel script: {exc}") from exc
 
 
+def entry_command(ttl: int, servers: list[tuple[str, int]], workdir: str, uid: int, gid: int) -> list[str]:
+    """The container's command: start `servers` ((role, channel id), their FIFOs made by open_pipes), then sleep
+    `ttl` seconds as the main process (the container ends, and is removed, when it does)."""
+    return ["/bin/sh", "-c", _ENTRY, "pid-entry", str(ttl), workdir, str(uid), str(gid), _BOOT,
+            *(f"{role}:{channel_id}" for role, channel_id in servers)]
+
+
+class StreamLink:
+    """The server started by `docker exec`, its stdin and stdout the exec's attached stream (through the engine)."""
+
+    def __init__(self, api, container_id: str, argv: list[str], env: Mapping[str, str]) -> None:
+        try:
+            exec_id = api.exec_create(container_id, argv, stdin=True, stdout=True, stderr=True, tty=False,
+                                      environment=dict(env), workdir="/", user="0:0")["Id"]
+            self._response = api.exec_start(exec_id, socket=True)
+        except Exception as exc:  # docker.errors.* and transport errors alike
+            raise SandboxError(f"cannot start exec channel: {exc}") from exc
+        self.sock: socket.socket = getattr(self._response, "_sock", self._response)
+        self.sock.settimeout(None)
+        self.reader: BoundedReader = FrameReader(self.sock)
+
+    def send(self, data: bytes, deadline: float) -> None:
+        """All of `data` by `deadline` (TimeoutError otherwise): a stopped server stops reading, and sendall would
+        block forever."""
+        if _DONTWAIT and type(self.sock) is socket.socket:
+            # A request fits the socket's buffer: one send that cannot block, and no switching the socket to
+            # timeout mode and back (two more system calls). What does not fit goes on the way below.
+            try:
+                sent = self.sock.send(data, _DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(data):
+                return
+            data = data[sent:]
+        try:
+            self.sock.settimeout(max(0.001, deadline - time.monotonic()))
+            self.sock.sendall(data)
+        finally:
+            try:
+                self.sock.settimeout(None)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """EOF on the server's stdin, and the stream dropped. Never raises."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        for obj in (self.sock, self._response):
+            try:
+                obj.close()
+            except Exception:
+                pass
+
+
+class PipeLink:
+    """A server's stdin and stdout as two FIFOs in the job disk's /.pid/run, made and opened by the host before the
+    server (started by the container's entry) opens them. The host holds the request FIFO read-write, so that opening
+    it never blocks on either side; the server's end shows as EOF on the reply FIFO. Once the server has answered,
+    the FIFOs' names go: nothing else can ever open them."""
+
+    def __init__(self, run_dir_fd: int, channel_id: int) -> None:
+        self._dir_fd = os.dup(run_dir_fd)
+        self._names = [f"req.{channel_id}", f"rep.{channel_id}"]
+        self.req_fd = self.rep_fd = -1
+        try:
+            for name in self._names:
+                os.mkfifo(name, 0o600, dir_fd=self._dir_fd)
+            # The reply end first, read-only: a FIFO with no writer yet reads as "nothing there", not as EOF.
+            self.rep_fd = self._open(self._names[1], os.O_RDONLY)
+            self.req_fd = self._open(self._names[0], os.O_RDWR)
+        except OSError as exc:
+            self.close()
+            raise SandboxError(f"cannot make the exec channel's pipes: {exc}") from exc
+        self.reader: BoundedReader = PipeReader(self.rep_fd)
+
+    def _open(self, name: str, mode: int) -> int:
+        fd = os.open(name, mode | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir_fd)
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(f"{name} is not a FIFO")
+        return fd
+
+    def send(self, data: bytes, deadline: float) -> None:
+        """All of `data` by `deadline` (TimeoutError otherwise)."""
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self.req_fd, view):]
+            except BlockingIOError:
+                pass
+            if view:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the request FIFO is full")
+                select.select([], [self.req_fd], [], left)
+
+    def forget_names(self) -> None:
+        """Unlink the FIFOs (the server has them open). Never raises."""
+        if self._dir_fd < 0:
+            return
+        for name in self._names:
+            try:
+                os.unlink(name, dir_fd=self._dir_fd)
+            except OSError:
+                pass
+        os.close(self._dir_fd)
+        self._dir_fd = -1
+
+    def close(self) -> None:
+        """EOF on the server's stdin. Never raises; the names stay (the job's disk goes with the job)."""
+        for attr in ("req_fd", "rep_fd"):
+            fd = getattr(self, attr)
+            if fd >= 0:
+                setattr(self, attr, -1)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        if self._dir_fd >= 0:
+            try:
+                os.close(self._dir_fd)
+            except OSError:
+                pass
+            self._dir_fd = -1
+
+
 class ChannelClosed(SandboxError):
     """The channel's server is gone (killed, or the container stopped)."""
 
@@ -99,69 +244,71 @@ class ExecReply:
 
 
 class Channel:
-    def __init__(self, api, container_id: str, channel_id: int, *, role: str, workdir: str, uid: int, gid: int,
-                 env: Mapping[str, str]) -> None:
+    """A server on a link: `open_exec` starts one with `docker exec`; a server the container's entry started is
+    greeted with `send_hello` and `await_hello`."""
+
+    def __init__(self, link: StreamLink | PipeLink, channel_id: int, role: str) -> None:
+        self.link = link
+        self.reader = link.reader
         self.channel_id = channel_id
         self.role = role
         self.broken = False
+        self.shell = "sh"
+        self.pids_events = 0
+
+    @classmethod
+    def open_exec(cls, api, container_id: str, channel_id: int, *, role: str, workdir: str, uid: int, gid: int,
+                  env: Mapping[str, str]) -> "Channel":
+        link = StreamLink(api, container_id, ["/bin/sh", "-c", _BOOT, "pid-boot", SCRIPT_PATH, role, str(channel_id),
+                                              workdir, str(uid), str(gid)], env)
+        channel = cls(link, channel_id, role)
         try:
-            exec_id = api.exec_create(
-                container_id, ["/bin/sh", "-c", _BOOT, "pid-boot", SCRIPT_PATH, role, str(channel_id), workdir,
-                               str(uid), str(gid)],
-                stdin=True, stdout=True, stderr=True, tty=False, environment=dict(env), workdir="/",
-                user="0:0")["Id"]
-            self._response = api.exec_start(exec_id, socket=True)
-        except Exception as exc:  # docker.errors.* and transport errors alike
-            raise SandboxError(f"cannot start exec channel: {exc}") from exc
-        self.sock: socket.socket = getattr(self._response, "_sock", self._response)
-        self.sock.settimeout(None)
-        self.reader = FrameReader(self.sock)
-        try:
-            self._send(b"h\n", time.monotonic() + STARTUP_TIMEOUT)
-            hello = self._line(time.monotonic() + STARTUP_TIMEOUT)
+            channel.send_hello(time.monotonic() + STARTUP_TIMEOUT)
+            channel.await_hello(time.monotonic() + STARTUP_TIMEOUT)
         except BaseException:
-            self.close()
+            channel.close()
             raise
+        return channel
+
+    def send_hello(self, deadline: float) -> None:
+        self._send(b"h\n", deadline)
+
+    def await_hello(self, deadline: float, alive: Callable[[], bool] | None = None) -> None:
+        """The server's answer to "h". `alive` (is the container up?) is asked every second while none comes: a
+        server that never started leaves its reply FIFO silent, not closed."""
+        while True:
+            step = deadline if alive is None else min(deadline, time.monotonic() + 1.0)
+            hello = self._read(b"\n", step, LINE_LIMIT)
+            if hello is not None:
+                break
+            if time.monotonic() >= deadline:
+                self.broken = True
+                raise SandboxError("exec channel did not answer in time")
+            if alive is not None and not alive():
+                self.broken = True
+                raise ChannelClosed("exec channel closed (container stopped?)")
         if hello.startswith(b"F "):
-            self.close()
+            self.broken = True
             raise SandboxError(f"sandbox setup failed: {hello[2:].decode('utf-8', 'replace')}")
         parts = hello.split()
         if len(parts) != 3 or parts[0] != b"R" or not parts[2].isdigit():
-            self.close()
+            self.broken = True
             raise SandboxError(f"exec channel did not start (got {hello[:200]!r}); does the image have /bin/sh?")
         self.shell = parts[1].decode()
         self.pids_events = int(parts[2])
+        if isinstance(self.link, PipeLink):
+            self.link.forget_names()
 
     # -- transport -------------------------------------------------------------------------------------
     def _send(self, data: bytes, deadline: float) -> None:
-        """Send all of `data` by `deadline`: a stopped server stops reading, and sendall would block forever."""
-        if _DONTWAIT and type(self.sock) is socket.socket:
-            # A request fits the socket's buffer: one send that cannot block, and no switching the socket to
-            # timeout mode and back (two more system calls). What does not fit goes on the way below.
-            try:
-                sent = self.sock.send(data, _DONTWAIT)
-            except BlockingIOError:
-                sent = 0
-            except OSError as exc:
-                self.broken = True
-                raise ChannelClosed(f"exec channel broken: {exc}") from exc
-            if sent == len(data):
-                return
-            data = data[sent:]
         try:
-            self.sock.settimeout(max(0.001, deadline - time.monotonic()))
-            self.sock.sendall(data)
-        except socket.timeout as exc:
+            self.link.send(data, deadline)
+        except TimeoutError as exc:   # (socket.timeout too)
             self.broken = True
             raise SandboxError("exec channel did not take the request in time") from exc
         except OSError as exc:
             self.broken = True
             raise ChannelClosed(f"exec channel broken: {exc}") from exc
-        finally:
-            try:
-                self.sock.settimeout(None)
-            except OSError:
-                pass
 
     def _read(self, marker: bytes, deadline: float, limit: int) -> bytes | None:
         try:
@@ -306,15 +453,6 @@ class Channel:
         return int(reply[1])
 
     def close(self) -> None:
-        """End the server (EOF on its stdin) and drop the stream. Never raises."""
+        """End the server (EOF on its stdin) and drop the link. Never raises."""
         self.broken = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        for obj in (self.sock, getattr(self, "_response", None)):
-            try:
-                if obj is not None:
-                    obj.close()
-            except Exception:
-                pass
+        self.link.close()

@@ -29,7 +29,8 @@ from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped
 
 from . import fileops
 from .artifacts import copy_patch, extract_files
-from .channel import PID_DIR, Channel, ChannelClosed, Finished, TableFull, install_script
+from .channel import (PID_DIR, RUN_DIR, STARTUP_TIMEOUT, Channel, ChannelClosed, Finished, PipeLink, TableFull,
+                      entry_command, install_script)
 from .config import (AGENT_HOME, BASE_ENV, LABEL_ATTEMPT, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER,
                      SandboxConfig, parse_user)
 from .disk import DiskError, JobDisk, disks_supported
@@ -44,6 +45,7 @@ from .workspace import UnsafeTar, base_script, build_tar, patch_script, sanitize
 log = logging.getLogger(__name__)
 
 MAX_CHANNELS = 8
+PRESTARTED = (1, 2, 3)   # channel ids of the servers the container's entry starts: the control server, two agents
 OUTPUT_POLL_S = 0.75       # on_output cadence
 OUTPUT_CHUNK = 16384       # at most this much of the newest output per on_output call
 CANCEL_POLL_S = 0.1        # how often a waiting call looks at its cancel Event
@@ -67,6 +69,11 @@ ROOT_AGENT_CAPABILITIES = ["DAC_OVERRIDE", "FOWNER", "FSETID", "NET_BIND_SERVICE
 
 NOFILE_MAX = 8192          # below the engine's own limit on common hosts (runc refuses to raise it)
 FILE_TABLE_SHARE = 8       # one job's processes x open files stay under 1/8 of the host's file table
+
+
+def agent_env(uid: int) -> dict[str, str]:
+    """The environment of pid's servers in the container, and so of the agent's commands."""
+    return dict(BASE_ENV, USER="root" if uid == 0 else "agent")
 
 
 def _iso(moment: datetime) -> str:
@@ -106,7 +113,7 @@ class DockerSandbox:
         self.base_commit: str | None = None
         self.shell = "bash"
         self._disk = disk
-        self._env = dict(BASE_ENV, USER="root" if self.uid == 0 else "agent")
+        self._env = agent_env(self.uid)
         self._channel_ids = itertools.count(1)
         self._pool = ChannelPool(self._new_channel, MAX_CHANNELS)
         self._control: Channel | None = None
@@ -126,6 +133,8 @@ class DockerSandbox:
         self._spool: str | None = None          # the base's blobs are written after the base (see _record_base)
         self._packing: threading.Thread | None = None
         self._packing_error: BaseException | None = None
+        self._prestarted: list[Channel] = []   # agent servers the entry started, greeted, not yet pooled
+        self._prestarted_lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     @classmethod
@@ -162,13 +171,38 @@ class DockerSandbox:
                 options["mounts"] = [Mount(target, disk.path(name), type="bind") for target, name in (
                     (config.workdir, "workspace"), (AGENT_HOME, "home"), ("/tmp", "tmp"), ("/var/tmp", "vartmp"),
                     (PID_DIR, "pid"))]
+                for name, mode in ((RUN_DIR, 0o700), ("out", 0o711)):   # as the control server makes them
+                    os.mkdir(os.path.join(disk.path("pid"), name))
+                    os.chmod(os.path.join(disk.path("pid"), name), mode)
             else:   # the engine's own quota (overlay2 on xfs with pquota) is the other way to bound the disk
                 options["storage_opt"] = {"size": str(config.disk)}
         caps = MACHINERY_CAPABILITIES + (ROOT_AGENT_CAPABILITIES if uid == 0 else [])
         nofile = nofile_limit(config.pids_limit)
+        env = agent_env(uid)
+        command = ["sleep", str(ttl)]   # exits (and is auto-removed) by itself when orphaned
+        links: list[PipeLink] = []
+        # The control server and two agent servers start with the container, on FIFOs of the job disk (see
+        # channel.PipeLink): under the default runtime only (gVisor, for one, keeps host FIFOs out of the sandbox).
+        if disk is not None and config.runtime in (None, "", "runc"):
+            try:
+                run_fd = os.open(os.path.join(disk.path("pid"), RUN_DIR), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+                try:
+                    for channel_id in PRESTARTED:
+                        links.append(PipeLink(run_fd, channel_id))
+                finally:
+                    os.close(run_fd)
+            except BaseException as exc:
+                for link in links:
+                    link.close()
+                disk.close()
+                if isinstance(exc, OSError):
+                    raise SandboxError(f"cannot make the exec channels' pipes: {exc}") from exc
+                raise
+            command = entry_command(ttl, [("control" if i == 0 else "agent", channel_id)
+                                          for i, channel_id in enumerate(PRESTARTED)], config.workdir, uid, gid)
         try:
             container = client.containers.create(
-                config.image, ["sleep", str(ttl)],   # exits (and is auto-removed) by itself when orphaned
+                config.image, command, environment=env,
                 auto_remove=True, init=True, user="0:0",
                 labels={LABEL_JOB: config.job_id, LABEL_CREATED: _iso(now),
                         LABEL_EXPIRES: _iso(now + timedelta(seconds=ttl)),
@@ -183,6 +217,8 @@ class DockerSandbox:
                 working_dir=config.workdir, runtime=config.runtime or None,
                 **options)
         except BaseException as exc:
+            for link in links:
+                link.close()
             if disk:
                 disk.close()
             if "storage_opt" in options and isinstance(exc, docker.errors.DockerException):
@@ -193,6 +229,11 @@ class DockerSandbox:
                 raise SandboxError(f"cannot create sandbox container from {config.image!r}: {exc}") from exc
             raise
         sandbox = cls(client, container.id, config, disk)
+        if links:
+            sandbox._channel_ids = itertools.count(PRESTARTED[-1] + 1)
+            first = [Channel(link, channel_id, "control" if i == 0 else "agent")
+                     for i, (link, channel_id) in enumerate(zip(links, PRESTARTED))]
+            sandbox._control, sandbox._prestarted = first[0], first[1:]
         unpacking: threading.Thread | None = None
         unpacked: list[BaseException | None] = []
         try:
@@ -214,7 +255,12 @@ class DockerSandbox:
                 raise SandboxError(f"cannot start sandbox container from {config.image!r}: {exc}") from exc
             if disk is None:
                 install_script(client.api, container.id, None)
-            sandbox._control = sandbox._open_channel("control")
+            if sandbox._control is not None:   # started with the container: greet them all, await the control's
+                for channel in (sandbox._control, *sandbox._prestarted):
+                    channel.send_hello(time.monotonic() + STARTUP_TIMEOUT)
+                sandbox._control.await_hello(time.monotonic() + STARTUP_TIMEOUT, alive=sandbox.is_alive)
+            else:
+                sandbox._control = sandbox._open_channel("control")
             sandbox.shell = sandbox._control.shell
             if disk is not None:   # made by the control server just now, before any command of the agent
                 sandbox._out_dir_fd = os.open(os.path.join(disk.path("pid"), "out"),
@@ -241,10 +287,19 @@ class DockerSandbox:
 
     def _open_channel(self, role: str) -> Channel:
         with self._exec_gate:
-            return Channel(self.client.api, self.container_id, next(self._channel_ids), role=role,
-                           workdir=self.workdir, uid=self.uid, gid=self.gid, env=self._env)
+            return Channel.open_exec(self.client.api, self.container_id, next(self._channel_ids), role=role,
+                                     workdir=self.workdir, uid=self.uid, gid=self.gid, env=self._env)
 
     def _new_channel(self) -> Channel:
+        """An agent server the container's entry started, once it has answered; else a new one (docker exec)."""
+        with self._prestarted_lock:
+            channel = self._prestarted.pop(0) if self._prestarted else None
+        if channel is not None:
+            try:
+                channel.await_hello(time.monotonic() + STARTUP_TIMEOUT, alive=self.is_alive)
+                return channel
+            except SandboxError:
+                channel.close()
         try:
             return self._open_channel("agent")
         except SandboxError as exc:
@@ -282,6 +337,10 @@ class DockerSandbox:
             self._pool.close()
         except Exception:
             pass
+        with self._prestarted_lock:
+            prestarted, self._prestarted = self._prestarted, []
+        for channel in prestarted:
+            channel.close()
         if self._control is not None:
             self._control.close()
         force_remove(self.client, self.container_id)

@@ -1,4 +1,5 @@
-"""Reader for Docker's multiplexed attach stream (non-TTY exec), bounded in bytes and in time.
+"""Readers for a channel server's replies, bounded in bytes and in time: Docker's multiplexed attach stream (non-TTY
+exec), or a FIFO's raw bytes.
 
 Each frame is an 8-byte header — stream type (1 stdout, 2 stderr), three zero bytes, big-endian payload
 length — then the payload. Frames are parsed incrementally (a frame's payload is consumed as it arrives, whatever
@@ -7,6 +8,7 @@ error messages. The other end may be hostile: every read names the most it will 
 """
 from __future__ import annotations
 
+import os
 import select
 import socket
 import struct
@@ -25,15 +27,23 @@ class ReplyTooLarge(ValueError):
     """The server sent more than the request allows: a confused or hostile server."""
 
 
-class FrameReader:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.out = bytearray()       # stdout payload not yet consumed by the caller
-        self.err_tail = bytearray()  # last bytes of stderr, for diagnostics
-        self._header = bytearray()   # a frame header being received
-        self._kind = 1               # stream of the frame being received
-        self._left = 0               # payload bytes of that frame still to come
+class BoundedReader:
+    """Replies parsed out of what a (possibly hostile) server wrote: `fill` receives, `read_until` consumes."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()       # reply bytes not yet consumed by the caller
+        self.err_tail = bytearray()  # last bytes of the server's stderr (attach streams only), for diagnostics
         self.closed = False
+
+    def fileno(self) -> int:
+        raise NotImplementedError
+
+    def _receive(self) -> bytes | None:
+        """One read of what is ready: b"" at end of stream, None when nothing was there after all."""
+        raise NotImplementedError
+
+    def _take(self, chunk: bytes) -> None:
+        self.out += chunk
 
     def fill(self, timeout: float) -> bool:
         """Receive what is available, waiting at most `timeout` seconds.
@@ -42,13 +52,63 @@ class FrameReader:
         """
         if self.closed:
             raise StreamClosed("exec stream closed")
-        ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
+        ready, _, _ = select.select([self.fileno()], [], [], max(0.0, timeout))
         if not ready:
             return False
-        chunk = self.sock.recv(RECV_SIZE)
+        chunk = self._receive()
+        if chunk is None:
+            return True
         if not chunk:
             self.closed = True
             raise StreamClosed("exec stream closed")
+        self._take(chunk)
+        return True
+
+    def has_pending(self) -> bool:
+        """True when bytes (or EOF) are waiting: an idle channel should have none."""
+        if self.out or self.closed:
+            return True
+        ready, _, _ = select.select([self.fileno()], [], [], 0)
+        return bool(ready)
+
+    def read_until(self, marker: bytes, deadline: float, limit: int) -> bytes | None:
+        """Reply bytes up to `marker` (consumed, not returned); None when `deadline` (time.monotonic) passes first.
+
+        Raises ReplyTooLarge when more than `limit` bytes come before the marker.
+        """
+        start = 0
+        while True:
+            idx = self.out.find(marker, start)
+            if idx >= 0:
+                if idx > limit:
+                    raise ReplyTooLarge(f"reply of over {limit} bytes")
+                data = bytes(self.out[:idx])
+                del self.out[:idx + len(marker)]
+                return data
+            if len(self.out) > limit + len(marker):
+                raise ReplyTooLarge(f"reply of over {limit} bytes")
+            start = max(0, len(self.out) - len(marker) + 1)
+            if not self.fill(deadline - time.monotonic()):
+                return None
+
+
+class FrameReader(BoundedReader):
+    """Docker's attach stream: stdout frames are the replies, stderr frames only a kept tail."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self.sock = sock
+        self._header = bytearray()   # a frame header being received
+        self._kind = 1               # stream of the frame being received
+        self._left = 0               # payload bytes of that frame still to come
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def _receive(self) -> bytes | None:
+        return self.sock.recv(RECV_SIZE)
+
+    def _take(self, chunk: bytes) -> None:
         view = memoryview(chunk)
         while view:
             if self._left == 0:
@@ -68,31 +128,20 @@ class FrameReader:
                 del self.err_tail[:-_STDERR_KEEP]
             else:
                 self.out += payload
-        return True
 
-    def has_pending(self) -> bool:
-        """True when bytes (or EOF) are waiting on the socket: an idle channel should have none."""
-        if self.out or self.closed:
-            return True
-        ready, _, _ = select.select([self.sock], [], [], 0)
-        return bool(ready)
 
-    def read_until(self, marker: bytes, deadline: float, limit: int) -> bytes | None:
-        """Stdout bytes up to `marker` (consumed, not returned); None when `deadline` (time.monotonic) passes first.
+class PipeReader(BoundedReader):
+    """A FIFO the server writes its replies to (its stdout), raw: no framing, no stderr."""
 
-        Raises ReplyTooLarge when more than `limit` bytes come before the marker.
-        """
-        start = 0
-        while True:
-            idx = self.out.find(marker, start)
-            if idx >= 0:
-                if idx > limit:
-                    raise ReplyTooLarge(f"reply of over {limit} bytes")
-                data = bytes(self.out[:idx])
-                del self.out[:idx + len(marker)]
-                return data
-            if len(self.out) > limit + len(marker):
-                raise ReplyTooLarge(f"reply of over {limit} bytes")
-            start = max(0, len(self.out) - len(marker) + 1)
-            if not self.fill(deadline - time.monotonic()):
-                return None
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self.fd = fd
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def _receive(self) -> bytes | None:
+        try:
+            return os.read(self.fd, RECV_SIZE)
+        except BlockingIOError:   # (select said ready, yet nothing came: the FIFO is non-blocking, never wait here)
+            return None

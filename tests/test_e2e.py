@@ -227,7 +227,9 @@ def test_submit_wait_shows_tool_calls_as_the_worker_makes_them(run_pid, worker, 
     assert res.code == 0, res.stderr
     assert res.stdout.strip() == "Done: hello.py now greets pid."
     tool_lines = [line for line in res.stderr.splitlines() if line[:1] in ("✓", "✗")]
-    assert len(tool_lines) == 5 and "edit hello.py" in tool_lines[2]
+    # A turn's parallel calls show as each ends: the second turn's edit and write, in either order.
+    assert len(tool_lines) == 5 and "bash python3 hello.py" in tool_lines[4]
+    assert sorted(line.split()[1] for line in tool_lines[2:4]) == ["edit", "write"]
 
 
 def test_submit_checks_the_image_before_queueing(run_pid, sample_repo):

@@ -93,8 +93,8 @@ def test_agent_commands_keep_their_locale(client, sb):
     # of the environment, as it was (never the server's C). Commands and output are bytes either way.
     assert sb.exec('x=é✓; echo "${LC_ALL-unset} $LANG ${#x}"; echo ✓', timeout=10).tail == \
         "unset C.UTF-8 2\n✓\n".encode()
-    channel = Channel(client.api, sb.container_id, 900, role="agent", workdir=sb.workdir, uid=sb.uid, gid=sb.gid,
-                      env={**BASE_ENV, "LC_ALL": "C.UTF-8"})
+    channel = Channel.open_exec(client.api, sb.container_id, 900, role="agent", workdir=sb.workdir, uid=sb.uid,
+                                gid=sb.gid, env={**BASE_ENV, "LC_ALL": "C.UTF-8"})
     try:
         for _ in range(3):   # the first slot shells and their successors
             channel.start('x=é✓; echo "$LC_ALL ${#x}"; env | grep -c ^LC_ALL=', 100, time.monotonic() + 10)
@@ -397,7 +397,10 @@ def test_limits_and_labels(client, sb):
     created = datetime.fromisoformat(labels["pid.created"].replace("Z", "+00:00"))
     expires = datetime.fromisoformat(labels["pid.expires"].replace("Z", "+00:00"))
     assert expires - created == timedelta(seconds=900)
-    assert attrs["Config"]["Cmd"] == ["sleep", "900"]
+    # The entry starts pid's first servers, then becomes the time-to-live `sleep`, root's: the agent cannot stop it.
+    assert attrs["Config"]["Cmd"][3:5] == ["pid-entry", "900"]
+    top = client.api.top(sb.container_id, ps_args="-eo pid,user,args")
+    assert ["root", "sleep 900"] in [row[1:] for row in top["Processes"]]
 
 
 def test_close_removes_container_and_is_idempotent(client):
