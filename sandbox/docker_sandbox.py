@@ -282,8 +282,24 @@ class DockerSandbox:
         return sandbox
 
     def _warm_up(self, count: int) -> None:
+        """Two agent channels ready before the first tool call: the entry's servers greeted, else new ones. Callers
+        that came first may have taken the entry's servers already: then nothing more is started here."""
+        prestarted = bool(self._prestarted)
         for _ in range(count):
-            self._pool.grow()
+            self._pool.grow(self._take_prestarted if prestarted else None)
+
+    def _take_prestarted(self) -> Channel | None:
+        """One of the entry's agent servers, once it has answered (None when none is left or it did not answer)."""
+        with self._prestarted_lock:
+            channel = self._prestarted.pop(0) if self._prestarted else None
+        if channel is None:
+            return None
+        try:
+            channel.await_hello(time.monotonic() + STARTUP_TIMEOUT, alive=self.is_alive)
+            return channel
+        except SandboxError:
+            channel.close()
+            return None
 
     def _open_channel(self, role: str) -> Channel:
         with self._exec_gate:
@@ -292,14 +308,9 @@ class DockerSandbox:
 
     def _new_channel(self) -> Channel:
         """An agent server the container's entry started, once it has answered; else a new one (docker exec)."""
-        with self._prestarted_lock:
-            channel = self._prestarted.pop(0) if self._prestarted else None
+        channel = self._take_prestarted()
         if channel is not None:
-            try:
-                channel.await_hello(time.monotonic() + STARTUP_TIMEOUT, alive=self.is_alive)
-                return channel
-            except SandboxError:
-                channel.close()
+            return channel
         try:
             return self._open_channel("agent")
         except SandboxError as exc:

@@ -69,16 +69,19 @@ class ChannelPool:
         self.discard(channel)
         return None
 
-    def grow(self) -> None:
-        """Add one idle channel if under the limit; for warming up off the request path. Never raises."""
+    def grow(self, factory: Callable[[], Channel | None] | None = None) -> None:
+        """Add one idle channel if under the limit; for warming up off the request path. Never raises.
+        `factory` instead of the pool's may have none to give (None)."""
         with self._cond:
             if self._closed or self._count >= self._max:
                 return
             self._count += 1
             self._warming += 1
         try:
-            channel = self._factory()
+            channel = (factory or self._factory)()
         except BaseException:
+            channel = None
+        if channel is None:
             with self._cond:
                 self._warming -= 1
             self._forget_one()

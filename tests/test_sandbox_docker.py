@@ -104,6 +104,49 @@ def test_agent_commands_keep_their_locale(client, sb):
         channel.close()
 
 
+def _execs(client, container_id: str) -> int:
+    return len(client.api.inspect_container(container_id)["ExecIDs"] or [])
+
+
+def test_the_first_servers_start_with_the_container_on_fifos_that_nothing_else_can_open(client):
+    box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-entry", ttl_s=300), client)
+    try:
+        # Two tool calls at once, a file read and the control channel's kill: no `docker exec` at all.
+        results: list[object] = []
+        calls = [threading.Thread(target=lambda: results.append(box.exec("sleep 0.3; echo hi", timeout=10)))
+                 for _ in range(2)]
+        for call in calls:
+            call.start()
+        for call in calls:
+            call.join()
+        assert [r.tail for r in results] == [b"hi\n", b"hi\n"]   # type: ignore[attr-defined]
+        assert box.read_file("/.pid/channel.sh").startswith(b"# pid exec channel")
+        assert box.exec("sleep 30", timeout=0.5).timed_out
+        assert _execs(client, box.container_id) == 0
+        # Once answered, the FIFOs' names are gone from /.pid/run; the servers keep their ends.
+        run_dir = os.listdir(os.path.join(box._disk.path("pid"), "run"))
+        assert any(n.startswith("cmd.") for n in run_dir) and not [n for n in run_dir if n.startswith(("req.", "rep."))]
+        # A server that dies is replaced through the engine, and calls go on.
+        servers = [int(row[0]) for row in client.api.top(box.container_id, ps_args="-eo pid,args")["Processes"]
+                   if "channel.sh agent" in row[1]]
+        assert len(servers) == 2
+        for pid in servers:
+            os.kill(pid, 9)
+        assert box.exec("echo again", timeout=10).tail == b"again\n"
+        assert _execs(client, box.container_id) >= 1
+    finally:
+        box.close()
+    assert gone(client, box.container_id)
+
+
+def test_without_a_job_disk_the_servers_start_through_the_engine(client):
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-nodisk", ttl_s=300, disk=0), client) as box:
+        assert box.exec("echo hi", timeout=10).tail == b"hi\n"
+        assert box.exec("sleep 30", timeout=0.5).timed_out
+        assert client.api.inspect_container(box.container_id)["Config"]["Cmd"] == ["sleep", "300"]
+        assert _execs(client, box.container_id) >= 2   # the control channel and an agent channel
+
+
 def test_exec_runs_in_own_process_group_and_fresh_shell(sb):
     out = sb.exec("echo $$ $BASHPID; ps -o pgid= -p $$; echo $0", timeout=10).tail.split()
     assert out[0] == out[1] == out[2]      # own pid, leader of its own group
