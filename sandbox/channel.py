@@ -85,7 +85,7 @@ def install_script(api, container_id: str, host_dir: str | None) -> None:
 
 
 def entry_command(ttl: int, servers: list[tuple[str, int]], workdir: str, uid: int, gid: int) -> list[str]:
-    """The container's command: start `servers` ((role, channel id), their FIFOs made by open_pipes), then sleep
+    """The container's command: start `servers` ((role, channel id), their FIFOs made as PipeLinks), then sleep
     `ttl` seconds as the main process (the container ends, and is removed, when it does)."""
     return ["/bin/sh", "-c", _ENTRY, "pid-entry", str(ttl), workdir, str(uid), str(gid), _BOOT,
             *(f"{role}:{channel_id}" for role, channel_id in servers)]

@@ -11,7 +11,9 @@
 # or create one), so the agent can neither read, write, signal nor ptrace anything of the server's. The host still
 # treats every reply as untrusted (bounded in bytes and time): with `--user root` none of the above holds.
 #
-# Installed as /.pid/channel.sh and run as `bash|sh channel.sh <role> <channel id> <workdir> <uid> <gid>`.
+# Installed as /.pid/channel.sh and run as `bash|sh channel.sh <role> <channel id> <workdir> <uid> <gid>`, its stdin
+# and stdout a `docker exec`'s attached stream, or two FIFOs of /.pid/run that the host holds (the container's entry
+# starts the first servers so: see channel.py).
 # role "agent": commands run as uid:gid. role "control": commands run as root (pid's own work: the base
 # commit, the patch), and the kill requests go here, so that killing never needs a new process.
 # Nothing is written to stdout before the first request ("h"): the host reads the stream only after the HTTP

@@ -171,9 +171,6 @@ class DockerSandbox:
                 options["mounts"] = [Mount(target, disk.path(name), type="bind") for target, name in (
                     (config.workdir, "workspace"), (AGENT_HOME, "home"), ("/tmp", "tmp"), ("/var/tmp", "vartmp"),
                     (PID_DIR, "pid"))]
-                for name, mode in ((RUN_DIR, 0o700), ("out", 0o711)):   # as the control server makes them
-                    os.mkdir(os.path.join(disk.path("pid"), name))
-                    os.chmod(os.path.join(disk.path("pid"), name), mode)
             else:   # the engine's own quota (overlay2 on xfs with pquota) is the other way to bound the disk
                 options["storage_opt"] = {"size": str(config.disk)}
         caps = MACHINERY_CAPABILITIES + (ROOT_AGENT_CAPABILITIES if uid == 0 else [])
@@ -185,6 +182,9 @@ class DockerSandbox:
         # channel.PipeLink): under the default runtime only (gVisor, for one, keeps host FIFOs out of the sandbox).
         if disk is not None and config.runtime in (None, "", "runc"):
             try:
+                for name, mode in ((RUN_DIR, 0o700), ("out", 0o711)):   # as the control server makes them
+                    os.mkdir(os.path.join(disk.path("pid"), name), mode)
+                    os.chmod(os.path.join(disk.path("pid"), name), mode)   # (whatever the umask)
                 run_fd = os.open(os.path.join(disk.path("pid"), RUN_DIR), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
                 try:
                     for channel_id in PRESTARTED:

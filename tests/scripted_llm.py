@@ -75,6 +75,7 @@ class ScriptedLLM:
         self.request_headers: list[dict[str, str]] = []  # lower-cased header names, parallel to `requests`
         self.paths: list[str] = []
         self.arrived: list[float] = []                 # time.time() of each request, parallel to `requests`
+        self.handling_s: list[float] = []              # how long the server took over each POST (its own latency)
         self._server = _Server((host, port), _Handler)
         self._server.llm = self
         self._thread: threading.Thread | None = None
@@ -170,7 +171,8 @@ class ScriptedLLM:
 
     def state(self) -> dict[str, Any]:
         with self._lock:
-            return {"requests": list(self.requests), "paths": list(self.paths), "remaining": len(self._turns)}
+            return {"requests": list(self.requests), "paths": list(self.paths), "remaining": len(self._turns),
+                    "handling_s": list(self.handling_s)}
 
 
 class _Server(ThreadingHTTPServer):
@@ -207,6 +209,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(200, self.server.llm.state())
 
     def do_POST(self) -> None:
+        started = time.perf_counter()
+        try:
+            self._post()
+        finally:
+            self.server.llm.handling_s.append(time.perf_counter() - started)
+
+    def _post(self) -> None:
         llm = self.server.llm
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         path = self.path.split("?")[0]
