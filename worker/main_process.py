@@ -11,6 +11,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
+import resource
 import signal
 import threading
 import time
@@ -24,6 +25,8 @@ from worker.tasks import STOP_SIGNALS, _log_swept, hand_back_all, jobs_log, node
 log = logging.getLogger("pid.worker")
 
 HANDBACK_S = 60      # for the running jobs to hand themselves back once the worker is told to stop
+FILES_PER_JOB = 32   # descriptors a running job may hold: its disk, its channels' FIFOs and streams, the model's
+FILES_BASE = 256     # connection, its files...; and the worker's own
 POOL_STOP_S = 10     # for the worker to exit once no job runs
 
 
@@ -176,6 +179,24 @@ class WorkerSignals:
         os.kill(self.pid, signal.SIGTERM)   # nothing runs now: stop
 
 
+def raise_open_files_limit(concurrency: int) -> int:
+    """Raise the soft limit on open files (often 1024) towards the hard one, so that `concurrency` jobs fit; the
+    limit in force. A worker that still cannot hold them says so at start rather than failing jobs with EMFILE."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = FILES_BASE + FILES_PER_JOB * concurrency
+    if soft != resource.RLIM_INFINITY and soft < want:
+        target = want if hard == resource.RLIM_INFINITY else min(hard, want)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < want:
+        jobs_log.warning("this worker may open %d files (ulimit -n), fewer than %d jobs at once may need (%d): raise "
+                         "its hard limit or lower --concurrency", soft, concurrency, want)
+    return soft
+
+
 def dump_stacks_on_sigusr2() -> None:
     """`kill -USR2` on a worker writes every thread's stack to its log: what a worker that
     does not stop is waiting for."""
@@ -188,6 +209,7 @@ def _start(sender: Any = None, **_: Any) -> None:
     from worker.housekeeping import Housekeeping
     Taking.concurrency = getattr(getattr(sender, "controller", None), "concurrency", None) or 1
     Taking.queues = sorted(sender.app.amqp.queues.consume_from or [QUEUE])
+    raise_open_files_limit(Taking.concurrency)
     dump_stacks_on_sigusr2()
     stops = WorkerSignals()
     stops.install()
