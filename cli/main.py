@@ -561,9 +561,11 @@ def logs(job_id: str, follow: bool, as_json: bool) -> None:
     follower.poll()
     if not follow:
         return
+    notice = _no_worker_notice(store, job_id)   # a job no worker takes has no log yet: say why
     try:
         while True:
             record = store.get(job_id)
+            notice()
             follower.poll(wait_s=1.0)
             if record is None or record.terminal:
                 follower.poll()

@@ -213,21 +213,22 @@ def test_result_of_an_unfinished_job_is_exit_5_and_cancel_of_a_finished_one_exit
 @pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
 def test_waiting_with_no_worker_says_so_and_ctrl_c_is_130(pid_env, run_pid, sample_repo, tmp_path):
     waiting = start_pid(pid_env, tmp_path, "submit", "--wait", *job_args(sample_repo, tmp_path / "out"))
-    result_wait = None
+    result_wait = following = None
     try:
         wait_until(lambda: (tmp_path / "out").exists() or JobStore(
             os.path.join(pid_env["PID_HOME"], "jobs.db")).list(), what="the job to be queued")
         job_id = JobStore(os.path.join(pid_env["PID_HOME"], "jobs.db")).list()[0].id
         result_wait = start_pid(pid_env, tmp_path, "result", job_id, "--wait")
+        following = start_pid(pid_env, tmp_path, "logs", "-f", job_id)
         time.sleep(13)
-        for proc in (waiting, result_wait):
+        for proc in (waiting, result_wait, following):
             proc.send_signal(signal.SIGINT)
-        outs = [proc.communicate(timeout=30) for proc in (waiting, result_wait)]
+        outs = [proc.communicate(timeout=30) for proc in (waiting, result_wait, following)]
     finally:
-        for proc in (waiting, result_wait):
+        for proc in (waiting, result_wait, following):
             if proc and proc.poll() is None:
                 proc.kill()
-    for proc, (_, err) in zip((waiting, result_wait), outs):
+    for proc, (_, err) in zip((waiting, result_wait, following), outs):
         assert f"job {job_id} is still queued after 10s: no worker is consuming queue 'pid'" in err, err
         assert proc.returncode == 130, err
         assert "Traceback" not in err
