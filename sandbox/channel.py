@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 from pid.sandbox import OutputPolicy
 
 from .errors import SandboxError
-from .frames import BoundedReader, FrameReader, PipeReader, ReplyTooLarge, StreamClosed
+from .frames import BoundedReader, FrameReader, PipeReader, ReplyTooLarge, StreamClosed, wait_ready
 
 SCRIPT = importlib.resources.files(__package__).joinpath("channel.sh").read_bytes()
 PID_DIR = "/.pid"
@@ -45,7 +45,7 @@ _BOOT = ('exec 2>/dev/null; PID_IMAGE_PATH=$PATH; export PID_IMAGE_PATH; PATH=/u
 # /.pid/run/req.<id> and writes its replies to /.pid/run/rep.<id>, FIFOs the host made and opened before the start;
 # then the entry becomes the time-to-live `sleep`, as without them. Nothing here is the agent's: the FIFOs' directory
 # is root's (0700) and the servers run as root. Arguments: ttl, workdir, uid, gid, _BOOT, then "<role>:<id>"...
-_ENTRY = ('exec </dev/null 2>/dev/null; t=$1 w=$2 u=$3 g=$4 b=$5; shift 5; for s in "$@"; do '
+_ENTRY = ('exec </dev/null >/dev/null 2>/dev/null; t=$1 w=$2 u=$3 g=$4 b=$5; shift 5; for s in "$@"; do '
           '( exec <"/.pid/run/req.${s#*:}" >"/.pid/run/rep.${s#*:}" && '
           'exec /bin/sh -c "$b" pid-boot ' + SCRIPT_PATH + ' "${s%%:*}" "${s#*:}" "$w" "$u" "$g" ) & done; '
           'exec sleep "$t"')
@@ -150,6 +150,7 @@ class PipeLink:
         self._dir_fd = os.dup(run_dir_fd)
         self._names = [f"req.{channel_id}", f"rep.{channel_id}"]
         self.req_fd = self.rep_fd = -1
+        self._reader: PipeReader | None = None
         try:
             for name in self._names:
                 os.mkfifo(name, 0o600, dir_fd=self._dir_fd)
@@ -159,7 +160,8 @@ class PipeLink:
         except OSError as exc:
             self.close()
             raise SandboxError(f"cannot make the exec channel's pipes: {exc}") from exc
-        self.reader: BoundedReader = PipeReader(self.rep_fd)
+        self._reader = PipeReader(self.rep_fd)
+        self.reader: BoundedReader = self._reader
 
     def _open(self, name: str, mode: int) -> int:
         fd = os.open(name, mode | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir_fd)
@@ -180,22 +182,33 @@ class PipeLink:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError("the request FIFO is full")
-                select.select([], [self.req_fd], [], left)
+                wait_ready(self.req_fd, select.POLLOUT, left)
 
-    def forget_names(self) -> None:
-        """Unlink the FIFOs (the server has them open). Never raises."""
-        if self._dir_fd < 0:
-            return
-        for name in self._names:
-            try:
-                os.unlink(name, dir_fd=self._dir_fd)
-            except OSError:
-                pass
-        os.close(self._dir_fd)
+    def connected(self) -> None:
+        """The server has answered: unlink the FIFOs' names (nothing else can open them now), and hold the request
+        FIFO write-only from here on, so that writing to a dead server fails at once (EPIPE) instead of filling the
+        pipe. Never raises."""
+        try:
+            for name in self._names:
+                try:
+                    os.unlink(name, dir_fd=self._dir_fd)
+                except OSError:
+                    pass
+            os.close(self._dir_fd)
+        except OSError:
+            pass
         self._dir_fd = -1
+        try:
+            writer = os.open(f"/proc/self/fd/{self.req_fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:   # (no /proc: keep the read-write end)
+            return
+        os.close(self.req_fd)
+        self.req_fd = writer
 
     def close(self) -> None:
         """EOF on the server's stdin. Never raises; the names stay (the job's disk goes with the job)."""
+        if self._reader is not None:
+            self._reader.forget()
         for attr in ("req_fd", "rep_fd"):
             fd = getattr(self, attr)
             if fd >= 0:
@@ -291,13 +304,13 @@ class Channel:
             self.broken = True
             raise SandboxError(f"sandbox setup failed: {hello[2:].decode('utf-8', 'replace')}")
         parts = hello.split()
-        if len(parts) != 3 or parts[0] != b"R" or not parts[2].isdigit():
+        if len(parts) != 3 or parts[0] != b"R" or parts[1] not in (b"bash", b"sh") or not parts[2].isdigit():
             self.broken = True
             raise SandboxError(f"exec channel did not start (got {hello[:200]!r}); does the image have /bin/sh?")
         self.shell = parts[1].decode()
         self.pids_events = int(parts[2])
         if isinstance(self.link, PipeLink):
-            self.link.forget_names()
+            self.link.connected()
 
     # -- transport -------------------------------------------------------------------------------------
     def _send(self, data: bytes, deadline: float) -> None:

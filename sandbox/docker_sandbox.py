@@ -22,6 +22,7 @@ from typing import IO, Any, Callable, cast
 
 import docker
 import docker.errors
+import requests.exceptions
 from docker.types import Mount, Ulimit
 
 from pid.sandbox import DEFAULT_OUTPUT, ExecResult, OutputPolicy, SandboxLost
@@ -29,8 +30,8 @@ from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped
 
 from . import fileops
 from .artifacts import copy_patch, extract_files
-from .channel import (PID_DIR, RUN_DIR, STARTUP_TIMEOUT, Channel, ChannelClosed, Finished, PipeLink, TableFull,
-                      entry_command, install_script)
+from .channel import (PID_DIR, RUN_DIR, Channel, ChannelClosed, Finished, PipeLink, TableFull, entry_command,
+                      install_script)
 from .config import (AGENT_HOME, BASE_ENV, LABEL_ATTEMPT, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER,
                      SandboxConfig, parse_user)
 from .disk import DiskError, JobDisk, disks_supported
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 
 MAX_CHANNELS = 8
 PRESTARTED = (1, 2, 3)   # channel ids of the servers the container's entry starts: the control server, two agents
+PRESTARTED_HELLO_S = 10.0   # for one of them to answer; past it (or on any error) pid starts one with `docker exec`
+FIFO_RUNTIMES = ("runc", "io.containerd.runc.v2")   # runtimes whose containers open the host's FIFOs
 OUTPUT_POLL_S = 0.75       # on_output cadence
 OUTPUT_CHUNK = 16384       # at most this much of the newest output per on_output call
 CANCEL_POLL_S = 0.1        # how often a waiting call looks at its cancel Event
@@ -74,6 +77,20 @@ FILE_TABLE_SHARE = 8       # one job's processes x open files stay under 1/8 of 
 def agent_env(uid: int) -> dict[str, str]:
     """The environment of pid's servers in the container, and so of the agent's commands."""
     return dict(BASE_ENV, USER="root" if uid == 0 else "agent")
+
+
+_default_runtimes: dict[str, str] = {}
+
+
+def default_runtime(client: docker.DockerClient) -> str:
+    """The engine's default runtime (asked once per engine and process: dockerd must restart to change it)."""
+    url = str(client.api.base_url)
+    if url not in _default_runtimes:
+        try:
+            _default_runtimes[url] = str(client.info().get("DefaultRuntime") or "runc")
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return "unknown"   # (not kept: asked again next time)
+    return _default_runtimes[url]
 
 
 def _iso(moment: datetime) -> str:
@@ -179,8 +196,9 @@ class DockerSandbox:
         command = ["sleep", str(ttl)]   # exits (and is auto-removed) by itself when orphaned
         links: list[PipeLink] = []
         # The control server and two agent servers start with the container, on FIFOs of the job disk (see
-        # channel.PipeLink): under the default runtime only (gVisor, for one, keeps host FIFOs out of the sandbox).
-        if disk is not None and config.runtime in (None, "", "runc"):
+        # channel.PipeLink): under runc only (gVisor, for one, keeps the host's FIFOs out of its sandbox), whether
+        # named or the engine's default.
+        if disk is not None and (config.runtime or default_runtime(client)) in FIFO_RUNTIMES:
             try:
                 for name, mode in ((RUN_DIR, 0o700), ("out", 0o711)):   # as the control server makes them
                     os.mkdir(os.path.join(disk.path("pid"), name), mode)
@@ -204,6 +222,7 @@ class DockerSandbox:
             container = client.containers.create(
                 config.image, command, environment=env,
                 auto_remove=True, init=True, user="0:0",
+                log_config={"type": "none"},   # nothing of the container's is logged by the engine (nor fills its disk)
                 labels={LABEL_JOB: config.job_id, LABEL_CREATED: _iso(now),
                         LABEL_EXPIRES: _iso(now + timedelta(seconds=ttl)),
                         LABEL_OWNER: config.owner or owner_label(_pid_home()),
@@ -256,10 +275,8 @@ class DockerSandbox:
             if disk is None:
                 install_script(client.api, container.id, None)
             if sandbox._control is not None:   # started with the container: greet them all, await the control's
-                for channel in (sandbox._control, *sandbox._prestarted):
-                    channel.send_hello(time.monotonic() + STARTUP_TIMEOUT)
-                sandbox._control.await_hello(time.monotonic() + STARTUP_TIMEOUT, alive=sandbox.is_alive)
-            else:
+                sandbox._greet_prestarted()
+            if sandbox._control is None:
                 sandbox._control = sandbox._open_channel("control")
             sandbox.shell = sandbox._control.shell
             if disk is not None:   # made by the control server just now, before any command of the agent
@@ -288,6 +305,24 @@ class DockerSandbox:
         for _ in range(count):
             self._pool.grow(self._take_prestarted if prestarted else None)
 
+    def _greet_prestarted(self) -> None:
+        """Say hello to the entry's servers and await the control server's answer. One that does not come (an
+        engine whose runtime cannot open the host's FIFOs after all, a server that died) drops them all: the
+        control server is then started with `docker exec`, as the agents' will be."""
+        assert self._control is not None
+        try:
+            for channel in (self._control, *self._prestarted):
+                channel.send_hello(time.monotonic() + PRESTARTED_HELLO_S)
+            self._control.await_hello(time.monotonic() + PRESTARTED_HELLO_S, alive=self.is_alive)
+        except Exception as exc:
+            log.warning("sandbox %s: its first servers did not answer (%s); starting them with docker exec",
+                        self.container_id[:12], exc)
+            with self._prestarted_lock:
+                dropped, self._prestarted = [self._control, *self._prestarted], []
+            self._control = None
+            for channel in dropped:
+                channel.close()
+
     def _take_prestarted(self) -> Channel | None:
         """One of the entry's agent servers, once it has answered (None when none is left or it did not answer)."""
         with self._prestarted_lock:
@@ -295,10 +330,12 @@ class DockerSandbox:
         if channel is None:
             return None
         try:
-            channel.await_hello(time.monotonic() + STARTUP_TIMEOUT, alive=self.is_alive)
+            channel.await_hello(time.monotonic() + PRESTARTED_HELLO_S, alive=self.is_alive)
             return channel
-        except SandboxError:
+        except BaseException as exc:   # never left open: its FIFOs would keep the job's disk busy
             channel.close()
+            if not isinstance(exc, Exception):
+                raise
             return None
 
     def _open_channel(self, role: str) -> Channel:
@@ -328,7 +365,7 @@ class DockerSandbox:
             state = self.client.api.inspect_container(self.container_id).get("State", {})
         except docker.errors.NotFound:
             return False
-        except docker.errors.DockerException:
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
             return True   # the engine is slow or busy: not evidence that the container is gone
         return bool(state.get("Running")) and not state.get("Dead")
 
@@ -352,8 +389,13 @@ class DockerSandbox:
             prestarted, self._prestarted = self._prestarted, []
         for channel in prestarted:
             channel.close()
-        if self._control is not None:
-            self._control.close()
+        if self._control is not None:   # not under another caller's feet (its descriptors' numbers get reused)
+            locked = self._control_lock.acquire(timeout=5.0)
+            try:
+                self._control.close()
+            finally:
+                if locked:
+                    self._control_lock.release()
         force_remove(self.client, self.container_id)
         if self._out_dir_fd is not None:
             os.close(self._out_dir_fd)

@@ -1,10 +1,10 @@
 """Readers for a channel server's replies, bounded in bytes and in time: Docker's multiplexed attach stream (non-TTY
 exec), or a FIFO's raw bytes.
 
-Each frame is an 8-byte header — stream type (1 stdout, 2 stderr), three zero bytes, big-endian payload
-length — then the payload. Frames are parsed incrementally (a frame's payload is consumed as it arrives, whatever
-length its header claims), stdout goes to a buffer the channel parses, and stderr is kept only as a short tail for
-error messages. The other end may be hostile: every read names the most it will accept, and more is an error.
+In the attach stream each frame is an 8-byte header — stream type (1 stdout, 2 stderr), three zero bytes, big-endian
+payload length — then the payload. Frames are parsed incrementally (a frame's payload is consumed as it arrives,
+whatever length its header claims), stdout goes to a buffer the channel parses, and stderr is kept only as a short
+tail for error messages. The other end may be hostile: every read names the most it will accept, and more is an error.
 """
 from __future__ import annotations
 
@@ -25,6 +25,14 @@ class StreamClosed(EOFError):
 
 class ReplyTooLarge(ValueError):
     """The server sent more than the request allows: a confused or hostile server."""
+
+
+def wait_ready(fd: int, events: int, timeout: float) -> bool:
+    """Whether fd is ready for `events` (or hung up) within `timeout` seconds. poll, not select: a busy worker holds
+    descriptors numbered past select's 1024."""
+    poller = select.poll()
+    poller.register(fd, events)
+    return bool(poller.poll(max(0.0, timeout) * 1000.0))
 
 
 class BoundedReader:
@@ -52,8 +60,7 @@ class BoundedReader:
         """
         if self.closed:
             raise StreamClosed("exec stream closed")
-        ready, _, _ = select.select([self.fileno()], [], [], max(0.0, timeout))
-        if not ready:
+        if not wait_ready(self.fileno(), select.POLLIN, timeout):
             return False
         chunk = self._receive()
         if chunk is None:
@@ -68,8 +75,7 @@ class BoundedReader:
         """True when bytes (or EOF) are waiting: an idle channel should have none."""
         if self.out or self.closed:
             return True
-        ready, _, _ = select.select([self.fileno()], [], [], 0)
-        return bool(ready)
+        return wait_ready(self.fileno(), select.POLLIN, 0.0)
 
     def read_until(self, marker: bytes, deadline: float, limit: int) -> bytes | None:
         """Reply bytes up to `marker` (consumed, not returned); None when `deadline` (time.monotonic) passes first.
@@ -138,7 +144,14 @@ class PipeReader(BoundedReader):
         self.fd = fd
 
     def fileno(self) -> int:
+        if self.fd < 0:   # the link closed it: its number may already name another file
+            raise StreamClosed("exec pipe closed")
         return self.fd
+
+    def forget(self) -> None:
+        """The descriptor is about to be closed: nothing reads from its number again."""
+        self.fd = -1
+        self.closed = True
 
     def _receive(self) -> bytes | None:
         try:

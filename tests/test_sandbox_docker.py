@@ -139,6 +139,46 @@ def test_the_first_servers_start_with_the_container_on_fifos_that_nothing_else_c
     assert gone(client, box.container_id)
 
 
+def _open_on_disk(box) -> list[str]:
+    """This process's descriptors that point into the sandbox's job disk."""
+    root = box._disk.path("pid").rsplit("/", 1)[0]
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(root):
+            found.append(target)
+    return found
+
+
+def test_first_servers_that_do_not_answer_are_replaced_through_the_engine(client, monkeypatch):
+    # An entry that starts no server (as under a runtime that cannot open the host's FIFOs): the control server
+    # and the agents' come through `docker exec` instead, after a short wait, and nothing stays open on the disk.
+    import sandbox.docker_sandbox as ds
+    monkeypatch.setattr(ds, "PRESTARTED_HELLO_S", 1.0)
+    monkeypatch.setattr(ds, "entry_command", lambda ttl, *_: ["sleep", str(ttl)])
+    started = time.monotonic()
+    box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-silent", ttl_s=300), client)
+    try:
+        assert box.exec("echo hi", timeout=30).tail == b"hi\n"
+        assert time.monotonic() - started < 20
+        assert _execs(client, box.container_id) >= 2
+        assert not [t for t in _open_on_disk(box) if "/run/" in t]
+    finally:
+        box.close()
+
+
+def test_an_engine_whose_default_runtime_is_not_runc_gets_no_fifos(client, monkeypatch):
+    import sandbox.docker_sandbox as ds
+    assert ds.default_runtime(client) == client.info()["DefaultRuntime"]
+    monkeypatch.setitem(ds._default_runtimes, str(client.api.base_url), "runsc")
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-runsc-default", ttl_s=300), client) as box:
+        assert client.api.inspect_container(box.container_id)["Config"]["Cmd"] == ["sleep", "300"]
+        assert box.exec("echo hi", timeout=10).tail == b"hi\n"
+
+
 def test_without_a_job_disk_the_servers_start_through_the_engine(client):
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-nodisk", ttl_s=300, disk=0), client) as box:
         assert box.exec("echo hi", timeout=10).tail == b"hi\n"
@@ -429,6 +469,7 @@ def test_limits_and_labels(client, sb):
     assert host["NetworkMode"] == "none"
     assert host["Init"] is True and host["AutoRemove"] is True
     assert "no-new-privileges" in host["SecurityOpt"]
+    assert host["LogConfig"]["Type"] == "none"   # nothing the container writes is kept on the host's disk
     assert host["CapDrop"] == ["ALL"] and "NET_RAW" not in host["CapAdd"] and "DAC_OVERRIDE" not in host["CapAdd"]
     assert host["ReadonlyRootfs"] is True      # all writes go to the job's disk
     assert sorted(m["Destination"] for m in attrs["Mounts"]) == ["/.pid", "/home/agent", "/tmp", "/var/tmp",
