@@ -225,6 +225,10 @@ class PipeLink:
             self._dir_fd = -1
 
 
+class SetupFailed(SandboxError):
+    """The server started and said why the sandbox cannot work (no setpriv in the image, an unusable workdir...)."""
+
+
 class ChannelClosed(SandboxError):
     """The channel's server is gone (killed, or the container stopped)."""
 
@@ -302,7 +306,7 @@ class Channel:
                 raise ChannelClosed("exec channel closed (container stopped?)")
         if hello.startswith(b"F "):
             self.broken = True
-            raise SandboxError(f"sandbox setup failed: {hello[2:].decode('utf-8', 'replace')}")
+            raise SetupFailed(f"sandbox setup failed: {hello[2:].decode('utf-8', 'replace')}")
         parts = hello.split()
         if len(parts) != 3 or parts[0] != b"R" or parts[1] not in (b"bash", b"sh") or not parts[2].isdigit():
             self.broken = True

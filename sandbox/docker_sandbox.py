@@ -30,8 +30,8 @@ from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped
 
 from . import fileops
 from .artifacts import copy_patch, extract_files
-from .channel import (PID_DIR, RUN_DIR, Channel, ChannelClosed, Finished, PipeLink, TableFull, entry_command,
-                      install_script)
+from .channel import (PID_DIR, RUN_DIR, Channel, ChannelClosed, Finished, PipeLink, SetupFailed, TableFull,
+                      entry_command, install_script)
 from .config import (AGENT_HOME, BASE_ENV, LABEL_ATTEMPT, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER,
                      SandboxConfig, parse_user)
 from .disk import DiskError, JobDisk, disks_supported
@@ -314,6 +314,8 @@ class DockerSandbox:
             for channel in (self._control, *self._prestarted):
                 channel.send_hello(time.monotonic() + PRESTARTED_HELLO_S)
             self._control.await_hello(time.monotonic() + PRESTARTED_HELLO_S, alive=self.is_alive)
+        except SetupFailed:
+            raise   # (a server through the engine would say the same)
         except Exception as exc:
             log.warning("sandbox %s: its first servers did not answer (%s); starting them with docker exec",
                         self.container_id[:12], exc)

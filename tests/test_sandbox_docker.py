@@ -170,6 +170,17 @@ def test_first_servers_that_do_not_answer_are_replaced_through_the_engine(client
         box.close()
 
 
+def test_a_server_that_refuses_the_sandbox_says_why_at_once(client, monkeypatch, caplog):
+    import sandbox.channel as ch
+    monkeypatch.setattr(ch, "SCRIPT", b'read -r l; echo "F the image has no setpriv"; read -r l\n')
+    started = time.monotonic()
+    with pytest.raises(SandboxError, match="sandbox setup failed: the image has no setpriv"):
+        DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-refused", ttl_s=300), client)
+    assert time.monotonic() - started < 8   # no wait for an answer, no second try through the engine
+    assert "did not answer" not in caplog.text
+    assert not client.containers.list(all=True, filters={"label": f"pid.job={JOB}-refused"})
+
+
 def test_an_engine_whose_default_runtime_is_not_runc_gets_no_fifos(client, monkeypatch):
     import sandbox.docker_sandbox as ds
     assert ds.default_runtime(client) == client.info()["DefaultRuntime"]
