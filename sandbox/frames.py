@@ -109,7 +109,10 @@ class FrameReader(BoundedReader):
         self._left = 0               # payload bytes of that frame still to come
 
     def fileno(self) -> int:
-        return self.sock.fileno()
+        fd = self.sock.fileno()
+        if fd < 0:   # closed (poll would ignore it and wait the whole timeout)
+            raise StreamClosed("exec stream closed")
+        return fd
 
     def _receive(self) -> bytes | None:
         return self.sock.recv(RECV_SIZE)
