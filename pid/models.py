@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 from typing import Any, Mapping
 
 from pid.config import pid_home
@@ -30,6 +31,7 @@ from pid.config import pid_home
 # default window is a few thousand tokens) is wrong under any guess: say its window with --context-window.
 DEFAULT_CONTEXT_WINDOW = 128000
 DEFAULT_MAX_TOKENS = 16384   # pi's default for a models.json entry without maxTokens
+OLLAMA_PORT = 11434          # Ollama's own port: how a job tells that its model server is probably Ollama
 MODELS_ENV = "PID_MODELS"
 
 
@@ -218,3 +220,19 @@ def unknown_model_warning(info: ModelInfo) -> str:
     return (f"model {info.id!r} is not in the model table: assuming a {info.context_window:,}-token context window "
             f"and no prices (set --context-window, or describe it in models.json: {MODELS_ENV} or "
             f"$PID_HOME/models.json)")
+
+
+def silent_truncation_warning(info: ModelInfo, base_url: str | None) -> str | None:
+    """For a model server that looks like Ollama (its port, or "ollama" in the host's name): it cuts a prompt longer
+    than its context length (num_ctx, a few thousand tokens unless its operator set more) without an error, whatever
+    window the model itself has, so no window pid assumes is safe there; None for any other server."""
+    parts = urlsplit(base_url or "")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port != OLLAMA_PORT and "ollama" not in (parts.hostname or ""):
+        return None
+    return (f"the model server at {base_url} looks like Ollama, which cuts prompts longer than its context length "
+            f"(num_ctx, a few thousand tokens unless set) without an error: pid assumes {info.context_window:,} tokens "
+            f"for {info.id!r}; pass --context-window with the length the server uses")

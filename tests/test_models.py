@@ -166,6 +166,30 @@ def test_a_job_takes_prices_and_window_from_the_table_and_warns_of_an_unknown_mo
     assert len(notices) == 1 and "'house-model' is not in the model table" in notices[0].text   # not for `told`
 
 
+def test_a_model_server_that_looks_like_ollama_gets_a_warning_about_its_window(sample_repo, tmp_path, monkeypatch):
+    from pid.models import silent_truncation_warning
+    from tests.memory_sandbox import MemoryProvider
+    from tests.scripted_llm import ScriptedLLM
+    from worker.jobs import JobSpec
+    from worker.runner import run_job
+    info = model_info("qwen3-coder:30b")
+    assert info.known   # the tag finds the model's native window, which Ollama does not give it by default
+    for url in ("http://127.0.0.1:11434/v1", "http://ollama:8080/v1", "https://my-ollama.internal/v1"):
+        warning = silent_truncation_warning(info, url)
+        assert warning and "--context-window" in warning and f"{info.context_window:,}" in warning
+    for url in ("https://api.openai.com/v1", "http://127.0.0.1:8000/v1", "http://[::1]:99999/v1", None):
+        assert silent_truncation_warning(info, url) is None
+    events: list = []
+    with ScriptedLLM([{"text": "done"}, {"text": "done"}]) as llm:
+        monkeypatch.setattr("pid.models.OLLAMA_PORT", llm.port)
+        for window in (None, 8192):
+            run_job(JobSpec(task="go", repo=str(sample_repo), model="qwen3-coder:30b", out_dir=str(tmp_path / "out"),
+                            base_url=llm.base_url, context_window=window), sandboxes=MemoryProvider({}),
+                    sink=events.append)
+    notices = [e.text for e in events if isinstance(e, ev.Notice)]
+    assert len(notices) == 1 and "looks like Ollama" in notices[0]   # not once the window is given
+
+
 def test_cache_prices_nobody_gave_are_the_input_price():
     """OpenAI reports cached input apart from the rest: priced at 0, --max-cost would under-count it."""
     info = model_info("some-unknown-model", {"input_price": 2.0, "output_price": 8.0})

@@ -25,7 +25,7 @@ from pid.agent import Agent, Limits, Outcome
 from pid.compaction import Compactor
 from pid.endings import ExitReason, checks_after
 from pid.messages import Message, Usage
-from pid.models import model_info, unknown_model_warning
+from pid.models import model_info, silent_truncation_warning, unknown_model_warning
 from pid.prompt import build_system_prompt
 from pid.providers import make_provider
 from pid.providers.base import ProviderConfig
@@ -163,7 +163,9 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                       sink=sink, limits=Limits(max_turns=spec.max_turns, wall_clock_s=remaining,
                                                max_cost=spec.max_cost, gate=gate),
                       compactor=Compactor(provider, model.context_window, max_output_tokens=model.max_tokens),
-                      notices=[] if model.known or spec.context_window else [unknown_model_warning(model)])
+                      notices=[] if spec.context_window else [w for w in (
+                          None if model.known else unknown_model_warning(model),
+                          silent_truncation_warning(model, spec.base_url)) if w])
         # a continued job's conversation so far (already in its session file)
         agent.load_history(earlier, parent.latest_compaction if parent else None)
         if on_agent:
