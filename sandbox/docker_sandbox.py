@@ -46,7 +46,7 @@ from .workspace import UnsafeTar, base_script, build_tar, patch_script, sanitize
 log = logging.getLogger(__name__)
 
 MAX_CHANNELS = 8
-PRESTARTED = (1, 2, 3)   # channel ids of the servers the container's entry starts: the control server, two agents
+PRESTARTED = (("control", 1), ("agent", 2), ("agent", 3))   # the servers the container's entry starts (role, id)
 PRESTARTED_HELLO_S = 10.0   # for one of them to answer; past it (or on any error) pid starts one with `docker exec`
 FIFO_RUNTIMES = ("runc", "io.containerd.runc.v2")   # runtimes whose containers open the host's FIFOs
 OUTPUT_POLL_S = 0.75       # on_output cadence
@@ -91,6 +91,29 @@ def default_runtime(client: docker.DockerClient) -> str:
         except (docker.errors.DockerException, requests.exceptions.RequestException):
             return "unknown"   # (not kept: asked again next time)
     return _default_runtimes[url]
+
+
+def _first_channels(pid_dir: str) -> list[Channel]:
+    """The channels of the servers the container's entry will start (PRESTARTED): their FIFOs made in the job disk's
+    /.pid/run and opened, not yet greeted."""
+    channels: list[Channel] = []
+    try:
+        for name, mode in ((RUN_DIR, 0o700), ("out", 0o711)):   # as the control server makes them
+            os.mkdir(os.path.join(pid_dir, name), mode)
+            os.chmod(os.path.join(pid_dir, name), mode)   # (whatever the umask)
+        run_fd = os.open(os.path.join(pid_dir, RUN_DIR), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            for role, channel_id in PRESTARTED:
+                channels.append(Channel(PipeLink(run_fd, channel_id), channel_id, role))
+        finally:
+            os.close(run_fd)
+    except BaseException as exc:
+        for channel in channels:
+            channel.close()
+        if isinstance(exc, OSError):
+            raise SandboxError(f"cannot make the exec channels' pipes: {exc}") from exc
+        raise
+    return channels
 
 
 def _iso(moment: datetime) -> str:
@@ -194,30 +217,17 @@ class DockerSandbox:
         nofile = nofile_limit(config.pids_limit)
         env = agent_env(uid)
         command = ["sleep", str(ttl)]   # exits (and is auto-removed) by itself when orphaned
-        links: list[PipeLink] = []
+        first: list[Channel] = []
         # The control server and two agent servers start with the container, on FIFOs of the job disk (see
         # channel.PipeLink): under runc only (gVisor, for one, keeps the host's FIFOs out of its sandbox), whether
         # named or the engine's default.
         if disk is not None and (config.runtime or default_runtime(client)) in FIFO_RUNTIMES:
             try:
-                for name, mode in ((RUN_DIR, 0o700), ("out", 0o711)):   # as the control server makes them
-                    os.mkdir(os.path.join(disk.path("pid"), name), mode)
-                    os.chmod(os.path.join(disk.path("pid"), name), mode)   # (whatever the umask)
-                run_fd = os.open(os.path.join(disk.path("pid"), RUN_DIR), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-                try:
-                    for channel_id in PRESTARTED:
-                        links.append(PipeLink(run_fd, channel_id))
-                finally:
-                    os.close(run_fd)
-            except BaseException as exc:
-                for link in links:
-                    link.close()
+                first = _first_channels(disk.path("pid"))
+            except BaseException:
                 disk.close()
-                if isinstance(exc, OSError):
-                    raise SandboxError(f"cannot make the exec channels' pipes: {exc}") from exc
                 raise
-            command = entry_command(ttl, [("control" if i == 0 else "agent", channel_id)
-                                          for i, channel_id in enumerate(PRESTARTED)], config.workdir, uid, gid)
+            command = entry_command(ttl, list(PRESTARTED), config.workdir, uid, gid)
         try:
             container = client.containers.create(
                 config.image, command, environment=env,
@@ -236,8 +246,8 @@ class DockerSandbox:
                 working_dir=config.workdir, runtime=config.runtime or None,
                 **options)
         except BaseException as exc:
-            for link in links:
-                link.close()
+            for channel in first:
+                channel.close()
             if disk:
                 disk.close()
             if "storage_opt" in options and isinstance(exc, docker.errors.DockerException):
@@ -248,10 +258,8 @@ class DockerSandbox:
                 raise SandboxError(f"cannot create sandbox container from {config.image!r}: {exc}") from exc
             raise
         sandbox = cls(client, container.id, config, disk)
-        if links:
-            sandbox._channel_ids = itertools.count(PRESTARTED[-1] + 1)
-            first = [Channel(link, channel_id, "control" if i == 0 else "agent")
-                     for i, (link, channel_id) in enumerate(zip(links, PRESTARTED))]
+        if first:
+            sandbox._channel_ids = itertools.count(PRESTARTED[-1][1] + 1)
             sandbox._control, sandbox._prestarted = first[0], first[1:]
         unpacking: threading.Thread | None = None
         unpacked: list[BaseException | None] = []

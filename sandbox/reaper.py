@@ -52,19 +52,20 @@ def force_remove(client: docker.DockerClient, container_id: str) -> bool:
     """Force-remove; True when it is gone (or already going: 409 is a removal in progress). Never raises. An engine
     that fails the request otherwise (busy, a kill it did not see end) is asked once more before giving up (the
     container's own time to live and the reaper remain)."""
+    error: Exception | None = None
     for attempt in range(2):
+        if attempt:
+            time.sleep(0.5)
         try:
             client.api.remove_container(container_id, force=True)
+            return True
         except docker.errors.NotFound:
             return False
         except Exception as exc:
-            if getattr(exc, "status_code", None) != 409:
-                if attempt == 0:
-                    time.sleep(0.5)
-                    continue
-                log.warning("cannot remove container %s: %s", container_id[:12], exc)
-                return False
-        return True
+            if getattr(exc, "status_code", None) == 409:
+                return True
+            error = exc
+    log.warning("cannot remove container %s: %s", container_id[:12], error)
     return False
 
 

@@ -25,8 +25,8 @@ from worker.tasks import STOP_SIGNALS, _log_swept, hand_back_all, jobs_log, node
 log = logging.getLogger("pid.worker")
 
 HANDBACK_S = 60      # for the running jobs to hand themselves back once the worker is told to stop
-FILES_PER_JOB = 32   # descriptors a running job may hold: its disk, its channels' FIFOs and streams, the model's
-FILES_BASE = 256     # connection, its files...; and the worker's own
+FILES_PER_JOB = 32   # descriptors a running job may hold (its disk, channels, model connection, files), generously
+FILES_BASE = 256     # the worker's own descriptors
 POOL_STOP_S = 10     # for the worker to exit once no job runs
 
 
