@@ -55,6 +55,7 @@ STARTUP_TIMEOUT = 30.0
 REPLY_TIMEOUT = 30.0     # for requests that must answer promptly (start, kill, counts)
 LINE_LIMIT = 1024        # no protocol line is longer
 BUILTIN_UPLOAD_MAX = 32768  # above this, one `head -c` fork is cheaper than bash decoding the data
+DIRECT_MAX = 4000       # a command the host writes into a slot's FIFO itself: one atomic write (PIPE_BUF is 4096)
 
 # The only paths a request names are output files the server itself reported: checked once, sent as they are.
 OUTPUT_FILE = re.compile(r"/\.pid/out/[0-9]+\.[0-9]+")
@@ -148,8 +149,10 @@ class PipeLink:
 
     def __init__(self, run_dir_fd: int, channel_id: int) -> None:
         self._dir_fd = os.dup(run_dir_fd)
+        self._channel_id = channel_id
         self._names = [f"req.{channel_id}", f"rep.{channel_id}"]
         self.req_fd = self.rep_fd = -1
+        self.slot_fds: list[int] = []   # the write ends of the server's two slot FIFOs (see Channel.start)
         self._reader: PipeReader | None = None
         try:
             for name in self._names:
@@ -184,10 +187,13 @@ class PipeLink:
                     raise TimeoutError("the request FIFO is full")
                 wait_ready(self.req_fd, select.POLLOUT, left)
 
-    def connected(self) -> None:
+    def connected(self, slots: bool) -> None:
         """The server has answered: unlink the FIFOs' names (nothing else can open them now), and hold the request
         FIFO write-only from here on, so that writing to a dead server fails at once (EPIPE) instead of filling the
-        pipe. Never raises."""
+        pipe. With `slots` (a bash agent server), the command FIFOs of its two slot shells, made by the server when
+        it answered, are opened for writing first (and their names go too). Never raises."""
+        if slots:
+            self._open_slots()
         try:
             for name in self._names:
                 try:
@@ -205,8 +211,36 @@ class PipeLink:
         os.close(self.req_fd)
         self.req_fd = writer
 
+    def _open_slots(self) -> None:
+        """slot_fds <- cmd.<id>.0 and cmd.<id>.1, write-only and non-blocking (the server holds them read-write:
+        opening never waits); left empty if either cannot be opened."""
+        fds: list[int] = []
+        try:
+            for slot in (0, 1):
+                name = f"cmd.{self._channel_id}.{slot}"
+                fds.append(self._open(name, os.O_WRONLY))
+                self._names.append(name)
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            return
+        self.slot_fds = fds
+
+    def write_slot(self, slot: int, data: bytes) -> bool:
+        """All of `data` (at most PIPE_BUF bytes: one atomic write) into a slot's FIFO now, or nothing (False)."""
+        try:
+            return os.write(self.slot_fds[slot], data) == len(data)
+        except OSError:   # (full: BlockingIOError; the server gone: EPIPE cannot happen, it holds the FIFO)
+            return False
+
     def close(self) -> None:
         """EOF on the server's stdin. Never raises; the names stay (the job's disk goes with the job)."""
+        for fd in self.slot_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.slot_fds = []
         if self._reader is not None:
             self._reader.forget()
         for attr in ("req_fd", "rep_fd"):
@@ -272,6 +306,7 @@ class Channel:
         self.broken = False
         self.shell = "sh"
         self.pids_events = 0
+        self._slot = 0   # the slot shell the server runs the next command on
 
     @classmethod
     def open_exec(cls, api, container_id: str, channel_id: int, *, role: str, workdir: str, uid: int, gid: int,
@@ -314,7 +349,7 @@ class Channel:
         self.shell = parts[1].decode()
         self.pids_events = int(parts[2])
         if isinstance(self.link, PipeLink):
-            self.link.connected()
+            self.link.connected(slots=self.role == "agent" and self.shell == "bash")
 
     # -- transport -------------------------------------------------------------------------------------
     def _send(self, data: bytes, deadline: float) -> None:
@@ -370,7 +405,15 @@ class Channel:
             raise ValueError("a command cannot contain NUL bytes")
         self._nonce = secrets.token_hex(12).encode()
         self._emit = max(0, emit)
-        if upload is None:
+        link = self.link
+        if (upload is None and 0 < len(cmd) <= DIRECT_MAX and isinstance(link, PipeLink) and link.slot_fds
+                and link.write_slot(self._slot, b"%d\n%s" % (len(cmd), cmd))):
+            # The slot's shell is running the command already; the server is told which slot to wait for.
+            try:
+                self._send(b"y %d %d %s %d\n%s" % (self._slot, self._emit, self._nonce, len(cmd), cmd), deadline)
+            except ChannelClosed as exc:   # (not retried elsewhere: the slot's shell may have run it)
+                raise SandboxError(f"exec channel broke as a command started: {exc}") from exc
+        elif upload is None:
             self._send(b"x %d %s %d\n%s" % (self._emit, self._nonce, len(cmd), cmd), deadline)
         else:   # small data through bash builtins (encoded: no NUL), anything else copied raw by head -c
             op = b"w"
@@ -386,6 +429,7 @@ class Channel:
             self.broken = True
             raise ProtocolError(f"exec channel: unexpected reply {parts[:3]!r}")
         self._out_path = out_path
+        self._slot = 1 - self._slot   # as the server's slot alternates (the next shell is up)
         return int(parts[1]), self._out_path
 
     def finish(self, deadline: float) -> Finished | None:

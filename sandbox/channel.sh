@@ -27,6 +27,9 @@
 #   x <emit> <nonce> <len> + the command
 #                              -> "P <pgid> <output-file>" when started; when it ends the first <emit> bytes of
 #                                 its output, then "<nonce> <rc> <pids-events>\n"
+#   y <slot> <emit> <nonce> <len> + the command
+#                              -> like x, on slot shell <slot> (0 or 1), to whose FIFO the host wrote the command
+#                                 itself (bash agent servers only: see pid_direct)
 #   w <n> <nonce> <len> + the command + n raw bytes
 #                              -> like x; the bytes are stored in a file first, passed to the command as "$1"
 #   W <n> <nonce> <len> + the command + n bytes: the same, bash only, for small data: "\\" for a backslash and
@@ -175,7 +178,6 @@ pid_drain() {  # $1: a slot's FIFO fd. A slot killed before it read all of its c
 }
 pid_spawn() {  # $1: slot
     pid_n=$((pid_n + 1))
-    pid_drain $((4 + $1))
     if [ "$1" = 0 ]; then
         LC_ALL=C PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" "$pid_lcall" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&4 4>&- 5>&- 6>&- &
         pid_z0=$!
@@ -190,10 +192,21 @@ pid_take_slot() {  # sets pid_pid/pid_out to the current slot's shell, starting 
     if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0; else pid_pid=$pid_z1; fi
     if [ -z "$pid_pid" ] || ! kill -0 "$pid_pid"; then     # (stderr is /dev/null already: see channel.py)
         [ -n "$pid_pid" ] && wait "$pid_pid"
+        pid_drain $((4 + pid_slot))
         pid_spawn "$pid_slot"
         if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0; else pid_pid=$pid_z1; fi
     fi
     if [ "$pid_slot" = 0 ]; then pid_out=$pid_zo0; else pid_out=$pid_zo1; fi
+}
+
+# A used slot's successor (a fork, and setpriv and bash starting: ~5 ms of CPU) is started while the other slot's
+# command runs, or when the host sent nothing for ~1 ms after a reply: not at once, since a reply wakes the host's
+# reader on this CPU (a pipe write wakes its reader where the writer runs, expecting the writer to sleep next).
+pid_refill() {
+    pid_due=
+    pid_full && return 0                  # pid_take_slot starts them when they are needed (and possible)
+    [ -n "$pid_z0" ] || pid_spawn 0
+    [ -n "$pid_z1" ] || pid_spawn 1
 }
 
 pid_forget() {  # output files nobody needs; removed in batches (pid_sweep) to save a fork per call
@@ -292,10 +305,51 @@ pid_slotrun() {
     else
         printf '%s\n%s' "${#pid_cmd}" "$pid_cmd" >&5
     fi
+    pid_slotend
+}
+
+# y <slot> <emit> <nonce> <len> + the command: the host wrote "<len>\n<command>" into that slot's FIFO itself, just
+# before this request, so the waiting shell is already running it. The copy here is for a shell that died before
+# it took the command (killed by the agent's own code): nothing of it ran, its remains are drained and a new shell
+# gets this copy. A slot with no shell yet (pid_refill had not started one) gets one that finds the host's bytes.
+pid_direct() {
+    [ -n "$pid_fast" ] || { echo "E EPROTO"; return; }
+    [ "$pid_junkn" -lt 32 ] || pid_sweep
+    pid_emitn=$3
+    pid_nonce=$4
+    pid_cmd=
+    [ "$5" -gt 0 ] && IFS= read -r -N "$5" pid_cmd
+    case $2 in 0|1) pid_slot=$2 ;; *) echo "E EPROTO"; return ;; esac
+    pid_fd=$((4 + pid_slot))
+    if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0; else pid_pid=$pid_z1; fi
+    if [ -z "$pid_pid" ]; then
+        pid_full && { pid_drain $pid_fd; echo B; return; }
+        pid_spawn "$pid_slot"
+    elif read -r -t 0 -u $pid_fd && ! kill -0 "$pid_pid"; then
+        wait "$pid_pid"
+        pid_drain $pid_fd
+        if [ "$pid_slot" = 0 ]; then pid_z0=; else pid_z1=; fi
+        pid_full && { echo B; return; }
+        pid_spawn "$pid_slot"
+        printf '%s\n%s' "${#pid_cmd}" "$pid_cmd" >&$pid_fd
+    fi
+    if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0 pid_out=$pid_zo0; else pid_pid=$pid_z1 pid_out=$pid_zo1; fi
+    pid_slotend
+}
+
+# The end of a command on a slot shell: wait for it, reply, and leave the slot's FIFO empty for its next shell (a
+# shell killed before it read all of its command left the rest there: no request of the host's is in flight).
+pid_slotend() {
     echo "P $pid_pid $pid_out"
+    [ -z "$pid_due" ] || pid_refill
     wait "$pid_pid"
     pid_rc=$?
-    kill -0 -"$pid_pid" && pid_linger "$pid_pid" "$pid_out"
+    if kill -0 -"$pid_pid"; then
+        # The shell itself is still there when it was stopped (wait returns then, 128 + the signal): it goes now,
+        # not to take a later command from its FIFO if the agent lets it go on.
+        kill -0 "$pid_pid" && { kill -9 "$pid_pid"; wait "$pid_pid"; }
+        kill -0 -"$pid_pid" && pid_linger "$pid_pid" "$pid_out"
+    fi
     pid_pe=0                                                                  # pid_events
     [ -n "$pid_cg" ] && read -r pid_k pid_pe <"$pid_cg/pids.events"
     case $pid_pe in ''|*[!0-9]*) pid_pe=0 ;; esac
@@ -311,7 +365,9 @@ pid_slotrun() {
     pid_c=
     pid_junk="$pid_junk $pid_out"                                             # pid_forget
     pid_junkn=$((pid_junkn + 1))
-    pid_full || pid_spawn "$pid_slot"     # else pid_take_slot starts it when it is needed (and possible)
+    read -r -t 0 -u $((4 + pid_slot)) && pid_drain $((4 + pid_slot))
+    if [ "$pid_slot" = 0 ]; then pid_z0=; else pid_z1=; fi    # (reaped: its number may be reused)
+    pid_due=1                             # its successor starts in pid_refill
     pid_slot=$((1 - pid_slot))
 }
 
@@ -504,10 +560,18 @@ pid_hello() {
     echo "R $pid_shell $pid_pe"
 }
 
-while IFS= read -r pid_line; do
+pid_due=
+while :; do
+    pid_first=
+    if [ -n "$pid_due" ]; then   # the first byte of the host's next request, or ~1 ms of quiet: see pid_refill
+        IFS= read -r -t 0.001 -n 1 pid_first || pid_refill
+    fi
+    IFS= read -r pid_line || break
+    pid_line=$pid_first$pid_line
     set -- $pid_line
     case ${1:-} in
         x) pid_exec "$@" ;;
+        y) pid_direct "$@" ;;
         w|W) pid_upload "$@" ;;
         c) pid_count "$@" ;;
         t) pid_tail "$@" ;;

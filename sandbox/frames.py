@@ -16,7 +16,7 @@ import time
 
 _HEADER = struct.Struct(">BxxxL")
 _STDERR_KEEP = 4096
-RECV_SIZE = 262144
+RECV_SIZE = 65536   # one read's buffer: below malloc's mmap threshold (a bigger one is mapped and unmapped per read)
 
 
 class StreamClosed(EOFError):

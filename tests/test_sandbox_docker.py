@@ -123,9 +123,11 @@ def test_the_first_servers_start_with_the_container_on_fifos_that_nothing_else_c
         assert box.read_file("/.pid/channel.sh").startswith(b"# pid exec channel")
         assert box.exec("sleep 30", timeout=0.5).timed_out
         assert _execs(client, box.container_id) == 0
-        # Once answered, the FIFOs' names are gone from /.pid/run; the servers keep their ends.
+        # Once answered, the FIFOs' names are gone from /.pid/run (the slot shells' command FIFOs too, which the host
+        # writes short commands into); the servers keep their ends.
         run_dir = os.listdir(os.path.join(box._disk.path("pid"), "run"))
-        assert any(n.startswith("cmd.") for n in run_dir) and not [n for n in run_dir if n.startswith(("req.", "rep."))]
+        assert sorted(n for n in run_dir if n.startswith("cmd.")) == ["cmd.2.s", "cmd.3.s"], run_dir
+        assert not [n for n in run_dir if n.startswith(("req.", "rep."))]
         # A server that dies is replaced through the engine, and calls go on.
         servers = [int(row[0]) for row in client.api.top(box.container_id, ps_args="-eo pid,args")["Processes"]
                    if "channel.sh agent" in row[1]]
@@ -137,6 +139,40 @@ def test_the_first_servers_start_with_the_container_on_fifos_that_nothing_else_c
     finally:
         box.close()
     assert gone(client, box.container_id)
+
+
+# Signal the agent's waiting slot shells (after a moment: the server starts the other slot's shell as a command starts).
+WAITING_SHELLS = ("sleep 0.3; for p in /proc/[0-9]*; do [ \"${p#/proc/}\" = $$ ] && continue; "
+                  "case $(tr '\\0' ' ' 2>/dev/null <$p/cmdline) in *'read -r n <&3'*) kill -%s ${p#/proc/} ;; "
+                  "esac; done; echo done")
+
+
+def test_a_short_command_runs_exactly_once_whatever_the_agent_did_to_its_waiting_shells(client):
+    """A short command goes straight into the waiting slot shell's FIFO (the server only waits for it). A shell the
+    agent killed first gets a successor with the server's own copy; a shell it stopped times out and its command
+    never runs; either way every later command runs once, in step."""
+    box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-direct", ttl_s=300), client)
+    try:
+        box.exec("true", timeout=10)
+        idle = box._pool._idle
+        assert idle and all(len(ch.link.slot_fds) == 2 for ch in idle)   # the direct path is taken
+        for i in range(4):
+            assert box.exec(WAITING_SHELLS % "KILL", timeout=10).tail == b"done\n"
+            done = box.exec(f"echo {i} >>/tmp/once; echo ran{i}", timeout=10)
+            assert (done.exit_code, done.tail) == (0, f"ran{i}\n".encode())
+        assert box.read_file("/tmp/once") == b"0\n1\n2\n3\n"
+        for i in range(3):
+            assert box.exec(WAITING_SHELLS % "STOP", timeout=10).tail == b"done\n"
+            stopped = box.exec("echo never >>/tmp/never", timeout=5)   # ended with its shell: 128 + SIGSTOP
+            assert (stopped.exit_code, stopped.tail) == (147, b"")
+            for j in range(3):
+                done = box.exec(f"echo {i}{j} >>/tmp/once; echo ran{i}{j}", timeout=10)
+                assert (done.exit_code, done.tail) == (0, f"ran{i}{j}\n".encode())
+        assert box.read_file("/tmp/once").split() == [b"0", b"1", b"2", b"3"] + [b"%d%d" % (i, j) for i in range(3)
+                                                                                for j in range(3)]
+        assert box.exec("cat /tmp/never 2>&1", timeout=10).tail.endswith(b"No such file or directory\n")
+    finally:
+        box.close()
 
 
 def _open_on_disk(box) -> list[str]:
