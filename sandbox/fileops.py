@@ -79,6 +79,17 @@ def write_snippet(shell: str, path: str, size: int) -> bytes:
     return body + b'cat -- "$1" >"$f" || exit 95\n'
 
 
+def inline_write_snippet(path: str, data: bytes, limit: int) -> bytes | None:
+    """write_snippet for bash with the data in the command itself (printf %b: a backslash doubled, NUL as \\0000),
+    so that no upload is stored first; None when that command would be longer than `limit`."""
+    if len(data) > limit:   # (escaping only lengthens it)
+        return None
+    escaped = data.replace(b"\\", b"\\\\").replace(b"\0", b"\\0000")
+    snippet = (ANYWHERE + b"f=" + quote(path) + b"\n" + _CHECK_WRITE.encode() + b"exec 2>/dev/null\n"
+               + b"printf %b " + quote(escaped) + b' >"$f" || exit 95\n')
+    return snippet if len(snippet) <= limit else None
+
+
 def raise_for_status(status: int, path: str) -> None:
     """Turn a snippet's exit status into the builtin exception, or return for success."""
     if status == 0:

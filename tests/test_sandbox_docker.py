@@ -18,7 +18,8 @@ from pid.config import pid_home
 from pid.sandbox import OutputPolicy, SandboxError
 from sandbox import DockerSandbox, ImageNotFound, SandboxConfig, reap_expired
 from sandbox.artifacts import FilesBudget
-from sandbox.channel import Channel
+from sandbox import fileops
+from sandbox.channel import DIRECT_MAX, Channel
 from sandbox.config import BASE_ENV
 from sandbox.reaper import owner_label, run_labels
 
@@ -420,6 +421,21 @@ def test_write_data_that_looks_like_escapes_or_options(sb):
         assert sb.read_file(f"enc/{i}.bin") == data, (i, data[:40])
     sizes = sb.exec("wc -c enc/*.bin | grep -v total", timeout=10).tail.split(b"\n")
     assert sorted(int(line.split()[0]) for line in sizes if line) == sorted(len(d) for d in cases)
+
+
+def test_writes_around_the_size_that_carries_the_data_in_the_command(sb):
+    """A write whose command fits one write into the slot shell's FIFO carries its data in it (printf %b, escaped and
+    quoted): every byte value, either side of that size, mode kept."""
+    sb.exec("printf x > inline.bin && chmod 604 inline.bin", timeout=10)
+    pattern = b"'\\\0%b\n\\c" + bytes(range(256))
+    inlined = []
+    for size in (0, 1, 1000, 1900, 2100, 3000, 3500, 3900, 4100):
+        data = (pattern * (size // len(pattern) + 1))[:size]
+        inlined.append(fileops.inline_write_snippet("/workspace/inline.bin", data, DIRECT_MAX) is not None)
+        sb.write_file("inline.bin", data)
+        assert sb.read_file("inline.bin") == data, size
+        assert sb.exec("stat -c '%a %s' inline.bin", timeout=10).tail == b"604 %d\n" % size
+    assert inlined[0] and not inlined[-1] and True in inlined[3:] and False in inlined[:-1]   # both ways, twice
 
 
 def test_write_sizes_around_the_builtin_limit_keep_mode(sb):
