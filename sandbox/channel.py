@@ -152,7 +152,7 @@ class PipeLink:
         self._channel_id = channel_id
         self._names = [f"req.{channel_id}", f"rep.{channel_id}"]
         self.req_fd = self.rep_fd = -1
-        self.slot_fds: list[int] = []   # the write ends of the server's two slot FIFOs (see Channel.start)
+        self.slot_fds: list[int] = []   # the server's two slot FIFOs (see Channel.start)
         self._reader: PipeReader | None = None
         try:
             for name in self._names:
@@ -212,13 +212,13 @@ class PipeLink:
         self.req_fd = writer
 
     def _open_slots(self) -> None:
-        """slot_fds <- cmd.<id>.0 and cmd.<id>.1, write-only and non-blocking (the server holds them read-write:
-        opening never waits); left empty if either cannot be opened."""
+        """slot_fds <- cmd.<id>.0 and cmd.<id>.1, non-blocking, read-write (the host reads only in take_back);
+        left empty if either cannot be opened."""
         fds: list[int] = []
         try:
             for slot in (0, 1):
                 name = f"cmd.{self._channel_id}.{slot}"
-                fds.append(self._open(name, os.O_WRONLY))
+                fds.append(self._open(name, os.O_RDWR))
                 self._names.append(name)
         except OSError:
             for fd in fds:
@@ -230,7 +230,15 @@ class PipeLink:
         """All of `data` (at most PIPE_BUF bytes: one atomic write) into a slot's FIFO now, or nothing (False)."""
         try:
             return os.write(self.slot_fds[slot], data) == len(data)
-        except OSError:   # (full: BlockingIOError; the server gone: EPIPE cannot happen, it holds the FIFO)
+        except OSError:   # (full: BlockingIOError)
+            return False
+
+    def take_back(self, slot: int, size: int) -> bool:
+        """The server died after `size` bytes were written into a slot's FIFO: read back what its shell did not take.
+        True when something was left, so the shell cannot have the whole command: nothing of it runs."""
+        try:
+            return bool(os.read(self.slot_fds[slot], size))
+        except OSError:   # (BlockingIOError: the shell took it all)
             return False
 
     def close(self) -> None:
@@ -395,8 +403,10 @@ class Channel:
 
     # -- commands ----------------------------------------------------------------------------------------
     def start(self, command: bytes | str, emit: int, deadline: float,
-              upload: bytes | None = None) -> tuple[int, str]:
+              upload: bytes | None = None, direct: bool = False) -> tuple[int, str]:
         """Start a command (with `upload` stored in a file passed to it as "$1"); returns (pgid, output file).
+        `direct`: a short command may be written straight into its waiting shell's FIFO (the caller saw room in the
+        process table: nothing refuses it then).
 
         Collect its end with `finish`, which returns at most `emit` bytes of its output.
         """
@@ -406,22 +416,27 @@ class Channel:
         self._nonce = secrets.token_hex(12).encode()
         self._emit = max(0, emit)
         link = self.link
-        if (upload is None and 0 < len(cmd) <= DIRECT_MAX and isinstance(link, PipeLink) and link.slot_fds
-                and link.write_slot(self._slot, b"%d\n%s" % (len(cmd), cmd))):
-            # The slot's shell is running the command already; the server is told which slot to wait for.
-            try:
+        handed = b"%d\n%s" % (len(cmd), cmd)
+        direct = (direct and upload is None and 0 < len(cmd) <= DIRECT_MAX and isinstance(link, PipeLink)
+                  and bool(link.slot_fds) and link.write_slot(self._slot, handed))
+        try:
+            if direct:   # the slot's shell is running it already; the server is told which shell to wait for
                 self._send(b"y %d %d %s %d\n%s" % (self._slot, self._emit, self._nonce, len(cmd), cmd), deadline)
-            except ChannelClosed as exc:   # (not retried elsewhere: the slot's shell may have run it)
+            elif upload is None:
+                self._send(b"x %d %s %d\n%s" % (self._emit, self._nonce, len(cmd), cmd), deadline)
+            else:   # small data through bash builtins (encoded: no NUL), anything else copied raw by head -c
+                op = b"w"
+                if self.shell == "bash" and len(upload) <= BUILTIN_UPLOAD_MAX:
+                    op, upload = b"W", upload.replace(b"\\", b"\\\\").replace(b"\0", b"\\0000")
+                self._emit = 0
+                self._send(b"%s %d %s %d\n%s%s" % (op, len(upload), self._nonce, len(cmd), cmd, upload), deadline)
+            parts = self._line(deadline).split()
+        except ChannelClosed as exc:
+            # A dead server ran nothing, and the caller may try another channel; but a command handed to its shell
+            # may have run, unless it can be taken back from the FIFO.
+            if direct and not (isinstance(link, PipeLink) and link.take_back(self._slot, len(handed))):
                 raise SandboxError(f"exec channel broke as a command started: {exc}") from exc
-        elif upload is None:
-            self._send(b"x %d %s %d\n%s" % (self._emit, self._nonce, len(cmd), cmd), deadline)
-        else:   # small data through bash builtins (encoded: no NUL), anything else copied raw by head -c
-            op = b"w"
-            if self.shell == "bash" and len(upload) <= BUILTIN_UPLOAD_MAX:
-                op, upload = b"W", upload.replace(b"\\", b"\\\\").replace(b"\0", b"\\0000")
-            self._emit = 0
-            self._send(b"%s %d %s %d\n%s%s" % (op, len(upload), self._nonce, len(cmd), cmd, upload), deadline)
-        parts = self._line(deadline).split()
+            raise
         if parts == [b"B"]:
             raise TableFull("the container's process table is full")
         out_path = parts[2].decode("ascii", "replace") if len(parts) == 3 else ""

@@ -42,7 +42,7 @@
 #                                 their newlines are counted in <output-file>.cut ("<cut offset> <lines cut>")
 #   t <offset> <max> <nonce> <output-file>
 #                              -> "S <size>" line, bytes [max(offset, size-max), size), "<nonce>\n"
-#   (x and w answer "B" instead, starting nothing, when the process table is full: the host clears it, retries)
+#   (x, y and w answer "B" instead, starting nothing, when the process table is full: the host clears it, retries)
 #   k <pgid>                   -> "K <rc>"  (SIGKILL the process group: a builtin, no fork)
 #   K                          -> "K <n>"   (SIGKILL every process of the agent's uid: for a full process table)
 #   q                          -> exit
@@ -169,7 +169,12 @@ pid_z1=
 pid_drain() {  # $1: a slot's FIFO fd. A slot killed before it read all of its command (a cancel at once) left the
     # rest in the FIFO: the next shell must not take it for its own command.
     read -r -t 0 -u "$1" || return 0   # (the usual case: nothing left)
-    while read -r -t 0 -u "$1"; do IFS= read -r -d '' -t 0.01 -N 65536 -u "$1" pid_k; done
+    pid_k=0   # (at most 64 reads: more can only be the agent's own bytes, fed to its own waiting shell)
+    while [ "$pid_k" -lt 64 ] && read -r -t 0 -u "$1"; do
+        IFS= read -r -d '' -t 0.01 -N 65536 -u "$1" pid_dr
+        pid_k=$((pid_k + 1))
+    done
+    pid_dr=
     pid_k=
     # A `read -N` that times out leaves what it took from the FIFO in bash's shared read buffer, where the next
     # request's `read -N` would find it first (the agent's bytes read as pid's requests). mapfile empties that buffer
@@ -300,6 +305,8 @@ pid_slotrun() {
     fi
     if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0 pid_out=$pid_zo0; else pid_pid=$pid_z1 pid_out=$pid_zo1; fi
     [ -n "$pid_pid" ] && kill -0 "$pid_pid" || pid_take_slot
+    # A command longer than the FIFO holds (64 KiB) is written only as the shell reads it: not to a stopped one
+    [ "${#pid_cmd}" -le 32768 ] || pid_unstopped
     if [ "$pid_slot" = 0 ]; then
         printf '%s\n%s' "${#pid_cmd}" "$pid_cmd" >&4   # (bytes: the server's locale is C)
     else
@@ -308,17 +315,30 @@ pid_slotrun() {
     pid_slotend
 }
 
+pid_unstopped() {  # the current slot's shell, replaced if the agent stopped it (its state in /proc/<pid>/stat)
+    pid_s=
+    IFS= read -r -N 4096 pid_s <"/proc/$pid_pid/stat"   # (whole: see pid_uidof)
+    case ${pid_s##*) } in
+        [Tt]*)
+            kill -9 "$pid_pid"
+            wait "$pid_pid"
+            if [ "$pid_slot" = 0 ]; then pid_z0=; else pid_z1=; fi
+            pid_take_slot ;;
+    esac
+    pid_s=
+}
+
 # y <slot> <emit> <nonce> <len> + the command: the host wrote "<len>\n<command>" into that slot's FIFO itself, just
 # before this request, so the waiting shell is already running it. The copy here is for a shell that died before
 # it took the command (killed by the agent's own code): nothing of it ran, its remains are drained and a new shell
 # gets this copy. A slot with no shell yet (pid_refill had not started one) gets one that finds the host's bytes.
 pid_direct() {
+    pid_cmd=
+    [ "$5" -gt 0 ] && IFS= read -r -N "$5" pid_cmd
     [ -n "$pid_fast" ] || { echo "E EPROTO"; return; }
     [ "$pid_junkn" -lt 32 ] || pid_sweep
     pid_emitn=$3
     pid_nonce=$4
-    pid_cmd=
-    [ "$5" -gt 0 ] && IFS= read -r -N "$5" pid_cmd
     case $2 in 0|1) pid_slot=$2 ;; *) echo "E EPROTO"; return ;; esac
     pid_fd=$((4 + pid_slot))
     if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0; else pid_pid=$pid_z1; fi
@@ -564,7 +584,8 @@ pid_due=
 while :; do
     pid_first=
     if [ -n "$pid_due" ]; then   # the first byte of the host's next request, or ~1 ms of quiet: see pid_refill
-        IFS= read -r -t 0.001 -n 1 pid_first || pid_refill
+        IFS= read -r -t 0.001 -n 1 pid_first
+        case $? in 0) ;; 1) break ;; *) pid_refill ;; esac
     fi
     IFS= read -r pid_line || break
     pid_line=$pid_first$pid_line
@@ -584,5 +605,5 @@ while :; do
     esac
 done
 # The host went away: the pre-started shells wait for commands that will never come.
-for pid_pid in $pid_z0 $pid_z1; do kill -9 "$pid_pid" 2>/dev/null; done
+for pid_pid in $pid_z0 $pid_z1; do kill -9 -"$pid_pid" 2>/dev/null || kill -9 "$pid_pid" 2>/dev/null; done
 rm -f "$pid_fifo.0" "$pid_fifo.1" "$pid_fifo.s" "$pid_mark"

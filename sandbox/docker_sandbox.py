@@ -38,7 +38,7 @@ from .disk import DiskError, JobDisk, disks_supported
 from .docker_client import connect, ensure_image
 from .errors import SandboxError
 from .pool import ChannelPool
-from .processes import kill_agent_processes
+from .processes import ProcessGauge, kill_agent_processes
 from .reaper import force_remove, owner_label, remove_job_containers, run_labels
 from .gitseed import GitSeed
 from .workspace import UnsafeTar, base_script, build_tar, patch_script, sanitize_tar, unpack_tar
@@ -162,6 +162,8 @@ class DockerSandbox:
         self._out_dir_fd: int | None = None   # the job disk's /.pid/out, opened on the host
         self._pids_events = 0                 # forks the pids limit refused, as last seen
         self._pids_lock = threading.Lock()
+        self._gauge: ProcessGauge | None | bool = None   # the process table seen from the host (False: not readable)
+        self._gauge_lock = threading.Lock()
         # A container frozen while `docker exec` starts a process in it wedges the engine's shim for good (runc's
         # init freezes half-way): starting a channel and freezing the container exclude each other.
         self._exec_gate = threading.Lock()
@@ -407,6 +409,10 @@ class DockerSandbox:
                 if locked:
                     self._control_lock.release()
         force_remove(self.client, self.container_id)
+        with self._gauge_lock:
+            if isinstance(self._gauge, ProcessGauge):
+                self._gauge.close()
+            self._gauge = False
         if self._out_dir_fd is not None:
             os.close(self._out_dir_fd)
             self._out_dir_fd = None
@@ -529,7 +535,8 @@ class DockerSandbox:
                 cleared = True
                 continue
             try:
-                pgid, out_path = channel.start(command, emit, deadline, upload=upload)
+                pgid, out_path = channel.start(command, emit, deadline, upload=upload,
+                                               direct=upload is None and self._table_has_room())
                 return channel, pgid, out_path, cleared
             except TableFull:
                 self._pool.release(channel)
@@ -548,6 +555,29 @@ class DockerSandbox:
                     self._raise_if_lost(exc)
                 raise
         raise AssertionError("unreachable")
+
+    def _table_has_room(self) -> bool:
+        """Whether a command may go straight to its waiting shell: the host sees room in the container's process
+        table. Otherwise it goes through the server, which refuses it when the table is full (then it is cleared)."""
+        gauge = self._gauge
+        if gauge is None:
+            with self._gauge_lock:
+                if self._gauge is None:
+                    self._gauge = (ProcessGauge.open(self.container_id)
+                                   or ProcessGauge.open(self.container_id, self._init_pid()) or False)
+                gauge = self._gauge
+        if not isinstance(gauge, ProcessGauge):
+            return False
+        try:
+            return gauge.has_room()
+        except (OSError, ValueError):
+            return False
+
+    def _init_pid(self) -> int | None:
+        try:
+            return int(self.client.api.inspect_container(self.container_id)["State"]["Pid"]) or None
+        except (docker.errors.DockerException, requests.exceptions.RequestException, KeyError, ValueError):
+            return None
 
     def _run(self, command: bytes | str, *, emit: int, timeout: float, cancel: threading.Event | None,
              collect: Callable[[Channel, float], Any], upload: bytes | None = None,

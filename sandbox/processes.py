@@ -41,6 +41,57 @@ def _cgroup_procs_file(init_pid: int) -> str | None:
     return None
 
 
+TABLE_MARGIN = 8   # processes a command needs to start (as channel.sh's pid_full)
+
+
+class ProcessGauge:
+    """How full a container's process table is, read on the host from its cgroup (nothing in the container can
+    change these files). A command handed straight to a waiting shell has no server to refuse it when the table is
+    full, so the host looks first (one read of an open file)."""
+
+    def __init__(self, current_fd: int, limit: int | None) -> None:
+        self._fd = current_fd
+        self._limit = limit
+
+    @classmethod
+    def open(cls, container_id: str, init_pid: int | None = None) -> "ProcessGauge | None":
+        """The gauge of a container by the engine's usual cgroup paths, else (given its first process) by where
+        that process is; None if neither is readable."""
+        dirs = [f"{root}/{name}" for root in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")
+                for name in (f"docker/{container_id}", f"system.slice/docker-{container_id}.scope")]
+        if init_pid:
+            try:
+                procs = _cgroup_procs_file(init_pid)
+            except (OSError, ValueError):
+                procs = None
+            if procs:
+                dirs.insert(0, os.path.dirname(procs))
+        for path in dirs:
+            try:
+                fd = os.open(os.path.join(path, "pids.current"), os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                maximum = _read(os.path.join(path, "pids.max")).strip()
+                gauge = cls(fd, None if maximum == "max" else int(maximum))
+                gauge.has_room()
+                return gauge
+            except (OSError, ValueError):
+                os.close(fd)
+        return None
+
+    def has_room(self) -> bool:
+        """Room for a command's processes: False when the table is (nearly) full. Raises OSError if unreadable."""
+        if self._limit is None:
+            return True
+        return int(os.pread(self._fd, 32, 0)) + TABLE_MARGIN < self._limit
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 def _host_uid(init_pid: int, uid: int) -> int | None:
     """The container's uid as the host sees it (different under user-namespace remapping)."""
     for line in _read(f"/proc/{init_pid}/uid_map").splitlines():

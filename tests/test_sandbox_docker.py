@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -135,6 +136,9 @@ def test_the_first_servers_start_with_the_container_on_fifos_that_nothing_else_c
         assert len(servers) == 2
         for pid in servers:
             os.kill(pid, 9)
+        for pid in servers:   # (dead, not dying: a command handed to a dying server's shell may run, see below)
+            while _state(pid) not in ("Z", ""):
+                time.sleep(0.01)
         assert box.exec("echo again", timeout=10).tail == b"again\n"
         assert _execs(client, box.container_id) >= 1
     finally:
@@ -150,8 +154,9 @@ WAITING_SHELLS = ("sleep 0.3; for p in /proc/[0-9]*; do [ \"${p#/proc/}\" = $$ ]
 
 def test_a_short_command_runs_exactly_once_whatever_the_agent_did_to_its_waiting_shells(client):
     """A short command goes straight into the waiting slot shell's FIFO (the server only waits for it). A shell the
-    agent killed first gets a successor with the server's own copy; a shell it stopped times out and its command
-    never runs; either way every later command runs once, in step."""
+    agent killed first gets a successor with the server's own copy; a shell it stopped is ended (128 + SIGSTOP) and
+    its command never runs; a command too long for the FIFO is not written to a stopped shell; either way every
+    later command runs once, in step."""
     box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-direct", ttl_s=300), client)
     try:
         box.exec("true", timeout=10)
@@ -172,8 +177,76 @@ def test_a_short_command_runs_exactly_once_whatever_the_agent_did_to_its_waiting
         assert box.read_file("/tmp/once").split() == [b"0", b"1", b"2", b"3"] + [b"%d%d" % (i, j) for i in range(3)
                                                                                 for j in range(3)]
         assert box.exec("cat /tmp/never 2>&1", timeout=10).tail.endswith(b"No such file or directory\n")
+        for _ in range(2):   # (the server used to hang writing it, with the host long gone)
+            assert box.exec(WAITING_SHELLS % "STOP", timeout=10).tail == b"done\n"
+            big = box.exec(": '" + "A" * 70000 + "'; echo big", timeout=10)
+            assert (big.exit_code, big.tail) == (0, b"big\n")
     finally:
         box.close()
+
+
+def test_a_table_filled_after_a_reply_is_cleared_before_the_next_short_command(client):
+    """A short command goes to its waiting shell with no server to refuse it, so the host looks at the process table
+    first: one the agent's background fork bomb filled is cleared, and the command runs whole, at once."""
+    box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-full", ttl_s=300, pids_limit=128), client)
+    try:
+        assert box.exec("(sleep 1; b() { b | b & }; b) >/dev/null 2>&1 & echo armed", timeout=10).tail == b"armed\n"
+        time.sleep(4)
+        started = time.monotonic()
+        done = box.exec("echo alive; ls -d / && echo forked", timeout=60)
+        assert (done.exit_code, done.tail) == (0, b"alive\n/\nforked\n") and done.pids_limit_hit
+        assert time.monotonic() - started < 10
+    finally:
+        box.close()
+
+
+def test_a_server_that_dies_after_the_host_handed_its_shell_a_command_does_not_make_it_run_twice(client):
+    """The host wrote a command into a waiting shell's FIFO, then the server died. If the shell took it, the call
+    fails (it may have run) and is not retried on another channel; if nothing took it, the host takes it back and
+    another channel runs it. Either way it runs once."""
+    box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-dies", ttl_s=300), client)
+    try:
+        for shells_up, file in ((True, "/tmp/taken"), (False, "/tmp/back")):
+            box.exec("true", timeout=10)
+            time.sleep(0.5)   # the next shells are up
+            channel = box._pool._idle[-1]   # the one the next call takes
+            rows = client.api.top(box.container_id, ps_args="-eo pid,ppid,args")["Processes"]
+            server = [int(row[0]) for row in rows if f"channel.sh agent {channel.channel_id} " in row[2]][0]
+            os.kill(server, signal.SIGSTOP)   # (the host's pid namespace: the tests run as root, as the worker does)
+            if not shells_up:
+                for row in rows:
+                    if int(row[1]) == server:
+                        os.kill(int(row[0]), signal.SIGKILL)
+            outcome: list[object] = []
+
+            def call() -> None:
+                try:
+                    outcome.append(box.exec(f"echo once >>{file}; echo ran", timeout=20))
+                except SandboxError as exc:
+                    outcome.append(exc)
+
+            caller = threading.Thread(target=call)
+            caller.start()
+            time.sleep(1.0)
+            os.kill(server, signal.SIGKILL)
+            caller.join(30)
+            if shells_up:
+                assert isinstance(outcome[0], SandboxError) and "broke as a command started" in str(outcome[0])
+            else:
+                assert outcome[0].tail == b"ran\n"   # type: ignore[attr-defined]
+            time.sleep(0.5)
+            assert box.read_file(file) == b"once\n"
+    finally:
+        box.close()
+
+
+def _state(pid: int) -> str:
+    """A host process's state letter ("" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(") ", 1)[1][:1]
+    except OSError:
+        return ""
 
 
 def _open_on_disk(box) -> list[str]:
