@@ -191,7 +191,7 @@ class PipeLink:
         """The server has answered: unlink the FIFOs' names (nothing else can open them now), and hold the request
         FIFO write-only from here on, so that writing to a dead server fails at once (EPIPE) instead of filling the
         pipe. With `slots` (a bash agent server), the command FIFOs of its two slot shells, made by the server when
-        it answered, are opened for writing first (and their names go too). Never raises."""
+        it answered, are opened first (and their names go too). Never raises."""
         if slots:
             self._open_slots()
         try:
@@ -402,6 +402,10 @@ class Channel:
             return False
 
     # -- commands ----------------------------------------------------------------------------------------
+    def hands_over(self) -> bool:
+        """Whether a short command can be written straight into the FIFO of the shell that will run it."""
+        return isinstance(self.link, PipeLink) and bool(self.link.slot_fds)
+
     def start(self, command: bytes | str, emit: int, deadline: float,
               upload: bytes | None = None, direct: bool = False) -> tuple[int, str]:
         """Start a command (with `upload` stored in a file passed to it as "$1"); returns (pgid, output file).
@@ -416,9 +420,12 @@ class Channel:
         self._nonce = secrets.token_hex(12).encode()
         self._emit = max(0, emit)
         link = self.link
-        handed = b"%d\n%s" % (len(cmd), cmd)
-        direct = (direct and upload is None and 0 < len(cmd) <= DIRECT_MAX and isinstance(link, PipeLink)
-                  and bool(link.slot_fds) and link.write_slot(self._slot, handed))
+        handed = b""
+        if direct and upload is None and 0 < len(cmd) <= DIRECT_MAX and isinstance(link, PipeLink) and link.slot_fds:
+            handed = b"%d\n%s" % (len(cmd), cmd)
+            direct = link.write_slot(self._slot, handed)
+        else:
+            direct = False
         try:
             if direct:   # the slot's shell is running it already; the server is told which shell to wait for
                 self._send(b"y %d %d %s %d\n%s" % (self._slot, self._emit, self._nonce, len(cmd), cmd), deadline)

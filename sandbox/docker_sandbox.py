@@ -535,8 +535,8 @@ class DockerSandbox:
                 cleared = True
                 continue
             try:
-                pgid, out_path = channel.start(command, emit, deadline, upload=upload,
-                                               direct=upload is None and self._table_has_room())
+                direct = upload is None and channel.hands_over() and self._table_has_room()
+                pgid, out_path = channel.start(command, emit, deadline, upload=upload, direct=direct)
                 return channel, pgid, out_path, cleared
             except TableFull:
                 self._pool.release(channel)
