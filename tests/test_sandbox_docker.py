@@ -136,8 +136,9 @@ def test_the_first_servers_start_with_the_container_on_fifos_that_nothing_else_c
         assert len(servers) == 2
         for pid in servers:
             os.kill(pid, 9)
+        end = time.monotonic() + 10
         for pid in servers:   # (dead, not dying: a command handed to a dying server's shell may run, see below)
-            while _state(pid) not in ("Z", ""):
+            while _state(pid) not in ("Z", "") and time.monotonic() < end:
                 time.sleep(0.01)
         assert box.exec("echo again", timeout=10).tail == b"again\n"
         assert _execs(client, box.container_id) >= 1
@@ -187,15 +188,14 @@ def test_a_short_command_runs_exactly_once_whatever_the_agent_did_to_its_waiting
 
 def test_a_table_filled_after_a_reply_is_cleared_before_the_next_short_command(client):
     """A short command goes to its waiting shell with no server to refuse it, so the host looks at the process table
-    first: one the agent's background fork bomb filled is cleared, and the command runs whole, at once."""
+    first: one the agent's background fork bomb filled is cleared, and the command runs whole (not into the full
+    table: fork retries for ~15 s, then "Resource temporarily unavailable" in its output)."""
     box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-full", ttl_s=300, pids_limit=128), client)
     try:
         assert box.exec("(sleep 1; b() { b | b & }; b) >/dev/null 2>&1 & echo armed", timeout=10).tail == b"armed\n"
         time.sleep(4)
-        started = time.monotonic()
         done = box.exec("echo alive; ls -d / && echo forked", timeout=60)
         assert (done.exit_code, done.tail) == (0, b"alive\n/\nforked\n") and done.pids_limit_hit
-        assert time.monotonic() - started < 10
     finally:
         box.close()
 
