@@ -21,6 +21,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.yardstick import fork_exec_ms  # noqa: E402
 from pid import events as ev  # noqa: E402
 from pid.agent import Agent, Limits  # noqa: E402
 from pid.providers import make_provider  # noqa: E402
@@ -89,6 +90,7 @@ def main() -> None:
         ours = [w - m for w, m in zip(walls, model)]
         print(f"  the scripted model's own time per request: median {statistics.median(model):.2f} ms")
         print(f"  wall less the model's time: median {statistics.median(ours):.2f} ms  p95 {q(ours, 0.95):.2f} ms")
+    print(f"  yardstick (bench/yardstick.py): a local fork+exec {fork_exec_ms():.2f} ms")
     print("  target: <= 5 ms wall and cpu")
 
 

@@ -3,7 +3,9 @@
     python bench/bench_tool_roundtrip.py [N]
 
 "back-to-back" sends the next call as soon as the previous one returns (worst case for the pre-started
-command shells); "paced" leaves 20 ms between calls, as an LLM's tool calls are seconds apart.
+command shells); "paced" leaves 20 ms between calls, as an LLM's tool calls are seconds apart. "cpu" is this
+process's CPU per call. The last line is the yardstick (bench/yardstick.py): a plain local fork+exec, to compare
+runs on different days by.
 """
 from __future__ import annotations
 
@@ -15,21 +17,24 @@ from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.yardstick import fork_exec_ms  # noqa: E402
 from sandbox import DockerSandbox, SandboxConfig  # noqa: E402
 
 
 def measure(name: str, call: Callable[[], object], n: int, pause_s: float = 0.0) -> None:
     call()
-    samples = []
+    samples, cpu = [], []
     for _ in range(n):
         if pause_s:
             time.sleep(pause_s)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         call()
         samples.append((time.perf_counter() - start) * 1000)
+        cpu.append((time.process_time() - start_cpu) * 1000)
     samples.sort()
     p95 = samples[min(len(samples) - 1, int(len(samples) * 0.95))]
-    print(f"{name:<34} median {statistics.median(samples):7.3f} ms   p95 {p95:7.3f} ms   (n={n})")
+    print(f"{name:<34} median {statistics.median(samples):7.3f} ms   p95 {p95:7.3f} ms   "
+          f"cpu {statistics.median(cpu):6.3f} ms   (n={n})")
 
 
 def main() -> None:
@@ -50,6 +55,7 @@ def main() -> None:
         print("-- for comparison")
         container = sb.client.containers.get(sb.container_id)
         measure("docker exec true (exec_run)", lambda: container.exec_run(["true"]), max(10, n // 10))
+    print(f"{'yardstick: local fork+exec, paced':<34} median {fork_exec_ms(n):7.3f} ms")
 
 
 if __name__ == "__main__":
