@@ -213,8 +213,6 @@ def test_missing_working_directory():
         box.close()
 
 
-@pytest.mark.skipif(RUNTIME == "runsc", reason="known gap: under gVisor with the machine loaded, a command cancelled "
-                    "before its shell read it can still reach a later shell (the FIFO drain misses it); see README")
 def test_a_call_cancelled_at_once_leaves_later_calls_intact(sandbox):
     """A command killed before its shell read it must not be run by (or garble) the next call on that channel."""
     cancel = threading.Event()
