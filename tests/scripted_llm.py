@@ -27,6 +27,7 @@ A turn is a dict; every key is optional:
     stall_s         send the first chunk (or `stall_after` chunks), then go silent this long before the rest
     cut             true: end the stream cleanly but without finish / [DONE] / message_stop
     raw             [str, ...]: send these SSE texts verbatim instead of a generated stream (leniency tests)
+    gzip            true: the stream is sent gzip-compressed (Content-Encoding: gzip), cut across its chunks
 
 When the script runs out every request gets the plain answer "script exhausted", so a bug never hangs a test.
 Instead of a script, a `responder(body) -> turn` can answer each request from what it carries (tests with many jobs
@@ -43,6 +44,7 @@ the turns left.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import signal
@@ -245,6 +247,8 @@ class _Handler(BaseHTTPRequestHandler):
                 events = _anthropic_events(turn, body, raw, number)
             if turn.get("break_after") is not None:
                 return self._break(events, int(turn["break_after"]))
+            if turn.get("gzip"):
+                return self._stream_gzip(events)
             self._stream(events, turn.get("stall_s"), int(turn.get("stall_after", 1)))
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
@@ -305,6 +309,18 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
         self.wfile.write(b"".join(chunks) + b"0\r\n\r\n")
+
+
+    def _stream_gzip(self, events: list[bytes]) -> None:
+        """The events gzip-compressed, the compressed bytes sent in chunks that cut across events."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        packed = gzip.compress(b"".join(events))
+        pieces = [packed[i:i + 7] for i in range(0, len(packed), 7)]
+        self.wfile.write(b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n")
 
 
 # -- wire formats ---------------------------------------------------------------------------------------------

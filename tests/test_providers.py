@@ -407,6 +407,21 @@ def test_openai_done_without_finish_reason_and_ollama_style_stop_with_tools() ->
     assert reply.stop_reason == "toolUse" and reply.tool_calls[0].arguments == {"command": "ls"}
 
 
+@pytest.mark.parametrize("api", BOTH)
+def test_a_compressed_stream_is_decoded(api: str) -> None:
+    """A server that gzips its event stream (some proxies do): the events are read from the decoded bytes, and the
+    connection is kept for the next, plain request."""
+    turns = [{"text": "squeezed reply", "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}],
+              "gzip": True}, {"text": "plain"}]
+    with ScriptedLLM(turns) as llm:
+        p = provider(llm, api)
+        reply = p.stream("", HELLO, [BASH])
+        assert (reply.stop_reason, reply.text) == ("toolUse", "squeezed reply"), reply.error_message
+        assert reply.tool_calls[0].arguments == {"command": "ls"}
+        assert p.stream("", HELLO, [BASH]).text == "plain"
+        assert llm.connections_opened == 1
+
+
 def test_openai_malformed_stream_data_is_an_error() -> None:
     with ScriptedLLM([{"raw": sse({"choices": [{"delta": {"content": "ok"}}]}, "data: {broken\n\n")}]) as llm:
         reply = provider(llm).stream("", HELLO, [])

@@ -16,7 +16,7 @@ import time
 import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urlsplit
 
 import httpcore
@@ -309,8 +309,11 @@ def iter_sse(response: httpx.Response) -> Iterator[tuple[str, bytes]]:
     event = ""
     data: list[bytes] = []
     buffer = b""
-    # Without a content encoding the decoded bytes are the raw ones, chunk for chunk: one layer less per chunk.
-    chunks = response.iter_raw() if "content-encoding" not in response.headers else response.iter_bytes()
+    # Without a content encoding the decoded bytes are the raw ones, chunk for chunk: the response's own byte stream
+    # (httpx's errors mapped as in iter_raw) is read without iter_raw's two layers per chunk.
+    stream = response.stream
+    chunks: Iterable[bytes] = stream if isinstance(stream, httpx.SyncByteStream) and \
+        "content-encoding" not in response.headers else response.iter_bytes()
     for chunk in chunks:
         if b"\n" not in chunk:
             buffer += chunk
@@ -460,8 +463,8 @@ class StreamingProvider:
             if data == b"[DONE]":  # OpenAI's end marker; Anthropic ends with message_stop instead
                 reply.done = True
                 continue
-            try:
-                payload = json.loads(data)
+            try:   # (SSE is UTF-8: decoded here, json.loads skips guessing the encoding of bytes)
+                payload = json.loads(data.decode("utf-8"))
             except ValueError:
                 reply.fail("malformed stream data from the server: " + truncate(data.decode("utf-8", "replace")))
                 return
