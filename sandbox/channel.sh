@@ -149,8 +149,13 @@ fi
 # process group and evaluates the command as `bash -c` would. The server holds each slot's FIFO open read-write
 # (fd 4, fd 5) for its whole life, so nothing blocks in open() and a command written before the shell is up
 # waits in the FIFO. A command comes as its length in bytes, a newline, then the command, read in one block.
-# A waiting slot already runs as the agent: code the agent ran before could reach it (and so the agent's own next
-# command), never the server or anything pid runs as root.
+# A waiting slot already runs as the agent: code the agent ran before could reach it (ptrace is the agent's right
+# over its own processes), and so the agent's own next command, never the server or anything pid runs as root. So
+# each shell opens its FIFO anew, read-only, while still root: a descriptor taken from it can neither write into the
+# FIFO (bytes there must be pid's alone) nor change the flags of the server's own open (O_NONBLOCK would fail the
+# next shells' reads). It can change the pipe's size, down to one page (F_SETPIPE_SZ): so no more than one page ever
+# goes into a FIFO, which an empty pipe always takes at once, stopped reader or not. A longer command is put in a
+# file of root's, and the FIFO gets "<length> <file>".
 # A command needs the working directory (pi's bash refuses to run without it): when it is gone the command is not run,
 # its output is pi's message and its status 212; pid's own file snippets, which name absolute paths, start with the
 # line "#pid:anywhere" and run anyway.
@@ -159,7 +164,7 @@ fi
 # in C (its length is in bytes), and is back in the agent's locale, already loaded, before the command runs.
 # The umask is set before the wait, the working directory after it (it may change meanwhile).
 pid_zcode='umask "$1"; if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; LC_ALL=C
-IFS= read -r n <&3 && IFS= read -r -N "$n" c <&3; exec 3<&-
+read -r n f <&3 && if [ -z "$f" ]; then IFS= read -r -N "$n" c <&3; else IFS= read -r -N "$n" c <"$f"; fi; exec 3<&-
 if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; unset n; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
 printf "Working directory does not exist: %s\nCannot execute bash commands." "$2"; exit 212 ;; esac; set --; eval "unset c; $c"'
 pid_bash=bash
@@ -184,11 +189,11 @@ pid_drain() {  # $1: a slot's FIFO fd. A slot killed before it read all of its c
 pid_spawn() {  # $1: slot
     pid_n=$((pid_n + 1))
     if [ "$1" = 0 ]; then
-        LC_ALL=C PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" "$pid_lcall" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&4 4>&- 5>&- 6>&- &
+        LC_ALL=C PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" "$pid_lcall" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3</proc/self/fd/4 4>&- 5>&- 6>&- &
         pid_z0=$!
         pid_zo0=$pid_dir/$pid_cid.$pid_n
     else
-        LC_ALL=C PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" "$pid_lcall" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3<&5 4>&- 5>&- 6>&- &
+        LC_ALL=C PATH=$pid_opath $pid_drop $pid_bash -c "$pid_zcode" bash "$pid_um" "$pid_wd" "$pid_lcall" >"$pid_dir/$pid_cid.$pid_n" 2>&1 </dev/null 3</proc/self/fd/5 4>&- 5>&- 6>&- &
         pid_z1=$!
         pid_zo1=$pid_dir/$pid_cid.$pid_n
     fi
@@ -305,27 +310,17 @@ pid_slotrun() {
     fi
     if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0 pid_out=$pid_zo0; else pid_pid=$pid_z1 pid_out=$pid_zo1; fi
     [ -n "$pid_pid" ] && kill -0 "$pid_pid" || pid_take_slot
-    # A command longer than the FIFO holds (64 KiB) is written only as the shell reads it: not to a stopped one
-    [ "${#pid_cmd}" -le 32768 ] || pid_unstopped
-    if [ "$pid_slot" = 0 ]; then
-        printf '%s\n%s' "${#pid_cmd}" "$pid_cmd" >&4   # (bytes: the server's locale is C)
+    if [ "${#pid_cmd}" -gt 4000 ]; then   # (bytes: the server's locale is C) more than a page: through a file
+        pid_n=$((pid_n + 1))
+        printf '%s' "$pid_cmd" >"$pid_dir/$pid_cid.$pid_n.cmd"
+        pid_forget "$pid_dir/$pid_cid.$pid_n.cmd"
+        printf '%s %s\n' "${#pid_cmd}" "$pid_dir/$pid_cid.$pid_n.cmd" >&$((4 + pid_slot))
+    elif [ "$pid_slot" = 0 ]; then
+        printf '%s\n%s' "${#pid_cmd}" "$pid_cmd" >&4
     else
         printf '%s\n%s' "${#pid_cmd}" "$pid_cmd" >&5
     fi
     pid_slotend
-}
-
-pid_unstopped() {  # the current slot's shell, replaced if the agent stopped it (its state in /proc/<pid>/stat)
-    pid_s=
-    IFS= read -r -N 4096 pid_s <"/proc/$pid_pid/stat"   # (whole: see pid_uidof)
-    case ${pid_s##*) } in
-        [Tt]*)
-            kill -9 "$pid_pid"
-            wait "$pid_pid"
-            if [ "$pid_slot" = 0 ]; then pid_z0=; else pid_z1=; fi
-            pid_take_slot ;;
-    esac
-    pid_s=
 }
 
 # y <slot> <emit> <nonce> <len> + the command: the host wrote "<len>\n<command>" into that slot's FIFO itself, just
@@ -335,7 +330,7 @@ pid_unstopped() {  # the current slot's shell, replaced if the agent stopped it 
 pid_direct() {
     pid_cmd=
     [ "$5" -gt 0 ] && IFS= read -r -N "$5" pid_cmd
-    [ -n "$pid_fast" ] || { echo "E EPROTO"; return; }
+    [ -n "$pid_fast" ] && [ "$5" -le 4000 ] || { echo "E EPROTO"; return; }   # (a page at most: see above)
     [ "$pid_junkn" -lt 32 ] || pid_sweep
     pid_emitn=$3
     pid_nonce=$4

@@ -66,6 +66,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 RUNTIME = os.environ.get("PID_TEST_RUNTIME") or None
 
 
+def signal_waiting_shells(signal_name: str) -> str:
+    """A command (for the agent to run) that sends a signal to every slot shell waiting for a command (the ones in
+    pid's exec channels: sandbox/channel.sh's pid_zcode) but its own, then prints "signalled <how many>"."""
+    return ("sleep 0.3; n=0; for p in /proc/[0-9]*; do [ \"${p#/proc/}\" = $$ ] && continue; "
+            "case $(tr '\\0' ' ' 2>/dev/null <$p/cmdline) in *'read -r n f <&3'*) "
+            f"kill -{signal_name} ${{p#/proc/}} && n=$((n + 1)) ;; esac; done; echo signalled $n")
+
+
+def signalled(tail: bytes) -> int:
+    """How many shells signal_waiting_shells' command reached (it must reach some, or the test proves nothing)."""
+    words = tail.split()
+    assert len(words) == 2 and words[0] == b"signalled", tail
+    return int(words[1])
+
+
 from tests.tool_sandbox import docker_sandbox, sandbox  # noqa: E402,F401 - the tool tests' fixtures, for every module
 from tests.brokers import rabbitmq_server, redis_server  # noqa: E402,F401 - private brokers (tests/test_brokers.py)
 

@@ -19,6 +19,7 @@ import pytest
 from pid.sandbox import OutputPolicy
 from sandbox import DockerSandbox, SandboxConfig
 from sandbox.channel import ProtocolError
+from tests.conftest import signal_waiting_shells, signalled
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.docker  # the whole module needs an engine
@@ -174,11 +175,6 @@ def test_pids_pipes_files_and_processes_are_out_of_the_agents_reach(box):
     assert "kill=1" in text and "init=1" in text and "ttl=1" in text, text
 
 
-STOP_WAITING_SHELLS = ("for p in /proc/[0-9]*; do [ \"${p#/proc/}\" = $$ ] && continue; "
-                       "case $(tr '\\0' ' ' 2>/dev/null <$p/cmdline) in *'read -r n <&3'*) kill -STOP ${p#/proc/} ;; "
-                       "esac; done; echo stopped")
-
-
 def test_a_command_left_in_a_stopped_shells_pipe_never_reaches_pids_server():
     """The shells waiting for the agent's next command run as the agent, which can stop them: its next command then
     sits whole in the pipe, and the server drains the pipe before the next shell starts. That drain used to leave
@@ -187,7 +183,7 @@ def test_a_command_left_in_a_stopped_shells_pipe_never_reaches_pids_server():
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id="test-trust-drain", ttl_s=300)) as box:
         forged = "t 0 300 ZZZ /etc/shadow\n" * 400
         for _ in range(10):
-            assert box.exec(STOP_WAITING_SHELLS, timeout=10).tail == b"stopped\n"
+            assert signalled(box.exec(signal_waiting_shells("STOP"), timeout=10).tail) >= 1
             box.exec(": '" + "A" * 60000 + "'", timeout=1)   # its shell is stopped: it never reads it
             for n in range(3):
                 done = box.exec(f"echo in-step-{n}\n: '\n{forged}'", timeout=10)
@@ -237,6 +233,99 @@ def test_a_default_agent_cannot_freeze_pid(run_pid, sample_repo, tmp_path):
     result = res.json()
     assert res.code == 0 and result["status"] == "completed", result
     assert "+fine" in (tmp_path / "out" / result["id"] / "patch.diff").read_text()
+
+
+# The agent may ptrace its own processes, pid's waiting slot shells among them (they run as the agent): this script,
+# run by the agent, makes every other shell of its channel's server that waits for a command run one system call.
+PTRACE_INJECT = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+NAMES = "r15 r14 r13 r12 rbp rbx r11 r10 r9 r8 rax rcx rdx rsi rdi orig_rax rip cs eflags rsp ss fs_base gs_base"
+class Regs(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_ulonglong) for n in (NAMES + " ds es fs gs").split()]
+def ptrace(request, pid, data=None):
+    if libc.ptrace(request, pid, None, data) < 0:
+        raise OSError(ctypes.get_errno(), "ptrace %d" % request)
+def inject(pid, number, *args):   # one system call in a process blocked in read(): it reads on afterwards
+    ptrace(16, pid)                                              # PTRACE_ATTACH
+    os.waitpid(pid, 0x40000000)
+    saved, regs = Regs(), Regs()
+    ptrace(12, pid, ctypes.byref(saved))                          # PTRACE_GETREGS
+    ctypes.pointer(regs)[0] = saved
+    regs.rax, regs.orig_rax, regs.rip = number, 2 ** 64 - 1, saved.rip - 2   # back onto its `syscall` instruction
+    for name, value in zip(("rdi", "rsi", "rdx"), args):
+        setattr(regs, name, value)
+    ptrace(13, pid, ctypes.byref(regs))                           # PTRACE_SETREGS
+    ptrace(9, pid)                                                # PTRACE_SINGLESTEP
+    os.waitpid(pid, 0x40000000)
+    ptrace(12, pid, ctypes.byref(regs))
+    ptrace(13, pid, ctypes.byref(saved))
+    ptrace(17, pid)                                               # PTRACE_DETACH
+    return regs.rax
+me = int(sys.argv[1])
+server = open("/proc/%d/stat" % me).read().rsplit(") ", 1)[1].split()[1]
+done = 0
+for entry in os.listdir("/proc"):
+    try:
+        waiting = b"read -r n f <&3" in open("/proc/%s/cmdline" % entry, "rb").read()
+        child = open("/proc/%s/stat" % entry).read().rsplit(") ", 1)[1].split()[1] == server
+    except OSError:
+        continue
+    if entry.isdigit() and int(entry) != me and waiting and child and os.path.exists("/proc/%s/fd/3" % entry):
+        inject(int(entry), *map(int, sys.argv[2:]))
+        done += 1
+print("injected", done)
+"""
+DUP2, FCNTL, F_SETPIPE_SZ = 33, 72, 1031   # x86-64 system call numbers
+ptraced = pytest.mark.skipif(os.uname().machine != "x86_64", reason="the injector speaks x86-64 only")
+
+
+def inject(box: DockerSandbox, *syscall: int) -> None:
+    box.write_file("/tmp/inject.py", PTRACE_INJECT.encode())
+    result = box.exec(f"python3 /tmp/inject.py $$ {' '.join(map(str, syscall))}", timeout=30)
+    assert result.exit_code == 0 and int(result.tail.split()[-1]) >= 1, result.tail
+
+
+@ptraced
+def test_a_waiting_shells_descriptor_cannot_write_its_pipe_or_change_the_servers_reads():
+    """A waiting shell's command descriptor, duplicated by ptrace for the agent's next command, used to be the
+    server's own read-write open of the FIFO: the command could write bytes of its own there and kill its shell, and
+    the server, finding the shell dead with bytes left, ran the command again; and O_NONBLOCK set on it made later
+    shells fail their reads. Each shell now opens its FIFO anew, read-only."""
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id="test-trust-ptrace", ttl_s=300)) as box:
+        for i in range(3):
+            inject(box, DUP2, 3, 9)
+            pad = "\n#" + "p" * 3800   # (a long command: the server takes longer to read it)
+            result = box.exec(f"echo run >>/tmp/count{i}; printf J >&9; echo wrote=$?; kill -9 $${pad}", timeout=20)
+            assert b"wrote=1" in result.tail, result.tail
+            assert box.read_file(f"/tmp/count{i}") == b"run\n"
+        inject(box, DUP2, 3, 9)
+        result = box.exec("python3 -c 'import fcntl, os; fcntl.fcntl(9, fcntl.F_SETFL, os.O_NONBLOCK)'; echo set=$?",
+                          timeout=20)
+        assert result.tail == b"set=0\n"
+        for n in range(6):
+            done = box.exec(f"echo in-step-{n}", timeout=10)
+            assert (done.exit_code, done.tail) == (0, f"in-step-{n}\n".encode())
+
+
+@ptraced
+def test_a_shrunk_pipe_and_a_stopped_shell_cannot_hang_pids_server():
+    """The agent can shrink a waiting shell's FIFO to one page (F_SETPIPE_SZ) and stop the shell: the server's write
+    of a longer command into it blocked for good. Now a FIFO never gets more than a page: a longer command goes
+    through a file."""
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id="test-trust-pipesize", ttl_s=300)) as box:
+        long = ": '" + "A" * 10000 + "'; "
+        inject(box, FCNTL, 3, F_SETPIPE_SZ, 4096)
+        done = box.exec(long + "echo long", timeout=20)     # a shrunk pipe alone: the command runs
+        assert (done.exit_code, done.tail) == (0, b"long\n")
+        for i in range(2):
+            inject(box, FCNTL, 3, F_SETPIPE_SZ, 4096)
+            assert signalled(box.exec(signal_waiting_shells("STOP"), timeout=10).tail) >= 1
+            stopped = box.exec(long + "echo never", timeout=20)   # its shell is stopped: ended, 128 + SIGSTOP
+            assert (stopped.exit_code, stopped.tail, stopped.timed_out) == (147, b"", False)
+            done = box.exec(long + f"echo next{i}", timeout=20)
+            assert (done.exit_code, done.tail) == (0, f"next{i}\n".encode())
 
 
 # -- 6. a job that lies -----------------------------------------------------------------------------------------------
