@@ -155,7 +155,8 @@ fi
 # FIFO (bytes there must be pid's alone) nor change the flags of the server's own open (O_NONBLOCK would fail the
 # next shells' reads). It can change the pipe's size, down to one page (F_SETPIPE_SZ): so no more than one page ever
 # goes into a FIFO, which an empty pipe always takes at once, stopped reader or not. A longer command is put in a
-# file of root's, and the FIFO gets "<length> <file>".
+# file of root's, and the FIFO gets "<length> <file>". A command that arrives cut short (that file could not be
+# written whole: a full disk) is not run, not even its first part: status 125 and a line that says so.
 # A command needs the working directory (pi's bash refuses to run without it): when it is gone the command is not run,
 # its output is pi's message and its status 212; pid's own file snippets, which name absolute paths, start with the
 # line "#pid:anywhere" and run anyway.
@@ -165,6 +166,7 @@ fi
 # The umask is set before the wait, the working directory after it (it may change meanwhile).
 pid_zcode='umask "$1"; if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; LC_ALL=C
 read -r n f <&3 && if [ -z "$f" ]; then IFS= read -r -N "$n" c <&3; else IFS= read -r -N "$n" c <"$f"; fi; exec 3<&-
+[ "${#c}" = "$n" ] || { printf "pid: the command reached its shell cut short (%s of %s bytes; is the job'"'"'s disk full?): not run" "${#c}" "$n"; exit 125; }
 if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; unset n; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
 printf "Working directory does not exist: %s\nCannot execute bash commands." "$2"; exit 212 ;; esac; set --; eval "unset c; $c"'
 pid_bash=bash

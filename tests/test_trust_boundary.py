@@ -111,6 +111,21 @@ def test_the_disk_limit_holds_inside_and_costs_the_host_at_most_that(tmp_path):
     assert not os.path.exists(image)                      # the disk goes with the container
 
 
+def test_a_long_command_cut_short_by_a_full_disk_is_not_run():
+    """A command longer than a page reaches its shell through a file of root's on the job's disk. With that disk
+    full to the last block (a root agent can take root's reserve too) the file is cut short, and no part of the
+    command may run: the shell says so and ends with 125."""
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id="test-trust-cut", ttl_s=300, user="root",
+                                            disk=64 << 20)) as box:
+        box.exec("head -c 1G /dev/zero >/workspace/fill; sync", timeout=120)
+        done = box.exec("rm -f /workspace/fill #" + "A" * 10000, timeout=30)
+        assert done.exit_code == 125, (done.exit_code, done.tail)
+        assert box.exec("test -e /workspace/fill", timeout=10).exit_code == 0   # (no output fits on the disk)
+        box.exec("rm -f /workspace/fill", timeout=10)
+        done = box.exec(": '" + "A" * 10000 + "'; echo room", timeout=10)
+        assert (done.exit_code, done.tail) == (0, b"room\n")
+
+
 def test_a_huge_output_keeps_only_its_tail_on_disk(box, monkeypatch):
     from sandbox import docker_sandbox
     monkeypatch.setattr(docker_sandbox, "KEEP_OUTPUT", 1 << 20)
