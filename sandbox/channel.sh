@@ -282,11 +282,19 @@ pid_linger() {  # $1: pgid, $2: output file; called only while processes of the 
     done
 }
 
+# A command's output file is made (as root) before its shell starts: when it could not be (the job's disk has no
+# inode left: ext4 keeps blocks for root, not inodes), no shell ran, and the command ends with 126 and this line.
+pid_unmade="pid: the command could not start: its output file could not be made (the job's disk is full: no space or no inodes left)"
+
 pid_finish() {  # wait for pid_pid, then reply with the head of its output and its status
     echo "P $pid_pid $pid_out"
     wait "$pid_pid"
     pid_rc=$?
     [ "$pid_role" = agent ] && kill -0 -"$pid_pid" && pid_linger "$pid_pid" "$pid_out"
+    if [ ! -e "$pid_out" ]; then   # (see pid_unmade)
+        pid_rc=126
+        [ "$pid_emitn" -gt 0 ] && printf '%s' "$pid_unmade" | head -c "$pid_emitn"
+    fi
     [ -s "$pid_out" ] && pid_emit "$pid_out" "$pid_emitn"
     pid_events
     echo "$pid_nonce $pid_rc $pid_pe"
@@ -371,7 +379,10 @@ pid_slotend() {
     [ -n "$pid_cg" ] && read -r pid_k pid_pe <"$pid_cg/pids.events"
     case $pid_pe in ''|*[!0-9]*) pid_pe=0 ;; esac
     pid_c=
-    if [ "$pid_emitn" -gt 0 ] && [ -s "$pid_out" ]; then
+    if [ ! -e "$pid_out" ]; then   # (see pid_unmade)
+        pid_rc=126
+        pid_c=${pid_unmade:0:$pid_emitn}
+    elif [ "$pid_emitn" -gt 0 ] && [ -s "$pid_out" ]; then
         # read stops early only at a NUL byte, which a variable cannot hold: then pid_emit writes it byte-exact
         if IFS= read -r -d '' -n "$pid_emitn" pid_c <"$pid_out" && [ "${#pid_c}" -lt "$pid_emitn" ]; then
             pid_c=
@@ -410,15 +421,20 @@ pid_upload() {  # w|W n nonce len, then the command, then n bytes: stored in a f
     pid_readcmd "$4"
     pid_n=$((pid_n + 1))
     pid_in=$pid_dir/$pid_cid.$pid_n.in
+    pid_stored=1
     if [ "$1" = W ]; then
         pid_readn "$2"
-        printf '%b' "$pid_data" >"$pid_in"
+        printf '%b' "$pid_data" >"$pid_in" || pid_stored=
         pid_data=
     elif [ "$2" -gt 0 ]; then
-        pid_take "$2" >"$pid_in"
+        # Every one of the n bytes leaves stdin, whatever becomes of the file (a full disk fails its creation or a
+        # write): bytes left there would be read as pid's requests.
+        pid_take "$2" | { cat >"$pid_in" || { cat >/dev/null; exit 1; }; } || pid_stored=
     else
-        : >"$pid_in"
+        : >"$pid_in" || pid_stored=
     fi
+    [ -n "$pid_stored" ] || pid_cmd="#pid:anywhere
+echo 'pid: the uploaded data could not be stored: the job'\''s disk is full (no space or no inodes left)' >&2; exit 95"
     pid_emitn=0
     pid_nonce=$3
     case $pid_cmd in   # "$1" is set after the first line when that is the "#pid:anywhere" mark

@@ -25,6 +25,8 @@ from tests.scripted_llm import ScriptedLLM
 pytestmark = pytest.mark.docker  # the whole module needs an engine
 
 IMAGE = os.environ.get("PID_TEST_IMAGE", "pid-sandbox:latest")
+UNMADE = (b"pid: the command could not start: its output file could not be made (the job's disk is full: no space or "
+          b"no inodes left)")
 
 
 def rss_mb() -> float:
@@ -109,6 +111,26 @@ def test_the_disk_limit_holds_inside_and_costs_the_host_at_most_that(tmp_path):
         small.exec("rm -f /workspace/big /tmp/more", timeout=30)
         assert small.exec("echo room again > /workspace/ok && cat /workspace/ok", timeout=10).tail == b"room again\n"
     assert not os.path.exists(image)                      # the disk goes with the container
+
+
+def test_a_disk_out_of_inodes_gives_plain_errors_and_never_feeds_an_upload_to_pids_server():
+    """ext4 keeps blocks for root, not inodes: the agent can use up every inode of the job's disk, which also holds
+    pid's own files. An upload whose file could then not be made used to stay on the server's input and be read as
+    its requests (here `k 1`: kill every process of the container, as root). Now all of it is read and dropped, the
+    write fails with ENOSPC, and a command whose output file cannot be made says so (126)."""
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id="test-trust-inodes", ttl_s=300,
+                                            disk=64 << 20)) as box:
+        made = box.exec("cd /tmp && i=0; while { : >f$i; } 2>/dev/null; do i=$((i + 1)); done; echo $i", timeout=120)
+        assert int(made.tail) > 1000, made.tail
+        with pytest.raises(OSError) as full:
+            box.write_file("/workspace/upload.bin", b"k 1\n" * 20000)    # (over 32 KiB: stored by a process)
+        assert "No space left" in str(full.value)
+        assert box.client.containers.get(box.container_id).status == "running"
+        for _ in range(3):   # (both slots: their shells start after the inodes ran out)
+            done = box.exec("echo ran", timeout=10)
+            assert (done.exit_code, done.tail) == (126, UNMADE)
+        assert b"k 1" not in box.exec("true", timeout=10).tail
+        assert box.client.containers.get(box.container_id).top()["Processes"], "the container's processes are gone"
 
 
 def test_a_long_command_cut_short_by_a_full_disk_is_not_run():
