@@ -29,7 +29,8 @@
 #                                 its output, then "<nonce> <rc> <pids-events>\n"
 #   y <slot> <emit> <nonce> <len> + the command
 #                              -> like x, on slot shell <slot> (0 or 1), to whose FIFO the host wrote the command
-#                                 itself (bash agent servers only: see pid_direct)
+#                                 itself (bash agent servers only, <len> at most 4000, else "E EPROTO": see
+#                                 pid_direct)
 #   w <n> <nonce> <len> + the command + n raw bytes
 #                              -> like x; the bytes are stored in a file first, passed to the command as "$1"
 #   W <n> <nonce> <len> + the command + n bytes: the same, bash only, for small data: "\\" for a backslash and
@@ -167,7 +168,7 @@ fi
 pid_zcode='umask "$1"; if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; LC_ALL=C
 read -r n f <&3 && if [ -z "$f" ]; then IFS= read -r -N "$n" c <&3; else IFS= read -r -N "$n" c <"$f"; fi; exec 3<&-
 [ "${#c}" = "$n" ] || { printf "pid: the command reached its shell cut short (%s of %s bytes; is the job'"'"'s disk full?): not run" "${#c}" "$n"; exit 125; }
-if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; unset n; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
+if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; unset n f; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
 printf "Working directory does not exist: %s\nCannot execute bash commands." "$2"; exit 212 ;; esac; set --; eval "unset c; $c"'
 pid_bash=bash
 pid_slot=0
@@ -176,7 +177,7 @@ pid_z1=
 pid_drain() {  # $1: a slot's FIFO fd. A slot killed before it read all of its command (a cancel at once) left the
     # rest in the FIFO: the next shell must not take it for its own command.
     read -r -t 0 -u "$1" || return 0   # (the usual case: nothing left)
-    pid_k=0   # (at most 64 reads: more can only be the agent's own bytes, fed to its own waiting shell)
+    pid_k=0   # (pid's own bytes only, a page at most: the agent cannot write there; 64 reads is a safety bound)
     while [ "$pid_k" -lt 64 ] && read -r -t 0 -u "$1"; do
         IFS= read -r -d '' -t 0.01 -N 65536 -u "$1" pid_dr
         pid_k=$((pid_k + 1))
@@ -241,7 +242,7 @@ pid_start() {  # pid_cmd -> a running command: pid_pid, pid_out (not for the slo
     elif [ "$pid_role" = control ]; then                            # clean environment, from /
         ( cd / && exec env -i PATH="$PATH" HOME=/.pid LC_ALL=C $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
     else
-        ( cd "$pid_wd" 2>/dev/null || pid_nowd; PATH=$pid_opath; exec $pid_drop $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
+        ( cd "$pid_wd" 2>/dev/null || pid_nowd; PATH=$pid_opath; exec $pid_drop $pid_setsid "$pid_shbin" -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
     fi
     pid_pid=$!
 }
@@ -269,12 +270,12 @@ pid_linger() {  # $1: pgid, $2: output file; called only while processes of the 
     PATH=$pid_opath $pid_drop $pid_shbin -c "$pid_scan" pid-scan "$2" </dev/null >/dev/null 2>&1 4>&- 5>&- 6>&- || return 0
     pid_quiet=0
     pid_ticks=0
-    : >"$pid_mark"
+    true >"$pid_mark"   # (not `:`: a failed redirection on a special builtin ends dash)
     while [ "$pid_quiet" -lt 10 ] && [ "$pid_ticks" -lt 100 ] && kill -0 -"$1" 2>/dev/null && ! pid_full; do
         pid_nap
         if [ "$2" -nt "$pid_mark" ]; then
             pid_quiet=0
-            : >"$pid_mark"
+            true >"$pid_mark"
         else
             pid_quiet=$((pid_quiet + 1))
         fi
@@ -431,7 +432,7 @@ pid_upload() {  # w|W n nonce len, then the command, then n bytes: stored in a f
         # write): bytes left there would be read as pid's requests.
         pid_take "$2" | { cat >"$pid_in" || { cat >/dev/null; exit 1; }; } || pid_stored=
     else
-        : >"$pid_in" || pid_stored=
+        true >"$pid_in" || pid_stored=   # (not `:`: see pid_linger)
     fi
     [ -n "$pid_stored" ] || pid_cmd="#pid:anywhere
 echo 'pid: the uploaded data could not be stored: the job'\''s disk is full (no space or no inodes left)' >&2; exit 95"
@@ -585,8 +586,12 @@ pid_hello() {
     cd /   # commands cd to the workdir themselves; a shell started in a directory since removed complains
     if [ "$pid_role" = agent ] && [ "$pid_shell" = bash ]; then
         rm -f "$pid_fifo.0" "$pid_fifo.1"
-        mkfifo -m 600 "$pid_fifo.0" "$pid_fifo.1" && exec 4<>"$pid_fifo.0" 5<>"$pid_fifo.1" &&
-            pid_spawn 0 && pid_spawn 1
+        if mkfifo -m 600 "$pid_fifo.0" "$pid_fifo.1" && exec 4<>"$pid_fifo.0" 5<>"$pid_fifo.1"; then
+            pid_spawn 0
+            pid_spawn 1
+        else
+            pid_fast=   # (no FIFOs, e.g. no inode left on the job's disk: commands start as on the sh path)
+        fi
         rm -f "$pid_fifo.s" && mkfifo -m 600 "$pid_fifo.s" && exec 6<>"$pid_fifo.s" && pid_napfd=6
     fi
     pid_events

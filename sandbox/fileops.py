@@ -19,6 +19,7 @@ _ERRORS: dict[int, tuple[type[OSError], int]] = {
     93: (NotADirectoryError, errno.ENOTDIR),
     94: (OSError, errno.EINVAL),          # not a regular file (FIFO, device): refused rather than blocking
     95: (OSError, errno.ENOSPC),          # the write itself failed: the job's disk is full (or quota)
+    125: (OSError, errno.ENOSPC),         # the snippet reached its shell cut short (its file on a full disk)
     126: (OSError, errno.ENOSPC),         # the snippet could not start: its output file could not be made (no inode)
 }
 

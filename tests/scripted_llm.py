@@ -310,7 +310,6 @@ class _Handler(BaseHTTPRequestHandler):
                 return
         self.wfile.write(b"".join(chunks) + b"0\r\n\r\n")
 
-
     def _stream_gzip(self, events: list[bytes]) -> None:
         """The events gzip-compressed, the compressed bytes sent in chunks that cut across events."""
         self.send_response(200)

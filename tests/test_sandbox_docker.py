@@ -148,7 +148,6 @@ def test_the_first_servers_start_with_the_container_on_fifos_that_nothing_else_c
     assert gone(client, box.container_id)
 
 
-# Signal the agent's waiting slot shells (after a moment: the server starts the other slot's shell as a command starts).
 def test_a_short_command_runs_exactly_once_whatever_the_agent_did_to_its_waiting_shells(client):
     """A short command goes straight into the waiting slot shell's FIFO (the server only waits for it). A shell the
     agent killed first gets a successor with the server's own copy; a shell it stopped is ended (128 + SIGSTOP) and
@@ -181,6 +180,30 @@ def test_a_short_command_runs_exactly_once_whatever_the_agent_did_to_its_waiting
             big = box.exec(": '" + "A" * 70000 + f"'; echo big{i}", timeout=10)
             assert (big.exit_code, big.tail) == (0, f"big{i}\n".encode())
         assert box.exec("cat /tmp/never 2>&1", timeout=10).tail.endswith(b"No such file or directory\n")
+    finally:
+        box.close()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_commands_around_a_page_run_whole_and_see_only_their_own_variables(client, direct):
+    """A command of up to 4,000 bytes goes into its shell's FIFO (from the host, or from the server), a longer one
+    through a file: both sides of that line, counted in bytes (a multibyte character counts as its bytes), run whole,
+    and the slot shell's own variables (n, f, c) are not the command's."""
+    box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-page", ttl_s=300), client)
+    try:
+        if not direct:
+            box._table_has_room = lambda: False   # every command goes through the server
+        probe = 'echo "[${n-unset}][${f-unset}][${c-unset}]"'
+        for pad in ("", "#" + "é" * 3000):    # short; 6,000 bytes in 3,000 characters
+            done = box.exec(probe + "\n" + pad, timeout=10)
+            assert (done.exit_code, done.tail) == (0, b"[unset][unset][unset]\n"), (len(pad), done.tail)
+        for size in (3999, 4000, 4001, 4002):
+            head = f"printf %s {size}; printf '%s' '"
+            body = "é" * ((size - len(head) - 1) // 2)
+            command = (head + body + "A" * (size - len(head) - 1 - 2 * len(body)) + "'").encode()
+            assert len(command) == size
+            done = box.exec(command.decode(), timeout=10)
+            assert (done.exit_code, done.tail) == (0, str(size).encode() + command[len(head):-1]), size
     finally:
         box.close()
 
