@@ -151,7 +151,8 @@ fi
 # (fd 4, fd 5) for its whole life, so nothing blocks in open() and a command written before the shell is up
 # waits in the FIFO. A command comes as its length in bytes, a newline, then the command, read in one block.
 # A waiting slot already runs as the agent: code the agent ran before could reach it (ptrace is the agent's right
-# over its own processes), and so the agent's own next command, never the server or anything pid runs as root. So
+# over its own processes), and so the agent's own later commands (and pid's file snippets, which run as the agent),
+# never the server or anything pid runs as root. So
 # each shell opens its FIFO anew, read-only, while still root: a descriptor taken from it can neither write into the
 # FIFO (bytes there must be pid's alone) nor change the flags of the server's own open (O_NONBLOCK would fail the
 # next shells' reads). It can change the pipe's size, down to one page (F_SETPIPE_SZ): so no more than one page ever
