@@ -202,9 +202,17 @@ pid_spawn() {  # $1: slot
         pid_zo1=$pid_dir/$pid_cid.$pid_n
     fi
 }
+pid_alive() {  # whether slot shell $1 can still take a command: kill -0 passes a shell killed but not yet reaped (the
+    # host's clearing of a full process table kills the waiting shells too), its state in /proc says so
+    kill -0 "$1" || return 1
+    pid_s=
+    IFS= read -r -N 4096 pid_s <"/proc/$1/stat" || [ -n "$pid_s" ] || return 1   # (whole: see pid_uidof)
+    case ${pid_s##*) } in [ZX]*) pid_s=; return 1 ;; esac
+    pid_s=
+}
 pid_take_slot() {  # sets pid_pid/pid_out to the current slot's shell, starting one if it is gone
     if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0; else pid_pid=$pid_z1; fi
-    if [ -z "$pid_pid" ] || ! kill -0 "$pid_pid"; then     # (stderr is /dev/null already: see channel.py)
+    if [ -z "$pid_pid" ] || ! pid_alive "$pid_pid"; then   # (stderr is /dev/null already: see channel.py)
         [ -n "$pid_pid" ] && wait "$pid_pid"
         pid_drain $((4 + pid_slot))
         pid_spawn "$pid_slot"
@@ -243,7 +251,7 @@ pid_start() {  # pid_cmd -> a running command: pid_pid, pid_out (not for the slo
     elif [ "$pid_role" = control ]; then                            # clean environment, from /
         ( cd / && exec env -i PATH="$PATH" HOME=/.pid LC_ALL=C $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
     else
-        ( cd "$pid_wd" 2>/dev/null || pid_nowd; PATH=$pid_opath; exec $pid_drop $pid_setsid "$pid_shbin" -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
+        ( cd "$pid_wd" 2>/dev/null || pid_nowd; PATH=$pid_opath; exec $pid_drop $pid_setsid "$pid_shbin" -c "$pid_cmd" "$pid_shell" ) </dev/null >"$pid_out" 2>&1 &
     fi
     pid_pid=$!
 }
@@ -321,7 +329,7 @@ pid_slotrun() {
         case $pid_pcur in ''|*[!0-9]*) ;; *) [ $((pid_pcur + 8)) -lt "$pid_pmax" ] || { echo B; return; } ;; esac
     fi
     if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0 pid_out=$pid_zo0; else pid_pid=$pid_z1 pid_out=$pid_zo1; fi
-    [ -n "$pid_pid" ] && kill -0 "$pid_pid" || pid_take_slot
+    [ -n "$pid_pid" ] && pid_alive "$pid_pid" || pid_take_slot
     if [ "${#pid_cmd}" -gt 4000 ]; then   # (bytes: the server's locale is C) more than a page: through a file
         pid_n=$((pid_n + 1))
         printf '%s' "$pid_cmd" >"$pid_dir/$pid_cid.$pid_n.cmd"
@@ -352,7 +360,7 @@ pid_direct() {
     if [ -z "$pid_pid" ]; then
         pid_full && { pid_drain $pid_fd; echo B; return; }
         pid_spawn "$pid_slot"
-    elif read -r -t 0 -u $pid_fd && ! kill -0 "$pid_pid"; then
+    elif read -r -t 0 -u $pid_fd && ! pid_alive "$pid_pid"; then
         wait "$pid_pid"
         pid_drain $pid_fd
         if [ "$pid_slot" = 0 ]; then pid_z0=; else pid_z1=; fi
