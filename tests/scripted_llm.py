@@ -283,11 +283,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _break(self, events: list[bytes], count: int) -> None:
         """Send `count` events of a chunked stream, then drop the connection without its terminating chunk."""
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        self.wfile.write(b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events[:count] if e))
+        self._begin_stream()
+        self.wfile.write(b"".join(_chunk(e) for e in events[:count] if e))
         self.wfile.flush()
         self.close_connection = True
         try:
@@ -295,13 +292,19 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
-    def _stream(self, events: list[bytes], stall_s: float | None, stall_after: int) -> None:
+    def _begin_stream(self, encoding: str | None = None) -> None:
+        """The headers of a chunked event stream (its body then goes out through _chunk)."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
+        if encoding:
+            self.send_header("Content-Encoding", encoding)
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        chunks = [b"%x\r\n%s\r\n" % (len(e), e) for e in events if e]
+
+    def _stream(self, events: list[bytes], stall_s: float | None, stall_after: int) -> None:
+        self._begin_stream()
+        chunks = [_chunk(e) for e in events if e]
         if stall_s and chunks:
             self.wfile.write(b"".join(chunks[:stall_after]))
             chunks = chunks[stall_after:]
@@ -312,14 +315,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _stream_gzip(self, events: list[bytes]) -> None:
         """The events gzip-compressed, the compressed bytes sent in chunks that cut across events."""
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Content-Encoding", "gzip")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
+        self._begin_stream("gzip")
         packed = gzip.compress(b"".join(events))
-        pieces = [packed[i:i + 7] for i in range(0, len(packed), 7)]
-        self.wfile.write(b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n")
+        self.wfile.write(b"".join(_chunk(packed[i:i + 7]) for i in range(0, len(packed), 7)) + b"0\r\n\r\n")
+
+
+def _chunk(data: bytes) -> bytes:
+    """One chunk of a chunked HTTP body."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 # -- wire formats ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import threading
@@ -19,7 +20,7 @@ import pytest
 from pid.sandbox import OutputPolicy
 from sandbox import DockerSandbox, SandboxConfig
 from sandbox.channel import ProtocolError
-from tests.conftest import signal_waiting_shells, signalled
+from tests.conftest import WAITING_SHELL_MARK, signal_waiting_shells, signalled
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.docker  # the whole module needs an engine
@@ -301,12 +302,12 @@ def inject(pid, number, *args):   # one system call in a process blocked in read
     ptrace(13, pid, ctypes.byref(saved))
     ptrace(17, pid)                                               # PTRACE_DETACH
     return regs.rax
-me = int(sys.argv[1])
+me, mark = int(sys.argv[1]), sys.argv[2].encode()
 server = open("/proc/%d/stat" % me).read().rsplit(") ", 1)[1].split()[1]
 done = 0
 for entry in os.listdir("/proc"):
     try:
-        waiting = b"read -r n f <&3" in open("/proc/%s/cmdline" % entry, "rb").read()
+        waiting = mark in open("/proc/%s/cmdline" % entry, "rb").read()
         child = open("/proc/%s/stat" % entry).read().rsplit(") ", 1)[1].split()[1] == server
     except OSError:
         continue
@@ -318,7 +319,7 @@ for entry in os.listdir("/proc"):
             except OSError:
                 break
             if blocked and ours:
-                inject(int(entry), *map(int, sys.argv[2:]))
+                inject(int(entry), *map(int, sys.argv[3:]))
                 done += 1
                 break
             time.sleep(0.01)
@@ -330,7 +331,8 @@ ptraced = pytest.mark.skipif(os.uname().machine != "x86_64", reason="the injecto
 
 def inject(box: DockerSandbox, *syscall: int) -> None:
     box.write_file("/tmp/inject.py", PTRACE_INJECT.encode())
-    result = box.exec(f"python3 /tmp/inject.py $$ {' '.join(map(str, syscall))}", timeout=30)
+    result = box.exec(f"python3 /tmp/inject.py $$ {shlex.quote(WAITING_SHELL_MARK)} {' '.join(map(str, syscall))}",
+                      timeout=30)
     assert result.exit_code == 0 and int(result.tail.split()[-1]) >= 1, result.tail
 
 
