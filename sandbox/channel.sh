@@ -202,13 +202,17 @@ pid_spawn() {  # $1: slot
         pid_zo1=$pid_dir/$pid_cid.$pid_n
     fi
 }
-pid_alive() {  # whether slot shell $1 can still take a command: kill -0 passes a shell killed but not yet reaped (the
-    # host's clearing of a full process table kills the waiting shells too), its state in /proc says so
+pid_alive() {  # whether slot shell $1 can still take a command. kill -0 passes a shell that was killed (the clearing
+    # of a full process table kills the waiting shells too) but has not died yet (a frozen container's SIGKILL waits
+    # for the thaw, then for the CPU) or was not reaped yet: /proc says so (fields 3, 9, 31: state, flags, pending
+    # signals: a zombie, PF_EXITING or PF_SIGNALED, a SIGKILL on its way)
     kill -0 "$1" || return 1
     pid_s=
     IFS= read -r -N 4096 pid_s <"/proc/$1/stat" || [ -n "$pid_s" ] || return 1   # (whole: see pid_uidof)
-    case ${pid_s##*) } in [ZX]*) pid_s=; return 1 ;; esac
+    set -- ${pid_s##*) }   # (numbers and a letter: nothing to glob)
     pid_s=
+    case $1 in [ZX]*) return 1 ;; esac
+    [ $((${7:-0} & 0x404 | ${29:-0} & 256)) = 0 ]
 }
 pid_take_slot() {  # sets pid_pid/pid_out to the current slot's shell, starting one if it is gone
     if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0; else pid_pid=$pid_z1; fi

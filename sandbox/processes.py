@@ -129,14 +129,14 @@ def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: in
     except docker.errors.DockerException as exc:
         log.info("cannot freeze the container: %s", exc)
         return None
-    killed = 0
+    killed: list[tuple[int, str]] = []
     try:
         for entry in _read(procs, MAX_PROCESSES * 12).split()[:MAX_PROCESSES]:
             pid = int(entry)
-            if _real_uid(pid) == host_uid:
+            if _real_uid(pid) == host_uid and (stat := _state_and_start(pid)) is not None:
                 try:
                     os.kill(pid, signal.SIGKILL)   # delivered the moment the container thaws
-                    killed += 1
+                    killed.append((pid, stat[1]))
                 except ProcessLookupError:
                     pass
     finally:
@@ -144,8 +144,34 @@ def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: in
             client.api.unpause(container_id)
         except docker.errors.DockerException as exc:
             log.warning("could not thaw container %s: %s", container_id[:12], exc)
+    _wait_until_dead(killed)
     _wait_for_room(os.path.dirname(procs))
-    return killed
+    return len(killed)
+
+
+def _state_and_start(pid: int) -> tuple[str, str] | None:
+    """A process's state and start time (fields 3 and 22 of /proc/<pid>/stat: the start time tells a reused pid
+    apart), or None when it is gone."""
+    try:
+        text = _read(f"/proc/{pid}/stat", 4096)
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()
+    return (fields[0], fields[19]) if len(fields) > 19 else None
+
+
+def _wait_until_dead(killed: list[tuple[int, str]], limit_s: float = 3.0) -> None:
+    """Wait (briefly) until every killed process has died: a zombie or gone. A SIGKILL is only pending at first (the
+    thaw, then the CPU, come before it acts): until then the process looks alive to the server inside, which would
+    hand a command to a waiting shell that is about to die."""
+    deadline = time.monotonic() + limit_s
+    while killed and time.monotonic() < deadline:
+        killed = [(pid, started) for pid, started in killed
+                  if (now := _state_and_start(pid)) is not None and now[0] not in ("Z", "X") and now[1] == started]
+        if killed:
+            time.sleep(0.005)
+    if killed:
+        log.warning("%d killed processes still alive after %gs", len(killed), limit_s)
 
 
 def _wait_for_room(cgroup_dir: str, limit_s: float = 3.0) -> None:

@@ -222,6 +222,42 @@ def test_a_table_filled_after_a_reply_is_cleared_before_the_next_short_command(c
         box.close()
 
 
+def _living_agent_processes(client, box) -> set[tuple[int, str]]:
+    """The agent's processes in the box that have not died (not zombies), as (host pid, start time), from the host."""
+    rows = client.api.top(box.container_id, ps_args="-eo pid,uid,stat")["Processes"]
+    living = set()
+    for pid, uid, state in rows:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(uid) == box.uid and fields[0] not in ("Z", "X"):
+            living.add((int(pid), fields[19]))
+    return living
+
+
+def test_clearing_a_full_table_returns_once_every_killed_process_has_died(client):
+    """The host kills the agent's processes with the container frozen, and a SIGKILL acts only after the thaw, when
+    the process gets the CPU. The clearing returns after they died: a waiting shell about to die would otherwise
+    still look alive to the server, which would hand it the next command (that command then ends 137, unrun)."""
+    box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-dead", ttl_s=300, pids_limit=128), client)
+    try:
+        # (a process that holds much memory takes a while to die: its memory is freed first)
+        assert box.exec("(dd if=/dev/zero of=/dev/null bs=768M count=100000 &) >/dev/null 2>&1; (sleep 1; "
+                        "b() { b | b & }; b) >/dev/null 2>&1 & echo armed", timeout=10).tail == b"armed\n"
+        time.sleep(4)
+        client.api.pause(box.container_id)
+        try:
+            before = _living_agent_processes(client, box)
+        finally:
+            client.api.unpause(box.container_id)
+        assert len(before) > 64
+        assert box._clear_process_table() >= len(before) // 2
+        assert before & _living_agent_processes(client, box) == set()
+    finally:
+        box.close()
+
+
 def test_a_server_that_dies_after_the_host_handed_its_shell_a_command_does_not_make_it_run_twice(client):
     """The host wrote a command into a waiting shell's FIFO, then the server died. If the shell took it, the call
     fails (it may have run) and is not retried on another channel; if nothing took it, the host takes it back and
