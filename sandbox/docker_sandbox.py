@@ -161,7 +161,7 @@ class DockerSandbox:
         self._closed = False
         self._out_dir_fd: int | None = None   # the job disk's /.pid/out, opened on the host
         self._pids_events = 0                 # forks the pids limit refused, as last seen
-        self._pids_lock = threading.Lock()
+        self._pids_lock = threading.RLock()
         self._gauge: ProcessGauge | None | bool = None   # the process table seen from the host (False: not readable)
         self._gauge_lock = threading.Lock()
         # A container frozen while `docker exec` starts a process in it wedges the engine's shim for good (runc's
@@ -481,9 +481,14 @@ class DockerSandbox:
         pid's server inside, with builtins."""
         with self._exec_gate:
             killed = kill_agent_processes(self.client, self.container_id, self.uid)
-        if killed is not None:
-            return killed
-        return self._with_control(lambda ch: ch.kill_agent_processes(time.monotonic() + CONTROL_TIMEOUT_S))
+        if killed is None:
+            killed = self._with_control(lambda ch: ch.kill_agent_processes(time.monotonic() + CONTROL_TIMEOUT_S))
+        gauge = self._process_gauge()
+        refused = gauge.refused() if gauge is not None else None
+        if refused is not None:   # forks refused until now are dealt with: a later command that sees them must not
+            with self._pids_lock:   # clear again (and kill the background processes it just started)
+                self._pids_events = max(self._pids_events, refused)
+        return killed
 
     def run_as_pid(self, script: str, what: str, timeout: float = 600.0) -> bytes:
         """Run one of pid's own scripts as root on the control channel; its output (at most 16 KiB).
@@ -559,6 +564,16 @@ class DockerSandbox:
     def _table_has_room(self) -> bool:
         """Whether a command may go straight to its waiting shell: the host sees room in the container's process
         table. Otherwise it goes through the server, which refuses it when the table is full (then it is cleared)."""
+        gauge = self._process_gauge()
+        if gauge is None:
+            return False
+        try:
+            return gauge.has_room()
+        except (OSError, ValueError):
+            return False
+
+    def _process_gauge(self) -> ProcessGauge | None:
+        """The container's process table as the host sees it (opened once); None where the host cannot read it."""
         gauge = self._gauge
         if gauge is None:
             with self._gauge_lock:
@@ -566,12 +581,7 @@ class DockerSandbox:
                     self._gauge = (ProcessGauge.open(self.container_id)
                                    or ProcessGauge.open(self.container_id, self._init_pid()) or False)
                 gauge = self._gauge
-        if not isinstance(gauge, ProcessGauge):
-            return False
-        try:
-            return gauge.has_room()
-        except (OSError, ValueError):
-            return False
+        return gauge if isinstance(gauge, ProcessGauge) else None
 
     def _init_pid(self) -> int | None:
         try:

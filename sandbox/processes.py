@@ -49,9 +49,10 @@ class ProcessGauge:
     change these files). A command handed straight to a waiting shell has no server to refuse it when the table is
     full, so the host looks first (one read of an open file)."""
 
-    def __init__(self, current_fd: int, limit: int | None) -> None:
+    def __init__(self, current_fd: int, limit: int | None, events_fd: int = -1) -> None:
         self._fd = current_fd
         self._limit = limit
+        self._events_fd = events_fd
 
     @classmethod
     def open(cls, container_id: str, init_pid: int | None = None) -> "ProcessGauge | None":
@@ -72,12 +73,18 @@ class ProcessGauge:
             except OSError:
                 continue
             try:
+                events_fd = os.open(os.path.join(path, "pids.events"), os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                events_fd = -1
+            try:
                 maximum = _read(os.path.join(path, "pids.max")).strip()
-                gauge = cls(fd, None if maximum == "max" else int(maximum))
+                gauge = cls(fd, None if maximum == "max" else int(maximum), events_fd)
                 gauge.has_room()
                 return gauge
             except (OSError, ValueError):
                 os.close(fd)
+                if events_fd >= 0:
+                    os.close(events_fd)
         return None
 
     def has_room(self) -> bool:
@@ -86,10 +93,24 @@ class ProcessGauge:
             return True
         return int(os.pread(self._fd, 32, 0)) + TABLE_MARGIN < self._limit
 
+    def refused(self) -> int | None:
+        """How many forks the pids limit refused so far (the count pid's server reports too); None if unknown."""
+        if self._events_fd < 0:
+            return None
+        try:
+            for line in os.pread(self._events_fd, 256, 0).decode("ascii").splitlines():
+                name, _, count = line.partition(" ")
+                if name == "max":
+                    return int(count)
+        except (OSError, ValueError):
+            pass
+        return None
+
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        for fd in (self._fd, self._events_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._events_fd = -1
 
 
 def _host_uid(init_pid: int, uid: int) -> int | None:

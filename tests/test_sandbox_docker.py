@@ -211,13 +211,17 @@ def test_commands_around_a_page_run_whole_and_see_only_their_own_variables(clien
 def test_a_table_filled_after_a_reply_is_cleared_before_the_next_short_command(client):
     """A short command goes to its waiting shell with no server to refuse it, so the host looks at the process table
     first: one the agent's background fork bomb filled is cleared, and the command runs whole (not into the full
-    table: fork retries for ~15 s, then "Resource temporarily unavailable" in its output)."""
+    table: fork retries for ~15 s, then "Resource temporarily unavailable" in its output). The forks the bomb had
+    been refused are not the command's: the table is not cleared again after it, which would kill what it left
+    running."""
     box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-full", ttl_s=300, pids_limit=128), client)
     try:
         assert box.exec("(sleep 1; b() { b | b & }; b) >/dev/null 2>&1 & echo armed", timeout=10).tail == b"armed\n"
         time.sleep(4)
-        done = box.exec("echo alive; ls -d / && echo forked", timeout=60)
+        done = box.exec("sleep 100 >/dev/null 2>&1 & echo alive; ls -d / && echo forked", timeout=60)
         assert (done.exit_code, done.tail) == (0, b"alive\n/\nforked\n") and done.pids_limit_hit
+        left = box.exec("pgrep -u \"$(id -u)\" -x sleep >/dev/null && echo left running", timeout=10)
+        assert (left.tail, left.pids_limit_hit) == (b"left running\n", False)
     finally:
         box.close()
 
