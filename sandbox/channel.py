@@ -523,10 +523,14 @@ class Channel:
         self._send(b"k %d\n" % pgid, deadline)
         self._expect_k(deadline)
 
-    def kill_agent_processes(self, deadline: float) -> int:
-        """SIGKILL every process of the agent's uid; how many were killed."""
+    def kill_agent_processes(self, deadline: float) -> tuple[int, int]:
+        """SIGKILL every process of the agent's uid; (how many were killed, forks the pids limit refused so far)."""
         self._send(b"K\n", deadline)
-        return self._expect_k(deadline)
+        reply = self._line(deadline).split()
+        if len(reply) != 3 or reply[0] != b"K" or not (reply[1].isdigit() and reply[2].isdigit()):
+            self.broken = True
+            raise ProtocolError(f"exec channel: unexpected reply {reply[:4]!r}")
+        return int(reply[1]), int(reply[2])
 
     def _expect_k(self, deadline: float) -> int:
         reply = self._line(deadline).split()

@@ -45,7 +45,8 @@
 #                              -> "S <size>" line, bytes [max(offset, size-max), size), "<nonce>\n"
 #   (x, y and w answer "B" instead, starting nothing, when the process table is full: the host clears it, retries)
 #   k <pgid>                   -> "K <rc>"  (SIGKILL the process group: a builtin, no fork)
-#   K                          -> "K <n>"   (SIGKILL every process of the agent's uid: for a full process table)
+#   K                          -> "K <n> <pids-events>"   (SIGKILL every process of the agent's uid: for a full
+#                                 process table)
 #   q                          -> exit
 # <pids-events> counts the forks the container's pids limit refused so far (0 when the cgroup does not say).
 pid_opath=${PID_IMAGE_PATH:-/usr/local/bin:/usr/bin:/bin}   # the image's PATH, for the agent's commands
@@ -558,7 +559,8 @@ fi
 
 pid_killuid() {  # SIGKILL every process of the agent's uid, with builtins only: the process table may be full
     pid_killed=0
-    [ "$pid_uid" = 0 ] && { echo "K 0"; return; }    # a root agent shares pid's uid: only its groups are killed
+    [ "$pid_uid" = 0 ] && { pid_events; echo "K 0 $pid_pe"; return; }   # a root agent shares pid's uid: only its
+                                                                          # groups are killed
     set +f
     for pid_pass in 1 2 3 4 5 6 7 8 9 10; do
         pid_found=0
@@ -573,7 +575,8 @@ pid_killuid() {  # SIGKILL every process of the agent's uid, with builtins only:
         [ "$pid_found" = 0 ] && break
     done
     set -f
-    echo "K $pid_killed"
+    pid_events
+    echo "K $pid_killed $pid_pe"
 }
 
 pid_hello() {

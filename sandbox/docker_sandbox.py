@@ -160,7 +160,8 @@ class DockerSandbox:
         self._control_lock = threading.Lock()
         self._closed = False
         self._out_dir_fd: int | None = None   # the job disk's /.pid/out, opened on the host
-        self._pids_events = 0                 # forks the pids limit refused, as last seen
+        self._pids_events = 0                 # forks the pids limit refused, as last seen (or dealt with)
+        self._clearings = 0                   # how often the process table was cleared
         self._pids_lock = threading.RLock()
         self._gauge: ProcessGauge | None | bool = None   # the process table seen from the host (False: not readable)
         self._gauge_lock = threading.Lock()
@@ -476,18 +477,21 @@ class DockerSandbox:
                 from exc
 
     def _clear_process_table(self) -> int:
-        """After the pids limit was hit: kill every process of the agent, so that the next call can start. From the
-        host with the container frozen where possible (a fork bomb cannot race it, nor starve it of CPU); else by
-        pid's server inside, with builtins."""
-        with self._exec_gate:
-            killed = kill_agent_processes(self.client, self.container_id, self.uid)
-        if killed is None:
-            killed = self._with_control(lambda ch: ch.kill_agent_processes(time.monotonic() + CONTROL_TIMEOUT_S))
-        gauge = self._process_gauge()
-        refused = gauge.refused() if gauge is not None else None
-        if refused is not None:   # forks refused until now are dealt with: a later command that sees them must not
-            with self._pids_lock:   # clear again (and kill the background processes it just started)
-                self._pids_events = max(self._pids_events, refused)
+        """After the pids limit was hit: kill every process of the agent, so that the next call can start; how many.
+        From the host with the container frozen where possible (a fork bomb cannot race it, nor starve it of CPU);
+        else by pid's server inside, with builtins. The forks refused until then count as dealt with: a later reply
+        that shows them must not clear the table again (killing what that command left running)."""
+        with self._exec_gate:   # (only the freeze excludes starting a channel: the waits below are outside)
+            sweep = kill_agent_processes(self.client, self.container_id, self.uid)
+        if sweep is not None:
+            sweep.wait()
+            killed, refused = len(sweep.killed), sweep.refused
+        else:
+            killed, refused = self._with_control(
+                lambda ch: ch.kill_agent_processes(time.monotonic() + CONTROL_TIMEOUT_S))
+        with self._pids_lock:
+            self._pids_events = max(self._pids_events, refused or 0)
+            self._clearings += 1
         return killed
 
     def run_as_pid(self, script: str, what: str, timeout: float = 600.0) -> bytes:
@@ -523,10 +527,10 @@ class DockerSandbox:
         return channel
 
     def _start(self, command: bytes | str, emit: int, deadline: float,
-               upload: bytes | None) -> tuple[Channel, int, str, bool]:
+               upload: bytes | None) -> tuple[Channel, int, str]:
         """Start a command on a pooled agent channel, which stays lent until its reply is read; (channel, pgid,
-        output file, whether a full process table had to be cleared first). A channel whose server died while idle
-        is replaced and the start retried: a dead server ran nothing."""
+        output file). A full process table is cleared first. A channel whose server died while idle is replaced and
+        the start retried: a dead server ran nothing."""
         cleared = False
         for attempt in range(MAX_CHANNELS + 1):
             try:
@@ -542,7 +546,7 @@ class DockerSandbox:
             try:
                 direct = upload is None and channel.hands_over() and self._table_has_room()
                 pgid, out_path = channel.start(command, emit, deadline, upload=upload, direct=direct)
-                return channel, pgid, out_path, cleared
+                return channel, pgid, out_path
             except TableFull:
                 self._pool.release(channel)
                 if cleared or self.uid == 0:
@@ -591,17 +595,18 @@ class DockerSandbox:
 
     def _run(self, command: bytes | str, *, emit: int, timeout: float, cancel: threading.Event | None,
              collect: Callable[[Channel, float], Any], upload: bytes | None = None,
-             on_output: Callable[[bytes], None] | None = None) -> tuple[str | None, Any, bool]:
+             on_output: Callable[[bytes], None] | None = None) -> tuple[str | None, Any, int]:
         """Start a command on an agent channel and wait for its end, its deadline or cancel; (stop reason, reply,
-        whether the process table had to be cleared to start it).
+        how often the process table had been cleared before it: a clearing since, to start it or while it ran, may
+        have killed its processes).
 
         On timeout or cancel its process group is killed inside the container before this returns.
         """
         self._agent_started = True
         started = time.monotonic()
         deadline = started + timeout
-        channel, started_pgid, out_path, cleared = self._start(command, emit,
-                                                               min(deadline, started + CONTROL_TIMEOUT_S), upload)
+        clearings = self._clearings
+        channel, started_pgid, out_path = self._start(command, emit, min(deadline, started + CONTROL_TIMEOUT_S), upload)
         pgid: int | None = started_pgid   # None once the command has ended: nothing left to kill
         try:
             next_poll = started + OUTPUT_POLL_S
@@ -647,20 +652,20 @@ class DockerSandbox:
                 self._raise_if_lost(exc)
             raise
         self._pool.release(channel)
-        return stop, reply, cleared
+        return stop, reply, clearings
 
     def exec(self, command: str, *, timeout: float, output: OutputPolicy = DEFAULT_OUTPUT,
              on_output: Callable[[bytes], None] | None = None,
              cancel: threading.Event | None = None) -> ExecResult:
-        stop, reply, cleared = self._run(
+        stop, reply, clearings = self._run(
             command, emit=output.tail_bytes + 1, timeout=timeout, cancel=cancel, on_output=on_output,
             collect=lambda ch, deadline: ch.wait_exec(deadline, output))
         with self._pids_lock:   # forks failed while it ran: clear what is left (once, for parallel calls)
             refused = reply.pids_events > self._pids_events
+            pids_hit = refused or self._clearings != clearings
             self._pids_events = max(self._pids_events, reply.pids_events)
             if refused and self.uid != 0:
                 self._clear_process_table()
-        pids_hit = refused or cleared
         return ExecResult(
             exit_code=None if stop else reply.exit_code, tail=reply.tail, total_bytes=reply.total_bytes,
             total_lines=reply.total_lines, timed_out=stop == "timed_out", cancelled=stop == "cancelled",

@@ -3,8 +3,9 @@
 Why from outside: a fork bomb keeps the process table full (so nothing new can start inside) and keeps the CPU
 busy (so pid's own server inside, one task among hundreds under the CPU quota, barely runs). The engine freezes the
 whole container (cgroup freezer: nothing runs, nothing forks), the host SIGKILLs every process of the agent's uid,
-and the container thaws with only pid's machinery left. This needs the worker to run as root on the engine's host,
-as the per-job disk does; elsewhere `kill_agent_processes` answers None and the caller uses the in-container sweep.
+and the container thaws with only pid's machinery left; the host then waits until the killed have died. This needs the
+worker to run as root on the engine's host, as the per-job disk does; elsewhere `kill_agent_processes` answers None
+and the caller uses the in-container sweep.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import logging
 import os
 import signal
 import time
+from dataclasses import dataclass
 
 import docker
 import docker.errors
@@ -49,10 +51,9 @@ class ProcessGauge:
     change these files). A command handed straight to a waiting shell has no server to refuse it when the table is
     full, so the host looks first (one read of an open file)."""
 
-    def __init__(self, current_fd: int, limit: int | None, events_fd: int = -1) -> None:
+    def __init__(self, current_fd: int, limit: int | None) -> None:
         self._fd = current_fd
         self._limit = limit
-        self._events_fd = events_fd
 
     @classmethod
     def open(cls, container_id: str, init_pid: int | None = None) -> "ProcessGauge | None":
@@ -73,18 +74,12 @@ class ProcessGauge:
             except OSError:
                 continue
             try:
-                events_fd = os.open(os.path.join(path, "pids.events"), os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                events_fd = -1
-            try:
                 maximum = _read(os.path.join(path, "pids.max")).strip()
-                gauge = cls(fd, None if maximum == "max" else int(maximum), events_fd)
+                gauge = cls(fd, None if maximum == "max" else int(maximum))
                 gauge.has_room()
                 return gauge
             except (OSError, ValueError):
                 os.close(fd)
-                if events_fd >= 0:
-                    os.close(events_fd)
         return None
 
     def has_room(self) -> bool:
@@ -93,24 +88,10 @@ class ProcessGauge:
             return True
         return int(os.pread(self._fd, 32, 0)) + TABLE_MARGIN < self._limit
 
-    def refused(self) -> int | None:
-        """How many forks the pids limit refused so far (the count pid's server reports too); None if unknown."""
-        if self._events_fd < 0:
-            return None
-        try:
-            for line in os.pread(self._events_fd, 256, 0).decode("ascii").splitlines():
-                name, _, count = line.partition(" ")
-                if name == "max":
-                    return int(count)
-        except (OSError, ValueError):
-            pass
-        return None
-
     def close(self) -> None:
-        for fd in (self._fd, self._events_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._fd = self._events_fd = -1
+        fd, self._fd = self._fd, -1   # (a reader racing this then fails on -1 rather than read a reused number)
+        if fd >= 0:
+            os.close(fd)
 
 
 def _host_uid(init_pid: int, uid: int) -> int | None:
@@ -132,8 +113,27 @@ def _real_uid(pid: int) -> int | None:
     return None
 
 
-def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: int) -> int | None:
-    """SIGKILL every process of uid `uid` in the container, frozen first; how many. None: not possible from here."""
+@dataclass
+class Sweep:
+    """What a clearing from the host did: the processes it killed (host pid, start time) and the forks the pids limit
+    had refused by then (read while the container was frozen: the count pid's server reports too)."""
+    killed: list[tuple[int, str]]
+    refused: int | None
+    cgroup_dir: str
+    thawed: bool
+
+    def wait(self) -> None:
+        """Until the killed have died and the table has room again (briefly). A SIGKILL sent to a frozen process
+        acts only after the thaw, once the process gets the CPU: until then a waiting shell looks alive to pid's
+        server inside, which would hand it the next command (that command then ends 137, never run)."""
+        if self.thawed:
+            _wait_until_dead(self.killed)
+            _wait_for_room(self.cgroup_dir)
+
+
+def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: int) -> Sweep | None:
+    """SIGKILL every process of uid `uid` in the container, frozen first. None: not possible from here, or no
+    process of the agent was seen (under gVisor the host sees only the runtime's own): the caller sweeps inside."""
     if os.geteuid() != 0:
         return None
     try:
@@ -150,24 +150,36 @@ def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: in
     except docker.errors.DockerException as exc:
         log.info("cannot freeze the container: %s", exc)
         return None
-    killed: list[tuple[int, str]] = []
+    sweep = Sweep(killed=[], refused=None, cgroup_dir=os.path.dirname(procs), thawed=False)
     try:
         for entry in _read(procs, MAX_PROCESSES * 12).split()[:MAX_PROCESSES]:
             pid = int(entry)
             if _real_uid(pid) == host_uid and (stat := _state_and_start(pid)) is not None:
                 try:
-                    os.kill(pid, signal.SIGKILL)   # delivered the moment the container thaws
-                    killed.append((pid, stat[1]))
+                    os.kill(pid, signal.SIGKILL)   # acts once the container thaws
+                    sweep.killed.append((pid, stat[1]))
                 except ProcessLookupError:
                     pass
+        sweep.refused = _refused_forks(sweep.cgroup_dir)
     finally:
         try:
             client.api.unpause(container_id)
+            sweep.thawed = True
         except docker.errors.DockerException as exc:
             log.warning("could not thaw container %s: %s", container_id[:12], exc)
-    _wait_until_dead(killed)
-    _wait_for_room(os.path.dirname(procs))
-    return len(killed)
+    return sweep if sweep.killed else None
+
+
+def _refused_forks(cgroup_dir: str) -> int | None:
+    """pids.events' "max" count: how many forks the limit refused so far."""
+    try:
+        for line in _read(os.path.join(cgroup_dir, "pids.events"), 4096).splitlines():
+            name, _, count = line.partition(" ")
+            if name == "max":
+                return int(count)
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _state_and_start(pid: int) -> tuple[str, str] | None:
@@ -182,9 +194,7 @@ def _state_and_start(pid: int) -> tuple[str, str] | None:
 
 
 def _wait_until_dead(killed: list[tuple[int, str]], limit_s: float = 3.0) -> None:
-    """Wait (briefly) until every killed process has died: a zombie or gone. A SIGKILL is only pending at first (the
-    thaw, then the CPU, come before it acts): until then the process looks alive to the server inside, which would
-    hand a command to a waiting shell that is about to die."""
+    """Wait (briefly) until every killed process has died: a zombie or gone (or its pid reused)."""
     deadline = time.monotonic() + limit_s
     while killed and time.monotonic() < deadline:
         killed = [(pid, started) for pid, started in killed

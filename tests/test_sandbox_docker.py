@@ -23,7 +23,7 @@ from sandbox import fileops
 from sandbox.channel import DIRECT_MAX, Channel
 from sandbox.config import BASE_ENV
 from sandbox.reaper import owner_label, run_labels
-from tests.conftest import signal_waiting_shells, signalled
+from tests.conftest import WAITING_SHELL_MARK, signal_waiting_shells, signalled
 
 pytestmark = pytest.mark.docker  # the whole module needs an engine
 
@@ -226,18 +226,15 @@ def test_a_table_filled_after_a_reply_is_cleared_before_the_next_short_command(c
         box.close()
 
 
-def _living_agent_processes(client, box) -> set[tuple[int, str]]:
-    """The agent's processes in the box that have not died (not zombies), as (host pid, start time), from the host."""
-    rows = client.api.top(box.container_id, ps_args="-eo pid,uid,stat")["Processes"]
-    living = set()
-    for pid, uid, state in rows:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(uid) == box.uid and fields[0] not in ("Z", "X"):
-            living.add((int(pid), fields[19]))
-    return living
+def _not_dead(pid: int, started: str | None = None) -> tuple[int, str] | None:
+    """(host pid, start time) of a process that has not died (neither gone nor a zombie), else None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    if fields[0] in ("Z", "X") or started not in (None, fields[19]):
+        return None
+    return pid, fields[19]
 
 
 def test_clearing_a_full_table_returns_once_every_killed_process_has_died(client):
@@ -252,13 +249,71 @@ def test_clearing_a_full_table_returns_once_every_killed_process_has_died(client
         time.sleep(4)
         client.api.pause(box.container_id)
         try:
-            before = _living_agent_processes(client, box)
+            rows = client.api.top(box.container_id, ps_args="-eo pid,uid")["Processes"]
+            before = [alive for pid, uid in rows if int(uid) == box.uid and (alive := _not_dead(int(pid)))]
         finally:
             client.api.unpause(box.container_id)
         assert len(before) > 64
         assert box._clear_process_table() >= len(before) // 2
-        assert before & _living_agent_processes(client, box) == set()
+        assert [alive for pid, started in before if (alive := _not_dead(pid, started))] == []
     finally:
+        box.close()
+
+
+def _freezer(pid: int) -> tuple[Path, str] | None:
+    """The host's cgroup directory a process could be frozen in, apart from its container, and the file that
+    freezes it (cgroup v1's freezer, or v2's cgroup.freeze); None when neither is there."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "freezer" in controllers.split(","):
+            return Path(f"/sys/fs/cgroup/freezer{path}"), "freezer.state"
+        if controllers == "" and Path(f"/sys/fs/cgroup{path}/cgroup.freeze").exists():
+            return Path(f"/sys/fs/cgroup{path}"), "cgroup.freeze"
+    return None
+
+
+def test_a_waiting_shell_killed_but_not_yet_dead_gets_no_command(client):
+    """A SIGKILL acts only once its process runs: a waiting shell killed while frozen (as the clearing of a full
+    table does) is still there, asleep, after the kill. The server must count it as gone (its SIGKILL is pending)
+    and give the next command a new shell; handed to the dying one, the command would end 137, never run. Here the
+    host freezes the two waiting shells alone (a cgroup of their own), kills them, and thaws them a second later."""
+    box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-dying", ttl_s=300), client)
+    frozen: Path | None = None
+    try:
+        box.exec("true", timeout=10)
+        time.sleep(0.5)   # the next shells are up
+        channel = box._pool._idle[-1]   # the one the next call takes
+        rows = client.api.top(box.container_id, ps_args="-eo pid,ppid,args")["Processes"]
+        server = [int(row[0]) for row in rows if f"channel.sh agent {channel.channel_id} " in row[2]][0]
+        shells = [int(row[0]) for row in rows if int(row[1]) == server and WAITING_SHELL_MARK in row[2]]
+        assert len(shells) == 2
+        found = _freezer(shells[0])
+        if found is None:
+            pytest.skip("no cgroup freezer on this host")
+        parent, knob = found
+        frozen = parent / "pid-test-frozen"
+        frozen.mkdir()
+        for shell in shells:
+            (frozen / "cgroup.procs").write_text(str(shell))
+        (frozen / knob).write_text("FROZEN" if knob == "freezer.state" else "1")
+        time.sleep(0.3)
+        for shell in shells:
+            os.kill(shell, signal.SIGKILL)
+        assert all(_not_dead(shell) for shell in shells)   # killed, not dead
+        thaw = threading.Timer(1.0, lambda: (frozen / knob).write_text("THAWED" if knob == "freezer.state" else "0"))
+        thaw.start()
+        done = box.exec("echo ran", timeout=30)
+        thaw.join()
+        assert (done.exit_code, done.tail) == (0, b"ran\n")
+    finally:
+        if frozen is not None and frozen.exists():
+            (frozen / knob).write_text("THAWED" if knob == "freezer.state" else "0")
+            for _ in range(100):   # empty once the killed shells are gone
+                try:
+                    frozen.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
         box.close()
 
 
@@ -490,8 +545,8 @@ def test_the_in_container_sweep_kills_the_agent_and_keeps_the_control_channel_in
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-sweep", ttl_s=300), client) as box:
         assert box.uid != 0
         box.exec("sleep 4242 >/dev/null 2>&1 &", timeout=10)
-        killed = box._with_control(lambda ch: ch.kill_agent_processes(time.monotonic() + 30))
-        assert killed >= 1
+        killed, refused = box._with_control(lambda ch: ch.kill_agent_processes(time.monotonic() + 30))
+        assert killed >= 1 and refused == 0
         # (pid's own waiting shells of the agent's uid may be started again at once: only the agent's sleep counts)
         asleep = box.run_as_pid("for f in /proc/[0-9]*/cmdline; do case $(tr '\\0' ' ' 2>/dev/null <$f) in "
                                 "'sleep 4242 ') echo left ;; esac; done", "finding the agent's sleep", 30)
