@@ -483,6 +483,10 @@ class DockerSandbox:
         that shows them must not clear the table again (killing what that command left running)."""
         with self._exec_gate:   # (only the freeze excludes starting a channel: the waits below are outside)
             sweep = kill_agent_processes(self.client, self.container_id, self.uid)
+        if sweep is not None and not sweep.thawed:   # nothing can run in it any more: it goes
+            self.kill()
+            raise SandboxLost("the sandbox container could not be thawed after its process table was cleared; "
+                              "it was removed")
         if sweep is not None:
             sweep.wait()
             killed, refused = len(sweep.killed), sweep.refused

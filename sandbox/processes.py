@@ -115,8 +115,8 @@ def _real_uid(pid: int) -> int | None:
 
 @dataclass
 class Sweep:
-    """What a clearing from the host did: the processes it killed (host pid, start time) and the forks the pids limit
-    had refused by then (read while the container was frozen: the count pid's server reports too)."""
+    """What a clearing from the host did: the processes it killed (host pid, start time), the forks the pids limit
+    had refused by then (the count pid's server reports too), and whether the container is thawed again."""
     killed: list[tuple[int, str]]
     refused: int | None
     cgroup_dir: str
@@ -129,6 +129,8 @@ class Sweep:
         if self.thawed:
             _wait_until_dead(self.killed)
             _wait_for_room(self.cgroup_dir)
+            # forks refused until the table had room again were the killed ones' (or pid's own, starting meanwhile)
+            self.refused = _refused_forks(self.cgroup_dir) or self.refused
 
 
 def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: int) -> Sweep | None:
@@ -161,13 +163,20 @@ def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: in
                 except ProcessLookupError:
                     pass
         sweep.refused = _refused_forks(sweep.cgroup_dir)
+    except (OSError, ValueError) as exc:   # (the sweep inside finishes the job)
+        log.warning("sweeping container %s from the host failed: %s", container_id[:12], exc)
     finally:
-        try:
-            client.api.unpause(container_id)
-            sweep.thawed = True
-        except docker.errors.DockerException as exc:
-            log.warning("could not thaw container %s: %s", container_id[:12], exc)
-    return sweep if sweep.killed else None
+        for attempt in range(3):
+            try:
+                client.api.unpause(container_id)
+                sweep.thawed = True
+                break
+            except docker.errors.DockerException as exc:
+                log.warning("could not thaw container %s (attempt %d): %s", container_id[:12], attempt + 1, exc)
+                time.sleep(0.2)
+    # A frozen container goes back to the caller, whatever was killed: nothing may run in it (a docker exec started
+    # into it would wedge the engine's shim).
+    return sweep if sweep.killed or not sweep.thawed else None
 
 
 def _refused_forks(cgroup_dir: str) -> int | None:
