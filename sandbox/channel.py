@@ -521,23 +521,21 @@ class Channel:
     def kill(self, pgid: int, deadline: float) -> None:
         """SIGKILL a process group (a builtin in the server: works with the process table full)."""
         self._send(b"k %d\n" % pgid, deadline)
-        self._expect_k(deadline)
+        self._expect_k(deadline, 1)
 
     def kill_agent_processes(self, deadline: float) -> tuple[int, int]:
         """SIGKILL every process of the agent's uid; (how many were killed, forks the pids limit refused so far)."""
         self._send(b"K\n", deadline)
-        reply = self._line(deadline).split()
-        if len(reply) != 3 or reply[0] != b"K" or not (reply[1].isdigit() and reply[2].isdigit()):
-            self.broken = True
-            raise ProtocolError(f"exec channel: unexpected reply {reply[:4]!r}")
-        return int(reply[1]), int(reply[2])
+        killed, refused = self._expect_k(deadline, 2)
+        return killed, refused
 
-    def _expect_k(self, deadline: float) -> int:
+    def _expect_k(self, deadline: float, count: int) -> list[int]:
+        """A "K" reply's `count` numbers."""
         reply = self._line(deadline).split()
-        if len(reply) != 2 or reply[0] != b"K" or not reply[1].isdigit():
+        if len(reply) != 1 + count or reply[0] != b"K" or not all(field.isdigit() for field in reply[1:]):
             self.broken = True
             raise ProtocolError(f"exec channel: unexpected reply {reply[:4]!r}")
-        return int(reply[1])
+        return [int(field) for field in reply[1:]]
 
     def close(self) -> None:
         """End the server (EOF on its stdin) and drop the link. Never raises."""

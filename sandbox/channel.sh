@@ -559,8 +559,8 @@ fi
 
 pid_killuid() {  # SIGKILL every process of the agent's uid, with builtins only: the process table may be full
     pid_killed=0
-    [ "$pid_uid" = 0 ] && { pid_events; echo "K 0 $pid_pe"; return; }   # a root agent shares pid's uid: only its
-                                                                          # groups are killed
+    # (a root agent shares pid's uid: only its commands' process groups are killed, by "k")
+    [ "$pid_uid" = 0 ] && { pid_events; echo "K 0 $pid_pe"; return; }
     set +f
     for pid_pass in 1 2 3 4 5 6 7 8 9 10; do
         pid_found=0

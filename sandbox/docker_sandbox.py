@@ -483,16 +483,15 @@ class DockerSandbox:
         that shows them must not clear the table again (killing what that command left running)."""
         with self._exec_gate:   # (only the freeze excludes starting a channel: the waits below are outside)
             sweep = kill_agent_processes(self.client, self.container_id, self.uid)
-        if sweep is not None and not sweep.thawed:   # nothing can run in it any more: it goes
+        if sweep is None:
+            killed, refused = self._with_control(
+                lambda ch: ch.kill_agent_processes(time.monotonic() + CONTROL_TIMEOUT_S))
+        elif not sweep.thawed:   # nothing can run in it any more: it goes
             self.kill()
             raise SandboxLost("the sandbox container could not be thawed after its process table was cleared; "
                               "it was removed")
-        if sweep is not None:
-            sweep.wait()
-            killed, refused = len(sweep.killed), sweep.refused
         else:
-            killed, refused = self._with_control(
-                lambda ch: ch.kill_agent_processes(time.monotonic() + CONTROL_TIMEOUT_S))
+            killed, refused = len(sweep.killed), sweep.wait()
         with self._pids_lock:
             self._pids_events = max(self._pids_events, refused or 0)
             self._clearings += 1
@@ -572,16 +571,6 @@ class DockerSandbox:
     def _table_has_room(self) -> bool:
         """Whether a command may go straight to its waiting shell: the host sees room in the container's process
         table. Otherwise it goes through the server, which refuses it when the table is full (then it is cleared)."""
-        gauge = self._process_gauge()
-        if gauge is None:
-            return False
-        try:
-            return gauge.has_room()
-        except (OSError, ValueError):
-            return False
-
-    def _process_gauge(self) -> ProcessGauge | None:
-        """The container's process table as the host sees it (opened once); None where the host cannot read it."""
         gauge = self._gauge
         if gauge is None:
             with self._gauge_lock:
@@ -589,7 +578,12 @@ class DockerSandbox:
                     self._gauge = (ProcessGauge.open(self.container_id)
                                    or ProcessGauge.open(self.container_id, self._init_pid()) or False)
                 gauge = self._gauge
-        return gauge if isinstance(gauge, ProcessGauge) else None
+        if not isinstance(gauge, ProcessGauge):
+            return False
+        try:
+            return gauge.has_room()
+        except (OSError, ValueError):
+            return False
 
     def _init_pid(self) -> int | None:
         try:

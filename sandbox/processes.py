@@ -115,22 +115,21 @@ def _real_uid(pid: int) -> int | None:
 
 @dataclass
 class Sweep:
-    """What a clearing from the host did: the processes it killed (host pid, start time), the forks the pids limit
-    had refused by then (the count pid's server reports too), and whether the container is thawed again."""
+    """What a clearing from the host did: the processes it killed (host pid, start time), and whether the container
+    is thawed again."""
     killed: list[tuple[int, str]]
-    refused: int | None
     cgroup_dir: str
     thawed: bool
 
-    def wait(self) -> None:
-        """Until the killed have died and the table has room again (briefly). A SIGKILL sent to a frozen process
-        acts only after the thaw, once the process gets the CPU: until then a waiting shell looks alive to pid's
-        server inside, which would hand it the next command (that command then ends 137, never run)."""
-        if self.thawed:
-            _wait_until_dead(self.killed)
-            _wait_for_room(self.cgroup_dir)
-            # forks refused until the table had room again were the killed ones' (or pid's own, starting meanwhile)
-            self.refused = _refused_forks(self.cgroup_dir) or self.refused
+    def wait(self) -> int | None:
+        """Wait (briefly) until the killed have died and the table has room again; then the forks the pids limit
+        refused so far (the count pid's server reports too: those were the killed ones', or pid's own, starting
+        meanwhile), None if unreadable. A SIGKILL sent to a frozen process acts only after the thaw, once the
+        process gets the CPU: until then a waiting shell looks alive to pid's server inside, which would hand it the
+        next command (that command then ends 137, never run)."""
+        _wait_until_dead(self.killed)
+        _wait_for_room(self.cgroup_dir)
+        return _refused_forks(self.cgroup_dir)
 
 
 def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: int) -> Sweep | None:
@@ -152,7 +151,7 @@ def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: in
     except docker.errors.DockerException as exc:
         log.info("cannot freeze the container: %s", exc)
         return None
-    sweep = Sweep(killed=[], refused=None, cgroup_dir=os.path.dirname(procs), thawed=False)
+    sweep = Sweep(killed=[], cgroup_dir=os.path.dirname(procs), thawed=False)
     try:
         for entry in _read(procs, MAX_PROCESSES * 12).split()[:MAX_PROCESSES]:
             pid = int(entry)
@@ -162,7 +161,6 @@ def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: in
                     sweep.killed.append((pid, stat[1]))
                 except ProcessLookupError:
                     pass
-        sweep.refused = _refused_forks(sweep.cgroup_dir)
     except (OSError, ValueError) as exc:   # (the sweep inside finishes the job)
         log.warning("sweeping container %s from the host failed: %s", container_id[:12], exc)
     finally:

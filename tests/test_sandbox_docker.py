@@ -262,6 +262,17 @@ def test_clearing_a_full_table_returns_once_every_killed_process_has_died(client
         box.close()
 
 
+def _next_callers_server(client, box) -> tuple[int, list[int]]:
+    """The host pids of the server whose channel the box's next call takes, and of its waiting slot shells (both
+    up: a call ran, then half a second passed)."""
+    box.exec("true", timeout=10)
+    time.sleep(0.5)   # the next shells are up
+    channel = box._pool._idle[-1]   # the one the next call takes
+    rows = client.api.top(box.container_id, ps_args="-eo pid,ppid,args")["Processes"]
+    server = [int(row[0]) for row in rows if f"channel.sh agent {channel.channel_id} " in row[2]][0]
+    return server, [int(row[0]) for row in rows if int(row[1]) == server and WAITING_SHELL_MARK in row[2]]
+
+
 def _v1_freezer(pid: int) -> Path | None:
     """The host's cgroup v1 freezer directory of a process, or None. (cgroup v2's freezer lets a SIGKILL kill a
     frozen process at once: no use here.)"""
@@ -279,12 +290,7 @@ def test_a_waiting_shell_killed_but_not_yet_dead_gets_no_command(client):
     host freezes the two waiting shells alone (a cgroup of their own), kills them, and thaws them a second later."""
     box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-dying", ttl_s=300), client)
     try:
-        box.exec("true", timeout=10)
-        time.sleep(0.5)   # the next shells are up
-        channel = box._pool._idle[-1]   # the one the next call takes
-        rows = client.api.top(box.container_id, ps_args="-eo pid,ppid,args")["Processes"]
-        server = [int(row[0]) for row in rows if f"channel.sh agent {channel.channel_id} " in row[2]][0]
-        shells = [int(row[0]) for row in rows if int(row[1]) == server and WAITING_SHELL_MARK in row[2]]
+        _, shells = _next_callers_server(client, box)
         assert len(shells) == 2
         parent = _v1_freezer(shells[0])
         if parent is None:
@@ -330,16 +336,11 @@ def test_a_server_that_dies_after_the_host_handed_its_shell_a_command_does_not_m
     box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-dies", ttl_s=300), client)
     try:
         for shells_up, file in ((True, "/tmp/taken"), (False, "/tmp/back")):
-            box.exec("true", timeout=10)
-            time.sleep(0.5)   # the next shells are up
-            channel = box._pool._idle[-1]   # the one the next call takes
-            rows = client.api.top(box.container_id, ps_args="-eo pid,ppid,args")["Processes"]
-            server = [int(row[0]) for row in rows if f"channel.sh agent {channel.channel_id} " in row[2]][0]
+            server, shells = _next_callers_server(client, box)
             os.kill(server, signal.SIGSTOP)   # (the host's pid namespace: the tests run as root, as the worker does)
             if not shells_up:
-                for row in rows:
-                    if int(row[1]) == server:
-                        os.kill(int(row[0]), signal.SIGKILL)
+                for shell in shells:
+                    os.kill(shell, signal.SIGKILL)
             outcome: list[object] = []
 
             def call() -> None:
