@@ -175,7 +175,7 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
                 tasks: str = "TASKS", errors: list[str] | None = None) -> dict[str, JobSpec]:
     """Each item's JobSpec: the command line's options, then its line's fields; checked as `pid submit` checks
     one (repos, model, prices, key), every directory repo packed once. Any problem: all of them, exit 2."""
-    from cli.main import BadInput, check_api_key, check_repo
+    from cli.main import BadInput, check_api_key, check_originals, check_repo
     from pid.config import base_url_for
     from worker.check import command_problem
     errors = list(errors or [])
@@ -185,19 +185,28 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
     for item in items:
         where = f"line {item.line}"
         given = item.repo or repo
-        if not given:
-            errors.append(f"{where}: no repo (a \"repo\" field, or --repo for every item)")
+        fields = {**options, **item.fields}
+        checked: str | BaseException | None = None
+        if not given and not fields.get("workdir"):
+            errors.append(f"{where}: no repo (a \"repo\" field, or --repo for every item) and no workdir (the "
+                          "image's own directory)")
             continue
-        if given not in repos:
-            try:
-                repos[given] = check_repo(given)
-            except BadInput as exc:
-                repos[given] = exc
-        checked = repos[given]
+        if given:
+            if given not in repos:
+                try:
+                    repos[given] = check_repo(given)
+                except BadInput as exc:
+                    repos[given] = exc
+            checked = repos[given]
         if isinstance(checked, BaseException):
             errors.append(f"{where}: {checked.format_message()}")   # type: ignore[attr-defined]
             continue
-        fields = {**options, **item.fields}
+        try:
+            fields["check_original"] = check_originals(fields.get("check_original") or (), fields.get("check"),
+                                                       fields.get("workdir"))
+        except BadInput as exc:
+            errors.append(f"{where}: {exc.format_message()}")
+            continue
         model = fields.pop("model", None)
         if not model:
             errors.append(f"{where}: no model (a \"model\" field, --model or PID_MODEL)")
@@ -258,7 +267,7 @@ def _pack(items: list[Item], specs: dict[str, JobSpec], max_bytes: int) -> list[
     blobs = None
     for item in items:
         spec = specs.get(item.id)
-        if spec is None or git_source(spec.repo) is not None:
+        if spec is None or not spec.repo or git_source(spec.repo) is not None:
             continue
         if spec.repo not in packed and spec.repo not in failed:
             blobs = blobs or default_blobs()

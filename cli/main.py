@@ -76,7 +76,11 @@ def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
     task, repo, model = options.pop("task"), options.pop("repo"), options.pop("model")
     if not task.strip():
         raise BadInput("the task is empty")
-    repo_path = check_repo(repo)
+    repo_path = check_repo(repo) if repo else None
+    if repo_path is None and not options.get("workdir"):
+        raise BadInput("no workspace: pass --repo DIR|URL, or --workdir PATH to work in the image's own directory")
+    options["check_original"] = check_originals(options.get("check_original") or (), options.get("check"),
+                                                options.get("workdir"))
     if not model:
         raise BadInput("no model configured: pass --model or set PID_MODEL")
     from worker.check import command_problem
@@ -108,6 +112,20 @@ def _table_prices(model: str) -> bool:
     return bool(info.input_price or info.output_price)
 
 
+def check_originals(paths: Any, check: str | None, workdir: str | None) -> list[str]:
+    """--check-original as the spec keeps it: workdir-relative paths, only beside a --check."""
+    if not paths:
+        return []
+    if not check:
+        raise BadInput("--check-original needs --check (it says what the check sees as the original has it)")
+    from worker.check import original_paths
+    from sandbox.config import SandboxConfig
+    try:
+        return original_paths(list(paths), workdir or SandboxConfig.workdir)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+
 def check_repo(repo: str) -> str:
     """--repo as the spec keeps it: a git URL (checked, kept as given) or an existing directory (absolute)."""
     from worker.snapshot import git_source
@@ -128,7 +146,7 @@ def pack_workspace(spec: JobSpec, max_bytes: int) -> None:
     """A directory --repo is packed now and stored as a blob (once per tree): the job runs on the tree as it is at
     submit, on whatever machine takes it. A git URL is cloned by the worker instead."""
     from worker.snapshot import git_source, pack_and_store
-    if git_source(spec.repo) is not None:
+    if not spec.repo or git_source(spec.repo) is not None:
         return
     from sandbox.workspace import WorkspaceTooLarge
     from worker.blobs import default_blobs

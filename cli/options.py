@@ -123,6 +123,18 @@ class ImageRef(click.ParamType):
         return text
 
 
+class Workdir(click.ParamType):
+    """An absolute directory of the container that pid can give the agent (sandbox.image_fs.check_workdir)."""
+    name = "path"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        from sandbox.image_fs import check_workdir
+        try:
+            return check_workdir(str(value))
+        except ValueError as exc:
+            self.fail(str(exc).replace("--workdir ", ""), param, ctx)
+
+
 NETWORKS = ("none", "bridge")
 
 
@@ -287,6 +299,7 @@ JOB_OPTIONS = [
     JobOption("--base-url", "base_url", _const(Url()), envvar="PID_BASE_URL"),
     JobOption("--api", "api", _const(Api()), envvar="PID_API"),
     JobOption("--image", "image", _const(ImageRef()), envvar="PID_IMAGE"),
+    JobOption("--workdir", "workdir", _const(Workdir())),
     JobOption("--out", "out_dir", extra={"metavar": "DIR"}),
     JobOption("--timeout", "timeout_s", lambda low, high: Number(float, low, high)),
     JobOption("--max-turns", "max_turns", lambda low, high: Number(int, low, high)),
@@ -314,6 +327,7 @@ JOB_OPTIONS = [
     JobOption("--system-prompt", "system_prompt", _const(PromptFile())),
     JobOption("--check", "check", extra={"metavar": "CMD"}),
     JobOption("--check-timeout", "check_timeout_s", lambda low, high: Number(float, low, high)),
+    JobOption("--check-original", "check_original", extra={"multiple": True, "metavar": "PATH"}),
 ]
 
 
@@ -321,7 +335,7 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The options `run` and `submit` share: they describe the same job."""
     func = spec_options(func)
     for decorator in reversed([click.argument("task"),
-                               click.option("--repo", "repo", required=True, metavar="DIR|URL",
+                               click.option("--repo", "repo", metavar="DIR|URL",
                                             help=spec_field("repo").metadata["help"])]):
         func = decorator(func)
     return func

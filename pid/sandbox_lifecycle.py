@@ -60,6 +60,11 @@ class JobSandbox(Sandbox, Protocol):
         in the sandbox's world, never on the host; record it as the base of the patch. Returns the commit id."""
         ...
 
+    def import_image(self, timeout: float = 600.0) -> None:
+        """The workspace is the sandbox image's own workdir, as the image has it: record it as the base of the patch
+        (perhaps while the agent already works: export_patch waits for it)."""
+        ...
+
     def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:
         """Write the workspace's changes since import_workspace to host file `dest`, at most `max_bytes`."""
         ...

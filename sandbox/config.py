@@ -56,3 +56,5 @@ class SandboxConfig:
     owner: str = ""               # the installation's label value (see reaper.owner_label)
     attempt: int = 1              # the job's attempt this sandbox serves
     max_workspace: int = DEFAULT_MAX_WORKSPACE   # bytes a git URL's clone may take (its .git and checkout)
+    writable_image: bool = False  # the image's own filesystem is the job's to change, copy-on-write on its disk
+    image_workspace: bool = False  # the workspace is the image's own workdir as it is (nothing is imported)

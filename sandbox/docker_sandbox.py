@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import posixpath
+import shutil
 import tarfile
 import tempfile
 import threading
@@ -30,7 +31,7 @@ from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped
 
 from . import fileops
 from .artifacts import copy_patch, extract_files
-from .channel import (DIRECT_MAX, PID_DIR, RUN_DIR, Channel, ChannelClosed, Finished, PipeLink, SetupFailed, TableFull,
+from .channel import (DIRECT_MAX, PID_DIR, RUN_DIR, Channel, ChannelClosed, PipeLink, SetupFailed, TableFull,
                       entry_command, install_script)
 from .config import (AGENT_HOME, BASE_ENV, LABEL_ATTEMPT, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER,
                      SandboxConfig, parse_user)
@@ -41,6 +42,7 @@ from .pool import ChannelPool
 from .processes import ProcessGauge, kill_agent_processes
 from .reaper import force_remove, owner_label, remove_job_containers, run_labels
 from .gitseed import GitSeed
+from .image_fs import BASE_TARGET, ImageFS, image_layers
 from .workspace import UnsafeTar, base_script, build_tar, patch_script, sanitize_tar, unpack_tar
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,16 @@ def default_runtime(client: docker.DockerClient) -> str:
         except (docker.errors.DockerException, requests.exceptions.RequestException):
             return "unknown"   # (not kept: asked again next time)
     return _default_runtimes[url]
+
+
+def engine_init(client: docker.DockerClient) -> str | None:
+    """The engine's init binary on this host (`--init`'s docker-init), or None when it cannot be found here."""
+    try:
+        name = str(client.info().get("InitBinary") or "docker-init")
+    except (docker.errors.DockerException, requests.exceptions.RequestException):
+        name = "docker-init"
+    found = shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/bin:/usr/bin"]))
+    return os.path.realpath(found) if found else None
 
 
 def _first_channels(pid_dir: str) -> list[Channel]:
@@ -144,7 +156,7 @@ class DockerSandbox:
     separate channels."""
 
     def __init__(self, client: docker.DockerClient, container_id: str, config: SandboxConfig,
-                 disk: JobDisk | None = None) -> None:
+                 disk: JobDisk | None = None, image_fs: ImageFS | None = None) -> None:
         self.client = client
         self.container_id = container_id
         self.config = config
@@ -153,6 +165,7 @@ class DockerSandbox:
         self.base_commit: str | None = None
         self.shell = "bash"
         self._disk = disk
+        self._image_fs = image_fs
         self._env = agent_env(self.uid)
         self._channel_ids = itertools.count(1)
         self._pool = ChannelPool(self._new_channel, MAX_CHANNELS)
@@ -198,24 +211,43 @@ class DockerSandbox:
         now = datetime.now(timezone.utc)
         ttl = max(1, int(config.ttl_s))
         disk: JobDisk | None = None
+        image_fs: ImageFS | None = None
         options: dict[str, Any] = {}
         if config.disk:
             reason = disks_supported()
             if reason is None:
+                layout = {"workspace": (uid, gid, 0o755), "home": (uid, gid, 0o755), "tmp": (0, 0, 0o1777),
+                          "vartmp": (0, 0, 0o1777), "pid": (0, 0, 0o711)}
+                if config.writable_image:
+                    layout.update({"image": (0, 0, 0o700), "pid/base": (0, 0, 0o700)})
                 try:
                     disk = JobDisk.create(config.disk_root or default_disk_root(),
-                                          f"{config.job_id}-{os.urandom(3).hex()}", config.disk,
-                                          layout={"workspace": (uid, gid, 0o755), "home": (uid, gid, 0o755),
-                                                  "tmp": (0, 0, 0o1777), "vartmp": (0, 0, 0o1777),
-                                                  "pid": (0, 0, 0o711)})
+                                          f"{config.job_id}-{os.urandom(3).hex()}", config.disk, layout=layout)
                 except DiskError as exc:
                     raise SandboxError(f"cannot make the job's disk: {exc}") from exc
                 options["read_only"] = True
-                options["mounts"] = [Mount(target, disk.path(name), type="bind") for target, name in (
-                    (config.workdir, "workspace"), (AGENT_HOME, "home"), ("/tmp", "tmp"), ("/var/tmp", "vartmp"),
-                    (PID_DIR, "pid"))]
+                own = [(AGENT_HOME, "home"), ("/tmp", "tmp"), ("/var/tmp", "vartmp"), (PID_DIR, "pid")]
+                if not config.image_workspace:
+                    own.insert(0, (config.workdir, "workspace"))
+                options["mounts"] = [Mount(target, disk.path(name), type="bind") for target, name in own]
+                if config.writable_image:
+                    try:
+                        image_fs = ImageFS.build(image_layers(client, config.image), disk.path("image"),
+                                                 workdir=config.workdir, uid=uid, gid=gid,
+                                                 image_workspace=config.image_workspace,
+                                                 taken={target for target, _ in own},
+                                                 init_binary=engine_init(client) if uid == 0 else None)
+                    except BaseException:
+                        disk.close()
+                        raise
+                    options["mounts"] += [Mount(tree.target, tree.source, type="bind", read_only=tree.read_only)
+                                          for tree in image_fs.mounts()]
+            elif config.writable_image:
+                raise SandboxError(f"--workdir needs the job's own disk, and {reason or 'there is none (--disk 0)'}")
             else:   # the engine's own quota (overlay2 on xfs with pquota) is the other way to bound the disk
                 options["storage_opt"] = {"size": str(config.disk)}
+        elif config.writable_image:
+            raise SandboxError("--workdir needs the job's own disk: pass a --disk size other than 0")
         caps = MACHINERY_CAPABILITIES + (ROOT_AGENT_CAPABILITIES if uid == 0 else [])
         nofile = nofile_limit(config.pids_limit)
         env = agent_env(uid)
@@ -228,6 +260,8 @@ class DockerSandbox:
             try:
                 first = _first_channels(disk.path("pid"))
             except BaseException:
+                if image_fs:
+                    image_fs.close()
                 disk.close()
                 raise
             command = entry_command(ttl, list(PRESTARTED), config.workdir, uid, gid)
@@ -251,6 +285,8 @@ class DockerSandbox:
         except BaseException as exc:
             for channel in first:
                 channel.close()
+            if image_fs:
+                image_fs.close()
             if disk:
                 disk.close()
             if "storage_opt" in options and isinstance(exc, docker.errors.DockerException):
@@ -260,7 +296,7 @@ class DockerSandbox:
             if isinstance(exc, docker.errors.DockerException):
                 raise SandboxError(f"cannot create sandbox container from {config.image!r}: {exc}") from exc
             raise
-        sandbox = cls(client, container.id, config, disk)
+        sandbox = cls(client, container.id, config, disk, image_fs)
         if first:
             sandbox._channel_ids = itertools.count(PRESTARTED[-1][1] + 1)
             sandbox._control, sandbox._prestarted = first[0], first[1:]
@@ -419,6 +455,8 @@ class DockerSandbox:
             self._out_dir_fd = None
         if self._disk is not None:
             self._wait_gone(10.0)     # the bind mounts hold the disk busy until the container is really gone
+            if self._image_fs is not None:
+                self._image_fs.close()
             self._disk.close()
 
     def _wait_gone(self, limit_s: float) -> None:
@@ -503,18 +541,18 @@ class DockerSandbox:
         Raises SandboxError when it fails or outlives `timeout` (the channel is then dropped; what still runs ends
         with the container, which the runner's collection deadline removes).
         """
-        def run(channel: Channel) -> Finished:
-            channel.start(script, 16384, time.monotonic() + CONTROL_TIMEOUT_S)
-            done = channel.finish(time.monotonic() + timeout)
-            if done is None:   # its server waits for it and reads nothing meanwhile: drop the channel
-                channel.broken = True
-                raise SandboxError(f"{what} did not finish within {timeout:g}s")
-            return done
-        done = self._with_control(run)
-        if done.exit_code != 0:
-            detail = done.head.decode("utf-8", "replace").strip()[-2000:]
-            raise SandboxError(f"{what} failed (exit {done.exit_code}): {detail}")
-        return done.head
+        return self._with_control(lambda channel: _run_script(channel, script, what, timeout))
+
+    def _run_as_pid_aside(self, script: str, what: str, timeout: float) -> bytes:
+        """run_as_pid on a root channel of its own: a long script (hashing a large tree) while the agent works must
+        never hold the control channel, which kills the agent's commands."""
+        with self._exec_gate:
+            channel = Channel.open_exec(self.client.api, self.container_id, next(self._channel_ids), role="control",
+                                        workdir=self.workdir, uid=self.uid, gid=self.gid, env=self._env)
+        try:
+            return _run_script(channel, script, what, timeout)
+        finally:
+            channel.close()
 
     # -- the Sandbox protocol ---------------------------------------------------------------------------------
     def _abs(self, path: str) -> str:
@@ -776,6 +814,21 @@ class DockerSandbox:
         self._record_base(timeout)
         return commit
 
+    def import_image(self, timeout: float = 600.0) -> None:
+        """The workspace is the image's own workdir, as it is: nothing to copy. Its base is recorded while the agent
+        works, from pid's read-only view of it (the image's layers never change, whatever the agent does)."""
+        if self._image_fs is None or self._image_fs.base is None:
+            raise SandboxError("this sandbox's workspace is not the image's own directory")
+
+        def record() -> None:
+            try:
+                out = self._run_as_pid_aside(base_script(BASE_TARGET), "recording the base commit", timeout)
+                self.base_commit = out.strip().splitlines()[-1].decode()
+            except BaseException as exc:
+                self._packing_error = exc
+        self._packing = threading.Thread(target=record, name="pid-image-base", daemon=True)
+        self._packing.start()
+
     def _unpack(self, stream: IO[bytes], trusted: bool) -> None:
         """A workspace tar into workdir. `trusted`: build_tar made it here (else every member is checked)."""
         try:
@@ -867,14 +920,14 @@ class DockerSandbox:
             self._packing.join()
             self._packing = None
         if self._packing_error is not None:
-            raise SandboxError(f"cannot write the base commit's objects: {self._packing_error}")
+            raise SandboxError(f"cannot record the base commit: {self._packing_error}")
 
     def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:
         """Write the workspace's changes since the base commit to host file `dest` (made by pid's git, as root,
         from pid's repository; paths validated, size capped)."""
+        self._wait_for_base()
         if self.base_commit is None:
             raise SandboxError("no base commit: import_workspace was not called")
-        self._wait_for_base()
         if self.uid != 0:   # nothing of the agent may still run (swap files, hold FIFOs) while pid's git reads
             self._clear_process_table()
         inside = f"{PID_DIR}/patch.diff"
@@ -914,6 +967,18 @@ class DockerSandbox:
             written.extend(copied.written)
             skipped.extend(copied.skipped)
         return written, skipped
+
+
+def _run_script(channel: Channel, script: str, what: str, timeout: float) -> bytes:
+    channel.start(script, 16384, time.monotonic() + CONTROL_TIMEOUT_S)
+    done = channel.finish(time.monotonic() + timeout)
+    if done is None:   # its server waits for it and reads nothing meanwhile: drop the channel
+        channel.broken = True
+        raise SandboxError(f"{what} did not finish within {timeout:g}s")
+    if done.exit_code != 0:
+        detail = done.head.decode("utf-8", "replace").strip()[-2000:]
+        raise SandboxError(f"{what} failed (exit {done.exit_code}): {detail}")
+    return done.head
 
 
 class _Tee:

@@ -44,6 +44,13 @@ _GITCONFIG = """[safe]
 """
 
 
+# What the agent's own runs generate is never part of the patch, whether or not the workspace ignores it: these are
+# pid's default excludes (untracked files that match are left out of the base and the patch alike). A workspace's
+# own .gitignore outranks them: `!*.pyc` there keeps them.
+GENERATED = ("__pycache__/", "'*.py[cod]'", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/", "'*.egg-info/'",
+             "node_modules/")
+
+
 def base_script(workdir: str, seeded: bool = False, deferred: bool = False) -> str:
     """Make pid's repository and commit the imported workspace as the base; prints the commit.
 
@@ -67,6 +74,7 @@ def base_script(workdir: str, seeded: bool = False, deferred: bool = False) -> s
             "git init -q -b main --template=\n"
             "mkdir -p /.pid/git/info\n"
             "echo '* -text -filter -ident -eol !diff -working-tree-encoding' > /.pid/git/info/attributes\n"
+            f"printf '%s\\n' {' '.join(GENERATED)} > /.pid/git/info/exclude\n"
             + add + (_COMMIT_DEFERRED if deferred else _COMMIT))
 
 

@@ -16,6 +16,8 @@ import difflib
 import errno
 import os
 import posixpath
+import re
+import shlex
 import tarfile
 import threading
 import time
@@ -114,7 +116,7 @@ class MemorySandbox:
         call = ExecCall(command, timeout, output)
         with self._lock:
             self.calls.append(call)
-        run = self.handler(command, self)
+        run = self._git_apply(command) if " git apply " in command else self.handler(command, self)
         deadline = time.monotonic() + timeout
         out = bytearray()
         stop = None
@@ -135,6 +137,40 @@ class MemorySandbox:
             stop = "cancelled" if cancel is not None and cancel.is_set() else None   # while its last step ran
         call.result = self._result(bytes(out), output, None if stop else run.exit_code, stop, run.pids_limit_hit)
         return call.result
+
+    def _git_apply(self, command: str) -> "Run":
+        """`git apply` of a patch in export_patch's own format (worker.continuation.apply_patch's command): its
+        --directory, its --exclude patterns (a path, or a path and `/*`), new, changed and deleted text files."""
+        words = shlex.split(command.split(" git apply ", 1)[1].split(";")[0])
+        directory = next(w.split("=", 1)[1] for w in words if w.startswith("--directory="))
+        excluded = [re.sub(r"\\(.)", r"\1", w.split("=", 1)[1]) for w in words if w.startswith("--exclude=")]
+        patch = self.files[self._abs(words[-1])].decode()
+        for section in re.split(r"(?m)^(?=diff --git )", patch):
+            if not section.startswith("diff --git "):
+                continue
+            name = section.split("\n", 1)[0].split(" b/", 1)[1]
+            path = posixpath.join(directory, name)
+            if any(path == e or (e.endswith("/*") and path.startswith(e[:-1])) for e in excluded):
+                continue
+            target = "/" + path
+            if "\ndeleted file mode" in section:
+                self.files.pop(target, None)
+                continue
+            old = self.files.get(target, b"").decode().splitlines(keepends=True)
+            new: list[str] = []
+            at = 0
+            for hunk in re.split(r"(?m)^(?=@@ )", section)[1:]:
+                start = int(re.match(r"@@ -(\d+)", hunk).group(1))   # type: ignore[union-attr]
+                start = max(start - 1, 0) if not hunk.startswith("@@ -0,0") else 0
+                new += old[at:start]
+                at = start
+                for line in hunk.splitlines(keepends=True)[1:]:
+                    if line.startswith((" ", "-")):
+                        at += 1
+                    if line.startswith((" ", "+")):
+                        new.append(line[1:])
+            self.files[target] = "".join(new + old[at:]).encode()
+        return Run("")
 
     def _pause(self, seconds: float, deadline: float, cancel: threading.Event | None) -> str | None:
         """Sleep as a command would; "timed_out" or "cancelled" when that ends it first. SandboxLost on kill."""
@@ -287,6 +323,11 @@ class MemorySandbox:
                         self.files[path] = fileobj.read()
         except (UnsafeTar, tarfile.TarError) as exc:
             raise SandboxError(f"the workspace archive was refused: {exc}") from exc
+        self.base = self._workspace()
+
+    def import_image(self, timeout: float = 600.0) -> None:
+        """The files the sandbox was made with are the image's workdir: they are the base."""
+        self._check_alive()
         self.base = self._workspace()
 
     def import_git(self, url: str, ref: str | None, timeout: float = 600.0) -> str:

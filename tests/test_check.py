@@ -99,21 +99,35 @@ def _memory_job(repo: Path, tmp_path: Path, script: list, handler, **spec_fields
         spec = JobSpec(task="fix add", repo=str(repo), model="m", out_dir=str(tmp_path / "out"),
                        base_url=llm.base_url, **spec_fields)
         result = run_job(spec, sandboxes=provider, sink=events.append)
-    return result, events, provider.created[0], Path(spec.job_dir)
+    return result, events, provider.created[-1], Path(spec.job_dir)
 
 
-def test_the_patch_is_made_before_the_check_and_the_files_after_it(buggy, tmp_path):
-    """The check writes (a cache, a report): none of it is in the patch; --file still collects the report."""
+def test_the_check_runs_on_the_patch_in_a_fresh_sandbox_and_never_reaches_the_patch(buggy, tmp_path):
+    """The agent's container goes after its patch and files; the check runs in a new one, on the original workspace
+    with the patch applied. What the check writes (a cache, a report) is not in the patch; --file still collects
+    the report, from the check's sandbox, since the agent's had none."""
+    seen: list[bytes] = []
+
     def unittest(command, box):
+        seen.append(box.files["/workspace/calc.py"])
         box.files["/workspace/__pycache__/calc.cpython-311.pyc"] = b"\0bytecode"
         box.files["/workspace/report.txt"] = b"1 test ok\n"
         return Run("Ran 1 test in 0.001s\n\nOK\n")
-    result, events, box, job_dir = _memory_job(buggy, tmp_path, FIX, {UNITTEST: unittest}, check=UNITTEST,
-                                               files=["report.txt"])
-    assert box.commands.count(UNITTEST) == 1 and box.commands[-1] == UNITTEST
+    provider = MemoryProvider({UNITTEST: unittest})
+    from worker.runner import run_job
+    events: list = []
+    with ScriptedLLM(FIX) as llm:
+        spec = JobSpec(task="fix add", repo=str(buggy), model="m", out_dir=str(tmp_path / "out"),
+                       base_url=llm.base_url, check=UNITTEST, files=["report.txt"])
+        result = run_job(spec, sandboxes=provider, sink=events.append)
+    job_dir = Path(spec.job_dir)
+    agent, checked = provider.created
+    assert UNITTEST not in agent.commands and agent.closed and checked.closed
+    assert checked.commands[-1] == UNITTEST and "git apply" in checked.commands[0]
+    assert seen == [b"def add(a, b):\n    return a + b\n"]      # the original, with the patch applied
     check = result["check"]
     assert check == {"command": UNITTEST, "exit_code": 0, "passed": True, "duration_s": check["duration_s"],
-                     "output_tail": "Ran 1 test in 0.001s\n\nOK", "timed_out": False}
+                     "output_tail": "Ran 1 test in 0.001s\n\nOK", "timed_out": False, "ran_on": "patch"}
     assert (result["status"], result["exit_reason"], exit_code_for(result)) == ("completed", "stop", 0)
     patch = (job_dir / "patch.diff").read_text()
     assert "+    return a + b" in patch and "report.txt" not in patch and "__pycache__" not in patch
@@ -143,7 +157,7 @@ def test_a_limit_hit_is_checked_and_keeps_exit_code_3(buggy, tmp_path):
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}]
     result, _, box, _ = _memory_job(buggy, tmp_path, script, {"ls": Run("calc.py\n"), UNITTEST: Run("OK\n")},
                                     check=UNITTEST, max_turns=1)
-    assert result["exit_reason"] == "max_turns" and box.commands == ["ls", UNITTEST]
+    assert result["exit_reason"] == "max_turns" and box.commands == [UNITTEST]   # (no patch: nothing to apply)
     assert result["check"]["passed"] is True and exit_code_for(result) == 3
 
 
@@ -196,7 +210,7 @@ def test_a_worker_stopping_while_the_check_runs_leaves_the_job_to_the_queue(bugg
         result = run_job(spec, sandboxes=MemoryProvider({UNITTEST: Run(30.0)}), cancel=cancel,
                          still_owner=still_owner)
     assert asked == [True, False] and result["check"]["cancelled"] is True
-    assert not Path(spec.job_dir, "result.json").exists() and "files" not in result["artifacts"]
+    assert not Path(spec.job_dir, "result.json").exists()   # (the files came before the check, from the agent's)
 
 
 def test_a_check_the_sandbox_could_not_run_fails_the_job(buggy, tmp_path):

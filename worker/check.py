@@ -1,15 +1,20 @@
-"""The job's check (`--check CMD`): after the agent ends, one command in the job's container decides.
+"""The job's check (`--check CMD`): after the agent ends, one command decides, on the agent's patch alone.
 
-It runs as the agent's commands do: through the sandbox's exec (the bash tool's path), in the workspace, as the
-agent's user, its output bounded, its process group killed inside the container at its own timeout. What it leaves
-in result.json (and the job's store record) is `Check.to_result()`: command, exit_code, passed, duration_s,
-output_tail (the last OUTPUT_TAIL_LINES lines / OUTPUT_TAIL_BYTES bytes, as the bash tool cuts its tail), timed_out.
+It never runs in the agent's container: whatever the agent left there besides its patch (a `.pth` in its home, a
+bytecode cache that .gitignore hides, a process) would be judged with it, and the patch is what a user applies. So
+the runner (worker/runner.py) makes a fresh sandbox of the same image and limits, puts the original workspace in it
+(the image's own directory, or the same snapshot), applies patch.diff as the agent's user, leaving out the paths of
+`--check-original` (they stay as the original has them: the tests that judge the agent), and runs CMD there: through
+the sandbox's exec (the bash tool's path), in the workdir, as the agent's user, its output bounded, its process
+group killed inside the container at its own timeout.
 
-The runner collects the patch *before* the check runs (worker/runner.py): the patch is the agent's change, never
-what the check wrote (bytecode caches, test reports, a formatter's rewrites).
+What it leaves in result.json (and the job's store record) is `Check.to_result()`: command, exit_code, passed,
+duration_s, output_tail (the last OUTPUT_TAIL_LINES lines / OUTPUT_TAIL_BYTES bytes, as the bash tool cuts its tail),
+timed_out, ran_on ("patch") and original (the --check-original paths).
 """
 from __future__ import annotations
 
+import posixpath
 import threading
 import time
 from dataclasses import dataclass
@@ -36,11 +41,14 @@ class Check:
     timed_out: bool = False
     cancelled: bool = False    # the job was cancelled while its check ran
     error: str | None = None   # the check could not run (the sandbox failed): it has not passed
+    original: tuple[str, ...] = ()   # the workspace paths it saw as the original has them (--check-original)
 
     def to_result(self) -> dict[str, Any]:
         result: dict[str, Any] = {"command": self.command, "exit_code": self.exit_code, "passed": self.passed,
                                   "duration_s": self.duration_s, "output_tail": self.output_tail,
-                                  "timed_out": self.timed_out}
+                                  "timed_out": self.timed_out, "ran_on": "patch"}
+        if self.original:
+            result["original"] = list(self.original)
         if self.cancelled:
             result["cancelled"] = True
         if self.error:
@@ -59,6 +67,20 @@ def command_problem(command: str | None) -> str | None:
     if len(command) > MAX_COMMAND_CHARS:
         return f"the check command is longer than {MAX_COMMAND_CHARS} characters"
     return None
+
+
+def original_paths(paths: list[str] | tuple[str, ...], workdir: str) -> list[str]:
+    """--check-original as workspace-relative paths (an absolute one must lie in the workdir); ValueError for one
+    that leaves it or names it whole."""
+    kept: list[str] = []
+    for path in paths:
+        if not path or "\0" in path or "\n" in path:
+            raise ValueError(f"--check-original takes a path of the workdir, not {path!r}")
+        rel = posixpath.normpath(posixpath.relpath(path, workdir) if path.startswith("/") else path)
+        if rel in (".", "..") or rel.startswith("../") or rel.startswith("/"):
+            raise ValueError(f"--check-original {path}: not a path inside the workdir {workdir}")
+        kept.append(rel)
+    return kept
 
 
 def run_check(sandbox: Sandbox, command: str, timeout_s: float,

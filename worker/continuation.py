@@ -11,6 +11,8 @@ light: no agent, provider or sandbox code is imported for it.
 from __future__ import annotations
 
 import dataclasses
+import posixpath
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +89,8 @@ def _copy(spec: JobSpec, store: Store, job_id: str) -> JobSpec:
         if not store.has_blob(spec.workspace):
             raise Refused(f"job {job_id}: its workspace snapshot ({spec.workspace[:19]}…) is no longer in the job "
                           "store (expired after the retention period)")
+        return new
+    if not spec.repo:   # the image's own workdir: the image is the snapshot
         return new
     from worker.snapshot import git_source
     git = git_source(spec.repo) if "://" in spec.repo else None
@@ -165,22 +169,32 @@ def _artifact(store: Store, job_id: str, name: str) -> bytes:
         raise Refused(f"the {name} of job {job_id} is no longer in the job store (expired?)") from None
 
 
-def apply_patch(sandbox: Any, patch: bytes) -> None:
-    """The parent's patch onto the freshly imported workspace, by git apply inside the sandbox, as the agent's
-    user (the files stay the agent's). The base the new patch is made against stays the snapshot. Run from / on
-    paths under the workspace, so no repository of the workspace (its config, its hooks) has any say."""
+def apply_patch(sandbox: Any, patch: bytes, exclude: list[str] | tuple[str, ...] = (),
+                whose: str = "the parent job's patch") -> None:
+    """A patch onto the freshly imported workspace, by git apply inside the sandbox, as the agent's user (the files
+    stay the agent's). The base the new patch is made against stays the snapshot. Run from / on paths under the
+    workspace, so no repository of the workspace (its config, its hooks) has any say. `exclude`: workspace paths
+    (a file, or a directory and all below it) whose changes are left out: they stay as the snapshot has them."""
     if not patch.strip():
         return
     sandbox.write_file(PATCH_IN_SANDBOX, patch)
     where = sandbox.workdir.strip("/")
+    skip = "".join(f" --exclude={shlex.quote(pattern)}" for path in exclude
+                   for pattern in _excluded(posixpath.join(where, path.strip("/"))))
     command = ("cd / && env -u GIT_DIR -u GIT_WORK_TREE GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null "
-               f"git apply --binary --whitespace=nowarn --directory={shlex.quote(where)} {PATCH_IN_SANDBOX}; "
+               f"git apply --binary --whitespace=nowarn --directory={shlex.quote(where)}{skip} {PATCH_IN_SANDBOX}; "
                f"status=$?; rm -f {PATCH_IN_SANDBOX}; exit $status")
     done = sandbox.exec(command, timeout=APPLY_TIMEOUT_S)
     if done.exit_code != 0:
         tail = done.tail.decode("utf-8", errors="replace").strip().splitlines()
-        raise Refused("the parent job's patch does not apply to its snapshot: "
+        raise Refused(f"{whose} does not apply to its snapshot: "
                       + (tail[-1][:300] if tail else f"git apply exited {done.exit_code}"))
+
+
+def _excluded(path: str) -> list[str]:
+    """git apply --exclude patterns (wildmatch, `*` crossing slashes) for a path and everything below it."""
+    literal = re.sub(r"([*?\\[\]])", r"\\\1", path)
+    return [literal, literal + "/*"]
 
 
 def start_session(writer: Any, parent: Parent) -> None:

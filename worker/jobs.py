@@ -41,9 +41,15 @@ def required(help: str) -> Any:
 @dataclass
 class JobSpec:
     task: str = required("What the agent is asked to do.")
-    repo: str = required("Directory to work on (copied, never modified), or a git URL (https://, ssh://, git://, "
-                         "file://; #REF for a branch, tag or commit) the worker clones.")  # absolute in the spec
     model: str = required("Model name.")
+    repo: str | None = setting(None, "Directory to work on (copied, never modified), or a git URL (https://, ssh://, "
+                                     "git://, file://; #REF for a branch, tag or commit) the worker clones. "
+                                     "Without it, the agent works in the image's own --workdir.")  # absolute
+    workdir: str | None = setting(None, "The directory the agent works in (default /workspace). Without --repo it "
+                                        "is the image's own directory as the image has it (a task image's "
+                                        "/testbed), and the patch is the change to it; with --repo the repository "
+                                        "is imported there. Either way the image's filesystem is the job's to "
+                                        "change, copy-on-write on its disk.")
     out_dir: str = setting("pid-runs", "Artifacts go to OUT/<job id>/.")  # absolute in the spec
     base_url: str | None = setting(None, "Model endpoint (OpenAI-compatible, or Anthropic with --api); default: "
                                          "the API's own (OpenAI's or Anthropic's).")
@@ -89,9 +95,13 @@ class JobSpec:
     max_patch: int = setting(100 << 20, "Largest patch.diff accepted (larger: the job fails, artifact_error).")
     max_files_bytes: int = setting(100 << 20, "--file collection: bytes in all.")
     max_files: int = setting(10000, "--file collection: entries in all (what is over is skipped and listed).", min=1)
-    check: str | None = setting(None, "After the agent ends, run CMD in the job's container (in the workspace, as "
-                                      "the agent's user); its exit status decides the job's exit code (4: the "
+    check: str | None = setting(None, "After the agent ends, run CMD on its patch: in a fresh container of the same "
+                                      "image, on the original workspace with patch.diff applied, in the workdir, "
+                                      "as the agent's user; its exit status decides the job's exit code (4: the "
                                       "agent completed but the check failed). See result.json's `check`.")
+    check_original: list[str] = setting(None, "A path of the workdir (relative to it) that --check sees as it was "
+                                              "originally, whatever the patch does to it: the tests that judge the "
+                                              "agent (repeatable).", factory=list)
     check_timeout_s: float = setting(600.0, "--check's own time limit, in seconds (beyond --timeout); past it the "
                                             "check is killed and fails.", min=1, max=MAX_TIMEOUT_S)
     id: str = setting(None, "The job's id.", factory=new_job_id)
@@ -108,6 +118,11 @@ class JobSpec:
     parent: str | None = setting(None, "The job this one continues (`pid continue`): its transcript is loaded and its "
                                        "patch applied to the same snapshot.")
     retry_of: str | None = setting(None, "The job this one runs again (`pid retry`).")
+
+    @property
+    def workspace_dir(self) -> str:
+        """Where the agent works in its container."""
+        return self.workdir or SandboxConfig.workdir
 
     @property
     def job_dir(self) -> str:

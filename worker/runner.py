@@ -201,28 +201,41 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             outcome = _ended(outcome, "sandbox_error", "the sandbox container is gone")
         owner = _owns(still_owner)
         check: Check | None = None
+        checked: JobSandbox | None = None
         try:
             if sandbox and owner and not sandbox.removed_by_pid:
-                # The patch first, then the check, then the files. The patch must be the agent's change alone, and
-                # a check writes (bytecode caches, reports, a formatter's rewrites): run after the patch is made, it
-                # cannot reach it. The files come last: --file may well ask for what the check wrote (a report).
+                # The patch, then the files, from the agent's container, which then goes. The check runs on the
+                # patch alone, in a fresh container (worker/check.py): whatever the agent left beside its patch
+                # never reaches the verdict, and what the check writes never reaches the patch.
                 problem = _collecting(watchdog, sandbox, lambda: _collect_patch(sandbox, spec, job_dir, artifacts))
-                if spec.check and checks_after(outcome.exit_reason) and not problem and not sandbox.removed_by_pid:
-                    check = _check(sandbox, spec, cancel, sink, watchdog)
+                budget = FilesBudget(spec.max_files_bytes, spec.max_files)
+                missing: list[str] = []
+                if spec.files and not sandbox.removed_by_pid:
+                    problem = problem or _collecting(watchdog, sandbox, lambda: _collect_files(
+                        sandbox, spec.files, job_dir, artifacts, budget, missing))
+                sandbox.close()
+                if spec.check and checks_after(outcome.exit_reason) and "patch" in artifacts:
+                    check, checked = _check(sandboxes or DockerProvider(), spec, attempt, workspace or {}, job_dir,
+                                            blobs, cancel, sink, watchdog)
                     # A cancel while the check ran: the job's own (it ends cancelled), or its worker stopping or
                     # losing the job (then it is no longer this attempt's to end: it goes back to the queue).
                     owner = _owns(still_owner) if check.cancelled else owner
                     outcome = _after_check(outcome, check)
-                if spec.files and owner and not sandbox.removed_by_pid:
-                    files_problem = _collecting(watchdog, sandbox,
-                                                lambda: _collect_files(sandbox, spec, job_dir, artifacts))
-                    problem = problem or files_problem
+                    if missing and owner and checked is not None and not checked.removed_by_pid:
+                        # what the agent's container did not have may be the check's (a report it wrote)
+                        files_problem = _collecting(watchdog, checked, lambda: _collect_files(
+                            checked, missing, job_dir, artifacts, budget, None))
+                        problem = problem or files_problem
+                        missing = []
+                _refused(artifacts, [{"path": path, "reason": "not found", "artifact": "files"} for path in missing])
                 if problem and outcome.status == "completed":
                     outcome = _ended(outcome, "artifact_error", problem)
         finally:
             watchdog.stop()
             if sandbox:
                 sandbox.close()
+            if checked:
+                checked.close()
         result = build_result(spec, outcome, started, artifacts, workspace, check)
         result["attempt"] = attempt   # whose result this is: a sweep elsewhere trusts a stored one of this attempt
         if amend_result:
@@ -315,12 +328,16 @@ def _collect_patch(sandbox: JobSandbox, spec: JobSpec, job_dir: str, artifacts: 
         return artifacts["patch_error"]
 
 
-def _collect_files(sandbox: JobSandbox, spec: JobSpec, job_dir: str, artifacts: dict[str, Any]) -> str | None:
-    """The requested files into `artifacts`, likewise."""
+def _collect_files(sandbox: JobSandbox, paths: list[str], job_dir: str, artifacts: dict[str, Any],
+                   budget: FilesBudget, missing: list[str] | None) -> str | None:
+    """The requested files into `artifacts`, likewise. `missing`: where to list the paths not found (else they
+    are refused as such)."""
     try:
-        written, skipped = sandbox.export_files(spec.files, os.path.join(job_dir, "files"),
-                                                FilesBudget(spec.max_files_bytes, spec.max_files))
-        artifacts["files"] = written
+        written, skipped = sandbox.export_files(paths, os.path.join(job_dir, "files"), budget)
+        artifacts["files"] = artifacts.get("files", []) + written
+        if missing is not None:
+            missing += [s.path for s in skipped if s.reason == "not found"]
+            skipped = [s for s in skipped if s.reason != "not found"]
         _refused(artifacts, [{"path": s.path, "reason": s.reason, "artifact": "files"} for s in skipped])
         return None
     except Exception as exc:
@@ -333,16 +350,27 @@ def _refused(artifacts: dict[str, Any], refused: list[dict[str, str]]) -> None:
         artifacts.setdefault("refused", []).extend(refused)
 
 
-def _check(sandbox: JobSandbox, spec: JobSpec, cancel: threading.Event, sink: ev.EventSink,
-           watchdog: Watchdog) -> Check:
-    """Run the job's check (worker/check.py) under a deadline of its own: exec kills it in the container at its
-    timeout; should that kill itself hang, the watchdog removes the container a grace period later."""
+def _check(sandboxes: SandboxProvider[Any], spec: JobSpec, attempt: int, workspace: dict[str, Any], job_dir: str,
+           blobs: Blobs | None, cancel: threading.Event, sink: ev.EventSink,
+           watchdog: Watchdog) -> tuple[Check, JobSandbox | None]:
+    """Run the job's check (worker/check.py) on its patch, in a fresh sandbox (returned: the caller closes it),
+    under a deadline of its own: exec kills it in the container at its timeout; should that kill itself hang, or
+    the set-up before it, the watchdog removes the container a grace period later."""
     assert spec.check is not None
     sink(ev.CheckStart(spec.check))
-    watchdog.arm(spec.check_timeout_s + GRACE_S, sandbox.kill, "check")
+    original = tuple(spec.check_original)
     started = time.monotonic()
+    box: JobSandbox | None = None
     try:
-        check = run_check(sandbox, spec.check, spec.check_timeout_s, cancel)
+        box = sandboxes.create(sandbox_config(spec, attempt))
+        watchdog.arm(COLLECT_TIMEOUT_S + spec.check_timeout_s + GRACE_S, box.kill, "check")
+        _original_workspace(box, spec, workspace, blobs)
+        with open(os.path.join(job_dir, "patch.diff"), "rb") as f:
+            apply_patch(box, f.read(), original, whose="the job's patch")
+        if cancel.is_set():
+            check = Check(spec.check, None, False, 0.0, "", cancelled=True)
+        else:
+            check = run_check(box, spec.check, spec.check_timeout_s, cancel)
     except Exception as exc:
         took = round(time.monotonic() - started, 3)
         if watchdog.fired == "check":
@@ -352,8 +380,20 @@ def _check(sandbox: JobSandbox, spec: JobSpec, cancel: threading.Event, sink: ev
             check = Check(spec.check, None, False, took, "", error=_describe(exc))
     finally:
         watchdog.disarm()
+    check = dataclasses.replace(check, original=original)
     sink(ev.CheckEnd(check.to_result()))
-    return check
+    return check, box
+
+
+def _original_workspace(box: JobSandbox, spec: JobSpec, workspace: dict[str, Any], blobs: Blobs | None) -> None:
+    """The workspace the agent started from, into the check's sandbox: the image's own directory is there already;
+    the same snapshot, or the same commit, or (`pid run`) the directory as it is now."""
+    if workspace.get("kind") == "image":
+        return
+    if workspace.get("kind") == "git":
+        import_into(box, f"{workspace['url']}#{workspace['commit']}", None)
+    else:
+        import_into(box, spec.repo, spec.workspace, blobs)
 
 
 def _after_check(outcome: Outcome, check: Check) -> Outcome:

@@ -32,7 +32,8 @@ def sandbox_config(spec: JobSpec, attempt: int = 1) -> "SandboxConfig":
     return SandboxConfig(
         image=spec.image, job_id=spec.id, memory=spec.memory, cpus=spec.cpus, pids_limit=spec.pids_limit,
         network=spec.network, user=spec.user, disk=spec.disk, runtime=spec.runtime, owner=owner_label(home),
-        attempt=attempt, max_workspace=spec.max_workspace,
+        attempt=attempt, max_workspace=spec.max_workspace, workdir=spec.workspace_dir,
+        writable_image=spec.workdir is not None, image_workspace=not spec.repo,
         disk_root=os.path.join(home, "disks"),
         ttl_s=spec.timeout_s + GRACE_S + COLLECT_TIMEOUT_S + CONTAINER_TTL_MARGIN_S
         + (spec.check_timeout_s + GRACE_S + COLLECT_TIMEOUT_S if spec.check else 0.0))

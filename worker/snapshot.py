@@ -55,10 +55,14 @@ def open_packed(workspace: str, blobs: Blobs | None = None) -> BinaryIO:
         raise BlobMissing(f"the workspace packed at submit is not in the blob store ({exc})") from None
 
 
-def import_into(sandbox: JobSandbox, repo: str, workspace: str | None, blobs: Blobs | None = None,
+def import_into(sandbox: JobSandbox, repo: str | None, workspace: str | None, blobs: Blobs | None = None,
                 packed: BinaryIO | None = None) -> dict[str, Any]:
     """Put the job's workspace into its sandbox and say which snapshot it is (result.json's `workspace`).
-    `packed`: the workspace's stream, opened already (open_packed) and given to the sandbox as it was created."""
+    `packed`: the workspace's stream, opened already (open_packed) and given to the sandbox as it was created.
+    No repo: the workspace is the image's own directory, already there."""
+    if not repo:
+        sandbox.import_image()
+        return {"kind": "image", "path": sandbox.workdir}
     if workspace:
         with packed or open_packed(workspace, blobs) as stream:
             sandbox.import_tar(stream)

@@ -1,0 +1,274 @@
+"""The image's own filesystem, writable by the job and bounded by its disk: copy-on-write over the image's layers.
+
+When a job names `--workdir` (a task image's /testbed), the agent works in the image as the task's harness would:
+it edits the workdir's files whoever owns them, installs into the image's environments (/opt, /usr/local: a conda
+env, pip into the image's Python, npm -g) and, as root, anywhere. Nothing is copied at start, whatever the tree's
+size: each writable tree is an overlay whose lower layers are the engine's own layer directories of the image (no
+one writes those) and whose upper layer lives on the job's disk, so every byte written there counts against --disk.
+
+- An agent that is not root gets one overlay per tree it may change (the workdir, /opt, /usr/local), made of
+  *idmapped* layers that swap root and the agent's uid: in those trees the image's root-owned files are the agent's,
+  and what it writes is stored as root's. Everything else (/usr/bin, /lib, /etc) stays the image's read-only root,
+  so pid's machinery, which runs only from the system directories, runs nothing the agent could have replaced.
+- A root agent gets the whole image root as one overlay (apt may write anywhere), bound over the read-only root
+  directory by directory.
+- pid gets the workdir as the image has it, read-only, under /.pid (root only): the patch's base is recorded from it
+  while the agent works, since lower layers never change.
+
+Host-side safety: everything here happens before the container exists, on the engine's layer directories (the
+image's, not the agent's) and on fresh directories of the job's disk; after the job only lazy unmounts follow, which
+never walk into what the agent wrote. Needs the overlay2 storage driver and a root worker (the job's disk does too).
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+from dataclasses import dataclass, field
+
+import docker
+
+from .errors import SandboxError
+from .mounts import MountError, agent_userns, attach_clone, detach, mount_overlay
+
+AGENT_TREES = ("/opt", "/usr/local")   # the image's environments an agent that is not root may change
+NOT_BOUND = {"proc", "sys", "dev", "tmp", ".pid", "sbin"}   # top-level directories a root agent's overlay never
+                                                           # covers (/sbin: where the engine binds its init)
+BASE_TARGET = "/.pid/base/tree"        # the workdir as the image has it, for pid's git (root only)
+_FORBIDDEN_WORKDIRS = ("/proc", "/sys", "/dev", "/.pid", "/tmp", "/var/tmp")
+
+
+class ImageFSError(SandboxError):
+    """The image's filesystem cannot be made writable here; the message says why and what to do instead."""
+
+
+@dataclass
+class Tree:
+    """One bind mount of the container: `source` on the host (an overlay view) at `target` in the container."""
+    target: str
+    source: str
+    read_only: bool = False
+
+
+def check_workdir(path: str) -> str:
+    """--workdir as pid uses it: absolute, normalised, not the root and not one of pid's or the kernel's trees."""
+    if not path.startswith("/") or "\0" in path or "\n" in path:
+        raise ValueError(f"--workdir must be an absolute path, not {path!r}")
+    norm = posixpath.normpath(path)
+    if norm.startswith("//"):
+        norm = "/" + norm.lstrip("/")
+    if norm == "/" or any(norm == bad or norm.startswith(bad + "/") for bad in _FORBIDDEN_WORKDIRS):
+        raise ValueError(f"--workdir {path} is not a directory pid can give the agent (not /, /proc, /sys, /dev, "
+                         "/tmp, /var/tmp or /.pid)")
+    return norm
+
+
+def image_layers(client: docker.DockerClient, image: str) -> list[str]:
+    """The image's layer directories, top first, as the engine's overlay2 driver keeps them."""
+    try:
+        info = client.api.inspect_image(image)
+    except docker.errors.DockerException as exc:
+        raise ImageFSError(f"cannot inspect image {image!r}: {exc}") from exc
+    driver = info.get("GraphDriver") or {}
+    data = driver.get("Data") or {}
+    if driver.get("Name") != "overlay2" or not data.get("UpperDir"):
+        raise ImageFSError(f"--workdir needs the engine's overlay2 storage driver (this engine uses "
+                           f"{driver.get('Name') or 'another store'}): the image's own layers are what the job "
+                           "writes over")
+    layers = [data["UpperDir"], *[d for d in (data.get("LowerDir") or "").split(":") if d]]
+    for layer in layers:
+        if not os.path.isabs(layer) or not os.path.isdir(layer):
+            raise ImageFSError(f"the engine reports a layer of {image!r} that is not a directory here ({layer}); "
+                               "the worker must run on the engine's host")
+    return layers
+
+
+def subtree_lowers(layers: list[str], path: str) -> list[str]:
+    """The directories that make up `path` (absolute) in the image, top layer first, as overlayfs would merge them:
+    a layer's whiteout or non-directory on the way hides every layer below, an opaque directory too once it is
+    taken. Empty when the image has no such directory; ImageFSError when its top entry is not a directory."""
+    parts = [p for p in path.split("/") if p]
+    lowers: list[str] = []
+    for layer in layers:
+        here, hides_below, present = layer, False, True
+        for part in parts:
+            here = os.path.join(here, part)
+            try:
+                st = os.lstat(here)
+            except FileNotFoundError:
+                present = False
+                break
+            if not stat.S_ISDIR(st.st_mode):   # a whiteout (0/0 character device), a file or a link: ends the tree
+                if not lowers and not (stat.S_ISCHR(st.st_mode) and st.st_rdev == 0):
+                    raise ImageFSError(f"{path} is not a directory in the image")
+                return lowers
+            if _opaque(here):
+                hides_below = True
+        if present:
+            lowers.append(here)
+        if hides_below:
+            return lowers
+    return lowers
+
+
+def _opaque(path: str) -> bool:
+    try:
+        return os.getxattr(path, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
+@dataclass
+class ImageFS:
+    """The overlays of one job's container, mounted under `root` (a fresh directory of the job's disk)."""
+    root: str
+    trees: list[Tree] = field(default_factory=list)
+    base: Tree | None = None
+    _mounted: list[str] = field(default_factory=list)
+    _count: int = 0
+
+    @classmethod
+    def build(cls, layers: list[str], root: str, *, workdir: str, uid: int, gid: int, image_workspace: bool,
+              taken: set[str], init_binary: str | None = None) -> "ImageFS":
+        """Mount the job's writable trees (see the module's docstring). `image_workspace`: the workdir is the
+        image's own (else pid imports a repository there); `taken`: the container paths pid mounts itself;
+        `init_binary`: the engine's init on the host (its /sbin/docker-init), which a root agent's trees hide."""
+        fs = cls(root)
+        try:
+            base_lowers = subtree_lowers(layers, workdir) if image_workspace else []
+            if image_workspace and not base_lowers:
+                raise ImageFSError(f"the image has no directory {workdir} (--workdir without --repo works in the "
+                                   "image's own directory)")
+            userns = agent_userns(uid, gid) if uid != 0 else None
+            if uid == 0:
+                view = fs._overlay(layers, None, dict(uid=0, gid=0, mode=0o755))
+                for name in sorted(os.listdir(view)):
+                    target = "/" + name
+                    if name not in NOT_BOUND and target not in taken and _is_dir(os.path.join(view, name)):
+                        fs.trees.append(Tree(target, os.path.join(view, name)))
+                fs.trees += _init_again(view, init_binary, {tree.target for tree in fs.trees})
+                lowers_of_base = fs._clones(base_lowers, None) if image_workspace else []
+            else:
+                wanted = ([workdir] if image_workspace else []) + list(AGENT_TREES)
+                lowers_of_base = []
+                for target in _outermost(wanted):
+                    if target in taken:
+                        continue
+                    lowers = subtree_lowers(layers, target)
+                    if not lowers:
+                        continue
+                    clones = fs._clones(lowers, userns)
+                    view = fs._overlay_of(clones, userns, _attrs(lowers[0]))
+                    fs.trees.append(Tree(target, view))
+                    if image_workspace and _inside(workdir, [target]):
+                        rel = os.path.relpath(workdir, target)
+                        lowers_of_base = clones if rel == "." else fs._clones(base_lowers, userns)
+            if image_workspace:
+                fs.base = Tree(BASE_TARGET, fs._read_only(lowers_of_base), read_only=True)
+            return fs
+        except BaseException as exc:
+            fs.close()
+            if isinstance(exc, MountError):
+                raise ImageFSError(f"cannot make the image's filesystem writable: {exc.strerror}") from exc
+            raise
+
+    def mounts(self) -> list[Tree]:
+        """What the container binds: the writable trees, and pid's read-only base."""
+        return [*self.trees, *([self.base] if self.base else [])]
+
+    # -- the mounts --------------------------------------------------------------------------------------------
+    def _dir(self, owner: dict[str, int] | None = None) -> str:
+        """A new directory under root (relative name), root's 0700 unless `owner` gives uid, gid and mode."""
+        self._count += 1
+        name = f"m{self._count}"
+        os.mkdir(os.path.join(self.root, name), 0o700)
+        if owner:
+            os.chown(os.path.join(self.root, name), owner["uid"], owner["gid"])
+            os.chmod(os.path.join(self.root, name), owner["mode"])
+        return name
+
+    def _clones(self, lowers: list[str], userns: int | None) -> list[str]:
+        """Each lower directory bound (idmapped with `userns`) under root, by a short relative name."""
+        names = []
+        for lower in lowers:
+            name = self._dir()
+            attach_clone(lower, os.path.join(self.root, name), userns_fd=userns, read_only=True)
+            self._mounted.append(name)
+            names.append(name)
+        return names
+
+    def _overlay(self, lowers: list[str], userns: int | None, top: dict[str, int]) -> str:
+        return self._overlay_of(self._clones(lowers, userns), userns, top)
+
+    def _overlay_of(self, clones: list[str], userns: int | None, top: dict[str, int]) -> str:
+        """A writable overlay of `clones`; its upper layer (whose root takes `top`'s owner and mode, as the image's
+        directory has them) on the job's disk, seen through the same idmapping as the lower layers."""
+        rw = self._dir()
+        os.mkdir(os.path.join(self.root, rw, "upper"), top["mode"] & 0o7777)
+        os.chown(os.path.join(self.root, rw, "upper"), top["uid"], top["gid"])
+        os.chmod(os.path.join(self.root, rw, "upper"), top["mode"] & 0o7777)
+        os.mkdir(os.path.join(self.root, rw, "work"), 0o700)
+        if userns is not None:
+            mapped = self._dir()
+            attach_clone(os.path.join(self.root, rw), os.path.join(self.root, mapped), userns_fd=userns)
+            self._mounted.append(mapped)
+            rw = mapped
+        view = self._dir()
+        mount_overlay(self.root, clones, view, f"{rw}/upper", f"{rw}/work")
+        self._mounted.append(view)
+        return os.path.join(self.root, view)
+
+    def _read_only(self, clones: list[str]) -> str:
+        """A read-only overlay of `clones` (an empty layer at the bottom: overlayfs wants two without an upper)."""
+        empty, view = self._dir(), self._dir()
+        mount_overlay(self.root, [*clones, empty], view)
+        self._mounted.append(view)
+        return os.path.join(self.root, view)
+
+    def close(self) -> None:
+        """Detach every mount, newest first (lazily: the container is gone, nothing may block). Never raises."""
+        for name in reversed(self._mounted):
+            detach(os.path.join(self.root, name))
+        self._mounted = []
+
+
+def _init_again(view: str, init_binary: str | None, bound: set[str]) -> list[Tree]:
+    """The engine binds its init at /sbin/docker-init before the job's mounts, so a tree bound over /usr (where a
+    merged-/usr image's /sbin leads) hides it: the container could not start. Bind it again where it then lands."""
+    try:
+        link = os.readlink(os.path.join(view, "sbin"))
+    except OSError:
+        return []   # a real /sbin is never bound (NOT_BOUND): the engine's own bind stays visible
+    landing = posixpath.normpath(posixpath.join("/", link, "docker-init"))
+    if init_binary is None or not _inside(landing, sorted(bound)):
+        return []
+    return [Tree(landing, init_binary, read_only=True)]
+
+
+def _attrs(path: str) -> dict[str, int]:
+    st = os.lstat(path)
+    return {"uid": st.st_uid, "gid": st.st_gid, "mode": stat.S_IMODE(st.st_mode)}
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _inside(path: str, trees: list[str]) -> bool:
+    return any(path == t or path.startswith(t.rstrip("/") + "/") for t in trees)
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    """`paths` without those inside another of them (one overlay covers its subtrees)."""
+    unique = sorted(set(paths), key=len)
+    kept: list[str] = []
+    for path in unique:
+        if not _inside(path, kept):
+            kept.append(path)
+    return kept
+
+
+__all__ = ["ImageFS", "ImageFSError", "Tree", "check_workdir", "image_layers", "subtree_lowers", "BASE_TARGET"]
