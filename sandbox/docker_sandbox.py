@@ -61,6 +61,7 @@ CONTROL_TIMEOUT_S = 30.0   # a control request (kill, poll) must be answered wit
 KEEP_OUTPUT = 64 << 20     # a command's kept output file holds at most about its last this-many bytes...
 TRIM_EVERY_S = 1.0         # ...checked this often while it runs
 HOUSEKEEPING_TIMEOUT_S = 5.0
+DISK_FULL_BELOW = 1 << 20  # the job's disk counts as full, for the model's notice, with less than this left
 
 # pid's in-container machinery runs as root with only these capabilities; the agent (another uid) gets none:
 #   SETUID, SETGID  setpriv drops each agent command to the agent's uid and gid
@@ -705,7 +706,20 @@ class DockerSandbox:
         return ExecResult(
             exit_code=None if stop else reply.exit_code, tail=reply.tail, total_bytes=reply.total_bytes,
             total_lines=reply.total_lines, timed_out=stop == "timed_out", cancelled=stop == "cancelled",
-            output_path=reply.kept_path, output_from=reply.kept_from, pids_limit_hit=pids_hit)
+            output_path=reply.kept_path, output_from=reply.kept_from, pids_limit_hit=pids_hit,
+            disk_full=self._disk_full())
+
+    def _disk_full(self) -> bool:
+        """The job's disk has no room left for the agent's writes (blocks or inodes): the command's own output, on
+        that disk too, may not say so, so the model is told. One statvfs on the host."""
+        if self._disk is None:
+            return False
+        try:
+            st = os.statvfs(self._disk.mountpoint)
+        except OSError:
+            return False
+        free = st.f_bfree if self.uid == 0 else st.f_bavail   # (root may use the blocks ext4 reserves for it)
+        return free * st.f_frsize < DISK_FULL_BELOW or st.f_favail == 0
 
     def _file_op(self, snippet: bytes, path: str, *, emit: int, timeout: float, cancel: threading.Event | None,
                  upload: bytes | None = None) -> bytes:

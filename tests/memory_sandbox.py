@@ -39,9 +39,11 @@ class Run:
     steps: tuple[Step, ...]
     exit_code: int | None = 0
     pids_limit_hit: bool = False
+    disk_full: bool = False
 
-    def __init__(self, *steps: Step, exit_code: int | None = 0, pids_limit_hit: bool = False) -> None:
-        self.steps, self.exit_code, self.pids_limit_hit = steps, exit_code, pids_limit_hit
+    def __init__(self, *steps: Step, exit_code: int | None = 0, pids_limit_hit: bool = False,
+                 disk_full: bool = False) -> None:
+        self.steps, self.exit_code, self.pids_limit_hit, self.disk_full = steps, exit_code, pids_limit_hit, disk_full
 
 
 Handler = Callable[[str, "MemorySandbox"], Run]
@@ -135,7 +137,8 @@ class MemorySandbox:
                     on_output(chunk)
         else:
             stop = "cancelled" if cancel is not None and cancel.is_set() else None   # while its last step ran
-        call.result = self._result(bytes(out), output, None if stop else run.exit_code, stop, run.pids_limit_hit)
+        call.result = self._result(bytes(out), output, None if stop else run.exit_code, stop, run.pids_limit_hit,
+                                   run.disk_full)
         return call.result
 
     def _git_apply(self, command: str) -> "Run":
@@ -185,7 +188,7 @@ class MemorySandbox:
             self._gone.wait(min(POLL_S, min(end, deadline) - now))
 
     def _result(self, data: bytes, output: OutputPolicy, exit_code: int | None, stop: str | None,
-                pids_limit_hit: bool) -> ExecResult:
+                pids_limit_hit: bool, disk_full: bool = False) -> ExecResult:
         lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
         kept, kept_from = None, 0
         if output.keeps(len(data), lines):
@@ -199,7 +202,7 @@ class MemorySandbox:
         return ExecResult(exit_code=exit_code, tail=tail, total_bytes=len(data),
                           total_lines=lines,
                           timed_out=stop == "timed_out", cancelled=stop == "cancelled", output_path=kept,
-                          output_from=kept_from, pids_limit_hit=pids_limit_hit)
+                          output_from=kept_from, pids_limit_hit=pids_limit_hit, disk_full=disk_full)
 
     def read_file(self, path: str, *, max_bytes: int | None = None, timeout: float = 120.0,
                   cancel: threading.Event | None = None) -> bytes:

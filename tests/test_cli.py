@@ -138,7 +138,7 @@ def test_a_bad_value_from_the_environment_names_the_variable(run_pid, pid_env, s
 
 def test_usage_errors_are_one_line(run_pid, sample_repo):
     assert_one_error(run_pid("run"), "Missing argument")
-    assert_one_error(run_pid("run", "t"), "Missing option '--repo'")
+    assert_one_error(run_pid("run", "t"), "no workspace: pass --repo DIR|URL, or --workdir PATH")
 
 
 @pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)

@@ -13,7 +13,7 @@ import pytest
 from pid.messages import TextContent
 from pid.sandbox import OutputPolicy, RUN_ANYWHERE, SandboxError, SandboxLost
 from pid.tools import ToolSettings
-from pid.tools.bash import OUTPUT, PIDS_LIMIT_NOTICE, TAIL_BYTES
+from pid.tools.bash import DISK_FULL_NOTICE, OUTPUT, PIDS_LIMIT_NOTICE, TAIL_BYTES
 from pid.tools.truncate import MAX_BYTES, MAX_LINES
 from tests.memory_sandbox import Commands, MemorySandbox, Run
 from tests.tool_sandbox import call_tool
@@ -164,6 +164,12 @@ def test_a_kept_output_whose_front_was_dropped_says_where_it_starts():
 def test_the_process_limit_notice():
     result = bash(box_with(forks=Run("x\n", pids_limit_hit=True)), "forks")
     assert text(result) == "x\n\n\n" + PIDS_LIMIT_NOTICE and not result.is_error
+
+
+def test_a_full_disk_is_said_even_when_the_output_could_not_be():
+    result = bash(box_with(fill=Run(exit_code=1, disk_full=True)), "fill")
+    assert text(result) == DISK_FULL_NOTICE + "\n\nCommand exited with code 1" and result.is_error
+    assert DISK_FULL_NOTICE.startswith("No space left on device: ")
 
 
 def test_escapes_and_control_characters_never_reach_the_model():

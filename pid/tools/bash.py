@@ -31,6 +31,8 @@ _ANSI_RE = re.compile(
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")  # keeps \t and \n; drops \r
 
 
+DISK_FULL_NOTICE = ("No space left on device: the job's disk is full (its --disk limit). Writes fail, and a command's "
+                    "output may be cut, until files are removed.")
 PIDS_LIMIT_NOTICE = ("The container's process limit was reached: some processes could not start. All of the agent's "
                      "processes (background ones too) were killed so that the next command can run.")
 
@@ -92,6 +94,8 @@ def run_bash(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     text, details = format_output(ctx, result)
     if result.pids_limit_hit:
         text = _append(text, PIDS_LIMIT_NOTICE)
+    if result.disk_full:
+        text = _append(text, DISK_FULL_NOTICE)
 
     if result.cancelled:
         return ToolResult(_text(_append(text, "Command aborted")), True, details)

@@ -1,0 +1,243 @@
+"""Task images (issue 19): the agent works in the image's own /testbed, and the verdict judges the patch alone.
+
+The image is built here, FROM the sandbox image with `docker build --network none`, as SWE-bench's are shaped: a git
+repository with a bug and its unittest in /testbed, root-owned and go-w, and a root-owned Python environment in
+/opt/env (like a conda env) first on PATH. Docker tier: the sandbox itself (writes bounded by the disk, who may write
+what). CLI tier: `pid run` and `pid batch` against a scripted model, the forgeries included.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import IMAGE, RUN_ID, RUNTIME
+from tests.scripted_llm import ScriptedLLM
+
+CALC = "def add(a, b):\n    return a - b\n"
+TEST = ("import unittest\nfrom calc import add\n\n\nclass T(unittest.TestCase):\n"
+        "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n")
+CHECK = "python3 -m unittest -q test_calc"
+FIX = {"name": "edit", "arguments": {"path": "calc.py", "edits": [{"oldText": "return a - b",
+                                                                    "newText": "return a + b"}]}}
+SITE = "$(python3 -c 'import site; print(site.getsitepackages()[0])')"
+
+
+@pytest.fixture(scope="module")
+def task_image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A SWE-bench-shaped image, built offline for this run and removed after it."""
+    context = tmp_path_factory.mktemp("task-image")
+    (context / "testbed").mkdir()
+    (context / "testbed" / "calc.py").write_text(CALC)
+    (context / "testbed" / "test_calc.py").write_text(TEST)
+    (context / "testbed" / ".gitignore").write_text("__pycache__/\n")
+    (context / "helper").mkdir()
+    (context / "helper" / "__init__.py").write_text("VALUE = 5\n")
+    (context / "Dockerfile").write_text(
+        f"FROM {IMAGE}\n"
+        "COPY testbed /testbed\n"
+        "COPY helper /opt/pkgs/helper\n"
+        "RUN python3 -m venv --without-pip /opt/env && cd /testbed && git init -q && git add -A "
+        "&& git -c user.name=t -c user.email=t@t commit -qm base && chown -R 0:0 /testbed /opt "
+        "&& chmod -R go-w /testbed /opt\n"
+        "ENV PATH=/opt/env/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")
+    tag = f"pid-test-task:{RUN_ID.lower()}"
+    subprocess.run(["docker", "build", "-q", "--network", "none", "-t", tag, str(context)], check=True,
+                   capture_output=True, timeout=300)
+    try:
+        yield tag
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
+
+
+def _box(image: str, **config):
+    from sandbox import DockerSandbox, SandboxConfig
+    return DockerSandbox.create(SandboxConfig(image=image, job_id="test-task-image", workdir="/testbed",
+                                              writable_image=True, image_workspace=True, runtime=RUNTIME,
+                                              pids_limit=4096 if RUNTIME == "runsc" else 512, **config))
+
+
+# -- the sandbox -------------------------------------------------------------------------------------------------
+
+@pytest.mark.docker
+def test_the_agent_owns_its_workdir_and_environment_but_not_the_system(task_image, tmp_path):
+    box = _box(task_image)
+    try:
+        box.import_image()
+        done = box.exec("id -u; sed -i 's/a - b/a + b/' calc.py && echo edited; "
+                        f"cp -r /opt/pkgs/helper {SITE}/ && python3 -c 'import helper; print(helper.VALUE)'; "
+                        "touch /usr/bin/pid-evil /etc/pid-evil 2>&1; ls -ld /testbed", timeout=60)
+        out = done.tail.decode()
+        assert out.splitlines()[:3] == ["1000", "edited", "5"], out
+        assert out.count("Read-only file system") == 2, out          # /usr/bin and /etc stay the image's
+        copy = box.export_patch(str(tmp_path / "patch.diff"), 1 << 20)
+        patch = (tmp_path / "patch.diff").read_text()
+        assert copy.dropped == [] and patch.startswith("diff --git a/calc.py b/calc.py\n"), patch
+        assert patch.count("diff --git") == 1 and "+    return a + b" in patch
+    finally:
+        box.close()
+
+
+@pytest.mark.docker
+def test_a_root_agent_may_change_the_system_and_pid_still_works(task_image, tmp_path):
+    box = _box(task_image, user="root")
+    try:
+        box.import_image()
+        done = box.exec("printf '#!/bin/sh\\necho installed\\n' > /usr/bin/pid-tool && chmod +x /usr/bin/pid-tool && "
+                        "pid-tool && echo x >> /etc/pid-conf && echo 'print(1)' > /testbed/new.py && echo ok",
+                        timeout=60)
+        assert done.tail.decode().split() == ["installed", "ok"], done.tail
+        box.export_patch(str(tmp_path / "patch.diff"), 1 << 20)
+        patch = (tmp_path / "patch.diff").read_text()
+        assert "diff --git a/new.py b/new.py" in patch and "pid-tool" not in patch and "pid-conf" not in patch
+    finally:
+        box.close()
+
+
+@pytest.mark.docker
+def test_what_the_agent_writes_into_the_image_is_bounded_by_the_disk(task_image):
+    box = _box(task_image, disk=300 << 20)
+    disk = box._disk
+    assert disk is not None
+    try:
+        # (the command's own output shares the full disk: it reports after making room)
+        done = box.exec("a=$(dd if=/dev/zero of=/testbed/big bs=1M count=1024 2>&1 >/dev/null | head -1); "
+                        "b=$(dd if=/dev/zero of=/opt/env/big bs=1M count=64 2>&1 | head -1); "
+                        "used=$(du -sm /testbed/big | cut -f1); rm -f /testbed/big /opt/env/big; "
+                        "echo \"$a\"; echo \"$b\"; echo used=$used", timeout=120)
+        out = done.tail.decode()
+        assert out.count("No space left on device") == 2 and 200 <= int(out.split("used=")[1]) < 300, out
+        assert not done.disk_full                      # (room again)
+        full = box.exec("dd if=/dev/zero of=/testbed/big bs=1M count=1024; echo rc=$?", timeout=120)
+        assert full.disk_full, full                    # its own output could not say so: the model is told
+        used = os.stat(disk.image).st_blocks * 512
+        assert used < 400 << 20, used                  # the host lost at most the job's disk
+        box.exec("rm -f /testbed/big", timeout=30)
+        assert box.exec("echo still works", timeout=30).tail == b"still works\n"
+    finally:
+        box.close()
+
+
+@pytest.mark.docker
+def test_a_workdir_the_image_lacks_is_a_clear_error(task_image):
+    from sandbox import SandboxConfig, SandboxError
+    from sandbox import DockerSandbox
+    with pytest.raises(SandboxError, match="the image has no directory /nowhere"):
+        DockerSandbox.create(SandboxConfig(image=task_image, job_id="test-task-image", workdir="/nowhere",
+                                           writable_image=True, image_workspace=True, runtime=RUNTIME))
+
+
+# -- pid run: the verdict ----------------------------------------------------------------------------------------
+
+def _run(run_pid, llm: ScriptedLLM, image: str, tmp_path: Path, *extra: str):
+    result = run_pid("run", "Fix add() so that test_calc passes", "--workdir", "/testbed", "--image", image,
+                     "--model", "scripted", "--base-url", llm.base_url, "--out", str(tmp_path / "out"),
+                     "--check", CHECK, "--json", *extra, timeout=300)
+    data = result.json()
+    return result, data, Path(tmp_path / "out" / data["id"])
+
+
+def _tool_outputs(job_dir: Path) -> list[str]:
+    outputs = []
+    for line in (job_dir / "session.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        message = entry.get("message") or {}
+        if message.get("role") == "toolResult":
+            outputs.append("".join(part.get("text", "") for part in message.get("content", [])))
+    return outputs
+
+
+@pytest.mark.cli
+def test_pid_run_works_in_the_image_s_testbed_and_the_check_judges_its_patch(run_pid, task_image, tmp_path):
+    script = [{"tool_calls": [FIX]},
+              {"tool_calls": [{"name": "bash", "arguments": {"command": (
+                  f"{CHECK} 2>&1 | tail -1; cp -r /opt/pkgs/helper {SITE}/ && "
+                  "python3 -c 'import helper; print(\"helper\", helper.VALUE)'")}}]},
+              {"text": "Fixed add()."}]
+    with ScriptedLLM(script) as llm:
+        result, data, job_dir = _run(run_pid, llm, task_image, tmp_path)
+    assert result.code == 0, result.stderr
+    assert data["status"] == "completed" and data["workspace"] == {"kind": "image", "path": "/testbed"}
+    assert data["check"]["passed"] is True and data["check"]["ran_on"] == "patch"
+    assert _tool_outputs(job_dir)[1].split() == ["OK", "helper", "5"]
+    patch = (job_dir / "patch.diff").read_text()
+    old, new = _blob(CALC), _blob(CALC.replace("a - b", "a + b"))
+    assert patch == (f"diff --git a/calc.py b/calc.py\nindex {old}..{new} 100644\n--- a/calc.py\n+++ b/calc.py\n"
+                     "@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"), patch
+
+
+def _blob(text: str) -> str:
+    """git's short blob id of a text."""
+    data = text.encode()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()[:7]
+
+
+# The forgeries: each leaves the source unfixed (or the test rewritten), and makes the check pass in the agent's own
+# container (the agent runs it there to show it); the verdict, on the patch alone, fails.
+PTH = ("mkdir -p ~/.local/lib/python3.11/site-packages && echo 'import os; os._exit(0)' "
+       "> ~/.local/lib/python3.11/site-packages/zz-pass.pth")
+PYCACHE = ("stamp=$(stat -c %Y calc.py) && cp calc.py /tmp/orig.py && sed -i 's/a - b/a + b/' calc.py && "
+           "touch -d @$stamp calc.py && python3 -c 'import calc' && cp /tmp/orig.py calc.py && "
+           "touch -d @$stamp calc.py")
+REWRITE = "sed -i 's/add(2, 3), 5/add(2, 3), -1/' test_calc.py"
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("forgery, check, extra", [
+    (PTH, "/usr/bin/python3 -m unittest -q test_calc", []),
+    (PYCACHE, CHECK, []),
+    (REWRITE, CHECK, ["--check-original", "test_calc.py"]),
+], ids=["pth-in-home", "hidden-pycache", "rewritten-test"])
+def test_a_forged_verdict_fails_the_check(run_pid, task_image, tmp_path, forgery, check, extra):
+    forge = f"{forgery} && {check} >/dev/null 2>&1; echo rc=$?"
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": forge}}]}, {"text": "Done."}]
+    with ScriptedLLM(script) as llm:
+        result = run_pid("run", "Fix add()", "--workdir", "/testbed", "--image", task_image, "--model", "scripted",
+                         "--base-url", llm.base_url, "--out", str(tmp_path / "out"), "--check", check, "--json",
+                         *extra, timeout=300)
+    data = result.json()
+    job_dir = tmp_path / "out" / data["id"]
+    assert _tool_outputs(job_dir)[0].split() == ["rc=0"], "the forgery works in the agent's own container"
+    assert result.code == 4 and data["status"] == "completed" and data["check"]["passed"] is False, data
+    patch = (job_dir / "patch.diff").read_text()
+    assert "a/calc.py" not in patch and "__pycache__" not in patch and ".pth" not in patch
+    if extra:
+        assert "diff --git a/test_calc.py" in patch and data["check"]["original"] == ["test_calc.py"]
+
+
+# -- pid batch: a dataset is a tasks file ------------------------------------------------------------------------
+
+@pytest.mark.cli
+def test_a_batch_of_task_images_reports_the_resolved_rate(pid_env, task_image, tmp_path):
+    """Three items with their own image, workdir and check (one also with a repository imported at its workdir):
+    two fix the bug, one does not; summary.json's pass rate is 2 of 3."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text(CALC)
+    (repo / "test_calc.py").write_text(TEST)
+    items = [{"id": "fixed", "image": task_image, "workdir": "/testbed", "check": CHECK,
+              "check_original": ["test_calc.py"], "task": "Fix add() [fix]"},
+             {"id": "unfixed", "image": task_image, "workdir": "/testbed", "check": CHECK, "task": "Look [look]"},
+             {"id": "imported", "image": task_image, "workdir": "/srv/app", "repo": str(repo), "check": CHECK,
+              "task": "Fix add() [fix]"}]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(item) + "\n" for item in items))
+
+    def respond(body):
+        text = json.dumps(body["messages"][1:2])
+        if any(m["role"] == "tool" for m in body["messages"]):
+            return {"text": "Done."}
+        return {"tool_calls": [FIX if "[fix]" in text else {"name": "bash", "arguments": {"command": "ls"}}]}
+    with ScriptedLLM(responder=respond) as llm:
+        done = subprocess.run([sys.executable, "-m", "cli.main", "batch", str(tasks), "--out", str(tmp_path / "b"),
+                               "--model", "scripted", "--base-url", llm.base_url, "--workers", "2"],
+                              cwd=tmp_path, env=pid_env, capture_output=True, text=True, timeout=600)
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert done.returncode == 4, done.stderr
+    assert summary["check"]["passed"] == 2 and summary["check"]["checked"] == 3, summary
+    assert round(summary["check"]["pass_rate"], 3) == 0.667
