@@ -211,8 +211,9 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                 budget = FilesBudget(spec.max_files_bytes, spec.max_files)
                 missing: list[str] = []
                 if spec.files and not sandbox.removed_by_pid:
-                    problem = problem or _collecting(watchdog, sandbox, lambda: _collect_files(
+                    files_problem = _collecting(watchdog, sandbox, lambda: _collect_files(
                         sandbox, spec.files, job_dir, artifacts, budget, missing))
+                    problem = problem or files_problem
                 sandbox.close()
                 if spec.check and checks_after(outcome.exit_reason) and "patch" in artifacts:
                     check, checked = _check(sandboxes or DockerProvider(), spec, attempt, workspace or {}, job_dir,
