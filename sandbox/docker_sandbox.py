@@ -61,6 +61,7 @@ CONTROL_TIMEOUT_S = 30.0   # a control request (kill, poll) must be answered wit
 KEEP_OUTPUT = 64 << 20     # a command's kept output file holds at most about its last this-many bytes...
 TRIM_EVERY_S = 1.0         # ...checked this often while it runs
 HOUSEKEEPING_TIMEOUT_S = 5.0
+PACKING = "pid-base-pack"  # the thread that writes the base's blobs on the job disk from the host
 DISK_FULL_BELOW = 1 << 20  # the job's disk counts as full, for the model's notice, with less than this left
 
 # pid's in-container machinery runs as root with only these capabilities; the agent (another uid) gets none:
@@ -429,8 +430,8 @@ class DockerSandbox:
         if self._closed:
             return
         self._closed = True
-        if self._packing is not None:   # it writes on the job disk: done (a second or so) before the disk goes
-            self._packing.join(30.0)
+        if self._packing is not None and self._packing.name == PACKING:   # it writes on the job disk from here:
+            self._packing.join(30.0)                                         # done (a second or so) before it goes
         try:
             self._pool.close()
         except Exception:
@@ -910,7 +911,7 @@ class DockerSandbox:
         out = self.run_as_pid(base_script(self.workdir, seeded, deferred), "recording the base commit", timeout)
         self.base_commit = out.strip().splitlines()[-1].decode()
         if deferred:   # its blobs, from the spooled tar, while the model reads the first request
-            self._packing = threading.Thread(target=self._fill_pack, name="pid-base-pack", daemon=True)
+            self._packing = threading.Thread(target=self._fill_pack, name=PACKING, daemon=True)
             self._packing.start()
 
     def _fill_pack(self) -> None:

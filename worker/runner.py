@@ -202,8 +202,11 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         owner = _owns(still_owner)
         check: Check | None = None
         checked: JobSandbox | None = None
+        checking: Future[JobSandbox] | None = None
         try:
             if sandbox and owner and not sandbox.removed_by_pid:
+                if spec.check and checks_after(outcome.exit_reason):   # its container starts while the patch is made
+                    checking = _create_soon(sandboxes or DockerProvider(), sandbox_config(spec, attempt))
                 # The patch, then the files, from the agent's container, which then goes. The check runs on the
                 # patch alone, in a fresh container (worker/check.py): whatever the agent left beside its patch
                 # never reaches the verdict, and what the check writes never reaches the patch.
@@ -215,9 +218,9 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                         sandbox, spec.files, job_dir, artifacts, budget, missing))
                     problem = problem or files_problem
                 sandbox.close()
-                if spec.check and checks_after(outcome.exit_reason) and "patch" in artifacts:
-                    check, checked = _check(sandboxes or DockerProvider(), spec, attempt, workspace or {}, job_dir,
-                                            blobs, cancel, sink, watchdog)
+                if checking is not None and "patch" in artifacts:
+                    check, checked = _check(checking, spec, workspace or {}, job_dir, blobs, cancel, sink, watchdog)
+                    checking = None
                     # A cancel while the check ran: the job's own (it ends cancelled), or its worker stopping or
                     # losing the job (then it is no longer this attempt's to end: it goes back to the queue).
                     owner = _owns(still_owner) if check.cancelled else owner
@@ -235,6 +238,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             watchdog.stop()
             if sandbox:
                 sandbox.close()
+            if checking is not None:   # made for a check that did not run
+                abandon(checking)
             if checked:
                 checked.close()
         result = build_result(spec, outcome, started, artifacts, workspace, check)
@@ -351,19 +356,32 @@ def _refused(artifacts: dict[str, Any], refused: list[dict[str, str]]) -> None:
         artifacts.setdefault("refused", []).extend(refused)
 
 
-def _check(sandboxes: SandboxProvider[Any], spec: JobSpec, attempt: int, workspace: dict[str, Any], job_dir: str,
+def _create_soon(sandboxes: SandboxProvider[Any], config: Any) -> "Future[JobSandbox]":
+    """A sandbox made in a thread (the check's, while the agent's patch is collected)."""
+    future: Future[JobSandbox] = Future()
+
+    def create() -> None:
+        try:
+            future.set_result(sandboxes.create(config))
+        except BaseException as exc:
+            future.set_exception(exc)
+    threading.Thread(target=create, name="pid-check-sandbox", daemon=True).start()
+    return future
+
+
+def _check(checking: "Future[JobSandbox]", spec: JobSpec, workspace: dict[str, Any], job_dir: str,
            blobs: Blobs | None, cancel: threading.Event, sink: ev.EventSink,
            watchdog: Watchdog) -> tuple[Check, JobSandbox | None]:
-    """Run the job's check (worker/check.py) on its patch, in a fresh sandbox (returned: the caller closes it),
-    under a deadline of its own: exec kills it in the container at its timeout; should that kill itself hang, or
-    the set-up before it, the watchdog removes the container a grace period later."""
+    """Run the job's check (worker/check.py) on its patch, in the fresh sandbox `checking` makes (returned: the
+    caller closes it), under a deadline of its own: exec kills it in the container at its timeout; should that kill
+    itself hang, or the set-up before it, the watchdog removes the container a grace period later."""
     assert spec.check is not None
     sink(ev.CheckStart(spec.check))
     original = tuple(spec.check_original)
     started = time.monotonic()
     box: JobSandbox | None = None
     try:
-        box = sandboxes.create(sandbox_config(spec, attempt))
+        box = checking.result()
         watchdog.arm(COLLECT_TIMEOUT_S + spec.check_timeout_s + GRACE_S, box.kill, "check")
         _original_workspace(box, spec, workspace, blobs)
         with open(os.path.join(job_dir, "patch.diff"), "rb") as f:
