@@ -167,7 +167,10 @@ fi
 # the shell then loads the agent's locale (its LANG, or the image's LC_ALL: $3) before it waits, reads the command
 # in C (its length is in bytes), and is back in the agent's locale, already loaded, before the command runs.
 # The umask is set before the wait, the working directory after it (it may change meanwhile).
-pid_zcode='umask "$1"; if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; LC_ALL=C
+# The image's loader and shell variables come back here, in the agent's own shell (sandbox/image_env.py): pid's
+# root processes run with them empty. The shell would have read BASH_ENV as it started: it reads it now.
+pid_zcode='[ -z "${PID_IMAGE_ENV-}" ] || { eval "$PID_IMAGE_ENV"; unset PID_IMAGE_ENV; [ -z "${BASH_ENV-}" ] || . "$BASH_ENV"; }
+umask "$1"; if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; LC_ALL=C
 read -r n f <&3 && if [ -z "$f" ]; then IFS= read -r -N "$n" c <&3; else IFS= read -r -N "$n" c <"$f"; fi; exec 3<&-
 [ "${#c}" = "$n" ] || { printf "pid: the command reached its shell cut short (%s of %s bytes; is the job'"'"'s disk full?): not run" "${#c}" "$n"; exit 125; }
 if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; unset n f; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
@@ -256,7 +259,10 @@ pid_start() {  # pid_cmd -> a running command: pid_pid, pid_out (not for the slo
     elif [ "$pid_role" = control ]; then                            # clean environment, from /
         ( cd / && exec env -i PATH="$PATH" HOME=/.pid LC_ALL=C $pid_setsid sh -c "$pid_cmd" ) </dev/null >"$pid_out" 2>&1 &
     else
-        ( cd "$pid_wd" 2>/dev/null || pid_nowd; PATH=$pid_opath; exec $pid_drop $pid_setsid "$pid_shbin" -c "$pid_cmd" "$pid_shell" ) </dev/null >"$pid_out" 2>&1 &
+        # (the image's variables come back in the agent's command alone: see pid_zcode)
+        ( cd "$pid_wd" 2>/dev/null || pid_nowd; PATH=$pid_opath; [ -z "${PID_IMAGE_ENV-}" ] ||
+          pid_cmd="eval \"\$PID_IMAGE_ENV\"; unset PID_IMAGE_ENV
+$pid_cmd"; exec $pid_drop $pid_setsid "$pid_shbin" -c "$pid_cmd" "$pid_shell" ) </dev/null >"$pid_out" 2>&1 &
     fi
     pid_pid=$!
 }

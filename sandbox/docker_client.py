@@ -1,6 +1,8 @@
 """Getting a Docker client, with errors that tell the user what to do."""
 from __future__ import annotations
 
+from typing import Any
+
 import docker
 import docker.errors
 
@@ -19,11 +21,11 @@ def connect(client: docker.DockerClient | None = None) -> docker.DockerClient:
     return client
 
 
-def ensure_image(image: str, client: docker.DockerClient | None = None) -> None:
-    """Raise ImageNotFound unless `image` is present locally (pid never pulls)."""
+def ensure_image(image: str, client: docker.DockerClient | None = None) -> dict[str, Any]:
+    """The image's inspect (its id, ENV, layers); ImageNotFound unless it is present locally (pid never pulls)."""
     client = connect(client)
     try:
-        client.images.get(image)
+        return dict(client.images.get(image).attrs)
     except docker.errors.ImageNotFound as exc:
         raise ImageNotFound(image) from exc
     except docker.errors.APIError as exc:

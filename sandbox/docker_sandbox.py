@@ -42,6 +42,7 @@ from .pool import ChannelPool
 from .processes import ProcessGauge, kill_agent_processes
 from .reaper import force_remove, owner_label, remove_job_containers, run_labels
 from .gitseed import GitSeed
+from .image_env import image_env, neutralised
 from .image_fs import BASE_TARGET, ImageFS, image_layers
 from .workspace import UnsafeTar, base_script, build_tar, patch_script, sanitize_tar, unpack_tar
 
@@ -158,7 +159,8 @@ class DockerSandbox:
     separate channels."""
 
     def __init__(self, client: docker.DockerClient, container_id: str, config: SandboxConfig,
-                 disk: JobDisk | None = None, image_fs: ImageFS | None = None) -> None:
+                 disk: JobDisk | None = None, image_fs: ImageFS | None = None,
+                 env: dict[str, str] | None = None, image_id: str | None = None) -> None:
         self.client = client
         self.container_id = container_id
         self.config = config
@@ -168,7 +170,8 @@ class DockerSandbox:
         self.shell = "bash"
         self._disk = disk
         self._image_fs = image_fs
-        self._env = agent_env(self.uid)
+        self._env = env or agent_env(self.uid)   # (an exec's environment adds to the image's: see image_env.py)
+        self.image_id = image_id or config.image   # the image it runs, by id (result.json says which)
         self._channel_ids = itertools.count(1)
         self._pool = ChannelPool(self._new_channel, MAX_CHANNELS)
         self._control: Channel | None = None
@@ -209,7 +212,8 @@ class DockerSandbox:
         """
         uid, gid = parse_user(config.user)
         client = connect(client)
-        ensure_image(config.image, client)
+        inspected = ensure_image(config.image, client)
+        image = str(inspected.get("Id") or config.image)   # (its id from here on: a tag may move meanwhile)
         now = datetime.now(timezone.utc)
         ttl = max(1, int(config.ttl_s))
         disk: JobDisk | None = None
@@ -234,7 +238,7 @@ class DockerSandbox:
                 options["mounts"] = [Mount(target, disk.path(name), type="bind") for target, name in own]
                 if config.writable_image:
                     try:
-                        image_fs = ImageFS.build(image_layers(client, config.image), disk.path("image"),
+                        image_fs = ImageFS.build(image_layers(inspected, config.image), disk.path("image"),
                                                  workdir=config.workdir, uid=uid, gid=gid,
                                                  image_workspace=config.image_workspace,
                                                  taken={target for target, _ in own},
@@ -252,7 +256,7 @@ class DockerSandbox:
             raise SandboxError("--workdir needs the job's own disk: pass a --disk size other than 0")
         caps = MACHINERY_CAPABILITIES + (ROOT_AGENT_CAPABILITIES if uid == 0 else [])
         nofile = nofile_limit(config.pids_limit)
-        env = agent_env(uid)
+        env = {**agent_env(uid), **neutralised(image_env(inspected))}
         command = ["sleep", str(ttl)]   # exits (and is auto-removed) by itself when orphaned
         first: list[Channel] = []
         # The control server and two agent servers start with the container, on FIFOs of the job disk (see
@@ -269,7 +273,7 @@ class DockerSandbox:
             command = entry_command(ttl, list(PRESTARTED), config.workdir, uid, gid)
         try:
             container = client.containers.create(
-                config.image, command, environment=env,
+                image, command, environment=env,
                 auto_remove=True, init=True, user="0:0",
                 log_config={"type": "none"},   # nothing of the container's is logged by the engine (nor fills its disk)
                 labels={LABEL_JOB: config.job_id, LABEL_CREATED: _iso(now),
@@ -298,7 +302,7 @@ class DockerSandbox:
             if isinstance(exc, docker.errors.DockerException):
                 raise SandboxError(f"cannot create sandbox container from {config.image!r}: {exc}") from exc
             raise
-        sandbox = cls(client, container.id, config, disk, image_fs)
+        sandbox = cls(client, container.id, config, disk, image_fs, env, image)
         if first:
             sandbox._channel_ids = itertools.count(PRESTARTED[-1][1] + 1)
             sandbox._control, sandbox._prestarted = first[0], first[1:]

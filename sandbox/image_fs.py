@@ -25,8 +25,7 @@ import os
 import posixpath
 import stat
 from dataclasses import dataclass, field
-
-import docker
+from typing import Any
 
 from .errors import SandboxError
 from .mounts import MountError, agent_userns, attach_clone, detach, mount_overlay
@@ -63,12 +62,8 @@ def check_workdir(path: str) -> str:
     return norm
 
 
-def image_layers(client: docker.DockerClient, image: str) -> list[str]:
-    """The image's layer directories, top first, as the engine's overlay2 driver keeps them."""
-    try:
-        info = client.api.inspect_image(image)
-    except docker.errors.DockerException as exc:
-        raise ImageFSError(f"cannot inspect image {image!r}: {exc}") from exc
+def image_layers(info: dict[str, Any], image: str) -> list[str]:
+    """The image's layer directories (from its inspect), top first, as the engine's overlay2 driver keeps them."""
     driver = info.get("GraphDriver") or {}
     data = driver.get("Data") or {}
     if driver.get("Name") != "overlay2" or not data.get("UpperDir"):

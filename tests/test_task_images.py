@@ -42,10 +42,13 @@ def task_image(tmp_path_factory: pytest.TempPathFactory) -> str:
         f"FROM {IMAGE}\n"
         "COPY testbed /testbed\n"
         "COPY helper /opt/pkgs/helper\n"
-        "RUN python3 -m venv --without-pip /opt/env && cd /testbed && git init -q && git add -A "
+        "RUN python3 -m venv --without-pip /opt/env && echo 'IMAGE_ENV_SOURCED=1' > /opt/env.sh && mkdir /opt/lib "
+        "&& cd /testbed && git init -q && git add -A "
         "&& git -c user.name=t -c user.email=t@t commit -qm base && chown -R 0:0 /testbed /opt "
         "&& chmod -R go-w /testbed /opt\n"
-        "ENV PATH=/opt/env/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")
+        "ENV PATH=/opt/env/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+        # as a conda or CUDA image points its shell and loader at the environment the agent may now change
+        "ENV BASH_ENV=/opt/env.sh LD_LIBRARY_PATH=/opt/lib\n")
     tag = f"pid-test-task:{RUN_ID.lower()}"
     subprocess.run(["docker", "build", "-q", "--network", "none", "-t", tag, str(context)], check=True,
                    capture_output=True, timeout=300)
@@ -81,6 +84,25 @@ def test_the_agent_owns_its_workdir_and_environment_but_not_the_system(task_imag
         patch = (tmp_path / "patch.diff").read_text()
         assert copy.dropped == [] and patch.startswith("diff --git a/calc.py b/calc.py\n"), patch
         assert patch.count("diff --git") == 1 and "+    return a + b" in patch
+    finally:
+        box.close()
+
+
+@pytest.mark.docker
+def test_the_image_s_loader_and_shell_variables_reach_the_agent_but_never_pid_s_root_processes(task_image):
+    """The image names /opt files in BASH_ENV and LD_LIBRARY_PATH; the agent owns /opt. Its commands see both (and
+    BASH_ENV was read), while pid's root servers, started after the agent rewrote the file, read nothing of it."""
+    box = _box(task_image)
+    try:
+        done = box.exec("echo \"$LD_LIBRARY_PATH $IMAGE_ENV_SOURCED\"; "
+                        "echo 'touch /tmp/sourced-by-$(id -u)' >> /opt/env.sh", timeout=30)
+        assert done.tail == b"/opt/lib 1\n", done.tail
+        for _ in range(3):   # (shells wait ahead of their commands: those started since the rewrite read it)
+            box.exec("true", timeout=30)
+        assert box.exec("ls /tmp", timeout=30).tail == b"sourced-by-1000\n"
+        box._run_as_pid_aside("true", "a new root server", 30)    # started after the rewrite, by the engine
+        box.run_as_pid("true", "the control server's command")
+        assert box.exec("ls /tmp", timeout=30).tail == b"sourced-by-1000\n"
     finally:
         box.close()
 
