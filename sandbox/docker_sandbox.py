@@ -63,7 +63,9 @@ KEEP_OUTPUT = 64 << 20     # a command's kept output file holds at most about it
 TRIM_EVERY_S = 1.0         # ...checked this often while it runs
 HOUSEKEEPING_TIMEOUT_S = 5.0
 PACKING = "pid-base-pack"  # the thread that writes the base's blobs on the job disk from the host
-DISK_FULL_BELOW = 1 << 20  # the job's disk counts as full, for the model's notice, with less than this left
+DISK_FULL_BELOW = 1 << 20
+RESERVE = "reserve"        # in /.pid: the room pid's patch keeps on a writable image's disk (see _reserve)
+RESERVE_MAX = 64 << 20  # the job's disk counts as full, for the model's notice, with less than this left
 
 # pid's in-container machinery runs as root with only these capabilities; the agent (another uid) gets none:
 #   SETUID, SETGID  setpriv drops each agent command to the agent's uid and gid
@@ -96,6 +98,18 @@ def default_runtime(client: docker.DockerClient) -> str:
         except (docker.errors.DockerException, requests.exceptions.RequestException):
             return "unknown"   # (not kept: asked again next time)
     return _default_runtimes[url]
+
+
+def _reserve(disk: JobDisk, size: int) -> None:
+    """Room on the job's disk for pid's patch, set aside while the agent works. The agent's writes to the image go
+    through overlayfs with its mounter's (root's) credentials, so ext4's blocks reserved for root do not stop them.
+    A file of root's in /.pid (posix_fallocate: no data written) holds the room; export_patch frees it first."""
+    fd = os.open(os.path.join(disk.path("pid"), RESERVE), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                 | os.O_CLOEXEC, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, min(RESERVE_MAX, size // 8))
+    finally:
+        os.close(fd)
 
 
 def engine_init(client: docker.DockerClient) -> str | None:
@@ -193,7 +207,7 @@ class DockerSandbox:
         self._seed: GitSeed | None = None       # a deferred seed, its tar spooled on the job disk, and its writer:
         self._spool: str | None = None          # the base's blobs are written after the base (see _record_base)
         self._packing: threading.Thread | None = None
-        self._packing_error: BaseException | None = None
+        self._packing_error: str | None = None   # why the base's background part failed
         self._prestarted: list[Channel] = []   # agent servers the entry started, greeted, not yet pooled
         self._prestarted_lock = threading.Lock()
 
@@ -238,6 +252,7 @@ class DockerSandbox:
                 options["mounts"] = [Mount(target, disk.path(name), type="bind") for target, name in own]
                 if config.writable_image:
                     try:
+                        _reserve(disk, config.disk)
                         image_fs = ImageFS.build(image_layers(inspected, config.image), disk.path("image"),
                                                  workdir=config.workdir, uid=uid, gid=gid,
                                                  image_workspace=config.image_workspace,
@@ -844,7 +859,7 @@ class DockerSandbox:
                 out = self._run_as_pid_aside(base_script(BASE_TARGET), "recording the base commit", timeout)
                 self.base_commit = out.strip().splitlines()[-1].decode()
             except BaseException as exc:
-                self._packing_error = exc
+                self._packing_error = f"cannot record the base commit: {exc}"
         self._packing = threading.Thread(target=record, name="pid-image-base", daemon=True)
         self._packing.start()
 
@@ -925,7 +940,7 @@ class DockerSandbox:
             with open(spool, "rb") as f:
                 seed.fill(f)
         except BaseException as exc:
-            self._packing_error = exc
+            self._packing_error = f"cannot write the base commit's objects: {exc}"
             seed.discard()
         finally:
             try:
@@ -939,7 +954,7 @@ class DockerSandbox:
             self._packing.join()
             self._packing = None
         if self._packing_error is not None:
-            raise SandboxError(f"cannot record the base commit: {self._packing_error}")
+            raise SandboxError(self._packing_error)
 
     def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:
         """Write the workspace's changes since the base commit to host file `dest` (made by pid's git, as root,
@@ -949,6 +964,11 @@ class DockerSandbox:
             raise SandboxError("no base commit: import_workspace was not called")
         if self.uid != 0:   # nothing of the agent may still run (swap files, hold FIFOs) while pid's git reads
             self._clear_process_table()
+        if self._disk is not None:   # the room kept for the patch (a writable image's: see _reserve)
+            try:
+                os.unlink(os.path.join(self._disk.path("pid"), RESERVE))
+            except FileNotFoundError:
+                pass
         inside = f"{PID_DIR}/patch.diff"
         self.run_as_pid(patch_script(self.workdir, self.base_commit, inside), "making the patch", timeout)
         try:

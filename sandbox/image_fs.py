@@ -27,14 +27,26 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import AGENT_HOME
 from .errors import SandboxError
 from .mounts import MountError, agent_userns, attach_clone, detach, mount_overlay
 
-AGENT_TREES = ("/opt", "/usr/local")   # the image's environments an agent that is not root may change
+# The image's environments an agent that is not root may change: /opt (a conda env, a venv), and in /usr/local what
+# pip, npm -g and make install of programs write (not /usr/local/lib's own libraries, which the loader may take for
+# pid's tools); each only when the image's loader cache names no library inside it (see _loader_paths).
+AGENT_TREES = ("/opt", "/usr/local/bin", "/usr/local/sbin", "/usr/local/share", "/usr/local/include",
+               "/usr/local/src", "/usr/local/etc")
+AGENT_LIB_TREES = ("python", "node_modules")   # /usr/local/lib/<these>* too
+LOADER_CACHE = "/etc/ld.so.cache"
+LOADER_CACHE_MAX = 16 << 20
 NOT_BOUND = {"proc", "sys", "dev", "tmp", ".pid", "sbin"}   # top-level directories a root agent's overlay never
                                                            # covers (/sbin: where the engine binds its init)
 BASE_TARGET = "/.pid/base/tree"        # the workdir as the image has it, for pid's git (root only)
-_FORBIDDEN_WORKDIRS = ("/proc", "/sys", "/dev", "/.pid", "/tmp", "/var/tmp")
+# A workdir is the agent's to change: never where pid's machinery comes from (the system directories), nor pid's own
+# or the kernel's trees, nor what holds any of them. /usr/local and /usr/src are the agent's to have.
+_SYSTEM = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/etc", "/boot", "/proc", "/sys", "/dev",
+           "/run", "/.pid", "/tmp", "/var/tmp", AGENT_HOME)
+_ALLOWED_UNDER = ("/usr/local", "/usr/src")
 
 
 class ImageFSError(SandboxError):
@@ -56,9 +68,12 @@ def check_workdir(path: str) -> str:
     norm = posixpath.normpath(path)
     if norm.startswith("//"):
         norm = "/" + norm.lstrip("/")
-    if norm == "/" or any(norm == bad or norm.startswith(bad + "/") for bad in _FORBIDDEN_WORKDIRS):
-        raise ValueError(f"--workdir {path} is not a directory pid can give the agent (not /, /proc, /sys, /dev, "
-                         "/tmp, /var/tmp or /.pid)")
+    holds = [bad for bad in _SYSTEM if _inside(bad, [norm])]
+    within = [bad for bad in _SYSTEM if _inside(norm, [bad]) and not _inside(norm, list(_ALLOWED_UNDER))]
+    if holds or within:
+        raise ValueError(f"--workdir {path} is not a directory pid can give the agent: it "
+                         f"{'holds' if holds else 'is in'} {(holds or within)[0]} (system directories, pid's own "
+                         "and the kernel's are never the agent's)")
     return norm
 
 
@@ -106,6 +121,38 @@ def subtree_lowers(layers: list[str], path: str) -> list[str]:
     return lowers
 
 
+def _names(layers: list[str], path: str) -> set[str]:
+    """The entries of directory `path` in the image (every layer that makes it up; whiteouts are not looked at:
+    a name that is gone is simply not found later)."""
+    names: set[str] = set()
+    for lower in subtree_lowers(layers, path) if os.path.isabs(path) else []:
+        try:
+            names.update(os.listdir(lower))
+        except OSError:
+            pass
+    return names
+
+
+def _loader_paths(layers: list[str]) -> list[str]:
+    """The library paths the image's dynamic loader cache names (pid's root tools load from there, whatever the
+    environment): a tree that holds one is never the agent's. Read from the topmost layer that has the file."""
+    for lower in subtree_lowers(layers, posixpath.dirname(LOADER_CACHE)):
+        path = os.path.join(lower, posixpath.basename(LOADER_CACHE))
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return []
+        try:
+            data = os.read(fd, LOADER_CACHE_MAX)
+        finally:
+            os.close(fd)
+        return [s.decode("utf-8", "replace") for s in data.split(b"\0")
+                if s.startswith(b"/") and len(s) > 1 and min(s) > 0x20]
+    return []
+
+
 def _opaque(path: str) -> bool:
     try:
         return os.getxattr(path, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
@@ -130,7 +177,7 @@ class ImageFS:
         `init_binary`: the engine's init on the host (its /sbin/docker-init), which a root agent's trees hide."""
         fs = cls(root)
         try:
-            base_lowers = subtree_lowers(layers, workdir) if image_workspace else []
+            base_lowers = subtree_lowers(layers, workdir)   # (also: no link on its way, into the system or else)
             if image_workspace and not base_lowers:
                 raise ImageFSError(f"the image has no directory {workdir} (--workdir without --repo works in the "
                                    "image's own directory)")
@@ -144,7 +191,11 @@ class ImageFS:
                 fs.trees += _init_again(view, init_binary, {tree.target for tree in fs.trees})
                 lowers_of_base = fs._clones(base_lowers, None) if image_workspace else []
             else:
-                wanted = ([workdir] if image_workspace else []) + list(AGENT_TREES)
+                wanted = [*([workdir] if image_workspace else []), *AGENT_TREES,
+                          *(f"/usr/local/lib/{name}" for name in _names(layers, "/usr/local/lib")
+                            if name.startswith(AGENT_LIB_TREES))]
+                loaded = _loader_paths(layers)
+                wanted = [t for t in wanted if not any(_inside(lib, [t]) for lib in loaded)]
                 lowers_of_base = []
                 for target in _outermost(wanted):
                     if target in taken:

@@ -148,6 +148,45 @@ def test_what_the_agent_writes_into_the_image_is_bounded_by_the_disk(task_image)
 
 
 @pytest.mark.docker
+def test_a_disk_filled_through_the_image_still_leaves_room_for_the_patch(task_image, tmp_path):
+    """Writes into the image go through overlayfs as root (ext4's root reserve does not stop them): the agent fills
+    the disk through /opt, beside a 3 MB change in /testbed; the patch is still made."""
+    box = _box(task_image, disk=200 << 20)
+    try:
+        box.import_image()
+        done = box.exec("head -c 3M /dev/urandom > blob.bin; dd if=/dev/zero of=/opt/env/big bs=1M count=400 "
+                        "2>/dev/null; echo done", timeout=120)
+        assert done.disk_full, done
+        copy = box.export_patch(str(tmp_path / "patch.diff"), 50 << 20)
+        patch = (tmp_path / "patch.diff").read_bytes()
+        assert copy.dropped == [] and b"diff --git a/blob.bin b/blob.bin" in patch and b"GIT binary patch" in patch
+    finally:
+        box.close()
+
+
+@pytest.mark.docker
+def test_a_tree_the_loader_takes_libraries_from_is_never_the_agent_s(tmp_path):
+    """An image whose loader cache names a library in /opt: pid's root tools may load it, so /opt stays the image's
+    (read-only to the agent), while /testbed is the agent's."""
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {IMAGE}\nRUN mkdir -p /opt/lib /testbed && cp /lib/x86_64-linux-gnu/libz.so.1 /opt/lib/libpidtest.so.1 "
+        "&& echo /opt/lib > /etc/ld.so.conf.d/pidtest.conf && ldconfig\n")
+    tag = f"pid-test-loader:{RUN_ID.lower()}"
+    subprocess.run(["docker", "build", "-q", "--network", "none", "-t", tag, str(tmp_path)], check=True,
+                   capture_output=True, timeout=300)
+    try:
+        box = _box(tag)
+        try:
+            done = box.exec("touch /testbed/ok && echo ok; touch /opt/lib/x 2>&1", timeout=30)
+            refused = "Permission denied" if RUNTIME == "runsc" else "Read-only file system"
+            assert done.tail.decode().splitlines()[0] == "ok" and refused in done.tail.decode(), done.tail
+        finally:
+            box.close()
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
+
+
+@pytest.mark.docker
 def test_a_workdir_the_image_lacks_is_a_clear_error(task_image):
     from sandbox import SandboxConfig, SandboxError
     from sandbox import DockerSandbox
