@@ -44,11 +44,14 @@ _GITCONFIG = """[safe]
 """
 
 
-# What the agent's own runs generate is never part of the patch, whether or not the workspace ignores it: these are
-# pid's default excludes (untracked files that match are left out of the base and the patch alike). A workspace's
-# own .gitignore outranks them: `!*.pyc` there keeps them.
+# What the agent's own runs generate is not part of the patch, whether or not the workspace ignores it: pid's default
+# excludes (untracked files that match are left out of the base and the patch alike; a workspace's own .gitignore
+# outranks them, `!node_modules/` there keeps those). Python's bytecode is never in the patch, whatever any ignore
+# file says: a check's Python runs a .pyc whose source's size and time it matches, so a .pyc in the patch could pass
+# a check on code that the diff shows unchanged.
 GENERATED = ("__pycache__/", "'*.py[cod]'", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/", "'*.egg-info/'",
              "node_modules/")
+BYTECODE = ("**/__pycache__/**", "**/*.py[cod]")
 
 
 def base_script(workdir: str, seeded: bool = False, deferred: bool = False) -> str:
@@ -94,7 +97,8 @@ def patch_script(workdir: str, base: str, dest: str) -> str:
     return (_GIT_ENV.format(workdir=workdir) + "set -e\numask 077\n"
             "git add -A\n"
             "git -c diff.noprefix=false -c diff.mnemonicPrefix=false diff --cached --binary --no-color --no-ext-diff "
-            f"--no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/ {base} -- > {dest}\n")
+            f"--no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/ {base} -- . "
+            + " ".join(f"':(exclude,glob){pattern}'" for pattern in BYTECODE) + f" > {dest}\n")
 
 
 GIT_SCHEMES = ("https", "http", "ssh", "git", "file")

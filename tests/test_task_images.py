@@ -248,6 +248,11 @@ PYCACHE = ("stamp=$(stat -c %Y calc.py) && cp calc.py /tmp/orig.py && sed -i 's/
            "touch -d @$stamp calc.py && python3 -c 'import calc' && cp /tmp/orig.py calc.py && "
            "touch -d @$stamp calc.py")
 REWRITE = "sed -i 's/add(2, 3), 5/add(2, 3), -1/' test_calc.py"
+# the test's bytecode made from a rewritten test, the source put back, and .gitignore told to keep the bytecode
+UNIGNORED = ("printf '!__pycache__/\\n__pycache__/*\\n!__pycache__/test_calc.*\\n' > .gitignore && "
+             "stamp=$(stat -c %Y test_calc.py) && cp test_calc.py /tmp/t.py && "
+             "sed -i 's/add(2, 3), 5/add(2, 3),-1/' test_calc.py && touch -d @$stamp test_calc.py && "
+             "python3 -c 'import test_calc' && cp /tmp/t.py test_calc.py && touch -d @$stamp test_calc.py")
 
 
 @pytest.mark.cli
@@ -255,7 +260,8 @@ REWRITE = "sed -i 's/add(2, 3), 5/add(2, 3), -1/' test_calc.py"
     (PTH, "/usr/bin/python3 -m unittest -q test_calc", []),
     (PYCACHE, CHECK, []),
     (REWRITE, CHECK, ["--check-original", "test_calc.py"]),
-], ids=["pth-in-home", "hidden-pycache", "rewritten-test"])
+    (UNIGNORED, CHECK, ["--check-original", "test_calc.py"]),
+], ids=["pth-in-home", "hidden-pycache", "rewritten-test", "unignored-pycache"])
 def test_a_forged_verdict_fails_the_check(run_pid, task_image, tmp_path, forgery, check, extra):
     forge = f"{forgery} && {check} >/dev/null 2>&1; echo rc=$?"
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": forge}}]}, {"text": "Done."}]
@@ -268,8 +274,9 @@ def test_a_forged_verdict_fails_the_check(run_pid, task_image, tmp_path, forgery
     assert _tool_outputs(job_dir)[0].split() == ["rc=0"], "the forgery works in the agent's own container"
     assert result.code == 4 and data["status"] == "completed" and data["check"]["passed"] is False, data
     patch = (job_dir / "patch.diff").read_text()
-    assert "a/calc.py" not in patch and "__pycache__" not in patch and ".pth" not in patch
-    if extra:
+    changed = [line.split()[2] for line in patch.splitlines() if line.startswith("diff --git ")]
+    assert not [path for path in changed if path == "a/calc.py" or "__pycache__" in path or ".pth" in path], patch
+    if forgery == REWRITE:
         assert "diff --git a/test_calc.py" in patch and data["check"]["original"] == ["test_calc.py"]
 
 

@@ -181,6 +181,7 @@ def apply_patch(sandbox: Any, patch: bytes, exclude: list[str] | tuple[str, ...]
     where = sandbox.workdir.strip("/")
     skip = "".join(f" --exclude={shlex.quote(pattern)}" for path in exclude
                    for pattern in _excluded(posixpath.join(where, path.strip("/"))))
+    skip += "".join(f" --exclude={shlex.quote(pattern)}" for pattern in BYTECODE)   # (never in pid's patches)
     command = ("cd / && env -u GIT_DIR -u GIT_WORK_TREE GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null "
                f"git apply --binary --whitespace=nowarn --directory={shlex.quote(where)}{skip} {PATCH_IN_SANDBOX}; "
                f"status=$?; rm -f {PATCH_IN_SANDBOX}; exit $status")
@@ -189,6 +190,9 @@ def apply_patch(sandbox: Any, patch: bytes, exclude: list[str] | tuple[str, ...]
         tail = done.tail.decode("utf-8", errors="replace").strip().splitlines()
         raise Refused(f"{whose} does not apply to its snapshot: "
                       + (tail[-1][:300] if tail else f"git apply exited {done.exit_code}"))
+
+
+BYTECODE = ("*.py[cod]", "__pycache__/*", "*/__pycache__/*")   # git apply's wildmatch: `*` crosses slashes
 
 
 def _excluded(path: str) -> list[str]:
