@@ -853,6 +853,9 @@ class DockerSandbox:
         works, from pid's read-only view of it (the image's layers never change, whatever the agent does)."""
         if self._image_fs is None or self._image_fs.base is None:
             raise SandboxError("this sandbox's workspace is not the image's own directory")
+        # (what would make the recording fail later, said before the model is paid for)
+        self.run_as_pid("command -v git >/dev/null || { echo 'the image has no git, which pid needs to make the "
+                        "patch'; exit 1; }", "looking for git", timeout)
 
         def record() -> None:
             try:

@@ -141,6 +141,29 @@ def test_the_check_runs_on_the_patch_in_a_fresh_sandbox_and_never_reaches_the_pa
     assert (end["type"], end["passed"], end["exit_code"], end["timed_out"]) == ("check_end", True, 0, False)
 
 
+def test_the_check_s_files_win_over_the_agent_s_and_the_agent_s_others_are_kept(buggy, tmp_path):
+    """A report at the path the check writes could be the agent's forgery: the check's copy is the one delivered.
+    A file only the agent's container had (its notes) still comes from there; one neither had is refused."""
+    def forge(command, box):
+        box.files["/workspace/report.txt"] = b"all 100 tests passed\n"
+        box.files["/tmp/notes.md"] = b"what I did\n"
+        return Run("")
+
+    def unittest(command, box):
+        box.files["/workspace/report.txt"] = b"FAILED (failures=1)\n"
+        return Run("FAILED (failures=1)\n", exit_code=1)
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "forge"}}]}, {"text": "Done."}]
+    result, _, _, job_dir = _memory_job(buggy, tmp_path, script, {"forge": forge, UNITTEST: unittest},
+                                        check=UNITTEST, files=["report.txt", "/tmp/notes.md", "gone.txt"])
+    files = job_dir / "files"
+    assert (files / "workspace" / "report.txt").read_text() == "FAILED (failures=1)\n"
+    assert (files / "tmp" / "notes.md").read_text() == "what I did\n"
+    assert sorted(result["artifacts"]["files"]) == sorted([str(files / "workspace" / "report.txt"),
+                                                            str(files / "tmp" / "notes.md")])
+    assert result["artifacts"]["refused"] == [{"path": "gone.txt", "reason": "not found", "artifact": "files"}]
+    assert not (job_dir / ".files-check").exists()
+
+
 def test_a_failing_check_keeps_the_agent_s_ending_and_exits_4(buggy, tmp_path):
     failing = Run("F\n", "FAIL: test_add (test_calc.T)\n", "AssertionError: -1 != 5\n", "\nFAILED (failures=1)\n",
                   exit_code=1)

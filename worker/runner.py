@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import posixpath
 import shutil
 import threading
 import time
@@ -46,6 +47,7 @@ from worker.store import Store, default_store
 from worker.watchdog import Watchdog
 
 AgentHook = Callable[[Agent], None]
+CHECK_START_TIMEOUT_S = 300.0   # the check's fresh sandbox must be up by then (else the check could not run)
 
 
 class JobCancelled(Exception):
@@ -206,7 +208,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         try:
             if sandbox and owner and not sandbox.removed_by_pid:
                 if spec.check and checks_after(outcome.exit_reason):   # its container starts while the patch is made
-                    checking = _create_soon(sandboxes or DockerProvider(), sandbox_config(spec, attempt))
+                    checking = _create_soon(sandboxes or DockerProvider(), dataclasses.replace(
+                        sandbox_config(spec, attempt), image=getattr(sandbox, "image_id", spec.image)))
                 # The patch, then the files, from the agent's container, which then goes. The check runs on the
                 # patch alone, in a fresh container (worker/check.py): whatever the agent left beside its patch
                 # never reaches the verdict, and what the check writes never reaches the patch.
@@ -220,17 +223,14 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                 sandbox.close()
                 if checking is not None and "patch" in artifacts:
                     check, checked = _check(checking, spec, workspace or {}, job_dir, blobs, cancel, sink, watchdog)
-                    checking = None
                     # A cancel while the check ran: the job's own (it ends cancelled), or its worker stopping or
                     # losing the job (then it is no longer this attempt's to end: it goes back to the queue).
                     owner = _owns(still_owner) if check.cancelled else owner
                     outcome = _after_check(outcome, check)
-                    if missing and owner and checked is not None and not checked.removed_by_pid:
-                        # what the agent's container did not have may be the check's (a report it wrote)
-                        files_problem = _collecting(watchdog, checked, lambda: _collect_files(
-                            checked, missing, job_dir, artifacts, budget, None))
+                    if spec.files and owner and checked is not None and not checked.removed_by_pid:
+                        files_problem = _collecting(watchdog, checked, lambda: _collect_check_files(
+                            checked, spec, job_dir, artifacts, missing))
                         problem = problem or files_problem
-                        missing = []
                 _refused(artifacts, [{"path": path, "reason": "not found", "artifact": "files"} for path in missing])
                 if problem and outcome.status == "completed":
                     outcome = _ended(outcome, "artifact_error", problem)
@@ -238,11 +238,13 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             watchdog.stop()
             if sandbox:
                 sandbox.close()
-            if checking is not None:   # made for a check that did not run
+            if checking is not None:   # (its sandbox, made or still being made, goes: closing twice is harmless)
                 abandon(checking)
             if checked:
                 checked.close()
         result = build_result(spec, outcome, started, artifacts, workspace, check)
+        if getattr(sandbox, "image_id", None):   # the image it ran, by id (a tag may have moved since)
+            result["image_id"] = getattr(sandbox, "image_id")
         result["attempt"] = attempt   # whose result this is: a sweep elsewhere trusts a stored one of this attempt
         if amend_result:
             amend_result(result)
@@ -351,6 +353,43 @@ def _collect_files(sandbox: JobSandbox, paths: list[str], job_dir: str, artifact
         return artifacts["files_error"]
 
 
+def _collect_check_files(box: JobSandbox, spec: JobSpec, job_dir: str, artifacts: dict[str, Any],
+                         missing: list[str]) -> str | None:
+    """After a check, its container's --files win over the agent's: a report at the same path could be the agent's
+    forgery. Each path the check's container has replaces the agent's copy; `missing` keeps those neither had."""
+    files_dir, staging = os.path.join(job_dir, "files"), os.path.join(job_dir, ".files-check")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        written, skipped = box.export_files(spec.files, staging, FilesBudget(spec.max_files_bytes, spec.max_files))
+        absent = {s.path for s in skipped if s.reason == "not found"}
+        replaced = [posixpath.normpath(posixpath.join(box.workdir, path)).lstrip("/")
+                    for path in spec.files if path not in absent]
+        for rel in replaced:
+            target = os.path.join(files_dir, rel)
+            if os.path.isdir(target) and not os.path.islink(target):
+                shutil.rmtree(target)
+            elif os.path.lexists(target):
+                os.unlink(target)
+            if os.path.lexists(os.path.join(staging, rel)):
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.replace(os.path.join(staging, rel), target)
+        kept = [f for f in artifacts.get("files", []) if not _under(f, files_dir, replaced)]
+        artifacts["files"] = kept + [os.path.join(files_dir, os.path.relpath(f, staging)) for f in written]
+        missing[:] = [path for path in missing if path in absent]
+        _refused(artifacts, [{"path": s.path, "reason": s.reason, "artifact": "files"} for s in skipped
+                             if s.reason != "not found"])
+        return None
+    except Exception as exc:
+        artifacts["files_error"] = f"files not collected from the check's container: {_describe(exc)}"
+        return artifacts["files_error"]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _under(path: str, root: str, rels: list[str]) -> bool:
+    return any(path == os.path.join(root, rel) or path.startswith(os.path.join(root, rel) + os.sep) for rel in rels)
+
+
 def _refused(artifacts: dict[str, Any], refused: list[dict[str, str]]) -> None:
     if refused:
         artifacts.setdefault("refused", []).extend(refused)
@@ -381,7 +420,7 @@ def _check(checking: "Future[JobSandbox]", spec: JobSpec, workspace: dict[str, A
     started = time.monotonic()
     box: JobSandbox | None = None
     try:
-        box = checking.result()
+        box = checking.result(timeout=CHECK_START_TIMEOUT_S)
         watchdog.arm(COLLECT_TIMEOUT_S + spec.check_timeout_s + GRACE_S, box.kill, "check")
         _original_workspace(box, spec, workspace, blobs)
         with open(os.path.join(job_dir, "patch.diff"), "rb") as f:
