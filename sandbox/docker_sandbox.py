@@ -3,7 +3,8 @@
 Commands, reads and writes go through a pool of exec channels (see channel.py): no `docker exec` per call. A
 separate control channel does pid's own work as root (kills, the base commit, the patch), where the agent, which
 runs as another uid with no capabilities, cannot reach it. Everything the job can write lives on a per-job
-filesystem of a fixed size; the image's own filesystem is read-only. Files cross the host boundary only as tar
+filesystem of a fixed size; the image's own filesystem is read-only, but for the trees a task image's job may change
+(`--workdir`: image_fs.py), whose writes land on that filesystem too. Files cross the host boundary only as tar
 streams, built and extracted without following links, bounded in size and validated name by name.
 """
 from __future__ import annotations
