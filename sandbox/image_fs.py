@@ -125,7 +125,11 @@ def _names(layers: list[str], path: str) -> set[str]:
     """The entries of directory `path` in the image (every layer that makes it up; whiteouts are not looked at:
     a name that is gone is simply not found later)."""
     names: set[str] = set()
-    for lower in subtree_lowers(layers, path) if os.path.isabs(path) else []:
+    try:
+        lowers = subtree_lowers(layers, path)
+    except ImageFSError:   # (not a directory in this image)
+        return names
+    for lower in lowers:
         try:
             names.update(os.listdir(lower))
         except OSError:
@@ -195,12 +199,20 @@ class ImageFS:
                           *(f"/usr/local/lib/{name}" for name in _names(layers, "/usr/local/lib")
                             if name.startswith(AGENT_LIB_TREES))]
                 loaded = _loader_paths(layers)
+                if image_workspace and any(_inside(lib, [workdir]) for lib in loaded):
+                    raise ImageFSError(f"the image's loader cache takes libraries from {workdir}, which pid's own "
+                                       "tools would then load from the agent's files")
                 wanted = [t for t in wanted if not any(_inside(lib, [t]) for lib in loaded)]
                 lowers_of_base = []
                 for target in _outermost(wanted):
                     if target in taken:
                         continue
-                    lowers = subtree_lowers(layers, target)
+                    try:
+                        lowers = subtree_lowers(layers, target)
+                    except ImageFSError:
+                        if target == workdir:
+                            raise
+                        continue   # (an environment tree that is a link or a file in this image: not the agent's)
                     if not lowers:
                         continue
                     clones = fs._clones(lowers, userns)

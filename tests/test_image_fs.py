@@ -1,0 +1,94 @@
+"""The pieces of a task image's writable filesystem that need no engine: which layer directories make up a tree (as
+overlayfs merges them), which workdirs pid refuses, the idmapping, and the image variables kept from pid's
+processes. (The mounts themselves, and what the agent can do through them: tests/test_task_images.py.)"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+
+import pytest
+
+from sandbox.image_env import CARRIER, neutralised
+from sandbox.image_fs import ImageFSError, check_workdir, subtree_lowers
+from sandbox.mounts import swap_map
+
+
+def _layers(tmp_path, *names: str) -> list[str]:
+    paths = []
+    for name in names:
+        (tmp_path / name).mkdir()
+        paths.append(str(tmp_path / name))
+    return paths
+
+
+def test_a_tree_is_every_layer_s_directory_top_first(tmp_path):
+    top, middle, bottom = _layers(tmp_path, "top", "middle", "bottom")
+    for layer in (top, bottom):
+        os.makedirs(os.path.join(layer, "srv", "app"))
+    assert subtree_lowers([top, middle, bottom], "/srv/app") == [f"{top}/srv/app", f"{bottom}/srv/app"]
+    assert subtree_lowers([top, middle, bottom], "/nowhere") == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="whiteouts and trusted xattrs need root")
+def test_a_whiteout_or_an_opaque_directory_hides_the_layers_below(tmp_path):
+    top, middle, bottom = _layers(tmp_path, "top", "middle", "bottom")
+    for layer in (top, middle, bottom):
+        os.makedirs(os.path.join(layer, "srv", "app"))
+    os.setxattr(os.path.join(middle, "srv"), "trusted.overlay.opaque", b"y")   # an ancestor made opaque
+    assert subtree_lowers([top, middle, bottom], "/srv/app") == [f"{top}/srv/app", f"{middle}/srv/app"]
+    os.rmdir(os.path.join(middle, "srv", "app"))
+    os.mknod(os.path.join(middle, "srv", "app"), 0o600 | 0o020000, os.makedev(0, 0))   # a whiteout
+    os.removexattr(os.path.join(middle, "srv"), "trusted.overlay.opaque")
+    assert subtree_lowers([top, middle, bottom], "/srv/app") == [f"{top}/srv/app"]
+
+
+def test_a_tree_reached_through_a_link_or_a_file_is_refused(tmp_path):
+    top, bottom = _layers(tmp_path, "top", "bottom")
+    os.makedirs(os.path.join(bottom, "usr", "bin"))
+    os.symlink("/usr/bin", os.path.join(top, "srv"))
+    with pytest.raises(ImageFSError, match="/srv/app is not a directory in the image"):
+        subtree_lowers([top, bottom], "/srv/app")
+    (tmp_path / "top" / "file").write_text("x")
+    with pytest.raises(ImageFSError, match="is not a directory"):
+        subtree_lowers([top, bottom], "/file")
+
+
+@pytest.mark.parametrize("path, kept", [("/testbed", "/testbed"), ("/srv//app/../app2", "/srv/app2"),
+                                        ("/usr/local/app", "/usr/local/app"), ("/var/www", "/var/www"),
+                                        ("/opt/x", "/opt/x")])
+def test_a_workdir_of_the_agent_s_is_kept_normalised(path, kept):
+    assert check_workdir(path) == kept
+
+
+@pytest.mark.parametrize("path", ["/", "/usr", "/usr/bin", "/usr/lib/x", "/etc", "/lib64/x", "/bin", "/var",
+                                  "/var/tmp/x", "/tmp", "/home", "/home/agent", "/.pid/x", "/proc/1", "/run/x",
+                                  "relative", "/a\nb"])
+def test_a_workdir_in_or_over_the_system_pid_s_or_the_kernel_s_is_refused(path):
+    with pytest.raises(ValueError):
+        check_workdir(path)
+
+
+def test_the_idmapping_swaps_root_and_the_agent_and_keeps_every_other_id():
+    lines = [tuple(map(int, line.split())) for line in swap_map(1000).splitlines()]
+    assert lines[:2] == [(0, 1000, 1), (1000, 0, 1)]
+    inside = sorted((start, start + count) for start, _, count in lines)
+    assert inside[0][0] == 0 and inside[-1][1] == (1 << 32) - 1
+    assert all(a_end == b_start for (_, a_end), (b_start, _) in zip(inside, inside[1:]))   # no gap, no overlap
+    assert all(start == outside for start, outside, _ in lines[2:])
+    with pytest.raises(ValueError):
+        swap_map(0)
+
+
+def test_the_image_s_loader_and_shell_variables_are_emptied_and_carried():
+    env = {"PATH": "/opt/env/bin:/usr/bin", "LD_LIBRARY_PATH": "/opt/lib", "BASH_ENV": "/opt/env.sh",
+           "BASH_FUNC_ls%%": "() { evil; }", "CONDA_PREFIX": "/opt/env", "LD_PRELOAD": "/opt/a b.so"}
+    added = neutralised(env)
+    assert {k: v for k, v in added.items() if k != CARRIER} == {
+        "LD_LIBRARY_PATH": "", "BASH_ENV": "", "BASH_FUNC_ls%%": "", "LD_PRELOAD": ""}
+    assert neutralised({"PATH": "/usr/bin", "CONDA_PREFIX": "/opt/env"}) == {}
+    # the carrier, evaluated by a shell, gives back exactly the image's values (an exported function never)
+    shown = subprocess.run(["bash", "-c", 'eval "$C"; printf "%s|" "$LD_LIBRARY_PATH" "$BASH_ENV" "$LD_PRELOAD"; '
+                            'declare -F ls || echo no-function'], env={"C": added[CARRIER]},
+                           capture_output=True, text=True, timeout=10).stdout
+    assert shown == "/opt/lib|/opt/env.sh|/opt/a b.so|no-function\n", shlex.quote(shown)
