@@ -168,8 +168,9 @@ fi
 # in C (its length is in bytes), and is back in the agent's locale, already loaded, before the command runs.
 # The umask is set before the wait, the working directory after it (it may change meanwhile).
 # The image's loader and shell variables come back here, in the agent's own shell (sandbox/image_env.py): pid's
-# root processes run with them empty. The shell would have read BASH_ENV as it started: it reads it now.
-pid_zcode='[ -z "${PID_IMAGE_ENV-}" ] || { eval "$PID_IMAGE_ENV"; unset PID_IMAGE_ENV; [ -z "${BASH_ENV-}" ] || . "$BASH_ENV"; }
+# root processes run with them empty. The shell would have read BASH_ENV as it started: it reads it now, quietly
+# when it is missing, as bash does, and with arguments of its own, so that its `set --` cannot change pid's.
+pid_zcode='[ -z "${PID_IMAGE_ENV-}" ] || { eval "$PID_IMAGE_ENV"; unset PID_IMAGE_ENV; [ ! -r "${BASH_ENV-}" ] || . "$BASH_ENV" "$@"; }
 umask "$1"; if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; LC_ALL=C
 read -r n f <&3 && if [ -z "$f" ]; then IFS= read -r -N "$n" c <&3; else IFS= read -r -N "$n" c <"$f"; fi; exec 3<&-
 [ "${#c}" = "$n" ] || { printf "pid: the command reached its shell cut short (%s of %s bytes; is the job'"'"'s disk full?): not run" "${#c}" "$n"; exit 125; }

@@ -10,13 +10,16 @@ take back once they run as the agent (sandbox/channel.sh).
 """
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
 HAZARDS = {"BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "CDPATH", "GLOBIGNORE", "BASH_XTRACEFD",
            "PROMPT_COMMAND", "GCONV_PATH", "LOCPATH", "NLSPATH", "GLIBC_TUNABLES", "HOSTALIASES", "MALLOC_CONF"}
 HAZARD_PREFIXES = ("LD_", "BASH_FUNC_")
+NOT_CARRIED = {"SHELLOPTS", "BASHOPTS"}   # read-only in bash once it runs: emptied, never given back
 CARRIER = "PID_IMAGE_ENV"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")   # what any shell's `export` takes (dash ends on anything else)
 
 
 def hazardous(name: str) -> bool:
@@ -34,10 +37,10 @@ def image_env(inspected: dict[str, Any]) -> dict[str, str]:
 
 def neutralised(env: dict[str, str]) -> dict[str, str]:
     """What the container's environment adds to the image's: each hazardous variable emptied, and the carrier with
-    their values (exported functions are not carried: a shell's own, never the agent's to rely on)."""
+    their values (not exported functions, whose names no shell can export back, nor bash's read-only options)."""
     found = {name: value for name, value in env.items() if hazardous(name)}
     if not found:
         return {}
     carried = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in sorted(found.items())
-                      if not name.startswith("BASH_FUNC_") and name.isidentifier())
+                      if _NAME.fullmatch(name) and name not in NOT_CARRIED)
     return {**{name: "" for name in found}, CARRIER: carried}

@@ -33,12 +33,17 @@ from .mounts import MountError, agent_userns, attach_clone, detach, mount_overla
 
 # The image's environments an agent that is not root may change: /opt (a conda env, a venv), and in /usr/local what
 # pip, npm -g and make install of programs write (not /usr/local/lib's own libraries, which the loader may take for
-# pid's tools); each only when the image's loader cache names no library inside it (see _loader_paths).
+# pid's tools); each only when nothing pid runs as root could load or run from it (see _reached_by_pid).
 AGENT_TREES = ("/opt", "/usr/local/bin", "/usr/local/sbin", "/usr/local/share", "/usr/local/include",
                "/usr/local/src", "/usr/local/etc")
 AGENT_LIB_TREES = ("python", "node_modules")   # /usr/local/lib/<these>* too
-LOADER_CACHE = "/etc/ld.so.cache"
-LOADER_CACHE_MAX = 16 << 20
+LOADER_FILES = ("/etc/ld.so.cache", "/etc/ld.so.preload")
+LOADER_FILE_MAX = 16 << 20
+SYSTEM_BIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")   # pid's PATH in the container
+# What pid's machinery runs as root in the container (sandbox/channel.sh, sandbox/workspace.py's scripts)
+PID_TOOLS = ("sh", "bash", "dash", "env", "setpriv", "setsid", "git", "head", "tail", "cat", "rm", "mkdir", "mkfifo",
+             "chmod", "chown", "mv", "cp", "ln", "stat", "wc", "tr", "sleep", "kill", "tar", "find", "sort", "touch",
+             "dd", "truncate", "realpath", "id", "ls", "printf", "test", "[", "xargs", "sed", "awk", "gzip")
 NOT_BOUND = {"proc", "sys", "dev", "tmp", ".pid", "sbin"}   # top-level directories a root agent's overlay never
                                                            # covers (/sbin: where the engine binds its init)
 BASE_TARGET = "/.pid/base/tree"        # the workdir as the image has it, for pid's git (root only)
@@ -46,7 +51,8 @@ BASE_TARGET = "/.pid/base/tree"        # the workdir as the image has it, for pi
 # or the kernel's trees, nor what holds any of them. /usr/local and /usr/src are the agent's to have.
 _SYSTEM = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/etc", "/boot", "/proc", "/sys", "/dev",
            "/run", "/.pid", "/tmp", "/var/tmp", AGENT_HOME)
-_ALLOWED_UNDER = ("/usr/local", "/usr/src")
+_ALLOWED_UNDER = ("/usr/local", "/usr/src", "/usr/share")
+_NEVER_HELD = ("/usr/local", "/usr/local/lib")   # (its libraries: the loader's, so pid's, whatever else it holds)
 
 
 class ImageFSError(SandboxError):
@@ -68,7 +74,7 @@ def check_workdir(path: str) -> str:
     norm = posixpath.normpath(path)
     if norm.startswith("//"):
         norm = "/" + norm.lstrip("/")
-    holds = [bad for bad in _SYSTEM if _inside(bad, [norm])]
+    holds = [bad for bad in (*_SYSTEM, *_NEVER_HELD) if _inside(bad, [norm])]
     within = [bad for bad in _SYSTEM if _inside(norm, [bad]) and not _inside(norm, list(_ALLOWED_UNDER))]
     if holds or within:
         raise ValueError(f"--workdir {path} is not a directory pid can give the agent: it "
@@ -137,24 +143,48 @@ def _names(layers: list[str], path: str) -> set[str]:
     return names
 
 
-def _loader_paths(layers: list[str]) -> list[str]:
-    """The library paths the image's dynamic loader cache names (pid's root tools load from there, whatever the
-    environment): a tree that holds one is never the agent's. Read from the topmost layer that has the file."""
-    for lower in subtree_lowers(layers, posixpath.dirname(LOADER_CACHE)):
-        path = os.path.join(lower, posixpath.basename(LOADER_CACHE))
+def _reached_by_pid(layers: list[str], trees: list[str]) -> set[str]:
+    """The trees pid's own root tools could load or run something from, so never the agent's: one the loader's cache
+    or /etc/ld.so.preload names (searched as bytes: the cache shares string tails, and an unparsed mention counts),
+    or one a tool pid runs (PID_TOOLS, in the system directories) is a link into. Fails closed: ImageFSError."""
+    reached: set[str] = set()
+    for path in LOADER_FILES:
+        data = _image_file(layers, path)
+        reached.update(tree for tree in trees if data is not None and (tree.rstrip("/") + "/").encode() in data)
+    for directory in SYSTEM_BIN:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            lowers = subtree_lowers(layers, directory)
+        except ImageFSError:   # (a merged /usr's /bin, a link: its tools are those of /usr/bin)
+            continue
+        for tool in PID_TOOLS:
+            for lower in lowers:
+                try:
+                    target = os.readlink(os.path.join(lower, tool))
+                except FileNotFoundError:
+                    continue
+                except OSError:   # there, and not a link
+                    break
+                resolved = posixpath.normpath(posixpath.join(directory, target))
+                reached.update(tree for tree in trees if _inside(resolved, [tree]))
+                break
+    return reached
+
+
+def _image_file(layers: list[str], path: str) -> bytes | None:
+    """A regular file of the image (its topmost layer's), at most LOADER_FILE_MAX bytes; None when absent."""
+    for lower in subtree_lowers(layers, posixpath.dirname(path)):
+        where = os.path.join(lower, posixpath.basename(path))
+        try:
+            st = os.lstat(where)
         except FileNotFoundError:
             continue
-        except OSError:
-            return []
-        try:
-            data = os.read(fd, LOADER_CACHE_MAX)
-        finally:
-            os.close(fd)
-        return [s.decode("utf-8", "replace") for s in data.split(b"\0")
-                if s.startswith(b"/") and len(s) > 1 and min(s) > 0x20]
-    return []
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:   # a whiteout: gone from here down
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            raise ImageFSError(f"the image's {path} is not a regular file: pid cannot tell what its loader loads")
+        with open(where, "rb") as f:
+            return f.read(LOADER_FILE_MAX)
+    return None
 
 
 def _opaque(path: str) -> bool:
@@ -198,11 +228,11 @@ class ImageFS:
                 wanted = [*([workdir] if image_workspace else []), *AGENT_TREES,
                           *(f"/usr/local/lib/{name}" for name in _names(layers, "/usr/local/lib")
                             if name.startswith(AGENT_LIB_TREES))]
-                loaded = _loader_paths(layers)
-                if image_workspace and any(_inside(lib, [workdir]) for lib in loaded):
-                    raise ImageFSError(f"the image's loader cache takes libraries from {workdir}, which pid's own "
-                                       "tools would then load from the agent's files")
-                wanted = [t for t in wanted if not any(_inside(lib, [t]) for lib in loaded)]
+                reached = _reached_by_pid(layers, wanted)
+                if image_workspace and workdir in reached:
+                    raise ImageFSError(f"pid's own tools could load or run files of {workdir} (the image's loader "
+                                       "names it, or a tool pid runs is a link into it): it cannot be the agent's")
+                wanted = [t for t in wanted if t not in reached]
                 lowers_of_base = []
                 for target in _outermost(wanted):
                     if target in taken:

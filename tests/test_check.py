@@ -164,6 +164,28 @@ def test_the_check_s_files_win_over_the_agent_s_and_the_agent_s_others_are_kept(
     assert not (job_dir / ".files-check").exists()
 
 
+def test_a_directory_the_check_has_replaces_the_agent_s_whole_and_the_files_say_whose_they_are(buggy, tmp_path):
+    def forge(command, box):
+        box.files["/tmp/out/report.txt"] = b"forged\n"
+        box.files["/tmp/out/extra.txt"] = b"the agent's\n"
+        box.files["/tmp/notes.md"] = b"notes\n"
+        return Run("")
+
+    def unittest(command, box):
+        box.files["/tmp/out/report.txt"] = b"real\n"
+        return Run("OK\n")
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "forge"}}]}, {"text": "Done."}]
+    result, _, _, job_dir = _memory_job(buggy, tmp_path, script, {"forge": forge, UNITTEST: unittest},
+                                        check=UNITTEST, files=["/tmp/out/report.txt", "/tmp/out", "/tmp/notes.md"])
+    files = job_dir / "files"
+    assert (files / "tmp" / "out" / "report.txt").read_text() == "real\n"
+    assert not (files / "tmp" / "out" / "extra.txt").exists()      # the check's out/ as a whole
+    assert result["artifacts"]["files"] == [str(files / "tmp" / "notes.md"), str(files / "tmp" / "out" / "report.txt")]
+    assert result["artifacts"]["files_from"] == {"agent": [str(files / "tmp" / "notes.md")],
+                                                 "check": [str(files / "tmp" / "out" / "report.txt")]}
+    assert "refused" not in result["artifacts"]
+
+
 def test_a_failing_check_keeps_the_agent_s_ending_and_exits_4(buggy, tmp_path):
     failing = Run("F\n", "FAIL: test_add (test_calc.T)\n", "AssertionError: -1 != 5\n", "\nFAILED (failures=1)\n",
                   exit_code=1)

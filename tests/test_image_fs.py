@@ -56,12 +56,14 @@ def test_a_tree_reached_through_a_link_or_a_file_is_refused(tmp_path):
 
 @pytest.mark.parametrize("path, kept", [("/testbed", "/testbed"), ("/srv//app/../app2", "/srv/app2"),
                                         ("/usr/local/app", "/usr/local/app"), ("/var/www", "/var/www"),
+                                        ("/usr/share/nginx/html", "/usr/share/nginx/html"),
                                         ("/opt/x", "/opt/x")])
 def test_a_workdir_of_the_agent_s_is_kept_normalised(path, kept):
     assert check_workdir(path) == kept
 
 
-@pytest.mark.parametrize("path", ["/", "/usr", "/usr/bin", "/usr/lib/x", "/etc", "/lib64/x", "/bin", "/var",
+@pytest.mark.parametrize("path", ["/", "/usr", "/usr/bin", "/usr/lib/x", "/usr/local", "/usr/local/lib", "/etc",
+                                  "/lib64/x", "/bin", "/var",
                                   "/var/tmp/x", "/tmp", "/home", "/home/agent", "/.pid/x", "/proc/1", "/run/x",
                                   "relative", "/a\nb"])
 def test_a_workdir_in_or_over_the_system_pid_s_or_the_kernel_s_is_refused(path):
@@ -87,6 +89,8 @@ def test_the_image_s_loader_and_shell_variables_are_emptied_and_carried():
     assert {k: v for k, v in added.items() if k != CARRIER} == {
         "LD_LIBRARY_PATH": "", "BASH_ENV": "", "BASH_FUNC_ls%%": "", "LD_PRELOAD": ""}
     assert neutralised({"PATH": "/usr/bin", "CONDA_PREFIX": "/opt/env"}) == {}
+    odd = neutralised({"SHELLOPTS": "xtrace", "LD_\u00e9": "x", "LD_AUDIT": "/opt/a.so"})   # read-only, unexportable
+    assert odd["SHELLOPTS"] == odd["LD_\u00e9"] == "" and odd[CARRIER] == "export LD_AUDIT=/opt/a.so\n"
     # the carrier, evaluated by a shell, gives back exactly the image's values (an exported function never)
     shown = subprocess.run(["bash", "-c", 'eval "$C"; printf "%s|" "$LD_LIBRARY_PATH" "$BASH_ENV" "$LD_PRELOAD"; '
                             'declare -F ls || echo no-function'], env={"C": added[CARRIER]},

@@ -165,13 +165,18 @@ def test_a_disk_filled_through_the_image_still_leaves_room_for_the_patch(task_im
 
 
 @pytest.mark.docker
-def test_a_tree_the_loader_takes_libraries_from_is_never_the_agent_s(tmp_path):
-    """An image whose loader cache names a library in /opt: pid's root tools may load it, so /opt stays the image's
-    (read-only to the agent), while /testbed is the agent's."""
-    (tmp_path / "Dockerfile").write_text(
-        f"FROM {IMAGE}\nRUN mkdir -p /opt/lib /testbed && cp /lib/x86_64-linux-gnu/libz.so.1 /opt/lib/libpidtest.so.1 "
-        "&& echo /opt/lib > /etc/ld.so.conf.d/pidtest.conf && ldconfig\n")
-    tag = f"pid-test-loader:{RUN_ID.lower()}"
+@pytest.mark.parametrize("reach", [
+    "cp /lib/x86_64-linux-gnu/libz.so.1 /opt/lib/libpidtest.so.1 && echo /opt/lib > /etc/ld.so.conf.d/t.conf "
+    "&& ldconfig",                                                               # the loader's cache names it
+    "cp /lib/x86_64-linux-gnu/libz.so.1 /opt/lib/libpre.so.1 && "
+    "echo /opt/lib/libpre.so.1 > /etc/ld.so.preload",                            # ld.so.preload names it
+    "cp /usr/bin/git /opt/lib/git && ln -sf /opt/lib/git /usr/bin/git",          # a tool pid runs leads there
+], ids=["loader-cache", "preload", "tool-link"])
+def test_a_tree_pid_s_tools_could_load_or_run_from_is_never_the_agent_s(tmp_path, reach):
+    """An image in which pid's root tools may load or run something from /opt: /opt stays the image's (read-only to
+    the agent), while /testbed is the agent's."""
+    (tmp_path / "Dockerfile").write_text(f"FROM {IMAGE}\nRUN mkdir -p /opt/lib /testbed && {reach}\n")
+    tag = f"pid-test-loader:{RUN_ID.lower()}-{abs(hash(reach)) % 10000}"
     subprocess.run(["docker", "build", "-q", "--network", "none", "-t", tag, str(tmp_path)], check=True,
                    capture_output=True, timeout=300)
     try:

@@ -17,6 +17,7 @@ import shutil
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, BinaryIO, Callable
 
 import docker.errors
@@ -238,8 +239,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             watchdog.stop()
             if sandbox:
                 sandbox.close()
-            if checking is not None:   # (its sandbox, made or still being made, goes: closing twice is harmless)
-                abandon(checking)
+            if checking is not None:   # its sandbox goes, once made (now, or when it is: closing twice is harmless)
+                checking.add_done_callback(_close_made)
             if checked:
                 checked.close()
         result = build_result(spec, outcome, started, artifacts, workspace, check)
@@ -356,26 +357,36 @@ def _collect_files(sandbox: JobSandbox, paths: list[str], job_dir: str, artifact
 def _collect_check_files(box: JobSandbox, spec: JobSpec, job_dir: str, artifacts: dict[str, Any],
                          missing: list[str]) -> str | None:
     """After a check, its container's --files win over the agent's: a report at the same path could be the agent's
-    forgery. Each path the check's container has replaces the agent's copy; `missing` keeps those neither had."""
+    forgery. Each path the check's container has replaces the agent's copy (a path inside another is part of it);
+    `missing` keeps those neither had. artifacts["files_from"] says which container each file came from."""
     files_dir, staging = os.path.join(job_dir, "files"), os.path.join(job_dir, ".files-check")
+    outermost: dict[str, str] = {}   # in-container path, relative to /, -> the --file that names it
+    for path in sorted(spec.files, key=lambda p: len(_in_container(box, p))):
+        rel = _in_container(box, path)
+        if rel and not any(rel == kept or rel.startswith(kept + "/") for kept in outermost):
+            outermost[rel] = path
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        written, skipped = box.export_files(spec.files, staging, FilesBudget(spec.max_files_bytes, spec.max_files))
-        absent = {s.path for s in skipped if s.reason == "not found"}
-        replaced = [posixpath.normpath(posixpath.join(box.workdir, path)).lstrip("/")
-                    for path in spec.files if path not in absent]
+        written, skipped = box.export_files(list(outermost.values()), staging,
+                                            FilesBudget(spec.max_files_bytes, spec.max_files))
+        replaced = [rel for rel in outermost if os.path.lexists(os.path.join(staging, rel))]
         for rel in replaced:
             target = os.path.join(files_dir, rel)
             if os.path.isdir(target) and not os.path.islink(target):
                 shutil.rmtree(target)
             elif os.path.lexists(target):
                 os.unlink(target)
-            if os.path.lexists(os.path.join(staging, rel)):
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                os.replace(os.path.join(staging, rel), target)
-        kept = [f for f in artifacts.get("files", []) if not _under(f, files_dir, replaced)]
-        artifacts["files"] = kept + [os.path.join(files_dir, os.path.relpath(f, staging)) for f in written]
-        missing[:] = [path for path in missing if path in absent]
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.replace(os.path.join(staging, rel), target)
+        from_agent = [f for f in artifacts.get("files", []) if not _under(f, files_dir, replaced)]
+        from_check = sorted({os.path.join(files_dir, os.path.relpath(f, staging)) for f in written
+                             if _under(f, staging, replaced)})
+        artifacts["files"] = from_agent + from_check
+        artifacts["files_from"] = {"agent": from_agent, "check": from_check}
+        found = {outermost[rel] for rel in replaced} | {path for path in spec.files
+                                                        if any(_inside_rel(_in_container(box, path), rel)
+                                                               for rel in replaced)}
+        missing[:] = [path for path in missing if path not in found]
         _refused(artifacts, [{"path": s.path, "reason": s.reason, "artifact": "files"} for s in skipped
                              if s.reason != "not found"])
         return None
@@ -386,6 +397,15 @@ def _collect_check_files(box: JobSandbox, spec: JobSpec, job_dir: str, artifacts
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _in_container(box: JobSandbox, path: str) -> str:
+    """A --file path as the sandbox resolves it, relative to / ("" for / itself)."""
+    return posixpath.normpath(posixpath.join(box.workdir, path)).lstrip("/")
+
+
+def _inside_rel(rel: str, root: str) -> bool:
+    return rel == root or rel.startswith(root + "/")
+
+
 def _under(path: str, root: str, rels: list[str]) -> bool:
     return any(path == os.path.join(root, rel) or path.startswith(os.path.join(root, rel) + os.sep) for rel in rels)
 
@@ -393,6 +413,11 @@ def _under(path: str, root: str, rels: list[str]) -> bool:
 def _refused(artifacts: dict[str, Any], refused: list[dict[str, str]]) -> None:
     if refused:
         artifacts.setdefault("refused", []).extend(refused)
+
+
+def _close_made(made: "Future[JobSandbox]") -> None:
+    if made.exception() is None:
+        made.result().close()
 
 
 def _create_soon(sandboxes: SandboxProvider[Any], config: Any) -> "Future[JobSandbox]":
@@ -420,7 +445,10 @@ def _check(checking: "Future[JobSandbox]", spec: JobSpec, workspace: dict[str, A
     started = time.monotonic()
     box: JobSandbox | None = None
     try:
-        box = checking.result(timeout=CHECK_START_TIMEOUT_S)
+        try:
+            box = checking.result(timeout=CHECK_START_TIMEOUT_S)
+        except FutureTimeout:
+            raise SandboxError(f"the check's sandbox did not start within {CHECK_START_TIMEOUT_S:g}s") from None
         watchdog.arm(COLLECT_TIMEOUT_S + spec.check_timeout_s + GRACE_S, box.kill, "check")
         _original_workspace(box, spec, workspace, blobs)
         with open(os.path.join(job_dir, "patch.diff"), "rb") as f:
