@@ -6,10 +6,11 @@ env, pip into the image's Python, npm -g) and, as root, anywhere. Nothing is cop
 size: each writable tree is an overlay whose lower layers are the engine's own layer directories of the image (no
 one writes those) and whose upper layer lives on the job's disk, so every byte written there counts against --disk.
 
-- An agent that is not root gets one overlay per tree it may change (the workdir, /opt, /usr/local), made of
-  *idmapped* layers that swap root and the agent's uid: in those trees the image's root-owned files are the agent's,
-  and what it writes is stored as root's. Everything else (/usr/bin, /lib, /etc) stays the image's read-only root,
-  so pid's machinery, which runs only from the system directories, runs nothing the agent could have replaced.
+- An agent that is not root gets one overlay per tree it may change (the workdir, /opt, where pip and npm write in
+  /usr/local: AGENT_TREES), made of *idmapped* layers that swap root and the agent's uid: in those trees the image's
+  root-owned files are the agent's, and what it writes is stored as root's. Everything else (/usr/bin, /lib, /etc)
+  stays the image's read-only root, so pid's machinery, which runs only from the system directories, runs nothing
+  the agent could have replaced (nor loads: the image's loader and shell variables are kept from it, image_env.py).
 - A root agent gets the whole image root as one overlay (apt may write anywhere), bound over the read-only root
   directory by directory.
 - pid gets the workdir as the image has it, read-only, under /.pid (root only): the patch's base is recorded from it
@@ -48,7 +49,7 @@ NOT_BOUND = {"proc", "sys", "dev", "tmp", ".pid", "sbin"}   # top-level director
                                                            # covers (/sbin: where the engine binds its init)
 BASE_TARGET = "/.pid/base/tree"        # the workdir as the image has it, for pid's git (root only)
 # A workdir is the agent's to change: never where pid's machinery comes from (the system directories), nor pid's own
-# or the kernel's trees, nor what holds any of them. /usr/local and /usr/src are the agent's to have.
+# or the kernel's trees, nor what holds any of them. Directories in /usr/local, /usr/src and /usr/share may be.
 _SYSTEM = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/etc", "/boot", "/proc", "/sys", "/dev",
            "/run", "/.pid", "/tmp", "/var/tmp", AGENT_HOME)
 _ALLOWED_UNDER = ("/usr/local", "/usr/src", "/usr/share")
