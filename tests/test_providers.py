@@ -395,6 +395,45 @@ def test_openai_leniency_for_other_servers() -> None:
     assert (reply.usage.input, reply.usage.output, reply.response_id) == (10, 5, "gen-1")
 
 
+def test_llama_cpp_python_s_function_call_beside_tool_calls_is_not_appended_twice() -> None:
+    """llama-cpp-python 0.3.36 repeats each argument fragment in the legacy `function_call` within the same delta
+    (as issue 20 describes its stream; written here, not recorded). Alone, `function_call` is one tool call."""
+    def both(arguments: str, first: bool = False) -> dict:
+        call = {"name": "bash", "arguments": arguments} if first else {"arguments": arguments}
+        return {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None, "function_call": call,
+                                                   "tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                                                   "function": call}] if first else
+                                                   [{"index": 0, "function": call}]}}]}
+    doubled = sse(both('{"command"', first=True), both(': "ls", "timeout": 4096}'),
+                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}, "data: [DONE]\n\n")
+    legacy = sse({"choices": [{"delta": {"function_call": {"name": "bash", "arguments": '{"command": '}}}]},
+                 {"choices": [{"delta": {"function_call": {"arguments": '"pwd"}'}}}]},
+                 {"choices": [{"delta": {}, "finish_reason": "function_call"}]})
+    with ScriptedLLM([{"raw": doubled}, {"raw": legacy}]) as llm:
+        p = provider(llm)
+        reply = p.stream("", HELLO, [BASH])
+        assert reply.stop_reason == "toolUse", reply.error_message
+        assert [(c.name, c.arguments, c.raw_arguments) for c in reply.tool_calls] == [
+            ("bash", {"command": "ls", "timeout": 4096}, None)]
+        alone = p.stream("", HELLO, [BASH])
+    assert [(c.name, c.arguments) for c in alone.tool_calls] == [("bash", {"command": "pwd"})]
+
+
+def test_openai_requests_say_tool_choice_and_leave_a_tool_call_s_empty_content_out() -> None:
+    """Sent as OpenAI's format has it: tool_choice "auto" whenever tools are offered (llama-cpp-python drops the
+    tools without it), and no `"content": null` on an assistant message that only calls tools (it answers 500)."""
+    call = AssistantMessage(content=[ToolCall("c1", "bash", {"command": "ls"})], stop_reason="toolUse")
+    history = [*HELLO, call, ToolResultMessage("c1", "bash", [TextContent("a b")])]
+    with ScriptedLLM([{"text": "ok"}, {"text": "ok"}]) as llm:
+        p = provider(llm)
+        p.stream("", history, [BASH])
+        p.stream("", HELLO, [])
+        with_tools, without = llm.requests
+    assert with_tools["tool_choice"] == "auto" and "tool_choice" not in without and "tools" not in without
+    assert with_tools["messages"][1] == {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}]}
+
+
 def test_openai_done_without_finish_reason_and_ollama_style_stop_with_tools() -> None:
     raw = sse({"choices": [{"delta": {"content": "x"}}]}, "data: [DONE]\n\n")
     tools = sse({"choices": [{"index": 0, "delta": {"tool_calls": [

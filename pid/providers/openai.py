@@ -66,8 +66,9 @@ class OpenAIProvider(StreamingProvider):
     def _body(self, messages: Any, tools: Any) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.config.model, "messages": messages,
                                 "stream": True, "stream_options": {"include_usage": True}}
-        if tools is not None:
+        if tools is not None:   # (tool_choice said: llama-cpp-python's function-calling drops tools without it)
             body["tools"] = tools
+            body["tool_choice"] = "auto"
         if self.config.max_tokens:
             body[self._max_tokens_field] = self.config.max_tokens
         if self.config.temperature is not None:
@@ -130,7 +131,9 @@ class _Reply(StreamReply):
                     break
             for fragment in delta.get("tool_calls") or ():
                 self._call_fragment(fragment)
-            if delta.get("function_call"):  # the legacy single-function shape
+            # The legacy single-function shape, read only where it comes alone: llama-cpp-python repeats every
+            # fragment of `tool_calls` in `function_call` within the same delta (appending both doubled them).
+            if delta.get("function_call") and not delta.get("tool_calls"):
                 self._call_fragment({"index": 0, "function": delta["function_call"]})
         if choice.get("finish_reason"):
             self.finish = choice["finish_reason"]
@@ -353,7 +356,9 @@ def _assistant_entry(message: AssistantMessage, same_model: bool) -> dict[str, A
     calls = message.tool_calls
     if not text and not calls and not field_name:
         return None
-    entry: dict[str, Any] = {"role": "assistant", "content": text or None}
+    # OpenAI's format leaves `content` out of an assistant message that only calls tools (a null one gets HTTP 500
+    # from llama-cpp-python).
+    entry: dict[str, Any] = {"role": "assistant", "content": text} if text or not calls else {"role": "assistant"}
     if field_name:
         entry[field_name] = "\n".join(c.thinking for c in thinking)
     if calls:
