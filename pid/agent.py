@@ -207,6 +207,8 @@ class Agent:
                 if pending:
                     continue
                 out.final_message = reply.text
+                if reply.stop_reason == "length":   # cut short: it never said it was done
+                    return self._end(out, "length", "the model's answer was cut at its output-token limit")
                 return out
 
     def _call_model(self, turn: int, context: list[Message]) -> AssistantMessage:

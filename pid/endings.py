@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 Status = Literal["completed", "failed", "limit", "cancelled"]
 ExitReason = Literal[
     "stop",                   # the model answered without calling a tool
+    "length",                 # the model's last answer was cut at its output-token limit (finish_reason length)
     "wall_clock",             # --timeout reached
     "max_turns",              # --max-turns reached
     "max_cost",               # --max-cost exceeded
@@ -50,6 +51,7 @@ class Ending:
 
 ENDINGS: dict[str, Ending] = {
     "stop": Ending("completed", 0, checked=True),
+    "length": Ending("limit", 3, checked=True),   # not finished, as a reached limit; the work so far may pass
     "wall_clock": Ending("limit", 3),
     "max_turns": Ending("limit", 3, checked=True),
     "max_cost": Ending("limit", 3, checked=True),

@@ -146,6 +146,16 @@ def test_length_stop_fails_its_tool_calls_without_running_them(sandbox):
     assert sandbox.commands == []
 
 
+def test_an_answer_cut_at_the_output_limit_ends_the_job_as_a_limit_not_completed(sandbox):
+    """A reply with finish_reason length and no tool call never said it was done (a local server's output cap):
+    the job ends `length`, status limit, exit code 3, with the text so far as its final message."""
+    from pid.endings import exit_code_of
+    with ScriptedLLM([{"text": "The fix is to change", "finish_reason": "length"}]) as llm:
+        outcome = make_agent(llm, sandbox).run("go")
+    assert (outcome.exit_reason, outcome.status, exit_code_of(outcome.exit_reason)) == ("length", "limit", 3)
+    assert outcome.final_message == "The fix is to change" and "output-token limit" in (outcome.error or "")
+
+
 def test_bad_tool_calls_become_readable_errors_and_the_loop_goes_on(sandbox):
     script = [{"tool_calls": [{"name": "nope", "arguments": {}}, {"name": "bash", "raw_arguments": "{not json"},
                               {"name": "read", "arguments": {"offset": 3}}]},

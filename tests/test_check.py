@@ -49,7 +49,8 @@ def test_a_check_that_says_nothing_readable_has_not_passed():
 
 
 def test_the_check_runs_after_the_agent_s_own_end_and_limits_but_the_wall_clock():
-    assert {r for r in ENDINGS if checks_after(r)} == {"stop", "max_turns", "max_cost", "consecutive_timeouts"}
+    assert {r for r in ENDINGS if checks_after(r)} == {"stop", "length", "max_turns", "max_cost",
+                                                       "consecutive_timeouts"}
     assert not checks_after(None) and not checks_after("wall_clock") and not checks_after("cancelled")
 
 
