@@ -309,6 +309,7 @@ JOB_OPTIONS = [
     JobOption("--context-window", "context_window", lambda low, high: Number(int, low, high)),
     JobOption("--cache-read-price", "cache_read_price", lambda low, high: Number(float, low, high)),
     JobOption("--cache-write-price", "cache_write_price", lambda low, high: Number(float, low, high)),
+    JobOption("--max-tokens", "max_tokens", lambda low, high: Number(int, low, high)),
     JobOption("--thinking", "thinking", _const(Thinking()), envvar="PID_THINKING"),
     JobOption("--max-retry-wait", "max_retry_wait", lambda low, high: Number(float, low, high)),
     JobOption("--retry-budget", "retry_budget", lambda low, high: Number(float, low, high)),

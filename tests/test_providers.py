@@ -434,6 +434,17 @@ def test_openai_requests_say_tool_choice_and_leave_a_tool_call_s_empty_content_o
         {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}]}
 
 
+def test_openai_requests_carry_the_answer_s_token_limit_as_pi_sends_it() -> None:
+    """--max-tokens when given; else the model table's maxTokens, at most 32000; none for a model nobody knows (a
+    local server would otherwise generate until its context is full, when the table does know the model)."""
+    with ScriptedLLM([{"text": "ok"}] * 3) as llm:
+        provider(llm, max_tokens=512).stream("", HELLO, [])
+        provider(llm, model_max_tokens=128000).stream("", HELLO, [])
+        provider(llm).stream("", HELLO, [])
+        given, known, unknown = llm.requests
+    assert (given["max_tokens"], known["max_tokens"], "max_tokens" in unknown) == (512, 32000, False)
+
+
 def test_openai_done_without_finish_reason_and_ollama_style_stop_with_tools() -> None:
     raw = sse({"choices": [{"delta": {"content": "x"}}]}, "data: [DONE]\n\n")
     tools = sse({"choices": [{"index": 0, "delta": {"tool_calls": [

@@ -67,6 +67,9 @@ class JobSpec:
                                            "0: the model table's price.", min=0)
     cache_write_price: float = setting(0.0, "USD per million input tokens written to the provider's prompt "
                                             "cache; 0: the model table's price.", min=0)
+    max_tokens: int | None = setting(None, "Most tokens one answer may have (the endpoint's max_tokens); default: "
+                                           "the model table's maxTokens, at most 32000, for a model it knows.",
+                                     min=1, max=1_000_000)
     thinking: str = setting("off", "Thinking level: off, low, medium or high (OpenAI reasoning_effort; Anthropic "
                                    "extended thinking with a token budget per level).")
     max_retry_wait: float = setting(60.0, "Longest single wait, in seconds, before a rate-limited or failed model "

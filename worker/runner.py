@@ -125,6 +125,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                                                 cache_read_cost_per_mtok=model.cache_read_price,
                                                 cache_write_cost_per_mtok=model.cache_write_price,
                                                 model_max_tokens=model.max_tokens if model.known else None,
+                                                max_tokens=spec.max_tokens,
                                                 thinking=spec.thinking,
                                                 max_retry_wait_s=spec.max_retry_wait,
                                                 retry_budget_s=spec.retry_budget, images=spec.images))

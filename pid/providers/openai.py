@@ -24,6 +24,7 @@ from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, pr
 from pid.providers.transport import StreamReply, StreamingProvider, ToolsJSON, json_object, truncate
 
 API = API_NAMES["openai"]
+DEFAULT_MAX_OUTPUT = 32000   # pi's cap on a model's maxTokens when the request names none
 OPENAI_HOST = "api.openai.com"
 
 # Where OpenAI-compatible servers put the reasoning text (vLLM, llama.cpp, DeepSeek, OpenRouter ...): the first
@@ -69,8 +70,11 @@ class OpenAIProvider(StreamingProvider):
         if tools is not None:   # (tool_choice said: llama-cpp-python's function-calling drops tools without it)
             body["tools"] = tools
             body["tool_choice"] = "auto"
-        if self.config.max_tokens:
-            body[self._max_tokens_field] = self.config.max_tokens
+        # As pi sends it: what the job asks, else the model's own ceiling (at most 32000) where the table knows it. A
+        # local server without it generates until its context is full.
+        limit = self.config.max_tokens or min(self.config.model_max_tokens or 0, DEFAULT_MAX_OUTPUT)
+        if limit:
+            body[self._max_tokens_field] = limit
         if self.config.temperature is not None:
             body["temperature"] = self.config.temperature
         if self.config.thinking != "off":
