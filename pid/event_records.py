@@ -37,9 +37,9 @@ class EventRecords:
                 "type": "tool_end", "call_id": event.call_id, "name": event.name,
                 "summary": self._summaries.pop(event.call_id, ""), "duration_s": round(event.duration_s, 3),
                 "is_error": event.result.is_error, "t": now}
-            if event.result.is_error:
-                last = event.result.text.strip().splitlines()[-1:] or [""]
-                record["error_line"] = sanitize(last[0])[:200]
+            if event.result.is_error:   # bash's says how it ended last; the other tools say why first
+                lines = [line for line in event.result.text.strip().splitlines() if line.strip()] or [""]
+                record["error_line"] = sanitize(lines[-1] if event.name == "bash" else lines[0])[:200]
             return record
         if isinstance(event, ev.MessageEnd) and isinstance(event.message, AssistantMessage):
             message = event.message

@@ -58,3 +58,22 @@ def test_submit_wait_prints_the_tool_calls_from_the_store(run_pid, worker, sampl
     assert res.code == 0, res.stderr
     assert "✓ bash echo hi" in res.stderr and "attempt 1 started on" in res.stderr
     assert res.stdout.strip() == "done"
+
+
+def test_a_failed_tool_s_line_gives_its_reason_and_bash_s_its_ending():
+    """An edit's reason is its first line (its last may be a stray line of the text it looked for: `— 3`); a failed
+    command's is its last, the exit status."""
+    from pid import events as ev
+    from pid.event_records import EventRecords
+    from pid.messages import TextContent, ToolResultMessage
+    records = EventRecords()
+
+    def line(name: str, text: str) -> str:
+        records(ev.ToolStart("c", name, {}))
+        result = ToolResultMessage("c", name, [TextContent(text)], is_error=True)
+        return records(ev.ToolEnd("c", name, result, 0.01))["error_line"]
+    assert line("edit", "Could not find the exact text in calc.py. The old text must match exactly.\n\n"
+                        "    return a - b\n3") == "Could not find the exact text in calc.py. The old text must match " \
+                                                 "exactly."
+    assert line("bash", "Traceback (most recent call last):\n  boom\n\nCommand exited with code 1") == \
+        "Command exited with code 1"

@@ -8,6 +8,7 @@ import struct
 
 from pid.messages import ImageContent, TextContent
 from pid.tools import read as read_module
+from pid.tools.paths import EMPTY_PATH
 from sandbox.config import AGENT_HOME
 from tests.tool_sandbox import call_tool, put
 
@@ -130,6 +131,8 @@ def test_not_found_and_directory(sandbox):
     put(sandbox, "dir/file", "x")
     directory = read(sandbox, path="dir")
     assert directory.is_error and "is a directory" in text(directory) and "ls" in text(directory)
+    empty = read(sandbox, path="")   # (its message used to name no path: " is a directory, …")
+    assert empty.is_error and text(empty) == EMPTY_PATH
 
 
 def test_empty_file(sandbox):

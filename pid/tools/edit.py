@@ -15,7 +15,7 @@ from typing import Any
 
 from pid.tools.base import ToolContext, ToolResult
 from pid.tools.fuzzy import LineEndings, NormalizedText, find_unique, normalize_fuzzy
-from pid.tools.paths import ABORTED, display_path, file_error, mutation_lock, resolve_path
+from pid.tools.paths import ABORTED, EMPTY_PATH, display_path, file_error, mutation_lock, resolve_path
 from pid.tools.registry import Tool
 from pid.tools.truncate import format_size
 
@@ -81,6 +81,8 @@ class _Planned:
 
 def run_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     shown = display_path(args["path"])
+    if not shown.strip():
+        return ToolResult.error(EMPTY_PATH)
     edits: list[dict[str, str]] = args["edits"]
     if not edits:
         return ToolResult.error("Edit tool input is invalid. edits must contain at least one replacement.")

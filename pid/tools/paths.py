@@ -28,6 +28,9 @@ _NARROW_NBSP = "\u202f"
 _AM_PM = re.compile(r" (AM|PM)\.", re.IGNORECASE)
 
 
+EMPTY_PATH = "The path is empty: name the file (relative to the working directory, or absolute)."
+
+
 def display_path(path: str) -> str:
     """The path as the model wrote it, minus the `@` some models prefix (a habit from chat UIs)."""
     return path[1:] if path.startswith("@") else path

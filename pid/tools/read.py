@@ -13,7 +13,7 @@ from typing import Any
 from pid.messages import ImageContent, TextContent
 from pid.sandbox import OutputPolicy, RUN_ANYWHERE
 from pid.tools.base import ToolContext, ToolResult
-from pid.tools.paths import ABORTED, display_path, file_error, resolve_path, with_read_fallback
+from pid.tools.paths import ABORTED, EMPTY_PATH, display_path, file_error, resolve_path, with_read_fallback
 from pid.tools.registry import Tool
 from pid.tools.truncate import MAX_BYTES, MAX_LINES, format_size, truncate_head, utf8_len
 
@@ -102,6 +102,8 @@ def read_tool() -> Tool:
 
 def run_read(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     shown = display_path(args["path"])
+    if not shown.strip():
+        return ToolResult.error(EMPTY_PATH)
     if ctx.cancel.is_set():
         return ToolResult.error(ABORTED)
     offset: int | None = args.get("offset")

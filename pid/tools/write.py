@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from pid.tools.base import ToolContext, ToolResult
-from pid.tools.paths import ABORTED, display_path, file_error, mutation_lock, resolve_path
+from pid.tools.paths import ABORTED, EMPTY_PATH, display_path, file_error, mutation_lock, resolve_path
 from pid.tools.registry import Tool
 
 DESCRIPTION = ("Write content to a file. Creates the file if it does not exist, overwrites it if it does, and "
@@ -26,6 +26,8 @@ def write_tool() -> Tool:
 
 def run_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     shown = display_path(args["path"])
+    if not shown.strip():
+        return ToolResult.error(EMPTY_PATH)
     path = resolve_path(ctx.sandbox, args["path"])
     data = args["content"].encode("utf-8")
     try:
