@@ -40,8 +40,10 @@ class LongJob:
     """The model of a long job: `turns` tool calls (mostly big command outputs, now and then a read or a write),
     then a final answer. Summaries when the summariser asks; `overflow` lists main calls refused for length."""
 
-    def __init__(self, turns: int, overflow: set[int] | None = None, always_overflow_from: int | None = None) -> None:
+    def __init__(self, turns: int, overflow: set[int] | None = None, always_overflow_from: int | None = None,
+                 empty: bool = False) -> None:
         self.turns, self.overflow, self.always_from = turns, overflow or set(), always_overflow_from
+        self.empty = empty   # a refusal is llama-cpp-python's: HTTP 200 and no event at all
         self.main_calls = 0
         self.summaries: list[dict[str, Any]] = []
 
@@ -52,7 +54,7 @@ class LongJob:
         self.main_calls += 1
         n = self.main_calls
         if n in self.overflow or (self.always_from is not None and n >= self.always_from):
-            return {"overflow": WINDOW}
+            return {"raw": []} if self.empty else {"overflow": WINDOW}
         if n > self.turns:
             return {"text": "all done"}
         if n % 10 == 3:
@@ -102,8 +104,9 @@ def make_box() -> MemorySandbox:
 
 
 def run_job(llm: ScriptedLLM, tmp_path: Path, *, window: int = WINDOW, api: str = "openai-completions",
-            max_turns: int = 400, events: list | None = None) -> tuple[Any, Agent, Path]:
-    provider = make_provider(ProviderConfig(model="scripted", base_url=llm.base_url, api=api))
+            max_turns: int = 400, events: list | None = None, **provider_settings: Any) -> tuple[Any, Agent, Path]:
+    provider = make_provider(ProviderConfig(model="scripted", base_url=llm.base_url, api=api,  # type: ignore[arg-type]
+                                            **provider_settings))
     session_path = tmp_path / "session.jsonl"
     session = SessionWriter(str(session_path), cwd=str(tmp_path))
     session.model_change("openai", "scripted")
@@ -220,6 +223,25 @@ def test_refused_for_length_even_after_compacting_ends_with_context_overflow(tmp
     assert exit_code_for({"exit_reason": outcome.exit_reason}) == 1
     assert "context window" in (outcome.error or "") and "still refused after compacting" in (outcome.error or "")
     assert model.main_calls == 5 and len(model.summaries) == 1    # compacted and retried exactly once
+
+
+def test_an_empty_response_is_retried_a_little_then_compacted_for_and_finally_said(tmp_path):
+    """llama-cpp-python answers a streaming request too long for its context with HTTP 200 and no event: pid used to
+    retry that as a broken stream for its whole budget (20 attempts over 300 s). Now: two more tries, then it is
+    taken for a refusal for length (compact, ask again); still empty, the job fails saying what the server did."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    retried = LongJob(turns=6, overflow={5, 6, 7}, empty=True)   # the 5th call and its two retries
+    with ScriptedLLM(responder=retried) as llm:
+        outcome, _agent, _session = run_job(llm, tmp_path / "a", window=200_000, retry_base_s=0.01)
+    assert outcome.status == "completed" and len(retried.summaries) == 1, outcome.error
+    assert retried.main_calls == 4 + 3 + 1   # four answered, the 5th three times empty, then its answer
+    stuck = LongJob(turns=50, always_overflow_from=4, empty=True)
+    with ScriptedLLM(responder=stuck) as llm:
+        outcome, _agent, _session = run_job(llm, tmp_path / "b", window=200_000, retry_base_s=0.01)
+    assert (outcome.exit_reason, outcome.status) == ("context_overflow", "failed")
+    assert "the server returned an empty response" in (outcome.error or "") and "after 3 attempts" in outcome.error
+    assert stuck.main_calls == 3 + 3 + 3 and len(stuck.summaries) == 1
 
 
 def test_refused_for_length_with_nothing_to_compact_ends_at_once(tmp_path):

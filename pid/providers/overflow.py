@@ -33,6 +33,7 @@ OVERFLOW_PATTERNS = [re.compile(p, re.IGNORECASE) for p in (
     r"`inputs` tokens \+ `max_new_tokens` must be",     # TGI
     r"too many tokens",                                 # generic
     r"token limit exceeded",                            # generic
+    r"^the server returned an empty response",          # llama-cpp-python: HTTP 200, no event (transport.py)
 )]
 NOT_OVERFLOW = [re.compile(p, re.IGNORECASE) for p in (r"\bHTTP 429\b", r"rate.?limit", r"too many requests",
                                                          r"please wait", r"^(throttling error|service unavailable):")]

@@ -24,6 +24,7 @@ from email.utils import parsedate_to_datetime
 from typing import Callable, Mapping
 
 UNREACHABLE_RETRIES = 2
+EMPTY_RETRIES = 2   # an empty response is most likely a refusal for length: the loop compacts instead (see EMPTY)
 
 # What a retryable failure was, as the wait's event says it ("rate limited, retrying in 12 s").
 RATE_LIMITED = "rate limited"
@@ -32,6 +33,7 @@ SERVER_ERROR = "server error"
 CONNECTION = "connection failed"
 TIMEOUT = "timed out"
 STREAM_BROKE = "stream broke"
+EMPTY = "empty response"
 UNREACHABLE = "unreachable"
 
 
@@ -48,6 +50,8 @@ class RetryPolicy:
         if self.max_retries is not None and attempt > self.max_retries:
             return None
         if reason == UNREACHABLE and attempt > UNREACHABLE_RETRIES:
+            return None
+        if reason == EMPTY and attempt > EMPTY_RETRIES:
             return None
         if asked_s is not None and not math.isnan(asked_s):   # "nan" parses as a float: never compare with it
             wait = min(max(asked_s, 0.0), self.max_wait_s)

@@ -365,6 +365,7 @@ class StreamReply:
         self.retry: str | None = None      # why the failed call may succeed when tried again (retry.py's names)
         self.status: int | None = None
         self.asked_s: float | None = None  # the wait the server asked for
+        self.events = 0                    # server-sent events read (none at all: an empty response)
 
     def fail(self, message: str, *, aborted: bool = False, retry: str | None = None, status: int | None = None,
              asked_s: float | None = None) -> None:
@@ -380,6 +381,11 @@ class StreamReply:
 
 
 UNFINISHED_MESSAGE = "the stream ended before the response finished"
+# llama-cpp-python's answer to a streaming request too long for its context: HTTP 200 and not one event. Retried a
+# little (retry.EMPTY_RETRIES), then taken for the refusal it most likely is (pid/providers/overflow.py), so that the
+# loop compacts and asks again; still empty after that, the job fails saying so.
+EMPTY_MESSAGE = ("the server returned an empty response (no event at all; some servers answer so when the "
+                 "conversation is too long for their context)")
 
 
 class StreamingProvider:
@@ -423,6 +429,8 @@ class StreamingProvider:
                 if failure is not None:
                     reply.fail(failure.message, aborted=failure.aborted, retry=failure.retry, status=failure.status,
                                asked_s=failure.asked_s)
+                elif reply.error is None and reply.events == 0:
+                    reply.fail(EMPTY_MESSAGE, retry=retry.EMPTY)
                 elif reply.error is None and not reply.finished:
                     reply.fail(UNFINISHED_MESSAGE, retry=retry.STREAM_BROKE)
                 if reply.error is None or reply.aborted or reply.retry is None:
@@ -458,6 +466,7 @@ class StreamingProvider:
     def _consume(self, response: Any, reply: StreamReply, on_text: Callable[[str], None] | None) -> None:
         """SSE events into the reply (its feed(event, payload, on_text)); malformed data fails it."""
         for event, data in iter_sse(response):
+            reply.events += 1
             if reply.done:
                 continue  # drain to the end so the connection can be kept alive
             if data == b"[DONE]":  # OpenAI's end marker; Anthropic ends with message_stop instead
