@@ -232,7 +232,7 @@ class Agent:
         context = self._context_messages()
         reply = self._call_model(turn, context)
         if reply.usage.total_tokens == 0 and reply.stop_reason not in ("error", "aborted"):
-            reply.usage = price(estimate_usage(get_counter(), self.system_prompt, context, reply),
+            reply.usage = price(estimate_usage(get_counter(), self.system_prompt, context, reply, self.tools.specs()),
                                 self.provider.config)
         out.usage.add(reply.usage)
         self._add(reply)

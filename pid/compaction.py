@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from pid.context import MESSAGE_OVERHEAD_TOKENS, estimate_usage, message_text
+from pid.context import MESSAGE_OVERHEAD_TOKENS, estimate_usage, message_text, tools_text
 from pid.messages import (AssistantMessage, Message, TextContent, ThinkingContent, ToolCall, ToolResultMessage,
                           ToolSpec, Usage, UserMessage)
 from pid.providers.base import Provider, price
@@ -195,9 +195,7 @@ class Compactor:
         return tokens > self.threshold
 
     def _fixed_tokens(self, system: str, tools: list[ToolSpec]) -> int:
-        schemas = json.dumps([{"name": t.name, "description": t.description, "parameters": t.parameters}
-                              for t in tools]) if tools else ""
-        return self.counter.count(system) + self.counter.count(schemas) + MESSAGE_OVERHEAD_TOKENS
+        return self.counter.count(system) + self.counter.count(tools_text(tools)) + MESSAGE_OVERHEAD_TOKENS
 
     # -- compacting -------------------------------------------------------------------------------------------------
     def find_cut_point(self, messages: list[Message], start: int, end: int, keep: int) -> CutPoint:

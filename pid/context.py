@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from pid.messages import AssistantMessage, Message, ToolCall, Usage
+from typing import Sequence
+
+from pid.messages import AssistantMessage, Message, ToolCall, ToolSpec, Usage
 from pid.tokens import TokenCounter
 
 # Per-message framing the chat formats add around each message (role markers, separators).
@@ -29,6 +31,15 @@ def count_context(counter: TokenCounter, system: str, messages: list[Message]) -
     return total
 
 
-def estimate_usage(counter: TokenCounter, system: str, messages: list[Message], reply: AssistantMessage) -> Usage:
-    """Usage for a reply whose server reported none."""
-    return Usage(input=count_context(counter, system, messages), output=counter.count(message_text(reply)))
+def tools_text(tools: Sequence[ToolSpec]) -> str:
+    """The tool schemas as a request carries them, for counting."""
+    return json.dumps([{"name": t.name, "description": t.description, "parameters": t.parameters}
+                       for t in tools]) if tools else ""
+
+
+def estimate_usage(counter: TokenCounter, system: str, messages: list[Message], reply: AssistantMessage,
+                   tools: Sequence[ToolSpec] = ()) -> Usage:
+    """Usage for a reply whose server reported none: what was sent (tool schemas included) and what came back,
+    marked as pid's count."""
+    return Usage(input=count_context(counter, system, messages) + counter.count(tools_text(tools)),
+                 output=counter.count(message_text(reply)), estimated=True)

@@ -169,7 +169,8 @@ def header_html(result: dict[str, Any], limits: Limits) -> str:
                                                            if result.get("exit_reason") else "")),
         ("model", esc(result.get("model") or "—")),
         ("tokens", f'{fmt_int(usage.get("total_tokens"))} <span class="dim">(in {fmt_int(usage.get("input"))}, out '
-                   f'{fmt_int(usage.get("output"))}, cache read {fmt_int(usage.get("cache_read"))})</span>'),
+                   f'{fmt_int(usage.get("output"))}, cache read {fmt_int(usage.get("cache_read"))})'
+                   + ('; estimated by pid: the server reported none' if usage.get("estimated") else '') + '</span>'),
         ("cost", fmt_cost(usage.get("cost"))),
         ("duration", fmt_duration(result.get("duration_s"))),
         ("turns", f'{fmt_int(result.get("turns"))} <span class="dim">· {fmt_int(result.get("tool_calls"))} tool '

@@ -93,6 +93,7 @@ class Usage:
     cache_write: int = 0
     cost: Cost = field(default_factory=Cost)
     reasoning: int = 0      # of `output`, the tokens spent thinking (not in pi's session shape: result.json only)
+    estimated: bool = False  # pid counted it (the server reported none): said wherever the usage is shown
 
     @property
     def total_tokens(self) -> int:
@@ -104,6 +105,7 @@ class Usage:
         self.cache_read += other.cache_read
         self.cache_write += other.cache_write
         self.reasoning += other.reasoning
+        self.estimated = self.estimated or other.estimated
         self.cost.input += other.cost.input
         self.cost.output += other.cost.output
         self.cost.cache_read += other.cost.cache_read
@@ -111,14 +113,16 @@ class Usage:
 
     def to_dict(self) -> dict[str, Any]:
         """pi's session shape (camelCase)."""
-        return {"input": self.input, "output": self.output, "cacheRead": self.cache_read,
-                "cacheWrite": self.cache_write, "totalTokens": self.total_tokens, "cost": self.cost.to_dict()}
+        shape = {"input": self.input, "output": self.output, "cacheRead": self.cache_read,
+                 "cacheWrite": self.cache_write, "totalTokens": self.total_tokens, "cost": self.cost.to_dict()}
+        return {**shape, "estimated": True} if self.estimated else shape
 
     def to_result(self) -> dict[str, Any]:
         """result.json's shape (snake_case, cost as one number in USD)."""
-        return {"input": self.input, "output": self.output, "cache_read": self.cache_read,
-                "cache_write": self.cache_write, "reasoning": self.reasoning, "total_tokens": self.total_tokens,
-                "cost": round(self.cost.total, 6)}
+        shape = {"input": self.input, "output": self.output, "cache_read": self.cache_read,
+                 "cache_write": self.cache_write, "reasoning": self.reasoning, "total_tokens": self.total_tokens,
+                 "cost": round(self.cost.total, 6)}
+        return {**shape, "estimated": True} if self.estimated else shape
 
 
 @dataclass
@@ -211,7 +215,8 @@ def content_from_dict(d: dict[str, Any]) -> Content:
 def usage_from_dict(d: dict[str, Any]) -> Usage:
     c = d.get("cost") or {}
     return Usage(d.get("input", 0), d.get("output", 0), d.get("cacheRead", 0), d.get("cacheWrite", 0),
-                 Cost(c.get("input", 0.0), c.get("output", 0.0), c.get("cacheRead", 0.0), c.get("cacheWrite", 0.0)))
+                 Cost(c.get("input", 0.0), c.get("output", 0.0), c.get("cacheRead", 0.0), c.get("cacheWrite", 0.0)),
+                 estimated=bool(d.get("estimated")))
 
 
 def message_from_dict(d: dict[str, Any]) -> Message:

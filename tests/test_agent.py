@@ -268,6 +268,14 @@ def test_a_server_that_streams_no_usage_still_gets_counted(sandbox):
     assert outcome.final_message == "counted answer"
     assert outcome.usage.input > 100 and 0 < outcome.usage.output < 10  # tiktoken, or its labelled estimate offline
     assert outcome.usage.cost.input == pytest.approx(outcome.usage.input / 1e6)
+    # marked as pid's count, and counting what was sent: the tool schemas too (pid's own context count has them)
+    from pid.context import count_context, tools_text
+    from pid.messages import UserMessage
+    from pid.tokens import get_counter
+    assert outcome.usage.estimated and outcome.usage.to_result()["estimated"] is True
+    counter = get_counter()
+    sent = count_context(counter, "system prompt", [UserMessage.text("a task of some length " * 20)])
+    assert outcome.usage.input == sent + counter.count(tools_text(default_registry().specs())) > sent + 500
 
 
 def test_a_steer_during_the_final_reply_is_delivered_not_dropped(sandbox):
