@@ -153,6 +153,6 @@ run_step sdist step_sdist
 run_step build step_build
 run_step model step_model
 step_name=summary
-log "llama-server: $BIN"
-log "model: $MODEL"
-log "times: ${summary[*]}"
+log "binary: $BIN"
+log "model file: $MODEL"
+log "step times: ${summary[*]}"

