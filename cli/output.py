@@ -153,6 +153,8 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool) -> None:
                 click.echo(f"  {line}", err=True)
     if result.get("error"):
         click.echo(click.style(f"error: {result['error']}", fg="red"), err=True)
+    if result.get("warning"):
+        click.echo(click.style(f"warning: {result['warning']}", fg="yellow"), err=True)
     click.echo(f"artifacts: {os.path.relpath(job_dir)}", err=True)
 
 

@@ -199,6 +199,14 @@ def test_a_failing_check_keeps_the_agent_s_ending_and_exits_4(buggy, tmp_path):
     assert end["passed"] is False and end["error_line"] == "FAILED (failures=1)"
 
 
+def test_an_empty_final_answer_completes_with_a_warning(buggy, tmp_path):
+    from worker.runner import EMPTY_ANSWER
+    silent, _, _, _ = _memory_job(buggy, tmp_path / "a", [{"text": ""}], {})
+    said, _, _, _ = _memory_job(buggy, tmp_path / "b", NO_FIX, {})
+    assert (silent["status"], silent.get("warning")) == ("completed", EMPTY_ANSWER)
+    assert said["status"] == "completed" and "warning" not in said
+
+
 def test_a_limit_hit_is_checked_and_keeps_exit_code_3(buggy, tmp_path):
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}]
     result, _, box, _ = _memory_job(buggy, tmp_path, script, {"ls": Run("calc.py\n"), UNITTEST: Run("OK\n")},

@@ -49,6 +49,7 @@ from worker.watchdog import Watchdog
 
 AgentHook = Callable[[Agent], None]
 CHECK_START_TIMEOUT_S = 300.0   # the check's fresh sandbox must be up by then (else the check could not run)
+EMPTY_ANSWER = "the model's final answer was empty"
 
 
 class JobCancelled(Exception):
@@ -513,6 +514,8 @@ def build_result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dic
         result["check"] = check.to_result()
     if outcome.error:
         result["error"] = outcome.error
+    if outcome.exit_reason == "stop" and not (outcome.final_message or "").strip():
+        result["warning"] = EMPTY_ANSWER   # completed, and the model said nothing: worth a look
     return result
 
 
