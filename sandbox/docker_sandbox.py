@@ -63,10 +63,9 @@ CONTROL_TIMEOUT_S = 30.0   # a control request (kill, poll) must be answered wit
 KEEP_OUTPUT = 64 << 20     # a command's kept output file holds at most about its last this-many bytes...
 TRIM_EVERY_S = 1.0         # ...checked this often while it runs
 HOUSEKEEPING_TIMEOUT_S = 5.0
-PACKING = "pid-base-pack"  # the thread that writes the base's blobs on the job disk from the host
-DISK_FULL_BELOW = 1 << 20
+DISK_FULL_BELOW = 1 << 20  # the job's disk counts as full, for the model's notice, with less than this left
 RESERVE = "reserve"        # in /.pid: the room pid's patch keeps on a writable image's disk (see _reserve)
-RESERVE_MAX = 64 << 20  # the job's disk counts as full, for the model's notice, with less than this left
+RESERVE_MAX = 64 << 20
 
 # pid's in-container machinery runs as root with only these capabilities; the agent (another uid) gets none:
 #   SETUID, SETGID  setpriv drops each agent command to the agent's uid and gid
@@ -207,7 +206,8 @@ class DockerSandbox:
         self._early: IO[bytes] | None = None   # the workspace tar create() unpacked already
         self._seed: GitSeed | None = None       # a deferred seed, its tar spooled on the job disk, and its writer:
         self._spool: str | None = None          # the base's blobs are written after the base (see _record_base)
-        self._packing: threading.Thread | None = None
+        self._packing: threading.Thread | None = None    # writes the base's blobs on the job disk from the host
+        self._recording: threading.Thread | None = None  # records an image's base in the container (import_image)
         self._packing_error: str | None = None   # why the base's background part failed
         self._prestarted: list[Channel] = []   # agent servers the entry started, greeted, not yet pooled
         self._prestarted_lock = threading.Lock()
@@ -259,8 +259,10 @@ class DockerSandbox:
                                                  image_workspace=config.image_workspace,
                                                  taken={target for target, _ in own},
                                                  init_binary=engine_init(client) if uid == 0 else None)
-                    except BaseException:
+                    except BaseException as exc:
                         disk.close()
+                        if isinstance(exc, OSError):
+                            raise SandboxError(f"cannot make the image's filesystem writable: {exc}") from exc
                         raise
                     options["mounts"] += [Mount(tree.target, tree.source, type="bind", read_only=tree.read_only)
                                           for tree in image_fs.mounts()]
@@ -450,8 +452,8 @@ class DockerSandbox:
         if self._closed:
             return
         self._closed = True
-        if self._packing is not None and self._packing.name == PACKING:   # it writes on the job disk from here:
-            self._packing.join(30.0)                                         # done (a second or so) before it goes
+        if self._packing is not None:   # it writes on the job disk: done (a second or so) before the disk goes
+            self._packing.join(30.0)
         try:
             self._pool.close()
         except Exception:
@@ -860,12 +862,16 @@ class DockerSandbox:
 
         def record() -> None:
             try:
-                out = self._run_as_pid_aside(base_script(BASE_TARGET), "recording the base commit", timeout)
-                self.base_commit = out.strip().splitlines()[-1].decode()
+                self.base_commit = self._record_image_base(self._run_as_pid_aside, timeout)
             except BaseException as exc:
                 self._packing_error = f"cannot record the base commit: {exc}"
-        self._packing = threading.Thread(target=record, name="pid-image-base", daemon=True)
-        self._packing.start()
+        self._recording = threading.Thread(target=record, name="pid-image-base", daemon=True)
+        self._recording.start()
+
+    @staticmethod
+    def _record_image_base(run: Callable[[str, str, float], bytes], timeout: float) -> str:
+        """An image's base commit, from pid's read-only view of its workdir, run by `run` (a run_as_pid)."""
+        return _commit(run(base_script(BASE_TARGET), "recording the base commit", timeout))
 
     def _unpack(self, stream: IO[bytes], trusted: bool) -> None:
         """A workspace tar into workdir. `trusted`: build_tar made it here (else every member is checked)."""
@@ -931,10 +937,10 @@ class DockerSandbox:
     def _record_base(self, timeout: float) -> None:
         seeded, self._seeded = self._seeded, False
         deferred = seeded and self._seed is not None
-        out = self.run_as_pid(base_script(self.workdir, seeded, deferred), "recording the base commit", timeout)
-        self.base_commit = out.strip().splitlines()[-1].decode()
+        self.base_commit = _commit(self.run_as_pid(base_script(self.workdir, seeded, deferred),
+                                                   "recording the base commit", timeout))
         if deferred:   # its blobs, from the spooled tar, while the model reads the first request
-            self._packing = threading.Thread(target=self._fill_pack, name=PACKING, daemon=True)
+            self._packing = threading.Thread(target=self._fill_pack, name="pid-base-pack", daemon=True)
             self._packing.start()
 
     def _fill_pack(self) -> None:
@@ -953,10 +959,11 @@ class DockerSandbox:
                 pass
 
     def _wait_for_base(self) -> None:
-        """The base's blobs are all in pid's repository (the deferred pack is written)."""
-        if self._packing is not None:
-            self._packing.join()
-            self._packing = None
+        """The base's blobs are all in pid's repository (the deferred pack is written, an image's base recorded)."""
+        for thread in (self._packing, self._recording):
+            if thread is not None:
+                thread.join()
+        self._packing = self._recording = None
         if self._packing_error is not None:
             raise SandboxError(self._packing_error)
 
@@ -978,8 +985,7 @@ class DockerSandbox:
             # An image's base, recorded while the agent worked, may have met a disk the agent filled: recorded
             # again now, from the same untouched view, into the room just freed.
             self._packing_error = None
-            out = self.run_as_pid(base_script(BASE_TARGET), "recording the base commit", timeout)
-            self.base_commit = out.strip().splitlines()[-1].decode()
+            self.base_commit = self._record_image_base(self.run_as_pid, timeout)
         if self.base_commit is None:
             raise SandboxError("no base commit: import_workspace was not called")
         inside = f"{PID_DIR}/patch.diff"
@@ -1019,6 +1025,11 @@ class DockerSandbox:
             written.extend(copied.written)
             skipped.extend(copied.skipped)
         return written, skipped
+
+
+def _commit(out: bytes) -> str:
+    """The commit id a base script prints last."""
+    return out.strip().splitlines()[-1].decode()
 
 
 def _run_script(channel: Channel, script: str, what: str, timeout: float) -> bytes:
