@@ -13,12 +13,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.scripted_llm import ScriptedLLM  # noqa: E402
+from bench.first_request import time_pid  # noqa: E402
 
 
 def small_repo(root: str) -> str:
@@ -35,21 +34,7 @@ def small_repo(root: str) -> str:
 
 
 def one_run(repo: str, home: str, out: str) -> float:
-    with ScriptedLLM([{"text": "done"}]) as llm:
-        env = dict(os.environ, PID_HOME=home, PYTHONPATH=ROOT)
-        started = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "t", "--repo", repo, "--model", "scripted",
-                                 "--base-url", llm.base_url, "--out", out, "--json"], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        first = None
-        while first is None and proc.poll() is None:
-            if llm.requests:
-                first = time.monotonic() - started
-            time.sleep(0.002)
-        proc.wait(timeout=120)
-        if first is None:
-            raise RuntimeError("pid run ended without asking the model")
-        return first
+    return time_pid(["run", "t", "--repo", repo, "--out", out, "--json"], home)[0]
 
 
 def main() -> None:

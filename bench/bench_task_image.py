@@ -17,12 +17,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.scripted_llm import ScriptedLLM  # noqa: E402
+from bench.first_request import time_pid  # noqa: E402
 
 BASE = os.environ.get("PID_IMAGE", "pid-sandbox:latest")
 
@@ -43,23 +42,8 @@ def build(tmp: str, tag: str, dirs: int, per_dir: int) -> str:
 
 def one_run(image: str, home: str, out: str, check: bool = False) -> tuple[float, float]:
     """(seconds to the first model request, seconds to the end of `pid run`)."""
-    with ScriptedLLM([{"text": "done"}]) as llm:
-        env = dict(os.environ, PID_HOME=home, PYTHONPATH=ROOT)
-        started = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "t", "--workdir", "/testbed", "--image",
-                                 image, "--model", "scripted", "--base-url", llm.base_url, "--out", out, "--json",
-                                 *(["--check", "true"] if check else [])], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        first = None
-        while first is None and proc.poll() is None:
-            if llm.requests:
-                first = time.monotonic() - started
-            time.sleep(0.002)
-        if proc.wait(timeout=300) != 0:
-            raise RuntimeError(f"pid run on {image} failed")
-        if first is None:
-            raise RuntimeError("pid run ended without asking the model")
-        return first, time.monotonic() - started
+    return time_pid(["run", "t", "--workdir", "/testbed", "--image", image, "--out", out, "--json",
+                     *(["--check", "true"] if check else [])], home)
 
 
 def ms(samples: list[float]) -> str:
