@@ -112,20 +112,20 @@ def test_a_real_context_overflow_is_recognised(server):
     assert "HTTP 400" in (reply.error_message or "")
 
 
-def test_a_cancel_ends_a_real_stream_within_a_second(server):
+def test_a_cancel_ends_a_real_stream_before_the_server_is_done(server):
+    """Cancelled at its first text: the reply ends aborted with a few tokens, not the 256 the server would stream (at
+    this VM's ~15 tokens/s, many seconds more). How fast it ends is bench/'s business, not this test's."""
     provider = _provider(server, max_tokens=256)
     cancel = threading.Event()
-    first: list[float] = []
+    deltas: list[str] = []
 
     def on_text(text: str) -> None:
-        if not first:
-            first.append(time.monotonic())
-            cancel.set()
+        deltas.append(text)
+        cancel.set()
     try:
         reply = provider.stream("", [UserMessage.text("Count from one to two hundred.")], [], on_text=on_text,
                                 cancel=cancel)
-        ended = time.monotonic()
     finally:
         provider.close()
-    assert first, reply.error_message
-    assert reply.stop_reason == "aborted" and ended - first[0] < 1.0
+    assert deltas, reply.error_message
+    assert reply.stop_reason == "aborted" and len(deltas) < 32

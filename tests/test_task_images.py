@@ -180,11 +180,11 @@ def test_a_disk_filled_through_the_image_still_leaves_room_for_the_patch(task_im
     "echo /opt/lib/libpre.so.1 > /etc/ld.so.preload",                            # ld.so.preload names it
     "cp /usr/bin/git /opt/lib/git && ln -sf /opt/lib/git /usr/bin/git",          # a tool pid runs leads there
 ], ids=["loader-cache", "preload", "tool-link"])
-def test_a_tree_pid_s_tools_could_load_or_run_from_is_never_the_agent_s(tmp_path, reach):
+def test_a_tree_pid_s_tools_could_load_or_run_from_is_never_the_agent_s(request, tmp_path, reach):
     """An image in which pid's root tools may load or run something from /opt: /opt stays the image's (read-only to
     the agent), while /testbed is the agent's."""
     (tmp_path / "Dockerfile").write_text(f"FROM {IMAGE}\nRUN mkdir -p /opt/lib /testbed && {reach}\n")
-    tag = f"pid-test-loader:{RUN_ID.lower()}-{abs(hash(reach)) % 10000}"
+    tag = f"pid-test-loader:{RUN_ID.lower()}-{request.node.callspec.id}"
     subprocess.run(["docker", "build", "-q", "--network", "none", "-t", tag, str(tmp_path)], check=True,
                    capture_output=True, timeout=300)
     try:
