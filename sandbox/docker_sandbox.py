@@ -39,6 +39,7 @@ from .config import (AGENT_HOME, BASE_ENV, LABEL_ATTEMPT, LABEL_CREATED, LABEL_E
 from .disk import DiskError, JobDisk, disks_supported
 from .docker_client import connect, ensure_image
 from .errors import SandboxError
+from .output_trim import trim_front
 from .pool import ChannelPool
 from .processes import ProcessGauge, kill_agent_processes
 from .reaper import force_remove, owner_label, remove_job_containers, run_labels
@@ -53,6 +54,12 @@ MAX_CHANNELS = 8
 PRESTARTED = (("control", 1), ("agent", 2), ("agent", 3))   # the servers the container's entry starts (role, id)
 PRESTARTED_HELLO_S = 10.0   # for one of them to answer; past it (or on any error) pid starts one with `docker exec`
 FIFO_RUNTIMES = ("runc", "io.containerd.runc.v2")   # runtimes whose containers open the host's FIFOs
+# and share the host's kernel. Any other runtime (gVisor's runsc) runs a kernel of its own: the pids cgroup then
+# counts the runtime's host tasks, not the agent's processes (gVisor's ptrace platform spends about 8-12 host tasks
+# on each process it runs, and dies when the cgroup refuses it one). There the agent's processes are bounded by
+# RLIMIT_NPROC, which that kernel counts per sandbox, and the cgroup gets room for what the runtime spends on them.
+HOST_TASKS_PER_GUEST_PROCESS = 12
+RUNTIME_HOST_TASKS = 256
 OUTPUT_POLL_S = 0.75       # on_output cadence
 OUTPUT_CHUNK = 16384       # at most this much of the newest output per on_output call
 CANCEL_POLL_S = 0.1        # how often a waiting call looks at its cancel Event
@@ -197,6 +204,7 @@ class DockerSandbox:
         self._pids_lock = threading.RLock()
         self._gauge: ProcessGauge | None | bool = None   # the process table seen from the host (False: not readable)
         self._gauge_lock = threading.Lock()
+        self._own_kernel = False   # the runtime runs a kernel of its own (see FIFO_RUNTIMES)
         # A container frozen while `docker exec` starts a process in it wedges the engine's shim for good (runc's
         # init freezes half-way): starting a channel and freezing the container exclude each other.
         self._exec_gate = threading.Lock()
@@ -274,13 +282,21 @@ class DockerSandbox:
             raise SandboxError("--workdir needs the job's own disk: pass a --disk size other than 0")
         caps = MACHINERY_CAPABILITIES + (ROOT_AGENT_CAPABILITIES if uid == 0 else [])
         nofile = nofile_limit(config.pids_limit)
+        ulimits = [Ulimit(name="nofile", soft=nofile, hard=nofile)]
+        runtime = config.runtime or default_runtime(client)
+        host_kernel = runtime in FIFO_RUNTIMES
+        own_kernel = not host_kernel and runtime != "unknown"   # (under runc, NPROC would count the agent uid's
+        host_tasks = config.pids_limit                           # processes in every container and on the host)
+        if own_kernel:   # (see FIFO_RUNTIMES)
+            ulimits.append(Ulimit(name="nproc", soft=config.pids_limit, hard=config.pids_limit))
+            host_tasks = config.pids_limit * HOST_TASKS_PER_GUEST_PROCESS + RUNTIME_HOST_TASKS
         env = {**agent_env(uid), **neutralised(image_env(inspected))}
         command = ["sleep", str(ttl)]   # exits (and is auto-removed) by itself when orphaned
         first: list[Channel] = []
         # The control server and two agent servers start with the container, on FIFOs of the job disk (see
         # channel.PipeLink): under runc only (gVisor, for one, keeps the host's FIFOs out of its sandbox), whether
         # named or the engine's default.
-        if disk is not None and (config.runtime or default_runtime(client)) in FIFO_RUNTIMES:
+        if disk is not None and host_kernel:
             try:
                 first = _first_channels(disk.path("pid"))
             except BaseException:
@@ -299,11 +315,11 @@ class DockerSandbox:
                         LABEL_OWNER: config.owner or owner_label(_pid_home()),
                         LABEL_ATTEMPT: str(config.attempt), **run_labels()},
                 mem_limit=config.memory, memswap_limit=config.memory,
-                nano_cpus=int(config.cpus * 1e9), pids_limit=config.pids_limit,
+                nano_cpus=int(config.cpus * 1e9), pids_limit=host_tasks,
                 network_mode=config.network,
                 security_opt=["no-new-privileges"],
                 cap_drop=["ALL"], cap_add=caps,
-                ulimits=[Ulimit(name="nofile", soft=nofile, hard=nofile)],
+                ulimits=ulimits,
                 working_dir=config.workdir, runtime=config.runtime or None,
                 **options)
         except BaseException as exc:
@@ -321,6 +337,7 @@ class DockerSandbox:
                 raise SandboxError(f"cannot create sandbox container from {config.image!r}: {exc}") from exc
             raise
         sandbox = cls(client, container.id, config, disk, image_fs, env, image)
+        sandbox._own_kernel = own_kernel
         if first:
             sandbox._channel_ids = itertools.count(PRESTARTED[-1][1] + 1)
             sandbox._control, sandbox._prestarted = first[0], first[1:]
@@ -543,8 +560,10 @@ class DockerSandbox:
         From the host with the container frozen where possible (a fork bomb cannot race it, nor starve it of CPU);
         else by pid's server inside, with builtins. The forks refused until then count as dealt with: a later reply
         that shows them must not clear the table again (killing what that command left running)."""
-        with self._exec_gate:   # (only the freeze excludes starting a channel: the waits below are outside)
-            sweep = kill_agent_processes(self.client, self.container_id, self.uid)
+        sweep = None
+        if not self._own_kernel:   # (the host sees none of the agent's processes under a kernel of the runtime's)
+            with self._exec_gate:   # (only the freeze excludes starting a channel: the waits below are outside)
+                sweep = kill_agent_processes(self.client, self.container_id, self.uid)
         if sweep is None:
             killed, refused = self._with_control(
                 lambda ch: ch.kill_agent_processes(time.monotonic() + CONTROL_TIMEOUT_S))
@@ -774,16 +793,6 @@ class DockerSandbox:
                       cancel=cancel, upload=data)
 
     # -- helpers -----------------------------------------------------------------------------------------------
-    def _output_size(self, out_path: str) -> int | None:
-        """A running command's output size, read on the host through the job disk (no request, no process in the
-        container); None without a job disk. The directory was opened before the agent ran: nothing is followed."""
-        if self._out_dir_fd is None:   # (out_path was checked to be /.pid/out/N.M when the command started)
-            return None
-        try:
-            return os.stat(posixpath.basename(out_path), dir_fd=self._out_dir_fd, follow_symlinks=False).st_size
-        except OSError:
-            return None
-
     def _on_spare_channel(self, fn: Callable[[Channel], Any]) -> Any:
         """fn(an idle pooled channel) if one is free right now, else None: housekeeping (progress, trimming) never
         waits, never starts a channel, never holds up the control channel that kills depend on, and never fails the
@@ -805,10 +814,14 @@ class DockerSandbox:
 
     def _trim_output(self, out_path: str, cut: int) -> int:
         """Keep a long-running command's output from filling the job's disk: beyond KEEP_OUTPUT only its tail is
-        kept. Returns the bytes cut so far."""
-        size = self._output_size(out_path)
-        if size is not None and size - cut <= 2 * KEEP_OUTPUT:
-            return cut
+        kept. Returns the bytes cut so far. With a job disk the host cuts it (output_trim); without one, a spare
+        channel does."""
+        if self._out_dir_fd is not None:
+            try:
+                return trim_front(self._out_dir_fd, posixpath.basename(out_path), KEEP_OUTPUT)
+            except OSError as exc:
+                log.info("cannot trim %s: %s", out_path, exc)
+                return cut
         done = self._on_spare_channel(
             lambda ch: ch.trim(out_path, KEEP_OUTPUT, time.monotonic() + HOUSEKEEPING_TIMEOUT_S))
         return cut if done is None else done

@@ -94,8 +94,7 @@ def tools_container():
     """The real container behind tool_sandbox's `sandbox` and `docker_sandbox` fixtures (which mark their tests
     `docker`): one per test module."""
     from sandbox import DockerSandbox, SandboxConfig
-    box = DockerSandbox.create(SandboxConfig(job_id="test-tools", runtime=RUNTIME,
-                                             pids_limit=4096 if RUNTIME == "runsc" else 512))
+    box = DockerSandbox.create(SandboxConfig(job_id="test-tools", runtime=RUNTIME))
     try:
         yield box
     finally:

@@ -62,8 +62,7 @@ def task_image(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _box(image: str, **config):
     from sandbox import DockerSandbox, SandboxConfig
     return DockerSandbox.create(SandboxConfig(image=image, job_id="test-task-image", workdir="/testbed",
-                                              writable_image=True, image_workspace=True, runtime=RUNTIME,
-                                              pids_limit=4096 if RUNTIME == "runsc" else 512, **config))
+                                              writable_image=True, image_workspace=True, runtime=RUNTIME, **config))
 
 
 # -- the sandbox -------------------------------------------------------------------------------------------------

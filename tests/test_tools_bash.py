@@ -195,7 +195,7 @@ def test_waiting_for_background_output_is_bounded(sandbox):
 def test_missing_working_directory():
     """pi refuses to run a command without its working directory (the file tools still work by absolute path)."""
     box = DockerSandbox.create(SandboxConfig(job_id="test-tools-nowd", workdir="/tmp/pid-wd", disk=0,
-                                             runtime=RUNTIME, pids_limit=4096 if RUNTIME == "runsc" else 512))
+                                             runtime=RUNTIME))
     try:
         assert text(bash(box, "pwd")) == "/tmp/pid-wd\n"
         box.write_file("/tmp/kept.txt", b"kept\n")
