@@ -27,6 +27,8 @@ A turn is a dict; every key is optional:
     stall_s         send the first chunk (or `stall_after` chunks), then go silent this long before the rest
     cut             true: end the stream cleanly but without finish / [DONE] / message_stop
     raw             [str, ...]: send these SSE texts verbatim instead of a generated stream (leniency tests)
+    replay          a path: send this whole HTTP response (status line, headers, body) byte for byte, as a real
+                    server sent it (tests/fixtures/servers/record.py recorded it), then close the connection
     gzip            true: the stream is sent gzip-compressed (Content-Encoding: gzip), cut across its chunks
 
 When the script runs out every request gets the plain answer "script exhausted", so a bug never hangs a test.
@@ -235,6 +237,10 @@ class _Handler(BaseHTTPRequestHandler):
         if turn.get("delay_s") and llm._closing.wait(turn["delay_s"]):
             return
         try:
+            if "replay" in turn:
+                self.close_connection = True
+                self.wfile.write(Path(turn["replay"]).read_bytes())
+                return self.wfile.flush()
             if turn.get("overflow"):
                 return self._send_error_turn(wire, _overflow_error(wire, turn["overflow"], len(raw) // 4))
             if "error" in turn:

@@ -210,7 +210,8 @@ def test_a_refusal_for_length_is_compacted_and_asked_again(tmp_path):
     # the refusal stays in the transcript (as pi keeps it), never in a request
     errors = [m for m in agent.messages if isinstance(m, AssistantMessage) and m.stop_reason == "error"]
     assert len(errors) == 1 and "maximum context length" in (errors[0].error_message or "")
-    assert all(m.get("content") != "" for r in requests[5:] for m in r["messages"] if m["role"] == "assistant")
+    assert all(m.get("content") or m.get("tool_calls") for r in requests[5:] for m in r["messages"]
+               if m["role"] == "assistant")
     assert sum(1 for e in entries(session_path) if e["type"] == "compaction") == 1
 
 

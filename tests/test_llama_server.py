@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from pid.agent import Agent, Limits
+from pid.compaction import Compactor
 from pid.messages import UserMessage
 from pid.providers import ProviderConfig, make_provider
 from pid.providers.overflow import is_context_overflow
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.llama
 
 CACHE = Path(os.environ.get("PID_LLAMA_CACHE", "/var/cache/pid-llama")) / "0.3.36"
 SERVER, MODEL = CACHE / "bin" / "llama-server", CACHE / "gemma3-270m-q4_k_m.gguf"
-CONTEXT = 1024   # tokens: small, so that a real overflow is cheap to cause
+CONTEXT = 8192   # tokens: room for the compaction test; a real overflow is still cheap to cause
 
 
 def _free_port() -> int:
@@ -129,3 +130,23 @@ def test_a_cancel_ends_a_real_stream_before_the_server_is_done(server):
         provider.close()
     assert deltas, reply.error_message
     assert reply.stop_reason == "aborted" and len(deltas) < 32
+
+
+def test_a_long_conversation_is_compacted_by_the_real_server(server):
+    """pid believes the window is 4096 tokens (the server has more): the second task does not fit with the first, so
+    the first is summarised by the real server, and the conversation goes on from that summary."""
+    provider = _provider(server, max_tokens=32)
+    compactor = Compactor(provider, 4096, max_output_tokens=32)
+    try:
+        agent = Agent(provider, default_registry(), ToolContext(sandbox=MemorySandbox()), "You are terse.",
+                      limits=Limits(max_turns=3), compactor=compactor)
+        first = agent.run("Tell me about a lighthouse keeper. " + "lighthouse keeper " * 250)
+        assert first.exit_reason in ("completed", "length") and compactor.latest is None, first.error
+        second = agent.run("Now tell me about a harbour pilot. " + "harbour pilot " * 250)
+    finally:
+        provider.close()
+    assert second.exit_reason in ("completed", "length"), second.error
+    summary = compactor.latest
+    assert summary is not None and summary.summary.strip() and summary.summarized >= 2
+    assert summary.usage.input > 0 and summary.usage.output > 0 and not summary.usage.estimated   # the server's
+    assert summary.first_kept >= 2   # the first task and its answer are in the summary only

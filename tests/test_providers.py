@@ -419,9 +419,10 @@ def test_llama_cpp_python_s_function_call_beside_tool_calls_is_not_appended_twic
     assert [(c.name, c.arguments) for c in alone.tool_calls] == [("bash", {"command": "pwd"})]
 
 
-def test_openai_requests_say_tool_choice_and_leave_a_tool_call_s_empty_content_out() -> None:
-    """Sent as OpenAI's format has it: tool_choice "auto" whenever tools are offered (llama-cpp-python drops the
-    tools without it), and no `"content": null` on an assistant message that only calls tools (it answers 500)."""
+def test_openai_requests_say_tool_choice_and_give_a_tool_call_an_empty_content() -> None:
+    """tool_choice "auto" whenever tools are offered (llama-cpp-python drops the tools without it), and `"content":
+    ""` on an assistant message that only calls tools (llama-cpp-python answers a null one with HTTP 500 and a
+    missing one with an empty stream)."""
     call = AssistantMessage(content=[ToolCall("c1", "bash", {"command": "ls"})], stop_reason="toolUse")
     history = [*HELLO, call, ToolResultMessage("c1", "bash", [TextContent("a b")])]
     with ScriptedLLM([{"text": "ok"}, {"text": "ok"}]) as llm:
@@ -430,7 +431,7 @@ def test_openai_requests_say_tool_choice_and_leave_a_tool_call_s_empty_content_o
         p.stream("", HELLO, [])
         with_tools, without = llm.requests
     assert with_tools["tool_choice"] == "auto" and "tool_choice" not in without and "tools" not in without
-    assert with_tools["messages"][1] == {"role": "assistant", "tool_calls": [
+    assert with_tools["messages"][1] == {"role": "assistant", "content": "", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}]}
 
 

@@ -360,9 +360,10 @@ def _assistant_entry(message: AssistantMessage, same_model: bool) -> dict[str, A
     calls = message.tool_calls
     if not text and not calls and not field_name:
         return None
-    # OpenAI's format leaves `content` out of an assistant message that only calls tools (a null one gets HTTP 500
-    # from llama-cpp-python).
-    entry: dict[str, Any] = {"role": "assistant", "content": text} if text or not calls else {"role": "assistant"}
+    # An assistant message that only calls tools says `"content": ""`: OpenAI's format may leave it out, but
+    # llama-cpp-python's function-calling template fails on a missing one (an empty 200 stream) and its request
+    # check on a null one (HTTP 500); every server seen takes "" (tests/test_server_replays.py).
+    entry: dict[str, Any] = {"role": "assistant", "content": text}
     if field_name:
         entry[field_name] = "\n".join(c.thinking for c in thinking)
     if calls:
