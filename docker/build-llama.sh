@@ -149,9 +149,30 @@ step_model() {
   outcome="assembled"
 }
 
+# --- 4. pyserver: llama-cpp-python's own server (python -m llama_cpp.server), from the same sdist ----------
+# Its `chatml-function-calling` honours a `tool_choice` naming a tool, which forces a real tool call out of the
+# base model (tests/test_llama_server.py). pip fetches the build tools and the server's dependencies; the sdist is
+# the pinned one above.
+PYSERVER=$CACHE/pyserver
+step_pyserver() {
+  if [[ -f $PYSERVER/.built ]] && "$PYSERVER/bin/python" -c 'import llama_cpp.server' >/dev/null 2>&1; then
+    outcome="cached ($PYSERVER)"; return
+  fi
+  rm -rf "$PYSERVER"
+  "$PY" -m venv "$PYSERVER" >"$LOGS/pyserver.log" 2>&1
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+  CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
+    "$PYSERVER/bin/pip" install --no-input --disable-pip-version-check \
+    "$CACHE/dl/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz[server]" >>"$LOGS/pyserver.log" 2>&1
+  "$PYSERVER/bin/python" -c 'import llama_cpp.server' >>"$LOGS/pyserver.log" 2>&1
+  touch "$PYSERVER/.built"
+  outcome="built with -j$JOBS"
+}
+
 run_step sdist step_sdist
 run_step build step_build
 run_step model step_model
+run_step pyserver step_pyserver
 step_name=summary
 log "binary: $BIN"
 log "model file: $MODEL"

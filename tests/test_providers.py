@@ -554,3 +554,11 @@ def test_a_vendor_endpoint_without_a_key_fails_at_once_saying_so(api: str, host:
     reply = p.stream("", HELLO, [])
     assert reply.stop_reason == "error" and reply.error_message.startswith(f"no API key: {host} needs one")
     assert time.monotonic() - started < 1   # no network was tried (this machine has none)
+
+
+def test_arguments_with_a_raw_newline_in_a_string_are_taken() -> None:
+    """llama-cpp-python streams the model's own characters: a newline typed inside a JSON string arrives raw (strict
+    JSON refuses it; the call used to fail as invalid JSON)."""
+    from pid.providers.openai import parse_arguments
+    assert parse_arguments('{"command": "ls\n-la"}') == ({"command": "ls\n-la"}, None)
+    assert parse_arguments('{"command": "ls"') == ({}, '{"command": "ls"')

@@ -208,13 +208,15 @@ class _Reply(StreamReply):
 
 
 def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
-    """(arguments, None) when `text` is a JSON object; ({}, text) otherwise so the loop can show the model."""
+    """(arguments, None) when `text` is a JSON object; ({}, text) otherwise so the loop can show the model. Raw
+    control characters inside strings are taken (a newline typed into a command: llama-cpp-python passes the
+    model's own through)."""
     if not text.strip():
         return {}, None
     try:
-        value = json.loads(text)
+        value = json.loads(text, strict=False)
         if isinstance(value, str):  # double-encoded by some models
-            value = json.loads(value)
+            value = json.loads(value, strict=False)
     except ValueError:
         return {}, text
     return (value, None) if isinstance(value, dict) else ({}, text)
