@@ -93,9 +93,11 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
     if os.path.isdir(out) and os.listdir(out) and not BatchDir.exists(out):
         raise _bad(f"--out {out}: not empty and not a batch's output directory")
     items, errors = _read_items(tasks)
+    from pid.config import endpoint
+    key_endpoint = endpoint(options["api"], options.get("base_url"))   # the command line's key goes there only
     specs = build_specs(items, options, repo=repo, queue=queue, no_images=no_images, api_key=api_key,
                         jobs_dir=os.path.join(out, ".jobs"), max_workspace=max_workspace,
-                        need_prices=max_total_cost is not None, tasks=tasks, errors=errors)
+                        need_prices=max_total_cost is not None, tasks=tasks, errors=errors, key_endpoint=key_endpoint)
     settings = {"tasks": os.path.abspath(tasks) if tasks != "-" else "-", "max_total_cost": max_total_cost,
                 "max_running": max_running}
     bdir = _open(out) if BatchDir.exists(out) else BatchDir.create(out, settings)
@@ -103,8 +105,8 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
     store = _store()
     store.set_batch(bdir.batch_id, max_total_cost, max_running)
     local = LocalWorkers.start(workers, sorted({s.queue for s in specs.values()}), out) if workers else None
-    run = Run(bdir, store, as_json, retry_failed, specs=specs, api_key=api_key, max_running=max_running,
-              local=local, tasks=tasks)
+    run = Run(bdir, store, as_json, retry_failed, specs=specs, api_key=api_key, key_endpoint=key_endpoint,
+              max_running=max_running, local=local, tasks=tasks)
     try:
         try:
             run.start()
@@ -172,11 +174,14 @@ PRICES = ("input_price", "output_price", "cache_read_price", "cache_write_price"
 
 def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None, queue: str, no_images: bool,
                 api_key: str | None, jobs_dir: str, max_workspace: int, need_prices: bool,
-                tasks: str = "TASKS", errors: list[str] | None = None) -> dict[str, JobSpec]:
+                tasks: str = "TASKS", errors: list[str] | None = None,
+                key_endpoint: str | None = None) -> dict[str, JobSpec]:
     """Each item's JobSpec: the command line's options, then its line's fields; checked as `pid submit` checks
-    one (repos, model, prices, key), every directory repo packed once. Any problem: all of them, exit 2."""
+    one (repos, model, prices, key), every directory repo packed once. Any problem: all of them, exit 2. The key
+    goes with the items whose endpoint is `key_endpoint` (the command line's) only: a line naming another endpoint
+    runs without it (pid.config.endpoint)."""
     from cli.main import BadInput, check_api_key, check_originals, check_repo
-    from pid.config import base_url_for
+    from pid.config import base_url_for, endpoint
     from worker.check import command_problem
     errors = list(errors or [])
     specs: dict[str, JobSpec] = {}
@@ -232,10 +237,12 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
                        **{**fields, "files": list(fields.get("files") or []), "runtime": fields.get("runtime") or None})
         spec.queue = item_queue
         spec.base_url = base_url_for(spec.api, spec.base_url)
+        keyed = api_key if key_endpoint is None or endpoint(spec.api, spec.base_url) == key_endpoint else None
         try:
-            check_api_key(spec, api_key)
+            check_api_key(spec, keyed)
         except BadInput as exc:
-            errors.append(f"{where}: {exc.format_message()}")
+            mine = f" (the command line's key is for {key_endpoint} only)" if api_key and not keyed else ""
+            errors.append(f"{where}: {exc.format_message()}{mine}")
             continue
         specs[item.id] = spec
     _refuse(errors, tasks)

@@ -39,6 +39,7 @@ class Run:
     retry_failed: bool
     specs: dict[str, JobSpec] = field(default_factory=dict)   # item id -> its spec (none with --wait DIR)
     api_key: str | None = None
+    key_endpoint: str | None = None   # the key goes with the jobs whose endpoint this is (pid.config.endpoint)
     max_running: int | None = None
     local: Any = None                                         # cli.batch.LocalWorkers
     tasks: str | None = None
@@ -48,6 +49,9 @@ class Run:
     interrupted: int = 0                                      # Ctrl-C count
 
     # -- submitting --------------------------------------------------------------------------------------------
+    def _key_reaches(self, spec: JobSpec) -> bool:
+        from pid.config import endpoint
+        return self.key_endpoint is None or endpoint(spec.api, spec.base_url) == self.key_endpoint
 
     def start(self) -> None:
         """Decide per item (skip, wait for its job, submit), then submit."""
@@ -91,7 +95,7 @@ class Run:
             self.store.create_many([spec for _, spec in go], dispatched=True)
             self.store.create_many([spec for _, spec in chunk[len(go):]], dispatched=False)
             for item_id, spec in chunk:
-                if self.api_key and not self.store.set_secret(spec.id, self.api_key):
+                if self.api_key and self._key_reaches(spec) and not self.store.set_secret(spec.id, self.api_key):
                     raise click.ClickException(f"the job store did not keep job {spec.id}'s API key")
                 self.tracked[spec.id] = item_id
             self.submitted += len(chunk)

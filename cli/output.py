@@ -11,6 +11,7 @@ import click
 
 from pid import events as ev
 from pid.event_records import EventRecords
+from worker.jobs import json_text
 
 CHECK_LINES_SHOWN = 15   # of a failed check's output_tail, under the summary (all of it is in result.json)
 
@@ -44,7 +45,7 @@ class RecordPrinter:
 
     def __call__(self, record: dict[str, Any]) -> None:
         if self.as_json:
-            click.echo(json.dumps(record, ensure_ascii=False))
+            click.echo(json.dumps(json_text(record), ensure_ascii=False))
             return
         kind = record.get("type")
         if kind == "tool_end":
@@ -131,7 +132,7 @@ def check_line(check: dict[str, Any]) -> str:
 
 def print_result(result: dict[str, Any], job_dir: str, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(result, indent=2, ensure_ascii=False))
+        click.echo(json.dumps(json_text(result), indent=2, ensure_ascii=False))
         return
     if result.get("final_message"):
         click.echo(result["final_message"])

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from cli.options import Number, QueueName
-from pid.config import API_KEY_ENV
+from pid.config import API_KEY_ENV, EnvDefaults, endpoint
 from worker.jobs import JobSpec, spec_field
 
 _main: Any = None   # cli.main (a module), once registered
@@ -108,10 +108,19 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
     spec.out_dir = _out_dir(out_dir, spec.out_dir)
     if queue:
         spec.queue = queue
+    # The stored job's endpoint may be anyone's (a tasks-file line's): the key given here goes only to the endpoint
+    # it is for, PID_BASE_URL's (else the vendor's own) as PID_API says (pid.config.endpoint).
+    env = EnvDefaults.read()
+    bound = EnvDefaults(api_key, env.base_url, env.api)
+    if api_key and bound.key_for(spec.api, spec.base_url) is None:
+        click.echo(f"pid: the API key is for {endpoint(env.api, env.base_url)}, not this job's "
+                   f"{endpoint(spec.api, spec.base_url)}: not sent (set PID_BASE_URL to send it there)", err=True)
+        api_key = None
     _main.check_api_key(spec, api_key)
     if embedded_broker():   # the worker is on this machine: its image must be here too
         _main.check_image(spec.image)
     _main.queue_job(store, spec, api_key, wait, as_json)
+
 
 
 def check_prices(spec: JobSpec) -> None:

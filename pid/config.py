@@ -25,6 +25,13 @@ def base_url_for(api: str, base_url: str | None) -> str:
     return base_url or DEFAULT_BASE_URLS[api]
 
 
+def endpoint(api: str, base_url: str | None) -> str:
+    """A job's endpoint, as keys are bound to it: a key goes only to the endpoint it was given with (the base URL
+    beside it, else its wire format's own). A job naming another (a tasks-file line, a stored job) brings its own
+    key or goes without one; else anyone who can name an endpoint would receive the key."""
+    return base_url_for(api, base_url).rstrip("/")
+
+
 class HomeUnusable(Exception):
     """PID_HOME cannot be created or written: every command needs it, so nothing can run."""
 
@@ -57,9 +64,19 @@ def ensure_pid_home() -> str:
 @dataclass
 class EnvDefaults:
     """What the worker takes from its own environment when a job brings none (the CLI reads these through its
-    options' environment variables)."""
+    options' environment variables): the key, and the endpoint it is bound to (see key_reaches)."""
     api_key: str | None
+    base_url: str | None = None   # PID_BASE_URL
+    api: str = DEFAULT_API        # PID_API, as a wire format
 
     @classmethod
     def read(cls) -> "EnvDefaults":
-        return cls(api_key=next((os.environ[k] for k in API_KEY_ENV if os.environ.get(k)), None))
+        api = os.environ.get("PID_API") or ""
+        return cls(api_key=next((os.environ[k] for k in API_KEY_ENV if os.environ.get(k)), None),
+                   base_url=os.environ.get("PID_BASE_URL") or None,
+                   api=API_NAMES.get(api, api if api in API_NAMES.values() else DEFAULT_API))
+
+    def key_for(self, api: str, base_url: str | None) -> str | None:
+        """The key, for a job whose endpoint is the one it is bound to (see endpoint); None for any other."""
+        bound = self.api_key is not None and endpoint(api, base_url) == endpoint(self.api, self.base_url)
+        return self.api_key if bound else None

@@ -411,3 +411,23 @@ def test_the_summary_counts_per_item_figures_over_the_items_that_ran():
     assert summary["cost"]["total"] == 6.0 and summary["cost"]["p50"] == 2.0
     assert summary["duration_s"]["p50"] == 11.0 and summary["slowest"][0] == {"id": "r2", "duration_s": 12.0}
     assert summary["exit_code"] == 1
+
+
+def test_a_tasks_line_naming_another_endpoint_gets_neither_the_command_line_s_key_nor_the_worker_s(
+        pid_env, tmp_path):
+    """A tasks file is anyone's: a line pointing `base_url` at a server of its own used to receive the command
+    line's key, and the worker's own. Each key goes to the endpoint it was given with only."""
+    projects = make_projects(tmp_path / "projects")
+    tasks = tasks_file(tmp_path / "tasks.jsonl", projects, 2)
+    with ScriptedLLM([{"text": "done"}] * 2) as ours, ScriptedLLM([{"text": "done"}] * 2) as theirs:
+        lines = [json.loads(line) for line in tasks.read_text().splitlines()]
+        lines[1]["base_url"] = theirs.base_url
+        tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        # the local worker (--workers) has a key of its own in its environment, for PID_BASE_URL: ours
+        env = {**pid_env, "PID_API_KEY": "sk-workers-own", "PID_BASE_URL": ours.base_url}
+        done = subprocess.run([*batch_cmd(tasks, tmp_path / "out", ours, "--workers", "1", "--api-key", "sk-cli")],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        ours_seen = [h.get("authorization") for h in ours.request_headers]
+        theirs_seen = [h.get("authorization") for h in theirs.request_headers]
+    assert done.returncode == 0, done.stderr
+    assert (ours_seen, theirs_seen) == (["Bearer sk-cli"], [None]), (ours_seen, theirs_seen)

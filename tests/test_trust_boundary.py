@@ -547,3 +547,26 @@ def test_collection_that_outruns_its_deadline_fails_the_job(sample_repo, tmp_pat
     assert result["status"] == "failed" and result["exit_reason"] == "artifact_error", result
     assert "ran out of time" in result["error"] and took < 60, (result, took)
     assert json.loads((tmp_path / "out" / spec.id / "result.json").read_text())["exit_reason"] == "artifact_error"
+
+
+def test_a_file_name_that_is_not_utf8_is_collected_and_listed_escaped(run_pid, worker, sample_repo, tmp_path):
+    """A --file directory holding `bad\\377name` used to crash the end of the job (result.json could not be written,
+    a worker's artifacts never reached the store). The name stays bytes on disk and is shown escaped."""
+    make = "mkdir -p out && printf x > \"out/$(printf 'bad\\377name')\" && printf y > out/ok.txt"
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": make}}]}, {"text": "made"}]
+    for how in ("run", "submit"):
+        with ScriptedLLM(script) as llm:
+            res = run_pid(how, "t", "--repo", str(sample_repo), "--file", "out", *opts(llm, tmp_path / how),
+                          *(["--wait"] if how == "submit" else []), timeout=120)
+        result = res.json()
+        assert (res.code, result["status"]) == (0, "completed"), (res.stdout, res.stderr)
+        files = tmp_path / how / result["id"] / "files" / "workspace" / "out"
+        if how == "submit":   # (the worker's own copy; the client downloads the store's)
+            fetched = run_pid("result", result["id"], "--download", str(tmp_path / "dl"), "--json")
+            assert fetched.code == 0, fetched.stderr
+            files = tmp_path / "dl" / "files" / "workspace" / "out"
+            assert (files / "bad\\xffname").read_bytes() == b"x"   # (the store keeps the shown name)
+        else:
+            assert (files / os.fsdecode(b"bad\xffname")).read_bytes() == b"x"
+        assert (files / "ok.txt").read_bytes() == b"y"
+        assert any(p.endswith("out/bad\\xffname") for p in result["artifacts"]["files"]), result["artifacts"]

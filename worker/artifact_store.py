@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from pid.endings import status_of
-from worker.jobs import JobSpec
+from worker.jobs import JobSpec, json_text, shown
 from worker.store import ARTIFACT_LIMIT, BlobMissing, Store, TooLarge
 
 log = logging.getLogger("pid.worker")
@@ -58,7 +58,7 @@ class Upload:
 
 def result_bytes(result: dict[str, Any]) -> bytes:
     """result.json's bytes, as write_json_atomic writes them."""
-    return (json.dumps(result, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    return (json.dumps(json_text(result), indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def job_uploads(spec: JobSpec, job_dir: str, result: dict[str, Any]) -> list[Upload]:
@@ -85,7 +85,7 @@ def job_uploads(spec: JobSpec, job_dir: str, result: dict[str, Any]) -> list[Upl
         rel = os.path.relpath(str(path), job_dir)
         if rel.startswith(FILES + os.sep) and os.path.commonpath([files_dir, str(path)]) == files_dir \
                 and _regular(str(path)):
-            uploads.append(Upload(rel.replace(os.sep, "/"), str(path), spec.max_files_bytes))
+            uploads.append(Upload(shown(rel.replace(os.sep, "/")), str(path), spec.max_files_bytes))
     return uploads
 
 

@@ -153,10 +153,31 @@ def default_of(name: str) -> Any:
     return None if f.default_factory is MISSING else f.default_factory()
 
 
+def shown(text: str) -> str:
+    """A name as it can be shown and stored: a file name that is not UTF-8 (read as Python does, its stray bytes as
+    surrogates) gets them escaped, `bad\\xffname`; any other text is itself."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def json_text(data: Any) -> Any:
+    """`data` with every string shown (see shown): JSON and the job store take it whatever names it holds."""
+    if isinstance(data, str):
+        return shown(data)
+    if isinstance(data, dict):
+        return {shown(str(k)): json_text(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [json_text(v) for v in data]
+    return data
+
+
 def write_json_atomic(path: str, data: dict[str, Any]) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, ensure_ascii=False)
+        json.dump(json_text(data), f, indent=2, ensure_ascii=False)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())

@@ -13,12 +13,13 @@ import uuid
 import warnings
 from typing import Any
 
-from pid.config import EnvDefaults
+from pid.config import EnvDefaults, endpoint
 from pid.endings import status_of
 from worker import batch_budget
 from worker.app import app
 from worker.control import LEASE_S, ControlRelay, log_job, new_owner, record_end, with_earlier_attempts
 from worker.dispatch import TASK, dispatch
+from worker.jobs import JobSpec
 from worker.runner import run_job
 from worker.store import JobRecord, Store, default_store
 
@@ -100,7 +101,7 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
 
     sink, gate = batch_budget.attach(store, record, relay.on_event)
     try:
-        result = run_job(record.spec, api_key=_api_key(store, job_id, api_key), sink=sink, gate=gate,
+        result = run_job(record.spec, api_key=_api_key(store, record.spec, api_key), sink=sink, gate=gate,
                          on_agent=relay.attach, cancel=relay.cancel, still_owner=still_owner,
                          amend_result=lambda r: with_earlier_attempts(r, record.earlier), attempt=record.attempts,
                          artifact_store=store)
@@ -129,15 +130,23 @@ def _wake_parked(store: Store, batch_id: str) -> None:
         log.exception("batch %s: dispatching its waiting jobs", batch_id)
 
 
-def _api_key(store: Store, job_id: str, from_message: str | None) -> str | None:
+def _api_key(store: Store, spec: JobSpec, from_message: str | None) -> str | None:
     """The job's key: the one submitted with it (in the store), else one an older client's message carried, else
-    this worker's own environment's."""
+    this worker's own environment's, where the job's endpoint is the one that key is for (PID_BASE_URL, else the
+    vendor's own): a job naming another endpoint never receives the worker's key."""
     try:
-        stored = store.secret(job_id)
+        stored = store.secret(spec.id)
     except Exception:
-        log.exception("job %s: reading its API key from the job store", job_id)
+        log.exception("job %s: reading its API key from the job store", spec.id)
         stored = None
-    return stored or from_message or EnvDefaults.read().api_key
+    if stored or from_message:
+        return stored or from_message
+    env = EnvDefaults.read()
+    key = env.key_for(spec.api, spec.base_url)
+    if env.api_key and key is None:
+        log.warning("job %s: this worker's API key is for %s, not the job's %s: not sent", spec.id,
+                    endpoint(env.api, env.base_url), endpoint(spec.api, spec.base_url))
+    return key
 
 
 def hand_back(store: Store, job_id: str, owner: str, relay: ControlRelay, why: str) -> None:
