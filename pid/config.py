@@ -64,7 +64,7 @@ def ensure_pid_home() -> str:
 @dataclass
 class EnvDefaults:
     """What the worker takes from its own environment when a job brings none (the CLI reads these through its
-    options' environment variables): the key, and the endpoint it is bound to (see key_reaches)."""
+    options' environment variables): the key, and the endpoint it is bound to (see endpoint)."""
     api_key: str | None
     base_url: str | None = None   # PID_BASE_URL
     api: str = DEFAULT_API        # PID_API, as a wire format
