@@ -199,6 +199,7 @@ class DockerSandbox:
         self._control_lock = threading.Lock()
         self._closed = False
         self._out_dir_fd: int | None = None   # the job disk's /.pid/out, opened on the host
+        self._out_dir_lock = threading.Lock()
         self._pids_events = 0                 # forks the pids limit refused, as last seen (or dealt with)
         self._clearings = 0                   # how often the process table was cleared
         self._pids_lock = threading.RLock()
@@ -491,9 +492,10 @@ class DockerSandbox:
             if isinstance(self._gauge, ProcessGauge):
                 self._gauge.close()
             self._gauge = False
-        if self._out_dir_fd is not None:
-            os.close(self._out_dir_fd)
-            self._out_dir_fd = None
+        with self._out_dir_lock:
+            if self._out_dir_fd is not None:
+                os.close(self._out_dir_fd)
+                self._out_dir_fd = None
         if self._disk is not None:
             self._wait_gone(10.0)     # the bind mounts hold the disk busy until the container is really gone
             if self._image_fs is not None:
@@ -816,12 +818,16 @@ class DockerSandbox:
         """Keep a long-running command's output from filling the job's disk: beyond KEEP_OUTPUT only its tail is
         kept. Returns the bytes cut so far. With a job disk the host cuts it (output_trim); without one, a spare
         channel does."""
-        if self._out_dir_fd is not None:
+        with self._out_dir_lock:   # (a copy of the descriptor: close() may run meanwhile and its number be reused)
+            dir_fd = None if self._out_dir_fd is None else os.dup(self._out_dir_fd)
+        if dir_fd is not None:
             try:
-                return trim_front(self._out_dir_fd, posixpath.basename(out_path), KEEP_OUTPUT)
+                return trim_front(dir_fd, posixpath.basename(out_path), KEEP_OUTPUT)
             except OSError as exc:
                 log.info("cannot trim %s: %s", out_path, exc)
                 return cut
+            finally:
+                os.close(dir_fd)
         done = self._on_spare_channel(
             lambda ch: ch.trim(out_path, KEEP_OUTPUT, time.monotonic() + HOUSEKEEPING_TIMEOUT_S))
         return cut if done is None else done

@@ -9,8 +9,10 @@ in the container, and it works under gVisor, whose files refuse hole punching fr
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import stat
+import time
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
@@ -18,6 +20,7 @@ FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02
 STEP = 1 << 20            # the front goes in whole mebibytes
 READ_CHUNK = 1 << 20
+COUNT_BUDGET_S = 1.0      # of host time per trim counting the newlines about to go; the rest waits for the next
 
 
 def read_cut(dir_fd: int, name: str) -> tuple[int, int]:
@@ -45,8 +48,10 @@ def trim_front(dir_fd: int, name: str, keep: int) -> int:
         new = (size - keep) // STEP * STEP
         if size - cut <= 2 * keep or new <= cut:
             return cut
-        for offset in range(cut, new, READ_CHUNK):   # the newlines about to go, counted before they do
-            lines += os.pread(fd, min(READ_CHUNK, new - offset), offset).count(b"\n")
+        found, new = _newlines(fd, cut, new, time.monotonic() + COUNT_BUDGET_S)   # before they go
+        if new <= cut:
+            return cut
+        lines += found
         if _libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, cut, new - cut) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"cannot punch the front of {name}: {os.strerror(err)}")
@@ -54,6 +59,31 @@ def trim_front(dir_fd: int, name: str, keep: int) -> int:
         os.close(fd)
     _write_cut(dir_fd, name, new, lines)
     return new
+
+
+def _newlines(fd: int, start: int, end: int, deadline: float) -> tuple[int, int]:
+    """(newlines in [start, stop), stop): stop is `end`, or where `deadline` came. Only the file's data is read: a
+    hole holds no newline, and the agent can make its output file terabytes long with nothing behind it (the host
+    would read zeros for hours, its command's timeout unseen)."""
+    lines, at = 0, start
+    while at < end and time.monotonic() < deadline:
+        try:
+            data = os.lseek(fd, at, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            return lines, end   # (nothing but a hole from here)
+        if data >= end:
+            return lines, end
+        hole = min(end, os.lseek(fd, data, os.SEEK_HOLE))
+        at = data
+        while at < hole and time.monotonic() < deadline:
+            chunk = os.pread(fd, min(READ_CHUNK, hole - at), at)
+            if not chunk:   # (cut shorter meanwhile)
+                return lines, at
+            lines += chunk.count(b"\n")
+            at += len(chunk)
+    return lines, min(at, end)
 
 
 def _open_regular(dir_fd: int, name: str, mode: int) -> int:
@@ -67,9 +97,15 @@ def _open_regular(dir_fd: int, name: str, mode: int) -> int:
 
 
 def _write_cut(dir_fd: int, name: str, cut: int, lines: int) -> None:
-    """The record, replaced whole (renamed over): the server never reads half of one."""
+    """The record, replaced whole (renamed over): the server never reads half of one. Written to a file made anew
+    (what a root agent put at its name, a FIFO, a file it holds a lease on or a hard link, is unlinked first)."""
     temp = name + ".cut.new"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    try:
+        os.unlink(temp, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600,
+                 dir_fd=dir_fd)
     try:
         os.write(fd, b"%d %d\n" % (cut, lines))
     finally:

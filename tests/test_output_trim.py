@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -39,6 +40,48 @@ def test_a_small_output_is_left_whole(out_dir):
     assert not (path / "3.1.cut").exists() and read_cut(fd, "3.1") == (0, 0)
 
 
+def test_a_huge_sparse_output_costs_the_host_no_reading_of_its_holes(out_dir):
+    """The agent can give its output file a size of terabytes with nothing behind it (ftruncate on its stdout): the
+    host used to read every zero of it, for hours, its command's timeout unseen. Holes hold no newline."""
+    path, fd = out_dir
+    with open(path / "3.1", "wb") as f:
+        f.write(b"a\nb\n")
+        f.truncate(1 << 40)                      # a TiB...
+        f.seek((1 << 40) - 3 * STEP)
+        f.write(b"x\n" * (STEP // 2))             # ...then a little output
+    started = time.monotonic()
+    assert trim_front(fd, "3.1", 1 << 20) == (1 << 40) - STEP
+    assert time.monotonic() - started < 5
+    assert read_cut(fd, "3.1") == ((1 << 40) - STEP, 2 + STEP // 2)
+
+
+def test_counting_stops_at_its_budget_and_the_next_trim_goes_on(out_dir, monkeypatch):
+    from sandbox import output_trim
+    path, fd = out_dir
+    (path / "3.1").write_bytes(b"y\n" * (4 * STEP))    # 8 MiB of lines
+    clock = iter([0.0, 0.0, 0.0, 0.0, 99.0])            # the budget runs out after the first chunk or so
+    monkeypatch.setattr(output_trim.time, "monotonic", lambda: next(clock, 99.0))
+    first = trim_front(fd, "3.1", 1 << 20)
+    assert 0 < first < 7 * STEP and read_cut(fd, "3.1") == (first, first // 2)
+    monkeypatch.undo()
+    assert trim_front(fd, "3.1", 1 << 20) == 7 * STEP
+    assert read_cut(fd, "3.1") == (7 * STEP, 7 * STEP // 2)
+
+
+@pytest.mark.parametrize("plant", ["fifo", "symlink"])
+def test_what_a_root_agent_plants_at_the_record_s_name_is_replaced_not_followed_or_waited_on(out_dir, plant):
+    path, fd = out_dir
+    target = path / "elsewhere"
+    target.write_bytes(b"z")
+    (path / "3.1").write_bytes(b"q\n" * (2 * STEP))
+    if plant == "fifo":
+        os.mkfifo(path / "3.1.cut.new")          # opening it for writing would wait for a reader forever
+    else:
+        os.symlink(target, path / "3.1.cut.new")
+    assert trim_front(fd, "3.1", 1 << 20) == 3 * STEP
+    assert read_cut(fd, "3.1") == (3 * STEP, 3 * STEP // 2) and target.read_bytes() == b"z"
+
+
 @pytest.mark.parametrize("plant", ["fifo", "symlink"])
 def test_what_a_root_agent_plants_there_is_refused_not_followed_or_waited_on(out_dir, plant):
     path, fd = out_dir
@@ -51,7 +94,7 @@ def test_what_a_root_agent_plants_there_is_refused_not_followed_or_waited_on(out
     else:
         os.symlink(target, path / "3.1")
         (path / "4.1").write_bytes(b"z" * (4 * STEP))
-        os.symlink(target, path / "4.1.cut.new")                   # the record's temporary name, pointing away
+        os.symlink(target, path / "4.1.cut")                       # a record that points away
     with pytest.raises(OSError):
         trim_front(fd, "3.1", 1 << 20)
     with pytest.raises(OSError):
