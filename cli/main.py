@@ -161,6 +161,18 @@ def pack_workspace(spec: JobSpec, max_bytes: int) -> None:
                        f"{f' ({exc.filename})' if exc.filename else ''}") from None
 
 
+def check_workspace_size(spec: JobSpec, max_bytes: int) -> None:
+    """A directory --repo larger than --max-workspace once packed is refused before anything is written (its size
+    from lstat: a sparse file of terabytes used to become as large a file on the host before the job failed)."""
+    from worker.snapshot import git_source
+    if not spec.repo or git_source(spec.repo) is not None or max_bytes <= 0:
+        return
+    from sandbox.workspace import tree_size
+    if tree_size(spec.repo, max_bytes) > max_bytes:
+        raise BadInput(f"--repo {spec.repo} is larger than --max-workspace {format_size(max_bytes)} once packed; "
+                       "nothing ran (raise --max-workspace or PID_MAX_WORKSPACE)")
+
+
 def check_out_dir(out: str) -> str:
     """OUT must be a directory pid can write in, or one it can create (its parent exists and is writable)."""
     path = os.path.abspath(os.path.expanduser(out))
@@ -204,12 +216,22 @@ def cli() -> None:
     """pid runs LLM coding agents in Docker sandboxes, in the foreground or through a queue."""
 
 
+MAX_WORKSPACE_OPTION = click.option(
+    "--max-workspace", type=Size(), default=format_size(DEFAULT_MAX_WORKSPACE), show_default=True,
+    envvar="PID_MAX_WORKSPACE", show_envvar=True, cls=EnvOption,
+    help="Largest packed size of a directory --repo (checked before anything is written; `submit` packs it then and "
+         "it travels with the job), and the most a git URL's clone may take on the worker.")
+
+
 @cli.command()
 @job_options
-def run(api_key: str | None, as_json: bool, no_images: bool, **options: Any) -> None:
+@MAX_WORKSPACE_OPTION
+def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int, **options: Any) -> None:
     """Run one job in the foreground (no queue)."""
     spec = build_spec(options, no_images)
+    spec.max_workspace = max_workspace
     check_api_key(spec, api_key)
+    check_workspace_size(spec, max_workspace)
     from worker.sandbox_start import abandon, start_sandbox
     starting = start_sandbox(spec)    # the container starts while the agent's code loads
     try:
@@ -268,10 +290,7 @@ def _attach(agent: Any, agents: list[Any], job: Any) -> None:
 @cli.command()
 @job_options
 @click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code.")
-@click.option("--max-workspace", type=Size(), default=format_size(DEFAULT_MAX_WORKSPACE), show_default=True,
-              envvar="PID_MAX_WORKSPACE", show_envvar=True, cls=EnvOption,
-              help="Largest packed size of a directory --repo (it is packed at submit and travels with the job), "
-                   "and the most a git URL's clone may take on the worker.")
+@MAX_WORKSPACE_OPTION
 @click.option("--queue", type=QueueName(), default=DEFAULT_QUEUE, show_default=True, envvar="PID_QUEUE",
               show_envvar=True, cls=EnvOption, help=spec_field("queue").metadata["help"])
 def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_workspace: int, queue: str,

@@ -46,7 +46,8 @@ from .reaper import force_remove, owner_label, remove_job_containers, run_labels
 from .gitseed import GitSeed
 from .image_env import image_env, neutralised
 from .image_fs import BASE_TARGET, ImageFS, image_layers
-from .workspace import UnsafeTar, base_script, build_tar, patch_script, sanitize_tar, unpack_tar
+from .workspace import (UnsafeTar, WorkspaceTooLarge, base_script, build_tar, patch_script, sanitize_tar,
+                        unpack_tar)
 
 log = logging.getLogger(__name__)
 
@@ -848,7 +849,12 @@ class DockerSandbox:
         """Copy a host directory into workdir (owned by the agent) and record it as the base of the patch, in a
         repository of pid's own outside the workspace. The host directory is only read (never followed through
         links, never touched by git)."""
-        with build_tar(host_path, self.uid, self.gid) as spool:
+        try:
+            spool = build_tar(host_path, self.uid, self.gid, self.config.max_workspace)
+        except WorkspaceTooLarge:
+            raise SandboxError(f"{host_path} is larger than the workspace limit "
+                               f"({self.config.max_workspace} bytes once packed)") from None
+        with spool:
             self._unpack(spool, trusted=True)
         self._record_base(timeout)
 

@@ -134,13 +134,41 @@ class Packed:
     size: int      # bytes
 
 
-def build_tar(root: str, uid: int = 0, gid: int = 0) -> IO[bytes]:
+def build_tar(root: str, uid: int = 0, gid: int = 0, max_bytes: int = 0) -> IO[bytes]:
     """A tar of the directory `root` in a temporary file (rewound), every entry owned by uid:gid (the agent's): links
-    stored as links, special files skipped (see pack_tar)."""
+    stored as links, special files skipped (see pack_tar); WorkspaceTooLarge past `max_bytes` (0: no limit)."""
     spool = tempfile.TemporaryFile(prefix="pid-import-")
-    pack_tar(root, spool, uid, gid)
+    try:
+        pack_tar(root, spool, uid, gid, max_bytes)
+    except BaseException:
+        spool.close()
+        raise
     spool.seek(0)
     return spool
+
+
+def tree_size(root: str, limit: int) -> int:
+    """About the bytes a tar of the directory `root` takes (a header per entry, regular files' apparent sizes in
+    whole blocks), from lstat alone: nothing is read, no link followed. The walk stops once past `limit`, so a tree
+    too large is told at once, before anything is written (a sparse file of terabytes takes no room on disk, and
+    its tar would take all of it)."""
+    total = 0
+    stack = [root]
+    while stack and total <= limit:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue   # (the packer reports what it cannot read)
+        for entry in entries:
+            total += tarstream.BLOCK
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    total += -(-entry.stat(follow_symlinks=False).st_size // tarstream.BLOCK) * tarstream.BLOCK
+            except OSError:
+                pass
+    return total
 
 
 def pack_tar(root: str, out: IO[bytes], uid: int = 0, gid: int = 0, max_bytes: int = 0) -> Packed:

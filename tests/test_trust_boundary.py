@@ -570,3 +570,19 @@ def test_a_file_name_that_is_not_utf8_is_collected_and_listed_escaped(run_pid, w
             assert (files / os.fsdecode(b"bad\xffname")).read_bytes() == b"x"
         assert (files / "ok.txt").read_bytes() == b"y"
         assert any(p.endswith("out/bad\\xffname") for p in result["artifacts"]["files"]), result["artifacts"]
+
+
+def test_a_repository_larger_than_max_workspace_is_refused_before_anything_is_written(run_pid, pid_env,
+                                                                                       sample_repo, tmp_path):
+    """A 3 GiB sparse file (nothing on disk) in --repo used to become a 3 GB temporary file on the host before the
+    job failed. `pid run` counts apparent sizes first, as `submit` limits its pack."""
+    with open(sample_repo / "sparse.bin", "wb") as f:
+        f.truncate(3 << 30)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    with ScriptedLLM([{"text": "never"}]) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), *opts(llm, tmp_path / "out"),
+                      env={**pid_env, "TMPDIR": str(spool)})
+        asked = len(llm.requests)
+    assert res.code == 2 and "larger than --max-workspace 200m" in res.stderr, (res.stdout, res.stderr)
+    assert asked == 0 and not list(spool.iterdir())
