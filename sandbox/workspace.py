@@ -156,18 +156,21 @@ def tree_size(root: str, limit: int) -> int:
     stack = [root]
     while stack and total <= limit:
         try:
-            entries = list(os.scandir(stack.pop()))
+            entries = os.scandir(stack.pop())
         except OSError:
             continue   # (the packer reports what it cannot read)
-        for entry in entries:
-            total += tarstream.BLOCK
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                elif entry.is_file(follow_symlinks=False):
-                    total += -(-entry.stat(follow_symlinks=False).st_size // tarstream.BLOCK) * tarstream.BLOCK
-            except OSError:
-                pass
+        with entries:   # (read as it goes: a directory of millions of entries is never held whole)
+            for entry in entries:
+                total += tarstream.BLOCK
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        total += -(-entry.stat(follow_symlinks=False).st_size // tarstream.BLOCK) * tarstream.BLOCK
+                except OSError:
+                    pass
+                if total > limit:
+                    break
     return total
 
 
