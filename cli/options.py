@@ -98,7 +98,8 @@ class Url(click.ParamType):
             parts.port  # raises on a bad port
         except ValueError:
             host = None
-        if parts.scheme not in ("http", "https") or not host or re.search(r"\s", text):
+        # (nothing unprintable either: a tasks file's URL is shown in messages, and no server's needs one)
+        if parts.scheme not in ("http", "https") or not host or re.search(r"\s", text) or not text.isprintable():
             self.fail(f"{value!r} is not an http(s) URL (e.g. http://localhost:8000/v1)", param, ctx)
         return text
 
