@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
@@ -49,9 +48,7 @@ def test_a_huge_sparse_output_costs_the_host_no_reading_of_its_holes(out_dir):
         f.truncate(1 << 40)                      # a TiB...
         f.seek((1 << 40) - 3 * STEP)
         f.write(b"x\n" * (STEP // 2))             # ...then a little output
-    started = time.monotonic()
-    assert trim_front(fd, "3.1", 1 << 20) == (1 << 40) - STEP
-    assert time.monotonic() - started < 5
+    assert trim_front(fd, "3.1", 1 << 20) == (1 << 40) - STEP   # (reading the TiB would stop at the budget first)
     assert read_cut(fd, "3.1") == ((1 << 40) - STEP, 2 + STEP // 2)
 
 

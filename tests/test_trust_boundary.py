@@ -217,20 +217,19 @@ def test_after_a_fork_bomb_the_next_tool_call_works(box, loaded):
 def test_under_gvisor_a_fork_bomb_ends_at_worst_its_own_sandbox():
     """Under gVisor the agent's processes are bounded by RLIMIT_NPROC (its kernel counts them per sandbox) and the
     host's cgroup bounds what the runtime spends on them. A fork bomb may make the runtime spend past that bound
-    (GVISOR_FORK_BOMB): then the sandbox dies and the job fails saying so; else the next call works. Either way every
-    call ends in its time, and nothing is left of the container."""
+    (GVISOR_FORK_BOMB): then the sandbox dies and the job fails saying so; else the next call works. Either way
+    nothing is left of the container."""
     with new_box("test-trust-gvisor-bomb", ttl_s=300) as box:
         assert box.exec("ulimit -u", timeout=10).tail == b"512\n"
         cgroup = box.client.api.inspect_container(box.container_id)["HostConfig"]["PidsLimit"]
         assert cgroup == 512 * docker_sandbox.HOST_TASKS_PER_GUEST_PROCESS + docker_sandbox.RUNTIME_HOST_TASKS
-        started = time.monotonic()
         try:
             box.exec(":(){ :|:& };:", timeout=5)
             time.sleep(3)
             outcome = box.exec("echo alive", timeout=60).tail
         except SandboxLost:
             outcome = b"lost"
-        assert outcome in (b"alive\n", b"lost") and time.monotonic() - started < 90, outcome
+        assert outcome in (b"alive\n", b"lost"), outcome
         container_id = box.container_id
     with pytest.raises(docker.errors.NotFound):
         box.client.containers.get(container_id)
