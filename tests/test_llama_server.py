@@ -180,6 +180,7 @@ class ForcingProxy(ThreadingHTTPServer):
 
     def __init__(self, upstream: str, tool: str) -> None:
         self.upstream, self.tool = upstream, tool
+        self.asked: list[Any] = []   # the tool_choice pid sent, before the proxy's
         self.sent: list[dict[str, Any]] = []
         self.streamed: list[bytes] = []
         super().__init__(("127.0.0.1", 0), _ForcingHandler)
@@ -196,6 +197,7 @@ class _ForcingHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if "tools" in body:
+            self.server.asked.append(body.get("tool_choice"))
             body["tool_choice"] = ({"type": "function", "function": {"name": self.server.tool}}
                                    if not self.server.sent else "none")
             for tool in body["tools"]:   # (its required arguments only: the noise a base model puts in the optional
@@ -257,3 +259,5 @@ def test_a_tool_call_the_server_streams_runs_and_its_result_goes_back(python_ser
     assert back[-2]["tool_calls"][0]["id"] == call.id and back[-2]["content"] == ""
     assert back[-1]["role"] == "tool" and back[-1]["tool_call_id"] == call.id
     assert outcome.exit_reason in ("stop", "length") and proxy.streamed[1].strip(), outcome.error
+    assert proxy.asked == ["auto", "auto"]   # pid's own: without it this server drops the tools
+    assert outcome.usage.estimated           # (this server reports no usage: pid's count, and it says so)
