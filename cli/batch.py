@@ -54,6 +54,9 @@ def _bad(message: str) -> click.ClickException:
 @click.option("--max-running", type=click.IntRange(min=1), default=None,
               help="The batch's jobs running at once at most, whichever workers take them (the job store "
                    "enforces it).")
+@click.option("--allow-outside", is_flag=True,
+              help="Let the tasks file name repositories and files outside its own directory (its paths are "
+                   "relative to it).")
 @click.option("--retry-failed", is_flag=True,
               help="Also rerun items that failed or hit a limit (or whose check failed).")
 @click.option("--detach", is_flag=True, help="Submit and return at once (then --status DIR, --wait DIR).")
@@ -61,7 +64,8 @@ def _bad(message: str) -> click.ClickException:
 @click.option("--wait", "wait_dir", metavar="DIR", help="Wait for a (detached) batch's items, download, summarize.")
 def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool, repo: str | None, queue: str,
           max_workspace: int, workers: int | None, max_total_cost: float | None, max_running: int | None,
-          retry_failed: bool, detach: bool, status_dir: str | None, wait_dir: str | None, **options: Any) -> None:
+          allow_outside: bool, retry_failed: bool, detach: bool, status_dir: str | None, wait_dir: str | None,
+          **options: Any) -> None:
     """Run one job per line of TASKS.jsonl (`-`: stdin): {"id", "task", "repo", and any job option as a field};
     the command line's options are every item's defaults. --out DIR holds one folder per item, batch.jsonl and
     summary.json; running the same command again resumes the batch. Exit code: 0 when every item completed (and
@@ -92,7 +96,7 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
     out = check_out_dir(options.pop("out_dir"))
     if os.path.isdir(out) and os.listdir(out) and not BatchDir.exists(out):
         raise _bad(f"--out {out}: not empty and not a batch's output directory")
-    items, errors = _read_items(tasks)
+    items, errors = _read_items(tasks, allow_outside)
     from pid.config import endpoint
     key_endpoint = endpoint(options["api"], options.get("base_url"))   # the command line's key goes there only
     specs = build_specs(items, options, repo=repo, queue=queue, no_images=no_images, api_key=api_key,
@@ -143,8 +147,9 @@ def _open(path: str) -> BatchDir:
         raise _bad(str(exc)) from None
 
 
-def _read_items(tasks: str) -> tuple[list[Item], list[str]]:
-    """Every line read and parsed; the bad ones are reported with the others build_specs finds."""
+def _read_items(tasks: str, allow_outside: bool) -> tuple[list[Item], list[str]]:
+    """Every line read and parsed, its paths relative to the tasks file's directory (stdin's: the current one);
+    the bad ones are reported with the others build_specs finds."""
     try:
         if tasks == "-":
             lines = sys.stdin.read().removeprefix("\ufeff").splitlines()
@@ -153,7 +158,8 @@ def _read_items(tasks: str) -> tuple[list[Item], list[str]]:
                 lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise _bad(f"cannot read {tasks}: {getattr(exc, 'strerror', None) or exc}") from None
-    parsed = parse(lines)
+    base = os.getcwd() if tasks == "-" else os.path.dirname(os.path.abspath(os.path.expanduser(tasks)))
+    parsed = parse(lines, base, allow_outside)
     if not parsed.items and not parsed.errors:
         raise _bad(f"{tasks}: no tasks")
     return parsed.items, parsed.errors
@@ -247,12 +253,22 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
         specs[item.id] = spec
     _refuse(errors, tasks)
     errors += _pack(items, specs, max_workspace)
+    errors += _policy_refusals(items, specs)
     _refuse(errors, tasks)
     if any(s.network != "none" for s in specs.values()):
         click.echo("pid: warning: some items use --network bridge: their sandboxes can reach the network and are "
                    "reachable from it", err=True)
     _check_images(specs)
     return specs
+
+
+def _policy_refusals(items: list[Item], specs: dict[str, JobSpec]) -> list[str]:
+    """A line per item that no live worker of its queue would admit (their policies come with their heartbeats)."""
+    from worker.housekeeping import ALIVE_WITHIN_S
+    from worker.policy import refusal_by_workers
+    beats = _store().workers(alive_within_s=ALIVE_WITHIN_S)
+    refusals = ((item, refusal_by_workers(beats, specs[item.id])) for item in items if item.id in specs)
+    return [f"line {item.line}: {refusal}" for item, refusal in refusals if refusal]
 
 
 def _priced_in_table(model: str, seen: dict[str, bool]) -> bool:

@@ -9,6 +9,7 @@ directory.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -23,6 +24,7 @@ ID_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 RESERVED_IDS = {"batch.json", "batch.jsonl", "jobs.jsonl", "summary.json"}
 NOT_PER_ITEM = {"out_dir"}   # the batch's own: its output directory
 IMAGES_FIELDS = ("no-images", "no_images", "images")
+PATH_FIELDS = {"system_prompt"}   # options whose value is a file on this machine (besides `repo`)
 
 
 @dataclass
@@ -75,8 +77,20 @@ def convert(option: JobOption, value: Any) -> Any:
     return kind.convert(value, None, None)
 
 
-def parse(lines: Iterable[str]) -> Parsed:
-    """Every line checked; blank lines are skipped (they keep their number)."""
+def local_path(value: str, base: str, allow_outside: bool) -> str:
+    """A path a tasks file names: relative to the file's directory `base`; outside it (once links are followed), a
+    BadParameter unless `allow_outside`."""
+    path = os.path.join(base, os.path.expanduser(value))
+    root = os.path.realpath(base)
+    if not allow_outside and os.path.commonpath([os.path.realpath(path), root]) != root:
+        raise click.BadParameter(f"{value} is outside the tasks file's directory {root} (pass --allow-outside to "
+                                 "allow it)")
+    return path
+
+
+def parse(lines: Iterable[str], base: str, allow_outside: bool = False) -> Parsed:
+    """Every line checked; blank lines are skipped (they keep their number). Paths are resolved against `base`
+    (local_path)."""
     options = field_options()
     items: list[Item] = []
     errors: list[str] = []
@@ -109,6 +123,11 @@ def parse(lines: Iterable[str]) -> Parsed:
         repo = data.pop("repo", None)
         if repo is not None and (not isinstance(repo, str) or not repo.strip()):
             problems.append("repo must be a non-empty string")
+        elif isinstance(repo, str) and "://" not in repo:
+            try:
+                repo = local_path(repo, base, allow_outside)
+            except click.BadParameter as exc:
+                problems.append(f"repo: {exc.message}")
         fields: dict[str, Any] = {}
         for key, value in data.items():
             if key in IMAGES_FIELDS:   # the flag --no-images (or the JobSpec field `images`): a JSON boolean
@@ -129,6 +148,8 @@ def parse(lines: Iterable[str]) -> Parsed:
                 problems.append(f"unknown field {key!r}")
                 continue
             try:
+                if option.name in PATH_FIELDS and isinstance(value, str):
+                    value = local_path(value, base, allow_outside)
                 fields[option.name] = convert(option, value)
             except click.BadParameter as exc:
                 problems.append(f"{key}: {exc.message}")

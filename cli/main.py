@@ -199,6 +199,16 @@ def check_api_key(spec: JobSpec, key: str | None) -> None:
                    f"--base-url at an endpoint of your own")
 
 
+def check_policies(store: Any, spec: JobSpec) -> None:
+    """Refuse at once a job that no live worker of its queue would admit (their policies come with their
+    heartbeats), with the message a worker would give."""
+    from worker.housekeeping import ALIVE_WITHIN_S
+    from worker.policy import refusal_by_workers
+    refusal = refusal_by_workers(store.workers(alive_within_s=ALIVE_WITHIN_S), spec)
+    if refusal:
+        raise BadInput(f"{refusal}; nothing was queued")
+
+
 def check_image(image: str) -> None:
     from sandbox.engine_probe import image_present
     if image_present(image):   # (the engine's socket, without loading the Docker SDK)
@@ -310,6 +320,7 @@ def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_
 def queue_job(store: Any, spec: JobSpec, api_key: str | None, wait: bool, as_json: bool) -> None:
     """Record the job, keep its key, publish it; then print its id, or wait for its end (submit, continue, retry)."""
     from worker.dispatch import dispatch
+    check_policies(store, spec)
     store.create(spec)
     try:
         # The key goes into the store for the life of the job, never into the broker's message: any worker that
@@ -630,6 +641,8 @@ def workers(show_all: bool, as_json: bool) -> None:
         seen = "alive" if now - b.beat_at <= ALIVE_WITHIN_S else f"silent {format_duration(now - b.beat_at)}"
         click.echo(f"{b.node:<40}  {b.host}:{b.pid:<8}  {b.running}/{b.concurrency} running  "
                    f"queue {','.join(b.queues):<12}  up {format_duration(now - b.started_at):>8}  {seen}")
+        if b.policy:
+            click.echo("  policy: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in b.policy.items()))
 
 
 @cli.command()
@@ -644,9 +657,19 @@ def workers(show_all: bool, as_json: bool) -> None:
 @click.option("--queue", "-Q", "queues", type=QueueName(many=True), default=DEFAULT_QUEUE, show_default=True,
               envvar="PID_QUEUES", show_envvar=True, cls=EnvOption,
               help="The queues this worker takes jobs from, comma-separated (submit --queue routes a job).")
-def worker(concurrency: int, loglevel: str, events: bool, queues: str) -> None:
+@click.option("--policy", "policy_file", type=click.Path(dir_okay=False), envvar="PID_POLICY", show_envvar=True,
+              cls=EnvOption, help="A TOML file of the most a job may ask of this worker (memory, CPUs, disk, "
+                                  "timeout, cost, root, network, images, endpoints): a job outside it is refused "
+                                  "before its container starts (README: Security model).")
+def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_file: str | None) -> None:
     """Start a worker that runs queued jobs (Ctrl-C: finish the running jobs, then stop; twice, or SIGTERM, or
     SIGHUP: hand them back to the queue now)."""
+    from worker import policy
+    if policy_file:
+        try:
+            policy.activate(policy.load(policy_file))
+        except policy.PolicyError as exc:
+            raise BadInput(str(exc)) from None
     from worker.app import app
     from worker.tasks import configure_job_lines, node_name
     configure_job_lines()

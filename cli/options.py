@@ -14,6 +14,7 @@ import click
 from click.core import ParameterSource
 
 from pid.config import API_KEY_ENV, API_NAMES, THINKING_LEVELS
+from sandbox.disk import format_size
 from worker.jobs import default_of, spec_field
 
 MIN_MEMORY = 6 << 20   # the Docker engine refuses less
@@ -47,14 +48,6 @@ class Number(click.ParamType):
         if low is not None and high is not None:
             return f"{low} to {high}"
         return f"at least {low}" if low is not None else f"at most {high}"
-
-
-def format_size(n: int) -> str:
-    """Bytes as the shortest exact size: 10737418240 -> '10g'."""
-    for unit, shift in (("g", 30), ("m", 20), ("k", 10)):
-        if n and n % (1 << shift) == 0:
-            return f"{n >> shift}{unit}"
-    return str(n)
 
 
 class Size(click.ParamType):

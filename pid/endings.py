@@ -32,6 +32,7 @@ ExitReason = Literal[
     "client_lost",            # the `pid run` process died (killed?): a foreground job is not run again
     "dispatch_failed",        # the queue refused the job
     "batch_budget",           # its batch's --max-total-cost was reached (pid batch): queued or at its next model call
+    "policy_refused",         # the worker's policy does not admit what the job asks (worker/policy.py): never started
     "error",                  # anything else (a bug or a set-up failure), with its message in `error`
 ]
 
@@ -66,6 +67,7 @@ ENDINGS: dict[str, Ending] = {
     "client_lost": Ending("failed", 1),
     "dispatch_failed": Ending("failed", 1),
     "batch_budget": Ending("cancelled", 1),
+    "policy_refused": Ending("failed", 2),   # as bad usage: the job asked for what it may not have
     "error": Ending("failed", 1),
 }
 assert set(ENDINGS) == set(get_args(ExitReason)), "every exit reason has exactly one ending"
@@ -86,9 +88,10 @@ def checks_after(reason: str | None) -> bool:
 
 def exit_code_of(reason: str | None, check_passed: bool | None = None) -> int:
     """The exit code of a job that ended for `reason`: 0 completed, 1 failed or cancelled, 3 a limit was hit, 4
-    completed but its check did not pass. (2 is bad usage, before any job.) `check_passed`: None when the job has no
-    check (or it did not run). A limit keeps 3 whatever its check says: the agent did not finish, which is the more
-    useful thing to know. An unknown reason, e.g. from a newer worker, counts as a failure."""
+    completed but its check did not pass. (2 is bad usage: before any job, or a job a worker's policy refused.)
+    `check_passed`: None when the job has no check (or it did not run). A limit keeps 3 whatever its check says: the
+    agent did not finish, which is the more useful thing to know. An unknown reason, e.g. from a newer worker,
+    counts as a failure."""
     ending = ENDINGS.get(str(reason))
     if ending is None:
         return 1

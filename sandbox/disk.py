@@ -75,6 +75,14 @@ def parse_size(text: str) -> int:
     return size
 
 
+def format_size(n: int) -> str:
+    """Bytes as the shortest exact size parse_size reads back: 10737418240 -> '10g'."""
+    for unit, shift in (("g", 30), ("m", 20), ("k", 10)):
+        if n and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
 def _which(tool: str) -> str | None:
     return shutil.which(tool, path=os.pathsep.join(filter(None, [os.environ.get("PATH"), _FALLBACK_PATH])))
 

@@ -265,6 +265,15 @@ def test_heartbeats(store):
     assert [w.node for w in store.workers()] == ["c@h"]
 
 
+def test_a_heartbeat_carries_its_worker_s_policy(store):
+    store.beat("a@h", "h", 1, "boot", 2, 0, True, ["pid"], {"max_memory": 4 << 30, "images": ["pid-sandbox:*"]})
+    store.beat("b@h", "h", 2, "boot", 2, 0, True)
+    policies = {w.node: w.policy for w in store.workers()}
+    assert policies == {"a@h": {"max_memory": 4 << 30, "images": ["pid-sandbox:*"]}, "b@h": {}}
+    store.beat("a@h", "h", 1, "boot", 2, 0, True, ["pid"], None)   # the worker now admits everything
+    assert store.workers()[0].policy == {}
+
+
 def test_list_newest_first_by_status(store, tmp_path):
     jobs = [store.create(spec(tmp_path, n)) for n in range(5)]
     assert [r.id for r in store.list()] == [j.id for j in reversed(jobs)]

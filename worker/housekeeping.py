@@ -19,6 +19,7 @@ import time
 from typing import Callable
 
 from pid.config import pid_home
+from worker import policy
 from worker.jobs import DEFAULT_QUEUE
 from worker.store import JobRecord, Store
 
@@ -126,7 +127,7 @@ class Housekeeping:
         steps: list[tuple[str, Callable[[], object]]] = [
             ("recording this worker's heartbeat", lambda: store.beat(
                 self.node, socket.gethostname(), os.getpid(), boot_id(), self.concurrency, self.running(),
-                self.taking_jobs(), self.queues)),
+                self.taking_jobs(), self.queues, policy.active().to_dict())),
             ("sweeping lost jobs", lambda: sweep(store, on_end=self.on_end)),
             ("dispatching queued jobs", lambda: reconcile(store, on_end=self.on_end)),
         ]

@@ -45,7 +45,8 @@ import redis
 from pid.endings import ExitReason, status_of
 from worker.jobs import DEFAULT_QUEUE, JobSpec
 from worker.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing, Capped, Controls, JobRecord,
-                          WorkerBeat, _queues, blob_from_file, blob_hex, check_artifact_name, retention_s, sum_usage)
+                          WorkerBeat, _policy, _queues, blob_from_file, blob_hex, check_artifact_name, retention_s,
+                          sum_usage)
 
 PREFIX = "pid:"
 SOCKET_TIMEOUT_S = 60  # a Redis that stopped answering is an error, not a hang (a blocking read waits less)
@@ -356,7 +357,8 @@ if redis.call('EXISTS', key) == 0 then
   redis.call('HSET', key, 'node', ID, 'host', A.host, 'pid', A.pid, 'started_at', fmt(t))
   redis.call('ZADD', P .. 'workers', t, ID)
 end
-redis.call('HSET', key, 'concurrency', A.concurrency, 'running', A.running, 'beat_at', fmt(t), 'queues', A.queues)
+redis.call('HSET', key, 'concurrency', A.concurrency, 'running', A.running, 'beat_at', fmt(t), 'queues', A.queues,
+  'policy', A.policy)
 if isnull(A.boot_id) then redis.call('HDEL', key, 'boot_id') else redis.call('HSET', key, 'boot_id', A.boot_id) end
 if not free then redis.call('HDEL', key, 'free_since')
 elseif redis.call('HEXISTS', key, 'free_since') == 0 then redis.call('HSET', key, 'free_since', fmt(t)) end
@@ -681,10 +683,12 @@ class RedisStore:
     # -- worker heartbeats -----------------------------------------------------------------------------------------
 
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
-             taking_jobs: bool, queues: "builtins.list[str] | None" = None) -> None:
+             taking_jobs: bool, queues: "builtins.list[str] | None" = None,
+             policy: dict[str, Any] | None = None) -> None:
         """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs."""
         self._run("beat", node, host=host, pid=pid, boot_id=boot_id, concurrency=concurrency, running=running,
-                  taking_jobs=taking_jobs, queues=",".join(queues or [DEFAULT_QUEUE]))
+                  taking_jobs=taking_jobs, queues=",".join(queues or [DEFAULT_QUEUE]),
+                  policy=json.dumps(policy or {}))
 
     def forget_worker(self, node: str) -> None:
         pipe = self._r.pipeline(transaction=True)
@@ -886,4 +890,4 @@ def _beat(fields: dict[bytes, bytes]) -> WorkerBeat:
                       _text(fields, "boot_id"), int(_text(fields, "concurrency") or 0),
                       int(_text(fields, "running") or 0), float(free) if free is not None else None,
                       float(_text(fields, "started_at") or 0), float(_text(fields, "beat_at") or 0),
-                      _queues(_text(fields, "queues")))
+                      _queues(_text(fields, "queues")), _policy(_text(fields, "policy")))

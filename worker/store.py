@@ -69,7 +69,8 @@ CREATE TABLE IF NOT EXISTS workers (
   free_since REAL,                 -- since when it has had a free slot and taken jobs; NULL: busy or stopping
   started_at REAL NOT NULL,
   beat_at REAL NOT NULL,
-  queues TEXT                      -- the queues it consumes, comma-separated
+  queues TEXT,                     -- the queues it consumes, comma-separated
+  policy TEXT                      -- the rules it admits jobs by, JSON (worker/policy.py); NULL: everything
 );
 CREATE TABLE IF NOT EXISTS inbox (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -288,6 +289,7 @@ class WorkerBeat:
     started_at: float
     beat_at: float
     queues: list[str] = field(default_factory=lambda: [DEFAULT_QUEUE])   # the queues it consumes
+    policy: dict[str, Any] = field(default_factory=dict)   # the rules it admits jobs by (worker/policy.py)
 
 
 class Store(Protocol):
@@ -334,7 +336,8 @@ class Store(Protocol):
     def to_dispatch(self, stale_before: float | None) -> "builtins.list[JobRecord]": ...
     # worker heartbeats
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
-             taking_jobs: bool, queues: "builtins.list[str] | None" = None) -> None: ...
+             taking_jobs: bool, queues: "builtins.list[str] | None" = None,
+             policy: dict[str, Any] | None = None) -> None: ...
     def forget_worker(self, node: str) -> None: ...
     def forget_silent_workers(self, silent_s: float = 86400) -> None: ...
     def workers(self, alive_within_s: float | None = None) -> "builtins.list[WorkerBeat]": ...
@@ -399,7 +402,7 @@ class JobStore:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with self._db() as db:
             db.executescript(SCHEMA)
-            for table, added in (("jobs", ADDED_COLUMNS), ("workers", {"queues": "TEXT"})):
+            for table, added in (("jobs", ADDED_COLUMNS), ("workers", {"queues": "TEXT", "policy": "TEXT"})):
                 have = {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
                 for name, decl in added.items():
                     if name not in have:
@@ -736,19 +739,20 @@ class JobStore:
     # -- worker heartbeats ---------------------------------------------------------------------------------------
 
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
-             taking_jobs: bool, queues: "builtins.list[str] | None" = None) -> None:
+             taking_jobs: bool, queues: "builtins.list[str] | None" = None,
+             policy: dict[str, Any] | None = None) -> None:
         """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs."""
         now = time.time()
         free = taking_jobs and running < concurrency
         with self._db() as db:
             db.execute(
                 "INSERT INTO workers (node, host, pid, boot_id, concurrency, running, free_since, started_at, beat_at, "
-                "queues) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(node) DO UPDATE SET "
+                "queues, policy) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(node) DO UPDATE SET "
                 "concurrency = excluded.concurrency, running = excluded.running, beat_at = excluded.beat_at, "
-                "boot_id = excluded.boot_id, queues = excluded.queues, "
+                "boot_id = excluded.boot_id, queues = excluded.queues, policy = excluded.policy, "
                 "free_since = CASE WHEN ? THEN COALESCE(workers.free_since, excluded.beat_at) ELSE NULL END",
                 (node, host, pid, boot_id, concurrency, running, now if free else None, now, now,
-                 ",".join(queues or [DEFAULT_QUEUE]), free))
+                 ",".join(queues or [DEFAULT_QUEUE]), json.dumps(policy) if policy else None, free))
 
     def forget_worker(self, node: str) -> None:
         with self._db() as db:
@@ -767,8 +771,8 @@ class JobStore:
             args.append(time.time() - alive_within_s)
         with self._db() as db:
             rows = db.execute(sql + " ORDER BY started_at", args).fetchall()
-        return [WorkerBeat(**{k: r[k] for k in r.keys() if k != "queues"}, queues=_queues(r["queues"]))
-                for r in rows]
+        return [WorkerBeat(**{k: r[k] for k in r.keys() if k not in ("queues", "policy")},
+                           queues=_queues(r["queues"]), policy=_policy(r["policy"])) for r in rows]
 
     # -- retention -------------------------------------------------------------------------------------------------
 
@@ -1058,6 +1062,15 @@ def blob_from_file(store: Store, path: str, digest: str | None) -> str:
 
 def _queues(text: str | None) -> list[str]:
     return [q for q in (text or "").split(",") if q] or [DEFAULT_QUEUE]
+
+
+def _policy(text: str | None) -> dict[str, Any]:
+    """A heartbeat's policy (JSON written by the worker); anything unreadable is none."""
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def default_store() -> Store:

@@ -15,13 +15,14 @@ from typing import Any
 
 from pid.config import EnvDefaults, endpoint
 from pid.endings import status_of
-from worker import batch_budget
+from worker import batch_budget, policy
 from worker.app import app
 from worker.control import LEASE_S, ControlRelay, log_job, new_owner, record_end, with_earlier_attempts
 from worker.dispatch import TASK, dispatch
 from worker.jobs import JobSpec
 from worker.runner import run_job
 from worker.store import JobRecord, Store, default_store
+from worker.sweep import write_unrun_result
 
 log = logging.getLogger("pid.worker")
 jobs_log = logging.getLogger("pid.jobs")   # the worker's own lines: one when a job starts, one when it ends
@@ -83,6 +84,8 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
         return
     record = store.get(job_id)
     assert record is not None
+    if _refused_by_policy(store, record, owner):
+        return
     jobs_log.info("job %s started%s: %s", job_id, f" (attempt {record.attempts})" if record.attempts > 1 else "",
                   _short(record.spec.task))
     log_job(store, job_id, "running", f"attempt {record.attempts} started on {socket.gethostname()}",
@@ -120,6 +123,23 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
             log_job(store, job_id, status_of(result["exit_reason"]), line, exit_reason=result["exit_reason"])
         if record.spec.batch:
             _wake_parked(store, record.spec.batch)
+
+
+def _refused_by_policy(store: Store, record: JobRecord, owner: str) -> bool:
+    """A job this worker's policy does not admit ends here, before any container starts: `failed`,
+    `policy_refused`, with the rule it breaks."""
+    refusal = policy.active().refusal(record.spec)
+    if refusal is None:
+        return False
+    error = f"refused by the policy of worker {socket.gethostname()}: {refusal}"
+    record_end(store, record.id, owner, {"exit_reason": "policy_refused", "error": error})
+    write_unrun_result(record.spec, "policy_refused", error, record, store=store)
+    line = end_line(record.id, "failed", "policy_refused", None, None) + f": {refusal}"
+    jobs_log.info("%s", line)
+    log_job(store, record.id, "failed", line, exit_reason="policy_refused")
+    if record.spec.batch:
+        _wake_parked(store, record.spec.batch)
+    return True
 
 
 def _wake_parked(store: Store, batch_id: str) -> None:
@@ -160,7 +180,6 @@ def hand_back(store: Store, job_id: str, owner: str, relay: ControlRelay, why: s
         log.exception("job %s: handing it back", job_id)   # its lease lapses; the sweep puts it back then
         return
     if status == "cancelled":   # its cancel was asked: it ends here, not in the queue
-        from worker.sweep import write_unrun_result
         record = store.get(job_id)
         if record is not None:
             write_unrun_result(record.spec, "cancelled", None, record, store=store)

@@ -1,0 +1,229 @@
+"""A worker's policy (worker/policy.py): the most a job may ask of a worker. The rules themselves here, without a
+worker; then for real: a `pid worker --policy` that refuses a job before any container starts, a `pid submit` and a
+`pid batch` that refuse at once what no live worker admits, and a tasks file's paths kept in its own directory."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import pid_containers, start_worker, stop_worker
+from tests.scripted_llm import ScriptedLLM
+from worker.jobs import JobSpec
+from worker.policy import Policy, PolicyError, image_name, load, refusal_by_workers
+from worker.store import JobStore, WorkerBeat
+
+STRICT = """
+max_memory = "1g"
+max_cpus = 1.5
+max_pids = 256
+max_disk = "2g"
+max_timeout = 600
+max_cost = 2.5
+allow_root = false
+allow_network = ["none"]
+images = ["pid-sandbox:*", "ghcr.io/tasks/*"]
+base_urls = ["http://models.internal:8000/v1/"]
+runtimes = ["runsc"]
+repos = ["https://github.com/*"]
+"""
+
+
+def admitted(**fields) -> JobSpec:
+    """A job the strict policy admits; each test changes one field."""
+    base = dict(task="t", model="m", memory="1g", cpus=1.0, pids_limit=128, disk=1 << 30, timeout_s=600,
+                max_cost=1.0, user="1000:1000", network="none", image="pid-sandbox:latest",
+                base_url="http://models.internal:8000/v1", runtime="runsc", repo="/r", workspace="sha256:ab")
+    return JobSpec(**{**base, **fields})
+
+
+@pytest.fixture
+def strict(tmp_path) -> Policy:
+    path = tmp_path / "policy.toml"
+    path.write_text(STRICT)
+    return load(str(path))
+
+
+def test_each_rule_refuses_what_is_over_it_and_names_itself(strict):
+    assert strict.refusal(admitted()) is None
+    over = {
+        "max_memory": dict(memory="2g"), "max_cpus": dict(cpus=2.0), "max_pids": dict(pids_limit=512),
+        "max_disk": dict(disk=3 << 30), "max_timeout": dict(timeout_s=601), "max_cost": dict(max_cost=3.0),
+        "allow_root": dict(user="root"), "allow_network": dict(network="bridge"), "images": dict(image="ubuntu"),
+        "base_urls": dict(base_url="http://attacker.example/v1"), "runtimes": dict(runtime=None),
+        "repos": dict(repo="file:///root/secrets", workspace=None),
+    }
+    for rule, fields in over.items():
+        refusal = strict.refusal(admitted(**fields))
+        assert refusal is not None and rule in refusal, (rule, refusal)
+    # what "no limit" asks is over any limit; root by number is root; a check's own time counts
+    assert "max_disk" in strict.refusal(admitted(disk=0))
+    assert "max_cost" in strict.refusal(admitted(max_cost=None))
+    assert "allow_root" in strict.refusal(admitted(user="0:0"))
+    assert "max_timeout" in strict.refusal(admitted(check="true", check_timeout_s=900))
+    assert strict.refusal(admitted(image="pid-sandbox")) is None            # :latest, as the engine reads it
+    assert strict.refusal(admitted(repo="https://github.com/a/b#main", workspace=None)) is None
+    assert strict.refusal(admitted(repo="/home/me/project", workspace=None)) is not None   # a path on the worker
+
+
+def test_the_default_policy_admits_everything_pid_can_run():
+    anything = admitted(memory="100g", cpus=64.0, disk=0, max_cost=None, user="root", network="bridge",
+                        image="whatever:1", base_url="http://x/v1", runtime=None, repo="file:///x", workspace=None)
+    assert Policy().refusal(anything) is None and Policy().to_dict() == {}
+    assert Policy.from_dict({}) == Policy()
+
+
+def test_a_policy_file_is_checked_key_by_key(tmp_path, strict):
+    assert Policy.from_dict(strict.to_dict()) == strict           # what a heartbeat carries is the policy
+    assert image_name("reg:5000/a/b") == "reg:5000/a/b:latest" and image_name("a@sha256:" + "0" * 64).endswith("0")
+    bad = {"max_memory = \"4x\"": "max_memory", "max_cpus = \"2\"": "max_cpus", "colour = 1": "unknown key colour",
+           "images = \"a\"": "images", "allow_root = 1": "allow_root", "max_pids = 2.5": "max_pids",
+           "max_cost = nan": "max_cost", "max_timeout = -1": "max_timeout", "[x": "not TOML"}
+    for text, named in bad.items():
+        path = tmp_path / "bad.toml"
+        path.write_text(text + "\n")
+        with pytest.raises(PolicyError, match=named):
+            load(str(path))
+    with pytest.raises(PolicyError, match="No such file"):
+        load(str(tmp_path / "missing.toml"))
+
+
+def test_submit_refuses_only_when_no_live_worker_of_the_queue_admits(strict):
+    def beat(node: str, policy: dict, queues: list[str] | None = None) -> WorkerBeat:
+        return WorkerBeat(node, "h", 1, None, 1, 0, None, 0.0, 0.0, queues or ["pid"], policy)
+    big = admitted(memory="8g")
+    assert refusal_by_workers([], big) is None                                   # nobody to ask: it waits
+    assert refusal_by_workers([beat("a", strict.to_dict(), ["other"])], big) is None   # not that queue's
+    refused = refusal_by_workers([beat("a", strict.to_dict()), beat("b", {"max_memory": 2 << 30})], big)
+    assert refused is not None and "queue pid" in refused and "max_memory = 1g" in refused and "1 other" in refused
+    assert refusal_by_workers([beat("a", strict.to_dict()), beat("b", {})], big) is None   # b admits it
+
+
+# -- for real: a worker, the CLI -----------------------------------------------------------------------------------
+
+def wait_for_policy(run_pid, timeout: float = 30) -> list[dict]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        listed = run_pid("workers", "--json")
+        beats = json.loads(listed.stdout) if listed.code == 0 else []
+        if any(b.get("policy") for b in beats):
+            return beats
+        time.sleep(0.3)
+    raise AssertionError("no worker published its policy")
+
+
+@pytest.mark.cli
+def test_a_worker_refuses_what_its_policy_does_not_admit_before_any_container(run_pid, pid_env, sample_repo,
+                                                                              tmp_path):
+    policy = tmp_path / "policy.toml"
+    with ScriptedLLM([{"text": "done"}]) as llm:
+        policy.write_text(f'max_memory = "1g"\nallow_root = false\nbase_urls = ["{llm.base_url}"]\n')
+        job = ["submit", "fix it", "--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url,
+               "--memory", "512m"]
+        # queued while no worker is live (nobody to ask), then refused by the worker that takes it
+        waiting = subprocess.Popen([sys.executable, "-m", "cli.main", *job, "--memory", "2g", "--wait", "--json"],
+                                   cwd=tmp_path, env=pid_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        deadline = time.time() + 60
+        while not json.loads(run_pid("list", "--json").stdout) and time.time() < deadline:
+            time.sleep(0.2)
+        worker = start_worker({**pid_env, "PID_POLICY": str(policy)}, tmp_path, tmp_path / "worker.log")
+        try:
+            out, err = waiting.communicate(timeout=120)
+            assert waiting.returncode == 2, err
+            result = json.loads(out)
+            assert (result["status"], result["exit_reason"]) == ("failed", "policy_refused")
+            assert "--memory 2g is over max_memory = 1g" in result["error"]
+            assert not [c for c in pid_containers() if c.labels.get("pid.job") == result["id"]]
+            status = run_pid("status", result["id"])
+            assert "max_memory" in status.stdout + status.stderr
+
+            # now that the worker's heartbeat carries its policy, submit refuses at once
+            beats = wait_for_policy(run_pid)
+            assert beats[0]["policy"] == {"max_memory": 1 << 30, "allow_root": False, "base_urls": [llm.base_url]}
+            refused = run_pid(*job, "--user", "root", "--wait")
+            assert refused.code == 2 and refused.stderr.count("\n") == 1, refused.stderr
+            assert "no live worker of queue pid admits the job: --user root runs as root" in refused.stderr
+            other = run_pid(*job, "--base-url", "http://attacker.example/v1", "--api-key", "k")
+            assert other.code == 2 and "base_urls" in other.stderr
+
+            # a job inside the policy runs
+            done = run_pid(*job, "--wait")
+            assert done.code == 0, done.stderr
+            assert len(llm.requests) == 1
+        finally:
+            stop_worker(worker)
+    assert len(json.loads(run_pid("list", "--json").stdout)) == 2   # the refused-at-submit ones were never queued
+
+
+@pytest.mark.cli
+def test_a_bad_policy_file_stops_the_worker_in_one_line(run_pid, tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text('max_memory = "lots"\n')
+    r = run_pid("worker", "--policy", str(policy), timeout=60)
+    assert r.code == 2 and "max_memory" in r.stderr and "Traceback" not in r.stderr
+    r = run_pid("worker", "--policy", str(tmp_path / "none.toml"), timeout=60)
+    assert r.code == 2 and "none.toml" in r.stderr
+
+
+@pytest.mark.cli
+def test_a_batch_says_per_line_what_no_worker_admits(run_pid, pid_env, tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text('max_cpus = 1\nallow_network = ["none"]\n')
+    repo = tmp_path / "tasks" / "repo"
+    repo.mkdir(parents=True)
+    (repo / "a.txt").write_text("a\n")
+    tasks = tmp_path / "tasks" / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(line) + "\n" for line in [
+        {"task": "fine", "repo": "repo"},
+        {"task": "more cpus", "repo": "repo", "cpus": 2},
+        {"task": "the network", "repo": "repo", "network": "bridge"},
+    ]))
+    worker = start_worker({**pid_env, "PID_POLICY": str(policy)}, tmp_path, tmp_path / "worker.log")
+    try:
+        wait_for_policy(run_pid)
+        r = run_pid("batch", str(tasks), "--out", str(tmp_path / "out"), "--model", "m", "--base-url", "http://x/v1")
+    finally:
+        stop_worker(worker)
+    assert r.code == 2, r.stderr
+    assert "line 2: no live worker of queue pid admits the job: --cpus 2 is over max_cpus = 1" in r.stderr
+    assert "line 3:" in r.stderr and "allow_network" in r.stderr and "line 1:" not in r.stderr
+    assert "2 bad line(s)" in r.stderr
+    assert json.loads(run_pid("list", "--json").stdout) == []
+
+
+@pytest.mark.cli
+def test_a_tasks_file_s_paths_are_its_own_directory_s_unless_allowed_outside(run_pid, pid_env, tmp_path):
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key.txt").write_text("hunter2\n")
+    here = tmp_path / "tasks"
+    (here / "repo").mkdir(parents=True)
+    (here / "repo" / "a.txt").write_text("a\n")
+    (here / "link").symlink_to(secret)
+    (here / "prompt.md").write_text("Be brief.\n")
+    tasks = here / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(line) + "\n" for line in [
+        {"task": "relative", "repo": "repo", "system_prompt": "prompt.md"},
+        {"task": "absolute", "repo": str(secret)},
+        {"task": "dot-dot", "repo": "../secret"},
+        {"task": "a link out", "repo": "link"},
+        {"task": "a prompt out", "repo": "repo", "system_prompt": str(secret / "key.txt")},
+    ]))
+    args = ["batch", str(tasks), "--model", "m", "--base-url", "http://x/v1", "--detach"]
+    r = run_pid(*args, "--out", str(tmp_path / "out"))
+    assert r.code == 2, r.stderr
+    for line in (2, 3, 4, 5):
+        assert f"line {line}: " in r.stderr and "outside the tasks file's directory" in r.stderr, r.stderr
+    assert "line 1:" not in r.stderr and "hunter2" not in r.stderr
+    # (a link as the repository itself is refused however it is named: its tree is packed without following links)
+    tasks.write_text("".join(line + "\n" for line in tasks.read_text().splitlines() if '"link"' not in line))
+    r = run_pid(*args, "--out", str(tmp_path / "out2"), "--allow-outside")
+    assert r.code == 0, r.stderr
+    specs = {r.spec.task: r.spec for r in JobStore(str(Path(pid_env["PID_HOME"]) / "jobs.db")).list()}
+    assert specs["relative"].repo == str(here / "repo") and specs["relative"].system_prompt == "Be brief.\n"
+    assert specs["a prompt out"].system_prompt == "hunter2\n"

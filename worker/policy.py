@@ -1,0 +1,217 @@
+"""A worker's policy: the most a job may ask of it (`pid worker --policy FILE`, or PID_POLICY).
+
+A job's spec is written by whoever can submit: a tasks file, a CI script, anyone with the store's URL. Without a
+policy it may ask a worker for root in the sandbox, the network, no disk limit, 100g of memory, any image or any
+model endpoint. The worker's operator decides instead: a job outside the policy is refused before any container
+starts (it ends `failed`, exit reason `policy_refused`, with one line naming the rule). Workers publish their policy
+with their heartbeat, so `pid submit` refuses at once when no live worker of the job's queue would admit the job.
+
+The file is TOML, its keys read as the options do:
+
+    max_memory = "4g"
+    max_cpus = 2
+    max_pids = 512
+    max_disk = "20g"            # a job's --disk 0 (no limit) is over it
+    max_timeout = 3600          # seconds: --timeout, and --check-timeout for a job with a check
+    max_cost = 5.0              # USD: a job without --max-cost is over it
+    allow_root = false
+    allow_network = ["none"]
+    images = ["pid-sandbox:*", "swebench/*"]
+    base_urls = ["https://api.openai.com/v1"]
+    runtimes = ["runsc"]        # "default": the engine's own
+    repos = ["https://*"]       # what the worker fetches itself: git URLs (file:// is a path on the worker!)
+
+A key left out allows everything, so an empty policy is pid's behaviour without one.
+"""
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from pid.config import endpoint
+from sandbox.config import parse_user
+from sandbox.disk import format_size, parse_size
+from worker.jobs import JobSpec
+
+if TYPE_CHECKING:
+    from worker.store import WorkerBeat
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be read or says something pid does not understand: the worker does not start."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    max_memory: int | None = None
+    max_cpus: float | None = None
+    max_pids: int | None = None
+    max_disk: int | None = None
+    max_timeout: float | None = None
+    max_cost: float | None = None
+    allow_root: bool = True
+    allow_network: tuple[str, ...] | None = None
+    images: tuple[str, ...] | None = None
+    base_urls: tuple[str, ...] | None = None
+    runtimes: tuple[str, ...] | None = None
+    repos: tuple[str, ...] | None = None
+
+    def refusal(self, spec: JobSpec) -> str | None:
+        """Why this policy does not admit the job (the first rule it breaks, in one line), or None."""
+        for problem in self._problems(spec):
+            return problem
+        return None
+
+    def _problems(self, spec: JobSpec) -> Any:
+        if self.max_memory is not None and parse_size(spec.memory) > self.max_memory:
+            yield f"--memory {spec.memory} is over max_memory = {format_size(self.max_memory)}"
+        if self.max_cpus is not None and spec.cpus > self.max_cpus:
+            yield f"--cpus {spec.cpus:g} is over max_cpus = {self.max_cpus:g}"
+        if self.max_pids is not None and spec.pids_limit > self.max_pids:
+            yield f"--pids {spec.pids_limit} is over max_pids = {self.max_pids}"
+        if self.max_disk is not None and (spec.disk == 0 or spec.disk > self.max_disk):
+            asked = "0 (no limit)" if spec.disk == 0 else format_size(spec.disk)
+            yield f"--disk {asked} is over max_disk = {format_size(self.max_disk)}"
+        if self.max_timeout is not None:
+            if spec.timeout_s > self.max_timeout:
+                yield f"--timeout {spec.timeout_s:g} is over max_timeout = {self.max_timeout:g}"
+            if spec.check and spec.check_timeout_s > self.max_timeout:
+                yield f"--check-timeout {spec.check_timeout_s:g} is over max_timeout = {self.max_timeout:g}"
+        if self.max_cost is not None and (spec.max_cost is None or spec.max_cost > self.max_cost):
+            asked = "none (no limit)" if spec.max_cost is None else f"{spec.max_cost:g}"
+            yield f"--max-cost {asked} is over max_cost = {self.max_cost:g}"
+        if not self.allow_root and parse_user(spec.user)[0] == 0:
+            yield f"--user {spec.user} runs as root, and allow_root = false"
+        if self.allow_network is not None and spec.network not in self.allow_network:
+            yield f"--network {spec.network} is not in allow_network = {_listed(self.allow_network)}"
+        if self.images is not None and not _matches(image_name(spec.image), self.images):
+            yield f"--image {spec.image} is not in images = {_listed(self.images)}"
+        if self.base_urls is not None:
+            url = endpoint(spec.api, spec.base_url)
+            if not _matches(url, tuple(u.rstrip("/") for u in self.base_urls)):
+                yield f"the model endpoint {url} is not in base_urls = {_listed(self.base_urls)}"
+        if self.runtimes is not None and (spec.runtime or "default") not in self.runtimes:
+            yield f"--runtime {spec.runtime or 'default'} is not in runtimes = {_listed(self.runtimes)}"
+        # A workspace packed at submit travels with the job; anything else the worker reads itself, on its machine.
+        if self.repos is not None and spec.repo and spec.workspace is None:
+            source = spec.repo.partition("#")[0]
+            if not _matches(source, self.repos):
+                yield f"--repo {source} is not in repos = {_listed(self.repos)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rules that are set, as the heartbeat publishes them."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
+                if v is not None and not (k == "allow_root" and v is True)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], strict: bool = False) -> "Policy":
+        """A policy from a file's table (strict: an unknown key or a wrong type is an error) or from a heartbeat
+        (a newer worker's unknown rule is skipped: that worker still enforces it)."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown and strict:
+            raise PolicyError(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} (known: "
+                              f"{', '.join(known)})")
+        values: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in known:
+                values[key] = _value(key, value)
+        return cls(**values)
+
+
+def _value(key: str, value: Any) -> Any:
+    """One rule's value, checked: sizes as the options take them, numbers finite and 0 or more, lists of names."""
+    def wrong(wanted: str) -> PolicyError:
+        return PolicyError(f"{key} = {value!r}: expected {wanted}")
+
+    if key in ("max_memory", "max_disk"):
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise wrong('a size such as "4g", or a number of bytes')
+        try:
+            size = value if isinstance(value, int) else parse_size(value)
+        except ValueError as exc:
+            raise PolicyError(f"{key}: {exc}") from None
+        if size <= 0:
+            raise wrong("a size above 0")
+        return size
+    if key in ("max_cpus", "max_timeout", "max_cost", "max_pids"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+            raise wrong("a finite number, 0 or more")
+        if key == "max_pids":
+            if not float(value).is_integer():
+                raise wrong("a whole number")
+            return int(value)
+        return float(value)
+    if key == "allow_root":
+        if not isinstance(value, bool):
+            raise wrong("true or false")
+        return value
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise wrong('a list of names, e.g. ["a", "b"]')
+    return tuple(value)
+
+
+def load(path: str) -> Policy:
+    """The policy in a TOML file, every key checked (PolicyError: one line saying what is wrong)."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise PolicyError(f"policy {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"policy {path}: not TOML: {exc}") from None
+    try:
+        return Policy.from_dict(data, strict=True)
+    except PolicyError as exc:
+        raise PolicyError(f"policy {path}: {exc}") from None
+
+
+def refusal_by_workers(workers: "list[WorkerBeat]", spec: JobSpec) -> str | None:
+    """Why no live worker of the job's queue would admit it (as the first of them says), or None: one admits it,
+    or no worker of the queue is live (the job waits for one; that one decides)."""
+    refusals = []
+    for beat in workers:
+        if spec.queue not in beat.queues:
+            continue
+        try:
+            rules = Policy.from_dict(beat.policy)
+        except PolicyError:   # a policy this client cannot read: that worker decides for itself
+            return None
+        refusal = rules.refusal(spec)
+        if refusal is None:
+            return None
+        refusals.append(refusal)
+    if not refusals:
+        return None
+    others = f" (and {len(refusals) - 1} other worker(s) refuse it too)" if len(refusals) > 1 else ""
+    return f"no live worker of queue {spec.queue} admits the job: {refusals[0]}{others}"
+
+
+_active: list[Policy] = [Policy()]
+
+
+def active() -> Policy:
+    """This worker's policy (set once, as it starts)."""
+    return _active[0]
+
+
+def activate(policy: Policy) -> None:
+    _active[0] = policy
+
+
+def image_name(image: str) -> str:
+    """An image reference as the engine reads it: without a tag or digest it means `:latest`."""
+    if "@" in image or image.startswith("sha256:"):
+        return image
+    last = image.rsplit("/", 1)[-1]
+    return image if ":" in last else image + ":latest"
+
+
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def _listed(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f'"{v}"' for v in values) + "]"
