@@ -342,6 +342,9 @@ pid_slotrun() {
     fi
     if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0 pid_out=$pid_zo0; else pid_pid=$pid_z1 pid_out=$pid_zo1; fi
     [ -n "$pid_pid" ] && pid_alive "$pid_pid" || pid_take_slot
+    # The host sends nothing more until it has this command's "P" line: anything to read now is its EOF. It gave up
+    # on this request (its deadline for the start passed, or it stopped sending half-way): nothing of it may run.
+    read -r -t 0 && pid_quit
     if [ "${#pid_cmd}" -gt 4000 ]; then   # (bytes: the server's locale is C) more than a page: through a file
         pid_n=$((pid_n + 1))
         printf '%s' "$pid_cmd" >"$pid_dir/$pid_cid.$pid_n.cmd"
@@ -434,6 +437,7 @@ pid_exec() {  # x emit nonce len, then the command
     fi
     pid_readcmd "$4"
     if [ "$pid_role" = agent ] && pid_full; then echo B; return; fi
+    [ "$pid_shell" != bash ] || ! read -r -t 0 || pid_quit   # (see pid_slotrun; POSIX sh cannot tell)
     pid_start
     pid_finish
 }
@@ -471,6 +475,7 @@ $pid_cmd" ;;
     pid_forget "$pid_in"
     if [ -n "$pid_fast" ]; then pid_slotrun; return; fi
     if [ "$pid_role" = agent ] && pid_full; then echo B; return; fi
+    [ "$pid_shell" != bash ] || ! read -r -t 0 || pid_quit   # (see pid_slotrun; POSIX sh cannot tell)
     pid_start
     pid_finish
 }
@@ -621,6 +626,12 @@ pid_hello() {
     echo "R $pid_shell $pid_pe"
 }
 
+pid_quit() {  # the host went away: the pre-started shells wait for commands that will never come
+    for pid_pid in $pid_z0 $pid_z1; do kill -9 -"$pid_pid" 2>/dev/null || kill -9 "$pid_pid" 2>/dev/null; done
+    rm -f "$pid_fifo.0" "$pid_fifo.1" "$pid_fifo.s" "$pid_mark"
+    exit 0
+}
+
 pid_due=
 while :; do
     pid_first=
@@ -645,6 +656,4 @@ while :; do
         *) echo "E EPROTO" ;;
     esac
 done
-# The host went away: the pre-started shells wait for commands that will never come.
-for pid_pid in $pid_z0 $pid_z1; do kill -9 -"$pid_pid" 2>/dev/null || kill -9 "$pid_pid" 2>/dev/null; done
-rm -f "$pid_fifo.0" "$pid_fifo.1" "$pid_fifo.s" "$pid_mark"
+pid_quit

@@ -682,13 +682,17 @@ class DockerSandbox:
         how often the process table had been cleared before it: a clearing since, to start it or while it ran, may
         have killed its processes).
 
-        On timeout or cancel its process group is killed inside the container before this returns.
+        On timeout or cancel its process group is killed inside the container before this returns. The deadline
+        counts from before the command (and its upload) is sent; the start itself has its own bound, not the call's:
+        a start given up half-way could still run its command later, out of reach, while one that ends past the
+        deadline is killed at once below, as timed out. (A command is at most a tool argument's size: see
+        pid/tools/registry.py's MAX_ARGUMENT_BYTES.)
         """
         self._agent_started = True
         started = time.monotonic()
         deadline = started + timeout
         clearings = self._clearings
-        channel, started_pgid, out_path = self._start(command, emit, min(deadline, started + CONTROL_TIMEOUT_S), upload)
+        channel, started_pgid, out_path = self._start(command, emit, started + CONTROL_TIMEOUT_S, upload)
         pgid: int | None = started_pgid   # None once the command has ended: nothing left to kill
         try:
             next_poll = started + OUTPUT_POLL_S

@@ -30,6 +30,10 @@ A turn is a dict; every key is optional:
     replay          a path: send this whole HTTP response (status line, headers, body) byte for byte, as a real
                     server sent it (tests/fixtures/servers/record.py recorded it), then close the connection
     gzip            true: the stream is sent gzip-compressed (Content-Encoding: gzip), cut across its chunks
+    endless         "text" | "thinking" | "arguments" | "line": a reply that never ends: deltas of that kind (a bash
+                    call's arguments for "arguments"), or one data line that never ends, sent until the client
+                    closes the connection (or ENDLESS_CAP bytes, so that a bug never hangs a test); `endless` then
+                    holds (bytes of content sent, whether the client closed) per such reply
 
 When the script runs out every request gets the plain answer "script exhausted", so a bug never hangs a test.
 Instead of a script, a `responder(body) -> turn` can answer each request from what it carries (tests with many jobs
@@ -59,6 +63,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 EXHAUSTED_TURN: dict[str, Any] = {"text": "script exhausted"}
+ENDLESS_CAP = 128 << 20      # the most an endless reply sends
+ENDLESS_PIECE = 16384        # characters per delta of an endless reply
 
 _ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                    "content_filter": "refusal"}
@@ -80,6 +86,8 @@ class ScriptedLLM:
         self.paths: list[str] = []
         self.arrived: list[float] = []                 # time.time() of each request, parallel to `requests`
         self.handling_s: list[float] = []              # how long the server took over each POST (its own latency)
+        self.endless: list[tuple[int, bool]] = []      # per endless reply: (content bytes sent, client closed)
+        self.endless_done = threading.Condition(self._lock)
         self._server = _Server((host, port), _Handler)
         self._server.llm = self
         self._thread: threading.Thread | None = None
@@ -245,6 +253,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send_error_turn(wire, _overflow_error(wire, turn["overflow"], len(raw) // 4))
             if "error" in turn:
                 return self._send_error_turn(wire, turn["error"])
+            if turn.get("endless"):
+                return self._stream_endless(*_endless_events(wire, turn["endless"], body, number))
             if "raw" in turn:
                 events = [e.encode() for e in turn["raw"]]
             elif wire == "openai":
@@ -318,6 +328,26 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
         self.wfile.write(b"".join(chunks) + b"0\r\n\r\n")
+
+    def _stream_endless(self, opening: bytes, piece: bytes, size: int) -> None:
+        """`opening`, then `piece` (`size` bytes of content) again and again until the client hangs up; what was
+        sent is recorded in the server's `endless`."""
+        llm = self.server.llm
+        self._begin_stream()
+        sent, closed = 0, False
+        try:
+            self.wfile.write(_chunk(opening))
+            chunk = _chunk(piece)
+            while sent < ENDLESS_CAP and not llm._closing.is_set():
+                self.wfile.write(chunk)
+                sent += size
+        except OSError:   # (BrokenPipeError, ConnectionResetError): the client went away
+            closed = True
+        finally:
+            self.close_connection = True
+            with llm.endless_done:
+                llm.endless.append((sent, closed))
+                llm.endless_done.notify_all()
 
     def _stream_gzip(self, events: list[bytes]) -> None:
         """The events gzip-compressed, the compressed bytes sent in chunks that cut across events."""
@@ -479,6 +509,47 @@ def _anthropic_events(turn: dict[str, Any], request: dict[str, Any], raw: bytes,
                                           "usage": {"output_tokens": completion}}))
     events.append(event("message_stop", {"type": "message_stop"}))
     return events
+
+
+def _endless_events(wire: str, kind: str, request: dict[str, Any], number: int) -> tuple[bytes, bytes, int]:
+    """(the stream's opening, one piece to repeat after it, the piece's content bytes) of an endless reply."""
+    text = "x" * ENDLESS_PIECE
+    model = request.get("model", "scripted")
+    if wire == "openai":
+        def chunk(delta: dict[str, Any]) -> bytes:
+            return b"data: " + json.dumps({"id": f"chatcmpl-endless{number}", "object": "chat.completion.chunk",
+                                           "model": model, "choices": [{"index": 0, "delta": delta}]}).encode() + \
+                b"\n\n"
+
+        opening = chunk({"role": "assistant", "content": ""})
+        if kind == "arguments":
+            opening += chunk({"tool_calls": [{"index": 0, "id": "call_endless", "type": "function",
+                                              "function": {"name": "bash", "arguments": '{"command": "'}}]})
+            return opening, chunk({"tool_calls": [{"index": 0, "function": {"arguments": text}}]}), len(text)
+        if kind == "line":
+            return opening + b'data: {"choices": [{"index": 0, "delta": {"content": "', text.encode(), len(text)
+        field = {"text": "content", "thinking": "reasoning_content"}[kind]
+        return opening, chunk({field: text}), len(text)
+
+    def event(payload: dict[str, Any]) -> bytes:
+        return b"event: " + payload["type"].encode() + b"\ndata: " + json.dumps(payload).encode() + b"\n\n"
+
+    opening = event({"type": "message_start", "message": {
+        "id": f"msg_endless{number}", "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": None, "usage": {"input_tokens": 10, "output_tokens": 1}}})
+    block = {"text": {"type": "text", "text": ""}, "line": {"type": "text", "text": ""},
+             "thinking": {"type": "thinking", "thinking": ""},
+             "arguments": {"type": "tool_use", "id": "toolu_endless", "name": "bash", "input": {}}}[kind]
+    opening += event({"type": "content_block_start", "index": 0, "content_block": block})
+    if kind == "line":
+        return opening + (b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0, '
+                          b'"delta": {"type": "text_delta", "text": "'), text.encode(), len(text)
+    delta = {"text": {"type": "text_delta", "text": text}, "thinking": {"type": "thinking_delta", "thinking": text},
+             "arguments": {"type": "input_json_delta", "partial_json": text}}[kind]
+    if kind == "arguments":
+        opening += event({"type": "content_block_delta", "index": 0,
+                          "delta": {"type": "input_json_delta", "partial_json": '{"command": "'}})
+    return opening, event({"type": "content_block_delta", "index": 0, "delta": delta}), len(text)
 
 
 def main(argv: list[str] | None = None) -> None:

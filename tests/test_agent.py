@@ -14,7 +14,8 @@ from pid.messages import AssistantMessage, TextContent, ToolCall, ToolResultMess
 from pid.providers import make_provider
 from pid.providers.base import ProviderConfig
 from pid.tools.base import ToolContext
-from pid.tools.registry import default_registry
+from pid.providers.transport import MAX_REPLY_BYTES
+from pid.tools.registry import MAX_ARGUMENT_BYTES, default_registry
 from tests.memory_sandbox import Commands, MemorySandbox, Run
 from tests.scripted_llm import ScriptedLLM
 
@@ -192,6 +193,29 @@ def test_provider_error_fails_the_job_with_the_message(sandbox):
         outcome = make_agent(llm, sandbox).run("go")
     assert outcome.status == "failed" and outcome.exit_reason == "provider_error"
     assert "model not found" in outcome.error
+
+
+def test_an_endless_reply_fails_the_job_saying_it_was_too_large(sandbox):
+    """Issue 21, finding 6: the turn ends at the reply's bound with an error that says so; nothing runs."""
+    with ScriptedLLM([{"endless": "arguments"}]) as llm:
+        outcome = make_agent(llm, sandbox).run("go")
+    assert (outcome.status, outcome.exit_reason, outcome.tool_calls) == ("failed", "provider_error", 0)
+    assert f"the model's reply exceeded {MAX_REPLY_BYTES} bytes" in outcome.error
+    assert sandbox.commands == []
+
+
+def test_an_oversized_argument_is_refused_before_anything_is_sent_to_the_sandbox(sandbox):
+    """Issue 21, finding 6: one argument over MAX_ARGUMENT_BYTES (here within the reply's bound) is an error the
+    model reads; the command never reaches the sandbox, and the loop goes on."""
+    command = "echo hi #" + "x" * MAX_ARGUMENT_BYTES
+    with ScriptedLLM([{"tool_calls": [bash(command), bash("echo hi")]}, {"text": "smaller then"}]) as llm:
+        outcome = make_agent(llm, sandbox).run("go")
+        refused, ran = (m["content"] for m in tool_messages(llm.requests[1]))
+    assert outcome.final_message == "smaller then"
+    assert refused.startswith(f'Argument "command" of tool "bash" is {len(command)} bytes, over the limit of '
+                              f'{MAX_ARGUMENT_BYTES} bytes (2 MiB) for one argument, so the tool was not run.')
+    assert len(refused) < 500
+    assert ran.strip() == "hi" and sandbox.commands == ["echo hi"]
 
 
 def test_failed_replies_are_not_replayed_and_unanswered_calls_get_a_result(sandbox):

@@ -15,7 +15,8 @@ import pytest
 from pid.messages import (AssistantMessage, ImageContent, TextContent, ThinkingContent, ToolCall, ToolResultMessage,
                           ToolSpec, UserMessage)
 from pid.providers import AnthropicProvider, OpenAIProvider, ProviderConfig, make_provider
-from tests.scripted_llm import ScriptedLLM
+from pid.providers.transport import MAX_EVENT_BYTES, MAX_REPLY_BYTES
+from tests.scripted_llm import ENDLESS_CAP, ENDLESS_PIECE, ScriptedLLM
 
 OPENAI = "openai-completions"
 ANTHROPIC = "anthropic-messages"
@@ -267,6 +268,29 @@ def test_an_error_event_mid_stream_is_reported(api: str) -> None:
     with ScriptedLLM([{"stream_error": "Overloaded, try later"}]) as llm:
         reply = provider(llm, api).stream("", HELLO, [])
     assert reply.stop_reason == "error" and "Overloaded, try later" in reply.error_message
+
+
+@pytest.mark.parametrize("api", BOTH)
+@pytest.mark.parametrize("kind", ["text", "thinking", "arguments", "line"])
+def test_an_endless_reply_stops_at_the_bound_with_a_clear_error(api: str, kind: str) -> None:
+    """Issue 21, finding 6: a server that streams forever (deltas of text, thinking or a tool call's arguments, or one
+    line that never ends) grew the job without bound. pid stops reading past MAX_REPLY_BYTES (an event past
+    MAX_EVENT_BYTES), closes the connection, and the turn ends with an error saying so; what it kept is bounded."""
+    with ScriptedLLM([{"endless": kind}, {"text": "the next call works"}]) as llm:
+        p = provider(llm, api)
+        reply = p.stream("", HELLO, [BASH])
+        with llm.endless_done:   # the server's side: it saw the client hang up, and sent a bounded amount
+            assert llm.endless_done.wait_for(lambda: llm.endless, timeout=60)
+        sent, closed = llm.endless[0]
+        assert p.stream("", HELLO, [BASH]).text == "the next call works"
+    assert reply.stop_reason == "error"
+    expected = f"a stream event of more than {MAX_EVENT_BYTES} bytes" if kind == "line" else \
+        f"reply exceeded {MAX_REPLY_BYTES} bytes (4 MiB) of text, thinking and tool-call arguments"
+    assert expected in reply.error_message
+    assert closed and sent < ENDLESS_CAP // 2   # (what the sockets' buffers held beyond what pid read)
+    kept = sum(len(c.text) if isinstance(c, TextContent) else len(c.thinking) if isinstance(c, ThinkingContent)
+               else len(json.dumps(c.arguments)) + len(c.raw_arguments or "") for c in reply.content)
+    assert kept <= MAX_REPLY_BYTES + ENDLESS_PIECE
 
 
 @pytest.mark.parametrize("api", BOTH)

@@ -107,6 +107,25 @@ def test_agent_commands_keep_their_locale(client, sb):
         channel.close()
 
 
+def test_a_command_the_host_gave_up_sending_never_runs(client, sb):
+    """Issue 21, finding 6: a host that stops sending a command half-way (its start ran out of time) closes the
+    channel. The server used to run what it had read of it; now it runs nothing and ends."""
+    channel = Channel.open_exec(client.api, sb.container_id, 901, role="agent", workdir=sb.workdir, uid=sb.uid,
+                                gid=sb.gid, env=BASE_ENV)
+    command = b"touch /tmp/cut-short; exit 0 #" + b"x" * 100
+    try:
+        channel.link.send(b"x 0 n0nce %d\n%s" % (len(command) + 100, command), time.monotonic() + 10)
+    finally:
+        channel.close()
+    for _ in range(300):   # until that server has read to its end (and so started whatever it was going to)
+        if sb.exec("ps -eo args | grep -c '[c]hannel.sh agent 901 '; true", timeout=10).tail == b"0\n":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the channel's server did not end")
+    assert sb.exec("ls /tmp/cut-short", timeout=10).exit_code != 0
+
+
 def _execs(client, container_id: str) -> int:
     return len(client.api.inspect_container(container_id)["ExecIDs"] or [])
 

@@ -10,6 +10,7 @@ import pytest
 from pid.messages import TextContent
 from pid.tools import ToolSettings
 from pid.tools.bash import sanitize
+from pid.tools.registry import MAX_ARGUMENT_BYTES
 from sandbox import DockerSandbox, SandboxConfig
 from sandbox.config import AGENT_HOME
 from tests.conftest import RUNTIME
@@ -61,6 +62,16 @@ def test_timeout(sandbox):
     assert text(result) == "started\n\n\nCommand timed out after 1 seconds"
     quiet = bash(sandbox, "sleep 30", timeout="0.5")
     assert text(quiet) == "Command timed out after 0.5 seconds" and quiet.timed_out
+
+
+def test_a_command_near_the_argument_bound_still_ends_at_its_timeout(sandbox):
+    """Issue 21, finding 6: the timeout covers sending the command into the container. A command just under the
+    argument bound, with a timeout shorter than its upload, failed with a channel error while the server went on to
+    start it later, out of reach; it is a timeout like any other now, and nothing of it is left running."""
+    command = "sleep 77 #" + "x" * (MAX_ARGUMENT_BYTES - 100)
+    result = bash(sandbox, command, timeout=0.01)
+    assert result.timed_out and text(result) == "Command timed out after 0.01 seconds"
+    assert text(bash(sandbox, "ps -eo args | grep -c '^[s]leep 77'; true")) == "0\n"
 
 
 def test_default_timeout_comes_from_settings(sandbox):

@@ -20,7 +20,8 @@ from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, M
 from pid.providers import retry
 from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price
 from pid.providers.openai import parse_arguments
-from pid.providers.transport import StreamReply, StreamingProvider, ToolsJSON, json_object, truncate
+from pid.providers.transport import (BLOCK_BYTES, Pieces, StreamReply, StreamingProvider, ToolsJSON, json_object,
+                                     truncate, utf8_size)
 from pid.tokens import get_counter
 
 API = API_NAMES["anthropic"]
@@ -37,6 +38,9 @@ MIN_OUTPUT_TOKENS = 1024
 MIN_THINKING_BUDGET = 1024       # the API's own minimum
 INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
 REDACTED_THINKING = "[Reasoning redacted]"
+# Each content_block_delta type and the field that carries its piece.
+_DELTA_FIELDS = {"text_delta": "text", "input_json_delta": "partial_json", "thinking_delta": "thinking",
+                 "signature_delta": "signature"}
 # Mid-stream error types that are the service's trouble, not the request's.
 _STREAM_RETRY = {"overloaded_error": retry.OVERLOADED, "rate_limit_error": retry.RATE_LIMITED,
                  "api_error": retry.SERVER_ERROR, "timeout_error": retry.TIMEOUT}
@@ -132,10 +136,10 @@ def _tool_entry(tool: ToolSpec) -> dict[str, Any]:
 @dataclass
 class _Block:
     type: str
-    parts: list[str] = field(default_factory=list)
+    parts: Pieces = field(default_factory=Pieces)
     id: str = ""
     name: str = ""
-    signature: str | None = None
+    signature: Pieces | None = None
     data: str = ""           # a redacted_thinking block's opaque payload
 
 
@@ -160,27 +164,29 @@ class _Reply(StreamReply):
             if block is None:
                 return
             delta_type = delta.get("type")
-            if delta_type == "text_delta":
-                text = delta.get("text", "")
-                block.parts.append(text)
-                if on_text is not None and text:
-                    on_text(text)
-            elif delta_type == "input_json_delta":
-                block.parts.append(delta.get("partial_json", ""))
-            elif delta_type == "thinking_delta":
-                block.parts.append(delta.get("thinking", ""))
-            elif delta_type == "signature_delta":
-                block.signature = (block.signature or "") + delta.get("signature", "")
+            field_name = _DELTA_FIELDS.get(delta_type) if isinstance(delta_type, str) else None
+            piece = delta.get(field_name) if field_name else None
+            if not isinstance(piece, str) or not piece:
+                return
+            self.grow(utf8_size(piece))
+            if delta_type == "signature_delta":
+                block.signature = block.signature or Pieces()
+                block.signature.append(piece)
+                return
+            block.parts.append(piece)
+            if on_text is not None and delta_type == "text_delta":
+                on_text(piece)
         elif kind == "content_block_start":
             start = payload.get("content_block") or {}
-            block = _Block(start.get("type", ""), id=start.get("id", ""), name=start.get("name", ""),
-                           data=start.get("data", "") if start.get("type") == "redacted_thinking" else "")
-            if block.type == "text" and start.get("text"):
-                block.parts.append(start["text"])
-            elif block.type == "thinking" and start.get("thinking"):
-                block.parts.append(start["thinking"])
+            block = _Block(_str(start.get("type")), id=_str(start.get("id")), name=_str(start.get("name")),
+                           data=_str(start.get("data")) if start.get("type") == "redacted_thinking" else "")
+            first = ""
+            if block.type in ("text", "thinking"):
+                first = _str(start.get(block.type))
             elif block.type == "tool_use" and start.get("input"):  # a proxy that sends the input whole
-                block.parts.append(json.dumps(start["input"]))
+                first = json.dumps(start["input"])
+            block.parts.append(first)
+            self.grow(BLOCK_BYTES + sum(utf8_size(t) for t in (block.id, block.name, block.data, first)))
             self.blocks[payload.get("index", len(self.blocks))] = block
         elif kind == "message_start":
             message = payload.get("message") or {}
@@ -211,11 +217,11 @@ class _Reply(StreamReply):
         has_calls = False
         for index in sorted(self.blocks):
             block = self.blocks[index]
-            text = "".join(block.parts)
+            text = block.parts.text()
             if block.type == "text":
                 content.append(TextContent(text))
             elif block.type == "thinking":
-                content.append(ThinkingContent(text, block.signature))
+                content.append(ThinkingContent(text, block.signature.text() if block.signature else None))
             elif block.type == "redacted_thinking":
                 content.append(ThinkingContent(REDACTED_THINKING, block.data, redacted=True))
             elif block.type == "tool_use":
@@ -231,6 +237,10 @@ class _Reply(StreamReply):
         if self.stop_reason == "refusal":
             return content, "error", "the model declined to answer (stop_reason refusal)"
         return content, _STOP.get(self.stop_reason or "end_turn", "stop"), None
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _tool_id(call_id: str) -> str:

@@ -21,7 +21,8 @@ from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, M
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers import retry
 from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price
-from pid.providers.transport import StreamReply, StreamingProvider, ToolsJSON, json_object, truncate
+from pid.providers.transport import (BLOCK_BYTES, Pieces, StreamReply, StreamingProvider, ToolsJSON, json_object,
+                                     truncate, utf8_size)
 
 API = API_NAMES["openai"]
 DEFAULT_MAX_OUTPUT = 32000   # pi's cap on a model's maxTokens when the request names none
@@ -91,7 +92,7 @@ class OpenAIProvider(StreamingProvider):
 class _CallParts:
     id: str | None = None
     name: str = ""
-    arguments: list[str] = field(default_factory=list)
+    arguments: Pieces = field(default_factory=Pieces)
 
 
 class _Reply(StreamReply):
@@ -100,7 +101,7 @@ class _Reply(StreamReply):
     def __init__(self) -> None:
         super().__init__()
         # ("text" | "thinking", pieces, the reasoning field) in arrival order
-        self.blocks: list[tuple[str, list[str], str | None]] = []
+        self.blocks: list[tuple[str, Pieces, str | None]] = []
         self.calls: dict[Any, _CallParts] = {}
         self.finish: str | None = None
         self.raw_usage: dict[str, Any] | None = None
@@ -122,11 +123,11 @@ class _Reply(StreamReply):
         delta = choice.get("delta")
         if delta:
             text = delta.get("content")
-            if text:
-                if isinstance(text, list):  # a few servers stream content parts
-                    text = "".join(p.get("text", "") for p in text if isinstance(p, dict))
+            if isinstance(text, list):  # a few servers stream content parts
+                text = "".join(p.get("text", "") for p in text if isinstance(p, dict))
+            if isinstance(text, str) and text:
                 self._append("text", text)
-                if on_text is not None and text:
+                if on_text is not None:
                     on_text(text)
             for name in REASONING_FIELDS:
                 thinking = delta.get(name)
@@ -143,10 +144,12 @@ class _Reply(StreamReply):
             self.finish = choice["finish_reason"]
 
     def _append(self, kind: str, piece: str, source: str | None = None) -> None:
+        self.grow(utf8_size(piece))
         if self.blocks and self.blocks[-1][0] == kind:
             self.blocks[-1][1].append(piece)
         else:
-            self.blocks.append((kind, [piece], source))
+            self.grow(BLOCK_BYTES)
+            self.blocks.append((kind, Pieces(piece), source))
 
     @property
     def finished(self) -> bool:
@@ -163,18 +166,21 @@ class _Reply(StreamReply):
         if slot is not None and call_id and slot.id and call_id != slot.id:
             key, slot = ("next", len(self.calls)), None  # a server reusing one index for parallel calls
         if slot is None:
+            self.grow(BLOCK_BYTES)
             slot = self.calls[key] = _CallParts()
         if call_id and not slot.id:
             slot.id = str(call_id)
+            self.grow(utf8_size(slot.id))
         function = fragment.get("function") or {}
         if function.get("name") and not slot.name:
-            slot.name = function["name"]
+            slot.name = str(function["name"])
+            self.grow(utf8_size(slot.name))
         arguments = function.get("arguments")
-        if isinstance(arguments, str):
-            if arguments:
-                slot.arguments.append(arguments)
-        elif isinstance(arguments, dict):  # already parsed by a lenient server
-            slot.arguments.append(json.dumps(arguments))
+        if isinstance(arguments, dict):  # already parsed by a lenient server
+            arguments = json.dumps(arguments)
+        if isinstance(arguments, str) and arguments:
+            self.grow(utf8_size(arguments))
+            slot.arguments.append(arguments)
 
     def usage(self) -> Usage:
         raw = self.raw_usage or {}
@@ -191,10 +197,10 @@ class _Reply(StreamReply):
     def result(self) -> tuple[list[Content], StopReason, str | None]:
         content: list[Content] = []
         for kind, pieces, source in self.blocks:
-            text = "".join(pieces)
+            text = pieces.text()
             content.append(TextContent(text) if kind == "text" else ThinkingContent(text, source))
         for slot in self.calls.values():
-            arguments, raw = parse_arguments("".join(slot.arguments))
+            arguments, raw = parse_arguments(slot.arguments.text())
             content.append(ToolCall(slot.id or f"call_{uuid.uuid4().hex[:24]}", slot.name, arguments, raw))
         if self.error is not None:
             return content, ("aborted" if self.aborted else "error"), self.error

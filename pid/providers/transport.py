@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import io
 import json
 import ssl
 import threading
@@ -31,6 +32,21 @@ CANCEL_CHECK_S = 0.1        # longest a cancelled read keeps waiting on a silent
 ERROR_TEXT_LIMIT = 500
 
 ABORTED_MESSAGE = "request aborted"
+
+# The most of one reply pid reads: its text, thinking and tool-call arguments together, in UTF-8 bytes, counted as
+# they arrive (each block and call also counts BLOCK_BYTES, so that a stream of empty ones is bounded too). A real
+# reply is far below it (128k tokens, a large output limit, are ~0.5 MB; a `write` of a large file ~1 MB). Past it the
+# reply fails, is not retried, and pid reads no further: with the pieces kept compact (Pieces), a job's memory stays
+# flat whatever a server sends.
+MAX_REPLY_BYTES = 4 << 20
+BLOCK_BYTES = 64
+# The most one server-sent event may take, its escaped JSON included: a server may send a whole reply in one event.
+MAX_EVENT_BYTES = 2 * MAX_REPLY_BYTES
+DRAIN_BYTES = 65536         # read after the reply's end so that the connection can be reused, at most
+REPLY_TOO_LARGE = ("the model's reply exceeded {limit} bytes ({mib} MiB) of text, thinking and tool-call arguments, "
+                   "the most pid reads of one reply; pid stopped reading it")
+EVENT_TOO_LARGE = ("the server sent a stream event of more than {limit} bytes ({mib} MiB), more than any reply pid "
+                   "reads; pid stopped reading it")
 
 
 class Cancelled(Exception):
@@ -304,11 +320,19 @@ def json_object(fields: dict[str, Any], raw: dict[str, str]) -> str:
                            for key, value in fields.items()) + "}"
 
 
-def iter_sse(response: httpx.Response) -> Iterator[tuple[str, bytes]]:
-    """(event name, data) per server-sent event. Comment lines are skipped; `data:` may lack its space."""
+class EventTooLarge(Exception):
+    """One server-sent event (its unfinished line included) outgrew MAX_EVENT_BYTES."""
+
+
+def iter_sse(response: httpx.Response, limit: int = MAX_EVENT_BYTES) -> Iterator[tuple[str, bytes]]:
+    """(event name, data) per server-sent event. Comment lines are skipped; `data:` may lack its space. An event
+    larger than `limit` bytes raises EventTooLarge as soon as that many have arrived: an endless line is never
+    held whole."""
     event = ""
     data: list[bytes] = []
-    buffer = b""
+    data_size = 0
+    pending: list[bytes] = []  # the unfinished line, in the chunks it came in (joined once, when it ends)
+    pending_size = 0
     # Without a content encoding the decoded bytes are the raw ones, chunk for chunk: the response's own byte stream
     # (httpx's errors mapped as in iter_raw) is read without iter_raw's two layers per chunk.
     stream = response.stream
@@ -316,17 +340,24 @@ def iter_sse(response: httpx.Response) -> Iterator[tuple[str, bytes]]:
         "content-encoding" not in response.headers else response.iter_bytes()
     for chunk in chunks:
         if b"\n" not in chunk:
-            buffer += chunk
+            pending.append(chunk)
+            pending_size += len(chunk)
+            if pending_size + data_size > limit:
+                raise EventTooLarge(limit)
             continue
-        lines = (buffer + chunk).split(b"\n")
-        buffer = lines.pop()
+        if pending:
+            pending.append(chunk)
+            chunk = b"".join(pending)
+        lines = chunk.split(b"\n")
+        last = lines.pop()
+        pending, pending_size = ([last] if last else []), len(last)
         for line in lines:
             if line.endswith(b"\r"):
                 line = line[:-1]
             if not line:
                 if data:
                     yield event, b"\n".join(data)
-                    data = []
+                    data, data_size = [], 0
                 event = ""
                 continue
             if line[0] == 58:  # ":" starts a comment (keep-alives from OpenRouter and others)
@@ -336,8 +367,12 @@ def iter_sse(response: httpx.Response) -> Iterator[tuple[str, bytes]]:
                 value = value[1:]
             if name == b"data":
                 data.append(value)
+                data_size += len(value)
             elif name == b"event":
                 event = value.decode("utf-8", errors="replace")
+        if pending_size + data_size > limit:
+            raise EventTooLarge(limit)
+    buffer = b"".join(pending)
     if buffer.strip() and buffer.startswith(b"data:"):
         value = buffer[5:]
         data.append(value[1:] if value[:1] == b" " else value)
@@ -354,8 +389,29 @@ def stream_failure(exc: BaseException, url: str) -> str:
     return f"stream from {_origin(url)} failed: {type(exc).__name__}: {_describe(exc)}"
 
 
+def utf8_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+class Pieces:
+    """A text that streams in, kept in one growing buffer: a reply of millions of tiny deltas must not cost a string
+    object each (a list of two-character strings takes ~30 times the text)."""
+    __slots__ = ("_buffer",)
+
+    def __init__(self, first: str = "") -> None:
+        self._buffer = io.StringIO(newline="")
+        if first:
+            self._buffer.write(first)
+
+    def append(self, piece: str) -> None:
+        self._buffer.write(piece)
+
+    def text(self) -> str:
+        return self._buffer.getvalue()
+
+
 class StreamReply:
-    """The part of a reply-in-progress the shared stream loop uses: its end, its failure, its id."""
+    """The part of a reply-in-progress the shared stream loop uses: its end, its failure, its id, its size."""
 
     def __init__(self) -> None:
         self.response_id: str | None = None
@@ -366,10 +422,17 @@ class StreamReply:
         self.status: int | None = None
         self.asked_s: float | None = None  # the wait the server asked for
         self.events = 0                    # server-sent events read (none at all: an empty response)
+        self.size = 0                      # bytes of text, thinking and arguments so far (see MAX_REPLY_BYTES)
 
     def fail(self, message: str, *, aborted: bool = False, retry: str | None = None, status: int | None = None,
              asked_s: float | None = None) -> None:
         self.error, self.aborted, self.retry, self.status, self.asked_s = message, aborted, retry, status, asked_s
+
+    def grow(self, size: int) -> None:
+        """Count `size` more bytes of the reply; past MAX_REPLY_BYTES it fails (the stream loop then stops)."""
+        self.size += size
+        if self.size > MAX_REPLY_BYTES and self.error is None:
+            self.fail(REPLY_TOO_LARGE.format(limit=MAX_REPLY_BYTES, mib=MAX_REPLY_BYTES >> 20))
 
     @property
     def finished(self) -> bool:
@@ -464,23 +527,33 @@ class StreamingProvider:
         raise NotImplementedError
 
     def _consume(self, response: Any, reply: StreamReply, on_text: Callable[[str], None] | None) -> None:
-        """SSE events into the reply (its feed(event, payload, on_text)); malformed data fails it."""
-        for event, data in iter_sse(response):
-            reply.events += 1
-            if reply.done:
-                continue  # drain to the end so the connection can be kept alive
-            if data == b"[DONE]":  # OpenAI's end marker; Anthropic ends with message_stop instead
-                reply.done = True
-                continue
-            try:   # (SSE is UTF-8: decoded here, json.loads skips guessing the encoding of bytes)
-                payload = json.loads(data.decode("utf-8"))
-            except ValueError:
-                reply.fail("malformed stream data from the server: " + truncate(data.decode("utf-8", "replace")))
-                return
-            if isinstance(payload, dict):
-                reply.feed(event, payload, on_text)
-                if reply.error is not None:
+        """SSE events into the reply (its feed(event, payload, on_text)); malformed data fails it, and so does one
+        too large: reading stops there (the caller closes the response, and with it the connection)."""
+        drained = 0
+        try:
+            for event, data in iter_sse(response):
+                reply.events += 1
+                if reply.done:   # drain to the end so the connection can be kept alive, if that end comes soon
+                    drained += len(data)
+                    if drained > DRAIN_BYTES:
+                        return
+                    continue
+                if data == b"[DONE]":  # OpenAI's end marker; Anthropic ends with message_stop instead
+                    reply.done = True
+                    continue
+                try:   # (SSE is UTF-8: decoded here, json.loads skips guessing the encoding of bytes)
+                    payload = json.loads(data.decode("utf-8"))
+                except ValueError:
+                    reply.fail("malformed stream data from the server: " + truncate(data.decode("utf-8", "replace")))
                     return
+                if isinstance(payload, dict):
+                    reply.feed(event, payload, on_text)
+                    if reply.error is not None:
+                        return
+        except EventTooLarge as exc:
+            if not reply.done:
+                limit = int(exc.args[0])
+                reply.fail(EVENT_TOO_LARGE.format(limit=limit, mib=limit >> 20))
 
     def _message(self, reply: Any) -> AssistantMessage:
         raise NotImplementedError

@@ -12,10 +12,15 @@ from pid.messages import ToolCall, ToolSpec
 from pid.sandbox import SandboxLost
 from pid.tools.base import ToolContext, ToolResult, ToolSettings
 from pid.tools.schema import format_validation_error, validate
+from pid.tools.truncate import utf8_len
 
 Handler = Callable[[ToolContext, dict[str, Any]], ToolResult]
 
 RAW_ARGUMENTS_QUOTE_CHARS = 2000
+# The most one argument of a tool call may hold, in UTF-8 bytes: a `write` of a large file (~1 MB) fits, and nothing
+# larger is ever uploaded into the container or held on its way there. (A whole reply is bounded too:
+# pid/providers/transport.py's MAX_REPLY_BYTES.)
+MAX_ARGUMENT_BYTES = 2 << 20
 
 
 @dataclass
@@ -75,6 +80,9 @@ class ToolRegistry:
         if call.raw_arguments is not None:
             return ToolResult.error(_invalid_json_message(call.name, call.raw_arguments))
         received = call.arguments
+        oversized = _oversized(received)
+        if oversized is not None:
+            return ToolResult.error(_oversized_message(call.name, *oversized))
         try:
             args = tool.prepare(dict(received)) if tool.prepare and isinstance(received, dict) else received
             args, errors = validate(tool.parameters, args)
@@ -88,6 +96,29 @@ class ToolRegistry:
         if isinstance(result, str):
             return ToolResult.text(result)
         return result
+
+
+def _oversized(arguments: Any) -> tuple[str, int] | None:
+    """(where, UTF-8 bytes) of the first string in the arguments larger than MAX_ARGUMENT_BYTES, if any. (Walked
+    without recursion: the model chooses how deeply its arguments nest.)"""
+    stack: list[tuple[str, Any]] = [("", arguments)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            # (a character is 1 to 4 bytes: only a string that may be over the bound is encoded to find out)
+            size = utf8_len(value) if 4 * len(value) > MAX_ARGUMENT_BYTES else 0
+            if size > MAX_ARGUMENT_BYTES:
+                return path or "root", size
+        elif isinstance(value, (dict, list)):
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            stack.extend((f"{path}/{key}" if path else str(key), item) for key, item in items)
+    return None
+
+
+def _oversized_message(name: str, where: str, size: int) -> str:
+    return (f'Argument "{where}" of tool "{name}" is {size} bytes, over the limit of {MAX_ARGUMENT_BYTES} bytes '
+            f"({MAX_ARGUMENT_BYTES >> 20} MiB) for one argument, so the tool was not run. Split the work into smaller "
+            f"calls (a large file: write a first part, then append the rest).")
 
 
 def _invalid_json_message(name: str, raw: str) -> str:
