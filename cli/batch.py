@@ -148,8 +148,8 @@ def _open(path: str) -> BatchDir:
 
 
 def _read_items(tasks: str, allow_outside: bool) -> tuple[list[Item], list[str]]:
-    """Every line read and parsed, its paths relative to the tasks file's directory (stdin's: the current one);
-    the bad ones are reported with the others build_specs finds."""
+    """Every line read and parsed, its paths relative to the tasks file's directory (batch_tasks.local_path); the
+    bad ones are reported with the others build_specs finds."""
     try:
         if tasks == "-":
             lines = sys.stdin.read().removeprefix("\ufeff").splitlines()
@@ -158,7 +158,7 @@ def _read_items(tasks: str, allow_outside: bool) -> tuple[list[Item], list[str]]
                 lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise _bad(f"cannot read {tasks}: {getattr(exc, 'strerror', None) or exc}") from None
-    base = os.getcwd() if tasks == "-" else os.path.dirname(os.path.abspath(os.path.expanduser(tasks)))
+    base = None if tasks == "-" else os.path.dirname(os.path.abspath(os.path.expanduser(tasks)))
     parsed = parse(lines, base, allow_outside)
     if not parsed.items and not parsed.errors:
         raise _bad(f"{tasks}: no tasks")

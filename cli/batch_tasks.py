@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
+from urllib.parse import unquote, urlsplit
 
 import click
 
@@ -77,9 +78,17 @@ def convert(option: JobOption, value: Any) -> Any:
     return kind.convert(value, None, None)
 
 
-def local_path(value: str, base: str, allow_outside: bool) -> str:
+def local_path(value: str, base: str | None, allow_outside: bool) -> str:
     """A path a tasks file names: relative to the file's directory `base`; outside it (once links are followed), a
-    BadParameter unless `allow_outside`."""
+    BadParameter unless `allow_outside`. Tasks read from stdin (`base` None) have no directory: their paths need
+    `allow_outside`, and are then relative to the current one."""
+    if "\0" in value:
+        raise click.BadParameter("a path cannot hold a NUL byte")
+    if base is None:
+        if not allow_outside:
+            raise click.BadParameter(f"{value}: tasks read from stdin have no directory of their own; pass "
+                                     "--allow-outside to let them name paths (relative to the current directory)")
+        base = os.getcwd()
     path = os.path.join(base, os.path.expanduser(value))
     root = os.path.realpath(base)
     if not allow_outside and os.path.commonpath([os.path.realpath(path), root]) != root:
@@ -88,7 +97,7 @@ def local_path(value: str, base: str, allow_outside: bool) -> str:
     return path
 
 
-def parse(lines: Iterable[str], base: str, allow_outside: bool = False) -> Parsed:
+def parse(lines: Iterable[str], base: str | None, allow_outside: bool = False) -> Parsed:
     """Every line checked; blank lines are skipped (they keep their number). Paths are resolved against `base`
     (local_path)."""
     options = field_options()
@@ -123,9 +132,12 @@ def parse(lines: Iterable[str], base: str, allow_outside: bool = False) -> Parse
         repo = data.pop("repo", None)
         if repo is not None and (not isinstance(repo, str) or not repo.strip()):
             problems.append("repo must be a non-empty string")
-        elif isinstance(repo, str) and "://" not in repo:
+        elif isinstance(repo, str):
             try:
-                repo = local_path(repo, base, allow_outside)
+                if "://" not in repo:
+                    repo = local_path(repo, base, allow_outside)
+                elif repo.lower().startswith("file:"):   # a path too: the worker clones it from its machine
+                    local_path(unquote(urlsplit(repo).path), base, allow_outside)
             except click.BadParameter as exc:
                 problems.append(f"repo: {exc.message}")
         fields: dict[str, Any] = {}

@@ -13,9 +13,10 @@ import pytest
 
 from tests.conftest import pid_containers, start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
-from worker.jobs import JobSpec
+from worker.jobs import JobSpec, spec_problem
 from worker.policy import Policy, PolicyError, image_name, load, refusal_by_workers
 from worker.store import JobStore, WorkerBeat
+from worker.tasks import _refused_by_policy
 
 STRICT = """
 max_memory = "1g"
@@ -37,7 +38,8 @@ def admitted(**fields) -> JobSpec:
     """A job the strict policy admits; each test changes one field."""
     base = dict(task="t", model="m", memory="1g", cpus=1.0, pids_limit=128, disk=1 << 30, timeout_s=600,
                 max_cost=1.0, user="1000:1000", network="none", image="pid-sandbox:latest",
-                base_url="http://models.internal:8000/v1", runtime="runsc", repo="/r", workspace="sha256:ab")
+                base_url="http://models.internal:8000/v1", runtime="runsc", repo="/r", workspace="sha256:" + "ab" * 32,
+                out_dir="/o")
     return JobSpec(**{**base, **fields})
 
 
@@ -68,6 +70,46 @@ def test_each_rule_refuses_what_is_over_it_and_names_itself(strict):
     assert strict.refusal(admitted(image="pid-sandbox")) is None            # :latest, as the engine reads it
     assert strict.refusal(admitted(repo="https://github.com/a/b#main", workspace=None)) is None
     assert strict.refusal(admitted(repo="/home/me/project", workspace=None)) is not None   # a path on the worker
+
+
+def test_a_url_is_matched_as_it_is_reached_not_as_it_is_spelled():
+    rules = Policy(base_urls=("http://localhost:*/v1", "https://*.openai.azure.com/openai"))
+    for url in ("http://localhost:8000/v1", "HTTP://LOCALHOST:8000/v1/", "https://a.openai.azure.com:443/openai"):
+        assert rules.refusal(admitted(base_url=url)) is None, url
+    for url in ("http://localhost:1@evil.example/v1", "https://evil.example/x.openai.azure.com/openai",
+                "https://a.openai.azure.com/openai?x=1", "http://localhost:80/v1/../../evil"):
+        assert "base_urls" in (rules.refusal(admitted(base_url=url)) or ""), url
+    mirrors = Policy(repos=("https://github.com/my-org/*", "file:///srv/mirrors/*"))
+    for repo in ("https://github.com/my-org/../evil/repo", "https://github.com/my-org/%2e%2e/evil",
+                 "file:///srv/mirrors/../../etc", "/srv/mirrors/../../etc", "https://github.com.evil/my-org/x"):
+        assert "repos" in (mirrors.refusal(admitted(repo=repo, workspace=None)) or ""), repo
+    assert mirrors.refusal(admitted(repo="https://github.com/my-org/x#main", workspace=None)) is None
+    assert mirrors.refusal(admitted(repo="/srv/mirrors/x", workspace=None)) is None
+
+
+def test_a_worker_judges_a_spec_written_past_the_cli_as_malformed():
+    """Anyone who can write to the store skips the CLI's checks: NaN is over no limit, a pids limit of -1 is none
+    at all, an id of `../x` is a path. The worker refuses such a spec before its policy is even asked."""
+    assert spec_problem(admitted()) is None
+    for fields in (dict(max_cost=float("nan")), dict(pids_limit=-1), dict(cpus=0.0), dict(id="../planted/x"),
+                   dict(out_dir="/tmp/a/../b"), dict(memory=5), dict(user="ROOT"), dict(api="bogus"),
+                   dict(workspace=""), dict(runtime="a\nb"), dict(timeout_s=True), dict(max_turns=2.5),
+                   dict(base_url="http://x/v1\nforged log line")):
+        assert spec_problem(admitted(**fields)) is not None, fields
+    assert "max_cost" in Policy(max_cost=1).refusal(admitted(max_cost=float("nan")))   # and NaN is over any limit
+
+
+def test_a_malformed_spec_in_the_store_ends_refused_and_nothing_is_written_where_it_points(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    victim = tmp_path / "victim"
+    spec = admitted(id="../planted/x", out_dir=str(victim), pids_limit=-1)
+    store.create(spec)
+    assert store.claim(spec.id, "w1", 60)
+    assert _refused_by_policy(store, store.get(spec.id), "w1")
+    record = store.get(spec.id)
+    assert (record.status, record.exit_reason) == ("failed", "policy_refused")
+    assert "malformed" in record.error and "pids_limit" in record.error
+    assert not victim.exists() and not (tmp_path / "planted").exists()
 
 
 def test_the_default_policy_admits_everything_pid_can_run():
@@ -213,13 +255,19 @@ def test_a_tasks_file_s_paths_are_its_own_directory_s_unless_allowed_outside(run
         {"task": "dot-dot", "repo": "../secret"},
         {"task": "a link out", "repo": "link"},
         {"task": "a prompt out", "repo": "repo", "system_prompt": str(secret / "key.txt")},
+        {"task": "a file URL out", "repo": f"file://{secret}"},
     ]))
     args = ["batch", str(tasks), "--model", "m", "--base-url", "http://x/v1", "--detach"]
     r = run_pid(*args, "--out", str(tmp_path / "out"))
     assert r.code == 2, r.stderr
-    for line in (2, 3, 4, 5):
+    for line in (2, 3, 4, 5, 6):
         assert f"line {line}: " in r.stderr and "outside the tasks file's directory" in r.stderr, r.stderr
     assert "line 1:" not in r.stderr and "hunter2" not in r.stderr
+    # tasks from stdin have no directory: their paths need --allow-outside
+    piped = subprocess.run([sys.executable, "-m", "cli.main", *args[:1], "-", *args[2:], "--out", str(tmp_path / "o")],
+                           input=json.dumps({"task": "t", "repo": "."}) + "\n", cwd=here, env=pid_env,
+                           capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 2 and "stdin" in piped.stderr and "--allow-outside" in piped.stderr, piped.stderr
     # (a link as the repository itself is refused however it is named: its tree is packed without following links)
     tasks.write_text("".join(line + "\n" for line in tasks.read_text().splitlines() if '"link"' not in line))
     r = run_pid(*args, "--out", str(tmp_path / "out2"), "--allow-outside")

@@ -7,15 +7,18 @@ limits default to the sandbox's own (sandbox/config.py), the endpoint to the age
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import secrets
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any
 
-from pid.config import DEFAULT_API
-from sandbox.config import SandboxConfig
+from pid.config import API_NAMES, DEFAULT_API, THINKING_LEVELS
+from sandbox.config import SandboxConfig, parse_user
 
+NETWORKS = ("none", "bridge")     # never host: it would hand the agent the host's own network stack
 DEFAULT_QUEUE = "pid"             # the queue a job waits in unless `submit --queue` names another
 MAX_TIMEOUT_S = 7 * 24 * 3600.0   # a week: longer is a typo (or inf), and the container's time to live must fit
 
@@ -151,6 +154,57 @@ def default_of(name: str) -> Any:
     if f.default is not MISSING:
         return f.default
     return None if f.default_factory is MISSING else f.default_factory()
+
+
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}")
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def spec_problem(spec: JobSpec) -> str | None:
+    """What is wrong with a spec as a worker reads it from the store, or None. The CLI checks every value as it
+    parses it; anyone who can write to the store can skip the CLI, so the worker checks again what decides its
+    limits and where it writes: a NaN cost, a pids limit of -1 (none at all) or an id of `../x` never reach it."""
+    for f in fields(JobSpec):
+        value, low, high = getattr(spec, f.name), f.metadata.get("min"), f.metadata.get("max")
+        if f.type in ("int", "float", "int | None", "float | None") and value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or (f.type.startswith("int") and not isinstance(value, int)):
+                return f"{f.name} = {value!r} is not a number"
+            if (low is not None and not value >= low) or (high is not None and not value <= high):
+                return f"{f.name} = {value!r} is out of range"
+        elif f.type == "str" and not isinstance(value, str):
+            return f"{f.name} = {value!r} is not text"
+    if spec.cpus <= 0 or spec.disk < 0 or spec.max_workspace < 0:
+        return "cpus, disk and max_workspace cannot be negative (cpus above 0)"
+    if not _ID_RE.fullmatch(spec.id):
+        return f"id {spec.id!r} is not a job id"
+    if not os.path.isabs(spec.out_dir) or os.path.normpath(spec.out_dir) != (spec.out_dir.rstrip("/") or "/") or \
+            "\0" in spec.out_dir:
+        return f"out_dir {spec.out_dir!r} is not an absolute, normalised path"
+    try:
+        from sandbox.disk import parse_size
+        parse_size(spec.memory)
+        parse_user(spec.user)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    if spec.network not in NETWORKS or spec.api not in API_NAMES.values() or spec.thinking not in THINKING_LEVELS:
+        return f"network {spec.network!r}, api {spec.api!r} or thinking {spec.thinking!r} is not one pid knows"
+    for name in ("image", "runtime"):
+        value = getattr(spec, name)
+        if value is not None and not (isinstance(value, str) and _NAME_RE.fullmatch(value)):
+            return f"{name} {value!r} is not a name"
+    for name in ("base_url", "repo"):
+        value = getattr(spec, name)
+        if value is not None and not (isinstance(value, str) and value.isprintable() and value.strip() == value):
+            return f"{name} {repr(value)[:80]} is not a URL or path pid takes"
+    if spec.workspace is not None and not (isinstance(spec.workspace, str) and _DIGEST_RE.fullmatch(spec.workspace)):
+        return f"workspace {spec.workspace!r} is not a blob digest"
+    for name in ("files", "check_original", "tools"):
+        value = getattr(spec, name)
+        if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            return f"{name} is not a list of text"
+    return None
 
 
 def shown(text: str) -> str:

@@ -12,6 +12,7 @@ The file is TOML, its keys read as the options do:
     max_cpus = 2
     max_pids = 512
     max_disk = "20g"            # a job's --disk 0 (no limit) is over it
+    max_workspace = "1g"        # what a git URL's clone may take on the worker
     max_timeout = 3600          # seconds: --timeout, and --check-timeout for a job with a check
     max_cost = 5.0              # USD: a job without --max-cost is over it
     allow_root = false
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import fnmatch
 import tomllib
+from urllib.parse import unquote, urlsplit
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +51,7 @@ class Policy:
     max_cpus: float | None = None
     max_pids: int | None = None
     max_disk: int | None = None
+    max_workspace: int | None = None
     max_timeout: float | None = None
     max_cost: float | None = None
     allow_root: bool = True
@@ -59,27 +62,36 @@ class Policy:
     repos: tuple[str, ...] | None = None
 
     def refusal(self, spec: JobSpec) -> str | None:
-        """Why this policy does not admit the job (the first rule it breaks, in one line), or None."""
-        for problem in self._problems(spec):
-            return problem
+        """Why this policy does not admit the job (the first rule it breaks, in one line), or None. Comparisons are
+        written so that a value that is no number (NaN) is over every limit; a spec that cannot be judged at all is
+        refused."""
+        try:
+            for problem in self._problems(spec):
+                return problem
+        except (TypeError, ValueError, AttributeError) as exc:
+            return f"the job's spec cannot be judged ({exc})"
         return None
 
     def _problems(self, spec: JobSpec) -> Any:
-        if self.max_memory is not None and parse_size(spec.memory) > self.max_memory:
+        if self.max_memory is not None and not parse_size(spec.memory) <= self.max_memory:
             yield f"--memory {spec.memory} is over max_memory = {format_size(self.max_memory)}"
-        if self.max_cpus is not None and spec.cpus > self.max_cpus:
+        if self.max_cpus is not None and not spec.cpus <= self.max_cpus:
             yield f"--cpus {spec.cpus:g} is over max_cpus = {self.max_cpus:g}"
-        if self.max_pids is not None and spec.pids_limit > self.max_pids:
+        if self.max_pids is not None and not spec.pids_limit <= self.max_pids:
             yield f"--pids {spec.pids_limit} is over max_pids = {self.max_pids}"
-        if self.max_disk is not None and (spec.disk == 0 or spec.disk > self.max_disk):
+        if self.max_disk is not None and (spec.disk == 0 or not spec.disk <= self.max_disk):
             asked = "0 (no limit)" if spec.disk == 0 else format_size(spec.disk)
             yield f"--disk {asked} is over max_disk = {format_size(self.max_disk)}"
+        if self.max_workspace is not None and (spec.max_workspace == 0 or not spec.max_workspace <=
+                                                self.max_workspace):
+            yield f"--max-workspace {format_size(spec.max_workspace)} is over max_workspace = " \
+                  f"{format_size(self.max_workspace)}"
         if self.max_timeout is not None:
-            if spec.timeout_s > self.max_timeout:
+            if not spec.timeout_s <= self.max_timeout:
                 yield f"--timeout {spec.timeout_s:g} is over max_timeout = {self.max_timeout:g}"
-            if spec.check and spec.check_timeout_s > self.max_timeout:
+            if spec.check and not spec.check_timeout_s <= self.max_timeout:
                 yield f"--check-timeout {spec.check_timeout_s:g} is over max_timeout = {self.max_timeout:g}"
-        if self.max_cost is not None and (spec.max_cost is None or spec.max_cost > self.max_cost):
+        if self.max_cost is not None and (spec.max_cost is None or not spec.max_cost <= self.max_cost):
             asked = "none (no limit)" if spec.max_cost is None else f"{spec.max_cost:g}"
             yield f"--max-cost {asked} is over max_cost = {self.max_cost:g}"
         if not self.allow_root and parse_user(spec.user)[0] == 0:
@@ -90,14 +102,14 @@ class Policy:
             yield f"--image {spec.image} is not in images = {_listed(self.images)}"
         if self.base_urls is not None:
             url = endpoint(spec.api, spec.base_url)
-            if not _matches(url, tuple(u.rstrip("/") for u in self.base_urls)):
+            if not _url_matches(url, self.base_urls):
                 yield f"the model endpoint {url} is not in base_urls = {_listed(self.base_urls)}"
         if self.runtimes is not None and (spec.runtime or "default") not in self.runtimes:
             yield f"--runtime {spec.runtime or 'default'} is not in runtimes = {_listed(self.runtimes)}"
         # A workspace packed at submit travels with the job; anything else the worker reads itself, on its machine.
-        if self.repos is not None and spec.repo and spec.workspace is None:
+        if self.repos is not None and spec.repo and not spec.workspace:
             source = spec.repo.partition("#")[0]
-            if not _matches(source, self.repos):
+            if not _url_matches(source if "://" in source else "file://" + source, self.repos):
                 yield f"--repo {source} is not in repos = {_listed(self.repos)}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -124,10 +136,10 @@ class Policy:
 def _value(key: str, value: Any) -> Any:
     """One rule's value, checked: sizes as the options take them, numbers finite and 0 or more, lists of names."""
     def wrong(wanted: str) -> PolicyError:
-        return PolicyError(f"{key} = {value!r}: expected {wanted}")
+        return PolicyError(f"{key} = {repr(value)[:60]}: expected {wanted}")
 
-    if key in ("max_memory", "max_disk"):
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
+    if key in ("max_memory", "max_disk", "max_workspace"):
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or isinstance(value, int) and value >= 2 ** 63:
             raise wrong('a size such as "4g", or a number of bytes')
         try:
             size = value if isinstance(value, int) else parse_size(value)
@@ -137,8 +149,8 @@ def _value(key: str, value: Any) -> Any:
             raise wrong("a size above 0")
         return size
     if key in ("max_cpus", "max_timeout", "max_cost", "max_pids"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-            raise wrong("a finite number, 0 or more")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 2 ** 53:
+            raise wrong("a number from 0 to 2**53")
         if key == "max_pids":
             if not float(value).is_integer():
                 raise wrong("a whole number")
@@ -177,7 +189,7 @@ def refusal_by_workers(workers: "list[WorkerBeat]", spec: JobSpec) -> str | None
             continue
         try:
             rules = Policy.from_dict(beat.policy)
-        except PolicyError:   # a policy this client cannot read: that worker decides for itself
+        except (PolicyError, TypeError, ValueError):   # a policy this client cannot read: that worker decides
             return None
         refusal = rules.refusal(spec)
         if refusal is None:
@@ -211,6 +223,43 @@ def image_name(image: str) -> str:
 
 def _matches(name: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443, "ssh": 22, "git": 9418}
+
+
+def _url_parts(url: str) -> tuple[str, str, str] | None:
+    """(scheme, host[:port], path) as a URL is reached: scheme and host lowercased, a default port dropped, the path
+    decoded, without a trailing slash (user info is no part of it: `http://localhost:1@evil/` is evil's). None for a
+    URL that could be read two ways (a query, a fragment, a `.` or `..` segment the server resolves): no pattern
+    admits it."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    path = unquote(parts.path)
+    if parts.query or parts.fragment or any(segment in (".", "..") for segment in path.split("/")):
+        return None
+    host = (parts.hostname or "").lower()
+    host = f"[{host}]" if ":" in host else host
+    netloc = host if port is None or port == DEFAULT_PORTS.get(parts.scheme.lower()) else f"{host}:{port}"
+    return parts.scheme.lower(), netloc, path.rstrip("/")
+
+
+def _url_matches(url: str, patterns: tuple[str, ...]) -> bool:
+    """Whether a URL is one of the patterns, part by part: a `*` in a pattern's host never reaches into the path,
+    and a `*` in its path never into another host."""
+    found = _url_parts(url)
+    if found is None:
+        return False
+    for pattern in patterns:
+        scheme, _, rest = pattern.partition("://")
+        netloc, _, path = rest.partition("/")
+        if fnmatch.fnmatchcase(found[0], scheme.lower()) and fnmatch.fnmatchcase(found[1], netloc.lower()) and \
+                fnmatch.fnmatchcase(found[2], ("/" + path).rstrip("/")):
+            return True
+    return False
 
 
 def _listed(values: tuple[str, ...]) -> str:

@@ -76,14 +76,16 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
 
     With `artifact_store` (a worker's job), the artifacts and then result.json are also stored there, before this
     returns (so before the job's end is recorded): clients on any machine download them. --out is the client's
-    path: where this machine cannot make it, the job works in a spool directory under PID_HOME instead, removed once
-    its artifacts are stored.
+    path, named by whoever submitted: it is written only where the client is on this machine (client_is_local) and
+    it can be made; else the job works in a spool directory under PID_HOME, removed once its artifacts are stored.
 
     `gate` is asked before every model call (pid/agent.py Limits.gate): a batch's budget stops the job there.
     """
     started = time.time()
     job_dir = spec.job_dir
     spool: str | None = None
+    if artifact_store is not None and not client_is_local():
+        spool = job_dir = spool_dir(spec.id)
     try:
         os.makedirs(job_dir, exist_ok=True)
     except OSError as exc:   # --out unwritable here: a worker's job spools; a `pid run` fails, saying where and why
@@ -283,6 +285,14 @@ def _forget(store: Store, job_id: str, name: str) -> None:
         store.delete_artifact(job_id, name)
     except Exception:   # a stale copy of this attempt's transcript beside its final one: untidy, never harmful
         pass
+
+
+def client_is_local() -> bool:
+    """Whether a job's submitter is on this machine, as this worker's user: the embedded broker is a directory under
+    PID_HOME, so only they reach it. Through a broker of the network, a job's --out is a path on some other machine
+    that anyone who can submit may have named: a worker running as root must not write there."""
+    from worker.brokers import embedded_broker
+    return embedded_broker()
 
 
 def spool_dir(job_id: str) -> str:

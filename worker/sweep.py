@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import time
 from typing import Any, Callable
@@ -137,8 +138,10 @@ def write_unrun_result(spec: JobSpec, exit_reason: ExitReason, error: str | None
     (and the transcript, where this machine has it), for clients on any machine: just after the end is recorded,
     since recording the end is what decides who ends the job. Never raises: an out dir that cannot be written only
     costs the local file."""
-    from worker.runner import build_result
-    session = os.path.join(spec.job_dir, "session.jsonl")
+    from worker.runner import build_result, client_is_local, spool_dir
+    # where the job worked here: a cluster's job in this worker's spool, never the --out its submitter named
+    job_dir = spec.job_dir if store is None or client_is_local() else spool_dir(spec.id)
+    session = os.path.join(job_dir, "session.jsonl")
     artifacts: dict[str, Any] = {}
     if os.path.exists(session):
         artifacts["session"] = "session.jsonl"
@@ -152,12 +155,15 @@ def write_unrun_result(spec: JobSpec, exit_reason: ExitReason, error: str | None
         with_earlier_attempts(result, record.earlier)
     if store is not None:
         from worker.artifact_store import upload_artifacts
-        upload_artifacts(store, spec, spec.job_dir, result)
+        upload_artifacts(store, spec, job_dir, result)
+        if job_dir != spec.job_dir:   # the store has it all: the spool goes, as it does after a run
+            shutil.rmtree(job_dir, ignore_errors=True)
+            return
     try:
-        os.makedirs(spec.job_dir, exist_ok=True)
-        write_json_atomic(os.path.join(spec.job_dir, "result.json"), result)
+        os.makedirs(job_dir, exist_ok=True)
+        write_json_atomic(os.path.join(job_dir, "result.json"), result)
     except OSError as exc:
-        log.warning("job %s: cannot write result.json in %s: %s", spec.id, spec.job_dir, exc)
+        log.warning("job %s: cannot write result.json in %s: %s", spec.id, job_dir, exc)
 
 
 def owner_alive(record: JobRecord) -> bool | None:

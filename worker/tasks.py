@@ -19,7 +19,7 @@ from worker import batch_budget, policy
 from worker.app import app
 from worker.control import LEASE_S, ControlRelay, log_job, new_owner, record_end, with_earlier_attempts
 from worker.dispatch import TASK, dispatch
-from worker.jobs import JobSpec
+from worker.jobs import JobSpec, spec_problem
 from worker.runner import run_job
 from worker.store import JobRecord, Store, default_store
 from worker.sweep import write_unrun_result
@@ -126,14 +126,17 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
 
 
 def _refused_by_policy(store: Store, record: JobRecord, owner: str) -> bool:
-    """A job this worker's policy does not admit ends here, before any container starts: `failed`,
-    `policy_refused`, with the rule it breaks."""
-    refusal = policy.active().refusal(record.spec)
+    """A job this worker's policy does not admit, or whose spec is malformed (worker.jobs.spec_problem: written
+    into the store past the CLI's checks), ends here, before any container starts: `failed`, `policy_refused`, with
+    the rule it breaks."""
+    problem = spec_problem(record.spec)
+    refusal = f"the job's spec is malformed: {problem}" if problem else policy.active().refusal(record.spec)
     if refusal is None:
         return False
     error = f"refused by the policy of worker {socket.gethostname()}: {refusal}"
     record_end(store, record.id, owner, {"exit_reason": "policy_refused", "error": error})
-    write_unrun_result(record.spec, "policy_refused", error, record, store=store)
+    if problem is None:   # (a malformed spec's directory is not written: its out_dir or id may be anything)
+        write_unrun_result(record.spec, "policy_refused", error, record, store=store)
     line = end_line(record.id, "failed", "policy_refused", None, None) + f": {refusal}"
     jobs_log.info("%s", line)
     log_job(store, record.id, "failed", line, exit_reason="policy_refused")
