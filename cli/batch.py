@@ -24,6 +24,8 @@ from cli.batch_progress import Progress
 from cli.batch_run import EXIT_INTERRUPTED, Run, count
 from cli.batch_tasks import Item, parse
 from cli.options import EnvOption, Number, QueueName, Size, format_size, spec_options
+from cli.output import echo
+from pid.terminal import dumps, one_line
 from worker.batch import BatchDir
 from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
 
@@ -115,12 +117,12 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
         try:
             run.start()
         except KeyboardInterrupt:   # mid-submit: what was submitted goes, and the ledger keeps it for a rerun
-            click.echo("\ninterrupted while submitting: cancelling the jobs submitted so far", err=True)
+            echo("\ninterrupted while submitting: cancelling the jobs submitted so far", err=True)
             run.cancel_tracked()
             sys.exit(EXIT_INTERRUPTED)
         if detach:
-            click.echo(f"batch {bdir.batch_id}: {run.submitted} job(s) submitted, {len(run.tracked)} item(s) to "
-                       f"wait for; later: pid batch --status {shlex.quote(out)} / pid batch --wait {shlex.quote(out)}")
+            echo(f"batch {bdir.batch_id}: {run.submitted} job(s) submitted, {len(run.tracked)} item(s) to "
+                 f"wait for; later: pid batch --status {shlex.quote(out)} / pid batch --wait {shlex.quote(out)}")
             return
         run.follow()
     finally:
@@ -170,7 +172,7 @@ def _refuse(errors: list[str], tasks: str) -> None:
         return
     errors.sort(key=lambda e: int(e.split(":", 1)[0].split()[-1]) if e.startswith("line ") else 0)
     for error in errors:
-        click.echo(f"pid: error: {tasks}: {error}", err=True)
+        echo(f"pid: error: {tasks}: {one_line(error)}", err=True)
     lines = len({e.split(":", 1)[0] for e in errors})
     raise _bad(f"{lines} bad line(s) in {tasks}; nothing was submitted")
 
@@ -256,8 +258,8 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
     errors += _policy_refusals(items, specs)
     _refuse(errors, tasks)
     if any(s.network != "none" for s in specs.values()):
-        click.echo("pid: warning: some items use --network bridge: their sandboxes can reach the network and are "
-                   "reachable from it", err=True)
+        echo("pid: warning: some items use --network bridge: their sandboxes can reach the network and are "
+             "reachable from it", err=True)
     _check_images(specs)
     return specs
 
@@ -368,16 +370,14 @@ def _status(bdir: BatchDir, as_json: bool) -> None:
     count(progress, bdir, records, {j: i for j, i in live.items() if j})
     info = store.batch(bdir.batch_id)
     if as_json:
-        import json
-        click.echo(json.dumps({"batch": bdir.batch_id, "items": len(bdir.order), "counts": progress.counts,
-                               "cost": round(progress.cost, 6),
-                               "budget": None if info is None else {"max_total_cost": info.max_total_cost,
-                                                                     "spent": info.spent,
-                                                                     "max_running": info.max_running}}))
+        echo(dumps({"batch": bdir.batch_id, "items": len(bdir.order), "counts": progress.counts,
+                    "cost": round(progress.cost, 6),
+                    "budget": None if info is None else {"max_total_cost": info.max_total_cost, "spent": info.spent,
+                                                         "max_running": info.max_running}}))
         return
     counts = ", ".join(f"{n} {s}" for s, n in sorted(progress.counts.items()))
     budget = f" of ${info.max_total_cost:.4f}" if info is not None and info.max_total_cost is not None else ""
-    click.echo(f"batch {bdir.batch_id}: {len(bdir.order)} items: {counts}; cost ${progress.cost:.4f}{budget}")
+    echo(f"batch {bdir.batch_id}: {len(bdir.order)} items: {counts}; cost ${progress.cost:.4f}{budget}")
     for item_id, record in progress.running:
-        click.echo(f"  {item_id}  turn {record.turns}  {record.activity or ''}")
+        echo(f"  {one_line(item_id)}  turn {record.turns}  {one_line(record.activity or '')}")
 

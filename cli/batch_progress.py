@@ -1,16 +1,15 @@
 """How `pid batch` shows its progress: a live table on a terminal (rich), else one line per item as it ends
-(`--json`: the item's batch.jsonl object), and the summary at the end."""
+(`--json`: the item's batch.jsonl object), and the summary at the end. Item ids, errors and what the jobs do come from
+the tasks file, models and agents: every one passes through pid.terminal (rich's table is no cli.output.echo)."""
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import click
-
-from cli.output import format_duration
+from cli.output import echo, format_duration
+from pid.terminal import dumps, one_line, shown
 from worker.store import JobRecord
 
 RUNNING_SHOWN = 12   # running items listed in the live table at most
@@ -49,8 +48,8 @@ class Display(Protocol):
 def item_line(row: dict[str, Any], done: int, total: int) -> str:
     check = row.get("check")
     checked = "" if not isinstance(check, dict) else f" check={'passed' if check.get('passed') else 'failed'}"
-    error = f": {row['error']}" if row.get("error") and row.get("status") != "completed" else ""
-    return (f"[{done}/{total}] {row['id']} {row['status']} ({row['exit_reason']}) turns={row['turns']} "
+    error = f": {one_line(str(row['error']))}" if row.get("error") and row.get("status") != "completed" else ""
+    return (f"[{done}/{total}] {one_line(str(row['id']))} {row['status']} ({row['exit_reason']}) turns={row['turns']} "
             f"${row['cost']:.4f} {format_duration(row.get('duration_s'))}{checked}{error}")
 
 
@@ -62,13 +61,13 @@ class Lines:
 
     def item_ended(self, row: dict[str, Any], progress: Progress) -> None:
         done = sum(progress.counts.get(s, 0) for s in ("completed", "failed", "limit", "cancelled"))
-        click.echo(json.dumps(row) if self.as_json else item_line(row, done, progress.total))
+        echo(dumps(row) if self.as_json else item_line(row, done, progress.total))
 
     def update(self, progress: Progress) -> None:
         pass
 
     def note(self, text: str) -> None:
-        click.echo(text, err=True)
+        echo(text, err=True)
 
     def stop(self) -> None:
         pass
@@ -87,13 +86,13 @@ class Live:
 
     def item_ended(self, row: dict[str, Any], progress: Progress) -> None:
         done = sum(progress.counts.get(s, 0) for s in ("completed", "failed", "limit", "cancelled"))
-        self.console.print(item_line(row, done, progress.total), markup=False, highlight=False)
+        self.console.print(shown(item_line(row, done, progress.total)), markup=False, highlight=False)
 
     def update(self, progress: Progress) -> None:
         self.live.update(render(progress))
 
     def note(self, text: str) -> None:
-        self.console.print(text, markup=False, highlight=False)
+        self.console.print(shown(text), markup=False, highlight=False)
 
     def stop(self) -> None:
         self.live.stop()
@@ -114,8 +113,9 @@ def render(progress: Progress) -> Any:
         table.add_column(column, overflow="ellipsis", no_wrap=True,
                          max_width=60 if column in ("now", "last tool") else 24)
     for item_id, record in progress.running[:RUNNING_SHOWN]:
-        table.add_row(item_id, str(record.turns), f"${record.total_usage['cost']:.4f}",
-                      (record.activity or record.status).split(": ", 1)[-1], record.last_tool or "-")
+        now = (record.activity or record.status).split(": ", 1)[-1]
+        table.add_row(one_line(item_id), str(record.turns), f"${record.total_usage['cost']:.4f}", one_line(now),
+                      one_line(record.last_tool or "-"))
     more = len(progress.running) - RUNNING_SHOWN
     parts: list[Any] = [head, table]
     if more > 0:

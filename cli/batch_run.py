@@ -3,7 +3,6 @@ first), which jobs it waits for (never a second job beside a live one), how it f
 poll for all), downloads each as it ends, cancels them on Ctrl-C, and ends with the summary and its exit code."""
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shlex
@@ -18,6 +17,8 @@ from typing import Any
 import click
 
 from cli.batch_progress import Display, Progress, make_display, summary_text
+from cli.output import echo
+from pid.terminal import dumps
 from worker.batch import BatchDir, needs_run, row_for, summarize
 from worker.jobs import JobSpec, new_job_id
 
@@ -110,8 +111,8 @@ class Run:
             return
         for left in specs[sent:]:
             self.store.mark_undispatched(left.id, f"{type(error).__name__}: {error}")
-        click.echo(f"pid: warning: the broker refused job {specs[sent].id} ({error}); {len(specs) - sent} job(s) wait "
-                   "for a worker's reconciler to queue them", err=True)
+        echo(f"pid: warning: the broker refused job {specs[sent].id} ({error}); {len(specs) - sent} job(s) wait "
+             "for a worker's reconciler to queue them", err=True)
 
     # -- following ---------------------------------------------------------------------------------------------
 
@@ -194,8 +195,8 @@ class Run:
     def _on_sigint(self, signum: int, frame: Any) -> None:
         self.interrupted += 1
         if self.interrupted == 1:
-            click.echo("\ninterrupted: cancelling the batch's queued and running jobs (Ctrl-C again: stop waiting "
-                       "for them)…", err=True)
+            echo("\ninterrupted: cancelling the batch's queued and running jobs (Ctrl-C again: stop waiting "
+                 "for them)…", err=True)
 
     def _cancel_all(self, records: dict[str, Any], display: Display) -> None:
         self.cancel_tracked(records, display.note)
@@ -210,7 +211,7 @@ class Run:
                 try:
                     cancel_job(self.store, job_id)
                 except Exception as exc:
-                    (note or (lambda text: click.echo(text, err=True)))(f"pid: cancelling job {job_id}: {exc}")
+                    (note or (lambda text: echo(text, err=True)))(f"pid: cancelling job {job_id}: {exc}")
 
     def _finish_item(self, job_id: str, item_id: str, record: Any) -> dict[str, Any]:
         """An ended job: its result.json and artifacts from the store into DIR/<item id>/; its batch.jsonl row."""
@@ -245,9 +246,9 @@ class Run:
                                  "max_running": info.max_running}
         self.bdir.write_summary(summary)
         if self.as_json:
-            click.echo(json.dumps({"summary": summary}))
+            echo(dumps({"summary": summary}))
         else:
-            click.echo(summary_text(summary, self.bdir.path))
+            echo(summary_text(summary, self.bdir.path))
         if self.interrupted:
             left = len(self.tracked)
             if self.tasks:
@@ -256,9 +257,9 @@ class Run:
                 tasks = str(self.bdir.meta.get("tasks") or "TASKS")
                 again = (f"pid batch {shlex.quote(tasks)} --out {shlex.quote(self.bdir.path)} and the options that "
                          "submitted it (without --detach to follow it here)")
-            click.echo(f"interrupted: {len(rows)} of {len(self.bdir.order)} item(s) ended"
-                       + (f", {left} still ending (their jobs were cancelled)" if left else "")
-                       + f"; resume with: {again}", err=True)
+            echo(f"interrupted: {len(rows)} of {len(self.bdir.order)} item(s) ended"
+                 + (f", {left} still ending (their jobs were cancelled)" if left else "")
+                 + f"; resume with: {again}", err=True)
             sys.exit(EXIT_INTERRUPTED)
         sys.exit(summary["exit_code"])
 

@@ -21,8 +21,9 @@ import click
 from pid import events as ev
 from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
 from cli.options import EnvOption, QueueName, Size, format_size, job_options
-from cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, format_duration, print_result,
-                        wait_for)
+from cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, echo, format_duration,
+                        print_result, wait_for)
+from pid.terminal import dumps, one_line
 from pid.endings import STATUSES, exit_code_for
 from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
 
@@ -39,7 +40,7 @@ class BadInput(click.ClickException):
     exit_code = 2
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"pid: error: {self.format_message()}", err=True)
+        echo(f"pid: error: {one_line(self.format_message())}", err=True)
 
 
 class PidCommand(click.Command):
@@ -97,8 +98,8 @@ def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
                    **{**options, "files": list(options["files"]), "runtime": options["runtime"] or None})
     spec.base_url = base_url_for(spec.api, spec.base_url)   # the spec records the endpoint the job really uses
     if spec.network != "none":
-        click.echo(f"pid: warning: --network {spec.network}: the sandbox can reach the network and is reachable "
-                   f"from it", err=True)
+        echo(f"pid: warning: --network {spec.network}: the sandbox can reach the network and is reachable "
+             f"from it", err=True)
     return spec
 
 
@@ -263,23 +264,23 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
         if not agents:  # still setting up: the runner's finally removes what exists
             raise KeyboardInterrupt
         if not agents[0].cancel_event.is_set():
-            click.echo("\ncancelling: collecting the patch and removing the container…", err=True)
+            echo("\ncancelling: collecting the patch and removing the container…", err=True)
             agents[0].cancel()
         else:  # cleanup is short and bounded; interrupting it would leak the container and lose the result
-            click.echo("still cleaning up…", err=True)
+            echo("still cleaning up…", err=True)
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        click.echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
+        echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
         result = run_job(spec, api_key=api_key, sink=job.sink(ev.ignore if as_json else EventPrinter()),
                          on_agent=lambda agent: _attach(agent, agents, job), cancel=job.cancel,
                          starting=starting)
     except KeyboardInterrupt:  # Ctrl-C during set-up: run_job removed the container and wrote result.json...
         abandon(starting)      # ...unless it came before run_job took the early sandbox (idempotent otherwise)
         if os.path.exists(os.path.join(spec.job_dir, "result.json")):
-            click.echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
+            echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
         else:
-            click.echo("interrupted before the job started", err=True)
+            echo("interrupted before the job started", err=True)
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:   # not the job's own failure (run_job records those): the store must not say Ctrl-C
         failure = f"{type(exc).__name__}: {exc}"
@@ -332,9 +333,9 @@ def queue_job(store: Any, spec: JobSpec, api_key: str | None, wait: bool, as_jso
         store.finish(spec.id, "dispatch_failed", error=str(exc))
         raise click.ClickException(f"could not queue job {spec.id}: {exc}") from None
     if not wait:
-        click.echo(spec.id)
+        echo(spec.id)
         return
-    click.echo(f"job {spec.id} queued", err=True)
+    echo(f"job {spec.id} queued", err=True)
     _wait_and_exit(store, spec.id, as_json, follow=not as_json, download=spec.job_dir, own_dir=True)
 
 
@@ -347,8 +348,8 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, downloa
     try:
         wait_for(lambda: store.get(job_id).terminal, follower, tick=_while_waiting(store, job_id))
     except KeyboardInterrupt:
-        click.echo(f"\nstopped waiting; job {job_id} goes on (pid result {job_id} --wait, pid cancel {job_id})",
-                   err=True)
+        echo(f"\nstopped waiting; job {job_id} goes on (pid result {job_id} --wait, pid cancel {job_id})",
+             err=True)
         sys.exit(EXIT_INTERRUPTED)
     result = _load_result(store, job_id)
     where = _download(store, job_id, download, own_dir) if download else record.spec.job_dir
@@ -407,11 +408,11 @@ def _no_worker_notice(store: Any, job_id: str) -> Callable[[], None]:
         waited = f"job {job_id} is still queued after {NO_WORKER_NOTICE_S:g}s"
         if workers:
             running = sum(w.running for w in workers)
-            click.echo(f"{waited}: {len(workers)} worker(s) are running {running} job(s); it waits for a free one",
-                       err=True)
+            echo(f"{waited}: {len(workers)} worker(s) are running {running} job(s); it waits for a free one",
+                 err=True)
         else:
             start = "pid worker" + ("" if queue == DEFAULT_QUEUE else f" --queue {queue}")
-            click.echo(f"{waited}: no worker is consuming queue '{queue}' (start one with `{start}`)", err=True)
+            echo(f"{waited}: no worker is consuming queue '{queue}' (start one with `{start}`)", err=True)
     return tick
 
 
@@ -468,23 +469,23 @@ def status(job_id: str, as_json: bool) -> None:
     sweep_quietly()
     _, record = _record_or_fail(job_id)
     if as_json:
-        click.echo(json.dumps(record.to_dict(), indent=2))
+        echo(dumps(record.to_dict(), indent=2))
         return
     flags = " (paused)" if record.paused and not record.terminal else ""
     flags += " (cancel requested)" if record.cancel_requested and not record.terminal else ""
-    click.echo(f"{record.id}  {record.status}{flags}  turns={record.turns} tool_calls={record.tool_calls}"
-               f"  attempts={record.attempts}" + (f"  exit_reason={record.exit_reason}" if record.exit_reason else ""))
+    echo(f"{record.id}  {record.status}{flags}  turns={record.turns} tool_calls={record.tool_calls}"
+         f"  attempts={record.attempts}" + (f"  exit_reason={record.exit_reason}" if record.exit_reason else ""))
     usage = record.total_usage
-    click.echo(f"  {'pid run' if record.kind == 'run' else 'worker job'} · {format_duration(record.duration_s)} · "
-               f"{usage['total_tokens']} tokens · ${usage['cost']:.4f}")
+    echo(f"  {'pid run' if record.kind == 'run' else 'worker job'} · {format_duration(record.duration_s)} · "
+         f"{usage['total_tokens']} tokens · ${usage['cost']:.4f}")
     if record.activity and not record.terminal:
-        click.echo(f"  now: {record.activity}")
+        echo(f"  now: {one_line(record.activity)}")
     if record.last_tool:
-        click.echo(f"  last tool: {record.last_tool}")
+        echo(f"  last tool: {one_line(record.last_tool)}")
     if record.check:
-        click.echo(f"  {check_line(record.check)}")
+        echo("  ", *check_line(record.check))
     if record.error:
-        click.echo(f"  error: {record.error}")
+        echo(f"  error: {one_line(record.error)}")
 
 
 
@@ -502,7 +503,7 @@ def result(job_id: str, as_json: bool, wait: bool, download: str | None) -> None
     if wait:
         _wait_and_exit(store, job_id, as_json, follow=False, download=download)
     if not record.terminal:
-        click.echo(f"pid: job {job_id} is {record.status}: no result yet (--wait waits for it)", err=True)
+        echo(f"pid: job {job_id} is {record.status}: no result yet (--wait waits for it)", err=True)
         sys.exit(EXIT_NOT_FINISHED)
     result = _load_result(store, job_id)
     where = _download(store, job_id, download, own_dir=False) if download else record.spec.job_dir
@@ -520,9 +521,9 @@ def cancel(job_id: str) -> None:
         raise BadInput(f"job {job_id} is {record.status}: nothing to cancel")
     status = cancel_job(store, job_id)
     if status == "running":
-        click.echo(f"{job_id}: cancelling (its worker stops it and keeps the artifacts so far)")
+        echo(f"{job_id}: cancelling (its worker stops it and keeps the artifacts so far)")
     elif status == "cancelled":
-        click.echo(f"{job_id}: cancelled")  # it had not started, or its process was gone: it ends here and now
+        echo(f"{job_id}: cancelled")  # it had not started, or its process was gone: it ends here and now
     else:
         raise BadInput(f"job {job_id} is {status}: nothing to cancel")
 
@@ -533,7 +534,7 @@ def _post(kind: str, job_id: str, message: str) -> None:
     store, record = _record_or_fail(job_id)
     if not store.post(job_id, kind, message):
         raise BadInput(f"job {job_id} is {record.status}: it takes no more messages")
-    click.echo(f"{job_id}: {kind.replace('_', '-')} queued")
+    echo(f"{job_id}: {kind.replace('_', '-')} queued")
 
 
 @cli.command()
@@ -556,7 +557,7 @@ def _set_paused(job_id: str, paused: bool) -> None:
     store, record = _record_or_fail(job_id)
     if not store.set_paused(job_id, paused):
         raise BadInput(f"job {job_id} is {store.get(job_id).status}: nothing to {'pause' if paused else 'resume'}")
-    click.echo(f"{job_id}: {'pause requested' if paused else 'resumed'}")
+    echo(f"{job_id}: {'pause requested' if paused else 'resumed'}")
 
 
 @cli.command()
@@ -585,16 +586,16 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool) -> None:
     sweep_quietly(store)
     records = store.list(limit, status_filter)
     if as_json:
-        click.echo(json.dumps([r.to_dict() for r in records], indent=2))
+        echo(dumps([r.to_dict() for r in records], indent=2))
         return
     for record in records:
-        task = " ".join(record.spec.task.split())
+        task = one_line(record.spec.task)
         cost = record.total_usage["cost"]
         reason = record.exit_reason or "-"
         if record.check:   # the check's verdict beside the reason
             reason += " ✓check" if record.check.get("passed") is True else " ✗check"
-        click.echo(f"{record.id}  {record.status:<9}  {format_duration(record.duration_s):>8}  "
-                   f"{f'${cost:.4f}':>9}  {reason:<16}  {task[:50]}")
+        echo(f"{record.id}  {record.status:<9}  {format_duration(record.duration_s):>8}  "
+             f"{f'${cost:.4f}':>9}  {reason:<16}  {task[:50]}")
 
 
 @cli.command()
@@ -632,17 +633,17 @@ def workers(show_all: bool, as_json: bool) -> None:
     now = time.time()
     beats = default_store().workers(alive_within_s=None if show_all else ALIVE_WITHIN_S)
     if as_json:
-        click.echo(json.dumps([{**asdict(b), "alive": now - b.beat_at <= ALIVE_WITHIN_S} for b in beats], indent=2))
+        echo(dumps([{**asdict(b), "alive": now - b.beat_at <= ALIVE_WITHIN_S} for b in beats], indent=2))
         return
     if not beats:
-        click.echo("no live worker" + ("" if show_all else " (pid workers --all: also stopped or lost ones)"))
+        echo("no live worker" + ("" if show_all else " (pid workers --all: also stopped or lost ones)"))
         return
     for b in beats:
         seen = "alive" if now - b.beat_at <= ALIVE_WITHIN_S else f"silent {format_duration(now - b.beat_at)}"
-        click.echo(f"{b.node:<40}  {b.host}:{b.pid:<8}  {b.running}/{b.concurrency} running  "
-                   f"queue {','.join(b.queues):<12}  up {format_duration(now - b.started_at):>8}  {seen}")
+        echo(f"{one_line(b.node):<40}  {one_line(b.host)}:{b.pid:<8}  {b.running}/{b.concurrency} running  "
+             f"queue {one_line(','.join(b.queues)):<12}  up {format_duration(now - b.started_at):>8}  {seen}")
         if b.policy:
-            click.echo("  policy: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in b.policy.items()))
+            echo("  policy: " + ", ".join(f"{one_line(k)} = {dumps(v)}" for k, v in b.policy.items()))
 
 
 @cli.command()
@@ -687,7 +688,7 @@ def reap(all_owners: bool) -> None:
     `pid run` also do this on their own)."""
     from sandbox.reaper import reap_installation
     containers, disks = reap_installation(pid_home(), all_owners=all_owners)
-    click.echo(f"removed {len(containers)} expired container(s) and {len(disks)} orphaned disk(s)")
+    echo(f"removed {len(containers)} expired container(s) and {len(disks)} orphaned disk(s)")
 
 
 def reap_own_quietly() -> None:
@@ -712,22 +713,34 @@ register_rerun(cli, sys.modules[__name__])
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)
 
 
+def _shown_traceback(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+    """A bug's traceback, as Python prints it, through the sanitiser (its message may quote a server or a model)."""
+    import traceback
+    echo("".join(traceback.format_exception(kind, exc, tb)).rstrip("\n"), err=True)
+
+
 def main() -> None:
-    """Every ending is an exit code and at most one line: usage errors included, Ctrl-C anywhere is 130."""
+    """Every ending is an exit code and at most one line: usage errors included, Ctrl-C anywhere is 130. A library's
+    warning (logging's last resort) and a bug's traceback pass through the sanitiser like every other line."""
+    import logging
+    from pid.terminal import ShownLogRecords
     from worker.clients import MissingClient
+    if logging.lastResort is not None:
+        logging.lastResort.addFilter(ShownLogRecords())
+    sys.excepthook = _shown_traceback
     try:
         code = cli.main(prog_name="pid", standalone_mode=False)
     except click.exceptions.Abort:   # KeyboardInterrupt (or EOF) outside a command's own handling
-        click.echo("interrupted", err=True)
+        echo("interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     except MissingClient as exc:
-        click.echo(f"pid: error: {exc}", err=True)
+        echo(f"pid: error: {one_line(str(exc))}", err=True)
         sys.exit(2)
     except click.ClickException as exc:
         if isinstance(exc, (BadInput, _NO_ARGS_IS_HELP)):   # the latter: plain `pid` shows its help
             exc.show()
         else:
-            click.echo(f"pid: error: {exc.format_message()}", err=True)
+            echo(f"pid: error: {one_line(exc.format_message())}", err=True)
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
 

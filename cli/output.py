@@ -1,27 +1,54 @@
-"""How a job looks in a terminal: one line per tool call, then the final message and a summary."""
+"""How a job looks in a terminal: one line per tool call, then the final message and a summary.
+
+`echo` is how every `pid` command writes to the terminal: each part of a message passes through the one sanitiser
+(pid/terminal.py) before pid's own styles are added, so no model, agent, task, server or store reaches the terminal
+with an escape sequence. A field of a one-line listing also goes through one_line (a newline in it would start a line
+that pid did not write). --json output is terminal.dumps: exact JSON, with those characters \\u-escaped.
+"""
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import click
 
 from pid import events as ev
 from pid.event_records import EventRecords
+from pid.terminal import dumps, one_line, shown
 from worker.jobs import json_text
 
 CHECK_LINES_SHOWN = 15   # of a failed check's output_tail, under the summary (all of it is in result.json)
 
 
-def tool_line(name: str, summary: str, is_error: bool, error_line: str | None, duration_s: float | None) -> str:
-    mark = click.style("✗", fg="red") if is_error else click.style("✓", fg="green")
+class Styled(NamedTuple):
+    """Part of a message printed in a style (click.style's keywords), after the sanitiser."""
+    text: str
+    style: dict[str, Any]
+
+
+def styled(text: str, **style: Any) -> Styled:
+    return Styled(text, style)
+
+
+Part = str | Styled
+
+
+def echo(*parts: Part, err: bool = False) -> None:
+    """Print one message made of `parts` (and a newline). The only way pid's commands write to the terminal: each
+    part goes through pid.terminal.shown, then a Styled part gets its style."""
+    click.echo("".join(click.style(shown(p.text), **p.style) if isinstance(p, Styled) else shown(p) for p in parts),
+               err=err)
+
+
+def tool_line(name: str, summary: str, is_error: bool, error_line: str | None,
+              duration_s: float | None) -> list[Part]:
     took = f"  {duration_s:.2f}s" if duration_s is not None else ""
-    line = f"{mark} {click.style(name, bold=True)} {summary}{took}"
+    line: list[Part] = [styled("✗", fg="red") if is_error else styled("✓", fg="green"), " ",
+                        styled(one_line(name), bold=True), f" {one_line(summary)}{took}"]
     if is_error:
-        line += click.style(f"  — {(error_line or '')[:100]}", fg="red")
+        line.append(styled(f"  — {one_line(error_line or '')[:100]}", fg="red"))
     return line
 
 
@@ -30,7 +57,7 @@ def compaction_line(record: dict[str, Any]) -> str:
     why = "refused for length" if record.get("reason") == "overflow" else "context full"
     before = record.get("tokens_before") or 0
     if record.get("error"):
-        return f"· compaction failed ({why}, {before:,} tokens): {record['error']}"
+        return f"· compaction failed ({why}, {before:,} tokens): {one_line(str(record['error']))}"
     return (f"· context compacted ({why}): {before:,} -> {record.get('tokens_after') or 0:,} tokens, "
             f"{record.get('summarized', 0)} messages summarised" + (", retrying" if record.get("will_retry") else ""))
 
@@ -45,36 +72,35 @@ class RecordPrinter:
 
     def __call__(self, record: dict[str, Any]) -> None:
         if self.as_json:
-            click.echo(json.dumps(json_text(record), ensure_ascii=False))
+            echo(dumps(json_text(record)))
             return
-        kind = record.get("type")
+        kind, err = record.get("type"), self.err
         if kind == "tool_end":
-            click.echo(tool_line(str(record.get("name")), str(record.get("summary", "")), bool(record.get("is_error")),
-                                 record.get("error_line"), record.get("duration_s")), err=self.err)
+            echo(*tool_line(str(record.get("name")), str(record.get("summary", "")), bool(record.get("is_error")),
+                            record.get("error_line"), record.get("duration_s")), err=err)
         elif kind == "check_start":
-            click.echo(click.style(f"· check: {record.get('command', '')}", dim=True), err=self.err)
+            echo(styled(f"· check: {one_line(str(record.get('command', '')))}", dim=True), err=err)
         elif kind == "check_end":
             passed = bool(record.get("passed"))
             why = "" if passed else check_failure(record) + (f": {record['error_line']}" if record.get("error_line")
                                                               else "")
-            click.echo(tool_line("check", str(record.get("command", "")), not passed, why, record.get("duration_s")),
-                       err=self.err)
+            echo(*tool_line("check", str(record.get("command", "")), not passed, why, record.get("duration_s")),
+                 err=err)
         elif kind == "model_retry":
             status = f"HTTP {record['status']}, " if record.get("status") else ""
-            click.echo(click.style(f"· {record.get('message')} ({status}attempt {record.get('attempt')} failed)",
-                                   fg="yellow"), err=self.err)
+            echo(styled(f"· {one_line(str(record.get('message')))} ({status}attempt {record.get('attempt')} failed)",
+                        fg="yellow"), err=err)
         elif kind == "assistant" and record.get("error"):
-            click.echo(click.style(f"model error: {record['error']}", fg="red"), err=self.err)
+            echo(styled(f"model error: {one_line(str(record['error']))}", fg="red"), err=err)
         elif kind == "compaction_end":
-            click.echo(click.style(compaction_line(record), fg="red" if record.get("error") else None, dim=True),
-                       err=self.err)
+            echo(styled(compaction_line(record), fg="red" if record.get("error") else None, dim=True), err=err)
         elif kind == "notice":
-            click.echo(click.style(f"{record.get('level', 'warning')}: {record.get('text')}", fg="yellow"),
-                       err=self.err)
+            echo(styled(f"{one_line(str(record.get('level', 'warning')))}: {one_line(str(record.get('text')))}",
+                        fg="yellow"), err=err)
         elif kind == "job" and record.get("note"):
-            click.echo(click.style(f"· {record['note']}", dim=True), err=self.err)
+            echo(styled(f"· {one_line(str(record['note']))}", dim=True), err=err)
         elif kind == "dropped":
-            click.echo(click.style(f"· {record.get('count')} log record(s) dropped", dim=True), err=self.err)
+            echo(styled(f"· {record.get('count')} log record(s) dropped", dim=True), err=err)
 
 
 class EventPrinter:
@@ -119,44 +145,44 @@ def check_failure(check: dict[str, Any]) -> str:
     return "killed" if check.get("exit_code") is None else f"exit {check.get('exit_code')}"
 
 
-def check_line(check: dict[str, Any]) -> str:
+def check_line(check: dict[str, Any]) -> list[Part]:
     """result.json's check as one line: `check passed (python3 -m unittest) in 1.2s` or `check FAILED (exit 1) …`."""
     took = check.get("duration_s")
     took_text = f" in {took:.1f}s" if isinstance(took, (int, float)) else ""
-    command = " ".join(str(check.get("command", "")).split())
+    command = one_line(str(check.get("command", "")))
     command = command if len(command) <= 80 else command[:79] + "…"
     if check.get("passed") is True:
-        return f"{click.style('check passed', fg='green', bold=True)}{took_text}: {command}"
-    return f"{click.style('check FAILED', fg='red', bold=True)} ({check_failure(check)}){took_text}: {command}"
+        return [styled("check passed", fg="green", bold=True), f"{took_text}: {command}"]
+    return [styled("check FAILED", fg="red", bold=True), f" ({check_failure(check)}){took_text}: {command}"]
 
 
 def print_result(result: dict[str, Any], job_dir: str, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(json_text(result), indent=2, ensure_ascii=False))
+        echo(dumps(json_text(result), indent=2))
         return
     if result.get("final_message"):
-        click.echo(result["final_message"])
-    status = result.get("status", "?")
+        echo(str(result["final_message"]))
+    status = one_line(str(result.get("status", "?")))
     colour = {"completed": "green", "limit": "yellow", "cancelled": "yellow"}.get(status, "red")
     usage = result.get("usage") or {}
-    summary = (f"{click.style(status, fg=colour, bold=True)} ({result.get('exit_reason')}) in "
-               f"{result.get('duration_s', 0):.1f}s · {_count(result.get('turns', 0), 'turn')} · "
-               f"{_count(result.get('tool_calls', 0), 'tool call')} · {_count(usage.get('total_tokens', 0), 'token')}")
-    click.echo(summary, err=True)
+    echo(styled(status, fg=colour, bold=True),
+         f" ({one_line(str(result.get('exit_reason')))}) in {result.get('duration_s', 0):.1f}s · "
+         f"{_count(result.get('turns', 0), 'turn')} · {_count(result.get('tool_calls', 0), 'tool call')} · "
+         f"{_count(usage.get('total_tokens', 0), 'token')}", err=True)
     check = result.get("check")
     if isinstance(check, dict):
-        click.echo(check_line(check), err=True)
+        echo(*check_line(check), err=True)
         if check.get("passed") is not True:
             if check.get("error"):
-                click.echo(click.style(f"check error: {check['error']}", fg="red"), err=True)
-            tail = str(check.get("output_tail") or "").splitlines()[-CHECK_LINES_SHOWN:]
+                echo(styled(f"check error: {one_line(str(check['error']))}", fg="red"), err=True)
+            tail = shown(str(check.get("output_tail") or "")).splitlines()[-CHECK_LINES_SHOWN:]
             for line in tail:
-                click.echo(f"  {line}", err=True)
+                echo(f"  {line}", err=True)
     if result.get("error"):
-        click.echo(click.style(f"error: {result['error']}", fg="red"), err=True)
+        echo(styled(f"error: {one_line(str(result['error']))}", fg="red"), err=True)
     if result.get("warning"):
-        click.echo(click.style(f"warning: {result['warning']}", fg="yellow"), err=True)
-    click.echo(f"artifacts: {os.path.relpath(job_dir)}", err=True)
+        echo(styled(f"warning: {one_line(str(result['warning']))}", fg="yellow"), err=True)
+    echo(f"artifacts: {os.path.relpath(job_dir)}", err=True)
 
 
 def _count(n: int, noun: str) -> str:

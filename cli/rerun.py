@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from cli.options import Number, QueueName
+from cli.output import echo
 from pid.config import API_KEY_ENV, EnvDefaults, endpoint
 from worker.jobs import JobSpec, spec_field
 
@@ -113,8 +114,8 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
     env = EnvDefaults.read()
     bound = EnvDefaults(api_key, env.base_url, env.api)
     if api_key and bound.key_for(spec.api, spec.base_url) is None:
-        click.echo(f"pid: the API key is for {endpoint(env.api, env.base_url)}, not this job's "
-                   f"{endpoint(spec.api, spec.base_url)}: not sent (set PID_BASE_URL to send it there)", err=True)
+        echo(f"pid: the API key is for {endpoint(env.api, env.base_url)}, not this job's "
+             f"{endpoint(spec.api, spec.base_url)}: not sent (set PID_BASE_URL to send it there)", err=True)
         api_key = None
     _main.check_api_key(spec, api_key)
     if embedded_broker():   # the worker is on this machine: its image must be here too

@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from cli.output import echo
+
 # The same names as pid/html_view.py's and worker/artifact_store.py's; the renderer is imported only when a page is
 # made, so that registering this command costs the other commands nothing.
 RESULT, SESSION, PATCH, BATCH = "result.json", "session.jsonl", "patch.diff", "batch.jsonl"
@@ -41,9 +43,9 @@ def view(target: str, output: str | None, open_page: bool) -> None:
         path = _view_dir(target, output)
     else:
         path = _view_job_id(target, output)
-    click.echo(path)
+    echo(path)
     if open_page and not open_in_browser(path):
-        click.echo("pid: no browser here (no $BROWSER, no display): open the file above yourself", err=True)
+        echo("pid: no browser here (no $BROWSER, no display): open the file above yourself", err=True)
 
 
 def _view_dir(directory: str, output: str | None) -> str:

@@ -2,8 +2,8 @@
 them; `pid logs`, `submit --wait` and `result --wait` print them; `pid run` prints the same lines directly).
 
 A record is bounded whatever the agent does: a tool call is its name and a one-line summary, never its output; an
-assistant message is its first TEXT_MAX characters. Text deltas and tool output updates are not kept: a log is for
-what happened, the session file for everything.
+assistant message is its first TEXT_MAX characters; every text in it is as a terminal may show it (pid/terminal.py).
+Text deltas and tool output updates are not kept: a log is for what happened, the session file for everything.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from pid import events as ev
 from pid.messages import AssistantMessage
-from pid.tools.bash import sanitize
+from pid.terminal import one_line, shown
 from pid.tools.summary import summarize_call
 
 TEXT_MAX = 2000
@@ -39,14 +39,14 @@ class EventRecords:
                 "is_error": event.result.is_error, "t": now}
             if event.result.is_error:   # bash's says how it ended last; the other tools say why first
                 lines = [line for line in event.result.text.strip().splitlines() if line.strip()] or [""]
-                record["error_line"] = sanitize(lines[-1] if event.name == "bash" else lines[0])[:200]
+                record["error_line"] = one_line(lines[-1] if event.name == "bash" else lines[0])[:200]
             return record
         if isinstance(event, ev.MessageEnd) and isinstance(event.message, AssistantMessage):
             message = event.message
-            record = {"type": "assistant", "text": sanitize(message.text)[:TEXT_MAX],
+            record = {"type": "assistant", "text": shown(message.text)[:TEXT_MAX],
                       "tool_calls": len(message.tool_calls), "stop_reason": message.stop_reason, "t": now}
             if message.stop_reason == "error" and message.error_message:
-                record["error"] = sanitize(message.error_message)[:500]
+                record["error"] = shown(message.error_message)[:500]
             return record
         if isinstance(event, ev.CompactionStart):
             return {"type": "compaction_start", "reason": event.reason, "tokens": event.tokens, "t": now}
@@ -55,36 +55,36 @@ class EventRecords:
                       "tokens_after": event.tokens_after, "summarized": event.summarized,
                       "will_retry": event.will_retry, "t": now}
             if event.error:
-                record["error"] = sanitize(event.error)[:500]
+                record["error"] = shown(event.error)[:500]
             return record
         if isinstance(event, ev.Notice):
-            return {"type": "notice", "level": event.level, "text": sanitize(event.text)[:500], "t": now}
+            return {"type": "notice", "level": event.level, "text": shown(event.text)[:500], "t": now}
         if isinstance(event, ev.ModelRetry):
             record = {"type": "model_retry", "turn": event.turn, "attempt": event.attempt,
                       "wait_s": round(event.wait_s, 3), "reason": event.reason, "message": event.describe(),
-                      "error": sanitize(event.error)[:500], "t": now}
+                      "error": shown(event.error)[:500], "t": now}
             if event.status is not None:
                 record["status"] = event.status
             return record
         if isinstance(event, ev.AgentEnd):
             return {"type": "agent_end", "status": event.status, "exit_reason": event.exit_reason, "t": now}
         if isinstance(event, ev.CheckStart):
-            return {"type": "check_start", "command": _one_line(event.command), "t": now}
+            return {"type": "check_start", "command": _short_command(event.command), "t": now}
         if isinstance(event, ev.CheckEnd):
             check = event.check
-            record = {"type": "check_end", "command": _one_line(str(check.get("command", ""))),
+            record = {"type": "check_end", "command": _short_command(str(check.get("command", ""))),
                       "passed": bool(check.get("passed")), "exit_code": check.get("exit_code"),
                       "timed_out": bool(check.get("timed_out")), "duration_s": check.get("duration_s"), "t": now}
             if not record["passed"]:
                 last = (check.get("error") or str(check.get("output_tail") or "")).strip().splitlines()[-1:] or [""]
-                record["error_line"] = sanitize(last[0])[:200]
+                record["error_line"] = one_line(last[0])[:200]
             return record
         return None
 
 
-def _one_line(command: str, width: int = 200) -> str:
+def _short_command(command: str, width: int = 200) -> str:
     """A command as one short line (a check may be a whole script)."""
-    text = " ".join(sanitize(command).split())
+    text = one_line(command)
     return text if len(text) <= width else text[:width - 1] + "…"
 
 

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from pid.terminal import strip_escapes
+
 
 @dataclass
 class Limits:
@@ -32,9 +34,6 @@ class Limits:
 
 LIMITS = Limits()
 
-_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|[\x00-\x08\x0b-\x1f\x7f]")
-
-
 def as_dict(value: Any) -> dict[str, Any]:
     """A JSON object, or an empty one for anything else: every field of the input may be missing or malformed."""
     return value if isinstance(value, dict) else {}
@@ -45,9 +44,10 @@ def as_list(value: Any) -> list[Any]:
 
 
 def esc(value: Any) -> str:
-    """Text for an HTML element or a quoted attribute: escaped, terminal escapes and control characters removed."""
+    """Text for an HTML element or a quoted attribute: escape sequences and control characters removed (by the one
+    sanitiser, pid/terminal.py), then HTML-escaped."""
     text = value if isinstance(value, str) else str(value)
-    return html.escape(_CONTROL.sub("", text), quote=True)
+    return html.escape(strip_escapes(text), quote=True)
 
 
 def clip(text: str, limit: int) -> tuple[str, int]:

@@ -15,7 +15,7 @@ from pid.sandbox import Sandbox
 @dataclass
 class Skipped:
     """A member or patch section that was not written, and why (shown to the user, so never raw)."""
-    path: str      # printable form of the offending name: control chars escaped, at most 300 chars
+    path: str      # the offending name as pid.terminal.escaped shows it: at most 300 chars
     reason: str
 
 

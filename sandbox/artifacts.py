@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Iterable, Iterator
 
 from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped   # the seam's data, made here
+from pid.terminal import escaped
 
 __all__ = ["Skipped", "PatchCopy", "FilesCopy", "FilesBudget", "ArtifactTooLarge", "unsafe_path_reason",
            "copy_patch", "extract_files"]
@@ -78,34 +79,6 @@ def _is_dot_git(part: str) -> bool:
     return folded in (".git", "git~1")
 
 
-_SIMPLE_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def printable(name: str, limit: int = 300) -> str:
-    """`name` safe to show on a terminal: control, format and undecodable characters escaped (repr-like),
-    backslashes doubled, cut to `limit` characters with a trailing '…'."""
-    out: list[str] = []
-    size = 0
-    for ch in name[:limit + 1]:
-        if ch in _SIMPLE_ESCAPES:
-            text = _SIMPLE_ESCAPES[ch]
-        elif ch.isprintable():
-            text = ch
-        else:
-            code = ord(ch)
-            if 0xdc80 <= code <= 0xdcff:           # an undecodable byte kept by surrogateescape
-                code -= 0xdc00
-            text = f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-        if size + len(text) > limit:
-            while out and size > limit - 1:
-                size -= len(out.pop())
-            out.append("…")
-            return "".join(out)
-        out.append(text)
-        size += len(text)
-    return "".join(out)
-
-
 class _Skips:
     """At most _MAX_SKIPPED entries, then only a count: a 100k-entry archive must not make a 100k-entry list."""
 
@@ -115,7 +88,7 @@ class _Skips:
 
     def add(self, name: str, reason: str) -> None:
         if len(self.entries) < _MAX_SKIPPED:
-            self.entries.append(Skipped(printable(name), reason))
+            self.entries.append(Skipped(escaped(name), reason))
         else:
             self.more += 1
 

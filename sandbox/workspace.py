@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import IO
 from urllib.parse import urlsplit
 
+from pid.terminal import escaped
+
 from . import tarstream
 from .gitseed import GitSeed
 
@@ -304,12 +306,6 @@ class _HashingSink:
 
 
 # -- unpacking a tar pid did not necessarily make ------------------------------------------------------------------
-def printable(name: str, limit: int = 300) -> str:
-    """A member name fit for a one-line message: control characters escaped, bounded."""
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
 class _Rules:
     """MemberCheck's rules on raw names (bytes), shared by the tarfile filter and the fast unpacker."""
 
@@ -358,7 +354,7 @@ class _Rules:
 
 
 def _shown(raw: bytes) -> str:
-    return printable(os.fsdecode(raw))
+    return escaped(os.fsdecode(raw))   # a member name fit for a one-line message
 
 
 _TARFILE_KINDS = {tarfile.REGTYPE: tarstream.REG, tarfile.AREGTYPE: tarstream.REG, tarfile.CONTTYPE: tarstream.REG,

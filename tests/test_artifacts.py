@@ -17,8 +17,7 @@ import zlib
 import pytest
 
 from sandbox import artifacts
-from sandbox.artifacts import (ArtifactTooLarge, FilesBudget, Skipped, copy_patch, extract_files, printable,
-                               unsafe_path_reason)
+from sandbox.artifacts import ArtifactTooLarge, FilesBudget, Skipped, copy_patch, extract_files, unsafe_path_reason
 
 CHUNK_SIZES = [1, 7, 4093, None]  # None: the whole stream as one chunk
 
@@ -107,16 +106,6 @@ def test_unsafe_names_are_refused(name, reason):
                                   "./a.txt", "a//b", "x" * 4096, "undecodable\udcff"])
 def test_safe_names_pass(name):
     assert unsafe_path_reason(name) is None
-
-
-def test_printable_escapes_controls_and_caps_length():
-    assert printable("\x1b[31mred\n\t\\") == "\\x1b[31mred\\n\\t\\\\"
-    assert printable("bidi\u202eexe.txt") == "bidi\\u202eexe.txt"
-    assert printable("raw\udc9b") == "raw\\x9b"
-    long = printable("\x1b" * 1000)
-    assert len(long) <= 300 and long.endswith("…") and "\x1b" not in long
-    assert printable("a" * 300) == "a" * 300
-    assert len(printable("a" * 301)) == 300
 
 
 # -- the patch -------------------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ import pytest
 
 from pid.messages import TextContent
 from pid.tools import ToolSettings
-from pid.tools.bash import sanitize
 from pid.tools.registry import MAX_ARGUMENT_BYTES
 from sandbox import DockerSandbox, SandboxConfig
 from sandbox.config import AGENT_HOME
@@ -96,10 +95,6 @@ def test_cancel(sandbox):
 def test_ansi_and_control_characters_stripped(sandbox):
     result = bash(sandbox, r"printf '\033[1;31mred\033[0m plain\r\n\ttab\007bell\033]0;title\007 done\n'")
     assert text(result) == "red plain\n\ttabbell done\n"
-
-
-def test_sanitize_unit():
-    assert sanitize("a\x1b[2K\rb\x1b(Bc\x00d\x9be\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\") == "abcdelink"
 
 
 def test_tail_line_cap(sandbox):

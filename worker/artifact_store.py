@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from pid.endings import status_of
-from worker.jobs import JobSpec, json_text, shown
+from worker.jobs import JobSpec, json_text, storable
 from worker.store import ARTIFACT_LIMIT, BlobMissing, Store, TooLarge
 
 log = logging.getLogger("pid.worker")
@@ -85,7 +85,7 @@ def job_uploads(spec: JobSpec, job_dir: str, result: dict[str, Any]) -> list[Upl
         rel = os.path.relpath(str(path), job_dir)
         if rel.startswith(FILES + os.sep) and os.path.commonpath([files_dir, str(path)]) == files_dir \
                 and _regular(str(path)):
-            uploads.append(Upload(shown(rel.replace(os.sep, "/")), str(path), spec.max_files_bytes))
+            uploads.append(Upload(storable(rel.replace(os.sep, "/")), str(path), spec.max_files_bytes))
     return uploads
 
 

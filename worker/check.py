@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pid.sandbox import ExecResult, OutputPolicy, Sandbox
-from pid.tools.bash import sanitize
+from pid.terminal import strip_escapes
 from pid.tools.truncate import truncate_tail
 
 OUTPUT_TAIL_LINES = 50
@@ -103,6 +103,6 @@ def output_tail(result: ExecResult) -> str:
         newline = raw.find(b"\n")
         if 0 <= newline < len(raw) - 1:
             raw = raw[newline + 1:]
-    text = sanitize(raw.decode("utf-8", "replace")).rstrip("\n")
+    text = strip_escapes(raw.decode("utf-8", "replace")).rstrip("\n")
     cut = truncate_tail(text.split("\n") if text else [], OUTPUT_TAIL_LINES, OUTPUT_TAIL_BYTES)
     return cut.content

@@ -18,6 +18,7 @@ from typing import Any
 
 from pid import events as ev
 from pid.event_records import EventRecords, job_record
+from pid.terminal import shown
 from pid.tools.summary import summarize_call
 from pid.agent import Agent
 from pid.messages import AssistantMessage, Usage
@@ -327,8 +328,8 @@ class ForegroundJob:
             if not store.claim(spec.id, owner, LEASE_S):
                 raise RuntimeError("the job was claimed by another process")
         except Exception as exc:
-            print(f"pid: warning: job {spec.id} is not in the job store ({exc}): list, status, steer, pause and "
-                  "cancel will not reach it", file=sys.stderr)
+            print(shown(f"pid: warning: job {spec.id} is not in the job store ({exc}): list, status, steer, pause "
+                        "and cancel will not reach it"), file=sys.stderr)
             return cls(None, None)
         relay = ControlRelay(store, spec.id, owner)
         relay.start()

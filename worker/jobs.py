@@ -207,9 +207,9 @@ def spec_problem(spec: JobSpec) -> str | None:
     return None
 
 
-def shown(text: str) -> str:
-    """A name as it can be shown and stored: a file name that is not UTF-8 (read as Python does, its stray bytes as
-    surrogates) gets them escaped, `bad\\xffname`; any other text is itself."""
+def storable(text: str) -> str:
+    """A name as it can be stored (UTF-8): a file name that is not UTF-8 (read as Python does, its stray bytes as
+    surrogates) gets them escaped, `bad\\xffname`; any other text is itself. (Showing it is pid/terminal.py's.)"""
     try:
         text.encode("utf-8")
         return text
@@ -218,11 +218,11 @@ def shown(text: str) -> str:
 
 
 def json_text(data: Any) -> Any:
-    """`data` with every string shown (see shown): JSON and the job store take it whatever names it holds."""
+    """`data` with every string storable: JSON and the job store take it whatever names it holds."""
     if isinstance(data, str):
-        return shown(data)
+        return storable(data)
     if isinstance(data, dict):
-        return {shown(str(k)): json_text(v) for k, v in data.items()}
+        return {storable(str(k)): json_text(v) for k, v in data.items()}
     if isinstance(data, (list, tuple)):
         return [json_text(v) for v in data]
     return data

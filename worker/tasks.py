@@ -15,6 +15,7 @@ from typing import Any
 
 from pid.config import EnvDefaults, endpoint
 from pid.endings import status_of
+from pid.terminal import ShownLogRecords, one_line
 from worker import batch_budget, policy
 from worker.app import app
 from worker.control import LEASE_S, ControlRelay, log_job, new_owner, record_end, with_earlier_attempts
@@ -211,7 +212,7 @@ def end_line(job_id: str, status: str | None, exit_reason: str | None, duration_
 
 
 def _short(text: str, width: int = 60) -> str:
-    text = " ".join(text.split())
+    text = one_line(text)
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
@@ -222,15 +223,26 @@ def node_name() -> str:
 
 def configure_job_lines() -> None:
     """pid's own lines reach the worker's stderr whatever --loglevel quiets (Celery's, httpx's); the warnings that
-    say nothing to a pid user go (root is how pid's worker runs: the containers are the isolation)."""
+    say nothing to a pid user go (root is how pid's worker runs: the containers are the isolation). Every line, pid's
+    and Celery's, passes through the sanitiser (pid/terminal.py): they carry tasks, servers' errors, names."""
+    from celery import signals
     handler = logging.StreamHandler(sys.__stderr__)
     handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
+    handler.addFilter(ShownLogRecords())
+    signals.after_setup_logger.connect(_shown_logs, weak=False)
+    signals.after_setup_task_logger.connect(_shown_logs, weak=False)
     jobs_log.addHandler(handler)
     jobs_log.setLevel(logging.INFO)
     jobs_log.propagate = False
     warnings.filterwarnings("ignore", message="You're running the worker with superuser privileges")
     logging.getLogger("kombu.connection").addFilter(
         lambda record: not record.getMessage().startswith("No hostname was supplied"))
+
+
+def _shown_logs(logger: logging.Logger, **_: Any) -> None:
+    """Celery's handlers, once it has made them, print through the sanitiser too."""
+    for handler in logger.handlers:
+        handler.addFilter(ShownLogRecords())
 
 
 def _log_swept(record: JobRecord) -> None:

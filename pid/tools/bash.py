@@ -6,12 +6,12 @@ costs nothing here; the notices' line numbers count the whole output, not the ta
 from __future__ import annotations
 
 import codecs
-import re
 import shlex
 from typing import Any, Callable
 
 from pid.messages import ImageContent, TextContent
 from pid.sandbox import ExecResult, OutputPolicy, RUN_ANYWHERE
+from pid.terminal import strip_escapes
 from pid.tools.base import ToolContext, ToolResult, ToolSettings
 from pid.tools.registry import Tool
 from pid.tools.schema import format_validation_error
@@ -21,15 +21,6 @@ from pid.tools.truncate import MAX_BYTES, MAX_LINES, format_size, truncate_tail
 TAIL_BYTES = 128 * 1024
 # Whatever the model is shown less of than the whole stays reachable in the kept output file.
 OUTPUT = OutputPolicy(tail_bytes=TAIL_BYTES, keep_lines=MAX_LINES, keep_bytes=MAX_BYTES)
-
-_ANSI_RE = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]"                 # CSI: colours, cursor movement
-    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"      # OSC: titles, hyperlinks
-    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"           # DCS, SOS, PM, APC strings
-    r"|\x1b[ -/]*[0-~]?"                        # other escapes (charset selection, keypad modes, ...)
-)
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")  # keeps \t and \n; drops \r
-
 
 DISK_FULL_NOTICE = ("No space left on device: the job's disk is full (its --disk limit). Writes fail, and a command's "
                     "output may be cut, until files are removed.")
@@ -43,11 +34,6 @@ NO_WORKDIR_STATUS = 212
 
 def no_workdir_message(workdir: str) -> str:
     return f"Working directory does not exist: {workdir}\nCannot execute bash commands."
-
-
-def sanitize(text: str) -> str:
-    """What the model sees: no ANSI escapes, no control characters other than tab and newline."""
-    return _CONTROL_RE.sub("", _ANSI_RE.sub("", text))
 
 
 def _fmt_seconds(t: float) -> str:
@@ -123,7 +109,7 @@ def _forwarder(on_update: Callable[[str], None]) -> Callable[[bytes], None]:
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
     def forward(chunk: bytes) -> None:
-        text = sanitize(decoder.decode(chunk))
+        text = strip_escapes(decoder.decode(chunk))
         if text:
             on_update(text)
 
@@ -143,7 +129,7 @@ def format_output(ctx: ToolContext, result: ExecResult) -> tuple[str, dict[str, 
         if 0 <= newline < len(raw) - 1:
             raw = raw[newline + 1:]
             starts_at_line = True
-    text = sanitize(raw.decode("utf-8", "replace"))
+    text = strip_escapes(raw.decode("utf-8", "replace"))
     # The output's final newline is kept, as pi keeps it; the lines are cut without it, so that it never counts as
     # an extra (empty) line.
     final_newline = "\n" if text.endswith("\n") else ""

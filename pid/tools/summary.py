@@ -1,11 +1,11 @@
 """A tool call in a few words, for people watching a job (`pid run`'s lines, `pid status`). One rule for every view,
-and safe for a terminal: the model chose these strings, so escapes and control characters are removed."""
+and safe for a terminal: the model chose these strings, so they pass through pid.terminal.one_line."""
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from pid.tools.bash import sanitize
+from pid.terminal import one_line
 
 
 def summarize_call(name: str, args: dict[str, Any], width: int = 100) -> str:
@@ -19,5 +19,5 @@ def summarize_call(name: str, args: dict[str, Any], width: int = 100) -> str:
         summary = f"{args.get('path', '')}{extra}"
     else:
         summary = str(args.get("path", "")) or json.dumps(args)[:width]
-    summary = sanitize(summary).replace("\t", " ").replace("\n", " ")
+    summary = one_line(summary)
     return summary if len(summary) <= width else summary[:width - 1] + "…"
