@@ -31,8 +31,8 @@ _ANSI_RE = re.compile(
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")  # keeps \t and \n; drops \r
 
 
-DISK_FULL_NOTICE = ("No space left on device: the job's disk is full (its --disk limit). Writes fail, and a command's "
-                    "output may be cut, until files are removed.")
+DISK_FULL_NOTICE = ("No space left on device: the job's disk is full (its --disk limit). Writes fail until files are "
+                    "removed.")
 PIDS_LIMIT_NOTICE = ("The container's process limit was reached: some processes could not start. All of the agent's "
                      "processes (background ones too) were killed so that the next command can run.")
 
