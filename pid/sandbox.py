@@ -60,7 +60,7 @@ class ExecResult:
     output_path: str | None = None  # in-sandbox file with the full output, when kept
     output_from: int = 0            # the kept file starts at this byte of the output (its front was dropped: size cap)
     pids_limit_hit: bool = False    # the process limit refused a fork meanwhile (the agent's processes were killed)
-    disk_full: bool = False         # the job's disk was full as the command ended (writes failed, output may be cut)
+    disk_full: bool = False         # the job's disk was full as the command ended (the agent's writes failed)
 
 
 @runtime_checkable

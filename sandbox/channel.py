@@ -6,7 +6,7 @@ top of channel.sh. The server is pid's (root), but the host trusts nothing it re
 and a byte limit, and any desync, overflow or broken stream raises SandboxError; the caller discards the channel.
 
 Two links carry the bytes. A `docker exec` with an attached stream (StreamLink) works with any engine. With a job
-disk, whose /.pid is a host directory, the servers a sandbox needs first are started by the container's own entry
+disk, whose /.pid/run is a host directory, the servers a sandbox needs first are started by the container's own entry
 command with two FIFOs of that directory as stdin and stdout (PipeLink): no `docker exec` (~0.1 s each) before the
 first request, and the bytes go through the kernel only.
 """
@@ -142,7 +142,7 @@ class StreamLink:
 
 
 class PipeLink:
-    """A server's stdin and stdout as two FIFOs in the job disk's /.pid/run, made and opened by the host before the
+    """A server's stdin and stdout as two FIFOs in pid's disk's /.pid/run, made and opened by the host before the
     server (started by the container's entry) opens them. The host holds the request FIFO read-write, so that opening
     it never blocks on either side; the server's end shows as EOF on the reply FIFO. Once the server has answered,
     the FIFOs' names go: nothing else can ever open them."""
@@ -242,7 +242,7 @@ class PipeLink:
             return False
 
     def close(self) -> None:
-        """EOF on the server's stdin. Never raises; the names stay (the job's disk goes with the job)."""
+        """EOF on the server's stdin. Never raises; the names stay (pid's disk goes with the job)."""
         for fd in self.slot_fds:
             try:
                 os.close(fd)

@@ -8,7 +8,9 @@
 # command (and every file read or write the tools make) runs as the agent's uid with no capabilities, in its own
 # process group, started through `setpriv` from a fixed PATH. The server's FIFOs live in /.pid/run (0700), its
 # output files in /.pid/out (0711: the agent can read an output file it is told the name of, never list, replace
-# or create one), so the agent can neither read, write, signal nor ptrace anything of the server's. The host still
+# or create one), so the agent can neither read, write, signal nor ptrace anything of the server's. With a job disk,
+# both directories are on pid's own disk, not the job's: what the agent does to the job's disk (every block, every
+# inode) cannot keep a command's output from being written. The host still
 # treats every reply as untrusted (bounded in bytes and time): with `--user root` none of the above holds.
 #
 # Installed as /.pid/channel.sh and run as `bash|sh channel.sh <role> <channel id> <workdir> <uid> <gid>`, its stdin
@@ -304,9 +306,10 @@ pid_linger() {  # $1: pgid, $2: output file; called only while processes of the 
     done
 }
 
-# A command's output file is made (as root) before its shell starts: when it could not be (the job's disk has no
-# inode left: ext4 keeps blocks for root, not inodes), no shell ran, and the command ends with 126 and this line.
-pid_unmade="pid: the command could not start: its output file could not be made (the job's disk is full: no space or no inodes left)"
+# A command's output file is made (as root) before its shell starts: when it could not be (no inode left where output
+# goes: without a job disk, or with a root agent, that is the agent's to fill; ext4 keeps blocks for root, not
+# inodes), no shell ran, and the command ends with 126 and this line.
+pid_unmade="pid: the command could not start: its output file could not be made (no space or no inodes left for output)"
 
 pid_finish() {  # wait for pid_pid, then reply with the head of its output and its status
     echo "P $pid_pid $pid_out"
@@ -460,7 +463,7 @@ pid_upload() {  # w|W n nonce len, then the command, then n bytes: stored in a f
         true >"$pid_in" || pid_stored=   # (not `:`: see pid_linger)
     fi
     [ -n "$pid_stored" ] || pid_cmd="#pid:anywhere
-echo 'pid: the uploaded data could not be stored: the job'\''s disk is full (no space or no inodes left)' >&2; exit 95"
+echo 'pid: the uploaded data could not be stored (no space or no inodes left for it)' >&2; exit 95"
     pid_emitn=0
     pid_nonce=$3
     case $pid_cmd in   # "$1" is set after the first line when that is the "#pid:anywhere" mark
@@ -618,7 +621,7 @@ pid_hello() {
             pid_spawn 0
             pid_spawn 1
         else
-            pid_fast=   # (no FIFOs, e.g. no inode left on the job's disk: commands start as on the sh path)
+            pid_fast=   # (no FIFOs, e.g. no inode left for them: commands start as on the sh path)
         fi
         rm -f "$pid_fifo.s" && mkfifo -m 600 "$pid_fifo.s" && exec 6<>"$pid_fifo.s" && pid_napfd=6
     fi

@@ -50,7 +50,7 @@ class SandboxConfig:
     ttl_s: float = 3600.0         # the container's main process exits by itself after this (wall clock + margin)
     workdir: str = "/workspace"
     user: str = DEFAULT_USER      # the agent's uid:gid; "root" is an explicit opt-in
-    disk: int = DEFAULT_DISK      # bytes the job may write in all (workspace, /tmp, home, kept output); 0: no limit
+    disk: int = DEFAULT_DISK      # bytes the job may write in all (workspace, /tmp, home); 0: no limit
     disk_root: str | None = None  # where per-job disk images live (under PID_HOME); None: the default there
     runtime: str | None = None    # an engine runtime such as runsc (gVisor)
     owner: str = ""               # the installation's label value (see reaper.owner_label)

@@ -4,8 +4,10 @@ Commands, reads and writes go through a pool of exec channels (see channel.py): 
 separate control channel does pid's own work as root (kills, the base commit, the patch), where the agent, which
 runs as another uid with no capabilities, cannot reach it. Everything the job can write lives on a per-job
 filesystem of a fixed size; the image's own filesystem is read-only, but for the trees a task image's job may change
-(`--workdir`: image_fs.py), whose writes land on that filesystem too. Files cross the host boundary only as tar
-streams, built and extracted without following links, bounded in size and validated name by name.
+(`--workdir`: image_fs.py), whose writes land on that filesystem too. pid's own files that the agent's work must not
+starve (the commands' output, the servers' pipes, the patch in the making) are on a second filesystem, pid's own
+(see PID_DISK). Files cross the host boundary only as tar streams, built and extracted without following links,
+bounded in size and validated name by name.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from .disk import DiskError, JobDisk, disks_supported
 from .docker_client import connect, ensure_image
 from .errors import SandboxError
 from .output_trim import trim_front
+from .outputs import KeptOutputs
 from .pool import ChannelPool
 from .processes import ProcessGauge, kill_agent_processes
 from .reaper import force_remove, owner_label, remove_job_containers, run_labels
@@ -72,8 +75,17 @@ KEEP_OUTPUT = 64 << 20     # a command's kept output file holds at most about it
 TRIM_EVERY_S = 1.0         # ...checked this often while it runs
 HOUSEKEEPING_TIMEOUT_S = 5.0
 DISK_FULL_BELOW = 1 << 20  # the job's disk counts as full, for the model's notice, with less than this left
-RESERVE = "reserve"        # in /.pid: the room pid's patch keeps on a writable image's disk (see _reserve)
+RESERVE = "reserve"        # in /.pid: the room an image's base keeps on a writable image's disk (see _reserve)
 RESERVE_MAX = 64 << 20
+# pid's own disk, beside the job's: the commands' output files (/.pid/out), the servers' pipes (/.pid/run) and the
+# patch in the making (/.pid/patch: git's index and the objects of the changes, the diff). The agent cannot write
+# there but through its commands' output, which the host bounds (outputs.py, output_trim.py), and which it removes
+# before the patch is made, once the agent's processes are gone: whatever the agent does to the job's disk (every
+# block, every inode), a command's output reaches the model and the patch is made. The diff and the objects of the
+# changed files must fit in it: a larger change fails the patch, as one past --max-patch does. Sparse, like the
+# job's disk: the host pays for what is written.
+PID_DISK = 1 << 30
+PID_DISK_DIRS = {"out": 0o711, "run": 0o700, "patch": 0o700}   # each bound at /.pid/<name>
 
 # pid's in-container machinery runs as root with only these capabilities; the agent (another uid) gets none:
 #   SETUID, SETGID  setpriv drops each agent command to the agent's uid and gid
@@ -109,9 +121,10 @@ def default_runtime(client: docker.DockerClient) -> str:
 
 
 def _reserve(disk: JobDisk, size: int) -> None:
-    """Room on the job's disk for pid's patch, set aside while the agent works. The agent's writes to the image go
-    through overlayfs with its mounter's (root's) credentials, so ext4's blocks reserved for root do not stop them.
-    A file of root's in /.pid (posix_fallocate: no data written) holds the room; export_patch frees it first."""
+    """Room on the job's disk for an image's base, which pid records there while the agent works (and again as the
+    patch is made, when the agent's writes got in its way). The agent's writes to the image go through overlayfs with
+    its mounter's (root's) credentials, so ext4's blocks reserved for root do not stop them. A file of root's in /.pid
+    (posix_fallocate: no data written) holds the room; export_patch frees it first."""
     fd = os.open(os.path.join(disk.path("pid"), RESERVE), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                  | os.O_CLOEXEC, 0o600)
     try:
@@ -130,15 +143,12 @@ def engine_init(client: docker.DockerClient) -> str | None:
     return os.path.realpath(found) if found else None
 
 
-def _first_channels(pid_dir: str) -> list[Channel]:
-    """The channels of the servers the container's entry will start (PRESTARTED): their FIFOs made in the job disk's
+def _first_channels(run_dir: str) -> list[Channel]:
+    """The channels of the servers the container's entry will start (PRESTARTED): their FIFOs made in pid's disk's
     /.pid/run and opened, not yet greeted."""
     channels: list[Channel] = []
     try:
-        for name, mode in ((RUN_DIR, 0o700), ("out", 0o711)):   # as the control server makes them
-            os.mkdir(os.path.join(pid_dir, name), mode)
-            os.chmod(os.path.join(pid_dir, name), mode)   # (whatever the umask)
-        run_fd = os.open(os.path.join(pid_dir, RUN_DIR), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        run_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             for role, channel_id in PRESTARTED:
                 channels.append(Channel(PipeLink(run_fd, channel_id), channel_id, role))
@@ -151,6 +161,30 @@ def _first_channels(pid_dir: str) -> list[Channel]:
             raise SandboxError(f"cannot make the exec channels' pipes: {exc}") from exc
         raise
     return channels
+
+
+def _make_disks(config: SandboxConfig, layout: dict[str, tuple[int, int, int]]) -> tuple[JobDisk, JobDisk]:
+    """The job's disk (`layout`, plus the mount points of pid's disk in its /.pid) and pid's own disk."""
+    root, name = config.disk_root or default_disk_root(), f"{config.job_id}-{os.urandom(3).hex()}"
+    layout = {**layout, **{f"pid/{sub}": (0, 0, 0o700) for sub in PID_DISK_DIRS}}
+    try:
+        disk = JobDisk.create(root, name, config.disk, layout=layout)
+    except DiskError as exc:
+        raise SandboxError(f"cannot make the job's disk: {exc}") from exc
+    try:
+        return disk, JobDisk.create(root, name + "-pid", PID_DISK,
+                                    layout={sub: (0, 0, mode) for sub, mode in PID_DISK_DIRS.items()})
+    except BaseException as exc:
+        disk.close()
+        if isinstance(exc, DiskError):
+            raise SandboxError(f"cannot make pid's own disk: {exc}") from exc
+        raise
+
+
+def _close_disks(*disks: JobDisk | None) -> None:
+    for disk in disks:
+        if disk is not None:
+            disk.close()
 
 
 def _iso(moment: datetime) -> str:
@@ -182,7 +216,8 @@ class DockerSandbox:
 
     def __init__(self, client: docker.DockerClient, container_id: str, config: SandboxConfig,
                  disk: JobDisk | None = None, image_fs: ImageFS | None = None,
-                 env: dict[str, str] | None = None, image_id: str | None = None) -> None:
+                 env: dict[str, str] | None = None, image_id: str | None = None,
+                 pid_disk: JobDisk | None = None) -> None:
         self.client = client
         self.container_id = container_id
         self.config = config
@@ -191,6 +226,7 @@ class DockerSandbox:
         self.base_commit: str | None = None
         self.shell = "bash"
         self._disk = disk
+        self._pid_disk = pid_disk   # pid's own (see PID_DISK); there whenever the job's disk is
         self._image_fs = image_fs
         self._env = env or agent_env(self.uid)   # (an exec's environment adds to the image's: see image_env.py)
         self.image_id = image_id or config.image   # the image it runs, by id (result.json says which)
@@ -199,8 +235,9 @@ class DockerSandbox:
         self._control: Channel | None = None
         self._control_lock = threading.Lock()
         self._closed = False
-        self._out_dir_fd: int | None = None   # the job disk's /.pid/out, opened on the host
+        self._out_dir_fd: int | None = None   # pid's disk's /.pid/out, opened on the host
         self._out_dir_lock = threading.Lock()
+        self._kept = KeptOutputs()            # which finished outputs stay there (under _out_dir_lock)
         self._pids_events = 0                 # forks the pids limit refused, as last seen (or dealt with)
         self._clearings = 0                   # how often the process table was cleared
         self._pids_lock = threading.RLock()
@@ -242,6 +279,7 @@ class DockerSandbox:
         now = datetime.now(timezone.utc)
         ttl = max(1, int(config.ttl_s))
         disk: JobDisk | None = None
+        pid_disk: JobDisk | None = None
         image_fs: ImageFS | None = None
         options: dict[str, Any] = {}
         if config.disk:
@@ -251,16 +289,14 @@ class DockerSandbox:
                           "vartmp": (0, 0, 0o1777), "pid": (0, 0, 0o711)}
                 if config.writable_image:
                     layout.update({"image": (0, 0, 0o700), "pid/base": (0, 0, 0o700)})
-                try:
-                    disk = JobDisk.create(config.disk_root or default_disk_root(),
-                                          f"{config.job_id}-{os.urandom(3).hex()}", config.disk, layout=layout)
-                except DiskError as exc:
-                    raise SandboxError(f"cannot make the job's disk: {exc}") from exc
+                disk, pid_disk = _make_disks(config, layout)
                 options["read_only"] = True
                 own = [(AGENT_HOME, "home"), ("/tmp", "tmp"), ("/var/tmp", "vartmp"), (PID_DIR, "pid")]
                 if not config.image_workspace:
                     own.insert(0, (config.workdir, "workspace"))
                 options["mounts"] = [Mount(target, disk.path(name), type="bind") for target, name in own]
+                options["mounts"] += [Mount(f"{PID_DIR}/{sub}", pid_disk.path(sub), type="bind")
+                                      for sub in PID_DISK_DIRS]
                 if config.writable_image:
                     try:
                         _reserve(disk, config.disk)
@@ -270,7 +306,7 @@ class DockerSandbox:
                                                  taken={target for target, _ in own},
                                                  init_binary=engine_init(client) if uid == 0 else None)
                     except BaseException as exc:
-                        disk.close()
+                        _close_disks(disk, pid_disk)
                         if isinstance(exc, OSError):
                             raise SandboxError(f"cannot make the image's filesystem writable: {exc}") from exc
                         raise
@@ -295,16 +331,16 @@ class DockerSandbox:
         env = {**agent_env(uid), **neutralised(image_env(inspected))}
         command = ["sleep", str(ttl)]   # exits (and is auto-removed) by itself when orphaned
         first: list[Channel] = []
-        # The control server and two agent servers start with the container, on FIFOs of the job disk (see
+        # The control server and two agent servers start with the container, on FIFOs of pid's disk (see
         # channel.PipeLink): under runc only (gVisor, for one, keeps the host's FIFOs out of its sandbox), whether
         # named or the engine's default.
-        if disk is not None and host_kernel:
+        if pid_disk is not None and host_kernel:
             try:
-                first = _first_channels(disk.path("pid"))
+                first = _first_channels(pid_disk.path(RUN_DIR))
             except BaseException:
                 if image_fs:
                     image_fs.close()
-                disk.close()
+                _close_disks(disk, pid_disk)
                 raise
             command = entry_command(ttl, list(PRESTARTED), config.workdir, uid, gid)
         try:
@@ -329,8 +365,7 @@ class DockerSandbox:
                 channel.close()
             if image_fs:
                 image_fs.close()
-            if disk:
-                disk.close()
+            _close_disks(disk, pid_disk)
             if "storage_opt" in options and isinstance(exc, docker.errors.DockerException):
                 raise SandboxError(
                     f"cannot limit the job's disk: {disks_supported()}, and the engine refused a disk quota "
@@ -338,7 +373,7 @@ class DockerSandbox:
             if isinstance(exc, docker.errors.DockerException):
                 raise SandboxError(f"cannot create sandbox container from {config.image!r}: {exc}") from exc
             raise
-        sandbox = cls(client, container.id, config, disk, image_fs, env, image)
+        sandbox = cls(client, container.id, config, disk, image_fs, env, image, pid_disk)
         sandbox._own_kernel = own_kernel
         if first:
             sandbox._channel_ids = itertools.count(PRESTARTED[-1][1] + 1)
@@ -369,8 +404,8 @@ class DockerSandbox:
             if sandbox._control is None:
                 sandbox._control = sandbox._open_channel("control")
             sandbox.shell = sandbox._control.shell
-            if disk is not None:   # made by the control server just now, before any command of the agent
-                sandbox._out_dir_fd = os.open(os.path.join(disk.path("pid"), "out"),
+            if pid_disk is not None:
+                sandbox._out_dir_fd = os.open(pid_disk.path("out"),
                                               os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             sandbox._pids_events = sandbox._control.pids_events
             if unpacking is not None:
@@ -501,7 +536,7 @@ class DockerSandbox:
             self._wait_gone(10.0)     # the bind mounts hold the disk busy until the container is really gone
             if self._image_fs is not None:
                 self._image_fs.close()
-            self._disk.close()
+            _close_disks(self._disk, self._pid_disk)
 
     def _wait_gone(self, limit_s: float) -> None:
         end = time.monotonic() + limit_s
@@ -677,10 +712,10 @@ class DockerSandbox:
 
     def _run(self, command: bytes | str, *, emit: int, timeout: float, cancel: threading.Event | None,
              collect: Callable[[Channel, float], Any], upload: bytes | None = None,
-             on_output: Callable[[bytes], None] | None = None) -> tuple[str | None, Any, int]:
+             on_output: Callable[[bytes], None] | None = None) -> tuple[str | None, Any, int, str]:
         """Start a command on an agent channel and wait for its end, its deadline or cancel; (stop reason, reply,
         how often the process table had been cleared before it: a clearing since, to start it or while it ran, may
-        have killed its processes).
+        have killed its processes, its output file: the caller settles it, see _finished).
 
         On timeout or cancel its process group is killed inside the container before this returns. The deadline
         counts from before the command (and its upload) is sent; the start itself has its own bound, not the call's:
@@ -738,14 +773,15 @@ class DockerSandbox:
                 self._raise_if_lost(exc)
             raise
         self._pool.release(channel)
-        return stop, reply, clearings
+        return stop, reply, clearings, out_path
 
     def exec(self, command: str, *, timeout: float, output: OutputPolicy = DEFAULT_OUTPUT,
              on_output: Callable[[bytes], None] | None = None,
              cancel: threading.Event | None = None) -> ExecResult:
-        stop, reply, clearings = self._run(
+        stop, reply, clearings, out_path = self._run(
             command, emit=output.tail_bytes + 1, timeout=timeout, cancel=cancel, on_output=on_output,
             collect=lambda ch, deadline: ch.wait_exec(deadline, output))
+        self._finished(out_path, kept=reply.kept_path is not None)
         with self._pids_lock:   # forks failed while it ran: clear what is left (once, for parallel calls)
             refused = reply.pids_events > self._pids_events
             pids_hit = refused or self._clearings != clearings
@@ -758,9 +794,15 @@ class DockerSandbox:
             output_path=reply.kept_path, output_from=reply.kept_from, pids_limit_hit=pids_hit,
             disk_full=self._disk_full())
 
+    def _finished(self, out_path: str, kept: bool) -> None:
+        """A command's reply is read: its output file on pid's disk is removed, or kept for the model (outputs.py)."""
+        with self._out_dir_lock:
+            if self._out_dir_fd is not None:
+                self._kept.finished(self._out_dir_fd, posixpath.basename(out_path), kept)
+
     def _disk_full(self) -> bool:
-        """The job's disk has no room left for the agent's writes (blocks or inodes): the command's own output, on
-        that disk too, may not say so, so the model is told. One statvfs on the host."""
+        """The job's disk has no room left for the agent's writes (blocks or inodes): a command that hides its errors
+        (or a file tool's plain ENOSPC) says no more, so the model is told. One statvfs on the host."""
         if self._disk is None:
             return False
         try:
@@ -772,8 +814,9 @@ class DockerSandbox:
 
     def _file_op(self, snippet: bytes, path: str, *, emit: int, timeout: float, cancel: threading.Event | None,
                  upload: bytes | None = None) -> bytes:
-        stop, done, _ = self._run(snippet, emit=emit, timeout=timeout, cancel=cancel, upload=upload,
-                                  collect=lambda ch, deadline: ch.finish(deadline))
+        stop, done, _, out_path = self._run(snippet, emit=emit, timeout=timeout, cancel=cancel, upload=upload,
+                                            collect=lambda ch, deadline: ch.finish(deadline))
+        self._finished(out_path, kept=False)
         if stop == "cancelled":
             raise InterruptedError(f"cancelled: {path}")
         if stop == "timed_out":
@@ -1001,7 +1044,7 @@ class DockerSandbox:
         from pid's repository; paths validated, size capped)."""
         if self.uid != 0:   # nothing of the agent may still run (swap files, hold FIFOs) while pid's git reads
             self._clear_process_table()
-        if self._disk is not None:   # the room kept for the patch (a writable image's: see _reserve)
+        if self._disk is not None:   # the room kept for an image's base (see _reserve)
             try:
                 os.unlink(os.path.join(self._disk.path("pid"), RESERVE))
             except FileNotFoundError:
@@ -1017,8 +1060,12 @@ class DockerSandbox:
             self.base_commit = self._record_image_base(self.run_as_pid, timeout)
         if self.base_commit is None:
             raise SandboxError("no base commit: import_workspace was not called")
-        inside = f"{PID_DIR}/patch.diff"
-        self.run_as_pid(patch_script(self.workdir, self.base_commit, inside), "making the patch", timeout)
+        with self._out_dir_lock:   # the agent's outputs go (its processes are): pid's disk is the patch's
+            if self._out_dir_fd is not None:
+                self._kept.clear(self._out_dir_fd)
+        room = f"{PID_DIR}/patch"
+        self.run_as_pid(patch_script(self.workdir, self.base_commit, room), "making the patch", timeout)
+        inside = f"{room}/patch.diff"
         try:
             chunks, _ = self.client.api.get_archive(self.container_id, inside)
             try:

@@ -92,15 +92,31 @@ _COMMIT_DEFERRED = ("tree=$(git write-tree --missing-ok)\n"
                     "echo \"$head\"\n")
 
 
-def patch_script(workdir: str, base: str, dest: str) -> str:
-    """Write the workspace's changes since `base` (new and binary files too) as a patch to `dest`."""
+def patch_script(workdir: str, base: str, room: str) -> str:
+    """Write the workspace's changes since `base` (new and binary files too) as a patch to `room`/patch.diff.
+
+    Everything git writes for it goes into `room` (a directory of root's on pid's own disk, see docker_sandbox): a
+    copy of the base's index, and the objects of the changed files (the base's are read from pid's repository as
+    alternates). pid's repository, on the job's disk that the agent may have filled to the last block and inode, is
+    only read. The copy keeps the index's time (cp -p): git re-reads a file whose time is not older than its index's,
+    as one that may have changed unseen in the second the index was written. The changed files' content goes into
+    one pack (every non-empty file counts as "big": git streams those into a single pack as it adds), so the patch
+    takes a few inodes however many files changed, and no file is read whole into memory.
+    """
     if not re.fullmatch(r"[0-9a-f]{40,64}", base):
         raise ValueError(f"not a commit id: {base!r}")
+    if not re.fullmatch(r"/[A-Za-z0-9_./-]+", room):
+        raise ValueError(f"not a directory pid names: {room!r}")
     return (_GIT_ENV.format(workdir=workdir) + "set -e\numask 077\n"
-            "git add -A\n"
+            f"rm -rf {room}/objects {room}/index {room}/index.lock {room}/patch.diff\n"
+            f"mkdir -p {room}/objects\n"
+            f"if [ -f /.pid/git/index ]; then cp -p /.pid/git/index {room}/index; fi\n"
+            f"export GIT_INDEX_FILE={room}/index GIT_OBJECT_DIRECTORY={room}/objects "
+            "GIT_ALTERNATE_OBJECT_DIRECTORIES=/.pid/git/objects\n"
+            "git -c core.bigFileThreshold=0 add -A\n"
             "git -c diff.noprefix=false -c diff.mnemonicPrefix=false diff --cached --binary --no-color --no-ext-diff "
             f"--no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/ {base} -- . "
-            + " ".join(f"':(exclude,glob){pattern}'" for pattern in BYTECODE) + f" > {dest}\n")
+            + " ".join(f"':(exclude,glob){pattern}'" for pattern in BYTECODE) + f" > {room}/patch.diff\n")
 
 
 GIT_SCHEMES = ("https", "http", "ssh", "git", "file")

@@ -147,7 +147,7 @@ def test_the_first_servers_start_with_the_container_on_fifos_that_nothing_else_c
         assert _execs(client, box.container_id) == 0
         # Once answered, the FIFOs' names are gone from /.pid/run (the slot shells' command FIFOs too, which the host
         # writes short commands into); the servers keep their ends.
-        run_dir = os.listdir(os.path.join(box._disk.path("pid"), "run"))
+        run_dir = os.listdir(box._pid_disk.path("run"))   # (on pid's own disk)
         assert sorted(n for n in run_dir if n.startswith("cmd.")) == ["cmd.2.s", "cmd.3.s"], run_dir
         assert not [n for n in run_dir if n.startswith(("req.", "rep."))]
         # A server that dies is replaced through the engine, and calls go on.
@@ -393,8 +393,8 @@ def _state(pid: int) -> str:
 
 
 def _open_on_disk(box) -> list[str]:
-    """This process's descriptors that point into the sandbox's job disk."""
-    root = box._disk.path("pid").rsplit("/", 1)[0]
+    """This process's descriptors that point into the sandbox's disks (the job's, and pid's own beside it)."""
+    root = box._disk.mountpoint
     found = []
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -764,9 +764,9 @@ def test_limits_and_labels(client, sb):
     assert "no-new-privileges" in host["SecurityOpt"]
     assert host["LogConfig"]["Type"] == "none"   # nothing the container writes is kept on the host's disk
     assert host["CapDrop"] == ["ALL"] and "NET_RAW" not in host["CapAdd"] and "DAC_OVERRIDE" not in host["CapAdd"]
-    assert host["ReadonlyRootfs"] is True      # all writes go to the job's disk
-    assert sorted(m["Destination"] for m in attrs["Mounts"]) == ["/.pid", "/home/agent", "/tmp", "/var/tmp",
-                                                                   "/workspace"]
+    assert host["ReadonlyRootfs"] is True      # all writes go to the job's disk, or pid's own (its /.pid/*)
+    assert sorted(m["Destination"] for m in attrs["Mounts"]) == ["/.pid", "/.pid/out", "/.pid/patch", "/.pid/run",
+                                                                   "/home/agent", "/tmp", "/var/tmp", "/workspace"]
     nofile = [u for u in host["Ulimits"] if u["Name"] == "nofile"][0]
     assert 512 * nofile["Hard"] * 8 <= int(Path("/proc/sys/fs/file-max").read_text())
     labels = attrs["Config"]["Labels"]

@@ -26,8 +26,7 @@ from tests.scripted_llm import ScriptedLLM
 pytestmark = pytest.mark.docker  # the whole module needs an engine
 
 IMAGE = os.environ.get("PID_TEST_IMAGE", "pid-sandbox:latest")
-UNMADE = (b"pid: the command could not start: its output file could not be made (the job's disk is full: no space or "
-          b"no inodes left)")
+UNMADE = b"pid: the command could not start: its output file could not be made (no space or no inodes left for output)"
 
 
 def rss_mb() -> float:
@@ -118,39 +117,90 @@ def test_the_disk_limit_holds_inside_and_costs_the_host_at_most_that(tmp_path):
     assert not os.path.exists(image)                      # the disk goes with the container
 
 
-def test_a_disk_out_of_inodes_gives_plain_errors_and_never_feeds_an_upload_to_pids_server():
-    """ext4 keeps blocks for root, not inodes: the agent can use up every inode of the job's disk, which also holds
-    pid's own files. An upload whose file could then not be made used to stay on the server's input and be read as
-    its requests (here `k 1`: kill every process of the container, as root). Now all of it is read and dropped, the
-    write fails with ENOSPC, and a command whose output file cannot be made says so (126)."""
+def test_a_disk_out_of_inodes_leaves_the_agents_commands_running_and_its_errors_plain():
+    """ext4 keeps blocks for root, not inodes: the agent can use up every inode of the job's disk. pid's own files
+    (the commands' output, its pipes, an upload) are on pid's own disk: the agent's later commands still run and
+    report, and a write fails with ENOSPC."""
     with new_box("test-trust-inodes", ttl_s=300, disk=64 << 20) as box:
-        box.exec("setsid sleep 4343 >/dev/null 2>&1 &", timeout=10)   # kill -9 -1 would end it
         made = box.exec("cd /tmp && i=0; while { : >f$i; } 2>/dev/null; do i=$((i + 1)); done; echo $i", timeout=120)
         assert int(made.tail) > 1000, made.tail
         with pytest.raises(OSError) as full:
             box.write_file("/workspace/upload.bin", b"k 1\n" * 20000)    # (over 32 KiB: stored by a process)
         assert "No space left" in str(full.value)
-        assert box.client.containers.get(box.container_id).status == "running"
         for _ in range(3):   # (both slots: their shells start after the inodes ran out)
+            done = box.exec("echo ran; touch /workspace/more", timeout=10)
+            assert done.exit_code == 1 and done.tail.startswith(b"ran\ntouch: cannot touch"), done.tail
+            assert b"No space left on device" in done.tail and done.disk_full
+
+
+def test_pid_disk_out_of_inodes_gives_plain_errors_and_never_feeds_an_upload_to_pids_server(monkeypatch):
+    """Where pid's own files go can run out of inodes too: a root agent can write there, and keep the host's removal
+    of finished outputs from freeing any (hard links; here that removal is simply off). An upload whose file could
+    then not be made used to stay on the server's input and be read as its requests (here `k 1`: kill every process
+    of the container, as root). Now all of it is read and dropped, the write fails with ENOSPC, and a command whose
+    output file cannot be made says so (126)."""
+    with new_box("test-trust-pid-inodes", ttl_s=300, user="root", disk=64 << 20) as box:
+        monkeypatch.setattr(box._kept, "finished", lambda *args, **kwargs: None)
+        box.exec("setsid sleep 4343 >/dev/null 2>&1 &", timeout=10)   # kill -9 -1 would end it
+        box.exec("cd /.pid/out && seq -f x%g 1 100000 | xargs touch", timeout=300)
+        with pytest.raises(OSError) as full:
+            box.write_file("/workspace/upload.bin", b"k 1\n" * 20000)    # (over 32 KiB: stored by a process)
+        assert "No space left" in str(full.value)
+        assert box.client.containers.get(box.container_id).status == "running"
+        for _ in range(3):   # (both slots: their shells started before, with their output files; then none)
             done = box.exec("echo ran", timeout=10)
-            assert (done.exit_code, done.tail) == (126, UNMADE)
+        assert (done.exit_code, done.tail) == (126, UNMADE)
         # (the engine's own exec, as root, not pid's channels; `docker top` would list gVisor's host processes)
         alive = box.client.containers.get(box.container_id).exec_run(["pgrep", "-x", "-f", "sleep 4343"], user="root")
         assert alive.exit_code == 0 and alive.output.strip().isdigit(), alive
 
 
 def test_a_long_command_cut_short_by_a_full_disk_is_not_run():
-    """A command longer than a page reaches its shell through a file of root's on the job's disk. With that disk
-    full to the last block (a root agent can take root's reserve too) the file is cut short, and no part of the
-    command may run: the shell says so and ends with 125."""
+    """A command longer than a page reaches its shell through a file of root's on pid's own disk. With that disk full
+    to the last block (a root agent can write there, and take root's reserve too) the file is cut short, and no part
+    of the command may run: the shell says so and ends with 125."""
     with new_box("test-trust-cut", ttl_s=300, user="root", disk=64 << 20) as box:
-        box.exec("head -c 1G /dev/zero >/workspace/fill; sync", timeout=120)
+        box.exec("touch /workspace/fill; fallocate -l 2G /.pid/out/fill; head -c 2G /dev/zero >>/.pid/out/fill; sync",
+                 timeout=120)
         done = box.exec("rm -f /workspace/fill #" + "A" * 10000, timeout=30)
         assert done.exit_code == 125, (done.exit_code, done.tail)
         assert box.exec("test -e /workspace/fill", timeout=10).exit_code == 0   # (no output fits on the disk)
-        box.exec("rm -f /workspace/fill", timeout=10)
+        box.exec("rm -f /.pid/out/fill", timeout=10)
         done = box.exec(": '" + "A" * 10000 + "'; echo room", timeout=10)
         assert (done.exit_code, done.tail) == (0, b"room\n")
+
+
+def test_an_agent_that_uses_up_every_inode_ends_as_it_ended_with_its_patch(run_pid, sample_repo, tmp_path):
+    """Issue 21, finding 8: the patch used to need inodes on the job's disk (pid's git wrote its objects and index
+    there, and its command's output file), so an agent that used them all up ended `failed`/`artifact_error`."""
+    fill = ("cd /tmp && i=0; while { : >f$i; } 2>/dev/null; do i=$((i + 1)); done; echo made $i; "
+            "echo '# changed' >> /workspace/hello.py && echo appended")
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": fill}}]},
+              {"tool_calls": [{"name": "bash", "arguments": {"command": "touch /workspace/new.txt; echo rc=$?"}}]},
+              {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), "--disk", "64m", *opts(llm, tmp_path / "out"))
+    result = res.json()
+    assert res.code == 0 and result["status"] == "completed", result
+    made = tool_results(llm.requests[1])[0]
+    assert int(made.split("made ")[1].split()[0]) > 1000 and "appended" in made, made
+    seen = tool_results(llm.requests[2])[1]                     # its next command still runs, and says why
+    assert "No space left on device" in seen and "rc=1" in seen, seen
+    patch = (tmp_path / "out" / result["id"] / "patch.diff").read_text()
+    assert "+# changed" in patch and "new.txt" not in patch, patch
+
+
+def test_a_write_past_the_disk_shows_the_model_no_space_left(run_pid, sample_repo, tmp_path):
+    """Issue 21, finding 9: the command's output file was on the disk its command filled, so the model got
+    "(no output)" and no reason."""
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "head -c 1G /dev/zero > /tmp/big"}}]},
+              {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), "--disk", "300m", *opts(llm, tmp_path / "out"))
+    assert res.code == 0 and res.json()["status"] == "completed", res.json()
+    seen = tool_results(llm.requests[1])[0]
+    assert seen.startswith("head: error writing 'standard output': No space left on device\n"), seen
+    assert "Command exited with code 1" in seen, seen
 
 
 def test_a_huge_output_keeps_only_its_tail_on_disk(box, monkeypatch):

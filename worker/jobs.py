@@ -91,8 +91,8 @@ class JobSpec:
                                                    "access; the sandbox is then reachable from the network).")
     user: str = setting(SandboxConfig.user, "The agent's UID[:GID] in the container; 'root' is an explicit "
                                             "opt-in (weaker isolation).")
-    disk: int = setting(SandboxConfig.disk, "Bytes the job may write in all (workspace, /tmp, home, kept "
-                                            "output); 0: no limit.")
+    disk: int = setting(SandboxConfig.disk, "Bytes the job may write in all (workspace, /tmp, home; pid's own "
+                                            "files take a disk of their own, 1 GiB); 0: no limit.")
     runtime: str | None = setting(None, "Engine runtime for the container, e.g. runsc (gVisor); none: the "
                                         "engine's default.")
     max_workspace: int = setting(SandboxConfig.max_workspace, "Bytes a git URL's clone may take on the worker "

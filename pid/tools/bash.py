@@ -22,8 +22,8 @@ TAIL_BYTES = 128 * 1024
 # Whatever the model is shown less of than the whole stays reachable in the kept output file.
 OUTPUT = OutputPolicy(tail_bytes=TAIL_BYTES, keep_lines=MAX_LINES, keep_bytes=MAX_BYTES)
 
-DISK_FULL_NOTICE = ("No space left on device: the job's disk is full (its --disk limit). Writes fail, and a command's "
-                    "output may be cut, until files are removed.")
+DISK_FULL_NOTICE = ("No space left on device: the job's disk is full (its --disk limit). Writes fail until files are "
+                    "removed.")
 PIDS_LIMIT_NOTICE = ("The container's process limit was reached: some processes could not start. All of the agent's "
                      "processes (background ones too) were killed so that the next command can run.")
 

@@ -1,0 +1,70 @@
+"""The output files of finished commands, on pid's own disk: removed at once, or kept for the model within a budget.
+
+Why: pid's disk (see docker_sandbox) holds only pid's files, so that whatever the agent does to the job's disk, a
+command's output can still be written and the patch still made. The agent's commands write their output there, and
+nothing else of the agent's: so the host bounds what stays. An output the model was shown whole is removed as soon
+as its reply is read (the server's own sweep comes only every 32 commands, and a read of the `read` tool leaves up to
+8 MB); one kept for the model (it was longer than what the model is shown, which names the file) stays, the newest
+first, up to KEPT_BYTES and KEPT_FILES for all of them (nor can many small ones use up the inodes). All of this runs
+on the host, through the output directory's descriptor: names are pid's own (`N.M`, validated by the channel), never
+followed.
+"""
+from __future__ import annotations
+
+import os
+from collections import deque
+
+KEPT_BYTES = 256 << 20   # the kept outputs, together; the newest is kept whatever its size
+KEPT_FILES = 1000
+
+
+def remove(dir_fd: int, name: str) -> None:
+    """Remove output file `name` and its trimming record, if there (a root agent may have put a directory there)."""
+    for victim in (name, name + ".cut"):
+        try:
+            os.unlink(victim, dir_fd=dir_fd)
+        except OSError:
+            pass
+
+
+def used(dir_fd: int, name: str) -> int:
+    """Bytes output file `name` takes on disk (its trimmed front is a hole: not counted); 0 when it is gone."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_blocks * 512
+    except OSError:
+        return 0
+
+
+class KeptOutputs:
+    """Which finished outputs stay on pid's disk. Not thread-safe: the caller holds the directory's lock."""
+
+    def __init__(self, budget: int = KEPT_BYTES, files: int = KEPT_FILES) -> None:
+        self.budget, self.files = budget, files
+        self._names: deque[str] = deque()   # oldest first
+
+    def finished(self, dir_fd: int, name: str, kept: bool) -> None:
+        """A command's reply was read: its output goes, unless the model was pointed at it; then the oldest kept
+        outputs go while there are more of them, or they take more room, than the budget."""
+        if not kept:
+            remove(dir_fd, name)
+            return
+        self._names.append(name)
+        sizes = [used(dir_fd, n) for n in self._names]   # (re-read: a process left behind may still append)
+        total = sum(sizes)
+        for size in sizes[:-1]:
+            if total <= self.budget and len(self._names) <= self.files:
+                break
+            remove(dir_fd, self._names.popleft())
+            total -= size
+
+    def clear(self, dir_fd: int) -> None:
+        """Remove every output file: the agent's processes are gone and its outputs with them (the patch gets the
+        room)."""
+        self._names.clear()
+        with os.scandir(dir_fd) as entries:
+            names = [entry.name for entry in entries if not entry.is_dir(follow_symlinks=False)]
+        for name in names:
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                pass

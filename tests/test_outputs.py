@@ -1,0 +1,77 @@
+"""Which finished outputs stay on pid's disk (sandbox.outputs), on a real directory."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sandbox.outputs import KeptOutputs, remove, used
+
+KiB = 1024
+
+
+@pytest.fixture
+def out(tmp_path: Path):
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    yield tmp_path, fd
+    os.close(fd)
+
+
+def output(path: Path, name: str, size: int) -> str:
+    (path / name).write_bytes(b"x" * size)
+    return name
+
+
+def test_an_output_shown_whole_goes_at_once_with_its_record(out) -> None:
+    path, fd = out
+    output(path, "1.1", 10 * KiB)
+    (path / "1.1.cut").write_text("0 0\n")
+    KeptOutputs().finished(fd, "1.1", kept=False)
+    assert os.listdir(path) == []
+
+
+def test_kept_outputs_stay_within_their_bytes_and_files_oldest_first(out) -> None:
+    path, fd = out
+    kept = KeptOutputs(budget=100 * KiB, files=3)
+    for n in range(1, 4):
+        kept.finished(fd, output(path, f"1.{n}", 40 * KiB), kept=True)
+    assert sorted(os.listdir(path)) == ["1.2", "1.3"]          # 120 KiB > 100: the oldest went
+    kept.finished(fd, output(path, "1.4", 4 * KiB), kept=True)
+    kept.finished(fd, output(path, "1.5", 4 * KiB), kept=True)
+    assert sorted(os.listdir(path)) == ["1.3", "1.4", "1.5"]   # 4 files > 3: the oldest went
+    kept.finished(fd, output(path, "1.6", 500 * KiB), kept=True)
+    assert os.listdir(path) == ["1.6"]                         # the newest stays, whatever its size
+
+
+def test_a_kept_output_that_grew_after_its_command_counts_as_it_is_now(out) -> None:
+    path, fd = out
+    kept = KeptOutputs(budget=100 * KiB)
+    kept.finished(fd, output(path, "1.1", 10 * KiB), kept=True)
+    with open(path / "1.1", "ab") as f:          # a process left behind still writes to it
+        f.write(b"y" * 200 * KiB)
+    kept.finished(fd, output(path, "1.2", 10 * KiB), kept=True)
+    assert os.listdir(path) == ["1.2"]
+
+
+def test_clear_removes_every_output_but_never_walks_into_a_directory(out) -> None:
+    path, fd = out
+    kept = KeptOutputs()
+    kept.finished(fd, output(path, "1.1", KiB), kept=True)
+    output(path, "2.7", KiB)
+    (path / "planted").mkdir()
+    (path / "planted" / "inside").write_text("x")
+    (path / "link").symlink_to(path / "planted" / "inside")
+    kept.clear(fd)
+    assert os.listdir(path) == ["planted"] and (path / "planted" / "inside").read_text() == "x"
+
+
+def test_remove_and_used_never_follow_a_link(out, tmp_path_factory) -> None:
+    path, fd = out
+    elsewhere = tmp_path_factory.mktemp("elsewhere") / "big"
+    elsewhere.write_bytes(b"z" * 64 * KiB)
+    (path / "1.1").symlink_to(elsewhere)
+    assert used(fd, "1.1") < 64 * KiB
+    remove(fd, "1.1")
+    assert not (path / "1.1").is_symlink() and elsewhere.exists()
+    assert used(fd, "gone") == 0
