@@ -446,6 +446,123 @@ def test_a_shrunk_pipe_and_a_stopped_shell_cannot_hang_pids_server():
             assert (done.exit_code, done.tail) == (0, f"next{i}\n".encode())
 
 
+# The agent's tracer that never lets go: it PTRACE_ATTACHes (the tracee stops) and never waits, so a shell it holds
+# stays stopped, and once killed stays a zombie its parent (pid's server) cannot reap. argv: seconds to live, then
+# "waiting" (every waiting slot shell of the agent's, as they come) or one process id.
+PTRACE_HOLD = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+mark, held, end = sys.argv[3].encode(), set(), time.time() + float(sys.argv[1])
+def hold(pid):
+    if libc.ptrace(16, pid, None, None) == 0:                     # PTRACE_ATTACH
+        held.add(pid)
+        print("attached", pid, flush=True)
+    elif ctypes.get_errno() == 1:                                 # EPERM: see GVISOR_REFUSES_PTRACE
+        print("refused", pid, flush=True)
+        sys.exit(0)
+def waiting(entry):
+    if mark not in open("/proc/%s/cmdline" % entry, "rb").read() or os.stat("/proc/" + entry).st_uid != os.getuid():
+        return False
+    try:
+        return open("/proc/%s/syscall" % entry).read().startswith("0 0x0 ")   # blocked in read(0): its `<&3`
+    except FileNotFoundError:   # (gVisor has no /proc/N/syscall)
+        return open("/proc/%s/stat" % entry).read().rsplit(") ", 1)[1].startswith("S ")
+if sys.argv[2] != "waiting":
+    hold(int(sys.argv[2]))
+while time.time() < end:
+    for entry in os.listdir("/proc"):
+        try:
+            if sys.argv[2] == "waiting" and entry.isdigit() and int(entry) not in held and waiting(entry):
+                hold(int(entry))
+        except OSError:
+            pass
+    time.sleep(0.01)
+"""
+# Seen as root from outside pid's channels (docker exec): the agent's waiting slot shells, how many of them are
+# stopped by a tracer, the agent's zombies, and its tracers still alive.
+PTRACE_OBSERVE = r"""
+import os, sys
+mark, seen = sys.argv[1].encode(), dict(waiting=0, traced=0, zombies=0, holders=0)
+for entry in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        command = open("/proc/%s/cmdline" % entry, "rb").read()
+        state = open("/proc/%s/stat" % entry).read().rsplit(") ", 1)[1][0]
+        if os.stat("/proc/" + entry).st_uid != 1000:
+            continue
+    except OSError:
+        continue
+    if state == "Z":
+        seen["zombies"] += 1
+    elif b"hold.py" in command:
+        seen["holders"] += 1
+    elif mark in command:
+        seen["waiting"] += 1
+        seen["traced"] += state == "t"
+print(" ".join("%s %d" % item for item in sorted(seen.items())))
+"""
+
+
+def as_root(box: DockerSandbox, *argv: str) -> bytes:
+    """A command's output, run as root beside pid's channels (the agent's tracer may hold their shells)."""
+    return box.client.containers.get(box.container_id).exec_run(list(argv), user="root").output
+
+
+def observe(box: DockerSandbox) -> dict[str, int]:
+    found = as_root(box, "python3", "-c", PTRACE_OBSERVE, WAITING_SHELL_MARK).split()
+    return {key.decode(): int(value) for key, value in zip(found[::2], found[1::2])}
+
+
+def observe_until(box: DockerSandbox, done, what: str) -> dict[str, int]:
+    for _ in range(300):
+        seen = observe(box)
+        if done(seen):
+            return seen
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: never seen ({seen})")
+
+
+def past_stopped(box: DockerSandbox, command: str, timeout: float):
+    """The agent's command on the first of its shells that is not stopped. The other shells a killed tracer held are
+    let go stopped (its SIGSTOP is delivered then): a command given to one ends at once with 147, as on any waiting
+    shell the agent stopped."""
+    for _ in range(8):
+        done = box.exec(command, timeout=timeout)
+        if (done.exit_code, done.tail) != (147, b""):
+            return done
+    raise AssertionError(f"every shell was stopped: {command}")
+
+
+@ptraced
+def test_the_agents_tracer_holding_pids_shells_costs_no_call_more_than_its_timeout():
+    """The agent may ptrace its own processes, pid's waiting slot shells among them. A tracer that stops them and
+    never waits used to make every later call wait its timeout plus 10 s, fail, and leave zombies (held by the tracer)
+    in the process table. A waiting shell stopped by a tracer is now replaced before it gets a command, and its tracer
+    killed; a command's shell stopped so mid-command ends at its timeout, and the tracer with it."""
+    with new_box("test-trust-tracer", ttl_s=300) as box:
+        box.write_file("/tmp/hold.py", PTRACE_HOLD.encode())
+        mark = shlex.quote(WAITING_SHELL_MARK)
+        for n in range(2):
+            started = past_stopped(box, f"setsid python3 /tmp/hold.py 120 waiting {mark} </dev/null >/tmp/hold{n} 2>&1 &",
+                                   timeout=10)
+            assert started.exit_code == 0, started
+            observe_until(box, lambda seen: seen["waiting"] >= 2 and seen["traced"] == seen["waiting"]
+                          or as_root(box, "cat", f"/tmp/hold{n}").startswith(b"refused"), "every waiting shell held")
+            if as_root(box, "cat", f"/tmp/hold{n}").startswith(b"refused"):
+                assert RUNTIME == "runsc"
+                pytest.skip(GVISOR_REFUSES_PTRACE)
+            done = box.exec(f"echo after-{n}", timeout=5)
+            assert (done.exit_code, done.tail, done.timed_out) == (0, f"after-{n}\n".encode(), False)
+            observe_until(box, lambda seen: seen["holders"] == seen["zombies"] == 0, "the tracer gone, no zombie")
+        held = past_stopped(box, f"setsid python3 /tmp/hold.py 120 $$ {mark} </dev/null >/tmp/hold-mid 2>&1 & sleep 60",
+                            timeout=3)
+        assert held.timed_out and as_root(box, "cat", "/tmp/hold-mid").startswith(b"attached"), held
+        observe_until(box, lambda seen: seen["holders"] == seen["zombies"] == 0, "the tracer gone, no zombie")
+        for n in range(3):
+            done = past_stopped(box, f"echo next-{n}", timeout=5)
+            assert (done.exit_code, done.tail, done.timed_out) == (0, f"next-{n}\n".encode(), False)
+
+
 # -- 6. a job that lies -----------------------------------------------------------------------------------------------
 def test_a_container_removed_mid_job_fails_the_job(run_pid, pid_env, sample_repo, tmp_path):
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]},
