@@ -20,6 +20,7 @@ import pytest
 from pid.sandbox import OutputPolicy, SandboxLost
 from sandbox import DockerSandbox, SandboxConfig, docker_sandbox
 from sandbox.channel import ProtocolError
+from tests import deep_tree
 from tests.conftest import RUNTIME, WAITING_SHELL_MARK, signal_waiting_shells, signalled
 from tests.scripted_llm import ScriptedLLM
 
@@ -543,8 +544,8 @@ def test_the_agents_tracer_holding_pids_shells_costs_no_call_more_than_its_timeo
         box.write_file("/tmp/hold.py", PTRACE_HOLD.encode())
         mark = shlex.quote(WAITING_SHELL_MARK)
         for n in range(2):
-            started = past_stopped(box, f"setsid python3 /tmp/hold.py 120 waiting {mark} </dev/null >/tmp/hold{n} 2>&1 &",
-                                   timeout=10)
+            hold = f"setsid python3 /tmp/hold.py 120 waiting {mark} </dev/null >/tmp/hold{n} 2>&1 &"
+            started = past_stopped(box, hold, timeout=10)
             assert started.exit_code == 0, started
             observe_until(box, lambda seen: seen["waiting"] >= 2 and seen["traced"] == seen["waiting"]
                           or as_root(box, "cat", f"/tmp/hold{n}").startswith(b"refused"), "every waiting shell held")
@@ -702,3 +703,24 @@ def test_a_repository_larger_than_max_workspace_is_refused_before_anything_is_wr
         asked = len(llm.requests)
     assert res.code == 2 and "larger than --max-workspace 200m" in res.stderr, (res.stdout, res.stderr)
     assert asked == 0 and not list(spool.iterdir())
+
+
+def test_a_repository_deeper_than_pythons_recursion_limit_runs_and_comes_back(run_pid, deep_tmp):
+    """A 1,100-level-deep repository failed with RecursionError as `pid run` packed it (and the unpacker walked it one
+    call per level too), and so did removing the staging copy of such a tree collected with `--file` after a check:
+    all loop now."""
+    leaf = deep_tree.make(deep_tmp / "repo")
+    script = [{"tool_calls": [{"name": "bash", "arguments": {
+        "command": f"cat {leaf} && echo changed > {leaf} && find . -type d | wc -l"}}]},
+              {"text": "done"}]
+    out = deep_tmp / "out"   # (the collected tree is as deep: pytest's own clean-up could not remove it)
+    with ScriptedLLM(script) as llm:
+        res = run_pid("run", "deep", "--repo", str(deep_tmp / "repo"), "--file", "d", "--check", "true",
+                      *opts(llm, out))
+        assert res.code == 0 and res.json()["status"] == "completed", (res.stdout, res.stderr)
+        assert tool_results(llm.requests[1])[0] == f"bottom\n{deep_tree.DEPTH + 1}\n"
+    job = out / res.json()["id"]
+    patch = (job / "patch.diff").read_text()
+    assert f"+++ b/{leaf}\n" in patch and "-bottom\n+changed\n" in patch, patch[-300:]
+    assert (job / "files" / "workspace" / leaf).read_text() == "changed\n"
+    assert not (job / ".files-check").exists()
