@@ -281,6 +281,95 @@ def test_a_job_is_root_free_by_default_and_root_on_request(run_pid, sample_repo,
         assert seen.startswith(expect), seen
 
 
+# -- the kernel's surface: socket families, file handles, 32-bit x86 ---------------------------------------------------
+SOCKET_PROBE = r"""
+import ctypes, errno, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def made(family, kind=socket.SOCK_STREAM):
+    try:
+        socket.socket(family, kind).close()
+        return "made"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+seen = {name: made(family) for name, family in (("unix", 1), ("inet", 2), ("inet6", 10), ("vsock", 40),
+                                                 ("alg", 38), ("bluetooth", 31), ("unspec", 0))}
+seen["netlink"] = made(16, socket.SOCK_RAW)
+seen["packet"] = made(17, socket.SOCK_RAW)
+fd = libc.syscall(41, ctypes.c_long(0x100000028), 1, 0)   # socket(): AF_VSOCK with a high bit set
+seen["vsock-high-bits"] = "made" if fd >= 0 else errno.errorcode[ctypes.get_errno()]
+try:
+    socket.socketpair(socket.AF_INET)
+    seen["pair-inet"] = "made"
+except OSError as exc:
+    seen["pair-inet"] = errno.errorcode.get(exc.errno, str(exc.errno))
+seen["pair-unix"] = "made" if socket.socketpair(socket.AF_UNIX) else "?"
+print(" ".join("%s=%s" % item for item in sorted(seen.items())))
+"""
+
+
+def i386_program(code: bytes) -> bytes:
+    """A static 32-bit x86 ELF executable of `code` alone."""
+    import struct
+    base, start = 0x08048000, 52 + 32
+    header = struct.pack("<4s5B7xHHIIIIIHHHHHH", b"\x7fELF", 1, 1, 1, 0, 0, 2, 3, 1, base + start, 52, 0, 0, 52,
+                         32, 1, 0, 0, 0)
+    size = start + len(code)
+    return header + struct.pack("<8I", 1, 0, base, base, size, size, 5, 0x1000) + code
+
+
+# socketcall(SYS_SOCKET, {AF_VSOCK, SOCK_STREAM, 0}), then exit with minus its result (a socket: 256 - fd)
+I386_VSOCK = bytes.fromhex("6a00" "6a01" "6a28" "89e1" "bb01000000" "b866000000" "cd80"
+                           "f7d8" "89c3" "b801000000" "cd80")
+
+
+def test_the_sandbox_makes_no_socket_of_a_family_it_does_not_need(box):
+    """`--network none` left AF_VSOCK open: a socket to the hypervisor was made and a connect to the host answered.
+    pid's seccomp profile lets a socket be only AF_UNIX, AF_INET, AF_INET6 or AF_NETLINK (and a pair only AF_UNIX):
+    any other family fails with EAFNOSUPPORT, whatever the high bits of the argument. gVisor ignores the profile, but
+    its kernel has none of those families to give (AF_PACKET needs CAP_NET_RAW, which no agent has)."""
+    box.write_file("/tmp/sockets.py", SOCKET_PROBE.encode())
+    result = box.exec("python3 /tmp/sockets.py", timeout=30)
+    seen = dict(pair.split("=") for pair in result.tail.decode().split())
+    assert all(seen[name] == "made" for name in ("unix", "inet", "inet6", "netlink", "pair-unix")), seen
+    refused = {name: seen[name] for name in ("vsock", "vsock-high-bits", "alg", "bluetooth", "unspec", "packet")}
+    assert refused == dict.fromkeys(refused, "EAFNOSUPPORT") or (
+        RUNTIME == "runsc" and refused == {**dict.fromkeys(refused, "EAFNOSUPPORT"), "packet": "EPERM"}), seen
+    assert seen["pair-inet"] == "EAFNOSUPPORT" or RUNTIME == "runsc" and seen["pair-inet"] != "made", seen
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="a 32-bit x86 program needs an x86-64 host")
+def test_a_32_bit_x86_program_cannot_get_past_the_socket_families(box):
+    """32-bit x86 makes sockets through socketcall(2), whose arguments seccomp cannot see: there the family filter
+    cannot hold, so pid's profile has no 32-bit x86 ABI at all: such a program is killed at its first system call
+    (SIGSYS). gVisor does not run 32-bit programs."""
+    box.write_file("/tmp/i386-vsock", i386_program(I386_VSOCK))
+    result = box.exec("chmod +x /tmp/i386-vsock && /tmp/i386-vsock; echo rc=$?", timeout=30)
+    assert result.tail.endswith(b"rc=126\n" if RUNTIME == "runsc" else b"rc=159\n"), result.tail
+
+
+def test_a_root_agent_cannot_open_files_by_handle(root_box):
+    """pid's machinery holds CAP_DAC_READ_SEARCH (git reads every file), and a root agent shares it: Docker's default
+    profile then allows open_by_handle_at, which opens a file by its inode number anywhere on a mount's filesystem,
+    past the container's view ("shocker"). pid's profile refuses it; name_to_handle_at still works."""
+    probe = ("import ctypes, os\n"
+             "libc = ctypes.CDLL(None, use_errno=True)\n"
+             "handle, mount = ctypes.create_string_buffer(8 + 128), ctypes.c_int()\n"
+             "ctypes.memmove(handle, (128).to_bytes(4, 'little'), 4)\n"
+             "named = libc.name_to_handle_at(-100, b'/etc/hostname', handle, ctypes.byref(mount), 0)\n"
+             "print('named', named, 'errno', ctypes.get_errno())\n"
+             "fd = os.open('/etc/hostname', os.O_RDONLY)\n"
+             "opened = libc.open_by_handle_at(fd, handle, os.O_RDONLY)\n"
+             "print('opened', opened, 'errno', ctypes.get_errno())\n")
+    root_box.write_file("/tmp/handles.py", probe.encode())
+    words = root_box.exec("python3 /tmp/handles.py", timeout=30).tail.split()
+    seen = {key.decode(): int(value) for key, value in zip(words[::4], words[1::4])}
+    errors = {key.decode(): int(value) for key, value in zip(words[::4], words[3::4])}
+    if RUNTIME == "runsc":   # (gVisor has no file handles at all)
+        assert seen["opened"] == -1, words
+        return
+    assert seen["named"] == 0 and (seen["opened"], errors["opened"]) == (-1, 1), words   # EPERM
+
+
 # -- 2. a job that never ends ---------------------------------------------------------------------------------------
 def test_frozen_servers_cannot_keep_a_job_past_its_wall_clock(run_pid, sample_repo, tmp_path):
     freeze = "(sleep 1; pkill -STOP -f channel.sh; pkill -STOP -x sleep) >/dev/null 2>&1 & echo armed"
