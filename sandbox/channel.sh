@@ -561,8 +561,8 @@ if [ "$pid_shell" = bash ]; then
     # back to the end of the line. A process that exits in between makes that seek fail, and the rest of its status
     # file stays in the buffer: the next `read -N` (the next request's command) would begin with it. `read -N`
     # never reads past what it asks for, so the whole file in one read leaves nothing behind.
-    pid_field() {  # pid_u <- the first number of field $2 (Uid: the real uid) of process directory $1's status
-        pid_s=                                                       # (empty if it is gone)
+    pid_field() {  # pid_u <- the first number of field $2 of process directory $1's status (Uid: the real uid;
+        pid_s=         # empty if it is gone)
         IFS= read -r -N 16384 pid_s <"$1/status"
         case $pid_s in
             *"${pid_lf}$2:"*)
