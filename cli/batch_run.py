@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
-import shutil
 import signal
 import sys
 import time
@@ -21,6 +20,7 @@ from cli.output import echo
 from pid.terminal import dumps
 from worker.batch import BatchDir, needs_run, row_for, summarize
 from worker.jobs import JobSpec, new_job_id
+from worker.trees import remove_tree
 
 POLL_S = 0.5                 # how often the store is read for the batch's jobs (one query for all)...
 POLL_MAX_S = 2.0             # ...or, with more than 250 jobs to follow, up to this
@@ -232,9 +232,9 @@ class Run:
                 download(self.store, job_id, fresh)
                 self.bdir.replace_item_dir(item_id, fresh)
             except (DownloadError, OSError) as exc:
-                shutil.rmtree(fresh, ignore_errors=True)
+                remove_tree(fresh)
                 result.setdefault("error", f"artifacts not downloaded: {exc}")
-        shutil.rmtree(os.path.join(self.bdir.jobs_dir, job_id), ignore_errors=True)
+        remove_tree(os.path.join(self.bdir.jobs_dir, job_id))
         return row_for(item_id, job_id, result)
 
     def _end(self) -> None:

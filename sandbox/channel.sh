@@ -212,14 +212,32 @@ pid_spawn() {  # $1: slot
 pid_alive() {  # whether slot shell $1 can still take a command. kill -0 passes a shell that was killed (the clearing
     # of a full process table kills the waiting shells too) but has not died yet (a frozen container's SIGKILL waits
     # for the thaw, then for the CPU) or was not reaped yet: /proc says so (fields 3, 9, 31: state, flags, pending
-    # signals: a zombie, PF_EXITING or PF_SIGNALED, a SIGKILL on its way)
+    # signals: a zombie, PF_EXITING or PF_SIGNALED, a SIGKILL on its way). A shell stopped by a tracer (state t) is
+    # killed here, and its tracer with it, as is the tracer of a zombie: the caller then waits for it (pid_untrace).
     kill -0 "$1" || return 1
     pid_s=
-    IFS= read -r -N 4096 pid_s <"/proc/$1/stat" || [ -n "$pid_s" ] || return 1   # (whole: see pid_uidof)
-    set -- ${pid_s##*) }   # (numbers and a letter: nothing to glob)
+    IFS= read -r -N 4096 pid_s <"/proc/$1/stat" || [ -n "$pid_s" ] || return 1   # (whole: see pid_field)
+    set -- "$1" ${pid_s##*) }   # (numbers and a letter: nothing to glob)
     pid_s=
-    case $1 in [ZX]*) return 1 ;; esac
-    [ $((${7:-0} & 0x404 | ${29:-0} & 256)) = 0 ]
+    case $2 in
+        [ZX]*) pid_untrace "$1"; return 1 ;;
+        t*) kill -9 "$1"; pid_untrace "$1"; return 1 ;;
+    esac
+    [ $((${8:-0} & 0x404 | ${30:-0} & 256)) = 0 ]
+}
+# ptrace is the agent's right over its own processes, pid's slot shells among them. A tracer that stops a shell and
+# never waits holds it: stopped, or, once killed, a zombie that its parent (this server) cannot reap, so the server's
+# wait for it, and with it every later request, would hang. A shell the server must wait for is let go by killing
+# its tracer: a process of the agent's uid (pid's own processes never trace; a root one, with an agent that is not
+# root, is an operator's, and left alone).
+pid_untrace() {  # $1: a process id
+    case $1 in ''|*[!0-9]*) return 0 ;; esac
+    { pid_field "/proc/$1" TracerPid; } 2>/dev/null
+    pid_tp=$pid_u
+    case $pid_tp in ''|0|1|"$$") return 0 ;; esac
+    { pid_field "/proc/$pid_tp" Uid; } 2>/dev/null
+    [ "$pid_u" = "$pid_uid" ] && kill -9 "$pid_tp" 2>/dev/null
+    return 0
 }
 pid_take_slot() {  # sets pid_pid/pid_out to the current slot's shell, starting one if it is gone
     if [ "$pid_slot" = 0 ]; then pid_pid=$pid_z0; else pid_pid=$pid_z1; fi
@@ -400,7 +418,7 @@ pid_slotend() {
     if kill -0 -"$pid_pid"; then
         # The shell itself is still there when it was stopped (wait returns then, 128 + the signal): it goes now,
         # not to take a later command from its FIFO if the agent lets it go on.
-        kill -0 "$pid_pid" && { kill -9 "$pid_pid"; wait "$pid_pid"; }
+        kill -0 "$pid_pid" && { kill -9 "$pid_pid"; pid_untrace "$pid_pid"; wait "$pid_pid"; }
         kill -0 -"$pid_pid" && pid_linger "$pid_pid" "$pid_out"
     fi
     pid_pe=0                                                                  # pid_events
@@ -551,12 +569,12 @@ if [ "$pid_shell" = bash ]; then
     # back to the end of the line. A process that exits in between makes that seek fail, and the rest of its status
     # file stays in the buffer: the next `read -N` (the next request's command) would begin with it. `read -N`
     # never reads past what it asks for, so the whole file in one read leaves nothing behind.
-    pid_uidof() {  # pid_u <- the real uid of process directory $1 (empty if it is gone)
-        pid_s=
+    pid_field() {  # pid_u <- the first number of field $2 of process directory $1's status (Uid: the real uid;
+        pid_s=         # empty if it is gone)
         IFS= read -r -N 16384 pid_s <"$1/status"
         case $pid_s in
-            *"${pid_lf}Uid:"*)
-                pid_u=${pid_s#*"${pid_lf}Uid:"}
+            *"${pid_lf}$2:"*)
+                pid_u=${pid_s#*"${pid_lf}$2:"}
                 pid_u=${pid_u#"${pid_u%%[0-9]*}"}
                 pid_u=${pid_u%%[!0-9]*} ;;
             *) pid_u= ;;
@@ -564,10 +582,10 @@ if [ "$pid_shell" = bash ]; then
         pid_s=
     }
 else   # POSIX sh reads byte by byte: nothing is read ahead
-    pid_uidof() {
+    pid_field() {
         pid_u=
         while read -r pid_k pid_v pid_rest; do
-            [ "$pid_k" = Uid: ] && { pid_u=$pid_v; break; }
+            [ "$pid_k" = "$2:" ] && { pid_u=$pid_v; break; }
         done <"$1/status"
     }
 fi
@@ -581,7 +599,7 @@ pid_killuid() {  # SIGKILL every process of the agent's uid, with builtins only:
         pid_found=0
         for pid_p in /proc/[0-9]*; do
             pid_u=
-            { pid_uidof "$pid_p"; } 2>/dev/null
+            { pid_field "$pid_p" Uid; } 2>/dev/null
             if [ "$pid_u" = "$pid_uid" ]; then
                 kill -9 "${pid_p#/proc/}" 2>/dev/null && pid_found=$((pid_found + 1))
             fi
@@ -652,7 +670,7 @@ while :; do
         c) pid_count "$@" ;;
         t) pid_tail "$@" ;;
         T) pid_trim "$@" ;;
-        k) kill -9 -"$2" 2>/dev/null || kill -9 "$2" 2>/dev/null; echo "K $?" ;;
+        k) kill -9 -"$2" 2>/dev/null || kill -9 "$2" 2>/dev/null; pid_rc=$?; pid_untrace "$2"; echo "K $pid_rc" ;;
         K) pid_killuid ;;
         h) pid_hello ;;
         q) break ;;

@@ -33,6 +33,7 @@ from .config import LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, Sandbo
 from .disk import parse_size
 from .errors import SandboxError
 from .reaper import force_remove, run_labels
+from .seccomp import SECURITY_OPT
 from .workspace import check_git_source
 
 CLONE_TMP = "/tmp"            # the clone's only writable place: a tmpfs of clone_limit() bytes
@@ -129,7 +130,7 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
                 tmpfs={CLONE_TMP: f"rw,nosuid,nodev,noexec,size={limit},mode=1777"},
                 mem_limit=_memory(config.memory, limit), memswap_limit=_memory(config.memory, limit),
                 nano_cpus=int(config.cpus * 1e9),
-                pids_limit=config.pids_limit, security_opt=["no-new-privileges"], cap_drop=["ALL"],
+                pids_limit=config.pids_limit, security_opt=SECURITY_OPT, cap_drop=["ALL"],
                 log_config={"type": "none"}, runtime=config.runtime or None, init=True))
     except docker.errors.DockerException as exc:
         raise SandboxError(f"cannot start the clone of {url}: {exc}") from exc

@@ -46,6 +46,7 @@ from .outputs import KeptOutputs
 from .pool import ChannelPool
 from .processes import ProcessGauge, kill_agent_processes
 from .reaper import force_remove, owner_label, remove_job_containers, run_labels
+from .seccomp import SECURITY_OPT
 from .gitseed import GitSeed
 from .image_env import image_env, neutralised
 from .image_fs import BASE_TARGET, ImageFS, image_layers
@@ -355,7 +356,7 @@ class DockerSandbox:
                 mem_limit=config.memory, memswap_limit=config.memory,
                 nano_cpus=int(config.cpus * 1e9), pids_limit=host_tasks,
                 network_mode=config.network,
-                security_opt=["no-new-privileges"],
+                security_opt=SECURITY_OPT,   # (no-new-privileges, and pid's seccomp profile: seccomp.py)
                 cap_drop=["ALL"], cap_add=caps,
                 ulimits=ulimits,
                 working_dir=config.workdir, runtime=config.runtime or None,

@@ -8,12 +8,14 @@ under checks (unpack_tar), never trusted.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
 import stat
 import tarfile
 import tempfile
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import IO
 from urllib.parse import urlsplit
@@ -138,6 +140,11 @@ def check_git_source(url: str, ref: str | None) -> None:
         raise ValueError(f"not a branch, tag or commit id: {ref!r}")
 
 
+# The longest path a workspace may hold, relative to its root: Linux's PATH_MAX (with its NUL). No longer one can be
+# opened by its path from the workspace's root (nor checked out by git), and it bounds a directory's depth (2,048).
+MAX_NAME = 4095
+
+
 class WorkspaceTooLarge(Exception):
     """The packed workspace would pass its size limit (nothing usable was written)."""
 
@@ -206,7 +213,13 @@ def pack_tar(root: str, out: IO[bytes], uid: int = 0, gid: int = 0, max_bytes: i
     if not os.path.isdir(root) or os.path.islink(root):
         raise NotADirectoryError(f"not a directory: {root}")
     sink = _HashingSink(out, max_bytes)
-    _pack_dir(root, "", sink, uid, gid, {})
+    inodes: dict[tuple[int, int], bytes] = {}
+    # Directories still to pack, the next one last: depth first in sorted order, as a loop (a tree of any depth).
+    todo: list[tuple[str, str]] = [(root, "")]
+    while todo:
+        path, arc = todo.pop()
+        subdirs = _pack_dir(path, arc, sink, uid, gid, inodes)
+        todo.extend((entry.path, arc + entry.name + "/") for entry in reversed(subdirs) if not entry.is_symlink())
     sink.write(tarstream.end())
     sink.pad(tarstream.BLOCK * 20)   # as tar and tarfile: whole records of 10 KiB
     sink.flush()
@@ -214,11 +227,12 @@ def pack_tar(root: str, out: IO[bytes], uid: int = 0, gid: int = 0, max_bytes: i
 
 
 def _pack_dir(path: str, arc: str, sink: "_HashingSink", uid: int, gid: int,
-              inodes: dict[tuple[int, int], bytes]) -> None:
+              inodes: dict[tuple[int, int], bytes]) -> list[os.DirEntry[str]]:
+    """The entries of one directory; returns its subdirectories (and links to directories), in order."""
     try:
         entries = list(os.scandir(path))
     except FileNotFoundError:
-        return   # vanished since its parent was read
+        return []   # vanished since its parent was read
     dirs: list[os.DirEntry[str]] = []
     files: list[os.DirEntry[str]] = []
     for entry in entries:
@@ -229,10 +243,11 @@ def _pack_dir(path: str, arc: str, sink: "_HashingSink", uid: int, gid: int,
     dirs.sort(key=lambda e: e.name)
     files.sort(key=lambda e: e.name)
     for entry in dirs + files:
-        _pack_entry(entry, arc + entry.name, sink, uid, gid, inodes)
-    for entry in dirs:
-        if not entry.is_symlink():
-            _pack_dir(entry.path, arc + entry.name + "/", sink, uid, gid, inodes)
+        name = arc + entry.name
+        if len(os.fsencode(name)) > MAX_NAME:
+            raise OSError(errno.ENAMETOOLONG, f"a path in the tree longer than {MAX_NAME} bytes", entry.path)
+        _pack_entry(entry, name, sink, uid, gid, inodes)
+    return dirs
 
 
 def _pack_entry(entry: os.DirEntry, arc: str, sink: "_HashingSink", uid: int, gid: int,
@@ -333,6 +348,8 @@ class _Rules:
         name = self._name(raw)
         if name is None:
             return None, linkname
+        if len(name) > MAX_NAME:
+            raise UnsafeTar(f"{_shown(raw)}: a path of {len(name)} bytes (at most {MAX_NAME})")
         if kind not in (tarstream.REG, tarstream.DIR, tarstream.SYM, tarstream.LNK):
             raise UnsafeTar(f"{_shown(raw)}: not a regular file, directory or link")
         kinds = self.kinds
@@ -434,7 +451,8 @@ class _Unpacker:
         self.uid, self.gid, self.seed = uid, gid, seed
         self.rules = _Rules()
         self.root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        self.dirs: dict[bytes, int] = {}          # open descriptors of directories below root
+        self.dirs: OrderedDict[bytes, int] = OrderedDict()   # open descriptors of directories below root, the
+        # most recently used last
         self.dir_attrs: list[tuple[bytes, int, int]] = []   # (name, mode, mtime), set once their content is in
         self.reader: tarstream.TarReader | None = None
 
@@ -450,14 +468,41 @@ class _Unpacker:
             self.seed.discard()
 
     def _dir(self, name: bytes) -> int:
-        """A descriptor of the directory `name` (b"": the root), made (owned by uid:gid) if the tar implies it."""
+        """A descriptor of the directory `name` (b"": the root), made (owned by uid:gid) if the tar implies it: from
+        its nearest open ancestor down, one level at a time, in a loop (a tree of any depth). The levels passed on
+        the way stay open while there is room (MAX_DIR_FDS); `name` itself always does, until _bound_fds."""
         if not name:
             return self.root
         fd = self.dirs.get(name)
         if fd is not None:
+            self.dirs.move_to_end(name)
             return fd
-        parent, _, base = name.rpartition(b"/")
-        parent_fd = self._dir(parent)
+        below = [name]   # name and its ancestors that are not open, nearest to name first
+        parent_fd = self.root
+        ancestor = name.rpartition(b"/")[0]
+        while ancestor:
+            fd = self.dirs.get(ancestor)
+            if fd is not None:
+                self.dirs.move_to_end(ancestor)
+                parent_fd = fd
+                break
+            below.append(ancestor)
+            ancestor = ancestor.rpartition(b"/")[0]
+        kept = True   # parent_fd is the root or in self.dirs (else it is closed once its child is open)
+        for level in reversed(below):
+            try:
+                fd = self._open_below(parent_fd, level.rpartition(b"/")[2])
+            finally:
+                if not kept:
+                    os.close(parent_fd)
+            kept = level == name or len(self.dirs) < self.MAX_DIR_FDS
+            if kept:
+                self.dirs[level] = fd
+            parent_fd = fd
+        return parent_fd
+
+    def _open_below(self, parent_fd: int, base: bytes) -> int:
+        """The directory `base` in parent_fd, opened without following a link; made (owned by uid:gid) if absent."""
         try:
             os.mkdir(base, 0o755, dir_fd=parent_fd)
             made = True
@@ -466,15 +511,14 @@ class _Unpacker:
         fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
         if made:
             os.fchown(fd, self.uid, self.gid)
-        self.dirs[name] = fd
         return fd
 
     def _bound_fds(self) -> None:
-        """Called before a member takes its descriptors: past the bound, all are closed (reopened when needed)."""
+        """Called before a member takes its descriptors: past the bound, the least recently used half are closed
+        (reopened when needed; the recent ones are those a tree walked in order needs next, however deep it is)."""
         if len(self.dirs) >= self.MAX_DIR_FDS:
-            for fd in self.dirs.values():
-                os.close(fd)
-            self.dirs.clear()
+            for _ in range(len(self.dirs) - self.MAX_DIR_FDS // 2):
+                os.close(self.dirs.popitem(last=False)[1])
 
     def _make_dir(self, name: bytes) -> None:
         self._bound_fds()

@@ -112,6 +112,18 @@ class CliResult:
 
 
 @pytest.fixture
+def deep_tmp(tmp_path: Path):
+    """A directory in tmp_path for trees deeper than pytest's own clean-up can remove (tests/deep_tree.py): removed
+    by pid's own loop after the test."""
+    from worker.trees import remove_tree
+    path = tmp_path / "deep"
+    path.mkdir()
+    yield path
+    remove_tree(str(path))
+    assert not path.exists(), "a deep tree was left behind"
+
+
+@pytest.fixture
 def pid_env(tmp_path: Path) -> dict[str, str]:
     """Environment for pid subprocesses: a fresh home, no key or model leaking in from the machine."""
     env = {k: v for k, v in os.environ.items()

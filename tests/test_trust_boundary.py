@@ -20,6 +20,7 @@ import pytest
 from pid.sandbox import OutputPolicy, SandboxLost
 from sandbox import DockerSandbox, SandboxConfig, docker_sandbox
 from sandbox.channel import ProtocolError
+from tests import deep_tree
 from tests.conftest import RUNTIME, WAITING_SHELL_MARK, signal_waiting_shells, signalled
 from tests.scripted_llm import ScriptedLLM
 
@@ -330,6 +331,95 @@ def test_a_job_is_root_free_by_default_and_root_on_request(run_pid, sample_repo,
         assert seen.startswith(expect), seen
 
 
+# -- the kernel's surface: socket families, file handles, 32-bit x86 ---------------------------------------------------
+SOCKET_PROBE = r"""
+import ctypes, errno, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def made(family, kind=socket.SOCK_STREAM):
+    try:
+        socket.socket(family, kind).close()
+        return "made"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+seen = {name: made(family) for name, family in (("unix", 1), ("inet", 2), ("inet6", 10), ("vsock", 40),
+                                                 ("alg", 38), ("bluetooth", 31), ("unspec", 0))}
+seen["netlink"] = made(16, socket.SOCK_RAW)
+seen["packet"] = made(17, socket.SOCK_RAW)
+fd = libc.syscall(41, ctypes.c_long(0x100000028), 1, 0)   # socket(): AF_VSOCK with a high bit set
+seen["vsock-high-bits"] = "made" if fd >= 0 else errno.errorcode[ctypes.get_errno()]
+try:
+    socket.socketpair(socket.AF_INET)
+    seen["pair-inet"] = "made"
+except OSError as exc:
+    seen["pair-inet"] = errno.errorcode.get(exc.errno, str(exc.errno))
+seen["pair-unix"] = "made" if socket.socketpair(socket.AF_UNIX) else "?"
+print(" ".join("%s=%s" % item for item in sorted(seen.items())))
+"""
+
+
+def i386_program(code: bytes) -> bytes:
+    """A static 32-bit x86 ELF executable of `code` alone."""
+    import struct
+    base, start = 0x08048000, 52 + 32
+    header = struct.pack("<4s5B7xHHIIIIIHHHHHH", b"\x7fELF", 1, 1, 1, 0, 0, 2, 3, 1, base + start, 52, 0, 0, 52,
+                         32, 1, 0, 0, 0)
+    size = start + len(code)
+    return header + struct.pack("<8I", 1, 0, base, base, size, size, 5, 0x1000) + code
+
+
+# socketcall(SYS_SOCKET, {AF_VSOCK, SOCK_STREAM, 0}), then exit with minus its result (a socket: 256 - fd)
+I386_VSOCK = bytes.fromhex("6a00" "6a01" "6a28" "89e1" "bb01000000" "b866000000" "cd80"
+                           "f7d8" "89c3" "b801000000" "cd80")
+
+
+def test_the_sandbox_makes_no_socket_of_a_family_it_does_not_need(box):
+    """`--network none` left AF_VSOCK open: a socket to the hypervisor was made and a connect to the host answered.
+    pid's seccomp profile lets a socket be only AF_UNIX, AF_INET, AF_INET6 or AF_NETLINK (and a pair only AF_UNIX):
+    any other family fails with EAFNOSUPPORT, whatever the high bits of the argument. gVisor ignores the profile, but
+    its kernel has none of those families to give (AF_PACKET needs CAP_NET_RAW, which no agent has)."""
+    box.write_file("/tmp/sockets.py", SOCKET_PROBE.encode())
+    result = box.exec("python3 /tmp/sockets.py", timeout=30)
+    seen = dict(pair.split("=") for pair in result.tail.decode().split())
+    assert all(seen[name] == "made" for name in ("unix", "inet", "inet6", "netlink", "pair-unix")), seen
+    refused = {name: seen[name] for name in ("vsock", "vsock-high-bits", "alg", "bluetooth", "unspec", "packet")}
+    assert refused == dict.fromkeys(refused, "EAFNOSUPPORT") or (
+        RUNTIME == "runsc" and refused == {**dict.fromkeys(refused, "EAFNOSUPPORT"), "packet": "EPERM"}), seen
+    assert seen["pair-inet"] == "EAFNOSUPPORT" or RUNTIME == "runsc" and seen["pair-inet"] != "made", seen
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="a 32-bit x86 program needs an x86-64 host")
+def test_a_32_bit_x86_program_cannot_get_past_the_socket_families(box):
+    """32-bit x86 makes sockets through socketcall(2), whose arguments seccomp cannot see: there the family filter
+    cannot hold, so pid's profile has no 32-bit x86 ABI at all: such a program is killed at its first system call
+    (SIGSYS). gVisor does not run 32-bit programs."""
+    box.write_file("/tmp/i386-vsock", i386_program(I386_VSOCK))
+    result = box.exec("chmod +x /tmp/i386-vsock && /tmp/i386-vsock; echo rc=$?", timeout=30)
+    assert result.tail.endswith(b"rc=126\n" if RUNTIME == "runsc" else b"rc=159\n"), result.tail
+
+
+def test_a_root_agent_cannot_open_files_by_handle(root_box):
+    """pid's machinery holds CAP_DAC_READ_SEARCH (git reads every file), and a root agent shares it: Docker's default
+    profile then allows open_by_handle_at, which opens a file by its inode number anywhere on a mount's filesystem,
+    past the container's view ("shocker"). pid's profile refuses it; name_to_handle_at still works."""
+    probe = ("import ctypes, os\n"
+             "libc = ctypes.CDLL(None, use_errno=True)\n"
+             "handle, mount = ctypes.create_string_buffer(8 + 128), ctypes.c_int()\n"
+             "ctypes.memmove(handle, (128).to_bytes(4, 'little'), 4)\n"
+             "named = libc.name_to_handle_at(-100, b'/etc/hostname', handle, ctypes.byref(mount), 0)\n"
+             "print('named', named, 'errno', ctypes.get_errno())\n"
+             "fd = os.open('/etc/hostname', os.O_RDONLY)\n"
+             "opened = libc.open_by_handle_at(fd, handle, os.O_RDONLY)\n"
+             "print('opened', opened, 'errno', ctypes.get_errno())\n")
+    root_box.write_file("/tmp/handles.py", probe.encode())
+    words = root_box.exec("python3 /tmp/handles.py", timeout=30).tail.split()
+    seen = {key.decode(): int(value) for key, value in zip(words[::4], words[1::4])}
+    errors = {key.decode(): int(value) for key, value in zip(words[::4], words[3::4])}
+    if RUNTIME == "runsc":   # (gVisor has no file handles at all)
+        assert seen["opened"] == -1, words
+        return
+    assert seen["named"] == 0 and (seen["opened"], errors["opened"]) == (-1, 1), words   # EPERM
+
+
 # -- 2. a job that never ends ---------------------------------------------------------------------------------------
 def test_frozen_servers_cannot_keep_a_job_past_its_wall_clock(run_pid, sample_repo, tmp_path):
     freeze = "(sleep 1; pkill -STOP -f channel.sh; pkill -STOP -x sleep) >/dev/null 2>&1 & echo armed"
@@ -496,6 +586,123 @@ def test_a_shrunk_pipe_and_a_stopped_shell_cannot_hang_pids_server():
             assert (done.exit_code, done.tail) == (0, f"next{i}\n".encode())
 
 
+# The agent's tracer that never lets go: it PTRACE_ATTACHes (the tracee stops) and never waits, so a shell it holds
+# stays stopped, and once killed stays a zombie its parent (pid's server) cannot reap. argv: seconds to live, then
+# "waiting" (every waiting slot shell of the agent's, as they come) or one process id.
+PTRACE_HOLD = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+mark, held, end = sys.argv[3].encode(), set(), time.time() + float(sys.argv[1])
+def hold(pid):
+    if libc.ptrace(16, pid, None, None) == 0:                     # PTRACE_ATTACH
+        held.add(pid)
+        print("attached", pid, flush=True)
+    elif ctypes.get_errno() == 1:                                 # EPERM: see GVISOR_REFUSES_PTRACE
+        print("refused", pid, flush=True)
+        sys.exit(0)
+def waiting(entry):
+    if mark not in open("/proc/%s/cmdline" % entry, "rb").read() or os.stat("/proc/" + entry).st_uid != os.getuid():
+        return False
+    try:
+        return open("/proc/%s/syscall" % entry).read().startswith("0 0x0 ")   # blocked in read(0): its `<&3`
+    except FileNotFoundError:   # (gVisor has no /proc/N/syscall)
+        return open("/proc/%s/stat" % entry).read().rsplit(") ", 1)[1].startswith("S ")
+if sys.argv[2] != "waiting":
+    hold(int(sys.argv[2]))
+while time.time() < end:
+    for entry in os.listdir("/proc"):
+        try:
+            if sys.argv[2] == "waiting" and entry.isdigit() and int(entry) not in held and waiting(entry):
+                hold(int(entry))
+        except OSError:
+            pass
+    time.sleep(0.01)
+"""
+# Seen as root from outside pid's channels (docker exec): the agent's waiting slot shells, how many of them are
+# stopped by a tracer, the agent's zombies, and its tracers still alive.
+PTRACE_OBSERVE = r"""
+import os, sys
+mark, seen = sys.argv[1].encode(), dict(waiting=0, traced=0, zombies=0, holders=0)
+for entry in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        command = open("/proc/%s/cmdline" % entry, "rb").read()
+        state = open("/proc/%s/stat" % entry).read().rsplit(") ", 1)[1][0]
+        if os.stat("/proc/" + entry).st_uid != 1000:
+            continue
+    except OSError:
+        continue
+    if state == "Z":
+        seen["zombies"] += 1
+    elif b"hold.py" in command:
+        seen["holders"] += 1
+    elif mark in command:
+        seen["waiting"] += 1
+        seen["traced"] += state == "t"
+print(" ".join("%s %d" % item for item in sorted(seen.items())))
+"""
+
+
+def as_root(box: DockerSandbox, *argv: str) -> bytes:
+    """A command's output, run as root beside pid's channels (the agent's tracer may hold their shells)."""
+    return box.client.containers.get(box.container_id).exec_run(list(argv), user="root").output
+
+
+def observe(box: DockerSandbox) -> dict[str, int]:
+    found = as_root(box, "python3", "-c", PTRACE_OBSERVE, WAITING_SHELL_MARK).split()
+    return {key.decode(): int(value) for key, value in zip(found[::2], found[1::2])}
+
+
+def observe_until(box: DockerSandbox, done, what: str) -> dict[str, int]:
+    for _ in range(300):
+        seen = observe(box)
+        if done(seen):
+            return seen
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: never seen ({seen})")
+
+
+def past_stopped(box: DockerSandbox, command: str, timeout: float):
+    """The agent's command on the first of its shells that is not stopped. The other shells a killed tracer held are
+    let go stopped (its SIGSTOP is delivered then): a command given to one ends at once with 147, as on any waiting
+    shell the agent stopped."""
+    for _ in range(8):
+        done = box.exec(command, timeout=timeout)
+        if (done.exit_code, done.tail) != (147, b""):
+            return done
+    raise AssertionError(f"every shell was stopped: {command}")
+
+
+@ptraced
+def test_the_agents_tracer_holding_pids_shells_costs_no_call_more_than_its_timeout():
+    """The agent may ptrace its own processes, pid's waiting slot shells among them. A tracer that stops them and
+    never waits used to make every later call wait its timeout plus 10 s, fail, and leave zombies (held by the tracer)
+    in the process table. A waiting shell stopped by a tracer is now replaced before it gets a command, and its tracer
+    killed; a command's shell stopped so mid-command ends at its timeout, and the tracer with it."""
+    with new_box("test-trust-tracer", ttl_s=300) as box:
+        box.write_file("/tmp/hold.py", PTRACE_HOLD.encode())
+        mark = shlex.quote(WAITING_SHELL_MARK)
+        for n in range(2):
+            hold = f"setsid python3 /tmp/hold.py 120 waiting {mark} </dev/null >/tmp/hold{n} 2>&1 &"
+            started = past_stopped(box, hold, timeout=10)
+            assert started.exit_code == 0, started
+            observe_until(box, lambda seen: seen["waiting"] >= 2 and seen["traced"] == seen["waiting"]
+                          or as_root(box, "cat", f"/tmp/hold{n}").startswith(b"refused"), "every waiting shell held")
+            if as_root(box, "cat", f"/tmp/hold{n}").startswith(b"refused"):
+                assert RUNTIME == "runsc"
+                pytest.skip(GVISOR_REFUSES_PTRACE)
+            done = box.exec(f"echo after-{n}", timeout=5)
+            assert (done.exit_code, done.tail, done.timed_out) == (0, f"after-{n}\n".encode(), False)
+            observe_until(box, lambda seen: seen["holders"] == seen["zombies"] == 0, "the tracer gone, no zombie")
+        held = past_stopped(box, f"setsid python3 /tmp/hold.py 120 $$ {mark} </dev/null >/tmp/hold-mid 2>&1 & sleep 60",
+                            timeout=3)
+        assert held.timed_out and as_root(box, "cat", "/tmp/hold-mid").startswith(b"attached"), held
+        observe_until(box, lambda seen: seen["holders"] == seen["zombies"] == 0, "the tracer gone, no zombie")
+        for n in range(3):
+            done = past_stopped(box, f"echo next-{n}", timeout=5)
+            assert (done.exit_code, done.tail, done.timed_out) == (0, f"next-{n}\n".encode(), False)
+
+
 # -- 6. a job that lies -----------------------------------------------------------------------------------------------
 def test_a_container_removed_mid_job_fails_the_job(run_pid, pid_env, sample_repo, tmp_path):
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]},
@@ -635,3 +842,24 @@ def test_a_repository_larger_than_max_workspace_is_refused_before_anything_is_wr
         asked = len(llm.requests)
     assert res.code == 2 and "larger than --max-workspace 200m" in res.stderr, (res.stdout, res.stderr)
     assert asked == 0 and not list(spool.iterdir())
+
+
+def test_a_repository_deeper_than_pythons_recursion_limit_runs_and_comes_back(run_pid, deep_tmp):
+    """A 1,100-level-deep repository failed with RecursionError as `pid run` packed it (and the unpacker walked it one
+    call per level too), and so did removing the staging copy of such a tree collected with `--file` after a check:
+    all loop now."""
+    leaf = deep_tree.make(deep_tmp / "repo")
+    script = [{"tool_calls": [{"name": "bash", "arguments": {
+        "command": f"cat {leaf} && echo changed > {leaf} && find . -type d | wc -l"}}]},
+              {"text": "done"}]
+    out = deep_tmp / "out"   # (the collected tree is as deep: pytest's own clean-up could not remove it)
+    with ScriptedLLM(script) as llm:
+        res = run_pid("run", "deep", "--repo", str(deep_tmp / "repo"), "--file", "d", "--check", "true",
+                      *opts(llm, out))
+        assert res.code == 0 and res.json()["status"] == "completed", (res.stdout, res.stderr)
+        assert tool_results(llm.requests[1])[0] == f"bottom\n{deep_tree.DEPTH + 1}\n"
+    job = out / res.json()["id"]
+    patch = (job / "patch.diff").read_text()
+    assert f"+++ b/{leaf}\n" in patch and "-bottom\n+changed\n" in patch, patch[-300:]
+    assert (job / "files" / "workspace" / leaf).read_text() == "changed\n"
+    assert not (job / ".files-check").exists()

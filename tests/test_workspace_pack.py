@@ -16,6 +16,7 @@ from sandbox.workspace import (MemberCheck, UnsafeTar, WorkspaceTooLarge, check_
 from worker.blobs import BlobCorrupt, BlobMissing, StoreBlobs
 from worker.store import JobStore
 from worker.snapshot import git_source, pack_and_store
+from tests import deep_tree
 
 
 def tree(root: Path) -> Path:
@@ -270,3 +271,40 @@ def test_tars_of_every_common_format_unpack(tmp_path, fmt):
         assert stat.S_IMODE(os.stat(dest / name).st_mode) == 0o640
     if fmt != tarfile.USTAR_FORMAT:
         assert os.readlink(dest / "link") == "x" * 150
+
+
+def test_a_tree_deeper_than_pythons_recursion_limit_packs_and_unpacks(deep_tmp, monkeypatch):
+    """A 1,100-level-deep repository failed with RecursionError: the packer, and the unpacker reopening a directory
+    whose ancestors' descriptors it had closed, walked it one call per level. Both loop now, and the unpacker still
+    keeps few descriptors open."""
+    from sandbox import workspace
+    leaf = deep_tree.make(deep_tmp / "r")
+    data, _ = pack(deep_tmp / "r")
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert [m.name for m in tar][-2:] == [leaf.rpartition("/")[0], leaf]
+    for max_fds in (workspace._Unpacker.MAX_DIR_FDS, 8):
+        monkeypatch.setattr(workspace._Unpacker, "MAX_DIR_FDS", max_fds)
+        dest = deep_tmp / f"dest{max_fds}"
+        dest.mkdir()
+        before = len(os.listdir("/proc/self/fd"))
+        unpack_tar(io.BytesIO(data), str(dest), 1000, 1000)
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert (dest / leaf).read_bytes() == b"bottom\n" and (dest / leaf).stat().st_uid == 1000
+
+
+def test_a_path_longer_than_path_max_is_refused_whichever_side_meets_it(deep_tmp):
+    """No path of a workspace is longer than Linux's PATH_MAX allows (4,095 bytes): it could not be opened from the
+    workspace's root, and the bound is what keeps a directory's depth, and the unpacker's walk down to it, bounded."""
+    deep_tree.make(deep_tmp / "r", depth=17, name="n" * 250)          # 17 x 251 bytes: 4,275
+    with pytest.raises(OSError, match="longer than 4095 bytes"):
+        pack(deep_tmp / "r")
+    for name in ("/".join(["n" * 250] * 16) + "/" + "f" * 80, "a/" * 2048 + "f"):
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            tar.addfile(tarfile.TarInfo(name))
+        dest = deep_tmp / "dest"
+        dest.mkdir()
+        with pytest.raises(UnsafeTar, match="at most 4095"):
+            unpack_tar(io.BytesIO(out.getvalue()), str(dest), 1000, 1000)
+        assert not os.listdir(dest)
+        dest.rmdir()

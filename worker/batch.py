@@ -17,7 +17,6 @@ import json
 import math
 import os
 import secrets
-import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -25,6 +24,7 @@ from typing import Any
 
 from pid.endings import exit_code_for
 from worker.jobs import write_json_atomic
+from worker.trees import remove_tree
 
 META, LEDGER, RESULTS, SUMMARY, JOBS = "batch.json", "jobs.jsonl", "batch.jsonl", "summary.json", ".jobs"
 
@@ -154,7 +154,7 @@ class BatchDir:
         if os.path.lexists(final):
             os.replace(final, old)
         os.replace(fresh, final)
-        shutil.rmtree(old, ignore_errors=True)
+        remove_tree(old)
 
 
 def _lines(path: str) -> list[dict[str, Any]]:

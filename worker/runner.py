@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
-import shutil
 import threading
 import time
 from concurrent.futures import Future
@@ -45,6 +44,7 @@ from worker.jobs import JobSpec, write_json_atomic
 from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, abandon, sandbox_config
 from worker.snapshot import import_into, open_packed
 from worker.store import Store, default_store
+from worker.trees import remove_tree
 from worker.watchdog import Watchdog
 
 AgentHook = Callable[[Agent], None]
@@ -269,7 +269,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                     raise
                 # the store has it: a --out that vanished here (another machine's path) costs only the local copy
         if spool is not None:
-            shutil.rmtree(spool, ignore_errors=True)
+            remove_tree(spool)
     return result
 
 
@@ -377,7 +377,7 @@ def _collect_check_files(box: JobSandbox, spec: JobSpec, job_dir: str, artifacts
         rel = _in_container(box, path)
         if rel and not any(rel == kept or rel.startswith(kept + "/") for kept in outermost):
             outermost[rel] = path
-    shutil.rmtree(staging, ignore_errors=True)
+    remove_tree(staging)
     try:
         written, skipped = box.export_files(list(outermost.values()), staging,
                                             FilesBudget(spec.max_files_bytes, spec.max_files))
@@ -385,7 +385,7 @@ def _collect_check_files(box: JobSandbox, spec: JobSpec, job_dir: str, artifacts
         for rel in replaced:
             target = os.path.join(files_dir, rel)
             if os.path.isdir(target) and not os.path.islink(target):
-                shutil.rmtree(target)
+                remove_tree(target)
             elif os.path.lexists(target):
                 os.unlink(target)
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -406,7 +406,7 @@ def _collect_check_files(box: JobSandbox, spec: JobSpec, job_dir: str, artifacts
         artifacts["files_error"] = f"files not collected from the check's container: {_describe(exc)}"
         return artifacts["files_error"]
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
 
 
 def _in_container(box: JobSandbox, path: str) -> str:
