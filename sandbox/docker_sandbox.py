@@ -530,6 +530,7 @@ class DockerSandbox:
                 self._gauge.close()
             self._gauge = False
         with self._out_dir_lock:
+            self._kept.close()
             if self._out_dir_fd is not None:
                 os.close(self._out_dir_fd)
                 self._out_dir_fd = None
@@ -728,6 +729,7 @@ class DockerSandbox:
         started = time.monotonic()
         deadline = started + timeout
         clearings = self._clearings
+        self._sweep_outputs()
         channel, started_pgid, out_path = self._start(command, emit, started + CONTROL_TIMEOUT_S, upload)
         pgid: int | None = started_pgid   # None once the command has ended: nothing left to kill
         try:
@@ -745,6 +747,7 @@ class DockerSandbox:
                     break
                 if now >= next_trim:
                     cut = self._trim_output(out_path, cut)
+                    self._sweep_outputs()
                     next_trim = time.monotonic() + TRIM_EVERY_S
                 wake = min(deadline, next_trim)
                 if cancel is not None:
@@ -800,6 +803,12 @@ class DockerSandbox:
         with self._out_dir_lock:
             if self._out_dir_fd is not None:
                 self._kept.finished(self._out_dir_fd, posixpath.basename(out_path), kept)
+
+    def _sweep_outputs(self) -> None:
+        """Removed outputs that processes left behind still write are cut back (outputs.py)."""
+        with self._out_dir_lock:
+            if self._out_dir_fd is not None:
+                self._kept.sweep(self._out_dir_fd)
 
     def _disk_full(self) -> bool:
         """The job's disk has no room left for the agent's writes (blocks or inodes): a command that hides its errors

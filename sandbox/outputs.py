@@ -12,19 +12,38 @@ followed.
 from __future__ import annotations
 
 import os
+import stat
 from collections import deque
 
 KEPT_BYTES = 256 << 20   # the kept outputs, together; the newest is kept whatever its size
 KEPT_FILES = 1000
+LINGER_BYTES = 1 << 20   # a removed output that a process left behind still writes is cut back past this...
+LINGERING = 32           # ...for this many of the last removed outputs
 
 
-def remove(dir_fd: int, name: str) -> None:
-    """Remove output file `name` and its trimming record, if there (a root agent may have put a directory there)."""
+def remove(dir_fd: int, name: str) -> int | None:
+    """Remove output file `name` and its trimming record, if there (a root agent may have put a directory there).
+    The file is emptied first: a process the command left behind (`server &`) may hold it open and write on, and
+    an unlinked file's blocks stay taken while it does. Returns a descriptor of the emptied file, to cut it back
+    again later (None: there was no regular file)."""
+    fd: int | None = None
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.ftruncate(fd, 0)
+        else:
+            os.close(fd)
+            fd = None
+    except OSError:
+        if fd is not None:
+            os.close(fd)
+            fd = None
     for victim in (name, name + ".cut"):
         try:
             os.unlink(victim, dir_fd=dir_fd)
         except OSError:
             pass
+    return fd
 
 
 def used(dir_fd: int, name: str) -> int:
@@ -41,12 +60,43 @@ class KeptOutputs:
     def __init__(self, budget: int = KEPT_BYTES, files: int = KEPT_FILES) -> None:
         self.budget, self.files = budget, files
         self._names: deque[str] = deque()   # oldest first
+        self._lingering: deque[int] = deque()   # the last removed outputs, emptied (see remove), oldest first
+
+    def _remove(self, dir_fd: int, name: str) -> None:
+        fd = remove(dir_fd, name)
+        if fd is not None:
+            self._lingering.append(fd)
+            if len(self._lingering) > LINGERING:
+                os.close(self._lingering.popleft())
+
+    def sweep(self, dir_fd: int) -> None:
+        """Processes a command left behind cannot fill pid's disk through its output: kept outputs they grew past the
+        budget go (oldest first), and removed ones they wrote more than LINGER_BYTES into since are cut back. The
+        host calls it as each command starts, and every second while one runs."""
+        sizes = [used(dir_fd, n) for n in self._names]
+        total = sum(sizes)
+        for size in sizes:
+            if total <= self.budget:
+                break
+            self._remove(dir_fd, self._names.popleft())
+            total -= size
+        for fd in self._lingering:
+            try:
+                if os.fstat(fd).st_blocks * 512 > LINGER_BYTES:
+                    os.ftruncate(fd, 0)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Let go of the removed outputs (before pid's disk is unmounted)."""
+        while self._lingering:
+            os.close(self._lingering.popleft())
 
     def finished(self, dir_fd: int, name: str, kept: bool) -> None:
         """A command's reply was read: its output goes, unless the model was pointed at it; then the oldest kept
         outputs go while there are more of them, or they take more room, than the budget."""
         if not kept:
-            remove(dir_fd, name)
+            self._remove(dir_fd, name)
             return
         self._names.append(name)
         sizes = [used(dir_fd, n) for n in self._names]   # (re-read: a process left behind may still append)
@@ -54,13 +104,14 @@ class KeptOutputs:
         for size in sizes[:-1]:
             if total <= self.budget and len(self._names) <= self.files:
                 break
-            remove(dir_fd, self._names.popleft())
+            self._remove(dir_fd, self._names.popleft())
             total -= size
 
     def clear(self, dir_fd: int) -> None:
         """Remove every output file: the agent's processes are gone and its outputs with them (the patch gets the
         room)."""
         self._names.clear()
+        self.close()
         with os.scandir(dir_fd) as entries:
             names = [entry.name for entry in entries if not entry.is_dir(follow_symlinks=False)]
         for name in names:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.outputs import KeptOutputs, remove, used
+from sandbox.outputs import LINGER_BYTES, KeptOutputs, remove, used
 
 KiB = 1024
 
@@ -75,3 +75,31 @@ def test_remove_and_used_never_follow_a_link(out, tmp_path_factory) -> None:
     remove(fd, "1.1")
     assert not (path / "1.1").is_symlink() and elsewhere.exists()
     assert used(fd, "gone") == 0
+
+
+def test_a_process_left_behind_cannot_fill_the_disk_through_an_output_it_still_holds(out) -> None:
+    """`server &` keeps its command's output open after the command ends: removing the name alone frees nothing
+    while it writes. The file is emptied as it goes, and cut back whenever it has grown past LINGER_BYTES."""
+    path, fd = out
+    kept = KeptOutputs(budget=100 * KiB)
+    writer = open(path / "1.1", "wb")   # (as the shell's redirection: no O_APPEND)
+    try:
+        writer.write(b"x" * 300 * KiB)
+        writer.flush()
+        kept.finished(fd, "1.1", kept=False)
+        assert os.listdir(path) == [] and os.fstat(writer.fileno()).st_blocks == 0   # emptied as it went
+        writer.write(b"y" * 2 * LINGER_BYTES)
+        writer.flush()
+        kept.sweep(fd)
+        assert os.fstat(writer.fileno()).st_blocks == 0
+
+        grower = open(path / "1.2", "wb")   # a kept output grows past the budget after its command
+        kept.finished(fd, output(path, "1.2", 10 * KiB), kept=True)
+        grower.write(b"z" * 200 * KiB)
+        grower.flush()
+        kept.sweep(fd)
+        assert os.listdir(path) == [] and os.fstat(grower.fileno()).st_blocks == 0
+        grower.close()
+    finally:
+        writer.close()
+        kept.close()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -497,6 +498,62 @@ def test_a_compressed_stream_is_decoded(api: str) -> None:
         assert llm.connections_opened == 1
 
 
+def _gzip(parts: Any) -> bytes:
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    return b"".join([*(packer.compress(part) for part in parts), packer.flush()])
+
+
+class RawServer:
+    """One canned HTTP response, whatever the request: a compressed body a few KB long."""
+
+    def __init__(self, head: str, body: bytes) -> None:
+        self.response = head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(1 << 20)
+                conn.settimeout(30)
+                try:
+                    conn.sendall(self.response)
+                    conn.shutdown(socket.SHUT_WR)
+                    while conn.recv(65536):   # (the rest of the request: closing on unread bytes resets)
+                        pass
+                except OSError:
+                    pass
+
+
+@pytest.mark.parametrize("status, encoding", [("200 OK", "gzip"), ("200 OK", "gzip, gzip"),
+                                              ("500 Internal Server Error", "gzip, gzip")])
+def test_a_compressed_body_is_decoded_in_bounded_steps(status: str, encoding: str) -> None:
+    """A few KB that inflate to a GiB (`gzip, gzip`: one GiB of zeros, packed twice, is 2 KB) made pid's process take
+    gigabytes: httpx inflated each piece whole before any bound was checked. pid decodes the body itself, one layer
+    of gzip at most, a bounded step at a time: the reply fails with what is wrong, and memory stays flat."""
+    inner = _gzip(b"\0" * (1 << 24) for _ in range(64))
+    body = inner if encoding == "gzip" else _gzip([inner])
+    server = RawServer(f"HTTP/1.1 {status}\r\nContent-Type: text/event-stream\r\nContent-Encoding: {encoding}\r\n",
+                       body)
+    try:
+        p = OpenAIProvider(ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=0))
+        reply = p.stream("", HELLO, [])
+    finally:
+        server.sock.close()
+    assert reply.stop_reason == "error", reply
+    if status.startswith("500"):
+        assert "HTTP 500" in reply.error_message and "encoding pid does not read" in reply.error_message
+    elif encoding == "gzip":
+        assert f"more than {MAX_EVENT_BYTES} bytes" in reply.error_message, reply.error_message
+    else:
+        assert "content encoding pid does not read (gzip, gzip)" in reply.error_message, reply.error_message
+
+
 def test_openai_malformed_stream_data_is_an_error() -> None:
     with ScriptedLLM([{"raw": sse({"choices": [{"delta": {"content": "ok"}}]}, "data: {broken\n\n")}]) as llm:
         reply = provider(llm).stream("", HELLO, [])
@@ -586,3 +643,25 @@ def test_arguments_with_a_raw_newline_in_a_string_are_taken() -> None:
     from pid.providers.openai import parse_arguments
     assert parse_arguments('{"command": "ls\n-la"}') == ({"command": "ls\n-la"}, None)
     assert parse_arguments('{"command": "ls"') == ({}, '{"command": "ls"')
+
+
+def test_arguments_nested_too_deep_are_malformed_not_a_crash() -> None:
+    from pid.providers.openai import parse_arguments
+    deep = "[" * 100_000
+    assert parse_arguments(deep) == ({}, deep)
+    assert parse_arguments('{"a": ' * 5000 + "1" + "}" * 5000) == ({}, '{"a": ' * 5000 + "1" + "}" * 5000)
+
+
+def test_a_stream_of_empty_events_ends_at_the_stream_bound(monkeypatch) -> None:
+    """Events that add nothing to the reply (`{"choices": []}`, sent forever) are not counted by the reply's own
+    bound: the stream's bound ends them (lowered here from its 256 MiB)."""
+    from pid.providers import transport
+    monkeypatch.setattr(transport, "MAX_STREAM_BYTES", 1 << 20)
+    body = b'data: {"choices": []}\n\n' * ((2 << 20) // 23)
+    server = RawServer("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n", body)
+    try:
+        reply = OpenAIProvider(ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=0)).stream(
+            "", HELLO, [])
+    finally:
+        server.sock.close()
+    assert reply.stop_reason == "error" and "passed 1 MiB" in reply.error_message, reply

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import pid_containers, start_worker, stop_worker
+from tests.conftest import RUNTIME, pid_containers, start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
 from worker.store import JobStore
 
@@ -61,7 +61,7 @@ def assert_never_two_live_attempts(attempts: dict[str, list[list[float]]]) -> No
 
 def _submit(run_pid, env, repo, llm, out, n: int) -> str:
     res = run_pid("submit", f"chaos-{n}", "--repo", str(repo), "--model", "m", "--base-url", llm.base_url,
-                  "--out", str(out), env=env)
+                  "--out", str(out), *(["--runtime", RUNTIME] if RUNTIME else []), env=env)
     assert res.code == 0, res.stderr
     return res.stdout.strip()
 
@@ -191,7 +191,8 @@ from worker.store import default_store
 from worker.dispatch import dispatch
 store = default_store()
 for n in range(int(sys.argv[1])):
-    spec = JobSpec(task=f"chaos-{n}", repo=sys.argv[2], model="m", base_url=sys.argv[3], out_dir=sys.argv[4])
+    spec = JobSpec(task=f"chaos-{n}", repo=sys.argv[2], model="m", base_url=sys.argv[3], out_dir=sys.argv[4],
+                   runtime=sys.argv[5] or None)
     store.create(spec)
     dispatch(spec.id, store=store)
     print(spec.id, flush=True)
@@ -209,8 +210,8 @@ def test_a_100_job_batch_on_two_workers_completes_every_job_once(load, pid_env, 
         workers = [start_worker(pid_env, tmp_path, tmp_path / f"w{n}.log", concurrency=3) for n in range(2)]
         try:
             submitted = subprocess.run([sys.executable, "-c", SUBMIT_MANY, "100", str(sample_repo), llm.base_url,
-                                        str(tmp_path / "out")], env=pid_env, capture_output=True, text=True,
-                                       timeout=300)
+                                        str(tmp_path / "out"), RUNTIME or ""], env=pid_env, capture_output=True,
+                                       text=True, timeout=300)
             assert submitted.returncode == 0, submitted.stderr
             jobs = submitted.stdout.split()
             deadline = time.time() + 900

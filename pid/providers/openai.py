@@ -223,7 +223,7 @@ def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
         value = json.loads(text, strict=False)
         if isinstance(value, str):  # double-encoded by some models
             value = json.loads(value, strict=False)
-    except ValueError:
+    except (ValueError, RecursionError):   # (arguments nested a thousand deep: as malformed as any)
         return {}, text
     return (value, None) if isinstance(value, dict) else ({}, text)
 

@@ -13,6 +13,7 @@ import io
 import json
 import ssl
 import threading
+import zlib
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -43,6 +44,9 @@ BLOCK_BYTES = 64
 # The most one server-sent event may take, its escaped JSON included: a server may send a whole reply in one event.
 MAX_EVENT_BYTES = 2 * MAX_REPLY_BYTES
 DRAIN_BYTES = 65536         # read after the reply's end so that the connection can be reused, at most
+# The most of one stream pid reads, its events' JSON and empty events included (a server could send `{"choices":[]}`
+# forever, which adds nothing to the reply): generous, since a reply of one-character deltas is ~60 times its text.
+MAX_STREAM_BYTES = 64 * MAX_REPLY_BYTES
 REPLY_TOO_LARGE = ("the model's reply exceeded {limit} bytes ({mib} MiB) of text, thinking and tool-call arguments, "
                    "the most pid reads of one reply; pid stopped reading it")
 EVENT_TOO_LARGE = ("the server sent a stream event of more than {limit} bytes ({mib} MiB), more than any reply pid "
@@ -256,11 +260,49 @@ def _stream_retry(exc: BaseException) -> str | None:
 
 def _read_bounded(response: httpx.Response, limit: int = 65536) -> bytes:
     data = b""
-    for chunk in response.iter_bytes():
-        data += chunk
-        if len(data) >= limit:
-            break
-    return data
+    try:
+        for chunk in body_chunks(response):
+            data += chunk
+            if len(data) >= limit:
+                break
+    except UnsupportedEncoding as exc:
+        data += f"(a body in an encoding pid does not read: {exc})".encode()
+    return data[:limit]
+
+
+ENCODINGS = "gzip, deflate"   # what pid asks for, and reads
+DECODE_STEP = 65536           # the most one compressed piece of a body turns into at a time
+
+
+class UnsupportedEncoding(Exception):
+    """A body in a content encoding pid does not decode itself (several layers, brotli, ...)."""
+
+
+def body_chunks(response: httpx.Response) -> Iterator[bytes]:
+    """A response's body as the server meant it, decoded here in bounded steps. httpx would inflate a small
+    compressed piece into one chunk of any size before any limit could be checked (2 KB of `gzip, gzip` became 2 GB):
+    pid reads the raw bytes, and accepts identity or one layer of gzip or deflate, DECODE_STEP bytes at a time."""
+    stream = response.stream
+    raw: Iterable[bytes] = stream if isinstance(stream, httpx.SyncByteStream) else response.iter_raw()
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        yield from raw
+        return
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise UnsupportedEncoding(encoding[:100])
+    decoder = zlib.decompressobj(wbits=32 + zlib.MAX_WBITS)   # (a gzip or a zlib header, whichever it is)
+    try:
+        for chunk in raw:
+            while chunk:
+                piece = decoder.decompress(chunk, DECODE_STEP)
+                if piece:
+                    yield piece
+                chunk = decoder.unconsumed_tail
+        rest = decoder.flush(DECODE_STEP)
+        if rest:
+            yield rest
+    except zlib.error as exc:
+        raise httpx.DecodingError(f"the body's {encoding} is corrupt: {exc}") from None
 
 
 def _origin(url: str) -> str:
@@ -333,12 +375,7 @@ def iter_sse(response: httpx.Response, limit: int = MAX_EVENT_BYTES) -> Iterator
     data_size = 0
     pending: list[bytes] = []  # the unfinished line, in the chunks it came in (joined once, when it ends)
     pending_size = 0
-    # Without a content encoding the decoded bytes are the raw ones, chunk for chunk: the response's own byte stream
-    # (httpx's errors mapped as in iter_raw) is read without iter_raw's two layers per chunk.
-    stream = response.stream
-    chunks: Iterable[bytes] = stream if isinstance(stream, httpx.SyncByteStream) and \
-        "content-encoding" not in response.headers else response.iter_bytes()
-    for chunk in chunks:
+    for chunk in body_chunks(response):
         if b"\n" not in chunk:
             pending.append(chunk)
             pending_size += len(chunk)
@@ -465,7 +502,8 @@ class StreamingProvider:
         host = httpx.URL(url).host
         self._missing_key = None if config.api_key or host not in KEYED_HOSTS else (
             f"no API key: {host} needs one (set PID_API_KEY where the job runs, or pass --api-key)")
-        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
+                         "Accept-Encoding": ENCODINGS, **headers}
         self._client = make_client(config, url)
 
     def close(self) -> None:
@@ -529,10 +567,15 @@ class StreamingProvider:
     def _consume(self, response: Any, reply: StreamReply, on_text: Callable[[str], None] | None) -> None:
         """SSE events into the reply (its feed(event, payload, on_text)); malformed data fails it, and so does one
         too large: reading stops there (the caller closes the response, and with it the connection)."""
-        drained = 0
+        drained = read = 0
         try:
             for event, data in iter_sse(response):
                 reply.events += 1
+                read += len(data)
+                if read > MAX_STREAM_BYTES and not reply.done:
+                    reply.fail(f"the server's stream passed {MAX_STREAM_BYTES >> 20} MiB, the most pid reads of one "
+                               "reply; pid stopped reading it")
+                    return
                 if reply.done:   # drain to the end so the connection can be kept alive, if that end comes soon
                     drained += len(data)
                     if drained > DRAIN_BYTES:
@@ -554,6 +597,9 @@ class StreamingProvider:
             if not reply.done:
                 limit = int(exc.args[0])
                 reply.fail(EVENT_TOO_LARGE.format(limit=limit, mib=limit >> 20))
+        except UnsupportedEncoding as exc:
+            reply.fail(f"the server sent its reply in a content encoding pid does not read ({exc}); pid asks for "
+                       f"{ENCODINGS} or none")
 
     def _message(self, reply: Any) -> AssistantMessage:
         raise NotImplementedError
