@@ -100,10 +100,10 @@ if [ "${1:-}" = "--test" ]; then
   say "running the tests against a real llama-server"
   tier -m llama "${@:2}"
   if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
-    say "running the tool, task-image and trust-boundary tests again under gVisor (runsc)"
+    say "running the tool, task-image, trust-boundary and chaos tests again under gVisor (runsc)"
     PID_TEST_RUNTIME=runsc tier -p no:cacheprovider -m docker tests/test_tools_bash.py \
       tests/test_tools_read.py tests/test_tools_edit.py tests/test_tools_write.py tests/test_task_images.py \
-      tests/test_trust_boundary.py
+      tests/test_trust_boundary.py tests/test_worker_chaos.py
   fi
   exit "$failed"
 fi
