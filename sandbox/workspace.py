@@ -115,6 +115,11 @@ def patch_script(workdir: str, base: str, room: str) -> str:
             f"if [ -f /.pid/git/index ]; then cp -p /.pid/git/index {room}/index; fi\n"
             f"export GIT_INDEX_FILE={room}/index GIT_OBJECT_DIRECTORY={room}/objects "
             "GIT_ALTERNATE_OBJECT_DIRECTORIES=/.pid/git/objects\n"
+            # git cannot record a path longer than MAX_NAME, and would leave it out of the patch without a word
+            f"too_long=$(find \"$GIT_WORK_TREE\" -path \"$GIT_WORK_TREE/.git\" -prune -o -regextype posix-extended "
+            f"-regex '.{{{len(workdir.rstrip('/')) + MAX_NAME + 2},}}' -print -quit 2>/dev/null | head -c 200)\n"
+            f"if [ -n \"$too_long\" ]; then echo \"a path of the workspace is longer than {MAX_NAME} bytes (git "
+            "cannot record it in the patch): $too_long...\" >&2; exit 3; fi\n"
             "git -c core.bigFileThreshold=0 add -A\n"
             "git -c diff.noprefix=false -c diff.mnemonicPrefix=false diff --cached --binary --no-color --no-ext-diff "
             f"--no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/ {base} -- . "

@@ -18,7 +18,7 @@ import docker
 import pytest
 
 from pid.sandbox import OutputPolicy, SandboxLost
-from sandbox import DockerSandbox, SandboxConfig, docker_sandbox
+from sandbox import DockerSandbox, SandboxConfig, SandboxError, docker_sandbox
 from sandbox.channel import ProtocolError
 from tests import deep_tree
 from tests.conftest import RUNTIME, WAITING_SHELL_MARK, signal_waiting_shells, signalled
@@ -132,6 +132,21 @@ def test_a_disk_out_of_inodes_leaves_the_agents_commands_running_and_its_errors_
             done = box.exec("echo ran; touch /workspace/more", timeout=10)
             assert done.exit_code == 1 and done.tail.startswith(b"ran\ntouch: cannot touch"), done.tail
             assert b"No space left on device" in done.tail and done.disk_full
+
+
+def test_a_path_too_long_for_git_fails_the_patch_instead_of_leaving_the_file_out(tmp_path):
+    """A file whose path passes Linux's PATH_MAX (made one directory at a time) cannot be recorded by git: its patch
+    left it out without a word. Now the patch fails, naming the path."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.txt").write_text("a\n")
+    with new_box("test-trust-longpath", ttl_s=300) as box:
+        box.import_workspace(str(repo))
+        made = box.exec("cd /workspace && for i in $(seq 21); do d=$(printf 'd%.0s' $(seq 200)); mkdir $d && cd $d; "
+                        "done && echo deep > f && echo b > /workspace/a.txt && echo ok", timeout=60)
+        assert made.tail == b"ok\n", made.tail
+        with pytest.raises(SandboxError, match="longer than 4095 bytes"):
+            box.export_patch(str(tmp_path / "patch.diff"), 1 << 20)
 
 
 def test_pid_disk_out_of_inodes_gives_plain_errors_and_never_feeds_an_upload_to_pids_server(monkeypatch):
