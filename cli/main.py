@@ -22,7 +22,7 @@ from pid import events as ev
 from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
 from cli.options import EnvOption, QueueName, Size, format_size, job_options
 from cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, echo, format_duration,
-                        print_result, wait_for)
+                        print_result, styled, wait_for)
 from pid.terminal import dumps, one_line
 from pid.endings import STATUSES, exit_code_for
 from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
@@ -644,6 +644,8 @@ def workers(show_all: bool, as_json: bool) -> None:
              f"queue {one_line(','.join(b.queues)):<12}  up {format_duration(now - b.started_at):>8}  {seen}")
         if b.policy:
             echo("  policy: " + ", ".join(f"{one_line(k)} = {dumps(v)}" for k, v in b.policy.items()))
+        if b.alarm:
+            echo(styled(f"  !!! {one_line(b.alarm)}", fg="red", bold=True))
 
 
 @cli.command()
@@ -662,7 +664,11 @@ def workers(show_all: bool, as_json: bool) -> None:
               cls=EnvOption, help="A TOML file of the most a job may ask of this worker (memory, CPUs, disk, "
                                   "timeout, cost, root, network, images, endpoints): a job outside it is refused "
                                   "before its container starts (README: Security model).")
-def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_file: str | None) -> None:
+@click.option("--allow-volatile-store", is_flag=True,
+              help="Start on a Redis job store that keeps neither an append-only file nor snapshots (a restart of "
+                   "it loses every job); refused otherwise.")
+def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_file: str | None,
+           allow_volatile_store: bool) -> None:
     """Start a worker that runs queued jobs (Ctrl-C: finish the running jobs, then stop; twice, or SIGTERM, or
     SIGHUP: hand them back to the queue now)."""
     from worker import policy
@@ -671,6 +677,10 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
             policy.activate(policy.load(policy_file))
         except policy.PolicyError as exc:
             raise BadInput(str(exc)) from None
+    if not allow_volatile_store:
+        problem = _volatile_store()
+        if problem:
+            raise BadInput(problem)
     from worker.app import app
     from worker.tasks import configure_job_lines, node_name
     configure_job_lines()
@@ -678,6 +688,26 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
     app.worker_main([*quiet, "worker", f"--concurrency={concurrency}", f"--queues={queues}",
                      f"--hostname={node_name()}", f"--loglevel={loglevel.upper()}", "--without-gossip",
                      "--without-mingle", *(["--task-events"] if events else [])])
+
+
+def _volatile_store() -> str | None:
+    """Why the job store would lose every job on a restart (worker/store_watch.py), once it answers: a store not up
+    yet is waited for, as Celery waits for its broker."""
+    from worker.outage import transient
+    from worker.store import default_store
+    from worker.store_watch import volatile
+    store, said = default_store(), False
+    while True:
+        try:
+            return volatile(store)
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            if not said:
+                echo(f"pid worker: the job store {store.path} is unreachable ({one_line(str(exc))}): waiting for it",
+                     err=True)
+                said = True
+            time.sleep(2)
 
 
 @cli.command()

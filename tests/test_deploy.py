@@ -5,6 +5,7 @@ bind mounts on the host), and Flower and the client speak to the same Redis. Ski
 compose tool (`docker compose` or `docker-compose`) is installed."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -114,7 +115,21 @@ def test_the_worker_image_runs_pid_worker_from_this_checkout():
     assert 'ENTRYPOINT ["pid", "worker"]' in text
     for package in ("pid", "sandbox", "worker", "cli"):
         assert f"COPY {package} /src/{package}" in text
-    assert "'/src[redis]' flower" in text and "/var/run/docker.sock" in text
+    assert "/src flower" in text and "--find-links /wheels pid flower" in text and "/var/run/docker.sock" in text
+
+
+def test_the_images_are_variables_whose_defaults_are_the_registrys():
+    """Unchanged, the file runs redis:7 (and the worker image built from python:3.11); without a registry the same
+    file runs the images docker/build-redis.sh and docker/build-worker.sh make, named by variables."""
+    services = _resolved({})["services"]
+    assert services["redis"]["image"] == "redis:7" and services["worker"]["image"] == "pid-worker:latest"
+    assert "ARG BASE=python:3.11-slim-bookworm" in (ROOT / "docker" / "Dockerfile.worker").read_text()
+    offline = _resolved({"PID_REDIS_IMAGE": "pid-redis:7", "PID_REDIS_PORT": "16379", "PID_FLOWER_PORT": "15555",
+                         "FLOWER_UNAUTHENTICATED_API": "true"})["services"]
+    assert offline["redis"]["image"] == "pid-redis:7"
+    assert offline["flower"]["environment"]["FLOWER_UNAUTHENTICATED_API"] == "true"
+    published = json.dumps([offline["redis"]["ports"], offline["flower"]["ports"]])
+    assert "16379" in published and "15555" in published
 
 
 def test_build_worker_refuses_a_base_whose_python_cannot_unpack_workspaces():

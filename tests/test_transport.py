@@ -169,6 +169,17 @@ def test_oldest_first_size_and_purge(conn: kombu.Connection, options: dict[str, 
     assert conn.SimpleQueue("other").qsize() == 1
 
 
+def test_a_message_for_the_front_is_read_before_those_queued_in_their_own_order(conn: kombu.Connection) -> None:
+    """A job put back (worker/dispatch.py) is sent with FRONT_PRIORITY: it goes ahead of the jobs that never ran."""
+    queue = conn.SimpleQueue("jobs")
+    for n in range(3):
+        queue.put({"n": n})
+    queue.put({"n": "back-1"}, priority=transport.FRONT_PRIORITY)
+    queue.put({"n": 3}, priority=0)
+    queue.put({"n": "back-2"}, priority=transport.FRONT_PRIORITY)
+    assert [queue.get_nowait().payload["n"] for _ in range(6)] == ["back-1", "back-2", 0, 1, 2, 3]
+
+
 def test_messages_queued_by_kombus_own_transport_are_still_delivered(
         conn: kombu.Connection, options: dict[str, Any]) -> None:
     """An upgrade keeps the queue: kombu names messages `<ms>_<uuid>.<queue>.msg`, as this transport does."""

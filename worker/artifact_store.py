@@ -90,19 +90,24 @@ def job_uploads(spec: JobSpec, job_dir: str, result: dict[str, Any]) -> list[Upl
 
 
 def upload_artifacts(store: Store, spec: JobSpec, job_dir: str, result: dict[str, Any]) -> None:
-    """Every artifact of the job's directory, then result.json. What the store refused, and why, is listed in
-    result["artifacts"]["not_stored"]; a completed job whose artifacts are not all stored ends `artifact_error`
-    (as one whose artifacts could not be collected). `result` is amended in place, before it is stored."""
+    """Every artifact of the job's directory, then result.json, which lists each stored one's digest in
+    result["artifacts"]["digests"] (name -> "sha256:<hex>": what a download can be checked against). What the store
+    refused, and why, is listed in result["artifacts"]["not_stored"]; a completed job whose artifacts are not all
+    stored ends `artifact_error` (as one whose artifacts could not be collected). `result` is amended in place,
+    before it is stored."""
     refused: list[dict[str, str]] = []
+    digests: dict[str, str] = {}
     files_left = spec.max_files_bytes   # --file collection's byte budget holds for the upload too
     for upload in job_uploads(spec, job_dir, result):
         limit = min(upload.limit, files_left) if upload.name.startswith(FILES + "/") else upload.limit
-        why = _put_file(store, spec.id, upload.name, upload.path, limit)
+        why = _put_file(store, spec.id, upload.name, upload.path, limit, digests)
         if why is None:
             if upload.name.startswith(FILES + "/"):
                 files_left -= _size(upload.path)
         else:
             refused.append({"name": upload.name, "reason": why})
+    if digests:
+        result.setdefault("artifacts", {})["digests"] = digests
     if refused:
         result.setdefault("artifacts", {})["not_stored"] = refused
         _fail(result, "artifacts not stored in the job store: " +
@@ -164,12 +169,15 @@ class TranscriptSync:
                 self._synced = size
 
 
-def _put_file(store: Store, job_id: str, name: str, path: str, limit: int) -> str | None:
-    """None when stored, else why not (one line)."""
+def _put_file(store: Store, job_id: str, name: str, path: str, limit: int,
+              digests: dict[str, str] | None = None) -> str | None:
+    """None when stored (its digest then in `digests`), else why not (one line)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
         with os.fdopen(fd, "rb") as f:
-            store.put_artifact(job_id, name, f, limit)
+            digest = store.put_artifact(job_id, name, f, limit)
+        if digests is not None:
+            digests[name] = digest
         return None
     except TooLarge:
         return f"larger than its limit of {limit} bytes"

@@ -22,6 +22,7 @@ from pid.terminal import shown
 from pid.tools.summary import summarize_call
 from pid.agent import Agent
 from pid.messages import AssistantMessage, Usage
+from worker.outage import transient
 from worker.store import Store
 
 log = logging.getLogger("pid.worker")
@@ -127,8 +128,9 @@ class Progress:
 
 class EventLog:
     """A job's log records on their way to the store (`pid logs`, `submit --wait`): the agent's threads add them,
-    the relay's thread writes them every poll, so a model or tool call never waits on the store. At most
-    PENDING_MAX wait; past that the oldest go, and a record says how many."""
+    the relay's thread writes them every poll, so a model or tool call never waits on the store. Those a store
+    outage kept out wait for the next flush, in order. At most PENDING_MAX wait; past that the oldest go, and a
+    record says how many."""
 
     PENDING_MAX = 1000
 
@@ -143,18 +145,33 @@ class EventLog:
             self._dropped += len(self._pending) == self.PENDING_MAX   # the oldest goes
             self._pending.append(record)
 
-    def flush(self) -> None:
+    def flush(self, store: Store | None = None) -> None:
+        """Write what waits (to `store`, else the log's own); what an unreachable store refused waits for the next
+        flush, and any other failure costs those records, never the job."""
         with self._lock:
             pending, dropped = list(self._pending), self._dropped
             self._pending.clear()
             self._dropped = 0
         if dropped:
             pending.insert(0, {"type": "dropped", "count": dropped, "t": round(time.time(), 3)})
-        try:
-            for n, record in enumerate(pending):
-                self.store.append_event(self.job_id, record)
-        except Exception:   # an unreachable store costs these records, never the job
-            log.warning("job %s: %d log record(s) not written to the store", self.job_id, len(pending) - n)
+        for n, record in enumerate(pending):
+            try:
+                (store or self.store).append_event(self.job_id, record)
+            except Exception as exc:
+                if transient(exc):
+                    self._put_back(pending[n:])
+                else:
+                    log.warning("job %s: %d log record(s) not written to the store", self.job_id, len(pending) - n)
+                return
+
+    def _put_back(self, unsent: list[dict[str, Any]]) -> None:
+        """Unsent records go back before those added meanwhile; the oldest go past PENDING_MAX, counted."""
+        with self._lock:
+            newer = list(self._pending)
+            kept = (unsent + newer)[-self.PENDING_MAX:]
+            self._dropped += len(unsent) + len(newer) - len(kept)
+            self._pending.clear()
+            self._pending.extend(kept)
 
 
 def log_job(store: Store, job_id: str, status: str, note: str, **fields: Any) -> None:
@@ -169,8 +186,11 @@ class ControlRelay:
     """A thread beside the running job: renews the lease, carries the store's controls to the agent, records
     progress."""
 
-    def __init__(self, store: Store, job_id: str, owner: str) -> None:
+    def __init__(self, store: Store, job_id: str, owner: str, writes: Store | None = None) -> None:
+        """`store` is polled (an unreachable one: the next poll tries again); `writes`, if given, is the store as
+        the job's last writes reach it (its log's last records, its final counts), waiting out an outage."""
         self.store, self.job_id, self.owner = store, job_id, owner
+        self._writes = writes or store
         self.cancel = threading.Event()
         self.progress = Progress()
         self._agent: Agent | None = None
@@ -212,9 +232,9 @@ class ControlRelay:
     def stop(self) -> None:
         self._done.set()
         self._thread.join(timeout=5)
-        self._log.flush()
+        self._log.flush(self._writes)
         try:
-            self._report()
+            self._report(store=self._writes)
         except Exception:
             log.exception("job %s: recording progress", self.job_id)
 
@@ -226,12 +246,14 @@ class ControlRelay:
     def _run(self) -> None:
         renew_every = LEASE_S / 6
         last_write = time.monotonic()
+        unreachable = False
         while not self._done.wait(CONTROL_POLL_S):
             self._log.flush()
             try:
                 if self._stop_requested:
                     self._cancel()
                 controls = self.store.controls(self.job_id, self.owner)
+                unreachable = False
                 if controls is None or not controls.owned:
                     if not self.cancel.is_set():
                         log.warning("job %s: no longer this worker's; stopping", self.job_id)
@@ -251,15 +273,19 @@ class ControlRelay:
                 if controls.mail:
                     self._deliver(agent)   # before a resume: what was sent while paused goes in first
                 (agent.pause if controls.paused else agent.resume)()
-            except Exception:  # the store being briefly unavailable must not kill the job
-                log.exception("job %s: control relay", self.job_id)
+            except Exception as exc:  # the store being briefly unavailable must not kill the job
+                if not transient(exc):
+                    log.exception("job %s: control relay", self.job_id)
+                elif not unreachable:   # once an outage, not every poll
+                    log.warning("job %s: the job store is unreachable (%s): the job goes on", self.job_id, exc)
+                unreachable = transient(exc)
 
-    def _report(self, renew: bool = False) -> bool:
+    def _report(self, renew: bool = False, store: Store | None = None) -> bool:
         version = self.progress.version
         if version == self._reported and not renew:
             return True
-        ok = self.store.progress(self.job_id, self.owner, **self.progress.snapshot(),
-                                 lease_s=LEASE_S if renew else None)
+        ok = (store or self.store).progress(self.job_id, self.owner, **self.progress.snapshot(),
+                                            lease_s=LEASE_S if renew else None)
         self._reported = version
         return ok
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from worker.brokers import redis_broker
+from worker.brokers import embedded_broker, redis_broker
 from worker.jobs import DEFAULT_QUEUE
 from worker.publish import TASK, push
 from worker.store import Store, default_store
@@ -19,13 +19,15 @@ def dispatch(job_id: str, store: Store | None = None, previous: float | None = N
              reconcile: bool = False) -> bool:
     """Publish the job's message, recording it in the store first (the reconciler reads that record). With
     reconcile, only if no other worker re-dispatched it since `previous`: returns False then. A failed publish
-    is recorded and raised. The message is the job's id and nothing else (no key: that stays in the store)."""
+    is recorded and raised. The message is the job's id and nothing else (no key: that stays in the store).
+    A job that ran before (put back after its worker was lost, or handed back) goes to the front of its queue:
+    it is taken before the jobs that never started."""
     store = store or default_store()
     record = store.get(job_id)
     queue = record.spec.queue if record is not None else DEFAULT_QUEUE
     if not store.mark_dispatched(job_id, previous, only_if=reconcile):
         return False
-    _, error = publish(store, [(job_id, queue)])
+    _, error = publish(store, [(job_id, queue)], front=record is not None and record.attempts > 0)
     if error is not None:
         store.mark_undispatched(job_id, f"{type(error).__name__}: {error}")
         raise error
@@ -33,27 +35,32 @@ def dispatch(job_id: str, store: Store | None = None, previous: float | None = N
     return True
 
 
-def publish(store: Store, jobs: list[tuple[str, str]]) -> tuple[int, Exception | None]:
+def publish(store: Store, jobs: list[tuple[str, str]], front: bool = False) -> tuple[int, Exception | None]:
     """Send the messages of (job id, queue) pairs, in order, over one connection: how many went before the broker
-    refused one, and why (None: all went). The store's records are the caller's to keep."""
+    refused one, and why (None: all went). The store's records are the caller's to keep. `front`: ahead of the
+    messages already queued, on Redis and the embedded broker (RabbitMQ has no front: they wait their turn)."""
     if not jobs:
         return 0, None
     broker = redis_broker()
-    if broker is not None:   # LPUSHes in one round trip: no Celery, no kombu in this process (worker/publish.py)
+    if broker is not None:   # pushed in one round trip: no Celery, no kombu in this process (worker/publish.py)
         try:
             pipe = _redis_client(store, broker).pipeline(transaction=False)
             for job_id, queue in jobs:
-                push(pipe, job_id, queue)
+                push(pipe, job_id, queue, front)
             pipe.execute()
         except Exception as exc:
             return 0, exc
         return len(jobs), None
     from worker.app import app
+    from worker.transport import FRONT_PRIORITY
+    # the embedded broker reads this priority as "the front" (worker/transport.py); other transports order by
+    # priority each their own way, so they get none
+    priority = FRONT_PRIORITY if front and embedded_broker() else None
     sent = 0
     try:
         with app.producer_or_acquire() as producer:
             for job_id, queue in jobs:
-                app.send_task(TASK, args=[job_id], task_id=job_id, queue=queue, producer=producer)
+                app.send_task(TASK, args=[job_id], task_id=job_id, queue=queue, producer=producer, priority=priority)
                 sent += 1
     except Exception as exc:
         return sent, exc

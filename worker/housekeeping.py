@@ -1,6 +1,7 @@
-"""What a worker does beside its jobs, in its own thread, every few seconds: say it is alive (a heartbeat in the
-store), put back in the queue the jobs whose process is gone (worker/sweep.py), dispatch the queued jobs that need
-a message (put back, handed back, or whose message was lost), and now and then remove expired containers.
+"""What a worker does beside its jobs, in its own thread, every few seconds: notice a job store that lost its data
+(worker/store_watch.py), say it is alive (a heartbeat in the store), put back in the queue the jobs whose process is
+gone (worker/sweep.py), dispatch the queued jobs that need a message (put back, handed back, or whose message was
+lost; those that ran before go to the front of their queue), and now and then remove expired containers.
 
 Why a reconciler: the broker can lose a message (an exception before the claim after Celery acked it, a Redis that
 restarts without persistence, a broker down when a job was put back), and nothing else would ever dispatch that job.
@@ -22,6 +23,7 @@ from pid.config import pid_home
 from worker import policy
 from worker.jobs import DEFAULT_QUEUE
 from worker.store import JobRecord, Store
+from worker.store_watch import StoreWatch
 
 log = logging.getLogger("pid.worker")
 
@@ -98,6 +100,7 @@ class Housekeeping:
         self.node, self.concurrency, self.queues = node, concurrency, queues or [DEFAULT_QUEUE]
         self.running, self.taking_jobs, self.on_end = running, taking_jobs, on_end
         self._stop = threading.Event()
+        self._watch: StoreWatch | None = None
         self._next_reap = 0.0
         self._next_prune = time.monotonic() + REAP_EVERY_S   # not in the worker's first minute
         self._thread = threading.Thread(target=self._loop, name="pid-housekeeping", daemon=True)
@@ -124,10 +127,14 @@ class Housekeeping:
 
     def once(self, store: Store) -> None:
         from worker.sweep import sweep
+        if self._watch is None or self._watch.store is not store:
+            self._watch = StoreWatch(store)
+        watch = self._watch
         steps: list[tuple[str, Callable[[], object]]] = [
+            ("watching the job store", watch.check),   # first: its alarm goes into the heartbeat
             ("recording this worker's heartbeat", lambda: store.beat(
                 self.node, socket.gethostname(), os.getpid(), boot_id(), self.concurrency, self.running(),
-                self.taking_jobs(), self.queues, policy.active().to_dict())),
+                self.taking_jobs(), self.queues, policy.active().to_dict(), alarm=watch.alarm)),
             ("sweeping lost jobs", lambda: sweep(store, on_end=self.on_end)),
             ("dispatching queued jobs", lambda: reconcile(store, on_end=self.on_end)),
         ]

@@ -52,7 +52,8 @@ def message(job_id: str, queue: str) -> bytes:
     return json.dumps(envelope).encode()
 
 
-def push(client: Any, job_id: str, queue: str) -> None:
+def push(client: Any, job_id: str, queue: str, front: bool = False) -> None:
     """LPUSH the job's message onto `queue`'s list (priority 0's list is the queue's own name) with a redis-py
-    client; its errors are raised (redis-py retries a dropped connection first)."""
-    client.lpush(queue, message(job_id, queue))
+    client; its errors are raised (redis-py retries a dropped connection first). Workers BRPOP the list's other
+    end: with `front`, RPUSH puts the message there, the next one taken."""
+    (client.rpush if front else client.lpush)(queue, message(job_id, queue))

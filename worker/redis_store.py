@@ -360,6 +360,7 @@ end
 redis.call('HSET', key, 'concurrency', A.concurrency, 'running', A.running, 'beat_at', fmt(t), 'queues', A.queues,
   'policy', A.policy)
 if isnull(A.boot_id) then redis.call('HDEL', key, 'boot_id') else redis.call('HSET', key, 'boot_id', A.boot_id) end
+if isnull(A.alarm) then redis.call('HDEL', key, 'alarm') else redis.call('HSET', key, 'alarm', A.alarm) end
 if not free then redis.call('HDEL', key, 'free_since')
 elseif redis.call('HEXISTS', key, 'free_since') == 0 then redis.call('HSET', key, 'free_since', fmt(t)) end
 return 1
@@ -478,6 +479,29 @@ class RedisStore:
     def close(self) -> None:
         if self._state is not None and self._state[0] == os.getpid():
             self._state[1].close()
+
+    def persistence(self) -> str | None:
+        """How this Redis keeps its data across a restart ("appendonly", "snapshots <save>"), "" when it keeps none,
+        None when it will not say (CONFIG refused, as managed services do, and no AOF in INFO)."""
+        try:
+            found = {**self._r.config_get("appendonly"), **self._r.config_get("save")}
+        except redis.ResponseError:
+            return "appendonly" if self._r.info("persistence").get("aof_enabled") else None
+        config = {_decoded(k): _decoded(v) for k, v in found.items()}
+        if config.get("appendonly") == "yes":
+            return "appendonly"
+        save = config.get("save", "").strip()
+        return f"snapshots {save}" if save else ""
+
+    def incarnation(self) -> tuple[str, str]:
+        """(the server's run id, pid's mark on this data): a restart changes the first; data lost (a restart without
+        persistence, a flush) changes the second, which the first caller after it sets anew."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.info("server")
+        pipe.set(PREFIX + "store", uuid.uuid4().hex, nx=True)
+        pipe.get(PREFIX + "store")
+        info, _, mark = pipe.execute()
+        return str(info.get("run_id", "")), mark.decode()
 
     def now(self) -> float:
         """The Redis server's clock, which every lease is on."""
@@ -684,11 +708,11 @@ class RedisStore:
 
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
              taking_jobs: bool, queues: "builtins.list[str] | None" = None,
-             policy: dict[str, Any] | None = None) -> None:
+             policy: dict[str, Any] | None = None, alarm: str | None = None) -> None:
         """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs."""
         self._run("beat", node, host=host, pid=pid, boot_id=boot_id, concurrency=concurrency, running=running,
                   taking_jobs=taking_jobs, queues=",".join(queues or [DEFAULT_QUEUE]),
-                  policy=json.dumps(policy or {}))
+                  policy=json.dumps(policy or {}), alarm=alarm)
 
     def forget_worker(self, node: str) -> None:
         pipe = self._r.pipeline(transaction=True)
@@ -852,6 +876,10 @@ class RedisStore:
         return {"jobs": len(gone), "blobs": 0}
 
 
+def _decoded(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _text(fields: dict[bytes, bytes], name: str) -> str | None:
     value = fields.get(name.encode())
     return value.decode() if value is not None else None
@@ -890,4 +918,4 @@ def _beat(fields: dict[bytes, bytes]) -> WorkerBeat:
                       _text(fields, "boot_id"), int(_text(fields, "concurrency") or 0),
                       int(_text(fields, "running") or 0), float(free) if free is not None else None,
                       float(_text(fields, "started_at") or 0), float(_text(fields, "beat_at") or 0),
-                      _queues(_text(fields, "queues")), _policy(_text(fields, "policy")))
+                      _queues(_text(fields, "queues")), _policy(_text(fields, "policy")), _text(fields, "alarm"))

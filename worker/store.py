@@ -70,7 +70,8 @@ CREATE TABLE IF NOT EXISTS workers (
   started_at REAL NOT NULL,
   beat_at REAL NOT NULL,
   queues TEXT,                     -- the queues it consumes, comma-separated
-  policy TEXT                      -- the rules it admits jobs by, JSON (worker/policy.py); NULL: everything
+  policy TEXT,                     -- the rules it admits jobs by, JSON (worker/policy.py); NULL: everything
+  alarm TEXT                       -- what went badly wrong that its user must know (worker/store_watch.py)
 );
 CREATE TABLE IF NOT EXISTS inbox (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -290,6 +291,7 @@ class WorkerBeat:
     beat_at: float
     queues: list[str] = field(default_factory=lambda: [DEFAULT_QUEUE])   # the queues it consumes
     policy: dict[str, Any] = field(default_factory=dict)   # the rules it admits jobs by (worker/policy.py)
+    alarm: str | None = None   # what went badly wrong that its user must know (worker/store_watch.py)
 
 
 class Store(Protocol):
@@ -337,7 +339,7 @@ class Store(Protocol):
     # worker heartbeats
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
              taking_jobs: bool, queues: "builtins.list[str] | None" = None,
-             policy: dict[str, Any] | None = None) -> None: ...
+             policy: dict[str, Any] | None = None, alarm: str | None = None) -> None: ...
     def forget_worker(self, node: str) -> None: ...
     def forget_silent_workers(self, silent_s: float = 86400) -> None: ...
     def workers(self, alive_within_s: float | None = None) -> "builtins.list[WorkerBeat]": ...
@@ -402,7 +404,8 @@ class JobStore:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with self._db() as db:
             db.executescript(SCHEMA)
-            for table, added in (("jobs", ADDED_COLUMNS), ("workers", {"queues": "TEXT", "policy": "TEXT"})):
+            workers_added = {"queues": "TEXT", "policy": "TEXT", "alarm": "TEXT"}
+            for table, added in (("jobs", ADDED_COLUMNS), ("workers", workers_added)):
                 have = {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
                 for name, decl in added.items():
                     if name not in have:
@@ -740,19 +743,20 @@ class JobStore:
 
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
              taking_jobs: bool, queues: "builtins.list[str] | None" = None,
-             policy: dict[str, Any] | None = None) -> None:
+             policy: dict[str, Any] | None = None, alarm: str | None = None) -> None:
         """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs."""
         now = time.time()
         free = taking_jobs and running < concurrency
         with self._db() as db:
             db.execute(
                 "INSERT INTO workers (node, host, pid, boot_id, concurrency, running, free_since, started_at, beat_at, "
-                "queues, policy) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(node) DO UPDATE SET "
+                "queues, policy, alarm) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(node) DO UPDATE SET "
                 "concurrency = excluded.concurrency, running = excluded.running, beat_at = excluded.beat_at, "
                 "boot_id = excluded.boot_id, queues = excluded.queues, policy = excluded.policy, "
+                "alarm = excluded.alarm, "
                 "free_since = CASE WHEN ? THEN COALESCE(workers.free_since, excluded.beat_at) ELSE NULL END",
                 (node, host, pid, boot_id, concurrency, running, now if free else None, now, now,
-                 ",".join(queues or [DEFAULT_QUEUE]), json.dumps(policy) if policy else None, free))
+                 ",".join(queues or [DEFAULT_QUEUE]), json.dumps(policy) if policy else None, alarm, free))
 
     def forget_worker(self, node: str) -> None:
         with self._db() as db:

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import uuid
 import warnings
 from typing import Any
@@ -21,7 +22,9 @@ from worker.app import app
 from worker.control import LEASE_S, ControlRelay, log_job, new_owner, record_end, with_earlier_attempts
 from worker.dispatch import TASK, dispatch
 from worker.jobs import JobSpec, spec_problem
+from worker.outage import Patience, patient
 from worker.runner import run_job
+from worker.sandbox_start import GRACE_S
 from worker.store import JobRecord, Store, default_store
 from worker.sweep import write_unrun_result
 
@@ -85,13 +88,16 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
         return
     record = store.get(job_id)
     assert record is not None
+    # From here every write of the job's waits out a store outage, until its deadline (worker/outage.py); the
+    # relay's polls do not wait (the next poll tries again).
+    polled, store = store, patient(store, Patience(job_id, time.monotonic() + record.spec.timeout_s + GRACE_S))
     if _refused_by_policy(store, record, owner):
         return
     jobs_log.info("job %s started%s: %s", job_id, f" (attempt {record.attempts})" if record.attempts > 1 else "",
                   _short(record.spec.task))
     log_job(store, job_id, "running", f"attempt {record.attempts} started on {socket.gethostname()}",
             attempt=record.attempts)
-    relay = ControlRelay(store, job_id, owner)
+    relay = ControlRelay(polled, job_id, owner, writes=store)
     stop.relay = relay
     if stop.requested:
         relay.request_stop()

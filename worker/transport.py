@@ -7,6 +7,8 @@ which on another filesystem is a copy plus delete that two consumers can both wi
 
 - a producer writes `.<name>.tmp` (mode 0600, never matched by a reader) and renames it to `<name>`: a reader only
   ever sees complete messages;
+- a message whose priority is FRONT_PRIORITY (a job put back: worker/dispatch.py) is named to sort before every
+  other, so it is read next, ahead of the messages already queued;
 - a consumer claims a message with one rename into a claim folder on the same filesystem (`<queue folder>/.claimed`),
   so exactly one consumer wins; a file another consumer took first is skipped;
 - a message that still cannot be parsed is moved aside (`<queue folder>/.bad`) with a warning, and the consumer goes on;
@@ -45,6 +47,8 @@ MESSAGE_SUFFIX = ".msg"
 CLAIMED = ".claimed"
 BAD = ".bad"
 MODE = 0o600
+FRONT_PRIORITY = 9   # AMQP's sense: the highest
+FRONT = "-"          # sorts before every digit of a stamp
 
 log = logging.getLogger("pid.worker")
 
@@ -85,9 +89,10 @@ class Channel(filesystem.Channel):
     # ---------------------------------------------------------------- names and folders
 
     @staticmethod
-    def _message_name(queue: str) -> str:
-        # kombu's layout, `<stamp>_<id>.<queue>.msg`, so messages already queued by kombu's transport still match.
-        return f"{_stamp()}_{uuid.uuid4().hex}.{queue}{MESSAGE_SUFFIX}"
+    def _message_name(queue: str, front: bool = False) -> str:
+        # kombu's layout, `<stamp>_<id>.<queue>.msg`, so messages already queued by kombu's transport still match;
+        # one for the front, `-<stamp>_...`: read before the others, in its own order among those for the front.
+        return f"{FRONT if front else ''}{_stamp()}_{uuid.uuid4().hex}.{queue}{MESSAGE_SUFFIX}"
 
     @staticmethod
     def _is_message_of(name: str, queue: str) -> bool:
@@ -118,7 +123,7 @@ class Channel(filesystem.Channel):
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:  # type: ignore[override]
         """Write the whole message under a name no reader matches, then rename it into place."""
         self._check_queue_name(queue)
-        name = self._message_name(queue)
+        name = self._message_name(queue, front=self._get_message_priority(message) >= FRONT_PRIORITY)
         final = os.path.join(self.data_folder_out, name)
         temp = os.path.join(self.data_folder_out, TEMP_PREFIX + name + TEMP_SUFFIX)
         data = dumps(message).encode("utf-8")

@@ -1,0 +1,98 @@
+"""A running job's writes outlast an outage of its job store.
+
+A Redis that restarts (a deploy, a crash, its host rebooting) is unreachable for seconds. A running job's agent needs
+no store meanwhile, and its lease is renewed at the next poll that reaches it; but the writes that end the job (its
+artifacts, result.json, its end, its log records) used to be tried once, so every job that ended in those seconds
+failed with its work done. Here such a write is tried again, with a growing pause, while the store cannot be reached,
+until the job's own deadline (its start plus --timeout and the grace the runner grants it), and never less than
+OUTAGE_MIN_S after the outage began: a job ending near its limit still outlasts a restart. An error that is not an
+outage (a job the store no longer knows, an artifact too large) is raised at once.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, TypeVar, cast
+
+from worker.store import Store
+
+log = logging.getLogger("pid.worker")
+
+OUTAGE_MIN_S = 60.0   # the least a write waits for the store to come back, whatever the job's deadline
+PAUSE_MAX_S = 5.0     # between two tries, at most
+
+T = TypeVar("T")
+
+
+def transient(exc: BaseException) -> bool:
+    """The store could not be reached (refused, reset, timed out, still loading its data), as opposed to refusing
+    the request itself."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    import redis   # here, not at import: `pid run` loads this module and has no Redis to wait for
+    return isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
+
+
+class Patience:
+    """How long one job's writes wait for its store: until `deadline` (time.monotonic()), at least OUTAGE_MIN_S."""
+
+    def __init__(self, job_id: str, deadline: float) -> None:
+        self.job_id, self.deadline = job_id, deadline
+
+    def call(self, what: str, write: Callable[[], T]) -> T:
+        """write(), tried again while the store is unreachable and time is left; its result, or its last error."""
+        pause = 0.25
+        gave_up_at: float | None = None
+        while True:
+            try:
+                done = write()
+            except Exception as exc:
+                if not transient(exc):
+                    raise
+                now = time.monotonic()
+                if gave_up_at is None:
+                    gave_up_at = max(self.deadline, now + OUTAGE_MIN_S)
+                    log.warning("job %s: the job store is unreachable (%s): %s waits for it, %.0fs at most",
+                                self.job_id, _first_line(exc), what, gave_up_at - now)
+                if now + pause > gave_up_at:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, PAUSE_MAX_S)
+                continue
+            if gave_up_at is not None:
+                log.warning("job %s: the job store is back: %s done", self.job_id, what)
+            return done
+
+
+class _PatientStore:
+    """A store whose every call is made with Patience (see patient())."""
+
+    def __init__(self, store: Store, patience: Patience) -> None:
+        self._store, self._patience = store, patience
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._store, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            streams = [(a, a.tell()) for a in (*args, *kwargs.values()) if hasattr(a, "seek") and hasattr(a, "tell")]
+
+            def once() -> Any:
+                for stream, at in streams:   # a try that failed midway read some of it: the next sends it all
+                    stream.seek(at)
+                return attribute(*args, **kwargs)
+            return self._patience.call(name, once)
+        return call
+
+
+def patient(store: Store, patience: Patience) -> Store:
+    """`store` as one running job writes to it: a call that cannot reach it is made again until `patience` runs out,
+    its stream arguments rewound first. (A call that returns an iterator is retried only until it returns: reading
+    one is the caller's.)"""
+    return cast(Store, _PatientStore(store, patience))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:200]
