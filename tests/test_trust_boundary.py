@@ -505,32 +505,36 @@ def inject(pid, number, *args):   # one system call in a process blocked in read
 me, mark = int(sys.argv[1]), sys.argv[2].encode()
 server = open("/proc/%d/stat" % me).read().rsplit(") ", 1)[1].split()[1]
 done = refused = 0
-for entry in os.listdir("/proc"):
-    try:
-        waiting = mark in open("/proc/%s/cmdline" % entry, "rb").read()
-        child = open("/proc/%s/stat" % entry).read().rsplit(") ", 1)[1].split()[1] == server
-    except OSError:
-        continue
-    if entry.isdigit() and int(entry) != me and waiting and child:
-        for _ in range(100):   # (a shell just started may still be root's setpriv, or not yet blocked in its read)
-            try:
+for attempt in range(300):   # (the other slot's shell may not be waiting yet: it is started after the last command)
+    for entry in os.listdir("/proc"):
+        try:
+            waiting = mark in open("/proc/%s/cmdline" % entry, "rb").read()
+            child = open("/proc/%s/stat" % entry).read().rsplit(") ", 1)[1].split()[1] == server
+        except OSError:
+            continue
+        if entry.isdigit() and int(entry) != me and waiting and child:
+            for _ in range(100):   # (a shell just started may still be root's setpriv, or not blocked in its read)
                 try:
-                    blocked = open("/proc/%s/syscall" % entry).read().startswith("0 0x0 ")   # read(0): its `<&3`
-                except FileNotFoundError:   # (gVisor has no /proc/N/syscall: asleep, and inject checks the registers)
-                    blocked = open("/proc/%s/stat" % entry).read().rsplit(") ", 1)[1].startswith("S ")
-                ours = "\nUid:\t%d\t" % os.getuid() in open("/proc/%s/status" % entry).read()
-            except OSError:
-                break
-            if blocked and ours:
-                try:
-                    injected = inject(int(entry), *map(int, sys.argv[3:]))
-                except PermissionError:   # the attach refused (gVisor's Yama: see GVISOR_REFUSES_PTRACE)
-                    refused += 1
+                    try:
+                        blocked = open("/proc/%s/syscall" % entry).read().startswith("0 0x0 ")   # read(0): `<&3`
+                    except FileNotFoundError:   # (gVisor has no /proc/N/syscall: asleep; inject checks the registers)
+                        blocked = open("/proc/%s/stat" % entry).read().rsplit(") ", 1)[1].startswith("S ")
+                    ours = "\nUid:\t%d\t" % os.getuid() in open("/proc/%s/status" % entry).read()
+                except OSError:
                     break
-                if injected is not None:
-                    done += 1
-                    break
-            time.sleep(0.01)
+                if blocked and ours:
+                    try:
+                        injected = inject(int(entry), *map(int, sys.argv[3:]))
+                    except PermissionError:   # the attach refused (gVisor's Yama: see GVISOR_REFUSES_PTRACE)
+                        refused += 1
+                        break
+                    if injected is not None:
+                        done += 1
+                        break
+                time.sleep(0.01)
+    if done or refused:
+        break
+    time.sleep(0.01)
 try:
     scope = open("/proc/sys/kernel/yama/ptrace_scope").read().strip()
 except OSError:
