@@ -137,6 +137,9 @@ def test_a_disk_out_of_inodes_leaves_the_agents_commands_running_and_its_errors_
 def test_a_path_too_long_for_git_fails_the_patch_instead_of_leaving_the_file_out(tmp_path):
     """A file whose path passes Linux's PATH_MAX (made one directory at a time) cannot be recorded by git: its patch
     left it out without a word. Now the patch fails, naming the path."""
+    if RUNTIME == "runsc":
+        pytest.skip("gVisor's getcwd fails past PATH_MAX (bash aborts on glibc's assertion at the first cd there): the "
+                    "agent's shell cannot make such a path to begin with")
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "a.txt").write_text("a\n")
