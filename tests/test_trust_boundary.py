@@ -746,11 +746,14 @@ def test_a_container_removed_mid_job_fails_the_job(run_pid, pid_env, sample_repo
     remover = threading.Thread(target=remove_when_running)
     with ScriptedLLM(script) as llm:
         remover.start()
-        res = run_pid("run", "t", "--repo", str(sample_repo), *opts(llm, tmp_path / "out"), timeout=120)
+        # (under gVisor a removed container's exec stream stays open: pid sees the loss only when the command's own
+        # timeout, 120 s by default, ends its wait; the job still ends failed, which is what this test holds)
+        res = run_pid("run", "t", "--repo", str(sample_repo), *opts(llm, tmp_path / "out"),
+                      timeout=300 if RUNTIME == "runsc" else 120)
         remover.join()
     result = res.json()
     assert res.code == 1 and result["status"] == "failed" and result["exit_reason"] == "sandbox_error", result
-    assert "gone" in result["error"]
+    assert "gone" in result["error"] or (RUNTIME == "runsc" and "the container was removed" in result["error"])
 
 
 def test_a_forged_git_and_hostile_git_state_leave_the_real_change(run_pid, sample_repo, tmp_path):
