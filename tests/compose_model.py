@@ -14,11 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import signal
 import threading
 from typing import Any
 
-from tests.scripted_llm import ScriptedLLM
+from tests.scripted_llm import ScriptedLLM, serve_until_signalled
 
 SLOW_S = 300
 
@@ -47,16 +46,8 @@ def main() -> None:
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     llm = ScriptedLLM(responder=ComposeModel(), host=args.host, port=args.port).start()
-    print(f"serving on port {llm.port}", flush=True)
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        llm.close()
+    serve_until_signalled(llm, f"serving on port {llm.port}")
 
 
 if __name__ == "__main__":

@@ -558,12 +558,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
+    llm = ScriptedLLM.from_file(args.script, host=args.host, port=args.port).start()
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
+    serve_until_signalled(llm, f"http://{host}:{llm.port}/v1")
+
+
+def serve_until_signalled(llm: ScriptedLLM, banner: str) -> None:
+    """A started server, as a process of its own: `banner` printed, served until SIGTERM or SIGINT, then closed."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    llm = ScriptedLLM.from_file(args.script, host=args.host, port=args.port).start()
-    host = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
-    print(f"http://{host}:{llm.port}/v1", flush=True)
+    print(banner, flush=True)
     try:
         while not stop.wait(0.5):
             pass
