@@ -331,7 +331,8 @@ def queue_job(store: Any, spec: JobSpec, api_key: str | None, wait: bool, as_jso
         dispatch(spec.id, store=store)
     except Exception as exc:  # the broker refused: the job must not sit queued forever
         store.finish(spec.id, "dispatch_failed", error=str(exc))
-        raise click.ClickException(f"could not queue job {spec.id}: {exc}") from None
+        from worker.reach import unreachable_broker
+        raise BadInput(unreachable_broker(exc, spec.id)) from None
     if not wait:
         echo(spec.id)
         return
@@ -742,6 +743,13 @@ def main() -> None:
         else:
             echo(f"pid: error: {one_line(exc.format_message())}", err=True)
         sys.exit(exc.exit_code)
+    except Exception as exc:   # a store that cannot be reached is one line too; anything else is a bug's traceback
+        from worker.reach import unreachable_store
+        line = unreachable_store(exc)
+        if line is None:
+            raise
+        echo(f"pid: error: {one_line(line)}", err=True)
+        sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
 
 

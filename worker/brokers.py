@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit, urlunsplit
 
 EMBEDDED = ("pidfs://", "filesystem://")   # kombu's own filesystem transport can read half-written messages
 REDIS_SCHEMES = ("redis", "rediss")
@@ -17,3 +18,15 @@ def redis_broker() -> str | None:
     """PID_BROKER_URL when it names a Redis, else None."""
     url = os.environ.get("PID_BROKER_URL") or ""
     return url if url.split("://", 1)[0].lower() in REDIS_SCHEMES else None
+
+
+def shown_url(url: str) -> str:
+    """A store's or broker's URL as messages show it: without its password."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    except ValueError:   # a port that is not a number: show nothing after the scheme
+        return url.split("://", 1)[0] + "://…"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))

@@ -38,11 +38,11 @@ import os
 import time
 import uuid
 from typing import Any, BinaryIO, Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
 from pid.endings import ExitReason, status_of
+from worker.brokers import shown_url
 from worker.jobs import DEFAULT_QUEUE, JobSpec
 from worker.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing, Capped, Controls, JobRecord,
                           WorkerBeat, _policy, _queues, blob_from_file, blob_hex, check_artifact_name, retention_s,
@@ -428,22 +428,12 @@ _FLOATS = ("lease_until", "created_at", "started_at", "finished_at", "updated_at
 _INTS = ("attempts", "turns", "tool_calls", "handbacks")
 
 
-def _redacted(url: str) -> str:
-    """The URL without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
 class RedisStore:
     """The job store in Redis (see the module's docstring). `RedisStore(url)` connects on first use."""
 
     def __init__(self, url: str, retention: float | None = None) -> None:
         self.url = url
-        self.path = _redacted(url)
+        self.path = shown_url(url)
         self.retention = retention if retention is not None else retention_s()
         self.events_kept = EVENTS_KEPT
         self._state: tuple[int, redis.Redis, dict[str, Any]] | None = None   # (pid, client, scripts)

@@ -134,6 +134,10 @@ class BlobMissing(KeyError):
     """No blob (or artifact) by that name: never stored, or expired."""
 
 
+class StoreUnavailable(sqlite3.OperationalError):
+    """A SQLite store whose file cannot be made or opened (a path through a file, a read-only place)."""
+
+
 class TooLarge(ValueError):
     """An artifact over its size limit: nothing was stored."""
 
@@ -399,7 +403,18 @@ class JobStore:
         self.retention = retention          # None: PID_RETENTION, read by prune()
         self.events_kept = EVENTS_KEPT
         self._local = threading.local()
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        try:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            self._migrate()
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot make {os.path.dirname(path)}: {exc.strerror or exc}") from None
+        except sqlite3.OperationalError as exc:
+            if "unable to open" not in str(exc):
+                raise
+            raise StoreUnavailable(str(exc)) from None
+
+    def _migrate(self) -> None:
+        """The schema, with the columns added since a store was first made."""
         with self._db() as db:
             db.executescript(SCHEMA)
             for table, added in (("jobs", ADDED_COLUMNS), ("workers", {"queues": "TEXT", "policy": "TEXT"})):

@@ -1,0 +1,50 @@
+"""What a command says when the job store or the broker cannot be reached, or refuses pid's credentials: one line
+that names where (never with its password) and why, instead of a client library's traceback.
+
+Light on purpose: it looks only at the exception's class, and at the libraries a command has already loaded (an
+error from Redis can only come from a process that imported redis).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from worker.brokers import shown_url
+
+REASON_CHARS = 200   # of the library's own words
+
+
+def unreachable_store(exc: BaseException) -> str | None:
+    """The one line for `exc` when it says the job store cannot be reached (or refuses pid); None otherwise."""
+    if not _unreachable(exc):
+        return None
+    from worker.store import store_url
+    url = store_url()
+    if url:
+        variable = "PID_STORE_URL" if os.environ.get("PID_STORE_URL") else "PID_BROKER_URL"
+        where = f"{shown_url(url)} ({variable})"
+    else:
+        from pid.config import pid_home
+        where = os.path.join(pid_home(), "jobs.db")
+    return f"cannot use the job store at {where}: {_reason(exc)}"
+
+
+def unreachable_broker(exc: BaseException, job_id: str) -> str:
+    """The one line for a broker that would not take job `job_id`'s message (whatever the reason: nothing ran)."""
+    url = os.environ.get("PID_BROKER_URL") or "the embedded queue"
+    return f"could not queue job {job_id}: the broker at {shown_url(url)} (PID_BROKER_URL) did not take it: " \
+           f"{_reason(exc)}"
+
+
+def _unreachable(exc: BaseException) -> bool:
+    redis_errors = sys.modules.get("redis.exceptions")
+    if redis_errors is not None and isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError,
+                                                     redis_errors.NoPermissionError)):
+        return True   # (AuthenticationError, a wrong or missing password, is a ConnectionError)
+    from worker.store import StoreUnavailable
+    return isinstance(exc, StoreUnavailable)
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 1] + "…"
