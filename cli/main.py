@@ -274,7 +274,7 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
         echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
         result = run_job(spec, api_key=api_key, sink=job.sink(ev.ignore if as_json else EventPrinter()),
                          on_agent=lambda agent: _attach(agent, agents, job), cancel=job.cancel,
-                         starting=starting)
+                         starting=starting, keep=job.store)
     except KeyboardInterrupt:  # Ctrl-C during set-up: run_job removed the container and wrote result.json...
         abandon(starting)      # ...unless it came before run_job took the early sandbox (idempotent otherwise)
         if os.path.exists(os.path.join(spec.job_dir, "result.json")):
