@@ -1,0 +1,36 @@
+"""What a `pid run` terminal and `pid logs` say, line by line, through the real CLI against a scripted model: each
+line says what happened in words a person reads once (a failed call's reason, not a stray line of its output)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.scripted_llm import ScriptedLLM
+
+pytestmark = [pytest.mark.docker, pytest.mark.cli]
+
+
+def opts(llm: ScriptedLLM, out: Path) -> list[str]:
+    return ["--model", "scripted", "--base-url", llm.base_url, "--out", str(out)]
+
+
+def line_with(text: str, needle: str) -> str:
+    found = [line for line in text.splitlines() if needle in line]
+    assert found, (needle, text)
+    return found[0]
+
+
+def test_a_failed_edit_s_line_gives_its_reason_in_the_terminal_and_the_log(run_pid, sample_repo, tmp_path):
+    # hello.py has no "absent" line: the edit fails with a hint whose last line is a bare line number
+    script = [{"tool_calls": [{"name": "edit", "arguments": {"path": "hello.py", "oldText": "absent\n3",
+                                                             "newText": "x"}}]},
+              {"text": "gave up"}]
+    with ScriptedLLM(script) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), *opts(llm, tmp_path / "out"))
+    assert res.code == 0, res.stderr
+    line = line_with(res.stderr, "✗ edit hello.py")
+    assert "— Could not find the exact text in hello.py" in line, line
+    job_id = line_with(res.stderr, "job ").split()[1].rstrip(":")
+    logged = line_with(run_pid("logs", job_id).stdout, "✗ edit hello.py")
+    assert "— Could not find the exact text in hello.py" in logged, logged
