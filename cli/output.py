@@ -62,6 +62,23 @@ def compaction_line(record: dict[str, Any]) -> str:
             f"{record.get('summarized', 0)} messages summarised" + (", retrying" if record.get("will_retry") else ""))
 
 
+CONTROL_RECEIVED = {"pause": "the agent holds before its next model call", "resume": "the agent goes on",
+                    "cancel": "the agent stops"}
+
+
+def control_line(record: dict[str, Any]) -> str:
+    """A control as it is sent (→) and as the agent receives it (←): `→ steer sent: …`, `← pause received: …`."""
+    kind = str(record.get("kind", "?"))
+    sent = record.get("stage") == "sent"
+    text = record.get("text")
+    if text is not None:
+        what = one_line(str(text))[:100]
+    else:
+        what = "" if sent else CONTROL_RECEIVED.get(kind, "")
+    return (f"{'→' if sent else '←'} {one_line(kind.replace('_', '-'))} {'sent' if sent else 'received'}"
+            + (f": {what}" if what else ""))
+
+
 class RecordPrinter:
     """Prints a job's log records (pid/event_records.py) on stderr: a line per tool call as it ends, model errors,
     and what happened to the job (an attempt started, handed back, put back). With as_json, each record is one JSON
@@ -97,6 +114,8 @@ class RecordPrinter:
         elif kind == "notice":
             echo(styled(f"{one_line(str(record.get('level', 'warning')))}: {one_line(str(record.get('text')))}",
                         fg="yellow"), err=err)
+        elif kind == "control":
+            echo(styled(control_line(record), fg="cyan"), err=err)
         elif kind == "job" and record.get("note"):
             echo(styled(f"· {one_line(str(record['note']))}", dim=True), err=err)
         elif kind == "dropped":
