@@ -23,10 +23,10 @@ from click.core import ParameterSource
 from cli.batch_progress import Progress
 from cli.batch_run import EXIT_INTERRUPTED, Run, count
 from cli.batch_tasks import Item, parse
-from cli.options import EnvOption, Number, QueueName, Size, format_size, spec_options
+from cli.options import JOB_OPTIONS, EnvOption, Number, QueueName, Size, format_size, spec_options
 from cli.output import echo
 from pid.terminal import dumps, one_line
-from worker.batch import BatchDir
+from worker.batch import BatchDir, changed_options, kept_options, other_tasks
 from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
 
 WORKER_STOP_S = 60.0
@@ -99,13 +99,17 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
     if os.path.isdir(out) and os.listdir(out) and not BatchDir.exists(out):
         raise _bad(f"--out {out}: not empty and not a batch's output directory")
     items, errors = _read_items(tasks, allow_outside)
+    tasks_path = os.path.abspath(os.path.expanduser(tasks)) if tasks != "-" else "-"
+    defined = {**options, "repo": repo, "queue": queue, "no_images": no_images, "max_workspace": max_workspace}
+    if BatchDir.exists(out):
+        _same_batch(_open(out), tasks_path, [item.id for item in items], defined)
     from pid.config import endpoint
     key_endpoint = endpoint(options["api"], options.get("base_url"))   # the command line's key goes there only
     specs = build_specs(items, options, repo=repo, queue=queue, no_images=no_images, api_key=api_key,
                         jobs_dir=os.path.join(out, ".jobs"), max_workspace=max_workspace,
                         need_prices=max_total_cost is not None, tasks=tasks, errors=errors, key_endpoint=key_endpoint)
-    settings = {"tasks": os.path.abspath(tasks) if tasks != "-" else "-", "max_total_cost": max_total_cost,
-                "max_running": max_running}
+    settings = {"tasks": tasks_path, "max_total_cost": max_total_cost, "max_running": max_running,
+                "options": kept_options(defined)}
     bdir = _open(out) if BatchDir.exists(out) else BatchDir.create(out, settings)
     bdir.set_order([item.id for item in items], settings)
     store = _store()
@@ -147,6 +151,21 @@ def _open(path: str) -> BatchDir:
         return BatchDir.open(path)
     except ValueError as exc:
         raise _bad(str(exc)) from None
+
+
+def _same_batch(bdir: BatchDir, tasks: str, item_ids: list[str], options: dict[str, Any]) -> None:
+    """A rerun resumes its batch: another tasks file, or other options, would be merged into it. Refused (exit 2)."""
+    again = (f"resume it with the command that started it (pid batch {shlex.quote(str(bdir.meta.get('tasks')))} "
+             f"--out {shlex.quote(bdir.path)} and the same options), or give this run another --out directory")
+    if other_tasks(bdir.meta, tasks, item_ids):
+        raise _bad(f"--out {bdir.path} holds batch {bdir.batch_id} of another tasks file "
+                   f"({one_line(str(bdir.meta.get('tasks')))}): {again}")
+    changed = changed_options(bdir.meta, options)
+    if changed:
+        flags = {option.name: option.flag for option in JOB_OPTIONS}
+        named = ", ".join(flags.get(name, "--" + name.replace("_", "-")) for name in changed)
+        raise _bad(f"--out {bdir.path} holds batch {bdir.batch_id}, started with other options ({named} "
+                   f"differ): {again}")
 
 
 def _read_items(tasks: str, allow_outside: bool) -> tuple[list[Item], list[str]]:
