@@ -37,9 +37,26 @@ Part = str | Styled
 
 def echo(*parts: Part, err: bool = False) -> None:
     """Print one message made of `parts` (and a newline). The only way pid's commands write to the terminal: each
-    part goes through pid.terminal.shown, then a Styled part gets its style."""
-    click.echo("".join(click.style(shown(p.text), **p.style) if isinstance(p, Styled) else shown(p) for p in parts),
-               err=err)
+    part goes through pid.terminal.shown, then a Styled part gets its style. A reader that went away (`pid run … |
+    head`) only stops the output: see _gone."""
+    try:
+        click.echo("".join(click.style(shown(p.text), **p.style) if isinstance(p, Styled) else shown(p)
+                           for p in parts), err=err)
+    except BrokenPipeError:
+        _gone(sys.stderr if err else sys.stdout)
+
+
+def _gone(stream: Any) -> None:
+    """The stream's reader closed it: what follows goes to /dev/null (the interpreter's last flush included), and
+    nothing else changes. A closed stdout never ends a job: it runs on, ends as it would, and exits with its code."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def tool_line(name: str, summary: str, is_error: bool, error_line: str | None,

@@ -2,6 +2,9 @@
 line says what happened in words a person reads once (a failed call's reason, not a stray line of its output)."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,3 +37,23 @@ def test_a_failed_edit_s_line_gives_its_reason_in_the_terminal_and_the_log(run_p
     job_id = line_with(res.stderr, "job ").split()[1].rstrip(":")
     logged = line_with(run_pid("logs", job_id).stdout, "✗ edit hello.py")
     assert "— Could not find the exact text in hello.py" in logged, logged
+
+
+def test_a_closed_stdout_and_stderr_never_end_the_job(pid_env, sample_repo, tmp_path):
+    """`pid run … | head`: the reader goes away; the job runs on, ends as it would, and exits with its code."""
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo one"}}]},
+              {"tool_calls": [{"name": "bash", "arguments": {"command": "echo two"}}]},
+              {"text": "all done\n" * 50}]
+    with ScriptedLLM(script) as llm:
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "t", "--repo", str(sample_repo),
+                                 *opts(llm, tmp_path / "out")], cwd=tmp_path, env=pid_env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stderr.readline()          # it started...
+        proc.stdout.close()             # ...and nobody reads any more
+        proc.stderr.close()
+        assert proc.wait(timeout=120) == 0
+        assert len(llm.requests) == 3
+    [job_dir] = (tmp_path / "out").iterdir()
+    result = json.loads((job_dir / "result.json").read_text())
+    assert (result["status"], result["final_message"].split()[:2]) == ("completed", ["all", "done"])
