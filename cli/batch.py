@@ -94,7 +94,8 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
         raise _bad("pid batch needs --out DIR: the batch's results, and its memory when it runs again")
     if detach and workers:
         raise _bad("--detach and --workers: the local workers would stop as the command returns")
-    from cli.main import check_out_dir
+    from cli.main import check_broker, check_out_dir
+    check_broker()
     out = check_out_dir(options.pop("out_dir"))
     if os.path.isdir(out) and os.listdir(out) and not BatchDir.exists(out):
         raise _bad(f"--out {out}: not empty and not a batch's output directory")
@@ -333,9 +334,15 @@ def _check_images(specs: dict[str, JobSpec]) -> None:
     from worker.brokers import embedded_broker
     if not embedded_broker():
         return
-    from cli.main import check_image
+    from cli.main import BadInput, check_cpus, check_image
     for image in sorted({s.image for s in specs.values()}):
         check_image(image)
+    most = max(specs.values(), key=lambda s: s.cpus, default=None)
+    if most is not None:
+        try:
+            check_cpus(most)
+        except BadInput as exc:
+            raise _bad(f"an item's {exc.format_message()}; nothing was submitted") from None
 
 
 class LocalWorkers:

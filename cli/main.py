@@ -210,6 +210,25 @@ def check_policies(store: Any, spec: JobSpec) -> None:
         raise BadInput(f"{refusal}; nothing was queued")
 
 
+def check_broker() -> None:
+    """A PID_BROKER_URL no transport serves is refused before anything is recorded."""
+    from worker.brokers import broker_problem
+    problem = broker_problem()
+    if problem:
+        raise BadInput(problem)
+
+
+def check_cpus(spec: JobSpec) -> None:
+    """More CPUs than the engine has is refused before a container is asked for (the engine would refuse it with a
+    400). Only a count above one is worth asking about; an engine that does not answer is left to say so itself."""
+    if spec.cpus <= 1:
+        return
+    from sandbox.engine_probe import engine_cpus
+    have = engine_cpus()
+    if have is not None and spec.cpus > have:
+        raise BadInput(f"--cpus {spec.cpus:g}: the Docker engine has only {have} CPU{'s' if have != 1 else ''}")
+
+
 def check_image(image: str) -> None:
     from sandbox.engine_probe import image_present
     if image_present(image):   # (the engine's socket, without loading the Docker SDK)
@@ -243,6 +262,7 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
     spec.max_workspace = max_workspace
     check_api_key(spec, api_key)
     check_workspace_size(spec, max_workspace)
+    check_cpus(spec)
     from worker.sandbox_start import abandon, start_sandbox
     starting = start_sandbox(spec)    # the container starts while the agent's code loads
     try:
@@ -307,12 +327,14 @@ def _attach(agent: Any, agents: list[Any], job: Any) -> None:
 def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_workspace: int, queue: str,
            **options: Any) -> None:
     """Queue a job for a worker and print its id. A directory --repo is packed now: the job sees it as it is now."""
+    check_broker()
     spec = build_spec(options, no_images)
     spec.queue = queue
     spec.max_workspace = max_workspace
     from worker.brokers import embedded_broker
     from worker.store import default_store
-    if embedded_broker():  # the worker is on this machine: its image must be here too
+    if embedded_broker():  # the worker is on this machine: its image and CPUs must be here too
+        check_cpus(spec)
         check_image(spec.image)
     pack_workspace(spec, max_workspace)
     queue_job(default_store(), spec, api_key, wait, as_json)
@@ -666,6 +688,7 @@ def workers(show_all: bool, as_json: bool) -> None:
 def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_file: str | None) -> None:
     """Start a worker that runs queued jobs (Ctrl-C: finish the running jobs, then stop; twice, or SIGTERM, or
     SIGHUP: hand them back to the queue now)."""
+    check_broker()
     from worker import policy
     if policy_file:
         try:
