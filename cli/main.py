@@ -5,9 +5,25 @@ from pid.endings.exit_code_for. `pid batch` (cli/batch.py) exits with its
 worst item's code."""
 from __future__ import annotations
 
-import json
 import os
 import signal
+
+
+def _interrupted_while_loading(signum: int, frame: object) -> None:
+    """Ctrl-C while pid's own code loads, before any command has started anything: one line and exit 130, never a
+    traceback from the middle of an import. (pid's own constant text: nothing to sanitise, no echo loaded yet.)"""
+    os.write(2, b"interrupted\n")
+    os._exit(130)
+
+
+_LOADING = signal.getsignal(signal.SIGINT) is signal.default_int_handler   # (a SIGINT ignored stays ignored)
+if _LOADING:
+    try:
+        signal.signal(signal.SIGINT, _interrupted_while_loading)   # until the end of this module
+    except ValueError:   # imported from another thread than the main one: no handler can be set
+        _LOADING = False
+
+import json  # (the imports from here on load under the handler above)
 import sys
 import tempfile
 import threading
@@ -732,6 +748,8 @@ from cli.view import view as view_command  # noqa: E402 - the command lives in i
 cli.add_command(view_command)
 from cli.rerun import register as register_rerun  # noqa: E402 - `continue` and `retry`, with this module's helpers
 register_rerun(cli, sys.modules[__name__])
+if _LOADING:   # loaded: Ctrl-C is a KeyboardInterrupt again, which main() and the commands handle
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)
@@ -746,15 +764,15 @@ def _shown_traceback(kind: type[BaseException], exc: BaseException, tb: Any) -> 
 def main() -> None:
     """Every ending is an exit code and at most one line: usage errors included, Ctrl-C anywhere is 130. A library's
     warning (logging's last resort) and a bug's traceback pass through the sanitiser like every other line."""
-    import logging
-    from pid.terminal import ShownLogRecords
     from worker.clients import MissingClient
-    if logging.lastResort is not None:
-        logging.lastResort.addFilter(ShownLogRecords())
-    sys.excepthook = _shown_traceback
     try:
+        import logging
+        from pid.terminal import ShownLogRecords
+        if logging.lastResort is not None:
+            logging.lastResort.addFilter(ShownLogRecords())
+        sys.excepthook = _shown_traceback
         code = cli.main(prog_name="pid", standalone_mode=False)
-    except click.exceptions.Abort:   # KeyboardInterrupt (or EOF) outside a command's own handling
+    except (click.exceptions.Abort, KeyboardInterrupt):   # Ctrl-C (or EOF) outside a command's own handling
         echo("interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     except MissingClient as exc:

@@ -57,3 +57,35 @@ def test_a_closed_stdout_and_stderr_never_end_the_job(pid_env, sample_repo, tmp_
     [job_dir] = (tmp_path / "out").iterdir()
     result = json.loads((job_dir / "result.json").read_text())
     assert (result["status"], result["final_message"].split()[:2]) == ("completed", ["all", "done"])
+
+
+def test_ctrl_c_while_pid_run_loads_is_one_line_and_leaves_nothing(pid_env, sample_repo, tmp_path):
+    """In its first half second `pid run` is loading its code (and starting its container): a Ctrl-C there is one
+    line and exit 130, never a traceback, and no container of this installation stays."""
+    import signal
+    import time
+    from sandbox.config import LABEL_OWNER
+    from sandbox.reaper import owner_label
+    from tests.conftest import pid_containers
+    with ScriptedLLM([{"delay_s": 5, "text": "done"}] * 20) as llm:
+        for delay in (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6):
+            proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "t", "--repo", str(sample_repo),
+                                     *opts(llm, tmp_path / "out")], cwd=tmp_path, env=pid_env, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            time.sleep(delay)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=120)
+            said = [line for line in err.splitlines() if line.strip() and not line.startswith(("job ", "warning: "))]
+            if proc.returncode == -signal.SIGINT:   # before the interpreter set its own handler: nothing ran
+                assert not err, (delay, err)
+                continue
+            assert proc.returncode == 130 and "Traceback" not in err, (delay, proc.returncode, err)
+            if said[0].startswith("cancelling"):   # (past its start: the job was cancelled, its summary follows)
+                continue
+            assert len(said) == 1 and said[0].startswith("interrupted"), (delay, err)
+    mine = owner_label(pid_env["PID_HOME"])
+    deadline = time.time() + 30
+    while [c for c in pid_containers() if c.labels.get(LABEL_OWNER) == mine and c.status != "removing"]:
+        assert time.time() < deadline, "a container stayed behind"
+        time.sleep(0.2)
