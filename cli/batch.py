@@ -286,9 +286,9 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
 
 def _policy_refusals(items: list[Item], specs: dict[str, JobSpec]) -> list[str]:
     """A line per item that no live worker of its queue would admit (their policies come with their heartbeats)."""
-    from worker.housekeeping import ALIVE_WITHIN_S
+    from worker.housekeeping import live_workers
     from worker.policy import refusal_by_workers
-    beats = _store().workers(alive_within_s=ALIVE_WITHIN_S)
+    beats = live_workers(_store())
     refusals = ((item, refusal_by_workers(beats, specs[item.id])) for item in items if item.id in specs)
     return [f"line {item.line}: {refusal}" for item, refusal in refusals if refusal]
 

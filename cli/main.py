@@ -219,9 +219,9 @@ def check_api_key(spec: JobSpec, key: str | None) -> None:
 def check_policies(store: Any, spec: JobSpec) -> None:
     """Refuse at once a job that no live worker of its queue would admit (their policies come with their
     heartbeats), with the message a worker would give."""
-    from worker.housekeeping import ALIVE_WITHIN_S
+    from worker.housekeeping import live_workers
     from worker.policy import refusal_by_workers
-    refusal = refusal_by_workers(store.workers(alive_within_s=ALIVE_WITHIN_S), spec)
+    refusal = refusal_by_workers(live_workers(store), spec)
     if refusal:
         raise BadInput(f"{refusal}; nothing was queued")
 
@@ -441,9 +441,9 @@ def _no_worker_notice(store: Any, job_id: str) -> Callable[[], None]:
         record = store.get(job_id)
         if record is None or record.status != "queued":
             return
-        from worker.housekeeping import ALIVE_WITHIN_S
+        from worker.housekeeping import live_workers
         queue = record.spec.queue
-        workers = [w for w in store.workers(alive_within_s=ALIVE_WITHIN_S) if queue in w.queues]
+        workers = [w for w in live_workers(store) if queue in w.queues]
         waited = f"job {job_id} is still queued after {NO_WORKER_NOTICE_S:g}s"
         if workers:
             running = sum(w.running for w in workers)
@@ -666,21 +666,25 @@ def logs(job_id: str, follow: bool, as_json: bool) -> None:
 @click.option("--all", "show_all", is_flag=True, help="Also workers not heard from lately (stopped or lost).")
 @click.option("--json", "as_json", is_flag=True, help="A JSON array of the workers' heartbeats.")
 def workers(show_all: bool, as_json: bool) -> None:
-    """The workers of this job store, from their heartbeats (every 5 s): host, process, jobs running of how many."""
-    from worker.housekeeping import ALIVE_WITHIN_S
+    """The workers of this job store, from their heartbeats (every 2 s): host, process, jobs running of how many;
+    alive, or (--all) stopped, lost (its process is gone) or silent, and since when."""
+    from worker.housekeeping import worker_state
     from worker.store import default_store
-    now = time.time()
-    beats = default_store().workers(alive_within_s=None if show_all else ALIVE_WITHIN_S)
+    store = default_store()
+    now = store.now()
+    states = [(b, worker_state(b, now)) for b in store.workers()]
+    beats = [(b, state) for b, state in states if show_all or state == "alive"]
     if as_json:
-        echo(dumps([{**asdict(b), "alive": now - b.beat_at <= ALIVE_WITHIN_S} for b in beats], indent=2))
+        echo(dumps([{**asdict(b), "alive": state == "alive", "state": state} for b, state in beats], indent=2))
         return
     if not beats:
         echo("no live worker" + ("" if show_all else " (pid workers --all: also stopped or lost ones)"))
         return
-    for b in beats:
-        seen = "alive" if now - b.beat_at <= ALIVE_WITHIN_S else f"silent {format_duration(now - b.beat_at)}"
+    for b, state in beats:
+        until = now if state == "alive" else (b.stopped_at if state == "stopped" else None) or b.beat_at
+        seen = state if state == "alive" else f"{state} {format_duration(now - until)} ago"
         echo(f"{one_line(b.node):<40}  {one_line(b.host)}:{b.pid:<8}  {b.running}/{b.concurrency} running  "
-             f"queue {one_line(','.join(b.queues)):<12}  up {format_duration(now - b.started_at):>8}  {seen}")
+             f"queue {one_line(','.join(b.queues)):<12}  up {format_duration(until - b.started_at):>8}  {seen}")
         if b.policy:
             echo("  policy: " + ", ".join(f"{one_line(k)} = {dumps(v)}" for k, v in b.policy.items()))
 
