@@ -404,6 +404,7 @@ def _status(bdir: BatchDir, as_json: bool) -> None:
     counts = ", ".join(f"{n} {s}" for s, n in sorted(progress.counts.items()))
     budget = f" of ${info.max_total_cost:.4f}" if info is not None and info.max_total_cost is not None else ""
     echo(f"batch {bdir.batch_id}: {len(bdir.order)} items: {counts}; cost ${progress.cost:.4f}{budget}")
-    for item_id, record in progress.running:
-        echo(f"  {one_line(item_id)}  turn {record.turns}  {one_line(record.activity or '')}")
+    for item_id, record in progress.running:   # (the activity's own "turn N: " is the turn said once)
+        now = (record.activity or record.status).split(": ", 1)[-1]
+        echo(f"  {one_line(item_id)}  turn {record.turns}  {one_line(now)}")
 

@@ -91,6 +91,8 @@ class PidGroup(click.Group):
 def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
     """The job the options describe, every value checked; refuses (BadInput) before anything starts."""
     task, repo, model = options.pop("task"), options.pop("repo"), options.pop("model")
+    if task == "-":   # the task from stdin, as `pid batch -` reads its tasks
+        task = read_stdin_task()
     if not task.strip():
         raise BadInput("the task is empty")
     repo_path = check_repo(repo) if repo else None
@@ -117,6 +119,20 @@ def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
         echo(f"pid: warning: --network {spec.network}: the sandbox can reach the network and is reachable "
              f"from it", err=True)
     return spec
+
+
+MAX_TASK_BYTES = 1 << 20   # a task read from stdin
+
+
+def read_stdin_task() -> str:
+    """TASK `-`: the task is stdin's text (UTF-8, at most MAX_TASK_BYTES)."""
+    data = sys.stdin.buffer.read(MAX_TASK_BYTES + 1)
+    if len(data) > MAX_TASK_BYTES:
+        raise BadInput(f"the task on stdin is larger than {format_size(MAX_TASK_BYTES)}")
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError:
+        raise BadInput("the task on stdin is not UTF-8 text") from None
 
 
 def _table_prices(model: str) -> bool:
@@ -306,9 +322,10 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
             echo("still cleaning up…", err=True)
 
     previous = signal.signal(signal.SIGINT, on_sigint)
+    printer = EventPrinter()
     try:
         echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
-        result = run_job(spec, api_key=api_key, sink=job.sink(ev.ignore if as_json else EventPrinter()),
+        result = run_job(spec, api_key=api_key, sink=job.sink(ev.ignore if as_json else printer),
                          on_agent=lambda agent: _attach(agent, agents, job), cancel=job.cancel,
                          starting=starting, keep=job.store)
     except KeyboardInterrupt:  # Ctrl-C during set-up: run_job removed the container and wrote result.json...
@@ -324,7 +341,7 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
     finally:
         signal.signal(signal.SIGINT, previous)
         job.end(result, failure)
-    print_result(result, spec.job_dir, as_json)
+    print_result(result, spec.job_dir, as_json, said=printer.said)
     sys.exit(EXIT_INTERRUPTED if interrupted.is_set() else exit_code_for(result))
 
 
@@ -383,7 +400,8 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, downloa
     """Wait for the job's end, print its result (from the store: the worker may be on another machine) and exit
     with its code; with `download`, its artifacts go there first (see _download)."""
     record = store.get(job_id)
-    follower = EventFollower(store, job_id, RecordPrinter()) if follow else None
+    printer = RecordPrinter()
+    follower = EventFollower(store, job_id, printer) if follow else None
     try:
         wait_for(lambda: store.get(job_id).terminal, follower, tick=_while_waiting(store, job_id))
     except KeyboardInterrupt:
@@ -392,7 +410,7 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, downloa
         sys.exit(EXIT_INTERRUPTED)
     result = _load_result(store, job_id)
     where = _download(store, job_id, download, own_dir) if download else record.spec.job_dir
-    print_result(result, where, as_json)
+    print_result(result, where, as_json, said=printer.said)
     sys.exit(exit_code_for(result))
 
 
@@ -560,7 +578,8 @@ def cancel(job_id: str) -> None:
         raise BadInput(f"job {job_id} is {record.status}: nothing to cancel")
     status = cancel_job(store, job_id)
     if status == "running":
-        echo(f"{job_id}: cancelling (its worker stops it and keeps the artifacts so far)")
+        who = "its `pid run` stops it" if record.kind == "run" else "its worker stops it"
+        echo(f"{job_id}: cancelling ({who} and keeps the artifacts so far)")
     elif status == "cancelled":
         echo(f"{job_id}: cancelled")  # it had not started, or its process was gone: it ends here and now
     else:

@@ -50,3 +50,25 @@ def test_another_tasks_file_or_other_options_are_refused_and_the_same_command_re
     assert again.code == 0, again.stderr
     assert json.loads((out / "batch.json").read_text())["order"] == ["a", "b", "d"]
     assert len(run_pid("list", "--json", "--limit", "100").json()) == jobs + 1   # only the new item
+
+
+def test_batch_status_says_each_running_item_s_turn_once(run_pid, pid_env, sample_repo, tmp_path):
+    import time
+    from tests.conftest import start_worker, stop_worker
+    from tests.scripted_llm import ScriptedLLM
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 30"}}]}, {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        worker = start_worker(pid_env, tmp_path, tmp_path / "worker.log")
+        try:
+            tasks = write_tasks(tmp_path / "tasks.jsonl", sample_repo, ["slow"])
+            out = tmp_path / "out"
+            assert run_pid("batch", str(tasks), "--out", str(out), "--model", "scripted", "--base-url",
+                           llm.base_url, "--detach").code == 0
+            deadline = time.time() + 60
+            while "running bash sleep 30" not in (shown := run_pid("batch", "--status", str(out)).stdout):
+                assert time.time() < deadline, shown
+                time.sleep(0.3)
+        finally:
+            stop_worker(worker)
+    line = next(line for line in shown.splitlines() if "slow" in line)
+    assert line.split() == ["slow", "turn", "1", "running", "bash", "sleep", "30"], line

@@ -75,10 +75,14 @@ def test_a_cancel_shows_as_sent_and_as_received(run_pid, pid_env, sample_repo, t
                                  "--base-url", llm.base_url, "--out", str(tmp_path / "out"))
         try:
             wait_until(lambda: len(llm.requests) >= 1, what="the first model call")
-            assert run_pid("cancel", job_id).code == 0
+            cancelled = run_pid("cancel", job_id)
             _, err = proc.communicate(timeout=120)
         finally:
             proc.kill()
+    # a foreground job has no worker: its `pid run` stops it
+    assert cancelled.code == 0 and cancelled.stdout == (f"{job_id}: cancelling (its `pid run` stops it and keeps "
+                                                        "the artifacts so far)\n"), cancelled.stdout
     assert proc.returncode == 1, err
+    assert any(line.startswith("cancelled in ") for line in err.splitlines()), err   # said once, not "(cancelled)"
     in_order(err, "→ cancel sent", "← cancel received: the agent stops")
     in_order(run_pid("logs", job_id).stdout, "→ cancel sent", "← cancel received: the agent stops")

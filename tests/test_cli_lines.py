@@ -89,3 +89,45 @@ def test_ctrl_c_while_pid_run_loads_is_one_line_and_leaves_nothing(pid_env, samp
     while [c for c in pid_containers() if c.labels.get(LABEL_OWNER) == mine and c.status != "removing"]:
         assert time.time() < deadline, "a container stayed behind"
         time.sleep(0.2)
+
+
+def test_the_summary_says_each_thing_once_and_its_cost(run_pid, sample_repo, tmp_path):
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo hi"}}],
+               "usage": {"prompt_tokens": 1000, "completion_tokens": 100}},
+              {"text": "done", "usage": {"prompt_tokens": 1200, "completion_tokens": 10}}]
+    with ScriptedLLM(script) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), *opts(llm, tmp_path / "out"), "--check", "true",
+                      "--input-price", "3", "--output-price", "15")
+    assert res.code == 0, res.stderr
+    verdicts = [line for line in res.stderr.splitlines() if "check passed" in line or "✓ check" in line]
+    assert len(verdicts) == 1, res.stderr                     # the live line; the summary does not repeat it
+    summary = line_with(res.stderr, "completed")
+    # 2,200 tokens in at $3 a million, 110 out at $15
+    assert summary.startswith("completed (stop) in ") and summary.endswith("· $0.0083"), summary
+
+
+def test_an_html_error_page_is_its_status_and_first_line_said_once(run_pid, sample_repo, tmp_path):
+    page = ("<!DOCTYPE html>\n<html>\n<head>\n<title>502 Bad Gateway</title>\n<style>body { margin: 0 }</style>\n"
+            "</head>\n<body>\n<center><h1>502 Bad Gateway</h1></center>\n<hr><center>nginx/1.18.0</center>\n"
+            + "<p>filler</p>\n" * 30 + "</body>\n</html>\n")
+    with ScriptedLLM([{"error": {"status": 400, "body": page}}]) as llm:   # (400: said at once, no retries)
+        res = run_pid("run", "t", "--repo", str(sample_repo), *opts(llm, tmp_path / "out"))
+    assert res.code == 1, res.stderr
+    said = [line for line in res.stderr.splitlines() if "Bad Gateway" in line]
+    assert len(said) == 1 and "HTTP 400 from " in said[0] and "<" not in said[0] and len(said[0]) < 200, res.stderr
+    assert "filler" not in res.stderr
+
+
+def test_pid_run_dash_reads_the_task_from_stdin(pid_env, sample_repo, tmp_path):
+    with ScriptedLLM([{"text": "ok"}]) as llm:
+        res = subprocess.run([sys.executable, "-m", "cli.main", "run", "-", "--repo", str(sample_repo),
+                              *opts(llm, tmp_path / "out")], input="STDIN-TASK-3\nsecond line\n", cwd=tmp_path,
+                             env=pid_env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        task = llm.requests[0]["messages"][1]["content"]
+    text = task if isinstance(task, str) else "".join(part.get("text", "") for part in task)
+    assert text.startswith("STDIN-TASK-3\nsecond line"), text
+    empty = subprocess.run([sys.executable, "-m", "cli.main", "run", "-", "--repo", str(sample_repo),
+                            *opts(llm, tmp_path / "out")], input="  \n", cwd=tmp_path, env=pid_env,
+                           capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 2 and empty.stderr == "pid: error: the task is empty\n", empty.stderr
