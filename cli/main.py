@@ -5,25 +5,9 @@ from pid.endings.exit_code_for. `pid batch` (cli/batch.py) exits with its
 worst item's code."""
 from __future__ import annotations
 
+import json
 import os
 import signal
-
-
-def _interrupted_while_loading(signum: int, frame: object) -> None:
-    """Ctrl-C while pid's own code loads, before any command has started anything: one line and exit 130, never a
-    traceback from the middle of an import. (pid's own constant text: nothing to sanitise, no echo loaded yet.)"""
-    os.write(2, b"interrupted\n")
-    os._exit(130)
-
-
-_LOADING = signal.getsignal(signal.SIGINT) is signal.default_int_handler   # (a SIGINT ignored stays ignored)
-if _LOADING:
-    try:
-        signal.signal(signal.SIGINT, _interrupted_while_loading)   # until the end of this module
-    except ValueError:   # imported from another thread than the main one: no handler can be set
-        _LOADING = False
-
-import json  # (the imports from here on load under the handler above)
 import sys
 import tempfile
 import threading
@@ -34,6 +18,7 @@ from typing import Any, Callable
 
 import click
 
+import cli as cli_package
 from pid import events as ev
 from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
 from cli.options import EnvOption, QueueName, Size, format_size, job_options
@@ -41,6 +26,7 @@ from cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, 
                         print_result, wait_for)
 from pid.terminal import dumps, one_line
 from pid.endings import STATUSES, exit_code_for
+from worker.clients import MissingClient
 from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
 
 EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without --wait)
@@ -295,52 +281,59 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
     check_api_key(spec, api_key)
     check_workspace_size(spec, max_workspace)
     check_cpus(spec)
-    from worker.sandbox_start import abandon, start_sandbox
-    starting = start_sandbox(spec)    # the container starts while the agent's code loads
-    try:
-        check_image(spec.image)
-        reap_own_quietly()
-        from worker.control import ForegroundJob
-        from worker.runner import run_job
-        job = ForegroundJob.start(spec)   # in the job store: list, status, steer, pause, cancel reach it from elsewhere
-    except BaseException:             # bad input or Ctrl-C before the job: nothing may stay behind
-        abandon(starting)
-        raise
     agents: list[Any] = []
+    jobs: list[Any] = []   # the job, once in the store
     interrupted = threading.Event()
-    result = None
-    failure: str | None = None
 
     def on_sigint(signum: int, frame: Any) -> None:
         interrupted.set()
-        if not agents:  # still setting up: the runner's finally removes what exists
-            raise KeyboardInterrupt
+        if not agents:   # setting up: it stops at its next step. Never an exception here: it could break an import
+            if jobs:     # that the sandbox's thread waits on, and nothing would end
+                jobs[0].cancel.set()
+            return
         if not agents[0].cancel_event.is_set():
             echo("\ncancelling: collecting the patch and removing the container…", err=True)
             agents[0].cancel()
         else:  # cleanup is short and bounded; interrupting it would leak the container and lose the result
             echo("still cleaning up…", err=True)
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    printer = EventPrinter()
+    previous = signal.signal(signal.SIGINT, on_sigint)   # before the sandbox's thread starts
     try:
-        echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
-        result = run_job(spec, api_key=api_key, sink=job.sink(ev.ignore if as_json else printer),
-                         on_agent=lambda agent: _attach(agent, agents, job), cancel=job.cancel,
-                         starting=starting, keep=job.store)
-    except KeyboardInterrupt:  # Ctrl-C during set-up: run_job removed the container and wrote result.json...
-        abandon(starting)      # ...unless it came before run_job took the early sandbox (idempotent otherwise)
-        if os.path.exists(os.path.join(spec.job_dir, "result.json")):
-            echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
-        else:
+        from worker.sandbox_start import abandon, start_sandbox
+        starting = start_sandbox(spec)    # the container starts while the agent's code loads
+        try:
+            check_image(spec.image)
+            reap_own_quietly()
+            from worker.control import ForegroundJob
+            from worker.runner import run_job
+            jobs.append(ForegroundJob.start(spec))   # in the job store: list, status, steer, pause, cancel reach it
+        except BaseException:             # bad input: nothing may stay behind
+            abandon(starting)
+            raise
+        job = jobs[0]
+        if interrupted.is_set():          # Ctrl-C while it set up: nothing ran, nothing stays
+            abandon(starting)
+            job.end(None)
             echo("interrupted before the job started", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except Exception as exc:   # not the job's own failure (run_job records those): the store must not say Ctrl-C
-        failure = f"{type(exc).__name__}: {exc}"
-        raise
+            sys.exit(EXIT_INTERRUPTED)
+        result = None
+        failure: str | None = None
+        printer = EventPrinter()
+        try:
+            echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
+            result = run_job(spec, api_key=api_key, sink=job.sink(ev.ignore if as_json else printer),
+                             on_agent=lambda agent: _attach(agent, agents, job), cancel=job.cancel,
+                             starting=starting, keep=job.store)
+        except BaseException as exc:   # not the job's own failure (run_job records those)
+            failure = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            job.end(result, failure)
     finally:
         signal.signal(signal.SIGINT, previous)
-        job.end(result, failure)
+    if interrupted.is_set() and not agents:   # Ctrl-C while it set up: the job ended before its agent started
+        echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     print_result(result, spec.job_dir, as_json, said=printer.said)
     sys.exit(EXIT_INTERRUPTED if interrupted.is_set() else exit_code_for(result))
 
@@ -771,8 +764,9 @@ from cli.view import view as view_command  # noqa: E402 - the command lives in i
 cli.add_command(view_command)
 from cli.rerun import register as register_rerun  # noqa: E402 - `continue` and `retry`, with this module's helpers
 register_rerun(cli, sys.modules[__name__])
-if _LOADING:   # loaded: Ctrl-C is a KeyboardInterrupt again, which main() and the commands handle
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+if cli_package.LOADING:   # loaded (cli/__init__.py): Ctrl-C is a KeyboardInterrupt again, which main() and the
+    cli_package.LOADING = False                                # commands handle (once: `python -m cli.main` may
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # load this module a second time, as cli.main)
 
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)
@@ -787,7 +781,6 @@ def _shown_traceback(kind: type[BaseException], exc: BaseException, tb: Any) -> 
 def main() -> None:
     """Every ending is an exit code and at most one line: usage errors included, Ctrl-C anywhere is 130. A library's
     warning (logging's last resort) and a bug's traceback pass through the sanitiser like every other line."""
-    from worker.clients import MissingClient
     try:
         import logging
         from pid.terminal import ShownLogRecords
