@@ -231,6 +231,8 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool, said: set[
             if check.get("error"):
                 echo(styled(f"check error: {one_line(str(check['error']))}", fg="red"), err=True)
             tail = shown(str(check.get("output_tail") or "")).splitlines()[-CHECK_LINES_SHOWN:]
+            if tail and CHECK_SAID in said:   # (its verdict was the live line: this says whose output follows)
+                echo(styled("check output, its last lines:", dim=True), err=True)
             for line in tail:
                 echo(f"  {line}", err=True)
     if result.get("error") and said_key(str(result["error"])) not in said:
