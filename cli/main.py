@@ -286,10 +286,13 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
     interrupted = threading.Event()
 
     def on_sigint(signum: int, frame: Any) -> None:
+        again = interrupted.is_set()
         interrupted.set()
         if not agents:   # setting up: it stops at its next step. Never an exception here: it could break an import
             if jobs:     # that the sandbox's thread waits on, and nothing would end
                 jobs[0].cancel.set()
+            if again:
+                echo("still setting up: it stops at its next step…", err=True)
             return
         if not agents[0].cancel_event.is_set():
             echo("\ncancelling: collecting the patch and removing the container…", err=True)
