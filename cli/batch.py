@@ -23,10 +23,10 @@ from click.core import ParameterSource
 from cli.batch_progress import Progress
 from cli.batch_run import EXIT_INTERRUPTED, Run, count
 from cli.batch_tasks import Item, parse
-from cli.options import EnvOption, Number, QueueName, Size, format_size, spec_options
+from cli.options import JOB_OPTIONS, EnvOption, Number, QueueName, Size, format_size, spec_options
 from cli.output import echo
 from pid.terminal import dumps, one_line
-from worker.batch import BatchDir
+from worker.batch import BatchDir, changed_options, kept_options, other_tasks
 from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
 
 WORKER_STOP_S = 60.0
@@ -94,18 +94,23 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
         raise _bad("pid batch needs --out DIR: the batch's results, and its memory when it runs again")
     if detach and workers:
         raise _bad("--detach and --workers: the local workers would stop as the command returns")
-    from cli.main import check_out_dir
+    from cli.main import check_broker, check_out_dir
+    check_broker()
     out = check_out_dir(options.pop("out_dir"))
     if os.path.isdir(out) and os.listdir(out) and not BatchDir.exists(out):
         raise _bad(f"--out {out}: not empty and not a batch's output directory")
     items, errors = _read_items(tasks, allow_outside)
+    tasks_path = os.path.abspath(os.path.expanduser(tasks)) if tasks != "-" else "-"
+    defined = {**options, "repo": repo, "queue": queue, "no_images": no_images, "max_workspace": max_workspace}
+    if BatchDir.exists(out):
+        _same_batch(_open(out), tasks_path, [item.id for item in items], defined)
     from pid.config import endpoint
     key_endpoint = endpoint(options["api"], options.get("base_url"))   # the command line's key goes there only
     specs = build_specs(items, options, repo=repo, queue=queue, no_images=no_images, api_key=api_key,
                         jobs_dir=os.path.join(out, ".jobs"), max_workspace=max_workspace,
                         need_prices=max_total_cost is not None, tasks=tasks, errors=errors, key_endpoint=key_endpoint)
-    settings = {"tasks": os.path.abspath(tasks) if tasks != "-" else "-", "max_total_cost": max_total_cost,
-                "max_running": max_running}
+    settings = {"tasks": tasks_path, "max_total_cost": max_total_cost, "max_running": max_running,
+                "options": kept_options(defined)}
     bdir = _open(out) if BatchDir.exists(out) else BatchDir.create(out, settings)
     bdir.set_order([item.id for item in items], settings)
     store = _store()
@@ -147,6 +152,21 @@ def _open(path: str) -> BatchDir:
         return BatchDir.open(path)
     except ValueError as exc:
         raise _bad(str(exc)) from None
+
+
+def _same_batch(bdir: BatchDir, tasks: str, item_ids: list[str], options: dict[str, Any]) -> None:
+    """A rerun resumes its batch: another tasks file, or other options, would be merged into it. Refused (exit 2)."""
+    again = (f"resume it with the command that started it (pid batch {shlex.quote(str(bdir.meta.get('tasks')))} "
+             f"--out {shlex.quote(bdir.path)} and the same options), or give this run another --out directory")
+    if other_tasks(bdir.meta, tasks, item_ids):
+        raise _bad(f"--out {bdir.path} holds batch {bdir.batch_id} of another tasks file "
+                   f"({one_line(str(bdir.meta.get('tasks')))}): {again}")
+    changed = changed_options(bdir.meta, options)
+    if changed:
+        flags = {option.name: option.flag for option in JOB_OPTIONS}
+        named = ", ".join(flags.get(name, "--" + name.replace("_", "-")) for name in changed)
+        raise _bad(f"--out {bdir.path} holds batch {bdir.batch_id}, started with other options ({named} "
+                   f"differ): {again}")
 
 
 def _read_items(tasks: str, allow_outside: bool) -> tuple[list[Item], list[str]]:
@@ -266,9 +286,9 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
 
 def _policy_refusals(items: list[Item], specs: dict[str, JobSpec]) -> list[str]:
     """A line per item that no live worker of its queue would admit (their policies come with their heartbeats)."""
-    from worker.housekeeping import ALIVE_WITHIN_S
+    from worker.housekeeping import live_workers
     from worker.policy import refusal_by_workers
-    beats = _store().workers(alive_within_s=ALIVE_WITHIN_S)
+    beats = live_workers(_store())
     refusals = ((item, refusal_by_workers(beats, specs[item.id])) for item in items if item.id in specs)
     return [f"line {item.line}: {refusal}" for item, refusal in refusals if refusal]
 
@@ -314,9 +334,15 @@ def _check_images(specs: dict[str, JobSpec]) -> None:
     from worker.brokers import embedded_broker
     if not embedded_broker():
         return
-    from cli.main import check_image
+    from cli.main import BadInput, check_cpus, check_image
     for image in sorted({s.image for s in specs.values()}):
         check_image(image)
+    most = max(specs.values(), key=lambda s: s.cpus, default=None)
+    if most is not None:
+        try:
+            check_cpus(most)
+        except BadInput as exc:
+            raise _bad(f"an item's {exc.format_message()}; nothing was submitted") from None
 
 
 class LocalWorkers:
@@ -378,6 +404,7 @@ def _status(bdir: BatchDir, as_json: bool) -> None:
     counts = ", ".join(f"{n} {s}" for s, n in sorted(progress.counts.items()))
     budget = f" of ${info.max_total_cost:.4f}" if info is not None and info.max_total_cost is not None else ""
     echo(f"batch {bdir.batch_id}: {len(bdir.order)} items: {counts}; cost ${progress.cost:.4f}{budget}")
-    for item_id, record in progress.running:
-        echo(f"  {one_line(item_id)}  turn {record.turns}  {one_line(record.activity or '')}")
+    for item_id, record in progress.running:   # (the activity's own "turn N: " is the turn said once)
+        now = (record.activity or record.status).split(": ", 1)[-1]
+        echo(f"  {one_line(item_id)}  turn {record.turns}  {one_line(now)}")
 

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import click
 
+import cli as cli_package
 from pid import events as ev
 from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
 from cli.options import EnvOption, QueueName, Size, format_size, job_options
@@ -25,6 +26,7 @@ from cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, 
                         print_result, styled, wait_for)
 from pid.terminal import dumps, one_line
 from pid.endings import STATUSES, exit_code_for
+from worker.clients import MissingClient
 from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
 
 EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without --wait)
@@ -75,6 +77,8 @@ class PidGroup(click.Group):
 def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
     """The job the options describe, every value checked; refuses (BadInput) before anything starts."""
     task, repo, model = options.pop("task"), options.pop("repo"), options.pop("model")
+    if task == "-":   # the task from stdin, as `pid batch -` reads its tasks
+        task = read_stdin_task()
     if not task.strip():
         raise BadInput("the task is empty")
     repo_path = check_repo(repo) if repo else None
@@ -101,6 +105,20 @@ def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
         echo(f"pid: warning: --network {spec.network}: the sandbox can reach the network and is reachable "
              f"from it", err=True)
     return spec
+
+
+MAX_TASK_BYTES = 1 << 20   # a task read from stdin
+
+
+def read_stdin_task() -> str:
+    """TASK `-`: the task is stdin's text (UTF-8, at most MAX_TASK_BYTES)."""
+    data = sys.stdin.buffer.read(MAX_TASK_BYTES + 1)
+    if len(data) > MAX_TASK_BYTES:
+        raise BadInput(f"the task on stdin is larger than {format_size(MAX_TASK_BYTES)}")
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError:
+        raise BadInput("the task on stdin is not UTF-8 text") from None
 
 
 def _table_prices(model: str) -> bool:
@@ -203,11 +221,30 @@ def check_api_key(spec: JobSpec, key: str | None) -> None:
 def check_policies(store: Any, spec: JobSpec) -> None:
     """Refuse at once a job that no live worker of its queue would admit (their policies come with their
     heartbeats), with the message a worker would give."""
-    from worker.housekeeping import ALIVE_WITHIN_S
+    from worker.housekeeping import live_workers
     from worker.policy import refusal_by_workers
-    refusal = refusal_by_workers(store.workers(alive_within_s=ALIVE_WITHIN_S), spec)
+    refusal = refusal_by_workers(live_workers(store), spec)
     if refusal:
         raise BadInput(f"{refusal}; nothing was queued")
+
+
+def check_broker() -> None:
+    """A PID_BROKER_URL no transport serves is refused before anything is recorded."""
+    from worker.brokers import broker_problem
+    problem = broker_problem()
+    if problem:
+        raise BadInput(problem)
+
+
+def check_cpus(spec: JobSpec) -> None:
+    """More CPUs than the engine has is refused before a container is asked for (the engine would refuse it with a
+    400). Only a count above one is worth asking about; an engine that does not answer is left to say so itself."""
+    if spec.cpus <= 1:
+        return
+    from sandbox.engine_probe import engine_cpus
+    have = engine_cpus()
+    if have is not None and spec.cpus > have:
+        raise BadInput(f"--cpus {spec.cpus:g}: the Docker engine has only {have} CPU{'s' if have != 1 else ''}")
 
 
 def check_image(image: str) -> None:
@@ -243,52 +280,64 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
     spec.max_workspace = max_workspace
     check_api_key(spec, api_key)
     check_workspace_size(spec, max_workspace)
-    from worker.sandbox_start import abandon, start_sandbox
-    starting = start_sandbox(spec)    # the container starts while the agent's code loads
-    try:
-        check_image(spec.image)
-        reap_own_quietly()
-        from worker.control import ForegroundJob
-        from worker.runner import run_job
-        job = ForegroundJob.start(spec)   # in the job store: list, status, steer, pause, cancel reach it from elsewhere
-    except BaseException:             # bad input or Ctrl-C before the job: nothing may stay behind
-        abandon(starting)
-        raise
+    check_cpus(spec)
     agents: list[Any] = []
+    jobs: list[Any] = []   # the job, once in the store
     interrupted = threading.Event()
-    result = None
-    failure: str | None = None
 
     def on_sigint(signum: int, frame: Any) -> None:
+        again = interrupted.is_set()
         interrupted.set()
-        if not agents:  # still setting up: the runner's finally removes what exists
-            raise KeyboardInterrupt
+        if not agents:   # setting up: it stops at its next step. Never an exception here: it could break an import
+            if jobs:     # that the sandbox's thread waits on, and nothing would end
+                jobs[0].cancel.set()
+            if again:
+                echo("still setting up: it stops at its next step…", err=True)
+            return
         if not agents[0].cancel_event.is_set():
             echo("\ncancelling: collecting the patch and removing the container…", err=True)
             agents[0].cancel()
         else:  # cleanup is short and bounded; interrupting it would leak the container and lose the result
             echo("still cleaning up…", err=True)
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = signal.signal(signal.SIGINT, on_sigint)   # before the sandbox's thread starts
     try:
-        echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
-        result = run_job(spec, api_key=api_key, sink=job.sink(ev.ignore if as_json else EventPrinter()),
-                         on_agent=lambda agent: _attach(agent, agents, job), cancel=job.cancel,
-                         starting=starting)
-    except KeyboardInterrupt:  # Ctrl-C during set-up: run_job removed the container and wrote result.json...
-        abandon(starting)      # ...unless it came before run_job took the early sandbox (idempotent otherwise)
-        if os.path.exists(os.path.join(spec.job_dir, "result.json")):
-            echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
-        else:
+        from worker.sandbox_start import abandon, start_sandbox
+        starting = start_sandbox(spec)    # the container starts while the agent's code loads
+        try:
+            check_image(spec.image)
+            reap_own_quietly()
+            from worker.control import ForegroundJob
+            from worker.runner import run_job
+            jobs.append(ForegroundJob.start(spec))   # in the job store: list, status, steer, pause, cancel reach it
+        except BaseException:             # bad input: nothing may stay behind
+            abandon(starting)
+            raise
+        job = jobs[0]
+        if interrupted.is_set():          # Ctrl-C while it set up: nothing ran, nothing stays
+            abandon(starting)
+            job.end(None)
             echo("interrupted before the job started", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except Exception as exc:   # not the job's own failure (run_job records those): the store must not say Ctrl-C
-        failure = f"{type(exc).__name__}: {exc}"
-        raise
+            sys.exit(EXIT_INTERRUPTED)
+        result = None
+        failure: str | None = None
+        printer = EventPrinter()
+        try:
+            echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
+            result = run_job(spec, api_key=api_key, sink=job.sink(ev.ignore if as_json else printer),
+                             on_agent=lambda agent: _attach(agent, agents, job), cancel=job.cancel,
+                             starting=starting, keep=job.store)
+        except BaseException as exc:   # not the job's own failure (run_job records those)
+            failure = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            job.end(result, failure)
     finally:
         signal.signal(signal.SIGINT, previous)
-        job.end(result, failure)
-    print_result(result, spec.job_dir, as_json)
+    if interrupted.is_set() and not agents:   # Ctrl-C while it set up: the job ended before its agent started
+        echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    print_result(result, spec.job_dir, as_json, said=printer.said)
     sys.exit(EXIT_INTERRUPTED if interrupted.is_set() else exit_code_for(result))
 
 
@@ -307,12 +356,14 @@ def _attach(agent: Any, agents: list[Any], job: Any) -> None:
 def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_workspace: int, queue: str,
            **options: Any) -> None:
     """Queue a job for a worker and print its id. A directory --repo is packed now: the job sees it as it is now."""
+    check_broker()
     spec = build_spec(options, no_images)
     spec.queue = queue
     spec.max_workspace = max_workspace
     from worker.brokers import embedded_broker
     from worker.store import default_store
-    if embedded_broker():  # the worker is on this machine: its image must be here too
+    if embedded_broker():  # the worker is on this machine: its image and CPUs must be here too
+        check_cpus(spec)
         check_image(spec.image)
     pack_workspace(spec, max_workspace)
     queue_job(default_store(), spec, api_key, wait, as_json)
@@ -345,7 +396,8 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, downloa
     """Wait for the job's end, print its result (from the store: the worker may be on another machine) and exit
     with its code; with `download`, its artifacts go there first (see _download)."""
     record = store.get(job_id)
-    follower = EventFollower(store, job_id, RecordPrinter()) if follow else None
+    printer = RecordPrinter()
+    follower = EventFollower(store, job_id, printer) if follow else None
     try:
         wait_for(lambda: store.get(job_id).terminal, follower, tick=_while_waiting(store, job_id))
     except KeyboardInterrupt:
@@ -354,7 +406,7 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, downloa
         sys.exit(EXIT_INTERRUPTED)
     result = _load_result(store, job_id)
     where = _download(store, job_id, download, own_dir) if download else record.spec.job_dir
-    print_result(result, where, as_json)
+    print_result(result, where, as_json, said=printer.said)
     sys.exit(exit_code_for(result))
 
 
@@ -403,9 +455,9 @@ def _no_worker_notice(store: Any, job_id: str) -> Callable[[], None]:
         record = store.get(job_id)
         if record is None or record.status != "queued":
             return
-        from worker.housekeeping import ALIVE_WITHIN_S
+        from worker.housekeeping import live_workers
         queue = record.spec.queue
-        workers = [w for w in store.workers(alive_within_s=ALIVE_WITHIN_S) if queue in w.queues]
+        workers = [w for w in live_workers(store) if queue in w.queues]
         waited = f"job {job_id} is still queued after {NO_WORKER_NOTICE_S:g}s"
         if workers:
             running = sum(w.running for w in workers)
@@ -522,7 +574,8 @@ def cancel(job_id: str) -> None:
         raise BadInput(f"job {job_id} is {record.status}: nothing to cancel")
     status = cancel_job(store, job_id)
     if status == "running":
-        echo(f"{job_id}: cancelling (its worker stops it and keeps the artifacts so far)")
+        who = "its `pid run` stops it" if record.kind == "run" else "its worker stops it"
+        echo(f"{job_id}: cancelling ({who} and keeps the artifacts so far)")
     elif status == "cancelled":
         echo(f"{job_id}: cancelled")  # it had not started, or its process was gone: it ends here and now
     else:
@@ -628,21 +681,25 @@ def logs(job_id: str, follow: bool, as_json: bool) -> None:
 @click.option("--all", "show_all", is_flag=True, help="Also workers not heard from lately (stopped or lost).")
 @click.option("--json", "as_json", is_flag=True, help="A JSON array of the workers' heartbeats.")
 def workers(show_all: bool, as_json: bool) -> None:
-    """The workers of this job store, from their heartbeats (every 5 s): host, process, jobs running of how many."""
-    from worker.housekeeping import ALIVE_WITHIN_S
+    """The workers of this job store, from their heartbeats (every 2 s): host, process, jobs running of how many;
+    alive, or (--all) stopped, lost (its process is gone) or silent, and since when."""
+    from worker.housekeeping import worker_state
     from worker.store import default_store
-    now = time.time()
-    beats = default_store().workers(alive_within_s=None if show_all else ALIVE_WITHIN_S)
+    store = default_store()
+    now = store.now()
+    states = [(b, worker_state(b, now)) for b in store.workers()]
+    beats = [(b, state) for b, state in states if show_all or state == "alive"]
     if as_json:
-        echo(dumps([{**asdict(b), "alive": now - b.beat_at <= ALIVE_WITHIN_S} for b in beats], indent=2))
+        echo(dumps([{**asdict(b), "alive": state == "alive", "state": state} for b, state in beats], indent=2))
         return
     if not beats:
         echo("no live worker" + ("" if show_all else " (pid workers --all: also stopped or lost ones)"))
         return
-    for b in beats:
-        seen = "alive" if now - b.beat_at <= ALIVE_WITHIN_S else f"silent {format_duration(now - b.beat_at)}"
+    for b, state in beats:
+        until = now if state == "alive" else (b.stopped_at if state == "stopped" else None) or b.beat_at
+        seen = state if state == "alive" else f"{state} {format_duration(now - until)} ago"
         echo(f"{one_line(b.node):<40}  {one_line(b.host)}:{b.pid:<8}  {b.running}/{b.concurrency} running  "
-             f"queue {one_line(','.join(b.queues)):<12}  up {format_duration(now - b.started_at):>8}  {seen}")
+             f"queue {one_line(','.join(b.queues)):<12}  up {format_duration(until - b.started_at):>8}  {seen}")
         if b.policy:
             echo("  policy: " + ", ".join(f"{one_line(k)} = {dumps(v)}" for k, v in b.policy.items()))
         if b.alarm:
@@ -672,6 +729,7 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
            allow_volatile_store: bool) -> None:
     """Start a worker that runs queued jobs (Ctrl-C: finish the running jobs, then stop; twice, or SIGTERM, or
     SIGHUP: hand them back to the queue now)."""
+    check_broker()
     from worker import policy
     if policy_file:
         try:
@@ -739,6 +797,9 @@ from cli.view import view as view_command  # noqa: E402 - the command lives in i
 cli.add_command(view_command)
 from cli.rerun import register as register_rerun  # noqa: E402 - `continue` and `retry`, with this module's helpers
 register_rerun(cli, sys.modules[__name__])
+if cli_package.LOADING:   # loaded (cli/__init__.py): Ctrl-C is a KeyboardInterrupt again, which main() and the
+    cli_package.LOADING = False                                # commands handle (once: `python -m cli.main` may
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # load this module a second time, as cli.main)
 
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)
@@ -753,15 +814,14 @@ def _shown_traceback(kind: type[BaseException], exc: BaseException, tb: Any) -> 
 def main() -> None:
     """Every ending is an exit code and at most one line: usage errors included, Ctrl-C anywhere is 130. A library's
     warning (logging's last resort) and a bug's traceback pass through the sanitiser like every other line."""
-    import logging
-    from pid.terminal import ShownLogRecords
-    from worker.clients import MissingClient
-    if logging.lastResort is not None:
-        logging.lastResort.addFilter(ShownLogRecords())
-    sys.excepthook = _shown_traceback
     try:
+        import logging
+        from pid.terminal import ShownLogRecords
+        if logging.lastResort is not None:
+            logging.lastResort.addFilter(ShownLogRecords())
+        sys.excepthook = _shown_traceback
         code = cli.main(prog_name="pid", standalone_mode=False)
-    except click.exceptions.Abort:   # KeyboardInterrupt (or EOF) outside a command's own handling
+    except (click.exceptions.Abort, KeyboardInterrupt):   # Ctrl-C (or EOF) outside a command's own handling
         echo("interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     except MissingClient as exc:

@@ -37,9 +37,26 @@ Part = str | Styled
 
 def echo(*parts: Part, err: bool = False) -> None:
     """Print one message made of `parts` (and a newline). The only way pid's commands write to the terminal: each
-    part goes through pid.terminal.shown, then a Styled part gets its style."""
-    click.echo("".join(click.style(shown(p.text), **p.style) if isinstance(p, Styled) else shown(p) for p in parts),
-               err=err)
+    part goes through pid.terminal.shown, then a Styled part gets its style. A reader that went away (`pid run … |
+    head`) only stops the output: see _gone."""
+    try:
+        click.echo("".join(click.style(shown(p.text), **p.style) if isinstance(p, Styled) else shown(p)
+                           for p in parts), err=err)
+    except BrokenPipeError:
+        _gone(sys.stderr if err else sys.stdout)
+
+
+def _gone(stream: Any) -> None:
+    """The stream's reader closed it: what follows goes to /dev/null (the interpreter's last flush included), and
+    nothing else changes. A closed stdout never ends a job: it runs on, ends as it would, and exits with its code."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def tool_line(name: str, summary: str, is_error: bool, error_line: str | None,
@@ -62,6 +79,23 @@ def compaction_line(record: dict[str, Any]) -> str:
             f"{record.get('summarized', 0)} messages summarised" + (", retrying" if record.get("will_retry") else ""))
 
 
+CONTROL_RECEIVED = {"pause": "the agent holds before its next model call", "resume": "the agent goes on",
+                    "cancel": "the agent stops"}
+
+
+def control_line(record: dict[str, Any]) -> str:
+    """A control as it is sent (→) and as the agent receives it (←): `→ steer sent: …`, `← pause received: …`."""
+    kind = str(record.get("kind", "?"))
+    sent = record.get("stage") == "sent"
+    text = record.get("text")
+    if text is not None:
+        what = one_line(str(text))[:100]
+    else:
+        what = "" if sent else CONTROL_RECEIVED.get(kind, "")
+    return (f"{'→' if sent else '←'} {one_line(kind.replace('_', '-'))} {'sent' if sent else 'received'}"
+            + (f": {what}" if what else ""))
+
+
 class RecordPrinter:
     """Prints a job's log records (pid/event_records.py) on stderr: a line per tool call as it ends, model errors,
     and what happened to the job (an attempt started, handed back, put back). With as_json, each record is one JSON
@@ -69,6 +103,7 @@ class RecordPrinter:
 
     def __init__(self, as_json: bool = False, err: bool = True) -> None:
         self.as_json, self.err = as_json, err
+        self.said: set[str] = set()   # errors and the check's verdict printed: the summary does not repeat them
 
     def __call__(self, record: dict[str, Any]) -> None:
         if self.as_json:
@@ -86,17 +121,21 @@ class RecordPrinter:
                                                               else "")
             echo(*tool_line("check", str(record.get("command", "")), not passed, why, record.get("duration_s")),
                  err=err)
+            self.said.add(CHECK_SAID)
         elif kind == "model_retry":
             status = f"HTTP {record['status']}, " if record.get("status") else ""
             echo(styled(f"· {one_line(str(record.get('message')))} ({status}attempt {record.get('attempt')} failed)",
                         fg="yellow"), err=err)
         elif kind == "assistant" and record.get("error"):
             echo(styled(f"model error: {one_line(str(record['error']))}", fg="red"), err=err)
+            self.said.add(said_key(str(record["error"])))
         elif kind == "compaction_end":
             echo(styled(compaction_line(record), fg="red" if record.get("error") else None, dim=True), err=err)
         elif kind == "notice":
             echo(styled(f"{one_line(str(record.get('level', 'warning')))}: {one_line(str(record.get('text')))}",
                         fg="yellow"), err=err)
+        elif kind == "control":
+            echo(styled(control_line(record), fg="cyan"), err=err)
         elif kind == "job" and record.get("note"):
             echo(styled(f"· {one_line(str(record['note']))}", dim=True), err=err)
         elif kind == "dropped":
@@ -109,6 +148,7 @@ class EventPrinter:
     def __init__(self) -> None:
         self._records = EventRecords()
         self._printer = RecordPrinter()
+        self.said = self._printer.said
 
     def __call__(self, event: ev.Event) -> None:
         record = self._records(event)
@@ -156,29 +196,46 @@ def check_line(check: dict[str, Any]) -> list[Part]:
     return [styled("check FAILED", fg="red", bold=True), f" ({check_failure(check)}){took_text}: {command}"]
 
 
-def print_result(result: dict[str, Any], job_dir: str, as_json: bool) -> None:
+CHECK_SAID = "\0check"   # (in RecordPrinter.said: the check's verdict was printed)
+
+
+def said_key(text: str) -> str:
+    """An error as RecordPrinter.said remembers it, so that its summary recognises it (a record keeps 500 chars)."""
+    return one_line(text)[:200]
+
+
+def print_result(result: dict[str, Any], job_dir: str, as_json: bool, said: set[str] | frozenset[str] = frozenset()
+                 ) -> None:
+    """The final message and the summary. `said`: what the job's live lines printed already (RecordPrinter.said):
+    its check's verdict and errors are not said twice."""
     if as_json:
         echo(dumps(json_text(result), indent=2))
         return
     if result.get("final_message"):
         echo(str(result["final_message"]))
     status = one_line(str(result.get("status", "?")))
+    reason = one_line(str(result.get("exit_reason")))
     colour = {"completed": "green", "limit": "yellow", "cancelled": "yellow"}.get(status, "red")
     usage = result.get("usage") or {}
+    cost = usage.get("cost") or 0
     echo(styled(status, fg=colour, bold=True),
-         f" ({one_line(str(result.get('exit_reason')))}) in {result.get('duration_s', 0):.1f}s · "
+         f"{'' if reason == status else f' ({reason})'} in {result.get('duration_s', 0):.1f}s · "
          f"{_count(result.get('turns', 0), 'turn')} · {_count(result.get('tool_calls', 0), 'tool call')} · "
-         f"{_count(usage.get('total_tokens', 0), 'token')}", err=True)
+         f"{_count(usage.get('total_tokens', 0), 'token')} · "
+         f"${cost if isinstance(cost, (int, float)) else 0:.4f}", err=True)
     check = result.get("check")
     if isinstance(check, dict):
-        echo(*check_line(check), err=True)
+        if CHECK_SAID not in said:
+            echo(*check_line(check), err=True)
         if check.get("passed") is not True:
             if check.get("error"):
                 echo(styled(f"check error: {one_line(str(check['error']))}", fg="red"), err=True)
             tail = shown(str(check.get("output_tail") or "")).splitlines()[-CHECK_LINES_SHOWN:]
+            if tail and CHECK_SAID in said:   # (its verdict was the live line: this says whose output follows)
+                echo(styled("check output, its last lines:", dim=True), err=True)
             for line in tail:
                 echo(f"  {line}", err=True)
-    if result.get("error"):
+    if result.get("error") and said_key(str(result["error"])) not in said:
         echo(styled(f"error: {one_line(str(result['error']))}", fg="red"), err=True)
     if result.get("warning"):
         echo(styled(f"warning: {one_line(str(result['warning']))}", fg="yellow"), err=True)

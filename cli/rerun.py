@@ -97,6 +97,7 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
     from worker.brokers import embedded_broker
     from worker.continuation import Refused
     from worker.store import default_store
+    _main.check_broker()
     store = default_store()
     try:
         spec: JobSpec = make(store)
@@ -118,7 +119,8 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
              f"{endpoint(spec.api, spec.base_url)}: not sent (set PID_BASE_URL to send it there)", err=True)
         api_key = None
     _main.check_api_key(spec, api_key)
-    if embedded_broker():   # the worker is on this machine: its image must be here too
+    if embedded_broker():   # the worker is on this machine: its image and CPUs must be here too
+        _main.check_cpus(spec)
         _main.check_image(spec.image)
     _main.queue_job(store, spec, api_key, wait, as_json)
 

@@ -89,6 +89,8 @@ class Agent:
         self._resumed = threading.Event()
         self._resumed.set()
         self._sink_lock = threading.Lock()
+        self._sent: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()   # controls' `sent`, for the next to emit
+        self._ended = False
         self._pool = ThreadPoolExecutor(max_parallel_tools, thread_name_prefix="pid-tool")
 
     # -- controls (any thread) --------------------------------------------------------------------------------------
@@ -103,24 +105,33 @@ class Agent:
                 and isinstance(self.messages[0], UserMessage):
             self.compactor.resume(self.messages[0], str(compaction.get("summary", "")), compaction.get("details"))
 
+    # Each control's `sent` event is queued before the control itself, so that its `received` (which the loop emits
+    # after draining that queue) can never come first.
     def steer(self, text: str) -> None:
         """Delivered after the running tool batch completes, before the next model call."""
+        self._send(ev.Control("steer", "sent", text))
         self._steering.put(text)
 
     def follow_up(self, text: str) -> None:
         """Delivered when the agent would otherwise stop; the loop then goes on."""
+        self._send(ev.Control("follow_up", "sent", text))
         self._follow_ups.put(text)
 
     def pause(self) -> None:
-        if not self.cancel_event.is_set():  # a cancelled agent must be able to run to its end
+        if not self.cancel_event.is_set() and self._resumed.is_set():  # a cancelled agent must run to its end
+            self._send(ev.Control("pause", "sent"))
             self._resumed.clear()
 
     def resume(self) -> None:
-        self._resumed.set()
+        if not self._resumed.is_set():
+            self._send(ev.Control("resume", "sent"))
+            self._resumed.set()
 
     def cancel(self, reason: ExitReason = "cancelled") -> None:
         if self._stop_reason is None:
             self._stop_reason = reason
+            if reason == "cancelled":   # (a wall clock running out is the job's limit, not a control)
+                self._send(ev.Control("cancel", "sent"))
         self.cancel_event.set()
         self._resumed.set()
 
@@ -141,31 +152,32 @@ class Agent:
                 timer.cancel()
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._emit(ev.AgentEnd(outcome.status, outcome.exit_reason))
+        self._ended = True
         return outcome
 
     def _loop(self, task: str) -> Outcome:
         out = Outcome("stop")
-        pending = [task]            # user messages that open the next turn
+        pending: list[tuple[ev.ControlKind | None, str]] = [(None, task)]   # user messages that open the next turn
         consecutive_timeouts = 0
         while True:
             if not self._resumed.is_set():
+                self._emit(ev.Control("pause", "received"))
                 self._resumed.wait()    # what was steered while paused goes into the very next call
+                if not self.cancel_event.is_set():
+                    self._emit(ev.Control("resume", "received"))
             if self.cancel_event.is_set():
-                for text in pending:   # the transcript keeps what was asked, even if no model call followed
-                    self._add(UserMessage.text(text))
+                self._take_in(pending)   # the transcript keeps what was asked, even if no model call followed
                 return self._stopped(out)
             if self.limits.max_turns is not None and out.turns >= self.limits.max_turns:
                 return self._end(out, "max_turns", f"reached max_turns ({self.limits.max_turns})")
             stop = self.limits.gate() if self.limits.gate is not None else None
             if stop is not None:
-                for text in pending:
-                    self._add(UserMessage.text(text))
+                self._take_in(pending)
                 return self._end(out, *stop)
             out.turns += 1
             turn = out.turns
             self._emit(ev.TurnStart(turn))
-            for text in pending + _drain(self._steering):
-                self._add(UserMessage.text(text))
+            self._take_in(pending + _drain(self._steering, "steer"))
             pending = []
             reply, overflow = self._ask_fitting(turn, out)
             if overflow is not None:
@@ -203,7 +215,7 @@ class Agent:
                                  f"cost ${out.usage.cost.total:.4f} exceeded max_cost ${self.limits.max_cost:.4f}")
             if not calls:
                 # a steer that came during this last reply is not dropped; follow-ups wait for exactly this moment
-                pending = _drain(self._steering) or _drain(self._follow_ups)
+                pending = _drain(self._steering, "steer") or _drain(self._follow_ups, "follow_up")
                 if pending:
                     continue
                 out.final_message = reply.text
@@ -322,6 +334,13 @@ class Agent:
             return self._replay.messages(self.messages, self.compactor.summary_message(), self.compactor.first_kept)
         return self._replay.messages(self.messages)
 
+    def _take_in(self, pending: list[tuple[ev.ControlKind | None, str]]) -> None:
+        """User messages into the conversation; a steer's or follow-up's is `received` as it joins."""
+        for kind, text in pending:
+            if kind is not None:
+                self._emit(ev.Control(kind, "received", text))
+            self._add(UserMessage.text(text))
+
     def _add(self, message: Message) -> None:
         self.messages.append(message)
         self._entry_ids.append(self.session.message(message) if self.session else None)
@@ -329,11 +348,36 @@ class Agent:
 
     def _emit(self, event: ev.Event) -> None:
         with self._sink_lock:     # tool threads emit too; a sink never sees two events at once
+            self._emit_sent()     # a control sent meanwhile comes first
             self.sink(event)
+        self._emit_sent_soon()
+
+    def _send(self, event: ev.Control) -> None:
+        """A control's `sent`, from any thread, a signal handler's included: it never waits for the sink (the thread
+        it interrupted may be inside it); whoever holds the sink emits it when done. None after agent_end."""
+        if not self._ended:
+            self._sent.put(event)
+            self._emit_sent_soon()
+
+    def _emit_sent_soon(self) -> None:
+        """Emit the queued `sent` events now, unless another thread (or this one, interrupted) is emitting: it will.
+        """
+        while not self._sent.empty() and self._sink_lock.acquire(blocking=False):
+            try:
+                self._emit_sent()
+            finally:
+                self._sink_lock.release()
+
+    def _emit_sent(self) -> None:
+        while not self._sent.empty():
+            self.sink(self._sent.get())
 
     def _stopped(self, out: Outcome) -> Outcome:
         if self._stop_reason == "wall_clock":
             return self._end(out, "wall_clock", f"wall-clock limit of {self.limits.wall_clock_s:g}s reached")
+        if self._stop_reason is None:   # its cancel event was set from outside: a cancel all the same
+            self.cancel()
+        self._emit(ev.Control("cancel", "received"))
         return self._end(out, "cancelled", None)
 
     @staticmethod
@@ -342,8 +386,8 @@ class Agent:
         return out
 
 
-def _drain(pending: "queue.SimpleQueue[str]") -> list[str]:
-    texts = []
+def _drain(pending: "queue.SimpleQueue[str]", kind: ev.ControlKind) -> list[tuple[ev.ControlKind | None, str]]:
+    texts: list[tuple[ev.ControlKind | None, str]] = []
     while not pending.empty():
-        texts.append(pending.get())
+        texts.append((kind, pending.get()))
     return texts

@@ -16,6 +16,7 @@ from pid.terminal import one_line, shown
 from pid.tools.summary import summarize_call
 
 TEXT_MAX = 2000
+CONTROL_TEXT_MAX = 500   # of a steer's or follow-up's message
 
 
 class EventRecords:
@@ -65,6 +66,11 @@ class EventRecords:
                       "error": shown(event.error)[:500], "t": now}
             if event.status is not None:
                 record["status"] = event.status
+            return record
+        if isinstance(event, ev.Control):
+            record = {"type": "control", "kind": event.kind, "stage": event.stage, "t": now}
+            if event.text is not None:
+                record["text"] = shown(event.text)[:CONTROL_TEXT_MAX]
             return record
         if isinstance(event, ev.AgentEnd):
             return {"type": "agent_end", "status": event.status, "exit_reason": event.exit_reason, "t": now}

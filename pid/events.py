@@ -22,8 +22,13 @@ Order, for one run:
 
 A job with a check (`--check`) has two more events, from its runner, after agent_end: check_start, check_end.
 
+control (steer, follow-up, pause, resume, cancel from outside the loop) comes at any point: `sent` when it reaches the
+agent, then `received` when the loop takes it in (a message joins the conversation just before the message_end that
+carries it; the loop holds, goes on, or stops). A control's `sent` always comes before its `received`.
+
 Threads: the sink is called from the loop's thread, and tool_start/tool_update/tool_end also from tool threads,
-but never concurrently: the agent serialises every call. A sink must be quick and must not raise.
+and a control's `sent` from whichever thread sent it (or the next one to emit), but never concurrently: the agent
+serialises every call. A sink must be quick and must not raise.
 """
 from __future__ import annotations
 
@@ -144,6 +149,19 @@ class Notice:
     type: Literal["notice"] = field(default="notice", init=False)
 
 
+ControlKind = Literal["steer", "follow_up", "pause", "resume", "cancel"]
+
+
+@dataclass
+class Control:
+    """A control from outside the loop (`pid steer`, `follow-up`, `pause`, `resume`, `cancel`, Ctrl-C): `sent` when it
+    reaches the agent, `received` when the loop acts on it. `text`: a steer's or follow-up's message."""
+    kind: ControlKind
+    stage: Literal["sent", "received"]
+    text: str | None = None
+    type: Literal["control"] = field(default="control", init=False)
+
+
 @dataclass
 class AgentEnd:
     status: str
@@ -166,7 +184,7 @@ class CheckEnd:
 
 
 Event = Union[AgentStart, TurnStart, TextDelta, ModelRetry, MessageEnd, ToolStart, ToolUpdate, ToolEnd, TurnEnd,
-              CompactionStart, CompactionEnd, Notice, AgentEnd, CheckStart, CheckEnd]
+              CompactionStart, CompactionEnd, Notice, Control, AgentEnd, CheckStart, CheckEnd]
 EventSink = Callable[[Event], None]
 
 

@@ -372,7 +372,8 @@ class DockerSandbox:
                     f"cannot limit the job's disk: {disks_supported()}, and the engine refused a disk quota "
                     f"({exc}); run the worker as root, or pass --disk 0 for no limit") from exc
             if isinstance(exc, docker.errors.DockerException):
-                raise SandboxError(f"cannot create sandbox container from {config.image!r}: {exc}") from exc
+                why = getattr(exc, "explanation", None) or exc   # the engine's own words, without its request
+                raise SandboxError(f"cannot create sandbox container from {config.image!r}: {why}") from exc
             raise
         sandbox = cls(client, container.id, config, disk, image_fs, env, image, pid_disk)
         sandbox._own_kernel = own_kernel

@@ -1,4 +1,5 @@
-"""Is an image present? Asked of the engine's Unix socket directly, without loading the Docker SDK.
+"""Is an image present, how many CPUs has the engine? Asked of its Unix socket directly, without loading the Docker
+SDK.
 
 Why: `pid submit` checks the sandbox image on the embedded broker; importing the SDK for that one question costs
 ~0.25 s of the submit. Only a yes is trusted here: anything else (another DOCKER_HOST, no socket, a 404, an odd
@@ -38,17 +39,31 @@ def socket_path() -> str | None:
 
 def image_present(image: str) -> bool | None:
     """True when the engine says `image` is there; None when it did not say so (ask the SDK)."""
+    found = _get(f"/images/{quote(image, safe='')}/json")
+    return True if found is not None and found.get("Id") else None
+
+
+def engine_cpus() -> int | None:
+    """The CPUs the engine has (its /info's NCPU: what it checks --cpus against); None when it did not say."""
+    info = _get("/info")
+    cpus = info.get("NCPU") if info is not None else None
+    return cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None
+
+
+def _get(what: str) -> dict | None:
+    """The engine's JSON answer to GET `what` over its Unix socket; None for anything but a 200 and an object."""
     path = socket_path()
     if path is None or os.environ.get("DOCKER_TLS_VERIFY"):
         return None
     connection = _UnixConnection(path)
     try:
-        connection.request("GET", f"/images/{quote(image, safe='')}/json")
+        connection.request("GET", what)
         response = connection.getresponse()
         if response.status != 200:
             return None
-        return bool(json.loads(response.read(1 << 20)).get("Id"))
-    except (OSError, http.client.HTTPException, ValueError, AttributeError):
+        found = json.loads(response.read(1 << 20))
+        return found if isinstance(found, dict) else None
+    except (OSError, http.client.HTTPException, ValueError):
         return None
     finally:
         connection.close()

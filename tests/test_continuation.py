@@ -141,7 +141,8 @@ def test_retry_keeps_the_snapshot_and_refuses_what_it_cannot_run_again(tmp_path)
     assert (more.task, more.parent, more.retry_of, more.workspace) == ("more", job.id, None, digest)
 
     dir_job = _ended(store, JobSpec(task="t", repo=str(tmp_path), model="m"))      # `pid run` read a directory
-    with pytest.raises(Refused, match=r"read its directory .* when it started \(`pid run`\): pid kept no snapshot"):
+    with pytest.raises(Refused, match=r"read its directory .* when it started \(`pid run`\), and the job store has "
+                                      "no snapshot"):
         retry_spec(store, dir_job.id)
     gone = _ended(store, JobSpec(task="t", repo="/r", model="m", workspace="sha256:" + "0" * 64))
     with pytest.raises(Refused, match="its workspace snapshot .* is no longer in the job store"):
@@ -170,3 +171,28 @@ def test_retry_refuses_a_job_still_queued_or_running_and_neither_new_job_joins_t
     item = _ended(store, JobSpec(task="t", repo="/r", model="m", workspace=digest, batch="b-1"))
     assert retry_spec(store, item.id).batch is None
     assert continuation_spec(store, item.id, "more").batch is None
+
+
+def test_a_pid_run_job_is_retried_and_continued_on_the_snapshot_its_result_names(tmp_path):
+    """`pid run` keeps its directory's snapshot as a blob and names it in result.json: the new job runs on it."""
+    import io
+    from worker.continuation import continuation_spec, retry_spec
+    from worker.jobs import JobSpec
+    store = _store(tmp_path)
+    digest = store.put_blob(io.BytesIO(b"the directory, packed"))
+    spec = JobSpec(task="t", repo=str(tmp_path), model="m")
+    store.create(spec, kind="run")
+    assert store.claim(spec.id, "w", 60)
+    store.finish(spec.id, "stop", owner="w")
+    result = {"id": spec.id, "workspace": {"kind": "dir", "path": str(tmp_path), "digest": digest}}
+    for name, data in (("result.json", json.dumps(result).encode()), ("session.jsonl", b""), ("patch.diff", b"")):
+        store.put_artifact(spec.id, name, io.BytesIO(data))
+    again = retry_spec(store, spec.id)
+    assert (again.workspace, again.repo, again.retry_of) == (digest, str(tmp_path), spec.id)
+    more = continuation_spec(store, spec.id, "more")
+    assert (more.workspace, more.parent, more.task) == (digest, spec.id, "more")
+
+    missing = {**result, "workspace": {**result["workspace"], "digest": "sha256:" + "1" * 64}}
+    store.put_artifact(spec.id, "result.json", io.BytesIO(json.dumps(missing).encode()))
+    with pytest.raises(Refused, match="its workspace snapshot .* is not in the job store"):
+        retry_spec(store, spec.id)

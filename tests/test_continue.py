@@ -181,6 +181,38 @@ def test_retry_runs_the_same_task_on_the_same_snapshot_as_a_new_job(env: Env, tm
     assert env.pid("result", queued.stdout.strip(), "--wait").code == 0
 
 
+def test_a_pid_run_job_is_continued_and_retried_on_the_tree_it_saw(env: Env, tmp_path: Path):
+    repo = make_repo(tmp_path / "repo", ORIGINAL)
+    out = tmp_path / "out"
+    first, _ = env.requests_during(
+        [tool("write", path="greeting.txt", content="hello from the foreground\n"), {"text": "RUN-DONE"}],
+        lambda: env.pid("run", "RUN-TASK-5", "--repo", str(repo), "--model", "scripted", "--base-url",
+                        env.llm.base_url, "--out", str(out), "--json"))
+    assert first.code == 0, first.stderr
+    ran = first.json()
+    assert ran["workspace"]["kind"] == "dir" and ran["workspace"]["digest"].startswith("sha256:")
+    (repo / "hello.py").write_text("changed after the run\n")   # the new jobs run on the snapshot, not on this
+    shutil.rmtree(out / ran["id"])                               # ...and get the rest from the job store
+
+    turns = [tool("bash", command="cat greeting.txt hello.py"), {"text": "CONTINUED"}]
+    done, requests = env.requests_during(turns, lambda: env.pid("continue", ran["id"], "MORE-7", "--wait", "--json",
+                                                                "--out", str(tmp_path / "o2")))
+    assert done.code == 0, (done.stdout, done.stderr)
+    result = done.json()
+    assert result["parent"] == ran["id"] and result["workspace"] == {"kind": "tar",
+                                                                    "digest": ran["workspace"]["digest"]}
+    assert texts(requests[0])[1][1].startswith("RUN-TASK-5") and texts(requests[0])[-1][1].startswith("MORE-7")
+    seen = texts(requests[1])[-1][1]
+    assert "hello from the foreground" in seen and "# uncommitted" in seen and "changed after the run" not in seen
+
+    again, requests = env.requests_during([tool("bash", command="cat hello.py"), {"text": "AGAIN"}],
+                                          lambda: env.pid("retry", ran["id"], "--wait", "--json",
+                                                          "--out", str(tmp_path / "o3")))
+    assert again.code == 0, again.stderr
+    assert again.json()["retry_of"] == ran["id"] and texts(requests[0])[1][1].startswith("RUN-TASK-5")
+    assert "# uncommitted" in texts(requests[1])[-1][1] and "changed after" not in texts(requests[1])[-1][1]
+
+
 def test_continue_and_retry_refuse_clearly(env: Env, tmp_path: Path):
     repo = make_repo(tmp_path / "repo", ORIGINAL)
     assert env.pid("continue", "no-such-job", "hi").stderr == "pid: error: no such job: no-such-job\n"

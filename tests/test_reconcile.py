@@ -95,8 +95,8 @@ def test_a_busy_worker_is_not_free_and_a_stopping_one_neither(tmp_path):
     time.sleep(0.01)
     store.beat("a@h", "h", 1, "boot", 2, 0, True)
     assert store.workers()[0].free_since == first          # free since then, continuously
-    store.forget_worker("a@h")
-    assert [w.node for w in store.workers()] == ["b@h", "c@h"]
+    store.worker_stopped("a@h")
+    assert [w.node for w in store.workers(alive_within_s=10)] == ["b@h", "c@h"]
 
 
 def test_a_job_that_cannot_be_dispatched_for_long_ends_failed_even_the_oldest(tmp_path):

@@ -319,3 +319,14 @@ def test_pid_run_waits_out_a_40_second_rate_limit_and_shows_the_waits(run_pid, p
     retries = [r for r in as_json if r["type"] == "model_retry"]
     assert [r["attempt"] for r in retries] == list(range(1, len(waits) + 1))
     assert all((r["status"], r["wait_s"], r["reason"]) == (429, 5, "rate limited") for r in retries)
+
+
+@pytest.mark.parametrize("api", BOTH)
+def test_a_501_is_permanent_one_request_and_its_error(api):
+    """Not Implemented: the server cannot do this request at all, so asking again cannot help."""
+    with ScriptedLLM([{"error": {"status": 501, "message": "tools are not implemented"}}, {"text": "never"}]) as llm:
+        reply, notices, _ = stream(provider(llm, api))
+        assert len(llm.requests) == 1
+    assert reply.stop_reason == "error" and notices == []
+    assert "HTTP 501" in (reply.error_message or "") and "tools are not implemented" in (reply.error_message or "")
+    assert retry.reason_for_status(500) == retry.SERVER_ERROR and retry.reason_for_status(505) is None

@@ -256,12 +256,16 @@ def test_heartbeats(store):
     assert store.workers()[0].beat_at > a.beat_at and store.workers()[0].started_at == a.started_at
     store.beat("a@h", "h", 1, "boot", 2, 2, True)
     assert store.workers()[0].free_since is None                    # busy
-    store.forget_worker("a@h")
-    assert [w.node for w in store.workers()] == ["b@h", "c@h"]
+    store.worker_stopped("a@h")                                     # kept, marked stopped; never alive
+    assert [w.node for w in store.workers(alive_within_s=10)] == ["b@h", "c@h"]
+    stopped = store.workers()[0]
+    assert stopped.node == "a@h" and stopped.stopped_at is not None and stopped.running == 0
+    store.beat("b@h", "h", 2, "boot", 2, 2, True, ["big", "pid"], identity="boot-1-2")
+    assert store.workers()[1].identity == "boot-1-2" and store.workers()[1].stopped_at is None
     time.sleep(0.3)
     store.beat("c@h", "h", 3, None, 2, 0, False)
     assert [w.node for w in store.workers(alive_within_s=0.2)] == ["c@h"]
-    store.forget_silent_workers(silent_s=0.2)
+    store.forget_silent_workers(silent_s=0.2)                       # the stopped one too, once silent long enough
     assert [w.node for w in store.workers()] == ["c@h"]
 
 

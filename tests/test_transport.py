@@ -265,3 +265,14 @@ def test_a_claim_folder_on_another_filesystem_is_refused(tmp_path: Path) -> None
     finally:
         if claim.is_dir():
             claim.rmdir()
+
+
+def test_an_html_error_page_is_its_first_meaningful_line():
+    from pid.providers.transport import error_text
+    hint = " (an HTML page, not an API's answer)"
+    assert error_text(b"<!DOCTYPE html>\n<html><head><title>\n  404 Not Found\n</title></head>"
+                      b"<body><h1>404 Not Found</h1>" + b"<p>x</p>" * 500 + b"</body></html>") == "404 Not Found" + hint
+    assert error_text(b"<html><head><style>p { x: 1 }</style></head><body>\n\n <p>Service &amp; co</p> <p>more</p>"
+                      b"</body></html>") == "Service & co" + hint
+    assert error_text(b'{"error": {"message": "<b>not html</b>"}}') == "<b>not html</b>"   # JSON: its own words
+    assert error_text(b"plain words") == "plain words"

@@ -95,6 +95,28 @@ def upload_artifacts(store: Store, spec: JobSpec, job_dir: str, result: dict[str
     refused, and why, is listed in result["artifacts"]["not_stored"]; a completed job whose artifacts are not all
     stored ends `artifact_error` (as one whose artifacts could not be collected). `result` is amended in place,
     before it is stored."""
+    refused = _upload_all(store, spec, job_dir, result)
+    if refused:
+        result.setdefault("artifacts", {})["not_stored"] = refused
+        _fail(result, "artifacts not stored in the job store: " +
+              "; ".join(f"{r['name']}: {r['reason']}" for r in refused[:3]) +
+              (f" (and {len(refused) - 3} more)" if len(refused) > 3 else ""))
+    store_result(store, spec.id, result)
+
+
+def keep_run_artifacts(store: Store, spec: JobSpec, job_dir: str, result: dict[str, Any]) -> None:
+    """A `pid run` job's artifacts into the store as a worker's job leaves them, so that `continue`, `retry` and
+    `result --download` work on it from any machine. Its out directory has them already: what the store refuses is
+    logged (one line), and the job's result stays as it is."""
+    refused = _upload_all(store, spec, job_dir, result)
+    why = _put_bytes(store, spec.id, RESULT, result_bytes(result))
+    if refused or why:
+        log.warning("job %s: not all its artifacts are kept in the job store (%s): continue and retry may not find "
+                    "them", spec.id, refused[0]["reason"] if refused else why)
+
+
+def _upload_all(store: Store, spec: JobSpec, job_dir: str, result: dict[str, Any]) -> list[dict[str, str]]:
+    """Every artifact of the job's directory (job_uploads) into the store; what it refused, and why."""
     refused: list[dict[str, str]] = []
     digests: dict[str, str] = {}
     files_left = spec.max_files_bytes   # --file collection's byte budget holds for the upload too
@@ -108,12 +130,7 @@ def upload_artifacts(store: Store, spec: JobSpec, job_dir: str, result: dict[str
             refused.append({"name": upload.name, "reason": why})
     if digests:
         result.setdefault("artifacts", {})["digests"] = digests
-    if refused:
-        result.setdefault("artifacts", {})["not_stored"] = refused
-        _fail(result, "artifacts not stored in the job store: " +
-              "; ".join(f"{r['name']}: {r['reason']}" for r in refused[:3]) +
-              (f" (and {len(refused) - 3} more)" if len(refused) > 3 else ""))
-    store_result(store, spec.id, result)
+    return refused
 
 
 def store_result(store: Store, job_id: str, result: dict[str, Any]) -> bool:

@@ -1,6 +1,7 @@
 """A batch's output directory: its memory between runs of `pid batch`, and what it produced.
 
-    DIR/batch.json      the batch's id (its jobs carry it: JobSpec.batch) and settings
+    DIR/batch.json      the batch's id (its jobs carry it: JobSpec.batch) and settings: its tasks file and the
+                        options that define its jobs (a run with another file or other options is refused)
     DIR/jobs.jsonl      the ledger: a line {"id", "job_id"} per job submitted, written (and synced) before the job
                         is created, so that a run that dies never leaves a job the next run does not know about
     DIR/batch.jsonl     the results: one JSON object per ended item (id, job_id, status, exit_reason, exit_code,
@@ -13,6 +14,7 @@ No click here: the command is cli/batch.py.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -31,6 +33,38 @@ META, LEDGER, RESULTS, SUMMARY, JOBS = "batch.json", "jobs.jsonl", "batch.jsonl"
 # An item's exit code, from least to most serious: the batch exits with its worst item's (see README "Batches").
 # 0 completed (and its check passed), 3 a limit was hit, 4 its check failed, 1 failed or cancelled.
 SEVERITY = (0, 3, 4, 1)
+
+
+LONG_TEXT = 200   # a longer option value (a system prompt's text) is kept by its digest
+
+
+def kept_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The options that define a batch's jobs as batch.json keeps them: JSON values, a long text by its digest."""
+    kept: dict[str, Any] = {}
+    for name, value in sorted(options.items()):
+        value = list(value) if isinstance(value, tuple) else value
+        if isinstance(value, str) and len(value) > LONG_TEXT:
+            value = "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+        kept[name] = value
+    return kept
+
+
+def other_tasks(meta: dict[str, Any], tasks: str, item_ids: list[str]) -> bool:
+    """This tasks file is not the batch's: another path, or (stdin, or the file rewritten) none of the batch's
+    items. The same file with items added is the same batch."""
+    if meta.get("tasks") not in (None, tasks):
+        return True
+    known = set(meta.get("order") or [])
+    return bool(known) and not known.intersection(item_ids)
+
+
+def changed_options(meta: dict[str, Any], options: dict[str, Any]) -> list[str]:
+    """The names of the options whose value is not the batch's (none when batch.json predates their keeping)."""
+    before = meta.get("options")
+    if not isinstance(before, dict):
+        return []
+    now = kept_options(options)
+    return [name for name in sorted({*before, *now}) if json.dumps(before.get(name)) != json.dumps(now.get(name))]
 
 
 def new_batch_id() -> str:

@@ -20,6 +20,20 @@ def redis_broker() -> str | None:
     return url if url.split("://", 1)[0].lower() in REDIS_SCHEMES else None
 
 
+def broker_problem() -> str | None:
+    """Why PID_BROKER_URL names no broker pid can use (one line), or None. Kombu's table of transports is read only
+    for a URL that is neither the embedded queue nor a Redis (it is loaded to publish there anyway)."""
+    url = os.environ.get("PID_BROKER_URL") or ""
+    if not url or url.startswith(EMBEDDED) or redis_broker():
+        return None
+    scheme = url.split("://", 1)[0].split("+", 1)[0] if "://" in url else ""
+    from kombu.transport import TRANSPORT_ALIASES
+    if scheme and scheme in TRANSPORT_ALIASES:
+        return None
+    return (f"PID_BROKER_URL={shown_url(url)}: not a broker pid knows (redis://HOST:PORT/DB, amqp://HOST//, or "
+            "unset for the embedded queue)")
+
+
 def shown_url(url: str) -> str:
     """A store's or broker's URL as messages show it: without its password."""
     try:

@@ -67,8 +67,7 @@ def _continuable(store: Store, job_id: str) -> Any:
     names = set(store.artifact_names(job_id))
     missing = [name for name in (RESULT, SESSION, PATCH) if name not in names]
     if missing:
-        why = ("a `pid run` job keeps its artifacts in its out directory only" if record.kind == "run" else
-               "expired after the retention period, or the job ended without them")
+        why = "expired after the retention period, or the job ended without them"
         raise Refused(f"job {job_id} has no {' or '.join(missing)} in the job store ({why}): it cannot be continued")
     return record
 
@@ -94,23 +93,32 @@ def _copy(spec: JobSpec, store: Store, job_id: str) -> JobSpec:
         return new
     from worker.snapshot import git_source
     git = git_source(spec.repo) if "://" in spec.repo else None
+    ran_on = _ran_on(store, job_id)
     if git is not None:
-        commit = _ran_on_commit(store, job_id)
-        if commit:
-            new.repo = f"{git.url}#{commit}"
+        if ran_on.get("kind") == "git" and ran_on.get("commit"):
+            new.repo = f"{git.url}#{ran_on['commit']}"
         return new
-    raise Refused(f"job {job_id} read its directory {spec.repo} when it started (`pid run`): pid kept no snapshot "
-                  "of it to run on again")
+    # `pid run`: its directory, packed as the job saw it, kept as a blob (worker/snapshot.py DirSnapshot)
+    digest = ran_on.get("digest") if ran_on.get("kind") == "dir" else None
+    if not isinstance(digest, str) or not digest.startswith("sha256:"):
+        raise Refused(f"job {job_id} read its directory {spec.repo} when it started (`pid run`), and the job store "
+                      "has no snapshot of it to run on again")
+    if not store.has_blob(digest):
+        raise Refused(f"job {job_id}: its workspace snapshot ({digest[:19]}…) is not in the job store (expired "
+                      "after the retention period, or it could not be stored)")
+    new.workspace = digest
+    return new
 
 
-def _ran_on_commit(store: Store, job_id: str) -> str | None:
+def _ran_on(store: Store, job_id: str) -> dict[str, Any]:
+    """result.json's `workspace`: which snapshot the job ran on ({} when unknown)."""
     from worker.artifact_store import read_result
     try:
         result = read_result(store, job_id) or {}
     except Exception:
-        return None
-    workspace = result.get("workspace") or {}
-    return workspace.get("commit") if workspace.get("kind") == "git" else None
+        return {}
+    workspace = result.get("workspace")
+    return workspace if isinstance(workspace, dict) else {}
 
 
 # -- the worker's side: the parent's state into the new job -------------------------------------------------------

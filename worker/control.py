@@ -23,6 +23,7 @@ from pid.tools.summary import summarize_call
 from pid.agent import Agent
 from pid.messages import AssistantMessage, Usage
 from worker.outage import transient
+from worker.identity import process_identity
 from worker.store import Store
 
 log = logging.getLogger("pid.worker")
@@ -39,28 +40,6 @@ def new_owner() -> str:
     (boot id, pid namespace, the process's start time in clock ticks) tells it, exactly, whether that process is still
     the one: immune to clock steps, pid reuse and hosts that share a name (see worker/sweep.owner_alive)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}.{process_identity(os.getpid()) or ''}"
-
-
-def process_identity(pid: int) -> str | None:
-    """boot id, pid namespace and start time of a process on this machine, as one token; None where /proc lacks
-    them."""
-    fields = proc_stat(pid)
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()[:8]
-        namespace = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return None
-    return f"{boot}-{namespace}-{fields[19]}" if fields is not None and len(fields) > 19 else None
-
-
-def proc_stat(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat's fields after the command name (state first, start time at index 19); None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
 
 
 def describe_call(name: str, args: dict[str, Any]) -> str:

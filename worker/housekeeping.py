@@ -1,7 +1,12 @@
-"""What a worker does beside its jobs, in its own thread, every few seconds: notice a job store that lost its data
-(worker/store_watch.py), say it is alive (a heartbeat in the store), put back in the queue the jobs whose process is
-gone (worker/sweep.py), dispatch the queued jobs that need a message (put back, handed back, or whose message was
-lost; those that ran before go to the front of their queue), and now and then remove expired containers.
+"""What a worker does beside its jobs, in its own threads: say it is alive (a heartbeat in the store every BEAT_S, in
+a thread of its own so that no slow step delays it), and every few seconds notice a job store that lost its data
+(worker/store_watch.py), put back in the queue the jobs whose process is gone (worker/sweep.py), dispatch the queued
+jobs that need a message (put back, handed back, or whose message was lost; those that ran before go to the front of
+their queue), and now and then remove expired containers.
+
+A worker is alive while it beats: one not heard from for ALIVE_WITHIN_S (a few beats) is presumed gone, and on its
+own machine one whose process is gone is known gone at once. One that stops cleanly says so (its heartbeat is kept,
+marked stopped, for `pid workers --all`).
 
 Why a reconciler: the broker can lose a message (an exception before the claim after Celery acked it, a Redis that
 restarts without persistence, a broker down when a job was put back), and nothing else would ever dispatch that job.
@@ -21,19 +26,21 @@ from typing import Callable
 
 from pid.config import pid_home
 from worker import policy
+from worker.identity import proc_stat, process_identity
 from worker.jobs import DEFAULT_QUEUE
-from worker.store import JobRecord, Store
+from worker.store import JobRecord, Store, WorkerBeat
 from worker.store_watch import StoreWatch
 
 log = logging.getLogger("pid.worker")
 
 EVERY_S = float(os.environ.get("PID_SWEEP_S", "5"))
+BEAT_S = 2.0                          # a worker's heartbeat
 RECONCILE_S = float(os.environ.get("PID_RECONCILE_S", "60"))
 REDISPATCH_AFTER_S = float(os.environ.get("PID_REDISPATCH_AFTER_S", "1800"))   # ...whatever the workers are doing
 DISPATCH_GIVE_UP_S = float(os.environ.get("PID_DISPATCH_GIVE_UP_S", "600"))
 REAP_EVERY_S = 60.0
 PRUNE_EVERY_S = 3600.0   # ended jobs, their logs and artifacts, and unused blobs past PID_RETENTION leave the store
-ALIVE_WITHIN_S = 3 * EVERY_S + 5      # a worker not heard from for this long is presumed gone
+ALIVE_WITHIN_S = 3 * BEAT_S + 1      # a worker not heard from for this long (three beats missed) is presumed gone
 
 
 def boot_id() -> str | None:
@@ -42,6 +49,32 @@ def boot_id() -> str | None:
             return f.read().strip()
     except OSError:
         return None
+
+
+def worker_state(beat: WorkerBeat, now: float) -> str:
+    """alive, stopped (cleanly), lost (on this machine, its process is gone) or silent (not heard from lately)."""
+    if beat.stopped_at is not None:
+        return "stopped"
+    if process_gone(beat):
+        return "lost"
+    return "alive" if now - beat.beat_at <= ALIVE_WITHIN_S else "silent"
+
+
+def live_workers(store: Store) -> list[WorkerBeat]:
+    """The workers alive now: heard from lately, not stopped, and not known gone."""
+    return [w for w in store.workers(alive_within_s=ALIVE_WITHIN_S) if not process_gone(w)]
+
+
+def process_gone(beat: WorkerBeat) -> bool:
+    """The worker's process is known to be gone: it ran on this machine, in this boot and pid namespace (its
+    identity says), and no process with its pid and start time is here. Elsewhere nothing is known (False)."""
+    if beat.host != socket.gethostname() or not beat.identity:
+        return False
+    mine = process_identity(os.getpid())
+    if mine is None or mine.split("-", 2)[:2] != beat.identity.split("-", 2)[:2]:
+        return False   # another boot, or another pid namespace of a host with this name: not ours to judge
+    fields = proc_stat(beat.pid)
+    return fields is None or fields[0] == "Z" or process_identity(beat.pid) != beat.identity
 
 
 def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
@@ -53,7 +86,7 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
         from worker.dispatch import dispatch as publish
         dispatch = publish
     now = store.now()   # the clock the store's times are on
-    idle_queues = {queue for w in store.workers(alive_within_s=ALIVE_WITHIN_S)
+    idle_queues = {queue for w in live_workers(store)
                    if w.free_since is not None and w.free_since < now - RECONCILE_S for queue in w.queues}
     dispatched = []
     rooms: dict[str, int | None] = {}   # a batch's free slots (--max-running): its other jobs wait, undispatched
@@ -104,18 +137,35 @@ class Housekeeping:
         self._next_reap = 0.0
         self._next_prune = time.monotonic() + REAP_EVERY_S   # not in the worker's first minute
         self._thread = threading.Thread(target=self._loop, name="pid-housekeeping", daemon=True)
+        self._beating = threading.Thread(target=self._beat_loop, name="pid-heartbeat", daemon=True)
 
     def start(self) -> None:
+        self._beating.start()
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._beating.join(timeout=10)
         self._thread.join(timeout=10)
         try:
             from worker.store import default_store
-            default_store().forget_worker(self.node)
+            default_store().worker_stopped(self.node)
         except Exception:
-            log.debug("forgetting this worker's heartbeat", exc_info=True)
+            log.debug("recording this worker's stop", exc_info=True)
+
+    def _beat_loop(self) -> None:
+        from worker.store import default_store
+        store = default_store()
+        identity = process_identity(os.getpid())
+        while True:
+            try:
+                store.beat(self.node, socket.gethostname(), os.getpid(), boot_id(), self.concurrency,
+                           self.running(), self.taking_jobs(), self.queues, policy.active().to_dict(), identity,
+                           alarm=self._watch.alarm if self._watch else None)
+            except Exception:
+                log.exception("recording this worker's heartbeat")
+            if self._stop.wait(BEAT_S):
+                return
 
     def _loop(self) -> None:
         from worker.store import default_store
@@ -131,10 +181,7 @@ class Housekeeping:
             self._watch = StoreWatch(store)
         watch = self._watch
         steps: list[tuple[str, Callable[[], object]]] = [
-            ("watching the job store", watch.check),   # first: its alarm goes into the heartbeat
-            ("recording this worker's heartbeat", lambda: store.beat(
-                self.node, socket.gethostname(), os.getpid(), boot_id(), self.concurrency, self.running(),
-                self.taking_jobs(), self.queues, policy.active().to_dict(), alarm=watch.alarm)),
+            ("watching the job store", watch.check),   # its alarm goes into the heartbeat
             ("sweeping lost jobs", lambda: sweep(store, on_end=self.on_end)),
             ("dispatching queued jobs", lambda: reconcile(store, on_end=self.on_end)),
         ]

@@ -359,10 +359,19 @@ if redis.call('EXISTS', key) == 0 then
 end
 redis.call('HSET', key, 'concurrency', A.concurrency, 'running', A.running, 'beat_at', fmt(t), 'queues', A.queues,
   'policy', A.policy)
+redis.call('HDEL', key, 'stopped_at')
 if isnull(A.boot_id) then redis.call('HDEL', key, 'boot_id') else redis.call('HSET', key, 'boot_id', A.boot_id) end
 if isnull(A.alarm) then redis.call('HDEL', key, 'alarm') else redis.call('HSET', key, 'alarm', A.alarm) end
+if isnull(A.identity) then redis.call('HDEL', key, 'identity') else redis.call('HSET', key, 'identity', A.identity) end
 if not free then redis.call('HDEL', key, 'free_since')
 elseif redis.call('HEXISTS', key, 'free_since') == 0 then redis.call('HSET', key, 'free_since', fmt(t)) end
+return 1
+""",
+    "worker_stopped": r"""
+local key = P .. 'worker:' .. ID
+if redis.call('EXISTS', key) == 0 then return 0 end
+redis.call('HSET', key, 'stopped_at', fmt(now()), 'running', 0)
+redis.call('HDEL', key, 'free_since')
 return 1
 """,
     "forget_silent_workers": r"""
@@ -698,24 +707,24 @@ class RedisStore:
 
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
              taking_jobs: bool, queues: "builtins.list[str] | None" = None,
-             policy: dict[str, Any] | None = None, alarm: str | None = None) -> None:
+             policy: dict[str, Any] | None = None, identity: str | None = None,
+             alarm: str | None = None) -> None:
         """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs."""
         self._run("beat", node, host=host, pid=pid, boot_id=boot_id, concurrency=concurrency, running=running,
                   taking_jobs=taking_jobs, queues=",".join(queues or [DEFAULT_QUEUE]),
-                  policy=json.dumps(policy or {}), alarm=alarm)
+                  policy=json.dumps(policy or {}), identity=identity, alarm=alarm)
 
-    def forget_worker(self, node: str) -> None:
-        pipe = self._r.pipeline(transaction=True)
-        pipe.delete(PREFIX + "worker:" + node)
-        pipe.zrem(PREFIX + "workers", node)
-        pipe.execute()
+    def worker_stopped(self, node: str) -> None:
+        """The worker stopped cleanly: its heartbeat stays, marked stopped, until forget_silent_workers."""
+        self._run("worker_stopped", node)
 
     def forget_silent_workers(self, silent_s: float = 86400) -> None:
         """Workers not heard from for a day (killed, not stopped) are forgotten."""
         self._run("forget_silent_workers", silent_s=silent_s)
 
     def workers(self, alive_within_s: float | None = None) -> "builtins.list[WorkerBeat]":
-        """Workers by heartbeat, oldest first; with alive_within_s, only those heard from that recently."""
+        """Workers by heartbeat, oldest first; with alive_within_s, only those heard from that recently and not
+        stopped."""
         nodes = self._r.zrange(PREFIX + "workers", 0, -1)
         pipe = self._r.pipeline(transaction=False)
         for node in nodes:
@@ -723,7 +732,7 @@ class RedisStore:
         beats = [_beat(f) for f in pipe.execute() if f]
         if alive_within_s is not None:
             since = self.now() - alive_within_s
-            beats = [b for b in beats if b.beat_at >= since]
+            beats = [b for b in beats if b.beat_at >= since and b.stopped_at is None]
         return beats
 
     # -- blobs: a list of chunks under blob:{hex}, pushed to upload:{uuid} and renamed when whole ---------------
@@ -903,9 +912,10 @@ def _batch(batch_id: str, found: Any) -> BatchInfo | None:
 
 
 def _beat(fields: dict[bytes, bytes]) -> WorkerBeat:
-    free = _text(fields, "free_since")
+    free, stopped = _text(fields, "free_since"), _text(fields, "stopped_at")
     return WorkerBeat(_text(fields, "node") or "", _text(fields, "host") or "", int(_text(fields, "pid") or 0),
                       _text(fields, "boot_id"), int(_text(fields, "concurrency") or 0),
                       int(_text(fields, "running") or 0), float(free) if free is not None else None,
                       float(_text(fields, "started_at") or 0), float(_text(fields, "beat_at") or 0),
-                      _queues(_text(fields, "queues")), _policy(_text(fields, "policy")), _text(fields, "alarm"))
+                      _queues(_text(fields, "queues")), _policy(_text(fields, "policy")), _text(fields, "identity"),
+                      float(stopped) if stopped is not None else None, _text(fields, "alarm"))

@@ -36,13 +36,13 @@ from pid.tools.registry import default_registry
 from pid.sandbox import SandboxError
 from pid.sandbox_lifecycle import FilesBudget, JobSandbox, SandboxProvider
 from sandbox import DockerProvider
-from worker.artifact_store import TranscriptSync, store_result, upload_artifacts, upload_transcript
-from worker.blobs import Blobs
+from worker.artifact_store import TranscriptSync, keep_run_artifacts, store_result, upload_artifacts, upload_transcript
+from worker.blobs import Blobs, StoreBlobs
 from worker.continuation import Parent, apply_patch, load_parent, start_session
 from worker.check import Check, run_check
 from worker.jobs import JobSpec, write_json_atomic
 from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, abandon, sandbox_config
-from worker.snapshot import import_into, open_packed
+from worker.snapshot import DirSnapshot, import_into, is_directory_repo, open_packed
 from worker.store import Store, default_store
 from worker.trees import remove_tree
 from worker.watchdog import Watchdog
@@ -62,7 +62,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             starting: "Future[JobSandbox] | None" = None,
             sandboxes: SandboxProvider[Any] | None = None,
             amend_result: Callable[[dict[str, Any]], None] | None = None, attempt: int = 1,
-            blobs: Blobs | None = None, artifact_store: Store | None = None,
+            blobs: Blobs | None = None, artifact_store: Store | None = None, keep: Store | None = None,
             gate: Callable[[], tuple[ExitReason, str] | None] | None = None) -> dict[str, Any]:
     """Run one job to its end and return result.json's content. Never raises for job failures.
 
@@ -78,6 +78,10 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     returns (so before the job's end is recorded): clients on any machine download them. --out is the client's
     path, named by whoever submitted: it is written only where the client is on this machine (client_is_local) and
     it can be made; else the job works in a spool directory under PID_HOME, removed once its artifacts are stored.
+
+    With `keep` (a `pid run` job's store), what `retry` and `continue` need is kept there too: the directory's
+    snapshot (stored while the agent works), then the transcript, patch, files and result.json, before this returns.
+    Its out directory has them all: a store that refuses them costs those commands, never the job.
 
     `gate` is asked before every model call (pid/agent.py Limits.gate): a batch's budget stops the job there.
     """
@@ -105,6 +109,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     workspace: dict[str, Any] | None = None   # which snapshot the job runs on, once imported
     sandbox: JobSandbox | None = None
     packed: BinaryIO | None = None   # the packed workspace's stream from the blob store, once opened
+    snapshot: DirSnapshot | None = None   # a directory repo (`pid run`), as the job saw it
     session: SessionWriter | None = None
     syncing: TranscriptSync | None = None
     provider = None
@@ -147,7 +152,12 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                 packed = open_packed(spec.workspace, blobs)
             sandbox = sandboxes.create(sandbox_config(spec, attempt), workspace=packed)
         watchdog.arm(spec.timeout_s - (time.time() - started) + GRACE_S, sandbox.kill, "wall_clock")
-        workspace = import_into(sandbox, spec.repo, spec.workspace, blobs, packed)
+        if is_directory_repo(spec.repo, spec.workspace):
+            assert spec.repo is not None
+            snapshot = DirSnapshot(spec.repo, spec.max_workspace)
+        workspace = import_into(sandbox, spec.repo, spec.workspace, blobs, packed, snapshot)
+        if snapshot is not None and keep is not None:
+            sink = _keeping_once_answered(sink, snapshot, StoreBlobs(keep))
         parent: Parent | None = None
         earlier: list[tuple[str | None, Message]] = []
         if spec.parent:   # `pid continue`: the parent's patch onto the same snapshot, its conversation loaded
@@ -227,7 +237,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                     problem = problem or files_problem
                 sandbox.close()
                 if checking is not None and "patch" in artifacts:
-                    check, checked = _check(checking, spec, workspace or {}, job_dir, blobs, cancel, sink, watchdog)
+                    check, checked = _check(checking, spec, workspace or {}, job_dir, blobs, cancel, sink, watchdog,
+                                            snapshot)
                     # A cancel while the check ran: the job's own (it ends cancelled), or its worker stopping or
                     # losing the job (then it is no longer this attempt's to end: it goes back to the queue).
                     owner = _owns(still_owner) if check.cancelled else owner
@@ -247,6 +258,10 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                 checking.add_done_callback(_close_made)
             if checked:
                 checked.close()
+            if snapshot is not None:
+                if keep is not None:
+                    snapshot.keep(StoreBlobs(keep))   # (if the model never answered: now)
+                snapshot.close()
         result = build_result(spec, outcome, started, artifacts, workspace, check)
         if getattr(sandbox, "image_id", None):   # the image it ran, by id (a tag may have moved since)
             result["image_id"] = getattr(sandbox, "image_id")
@@ -261,6 +276,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                 _forget(artifact_store, spec.id, f"session.attempt-{attempt}.jsonl")   # session.jsonl is this one's
             else:   # handed back or taken over: this attempt's transcript is kept all the same
                 upload_transcript(artifact_store, spec.id, job_dir, attempt)
+        if keep is not None:
+            keep_run_artifacts(keep, spec, job_dir, result)
         if owner:
             try:
                 write_json_atomic(os.path.join(job_dir, "result.json"), result)
@@ -271,6 +288,17 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         if spool is not None:
             remove_tree(spool)
     return result
+
+
+def _keeping_once_answered(sink: ev.EventSink, snapshot: DirSnapshot, blobs: Blobs) -> ev.EventSink:
+    """The sink, which also starts storing the snapshot once the model's first reply begins: during the wait for
+    it, nothing competes with the job's start."""
+    def events(event: ev.Event) -> None:
+        sink(event)
+        if isinstance(event, (ev.TextDelta, ev.ModelRetry)) or (isinstance(event, ev.MessageEnd)
+                                                                 and event.message.role == "assistant"):
+            snapshot.keep(blobs)
+    return events
 
 
 def _owns(still_owner: Callable[[], bool]) -> bool:
@@ -446,8 +474,8 @@ def _create_soon(sandboxes: SandboxProvider[Any], config: Any) -> "Future[JobSan
 
 
 def _check(checking: "Future[JobSandbox]", spec: JobSpec, workspace: dict[str, Any], job_dir: str,
-           blobs: Blobs | None, cancel: threading.Event, sink: ev.EventSink,
-           watchdog: Watchdog) -> tuple[Check, JobSandbox | None]:
+           blobs: Blobs | None, cancel: threading.Event, sink: ev.EventSink, watchdog: Watchdog,
+           snapshot: DirSnapshot | None = None) -> tuple[Check, JobSandbox | None]:
     """Run the job's check (worker/check.py) on its patch, in the fresh sandbox `checking` makes (returned: the
     caller closes it), under a deadline of its own: exec kills it in the container at its timeout; should that kill
     itself hang, or the set-up before it, the watchdog removes the container a grace period later."""
@@ -462,7 +490,7 @@ def _check(checking: "Future[JobSandbox]", spec: JobSpec, workspace: dict[str, A
         except FutureTimeout:
             raise SandboxError(f"the check's sandbox did not start within {CHECK_START_TIMEOUT_S:g}s") from None
         watchdog.arm(COLLECT_TIMEOUT_S + spec.check_timeout_s + GRACE_S, box.kill, "check")
-        _original_workspace(box, spec, workspace, blobs)
+        _original_workspace(box, spec, workspace, blobs, snapshot)
         with open(os.path.join(job_dir, "patch.diff"), "rb") as f:
             apply_patch(box, f.read(), original, whose="the job's patch")
         if cancel.is_set():
@@ -483,15 +511,16 @@ def _check(checking: "Future[JobSandbox]", spec: JobSpec, workspace: dict[str, A
     return check, box
 
 
-def _original_workspace(box: JobSandbox, spec: JobSpec, workspace: dict[str, Any], blobs: Blobs | None) -> None:
+def _original_workspace(box: JobSandbox, spec: JobSpec, workspace: dict[str, Any], blobs: Blobs | None,
+                        snapshot: DirSnapshot | None) -> None:
     """The workspace the agent started from, into the check's sandbox: the image's own directory is there already;
-    the same snapshot, or the same commit, or (`pid run`) the directory as it is now."""
+    the same snapshot (a directory's, `pid run`, as the job saw it), or the same commit."""
     if workspace.get("kind") == "image":
         return
     if workspace.get("kind") == "git":
         import_into(box, f"{workspace['url']}#{workspace['commit']}", None)
     else:
-        import_into(box, spec.repo, spec.workspace, blobs)
+        import_into(box, spec.repo, spec.workspace, blobs, snapshot=snapshot)
 
 
 def _after_check(outcome: Outcome, check: Check) -> Outcome:

@@ -2,18 +2,25 @@
 when the job starts (`pid run`). The submit side packs and stores; the worker side imports (import_into).
 
 Packing at submit is what lets a job run on another machine, and makes it see the tree as it was when it was
-submitted, whatever happens to the directory afterwards.
+submitted, whatever happens to the directory afterwards. A `pid run` packs its directory as it starts (DirSnapshot):
+the sandbox imports that tar, its check imports the same, and the job store keeps it as a blob, as it keeps a
+submitted job's, so that `retry` and `continue` run on the very tree the job saw.
 """
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from pid.sandbox import SandboxError
 from pid.sandbox_lifecycle import JobSandbox
-from sandbox.workspace import Packed, check_git_source, pack_tar
+from sandbox.workspace import Packed, WorkspaceTooLarge, check_git_source, pack_tar
 from worker.blobs import BlobMissing, Blobs, default_blobs
+
+log = logging.getLogger("pid.worker")
 
 
 @dataclass
@@ -47,6 +54,54 @@ def pack_and_store(root: str, blobs: Blobs, max_bytes: int, tmp_dir: str | None 
         os.unlink(tmp)
 
 
+class DirSnapshot:
+    """A directory as its `pid run` job saw it: the tar its sandbox imports, in a temporary file until close().
+    keep() stores it as a blob in a thread of its own: the model's first request never waits for the store."""
+
+    def __init__(self, root: str, max_bytes: int) -> None:
+        fd, self.path = tempfile.mkstemp(prefix="pid-snapshot-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                self.packed: Packed = pack_tar(root, out, 0, 0, max_bytes)
+        except BaseException as exc:
+            os.unlink(self.path)
+            if isinstance(exc, WorkspaceTooLarge):
+                raise SandboxError(f"{root} is larger than the workspace limit ({max_bytes} bytes once packed)"
+                                   ) from None
+            raise
+        self.kept = False
+        self._keeping: threading.Thread | None = None
+
+    def open(self) -> BinaryIO:
+        return open(self.path, "rb")
+
+    def keep(self, blobs: Blobs) -> None:
+        """Store the snapshot in `blobs`, in the background (close() waits for it), once however often asked; a
+        failure is logged, never raised: it costs `retry` and `continue`, not the job."""
+        if self._keeping is not None:
+            return
+
+        def store() -> None:
+            try:
+                if not blobs.has(self.packed.digest):
+                    blobs.put_file(self.path, self.packed.digest)
+                self.kept = True
+            except Exception as exc:
+                log.warning("the workspace snapshot was not kept in the job store (%s): retry and continue will not "
+                            "find it", exc)
+        self._keeping = threading.Thread(target=store, name="pid-keep-snapshot", daemon=True)
+        self._keeping.start()
+
+    def close(self) -> None:
+        """Once stored (if it is being), the temporary file goes."""
+        if self._keeping is not None:
+            self._keeping.join()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
 def open_packed(workspace: str, blobs: Blobs | None = None) -> BinaryIO:
     """The workspace tar packed at submit, as a stream from the blob store (the caller closes it)."""
     try:
@@ -56,10 +111,11 @@ def open_packed(workspace: str, blobs: Blobs | None = None) -> BinaryIO:
 
 
 def import_into(sandbox: JobSandbox, repo: str | None, workspace: str | None, blobs: Blobs | None = None,
-                packed: BinaryIO | None = None) -> dict[str, Any]:
+                packed: BinaryIO | None = None, snapshot: DirSnapshot | None = None) -> dict[str, Any]:
     """Put the job's workspace into its sandbox and say which snapshot it is (result.json's `workspace`).
     `packed`: the workspace's stream, opened already (open_packed) and given to the sandbox as it was created.
-    No repo: the workspace is the image's own directory, already there."""
+    `snapshot`: a directory repo, packed already (DirSnapshot). No repo: the workspace is the image's own directory,
+    already there."""
     if not repo:
         sandbox.import_image()
         return {"kind": "image", "path": sandbox.workdir}
@@ -71,5 +127,14 @@ def import_into(sandbox: JobSandbox, repo: str | None, workspace: str | None, bl
     if git is not None:
         commit = sandbox.import_git(git.url, git.ref)
         return {"kind": "git", "url": git.url, "ref": git.ref, "commit": commit}
-    sandbox.import_workspace(repo)
-    return {"kind": "dir", "path": repo}
+    if snapshot is None:
+        sandbox.import_workspace(repo)
+        return {"kind": "dir", "path": repo}
+    with snapshot.open() as stream:
+        sandbox.import_tar(stream)
+    return {"kind": "dir", "path": repo, "digest": snapshot.packed.digest}
+
+
+def is_directory_repo(repo: str | None, workspace: str | None) -> bool:
+    """The job reads a directory when it starts (`pid run`): not packed at submit, not a git URL, not the image's."""
+    return bool(repo) and not workspace and git_source(repo or "") is None

@@ -71,6 +71,8 @@ CREATE TABLE IF NOT EXISTS workers (
   beat_at REAL NOT NULL,
   queues TEXT,                     -- the queues it consumes, comma-separated
   policy TEXT,                     -- the rules it admits jobs by, JSON (worker/policy.py); NULL: everything
+  identity TEXT,                   -- its process's boot, pid namespace and start time (worker/control.py)
+  stopped_at REAL,                 -- when it stopped cleanly; NULL: it has not (alive, or killed: silent)
   alarm TEXT                       -- what went badly wrong that its user must know (worker/store_watch.py)
 );
 CREATE TABLE IF NOT EXISTS inbox (
@@ -120,6 +122,7 @@ ADDED_COLUMNS = {"kind": "TEXT NOT NULL DEFAULT 'worker'", "usage": "TEXT", "ear
                  "undispatched_since": "REAL", "pinned": "INTEGER NOT NULL DEFAULT 0",
                  "check_result": "TEXT",   # result.json's `check` (JSON), once the job's check ran
                  "batch": "TEXT"}
+WORKER_COLUMNS = {"queues": "TEXT", "policy": "TEXT", "identity": "TEXT", "stopped_at": "REAL", "alarm": "TEXT"}
 USAGE_KEYS = ("input", "output", "cache_read", "cache_write", "total_tokens")
 
 EVENTS_KEPT = 10_000                    # per job: older events are dropped
@@ -295,6 +298,8 @@ class WorkerBeat:
     beat_at: float
     queues: list[str] = field(default_factory=lambda: [DEFAULT_QUEUE])   # the queues it consumes
     policy: dict[str, Any] = field(default_factory=dict)   # the rules it admits jobs by (worker/policy.py)
+    identity: str | None = None     # its process's boot, pid namespace and start time (worker/control.py)
+    stopped_at: float | None = None   # when it stopped cleanly (None: it has not)
     alarm: str | None = None   # what went badly wrong that its user must know (worker/store_watch.py)
 
 
@@ -343,8 +348,8 @@ class Store(Protocol):
     # worker heartbeats
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
              taking_jobs: bool, queues: "builtins.list[str] | None" = None,
-             policy: dict[str, Any] | None = None, alarm: str | None = None) -> None: ...
-    def forget_worker(self, node: str) -> None: ...
+             policy: dict[str, Any] | None = None, identity: str | None = None, alarm: str | None = None) -> None: ...
+    def worker_stopped(self, node: str) -> None: ...
     def forget_silent_workers(self, silent_s: float = 86400) -> None: ...
     def workers(self, alive_within_s: float | None = None) -> "builtins.list[WorkerBeat]": ...
     # blobs: content-addressed, "sha256:<hex>"
@@ -419,8 +424,7 @@ class JobStore:
         """The schema, with the columns added since a store was first made."""
         with self._db() as db:
             db.executescript(SCHEMA)
-            workers_added = {"queues": "TEXT", "policy": "TEXT", "alarm": "TEXT"}
-            for table, added in (("jobs", ADDED_COLUMNS), ("workers", workers_added)):
+            for table, added in (("jobs", ADDED_COLUMNS), ("workers", WORKER_COLUMNS)):
                 have = {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
                 for name, decl in added.items():
                     if name not in have:
@@ -758,35 +762,39 @@ class JobStore:
 
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
              taking_jobs: bool, queues: "builtins.list[str] | None" = None,
-             policy: dict[str, Any] | None = None, alarm: str | None = None) -> None:
+             policy: dict[str, Any] | None = None, identity: str | None = None,
+             alarm: str | None = None) -> None:
         """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs."""
         now = time.time()
         free = taking_jobs and running < concurrency
         with self._db() as db:
             db.execute(
                 "INSERT INTO workers (node, host, pid, boot_id, concurrency, running, free_since, started_at, beat_at, "
-                "queues, policy, alarm) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(node) DO UPDATE SET "
-                "concurrency = excluded.concurrency, running = excluded.running, beat_at = excluded.beat_at, "
+                "queues, policy, identity, alarm) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(node) DO "
+                "UPDATE SET concurrency = excluded.concurrency, running = excluded.running, beat_at = excluded.beat_at, "
                 "boot_id = excluded.boot_id, queues = excluded.queues, policy = excluded.policy, "
-                "alarm = excluded.alarm, "
+                "identity = excluded.identity, alarm = excluded.alarm, stopped_at = NULL, "
                 "free_since = CASE WHEN ? THEN COALESCE(workers.free_since, excluded.beat_at) ELSE NULL END",
                 (node, host, pid, boot_id, concurrency, running, now if free else None, now, now,
-                 ",".join(queues or [DEFAULT_QUEUE]), json.dumps(policy) if policy else None, alarm, free))
+                 ",".join(queues or [DEFAULT_QUEUE]), json.dumps(policy) if policy else None, identity, alarm, free))
 
-    def forget_worker(self, node: str) -> None:
+    def worker_stopped(self, node: str) -> None:
+        """The worker stopped cleanly: its heartbeat stays, marked stopped (`pid workers --all` lists it), until
+        forget_silent_workers forgets it with the others not heard from."""
         with self._db() as db:
-            db.execute("DELETE FROM workers WHERE node = ?", (node,))
+            db.execute("UPDATE workers SET stopped_at = ?, running = 0, free_since = NULL WHERE node = ?",
+                       (time.time(), node))
 
     def forget_silent_workers(self, silent_s: float = 86400) -> None:
-        """Workers not heard from for a day (killed, not stopped) leave the table."""
+        """Workers not heard from for a day (killed, or stopped) leave the table."""
         with self._db() as db:
             db.execute("DELETE FROM workers WHERE beat_at < ?", (time.time() - silent_s,))
 
     def workers(self, alive_within_s: float | None = None) -> "builtins.list[WorkerBeat]":
-        """Workers by heartbeat; with alive_within_s, only those heard from that recently."""
+        """Workers by heartbeat; with alive_within_s, only those heard from that recently and not stopped."""
         sql, args = "SELECT * FROM workers", []
         if alive_within_s is not None:
-            sql += " WHERE beat_at >= ?"
+            sql += " WHERE beat_at >= ? AND stopped_at IS NULL"
             args.append(time.time() - alive_within_s)
         with self._db() as db:
             rows = db.execute(sql + " ORDER BY started_at", args).fetchall()

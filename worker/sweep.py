@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 from pid.agent import Outcome
 from pid.endings import ENDINGS, ExitReason, status_of
-from worker.control import log_job, proc_stat, process_identity, with_earlier_attempts
+from worker.control import log_job, with_earlier_attempts
+from worker.identity import proc_stat, process_identity
 from worker.jobs import JobSpec, write_json_atomic
 from worker.store import JobRecord, Store
 

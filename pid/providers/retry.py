@@ -1,9 +1,10 @@
 """When a failed model call is tried again, and after how long.
 
 A batch against a real provider meets rate limits, overloads and broken connections within minutes; a job must wait
-them out instead of failing. What is retried: HTTP 408, 429 and 5xx (Anthropic's 529 `overloaded` among them), an
-error event of those kinds inside a stream, connection resets and timeouts, and a stream that breaks or ends before
-the reply finished. The whole call is repeated; the partial reply of the failed attempt is dropped.
+them out instead of failing. What is retried: HTTP 408, 429 and 5xx (Anthropic's 529 `overloaded` among them) but
+501 and 505 (the server cannot do the request at all), an error event of those kinds inside a stream, connection
+resets and timeouts, and a stream that breaks or ends before the reply finished. The whole call is repeated; the
+partial reply of the failed attempt is dropped.
 
 How long: what the server asks for (`Retry-After` in seconds or as an HTTP date, `retry-after-ms`, or on a 429 the
 rate-limit reset headers of OpenAI and Anthropic), else exponential backoff with full jitter. Each wait is capped at
@@ -80,15 +81,19 @@ def interruptible_wait(seconds: float, cancel: threading.Event | None) -> bool:
     return (cancel or threading.Event()).wait(seconds)
 
 
+PERMANENT_5XX = (501, 505)   # Not Implemented, HTTP Version Not Supported: the same request fails the same way
+
+
 def reason_for_status(status: int) -> str | None:
-    """The retry reason for an HTTP status, or None when retrying cannot help (a 4xx other than 408 and 429)."""
+    """The retry reason for an HTTP status, or None when retrying cannot help (a 4xx other than 408 and 429, and
+    the 5xx that say the server cannot do this request at all)."""
     if status == 429:
         return RATE_LIMITED
     if status == 529:
         return OVERLOADED
     if status == 408:
         return TIMEOUT
-    if status >= 500:
+    if status >= 500 and status not in PERMANENT_5XX:
         return SERVER_ERROR
     return None
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import copy
 import functools
+import html
 import io
 import json
+import re
 import ssl
 import threading
 import zlib
@@ -319,14 +321,33 @@ def truncate(text: str, limit: int = ERROR_TEXT_LIMIT) -> str:
 
 
 def error_text(body: bytes) -> str:
-    """The server's own words from an error body: OpenAI, Anthropic, vLLM and FastAPI shapes, else the raw text."""
+    """The server's own words from an error body: OpenAI, Anthropic, vLLM and FastAPI shapes; an HTML page's first
+    meaningful line (a proxy's or a web server's error page); else the raw text."""
     raw = body.decode("utf-8", errors="replace").strip()
     try:
         parsed = json.loads(raw)
     except ValueError:
+        if _HTML.match(raw):
+            return f"{truncate(html_line(raw), 200)} (an HTML page, not an API's answer)"
         return truncate(raw) or "(empty body)"
     message = _find_message(parsed)
     return truncate(message if message else raw)
+
+
+_HTML = re.compile(r"(?:<\?xml[^>]*>\s*)?(?:<!--.*?-->\s*)*<(?:!doctype\s+html|html)\b", re.I | re.S)
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.I | re.S)
+_HIDDEN = re.compile(r"<(script|style|head)\b.*?</\1\s*>", re.I | re.S)
+_TAG = re.compile(r"<[^>]*>")
+
+
+def html_line(page: str) -> str:
+    """An HTML page's first meaningful line: its title, else the first line of its visible text."""
+    title = _TITLE.search(page)
+    found = title.group(1) if title else ""
+    if not found.strip():
+        text = _TAG.sub("\n", _HIDDEN.sub("", page))
+        found = next((line for line in text.splitlines() if line.strip()), "")
+    return " ".join(html.unescape(found).split()) or "(an empty page)"
 
 
 def _find_message(value: Any) -> str | None:

@@ -1,0 +1,74 @@
+"""A batch's --out is its memory: the same command resumes it, and nothing else is merged into it. Another tasks
+file, or other options, is refused (exit 2) with how to resume and the way out (another directory). Real CLI; the
+jobs wait in a queue no worker consumes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import assert_one_error
+
+pytestmark = [pytest.mark.docker, pytest.mark.cli]   # --detach submits (the embedded queue checks the image)
+
+
+def write_tasks(path: Path, repo: Path, ids: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"id": i, "task": f"task {i}", "repo": str(repo)}) + "\n" for i in ids))
+    return path
+
+
+def test_another_tasks_file_or_other_options_are_refused_and_the_same_command_resumes(run_pid, pid_env, sample_repo,
+                                                                                      tmp_path):
+    out = tmp_path / "out"
+    tasks = write_tasks(tmp_path / "tasks.jsonl", sample_repo, ["a", "b"])
+    common = ["--out", str(out), "--base-url", "http://127.0.0.1:9/v1", "--queue", "nobody-consumes-this",
+              "--detach"]
+    first = run_pid("batch", str(tasks), "--model", "m1", *common)
+    assert first.code == 0, first.stderr
+    jobs = len(run_pid("list", "--json", "--limit", "100").json())
+    meta = json.loads((out / "batch.json").read_text())
+
+    other = write_tasks(tmp_path / "other.jsonl", sample_repo, ["c"])
+    line = assert_one_error(run_pid("batch", str(other), "--model", "m1", *common), "another tasks file",
+                            str(tasks), "another --out directory")
+    assert f"pid batch {tasks} --out {out}" in line
+    line = assert_one_error(run_pid("batch", str(tasks), "--model", "m2", *common), "other options", "--model",
+                            "another --out directory")
+    assert "--base-url" not in line
+    piped = subprocess.run([sys.executable, "-m", "cli.main", "batch", "-", "--model", "m1", *common],
+                           input=other.read_text(), cwd=tmp_path, env=pid_env, capture_output=True, text=True,
+                           timeout=120)
+    assert piped.returncode == 2 and "another tasks file" in piped.stderr, piped.stderr
+    assert len(run_pid("list", "--json", "--limit", "100").json()) == jobs   # nothing more was submitted
+    assert json.loads((out / "batch.json").read_text())["order"] == meta["order"] == ["a", "b"]
+
+    write_tasks(tasks, sample_repo, ["a", "b", "d"])   # the same file, one item added: the same batch, resumed
+    again = run_pid("batch", str(tasks), "--model", "m1", *common)
+    assert again.code == 0, again.stderr
+    assert json.loads((out / "batch.json").read_text())["order"] == ["a", "b", "d"]
+    assert len(run_pid("list", "--json", "--limit", "100").json()) == jobs + 1   # only the new item
+
+
+def test_batch_status_says_each_running_item_s_turn_once(run_pid, pid_env, sample_repo, tmp_path):
+    import time
+    from tests.conftest import start_worker, stop_worker
+    from tests.scripted_llm import ScriptedLLM
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 30"}}]}, {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        worker = start_worker(pid_env, tmp_path, tmp_path / "worker.log")
+        try:
+            tasks = write_tasks(tmp_path / "tasks.jsonl", sample_repo, ["slow"])
+            out = tmp_path / "out"
+            assert run_pid("batch", str(tasks), "--out", str(out), "--model", "scripted", "--base-url",
+                           llm.base_url, "--detach").code == 0
+            deadline = time.time() + 60
+            while "running bash sleep 30" not in (shown := run_pid("batch", "--status", str(out)).stdout):
+                assert time.time() < deadline, shown
+                time.sleep(0.3)
+        finally:
+            stop_worker(worker)
+    line = next(line for line in shown.splitlines() if "slow" in line)
+    assert line.split() == ["slow", "turn", "1", "running", "bash", "sleep", "30"], line

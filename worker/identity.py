@@ -1,0 +1,29 @@
+"""Which process this is, exactly: its boot, pid namespace and start time, read from /proc. A job's lease owner and
+a worker's heartbeat carry it, so that on their own machine a process that is gone is known gone, and a pid reused
+by another process, or a host of the same name, never passes for it. Light on purpose: the CLI reads it.
+"""
+from __future__ import annotations
+
+import os
+
+
+def process_identity(pid: int) -> str | None:
+    """boot id, pid namespace and start time of a process on this machine, as one token; None where /proc lacks
+    them."""
+    fields = proc_stat(pid)
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()[:8]
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return f"{boot}-{namespace}-{fields[19]}" if fields is not None and len(fields) > 19 else None
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (state first, start time at index 19); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
