@@ -163,7 +163,8 @@ def check_html(check: Any, limits: Limits) -> str:
     return head
 
 
-def header_html(result: dict[str, Any], limits: Limits) -> str:
+def header_html(result: dict[str, Any], limits: Limits, relatives: str = "") -> str:
+    """The result's facts; `relatives`: rows (dt, dd) of the jobs it is related to, first."""
     usage = as_dict(result.get("usage"))
     status = result.get("status", "unknown")
     rows: list[tuple[str, str]] = [
@@ -185,7 +186,7 @@ def header_html(result: dict[str, Any], limits: Limits) -> str:
             rows.append((key.replace("_", " "), esc(result[key])))
     if result.get("error"):
         rows.append(("error", f'<span class="bad">{esc(clip(str(result["error"]), limits.block)[0])}</span>'))
-    body = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
+    body = relatives + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
     out = f'<dl class="meta">{body}</dl>'
     if result.get("task"):
         out += f'<h2>Task</h2><div class="msg user">{text_html(str(result["task"]), limits)}</div>'
@@ -570,8 +571,8 @@ def render_job(job_dir: str, *, fallback: dict[str, Any] | None = None, back_lin
     nav = f'<nav>{back}<a href="#transcript">transcript ({calls})</a><a href="#patch">patch</a></nav>'
     live = (f'<div class="note live">live: this page reloads every {refresh_s} s while the job runs '
             "(pid view --watch rewrites it)</div>" if refresh_s else "")
-    family = f'<dl class="meta relatives">{relatives_html(relatives)}</dl>' if relatives else ""
-    body = (f"{nav}<h1>pid job <code>{esc(job_id)}</code></h1>{live}{family}{header_html(result, limits)}"
+    body = (f"{nav}<h1>pid job <code>{esc(job_id)}</code></h1>{live}"
+            f"{header_html(result, limits, relatives_html(relatives))}"
             f'<h2 id="transcript">Transcript</h2>{transcript_html}'
             f'<h2 id="patch">Patch</h2>{patch_html}')
     return page(f"pid job {job_id}", body, refresh_s=refresh_s)
