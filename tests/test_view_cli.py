@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -225,3 +226,24 @@ def test_watch_rewrites_a_running_jobs_page_until_it_ends(store, tmp_path, env):
 def test_watch_takes_a_job_id(tmp_path, env):
     job = write_job(tmp_path / "job", hostile_result(), hostile_session())
     one_line_error(pid(env, tmp_path, "view", str(job), "--watch"), "--watch takes a job id")
+
+
+def test_ctrl_c_leaves_a_watched_page_that_no_longer_reloads(store, tmp_path, env):
+    spec = stored_job(store, tmp_path, {"session.attempt-1.jsonl": simple_session(["c1"])})
+    assert store.claim(spec.id, "w1", 600)
+    page = tmp_path / "live.html"
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "view", spec.id, "--watch", "-o", str(page)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == str(page)
+        assert 'http-equiv="refresh"' in page.read_text()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    text = page.read_text()
+    assert 'http-equiv="refresh"' not in text and calls(page) == ["c1"] and ">running<" in text
