@@ -47,10 +47,11 @@ class BatchCommand(click.Command):
             row = param.get_help_record(ctx) if isinstance(param, click.Option) else None
             if row is not None:
                 rows[param.name in self.JOB_PARAMS].append(row)
+        width = min(30, max(len(flag) for flag, _ in rows[False] + rows[True]))   # one column for both sections
         for title, is_job in (("Batch options", False), ("Job options (every item's defaults; a line's own values "
                                                           "win)", True)):
             with formatter.section(title):
-                formatter.write_dl(rows[is_job])
+                formatter.write_dl([(flag.ljust(width), text) for flag, text in rows[is_job]])
 
 
 @click.command("batch", cls=BatchCommand)

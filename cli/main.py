@@ -70,12 +70,12 @@ class PidGroup(click.Group):
     MAIN = ("run", "submit", "worker", "batch")
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        limit = formatter.width - 6 - max(len(name) for name in self.list_commands(ctx))
+        width = max(len(name) for name in self.list_commands(ctx))   # one column for both sections
         rows: dict[str, tuple[str, str]] = {}
         for name in self.list_commands(ctx):
             command = self.get_command(ctx, name)
             if command is not None and not command.hidden:
-                rows[name] = (name, command.get_short_help_str(limit))
+                rows[name] = (name.ljust(width), command.get_short_help_str(formatter.width - 6 - width))
         for title, names in (("Run jobs", self.MAIN), ("Other commands", [n for n in rows if n not in self.MAIN])):
             with formatter.section(title):
                 formatter.write_dl([rows[n] for n in names if n in rows])
