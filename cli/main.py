@@ -306,8 +306,8 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
                 say("still setting up: it stops at its next step…")
             return
         if not agents[0].cancel_event.is_set():
-            say("" if views else "\n")
-            say("cancelling: collecting the patch and removing the container…")
+            # (a status line's echo starts on a clean line; else the terminal's ^C shares the line)
+            say(("" if views else "\n") + "cancelling: collecting the patch and removing the container…")
             agents[0].cancel()
         else:  # cleanup is short and bounded; interrupting it would leak the container and lose the result
             say("still cleaning up…")

@@ -47,6 +47,9 @@ class Tmux:
         else:
             self._tmux("new-window", "-d", "-t", "pid", "-n", name, command)
 
+    def keys(self, name: str, *keys: str) -> None:
+        self._tmux("send-keys", "-t", f"pid:{name}", *keys)
+
     def screen(self, name: str) -> str:
         """What the window shows now, its scrollback included."""
         return self._tmux("capture-pane", "-p", "-J", "-S", "-", "-t", f"pid:{name}")
@@ -66,8 +69,12 @@ def wait_for(predicate, timeout: float = 120, what: str = "condition") -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux): the live "
-                                                          "status line needs a real terminal to be seen")
+NO_TMUX = pytest.mark.skipif(shutil.which("tmux") is None,
+                             reason="tmux is not installed (apt-get install tmux): the live status line needs a real "
+                                    "terminal to be seen")
+
+
+@NO_TMUX
 def test_a_terminal_shows_the_status_line_while_the_model_thinks_and_the_steer_after(run_pid, pid_env, sample_repo,
                                                                                      tmp_path):
     tmux = Tmux(pid_env, tmp_path)
@@ -110,6 +117,26 @@ def test_a_terminal_shows_the_status_line_while_the_model_thinks_and_the_steer_a
     assert run_screen.count("All done: REPLY-END") == 1, run_screen   # streamed, and not printed a second time
     assert "│ first-out" in run_screen and "│ second-out" in run_screen, run_screen   # --verbose
     assert "│ first-out" not in logs_screen   # logs without --verbose: the one-line summaries only
+
+
+@NO_TMUX
+def test_ctrl_c_on_a_terminal_says_so_on_a_line_of_its_own_and_leaves_no_status_line(pid_env, sample_repo, tmp_path):
+    tmux = Tmux(pid_env, tmp_path)
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}, {"text": "never"}]
+    with ScriptedLLM(script) as llm:
+        try:
+            tmux.open("run", pid("run", "t", "--repo", str(sample_repo), "--model", "scripted", "--base-url",
+                                 llm.base_url, "--out", str(tmp_path / "out")))
+            wait_for(lambda: re.search(r"turn 1: running bash sleep 60 · [\d,]+ tokens", tmux.screen("run")),
+                     what="the status line while the command runs")
+            tmux.keys("run", "C-c")
+            wait_for(lambda: "PANE-EXIT=" in tmux.screen("run"), what="pid run to end")
+            screen = tmux.screen("run")
+        finally:
+            tmux.close()
+    lines = [line.strip() for line in screen.splitlines()]
+    assert "cancelling: collecting the patch and removing the container…" in lines, screen
+    assert "PANE-EXIT=130" in lines and not ANY_STATUS.search(screen), screen
 
 
 def test_off_a_terminal_the_lines_are_plain(run_pid, sample_repo, tmp_path):
