@@ -22,6 +22,7 @@ import cli as cli_package
 from pid import events as ev
 from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
 from cli.options import EnvOption, QueueName, Size, format_size, job_options
+from cli.status_line import on_terminal
 from cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, echo, format_duration,
                         print_result, styled, wait_for)
 from pid.terminal import dumps, one_line
@@ -285,11 +286,17 @@ MAX_WORKSPACE_OPTION = click.option(
          "it travels with the job), and the most a git URL's clone may take on the worker.")
 
 
+VERBOSE_HELP = "Also show each tool call's output: its first and last lines, as the model saw it."
+
+
 @cli.command()
 @job_options
 @MAX_WORKSPACE_OPTION
-def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int, **options: Any) -> None:
-    """Run one job in the foreground (no queue)."""
+@click.option("--verbose", "-v", is_flag=True, help=VERBOSE_HELP)
+def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int, verbose: bool,
+        **options: Any) -> None:
+    """Run one job in the foreground (no queue). On a terminal a status line at the bottom shows what it is doing,
+    its tokens and cost so far, and the model's replies stream as they come."""
     spec = build_spec(options, no_images)
     spec.max_workspace = max_workspace
     check_api_key(spec, api_key)
@@ -298,6 +305,10 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
     agents: list[Any] = []
     jobs: list[Any] = []   # the job, once in the store
     interrupted = threading.Event()
+    views: list[Any] = []   # the terminal's live view, while the job runs: a Ctrl-C's words go above its status line
+
+    def say(text: str) -> None:
+        (views[0].line.echo if views else echo)(text, err=True)
 
     def on_sigint(signum: int, frame: Any) -> None:
         again = interrupted.is_set()
@@ -306,13 +317,14 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
             if jobs:     # that the sandbox's thread waits on, and nothing would end
                 jobs[0].cancel.set()
             if again:
-                echo("still setting up: it stops at its next step…", err=True)
+                say("still setting up: it stops at its next step…")
             return
         if not agents[0].cancel_event.is_set():
-            echo("\ncancelling: collecting the patch and removing the container…", err=True)
+            # (a status line's echo starts on a clean line; else the terminal's ^C shares the line)
+            say(("" if views else "\n") + "cancelling: collecting the patch and removing the container…")
             agents[0].cancel()
         else:  # cleanup is short and bounded; interrupting it would leak the container and lose the result
-            echo("still cleaning up…", err=True)
+            say("still cleaning up…")
 
     previous = signal.signal(signal.SIGINT, on_sigint)   # before the sandbox's thread starts
     try:
@@ -335,7 +347,11 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
             sys.exit(EXIT_INTERRUPTED)
         result = None
         failure: str | None = None
-        printer = EventPrinter()
+        printer: Any = EventPrinter(verbose=verbose)
+        if not as_json and on_terminal(err=True):
+            from cli.live_view import RunView
+            printer = RunView(verbose=verbose)
+            views.append(printer)
         try:
             echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
             result = run_job(spec, api_key=api_key, sink=job.sink(ev.ignore if as_json else printer),
@@ -345,12 +361,16 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
             failure = f"{type(exc).__name__}: {exc}"
             raise
         finally:
+            if views:
+                views[0].stop()
             job.end(result, failure)
     finally:
         signal.signal(signal.SIGINT, previous)
     if interrupted.is_set() and not agents:   # Ctrl-C while it set up: the job ended before its agent started
         echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    if views and views[0].showed_reply(result.get("final_message")):
+        result = {**result, "final_message": None}   # it streamed onto this terminal already
     print_result(result, spec.job_dir, as_json, said=printer.said)
     sys.exit(EXIT_INTERRUPTED if interrupted.is_set() else exit_code_for(result))
 
@@ -455,9 +475,9 @@ def _while_waiting(store: Any, job_id: str) -> Callable[[], None]:
     return tick
 
 
-def _no_worker_notice(store: Any, job_id: str) -> Callable[[], None]:
+def _no_worker_notice(store: Any, job_id: str, out: Callable[..., None] = echo) -> Callable[[], None]:
     """Once, after NO_WORKER_NOTICE_S: a job still queued means no worker took it. The workers' heartbeats in the
-    store tell whether any is alive, and how busy."""
+    store tell whether any is alive, and how busy. `out`: echo, or a status line's."""
     deadline = time.monotonic() + NO_WORKER_NOTICE_S
     done = False
 
@@ -475,11 +495,11 @@ def _no_worker_notice(store: Any, job_id: str) -> Callable[[], None]:
         waited = f"job {job_id} is still queued after {NO_WORKER_NOTICE_S:g}s"
         if workers:
             running = sum(w.running for w in workers)
-            echo(f"{waited}: {len(workers)} worker(s) are running {running} job(s); it waits for a free one",
-                 err=True)
+            out(f"{waited}: {len(workers)} worker(s) are running {running} job(s); it waits for a free one",
+                err=True)
         else:
             start = "pid worker" + ("" if queue == DEFAULT_QUEUE else f" --queue {queue}")
-            echo(f"{waited}: no worker is consuming queue '{queue}' (start one with `{start}`)", err=True)
+            out(f"{waited}: no worker is consuming queue '{queue}' (start one with `{start}`)", err=True)
     return tick
 
 
@@ -671,18 +691,30 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool) -> None:
 @click.argument("job_id")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the job goes on, until it ends.")
 @click.option("--json", "as_json", is_flag=True, help="Every record, one JSON object per line.")
-def logs(job_id: str, follow: bool, as_json: bool) -> None:
+@click.option("--verbose", "-v", is_flag=True, help=VERBOSE_HELP)
+def logs(job_id: str, follow: bool, as_json: bool, verbose: bool) -> None:
     """A job's log, from any machine that shares its store: a line per tool call (name, summary, duration), model
-    errors, and what happened to the job (each attempt's start, hand-backs, its end)."""
-    store, _ = _record_or_fail(job_id)
-    follower = EventFollower(store, job_id, RecordPrinter(as_json, err=False))
+    errors, and what happened to the job (each attempt's start, hand-backs, its end). With -f on a terminal, a status
+    line at the bottom shows what it is doing, its tokens and cost so far."""
+    store, record = _record_or_fail(job_id)
+    line = None
+    if follow and not as_json and on_terminal(err=False):
+        from cli.live_view import job_status
+        from cli.status_line import StatusLine
+        latest = [record]
+        line = StatusLine(err=False, describe=lambda: job_status(latest[0]))
+    follower = EventFollower(store, job_id, RecordPrinter(as_json, err=False, verbose=verbose,
+                                                          out=line.echo if line else echo))
     follower.poll()
     if not follow:
         return
-    notice = _no_worker_notice(store, job_id)   # a job no worker takes has no log yet: say why
+    notice = _no_worker_notice(store, job_id, line.echo if line else echo)   # a job no worker takes has no log yet
     try:
         while True:
             record = store.get(job_id)
+            if line and record is not None:
+                latest[0] = record
+                line.draw()
             notice()
             follower.poll(wait_s=1.0)
             if record is None or record.terminal:
@@ -690,6 +722,9 @@ def logs(job_id: str, follow: bool, as_json: bool) -> None:
                 return
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
+    finally:
+        if line:
+            line.stop()
 
 
 @cli.command()

@@ -3,7 +3,8 @@
 `echo` is how every `pid` command writes to the terminal: each part of a message passes through the one sanitiser
 (pid/terminal.py) before pid's own styles are added, so no model, agent, task, server or store reaches the terminal
 with an escape sequence. A field of a one-line listing also goes through one_line (a newline in it would start a line
-that pid did not write). --json output is terminal.dumps: exact JSON, with those characters \\u-escaped.
+that pid did not write). --json output is terminal.dumps: exact JSON, with those characters \\u-escaped. The one
+control sequence pid writes itself (pid/terminal.py CLEAR_LINE, for a live status line) is written only here.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import click
 
 from pid import events as ev
 from pid.event_records import EventRecords
-from pid.terminal import dumps, one_line, shown
+from pid.terminal import CLEAR_LINE, dumps, one_line, shown
 from worker.jobs import json_text
 
 CHECK_LINES_SHOWN = 15   # of a failed check's output_tail, under the summary (all of it is in result.json)
@@ -35,13 +36,14 @@ def styled(text: str, **style: Any) -> Styled:
 Part = str | Styled
 
 
-def echo(*parts: Part, err: bool = False) -> None:
-    """Print one message made of `parts` (and a newline). The only way pid's commands write to the terminal: each
-    part goes through pid.terminal.shown, then a Styled part gets its style. A reader that went away (`pid run … |
-    head`) only stops the output: see _gone."""
+def echo(*parts: Part, err: bool = False, nl: bool = True, clear: bool = False) -> None:
+    """Print one message made of `parts` (and a newline, unless not `nl`). The only way pid's commands write to the
+    terminal: each part goes through pid.terminal.shown, then a Styled part gets its style. `clear`: first erase the
+    cursor's line (a status line, on a terminal). A reader that went away (`pid run … | head`) only stops the
+    output: see _gone."""
     try:
-        click.echo("".join(click.style(shown(p.text), **p.style) if isinstance(p, Styled) else shown(p)
-                           for p in parts), err=err)
+        text = "".join(click.style(shown(p.text), **p.style) if isinstance(p, Styled) else shown(p) for p in parts)
+        click.echo(CLEAR_LINE + text if clear else text, err=err, nl=nl)
     except BrokenPipeError:
         _gone(sys.stderr if err else sys.stdout)
 
@@ -99,13 +101,16 @@ def control_line(record: dict[str, Any]) -> str:
 class RecordPrinter:
     """Prints a job's log records (pid/event_records.py) on stderr: a line per tool call as it ends, model errors,
     and what happened to the job (an attempt started, handed back, put back). With as_json, each record is one JSON
-    line on stdout instead."""
+    line on stdout instead. `verbose`: each tool call's output excerpt under its line. `out`: where the lines go
+    (echo's signature; a status line's echo keeps itself below them)."""
 
-    def __init__(self, as_json: bool = False, err: bool = True) -> None:
-        self.as_json, self.err = as_json, err
+    def __init__(self, as_json: bool = False, err: bool = True, verbose: bool = False,
+                 out: Callable[..., None] = echo) -> None:
+        self.as_json, self.err, self.verbose, self.out = as_json, err, verbose, out
         self.said: set[str] = set()   # errors and the check's verdict printed: the summary does not repeat them
 
     def __call__(self, record: dict[str, Any]) -> None:
+        echo = self.out
         if self.as_json:
             echo(dumps(json_text(record)))
             return
@@ -113,6 +118,9 @@ class RecordPrinter:
         if kind == "tool_end":
             echo(*tool_line(str(record.get("name")), str(record.get("summary", "")), bool(record.get("is_error")),
                             record.get("error_line"), record.get("duration_s")), err=err)
+            if self.verbose:
+                for line in record.get("output") or []:
+                    echo(styled(f"  │ {shown(str(line))}", dim=True), err=err)
         elif kind == "check_start":
             echo(styled(f"· check: {one_line(str(record.get('command', '')))}", dim=True), err=err)
         elif kind == "check_end":
@@ -145,9 +153,9 @@ class RecordPrinter:
 class EventPrinter:
     """An event sink for `pid run`: the same lines a job's log prints, straight from its events."""
 
-    def __init__(self) -> None:
+    def __init__(self, verbose: bool = False, out: Callable[..., None] = echo) -> None:
         self._records = EventRecords()
-        self._printer = RecordPrinter()
+        self._printer = RecordPrinter(verbose=verbose, out=out)
         self.said = self._printer.said
 
     def __call__(self, event: ev.Event) -> None:

@@ -77,6 +77,9 @@ if [ "${1:-}" = "--test" ]; then
   # `pid view`'s acceptance test (tests/test_view_browser.py) loads its pages in headless Chromium, best-effort
   # (without it those tests skip).
   command -v chromium >/dev/null || apt_install chromium || true
+  # The live status line's terminal test (tests/test_cli_live.py) runs `pid run` in tmux, best-effort (without it that
+  # test skips).
+  command -v tmux >/dev/null || apt_install tmux || true
   # The pi compatibility test (tests/test_compaction_pi.py) continues a session pid compacted with the real pi, from
   # npm, best-effort (node and npm from apt when absent; without them that test skips).
   command -v npm >/dev/null || apt_install nodejs npm || true

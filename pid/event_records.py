@@ -1,8 +1,9 @@
 """A job's live log: its events as small JSON records, for people watching it from anywhere (the job store keeps
 them; `pid logs`, `submit --wait` and `result --wait` print them; `pid run` prints the same lines directly).
 
-A record is bounded whatever the agent does: a tool call is its name and a one-line summary, never its output; an
-assistant message is its first TEXT_MAX characters; every text in it is as a terminal may show it (pid/terminal.py).
+A record is bounded whatever the agent does: a tool call is its name, a one-line summary and an excerpt of its output
+(its first and last lines, each cut short: what `--verbose` shows); an assistant message is its first TEXT_MAX
+characters; every text in it is as a terminal may show it (pid/terminal.py).
 Text deltas and tool output updates are not kept: a log is for what happened, the session file for everything.
 """
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pid.tools.summary import summarize_call
 
 TEXT_MAX = 2000
 CONTROL_TEXT_MAX = 500   # of a steer's or follow-up's message
+EXCERPT_HEAD, EXCERPT_TAIL = 3, 5   # lines of a tool's output kept in its record: the first and the last
+EXCERPT_WIDTH = 200                 # characters kept of each
 
 
 class EventRecords:
@@ -37,7 +40,7 @@ class EventRecords:
             record: dict[str, Any] = {
                 "type": "tool_end", "call_id": event.call_id, "name": event.name,
                 "summary": self._summaries.pop(event.call_id, ""), "duration_s": round(event.duration_s, 3),
-                "is_error": event.result.is_error, "t": now}
+                "is_error": event.result.is_error, "output": output_excerpt(event.result.text), "t": now}
             if event.result.is_error:   # bash's says how it ended last; the other tools say why first
                 lines = [line for line in event.result.text.strip().splitlines() if line.strip()] or [""]
                 record["error_line"] = one_line(lines[-1] if event.name == "bash" else lines[0])[:200]
@@ -86,6 +89,16 @@ class EventRecords:
                 record["error_line"] = one_line(last[0])[:200]
             return record
         return None
+
+
+def output_excerpt(text: str) -> list[str]:
+    """A tool's output (as the model saw it) in a few lines for a person: the first EXCERPT_HEAD and the last
+    EXCERPT_TAIL, a line saying how many were left out between, each line shown and cut to EXCERPT_WIDTH."""
+    lines = shown(text).expandtabs(4).rstrip("\n").splitlines()
+    if len(lines) > EXCERPT_HEAD + EXCERPT_TAIL + 1:
+        left_out = len(lines) - EXCERPT_HEAD - EXCERPT_TAIL
+        lines = [*lines[:EXCERPT_HEAD], f"… {left_out} more lines", *lines[-EXCERPT_TAIL:]]
+    return [line if len(line) <= EXCERPT_WIDTH else line[:EXCERPT_WIDTH - 1] + "…" for line in lines]
 
 
 def _short_command(command: str, width: int = 200) -> str:

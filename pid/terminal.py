@@ -17,6 +17,9 @@ follows a bidi override. Such text reaches a person only through this module:
                    an escape instead (\\x1b, \\u202e), backslashes doubled, bounded.
     dumps          exact JSON (--json): the same value, with every character `shown` would remove \\u-escaped.
 
+The one control sequence pid writes itself lives here too: CLEAR_LINE, a live status line's return-and-erase
+(cli/status_line.py), written only by cli/output.echo and never built from outside text.
+
 A complete escape sequence goes whole (its payload too: an OSC 8 link leaves its text, OSC 52 leaves nothing); an
 unterminated string sequence loses only its introducer, so what follows it shows as plain text instead of
 vanishing. HTML is another matter (pid/html_view.py escapes for the browser).
@@ -28,6 +31,8 @@ import logging
 import re
 import unicodedata
 from typing import Any
+
+CLEAR_LINE = "\r\x1b[K"   # back to the line's start, erase it: pid's own, never part of a message
 
 _ESCAPES = re.compile(
     r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"                         # CSI: colours, cursor movement, erasing
