@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from cli.ids import JOB_ID
 from cli.options import Number, QueueName
 from cli.output import echo
 from pid.config import API_KEY_ENV, EnvDefaults, endpoint
@@ -64,7 +65,7 @@ def queue_options(func: Any) -> Any:
 
 
 @click.command("continue", cls=HomeCommand)
-@click.argument("job_id")
+@click.argument("job_id", type=JOB_ID)
 @click.argument("message")
 @_limit("--max-turns", "max_turns", int)
 @_limit("--timeout", "timeout_s", float)
@@ -81,7 +82,7 @@ def continue_job(job_id: str, message: str, out_dir: str | None, queue: str | No
 
 
 @click.command(cls=HomeCommand)
-@click.argument("job_id")
+@click.argument("job_id", type=JOB_ID)
 @queue_options
 def retry(job_id: str, out_dir: str | None, queue: str | None, api_key: str | None, wait: bool,
           as_json: bool) -> None:

@@ -75,12 +75,19 @@ def _view_job_id(job_id: str, output: str | None) -> str:
         ensure_pid_home()
     except HomeUnusable as exc:
         raise ViewError(str(exc)) from None
+    from cli.ids import NoSuchJob, resolve
     from worker.store import default_store
     store = default_store()
+    try:
+        job_id = resolve(store, job_id)
+    except NoSuchJob as exc:
+        if not exc.message.startswith("no such job:"):   # ambiguous, or a batch item without a job
+            raise
+        looks_like_path = os.sep in job_id or job_id.startswith(".")
+        raise ViewError(f"no such {'directory' if looks_like_path else 'job or directory'}: {job_id}") from None
     record = store.get(job_id)
     if record is None:
-        looks_like_path = os.sep in job_id or job_id.startswith(".")
-        raise ViewError(f"no such {'directory' if looks_like_path else 'job or directory'}: {job_id}")
+        raise ViewError(f"no such job or directory: {job_id}")
     fallback = _from_record(record)
     with tempfile.TemporaryDirectory(prefix="pid-view-") as tmp:
         where = _artifacts(store, record, tmp)
