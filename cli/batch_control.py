@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from cli.batch_run import item_state
-from cli.table import Column, format_cost, render
+from cli.table import Column, cut, format_cost, render
 from pid.terminal import one_line
 from worker.batch import BatchDir
 
 ITEM_COLUMNS = [Column("ITEM", shrink="end", min=8), Column("JOB", shrink="end"), Column("STATUS"),
                 Column("TURNS", right=True), Column("COST", right=True), Column("DETAIL", shrink="start", min=12)]
+DETAIL_SHOWN = 80
 
 
 def item_lines(bdir: BatchDir, records: dict[str, Any], width: int | None) -> list[str]:
@@ -30,7 +31,8 @@ def item_lines(bdir: BatchDir, records: dict[str, Any], width: int | None) -> li
             turns, cost, detail = int(row.get("turns") or 0), float(row.get("cost") or 0), str(row.get("exit_reason"))
         else:
             turns, cost, detail = 0, 0.0, "-"
-        rows.append([one_line(item_id), one_line(job_id), status, str(turns), format_cost(cost), one_line(detail)])
+        rows.append([one_line(item_id), one_line(job_id), status, str(turns), format_cost(cost),
+                     cut(one_line(detail), DETAIL_SHOWN, "start")])
     return render(ITEM_COLUMNS, rows, width)
 
 

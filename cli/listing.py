@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from cli.output import format_duration
-from cli.table import Column, format_cost, render
+from cli.table import Column, cut, format_cost, render
 from pid.terminal import one_line
 
 JOB_COLUMNS = [Column("ID", shrink="end"), Column("STATUS"), Column("TIME", right=True),
@@ -16,6 +16,7 @@ JOB_COLUMNS = [Column("ID", shrink="end"), Column("STATUS"), Column("TIME", righ
 WORKER_COLUMNS = [Column("HOST", shrink="start", min=8), Column("PID", right=True), Column("NODE", shrink="end"),
                   Column("RUNNING", right=True), Column("QUEUES", shrink="start", min=8), Column("UP", right=True),
                   Column("STATE")]
+TASK_SHOWN = 60   # a task's first characters at most, however wide the terminal
 
 
 def job_lines(records: list[Any], width: int | None) -> list[str]:
@@ -25,7 +26,8 @@ def job_lines(records: list[Any], width: int | None) -> list[str]:
         if record.check:   # the check's verdict beside the reason
             reason += " ✓check" if record.check.get("passed") is True else " ✗check"
         rows.append([one_line(record.id), record.status, format_duration(record.duration_s),
-                     format_cost(record.total_usage["cost"]), one_line(reason), one_line(record.spec.task)])
+                     format_cost(record.total_usage["cost"]), one_line(reason),
+                     cut(one_line(record.spec.task), TASK_SHOWN, "start")])
     return render(JOB_COLUMNS, rows, width)
 
 
