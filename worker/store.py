@@ -788,8 +788,9 @@ class JobStore:
             db.execute(
                 "INSERT INTO workers (node, host, pid, boot_id, concurrency, running, free_since, started_at, beat_at, "
                 "queues, policy, identity, alarm) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(node) DO "
-                "UPDATE SET concurrency = excluded.concurrency, running = excluded.running, beat_at = excluded.beat_at, "
-                "boot_id = excluded.boot_id, queues = excluded.queues, policy = excluded.policy, "
+                "UPDATE SET concurrency = excluded.concurrency, running = excluded.running, "
+                "beat_at = excluded.beat_at, boot_id = excluded.boot_id, queues = excluded.queues, "
+                "policy = excluded.policy, "
                 "identity = excluded.identity, alarm = excluded.alarm, stopped_at = NULL, "
                 "free_since = CASE WHEN ? THEN COALESCE(workers.free_since, excluded.beat_at) ELSE NULL END",
                 (node, host, pid, boot_id, concurrency, running, now if free else None, now, now,
