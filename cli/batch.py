@@ -37,10 +37,25 @@ def _bad(message: str) -> click.ClickException:
     return BadInput(message)
 
 
-@click.command("batch")
+class BatchCommand(click.Command):
+    """`batch --help` shows batch's own options first, then the job options every item takes as defaults."""
+    JOB_PARAMS = {option.name for option in JOB_OPTIONS} | {"api_key", "no_images"}
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows: dict[bool, list[tuple[str, str]]] = {False: [], True: []}
+        for param in self.get_params(ctx):
+            row = param.get_help_record(ctx) if isinstance(param, click.Option) else None
+            if row is not None:
+                rows[param.name in self.JOB_PARAMS].append(row)
+        width = min(30, max(len(flag) for flag, _ in rows[False] + rows[True]))   # one column for both sections
+        for title, is_job in (("Batch options", False), ("Job options (every item's defaults; a line's own values "
+                                                          "win)", True)):
+            with formatter.section(title):
+                formatter.write_dl([(flag.ljust(width), text) for flag, text in rows[is_job]])
+
+
+@click.command("batch", cls=BatchCommand)
 @click.argument("tasks", required=False, metavar="TASKS.jsonl|-")
-@spec_options(json_help="No live table: a JSON line per item as it ends (its batch.jsonl object), then "
-                        "{\"summary\": ...}.")
 @click.option("--repo", metavar="DIR|URL",
               help="Every item's repo unless its line names one: " + spec_field("repo").metadata["help"])
 @click.option("--queue", type=QueueName(), default=DEFAULT_QUEUE, show_default=True, envvar="PID_QUEUE",
@@ -66,6 +81,8 @@ def _bad(message: str) -> click.ClickException:
 @click.option("--wait", "wait_dir", metavar="DIR", help="Wait for a (detached) batch's items, download, summarize.")
 @click.option("--cancel", "cancel_dir", metavar="DIR",
               help="Cancel every job of the batch in DIR that has not ended (a rerun resumes them).")
+@spec_options(json_help="No live table: a JSON line per item as it ends (its batch.jsonl object), then "
+                        "{\"summary\": ...}.")
 def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool, repo: str | None, queue: str,
           max_workspace: int, workers: int | None, max_total_cost: float | None, max_running: int | None,
           allow_outside: bool, retry_failed: bool, detach: bool, status_dir: str | None, wait_dir: str | None,

@@ -67,6 +67,20 @@ class PidGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
 
+    # What a newcomer reaches for first, in this order, in a section of its own above the rest.
+    MAIN = ("run", "submit", "worker", "batch")
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        width = max(len(name) for name in self.list_commands(ctx))   # one column for both sections
+        rows: dict[str, tuple[str, str]] = {}
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows[name] = (name.ljust(width), command.get_short_help_str(formatter.width - 6 - width))
+        for title, names in (("Run jobs", self.MAIN), ("Other commands", [n for n in rows if n not in self.MAIN])):
+            with formatter.section(title):
+                formatter.write_dl([rows[n] for n in names if n in rows])
+
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.LAZY and name not in self.commands:
             import importlib
@@ -516,7 +530,7 @@ def _record_or_fail(job_id: str) -> Any:
 
 @cli.command()
 @click.argument("job_id", type=JOB_ID)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="The job's whole record as JSON.")
 def status(job_id: str, as_json: bool) -> None:
     """Show a job's status: counts, what it is doing now, its error."""
     from worker.sweep import sweep_quietly
@@ -630,7 +644,8 @@ def resume(job_id: str) -> None:
 
 
 @cli.command("list")
-@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Show at most this many jobs (the newest).")
 @click.option("--status", "status_filter", type=click.Choice(list(JOB_STATUSES)), help="Only jobs in this status.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON array of the jobs' records.")
 @click.option("--batch", "batch_dir", metavar="DIR", help="Only the jobs of the batch whose directory is DIR.")

@@ -7,13 +7,14 @@ it. cli/main.py registers these commands (register), handing over its own module
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import click
 
 from cli.ids import JOB_ID
-from cli.options import Number, QueueName
+from cli.options import Api, Number, QueueName, Url
 from cli.output import echo
 from pid.config import API_KEY_ENV, EnvDefaults, endpoint
 from worker.jobs import JobSpec, spec_field
@@ -67,18 +68,33 @@ def queue_options(func: Any) -> Any:
 @click.command("continue", cls=HomeCommand)
 @click.argument("job_id", type=JOB_ID)
 @click.argument("message")
+@click.option("--model", default=None, help="Another model carries on (its prices and context window: the model "
+                                             "table's). Default: the earlier job's.")
+@click.option("--base-url", type=Url(), default=None,
+              help="Another endpoint carries on; the API key given here goes to it. Default: the earlier job's.")
+@click.option("--api", type=Api(), default=None,
+              help="Its wire format (openai or anthropic); without --base-url, an earlier vendor's own endpoint "
+                   "becomes this format's own. Default: the earlier job's.")
 @_limit("--max-turns", "max_turns", int)
 @_limit("--timeout", "timeout_s", float)
 @_limit("--max-cost", "max_cost", float)
 @queue_options
-def continue_job(job_id: str, message: str, out_dir: str | None, queue: str | None, api_key: str | None,
-                 wait: bool, as_json: bool, **limits: Any) -> None:
+def continue_job(job_id: str, message: str, model: str | None, base_url: str | None, api: str | None,
+                 out_dir: str | None, queue: str | None, api_key: str | None, wait: bool, as_json: bool,
+                 **limits: Any) -> None:
     """Continue an ended job as a new job: its conversation, then MESSAGE; on its snapshot with its patch applied,
     so the new job's patch holds both jobs' changes. Prints the new job's id."""
     if not message.strip():
         raise _main.BadInput("the message is empty")
-    from worker.continuation import continuation_spec
-    _queue(lambda store: continuation_spec(store, job_id, message), out_dir, queue, api_key, wait, as_json, limits)
+    if model is not None and not model.strip():
+        raise _main.BadInput("--model is empty")
+    from worker.continuation import continuation_spec, switch_model
+
+    def make(store: Any) -> JobSpec:
+        spec = continuation_spec(store, job_id, message)
+        switch_model(spec, model, base_url, api)
+        return spec
+    _queue(make, out_dir, queue, api_key, wait, as_json, limits, Endpoint(base_url, api))
 
 
 @click.command(cls=HomeCommand)
@@ -89,11 +105,18 @@ def retry(job_id: str, out_dir: str | None, queue: str | None, api_key: str | No
     """Run a job again as a new job: the same task and options, on the same workspace snapshot. Prints the new
     job's id."""
     from worker.continuation import retry_spec
-    _queue(lambda store: retry_spec(store, job_id), out_dir, queue, api_key, wait, as_json, {})
+    _queue(lambda store: retry_spec(store, job_id), out_dir, queue, api_key, wait, as_json, {}, Endpoint())
+
+
+@dataclass
+class Endpoint:
+    """The endpoint named on this command line (continue's --base-url, --api), which the key given with it is for."""
+    base_url: str | None = None
+    api: str | None = None
 
 
 def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | None, wait: bool, as_json: bool,
-           limits: dict[str, Any]) -> None:
+           limits: dict[str, Any], given: Endpoint) -> None:
     """Make the spec, check it as submit checks its own, record it, publish it; then print the id or wait."""
     from worker.brokers import embedded_broker
     from worker.continuation import Refused
@@ -112,12 +135,14 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
     if queue:
         spec.queue = queue
     # The stored job's endpoint may be anyone's (a tasks-file line's): the key given here goes only to the endpoint
-    # it is for, PID_BASE_URL's (else the vendor's own) as PID_API says (pid.config.endpoint).
+    # it is for: the one named beside it (--base-url, --api here, else PID_BASE_URL, PID_API), else the API's own
+    # (pid.config.endpoint). No key is ever taken from the earlier job: its own was forgotten when it ended.
     env = EnvDefaults.read()
-    bound = EnvDefaults(api_key, env.base_url, env.api)
+    bound = EnvDefaults(api_key, given.base_url or env.base_url, given.api or env.api)
     if api_key and bound.key_for(spec.api, spec.base_url) is None:
-        echo(f"pid: the API key is for {endpoint(env.api, env.base_url)}, not this job's "
-             f"{endpoint(spec.api, spec.base_url)}: not sent (set PID_BASE_URL to send it there)", err=True)
+        echo(f"pid: the API key is for {endpoint(bound.api, bound.base_url)}, not this job's "
+             f"{endpoint(spec.api, spec.base_url)}: not sent (pass --base-url, or set PID_BASE_URL, to send it "
+             f"there)", err=True)
         api_key = None
     _main.check_api_key(spec, api_key)
     if embedded_broker():   # the worker is on this machine: its image and CPUs must be here too

@@ -2,7 +2,11 @@
 
 A DIR holding batch.jsonl is a batch (an index and a page per item, in DIR/view/); a DIR holding result.json or
 session.jsonl is a job's artifacts; anything else is a job id, whose result, transcript and patch come from the job
-store (wherever the worker ran) or, when the store has none, from the job's own out directory.
+store (wherever the worker ran) or, when the store has none, from the job's own out directory. A job by id has
+its family linked: the job it continues and the jobs that continue it get their pages beside its own.
+
+`--watch` keeps a running job's page current: it is rewritten as the job's events arrive, and reloads itself in the
+browser (a meta refresh) until the job ends, when it is written a last time without it.
 """
 from __future__ import annotations
 
@@ -22,6 +26,9 @@ from cli.output import echo
 RESULT, SESSION, PATCH, BATCH = "result.json", "session.jsonl", "patch.diff", "batch.jsonl"
 
 _ATTEMPT = re.compile(r"session\.attempt-(\d+)\.jsonl")
+CHILDREN_SCAN = 1000   # the newest jobs searched for ones that continue this one (they are newer than it)
+REFRESH_S = 2          # how often a watched page reloads itself
+WATCH_WAIT_S = 2.0     # and how long --watch waits for the job's next event before it rewrites the page anyway
 
 
 class ViewError(click.ClickException):
@@ -35,17 +42,27 @@ class ViewError(click.ClickException):
               help="Where to write the page (default: pid-view-<id>.html here for a job; DIR/view/index.html for a "
                    "batch, its items' pages beside it).")
 @click.option("--open", "open_page", is_flag=True, help="Open the page in a browser, where there is one.")
-def view(target: str, output: str | None, open_page: bool) -> None:
+@click.option("--watch", is_flag=True,
+              help="For a job by id: keep rewriting its page while the job runs (the page reloads itself every "
+                   f"{REFRESH_S} s); stops when the job ends, or on Ctrl-C.")
+def view(target: str, output: str | None, open_page: bool, watch: bool) -> None:
     """Write a job (by id, or its artifacts' directory) or a batch directory as one self-contained HTML page: the
     result, the transcript with every tool call and edit, the patch; for a batch, a sortable table of its items
-    linking to each item's page. Prints the page's path."""
+    linking to each item's page. A job by id links the job it continues and those that continue it, whose pages
+    are written beside its own (pid-view-<id>.html). Prints the page's path."""
+    if watch and os.path.isdir(target):
+        raise ViewError("--watch takes a job id (a directory's page is written once)")
+
+    def opened(path: str) -> None:
+        echo(path)
+        if open_page and not open_in_browser(path):
+            echo("pid: no browser here (no $BROWSER, no display): open the file above yourself", err=True)
     if os.path.isdir(target):
-        path = _view_dir(target, output)
+        opened(_view_dir(target, output))
+    elif watch:
+        _watch(target, output, opened)
     else:
-        path = _view_job_id(target, output)
-    echo(path)
-    if open_page and not open_in_browser(path):
-        echo("pid: no browser here (no $BROWSER, no display): open the file above yourself", err=True)
+        opened(_view_job_id(target, output))
 
 
 def _view_dir(directory: str, output: str | None) -> str:
@@ -69,7 +86,7 @@ def _view_dir(directory: str, output: str | None) -> str:
     return _write(output, job_id, render_job(directory))
 
 
-def _view_job_id(job_id: str, output: str | None) -> str:
+def _store_and_record(job_id: str) -> tuple[Any, Any]:
     from pid.config import HomeUnusable, ensure_pid_home
     try:
         ensure_pid_home()
@@ -86,16 +103,98 @@ def _view_job_id(job_id: str, output: str | None) -> str:
         looks_like_path = os.sep in job_id or job_id.startswith(".")
         raise ViewError(f"no such {'directory' if looks_like_path else 'job or directory'}: {job_id}") from None
     record = store.get(job_id)
-    if record is None:
-        raise ViewError(f"no such job or directory: {job_id}")
-    fallback = _from_record(record)
+    if record is None:   # gone since (expired)
+        raise ViewError(f"no such job: {job_id}")
+    return store, record
+
+
+def _view_job_id(job_id: str, output: str | None, refresh_s: int | None = None, family: bool = True) -> str:
+    """The job's page; with `family`, first the pages of the job it continues and of those that continue it, beside
+    it. Each page links to those of its relatives that are there (the others are named by id)."""
+    store, record = _store_and_record(job_id)
+    path = _page_path(output, record.id)
+    here = os.path.dirname(path)
+    relatives = _relatives(store, record)
+    pages = {record.id: os.path.basename(path)}
+    for _, other in relatives:
+        name = _page_name(other.id)
+        if family or os.path.isfile(os.path.join(here, name)):
+            pages.setdefault(other.id, name)
+    if family:
+        for _, other in relatives:   # best-effort: a relative without artifacts has no page, only its id
+            try:
+                _write_job_page(store, other, os.path.join(here, pages[other.id]), pages, _relatives(store, other),
+                                None)
+            except ViewError:
+                del pages[other.id]
+    _write_job_page(store, record, path, pages, relatives, refresh_s)
+    return path
+
+
+def _write_job_page(store: Any, record: Any, path: str, pages: dict[str, str], relatives: list[tuple[str, Any]],
+                    refresh_s: int | None) -> None:
+    from pid.html_view import Relative, render_job
+    linked = [Relative(role, other.id, pages.get(other.id)) for role, other in relatives]
     with tempfile.TemporaryDirectory(prefix="pid-view-") as tmp:
         where = _artifacts(store, record, tmp)
         if where is None:
-            raise ViewError(f"job {job_id} ({record.status}) has no result or transcript yet, neither in the job "
+            raise ViewError(f"job {record.id} ({record.status}) has no result or transcript yet, neither in the job "
                             f"store nor in {record.spec.job_dir}")
-        from pid.html_view import render_job
-        return _write(output, job_id, render_job(where, fallback=fallback))
+        _write_path(path, render_job(where, fallback=_from_record(record), relatives=linked, refresh_s=refresh_s))
+
+
+def _relatives(store: Any, record: Any) -> list[tuple[str, Any]]:
+    """(role, record): the job this one continues, the one it runs again, and the jobs that continue it (found
+    among the newest CHILDREN_SCAN jobs of the store)."""
+    out: list[tuple[str, Any]] = []
+    for key, role in (("parent", "continues"), ("retry_of", "retry of")):
+        other = store.get(getattr(record.spec, key)) if getattr(record.spec, key, None) else None
+        if other is not None:
+            out.append((role, other))
+    children = [r for r in store.list(limit=CHILDREN_SCAN) if r.spec.parent == record.id]
+    out.extend(("continued by", child) for child in sorted(children, key=lambda r: r.created_at))
+    return out
+
+
+def _watch(job_id: str, output: str | None, opened: Any) -> None:
+    """Rewrites the page on each new event of the job (or every WATCH_WAIT_S) while it runs; the page reloads
+    itself meanwhile. The last write, when the job has ended (or on Ctrl-C), has no reload."""
+    store, record = _store_and_record(job_id)
+    path = ""
+    seen = 0
+    try:
+        while True:
+            record = store.get(record.id) or record
+            live = not record.terminal
+            try:
+                path = _view_job_id(record.id, output, REFRESH_S if live else None, family=not path or not live)
+            except ViewError:
+                if not live:
+                    raise
+                path = _placeholder(output, record)   # queued: nothing to show yet, but a page that reloads
+            if opened is not None:
+                opened(path)
+                opened = None
+            if not live:
+                return
+            events = store.events(record.id, after=seen, wait_s=WATCH_WAIT_S)   # nothing new: rewritten anyway
+            seen = events[-1][0] if events else seen
+    except KeyboardInterrupt:
+        if path:   # a page that no longer reloads: nobody rewrites it now
+            try:
+                _view_job_id(record.id, output, None)
+            except ViewError:
+                pass
+        raise SystemExit(130) from None
+
+
+def _placeholder(output: str | None, record: Any) -> str:
+    from pid.html_page import esc, page
+    path = _page_path(output, record.id)
+    body = (f"<h1>pid job <code>{esc(record.id)}</code></h1><p>{esc(record.status)}: no transcript yet. This page "
+            f"reloads every {REFRESH_S} s while pid view --watch runs.</p>")
+    _write_path(path, page(f"pid job {record.id}", body, refresh_s=REFRESH_S))
+    return path
 
 
 def _artifacts(store: Any, record: Any, tmp: str) -> str | None:
@@ -141,11 +240,23 @@ def _from_record(record: Any) -> dict[str, Any]:
                       "cost": usage.get("cost")}}
 
 
-def _write(output: str | None, job_id: str, text: str) -> str:
-    from pid.html_page import write_page
+def _page_name(job_id: str) -> str:
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", job_id)[:100] or "job"
-    path = os.path.abspath(output or f"pid-view-{safe}.html")
+    return f"pid-view-{safe}.html"
+
+
+def _page_path(output: str | None, job_id: str) -> str:
+    path = os.path.abspath(output or _page_name(job_id))
     _check_writable(os.path.dirname(path), create=False)
+    return path
+
+
+def _write(output: str | None, job_id: str, text: str) -> str:
+    return _write_path(_page_path(output, job_id), text)
+
+
+def _write_path(path: str, text: str) -> str:
+    from pid.html_page import write_page
     try:
         write_page(path, text)
     except OSError as exc:

@@ -137,6 +137,13 @@ dl.meta dt{color:var(--dim)}dl.meta dd{margin:0;word-break:break-word}
 .msg{margin:.8rem 0;padding:.5rem .8rem;border:1px solid var(--line);border-radius:8px}
 .msg.user{background:var(--user)}.msg .who{font-size:.8rem;font-weight:600;color:var(--dim);text-transform:uppercase}
 .msg .text{white-space:pre-wrap;word-break:break-word;margin:.2rem 0}
+.md{word-break:break-word;margin:.2rem 0}.md p,.md ul,.md ol{margin:.35rem 0}
+.md h3,.md h4,.md h5,.md h6{margin:.6rem 0 .3rem}
+.md code{background:var(--box);padding:0 .2rem;border-radius:3px}.md pre code{background:none;padding:0}
+.tool .when{font-weight:400;color:var(--dim);font-size:.85em;margin-left:.4rem}
+.badge.not-applied{text-transform:uppercase;letter-spacing:.03em}
+.not-applied-change{opacity:.6;border-left:3px solid var(--bad);padding-left:.4rem;text-decoration:line-through}
+.live{border-left-color:var(--ok)}
 .note{margin:.6rem 0;padding:.3rem .8rem;border-left:3px solid var(--line);color:var(--dim);font-size:.9em}
 .tool{margin:.5rem 0;padding:.4rem .6rem;border:1px solid var(--line);border-radius:6px;background:var(--bg)}
 .tool.error{border-color:var(--bad)}.tool-head{font-weight:600}.tool-head code{font-weight:400}
@@ -166,11 +173,13 @@ def csp(script: str = "") -> str:
             f"base-uri 'none'; form-action 'none'")
 
 
-def page(title: str, body: str, script: str = "") -> str:
+def page(title: str, body: str, script: str = "", refresh_s: int | None = None) -> str:
+    """`refresh_s`: the browser reloads the page that often (a meta refresh: no script, allowed by the policy)."""
     tail = f"<script>{script}</script>" if script else ""
+    refresh = f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s else ""
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width,initial-scale=1">'
-            f'<meta http-equiv="Content-Security-Policy" content="{csp(script)}">'
+            f'<meta http-equiv="Content-Security-Policy" content="{csp(script)}">{refresh}'
             f'<meta name="referrer" content="no-referrer">'
             f"<title>{esc(title)}</title><style>{CSS}</style></head>\n<body>\n{body}\n{tail}</body></html>\n")
 

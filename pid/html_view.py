@@ -13,10 +13,12 @@ import difflib
 import json
 import os
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Iterator
 
 from pid.html_page import (LIMITS, Limits, as_dict, as_list, badge, check_badge, clip, diff_html, esc, fmt_cost,
                            fmt_duration, fmt_int, number, omitted_note, page, pre, status_class)
+from pid.markdown import render as markdown
 
 RESULT = "result.json"
 SESSION = "session.jsonl"
@@ -161,7 +163,8 @@ def check_html(check: Any, limits: Limits) -> str:
     return head
 
 
-def header_html(result: dict[str, Any], limits: Limits) -> str:
+def header_html(result: dict[str, Any], limits: Limits, relatives: str = "") -> str:
+    """The result's facts; `relatives`: rows (dt, dd) of the jobs it is related to, first."""
     usage = as_dict(result.get("usage"))
     status = result.get("status", "unknown")
     rows: list[tuple[str, str]] = [
@@ -183,17 +186,52 @@ def header_html(result: dict[str, Any], limits: Limits) -> str:
             rows.append((key.replace("_", " "), esc(result[key])))
     if result.get("error"):
         rows.append(("error", f'<span class="bad">{esc(clip(str(result["error"]), limits.block)[0])}</span>'))
-    body = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
+    body = relatives + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
     out = f'<dl class="meta">{body}</dl>'
     if result.get("task"):
         out += f'<h2>Task</h2><div class="msg user">{text_html(str(result["task"]), limits)}</div>'
     if result.get("final_message"):
-        out += f'<h2>Final message</h2><div class="msg">{text_html(str(result["final_message"]), limits)}</div>'
+        out += f'<h2>Final message</h2><div class="msg">{markdown_html(str(result["final_message"]), limits)}</div>'
     return out
 
 
 def text_html(text: str, limits: Limits) -> str:
     return f'<div class="text">{esc(clip(text, limits.block)[0])}</div>'
+
+
+def markdown_html(text: str, limits: Limits) -> str:
+    """The assistant's text, as the Markdown it is written in (pid/markdown.py's strict subset)."""
+    return f'<div class="md">{markdown(clip(text, limits.block)[0])}</div>'
+
+
+def moment_ms(value: Any) -> float | None:
+    """A session's time as milliseconds since the epoch: a message's `timestamp` (ms) or an entry's (ISO 8601)."""
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        return moment.timestamp() * 1000
+    return number(value)
+
+
+def when_html(started_ms: float | None, ended_ms: float | None) -> str:
+    """A tool call's time (UTC, when its turn's reply was recorded: the calls of a turn start together) and how
+    long it took (until its result was recorded)."""
+    if started_ms is None:
+        return ""
+    try:
+        moment = datetime.fromtimestamp(started_ms / 1000, timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return ""
+    iso = moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    out = f'<time datetime="{esc(iso)}" title="{esc(iso)}">{moment:%H:%M:%S}</time>'
+    if ended_ms is not None and ended_ms >= started_ms:
+        took = (ended_ms - started_ms) / 1000
+        out += f' · <span class="took">{f"{took * 1000:.0f} ms" if took < 1 else fmt_duration(took)}</span>'
+    return f' <span class="when">{out}</span>'
 
 
 def content_text(content: Any) -> str:
@@ -239,6 +277,7 @@ class JobRenderer:
         self.compact_calls = 0     # ... shown as one line
         self.dropped_calls = 0     # ... not shown at all
         self.dropped_entries = 0
+        self.at: dict[int, float | None] = {}   # when each message of the current turn was recorded (by id())
 
     def emit(self, html_text: str) -> None:
         self.parts.append(html_text)
@@ -255,12 +294,16 @@ class JobRenderer:
         results: dict[str, dict[str, Any]] = {}
         for entry in transcript.entries():
             message = entry.get("message") if entry.get("type") == "message" else None
+            if isinstance(message, dict):
+                recorded = moment_ms(entry.get("timestamp"))
+                self.at[id(message)] = recorded if recorded is not None else moment_ms(message.get("timestamp"))
             if isinstance(message, dict) and message.get("role") == "toolResult" and turn is not None:
                 results[str(message.get("toolCallId"))] = message
                 continue
             if turn is not None:
                 self.assistant(turn, results)
                 turn, results = None, {}
+                self.at = {k: v for k, v in self.at.items() if k == id(message)}
             if isinstance(message, dict) and message.get("role") == "assistant":
                 turn = message
             else:
@@ -356,13 +399,13 @@ class JobRenderer:
         for block in blocks:
             kind = block.get("type")
             if kind == "text":
-                out.append(text_html(str(block.get("text", "")), limits))
+                out.append(markdown_html(str(block.get("text", "")), limits))
             elif kind == "thinking":
                 out.append(f'<details class="thinking"><summary>thinking</summary>'
                            f'{pre(str(block.get("thinking", "")), limits.block)}</details>')
             elif kind == "toolCall":
                 self.calls += 1
-                out.append(self.tool(block, results.pop(str(block.get("id")), None)))
+                out.append(self.tool(block, results.pop(str(block.get("id")), None), self.at.get(id(message))))
         for orphan in results.values():   # a result whose call id matches no call of this turn
             out.append(self.tool({"id": orphan.get("toolCallId"), "name": orphan.get("toolName", "?"),
                                   "arguments": {}}, orphan))
@@ -378,7 +421,9 @@ class JobRenderer:
         out.append("</div>")
         self.emit("".join(out))
 
-    def tool(self, call: dict[str, Any], result: dict[str, Any] | None) -> str:
+    def tool(self, call: dict[str, Any], result: dict[str, Any] | None, started_ms: float | None = None) -> str:
+        """One call: its name, summary, time and duration, arguments (edits as diffs) and output. A failed edit or
+        write changed nothing: it says "not applied", and a failed call's output is open, since it says why."""
         limits = self.limits
         name = str(call.get("name", "?"))
         args = call.get("arguments")
@@ -389,16 +434,22 @@ class JobRenderer:
                 args = {"arguments": args}
         args = args if isinstance(args, dict) else {}
         is_error = bool(result and result.get("isError"))
+        not_applied = is_error and name in ("edit", "write")
+        mark = badge("not applied", "bad not-applied") if not_applied else badge("error", "bad") if is_error else ""
+        ended = self.at.get(id(result)) if result is not None else None
         head = (f'<div class="tool-head">{esc(name)} <code>{esc(call_summary(name, args))}</code>'
-                f'{" " + badge("error", "bad") if is_error else ""}</div>')
+                f'{" " + mark if mark else ""}{when_html(started_ms, ended)}</div>')
         body = self.arguments_html(name, args, result)
+        if not_applied and body:
+            body = f'<div class="not-applied-change" title="not applied: the file was not changed">{body}</div>'
         if result is None:
             out = '<div class="dim">no result recorded</div>'
         else:
             text = content_text(result.get("content"))
             lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
-            out = (f'<details class="output"><summary>output · {lines:,} line{"" if lines == 1 else "s"}'
-                   f'</summary>{pre(text, limits.block)}</details>')
+            what = "error" if is_error else "output"
+            out = (f'<details class="output"{" open" if is_error else ""}><summary>{what} · {lines:,} '
+                   f'line{"" if lines == 1 else "s"}</summary>{pre(text, limits.block)}</details>')
         return (f'<div class="tool{" error" if is_error else ""}" data-tool-call="{esc(call.get("id", ""))}" '
                 f'data-tool="{esc(name)}">{head}{body}{out}</div>')
 
@@ -425,7 +476,10 @@ class JobRenderer:
     def tool_line(self, call: dict[str, Any], result: dict[str, Any] | None) -> str:
         args = as_dict(call.get("arguments"))
         name = str(call.get("name", "?"))
-        error = " " + badge("error", "bad") if result and result.get("isError") else ""
+        error = ""
+        if result and result.get("isError"):
+            failed = badge("not applied", "bad not-applied") if name in ("edit", "write") else badge("error", "bad")
+            error = " " + failed
         return (f'<div class="tool compact" data-tool-call="{esc(call.get("id", ""))}" data-tool="{esc(name)}">'
                 f'<span class="tool-head">{esc(name)}</span> <code>{esc(call_summary(name, args))}</code>{error}'
                 "</div>")
@@ -457,12 +511,40 @@ def read_patch(job_dir: str, limits: Limits) -> tuple[str | None, int]:
         return None, 0
 
 
+@dataclass
+class Relative:
+    """A job linked from this one's page: the one it continues (`parent`), runs again (`retry of`), or one that
+    continues it (`continued by`). `page`: its page's file name beside this one, when there is one."""
+    role: str
+    job_id: str
+    page: str | None = None
+
+
+def relatives_html(relatives: list[Relative]) -> str:
+    """Each as a link to its page, or (no page here) its id and the command that makes one."""
+    rows: dict[str, list[str]] = {}
+    for r in relatives:
+        if r.page:
+            shown = f'<a href="{esc(r.page)}" data-relation="{esc(r.role)}"><code>{esc(r.job_id)}</code></a>'
+        else:
+            shown = (f'<code data-relation="{esc(r.role)}">{esc(r.job_id)}</code> '
+                     f'<span class="dim">(pid view {esc(r.job_id)})</span>')
+        rows.setdefault(r.role, []).append(shown)
+    return "".join(f"<dt>{esc(role)}</dt><dd>{', '.join(links)}</dd>" for role, links in rows.items())
+
+
 def render_job(job_dir: str, *, fallback: dict[str, Any] | None = None, back_link: str | None = None,
-               limits: Limits = LIMITS) -> str:
+               limits: Limits = LIMITS, relatives: list[Relative] | None = None, refresh_s: int | None = None) -> str:
     """The page for the job whose artifacts are in `job_dir` (result.json, session.jsonl, patch.diff; any may be
-    missing). `fallback`: what is known of the job when result.json is missing (e.g. from the job store)."""
+    missing). `fallback`: what is known of the job when result.json is missing (e.g. from the job store).
+    `relatives`: the jobs to link (else its parent and retried job as result.json names them, without a page).
+    `refresh_s`: the page reloads itself that often (`pid view --watch` rewrites it while the job runs)."""
     stored = read_result(job_dir, limits)
     result = {**(fallback or {}), **(stored or {})}
+    if relatives is None:
+        relatives = [Relative(role, str(result[key])) for key, role in (("parent", "continues"),
+                                                                       ("retry_of", "retry of"))
+                     if isinstance(result.get(key), str) and result[key]]
     session_path = os.path.join(job_dir, SESSION)
     transcript_html = '<div class="dim">no transcript (session.jsonl is missing)</div>'
     renderer = JobRenderer(limits)
@@ -487,7 +569,10 @@ def render_job(job_dir: str, *, fallback: dict[str, Any] | None = None, back_lin
     back = f'<a href="{esc(back_link)}">← batch</a>' if back_link else ""
     calls = f'{renderer.calls:,} tool call{"" if renderer.calls == 1 else "s"}'
     nav = f'<nav>{back}<a href="#transcript">transcript ({calls})</a><a href="#patch">patch</a></nav>'
-    body = (f"{nav}<h1>pid job <code>{esc(job_id)}</code></h1>{header_html(result, limits)}"
+    live = (f'<div class="note live">live: this page reloads every {refresh_s} s while the job runs '
+            "(pid view --watch rewrites it)</div>" if refresh_s else "")
+    body = (f"{nav}<h1>pid job <code>{esc(job_id)}</code></h1>{live}"
+            f"{header_html(result, limits, relatives_html(relatives))}"
             f'<h2 id="transcript">Transcript</h2>{transcript_html}'
             f'<h2 id="patch">Patch</h2>{patch_html}')
-    return page(f"pid job {job_id}", body)
+    return page(f"pid job {job_id}", body, refresh_s=refresh_s)

@@ -36,8 +36,9 @@ class Env:
                         **{TEST_RUN_ENV: RUN_ID})
         self.out = root / "out"
 
-    def pid(self, *args: str, timeout: float = 240) -> CliResult:
-        proc = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=self.root, env=self.env,
+    def pid(self, *args: str, timeout: float = 240, extra_env: dict[str, str] | None = None) -> CliResult:
+        proc = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=self.root,
+                              env={**self.env, **(extra_env or {})},
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
@@ -286,3 +287,47 @@ def test_a_git_url_job_is_continued_at_the_commit_it_ran_on_though_its_branch_mo
     assert result["workspace"] == {"kind": "git", "url": f"file://{bare}", "ref": ran_on, "commit": ran_on}
     assert texts(requests[1])[-1][1].startswith("by job one\nunchanged\n")
     assert "+by job one" in (env.out / result["id"] / "patch.diff").read_text()
+
+
+def test_another_model_at_another_endpoint_continues_with_the_key_given_for_it(env: Env, tmp_path: Path):
+    """continue --model --base-url: the new job's calls reach the new endpoint with the new model's name; a key goes
+    only to the endpoint it was given for (never the earlier job's), and the policy check sees the new endpoint."""
+    repo = make_repo(tmp_path / "repo", ORIGINAL)
+    first, _ = env.requests_during([tool("write", path="a.txt", content="A\n"), {"text": "FIRST"}],
+                                   lambda: env.submit(repo, "--input-price", "7", "--wait", "--json"))
+    assert first.code == 0, first.stderr
+    parent = first.json()["id"]
+    with ScriptedLLM([tool("bash", command="cat a.txt"), {"text": "SECOND"}]) as other:
+        before = len(env.llm.requests)
+        done = env.pid("continue", parent, "carry on", "--model", "other-model", "--base-url", other.base_url,
+                       "--api-key", "KEY-FOR-OTHER", "--wait", "--json",
+                       extra_env={"PID_BASE_URL": env.llm.base_url, "PID_API_KEY": "KEY-FOR-FIRST"})
+        assert done.code == 0, (done.stdout, done.stderr)
+        assert len(env.llm.requests) == before                        # nothing went to the earlier endpoint
+        assert [r["model"] for r in other.requests] == ["other-model", "other-model"]
+        assert {h.get("authorization") for h in other.request_headers} == {"Bearer KEY-FOR-OTHER"}
+        assert "A" in texts(other.requests[1])[-1][1]                   # on the earlier job's work
+        result = done.json()
+        assert result["model"] == "other-model" and result["parent"] == parent and result["status"] == "completed"
+        child = result["id"]
+
+        # Continuing the child without --base-url: its endpoint (the other one) stays; a key bound to another
+        # endpoint (PID_BASE_URL's) is not sent there, and it says so.
+        other.add({"text": "THIRD"})
+        third = env.pid("continue", child, "once more", "--wait", "--json",
+                        extra_env={"PID_BASE_URL": env.llm.base_url, "PID_API_KEY": "KEY-FOR-FIRST"})
+        assert third.code == 0, third.stderr
+        assert f"the API key is for {env.llm.base_url}, not this job's {other.base_url}: not sent" in third.stderr
+        assert "authorization" not in other.request_headers[-1] and other.requests[-1]["model"] == "other-model"
+
+    # A worker policy that admits only the first endpoint: continuing onto another is refused up front.
+    store = JobStore(os.path.join(env.env["PID_HOME"], "jobs.db"))
+    store.beat("policed-node", "elsewhere", 1, None, 1, 0, True, ["policed"], {"base_urls": [env.llm.base_url]})
+    jobs = len(env.pid("list", "--json", "--limit", "1000").json())
+    refused = env.pid("continue", parent, "more", "--queue", "policed", "--base-url", "http://127.0.0.1:9/v1")
+    assert refused.code == 2 and "base_urls" in refused.stderr and "nothing was queued" in refused.stderr, \
+        refused.stderr
+    assert len(env.pid("list", "--json", "--limit", "1000").json()) == jobs
+    admitted = env.pid("continue", parent, "more", "--queue", "policed")
+    assert admitted.code == 0, admitted.stderr
+    env.pid("cancel", admitted.stdout.strip())

@@ -115,8 +115,8 @@ def test_tool_subset_and_notices_as_the_model_sees_them(run_pid, sample_repo, tm
     system = first["messages"][0]["content"]
     assert "- read:" in system and "- bash:" in system and "- edit:" not in system and "- write:" not in system
     read_big, seq, write, image, bad_timeout = tool_results(second)
-    # pi counts the empty line after the last newline as one more
-    assert read_big.endswith("line 2000\n\n[Showing lines 1-2000 of 2501. Use offset=2001 to continue.]")
+    # pi 0.8x: the final newline ends line 2500 and starts no 2501st
+    assert read_big.endswith("line 2000\n\n[Showing lines 1-2000 of 2500. Use offset=2001 to continue.]")
     assert seq.startswith("1001\n") and "[Showing lines 1001-3000 of 3000. Full output: /.pid/out/" in seq
     assert write == "Tool write not found"
     assert "Read image file [image/png]" in image
@@ -169,7 +169,7 @@ def test_edit_and_read_behaviours_as_the_model_sees_them(run_pid, sample_repo, t
     assert res.code == 0, res.stderr
     assert edited == "Successfully replaced 1 block(s) in quotes.py."
     # 211-byte lines
-    assert wide.endswith("\n\n[Showing lines 1-242 of 501 (50.0KB limit). Use offset=243 to continue.]")
+    assert wide.endswith("\n\n[Showing lines 1-242 of 500 (50.0KB limit). Use offset=243 to continue.]")
     assert missing.startswith("Could not find the exact text in hello.py. The old text must match exactly")
     assert failed == "out\n\n\nCommand exited with code 4"
     patch = (tmp_path / "out" / res.json()["id"] / "patch.diff").read_bytes()

@@ -267,3 +267,65 @@ def test_one_tool_call_is_one_tool_call(tmp_path):
     two = render_job(str(write_job(tmp_path / "two", {"id": "j2", "status": "completed", "turns": 3,
                                                       "tool_calls": 2}, simple_session(["c1", "c2"]))))
     assert "2 tool calls" in " ".join(Structure(two).text)
+
+
+def test_assistant_text_is_markdown_and_user_text_is_not(tmp_path):
+    s = SessionBuilder()
+    s.user("**not bold** in a user message")
+    s.assistant({"type": "text", "text": "## Plan\n- **fix** `calc.py`\n- [docs](https://example.com/d) "
+                                         "[x](javascript:alert(1)) <script>x()</script>"}, stop="stop")
+    job = write_job(tmp_path / "job", {"id": "j", "status": "completed", "final_message": "*Done* now"}, s.text())
+    text = render_job(str(job))
+    assert_inert(text)
+    assert '<div class="md"><h4>Plan</h4><ul><li><strong>fix</strong> <code>calc.py</code></li>' in text
+    assert '<a href="https://example.com/d" rel="noopener noreferrer nofollow">docs</a>' in text
+    assert "[x](javascript:alert(1)) &lt;script&gt;x()&lt;/script&gt;" in text
+    assert "<em>Done</em> now" in text                       # the final message is the assistant's too
+    assert '<div class="text">**not bold** in a user message</div>' in text
+
+
+def test_a_failed_edit_is_not_applied_and_errors_are_open_with_time_and_duration(tmp_path):
+    s = SessionBuilder()
+    s.user("go")
+    s.assistant(call("c_edit", "edit", path="calc.py", edits=[{"oldText": "nope", "newText": "yes"}]),
+                call("c_ok", "bash", command="true"), call("c_bad", "bash", command="false"))
+    s.lines[-1]["timestamp"] = "2026-11-30T10:00:01.000Z"
+    s.result("c_edit", "edit", "Could not find the exact text in calc.py.", is_error=True)
+    s.lines[-1]["timestamp"] = "2026-11-30T10:00:01.250Z"
+    s.result("c_ok", "bash", "")
+    s.lines[-1]["timestamp"] = "2026-11-30T10:00:03.500Z"
+    s.result("c_bad", "bash", "Command exited with code 1", is_error=True)
+    s.lines[-1]["timestamp"] = "2026-11-30T10:02:01.000Z"
+    job = write_job(tmp_path / "job", None, s.text(), patch=None)
+    text = render_job(str(job))
+    st = assert_inert(text)
+    tools = text.split('data-tool-call="')[1:]
+    edit, ok, bad = tools
+    assert '<span class="badge bad not-applied">not applied</span>' in edit and "badge bad\">error" not in edit
+    assert '<div class="not-applied-change"' in edit and '<div class="add">+yes</div>' in edit
+    assert '<details class="output" open><summary>error · 1 line</summary>' in edit
+    assert "Could not find the exact text in calc.py." in edit
+    assert '<details class="output"><summary>output' in ok and "not applied" not in ok
+    assert '<span class="badge bad">error</span>' in bad and '<details class="output" open>' in bad
+    assert '<time datetime="2026-11-30T10:00:01.000Z"' in edit and ">10:00:01</time>" in edit
+    assert '<span class="took">250 ms</span>' in edit
+    assert '<span class="took">2.5s</span>' in ok and '<span class="took">2m00s</span>' in bad
+    assert [a["datetime"] for t, a in st.starts if t == "time"] == ["2026-11-30T10:00:01.000Z"] * 3
+
+
+def test_relatives_are_linked_and_a_watched_page_reloads(tmp_path):
+    from pid.html_view import Relative
+    job = write_job(tmp_path / "job", {"id": "child", "status": "completed", "parent": "mom"},
+                    simple_session(["c1"]))
+    plain = render_job(str(job))   # from result.json alone: named, with the command that makes its page
+    assert '<code data-relation="continues">mom</code> <span class="dim">(pid view mom)</span>' in plain
+    assert 'http-equiv="refresh"' not in plain and "live:" not in plain
+    linked = render_job(str(job), relatives=[Relative("continues", "mom", "pid-view-mom.html"),
+                                             Relative("continued by", "kid-1", "kid&1.html"),
+                                             Relative("continued by", "kid-2", None)], refresh_s=2)
+    assert_inert(linked)
+    assert '<dt>continues</dt><dd><a href="pid-view-mom.html" data-relation="continues"><code>mom</code></a></dd>' \
+        in linked
+    assert ('<dt>continued by</dt><dd><a href="kid&amp;1.html" data-relation="continued by"><code>kid-1</code></a>, '
+            '<code data-relation="continued by">kid-2</code>') in linked
+    assert '<meta http-equiv="refresh" content="2">' in linked and "live: this page reloads every 2 s" in linked

@@ -41,12 +41,12 @@ def test_small_file_whole(sandbox):
 def test_line_cap(sandbox):
     lines = [f"line {i}" for i in range(1, 2501)]
     put(sandbox, "long.txt", "\n".join(lines) + "\n")
-    # pi counts lines as it splits them: the final newline makes a 2501st, empty line.
+    # pi 0.8x: the final newline ends line 2500 and starts no 2501st.
     result = read(sandbox, path="long.txt")
     assert text(result) == (
-        "\n".join(lines[:2000]) + "\n\n[Showing lines 1-2000 of 2501. Use offset=2001 to continue.]")
+        "\n".join(lines[:2000]) + "\n\n[Showing lines 1-2000 of 2500. Use offset=2001 to continue.]")
     assert result.details["truncation"] == {
-        "truncated": True, "truncatedBy": "lines", "totalLines": 2501, "totalBytes": len("\n".join(lines)) + 1,
+        "truncated": True, "truncatedBy": "lines", "totalLines": 2500, "totalBytes": len("\n".join(lines)) + 1,
         "outputLines": 2000, "outputBytes": len("\n".join(lines[:2000])), "lastLinePartial": False,
         "firstLineExceedsLimit": False, "maxLines": 2000, "maxBytes": 51200}
     assert text(read(sandbox, path="long.txt", offset=2001)) == "\n".join(lines[2000:]) + "\n"
@@ -57,7 +57,7 @@ def test_byte_cap(sandbox):
     put(sandbox, "wide.txt", "\n".join(lines) + "\n")
     # 242 lines = 242*210 + 241 separators = 51061 bytes; a 243rd would make 51272 > 51200.
     assert text(read(sandbox, path="wide.txt")) == (
-        "\n".join(lines[:242]) + "\n\n[Showing lines 1-242 of 501 (50.0KB limit). Use offset=243 to continue.]")
+        "\n".join(lines[:242]) + "\n\n[Showing lines 1-242 of 500 (50.0KB limit). Use offset=243 to continue.]")
     assert read(sandbox, path="wide.txt").details["truncation"]["truncatedBy"] == "bytes"
 
 
@@ -65,17 +65,23 @@ def test_offset_and_limit(sandbox):
     lines = [f"L{i}" for i in range(1, 101)]
     put(sandbox, "hundred.txt", "\n".join(lines) + "\n")
     assert text(read(sandbox, path="hundred.txt", offset=41, limit=20)) == (
-        "\n".join(lines[40:60]) + "\n\n[41 more lines in file. Use offset=61 to continue.]")
+        "\n".join(lines[40:60]) + "\n\n[40 more lines in file. Use offset=61 to continue.]")
     assert text(read(sandbox, path="hundred.txt", offset=91, limit=20)) == "\n".join(lines[90:]) + "\n"
-    assert text(read(sandbox, path="hundred.txt", offset="100", limit="1")) == (
-        "L100\n\n[1 more lines in file. Use offset=101 to continue.]")
-    assert text(read(sandbox, path="hundred.txt", offset=101)) == ""
+    assert text(read(sandbox, path="hundred.txt", offset="99", limit="1")) == (
+        "L99\n\n[1 more lines in file. Use offset=100 to continue.]")
+    assert text(read(sandbox, path="hundred.txt", offset="100", limit="1")) == "L100\n"
+    assert text(read(sandbox, path="hundred.txt", offset=101)) == (
+        "Offset 101 is beyond end of file (100 lines total)")
+    put(sandbox, "unterminated.txt", "\n".join(lines))   # no final newline: still 100 lines, and none added
+    assert text(read(sandbox, path="unterminated.txt", offset=100)) == "L100"
+    assert text(read(sandbox, path="unterminated.txt", offset=41, limit=20)) == (
+        "\n".join(lines[40:60]) + "\n\n[40 more lines in file. Use offset=61 to continue.]")
 
 
 def test_offset_beyond_end(sandbox):
     put(sandbox, "ten.txt", "".join(f"{i}\n" for i in range(10)))
     result = read(sandbox, path="ten.txt", offset=20)
-    assert result.is_error and text(result) == "Offset 20 is beyond end of file (11 lines total)"
+    assert result.is_error and text(result) == "Offset 20 is beyond end of file (10 lines total)"
 
 
 def test_long_first_line(sandbox):
@@ -138,8 +144,12 @@ def test_not_found_and_directory(sandbox):
 def test_empty_file(sandbox):
     put(sandbox, "empty", b"")
     result = read(sandbox, path="empty")
-    assert not result.is_error and text(result) == ""   # pi: an empty file is one empty line
-    assert text(read(sandbox, path="empty", offset=2)) == "Offset 2 is beyond end of file (1 lines total)"
+    assert not result.is_error and text(result) == ""   # pi 0.8x: an empty file has no lines
+    assert text(read(sandbox, path="empty", offset=1)) == ""
+    assert text(read(sandbox, path="empty", offset=2)) == "Offset 2 is beyond end of file (0 lines total)"
+    put(sandbox, "blank", b"\n")   # one empty line
+    assert text(read(sandbox, path="blank")) == "\n"
+    assert text(read(sandbox, path="blank", offset=2)) == "Offset 2 is beyond end of file (1 lines total)"
 
 
 class CountingSandbox:
@@ -167,14 +177,14 @@ def test_huge_file_is_never_read_whole(docker_sandbox):   # files made by a real
     assert size > read_module.READ_CAP
     assert text(read(box, path="big.txt")) == (
         "\n".join(str(i) for i in range(1, 2001))
-        + "\n\n[Showing lines 1-2000 of 2000001. Use offset=2001 to continue.]")
+        + "\n\n[Showing lines 1-2000 of 2000000. Use offset=2001 to continue.]")
     assert text(read(box, path="big.txt", offset=1999990)) == (
         "\n".join(str(i) for i in range(1999990, 2000001)) + "\n")
     assert text(read(box, path="big.txt", offset=10, limit=5)) == (
-        "10\n11\n12\n13\n14\n\n[1999987 more lines in file. Use offset=15 to continue.]")
-    assert text(read(box, path="big.txt", offset=2000001)) == ""
-    assert text(read(box, path="big.txt", offset=2000002)).startswith(
-        "Offset 2000002 is beyond end of file (2000001 lines total)")
+        "10\n11\n12\n13\n14\n\n[1999986 more lines in file. Use offset=15 to continue.]")
+    assert text(read(box, path="big.txt", offset=2000000, limit=5)) == "2000000\n"
+    assert text(read(box, path="big.txt", offset=2000001)) == (
+        "Offset 2000001 is beyond end of file (2000000 lines total)")
     assert box.reads and all(max_bytes == read_module.READ_CAP + 1 and n <= max_bytes for max_bytes, n in box.reads)
 
 
@@ -217,3 +227,100 @@ def test_read_expands_home_and_honours_cancel(docker_sandbox):  # needs a real s
     cancel.set()
     result = call_tool(sandbox, "read", {"path": "~/h.txt"}, cancel=cancel)
     assert result.is_error and text(result) == "Operation aborted"
+
+
+def bmp_bytes(width: int, height: int, bpp: int = 24, *, top_down: bool = False, compression: int = 0,
+              header: int = 40, masks: tuple[int, ...] = (), palette: bytes = b"", rows: bytes | None = None,
+              colors_used: int = 0) -> bytes:
+    """A BMP built field by field; pixel (x, y) is (x, y, x+y) in RGB unless `rows` gives the pixel data."""
+    stride = (width * bpp + 31) // 32 * 4
+    if rows is None:
+        out = bytearray()
+        for y in (range(height) if top_down else range(height - 1, -1, -1)):
+            row = bytearray()
+            for x in range(width):
+                b, g, r = (x + y) & 0xFF, y & 0xFF, x & 0xFF
+                row += bytes([b, g, r]) if bpp == 24 else bytes([b, g, r, 0x80])
+            out += row + bytes(stride - len(row))
+        rows = bytes(out)
+    info = struct.pack("<IiiHHIIiiII", header, width, -height if top_down else height, 1, bpp, compression,
+                       len(rows), 2835, 2835, colors_used, 0)
+    info += struct.pack(f"<{len(masks)}I", *masks)
+    info += bytes(header - len(info)) if header > len(info) else b""
+    offset = 14 + len(info) + len(palette)
+    return b"BM" + struct.pack("<IHHI", offset + len(rows), 0, 0, offset) + info + palette + rows
+
+
+def png_pixels(data: bytes) -> tuple[int, int, int, bytes]:
+    """(width, height, channels, unfiltered pixel bytes) of a PNG written with filter 0 on every row."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height, depth, color_type = struct.unpack(">IIBB", data[16:26])
+    assert depth == 8
+    idat, at = b"", 8
+    while at < len(data):
+        size, kind = struct.unpack(">I4s", data[at:at + 8])
+        body = data[at + 8:at + 8 + size]
+        assert zlib.crc32(kind + body) == struct.unpack(">I", data[at + 8 + size:at + 12 + size])[0]
+        idat += body if kind == b"IDAT" else b""
+        at += 12 + size
+    channels = {2: 3, 6: 4}[color_type]
+    raw = zlib.decompress(idat)
+    stride = width * channels + 1
+    assert all(raw[y * stride] == 0 for y in range(height))
+    return width, height, channels, b"".join(raw[y * stride + 1:(y + 1) * stride] for y in range(height))
+
+
+def expected_rgb(width: int, height: int) -> bytes:
+    return b"".join(bytes([x & 0xFF, y & 0xFF, (x + y) & 0xFF]) for y in range(height) for x in range(width))
+
+
+def read_png(box, name: str) -> tuple[int, int, int, bytes]:
+    result = read(box, path=name)
+    assert not result.is_error, text(result)
+    assert text(result) == "Read image file [image/png]"
+    image = result.content[1]
+    assert isinstance(image, ImageContent) and image.mime_type == "image/png"
+    return png_pixels(base64.b64decode(image.data))
+
+
+def test_bmp_is_sent_as_png(sandbox):
+    """pi converts what the model cannot take: a BMP reaches the model as the same pixels in a PNG."""
+    put(sandbox, "shot.bmp", bmp_bytes(5, 3))
+    assert read_png(sandbox, "shot.bmp") == (5, 3, 3, expected_rgb(5, 3))
+    put(sandbox, "top.bmp", bmp_bytes(7, 2, top_down=True))
+    assert read_png(sandbox, "top.bmp") == (7, 2, 3, expected_rgb(7, 2))
+    put(sandbox, "x32.bmp", bmp_bytes(3, 4, 32))   # plain 32-bit: the fourth byte is padding, not alpha
+    assert read_png(sandbox, "x32.bmp") == (3, 4, 3, expected_rgb(3, 4))
+
+
+def test_bmp_bitfields_and_palette(sandbox):
+    # V5 header with an alpha mask: RGBA. The pixels are stored R, G, B, A (masks say so).
+    rgba = bytes([10, 20, 30, 40, 50, 60, 70, 80])
+    put(sandbox, "v5.bmp", bmp_bytes(2, 1, 32, compression=3, header=124,
+                                     masks=(0xFF, 0xFF00, 0xFF0000, 0xFF000000), rows=rgba))
+    assert read_png(sandbox, "v5.bmp") == (2, 1, 4, rgba)
+    # 8-bit paletted, two colours used: index 0 is red, 1 is blue (entries are B, G, R, 0); rows padded to 4.
+    palette = bytes([0, 0, 255, 0, 255, 0, 0, 0])
+    put(sandbox, "p8.bmp", bmp_bytes(3, 2, 8, palette=palette, colors_used=2,
+                                     rows=bytes([1, 0, 1, 0, 0, 1, 0, 0])))
+    red, blue = bytes([255, 0, 0]), bytes([0, 0, 255])
+    assert read_png(sandbox, "p8.bmp") == (3, 2, 3, red + blue + red + blue + red + blue)
+
+
+def test_hostile_or_unsupported_bmp_is_a_clear_error(sandbox):
+    """Sizes in the headers are checked against the bytes there and a pixel cap before anything is allocated."""
+    huge = bmp_bytes(1, 1)
+    huge = huge[:18] + struct.pack("<ii", 100000, 100000) + huge[26:]   # claims 10^10 pixels in 58 bytes
+    cut = bmp_bytes(40, 40)[:500]                                         # claims more pixel data than there is
+    rle = bmp_bytes(4, 4, 8, compression=1, palette=bytes(1024), rows=bytes(16))
+    odd_mask = bmp_bytes(1, 1, 32, compression=3, masks=(0x7C00, 0x3E0, 0x1F))
+    cases = {"huge.bmp": (huge, "over the 16384x16384"), "cut.bmp": (cut, "cut short"),
+             "rle.bmp": (rle, "compressed"), "mask.bmp": (odd_mask, "not one whole byte"),
+             "b16.bmp": (bmp_bytes(2, 2, 16, rows=bytes(8)), "16 bits per pixel")}
+    for name, (data, reason) in cases.items():
+        put(sandbox, name, data)
+        result = read(sandbox, path=name)
+        assert result.is_error and text(result).startswith(f"Cannot convert BMP image {name} to PNG: "), name
+        assert reason in text(result), (name, text(result))
+    put(sandbox, "bmw.txt", "BMW and Mini\n")   # "BM" at the start of a text file is still text
+    assert text(read(sandbox, path="bmw.txt")) == "BMW and Mini\n"

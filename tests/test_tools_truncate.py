@@ -1,5 +1,5 @@
 """Truncation arithmetic shared by read (head) and bash (tail)."""
-from pid.tools.truncate import (MAX_BYTES, format_size, tail_utf8, truncate_head, truncate_tail)
+from pid.tools.truncate import (MAX_BYTES, format_size, split_lines, tail_utf8, truncate_head, truncate_tail)
 
 
 def test_format_size():
@@ -52,3 +52,12 @@ def test_tail_utf8():
     assert tail_utf8("abc", 10) == "abc"
     assert tail_utf8("a€b", 4) == "€b"
     assert tail_utf8("a€b", 3) == "b"
+
+
+def test_split_lines_counts_as_pi_does():
+    """pi 0.8x: a final newline ends the last line and starts no empty one; empty text has no lines."""
+    assert split_lines("") == []
+    assert split_lines("\n") == [""]
+    assert split_lines("a\nb\n") == split_lines("a\nb") == ["a", "b"]
+    assert split_lines("a\n\n") == ["a", ""]
+    assert len(split_lines("".join(f"{i}\n" for i in range(100)))) == 100

@@ -6,8 +6,10 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -148,3 +150,100 @@ def test_an_unusable_pid_home_matters_only_for_a_job_id(tmp_path, env):
     job = write_job(tmp_path / "job", hostile_result(), hostile_session())
     res = pid(broken, tmp_path, "view", str(job))   # a directory needs no state
     assert res.returncode == 0, res.stderr
+
+
+def test_a_continued_job_links_its_parent_and_the_parent_its_children(store, tmp_path, env):
+    parent = stored_job(store, tmp_path, {"result.json": json.dumps({"id": "x", "status": "completed"}),
+                                          "session.jsonl": simple_session(["p1"])})
+    store.finish(parent.id, "stop")
+    kids = []
+    for n in range(2):
+        kid = JobSpec(task=f"more {n}", repo=str(tmp_path), model="m", out_dir=str(tmp_path / "worker-disk"),
+                      parent=parent.id)
+        store.create(kid)
+        store.put_artifact(kid.id, "session.jsonl", io.BytesIO(simple_session([f"k{n}"]).encode()))
+        kids.append(kid)
+    other = stored_job(store, tmp_path, {"session.jsonl": simple_session(["o1"])})   # no relation: not linked
+    res = pid(env, tmp_path, "view", kids[0].id, "-o", "child.html")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str(tmp_path / "child.html")
+    child_page = (tmp_path / "child.html").read_text()
+    assert f'<a href="pid-view-{parent.id}.html" data-relation="continues"><code>{parent.id}</code></a>' \
+        in child_page
+    assert calls(tmp_path / "child.html") == ["k0"]
+    # The parent's page, written beside: it links this page, and its other child's (which has none here).
+    parent_page = (tmp_path / f"pid-view-{parent.id}.html").read_text()
+    assert calls(tmp_path / f"pid-view-{parent.id}.html") == ["p1"]
+    assert (f'<dt>continued by</dt><dd><a href="child.html" data-relation="continued by"><code>{kids[0].id}</code>'
+            f'</a>, <code data-relation="continued by">{kids[1].id}</code>') in parent_page
+    assert other.id not in parent_page and other.id not in child_page
+    # By the parent's id: both children get pages and links.
+    res = pid(env, tmp_path, "view", parent.id)
+    assert res.returncode == 0, res.stderr
+    parent_page = (tmp_path / f"pid-view-{parent.id}.html").read_text()
+    for kid in kids:
+        assert f'<a href="pid-view-{kid.id}.html" data-relation="continued by">' in parent_page
+        assert f'href="pid-view-{parent.id}.html" data-relation="continues"' in \
+            (tmp_path / f"pid-view-{kid.id}.html").read_text()
+
+
+def test_watch_rewrites_a_running_jobs_page_until_it_ends(store, tmp_path, env):
+    spec = stored_job(store, tmp_path, {"session.attempt-1.jsonl": simple_session(["c1"])})
+    assert store.claim(spec.id, "w1", 600)
+    page = tmp_path / "live.html"
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "view", spec.id, "--watch", "-o", str(page)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == str(page)   # printed as soon as the first page is there
+        text = page.read_text()
+        assert '<meta http-equiv="refresh" content="2">' in text and ">running<" in text
+        assert calls(page) == ["c1"]
+        # The job goes on: the next rewrite shows its new transcript.
+        store.put_artifact(spec.id, "session.attempt-1.jsonl", io.BytesIO(simple_session(["c1", "c2"]).encode()))
+        store.append_event(spec.id, {"type": "tool_end"})
+        deadline = time.monotonic() + 60
+        while calls(page) != ["c1", "c2"]:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.1)
+        store.put_artifact(spec.id, "result.json", io.BytesIO(json.dumps({"id": spec.id, "status": "completed"})
+                                                              .encode()))
+        store.put_artifact(spec.id, "session.jsonl", io.BytesIO(simple_session(["c1", "c2"]).encode()))
+        assert store.finish(spec.id, "stop", owner="w1")
+        store.append_event(spec.id, {"type": "end"})
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert out == ""   # the path was printed once, at the start
+    text = page.read_text()
+    assert 'http-equiv="refresh"' not in text and "live:" not in text and ">completed<" in text
+
+
+def test_watch_takes_a_job_id(tmp_path, env):
+    job = write_job(tmp_path / "job", hostile_result(), hostile_session())
+    one_line_error(pid(env, tmp_path, "view", str(job), "--watch"), "--watch takes a job id")
+
+
+def test_ctrl_c_leaves_a_watched_page_that_no_longer_reloads(store, tmp_path, env):
+    spec = stored_job(store, tmp_path, {"session.attempt-1.jsonl": simple_session(["c1"])})
+    assert store.claim(spec.id, "w1", 600)
+    page = tmp_path / "live.html"
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "view", spec.id, "--watch", "-o", str(page)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == str(page)
+        assert 'http-equiv="refresh"' in page.read_text()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    text = page.read_text()
+    assert 'http-equiv="refresh"' not in text and calls(page) == ["c1"] and ">running<" in text

@@ -22,7 +22,7 @@ from typing import Any
 
 from pid.sandbox import ExecResult, OutputPolicy, Sandbox
 from pid.terminal import strip_escapes
-from pid.tools.truncate import truncate_tail
+from pid.tools.truncate import split_lines, truncate_tail
 
 OUTPUT_TAIL_LINES = 50
 OUTPUT_TAIL_BYTES = 4096
@@ -104,5 +104,5 @@ def output_tail(result: ExecResult) -> str:
         if 0 <= newline < len(raw) - 1:
             raw = raw[newline + 1:]
     text = strip_escapes(raw.decode("utf-8", "replace")).rstrip("\n")
-    cut = truncate_tail(text.split("\n") if text else [], OUTPUT_TAIL_LINES, OUTPUT_TAIL_BYTES)
+    cut = truncate_tail(split_lines(text), OUTPUT_TAIL_LINES, OUTPUT_TAIL_BYTES)
     return cut.content

@@ -56,6 +56,31 @@ def continuation_spec(store: Store, job_id: str, message: str) -> JobSpec:
     return spec
 
 
+# What describes one model rather than the job: a different model starts from the model table's values (0 and None
+# are "the table's"), never from the earlier model's prices or window.
+MODEL_FIELDS = ("input_price", "output_price", "cache_read_price", "cache_write_price", "context_window",
+                "max_tokens")
+
+
+def switch_model(spec: JobSpec, model: str | None = None, base_url: str | None = None,
+                 api: str | None = None) -> None:
+    """Let another model (or endpoint, or wire format) carry on. Without a base URL the earlier job's stays, unless
+    it was its wire format's own endpoint and the format changes: then the new format's own is used."""
+    from pid.config import DEFAULT_BASE_URLS, base_url_for
+    if model and model != spec.model:
+        defaults = JobSpec(task="-", model="-")
+        for name in MODEL_FIELDS:
+            setattr(spec, name, getattr(defaults, name))
+        spec.model = model
+    if api and api != spec.api:
+        if not base_url and (spec.base_url or "").rstrip("/") == DEFAULT_BASE_URLS[spec.api].rstrip("/"):
+            spec.base_url = None
+        spec.api = api
+    if base_url:
+        spec.base_url = base_url
+    spec.base_url = base_url_for(spec.api, spec.base_url)   # the spec records the endpoint the job really uses
+
+
 def _continuable(store: Store, job_id: str) -> Any:
     """The job's record, if it can be continued: it has ended, and its transcript and patch are in the store."""
     record = _record(store, job_id)

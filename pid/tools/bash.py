@@ -15,7 +15,7 @@ from pid.terminal import strip_escapes
 from pid.tools.base import ToolContext, ToolResult, ToolSettings
 from pid.tools.registry import Tool
 from pid.tools.schema import format_validation_error
-from pid.tools.truncate import MAX_BYTES, MAX_LINES, format_size, truncate_tail
+from pid.tools.truncate import MAX_BYTES, MAX_LINES, format_size, split_lines, truncate_tail
 
 # Comfortably more than MAX_BYTES so cuts land on line boundaries even after escape sequences are stripped.
 TAIL_BYTES = 128 * 1024
@@ -130,13 +130,9 @@ def format_output(ctx: ToolContext, result: ExecResult) -> tuple[str, dict[str, 
             raw = raw[newline + 1:]
             starts_at_line = True
     text = strip_escapes(raw.decode("utf-8", "replace"))
-    # The output's final newline is kept, as pi keeps it; the lines are cut without it, so that it never counts as
-    # an extra (empty) line.
+    # The output's final newline is kept, as pi keeps it; it ends the last line and is never an extra (empty) one.
     final_newline = "\n" if text.endswith("\n") else ""
-    if final_newline:
-        text = text[:-1]
-    lines = text.split("\n") if text else []
-    cut = truncate_tail(lines)
+    cut = truncate_tail(split_lines(text))
     content = cut.content + final_newline
 
     shown_all = complete and cut.truncated_by is None

@@ -13,16 +13,18 @@ from typing import Any
 from pid.messages import ImageContent, TextContent
 from pid.sandbox import OutputPolicy, RUN_ANYWHERE
 from pid.tools.base import ToolContext, ToolResult
+from pid.tools.bmp import BmpError, bmp_to_png, looks_like_bmp
 from pid.tools.paths import ABORTED, EMPTY_PATH, display_path, file_error, resolve_path, with_read_fallback
 from pid.tools.registry import Tool
-from pid.tools.truncate import MAX_BYTES, MAX_LINES, format_size, truncate_head, utf8_len
+from pid.tools.truncate import MAX_BYTES, MAX_LINES, format_size, split_lines, truncate_head, utf8_len
 
 READ_CAP = 8 * 1024 * 1024       # files up to this size are read whole
 IMAGE_MAX_BYTES = 5 * 1024 * 1024  # providers reject bigger images
 BINARY_SNIFF_BYTES = 8192
 
 DESCRIPTION = (
-    f"Read the contents of a file. Supports text files and images (png, jpeg, gif, webp; sent as attachments). "
+    f"Read the contents of a file. Supports text files and images (png, jpeg, gif, webp, and bmp converted to png; "
+    f"sent as attachments). "
     f"Text output is limited to {MAX_LINES} lines or {MAX_BYTES // 1024}KB, whichever is hit first; use offset "
     f"(1-indexed line number) and limit to read large files in parts, continuing with the offset given in the notice.")
 
@@ -57,7 +59,7 @@ _BINARY_MAGIC: list[tuple[bytes, str]] = [
     (b"\xca\xfe\xba\xbe", "Java class or Mach-O universal binary"),
     (b"\xcf\xfa\xed\xfe", "Mach-O executable"),
     (b"MZ", "Windows executable"),
-    (b"BM", "BMP image (not a supported image format)"),
+    (b"BM", "BMP image of an unknown variant"),
     (b"II*\x00", "TIFF image (not a supported image format)"),
     (b"MM\x00*", "TIFF image (not a supported image format)"),
     (b"\xff\xfe", "UTF-16 text"),
@@ -124,34 +126,41 @@ def run_read(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
                                     f"{format_size(IMAGE_MAX_BYTES)} limit for images.")
         return ToolResult([TextContent(f"Read image file [{mime}]"),
                            ImageContent(base64.b64encode(head).decode("ascii"), mime)])
+    if looks_like_bmp(head):
+        if not whole:
+            return ToolResult.error(f"Image {shown} is {format_size(_file_size(ctx, path))}, over the "
+                                    f"{format_size(READ_CAP)} limit for BMP images.")
+        return _read_bmp(shown, head)
 
     if looks_binary(head, whole):
         size = len(head) if whole else _file_size(ctx, path)
         return ToolResult.error(f"Cannot display binary file {shown} ({format_size(size)}, "
                                 f"{guess_binary_type(head)}). Use bash to inspect it (e.g. file, xxd, strings).")
 
-    # Lines as pi counts them: split on "\n", so a final newline makes an empty last line (and an empty file is one
-    # empty line): the text comes back exactly, final newline included.
+    # Lines as pi 0.8x counts them (split_lines): a final newline ends the last line, an empty file has none. A
+    # slice that reaches the end of the file keeps the file's final newline, so a whole read is the file exactly.
     start = max(offset or 1, 1)
     if whole:
-        lines = head.decode("utf-8", "replace").split("\n")
-        total = len(lines)
+        body = head.decode("utf-8", "replace")
+        lines = split_lines(body)
+        total, final_newline = len(lines), body.endswith("\n")
         selected = lines[start - 1:start - 1 + limit] if limit else lines[start - 1:]
-        selected_bytes: int | None = utf8_len("\n".join(selected))
         first_line_size = lambda: utf8_len(lines[start - 1])  # noqa: E731
     else:
-        total, selected = _slice_via_exec(ctx, path, start, limit)
-        selected_bytes = None   # the slice was read only as far as the caps need
+        total, final_newline, selected = _slice_via_exec(ctx, path, start, limit)
         first_line_size = lambda: _line_size_via_exec(ctx, path, start)  # noqa: E731
 
-    if start > total:
+    if start > total and not (total == 0 and start == 1):
         return ToolResult.error(f"Offset {offset} is beyond end of file ({total} lines total)")
     selected_lines = min(limit, total - start + 1) if limit else total - start + 1
-    return _render(shown, start, total, selected, selected_lines, selected_bytes, limit, first_line_size)
+    ending = "\n" if final_newline and start - 1 + selected_lines == total else ""
+    # The slice's size is known only when it was read whole (a huge file's is read only as far as the caps need).
+    selected_bytes = utf8_len("\n".join(selected)) + len(ending) if whole else None
+    return _render(shown, start, total, selected, selected_lines, selected_bytes, limit, first_line_size, ending)
 
 
 def _render(shown: str, start: int, total: int, selected: list[str], selected_lines: int,
-            selected_bytes: int | None, limit: int | None, first_line_size: Any) -> ToolResult:
+            selected_bytes: int | None, limit: int | None, first_line_size: Any, ending: str) -> ToolResult:
     cut = truncate_head(selected)
     details = {"truncation": {
         "truncated": True, "truncatedBy": cut.truncated_by, "totalLines": selected_lines,
@@ -173,7 +182,22 @@ def _render(shown: str, start: int, total: int, selected: list[str], selected_li
     if limit is not None and end < total:
         return ToolResult.text(cut.content + f"\n\n[{total - end} more lines in file. Use offset={end + 1} "
                                              f"to continue.]")
-    return ToolResult.text(cut.content)
+    return ToolResult.text(cut.content + ending)
+
+
+def _read_bmp(shown: str, data: bytes) -> ToolResult:
+    """A BMP goes to the model as PNG (models take png, jpeg, gif and webp), as pi converts it. It is converted in
+    the worker, so its size (at most READ_CAP) bounds the work (see bmp.py)."""
+    try:
+        png = bmp_to_png(data)
+    except BmpError as exc:
+        return ToolResult.error(f"Cannot convert BMP image {shown} to PNG: {exc}. Convert it with bash (e.g. to PNG) "
+                                f"and read that.")
+    if len(png) > IMAGE_MAX_BYTES:
+        return ToolResult.error(f"Image {shown} is {format_size(len(png))} as PNG, over the "
+                                f"{format_size(IMAGE_MAX_BYTES)} limit for images.")
+    return ToolResult([TextContent("Read image file [image/png]"),
+                       ImageContent(base64.b64encode(png).decode("ascii"), "image/png")])
 
 
 def _exec_checked(ctx: ToolContext, command: str) -> bytes:
@@ -195,21 +219,23 @@ def _file_size(ctx: ToolContext, path: str) -> int:
 # `head` closing the pipe early makes `tail` die of SIGPIPE: not an error, even where pipefail is on by default.
 _NO_PIPEFAIL = "set +o pipefail 2>/dev/null; "
 
-# Lines the way pi counts them: one more than the newlines (a final newline starts an empty last line).
-_COUNT_LINES = 'n=$(wc -l < "$f"); echo "$((n+1))"'
+# Lines the way pi 0.8x counts them: the newlines, plus one for a last line without a final newline (the file is
+# never empty here). Then whether the file ends with a newline.
+_COUNT_LINES = 'n=$(wc -l < "$f"); e=$(tail -c 1 "$f" | wc -l); echo "$((n + 1 - e)) $e"'
 
 
-def _slice_via_exec(ctx: ToolContext, path: str, start: int, limit: int | None) -> tuple[int, list[str]]:
-    """(line total, lines from `start`) for a file too big to read whole: at most MAX_LINES+1 lines and a little
-    over MAX_BYTES, enough for truncate_head to tell which cap was hit without ever holding more."""
+def _slice_via_exec(ctx: ToolContext, path: str, start: int, limit: int | None) -> tuple[int, bool, list[str]]:
+    """(line total, whether the file ends with a newline, lines from `start`) for a file too big to read whole: at
+    most MAX_LINES+1 lines and a little over MAX_BYTES, enough for truncate_head to tell which cap was hit without
+    ever holding more."""
     max_lines = min(limit, MAX_LINES + 1) if limit else MAX_LINES + 1
     command = (f"{_NO_PIPEFAIL}f={shlex.quote(path)}; {_COUNT_LINES}; "
                f"tail -n +{start} \"$f\" | head -n {max_lines} | head -c {MAX_BYTES + 2}")
     out = _exec_checked(ctx, command)
-    count, _, rest = out.partition(b"\n")
-    total = int(count)
+    counts, _, rest = out.partition(b"\n")
+    total, ends = (int(n) for n in counts.split())
     # What `head -n` cut ends with a newline that starts no line of the file: keep only the lines that exist.
-    return total, rest.decode("utf-8", "replace").split("\n")[:max(0, min(max_lines, total - start + 1))]
+    return total, ends == 1, rest.decode("utf-8", "replace").split("\n")[:max(0, min(max_lines, total - start + 1))]
 
 
 def _line_size_via_exec(ctx: ToolContext, path: str, line: int) -> int:

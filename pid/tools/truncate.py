@@ -2,6 +2,7 @@
 
 Both cut on whole lines so the model never sees half a line, except when a single line is itself over the byte cap.
 Byte counts are UTF-8 bytes of the text joined with "\\n" (separators count, no trailing newline).
+Lines are counted as pi 0.8x counts them (split_lines): a final newline ends the last line and starts none.
 """
 from __future__ import annotations
 
@@ -21,6 +22,17 @@ def format_size(n: int) -> str:
     if n < 1024 * 1024:
         return f"{n / 1024:.1f}KB"
     return f"{n / (1024 * 1024):.1f}MB"
+
+
+def split_lines(text: str) -> list[str]:
+    """The text's lines: split on "\\n", a final newline ending the last line (not starting an empty one), and no
+    lines at all in empty text. "a\\nb\\n" and "a\\nb" are both two lines."""
+    if not text:
+        return []
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()
+    return lines
 
 
 def utf8_len(s: str) -> int:

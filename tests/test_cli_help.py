@@ -1,0 +1,49 @@
+"""`pid --help` and each command's help, as a newcomer reads them (no engine, no store: help only)."""
+from __future__ import annotations
+
+import click
+from click.testing import CliRunner
+
+from cli.main import cli
+
+
+def all_commands(group: click.Group, ctx: click.Context) -> list[tuple[str, click.Command]]:
+    """Every command under `group`, sub-groups included, each by its full name."""
+    found: list[tuple[str, click.Command]] = []
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
+        found.append((f"{ctx.command_path} {name}", command))
+        if isinstance(command, click.Group):
+            found += all_commands(command, click.Context(command, info_name=name, parent=ctx))
+    return found
+
+
+def test_every_option_of_every_command_has_help():
+    ctx = click.Context(cli, info_name="pid")
+    missing = [f"{path} {'/'.join(param.opts)}"
+               for path, command in [("pid", cli), *all_commands(cli, ctx)]
+               for param in command.params
+               if isinstance(param, click.Option) and not (param.help or "").strip()]
+    assert missing == []
+
+
+def test_top_help_lists_the_commands_that_start_jobs_first():
+    out = CliRunner().invoke(cli, ["--help"], terminal_width=100).output
+    sections = out.split("\n\n")
+    first = next(s for s in sections if s.startswith("Run jobs:"))
+    assert [line.split()[0] for line in first.splitlines()[1:]] == ["run", "submit", "worker", "batch"]
+    others = next(s for s in sections if s.startswith("Other commands:"))
+    names = [line.split()[0] for line in others.splitlines()[1:] if line.startswith("  ") and line[2] != " "]
+    assert "continue" in names and "status" in names and not {"run", "submit", "worker", "batch"} & set(names)
+    assert out.index("Run jobs:") < out.index("Other commands:")
+
+
+def test_batch_help_shows_its_own_options_before_the_job_options():
+    out = CliRunner().invoke(cli, ["batch", "--help"], terminal_width=100).output
+    own, job = out.index("Batch options:"), out.index("Job options")
+    assert own < job
+    for flag in ("--workers", "--max-total-cost", "--retry-failed", "--detach", "--status DIR", "--wait DIR"):
+        assert own < out.index(f"  {flag}") < job, flag
+    for flag in ("--model", "--timeout", "--max-turns", "--api-key"):
+        assert out.index(f"  {flag}") > job, flag
