@@ -79,12 +79,14 @@ class BatchCommand(click.Command):
 @click.option("--detach", is_flag=True, help="Submit and return at once (then --status DIR, --wait DIR).")
 @click.option("--status", "status_dir", metavar="DIR", help="Show a batch's progress from its output directory.")
 @click.option("--wait", "wait_dir", metavar="DIR", help="Wait for a (detached) batch's items, download, summarize.")
+@click.option("--cancel", "cancel_dir", metavar="DIR",
+              help="Cancel every job of the batch in DIR that has not ended (a rerun resumes them).")
 @spec_options(json_help="No live table: a JSON line per item as it ends (its batch.jsonl object), then "
                         "{\"summary\": ...}.")
 def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool, repo: str | None, queue: str,
           max_workspace: int, workers: int | None, max_total_cost: float | None, max_running: int | None,
           allow_outside: bool, retry_failed: bool, detach: bool, status_dir: str | None, wait_dir: str | None,
-          **options: Any) -> None:
+          cancel_dir: str | None, **options: Any) -> None:
     """Run one job per line of TASKS.jsonl (`-`: stdin): {"id", "task", "repo", and any job option as a field};
     the command line's options are every item's defaults. --out DIR holds one folder per item, batch.jsonl and
     summary.json; running the same command again resumes the batch. Exit code: 0 when every item completed (and
@@ -94,13 +96,16 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
         ensure_pid_home()
     except HomeUnusable as exc:
         raise _bad(str(exc)) from None
-    if status_dir or wait_dir:
-        if tasks or (status_dir and wait_dir):
-            raise _bad("--status DIR and --wait DIR take no tasks file, and not both")
-        path = os.path.abspath(os.path.expanduser(status_dir or wait_dir or ""))
+    if status_dir or wait_dir or cancel_dir:
+        if tasks or len([d for d in (status_dir, wait_dir, cancel_dir) if d]) > 1:
+            raise _bad("--status DIR, --wait DIR and --cancel DIR take no tasks file, and one at a time")
+        path = os.path.abspath(os.path.expanduser(status_dir or wait_dir or cancel_dir or ""))
         bdir = _open(path)
         if status_dir:
             _status(bdir, as_json)
+            return
+        if cancel_dir:
+            _cancel(bdir)
             return
         Run(bdir, _store(), as_json, retry_failed=False).follow_existing()
         return
@@ -418,10 +423,21 @@ def _status(bdir: BatchDir, as_json: bool) -> None:
                     "budget": None if info is None else {"max_total_cost": info.max_total_cost, "spent": info.spent,
                                                          "max_running": info.max_running}}))
         return
+    from cli.batch_control import item_lines
+    from cli.table import format_cost, terminal_width
     counts = ", ".join(f"{n} {s}" for s, n in sorted(progress.counts.items()))
-    budget = f" of ${info.max_total_cost:.4f}" if info is not None and info.max_total_cost is not None else ""
-    echo(f"batch {bdir.batch_id}: {len(bdir.order)} items: {counts}; cost ${progress.cost:.4f}{budget}")
-    for item_id, record in progress.running:   # (the activity's own "turn N: " is the turn said once)
-        now = (record.activity or record.status).split(": ", 1)[-1]
-        echo(f"  {one_line(item_id)}  turn {record.turns}  {one_line(now)}")
+    budget = f" of {format_cost(info.max_total_cost)}" if info is not None and info.max_total_cost is not None else ""
+    echo(f"batch {bdir.batch_id}: {len(bdir.order)} items: {counts}; cost {format_cost(progress.cost)}{budget}")
+    for line in item_lines(bdir, records, terminal_width()):
+        echo(line)
+
+
+def _cancel(bdir: BatchDir) -> None:
+    """--cancel DIR: a line per job cancelled, then how many."""
+    from cli.batch_control import cancel_batch
+    lines = cancel_batch(bdir, _store())
+    for line in lines:
+        echo(line)
+    echo(f"batch {bdir.batch_id}: " + (f"{len(lines)} job(s) cancelled" if lines else "nothing to cancel (every "
+                                        "job has ended)"))
 

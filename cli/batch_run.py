@@ -75,6 +75,8 @@ class Run:
                 self.adopted.add(job_id)
             elif needs_run(row, self.retry_failed):
                 to_submit.append(item_id)
+        if not to_submit and not self.tracked:
+            echo(nothing_to_do([self.bdir.rows.get(i) for i in self.bdir.order if i in self.specs]), err=True)
         self.submit(to_submit)
 
     def submit(self, item_ids: list[str]) -> None:
@@ -287,6 +289,31 @@ def _job_spec(template: JobSpec, batch_id: str) -> JobSpec:
     return replace(template, id=new_job_id() + secrets.token_hex(2), batch=batch_id)
 
 
+def nothing_to_do(rows: list[dict[str, Any] | None]) -> str:
+    """What a rerun with nothing to run says: how many items it skipped, and why."""
+    completed = sum(1 for row in rows if row is not None and row.get("exit_code") == 0)
+    others = len(rows) - completed
+    return (f"nothing to do: skipped {completed} completed" +
+            (f", {others} failed or hit a limit (--retry-failed runs them again)" if others else ""))
+
+
+def item_state(bdir: BatchDir, item_id: str, records: dict[str, Any],
+               followed: bool) -> tuple[str, Any, dict[str, Any] | None]:
+    """An item's status (by its row once ended, else by its current job's record), that record and that row."""
+    job_id = bdir.current_job(item_id)
+    record = records.get(job_id) if job_id else None
+    row = bdir.rows.get(item_id)
+    if followed and record is not None:
+        status = record.status if not record.terminal else "ending"
+    elif row is not None and (record is None or row.get("job_id") == job_id):
+        status = str(row.get("status"))
+    elif record is not None:   # its current job, not followed here (--status DIR): as the store has it
+        status = record.status
+    else:
+        status = "not submitted"
+    return status, record, row
+
+
 def count(progress: Progress, bdir: BatchDir, records: dict[str, Any], tracked: dict[str, str]) -> None:
     """The display's numbers: ended items by their row, the others by their job's status now."""
     counts: dict[str, int] = {}
@@ -294,19 +321,9 @@ def count(progress: Progress, bdir: BatchDir, records: dict[str, Any], tracked: 
     cost = 0.0
     live_items = set(tracked.values())
     for item_id in bdir.order:
-        job_id = bdir.current_job(item_id)
-        record = records.get(job_id) if job_id else None
-        row = bdir.rows.get(item_id)
-        if item_id in live_items and record is not None:
-            status = record.status if not record.terminal else "ending"
-            if record.status == "running":
-                running.append((item_id, record))
-        elif row is not None and (record is None or row.get("job_id") == job_id):
-            status = str(row.get("status"))
-        elif record is not None:   # its current job, not followed here (--status DIR): as the store has it
-            status = record.status
-        else:
-            status = "not submitted"
+        status, record, row = item_state(bdir, item_id, records, item_id in live_items)
+        if item_id in live_items and record is not None and record.status == "running":
+            running.append((item_id, record))
         counts[status] = counts.get(status, 0) + 1
         if record is not None:
             cost += float(record.total_usage.get("cost") or 0)

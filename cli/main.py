@@ -21,6 +21,7 @@ import click
 import cli as cli_package
 from pid import events as ev
 from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
+from cli.ids import JOB_ID
 from cli.options import EnvOption, QueueName, Size, format_size, job_options
 from cli.status_line import on_terminal
 from cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, echo, format_duration,
@@ -548,7 +549,7 @@ def _record_or_fail(job_id: str) -> Any:
 
 
 @cli.command()
-@click.argument("job_id")
+@click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True, help="The job's whole record as JSON.")
 def status(job_id: str, as_json: bool) -> None:
     """Show a job's status: counts, what it is doing now, its error."""
@@ -577,7 +578,7 @@ def status(job_id: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_id")
+@click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print result.json.")
 @click.option("--wait", is_flag=True, help="Wait for the job to end first.")
 @click.option("--download", metavar="DIR", type=click.Path(file_okay=False),
@@ -599,7 +600,7 @@ def result(job_id: str, as_json: bool, wait: bool, download: str | None) -> None
 
 
 @cli.command()
-@click.argument("job_id")
+@click.argument("job_id", type=JOB_ID)
 def cancel(job_id: str) -> None:
     """Cancel a queued or running job (artifacts so far are kept)."""
     from worker.sweep import cancel_job
@@ -626,7 +627,7 @@ def _post(kind: str, job_id: str, message: str) -> None:
 
 
 @cli.command()
-@click.argument("job_id")
+@click.argument("job_id", type=JOB_ID)
 @click.argument("message")
 def steer(job_id: str, message: str) -> None:
     """Send a message delivered after the current tool calls, before the next model call."""
@@ -634,7 +635,7 @@ def steer(job_id: str, message: str) -> None:
 
 
 @cli.command("follow-up")
-@click.argument("job_id")
+@click.argument("job_id", type=JOB_ID)
 @click.argument("message")
 def follow_up(job_id: str, message: str) -> None:
     """Send a message delivered when the agent would otherwise stop."""
@@ -649,14 +650,14 @@ def _set_paused(job_id: str, paused: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_id")
+@click.argument("job_id", type=JOB_ID)
 def pause(job_id: str) -> None:
     """Hold a job before its next model call (its wall clock keeps running)."""
     _set_paused(job_id, True)
 
 
 @cli.command()
-@click.argument("job_id")
+@click.argument("job_id", type=JOB_ID)
 def resume(job_id: str) -> None:
     """Continue a paused job."""
     _set_paused(job_id, False)
@@ -667,28 +668,25 @@ def resume(job_id: str) -> None:
               help="Show at most this many jobs (the newest).")
 @click.option("--status", "status_filter", type=click.Choice(list(JOB_STATUSES)), help="Only jobs in this status.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON array of the jobs' records.")
-def list_jobs(limit: int, status_filter: str | None, as_json: bool) -> None:
+@click.option("--batch", "batch_dir", metavar="DIR", help="Only the jobs of the batch whose directory is DIR.")
+def list_jobs(limit: int, status_filter: str | None, as_json: bool, batch_dir: str | None) -> None:
     """Recent jobs, newest first: status, duration, cost, exit reason, task (`pid run` jobs too)."""
+    from cli.listing import batch_records, job_lines
+    from cli.table import terminal_width
     from worker.store import default_store
     from worker.sweep import sweep_quietly
     store = default_store()
     sweep_quietly(store)
-    records = store.list(limit, status_filter)
+    records = batch_records(store, batch_dir, limit, status_filter) if batch_dir else store.list(limit, status_filter)
     if as_json:
         echo(dumps([r.to_dict() for r in records], indent=2))
         return
-    for record in records:
-        task = one_line(record.spec.task)
-        cost = record.total_usage["cost"]
-        reason = record.exit_reason or "-"
-        if record.check:   # the check's verdict beside the reason
-            reason += " ✓check" if record.check.get("passed") is True else " ✗check"
-        echo(f"{record.id}  {record.status:<9}  {format_duration(record.duration_s):>8}  "
-             f"{f'${cost:.4f}':>9}  {reason:<16}  {task[:50]}")
+    for line in job_lines(records, terminal_width()) if records else []:
+        echo(line)
 
 
 @cli.command()
-@click.argument("job_id")
+@click.argument("job_id", type=JOB_ID)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the job goes on, until it ends.")
 @click.option("--json", "as_json", is_flag=True, help="Every record, one JSON object per line.")
 @click.option("--verbose", "-v", is_flag=True, help=VERBOSE_HELP)
@@ -745,11 +743,12 @@ def workers(show_all: bool, as_json: bool) -> None:
     if not beats:
         echo("no live worker" + ("" if show_all else " (pid workers --all: also stopped or lost ones)"))
         return
-    for b, state in beats:
-        until = now if state == "alive" else (b.stopped_at if state == "stopped" else None) or b.beat_at
-        seen = state if state == "alive" else f"{state} {format_duration(now - until)} ago"
-        echo(f"{one_line(b.node):<40}  {one_line(b.host)}:{b.pid:<8}  {b.running}/{b.concurrency} running  "
-             f"queue {one_line(','.join(b.queues)):<12}  up {format_duration(until - b.started_at):>8}  {seen}")
+    from cli.listing import worker_lines
+    from cli.table import terminal_width
+    header, *lines = worker_lines(beats, now, terminal_width())
+    echo(header)
+    for line, (b, state) in zip(lines, beats):
+        echo(line)
         if b.policy:
             echo("  policy: " + ", ".join(f"{one_line(k)} = {dumps(v)}" for k, v in b.policy.items()))
         if b.alarm:

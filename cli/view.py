@@ -92,12 +92,19 @@ def _store_and_record(job_id: str) -> tuple[Any, Any]:
         ensure_pid_home()
     except HomeUnusable as exc:
         raise ViewError(str(exc)) from None
+    from cli.ids import NoSuchJob, resolve
     from worker.store import default_store
     store = default_store()
-    record = store.get(job_id)
-    if record is None:
+    try:
+        job_id = resolve(store, job_id)
+    except NoSuchJob as exc:
+        if not exc.message.startswith("no such job:"):   # ambiguous, or a batch item without a job
+            raise
         looks_like_path = os.sep in job_id or job_id.startswith(".")
-        raise ViewError(f"no such {'directory' if looks_like_path else 'job or directory'}: {job_id}")
+        raise ViewError(f"no such {'directory' if looks_like_path else 'job or directory'}: {job_id}") from None
+    record = store.get(job_id)
+    if record is None:   # gone since (expired)
+        raise ViewError(f"no such job: {job_id}")
     return store, record
 
 

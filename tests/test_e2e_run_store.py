@@ -75,7 +75,7 @@ def test_a_foreground_run_is_listed_steered_paused_and_resumed_from_another_term
     assert listed[0]["duration_s"] > 3 and listed[0]["total_usage"]["total_tokens"] > 0
     assert run_pid("list", "--status", "running", "--json").json() == []
     table = run_pid("list").stdout
-    assert job["id"] in table and "completed" in table and "stop" in table and "$0.0000" in table
+    assert job["id"] in table and "completed" in table and "stop" in table and "  $0  " in table
 
 
 def test_a_foreground_run_is_cancelled_from_another_terminal(run_pid, pid_env, sample_repo, tmp_path):

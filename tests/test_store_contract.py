@@ -293,6 +293,19 @@ def test_list_newest_first_by_status(store, tmp_path):
     assert not {"pinned", "api_key", "secret"} & set(d)
 
 
+def test_ids_ending_finds_jobs_by_the_end_of_their_id(store, tmp_path):
+    from dataclasses import replace
+    ids = ["20261201-000000-70a672", "20261201-000001-80a672", "20261201-000002-abcdef", "20261201-000003-abcdez"]
+    store.create(replace(spec(tmp_path), id=ids[0]))
+    store.create_many([replace(spec(tmp_path, n), id=i) for n, i in enumerate(ids[1:])])
+    assert store.ids_ending("70a672") == [ids[0]]
+    assert sorted(store.ids_ending("0a672")) == ids[:2]
+    assert len(store.ids_ending("a672", limit=1)) == 1
+    assert store.ids_ending("abcdez") == [ids[3]] and store.ids_ending("abcdef") == [ids[2]]
+    assert store.ids_ending(ids[2]) == [ids[2]]
+    assert store.ids_ending("x" + ids[2]) == [] and store.ids_ending("0a67") == [] and store.ids_ending("") == []
+
+
 # -- blobs ------------------------------------------------------------------------------------------------------------
 
 def test_blobs_are_content_addressed_and_deduplicated(store, tmp_path):

@@ -15,9 +15,10 @@ TIME; EXPIRE ... GT).
 
 Keys (all under PREFIX "pid:"): job:{id} (a hash: the record's fields, as strings; an absent field is None),
 inbox:{id} (a list of [kind, text]), events:{id} (a stream, ids "<n>-0"), evseq:{id}, artifacts:{id} (a hash name ->
-digest), secret:{id}; indexes jobs (a sorted set by created_at), st:{status} (per status, by created_at) and ended
-(by finished_at); worker:{node} (a hash) and workers (by started_at); blob:{hex} (a list of chunks, each at most
-BLOB_CHUNK), upload:{uuid} (one being written) and pins (a set of pinned blobs' hex).
+digest), secret:{id}; indexes jobs (a sorted set by created_at), st:{status} (per status, by created_at), ended
+(by finished_at) and rids (the ids reversed, all at score 0: a suffix of ids is a lexical range of these);
+worker:{node} (a hash) and workers (by started_at); blob:{hex} (a list of chunks, each at most BLOB_CHUNK),
+upload:{uuid} (one being written) and pins (a set of pinned blobs' hex).
 
 Retention: when a job ends its keys get a TTL of PID_RETENTION (unless it is pinned), its artifacts' blobs at least
 that; a blob lives at least PID_RETENTION after its last put; pinned ones have no TTL. Index entries of expired jobs
@@ -118,6 +119,7 @@ redis.call('HSET', K, 'id', ID, 'spec', A.spec, 'status', 'queued', 'attempts', 
   'undispatched_since', fmt(t), 'pinned', 0)
 redis.call('ZADD', P .. 'jobs', t, ID)
 redis.call('ZADD', P .. 'st:queued', t, ID)
+redis.call('ZADD', P .. 'rids', 0, string.reverse(ID))
 if A.dispatched then
   redis.call('HSET', K, 'dispatched_at', fmt(t))
   redis.call('HDEL', K, 'undispatched_since')
@@ -554,7 +556,31 @@ class RedisStore:
             pipe.zrem(index, *ids)
         pipe.zrem(PREFIX + "jobs", *ids)
         pipe.zrem(PREFIX + "ended", *ids)
+        pipe.zrem(PREFIX + "rids", *[i[::-1] for i in ids])
         pipe.execute()
+
+    def ids_ending(self, suffix: str, limit: int = 10) -> "builtins.list[str]":
+        """The ids of jobs that end with `suffix`, at most `limit` of them: one lexical range read of the reversed
+        ids (index rids); entries of expired jobs met on the way are dropped."""
+        if not suffix:
+            return []
+        found: builtins.list[str] = []
+        start = 0
+        while len(found) < limit:
+            rids = self._r.zrangebylex(PREFIX + "rids", b"[" + suffix[::-1].encode(),
+                                       b"[" + suffix[::-1].encode() + b"\xff", start, limit - len(found))
+            if not rids:
+                break
+            ids = [r[::-1] for r in rids]
+            pipe = self._r.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.exists(PREFIX + "job:" + job_id.decode())
+            alive = pipe.execute()
+            found += [i.decode() for i, ok in zip(ids, alive) if ok]
+            gone = [i for i, ok in zip(ids, alive) if not ok]
+            self._drop_from_indexes(gone)
+            start += len(rids) - len(gone)
+        return found
 
     def list(self, limit: int = 50, status: str | None = None) -> "builtins.list[JobRecord]":
         """Newest first; only jobs in `status` when given."""

@@ -121,7 +121,8 @@ ADDED_COLUMNS = {"kind": "TEXT NOT NULL DEFAULT 'worker'", "usage": "TEXT", "ear
                  "handbacks": "INTEGER NOT NULL DEFAULT 0", "dispatched_at": "REAL", "dispatch_error": "TEXT",
                  "undispatched_since": "REAL", "pinned": "INTEGER NOT NULL DEFAULT 0",
                  "check_result": "TEXT",   # result.json's `check` (JSON), once the job's check ran
-                 "batch": "TEXT"}
+                 "batch": "TEXT",
+                 "rid": "TEXT"}   # the id reversed: a suffix of ids is a prefix of these (indexed)
 WORKER_COLUMNS = {"queues": "TEXT", "policy": "TEXT", "identity": "TEXT", "stopped_at": "REAL", "alarm": "TEXT"}
 USAGE_KEYS = ("input", "output", "cache_read", "cache_write", "total_tokens")
 
@@ -316,6 +317,7 @@ class Store(Protocol):
     def create_many(self, specs: "builtins.list[JobSpec]", dispatched: bool = False) -> None: ...
     def get(self, job_id: str) -> JobRecord | None: ...
     def list(self, limit: int = 50, status: str | None = None) -> "builtins.list[JobRecord]": ...
+    def ids_ending(self, suffix: str, limit: int = 10) -> "builtins.list[str]": ...
     def claim(self, job_id: str, owner: str, lease_s: float) -> bool: ...
     def renew(self, job_id: str, owner: str, lease_s: float) -> bool: ...
     def progress(self, job_id: str, owner: str, turns: int, tool_calls: int, usage: dict[str, Any] | None = None,
@@ -434,6 +436,10 @@ class JobStore:
                             if "duplicate column" not in str(exc):
                                 raise
             db.execute("CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch)")
+            db.execute("CREATE INDEX IF NOT EXISTS jobs_rid ON jobs(rid)")
+            missing = db.execute("SELECT id FROM jobs WHERE rid IS NULL").fetchall()   # jobs made before rid
+            if missing:
+                db.executemany("UPDATE jobs SET rid = ? WHERE id = ?", [(r["id"][::-1], r["id"]) for r in missing])
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -477,9 +483,9 @@ class JobStore:
         assert kind in ("worker", "run")
         now = time.time()
         with self._db() as db:
-            db.execute("INSERT INTO jobs (id, spec, status, created_at, kind, undispatched_since, batch) "
-                       "VALUES (?, ?, 'queued', ?, ?, ?, ?)",
-                       (spec.id, json.dumps(spec.to_dict()), now, kind, now, spec.batch))
+            db.execute("INSERT INTO jobs (id, spec, status, created_at, kind, undispatched_since, batch, rid) "
+                       "VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)",
+                       (spec.id, json.dumps(spec.to_dict()), now, kind, now, spec.batch, spec.id[::-1]))
         record = self.get(spec.id)
         assert record is not None
         return record
@@ -490,12 +496,12 @@ class JobStore:
         marks undispatched one whose publish fails)."""
         now = time.time()
         rows = [(s.id, json.dumps(s.to_dict()), now, None if dispatched else now, now if dispatched else None,
-                 s.batch) for s in specs]
+                 s.batch, s.id[::-1]) for s in specs]
         with self._db() as db:
             db.execute("BEGIN IMMEDIATE")
             try:
                 db.executemany("INSERT INTO jobs (id, spec, status, created_at, kind, undispatched_since, "
-                               "dispatched_at, batch) VALUES (?, ?, 'queued', ?, 'worker', ?, ?, ?)", rows)
+                               "dispatched_at, batch, rid) VALUES (?, ?, 'queued', ?, 'worker', ?, ?, ?, ?)", rows)
             except sqlite3.IntegrityError as exc:
                 db.execute("ROLLBACK")
                 raise ValueError(f"a job exists already ({exc})") from None
@@ -515,6 +521,17 @@ class JobStore:
         with self._db() as db:
             rows = db.execute(f"SELECT * FROM jobs {where} ORDER BY created_at DESC LIMIT ?", [*args, limit]).fetchall()
         return [_record(r) for r in rows]
+
+    def ids_ending(self, suffix: str, limit: int = 10) -> "builtins.list[str]":
+        """The ids of jobs that end with `suffix`, at most `limit` of them (in no particular order): one range read
+        of the reversed ids' index, as what people type is the end of an id."""
+        if not suffix:
+            return []
+        low, high = suffix[::-1], suffix[::-1][:-1] + chr(ord(suffix[0]) + 1)
+        with self._db() as db:
+            rows = db.execute("SELECT id FROM jobs WHERE rid >= ? AND rid < ? LIMIT ?",
+                              (low, high, limit)).fetchall()
+        return [r["id"] for r in rows]
 
     def claim(self, job_id: str, owner: str, lease_s: float) -> bool:
         """Take the job if it is queued, or running under a lapsed lease. Exactly one claimer wins.

@@ -1,0 +1,54 @@
+"""`pid batch --status DIR`'s table of items and `pid batch --cancel DIR`, both from the batch directory's ledger and
+the job store's records of the batch's jobs (one query)."""
+from __future__ import annotations
+
+from typing import Any
+
+from cli.batch_run import item_state
+from cli.table import Column, cut, format_cost, render
+from pid.terminal import one_line
+from worker.batch import BatchDir
+
+ITEM_COLUMNS = [Column("ITEM", shrink="end", min=8), Column("JOB", shrink="end"), Column("STATUS"),
+                Column("TURNS", right=True), Column("COST", right=True), Column("DETAIL", shrink="start", min=12)]
+DETAIL_SHOWN = 80
+
+
+def item_lines(bdir: BatchDir, records: dict[str, Any], width: int | None) -> list[str]:
+    """The header, then a line per item in the tasks file's order: its current job, status, turns, cost, and what
+    it is doing now (running) or why it ended."""
+    rows = []
+    for item_id in bdir.order:
+        status, record, row = item_state(bdir, item_id, records, followed=False)
+        job_id = bdir.current_job(item_id) or "-"
+        if record is not None:
+            turns, cost = record.turns, float(record.total_usage.get("cost") or 0)
+            if not record.terminal:   # (the activity's own "turn N: " is the turn said once)
+                detail = (record.activity or record.status).split(": ", 1)[-1]
+            else:
+                detail = record.exit_reason or "-"
+        elif row is not None:
+            turns, cost, detail = int(row.get("turns") or 0), float(row.get("cost") or 0), str(row.get("exit_reason"))
+        else:
+            turns, cost, detail = 0, 0.0, "-"
+        rows.append([one_line(item_id), one_line(job_id), status, str(turns), format_cost(cost),
+                     cut(one_line(detail), DETAIL_SHOWN, "start")])
+    return render(ITEM_COLUMNS, rows, width)
+
+
+def cancel_batch(bdir: BatchDir, store: Any) -> list[str]:
+    """Cancel every job of the batch that has not ended (whichever run made it); a line per job. A queued one ends
+    here and now, a running one through its worker (one sweep at the end ends those whose process is gone)."""
+    from worker.sweep import cancel_job, sweep_quietly
+    items = {job_id: item_id for item_id, jobs in bdir.ledger.items() for job_id in jobs}
+    lines = []
+    for record in store.batch_jobs(bdir.batch_id):
+        if record.terminal:
+            continue
+        status = cancel_job(store, record.id) if record.status == "queued" else store.request_cancel(record.id)
+        said = {"running": "cancelling (its worker stops it)", "cancelled": "cancelled"}.get(str(status))
+        if said is not None:   # (else it ended meanwhile)
+            lines.append(f"{one_line(items.get(record.id, '?'))}  {record.id}: {said}")
+    if lines:
+        sweep_quietly(store)
+    return lines

@@ -1,0 +1,58 @@
+"""The rows of `pid list` and `pid workers` (cli/table.py lays them out), and `pid list --batch DIR`'s jobs."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from cli.output import format_duration
+from cli.table import Column, cut, format_cost, render
+from pid.terminal import one_line
+
+JOB_COLUMNS = [Column("ID", shrink="end"), Column("STATUS"), Column("TIME", right=True),
+               Column("COST", right=True), Column("REASON", shrink="start", min=9),
+               Column("TASK", shrink="start", min=12)]
+WORKER_COLUMNS = [Column("HOST", shrink="start", min=8), Column("PID", right=True), Column("NODE", shrink="end"),
+                  Column("RUNNING", right=True), Column("QUEUES", shrink="start", min=8), Column("UP", right=True),
+                  Column("STATE")]
+TASK_SHOWN = 60   # a task's first characters at most, however wide the terminal
+
+
+def job_lines(records: list[Any], width: int | None) -> list[str]:
+    rows = []
+    for record in records:
+        reason = record.exit_reason or "-"
+        if record.check:   # the check's verdict beside the reason
+            reason += " ✓check" if record.check.get("passed") is True else " ✗check"
+        rows.append([one_line(record.id), record.status, format_duration(record.duration_s),
+                     format_cost(record.total_usage["cost"]), one_line(reason),
+                     cut(one_line(record.spec.task), TASK_SHOWN, "start")])
+    return render(JOB_COLUMNS, rows, width)
+
+
+def worker_lines(beats: list[tuple[Any, str]], now: float, width: int | None) -> list[str]:
+    """The header, then a line per (heartbeat, state)."""
+    rows = []
+    for b, state in beats:
+        until = now if state == "alive" else (b.stopped_at if state == "stopped" else None) or b.beat_at
+        seen = state if state == "alive" else f"{state} {format_duration(now - until)} ago"
+        node = b.node.removeprefix(f"{b.host}:{b.pid}:")   # the host and pid have their own columns
+        rows.append([one_line(b.host), str(b.pid), one_line(node), f"{b.running}/{b.concurrency}",
+                     one_line(",".join(b.queues)), format_duration(until - b.started_at), seen])
+    return render(WORKER_COLUMNS, rows, width)
+
+
+class NotABatch(click.ClickException):
+    exit_code = 2   # one line (cli.main prints it), as every bad input
+
+
+def batch_records(store: Any, directory: str, limit: int, status: str | None) -> list[Any]:
+    """`pid list --batch DIR`: that batch's jobs (every attempt of every item), newest first."""
+    from worker.batch import BatchDir
+    try:
+        bdir = BatchDir.open(os.path.abspath(os.path.expanduser(directory)))
+    except ValueError as exc:
+        raise NotABatch(str(exc)) from None
+    records = [r for r in store.batch_jobs(bdir.batch_id) if status is None or r.status == status]
+    return sorted(records, key=lambda r: r.created_at, reverse=True)[:limit]
