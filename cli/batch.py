@@ -424,7 +424,8 @@ def _status(bdir: BatchDir, as_json: bool) -> None:
                                                          "max_running": info.max_running}}))
         return
     from cli.batch_control import item_lines
-    from cli.table import format_cost, terminal_width
+    from cli.table import terminal_width
+    from pid.costs import format_cost
     counts = ", ".join(f"{n} {s}" for s, n in sorted(progress.counts.items()))
     budget = f" of {format_cost(info.max_total_cost)}" if info is not None and info.max_total_cost is not None else ""
     echo(f"batch {bdir.batch_id}: {len(bdir.order)} items: {counts}; cost {format_cost(progress.cost)}{budget}")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from cli.batch_run import item_state
-from cli.table import Column, cut, format_cost, render
+from cli.table import Column, cut, render
+from pid.costs import format_cost
 from pid.terminal import one_line
 from worker.batch import BatchDir
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cli.output import echo, format_duration
+from pid.costs import format_cost
 from pid.terminal import dumps, one_line, shown
 from worker.store import JobRecord
 
@@ -50,7 +51,7 @@ def item_line(row: dict[str, Any], done: int, total: int) -> str:
     checked = "" if not isinstance(check, dict) else f" check={'passed' if check.get('passed') else 'failed'}"
     error = f": {one_line(str(row['error']))}" if row.get("error") and row.get("status") != "completed" else ""
     return (f"[{done}/{total}] {one_line(str(row['id']))} {row['status']} ({row['exit_reason']}) turns={row['turns']} "
-            f"${row['cost']:.4f} {format_duration(row.get('duration_s'))}{checked}{error}")
+            f"{format_cost(row['cost'])} {format_duration(row.get('duration_s'))}{checked}{error}")
 
 
 class Lines:
@@ -105,8 +106,8 @@ def render(progress: Progress) -> Any:
     from rich.text import Text
     counts = "  ".join(f"{status} {n}" for status, n in sorted(progress.counts.items()) if n)
     rate, eta = progress.rate(), progress.eta_s()
-    budget = f" of ${progress.budget:.4f}" if progress.budget is not None else ""
-    head = Text(f"{progress.total} items  {counts or 'starting'}  ·  ${progress.cost:.4f}{budget}  ·  "
+    budget = f" of {format_cost(progress.budget)}" if progress.budget is not None else ""
+    head = Text(f"{progress.total} items  {counts or 'starting'}  ·  {format_cost(progress.cost)}{budget}  ·  "
                 f"{f'{rate:.1f}/min' if rate else '-/min'}  ·  ETA {format_duration(eta)}")
     table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
     for column in ("item", "turn", "cost", "now", "last tool"):
@@ -114,7 +115,7 @@ def render(progress: Progress) -> Any:
                          max_width=60 if column in ("now", "last tool") else 24)
     for item_id, record in progress.running[:RUNNING_SHOWN]:
         now = (record.activity or record.status).split(": ", 1)[-1]
-        table.add_row(one_line(item_id), str(record.turns), f"${record.total_usage['cost']:.4f}", one_line(now),
+        table.add_row(one_line(item_id), str(record.turns), format_cost(record.total_usage['cost']), one_line(now),
                       one_line(record.last_tool or "-"))
     more = len(progress.running) - RUNNING_SHOWN
     parts: list[Any] = [head, table]
@@ -142,12 +143,14 @@ def summary_text(summary: dict[str, Any], where: str) -> str:
     if check["checked"]:
         lines.append(f"check: {check['passed']}/{check['checked']} passed ({check['pass_rate'] * 100:.0f}%)")
     cost, tokens, dur = s["cost"], s["tokens"], s["duration_s"]
-    lines.append(f"cost: ${cost['total']:.4f} (per item p50 ${cost['p50'] or 0:.4f}, p95 ${cost['p95'] or 0:.4f})"
+    lines.append(f"cost: {format_cost(cost['total'])} (per item p50 {format_cost(cost['p50'] or 0)}, "
+                 f"p95 {format_cost(cost['p95'] or 0)})"
                  f"  tokens: {int(tokens['total'])} (p50 {int(tokens['p50'] or 0)}, p95 {int(tokens['p95'] or 0)})")
     lines.append(f"duration: p50 {format_duration(dur['p50'])}, p95 {format_duration(dur['p95'])}")
     if s["slowest"]:
         lines.append("slowest: " + ", ".join(f"{x['id']} {format_duration(x['duration_s'])}" for x in s["slowest"][:3]))
     if s["most_expensive"] and s["most_expensive"][0]["cost"]:
-        lines.append("most expensive: " + ", ".join(f"{x['id']} ${x['cost']:.4f}" for x in s["most_expensive"][:3]))
+        lines.append("most expensive: " +
+                     ", ".join(f"{x['id']} {format_cost(x['cost'])}" for x in s["most_expensive"][:3]))
     lines.append(f"results: {where}")
     return "\n".join(lines)

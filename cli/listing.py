@@ -7,7 +7,8 @@ from typing import Any
 import click
 
 from cli.output import format_duration
-from cli.table import Column, cut, format_cost, render
+from cli.table import Column, cut, render
+from pid.costs import format_cost
 from pid.terminal import one_line
 
 JOB_COLUMNS = [Column("ID", shrink="end"), Column("STATUS"), Column("TIME", right=True),

@@ -20,6 +20,7 @@ import click
 
 import cli as cli_package
 from pid import events as ev
+from pid.costs import format_cost
 from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
 from cli.ids import JOB_ID
 from cli.options import EnvOption, QueueName, Size, format_size, job_options
@@ -565,7 +566,7 @@ def status(job_id: str, as_json: bool) -> None:
          f"  attempts={record.attempts}" + (f"  exit_reason={record.exit_reason}" if record.exit_reason else ""))
     usage = record.total_usage
     echo(f"  {'pid run' if record.kind == 'run' else 'worker job'} · {format_duration(record.duration_s)} · "
-         f"{usage['total_tokens']} tokens · ${usage['cost']:.4f}")
+         f"{usage['total_tokens']} tokens · {format_cost(usage['cost'])}")
     if record.activity and not record.terminal:
         echo(f"  now: {one_line(record.activity)}")
     if record.last_tool:

@@ -16,6 +16,7 @@ from typing import Any, Callable, NamedTuple
 import click
 
 from pid import events as ev
+from pid.costs import format_cost
 from pid.event_records import EventRecords
 from pid.terminal import CLEAR_LINE, dumps, one_line, shown
 from worker.jobs import json_text
@@ -230,7 +231,7 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool, said: set[
          f"{'' if reason == status else f' ({reason})'} in {result.get('duration_s', 0):.1f}s · "
          f"{_count(result.get('turns', 0), 'turn')} · {_count(result.get('tool_calls', 0), 'tool call')} · "
          f"{_count(usage.get('total_tokens', 0), 'token')} · "
-         f"${cost if isinstance(cost, (int, float)) else 0:.4f}", err=True)
+         f"{format_cost(cost if isinstance(cost, (int, float)) else 0)}", err=True)
     check = result.get("check")
     if isinstance(check, dict):
         if CHECK_SAID not in said:

@@ -15,6 +15,7 @@ import threading
 from typing import Callable
 
 from cli.output import Part, echo, styled
+from pid.costs import format_cost
 
 TICK_S = 0.5        # the elapsed time and a spinner move on at least this often
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
@@ -32,7 +33,7 @@ def on_terminal(err: bool) -> bool:
 def status_text(activity: str, tokens: int, cost: float, elapsed_s: float | None, paused: bool = False) -> str:
     """`turn 2: waiting for the model · 1,234 tokens · $0.0012 · 12s`."""
     took = "" if elapsed_s is None else f" · {_elapsed(elapsed_s)}"
-    return f"{activity}{' (paused)' if paused else ''} · {tokens:,} tokens · ${cost:.4f}{took}"
+    return f"{activity}{' (paused)' if paused else ''} · {tokens:,} tokens · {format_cost(cost)}{took}"
 
 
 def _elapsed(seconds: float) -> str:

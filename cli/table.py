@@ -7,7 +7,6 @@ column keeps the END of its ids (ids are typed by their end: cli/ids.py) and nev
 look alike. Cells are expected as single lines (pid.terminal.one_line)."""
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import sys
@@ -93,15 +92,3 @@ def render(columns: list[Column], rows: list[list[str]], width: int | None) -> l
             shown.append(pad + value if column.right else value + pad)
         lines.append(GAP.join(shown).rstrip())
     return lines
-
-
-def format_cost(usd: float | None) -> str:
-    """USD, never a misleading $0.00: cents from $0.01 up, two significant digits below ($0.00042); "-" for none."""
-    if usd is None:
-        return "-"
-    if usd == 0:
-        return "$0"
-    if usd >= 0.01:
-        return f"${usd:,.2f}"
-    decimals = 1 - math.floor(math.log10(usd))   # two significant digits
-    return f"${usd:.{decimals}f}"

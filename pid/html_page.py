@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from pid.costs import format_cost
 from pid.terminal import strip_escapes
 
 
@@ -207,7 +208,7 @@ def fmt_duration(value: Any) -> str:
 
 def fmt_cost(value: Any) -> str:
     c = number(value)
-    return "—" if c is None else f"${c:.4f}"
+    return "—" if c is None else format_cost(c)
 
 
 def fmt_int(value: Any) -> str:

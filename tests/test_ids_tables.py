@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from cli.ids import NoSuchJob, resolve
-from cli.table import Column, cut, format_cost, render
+from cli.table import Column, cut, render
+from pid.costs import format_cost
 from worker.batch import BatchDir
 from worker.jobs import JobSpec
 from worker.store import JobStore

@@ -57,7 +57,7 @@ def test_the_status_line_writes_only_its_own_control_sequences(pty_stderr):
     assert set(re.findall(r"\x1b\[[0-9;]*[A-Za-z]", out)) <= ALLOWED, repr(out)
     assert out.count("\x1b") == len(re.findall(r"\x1b\[[0-9;]*[A-Za-z]", out)), repr(out)   # no other escape
     assert "\x9b" not in out and "\u202e" not in out and "\x07" not in out
-    assert "turn 1: waiting for the model · 1,234 tokens · $0.5000 · 3s" in out
+    assert "turn 1: waiting for the model · 1,234 tokens · $0.50 · 3s" in out
     assert "✓ bash ls  after" in out and "Hello [2J world\r\ntail\r\n" in out, repr(out)
     assert out.endswith("\r\x1b[K"), repr(out)   # the status line erased at the end, nothing after it
 

@@ -15,6 +15,7 @@ import warnings
 from typing import Any
 
 from pid.config import EnvDefaults, endpoint
+from pid.costs import format_cost
 from pid.endings import status_of
 from pid.terminal import ShownLogRecords, one_line
 from worker import batch_budget, policy
@@ -211,7 +212,7 @@ def end_line(job_id: str, status: str | None, exit_reason: str | None, duration_
     if duration_s is not None:
         line += f" in {duration_s:.1f}s"
     if cost:
-        line += f" · ${cost:.4f}"
+        line += f" · {format_cost(cost)}"
     if check is not None:
         line += " · check passed" if check.get("passed") is True else " · check FAILED"
     return line
