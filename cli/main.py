@@ -771,7 +771,7 @@ def workers(show_all: bool, as_json: bool) -> None:
 @click.option("--policy", "policy_file", type=click.Path(dir_okay=False), envvar="PID_POLICY", show_envvar=True,
               cls=EnvOption, help="A TOML file of the most a job may ask of this worker (memory, CPUs, disk, "
                                   "timeout, cost, root, network, images, endpoints): a job outside it is refused "
-                                  "before its container starts (README: Security model).")
+                                  "before its container starts (docs/security.md).")
 @click.option("--allow-volatile-store", is_flag=True,
               help="Start on a Redis job store that keeps neither an append-only file nor snapshots (a restart of "
                    "it loses every job); refused otherwise.")
