@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docker/compose.yaml run for real, end to end, as README "Deploying a cluster" says (CI runs it: docker/setup.sh).
+# docker/compose.yaml run for real, end to end, as docs/deploy.md says (CI runs it: docker/setup.sh).
 #   usage: bash docker/compose-smoke.sh            (as root: it bind-mounts the shared PID_HOME, as a deployment does)
 #
 # Builds what is missing (a Redis image where redis:7 cannot be had, the worker image when it is missing or was built

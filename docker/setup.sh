@@ -100,7 +100,7 @@ if [ "${1:-}" = "--test" ]; then
   tier -m "not docker and not cli and not llama" "${@:2}"
   say "running the CLI and Docker tests"
   tier -m "docker or cli" "${@:2}"
-  # The deployment as users run it (README "Deploying a cluster"): docker/compose.yaml brought up for real, jobs
+  # The deployment as users run it (docs/deploy.md): docker/compose.yaml brought up for real, jobs
   # through its client, a worker killed, torn down; its images are built the first time (a few minutes), then kept.
   say "running the compose stack end to end (docker/compose-smoke.sh)"
   bash docker/compose-smoke.sh || failed=1
