@@ -235,7 +235,7 @@ def test_a_redis_broker_is_the_job_store_too(redis_server, run_pid, pid_env, sam
 # -- Flower ---------------------------------------------------------------------------------------------------------
 
 def test_flower_lists_a_pid_jobs_task(redis_server, run_pid, pid_env, sample_repo, tmp_path):
-    """The command the README gives: Flower on the broker, a `pid worker --events`; Flower's API lists the job."""
+    """The command docs/queue.md gives: Flower on the broker, a `pid worker --events`; Flower's API lists the job."""
     env = {**pid_env, "PID_BROKER_URL": redis_server.url, **_local_store(pid_env)}
     port = free_port()
     flower_log = tmp_path / "flower.log"
