@@ -90,7 +90,7 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
     """Run one job per line of TASKS.jsonl (`-`: stdin): {"id", "task", "repo", and any job option as a field};
     the command line's options are every item's defaults. --out DIR holds one folder per item, batch.jsonl and
     summary.json; running the same command again resumes the batch. Exit code: 0 when every item completed (and
-    passed its check), else the worst item's (README: Batches)."""
+    passed its check), else the worst item's (docs/batches.md)."""
     from pid.config import HomeUnusable, ensure_pid_home
     try:
         ensure_pid_home()

@@ -30,7 +30,7 @@ from worker.trees import remove_tree
 
 META, LEDGER, RESULTS, SUMMARY, JOBS = "batch.json", "jobs.jsonl", "batch.jsonl", "summary.json", ".jobs"
 
-# An item's exit code, from least to most serious: the batch exits with its worst item's (see README "Batches").
+# An item's exit code, from least to most serious: the batch exits with its worst item's (see docs/batches.md).
 # 0 completed (and its check passed), 3 a limit was hit, 4 its check failed, 1 failed or cancelled.
 SEVERITY = (0, 3, 4, 1)
 
