@@ -37,7 +37,7 @@ def retry_spec(store: Store, job_id: str) -> JobSpec:
     """The job's spec again, under a new id: the same task on the same snapshot (a git URL pinned to the commit the
     job ran on, when it ran). A retried continuation continues the same parent again."""
     record = _record(store, job_id)
-    if not record.terminal:   # a second run beside a live one: never (README: Continue and retry)
+    if not record.terminal:   # a second run beside a live one: never (docs/jobs.md: Continue and retry)
         raise Refused(f"job {job_id} is {record.status}: only a job that has ended can be retried "
                       f"(pid result {job_id} --wait waits for it; pid cancel {job_id} ends it)")
     if record.spec.parent:
