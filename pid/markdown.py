@@ -25,8 +25,10 @@ _LANG = re.compile(r"[A-Za-z0-9_+.#-]{1,32}")
 _INLINE = re.compile(r"(?<!`)(?P<ticks>`{1,8})(?!`)(?P<code>[^\n]{1,2000}?)(?<!`)(?P=ticks)(?!`)"
                      r"|\[(?P<label>[^\[\]\n]{1,500})\]\((?P<url>[^()\s]{1,2000})\)"
                      r"|\\(?P<escaped>[!-/:-@\[-`{-~])")
-_STRONG = re.compile(r"(?<![*\w])\*\*(?=[^\s*])([^\n]{1,500}?)(?<=[^\s*])\*\*(?![*\w])"
-                     r"|(?<![_\w])__(?=[^\s_])([^\n]{1,500}?)(?<=[^\s_])__(?![_\w])")
+# Strong text holds no ** (or __) of its own: an opener that does not close is given up at the next one, not tried
+# on up to 500 characters (a line of " **a" openers was quadratic).
+_STRONG = re.compile(r"(?<![*\w])\*\*(?=[^\s*])((?:[^*\n]|\*(?!\*)){1,500}?)(?<=[^\s*])\*\*(?![*\w])"
+                     r"|(?<![_\w])__(?=[^\s_])((?:[^_\n]|_(?!_)){1,500}?)(?<=[^\s_])__(?![_\w])")
 _EM = re.compile(r"(?<![*\w])\*(?=[^\s*])([^\n*]{1,500}?)(?<=[^\s*])\*(?![*\w])"
                  r"|(?<![_\w])_(?=[^\s_])([^\n_]{1,500}?)(?<=[^\s_])_(?![_\w])")
 _SAFE_URL = re.compile(r"https?://[^\s\"'<>`\\]+", re.IGNORECASE)

@@ -105,10 +105,19 @@ def test_a_heading_loses_its_closing_sequence_only():
     assert render("# a \\#") == "<h3>a #</h3>"
 
 
+def test_strong_text_holds_no_strong_marker_of_its_own():
+    """An opener gives up at the next ** (or __), so a line of openers that never close costs no more than its length
+    (a 500-character try from each was quadratic); the inner pair is the strong one."""
+    assert render("**a **b** c**") == "<p>**a <strong>b</strong> c**</p>"
+    assert render("__a __b__ c__") == "<p>__a <strong>b</strong> c__</p>"
+    assert render("**bold *em* text**") == "<p><strong>bold <em>em</em> text</strong></p>"
+
+
 def test_pathological_input_renders():
     """Many openers that never close, long lines, deep brackets: bounded patterns, a page all the same. The last
-    ones were quadratic (seconds per block, hundreds of blocks to a page) before the code span and heading fixes."""
+    ones were quadratic (up to seconds per block, hundreds of blocks to a page) before the code span, heading
+    and strong fixes."""
     for text in ("*a " * 20_000, "_a " * 20_000, "**a " * 20_000, "`" * 20_000 + "x", "[" * 20_000 + "](",
                  "[a](" + "h" * 50_000, "- x\n" * 5_000, "#" * 50_000,
-                 "- " + "`" * 20_000, "# a" + "```" * 7_000, "# a" + " \t" * 10_000 + "#x"):
+                 "- " + "`" * 20_000, "# a" + "```" * 7_000, "# a" + " \t" * 10_000 + "#x", " **a" * 5_000):
         assert_safe(render(text))
