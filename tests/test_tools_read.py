@@ -307,6 +307,20 @@ def test_bmp_bitfields_and_palette(sandbox):
     assert read_png(sandbox, "p8.bmp") == (3, 2, 3, red + blue + red + blue + red + blue)
 
 
+def test_bmp_alpha_of_all_zeros_is_no_alpha(sandbox):
+    """Writers that do not use a V4/V5 header's alpha fill it with 0: read as alpha, the model would get an image
+    it cannot see (all transparent). Browsers show such a BMP opaque; so does the PNG."""
+    zero_alpha = bytes([10, 20, 30, 0, 50, 60, 70, 0])
+    put(sandbox, "zero.bmp", bmp_bytes(2, 1, 32, compression=3, header=124,
+                                       masks=(0xFF, 0xFF00, 0xFF0000, 0xFF000000), rows=zero_alpha))
+    assert read_png(sandbox, "zero.bmp") == (2, 1, 3, bytes([10, 20, 30, 50, 60, 70]))
+    # One pixel's alpha anywhere is enough for every pixel's to count (this one is a second row's, bottom-up).
+    two_rows = bytes([1, 2, 3, 0, 4, 5, 6, 0]) + bytes([7, 8, 9, 0, 10, 11, 12, 255])
+    put(sandbox, "some.bmp", bmp_bytes(2, 2, 32, compression=3, header=124,
+                                       masks=(0xFF, 0xFF00, 0xFF0000, 0xFF000000), rows=two_rows))
+    assert read_png(sandbox, "some.bmp") == (2, 2, 4, bytes([7, 8, 9, 0, 10, 11, 12, 255, 1, 2, 3, 0, 4, 5, 6, 0]))
+
+
 def test_hostile_or_unsupported_bmp_is_a_clear_error(sandbox):
     """Sizes in the headers are checked against the bytes there and a pixel cap before anything is allocated."""
     huge = bmp_bytes(1, 1)

@@ -30,7 +30,7 @@ def looks_like_bmp(head: bytes) -> bool:
 
 
 def bmp_to_png(data: bytes) -> bytes:
-    """The PNG of an uncompressed BMP (RGB, or RGBA when its bit fields carry alpha); BmpError otherwise."""
+    """The PNG of an uncompressed BMP (RGB, or RGBA when its bit fields carry an alpha not all 0); else BmpError."""
     if len(data) < _FILE_HEADER + 40:
         raise BmpError("the file is too short for a BMP header")
     pixel_offset = struct.unpack_from("<I", data, 10)[0]
@@ -52,19 +52,18 @@ def bmp_to_png(data: bytes) -> bytes:
     if pixel_offset < _FILE_HEADER + header_size or pixel_offset + stride * height > len(data):
         raise BmpError("its pixel data is cut short or lies outside the file")
 
-    convert_row, channels = _row_converter(data, header_size, width, bpp, compression)
-    rows = range(height) if top_down else range(height - 1, -1, -1)
+    starts = [pixel_offset + y * stride for y in (range(height) if top_down else range(height - 1, -1, -1))]
+    convert_row, channels = _row_converter(data, header_size, width, bpp, compression, starts)
     raw = bytearray()
-    for y in rows:
-        at = pixel_offset + y * stride
+    for at in starts:
         raw.append(0)   # PNG filter type 0 (none)
         raw += convert_row(data[at:at + stride])
     return _png(width, height, 6 if channels == 4 else 2, bytes(raw))
 
 
-def _row_converter(data: bytes, header_size: int, width: int, bpp: int,
-                   compression: int) -> tuple[Callable[[bytes], bytes], int]:
-    """(a function from one BMP row to PNG pixel bytes, channels per pixel)."""
+def _row_converter(data: bytes, header_size: int, width: int, bpp: int, compression: int,
+                   starts: list[int]) -> tuple[Callable[[bytes], bytes], int]:
+    """(a function from one BMP row to PNG pixel bytes, channels per pixel). `starts`: where each row begins."""
     if bpp == 8:
         colors = struct.unpack_from("<I", data, _FILE_HEADER + 32)[0] or 256
         table_at = _FILE_HEADER + header_size
@@ -92,7 +91,10 @@ def _row_converter(data: bytes, header_size: int, width: int, bpp: int,
         masks = struct.unpack_from(f"<{count}I", data, masks_at)
         order = [_byte_of(mask) for mask in masks[:3]]
         if count == 4 and masks[3]:
-            order.append(_byte_of(masks[3]))
+            alpha = _byte_of(masks[3])
+            # Many writers fill an alpha they do not use with 0: all transparent, it is no alpha (as browsers read it).
+            if any(data[at + alpha:at + size * width:size].strip(b"\0") for at in starts):
+                order.append(alpha)
 
     channels = len(order)
 
