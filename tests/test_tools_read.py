@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import base64
+import random
 import threading
 import zlib
 import struct
 
+import pytest
+
 from pid.messages import ImageContent, TextContent
 from pid.tools import read as read_module
+from pid.tools.bmp import PngTooLarge, bmp_to_png
 from pid.tools.paths import EMPTY_PATH
 from sandbox.config import AGENT_HOME
 from tests.tool_sandbox import call_tool, put
@@ -319,6 +323,18 @@ def test_bmp_alpha_of_all_zeros_is_no_alpha(sandbox):
     put(sandbox, "some.bmp", bmp_bytes(2, 2, 32, compression=3, header=124,
                                        masks=(0xFF, 0xFF00, 0xFF0000, 0xFF000000), rows=two_rows))
     assert read_png(sandbox, "some.bmp") == (2, 2, 4, bytes([7, 8, 9, 0, 10, 11, 12, 255, 1, 2, 3, 0, 4, 5, 6, 0]))
+
+
+def test_a_bmp_too_large_as_png_stops_being_converted(sandbox):
+    """Noise does not compress: the PNG of a 6 MB BMP is over the image limit, which ends the conversion there (no
+    uncompressed copy of the image is held, and no more rows are compressed once the limit is passed)."""
+    noise = random.Random(7).randbytes(1536 * 1364 * 3)   # rows of 4092 bytes: no padding
+    put(sandbox, "noise.bmp", bmp_bytes(1364, 1536, rows=noise))
+    result = read(sandbox, path="noise.bmp")
+    assert result.is_error and text(result) == "Image noise.bmp is over the 5.0MB limit for images as PNG."
+    with pytest.raises(PngTooLarge):
+        bmp_to_png(bmp_bytes(64, 64, rows=noise[:64 * 64 * 3]), max_png=4096)
+    assert png_pixels(bmp_to_png(bmp_bytes(5, 3), max_png=4096)) == (5, 3, 3, expected_rgb(5, 3))
 
 
 def test_hostile_or_unsupported_bmp_is_a_clear_error(sandbox):
