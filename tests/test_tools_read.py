@@ -354,3 +354,20 @@ def test_hostile_or_unsupported_bmp_is_a_clear_error(sandbox):
         assert reason in text(result), (name, text(result))
     put(sandbox, "bmw.txt", "BMW and Mini\n")   # "BM" at the start of a text file is still text
     assert text(read(sandbox, path="bmw.txt")) == "BMW and Mini\n"
+
+
+class VanishingSandbox(CountingSandbox):
+    """The agent's own process removes the file between pid's reading its head and counting its lines."""
+
+    def read_file(self, path, max_bytes=None, cancel=None):
+        data = super().read_file(path, max_bytes=max_bytes, cancel=cancel)
+        self.inner.exec(f"rm -f {path}", timeout=60)
+        return data
+
+
+def test_a_huge_file_gone_before_it_is_counted_is_a_clear_error(docker_sandbox):
+    """Not a shell's complaint parsed as the line count (`invalid literal for int()`): the read says it failed."""
+    docker_sandbox.exec("seq 1 2000000 > gone.txt", timeout=60)
+    result = read(VanishingSandbox(docker_sandbox), path="gone.txt")
+    assert result.is_error and text(result).startswith("Could not read the file: "), text(result)
+    assert "No such file" in text(result)

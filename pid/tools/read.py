@@ -223,8 +223,9 @@ def _file_size(ctx: ToolContext, path: str) -> int:
 _NO_PIPEFAIL = "set +o pipefail 2>/dev/null; "
 
 # Lines the way pi 0.8x counts them: the newlines, plus one for a last line without a final newline (the file is
-# never empty here). Then whether the file ends with a newline.
-_COUNT_LINES = 'n=$(wc -l < "$f"); e=$(tail -c 1 "$f" | wc -l); echo "$((n + 1 - e)) $e"'
+# never empty here). Then whether the file ends with a newline. A file gone since its head was read (the agent's
+# processes run on) fails the command, rather than putting the shell's complaint where the count goes.
+_COUNT_LINES = 'n=$(wc -l < "$f") || exit 1; e=$(tail -c 1 "$f" | wc -l); echo "$((n + 1 - e)) $e"'
 
 
 def _slice_via_exec(ctx: ToolContext, path: str, start: int, limit: int | None) -> tuple[int, bool, list[str]]:
