@@ -15,17 +15,20 @@ from urllib.parse import urlsplit
 from pid.html_page import esc
 
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})[ \t]*([^`\n]*)")
-_HEADING = re.compile(r" {0,3}(#{1,6})[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*")
+_HEADING = re.compile(r" {0,3}(#{1,6})[ \t]+(.*)")   # the closing #s are cut in Python: see _heading_text
 _BULLET = re.compile(r" {0,3}[-*+][ \t]+(.*)")
 _NUMBERED = re.compile(r" {0,3}(\d{1,9})[.)][ \t]+(.*)")
 _LANG = re.compile(r"[A-Za-z0-9_+.#-]{1,32}")
 
-# Inline: a code span, a link, or a backslash-escaped punctuation character; the rest is plain text.
-_INLINE = re.compile(r"(?P<ticks>`{1,8})(?P<code>[^\n]{1,2000}?)(?<!`)(?P=ticks)(?!`)"
+# Inline: a code span, a link, or a backslash-escaped punctuation character; the rest is plain text. A code span
+# opens only at the start of a whole run of backticks, so a long run is not tried again from each of its backticks.
+_INLINE = re.compile(r"(?<!`)(?P<ticks>`{1,8})(?!`)(?P<code>[^\n]{1,2000}?)(?<!`)(?P=ticks)(?!`)"
                      r"|\[(?P<label>[^\[\]\n]{1,500})\]\((?P<url>[^()\s]{1,2000})\)"
                      r"|\\(?P<escaped>[!-/:-@\[-`{-~])")
-_STRONG = re.compile(r"(?<![*\w])\*\*(?=[^\s*])([^\n]{1,500}?)(?<=[^\s*])\*\*(?![*\w])"
-                     r"|(?<![_\w])__(?=[^\s_])([^\n]{1,500}?)(?<=[^\s_])__(?![_\w])")
+# Strong text holds no ** (or __) of its own: an opener that does not close is given up at the next one, not tried
+# on up to 500 characters (a line of " **a" openers was quadratic).
+_STRONG = re.compile(r"(?<![*\w])\*\*(?=[^\s*])((?:[^*\n]|\*(?!\*)){1,500}?)(?<=[^\s*])\*\*(?![*\w])"
+                     r"|(?<![_\w])__(?=[^\s_])((?:[^_\n]|_(?!_)){1,500}?)(?<=[^\s_])__(?![_\w])")
 _EM = re.compile(r"(?<![*\w])\*(?=[^\s*])([^\n*]{1,500}?)(?<=[^\s*])\*(?![*\w])"
                  r"|(?<![_\w])_(?=[^\s_])([^\n_]{1,500}?)(?<=[^\s_])_(?![_\w])")
 _SAFE_URL = re.compile(r"https?://[^\s\"'<>`\\]+", re.IGNORECASE)
@@ -40,6 +43,16 @@ def safe_href(url: str) -> str | None:
     except ValueError:
         return None
     return url if parts.scheme.lower() in ("http", "https") and parts.hostname else None
+
+
+def _heading_text(text: str) -> str:
+    """A heading's text without its closing sequence (spaces or tabs, then #s, then spaces or tabs), done by hand:
+    a lazy pattern for it backtracks quadratically over a long line of blanks."""
+    text = text.rstrip(" \t")
+    bare = text.rstrip("#")
+    if bare != text and (not bare or bare[-1] in " \t"):
+        text = bare.rstrip(" \t")
+    return text
 
 
 def _emphasis(escaped: str) -> str:
@@ -144,7 +157,7 @@ def render(text: str) -> str:
             close_para()
             close_list()
             level = min(len(heading.group(1)) + 2, 6)
-            out.append(f"<h{level}>{inline(heading.group(2))}</h{level}>")
+            out.append(f"<h{level}>{inline(_heading_text(heading.group(2)))}</h{level}>")
         elif bullet or numbered:
             close_para()
             wanted = "ul" if bullet else "ol"

@@ -90,8 +90,34 @@ def test_only_http_links_with_a_host_are_links():
         assert safe_href(bad) is None, bad
 
 
+def test_a_code_span_opens_only_at_a_whole_run_of_backticks():
+    """Not from inside a longer run: so a run of backticks is tried once, not once per backtick (quadratic)."""
+    assert render("````x`") == "<p>````x`</p>"
+    assert render("a ``b`` `c`") == "<p>a <code>b</code> <code>c</code></p>"
+    assert render("`````````x`````````") == "<p>`````````x`````````</p>"   # longer than a span's 8
+
+
+def test_a_heading_loses_its_closing_sequence_only():
+    assert render("# Title ##") == "<h3>Title</h3>"
+    assert render("## x \t## \t") == "<h4>x</h4>"
+    assert render("# #") == "<h3></h3>"
+    assert render("# a#") == "<h3>a#</h3>"
+    assert render("# a \\#") == "<h3>a #</h3>"
+
+
+def test_strong_text_holds_no_strong_marker_of_its_own():
+    """An opener gives up at the next ** (or __), so a line of openers that never close costs no more than its length
+    (a 500-character try from each was quadratic); the inner pair is the strong one."""
+    assert render("**a **b** c**") == "<p>**a <strong>b</strong> c**</p>"
+    assert render("__a __b__ c__") == "<p>__a <strong>b</strong> c__</p>"
+    assert render("**bold *em* text**") == "<p><strong>bold <em>em</em> text</strong></p>"
+
+
 def test_pathological_input_renders():
-    """Many openers that never close, long lines, deep brackets: bounded patterns, a page all the same."""
+    """Many openers that never close, long lines, deep brackets: bounded patterns, a page all the same. The last
+    ones were quadratic (up to seconds per block, hundreds of blocks to a page) before the code span, heading
+    and strong fixes."""
     for text in ("*a " * 20_000, "_a " * 20_000, "**a " * 20_000, "`" * 20_000 + "x", "[" * 20_000 + "](",
-                 "[a](" + "h" * 50_000, "- x\n" * 5_000, "#" * 50_000):
+                 "[a](" + "h" * 50_000, "- x\n" * 5_000, "#" * 50_000,
+                 "- " + "`" * 20_000, "# a" + "```" * 7_000, "# a" + " \t" * 10_000 + "#x", " **a" * 5_000):
         assert_safe(render(text))

@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import base64
+import random
 import threading
 import zlib
 import struct
 
+import pytest
+
 from pid.messages import ImageContent, TextContent
 from pid.tools import read as read_module
+from pid.tools.bmp import PngTooLarge, bmp_to_png
 from pid.tools.paths import EMPTY_PATH
 from sandbox.config import AGENT_HOME
 from tests.tool_sandbox import call_tool, put
@@ -307,6 +311,32 @@ def test_bmp_bitfields_and_palette(sandbox):
     assert read_png(sandbox, "p8.bmp") == (3, 2, 3, red + blue + red + blue + red + blue)
 
 
+def test_bmp_alpha_of_all_zeros_is_no_alpha(sandbox):
+    """Writers that do not use a V4/V5 header's alpha fill it with 0: read as alpha, the model would get an image
+    it cannot see (all transparent). Browsers show such a BMP opaque; so does the PNG."""
+    zero_alpha = bytes([10, 20, 30, 0, 50, 60, 70, 0])
+    put(sandbox, "zero.bmp", bmp_bytes(2, 1, 32, compression=3, header=124,
+                                       masks=(0xFF, 0xFF00, 0xFF0000, 0xFF000000), rows=zero_alpha))
+    assert read_png(sandbox, "zero.bmp") == (2, 1, 3, bytes([10, 20, 30, 50, 60, 70]))
+    # One pixel's alpha anywhere is enough for every pixel's to count (this one is a second row's, bottom-up).
+    two_rows = bytes([1, 2, 3, 0, 4, 5, 6, 0]) + bytes([7, 8, 9, 0, 10, 11, 12, 255])
+    put(sandbox, "some.bmp", bmp_bytes(2, 2, 32, compression=3, header=124,
+                                       masks=(0xFF, 0xFF00, 0xFF0000, 0xFF000000), rows=two_rows))
+    assert read_png(sandbox, "some.bmp") == (2, 2, 4, bytes([7, 8, 9, 0, 10, 11, 12, 255, 1, 2, 3, 0, 4, 5, 6, 0]))
+
+
+def test_a_bmp_too_large_as_png_stops_being_converted(sandbox):
+    """Noise does not compress: the PNG of a 6 MB BMP is over the image limit, which ends the conversion there (no
+    uncompressed copy of the image is held, and no more rows are compressed once the limit is passed)."""
+    noise = random.Random(7).randbytes(1536 * 1364 * 3)   # rows of 4092 bytes: no padding
+    put(sandbox, "noise.bmp", bmp_bytes(1364, 1536, rows=noise))
+    result = read(sandbox, path="noise.bmp")
+    assert result.is_error and text(result) == "Image noise.bmp is over the 5.0MB limit for images as PNG."
+    with pytest.raises(PngTooLarge):
+        bmp_to_png(bmp_bytes(64, 64, rows=noise[:64 * 64 * 3]), max_png=4096)
+    assert png_pixels(bmp_to_png(bmp_bytes(5, 3), max_png=4096)) == (5, 3, 3, expected_rgb(5, 3))
+
+
 def test_hostile_or_unsupported_bmp_is_a_clear_error(sandbox):
     """Sizes in the headers are checked against the bytes there and a pixel cap before anything is allocated."""
     huge = bmp_bytes(1, 1)
@@ -324,3 +354,20 @@ def test_hostile_or_unsupported_bmp_is_a_clear_error(sandbox):
         assert reason in text(result), (name, text(result))
     put(sandbox, "bmw.txt", "BMW and Mini\n")   # "BM" at the start of a text file is still text
     assert text(read(sandbox, path="bmw.txt")) == "BMW and Mini\n"
+
+
+class VanishingSandbox(CountingSandbox):
+    """The agent's own process removes the file between pid's reading its head and counting its lines."""
+
+    def read_file(self, path, max_bytes=None, cancel=None):
+        data = super().read_file(path, max_bytes=max_bytes, cancel=cancel)
+        self.inner.exec(f"rm -f {path}", timeout=60)
+        return data
+
+
+def test_a_huge_file_gone_before_it_is_counted_is_a_clear_error(docker_sandbox):
+    """Not a shell's complaint parsed as the line count (`invalid literal for int()`): the read says it failed."""
+    docker_sandbox.exec("seq 1 2000000 > gone.txt", timeout=60)
+    result = read(VanishingSandbox(docker_sandbox), path="gone.txt")
+    assert result.is_error and text(result).startswith("Could not read the file: "), text(result)
+    assert "No such file" in text(result)

@@ -29,8 +29,14 @@ def looks_like_bmp(head: bytes) -> bool:
             and struct.unpack_from("<I", head, _FILE_HEADER)[0] in (12, *_INFO_HEADERS))
 
 
-def bmp_to_png(data: bytes) -> bytes:
-    """The PNG of an uncompressed BMP (RGB, or RGBA when its bit fields carry alpha); BmpError otherwise."""
+class PngTooLarge(BmpError):
+    """The PNG would be larger than the caller takes: found while compressing, which then stops."""
+
+
+def bmp_to_png(data: bytes, max_png: int | None = None) -> bytes:
+    """The PNG of an uncompressed BMP (RGB, or RGBA when its bit fields carry an alpha not all 0); else BmpError.
+    Rows are compressed as they are converted, so no uncompressed copy of the image is ever held, and a PNG growing
+    past `max_png` bytes stops the work there (PngTooLarge)."""
     if len(data) < _FILE_HEADER + 40:
         raise BmpError("the file is too short for a BMP header")
     pixel_offset = struct.unpack_from("<I", data, 10)[0]
@@ -52,19 +58,24 @@ def bmp_to_png(data: bytes) -> bytes:
     if pixel_offset < _FILE_HEADER + header_size or pixel_offset + stride * height > len(data):
         raise BmpError("its pixel data is cut short or lies outside the file")
 
-    convert_row, channels = _row_converter(data, header_size, width, bpp, compression)
-    rows = range(height) if top_down else range(height - 1, -1, -1)
-    raw = bytearray()
-    for y in rows:
-        at = pixel_offset + y * stride
-        raw.append(0)   # PNG filter type 0 (none)
-        raw += convert_row(data[at:at + stride])
-    return _png(width, height, 6 if channels == 4 else 2, bytes(raw))
+    starts = [pixel_offset + y * stride for y in (range(height) if top_down else range(height - 1, -1, -1))]
+    convert_row, channels = _row_converter(data, header_size, width, bpp, compression, starts)
+    packer = zlib.compressobj(6)
+    idat = bytearray()
+
+    def add(compressed: bytes) -> None:
+        idat.extend(compressed)
+        if max_png is not None and len(idat) > max_png:
+            raise PngTooLarge(f"as PNG it is over {max_png} bytes")
+    for at in starts:
+        add(packer.compress(b"\0" + convert_row(data[at:at + stride])))   # PNG filter type 0 (none)
+    add(packer.flush())   # (zlib holds some back until the end)
+    return _png(width, height, 6 if channels == 4 else 2, bytes(idat))
 
 
-def _row_converter(data: bytes, header_size: int, width: int, bpp: int,
-                   compression: int) -> tuple[Callable[[bytes], bytes], int]:
-    """(a function from one BMP row to PNG pixel bytes, channels per pixel)."""
+def _row_converter(data: bytes, header_size: int, width: int, bpp: int, compression: int,
+                   starts: list[int]) -> tuple[Callable[[bytes], bytes], int]:
+    """(a function from one BMP row to PNG pixel bytes, channels per pixel). `starts`: where each row begins."""
     if bpp == 8:
         colors = struct.unpack_from("<I", data, _FILE_HEADER + 32)[0] or 256
         table_at = _FILE_HEADER + header_size
@@ -92,7 +103,10 @@ def _row_converter(data: bytes, header_size: int, width: int, bpp: int,
         masks = struct.unpack_from(f"<{count}I", data, masks_at)
         order = [_byte_of(mask) for mask in masks[:3]]
         if count == 4 and masks[3]:
-            order.append(_byte_of(masks[3]))
+            alpha = _byte_of(masks[3])
+            # Many writers fill an alpha they do not use with 0: all transparent, it is no alpha (as browsers read it).
+            if any(data[at + alpha:at + size * width:size].strip(b"\0") for at in starts):
+                order.append(alpha)
 
     channels = len(order)
 
@@ -112,9 +126,9 @@ def _byte_of(mask: int) -> int:
     raise BmpError(f"its colour mask {mask:#010x} is not one whole byte; such BMPs are not converted")
 
 
-def _png(width: int, height: int, color_type: int, raw: bytes) -> bytes:
+def _png(width: int, height: int, color_type: int, idat: bytes) -> bytes:
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
     header = struct.pack(">IIBBBBB", width, height, 8, color_type, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat)
             + chunk(b"IEND", b""))

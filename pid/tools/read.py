@@ -13,7 +13,7 @@ from typing import Any
 from pid.messages import ImageContent, TextContent
 from pid.sandbox import OutputPolicy, RUN_ANYWHERE
 from pid.tools.base import ToolContext, ToolResult
-from pid.tools.bmp import BmpError, bmp_to_png, looks_like_bmp
+from pid.tools.bmp import BmpError, PngTooLarge, bmp_to_png, looks_like_bmp
 from pid.tools.paths import ABORTED, EMPTY_PATH, display_path, file_error, resolve_path, with_read_fallback
 from pid.tools.registry import Tool
 from pid.tools.truncate import MAX_BYTES, MAX_LINES, format_size, split_lines, truncate_head, utf8_len
@@ -187,9 +187,12 @@ def _render(shown: str, start: int, total: int, selected: list[str], selected_li
 
 def _read_bmp(shown: str, data: bytes) -> ToolResult:
     """A BMP goes to the model as PNG (models take png, jpeg, gif and webp), as pi converts it. It is converted in
-    the worker, so its size (at most READ_CAP) bounds the work (see bmp.py)."""
+    the worker, so its size (at most READ_CAP) bounds the work (see bmp.py), and a PNG over the image limit ends
+    it early."""
     try:
-        png = bmp_to_png(data)
+        png = bmp_to_png(data, max_png=IMAGE_MAX_BYTES)
+    except PngTooLarge:
+        return ToolResult.error(f"Image {shown} is over the {format_size(IMAGE_MAX_BYTES)} limit for images as PNG.")
     except BmpError as exc:
         return ToolResult.error(f"Cannot convert BMP image {shown} to PNG: {exc}. Convert it with bash (e.g. to PNG) "
                                 f"and read that.")
@@ -220,8 +223,9 @@ def _file_size(ctx: ToolContext, path: str) -> int:
 _NO_PIPEFAIL = "set +o pipefail 2>/dev/null; "
 
 # Lines the way pi 0.8x counts them: the newlines, plus one for a last line without a final newline (the file is
-# never empty here). Then whether the file ends with a newline.
-_COUNT_LINES = 'n=$(wc -l < "$f"); e=$(tail -c 1 "$f" | wc -l); echo "$((n + 1 - e)) $e"'
+# never empty here). Then whether the file ends with a newline. A file gone since its head was read (the agent's
+# processes run on) fails the command, rather than putting the shell's complaint where the count goes.
+_COUNT_LINES = 'n=$(wc -l < "$f") || exit 1; e=$(tail -c 1 "$f" | wc -l); echo "$((n + 1 - e)) $e"'
 
 
 def _slice_via_exec(ctx: ToolContext, path: str, start: int, limit: int | None) -> tuple[int, bool, list[str]]:
