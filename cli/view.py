@@ -1,4 +1,4 @@
-"""`pid view ID|DIR`: a job or a batch as self-contained HTML (pid/html_view.py, pid/html_index.py).
+"""`pid view ID|DIR`: a job or a batch as self-contained HTML (cli/pages/job.py, cli/pages/batch.py).
 
 A DIR holding batch.jsonl is a batch (an index and a page per item, in DIR/view/); a DIR holding result.json or
 session.jsonl is a job's artifacts; anything else is a job id, whose result, transcript and patch come from the job
@@ -21,7 +21,7 @@ import click
 
 from cli.output import echo
 
-# The same names as pid/html_view.py's and worker/artifact_store.py's; the renderer is imported only when a page is
+# The same names as cli/pages/job.py's and worker/artifact_store.py's; the renderer is imported only when a page is
 # made, so that registering this command costs the other commands nothing.
 RESULT, SESSION, PATCH, BATCH = "result.json", "session.jsonl", "patch.diff", "batch.jsonl"
 
@@ -66,8 +66,8 @@ def view(target: str, output: str | None, open_page: bool, watch: bool) -> None:
 
 
 def _view_dir(directory: str, output: str | None) -> str:
-    from pid.html_index import render_batch
-    from pid.html_view import read_result, render_job
+    from cli.pages.batch import render_batch
+    from cli.pages.job import read_result, render_job
     if os.path.isfile(os.path.join(directory, BATCH)):
         default = os.path.join(directory, "view")
         if output is None and any(os.path.exists(os.path.join(default, n)) for n in (RESULT, SESSION)):
@@ -133,7 +133,7 @@ def _view_job_id(job_id: str, output: str | None, refresh_s: int | None = None, 
 
 def _write_job_page(store: Any, record: Any, path: str, pages: dict[str, str], relatives: list[tuple[str, Any]],
                     refresh_s: int | None) -> None:
-    from pid.html_view import Relative, render_job
+    from cli.pages.job import Relative, render_job
     linked = [Relative(role, other.id, pages.get(other.id)) for role, other in relatives]
     with tempfile.TemporaryDirectory(prefix="pid-view-") as tmp:
         where = _artifacts(store, record, tmp)
@@ -189,7 +189,7 @@ def _watch(job_id: str, output: str | None, opened: Any) -> None:
 
 
 def _placeholder(output: str | None, record: Any) -> str:
-    from pid.html_page import esc, page
+    from cli.pages.blocks import esc, page
     path = _page_path(output, record.id)
     body = (f"<h1>pid job <code>{esc(record.id)}</code></h1><p>{esc(record.status)}: no transcript yet. This page "
             f"reloads every {REFRESH_S} s while pid view --watch runs.</p>")
@@ -256,7 +256,7 @@ def _write(output: str | None, job_id: str, text: str) -> str:
 
 
 def _write_path(path: str, text: str) -> str:
-    from pid.html_page import write_page
+    from cli.pages.blocks import write_page
     try:
         write_page(path, text)
     except OSError as exc:

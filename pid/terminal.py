@@ -22,7 +22,7 @@ The one control sequence pid writes itself lives here too: CLEAR_LINE, a live st
 
 A complete escape sequence goes whole (its payload too: an OSC 8 link leaves its text, OSC 52 leaves nothing); an
 unterminated string sequence loses only its introducer, so what follows it shows as plain text instead of
-vanishing. HTML is another matter (pid/html_view.py escapes for the browser).
+vanishing. HTML is another matter (cli/pages/job.py escapes for the browser).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The HTML renderer of `pid view` (pid/html_view.py, pid/html_index.py, pid/html_page.py), without a browser:
+"""The HTML renderer of `pid view` (cli/pages/job.py, cli/pages/batch.py, cli/pages/blocks.py), without a browser:
 escaping of hostile transcripts, every tool call present, diffs highlighted, missing fields tolerated, bounded
 pages."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import time
 from html.parser import HTMLParser
 from pathlib import Path
 
-from pid.html_index import render_batch
-from pid.html_page import Limits, clip, diff_html
-from pid.html_view import render_job
+from cli.pages.batch import render_batch
+from cli.pages.blocks import Limits, clip, diff_html
+from cli.pages.job import render_job
 from tests.view_fixtures import (BATCH_ITEMS, HOSTILE, HOSTILE_CALL_IDS, PWNED_ATTR, SessionBuilder, call,
                                  hostile_result, hostile_session, simple_session, write_batch, write_job)
 
@@ -314,7 +314,7 @@ def test_a_failed_edit_is_not_applied_and_errors_are_open_with_time_and_duration
 
 
 def test_relatives_are_linked_and_a_watched_page_reloads(tmp_path):
-    from pid.html_view import Relative
+    from cli.pages.job import Relative
     job = write_job(tmp_path / "job", {"id": "child", "status": "completed", "parent": "mom"},
                     simple_session(["c1"]))
     plain = render_job(str(job))   # from result.json alone: named, with the command that makes its page

@@ -1,10 +1,10 @@
-"""pid/markdown.py, the strict Markdown subset of the assistant's text on `pid view`'s page: what it renders, and that
-hostile text never becomes markup (no raw HTML, no script or data link, no attribute of its own)."""
+"""cli/pages/markdown.py, the strict Markdown subset of the assistant's text on `pid view`'s page: what it renders,
+and that hostile text never becomes markup (no raw HTML, no script or data link, no attribute of its own)."""
 from __future__ import annotations
 
 import pytest
 
-from pid.markdown import render, safe_href
+from cli.pages.markdown import render, safe_href
 from tests.test_html_view import Structure
 
 ALLOWED = {"p", "br", "h3", "h4", "h5", "h6", "ul", "ol", "li", "pre", "code", "em", "strong", "a"}

@@ -92,8 +92,8 @@ def test_a_page_shows_a_dash_for_numbers_json_can_say_but_no_format_can(tmp_path
     """json.load takes NaN, Infinity and 1e999: fmt_int / fmt_duration raised on them (a traceback from pid view)."""
     import json
 
-    from pid.html_index import render_batch
-    from pid.html_view import render_job
+    from cli.pages.batch import render_batch
+    from cli.pages.job import render_job
     job = tmp_path / "job"
     job.mkdir()
     (job / "result.json").write_text('{"id": "x", "status": "completed", "turns": 1e999, "duration_s": Infinity, '

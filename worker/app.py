@@ -44,7 +44,9 @@ def make_app() -> Celery:
     os.makedirs(home, mode=0o700, exist_ok=True)
     broker, transport_options = broker_settings(home)
     check_clients({"PID_BROKER_URL": broker})
-    app = Celery("pid", broker=broker, include=["worker.tasks"])
+    # What a worker loads as it starts (before it builds its consumer): the job task, and the worker process's own
+    # hooks (how it takes jobs, how it stops, its housekeeping), which use the task's module in turn.
+    app = Celery("pid", broker=broker, include=["worker.tasks", "worker.main_process"])
     app.conf.update(
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,

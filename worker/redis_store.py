@@ -3,7 +3,7 @@ several machines that share nothing but a Redis.
 
 Atomicity: every operation that reads a job's state and changes it is one Lua script (redis-py `register_script`),
 which Redis runs alone: a claim, a renewal, a finish, a requeue can never interleave with another; a script sent
-again by redis-py after a lost reply does not run twice (_ONCE). Reads that only read (get, list, lapsed,
+again by redis-py after a lost reply does not run twice (redis_lua/once.lua). Reads that only read (get, list, lapsed,
 to_dispatch, workers) are plain commands or pipelines; whoever acts on what they return does so through a script
 that checks again. A blob appears by one RENAME of its finished upload.
 
@@ -38,6 +38,7 @@ import json
 import os
 import time
 import uuid
+from importlib import resources
 from typing import Any, BinaryIO, Iterator
 
 import redis
@@ -53,386 +54,35 @@ PREFIX = "pid:"
 SOCKET_TIMEOUT_S = 60  # a Redis that stopped answering is an error, not a hang (a blocking read waits less)
 UPLOAD_TTL_S = 3600    # an upload's temporary key vanishes an hour after its writer stopped sending
 
-# Shared by the scripts. ARGV[1]: the key prefix, ARGV[2]: the retention (s), ARGV[3]: the job id, ARGV[4]: the
-# operation's arguments as a JSON object (null: None), ARGV[5]: the call's token (_ONCE). Times are written "%.6f".
-_PRELUDE = r"""
-local P, RET, ID = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local A = cjson.decode(ARGV[4])
-local K = P .. 'job:' .. ID
-local function now() local t = redis.call('TIME'); return tonumber(t[1]) + tonumber(t[2]) / 1000000 end
-local function fmt(x) return string.format('%.6f', x) end
-local function isnull(v) return v == nil or v == cjson.null end
-local function field(f) local v = redis.call('HGET', K, f); if v == false then return nil end; return v end
-local function set_or_del(f, v) if isnull(v) then redis.call('HDEL', K, f) else redis.call('HSET', K, f, v) end end
-local function set_or_del_in(key, f, v)
-  if isnull(v) then redis.call('HDEL', key, f) else redis.call('HSET', key, f, tostring(v)) end
-end
-local function active(status) return status == 'queued' or status == 'running' end
-local function move(old, new)
-  if old ~= new then
-    local created = tonumber(field('created_at'))
-    redis.call('ZREM', P .. 'st:' .. old, ID)
-    redis.call('ZADD', P .. 'st:' .. new, created, ID)
-    redis.call('HSET', K, 'status', new)
-  end
-end
--- A batch's limits and spend, and how many of its jobs run (`besides` left out); its running set is pruned as read.
-local function batch_info(b, besides)
-  local BK = P .. 'batch:' .. b
-  local h = redis.call('HMGET', BK, 'max_total_cost', 'max_running', 'spent', 'created_at')
-  if not h[4] then return nil end
-  local RK = P .. 'batchrun:' .. b
-  local n = 0
-  for _, j in ipairs(redis.call('SMEMBERS', RK)) do
-    if redis.call('HGET', P .. 'job:' .. j, 'status') == 'running' then
-      if j ~= besides then n = n + 1 end
-    else redis.call('SREM', RK, j) end
-  end
-  return {h[1] or false, h[2] or false, h[3] or '0', n}
-end
-local function batch_ttl(b)
-  local ttl = math.max(1, math.floor(RET)) + 86400
-  for _, k in ipairs({P .. 'batch:' .. b, P .. 'batchjobs:' .. b, P .. 'batchrun:' .. b}) do
-    redis.call('EXPIRE', k, ttl)
-  end
-end
--- A job has just ended: its API key goes, its data expires (unless pinned), its artifacts' blobs live as long at least.
-local function ended(t)
-  redis.call('ZADD', P .. 'ended', t, ID)
-  redis.call('DEL', P .. 'secret:' .. ID)
-  if field('pinned') == '1' then return end
-  local ttl = math.max(1, math.floor(RET))
-  for _, k in ipairs({K, P .. 'inbox:' .. ID, P .. 'events:' .. ID, P .. 'evseq:' .. ID, P .. 'artifacts:' .. ID}) do
-    redis.call('EXPIRE', k, ttl)
-  end
-  local digests = redis.call('HVALS', P .. 'artifacts:' .. ID)
-  for _, d in ipairs(digests) do redis.call('EXPIRE', P .. 'blob:' .. string.sub(d, 8), ttl, 'GT') end
-end
-"""
-
-_SCRIPTS: dict[str, str] = {
-    "create": r"""
-if redis.call('EXISTS', K) == 1 then return redis.error_reply('job ' .. ID .. ' exists') end
-local t = now()
-redis.call('HSET', K, 'id', ID, 'spec', A.spec, 'status', 'queued', 'attempts', 0, 'cancel_requested', 0,
-  'paused', 0, 'turns', 0, 'tool_calls', 0, 'created_at', fmt(t), 'kind', A.kind, 'handbacks', 0,
-  'undispatched_since', fmt(t), 'pinned', 0)
-redis.call('ZADD', P .. 'jobs', t, ID)
-redis.call('ZADD', P .. 'st:queued', t, ID)
-redis.call('ZADD', P .. 'rids', 0, string.reverse(ID))
-if A.dispatched then
-  redis.call('HSET', K, 'dispatched_at', fmt(t))
-  redis.call('HDEL', K, 'undispatched_since')
-end
-if not isnull(A.batch) then
-  redis.call('HSET', K, 'batch', A.batch)
-  redis.call('SADD', P .. 'batchjobs:' .. A.batch, ID)
-  batch_ttl(A.batch)
-end
-return 1
-""",
-    "claim": r"""
-local status = field('status')
-if status == nil or field('cancel_requested') == '1' then return 0 end
-local t = now()
-if not (status == 'queued' or (status == 'running' and (tonumber(field('lease_until')) or 0) < t)) then return 0 end
-local batch = field('batch')
-if batch ~= nil then
-  local b = batch_info(batch, ID)
-  if b then
-    if b[1] and tonumber(b[3]) >= tonumber(b[1]) then return 0 end
-    if b[2] and b[4] >= tonumber(b[2]) then return 0 end
-  end
-  redis.call('SADD', P .. 'batchrun:' .. batch, ID)
-end
-local attempts = tonumber(field('attempts'))
-if attempts > 0 then
-  local entry = '{"attempt":' .. attempts .. ',"turns":' .. field('turns') .. ',"tool_calls":' ..
-    field('tool_calls') .. ',"usage":' .. (field('usage') or '{}') .. '}'
-  local earlier = field('earlier')
-  if earlier == nil or earlier == '[]' then earlier = '[' .. entry .. ']'
-  else earlier = string.sub(earlier, 1, -2) .. ',' .. entry .. ']' end
-  redis.call('HSET', K, 'earlier', earlier)
-end
-redis.call('HSET', K, 'owner', A.owner, 'lease_until', fmt(t + A.lease_s), 'attempts', attempts + 1,
-  'turns', 0, 'tool_calls', 0, 'updated_at', fmt(t), 'claimed_at', fmt(t))
-if field('started_at') == nil then redis.call('HSET', K, 'started_at', fmt(t)) end
-redis.call('HDEL', K, 'usage', 'activity')
-move(status, 'running')
-return 1
-""",
-    "controls": r"""
-local h = redis.call('HMGET', K, 'status', 'owner', 'cancel_requested', 'paused')
-if not h[1] then return false end
-return {h[1] == 'running' and h[2] == A.owner and 1 or 0, h[3] == '1' and 1 or 0, h[4] == '1' and 1 or 0,
-  redis.call('EXISTS', P .. 'inbox:' .. ID)}
-""",
-    "renew": r"""
-if field('status') ~= 'running' or field('owner') ~= A.owner then return 0 end
-redis.call('HSET', K, 'lease_until', fmt(now() + A.lease_s))
-return 1
-""",
-    "progress": r"""
-if field('status') ~= 'running' or field('owner') ~= A.owner then return 0 end
-local t = now()
-redis.call('HSET', K, 'turns', A.turns, 'tool_calls', A.tool_calls, 'updated_at', fmt(t))
-if not isnull(A.usage) then redis.call('HSET', K, 'usage', A.usage) end
-set_or_del('activity', A.activity)
-if not isnull(A.last_tool) then redis.call('HSET', K, 'last_tool', A.last_tool) end
-if not isnull(A.lease_s) then redis.call('HSET', K, 'lease_until', fmt(t + A.lease_s)) end
-return 1
-""",
-    "finish": r"""
-local status = field('status')
-if not active(status) then return 0 end
-if not isnull(A.owner) and field('owner') ~= A.owner then return 0 end
-local t = now()
-if A.lapsed_only then
-  local lease = tonumber(field('lease_until'))
-  if lease ~= nil and lease >= t then return 0 end
-end
-redis.call('HSET', K, 'exit_reason', A.exit_reason, 'finished_at', fmt(t))
-set_or_del('error', A.error)
-if not isnull(A.turns) then redis.call('HSET', K, 'turns', A.turns) end
-if not isnull(A.tool_calls) then redis.call('HSET', K, 'tool_calls', A.tool_calls) end
-if not isnull(A.usage) then redis.call('HSET', K, 'usage', A.usage) end
-set_or_del('check', A.check)
-redis.call('HDEL', K, 'lease_until', 'activity')
-move(status, A.status)
-ended(t)
-return 1
-""",
-    "finish_if_queued": r"""
-local status = field('status')
-if status ~= 'queued' then return 0 end
-local t = now()
-redis.call('HSET', K, 'exit_reason', A.exit_reason, 'finished_at', fmt(t))
-move(status, A.status)
-ended(t)
-return 1
-""",
-    "request_cancel": r"""
-local status = field('status')
-if status == nil then return false end
-if active(status) then redis.call('HSET', K, 'cancel_requested', 1) end
-if status == 'queued' then
-  local t = now()
-  redis.call('HSET', K, 'exit_reason', 'cancelled', 'finished_at', fmt(t))
-  move(status, A.status)
-  ended(t)
-end
-return field('status')
-""",
-    "set_paused": r"""
-if not active(field('status')) then return 0 end
-redis.call('HSET', K, 'paused', A.paused)
-return 1
-""",
-    "post": r"""
-if not active(field('status')) then return 0 end
-redis.call('RPUSH', P .. 'inbox:' .. ID, cjson.encode({A.kind, A.text}))
-return 1
-""",
-    "take_messages": r"""
-local key = P .. 'inbox:' .. ID
-local messages = redis.call('LRANGE', key, 0, -1)
-redis.call('DEL', key)
-return messages
-""",
-    # requeue (lost process) and hand_back (a stopping worker): back to the queue, or `cancelled` if that was asked.
-    "requeue": r"""
-local status = field('status')
-if status ~= 'running' then return false end
-if not isnull(A.owner) and field('owner') ~= A.owner then return false end
-local t = now()
-if A.lapsed_only then
-  local lease = tonumber(field('lease_until'))
-  if lease == nil or lease >= t then return false end
-end
-if A.handback then
-  redis.call('HINCRBY', K, 'handbacks', 1)
-  redis.call('HSET', K, 'turns', A.turns, 'tool_calls', A.tool_calls)
-  if not isnull(A.usage) then redis.call('HSET', K, 'usage', A.usage) end
-end
-redis.call('HDEL', K, 'owner', 'lease_until', 'activity', 'dispatched_at')
-redis.call('HSET', K, 'undispatched_since', fmt(t))
-if field('cancel_requested') == '1' then
-  redis.call('HSET', K, 'exit_reason', 'cancelled', 'finished_at', fmt(t))
-  move(status, A.cancelled_status)
-  ended(t)
-else
-  redis.call('HDEL', K, 'exit_reason', 'finished_at')
-  move(status, 'queued')
-end
-return field('status')
-""",
-    "mark_dispatched": r"""
-local status = field('status')
-if not active(status) then return 0 end
-if A.only_if then
-  if status ~= 'queued' then return 0 end
-  local at = tonumber(field('dispatched_at'))
-  if isnull(A.previous) then
-    if at ~= nil then return 0 end
-  elseif at == nil or at ~= tonumber(A.previous) then return 0 end
-end
-redis.call('HSET', K, 'dispatched_at', fmt(now()))
-return 1
-""",
-    "mark_published": r"""
-redis.call('HDEL', K, 'dispatch_error', 'undispatched_since')
-return 1
-""",
-    "mark_undispatched": r"""
-if field('status') ~= 'queued' then return 0 end
-redis.call('HDEL', K, 'dispatched_at')
-redis.call('HSET', K, 'dispatch_error', A.error)
-if field('undispatched_since') == nil then redis.call('HSET', K, 'undispatched_since', fmt(now())) end
-return 1
-""",
-    # batches: ID is the batch's id here
-    "set_batch": r"""
-local BK = P .. 'batch:' .. ID
-if redis.call('EXISTS', BK) == 0 then redis.call('HSET', BK, 'spent', '0', 'created_at', fmt(now())) end
-set_or_del_in(BK, 'max_total_cost', A.max_total_cost)
-set_or_del_in(BK, 'max_running', A.max_running)
-batch_ttl(ID)
-return batch_info(ID, nil)
-""",
-    "add_batch_spend": r"""
-local BK = P .. 'batch:' .. ID
-if redis.call('EXISTS', BK) == 0 then return false end
-redis.call('HINCRBYFLOAT', BK, 'spent', A.amount)
-batch_ttl(ID)
-return batch_info(ID, nil)
-""",
-    "batch": r"""
-return batch_info(ID, nil) or false
-""",
-    "pin_job": r"""
-if redis.call('EXISTS', K) == 0 then return 0 end
-redis.call('HSET', K, 'pinned', 1)
-for _, k in ipairs({K, P .. 'inbox:' .. ID, P .. 'events:' .. ID, P .. 'evseq:' .. ID, P .. 'artifacts:' .. ID}) do
-  redis.call('PERSIST', k)
-end
-for _, d in ipairs(redis.call('HVALS', P .. 'artifacts:' .. ID)) do
-  redis.call('PERSIST', P .. 'blob:' .. string.sub(d, 8))
-end
-return 1
-""",
-    "append_event": r"""
-if redis.call('EXISTS', K) == 0 then return redis.error_reply('no job ' .. ID) end
-local n = redis.call('INCR', P .. 'evseq:' .. ID)
-local key = P .. 'events:' .. ID
-redis.call('XADD', key, 'MAXLEN', '~', A.kept, n .. '-0', 'e', A.event)
-local ttl = redis.call('TTL', K)
-if ttl > 0 then
-  redis.call('EXPIRE', key, ttl)
-  redis.call('EXPIRE', P .. 'evseq:' .. ID, ttl)
-end
-return n
-""",
-    "put_artifact": r"""
-if redis.call('EXISTS', K) == 0 then return 0 end
-local key = P .. 'artifacts:' .. ID
-redis.call('HSET', key, A.name, A.digest)
-local blob = P .. 'blob:' .. string.sub(A.digest, 8)
-if field('pinned') == '1' then redis.call('PERSIST', blob) else
-  local ttl = redis.call('TTL', K)
-  if ttl > 0 then
-    redis.call('EXPIRE', key, ttl)
-    redis.call('EXPIRE', blob, ttl, 'GT')
-  end
-end
-return 1
-""",
-    "set_secret": r"""
-if not active(field('status')) then return 0 end
-redis.call('SET', P .. 'secret:' .. ID, A.api_key)
-return 1
-""",
-    "beat": r"""
-local key = P .. 'worker:' .. ID
-local t = now()
-local free = A.taking_jobs and A.running < A.concurrency
-if redis.call('EXISTS', key) == 0 then
-  redis.call('HSET', key, 'node', ID, 'host', A.host, 'pid', A.pid, 'started_at', fmt(t))
-  redis.call('ZADD', P .. 'workers', t, ID)
-end
-redis.call('HSET', key, 'concurrency', A.concurrency, 'running', A.running, 'beat_at', fmt(t), 'queues', A.queues,
-  'policy', A.policy)
-redis.call('HDEL', key, 'stopped_at')
-if isnull(A.boot_id) then redis.call('HDEL', key, 'boot_id') else redis.call('HSET', key, 'boot_id', A.boot_id) end
-if isnull(A.alarm) then redis.call('HDEL', key, 'alarm') else redis.call('HSET', key, 'alarm', A.alarm) end
-if isnull(A.identity) then redis.call('HDEL', key, 'identity') else redis.call('HSET', key, 'identity', A.identity) end
-if not free then redis.call('HDEL', key, 'free_since')
-elseif redis.call('HEXISTS', key, 'free_since') == 0 then redis.call('HSET', key, 'free_since', fmt(t)) end
-return 1
-""",
-    "worker_stopped": r"""
-local key = P .. 'worker:' .. ID
-if redis.call('EXISTS', key) == 0 then return 0 end
-redis.call('HSET', key, 'stopped_at', fmt(now()), 'running', 0)
-redis.call('HDEL', key, 'free_since')
-return 1
-""",
-    "forget_silent_workers": r"""
-local before = now() - A.silent_s
-for _, node in ipairs(redis.call('ZRANGE', P .. 'workers', 0, -1)) do
-  local key = P .. 'worker:' .. node
-  local beat = tonumber(redis.call('HGET', key, 'beat_at') or '0')
-  if beat < before then
-    redis.call('DEL', key)
-    redis.call('ZREM', P .. 'workers', node)
-  end
-end
-return 1
-""",
-    # blob:{hex} appears whole, by a RENAME of the finished upload, or not at all; a second upload of it is dropped.
-    "finish_blob": r"""
-local tmp, final = P .. 'upload:' .. A.upload, P .. 'blob:' .. A.hex
-local ttl = math.max(1, math.floor(RET))
-if redis.call('EXISTS', final) == 1 then
-  redis.call('DEL', tmp)
-  redis.call('EXPIRE', final, ttl, 'GT')
-  return 0
-end
-if redis.call('EXISTS', tmp) == 0 then return redis.error_reply('upload ' .. A.upload .. ' expired') end
-redis.call('RENAME', tmp, final)
-if redis.call('SISMEMBER', P .. 'pins', A.hex) == 1 then redis.call('PERSIST', final)
-else redis.call('EXPIRE', final, ttl) end
-return 1
-""",
-    "touch_blob": r"""
-local key = P .. 'blob:' .. A.hex
-if redis.call('EXISTS', key) == 0 then return 0 end
-redis.call('EXPIRE', key, math.max(1, math.floor(RET)), 'GT')
-return 1
-""",
-    "pin_blob": r"""
-local key = P .. 'blob:' .. A.hex
-if redis.call('EXISTS', key) == 0 then return 0 end
-redis.call('SADD', P .. 'pins', A.hex)
-redis.call('PERSIST', key)
-return 1
-""",
-}
-
-# redis-py sends a command again when the connection breaks before its reply (its default Retry): a script that
-# ran but whose reply was lost would run twice (a claim refused to its own claimer, messages taken twice, i.e. lost).
-# So each call of a script that writes carries a token (ARGV[5]); its result is kept under done:{token} for ten
-# minutes and a second run with that token returns it without doing anything.
-_ONCE = r"""
-local DONE = P .. 'done:' .. ARGV[5]
-local prior = redis.call('GET', DONE)
-if prior then return cjson.decode(prior)[1] end
-local result = (function()
-%s
-end)()
-redis.call('SET', DONE, cjson.encode({result}), 'EX', 600)
-return result
-"""
+# The scripts, one file each in redis_lua/ (each says what it does and why it is atomic). Every script is sent as
+# prelude.lua (the arguments and shared helpers) + its body; a script that writes is wrapped in once.lua, so a call
+# redis-py sends again after a lost reply does not run twice.
+_SCRIPT_NAMES = (
+    "create", "claim", "controls", "renew", "progress", "finish", "finish_if_queued", "request_cancel", "set_paused",
+    "post", "take_messages", "requeue", "mark_dispatched", "mark_published", "mark_undispatched", "set_batch",
+    "add_batch_spend", "batch", "pin_job", "append_event", "put_artifact", "set_secret", "beat", "worker_stopped",
+    "forget_silent_workers", "finish_blob", "touch_blob", "pin_blob")
 _READ_ONLY = {"controls"}
+_ONCE_BODY = "-- {script}\n"
+
+
+def _lua(name: str) -> str:
+    return resources.files("worker").joinpath("redis_lua", f"{name}.lua").read_text(encoding="utf-8")
+
+
+def _sources() -> dict[str, str]:
+    """Each script's whole source as registered, by name: read once, at import."""
+    prelude, once = _lua("prelude"), _lua("once")
+    if once.count(_ONCE_BODY) != 1:
+        raise RuntimeError(f"redis_lua/once.lua must hold the line {_ONCE_BODY!r} once")
+    sources = {}
+    for name in _SCRIPT_NAMES:
+        body = _lua(name)
+        sources[name] = prelude + (body if name in _READ_ONLY else once.replace(_ONCE_BODY, body))
+    return sources
+
+
+_SCRIPTS = _sources()
 
 # Fields of a record that are numbers; the others are strings (absent: None).
 _FLOATS = ("lease_until", "created_at", "started_at", "finished_at", "updated_at", "claimed_at", "dispatched_at",
@@ -457,8 +107,7 @@ class RedisStore:
         if state is None or state[0] != os.getpid():
             client = redis.Redis.from_url(self.url, socket_connect_timeout=10, socket_timeout=SOCKET_TIMEOUT_S,
                                           socket_keepalive=True, health_check_interval=30)
-            scripts = {name: client.register_script(_PRELUDE + (body if name in _READ_ONLY else _ONCE % body))
-                       for name, body in _SCRIPTS.items()}
+            scripts = {name: client.register_script(source) for name, source in _SCRIPTS.items()}
             state = self._state = (os.getpid(), client, scripts)
         return state[1], state[2]
 

@@ -256,5 +256,3 @@ def _log_swept(record: JobRecord) -> None:
     jobs_log.info("%s", end_line(record.id, record.status, record.exit_reason, record.duration_s,
                                  record.total_usage.get("cost")) + (f": {record.error}" if record.error else ""))
 
-
-from worker import main_process  # noqa: E402,F401  (the worker process: its signals, consuming, housekeeping)

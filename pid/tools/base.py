@@ -5,7 +5,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
-from pid.messages import ImageContent, TextContent
+from pid.messages import ImageContent, TextContent, ToolSpec
 from pid.sandbox import Sandbox
 
 
@@ -39,3 +39,21 @@ class ToolResult:
     @classmethod
     def error(cls, text: str) -> "ToolResult":
         return cls([TextContent(text)], True)
+
+
+Handler = Callable[[ToolContext, dict[str, Any]], ToolResult]
+
+
+@dataclass
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]  # JSON schema of the arguments object
+    handler: Handler
+    # Rewrites accepted legacy argument shapes into the current schema before validation (e.g. edit's top-level
+    # oldText/newText). Keeps the schema the model sees clean while old habits still work.
+    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)

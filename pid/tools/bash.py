@@ -12,8 +12,7 @@ from typing import Any, Callable
 from pid.messages import ImageContent, TextContent
 from pid.sandbox import ExecResult, OutputPolicy, RUN_ANYWHERE
 from pid.terminal import strip_escapes
-from pid.tools.base import ToolContext, ToolResult, ToolSettings
-from pid.tools.registry import Tool
+from pid.tools.base import Tool, ToolContext, ToolResult, ToolSettings
 from pid.tools.schema import format_validation_error
 from pid.tools.truncate import MAX_BYTES, MAX_LINES, format_size, split_lines, truncate_tail
 

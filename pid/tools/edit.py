@@ -13,10 +13,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pid.tools.base import ToolContext, ToolResult
+from pid.tools.base import Tool, ToolContext, ToolResult
 from pid.tools.fuzzy import LineEndings, NormalizedText, find_unique, normalize_fuzzy
 from pid.tools.paths import ABORTED, EMPTY_PATH, display_path, file_error, mutation_lock, resolve_path
-from pid.tools.registry import Tool
 from pid.tools.truncate import format_size
 
 EDIT_CAP = 8 * 1024 * 1024

@@ -12,10 +12,9 @@ from typing import Any
 
 from pid.messages import ImageContent, TextContent
 from pid.sandbox import OutputPolicy, RUN_ANYWHERE
-from pid.tools.base import ToolContext, ToolResult
+from pid.tools.base import Tool, ToolContext, ToolResult
 from pid.tools.bmp import BmpError, PngTooLarge, bmp_to_png, looks_like_bmp
 from pid.tools.paths import ABORTED, EMPTY_PATH, display_path, file_error, resolve_path, with_read_fallback
-from pid.tools.registry import Tool
 from pid.tools.truncate import MAX_BYTES, MAX_LINES, format_size, split_lines, truncate_head, utf8_len
 
 READ_CAP = 8 * 1024 * 1024       # files up to this size are read whole

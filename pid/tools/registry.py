@@ -5,37 +5,20 @@ results the model can read and correct, so the loop has a single path for every 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from pid.messages import ToolCall, ToolSpec
 from pid.sandbox import SandboxLost
-from pid.tools.base import ToolContext, ToolResult, ToolSettings
+from pid.tools import bash, edit, read, write
+from pid.tools.base import Tool, ToolContext, ToolResult, ToolSettings
 from pid.tools.schema import format_validation_error, validate
 from pid.tools.truncate import utf8_len
-
-Handler = Callable[[ToolContext, dict[str, Any]], ToolResult]
 
 RAW_ARGUMENTS_QUOTE_CHARS = 2000
 # The most one argument of a tool call may hold, in UTF-8 bytes: a `write` of a large file (~1 MB) fits, and nothing
 # larger is ever uploaded into the container or held on its way there. (A whole reply is bounded too:
 # pid/providers/transport.py's MAX_REPLY_BYTES.)
 MAX_ARGUMENT_BYTES = 2 << 20
-
-
-@dataclass
-class Tool:
-    name: str
-    description: str
-    parameters: dict[str, Any]  # JSON schema of the arguments object
-    handler: Handler
-    # Rewrites accepted legacy argument shapes into the current schema before validation (e.g. edit's top-level
-    # oldText/newText). Keeps the schema the model sees clean while old habits still work.
-    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-
-    @property
-    def spec(self) -> ToolSpec:
-        return ToolSpec(self.name, self.description, self.parameters)
 
 
 class ToolRegistry:
@@ -130,10 +113,8 @@ def _invalid_json_message(name: str, raw: str) -> str:
 
 def default_registry(settings: ToolSettings | None = None) -> ToolRegistry:
     """read, bash, edit and write. `settings` sets the bash timeout bounds written into its schema."""
-    from pid.tools import bash, edit, read, write  # the tool modules import this one
-
     return ToolRegistry([read.read_tool(), bash.bash_tool(settings or ToolSettings()), edit.edit_tool(),
                          write.write_tool()])
 
 
-__all__ = ["Tool", "ToolRegistry", "default_registry", "Handler"]
+__all__ = ["ToolRegistry", "default_registry"]

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pid.tools.base import ToolContext, ToolResult
+from pid.tools.base import Tool, ToolContext, ToolResult
 from pid.tools.paths import ABORTED, EMPTY_PATH, display_path, file_error, mutation_lock, resolve_path
-from pid.tools.registry import Tool
 
 DESCRIPTION = ("Write content to a file. Creates the file if it does not exist, overwrites it if it does, and "
                "creates parent directories. Use edit for changes to part of an existing file.")

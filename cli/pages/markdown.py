@@ -1,7 +1,7 @@
-"""A small, strict Markdown subset as HTML, for the assistant's text on `pid view`'s page (pid/html_view.py).
+"""A small, strict Markdown subset as HTML, for the assistant's text on `pid view`'s page (cli/pages/job.py).
 
 The text is the model's, hence hostile: nothing in it ever becomes markup of its own. Every piece of text goes
-through html_page.esc; the only tags are the fixed ones this module writes (p, br, h3-h6, ul, ol, li, pre, code, em,
+through blocks.esc; the only tags are the fixed ones this module writes (p, br, h3-h6, ul, ol, li, pre, code, em,
 strong, a); the only attribute taken from the text is a link's href, and only for an absolute http(s) URL with a
 host and no quote, space or angle bracket in it. Raw HTML in the text stays visible as text. Anything this subset
 does not know (tables, images, nested lists, HTML blocks) shows as the text it is. Every pattern is bounded, so that
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from pid.html_page import esc
+from cli.pages.blocks import esc
 
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})[ \t]*([^`\n]*)")
 _HEADING = re.compile(r" {0,3}(#{1,6})[ \t]+(.*)")   # the closing #s are cut in Python: see _heading_text

@@ -1,6 +1,6 @@
 """A job as one self-contained HTML page: its result (status, reason, model, usage, check), its transcript (every
 message, every tool call with its arguments and collapsible output, edits as diffs, thinking, compactions) and its
-patch. The building blocks (escaping, clipping, the page shell and its policy) are pid/html_page.py's.
+patch. The building blocks (escaping, clipping, the page shell and its policy) are cli/pages/blocks.py's.
 
 The page stays bounded whatever the session's size: the session is read in two passes (an index of entry offsets,
 then only the entries on the current branch, one at a time), every block is clipped, and once the page holds
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
-from pid.html_page import (LIMITS, Limits, as_dict, as_list, badge, check_badge, clip, diff_html, esc, fmt_cost,
-                           fmt_duration, fmt_int, number, omitted_note, page, pre, status_class)
-from pid.markdown import render as markdown
+from cli.pages.blocks import (LIMITS, Limits, as_dict, as_list, badge, check_badge, clip, diff_html, esc,
+                              fmt_cost, fmt_duration, fmt_int, number, omitted_note, page, pre, status_class)
+from cli.pages.markdown import render as markdown
 
 RESULT = "result.json"
 SESSION = "session.jsonl"
@@ -200,7 +200,7 @@ def text_html(text: str, limits: Limits) -> str:
 
 
 def markdown_html(text: str, limits: Limits) -> str:
-    """The assistant's text, as the Markdown it is written in (pid/markdown.py's strict subset)."""
+    """The assistant's text, as the Markdown it is written in (cli/pages/markdown.py's strict subset)."""
     return f'<div class="md">{markdown(clip(text, limits.block)[0])}</div>'
 
 

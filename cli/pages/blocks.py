@@ -1,4 +1,4 @@
-"""The building blocks of `pid view`'s pages (pid/html_view.py, pid/html_index.py): escaping, clipping, diffs,
+"""The building blocks of `pid view`'s pages (cli/pages/job.py, cli/pages/batch.py): escaping, clipping, diffs,
 number formats, and the page shell with its CSS and its Content-Security-Policy.
 
 Whatever a page shows was written by an agent, hence hostile: every string goes through `esc` before it reaches the

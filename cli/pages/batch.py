@@ -1,6 +1,6 @@
 """A batch directory as HTML: an index page (a sortable table of the items) and one page per item beside it.
 
-Why separate pages rather than one file with anchors: each job's page is bounded (pid/html_view.py), but fifty of
+Why separate pages rather than one file with anchors: each job's page is bounded (cli/pages/job.py), but fifty of
 them in one file would not be, and a browser opens a small index at once; every file stays self-contained (no
 asset, no network) and the links between them are relative, so the view/ folder can be copied or archived whole.
 
@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pid.html_page import (LIMITS, Limits, badge, check_badge, esc, fmt_cost, fmt_duration, fmt_int, number, page,
-                           status_class, write_page)
-from pid.html_view import read_result, render_job
+from cli.pages.blocks import (LIMITS, Limits, badge, check_badge, esc, fmt_cost, fmt_duration, fmt_int, number,
+                              page, status_class, write_page)
+from cli.pages.job import read_result, render_job
 
 BATCH = "batch.jsonl"
 SUMMARY = "summary.json"
