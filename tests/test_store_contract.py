@@ -262,11 +262,19 @@ def test_heartbeats(store):
     assert stopped.node == "a@h" and stopped.stopped_at is not None and stopped.running == 0
     store.beat("b@h", "h", 2, "boot", 2, 2, True, ["big", "pid"], identity="boot-1-2")
     assert store.workers()[1].identity == "boot-1-2" and store.workers()[1].stopped_at is None
-    time.sleep(0.3)
+    time.sleep(0.5)
     store.beat("c@h", "h", 3, None, 2, 0, False)
-    assert [w.node for w in store.workers(alive_within_s=0.2)] == ["c@h"]
-    store.forget_silent_workers(silent_s=0.2)                       # the stopped one too, once silent long enough
+    # a window just shorter than b's silence, on the store's own clock: b is out of it whatever the machine's load;
+    # c (0.5 s after b) is in it unless the next call alone takes half a second
+    assert [w.node for w in store.workers(alive_within_s=silent_for(store, "b@h") - 0.01)] == ["c@h"]
+    store.forget_silent_workers(silent_s=silent_for(store, "b@h") - 0.01)   # the stopped one too, once silent
     assert [w.node for w in store.workers()] == ["c@h"]
+
+
+def silent_for(store: Store, node: str) -> float:
+    """How long ago `node` beat last, on the store's clock (read last: the caller's next call comes right after)."""
+    beat_at = {w.node: w.beat_at for w in store.workers()}[node]
+    return store.now() - beat_at
 
 
 def test_a_heartbeat_carries_its_worker_s_policy(store):
