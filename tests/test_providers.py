@@ -506,8 +506,11 @@ def _gzip(parts: Any) -> bytes:
 
 @functools.cache
 def _gigabyte_of_zeros_gzipped() -> bytes:
-    """~1 MB; made once (packing a GiB takes seconds), for every case that sends it."""
-    return _gzip(b"\0" * (1 << 24) for _ in range(64))
+    """~1 MB; made once (packing a GiB takes seconds), for every case that sends it. Run-length matching only (as
+    small as the default's, for zeros) packs it twice as fast."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31, 9, zlib.Z_RLE)
+    zeros = b"\0" * (1 << 24)
+    return b"".join([*(packer.compress(zeros) for _ in range(64)), packer.flush()])
 
 
 class RawServer:
