@@ -34,7 +34,8 @@ from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
 
 EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without --wait)
 EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it
-NO_WORKER_NOTICE_S = 10.0  # `--wait` says so when a job is still queued after this long
+# `--wait` says so when a job is still queued after this long (PID_NO_WORKER_NOTICE_S: the tests wait less)
+NO_WORKER_NOTICE_S = float(os.environ.get("PID_NO_WORKER_NOTICE_S", "10"))
 SWEEP_WHILE_WAITING_S = 5.0   # how often a `--wait` looks for jobs whose process died
 JOB_STATUSES = ("queued", "running", *STATUSES)
 DEFAULT_MAX_WORKSPACE = 200 << 20   # bytes of a directory --repo once packed at submit

@@ -57,7 +57,8 @@ if [ "${1:-}" = "--test" ]; then
     fi
   fi
   # The broker tests (tests/test_brokers.py) start their own Redis and RabbitMQ: the servers, best-effort (without
-  # them those tests skip). Installing must not leave the system's services running.
+  # them those tests skip; in CI they fail: tests/services.py). Installing must not leave the system's services
+  # running.
   if ! command -v redis-server >/dev/null || [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
     if apt_install redis-server rabbitmq-server; then
       for service in redis-server rabbitmq-server; do
@@ -71,14 +72,15 @@ if [ "${1:-}" = "--test" ]; then
     apt_install docker-compose || true
   fi
   # The compose smoke (docker/compose-smoke.sh, below) builds its images with debootstrap when they are missing; the
-  # systemd unit's test (tests/test_systemd_unit.py) uses systemd-analyze, best-effort (without it that test skips).
+  # systemd unit's test (tests/test_systemd_unit.py) uses systemd-analyze, best-effort (without it that test skips;
+  # in CI it fails, as the deployment test does without a compose tool).
   command -v debootstrap >/dev/null || apt_install debootstrap || true
   command -v systemd-analyze >/dev/null || apt_install systemd || true
   # `pid view`'s acceptance test (tests/test_view_browser.py) loads its pages in headless Chromium, best-effort
-  # (without it those tests skip).
+  # (without it those tests skip; in CI they fail).
   command -v chromium >/dev/null || apt_install chromium || true
   # The live status line's terminal test (tests/test_cli_live.py) runs `pid run` in tmux, best-effort (without it that
-  # test skips).
+  # test skips; in CI it fails).
   command -v tmux >/dev/null || apt_install tmux || true
   # The pi compatibility test (tests/test_compaction_pi.py) continues a session pid compacted with the real pi, from
   # npm, best-effort (node and npm from apt when absent; without them that test skips).
@@ -115,6 +117,10 @@ if [ "${1:-}" = "--test" ]; then
     PID_TEST_RUNTIME=runsc tier -p no:cacheprovider -m docker tests/test_tools_bash.py \
       tests/test_tools_read.py tests/test_tools_edit.py tests/test_tools_write.py tests/test_task_images.py \
       tests/test_trust_boundary.py tests/test_worker_chaos.py
+  elif [[ "${CI:-}" =~ ^(1|[Tt][Rr][Uu][Ee])$ ]]; then
+    # in CI a missing service is an error, not a skip (tests/services.py): the gVisor run is part of the suite
+    echo "CI is set, and dockerd has no runsc runtime: the gVisor tests did not run (see above for why)" >&2
+    failed=1
   fi
   exit "$failed"
 fi

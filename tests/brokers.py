@@ -2,9 +2,9 @@
 their files in the test's tmp_path, and stopped (every process they started, nothing else) at the end.
 
 The server binaries come from the distribution (docker/setup.sh --test installs redis-server and rabbitmq-server);
-where one is missing its fixture skips the test, with the reason. Nothing here touches a system service or another
-user's Erlang node: RabbitMQ gets its own node name, ports, cookie (HOME) and epmd port, and only an epmd that
-carries that port in its environment is stopped.
+where one is missing its fixture skips the test, with the reason (in CI it fails: tests/services.py). Nothing here
+touches a system service or another user's Erlang node: RabbitMQ gets its own node name, ports, cookie (HOME) and
+epmd port, and only an epmd that carries that port in its environment is stopped.
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from tests.services import missing
 
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"   # Debian's; /usr/sbin's wrapper would switch user
 
@@ -201,7 +203,7 @@ class RabbitMQServer:
 
 def _skip_unless(binary: str, what: str) -> None:
     if not (shutil.which(binary) or os.path.exists(binary)):
-        pytest.skip(f"{what} is not installed here ({binary}); CI installs it (docker/setup.sh --test)")
+        missing(f"{what} is not installed here ({binary}); docker/setup.sh --test installs it")
 
 
 @pytest.fixture

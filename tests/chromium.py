@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+from tests.services import missing
 
 NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 _CONSOLE = re.compile(r":CONSOLE[^\]]*\] (.*)")
@@ -27,10 +27,10 @@ def chromium() -> str | None:
 
 
 def need_chromium() -> str:
-    """The browser's path, or the test is skipped saying how to get one."""
+    """The browser's path, or the test is skipped (failed, in CI) saying how to get one."""
     path = chromium()
     if path is None:
-        pytest.skip("no headless Chromium here (apt-get install -y chromium, as docker/setup.sh --test does; or set "
+        missing("no headless Chromium here (apt-get install -y chromium, as docker/setup.sh --test does; or set "
                     "PID_TEST_CHROMIUM)")
     return path
 

@@ -2,9 +2,10 @@
 
 Everything is real: the Docker engine, the Celery worker on the embedded broker, and an HTTP LLM server.
 
-Tiers: tests marked `docker` need an engine (they are skipped, with one reason, when none answers); `cli` tests run
-the `pid` command as a subprocess; the rest run anywhere, fast (`pytest -m "not docker and not cli"`), with the
-in-memory sandbox (tests/memory_sandbox.py).
+Tiers: tests marked `docker` need an engine (they are skipped, with one reason, when none answers; in CI they fail:
+tests/services.py); `cli` tests run the `pid` command, or a worker, as a subprocess; the rest run anywhere, fast
+(`pytest -m "not docker and not cli and not llama"`), with the in-memory sandbox (tests/memory_sandbox.py), and never
+reach an engine: theirs is made unreachable (a test of that tier that needs one fails, rather than passing only here).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.reaper import TEST_RUN_ENV
+from tests.services import missing
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = os.environ.get("PID_TEST_IMAGE", "pid-sandbox:latest")
@@ -54,11 +56,22 @@ def docker_unavailable() -> str | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A `docker` test is skipped, before its fixtures start anything, when no engine answers."""
+    """A `docker` test is skipped (failed, in CI), before its fixtures start anything, when no engine answers."""
     if item.get_closest_marker("docker") is not None:
         reason = docker_unavailable()
         if reason:
-            pytest.skip(reason)
+            missing(reason)
+
+
+NO_ENGINE = "unix:///nonexistent/pid-fast-tier-has-no-engine.sock"
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_has_no_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test of the fast tier (none of the docker, cli, llama marks) sees no engine, whatever the machine has: the
+    tier's promise to run without one is then checked on every run, not only where Docker is absent."""
+    if not any(request.node.get_closest_marker(m) for m in ("docker", "cli", "llama")):
+        monkeypatch.setenv("DOCKER_HOST", NO_ENGINE)
 
 
 # PID_TEST_RUNTIME=runsc runs the tool tests under gVisor (docker/setup.sh --test does, where runsc is registered);

@@ -413,6 +413,8 @@ def test_the_summary_counts_per_item_figures_over_the_items_that_ran():
     assert summary["exit_code"] == 1
 
 
+@pytest.mark.docker   # `pid batch --workers 1`: a real worker process, real containers
+@pytest.mark.cli
 def test_a_tasks_line_naming_another_endpoint_gets_neither_the_command_line_s_key_nor_the_worker_s(
         pid_env, tmp_path):
     """A tasks file is anyone's: a line pointing `base_url` at a server of its own used to receive the command

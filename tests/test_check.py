@@ -232,14 +232,21 @@ def test_no_check_without_one_nor_after_a_cancel(buggy, tmp_path):
     assert provider.created[0].commands == ["sleep"]
 
 
+def cancelled_once_started(cancel: threading.Event, run: Run):
+    """The check's command: `cancel` is set as it starts (the job is cancelled while its check runs), then it runs."""
+    def handler(command, box):
+        cancel.set()
+        return run
+    return handler
+
+
 def test_a_cancel_while_the_check_runs_cancels_the_job(buggy, tmp_path):
     from worker.runner import run_job
     cancel = threading.Event()
     with ScriptedLLM(NO_FIX) as llm:
         spec = JobSpec(task="t", repo=str(buggy), model="m", out_dir=str(tmp_path / "o"), base_url=llm.base_url,
                        check=UNITTEST)
-        provider = MemoryProvider({UNITTEST: Run("running\n", 30.0)})
-        threading.Timer(1.0, cancel.set).start()
+        provider = MemoryProvider({UNITTEST: cancelled_once_started(cancel, Run("running\n", 30.0))})
         started = time.monotonic()
         result = run_job(spec, sandboxes=provider, cancel=cancel)
     assert time.monotonic() - started < 10
@@ -260,9 +267,8 @@ def test_a_worker_stopping_while_the_check_runs_leaves_the_job_to_the_queue(bugg
     with ScriptedLLM(NO_FIX) as llm:
         spec = JobSpec(task="t", repo=str(buggy), model="m", out_dir=str(tmp_path / "o"), base_url=llm.base_url,
                        check=UNITTEST, files=["calc.py"])
-        threading.Timer(1.0, cancel.set).start()
-        result = run_job(spec, sandboxes=MemoryProvider({UNITTEST: Run(30.0)}), cancel=cancel,
-                         still_owner=still_owner)
+        result = run_job(spec, sandboxes=MemoryProvider({UNITTEST: cancelled_once_started(cancel, Run(30.0))}),
+                         cancel=cancel, still_owner=still_owner)
     assert asked == [True, False] and result["check"]["cancelled"] is True
     assert not Path(spec.job_dir, "result.json").exists()   # (the files came before the check, from the agent's)
 

@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import CliResult, pid_containers
 from tests.scripted_llm import ScriptedLLM
+from tests.stderr_lines import StderrLines
 from worker.jobs import JobSpec, default_of
 from worker.store import JobStore
 
@@ -41,6 +42,11 @@ def stored_spec(env: dict[str, str], job_id: str) -> JobSpec:
     record = JobStore(os.path.join(env["PID_HOME"], "jobs.db")).get(job_id)
     assert record is not None
     return record.spec
+
+
+# `--wait`'s notice that no worker took the job comes after this long here (10 s by default), longer than a worker's
+# heartbeat (2 s): the notice counts the jobs a busy worker runs from its heartbeats
+NOTICE_S = "4"
 
 
 def start_pid(env: dict[str, str], cwd: Path, *args: str) -> subprocess.Popen:
@@ -213,6 +219,7 @@ def test_result_of_an_unfinished_job_is_exit_5_and_cancel_of_a_finished_one_exit
 
 @pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
 def test_waiting_with_no_worker_says_so_and_ctrl_c_is_130(pid_env, run_pid, sample_repo, tmp_path):
+    pid_env = {**pid_env, "PID_NO_WORKER_NOTICE_S": NOTICE_S}
     waiting = start_pid(pid_env, tmp_path, "submit", "--wait", *job_args(sample_repo, tmp_path / "out"))
     result_wait = following = None
     try:
@@ -221,16 +228,19 @@ def test_waiting_with_no_worker_says_so_and_ctrl_c_is_130(pid_env, run_pid, samp
         job_id = JobStore(os.path.join(pid_env["PID_HOME"], "jobs.db")).list()[0].id
         result_wait = start_pid(pid_env, tmp_path, "result", job_id, "--wait")
         following = start_pid(pid_env, tmp_path, "logs", "-f", job_id)
-        time.sleep(13)
+        notice = f"job {job_id} is still queued after {NOTICE_S}s: no worker is consuming queue 'pid'"
+        errs = [StderrLines(proc) for proc in (waiting, result_wait, following)]
+        for err in errs:
+            err.wait_for(notice)
         for proc in (waiting, result_wait, following):
             proc.send_signal(signal.SIGINT)
-        outs = [proc.communicate(timeout=30) for proc in (waiting, result_wait, following)]
+        outs = [err.text() for err in errs]
     finally:
         for proc in (waiting, result_wait, following):
             if proc and proc.poll() is None:
                 proc.kill()
-    for proc, (_, err) in zip((waiting, result_wait, following), outs):
-        assert f"job {job_id} is still queued after 10s: no worker is consuming queue 'pid'" in err, err
+    for proc, err in zip((waiting, result_wait, following), outs):
+        assert notice in err, err
         assert proc.returncode == 130, err
         assert "Traceback" not in err
     assert run_pid("status", job_id).code == 0 and "queued" in run_pid("status", job_id).stdout
@@ -287,18 +297,21 @@ def test_cancel_says_cancelling_and_a_busy_worker_is_named(run_pid, worker, pid_
                 str(tmp_path / "out")]
         running = run_pid("submit", *args).stdout.strip()
         wait_until(lambda: len(llm.requests) >= 1, what="the first job's model call")
-        second = start_pid(pid_env, tmp_path, "submit", "--wait", *args)   # the only worker is busy
+        second = start_pid({**pid_env, "PID_NO_WORKER_NOTICE_S": NOTICE_S}, tmp_path, "submit", "--wait",
+                           *args)   # the only worker is busy
+        notice = f"is still queued after {NOTICE_S}s: 1 worker(s) are running 1 job(s); it waits for a free one"
         try:
-            time.sleep(13)
+            second_err = StderrLines(second)
+            second_err.wait_for(notice)
             cancel = run_pid("cancel", running)
             second.send_signal(signal.SIGINT)
-            _, err = second.communicate(timeout=30)
+            err = second_err.text()
         finally:
             if second.poll() is None:
                 second.kill()
         assert cancel.code == 0 and cancel.stdout.strip() == \
             f"{running}: cancelling (its worker stops it and keeps the artifacts so far)"
-        assert "is still queued after 10s: 1 worker(s) are running 1 job(s); it waits for a free one" in err, err
+        assert notice in err, err
         assert second.returncode == 130
         assert run_pid("result", running, "--wait").code == 1
         newest = JobStore(os.path.join(pid_env["PID_HOME"], "jobs.db")).list()[0]

@@ -18,6 +18,7 @@ import pytest
 
 from cli.status_line import SPINNER
 from tests.scripted_llm import ScriptedLLM
+from tests.services import missing
 
 pytestmark = [pytest.mark.docker, pytest.mark.cli]
 
@@ -69,12 +70,13 @@ def wait_for(predicate, timeout: float = 120, what: str = "condition") -> None:
         time.sleep(0.1)
 
 
-NO_TMUX = pytest.mark.skipif(shutil.which("tmux") is None,
-                             reason="tmux is not installed (apt-get install tmux): the live status line needs a real "
-                                    "terminal to be seen")
+@pytest.fixture
+def needs_tmux() -> None:
+    if shutil.which("tmux") is None:
+        missing("tmux is not installed (apt-get install tmux): the live status line needs a real terminal to be seen")
 
 
-@NO_TMUX
+@pytest.mark.usefixtures("needs_tmux")
 def test_a_terminal_shows_the_status_line_while_the_model_thinks_and_the_steer_after(run_pid, pid_env, sample_repo,
                                                                                      tmp_path):
     tmux = Tmux(pid_env, tmp_path)
@@ -119,7 +121,7 @@ def test_a_terminal_shows_the_status_line_while_the_model_thinks_and_the_steer_a
     assert "│ first-out" not in logs_screen   # logs without --verbose: the one-line summaries only
 
 
-@NO_TMUX
+@pytest.mark.usefixtures("needs_tmux")
 def test_ctrl_c_on_a_terminal_says_so_on_a_line_of_its_own_and_leaves_no_status_line(pid_env, sample_repo, tmp_path):
     tmux = Tmux(pid_env, tmp_path)
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}, {"text": "never"}]

@@ -23,6 +23,7 @@ import pytest
 from tests.brokers import RedisServer, _skip_unless
 from tests.conftest import stop_worker
 from tests.scripted_llm import ScriptedLLM
+from tests.stderr_lines import StderrLines
 from tests.test_e2e_remote import start_hidden_worker
 from tests.test_worker_chaos import assert_never_two_live_attempts
 from worker.redis_store import RedisStore
@@ -133,11 +134,14 @@ def test_workers_sharing_only_redis_run_a_batch_exactly_once_through_a_redis_res
             stop_worker(workers[1])
             alone = subprocess.Popen([sys.executable, "-m", "cli.main", "submit", "--wait", "cluster-99", "--repo",
                                       str(client / "repo"), "--model", "m", "--base-url", llm.base_url, "--out",
-                                      str(client / "out"), "--disk", "0"], cwd=client, env=client_env,
+                                      str(client / "out"), "--disk", "0"], cwd=client,
+                                     env={**client_env, "PID_NO_WORKER_NOTICE_S": "8"},   # > ALIVE_WITHIN_S:
+                                     # by then the killed worker, whose process this host cannot see, is silent
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            time.sleep(13)
+            alone_lines = StderrLines(alone)
+            alone_lines.wait_for("no worker is consuming queue 'pid'")
             alone.send_signal(signal.SIGINT)
-            _, alone_err = alone.communicate(timeout=30)
+            alone_err = alone_lines.text()
     finally:
         for proc in workers:
             if proc.poll() is None:

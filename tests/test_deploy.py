@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.services import missing
+
 pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +34,7 @@ def _compose_tool() -> list[str] | None:
 def _config(path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     tool = _compose_tool()
     if tool is None:
-        pytest.skip("no compose tool: neither `docker compose` nor `docker-compose` (apt-get install docker-compose)")
+        missing("no compose tool: neither `docker compose` nor `docker-compose` (apt-get install docker-compose)")
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PID_", "OPENAI_", "COMPOSE_"))}
     return subprocess.run([*tool, "-f", str(path), "--profile", "client", "config"], capture_output=True, text=True,
                           env={**clean, **env}, timeout=60)

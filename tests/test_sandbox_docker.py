@@ -24,6 +24,7 @@ from sandbox.channel import DIRECT_MAX, Channel
 from sandbox.config import BASE_ENV
 from sandbox.reaper import owner_label, run_labels
 from tests.conftest import WAITING_SHELL_MARK, signal_waiting_shells, signalled
+from tests.services import missing
 
 pytestmark = pytest.mark.docker  # the whole module needs an engine
 
@@ -38,7 +39,7 @@ def client() -> docker.DockerClient:
         client = docker.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
-        pytest.skip(f"no Docker engine: {exc}")
+        missing(f"no Docker engine: {exc}")
     return client
 
 

@@ -36,10 +36,10 @@ def test_exactly_one_of_many_concurrent_claimers_wins(tmp_path):
 def test_redelivery_while_leased_is_refused_and_lapsed_lease_is_reclaimed(tmp_path):
     store = JobStore(str(tmp_path / "jobs.db"))
     job = store.create(spec(tmp_path))
-    assert store.claim(job.id, "a", lease_s=0.3)
+    assert store.claim(job.id, "a", lease_s=60)
     assert not store.claim(job.id, "b", lease_s=60)        # duplicate delivery while a is alive
-    assert store.renew(job.id, "a", lease_s=0.3)
-    time.sleep(0.5)                                         # a stopped renewing: dead
+    assert store.renew(job.id, "a", lease_s=0.05)          # its last renewal: then a stopped renewing: dead
+    time.sleep(0.1)
     assert [r.id for r in store.lapsed()] == [job.id]
     assert store.claim(job.id, "b", lease_s=60)
     assert not store.renew(job.id, "a", lease_s=60)         # the old owner learns it lost the job

@@ -52,15 +52,16 @@ def leftovers(store: Store) -> list[str]:
 def test_claim_is_refused_while_leased_and_taken_once_lapsed(store, tmp_path):
     job = store.create(spec(tmp_path))
     assert (job.status, job.attempts, job.kind, job.owner) == ("queued", 0, "worker", None)
-    assert store.claim(job.id, "h:1:a", lease_s=0.4)
+    assert store.claim(job.id, "h:1:a", lease_s=60)
     assert not store.claim(job.id, "h:2:b", lease_s=60)          # a duplicate delivery while a lives
-    assert store.renew(job.id, "h:1:a", lease_s=0.4)
+    assert store.renew(job.id, "h:1:a", lease_s=60)
     running = store.get(job.id)
     assert running.status == "running" and running.owner == "h:1:a" and running.attempts == 1
     assert running.started_at is not None and running.claimed_at is not None
     assert running.lease_until > store.now()
     assert store.lapsed() == []
-    time.sleep(0.6)                                               # a stopped renewing
+    assert store.renew(job.id, "h:1:a", lease_s=0.05)            # its last renewal: then a stopped renewing
+    time.sleep(0.1)
     assert [r.id for r in store.lapsed()] == [job.id]
     assert store.claim(job.id, "h:2:b", lease_s=60)
     assert not store.renew(job.id, "h:1:a", lease_s=60)          # the old owner learns it lost the job
@@ -116,12 +117,13 @@ def test_an_ending_keeps_its_check_and_the_record_says_its_exit_code(store, tmp_
 
 def test_requeue_only_lapsed_or_by_owner_and_a_cancelled_one_ends(store, tmp_path):
     job = store.create(spec(tmp_path))
-    assert store.claim(job.id, "h:1:a", lease_s=0.3)
+    assert store.claim(job.id, "h:1:a", lease_s=60)
     assert not store.requeue(job.id)                               # still leased
     assert not store.requeue(job.id, owner="h:9:z", lapsed_only=False)
     assert [r.id for r in store.suspects("h")] == [job.id]        # owned by a process on host h
     assert store.suspects("other") == []
-    time.sleep(0.5)
+    assert store.renew(job.id, "h:1:a", lease_s=0.05)             # its last renewal
+    time.sleep(0.1)
     assert [r.id for r in store.suspects("other")] == [job.id]    # lapsed
     assert store.requeue(job.id)
     assert store.get(job.id).status == "queued"
@@ -152,8 +154,8 @@ def test_the_end_is_recorded_once(store, tmp_path):
     assert not store.claim(job.id, "b", 60) and not store.set_paused(job.id, True)
     # a lapsed job may be ended by the sweeper, with its error
     other = store.create(spec(tmp_path, 1))
-    assert store.claim(other.id, "a", lease_s=0.2)
-    time.sleep(0.4)
+    assert store.claim(other.id, "a", lease_s=0.05)
+    time.sleep(0.1)
     assert store.finish(other.id, "error", error="worker lost", lapsed_only=True)
     r = store.get(other.id)
     assert (r.status, r.error) == ("failed", "worker lost")
@@ -262,11 +264,19 @@ def test_heartbeats(store):
     assert stopped.node == "a@h" and stopped.stopped_at is not None and stopped.running == 0
     store.beat("b@h", "h", 2, "boot", 2, 2, True, ["big", "pid"], identity="boot-1-2")
     assert store.workers()[1].identity == "boot-1-2" and store.workers()[1].stopped_at is None
-    time.sleep(0.3)
+    time.sleep(0.5)
     store.beat("c@h", "h", 3, None, 2, 0, False)
-    assert [w.node for w in store.workers(alive_within_s=0.2)] == ["c@h"]
-    store.forget_silent_workers(silent_s=0.2)                       # the stopped one too, once silent long enough
+    # a window just shorter than b's silence, on the store's own clock: b is out of it whatever the machine's load;
+    # c (0.5 s after b) is in it unless the next call alone takes half a second
+    assert [w.node for w in store.workers(alive_within_s=silent_for(store, "b@h") - 0.01)] == ["c@h"]
+    store.forget_silent_workers(silent_s=silent_for(store, "b@h") - 0.01)   # the stopped one too, once silent
     assert [w.node for w in store.workers()] == ["c@h"]
+
+
+def silent_for(store: Store, node: str) -> float:
+    """How long ago `node` beat last, on the store's clock (read last: the caller's next call comes right after)."""
+    beat_at = {w.node: w.beat_at for w in store.workers()}[node]
+    return store.now() - beat_at
 
 
 def test_a_heartbeat_carries_its_worker_s_policy(store):
@@ -452,7 +462,8 @@ def test_an_api_key_lives_only_as_long_as_its_job_and_never_in_its_record(store,
 # -- retention -------------------------------------------------------------------------------------------------------
 
 def test_retention_forgets_ended_jobs_and_old_blobs_unless_pinned(make_store, tmp_path):
-    store = make_store(retention=1)
+    retention = 0.1 if isinstance(make_store(), JobStore) else 1   # Redis's TTLs count whole seconds
+    store = make_store(retention=retention)
     ended = store.create(spec(tmp_path, 0))
     kept = store.create(spec(tmp_path, 1))
     live = store.create(spec(tmp_path, 2))
@@ -468,7 +479,7 @@ def test_retention_forgets_ended_jobs_and_old_blobs_unless_pinned(make_store, tm
     for job in (ended, kept):
         assert store.finish_if_queued(job.id, "cancelled")
     assert store.get(ended.id) is not None                            # not yet
-    time.sleep(2.2)
+    time.sleep(2.2 * retention)
     removed = store.prune()
     assert set(removed) == {"jobs", "blobs"}
     assert store.get(ended.id) is None and store.events(ended.id) == [] and store.artifact_names(ended.id) == []
@@ -613,9 +624,9 @@ def test_redis_leases_are_on_the_servers_clock_not_the_workers(redis_server, tmp
     assert not store.requeue(job.id) and not store.finish(job.id, "error", lapsed_only=True)
     other = store.create(spec(tmp_path, 1))
     monkeypatch.setattr(time, "time", lambda: real() + 3600)          # the fast machine
-    assert store.claim(other.id, "fast:1:x", lease_s=0.2)
+    assert store.claim(other.id, "fast:1:x", lease_s=0.05)
     monkeypatch.setattr(time, "time", real)
-    time.sleep(0.4)
+    time.sleep(0.1)
     assert [r.id for r in store.lapsed()] == [other.id] and store.claim(other.id, "h:2:y", lease_s=60)
     assert abs(store.now() - real()) < 5
 
@@ -683,13 +694,14 @@ def test_a_batch_budget_adds_up_atomically_and_stops_claims_once_spent(store, tm
 def test_a_batch_runs_at_most_max_running_jobs_whoever_claims(store, tmp_path):
     store.set_batch("b2", max_total_cost=None, max_running=2)
     jobs = [store.create(batch_spec(tmp_path, n, "b2")) for n in range(4)]
-    assert store.claim(jobs[0].id, "w1", 60) and store.claim(jobs[1].id, "w2", 0.3)
+    assert store.claim(jobs[0].id, "w1", 60) and store.claim(jobs[1].id, "w2", 60)
     assert not store.claim(jobs[2].id, "w3", 60)                 # over the limit: it waits, queued
     assert store.get(jobs[2].id).status == "queued" and store.batch("b2").running == 2
     assert store.finish(jobs[0].id, "stop", owner="w1")
     assert store.claim(jobs[2].id, "w3", 60)                     # a slot of the batch is free again
     assert not store.claim(jobs[3].id, "w4", 60)
-    time.sleep(0.5)                                              # jobs[1]'s worker died: its lapsed lease...
+    assert store.renew(jobs[1].id, "w2", 0.05)                   # jobs[1]'s worker's last renewal; it died...
+    time.sleep(0.1)                                              # ...and its lapsed lease...
     assert store.claim(jobs[1].id, "w5", 60)                     # ...is taken over: the same job, not one more
     assert store.batch("b2").running == 2
     assert store.requeue(jobs[1].id, owner="w5", lapsed_only=False)

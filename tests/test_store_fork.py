@@ -8,6 +8,8 @@ import signal
 import threading
 import time
 
+import pytest
+
 from worker.jobs import JobSpec
 from worker.store import JobStore
 
@@ -30,6 +32,7 @@ def _child(store: JobStore, job_id: str) -> int:
         return 4
 
 
+@pytest.mark.cli   # 300 real processes: seconds, not the fast tier's milliseconds
 def test_hundreds_of_forks_while_another_thread_writes_give_no_error_and_no_deadlock(tmp_path):
     store = JobStore(str(tmp_path / "jobs.db"))
     jobs = [store.create(_spec(tmp_path, n)).id for n in range(FORKS)]

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.services import missing
+
 from worker.main_process import HANDBACK_S, POOL_STOP_S
 
 pytestmark = pytest.mark.cli   # runs systemd's verifier (no Docker engine)
@@ -31,7 +33,7 @@ def _service() -> configparser.SectionProxy:
 def test_systemd_analyze_verifies_the_unit(tmp_path):
     verify = shutil.which("systemd-analyze")
     if verify is None:
-        pytest.skip("systemd-analyze is not installed here (apt-get install systemd; docker/setup.sh --test does)")
+        missing("systemd-analyze is not installed here (apt-get install systemd; docker/setup.sh --test does)")
     pid = Path(sys.executable).with_name("pid")
     if not pid.exists():
         pytest.skip(f"no pid command beside {sys.executable} (pip install -e .)")

@@ -10,15 +10,43 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_without_an_engine_docker_tests_are_skipped_with_one_reason(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "PID_"))}
-    env.update(PYTHONPATH=str(ROOT), DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "-W", "ignore",
+def without_an_engine(tmp_path, **more: str) -> subprocess.CompletedProcess:
+    """pytest on two tests of tests/test_tools_write.py (an in-memory and a docker variant, and a docker-only
+    test), where no engine answers."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "PID_")) and k != "CI"}
+    env.update(PYTHONPATH=str(ROOT), DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock", **more)
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "-W", "ignore",
                            "tests/test_tools_write.py", "-k", "overwrites or fifo"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_without_an_engine_docker_tests_are_skipped_with_one_reason(tmp_path):
+    proc = without_an_engine(tmp_path)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     # the in-memory variants pass; the docker variant and the docker-only test are skipped, for one reason
     assert "2 passed, 2 skipped" in out, out
     skips = [line for line in out.splitlines() if line.startswith("SKIPPED")]
     assert len(skips) == 1 and "[2]" in skips[0] and "no Docker engine reachable" in skips[0], out
+
+
+def test_in_ci_a_missing_engine_fails_the_docker_tests_saying_so(tmp_path):
+    """CI installs every service the suite uses: a skip there would hide tests that did not run."""
+    proc = without_an_engine(tmp_path, CI="true")
+    out = proc.stdout
+    assert proc.returncode == 1, out + proc.stderr
+    assert "2 passed, 7 deselected, 2 errors" in out, out   # the in-memory variants pass; each docker one fails
+    assert out.count("CI is set, and no Docker engine reachable") == 2 and "skipped" not in out, out
+
+
+def test_the_fast_tier_sees_no_engine(monkeypatch):
+    """Whatever this machine has, a test of the fast tier cannot reach an engine (conftest.py makes it unreachable):
+    one that needs it fails everywhere, not only where Docker is absent."""
+    from sandbox.docker_client import connect
+    from sandbox.errors import DockerUnavailable
+    assert os.environ["DOCKER_HOST"].startswith("unix:///nonexistent/")
+    try:
+        connect()
+    except DockerUnavailable:
+        return
+    raise AssertionError("an engine answered in the fast tier")

@@ -43,6 +43,7 @@ def queue_files(options: dict[str, Any], suffix: str = ".jobs.msg") -> list[str]
     return sorted(n for n in os.listdir(options["data_folder_in"]) if n.endswith(suffix))
 
 
+@pytest.mark.cli   # four real processes passing 10,000 messages: seconds, not the fast tier's milliseconds
 def test_two_producers_two_consumers_lose_nothing(tmp_path: Path) -> None:
     """The issue's acceptance: 2 producer x 2 consumer processes, 5,000 messages per producer."""
     result = run(tmp_path, "pidfs://", producers=2, consumers=2, per_producer=5000)

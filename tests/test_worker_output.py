@@ -12,6 +12,7 @@ import time
 
 from tests.conftest import start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
+from tests.stderr_lines import StderrLines
 
 pytestmark = pytest.mark.docker  # the whole module needs an engine
 
@@ -114,14 +115,16 @@ def test_queues_route_jobs_to_the_workers_that_consume_them(run_pid, pid_env, sa
             plain = run_pid("submit", "--wait", *args)
             assert plain.code == 0, plain.stderr
             waiting = subprocess.Popen([sys.executable, "-m", "cli.main", "submit", "--wait", "--queue", "big", *args],
-                                       cwd=tmp_path, env=pid_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=True)
-            time.sleep(12)
+                                       cwd=tmp_path, env={**pid_env, "PID_NO_WORKER_NOTICE_S": "4"},
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            waiting_err = StderrLines(waiting)
+            notice = "no worker is consuming queue 'big' (start one with `pid worker --queue big`)"
+            waiting_err.wait_for(notice)   # 4 s queued, with the default worker free all along
             assert waiting.poll() is None and len(llm.requests) == 1   # the default worker did not take it
             big = start_worker({**pid_env, "PID_QUEUES": "big,other"}, tmp_path, tmp_path / "w2.log")
-            out, err = waiting.communicate(timeout=120)
+            err = waiting_err.text(timeout=120)
             assert waiting.returncode == 0, err
-            assert "no worker is consuming queue 'big' (start one with `pid worker --queue big`)" in err, err
+            assert notice in err, err
             listed = {w["pid"]: w["queues"] for w in run_pid("workers", "--json").json()}
             assert listed == {default.pid: ["pid"], big.pid: ["big", "other"]}
         finally:
