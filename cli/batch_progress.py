@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from cli.output import echo, format_duration
 from pid.costs import format_cost
+from pid.endings import ending_words
 from pid.terminal import dumps, one_line, shown
 from worker.store import JobRecord
 
@@ -50,7 +51,8 @@ def item_line(row: dict[str, Any], done: int, total: int) -> str:
     check = row.get("check")
     checked = "" if not isinstance(check, dict) else f" check={'passed' if check.get('passed') else 'failed'}"
     error = f": {one_line(str(row['error']))}" if row.get("error") and row.get("status") != "completed" else ""
-    return (f"[{done}/{total}] {one_line(str(row['id']))} {row['status']} ({row['exit_reason']}) turns={row['turns']} "
+    ending = ending_words(row['status'], row['exit_reason'])
+    return (f"[{done}/{total}] {one_line(str(row['id']))} {ending} turns={row['turns']} "
             f"{format_cost(row['cost'])} {format_duration(row.get('duration_s'))}{checked}{error}")
 
 
