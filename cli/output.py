@@ -68,7 +68,8 @@ def tool_line(name: str, summary: str, is_error: bool, error_line: str | None,
     line: list[Part] = [styled("✗", fg="red") if is_error else styled("✓", fg="green"), " ",
                         styled(one_line(name), bold=True), f" {one_line(summary)}{took}"]
     if is_error:
-        line.append(styled(f"  — {one_line(error_line or '')[:100]}", fg="red"))
+        reason = one_line(error_line or "")
+        line.append(styled(f"  — {reason if len(reason) <= 100 else reason[:99] + '…'}", fg="red"))
     return line
 
 
