@@ -432,7 +432,7 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, downloa
     """Wait for the job's end, print its result (from the store: the worker may be on another machine) and exit
     with its code; with `download`, its artifacts go there first (see _download)."""
     record = store.get(job_id)
-    printer = RecordPrinter()
+    printer = RecordPrinter(summary_follows=True)
     follower = EventFollower(store, job_id, printer) if follow else None
     try:
         wait_for(lambda: store.get(job_id).terminal, follower, tick=_while_waiting(store, job_id))
