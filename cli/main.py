@@ -801,8 +801,9 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
 
 def _volatile_store() -> str | None:
     """Why the job store would lose every job on a restart (worker/store_watch.py), once it answers: a store not up
-    yet is waited for, as Celery waits for its broker."""
-    from worker.outage import transient
+    yet is waited for, as Celery waits for its broker; one that refuses the password is not (it never changes its
+    mind: one line, exit 2)."""
+    from worker.outage import refused_credentials, transient
     from worker.store import default_store
     from worker.store_watch import volatile
     store, said = default_store(), False
@@ -810,7 +811,7 @@ def _volatile_store() -> str | None:
         try:
             return volatile(store)
         except Exception as exc:
-            if not transient(exc):
+            if not transient(exc) or refused_credentials(exc):
                 raise
             if not said:
                 echo(f"pid worker: the job store {store.path} is unreachable ({one_line(str(exc))}): waiting for it",
