@@ -278,7 +278,10 @@ def check_image(image: str) -> None:
 @click.group(cls=PidGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="pid")
 def cli() -> None:
-    """pid runs LLM coding agents in Docker sandboxes, in the foreground or through a queue."""
+    """pid runs LLM coding agents in Docker sandboxes, in the foreground or through a queue.
+
+    Wherever a command takes a job's ID: the whole id, any end of it only one job has (70a672), `last` (the newest
+    job), or BATCHDIR/ITEM (a batch item's current job)."""
 
 
 MAX_WORKSPACE_OPTION = click.option(
@@ -550,7 +553,7 @@ def _record_or_fail(job_id: str) -> Any:
 
 
 @cli.command()
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="The job's whole record as JSON.")
 def status(job_id: str, as_json: bool) -> None:
     """Show a job's status: counts, what it is doing now, its error."""
@@ -579,7 +582,7 @@ def status(job_id: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print result.json.")
 @click.option("--wait", is_flag=True, help="Wait for the job to end first.")
 @click.option("--download", metavar="DIR", type=click.Path(file_okay=False),
@@ -601,7 +604,7 @@ def result(job_id: str, as_json: bool, wait: bool, download: str | None) -> None
 
 
 @cli.command()
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 def cancel(job_id: str) -> None:
     """Cancel a queued or running job (artifacts so far are kept)."""
     from worker.sweep import cancel_job
@@ -628,7 +631,7 @@ def _post(kind: str, job_id: str, message: str) -> None:
 
 
 @cli.command()
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.argument("message")
 def steer(job_id: str, message: str) -> None:
     """Send a message delivered after the current tool calls, before the next model call."""
@@ -636,7 +639,7 @@ def steer(job_id: str, message: str) -> None:
 
 
 @cli.command("follow-up")
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.argument("message")
 def follow_up(job_id: str, message: str) -> None:
     """Send a message delivered when the agent would otherwise stop."""
@@ -651,14 +654,14 @@ def _set_paused(job_id: str, paused: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 def pause(job_id: str) -> None:
     """Hold a job before its next model call (its wall clock keeps running)."""
     _set_paused(job_id, True)
 
 
 @cli.command()
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 def resume(job_id: str) -> None:
     """Continue a paused job."""
     _set_paused(job_id, False)
@@ -687,7 +690,7 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool, batch_dir: s
 
 
 @cli.command()
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the job goes on, until it ends.")
 @click.option("--json", "as_json", is_flag=True, help="Every record, one JSON object per line.")
 @click.option("--verbose", "-v", is_flag=True, help=VERBOSE_HELP)
