@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cli.output import echo, format_duration
+from cli.table import Column, cut
+from cli.table import render as table_lines
 from pid.costs import format_cost
+from pid.endings import ending_words
 from pid.terminal import dumps, one_line, shown
 from worker.store import JobRecord
 
@@ -50,7 +53,8 @@ def item_line(row: dict[str, Any], done: int, total: int) -> str:
     check = row.get("check")
     checked = "" if not isinstance(check, dict) else f" check={'passed' if check.get('passed') else 'failed'}"
     error = f": {one_line(str(row['error']))}" if row.get("error") and row.get("status") != "completed" else ""
-    return (f"[{done}/{total}] {one_line(str(row['id']))} {row['status']} ({row['exit_reason']}) turns={row['turns']} "
+    ending = ending_words(row['status'], row['exit_reason'])
+    return (f"[{done}/{total}] {one_line(str(row['id']))} {ending} turns={row['turns']} "
             f"{format_cost(row['cost'])} {format_duration(row.get('duration_s'))}{checked}{error}")
 
 
@@ -90,7 +94,7 @@ class Live:
         self.console.print(shown(item_line(row, done, progress.total)), markup=False, highlight=False)
 
     def update(self, progress: Progress) -> None:
-        self.live.update(render(progress))
+        self.live.update(render(progress, self.console.width))
 
     def note(self, text: str) -> None:
         self.console.print(shown(text), markup=False, highlight=False)
@@ -99,26 +103,33 @@ class Live:
         self.live.stop()
 
 
-def render(progress: Progress) -> Any:
-    """The live table (a rich renderable)."""
+LIVE_COLUMNS = [Column("item", shrink="end", min=8), Column("turn", right=True), Column("cost", right=True),
+                Column("now", shrink="start", min=12), Column("last tool", shrink="start", min=20)]
+CELL_SHOWN = 60   # of an activity or a last tool, before the terminal's width is considered
+ITEM_SHOWN = 24   # of an item's id (its end: ids are typed by their end)
+
+
+def render(progress: Progress, width: int | None = None) -> Any:
+    """The live table (a rich renderable), within `width` columns: laid out by cli/table.py as `pid list` is, so
+    that the turn and cost columns stay readable however long an item's id or activity is."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
     counts = "  ".join(f"{status} {n}" for status, n in sorted(progress.counts.items()) if n)
     rate, eta = progress.rate(), progress.eta_s()
     budget = f" of {format_cost(progress.budget)}" if progress.budget is not None else ""
     head = Text(f"{progress.total} items  {counts or 'starting'}  ·  {format_cost(progress.cost)}{budget}  ·  "
-                f"{f'{rate:.1f}/min' if rate else '-/min'}  ·  ETA {format_duration(eta)}")
-    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
-    for column in ("item", "turn", "cost", "now", "last tool"):
-        table.add_column(column, overflow="ellipsis", no_wrap=True,
-                         max_width=60 if column in ("now", "last tool") else 24)
+                f"{f'{rate:.1f}/min' if rate else '-/min'}  ·  ETA {format_duration(eta)}", no_wrap=True,
+                overflow="ellipsis")
+    rows = []
     for item_id, record in progress.running[:RUNNING_SHOWN]:
         now = (record.activity or record.status).split(": ", 1)[-1]
-        table.add_row(one_line(item_id), str(record.turns), format_cost(record.total_usage['cost']), one_line(now),
-                      one_line(record.last_tool or "-"))
+        item, last_tool = cut(one_line(item_id), ITEM_SHOWN, "end"), one_line(record.last_tool or "-")
+        rows.append([item, str(record.turns), format_cost(record.total_usage['cost']),
+                     cut(one_line(now), CELL_SHOWN, "start"), cut(last_tool, CELL_SHOWN, "start")])
+    lines = table_lines(LIVE_COLUMNS, rows, width)
+    parts: list[Any] = [head, Text(lines[0], style="bold", no_wrap=True)]
+    parts += [Text(line, no_wrap=True) for line in lines[1:]]
     more = len(progress.running) - RUNNING_SHOWN
-    parts: list[Any] = [head, table]
     if more > 0:
         parts.append(Text(f"… and {more} more running"))
     return Group(*parts)

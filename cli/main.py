@@ -279,7 +279,10 @@ def check_image(image: str) -> None:
 @click.group(cls=PidGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="pid")
 def cli() -> None:
-    """pid runs LLM coding agents in Docker sandboxes, in the foreground or through a queue."""
+    """pid runs LLM coding agents in Docker sandboxes, in the foreground or through a queue.
+
+    Wherever a command takes a job's ID: the whole id, any end of it only one job has (70a672), `last` (the newest
+    job), or BATCHDIR/ITEM (a batch item's current job)."""
 
 
 MAX_WORKSPACE_OPTION = click.option(
@@ -433,7 +436,7 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, downloa
     """Wait for the job's end, print its result (from the store: the worker may be on another machine) and exit
     with its code; with `download`, its artifacts go there first (see _download)."""
     record = store.get(job_id)
-    printer = RecordPrinter()
+    printer = RecordPrinter(summary_follows=True)
     follower = EventFollower(store, job_id, printer) if follow else None
     try:
         wait_for(lambda: store.get(job_id).terminal, follower, tick=_while_waiting(store, job_id))
@@ -551,7 +554,7 @@ def _record_or_fail(job_id: str) -> Any:
 
 
 @cli.command()
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="The job's whole record as JSON.")
 def status(job_id: str, as_json: bool) -> None:
     """Show a job's status: counts, what it is doing now, its error."""
@@ -580,7 +583,7 @@ def status(job_id: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print result.json.")
 @click.option("--wait", is_flag=True, help="Wait for the job to end first.")
 @click.option("--download", metavar="DIR", type=click.Path(file_okay=False),
@@ -602,7 +605,7 @@ def result(job_id: str, as_json: bool, wait: bool, download: str | None) -> None
 
 
 @cli.command()
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 def cancel(job_id: str) -> None:
     """Cancel a queued or running job (artifacts so far are kept)."""
     from worker.sweep import cancel_job
@@ -629,7 +632,7 @@ def _post(kind: str, job_id: str, message: str) -> None:
 
 
 @cli.command()
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.argument("message")
 def steer(job_id: str, message: str) -> None:
     """Send a message delivered after the current tool calls, before the next model call."""
@@ -637,7 +640,7 @@ def steer(job_id: str, message: str) -> None:
 
 
 @cli.command("follow-up")
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.argument("message")
 def follow_up(job_id: str, message: str) -> None:
     """Send a message delivered when the agent would otherwise stop."""
@@ -652,14 +655,14 @@ def _set_paused(job_id: str, paused: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 def pause(job_id: str) -> None:
     """Hold a job before its next model call (its wall clock keeps running)."""
     _set_paused(job_id, True)
 
 
 @cli.command()
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 def resume(job_id: str) -> None:
     """Continue a paused job."""
     _set_paused(job_id, False)
@@ -688,7 +691,7 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool, batch_dir: s
 
 
 @cli.command()
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the job goes on, until it ends.")
 @click.option("--json", "as_json", is_flag=True, help="Every record, one JSON object per line.")
 @click.option("--verbose", "-v", is_flag=True, help=VERBOSE_HELP)
@@ -802,8 +805,9 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
 
 def _volatile_store() -> str | None:
     """Why the job store would lose every job on a restart (worker/store_watch.py), once it answers: a store not up
-    yet is waited for, as Celery waits for its broker."""
-    from worker.outage import transient
+    yet is waited for, as Celery waits for its broker; one that refuses the password is not (it never changes its
+    mind: one line, exit 2)."""
+    from worker.outage import refused_credentials, transient
     from worker.store import default_store
     from worker.store_watch import volatile
     store, said = default_store(), False
@@ -811,7 +815,7 @@ def _volatile_store() -> str | None:
         try:
             return volatile(store)
         except Exception as exc:
-            if not transient(exc):
+            if not transient(exc) or refused_credentials(exc):
                 raise
             if not said:
                 echo(f"pid worker: the job store {store.path} is unreachable ({one_line(str(exc))}): waiting for it",

@@ -68,7 +68,8 @@ def tool_line(name: str, summary: str, is_error: bool, error_line: str | None,
     line: list[Part] = [styled("✗", fg="red") if is_error else styled("✓", fg="green"), " ",
                         styled(one_line(name), bold=True), f" {one_line(summary)}{took}"]
     if is_error:
-        line.append(styled(f"  — {one_line(error_line or '')[:100]}", fg="red"))
+        reason = one_line(error_line or "")
+        line.append(styled(f"  — {reason if len(reason) <= 100 else reason[:99] + '…'}", fg="red"))
     return line
 
 
@@ -103,11 +104,13 @@ class RecordPrinter:
     """Prints a job's log records (pid/event_records.py) on stderr: a line per tool call as it ends, model errors,
     and what happened to the job (an attempt started, handed back, put back). With as_json, each record is one JSON
     line on stdout instead. `verbose`: each tool call's output excerpt under its line. `out`: where the lines go
-    (echo's signature; a status line's echo keeps itself below them)."""
+    (echo's signature; a status line's echo keeps itself below them). `summary_follows` (`submit --wait`): the
+    job's end is said once, by the summary, not also by its log's end record."""
 
     def __init__(self, as_json: bool = False, err: bool = True, verbose: bool = False,
-                 out: Callable[..., None] = echo) -> None:
+                 out: Callable[..., None] = echo, summary_follows: bool = False) -> None:
         self.as_json, self.err, self.verbose, self.out = as_json, err, verbose, out
+        self.summary_follows = summary_follows   # the job's end record is left to the summary printed after it
         self.said: set[str] = set()   # errors and the check's verdict printed: the summary does not repeat them
 
     def __call__(self, record: dict[str, Any]) -> None:
@@ -145,7 +148,7 @@ class RecordPrinter:
                         fg="yellow"), err=err)
         elif kind == "control":
             echo(styled(control_line(record), fg="cyan"), err=err)
-        elif kind == "job" and record.get("note"):
+        elif kind == "job" and record.get("note") and not (self.summary_follows and record.get("exit_reason")):
             echo(styled(f"· {one_line(str(record['note']))}", dim=True), err=err)
         elif kind == "dropped":
             echo(styled(f"· {record.get('count')} log record(s) dropped", dim=True), err=err)

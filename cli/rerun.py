@@ -66,7 +66,7 @@ def queue_options(func: Any) -> Any:
 
 
 @click.command("continue", cls=HomeCommand)
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.argument("message")
 @click.option("--model", default=None, help="Another model carries on (its prices and context window: the model "
                                              "table's). Default: the earlier job's.")
@@ -98,7 +98,7 @@ def continue_job(job_id: str, message: str, model: str | None, base_url: str | N
 
 
 @click.command(cls=HomeCommand)
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 @queue_options
 def retry(job_id: str, out_dir: str | None, queue: str | None, api_key: str | None, wait: bool,
           as_json: bool) -> None:

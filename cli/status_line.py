@@ -133,8 +133,13 @@ class StatusLine:
 
 
 def _width(err: bool) -> int:
-    """The terminal's width (a line longer than it would wrap, and CLEAR_LINE would erase only its last row)."""
+    """The terminal's width (a line longer than it would wrap, and CLEAR_LINE would erase only its last row). A
+    terminal that reports none (0 columns: `script -c CMD /dev/null`, a serial console) counts as $COLUMNS, else 80."""
     try:
-        return max(20, os.get_terminal_size((sys.stderr if err else sys.stdout).fileno()).columns)
+        columns = os.get_terminal_size((sys.stderr if err else sys.stdout).fileno()).columns
     except (OSError, ValueError, AttributeError):
-        return 80
+        columns = 0
+    if columns <= 0:
+        given = os.environ.get("COLUMNS", "")
+        columns = int(given) if given.isdigit() and int(given) > 0 else 80
+    return max(20, columns)

@@ -112,3 +112,8 @@ def check_passed_of(result: dict[str, Any]) -> bool | None:
 def exit_code_for(result: dict[str, Any]) -> int:
     """The CLI's exit code for a result.json (see exit_code_of)."""
     return exit_code_of(result.get("exit_reason"), check_passed_of(result))
+
+
+def ending_words(status: object, reason: object) -> str:
+    """"cancelled", "completed (stop)": the reason in brackets only when it adds to the status."""
+    return str(status) if reason == status or reason is None else f"{status} ({reason})"

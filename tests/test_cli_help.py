@@ -47,3 +47,11 @@ def test_batch_help_shows_its_own_options_before_the_job_options():
         assert own < out.index(f"  {flag}") < job, flag
     for flag in ("--model", "--timeout", "--max-turns", "--api-key"):
         assert out.index(f"  {flag}") > job, flag
+
+
+def test_help_says_which_ids_a_command_takes():
+    """A user finds `last`, an id's end and BATCHDIR/ITEM in the help, not only in the README (issue 22)."""
+    top = " ".join(CliRunner().invoke(cli, ["--help"], terminal_width=100).output.split())
+    assert "last" in top and "BATCHDIR/ITEM" in top and "70a672" in top, top
+    status = CliRunner().invoke(cli, ["status", "--help"], terminal_width=100).output
+    assert "status [OPTIONS] ID\n" in status, status

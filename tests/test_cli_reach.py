@@ -26,10 +26,12 @@ def test_a_redis_that_is_down_is_one_line_naming_it(run_pid, pid_env, sample_rep
     assert "hunter2" not in line
 
 
-@pytest.mark.parametrize("args", [("list",), ("workers",), ("status", "20261201-000000-abcdef")])
+@pytest.mark.parametrize("args", [("list",), ("workers",), ("status", "20261201-000000-abcdef"), ("worker",)])
 def test_a_redis_that_refuses_the_password_is_one_line_naming_it(run_pid, pid_env, redis_server, args):
+    """(`pid worker` waits for a store that is down, as Celery waits for its broker; one that refuses the password
+    will not change its mind, so the worker says so and exits 2 rather than waiting forever.)"""
     url = redis_server.url.replace("redis://", "redis://nobody:hunter2@")   # no such user: WRONGPASS
-    line = assert_one_error(run_pid(*args, env={**pid_env, "PID_STORE_URL": url}),
+    line = assert_one_error(run_pid(*args, env={**pid_env, "PID_STORE_URL": url}, timeout=60),
                             "job store", f"127.0.0.1:{redis_server.port}", "PID_STORE_URL")
     assert "hunter2" not in line
 

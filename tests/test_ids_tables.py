@@ -98,3 +98,12 @@ def test_a_batch_job_s_spec_carries_its_batch(tmp_path):
     store = JobStore(str(tmp_path / "jobs.db"))
     store.create_many([replace(spec(tmp_path, "20261201-000000-aaaaaa0001"), batch="b-1")])
     assert resolve(store, "0001") == "20261201-000000-aaaaaa0001"
+
+
+def test_a_batch_directory_without_an_item_says_to_name_one(store, tmp_path):
+    """`pid status out/` (a shell completes the directory with its slash) names the batch, not "." (issue 22)."""
+    bdir = BatchDir.create(str(tmp_path / "b"), {})
+    bdir.set_order(["fix-1"], {})
+    for ref in (str(tmp_path / "b") + "/", str(tmp_path / "b")):
+        with pytest.raises(NoSuchJob, match=r"is a batch's output directory: name one of its items \(.*/ITEM"):
+            resolve(store, ref)

@@ -52,6 +52,7 @@ def test_the_first_command_prints_one_clean_story(tmp_path: Path):
     assert re.fullmatch(r"job \S+ queued", lines[0]), out
     assert "✓ edit calc.py" in out and "Fixed add: it subtracted." in out
     assert re.search(r"^completed \(stop\) in .* · 2 turns · 1 tool call", out, re.M), out
+    assert out.count("completed (stop) in") == 1, out   # the job's end said once, by the summary
     assert re.search(r"^artifacts: pid-runs/\S+$", out, re.M), out
     # none of the worker's own lines: they are in its log
     assert "pid worker ready" not in out and "Warm shutdown" not in out and not re.search(r"^\[\d{4}-", out, re.M)

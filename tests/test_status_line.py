@@ -13,7 +13,7 @@ import termios
 
 import pytest
 
-from cli.status_line import StatusLine, on_terminal, status_text
+from cli.status_line import StatusLine, _width, on_terminal, status_text
 from pid.event_records import EXCERPT_HEAD, EXCERPT_TAIL, EXCERPT_WIDTH, output_excerpt
 
 ALLOWED = {"\x1b[K", "\x1b[2m", "\x1b[0m"}   # CLEAR_LINE's erase, and click's dim style on and off
@@ -75,3 +75,19 @@ def test_a_tool_output_excerpt_is_bounded_and_shown():
     assert lines[0] == "line 0 red" and lines[EXCERPT_HEAD] == "… 993 more lines" and lines[-2] == "line 999 red"
     assert lines[-1] == "x" * (EXCERPT_WIDTH - 1) + "…"
     assert output_excerpt("a\tb\n") == ["a   b"] and output_excerpt("") == []
+
+
+def test_a_terminal_that_reports_no_width_gets_the_whole_status_line(monkeypatch):
+    """`script -c CMD /dev/null` (and some serial consoles) give a pseudo-terminal of 0 columns: the status line is
+    then cut to $COLUMNS, else 80, never to a stub of 20 characters."""
+    master, slave = os.openpty()   # a fresh pty reports 0 rows and 0 columns
+    stream = open(slave, "w", encoding="utf-8", closefd=True)
+    try:
+        monkeypatch.setattr(sys, "stderr", stream)
+        monkeypatch.delenv("COLUMNS", raising=False)
+        assert _width(err=True) == 80
+        monkeypatch.setenv("COLUMNS", "120")
+        assert _width(err=True) == 120
+    finally:
+        stream.close()
+        os.close(master)

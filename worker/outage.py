@@ -11,6 +11,7 @@ outage (a job the store no longer knows, an artifact too large) is raised at onc
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from typing import Any, Callable, TypeVar, cast
 
@@ -31,6 +32,13 @@ def transient(exc: BaseException) -> bool:
         return True
     import redis   # here, not at import: `pid run` loads this module and has no Redis to wait for
     return isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
+
+
+def refused_credentials(exc: BaseException) -> bool:
+    """The store refused pid's password (redis-py makes that a ConnectionError, so `transient` counts it): a command
+    starting up says so rather than wait for it."""
+    redis_errors = sys.modules.get("redis.exceptions")
+    return redis_errors is not None and isinstance(exc, redis_errors.AuthenticationError)
 
 
 class Patience:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pid.config import EnvDefaults, endpoint
 from pid.costs import format_cost
-from pid.endings import status_of
+from pid.endings import ending_words, status_of
 from pid.terminal import ShownLogRecords, one_line
 from worker import batch_budget, policy
 from worker.app import app
@@ -208,7 +208,7 @@ def hand_back(store: Store, job_id: str, owner: str, relay: ControlRelay, why: s
 
 def end_line(job_id: str, status: str | None, exit_reason: str | None, duration_s: float | None,
              cost: float | None, check: dict[str, Any] | None = None) -> str:
-    line = f"job {job_id} {status} ({exit_reason})"
+    line = f"job {job_id} {ending_words(status, exit_reason)}"
     if duration_s is not None:
         line += f" in {duration_s:.1f}s"
     if cost:

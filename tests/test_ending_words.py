@@ -1,0 +1,36 @@
+"""A job's end is said as "cancelled", not "cancelled (cancelled)", in every line that says it (issue 22)."""
+from __future__ import annotations
+
+from cli.batch_progress import item_line
+from worker.tasks import end_line
+
+
+def test_worker_end_line_does_not_repeat_the_status() -> None:
+    assert end_line("j1", "cancelled", "cancelled", 2.0, None) == "job j1 cancelled in 2.0s"
+    assert end_line("j1", "completed", "stop", 2.0, None) == "job j1 completed (stop) in 2.0s"
+
+
+def test_batch_item_line_does_not_repeat_the_status() -> None:
+    row = {"id": "a", "status": "cancelled", "exit_reason": "cancelled", "turns": 1, "cost": 0.0, "duration_s": 1.0}
+    assert "cancelled (cancelled)" not in item_line(row, 1, 2)
+    assert "completed (stop)" in item_line({**row, "status": "completed", "exit_reason": "stop"}, 1, 2)
+
+
+def test_the_live_batch_table_keeps_turn_and_cost_readable_at_80_columns() -> None:
+    """A long item id and long activities used to squeeze the turn column to "…" and the cost column away."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from cli.batch_progress import Progress, render
+    record = SimpleNamespace(activity="turn 3: running bash sleep 2; echo tick and a long command line",
+                             status="running", turns=3, total_usage={"cost": 0.00082},
+                             last_tool="bash sleep 2; echo tick (ok, 2.0s) x")
+    progress = Progress(total=2, running=[("very-long-item-name-for-the-parser-fix-number-one", record)])
+    console = Console(width=80, record=True, color_system=None)
+    console.print(render(progress, 80))
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if line.startswith("item"))
+    assert "turn" in header and "cost" in header, text
+    assert "$0.00082" in text and " 3 " in text, text
+    assert all(len(line) <= 80 for line in text.splitlines()), text
