@@ -1,9 +1,12 @@
 """`pid continue --model/--base-url/--api`: the new job's spec (worker/continuation.switch_model), no engine."""
 from __future__ import annotations
 
+import pytest
+
 from pid.config import DEFAULT_BASE_URLS
-from worker.continuation import MODEL_FIELDS, switch_model
+from worker.continuation import MODEL_FIELDS, Refused, continuation_spec, switch_model
 from worker.jobs import JobSpec
+from worker.store import JobStore
 
 OPENAI, ANTHROPIC = DEFAULT_BASE_URLS["openai-completions"], DEFAULT_BASE_URLS["anthropic-messages"]
 
@@ -39,3 +42,16 @@ def test_endpoint_and_wire_format():
     spec = earlier()
     switch_model(spec)
     assert spec.base_url == OPENAI and spec.model == "small"
+
+
+def test_a_killed_pid_run_is_refused_saying_why_and_what_runs_it_again(tmp_path):
+    """A `pid run` whose process was killed (client_lost) kept no conversation: continue says so, and names retry,
+    instead of blaming the retention period."""
+    store = JobStore(str(tmp_path / "jobs.db"))
+    record = store.create(JobSpec(task="t", model="m"), kind="run")
+    assert store.claim(record.id, "me", 60)
+    assert store.finish(record.id, "client_lost", owner="me", error="its pid run process is gone")
+    with pytest.raises(Refused) as refused:
+        continuation_spec(store, record.id, "go on")
+    assert "client_lost" in str(refused.value) and f"pid retry {record.id}" in str(refused.value)
+    assert "retention" not in str(refused.value)

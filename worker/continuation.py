@@ -91,6 +91,10 @@ def _continuable(store: Store, job_id: str) -> Any:
         raise Refused(f"job {job_id} ended ({record.status}) before it ran: it has no conversation to continue")
     names = set(store.artifact_names(job_id))
     missing = [name for name in (RESULT, SESSION, PATCH) if name not in names]
+    if missing and record.exit_reason == "client_lost":
+        raise Refused(f"job {job_id} ended client_lost: its `pid run` process was killed before it could keep the "
+                      f"conversation, so there is none to continue (pid retry {job_id} runs its task again from the "
+                      "start)")
     if missing:
         why = "expired after the retention period, or the job ended without them"
         raise Refused(f"job {job_id} has no {' or '.join(missing)} in the job store ({why}): it cannot be continued")
