@@ -57,7 +57,7 @@ class BatchCommand(click.Command):
 @click.command("batch", cls=BatchCommand)
 @click.argument("tasks", required=False, metavar="TASKS.jsonl|-")
 @click.option("--repo", metavar="DIR|URL",
-              help="Every item's repo unless its line names one: " + spec_field("repo").metadata["help"])
+              help=spec_field("repo").metadata["help"].rstrip(".") + ". Every item's, unless its line names one.")
 @click.option("--queue", type=QueueName(), default=DEFAULT_QUEUE, show_default=True, envvar="PID_QUEUE",
               show_envvar=True, cls=EnvOption, help=spec_field("queue").metadata["help"])
 @click.option("--max-workspace", type=Size(), default=format_size(200 << 20), show_default=True,
@@ -359,12 +359,12 @@ def _check_images(specs: dict[str, JobSpec]) -> None:
     from cli.main import BadInput, check_cpus, check_image
     for image in sorted({s.image for s in specs.values()}):
         check_image(image)
-    most = max(specs.values(), key=lambda s: s.cpus, default=None)
+    item, most = max(specs.items(), key=lambda pair: pair[1].cpus, default=(None, None))
     if most is not None:
         try:
             check_cpus(most)
         except BadInput as exc:
-            raise _bad(f"an item's {exc.format_message()}; nothing was submitted") from None
+            raise _bad(f"item {item}: {exc.format_message()}; nothing was submitted") from None
 
 
 class LocalWorkers:

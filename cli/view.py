@@ -175,11 +175,15 @@ def _watch(job_id: str, output: str | None, opened: Any) -> None:
             if opened is not None:
                 opened(path)
                 opened = None
+                if live:
+                    echo(f"watching job {record.id}: the page is rewritten as it goes, until it ends (Ctrl-C stops)",
+                         err=True)
             if not live:
                 return
             events = store.events(record.id, after=seen, wait_s=WATCH_WAIT_S)   # nothing new: rewritten anyway
             seen = events[-1][0] if events else seen
     except KeyboardInterrupt:
+        echo("", err=True)   # the shell's prompt on a line of its own, not after the ^C
         if path:   # a page that no longer reloads: nobody rewrites it now
             try:
                 _view_job_id(record.id, output, None)

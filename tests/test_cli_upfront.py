@@ -33,6 +33,16 @@ def test_more_cpus_than_the_engine_has_is_one_line_and_nothing_starts(run_pid, p
     assert not [c for c in pid_containers() if c.labels.get(LABEL_OWNER) == mine]
 
 
+@pytest.mark.docker   # the engine says how many CPUs it has
+def test_a_batch_item_asking_more_cpus_than_the_engine_has_is_named(run_pid, sample_repo: Path, tmp_path: Path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "small", "task": "t", "repo": str(sample_repo)}) + "\n" +
+                     json.dumps({"id": "greedy", "task": "t", "repo": str(sample_repo), "cpus": 4096}) + "\n")
+    res = run_pid("batch", str(tasks), "--out", str(tmp_path / "out"), "--model", "m", "--base-url", LOCAL)
+    assert_one_error(res, "item greedy: --cpus 4096", "the Docker engine has only", "nothing was submitted")
+    no_job(run_pid)
+
+
 @pytest.mark.parametrize("args", [("submit", "t", "--model", "m", "--base-url", LOCAL), ("worker",),
                                   ("retry", "20261201-000000-abcdef")], ids=["submit", "worker", "retry"])
 def test_a_broker_url_no_transport_serves_is_one_line_and_nothing_is_queued(run_pid, pid_env, sample_repo: Path,

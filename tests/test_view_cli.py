@@ -219,6 +219,7 @@ def test_watch_rewrites_a_running_jobs_page_until_it_ends(store, tmp_path, env):
             proc.wait()
     assert proc.returncode == 0, err
     assert out == ""   # the path was printed once, at the start
+    assert f"watching job {spec.id}" in err and "Ctrl-C stops" in err   # it says what it does, on stderr
     text = page.read_text()
     assert 'http-equiv="refresh"' not in text and "live:" not in text and ">completed<" in text
 
