@@ -17,7 +17,8 @@ import click
 
 from cli.batch_progress import Display, Progress, make_display, summary_text
 from cli.output import echo
-from pid.terminal import dumps
+from pid.endings import ending_words
+from pid.terminal import dumps, one_line
 from worker.batch import BatchDir, needs_run, row_for, summarize
 from worker.jobs import JobSpec, new_job_id
 from worker.trees import remove_tree
@@ -77,6 +78,11 @@ class Run:
                 to_submit.append(item_id)
         if not to_submit and not self.tracked:
             echo(nothing_to_do([self.bdir.rows.get(i) for i in self.bdir.order if i in self.specs]), err=True)
+        again = sorted({str(self.bdir.rows[i].get("status")) for i in to_submit if self.bdir.rows.get(i)})
+        if again:
+            n = sum(1 for i in to_submit if self.bdir.rows.get(i))
+            echo(f"pid: {n} item{'s' if n != 1 else ''} whose earlier job ended {' or '.join(again)}: submitted again",
+                 err=True)
         self.submit(to_submit)
 
     def submit(self, item_ids: list[str]) -> None:
@@ -168,6 +174,8 @@ class Run:
                     display.item_ended(row, progress)
                     if (job_id in self.adopted and not self.interrupted and item_id in self.specs
                             and needs_run(row, self.retry_failed) and row.get("exit_reason") != "batch_budget"):
+                        display.note(f"pid: {one_line(item_id)}: its earlier job ended "
+                                     f"{ending_words(row['status'], row['exit_reason'])}: submitted again")
                         self.submit([item_id])   # an earlier run's job, cancelled (or failed, --retry-failed)
                 if not budget_ended:
                     info = self.store.batch(self.bdir.batch_id)

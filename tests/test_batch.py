@@ -261,6 +261,9 @@ def test_a_batch_interrupted_halfway_resumes_and_its_summary_matches_the_items_r
         assert (f"+    return {fixed}" in patch) == (item_id not in forgetful), (item_id, patch)
     assert not any((out / ".jobs").iterdir())                    # downloaded, the workers' copies removed
     assert again.returncode == 4, again.stderr
+    cancelled_before = sum(1 for r in before.values() if r["status"] == "cancelled")
+    said = f"pid: {cancelled_before} item{'s' if cancelled_before != 1 else ''} whose earlier job ended cancelled"
+    assert cancelled_before == 0 or f"{said}: submitted again" in again.stderr, again.stderr   # said, not silent
     for item_id in ids:
         check_result = results[item_id]["check"]
         assert check_result["passed"] == (item_id not in forgetful), (item_id, check_result)
