@@ -9,9 +9,10 @@ import subprocess
 import time
 
 from worker.control import new_owner
-from worker.housekeeping import RECONCILE_S, reconcile
+from worker.housekeeping import ALIVE_WITHIN_S, RECONCILE_S, reconcile, worker_state
 from worker.jobs import JobSpec
-from worker.store import JobStore
+from worker.identity import process_identity
+from worker.store import JobStore, WorkerBeat
 from worker.sweep import owner_alive
 
 
@@ -172,3 +173,22 @@ def test_the_reconciler_dispatches_a_batchs_waiting_jobs_only_into_its_free_slot
     assert reconcile(store, dispatch=publish) == []                       # it is taken (dispatched)... until
     assert store.claim(jobs[1].id, "w", 60) and store.finish(jobs[0].id, "stop", owner="w")
     assert reconcile(store, dispatch=publish) == [jobs[2].id]
+
+
+def test_a_worker_s_heartbeat_is_judged_by_the_same_rule_as_a_lease_holder(tmp_path):
+    child = subprocess.Popen(["sleep", "30"])
+    dead = process_identity(child.pid)
+    child.kill()
+    child.wait()
+    assert dead is not None
+    host, now = socket.gethostname(), time.time()
+
+    def state(pid: int, identity: str | None, host: str = host, beat_at: float = now, **kw) -> str:
+        return worker_state(WorkerBeat("n", host, pid, None, 1, 0, None, now - 60, beat_at, identity=identity, **kw),
+                            now)
+    assert state(os.getpid(), process_identity(os.getpid())) == "alive"
+    assert state(child.pid, dead) == "lost"                            # gone at once, whatever its last beat's age
+    assert state(child.pid, dead, host="another-host") == "alive"      # elsewhere: only the silence tells
+    assert state(child.pid, "0000-1-" + dead.rsplit("-", 1)[1]) == "alive"   # another boot of a host of this name
+    assert state(child.pid, None, beat_at=now - ALIVE_WITHIN_S - 1) == "silent"
+    assert state(child.pid, dead, stopped_at=now) == "stopped"

@@ -26,7 +26,7 @@ from typing import Callable
 
 from pid.config import pid_home
 from worker import policy
-from worker.identity import proc_stat, process_identity
+from worker.identity import process_alive, process_identity
 from worker.jobs import DEFAULT_QUEUE
 from worker.store import JobRecord, Store, WorkerBeat
 from worker.store_watch import StoreWatch
@@ -68,13 +68,7 @@ def live_workers(store: Store) -> list[WorkerBeat]:
 def process_gone(beat: WorkerBeat) -> bool:
     """The worker's process is known to be gone: it ran on this machine, in this boot and pid namespace (its
     identity says), and no process with its pid and start time is here. Elsewhere nothing is known (False)."""
-    if beat.host != socket.gethostname() or not beat.identity:
-        return False
-    mine = process_identity(os.getpid())
-    if mine is None or mine.split("-", 2)[:2] != beat.identity.split("-", 2)[:2]:
-        return False   # another boot, or another pid namespace of a host with this name: not ours to judge
-    fields = proc_stat(beat.pid)
-    return fields is None or fields[0] == "Z" or process_identity(beat.pid) != beat.identity
+    return beat.identity is not None and process_alive(beat.host, beat.pid, beat.identity) is False
 
 
 def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,

@@ -5,6 +5,7 @@ by another process, or a host of the same name, never passes for it. Light on pu
 from __future__ import annotations
 
 import os
+import socket
 
 
 def process_identity(pid: int) -> str | None:
@@ -27,3 +28,16 @@ def proc_stat(pid: int) -> list[str] | None:
             return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
+
+
+def process_alive(host: str, pid: int, identity: str) -> bool | None:
+    """Is the process that `identity` (process_identity's token) names still there? Knowable only on its own machine,
+    in this boot and pid namespace (None elsewhere): a pid reused by another process, a zombie, or a host of the same
+    name never passes for it."""
+    if host != socket.gethostname():
+        return None
+    mine = process_identity(os.getpid())
+    if mine is None or identity.count("-") < 2 or mine.split("-", 2)[:2] != identity.split("-", 2)[:2]:
+        return None   # another boot, or another pid namespace of a host with this name: not ours to judge
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] != "Z" and process_identity(pid) == identity

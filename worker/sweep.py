@@ -17,7 +17,7 @@ from typing import Any, Callable
 from pid.agent import Outcome
 from pid.endings import ENDINGS, ExitReason, status_of
 from worker.control import log_job, with_earlier_attempts
-from worker.identity import proc_stat, process_identity
+from worker.identity import proc_stat, process_alive
 from worker.jobs import JobSpec, write_json_atomic
 from worker.store import JobRecord, Store
 
@@ -177,12 +177,7 @@ def owner_alive(record: JobRecord) -> bool | None:
     identity = (record.owner or "").rsplit(":", 1)[-1].partition(".")[2]
     if not identity:   # an owner recorded by an older pid: judged by the start time against the claim
         return _alive_since(pid, record.claimed_at or record.started_at or record.created_at)
-    boot, namespace, _ = identity.split("-", 2) if identity.count("-") >= 2 else ("", "", "")
-    mine = process_identity(os.getpid())
-    if mine is None or mine.split("-", 2)[:2] != [boot, namespace]:
-        return None   # another boot or another pid namespace of a host with this name: not ours to judge
-    fields = proc_stat(pid)
-    return process_identity(pid) == identity and fields is not None and fields[0] != "Z"
+    return process_alive(host, pid, identity)
 
 
 def _alive_since(pid: int, claimed_at: float) -> bool:
