@@ -192,3 +192,36 @@ def test_a_worker_s_heartbeat_is_judged_by_the_same_rule_as_a_lease_holder(tmp_p
     assert state(child.pid, "0000-1-" + dead.rsplit("-", 1)[1]) == "alive"   # another boot of a host of this name
     assert state(child.pid, None, beat_at=now - ALIVE_WITHIN_S - 1) == "silent"
     assert state(child.pid, dead, stopped_at=now) == "stopped"
+
+
+def test_a_beat_on_its_way_when_the_worker_stops_never_lands_after_the_stop(monkeypatch):
+    """A slow store: the stop waits STOP_WAIT_S for the heartbeat thread, then returns; the beat that was on its way
+    lands later, and the stop is still the last word (pid workers --all: stopped, not alive)."""
+    import threading
+
+    from worker import housekeeping
+
+    class SlowStore:
+        def __init__(self) -> None:
+            self.writes: list[str] = []
+            self.in_beat, self.release = threading.Event(), threading.Event()
+
+        def beat(self, *args, **kw) -> None:
+            self.in_beat.set()
+            self.release.wait(30)
+            self.writes.append("beat")
+
+        def worker_stopped(self, node: str) -> None:
+            self.writes.append("stopped")
+
+    store = SlowStore()
+    monkeypatch.setattr("worker.store.default_store", lambda: store)
+    monkeypatch.setattr(housekeeping, "STOP_WAIT_S", 0.1)
+    monkeypatch.setattr(housekeeping.Housekeeping, "_loop", lambda self: None)   # only the heartbeat thread here
+    keeping = housekeeping.Housekeeping("n", 1, lambda: 0, lambda: True)
+    keeping.start()
+    assert store.in_beat.wait(30)
+    keeping.stop()            # the beat is still on its way
+    store.release.set()
+    keeping._beating.join(30)
+    assert store.writes == ["beat", "stopped"]

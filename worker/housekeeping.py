@@ -40,6 +40,7 @@ REDISPATCH_AFTER_S = float(os.environ.get("PID_REDISPATCH_AFTER_S", "1800"))   #
 DISPATCH_GIVE_UP_S = float(os.environ.get("PID_DISPATCH_GIVE_UP_S", "600"))
 REAP_EVERY_S = 60.0
 PRUNE_EVERY_S = 3600.0   # ended jobs, their logs and artifacts, and unused blobs past PID_RETENTION leave the store
+STOP_WAIT_S = 10.0                    # for each housekeeping thread when the worker stops
 ALIVE_WITHIN_S = 3 * BEAT_S + 1      # a worker not heard from for this long (three beats missed) is presumed gone
 
 
@@ -138,28 +139,29 @@ class Housekeeping:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop both threads; the heartbeat thread's last write marks the worker stopped."""
         self._stop.set()
-        self._beating.join(timeout=10)
-        self._thread.join(timeout=10)
-        try:
-            from worker.store import default_store
-            default_store().worker_stopped(self.node)
-        except Exception:
-            log.debug("recording this worker's stop", exc_info=True)
+        self._beating.join(timeout=STOP_WAIT_S)
+        self._thread.join(timeout=STOP_WAIT_S)
 
     def _beat_loop(self) -> None:
+        """A beat every BEAT_S; on stop, the stop is recorded by this thread, after its last beat: a beat still on its
+        way when the worker stops (a slow store) can never come after the stop and make the worker look alive."""
         from worker.store import default_store
         store = default_store()
         identity = process_identity(os.getpid())
-        while True:
+        while not self._stop.is_set():
             try:
                 store.beat(self.node, socket.gethostname(), os.getpid(), boot_id(), self.concurrency,
                            self.running(), self.taking_jobs(), self.queues, policy.active().to_dict(), identity,
                            alarm=self._watch.alarm if self._watch else None)
             except Exception:
                 log.exception("recording this worker's heartbeat")
-            if self._stop.wait(BEAT_S):
-                return
+            self._stop.wait(BEAT_S)
+        try:
+            store.worker_stopped(self.node)
+        except Exception:
+            log.debug("recording this worker's stop", exc_info=True)
 
     def _loop(self) -> None:
         from worker.store import default_store
