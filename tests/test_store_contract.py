@@ -288,6 +288,21 @@ def test_a_heartbeat_carries_its_worker_s_policy(store):
     assert store.workers()[0].policy == {}
 
 
+def test_a_heartbeat_carries_identity_and_alarm_and_a_stop_keeps_them_until_the_next_beat(store):
+    store.beat("a@h", "h", 1, "boot", 2, 0, True, identity="boot-1-2", alarm="the store was EMPTIED")
+    (beat,) = store.workers()
+    assert (beat.identity, beat.alarm, beat.stopped_at) == ("boot-1-2", "the store was EMPTIED", None)
+    store.worker_stopped("a@h")
+    (stopped,) = store.workers()
+    assert (stopped.identity, stopped.alarm) == ("boot-1-2", "the store was EMPTIED") and stopped.stopped_at
+    assert store.workers(alive_within_s=60) == []
+    store.beat("a@h", "h", 1, "boot", 2, 0, True)   # started again: no identity known, no alarm, not stopped
+    (again,) = store.workers(alive_within_s=60)
+    assert (again.identity, again.alarm, again.stopped_at) == (None, None, None)
+    store.worker_stopped("gone@h")                  # a worker never heard from: nothing to mark
+    assert [w.node for w in store.workers()] == ["a@h"]
+
+
 def test_list_newest_first_by_status(store, tmp_path):
     jobs = [store.create(spec(tmp_path, n)) for n in range(5)]
     assert [r.id for r in store.list()] == [j.id for j in reversed(jobs)]
