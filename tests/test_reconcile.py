@@ -225,3 +225,41 @@ def test_a_beat_on_its_way_when_the_worker_stops_never_lands_after_the_stop(monk
     store.release.set()
     keeping._beating.join(30)
     assert store.writes == ["beat", "stopped"]
+
+
+def test_a_store_that_keeps_refusing_beats_is_said_once_and_its_return_once(monkeypatch, caplog):
+    """A store outage must not fill the worker's log with a traceback every BEAT_S: one line when beats start to
+    fail, one when they are recorded again."""
+    import logging
+    import threading
+
+    from worker import housekeeping
+
+    class FlakyStore:
+        def __init__(self) -> None:
+            self.beats = 0
+            self.recovered = threading.Event()
+
+        def beat(self, *args, **kw) -> None:
+            self.beats += 1
+            if self.beats <= 4:
+                raise ConnectionError("the store is down")
+            self.recovered.set()
+
+        def worker_stopped(self, node: str) -> None:
+            pass
+
+    store = FlakyStore()
+    monkeypatch.setattr("worker.store.default_store", lambda: store)
+    monkeypatch.setattr(housekeeping, "BEAT_S", 0.01)
+    monkeypatch.setattr(housekeeping.Housekeeping, "_loop", lambda self: None)   # only the heartbeat thread here
+    caplog.set_level(logging.INFO, logger="pid.worker")
+    keeping = housekeeping.Housekeeping("n", 1, lambda: 0, lambda: True)
+    keeping.start()
+    try:
+        assert store.recovered.wait(30)
+    finally:
+        keeping.stop()
+    said = [r.getMessage() for r in caplog.records if "heartbeat" in r.getMessage()]
+    assert said == ["recording this worker's heartbeat: the store is down", "this worker's heartbeat is recorded again"]
+    assert not any(r.exc_info for r in caplog.records)

@@ -150,13 +150,19 @@ class Housekeeping:
         from worker.store import default_store
         store = default_store()
         identity = process_identity(os.getpid())
+        failing: str | None = None   # said once while the store keeps refusing beats, not every BEAT_S
         while not self._stop.is_set():
             try:
                 store.beat(self.node, socket.gethostname(), os.getpid(), boot_id(), self.concurrency,
                            self.running(), self.taking_jobs(), self.queues, policy.active().to_dict(), identity,
                            alarm=self._watch.alarm if self._watch else None)
-            except Exception:
-                log.exception("recording this worker's heartbeat")
+                if failing is not None:
+                    log.warning("this worker's heartbeat is recorded again")
+                    failing = None
+            except Exception as exc:
+                if str(exc) != failing:
+                    log.warning("recording this worker's heartbeat: %s", exc, exc_info=log.isEnabledFor(logging.DEBUG))
+                failing = str(exc)
             self._stop.wait(BEAT_S)
         try:
             store.worker_stopped(self.node)
