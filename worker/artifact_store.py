@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 from pid.endings import status_of
 from worker.jobs import JobSpec, json_text, storable
-from worker.store import ARTIFACT_LIMIT, BlobMissing, Store, TooLarge
+from worker.store import ARTIFACT_LIMIT, BlobMissing, JobAttachments, TooLarge
 
 log = logging.getLogger("pid.worker")
 
@@ -89,7 +89,7 @@ def job_uploads(spec: JobSpec, job_dir: str, result: dict[str, Any]) -> list[Upl
     return uploads
 
 
-def upload_artifacts(store: Store, spec: JobSpec, job_dir: str, result: dict[str, Any]) -> None:
+def upload_artifacts(store: JobAttachments, spec: JobSpec, job_dir: str, result: dict[str, Any]) -> None:
     """Every artifact of the job's directory, then result.json, which lists each stored one's digest in
     result["artifacts"]["digests"] (name -> "sha256:<hex>": what a download can be checked against). What the store
     refused, and why, is listed in result["artifacts"]["not_stored"]; a completed job whose artifacts are not all
@@ -104,7 +104,7 @@ def upload_artifacts(store: Store, spec: JobSpec, job_dir: str, result: dict[str
     store_result(store, spec.id, result)
 
 
-def keep_run_artifacts(store: Store, spec: JobSpec, job_dir: str, result: dict[str, Any]) -> None:
+def keep_run_artifacts(store: JobAttachments, spec: JobSpec, job_dir: str, result: dict[str, Any]) -> None:
     """A `pid run` job's artifacts into the store as a worker's job leaves them, so that `continue`, `retry` and
     `result --download` work on it from any machine. Its out directory has them already: what the store refuses is
     logged (one line), and the job's result stays as it is."""
@@ -115,7 +115,7 @@ def keep_run_artifacts(store: Store, spec: JobSpec, job_dir: str, result: dict[s
                     "them", spec.id, refused[0]["reason"] if refused else why)
 
 
-def _upload_all(store: Store, spec: JobSpec, job_dir: str, result: dict[str, Any]) -> list[dict[str, str]]:
+def _upload_all(store: JobAttachments, spec: JobSpec, job_dir: str, result: dict[str, Any]) -> list[dict[str, str]]:
     """Every artifact of the job's directory (job_uploads) into the store; what it refused, and why."""
     refused: list[dict[str, str]] = []
     digests: dict[str, str] = {}
@@ -133,7 +133,7 @@ def _upload_all(store: Store, spec: JobSpec, job_dir: str, result: dict[str, Any
     return refused
 
 
-def store_result(store: Store, job_id: str, result: dict[str, Any]) -> bool:
+def store_result(store: JobAttachments, job_id: str, result: dict[str, Any]) -> bool:
     """result.json into the store; if it is refused, the job fails saying so (the caller then records that end).
     False when it is not stored."""
     why = _put_bytes(store, job_id, RESULT, result_bytes(result))
@@ -145,7 +145,7 @@ def store_result(store: Store, job_id: str, result: dict[str, Any]) -> bool:
     return False
 
 
-def upload_transcript(store: Store, job_id: str, job_dir: str, attempt: int) -> None:
+def upload_transcript(store: JobAttachments, job_id: str, job_dir: str, attempt: int) -> None:
     """An attempt that ends without ending the job (handed back, or taken over by another worker): its transcript is
     kept in the store as session.attempt-N.jsonl, beside the one of the attempt that finishes the job."""
     path = os.path.join(job_dir, SESSION)
@@ -163,7 +163,7 @@ class TranscriptSync:
     MIN_INTERVAL_S = 5.0
     GROWTH = 1.25
 
-    def __init__(self, store: Store, job_id: str, job_dir: str, attempt: int) -> None:
+    def __init__(self, store: JobAttachments, job_id: str, job_dir: str, attempt: int) -> None:
         self.store, self.job_id, self.job_dir, self.attempt = store, job_id, job_dir, attempt
         self.name = f"session.attempt-{attempt}.jsonl"
         self._synced = 0
@@ -186,7 +186,7 @@ class TranscriptSync:
                 self._synced = size
 
 
-def _put_file(store: Store, job_id: str, name: str, path: str, limit: int,
+def _put_file(store: JobAttachments, job_id: str, name: str, path: str, limit: int,
               digests: dict[str, str] | None = None) -> str | None:
     """None when stored (its digest then in `digests`), else why not (one line)."""
     try:
@@ -203,7 +203,7 @@ def _put_file(store: Store, job_id: str, name: str, path: str, limit: int,
         return _one_line(exc)
 
 
-def _put_bytes(store: Store, job_id: str, name: str, data: bytes) -> str | None:
+def _put_bytes(store: JobAttachments, job_id: str, name: str, data: bytes) -> str | None:
     try:
         store.put_artifact(job_id, name, io.BytesIO(data), ARTIFACT_LIMIT)
         return None
@@ -247,7 +247,7 @@ def _one_line(exc: BaseException) -> str:
 
 # -- the client's side -------------------------------------------------------------------------------------------
 
-def read_result(store: Store, job_id: str, wait_s: float = 0.0) -> dict[str, Any] | None:
+def read_result(store: JobAttachments, job_id: str, wait_s: float = 0.0) -> dict[str, Any] | None:
     """The job's result.json from the store, or None if it has none (waiting up to wait_s for one: a job ended
     by a sweep or a cancel gets it just after its end is recorded)."""
     deadline = time.monotonic() + wait_s
@@ -268,7 +268,7 @@ def read_result(store: Store, job_id: str, wait_s: float = 0.0) -> dict[str, Any
         return result
 
 
-def stored_result_bytes(store: Store, job_id: str) -> bytes | None:
+def stored_result_bytes(store: JobAttachments, job_id: str) -> bytes | None:
     try:
         return _read_all(store.open_artifact(job_id, RESULT), RESULT_READ_LIMIT)
     except BlobMissing:
@@ -295,7 +295,7 @@ def check_name(name: str) -> list[str]:
     return parts
 
 
-def already_local(store: Store, job_id: str, job_dir: str) -> bool:
+def already_local(store: JobAttachments, job_id: str, job_dir: str) -> bool:
     """The job's directory here already holds the result the store has (a worker that shares this machine's
     filesystem wrote it): nothing to download."""
     stored = stored_result_bytes(store, job_id)
@@ -309,7 +309,7 @@ def already_local(store: Store, job_id: str, job_dir: str) -> bool:
         return False
 
 
-def download(store: Store, job_id: str, dest: str, own: bool = False) -> list[str]:
+def download(store: JobAttachments, job_id: str, dest: str, own: bool = False) -> list[str]:
     """Every artifact of the job into `dest` (created 0700 if missing); returns the names written. `own`: dest is
     the job's own out directory, written into whatever it holds. Otherwise a non-empty dest must be this job's
     earlier download. DownloadError (one line) when nothing or not everything could be written."""

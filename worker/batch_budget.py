@@ -16,7 +16,7 @@ from typing import Any
 from pid import events as ev
 from pid.endings import ExitReason
 from pid.messages import AssistantMessage
-from worker.store import BatchInfo, JobRecord, Store
+from worker.store import BatchInfo, Batches, JobRecord, Store
 
 log = logging.getLogger("pid.worker")
 
@@ -98,7 +98,7 @@ def refused(store: Store, record: JobRecord) -> str | None:
 IN_FLIGHT_S = 60.0   # a job dispatched this recently and not yet taken holds a slot of its batch (its message waits)
 
 
-def room(store: Store, batch_id: str) -> int | None:
+def room(store: Batches, batch_id: str) -> int | None:
     """How many more of the batch's jobs may be dispatched now (None: no limit): its free slots, less the jobs
     whose message is on its way to a worker."""
     info = store.batch(batch_id)

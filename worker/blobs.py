@@ -12,7 +12,7 @@ import re
 from typing import BinaryIO, Protocol
 
 from sandbox.artifacts import ChunkReader
-from worker.store import BlobMissing, Store, default_store
+from worker.store import BlobMissing, BlobStore, default_store
 
 __all__ = ["BlobCorrupt", "BlobMissing", "Blobs", "StoreBlobs", "default_blobs", "hex_of"]
 
@@ -51,7 +51,7 @@ class StoreBlobs:
     """The job store's blobs as `Blobs`: files beside the SQLite database, or chunks in Redis (worker/store.py),
     so a workspace packed on one machine is read on another through the store both use."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: BlobStore) -> None:
         self.store = store
 
     def has(self, digest: str) -> bool:

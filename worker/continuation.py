@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.jobs import JobSpec, new_job_id
-from worker.store import ARTIFACT_LIMIT, BlobMissing, Store
+from worker.store import ARTIFACT_LIMIT, BlobMissing, JobAttachments, JobRecords, Store
 
 SESSION = "session.jsonl"
 PATCH = "patch.diff"
@@ -101,7 +101,7 @@ def _continuable(store: Store, job_id: str) -> Any:
     return record
 
 
-def _record(store: Store, job_id: str) -> Any:
+def _record(store: JobRecords, job_id: str) -> Any:
     record = store.get(job_id)
     if record is None:
         raise Refused(f"no such job: {job_id}")
@@ -194,7 +194,7 @@ def session_chain(text: str) -> list[dict[str, Any]]:
     return read_chain(text.splitlines())[1]
 
 
-def _artifact(store: Store, job_id: str, name: str) -> bytes:
+def _artifact(store: JobAttachments, job_id: str, name: str) -> bytes:
     try:
         data = bytearray()
         for chunk in store.open_artifact(job_id, name):

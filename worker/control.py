@@ -24,7 +24,7 @@ from pid.agent import Agent
 from pid.messages import AssistantMessage, Usage
 from worker.outage import transient
 from worker.identity import process_identity
-from worker.store import Store
+from worker.store import JobAttachments, Leases, Store
 
 log = logging.getLogger("pid.worker")
 
@@ -113,7 +113,7 @@ class EventLog:
 
     PENDING_MAX = 1000
 
-    def __init__(self, store: Store, job_id: str) -> None:
+    def __init__(self, store: JobAttachments, job_id: str) -> None:
         self.store, self.job_id = store, job_id
         self._pending: deque[dict[str, Any]] = deque(maxlen=self.PENDING_MAX)
         self._dropped = 0
@@ -124,7 +124,7 @@ class EventLog:
             self._dropped += len(self._pending) == self.PENDING_MAX   # the oldest goes
             self._pending.append(record)
 
-    def flush(self, store: Store | None = None) -> None:
+    def flush(self, store: JobAttachments | None = None) -> None:
         """Write what waits (to `store`, else the log's own); what an unreachable store refused waits for the next
         flush, and any other failure costs those records, never the job."""
         with self._lock:
@@ -153,7 +153,7 @@ class EventLog:
             self._pending.extend(kept)
 
 
-def log_job(store: Store, job_id: str, status: str, note: str, **fields: Any) -> None:
+def log_job(store: JobAttachments, job_id: str, status: str, note: str, **fields: Any) -> None:
     """One record of what happened to the job itself (started, handed back, put back, ended) in its log."""
     try:
         store.append_event(job_id, job_record(status, note=note, **fields))
@@ -298,7 +298,7 @@ def with_earlier_attempts(result: dict[str, Any], earlier: list[dict[str, Any]])
     result["usage"] = sum_usage(*(a.get("usage") or {} for a in result["per_attempt"]))
 
 
-def record_end(store: Store, job_id: str, owner: str, result: dict[str, Any], attempts: int = 6) -> None:
+def record_end(store: Leases, job_id: str, owner: str, result: dict[str, Any], attempts: int = 6) -> None:
     """The job's ending must reach the store, or the sweeper would run a finished job again: retry a busy store."""
     for attempt in range(attempts):
         try:

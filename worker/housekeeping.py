@@ -28,7 +28,7 @@ from pid.config import pid_home
 from worker import policy
 from worker.identity import process_alive, process_identity
 from worker.jobs import DEFAULT_QUEUE
-from worker.store import JobRecord, Store, WorkerBeat
+from worker.store import Heartbeats, JobRecord, Store, WorkerBeat
 from worker.store_watch import StoreWatch
 
 log = logging.getLogger("pid.worker")
@@ -61,7 +61,7 @@ def worker_state(beat: WorkerBeat, now: float) -> str:
     return "alive" if now - beat.beat_at <= ALIVE_WITHIN_S else "silent"
 
 
-def live_workers(store: Store) -> list[WorkerBeat]:
+def live_workers(store: Heartbeats) -> list[WorkerBeat]:
     """The workers alive now: heard from lately, not stopped, and not known gone."""
     return [w for w in store.workers(alive_within_s=ALIVE_WITHIN_S) if not process_gone(w)]
 

@@ -43,7 +43,7 @@ from worker.check import Check, run_check
 from worker.jobs import JobSpec, write_json_atomic
 from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, abandon, sandbox_config
 from worker.snapshot import DirSnapshot, import_into, is_directory_repo, open_packed
-from worker.store import Store, default_store
+from worker.store import JobAttachments, Store, default_store
 from worker.trees import remove_tree
 from worker.watchdog import Watchdog
 
@@ -308,7 +308,7 @@ def _owns(still_owner: Callable[[], bool]) -> bool:
         return False
 
 
-def _forget(store: Store, job_id: str, name: str) -> None:
+def _forget(store: JobAttachments, job_id: str, name: str) -> None:
     try:
         store.delete_artifact(job_id, name)
     except Exception:   # a stale copy of this attempt's transcript beside its final one: untidy, never harmful

@@ -315,8 +315,8 @@ class StoreBase(Protocol):
 
 class JobRecords(StoreBase, Protocol):
     """Jobs as the client makes, finds and steers them: create, look up, cancel, pause, message, pin. Used by the
-    CLI (cli/main.py, cli/ids.py, cli/view.py, cli/batch*.py), worker/sweep.py's cancel_job and the runner's
-    local jobs."""
+    CLI (cli/main.py, cli/ids.py, cli/view.py, cli/batch*.py), worker/sweep.py's cancel_job and `pid run`'s
+    ForegroundJob (worker/control.py)."""
 
     def create(self, spec: JobSpec, kind: str = "worker") -> JobRecord: ...
     def get(self, job_id: str) -> JobRecord | None: ...
@@ -332,7 +332,8 @@ class JobRecords(StoreBase, Protocol):
 class Leases(StoreBase, Protocol):
     """A running attempt's hold on its job: claimed by one owner under a lease it renews, reporting progress,
     polling its controls and mail, and ending (finish) or handing the job back. Used by worker/control.py (the
-    relay, record_end) and worker/tasks.py; `finish` also by the sweeper and the CLI's local runs."""
+    relay, record_end) and worker/tasks.py; `finish` also by the sweeper, reconcile and the CLI (a submit that
+    could not be dispatched)."""
 
     def claim(self, job_id: str, owner: str, lease_s: float) -> bool: ...
     def renew(self, job_id: str, owner: str, lease_s: float) -> bool: ...
@@ -379,7 +380,8 @@ class DispatchRecords(StoreBase, Protocol):
 
 class Heartbeats(StoreBase, Protocol):
     """Workers' heartbeats: who is alive, what it consumes and admits, and a kept stop. Written by
-    worker/housekeeping.py, read by it, the sweeper and `pid workers`."""
+    worker/housekeeping.py, read through its live_workers by reconcile and the CLI (`pid workers`, submit's
+    refusal of a job no worker admits)."""
 
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
              taking_jobs: bool, queues: "builtins.list[str] | None" = None,
@@ -417,7 +419,7 @@ class JobAttachments(StoreBase, Protocol):
 
 class Retention(StoreBase, Protocol):
     """Forgetting ended jobs (record, events, artifacts) and unpinned blobs after PID_RETENTION. Used by the
-    worker's housekeeping and the client's sweep."""
+    worker's housekeeping (worker/housekeeping.py)."""
 
     def prune(self) -> dict[str, int]: ...
 
@@ -1152,7 +1154,7 @@ def open_store(url: str | None, variable: str = "PID_STORE_URL") -> Store:
                      "redis://HOST:PORT/DB")
 
 
-def blob_from_file(store: Store, path: str, digest: str | None) -> str:
+def blob_from_file(store: BlobStore, path: str, digest: str | None) -> str:
     """put_blob_file's upload, once the store found no blob of that digest: the file's content, checked against it."""
     with open(path, "rb") as f:
         stored = store.put_blob(f)

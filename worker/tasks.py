@@ -26,7 +26,7 @@ from worker.jobs import JobSpec, spec_problem
 from worker.outage import Patience, patient
 from worker.runner import run_job
 from worker.sandbox_start import GRACE_S
-from worker.store import JobRecord, Store, default_store
+from worker.store import JobAttachments, JobRecord, Store, default_store
 from worker.sweep import write_unrun_result
 
 log = logging.getLogger("pid.worker")
@@ -161,7 +161,7 @@ def _wake_parked(store: Store, batch_id: str) -> None:
         log.exception("batch %s: dispatching its waiting jobs", batch_id)
 
 
-def _api_key(store: Store, spec: JobSpec, from_message: str | None) -> str | None:
+def _api_key(store: JobAttachments, spec: JobSpec, from_message: str | None) -> str | None:
     """The job's key: the one submitted with it (in the store), else one an older client's message carried, else
     this worker's own environment's, where the job's endpoint is the one that key is for (PID_BASE_URL, else the
     vendor's own): a job naming another endpoint never receives the worker's key."""
