@@ -10,7 +10,7 @@ from typing import Any
 from worker.brokers import embedded_broker, redis_broker
 from worker.jobs import DEFAULT_QUEUE
 from worker.publish import TASK, push
-from worker.store import Store, default_store
+from worker.store import Store, StoreBase, default_store
 
 _redis_clients: dict[tuple[int, str], Any] = {}   # a broker that is not the store's Redis: one client per process
 
@@ -35,7 +35,7 @@ def dispatch(job_id: str, store: Store | None = None, previous: float | None = N
     return True
 
 
-def publish(store: Store, jobs: list[tuple[str, str]], front: bool = False) -> tuple[int, Exception | None]:
+def publish(store: StoreBase, jobs: list[tuple[str, str]], front: bool = False) -> tuple[int, Exception | None]:
     """Send the messages of (job id, queue) pairs, in order, over one connection: how many went before the broker
     refused one, and why (None: all went). The store's records are the caller's to keep. `front`: ahead of the
     messages already queued, on Redis and the embedded broker (RabbitMQ has no front: they wait their turn)."""
@@ -67,7 +67,7 @@ def publish(store: Store, jobs: list[tuple[str, str]], front: bool = False) -> t
     return sent, None
 
 
-def _redis_client(store: Store, url: str) -> Any:
+def _redis_client(store: StoreBase, url: str) -> Any:
     """A client of the broker's Redis: the store's own when the store is that Redis (its connection is open)."""
     from worker.redis_store import RedisStore
     if isinstance(store, RedisStore) and store.url == url:

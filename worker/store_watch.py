@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import time
 
-from worker.store import Store
+from worker.store import Store, StoreBase
 
 log = logging.getLogger("pid.jobs")
 
 
-def volatile(store: Store) -> str | None:
+def volatile(store: StoreBase) -> str | None:
     """Why `store` would lose every job on a restart (one line), or None: it persists, or it is not a Redis, or it
     will not say (then a warning is logged)."""
     from worker.redis_store import RedisStore
