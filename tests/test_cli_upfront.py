@@ -3,6 +3,7 @@ serves. Each is one line and exit 2 before anything is recorded or started (no j
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ from sandbox.config import LABEL_OWNER
 from sandbox.reaper import owner_label
 from tests.conftest import pid_containers
 from tests.test_cli import LOCAL, assert_one_error
+from worker.jobs import JobSpec
+from worker.store import JobStore
 
 pytestmark = pytest.mark.cli
 
@@ -48,11 +51,16 @@ def test_a_batch_item_asking_more_cpus_than_the_engine_has_is_named(run_pid, sam
 def test_a_broker_url_no_transport_serves_is_one_line_and_nothing_is_queued(run_pid, pid_env, sample_repo: Path,
                                                                            args):
     repo = ("--repo", str(sample_repo)) if args[0] == "submit" else ()
+    before = []
+    if args[0] == "retry":   # a job that exists: an id that names none is refused first, for that
+        job = JobStore(os.path.join(pid_env["PID_HOME"], "jobs.db")).create(JobSpec(task="t", model="m"))
+        args, before = ("retry", job.id), [job.id]
     env = {**pid_env, "PID_BROKER_URL": "bogus://user:hunter2@host/0"}
     line = assert_one_error(run_pid(*args, *repo, env=env), "PID_BROKER_URL=bogus://user:***@host/0",
                             "not a broker pid knows")
     assert "hunter2" not in line
-    no_job(run_pid)
+    listed = run_pid("list", "--json")
+    assert listed.code == 0 and [j["id"] for j in json.loads(listed.stdout)] == before, listed.stdout
 
 
 def test_a_batch_with_a_broker_url_no_transport_serves_is_refused(run_pid, pid_env, sample_repo: Path,
