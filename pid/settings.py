@@ -3,7 +3,7 @@
 Code reads a setting where and when it did before this module: a module constant read at import stays one (tests
 patch housekeeping.EVERY_S), the rest are read at each call (tests set the variable). A set but empty variable is
 unset. Click's options take their `envvar` from here (`MODEL.name`) and parse and default it themselves; those
-settings say so. docs/options.md's table of variables is `python -m pid.settings` (tests/test_settings.py keeps it
+settings say so. docs/options.md's table of variables is `table()` (tests/test_settings.py keeps it
 current, and keeps PID_ names out of the code elsewhere)."""
 from __future__ import annotations
 
@@ -110,7 +110,3 @@ def table() -> str:
         default = s.shown_default or shown
         rows.append(f"| `{s.name}` | {default} | {s.why} |")
     return "\n".join(rows) + "\n"
-
-
-if __name__ == "__main__":
-    print(table(), end="")

@@ -44,7 +44,8 @@ def test_each_setting_is_declared_once() -> None:
 
 def test_the_docs_table_is_current() -> None:
     doc = (ROOT / "docs" / "options.md").read_text()
-    assert settings.table() in doc, "regenerate docs/options.md's table: python -m pid.settings"
+    assert settings.table() in doc, "regenerate docs/options.md's table: python -c " \
+        "'import pid.settings as s; print(s.table(), end=\"\")'"
 
 
 def test_a_setting_is_read_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,3 +62,11 @@ def test_a_setting_is_read_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.TIKTOKEN_DOWNLOAD.get() is True
     monkeypatch.setenv(settings.TEST_RUN.name, "  ")
     assert settings.TEST_RUN.get() == ""
+
+
+def test_the_settings_module_is_core() -> None:
+    """Every package reads its settings here, so this module imports only the standard library."""
+    tree = ast.parse((ROOT / "pid" / "settings.py").read_text())
+    modules = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names} | \
+        {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert modules <= {"__future__", "os", "dataclasses", "typing"}
