@@ -28,6 +28,7 @@ from cli.output import echo
 from pid.terminal import dumps, one_line
 from worker.batch import BatchDir, changed_options, kept_options, other_tasks
 from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
+from pid import settings
 
 WORKER_STOP_S = 60.0
 
@@ -58,10 +59,10 @@ class BatchCommand(click.Command):
 @click.argument("tasks", required=False, metavar="TASKS.jsonl|-")
 @click.option("--repo", metavar="DIR|URL",
               help=spec_field("repo").metadata["help"].rstrip(".") + ". Every item's, unless its line names one.")
-@click.option("--queue", type=QueueName(), default=DEFAULT_QUEUE, show_default=True, envvar="PID_QUEUE",
+@click.option("--queue", type=QueueName(), default=DEFAULT_QUEUE, show_default=True, envvar=settings.QUEUE.name,
               show_envvar=True, cls=EnvOption, help=spec_field("queue").metadata["help"])
 @click.option("--max-workspace", type=Size(), default=format_size(200 << 20), show_default=True,
-              envvar="PID_MAX_WORKSPACE", show_envvar=True, cls=EnvOption,
+              envvar=settings.MAX_WORKSPACE.name, show_envvar=True, cls=EnvOption,
               help="Largest packed size of a directory repo (each is packed once, at submit).")
 @click.option("--workers", type=click.IntRange(1, 256), default=None,
               help="Also run N job slots here (a `pid worker` for the life of the command).")

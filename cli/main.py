@@ -20,6 +20,7 @@ import click
 
 import cli as cli_package
 from pid import events as ev
+from pid import settings
 from pid.costs import format_cost
 from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
 from cli.ids import JOB_ID
@@ -35,7 +36,7 @@ from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
 EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without --wait)
 EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it
 # `--wait` says so when a job is still queued after this long (PID_NO_WORKER_NOTICE_S: the tests wait less)
-NO_WORKER_NOTICE_S = float(os.environ.get("PID_NO_WORKER_NOTICE_S", "10"))
+NO_WORKER_NOTICE_S = settings.NO_WORKER_NOTICE_S.get()
 SWEEP_WHILE_WAITING_S = 5.0   # how often a `--wait` looks for jobs whose process died
 JOB_STATUSES = ("queued", "running", *STATUSES)
 DEFAULT_MAX_WORKSPACE = 200 << 20   # bytes of a directory --repo once packed at submit
@@ -287,7 +288,7 @@ def cli() -> None:
 
 MAX_WORKSPACE_OPTION = click.option(
     "--max-workspace", type=Size(), default=format_size(DEFAULT_MAX_WORKSPACE), show_default=True,
-    envvar="PID_MAX_WORKSPACE", show_envvar=True, cls=EnvOption,
+    envvar=settings.MAX_WORKSPACE.name, show_envvar=True, cls=EnvOption,
     help="Largest packed size of a directory --repo (checked before anything is written; `submit` packs it then and "
          "it travels with the job), and the most a git URL's clone may take on the worker.")
 
@@ -391,7 +392,7 @@ def _attach(agent: Any, agents: list[Any], job: Any) -> None:
 @job_options
 @click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code.")
 @MAX_WORKSPACE_OPTION
-@click.option("--queue", type=QueueName(), default=DEFAULT_QUEUE, show_default=True, envvar="PID_QUEUE",
+@click.option("--queue", type=QueueName(), default=DEFAULT_QUEUE, show_default=True, envvar=settings.QUEUE.name,
               show_envvar=True, cls=EnvOption, help=spec_field("queue").metadata["help"])
 def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_workspace: int, queue: str,
            **options: Any) -> None:
@@ -770,9 +771,9 @@ def workers(show_all: bool, as_json: bool) -> None:
                    "pid's own line per job start and end always prints.")
 @click.option("--events", is_flag=True, help="Send Celery task events, for monitors such as Flower.")
 @click.option("--queue", "-Q", "queues", type=QueueName(many=True), default=DEFAULT_QUEUE, show_default=True,
-              envvar="PID_QUEUES", show_envvar=True, cls=EnvOption,
+              envvar=settings.QUEUES.name, show_envvar=True, cls=EnvOption,
               help="The queues this worker takes jobs from, comma-separated (submit --queue routes a job).")
-@click.option("--policy", "policy_file", type=click.Path(dir_okay=False), envvar="PID_POLICY", show_envvar=True,
+@click.option("--policy", "policy_file", type=click.Path(dir_okay=False), envvar=settings.POLICY.name, show_envvar=True,
               cls=EnvOption, help="A TOML file of the most a job may ask of this worker (memory, CPUs, disk, "
                                   "timeout, cost, root, network, images, endpoints): a job outside it is refused "
                                   "before its container starts (docs/security.md).")

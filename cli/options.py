@@ -16,6 +16,7 @@ from click.core import ParameterSource
 from pid.config import API_KEY_ENV, API_NAMES, THINKING_LEVELS
 from sandbox.disk import format_size
 from worker.jobs import default_of, spec_field
+from pid import settings
 
 MIN_MEMORY = 6 << 20   # the Docker engine refuses less
 
@@ -289,10 +290,10 @@ def _const(kind: click.ParamType) -> Callable[[Any, Any], click.ParamType]:
 
 
 JOB_OPTIONS = [
-    JobOption("--model", "model", envvar="PID_MODEL"),
-    JobOption("--base-url", "base_url", _const(Url()), envvar="PID_BASE_URL"),
-    JobOption("--api", "api", _const(Api()), envvar="PID_API"),
-    JobOption("--image", "image", _const(ImageRef()), envvar="PID_IMAGE"),
+    JobOption("--model", "model", envvar=settings.MODEL.name),
+    JobOption("--base-url", "base_url", _const(Url()), envvar=settings.BASE_URL.name),
+    JobOption("--api", "api", _const(Api()), envvar=settings.API.name),
+    JobOption("--image", "image", _const(ImageRef()), envvar=settings.IMAGE.name),
     JobOption("--workdir", "workdir", _const(Workdir())),
     JobOption("--out", "out_dir", extra={"metavar": "DIR"}),
     JobOption("--timeout", "timeout_s", lambda low, high: Number(float, low, high)),
@@ -304,7 +305,7 @@ JOB_OPTIONS = [
     JobOption("--cache-read-price", "cache_read_price", lambda low, high: Number(float, low, high)),
     JobOption("--cache-write-price", "cache_write_price", lambda low, high: Number(float, low, high)),
     JobOption("--max-tokens", "max_tokens", lambda low, high: Number(int, low, high)),
-    JobOption("--thinking", "thinking", _const(Thinking()), envvar="PID_THINKING"),
+    JobOption("--thinking", "thinking", _const(Thinking()), envvar=settings.THINKING.name),
     JobOption("--max-retry-wait", "max_retry_wait", lambda low, high: Number(float, low, high)),
     JobOption("--retry-budget", "retry_budget", lambda low, high: Number(float, low, high)),
     JobOption("--tools", "tools", _const(Tools())),

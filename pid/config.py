@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass
+from pid import settings
 
 # `--api` / PID_API name -> the wire format the providers speak (pid/providers keys its implementations by these).
 API_NAMES = {"openai": "openai-completions", "anthropic": "anthropic-messages"}
@@ -16,7 +17,7 @@ DEFAULT_API = API_NAMES["openai"]
 DEFAULT_BASE_URLS = {API_NAMES["openai"]: "https://api.openai.com/v1",
                      API_NAMES["anthropic"]: "https://api.anthropic.com/v1"}
 KEYED_HOSTS = frozenset(url.split("/")[2] for url in DEFAULT_BASE_URLS.values())
-API_KEY_ENV = ("PID_API_KEY", "OPENAI_API_KEY")   # the first one set wins
+API_KEY_ENV = (settings.API_KEY.name, "OPENAI_API_KEY")   # the first one set wins
 THINKING_LEVELS = ("off", "low", "medium", "high")   # --thinking (pid/providers map them to each API)
 
 
@@ -38,7 +39,7 @@ class HomeUnusable(Exception):
 
 def pid_home() -> str:
     """PID_HOME, else the per-user data dir (XDG_DATA_HOME/pid, ~/.local/share/pid)."""
-    home = os.environ.get("PID_HOME")
+    home = settings.HOME.raw()
     if home:
         return os.path.abspath(home)
     data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
@@ -71,9 +72,9 @@ class EnvDefaults:
 
     @classmethod
     def read(cls) -> "EnvDefaults":
-        api = os.environ.get("PID_API") or ""
+        api = settings.API.raw() or ""
         return cls(api_key=next((os.environ[k] for k in API_KEY_ENV if os.environ.get(k)), None),
-                   base_url=os.environ.get("PID_BASE_URL") or None,
+                   base_url=settings.BASE_URL.raw(),
                    api=API_NAMES.get(api, api if api in API_NAMES.values() else DEFAULT_API))
 
     def key_for(self, api: str, base_url: str | None) -> str | None:

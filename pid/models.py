@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from typing import Any, Mapping
 
 from pid.config import pid_home
+from pid import settings
 
 # Unknown models: 128k, pi's own default for a models.json entry without contextWindow. Too small compacts a job
 # again and again (a 32k guess leaves ~16k of conversation: two file reads); too large costs one refused request,
@@ -32,7 +33,7 @@ from pid.config import pid_home
 DEFAULT_CONTEXT_WINDOW = 128000
 DEFAULT_MAX_TOKENS = 16384   # pi's default for a models.json entry without maxTokens
 OLLAMA_PORT = 11434          # Ollama's own port: how a job tells that its model server is probably Ollama
-MODELS_ENV = "PID_MODELS"
+MODELS_ENV = settings.MODELS.name
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ class ModelsFileError(ValueError):
 
 def models_file() -> str | None:
     """The user's models.json, if one exists (see the module's docstring for the order)."""
-    explicit = os.environ.get(MODELS_ENV)
+    explicit = settings.MODELS.raw()
     if explicit:
         return explicit   # named on purpose: a missing one is an error, not a fallback
     pi_dir = os.environ.get("PI_CODING_AGENT_DIR") or os.path.join(os.path.expanduser("~"), ".pi", "agent")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pid.config import pid_home
+from pid import settings
 
 log = logging.getLogger(__name__)
 DEFAULT_ENCODING = "o200k_base"
@@ -45,7 +46,7 @@ def _tiktoken_cache_path(url: str) -> str:
 
 
 def _local_table(encoding: str, url: str) -> str | None:
-    for path in (os.environ.get("PID_TIKTOKEN_FILE"),
+    for path in (settings.TIKTOKEN_FILE.raw(),
                  os.path.join(pid_home(), "tiktoken", f"{encoding}.tiktoken"),
                  _tiktoken_cache_path(url)):
         if path and os.path.isfile(path):
@@ -65,7 +66,7 @@ def _load_exact(encoding: str) -> TokenCounter | None:
     constructor = getattr(public, encoding, None)
     if constructor is None:
         raise ValueError(f"unknown tiktoken encoding {encoding!r}")
-    if os.environ.get("PID_TIKTOKEN_DOWNLOAD") == "1":
+    if settings.TIKTOKEN_DOWNLOAD.get():
         enc = tiktoken.get_encoding(encoding)
         return TokenCounter(encoding, True, lambda t: len(enc.encode(t, disallowed_special=())))
 
@@ -76,7 +77,7 @@ def _load_exact(encoding: str) -> TokenCounter | None:
         with open(path, "rb") as f:
             data = f.read()
         # A file the user named explicitly is trusted; one found by convention must be the published table.
-        if path != os.environ.get("PID_TIKTOKEN_FILE") and expected_hash \
+        if path != settings.TIKTOKEN_FILE.raw() and expected_hash \
                 and hashlib.sha256(data).hexdigest() != expected_hash:
             log.warning("ignoring %s: not the published %s table (hash mismatch)", path, encoding)
             raise FileNotFoundError(path)

@@ -18,18 +18,19 @@ import docker.errors
 
 from .config import LABEL_ATTEMPT, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER
 from .docker_client import connect
+from pid import settings
 
 log = logging.getLogger(__name__)
 
 # A test run marks every container it makes with its own id (conftest sets the variable), so that its leak check
 # counts, and removes, only its own containers on an engine that other runs and real workers share.
-TEST_RUN_ENV = "PID_TEST_RUN"
+TEST_RUN_ENV = settings.TEST_RUN.name
 LABEL_TEST_RUN = "pid.test-run"
 
 
 def run_labels() -> dict[str, str]:
     """Labels a new container carries beyond pid's own: the test run's mark, when there is one."""
-    run = os.environ.get(TEST_RUN_ENV, "").strip()
+    run = settings.TEST_RUN.get()
     return {LABEL_TEST_RUN: run} if run else {}
 
 

@@ -15,12 +15,13 @@ from pid.config import pid_home
 from worker.brokers import embedded_broker
 from worker.clients import check_clients
 from worker.jobs import DEFAULT_QUEUE
+from pid import settings
 
 QUEUE = DEFAULT_QUEUE   # the default queue (a job names its own: JobSpec.queue)
 
 
 def broker_settings(home: str) -> tuple[str, dict[str, object]]:
-    url = os.environ.get("PID_BROKER_URL") or "pidfs://"
+    url = settings.BROKER_URL.raw() or "pidfs://"
     if not embedded_broker():
         # Only a message taken but not yet started is unacknowledged (a worker takes one only when it has a free
         # process): if its worker dies, Redis hands it out again after this long.
@@ -43,7 +44,7 @@ def make_app() -> Celery:
     home = pid_home()
     os.makedirs(home, mode=0o700, exist_ok=True)
     broker, transport_options = broker_settings(home)
-    check_clients({"PID_BROKER_URL": broker})
+    check_clients({settings.BROKER_URL.name: broker})
     # What a worker loads as it starts (before it builds its consumer): the job task, and the worker process's own
     # hooks (how it takes jobs, how it stops, its housekeeping), which use the task's module in turn.
     app = Celery("pid", broker=broker, include=["worker.tasks", "worker.main_process"])

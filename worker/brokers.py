@@ -2,8 +2,8 @@
 (`pid submit` on Redis, worker/publish.py) never imports it."""
 from __future__ import annotations
 
-import os
 from urllib.parse import urlsplit, urlunsplit
+from pid import settings
 
 EMBEDDED = ("pidfs://", "filesystem://")   # kombu's own filesystem transport can read half-written messages
 REDIS_SCHEMES = ("redis", "rediss")
@@ -11,19 +11,19 @@ REDIS_SCHEMES = ("redis", "rediss")
 
 def embedded_broker() -> bool:
     """True when jobs run on this machine's filesystem queue (no PID_BROKER_URL)."""
-    return (os.environ.get("PID_BROKER_URL") or "pidfs://").startswith(EMBEDDED)
+    return (settings.BROKER_URL.raw() or "pidfs://").startswith(EMBEDDED)
 
 
 def redis_broker() -> str | None:
     """PID_BROKER_URL when it names a Redis, else None."""
-    url = os.environ.get("PID_BROKER_URL") or ""
+    url = settings.BROKER_URL.raw() or ""
     return url if url.split("://", 1)[0].lower() in REDIS_SCHEMES else None
 
 
 def broker_problem() -> str | None:
     """Why PID_BROKER_URL names no broker pid can use (one line), or None. Kombu's table of transports is read only
     for a URL that is neither the embedded queue nor a Redis (it is loaded to publish there anyway)."""
-    url = os.environ.get("PID_BROKER_URL") or ""
+    url = settings.BROKER_URL.raw() or ""
     if not url or url.startswith(EMBEDDED) or redis_broker():
         return None
     scheme = url.split("://", 1)[0].split("+", 1)[0] if "://" in url else ""

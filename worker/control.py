@@ -25,12 +25,13 @@ from pid.messages import AssistantMessage, Usage
 from worker.outage import transient
 from worker.identity import process_identity
 from worker.store import JobAttachments, Leases, Store
+from pid import settings
 
 log = logging.getLogger("pid.worker")
 
 # A job silent for LEASE_S is presumed dead: a worker's is dispatched again, a `pid run`'s is ended by the next sweep.
 # (On the job's own host the sweep does not wait for that: it sees that the process is gone.)
-LEASE_S = float(os.environ.get("PID_LEASE_S", "30"))
+LEASE_S = settings.LEASE_S.get()
 CONTROL_POLL_S = 0.5      # how quickly cancel, pause and messages reach a running job (one read of the store)
 PROGRESS_EVERY_S = 2.0    # how often progress is written, at most; the lease is renewed in the same write
 

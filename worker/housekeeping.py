@@ -30,14 +30,15 @@ from worker.identity import process_alive, process_identity
 from worker.jobs import DEFAULT_QUEUE
 from worker.store import Heartbeats, JobRecord, Store, WorkerBeat
 from worker.store_watch import StoreWatch
+from pid import settings
 
 log = logging.getLogger("pid.worker")
 
-EVERY_S = float(os.environ.get("PID_SWEEP_S", "5"))
+EVERY_S = settings.SWEEP_S.get()
 BEAT_S = 2.0                          # a worker's heartbeat
-RECONCILE_S = float(os.environ.get("PID_RECONCILE_S", "60"))
-REDISPATCH_AFTER_S = float(os.environ.get("PID_REDISPATCH_AFTER_S", "1800"))   # ...whatever the workers are doing
-DISPATCH_GIVE_UP_S = float(os.environ.get("PID_DISPATCH_GIVE_UP_S", "600"))
+RECONCILE_S = settings.RECONCILE_S.get()
+REDISPATCH_AFTER_S = settings.REDISPATCH_AFTER_S.get()   # ...whatever the workers are doing
+DISPATCH_GIVE_UP_S = settings.DISPATCH_GIVE_UP_S.get()
 REAP_EVERY_S = 60.0
 PRUNE_EVERY_S = 3600.0   # ended jobs, their logs and artifacts, and unused blobs past PID_RETENTION leave the store
 STOP_WAIT_S = 10.0                    # for each housekeeping thread when the worker stops

@@ -21,6 +21,7 @@ from celery import bootsteps, signals
 
 from worker.app import QUEUE, app
 from worker.tasks import STOP_SIGNALS, _log_swept, hand_back_all, jobs_log, node_name
+from pid import settings
 
 log = logging.getLogger("pid.worker")
 
@@ -220,7 +221,7 @@ def _start(sender: Any = None, **_: Any) -> None:
                                 queues=Taking.queues)
     housekeeping.start()
     signals.worker_shutdown.connect(lambda **_: housekeeping.stop(), weak=False)
-    if os.environ.get("PID_RESULT_BACKEND"):
+    if settings.RESULT_BACKEND.raw():
         jobs_log.info("PID_RESULT_BACKEND is set but no longer used: the job store holds every result")
     jobs_log.info("pid worker ready (%s, %d at once, queue %s): waiting for jobs (Ctrl-C: finish the running jobs, "
                   "then stop; twice: hand them back and stop)", node, Taking.concurrency, ",".join(Taking.queues))

@@ -10,6 +10,7 @@ import os
 import sys
 
 from worker.brokers import shown_url
+from pid import settings
 
 REASON_CHARS = 200   # of the library's own words
 
@@ -18,11 +19,10 @@ def unreachable_store(exc: BaseException) -> str | None:
     """The one line for `exc` when it says the job store cannot be reached (or refuses pid); None otherwise."""
     if not _unreachable(exc):
         return None
-    from worker.store import store_url
+    from worker.store import store_url, store_variable
     url = store_url()
     if url:
-        variable = "PID_STORE_URL" if os.environ.get("PID_STORE_URL") else "PID_BROKER_URL"
-        where = f"{shown_url(url)} ({variable})"
+        where = f"{shown_url(url)} ({store_variable()})"
     else:
         from pid.config import pid_home
         where = os.path.join(pid_home(), "jobs.db")
@@ -31,7 +31,7 @@ def unreachable_store(exc: BaseException) -> str | None:
 
 def unreachable_broker(exc: BaseException, job_id: str) -> str:
     """The one line for a broker that would not take job `job_id`'s message (whatever the reason: nothing ran)."""
-    url = os.environ.get("PID_BROKER_URL") or "the embedded queue"
+    url = settings.BROKER_URL.raw() or "the embedded queue"
     return f"could not queue job {job_id}: the broker at {shown_url(url)} (PID_BROKER_URL) did not take it: " \
            f"{_reason(exc)}"
 

@@ -28,6 +28,7 @@ from typing import Any, BinaryIO, Iterator, Protocol
 
 from pid.endings import TERMINAL_STATUSES, ExitReason, check_passed_of, exit_code_of, status_of
 from worker.jobs import DEFAULT_QUEUE, JobSpec
+from pid import settings
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -150,7 +151,7 @@ class TooLarge(ValueError):
 def retention_s(value: str | None = None) -> float:
     """PID_RETENTION (or `value`): seconds, or a number with a unit s/m/h/d/w ("7d"); 7 days when unset. How long
     an ended job (its record, events and artifacts) and an unpinned blob are kept."""
-    raw = os.environ.get("PID_RETENTION") if value is None else value
+    raw = settings.RETENTION.raw() if value is None else value
     if not raw:
         return DEFAULT_RETENTION_S
     m = _DURATION.fullmatch(raw)
@@ -1116,17 +1117,22 @@ def _record(row: sqlite3.Row) -> JobRecord:
 def store_url() -> str | None:
     """The store pid uses: PID_STORE_URL; else the broker's Redis when PID_BROKER_URL is one (a cluster needs one
     store, and a Redis broker is one every machine reaches); else None, SQLite under PID_HOME."""
-    url = os.environ.get("PID_STORE_URL")
+    url = settings.STORE_URL.raw()
     if url:
         return url
     from worker.brokers import redis_broker
     return redis_broker()
 
 
+def store_variable() -> str:
+    """The variable that names the store in use, for messages: PID_STORE_URL when set, else PID_BROKER_URL."""
+    return settings.STORE_URL.name if settings.STORE_URL.raw() else settings.BROKER_URL.name
+
+
 _redis_stores: dict[tuple[int, str], Store] = {}   # one client (and connection pool) per URL and process
 
 
-def open_store(url: str | None, variable: str = "PID_STORE_URL") -> Store:
+def open_store(url: str | None, variable: str = settings.STORE_URL.name) -> Store:
     """The store at `url`: None or "" -> SQLite under PID_HOME; sqlite:///ABS/PATH.db -> SQLite there;
     redis://HOST:PORT/DB (rediss://, unix://) -> RedisStore (one per URL and process: it holds a connection pool).
     ValueError, with a one-line message naming `variable`, for any other URL or a bad PID_RETENTION."""
@@ -1178,4 +1184,4 @@ def _policy(text: str | None) -> dict[str, Any]:
 
 def default_store() -> Store:
     """The store named by the environment (store_url())."""
-    return open_store(store_url(), "PID_STORE_URL" if os.environ.get("PID_STORE_URL") else "PID_BROKER_URL")
+    return open_store(store_url(), store_variable())

@@ -20,10 +20,11 @@ from worker.control import log_job, with_earlier_attempts
 from worker.identity import proc_stat, process_alive
 from worker.jobs import JobSpec, write_json_atomic
 from worker.store import JobRecord, Store
+from pid import settings
 
 log = logging.getLogger("pid.worker")
 
-MAX_ATTEMPTS = int(os.environ.get("PID_MAX_ATTEMPTS", "3"))   # a job whose worker was lost this often has failed
+MAX_ATTEMPTS = settings.MAX_ATTEMPTS.get()   # a job whose worker was lost this often has failed
 
 Ended = Callable[[JobRecord], None]
 

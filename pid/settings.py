@@ -1,0 +1,112 @@
+"""Every PID_* environment variable pid reads, declared once: its name, default, parse, and what it is for.
+
+Code reads a setting where and when it did before this module: a module constant read at import stays one (tests
+patch housekeeping.EVERY_S), the rest are read at each call (tests set the variable). A set but empty variable is
+unset. Click's options take their `envvar` from here (`MODEL.name`) and parse and default it themselves; those
+settings say so. docs/options.md's table of variables is `table()` (tests/test_settings.py keeps it
+current, and keeps PID_ names out of the code elsewhere)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    name: str                    # the environment variable
+    default: T                   # when it is unset or empty
+    parse: Callable[[str], T]    # its text to a value (ValueError when it is none)
+    why: str                     # one line for the docs
+    shown_default: str = ""      # the docs' default, where `default` says nothing (a click option's, a computed one)
+
+    def raw(self) -> str | None:
+        """The variable's text, or None when it is unset or empty."""
+        return os.environ.get(self.name) or None
+
+    def get(self) -> T:
+        """The value now: the variable parsed, else the default."""
+        raw = self.raw()
+        return self.default if raw is None else self.parse(raw)
+
+
+ALL: list[Setting[Any]] = []
+
+
+def _setting(name: str, default: T, parse: Callable[[str], T], why: str, shown_default: str = "") -> Setting[T]:
+    setting = Setting(name, default, parse, why, shown_default)
+    ALL.append(setting)
+    return setting
+
+
+def _flag(text: str) -> bool:
+    return text == "1"
+
+
+def _option(name: str, option: str, why: str) -> Setting[str | None]:
+    """A setting a click option reads (and parses, and defaults: its --help shows both)."""
+    return _setting(name, None, str, why, f"as `{option}`")
+
+
+# The job (click options of run, submit, batch, retry, continue; the worker reads the endpoint's two itself)
+MODEL = _option("PID_MODEL", "--model", "the model a job asks for")
+BASE_URL = _option("PID_BASE_URL", "--base-url",
+                   "the model endpoint; a worker's own is the endpoint its key is for")
+API = _option("PID_API", "--api", "the wire format: `openai`, `anthropic`, `openai-completions`, `anthropic-messages`")
+API_KEY = _option("PID_API_KEY", "--api-key", "the model's API key, else OPENAI_API_KEY; never enters a container")
+IMAGE = _option("PID_IMAGE", "--image", "the sandbox image")
+THINKING = _option("PID_THINKING", "--thinking", "the model's thinking level")
+MAX_WORKSPACE = _option("PID_MAX_WORKSPACE", "--max-workspace", "the largest packed size of a directory --repo")
+QUEUE = _option("PID_QUEUE", "--queue", "the queue `submit` and `batch` send a job to")
+
+# State and files
+HOME = _setting("PID_HOME", None, str, "pid's state (job store, embedded broker); a command that cannot write "
+                "there refuses to start, exit 2", "`~/.local/share/pid`")
+MODELS = _setting("PID_MODELS", None, str, "a models file (docs/jobs.md); one named here must exist",
+                  "`$PID_HOME/models.json`, then pi's")
+TIKTOKEN_FILE = _setting("PID_TIKTOKEN_FILE", None, str, "the tiktoken table, trusted as named (docs/security.md)",
+                         "`$PID_HOME/tiktoken/`, then tiktoken's cache")
+TIKTOKEN_DOWNLOAD = _setting("PID_TIKTOKEN_DOWNLOAD", False, _flag,
+                             "`1`: tiktoken may fetch its table where the network permits")
+
+# The queue and the job store (docs/queue.md)
+BROKER_URL = _setting("PID_BROKER_URL", None, str, "the broker for several machines (`redis://host:6379/0`, "
+                      "`amqp://host//`)", "the embedded queue under PID_HOME")
+STORE_URL = _setting("PID_STORE_URL", None, str, "the job store", "the broker's Redis, else SQLite under PID_HOME")
+RETENTION = _setting("PID_RETENTION", None, str, "how long ended jobs and unused blobs are kept: seconds, or e.g. "
+                     "`12h`, `7d`, `2w` (parsed by worker/store.py)", "`7d`")
+RESULT_BACKEND = _setting("PID_RESULT_BACKEND", None, str,
+                          "no longer used (the job store holds every result): a worker says so when it is set")
+POLICY = _option("PID_POLICY", "worker --policy", "a worker's policy file (docs/policy.md)")
+QUEUES = _option("PID_QUEUES", "worker --queue", "the queues a worker takes jobs from, comma-separated")
+
+# A worker's housekeeping: read once, as the worker's modules load
+SWEEP_S = _setting("PID_SWEEP_S", 5.0, float, "seconds between a worker's sweeps for lost jobs")
+RECONCILE_S = _setting("PID_RECONCILE_S", 60.0, float,
+                       "seconds a queued job waits beside a free live worker before its message is presumed lost")
+REDISPATCH_AFTER_S = _setting("PID_REDISPATCH_AFTER_S", 1800.0, float,
+                              "seconds a queued job waits before it is dispatched again, whatever the workers do")
+DISPATCH_GIVE_UP_S = _setting("PID_DISPATCH_GIVE_UP_S", 600.0, float,
+                              "seconds a job that could not be dispatched is retried before it fails")
+LEASE_S = _setting("PID_LEASE_S", 30.0, float, "seconds a running job may be silent before it is presumed dead")
+MAX_ATTEMPTS = _setting("PID_MAX_ATTEMPTS", 3, int, "times a job's worker may be lost before the job fails")
+
+# The client
+NO_WORKER_NOTICE_S = _setting("PID_NO_WORKER_NOTICE_S", 10.0, float,
+                              "seconds `submit --wait` waits on a queued job before it says no worker took it")
+
+# Tests
+TEST_RUN = _setting("PID_TEST_RUN", "", str.strip,
+                    "a test run's mark on the containers it makes, so it removes only its own")
+
+
+def table() -> str:
+    """docs/options.md's table of every setting."""
+    rows = ["| Variable | Default | What it is for |", "|---|---|---|"]
+    for s in ALL:
+        shown = "" if s.default in (None, "", False) else f"`{str(s.default).removesuffix('.0')}`"
+        default = s.shown_default or shown
+        rows.append(f"| `{s.name}` | {default} | {s.why} |")
+    return "\n".join(rows) + "\n"

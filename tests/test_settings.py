@@ -1,0 +1,72 @@
+"""pid/settings.py is the one place a PID_* variable is named in the code, and docs/options.md lists every one."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from pid import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME = re.compile(r"PID_[A-Z0-9_]+")
+# Not settings of pid: the variable that carries the image's environment inside the container (sandbox/image_env.py).
+NOT_SETTINGS = {"PID_IMAGE_ENV"}
+
+
+def named_variables(source: str, where: str) -> list[str]:
+    """Each string constant in `source` that is a PID_* name and nothing else: what a read or an envvar= names
+    (a message or docstring that mentions one is not a read)."""
+    return [f"{where}:{node.lineno}: {node.value}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and NAME.fullmatch(node.value)
+            and node.value not in NOT_SETTINGS]
+
+
+def test_only_the_settings_module_names_a_variable() -> None:
+    found = [hit for package in ("pid", "sandbox", "worker", "cli") for path in sorted((ROOT / package).rglob("*.py"))
+             if path != ROOT / "pid" / "settings.py"
+             for hit in named_variables(path.read_text(), str(path.relative_to(ROOT)))]
+    assert found == [], "read these through pid/settings.py:\n" + "\n".join(found)
+
+
+def test_the_guard_sees_a_read_not_a_mention() -> None:
+    source = ('"""Set PID_X_S to sweep sooner."""\nimport os\nX = float(os.environ.get("PID_X_S", "5"))\n'
+              'OPTION = dict(envvar="PID_Y")\nMESSAGE = f"PID_Y={X}: not a number"\n')
+    assert named_variables(source, "m.py") == ["m.py:3: PID_X_S", "m.py:4: PID_Y"]
+
+
+def test_each_setting_is_declared_once() -> None:
+    names = [s.name for s in settings.ALL]
+    assert len(names) == len(set(names)) and all(NAME.fullmatch(n) for n in names)
+    assert all(s.why for s in settings.ALL)
+
+
+def test_the_docs_table_is_current() -> None:
+    doc = (ROOT / "docs" / "options.md").read_text()
+    assert settings.table() in doc, "regenerate docs/options.md's table: python -c " \
+        "'import pid.settings as s; print(s.table(), end=\"\")'"
+
+
+def test_a_setting_is_read_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(settings.SWEEP_S.name, raising=False)
+    assert settings.SWEEP_S.get() == 5.0 and settings.SWEEP_S.raw() is None
+    monkeypatch.setenv(settings.SWEEP_S.name, "1.5")
+    assert settings.SWEEP_S.get() == 1.5
+    monkeypatch.setenv(settings.SWEEP_S.name, "")   # empty is unset
+    assert settings.SWEEP_S.get() == 5.0
+    monkeypatch.setenv(settings.MAX_ATTEMPTS.name, "x")
+    with pytest.raises(ValueError):
+        settings.MAX_ATTEMPTS.get()
+    monkeypatch.setenv(settings.TIKTOKEN_DOWNLOAD.name, "1")
+    assert settings.TIKTOKEN_DOWNLOAD.get() is True
+    monkeypatch.setenv(settings.TEST_RUN.name, "  ")
+    assert settings.TEST_RUN.get() == ""
+
+
+def test_the_settings_module_is_core() -> None:
+    """Every package reads its settings here, so this module imports only the standard library."""
+    tree = ast.parse((ROOT / "pid" / "settings.py").read_text())
+    modules = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names} | \
+        {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert modules <= {"__future__", "os", "dataclasses", "typing"}
