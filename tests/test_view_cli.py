@@ -187,13 +187,18 @@ def test_a_continued_job_links_its_parent_and_the_parent_its_children(store, tmp
             (tmp_path / f"pid-view-{kid.id}.html").read_text()
 
 
+def watch(job_id: str, page: Path, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`pid view JOB --watch -o PAGE`, running, its output piped."""
+    return subprocess.Popen([sys.executable, "-m", "cli.main", "view", job_id, "--watch", "-o", str(page)],
+                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+
+
 def test_watch_rewrites_a_running_jobs_page_until_it_ends(store, tmp_path, env):
     spec = stored_job(store, tmp_path, {"session.attempt-1.jsonl": simple_session(["c1"])})
     assert store.claim(spec.id, "w1", 600)
     page = tmp_path / "live.html"
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "view", spec.id, "--watch", "-o", str(page)],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
+    proc = watch(spec.id, page, tmp_path, env)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == str(page)   # printed as soon as the first page is there
@@ -233,9 +238,7 @@ def test_ctrl_c_leaves_a_watched_page_that_no_longer_reloads(store, tmp_path, en
     spec = stored_job(store, tmp_path, {"session.attempt-1.jsonl": simple_session(["c1"])})
     assert store.claim(spec.id, "w1", 600)
     page = tmp_path / "live.html"
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "view", spec.id, "--watch", "-o", str(page)],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
+    proc = watch(spec.id, page, tmp_path, env)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == str(page)
         assert 'http-equiv="refresh"' in page.read_text()

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from cli.output import format_duration
 from pid.costs import format_cost
 from pid.terminal import strip_escapes
 
@@ -198,12 +199,7 @@ def number(value: Any) -> float | None:
 
 def fmt_duration(value: Any) -> str:
     s = number(value)
-    if s is None:
-        return "—"
-    if s < 60:
-        return f"{s:.1f}s"
-    minutes, secs = divmod(int(s), 60)
-    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+    return "—" if s is None else format_duration(s)
 
 
 def fmt_cost(value: Any) -> str:
