@@ -25,6 +25,14 @@ SESSION = "session.jsonl"
 PATCH = "patch.diff"
 
 
+def json_or(text: str, fallback: Any) -> Any:
+    """`text` as JSON, or `fallback` when it is not JSON (a model's arguments may be anything)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return fallback
+
+
 def edit_diff(arguments: dict[str, Any], details: Any) -> str:
     """An edit's change as a unified diff: the tool's own patch when it gave one, else from its arguments."""
     if isinstance(details, dict):
@@ -34,10 +42,7 @@ def edit_diff(arguments: dict[str, Any], details: Any) -> str:
     path = str(arguments.get("path", "file"))
     edits = arguments.get("edits")
     if isinstance(edits, str):
-        try:
-            edits = json.loads(edits)
-        except ValueError:
-            edits = None
+        edits = json_or(edits, None)
     pairs = [e for e in edits if isinstance(e, dict)] if isinstance(edits, list) else []
     if "oldText" in arguments or "newText" in arguments:
         pairs.append(arguments)
@@ -428,10 +433,7 @@ class JobRenderer:
         name = str(call.get("name", "?"))
         args = call.get("arguments")
         if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                args = {"arguments": args}
+            args = json_or(args, {"arguments": args})
         args = args if isinstance(args, dict) else {}
         is_error = bool(result and result.get("isError"))
         not_applied = is_error and name in ("edit", "write")
