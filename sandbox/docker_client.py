@@ -1,12 +1,14 @@
-"""Getting a Docker client, with errors that tell the user what to do."""
+"""Getting a Docker client, with errors that tell the user what to do; the engine's errors translated."""
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable, ParamSpec, TypeVar
 
 import docker
 import docker.errors
+import requests.exceptions
 
-from .errors import DockerUnavailable, ImageNotFound
+from .errors import DockerUnavailable, ImageNotFound, SandboxError
 
 
 def connect(client: docker.DockerClient | None = None) -> docker.DockerClient:
@@ -32,3 +34,19 @@ def ensure_image(image: str, client: docker.DockerClient | None = None) -> dict[
         if exc.status_code == 404:
             raise ImageNotFound(image) from exc
         raise DockerUnavailable(str(exc)) from exc
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def engine_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """The Docker SDK's errors (and its transport's) become SandboxError at the sandbox's boundary: its callers
+    know only pid.sandbox's errors."""
+    @functools.wraps(fn)
+    def translated(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise SandboxError(f"the Docker engine failed: {exc}") from exc
+    return translated

@@ -148,7 +148,7 @@ def test_the_first_servers_start_with_the_container_on_fifos_that_nothing_else_c
         assert _execs(client, box.container_id) == 0
         # Once answered, the FIFOs' names are gone from /.pid/run (the slot shells' command FIFOs too, which the host
         # writes short commands into); the servers keep their ends.
-        run_dir = os.listdir(box._pid_disk.path("run"))   # (on pid's own disk)
+        run_dir = os.listdir(box.container.pid_disk.path("run"))   # (on pid's own disk)
         assert sorted(n for n in run_dir if n.startswith("cmd.")) == ["cmd.2.s", "cmd.3.s"], run_dir
         assert not [n for n in run_dir if n.startswith(("req.", "rep."))]
         # A server that dies is replaced through the engine, and calls go on.
@@ -176,7 +176,7 @@ def test_a_short_command_runs_exactly_once_whatever_the_agent_did_to_its_waiting
     box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-direct", ttl_s=300), client)
     try:
         box.exec("true", timeout=10)
-        idle = box._pool._idle
+        idle = box.channels._pool._idle
         assert idle and all(len(ch.link.slot_fds) == 2 for ch in idle)   # the direct path is taken
         for i in range(4):
             assert signalled(box.exec(signal_waiting_shells("KILL"), timeout=10).tail) >= 1
@@ -212,7 +212,7 @@ def test_commands_around_a_page_run_whole_and_see_only_their_own_variables(clien
     box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-page", ttl_s=300), client)
     try:
         if not direct:
-            box._table_has_room = lambda: False   # every command goes through the server
+            box.processes.has_room = lambda: False   # every command goes through the server
         probe = 'echo "[${n-unset}][${f-unset}][${c-unset}]"'
         for pad in ("", "#" + "é" * 3000):    # short; 6,000 bytes in 3,000 characters
             done = box.exec(probe + "\n" + pad, timeout=10)
@@ -276,7 +276,7 @@ def test_clearing_a_full_table_returns_once_every_killed_process_has_died(client
         finally:
             client.api.unpause(box.container_id)
         assert len(before) > 64
-        assert box._clear_process_table() >= len(before) // 2
+        assert box.processes.clear() >= len(before) // 2
         assert [alive for pid, started in before if (alive := _not_dead(pid, started))] == []
     finally:
         box.close()
@@ -287,7 +287,7 @@ def _next_callers_server(client, box) -> tuple[int, list[int]]:
     up: a call ran, then half a second passed)."""
     box.exec("true", timeout=10)
     time.sleep(0.5)   # the next shells are up
-    channel = box._pool._idle[-1]   # the one the next call takes
+    channel = box.channels._pool._idle[-1]   # the one the next call takes
     rows = client.api.top(box.container_id, ps_args="-eo pid,ppid,args")["Processes"]
     server = [int(row[0]) for row in rows if f"channel.sh agent {channel.channel_id} " in row[2]][0]
     return server, [int(row[0]) for row in rows if int(row[1]) == server and WAITING_SHELL_MARK in row[2]]
@@ -395,7 +395,7 @@ def _state(pid: int) -> str:
 
 def _open_on_disk(box) -> list[str]:
     """This process's descriptors that point into the sandbox's disks (the job's, and pid's own beside it)."""
-    root = box._disk.mountpoint
+    root = box.container.disk.mountpoint
     found = []
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -410,9 +410,10 @@ def _open_on_disk(box) -> list[str]:
 def test_first_servers_that_do_not_answer_are_replaced_through_the_engine(client, monkeypatch):
     # An entry that starts no server (as under a runtime that cannot open the host's FIFOs): the control server
     # and the agents' come through `docker exec` instead, after a short wait, and nothing stays open on the disk.
-    import sandbox.docker_sandbox as ds
-    monkeypatch.setattr(ds, "PRESTARTED_HELLO_S", 1.0)
-    monkeypatch.setattr(ds, "entry_command", lambda ttl, *_: ["sleep", str(ttl)])
+    import sandbox.exec_channels
+    import sandbox.launch
+    monkeypatch.setattr(sandbox.exec_channels, "PRESTARTED_HELLO_S", 1.0)
+    monkeypatch.setattr(sandbox.launch, "entry_command", lambda ttl, *_: ["sleep", str(ttl)])
     started = time.monotonic()
     box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-silent", ttl_s=300), client)
     try:
@@ -436,7 +437,7 @@ def test_a_server_that_refuses_the_sandbox_says_why_at_once(client, monkeypatch,
 
 
 def test_an_engine_whose_default_runtime_is_not_runc_gets_no_fifos(client, monkeypatch):
-    import sandbox.docker_sandbox as ds
+    import sandbox.launch as ds
     assert ds.default_runtime(client) == client.info()["DefaultRuntime"]
     monkeypatch.setitem(ds._default_runtimes, str(client.api.base_url), "runsc")
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-runsc-default", ttl_s=300), client) as box:
@@ -586,7 +587,7 @@ def test_the_in_container_sweep_kills_the_agent_and_keeps_the_control_channel_in
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-sweep", ttl_s=300), client) as box:
         assert box.uid != 0
         box.exec("sleep 4242 >/dev/null 2>&1 &", timeout=10)
-        killed, refused = box._with_control(lambda ch: ch.kill_agent_processes(time.monotonic() + 30))
+        killed, refused = box.channels.with_control(lambda ch: ch.kill_agent_processes(time.monotonic() + 30))
         assert killed >= 1 and refused == 0
         # (pid's own waiting shells of the agent's uid may be started again at once: only the agent's sleep counts)
         asleep = box.run_as_pid("for f in /proc/[0-9]*/cmdline; do case $(tr '\\0' ' ' 2>/dev/null <$f) in "
@@ -598,7 +599,7 @@ def test_the_in_container_sweep_kills_the_agent_and_keeps_the_control_channel_in
             client.api.exec_start(exec_id, detach=True)
         deadline = time.monotonic() + 20   # ~600 rounds on an idle machine, fewer when it is busy
         for _ in range(600):
-            box._with_control(lambda ch: ch.kill_agent_processes(time.monotonic() + 30))
+            box.channels.with_control(lambda ch: ch.kill_agent_processes(time.monotonic() + 30))
             assert box.run_as_pid("echo in-step", "a probe", 30) == b"in-step\n"
             if time.monotonic() > deadline:
                 break
@@ -886,7 +887,7 @@ def test_import_before_any_agent_command_writes_the_job_disk_directly(client, tm
     os.symlink("d/f.txt", src / "rel")
     os.link(src / "d" / "f.txt", src / "hard")
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-direct", ttl_s=300), client) as box:
-        if box._disk is None:
+        if box.container.disk is None:
             pytest.skip("no job disk on this host: the workspace goes through the engine")
         real = box.client.api.put_archive
         calls: list[str] = []

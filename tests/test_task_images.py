@@ -100,7 +100,7 @@ def test_the_image_s_loader_and_shell_variables_reach_the_agent_but_never_pid_s_
         for _ in range(3):   # (shells wait ahead of their commands: those started since the rewrite read it)
             box.exec("true", timeout=30)
         assert box.exec("echo /tmp/sourced-by-*", timeout=30).tail == b"/tmp/sourced-by-1000\n"
-        box._run_as_pid_aside("true", "a new root server", 30)    # started after the rewrite, by the engine
+        box.channels.run_as_pid_aside("true", "a new root server", 30)    # started after the rewrite, by the engine
         box.run_as_pid("true", "the control server's command")
         assert box.exec("echo /tmp/sourced-by-*", timeout=30).tail == b"/tmp/sourced-by-1000\n"
     finally:
@@ -126,7 +126,7 @@ def test_a_root_agent_may_change_the_system_and_pid_still_works(task_image, tmp_
 @pytest.mark.docker
 def test_what_the_agent_writes_into_the_image_is_bounded_by_the_disk(task_image):
     box = _box(task_image, disk=300 << 20)
-    disk = box._disk
+    disk = box.container.disk
     assert disk is not None
     try:
         # (the command's own output shares the full disk: it reports after making room)

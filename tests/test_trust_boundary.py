@@ -18,7 +18,7 @@ import docker
 import pytest
 
 from pid.sandbox import OutputPolicy, SandboxLost
-from sandbox import DockerSandbox, SandboxConfig, SandboxError, docker_sandbox
+from sandbox import DockerSandbox, SandboxConfig, SandboxError, commands, launch
 from sandbox.channel import ProtocolError
 from tests import deep_tree
 from tests.conftest import RUNTIME, WAITING_SHELL_MARK, signal_waiting_shells, signalled
@@ -159,7 +159,7 @@ def test_pid_disk_out_of_inodes_gives_plain_errors_and_never_feeds_an_upload_to_
     of the container, as root). Now all of it is read and dropped, the write fails with ENOSPC, and a command whose
     output file cannot be made says so (126)."""
     with new_box("test-trust-pid-inodes", ttl_s=300, user="root", disk=64 << 20) as box:
-        monkeypatch.setattr(box._kept, "finished", lambda *args, **kwargs: None)
+        monkeypatch.setattr(box.commands.outputs.kept, "finished", lambda *args, **kwargs: None)
         box.exec("setsid sleep 4343 >/dev/null 2>&1 &", timeout=10)   # kill -9 -1 would end it
         box.exec("cd /.pid/out && seq -f x%g 1 100000 | xargs touch", timeout=300)
         with pytest.raises(OSError) as full:
@@ -223,14 +223,14 @@ def test_a_write_past_the_disk_shows_the_model_no_space_left(run_pid, sample_rep
 
 
 def test_a_huge_output_keeps_only_its_tail_on_disk(box, monkeypatch):
-    monkeypatch.setattr(docker_sandbox, "KEEP_OUTPUT", 1 << 20)
-    monkeypatch.setattr(docker_sandbox, "TRIM_EVERY_S", 0.2)
+    monkeypatch.setattr(commands, "KEEP_OUTPUT", 1 << 20)
+    monkeypatch.setattr(commands, "TRIM_EVERY_S", 0.2)
     result = box.exec("for i in $(seq 1 20); do head -c 1048575 /dev/zero | tr '\\0' x; echo; sleep 0.2; done",
                       timeout=60, output=OutputPolicy(tail_bytes=100))
     assert (result.total_bytes, result.total_lines) == (20 << 20, 20)       # counted whole...
     assert result.output_from >= 10 << 20 and result.tail == b"x" * 99 + b"\n"
     # ...kept as its tail only, on the job's disk (as the host sees it: gVisor's own view counts its cache)
-    used = os.stat(os.path.basename(result.output_path), dir_fd=box._out_dir_fd).st_blocks * 512
+    used = os.stat(os.path.basename(result.output_path), dir_fd=box.commands.outputs.dir_fd).st_blocks * 512
     assert used < 6 << 20, used
 
 
@@ -291,7 +291,7 @@ def test_under_gvisor_a_fork_bomb_ends_at_worst_its_own_sandbox():
     with new_box("test-trust-gvisor-bomb", ttl_s=300) as box:
         assert box.exec("ulimit -u", timeout=10).tail == b"512\n"
         cgroup = box.client.api.inspect_container(box.container_id)["HostConfig"]["PidsLimit"]
-        assert cgroup == 512 * docker_sandbox.HOST_TASKS_PER_GUEST_PROCESS + docker_sandbox.RUNTIME_HOST_TASKS
+        assert cgroup == 512 * launch.HOST_TASKS_PER_GUEST_PROCESS + launch.RUNTIME_HOST_TASKS
         try:
             box.exec(":(){ :|:& };:", timeout=5)
             time.sleep(3)

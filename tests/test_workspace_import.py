@@ -169,8 +169,8 @@ def test_the_base_written_while_unpacking_is_the_one_git_makes(tmp_path, nested_
         config = SandboxConfig(image=IMAGE, job_id=JOB + "-seed", ttl_s=300, disk=disk, user=user)
         with DockerSandbox.create(config) as box:
             box.import_tar(packed(src))
-            assert (box._packing is not None) == (disk > 0 and user != "root" and not nested_repo)
-            box._wait_for_base()
+            assert (box.workspace._packing is not None) == (disk > 0 and user != "root" and not nested_repo)
+            box.workspace.wait_for_base()
             in_pack = box.run_as_pid(PID_GIT + "git count-objects -v | grep in-pack", "count").decode().split()[1]
             assert (in_pack != "0") == (disk > 0 and not nested_repo)   # seeded: the blobs came in one pack
             trees[disk, user] = box.run_as_pid(PID_GIT + "git rev-parse HEAD^{tree}; git ls-files -s | sort; "

@@ -1,0 +1,289 @@
+"""The agent's commands and file operations on pooled exec channels (pid.sandbox.Sandbox's side of a container).
+
+A command runs in its own process group; on timeout or cancel the group is killed inside the container before the
+call returns. Its output goes to a file on pid's own disk, which the host bounds while it runs (output_trim.py) and
+removes or keeps once its reply is read (outputs.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import threading
+import time
+from typing import Any, Callable
+
+from pid.sandbox import DEFAULT_OUTPUT, ExecResult, OutputPolicy, SandboxLost
+
+from . import fileops
+from .channel import DIRECT_MAX, Channel, ChannelClosed, TableFull
+from .disk import JobDisk
+from .errors import SandboxError
+from .exec_channels import CONTROL_TIMEOUT_S, MAX_CHANNELS, ExecChannels
+from .launch import Container
+from .output_trim import trim_front
+from .outputs import KeptOutputs
+from .process_table import ProcessTable
+
+log = logging.getLogger(__name__)
+
+OUTPUT_POLL_S = 0.75       # on_output cadence
+OUTPUT_CHUNK = 16384       # at most this much of the newest output per on_output call
+CANCEL_POLL_S = 0.1        # how often a waiting call looks at its cancel Event
+KILL_GRACE_S = 10.0        # after SIGKILL, the server must report the end within this
+FILE_TIMEOUT_S = 120.0     # a read or write of the tools, start to end
+READ_LIMIT = 64 << 20      # the most one read_file returns, whatever the caller asks
+KEEP_OUTPUT = 64 << 20     # a command's kept output file holds at most about its last this-many bytes...
+TRIM_EVERY_S = 1.0         # ...checked this often while it runs
+HOUSEKEEPING_TIMEOUT_S = 5.0
+DISK_FULL_BELOW = 1 << 20  # the job's disk counts as full, for the model's notice, with less than this left
+
+
+class OutputFiles:
+    """The commands' output files on pid's disk (/.pid/out), opened on the host: which are kept, which go."""
+
+    def __init__(self) -> None:
+        self.dir_fd: int | None = None
+        self.kept = KeptOutputs()   # which finished outputs stay there (under _lock)
+        self._lock = threading.Lock()
+
+    def open(self, pid_disk: JobDisk) -> None:
+        self.dir_fd = os.open(pid_disk.path("out"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+    def finished(self, out_path: str, kept: bool) -> None:
+        """A command's reply is read: its output file is removed, or kept for the model (outputs.py)."""
+        with self._lock:
+            if self.dir_fd is not None:
+                self.kept.finished(self.dir_fd, posixpath.basename(out_path), kept)
+
+    def sweep(self) -> None:
+        """Removed outputs that processes left behind still write are cut back (outputs.py)."""
+        with self._lock:
+            if self.dir_fd is not None:
+                self.kept.sweep(self.dir_fd)
+
+    def clear(self) -> None:
+        """Every output goes (the agent's processes are gone): pid's disk is the patch's."""
+        with self._lock:
+            if self.dir_fd is not None:
+                self.kept.clear(self.dir_fd)
+
+    def dup(self) -> int | None:
+        """A copy of the directory's descriptor (close() may run meanwhile and its number be reused)."""
+        with self._lock:
+            return None if self.dir_fd is None else os.dup(self.dir_fd)
+
+    def close(self) -> None:
+        with self._lock:
+            self.kept.close()
+            if self.dir_fd is not None:
+                os.close(self.dir_fd)
+                self.dir_fd = None
+
+
+class Commands:
+    """Commands, reads and writes of the agent in one container. Thread-safe: concurrent calls use separate
+    channels."""
+
+    def __init__(self, container: Container, channels: ExecChannels, processes: ProcessTable) -> None:
+        self.container = container
+        self.channels = channels
+        self.processes = processes
+        self.outputs = OutputFiles()
+        self.agent_started = False   # an agent command (or file op) was started: the workspace may hold its links
+
+    def abs(self, path: str) -> str:
+        return path if path.startswith("/") else posixpath.join(self.container.config.workdir, path)
+
+    def _start(self, command: bytes | str, emit: int, deadline: float,
+               upload: bytes | None) -> tuple[Channel, int, str]:
+        """Start a command on a pooled agent channel, which stays lent until its reply is read; (channel, pgid,
+        output file). A full process table is cleared first. A channel whose server died while idle is replaced and
+        the start retried: a dead server ran nothing."""
+        cleared = False
+        root = self.container.uid == 0
+        for attempt in range(MAX_CHANNELS + 1):
+            try:
+                channel = self.channels.acquire()
+            except SandboxLost:
+                raise
+            except SandboxError:   # no new channel could start: a full process table is the usual reason
+                if cleared or root:
+                    raise
+                self.processes.clear()
+                cleared = True
+                continue
+            try:
+                direct = upload is None and channel.hands_over() and self.processes.has_room()
+                pgid, out_path = channel.start(command, emit, deadline, upload=upload, direct=direct)
+                return channel, pgid, out_path
+            except TableFull:
+                self.channels.release(channel)
+                if cleared or root:
+                    raise
+                self.processes.clear()
+                cleared = True
+            except ChannelClosed as exc:
+                self.channels.discard(channel)
+                self.channels.raise_if_lost(exc)
+                if attempt == MAX_CHANNELS:
+                    raise
+            except BaseException as exc:
+                self.channels.discard(channel)
+                if isinstance(exc, SandboxError) and not isinstance(exc, SandboxLost):
+                    self.channels.raise_if_lost(exc)
+                raise
+        raise AssertionError("unreachable")
+
+    def _run(self, command: bytes | str, *, emit: int, timeout: float, cancel: threading.Event | None,
+             collect: Callable[[Channel, float], Any], upload: bytes | None = None,
+             on_output: Callable[[bytes], None] | None = None) -> tuple[str | None, Any, int, str]:
+        """Start a command on an agent channel and wait for its end, its deadline or cancel; (stop reason, reply,
+        how often the process table had been cleared before it: a clearing since, to start it or while it ran, may
+        have killed its processes, its output file: the caller settles it, see OutputFiles.finished).
+
+        On timeout or cancel its process group is killed inside the container before this returns. The deadline
+        counts from before the command (and its upload) is sent; the start itself has its own bound, not the call's:
+        a start given up half-way could still run its command later, out of reach, while one that ends past the
+        deadline is killed at once below, as timed out. (A command is at most a tool argument's size: see
+        pid/tools/registry.py's MAX_ARGUMENT_BYTES.)
+        """
+        self.agent_started = True
+        started = time.monotonic()
+        deadline = started + timeout
+        clearings = self.processes.clearings
+        self.outputs.sweep()
+        channel, started_pgid, out_path = self._start(command, emit, started + CONTROL_TIMEOUT_S, upload)
+        pgid: int | None = started_pgid   # None once the command has ended: nothing left to kill
+        try:
+            next_poll = started + OUTPUT_POLL_S
+            next_trim = started + TRIM_EVERY_S
+            polled = cut = 0
+            stop: str | None = None
+            while True:
+                now = time.monotonic()
+                if cancel is not None and cancel.is_set():
+                    stop = "cancelled"
+                    break
+                if now >= deadline:
+                    stop = "timed_out"
+                    break
+                if now >= next_trim:
+                    cut = self._trim_output(out_path, cut)
+                    self.outputs.sweep()
+                    next_trim = time.monotonic() + TRIM_EVERY_S
+                wake = min(deadline, next_trim)
+                if cancel is not None:
+                    wake = min(wake, now + CANCEL_POLL_S)
+                if on_output is not None:
+                    if now >= next_poll:
+                        polled = self._poll_output(out_path, polled, on_output)
+                        next_poll = time.monotonic() + OUTPUT_POLL_S
+                    wake = min(wake, next_poll)
+                reply = collect(channel, wake)
+                if reply is not None:
+                    break
+            if stop is not None:
+                self.processes.kill_group(started_pgid)
+                reply = collect(channel, time.monotonic() + KILL_GRACE_S)
+                if reply is None:
+                    raise SandboxError(f"command did not end after SIGKILL of its process group {pgid}")
+            pgid = None
+        except BaseException as exc:
+            if pgid is not None:   # interrupted while the command runs: it must not outlive us
+                try:
+                    self.processes.kill_group(pgid)
+                except Exception:
+                    pass
+            self.channels.discard(channel)
+            if isinstance(exc, SandboxError) and not isinstance(exc, SandboxLost):
+                self.channels.raise_if_lost(exc)
+            raise
+        self.channels.release(channel)
+        return stop, reply, clearings, out_path
+
+    def exec(self, command: str, *, timeout: float, output: OutputPolicy = DEFAULT_OUTPUT,
+             on_output: Callable[[bytes], None] | None = None,
+             cancel: threading.Event | None = None) -> ExecResult:
+        stop, reply, clearings, out_path = self._run(
+            command, emit=output.tail_bytes + 1, timeout=timeout, cancel=cancel, on_output=on_output,
+            collect=lambda ch, deadline: ch.wait_exec(deadline, output))
+        self.outputs.finished(out_path, kept=reply.kept_path is not None)
+        pids_hit = self.processes.after_command(reply.pids_events, clearings)
+        return ExecResult(
+            exit_code=None if stop else reply.exit_code, tail=reply.tail, total_bytes=reply.total_bytes,
+            total_lines=reply.total_lines, timed_out=stop == "timed_out", cancelled=stop == "cancelled",
+            output_path=reply.kept_path, output_from=reply.kept_from, pids_limit_hit=pids_hit,
+            disk_full=self._disk_full())
+
+    def _disk_full(self) -> bool:
+        """The job's disk has no room left for the agent's writes (blocks or inodes): a command that hides its errors
+        (or a file tool's plain ENOSPC) says no more, so the model is told. One statvfs on the host."""
+        if self.container.disk is None:
+            return False
+        try:
+            st = os.statvfs(self.container.disk.mountpoint)
+        except OSError:
+            return False
+        free = st.f_bfree if self.container.uid == 0 else st.f_bavail   # (root may use ext4's reserved blocks)
+        return free * st.f_frsize < DISK_FULL_BELOW or st.f_favail == 0
+
+    def _file_op(self, snippet: bytes, path: str, *, emit: int, timeout: float, cancel: threading.Event | None,
+                 upload: bytes | None = None) -> bytes:
+        stop, done, _, out_path = self._run(snippet, emit=emit, timeout=timeout, cancel=cancel, upload=upload,
+                                            collect=lambda ch, deadline: ch.finish(deadline))
+        self.outputs.finished(out_path, kept=False)
+        if stop == "cancelled":
+            raise InterruptedError(f"cancelled: {path}")
+        if stop == "timed_out":
+            raise TimeoutError(f"no answer within {timeout:g}s: {path}")
+        fileops.raise_for_status(done.exit_code, path)
+        return done.head
+
+    def read_file(self, path: str, *, max_bytes: int | None = None, timeout: float = FILE_TIMEOUT_S,
+                  cancel: threading.Event | None = None) -> bytes:
+        limit = READ_LIMIT if max_bytes is None else max(0, min(max_bytes, READ_LIMIT))
+        target = self.abs(path)
+        return self._file_op(fileops.read_snippet(self.channels.shell, target, limit), target, emit=limit,
+                             timeout=timeout, cancel=cancel)
+
+    def write_file(self, path: str, data: bytes, *, timeout: float = FILE_TIMEOUT_S,
+                   cancel: threading.Event | None = None) -> None:
+        target = self.abs(path)
+        data = bytes(data)
+        shell = self.channels.shell
+        inline = fileops.inline_write_snippet(target, data, DIRECT_MAX) if shell == "bash" else None
+        if inline is not None:   # a short command: the host can hand it to the slot shell itself (Channel.start)
+            self._file_op(inline, target, emit=0, timeout=timeout, cancel=cancel)
+            return
+        self._file_op(fileops.write_snippet(shell, target, len(data)), target, emit=0, timeout=timeout,
+                      cancel=cancel, upload=data)
+
+    # -- housekeeping while a command runs ------------------------------------------------------------------------
+    def _trim_output(self, out_path: str, cut: int) -> int:
+        """Keep a long-running command's output from filling the job's disk: beyond KEEP_OUTPUT only its tail is
+        kept. Returns the bytes cut so far. With a job disk the host cuts it (output_trim); without one, a spare
+        channel does."""
+        dir_fd = self.outputs.dup()
+        if dir_fd is not None:
+            try:
+                return trim_front(dir_fd, posixpath.basename(out_path), KEEP_OUTPUT)
+            except OSError as exc:
+                log.info("cannot trim %s: %s", out_path, exc)
+                return cut
+            finally:
+                os.close(dir_fd)
+        done = self.channels.on_spare(
+            lambda ch: ch.trim(out_path, KEEP_OUTPUT, time.monotonic() + HOUSEKEEPING_TIMEOUT_S))
+        return cut if done is None else done
+
+    def _poll_output(self, out_path: str, offset: int, on_output: Callable[[bytes], None]) -> int:
+        """Hand output appended since `offset` to on_output, through a spare channel if one is free."""
+        got = self.channels.on_spare(
+            lambda ch: ch.tail(out_path, offset, OUTPUT_CHUNK, time.monotonic() + HOUSEKEEPING_TIMEOUT_S))
+        if got is None:
+            return offset
+        size, chunk = got
+        if chunk:
+            on_output(chunk)
+        return max(offset, size)

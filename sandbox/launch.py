@@ -1,0 +1,358 @@
+"""Container launch: one hardened, labelled, self-expiring container per job, with its disks, and its removal.
+
+What a container gets is decided here, once: the job's disk and pid's own (see PID_DISK), the image's writable trees
+(image_fs.py), dropped capabilities, pid's seccomp profile, limits on memory, CPU, processes and open files, a time to
+live and labels the reaper knows. The Container that comes back is created, not started: DockerSandbox starts it
+once the workspace may stream onto its disk meanwhile.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.types import Mount, Ulimit
+
+from .channel import PID_DIR, RUN_DIR, Channel, PipeLink, entry_command
+from .config import (AGENT_HOME, BASE_ENV, LABEL_ATTEMPT, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER,
+                     SandboxConfig, parse_user)
+from .disk import DiskError, JobDisk, disks_supported
+from .docker_client import connect, ensure_image
+from .errors import SandboxError
+from .image_env import image_env, neutralised
+from .image_fs import ImageFS, image_layers
+from .reaper import force_remove, owner_label, run_labels
+from .seccomp import SECURITY_OPT
+
+PRESTARTED = (("control", 1), ("agent", 2), ("agent", 3))   # the servers the container's entry starts (role, id)
+FIFO_RUNTIMES = ("runc", "io.containerd.runc.v2")   # runtimes whose containers open the host's FIFOs
+# and share the host's kernel. Any other runtime (gVisor's runsc) runs a kernel of its own: the pids cgroup then
+# counts the runtime's host tasks, not the agent's processes (gVisor's ptrace platform spends about 8-12 host tasks
+# on each process it runs, and dies when the cgroup refuses it one). There the agent's processes are bounded by
+# RLIMIT_NPROC, which that kernel counts per sandbox, and the cgroup gets room for what the runtime spends on them.
+HOST_TASKS_PER_GUEST_PROCESS = 12
+RUNTIME_HOST_TASKS = 256
+RESERVE = "reserve"        # in /.pid: the room an image's base keeps on a writable image's disk (see _reserve)
+RESERVE_MAX = 64 << 20
+# pid's own disk, beside the job's: the commands' output files (/.pid/out), the servers' pipes (/.pid/run) and the
+# patch in the making (/.pid/patch: git's index and the objects of the changes, the diff). The agent cannot write
+# there but through its commands' output, which the host bounds (outputs.py, output_trim.py), and which it removes
+# before the patch is made, once the agent's processes are gone: whatever the agent does to the job's disk (every
+# block, every inode), a command's output reaches the model and the patch is made. The diff and the objects of the
+# changed files must fit in it: a larger change fails the patch, as one past --max-patch does. Sparse, like the
+# job's disk: the host pays for what is written.
+PID_DISK = 1 << 30
+PID_DISK_DIRS = {"out": 0o711, "run": 0o700, "patch": 0o700}   # each bound at /.pid/<name>
+
+# pid's in-container machinery runs as root with only these capabilities; the agent (another uid) gets none:
+#   SETUID, SETGID  setpriv drops each agent command to the agent's uid and gid
+#   SETPCAP         ... and empties its capability bounding set
+#   KILL            signal the agent's processes (timeouts, cancel, a full process table)
+#   CHOWN           give the workspace and home to the agent's uid at start
+#   DAC_READ_SEARCH git reads every workspace file for the patch, whatever modes the agent set
+MACHINERY_CAPABILITIES = ["SETUID", "SETGID", "SETPCAP", "KILL", "CHOWN", "DAC_READ_SEARCH"]
+# With `--user root` the agent shares pid's uid; it also gets what root is expected to do in its own workspace.
+ROOT_AGENT_CAPABILITIES = ["DAC_OVERRIDE", "FOWNER", "FSETID", "NET_BIND_SERVICE"]
+
+NOFILE_MAX = 8192          # below the engine's own limit on common hosts (runc refuses to raise it)
+FILE_TABLE_SHARE = 8       # one job's processes x open files stay under 1/8 of the host's file table
+
+
+
+def agent_env(uid: int) -> dict[str, str]:
+    """The environment of pid's servers in the container, and so of the agent's commands."""
+    return dict(BASE_ENV, USER="root" if uid == 0 else "agent")
+
+
+_default_runtimes: dict[str, str] = {}
+
+
+def default_runtime(client: docker.DockerClient) -> str:
+    """The engine's default runtime (asked once per engine and process: dockerd must restart to change it)."""
+    url = str(client.api.base_url)
+    if url not in _default_runtimes:
+        try:
+            _default_runtimes[url] = str(client.info().get("DefaultRuntime") or "runc")
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return "unknown"   # (not kept: asked again next time)
+    return _default_runtimes[url]
+
+
+def _reserve(disk: JobDisk, size: int) -> None:
+    """Room on the job's disk for an image's base, which pid records there while the agent works (and again as the
+    patch is made, when the agent's writes got in its way). The agent's writes to the image go through overlayfs with
+    its mounter's (root's) credentials, so ext4's blocks reserved for root do not stop them. A file of root's in /.pid
+    (posix_fallocate: no data written) holds the room; export_patch frees it first."""
+    fd = os.open(os.path.join(disk.path("pid"), RESERVE), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                 | os.O_CLOEXEC, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, min(RESERVE_MAX, size // 8))
+    finally:
+        os.close(fd)
+
+
+def free_reserve(disk: JobDisk | None) -> None:
+    """The room kept for an image's base is freed (as the patch is made: see _reserve)."""
+    if disk is not None:
+        try:
+            os.unlink(os.path.join(disk.path("pid"), RESERVE))
+        except FileNotFoundError:
+            pass
+
+
+def engine_init(client: docker.DockerClient) -> str | None:
+    """The engine's init binary on this host (`--init`'s docker-init), or None when it cannot be found here."""
+    try:
+        name = str(client.info().get("InitBinary") or "docker-init")
+    except (docker.errors.DockerException, requests.exceptions.RequestException):
+        name = "docker-init"
+    found = shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/bin:/usr/bin"]))
+    return os.path.realpath(found) if found else None
+
+
+def _first_channels(run_dir: str) -> list[Channel]:
+    """The channels of the servers the container's entry will start (PRESTARTED): their FIFOs made in pid's disk's
+    /.pid/run and opened, not yet greeted."""
+    channels: list[Channel] = []
+    try:
+        run_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            for role, channel_id in PRESTARTED:
+                channels.append(Channel(PipeLink(run_fd, channel_id), channel_id, role))
+        finally:
+            os.close(run_fd)
+    except BaseException as exc:
+        for channel in channels:
+            channel.close()
+        if isinstance(exc, OSError):
+            raise SandboxError(f"cannot make the exec channels' pipes: {exc}") from exc
+        raise
+    return channels
+
+
+def _make_disks(config: SandboxConfig, layout: dict[str, tuple[int, int, int]]) -> tuple[JobDisk, JobDisk]:
+    """The job's disk (`layout`, plus the mount points of pid's disk in its /.pid) and pid's own disk."""
+    root, name = config.disk_root or default_disk_root(), f"{config.job_id}-{os.urandom(3).hex()}"
+    layout = {**layout, **{f"pid/{sub}": (0, 0, 0o700) for sub in PID_DISK_DIRS}}
+    try:
+        disk = JobDisk.create(root, name, config.disk, layout=layout)
+    except DiskError as exc:
+        raise SandboxError(f"cannot make the job's disk: {exc}") from exc
+    try:
+        return disk, JobDisk.create(root, name + "-pid", PID_DISK,
+                                    layout={sub: (0, 0, mode) for sub, mode in PID_DISK_DIRS.items()})
+    except BaseException as exc:
+        disk.close()
+        if isinstance(exc, DiskError):
+            raise SandboxError(f"cannot make pid's own disk: {exc}") from exc
+        raise
+
+
+def _close_disks(*disks: JobDisk | None) -> None:
+    for disk in disks:
+        if disk is not None:
+            disk.close()
+
+
+def _iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def nofile_limit(pids_limit: int, file_max_path: str = "/proc/sys/fs/file-max") -> int:
+    """Open files per process such that pids_limit processes cannot fill the host's file table."""
+    try:
+        with open(file_max_path) as f:
+            file_max = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 1024
+    return max(64, min(NOFILE_MAX, file_max // (FILE_TABLE_SHARE * max(1, pids_limit))))
+
+
+def _pid_home() -> str:
+    from pid.config import pid_home
+    return pid_home()
+
+
+def default_disk_root() -> str:
+    return os.path.join(_pid_home(), "disks")
+
+
+
+@dataclass
+class Container:
+    """One job's container, created, and what the host holds for it: its disks, the image's writable trees, the
+    channels of the servers its entry starts. remove() ends the container; release() then frees the host's side."""
+    client: docker.DockerClient
+    config: SandboxConfig
+    image_id: str              # the image it runs, by id (a tag may move meanwhile; result.json says which)
+    env: dict[str, str]        # pid's servers' environment, and so the agent's (an exec adds it to the image's)
+    uid: int
+    gid: int
+    id: str = ""
+    disk: JobDisk | None = None
+    pid_disk: JobDisk | None = None   # pid's own (see PID_DISK); there whenever the job's disk is
+    image_fs: ImageFS | None = None
+    own_kernel: bool = False   # the runtime runs a kernel of its own (see FIFO_RUNTIMES)
+    first: list[Channel] = field(default_factory=list)   # the entry's servers (PRESTARTED), not yet greeted
+    removed_by_pid: bool = False   # kill() was called: the container is gone on purpose
+
+    def start(self) -> None:
+        try:
+            self.client.api.start(self.id)
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"cannot start sandbox container from {self.config.image!r}: {exc}") from exc
+
+    def is_alive(self) -> bool:
+        """The container exists and runs (one engine request)."""
+        try:
+            state = self.client.api.inspect_container(self.id).get("State", {})
+        except docker.errors.NotFound:
+            return False
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return True   # the engine is slow or busy: not evidence that the container is gone
+        return bool(state.get("Running")) and not state.get("Dead")
+
+    def init_pid(self) -> int | None:
+        """The host's pid of the container's init, or None when the engine does not say."""
+        try:
+            return int(self.client.api.inspect_container(self.id)["State"]["Pid"]) or None
+        except (docker.errors.DockerException, requests.exceptions.RequestException, KeyError, ValueError):
+            return None
+
+    def kill(self) -> None:
+        """Force-remove the container now, from any thread (the watchdog's tool)."""
+        self.removed_by_pid = True
+        force_remove(self.client, self.id)
+
+    def remove(self) -> None:
+        """Force-remove the container; never raises."""
+        force_remove(self.client, self.id)
+
+    def release(self) -> None:
+        """Once the container is removed: the host's side goes (the disks, the image's trees). Never raises."""
+        for channel in self.first:   # (not taken: the container never started)
+            channel.close()
+        self.first = []
+        if self.disk is not None and self.id:
+            self._wait_gone(10.0)     # the bind mounts hold the disk busy until the container is really gone
+        if self.image_fs is not None:
+            self.image_fs.close()
+        _close_disks(self.disk, self.pid_disk)
+
+    def _wait_gone(self, limit_s: float) -> None:
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end:
+            try:
+                self.client.api.inspect_container(self.id)
+            except docker.errors.DockerException:   # NotFound: gone; anything else: nothing better to wait for
+                return
+            time.sleep(0.05)
+
+
+def launch(config: SandboxConfig, client: docker.DockerClient | None = None) -> Container:
+    """Create the job's container, not started. Raises ImageNotFound / DockerUnavailable / SandboxError (also for a
+    disk limit that cannot be applied); on any failure nothing of it is left."""
+    uid, gid = parse_user(config.user)
+    client = connect(client)
+    inspected = ensure_image(config.image, client)
+    now = datetime.now(timezone.utc)
+    box = Container(client, config, str(inspected.get("Id") or config.image),   # (its id from here on)
+                    {**agent_env(uid), **neutralised(image_env(inspected))}, uid, gid)
+    try:
+        options = _storage(box, inspected)
+        runtime = config.runtime or default_runtime(client)
+        host_kernel = runtime in FIFO_RUNTIMES
+        box.own_kernel = not host_kernel and runtime != "unknown"   # (under runc, NPROC would count the agent
+        ttl = max(1, int(config.ttl_s))                              # uid's processes in every container)
+        command = ["sleep", str(ttl)]   # exits (and is auto-removed) by itself when orphaned
+        # The control server and two agent servers start with the container, on FIFOs of pid's disk (see
+        # channel.PipeLink): under runc only (gVisor, for one, keeps the host's FIFOs out of its sandbox), whether
+        # named or the engine's default.
+        if box.pid_disk is not None and host_kernel:
+            box.first = _first_channels(box.pid_disk.path(RUN_DIR))
+            command = entry_command(ttl, list(PRESTARTED), config.workdir, uid, gid)
+        box.id = _create(box, command, now, ttl, options)
+    except BaseException:
+        box.release()
+        raise
+    return box
+
+
+def _storage(box: Container, inspected: dict[str, Any]) -> dict[str, Any]:
+    """The container's filesystem options: the job's disk and pid's bound in (box.disk, box.pid_disk), the image's
+    writable trees (box.image_fs), read-only root; else the engine's quota. The caller releases them on failure."""
+    config, uid, gid = box.config, box.uid, box.gid
+    if not config.disk:
+        if config.writable_image:
+            raise SandboxError("--workdir needs the job's own disk: pass a --disk size other than 0")
+        return {}
+    reason = disks_supported()
+    if reason is not None:
+        if config.writable_image:
+            raise SandboxError(f"--workdir needs the job's own disk, and {reason or 'there is none (--disk 0)'}")
+        return {"storage_opt": {"size": str(config.disk)}}   # the engine's own quota (overlay2 on xfs, pquota)
+    layout = {"workspace": (uid, gid, 0o755), "home": (uid, gid, 0o755), "tmp": (0, 0, 0o1777),
+              "vartmp": (0, 0, 0o1777), "pid": (0, 0, 0o711)}
+    if config.writable_image:
+        layout.update({"image": (0, 0, 0o700), "pid/base": (0, 0, 0o700)})
+    box.disk, box.pid_disk = disk, pid_disk = _make_disks(config, layout)
+    own = [(AGENT_HOME, "home"), ("/tmp", "tmp"), ("/var/tmp", "vartmp"), (PID_DIR, "pid")]
+    if not config.image_workspace:
+        own.insert(0, (config.workdir, "workspace"))
+    mounts = [Mount(target, disk.path(name), type="bind") for target, name in own]
+    mounts += [Mount(f"{PID_DIR}/{sub}", pid_disk.path(sub), type="bind") for sub in PID_DISK_DIRS]
+    if config.writable_image:
+        try:
+            _reserve(disk, config.disk)
+            box.image_fs = ImageFS.build(image_layers(inspected, config.image), disk.path("image"),
+                                         workdir=config.workdir, uid=uid, gid=gid,
+                                         image_workspace=config.image_workspace, taken={target for target, _ in own},
+                                         init_binary=engine_init(box.client) if uid == 0 else None)
+        except OSError as exc:
+            raise SandboxError(f"cannot make the image's filesystem writable: {exc}") from exc
+        mounts += [Mount(tree.target, tree.source, type="bind", read_only=tree.read_only)
+                   for tree in box.image_fs.mounts()]
+    return {"read_only": True, "mounts": mounts}
+
+
+def _create(box: Container, command: list[str], now: datetime, ttl: int, options: dict[str, Any]) -> str:
+    """The engine creates the container, hardened and limited; its id."""
+    config, uid = box.config, box.uid
+    caps = MACHINERY_CAPABILITIES + (ROOT_AGENT_CAPABILITIES if uid == 0 else [])
+    nofile = nofile_limit(config.pids_limit)
+    ulimits = [Ulimit(name="nofile", soft=nofile, hard=nofile)]
+    host_tasks = config.pids_limit
+    if box.own_kernel:   # (see FIFO_RUNTIMES)
+        ulimits.append(Ulimit(name="nproc", soft=config.pids_limit, hard=config.pids_limit))
+        host_tasks = config.pids_limit * HOST_TASKS_PER_GUEST_PROCESS + RUNTIME_HOST_TASKS
+    try:
+        container = box.client.containers.create(
+            box.image_id, command, environment=box.env,
+            auto_remove=True, init=True, user="0:0",
+            log_config={"type": "none"},   # nothing of the container's is logged by the engine (nor fills its disk)
+            labels={LABEL_JOB: config.job_id, LABEL_CREATED: _iso(now),
+                    LABEL_EXPIRES: _iso(now + timedelta(seconds=ttl)),
+                    LABEL_OWNER: config.owner or owner_label(_pid_home()),
+                    LABEL_ATTEMPT: str(config.attempt), **run_labels()},
+            mem_limit=config.memory, memswap_limit=config.memory,
+            nano_cpus=int(config.cpus * 1e9), pids_limit=host_tasks,
+            network_mode=config.network,
+            security_opt=SECURITY_OPT,   # (no-new-privileges, and pid's seccomp profile: seccomp.py)
+            cap_drop=["ALL"], cap_add=caps,
+            ulimits=ulimits,
+            working_dir=config.workdir, runtime=config.runtime or None,
+            **options)
+    except docker.errors.DockerException as exc:
+        if "storage_opt" in options:
+            raise SandboxError(
+                f"cannot limit the job's disk: {disks_supported()}, and the engine refused a disk quota "
+                f"({exc}); run the worker as root, or pass --disk 0 for no limit") from exc
+        why = getattr(exc, "explanation", None) or exc   # the engine's own words, without its request
+        raise SandboxError(f"cannot create sandbox container from {config.image!r}: {why}") from exc
+    return str(container.id)
