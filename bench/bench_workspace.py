@@ -75,9 +75,9 @@ def in_process(repo: str, home: str, runs: int) -> None:
         with DockerSandbox.create(SandboxConfig(job_id="bench-workspace", ttl_s=300)) as box:
             started = time.monotonic()
             with blobs.open(packed.digest) as stream:
-                box._unpack(stream, trusted=False)
+                box.workspace.unpack(stream, trusted=False)
             middle = time.monotonic()
-            box._record_base(600)
+            box.workspace._record_base(600)
             if n:
                 unpack.append(middle - started)
                 base.append(time.monotonic() - middle)
@@ -90,8 +90,8 @@ def in_process(repo: str, home: str, runs: int) -> None:
         with DockerSandbox.create(SandboxConfig(job_id="bench-workspace", ttl_s=300)) as box:
             started = time.monotonic()
             with build_tar(repo, box.uid, box.gid) as spool:
-                box._unpack(spool, trusted=True)
-            box._record_base(600)
+                box.workspace.unpack(spool, trusted=True)
+            box.workspace._record_base(600)
             if n:
                 old.append(time.monotonic() - started)
     print(f"tar: {packed.size / 1e6:.1f} MB")

@@ -1,6 +1,6 @@
 """The output files of finished commands, on pid's own disk: removed at once, or kept for the model within a budget.
 
-Why: pid's disk (see docker_sandbox) holds only pid's files, so that whatever the agent does to the job's disk, a
+Why: pid's disk (see launch.PID_DISK) holds only pid's files, so that whatever the agent does to the job's disk, a
 command's output can still be written and the patch still made. The agent's commands write their output there, and
 nothing else of the agent's: so the host bounds what stays. An output the model was shown whole is removed as soon
 as its reply is read (the server's own sweep comes only every 32 commands, and a read of the `read` tool leaves up to

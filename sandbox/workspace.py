@@ -97,7 +97,7 @@ _COMMIT_DEFERRED = ("tree=$(git write-tree --missing-ok)\n"
 def patch_script(workdir: str, base: str, room: str) -> str:
     """Write the workspace's changes since `base` (new and binary files too) as a patch to `room`/patch.diff.
 
-    Everything git writes for it goes into `room` (a directory of root's on pid's own disk, see docker_sandbox): a
+    Everything git writes for it goes into `room` (a directory of root's on pid's own disk, see launch.PID_DISK): a
     copy of the base's index, and the objects of the changed files (the base's are read from pid's repository as
     alternates). pid's repository, on the job's disk that the agent may have filled to the last block and inode, is
     only read. The copy keeps the index's time (cp -p): git re-reads a file whose time is not older than its index's,

@@ -98,7 +98,7 @@ def test_a_root_agent_cannot_plant_the_tools_pid_runs(root_box):
 # -- 3, 4. disk and file table ------------------------------------------------------------------------------------
 def test_the_disk_limit_holds_inside_and_costs_the_host_at_most_that(tmp_path):
     with new_box("test-trust-disk", ttl_s=300, disk=300 << 20) as small:
-        image = small._disk.image
+        image = small.container.disk.image
         # (the command's own output shares the full disk: report after making room)
         result = small.exec("a=$(head -c 1G /dev/zero 2>&1 >/workspace/big); "
                             "b=$(head -c 100M /dev/zero 2>&1 >/tmp/more); "
