@@ -989,3 +989,15 @@ def test_posix_sh_fallback_without_bash(client, image_without_bash):
         assert b"sleep 100" not in box.exec("ps -eo args", timeout=10).tail
         big = box.exec("seq 1 100000", timeout=30, output=OutputPolicy(tail_bytes=10))
         assert (big.total_lines, big.tail) == (100000, b"99\n100000\n")
+
+
+def test_the_engines_errors_reach_callers_as_sandbox_errors(sb, monkeypatch, tmp_path):
+    # The runner knows pid.sandbox's errors only: an engine whose connection drops mid-call is a SandboxError, never
+    # the Docker SDK's or its transport's own exception (export_files used to let requests' errors through).
+    import requests.exceptions
+
+    def dropped(*args, **kwargs):
+        raise requests.exceptions.ConnectionError("connection aborted")
+    monkeypatch.setattr(sb.client.api, "get_archive", dropped)
+    with pytest.raises(SandboxError, match="connection aborted"):
+        sb.export_files(["x.txt"], str(tmp_path), FilesBudget(max_bytes=1 << 20, max_entries=100))
