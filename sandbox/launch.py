@@ -2,8 +2,8 @@
 
 What a container gets is decided here, once: the job's disk and pid's own (see PID_DISK), the image's writable trees
 (image_fs.py), dropped capabilities, pid's seccomp profile, limits on memory, CPU, processes and open files, a time to
-live and labels the reaper knows. The Container that comes back is created, not started: DockerSandbox starts it
-once the workspace may stream onto its disk meanwhile.
+live and labels the reaper knows. The Container that comes back is created, not started: DockerSandbox starts it,
+the workspace streaming onto its disk meanwhile.
 """
 from __future__ import annotations
 
