@@ -40,7 +40,7 @@ from .config import (AGENT_HOME, BASE_ENV, LABEL_ATTEMPT, LABEL_CREATED, LABEL_E
                      SandboxConfig, parse_user)
 from .disk import DiskError, JobDisk, disks_supported
 from .docker_client import connect, ensure_image
-from .errors import SandboxError
+from .errors import SandboxError, engine_errors
 from .output_trim import trim_front
 from .outputs import KeptOutputs
 from .pool import ChannelPool
@@ -619,6 +619,7 @@ class DockerSandbox:
             self._clearings += 1
         return killed
 
+    @engine_errors
     def run_as_pid(self, script: str, what: str, timeout: float = 600.0) -> bytes:
         """Run one of pid's own scripts as root on the control channel; its output (at most 16 KiB).
 
@@ -780,6 +781,7 @@ class DockerSandbox:
         self._pool.release(channel)
         return stop, reply, clearings, out_path
 
+    @engine_errors
     def exec(self, command: str, *, timeout: float, output: OutputPolicy = DEFAULT_OUTPUT,
              on_output: Callable[[bytes], None] | None = None,
              cancel: threading.Event | None = None) -> ExecResult:
@@ -835,6 +837,7 @@ class DockerSandbox:
         fileops.raise_for_status(done.exit_code, path)
         return done.head
 
+    @engine_errors
     def read_file(self, path: str, *, max_bytes: int | None = None, timeout: float = FILE_TIMEOUT_S,
                   cancel: threading.Event | None = None) -> bytes:
         limit = READ_LIMIT if max_bytes is None else max(0, min(max_bytes, READ_LIMIT))
@@ -842,6 +845,7 @@ class DockerSandbox:
         return self._file_op(fileops.read_snippet(self.shell, target, limit), target, emit=limit, timeout=timeout,
                              cancel=cancel)
 
+    @engine_errors
     def write_file(self, path: str, data: bytes, *, timeout: float = FILE_TIMEOUT_S,
                    cancel: threading.Event | None = None) -> None:
         target = self._abs(path)
@@ -903,6 +907,7 @@ class DockerSandbox:
         return max(offset, size)
 
     # -- workspace in, results out -----------------------------------------------------------------------------
+    @engine_errors
     def import_workspace(self, host_path: str, timeout: float = 600.0) -> None:
         """Copy a host directory into workdir (owned by the agent) and record it as the base of the patch, in a
         repository of pid's own outside the workspace. The host directory is only read (never followed through
@@ -916,6 +921,7 @@ class DockerSandbox:
             self._unpack(spool, trusted=True)
         self._record_base(timeout)
 
+    @engine_errors
     def import_tar(self, stream: IO[bytes], timeout: float = 600.0) -> None:
         """Unpack a workspace tar read from `stream` (as `pid submit` packed it, on whatever machine: checked member
         by member, see workspace.MemberCheck) into workdir as it arrives, and record it as the base. If create()
@@ -925,6 +931,7 @@ class DockerSandbox:
         self._early = None
         self._record_base(timeout)
 
+    @engine_errors
     def import_git(self, url: str, ref: str | None, timeout: float = 600.0) -> str:
         """Clone `url` at `ref` into workdir, git running in a container of its own (sandbox.clone), and record the
         checkout as the base; returns the commit cloned."""
@@ -934,6 +941,7 @@ class DockerSandbox:
         self._record_base(timeout)
         return commit
 
+    @engine_errors
     def import_image(self, timeout: float = 600.0) -> None:
         """The workspace is the image's own workdir, as it is: nothing to copy. Its base is recorded while the agent
         works, from pid's read-only view of it (the image's layers never change, whatever the agent does)."""
@@ -1050,6 +1058,7 @@ class DockerSandbox:
         if self._packing_error is not None:
             raise SandboxError(self._packing_error)
 
+    @engine_errors
     def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:
         """Write the workspace's changes since the base commit to host file `dest` (made by pid's git, as root,
         from pid's repository; paths validated, size capped)."""
@@ -1086,6 +1095,7 @@ class DockerSandbox:
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot copy the patch out of the sandbox: {exc}") from exc
 
+    @engine_errors
     def export_files(self, paths: list[str], dest_dir: str, budget: FilesBudget) -> tuple[list[str], list[Skipped]]:
         """Copy in-container files or directories into `dest_dir`, under their in-container paths; (host paths
         written, what was skipped and why). Limits and name checks: sandbox.artifacts."""
@@ -1149,8 +1159,10 @@ class DockerProvider:
     def __init__(self, client: docker.DockerClient | None = None) -> None:
         self.client = client   # None: connect from the environment at each create
 
+    @engine_errors
     def create(self, config: SandboxConfig, workspace: IO[bytes] | None = None) -> DockerSandbox:
         return DockerSandbox.create(config, self.client, workspace)
 
+    @engine_errors
     def clear_job(self, job_id: str) -> None:
         remove_job_containers(job_id, self.client)

@@ -60,6 +60,36 @@ def test_the_runner_does_not_know_dockersandbox():
     assert "DockerSandbox" not in vars(worker.runner)
 
 
+def test_the_runner_and_its_phases_import_no_docker():
+    """The job's phases see only SandboxError: the Docker sandbox translates its engine's exceptions itself."""
+    for path in [ROOT / "worker" / "runner.py", *(ROOT / "worker").glob("job_*.py")]:
+        assert "docker" not in [word for line in path.read_text().splitlines()
+                                if line.startswith(("import ", "from ")) for word in line.replace(".", " ").split()], path
+
+
+class RefusingEngine:
+    """A Docker client whose engine answers the ping and refuses everything else (as a busy or broken one does)."""
+
+    def ping(self) -> bool:
+        return True
+
+    @property
+    def api(self) -> "RefusingEngine":
+        return self
+
+    def containers(self, **_: object) -> list:
+        import docker.errors
+        raise docker.errors.APIError("500 Server Error: the engine is busy")
+
+
+def test_the_docker_provider_raises_sandbox_errors_only():
+    """An engine's refusal reaches the runner as a SandboxError (so a sandbox_error ending), in the engine's words."""
+    from pid.sandbox import SandboxError
+    with pytest.raises(SandboxError, match="the engine is busy") as raised:
+        DockerProvider(RefusingEngine()).clear_job("job-1")   # type: ignore[arg-type]
+    assert type(raised.value.__cause__).__module__ == "docker.errors"
+
+
 def spec_for(repo: Path, out: Path, llm: ScriptedLLM, **extra) -> JobSpec:
     return JobSpec(task="greet", repo=str(repo), model="m", out_dir=str(out), base_url=llm.base_url, **extra)
 
