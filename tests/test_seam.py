@@ -165,3 +165,21 @@ def test_a_job_whose_directory_cannot_be_made_fails_with_its_reason(sample_repo,
     assert (result["status"], result["exit_reason"]) == ("failed", "error")
     assert result["error"].startswith(f"cannot create the job's directory {blocker}/")
     assert provider.created == []
+
+
+def test_an_interrupted_job_is_collected_and_recorded_before_the_interrupt_goes_on(sample_repo, tmp_path):
+    """Ctrl-C during the agent's run: the job still gets its patch, its result.json (interrupted) and its sandbox's
+    removal; then the KeyboardInterrupt reaches the caller."""
+    def interrupt(agent) -> None:
+        raise KeyboardInterrupt
+
+    provider = MemoryProvider({})
+    with ScriptedLLM([{"text": "never"}]) as llm:
+        spec = spec_for(sample_repo, tmp_path / "out", llm)
+        with pytest.raises(KeyboardInterrupt):
+            run_job(spec, sandboxes=provider, on_agent=interrupt)
+    result = json.loads((Path(spec.job_dir) / "result.json").read_text())
+    assert (result["exit_reason"], result["error"]) == ("interrupted", "interrupted"), result
+    assert result["artifacts"]["patch"] == "patch.diff" and result["artifacts"]["session"] == "session.jsonl"
+    [box] = provider.created
+    assert box.closed
