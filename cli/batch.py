@@ -268,19 +268,9 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
             errors.append(f"{where}: no model (a \"model\" field, --model or PID_MODEL)")
             continue
         problem = command_problem(fields.get("check"))
+        problem = f"check: {problem}" if problem else _price_problem(model, fields, need_prices, table)
         if problem:
-            errors.append(f"{where}: check: {problem}")
-            continue
-        # as `pid submit` accepts them: prices given (here or on the line), else the model table's
-        priced = any(fields.get(p) for p in PRICES) or (
-            (need_prices or fields.get("max_cost") is not None) and _priced_in_table(model, table))
-        if fields.get("max_cost") is not None and not priced:
-            errors.append(f"{where}: max_cost needs the model's prices (input_price and/or output_price, or the "
-                          "model table's)")
-            continue
-        if need_prices and not priced:
-            errors.append(f"{where}: --max-total-cost needs the model's prices (--input-price and/or "
-                          "--output-price, or the line's fields, or the model table's)")
+            errors.append(f"{where}: {problem}")
             continue
         item_queue = fields.pop("queue", queue)
         images = fields.pop("images", not no_images)
@@ -305,6 +295,20 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
              "reachable from it", err=True)
     _check_images(specs)
     return specs
+
+
+def _price_problem(model: str, fields: dict[str, Any], need_prices: bool, table: dict[str, bool]) -> str | None:
+    """Why an item's cost could not be bounded (its max_cost, or the batch's --max-total-cost), or None. Prices are
+    accepted as `pid submit` accepts them: given (on the command line or the line), else the model table's (asked
+    once per model: `table`)."""
+    priced = any(fields.get(p) for p in PRICES) or (
+        (need_prices or fields.get("max_cost") is not None) and _priced_in_table(model, table))
+    if fields.get("max_cost") is not None and not priced:
+        return "max_cost needs the model's prices (input_price and/or output_price, or the model table's)"
+    if need_prices and not priced:
+        return ("--max-total-cost needs the model's prices (--input-price and/or --output-price, or the line's "
+                "fields, or the model table's)")
+    return None
 
 
 def _policy_refusals(items: list[Item], specs: dict[str, JobSpec]) -> list[str]:

@@ -60,6 +60,36 @@ def test_the_runner_does_not_know_dockersandbox():
     assert "DockerSandbox" not in vars(worker.runner)
 
 
+def test_the_runner_and_its_phases_import_no_docker():
+    """The job's phases see only SandboxError: the Docker sandbox translates its engine's exceptions itself."""
+    for path in [ROOT / "worker" / "runner.py", *(ROOT / "worker").glob("job_*.py")]:
+        imports = [line for line in path.read_text().splitlines() if line.startswith(("import ", "from "))]
+        assert "docker" not in [word for line in imports for word in line.replace(".", " ").split()], path
+
+
+class RefusingEngine:
+    """A Docker client whose engine answers the ping and refuses everything else (as a busy or broken one does)."""
+
+    def ping(self) -> bool:
+        return True
+
+    @property
+    def api(self) -> "RefusingEngine":
+        return self
+
+    def containers(self, **_: object) -> list:
+        import docker.errors
+        raise docker.errors.APIError("500 Server Error: the engine is busy")
+
+
+def test_the_docker_provider_raises_sandbox_errors_only():
+    """An engine's refusal reaches the runner as a SandboxError (so a sandbox_error ending), in the engine's words."""
+    from pid.sandbox import SandboxError
+    with pytest.raises(SandboxError, match="the engine is busy") as raised:
+        DockerProvider(RefusingEngine()).clear_job("job-1")   # type: ignore[arg-type]
+    assert type(raised.value.__cause__).__module__ == "docker.errors"
+
+
 def spec_for(repo: Path, out: Path, llm: ScriptedLLM, **extra) -> JobSpec:
     return JobSpec(task="greet", repo=str(repo), model="m", out_dir=str(out), base_url=llm.base_url, **extra)
 
@@ -135,3 +165,21 @@ def test_a_job_whose_directory_cannot_be_made_fails_with_its_reason(sample_repo,
     assert (result["status"], result["exit_reason"]) == ("failed", "error")
     assert result["error"].startswith(f"cannot create the job's directory {blocker}/")
     assert provider.created == []
+
+
+def test_an_interrupted_job_is_collected_and_recorded_before_the_interrupt_goes_on(sample_repo, tmp_path):
+    """Ctrl-C during the agent's run: the job still gets its patch, its result.json (interrupted) and its sandbox's
+    removal; then the KeyboardInterrupt reaches the caller."""
+    def interrupt(agent) -> None:
+        raise KeyboardInterrupt
+
+    provider = MemoryProvider({})
+    with ScriptedLLM([{"text": "never"}]) as llm:
+        spec = spec_for(sample_repo, tmp_path / "out", llm)
+        with pytest.raises(KeyboardInterrupt):
+            run_job(spec, sandboxes=provider, on_agent=interrupt)
+    result = json.loads((Path(spec.job_dir) / "result.json").read_text())
+    assert (result["exit_reason"], result["error"]) == ("interrupted", "interrupted"), result
+    assert result["artifacts"]["patch"] == "patch.diff" and result["artifacts"]["session"] == "session.jsonl"
+    [box] = provider.created
+    assert box.closed

@@ -814,9 +814,10 @@ def test_oversized_and_hostile_artifacts_are_refused_and_listed(run_pid, sample_
 def test_collection_that_outruns_its_deadline_fails_the_job(sample_repo, tmp_path, monkeypatch):
     """Artifacts are collected under their own deadline: a patch that takes too long (here: git compressing 300 MB
     of random data against a 2 s deadline) removes the container and fails the job instead of stretching it."""
+    import worker.job_collect
     import worker.runner as runner
     from worker.jobs import JobSpec
-    monkeypatch.setattr(runner, "COLLECT_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(worker.job_collect, "COLLECT_TIMEOUT_S", 2.0)
     script = [{"tool_calls": [{"name": "bash", "arguments": {
         "command": "head -c 300M /dev/urandom > big.bin && echo made"}}]}, {"text": "done"}]
     with ScriptedLLM(script) as llm:

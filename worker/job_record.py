@@ -1,0 +1,95 @@
+"""A job's last phase: result.json, made and written where it belongs.
+
+    the result (status, ending, usage, artifacts, check) -> the store's copy of the artifacts (a worker's job) ->
+    what `retry` and `continue` need (a `pid run` job's store) -> result.json in the job's directory (an owner's
+    only) -> the spool directory removed
+
+result.json's status is true: a job whose sandbox died or whose artifacts could not be made is never `completed`.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+from pid.agent import Outcome
+from pid.session import iso_time
+from worker.artifact_store import keep_run_artifacts, store_result, upload_artifacts, upload_transcript
+from worker.check import Check
+from worker.job_run import JobRun
+from worker.jobs import JobSpec, write_json_atomic
+from worker.store import JobAttachments, Store
+from worker.trees import remove_tree
+
+EMPTY_ANSWER = "the model's final answer was empty"
+
+
+def record(job: JobRun, *, owner: bool, spool: str | None, amend_result: Callable[[dict[str, Any]], None] | None,
+           artifact_store: Store | None, keep: Store | None) -> dict[str, Any]:
+    """result.json's content, stored and written (see run_job for where); returned."""
+    spec = job.spec
+    result = build_result(spec, job.outcome, job.started, job.artifacts, job.workspace, job.check)
+    if getattr(job.sandbox, "image_id", None):   # the image it ran, by id (a tag may have moved since)
+        result["image_id"] = getattr(job.sandbox, "image_id")
+    result["attempt"] = job.attempt   # whose result this is: a sweep elsewhere trusts a stored one of this attempt
+    if amend_result:
+        amend_result(result)
+    if job.syncing is not None:
+        job.syncing.stop()
+    if artifact_store is not None:
+        if owner:
+            upload_artifacts(artifact_store, spec, job.job_dir, result)
+            _forget(artifact_store, spec.id, f"session.attempt-{job.attempt}.jsonl")   # session.jsonl is this one's
+        else:   # handed back or taken over: this attempt's transcript is kept all the same
+            upload_transcript(artifact_store, spec.id, job.job_dir, job.attempt)
+    if keep is not None:
+        keep_run_artifacts(keep, spec, job.job_dir, result)
+    if owner:
+        try:
+            write_json_atomic(os.path.join(job.job_dir, "result.json"), result)
+        except OSError:
+            if artifact_store is None:
+                raise
+            # the store has it: a --out that vanished here (another machine's path) costs only the local copy
+    if spool is not None:
+        remove_tree(spool)
+    return result
+
+
+def record_unstarted(spec: JobSpec, error: str, started: float, artifact_store: Store | None) -> dict[str, Any]:
+    """The result of a job that could not even start (it has no directory to work in): stored, not written."""
+    failed = build_result(spec, Outcome("error", error=error), started, {})
+    if artifact_store is not None:
+        store_result(artifact_store, spec.id, failed)
+    return failed
+
+
+def _forget(store: JobAttachments, job_id: str, name: str) -> None:
+    try:
+        store.delete_artifact(job_id, name)
+    except Exception:   # a stale copy of this attempt's transcript beside its final one: untidy, never harmful
+        pass
+
+
+def build_result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dict[str, Any],
+                 workspace: dict[str, Any] | None = None, check: Check | None = None) -> dict[str, Any]:
+    finished = time.time()
+    result: dict[str, Any] = {
+        "id": spec.id, "status": outcome.status, "exit_reason": outcome.exit_reason,
+        "final_message": outcome.final_message, "turns": outcome.turns, "tool_calls": outcome.tool_calls,
+        "usage": outcome.usage.to_result(), "model": spec.model, "image": spec.image, "task": spec.task,
+        "repo": spec.repo, "started_at": iso_time(started), "finished_at": iso_time(finished),
+        "duration_s": round(finished - started, 3), "artifacts": artifacts,
+    }
+    if workspace is not None:
+        result["workspace"] = workspace
+    for key in ("parent", "retry_of"):   # the job this one continues, or runs again
+        if getattr(spec, key, None):
+            result[key] = getattr(spec, key)
+    if check is not None:   # the job's exit code follows from it: pid.endings.exit_code_for
+        result["check"] = check.to_result()
+    if outcome.error:
+        result["error"] = outcome.error
+    if outcome.exit_reason == "stop" and not (outcome.final_message or "").strip():
+        result["warning"] = EMPTY_ANSWER   # completed, and the model said nothing: worth a look
+    return result
