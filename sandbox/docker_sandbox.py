@@ -210,5 +210,6 @@ class DockerProvider:
     def create(self, config: SandboxConfig, workspace: IO[bytes] | None = None) -> DockerSandbox:
         return DockerSandbox.create(config, self.client, workspace)
 
+    @engine_errors
     def clear_job(self, job_id: str) -> None:
         remove_job_containers(job_id, self.client)
