@@ -27,7 +27,7 @@ from cli.options import JOB_OPTIONS, EnvOption, Number, QueueName, Size, format_
 from cli.output import echo
 from pid.terminal import dumps, one_line
 from worker.batch import BatchDir, changed_options, kept_options, other_tasks
-from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
+from jobs.spec import DEFAULT_QUEUE, JobSpec, spec_field
 from pid import settings
 
 WORKER_STOP_S = 60.0
@@ -166,7 +166,7 @@ for _param in batch.params:   # the job option --out is the batch's own director
 
 
 def _store() -> Any:
-    from worker.store import default_store
+    from jobs.store import default_store
     return default_store()
 
 
@@ -327,8 +327,8 @@ def _pack(items: list[Item], specs: dict[str, JobSpec], max_bytes: int) -> list[
     """Each directory repo packed and stored once (the same tree, whatever the number of items on it)."""
     from pid.config import pid_home
     from sandbox.workspace import WorkspaceTooLarge
-    from worker.blobs import default_blobs
-    from worker.snapshot import git_source, pack_and_store
+    from jobs.blobs import default_blobs
+    from jobs.snapshot import git_source, pack_and_store
     packed: dict[str, str | str] = {}
     failed: dict[str, str] = {}
     errors = []
@@ -354,7 +354,7 @@ def _pack(items: list[Item], specs: dict[str, JobSpec], max_bytes: int) -> list[
 
 
 def _check_images(specs: dict[str, JobSpec]) -> None:
-    from worker.brokers import embedded_broker
+    from jobs.brokers import embedded_broker
     if not embedded_broker():
         return
     from cli.main import BadInput, check_cpus, check_image

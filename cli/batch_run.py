@@ -20,8 +20,8 @@ from cli.output import echo
 from pid.endings import ending_words
 from pid.terminal import dumps, one_line
 from worker.batch import BatchDir, needs_run, row_for, summarize
-from worker.jobs import JobSpec, new_job_id
-from worker.trees import remove_tree
+from jobs.spec import JobSpec, new_job_id
+from jobs.trees import remove_tree
 
 POLL_S = 0.5                 # how often the store is read for the batch's jobs (one query for all)...
 POLL_MAX_S = 2.0             # ...or, with more than 250 jobs to follow, up to this
@@ -113,7 +113,7 @@ class Run:
     def _publish(self, specs: list[JobSpec]) -> None:
         """Each job's message (its id), over one connection. A publish that fails leaves it and the rest to the
         workers' reconcilers, which publish what the store says was not (a warning, once)."""
-        from worker.dispatch import publish
+        from jobs.dispatch import publish
         sent, error = publish(self.store, [(spec.id, spec.queue) for spec in specs])
         if error is None:
             return
@@ -225,7 +225,7 @@ class Run:
 
     def _finish_item(self, job_id: str, item_id: str, record: Any) -> dict[str, Any]:
         """An ended job: its result.json and artifacts from the store into DIR/<item id>/; its batch.jsonl row."""
-        from worker.artifact_store import DownloadError, download, read_result
+        from jobs.artifact_store import DownloadError, download, read_result
         from cli.main import RESULT_GRACE_S
         note = None
         try:

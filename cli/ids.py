@@ -76,7 +76,7 @@ class JobId(click.ParamType):
         if ctx is not None and ctx.resilient_parsing:   # shell completion: nothing is run
             return str(value)
         from pid.config import HomeUnusable, ensure_pid_home
-        from worker.store import default_store
+        from jobs.store import default_store
         try:
             ensure_pid_home()
         except HomeUnusable as exc:

@@ -1,4 +1,4 @@
-"""Artifacts through the job store (worker/artifact_store.py): what a worker uploads, under which limits, and how a
+"""Artifacts through the job store (jobs/artifact_store.py): what a worker uploads, under which limits, and how a
 client writes them to its disk without ever leaving the directory it was given. Fast tier: a SQLite store in
 tmp_path, plus a few real `pid result` subprocesses (no engine)."""
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from worker.artifact_store import (MARKER, DownloadError, already_local, download, read_result, store_result,
+from jobs.artifact_store import (MARKER, DownloadError, already_local, download, read_result, store_result,
                                    upload_artifacts, upload_transcript)
-from worker.jobs import JobSpec
-from worker.store import JobStore
+from jobs.spec import JobSpec
+from jobs.store import JobStore
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from pid.sandbox import ExecResult, SandboxLost
 from tests.memory_sandbox import MemoryProvider, Run
 from tests.scripted_llm import ScriptedLLM
 from worker.check import OUTPUT_TAIL_BYTES, OUTPUT_TAIL_LINES, command_problem, output_tail, run_check
-from worker.jobs import JobSpec
+from jobs.spec import JobSpec
 
 FIX = [{"tool_calls": [{"name": "edit", "arguments": {
            "path": "calc.py", "edits": [{"oldText": "return a - b", "newText": "return a + b"}]}}]},

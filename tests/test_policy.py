@@ -13,9 +13,9 @@ import pytest
 
 from tests.conftest import pid_containers, start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
-from worker.jobs import JobSpec, spec_problem
+from jobs.spec import JobSpec, spec_problem
 from worker.policy import Policy, PolicyError, image_name, load, refusal_by_workers
-from worker.store import JobStore, WorkerBeat
+from jobs.store import JobStore, WorkerBeat
 from worker.tasks import _refused_by_policy
 
 STRICT = """

@@ -1,4 +1,4 @@
-"""A job's message on a Redis broker, pushed by pid itself (worker/publish.py): the same message Celery sends, and a
+"""A job's message on a Redis broker, pushed by pid itself (jobs/publish.py): the same message Celery sends, and a
 `pid submit` that never loads Celery or kombu. (The cluster tests run jobs published this way on real workers.)"""
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _fields(message: dict) -> dict[tuple[str, str], object]:
 def test_the_pushed_message_is_the_one_celery_sends(tmp_path, redis_url):
     import redis
 
-    from worker.publish import message
+    from jobs.publish import message
     sent = subprocess.run([sys.executable, "-c", "from worker.app import app; "
                            "app.send_task('pid.run_job', args=['job-1'], task_id='job-1', queue='q1')"],
                           env=_env(tmp_path, redis_url), capture_output=True, text=True, timeout=60)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import multiprocessing
 import time
 
-from worker.jobs import JobSpec
-from worker.store import JobStore
+from jobs.spec import JobSpec
+from jobs.store import JobStore
 
 
 def spec(tmp_path, **kw) -> JobSpec:

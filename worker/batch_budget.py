@@ -16,7 +16,7 @@ from typing import Any
 from pid import events as ev
 from pid.endings import ExitReason
 from pid.messages import AssistantMessage
-from worker.store import BatchInfo, Batches, JobRecord, Store
+from jobs.store import BatchInfo, Batches, JobRecord, Store
 
 log = logging.getLogger("pid.worker")
 
@@ -115,7 +115,7 @@ def wake_parked(store: Store, batch_id: str) -> list[str]:
     free = room(store, batch_id)
     if free == 0:
         return []
-    from worker.dispatch import dispatch
+    from jobs.dispatch import dispatch
     woken: list[str] = []
     for record in store.batch_jobs(batch_id):
         if free is not None and len(woken) >= free:

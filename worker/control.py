@@ -23,8 +23,8 @@ from pid.tools.summary import summarize_call
 from pid.agent import Agent
 from pid.messages import AssistantMessage, Usage
 from worker.outage import transient
-from worker.identity import process_identity
-from worker.store import JobAttachments, Leases, Store
+from jobs.identity import process_identity
+from jobs.store import JobAttachments, Leases, Store
 from pid import settings
 
 log = logging.getLogger("pid.worker")
@@ -292,7 +292,7 @@ def with_earlier_attempts(result: dict[str, Any], earlier: list[dict[str, Any]])
     (turns and tool_calls stay this attempt's: they describe this attempt's transcript, session.jsonl)."""
     if not earlier:
         return
-    from worker.store import sum_usage
+    from jobs.store import sum_usage
     this = {"attempt": len(earlier) + 1, "turns": result.get("turns", 0), "tool_calls": result.get("tool_calls", 0),
             "usage": result.get("usage") or {}}
     result["per_attempt"] = [*earlier, this]
@@ -326,7 +326,7 @@ class ForegroundJob:
 
     @classmethod
     def start(cls, spec: Any) -> "ForegroundJob":
-        from worker.store import default_store
+        from jobs.store import default_store
         try:
             store = default_store()
             store.create(spec, kind="run")

@@ -1,6 +1,6 @@
 """What a worker does beside its jobs, in its own threads: say it is alive (a heartbeat in the store every BEAT_S, in
 a thread of its own so that no slow step delays it), and every few seconds notice a job store that lost its data
-(worker/store_watch.py), put back in the queue the jobs whose process is gone (worker/sweep.py), dispatch the queued
+(jobs/store_watch.py), put back in the queue the jobs whose process is gone (worker/sweep.py), dispatch the queued
 jobs that need a message (put back, handed back, or whose message was lost; those that ran before go to the front of
 their queue), and now and then remove expired containers.
 
@@ -26,10 +26,10 @@ from typing import Callable
 
 from pid.config import pid_home
 from worker import policy
-from worker.identity import process_alive, process_identity
-from worker.jobs import DEFAULT_QUEUE
-from worker.store import Heartbeats, JobRecord, Store, WorkerBeat
-from worker.store_watch import StoreWatch
+from jobs.identity import process_alive, process_identity
+from jobs.spec import DEFAULT_QUEUE
+from jobs.store import Heartbeats, JobRecord, Store, WorkerBeat
+from jobs.store_watch import StoreWatch
 from pid import settings
 
 log = logging.getLogger("pid.worker")
@@ -75,11 +75,11 @@ def process_gone(beat: WorkerBeat) -> bool:
 
 def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
               dispatch: Callable[..., bool] | None = None) -> list[str]:
-    """Dispatch the queued jobs that need a message (with `dispatch`, worker.dispatch.dispatch by default); end those
+    """Dispatch the queued jobs that need a message (with `dispatch`, jobs.dispatch.dispatch by default); end those
     that could not be dispatched for DISPATCH_GIVE_UP_S. Returns the ids dispatched."""
     from worker.sweep import write_unrun_result
     if dispatch is None:
-        from worker.dispatch import dispatch as publish
+        from jobs.dispatch import dispatch as publish
         dispatch = publish
     now = store.now()   # the clock the store's times are on
     idle_queues = {queue for w in live_workers(store)
@@ -148,7 +148,7 @@ class Housekeeping:
     def _beat_loop(self) -> None:
         """A beat every BEAT_S; on stop, the stop is recorded by this thread, after its last beat: a beat still on its
         way when the worker stops (a slow store) can never come after the stop and make the worker look alive."""
-        from worker.store import default_store
+        from jobs.store import default_store
         store = default_store()
         identity = process_identity(os.getpid())
         failing: str | None = None   # said once while the store keeps refusing beats, not every BEAT_S
@@ -171,7 +171,7 @@ class Housekeeping:
             log.debug("recording this worker's stop", exc_info=True)
 
     def _loop(self) -> None:
-        from worker.store import default_store
+        from jobs.store import default_store
         store = default_store()
         while True:
             self.once(store)
@@ -205,6 +205,6 @@ class Housekeeping:
     @staticmethod
     def _reap() -> None:
         from sandbox.reaper import reap_installation
-        from worker.store import default_store
+        from jobs.store import default_store
         reap_installation(pid_home())
         default_store().forget_silent_workers()

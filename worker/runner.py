@@ -36,15 +36,15 @@ from pid.tools.registry import default_registry
 from pid.sandbox import SandboxError
 from pid.sandbox_lifecycle import FilesBudget, JobSandbox, SandboxProvider
 from sandbox import DockerProvider
-from worker.artifact_store import TranscriptSync, keep_run_artifacts, store_result, upload_artifacts, upload_transcript
-from worker.blobs import Blobs, StoreBlobs
-from worker.continuation import Parent, apply_patch, load_parent, start_session
+from jobs.artifact_store import TranscriptSync, keep_run_artifacts, store_result, upload_artifacts, upload_transcript
+from jobs.blobs import Blobs, StoreBlobs
+from jobs.continuation import Parent, apply_patch, load_parent, start_session
 from worker.check import Check, run_check
-from worker.jobs import JobSpec, write_json_atomic
+from jobs.spec import JobSpec, write_json_atomic
 from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, abandon, sandbox_config
-from worker.snapshot import DirSnapshot, import_into, is_directory_repo, open_packed
-from worker.store import JobAttachments, Store, default_store
-from worker.trees import remove_tree
+from jobs.snapshot import DirSnapshot, import_into, is_directory_repo, open_packed
+from jobs.store import JobAttachments, Store, default_store
+from jobs.trees import remove_tree
 from worker.watchdog import Watchdog
 
 AgentHook = Callable[[Agent], None]
@@ -319,7 +319,7 @@ def client_is_local() -> bool:
     """Whether a job's submitter is on this machine, as this worker's user: the embedded broker is a directory under
     PID_HOME, so only they reach it. Through a broker of the network, a job's --out is a path on some other machine
     that anyone who can submit may have named: a worker running as root must not write there."""
-    from worker.brokers import embedded_broker
+    from jobs.brokers import embedded_broker
     return embedded_broker()
 
 

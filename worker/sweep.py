@@ -17,9 +17,9 @@ from typing import Any, Callable
 from pid.agent import Outcome
 from pid.endings import ENDINGS, ExitReason, status_of
 from worker.control import log_job, with_earlier_attempts
-from worker.identity import proc_stat, process_alive
-from worker.jobs import JobSpec, write_json_atomic
-from worker.store import JobRecord, Store
+from jobs.identity import proc_stat, process_alive
+from jobs.spec import JobSpec, write_json_atomic
+from jobs.store import JobRecord, Store
 from pid import settings
 
 log = logging.getLogger("pid.worker")
@@ -102,7 +102,7 @@ def _written_result(record: JobRecord, store: Store | None = None) -> dict[str, 
 def _stored_result(record: JobRecord, store: Store | None) -> dict[str, Any] | None:
     if store is None:
         return None
-    from worker.artifact_store import read_result
+    from jobs.artifact_store import read_result
     try:
         result = read_result(store, record.id)
     except Exception:
@@ -113,7 +113,7 @@ def _stored_result(record: JobRecord, store: Store | None) -> dict[str, Any] | N
 def sweep_quietly(store: Store | None = None) -> None:
     """The CLI's sweep: never fatal."""
     try:
-        from worker.store import default_store
+        from jobs.store import default_store
         sweep(store or default_store())
     except Exception:
         log.debug("sweeping lost jobs", exc_info=True)
@@ -156,7 +156,7 @@ def write_unrun_result(spec: JobSpec, exit_reason: ExitReason, error: str | None
         result["usage"] = record.usage or result["usage"]
         with_earlier_attempts(result, record.earlier)
     if store is not None:
-        from worker.artifact_store import upload_artifacts
+        from jobs.artifact_store import upload_artifacts
         upload_artifacts(store, spec, job_dir, result)
         if job_dir != spec.job_dir:   # the store has it all: the spool goes, as it does after a run
             shutil.rmtree(job_dir, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The job store in Redis: the same semantics as the SQLite JobStore (worker/store.py), for workers and clients on
+"""The job store in Redis: the same semantics as the SQLite JobStore (jobs/store.py), for workers and clients on
 several machines that share nothing but a Redis.
 
 Atomicity: every operation that reads a job's state and changes it is one Lua script (redis-py `register_script`),
@@ -44,9 +44,9 @@ from typing import Any, BinaryIO, Iterator
 import redis
 
 from pid.endings import ExitReason, status_of
-from worker.brokers import shown_url
-from worker.jobs import DEFAULT_QUEUE, JobSpec
-from worker.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing, Capped, Controls, JobRecord,
+from jobs.brokers import shown_url
+from jobs.spec import DEFAULT_QUEUE, JobSpec
+from jobs.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing, Capped, Controls, JobRecord,
                           WorkerBeat, _policy, _queues, blob_from_file, blob_hex, check_artifact_name, retention_s,
                           sum_usage)
 
@@ -67,7 +67,7 @@ _ONCE_BODY = "-- {script}\n"
 
 
 def _lua(name: str) -> str:
-    return resources.files("worker").joinpath("redis_lua", f"{name}.lua").read_text(encoding="utf-8")
+    return resources.files("jobs").joinpath("redis_lua", f"{name}.lua").read_text(encoding="utf-8")
 
 
 def _sources() -> dict[str, str]:
@@ -112,7 +112,7 @@ class RedisStore:
         return state[1], state[2]
 
     def client(self) -> Any:
-        """This process's redis-py client (the broker's too when it is the same Redis: worker/dispatch.py)."""
+        """This process's redis-py client (the broker's too when it is the same Redis: jobs/dispatch.py)."""
         return self._connection()[0]
 
     @property

@@ -7,7 +7,7 @@ queued job was dispatched so that one whose message was lost is dispatched again
 record a heartbeat here too. SQLite (WAL) under PID_HOME: one file, no server, safe across the worker's processes
 on one machine, and across fork(): a fork waits until no thread of the process is inside SQLite.
 
-Across machines the same interface (`Store`, below) is served by Redis (worker/redis_store.py); `open_store` picks
+Across machines the same interface (`Store`, below) is served by Redis (jobs/redis_store.py); `open_store` picks
 one from PID_STORE_URL. Besides the jobs, a store keeps content-addressed blobs, each job's events, artifacts and
 API key (for the life of the job), and forgets ended jobs after a retention period (PID_RETENTION).
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterator, Protocol
 
 from pid.endings import TERMINAL_STATUSES, ExitReason, check_passed_of, exit_code_of, status_of
-from worker.jobs import DEFAULT_QUEUE, JobSpec
+from jobs.spec import DEFAULT_QUEUE, JobSpec
 from pid import settings
 
 SCHEMA = """
@@ -74,7 +74,7 @@ CREATE TABLE IF NOT EXISTS workers (
   policy TEXT,                     -- the rules it admits jobs by, JSON (worker/policy.py); NULL: everything
   identity TEXT,                   -- its process's boot, pid namespace and start time (worker/control.py)
   stopped_at REAL,                 -- when it stopped cleanly; NULL: it has not (alive, or killed: silent)
-  alarm TEXT                       -- what went badly wrong that its user must know (worker/store_watch.py)
+  alarm TEXT                       -- what went badly wrong that its user must know (jobs/store_watch.py)
 );
 CREATE TABLE IF NOT EXISTS inbox (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -302,7 +302,7 @@ class WorkerBeat:
     policy: dict[str, Any] = field(default_factory=dict)   # the rules it admits jobs by (worker/policy.py)
     identity: str | None = None     # its process's boot, pid namespace and start time (worker/control.py)
     stopped_at: float | None = None   # when it stopped cleanly (None: it has not)
-    alarm: str | None = None   # what went badly wrong that its user must know (worker/store_watch.py)
+    alarm: str | None = None   # what went badly wrong that its user must know (jobs/store_watch.py)
 
 
 class StoreBase(Protocol):
@@ -370,7 +370,7 @@ class Batches(StoreBase, Protocol):
 
 class DispatchRecords(StoreBase, Protocol):
     """The queue's bookkeeping: when each queued job's message was sent, so one whose message was lost is sent
-    again. Used by worker/dispatch.py, worker/housekeeping.py's reconcile and cli/batch_run.py (create_many)."""
+    again. Used by jobs/dispatch.py, worker/housekeeping.py's reconcile and cli/batch_run.py (create_many)."""
 
     def create_many(self, specs: "builtins.list[JobSpec]", dispatched: bool = False) -> None: ...
     def mark_dispatched(self, job_id: str, previous: float | None = None, *, only_if: bool = False) -> bool: ...
@@ -393,8 +393,8 @@ class Heartbeats(StoreBase, Protocol):
 
 
 class BlobStore(StoreBase, Protocol):
-    """Content-addressed blobs ("sha256:<hex>"): uploaded workspaces and snapshots. Used through worker/blobs.py
-    and by worker/continuation.py."""
+    """Content-addressed blobs ("sha256:<hex>"): uploaded workspaces and snapshots. Used through jobs/blobs.py
+    and by jobs/continuation.py."""
 
     def put_blob(self, stream: BinaryIO) -> str: ...
     def put_blob_file(self, path: str, digest: str | None = None) -> str: ...
@@ -405,8 +405,8 @@ class BlobStore(StoreBase, Protocol):
 
 class JobAttachments(StoreBase, Protocol):
     """What a store keeps beside each job for its life: its events, its artifacts (result.json, transcripts, files)
-    and its API key. Written by worker/control.py, worker/artifact_store.py and the CLI (the key); read by
-    cli/output.py, cli/view.py, worker/continuation.py and worker/tasks.py."""
+    and its API key. Written by worker/control.py, jobs/artifact_store.py and the CLI (the key); read by
+    cli/output.py, cli/view.py, jobs/continuation.py and worker/tasks.py."""
 
     def append_event(self, job_id: str, event: dict[str, Any]) -> int: ...
     def events(self, job_id: str, after: int = 0, wait_s: float = 0) -> "builtins.list[tuple[int, dict[str, Any]]]": ...
@@ -428,7 +428,7 @@ class Retention(StoreBase, Protocol):
 class Store(JobRecords, Leases, Recovery, Batches, DispatchRecords, Heartbeats, BlobStore, JobAttachments,
             Retention, Protocol):
     """What pid asks of its job store: every role above. Two implementations with the same semantics
-    (tests/test_store_contract.py): JobStore (SQLite under PID_HOME, one machine) and worker.redis_store.RedisStore
+    (tests/test_store_contract.py): JobStore (SQLite under PID_HOME, one machine) and jobs.redis_store.RedisStore
     (a cluster). A function that needs one role asks for that role; one that needs several asks for Store."""
 
 
@@ -1120,7 +1120,7 @@ def store_url() -> str | None:
     url = settings.STORE_URL.raw()
     if url:
         return url
-    from worker.brokers import redis_broker
+    from jobs.brokers import redis_broker
     return redis_broker()
 
 
@@ -1150,9 +1150,9 @@ def open_store(url: str | None, variable: str = settings.STORE_URL.name) -> Stor
         key = (os.getpid(), url)
         store = _redis_stores.get(key)
         if store is None:
-            from worker.clients import check_clients
+            from jobs.clients import check_clients
             check_clients({variable: url})
-            from worker.redis_store import RedisStore
+            from jobs.redis_store import RedisStore
             store = _redis_stores[key] = RedisStore(url)
         return store
     shown = url[:200] if "@" not in url else scheme + "://…"   # never a password

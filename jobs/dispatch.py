@@ -1,16 +1,16 @@
 """Publishing a job's message: what `submit`, a hand-back and the reconciler do. Light on purpose: a client imports
 this and the store, never the runner (the agent, its providers, the sandbox), and the Celery app only for a broker
-that is not Redis (worker/publish.py), so `pid submit` starts in a fraction of the time.
+that is not Redis (jobs/publish.py), so `pid submit` starts in a fraction of the time.
 """
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from worker.brokers import embedded_broker, redis_broker
-from worker.jobs import DEFAULT_QUEUE
-from worker.publish import TASK, push
-from worker.store import Store, StoreBase, default_store
+from jobs.brokers import embedded_broker, redis_broker
+from jobs.spec import DEFAULT_QUEUE
+from jobs.publish import TASK, push
+from jobs.store import Store, StoreBase, default_store
 
 _redis_clients: dict[tuple[int, str], Any] = {}   # a broker that is not the store's Redis: one client per process
 
@@ -42,7 +42,7 @@ def publish(store: StoreBase, jobs: list[tuple[str, str]], front: bool = False) 
     if not jobs:
         return 0, None
     broker = redis_broker()
-    if broker is not None:   # pushed in one round trip: no Celery, no kombu in this process (worker/publish.py)
+    if broker is not None:   # pushed in one round trip: no Celery, no kombu in this process (jobs/publish.py)
         try:
             pipe = _redis_client(store, broker).pipeline(transaction=False)
             for job_id, queue in jobs:
@@ -52,8 +52,8 @@ def publish(store: StoreBase, jobs: list[tuple[str, str]], front: bool = False) 
             return 0, exc
         return len(jobs), None
     from worker.app import app
-    from worker.transport import FRONT_PRIORITY
-    # the embedded broker reads this priority as "the front" (worker/transport.py); other transports order by
+    from jobs.transport import FRONT_PRIORITY
+    # the embedded broker reads this priority as "the front" (jobs/transport.py); other transports order by
     # priority each their own way, so they get none
     priority = FRONT_PRIORITY if front and embedded_broker() else None
     sent = 0
@@ -69,7 +69,7 @@ def publish(store: StoreBase, jobs: list[tuple[str, str]], front: bool = False) 
 
 def _redis_client(store: StoreBase, url: str) -> Any:
     """A client of the broker's Redis: the store's own when the store is that Redis (its connection is open)."""
-    from worker.redis_store import RedisStore
+    from jobs.redis_store import RedisStore
     if isinstance(store, RedisStore) and store.url == url:
         return store.client()
     key = (os.getpid(), url)

@@ -1,5 +1,5 @@
 """Which broker pid's jobs go through (PID_BROKER_URL), known without loading Celery: a client that only publishes
-(`pid submit` on Redis, worker/publish.py) never imports it."""
+(`pid submit` on Redis, jobs/publish.py) never imports it."""
 from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit

@@ -115,7 +115,7 @@ class JobSpec:
                                         "(pid worker --queue).")
     batch: str | None = setting(None, "The batch the job belongs to (pid batch): its budget and running limit, in "
                                       "the job store.")
-    # The workspace as `submit` packed it: a blob digest ("sha256:<hex>", worker/blobs.py). None: the worker reads
+    # The workspace as `submit` packed it: a blob digest ("sha256:<hex>", jobs/blobs.py). None: the worker reads
     # `repo` (a git URL to clone, or a directory when the job starts, as `pid run` does). `repo` is kept for display.
     workspace: str | None = setting(None, "The packed workspace's blob digest.")
     # The text of `--system-prompt FILE`, read by the client: it replaces the system prompt's base (pid/prompt.py).
