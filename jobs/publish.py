@@ -1,16 +1,16 @@
-"""A job's message on a Redis broker, pushed by pid itself: the message Celery's `app.send_task(TASK, args=[job_id],
-task_id=job_id, queue=queue)` puts on the queue's list (task protocol 2, in kombu's Redis envelope), without Celery
-or kombu in the process.
+"""A job's message, sent by pid itself in Celery's task protocol 2: what Celery's `app.send_task(TASK, args=[job_id],
+task_id=job_id, queue=queue)` sends, without Celery in the process. On a Redis broker it is pushed as kombu's Redis
+envelope with the client's own connection (no kombu either); on any other broker (the embedded queue, RabbitMQ) kombu
+publishes it, as Celery would.
 
 Why: `pid submit` is a short process whose start-up lies on the path from submit to the job's first model request,
-and importing Celery and kombu and opening their connection cost it ~0.2 s. With a Redis broker the client already
-holds a Redis connection (the job store's), and a message there is one LPUSH onto the list the workers BRPOP.
-The workers consume with Celery as before; tests/test_publish.py checks this message field by field against the one
-Celery itself sends, and the cluster tests run jobs published this way.
+and importing Celery cost it ~0.1 s (and kombu and its connection another ~0.1 s, which a Redis broker spares).
+The workers consume with Celery as before; tests/test_publish.py checks both messages field by field against the
+ones Celery itself sends, and the cluster tests run jobs published this way.
 
 What differs from send_task, none of which a worker reads for pid's task: `reply_to` and `delivery_tag` are fresh
-uuids (as kombu's are), `origin` names this process, and nothing is declared first (on Redis a queue is its list: a
-message pushed before any worker consumed the queue waits there).
+uuids (as kombu's are), `origin` names this process, and on Redis nothing is declared first (there a queue is its
+list: a message pushed before any worker consumed the queue waits there).
 """
 from __future__ import annotations
 
@@ -24,9 +24,13 @@ from typing import Any
 TASK = "pid.run_job"   # worker/tasks.py run_job_task
 
 
-def message(job_id: str, queue: str) -> bytes:
-    """The list entry: kombu's envelope (its virtual transport's prepare_message and basic_publish) around Celery's
-    task message (as_task_v2 with send_task's defaults: no eta, expiry, limits or parent)."""
+# Celery's default publish retry (task_publish_retry_policy): a dropped connection is tried again 3 times
+RETRY_POLICY = {"max_retries": 3, "interval_start": 0, "interval_max": 1, "interval_step": 0.2}
+
+
+def task_message(job_id: str) -> tuple[dict[str, Any], list[Any]]:
+    """Celery's task message, its headers and body (as_task_v2 with send_task's defaults: no eta, expiry, limits or
+    parent)."""
     args = [job_id]
     headers: dict[str, Any] = {
         "lang": "py", "task": TASK, "id": job_id, "shadow": None, "eta": None, "expires": None,
@@ -35,9 +39,15 @@ def message(job_id: str, queue: str) -> bytes:
         "origin": f"gen{os.getpid()}@{socket.gethostname()}", "ignore_result": None,
         "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {},
     }
-    body = json.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
+    return headers, [args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
+
+
+def message(job_id: str, queue: str) -> bytes:
+    """The Redis list entry: kombu's envelope (its virtual transport's prepare_message and basic_publish) around
+    the task message."""
+    headers, body = task_message(job_id)
     envelope = {
-        "body": base64.b64encode(body.encode()).decode(),
+        "body": base64.b64encode(json.dumps(body).encode()).decode(),
         "content-encoding": "utf-8",
         "content-type": "application/json",
         "headers": headers,
@@ -57,3 +67,25 @@ def push(client: Any, job_id: str, queue: str, front: bool = False) -> None:
     client; its errors are raised (redis-py retries a dropped connection first). Workers BRPOP the list's other
     end: with `front`, RPUSH puts the message there, the next one taken."""
     (client.rpush if front else client.lpush)(queue, message(job_id, queue))
+
+
+def send(url: str, options: dict[str, Any], jobs: list[tuple[str, str]],
+         priority: int | None = None) -> tuple[int, Exception | None]:
+    """Publish the messages of (job id, queue) pairs with kombu over one connection, as Celery's send_task does: to
+    the anonymous exchange with the queue's name as routing key, the queue (a direct exchange of its name) declared
+    first. How many went before the broker refused one, and why (None: all went)."""
+    from kombu import Connection, Exchange, Queue
+    sent = 0
+    try:
+        with Connection(url, transport_options=options, connect_timeout=4) as connection:
+            producer = connection.Producer(serializer="json")
+            for job_id, queue in jobs:
+                headers, body = task_message(job_id)
+                producer.publish(body, exchange="", routing_key=queue, headers=headers, delivery_mode=2,
+                                 declare=[Queue(queue, Exchange(queue, "direct"), routing_key=queue)],
+                                 retry=True, retry_policy=RETRY_POLICY, correlation_id=job_id,
+                                 reply_to=str(uuid.uuid4()), priority=priority)
+                sent += 1
+    except Exception as exc:
+        return sent, exc
+    return sent, None

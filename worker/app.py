@@ -12,32 +12,12 @@ import os
 from celery import Celery
 
 from pid.config import pid_home
-from jobs.brokers import embedded_broker
+from jobs.brokers import broker_settings
 from jobs.clients import check_clients
 from jobs.spec import DEFAULT_QUEUE
 from pid import settings
 
 QUEUE = DEFAULT_QUEUE   # the default queue (a job names its own: JobSpec.queue)
-
-
-def broker_settings(home: str) -> tuple[str, dict[str, object]]:
-    url = settings.BROKER_URL.raw() or "pidfs://"
-    if not embedded_broker():
-        # Only a message taken but not yet started is unacknowledged (a worker takes one only when it has a free
-        # process): if its worker dies, Redis hands it out again after this long.
-        return url, {"visibility_timeout": 300}
-    queue_dir = os.path.join(home, "broker", "queue")
-    processed = os.path.join(home, "broker", "processed")
-    control = os.path.join(home, "broker", "control")
-    for folder in (queue_dir, processed, control):
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-    from jobs.transport import register
-    register()
-    return "pidfs://", {"data_folder_in": queue_dir, "data_folder_out": queue_dir,
-                        "processed_folder": processed, "store_processed": False, "control_folder": control,
-                        # an idle worker looks for a message ten times a second (one listdir): a job waits ~50 ms
-                        # for it on average, not the 0.5 s of Celery's 1 s default
-                        "polling_interval": 0.1}
 
 
 def make_app() -> Celery:

@@ -21,7 +21,8 @@ from pid.terminal import ShownLogRecords, one_line
 from worker import batch_budget, policy
 from worker.app import app
 from worker.control import LEASE_S, ControlRelay, log_job, new_owner, record_end, with_earlier_attempts
-from jobs.dispatch import TASK, dispatch
+from jobs.dispatch import dispatch
+from jobs.publish import TASK
 from jobs.spec import JobSpec, spec_problem
 from worker.outage import Patience, patient
 from worker.runner import run_job
