@@ -59,7 +59,7 @@ def in_process(repo: str, home: str, runs: int) -> None:
     from sandbox import DockerSandbox, SandboxConfig
     from sandbox.workspace import build_tar
     from jobs.blobs import StoreBlobs
-    from jobs.store import JobStore
+    from jobs.sqlite_store import JobStore
     from jobs.snapshot import pack_and_store
     os.makedirs(home, exist_ok=True)
     blobs = StoreBlobs(JobStore(os.path.join(home, "jobs.db")))

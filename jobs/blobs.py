@@ -48,8 +48,8 @@ def hex_of(digest: str) -> str:
 
 
 class StoreBlobs:
-    """The job store's blobs as `Blobs`: files beside the SQLite database, or chunks in Redis (jobs/store.py),
-    so a workspace packed on one machine is read on another through the store both use."""
+    """The job store's blobs as `Blobs`: files beside the SQLite database (jobs/sqlite_store.py), or chunks in Redis
+    (jobs/redis_store.py), so a workspace packed on one machine is read on another through the store both use."""
 
     def __init__(self, store: BlobStore) -> None:
         self.store = store

@@ -1,4 +1,4 @@
-"""The job store in Redis: the same semantics as the SQLite JobStore (jobs/store.py), for workers and clients on
+"""The job store in Redis: the same semantics as the SQLite JobStore (jobs/sqlite_store.py), for workers and clients on
 several machines that share nothing but a Redis.
 
 Atomicity: every operation that reads a job's state and changes it is one Lua script (redis-py `register_script`),

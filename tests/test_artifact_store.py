@@ -18,7 +18,7 @@ from tests.conftest import ROOT
 from jobs.artifact_store import (MARKER, DownloadError, already_local, download, read_result, store_result,
                                    upload_artifacts, upload_transcript)
 from jobs.spec import JobSpec
-from jobs.store import JobStore
+from jobs.sqlite_store import JobStore
 
 
 @pytest.fixture

@@ -21,7 +21,8 @@ from tests.brokers import free_port
 from tests.conftest import start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
 from tests.test_worker_chaos import JobsModel, _submit, _wait_running_tool
-from jobs.store import JobStore, Store
+from jobs.sqlite_store import JobStore
+from jobs.store import Store
 
 pytestmark = pytest.mark.docker
 

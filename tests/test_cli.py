@@ -17,7 +17,7 @@ from tests.conftest import CliResult, pid_containers
 from tests.scripted_llm import ScriptedLLM
 from tests.stderr_lines import StderrLines
 from jobs.spec import JobSpec, default_of
-from jobs.store import JobStore
+from jobs.sqlite_store import JobStore
 
 pytestmark = pytest.mark.cli
 

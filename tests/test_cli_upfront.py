@@ -13,7 +13,7 @@ from sandbox.reaper import owner_label
 from tests.conftest import pid_containers
 from tests.test_cli import LOCAL, assert_one_error
 from jobs.spec import JobSpec
-from jobs.store import JobStore
+from jobs.sqlite_store import JobStore
 
 pytestmark = pytest.mark.cli
 

@@ -113,7 +113,7 @@ new file mode 100644
 
 
 def _store(tmp_path):
-    from jobs.store import JobStore
+    from jobs.sqlite_store import JobStore
     return JobStore(str(tmp_path / "jobs.db"))
 
 

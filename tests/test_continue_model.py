@@ -6,7 +6,7 @@ import pytest
 from pid.config import DEFAULT_BASE_URLS
 from jobs.continuation import MODEL_FIELDS, Refused, continuation_spec, switch_model
 from jobs.spec import JobSpec
-from jobs.store import JobStore
+from jobs.sqlite_store import JobStore
 
 OPENAI, ANTHROPIC = DEFAULT_BASE_URLS["openai-completions"], DEFAULT_BASE_URLS["anthropic-messages"]
 

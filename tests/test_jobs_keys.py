@@ -5,7 +5,7 @@ import pytest
 
 from pid.config import EnvDefaults, endpoint
 from jobs.spec import JobSpec
-from jobs.store import JobStore
+from jobs.sqlite_store import JobStore
 from worker.tasks import _api_key
 
 

@@ -15,7 +15,8 @@ from tests.conftest import pid_containers, start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
 from jobs.spec import JobSpec, spec_problem
 from worker.policy import Policy, PolicyError, image_name, load, refusal_by_workers
-from jobs.store import JobStore, WorkerBeat
+from jobs.sqlite_store import JobStore
+from jobs.store import WorkerBeat
 from worker.tasks import _refused_by_policy
 
 STRICT = """

@@ -12,7 +12,8 @@ from worker.control import new_owner
 from worker.housekeeping import ALIVE_WITHIN_S, RECONCILE_S, reconcile, worker_state
 from jobs.spec import JobSpec
 from jobs.identity import process_identity
-from jobs.store import JobStore, WorkerBeat
+from jobs.sqlite_store import JobStore
+from jobs.store import WorkerBeat
 from worker.sweep import owner_alive
 
 

@@ -5,7 +5,7 @@ import multiprocessing
 import time
 
 from jobs.spec import JobSpec
-from jobs.store import JobStore
+from jobs.sqlite_store import JobStore
 
 
 def spec(tmp_path, **kw) -> JobSpec:

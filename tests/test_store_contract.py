@@ -16,7 +16,8 @@ from typing import Any, Callable
 import pytest
 
 from jobs.spec import JobSpec
-from jobs.store import BlobMissing, JobStore, Store, TooLarge, default_store, open_store, retention_s
+from jobs.sqlite_store import JobStore
+from jobs.store import BlobMissing, Store, TooLarge, default_store, open_store, retention_s
 
 KINDS = ["sqlite", "redis"]
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from jobs.spec import JobSpec
-from jobs.store import JobStore
+from jobs.sqlite_store import JobStore
 
 FORKS = 300
 CHILD_TIMEOUT_S = 20.0

@@ -18,7 +18,7 @@ from tests.conftest import ROOT
 from tests.view_fixtures import HOSTILE_CALL_IDS, hostile_result, hostile_session, simple_session, write_batch, \
     write_job
 from jobs.spec import JobSpec
-from jobs.store import JobStore
+from jobs.sqlite_store import JobStore
 
 pytestmark = pytest.mark.cli
 

@@ -14,7 +14,7 @@ import pytest
 from sandbox.workspace import (MemberCheck, UnsafeTar, WorkspaceTooLarge, check_git_source, pack_tar, sanitize_tar,
                                unpack_tar)
 from jobs.blobs import BlobCorrupt, BlobMissing, StoreBlobs
-from jobs.store import JobStore
+from jobs.sqlite_store import JobStore
 from jobs.snapshot import git_source, pack_and_store
 from tests import deep_tree
 
