@@ -8,7 +8,7 @@ from cli.batch_run import item_state
 from cli.table import Column, cut, render
 from pid.costs import format_cost
 from pid.terminal import one_line
-from worker.batch import BatchDir
+from jobs.batch import BatchDir
 
 ITEM_COLUMNS = [Column("ITEM", shrink="end", min=8), Column("JOB", shrink="end"), Column("STATUS"),
                 Column("TURNS", right=True), Column("COST", right=True), Column("DETAIL", shrink="start", min=12)]

@@ -19,7 +19,7 @@ from cli.batch_progress import Display, Progress, make_display, summary_text
 from cli.output import echo
 from pid.endings import ending_words
 from pid.terminal import dumps, one_line
-from worker.batch import BatchDir, needs_run, row_for, summarize
+from jobs.batch import BatchDir, needs_run, row_for, summarize
 from jobs.spec import JobSpec, new_job_id
 from jobs.trees import remove_tree
 

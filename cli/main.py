@@ -107,7 +107,7 @@ def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
                                                 options.get("workdir"))
     if not model:
         raise BadInput("no model configured: pass --model or set PID_MODEL")
-    from worker.check import command_problem
+    from jobs.spec import command_problem
     problem = command_problem(options.get("check"))
     if problem:
         raise BadInput(f"--check: {problem}")
@@ -156,7 +156,7 @@ def check_originals(paths: Any, check: str | None, workdir: str | None) -> list[
         return []
     if not check:
         raise BadInput("--check-original needs --check (it says what the check sees as the original has it)")
-    from worker.check import original_paths
+    from jobs.spec import original_paths
     from sandbox.config import SandboxConfig
     try:
         return original_paths(list(paths), workdir or SandboxConfig.workdir)
@@ -240,8 +240,8 @@ def check_api_key(spec: JobSpec, key: str | None) -> None:
 def check_policies(store: Any, spec: JobSpec) -> None:
     """Refuse at once a job that no live worker of its queue would admit (their policies come with their
     heartbeats), with the message a worker would give."""
-    from worker.housekeeping import live_workers
-    from worker.policy import refusal_by_workers
+    from jobs.workers import live_workers
+    from jobs.policy import refusal_by_workers
     refusal = refusal_by_workers(live_workers(store), spec)
     if refusal:
         raise BadInput(f"{refusal}; nothing was queued")
@@ -496,7 +496,7 @@ def _no_worker_notice(store: Any, job_id: str, out: Callable[..., None] = echo) 
         record = store.get(job_id)
         if record is None or record.status != "queued":
             return
-        from worker.housekeeping import live_workers
+        from jobs.workers import live_workers
         queue = record.spec.queue
         workers = [w for w in live_workers(store) if queue in w.queues]
         waited = f"job {job_id} is still queued after {NO_WORKER_NOTICE_S:g}s"
@@ -737,7 +737,7 @@ def logs(job_id: str, follow: bool, as_json: bool, verbose: bool) -> None:
 def workers(show_all: bool, as_json: bool) -> None:
     """The workers of this job store, from their heartbeats (every 2 s): host, process, jobs running of how many;
     alive, or (--all) stopped, lost (its process is gone) or silent, and since when."""
-    from worker.housekeeping import worker_state
+    from jobs.workers import worker_state
     from jobs.store import default_store
     store = default_store()
     now = store.now()
@@ -785,7 +785,7 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
     """Start a worker that runs queued jobs (Ctrl-C: finish the running jobs, then stop; twice, or SIGTERM, or
     SIGHUP: hand them back to the queue now)."""
     check_broker()
-    from worker import policy
+    from jobs import policy
     if policy_file:
         try:
             policy.activate(policy.load(policy_file))

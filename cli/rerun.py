@@ -167,7 +167,7 @@ def _out_dir(given: str | None, earlier: str) -> str:
     if given is not None:
         return _main.check_out_dir(given)
     default = os.path.join(os.getcwd(), str(spec_field("out_dir").default))
-    from worker.batch import JOBS, BatchDir
+    from jobs.batch import JOBS, BatchDir
     earlier_path = os.path.normpath(earlier)
     if os.path.basename(earlier_path) == JOBS and BatchDir.exists(os.path.dirname(earlier_path)):
         return _main.check_out_dir(default)   # the batch's scratch, which it empties as it downloads each item

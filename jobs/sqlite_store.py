@@ -62,7 +62,7 @@ CREATE TABLE IF NOT EXISTS workers (
   started_at REAL NOT NULL,
   beat_at REAL NOT NULL,
   queues TEXT,                     -- the queues it consumes, comma-separated
-  policy TEXT,                     -- the rules it admits jobs by, JSON (worker/policy.py); NULL: everything
+  policy TEXT,                     -- the rules it admits jobs by, JSON (jobs/policy.py); NULL: everything
   identity TEXT,                   -- its process's boot, pid namespace and start time (worker/control.py)
   stopped_at REAL,                 -- when it stopped cleanly; NULL: it has not (alive, or killed: silent)
   alarm TEXT                       -- what went badly wrong that its user must know (jobs/store_watch.py)

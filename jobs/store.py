@@ -200,7 +200,7 @@ class WorkerBeat:
     started_at: float
     beat_at: float
     queues: list[str] = field(default_factory=lambda: [DEFAULT_QUEUE])   # the queues it consumes
-    policy: dict[str, Any] = field(default_factory=dict)   # the rules it admits jobs by (worker/policy.py)
+    policy: dict[str, Any] = field(default_factory=dict)   # the rules it admits jobs by (jobs/policy.py)
     identity: str | None = None     # its process's boot, pid namespace and start time (worker/control.py)
     stopped_at: float | None = None   # when it stopped cleanly (None: it has not)
     alarm: str | None = None   # what went badly wrong that its user must know (jobs/store_watch.py)
@@ -282,7 +282,7 @@ class DispatchRecords(StoreBase, Protocol):
 
 class Heartbeats(StoreBase, Protocol):
     """Workers' heartbeats: who is alive, what it consumes and admits, and a kept stop. Written by
-    worker/housekeeping.py, read through its live_workers by reconcile and the CLI (`pid workers`, submit's
+    worker/housekeeping.py, read through jobs/workers.py live_workers by reconcile and the CLI (`pid workers`, submit's
     refusal of a job no worker admits)."""
 
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,

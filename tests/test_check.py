@@ -20,7 +20,8 @@ from pid.event_records import EventRecords
 from pid.sandbox import ExecResult, SandboxLost
 from tests.memory_sandbox import MemoryProvider, Run
 from tests.scripted_llm import ScriptedLLM
-from worker.check import OUTPUT_TAIL_BYTES, OUTPUT_TAIL_LINES, command_problem, output_tail, run_check
+from jobs.spec import command_problem
+from worker.check import OUTPUT_TAIL_BYTES, OUTPUT_TAIL_LINES, output_tail, run_check
 from jobs.spec import JobSpec
 
 FIX = [{"tool_calls": [{"name": "edit", "arguments": {

@@ -11,7 +11,7 @@ import pytest
 from cli.ids import NoSuchJob, resolve
 from cli.table import Column, cut, render
 from pid.costs import format_cost
-from worker.batch import BatchDir
+from jobs.batch import BatchDir
 from jobs.spec import JobSpec
 from jobs.sqlite_store import JobStore
 

@@ -9,7 +9,8 @@ import subprocess
 import time
 
 from worker.control import new_owner
-from worker.housekeeping import ALIVE_WITHIN_S, RECONCILE_S, reconcile, worker_state
+from jobs.workers import ALIVE_WITHIN_S, worker_state
+from worker.housekeeping import RECONCILE_S, reconcile
 from jobs.spec import JobSpec
 from jobs.identity import process_identity
 from jobs.sqlite_store import JobStore

@@ -25,24 +25,23 @@ import time
 from typing import Callable
 
 from pid.config import pid_home
-from worker import policy
-from jobs.identity import process_alive, process_identity
+from jobs import policy
+from jobs.identity import process_identity
 from jobs.spec import DEFAULT_QUEUE
-from jobs.store import Heartbeats, JobRecord, Store, WorkerBeat
+from jobs.store import JobRecord, Store
 from jobs.store_watch import StoreWatch
+from jobs.workers import BEAT_S, live_workers
 from pid import settings
 
 log = logging.getLogger("pid.worker")
 
 EVERY_S = settings.SWEEP_S.get()
-BEAT_S = 2.0                          # a worker's heartbeat
 RECONCILE_S = settings.RECONCILE_S.get()
 REDISPATCH_AFTER_S = settings.REDISPATCH_AFTER_S.get()   # ...whatever the workers are doing
 DISPATCH_GIVE_UP_S = settings.DISPATCH_GIVE_UP_S.get()
 REAP_EVERY_S = 60.0
 PRUNE_EVERY_S = 3600.0   # ended jobs, their logs and artifacts, and unused blobs past PID_RETENTION leave the store
 STOP_WAIT_S = 10.0                    # for each housekeeping thread when the worker stops
-ALIVE_WITHIN_S = 3 * BEAT_S + 1      # a worker not heard from for this long (three beats missed) is presumed gone
 
 
 def boot_id() -> str | None:
@@ -51,26 +50,6 @@ def boot_id() -> str | None:
             return f.read().strip()
     except OSError:
         return None
-
-
-def worker_state(beat: WorkerBeat, now: float) -> str:
-    """alive, stopped (cleanly), lost (on this machine, its process is gone) or silent (not heard from lately)."""
-    if beat.stopped_at is not None:
-        return "stopped"
-    if process_gone(beat):
-        return "lost"
-    return "alive" if now - beat.beat_at <= ALIVE_WITHIN_S else "silent"
-
-
-def live_workers(store: Heartbeats) -> list[WorkerBeat]:
-    """The workers alive now: heard from lately, not stopped, and not known gone."""
-    return [w for w in store.workers(alive_within_s=ALIVE_WITHIN_S) if not process_gone(w)]
-
-
-def process_gone(beat: WorkerBeat) -> bool:
-    """The worker's process is known to be gone: it ran on this machine, in this boot and pid namespace (its
-    identity says), and no process with its pid and start time is here. Elsewhere nothing is known (False)."""
-    return beat.identity is not None and process_alive(beat.host, beat.pid, beat.identity) is False
 
 
 def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,

@@ -18,7 +18,8 @@ from pid.config import EnvDefaults, endpoint
 from pid.costs import format_cost
 from pid.endings import ending_words, status_of
 from pid.terminal import ShownLogRecords, one_line
-from worker import batch_budget, policy
+from jobs import policy
+from worker import batch_budget
 from worker.app import app
 from worker.control import LEASE_S, ControlRelay, log_job, new_owner, record_end, with_earlier_attempts
 from jobs.dispatch import dispatch
