@@ -87,7 +87,7 @@ class Run:
 
     def submit(self, item_ids: list[str]) -> None:
         """Ledger first (synced), then the jobs, a chunk at a time: created in one store operation, and published
-        (one broker connection) unless --max-running holds them back (parked: worker/batch_budget.py)."""
+        (one broker connection) unless --max-running holds them back (parked: jobs/batch_budget.py)."""
         room = None
         if self.max_running is not None:
             info = self.store.batch(self.bdir.batch_id)
@@ -181,7 +181,7 @@ class Run:
                     info = self.store.batch(self.bdir.batch_id)
                     progress.budget = info.max_total_cost if info else None
                     if info is not None and info.exhausted:
-                        from worker.batch_budget import budget_note, end_queued
+                        from jobs.batch_budget import budget_note, end_queued
                         budget_ended = True
                         if end_queued(self.store, self.bdir.batch_id, budget_note(info)):
                             display.note(f"pid: {budget_note(info)}: the queued items are cancelled")
@@ -214,7 +214,7 @@ class Run:
     def cancel_tracked(self, records: dict[str, Any] | None = None, note: Any = None) -> None:
         """Cancel every job this run waits for that has not ended (queued ones end now, running ones through
         their workers)."""
-        from worker.sweep import cancel_job
+        from jobs.sweep import cancel_job
         for job_id in list(self.tracked):
             record = records.get(job_id) if records is not None else self.store.get(job_id)
             if record is not None and not record.terminal:

@@ -10,7 +10,7 @@ from typing import Any
 from cli.output import EventPrinter
 from cli.status_line import StatusLine, status_text
 from pid import events as ev
-from worker.control import Progress
+from jobs.progress import Progress
 
 
 class RunView:

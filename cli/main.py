@@ -469,7 +469,7 @@ def _download(store: Any, job_id: str, dest: str, own_dir: bool) -> str:
 def _while_waiting(store: Any, job_id: str) -> Callable[[], None]:
     """What a wait does besides polling: say when no worker takes the job, and sweep now and then, so that a job
     whose `pid run` was killed is ended instead of waited for forever."""
-    from worker.sweep import sweep_quietly
+    from jobs.sweep import sweep_quietly
     notice = _no_worker_notice(store, job_id)
     next_sweep = time.monotonic() + SWEEP_WHILE_WAITING_S
 
@@ -559,7 +559,7 @@ def _record_or_fail(job_id: str) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="The job's whole record as JSON.")
 def status(job_id: str, as_json: bool) -> None:
     """Show a job's status: counts, what it is doing now, its error."""
-    from worker.sweep import sweep_quietly
+    from jobs.sweep import sweep_quietly
     sweep_quietly()
     _, record = _record_or_fail(job_id)
     if as_json:
@@ -609,7 +609,7 @@ def result(job_id: str, as_json: bool, wait: bool, download: str | None) -> None
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 def cancel(job_id: str) -> None:
     """Cancel a queued or running job (artifacts so far are kept)."""
-    from worker.sweep import cancel_job
+    from jobs.sweep import cancel_job
     store, record = _record_or_fail(job_id)
     if record.terminal:
         raise BadInput(f"job {job_id} is {record.status}: nothing to cancel")
@@ -680,7 +680,7 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool, batch_dir: s
     from cli.listing import batch_records, job_lines
     from cli.table import terminal_width
     from jobs.store import default_store
-    from worker.sweep import sweep_quietly
+    from jobs.sweep import sweep_quietly
     store = default_store()
     sweep_quietly(store)
     records = batch_records(store, batch_dir, limit, status_filter) if batch_dir else store.list(limit, status_filter)
@@ -844,7 +844,7 @@ def reap_own_quietly() -> None:
             reap_installation(pid_home())
         except Exception:
             pass
-        from worker.sweep import sweep_quietly
+        from jobs.sweep import sweep_quietly
         sweep_quietly()   # a `pid run` killed earlier is ended, with its result.json
     threading.Thread(target=reap, name="pid-reap", daemon=True).start()
 

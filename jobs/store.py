@@ -2,7 +2,7 @@
 
 A job is claimed by one worker at a time under a lease that the worker renews while it runs. A duplicate message
 (a re-dispatch, a redelivery) finds the job claimed and does nothing; a job whose worker died (its lease lapsed, or
-its process is gone) is put back in the queue by the sweeper (worker/sweep.py), and the store records when each
+its process is gone) is put back in the queue by the sweeper (jobs/sweep.py), and the store records when each
 queued job was dispatched so that one whose message was lost is dispatched again (worker/housekeeping.py). Workers
 record a heartbeat here too.
 
@@ -217,7 +217,7 @@ class StoreBase(Protocol):
 
 class JobRecords(StoreBase, Protocol):
     """Jobs as the client makes, finds and steers them: create, look up, cancel, pause, message, pin. Used by the
-    CLI (cli/main.py, cli/ids.py, cli/view.py, cli/batch*.py), worker/sweep.py's cancel_job and `pid run`'s
+    CLI (cli/main.py, cli/ids.py, cli/view.py, cli/batch*.py), jobs/sweep.py's cancel_job and `pid run`'s
     ForegroundJob (worker/control.py)."""
 
     def create(self, spec: JobSpec, kind: str = "worker") -> JobRecord: ...
@@ -252,7 +252,7 @@ class Leases(StoreBase, Protocol):
 
 class Recovery(StoreBase, Protocol):
     """Finding attempts whose worker was lost (a lapsed lease, a gone process) and putting their jobs back in the
-    queue. Used by worker/sweep.py."""
+    queue. Used by jobs/sweep.py."""
 
     def lapsed(self) -> "builtins.list[JobRecord]": ...
     def suspects(self, host: str | None) -> "builtins.list[JobRecord]": ...
@@ -261,7 +261,7 @@ class Recovery(StoreBase, Protocol):
 
 class Batches(StoreBase, Protocol):
     """Limits shared by a batch's jobs (budget, running cap), enforced at claim time and, for the budget, before
-    each model call. Used by cli/batch*.py and worker/batch_budget.py."""
+    each model call. Used by cli/batch*.py and jobs/batch_budget.py."""
 
     def set_batch(self, batch_id: str, max_total_cost: float | None, max_running: int | None) -> BatchInfo: ...
     def batch(self, batch_id: str) -> BatchInfo | None: ...

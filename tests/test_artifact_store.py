@@ -320,7 +320,7 @@ def test_a_job_that_stored_its_result_then_died_keeps_that_result_on_any_machine
     sweep takes the stored ending of this attempt, never runs the job again; an earlier attempt's does not count."""
     import time as _time
 
-    from worker.sweep import sweep
+    from jobs.sweep import sweep
     spec = make_job(store, tmp_path)
     assert store.claim(spec.id, "elsewhere:1:x", lease_s=0.2)
     store_result(store, spec.id, {"id": spec.id, "status": "completed", "exit_reason": "stop", "turns": 4,

@@ -201,7 +201,7 @@ def test_a_failing_check_keeps_the_agent_s_ending_and_exits_4(buggy, tmp_path):
 
 
 def test_an_empty_final_answer_completes_with_a_warning(buggy, tmp_path):
-    from worker.runner import EMPTY_ANSWER
+    from jobs.results import EMPTY_ANSWER
     silent, _, _, _ = _memory_job(buggy, tmp_path / "a", [{"text": ""}], {})
     said, _, _, _ = _memory_job(buggy, tmp_path / "b", NO_FIX, {})
     assert (silent["status"], silent.get("warning")) == ("completed", EMPTY_ANSWER)

@@ -126,7 +126,7 @@ def test_the_client_commands_load_neither_celery_nor_the_worker(tmp_path, sample
     """Submitting (on the embedded queue, through kombu), listing, status, logs, cancel and workers: the client
     needs jobs/, never worker/ or Celery (only `pid worker` and a foreground run load those)."""
     env = {**_env(tmp_path, ""), "PID_BROKER_URL": ""}
-    done = subprocess.run([sys.executable, "-c", CLIENT, str(sample_repo), "celery"], env=env, cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-c", CLIENT, str(sample_repo), "celery", "worker"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr + done.stdout
     assert all(f"{command} 0" in done.stdout for command in ("submit", "list", "status", "cancel")), done.stdout

@@ -15,7 +15,7 @@ from jobs.spec import JobSpec
 from jobs.identity import process_identity
 from jobs.sqlite_store import JobStore
 from jobs.store import WorkerBeat
-from worker.sweep import owner_alive
+from jobs.sweep import owner_alive
 
 
 def spec(tmp_path, n: int = 0) -> JobSpec:

@@ -227,7 +227,7 @@ def test_anthropic_s_input_plus_max_tokens_refusal_is_a_refusal_for_length():
 def test_pid_status_stops_saying_compacting_once_the_compaction_ended():
     """A compaction is followed by the model call: `pid status` said 'compacting the context' all through it."""
     from pid import events as ev
-    from worker.control import Progress
+    from jobs.progress import Progress
     progress = Progress()
     progress.on_event(ev.TurnStart(7))
     progress.on_event(ev.CompactionStart("threshold", 30000))

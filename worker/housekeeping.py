@@ -1,6 +1,6 @@
 """What a worker does beside its jobs, in its own threads: say it is alive (a heartbeat in the store every BEAT_S, in
 a thread of its own so that no slow step delays it), and every few seconds notice a job store that lost its data
-(jobs/store_watch.py), put back in the queue the jobs whose process is gone (worker/sweep.py), dispatch the queued
+(jobs/store_watch.py), put back in the queue the jobs whose process is gone (jobs/sweep.py), dispatch the queued
 jobs that need a message (put back, handed back, or whose message was lost; those that ran before go to the front of
 their queue), and now and then remove expired containers.
 
@@ -56,7 +56,7 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
               dispatch: Callable[..., bool] | None = None) -> list[str]:
     """Dispatch the queued jobs that need a message (with `dispatch`, jobs.dispatch.dispatch by default); end those
     that could not be dispatched for DISPATCH_GIVE_UP_S. Returns the ids dispatched."""
-    from worker.sweep import write_unrun_result
+    from jobs.sweep import write_unrun_result
     if dispatch is None:
         from jobs.dispatch import dispatch as publish
         dispatch = publish
@@ -68,7 +68,7 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
     for job in store.to_dispatch(stale_before=now - RECONCILE_S):
         if job.spec.batch:
             if job.spec.batch not in rooms:
-                from worker.batch_budget import room
+                from jobs.batch_budget import room
                 rooms[job.spec.batch] = room(store, job.spec.batch)
             if rooms[job.spec.batch] == 0:
                 continue
@@ -158,7 +158,7 @@ class Housekeeping:
                 return
 
     def once(self, store: Store) -> None:
-        from worker.sweep import sweep
+        from jobs.sweep import sweep
         if self._watch is None or self._watch.store is not store:
             self._watch = StoreWatch(store)
         watch = self._watch

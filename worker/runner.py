@@ -30,7 +30,7 @@ from pid.models import model_info, silent_truncation_warning, unknown_model_warn
 from pid.prompt import build_system_prompt
 from pid.providers import make_provider
 from pid.providers.base import ProviderConfig
-from pid.session import SessionWriter, iso_time
+from pid.session import SessionWriter
 from pid.tools.base import ToolContext
 from pid.tools.registry import default_registry
 from pid.sandbox import SandboxError
@@ -40,6 +40,7 @@ from jobs.artifact_store import TranscriptSync, keep_run_artifacts, store_result
 from jobs.blobs import Blobs, StoreBlobs
 from jobs.continuation import Parent, apply_patch, load_parent, start_session
 from worker.check import Check, run_check
+from jobs.results import build_result, client_is_local, spool_dir
 from jobs.spec import JobSpec, write_json_atomic
 from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, abandon, sandbox_config
 from jobs.snapshot import DirSnapshot, import_into, is_directory_repo, open_packed
@@ -49,7 +50,6 @@ from worker.watchdog import Watchdog
 
 AgentHook = Callable[[Agent], None]
 CHECK_START_TIMEOUT_S = 300.0   # the check's fresh sandbox must be up by then (else the check could not run)
-EMPTY_ANSWER = "the model's final answer was empty"
 
 
 class JobCancelled(Exception):
@@ -262,7 +262,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
                 if keep is not None:
                     snapshot.keep(StoreBlobs(keep))   # (if the model never answered: now)
                 snapshot.close()
-        result = build_result(spec, outcome, started, artifacts, workspace, check)
+        result = build_result(spec, outcome, started, artifacts, workspace,
+                              check.to_result() if check is not None else None)
         if getattr(sandbox, "image_id", None):   # the image it ran, by id (a tag may have moved since)
             result["image_id"] = getattr(sandbox, "image_id")
         result["attempt"] = attempt   # whose result this is: a sweep elsewhere trusts a stored one of this attempt
@@ -313,20 +314,6 @@ def _forget(store: JobAttachments, job_id: str, name: str) -> None:
         store.delete_artifact(job_id, name)
     except Exception:   # a stale copy of this attempt's transcript beside its final one: untidy, never harmful
         pass
-
-
-def client_is_local() -> bool:
-    """Whether a job's submitter is on this machine, as this worker's user: the embedded broker is a directory under
-    PID_HOME, so only they reach it. Through a broker of the network, a job's --out is a path on some other machine
-    that anyone who can submit may have named: a worker running as root must not write there."""
-    from jobs.brokers import embedded_broker
-    return embedded_broker()
-
-
-def spool_dir(job_id: str) -> str:
-    """Where a worker job works when the client's --out cannot be made on this machine."""
-    from pid.config import pid_home
-    return os.path.join(pid_home(), "spool", job_id)
 
 
 def _made(path: str) -> bool:
@@ -532,30 +519,6 @@ def _after_check(outcome: Outcome, check: Check) -> Outcome:
     if check.error and not check.timed_out and outcome.status == "completed":
         return _ended(outcome, "sandbox_error", f"the check could not run: {check.error}")
     return outcome
-
-
-def build_result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dict[str, Any],
-                 workspace: dict[str, Any] | None = None, check: Check | None = None) -> dict[str, Any]:
-    finished = time.time()
-    result: dict[str, Any] = {
-        "id": spec.id, "status": outcome.status, "exit_reason": outcome.exit_reason,
-        "final_message": outcome.final_message, "turns": outcome.turns, "tool_calls": outcome.tool_calls,
-        "usage": outcome.usage.to_result(), "model": spec.model, "image": spec.image, "task": spec.task,
-        "repo": spec.repo, "started_at": iso_time(started), "finished_at": iso_time(finished),
-        "duration_s": round(finished - started, 3), "artifacts": artifacts,
-    }
-    if workspace is not None:
-        result["workspace"] = workspace
-    for key in ("parent", "retry_of"):   # the job this one continues, or runs again
-        if getattr(spec, key, None):
-            result[key] = getattr(spec, key)
-    if check is not None:   # the job's exit code follows from it: pid.endings.exit_code_for
-        result["check"] = check.to_result()
-    if outcome.error:
-        result["error"] = outcome.error
-    if outcome.exit_reason == "stop" and not (outcome.final_message or "").strip():
-        result["warning"] = EMPTY_ANSWER   # completed, and the model said nothing: worth a look
-    return result
 
 
 def _provider_label(spec: JobSpec) -> str:

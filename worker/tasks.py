@@ -19,9 +19,10 @@ from pid.costs import format_cost
 from pid.endings import ending_words, status_of
 from pid.terminal import ShownLogRecords, one_line
 from jobs import policy
-from worker import batch_budget
+from jobs import batch_budget
 from worker.app import app
-from worker.control import LEASE_S, ControlRelay, log_job, new_owner, record_end, with_earlier_attempts
+from worker.control import LEASE_S, ControlRelay, new_owner, record_end
+from jobs.results import log_job, with_earlier_attempts
 from jobs.dispatch import dispatch
 from jobs.publish import TASK
 from jobs.spec import JobSpec, spec_problem
@@ -29,7 +30,7 @@ from worker.outage import Patience, patient
 from worker.runner import run_job
 from worker.sandbox_start import GRACE_S
 from jobs.store import JobAttachments, JobRecord, Store, default_store
-from worker.sweep import write_unrun_result
+from jobs.sweep import write_unrun_result
 
 log = logging.getLogger("pid.worker")
 jobs_log = logging.getLogger("pid.jobs")   # the worker's own lines: one when a job starts, one when it ends

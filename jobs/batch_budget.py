@@ -67,7 +67,7 @@ class BatchBudget:
 
 def end_queued(store: Store, batch_id: str, note: str) -> list[str]:
     """The batch's queued jobs end `batch_budget` (each with its result.json); returns their ids."""
-    from worker.sweep import write_unrun_result
+    from jobs.sweep import write_unrun_result
     ended = []
     for record in store.batch_jobs(batch_id):
         if record.status == "queued" and store.finish_if_queued(record.id, "batch_budget"):
@@ -85,7 +85,7 @@ def refused(store: Store, record: JobRecord) -> str | None:
     if info is None:
         return None
     if info.exhausted:
-        from worker.sweep import write_unrun_result
+        from jobs.sweep import write_unrun_result
         if store.finish_if_queued(record.id, "batch_budget"):
             write_unrun_result(record.spec, "batch_budget", budget_note(info), store=store)
         return "batch_budget"

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from pid.agent import Outcome
 from pid.endings import ENDINGS, ExitReason, status_of
-from worker.control import log_job, with_earlier_attempts
+from jobs.results import log_job, with_earlier_attempts
 from jobs.identity import proc_stat, process_alive
 from jobs.spec import JobSpec, write_json_atomic
 from jobs.store import JobRecord, Store
@@ -140,7 +140,7 @@ def write_unrun_result(spec: JobSpec, exit_reason: ExitReason, error: str | None
     (and the transcript, where this machine has it), for clients on any machine: just after the end is recorded,
     since recording the end is what decides who ends the job. Never raises: an out dir that cannot be written only
     costs the local file."""
-    from worker.runner import build_result, client_is_local, spool_dir
+    from jobs.results import build_result, client_is_local, spool_dir
     # where the job worked here: a cluster's job in this worker's spool, never the --out its submitter named
     job_dir = spec.job_dir if store is None or client_is_local() else spool_dir(spec.id)
     session = os.path.join(job_dir, "session.jsonl")
