@@ -38,7 +38,7 @@ PROGRESS_EVERY_S = 2.0    # how often progress is written, at most; the lease is
 def new_owner() -> str:
     """host:pid:nonce.identity: who holds a job's lease. The sweeper reads the host and pid back, and the identity
     (boot id, pid namespace, the process's start time in clock ticks) tells it, exactly, whether that process is still
-    the one: immune to clock steps, pid reuse and hosts that share a name (see worker/sweep.owner_alive)."""
+    the one: immune to clock steps, pid reuse and hosts that share a name (see jobs/sweep.owner_alive)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}.{process_identity(os.getpid()) or ''}"
 
 
