@@ -6,13 +6,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pid.agent import Outcome
 from pid.event_records import job_record
 from pid.session import iso_time
 from jobs.spec import JobSpec
 from jobs.store import JobAttachments
+
+if TYPE_CHECKING:   # for the annotation only: a client command loads the agent only to end a job (jobs/sweep.py)
+    from pid.agent import Outcome
 
 log = logging.getLogger("pid.worker")
 

@@ -14,7 +14,6 @@ import socket
 import time
 from typing import Any, Callable
 
-from pid.agent import Outcome
 from pid.endings import ENDINGS, ExitReason, status_of
 from jobs.results import log_job, with_earlier_attempts
 from jobs.identity import proc_stat, process_alive
@@ -140,6 +139,7 @@ def write_unrun_result(spec: JobSpec, exit_reason: ExitReason, error: str | None
     (and the transcript, where this machine has it), for clients on any machine: just after the end is recorded,
     since recording the end is what decides who ends the job. Never raises: an out dir that cannot be written only
     costs the local file."""
+    from pid.agent import Outcome   # here, not at the top: `pid list` loads the agent only when it ends a job
     from jobs.results import build_result, client_is_local, spool_dir
     # where the job worked here: a cluster's job in this worker's spool, never the --out its submitter named
     job_dir = spec.job_dir if store is None or client_is_local() else spool_dir(spec.id)
