@@ -1,5 +1,5 @@
 """Benchmark: the embedded broker under producers and consumers in separate processes — messages lost, duplicated
-or unreadable, and the wall time — for pid's transport (`pidfs://`, worker/transport.py) and, for comparison,
+or unreadable, and the wall time — for pid's transport (`pidfs://`, jobs/transport.py) and, for comparison,
 kombu's own `filesystem://` (which reads files still being written; not a test: how often it fails is luck).
 
 Target for pidfs: 0 lost, 0 duplicated, 0 unreadable (issue 8).

@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pid import events as ev  # noqa: E402
 from worker.control import ControlRelay  # noqa: E402
-from worker.jobs import JobSpec  # noqa: E402
-from worker.store import JobStore  # noqa: E402
+from jobs.spec import JobSpec  # noqa: E402
+from jobs.sqlite_store import JobStore  # noqa: E402
 
 
 WRITES = ("renew", "progress", "take_messages")   # the relay's calls that take the store's write lock

@@ -58,9 +58,9 @@ def in_process(repo: str, home: str, runs: int) -> None:
     os.environ["PID_HOME"] = home
     from sandbox import DockerSandbox, SandboxConfig
     from sandbox.workspace import build_tar
-    from worker.blobs import StoreBlobs
-    from worker.store import JobStore
-    from worker.snapshot import pack_and_store
+    from jobs.blobs import StoreBlobs
+    from jobs.sqlite_store import JobStore
+    from jobs.snapshot import pack_and_store
     os.makedirs(home, exist_ok=True)
     blobs = StoreBlobs(JobStore(os.path.join(home, "jobs.db")))
     pack, unpack, base, start, old = [], [], [], [], []

@@ -3,7 +3,7 @@ followed live, resumable from its output directory, with a budget and a running 
 
     check every line -> pack each repo once -> ledger, create, dispatch (in chunks) -> follow -> download -> summary
 
-The output directory is the batch's memory (worker/batch.py): a rerun of the same command skips the items that
+The output directory is the batch's memory (jobs/batch.py): a rerun of the same command skips the items that
 completed, waits for those whose job is still queued or running (never a second job beside it), submits the rest
 again; --retry-failed also reruns failed and limit-hit items. Here: the command, its checks, the local worker; one
 run's submitting and following is cli/batch_run.py.
@@ -26,8 +26,8 @@ from cli.batch_tasks import Item, parse
 from cli.options import JOB_OPTIONS, EnvOption, Number, QueueName, Size, format_size, spec_options
 from cli.output import echo
 from pid.terminal import dumps, one_line
-from worker.batch import BatchDir, changed_options, kept_options, other_tasks
-from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
+from jobs.batch import BatchDir, changed_options, kept_options, other_tasks
+from jobs.spec import DEFAULT_QUEUE, JobSpec, spec_field
 from pid import settings
 
 WORKER_STOP_S = 60.0
@@ -166,7 +166,7 @@ for _param in batch.params:   # the job option --out is the batch's own director
 
 
 def _store() -> Any:
-    from worker.store import default_store
+    from jobs.store import default_store
     return default_store()
 
 
@@ -233,7 +233,7 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
     runs without it (pid.config.endpoint)."""
     from cli.main import BadInput, check_api_key, check_originals, check_repo
     from pid.config import base_url_for, endpoint
-    from worker.check import command_problem
+    from jobs.spec import command_problem
     errors = list(errors or [])
     specs: dict[str, JobSpec] = {}
     repos: dict[str, str | BaseException] = {}
@@ -313,8 +313,8 @@ def _price_problem(model: str, fields: dict[str, Any], need_prices: bool, table:
 
 def _policy_refusals(items: list[Item], specs: dict[str, JobSpec]) -> list[str]:
     """A line per item that no live worker of its queue would admit (their policies come with their heartbeats)."""
-    from worker.housekeeping import live_workers
-    from worker.policy import refusal_by_workers
+    from jobs.workers import live_workers
+    from jobs.policy import refusal_by_workers
     beats = live_workers(_store())
     refusals = ((item, refusal_by_workers(beats, specs[item.id])) for item in items if item.id in specs)
     return [f"line {item.line}: {refusal}" for item, refusal in refusals if refusal]
@@ -331,8 +331,8 @@ def _pack(items: list[Item], specs: dict[str, JobSpec], max_bytes: int) -> list[
     """Each directory repo packed and stored once (the same tree, whatever the number of items on it)."""
     from pid.config import pid_home
     from sandbox.workspace import WorkspaceTooLarge
-    from worker.blobs import default_blobs
-    from worker.snapshot import git_source, pack_and_store
+    from jobs.blobs import default_blobs
+    from jobs.snapshot import git_source, pack_and_store
     packed: dict[str, str | str] = {}
     failed: dict[str, str] = {}
     errors = []
@@ -358,7 +358,7 @@ def _pack(items: list[Item], specs: dict[str, JobSpec], max_bytes: int) -> list[
 
 
 def _check_images(specs: dict[str, JobSpec]) -> None:
-    from worker.brokers import embedded_broker
+    from jobs.brokers import embedded_broker
     if not embedded_broker():
         return
     from cli.main import BadInput, check_cpus, check_image

@@ -14,7 +14,7 @@ from cli.table import render as table_lines
 from pid.costs import format_cost
 from pid.endings import ending_words
 from pid.terminal import dumps, one_line, shown
-from worker.store import JobRecord
+from jobs.store import JobRecord
 
 RUNNING_SHOWN = 12   # running items listed in the live table at most
 

@@ -19,9 +19,9 @@ from cli.batch_progress import Display, Progress, make_display, summary_text
 from cli.output import echo
 from pid.endings import ending_words
 from pid.terminal import dumps, one_line
-from worker.batch import BatchDir, needs_run, row_for, summarize
-from worker.jobs import JobSpec, new_job_id
-from worker.trees import remove_tree
+from jobs.batch import BatchDir, needs_run, row_for, summarize
+from jobs.spec import JobSpec, new_job_id
+from jobs.trees import remove_tree
 
 POLL_S = 0.5                 # how often the store is read for the batch's jobs (one query for all)...
 POLL_MAX_S = 2.0             # ...or, with more than 250 jobs to follow, up to this
@@ -87,7 +87,7 @@ class Run:
 
     def submit(self, item_ids: list[str]) -> None:
         """Ledger first (synced), then the jobs, a chunk at a time: created in one store operation, and published
-        (one broker connection) unless --max-running holds them back (parked: worker/batch_budget.py)."""
+        (one broker connection) unless --max-running holds them back (parked: jobs/batch_budget.py)."""
         room = None
         if self.max_running is not None:
             info = self.store.batch(self.bdir.batch_id)
@@ -113,7 +113,7 @@ class Run:
     def _publish(self, specs: list[JobSpec]) -> None:
         """Each job's message (its id), over one connection. A publish that fails leaves it and the rest to the
         workers' reconcilers, which publish what the store says was not (a warning, once)."""
-        from worker.dispatch import publish
+        from jobs.dispatch import publish
         sent, error = publish(self.store, [(spec.id, spec.queue) for spec in specs])
         if error is None:
             return
@@ -181,7 +181,7 @@ class Run:
                     info = self.store.batch(self.bdir.batch_id)
                     progress.budget = info.max_total_cost if info else None
                     if info is not None and info.exhausted:
-                        from worker.batch_budget import budget_note, end_queued
+                        from jobs.batch_budget import budget_note, end_queued
                         budget_ended = True
                         if end_queued(self.store, self.bdir.batch_id, budget_note(info)):
                             display.note(f"pid: {budget_note(info)}: the queued items are cancelled")
@@ -214,7 +214,7 @@ class Run:
     def cancel_tracked(self, records: dict[str, Any] | None = None, note: Any = None) -> None:
         """Cancel every job this run waits for that has not ended (queued ones end now, running ones through
         their workers)."""
-        from worker.sweep import cancel_job
+        from jobs.sweep import cancel_job
         for job_id in list(self.tracked):
             record = records.get(job_id) if records is not None else self.store.get(job_id)
             if record is not None and not record.terminal:
@@ -225,7 +225,7 @@ class Run:
 
     def _finish_item(self, job_id: str, item_id: str, record: Any) -> dict[str, Any]:
         """An ended job: its result.json and artifacts from the store into DIR/<item id>/; its batch.jsonl row."""
-        from worker.artifact_store import DownloadError, download, read_result
+        from jobs.artifact_store import DownloadError, download, read_result
         from cli.main import RESULT_GRACE_S
         note = None
         try:

@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 import click
 
 from cli.options import JOB_OPTIONS, JobOption, QueueName
-from worker.jobs import spec_field
+from jobs.spec import spec_field
 
 ID_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 # An item's folder sits beside these in the output directory (and hidden ones, which an id cannot start with).

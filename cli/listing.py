@@ -50,7 +50,7 @@ class NotABatch(click.ClickException):
 
 def batch_records(store: Any, directory: str, limit: int, status: str | None) -> list[Any]:
     """`pid list --batch DIR`: that batch's jobs (every attempt of every item), newest first."""
-    from worker.batch import BatchDir
+    from jobs.batch import BatchDir
     try:
         bdir = BatchDir.open(os.path.abspath(os.path.expanduser(directory)))
     except ValueError as exc:

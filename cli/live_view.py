@@ -10,12 +10,12 @@ from typing import Any
 from cli.output import EventPrinter
 from cli.status_line import StatusLine, status_text
 from pid import events as ev
-from worker.control import Progress
+from jobs.progress import Progress
 
 
 class RunView:
     """`pid run`'s event sink on a terminal (stderr): EventPrinter's lines above a status line fed by the same events
-    as `pid status` (worker/control.py Progress), and each reply streamed as its text deltas arrive."""
+    as `pid status` (jobs/progress.py Progress), and each reply streamed as its text deltas arrive."""
 
     def __init__(self, verbose: bool = False) -> None:
         self.progress = Progress()

@@ -30,8 +30,8 @@ from cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, 
                         print_result, styled, wait_for)
 from pid.terminal import dumps, one_line
 from pid.endings import STATUSES, exit_code_for
-from worker.clients import MissingClient
-from worker.jobs import DEFAULT_QUEUE, JobSpec, spec_field
+from jobs.clients import MissingClient
+from jobs.spec import DEFAULT_QUEUE, JobSpec, spec_field
 
 EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without --wait)
 EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it
@@ -107,7 +107,7 @@ def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
                                                 options.get("workdir"))
     if not model:
         raise BadInput("no model configured: pass --model or set PID_MODEL")
-    from worker.check import command_problem
+    from jobs.spec import command_problem
     problem = command_problem(options.get("check"))
     if problem:
         raise BadInput(f"--check: {problem}")
@@ -156,7 +156,7 @@ def check_originals(paths: Any, check: str | None, workdir: str | None) -> list[
         return []
     if not check:
         raise BadInput("--check-original needs --check (it says what the check sees as the original has it)")
-    from worker.check import original_paths
+    from jobs.spec import original_paths
     from sandbox.config import SandboxConfig
     try:
         return original_paths(list(paths), workdir or SandboxConfig.workdir)
@@ -166,7 +166,7 @@ def check_originals(paths: Any, check: str | None, workdir: str | None) -> list[
 
 def check_repo(repo: str) -> str:
     """--repo as the spec keeps it: a git URL (checked, kept as given) or an existing directory (absolute)."""
-    from worker.snapshot import git_source
+    from jobs.snapshot import git_source
     try:
         if git_source(repo) is not None:
             return repo
@@ -183,11 +183,11 @@ def check_repo(repo: str) -> str:
 def pack_workspace(spec: JobSpec, max_bytes: int) -> None:
     """A directory --repo is packed now and stored as a blob (once per tree): the job runs on the tree as it is at
     submit, on whatever machine takes it. A git URL is cloned by the worker instead."""
-    from worker.snapshot import git_source, pack_and_store
+    from jobs.snapshot import git_source, pack_and_store
     if not spec.repo or git_source(spec.repo) is not None:
         return
     from sandbox.workspace import WorkspaceTooLarge
-    from worker.blobs import default_blobs
+    from jobs.blobs import default_blobs
     try:
         spec.workspace = pack_and_store(spec.repo, default_blobs(), max_bytes, tmp_dir=pid_home()).digest
     except WorkspaceTooLarge:
@@ -202,7 +202,7 @@ def pack_workspace(spec: JobSpec, max_bytes: int) -> None:
 def check_workspace_size(spec: JobSpec, max_bytes: int) -> None:
     """A directory --repo larger than --max-workspace once packed is refused before anything is written (its size
     from lstat: a sparse file of terabytes used to become as large a file on the host before the job failed)."""
-    from worker.snapshot import git_source
+    from jobs.snapshot import git_source
     if not spec.repo or git_source(spec.repo) is not None or max_bytes <= 0:
         return
     from sandbox.workspace import tree_size
@@ -240,8 +240,8 @@ def check_api_key(spec: JobSpec, key: str | None) -> None:
 def check_policies(store: Any, spec: JobSpec) -> None:
     """Refuse at once a job that no live worker of its queue would admit (their policies come with their
     heartbeats), with the message a worker would give."""
-    from worker.housekeeping import live_workers
-    from worker.policy import refusal_by_workers
+    from jobs.workers import live_workers
+    from jobs.policy import refusal_by_workers
     refusal = refusal_by_workers(live_workers(store), spec)
     if refusal:
         raise BadInput(f"{refusal}; nothing was queued")
@@ -249,7 +249,7 @@ def check_policies(store: Any, spec: JobSpec) -> None:
 
 def check_broker() -> None:
     """A PID_BROKER_URL no transport serves is refused before anything is recorded."""
-    from worker.brokers import broker_problem
+    from jobs.brokers import broker_problem
     problem = broker_problem()
     if problem:
         raise BadInput(problem)
@@ -401,8 +401,8 @@ def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_
     spec = build_spec(options, no_images)
     spec.queue = queue
     spec.max_workspace = max_workspace
-    from worker.brokers import embedded_broker
-    from worker.store import default_store
+    from jobs.brokers import embedded_broker
+    from jobs.store import default_store
     if embedded_broker():  # the worker is on this machine: its image and CPUs must be here too
         check_cpus(spec)
         check_image(spec.image)
@@ -412,7 +412,7 @@ def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_
 
 def queue_job(store: Any, spec: JobSpec, api_key: str | None, wait: bool, as_json: bool) -> None:
     """Record the job, keep its key, publish it; then print its id, or wait for its end (submit, continue, retry)."""
-    from worker.dispatch import dispatch
+    from jobs.dispatch import dispatch
     check_policies(store, spec)
     store.create(spec)
     try:
@@ -423,7 +423,7 @@ def queue_job(store: Any, spec: JobSpec, api_key: str | None, wait: bool, as_jso
         dispatch(spec.id, store=store)
     except Exception as exc:  # the broker refused: the job must not sit queued forever
         store.finish(spec.id, "dispatch_failed", error=str(exc))
-        from worker.reach import unreachable_broker
+        from jobs.reach import unreachable_broker
         raise BadInput(unreachable_broker(exc, spec.id)) from None
     if not wait:
         echo(spec.id)
@@ -454,8 +454,8 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, downloa
 def _download(store: Any, job_id: str, dest: str, own_dir: bool) -> str:
     """The job's artifacts from the store into `dest`; returns it. `own_dir`: dest is the job's own out directory
     (`submit --wait`): nothing is fetched when a worker sharing this filesystem already wrote it there. Otherwise a
-    non-empty dest must hold this job's earlier download (worker/artifact_store.py). Failure: one line, exit 2."""
-    from worker.artifact_store import DownloadError, already_local, download
+    non-empty dest must hold this job's earlier download (jobs/artifact_store.py). Failure: one line, exit 2."""
+    from jobs.artifact_store import DownloadError, already_local, download
     dest = os.path.abspath(os.path.expanduser(dest))
     if own_dir and already_local(store, job_id, dest):
         return dest
@@ -469,7 +469,7 @@ def _download(store: Any, job_id: str, dest: str, own_dir: bool) -> str:
 def _while_waiting(store: Any, job_id: str) -> Callable[[], None]:
     """What a wait does besides polling: say when no worker takes the job, and sweep now and then, so that a job
     whose `pid run` was killed is ended instead of waited for forever."""
-    from worker.sweep import sweep_quietly
+    from jobs.sweep import sweep_quietly
     notice = _no_worker_notice(store, job_id)
     next_sweep = time.monotonic() + SWEEP_WHILE_WAITING_S
 
@@ -496,7 +496,7 @@ def _no_worker_notice(store: Any, job_id: str, out: Callable[..., None] = echo) 
         record = store.get(job_id)
         if record is None or record.status != "queued":
             return
-        from worker.housekeeping import live_workers
+        from jobs.workers import live_workers
         queue = record.spec.queue
         workers = [w for w in live_workers(store) if queue in w.queues]
         waited = f"job {job_id} is still queued after {NO_WORKER_NOTICE_S:g}s"
@@ -516,7 +516,7 @@ RESULT_GRACE_S = 10.0   # an ended job's result.json may follow its end by this 
 def _load_result(store: Any, job_id: str) -> dict[str, Any]:
     """An ended job's result.json from the job store, wherever the worker ran; for a job recorded before results
     went there, from its local out directory. Neither: one line, exit 2."""
-    from worker.artifact_store import DownloadError, read_result
+    from jobs.artifact_store import DownloadError, read_result
     record = store.get(job_id)
     path = os.path.join(record.spec.job_dir, "result.json")
     ended = record.finished_at if record.finished_at is not None else store.now()
@@ -546,7 +546,7 @@ def _local_result(path: str, job_id: str) -> dict[str, Any] | None:
 
 
 def _record_or_fail(job_id: str) -> Any:
-    from worker.store import default_store
+    from jobs.store import default_store
     store = default_store()
     record = store.get(job_id)
     if record is None:
@@ -559,7 +559,7 @@ def _record_or_fail(job_id: str) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="The job's whole record as JSON.")
 def status(job_id: str, as_json: bool) -> None:
     """Show a job's status: counts, what it is doing now, its error."""
-    from worker.sweep import sweep_quietly
+    from jobs.sweep import sweep_quietly
     sweep_quietly()
     _, record = _record_or_fail(job_id)
     if as_json:
@@ -609,7 +609,7 @@ def result(job_id: str, as_json: bool, wait: bool, download: str | None) -> None
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 def cancel(job_id: str) -> None:
     """Cancel a queued or running job (artifacts so far are kept)."""
-    from worker.sweep import cancel_job
+    from jobs.sweep import cancel_job
     store, record = _record_or_fail(job_id)
     if record.terminal:
         raise BadInput(f"job {job_id} is {record.status}: nothing to cancel")
@@ -679,8 +679,8 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool, batch_dir: s
     """Recent jobs, newest first: status, duration, cost, exit reason, task (`pid run` jobs too)."""
     from cli.listing import batch_records, job_lines
     from cli.table import terminal_width
-    from worker.store import default_store
-    from worker.sweep import sweep_quietly
+    from jobs.store import default_store
+    from jobs.sweep import sweep_quietly
     store = default_store()
     sweep_quietly(store)
     records = batch_records(store, batch_dir, limit, status_filter) if batch_dir else store.list(limit, status_filter)
@@ -737,8 +737,8 @@ def logs(job_id: str, follow: bool, as_json: bool, verbose: bool) -> None:
 def workers(show_all: bool, as_json: bool) -> None:
     """The workers of this job store, from their heartbeats (every 2 s): host, process, jobs running of how many;
     alive, or (--all) stopped, lost (its process is gone) or silent, and since when."""
-    from worker.housekeeping import worker_state
-    from worker.store import default_store
+    from jobs.workers import worker_state
+    from jobs.store import default_store
     store = default_store()
     now = store.now()
     states = [(b, worker_state(b, now)) for b in store.workers()]
@@ -785,7 +785,7 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
     """Start a worker that runs queued jobs (Ctrl-C: finish the running jobs, then stop; twice, or SIGTERM, or
     SIGHUP: hand them back to the queue now)."""
     check_broker()
-    from worker import policy
+    from jobs import policy
     if policy_file:
         try:
             policy.activate(policy.load(policy_file))
@@ -805,12 +805,12 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
 
 
 def _volatile_store() -> str | None:
-    """Why the job store would lose every job on a restart (worker/store_watch.py), once it answers: a store not up
+    """Why the job store would lose every job on a restart (jobs/store_watch.py), once it answers: a store not up
     yet is waited for, as Celery waits for its broker; one that refuses the password is not (it never changes its
     mind: one line, exit 2)."""
     from worker.outage import refused_credentials, transient
-    from worker.store import default_store
-    from worker.store_watch import volatile
+    from jobs.store import default_store
+    from jobs.store_watch import volatile
     store, said = default_store(), False
     while True:
         try:
@@ -844,7 +844,7 @@ def reap_own_quietly() -> None:
             reap_installation(pid_home())
         except Exception:
             pass
-        from worker.sweep import sweep_quietly
+        from jobs.sweep import sweep_quietly
         sweep_quietly()   # a `pid run` killed earlier is ended, with its result.json
     threading.Thread(target=reap, name="pid-reap", daemon=True).start()
 
@@ -890,7 +890,7 @@ def main() -> None:
             echo(f"pid: error: {one_line(exc.format_message())}", err=True)
         sys.exit(exc.exit_code)
     except Exception as exc:   # a store that cannot be reached is one line too; anything else is a bug's traceback
-        from worker.reach import unreachable_store
+        from jobs.reach import unreachable_store
         line = unreachable_store(exc)
         if line is None:
             raise

@@ -15,7 +15,7 @@ from click.core import ParameterSource
 
 from pid.config import API_KEY_ENV, API_NAMES, THINKING_LEVELS
 from sandbox.disk import format_size
-from worker.jobs import default_of, spec_field
+from jobs.spec import default_of, spec_field
 from pid import settings
 
 MIN_MEMORY = 6 << 20   # the Docker engine refuses less

@@ -21,7 +21,7 @@ import click
 
 from cli.output import echo
 
-# The same names as cli/pages/job.py's and worker/artifact_store.py's; the renderer is imported only when a page is
+# The same names as cli/pages/job.py's and jobs/artifact_store.py's; the renderer is imported only when a page is
 # made, so that registering this command costs the other commands nothing.
 RESULT, SESSION, PATCH, BATCH = "result.json", "session.jsonl", "patch.diff", "batch.jsonl"
 
@@ -93,7 +93,7 @@ def _store_and_record(job_id: str) -> tuple[Any, Any]:
     except HomeUnusable as exc:
         raise ViewError(str(exc)) from None
     from cli.ids import NoSuchJob, resolve
-    from worker.store import default_store
+    from jobs.store import default_store
     store = default_store()
     try:
         job_id = resolve(store, job_id)
@@ -205,7 +205,7 @@ def _artifacts(store: Any, record: Any, tmp: str) -> str | None:
     """A directory holding the job's result.json / session.jsonl / patch.diff: the job's own out directory when it
     holds what the store has (a worker on this machine wrote it), else what the store has, fetched into tmp (only
     these three: collected files may be large), else the out directory if it holds anything."""
-    from worker.artifact_store import already_local
+    from jobs.artifact_store import already_local
     local = record.spec.job_dir
     if already_local(store, record.id, local):
         return str(local)
@@ -218,7 +218,7 @@ def _artifacts(store: Any, record: Any, tmp: str) -> str | None:
     if SESSION not in wanted and attempts:       # still running, or ended without its own transcript
         wanted[SESSION] = attempts[-1][1]
     if wanted:
-        from worker.store import BlobMissing
+        from jobs.store import BlobMissing
         for local_name, stored in wanted.items():
             try:
                 with open(os.path.join(tmp, local_name), "wb") as f:

@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 if_stale=""; [ "${1:-}" != "--if-stale" ] || { if_stale=1; shift; }
 image=${1:-pid-worker:latest}
 # What the image is made of, as one digest: pid's code, its packaging and this Dockerfile.
-source=$( { find pid sandbox worker cli -type f \( -name '*.py' -o -name '*.sh' \) | LC_ALL=C sort;
+source=$( { find pid sandbox jobs worker cli -type f \( -name '*.py' -o -name '*.sh' -o -name '*.lua' \) | LC_ALL=C sort;
             echo pyproject.toml; echo docker/Dockerfile.worker; } | xargs sha256sum | sha256sum | cut -c1-16)
 if [ -n "$if_stale" ] && [ "$(docker image inspect -f '{{index .Config.Labels "pid.source"}}' "$image" 2>/dev/null)" = "$source" ]; then
   echo "$image"; exit 0

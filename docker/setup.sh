@@ -40,7 +40,7 @@ say "installing pid into .venv"
 # An editable install compiles none of pid's own modules, so every `pid` process compiled them again (~0.15 s of CPU
 # at each command's start; every time where PYTHONDONTWRITEBYTECODE is set). Compile them once, as a regular install
 # does; Python ignores a compiled file whose source has changed since.
-.venv/bin/python -m compileall -q -j 0 pid sandbox worker cli >/dev/null || true
+.venv/bin/python -m compileall -q -j 0 pid sandbox jobs worker cli >/dev/null || true
 
 if [ "${1:-}" = "--test" ]; then
   # The tool suite runs a second time under gVisor (Debian's runsc), when it can be had: install it and register it

@@ -1,6 +1,6 @@
 """Where pid keeps its state, the model endpoint's defaults, and the API key from the environment.
 
-The job's other defaults live in worker/jobs.py (JobSpec); this module holds what the agent core itself needs.
+The job's other defaults live in jobs/spec.py (JobSpec); this module holds what the agent core itself needs.
 """
 from __future__ import annotations
 

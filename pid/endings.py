@@ -32,7 +32,7 @@ ExitReason = Literal[
     "client_lost",            # the `pid run` process died (killed?): a foreground job is not run again
     "dispatch_failed",        # the queue refused the job
     "batch_budget",           # its batch's --max-total-cost was reached (pid batch): queued or at its next model call
-    "policy_refused",         # the worker's policy does not admit what the job asks (worker/policy.py): never started
+    "policy_refused",         # the worker's policy does not admit what the job asks (jobs/policy.py): never started
     "error",                  # anything else (a bug or a set-up failure), with its message in `error`
 ]
 

@@ -76,7 +76,7 @@ BROKER_URL = _setting("PID_BROKER_URL", None, str, "the broker for several machi
                       "`amqp://host//`)", "the embedded queue under PID_HOME")
 STORE_URL = _setting("PID_STORE_URL", None, str, "the job store", "the broker's Redis, else SQLite under PID_HOME")
 RETENTION = _setting("PID_RETENTION", None, str, "how long ended jobs and unused blobs are kept: seconds, or e.g. "
-                     "`12h`, `7d`, `2w` (parsed by worker/store.py)", "`7d`")
+                     "`12h`, `7d`, `2w` (parsed by jobs/store.py)", "`7d`")
 RESULT_BACKEND = _setting("PID_RESULT_BACKEND", None, str,
                           "no longer used (the job store holds every result): a worker says so when it is set")
 POLICY = _option("PID_POLICY", "worker --policy", "a worker's policy file (docs/policy.md)")

@@ -42,7 +42,7 @@ def _connect(url: str, options: dict[str, Any]) -> Any:
     import kombu
 
     if url.startswith("pidfs://"):
-        from worker.transport import register
+        from jobs.transport import register
         register()
     return kombu.Connection(url, transport_options=options)
 

@@ -128,7 +128,7 @@ class CliResult:
 def deep_tmp(tmp_path: Path):
     """A directory in tmp_path for trees deeper than pytest's own clean-up can remove (tests/deep_tree.py): removed
     by pid's own loop after the test."""
-    from worker.trees import remove_tree
+    from jobs.trees import remove_tree
     path = tmp_path / "deep"
     path.mkdir()
     yield path

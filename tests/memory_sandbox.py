@@ -142,7 +142,7 @@ class MemorySandbox:
         return call.result
 
     def _git_apply(self, command: str) -> "Run":
-        """`git apply` of a patch in export_patch's own format (worker.continuation.apply_patch's command): its
+        """`git apply` of a patch in export_patch's own format (jobs.continuation.apply_patch's command): its
         --directory, its --exclude patterns (a path, or a path and `/*`), new, changed and deleted text files."""
         words = shlex.split(command.split(" git apply ", 1)[1].split(";")[0])
         directory = next(w.split("=", 1)[1] for w in words if w.startswith("--directory="))

@@ -1,4 +1,4 @@
-"""Artifacts through the job store (worker/artifact_store.py): what a worker uploads, under which limits, and how a
+"""Artifacts through the job store (jobs/artifact_store.py): what a worker uploads, under which limits, and how a
 client writes them to its disk without ever leaving the directory it was given. Fast tier: a SQLite store in
 tmp_path, plus a few real `pid result` subprocesses (no engine)."""
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from worker.artifact_store import (MARKER, DownloadError, already_local, download, read_result, store_result,
+from jobs.artifact_store import (MARKER, DownloadError, already_local, download, read_result, store_result,
                                    upload_artifacts, upload_transcript)
-from worker.jobs import JobSpec
-from worker.store import JobStore
+from jobs.spec import JobSpec
+from jobs.sqlite_store import JobStore
 
 
 @pytest.fixture
@@ -320,7 +320,7 @@ def test_a_job_that_stored_its_result_then_died_keeps_that_result_on_any_machine
     sweep takes the stored ending of this attempt, never runs the job again; an earlier attempt's does not count."""
     import time as _time
 
-    from worker.sweep import sweep
+    from jobs.sweep import sweep
     spec = make_job(store, tmp_path)
     assert store.claim(spec.id, "elsewhere:1:x", lease_s=0.2)
     store_result(store, spec.id, {"id": spec.id, "status": "completed", "exit_reason": "stop", "turns": 4,

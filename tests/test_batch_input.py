@@ -11,7 +11,7 @@ import pytest
 
 from cli.batch_run import count, without_secrets
 from cli.batch_progress import Progress
-from worker.batch import BatchDir
+from jobs.batch import BatchDir
 
 
 @pytest.mark.cli

@@ -21,7 +21,8 @@ from tests.brokers import free_port
 from tests.conftest import start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
 from tests.test_worker_chaos import JobsModel, _submit, _wait_running_tool
-from worker.store import JobStore, Store
+from jobs.sqlite_store import JobStore
+from jobs.store import Store
 
 pytestmark = pytest.mark.docker
 
@@ -32,7 +33,7 @@ def _store(env: dict[str, str]) -> JobStore:
 
 def _local_store(pid_env: dict[str, str]) -> dict[str, str]:
     """These tests are about the broker: the job store stays SQLite under PID_HOME (a Redis broker would otherwise
-    be the store too, worker/store.py: store_url)."""
+    be the store too, jobs/store.py: store_url)."""
     return {"PID_STORE_URL": "sqlite://" + os.path.join(os.path.abspath(pid_env["PID_HOME"]), "jobs.db")}
 
 
@@ -212,8 +213,8 @@ def test_redis_down_while_a_lost_job_is_put_back_then_back_the_job_completes(
 
 
 def test_a_redis_broker_is_the_job_store_too(redis_server, run_pid, pid_env, sample_repo, tmp_path):
-    """No PID_STORE_URL: the broker's Redis holds the jobs (worker/redis_store.py); no database under PID_HOME."""
-    from worker.redis_store import RedisStore
+    """No PID_STORE_URL: the broker's Redis holds the jobs (jobs/redis_store.py); no database under PID_HOME."""
+    from jobs.redis_store import RedisStore
     env = {**pid_env, "PID_BROKER_URL": redis_server.url, "PID_SWEEP_S": "1"}
     store = RedisStore(redis_server.url)
     model = JobsModel(long_command="true")

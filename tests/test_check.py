@@ -20,8 +20,9 @@ from pid.event_records import EventRecords
 from pid.sandbox import ExecResult, SandboxLost
 from tests.memory_sandbox import MemoryProvider, Run
 from tests.scripted_llm import ScriptedLLM
-from worker.check import OUTPUT_TAIL_BYTES, OUTPUT_TAIL_LINES, command_problem, output_tail, run_check
-from worker.jobs import JobSpec
+from jobs.spec import command_problem
+from worker.check import OUTPUT_TAIL_BYTES, OUTPUT_TAIL_LINES, output_tail, run_check
+from jobs.spec import JobSpec
 
 FIX = [{"tool_calls": [{"name": "edit", "arguments": {
            "path": "calc.py", "edits": [{"oldText": "return a - b", "newText": "return a + b"}]}}]},
@@ -200,7 +201,7 @@ def test_a_failing_check_keeps_the_agent_s_ending_and_exits_4(buggy, tmp_path):
 
 
 def test_an_empty_final_answer_completes_with_a_warning(buggy, tmp_path):
-    from worker.job_record import EMPTY_ANSWER
+    from jobs.results import EMPTY_ANSWER
     silent, _, _, _ = _memory_job(buggy, tmp_path / "a", [{"text": ""}], {})
     said, _, _, _ = _memory_job(buggy, tmp_path / "b", NO_FIX, {})
     assert (silent["status"], silent.get("warning")) == ("completed", EMPTY_ANSWER)

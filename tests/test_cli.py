@@ -16,8 +16,8 @@ import pytest
 from tests.conftest import CliResult, pid_containers
 from tests.scripted_llm import ScriptedLLM
 from tests.stderr_lines import StderrLines
-from worker.jobs import JobSpec, default_of
-from worker.store import JobStore
+from jobs.spec import JobSpec, default_of
+from jobs.sqlite_store import JobStore
 
 pytestmark = pytest.mark.cli
 

@@ -12,8 +12,8 @@ from sandbox.config import LABEL_OWNER
 from sandbox.reaper import owner_label
 from tests.conftest import pid_containers
 from tests.test_cli import LOCAL, assert_one_error
-from worker.jobs import JobSpec
-from worker.store import JobStore
+from jobs.spec import JobSpec
+from jobs.sqlite_store import JobStore
 
 pytestmark = pytest.mark.cli
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import start_worker, stop_worker
-from worker.housekeeping import ALIVE_WITHIN_S, BEAT_S
+from jobs.workers import ALIVE_WITHIN_S, BEAT_S
 
 pytestmark = pytest.mark.cli
 

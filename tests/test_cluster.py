@@ -26,7 +26,7 @@ from tests.scripted_llm import ScriptedLLM
 from tests.stderr_lines import StderrLines
 from tests.test_e2e_remote import start_hidden_worker
 from tests.test_worker_chaos import assert_never_two_live_attempts
-from worker.redis_store import RedisStore
+from jobs.redis_store import RedisStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.cli]
 

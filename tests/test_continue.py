@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import IMAGE, ROOT, RUN_ID, CliResult, start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
 from sandbox.reaper import TEST_RUN_ENV
-from worker.store import JobStore
+from jobs.sqlite_store import JobStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.cli]
 

@@ -115,7 +115,7 @@ def test_the_validation_rejects_a_broken_file(tmp_path):
 def test_the_worker_image_runs_pid_worker_from_this_checkout():
     text = (ROOT / "docker" / "Dockerfile.worker").read_text()
     assert 'ENTRYPOINT ["pid", "worker"]' in text
-    for package in ("pid", "sandbox", "worker", "cli"):
+    for package in ("pid", "sandbox", "jobs", "worker", "cli"):
         assert f"COPY {package} /src/{package}" in text
     assert "/src flower" in text and "--find-links /wheels pid flower" in text and "/var/run/docker.sock" in text
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import stop_worker, wait_ready
 from tests.scripted_llm import ScriptedLLM
-from worker.store import JobStore
+from jobs.sqlite_store import JobStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.cli]
 

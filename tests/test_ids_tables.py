@@ -11,9 +11,9 @@ import pytest
 from cli.ids import NoSuchJob, resolve
 from cli.table import Column, cut, render
 from pid.costs import format_cost
-from worker.batch import BatchDir
-from worker.jobs import JobSpec
-from worker.store import JobStore
+from jobs.batch import BatchDir
+from jobs.spec import JobSpec
+from jobs.sqlite_store import JobStore
 
 IDS = ["20261201-000000-70a672", "20261201-000001-80a672", "20261201-000002-abcdef"]
 

@@ -1,4 +1,4 @@
-"""No import cycles among pid's packages (pid/, sandbox/, worker/, cli/), by their top-level imports.
+"""No import cycles among pid's packages (pid/, sandbox/, jobs/, worker/, cli/), by their top-level imports.
 
 A cycle makes the order of imports matter (a name missing from a module half loaded) and two modules that can only
 be understood together. The graph is read from the source (ast), not by importing: a module's imports are the
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("pid", "sandbox", "worker", "cli")
+PACKAGES = ("pid", "sandbox", "jobs", "worker", "cli")
 
 
 def modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:

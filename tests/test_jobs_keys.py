@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from pid.config import EnvDefaults, endpoint
-from worker.jobs import JobSpec
-from worker.store import JobStore
+from jobs.spec import JobSpec
+from jobs.sqlite_store import JobStore
 from worker.tasks import _api_key
 
 

@@ -145,7 +145,7 @@ def test_compaction_and_notices_become_bounded_log_records(capsys):
 def test_a_job_takes_prices_and_window_from_the_table_and_warns_of_an_unknown_model(sample_repo, tmp_path):
     from tests.memory_sandbox import MemoryProvider
     from tests.scripted_llm import ScriptedLLM
-    from worker.jobs import JobSpec
+    from jobs.spec import JobSpec
     from worker.runner import run_job
 
     def spec(model: str, llm: ScriptedLLM, **extra) -> JobSpec:
@@ -170,7 +170,7 @@ def test_a_model_server_that_looks_like_ollama_gets_a_warning_about_its_window(s
     from pid.models import silent_truncation_warning
     from tests.memory_sandbox import MemoryProvider
     from tests.scripted_llm import ScriptedLLM
-    from worker.jobs import JobSpec
+    from jobs.spec import JobSpec
     from worker.runner import run_job
     info = model_info("qwen3-coder:30b")
     assert info.known   # the tag finds the model's native window, which Ollama does not give it by default

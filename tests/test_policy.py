@@ -1,4 +1,4 @@
-"""A worker's policy (worker/policy.py): the most a job may ask of a worker. The rules themselves here, without a
+"""A worker's policy (jobs/policy.py): the most a job may ask of a worker. The rules themselves here, without a
 worker; then for real: a `pid worker --policy` that refuses a job before any container starts, a `pid submit` and a
 `pid batch` that refuse at once what no live worker admits, and a tasks file's paths kept in its own directory."""
 from __future__ import annotations
@@ -13,9 +13,10 @@ import pytest
 
 from tests.conftest import pid_containers, start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
-from worker.jobs import JobSpec, spec_problem
-from worker.policy import Policy, PolicyError, image_name, load, refusal_by_workers
-from worker.store import JobStore, WorkerBeat
+from jobs.spec import JobSpec, spec_problem
+from jobs.policy import Policy, PolicyError, image_name, load, refusal_by_workers
+from jobs.sqlite_store import JobStore
+from jobs.store import WorkerBeat
 from worker.tasks import _refused_by_policy
 
 STRICT = """

@@ -1,4 +1,4 @@
-"""A job's message on a Redis broker, pushed by pid itself (worker/publish.py): the same message Celery sends, and a
+"""A job's message on a Redis broker, pushed by pid itself (jobs/publish.py): the same message Celery sends, and a
 `pid submit` that never loads Celery or kombu. (The cluster tests run jobs published this way on real workers.)"""
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _fields(message: dict) -> dict[tuple[str, str], object]:
 def test_the_pushed_message_is_the_one_celery_sends(tmp_path, redis_url):
     import redis
 
-    from worker.publish import message
+    from jobs.publish import message
     sent = subprocess.run([sys.executable, "-c", "from worker.app import app; "
                            "app.send_task('pid.run_job', args=['job-1'], task_id='job-1', queue='q1')"],
                           env=_env(tmp_path, redis_url), capture_output=True, text=True, timeout=60)
@@ -84,3 +84,51 @@ def test_submit_on_redis_pushes_one_message_without_loading_celery(tmp_path, red
     assert len(entries) == 1
     sent = json.loads(entries[0])
     assert sent["headers"]["id"] == job_id and sent["properties"]["delivery_info"]["routing_key"] == "q2"
+
+
+def _queued(home: Path, queue: str) -> list[dict]:
+    folder = home / "broker" / "queue"
+    return [json.loads(p.read_bytes()) for p in sorted(folder.iterdir()) if p.name.endswith(f".{queue}.msg")]
+
+
+def test_kombus_message_on_the_embedded_queue_is_the_one_celery_sends(tmp_path):
+    """Without a Redis broker the message goes through kombu (jobs/publish.py send): the same as Celery's."""
+    env = {**_env(tmp_path, ""), "PID_BROKER_URL": ""}
+    celery = "from worker.app import app; app.send_task('pid.run_job', args=['job-1'], task_id='job-1', queue='q1')"
+    ours = ("from jobs.dispatch import publish; from jobs.store import default_store; "
+            "print(publish(default_store(), [('job-1', 'q1')]))")
+    for code in (celery, ours):
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    celerys, kombus = (_fields(m) for m in _queued(tmp_path / "home", "q1"))
+    assert set(kombus) == set(celerys)
+    assert {k: v for k, v in kombus.items() if k not in PER_MESSAGE} == \
+           {k: v for k, v in celerys.items() if k not in PER_MESSAGE}
+
+
+CLIENT = """
+import sys
+from click.testing import CliRunner
+from cli.main import cli
+submitted = CliRunner().invoke(cli, ["submit", "a task", "--repo", sys.argv[1], "--model", "m",
+                                    "--base-url", "http://127.0.0.1:9/v1"], catch_exceptions=False)
+job = submitted.output.split()[0]
+print("submit", submitted.exit_code)
+for args in (["list"], ["status", job], ["logs", job], ["view", job, "-o", "page.html"], ["workers"], ["cancel", job],
+             ["--help"]):
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    print(args[0], result.exit_code)
+print("loaded:", sorted({m.split(".")[0] for m in sys.modules if m.split(".")[0] in sys.argv[2:]}))
+"""
+
+
+def test_the_client_commands_load_neither_celery_nor_the_worker(tmp_path, sample_repo):
+    """Submitting (on the embedded queue, through kombu), listing, status, logs, cancel and workers: the client
+    needs jobs/, never worker/ or Celery (only `pid worker` and a foreground run load those)."""
+    env = {**_env(tmp_path, ""), "PID_BROKER_URL": ""}
+    done = subprocess.run([sys.executable, "-c", CLIENT, str(sample_repo), "celery", "worker"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert all(f"{command} 0" in done.stdout for command in ("submit", "list", "status", "cancel")), done.stdout
+    assert "loaded: []" in done.stdout, done.stdout
+    assert len(_queued(tmp_path / "home", "pid")) == 1

@@ -9,11 +9,13 @@ import subprocess
 import time
 
 from worker.control import new_owner
-from worker.housekeeping import ALIVE_WITHIN_S, RECONCILE_S, reconcile, worker_state
-from worker.jobs import JobSpec
-from worker.identity import process_identity
-from worker.store import JobStore, WorkerBeat
-from worker.sweep import owner_alive
+from jobs.workers import ALIVE_WITHIN_S, worker_state
+from worker.housekeeping import RECONCILE_S, reconcile
+from jobs.spec import JobSpec
+from jobs.identity import process_identity
+from jobs.sqlite_store import JobStore
+from jobs.store import WorkerBeat
+from jobs.sweep import owner_alive
 
 
 def spec(tmp_path, n: int = 0) -> JobSpec:
@@ -51,7 +53,7 @@ def test_the_reconciler_dispatches_what_needs_it_and_one_worker_wins_each(tmp_pa
     assert store.mark_dispatched(sent.id)
     calls: list[str] = []
 
-    def publish(job_id: str, **kw) -> bool:   # worker.dispatch.dispatch's bookkeeping, with a publish that works
+    def publish(job_id: str, **kw) -> bool:   # jobs.dispatch.dispatch's bookkeeping, with a publish that works
         if not store.mark_dispatched(job_id, kw.get("previous"), only_if=kw.get("reconcile", False)):
             return False
         calls.append(job_id)
@@ -215,7 +217,7 @@ def test_a_beat_on_its_way_when_the_worker_stops_never_lands_after_the_stop(monk
             self.writes.append("stopped")
 
     store = SlowStore()
-    monkeypatch.setattr("worker.store.default_store", lambda: store)
+    monkeypatch.setattr("jobs.store.default_store", lambda: store)
     monkeypatch.setattr(housekeeping, "STOP_WAIT_S", 0.1)
     monkeypatch.setattr(housekeeping.Housekeeping, "_loop", lambda self: None)   # only the heartbeat thread here
     keeping = housekeeping.Housekeeping("n", 1, lambda: 0, lambda: True)
@@ -250,7 +252,7 @@ def test_a_store_that_keeps_refusing_beats_is_said_once_and_its_return_once(monk
             pass
 
     store = FlakyStore()
-    monkeypatch.setattr("worker.store.default_store", lambda: store)
+    monkeypatch.setattr("jobs.store.default_store", lambda: store)
     monkeypatch.setattr(housekeeping, "BEAT_S", 0.01)
     monkeypatch.setattr(housekeeping.Housekeeping, "_loop", lambda self: None)   # only the heartbeat thread here
     caplog.set_level(logging.INFO, logger="pid.worker")

@@ -18,7 +18,7 @@ def test_continue_and_retry_accept_max_cost_with_the_model_tables_prices():
     import cli.main  # noqa: F401 - registers cli.rerun with its helpers
     from cli.main import BadInput
     from cli.rerun import check_prices
-    from worker.jobs import JobSpec
+    from jobs.spec import JobSpec
     check_prices(JobSpec(task="t", repo="/r", model="gpt-4o", max_cost=1.0))            # the table prices it
     check_prices(JobSpec(task="t", repo="/r", model="house-model", max_cost=1.0, input_price=2.0))
     check_prices(JobSpec(task="t", repo="/r", model="house-model"))                     # no --max-cost
@@ -64,7 +64,7 @@ def test_session_entry_ids_never_repeat_and_a_cycle_never_hangs_a_reader(tmp_pat
     import pid.session
     from pid.messages import UserMessage
     from pid.session import SessionWriter, read_session, session_context_entries
-    from worker.continuation import session_chain
+    from jobs.continuation import session_chain
 
     drawn = iter(["aaaaaaaa", "aaaaaaaa", "bbbbbbbb", "aaaaaaaa", "bbbbbbbb", "cccccccc"])
     monkeypatch.setattr(pid.session, "_entry_id", lambda: next(drawn))
@@ -139,7 +139,7 @@ def test_a_worker_without_the_models_prices_refuses_a_job_with_max_cost(sample_r
     prices for the model ran the job with a cap that could never stop it (cost 0); it refuses the job instead."""
     from tests.memory_sandbox import MemoryProvider
     from tests.scripted_llm import ScriptedLLM
-    from worker.jobs import JobSpec
+    from jobs.spec import JobSpec
     from worker.runner import run_job
 
     def spec(llm: ScriptedLLM, **extra) -> JobSpec:
@@ -172,7 +172,7 @@ def test_a_continued_conversation_updates_its_parents_summary_and_keeps_its_file
     from pid.tools.registry import default_registry
     from tests.scripted_llm import ScriptedLLM
     from tests.test_compaction import WINDOW, LongJob, entries, make_box
-    from worker.continuation import Parent, session_chain, start_session
+    from jobs.continuation import Parent, session_chain, start_session
 
     parent_path = tmp_path / "parent.jsonl"
     with SessionWriter(str(parent_path)) as parent:
@@ -227,7 +227,7 @@ def test_anthropic_s_input_plus_max_tokens_refusal_is_a_refusal_for_length():
 def test_pid_status_stops_saying_compacting_once_the_compaction_ended():
     """A compaction is followed by the model call: `pid status` said 'compacting the context' all through it."""
     from pid import events as ev
-    from worker.control import Progress
+    from jobs.progress import Progress
     progress = Progress()
     progress.on_event(ev.TurnStart(7))
     progress.on_event(ev.CompactionStart("threshold", 30000))

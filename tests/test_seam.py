@@ -16,7 +16,7 @@ from pid.sandbox_lifecycle import JobSandbox, SandboxProvider
 from sandbox import DockerProvider, DockerSandbox
 from tests.memory_sandbox import MemoryProvider, MemorySandbox, Run
 from tests.scripted_llm import ScriptedLLM
-from worker.jobs import JobSpec
+from jobs.spec import JobSpec
 from worker.runner import run_job
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,7 +24,8 @@ def named_variables(source: str, where: str) -> list[str]:
 
 
 def test_only_the_settings_module_names_a_variable() -> None:
-    found = [hit for package in ("pid", "sandbox", "worker", "cli") for path in sorted((ROOT / package).rglob("*.py"))
+    found = [hit for package in ("pid", "sandbox", "jobs", "worker", "cli")
+             for path in sorted((ROOT / package).rglob("*.py"))
              if path != ROOT / "pid" / "settings.py"
              for hit in named_variables(path.read_text(), str(path.relative_to(ROOT)))]
     assert found == [], "read these through pid/settings.py:\n" + "\n".join(found)

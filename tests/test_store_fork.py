@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from worker.jobs import JobSpec
-from worker.store import JobStore
+from jobs.spec import JobSpec
+from jobs.sqlite_store import JobStore
 
 FORKS = 300
 CHILD_TIMEOUT_S = 20.0

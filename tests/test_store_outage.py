@@ -25,7 +25,7 @@ from tests.conftest import start_worker, stop_worker, wait_ready
 from tests.scripted_llm import ScriptedLLM
 from tests.test_brokers import _all_completed_once, _wait_ended
 from tests.test_worker_chaos import JobsModel, _submit, _wait_running_tool
-from worker.redis_store import RedisStore
+from jobs.redis_store import RedisStore
 
 
 def _redis(tmp_path: Path, **persistence: bool) -> RedisServer:

@@ -126,7 +126,7 @@ def test_cli_output_echo_is_the_only_writer():
     """Outside cli/output.py's echo, a command writes to the terminal only through pid.terminal: a rich console's
     print (the batch's live table) and a worker's one print take `shown` text."""
     found = []
-    for package in ("cli", "worker", "pid", "sandbox"):
+    for package in ("cli", "jobs", "worker", "pid", "sandbox"):
         for path in sorted((ROOT / package).rglob("*.py")):
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 if _WRITERS.search(line) and not line.lstrip().startswith("#"):
@@ -138,7 +138,7 @@ def test_cli_output_echo_is_the_only_writer():
 
 def test_one_sanitiser():
     """Escape sequences are matched in one module: no other keeps its own pattern for them."""
-    elsewhere = [str(p.relative_to(ROOT)) for package in ("cli", "worker", "pid", "sandbox")
+    elsewhere = [str(p.relative_to(ROOT)) for package in ("cli", "jobs", "worker", "pid", "sandbox")
                  for p in (ROOT / package).rglob("*.py")
                  if p.name != "terminal.py" and re.search(r"\\x1b|\\033|\\x9b|isprintable\(\) else", p.read_text())]
     assert elsewhere == []

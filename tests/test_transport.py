@@ -1,4 +1,4 @@
-"""worker/transport.py: the embedded broker never hands a consumer a partial message, never delivers one message
+"""jobs/transport.py: the embedded broker never hands a consumer a partial message, never delivers one message
 twice, and never stops a consumer on a bad file (issue 8, item 1)."""
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from kombu.exceptions import ConnectionError as BrokerConnectionError
 from kombu.transport import virtual
 
 from tests.broker_stress import run, transport_options
-from worker import transport
-from worker.transport import register
+from jobs import transport
+from jobs.transport import register
 
 register()
 
@@ -53,7 +53,7 @@ def test_two_producers_two_consumers_lose_nothing(tmp_path: Path) -> None:
 def test_register_is_idempotent_and_names_the_transport(options: dict[str, Any]) -> None:
     register()
     register()
-    assert kombu.transport.TRANSPORT_ALIASES["pidfs"] == "worker.transport:Transport"
+    assert kombu.transport.TRANSPORT_ALIASES["pidfs"] == "jobs.transport:Transport"
     with kombu.Connection("pidfs://", transport_options=options) as connection:
         assert isinstance(connection.transport, transport.Transport)
 
@@ -171,7 +171,7 @@ def test_oldest_first_size_and_purge(conn: kombu.Connection, options: dict[str, 
 
 
 def test_a_message_for_the_front_is_read_before_those_queued_in_their_own_order(conn: kombu.Connection) -> None:
-    """A job put back (worker/dispatch.py) is sent with FRONT_PRIORITY: it goes ahead of the jobs that never ran."""
+    """A job put back (jobs/dispatch.py) is sent with FRONT_PRIORITY: it goes ahead of the jobs that never ran."""
     queue = conn.SimpleQueue("jobs")
     for n in range(3):
         queue.put({"n": n})

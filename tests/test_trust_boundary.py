@@ -816,7 +816,7 @@ def test_collection_that_outruns_its_deadline_fails_the_job(sample_repo, tmp_pat
     of random data against a 2 s deadline) removes the container and fails the job instead of stretching it."""
     import worker.job_collect
     import worker.runner as runner
-    from worker.jobs import JobSpec
+    from jobs.spec import JobSpec
     monkeypatch.setattr(worker.job_collect, "COLLECT_TIMEOUT_S", 2.0)
     script = [{"tool_calls": [{"name": "bash", "arguments": {
         "command": "head -c 300M /dev/urandom > big.bin && echo made"}}]}, {"text": "done"}]

@@ -17,8 +17,8 @@ import pytest
 from tests.conftest import ROOT
 from tests.view_fixtures import HOSTILE_CALL_IDS, hostile_result, hostile_session, simple_session, write_batch, \
     write_job
-from worker.jobs import JobSpec
-from worker.store import JobStore
+from jobs.spec import JobSpec
+from jobs.sqlite_store import JobStore
 
 pytestmark = pytest.mark.cli
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import RUNTIME, pid_containers, start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
-from worker.store import JobStore
+from jobs.sqlite_store import JobStore
 
 pytestmark = pytest.mark.docker
 
@@ -186,9 +186,9 @@ def test_a_job_cancelled_while_its_worker_is_dead_ends_at_once_without_leaving_i
 
 SUBMIT_MANY = """
 import sys
-from worker.jobs import JobSpec
-from worker.store import default_store
-from worker.dispatch import dispatch
+from jobs.spec import JobSpec
+from jobs.store import default_store
+from jobs.dispatch import dispatch
 store = default_store()
 for n in range(int(sys.argv[1])):
     spec = JobSpec(task=f"chaos-{n}", repo=sys.argv[2], model="m", base_url=sys.argv[3], out_dir=sys.argv[4],

@@ -58,7 +58,7 @@ def test_a_redis_broker_without_its_client_is_a_clear_error(run_pid, pid_env, sa
         assert res.code == 2, res.stderr
         assert res.stderr.strip() == ("pid: error: PID_BROKER_URL=redis://… needs the redis client, which is not "
                                       "installed: pip install 'pid[redis]'")
-    # a Redis broker means the Redis store too (worker/store.py: store_url), so `list` needs the client as well...
+    # a Redis broker means the Redis store too (jobs/store.py: store_url), so `list` needs the client as well...
     res = run_pid("list", env=env)
     assert res.code == 2 and "needs the redis client" in res.stderr
     # ...unless the store is named apart: what needs no broker still works

@@ -13,9 +13,9 @@ import pytest
 
 from sandbox.workspace import (MemberCheck, UnsafeTar, WorkspaceTooLarge, check_git_source, pack_tar, sanitize_tar,
                                unpack_tar)
-from worker.blobs import BlobCorrupt, BlobMissing, StoreBlobs
-from worker.store import JobStore
-from worker.snapshot import git_source, pack_and_store
+from jobs.blobs import BlobCorrupt, BlobMissing, StoreBlobs
+from jobs.sqlite_store import JobStore
+from jobs.snapshot import git_source, pack_and_store
 from tests import deep_tree
 
 

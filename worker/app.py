@@ -1,7 +1,7 @@
 """The Celery app. Embedded by default (a filesystem queue under PID_HOME whose messages appear whole or not at all:
-worker/transport.py; no server to install); PID_BROKER_URL switches to Redis or RabbitMQ for several machines.
+jobs/transport.py; no server to install); PID_BROKER_URL switches to Redis or RabbitMQ for several machines.
 
-Celery only dispatches. Whether a job runs, and only once, is decided by the job store (worker/store.py): so a
+Celery only dispatches. Whether a job runs, and only once, is decided by the job store (jobs/store.py): so a
 message is acknowledged as soon as a worker process takes it (no broker timeout can then redeliver a long job or
 close a worker's channel), and Celery keeps no results (the store has them; nothing waits on a result backend).
 """
@@ -12,32 +12,12 @@ import os
 from celery import Celery
 
 from pid.config import pid_home
-from worker.brokers import embedded_broker
-from worker.clients import check_clients
-from worker.jobs import DEFAULT_QUEUE
+from jobs.brokers import broker_settings
+from jobs.clients import check_clients
+from jobs.spec import DEFAULT_QUEUE
 from pid import settings
 
 QUEUE = DEFAULT_QUEUE   # the default queue (a job names its own: JobSpec.queue)
-
-
-def broker_settings(home: str) -> tuple[str, dict[str, object]]:
-    url = settings.BROKER_URL.raw() or "pidfs://"
-    if not embedded_broker():
-        # Only a message taken but not yet started is unacknowledged (a worker takes one only when it has a free
-        # process): if its worker dies, Redis hands it out again after this long.
-        return url, {"visibility_timeout": 300}
-    queue_dir = os.path.join(home, "broker", "queue")
-    processed = os.path.join(home, "broker", "processed")
-    control = os.path.join(home, "broker", "control")
-    for folder in (queue_dir, processed, control):
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-    from worker.transport import register
-    register()
-    return "pidfs://", {"data_folder_in": queue_dir, "data_folder_out": queue_dir,
-                        "processed_folder": processed, "store_processed": False, "control_folder": control,
-                        # an idle worker looks for a message ten times a second (one listdir): a job waits ~50 ms
-                        # for it on average, not the 0.5 s of Celery's 1 s default
-                        "polling_interval": 0.1}
 
 
 def make_app() -> Celery:

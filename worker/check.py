@@ -14,7 +14,6 @@ timed_out, ran_on ("patch") and original (the --check-original paths).
 """
 from __future__ import annotations
 
-import posixpath
 import threading
 import time
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ OUTPUT_TAIL_LINES = 50
 OUTPUT_TAIL_BYTES = 4096
 # What exec keeps of the output: more than the tail, so that the cut lands on a line boundary after sanitising.
 EXEC_TAIL_BYTES = 16384
-MAX_COMMAND_CHARS = 100_000   # a command longer than this is a mistake (a file pasted in), refused at submit
 
 
 @dataclass(frozen=True)
@@ -54,33 +52,6 @@ class Check:
         if self.error:
             result["error"] = self.error
         return result
-
-
-def command_problem(command: str | None) -> str | None:
-    """Why a --check command cannot be run, or None (checked before the job is queued)."""
-    if command is None:
-        return None
-    if not command.strip():
-        return "the check command is empty"
-    if "\0" in command:
-        return "the check command contains a NUL byte"
-    if len(command) > MAX_COMMAND_CHARS:
-        return f"the check command is longer than {MAX_COMMAND_CHARS} characters"
-    return None
-
-
-def original_paths(paths: list[str] | tuple[str, ...], workdir: str) -> list[str]:
-    """--check-original as workspace-relative paths (an absolute one must lie in the workdir); ValueError for one
-    that leaves it or names it whole."""
-    kept: list[str] = []
-    for path in paths:
-        if not path or "\0" in path or "\n" in path:
-            raise ValueError(f"--check-original takes a path of the workdir, not {path!r}")
-        rel = posixpath.normpath(posixpath.relpath(path, workdir) if path.startswith("/") else path)
-        if rel in (".", "..") or rel.startswith("../") or rel.startswith("/"):
-            raise ValueError(f"--check-original {path}: not a path inside the workdir {workdir}")
-        kept.append(rel)
-    return kept
 
 
 def run_check(sandbox: Sandbox, command: str, timeout_s: float,

@@ -13,18 +13,17 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 from pid import events as ev
-from pid.event_records import EventRecords, job_record
+from pid.event_records import EventRecords
 from pid.terminal import shown
-from pid.tools.summary import summarize_call
 from pid.agent import Agent
-from pid.messages import AssistantMessage, Usage
 from worker.outage import transient
-from worker.identity import process_identity
-from worker.store import JobAttachments, Leases, Store
+from jobs.identity import process_identity
+from jobs.progress import Progress
+from jobs.results import attempt_usage
+from jobs.store import JobAttachments, Leases, Store
 from pid import settings
 
 log = logging.getLogger("pid.worker")
@@ -39,71 +38,8 @@ PROGRESS_EVERY_S = 2.0    # how often progress is written, at most; the lease is
 def new_owner() -> str:
     """host:pid:nonce.identity: who holds a job's lease. The sweeper reads the host and pid back, and the identity
     (boot id, pid namespace, the process's start time in clock ticks) tells it, exactly, whether that process is still
-    the one: immune to clock steps, pid reuse and hosts that share a name (see worker/sweep.owner_alive)."""
+    the one: immune to clock steps, pid reuse and hosts that share a name (see jobs/sweep.owner_alive)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}.{process_identity(os.getpid()) or ''}"
-
-
-def describe_call(name: str, args: dict[str, Any]) -> str:
-    """A tool call in a few words, for `pid status`."""
-    return f"{name} {summarize_call(name, args, width=80)}".rstrip()
-
-
-@dataclass
-class Progress:
-    """The running attempt as its events tell it. Events come from the agent's thread and its tool threads."""
-    turns: int = 0
-    tool_calls: int = 0
-    usage: Usage = field(default_factory=Usage)
-    activity: str | None = None
-    last_tool: str | None = None
-    version: int = 0
-    _running: dict[str, str] = field(default_factory=dict)
-    _retrying: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def on_event(self, event: ev.Event) -> None:
-        with self._lock:
-            if isinstance(event, ev.TurnStart):
-                self.turns = event.turn
-                self._retrying = False
-                self.activity = f"turn {event.turn}: waiting for the model"
-            elif isinstance(event, ev.MessageEnd) and isinstance(event.message, AssistantMessage):
-                self.usage.add(event.message.usage)
-            elif isinstance(event, ev.ToolStart):
-                self.tool_calls += 1
-                self._running[event.call_id] = describe_call(event.name, event.arguments)
-                self.activity = f"turn {self.turns}: running {self._running[event.call_id]}"
-            elif isinstance(event, ev.ToolEnd):
-                call = self._running.pop(event.call_id, event.name)
-                mark = "failed" if event.result.is_error else "ok"
-                self.last_tool = f"{call} ({mark}, {event.duration_s:.1f}s)"
-                still = next(iter(self._running.values()), None)
-                self.activity = f"turn {self.turns}: " + (f"running {still}" if still else "tool calls done")
-            elif isinstance(event, ev.CompactionStart):
-                self.activity = f"turn {self.turns}: compacting the context"
-            elif isinstance(event, ev.CompactionEnd):
-                self.usage.add(event.usage)
-                self.activity = f"turn {self.turns}: waiting for the model"   # compacted (or not): it is asked now
-            elif isinstance(event, ev.ModelRetry):
-                self.activity = f"turn {event.turn}: {event.describe()} (attempt {event.attempt} failed)"
-                self._retrying = True
-            elif isinstance(event, ev.TextDelta) and self._retrying:   # a retried call answers: the wait is over
-                self._retrying = False
-                self.activity = f"turn {event.turn}: the model is answering (attempt {event.attempt})"
-            elif isinstance(event, ev.AgentEnd):
-                self.activity = "collecting the artifacts"
-            elif isinstance(event, ev.CheckStart):
-                self.activity = "running the check"
-            elif isinstance(event, ev.CheckEnd):
-                self.activity = "collecting the artifacts"
-            else:
-                return
-            self.version += 1
-
-    def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            return {"turns": self.turns, "tool_calls": self.tool_calls, "usage": self.usage.to_result(),
-                    "activity": self.activity, "last_tool": self.last_tool}
 
 
 class EventLog:
@@ -152,14 +88,6 @@ class EventLog:
             self._dropped += len(unsent) + len(newer) - len(kept)
             self._pending.clear()
             self._pending.extend(kept)
-
-
-def log_job(store: JobAttachments, job_id: str, status: str, note: str, **fields: Any) -> None:
-    """One record of what happened to the job itself (started, handed back, put back, ended) in its log."""
-    try:
-        store.append_event(job_id, job_record(status, note=note, **fields))
-    except Exception:
-        log.warning("job %s: its log record (%s) not written to the store", job_id, note)
 
 
 class ControlRelay:
@@ -279,26 +207,6 @@ class ControlRelay:
             self._agent.cancel()
 
 
-def attempt_usage(result: dict[str, Any]) -> dict[str, Any] | None:
-    """The usage of the attempt that produced `result` (its `usage` counts the earlier attempts too)."""
-    per_attempt = result.get("per_attempt")
-    return per_attempt[-1]["usage"] if per_attempt else result.get("usage")
-
-
-def with_earlier_attempts(result: dict[str, Any], earlier: list[dict[str, Any]]) -> None:
-    """A job taken up again after its worker died: its result counts what the earlier attempts spent.
-
-    `usage` becomes the sum over attempts; `per_attempt` lists each attempt's own turns, tool calls and usage
-    (turns and tool_calls stay this attempt's: they describe this attempt's transcript, session.jsonl)."""
-    if not earlier:
-        return
-    from worker.store import sum_usage
-    this = {"attempt": len(earlier) + 1, "turns": result.get("turns", 0), "tool_calls": result.get("tool_calls", 0),
-            "usage": result.get("usage") or {}}
-    result["per_attempt"] = [*earlier, this]
-    result["usage"] = sum_usage(*(a.get("usage") or {} for a in result["per_attempt"]))
-
-
 def record_end(store: Leases, job_id: str, owner: str, result: dict[str, Any], attempts: int = 6) -> None:
     """The job's ending must reach the store, or the sweeper would run a finished job again: retry a busy store."""
     for attempt in range(attempts):
@@ -326,7 +234,7 @@ class ForegroundJob:
 
     @classmethod
     def start(cls, spec: Any) -> "ForegroundJob":
-        from worker.store import default_store
+        from jobs.store import default_store
         try:
             store = default_store()
             store.create(spec, kind="run")

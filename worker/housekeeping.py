@@ -1,6 +1,6 @@
 """What a worker does beside its jobs, in its own threads: say it is alive (a heartbeat in the store every BEAT_S, in
 a thread of its own so that no slow step delays it), and every few seconds notice a job store that lost its data
-(worker/store_watch.py), put back in the queue the jobs whose process is gone (worker/sweep.py), dispatch the queued
+(jobs/store_watch.py), put back in the queue the jobs whose process is gone (jobs/sweep.py), dispatch the queued
 jobs that need a message (put back, handed back, or whose message was lost; those that ran before go to the front of
 their queue), and now and then remove expired containers.
 
@@ -25,24 +25,23 @@ import time
 from typing import Callable
 
 from pid.config import pid_home
-from worker import policy
-from worker.identity import process_alive, process_identity
-from worker.jobs import DEFAULT_QUEUE
-from worker.store import Heartbeats, JobRecord, Store, WorkerBeat
-from worker.store_watch import StoreWatch
+from jobs import policy
+from jobs.identity import process_identity
+from jobs.spec import DEFAULT_QUEUE
+from jobs.store import JobRecord, Store
+from jobs.store_watch import StoreWatch
+from jobs.workers import BEAT_S, live_workers
 from pid import settings
 
 log = logging.getLogger("pid.worker")
 
 EVERY_S = settings.SWEEP_S.get()
-BEAT_S = 2.0                          # a worker's heartbeat
 RECONCILE_S = settings.RECONCILE_S.get()
 REDISPATCH_AFTER_S = settings.REDISPATCH_AFTER_S.get()   # ...whatever the workers are doing
 DISPATCH_GIVE_UP_S = settings.DISPATCH_GIVE_UP_S.get()
 REAP_EVERY_S = 60.0
 PRUNE_EVERY_S = 3600.0   # ended jobs, their logs and artifacts, and unused blobs past PID_RETENTION leave the store
 STOP_WAIT_S = 10.0                    # for each housekeeping thread when the worker stops
-ALIVE_WITHIN_S = 3 * BEAT_S + 1      # a worker not heard from for this long (three beats missed) is presumed gone
 
 
 def boot_id() -> str | None:
@@ -53,33 +52,13 @@ def boot_id() -> str | None:
         return None
 
 
-def worker_state(beat: WorkerBeat, now: float) -> str:
-    """alive, stopped (cleanly), lost (on this machine, its process is gone) or silent (not heard from lately)."""
-    if beat.stopped_at is not None:
-        return "stopped"
-    if process_gone(beat):
-        return "lost"
-    return "alive" if now - beat.beat_at <= ALIVE_WITHIN_S else "silent"
-
-
-def live_workers(store: Heartbeats) -> list[WorkerBeat]:
-    """The workers alive now: heard from lately, not stopped, and not known gone."""
-    return [w for w in store.workers(alive_within_s=ALIVE_WITHIN_S) if not process_gone(w)]
-
-
-def process_gone(beat: WorkerBeat) -> bool:
-    """The worker's process is known to be gone: it ran on this machine, in this boot and pid namespace (its
-    identity says), and no process with its pid and start time is here. Elsewhere nothing is known (False)."""
-    return beat.identity is not None and process_alive(beat.host, beat.pid, beat.identity) is False
-
-
 def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
               dispatch: Callable[..., bool] | None = None) -> list[str]:
-    """Dispatch the queued jobs that need a message (with `dispatch`, worker.dispatch.dispatch by default); end those
+    """Dispatch the queued jobs that need a message (with `dispatch`, jobs.dispatch.dispatch by default); end those
     that could not be dispatched for DISPATCH_GIVE_UP_S. Returns the ids dispatched."""
-    from worker.sweep import write_unrun_result
+    from jobs.sweep import write_unrun_result
     if dispatch is None:
-        from worker.dispatch import dispatch as publish
+        from jobs.dispatch import dispatch as publish
         dispatch = publish
     now = store.now()   # the clock the store's times are on
     idle_queues = {queue for w in live_workers(store)
@@ -89,7 +68,7 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
     for job in store.to_dispatch(stale_before=now - RECONCILE_S):
         if job.spec.batch:
             if job.spec.batch not in rooms:
-                from worker.batch_budget import room
+                from jobs.batch_budget import room
                 rooms[job.spec.batch] = room(store, job.spec.batch)
             if rooms[job.spec.batch] == 0:
                 continue
@@ -148,7 +127,7 @@ class Housekeeping:
     def _beat_loop(self) -> None:
         """A beat every BEAT_S; on stop, the stop is recorded by this thread, after its last beat: a beat still on its
         way when the worker stops (a slow store) can never come after the stop and make the worker look alive."""
-        from worker.store import default_store
+        from jobs.store import default_store
         store = default_store()
         identity = process_identity(os.getpid())
         failing: str | None = None   # said once while the store keeps refusing beats, not every BEAT_S
@@ -171,7 +150,7 @@ class Housekeeping:
             log.debug("recording this worker's stop", exc_info=True)
 
     def _loop(self) -> None:
-        from worker.store import default_store
+        from jobs.store import default_store
         store = default_store()
         while True:
             self.once(store)
@@ -179,7 +158,7 @@ class Housekeeping:
                 return
 
     def once(self, store: Store) -> None:
-        from worker.sweep import sweep
+        from jobs.sweep import sweep
         if self._watch is None or self._watch.store is not store:
             self._watch = StoreWatch(store)
         watch = self._watch
@@ -205,6 +184,6 @@ class Housekeeping:
     @staticmethod
     def _reap() -> None:
         from sandbox.reaper import reap_installation
-        from worker.store import default_store
+        from jobs.store import default_store
         reap_installation(pid_home())
         default_store().forget_silent_workers()

@@ -20,12 +20,12 @@ from pid.agent import Outcome
 from pid.sandbox import SandboxError
 from pid.sandbox_lifecycle import FilesBudget, JobSandbox, SandboxProvider
 from worker.check import Check, run_check
-from worker.continuation import apply_patch
+from jobs.continuation import apply_patch
 from worker.job_run import JobRun, describe, ended, owns, refused
-from worker.jobs import JobSpec
+from jobs.spec import JobSpec
 from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, sandbox_config
-from worker.snapshot import import_into
-from worker.trees import remove_tree
+from jobs.snapshot import import_into
+from jobs.trees import remove_tree
 
 CHECK_START_TIMEOUT_S = 300.0   # the check's fresh sandbox must be up by then (else the check could not run)
 

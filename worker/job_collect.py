@@ -16,7 +16,7 @@ from pid.endings import checks_after
 from pid.sandbox_lifecycle import FilesBudget, JobSandbox
 from worker.job_check import check_patch, start_check_sandbox
 from worker.job_run import JobRun, describe, ended, owns, refused
-from worker.jobs import JobSpec
+from jobs.spec import JobSpec
 from worker.sandbox_start import COLLECT_TIMEOUT_S
 
 

@@ -9,26 +9,22 @@ result.json's status is true: a job whose sandbox died or whose artifacts could 
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Callable
 
 from pid.agent import Outcome
-from pid.session import iso_time
-from worker.artifact_store import keep_run_artifacts, store_result, upload_artifacts, upload_transcript
-from worker.check import Check
+from jobs.results import build_result
+from jobs.artifact_store import keep_run_artifacts, store_result, upload_artifacts, upload_transcript
 from worker.job_run import JobRun
-from worker.jobs import JobSpec, write_json_atomic
-from worker.store import JobAttachments, Store
-from worker.trees import remove_tree
-
-EMPTY_ANSWER = "the model's final answer was empty"
-
+from jobs.spec import JobSpec, write_json_atomic
+from jobs.store import JobAttachments, Store
+from jobs.trees import remove_tree
 
 def record(job: JobRun, *, owner: bool, spool: str | None, amend_result: Callable[[dict[str, Any]], None] | None,
            artifact_store: Store | None, keep: Store | None) -> dict[str, Any]:
     """result.json's content, stored and written (see run_job for where); returned."""
     spec = job.spec
-    result = build_result(spec, job.outcome, job.started, job.artifacts, job.workspace, job.check)
+    result = build_result(spec, job.outcome, job.started, job.artifacts, job.workspace,
+                          job.check.to_result() if job.check else None)
     if getattr(job.sandbox, "image_id", None):   # the image it ran, by id (a tag may have moved since)
         result["image_id"] = getattr(job.sandbox, "image_id")
     result["attempt"] = job.attempt   # whose result this is: a sweep elsewhere trusts a stored one of this attempt
@@ -69,27 +65,3 @@ def _forget(store: JobAttachments, job_id: str, name: str) -> None:
         store.delete_artifact(job_id, name)
     except Exception:   # a stale copy of this attempt's transcript beside its final one: untidy, never harmful
         pass
-
-
-def build_result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dict[str, Any],
-                 workspace: dict[str, Any] | None = None, check: Check | None = None) -> dict[str, Any]:
-    finished = time.time()
-    result: dict[str, Any] = {
-        "id": spec.id, "status": outcome.status, "exit_reason": outcome.exit_reason,
-        "final_message": outcome.final_message, "turns": outcome.turns, "tool_calls": outcome.tool_calls,
-        "usage": outcome.usage.to_result(), "model": spec.model, "image": spec.image, "task": spec.task,
-        "repo": spec.repo, "started_at": iso_time(started), "finished_at": iso_time(finished),
-        "duration_s": round(finished - started, 3), "artifacts": artifacts,
-    }
-    if workspace is not None:
-        result["workspace"] = workspace
-    for key in ("parent", "retry_of"):   # the job this one continues, or runs again
-        if getattr(spec, key, None):
-            result[key] = getattr(spec, key)
-    if check is not None:   # the job's exit code follows from it: pid.endings.exit_code_for
-        result["check"] = check.to_result()
-    if outcome.error:
-        result["error"] = outcome.error
-    if outcome.exit_reason == "stop" and not (outcome.final_message or "").strip():
-        result["warning"] = EMPTY_ANSWER   # completed, and the model said nothing: worth a look
-    return result

@@ -20,12 +20,12 @@ from pid.messages import Usage
 from pid.providers.base import Provider
 from pid.sandbox_lifecycle import JobSandbox, SandboxProvider
 from pid.session import SessionWriter
-from worker.artifact_store import TranscriptSync
-from worker.blobs import Blobs, StoreBlobs
+from jobs.artifact_store import TranscriptSync
+from jobs.blobs import Blobs, StoreBlobs
 from worker.check import Check
-from worker.jobs import JobSpec
-from worker.snapshot import DirSnapshot
-from worker.store import Store
+from jobs.spec import JobSpec
+from jobs.snapshot import DirSnapshot
+from jobs.store import Store
 from worker.watchdog import Watchdog
 
 

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, Callable, TypeVar, cast
 
-from worker.store import Store
+from jobs.store import Store
 
 log = logging.getLogger("pid.worker")
 

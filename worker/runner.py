@@ -25,14 +25,15 @@ from pid.agent import Agent, Outcome
 from pid.sandbox import SandboxError
 from pid.sandbox_lifecycle import JobSandbox, SandboxProvider
 from sandbox import DockerProvider
-from worker.blobs import Blobs
+from jobs.blobs import Blobs
+from jobs.results import client_is_local, spool_dir
 from worker.job_collect import collect
 from worker.job_prepare import Gate, JobCancelled, prepare
 from worker.job_record import record, record_unstarted
 from worker.job_run import JobRun, describe
-from worker.jobs import JobSpec
+from jobs.spec import JobSpec
 from worker.sandbox_start import abandon
-from worker.store import Store
+from jobs.store import Store
 
 AgentHook = Callable[[Agent], None]
 
@@ -120,20 +121,6 @@ def job_directory(spec: JobSpec, spooled: bool) -> tuple[str, str | None]:
         if not spooled or not _made(spool_dir(spec.id)):
             raise
         return spool_dir(spec.id), spool_dir(spec.id)
-
-
-def client_is_local() -> bool:
-    """Whether a job's submitter is on this machine, as this worker's user: the embedded broker is a directory under
-    PID_HOME, so only they reach it. Through a broker of the network, a job's --out is a path on some other machine
-    that anyone who can submit may have named: a worker running as root must not write there."""
-    from worker.brokers import embedded_broker
-    return embedded_broker()
-
-
-def spool_dir(job_id: str) -> str:
-    """Where a worker job works when the client's --out cannot be made on this machine."""
-    from pid.config import pid_home
-    return os.path.join(pid_home(), "spool", job_id)
 
 
 def _made(path: str) -> bool:

@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from pid.config import pid_home
-from worker.jobs import JobSpec
+from jobs.spec import JobSpec
 
 if TYPE_CHECKING:
     from sandbox import DockerSandbox, SandboxConfig

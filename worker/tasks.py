@@ -18,16 +18,19 @@ from pid.config import EnvDefaults, endpoint
 from pid.costs import format_cost
 from pid.endings import ending_words, status_of
 from pid.terminal import ShownLogRecords, one_line
-from worker import batch_budget, policy
+from jobs import policy
+from jobs import batch_budget
 from worker.app import app
-from worker.control import LEASE_S, ControlRelay, log_job, new_owner, record_end, with_earlier_attempts
-from worker.dispatch import TASK, dispatch
-from worker.jobs import JobSpec, spec_problem
+from worker.control import LEASE_S, ControlRelay, new_owner, record_end
+from jobs.results import log_job, with_earlier_attempts
+from jobs.dispatch import dispatch
+from jobs.publish import TASK
+from jobs.spec import JobSpec, spec_problem
 from worker.outage import Patience, patient
 from worker.runner import run_job
 from worker.sandbox_start import GRACE_S
-from worker.store import JobAttachments, JobRecord, Store, default_store
-from worker.sweep import write_unrun_result
+from jobs.store import JobAttachments, JobRecord, Store, default_store
+from jobs.sweep import write_unrun_result
 
 log = logging.getLogger("pid.worker")
 jobs_log = logging.getLogger("pid.jobs")   # the worker's own lines: one when a job starts, one when it ends
@@ -134,7 +137,7 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
 
 
 def _refused_by_policy(store: Store, record: JobRecord, owner: str) -> bool:
-    """A job this worker's policy does not admit, or whose spec is malformed (worker.jobs.spec_problem: written
+    """A job this worker's policy does not admit, or whose spec is malformed (jobs.spec.spec_problem: written
     into the store past the CLI's checks), ends here, before any container starts: `failed`, `policy_refused`, with
     the rule it breaks."""
     problem = spec_problem(record.spec)

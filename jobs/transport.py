@@ -7,7 +7,7 @@ which on another filesystem is a copy plus delete that two consumers can both wi
 
 - a producer writes `.<name>.tmp` (mode 0600, never matched by a reader) and renames it to `<name>`: a reader only
   ever sees complete messages;
-- a message whose priority is FRONT_PRIORITY (a job put back: worker/dispatch.py) is named to sort before every
+- a message whose priority is FRONT_PRIORITY (a job put back: jobs/dispatch.py) is named to sort before every
   other, so it is read next, ahead of the messages already queued;
 - a consumer claims a message with one rename into a claim folder on the same filesystem (`<queue folder>/.claimed`),
   so exactly one consumer wins; a file another consumer took first is skipped;

@@ -14,12 +14,11 @@ import socket
 import time
 from typing import Any, Callable
 
-from pid.agent import Outcome
 from pid.endings import ENDINGS, ExitReason, status_of
-from worker.control import log_job, with_earlier_attempts
-from worker.identity import proc_stat, process_alive
-from worker.jobs import JobSpec, write_json_atomic
-from worker.store import JobRecord, Store
+from jobs.results import log_job, with_earlier_attempts
+from jobs.identity import proc_stat, process_alive
+from jobs.spec import JobSpec, write_json_atomic
+from jobs.store import JobRecord, Store
 from pid import settings
 
 log = logging.getLogger("pid.worker")
@@ -102,7 +101,7 @@ def _written_result(record: JobRecord, store: Store | None = None) -> dict[str, 
 def _stored_result(record: JobRecord, store: Store | None) -> dict[str, Any] | None:
     if store is None:
         return None
-    from worker.artifact_store import read_result
+    from jobs.artifact_store import read_result
     try:
         result = read_result(store, record.id)
     except Exception:
@@ -113,7 +112,7 @@ def _stored_result(record: JobRecord, store: Store | None) -> dict[str, Any] | N
 def sweep_quietly(store: Store | None = None) -> None:
     """The CLI's sweep: never fatal."""
     try:
-        from worker.store import default_store
+        from jobs.store import default_store
         sweep(store or default_store())
     except Exception:
         log.debug("sweeping lost jobs", exc_info=True)
@@ -140,8 +139,8 @@ def write_unrun_result(spec: JobSpec, exit_reason: ExitReason, error: str | None
     (and the transcript, where this machine has it), for clients on any machine: just after the end is recorded,
     since recording the end is what decides who ends the job. Never raises: an out dir that cannot be written only
     costs the local file."""
-    from worker.job_record import build_result
-    from worker.runner import client_is_local, spool_dir
+    from pid.agent import Outcome   # here, not at the top: `pid list` loads the agent only when it ends a job
+    from jobs.results import build_result, client_is_local, spool_dir
     # where the job worked here: a cluster's job in this worker's spool, never the --out its submitter named
     job_dir = spec.job_dir if store is None or client_is_local() else spool_dir(spec.id)
     session = os.path.join(job_dir, "session.jsonl")
@@ -157,7 +156,7 @@ def write_unrun_result(spec: JobSpec, exit_reason: ExitReason, error: str | None
         result["usage"] = record.usage or result["usage"]
         with_earlier_attempts(result, record.earlier)
     if store is not None:
-        from worker.artifact_store import upload_artifacts
+        from jobs.artifact_store import upload_artifacts
         upload_artifacts(store, spec, job_dir, result)
         if job_dir != spec.job_dir:   # the store has it all: the spool goes, as it does after a run
             shutil.rmtree(job_dir, ignore_errors=True)

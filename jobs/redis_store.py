@@ -1,4 +1,4 @@
-"""The job store in Redis: the same semantics as the SQLite JobStore (worker/store.py), for workers and clients on
+"""The job store in Redis: the same semantics as the SQLite JobStore (jobs/sqlite_store.py), for workers and clients on
 several machines that share nothing but a Redis.
 
 Atomicity: every operation that reads a job's state and changes it is one Lua script (redis-py `register_script`),
@@ -44,9 +44,9 @@ from typing import Any, BinaryIO, Iterator
 import redis
 
 from pid.endings import ExitReason, status_of
-from worker.brokers import shown_url
-from worker.jobs import DEFAULT_QUEUE, JobSpec
-from worker.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing, Capped, Controls, JobRecord,
+from jobs.brokers import shown_url
+from jobs.spec import DEFAULT_QUEUE, JobSpec
+from jobs.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing, Capped, Controls, JobRecord,
                           WorkerBeat, _policy, _queues, blob_from_file, blob_hex, check_artifact_name, retention_s,
                           sum_usage)
 
@@ -67,7 +67,7 @@ _ONCE_BODY = "-- {script}\n"
 
 
 def _lua(name: str) -> str:
-    return resources.files("worker").joinpath("redis_lua", f"{name}.lua").read_text(encoding="utf-8")
+    return resources.files("jobs").joinpath("redis_lua", f"{name}.lua").read_text(encoding="utf-8")
 
 
 def _sources() -> dict[str, str]:
@@ -90,8 +90,8 @@ _FLOATS = ("lease_until", "created_at", "started_at", "finished_at", "updated_at
 _INTS = ("attempts", "turns", "tool_calls", "handbacks")
 
 
-class RedisStore:
-    """The job store in Redis (see the module's docstring). `RedisStore(url)` connects on first use."""
+class RedisDb:
+    """The connection: this process's client and its scripts, the server's clock, and reading job hashes."""
 
     def __init__(self, url: str, retention: float | None = None) -> None:
         self.url = url
@@ -112,7 +112,7 @@ class RedisStore:
         return state[1], state[2]
 
     def client(self) -> Any:
-        """This process's redis-py client (the broker's too when it is the same Redis: worker/dispatch.py)."""
+        """This process's redis-py client (the broker's too when it is the same Redis: jobs/dispatch.py)."""
         return self._connection()[0]
 
     @property
@@ -158,38 +158,6 @@ class RedisStore:
         seconds, micros = self._r.time()
         return seconds + micros / 1_000_000
 
-    # -- jobs ------------------------------------------------------------------------------------------------------
-
-    def create(self, spec: JobSpec, kind: str = "worker") -> JobRecord:
-        """A queued job, not yet dispatched. kind "run" is a foreground `pid run`: its process is its only worker."""
-        assert kind in ("worker", "run")
-        try:
-            self._run("create", spec.id, spec=json.dumps(spec.to_dict()), kind=kind, batch=spec.batch,
-                      dispatched=False)
-        except redis.ResponseError as exc:
-            raise ValueError(str(exc)) from None
-        record = self.get(spec.id)
-        assert record is not None
-        return record
-
-    def create_many(self, specs: "builtins.list[JobSpec]", dispatched: bool = False) -> None:
-        """Queued worker jobs, in one round trip (a pipeline of create scripts); with `dispatched`, each recorded
-        as dispatched now (the caller publishes next). ValueError if one exists already (the others are made)."""
-        client, scripts = self._connection()
-        pipe = client.pipeline(transaction=False)
-        for spec in specs:
-            scripts["create"](args=[PREFIX, str(self.retention), spec.id,
-                                    json.dumps({"spec": json.dumps(spec.to_dict()), "kind": "worker",
-                                                "batch": spec.batch, "dispatched": dispatched}),
-                                    uuid.uuid4().hex], client=pipe)
-        for reply in pipe.execute(raise_on_error=False):
-            if isinstance(reply, Exception):
-                raise ValueError(str(reply))
-
-    def get(self, job_id: str) -> JobRecord | None:
-        fields = self._r.hgetall(PREFIX + "job:" + job_id)
-        return _record(fields) if fields else None
-
     def _records(self, ids: "builtins.list[bytes]") -> "builtins.list[JobRecord | None]":
         pipe = self._r.pipeline(transaction=False)
         for job_id in ids:
@@ -207,6 +175,27 @@ class RedisStore:
         pipe.zrem(PREFIX + "ended", *ids)
         pipe.zrem(PREFIX + "rids", *[i[::-1] for i in ids])
         pipe.execute()
+
+
+class RedisRecords(RedisDb):
+    """A job's hash: made, read, listed, and what a client asks of it (cancel, pause, a message)
+    (JobRecords)."""
+
+    def create(self, spec: JobSpec, kind: str = "worker") -> JobRecord:
+        """A queued job, not yet dispatched. kind "run" is a foreground `pid run`: its process is its only worker."""
+        assert kind in ("worker", "run")
+        try:
+            self._run("create", spec.id, spec=json.dumps(spec.to_dict()), kind=kind, batch=spec.batch,
+                      dispatched=False)
+        except redis.ResponseError as exc:
+            raise ValueError(str(exc)) from None
+        record = self.get(spec.id)
+        assert record is not None
+        return record
+
+    def get(self, job_id: str) -> JobRecord | None:
+        fields = self._r.hgetall(PREFIX + "job:" + job_id)
+        return _record(fields) if fields else None
 
     def ids_ending(self, suffix: str, limit: int = 10) -> "builtins.list[str]":
         """The ids of jobs that end with `suffix`, at most `limit` of them: one lexical range read of the reversed
@@ -249,6 +238,31 @@ class RedisStore:
                 start -= len(gone)
         return found
 
+    def request_cancel(self, job_id: str) -> str | None:
+        """Ask for a cancel. A queued job is cancelled on the spot; a running one by its worker. Returns the status."""
+        status = self._run("request_cancel", job_id, status=status_of("cancelled"))
+        return status.decode() if status else None
+
+    def finish_if_queued(self, job_id: str, exit_reason: ExitReason) -> bool:
+        return self._run("finish_if_queued", job_id, exit_reason=exit_reason, status=status_of(exit_reason)) == 1
+
+    def set_paused(self, job_id: str, paused: bool) -> bool:
+        return self._run("set_paused", job_id, paused=int(paused)) == 1
+
+    def post(self, job_id: str, kind: str, text: str) -> bool:
+        """Queue a steering or follow-up message for a queued or running job."""
+        assert kind in ("steer", "follow_up")
+        return self._run("post", job_id, kind=kind, text=text) == 1
+
+    def pin_job(self, job_id: str) -> bool:
+        """Keep this job (its keys, its artifacts' blobs) past the retention period."""
+        return self._run("pin_job", job_id) == 1
+
+
+class RedisLeases(RedisDb):
+    """A worker's hold on a job it runs: the claim, its renewal and progress, the end, a hand-back
+    (Leases)."""
+
     def claim(self, job_id: str, owner: str, lease_s: float) -> bool:
         """Take the job if it is queued, or running under a lapsed lease. Exactly one claimer wins.
 
@@ -281,25 +295,22 @@ class RedisStore:
                          usage=json.dumps(usage) if usage is not None else None, lapsed_only=lapsed_only,
                          check=json.dumps(check) if check is not None else None) == 1
 
-    def request_cancel(self, job_id: str) -> str | None:
-        """Ask for a cancel. A queued job is cancelled on the spot; a running one by its worker. Returns the status."""
-        status = self._run("request_cancel", job_id, status=status_of("cancelled"))
-        return status.decode() if status else None
-
-    def finish_if_queued(self, job_id: str, exit_reason: ExitReason) -> bool:
-        return self._run("finish_if_queued", job_id, exit_reason=exit_reason, status=status_of(exit_reason)) == 1
-
-    def set_paused(self, job_id: str, paused: bool) -> bool:
-        return self._run("set_paused", job_id, paused=int(paused)) == 1
-
-    def post(self, job_id: str, kind: str, text: str) -> bool:
-        """Queue a steering or follow-up message for a queued or running job."""
-        assert kind in ("steer", "follow_up")
-        return self._run("post", job_id, kind=kind, text=text) == 1
-
     def take_messages(self, job_id: str) -> "builtins.list[tuple[str, str]]":
         """Undelivered messages in the order they were posted, taken (delivered) at once."""
         return [(kind, text) for kind, text in map(json.loads, self._run("take_messages", job_id))]
+
+    def hand_back(self, job_id: str, owner: str, turns: int, tool_calls: int,
+                  usage: dict[str, Any] | None) -> str | None:
+        """A stopping worker gives its running job back to the queue with this attempt's counts; not a loss.
+        Returns the job's status now (None: this owner no longer held it)."""
+        status = self._run("requeue", job_id, owner=owner, lapsed_only=False, handback=True, turns=turns,
+                           tool_calls=tool_calls, usage=json.dumps(usage) if usage is not None else None,
+                           cancelled_status=status_of("cancelled"))
+        return status.decode() if status else None
+
+
+class RedisRecovery(RedisDb):
+    """The jobs whose worker is gone, found and put back (Recovery)."""
 
     def _running(self) -> "builtins.list[JobRecord]":
         ids = self._r.zrange(PREFIX + "st:running", 0, -1)
@@ -322,20 +333,9 @@ class RedisStore:
         return self._run("requeue", job_id, owner=owner, lapsed_only=lapsed_only, handback=False,
                          cancelled_status=status_of("cancelled")) is not None
 
-    def hand_back(self, job_id: str, owner: str, turns: int, tool_calls: int,
-                  usage: dict[str, Any] | None) -> str | None:
-        """A stopping worker gives its running job back to the queue with this attempt's counts; not a loss.
-        Returns the job's status now (None: this owner no longer held it)."""
-        status = self._run("requeue", job_id, owner=owner, lapsed_only=False, handback=True, turns=turns,
-                           tool_calls=tool_calls, usage=json.dumps(usage) if usage is not None else None,
-                           cancelled_status=status_of("cancelled"))
-        return status.decode() if status else None
 
-    def pin_job(self, job_id: str) -> bool:
-        """Keep this job (its keys, its artifacts' blobs) past the retention period."""
-        return self._run("pin_job", job_id) == 1
-
-    # -- batches ----------------------------------------------------------------------------------------------
+class RedisBatches(RedisDb):
+    """A batch's budget and limit on running jobs (Batches)."""
 
     def set_batch(self, batch_id: str, max_total_cost: float | None, max_running: int | None) -> BatchInfo:
         """Create the batch, or set its limits anew (a rerun may change them); what it spent is kept."""
@@ -356,7 +356,23 @@ class RedisStore:
         ids = sorted(self._r.smembers(PREFIX + "batchjobs:" + batch_id))
         return sorted((r for r in self._records(ids) if r is not None), key=lambda r: r.created_at)
 
-    # -- dispatch records --------------------------------------------------------------------------------------
+
+class RedisDispatch(RedisDb):
+    """When each queued job's message was sent: what the reconciler reads (DispatchRecords)."""
+
+    def create_many(self, specs: "builtins.list[JobSpec]", dispatched: bool = False) -> None:
+        """Queued worker jobs, in one round trip (a pipeline of create scripts); with `dispatched`, each recorded
+        as dispatched now (the caller publishes next). ValueError if one exists already (the others are made)."""
+        client, scripts = self._connection()
+        pipe = client.pipeline(transaction=False)
+        for spec in specs:
+            scripts["create"](args=[PREFIX, str(self.retention), spec.id,
+                                    json.dumps({"spec": json.dumps(spec.to_dict()), "kind": "worker",
+                                                "batch": spec.batch, "dispatched": dispatched}),
+                                    uuid.uuid4().hex], client=pipe)
+        for reply in pipe.execute(raise_on_error=False):
+            if isinstance(reply, Exception):
+                raise ValueError(str(reply))
 
     def mark_dispatched(self, job_id: str, previous: float | None = None, *, only_if: bool = False) -> bool:
         """Record a publish about to happen. With only_if, only if the job is still queued and its last dispatch is
@@ -378,7 +394,9 @@ class RedisStore:
                 and not r.cancel_requested and (r.dispatched_at is None or
                                                 (stale_before is not None and r.dispatched_at < stale_before))]
 
-    # -- worker heartbeats -----------------------------------------------------------------------------------------
+
+class RedisHeartbeats(RedisDb):
+    """The workers' heartbeats (Heartbeats)."""
 
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
              taking_jobs: bool, queues: "builtins.list[str] | None" = None,
@@ -410,7 +428,10 @@ class RedisStore:
             beats = [b for b in beats if b.beat_at >= since and b.stopped_at is None]
         return beats
 
-    # -- blobs: a list of chunks under blob:{hex}, pushed to upload:{uuid} and renamed when whole ---------------
+
+class RedisBlobs(RedisDb):
+    """Blobs (BlobStore): a list of chunks under blob:{hex}, pushed to upload:{uuid} and renamed when
+    whole."""
 
     def put_blob(self, stream: BinaryIO) -> str:
         """Store what `stream` holds, sent in BLOB_CHUNK pieces (never whole in memory); returns "sha256:<hex>".
@@ -472,7 +493,9 @@ class RedisStore:
         """Keep a blob past the retention period (False: no such blob)."""
         return self._run("pin_blob", hex=blob_hex(digest)) == 1
 
-    # -- per job: events, artifacts, API key -------------------------------------------------------------------
+
+class RedisAttachments(RedisBlobs):
+    """Per job: its events, artifacts and API key (JobAttachments)."""
 
     def append_event(self, job_id: str, event: dict[str, Any]) -> int:
         """Add an event to the job's stream; returns its number (1, 2, ...). About the newest `events_kept` are
@@ -536,7 +559,10 @@ class RedisStore:
         value = self._r.get(PREFIX + "secret:" + job_id)
         return value.decode() if value is not None else None
 
-    # -- retention -------------------------------------------------------------------------------------------------
+
+class RedisRetention(RedisDb):
+    """Forgetting ended jobs after PID_RETENTION (Retention): their keys expire, this drops their
+    index entries."""
 
     def prune(self) -> dict[str, int]:
         """Redis expires ended jobs and blobs itself (TTLs); this drops the index entries of jobs that expired."""
@@ -548,6 +574,12 @@ class RedisStore:
         gone = [i for i, exists in zip(ids, pipe.execute()) if not exists]
         self._drop_from_indexes(gone)
         return {"jobs": len(gone), "blobs": 0}
+
+
+class RedisStore(RedisRecords, RedisLeases, RedisRecovery, RedisBatches, RedisDispatch,
+                 RedisHeartbeats, RedisAttachments, RedisBlobs, RedisRetention):
+    """The job store in Redis (see the module's docstring): one class per role of jobs/store.py's `Store`.
+    `RedisStore(url)` connects on first use."""
 
 
 def _decoded(value: Any) -> str:

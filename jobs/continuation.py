@@ -17,8 +17,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from worker.jobs import JobSpec, new_job_id
-from worker.store import ARTIFACT_LIMIT, BlobMissing, JobAttachments, JobRecords, Store
+from jobs.spec import JobSpec, new_job_id
+from jobs.store import ARTIFACT_LIMIT, BlobMissing, JobAttachments, JobRecords, Store
 
 SESSION = "session.jsonl"
 PATCH = "patch.diff"
@@ -120,14 +120,14 @@ def _copy(spec: JobSpec, store: Store, job_id: str) -> JobSpec:
         return new
     if not spec.repo:   # the image's own workdir: the image is the snapshot
         return new
-    from worker.snapshot import git_source
+    from jobs.snapshot import git_source
     git = git_source(spec.repo) if "://" in spec.repo else None
     ran_on = _ran_on(store, job_id)
     if git is not None:
         if ran_on.get("kind") == "git" and ran_on.get("commit"):
             new.repo = f"{git.url}#{ran_on['commit']}"
         return new
-    # `pid run`: its directory, packed as the job saw it, kept as a blob (worker/snapshot.py DirSnapshot)
+    # `pid run`: its directory, packed as the job saw it, kept as a blob (jobs/snapshot.py DirSnapshot)
     digest = ran_on.get("digest") if ran_on.get("kind") == "dir" else None
     if not isinstance(digest, str) or not digest.startswith("sha256:"):
         raise Refused(f"job {job_id} read its directory {spec.repo} when it started (`pid run`), and the job store "
@@ -141,7 +141,7 @@ def _copy(spec: JobSpec, store: Store, job_id: str) -> JobSpec:
 
 def _ran_on(store: Store, job_id: str) -> dict[str, Any]:
     """result.json's `workspace`: which snapshot the job ran on ({} when unknown)."""
-    from worker.artifact_store import read_result
+    from jobs.artifact_store import read_result
     try:
         result = read_result(store, job_id) or {}
     except Exception:

@@ -1,16 +1,17 @@
 """Publishing a job's message: what `submit`, a hand-back and the reconciler do. Light on purpose: a client imports
-this and the store, never the runner (the agent, its providers, the sandbox), and the Celery app only for a broker
-that is not Redis (worker/publish.py), so `pid submit` starts in a fraction of the time.
+this and the store, never the runner (the agent, its providers, the sandbox) nor Celery (jobs/publish.py sends the
+message Celery would), so `pid submit` starts in a fraction of the time.
 """
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from worker.brokers import embedded_broker, redis_broker
-from worker.jobs import DEFAULT_QUEUE
-from worker.publish import TASK, push
-from worker.store import Store, StoreBase, default_store
+from jobs.brokers import embedded_broker, redis_broker
+from jobs.spec import DEFAULT_QUEUE
+from jobs.publish import push, send
+from jobs.store import Store, StoreBase, default_store
+from pid import settings
 
 _redis_clients: dict[tuple[int, str], Any] = {}   # a broker that is not the store's Redis: one client per process
 
@@ -42,7 +43,7 @@ def publish(store: StoreBase, jobs: list[tuple[str, str]], front: bool = False) 
     if not jobs:
         return 0, None
     broker = redis_broker()
-    if broker is not None:   # pushed in one round trip: no Celery, no kombu in this process (worker/publish.py)
+    if broker is not None:   # pushed in one round trip: no Celery, no kombu in this process (jobs/publish.py)
         try:
             pipe = _redis_client(store, broker).pipeline(transaction=False)
             for job_id, queue in jobs:
@@ -51,25 +52,23 @@ def publish(store: StoreBase, jobs: list[tuple[str, str]], front: bool = False) 
         except Exception as exc:
             return 0, exc
         return len(jobs), None
-    from worker.app import app
-    from worker.transport import FRONT_PRIORITY
-    # the embedded broker reads this priority as "the front" (worker/transport.py); other transports order by
-    # priority each their own way, so they get none
-    priority = FRONT_PRIORITY if front and embedded_broker() else None
-    sent = 0
-    try:
-        with app.producer_or_acquire() as producer:
-            for job_id, queue in jobs:
-                app.send_task(TASK, args=[job_id], task_id=job_id, queue=queue, producer=producer, priority=priority)
-                sent += 1
-    except Exception as exc:
-        return sent, exc
-    return sent, None
+    from pid.config import pid_home
+    from jobs.brokers import broker_settings
+    from jobs.clients import check_clients
+    url, options = broker_settings(pid_home())
+    check_clients({settings.BROKER_URL.name: url})
+    priority = None
+    if front and embedded_broker():
+        # the embedded broker reads this priority as "the front" (jobs/transport.py); other transports order by
+        # priority each their own way, so they get none
+        from jobs.transport import FRONT_PRIORITY
+        priority = FRONT_PRIORITY
+    return send(url, options, jobs, priority)
 
 
 def _redis_client(store: StoreBase, url: str) -> Any:
     """A client of the broker's Redis: the store's own when the store is that Redis (its connection is open)."""
-    from worker.redis_store import RedisStore
+    from jobs.redis_store import RedisStore
     if isinstance(store, RedisStore) and store.url == url:
         return store.client()
     key = (os.getpid(), url)

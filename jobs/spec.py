@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import posixpath
 import re
 import secrets
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
@@ -115,7 +116,7 @@ class JobSpec:
                                         "(pid worker --queue).")
     batch: str | None = setting(None, "The batch the job belongs to (pid batch): its budget and running limit, in "
                                       "the job store.")
-    # The workspace as `submit` packed it: a blob digest ("sha256:<hex>", worker/blobs.py). None: the worker reads
+    # The workspace as `submit` packed it: a blob digest ("sha256:<hex>", jobs/blobs.py). None: the worker reads
     # `repo` (a git URL to clone, or a directory when the job starts, as `pid run` does). `repo` is kept for display.
     workspace: str | None = setting(None, "The packed workspace's blob digest.")
     # The text of `--system-prompt FILE`, read by the client: it replaces the system prompt's base (pid/prompt.py).
@@ -236,3 +237,34 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+# --check: refused at submit, before the job is queued (worker/check.py runs it)
+MAX_COMMAND_CHARS = 100_000   # a command longer than this is a mistake (a file pasted in)
+
+
+def command_problem(command: str | None) -> str | None:
+    """Why a --check command cannot be run, or None (checked before the job is queued)."""
+    if command is None:
+        return None
+    if not command.strip():
+        return "the check command is empty"
+    if "\0" in command:
+        return "the check command contains a NUL byte"
+    if len(command) > MAX_COMMAND_CHARS:
+        return f"the check command is longer than {MAX_COMMAND_CHARS} characters"
+    return None
+
+
+def original_paths(paths: list[str] | tuple[str, ...], workdir: str) -> list[str]:
+    """--check-original as workspace-relative paths (an absolute one must lie in the workdir); ValueError for one
+    that leaves it or names it whole."""
+    kept: list[str] = []
+    for path in paths:
+        if not path or "\0" in path or "\n" in path:
+            raise ValueError(f"--check-original takes a path of the workdir, not {path!r}")
+        rel = posixpath.normpath(posixpath.relpath(path, workdir) if path.startswith("/") else path)
+        if rel in (".", "..") or rel.startswith("../") or rel.startswith("/"):
+            raise ValueError(f"--check-original {path}: not a path inside the workdir {workdir}")
+        kept.append(rel)
+    return kept

@@ -1,8 +1,10 @@
 """Which broker pid's jobs go through (PID_BROKER_URL), known without loading Celery: a client that only publishes
-(`pid submit` on Redis, worker/publish.py) never imports it."""
+(`pid submit`, jobs/publish.py) never imports it."""
 from __future__ import annotations
 
+import os
 from urllib.parse import urlsplit, urlunsplit
+
 from pid import settings
 
 EMBEDDED = ("pidfs://", "filesystem://")   # kombu's own filesystem transport can read half-written messages
@@ -32,6 +34,28 @@ def broker_problem() -> str | None:
         return None
     return (f"PID_BROKER_URL={shown_url(url)}: not a broker pid knows (redis://HOST:PORT/DB, amqp://HOST//, or "
             "unset for the embedded queue)")
+
+
+def broker_settings(home: str) -> tuple[str, dict[str, object]]:
+    """The broker's URL and kombu transport options, for the worker's Celery app and a client's publish alike;
+    the embedded queue's folders are made here and `pidfs://` registered."""
+    url = settings.BROKER_URL.raw() or "pidfs://"
+    if not embedded_broker():
+        # Only a message taken but not yet started is unacknowledged (a worker takes one only when it has a free
+        # process): if its worker dies, Redis hands it out again after this long.
+        return url, {"visibility_timeout": 300}
+    queue_dir = os.path.join(home, "broker", "queue")
+    processed = os.path.join(home, "broker", "processed")
+    control = os.path.join(home, "broker", "control")
+    for folder in (home, queue_dir, processed, control):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    from jobs.transport import register
+    register()
+    return "pidfs://", {"data_folder_in": queue_dir, "data_folder_out": queue_dir,
+                        "processed_folder": processed, "store_processed": False, "control_folder": control,
+                        # an idle worker looks for a message ten times a second (one listdir): a job waits ~50 ms
+                        # for it on average, not the 0.5 s of Celery's 1 s default
+                        "polling_interval": 0.1}
 
 
 def shown_url(url: str) -> str:

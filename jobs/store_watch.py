@@ -1,7 +1,7 @@
 """A worker's watch on a Redis job store: one that forgets everything when it restarts is refused at start, and one
 that restarted empty all the same (persistence turned off later, its files lost, a flush) is said out loud.
 
-Why: the store is the source of truth for every job (worker/store.py). The broker's lost messages are sent again
+Why: the store is the source of truth for every job (jobs/store.py). The broker's lost messages are sent again
 from it (worker/housekeeping.py reconcile); nothing can send again what the store itself lost: a Redis without
 persistence that restarts takes every queued and running job with it, silently, and nothing runs afterwards.
 A SQLite store is a file: there is nothing to watch.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from worker.store import Store, StoreBase
+from jobs.store import Store, StoreBase
 
 log = logging.getLogger("pid.jobs")
 
@@ -19,7 +19,7 @@ log = logging.getLogger("pid.jobs")
 def volatile(store: StoreBase) -> str | None:
     """Why `store` would lose every job on a restart (one line), or None: it persists, or it is not a Redis, or it
     will not say (then a warning is logged)."""
-    from worker.redis_store import RedisStore
+    from jobs.redis_store import RedisStore
     if not isinstance(store, RedisStore):
         return None
     kept = store.persistence()
@@ -44,7 +44,7 @@ class StoreWatch:
         self._seen: tuple[str, str] | None = None   # (run id, pid's mark) at the last pass
 
     def check(self) -> str | None:
-        from worker.redis_store import RedisStore
+        from jobs.redis_store import RedisStore
         if not isinstance(self.store, RedisStore):
             return None
         run_id, mark = self.store.incarnation()

@@ -12,7 +12,7 @@ import re
 from typing import BinaryIO, Protocol
 
 from sandbox.artifacts import ChunkReader
-from worker.store import BlobMissing, BlobStore, default_store
+from jobs.store import BlobMissing, BlobStore, default_store
 
 __all__ = ["BlobCorrupt", "BlobMissing", "Blobs", "StoreBlobs", "default_blobs", "hex_of"]
 
@@ -48,8 +48,8 @@ def hex_of(digest: str) -> str:
 
 
 class StoreBlobs:
-    """The job store's blobs as `Blobs`: files beside the SQLite database, or chunks in Redis (worker/store.py),
-    so a workspace packed on one machine is read on another through the store both use."""
+    """The job store's blobs as `Blobs`: files beside the SQLite database (jobs/sqlite_store.py), or chunks in Redis
+    (jobs/redis_store.py), so a workspace packed on one machine is read on another through the store both use."""
 
     def __init__(self, store: BlobStore) -> None:
         self.store = store

@@ -1,15 +1,6 @@
-"""The job store: each job's own record is the source of truth; the broker only dispatches.
-
-A job is claimed by one worker at a time under a lease that the worker renews while it runs. A duplicate message
-(a re-dispatch, a redelivery) finds the job claimed and does nothing; a job whose worker died (its lease lapsed, or
-its process is gone) is put back in the queue by the sweeper (worker/sweep.py), and the store records when each
-queued job was dispatched so that one whose message was lost is dispatched again (worker/housekeeping.py). Workers
-record a heartbeat here too. SQLite (WAL) under PID_HOME: one file, no server, safe across the worker's processes
-on one machine, and across fork(): a fork waits until no thread of the process is inside SQLite.
-
-Across machines the same interface (`Store`, below) is served by Redis (worker/redis_store.py); `open_store` picks
-one from PID_STORE_URL. Besides the jobs, a store keeps content-addressed blobs, each job's events, artifacts and
-API key (for the life of the job), and forgets ended jobs after a retention period (PID_RETENTION).
+"""The SQLite job store: one file under PID_HOME, no server, safe across the worker's processes on one machine, and
+across fork(): a fork waits until no thread of the process is inside SQLite. The contract it serves is jobs/store.py's
+`Store`; JobStore is that contract's roles, one class each, over one connection base (SqliteDb).
 """
 from __future__ import annotations
 
@@ -17,18 +8,18 @@ import builtins
 import hashlib
 import json
 import os
-import re
 import sqlite3
 import threading
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Iterator, Protocol
+from typing import Any, BinaryIO, Iterator
 
-from pid.endings import TERMINAL_STATUSES, ExitReason, check_passed_of, exit_code_of, status_of
-from worker.jobs import DEFAULT_QUEUE, JobSpec
-from pid import settings
+from pid.endings import ExitReason, status_of
+from jobs.spec import DEFAULT_QUEUE, JobSpec
+from jobs.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing, Capped, Controls, JobRecord,
+                        StoreUnavailable, WorkerBeat, _policy, _queues, blob_from_file, blob_hex,
+                        check_artifact_name, retention_s, sum_usage)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -71,10 +62,10 @@ CREATE TABLE IF NOT EXISTS workers (
   started_at REAL NOT NULL,
   beat_at REAL NOT NULL,
   queues TEXT,                     -- the queues it consumes, comma-separated
-  policy TEXT,                     -- the rules it admits jobs by, JSON (worker/policy.py); NULL: everything
+  policy TEXT,                     -- the rules it admits jobs by, JSON (jobs/policy.py); NULL: everything
   identity TEXT,                   -- its process's boot, pid namespace and start time (worker/control.py)
   stopped_at REAL,                 -- when it stopped cleanly; NULL: it has not (alive, or killed: silent)
-  alarm TEXT                       -- what went badly wrong that its user must know (worker/store_watch.py)
+  alarm TEXT                       -- what went badly wrong that its user must know (jobs/store_watch.py)
 );
 CREATE TABLE IF NOT EXISTS inbox (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -125,311 +116,6 @@ ADDED_COLUMNS = {"kind": "TEXT NOT NULL DEFAULT 'worker'", "usage": "TEXT", "ear
                  "batch": "TEXT",
                  "rid": "TEXT"}   # the id reversed: a suffix of ids is a prefix of these (indexed)
 WORKER_COLUMNS = {"queues": "TEXT", "policy": "TEXT", "identity": "TEXT", "stopped_at": "REAL", "alarm": "TEXT"}
-USAGE_KEYS = ("input", "output", "cache_read", "cache_write", "total_tokens")
-
-EVENTS_KEPT = 10_000                    # per job: older events are dropped
-ARTIFACT_LIMIT = 256 * 1024 * 1024      # bytes per artifact, by default
-BLOB_CHUNK = 1024 * 1024                # the unit blobs are streamed (and, in Redis, stored) in
-DEFAULT_RETENTION_S = 7 * 86400
-_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", re.IGNORECASE)
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-class BlobMissing(KeyError):
-    """No blob (or artifact) by that name: never stored, or expired."""
-
-
-class StoreUnavailable(sqlite3.OperationalError):
-    """A SQLite store whose file cannot be made or opened (a path through a file, a read-only place)."""
-
-
-class TooLarge(ValueError):
-    """An artifact over its size limit: nothing was stored."""
-
-
-def retention_s(value: str | None = None) -> float:
-    """PID_RETENTION (or `value`): seconds, or a number with a unit s/m/h/d/w ("7d"); 7 days when unset. How long
-    an ended job (its record, events and artifacts) and an unpinned blob are kept."""
-    raw = settings.RETENTION.raw() if value is None else value
-    if not raw:
-        return DEFAULT_RETENTION_S
-    m = _DURATION.fullmatch(raw)
-    if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"PID_RETENTION={raw!r} is not a duration: give seconds or e.g. 12h, 7d, 2w")
-    return float(m.group(1)) * _UNITS[m.group(2).lower()]
-
-
-def blob_hex(digest: str) -> str:
-    """The hex part of "sha256:<64 hex>", or ValueError: digests name files and keys, so they are checked."""
-    m = _DIGEST.fullmatch(digest)
-    if not m:
-        raise ValueError(f"not a blob digest (sha256:<64 lowercase hex>): {digest[:80]!r}")
-    return m.group(1)
-
-
-def check_artifact_name(name: str) -> None:
-    """A name is a label (often a relative path), never used as a path by the store itself."""
-    if not name or "\0" in name or len(name.encode("utf-8", "surrogateescape")) > 4096:
-        raise ValueError(f"bad artifact name: {name[:80]!r}")
-
-
-class Capped:
-    """A stream that raises TooLarge once more than `limit` bytes have been read from it."""
-
-    def __init__(self, stream: BinaryIO, limit: int, what: str) -> None:
-        self.stream, self.limit, self.what, self.read_bytes = stream, limit, what, 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.stream.read(n if n is not None and n >= 0 else self.limit + 1)
-        self.read_bytes += len(data)
-        if self.read_bytes > self.limit:
-            raise TooLarge(f"{self.what} is larger than its limit of {self.limit} bytes")
-        return data
-
-
-@dataclass
-class JobRecord:
-    id: str
-    spec: JobSpec
-    status: str
-    owner: str | None
-    lease_until: float | None
-    attempts: int
-    cancel_requested: bool
-    paused: bool
-    turns: int
-    tool_calls: int
-    exit_reason: str | None
-    error: str | None
-    created_at: float
-    started_at: float | None
-    finished_at: float | None
-    kind: str = "worker"
-    usage: dict[str, Any] = field(default_factory=dict)        # this attempt's
-    earlier: list[dict[str, Any]] = field(default_factory=list)  # earlier attempts' counts
-    activity: str | None = None
-    last_tool: str | None = None
-    updated_at: float | None = None
-    claimed_at: float | None = None
-    handbacks: int = 0
-    dispatched_at: float | None = None
-    dispatch_error: str | None = None
-    undispatched_since: float | None = None
-    check: dict[str, Any] | None = None   # result.json's `check` (--check), once it ran: its verdict sets the exit code
-
-    @property
-    def losses(self) -> int:
-        """Attempts whose worker was lost (a handed-back attempt was not)."""
-        return self.attempts - self.handbacks
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
-
-    @property
-    def total_usage(self) -> dict[str, Any]:
-        """Every attempt's tokens and cost: what the job has spent."""
-        return sum_usage(*(a.get("usage") or {} for a in self.earlier), self.usage)
-
-    @property
-    def duration_s(self) -> float | None:
-        if self.started_at is None:
-            return None
-        return round((self.finished_at or time.time()) - self.started_at, 3)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k != "spec"}
-        d["task"] = self.spec.task
-        d["job_dir"] = self.spec.job_dir
-        d["duration_s"] = self.duration_s
-        d["total_usage"] = self.total_usage
-        d["cost"] = d["total_usage"]["cost"]
-        d["exit_code"] = self.exit_code
-        return d
-
-    @property
-    def exit_code(self) -> int | None:
-        """The ended job's exit code (pid.endings.exit_code_of: the CLI's), None while it runs."""
-        if not self.terminal:
-            return None
-        return exit_code_of(self.exit_reason, check_passed_of({"check": self.check}))
-
-
-def sum_usage(*usages: dict[str, Any]) -> dict[str, Any]:
-    """Usage dicts in result.json's shape, added up."""
-    total: dict[str, Any] = {k: sum(int(u.get(k) or 0) for u in usages) for k in USAGE_KEYS}
-    total["cost"] = round(sum(float(u.get("cost") or 0.0) for u in usages), 6)
-    return total
-
-
-@dataclass
-class BatchInfo:
-    """A batch's shared limits and spend, as the store keeps them (see `set_batch`)."""
-    id: str
-    max_total_cost: float | None
-    max_running: int | None
-    spent: float
-    running: int          # its jobs running now
-
-    @property
-    def exhausted(self) -> bool:
-        """Its budget is spent: no job of it may start, nor make another model call."""
-        return self.max_total_cost is not None and self.spent >= self.max_total_cost
-
-
-@dataclass
-class Controls:
-    """What a running job's relay polls for: one read, no write."""
-    owned: bool          # still running under this owner
-    cancel_requested: bool
-    paused: bool
-    mail: bool           # undelivered steer / follow-up messages wait
-
-
-@dataclass
-class WorkerBeat:
-    node: str
-    host: str
-    pid: int
-    boot_id: str | None
-    concurrency: int
-    running: int
-    free_since: float | None
-    started_at: float
-    beat_at: float
-    queues: list[str] = field(default_factory=lambda: [DEFAULT_QUEUE])   # the queues it consumes
-    policy: dict[str, Any] = field(default_factory=dict)   # the rules it admits jobs by (worker/policy.py)
-    identity: str | None = None     # its process's boot, pid namespace and start time (worker/control.py)
-    stopped_at: float | None = None   # when it stopped cleanly (None: it has not)
-    alarm: str | None = None   # what went badly wrong that its user must know (worker/store_watch.py)
-
-
-class StoreBase(Protocol):
-    """What every role has: where the store is, and its clock. Times in records come from the store's clock
-    (`now()`); compare them with that, not with the caller's."""
-
-    path: str   # where the store is, for messages (a file, or a Redis URL without its password)
-
-    def now(self) -> float: ...
-
-
-class JobRecords(StoreBase, Protocol):
-    """Jobs as the client makes, finds and steers them: create, look up, cancel, pause, message, pin. Used by the
-    CLI (cli/main.py, cli/ids.py, cli/view.py, cli/batch*.py), worker/sweep.py's cancel_job and `pid run`'s
-    ForegroundJob (worker/control.py)."""
-
-    def create(self, spec: JobSpec, kind: str = "worker") -> JobRecord: ...
-    def get(self, job_id: str) -> JobRecord | None: ...
-    def list(self, limit: int = 50, status: str | None = None) -> "builtins.list[JobRecord]": ...
-    def ids_ending(self, suffix: str, limit: int = 10) -> "builtins.list[str]": ...
-    def request_cancel(self, job_id: str) -> str | None: ...
-    def finish_if_queued(self, job_id: str, exit_reason: ExitReason) -> bool: ...
-    def set_paused(self, job_id: str, paused: bool) -> bool: ...
-    def post(self, job_id: str, kind: str, text: str) -> bool: ...
-    def pin_job(self, job_id: str) -> bool: ...
-
-
-class Leases(StoreBase, Protocol):
-    """A running attempt's hold on its job: claimed by one owner under a lease it renews, reporting progress,
-    polling its controls and mail, and ending (finish) or handing the job back. Used by worker/control.py (the
-    relay, record_end) and worker/tasks.py; `finish` also by the sweeper, reconcile and the CLI (a submit that
-    could not be dispatched)."""
-
-    def claim(self, job_id: str, owner: str, lease_s: float) -> bool: ...
-    def renew(self, job_id: str, owner: str, lease_s: float) -> bool: ...
-    def progress(self, job_id: str, owner: str, turns: int, tool_calls: int, usage: dict[str, Any] | None = None,
-                 activity: str | None = None, last_tool: str | None = None, lease_s: float | None = None) -> bool: ...
-    def controls(self, job_id: str, owner: str) -> Controls | None: ...
-    def take_messages(self, job_id: str) -> "builtins.list[tuple[str, str]]": ...
-    def finish(self, job_id: str, exit_reason: ExitReason, *, owner: str | None = None, error: str | None = None,
-               turns: int | None = None, tool_calls: int | None = None, usage: dict[str, Any] | None = None,
-               lapsed_only: bool = False, check: dict[str, Any] | None = None) -> bool: ...
-    def hand_back(self, job_id: str, owner: str, turns: int, tool_calls: int,
-                  usage: dict[str, Any] | None) -> str | None: ...
-
-
-class Recovery(StoreBase, Protocol):
-    """Finding attempts whose worker was lost (a lapsed lease, a gone process) and putting their jobs back in the
-    queue. Used by worker/sweep.py."""
-
-    def lapsed(self) -> "builtins.list[JobRecord]": ...
-    def suspects(self, host: str | None) -> "builtins.list[JobRecord]": ...
-    def requeue(self, job_id: str, owner: str | None = None, lapsed_only: bool = True) -> bool: ...
-
-
-class Batches(StoreBase, Protocol):
-    """Limits shared by a batch's jobs (budget, running cap), enforced at claim time and, for the budget, before
-    each model call. Used by cli/batch*.py and worker/batch_budget.py."""
-
-    def set_batch(self, batch_id: str, max_total_cost: float | None, max_running: int | None) -> BatchInfo: ...
-    def batch(self, batch_id: str) -> BatchInfo | None: ...
-    def add_batch_spend(self, batch_id: str, amount: float) -> BatchInfo | None: ...
-    def batch_jobs(self, batch_id: str) -> "builtins.list[JobRecord]": ...
-
-
-class DispatchRecords(StoreBase, Protocol):
-    """The queue's bookkeeping: when each queued job's message was sent, so one whose message was lost is sent
-    again. Used by worker/dispatch.py, worker/housekeeping.py's reconcile and cli/batch_run.py (create_many)."""
-
-    def create_many(self, specs: "builtins.list[JobSpec]", dispatched: bool = False) -> None: ...
-    def mark_dispatched(self, job_id: str, previous: float | None = None, *, only_if: bool = False) -> bool: ...
-    def mark_published(self, job_id: str) -> None: ...
-    def mark_undispatched(self, job_id: str, error: str) -> None: ...
-    def to_dispatch(self, stale_before: float | None) -> "builtins.list[JobRecord]": ...
-
-
-class Heartbeats(StoreBase, Protocol):
-    """Workers' heartbeats: who is alive, what it consumes and admits, and a kept stop. Written by
-    worker/housekeeping.py, read through its live_workers by reconcile and the CLI (`pid workers`, submit's
-    refusal of a job no worker admits)."""
-
-    def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
-             taking_jobs: bool, queues: "builtins.list[str] | None" = None,
-             policy: dict[str, Any] | None = None, identity: str | None = None, alarm: str | None = None) -> None: ...
-    def worker_stopped(self, node: str) -> None: ...
-    def forget_silent_workers(self, silent_s: float = 86400) -> None: ...
-    def workers(self, alive_within_s: float | None = None) -> "builtins.list[WorkerBeat]": ...
-
-
-class BlobStore(StoreBase, Protocol):
-    """Content-addressed blobs ("sha256:<hex>"): uploaded workspaces and snapshots. Used through worker/blobs.py
-    and by worker/continuation.py."""
-
-    def put_blob(self, stream: BinaryIO) -> str: ...
-    def put_blob_file(self, path: str, digest: str | None = None) -> str: ...
-    def has_blob(self, digest: str) -> bool: ...
-    def open_blob(self, digest: str) -> Iterator[bytes]: ...
-    def pin_blob(self, digest: str) -> bool: ...
-
-
-class JobAttachments(StoreBase, Protocol):
-    """What a store keeps beside each job for its life: its events, its artifacts (result.json, transcripts, files)
-    and its API key. Written by worker/control.py, worker/artifact_store.py and the CLI (the key); read by
-    cli/output.py, cli/view.py, worker/continuation.py and worker/tasks.py."""
-
-    def append_event(self, job_id: str, event: dict[str, Any]) -> int: ...
-    def events(self, job_id: str, after: int = 0, wait_s: float = 0) -> "builtins.list[tuple[int, dict[str, Any]]]": ...
-    def put_artifact(self, job_id: str, name: str, stream: BinaryIO, limit: int = ARTIFACT_LIMIT) -> str: ...
-    def artifact_names(self, job_id: str) -> "builtins.list[str]": ...
-    def delete_artifact(self, job_id: str, name: str) -> bool: ...
-    def open_artifact(self, job_id: str, name: str) -> Iterator[bytes]: ...
-    def set_secret(self, job_id: str, api_key: str) -> bool: ...
-    def secret(self, job_id: str) -> str | None: ...
-
-
-class Retention(StoreBase, Protocol):
-    """Forgetting ended jobs (record, events, artifacts) and unpinned blobs after PID_RETENTION. Used by the
-    worker's housekeeping (worker/housekeeping.py)."""
-
-    def prune(self) -> dict[str, int]: ...
-
-
-class Store(JobRecords, Leases, Recovery, Batches, DispatchRecords, Heartbeats, BlobStore, JobAttachments,
-            Retention, Protocol):
-    """What pid asks of its job store: every role above. Two implementations with the same semantics
-    (tests/test_store_contract.py): JobStore (SQLite under PID_HOME, one machine) and worker.redis_store.RedisStore
-    (a cluster). A function that needs one role asks for that role; one that needs several asks for Store."""
 
 
 # SQLite's state must not be copied mid-operation into a forked child (its mutexes, a half-done write): every
@@ -462,8 +148,8 @@ def _wal(db: sqlite3.Connection) -> None:
             time.sleep(0.02)
 
 
-class JobStore:
-    """The SQLite store (see the module's docstring); blobs are files under blobs/ next to the database."""
+class SqliteDb:
+    """The database and its blob folder: a connection per operation (a kept one per thread for frequent reads)."""
 
     def __init__(self, path: str, retention: float | None = None) -> None:
         self.path = path
@@ -537,6 +223,10 @@ class JobStore:
         """The store's clock: this machine's."""
         return time.time()
 
+
+class SqliteRecords(SqliteDb):
+    """A job's row: made, read, listed, and what a client asks of it (cancel, pause, a message). (JobRecords)"""
+
     def create(self, spec: JobSpec, kind: str = "worker") -> JobRecord:
         """A queued job, not yet dispatched. kind "run" is a foreground `pid run`: its process is its only worker."""
         assert kind in ("worker", "run")
@@ -548,26 +238,6 @@ class JobStore:
         record = self.get(spec.id)
         assert record is not None
         return record
-
-    def create_many(self, specs: "builtins.list[JobSpec]", dispatched: bool = False) -> None:
-        """Queued worker jobs, all in one transaction (`pid batch`: one commit for many). With `dispatched`, each is
-        recorded as dispatched now, as dispatch() records it before it publishes: the caller publishes next (and
-        marks undispatched one whose publish fails)."""
-        now = time.time()
-        rows = [(s.id, json.dumps(s.to_dict()), now, None if dispatched else now, now if dispatched else None,
-                 s.batch, s.id[::-1]) for s in specs]
-        with self._db() as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                db.executemany("INSERT INTO jobs (id, spec, status, created_at, kind, undispatched_since, "
-                               "dispatched_at, batch, rid) VALUES (?, ?, 'queued', ?, 'worker', ?, ?, ?, ?)", rows)
-            except sqlite3.IntegrityError as exc:
-                db.execute("ROLLBACK")
-                raise ValueError(f"a job exists already ({exc})") from None
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
 
     def get(self, job_id: str) -> JobRecord | None:
         with self._db() as db:
@@ -591,6 +261,45 @@ class JobStore:
             rows = db.execute("SELECT id FROM jobs WHERE rid >= ? AND rid < ? LIMIT ?",
                               (low, high, limit)).fetchall()
         return [r["id"] for r in rows]
+
+    def request_cancel(self, job_id: str) -> str | None:
+        """Ask for a cancel. A queued job is cancelled on the spot; a running one by its worker. Returns the status."""
+        with self._db() as db:
+            db.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status IN ('queued', 'running')",
+                       (job_id,))
+        self.finish_if_queued(job_id, "cancelled")
+        record = self.get(job_id)
+        return record.status if record else None
+
+    def finish_if_queued(self, job_id: str, exit_reason: ExitReason) -> bool:
+        with self._db() as db:
+            return db.execute("UPDATE jobs SET status = ?, exit_reason = ?, finished_at = ? "
+                              "WHERE id = ? AND status = 'queued'",
+                              (status_of(exit_reason), exit_reason, time.time(), job_id)).rowcount == 1
+
+    def set_paused(self, job_id: str, paused: bool) -> bool:
+        with self._db() as db:
+            return db.execute("UPDATE jobs SET paused = ? WHERE id = ? AND status IN ('queued', 'running')",
+                              (int(paused), job_id)).rowcount == 1
+
+    def post(self, job_id: str, kind: str, text: str) -> bool:
+        """Queue a steering or follow-up message for a queued or running job."""
+        assert kind in ("steer", "follow_up")
+        with self._db() as db:
+            row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if not row or row["status"] not in ("queued", "running"):
+                return False
+            db.execute("INSERT INTO inbox (job_id, kind, text) VALUES (?, ?, ?)", (job_id, kind, text))
+            return True
+
+    def pin_job(self, job_id: str) -> bool:
+        """Keep this job (record, events, artifacts and their blobs) past the retention period."""
+        with self._db() as db:
+            return db.execute("UPDATE jobs SET pinned = 1 WHERE id = ?", (job_id,)).rowcount == 1
+
+
+class SqliteLeases(SqliteDb):
+    """A worker's hold on a job it runs: the claim, its renewal and progress, the end, a hand-back. (Leases)"""
 
     def claim(self, job_id: str, owner: str, lease_s: float) -> bool:
         """Take the job if it is queued, or running under a lapsed lease. Exactly one claimer wins.
@@ -661,36 +370,6 @@ class JobStore:
         with self._db() as db:
             return db.execute(sql, args).rowcount == 1
 
-    def request_cancel(self, job_id: str) -> str | None:
-        """Ask for a cancel. A queued job is cancelled on the spot; a running one by its worker. Returns the status."""
-        with self._db() as db:
-            db.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status IN ('queued', 'running')",
-                       (job_id,))
-        self.finish_if_queued(job_id, "cancelled")
-        record = self.get(job_id)
-        return record.status if record else None
-
-    def finish_if_queued(self, job_id: str, exit_reason: ExitReason) -> bool:
-        with self._db() as db:
-            return db.execute("UPDATE jobs SET status = ?, exit_reason = ?, finished_at = ? "
-                              "WHERE id = ? AND status = 'queued'",
-                              (status_of(exit_reason), exit_reason, time.time(), job_id)).rowcount == 1
-
-    def set_paused(self, job_id: str, paused: bool) -> bool:
-        with self._db() as db:
-            return db.execute("UPDATE jobs SET paused = ? WHERE id = ? AND status IN ('queued', 'running')",
-                              (int(paused), job_id)).rowcount == 1
-
-    def post(self, job_id: str, kind: str, text: str) -> bool:
-        """Queue a steering or follow-up message for a queued or running job."""
-        assert kind in ("steer", "follow_up")
-        with self._db() as db:
-            row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if not row or row["status"] not in ("queued", "running"):
-                return False
-            db.execute("INSERT INTO inbox (job_id, kind, text) VALUES (?, ?, ?)", (job_id, kind, text))
-            return True
-
     def take_messages(self, job_id: str) -> "builtins.list[tuple[str, str]]":
         """Undelivered messages in the order they were posted, marked delivered."""
         with self._db() as db:
@@ -702,6 +381,31 @@ class JobStore:
                            [r["seq"] for r in rows])
             db.execute("COMMIT")
         return [(r["kind"], r["text"]) for r in rows]
+
+    def hand_back(self, job_id: str, owner: str, turns: int, tool_calls: int,
+                  usage: dict[str, Any] | None) -> str | None:
+        """A stopping worker gives its running job back to the queue (to be dispatched again at once), with this
+        attempt's counts. Not a loss: it does not count against the job's attempts. A job whose cancel was asked
+        ends `cancelled` instead: nothing would ever run it again. Returns the job's status now (None: this owner
+        no longer held it)."""
+        now = time.time()
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            handed = db.execute(
+                "UPDATE jobs SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, "
+                "exit_reason = CASE WHEN cancel_requested THEN 'cancelled' END, "
+                "finished_at = CASE WHEN cancel_requested THEN ? END, owner = NULL, lease_until = NULL, "
+                "activity = NULL, handbacks = handbacks + 1, turns = ?, tool_calls = ?, usage = COALESCE(?, usage), "
+                "dispatched_at = NULL, undispatched_since = ? WHERE id = ? AND owner = ? AND status = 'running'",
+                (now, turns, tool_calls, json.dumps(usage) if usage is not None else None, now, job_id,
+                 owner)).rowcount == 1
+            row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            db.execute("COMMIT")
+        return row["status"] if handed and row else None
+
+
+class SqliteRecovery(SqliteDb):
+    """The jobs whose worker is gone, found and put back. (Recovery)"""
 
     def lapsed(self) -> "builtins.list[JobRecord]":
         """Running jobs whose worker stopped renewing: it died, or its machine did."""
@@ -738,28 +442,9 @@ class JobStore:
         with self._db() as db:
             return db.execute(sql, args).rowcount == 1
 
-    def hand_back(self, job_id: str, owner: str, turns: int, tool_calls: int,
-                  usage: dict[str, Any] | None) -> str | None:
-        """A stopping worker gives its running job back to the queue (to be dispatched again at once), with this
-        attempt's counts. Not a loss: it does not count against the job's attempts. A job whose cancel was asked
-        ends `cancelled` instead: nothing would ever run it again. Returns the job's status now (None: this owner
-        no longer held it)."""
-        now = time.time()
-        with self._db() as db:
-            db.execute("BEGIN IMMEDIATE")
-            handed = db.execute(
-                "UPDATE jobs SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, "
-                "exit_reason = CASE WHEN cancel_requested THEN 'cancelled' END, "
-                "finished_at = CASE WHEN cancel_requested THEN ? END, owner = NULL, lease_until = NULL, "
-                "activity = NULL, handbacks = handbacks + 1, turns = ?, tool_calls = ?, usage = COALESCE(?, usage), "
-                "dispatched_at = NULL, undispatched_since = ? WHERE id = ? AND owner = ? AND status = 'running'",
-                (now, turns, tool_calls, json.dumps(usage) if usage is not None else None, now, job_id,
-                 owner)).rowcount == 1
-            row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            db.execute("COMMIT")
-        return row["status"] if handed and row else None
 
-    # -- batches ----------------------------------------------------------------------------------------------
+class SqliteBatches(SqliteDb):
+    """A batch's budget and limit on running jobs. (Batches)"""
 
     def set_batch(self, batch_id: str, max_total_cost: float | None, max_running: int | None) -> BatchInfo:
         """Create the batch, or set its limits anew (a rerun may change them); what it spent is kept."""
@@ -795,7 +480,29 @@ class JobStore:
             rows = db.execute("SELECT * FROM jobs WHERE batch = ? ORDER BY created_at", (batch_id,)).fetchall()
         return [_record(r) for r in rows]
 
-    # -- dispatch records: what the reconciler reads ----------------------------------------------------------
+
+class SqliteDispatch(SqliteDb):
+    """When each queued job's message was sent: what the reconciler reads. (DispatchRecords)"""
+
+    def create_many(self, specs: "builtins.list[JobSpec]", dispatched: bool = False) -> None:
+        """Queued worker jobs, all in one transaction (`pid batch`: one commit for many). With `dispatched`, each is
+        recorded as dispatched now, as dispatch() records it before it publishes: the caller publishes next (and
+        marks undispatched one whose publish fails)."""
+        now = time.time()
+        rows = [(s.id, json.dumps(s.to_dict()), now, None if dispatched else now, now if dispatched else None,
+                 s.batch, s.id[::-1]) for s in specs]
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany("INSERT INTO jobs (id, spec, status, created_at, kind, undispatched_since, "
+                               "dispatched_at, batch, rid) VALUES (?, ?, 'queued', ?, 'worker', ?, ?, ?, ?)", rows)
+            except sqlite3.IntegrityError as exc:
+                db.execute("ROLLBACK")
+                raise ValueError(f"a job exists already ({exc})") from None
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
 
     def mark_dispatched(self, job_id: str, previous: float | None = None, *, only_if: bool = False) -> bool:
         """Record a publish about to happen. With only_if, only if the job is still queued and its last dispatch is
@@ -834,7 +541,9 @@ class JobStore:
             rows = db.execute(sql + ") ORDER BY created_at", args).fetchall()
         return [_record(r) for r in rows]
 
-    # -- worker heartbeats ---------------------------------------------------------------------------------------
+
+class SqliteHeartbeats(SqliteDb):
+    """The workers' heartbeats. (Heartbeats)"""
 
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
              taking_jobs: bool, queues: "builtins.list[str] | None" = None,
@@ -878,50 +587,10 @@ class JobStore:
         return [WorkerBeat(**{k: r[k] for k in r.keys() if k not in ("queues", "policy")},
                            queues=_queues(r["queues"]), policy=_policy(r["policy"])) for r in rows]
 
-    # -- retention -------------------------------------------------------------------------------------------------
 
-    def pin_job(self, job_id: str) -> bool:
-        """Keep this job (record, events, artifacts and their blobs) past the retention period."""
-        with self._db() as db:
-            return db.execute("UPDATE jobs SET pinned = 1 WHERE id = ?", (job_id,)).rowcount == 1
-
-    def prune(self) -> dict[str, int]:
-        """Forget what retention lets go: jobs ended longer than PID_RETENTION ago (unless pinned) with their
-        messages, events, artifacts and key, and blobs not stored since then that no artifact names nor a pin keeps.
-        Housekeeping calls it; returns what was removed."""
-        cutoff = time.time() - (self.retention if self.retention is not None else retention_s())
-        with self._db() as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                jobs = db.execute("DELETE FROM jobs WHERE status NOT IN ('queued', 'running') AND pinned = 0 "
-                                  "AND COALESCE(finished_at, created_at) < ?", (cutoff,)).rowcount
-                for table in ("inbox", "events", "artifacts", "secrets"):
-                    db.execute(f"DELETE FROM {table} WHERE job_id NOT IN (SELECT id FROM jobs)")
-                db.execute("DELETE FROM batches WHERE created_at < ? AND id NOT IN "
-                           "(SELECT batch FROM jobs WHERE batch IS NOT NULL)", (cutoff,))
-                keep = {row[0] for row in db.execute("SELECT digest FROM artifacts UNION SELECT digest FROM blob_pins")}
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
-        blobs = 0
-        try:
-            entries = list(os.scandir(self.blob_dir))
-        except FileNotFoundError:
-            entries = []
-        for entry in entries:
-            try:
-                if entry.name.startswith(".tmp-"):   # an upload that died: no live one takes a day
-                    if entry.stat().st_mtime < time.time() - 86400:
-                        os.unlink(entry.path)
-                elif "sha256:" + entry.name not in keep and entry.stat().st_mtime < cutoff:
-                    os.unlink(entry.path)
-                    blobs += 1
-            except FileNotFoundError:
-                pass
-        return {"jobs": jobs, "blobs": blobs}
-
-    # -- blobs: files under blobs/, named by their SHA-256; written to a temporary file and renamed when whole ------
+class SqliteBlobs(SqliteDb):
+    """Blobs (BlobStore): files under blobs/, named by their SHA-256, written to a temporary file and renamed when
+    whole."""
 
     def _blob_path(self, digest: str) -> str:
         return os.path.join(self.blob_dir, blob_hex(digest))
@@ -985,7 +654,9 @@ class JobStore:
             db.execute("INSERT OR IGNORE INTO blob_pins (digest) VALUES (?)", (digest,))
         return True
 
-    # -- per job: events, artifacts, API key -------------------------------------------------------------------
+
+class SqliteAttachments(SqliteBlobs):
+    """Per job: its events, artifacts and API key. (JobAttachments)"""
 
     def append_event(self, job_id: str, event: dict[str, Any]) -> int:
         """Add an event to the job's log; returns its number (1, 2, ...). The newest `events_kept` (EVENTS_KEPT)
@@ -1067,6 +738,51 @@ class JobStore:
         return row["api_key"] if row else None
 
 
+class SqliteRetention(SqliteDb):
+    """Forgetting ended jobs, and blobs nothing keeps, after PID_RETENTION. (Retention)"""
+
+    def prune(self) -> dict[str, int]:
+        """Forget what retention lets go: jobs ended longer than PID_RETENTION ago (unless pinned) with their
+        messages, events, artifacts and key, and blobs not stored since then that no artifact names nor a pin keeps.
+        Housekeeping calls it; returns what was removed."""
+        cutoff = time.time() - (self.retention if self.retention is not None else retention_s())
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                jobs = db.execute("DELETE FROM jobs WHERE status NOT IN ('queued', 'running') AND pinned = 0 "
+                                  "AND COALESCE(finished_at, created_at) < ?", (cutoff,)).rowcount
+                for table in ("inbox", "events", "artifacts", "secrets"):
+                    db.execute(f"DELETE FROM {table} WHERE job_id NOT IN (SELECT id FROM jobs)")
+                db.execute("DELETE FROM batches WHERE created_at < ? AND id NOT IN "
+                           "(SELECT batch FROM jobs WHERE batch IS NOT NULL)", (cutoff,))
+                keep = {row[0] for row in db.execute("SELECT digest FROM artifacts UNION SELECT digest FROM blob_pins")}
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        blobs = 0
+        try:
+            entries = list(os.scandir(self.blob_dir))
+        except FileNotFoundError:
+            entries = []
+        for entry in entries:
+            try:
+                if entry.name.startswith(".tmp-"):   # an upload that died: no live one takes a day
+                    if entry.stat().st_mtime < time.time() - 86400:
+                        os.unlink(entry.path)
+                elif "sha256:" + entry.name not in keep and entry.stat().st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    blobs += 1
+            except FileNotFoundError:
+                pass
+        return {"jobs": jobs, "blobs": blobs}
+
+
+class JobStore(SqliteRecords, SqliteLeases, SqliteRecovery, SqliteBatches, SqliteDispatch, SqliteHeartbeats,
+               SqliteAttachments, SqliteBlobs, SqliteRetention):
+    """The SQLite store (see the module's docstring); blobs are files under blobs/ next to the database."""
+
+
 def _file_chunks(f: BinaryIO) -> Iterator[bytes]:
     with f:
         while chunk := f.read(BLOB_CHUNK):
@@ -1112,76 +828,3 @@ def _record(row: sqlite3.Row) -> JobRecord:
                      json.loads(row["earlier"] or "[]"), row["activity"], row["last_tool"], row["updated_at"],
                      row["claimed_at"], row["handbacks"], row["dispatched_at"], row["dispatch_error"],
                      row["undispatched_since"], json.loads(row["check_result"]) if row["check_result"] else None)
-
-
-def store_url() -> str | None:
-    """The store pid uses: PID_STORE_URL; else the broker's Redis when PID_BROKER_URL is one (a cluster needs one
-    store, and a Redis broker is one every machine reaches); else None, SQLite under PID_HOME."""
-    url = settings.STORE_URL.raw()
-    if url:
-        return url
-    from worker.brokers import redis_broker
-    return redis_broker()
-
-
-def store_variable() -> str:
-    """The variable that names the store in use, for messages: PID_STORE_URL when set, else PID_BROKER_URL."""
-    return settings.STORE_URL.name if settings.STORE_URL.raw() else settings.BROKER_URL.name
-
-
-_redis_stores: dict[tuple[int, str], Store] = {}   # one client (and connection pool) per URL and process
-
-
-def open_store(url: str | None, variable: str = settings.STORE_URL.name) -> Store:
-    """The store at `url`: None or "" -> SQLite under PID_HOME; sqlite:///ABS/PATH.db -> SQLite there;
-    redis://HOST:PORT/DB (rediss://, unix://) -> RedisStore (one per URL and process: it holds a connection pool).
-    ValueError, with a one-line message naming `variable`, for any other URL or a bad PID_RETENTION."""
-    if not url:
-        from pid.config import pid_home
-        return JobStore(os.path.join(pid_home(), "jobs.db"))
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme == "sqlite":
-        path = url[len("sqlite://"):]
-        if not path.startswith("/") or path.endswith("/"):
-            raise ValueError(f"{variable}={url}: a SQLite store is named by an absolute file path, "
-                             "sqlite:///ABS/PATH.db")
-        return JobStore(path)
-    if scheme in ("redis", "rediss", "unix"):
-        key = (os.getpid(), url)
-        store = _redis_stores.get(key)
-        if store is None:
-            from worker.clients import check_clients
-            check_clients({variable: url})
-            from worker.redis_store import RedisStore
-            store = _redis_stores[key] = RedisStore(url)
-        return store
-    shown = url[:200] if "@" not in url else scheme + "://…"   # never a password
-    raise ValueError(f"{variable}={shown}: not a store pid knows: use sqlite:///ABS/PATH.db or "
-                     "redis://HOST:PORT/DB")
-
-
-def blob_from_file(store: BlobStore, path: str, digest: str | None) -> str:
-    """put_blob_file's upload, once the store found no blob of that digest: the file's content, checked against it."""
-    with open(path, "rb") as f:
-        stored = store.put_blob(f)
-    if digest is not None and stored != digest:
-        raise ValueError(f"{path}: its content is {stored}, not {digest}")
-    return stored
-
-
-def _queues(text: str | None) -> list[str]:
-    return [q for q in (text or "").split(",") if q] or [DEFAULT_QUEUE]
-
-
-def _policy(text: str | None) -> dict[str, Any]:
-    """A heartbeat's policy (JSON written by the worker); anything unreadable is none."""
-    try:
-        value = json.loads(text) if text else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def default_store() -> Store:
-    """The store named by the environment (store_url())."""
-    return open_store(store_url(), store_variable())

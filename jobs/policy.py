@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any
 from pid.config import endpoint
 from sandbox.config import parse_user
 from sandbox.disk import format_size, parse_size
-from worker.jobs import JobSpec
+from jobs.spec import JobSpec
 
 if TYPE_CHECKING:
-    from worker.store import WorkerBeat
+    from jobs.store import WorkerBeat
 
 
 class PolicyError(ValueError):

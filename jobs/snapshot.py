@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 from pid.sandbox import SandboxError
 from pid.sandbox_lifecycle import JobSandbox
 from sandbox.workspace import Packed, WorkspaceTooLarge, check_git_source, pack_tar
-from worker.blobs import BlobMissing, Blobs, default_blobs
+from jobs.blobs import BlobMissing, Blobs, default_blobs
 
 log = logging.getLogger("pid.worker")
 

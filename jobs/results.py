@@ -1,0 +1,87 @@
+"""What a job leaves behind: its result.json (built the same way whether it ran to its end or ended unrun), the
+counts of its earlier attempts, and the records of what happened to it in its log; and where a job's files are
+made on this machine. Shared by the worker and the client (a cancel or a sweep ends a job here and now)."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from pid.event_records import job_record
+from pid.session import iso_time
+from jobs.spec import JobSpec
+from jobs.store import JobAttachments
+
+if TYPE_CHECKING:   # for the annotation only: a client command loads the agent only to end a job (jobs/sweep.py)
+    from pid.agent import Outcome
+
+log = logging.getLogger("pid.worker")
+
+EMPTY_ANSWER = "the model's final answer was empty"
+
+
+def build_result(spec: JobSpec, outcome: Outcome, started: float, artifacts: dict[str, Any],
+                 workspace: dict[str, Any] | None = None, check: dict[str, Any] | None = None) -> dict[str, Any]:
+    finished = time.time()
+    result: dict[str, Any] = {
+        "id": spec.id, "status": outcome.status, "exit_reason": outcome.exit_reason,
+        "final_message": outcome.final_message, "turns": outcome.turns, "tool_calls": outcome.tool_calls,
+        "usage": outcome.usage.to_result(), "model": spec.model, "image": spec.image, "task": spec.task,
+        "repo": spec.repo, "started_at": iso_time(started), "finished_at": iso_time(finished),
+        "duration_s": round(finished - started, 3), "artifacts": artifacts,
+    }
+    if workspace is not None:
+        result["workspace"] = workspace
+    for key in ("parent", "retry_of"):   # the job this one continues, or runs again
+        if getattr(spec, key, None):
+            result[key] = getattr(spec, key)
+    if check is not None:   # the job's exit code follows from it: pid.endings.exit_code_for
+        result["check"] = check
+    if outcome.error:
+        result["error"] = outcome.error
+    if outcome.exit_reason == "stop" and not (outcome.final_message or "").strip():
+        result["warning"] = EMPTY_ANSWER   # completed, and the model said nothing: worth a look
+    return result
+
+
+def client_is_local() -> bool:
+    """Whether a job's submitter is on this machine, as this worker's user: the embedded broker is a directory under
+    PID_HOME, so only they reach it. Through a broker of the network, a job's --out is a path on some other machine
+    that anyone who can submit may have named: a worker running as root must not write there."""
+    from jobs.brokers import embedded_broker
+    return embedded_broker()
+
+
+def spool_dir(job_id: str) -> str:
+    """Where a worker job works when the client's --out cannot be made on this machine."""
+    from pid.config import pid_home
+    return os.path.join(pid_home(), "spool", job_id)
+
+
+def attempt_usage(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The usage of the attempt that produced `result` (its `usage` counts the earlier attempts too)."""
+    per_attempt = result.get("per_attempt")
+    return per_attempt[-1]["usage"] if per_attempt else result.get("usage")
+
+
+def with_earlier_attempts(result: dict[str, Any], earlier: list[dict[str, Any]]) -> None:
+    """A job taken up again after its worker died: its result counts what the earlier attempts spent.
+
+    `usage` becomes the sum over attempts; `per_attempt` lists each attempt's own turns, tool calls and usage
+    (turns and tool_calls stay this attempt's: they describe this attempt's transcript, session.jsonl)."""
+    if not earlier:
+        return
+    from jobs.store import sum_usage
+    this = {"attempt": len(earlier) + 1, "turns": result.get("turns", 0), "tool_calls": result.get("tool_calls", 0),
+            "usage": result.get("usage") or {}}
+    result["per_attempt"] = [*earlier, this]
+    result["usage"] = sum_usage(*(a.get("usage") or {} for a in result["per_attempt"]))
+
+
+def log_job(store: JobAttachments, job_id: str, status: str, note: str, **fields: Any) -> None:
+    """One record of what happened to the job itself (started, handed back, put back, ended) in its log."""
+    try:
+        store.append_event(job_id, job_record(status, note=note, **fields))
+    except Exception:
+        log.warning("job %s: its log record (%s) not written to the store", job_id, note)

@@ -1,0 +1,30 @@
+"""The workers of a job store, as their heartbeats show them (jobs/store.py Heartbeats): which are alive, which
+stopped or are gone. The worker beats (worker/housekeeping.py); the client reads (`pid workers`, submit's check that
+some live worker takes the job's queue and allows it)."""
+from __future__ import annotations
+
+from jobs.identity import process_alive
+from jobs.store import Heartbeats, WorkerBeat
+
+BEAT_S = 2.0                          # a worker's heartbeat
+ALIVE_WITHIN_S = 3 * BEAT_S + 1      # a worker not heard from for this long (three beats missed) is presumed gone
+
+
+def worker_state(beat: WorkerBeat, now: float) -> str:
+    """alive, stopped (cleanly), lost (on this machine, its process is gone) or silent (not heard from lately)."""
+    if beat.stopped_at is not None:
+        return "stopped"
+    if process_gone(beat):
+        return "lost"
+    return "alive" if now - beat.beat_at <= ALIVE_WITHIN_S else "silent"
+
+
+def live_workers(store: Heartbeats) -> list[WorkerBeat]:
+    """The workers alive now: heard from lately, not stopped, and not known gone."""
+    return [w for w in store.workers(alive_within_s=ALIVE_WITHIN_S) if not process_gone(w)]
+
+
+def process_gone(beat: WorkerBeat) -> bool:
+    """The worker's process is known to be gone: it ran on this machine, in this boot and pid namespace (its
+    identity says), and no process with its pid and start time is here. Elsewhere nothing is known (False)."""
+    return beat.identity is not None and process_alive(beat.host, beat.pid, beat.identity) is False
