@@ -35,6 +35,12 @@ os.environ["PID_HOME"] = tempfile.mkdtemp(prefix="pid-test-home-")
 RUN_ID = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 os.environ[TEST_RUN_ENV] = RUN_ID
 
+# A terminal's size is for a test to give (COLUMNS in the environment it passes): none leaks in from the runner's.
+# pytest-xdist's workers export COLUMNS=80 and LINES=24, which cut the tables of the `pid` processes a test starts
+# where a serial run leaves them whole.
+for _size in ("COLUMNS", "LINES"):
+    os.environ.pop(_size, None)
+
 _engine_problem: list[str | None] = []   # filled on first need: None when an engine answers, else why not
 
 
