@@ -94,7 +94,8 @@ if [ "${1:-}" = "--test" ]; then
   # tier runs; the script fails at the end if one did. Exit status 5 (nothing selected, e.g. for a file given on the
   # command line with no test of that tier) is no failure. The tiers run in parallel processes (pytest-xdist): the
   # Docker ones mostly wait on the engine, so more workers than cores (an `-n N` given after --test wins); each worker
-  # is a test run of its own (its own PID_HOME, run id and leak check: tests/conftest.py).
+  # is a test run of its own (its own PID_HOME, run id and leak check: tests/conftest.py). A test that loads the
+  # machine on purpose names an xdist_group: its runs take one worker, one after another (--dist loadgroup).
   failed=0
   say "checking the code (ruff, mypy)"
   .venv/bin/ruff check . || failed=1
@@ -103,7 +104,7 @@ if [ "${1:-}" = "--test" ]; then
   say "running the fast tests (no Docker, no subprocesses)"
   tier -n 2 -m "not docker and not cli and not llama" "${@:2}"
   say "running the CLI and Docker tests"
-  tier -n 4 -m "docker or cli" "${@:2}"
+  tier -n 4 --dist loadgroup -m "docker or cli" "${@:2}"
   # The deployment as users run it (docs/deploy.md): docker/compose.yaml brought up for real, jobs
   # through its client, a worker killed, torn down; its images are built the first time (a few minutes), then kept.
   say "running the compose stack end to end (docker/compose-smoke.sh)"
@@ -116,7 +117,7 @@ if [ "${1:-}" = "--test" ]; then
   tier -m llama "${@:2}"
   if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
     say "running the tool, task-image, trust-boundary and chaos tests again under gVisor (runsc)"
-    PID_TEST_RUNTIME=runsc tier -n 4 -p no:cacheprovider -m docker tests/test_tools_bash.py \
+    PID_TEST_RUNTIME=runsc tier -n 4 --dist loadgroup -p no:cacheprovider -m docker tests/test_tools_bash.py \
       tests/test_tools_read.py tests/test_tools_edit.py tests/test_tools_write.py tests/test_task_images.py \
       tests/test_trust_boundary.py tests/test_worker_chaos.py
   elif [[ "${CI:-}" =~ ^(1|[Tt][Rr][Uu][Ee])$ ]]; then
