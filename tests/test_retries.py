@@ -197,15 +197,22 @@ def test_a_server_that_never_answers_in_time_is_retried(api):
     assert reply.text == "prompt" and notices[0].reason == "timed out"
 
 
-def test_the_retry_budget_ends_a_call_with_the_last_error():
+def test_the_retry_budget_ends_a_call_with_the_last_error(monkeypatch):
+    """On the retry clock, where only the waits take time (a loaded machine's slow requests would eat the budget)."""
+    from pid.providers import retry
+    now = [0.0]
+
+    def wait(seconds: float, cancel) -> bool:
+        now[0] += seconds
+        return False
+    monkeypatch.setattr(retry, "clock", lambda: now[0])
+    monkeypatch.setattr(retry, "interruptible_wait", wait)
     with ScriptedLLM([{"error": {"status": 429, "message": "slow down", "headers": {"Retry-After": "0.2"}},
                        "repeat_s": 60}]) as llm:
-        started = time.monotonic()
         reply, notices, _ = stream(provider(llm, retry_budget_s=0.5))
-        elapsed = time.monotonic() - started
     assert reply.stop_reason == "error" and "slow down" in reply.error_message
     assert len(notices) == 2 and f"after {len(notices) + 1} attempts" in reply.error_message
-    assert 0.35 <= elapsed < 1.5
+    assert now[0] == pytest.approx(0.4)   # two waits of 0.2: a third would end past the budget
 
 
 @pytest.mark.parametrize("api", BOTH)
