@@ -220,9 +220,14 @@ def worker(pid_env: dict[str, str], tmp_path: Path):
 
 
 def pid_containers() -> list:
-    """pid's containers on the engine (everybody's: filter by job id); one that vanishes meanwhile is left out."""
+    """pid's containers that this run made (its run id: not another xdist worker's, nor another run's on the same
+    engine, which may run the same test, with the same job ids, at the same time); one that vanishes meanwhile is
+    left out."""
     import docker
-    return docker.from_env().containers.list(all=True, filters={"label": "pid.job"}, ignore_removed=True)
+
+    from sandbox.reaper import LABEL_TEST_RUN
+    return docker.from_env().containers.list(all=True, filters={"label": ["pid.job", f"{LABEL_TEST_RUN}={RUN_ID}"]},
+                                             ignore_removed=True)
 
 
 _leaked_on_workers: list[str] = []   # pytest-xdist: what each worker's own leak check found (the controller's list)
