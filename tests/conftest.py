@@ -35,6 +35,12 @@ os.environ["PID_HOME"] = tempfile.mkdtemp(prefix="pid-test-home-")
 RUN_ID = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 os.environ[TEST_RUN_ENV] = RUN_ID
 
+# A terminal's size is for a test to give (COLUMNS in the environment it passes): none leaks in from the runner's.
+# pytest-xdist's workers export COLUMNS=80 and LINES=24, which cut the tables of the `pid` processes a test starts
+# where a serial run leaves them whole.
+for _size in ("COLUMNS", "LINES"):
+    os.environ.pop(_size, None)
+
 _engine_problem: list[str | None] = []   # filled on first need: None when an engine answers, else why not
 
 
@@ -214,28 +220,60 @@ def worker(pid_env: dict[str, str], tmp_path: Path):
 
 
 def pid_containers() -> list:
-    """pid's containers on the engine (everybody's: filter by job id); one that vanishes meanwhile is left out."""
+    """pid's containers that this run made (its run id: not another xdist worker's, nor another run's on the same
+    engine, which may run the same test, with the same job ids, at the same time); one that vanishes meanwhile is
+    left out."""
     import docker
-    return docker.from_env().containers.list(all=True, filters={"label": "pid.job"}, ignore_removed=True)
+
+    from sandbox.reaper import LABEL_TEST_RUN
+    return docker.from_env().containers.list(all=True, filters={"label": ["pid.job", f"{LABEL_TEST_RUN}={RUN_ID}"]},
+                                             ignore_removed=True)
+
+
+_leaked_on_workers: list[str] = []   # pytest-xdist: what each worker's own leak check found (the controller's list)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist, in the controller: a worker is done; its leak check's finding (each worker is a run of its own,
+    with its own RUN_ID) fails the whole run, as the worker's exit status alone would not reach it."""
+    leaked = getattr(node, "workeroutput", {}).get("pid_leaked")
+    if leaked:
+        _leaked_on_workers.append(leaked)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After the suite no container of this run may remain; those that do are removed and fail the run. Containers
-    of other runs and of real workers on the same engine are never counted nor touched."""
+    of other runs (another pytest-xdist worker is one) and of real workers on the same engine are never counted nor
+    touched."""
+    leaked = _leak_check()
+    workeroutput = getattr(session.config, "workeroutput", None)   # set in a pytest-xdist worker only
+    if leaked and workeroutput is not None:
+        workeroutput["pid_leaked"] = leaked
+    if _leaked_on_workers:
+        print(f"\nLEAKED CONTAINERS after the test suite (pytest-xdist workers): {'; '.join(_leaked_on_workers)}",
+              file=sys.stderr)
+    if leaked or _leaked_on_workers:
+        session.exitstatus = 1
+
+
+def _leak_check() -> str:
+    """This run's containers left behind, removed, and described ("" when none, or when there is no engine)."""
     if _engine_problem and _engine_problem[0] is not None:
-        return   # no engine: nothing can have been made
+        return ""   # no engine: nothing can have been made
     try:
         import docker
         client = docker.from_env(timeout=30)
         client.ping()
     except Exception:
-        return
+        return ""
     from tests.leaks import describe, find_leaks, remove_leaks
     try:
         leaked = find_leaks(client, RUN_ID)
-        if leaked:
-            print(f"\nLEAKED CONTAINERS after the test suite: {describe(leaked)}", file=sys.stderr)
-            remove_leaks(client, leaked)
-            session.exitstatus = 1
+        if not leaked:
+            return ""
+        print(f"\nLEAKED CONTAINERS after the test suite: {describe(leaked)}", file=sys.stderr)
+        remove_leaks(client, leaked)
+        return describe(leaked)
     finally:
         client.close()

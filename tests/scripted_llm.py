@@ -24,6 +24,7 @@ A turn is a dict; every key is optional:
     repeat_s        S: this turn answers every request until S seconds after it first answered one (a rate limit
                     that lasts), then the script goes on
     delay_s         wait before answering at all (no headers yet)
+    hold            a threading.Event: wait for the test to set it before answering (at most 120 s), after delay_s
     stall_s         send the first chunk (or `stall_after` chunks), then go silent this long before the rest
     cut             true: end the stream cleanly but without finish / [DONE] / message_stop
     raw             [str, ...]: send these SSE texts verbatim instead of a generated stream (leniency tests)
@@ -244,6 +245,11 @@ class _Handler(BaseHTTPRequestHandler):
         turn, number = llm._take(path, {k.lower(): v for k, v in self.headers.items()}, body)
         if turn.get("delay_s") and llm._closing.wait(turn["delay_s"]):
             return
+        hold = turn.get("hold")
+        deadline = time.monotonic() + 120
+        while hold is not None and not hold.wait(0.1) and time.monotonic() < deadline:
+            if llm._closing.is_set():
+                return
         try:
             if "replay" in turn:
                 self.close_connection = True

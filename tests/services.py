@@ -1,4 +1,5 @@
-"""A test that needs a service this machine lacks (a Docker engine, Redis, RabbitMQ, tmux, Chromium, gVisor):
+"""A test that needs a service this machine lacks (a Docker engine, Redis, RabbitMQ, tmux, Chromium, gVisor, a
+compose tool, systemd-analyze, node and npm, the llama-server build, a private mount namespace, PyYAML):
 skipped on a developer's machine, with the reason; an error in CI.
 
 CI (the environment variable CI set to true, as CI systems set it and .ci/run's caller does) runs

@@ -48,18 +48,30 @@ def bash(command: str, **extra) -> dict:
     return {"name": "bash", "arguments": {"command": command, **extra}}
 
 
-def test_parallel_tool_calls_run_concurrently_and_results_keep_call_order(sandbox):
+def test_parallel_tool_calls_run_concurrently_and_results_keep_call_order():
+    """Each command starts by waiting until all three have started: run one after another, the first would wait
+    alone, give up and say so. (Not a stopwatch: a loaded machine makes side by side as slow as one after another.)"""
+    together = threading.Barrier(3)
+
+    def side_by_side(run: Run):
+        def handler(command: str, box: MemorySandbox) -> Run:
+            try:
+                together.wait(timeout=30)
+            except threading.BrokenBarrierError:
+                return Run("ran alone\n", exit_code=1)
+            return run
+        return handler
+    commands = {"sleep 0.5; echo first": side_by_side(Run(0.5, "first\n")),
+                "sleep 0.4; echo second": side_by_side(Run(0.4, "second\n")),
+                "sleep 0.3; echo third": side_by_side(Run(0.3, "third\n"))}
     script = [{"tool_calls": [bash("sleep 0.5; echo first"), bash("sleep 0.4; echo second"),
                               bash("sleep 0.3; echo third")]},
               {"text": "done"}]
-    with ScriptedLLM(script) as llm:
-        started = time.monotonic()
+    with MemorySandbox(commands) as sandbox, ScriptedLLM(script) as llm:
         outcome = make_agent(llm, sandbox).run("go")
-        elapsed = time.monotonic() - started
         results = tool_messages(llm.requests[1])
     assert outcome.status == "completed" and outcome.tool_calls == 3
     assert [r["content"].strip() for r in results] == ["first", "second", "third"]   # not the order they ended
-    assert elapsed < 1.1  # one after another they would take 1.2 s, side by side 0.5 s
 
 
 def test_steering_lands_after_the_running_batch_and_before_the_next_model_call(sandbox):

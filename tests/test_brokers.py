@@ -19,6 +19,7 @@ import pytest
 
 from tests.brokers import free_port
 from tests.conftest import start_worker, stop_worker
+from tests.gate import gated, open_gate
 from tests.scripted_llm import ScriptedLLM
 from tests.test_worker_chaos import JobsModel, _submit, _wait_running_tool
 from jobs.sqlite_store import JobStore
@@ -92,8 +93,9 @@ def test_rabbitmq_a_message_that_arrives_while_every_process_is_busy_goes_back_t
     env = {**pid_env, "PID_BROKER_URL": rabbitmq_server.url}
     store = _store(env)
     timeout_s = rabbitmq_server.consumer_timeout_ms / 1000
-    model = JobsModel(long_command=f"sleep {timeout_s * 4:.0f}",
-                      first_commands={"chaos-1": f"sleep {timeout_s * 2:.0f}"})
+    # the first two wait for the test (tests/gate.py) until the other two are queued, however long submitting takes
+    long = f"sleep {timeout_s * 4:.0f}"
+    model = JobsModel(long_command=long, first_commands={"chaos-0": gated(long), "chaos-1": gated("true")})
     log = tmp_path / "w.log"
     with ScriptedLLM(responder=model) as llm:
         worker = start_worker(env, tmp_path, log, concurrency=2)
@@ -106,6 +108,8 @@ def test_rabbitmq_a_message_that_arrives_while_every_process_is_busy_goes_back_t
                 _wait_running_tool(store, jobs, log)   # the first two run; two more wait for the shorter one's end
                 jobs += submit(range(2, 4))
             assert store.get(jobs[1]).status == "running", log.read_text()
+            open_gate(jobs[0])   # the long one runs on,
+            open_gate(jobs[1])   # the short one ends: the broker sends the two queued, one more than can start
             _wait_ended(store, jobs, [log], timeout=150)
             assert worker.poll() is None, log.read_text()
         finally:

@@ -226,8 +226,10 @@ def test_no_check_without_one_nor_after_a_cancel(buggy, tmp_path):
     with ScriptedLLM(script) as llm:
         spec = JobSpec(task="t", repo=str(buggy), model="m", out_dir=str(tmp_path / "o2"), base_url=llm.base_url,
                        check=UNITTEST)
-        provider = MemoryProvider({"sleep": Run(30.0), UNITTEST: Run("OK\n")})
-        threading.Timer(0.5, cancel.set).start()
+        def cancelled_once_running(command: str, box) -> Run:   # not on a timer a slow start-up can outlast
+            cancel.set()
+            return Run(30.0)
+        provider = MemoryProvider({"sleep": cancelled_once_running, UNITTEST: Run("OK\n")})
         result = run_job(spec, sandboxes=provider, cancel=cancel)
     assert result["exit_reason"] == "cancelled" and "check" not in result
     assert provider.created[0].commands == ["sleep"]

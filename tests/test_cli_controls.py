@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.gate import gated, open_gate
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = [pytest.mark.docker, pytest.mark.cli]
@@ -41,7 +42,7 @@ def in_order(text: str, *lines: str) -> None:
 
 
 def test_controls_show_as_sent_and_as_received_in_the_terminal_and_the_log(run_pid, pid_env, sample_repo, tmp_path):
-    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 3"}}]},
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": gated("true")}}]},
               {"text": "steered"}, {"text": "followed up"}]
     with ScriptedLLM(script) as llm:
         proc, job_id = start_run(pid_env, tmp_path, "t", "--repo", str(sample_repo), "--model", "scripted",
@@ -52,6 +53,7 @@ def test_controls_show_as_sent_and_as_received_in_the_terminal_and_the_log(run_p
                                         env=pid_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for args in (("pause", job_id), ("steer", job_id, "STEER-1"), ("follow-up", job_id, "FOLLOW-2")):
                 assert run_pid(*args).code == 0
+            open_gate(job_id)   # the command ends only now: all three were sent while it ran
             wait_until(lambda: "← pause received" in run_pid("logs", job_id).stdout, what="the pause to take hold")
             assert len(llm.requests) == 1   # held before its next model call
             assert run_pid("resume", job_id).code == 0

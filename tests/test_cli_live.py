@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -80,7 +81,8 @@ def needs_tmux() -> None:
 def test_a_terminal_shows_the_status_line_while_the_model_thinks_and_the_steer_after(run_pid, pid_env, sample_repo,
                                                                                      tmp_path):
     tmux = Tmux(pid_env, tmp_path)
-    with ScriptedLLM(SCRIPT) as llm:
+    steered = threading.Event()   # the model's second reply waits for the steer too, not only 3 s a load outruns
+    with ScriptedLLM([SCRIPT[0], {**SCRIPT[1], "hold": steered}, *SCRIPT[2:]]) as llm:
         try:
             tmux.open("run", pid("run", "t", "--repo", str(sample_repo), "--model", "scripted", "--base-url",
                                  llm.base_url, "--out", str(tmp_path / "out"), "--verbose"))
@@ -98,6 +100,7 @@ def test_a_terminal_shows_the_status_line_while_the_model_thinks_and_the_steer_a
             job_id = re.search(r"job (\S+):", seen[0]).group(1)
             tmux.open("logs", pid("logs", "-f", job_id))
             assert run_pid("steer", job_id, "STEER-LIVE").code == 0
+            steered.set()
 
             logs_status: list[str] = []
 

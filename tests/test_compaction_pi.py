@@ -14,6 +14,7 @@ import pytest
 from pid.compaction import SUMMARY_PREFIX
 from tests.conftest import ROOT
 from tests.scripted_llm import ScriptedLLM
+from tests.services import missing
 from tests.test_compaction import LongJob, entries, run_job
 
 pytestmark = pytest.mark.cli   # a subprocess (node), no engine
@@ -30,7 +31,8 @@ def pi_command() -> str:
     if installed.exists():
         return str(installed)
     if not (shutil.which("node") and shutil.which("npm")):
-        pytest.skip("node and npm are not installed: the real pi cannot be run")
+        missing("node and npm are not installed: the real pi cannot be run "
+                "(apt-get install nodejs npm; docker/setup.sh --test does)")
     proc = subprocess.run(["npm", "install", "--prefix", str(PI_PREFIX), "--no-audit", "--no-fund",
                            "--loglevel=error", PI_PACKAGE], capture_output=True, text=True, timeout=600)
     if proc.returncode != 0 or not installed.exists():

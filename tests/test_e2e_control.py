@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.gate import gated, open_gate
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.docker  # the whole module needs an engine
@@ -56,13 +57,14 @@ def test_cancel_of_a_running_job_ends_it_within_seconds_with_artifacts(run_pid, 
 
 
 def test_steer_and_follow_up_reach_a_running_job_in_order(run_pid, worker, sample_repo, tmp_path):
-    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 2; echo slow"}}]},
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": gated("echo slow")}}]},
               {"text": "first done"}, {"text": "second done"}]
     with ScriptedLLM(script) as llm:
         job_id = run_pid("submit", "t", "--repo", str(sample_repo), *opts(llm, tmp_path / "out")).stdout.strip()
         wait_until(lambda: len(llm.requests) >= 1, what="the first model call")
         assert run_pid("steer", job_id, "also check the README").code == 0
         assert run_pid("follow-up", job_id, "now summarize").code == 0
+        open_gate(job_id)   # the command ends only now: both were sent while it ran
         done = run_pid("result", job_id, "--wait", "--json")
         requests = list(llm.requests)
     assert done.code == 0, done.stderr
@@ -78,11 +80,12 @@ def test_steer_and_follow_up_reach_a_running_job_in_order(run_pid, worker, sampl
 
 
 def test_pause_holds_a_job_and_resume_continues_it(run_pid, worker, sample_repo, tmp_path):
-    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 1"}}]}, {"text": "resumed"}]
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": gated("true")}}]}, {"text": "resumed"}]
     with ScriptedLLM(script) as llm:
         job_id = run_pid("submit", "t", "--repo", str(sample_repo), *opts(llm, tmp_path / "out")).stdout.strip()
         wait_until(lambda: len(llm.requests) >= 1, what="the first model call")
         assert run_pid("pause", job_id).code == 0
+        open_gate(job_id)   # the command ends only now: the pause was sent while it ran
         time.sleep(3)
         assert len(llm.requests) == 1  # held before its next model call
         status = run_pid("status", job_id)

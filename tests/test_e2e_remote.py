@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import stop_worker, wait_ready
 from tests.scripted_llm import ScriptedLLM
 from jobs.sqlite_store import JobStore
+from tests.services import missing
 
 pytestmark = [pytest.mark.docker, pytest.mark.cli]
 
@@ -43,7 +44,7 @@ def start_hidden_worker(env: dict[str, str], cwd: Path, log_path: Path, hide: Pa
     """A real `pid worker` that cannot see `hide` (an empty tmpfs of its own is mounted there)."""
     reason = _can_hide()
     if reason:
-        pytest.skip(reason)
+        missing(reason)
     script = 'mount -t tmpfs -o mode=0700 pid-elsewhere "$1" && shift && exec "$@"'
     with open(log_path, "w") as log:
         proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import pid_containers
+from tests.gate import gated, open_gate
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.docker  # the whole module needs an engine
@@ -43,7 +44,8 @@ def opts(llm: ScriptedLLM, out: Path) -> list[str]:
 
 def test_a_foreground_run_is_listed_steered_paused_and_resumed_from_another_terminal(run_pid, pid_env, sample_repo,
                                                                                       tmp_path):
-    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 8; echo slow"}}]},
+    command = gated("sleep 3; echo slow")   # runs until the test has looked, steered and paused (tests/gate.py)
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": command}}]},
               {"text": "first"}, {"text": "second"}]
     with ScriptedLLM(script) as llm:
         proc = start_run(pid_env, tmp_path, "t", "--repo", str(sample_repo), *opts(llm, tmp_path / "out"))
@@ -51,11 +53,12 @@ def test_a_foreground_run_is_listed_steered_paused_and_resumed_from_another_term
             job = wait_for_record(run_pid, lambda r: (r["activity"] or "").startswith("turn 1: running bash"))
             assert (job["kind"], job["status"], job["turns"], job["tool_calls"]) == ("run", "running", 1, 1)
             status = run_pid("status", job["id"])
-            assert "now: turn 1: running bash sleep 8; echo slow" in status.stdout, status.stdout
+            assert f"now: turn 1: running bash {command[:30]}" in status.stdout, status.stdout
             assert run_pid("steer", job["id"], "also check the README").code == 0
             assert run_pid("pause", job["id"]).code == 0
+            open_gate(job["id"])
             # the command ends (progress reaches the store within 2 s); the pause holds the next model call
-            wait_for_record(run_pid, lambda r: "sleep 8" in (r["last_tool"] or ""))
+            wait_for_record(run_pid, lambda r: command[:30] in (r["last_tool"] or ""))
             time.sleep(1)
             assert len(llm.requests) == 1
             assert "running (paused)" in run_pid("status", job["id"]).stdout

@@ -31,6 +31,7 @@ from pid.providers.overflow import is_context_overflow
 from pid.tools.base import ToolContext
 from pid.tools.registry import default_registry
 from tests.memory_sandbox import MemorySandbox, Run
+from tests.services import missing
 
 pytestmark = pytest.mark.llama
 
@@ -77,7 +78,7 @@ def _serve(command: list[str], ready_path: str, port: int):
 def server() -> str:
     """A llama-server on a free loopback port for this module; its base URL."""
     if not (SERVER.is_file() and MODEL.is_file()):
-        pytest.skip(f"no llama-server build in {CACHE} (bash docker/build-llama.sh makes it)")
+        missing(f"no llama-server build in {CACHE} (bash docker/build-llama.sh makes it)")
     port = _free_port()
     yield from _serve([str(SERVER), "-m", str(MODEL), "--host", "127.0.0.1", "--port", str(port),
                        "-c", str(CONTEXT), "-n", "256", "--threads", "2", "--parallel", "1"], "/health", port)
@@ -87,7 +88,7 @@ def server() -> str:
 def python_server() -> str:
     """llama-cpp-python's server with its function-calling chat format; its base URL."""
     if not (PYSERVER.is_file() and MODEL.is_file()):
-        pytest.skip(f"no llama-cpp-python server build in {CACHE} (bash docker/build-llama.sh makes it)")
+        missing(f"no llama-cpp-python server build in {CACHE} (bash docker/build-llama.sh makes it)")
     port = _free_port()
     yield from _serve([str(PYSERVER), "-m", "llama_cpp.server", "--model", str(MODEL), "--host", "127.0.0.1",
                        "--port", str(port), "--n_ctx", "2048", "--n_threads", "2",

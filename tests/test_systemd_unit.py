@@ -36,7 +36,7 @@ def test_systemd_analyze_verifies_the_unit(tmp_path):
         missing("systemd-analyze is not installed here (apt-get install systemd; docker/setup.sh --test does)")
     pid = Path(sys.executable).with_name("pid")
     if not pid.exists():
-        pytest.skip(f"no pid command beside {sys.executable} (pip install -e .)")
+        missing(f"no pid command beside {sys.executable} (pip install -e .)")
     # The verifier checks that ExecStart's program and the EnvironmentFile exist: here they are this checkout's
     # (the unit names /opt/pid and /etc/pid, where an installation puts them); nothing else is changed.
     text = UNIT.read_text().replace("/opt/pid/bin/pid", str(pid)).replace("/etc/pid/worker.env", str(ENV))

@@ -50,3 +50,34 @@ def test_the_fast_tier_sees_no_engine(monkeypatch):
     except DockerUnavailable:
         return
     raise AssertionError("an engine answered in the fast tier")
+
+
+def test_a_leak_a_parallel_worker_finds_fails_the_whole_run(monkeypatch):
+    """Under pytest-xdist each worker is a run of its own (its own RUN_ID) and checks its own containers; a worker's
+    exit status does not reach the controller, so its finding travels in workeroutput and fails the run there."""
+    from types import SimpleNamespace
+
+    import tests.conftest as suite
+    monkeypatch.setattr(suite, "_leaked_on_workers", [])
+    monkeypatch.setattr(suite, "_leak_check", lambda: "0123456789ab(some-job)")
+    worker = SimpleNamespace(config=SimpleNamespace(workeroutput={}), exitstatus=0)
+    suite.pytest_sessionfinish(worker, 0)
+    assert worker.exitstatus == 1 and worker.config.workeroutput == {"pid_leaked": "0123456789ab(some-job)"}
+
+    monkeypatch.setattr(suite, "_leak_check", lambda: "")   # the controller made no container itself
+    suite.pytest_testnodedown(SimpleNamespace(workeroutput=worker.config.workeroutput), None)
+    suite.pytest_testnodedown(SimpleNamespace(workeroutput={}), None)   # a clean worker
+    controller = SimpleNamespace(config=SimpleNamespace(), exitstatus=0)
+    suite.pytest_sessionfinish(controller, 0)
+    assert controller.exitstatus == 1
+
+
+def test_a_run_without_leaks_keeps_its_status(monkeypatch):
+    from types import SimpleNamespace
+
+    import tests.conftest as suite
+    monkeypatch.setattr(suite, "_leaked_on_workers", [])
+    monkeypatch.setattr(suite, "_leak_check", lambda: "")
+    session = SimpleNamespace(config=SimpleNamespace(workeroutput={}), exitstatus=0)
+    suite.pytest_sessionfinish(session, 0)
+    assert session.exitstatus == 0 and session.config.workeroutput == {}

@@ -76,6 +76,11 @@ class RetryNotice:
 RetryListener = Callable[[RetryNotice], None]
 
 
+def clock() -> float:
+    """The clock the retry budget is counted on (a test sets its own, with interruptible_wait)."""
+    return time.monotonic()
+
+
 def interruptible_wait(seconds: float, cancel: threading.Event | None) -> bool:
     """Wait `seconds` unless `cancel` is set first (then at once); True when cancelled."""
     return (cancel or threading.Event()).wait(seconds)

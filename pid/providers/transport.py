@@ -557,7 +557,7 @@ class StreamingProvider:
                     reply.fail(UNFINISHED_MESSAGE, retry=retry.STREAM_BROKE)
                 if reply.error is None or reply.aborted or reply.retry is None:
                     return self._message(reply)
-                now = time.monotonic()
+                now = retry.clock()
                 retrying_since = retrying_since if retrying_since is not None else now
                 wait = policy.wait_before_retry(attempt, reply.retry, reply.asked_s, now - retrying_since)
                 if wait is None:
