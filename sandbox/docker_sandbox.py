@@ -34,7 +34,7 @@ from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped
 
 from . import fileops
 from .artifacts import copy_patch, extract_files
-from .channel import (DIRECT_MAX, PID_DIR, RUN_DIR, Channel, ChannelClosed, PipeLink, SetupFailed, TableFull,
+from .channel import (PID_DIR, RUN_DIR, Channel, ChannelClosed, PipeLink, SetupFailed, TableFull,
                       entry_command, install_script)
 from .config import (AGENT_HOME, BASE_ENV, LABEL_ATTEMPT, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER,
                      SandboxConfig, parse_user)
@@ -846,7 +846,7 @@ class DockerSandbox:
                    cancel: threading.Event | None = None) -> None:
         target = self._abs(path)
         data = bytes(data)
-        inline = fileops.inline_write_snippet(target, data, DIRECT_MAX) if self.shell == "bash" else None
+        inline = fileops.inline_write_snippet(target, data, fileops.INLINE_MAX) if self.shell == "bash" else None
         if inline is not None:   # a short command: the host can hand it to the slot shell itself (Channel.start)
             self._file_op(inline, target, emit=0, timeout=timeout, cancel=cancel)
             return
