@@ -360,14 +360,9 @@ field() {
 nap() { IFS= read -r -t 0.01 -u 6 _; }   # ~10 ms without a fork: a read that times out on the server's own FIFO
 readcmd() { CMD=; [ "$1" = 0 ] || IFS= read -r -N "$1" CMD; }   # (stdin is a pipe or socket: bash reads no further)
 host_gone() { read -r -t 0; }
-say() {
-    local head="$1 $2" f
-    for f in "${@:4}"; do head+=" $f"; done
-    printf '%s %d\n%s' "$head" "${#3}" "$3"
-}
 say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes, without a fork.
     # A NUL, which a variable cannot hold, ends a read: the pieces between NULs are joined with NULs again.
-    local tag=$1 nonce=$2 f=$3 max=$4 left=$4 want c total=0 nul=0 head
+    local tag=$1 nonce=$2 f=$3 max=$4 left=$4 want c total=0 nul=0
     local -a parts=()
     shift 4
     while [ "$left" -gt 0 ] && [ "${#parts[@]}" -lt 64 ]; do
@@ -385,9 +380,7 @@ say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's f
         say_file "$tag" "$nonce" "$f" 0 "$SIZE" "$@"
         return
     fi
-    head="$tag $nonce"
-    for c in "$@"; do head+=" $c"; done
-    printf '%s %d\n' "$head" "$total"
+    printf '%s %s%s %d\n' "$tag" "$nonce" "${*:+ $*}" "$total"
     printf '%s\0' "${parts[@]:0:${#parts[@]}-1}"
     printf '%s' "${parts[-1]}"
 }
