@@ -88,18 +88,17 @@ say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's f
     say_file "$tag" "$nonce" "$f" 0 "$SIZE" "$@"
 }
 fsize() { SIZE=$(wc -c <"$1" 2>/dev/null) || SIZE=0; SIZE=$((SIZE + 0)); }
-events() {  # PE <- forks the pids limit refused so far (0 when the cgroup does not say)
+# (A cgroup file is read by lines: it can always seek back, so bash's buffer keeps nothing of it; see slurp.)
+events() {  # PE <- forks the pids limit refused so far, "max <n>" (0 when the cgroup does not say)
     PE=0
-    [ -z "$CG" ] || slurp "$CG/pids.events"
-    set -- $S
-    [ "${1:-}" = max ] && PE=${2:-0}
-    digits "$PE" || PE=0
+    [ -z "$CG" ] || read -r _ PE <"$CG/pids.events"
+    case $PE in ''|*[!0-9]*) PE=0 ;; esac
 }
 table_full() {  # true when the process table is (nearly) full: a fork now would hang (processes.py: TABLE_MARGIN)
-    [ -n "$PMAX" ] || return 1
-    slurp "$CG/pids.current"
-    set -- $S
-    digits "${1:-}" && [ $(($1 + 8)) -ge "$PMAX" ]
+    local cur
+    [ -n "$PMAX" ] && read -r cur <"$CG/pids.current" || return 1
+    case $cur in ''|*[!0-9]*) return 1 ;; esac
+    [ $((cur + 8)) -ge "$PMAX" ]
 }
 slurp() { S=; read -r S <"$1"; }   # POSIX sh reads byte by byte: nothing is read ahead (bash: see below)
 field() {  # FV <- the first number of field $2 ("Uid") in process directory $1's status; empty when it is gone
@@ -108,7 +107,7 @@ field() {  # FV <- the first number of field $2 ("Uid") in process directory $1'
     while read -r k v rest; do [ "$k" = "$2:" ] && { FV=$v; return 0; }; done <"$1/status"
 }
 forget() { JUNK="$JUNK $1"; JUNKN=$((JUNKN + 1)); }
-sweep() { [ "$JUNKN" -lt 32 ] || { rm -f $JUNK; JUNK=; JUNKN=0; }; }
+sweep() { rm -f $JUNK; JUNK=; JUNKN=0; }
 cutinfo() {  # CUT, CUTL <- bytes and newlines dropped from the front of output file $1 (output_trim.py, op_trim)
     CUT=0 CUTL=0
     [ -f "$1.cut" ] && read -r CUT CUTL <"$1.cut" 2>/dev/null
@@ -289,10 +288,10 @@ readcmd() { CMD=$(take "$1"); }   # CMD <- $1 bytes of stdin
 host_gone() { false; }            # POSIX sh cannot tell (bash: see below)
 op_run() {  # r nonce emit slot cmdlen datalen
     local nonce=$2 emit=$3 slot=$4 cmdlen=$5 data=$6
-    digits "$emit" "$cmdlen" &&
+    case $emit$cmdlen in *[!0-9]*) false ;; esac && [ -n "$emit" ] && [ -n "$cmdlen" ] &&
         case $slot in -) ;; 0|1) [ -n "$SLOTS" ] && [ "$cmdlen" -le "$DIRECT_MAX" ] ;; *) false ;; esac &&
         case $data in -) ;; *) digits "$data" ;; esac || { say E "$nonce" ""; return; }
-    sweep
+    [ "$JUNKN" -lt 32 ] || sweep
     readcmd "$cmdlen"
     [ -n "$CMD" ] || CMD=:
     [ "$data" = - ] || { store "$data"; with_data; }
@@ -360,11 +359,13 @@ field() {
 nap() { IFS= read -r -t 0.01 -u 6 _; }   # ~10 ms without a fork: a read that times out on the server's own FIFO
 readcmd() { CMD=; [ "$1" = 0 ] || IFS= read -r -N "$1" CMD; }   # (stdin is a pipe or socket: bash reads no further)
 host_gone() { read -r -t 0; }
+say() { printf '%s %s%s %d\n%s' "$1" "$2" "${4+ ${*:4}}" "${#3}" "$3"; }   # (as above, without a local or a shift)
 say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes, without a fork.
     # A NUL, which a variable cannot hold, ends a read: the pieces between NULs are joined with NULs again.
     local tag=$1 nonce=$2 f=$3 max=$4 left=$4 want c total=0 nul=0
     local -a parts=()
     shift 4
+    [ -s "$f" ] || left=0
     while [ "$left" -gt 0 ] && [ "${#parts[@]}" -lt 64 ]; do
         want=$left nul=0
         IFS= read -r -d '' -n "$want" c || { parts+=("$c"); total=$((total + ${#c})); break; }   # (end of file)
@@ -492,7 +493,7 @@ handed() {  # $1 slot, to whose FIFO the host wrote the command: PID <- the shel
     PID=${Z[$1]} POUT=${ZO[$1]}
 }
 slot_done() {  # the slot's shell is reaped (its number may be reused): its successor starts in refill
-    drain "$SLOT"
+    ! read -r -t 0 -u $((4 + SLOT)) || drain "$SLOT"   # (the usual case: nothing left)
     Z[$SLOT]=
     DUE=1
     SLOT=$((1 - SLOT))
