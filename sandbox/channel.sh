@@ -360,12 +360,16 @@ nap() { IFS= read -r -t 0.01 -u 6 _; }   # ~10 ms without a fork: a read that ti
 readcmd() { CMD=; [ "$1" = 0 ] || IFS= read -r -N "$1" CMD; }   # (stdin is a pipe or socket: bash reads no further)
 host_gone() { read -r -t 0; }
 say() { printf '%s %s%s %d\n%s' "$1" "$2" "${4+ ${*:4}}" "${#3}" "$3"; }   # (as above, without a local or a shift)
-say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes, without a fork.
-    # A NUL, which a variable cannot hold, ends a read: the pieces between NULs are joined with NULs again.
+say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes, without a fork
+    local c=
+    # one read: it stops early only at the end of the file, or at a NUL byte, which a variable cannot hold
+    if [ -s "$3" ] && IFS= read -r -d '' -n "$4" c <"$3" && [ "${#c}" -lt "$4" ]; then say_pieces "$@"
+    else say "$1" "$2" "$c" "${@:5}"; fi
+}
+say_pieces() {  # say_head for a file with NUL bytes: the pieces between them, joined with NULs again
     local tag=$1 nonce=$2 f=$3 max=$4 left=$4 want c total=0 nul=0
     local -a parts=()
     shift 4
-    [ -s "$f" ] || left=0
     while [ "$left" -gt 0 ] && [ "${#parts[@]}" -lt 64 ]; do
         want=$left nul=0
         IFS= read -r -d '' -n "$want" c || { parts+=("$c"); total=$((total + ${#c})); break; }   # (end of file)
@@ -374,7 +378,6 @@ say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's f
         [ "${#c}" -lt "$want" ] && { nul=1; total=$((total + 1)); left=$((left - 1)); }
     done <"$f"
     [ "$nul" = 0 ] || parts+=("")
-    if [ "${#parts[@]}" -le 1 ]; then say "$tag" "$nonce" "${parts[0]-}" "$@"; return; fi
     if [ "$left" -gt 0 ] && [ "${#parts[@]}" -ge 64 ]; then   # many NULs: one copy through head instead
         fsize "$f"
         [ "$SIZE" -le "$max" ] || SIZE=$max
