@@ -1,6 +1,6 @@
 """Tool-call round trip through the Docker sandbox's exec channel, against a plain `docker exec`.
 
-    python bench/bench_tool_roundtrip.py [N]
+    python bench/bench_tool_roundtrip.py [N] [RUNTIME]      (RUNTIME: an engine runtime, e.g. runsc for gVisor)
 
 "back-to-back" sends the next call as soon as the previous one returns (worst case for the pre-started
 command shells); "paced" leaves 20 ms between calls, as an LLM's tool calls are seconds apart. "cpu" is this
@@ -39,7 +39,8 @@ def measure(name: str, call: Callable[[], object], n: int, pause_s: float = 0.0)
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
-    with DockerSandbox.create(SandboxConfig(job_id="bench-tool-roundtrip", ttl_s=600)) as sb:
+    runtime = sys.argv[2] if len(sys.argv) > 2 else None
+    with DockerSandbox.create(SandboxConfig(job_id="bench-tool-roundtrip", ttl_s=600, runtime=runtime)) as sb:
         sb.write_file("small.txt", b"hello world\n" * 20)
         page = bytes(range(256)) * 16                    # binary: NULs and backslashes included
         text = b"    return compute(value, other)  # comment\n" * 93

@@ -1,9 +1,11 @@
 """One exec channel: a long-lived `channel.sh` server inside the container, spoken to over its stdin and stdout.
 
 Why: `docker exec` per tool call costs ~60 ms; a request on a warm channel costs about a millisecond.
-A channel serves one request at a time (the pool hands it to one caller); the wire format is described at the
-top of channel.sh. The server is pid's (root), but the host trusts nothing it reads: every read has a deadline
-and a byte limit, and any desync, overflow or broken stream raises SandboxError; the caller discards the channel.
+A channel serves one request at a time (the pool hands it to one caller); the protocol is described once, at the
+top of channel.sh. Every reply has one shape, "<TAG> <nonce> <fields...> <length>\n" and <length> bytes, and one
+reader (`read_reply`) takes it apart. The server is pid's (root), but the host trusts nothing it reads: every read
+has a deadline and a byte limit, a reply must carry the nonce of the request that asked and the tag and fields that
+request allows, and any desync, overflow or broken stream raises SandboxError; the caller discards the channel.
 
 Two links carry the bytes. A `docker exec` with an attached stream (StreamLink) works with any engine. With a job
 disk, whose /.pid/run is a host directory, the servers a sandbox needs first are started by the container's own entry
@@ -53,8 +55,8 @@ RUN_DIR = "run"   # the FIFOs' directory in /.pid
 
 STARTUP_TIMEOUT = 30.0
 REPLY_TIMEOUT = 30.0     # for requests that must answer promptly (start, kill, counts)
-LINE_LIMIT = 1024        # no protocol line is longer
-BUILTIN_UPLOAD_MAX = 32768  # above this, one `head -c` fork is cheaper than bash decoding the data
+LINE_LIMIT = 1024        # no reply header is longer
+HELLO_LIMIT = 4096       # a setup failure's reason
 DIRECT_MAX = 4000       # a command the host writes into a slot's FIFO itself: one atomic write (PIPE_BUF is 4096)
 
 # The only paths a request names are output files the server itself reported: checked once, sent as they are.
@@ -267,6 +269,57 @@ class PipeLink:
             self._dir_fd = -1
 
 
+@dataclass
+class Reply:
+    """One reply of the server's: its tag, its fields (checked as the request allows), its payload."""
+    tag: bytes
+    fields: list[bytes]
+    payload: bytes
+
+    def number(self, index: int) -> int:
+        return int(self.fields[index])
+
+
+# What a field may be: "d" a decimal number, "p" an output file of the server's, "w" the server's shell.
+_FIELD_OK: dict[str, Callable[[bytes], bool]] = {
+    "d": lambda field: field.isdigit() and len(field) <= 20,
+    "p": lambda field: OUTPUT_FILE.fullmatch(field.decode("ascii", "replace")) is not None,
+    "w": lambda field: field in (b"bash", b"sh"),
+}
+
+
+def read_reply(reader: BoundedReader, nonce: bytes, expect: Mapping[bytes, str], limit: int,
+               deadline: float) -> Reply | None:
+    """The next reply, which must answer the request that sent `nonce`, with a tag of `expect`, whose kinds of fields
+    it has (see _FIELD_OK), and a payload of at most `limit` bytes; None when no header came by `deadline` (the
+    payload, once announced, gets REPLY_TIMEOUT more). Anything else raises ProtocolError: the server is confused or
+    hostile, and the channel is dropped. The payload is counted, never searched for an end mark: no byte of it can end
+    the reply early or pass for the next one."""
+    try:
+        header = reader.read_until(b"\n", deadline, LINE_LIMIT)
+    except ReplyTooLarge as exc:
+        raise ProtocolError(f"exec channel: a reply header of over {LINE_LIMIT} bytes") from exc
+    if header is None:
+        return None
+    words = header.split(b" ")
+    kinds = expect.get(words[0]) if len(words) >= 3 else None
+    if kinds is None or words[1] != nonce or len(words) != 3 + len(kinds):
+        raise ProtocolError(f"exec channel: unexpected reply {header[:80]!r}")
+    fields, length = words[2:-1], words[-1]
+    if not all(_FIELD_OK[kind](field) for kind, field in zip(kinds, fields)) or not _FIELD_OK["d"](length):
+        raise ProtocolError(f"exec channel: malformed reply {header[:80]!r}")
+    if int(length) > limit:
+        raise ProtocolError(f"exec channel sent more than was asked for ({int(length)} > {limit} bytes)")
+    payload = reader.read_exact(int(length), max(deadline, time.monotonic() + REPLY_TIMEOUT))
+    if payload is None:
+        raise SandboxError("exec channel did not send a whole reply in time")
+    return Reply(words[0], fields, payload)
+
+
+def new_nonce() -> bytes:
+    return secrets.token_hex(12).encode()
+
+
 class SetupFailed(SandboxError):
     """The server started and said why the sandbox cannot work (no setpriv in the image, an unusable workdir...)."""
 
@@ -331,14 +384,18 @@ class Channel:
         return channel
 
     def send_hello(self, deadline: float) -> None:
-        self._send(b"h\n", deadline)
+        self._hello_nonce = new_nonce()
+        self._send(b"h %s\n" % self._hello_nonce, deadline)
 
     def await_hello(self, deadline: float, alive: Callable[[], bool] | None = None) -> None:
         """The server's answer to "h". `alive` (is the container up?) is asked every second while none comes: a
         server that never started leaves its reply FIFO silent, not closed."""
         while True:
             step = deadline if alive is None else min(deadline, time.monotonic() + 1.0)
-            hello = self._read(b"\n", step, LINE_LIMIT)
+            try:
+                hello = self._reply(self._hello_nonce, {b"R": "wd", b"F": ""}, HELLO_LIMIT, step)
+            except ProtocolError as exc:
+                raise SandboxError(f"exec channel did not start ({exc}); does the image have /bin/sh?") from exc
             if hello is not None:
                 break
             if time.monotonic() >= deadline:
@@ -347,15 +404,11 @@ class Channel:
             if alive is not None and not alive():
                 self.broken = True
                 raise ChannelClosed("exec channel closed (container stopped?)")
-        if hello.startswith(b"F "):
+        if hello.tag == b"F":
             self.broken = True
-            raise SetupFailed(f"sandbox setup failed: {hello[2:].decode('utf-8', 'replace')}")
-        parts = hello.split()
-        if len(parts) != 3 or parts[0] != b"R" or parts[1] not in (b"bash", b"sh") or not parts[2].isdigit():
-            self.broken = True
-            raise SandboxError(f"exec channel did not start (got {hello[:200]!r}); does the image have /bin/sh?")
-        self.shell = parts[1].decode()
-        self.pids_events = int(parts[2])
+            raise SetupFailed(f"sandbox setup failed: {hello.payload.decode('utf-8', 'replace')}")
+        self.shell = hello.fields[0].decode()
+        self.pids_events = hello.number(1)
         if isinstance(self.link, PipeLink):
             self.link.connected(slots=self.role == "agent" and self.shell == "bash")
 
@@ -370,29 +423,30 @@ class Channel:
             self.broken = True
             raise ChannelClosed(f"exec channel broken: {exc}") from exc
 
-    def _read(self, marker: bytes, deadline: float, limit: int) -> bytes | None:
+    def _reply(self, nonce: bytes, expect: Mapping[bytes, str], limit: int, deadline: float) -> Reply | None:
+        """read_reply on this channel: a failure of any kind marks it broken."""
         try:
-            return self.reader.read_until(marker, deadline, limit)
+            return read_reply(self.reader, nonce, expect, limit, deadline)
         except StreamClosed as exc:
             self.broken = True
             detail = self.reader.err_tail.decode("utf-8", "replace").strip()[-300:]
             raise ChannelClosed("exec channel closed (container stopped?)" + (f": {detail}" if detail else "")) from exc
-        except ReplyTooLarge as exc:
+        except SandboxError:
             self.broken = True
-            raise ProtocolError(f"exec channel sent more than was asked for ({exc}); channel dropped") from exc
+            raise
         except OSError as exc:
             self.broken = True
             raise SandboxError(f"exec channel broken: {exc}") from exc
 
-    def _required(self, marker: bytes, deadline: float, limit: int) -> bytes:
-        data = self._read(marker, deadline, limit)
-        if data is None:
+    def _request(self, request: bytes, nonce: bytes, expect: Mapping[bytes, str], limit: int,
+                 deadline: float) -> Reply:
+        """Send a request and read its reply, which must come by `deadline`."""
+        self._send(request, deadline)
+        reply = self._reply(nonce, expect, limit, deadline)
+        if reply is None:
             self.broken = True
             raise SandboxError("exec channel did not answer in time")
-        return data
-
-    def _line(self, deadline: float) -> bytes:
-        return self._required(b"\n", deadline, LINE_LIMIT)
+        return reply
 
     def is_idle_clean(self) -> bool:
         """An idle channel has nothing to read; anything there (or EOF) means its server is gone or confused."""
@@ -417,54 +471,44 @@ class Channel:
         cmd = command.encode("utf-8", "surrogateescape") if isinstance(command, str) else command
         if b"\0" in cmd:
             raise ValueError("a command cannot contain NUL bytes")
-        self._nonce = secrets.token_hex(12).encode()
-        self._emit = max(0, emit)
+        self._nonce = new_nonce()
+        self._emit = max(0, emit) if upload is None else 0
         link = self.link
         handed = b""
+        slot = b"-"
         if direct and upload is None and 0 < len(cmd) <= DIRECT_MAX and isinstance(link, PipeLink) and link.slot_fds:
             handed = b"%d\n%s" % (len(cmd), cmd)
             direct = link.write_slot(self._slot, handed)
+            slot = b"%d" % self._slot if direct else b"-"   # the slot's shell is running it already
         else:
             direct = False
+        data = b"-" if upload is None else b"%d" % len(upload)
         try:
-            if direct:   # the slot's shell is running it already; the server is told which shell to wait for
-                self._send(b"y %d %d %s %d\n%s" % (self._slot, self._emit, self._nonce, len(cmd), cmd), deadline)
-            elif upload is None:
-                self._send(b"x %d %s %d\n%s" % (self._emit, self._nonce, len(cmd), cmd), deadline)
-            else:   # small data through bash builtins (encoded: no NUL), anything else copied raw by head -c
-                op = b"w"
-                if self.shell == "bash" and len(upload) <= BUILTIN_UPLOAD_MAX:
-                    op, upload = b"W", upload.replace(b"\\", b"\\\\").replace(b"\0", b"\\0000")
-                self._emit = 0
-                self._send(b"%s %d %s %d\n%s%s" % (op, len(upload), self._nonce, len(cmd), cmd, upload), deadline)
-            parts = self._line(deadline).split()
+            self._send(b"r %s %d %s %d %s\n%s%s" % (self._nonce, self._emit, slot, len(cmd), data, cmd, upload or b""),
+                       deadline)
+            started = self._reply(self._nonce, {b"P": "dp", b"B": ""}, 0, deadline)
+            if started is None:
+                self.broken = True
+                raise SandboxError("exec channel did not answer in time")
         except ChannelClosed as exc:
             # A dead server ran nothing, and the caller may try another channel; but a command handed to its shell
             # may have run, unless it can be taken back from the FIFO.
             if direct and not (isinstance(link, PipeLink) and link.take_back(self._slot, len(handed))):
                 raise SandboxError(f"exec channel broke as a command started: {exc}") from exc
             raise
-        if parts == [b"B"]:
+        if started.tag == b"B":
             raise TableFull("the container's process table is full")
-        out_path = parts[2].decode("ascii", "replace") if len(parts) == 3 else ""
-        if len(parts) != 3 or parts[0] != b"P" or not parts[1].isdigit() or not OUTPUT_FILE.fullmatch(out_path):
-            self.broken = True
-            raise ProtocolError(f"exec channel: unexpected reply {parts[:3]!r}")
-        self._out_path = out_path
+        self._out_path = started.fields[1].decode()
         self._slot = 1 - self._slot   # as the server's slot alternates (the next shell is up)
-        return int(parts[1]), self._out_path
+        return started.number(0), self._out_path
 
     def finish(self, deadline: float) -> Finished | None:
         """The started command's end, or None if `deadline` passes first (the command keeps running)."""
-        head = self._read(self._nonce + b" ", deadline, self._emit)
-        if head is None:
+        done = self._reply(self._nonce, {b"D": "dd"}, self._emit, deadline)
+        if done is None:
             return None
-        status = self._line(time.monotonic() + REPLY_TIMEOUT).split()
-        if len(status) != 2 or not status[0].isdigit() or not status[1].isdigit():
-            self.broken = True
-            raise ProtocolError(f"exec channel: unexpected reply {status[:4]!r}")
-        self.pids_events = int(status[1])
-        return Finished(head, int(status[0]), self.pids_events)
+        self.pids_events = done.number(1)
+        return Finished(done.payload, done.number(0), self.pids_events)
 
     def wait_exec(self, deadline: float, output: OutputPolicy) -> ExecReply | None:
         """`finish` for a command started with emit = tail_bytes + 1, with its totals and its kept output file."""
@@ -489,53 +533,33 @@ class Channel:
     def count(self, path: str, tail_bytes: int, deadline: float) -> tuple[int, int, int, bytes]:
         """(newlines, bytes, bytes cut from its front, last tail_bytes bytes) of an output file, which is kept (not
         removed with the junk)."""
-        nonce = secrets.token_hex(12).encode()
-        self._send(b"c %d %s %s\n" % (tail_bytes, nonce, path.encode()), deadline)
-        counts = self._line(deadline).split()
-        if len(counts) != 4 or counts[0] != b"C" or not all(c.isdigit() for c in counts[1:]):
-            self.broken = True
-            raise ProtocolError(f"exec channel: unexpected reply {counts[:4]!r}")
-        tail = self._required(nonce + b"\n", deadline, tail_bytes)
-        return int(counts[1]), int(counts[2]), int(counts[3]), tail
+        nonce = new_nonce()
+        reply = self._request(b"c %s %d %s\n" % (nonce, tail_bytes, path.encode()), nonce, {b"C": "ddd"}, tail_bytes,
+                              deadline)
+        return reply.number(0), reply.number(1), reply.number(2), reply.payload
 
     def trim(self, path: str, keep: int, deadline: float) -> int:
         """Bound a running command's output file to about its last `keep` bytes on disk; bytes cut so far."""
-        self._send(b"T %d %s\n" % (keep, path.encode()), deadline)
-        reply = self._line(deadline).split()
-        if len(reply) != 2 or reply[0] != b"T" or not reply[1].isdigit():
-            self.broken = True
-            raise ProtocolError(f"exec channel: unexpected reply {reply[:4]!r}")
-        return int(reply[1])
+        nonce = new_nonce()
+        return self._request(b"T %s %d %s\n" % (nonce, keep, path.encode()), nonce, {b"T": "d"}, 0, deadline).number(0)
 
     def tail(self, path: str, offset: int, max_bytes: int, deadline: float) -> tuple[int, bytes]:
         """(current size, bytes appended since `offset`, at most the last `max_bytes` of them)."""
-        nonce = secrets.token_hex(12).encode()
-        self._send(b"t %d %d %s %s\n" % (offset, max_bytes, nonce, path.encode()), deadline)
-        head = self._line(deadline).split()
-        if len(head) != 2 or head[0] != b"S" or not head[1].isdigit():
-            self.broken = True
-            raise ProtocolError(f"exec channel: unexpected reply {head[:4]!r}")
-        data = self._required(nonce + b"\n", deadline, max_bytes)
-        return int(head[1]), data
+        nonce = new_nonce()
+        reply = self._request(b"t %s %d %d %s\n" % (nonce, offset, max_bytes, path.encode()), nonce, {b"S": "d"},
+                              max_bytes, deadline)
+        return reply.number(0), reply.payload
 
     def kill(self, pgid: int, deadline: float) -> None:
         """SIGKILL a process group (a builtin in the server: works with the process table full)."""
-        self._send(b"k %d\n" % pgid, deadline)
-        self._expect_k(deadline, 1)
+        nonce = new_nonce()
+        self._request(b"k %s %d\n" % (nonce, pgid), nonce, {b"K": "d"}, 0, deadline)
 
     def kill_agent_processes(self, deadline: float) -> tuple[int, int]:
         """SIGKILL every process of the agent's uid; (how many were killed, forks the pids limit refused so far)."""
-        self._send(b"K\n", deadline)
-        killed, refused = self._expect_k(deadline, 2)
-        return killed, refused
-
-    def _expect_k(self, deadline: float, count: int) -> list[int]:
-        """A "K" reply's `count` numbers."""
-        reply = self._line(deadline).split()
-        if len(reply) != 1 + count or reply[0] != b"K" or not all(field.isdigit() for field in reply[1:]):
-            self.broken = True
-            raise ProtocolError(f"exec channel: unexpected reply {reply[:4]!r}")
-        return [int(field) for field in reply[1:]]
+        nonce = new_nonce()
+        reply = self._request(b"K %s\n" % nonce, nonce, {b"K": "dd"}, 0, deadline)
+        return reply.number(0), reply.number(1)
 
     def close(self) -> None:
         """End the server (EOF on its stdin) and drop the link. Never raises."""

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from pid.sandbox import DEFAULT_OUTPUT, ExecResult, OutputPolicy, SandboxLost
 
 from . import fileops
-from .channel import DIRECT_MAX, Channel, ChannelClosed, TableFull
+from .channel import Channel, ChannelClosed, TableFull
 from .disk import JobDisk
 from .errors import SandboxError
 from .exec_channels import CONTROL_TIMEOUT_S, MAX_CHANNELS, ExecChannels
@@ -252,7 +252,7 @@ class Commands:
         target = self.abs(path)
         data = bytes(data)
         shell = self.channels.shell
-        inline = fileops.inline_write_snippet(target, data, DIRECT_MAX) if shell == "bash" else None
+        inline = fileops.inline_write_snippet(target, data, fileops.INLINE_MAX) if shell == "bash" else None
         if inline is not None:   # a short command: the host can hand it to the slot shell itself (Channel.start)
             self._file_op(inline, target, emit=0, timeout=timeout, cancel=cancel)
             return

@@ -97,6 +97,15 @@ class BoundedReader:
             if not self.fill(deadline - time.monotonic()):
                 return None
 
+    def read_exact(self, size: int, deadline: float) -> bytes | None:
+        """The next `size` reply bytes (consumed); None when `deadline` passes first."""
+        while len(self.out) < size:
+            if not self.fill(deadline - time.monotonic()):
+                return None
+        data = bytes(self.out[:size])
+        del self.out[:size]
+        return data
+
 
 class FrameReader(BoundedReader):
     """Docker's attach stream: stdout frames are the replies, stderr frames only a kept tail."""

@@ -43,7 +43,7 @@ def _cgroup_procs_file(init_pid: int) -> str | None:
     return None
 
 
-TABLE_MARGIN = 8   # processes a command needs to start (as channel.sh's pid_full)
+TABLE_MARGIN = 8   # processes a command needs to start (as channel.sh's table_full)
 
 
 class ProcessGauge:

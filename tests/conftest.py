@@ -85,13 +85,13 @@ def _fast_tier_has_no_engine(request: pytest.FixtureRequest, monkeypatch: pytest
 RUNTIME = os.environ.get("PID_TEST_RUNTIME") or None
 
 
-# What only a slot shell waiting for its command has in its command line (sandbox/channel.sh's pid_zcode).
+# What only a slot shell waiting for its command has in its command line (sandbox/channel.sh's SLOT_SHELL).
 WAITING_SHELL_MARK = "read -r n f <&3"
 
 
 def signal_waiting_shells(signal_name: str) -> str:
     """A command (for the agent to run) that sends a signal to every slot shell waiting for a command (the ones in
-    pid's exec channels: sandbox/channel.sh's pid_zcode) but its own, then prints "signalled <how many>"."""
+    pid's exec channels: sandbox/channel.sh's SLOT_SHELL) but its own, then prints "signalled <how many>"."""
     return ("sleep 0.3; n=0; for p in /proc/[0-9]*; do [ \"${p#/proc/}\" = $$ ] && continue; "
             f"case $(tr '\\0' ' ' 2>/dev/null <$p/cmdline) in *'{WAITING_SHELL_MARK}'*) "
             f"kill -{signal_name} ${{p#/proc/}} && n=$((n + 1)) ;; esac; done; echo signalled $n")

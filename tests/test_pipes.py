@@ -14,15 +14,16 @@ from sandbox.frames import PipeReader, StreamClosed
 
 
 def serve(run_dir: str, channel_id: int, replies: list[bytes], stop: threading.Event) -> threading.Thread:
-    """A server that opens its FIFOs as the container's entry would, answers each request line with the next reply,
-    and exits (closing both) when `stop` is set or the replies run out."""
+    """A server that opens its FIFOs as the container's entry would, answers each request line with the next reply
+    (its "%s" the request's nonce), and exits (closing both) when `stop` is set or the replies run out."""
     def run() -> None:
         with open(os.path.join(run_dir, f"rep.{channel_id}"), "wb", buffering=0) as out, \
                 open(os.path.join(run_dir, f"req.{channel_id}"), "rb", buffering=0) as inp:
             for reply in replies:
-                if stop.is_set() or not inp.readline():
+                request = inp.readline()
+                if stop.is_set() or not request:
                     return
-                out.write(reply)
+                out.write(reply.replace(b"%s", request.split()[1]))
             stop.wait(30)
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -42,7 +43,7 @@ def test_hello_unlinks_the_names_and_a_dead_server_is_seen_at_once(run_dir):
     path, fd = run_dir
     link = PipeLink(fd, 7)
     stop = threading.Event()
-    server = serve(path, 7, [b"R bash 0\n"], stop)
+    server = serve(path, 7, [b"R %s bash 0 0\n"], stop)
     channel = Channel(link, 7, "agent")
     try:
         channel.send_hello(time.monotonic() + 5)
@@ -76,7 +77,7 @@ def test_a_hello_naming_an_unknown_shell_is_refused(run_dir):
     path, fd = run_dir
     stop = threading.Event()
     channel = Channel(PipeLink(fd, 9), 9, "agent")
-    serve(path, 9, [b"R \xff\xfe 0\n"], stop)
+    serve(path, 9, [b"R %s \xff\xfe 0 0\n"], stop)
     try:
         channel.send_hello(time.monotonic() + 5)
         with pytest.raises(Exception, match="did not start"):

@@ -115,7 +115,7 @@ def test_a_command_the_host_gave_up_sending_never_runs(client, sb):
                                 gid=sb.gid, env=BASE_ENV)
     command = b"touch /tmp/cut-short; exit 0 #" + b"x" * 100
     try:
-        channel.link.send(b"x 0 n0nce %d\n%s" % (len(command) + 100, command), time.monotonic() + 10)
+        channel.link.send(b"r n0nce 0 - %d -\n%s" % (len(command) + 100, command), time.monotonic() + 10)
     finally:
         channel.close()
     for _ in range(300):   # until that server has read to its end (and so started whatever it was going to)
@@ -152,8 +152,10 @@ def test_the_first_servers_start_with_the_container_on_fifos_that_nothing_else_c
         assert sorted(n for n in run_dir if n.startswith("cmd.")) == ["cmd.2.s", "cmd.3.s"], run_dir
         assert not [n for n in run_dir if n.startswith(("req.", "rep."))]
         # A server that dies is replaced through the engine, and calls go on.
-        servers = [int(row[0]) for row in client.api.top(box.container_id, ps_args="-eo pid,args")["Processes"]
-                   if "channel.sh agent" in row[1]]
+        # (a server's own forked subshell shows the same command line for a moment: only servers not forked by one)
+        rows = client.api.top(box.container_id, ps_args="-eo pid,ppid,args")["Processes"]
+        named = {int(row[0]): int(row[1]) for row in rows if "channel.sh agent" in row[2]}
+        servers = [pid for pid, parent in named.items() if parent not in named]
         assert len(servers) == 2
         for pid in servers:
             os.kill(pid, 9)
@@ -440,7 +442,7 @@ def test_first_servers_that_do_not_answer_are_replaced_through_the_engine(client
 
 def test_a_server_that_refuses_the_sandbox_says_why_at_once(client, monkeypatch, caplog):
     import sandbox.channel as ch
-    monkeypatch.setattr(ch, "SCRIPT", b'read -r l; echo "F the image has no setpriv"; read -r l\n')
+    monkeypatch.setattr(ch, "SCRIPT", b'read -r h n; printf "F %s 24\\nthe image has no setpriv" "$n"; read -r l\n')
     started = time.monotonic()
     with pytest.raises(SandboxError, match="sandbox setup failed: the image has no setpriv"):
         DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-refused", ttl_s=300), client)
