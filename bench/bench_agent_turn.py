@@ -29,7 +29,7 @@ from pid.providers.base import ProviderConfig  # noqa: E402
 from pid.session import SessionWriter  # noqa: E402
 from pid.tools.base import ToolContext  # noqa: E402
 from pid.tools.registry import default_registry  # noqa: E402
-from sandbox import DockerSandbox, SandboxConfig  # noqa: E402
+from pid.sandbox import DockerSandbox, SandboxConfig  # noqa: E402
 
 CALLS = {
     "bash": {"name": "bash", "arguments": {"command": "echo hi"}},

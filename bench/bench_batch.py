@@ -51,7 +51,7 @@ def measure(broker: str, items: int, follow_items: int) -> None:
             repo = small_repo(root)
             tasks = os.path.join(root, "tasks.jsonl")
             write_tasks(tasks, repo, items)
-            base = [sys.executable, "-m", "cli.main", "batch"]
+            base = [sys.executable, "-m", "pid.cli.main", "batch"]
             wall, cpu, code = run_cpu([*base, tasks, "--out", os.path.join(root, "big"), "--model", "m",
                                        "--base-url", "http://127.0.0.1:9/v1", "--detach"], env)
             assert code == 0, code
@@ -69,11 +69,11 @@ def follow(broker: str, root: str, env: dict[str, str], repo: str, n: int) -> No
     out = os.path.join(root, "small")
     log_path = os.path.join(root, "worker.log")
     with ScriptedLLM(responder=lambda body: {"text": "done"}) as llm:
-        base = [sys.executable, "-m", "cli.main", "batch"]
+        base = [sys.executable, "-m", "pid.cli.main", "batch"]
         subprocess.run([*base, tasks, "--out", out, "--model", "m", "--base-url", llm.base_url, "--detach",
                         "--queue", "bench"], env=env, check=True, capture_output=True)
         with open(log_path, "w") as log:
-            worker = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", "4", "--queue",
+            worker = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker", "--concurrency", "4", "--queue",
                                        "bench"], env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             wall, cpu, code = run_cpu([*base, "--wait", out, "--json"], env)

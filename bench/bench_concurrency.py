@@ -84,7 +84,7 @@ def one_round(jobs: int, turns: int, think: float, concurrency: int) -> Round:
         with ScriptedLLM(responder=model) as llm:
             ids = []
             for n in range(jobs):
-                out = subprocess.run([sys.executable, "-m", "cli.main", "submit", f"conc-{n}", "--repo", repo,
+                out = subprocess.run([sys.executable, "-m", "pid.cli.main", "submit", f"conc-{n}", "--repo", repo,
                                       "--model", "m", "--base-url", llm.base_url, "--api-key", "k",
                                       "--out", os.path.join(root, "out")],
                                      env=env, capture_output=True, text=True)
@@ -93,7 +93,7 @@ def one_round(jobs: int, turns: int, think: float, concurrency: int) -> Round:
                 ids.append(out.stdout.strip())
             log_path = os.path.join(root, "worker.log")
             with open(log_path, "w") as log:
-                worker = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency",
+                worker = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker", "--concurrency",
                                            str(concurrency)], env=env, stdout=log, stderr=subprocess.STDOUT)
             try:
                 while "ready" not in Path(log_path).read_text():

@@ -18,9 +18,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pid import events as ev  # noqa: E402
-from worker.control import ControlRelay  # noqa: E402
-from jobs.spec import JobSpec  # noqa: E402
-from jobs.sqlite_store import JobStore  # noqa: E402
+from pid.worker.control import ControlRelay  # noqa: E402
+from pid.jobs.spec import JobSpec  # noqa: E402
+from pid.jobs.sqlite_store import JobStore  # noqa: E402
 
 
 WRITES = ("renew", "progress", "take_messages")   # the relay's calls that take the store's write lock

@@ -37,7 +37,7 @@ def measure(broker: str, runs: int) -> list[float]:
         os.makedirs(os.path.join(root, "out"))
         log_path = os.path.join(root, "worker.log")
         with open(log_path, "w") as log:
-            worker = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", "2"],
+            worker = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker", "--concurrency", "2"],
                                       env=env, stdout=log, stderr=subprocess.STDOUT)
         samples = []
         try:
@@ -46,7 +46,7 @@ def measure(broker: str, runs: int) -> list[float]:
             for n in range(runs + 1):   # the first warms the engine's and the OS's caches
                 with ScriptedLLM([{"text": "done"}]) as llm:
                     started = time.time()
-                    subprocess.run([sys.executable, "-m", "cli.main", "submit", f"t{n}", "--repo", repo, "--model",
+                    subprocess.run([sys.executable, "-m", "pid.cli.main", "submit", f"t{n}", "--repo", repo, "--model",
                                     "m", "--base-url", llm.base_url, "--api-key", "k", "--out",
                                     os.path.join(root, "out")], env=env, check=True, capture_output=True)
                     while not llm.arrived:

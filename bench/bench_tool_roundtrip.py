@@ -18,7 +18,7 @@ from typing import Callable
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.yardstick import fork_exec_ms  # noqa: E402
-from sandbox import DockerSandbox, SandboxConfig  # noqa: E402
+from pid.sandbox import DockerSandbox, SandboxConfig  # noqa: E402
 
 
 def measure(name: str, call: Callable[[], object], n: int, pause_s: float = 0.0) -> None:

@@ -56,11 +56,11 @@ def median_ms(samples: list[float]) -> str:
 
 def in_process(repo: str, home: str, runs: int) -> None:
     os.environ["PID_HOME"] = home
-    from sandbox import DockerSandbox, SandboxConfig
-    from sandbox.workspace import build_tar
-    from jobs.blobs import StoreBlobs
-    from jobs.sqlite_store import JobStore
-    from jobs.snapshot import pack_and_store
+    from pid.sandbox import DockerSandbox, SandboxConfig
+    from pid.sandbox.workspace import build_tar
+    from pid.jobs.blobs import StoreBlobs
+    from pid.jobs.sqlite_store import JobStore
+    from pid.jobs.snapshot import pack_and_store
     os.makedirs(home, exist_ok=True)
     blobs = StoreBlobs(JobStore(os.path.join(home, "jobs.db")))
     pack, unpack, base, start, old = [], [], [], [], []
@@ -106,7 +106,7 @@ def end_to_end(repo: str, tmp: str, runs: int) -> None:
     home = os.path.join(tmp, "e2e-home")
     env = dict(os.environ, PID_HOME=home, PYTHONPATH=ROOT)
     log = open(os.path.join(tmp, "worker.log"), "w")
-    worker = subprocess.Popen([sys.executable, "-m", "cli.main", "worker"], cwd=ROOT, env=env, stdout=log,
+    worker = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker"], cwd=ROOT, env=env, stdout=log,
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 60
@@ -119,8 +119,8 @@ def end_to_end(repo: str, tmp: str, runs: int) -> None:
             subprocess.run(["rm", "-rf", os.path.join(home, "blobs")], check=True)   # packed and stored each time
             with ScriptedLLM([{"text": "done"}]) as llm:
                 started = time.monotonic()
-                job = subprocess.run([sys.executable, "-m", "cli.main", "submit", "t", "--repo", repo, "--model", "m",
-                                      "--base-url", llm.base_url, "--out", os.path.join(tmp, "out")], cwd=ROOT,
+                job = subprocess.run([sys.executable, "-m", "pid.cli.main", "submit", "t", "--repo", repo, "--model",
+                                      "m", "--base-url", llm.base_url, "--out", os.path.join(tmp, "out")], cwd=ROOT,
                                      env=env, capture_output=True, text=True, check=True).stdout.strip()
                 while not llm.requests:
                     if time.monotonic() - started > 120:
@@ -128,7 +128,7 @@ def end_to_end(repo: str, tmp: str, runs: int) -> None:
                     time.sleep(0.002)
                 if n:
                     samples.append(time.monotonic() - started)
-                subprocess.run([sys.executable, "-m", "cli.main", "result", job, "--wait"], cwd=ROOT, env=env,
+                subprocess.run([sys.executable, "-m", "pid.cli.main", "result", job, "--wait"], cwd=ROOT, env=env,
                                capture_output=True, timeout=120)
         print(f"submit -> first model request (idle worker)  {median_ms(samples)}")
     finally:

@@ -20,7 +20,7 @@ def time_pid(args: list[str], home: str, script: list[dict[str, Any]] | None = N
     with ScriptedLLM(script or [{"text": "done"}]) as llm:
         env = dict(os.environ, PID_HOME=home, PYTHONPATH=ROOT)
         started = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", *args, "--model", "scripted",
+        proc = subprocess.Popen([sys.executable, "-m", "pid.cli.main", *args, "--model", "scripted",
                                  "--base-url", llm.base_url], cwd=ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         first = None

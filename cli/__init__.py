@@ -2,7 +2,8 @@
 
 A Ctrl-C while pid's code loads, before any command has started anything, is one line and exit 130, never a
 traceback from the middle of an import: this handler is set first of all, when this process is the `pid` command
-(`pid …` or `python -m cli.main …`; not a program that imports pid), and cli.main puts Python's own back once loaded.
+(`pid …` or `python -m pid.cli.main …`; not a program that imports pid), and pid.cli.main puts Python's own back once
+loaded.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def _interrupted_while_loading(signum: int, frame: object) -> None:
 
 
 def _is_the_command() -> bool:
-    """`pid …` (the console script), or `python -m cli.main …` (runpy's argv[0] is "-m" while it finds the module)."""
+    """`pid …` (the console script), or `python -m pid.cli.main …` (runpy's argv[0] is "-m" while it finds the
+    module)."""
     first = sys.argv[0] if sys.argv else ""
     return first == "-m" or os.path.basename(first) == "pid"
 

@@ -20,21 +20,21 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from cli.batch_progress import Progress
-from cli.batch_run import EXIT_INTERRUPTED, Run, count
-from cli.batch_tasks import Item, parse
-from cli.options import JOB_OPTIONS, EnvOption, Number, QueueName, Size, format_size, spec_options
-from cli.output import echo
+from pid.cli.batch_progress import Progress
+from pid.cli.batch_run import EXIT_INTERRUPTED, Run, count
+from pid.cli.batch_tasks import Item, parse
+from pid.cli.options import JOB_OPTIONS, EnvOption, Number, QueueName, Size, format_size, spec_options
+from pid.cli.output import echo
 from pid.terminal import dumps, one_line
-from jobs.batch import BatchDir, changed_options, kept_options, other_tasks
-from jobs.spec import DEFAULT_QUEUE, JobSpec, spec_field
+from pid.jobs.batch import BatchDir, changed_options, kept_options, other_tasks
+from pid.jobs.spec import DEFAULT_QUEUE, JobSpec, spec_field
 from pid import settings
 
 WORKER_STOP_S = 60.0
 
 
 def _bad(message: str) -> click.ClickException:
-    from cli.main import BadInput
+    from pid.cli.main import BadInput
     return BadInput(message)
 
 
@@ -117,7 +117,7 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
         raise _bad("pid batch needs --out DIR: the batch's results, and its memory when it runs again")
     if detach and workers:
         raise _bad("--detach and --workers: the local workers would stop as the command returns")
-    from cli.main import check_broker, check_out_dir
+    from pid.cli.main import check_broker, check_out_dir
     check_broker()
     out = check_out_dir(options.pop("out_dir"))
     if os.path.isdir(out) and os.listdir(out) and not BatchDir.exists(out):
@@ -166,7 +166,7 @@ for _param in batch.params:   # the job option --out is the batch's own director
 
 
 def _store() -> Any:
-    from jobs.store import default_store
+    from pid.jobs.store import default_store
     return default_store()
 
 
@@ -231,9 +231,9 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
     one (repos, model, prices, key), every directory repo packed once. Any problem: all of them, exit 2. The key
     goes with the items whose endpoint is `key_endpoint` (the command line's) only: a line naming another endpoint
     runs without it (pid.config.endpoint)."""
-    from cli.main import BadInput, check_api_key, check_originals, check_repo
+    from pid.cli.main import BadInput, check_api_key, check_originals, check_repo
     from pid.config import base_url_for, endpoint
-    from jobs.spec import command_problem
+    from pid.jobs.spec import command_problem
     errors = list(errors or [])
     specs: dict[str, JobSpec] = {}
     repos: dict[str, str | BaseException] = {}
@@ -313,15 +313,15 @@ def _price_problem(model: str, fields: dict[str, Any], need_prices: bool, table:
 
 def _policy_refusals(items: list[Item], specs: dict[str, JobSpec]) -> list[str]:
     """A line per item that no live worker of its queue would admit (their policies come with their heartbeats)."""
-    from jobs.workers import live_workers
-    from jobs.policy import refusal_by_workers
+    from pid.jobs.workers import live_workers
+    from pid.jobs.policy import refusal_by_workers
     beats = live_workers(_store())
     refusals = ((item, refusal_by_workers(beats, specs[item.id])) for item in items if item.id in specs)
     return [f"line {item.line}: {refusal}" for item, refusal in refusals if refusal]
 
 
 def _priced_in_table(model: str, seen: dict[str, bool]) -> bool:
-    from cli.main import _table_prices
+    from pid.cli.main import _table_prices
     if model not in seen:
         seen[model] = _table_prices(model)
     return seen[model]
@@ -330,9 +330,9 @@ def _priced_in_table(model: str, seen: dict[str, bool]) -> bool:
 def _pack(items: list[Item], specs: dict[str, JobSpec], max_bytes: int) -> list[str]:
     """Each directory repo packed and stored once (the same tree, whatever the number of items on it)."""
     from pid.config import pid_home
-    from sandbox.workspace import WorkspaceTooLarge
-    from jobs.blobs import default_blobs
-    from jobs.snapshot import git_source, pack_and_store
+    from pid.sandbox.workspace import WorkspaceTooLarge
+    from pid.jobs.blobs import default_blobs
+    from pid.jobs.snapshot import git_source, pack_and_store
     packed: dict[str, str | str] = {}
     failed: dict[str, str] = {}
     errors = []
@@ -358,10 +358,10 @@ def _pack(items: list[Item], specs: dict[str, JobSpec], max_bytes: int) -> list[
 
 
 def _check_images(specs: dict[str, JobSpec]) -> None:
-    from jobs.brokers import embedded_broker
+    from pid.jobs.brokers import embedded_broker
     if not embedded_broker():
         return
-    from cli.main import BadInput, check_cpus, check_image
+    from pid.cli.main import BadInput, check_cpus, check_image
     for image in sorted({s.image for s in specs.values()}):
         check_image(image)
     item, most = max(specs.items(), key=lambda pair: pair[1].cpus, default=(None, None))
@@ -384,7 +384,7 @@ class LocalWorkers:
         log_path = os.path.join(out, ".worker.log")
         os.makedirs(out, exist_ok=True)
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", str(n),
+            proc = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker", "--concurrency", str(n),
                                      "--queue", ",".join(queues)], stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
         return cls(proc, log_path)
@@ -428,8 +428,8 @@ def _status(bdir: BatchDir, as_json: bool) -> None:
                     "budget": None if info is None else {"max_total_cost": info.max_total_cost, "spent": info.spent,
                                                          "max_running": info.max_running}}))
         return
-    from cli.batch_control import item_lines
-    from cli.table import terminal_width
+    from pid.cli.batch_control import item_lines
+    from pid.cli.table import terminal_width
     from pid.costs import format_cost
     counts = ", ".join(f"{n} {s}" for s, n in sorted(progress.counts.items()))
     budget = f" of {format_cost(info.max_total_cost)}" if info is not None and info.max_total_cost is not None else ""
@@ -440,7 +440,7 @@ def _status(bdir: BatchDir, as_json: bool) -> None:
 
 def _cancel(bdir: BatchDir) -> None:
     """--cancel DIR: a line per job cancelled, then how many."""
-    from cli.batch_control import cancel_batch
+    from pid.cli.batch_control import cancel_batch
     lines = cancel_batch(bdir, _store())
     for line in lines:
         echo(line)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from cli.batch_run import item_state
-from cli.table import Column, cut, render
+from pid.cli.batch_run import item_state
+from pid.cli.table import Column, cut, render
 from pid.costs import format_cost
 from pid.terminal import one_line
-from jobs.batch import BatchDir
+from pid.jobs.batch import BatchDir
 
 ITEM_COLUMNS = [Column("ITEM", shrink="end", min=8), Column("JOB", shrink="end"), Column("STATUS"),
                 Column("TURNS", right=True), Column("COST", right=True), Column("DETAIL", shrink="start", min=12)]
@@ -40,7 +40,7 @@ def item_lines(bdir: BatchDir, records: dict[str, Any], width: int | None) -> li
 def cancel_batch(bdir: BatchDir, store: Any) -> list[str]:
     """Cancel every job of the batch that has not ended (whichever run made it); a line per job. A queued one ends
     here and now, a running one through its worker (one sweep at the end ends those whose process is gone)."""
-    from jobs.sweep import cancel_job, sweep_quietly
+    from pid.jobs.sweep import cancel_job, sweep_quietly
     items = {job_id: item_id for item_id, jobs in bdir.ledger.items() for job_id in jobs}
     lines = []
     for record in store.batch_jobs(bdir.batch_id):

@@ -1,6 +1,6 @@
 """How `pid batch` shows its progress: a live table on a terminal (rich), else one line per item as it ends
 (`--json`: the item's batch.jsonl object), and the summary at the end. Item ids, errors and what the jobs do come from
-the tasks file, models and agents: every one passes through pid.terminal (rich's table is no cli.output.echo)."""
+the tasks file, models and agents: every one passes through pid.terminal (rich's table is no pid.cli.output.echo)."""
 from __future__ import annotations
 
 import sys
@@ -8,13 +8,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cli.output import echo, format_duration
-from cli.table import Column, cut
-from cli.table import render as table_lines
+from pid.cli.output import echo, format_duration
+from pid.cli.table import Column, cut
+from pid.cli.table import render as table_lines
 from pid.costs import format_cost
 from pid.endings import ending_words
 from pid.terminal import dumps, one_line, shown
-from jobs.store import JobRecord
+from pid.jobs.store import JobRecord
 
 RUNNING_SHOWN = 12   # running items listed in the live table at most
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import click
 
-from cli.batch_progress import Display, Progress, make_display, summary_text
-from cli.output import echo
+from pid.cli.batch_progress import Display, Progress, make_display, summary_text
+from pid.cli.output import echo
 from pid.endings import ending_words
 from pid.terminal import dumps, one_line
-from jobs.batch import BatchDir, needs_run, row_for, summarize
-from jobs.spec import JobSpec, new_job_id
-from jobs.trees import remove_tree
+from pid.jobs.batch import BatchDir, needs_run, row_for, summarize
+from pid.jobs.spec import JobSpec, new_job_id
+from pid.jobs.trees import remove_tree
 
 POLL_S = 0.5                 # how often the store is read for the batch's jobs (one query for all)...
 POLL_MAX_S = 2.0             # ...or, with more than 250 jobs to follow, up to this
@@ -43,7 +43,7 @@ class Run:
     api_key: str | None = None
     key_endpoint: str | None = None   # the key goes with the jobs whose endpoint this is (pid.config.endpoint)
     max_running: int | None = None
-    local: Any = None                                         # cli.batch.LocalWorkers
+    local: Any = None                                         # pid.cli.batch.LocalWorkers
     tasks: str | None = None
     tracked: dict[str, str] = field(default_factory=dict)     # job id -> item id: jobs this run waits for
     adopted: set[str] = field(default_factory=set)            # ...of which those an earlier run submitted
@@ -113,7 +113,7 @@ class Run:
     def _publish(self, specs: list[JobSpec]) -> None:
         """Each job's message (its id), over one connection. A publish that fails leaves it and the rest to the
         workers' reconcilers, which publish what the store says was not (a warning, once)."""
-        from jobs.dispatch import publish
+        from pid.jobs.dispatch import publish
         sent, error = publish(self.store, [(spec.id, spec.queue) for spec in specs])
         if error is None:
             return
@@ -181,7 +181,7 @@ class Run:
                     info = self.store.batch(self.bdir.batch_id)
                     progress.budget = info.max_total_cost if info else None
                     if info is not None and info.exhausted:
-                        from jobs.batch_budget import budget_note, end_queued
+                        from pid.jobs.batch_budget import budget_note, end_queued
                         budget_ended = True
                         if end_queued(self.store, self.bdir.batch_id, budget_note(info)):
                             display.note(f"pid: {budget_note(info)}: the queued items are cancelled")
@@ -214,7 +214,7 @@ class Run:
     def cancel_tracked(self, records: dict[str, Any] | None = None, note: Any = None) -> None:
         """Cancel every job this run waits for that has not ended (queued ones end now, running ones through
         their workers)."""
-        from jobs.sweep import cancel_job
+        from pid.jobs.sweep import cancel_job
         for job_id in list(self.tracked):
             record = records.get(job_id) if records is not None else self.store.get(job_id)
             if record is not None and not record.terminal:
@@ -225,8 +225,8 @@ class Run:
 
     def _finish_item(self, job_id: str, item_id: str, record: Any) -> dict[str, Any]:
         """An ended job: its result.json and artifacts from the store into DIR/<item id>/; its batch.jsonl row."""
-        from jobs.artifact_store import DownloadError, download, read_result
-        from cli.main import RESULT_GRACE_S
+        from pid.jobs.artifact_store import DownloadError, download, read_result
+        from pid.cli.main import RESULT_GRACE_S
         note = None
         try:
             result = read_result(self.store, job_id, wait_s=RESULT_GRACE_S)

@@ -17,8 +17,8 @@ from urllib.parse import unquote, urlsplit
 
 import click
 
-from cli.options import JOB_OPTIONS, JobOption, QueueName
-from jobs.spec import spec_field
+from pid.cli.options import JOB_OPTIONS, JobOption, QueueName
+from pid.jobs.spec import spec_field
 
 ID_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 # An item's folder sits beside these in the output directory (and hidden ones, which an id cannot start with).

@@ -13,7 +13,7 @@ CANDIDATES = 4   # shown for an ambiguous suffix
 
 
 class NoSuchJob(click.ClickException):
-    """One line, exit 2 (cli.main prints ClickExceptions as `pid: error: ...`)."""
+    """One line, exit 2 (pid.cli.main prints ClickExceptions as `pid: error: ...`)."""
     exit_code = 2
 
 
@@ -34,7 +34,7 @@ def resolve(store: Any, ref: str) -> str:
     if len(found) == 1:
         return str(found[0])
     if not found:
-        from jobs.batch import BatchDir
+        from pid.jobs.batch import BatchDir
         if BatchDir.exists(os.path.abspath(os.path.expanduser(ref))):   # a batch's directory, without an item
             return _batch_item(store, ref)
         raise NoSuchJob(f"no such job: {ref}")
@@ -44,7 +44,7 @@ def resolve(store: Any, ref: str) -> str:
 
 def _batch_item(store: Any, ref: str) -> str:
     """BATCHDIR/ITEM: the item's current job (its newest), as the batch's ledger (jobs.jsonl) records it."""
-    from jobs.batch import BatchDir
+    from pid.jobs.batch import BatchDir
     whole = os.path.abspath(os.path.expanduser(ref))
     if BatchDir.exists(whole):
         raise NoSuchJob(f"{ref} is a batch's output directory: name one of its items ({ref.rstrip('/')}/ITEM; "
@@ -76,7 +76,7 @@ class JobId(click.ParamType):
         if ctx is not None and ctx.resilient_parsing:   # shell completion: nothing is run
             return str(value)
         from pid.config import HomeUnusable, ensure_pid_home
-        from jobs.store import default_store
+        from pid.jobs.store import default_store
         try:
             ensure_pid_home()
         except HomeUnusable as exc:

@@ -6,8 +6,8 @@ from typing import Any
 
 import click
 
-from cli.output import format_duration
-from cli.table import Column, cut, render
+from pid.cli.output import format_duration
+from pid.cli.table import Column, cut, render
 from pid.costs import format_cost
 from pid.terminal import one_line
 
@@ -45,12 +45,12 @@ def worker_lines(beats: list[tuple[Any, str]], now: float, width: int | None) ->
 
 
 class NotABatch(click.ClickException):
-    exit_code = 2   # one line (cli.main prints it), as every bad input
+    exit_code = 2   # one line (pid.cli.main prints it), as every bad input
 
 
 def batch_records(store: Any, directory: str, limit: int, status: str | None) -> list[Any]:
     """`pid list --batch DIR`: that batch's jobs (every attempt of every item), newest first."""
-    from jobs.batch import BatchDir
+    from pid.jobs.batch import BatchDir
     try:
         bdir = BatchDir.open(os.path.abspath(os.path.expanduser(directory)))
     except ValueError as exc:

@@ -7,10 +7,10 @@ import sys
 import time
 from typing import Any
 
-from cli.output import EventPrinter
-from cli.status_line import StatusLine, status_text
+from pid.cli.output import EventPrinter
+from pid.cli.status_line import StatusLine, status_text
 from pid import events as ev
-from jobs.progress import Progress
+from pid.jobs.progress import Progress
 
 
 class RunView:

@@ -18,20 +18,20 @@ from typing import Any, Callable
 
 import click
 
-import cli as cli_package
+import pid.cli as cli_package
 from pid import events as ev
 from pid import settings
 from pid.costs import format_cost
 from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
-from cli.ids import JOB_ID
-from cli.options import EnvOption, QueueName, Size, format_size, job_options
-from cli.status_line import on_terminal
-from cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, echo, format_duration,
-                        print_result, styled, wait_for)
+from pid.cli.ids import JOB_ID
+from pid.cli.options import EnvOption, QueueName, Size, format_size, job_options
+from pid.cli.status_line import on_terminal
+from pid.cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, echo, format_duration,
+                            print_result, styled, wait_for)
 from pid.terminal import dumps, one_line
 from pid.endings import STATUSES, exit_code_for
-from jobs.clients import MissingClient
-from jobs.spec import DEFAULT_QUEUE, JobSpec, spec_field
+from pid.jobs.clients import MissingClient
+from pid.jobs.spec import DEFAULT_QUEUE, JobSpec, spec_field
 
 EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without --wait)
 EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it
@@ -66,7 +66,7 @@ class PidGroup(click.Group):
     """pid's commands; those that live in their own modules are imported only when named (or listed by --help), so
     `pid submit` does not pay for `pid batch`'s imports."""
     command_class = PidCommand
-    LAZY = {"batch": ("cli.batch", "batch")}
+    LAZY = {"batch": ("pid.cli.batch", "batch")}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
@@ -107,7 +107,7 @@ def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
                                                 options.get("workdir"))
     if not model:
         raise BadInput("no model configured: pass --model or set PID_MODEL")
-    from jobs.spec import command_problem
+    from pid.jobs.spec import command_problem
     problem = command_problem(options.get("check"))
     if problem:
         raise BadInput(f"--check: {problem}")
@@ -156,8 +156,8 @@ def check_originals(paths: Any, check: str | None, workdir: str | None) -> list[
         return []
     if not check:
         raise BadInput("--check-original needs --check (it says what the check sees as the original has it)")
-    from jobs.spec import original_paths
-    from sandbox.config import SandboxConfig
+    from pid.jobs.spec import original_paths
+    from pid.sandbox.config import SandboxConfig
     try:
         return original_paths(list(paths), workdir or SandboxConfig.workdir)
     except ValueError as exc:
@@ -166,7 +166,7 @@ def check_originals(paths: Any, check: str | None, workdir: str | None) -> list[
 
 def check_repo(repo: str) -> str:
     """--repo as the spec keeps it: a git URL (checked, kept as given) or an existing directory (absolute)."""
-    from jobs.snapshot import git_source
+    from pid.jobs.snapshot import git_source
     try:
         if git_source(repo) is not None:
             return repo
@@ -183,11 +183,11 @@ def check_repo(repo: str) -> str:
 def pack_workspace(spec: JobSpec, max_bytes: int) -> None:
     """A directory --repo is packed now and stored as a blob (once per tree): the job runs on the tree as it is at
     submit, on whatever machine takes it. A git URL is cloned by the worker instead."""
-    from jobs.snapshot import git_source, pack_and_store
+    from pid.jobs.snapshot import git_source, pack_and_store
     if not spec.repo or git_source(spec.repo) is not None:
         return
-    from sandbox.workspace import WorkspaceTooLarge
-    from jobs.blobs import default_blobs
+    from pid.sandbox.workspace import WorkspaceTooLarge
+    from pid.jobs.blobs import default_blobs
     try:
         spec.workspace = pack_and_store(spec.repo, default_blobs(), max_bytes, tmp_dir=pid_home()).digest
     except WorkspaceTooLarge:
@@ -202,10 +202,10 @@ def pack_workspace(spec: JobSpec, max_bytes: int) -> None:
 def check_workspace_size(spec: JobSpec, max_bytes: int) -> None:
     """A directory --repo larger than --max-workspace once packed is refused before anything is written (its size
     from lstat: a sparse file of terabytes used to become as large a file on the host before the job failed)."""
-    from jobs.snapshot import git_source
+    from pid.jobs.snapshot import git_source
     if not spec.repo or git_source(spec.repo) is not None or max_bytes <= 0:
         return
-    from sandbox.workspace import tree_size
+    from pid.sandbox.workspace import tree_size
     if tree_size(spec.repo, max_bytes) > max_bytes:
         raise BadInput(f"--repo {spec.repo} is larger than --max-workspace {format_size(max_bytes)} once packed; "
                        "nothing ran (raise --max-workspace or PID_MAX_WORKSPACE)")
@@ -240,8 +240,8 @@ def check_api_key(spec: JobSpec, key: str | None) -> None:
 def check_policies(store: Any, spec: JobSpec) -> None:
     """Refuse at once a job that no live worker of its queue would admit (their policies come with their
     heartbeats), with the message a worker would give."""
-    from jobs.workers import live_workers
-    from jobs.policy import refusal_by_workers
+    from pid.jobs.workers import live_workers
+    from pid.jobs.policy import refusal_by_workers
     refusal = refusal_by_workers(live_workers(store), spec)
     if refusal:
         raise BadInput(f"{refusal}; nothing was queued")
@@ -249,7 +249,7 @@ def check_policies(store: Any, spec: JobSpec) -> None:
 
 def check_broker() -> None:
     """A PID_BROKER_URL no transport serves is refused before anything is recorded."""
-    from jobs.brokers import broker_problem
+    from pid.jobs.brokers import broker_problem
     problem = broker_problem()
     if problem:
         raise BadInput(problem)
@@ -260,17 +260,17 @@ def check_cpus(spec: JobSpec) -> None:
     400). Only a count above one is worth asking about; an engine that does not answer is left to say so itself."""
     if spec.cpus <= 1:
         return
-    from sandbox.engine_probe import engine_cpus
+    from pid.sandbox.engine_probe import engine_cpus
     have = engine_cpus()
     if have is not None and spec.cpus > have:
         raise BadInput(f"--cpus {spec.cpus:g}: the Docker engine has only {have} CPU{'s' if have != 1 else ''}")
 
 
 def check_image(image: str) -> None:
-    from sandbox.engine_probe import image_present
+    from pid.sandbox.engine_probe import image_present
     if image_present(image):   # (the engine's socket, without loading the Docker SDK)
         return
-    from sandbox import DockerUnavailable, ImageNotFound, ensure_image
+    from pid.sandbox import DockerUnavailable, ImageNotFound, ensure_image
     try:
         ensure_image(image)
     except (ImageNotFound, DockerUnavailable) as exc:
@@ -335,13 +335,13 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
 
     previous = signal.signal(signal.SIGINT, on_sigint)   # before the sandbox's thread starts
     try:
-        from worker.sandbox_start import abandon, start_sandbox
+        from pid.worker.sandbox_start import abandon, start_sandbox
         starting = start_sandbox(spec)    # the container starts while the agent's code loads
         try:
             check_image(spec.image)
             reap_own_quietly()
-            from worker.control import ForegroundJob
-            from worker.runner import run_job
+            from pid.worker.control import ForegroundJob
+            from pid.worker.runner import run_job
             jobs.append(ForegroundJob.start(spec))   # in the job store: list, status, steer, pause, cancel reach it
         except BaseException:             # bad input: nothing may stay behind
             abandon(starting)
@@ -356,7 +356,7 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
         failure: str | None = None
         printer: Any = EventPrinter(verbose=verbose)
         if not as_json and on_terminal(err=True):
-            from cli.live_view import RunView
+            from pid.cli.live_view import RunView
             printer = RunView(verbose=verbose)
             views.append(printer)
         try:
@@ -401,8 +401,8 @@ def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_
     spec = build_spec(options, no_images)
     spec.queue = queue
     spec.max_workspace = max_workspace
-    from jobs.brokers import embedded_broker
-    from jobs.store import default_store
+    from pid.jobs.brokers import embedded_broker
+    from pid.jobs.store import default_store
     if embedded_broker():  # the worker is on this machine: its image and CPUs must be here too
         check_cpus(spec)
         check_image(spec.image)
@@ -412,7 +412,7 @@ def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_
 
 def queue_job(store: Any, spec: JobSpec, api_key: str | None, wait: bool, as_json: bool) -> None:
     """Record the job, keep its key, publish it; then print its id, or wait for its end (submit, continue, retry)."""
-    from jobs.dispatch import dispatch
+    from pid.jobs.dispatch import dispatch
     check_policies(store, spec)
     store.create(spec)
     try:
@@ -423,7 +423,7 @@ def queue_job(store: Any, spec: JobSpec, api_key: str | None, wait: bool, as_jso
         dispatch(spec.id, store=store)
     except Exception as exc:  # the broker refused: the job must not sit queued forever
         store.finish(spec.id, "dispatch_failed", error=str(exc))
-        from jobs.reach import unreachable_broker
+        from pid.jobs.reach import unreachable_broker
         raise BadInput(unreachable_broker(exc, spec.id)) from None
     if not wait:
         echo(spec.id)
@@ -455,7 +455,7 @@ def _download(store: Any, job_id: str, dest: str, own_dir: bool) -> str:
     """The job's artifacts from the store into `dest`; returns it. `own_dir`: dest is the job's own out directory
     (`submit --wait`): nothing is fetched when a worker sharing this filesystem already wrote it there. Otherwise a
     non-empty dest must hold this job's earlier download (jobs/artifact_store.py). Failure: one line, exit 2."""
-    from jobs.artifact_store import DownloadError, already_local, download
+    from pid.jobs.artifact_store import DownloadError, already_local, download
     dest = os.path.abspath(os.path.expanduser(dest))
     if own_dir and already_local(store, job_id, dest):
         return dest
@@ -469,7 +469,7 @@ def _download(store: Any, job_id: str, dest: str, own_dir: bool) -> str:
 def _while_waiting(store: Any, job_id: str) -> Callable[[], None]:
     """What a wait does besides polling: say when no worker takes the job, and sweep now and then, so that a job
     whose `pid run` was killed is ended instead of waited for forever."""
-    from jobs.sweep import sweep_quietly
+    from pid.jobs.sweep import sweep_quietly
     notice = _no_worker_notice(store, job_id)
     next_sweep = time.monotonic() + SWEEP_WHILE_WAITING_S
 
@@ -496,7 +496,7 @@ def _no_worker_notice(store: Any, job_id: str, out: Callable[..., None] = echo) 
         record = store.get(job_id)
         if record is None or record.status != "queued":
             return
-        from jobs.workers import live_workers
+        from pid.jobs.workers import live_workers
         queue = record.spec.queue
         workers = [w for w in live_workers(store) if queue in w.queues]
         waited = f"job {job_id} is still queued after {NO_WORKER_NOTICE_S:g}s"
@@ -516,7 +516,7 @@ RESULT_GRACE_S = 10.0   # an ended job's result.json may follow its end by this 
 def _load_result(store: Any, job_id: str) -> dict[str, Any]:
     """An ended job's result.json from the job store, wherever the worker ran; for a job recorded before results
     went there, from its local out directory. Neither: one line, exit 2."""
-    from jobs.artifact_store import DownloadError, read_result
+    from pid.jobs.artifact_store import DownloadError, read_result
     record = store.get(job_id)
     path = os.path.join(record.spec.job_dir, "result.json")
     ended = record.finished_at if record.finished_at is not None else store.now()
@@ -546,7 +546,7 @@ def _local_result(path: str, job_id: str) -> dict[str, Any] | None:
 
 
 def _record_or_fail(job_id: str) -> Any:
-    from jobs.store import default_store
+    from pid.jobs.store import default_store
     store = default_store()
     record = store.get(job_id)
     if record is None:
@@ -559,7 +559,7 @@ def _record_or_fail(job_id: str) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="The job's whole record as JSON.")
 def status(job_id: str, as_json: bool) -> None:
     """Show a job's status: counts, what it is doing now, its error."""
-    from jobs.sweep import sweep_quietly
+    from pid.jobs.sweep import sweep_quietly
     sweep_quietly()
     _, record = _record_or_fail(job_id)
     if as_json:
@@ -609,7 +609,7 @@ def result(job_id: str, as_json: bool, wait: bool, download: str | None) -> None
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 def cancel(job_id: str) -> None:
     """Cancel a queued or running job (artifacts so far are kept)."""
-    from jobs.sweep import cancel_job
+    from pid.jobs.sweep import cancel_job
     store, record = _record_or_fail(job_id)
     if record.terminal:
         raise BadInput(f"job {job_id} is {record.status}: nothing to cancel")
@@ -677,10 +677,10 @@ def resume(job_id: str) -> None:
 @click.option("--batch", "batch_dir", metavar="DIR", help="Only the jobs of the batch whose directory is DIR.")
 def list_jobs(limit: int, status_filter: str | None, as_json: bool, batch_dir: str | None) -> None:
     """Recent jobs, newest first: status, duration, cost, exit reason, task (`pid run` jobs too)."""
-    from cli.listing import batch_records, job_lines
-    from cli.table import terminal_width
-    from jobs.store import default_store
-    from jobs.sweep import sweep_quietly
+    from pid.cli.listing import batch_records, job_lines
+    from pid.cli.table import terminal_width
+    from pid.jobs.store import default_store
+    from pid.jobs.sweep import sweep_quietly
     store = default_store()
     sweep_quietly(store)
     records = batch_records(store, batch_dir, limit, status_filter) if batch_dir else store.list(limit, status_filter)
@@ -703,8 +703,8 @@ def logs(job_id: str, follow: bool, as_json: bool, verbose: bool) -> None:
     store, record = _record_or_fail(job_id)
     line = None
     if follow and not as_json and on_terminal(err=False):
-        from cli.live_view import job_status
-        from cli.status_line import StatusLine
+        from pid.cli.live_view import job_status
+        from pid.cli.status_line import StatusLine
         latest = [record]
         line = StatusLine(err=False, describe=lambda: job_status(latest[0]))
     follower = EventFollower(store, job_id, RecordPrinter(as_json, err=False, verbose=verbose,
@@ -737,8 +737,8 @@ def logs(job_id: str, follow: bool, as_json: bool, verbose: bool) -> None:
 def workers(show_all: bool, as_json: bool) -> None:
     """The workers of this job store, from their heartbeats (every 2 s): host, process, jobs running of how many;
     alive, or (--all) stopped, lost (its process is gone) or silent, and since when."""
-    from jobs.workers import worker_state
-    from jobs.store import default_store
+    from pid.jobs.workers import worker_state
+    from pid.jobs.store import default_store
     store = default_store()
     now = store.now()
     states = [(b, worker_state(b, now)) for b in store.workers()]
@@ -749,8 +749,8 @@ def workers(show_all: bool, as_json: bool) -> None:
     if not beats:
         echo("no live worker" + ("" if show_all else " (pid workers --all: also stopped or lost ones)"))
         return
-    from cli.listing import worker_lines
-    from cli.table import terminal_width
+    from pid.cli.listing import worker_lines
+    from pid.cli.table import terminal_width
     header, *lines = worker_lines(beats, now, terminal_width())
     echo(header)
     for line, (b, state) in zip(lines, beats):
@@ -785,7 +785,7 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
     """Start a worker that runs queued jobs (Ctrl-C: finish the running jobs, then stop; twice, or SIGTERM, or
     SIGHUP: hand them back to the queue now)."""
     check_broker()
-    from jobs import policy
+    from pid.jobs import policy
     if policy_file:
         try:
             policy.activate(policy.load(policy_file))
@@ -795,8 +795,8 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
         problem = _volatile_store()
         if problem:
             raise BadInput(problem)
-    from worker.app import app
-    from worker.tasks import configure_job_lines, node_name
+    from pid.worker.app import app
+    from pid.worker.tasks import configure_job_lines, node_name
     configure_job_lines()
     quiet = ["--quiet"] if loglevel.upper() in ("WARNING", "ERROR") else []   # Celery's banner only when asked
     app.worker_main([*quiet, "worker", f"--concurrency={concurrency}", f"--queues={queues}",
@@ -808,9 +808,9 @@ def _volatile_store() -> str | None:
     """Why the job store would lose every job on a restart (jobs/store_watch.py), once it answers: a store not up
     yet is waited for, as Celery waits for its broker; one that refuses the password is not (it never changes its
     mind: one line, exit 2)."""
-    from worker.outage import refused_credentials, transient
-    from jobs.store import default_store
-    from jobs.store_watch import volatile
+    from pid.worker.outage import refused_credentials, transient
+    from pid.jobs.store import default_store
+    from pid.jobs.store_watch import volatile
     store, said = default_store(), False
     while True:
         try:
@@ -831,7 +831,7 @@ def _volatile_store() -> str | None:
 def reap(all_owners: bool) -> None:
     """Remove this installation's pid containers whose time to live has passed, and orphaned job disks (workers and
     `pid run` also do this on their own)."""
-    from sandbox.reaper import reap_installation
+    from pid.sandbox.reaper import reap_installation
     containers, disks = reap_installation(pid_home(), all_owners=all_owners)
     echo(f"removed {len(containers)} expired container(s) and {len(disks)} orphaned disk(s)")
 
@@ -840,22 +840,22 @@ def reap_own_quietly() -> None:
     """At start, beside the job: what an earlier run of this installation left behind goes (never fatal)."""
     def reap() -> None:
         try:
-            from sandbox.reaper import reap_installation
+            from pid.sandbox.reaper import reap_installation
             reap_installation(pid_home())
         except Exception:
             pass
-        from jobs.sweep import sweep_quietly
+        from pid.jobs.sweep import sweep_quietly
         sweep_quietly()   # a `pid run` killed earlier is ended, with its result.json
     threading.Thread(target=reap, name="pid-reap", daemon=True).start()
 
 
-from cli.view import view as view_command  # noqa: E402 - the command lives in its own module; it imports lightly
+from pid.cli.view import view as view_command  # noqa: E402 - the command lives in its own module; it imports lightly
 cli.add_command(view_command)
-from cli.rerun import register as register_rerun  # noqa: E402 - `continue` and `retry`, with this module's helpers
+from pid.cli.rerun import register as register_rerun  # noqa: E402 - `continue` and `retry`, with this module's helpers
 register_rerun(cli, sys.modules[__name__])
 if cli_package.LOADING:   # loaded (cli/__init__.py): Ctrl-C is a KeyboardInterrupt again, which main() and the
-    cli_package.LOADING = False                                # commands handle (once: `python -m cli.main` may
-    signal.signal(signal.SIGINT, signal.default_int_handler)   # load this module a second time, as cli.main)
+    cli_package.LOADING = False                                # commands handle (once: `python -m pid.cli.main` may
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # load this module a second time, as pid.cli.main)
 
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)
@@ -890,7 +890,7 @@ def main() -> None:
             echo(f"pid: error: {one_line(exc.format_message())}", err=True)
         sys.exit(exc.exit_code)
     except Exception as exc:   # a store that cannot be reached is one line too; anything else is a bug's traceback
-        from jobs.reach import unreachable_store
+        from pid.jobs.reach import unreachable_store
         line = unreachable_store(exc)
         if line is None:
             raise

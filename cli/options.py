@@ -14,8 +14,8 @@ import click
 from click.core import ParameterSource
 
 from pid.config import API_KEY_ENV, API_NAMES, THINKING_LEVELS
-from sandbox.disk import format_size
-from jobs.spec import default_of, spec_field
+from pid.sandbox.disk import format_size
+from pid.jobs.spec import default_of, spec_field
 from pid import settings
 
 MIN_MEMORY = 6 << 20   # the Docker engine refuses less
@@ -63,7 +63,7 @@ class Size(click.ParamType):
             return value
         if self.zero_ok and str(value).strip().lower() in ("0", "none"):
             return 0
-        from sandbox.disk import parse_size
+        from pid.sandbox.disk import parse_size
         try:
             return parse_size(str(value))
         except ValueError as exc:
@@ -119,11 +119,11 @@ class ImageRef(click.ParamType):
 
 
 class Workdir(click.ParamType):
-    """An absolute directory of the container that pid can give the agent (sandbox.image_fs.check_workdir)."""
+    """An absolute directory of the container that pid can give the agent (pid.sandbox.image_fs.check_workdir)."""
     name = "path"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
-        from sandbox.image_fs import check_workdir
+        from pid.sandbox.image_fs import check_workdir
         try:
             return check_workdir(str(value))
         except ValueError as exc:
@@ -152,7 +152,7 @@ class User(click.ParamType):
     name = "uid[:gid]"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
-        from sandbox.config import parse_user
+        from pid.sandbox.config import parse_user
         try:
             parse_user(str(value))
         except ValueError as exc:

@@ -19,7 +19,7 @@ from pid import events as ev
 from pid.costs import format_cost
 from pid.event_records import EventRecords
 from pid.terminal import CLEAR_LINE, dumps, one_line, shown
-from jobs.spec import json_text
+from pid.jobs.spec import json_text
 
 CHECK_LINES_SHOWN = 15   # of a failed check's output_tail, under the summary (all of it is in result.json)
 

@@ -2,7 +2,7 @@
 
 The new job's spec comes from the job store (jobs/continuation.py), so either works from any machine that shares
 it. cli/main.py registers these commands (register), handing over its own module for the helpers `submit` uses
-(errors, image and key checks, waiting): this module never imports cli.main, which may be running as __main__.
+(errors, image and key checks, waiting): this module never imports pid.cli.main, which may be running as __main__.
 """
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from typing import Any
 
 import click
 
-from cli.ids import JOB_ID
-from cli.options import Api, Number, QueueName, Url
-from cli.output import echo
+from pid.cli.ids import JOB_ID
+from pid.cli.options import Api, Number, QueueName, Url
+from pid.cli.output import echo
 from pid.config import API_KEY_ENV, EnvDefaults, endpoint
-from jobs.spec import JobSpec, spec_field
+from pid.jobs.spec import JobSpec, spec_field
 
-_main: Any = None   # cli.main (a module), once registered
+_main: Any = None   # pid.cli.main (a module), once registered
 
 
 def register(group: click.Group, main_module: ModuleType) -> None:
@@ -30,7 +30,7 @@ def register(group: click.Group, main_module: ModuleType) -> None:
 
 
 class HomeCommand(click.Command):
-    """As cli.main's commands: an unusable PID_HOME stops it before it does anything."""
+    """As pid.cli.main's commands: an unusable PID_HOME stops it before it does anything."""
 
     def invoke(self, ctx: click.Context) -> Any:
         from pid.config import HomeUnusable, ensure_pid_home
@@ -88,7 +88,7 @@ def continue_job(job_id: str, message: str, model: str | None, base_url: str | N
         raise _main.BadInput("the message is empty")
     if model is not None and not model.strip():
         raise _main.BadInput("--model is empty")
-    from jobs.continuation import continuation_spec, switch_model
+    from pid.jobs.continuation import continuation_spec, switch_model
 
     def make(store: Any) -> JobSpec:
         spec = continuation_spec(store, job_id, message)
@@ -104,7 +104,7 @@ def retry(job_id: str, out_dir: str | None, queue: str | None, api_key: str | No
           as_json: bool) -> None:
     """Run a job again as a new job: the same task and options, on the same workspace snapshot. Prints the new
     job's id."""
-    from jobs.continuation import retry_spec
+    from pid.jobs.continuation import retry_spec
     _queue(lambda store: retry_spec(store, job_id), out_dir, queue, api_key, wait, as_json, {}, Endpoint())
 
 
@@ -118,9 +118,9 @@ class Endpoint:
 def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | None, wait: bool, as_json: bool,
            limits: dict[str, Any], given: Endpoint) -> None:
     """Make the spec, check it as submit checks its own, record it, publish it; then print the id or wait."""
-    from jobs.brokers import embedded_broker
-    from jobs.continuation import Refused
-    from jobs.store import default_store
+    from pid.jobs.brokers import embedded_broker
+    from pid.jobs.continuation import Refused
+    from pid.jobs.store import default_store
     _main.check_broker()
     store = default_store()
     try:
@@ -154,7 +154,7 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
 
 def check_prices(spec: JobSpec) -> None:
     """--max-cost (given now, or the earlier job's) needs prices: the earlier job's own, or the model table's, as
-    `submit` accepts them (cli.main.build_spec)."""
+    `submit` accepts them (pid.cli.main.build_spec)."""
     priced = spec.input_price or spec.output_price or spec.cache_read_price or spec.cache_write_price
     if spec.max_cost is not None and not priced and not _main._table_prices(spec.model):
         raise _main.BadInput("--max-cost needs the model's prices, and neither the earlier job nor the model table "
@@ -167,7 +167,7 @@ def _out_dir(given: str | None, earlier: str) -> str:
     if given is not None:
         return _main.check_out_dir(given)
     default = os.path.join(os.getcwd(), str(spec_field("out_dir").default))
-    from jobs.batch import JOBS, BatchDir
+    from pid.jobs.batch import JOBS, BatchDir
     earlier_path = os.path.normpath(earlier)
     if os.path.basename(earlier_path) == JOBS and BatchDir.exists(os.path.dirname(earlier_path)):
         return _main.check_out_dir(default)   # the batch's scratch, which it empties as it downloads each item

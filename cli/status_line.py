@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Callable
 
-from cli.output import Part, echo, styled
+from pid.cli.output import Part, echo, styled
 from pid.costs import format_cost
 
 TICK_S = 0.5        # the elapsed time and a spinner move on at least this often

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from cli.output import echo
+from pid.cli.output import echo
 
 # The same names as cli/pages/job.py's and jobs/artifact_store.py's; the renderer is imported only when a page is
 # made, so that registering this command costs the other commands nothing.
@@ -32,7 +32,7 @@ WATCH_WAIT_S = 2.0     # and how long --watch waits for the job's next event bef
 
 
 class ViewError(click.ClickException):
-    """One line, exit 2 (cli.main prints ClickExceptions as `pid: error: ...`)."""
+    """One line, exit 2 (pid.cli.main prints ClickExceptions as `pid: error: ...`)."""
     exit_code = 2
 
 
@@ -66,8 +66,8 @@ def view(target: str, output: str | None, open_page: bool, watch: bool) -> None:
 
 
 def _view_dir(directory: str, output: str | None) -> str:
-    from cli.pages.batch import render_batch
-    from cli.pages.job import read_result, render_job
+    from pid.cli.pages.batch import render_batch
+    from pid.cli.pages.job import read_result, render_job
     if os.path.isfile(os.path.join(directory, BATCH)):
         default = os.path.join(directory, "view")
         if output is None and any(os.path.exists(os.path.join(default, n)) for n in (RESULT, SESSION)):
@@ -92,8 +92,8 @@ def _store_and_record(job_id: str) -> tuple[Any, Any]:
         ensure_pid_home()
     except HomeUnusable as exc:
         raise ViewError(str(exc)) from None
-    from cli.ids import NoSuchJob, resolve
-    from jobs.store import default_store
+    from pid.cli.ids import NoSuchJob, resolve
+    from pid.jobs.store import default_store
     store = default_store()
     try:
         job_id = resolve(store, job_id)
@@ -133,7 +133,7 @@ def _view_job_id(job_id: str, output: str | None, refresh_s: int | None = None, 
 
 def _write_job_page(store: Any, record: Any, path: str, pages: dict[str, str], relatives: list[tuple[str, Any]],
                     refresh_s: int | None) -> None:
-    from cli.pages.job import Relative, render_job
+    from pid.cli.pages.job import Relative, render_job
     linked = [Relative(role, other.id, pages.get(other.id)) for role, other in relatives]
     with tempfile.TemporaryDirectory(prefix="pid-view-") as tmp:
         where = _artifacts(store, record, tmp)
@@ -193,7 +193,7 @@ def _watch(job_id: str, output: str | None, opened: Any) -> None:
 
 
 def _placeholder(output: str | None, record: Any) -> str:
-    from cli.pages.blocks import esc, page
+    from pid.cli.pages.blocks import esc, page
     path = _page_path(output, record.id)
     body = (f"<h1>pid job <code>{esc(record.id)}</code></h1><p>{esc(record.status)}: no transcript yet. This page "
             f"reloads every {REFRESH_S} s while pid view --watch runs.</p>")
@@ -205,7 +205,7 @@ def _artifacts(store: Any, record: Any, tmp: str) -> str | None:
     """A directory holding the job's result.json / session.jsonl / patch.diff: the job's own out directory when it
     holds what the store has (a worker on this machine wrote it), else what the store has, fetched into tmp (only
     these three: collected files may be large), else the out directory if it holds anything."""
-    from jobs.artifact_store import already_local
+    from pid.jobs.artifact_store import already_local
     local = record.spec.job_dir
     if already_local(store, record.id, local):
         return str(local)
@@ -218,7 +218,7 @@ def _artifacts(store: Any, record: Any, tmp: str) -> str | None:
     if SESSION not in wanted and attempts:       # still running, or ended without its own transcript
         wanted[SESSION] = attempts[-1][1]
     if wanted:
-        from jobs.store import BlobMissing
+        from pid.jobs.store import BlobMissing
         for local_name, stored in wanted.items():
             try:
                 with open(os.path.join(tmp, local_name), "wb") as f:
@@ -260,7 +260,7 @@ def _write(output: str | None, job_id: str, text: str) -> str:
 
 
 def _write_path(path: str, text: str) -> str:
-    from cli.pages.blocks import write_page
+    from pid.cli.pages.blocks import write_page
     try:
         write_page(path, text)
     except OSError as exc:

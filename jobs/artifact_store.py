@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from pid.endings import status_of
-from jobs.spec import JobSpec, json_text, storable
-from jobs.store import ARTIFACT_LIMIT, BlobMissing, JobAttachments, TooLarge
+from pid.jobs.spec import JobSpec, json_text, storable
+from pid.jobs.store import ARTIFACT_LIMIT, BlobMissing, JobAttachments, TooLarge
 
 log = logging.getLogger("pid.worker")
 

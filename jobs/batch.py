@@ -25,8 +25,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from pid.endings import exit_code_for
-from jobs.spec import write_json_atomic
-from jobs.trees import remove_tree
+from pid.jobs.spec import write_json_atomic
+from pid.jobs.trees import remove_tree
 
 META, LEDGER, RESULTS, SUMMARY, JOBS = "batch.json", "jobs.jsonl", "batch.jsonl", "summary.json", ".jobs"
 

@@ -16,7 +16,7 @@ from typing import Any
 from pid import events as ev
 from pid.endings import ExitReason
 from pid.messages import AssistantMessage
-from jobs.store import BatchInfo, Batches, JobRecord, Store
+from pid.jobs.store import BatchInfo, Batches, JobRecord, Store
 
 log = logging.getLogger("pid.worker")
 
@@ -67,7 +67,7 @@ class BatchBudget:
 
 def end_queued(store: Store, batch_id: str, note: str) -> list[str]:
     """The batch's queued jobs end `batch_budget` (each with its result.json); returns their ids."""
-    from jobs.sweep import write_unrun_result
+    from pid.jobs.sweep import write_unrun_result
     ended = []
     for record in store.batch_jobs(batch_id):
         if record.status == "queued" and store.finish_if_queued(record.id, "batch_budget"):
@@ -85,7 +85,7 @@ def refused(store: Store, record: JobRecord) -> str | None:
     if info is None:
         return None
     if info.exhausted:
-        from jobs.sweep import write_unrun_result
+        from pid.jobs.sweep import write_unrun_result
         if store.finish_if_queued(record.id, "batch_budget"):
             write_unrun_result(record.spec, "batch_budget", budget_note(info), store=store)
         return "batch_budget"
@@ -115,7 +115,7 @@ def wake_parked(store: Store, batch_id: str) -> list[str]:
     free = room(store, batch_id)
     if free == 0:
         return []
-    from jobs.dispatch import dispatch
+    from pid.jobs.dispatch import dispatch
     woken: list[str] = []
     for record in store.batch_jobs(batch_id):
         if free is not None and len(woken) >= free:

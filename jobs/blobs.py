@@ -11,8 +11,8 @@ import io
 import re
 from typing import BinaryIO, Protocol
 
-from sandbox.artifacts import ChunkReader
-from jobs.store import BlobMissing, BlobStore, default_store
+from pid.sandbox.artifacts import ChunkReader
+from pid.jobs.store import BlobMissing, BlobStore, default_store
 
 __all__ = ["BlobCorrupt", "BlobMissing", "Blobs", "StoreBlobs", "default_blobs", "hex_of"]
 

@@ -49,7 +49,7 @@ def broker_settings(home: str) -> tuple[str, dict[str, object]]:
     control = os.path.join(home, "broker", "control")
     for folder in (home, queue_dir, processed, control):
         os.makedirs(folder, mode=0o700, exist_ok=True)
-    from jobs.transport import register
+    from pid.jobs.transport import register
     register()
     return "pidfs://", {"data_folder_in": queue_dir, "data_folder_out": queue_dir,
                         "processed_folder": processed, "store_processed": False, "control_folder": control,

@@ -17,8 +17,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.spec import JobSpec, new_job_id
-from jobs.store import ARTIFACT_LIMIT, BlobMissing, JobAttachments, JobRecords, Store
+from pid.jobs.spec import JobSpec, new_job_id
+from pid.jobs.store import ARTIFACT_LIMIT, BlobMissing, JobAttachments, JobRecords, Store
 
 SESSION = "session.jsonl"
 PATCH = "patch.diff"
@@ -120,7 +120,7 @@ def _copy(spec: JobSpec, store: Store, job_id: str) -> JobSpec:
         return new
     if not spec.repo:   # the image's own workdir: the image is the snapshot
         return new
-    from jobs.snapshot import git_source
+    from pid.jobs.snapshot import git_source
     git = git_source(spec.repo) if "://" in spec.repo else None
     ran_on = _ran_on(store, job_id)
     if git is not None:
@@ -141,7 +141,7 @@ def _copy(spec: JobSpec, store: Store, job_id: str) -> JobSpec:
 
 def _ran_on(store: Store, job_id: str) -> dict[str, Any]:
     """result.json's `workspace`: which snapshot the job ran on ({} when unknown)."""
-    from jobs.artifact_store import read_result
+    from pid.jobs.artifact_store import read_result
     try:
         result = read_result(store, job_id) or {}
     except Exception:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from jobs.brokers import embedded_broker, redis_broker
-from jobs.spec import DEFAULT_QUEUE
-from jobs.publish import push, send
-from jobs.store import Store, StoreBase, default_store
+from pid.jobs.brokers import embedded_broker, redis_broker
+from pid.jobs.spec import DEFAULT_QUEUE
+from pid.jobs.publish import push, send
+from pid.jobs.store import Store, StoreBase, default_store
 from pid import settings
 
 _redis_clients: dict[tuple[int, str], Any] = {}   # a broker that is not the store's Redis: one client per process
@@ -53,22 +53,22 @@ def publish(store: StoreBase, jobs: list[tuple[str, str]], front: bool = False) 
             return 0, exc
         return len(jobs), None
     from pid.config import pid_home
-    from jobs.brokers import broker_settings
-    from jobs.clients import check_clients
+    from pid.jobs.brokers import broker_settings
+    from pid.jobs.clients import check_clients
     url, options = broker_settings(pid_home())
     check_clients({settings.BROKER_URL.name: url})
     priority = None
     if front and embedded_broker():
         # the embedded broker reads this priority as "the front" (jobs/transport.py); other transports order by
         # priority each their own way, so they get none
-        from jobs.transport import FRONT_PRIORITY
+        from pid.jobs.transport import FRONT_PRIORITY
         priority = FRONT_PRIORITY
     return send(url, options, jobs, priority)
 
 
 def _redis_client(store: StoreBase, url: str) -> Any:
     """A client of the broker's Redis: the store's own when the store is that Redis (its connection is open)."""
-    from jobs.redis_store import RedisStore
+    from pid.jobs.redis_store import RedisStore
     if isinstance(store, RedisStore) and store.url == url:
         return store.client()
     key = (os.getpid(), url)

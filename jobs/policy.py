@@ -33,12 +33,12 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from pid.config import endpoint
-from sandbox.config import parse_user
-from sandbox.disk import format_size, parse_size
-from jobs.spec import JobSpec
+from pid.sandbox.config import parse_user
+from pid.sandbox.disk import format_size, parse_size
+from pid.jobs.spec import JobSpec
 
 if TYPE_CHECKING:
-    from jobs.store import WorkerBeat
+    from pid.jobs.store import WorkerBeat
 
 
 class PolicyError(ValueError):

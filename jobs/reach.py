@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from jobs.brokers import shown_url
+from pid.jobs.brokers import shown_url
 from pid import settings
 
 REASON_CHARS = 200   # of the library's own words
@@ -19,7 +19,7 @@ def unreachable_store(exc: BaseException) -> str | None:
     """The one line for `exc` when it says the job store cannot be reached (or refuses pid); None otherwise."""
     if not _unreachable(exc):
         return None
-    from jobs.store import store_url, store_variable
+    from pid.jobs.store import store_url, store_variable
     url = store_url()
     if url:
         where = f"{shown_url(url)} ({store_variable()})"
@@ -41,7 +41,7 @@ def _unreachable(exc: BaseException) -> bool:
     if redis_errors is not None and isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError,
                                                      redis_errors.NoPermissionError)):
         return True   # (AuthenticationError, a wrong or missing password, is a ConnectionError)
-    from jobs.store import StoreUnavailable
+    from pid.jobs.store import StoreUnavailable
     return isinstance(exc, StoreUnavailable)
 
 

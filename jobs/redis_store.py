@@ -44,11 +44,11 @@ from typing import Any, BinaryIO, Iterator
 import redis
 
 from pid.endings import ExitReason, status_of
-from jobs.brokers import shown_url
-from jobs.spec import DEFAULT_QUEUE, JobSpec
-from jobs.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing, Capped, Controls, JobRecord,
-                          WorkerBeat, _policy, _queues, blob_from_file, blob_hex, check_artifact_name, retention_s,
-                          sum_usage)
+from pid.jobs.brokers import shown_url
+from pid.jobs.spec import DEFAULT_QUEUE, JobSpec
+from pid.jobs.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing, Capped, Controls,
+                            JobRecord, WorkerBeat, _policy, _queues, blob_from_file, blob_hex, check_artifact_name,
+                            retention_s, sum_usage)
 
 PREFIX = "pid:"
 SOCKET_TIMEOUT_S = 60  # a Redis that stopped answering is an error, not a hang (a blocking read waits less)
@@ -67,7 +67,7 @@ _ONCE_BODY = "-- {script}\n"
 
 
 def _lua(name: str) -> str:
-    return resources.files("jobs").joinpath("redis_lua", f"{name}.lua").read_text(encoding="utf-8")
+    return resources.files("pid.jobs").joinpath("redis_lua", f"{name}.lua").read_text(encoding="utf-8")
 
 
 def _sources() -> dict[str, str]:

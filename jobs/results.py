@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from pid.event_records import job_record
 from pid.session import iso_time
-from jobs.spec import JobSpec
-from jobs.store import JobAttachments
+from pid.jobs.spec import JobSpec
+from pid.jobs.store import JobAttachments
 
 if TYPE_CHECKING:   # for the annotation only: a client command loads the agent only to end a job (jobs/sweep.py)
     from pid.agent import Outcome
@@ -49,7 +49,7 @@ def client_is_local() -> bool:
     """Whether a job's submitter is on this machine, as this worker's user: the embedded broker is a directory under
     PID_HOME, so only they reach it. Through a broker of the network, a job's --out is a path on some other machine
     that anyone who can submit may have named: a worker running as root must not write there."""
-    from jobs.brokers import embedded_broker
+    from pid.jobs.brokers import embedded_broker
     return embedded_broker()
 
 
@@ -72,7 +72,7 @@ def with_earlier_attempts(result: dict[str, Any], earlier: list[dict[str, Any]])
     (turns and tool_calls stay this attempt's: they describe this attempt's transcript, session.jsonl)."""
     if not earlier:
         return
-    from jobs.store import sum_usage
+    from pid.jobs.store import sum_usage
     this = {"attempt": len(earlier) + 1, "turns": result.get("turns", 0), "tool_calls": result.get("tool_calls", 0),
             "usage": result.get("usage") or {}}
     result["per_attempt"] = [*earlier, this]

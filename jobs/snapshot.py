@@ -15,10 +15,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from pid.sandbox import SandboxError
+from pid.sandbox_api import SandboxError
 from pid.sandbox_lifecycle import JobSandbox
-from sandbox.workspace import Packed, WorkspaceTooLarge, check_git_source, pack_tar
-from jobs.blobs import BlobMissing, Blobs, default_blobs
+from pid.sandbox.workspace import Packed, WorkspaceTooLarge, check_git_source, pack_tar
+from pid.jobs.blobs import BlobMissing, Blobs, default_blobs
 
 log = logging.getLogger("pid.worker")
 
@@ -40,7 +40,7 @@ def git_source(repo: str) -> GitSource | None:
 
 
 def pack_and_store(root: str, blobs: Blobs, max_bytes: int, tmp_dir: str | None = None) -> Packed:
-    """Pack the directory `root` (sandbox.workspace.pack_tar: deterministic, links kept as links) into a temporary
+    """Pack the directory `root` (pid.sandbox.workspace.pack_tar: deterministic, links kept as links) into a temporary
     file, hashing as it is written, and store it unless a blob of that digest is already there. Raises
     WorkspaceTooLarge past `max_bytes` (0: no limit), OSError when the tree cannot be read."""
     fd, tmp = tempfile.mkstemp(prefix=".pid-pack-", dir=tmp_dir)

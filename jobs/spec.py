@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from pid.config import API_NAMES, DEFAULT_API, THINKING_LEVELS
-from sandbox.config import SandboxConfig, parse_user
+from pid.sandbox.config import SandboxConfig, parse_user
 
 NETWORKS = ("none", "bridge")     # never host: it would hand the agent the host's own network stack
 DEFAULT_QUEUE = "pid"             # the queue a job waits in unless `submit --queue` names another
@@ -184,7 +184,7 @@ def spec_problem(spec: JobSpec) -> str | None:
             "\0" in spec.out_dir:
         return f"out_dir {spec.out_dir!r} is not an absolute, normalised path"
     try:
-        from sandbox.disk import parse_size
+        from pid.sandbox.disk import parse_size
         parse_size(spec.memory)
         parse_user(spec.user)
     except (TypeError, ValueError) as exc:

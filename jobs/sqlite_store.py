@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO, Iterator
 
 from pid.endings import ExitReason, status_of
-from jobs.spec import DEFAULT_QUEUE, JobSpec
-from jobs.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing, Capped, Controls, JobRecord,
-                        StoreUnavailable, WorkerBeat, _policy, _queues, blob_from_file, blob_hex,
-                        check_artifact_name, retention_s, sum_usage)
+from pid.jobs.spec import DEFAULT_QUEUE, JobSpec
+from pid.jobs.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing, Capped, Controls,
+                            JobRecord, StoreUnavailable, WorkerBeat, _policy, _queues, blob_from_file, blob_hex,
+                            check_artifact_name, retention_s, sum_usage)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (

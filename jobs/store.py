@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterator, Protocol
 
 from pid.endings import TERMINAL_STATUSES, ExitReason, check_passed_of, exit_code_of
-from jobs.spec import DEFAULT_QUEUE, JobSpec
+from pid.jobs.spec import DEFAULT_QUEUE, JobSpec
 from pid import settings
 
 USAGE_KEYS = ("input", "output", "cache_read", "cache_write", "total_tokens")
@@ -329,7 +329,7 @@ class Retention(StoreBase, Protocol):
 class Store(JobRecords, Leases, Recovery, Batches, DispatchRecords, Heartbeats, BlobStore, JobAttachments,
             Retention, Protocol):
     """What pid asks of its job store: every role above. Two implementations with the same semantics
-    (tests/test_store_contract.py): JobStore (SQLite under PID_HOME, one machine) and jobs.redis_store.RedisStore
+    (tests/test_store_contract.py): JobStore (SQLite under PID_HOME, one machine) and pid.jobs.redis_store.RedisStore
     (a cluster). A function that needs one role asks for that role; one that needs several asks for Store."""
 
 
@@ -341,7 +341,7 @@ def store_url() -> str | None:
     url = settings.STORE_URL.raw()
     if url:
         return url
-    from jobs.brokers import redis_broker
+    from pid.jobs.brokers import redis_broker
     return redis_broker()
 
 
@@ -357,7 +357,7 @@ def open_store(url: str | None, variable: str = settings.STORE_URL.name) -> Stor
     """The store at `url`: None or "" -> SQLite under PID_HOME; sqlite:///ABS/PATH.db -> SQLite there;
     redis://HOST:PORT/DB (rediss://, unix://) -> RedisStore (one per URL and process: it holds a connection pool).
     ValueError, with a one-line message naming `variable`, for any other URL or a bad PID_RETENTION."""
-    from jobs.sqlite_store import JobStore   # (it imports this module)
+    from pid.jobs.sqlite_store import JobStore   # (it imports this module)
     if not url:
         from pid.config import pid_home
         return JobStore(os.path.join(pid_home(), "jobs.db"))
@@ -372,9 +372,9 @@ def open_store(url: str | None, variable: str = settings.STORE_URL.name) -> Stor
         key = (os.getpid(), url)
         store = _redis_stores.get(key)
         if store is None:
-            from jobs.clients import check_clients
+            from pid.jobs.clients import check_clients
             check_clients({variable: url})
-            from jobs.redis_store import RedisStore
+            from pid.jobs.redis_store import RedisStore
             store = _redis_stores[key] = RedisStore(url)
         return store
     shown = url[:200] if "@" not in url else scheme + "://…"   # never a password

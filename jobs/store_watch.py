@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from jobs.store import Store, StoreBase
+from pid.jobs.store import Store, StoreBase
 
 log = logging.getLogger("pid.jobs")
 
@@ -19,7 +19,7 @@ log = logging.getLogger("pid.jobs")
 def volatile(store: StoreBase) -> str | None:
     """Why `store` would lose every job on a restart (one line), or None: it persists, or it is not a Redis, or it
     will not say (then a warning is logged)."""
-    from jobs.redis_store import RedisStore
+    from pid.jobs.redis_store import RedisStore
     if not isinstance(store, RedisStore):
         return None
     kept = store.persistence()
@@ -44,7 +44,7 @@ class StoreWatch:
         self._seen: tuple[str, str] | None = None   # (run id, pid's mark) at the last pass
 
     def check(self) -> str | None:
-        from jobs.redis_store import RedisStore
+        from pid.jobs.redis_store import RedisStore
         if not isinstance(self.store, RedisStore):
             return None
         run_id, mark = self.store.incarnation()

@@ -15,10 +15,10 @@ import time
 from typing import Any, Callable
 
 from pid.endings import ENDINGS, ExitReason, status_of
-from jobs.results import log_job, with_earlier_attempts
-from jobs.identity import proc_stat, process_alive
-from jobs.spec import JobSpec, write_json_atomic
-from jobs.store import JobRecord, Store
+from pid.jobs.results import log_job, with_earlier_attempts
+from pid.jobs.identity import proc_stat, process_alive
+from pid.jobs.spec import JobSpec, write_json_atomic
+from pid.jobs.store import JobRecord, Store
 from pid import settings
 
 log = logging.getLogger("pid.worker")
@@ -101,7 +101,7 @@ def _written_result(record: JobRecord, store: Store | None = None) -> dict[str, 
 def _stored_result(record: JobRecord, store: Store | None) -> dict[str, Any] | None:
     if store is None:
         return None
-    from jobs.artifact_store import read_result
+    from pid.jobs.artifact_store import read_result
     try:
         result = read_result(store, record.id)
     except Exception:
@@ -112,7 +112,7 @@ def _stored_result(record: JobRecord, store: Store | None) -> dict[str, Any] | N
 def sweep_quietly(store: Store | None = None) -> None:
     """The CLI's sweep: never fatal."""
     try:
-        from jobs.store import default_store
+        from pid.jobs.store import default_store
         sweep(store or default_store())
     except Exception:
         log.debug("sweeping lost jobs", exc_info=True)
@@ -140,7 +140,7 @@ def write_unrun_result(spec: JobSpec, exit_reason: ExitReason, error: str | None
     since recording the end is what decides who ends the job. Never raises: an out dir that cannot be written only
     costs the local file."""
     from pid.agent import Outcome   # here, not at the top: `pid list` loads the agent only when it ends a job
-    from jobs.results import build_result, client_is_local, spool_dir
+    from pid.jobs.results import build_result, client_is_local, spool_dir
     # where the job worked here: a cluster's job in this worker's spool, never the --out its submitter named
     job_dir = spec.job_dir if store is None or client_is_local() else spool_dir(spec.id)
     session = os.path.join(job_dir, "session.jsonl")
@@ -156,7 +156,7 @@ def write_unrun_result(spec: JobSpec, exit_reason: ExitReason, error: str | None
         result["usage"] = record.usage or result["usage"]
         with_earlier_attempts(result, record.earlier)
     if store is not None:
-        from jobs.artifact_store import upload_artifacts
+        from pid.jobs.artifact_store import upload_artifacts
         upload_artifacts(store, spec, job_dir, result)
         if job_dir != spec.job_dir:   # the store has it all: the spool goes, as it does after a run
             shutil.rmtree(job_dir, ignore_errors=True)
@@ -228,8 +228,8 @@ def _remove_containers(job_id: str, attempt: int | None = None) -> None:
     died with the process). Only that attempt's: the job may already run again elsewhere."""
     try:
         from pid.config import pid_home
-        from sandbox import remove_job_containers
-        from sandbox.disk import reap_disks
+        from pid.sandbox import remove_job_containers
+        from pid.sandbox.disk import reap_disks
         remove_job_containers(job_id, attempt=attempt)
         reap_disks(os.path.join(pid_home(), "disks"))
     except Exception:

@@ -3,8 +3,8 @@ stopped or are gone. The worker beats (worker/housekeeping.py); the client reads
 some live worker takes the job's queue and allows it)."""
 from __future__ import annotations
 
-from jobs.identity import process_alive
-from jobs.store import Heartbeats, WorkerBeat
+from pid.jobs.identity import process_alive
+from pid.jobs.store import Heartbeats, WorkerBeat
 
 BEAT_S = 2.0                          # a worker's heartbeat
 ALIVE_WITHIN_S = 3 * BEAT_S + 1      # a worker not heard from for this long (three beats missed) is presumed gone

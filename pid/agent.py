@@ -25,7 +25,7 @@ from pid.providers.base import Provider, price
 from pid.providers.overflow import is_context_overflow
 from pid.providers.retry import RetryNotice
 from pid.replay import Replay
-from pid.sandbox import SandboxLost
+from pid.sandbox_api import SandboxLost
 from pid.session import SessionWriter
 from pid.tokens import get_counter
 from pid.tools.base import ToolContext, ToolResult

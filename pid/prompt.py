@@ -9,7 +9,7 @@ import posixpath
 from datetime import date
 
 from pid.messages import ToolSpec
-from pid.sandbox import Sandbox
+from pid.sandbox_api import Sandbox
 
 CONTEXT_FILES = ("AGENTS.md", "CLAUDE.md")
 MAX_CONTEXT_FILE_BYTES = 64 * 1024

@@ -1,15 +1,15 @@
 """A job's sandbox around the tools: made from a config, the workspace copied in, the results copied out, removed.
 
-The runner sees only these Protocols, so it does not care where commands run: `sandbox.DockerProvider` makes
+The runner sees only these Protocols, so it does not care where commands run: `pid.sandbox.DockerProvider` makes
 containers, the tests' `MemoryProvider` (tests/memory_sandbox.py) keeps everything in a dict. The tools never see
-this side of a sandbox (pid/sandbox.py is theirs).
+this side of a sandbox (pid/sandbox_api.py is theirs).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import IO, Protocol, TypeVar, runtime_checkable
 
-from pid.sandbox import Sandbox
+from pid.sandbox_api import Sandbox
 
 
 @dataclass
@@ -91,7 +91,7 @@ ConfigT = TypeVar("ConfigT", contravariant=True)
 
 
 class SandboxProvider(Protocol[ConfigT]):
-    """Makes job sandboxes. The config's type is the provider's own (sandbox.SandboxConfig for Docker)."""
+    """Makes job sandboxes. The config's type is the provider's own (pid.sandbox.SandboxConfig for Docker)."""
 
     def create(self, config: ConfigT, workspace: IO[bytes] | None = None) -> JobSandbox:
         """A started sandbox the caller owns (and closes). Raises SandboxError (or a subclass) when it cannot.

@@ -1,7 +1,7 @@
-"""Docker implementation of `pid.sandbox.Sandbox` and `pid.sandbox_lifecycle` (the runner needs only
+"""Docker implementation of `pid.sandbox_api.Sandbox` and `pid.sandbox_lifecycle` (the runner needs only
 DockerProvider): containers, the exec channel, workspace in and patch out.
 
-Only the settings load eagerly: the job spec takes its sandbox defaults from `sandbox.config`, and every `pid`
+Only the settings load eagerly: the job spec takes its sandbox defaults from `pid.sandbox.config`, and every `pid`
 command must not pay for importing docker. The rest loads on first use.
 """
 from __future__ import annotations

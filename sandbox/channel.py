@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from pid.sandbox import OutputPolicy
+from pid.sandbox_api import OutputPolicy
 
 from .errors import SandboxError
 from .frames import BoundedReader, FrameReader, PipeReader, ReplyTooLarge, StreamClosed, wait_ready

@@ -1,4 +1,4 @@
-"""The agent's commands and file operations on pooled exec channels (pid.sandbox.Sandbox's side of a container).
+"""The agent's commands and file operations on pooled exec channels (pid.sandbox_api.Sandbox's side of a container).
 
 A command runs in its own process group; on timeout or cancel the group is killed inside the container before the
 call returns. Its output goes to a file on pid's own disk, which the host bounds while it runs (output_trim.py) and
@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from pid.sandbox import DEFAULT_OUTPUT, ExecResult, OutputPolicy, SandboxLost
+from pid.sandbox_api import DEFAULT_OUTPUT, ExecResult, OutputPolicy, SandboxLost
 
 from . import fileops
 from .channel import Channel, ChannelClosed, TableFull

@@ -42,7 +42,7 @@ R = TypeVar("R")
 
 def engine_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """The Docker SDK's errors (and its transport's) become SandboxError at the sandbox's boundary: its callers
-    know only pid.sandbox's errors."""
+    know only pid.sandbox_api's errors."""
     @functools.wraps(fn)
     def translated(*args: P.args, **kwargs: P.kwargs) -> R:
         try:

@@ -18,7 +18,7 @@ from typing import IO, Callable
 
 import docker
 
-from pid.sandbox import DEFAULT_OUTPUT, ExecResult, OutputPolicy
+from pid.sandbox_api import DEFAULT_OUTPUT, ExecResult, OutputPolicy
 from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped
 
 from .channel import PID_DIR, install_script
@@ -34,7 +34,7 @@ from .workspaces import UploadedWorkspace, copy_patch_out, export_files, workspa
 
 
 class DockerSandbox:
-    """Implements pid.sandbox_lifecycle.JobSandbox (and so pid.sandbox.Sandbox) by delegating to its parts.
+    """Implements pid.sandbox_lifecycle.JobSandbox (and so pid.sandbox_api.Sandbox) by delegating to its parts.
     Thread-safe: concurrent calls use separate channels."""
 
     def __init__(self, container: Container) -> None:
@@ -197,7 +197,7 @@ class DockerSandbox:
     @engine_errors
     def export_files(self, paths: list[str], dest_dir: str, budget: FilesBudget) -> tuple[list[str], list[Skipped]]:
         """Copy in-container files or directories into `dest_dir`, under their in-container paths; (host paths
-        written, what was skipped and why). Limits and name checks: sandbox.artifacts."""
+        written, what was skipped and why). Limits and name checks: pid.sandbox.artifacts."""
         return export_files(self.container, paths, dest_dir, budget)
 
 

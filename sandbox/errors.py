@@ -1,7 +1,7 @@
-"""Errors of the Docker sandbox; all are `pid.sandbox.SandboxError`, so callers need only the core type."""
+"""Errors of the Docker sandbox; all are `pid.sandbox_api.SandboxError`, so callers need only the core type."""
 from __future__ import annotations
 
-from pid.sandbox import SandboxError
+from pid.sandbox_api import SandboxError
 
 __all__ = ["SandboxError", "ImageNotFound", "DockerUnavailable"]
 

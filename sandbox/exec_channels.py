@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from pid.sandbox import SandboxLost
+from pid.sandbox_api import SandboxLost
 
 from .channel import Channel, ChannelClosed, SetupFailed
 from .errors import SandboxError

@@ -6,7 +6,7 @@ wrong, in errno terms the tools already speak.
 """
 from __future__ import annotations
 
-from pid.sandbox import RUN_ANYWHERE
+from pid.sandbox_api import RUN_ANYWHERE
 
 import errno
 import os

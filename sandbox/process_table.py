@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 
-from pid.sandbox import SandboxLost
+from pid.sandbox_api import SandboxLost
 
 from .errors import SandboxError
 from .exec_channels import CONTROL_TIMEOUT_S, ExecChannels

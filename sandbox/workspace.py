@@ -63,7 +63,7 @@ def base_script(workdir: str, seeded: bool = False, deferred: bool = False) -> s
 
     It runs before the first model request, so it forks little: the config is written by a builtin, the repository
     gets no template (sample hooks pid never runs), and the commit id is read from its ref rather than by git.
-    `seeded`: the unpacker already wrote the workspace's blobs and index (sandbox.gitseed), with every file in it;
+    `seeded`: the unpacker already wrote the workspace's blobs and index (pid.sandbox.gitseed), with every file in it;
     git only drops what the workspace's .gitignore files ignore (as `git add -A` would not have added it) and
     commits, reading no file's content. `deferred`: the blobs are not there yet (gitseed.GitSeed.fill writes them
     later): the tree is written without them and the commit made from it.
@@ -212,7 +212,7 @@ def pack_tar(root: str, out: IO[bytes], uid: int = 0, gid: int = 0, max_bytes: i
     files are opened with O_NOFOLLOW, so a file swapped for a symlink meanwhile is never followed. Deterministic:
     members in sorted order (per directory: its subdirectories and links to directories, then the rest), owned by
     uid:gid with no names, whole-second mtimes, so the same tree gives the same bytes (and the same digest: a hundred
-    jobs on one tree store it once). Written by sandbox.tarstream: ~30 µs of Python per file.
+    jobs on one tree store it once). Written by pid.sandbox.tarstream: ~30 µs of Python per file.
     """
     root = os.path.abspath(root)
     if not os.path.isdir(root) or os.path.islink(root):

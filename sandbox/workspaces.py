@@ -95,7 +95,7 @@ class UploadedWorkspace:
         self._record_base(timeout)
 
     def import_git(self, url: str, ref: str | None, timeout: float) -> str:
-        """Clone `url` at `ref` into workdir, git running in a container of its own (sandbox.clone), and record the
+        """Clone `url` at `ref` into workdir, git running in a container of its own (pid.sandbox.clone), and record the
         checkout as the base; returns the commit cloned."""
         from .clone import clone_into
         box = self.container
@@ -285,7 +285,7 @@ def copy_patch_out(container: Container, inside: str, dest: str, max_bytes: int)
 def export_files(container: Container, paths: list[str], dest_dir: str,
                  budget: FilesBudget) -> tuple[list[str], list[Skipped]]:
     """Copy in-container files or directories (absolute paths) into `dest_dir`, under their in-container paths;
-    (host paths written, what was skipped and why). Limits and name checks: sandbox.artifacts."""
+    (host paths written, what was skipped and why). Limits and name checks: pid.sandbox.artifacts."""
     os.makedirs(dest_dir, exist_ok=True)
     written: list[str] = []
     skipped: list[Skipped] = []

@@ -42,7 +42,7 @@ def _connect(url: str, options: dict[str, Any]) -> Any:
     import kombu
 
     if url.startswith("pidfs://"):
-        from jobs.transport import register
+        from pid.jobs.transport import register
         register()
     return kombu.Connection(url, transport_options=options)
 

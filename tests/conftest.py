@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.reaper import TEST_RUN_ENV
+from pid.sandbox.reaper import TEST_RUN_ENV
 from tests.services import missing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,7 +112,7 @@ from tests.brokers import rabbitmq_server, redis_server  # noqa: E402,F401 - pri
 def tools_container():
     """The real container behind tool_sandbox's `sandbox` and `docker_sandbox` fixtures (which mark their tests
     `docker`): one per test module."""
-    from sandbox import DockerSandbox, SandboxConfig
+    from pid.sandbox import DockerSandbox, SandboxConfig
     box = DockerSandbox.create(SandboxConfig(job_id="test-tools", runtime=RUNTIME))
     try:
         yield box
@@ -134,7 +134,7 @@ class CliResult:
 def deep_tmp(tmp_path: Path):
     """A directory in tmp_path for trees deeper than pytest's own clean-up can remove (tests/deep_tree.py): removed
     by pid's own loop after the test."""
-    from jobs.trees import remove_tree
+    from pid.jobs.trees import remove_tree
     path = tmp_path / "deep"
     path.mkdir()
     yield path
@@ -156,7 +156,7 @@ def pid_env(tmp_path: Path) -> dict[str, str]:
 def run_pid(pid_env: dict[str, str], tmp_path: Path):
     """Run the real CLI: `run_pid("run", "task", "--repo", ...)`."""
     def run(*args: str, timeout: float = 240, env: dict[str, str] | None = None) -> CliResult:
-        proc = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=tmp_path, env=env or pid_env,
+        proc = subprocess.run([sys.executable, "-m", "pid.cli.main", *args], cwd=tmp_path, env=env or pid_env,
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         return CliResult(proc.returncode, proc.stdout, proc.stderr)
     return run
@@ -183,7 +183,7 @@ def start_worker(env: dict[str, str], cwd: Path, log_path: Path, concurrency: in
     """A real `pid worker` process (in its own process group) on the embedded (filesystem) broker, or on the one
     env's PID_BROKER_URL names."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency", str(concurrency),
+        proc = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker", "--concurrency", str(concurrency),
                                  *(["--events"] if events else [])],
                                 cwd=cwd,
                                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -225,7 +225,7 @@ def pid_containers() -> list:
     left out."""
     import docker
 
-    from sandbox.reaper import LABEL_TEST_RUN
+    from pid.sandbox.reaper import LABEL_TEST_RUN
     return docker.from_env().containers.list(all=True, filters={"label": ["pid.job", f"{LABEL_TEST_RUN}={RUN_ID}"]},
                                              ignore_removed=True)
 

@@ -1,6 +1,6 @@
 """Trees deeper than Python's recursion limit, for the tests of pid's walks over a repository. Made here with a loop
 over directory descriptors (os.makedirs recurses once per level, and a deep path may pass PATH_MAX); conftest's
-`deep_tmp` removes them with jobs.trees.remove_tree (shutil.rmtree, and so pytest's own clean-up, recurse too)."""
+`deep_tmp` removes them with pid.jobs.trees.remove_tree (shutil.rmtree, and so pytest's own clean-up, recurse too)."""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,6 @@
 """The suite's container leak check: what THIS test run made and left behind, never anybody else's.
 
-Every container a test run makes carries its run id (sandbox.reaper.LABEL_TEST_RUN, from the PID_TEST_RUN variable
+Every container a test run makes carries its run id (pid.sandbox.reaper.LABEL_TEST_RUN, from the PID_TEST_RUN variable
 that conftest sets for itself and for the pid processes it starts). The engine is shared with other runs and real
 workers: only containers with this run's id are counted, and only those are removed.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sandbox.reaper import LABEL_TEST_RUN, force_remove, list_containers
+from pid.sandbox.reaper import LABEL_TEST_RUN, force_remove, list_containers
 
 
 def run_containers(client: Any, run_id: str) -> list[dict[str, Any]]:

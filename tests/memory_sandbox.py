@@ -1,4 +1,4 @@
-"""An in-memory sandbox for Docker-free tests: both seams (pid.sandbox.Sandbox for the tools,
+"""An in-memory sandbox for Docker-free tests: both seams (pid.sandbox_api.Sandbox for the tools,
 pid.sandbox_lifecycle.JobSandbox/SandboxProvider for the runner) with files in a dict and no shell.
 
 Files live under absolute in-sandbox paths; directories are implied by the files below them (or made explicitly in
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Mapping, Union
 
-from pid.sandbox import DEFAULT_OUTPUT, ExecResult, OutputPolicy, SandboxError, SandboxLost
+from pid.sandbox_api import DEFAULT_OUTPUT, ExecResult, OutputPolicy, SandboxError, SandboxLost
 from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped
 
 Step = Union[bytes, str, float, int]   # output (bytes or UTF-8 text), or a pause in seconds
@@ -142,7 +142,7 @@ class MemorySandbox:
         return call.result
 
     def _git_apply(self, command: str) -> "Run":
-        """`git apply` of a patch in export_patch's own format (jobs.continuation.apply_patch's command): its
+        """`git apply` of a patch in export_patch's own format (pid.jobs.continuation.apply_patch's command): its
         --directory, its --exclude patterns (a path, or a path and `/*`), new, changed and deleted text files."""
         words = shlex.split(command.split(" git apply ", 1)[1].split(";")[0])
         directory = next(w.split("=", 1)[1] for w in words if w.startswith("--directory="))
@@ -308,7 +308,7 @@ class MemorySandbox:
 
     def import_tar(self, stream: IO[bytes], timeout: float = 600.0) -> None:
         """A workspace tar's regular files into workdir, under the same member checks as the Docker sandbox."""
-        from sandbox.workspace import MemberCheck, UnsafeTar
+        from pid.sandbox.workspace import MemberCheck, UnsafeTar
         self._check_alive()
         check = MemberCheck(0, 0)
         try:

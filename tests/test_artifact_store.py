@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from jobs.artifact_store import (MARKER, DownloadError, already_local, download, read_result, store_result,
+from pid.jobs.artifact_store import (MARKER, DownloadError, already_local, download, read_result, store_result,
                                    upload_artifacts, upload_transcript)
-from jobs.spec import JobSpec
-from jobs.sqlite_store import JobStore
+from pid.jobs.spec import JobSpec
+from pid.jobs.sqlite_store import JobStore
 
 
 @pytest.fixture
@@ -207,7 +207,7 @@ def test_download_of_a_job_without_artifacts_says_so(store, tmp_path):
 # -- through the real CLI (no engine: the worker's part is played by the store calls above) --------------------------
 
 def pid(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pid.cli.main", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
@@ -273,7 +273,7 @@ def test_a_worker_job_whose_out_dir_cannot_be_made_here_spools_and_stores_everyt
                                                                                       monkeypatch):
     from tests.memory_sandbox import MemoryProvider
     from tests.scripted_llm import ScriptedLLM
-    from worker.runner import run_job
+    from pid.worker.runner import run_job
     monkeypatch.setenv("PID_HOME", str(tmp_path / "worker-home"))
     store = JobStore(str(tmp_path / "jobs.db"))
     blocker = tmp_path / "out"
@@ -295,7 +295,7 @@ def test_a_worker_job_whose_out_dir_cannot_be_made_here_spools_and_stores_everyt
 def test_a_pid_run_whose_out_dir_cannot_be_made_still_fails_saying_so(sample_repo, tmp_path):
     from tests.memory_sandbox import MemoryProvider
     from tests.scripted_llm import ScriptedLLM
-    from worker.runner import run_job
+    from pid.worker.runner import run_job
     blocker = tmp_path / "out"
     blocker.write_text("x")
     with ScriptedLLM([{"text": "never asked"}]) as llm:
@@ -306,7 +306,7 @@ def test_a_pid_run_whose_out_dir_cannot_be_made_still_fails_saying_so(sample_rep
 def test_an_attempt_that_no_longer_owns_its_job_stores_only_its_transcript(sample_repo, tmp_path):
     from tests.memory_sandbox import MemoryProvider
     from tests.scripted_llm import ScriptedLLM
-    from worker.runner import run_job
+    from pid.worker.runner import run_job
     store = JobStore(str(tmp_path / "jobs.db"))
     with ScriptedLLM([{"text": "done"}]) as llm:
         spec = runner_spec(sample_repo, tmp_path / "out", llm)
@@ -320,7 +320,7 @@ def test_a_job_that_stored_its_result_then_died_keeps_that_result_on_any_machine
     sweep takes the stored ending of this attempt, never runs the job again; an earlier attempt's does not count."""
     import time as _time
 
-    from jobs.sweep import sweep
+    from pid.jobs.sweep import sweep
     spec = make_job(store, tmp_path)
     assert store.claim(spec.id, "elsewhere:1:x", lease_s=0.2)
     store_result(store, spec.id, {"id": spec.id, "status": "completed", "exit_reason": "stop", "turns": 4,

@@ -16,8 +16,8 @@ import zlib
 
 import pytest
 
-from sandbox import artifacts
-from sandbox.artifacts import ArtifactTooLarge, FilesBudget, Skipped, copy_patch, extract_files, unsafe_path_reason
+from pid.sandbox import artifacts
+from pid.sandbox.artifacts import ArtifactTooLarge, FilesBudget, Skipped, copy_patch, extract_files, unsafe_path_reason
 
 CHUNK_SIZES = [1, 7, 4093, None]  # None: the whole stream as one chunk
 

@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
-from jobs.batch import batch_exit_code, percentile
+from pid.jobs.batch import batch_exit_code, percentile
 
 CHECK = "python3 -m unittest -q"
 
@@ -117,7 +117,7 @@ def tasks_file(path: Path, projects: dict[str, Path], n: int, forget_every: int 
 
 
 def batch_cmd(tasks: Path, out: Path, llm: ScriptedLLM, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "cli.main", "batch", str(tasks), "--out", str(out), "--model", "scripted",
+    return [sys.executable, "-m", "pid.cli.main", "batch", str(tasks), "--out", str(out), "--model", "scripted",
             "--base-url", llm.base_url, "--disk", "0", *extra]
 
 
@@ -404,7 +404,7 @@ def test_a_terminal_gets_a_live_table_and_retry_failed_reruns_only_the_failed(pi
 
 def test_the_summary_counts_per_item_figures_over_the_items_that_ran():
     """Items the budget cancelled in the queue (no turn) are counted by status but do not drag p50 to zero."""
-    from jobs.batch import summarize
+    from pid.jobs.batch import summarize
     ran = [{"id": f"r{i}", "status": "completed", "exit_code": 0, "cost": 1.0 + i, "tokens": 100, "turns": 2,
             "duration_s": 10.0 + i} for i in range(3)]
     queued = [{"id": f"q{i}", "status": "cancelled", "exit_code": 1, "exit_reason": "batch_budget", "cost": 0,

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from cli.batch_run import count, without_secrets
-from cli.batch_progress import Progress
-from jobs.batch import BatchDir
+from pid.cli.batch_run import count, without_secrets
+from pid.cli.batch_progress import Progress
+from pid.jobs.batch import BatchDir
 
 
 @pytest.mark.cli
@@ -66,8 +66,8 @@ def test_the_resume_line_never_shows_the_api_key():
 
 
 def test_continue_and_retry_of_a_batch_item_default_their_out_to_pid_runs_not_the_batchs_scratch(tmp_path, monkeypatch):
-    import cli.main  # noqa: F401  (registers cli.rerun with its helpers)
-    from cli.rerun import _out_dir
+    import pid.cli.main  # noqa: F401  (registers pid.cli.rerun with its helpers)
+    from pid.cli.rerun import _out_dir
     batch = BatchDir.create(str(tmp_path / "b"), {})
     monkeypatch.chdir(tmp_path)
     assert _out_dir(None, batch.jobs_dir) == str(tmp_path / "pid-runs")
@@ -115,7 +115,7 @@ def test_ctrl_c_on_wait_dir_names_the_command_that_resubmits_the_cancelled_items
     r = run_pid("batch", str(tasks), "--out", str(out), "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
                 "--detach")   # no worker: the job stays queued
     assert r.code == 0, r.stderr
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "batch", "--wait", str(out)], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "batch", "--wait", str(out)], cwd=tmp_path,
                             env=pid_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(3)
     proc.send_signal(signal.SIGINT)

@@ -22,8 +22,8 @@ from tests.conftest import start_worker, stop_worker
 from tests.gate import gated, open_gate
 from tests.scripted_llm import ScriptedLLM
 from tests.test_worker_chaos import JobsModel, _submit, _wait_running_tool
-from jobs.sqlite_store import JobStore
-from jobs.store import Store
+from pid.jobs.sqlite_store import JobStore
+from pid.jobs.store import Store
 
 pytestmark = pytest.mark.docker
 
@@ -218,7 +218,7 @@ def test_redis_down_while_a_lost_job_is_put_back_then_back_the_job_completes(
 
 def test_a_redis_broker_is_the_job_store_too(redis_server, run_pid, pid_env, sample_repo, tmp_path):
     """No PID_STORE_URL: the broker's Redis holds the jobs (jobs/redis_store.py); no database under PID_HOME."""
-    from jobs.redis_store import RedisStore
+    from pid.jobs.redis_store import RedisStore
     env = {**pid_env, "PID_BROKER_URL": redis_server.url, "PID_SWEEP_S": "1"}
     store = RedisStore(redis_server.url)
     model = JobsModel(long_command="true")

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from sandbox.channel import ProtocolError, Reply, read_reply
-from sandbox.errors import SandboxError
-from sandbox.frames import PipeReader
+from pid.sandbox.channel import ProtocolError, Reply, read_reply
+from pid.sandbox.errors import SandboxError
+from pid.sandbox.frames import PipeReader
 
 NONCE = b"0123456789abcdef01234567"
 DONE = {b"D": "dd"}
@@ -61,7 +61,7 @@ def test_a_payload_shorter_than_announced_is_not_taken_from_what_follows(pipe):
     # and gives up when they do not come.
     reader, w = pipe
     os.write(w, b"D %s 0 0 10\nabcd" % NONCE)
-    import sandbox.channel as channel
+    import pid.sandbox.channel as channel
     old, channel.REPLY_TIMEOUT = channel.REPLY_TIMEOUT, 0.2
     try:
         with pytest.raises(SandboxError, match="whole reply"):

@@ -17,12 +17,12 @@ import pytest
 from pid import events as ev
 from pid.endings import ENDINGS, EXIT_CHECK_FAILED, checks_after, exit_code_for, exit_code_of
 from pid.event_records import EventRecords
-from pid.sandbox import ExecResult, SandboxLost
+from pid.sandbox_api import ExecResult, SandboxLost
 from tests.memory_sandbox import MemoryProvider, Run
 from tests.scripted_llm import ScriptedLLM
-from jobs.spec import command_problem
-from worker.check import OUTPUT_TAIL_BYTES, OUTPUT_TAIL_LINES, output_tail, run_check
-from jobs.spec import JobSpec
+from pid.jobs.spec import command_problem
+from pid.worker.check import OUTPUT_TAIL_BYTES, OUTPUT_TAIL_LINES, output_tail, run_check
+from pid.jobs.spec import JobSpec
 
 FIX = [{"tool_calls": [{"name": "edit", "arguments": {
            "path": "calc.py", "edits": [{"oldText": "return a - b", "newText": "return a + b"}]}}]},
@@ -94,7 +94,7 @@ def buggy(tmp_path: Path) -> Path:
 
 
 def _memory_job(repo: Path, tmp_path: Path, script: list, handler, **spec_fields):
-    from worker.runner import run_job
+    from pid.worker.runner import run_job
     events: list = []
     provider = MemoryProvider(handler)
     with ScriptedLLM(script) as llm:
@@ -116,7 +116,7 @@ def test_the_check_runs_on_the_patch_in_a_fresh_sandbox_and_never_reaches_the_pa
         box.files["/workspace/report.txt"] = b"1 test ok\n"
         return Run("Ran 1 test in 0.001s\n\nOK\n")
     provider = MemoryProvider({UNITTEST: unittest})
-    from worker.runner import run_job
+    from pid.worker.runner import run_job
     events: list = []
     with ScriptedLLM(FIX) as llm:
         spec = JobSpec(task="fix add", repo=str(buggy), model="m", out_dir=str(tmp_path / "out"),
@@ -201,7 +201,7 @@ def test_a_failing_check_keeps_the_agent_s_ending_and_exits_4(buggy, tmp_path):
 
 
 def test_an_empty_final_answer_completes_with_a_warning(buggy, tmp_path):
-    from jobs.results import EMPTY_ANSWER
+    from pid.jobs.results import EMPTY_ANSWER
     silent, _, _, _ = _memory_job(buggy, tmp_path / "a", [{"text": ""}], {})
     said, _, _, _ = _memory_job(buggy, tmp_path / "b", NO_FIX, {})
     assert (silent["status"], silent.get("warning")) == ("completed", EMPTY_ANSWER)
@@ -221,7 +221,7 @@ def test_no_check_without_one_nor_after_a_cancel(buggy, tmp_path):
     assert "check" not in result and box.commands == []
     assert not any(isinstance(e, (ev.CheckStart, ev.CheckEnd)) for e in events)
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep"}}]}, {"text": "never"}]
-    from worker.runner import run_job
+    from pid.worker.runner import run_job
     cancel = threading.Event()
     with ScriptedLLM(script) as llm:
         spec = JobSpec(task="t", repo=str(buggy), model="m", out_dir=str(tmp_path / "o2"), base_url=llm.base_url,
@@ -244,7 +244,7 @@ def cancelled_once_started(cancel: threading.Event, run: Run):
 
 
 def test_a_cancel_while_the_check_runs_cancels_the_job(buggy, tmp_path):
-    from worker.runner import run_job
+    from pid.worker.runner import run_job
     cancel = threading.Event()
     with ScriptedLLM(NO_FIX) as llm:
         spec = JobSpec(task="t", repo=str(buggy), model="m", out_dir=str(tmp_path / "o"), base_url=llm.base_url,
@@ -260,7 +260,7 @@ def test_a_cancel_while_the_check_runs_cancels_the_job(buggy, tmp_path):
 
 def test_a_worker_stopping_while_the_check_runs_leaves_the_job_to_the_queue(buggy, tmp_path):
     """Its relay cancels, and the job is no longer this attempt's: no result is written (the task hands it back)."""
-    from worker.runner import run_job
+    from pid.worker.runner import run_job
     cancel = threading.Event()
     asked: list[bool] = []
 

@@ -16,8 +16,8 @@ import pytest
 from tests.conftest import CliResult, pid_containers
 from tests.scripted_llm import ScriptedLLM
 from tests.stderr_lines import StderrLines
-from jobs.spec import JobSpec, default_of
-from jobs.sqlite_store import JobStore
+from pid.jobs.spec import JobSpec, default_of
+from pid.jobs.sqlite_store import JobStore
 
 pytestmark = pytest.mark.cli
 
@@ -51,7 +51,7 @@ NOTICE_S = "4"
 
 def start_pid(env: dict[str, str], cwd: Path, *args: str) -> subprocess.Popen:
     """`pid` in the background, with Ctrl-C's default meaning even if this test runs with SIGINT ignored."""
-    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=cwd, env=env, text=True,
+    return subprocess.Popen([sys.executable, "-m", "pid.cli.main", *args], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.cli]
 
 def start_run(env: dict[str, str], cwd: Path, *args: str) -> tuple[subprocess.Popen, str]:
     """A foreground `pid run` and its job id (its first line)."""
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", *args], cwd=cwd, env=env, text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "run", *args], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stderr is not None
@@ -49,7 +49,7 @@ def test_controls_show_as_sent_and_as_received_in_the_terminal_and_the_log(run_p
                                  "--base-url", llm.base_url, "--out", str(tmp_path / "out"))
         try:
             wait_until(lambda: len(llm.requests) >= 1, what="the first model call")
-            follower = subprocess.Popen([sys.executable, "-m", "cli.main", "logs", job_id, "-f"], cwd=tmp_path,
+            follower = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "logs", job_id, "-f"], cwd=tmp_path,
                                         env=pid_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for args in (("pause", job_id), ("steer", job_id, "STEER-1"), ("follow-up", job_id, "FOLLOW-2")):
                 assert run_pid(*args).code == 0

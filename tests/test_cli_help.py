@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 from click.testing import CliRunner
 
-from cli.main import cli
+from pid.cli.main import cli
 
 
 def all_commands(group: click.Group, ctx: click.Context) -> list[tuple[str, click.Command]]:

@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
-from jobs.spec import JobSpec
-from jobs.sqlite_store import JobStore
+from pid.jobs.spec import JobSpec
+from pid.jobs.sqlite_store import JobStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.cli]   # the batch runs in containers; submit checks the image
 

@@ -45,7 +45,7 @@ def test_a_closed_stdout_and_stderr_never_end_the_job(pid_env, sample_repo, tmp_
               {"tool_calls": [{"name": "bash", "arguments": {"command": "echo two"}}]},
               {"text": "all done\n" * 50}]
     with ScriptedLLM(script) as llm:
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "t", "--repo", str(sample_repo),
+        proc = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "run", "t", "--repo", str(sample_repo),
                                  *opts(llm, tmp_path / "out")], cwd=tmp_path, env=pid_env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
         assert proc.stdout is not None and proc.stderr is not None
@@ -64,14 +64,14 @@ def test_ctrl_c_while_pid_run_loads_is_one_line_and_leaves_nothing(pid_env, samp
     line and exit 130, never a traceback, and no container of this installation stays."""
     import signal
     import time
-    from sandbox.config import LABEL_OWNER
-    from sandbox.reaper import owner_label
+    from pid.sandbox.config import LABEL_OWNER
+    from pid.sandbox.reaper import owner_label
     from tests.conftest import ROOT, pid_containers
-    assert subprocess.run([sys.executable, "-m", "cli.main", "--version"], env=pid_env, capture_output=True,
+    assert subprocess.run([sys.executable, "-m", "pid.cli.main", "--version"], env=pid_env, capture_output=True,
                           timeout=60).returncode == 0   # (its bytecode compiled: that is Python's, not pid's, to do)
     with ScriptedLLM([{"delay_s": 5, "text": "done"}] * 20) as llm:
         for delay in (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6):
-            proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "t", "--repo", str(sample_repo),
+            proc = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "run", "t", "--repo", str(sample_repo),
                                      *opts(llm, tmp_path / "out")], cwd=tmp_path, env=pid_env, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -122,14 +122,14 @@ def test_an_html_error_page_is_its_status_and_first_line_said_once(run_pid, samp
 
 def test_pid_run_dash_reads_the_task_from_stdin(pid_env, sample_repo, tmp_path):
     with ScriptedLLM([{"text": "ok"}]) as llm:
-        res = subprocess.run([sys.executable, "-m", "cli.main", "run", "-", "--repo", str(sample_repo),
+        res = subprocess.run([sys.executable, "-m", "pid.cli.main", "run", "-", "--repo", str(sample_repo),
                               *opts(llm, tmp_path / "out")], input="STDIN-TASK-3\nsecond line\n", cwd=tmp_path,
                              env=pid_env, capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
         task = llm.requests[0]["messages"][1]["content"]
     text = task if isinstance(task, str) else "".join(part.get("text", "") for part in task)
     assert text.startswith("STDIN-TASK-3\nsecond line"), text
-    empty = subprocess.run([sys.executable, "-m", "cli.main", "run", "-", "--repo", str(sample_repo),
+    empty = subprocess.run([sys.executable, "-m", "pid.cli.main", "run", "-", "--repo", str(sample_repo),
                             *opts(llm, tmp_path / "out")], input="  \n", cwd=tmp_path, env=pid_env,
                            capture_output=True, text=True, timeout=120)
     assert empty.returncode == 2 and empty.stderr == "pid: error: the task is empty\n", empty.stderr

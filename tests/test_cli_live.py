@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.status_line import SPINNER
+from pid.cli.status_line import SPINNER
 from tests.scripted_llm import ScriptedLLM
 from tests.services import missing
 
@@ -61,7 +61,7 @@ class Tmux:
 
 
 def pid(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cli.main", *args]
+    return [sys.executable, "-m", "pid.cli.main", *args]
 
 
 def wait_for(predicate, timeout: float = 120, what: str = "condition") -> None:

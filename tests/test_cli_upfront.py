@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.config import LABEL_OWNER
-from sandbox.reaper import owner_label
+from pid.sandbox.config import LABEL_OWNER
+from pid.sandbox.reaper import owner_label
 from tests.conftest import pid_containers
 from tests.test_cli import LOCAL, assert_one_error
-from jobs.spec import JobSpec
-from jobs.sqlite_store import JobStore
+from pid.jobs.spec import JobSpec
+from pid.jobs.sqlite_store import JobStore
 
 pytestmark = pytest.mark.cli
 

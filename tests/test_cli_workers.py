@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import start_worker, stop_worker
-from jobs.workers import ALIVE_WITHIN_S, BEAT_S
+from pid.jobs.workers import ALIVE_WITHIN_S, BEAT_S
 
 pytestmark = pytest.mark.cli
 

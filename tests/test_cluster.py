@@ -26,7 +26,7 @@ from tests.scripted_llm import ScriptedLLM
 from tests.stderr_lines import StderrLines
 from tests.test_e2e_remote import start_hidden_worker
 from tests.test_worker_chaos import assert_never_two_live_attempts
-from jobs.redis_store import RedisStore
+from pid.jobs.redis_store import RedisStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.cli]
 
@@ -59,7 +59,7 @@ class ClusterModel:
 
 
 def _pid(env: dict[str, str], cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pid.cli.main", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
@@ -132,7 +132,7 @@ def test_workers_sharing_only_redis_run_a_batch_exactly_once_through_a_redis_res
                 results[job_id] = done
             logs = _pid(client_env, client, "logs", killed[0])
             stop_worker(workers[1])
-            alone = subprocess.Popen([sys.executable, "-m", "cli.main", "submit", "--wait", "cluster-99", "--repo",
+            alone = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "submit", "--wait", "cluster-99", "--repo",
                                       str(client / "repo"), "--model", "m", "--base-url", llm.base_url, "--out",
                                       str(client / "out"), "--disk", "0"], cwd=client,
                                      env={**client_env, "PID_NO_WORKER_NOTICE_S": "8"},   # > ALIVE_WITHIN_S:

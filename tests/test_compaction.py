@@ -180,7 +180,7 @@ def test_a_300_turn_job_far_over_its_window_completes_compacting_at_turn_boundar
     replies = sum(m.usage.total_tokens for m in agent.messages if isinstance(m, AssistantMessage))
     assert outcome.usage.total_tokens == replies + sum(e.usage.total_tokens for e in ends)
     assert all(e.usage.total_tokens > 0 for e in ends)
-    from jobs.progress import Progress     # `pid status` counts them as they happen
+    from pid.jobs.progress import Progress     # `pid status` counts them as they happen
     progress = Progress()
     for event in events:
         progress.on_event(event)

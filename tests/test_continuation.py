@@ -10,7 +10,7 @@ import pytest
 from pid.messages import AssistantMessage, TextContent, UserMessage
 from pid.session import SessionWriter, read_session
 from tests.tool_sandbox import get, put
-from jobs.continuation import PATCH_IN_SANDBOX, Parent, Refused, apply_patch, session_chain, start_session
+from pid.jobs.continuation import PATCH_IN_SANDBOX, Parent, Refused, apply_patch, session_chain, start_session
 
 
 def entry(id_: str, parent: str | None, kind: str = "message", text: str = "") -> dict:
@@ -113,7 +113,7 @@ new file mode 100644
 
 
 def _store(tmp_path):
-    from jobs.sqlite_store import JobStore
+    from pid.jobs.sqlite_store import JobStore
     return JobStore(str(tmp_path / "jobs.db"))
 
 
@@ -129,8 +129,8 @@ def _ended(store, spec, artifacts=("result.json", "session.jsonl", "patch.diff")
 
 def test_retry_keeps_the_snapshot_and_refuses_what_it_cannot_run_again(tmp_path):
     import io
-    from jobs.continuation import continuation_spec, retry_spec
-    from jobs.spec import JobSpec
+    from pid.jobs.continuation import continuation_spec, retry_spec
+    from pid.jobs.spec import JobSpec
     store = _store(tmp_path)
     digest = store.put_blob(io.BytesIO(b"a tar"))
     job = _ended(store, JobSpec(task="t", repo="/r", model="m", workspace=digest, system_prompt="SYS"))
@@ -156,8 +156,8 @@ def test_retry_keeps_the_snapshot_and_refuses_what_it_cannot_run_again(tmp_path)
 
 def test_retry_refuses_a_job_still_queued_or_running_and_neither_new_job_joins_the_earlier_ones_batch(tmp_path):
     import io
-    from jobs.continuation import continuation_spec, retry_spec
-    from jobs.spec import JobSpec
+    from pid.jobs.continuation import continuation_spec, retry_spec
+    from pid.jobs.spec import JobSpec
     store = _store(tmp_path)
     digest = store.put_blob(io.BytesIO(b"a tar"))
     queued = JobSpec(task="t", repo="/r", model="m", workspace=digest)
@@ -176,8 +176,8 @@ def test_retry_refuses_a_job_still_queued_or_running_and_neither_new_job_joins_t
 def test_a_pid_run_job_is_retried_and_continued_on_the_snapshot_its_result_names(tmp_path):
     """`pid run` keeps its directory's snapshot as a blob and names it in result.json: the new job runs on it."""
     import io
-    from jobs.continuation import continuation_spec, retry_spec
-    from jobs.spec import JobSpec
+    from pid.jobs.continuation import continuation_spec, retry_spec
+    from pid.jobs.spec import JobSpec
     store = _store(tmp_path)
     digest = store.put_blob(io.BytesIO(b"the directory, packed"))
     spec = JobSpec(task="t", repo=str(tmp_path), model="m")

@@ -18,8 +18,8 @@ import pytest
 
 from tests.conftest import IMAGE, ROOT, RUN_ID, CliResult, start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
-from sandbox.reaper import TEST_RUN_ENV
-from jobs.sqlite_store import JobStore
+from pid.sandbox.reaper import TEST_RUN_ENV
+from pid.jobs.sqlite_store import JobStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.cli]
 
@@ -37,7 +37,7 @@ class Env:
         self.out = root / "out"
 
     def pid(self, *args: str, timeout: float = 240, extra_env: dict[str, str] | None = None) -> CliResult:
-        proc = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=self.root,
+        proc = subprocess.run([sys.executable, "-m", "pid.cli.main", *args], cwd=self.root,
                               env={**self.env, **(extra_env or {})},
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         return CliResult(proc.returncode, proc.stdout, proc.stderr)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from pid.config import DEFAULT_BASE_URLS
-from jobs.continuation import MODEL_FIELDS, Refused, continuation_spec, switch_model
-from jobs.spec import JobSpec
-from jobs.sqlite_store import JobStore
+from pid.jobs.continuation import MODEL_FIELDS, Refused, continuation_spec, switch_model
+from pid.jobs.spec import JobSpec
+from pid.jobs.sqlite_store import JobStore
 
 OPENAI, ANTHROPIC = DEFAULT_BASE_URLS["openai-completions"], DEFAULT_BASE_URLS["anthropic-messages"]
 

@@ -1,4 +1,4 @@
-"""Per-job disks (sandbox.disk): real sparse images, real ext4, real loop mounts, all under tmp_path."""
+"""Per-job disks (pid.sandbox.disk): real sparse images, real ext4, real loop mounts, all under tmp_path."""
 from __future__ import annotations
 
 import errno
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import disk as disk_mod
-from sandbox.disk import DiskError, JobDisk, disks_supported, parse_size, reap_disks
+from pid.sandbox import disk as disk_mod
+from pid.sandbox.disk import DiskError, JobDisk, disks_supported, parse_size, reap_disks
 
 pytestmark = pytest.mark.docker  # real loop-mounted disks need root and the host's loop devices, like the engine
 
@@ -372,7 +372,7 @@ def test_discard_only_hits_the_disks_own_filesystem(root: str) -> None:
 
 CHILD = """
 import sys, time
-from sandbox.disk import JobDisk
+from pid.sandbox.disk import JobDisk
 
 d = JobDisk.create(sys.argv[1], sys.argv[2], 64 << 20, layout={"workspace": (1000, 1000, 0o755)})
 open(d.path("workspace") + "/data", "w").write("orphan")

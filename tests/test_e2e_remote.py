@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import stop_worker, wait_ready
 from tests.scripted_llm import ScriptedLLM
-from jobs.sqlite_store import JobStore
+from pid.jobs.sqlite_store import JobStore
 from tests.services import missing
 
 pytestmark = [pytest.mark.docker, pytest.mark.cli]
@@ -48,7 +48,7 @@ def start_hidden_worker(env: dict[str, str], cwd: Path, log_path: Path, hide: Pa
     script = 'mount -t tmpfs -o mode=0700 pid-elsewhere "$1" && shift && exec "$@"'
     with open(log_path, "w") as log:
         proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-                                 str(hide), sys.executable, "-m", "cli.main", "worker", "--concurrency",
+                                 str(hide), sys.executable, "-m", "pid.cli.main", "worker", "--concurrency",
                                  str(concurrency)],
                                 cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.docker  # the whole module needs an engine
 
 
 def start_run(env: dict[str, str], cwd: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "cli.main", "run", *args], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-m", "pid.cli.main", "run", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
                             start_new_session=True)
 

@@ -1,8 +1,8 @@
 """A job's end is said as "cancelled", not "cancelled (cancelled)", in every line that says it (issue 22)."""
 from __future__ import annotations
 
-from cli.batch_progress import item_line
-from worker.tasks import end_line
+from pid.cli.batch_progress import item_line
+from pid.worker.tasks import end_line
 
 
 def test_worker_end_line_does_not_repeat_the_status() -> None:
@@ -22,7 +22,7 @@ def test_the_live_batch_table_keeps_turn_and_cost_readable_at_80_columns() -> No
 
     from rich.console import Console
 
-    from cli.batch_progress import Progress, render
+    from pid.cli.batch_progress import Progress, render
     record = SimpleNamespace(activity="turn 3: running bash sleep 2; echo tick and a long command line",
                              status="running", turns=3, total_usage={"cost": 0.00082},
                              last_tool="bash sleep 2; echo tick (ok, 2.0s) x")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.engine_probe import image_present
+from pid.sandbox.engine_probe import image_present
 from tests.conftest import IMAGE
 
 pytestmark = pytest.mark.docker

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.gitseed import GitSeed
-from sandbox.workspace import pack_tar, unpack_tar
+from pid.sandbox.gitseed import GitSeed
+from pid.sandbox.workspace import pack_tar, unpack_tar
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "core.excludesFile=/dev/null"]
 

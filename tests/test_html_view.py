@@ -8,9 +8,9 @@ import time
 from html.parser import HTMLParser
 from pathlib import Path
 
-from cli.pages.batch import render_batch
-from cli.pages.blocks import Limits, clip, diff_html
-from cli.pages.job import render_job
+from pid.cli.pages.batch import render_batch
+from pid.cli.pages.blocks import Limits, clip, diff_html
+from pid.cli.pages.job import render_job
 from tests.view_fixtures import (BATCH_ITEMS, HOSTILE, HOSTILE_CALL_IDS, PWNED_ATTR, SessionBuilder, call,
                                  hostile_result, hostile_session, simple_session, write_batch, write_job)
 
@@ -314,7 +314,7 @@ def test_a_failed_edit_is_not_applied_and_errors_are_open_with_time_and_duration
 
 
 def test_relatives_are_linked_and_a_watched_page_reloads(tmp_path):
-    from cli.pages.job import Relative
+    from pid.cli.pages.job import Relative
     job = write_job(tmp_path / "job", {"id": "child", "status": "completed", "parent": "mom"},
                     simple_session(["c1"]))
     plain = render_job(str(job))   # from result.json alone: named, with the command that makes its page

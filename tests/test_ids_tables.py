@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from cli.ids import NoSuchJob, resolve
-from cli.table import Column, cut, render
+from pid.cli.ids import NoSuchJob, resolve
+from pid.cli.table import Column, cut, render
 from pid.costs import format_cost
-from jobs.batch import BatchDir
-from jobs.spec import JobSpec
-from jobs.sqlite_store import JobStore
+from pid.jobs.batch import BatchDir
+from pid.jobs.spec import JobSpec
+from pid.jobs.sqlite_store import JobStore
 
 IDS = ["20261201-000000-70a672", "20261201-000001-80a672", "20261201-000002-abcdef"]
 

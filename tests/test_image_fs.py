@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from sandbox.image_env import CARRIER, neutralised
-from sandbox.image_fs import ImageFSError, check_workdir, subtree_lowers
-from sandbox.mounts import swap_map
+from pid.sandbox.image_env import CARRIER, neutralised
+from pid.sandbox.image_fs import ImageFSError, check_workdir, subtree_lowers
+from pid.sandbox.mounts import swap_map
 
 
 def _layers(tmp_path, *names: str) -> list[str]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from pid.config import EnvDefaults, endpoint
-from jobs.spec import JobSpec
-from jobs.sqlite_store import JobStore
-from worker.tasks import _api_key
+from pid.jobs.spec import JobSpec
+from pid.jobs.sqlite_store import JobStore
+from pid.worker.tasks import _api_key
 
 
 @pytest.fixture

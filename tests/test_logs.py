@@ -22,7 +22,7 @@ def test_pid_logs_follows_a_running_job_live_and_prints_its_whole_log_after(run_
     with ScriptedLLM(script) as llm:
         job_id = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url,
                          "--out", str(tmp_path / "out")).stdout.strip()
-        follower = subprocess.Popen([sys.executable, "-m", "cli.main", "logs", job_id, "-f"], cwd=tmp_path,
+        follower = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "logs", job_id, "-f"], cwd=tmp_path,
                                     env=pid_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             seen = [follower.stdout.readline()]   # live: the first call's line arrives while the second runs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cli.pages.markdown import render, safe_href
+from pid.cli.pages.markdown import render, safe_href
 from tests.test_html_view import Structure
 
 ALLOWED = {"p", "br", "h3", "h4", "h5", "h6", "ul", "ol", "li", "pre", "code", "em", "strong", "a"}

@@ -1,4 +1,4 @@
-"""The in-memory sandbox keeps the Docker sandbox's contract (pid/sandbox.py, pid/sandbox_lifecycle.py), so tests
+"""The in-memory sandbox keeps the Docker sandbox's contract (pid/sandbox_api.py, pid/sandbox_lifecycle.py), so tests
 against it say something about the real one: the errors, the output policy, timeouts, cancel, removal."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pid.sandbox import OutputPolicy, Sandbox, SandboxError, SandboxLost
+from pid.sandbox_api import OutputPolicy, Sandbox, SandboxError, SandboxLost
 from pid.sandbox_lifecycle import FilesBudget, JobSandbox
 from tests.memory_sandbox import Commands, MemoryProvider, MemorySandbox, Run
 

@@ -124,7 +124,7 @@ def test_other_failures_are_not_refusals_for_length(text):
 
 
 def test_compaction_and_notices_become_bounded_log_records(capsys):
-    from cli.output import RecordPrinter
+    from pid.cli.output import RecordPrinter
     records = EventRecords()
     start = records(ev.CompactionStart("threshold", 20000))
     end = records(ev.CompactionEnd("threshold", 20000, 9000, 42, "## Goal\nlong summary " * 500))
@@ -145,8 +145,8 @@ def test_compaction_and_notices_become_bounded_log_records(capsys):
 def test_a_job_takes_prices_and_window_from_the_table_and_warns_of_an_unknown_model(sample_repo, tmp_path):
     from tests.memory_sandbox import MemoryProvider
     from tests.scripted_llm import ScriptedLLM
-    from jobs.spec import JobSpec
-    from worker.runner import run_job
+    from pid.jobs.spec import JobSpec
+    from pid.worker.runner import run_job
 
     def spec(model: str, llm: ScriptedLLM, **extra) -> JobSpec:
         return JobSpec(task="go", repo=str(sample_repo), model=model, out_dir=str(tmp_path / "out"),
@@ -170,8 +170,8 @@ def test_a_model_server_that_looks_like_ollama_gets_a_warning_about_its_window(s
     from pid.models import silent_truncation_warning
     from tests.memory_sandbox import MemoryProvider
     from tests.scripted_llm import ScriptedLLM
-    from jobs.spec import JobSpec
-    from worker.runner import run_job
+    from pid.jobs.spec import JobSpec
+    from pid.worker.runner import run_job
     info = model_info("qwen3-coder:30b")
     assert info.known   # the tag finds the model's native window, which Ollama does not give it by default
     for url in ("http://127.0.0.1:11434/v1", "http://ollama:8080/v1", "https://my-ollama.internal/v1"):

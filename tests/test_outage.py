@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 
-from worker.outage import Patience, patient, transient
+from pid.worker.outage import Patience, patient, transient
 
 
 class FlakyStore:

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from sandbox.output_trim import STEP, read_cut, trim_front
+from pid.sandbox.output_trim import STEP, read_cut, trim_front
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def test_a_huge_sparse_output_costs_the_host_no_reading_of_its_holes(out_dir):
 
 
 def test_counting_stops_at_its_budget_and_the_next_trim_goes_on(out_dir, monkeypatch):
-    from sandbox import output_trim
+    from pid.sandbox import output_trim
     path, fd = out_dir
     (path / "3.1").write_bytes(b"y\n" * (4 * STEP))    # 8 MiB of lines
     clock = iter([0.0, 0.0, 0.0, 0.0, 99.0])            # the budget runs out after the first chunk or so

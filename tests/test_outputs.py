@@ -1,4 +1,4 @@
-"""Which finished outputs stay on pid's disk (sandbox.outputs), on a real directory."""
+"""Which finished outputs stay on pid's disk (pid.sandbox.outputs), on a real directory."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.outputs import LINGER_BYTES, KeptOutputs, remove, used
+from pid.sandbox.outputs import LINGER_BYTES, KeptOutputs, remove, used
 
 KiB = 1024
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from sandbox.channel import Channel, ChannelClosed, PipeLink
-from sandbox.frames import PipeReader, StreamClosed
+from pid.sandbox.channel import Channel, ChannelClosed, PipeLink
+from pid.sandbox.frames import PipeReader, StreamClosed
 
 
 def serve(run_dir: str, channel_id: int, replies: list[bytes], stop: threading.Event) -> threading.Thread:

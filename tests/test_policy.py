@@ -13,11 +13,11 @@ import pytest
 
 from tests.conftest import pid_containers, start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
-from jobs.spec import JobSpec, spec_problem
-from jobs.policy import Policy, PolicyError, image_name, load, refusal_by_workers
-from jobs.sqlite_store import JobStore
-from jobs.store import WorkerBeat
-from worker.tasks import _refused_by_policy
+from pid.jobs.spec import JobSpec, spec_problem
+from pid.jobs.policy import Policy, PolicyError, image_name, load, refusal_by_workers
+from pid.jobs.sqlite_store import JobStore
+from pid.jobs.store import WorkerBeat
+from pid.worker.tasks import _refused_by_policy
 
 STRICT = """
 max_memory = "1g"
@@ -168,7 +168,7 @@ def test_a_worker_refuses_what_its_policy_does_not_admit_before_any_container(ru
         job = ["submit", "fix it", "--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url,
                "--memory", "512m"]
         # queued while no worker is live (nobody to ask), then refused by the worker that takes it
-        waiting = subprocess.Popen([sys.executable, "-m", "cli.main", *job, "--memory", "2g", "--wait", "--json"],
+        waiting = subprocess.Popen([sys.executable, "-m", "pid.cli.main", *job, "--memory", "2g", "--wait", "--json"],
                                    cwd=tmp_path, env=pid_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True)
         deadline = time.time() + 60
@@ -265,7 +265,8 @@ def test_a_tasks_file_s_paths_are_its_own_directory_s_unless_allowed_outside(run
         assert f"line {line}: " in r.stderr and "outside the tasks file's directory" in r.stderr, r.stderr
     assert "line 1:" not in r.stderr and "hunter2" not in r.stderr
     # tasks from stdin have no directory: their paths need --allow-outside
-    piped = subprocess.run([sys.executable, "-m", "cli.main", *args[:1], "-", *args[2:], "--out", str(tmp_path / "o")],
+    piped = subprocess.run([sys.executable, "-m", "pid.cli.main", *args[:1], "-", *args[2:], "--out",
+                            str(tmp_path / "o")],
                            input=json.dumps({"task": "t", "repo": "."}) + "\n", cwd=here, env=pid_env,
                            capture_output=True, text=True, timeout=120)
     assert piped.returncode == 2 and "stdin" in piped.stderr and "--allow-outside" in piped.stderr, piped.stderr

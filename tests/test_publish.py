@@ -48,8 +48,8 @@ def _fields(message: dict) -> dict[tuple[str, str], object]:
 def test_the_pushed_message_is_the_one_celery_sends(tmp_path, redis_url):
     import redis
 
-    from jobs.publish import message
-    sent = subprocess.run([sys.executable, "-c", "from worker.app import app; "
+    from pid.jobs.publish import message
+    sent = subprocess.run([sys.executable, "-c", "from pid.worker.app import app; "
                            "app.send_task('pid.run_job', args=['job-1'], task_id='job-1', queue='q1')"],
                           env=_env(tmp_path, redis_url), capture_output=True, text=True, timeout=60)
     assert sent.returncode == 0, sent.stderr
@@ -64,7 +64,7 @@ def test_the_pushed_message_is_the_one_celery_sends(tmp_path, redis_url):
 SUBMIT = """
 import sys
 from click.testing import CliRunner
-from cli.main import cli
+from pid.cli.main import cli
 result = CliRunner().invoke(cli, sys.argv[1:], catch_exceptions=False)
 print(result.output, end="")
 print("loaded:", sorted(m for m in ("celery", "kombu") if m in sys.modules))
@@ -94,8 +94,8 @@ def _queued(home: Path, queue: str) -> list[dict]:
 def test_kombus_message_on_the_embedded_queue_is_the_one_celery_sends(tmp_path):
     """Without a Redis broker the message goes through kombu (jobs/publish.py send): the same as Celery's."""
     env = {**_env(tmp_path, ""), "PID_BROKER_URL": ""}
-    celery = "from worker.app import app; app.send_task('pid.run_job', args=['job-1'], task_id='job-1', queue='q1')"
-    ours = ("from jobs.dispatch import publish; from jobs.store import default_store; "
+    celery = "from pid.worker.app import app; app.send_task('pid.run_job', args=['job-1'], task_id='job-1', queue='q1')"
+    ours = ("from pid.jobs.dispatch import publish; from pid.jobs.store import default_store; "
             "print(publish(default_store(), [('job-1', 'q1')]))")
     for code in (celery, ours):
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
@@ -109,7 +109,7 @@ def test_kombus_message_on_the_embedded_queue_is_the_one_celery_sends(tmp_path):
 CLIENT = """
 import sys
 from click.testing import CliRunner
-from cli.main import cli
+from pid.cli.main import cli
 submitted = CliRunner().invoke(cli, ["submit", "a task", "--repo", sys.argv[1], "--model", "m",
                                     "--base-url", "http://127.0.0.1:9/v1"], catch_exceptions=False)
 job = submitted.output.split()[0]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.reaper import TEST_RUN_ENV
+from pid.sandbox.reaper import TEST_RUN_ENV
 from tests.conftest import IMAGE, ROOT, RUN_ID
 from tests.scripted_llm import ScriptedLLM
 

@@ -15,8 +15,8 @@ import docker
 import docker.errors
 import pytest
 
-from sandbox.reaper import (LABEL_TEST_RUN, TEST_RUN_ENV, list_containers, reap_expired, remove_job_containers,
-                            run_labels)
+from pid.sandbox.reaper import (LABEL_TEST_RUN, TEST_RUN_ENV, list_containers, reap_expired, remove_job_containers,
+                                run_labels)
 from tests.conftest import IMAGE, RUN_ID
 from tests.leaks import find_leaks, remove_leaks, run_containers
 
@@ -185,7 +185,7 @@ def test_reaper_on_a_real_engine_ignores_a_container_that_vanished_after_the_lis
 
 @pytest.mark.docker
 def test_sandbox_containers_carry_the_runs_label():
-    from sandbox import DockerSandbox, SandboxConfig
+    from pid.sandbox import DockerSandbox, SandboxConfig
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id="test-run-label", ttl_s=120, disk=0)) as box:
         labels = box.client.api.inspect_container(box.container_id)["Config"]["Labels"]
         assert labels[LABEL_TEST_RUN] == RUN_ID and labels["pid.job"] == "test-run-label"

@@ -8,14 +8,14 @@ import socket
 import subprocess
 import time
 
-from worker.control import new_owner
-from jobs.workers import ALIVE_WITHIN_S, worker_state
-from worker.housekeeping import RECONCILE_S, reconcile
-from jobs.spec import JobSpec
-from jobs.identity import process_identity
-from jobs.sqlite_store import JobStore
-from jobs.store import WorkerBeat
-from jobs.sweep import owner_alive
+from pid.worker.control import new_owner
+from pid.jobs.workers import ALIVE_WITHIN_S, worker_state
+from pid.worker.housekeeping import RECONCILE_S, reconcile
+from pid.jobs.spec import JobSpec
+from pid.jobs.identity import process_identity
+from pid.jobs.sqlite_store import JobStore
+from pid.jobs.store import WorkerBeat
+from pid.jobs.sweep import owner_alive
 
 
 def spec(tmp_path, n: int = 0) -> JobSpec:
@@ -53,7 +53,7 @@ def test_the_reconciler_dispatches_what_needs_it_and_one_worker_wins_each(tmp_pa
     assert store.mark_dispatched(sent.id)
     calls: list[str] = []
 
-    def publish(job_id: str, **kw) -> bool:   # jobs.dispatch.dispatch's bookkeeping, with a publish that works
+    def publish(job_id: str, **kw) -> bool:   # pid.jobs.dispatch.dispatch's bookkeeping, with a publish that works
         if not store.mark_dispatched(job_id, kw.get("previous"), only_if=kw.get("reconcile", False)):
             return False
         calls.append(job_id)
@@ -139,7 +139,7 @@ def test_a_lease_holder_is_known_alive_or_dead_only_where_that_can_be_told(tmp_p
     alive, dead, elsewhere = (store.create(spec(tmp_path, n)) for n in range(3))
     assert store.claim(alive.id, new_owner(), 60)
     child = subprocess.Popen(["sleep", "30"])
-    from worker.control import process_identity
+    from pid.worker.control import process_identity
     identity = process_identity(child.pid)
     child.kill()
     child.wait()
@@ -201,7 +201,7 @@ def test_a_beat_on_its_way_when_the_worker_stops_never_lands_after_the_stop(monk
     lands later, and the stop is still the last word (pid workers --all: stopped, not alive)."""
     import threading
 
-    from worker import housekeeping
+    from pid.worker import housekeeping
 
     class SlowStore:
         def __init__(self) -> None:
@@ -217,7 +217,7 @@ def test_a_beat_on_its_way_when_the_worker_stops_never_lands_after_the_stop(monk
             self.writes.append("stopped")
 
     store = SlowStore()
-    monkeypatch.setattr("jobs.store.default_store", lambda: store)
+    monkeypatch.setattr("pid.jobs.store.default_store", lambda: store)
     monkeypatch.setattr(housekeeping, "STOP_WAIT_S", 0.1)
     monkeypatch.setattr(housekeeping.Housekeeping, "_loop", lambda self: None)   # only the heartbeat thread here
     keeping = housekeeping.Housekeeping("n", 1, lambda: 0, lambda: True)
@@ -235,7 +235,7 @@ def test_a_store_that_keeps_refusing_beats_is_said_once_and_its_return_once(monk
     import logging
     import threading
 
-    from worker import housekeeping
+    from pid.worker import housekeeping
 
     class FlakyStore:
         def __init__(self) -> None:
@@ -252,7 +252,7 @@ def test_a_store_that_keeps_refusing_beats_is_said_once_and_its_return_once(monk
             pass
 
     store = FlakyStore()
-    monkeypatch.setattr("jobs.store.default_store", lambda: store)
+    monkeypatch.setattr("pid.jobs.store.default_store", lambda: store)
     monkeypatch.setattr(housekeeping, "BEAT_S", 0.01)
     monkeypatch.setattr(housekeeping.Housekeeping, "_loop", lambda self: None)   # only the heartbeat thread here
     caplog.set_level(logging.INFO, logger="pid.worker")

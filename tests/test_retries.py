@@ -285,7 +285,7 @@ def test_cancel_during_a_wait_ends_the_job_within_a_second():
 
 
 def test_pid_status_says_the_job_is_waiting_to_retry():
-    from jobs.progress import Progress
+    from pid.jobs.progress import Progress
     progress = Progress()
     progress.on_event(ev.TurnStart(3))
     progress.on_event(ev.ModelRetry(3, 2, 12.0, "rate limited", 429, "HTTP 429 from ..."))

@@ -15,10 +15,10 @@ def no_user_files(tmp_path, monkeypatch):
 def test_continue_and_retry_accept_max_cost_with_the_model_tables_prices():
     """`submit --max-cost` takes the model table's prices; `pid retry` / `pid continue` of that job must too (they
     used to refuse every such job: its spec has max_cost and no explicit price)."""
-    import cli.main  # noqa: F401 - registers cli.rerun with its helpers
-    from cli.main import BadInput
-    from cli.rerun import check_prices
-    from jobs.spec import JobSpec
+    import pid.cli.main  # noqa: F401 - registers pid.cli.rerun with its helpers
+    from pid.cli.main import BadInput
+    from pid.cli.rerun import check_prices
+    from pid.jobs.spec import JobSpec
     check_prices(JobSpec(task="t", repo="/r", model="gpt-4o", max_cost=1.0))            # the table prices it
     check_prices(JobSpec(task="t", repo="/r", model="house-model", max_cost=1.0, input_price=2.0))
     check_prices(JobSpec(task="t", repo="/r", model="house-model"))                     # no --max-cost
@@ -64,7 +64,7 @@ def test_session_entry_ids_never_repeat_and_a_cycle_never_hangs_a_reader(tmp_pat
     import pid.session
     from pid.messages import UserMessage
     from pid.session import SessionWriter, read_session, session_context_entries
-    from jobs.continuation import session_chain
+    from pid.jobs.continuation import session_chain
 
     drawn = iter(["aaaaaaaa", "aaaaaaaa", "bbbbbbbb", "aaaaaaaa", "bbbbbbbb", "cccccccc"])
     monkeypatch.setattr(pid.session, "_entry_id", lambda: next(drawn))
@@ -92,8 +92,8 @@ def test_a_page_shows_a_dash_for_numbers_json_can_say_but_no_format_can(tmp_path
     """json.load takes NaN, Infinity and 1e999: fmt_int / fmt_duration raised on them (a traceback from pid view)."""
     import json
 
-    from cli.pages.batch import render_batch
-    from cli.pages.job import render_job
+    from pid.cli.pages.batch import render_batch
+    from pid.cli.pages.job import render_job
     job = tmp_path / "job"
     job.mkdir()
     (job / "result.json").write_text('{"id": "x", "status": "completed", "turns": 1e999, "duration_s": Infinity, '
@@ -139,8 +139,8 @@ def test_a_worker_without_the_models_prices_refuses_a_job_with_max_cost(sample_r
     prices for the model ran the job with a cap that could never stop it (cost 0); it refuses the job instead."""
     from tests.memory_sandbox import MemoryProvider
     from tests.scripted_llm import ScriptedLLM
-    from jobs.spec import JobSpec
-    from worker.runner import run_job
+    from pid.jobs.spec import JobSpec
+    from pid.worker.runner import run_job
 
     def spec(llm: ScriptedLLM, **extra) -> JobSpec:
         return JobSpec(task="go", repo=str(sample_repo), out_dir=str(tmp_path / "out"), base_url=llm.base_url,
@@ -172,7 +172,7 @@ def test_a_continued_conversation_updates_its_parents_summary_and_keeps_its_file
     from pid.tools.registry import default_registry
     from tests.scripted_llm import ScriptedLLM
     from tests.test_compaction import WINDOW, LongJob, entries, make_box
-    from jobs.continuation import Parent, session_chain, start_session
+    from pid.jobs.continuation import Parent, session_chain, start_session
 
     parent_path = tmp_path / "parent.jsonl"
     with SessionWriter(str(parent_path)) as parent:
@@ -227,7 +227,7 @@ def test_anthropic_s_input_plus_max_tokens_refusal_is_a_refusal_for_length():
 def test_pid_status_stops_saying_compacting_once_the_compaction_ended():
     """A compaction is followed by the model call: `pid status` said 'compacting the context' all through it."""
     from pid import events as ev
-    from jobs.progress import Progress
+    from pid.jobs.progress import Progress
     progress = Progress()
     progress.on_event(ev.TurnStart(7))
     progress.on_event(ev.CompactionStart("threshold", 30000))

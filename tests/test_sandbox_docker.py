@@ -16,13 +16,13 @@ import docker.errors
 import pytest
 
 from pid.config import pid_home
-from pid.sandbox import OutputPolicy, SandboxError
-from sandbox import DockerSandbox, ImageNotFound, SandboxConfig, reap_expired
-from sandbox.artifacts import FilesBudget
-from sandbox import fileops
-from sandbox.channel import DIRECT_MAX, Channel
-from sandbox.config import BASE_ENV
-from sandbox.reaper import owner_label, run_labels
+from pid.sandbox_api import OutputPolicy, SandboxError
+from pid.sandbox import DockerSandbox, ImageNotFound, SandboxConfig, reap_expired
+from pid.sandbox.artifacts import FilesBudget
+from pid.sandbox import fileops
+from pid.sandbox.channel import DIRECT_MAX, Channel
+from pid.sandbox.config import BASE_ENV
+from pid.sandbox.reaper import owner_label, run_labels
 from tests.conftest import WAITING_SHELL_MARK, signal_waiting_shells, signalled
 from tests.services import missing
 
@@ -425,10 +425,10 @@ def _open_on_disk(box) -> list[str]:
 def test_first_servers_that_do_not_answer_are_replaced_through_the_engine(client, monkeypatch):
     # An entry that starts no server (as under a runtime that cannot open the host's FIFOs): the control server
     # and the agents' come through `docker exec` instead, after a short wait, and nothing stays open on the disk.
-    import sandbox.exec_channels
-    import sandbox.launch
-    monkeypatch.setattr(sandbox.exec_channels, "PRESTARTED_HELLO_S", 1.0)
-    monkeypatch.setattr(sandbox.launch, "entry_command", lambda ttl, *_: ["sleep", str(ttl)])
+    import pid.sandbox.exec_channels
+    import pid.sandbox.launch
+    monkeypatch.setattr(pid.sandbox.exec_channels, "PRESTARTED_HELLO_S", 1.0)
+    monkeypatch.setattr(pid.sandbox.launch, "entry_command", lambda ttl, *_: ["sleep", str(ttl)])
     started = time.monotonic()
     box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-silent", ttl_s=300), client)
     try:
@@ -441,7 +441,7 @@ def test_first_servers_that_do_not_answer_are_replaced_through_the_engine(client
 
 
 def test_a_server_that_refuses_the_sandbox_says_why_at_once(client, monkeypatch, caplog):
-    import sandbox.channel as ch
+    import pid.sandbox.channel as ch
     monkeypatch.setattr(ch, "SCRIPT", b'read -r h n; printf "F %s 24\\nthe image has no setpriv" "$n"; read -r l\n')
     started = time.monotonic()
     with pytest.raises(SandboxError, match="sandbox setup failed: the image has no setpriv"):
@@ -452,7 +452,7 @@ def test_a_server_that_refuses_the_sandbox_says_why_at_once(client, monkeypatch,
 
 
 def test_an_engine_whose_default_runtime_is_not_runc_gets_no_fifos(client, monkeypatch):
-    import sandbox.launch as ds
+    import pid.sandbox.launch as ds
     assert ds.default_runtime(client) == client.info()["DefaultRuntime"]
     monkeypatch.setitem(ds._default_runtimes, str(client.api.base_url), "runsc")
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-runsc-default", ttl_s=300), client) as box:
@@ -1007,7 +1007,7 @@ def test_posix_sh_fallback_without_bash(client, image_without_bash):
 
 
 def test_the_engines_errors_reach_callers_as_sandbox_errors(sb, monkeypatch, tmp_path):
-    # The runner knows pid.sandbox's errors only: an engine whose connection drops mid-call is a SandboxError, never
+    # The runner knows pid.sandbox_api's errors only: an engine whose connection drops mid-call is a SandboxError, never
     # the Docker SDK's or its transport's own exception (export_files used to let requests' errors through).
     import requests.exceptions
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from pid import events as ev
-from pid.sandbox import Sandbox, SandboxLost
+from pid.sandbox_api import Sandbox, SandboxLost
 from pid.sandbox_lifecycle import JobSandbox, SandboxProvider
-from sandbox import DockerProvider, DockerSandbox
+from pid.sandbox import DockerProvider, DockerSandbox
 from tests.memory_sandbox import MemoryProvider, MemorySandbox, Run
 from tests.scripted_llm import ScriptedLLM
-from jobs.spec import JobSpec
-from worker.runner import run_job
+from pid.jobs.spec import JobSpec
+from pid.worker.runner import run_job
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,8 +56,8 @@ def test_the_agent_core_imports_no_docker():
 
 
 def test_the_runner_does_not_know_dockersandbox():
-    import worker.runner
-    assert "DockerSandbox" not in vars(worker.runner)
+    import pid.worker.runner
+    assert "DockerSandbox" not in vars(pid.worker.runner)
 
 
 def test_the_runner_and_its_phases_import_no_docker():
@@ -84,7 +84,7 @@ class RefusingEngine:
 
 def test_the_docker_provider_raises_sandbox_errors_only():
     """An engine's refusal reaches the runner as a SandboxError (so a sandbox_error ending), in the engine's words."""
-    from pid.sandbox import SandboxError
+    from pid.sandbox_api import SandboxError
     with pytest.raises(SandboxError, match="the engine is busy") as raised:
         DockerProvider(RefusingEngine()).clear_job("job-1")   # type: ignore[arg-type]
     assert type(raised.value.__cause__).__module__ == "docker.errors"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from sandbox.seccomp import ALLOWED, SECURITY_OPT, SOCKET_FAMILIES, profile
+from pid.sandbox.seccomp import ALLOWED, SECURITY_OPT, SOCKET_FAMILIES, profile
 
 
 def test_sockets_are_allowed_only_by_exact_family_and_nothing_opens_a_way_around():

@@ -13,7 +13,7 @@ import termios
 
 import pytest
 
-from cli.status_line import StatusLine, _width, on_terminal, status_text
+from pid.cli.status_line import StatusLine, _width, on_terminal, status_text
 from pid.event_records import EXCERPT_HEAD, EXCERPT_TAIL, EXCERPT_WIDTH, output_excerpt
 
 ALLOWED = {"\x1b[K", "\x1b[2m", "\x1b[0m"}   # CLEAR_LINE's erase, and click's dim style on and off

@@ -4,8 +4,8 @@ from __future__ import annotations
 import multiprocessing
 import time
 
-from jobs.spec import JobSpec
-from jobs.sqlite_store import JobStore
+from pid.jobs.spec import JobSpec
+from pid.jobs.sqlite_store import JobStore
 
 
 def spec(tmp_path, **kw) -> JobSpec:
@@ -75,7 +75,7 @@ def test_spec_round_trips_and_ignores_unknown_fields(tmp_path):
 
 
 def test_a_cancelled_job_whose_worker_died_ends_cancelled_with_a_result(tmp_path):
-    from jobs.sweep import sweep
+    from pid.jobs.sweep import sweep
     store = JobStore(str(tmp_path / "jobs.db"))
     job = store.create(spec(tmp_path))
     assert store.claim(job.id, "dead-worker", lease_s=0.2)
@@ -96,7 +96,7 @@ def test_the_sweeper_never_ends_a_job_that_was_just_claimed_again(tmp_path):
 
 
 def test_a_job_taken_up_again_keeps_the_earlier_attempts_counts_and_usage(tmp_path):
-    from jobs.results import with_earlier_attempts
+    from pid.jobs.results import with_earlier_attempts
     store = JobStore(str(tmp_path / "jobs.db"))
     job = store.create(spec(tmp_path))
     assert store.claim(job.id, "a", lease_s=0.2)
@@ -150,7 +150,7 @@ def test_the_sweep_ends_a_lost_pid_run_but_not_a_stopped_one(tmp_path):
     import os
     import socket
     import subprocess
-    from jobs.sweep import sweep
+    from pid.jobs.sweep import sweep
     store = JobStore(str(tmp_path / "jobs.db"))
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -173,7 +173,7 @@ def test_the_sweep_ends_a_lost_pid_run_but_not_a_stopped_one(tmp_path):
 
 
 def test_the_sweep_fails_a_job_whose_attempts_are_used_up_with_its_counts(tmp_path):
-    from jobs.sweep import MAX_ATTEMPTS, sweep
+    from pid.jobs.sweep import MAX_ATTEMPTS, sweep
     store = JobStore(str(tmp_path / "jobs.db"))
     job = store.create(spec(tmp_path))
     for attempt in range(MAX_ATTEMPTS):
@@ -194,7 +194,7 @@ def test_a_job_that_wrote_its_result_then_died_keeps_that_result(tmp_path):
     import json
     import os
 
-    from jobs.sweep import sweep
+    from pid.jobs.sweep import sweep
     store = JobStore(str(tmp_path / "jobs.db"))
     job = store.create(spec(tmp_path), kind="run")
     assert store.claim(job.id, "nohost:1:x", lease_s=0.2)

@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import pytest
 
-from jobs.spec import JobSpec
-from jobs.sqlite_store import JobStore
-from jobs.store import BlobMissing, Store, TooLarge, default_store, open_store, retention_s
+from pid.jobs.spec import JobSpec
+from pid.jobs.sqlite_store import JobStore
+from pid.jobs.store import BlobMissing, Store, TooLarge, default_store, open_store, retention_s
 
 KINDS = ["sqlite", "redis"]
 
@@ -32,7 +32,7 @@ def make_store(request, tmp_path) -> Callable[..., Store]:
     if request.param == "sqlite":
         return lambda retention=None: JobStore(str(tmp_path / "jobs.db"), retention=retention)
     server = request.getfixturevalue("redis_server")
-    from jobs.redis_store import RedisStore
+    from pid.jobs.redis_store import RedisStore
     return lambda retention=None: RedisStore(server.url, retention=retention)
 
 
@@ -529,7 +529,7 @@ def test_the_store_url_chooses_the_store(tmp_path, monkeypatch):
     assert isinstance(default_store(), JobStore)
     monkeypatch.setenv("PID_STORE_URL", f"sqlite://{tmp_path}/elsewhere/x.db")
     assert default_store().path == f"{tmp_path}/elsewhere/x.db"
-    from jobs.redis_store import RedisStore
+    from pid.jobs.redis_store import RedisStore
     monkeypatch.setenv("PID_STORE_URL", "redis://:hunter2@127.0.0.1:1/3")
     r = default_store()
     assert isinstance(r, RedisStore) and "hunter2" not in r.path and r is default_store()
@@ -556,7 +556,7 @@ def _claim_in_child(store: Any, job_id: str, owner: str, q: Any) -> None:
 
 
 def test_redis_one_of_many_concurrent_claimers_wins(redis_server, tmp_path):
-    from jobs.redis_store import RedisStore
+    from pid.jobs.redis_store import RedisStore
     store = RedisStore(redis_server.url)
     for round_ in range(5):
         job = store.create(spec(tmp_path, round_))
@@ -583,7 +583,7 @@ def test_redis_one_of_many_concurrent_claimers_wins(redis_server, tmp_path):
 
 def test_redis_store_across_fork_while_another_thread_uses_it(redis_server, tmp_path):
     """A worker's pool forks while its housekeeping thread talks to Redis: each child gets its own connection."""
-    from jobs.redis_store import RedisStore
+    from pid.jobs.redis_store import RedisStore
     store = RedisStore(redis_server.url)
     busy = store.create(spec(tmp_path, -1)).id
     assert store.claim(busy, "parent", 60)
@@ -629,7 +629,7 @@ def test_redis_store_across_fork_while_another_thread_uses_it(redis_server, tmp_
 def test_redis_leases_are_on_the_servers_clock_not_the_workers(redis_server, tmp_path, monkeypatch):
     """A worker whose clock runs an hour behind claims a job: another worker must not find its lease lapsed, and
     one whose clock runs ahead must not keep a lapsed lease alive."""
-    from jobs.redis_store import RedisStore
+    from pid.jobs.redis_store import RedisStore
     store = RedisStore(redis_server.url)
     job = store.create(spec(tmp_path))
     real = time.time
@@ -652,7 +652,7 @@ def test_redis_a_script_sent_again_after_a_lost_reply_does_not_run_twice(redis_s
     not refuse the claimer, nor a second take_messages lose the messages."""
     import json
 
-    from jobs.redis_store import PREFIX, RedisStore
+    from pid.jobs.redis_store import PREFIX, RedisStore
     store = RedisStore(redis_server.url)
     client, scripts = store._connection()
     job = store.create(spec(tmp_path))

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from jobs.spec import JobSpec
-from jobs.sqlite_store import JobStore
+from pid.jobs.spec import JobSpec
+from pid.jobs.sqlite_store import JobStore
 
 FORKS = 300
 CHILD_TIMEOUT_S = 20.0

@@ -25,7 +25,7 @@ from tests.conftest import start_worker, stop_worker, wait_ready
 from tests.scripted_llm import ScriptedLLM
 from tests.test_brokers import _all_completed_once, _wait_ended
 from tests.test_worker_chaos import JobsModel, _submit, _wait_running_tool
-from jobs.redis_store import RedisStore
+from pid.jobs.redis_store import RedisStore
 
 
 def _redis(tmp_path: Path, **persistence: bool) -> RedisServer:
@@ -36,7 +36,7 @@ def _redis(tmp_path: Path, **persistence: bool) -> RedisServer:
 
 
 def _worker_cli(env: dict[str, str], cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pid.cli.main", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
@@ -80,13 +80,13 @@ def test_a_volatile_redis_store_is_refused_unless_allowed(pid_env, tmp_path):
     try:
         refused = _worker_cli(env, tmp_path, "worker")
         with open(tmp_path / "w.log", "w") as out:
-            allowed = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--allow-volatile-store"],
+            allowed = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker", "--allow-volatile-store"],
                                        cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True)
         stop_worker(wait_ready(allowed, tmp_path / "w.log"))
         # a volatile broker in front of a store that persists (SQLite here) is no loss: the reconciler sends again
         with open(tmp_path / "local.log", "w") as out:
-            local = subprocess.Popen([sys.executable, "-m", "cli.main", "worker"], cwd=tmp_path,
+            local = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker"], cwd=tmp_path,
                                      env={**env, "PID_STORE_URL": "sqlite://" + str(tmp_path / "jobs.db")},
                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
@@ -105,7 +105,7 @@ def test_a_worker_whose_store_restarts_empty_says_so_in_its_log_and_in_pid_worke
     log = tmp_path / "w.log"
     try:
         with open(log, "w") as out:
-            worker = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--allow-volatile-store"],
+            worker = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker", "--allow-volatile-store"],
                                       cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, start_new_session=True)
         try:

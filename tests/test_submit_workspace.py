@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
-from jobs.sqlite_store import JobStore
+from pid.jobs.sqlite_store import JobStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.cli]
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.services import missing
 
-from worker.main_process import HANDBACK_S, POOL_STOP_S
+from pid.worker.main_process import HANDBACK_S, POOL_STOP_S
 
 pytestmark = pytest.mark.cli   # runs systemd's verifier (no Docker engine)
 

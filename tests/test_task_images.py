@@ -60,7 +60,7 @@ def task_image(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _box(image: str, **config):
-    from sandbox import DockerSandbox, SandboxConfig
+    from pid.sandbox import DockerSandbox, SandboxConfig
     return DockerSandbox.create(SandboxConfig(image=image, job_id="test-task-image", workdir="/testbed",
                                               writable_image=True, image_workspace=True, runtime=RUNTIME, **config))
 
@@ -200,8 +200,8 @@ def test_a_tree_pid_s_tools_could_load_or_run_from_is_never_the_agent_s(request,
 
 @pytest.mark.docker
 def test_a_workdir_the_image_lacks_is_a_clear_error(task_image):
-    from sandbox import SandboxConfig, SandboxError
-    from sandbox import DockerSandbox
+    from pid.sandbox import SandboxConfig, SandboxError
+    from pid.sandbox import DockerSandbox
     with pytest.raises(SandboxError, match="the image has no directory /nowhere"):
         DockerSandbox.create(SandboxConfig(image=task_image, job_id="test-task-image", workdir="/nowhere",
                                            writable_image=True, image_workspace=True, runtime=RUNTIME))
@@ -316,7 +316,7 @@ def test_a_batch_of_task_images_reports_the_resolved_rate(pid_env, task_image, t
             return {"text": "Done."}
         return {"tool_calls": [FIX if "[fix]" in text else {"name": "bash", "arguments": {"command": "ls"}}]}
     with ScriptedLLM(responder=respond) as llm:
-        done = subprocess.run([sys.executable, "-m", "cli.main", "batch", str(tasks), "--out", str(tmp_path / "b"),
+        done = subprocess.run([sys.executable, "-m", "pid.cli.main", "batch", str(tasks), "--out", str(tmp_path / "b"),
                                "--model", "scripted", "--base-url", llm.base_url, "--workers", "2"],
                               cwd=tmp_path, env=pid_env, capture_output=True, text=True, timeout=600)
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())

@@ -147,8 +147,8 @@ def test_one_sanitiser():
 def test_a_workers_celery_log_goes_through_the_sanitiser(tmp_path):
     """`pid worker`'s Celery handlers, made as the worker starts, get the filter too (worker/tasks.py)."""
     code = ("import logging\n"
-            "from worker.tasks import configure_job_lines\n"
-            "from worker.app import app\n"
+            "from pid.worker.tasks import configure_job_lines\n"
+            "from pid.worker.app import app\n"
             "configure_job_lines()\n"
             "app.log.setup(loglevel='WARNING')\n"
             "logging.getLogger('pid.worker').warning('job %s', '\\x1b]0;title\\x07j1\\u202e\\u009b2K')\n"

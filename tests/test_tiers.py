@@ -42,8 +42,8 @@ def test_in_ci_a_missing_engine_fails_the_docker_tests_saying_so(tmp_path):
 def test_the_fast_tier_sees_no_engine(monkeypatch):
     """Whatever this machine has, a test of the fast tier cannot reach an engine (conftest.py makes it unreachable):
     one that needs it fails everywhere, not only where Docker is absent."""
-    from sandbox.docker_client import connect
-    from sandbox.errors import DockerUnavailable
+    from pid.sandbox.docker_client import connect
+    from pid.sandbox.errors import DockerUnavailable
     assert os.environ["DOCKER_HOST"].startswith("unix:///nonexistent/")
     try:
         connect()

@@ -1,7 +1,7 @@
 """A tool call's line cuts a long reason visibly ("…"), so a reader never takes a cut one for the whole (issue 22)."""
 from __future__ import annotations
 
-from cli.output import tool_line
+from pid.cli.output import tool_line
 
 
 def text_of(parts: list) -> str:
@@ -22,7 +22,7 @@ def test_a_short_reason_is_whole() -> None:
 
 def test_a_waiting_command_leaves_the_job_s_end_to_its_summary() -> None:
     """`submit --wait` prints a summary of the job's end: its log's end record is not said before it as well."""
-    from cli.output import RecordPrinter
+    from pid.cli.output import RecordPrinter
     said: list[str] = []
 
     def out(*parts, **_kw) -> None:

@@ -10,8 +10,8 @@ import pytest
 from pid.messages import TextContent
 from pid.tools import ToolSettings
 from pid.tools.registry import MAX_ARGUMENT_BYTES
-from sandbox import DockerSandbox, SandboxConfig
-from sandbox.config import AGENT_HOME
+from pid.sandbox import DockerSandbox, SandboxConfig
+from pid.sandbox.config import AGENT_HOME
 from tests.conftest import RUNTIME
 from tests.tool_sandbox import call_tool
 

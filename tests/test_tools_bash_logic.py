@@ -11,7 +11,7 @@ import time
 import pytest
 
 from pid.messages import TextContent
-from pid.sandbox import OutputPolicy, RUN_ANYWHERE, SandboxError, SandboxLost
+from pid.sandbox_api import OutputPolicy, RUN_ANYWHERE, SandboxError, SandboxLost
 from pid.tools import ToolSettings
 from pid.tools.bash import DISK_FULL_NOTICE, OUTPUT, PIDS_LIMIT_NOTICE, TAIL_BYTES
 from pid.tools.truncate import MAX_BYTES, MAX_LINES

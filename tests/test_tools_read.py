@@ -13,7 +13,7 @@ from pid.messages import ImageContent, TextContent
 from pid.tools import read as read_module
 from pid.tools.bmp import PngTooLarge, bmp_to_png
 from pid.tools.paths import EMPTY_PATH
-from sandbox.config import AGENT_HOME
+from pid.sandbox.config import AGENT_HOME
 from tests.tool_sandbox import call_tool, put
 
 

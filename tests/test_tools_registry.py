@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pid.messages import TextContent, ToolCall, ToolSpec
-from pid.sandbox import SandboxError
+from pid.sandbox_api import SandboxError
 from pid.tools import Tool, ToolContext, ToolRegistry, ToolResult, default_registry
 from pid.tools.schema import validate
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pid.messages import TextContent
-from sandbox.config import AGENT_HOME
+from pid.sandbox.config import AGENT_HOME
 from tests.memory_sandbox import MemorySandbox
 from tests.tool_sandbox import call_tool, get
 

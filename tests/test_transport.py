@@ -15,8 +15,8 @@ from kombu.exceptions import ConnectionError as BrokerConnectionError
 from kombu.transport import virtual
 
 from tests.broker_stress import run, transport_options
-from jobs import transport
-from jobs.transport import register
+from pid.jobs import transport
+from pid.jobs.transport import register
 
 register()
 
@@ -53,7 +53,7 @@ def test_two_producers_two_consumers_lose_nothing(tmp_path: Path) -> None:
 def test_register_is_idempotent_and_names_the_transport(options: dict[str, Any]) -> None:
     register()
     register()
-    assert kombu.transport.TRANSPORT_ALIASES["pidfs"] == "jobs.transport:Transport"
+    assert kombu.transport.TRANSPORT_ALIASES["pidfs"] == "pid.jobs.transport:Transport"
     with kombu.Connection("pidfs://", transport_options=options) as connection:
         assert isinstance(connection.transport, transport.Transport)
 

@@ -1,10 +1,10 @@
-"""jobs.trees.remove_tree: a host tree the agent shaped goes whatever its depth, and no link is followed."""
+"""pid.jobs.trees.remove_tree: a host tree the agent shaped goes whatever its depth, and no link is followed."""
 from __future__ import annotations
 
 import os
 
 from tests import deep_tree
-from jobs.trees import remove_tree
+from pid.jobs.trees import remove_tree
 
 
 def test_a_tree_deeper_than_pythons_recursion_limit_is_removed(tmp_path):

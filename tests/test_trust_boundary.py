@@ -17,9 +17,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from pid.sandbox import OutputPolicy, SandboxLost
-from sandbox import DockerSandbox, SandboxConfig, SandboxError, commands, launch
-from sandbox.channel import ProtocolError
+from pid.sandbox_api import OutputPolicy, SandboxLost
+from pid.sandbox import DockerSandbox, SandboxConfig, SandboxError, commands, launch
+from pid.sandbox.channel import ProtocolError
 from tests import deep_tree
 from tests.conftest import RUNTIME, WAITING_SHELL_MARK, signal_waiting_shells, signalled
 from tests.scripted_llm import ScriptedLLM
@@ -730,7 +730,7 @@ def test_a_container_removed_mid_job_fails_the_job(run_pid, pid_env, sample_repo
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]},
               {"text": "all good, honest"}]
     client = docker.from_env()
-    from sandbox.reaper import owner_label
+    from pid.sandbox.reaper import owner_label
     owner = owner_label(pid_env["PID_HOME"])
 
     def remove_when_running() -> None:
@@ -814,10 +814,10 @@ def test_oversized_and_hostile_artifacts_are_refused_and_listed(run_pid, sample_
 def test_collection_that_outruns_its_deadline_fails_the_job(sample_repo, tmp_path, monkeypatch):
     """Artifacts are collected under their own deadline: a patch that takes too long (here: git compressing 300 MB
     of random data against a 2 s deadline) removes the container and fails the job instead of stretching it."""
-    import worker.job_collect
-    import worker.runner as runner
-    from jobs.spec import JobSpec
-    monkeypatch.setattr(worker.job_collect, "COLLECT_TIMEOUT_S", 2.0)
+    import pid.worker.job_collect
+    import pid.worker.runner as runner
+    from pid.jobs.spec import JobSpec
+    monkeypatch.setattr(pid.worker.job_collect, "COLLECT_TIMEOUT_S", 2.0)
     script = [{"tool_calls": [{"name": "bash", "arguments": {
         "command": "head -c 300M /dev/urandom > big.bin && echo made"}}]}, {"text": "done"}]
     with ScriptedLLM(script) as llm:

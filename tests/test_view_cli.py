@@ -17,8 +17,8 @@ import pytest
 from tests.conftest import ROOT
 from tests.view_fixtures import HOSTILE_CALL_IDS, hostile_result, hostile_session, simple_session, write_batch, \
     write_job
-from jobs.spec import JobSpec
-from jobs.sqlite_store import JobStore
+from pid.jobs.spec import JobSpec
+from pid.jobs.sqlite_store import JobStore
 
 pytestmark = pytest.mark.cli
 
@@ -33,7 +33,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def pid(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pid.cli.main", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
@@ -189,7 +189,7 @@ def test_a_continued_job_links_its_parent_and_the_parent_its_children(store, tmp
 
 def watch(job_id: str, page: Path, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     """`pid view JOB --watch -o PAGE`, running, its output piped."""
-    return subprocess.Popen([sys.executable, "-m", "cli.main", "view", job_id, "--watch", "-o", str(page)],
+    return subprocess.Popen([sys.executable, "-m", "pid.cli.main", "view", job_id, "--watch", "-o", str(page)],
                             cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)
 

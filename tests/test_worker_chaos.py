@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import RUNTIME, pid_containers, start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
-from jobs.sqlite_store import JobStore
+from pid.jobs.sqlite_store import JobStore
 
 pytestmark = pytest.mark.docker
 
@@ -186,9 +186,9 @@ def test_a_job_cancelled_while_its_worker_is_dead_ends_at_once_without_leaving_i
 
 SUBMIT_MANY = """
 import sys
-from jobs.spec import JobSpec
-from jobs.store import default_store
-from jobs.dispatch import dispatch
+from pid.jobs.spec import JobSpec
+from pid.jobs.store import default_store
+from pid.jobs.dispatch import dispatch
 store = default_store()
 for n in range(int(sys.argv[1])):
     spec = JobSpec(task=f"chaos-{n}", repo=sys.argv[2], model="m", base_url=sys.argv[3], out_dir=sys.argv[4],

@@ -12,7 +12,7 @@ PROBE = """
 import logging, resource, sys
 logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format="%(message)s")
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])))
-from worker.main_process import raise_open_files_limit
+from pid.worker.main_process import raise_open_files_limit
 print("limit", raise_open_files_limit(int(sys.argv[3])), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 """
 

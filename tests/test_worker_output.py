@@ -114,7 +114,8 @@ def test_queues_route_jobs_to_the_workers_that_consume_them(run_pid, pid_env, sa
         try:
             plain = run_pid("submit", "--wait", *args)
             assert plain.code == 0, plain.stderr
-            waiting = subprocess.Popen([sys.executable, "-m", "cli.main", "submit", "--wait", "--queue", "big", *args],
+            waiting = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "submit", "--wait", "--queue", "big",
+                                        *args],
                                        cwd=tmp_path, env={**pid_env, "PID_NO_WORKER_NOTICE_S": "4"},
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             waiting_err = StderrLines(waiting)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import DockerSandbox, SandboxConfig, SandboxError
-from sandbox.workspace import pack_tar
+from pid.sandbox import DockerSandbox, SandboxConfig, SandboxError
+from pid.sandbox.workspace import pack_tar
 from tests.conftest import IMAGE, pid_containers
 
 pytestmark = pytest.mark.docker  # the whole module needs an engine
@@ -237,7 +237,7 @@ def test_a_tar_given_at_create_is_unpacked_while_the_container_starts(tmp_path):
 
 
 def test_if_the_base_blobs_cannot_be_written_the_patch_fails_clearly(tmp_path, monkeypatch):
-    from sandbox.gitseed import GitSeed
+    from pid.sandbox.gitseed import GitSeed
 
     def broken(self, stream):
         raise OSError("disk full")

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.workspace import (MemberCheck, UnsafeTar, WorkspaceTooLarge, check_git_source, pack_tar, sanitize_tar,
-                               unpack_tar)
-from jobs.blobs import BlobCorrupt, BlobMissing, StoreBlobs
-from jobs.sqlite_store import JobStore
-from jobs.snapshot import git_source, pack_and_store
+from pid.sandbox.workspace import (MemberCheck, UnsafeTar, WorkspaceTooLarge, check_git_source, pack_tar, sanitize_tar,
+                                   unpack_tar)
+from pid.jobs.blobs import BlobCorrupt, BlobMissing, StoreBlobs
+from pid.jobs.sqlite_store import JobStore
+from pid.jobs.snapshot import git_source, pack_and_store
 from tests import deep_tree
 
 
@@ -213,7 +213,7 @@ def test_unpack_wants_an_empty_destination(tmp_path):
 
 
 def test_unpacking_many_directories_keeps_few_descriptors_open_and_leaks_none(tmp_path, monkeypatch):
-    from sandbox import workspace
+    from pid.sandbox import workspace
     monkeypatch.setattr(workspace._Unpacker, "MAX_DIR_FDS", 3)
     root = tmp_path / "r"
     for i in range(12):
@@ -277,7 +277,7 @@ def test_a_tree_deeper_than_pythons_recursion_limit_packs_and_unpacks(deep_tmp, 
     """A 1,100-level-deep repository failed with RecursionError: the packer, and the unpacker reopening a directory
     whose ancestors' descriptors it had closed, walked it one call per level. Both loop now, and the unpacker still
     keeps few descriptors open."""
-    from sandbox import workspace
+    from pid.sandbox import workspace
     leaf = deep_tree.make(deep_tmp / "r")
     data, _ = pack(deep_tmp / "r")
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:

@@ -12,9 +12,9 @@ import os
 from celery import Celery
 
 from pid.config import pid_home
-from jobs.brokers import broker_settings
-from jobs.clients import check_clients
-from jobs.spec import DEFAULT_QUEUE
+from pid.jobs.brokers import broker_settings
+from pid.jobs.clients import check_clients
+from pid.jobs.spec import DEFAULT_QUEUE
 from pid import settings
 
 QUEUE = DEFAULT_QUEUE   # the default queue (a job names its own: JobSpec.queue)
@@ -27,7 +27,7 @@ def make_app() -> Celery:
     check_clients({settings.BROKER_URL.name: broker})
     # What a worker loads as it starts (before it builds its consumer): the job task, and the worker process's own
     # hooks (how it takes jobs, how it stops, its housekeeping), which use the task's module in turn.
-    app = Celery("pid", broker=broker, include=["worker.tasks", "worker.main_process"])
+    app = Celery("pid", broker=broker, include=["pid.worker.tasks", "pid.worker.main_process"])
     app.conf.update(
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pid.sandbox import ExecResult, OutputPolicy, Sandbox
+from pid.sandbox_api import ExecResult, OutputPolicy, Sandbox
 from pid.terminal import strip_escapes
 from pid.tools.truncate import split_lines, truncate_tail
 

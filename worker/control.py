@@ -19,11 +19,11 @@ from pid import events as ev
 from pid.event_records import EventRecords
 from pid.terminal import shown
 from pid.agent import Agent
-from worker.outage import transient
-from jobs.identity import process_identity
-from jobs.progress import Progress
-from jobs.results import attempt_usage
-from jobs.store import JobAttachments, Leases, Store
+from pid.worker.outage import transient
+from pid.jobs.identity import process_identity
+from pid.jobs.progress import Progress
+from pid.jobs.results import attempt_usage
+from pid.jobs.store import JobAttachments, Leases, Store
 from pid import settings
 
 log = logging.getLogger("pid.worker")
@@ -234,7 +234,7 @@ class ForegroundJob:
 
     @classmethod
     def start(cls, spec: Any) -> "ForegroundJob":
-        from jobs.store import default_store
+        from pid.jobs.store import default_store
         try:
             store = default_store()
             store.create(spec, kind="run")

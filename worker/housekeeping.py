@@ -25,12 +25,12 @@ import time
 from typing import Callable
 
 from pid.config import pid_home
-from jobs import policy
-from jobs.identity import process_identity
-from jobs.spec import DEFAULT_QUEUE
-from jobs.store import JobRecord, Store
-from jobs.store_watch import StoreWatch
-from jobs.workers import BEAT_S, live_workers
+from pid.jobs import policy
+from pid.jobs.identity import process_identity
+from pid.jobs.spec import DEFAULT_QUEUE
+from pid.jobs.store import JobRecord, Store
+from pid.jobs.store_watch import StoreWatch
+from pid.jobs.workers import BEAT_S, live_workers
 from pid import settings
 
 log = logging.getLogger("pid.worker")
@@ -54,11 +54,11 @@ def boot_id() -> str | None:
 
 def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
               dispatch: Callable[..., bool] | None = None) -> list[str]:
-    """Dispatch the queued jobs that need a message (with `dispatch`, jobs.dispatch.dispatch by default); end those
+    """Dispatch the queued jobs that need a message (with `dispatch`, pid.jobs.dispatch.dispatch by default); end those
     that could not be dispatched for DISPATCH_GIVE_UP_S. Returns the ids dispatched."""
-    from jobs.sweep import write_unrun_result
+    from pid.jobs.sweep import write_unrun_result
     if dispatch is None:
-        from jobs.dispatch import dispatch as publish
+        from pid.jobs.dispatch import dispatch as publish
         dispatch = publish
     now = store.now()   # the clock the store's times are on
     idle_queues = {queue for w in live_workers(store)
@@ -68,7 +68,7 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
     for job in store.to_dispatch(stale_before=now - RECONCILE_S):
         if job.spec.batch:
             if job.spec.batch not in rooms:
-                from jobs.batch_budget import room
+                from pid.jobs.batch_budget import room
                 rooms[job.spec.batch] = room(store, job.spec.batch)
             if rooms[job.spec.batch] == 0:
                 continue
@@ -127,7 +127,7 @@ class Housekeeping:
     def _beat_loop(self) -> None:
         """A beat every BEAT_S; on stop, the stop is recorded by this thread, after its last beat: a beat still on its
         way when the worker stops (a slow store) can never come after the stop and make the worker look alive."""
-        from jobs.store import default_store
+        from pid.jobs.store import default_store
         store = default_store()
         identity = process_identity(os.getpid())
         failing: str | None = None   # said once while the store keeps refusing beats, not every BEAT_S
@@ -150,7 +150,7 @@ class Housekeeping:
             log.debug("recording this worker's stop", exc_info=True)
 
     def _loop(self) -> None:
-        from jobs.store import default_store
+        from pid.jobs.store import default_store
         store = default_store()
         while True:
             self.once(store)
@@ -158,7 +158,7 @@ class Housekeeping:
                 return
 
     def once(self, store: Store) -> None:
-        from jobs.sweep import sweep
+        from pid.jobs.sweep import sweep
         if self._watch is None or self._watch.store is not store:
             self._watch = StoreWatch(store)
         watch = self._watch
@@ -183,7 +183,7 @@ class Housekeeping:
 
     @staticmethod
     def _reap() -> None:
-        from sandbox.reaper import reap_installation
-        from jobs.store import default_store
+        from pid.sandbox.reaper import reap_installation
+        from pid.jobs.store import default_store
         reap_installation(pid_home())
         default_store().forget_silent_workers()

@@ -17,15 +17,15 @@ from typing import Any, Callable
 
 from pid import events as ev
 from pid.agent import Outcome
-from pid.sandbox import SandboxError
+from pid.sandbox_api import SandboxError
 from pid.sandbox_lifecycle import FilesBudget, JobSandbox, SandboxProvider
-from worker.check import Check, run_check
-from jobs.continuation import apply_patch
-from worker.job_run import JobRun, describe, ended, owns, refused
-from jobs.spec import JobSpec
-from worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, sandbox_config
-from jobs.snapshot import import_into
-from jobs.trees import remove_tree
+from pid.worker.check import Check, run_check
+from pid.jobs.continuation import apply_patch
+from pid.worker.job_run import JobRun, describe, ended, owns, refused
+from pid.jobs.spec import JobSpec
+from pid.worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, sandbox_config
+from pid.jobs.snapshot import import_into
+from pid.jobs.trees import remove_tree
 
 CHECK_START_TIMEOUT_S = 300.0   # the check's fresh sandbox must be up by then (else the check could not run)
 

@@ -14,10 +14,10 @@ from typing import Any, Callable
 from pid.agent import Outcome
 from pid.endings import checks_after
 from pid.sandbox_lifecycle import FilesBudget, JobSandbox
-from worker.job_check import check_patch, start_check_sandbox
-from worker.job_run import JobRun, describe, ended, owns, refused
-from jobs.spec import JobSpec
-from worker.sandbox_start import COLLECT_TIMEOUT_S
+from pid.worker.job_check import check_patch, start_check_sandbox
+from pid.worker.job_run import JobRun, describe, ended, owns, refused
+from pid.jobs.spec import JobSpec
+from pid.worker.sandbox_start import COLLECT_TIMEOUT_S
 
 
 def collect(job: JobRun, still_owner: Callable[[], bool]) -> bool:

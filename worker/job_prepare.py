@@ -25,14 +25,14 @@ from pid.providers.base import Provider, ProviderConfig
 from pid.session import SessionWriter
 from pid.tools.base import ToolContext
 from pid.tools.registry import ToolRegistry, default_registry
-from jobs.artifact_store import TranscriptSync
-from jobs.blobs import Blobs, StoreBlobs
-from jobs.continuation import Parent, apply_patch, load_parent, start_session
-from worker.job_run import JobRun
-from jobs.spec import JobSpec
-from worker.sandbox_start import GRACE_S, sandbox_config
-from jobs.snapshot import DirSnapshot, import_into, is_directory_repo, open_packed
-from jobs.store import Store, default_store
+from pid.jobs.artifact_store import TranscriptSync
+from pid.jobs.blobs import Blobs, StoreBlobs
+from pid.jobs.continuation import Parent, apply_patch, load_parent, start_session
+from pid.worker.job_run import JobRun
+from pid.jobs.spec import JobSpec
+from pid.worker.sandbox_start import GRACE_S, sandbox_config
+from pid.jobs.snapshot import DirSnapshot, import_into, is_directory_repo, open_packed
+from pid.jobs.store import Store, default_store
 
 Gate = Callable[[], "tuple[ExitReason, str] | None"]   # asked before every model call (pid/agent.py Limits.gate)
 

@@ -12,12 +12,12 @@ import os
 from typing import Any, Callable
 
 from pid.agent import Outcome
-from jobs.results import build_result
-from jobs.artifact_store import keep_run_artifacts, store_result, upload_artifacts, upload_transcript
-from worker.job_run import JobRun
-from jobs.spec import JobSpec, write_json_atomic
-from jobs.store import JobAttachments, Store
-from jobs.trees import remove_tree
+from pid.jobs.results import build_result
+from pid.jobs.artifact_store import keep_run_artifacts, store_result, upload_artifacts, upload_transcript
+from pid.worker.job_run import JobRun
+from pid.jobs.spec import JobSpec, write_json_atomic
+from pid.jobs.store import JobAttachments, Store
+from pid.jobs.trees import remove_tree
 
 def record(job: JobRun, *, owner: bool, spool: str | None, amend_result: Callable[[dict[str, Any]], None] | None,
            artifact_store: Store | None, keep: Store | None) -> dict[str, Any]:

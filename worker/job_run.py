@@ -20,13 +20,13 @@ from pid.messages import Usage
 from pid.providers.base import Provider
 from pid.sandbox_lifecycle import JobSandbox, SandboxProvider
 from pid.session import SessionWriter
-from jobs.artifact_store import TranscriptSync
-from jobs.blobs import Blobs, StoreBlobs
-from worker.check import Check
-from jobs.spec import JobSpec
-from jobs.snapshot import DirSnapshot
-from jobs.store import Store
-from worker.watchdog import Watchdog
+from pid.jobs.artifact_store import TranscriptSync
+from pid.jobs.blobs import Blobs, StoreBlobs
+from pid.worker.check import Check
+from pid.jobs.spec import JobSpec
+from pid.jobs.snapshot import DirSnapshot
+from pid.jobs.store import Store
+from pid.worker.watchdog import Watchdog
 
 
 @dataclass

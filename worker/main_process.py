@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 from celery import bootsteps, signals
 
-from worker.app import QUEUE, app
-from worker.tasks import STOP_SIGNALS, _log_swept, hand_back_all, jobs_log, node_name
+from pid.worker.app import QUEUE, app
+from pid.worker.tasks import STOP_SIGNALS, _log_swept, hand_back_all, jobs_log, node_name
 from pid import settings
 
 log = logging.getLogger("pid.worker")
@@ -207,7 +207,7 @@ def dump_stacks_on_sigusr2() -> None:
 @signals.worker_ready.connect
 def _start(sender: Any = None, **_: Any) -> None:
     """In the worker, once ready: take over the stop signals, say it is ready, start the housekeeping."""
-    from worker.housekeeping import Housekeeping
+    from pid.worker.housekeeping import Housekeeping
     Taking.concurrency = getattr(getattr(sender, "controller", None), "concurrency", None) or 1
     Taking.queues = sorted(sender.app.amqp.queues.consume_from or [QUEUE])
     raise_open_files_limit(Taking.concurrency)

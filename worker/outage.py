@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, Callable, TypeVar, cast
 
-from jobs.store import Store
+from pid.jobs.store import Store
 
 log = logging.getLogger("pid.worker")
 

@@ -22,18 +22,18 @@ from typing import Any, Callable
 
 from pid import events as ev
 from pid.agent import Agent, Outcome
-from pid.sandbox import SandboxError
+from pid.sandbox_api import SandboxError
 from pid.sandbox_lifecycle import JobSandbox, SandboxProvider
-from sandbox import DockerProvider
-from jobs.blobs import Blobs
-from jobs.results import client_is_local, spool_dir
-from worker.job_collect import collect
-from worker.job_prepare import Gate, JobCancelled, prepare
-from worker.job_record import record, record_unstarted
-from worker.job_run import JobRun, describe
-from jobs.spec import JobSpec
-from worker.sandbox_start import abandon
-from jobs.store import Store
+from pid.sandbox import DockerProvider
+from pid.jobs.blobs import Blobs
+from pid.jobs.results import client_is_local, spool_dir
+from pid.worker.job_collect import collect
+from pid.worker.job_prepare import Gate, JobCancelled, prepare
+from pid.worker.job_record import record, record_unstarted
+from pid.worker.job_run import JobRun, describe
+from pid.jobs.spec import JobSpec
+from pid.worker.sandbox_start import abandon
+from pid.jobs.store import Store
 
 AgentHook = Callable[[Agent], None]
 

@@ -11,10 +11,10 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from pid.config import pid_home
-from jobs.spec import JobSpec
+from pid.jobs.spec import JobSpec
 
 if TYPE_CHECKING:
-    from sandbox import DockerSandbox, SandboxConfig
+    from pid.sandbox import DockerSandbox, SandboxConfig
 
 # The agent gets its wall clock; past it, and a grace period more, the watchdog removes the container, which ends
 # any wait that is still stuck. Artifacts are then collected under their own deadline, and a --check runs under its
@@ -26,8 +26,8 @@ CONTAINER_TTL_MARGIN_S = 120.0
 
 
 def sandbox_config(spec: JobSpec, attempt: int = 1) -> "SandboxConfig":
-    from sandbox import SandboxConfig
-    from sandbox.reaper import owner_label
+    from pid.sandbox import SandboxConfig
+    from pid.sandbox.reaper import owner_label
     home = pid_home()
     return SandboxConfig(
         image=spec.image, job_id=spec.id, memory=spec.memory, cpus=spec.cpus, pids_limit=spec.pids_limit,
@@ -45,7 +45,7 @@ def start_sandbox(spec: JobSpec) -> "Future[DockerSandbox]":
 
     def create() -> None:
         try:
-            from sandbox import DockerSandbox
+            from pid.sandbox import DockerSandbox
             future.set_result(DockerSandbox.create(sandbox_config(spec)))
         except BaseException as exc:
             future.set_exception(exc)

@@ -18,19 +18,19 @@ from pid.config import EnvDefaults, endpoint
 from pid.costs import format_cost
 from pid.endings import ending_words, status_of
 from pid.terminal import ShownLogRecords, one_line
-from jobs import policy
-from jobs import batch_budget
-from worker.app import app
-from worker.control import LEASE_S, ControlRelay, new_owner, record_end
-from jobs.results import log_job, with_earlier_attempts
-from jobs.dispatch import dispatch
-from jobs.publish import TASK
-from jobs.spec import JobSpec, spec_problem
-from worker.outage import Patience, patient
-from worker.runner import run_job
-from worker.sandbox_start import GRACE_S
-from jobs.store import JobAttachments, JobRecord, Store, default_store
-from jobs.sweep import write_unrun_result
+from pid.jobs import policy
+from pid.jobs import batch_budget
+from pid.worker.app import app
+from pid.worker.control import LEASE_S, ControlRelay, new_owner, record_end
+from pid.jobs.results import log_job, with_earlier_attempts
+from pid.jobs.dispatch import dispatch
+from pid.jobs.publish import TASK
+from pid.jobs.spec import JobSpec, spec_problem
+from pid.worker.outage import Patience, patient
+from pid.worker.runner import run_job
+from pid.worker.sandbox_start import GRACE_S
+from pid.jobs.store import JobAttachments, JobRecord, Store, default_store
+from pid.jobs.sweep import write_unrun_result
 
 log = logging.getLogger("pid.worker")
 jobs_log = logging.getLogger("pid.jobs")   # the worker's own lines: one when a job starts, one when it ends
@@ -65,7 +65,7 @@ def hand_back_all(why: str) -> None:
         request.request(why)
 
 
-@app.task(name=TASK, Strategy="worker.main_process:start_only_what_can_start")
+@app.task(name=TASK, Strategy="pid.worker.main_process:start_only_what_can_start")
 def run_job_task(job_id: str, api_key: str | None = None) -> None:
     """Run a job. The message carries only its id: a key given with `submit --api-key` is in the store (for the
     life of the job); `api_key` is read from messages an older client queued, never sent any more."""
@@ -137,7 +137,7 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
 
 
 def _refused_by_policy(store: Store, record: JobRecord, owner: str) -> bool:
-    """A job this worker's policy does not admit, or whose spec is malformed (jobs.spec.spec_problem: written
+    """A job this worker's policy does not admit, or whose spec is malformed (pid.jobs.spec.spec_problem: written
     into the store past the CLI's checks), ends here, before any container starts: `failed`, `policy_refused`, with
     the rule it breaks."""
     problem = spec_problem(record.spec)

@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from cli.pages.blocks import (LIMITS, Limits, badge, check_badge, esc, fmt_cost, fmt_duration, fmt_int, number,
-                              page, status_class, write_page)
-from cli.pages.job import read_result, render_job
+from pid.cli.pages.blocks import (LIMITS, Limits, badge, check_badge, esc, fmt_cost, fmt_duration, fmt_int, number,
+                                  page, status_class, write_page)
+from pid.cli.pages.job import read_result, render_job
 
 BATCH = "batch.jsonl"
 SUMMARY = "summary.json"

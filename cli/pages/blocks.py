@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from cli.output import format_duration
+from pid.cli.output import format_duration
 from pid.costs import format_cost
 from pid.terminal import strip_escapes
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
-from cli.pages.blocks import (LIMITS, Limits, as_dict, as_list, badge, check_badge, clip, diff_html, esc,
-                              fmt_cost, fmt_duration, fmt_int, number, omitted_note, page, pre, status_class)
-from cli.pages.markdown import render as markdown
+from pid.cli.pages.blocks import (LIMITS, Limits, as_dict, as_list, badge, check_badge, clip, diff_html, esc,
+                                  fmt_cost, fmt_duration, fmt_int, number, omitted_note, page, pre, status_class)
+from pid.cli.pages.markdown import render as markdown
 
 RESULT = "result.json"
 SESSION = "session.jsonl"

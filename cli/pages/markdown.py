@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from cli.pages.blocks import esc
+from pid.cli.pages.blocks import esc
 
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})[ \t]*([^`\n]*)")
 _HEADING = re.compile(r" {0,3}(#{1,6})[ \t]+(.*)")   # the closing #s are cut in Python: see _heading_text

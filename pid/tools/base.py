@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
 from pid.messages import ImageContent, TextContent, ToolSpec
-from pid.sandbox import Sandbox
+from pid.sandbox_api import Sandbox
 
 
 @dataclass

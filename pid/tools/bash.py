@@ -10,7 +10,7 @@ import shlex
 from typing import Any, Callable
 
 from pid.messages import ImageContent, TextContent
-from pid.sandbox import ExecResult, OutputPolicy, RUN_ANYWHERE
+from pid.sandbox_api import ExecResult, OutputPolicy, RUN_ANYWHERE
 from pid.terminal import strip_escapes
 from pid.tools.base import Tool, ToolContext, ToolResult, ToolSettings
 from pid.tools.schema import format_validation_error

@@ -18,7 +18,7 @@ import weakref
 from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
 
-from pid.sandbox import OutputPolicy, RUN_ANYWHERE, Sandbox
+from pid.sandbox_api import OutputPolicy, RUN_ANYWHERE, Sandbox
 from pid.tools.base import ToolContext, ToolResult
 
 ABORTED = "Operation aborted"   # pi's text for a call cancelled before or while it ran

@@ -11,7 +11,7 @@ import shlex
 from typing import Any
 
 from pid.messages import ImageContent, TextContent
-from pid.sandbox import OutputPolicy, RUN_ANYWHERE
+from pid.sandbox_api import OutputPolicy, RUN_ANYWHERE
 from pid.tools.base import Tool, ToolContext, ToolResult
 from pid.tools.bmp import BmpError, PngTooLarge, bmp_to_png, looks_like_bmp
 from pid.tools.paths import ABORTED, EMPTY_PATH, display_path, file_error, resolve_path, with_read_fallback

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from pid.messages import ToolCall, ToolSpec
-from pid.sandbox import SandboxLost
+from pid.sandbox_api import SandboxLost
 from pid.tools import bash, edit, read, write
 from pid.tools.base import Tool, ToolContext, ToolResult, ToolSettings
 from pid.tools.schema import format_validation_error, validate
