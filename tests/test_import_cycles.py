@@ -1,4 +1,5 @@
-"""No import cycles among pid's packages (pid/, sandbox/, jobs/, worker/, cli/), by their top-level imports.
+"""No import cycles among pid's modules (pid/ and the folders pid.cli, pid.worker… are made of), by their top-level
+imports.
 
 A cycle makes the order of imports matter (a name missing from a module half loaded) and two modules that can only
 be understood together. The graph is read from the source (ast), not by importing: a module's imports are the
@@ -8,19 +9,27 @@ import statements at its top level, also inside a top-level `if` or `try` (a fun
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("pid", "sandbox", "jobs", "worker", "cli")
 
 
-def modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
-    """Every module of the packages by its dotted name (a package by its own name: its __init__.py)."""
+def packages(root: Path) -> dict[str, str]:
+    """Each package's folder by its dotted name: pid, and the folders pyproject.toml maps under it (pid.cli: cli/)."""
+    with open(root / "pyproject.toml", "rb") as f:
+        mapped = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    return {"pid": "pid", **mapped}
+
+
+def modules(root: Path, packages: dict[str, str]) -> dict[str, Path]:
+    """Every module of the packages by its dotted name (a package by its own name: its __init__.py). The folders are
+    walked where they are (rglob does not follow pid/'s symlinks to them)."""
     found = {}
-    for package in packages:
-        for path in (root / package).rglob("*.py"):
-            parts = list(path.relative_to(root).with_suffix("").parts)
+    for package, folder in packages.items():
+        for path in (root / folder).rglob("*.py"):
+            parts = [package, *path.relative_to(root / folder).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts.pop()
             found[".".join(parts)] = path
@@ -86,13 +95,13 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+def import_graph(root: Path, packages: dict[str, str]) -> dict[str, set[str]]:
     known = modules(root, packages)
     return {name: imports(name, path, known) for name, path in known.items()}
 
 
 def test_pid_s_packages_import_one_another_without_a_cycle():
-    graph = import_graph(ROOT, PACKAGES)
+    graph = import_graph(ROOT, packages(ROOT))
     assert "pid.worker.tasks" in graph and "pid.tools.registry" in graph   # (the packages were found)
     found = cycles(graph)
     assert found == [], "import cycles: " + "; ".join(
@@ -110,6 +119,6 @@ def test_a_cycle_is_found_through_from_imports_relative_ones_and_a_top_level_if(
     (package / "sub" / "__init__.py").write_text("")
     (package / "sub" / "c.py").write_text("from pkg.a import x\n\ndef f():\n    from pkg import d\n")
     (package / "d.py").write_text("from pkg.sub import c\n")         # only a function imports d: no cycle
-    graph = import_graph(tmp_path, ("pkg",))
+    graph = import_graph(tmp_path, {"pkg": "pkg"})
     assert graph["pkg.b"] == {"pkg.sub.c"} and graph["pkg.sub.c"] == {"pkg.a"}
     assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.sub.c"]]
