@@ -1,9 +1,9 @@
 """The seam between the agent core and wherever commands run.
 
-Tools see only this Protocol: run a command, read a file, write a file. `pid/` never imports docker; the Docker
-implementation lives in the top-level `sandbox` package, and anything with these three methods will do (the tests'
-in-memory one, tests/memory_sandbox.py, too). A sandbox's life around the tools (create, workspace in, patch out,
-removal) is the runner's business: pid/sandbox_lifecycle.py. All paths are paths *inside* the sandbox.
+Tools see only this Protocol: run a command, read a file, write a file. The agent core never imports docker; the
+Docker implementation is the package pid.sandbox (the sandbox/ folder), and anything with these three methods will do
+(the tests' in-memory one, tests/memory_sandbox.py, too). A sandbox's life around the tools (create, workspace in,
+patch out, removal) is the runner's business: pid/sandbox_lifecycle.py. All paths are paths *inside* the sandbox.
 """
 from __future__ import annotations
 
