@@ -15,7 +15,9 @@ import pytest
 from pid.sandbox import disk as disk_mod
 from pid.sandbox.disk import DiskError, JobDisk, disks_supported, parse_size, reap_disks
 
-pytestmark = pytest.mark.docker  # real loop-mounted disks need root and the host's loop devices, like the engine
+# Real loop-mounted disks need root and the host's loop devices, like the engine. One xdist worker runs them one
+# after another: a test here calls sync(2), which would flush another's page cache that is meant to stay unwritten.
+pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("disks")]
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
