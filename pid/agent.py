@@ -80,6 +80,9 @@ class Agent:
         self.messages: list[Message] = []
         self.compactor = compactor               # None: the context is never compacted
         self.notices = list(notices or [])
+        # asked when the agent would stop (pi's getFollowUpMessages): a relay brings in what was sent meanwhile,
+        # so a follow-up posted just before the last reply is not left behind in the store
+        self.collect_mail: Callable[[], None] | None = None
         self._entry_ids: list[str | None] = []   # each message's session entry, parallel to `messages`
         self._replay = Replay()
         self.cancel_event = context.cancel
@@ -214,6 +217,8 @@ class Agent:
                 return self._end(out, "max_cost",
                                  f"cost ${out.usage.cost.total:.4f} exceeded max_cost ${self.limits.max_cost:.4f}")
             if not calls:
+                if self.collect_mail is not None:
+                    self.collect_mail()
                 # a steer that came during this last reply is not dropped; follow-ups wait for exactly this moment
                 pending = _drain(self._steering, "steer") or _drain(self._follow_ups, "follow_up")
                 if pending:

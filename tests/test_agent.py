@@ -107,6 +107,17 @@ def test_follow_up_continues_a_finished_agent(sandbox):
                                                           "AssistantMessage"]
 
 
+def test_mail_collected_as_the_agent_would_stop_continues_it(sandbox):
+    """A follow-up that reached the store after the relay's last poll is asked for at the end, not left behind."""
+    with ScriptedLLM([{"text": "first answer"}, {"text": "second answer"}]) as llm:
+        agent = make_agent(llm, sandbox)
+        mailbox = ["one more thing"]
+        agent.collect_mail = lambda: [agent.follow_up(text) for text in mailbox] and mailbox.clear()
+        outcome = agent.run("go")
+    assert outcome.final_message == "second answer" and len(llm.requests) == 2
+    assert "one more thing" in str(llm.requests[1]["messages"][-1]["content"])
+
+
 def test_pause_holds_the_next_model_call_until_resume(sandbox):
     with ScriptedLLM([{"text": "after resume"}]) as llm:
         agent = make_agent(llm, sandbox)

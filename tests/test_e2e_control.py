@@ -50,7 +50,7 @@ def test_cancel_of_a_running_job_ends_it_within_seconds_with_artifacts(run_pid, 
     assert done.code == 1
     result = done.json()
     assert (result["status"], result["exit_reason"]) == ("cancelled", "cancelled")
-    assert took < 5, took
+    assert took < 15, took   # the command sleeps 100 s: ended by the cancel, not by itself (15 s: a loaded machine)
     job_dir = tmp_path / "out" / job_id
     assert "partial.txt" in (job_dir / "patch.diff").read_text()
     assert session_messages(job_dir)[-1]["role"] == "toolResult"  # the killed command's result is recorded

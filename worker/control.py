@@ -120,6 +120,7 @@ class ControlRelay:
     def attach(self, agent: Agent) -> None:
         """Called before the agent's first model call: messages sent while the job was queued go in first."""
         self._agent = agent
+        agent.collect_mail = self._collect_mail
         try:
             record = self.store.get(self.job_id)
             if record is not None and record.paused:
@@ -200,6 +201,16 @@ class ControlRelay:
     def _deliver(self, agent: Agent) -> None:
         for kind, text in self.store.take_messages(self.job_id):
             (agent.steer if kind == "steer" else agent.follow_up)(text)
+
+    def _collect_mail(self) -> None:
+        """The agent would stop: what was sent since the last poll goes in now (else it waits for a poll that never
+        comes). An unreadable store costs only this early look."""
+        agent = self._agent
+        try:
+            if agent is not None:
+                self._deliver(agent)
+        except Exception as exc:
+            log.warning("job %s: reading its messages before the end (%s)", self.job_id, exc)
 
     def _cancel(self) -> None:
         self.cancel.set()
