@@ -80,9 +80,10 @@ class Agent:
         self.messages: list[Message] = []
         self.compactor = compactor               # None: the context is never compacted
         self.notices = list(notices or [])
-        # asked when the agent would stop (pi's getFollowUpMessages): a relay brings in what was sent meanwhile,
-        # so a follow-up posted just before the last reply is not left behind in the store
-        self.collect_mail: Callable[[], None] | None = None
+        # asked before each model call and as the agent would stop (pi's getSteeringMessages/getFollowUpMessages):
+        # a relay applies what was sent meanwhile (pause, steer, follow-up), so a control posted while a command
+        # ran takes hold before the next call, and a follow-up posted just before the last reply is not left behind
+        self.check_in: Callable[[], None] | None = None
         self._entry_ids: list[str | None] = []   # each message's session entry, parallel to `messages`
         self._replay = Replay()
         self.cancel_event = context.cancel
@@ -163,6 +164,8 @@ class Agent:
         pending: list[tuple[ev.ControlKind | None, str]] = [(None, task)]   # user messages that open the next turn
         consecutive_timeouts = 0
         while True:
+            if self.check_in is not None:
+                self.check_in()
             if not self._resumed.is_set():
                 self._emit(ev.Control("pause", "received"))
                 self._resumed.wait()    # what was steered while paused goes into the very next call
@@ -217,8 +220,8 @@ class Agent:
                 return self._end(out, "max_cost",
                                  f"cost ${out.usage.cost.total:.4f} exceeded max_cost ${self.limits.max_cost:.4f}")
             if not calls:
-                if self.collect_mail is not None:
-                    self.collect_mail()
+                if self.check_in is not None:
+                    self.check_in()
                 # a steer that came during this last reply is not dropped; follow-ups wait for exactly this moment
                 pending = _drain(self._steering, "steer") or _drain(self._follow_ups, "follow_up")
                 if pending:

@@ -112,7 +112,7 @@ def test_mail_collected_as_the_agent_would_stop_continues_it(sandbox):
     with ScriptedLLM([{"text": "first answer"}, {"text": "second answer"}]) as llm:
         agent = make_agent(llm, sandbox)
         mailbox = ["one more thing"]
-        agent.collect_mail = lambda: [agent.follow_up(text) for text in mailbox] and mailbox.clear()
+        agent.check_in = lambda: [agent.follow_up(text) for text in mailbox] and mailbox.clear()
         outcome = agent.run("go")
     assert outcome.final_message == "second answer" and len(llm.requests) == 2
     assert "one more thing" in str(llm.requests[1]["messages"][-1]["content"])

@@ -120,7 +120,7 @@ class ControlRelay:
     def attach(self, agent: Agent) -> None:
         """Called before the agent's first model call: messages sent while the job was queued go in first."""
         self._agent = agent
-        agent.collect_mail = self._collect_mail
+        agent.check_in = self._check_in
         try:
             record = self.store.get(self.job_id)
             if record is not None and record.paused:
@@ -202,15 +202,22 @@ class ControlRelay:
         for kind, text in self.store.take_messages(self.job_id):
             (agent.steer if kind == "steer" else agent.follow_up)(text)
 
-    def _collect_mail(self) -> None:
-        """The agent would stop: what was sent since the last poll goes in now (else it waits for a poll that never
-        comes). An unreadable store costs only this early look."""
+    def _check_in(self) -> None:
+        """The agent is about to call the model, or would stop: what was sent since the last poll (pause, steer,
+        follow-up, cancel) takes hold now, not at a poll that may come too late. An unreadable store or a job no
+        longer this worker's is left to the poll (which ends the job for the latter)."""
         agent = self._agent
         try:
-            if agent is not None:
+            controls = self.store.controls(self.job_id, self.owner)
+            if agent is None or controls is None or not controls.owned:
+                return
+            if controls.cancel_requested:
+                self._cancel()
+            if controls.mail:
                 self._deliver(agent)
+            (agent.pause if controls.paused else agent.resume)()
         except Exception as exc:
-            log.warning("job %s: reading its messages before the end (%s)", self.job_id, exc)
+            log.warning("job %s: reading its controls before a model call (%s)", self.job_id, exc)
 
     def _cancel(self) -> None:
         self.cancel.set()
