@@ -292,9 +292,10 @@ def read_reply(reader: BoundedReader, nonce: bytes, expect: Mapping[bytes, str],
                deadline: float) -> Reply | None:
     """The next reply, which must answer the request that sent `nonce`, with a tag of `expect`, whose kinds of fields
     it has (see _FIELD_OK), and a payload of at most `limit` bytes; None when no header came by `deadline` (the
-    payload, once announced, gets REPLY_TIMEOUT more). Anything else raises ProtocolError: the server is confused or
-    hostile, and the channel is dropped. The payload is counted, never searched for an end mark: no byte of it can end
-    the reply early or pass for the next one."""
+    payload, once announced, gets REPLY_TIMEOUT more, or SandboxError). Anything else (another nonce or tag, a refusal
+    "E", a malformed or oversized reply) raises ProtocolError: the server is confused or hostile, and the channel is
+    dropped. The payload is counted, never searched for an end mark: no byte of it can end the reply early or pass for
+    the next one."""
     try:
         header = reader.read_until(b"\n", deadline, LINE_LIMIT)
     except ReplyTooLarge as exc:

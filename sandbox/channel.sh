@@ -1,9 +1,10 @@
-# pid exec channel server: requests on stdin, replies on stdout, one request at a time. Runs as root.
-# Run as `bash|sh channel.sh <role> <channel id> <workdir> <uid> <gid>` (see channel.py: `docker exec`, or two FIFOs
-# of /.pid/run that the container's entry opens). Why a server: one `docker exec` costs ~60 ms, a request ~1 ms.
+# pid exec channel server: requests on stdin, replies on stdout, one request at a time. Runs as root, as `bash|sh
+# channel.sh <role> <channel id> <workdir> <uid> <gid>` (channel.py: `docker exec`, or two FIFOs of /.pid/run that the
+# container's entry opens). Why a server: one `docker exec` costs ~60 ms, a request ~1 ms. Without bash, the first
+# part is the server: it needs a /bin/sh with `local`, which POSIX lacks (dash, busybox ash and bash have it).
 #
 # THE PROTOCOL (the only one; channel.py reads every reply with one reader, Channel._reply):
-#   request: "<op> <nonce> <numbers...>\n", then, for r, <cmdlen> bytes of command and <datalen> bytes of data.
+#   request: "<op> <nonce> <numbers...> [<output file>]\n", then, for r, <cmdlen> bytes of command, <datalen> of data.
 #   reply:   "<TAG> <nonce> <fields...> <len>\n" then exactly <len> bytes of payload.
 #   The nonce is the request's (random, fresh per request): a reply is taken only for the request that asked, and
 #   its payload is counted, never searched for an end mark, so no byte of the agent's output can end or fake a reply.
@@ -17,7 +18,7 @@
 #   T n <keep> <file>        -> T n <bytes cut> 0   (all but ~<keep> bytes of a running command's output become a hole)
 #   k n <pgid>               -> K n <status> 0      (SIGKILL the group: a builtin, works with the process table full)
 #   K n                      -> K n <killed> <refused forks> 0   (SIGKILL every process of the agent's uid)
-#   q n                      -> the server ends (as it does at EOF). Anything else: E n 0.
+#   q n                      -> the server ends (as at EOF). Anything else: E n 0, and it ends too (out of step).
 # The only paths in requests are output files this server reported (/.pid/out/<id>.<n>), which the host checks.
 #
 # TRUST. This server and its files are pid's; the commands it starts are the agent's (a root agent, `--user root`,
@@ -31,8 +32,8 @@
 #    bytes from pid alone: each shell opens it read-only, as root, before it drops to the agent (see SLOT_SHELL).
 #  - Bounded reads: the host bounds every reply; here, bash's `read` builtin shares one read-ahead buffer between all
 #    descriptors, so bytes left in it by a read of a file (or a timed-out read of a FIFO) would be taken as the next
-#    request. Files are therefore read whole with `read -N` (slurp), which never reads past what it asks for, and a
-#    timed-out read is followed by emptying that buffer (drain). Data is counted in bytes (the server's locale is C).
+#    request. Files are therefore read by count (`read -N` in slurp, `read -d '' -n` in say_head: unbuffered, never
+#    past what is asked for); a timed-out read is followed by emptying that buffer (drain). Bytes, not characters (C).
 #  - Nothing the agent starts may make this server hang: a full process table is detected before a fork (B), a
 #    tracer that holds a slot shell is killed (untrace), and a command the host stopped sending never runs.
 pid_opath=${PID_IMAGE_PATH:-/usr/local/bin:/usr/bin:/bin}   # the image's PATH, for the agent's commands alone
@@ -61,27 +62,27 @@ SLOTS=         # bash agent servers: commands run on two pre-started slot shells
 DUE=           # (bash) a used slot's successor is still to be started
 UNMADE="pid: the command could not start: its output file could not be made (no space or no inodes left for output)"
 
-# --- helpers shared by both servers (POSIX) ------------------------------------------------------------------------
+# --- helpers shared by both servers (POSIX sh, and `local`) --------------------------------------------------------
 digits() {  # true when every argument is a non-empty decimal number (no field reaches $((...)) otherwise)
     local a
     for a in "$@"; do case $a in ''|*[!0-9]*) return 1 ;; esac; done
 }
 say() {  # $1 tag, $2 nonce, $3 payload (no NUL), then the fields
-    local tag=$1 nonce=$2 data=$3
+    local tag="$1" nonce="$2" data="$3"
     shift 3
     printf '%s %s%s %d\n%s' "$tag" "$nonce" "${*:+ $*}" "${#data}" "$data"
 }
 say_file() {  # $1 tag, $2 nonce, $3 file, $4 offset, $5 length, then the fields: exactly <length> bytes of the file
     # from <offset>, padded with NULs should it have shrunk meanwhile (a command may truncate its own output), so
     # that the length in the header is always what follows
-    local tag=$1 nonce=$2 f=$3 from=$4 len=$5
+    local tag="$1" nonce="$2" f="$3" from="$4" len="$5"
     shift 5
     printf '%s %s%s %d\n' "$tag" "$nonce" "${*:+ $*}" "$len"
     [ "$len" -gt 0 ] || return 0
     { tail -c +$((from + 1)) -- "$f" 2>/dev/null | head -c "$len"; head -c "$len" /dev/zero; } | head -c "$len"
 }
 say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes
-    local tag=$1 nonce=$2 f=$3 max=$4
+    local tag="$1" nonce="$2" f="$3" max="$4"
     shift 4
     fsize "$f"
     [ "$SIZE" -le "$max" ] || SIZE=$max
@@ -114,12 +115,11 @@ cutinfo() {  # CUT, CUTL <- bytes and newlines dropped from the front of output 
     digits "$CUT" "$CUTL" || { CUT=0; CUTL=0; }
 }
 take() { if [ -n "$GNUHEAD" ]; then head -c "$1"; else dd bs=1 count="$1" 2>/dev/null; fi; }   # exactly $1 bytes
-GNUHEAD=
-head --version 2>/dev/null | grep -q GNU && GNUHEAD=1   # (GNU head never reads past N bytes of a pipe)
+GNUHEAD=; head --version 2>/dev/null | grep -q GNU && GNUHEAD=1   # (GNU head never reads past N bytes of a pipe)
 
 op_count() {  # c nonce tail file
-    local nonce=$2 tail=$3 f=$4 lines
-    digits "$tail" || { say E "$nonce" ""; return; }
+    local nonce="$2" tail="$3" f="$4" lines
+    digits "$tail" || refuse "$nonce"
     cutinfo "$f"
     fsize "$f"
     if [ "$CUT" = 0 ]; then lines=$(wc -l <"$f" 2>/dev/null)
@@ -129,16 +129,16 @@ op_count() {  # c nonce tail file
     say_file C "$nonce" "$f" $((SIZE - tail)) "$tail" $((lines + 0)) "$SIZE" "$CUT"
 }
 op_tail() {  # t nonce from max file
-    local nonce=$2 from=$3 max=$4 f=$5
-    digits "$from" "$max" || { say E "$nonce" ""; return; }
+    local nonce="$2" from="$3" max="$4" f="$5"
+    digits "$from" "$max" || refuse "$nonce"
     fsize "$f"
     [ "$SIZE" -gt "$from" ] || from=$SIZE
     [ $((SIZE - max)) -le "$from" ] || from=$((SIZE - max))
     say_file S "$nonce" "$f" "$from" $((SIZE - from)) "$SIZE"
 }
 op_trim() {  # T nonce keep file: the front becomes a hole (fallocate), its newlines are counted in <file>.cut
-    local nonce=$2 keep=$3 f=$4 new nl
-    digits "$keep" || { say E "$nonce" ""; return; }
+    local nonce="$2" keep="$3" f="$4" new nl
+    digits "$keep" || refuse "$nonce"
     cutinfo "$f"
     fsize "$f"
     if [ $((SIZE - CUT)) -gt $((keep * 2)) ]; then
@@ -153,7 +153,7 @@ op_trim() {  # T nonce keep file: the front becomes a hole (fallocate), its newl
 }
 op_kill() {  # k nonce pgid
     local rc
-    digits "$3" || { say E "$2" ""; return; }
+    digits "$3" || refuse "$2"
     kill -9 -"$3" 2>/dev/null || kill -9 "$3" 2>/dev/null
     rc=$?
     untrace "$3"
@@ -206,7 +206,7 @@ linger() {  # $1 pgid, $2 output file
     done
 }
 op_hello() {  # h nonce: set up /.pid (control) and this server (both)
-    local nonce=$2
+    local nonce="$2"
     umask 077
     [ -d /.pid/run ] || mkdir -p /.pid/run /.pid/out || { say F "$nonce" "cannot create /.pid"; return; }
     if [ "$ROLE" = control ]; then
@@ -285,12 +285,12 @@ finish() {  # $1 nonce, $2 emit: wait for PID, then reply D with the head of POU
     [ -z "$SLOTS" ] || slot_done
 }
 readcmd() { CMD=$(take "$1"); }   # CMD <- $1 bytes of stdin
-host_gone() { false; }            # POSIX sh cannot tell (bash: see below)
+host_gone() { false; }; idle() { :; }   # POSIX sh cannot tell, nor start a shell ahead (bash: see below)
 op_run() {  # r nonce emit slot cmdlen datalen
-    local nonce=$2 emit=$3 slot=$4 cmdlen=$5 data=$6
+    local nonce="$2" emit="$3" slot="$4" cmdlen="$5" data="$6"
     case $emit$cmdlen in *[!0-9]*) false ;; esac && [ -n "$emit" ] && [ -n "$cmdlen" ] &&
         case $slot in -) ;; 0|1) [ -n "$SLOTS" ] && [ "$cmdlen" -le "$DIRECT_MAX" ] ;; *) false ;; esac &&
-        case $data in -) ;; *) digits "$data" ;; esac || { say E "$nonce" ""; return; }
+        case $data in -) ;; *) digits "$data" ;; esac || refuse "$nonce"
     [ "$JUNKN" -lt 32 ] || sweep
     readcmd "$cmdlen"
     [ -n "$CMD" ] || CMD=:
@@ -309,6 +309,7 @@ op_run() {  # r nonce emit slot cmdlen datalen
     finish "$nonce" "$emit"
 }
 quit() { rm -f "$MARK"; exit 0; }
+refuse() { say E "$1" ""; quit; }   # not understood: the stream is out of step (a refused r's body is unread)
 serve() {  # one request at a time until EOF or q
     while :; do
         FIRST=
@@ -324,12 +325,11 @@ serve() {  # one request at a time until EOF or q
             K) op_killall "$@" ;;
             h) op_hello "$@" ;;
             q) break ;;
-            *) say E "${2:-}" "" ;;
+            *) refuse "${2:-}" ;;
         esac
     done
     quit
 }
-idle() { :; }
 
 [ -n "${BASH_VERSION:-}" ] || serve   # POSIX sh ends here: nothing below is parsed by it.
 

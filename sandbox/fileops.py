@@ -55,7 +55,9 @@ _CHECK_WRITE = """case $f in */*) d=${f%/*} ;; *) d=. ;; esac
 _BUILTIN_COPY_MAX = 32768   # bash copies this much with builtins faster than `cat` starts
 # bash: a write whose data, escaped, fits a command this long carries it in the command (inline_write_snippet):
 # the server and the shell read it with builtins, where an upload is copied to its file by a process (head -c).
-INLINE_MAX = 1 << 17
+# A server without slot shells starts the command as one argument of an exec (`bash -c`, after a line of the
+# image's variables), which Linux caps at 128 KiB (MAX_ARG_STRLEN): half of that leaves a wide margin.
+INLINE_MAX = 1 << 16
 
 # Snippets name absolute paths, so they run even when the working directory is gone (channel.sh refuses other
 # commands then, as pi's bash does).

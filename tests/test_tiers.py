@@ -3,6 +3,7 @@ runs on); the fixtures of tool_sandbox mark what they need."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +36,8 @@ def test_in_ci_a_missing_engine_fails_the_docker_tests_saying_so(tmp_path):
     proc = without_an_engine(tmp_path, CI="true")
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr
-    assert "2 passed, 7 deselected, 2 errors" in out, out   # the in-memory variants pass; each docker one fails
+    # the in-memory variants pass; each docker one fails (the file's other tests are deselected, however many)
+    assert re.search(r"\b2 passed, [0-9]+ deselected, 2 errors\b", out), out
     assert out.count("CI is set, and no Docker engine reachable") == 2 and "skipped" not in out, out
 
 

@@ -1,7 +1,11 @@
 """write through the registry, against the in-memory sandbox and a real container (see tests/tool_sandbox.py)."""
 from __future__ import annotations
 
+import itertools
+import os
+
 from pid.messages import TextContent
+from pid.sandbox import fileops
 from pid.sandbox.config import AGENT_HOME
 from tests.memory_sandbox import MemorySandbox
 from tests.tool_sandbox import call_tool, get
@@ -72,3 +76,34 @@ def test_paths_follow_pi_rules(docker_sandbox):  # needs a real shell
     assert get(sandbox, "no break spaces.txt") == b"s"
     remote = call_tool(sandbox, "write", {"path": "file://example.com/x", "content": "r"})
     assert remote.is_error and text(remote) == 'File URL host must be "localhost" or empty on linux'
+
+
+def test_a_write_inlined_in_its_command_runs_on_a_server_without_slot_shells(docker_sandbox, monkeypatch):
+    """A bash server whose slot FIFOs could not be made (here a directory stands in the first one's place; in life, no
+    inode left) starts each command as `bash -c <command>`: one argument of an exec, at most 128 KiB on Linux. A write
+    whose data rides in its command must fit it: the longest that did not failed with E2BIG."""
+    box = docker_sandbox
+    channel_id = 9000 + os.getpid() % 1000
+    blocker = f"/.pid/run/cmd.{channel_id}.0"
+    engine = box.client.containers.get(box.container_id)
+    assert engine.exec_run(["mkdir", blocker], user="root").exit_code == 0
+    monkeypatch.setattr(box.channels, "_ids", itertools.count(channel_id))
+    channel = box.channels._open_channel("agent")
+    try:
+        assert channel.shell == "bash" and not channel.hands_over()
+        assert engine.exec_run(["test", "-d", blocker], user="root").exit_code == 0   # so the server has no slots
+        monkeypatch.setattr(box.channels, "acquire", lambda: channel)
+        monkeypatch.setattr(box.channels, "release", lambda _: None)
+        monkeypatch.setattr(box.channels, "discard", lambda _: None)
+        path = f"{box.workdir}/inline-big.txt"
+        empty = len(fileops.inline_write_snippet(path, b"", 1 << 20) or b"")
+        for command in (fileops.INLINE_MAX, 1 << 17):   # the longest inlined now, and the longest inlined before
+            content = "".join(chr(ord("a") + i % 26) for i in range(command - empty))
+            inlined = fileops.inline_write_snippet(path, content.encode(), fileops.INLINE_MAX)
+            assert (inlined is not None) == (command == fileops.INLINE_MAX)
+            result = call_tool(box, "write", {"path": "inline-big.txt", "content": content})
+            assert not result.is_error and get(box, "inline-big.txt") == content.encode(), (command, text(result))
+        assert not channel.broken
+    finally:
+        channel.close()
+        engine.exec_run(["rmdir", blocker], user="root")

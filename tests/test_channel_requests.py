@@ -1,0 +1,49 @@
+"""channel.sh's reading of requests, run on the host under each shell that may serve them (bash, dash, busybox ash):
+a request the server refuses is answered E and ends the server. A refused `r` used to leave its announced body on
+stdin, where the server, as root, then read it as further requests."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "sandbox" / "channel.sh"
+SHELLS = [pytest.param(argv, id=argv[0]) for argv in (["bash"], ["dash"], ["sh"], ["busybox", "sh"])
+          if shutil.which(argv[0])]
+HIDDEN = b"t n2 0 0 /dev/null\n"   # a harmless request: any reply to n2 means it ran
+
+
+def serve(shell: list[str], requests: bytes) -> bytes:
+    """The server's whole answer to `requests`, as an agent server that was never greeted (no slot shells, no
+    /.pid): only requests that need neither are sent. It must end by itself, at EOF or before."""
+    done = subprocess.run([*shell, str(SCRIPT), "agent", "77", "/tmp", "54321", "54321"], input=requests,
+                          capture_output=True, timeout=20, cwd="/tmp")
+    assert done.returncode == 0, done
+    return done.stdout
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_hidden_request_is_answered_when_it_is_a_request(shell):
+    assert serve(shell, b"t n0 0 0 /dev/null\n" + HIDDEN) == b"S n0 0 0\nS n2 0 0\n"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("header", [
+    b"r n1 0 0 %d -",         # a slot, on a server without slot shells
+    b"r n1 0 - %d x",         # a data length that is no number
+    b"r n1 0 7 %d -",         # no such slot
+    b"r n1 x - %d -",         # an emit that is no number
+    b"r n1 0 - %d",           # no data length
+])
+def test_no_request_in_a_refused_commands_body_runs(shell, header):
+    body = HIDDEN + b"t n3 0 0 /dev/null\n"
+    assert serve(shell, b"t n0 0 0 /dev/null\n" + header % len(body) + b"\n" + body) == b"S n0 0 0\nE n1 0\n"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("request_", [b"x n1 5", b"c n1 x /.pid/out/1.1", b"t n1 0 -1 /dev/null", b"k n1 1x", b""])
+def test_a_refused_request_ends_the_server(shell, request_):
+    # Out of step with the host: nothing after it is taken for a request.
+    assert serve(shell, request_ + b"\n" + HIDDEN) == b"E %s 0\n" % (request_.split(b" ") + [b"", b""])[1]
