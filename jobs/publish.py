@@ -18,6 +18,7 @@ import base64
 import json
 import os
 import socket
+import threading
 import uuid
 from typing import Any
 
@@ -71,13 +72,19 @@ def push(client: Any, job_id: str, queue: str, front: bool = False) -> None:
 
 def send(url: str, options: dict[str, Any], jobs: list[tuple[str, str]],
          priority: int | None = None) -> tuple[int, Exception | None]:
-    """Publish the messages of (job id, queue) pairs with kombu over one connection, as Celery's send_task does: to
-    the anonymous exchange with the queue's name as routing key, the queue (a direct exchange of its name) declared
-    first. How many went before the broker refused one, and why (None: all went)."""
+    """Publish the messages of (job id, queue) pairs with kombu, as Celery's send_task does: to the anonymous
+    exchange with the queue's name as routing key, the queue (a direct exchange of its name) declared first. How many
+    went before the broker refused one, and why (None: all went). The connection stays open for the process's next
+    messages (a worker's hand-backs and re-dispatches, as Celery's producer pool kept it), one sender at a time; one
+    that failed is dropped, and the next send connects anew."""
     from kombu import Connection, Exchange, Queue
+    key = (os.getpid(), url)
     sent = 0
-    try:
-        with Connection(url, transport_options=options, connect_timeout=4) as connection:
+    with _connections_lock:
+        connection = _connections.get(key)
+        if connection is None:
+            connection = _connections[key] = Connection(url, transport_options=options, connect_timeout=4)
+        try:
             producer = connection.Producer(serializer="json")
             for job_id, queue in jobs:
                 headers, body = task_message(job_id)
@@ -86,6 +93,15 @@ def send(url: str, options: dict[str, Any], jobs: list[tuple[str, str]],
                                  retry=True, retry_policy=RETRY_POLICY, correlation_id=job_id,
                                  reply_to=str(uuid.uuid4()), priority=priority)
                 sent += 1
-    except Exception as exc:
-        return sent, exc
+        except Exception as exc:
+            del _connections[key]
+            try:
+                connection.release()
+            except Exception:   # noqa: BLE001 - it failed already: its error is the one to report
+                pass
+            return sent, exc
     return sent, None
+
+
+_connections: dict[tuple[int, str], Any] = {}   # kombu connections by (process, broker url)
+_connections_lock = threading.Lock()            # (a kombu connection is not thread-safe)

@@ -2,7 +2,7 @@
 
 A command runs in its own process group; on timeout or cancel the group is killed inside the container before the
 call returns. Its output goes to a file on pid's own disk, which the host bounds while it runs (output_trim.py) and
-removes or keeps once its reply is read (outputs.py).
+removes or keeps while the next command runs (outputs.py).
 """
 from __future__ import annotations
 
@@ -46,25 +46,38 @@ class OutputFiles:
         self.dir_fd: int | None = None
         self.kept = KeptOutputs()   # which finished outputs stay there (under _lock)
         self._lock = threading.Lock()
+        self._unsettled: list[tuple[str, bool]] = []   # finished outputs not yet removed or kept: (name, kept)
+        self._next_sweep = 0.0
 
     def open(self, pid_disk: JobDisk) -> None:
         self.dir_fd = os.open(pid_disk.path("out"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
     def finished(self, out_path: str, kept: bool) -> None:
-        """A command's reply is read: its output file is removed, or kept for the model (outputs.py)."""
+        """A command's reply is read: its output file is to be removed, or kept for the model (outputs.py). That is
+        done by the next housekeeping, while the next command runs: the host only waits then, and the reply is not
+        held up by a removal's journal writes (~0.1 ms)."""
         with self._lock:
-            if self.dir_fd is not None:
-                self.kept.finished(self.dir_fd, posixpath.basename(out_path), kept)
+            self._unsettled.append((posixpath.basename(out_path), kept))
 
-    def sweep(self) -> None:
-        """Removed outputs that processes left behind still write are cut back (outputs.py)."""
+    def housekeeping(self) -> None:
+        """Settle the finished outputs; and, at most once every TRIM_EVERY_S (as often as a running command's sweep
+        comes, so back-to-back commands add nothing to what a process left behind can write between two sweeps),
+        cut back the removed outputs such processes still write (outputs.py)."""
+        now = time.monotonic()
         with self._lock:
-            if self.dir_fd is not None:
+            unsettled, self._unsettled = self._unsettled, []
+            if self.dir_fd is None:
+                return
+            for name, kept in unsettled:
+                self.kept.finished(self.dir_fd, name, kept)
+            if now >= self._next_sweep:
                 self.kept.sweep(self.dir_fd)
+                self._next_sweep = now + TRIM_EVERY_S
 
     def clear(self) -> None:
         """Every output goes (the agent's processes are gone): pid's disk is the patch's."""
         with self._lock:
+            self._unsettled = []
             if self.dir_fd is not None:
                 self.kept.clear(self.dir_fd)
 
@@ -152,10 +165,10 @@ class Commands:
         started = time.monotonic()
         deadline = started + timeout
         clearings = self.processes.clearings
-        self.outputs.sweep()
         channel, started_pgid, out_path = self._start(command, emit, started + CONTROL_TIMEOUT_S, upload)
         pgid: int | None = started_pgid   # None once the command has ended: nothing left to kill
         try:
+            self.outputs.housekeeping()   # (the command runs meanwhile)
             next_poll = started + OUTPUT_POLL_S
             next_trim = started + TRIM_EVERY_S
             polled = cut = 0
@@ -170,7 +183,7 @@ class Commands:
                     break
                 if now >= next_trim:
                     cut = self._trim_output(out_path, cut)
-                    self.outputs.sweep()
+                    self.outputs.housekeeping()
                     next_trim = time.monotonic() + TRIM_EVERY_S
                 wake = min(deadline, next_trim)
                 if cancel is not None:

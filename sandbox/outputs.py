@@ -1,9 +1,9 @@
-"""The output files of finished commands, on pid's own disk: removed at once, or kept for the model within a budget.
+"""The output files of finished commands, on pid's own disk: removed, or kept for the model within a budget.
 
 Why: pid's disk (see launch.PID_DISK) holds only pid's files, so that whatever the agent does to the job's disk, a
 command's output can still be written and the patch still made. The agent's commands write their output there, and
-nothing else of the agent's: so the host bounds what stays. An output the model was shown whole is removed as soon
-as its reply is read (the server's own sweep comes only every 32 commands, and a read of the `read` tool leaves up to
+nothing else of the agent's: so the host bounds what stays. An output the model was shown whole is removed while the
+next command runs (the server's own sweep comes only every 32 commands, and a read of the `read` tool leaves up to
 8 MB); one kept for the model (it was longer than what the model is shown, which names the file) stays, the newest
 first, up to KEPT_BYTES and KEPT_FILES for all of them (nor can many small ones use up the inodes). All of this runs
 on the host, through the output directory's descriptor: names are pid's own (`N.M`, validated by the channel), never
@@ -19,18 +19,22 @@ KEPT_BYTES = 256 << 20   # the kept outputs, together; the newest is kept whatev
 KEPT_FILES = 1000
 LINGER_BYTES = 1 << 20   # a removed output that a process left behind still writes is cut back past this...
 LINGERING = 32           # ...for this many of the last removed outputs
+HELD_BYTES = 64 << 10    # a removed output is emptied at once past this (its descriptor is held: see remove)
 
 
 def remove(dir_fd: int, name: str) -> int | None:
     """Remove output file `name` and its trimming record, if there (a root agent may have put a directory there).
-    The file is emptied first: a process the command left behind (`server &`) may hold it open and write on, and
-    an unlinked file's blocks stay taken while it does. Returns a descriptor of the emptied file, to cut it back
-    again later (None: there was no regular file)."""
+    The file is emptied first when it takes more than HELD_BYTES: a process the command left behind (`server &`)
+    may hold it open and write on, and an unlinked file's blocks stay taken while it does (and while the returned
+    descriptor is held). Returns a descriptor of the file, to cut it back again later (None: there was no regular
+    file). A small one is left as it is: most outputs are, and emptying one costs a journal transaction."""
     fd: int | None = None
     try:
         fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            os.ftruncate(fd, 0)
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            if st.st_blocks * 512 > HELD_BYTES:
+                os.ftruncate(fd, 0)
         else:
             os.close(fd)
             fd = None
@@ -72,7 +76,7 @@ class KeptOutputs:
     def sweep(self, dir_fd: int) -> None:
         """Processes a command left behind cannot fill pid's disk through its output: kept outputs they grew past the
         budget go (oldest first), and removed ones they wrote more than LINGER_BYTES into since are cut back. The
-        host calls it as each command starts, and every second while one runs."""
+        host calls it as a command starts (at most once a second) and every second while one runs."""
         sizes = [used(dir_fd, n) for n in self._names]
         total = sum(sizes)
         for size in sizes:

@@ -106,6 +106,25 @@ def test_kombus_message_on_the_embedded_queue_is_the_one_celery_sends(tmp_path):
            {k: v for k, v in celerys.items() if k not in PER_MESSAGE}
 
 
+
+def test_one_process_publishes_over_one_connection_and_a_failed_one_is_dropped(tmp_path):
+    """A worker's hand-backs and re-dispatches reuse the process's connection to the broker (as Celery's producer
+    pool did); a send that failed drops it, and the next one connects anew."""
+    env = {**_env(tmp_path, ""), "PID_BROKER_URL": ""}
+    code = ("from pid.jobs.dispatch import publish; from pid.jobs import publish as p; "
+            "from pid.jobs.store import default_store\n"
+            "store = default_store(); print(publish(store, [('job-1', 'q1')])); first = list(p._connections.values())\n"
+            "print(publish(store, [('job-2', 'q1')])); assert list(p._connections.values()) == first, 'reconnected'\n"
+            "class Broken(Exception): pass\n"
+            "def refuse(*a, **k): raise Broken('refused')\n"
+            "first[0].Producer = refuse; sent, error = publish(store, [('job-3', 'q1')])\n"
+            "assert sent == 0 and isinstance(error, Broken) and not p._connections, (sent, error)\n"
+            "print(publish(store, [('job-4', 'q1')])); assert list(p._connections.values()) != first\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["(1, None)", "(1, None)", "(1, None)"]
+    assert [_fields(m)[("headers", "id")] for m in _queued(tmp_path / "home", "q1")] == ["job-1", "job-2", "job-4"]
+
 CLIENT = """
 import sys
 from click.testing import CliRunner
