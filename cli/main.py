@@ -362,7 +362,8 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
         try:
             echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
             result = run_job(spec, api_key=api_key, sink=job.sink(ev.ignore if as_json else printer),
-                             on_agent=lambda agent: _attach(agent, agents, job), cancel=job.cancel,
+                             on_agent=lambda agent: _attach(agent, agents, job), check_in=job.check_in,
+                             cancel=job.cancel,
                              starting=starting, keep=job.store)
         except BaseException as exc:   # not the job's own failure (run_job records those)
             failure = f"{type(exc).__name__}: {exc}"

@@ -69,7 +69,11 @@ class Agent:
     def __init__(self, provider: Provider, tools: ToolRegistry, context: ToolContext, system_prompt: str, *,
                  session: SessionWriter | None = None, sink: ev.EventSink = ev.ignore,
                  limits: Limits | None = None, max_parallel_tools: int = 8, compactor: Compactor | None = None,
-                 notices: list[str] | None = None) -> None:
+                 notices: list[str] | None = None, check_in: Callable[[], None] | None = None) -> None:
+        """`check_in` is asked before each model call and as the agent would stop (pi's getSteeringMessages and
+        getFollowUpMessages): a job's relay (worker/control.py) applies then what was sent since its last poll (pause,
+        steer, follow-up, cancel), so a control posted while a command ran takes hold before the next call, and a
+        follow-up posted just before the last reply is not left behind. It returns soon and must not raise."""
         self.provider = provider
         self.tools = tools
         self.context = context
@@ -80,10 +84,7 @@ class Agent:
         self.messages: list[Message] = []
         self.compactor = compactor               # None: the context is never compacted
         self.notices = list(notices or [])
-        # asked before each model call and as the agent would stop (pi's getSteeringMessages/getFollowUpMessages):
-        # a relay applies what was sent meanwhile (pause, steer, follow-up), so a control posted while a command
-        # ran takes hold before the next call, and a follow-up posted just before the last reply is not left behind
-        self.check_in: Callable[[], None] | None = None
+        self._check_in = check_in
         self._entry_ids: list[str | None] = []   # each message's session entry, parallel to `messages`
         self._replay = Replay()
         self.cancel_event = context.cancel
@@ -164,8 +165,8 @@ class Agent:
         pending: list[tuple[ev.ControlKind | None, str]] = [(None, task)]   # user messages that open the next turn
         consecutive_timeouts = 0
         while True:
-            if self.check_in is not None:
-                self.check_in()
+            if self._check_in is not None:
+                self._check_in()
             if not self._resumed.is_set():
                 self._emit(ev.Control("pause", "received"))
                 self._resumed.wait()    # what was steered while paused goes into the very next call
@@ -220,8 +221,8 @@ class Agent:
                 return self._end(out, "max_cost",
                                  f"cost ${out.usage.cost.total:.4f} exceeded max_cost ${self.limits.max_cost:.4f}")
             if not calls:
-                if self.check_in is not None:
-                    self.check_in()
+                if self._check_in is not None:
+                    self._check_in()
                 # a steer that came during this last reply is not dropped; follow-ups wait for exactly this moment
                 pending = _drain(self._steering, "steer") or _drain(self._follow_ups, "follow_up")
                 if pending:

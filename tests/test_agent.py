@@ -34,10 +34,27 @@ def sandbox():
         yield box
 
 
-def make_agent(llm: ScriptedLLM, sandbox, *, limits: Limits | None = None, sink=ev.ignore, **config) -> Agent:
+def make_agent(llm: ScriptedLLM, sandbox, *, limits: Limits | None = None, sink=ev.ignore, check_in=None,
+               **config) -> Agent:
     provider = make_provider(ProviderConfig(model="scripted", base_url=llm.base_url, **config))
     return Agent(provider, default_registry(), ToolContext(sandbox=sandbox), "system prompt", sink=sink,
-                 limits=limits)
+                 limits=limits, check_in=check_in)
+
+
+class LateMail:
+    """A relay stand-in for Agent(check_in=...): a follow-up that reaches the store only once `arrived()` holds,
+    handed to the agent at its first check-in after that."""
+
+    def __init__(self, text: str, arrived) -> None:
+        self.text: str | None = text
+        self.arrived = arrived
+        self.agent: Agent | None = None
+
+    def check_in(self) -> None:
+        if self.text is not None and self.arrived():
+            assert self.agent is not None
+            self.agent.follow_up(self.text)
+            self.text = None
 
 
 def tool_messages(request: dict) -> list[dict]:
@@ -108,13 +125,14 @@ def test_follow_up_continues_a_finished_agent(sandbox):
 
 
 def test_mail_collected_as_the_agent_would_stop_continues_it(sandbox):
-    """A follow-up that reached the store after the relay's last poll is asked for at the end, not left behind."""
+    """A follow-up that reached the store while the model wrote its last reply is asked for as the agent would
+    stop (no check-in before a model call comes after that reply), not left behind."""
     with ScriptedLLM([{"text": "first answer"}, {"text": "second answer"}]) as llm:
-        agent = make_agent(llm, sandbox)
-        mailbox = ["one more thing"]
-        agent.check_in = lambda: [agent.follow_up(text) for text in mailbox] and mailbox.clear()
+        mail = LateMail("one more thing", arrived=lambda: len(llm.requests) == 1)
+        agent = mail.agent = make_agent(llm, sandbox, check_in=mail.check_in)
         outcome = agent.run("go")
     assert outcome.final_message == "second answer" and len(llm.requests) == 2
+    assert "one more thing" not in str(llm.requests[0]["messages"])
     assert "one more thing" in str(llm.requests[1]["messages"][-1]["content"])
 
 

@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 from pid import events as ev
 from pid.event_records import EventRecords
@@ -33,6 +33,10 @@ log = logging.getLogger("pid.worker")
 LEASE_S = settings.LEASE_S.get()
 CONTROL_POLL_S = 0.5      # how quickly cancel, pause and messages reach a running job (one read of the store)
 PROGRESS_EVERY_S = 2.0    # how often progress is written, at most; the lease is renewed in the same write
+# How long the agent's check-in (before each model call) waits for the relay's pass over the store: a healthy store
+# answers in milliseconds, even loaded; one that hangs (Redis gives up after 60 s, SQLite's busy wait after 30 s)
+# costs one turn this once, and the check-ins after it do not wait until a pass reads the store again.
+CHECK_IN_WAIT_S = 1.0
 
 
 def new_owner() -> str:
@@ -92,7 +96,12 @@ class EventLog:
 
 class ControlRelay:
     """A thread beside the running job: renews the lease, carries the store's controls to the agent, records
-    progress."""
+    progress.
+
+    Only this thread reads the store's controls and applies them to the agent, one snapshot at a time (under
+    `_applying`), so a pause it applied can never be undone by an older read, and steers and follow-ups reach the
+    agent in the order they were posted. The agent's thread never waits on the store: its check-in (before each
+    model call and as it would stop) asks this thread for a pass now and waits CHECK_IN_WAIT_S at most."""
 
     def __init__(self, store: Store, job_id: str, owner: str, writes: Store | None = None) -> None:
         """`store` is polled (an unreachable one: the next poll tries again); `writes`, if given, is the store as
@@ -108,6 +117,12 @@ class ControlRelay:
         self._stop_requested = False
         self._records = EventRecords()
         self._log = EventLog(store, job_id)
+        self._applying = threading.Lock()        # one snapshot of the controls applied at a time
+        self._wake = threading.Event()           # a check-in wants a pass now (or stop() ends the thread)
+        self._passes = threading.Condition()     # guards the three below
+        self._asked = 0                          # check-ins asked so far
+        self._answered = 0                       # check-ins answered by a pass that read the store after they asked
+        self._store_ok = True                    # the last pass read the store, and no check-in has waited in vain
 
     def still_owner(self) -> bool:
         """False only when another worker holds the job now; an unreadable store must not lose the artifacts."""
@@ -118,16 +133,23 @@ class ControlRelay:
             return True
 
     def attach(self, agent: Agent) -> None:
-        """Called before the agent's first model call: messages sent while the job was queued go in first."""
+        """The agent the controls go to, before its first model call; its first check-in (made with `check_in`)
+        brings in what was sent while the job was queued."""
         self._agent = agent
-        agent.check_in = self._check_in
-        try:
-            record = self.store.get(self.job_id)
-            if record is not None and record.paused:
-                agent.pause()
-            self._deliver(agent)
-        except Exception:   # an unreadable store costs the controls for now (the relay retries), never the job
-            log.exception("job %s: reading its controls", self.job_id)
+
+    def check_in(self) -> None:
+        """The agent's hook (Agent(check_in=...)): a pause, steer, follow-up or cancel sent since the last poll
+        takes hold now, not at a poll that may come too late. This thread's pass does the reading and applying;
+        the agent waits for it CHECK_IN_WAIT_S at most, and not at all while the store is failing: a model call
+        never waits on the store."""
+        with self._passes:
+            self._asked += 1
+            ticket = self._asked
+            self._wake.set()
+            if not self._store_ok or self._done.is_set() or not self._thread.is_alive():
+                return
+            if not self._passes.wait_for(lambda: self._answered >= ticket or not self._store_ok, CHECK_IN_WAIT_S):
+                self._store_ok = False   # a hung store: the next check-ins go on at once, until a pass succeeds
 
     def on_event(self, event: ev.Event) -> None:
         self.progress.on_event(event)
@@ -140,6 +162,7 @@ class ControlRelay:
 
     def stop(self) -> None:
         self._done.set()
+        self._wake.set()
         self._thread.join(timeout=5)
         self._log.flush(self._writes)
         try:
@@ -156,38 +179,60 @@ class ControlRelay:
         renew_every = LEASE_S / 6
         last_write = time.monotonic()
         unreachable = False
-        while not self._done.wait(CONTROL_POLL_S):
-            self._log.flush()
+        while True:
+            self._wake.wait(CONTROL_POLL_S)   # a poll, or sooner when the agent checks in
+            if self._done.is_set():
+                return
             try:
-                if self._stop_requested:
-                    self._cancel()
-                controls = self.store.controls(self.job_id, self.owner)
+                owned = self._pass()
                 unreachable = False
-                if controls is None or not controls.owned:
-                    if not self.cancel.is_set():
-                        log.warning("job %s: no longer this worker's; stopping", self.job_id)
-                    self._cancel()
-                    continue
-                if controls.cancel_requested:
-                    self._cancel()
+                self._log.flush()
                 now = time.monotonic()
                 changed = self.progress.version != self._reported
-                if now - last_write >= renew_every or (changed and now - last_write >= PROGRESS_EVERY_S):
-                    if not self._report(renew=True):
-                        continue   # the next poll sees who holds the job now
-                    last_write = now
-                agent = self._agent
-                if agent is None:
-                    continue
-                if controls.mail:
-                    self._deliver(agent)   # before a resume: what was sent while paused goes in first
-                (agent.pause if controls.paused else agent.resume)()
+                if owned and (now - last_write >= renew_every or (changed and now - last_write >= PROGRESS_EVERY_S)):
+                    if self._report(renew=True):   # (else the next poll sees who holds the job now)
+                        last_write = now
             except Exception as exc:  # the store being briefly unavailable must not kill the job
+                self._log.flush()
                 if not transient(exc):
                     log.exception("job %s: control relay", self.job_id)
                 elif not unreachable:   # once an outage, not every poll
                     log.warning("job %s: the job store is unreachable (%s): the job goes on", self.job_id, exc)
                 unreachable = transient(exc)
+
+    def _pass(self) -> bool:
+        """One read of the job's controls, applied to the agent; it answers the check-ins asked before it began.
+        False: the job is no longer this worker's (it is cancelled here)."""
+        with self._passes:
+            self._wake.clear()
+            answering = self._asked
+        read = False
+        try:
+            with self._applying:
+                if self._stop_requested:
+                    self._cancel()
+                controls = self.store.controls(self.job_id, self.owner)
+                if controls is None or not controls.owned:
+                    if not self.cancel.is_set():
+                        log.warning("job %s: no longer this worker's; stopping", self.job_id)
+                    self._cancel()
+                    read = True
+                    return False
+                if controls.cancel_requested:
+                    self._cancel()
+                agent = self._agent
+                if agent is not None:
+                    if controls.mail:
+                        self._deliver(agent)   # before a resume: what was sent while paused goes in first
+                    (agent.pause if controls.paused else agent.resume)()
+                read = True
+                return True
+        finally:
+            with self._passes:
+                self._store_ok = read
+                if read:
+                    self._answered = answering
+                self._passes.notify_all()
 
     def _report(self, renew: bool = False, store: Store | None = None) -> bool:
         version = self.progress.version
@@ -201,23 +246,6 @@ class ControlRelay:
     def _deliver(self, agent: Agent) -> None:
         for kind, text in self.store.take_messages(self.job_id):
             (agent.steer if kind == "steer" else agent.follow_up)(text)
-
-    def _check_in(self) -> None:
-        """The agent is about to call the model, or would stop: what was sent since the last poll (pause, steer,
-        follow-up, cancel) takes hold now, not at a poll that may come too late. An unreadable store or a job no
-        longer this worker's is left to the poll (which ends the job for the latter)."""
-        agent = self._agent
-        try:
-            controls = self.store.controls(self.job_id, self.owner)
-            if agent is None or controls is None or not controls.owned:
-                return
-            if controls.cancel_requested:
-                self._cancel()
-            if controls.mail:
-                self._deliver(agent)
-            (agent.pause if controls.paused else agent.resume)()
-        except Exception as exc:
-            log.warning("job %s: reading its controls before a model call (%s)", self.job_id, exc)
 
     def _cancel(self) -> None:
         self.cancel.set()
@@ -280,6 +308,11 @@ class ForegroundJob:
     def attach(self, agent: Agent) -> None:
         if self.relay is not None:
             self.relay.attach(agent)
+
+    @property
+    def check_in(self) -> Callable[[], None] | None:
+        """The agent's check-in hook (Agent(check_in=...)), when the job is in the store."""
+        return self.relay.check_in if self.relay is not None else None
 
     def end(self, result: dict[str, Any] | None, error: str | None = None) -> None:
         """Record the ending. No result: the run stopped before the job could end by itself, by Ctrl-C (no error)

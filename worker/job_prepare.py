@@ -35,6 +35,7 @@ from pid.jobs.snapshot import DirSnapshot, import_into, is_directory_repo, open_
 from pid.jobs.store import Store, default_store
 
 Gate = Callable[[], "tuple[ExitReason, str] | None"]   # asked before every model call (pid/agent.py Limits.gate)
+CheckIn = Callable[[], None]   # asked before every model call and as the agent would stop (pid/agent.py Agent)
 
 
 class JobCancelled(Exception):
@@ -42,7 +43,7 @@ class JobCancelled(Exception):
 
 
 def prepare(job: JobRun, *, api_key: str | None, keep: Store | None, artifact_store: Store | None,
-            gate: Gate | None) -> Agent:
+            gate: Gate | None, check_in: CheckIn | None = None) -> Agent:
     """The job's agent, ready to run in its sandbox on its workspace."""
     spec = job.spec
     model = job_model(spec)
@@ -61,7 +62,7 @@ def prepare(job: JobRun, *, api_key: str | None, keep: Store | None, artifact_st
     if job.cancel.is_set():
         raise JobCancelled
     open_session(job, parent, artifact_store, provider)
-    agent = job_agent(job, model, provider, tools, gate)
+    agent = job_agent(job, model, provider, tools, gate, check_in)
     # a continued job's conversation so far (already in its session file)
     agent.load_history(earlier, parent.latest_compaction if parent else None)
     return agent
@@ -169,14 +170,15 @@ def _fresh(path: str) -> str:
     return path
 
 
-def job_agent(job: JobRun, model: ModelInfo, provider: Provider, tools: ToolRegistry, gate: Gate | None) -> Agent:
+def job_agent(job: JobRun, model: ModelInfo, provider: Provider, tools: ToolRegistry, gate: Gate | None,
+              check_in: CheckIn | None = None) -> Agent:
     """The agent, its limits what the job's wall clock has left after set-up."""
     spec = job.spec
     assert job.sandbox is not None
     remaining = max(1.0, spec.timeout_s - (time.time() - job.started))
     system_prompt = build_system_prompt(tools.specs(), job.sandbox, custom=spec.system_prompt)
     return Agent(provider, tools, ToolContext(sandbox=job.sandbox, cancel=job.cancel), system_prompt,
-                 session=job.session, sink=job.sink,
+                 session=job.session, sink=job.sink, check_in=check_in,
                  limits=Limits(max_turns=spec.max_turns, wall_clock_s=remaining, max_cost=spec.max_cost, gate=gate),
                  compactor=Compactor(provider, model.context_window, max_output_tokens=model.max_tokens),
                  notices=[] if spec.context_window else [w for w in (

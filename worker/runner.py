@@ -28,7 +28,7 @@ from pid.sandbox import DockerProvider
 from pid.jobs.blobs import Blobs
 from pid.jobs.results import client_is_local, spool_dir
 from pid.worker.job_collect import collect
-from pid.worker.job_prepare import Gate, JobCancelled, prepare
+from pid.worker.job_prepare import CheckIn, Gate, JobCancelled, prepare
 from pid.worker.job_record import record, record_unstarted
 from pid.worker.job_run import JobRun, describe
 from pid.jobs.spec import JobSpec
@@ -45,7 +45,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             sandboxes: SandboxProvider[Any] | None = None,
             amend_result: Callable[[dict[str, Any]], None] | None = None, attempt: int = 1,
             blobs: Blobs | None = None, artifact_store: Store | None = None, keep: Store | None = None,
-            gate: Gate | None = None) -> dict[str, Any]:
+            gate: Gate | None = None, check_in: CheckIn | None = None) -> dict[str, Any]:
     """Run one job to its end and return result.json's content. Never raises for job failures.
 
     `starting` is the job's sandbox already being created (sandbox_start.start_sandbox); else it is created here,
@@ -66,6 +66,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     Its out directory has them all: a store that refuses them costs those commands, never the job.
 
     `gate` is asked before every model call (pid/agent.py Limits.gate): a batch's budget stops the job there.
+    `check_in` too, and as the agent would stop (pid/agent.py Agent): the job's relay applies the store's controls
+    then (`on_agent` gave it the agent).
     """
     started = time.time()
     try:
@@ -80,7 +82,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     stopping: BaseException | None = None   # Ctrl-C, or the process ending: raised again once the job is recorded
     try:
         try:
-            agent = prepare(job, api_key=api_key, keep=keep, artifact_store=artifact_store, gate=gate)
+            agent = prepare(job, api_key=api_key, keep=keep, artifact_store=artifact_store, gate=gate,
+                            check_in=check_in)
             job.outcome = run_agent(agent, spec, on_agent)
         except JobCancelled:
             job.outcome = Outcome("cancelled")

@@ -116,7 +116,7 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
     sink, gate = batch_budget.attach(store, record, relay.on_event)
     try:
         result = run_job(record.spec, api_key=_api_key(store, record.spec, api_key), sink=sink, gate=gate,
-                         on_agent=relay.attach, cancel=relay.cancel, still_owner=still_owner,
+                         on_agent=relay.attach, check_in=relay.check_in, cancel=relay.cancel, still_owner=still_owner,
                          amend_result=lambda r: with_earlier_attempts(r, record.earlier), attempt=record.attempts,
                          artifact_store=store)
     except BaseException as exc:   # never a silent failure: the record says what stopped the job

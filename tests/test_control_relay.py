@@ -1,0 +1,189 @@
+"""The control relay (worker/control.py) against a real SQLite job store behind a gate that can hang or fail its
+controls read: the agent's check-in never waits on a failing store, only the relay's thread reads and applies the
+controls, and a pause it applied is never undone by an older read. Orderings are made with Events; no durations
+are asserted (the check-in's bound is set here to what each test needs)."""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from pid.jobs.spec import JobSpec
+from pid.jobs.sqlite_store import JobStore
+from pid.worker import control
+from pid.worker.control import ControlRelay
+from tests.memory_sandbox import Commands, MemorySandbox, Run
+from tests.scripted_llm import ScriptedLLM
+from tests.test_agent import bash, make_agent
+
+OWNER = "host:1:test"
+
+
+class GatedStore:
+    """A JobStore whose controls() can fail (`down`) or, once, hang after its read until `release` (a stale answer,
+    late); every call's thread is noted."""
+
+    def __init__(self, inner: JobStore) -> None:
+        self.inner = inner
+        self.down = False
+        self.hang_once = threading.Event()   # set: the next controls() hangs
+        self.hung = threading.Event()        # it hangs now
+        self.release = threading.Event()
+        self.failed = threading.Event()      # a controls() raised
+        self.controls_calls = 0
+        self.called = threading.Condition()
+        self.threads: set[str] = set()
+
+    def controls(self, job_id: str, owner: str):
+        self.threads.add(threading.current_thread().name)
+        with self.called:
+            self.controls_calls += 1
+            self.called.notify_all()
+        if self.down:
+            self.failed.set()
+            raise ConnectionError("the store is down")
+        answer = self.inner.controls(job_id, owner)
+        if self.hang_once.is_set():
+            self.hang_once.clear()
+            self.hung.set()
+            self.release.wait()
+        return answer
+
+    def wait_for_calls(self, n: int) -> None:
+        with self.called:
+            assert self.called.wait_for(lambda: self.controls_calls >= n, timeout=60)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def noted(*args, **kwargs):
+            self.threads.add(threading.current_thread().name)
+            return attr(*args, **kwargs)
+        return noted
+
+
+class Controls:
+    """A stand-in agent: the controls the relay applied, in order."""
+
+    def __init__(self) -> None:
+        self.applied: list[str] = []
+        self.paused = False
+
+    def pause(self) -> None:
+        self.applied.append("pause")
+        self.paused = True
+
+    def resume(self) -> None:
+        self.applied.append("resume")
+        self.paused = False
+
+    def steer(self, text: str) -> None:
+        self.applied.append(f"steer {text}")
+
+    def follow_up(self, text: str) -> None:
+        self.applied.append(f"follow_up {text}")
+
+    def cancel(self) -> None:
+        self.applied.append("cancel")
+
+
+@pytest.fixture
+def store(tmp_path):
+    inner = JobStore(str(tmp_path / "jobs.db"))
+    job = inner.create(JobSpec(task="t", repo=str(tmp_path), model="m", out_dir=str(tmp_path / "out"),
+                               base_url="http://x"))
+    assert inner.claim(job.id, OWNER, lease_s=60)
+    gated = GatedStore(inner)
+    gated.job_id = job.id
+    return gated
+
+
+@pytest.fixture
+def relay(store):
+    relay = ControlRelay(store, store.job_id, OWNER)
+    yield relay
+    store.release.set()
+    relay.stop()
+
+
+@pytest.fixture
+def sandbox():
+    with MemorySandbox(Commands({"echo hi": Run("hi\n")})) as box:
+        yield box
+
+
+SCRIPT = [{"tool_calls": [bash("echo hi")]}, {"text": "done"}]   # three check-ins: two before calls, one at the end
+
+
+@pytest.mark.timeout(60)
+def test_a_check_in_does_not_wait_on_a_store_that_fails(store, relay, sandbox, monkeypatch):
+    monkeypatch.setattr(control, "CHECK_IN_WAIT_S", 3600.0)   # a check-in that waited would hang the test
+    store.down = True
+    relay.start()
+    assert store.failed.wait(60)   # the relay's poll found the store down
+    with ScriptedLLM(SCRIPT) as llm:
+        agent = make_agent(llm, sandbox, check_in=relay.check_in)
+        relay.attach(agent)
+        outcome = agent.run("go")
+    assert outcome.final_message == "done" and outcome.turns == 2
+    assert store.threads == {"pid-control"}   # the agent's thread never touched the store
+
+
+@pytest.mark.timeout(60)
+def test_a_check_in_on_a_hung_store_waits_its_bound_once_and_the_job_goes_on(store, relay, sandbox, monkeypatch):
+    monkeypatch.setattr(control, "CHECK_IN_WAIT_S", 0.2)
+    store.hang_once.set()
+    relay.start()
+    with ScriptedLLM(SCRIPT) as llm:
+        agent = make_agent(llm, sandbox, check_in=relay.check_in)
+        relay.attach(agent)
+        outcome = agent.run("go")
+        assert store.hung.is_set() and not store.release.is_set()   # the whole run went on beside the hung read
+    assert outcome.final_message == "done" and outcome.turns == 2
+    assert store.controls_calls == 1 and store.threads == {"pid-control"}
+    store.release.set()   # the store answers again: the check-ins wait for the relay's passes again
+    store.wait_for_calls(2)
+
+
+@pytest.mark.timeout(60)
+def test_a_check_in_waits_for_a_fresh_read_and_an_older_one_never_undoes_its_pause(store, relay, monkeypatch):
+    """The race 59a6311 let through: a poll read `not paused`, was slow, and resumed the agent after the check-in had
+    paused it, so the model call went ahead. Now a check-in is answered only by a read that began after it asked,
+    and the reads are applied one at a time, in order."""
+    monkeypatch.setattr(control, "CHECK_IN_WAIT_S", 3600.0)   # this test is about order, not the bound
+    agent = Controls()
+    relay.attach(agent)
+    store.hang_once.set()
+    relay.start()
+    assert store.hung.wait(60)                    # a poll read "not paused" and is slow to come back
+    assert store.set_paused(store.job_id, True)   # `pid pause`, while the agent's command ran
+    checked_in = threading.Thread(target=relay.check_in)   # the command ended: the agent checks in
+    checked_in.start()
+    while not relay._wake.is_set():   # (the check-in has asked for a pass)
+        checked_in.join(0.01)
+    assert not agent.applied              # it waits: the slow read began before it asked
+    store.release.set()
+    checked_in.join(60)
+    assert not checked_in.is_alive()
+    assert agent.paused and agent.applied == ["resume", "pause"]   # the stale read first, then the fresh one
+    calls = store.controls_calls
+    store.wait_for_calls(calls + 1)   # another pass began: every earlier read was applied
+    assert agent.paused and "resume" not in agent.applied[1:]
+
+
+@pytest.mark.timeout(60)
+def test_steers_and_follow_ups_reach_the_agent_in_the_order_posted(store, relay, monkeypatch):
+    monkeypatch.setattr(control, "CHECK_IN_WAIT_S", 3600.0)
+    agent = Controls()
+    relay.attach(agent)
+    store.post(store.job_id, "steer", "one")
+    store.post(store.job_id, "follow_up", "two")
+    store.post(store.job_id, "steer", "three")
+    store.threads.clear()   # (the posts above were `pid steer` and `pid follow-up`)
+    relay.start()
+    relay.check_in()
+    assert agent.applied[:3] == ["steer one", "follow_up two", "steer three"]
+    assert store.threads == {"pid-control"}
