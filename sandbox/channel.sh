@@ -284,7 +284,9 @@ finish() {  # $1 nonce, $2 emit: wait for PID, then reply D with the head of POU
     forget "$POUT"
     [ -z "$SLOTS" ] || slot_done
 }
-readcmd() { CMD=$(take "$1"); }   # CMD <- $1 bytes of stdin
+readcmd() {  # CMD <- $1 bytes of stdin; fewer (the host gave up half-way): nothing of it may run, the server ends
+    CMD=$(take "$1"; echo .); CMD=${CMD%.}; [ "${#CMD}" -eq "$1" ] || quit   # (the dot keeps trailing newlines)
+}
 host_gone() { false; }; idle() { :; }   # POSIX sh cannot tell, nor start a shell ahead (bash: see below)
 op_run() {  # r nonce emit slot cmdlen datalen
     local nonce="$2" emit="$3" slot="$4" cmdlen="$5" data="$6"

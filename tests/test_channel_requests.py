@@ -47,3 +47,16 @@ def test_no_request_in_a_refused_commands_body_runs(shell, header):
 def test_a_refused_request_ends_the_server(shell, request_):
     # Out of step with the host: nothing after it is taken for a request.
     assert serve(shell, request_ + b"\n" + HIDDEN) == b"E %s 0\n" % (request_.split(b" ") + [b"", b""])[1]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_command_the_host_stopped_sending_half_way_never_runs(shell, tmp_path):
+    """The host sent a command's first bytes and went away (its deadline passed, it was killed): the server must not
+    run what came, which may be a prefix that means something else (`rm -rf /tmp/x` cut to `rm -rf /`)."""
+    marker = Path("/tmp") / f"pid-test-cut-{tmp_path.name}-{shell[0]}"
+    command = b"touch %s; echo whole" % bytes(marker)
+    try:
+        answer = serve(shell, b"r n1 2 - %d -\n" % (len(command) + 40) + command)
+        assert answer == b"" and not marker.exists(), answer
+    finally:
+        marker.unlink(missing_ok=True)
