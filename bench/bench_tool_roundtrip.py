@@ -54,7 +54,7 @@ def main() -> None:
             measure("write_file(4 KiB)", lambda: sb.write_file("w.bin", page), n, pause)
             measure("write_file(4 KiB text)", lambda: sb.write_file("w.txt", text), n, pause)
         print("-- for comparison")
-        container = sb.client.containers.get(sb.container_id)
+        container = sb.container.client.containers.get(sb.container.id)
         measure("docker exec true (exec_run)", lambda: container.exec_run(["true"]), max(10, n // 10))
     print(f"{'yardstick: local fork+exec, paced':<34} median {fork_exec_ms(n):7.3f} ms")
 

@@ -89,7 +89,7 @@ def in_process(repo: str, home: str, runs: int) -> None:
                     start.append(time.monotonic() - started)
         with DockerSandbox.create(SandboxConfig(job_id="bench-workspace", ttl_s=300)) as box:
             started = time.monotonic()
-            with build_tar(repo, box.uid, box.gid) as spool:
+            with build_tar(repo, box.container.uid, box.container.gid) as spool:
                 box.workspace.unpack(spool, trusted=True)
             box.workspace._record_base(600)
             if n:

@@ -38,12 +38,8 @@ class DockerSandbox:
     Thread-safe: concurrent calls use separate channels."""
 
     def __init__(self, container: Container) -> None:
-        self.container = container
-        self.client = container.client
-        self.container_id = container.id
-        self.config = container.config
+        self.container = container   # its engine client, id, config, uid and gid: one place, not mirrored here
         self.workdir = container.config.workdir
-        self.uid, self.gid = container.uid, container.gid
         self.image_id = container.image_id   # the image it runs, by id (result.json says which)
         self.channels = ExecChannels(container)
         self.processes = ProcessTable(container, self.channels)
@@ -185,7 +181,7 @@ class DockerSandbox:
     def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:
         """Write the workspace's changes since the base commit to host file `dest` (made by pid's git, as root,
         from pid's repository; paths validated, size capped)."""
-        if self.uid != 0:   # nothing of the agent may still run (swap files, hold FIFOs) while pid's git reads
+        if self.container.uid != 0:   # nothing of the agent may run on (swap files, hold FIFOs) while pid's git reads
             self.processes.clear()
         free_reserve(self.container.disk)   # the room kept for an image's base (see launch._reserve)
         base = self.workspace.base(timeout)

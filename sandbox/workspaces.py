@@ -19,6 +19,7 @@ from typing import IO, Callable, Protocol, cast
 
 import docker.errors
 
+from pid.config import pid_home
 from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped
 
 from .artifacts import copy_patch, extract_files
@@ -26,7 +27,7 @@ from .errors import SandboxError
 from .exec_channels import ExecChannels
 from .gitseed import GitSeed
 from .image_fs import BASE_TARGET
-from .launch import Container, _pid_home
+from .launch import Container
 from .reaper import owner_label
 from .workspace import UnsafeTar, WorkspaceTooLarge, base_script, build_tar, sanitize_tar, unpack_tar
 
@@ -99,7 +100,7 @@ class UploadedWorkspace:
         checkout as the base; returns the commit cloned."""
         from .clone import clone_into
         box = self.container
-        config = dataclasses.replace(box.config, owner=box.config.owner or owner_label(_pid_home()))
+        config = dataclasses.replace(box.config, owner=box.config.owner or owner_label(pid_home()))
         commit = clone_into(box.client, config, url, ref, lambda tar: self.unpack(tar, trusted=False), timeout)
         self._record_base(timeout)
         return commit

@@ -18,6 +18,7 @@ import pytest
 
 from pid.sandbox import artifacts
 from pid.sandbox.artifacts import ArtifactTooLarge, FilesBudget, Skipped, copy_patch, extract_files, unsafe_path_reason
+from tests.services import missing
 
 CHUNK_SIZES = [1, 7, 4093, None]  # None: the whole stream as one chunk
 
@@ -403,8 +404,9 @@ def test_dropped_sections_list_is_bounded(tmp_path):
     assert result.dropped[-1] == Skipped("…", "and 200 more skipped")
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_real_git_patch_passes_unchanged_and_applies(tmp_path):
+    if shutil.which("git") is None:
+        missing("git is not installed (apt-get install git): the patch is checked against real `git apply`")
     repo = tmp_path / "repo"
     repo.mkdir()
     env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"}

@@ -42,7 +42,10 @@ def _config(path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def _resolved(env: dict[str, str]) -> dict[str, Any]:
-    yaml = pytest.importorskip("yaml", reason="PyYAML reads the resolved configuration (pip install pyyaml)")
+    try:
+        import yaml
+    except ImportError:
+        missing("PyYAML is not installed: it reads the resolved configuration (pip install pyyaml)")
     done = _config(COMPOSE, env)
     assert done.returncode == 0, done.stderr
     return yaml.safe_load(done.stdout)

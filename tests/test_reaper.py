@@ -187,9 +187,10 @@ def test_reaper_on_a_real_engine_ignores_a_container_that_vanished_after_the_lis
 def test_sandbox_containers_carry_the_runs_label():
     from pid.sandbox import DockerSandbox, SandboxConfig
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id="test-run-label", ttl_s=120, disk=0)) as box:
-        labels = box.client.api.inspect_container(box.container_id)["Config"]["Labels"]
+        labels = box.container.client.api.inspect_container(box.container.id)["Config"]["Labels"]
         assert labels[LABEL_TEST_RUN] == RUN_ID and labels["pid.job"] == "test-run-label"
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(c["Id"] == box.container_id for c in run_containers(box.client, RUN_ID)):
+    client, container_id = box.container.client, box.container.id
+    while time.monotonic() < deadline and any(c["Id"] == container_id for c in run_containers(client, RUN_ID)):
         time.sleep(0.1)
-    assert all(c["Id"] != box.container_id for c in run_containers(box.client, RUN_ID))
+    assert all(c["Id"] != container_id for c in run_containers(client, RUN_ID))

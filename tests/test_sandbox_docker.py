@@ -97,8 +97,8 @@ def test_agent_commands_keep_their_locale(client, sb):
     # of the environment, as it was (never the server's C). Commands and output are bytes either way.
     assert sb.exec('x=é✓; echo "${LC_ALL-unset} $LANG ${#x}"; echo ✓', timeout=10).tail == \
         "unset C.UTF-8 2\n✓\n".encode()
-    channel = Channel.open_exec(client.api, sb.container_id, 900, role="agent", workdir=sb.workdir, uid=sb.uid,
-                                gid=sb.gid, env={**BASE_ENV, "LC_ALL": "C.UTF-8"})
+    channel = Channel.open_exec(client.api, sb.container.id, 900, role="agent", workdir=sb.workdir,
+                                uid=sb.container.uid, gid=sb.container.gid, env={**BASE_ENV, "LC_ALL": "C.UTF-8"})
     try:
         for _ in range(3):   # the first slot shells and their successors
             channel.start('x=é✓; echo "$LC_ALL ${#x}"; env | grep -c ^LC_ALL=', 100, time.monotonic() + 10)
@@ -111,8 +111,8 @@ def test_agent_commands_keep_their_locale(client, sb):
 def test_a_command_the_host_gave_up_sending_never_runs(client, sb):
     """Issue 21, finding 6: a host that stops sending a command half-way (its start ran out of time) closes the
     channel. The server used to run what it had read of it; now it runs nothing and ends."""
-    channel = Channel.open_exec(client.api, sb.container_id, 901, role="agent", workdir=sb.workdir, uid=sb.uid,
-                                gid=sb.gid, env=BASE_ENV)
+    channel = Channel.open_exec(client.api, sb.container.id, 901, role="agent", workdir=sb.workdir,
+                                uid=sb.container.uid, gid=sb.container.gid, env=BASE_ENV)
     command = b"touch /tmp/cut-short; exit 0 #" + b"x" * 100
     try:
         channel.link.send(b"r n0nce 0 - %d -\n%s" % (len(command) + 100, command), time.monotonic() + 10)
@@ -145,7 +145,7 @@ def test_the_first_servers_start_with_the_container_on_fifos_that_nothing_else_c
         assert [r.tail for r in results] == [b"hi\n", b"hi\n"]   # type: ignore[attr-defined]
         assert box.read_file("/.pid/channel.sh").startswith(b"# pid exec channel")
         assert box.exec("sleep 30", timeout=0.5).timed_out
-        assert _execs(client, box.container_id) == 0
+        assert _execs(client, box.container.id) == 0
         # Once answered, the FIFOs' names are gone from /.pid/run (the slot shells' command FIFOs too, which the host
         # writes short commands into); the servers keep their ends.
         run_dir = os.listdir(box.container.pid_disk.path("run"))   # (on pid's own disk)
@@ -153,7 +153,7 @@ def test_the_first_servers_start_with_the_container_on_fifos_that_nothing_else_c
         assert not [n for n in run_dir if n.startswith(("req.", "rep."))]
         # A server that dies is replaced through the engine, and calls go on.
         # (a server's own forked subshell shows the same command line for a moment: only servers not forked by one)
-        rows = client.api.top(box.container_id, ps_args="-eo pid,ppid,args")["Processes"]
+        rows = client.api.top(box.container.id, ps_args="-eo pid,ppid,args")["Processes"]
         named = {int(row[0]): int(row[1]) for row in rows if "channel.sh agent" in row[2]}
         servers = [pid for pid, parent in named.items() if parent not in named]
         assert len(servers) == 2
@@ -164,10 +164,10 @@ def test_the_first_servers_start_with_the_container_on_fifos_that_nothing_else_c
             while _state(pid) not in ("Z", "") and time.monotonic() < end:
                 time.sleep(0.01)
         assert box.exec("echo again", timeout=10).tail == b"again\n"
-        assert _execs(client, box.container_id) >= 1
+        assert _execs(client, box.container.id) >= 1
     finally:
         box.close()
-    assert gone(client, box.container_id)
+    assert gone(client, box.container.id)
 
 
 def test_a_short_command_runs_exactly_once_whatever_the_agent_did_to_its_waiting_shells(client):
@@ -271,12 +271,12 @@ def test_clearing_a_full_table_returns_once_every_killed_process_has_died(client
         assert box.exec("(dd if=/dev/zero of=/dev/null bs=768M count=100000 &) >/dev/null 2>&1; (sleep 1; "
                         "b() { b | b & }; b) >/dev/null 2>&1 & echo armed", timeout=10).tail == b"armed\n"
         time.sleep(4)
-        _pause(client, box.container_id)
+        _pause(client, box.container.id)
         try:
-            rows = client.api.top(box.container_id, ps_args="-eo pid,uid")["Processes"]
-            before = [alive for pid, uid in rows if int(uid) == box.uid and (alive := _not_dead(int(pid)))]
+            rows = client.api.top(box.container.id, ps_args="-eo pid,uid")["Processes"]
+            before = [alive for pid, uid in rows if int(uid) == box.container.uid and (alive := _not_dead(int(pid)))]
         finally:
-            client.api.unpause(box.container_id)
+            client.api.unpause(box.container.id)
         assert len(before) > 64
         assert box.processes.clear() >= len(before) // 2
         assert [alive for pid, started in before if (alive := _not_dead(pid, started))] == []
@@ -303,7 +303,7 @@ def _next_callers_server(client, box) -> tuple[int, list[int]]:
     box.exec("true", timeout=10)
     time.sleep(0.5)   # the next shells are up
     channel = box.channels._pool._idle[-1]   # the one the next call takes
-    rows = client.api.top(box.container_id, ps_args="-eo pid,ppid,args")["Processes"]
+    rows = client.api.top(box.container.id, ps_args="-eo pid,ppid,args")["Processes"]
     server = [int(row[0]) for row in rows if f"channel.sh agent {channel.channel_id} " in row[2]][0]
     return server, [int(row[0]) for row in rows if int(row[1]) == server and WAITING_SHELL_MARK in row[2]]
 
@@ -434,7 +434,7 @@ def test_first_servers_that_do_not_answer_are_replaced_through_the_engine(client
     try:
         assert box.exec("echo hi", timeout=30).tail == b"hi\n"
         assert time.monotonic() - started < 20
-        assert _execs(client, box.container_id) >= 2
+        assert _execs(client, box.container.id) >= 2
         assert not [t for t in _open_on_disk(box) if "/run/" in t]
     finally:
         box.close()
@@ -456,7 +456,7 @@ def test_an_engine_whose_default_runtime_is_not_runc_gets_no_fifos(client, monke
     assert ds.default_runtime(client) == client.info()["DefaultRuntime"]
     monkeypatch.setitem(ds._default_runtimes, str(client.api.base_url), "runsc")
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-runsc-default", ttl_s=300), client) as box:
-        assert client.api.inspect_container(box.container_id)["Config"]["Cmd"] == ["sleep", "300"]
+        assert client.api.inspect_container(box.container.id)["Config"]["Cmd"] == ["sleep", "300"]
         assert box.exec("echo hi", timeout=10).tail == b"hi\n"
 
 
@@ -464,8 +464,8 @@ def test_without_a_job_disk_the_servers_start_through_the_engine(client):
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-nodisk", ttl_s=300, disk=0), client) as box:
         assert box.exec("echo hi", timeout=10).tail == b"hi\n"
         assert box.exec("sleep 30", timeout=0.5).timed_out
-        assert client.api.inspect_container(box.container_id)["Config"]["Cmd"] == ["sleep", "300"]
-        assert _execs(client, box.container_id) >= 2   # the control channel and an agent channel
+        assert client.api.inspect_container(box.container.id)["Config"]["Cmd"] == ["sleep", "300"]
+        assert _execs(client, box.container.id) >= 2   # the control channel and an agent channel
 
 
 def test_exec_runs_in_own_process_group_and_fresh_shell(sb):
@@ -574,7 +574,7 @@ def test_channel_recovers_after_a_root_agent_kills_servers(client):
                 if line.startswith(b"bash /.pid/channel.sh agent")}
 
     def left_on_host(box) -> list[str]:   # (read by the engine from the host: no channel needed)
-        return [" ".join(p) for p in client.api.top(box.container_id, ps_args="-eo pid,args")["Processes"] or []
+        return [" ".join(p) for p in client.api.top(box.container.id, ps_args="-eo pid,args")["Processes"] or []
                 if "channel.sh agent" in " ".join(p) or "pkill" in " ".join(p)]
 
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-rootkill", ttl_s=300, user="root"),
@@ -600,7 +600,7 @@ def test_the_in_container_sweep_kills_the_agent_and_keeps_the_control_channel_in
     run's patch failed with "exit 127" and status lines in its output). Processes that come and go beside it make
     that race likely within seconds (the old server failed about one round in 70)."""
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-sweep", ttl_s=300), client) as box:
-        assert box.uid != 0
+        assert box.container.uid != 0
         box.exec("sleep 4242 >/dev/null 2>&1 &", timeout=10)
         killed, refused = box.channels.with_control(lambda ch: ch.kill_agent_processes(time.monotonic() + 30))
         assert killed >= 1 and refused == 0
@@ -610,7 +610,7 @@ def test_the_in_container_sweep_kills_the_agent_and_keeps_the_control_channel_in
         assert asleep == b""
         # root's processes: one asleep, four forking all the time; the sweep reads them all, never kills them
         for command in ["sleep 3131", *["while :; do /bin/true; done"] * 4]:
-            exec_id = client.api.exec_create(box.container_id, ["sh", "-c", command], user="0:0")["Id"]
+            exec_id = client.api.exec_create(box.container.id, ["sh", "-c", command], user="0:0")["Id"]
             client.api.exec_start(exec_id, detach=True)
         deadline = time.monotonic() + 20   # ~600 rounds on an idle machine, fewer when it is busy
         for _ in range(600):
@@ -771,7 +771,7 @@ def test_the_agent_is_unprivileged_and_git_works(sb):
 
 # -- container ------------------------------------------------------------------------------------------------
 def test_limits_and_labels(client, sb):
-    attrs = client.api.inspect_container(sb.container_id)
+    attrs = client.api.inspect_container(sb.container.id)
     host = attrs["HostConfig"]
     assert host["Memory"] == 2 * 1024 ** 3 and host["MemorySwap"] == host["Memory"]
     assert host["NanoCpus"] == 1_000_000_000
@@ -793,7 +793,7 @@ def test_limits_and_labels(client, sb):
     assert expires - created == timedelta(seconds=900)
     # The entry starts pid's first servers, then becomes the time-to-live `sleep`, root's: the agent cannot stop it.
     assert attrs["Config"]["Cmd"][3:5] == ["pid-entry", "900"]
-    top = client.api.top(sb.container_id, ps_args="-eo pid,user,args")
+    top = client.api.top(sb.container.id, ps_args="-eo pid,user,args")
     assert ["root", "sleep 900"] in [row[1:] for row in top["Processes"]]
 
 
@@ -804,14 +804,14 @@ def test_close_removes_container_and_is_idempotent(client):
     finally:
         box.close()
     box.close()
-    assert gone(client, box.container_id)
+    assert gone(client, box.container.id)
 
 
 def test_exception_inside_with_removes_container(client):
     holder = {}
     with pytest.raises(ZeroDivisionError):
         with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-with", ttl_s=300), client) as box:
-            holder["id"] = box.container_id
+            holder["id"] = box.container.id
             1 / 0
     assert gone(client, holder["id"])
 
@@ -903,10 +903,11 @@ def test_import_before_any_agent_command_writes_the_job_disk_directly(client, tm
     os.link(src / "d" / "f.txt", src / "hard")
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-direct", ttl_s=300), client) as box:
         if box.container.disk is None:
-            pytest.skip("no job disk on this host: the workspace goes through the engine")
-        real = box.client.api.put_archive
+            missing("no job disk on this host (per-job disks need root and loop devices): the workspace goes "
+                    "through the engine")
+        real = box.container.client.api.put_archive
         calls: list[str] = []
-        monkeypatch.setattr(box.client.api, "put_archive",
+        monkeypatch.setattr(box.container.client.api, "put_archive",
                             lambda cid, path, data: calls.append(path) or real(cid, path, data))
         box.import_workspace(str(src))
         assert calls == []                               # no engine request
@@ -1013,6 +1014,6 @@ def test_the_engines_errors_reach_callers_as_sandbox_errors(sb, monkeypatch, tmp
 
     def dropped(*args, **kwargs):
         raise requests.exceptions.ConnectionError("connection aborted")
-    monkeypatch.setattr(sb.client.api, "get_archive", dropped)
+    monkeypatch.setattr(sb.container.client.api, "get_archive", dropped)
     with pytest.raises(SandboxError, match="connection aborted"):
         sb.export_files(["x.txt"], str(tmp_path), FilesBudget(max_bytes=1 << 20, max_entries=100))

@@ -2,6 +2,7 @@
 a whole job runs through the runner on the in-memory provider (no DockerSandbox anywhere in the runner's path)."""
 from __future__ import annotations
 
+import ast
 import inspect
 import json
 import subprocess
@@ -61,11 +62,30 @@ def test_the_runner_does_not_know_dockersandbox():
     assert "DockerSandbox" not in vars(pid.worker.runner)
 
 
+def docker_imports(source: str) -> list[str]:
+    """Every import of docker in the module, wherever it stands (top level, in a function, under an `if`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [f"{node.module or ''}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found += [name for name in names if "docker" in name.split(".")]
+    return found
+
+
 def test_the_runner_and_its_phases_import_no_docker():
     """The job's phases see only SandboxError: the Docker sandbox translates its engine's exceptions itself."""
     for path in [ROOT / "worker" / "runner.py", *(ROOT / "worker").glob("job_*.py")]:
-        imports = [line for line in path.read_text().splitlines() if line.startswith(("import ", "from "))]
-        assert "docker" not in [word for line in imports for word in line.replace(".", " ").split()], path
+        assert docker_imports(path.read_text()) == [], path
+
+
+def test_an_import_of_docker_inside_a_function_is_found():
+    source = "import json\ndef f():\n    if True:\n        import docker.errors\n    from docker import errors\n"
+    assert docker_imports(source) == ["docker.errors", "docker.errors"]
+    assert docker_imports("from .sandbox import docker_sandbox\nfrom pid.sandbox import docker_client\n") == []
 
 
 class RefusingEngine:

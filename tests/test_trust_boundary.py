@@ -165,12 +165,13 @@ def test_pid_disk_out_of_inodes_gives_plain_errors_and_never_feeds_an_upload_to_
         with pytest.raises(OSError) as full:
             box.write_file("/workspace/upload.bin", b"k 1\n" * 20000)    # (over 32 KiB: stored by a process)
         assert "No space left" in str(full.value)
-        assert box.client.containers.get(box.container_id).status == "running"
+        assert box.container.client.containers.get(box.container.id).status == "running"
         for _ in range(3):   # (both slots: their shells started before, with their output files; then none)
             done = box.exec("echo ran", timeout=10)
         assert (done.exit_code, done.tail) == (126, UNMADE)
         # (the engine's own exec, as root, not pid's channels; `docker top` would list gVisor's host processes)
-        alive = box.client.containers.get(box.container_id).exec_run(["pgrep", "-x", "-f", "sleep 4343"], user="root")
+        engine = box.container.client.containers.get(box.container.id)
+        alive = engine.exec_run(["pgrep", "-x", "-f", "sleep 4343"], user="root")
         assert alive.exit_code == 0 and alive.output.strip().isdigit(), alive
 
 
@@ -290,7 +291,7 @@ def test_under_gvisor_a_fork_bomb_ends_at_worst_its_own_sandbox():
     nothing is left of the container."""
     with new_box("test-trust-gvisor-bomb", ttl_s=300) as box:
         assert box.exec("ulimit -u", timeout=10).tail == b"512\n"
-        cgroup = box.client.api.inspect_container(box.container_id)["HostConfig"]["PidsLimit"]
+        cgroup = box.container.client.api.inspect_container(box.container.id)["HostConfig"]["PidsLimit"]
         assert cgroup == 512 * launch.HOST_TASKS_PER_GUEST_PROCESS + launch.RUNTIME_HOST_TASKS
         try:
             box.exec(":(){ :|:& };:", timeout=5)
@@ -299,9 +300,9 @@ def test_under_gvisor_a_fork_bomb_ends_at_worst_its_own_sandbox():
         except SandboxLost:
             outcome = b"lost"
         assert outcome in (b"alive\n", b"lost"), outcome
-        container_id = box.container_id
+        container_id = box.container.id
     with pytest.raises(docker.errors.NotFound):
-        box.client.containers.get(container_id)
+        box.container.client.containers.get(container_id)
 
 
 # -- 5. the agent cannot reach pid's machinery ------------------------------------------------------------------------
@@ -667,7 +668,7 @@ print(" ".join("%s %d" % item for item in sorted(seen.items())))
 
 def as_root(box: DockerSandbox, *argv: str) -> bytes:
     """A command's output, run as root beside pid's channels (the agent's tracer may hold their shells)."""
-    return box.client.containers.get(box.container_id).exec_run(list(argv), user="root").output
+    return box.container.client.containers.get(box.container.id).exec_run(list(argv), user="root").output
 
 
 def observe(box: DockerSandbox) -> dict[str, int]:

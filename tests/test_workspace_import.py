@@ -207,8 +207,8 @@ def test_a_clone_larger_than_the_workspace_limit_fails_clearly_and_leaves_no_con
     assert not [c for c in pid_containers() if c.labels.get("pid.job") == JOB + "-big"]
     with DockerSandbox.create(dataclasses.replace(config, max_workspace=16 << 20)) as box:   # under the limit: fine
         created = []
-        real = box.client.api.create_container
-        box.client.api.create_container = lambda *a, **kw: created.append(kw["host_config"]) or real(*a, **kw)
+        real = box.container.client.api.create_container
+        box.container.client.api.create_container = lambda *a, **kw: created.append(kw["host_config"]) or real(*a, **kw)
         box.import_git(f"file://{src}", ref)
         assert box.exec("stat -c %s noise.bin", timeout=20).tail == b"3145728\n"
     assert created[0]["ReadonlyRootfs"] is True and created[0]["Tmpfs"] == {
