@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -137,21 +138,38 @@ def _first_channels(run_dir: str) -> list[Channel]:
 
 
 def _make_disks(config: SandboxConfig, layout: dict[str, tuple[int, int, int]]) -> tuple[JobDisk, JobDisk]:
-    """The job's disk (`layout`, plus the mount points of pid's disk in its /.pid) and pid's own disk."""
+    """The job's disk (`layout`, plus the mount points of pid's disk in its /.pid) and pid's own disk, made at the
+    same time: each is mostly mkfs and mount, other processes (one after the other, they took ~0.1 s more of a job's
+    start). On any failure neither is left."""
     root, name = config.disk_root or default_disk_root(), f"{config.job_id}-{os.urandom(3).hex()}"
     layout = {**layout, **{f"pid/{sub}": (0, 0, 0o700) for sub in PID_DISK_DIRS}}
+    made: list[JobDisk | BaseException] = []
+
+    def make_pid_disk() -> None:
+        try:
+            made.append(JobDisk.create(root, name + "-pid", PID_DISK,
+                                       layout={sub: (0, 0, mode) for sub, mode in PID_DISK_DIRS.items()}))
+        except BaseException as exc:   # handed to the caller's thread, below
+            made.append(exc)
+
+    beside = threading.Thread(target=make_pid_disk, name="pid-disk", daemon=True)
+    beside.start()
     try:
         disk = JobDisk.create(root, name, config.disk, layout=layout)
-    except DiskError as exc:
-        raise SandboxError(f"cannot make the job's disk: {exc}") from exc
-    try:
-        return disk, JobDisk.create(root, name + "-pid", PID_DISK,
-                                    layout={sub: (0, 0, mode) for sub, mode in PID_DISK_DIRS.items()})
     except BaseException as exc:
-        disk.close()
+        beside.join()   # (bounded: every step of a disk's making has its timeout)
+        _close_disks(*(d for d in made if isinstance(d, JobDisk)))
         if isinstance(exc, DiskError):
-            raise SandboxError(f"cannot make pid's own disk: {exc}") from exc
+            raise SandboxError(f"cannot make the job's disk: {exc}") from exc
         raise
+    beside.join()
+    pid_disk = made[0]
+    if isinstance(pid_disk, JobDisk):
+        return disk, pid_disk
+    disk.close()
+    if isinstance(pid_disk, DiskError):
+        raise SandboxError(f"cannot make pid's own disk: {pid_disk}") from pid_disk
+    raise pid_disk
 
 
 def _close_disks(*disks: JobDisk | None) -> None:
