@@ -44,10 +44,10 @@ def broker_settings(home: str) -> tuple[str, dict[str, object]]:
         # Only a message taken but not yet started is unacknowledged (a worker takes one only when it has a free
         # process): if its worker dies, Redis hands it out again after this long.
         return url, {"visibility_timeout": 300}
-    queue_dir = os.path.join(home, "broker", "queue")
+    queue_dir = embedded_queue(home)
     processed = os.path.join(home, "broker", "processed")
     control = os.path.join(home, "broker", "control")
-    for folder in (home, queue_dir, processed, control):
+    for folder in (processed, control):
         os.makedirs(folder, mode=0o700, exist_ok=True)
     from pid.jobs.transport import register
     register()
@@ -56,6 +56,14 @@ def broker_settings(home: str) -> tuple[str, dict[str, object]]:
                         # an idle worker looks for a message ten times a second (one listdir): a job waits ~50 ms
                         # for it on average, not the 0.5 s of Celery's 1 s default
                         "polling_interval": 0.1}
+
+
+def embedded_queue(home: str) -> str:
+    """The embedded queue's folder (made if missing), where a client puts its messages itself (jobs/queue_files.py)."""
+    queue_dir = os.path.join(home, "broker", "queue")
+    for folder in (home, queue_dir):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    return queue_dir
 
 
 def shown_url(url: str) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 from pid.jobs.brokers import embedded_broker, redis_broker
 from pid.jobs.spec import DEFAULT_QUEUE
-from pid.jobs.publish import push, send
+from pid.jobs.publish import message, push, send
 from pid.jobs.store import Store, StoreBase, default_store
 from pid import settings
 
@@ -53,17 +53,23 @@ def publish(store: StoreBase, jobs: list[tuple[str, str]], front: bool = False) 
             return 0, exc
         return len(jobs), None
     from pid.config import pid_home
+    if embedded_broker():   # put in the queue's folder as its transport would: no kombu in this process either
+        from pid.jobs.brokers import embedded_queue
+        from pid.jobs.queue_files import FRONT_PRIORITY, put
+        folder, sent = embedded_queue(pid_home()), 0
+        try:
+            for job_id, queue in jobs:
+                # (the transport reads this priority as "the front": jobs/transport.py)
+                put(folder, queue, message(job_id, queue, FRONT_PRIORITY if front else 0), front)
+                sent += 1
+        except (OSError, ValueError) as exc:
+            return sent, exc
+        return sent, None
     from pid.jobs.brokers import broker_settings
     from pid.jobs.clients import check_clients
     url, options = broker_settings(pid_home())
     check_clients({settings.BROKER_URL.name: url})
-    priority = None
-    if front and embedded_broker():
-        # the embedded broker reads this priority as "the front" (jobs/transport.py); other transports order by
-        # priority each their own way, so they get none
-        from pid.jobs.transport import FRONT_PRIORITY
-        priority = FRONT_PRIORITY
-    return send(url, options, jobs, priority)
+    return send(url, options, jobs)   # (RabbitMQ has no front: they wait their turn)
 
 
 def _redis_client(store: StoreBase, url: str) -> Any:

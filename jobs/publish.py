@@ -1,16 +1,17 @@
 """A job's message, sent by pid itself in Celery's task protocol 2: what Celery's `app.send_task(TASK, args=[job_id],
 task_id=job_id, queue=queue)` sends, without Celery in the process. On a Redis broker it is pushed as kombu's Redis
-envelope with the client's own connection (no kombu either); on any other broker (the embedded queue, RabbitMQ) kombu
-publishes it, as Celery would.
+envelope with the client's own connection, and on the embedded queue the same envelope is put in the queue's folder
+as its transport would (jobs/queue_files.py): no kombu either. On RabbitMQ kombu publishes it, as Celery would.
 
 Why: `pid submit` is a short process whose start-up lies on the path from submit to the job's first model request,
-and importing Celery cost it ~0.1 s (and kombu and its connection another ~0.1 s, which a Redis broker spares).
+and importing Celery cost it ~0.1 s (and kombu and its connection another ~0.1 s, which Redis and the embedded queue
+spare).
 The workers consume with Celery as before; tests/test_publish.py checks both messages field by field against the
 ones Celery itself sends, and the cluster tests run jobs published this way.
 
 What differs from send_task, none of which a worker reads for pid's task: `reply_to` and `delivery_tag` are fresh
-uuids (as kombu's are), `origin` names this process, and on Redis nothing is declared first (there a queue is its
-list: a message pushed before any worker consumed the queue waits there).
+uuids (as kombu's are), `origin` names this process, and on Redis and the embedded queue nothing is declared first
+(there a queue is its list or its files: a message put before any worker consumed the queue waits there).
 """
 from __future__ import annotations
 
@@ -43,9 +44,9 @@ def task_message(job_id: str) -> tuple[dict[str, Any], list[Any]]:
     return headers, [args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
 
 
-def message(job_id: str, queue: str) -> bytes:
-    """The Redis list entry: kombu's envelope (its virtual transport's prepare_message and basic_publish) around
-    the task message."""
+def message(job_id: str, queue: str, priority: int = 0) -> bytes:
+    """The Redis list entry and the embedded queue's file alike: kombu's envelope (its virtual transport's
+    prepare_message and basic_publish) around the task message."""
     headers, body = task_message(job_id)
     envelope = {
         "body": base64.b64encode(json.dumps(body).encode()).decode(),
@@ -57,7 +58,7 @@ def message(job_id: str, queue: str) -> bytes:
             # the anonymous exchange, the queue's name as routing key: how Celery sends to a named queue on Redis,
             # and what a worker that hands the message back (restores it) looks the queue up by
             "delivery_info": {"exchange": "", "routing_key": queue},
-            "priority": 0, "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
+            "priority": priority, "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
         },
     }
     return json.dumps(envelope).encode()
@@ -70,8 +71,7 @@ def push(client: Any, job_id: str, queue: str, front: bool = False) -> None:
     (client.rpush if front else client.lpush)(queue, message(job_id, queue))
 
 
-def send(url: str, options: dict[str, Any], jobs: list[tuple[str, str]],
-         priority: int | None = None) -> tuple[int, Exception | None]:
+def send(url: str, options: dict[str, Any], jobs: list[tuple[str, str]]) -> tuple[int, Exception | None]:
     """Publish the messages of (job id, queue) pairs with kombu, as Celery's send_task does: to the anonymous
     exchange with the queue's name as routing key, the queue (a direct exchange of its name) declared first. How many
     went before the broker refused one, and why (None: all went). The connection stays open for the process's next
@@ -91,7 +91,7 @@ def send(url: str, options: dict[str, Any], jobs: list[tuple[str, str]],
                 producer.publish(body, exchange="", routing_key=queue, headers=headers, delivery_mode=2,
                                  declare=[Queue(queue, Exchange(queue, "direct"), routing_key=queue)],
                                  retry=True, retry_policy=RETRY_POLICY, correlation_id=job_id,
-                                 reply_to=str(uuid.uuid4()), priority=priority)
+                                 reply_to=str(uuid.uuid4()))
                 sent += 1
         except Exception as exc:
             del _connections[key]

@@ -26,8 +26,6 @@ import fcntl
 import logging
 import os
 import shutil
-import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from queue import Empty
@@ -40,38 +38,18 @@ from kombu.transport import filesystem, virtual
 from kombu.utils.json import dumps, loads
 from kombu.utils.objects import cached_property
 
+from pid.jobs.queue_files import FRONT_PRIORITY, MESSAGE_SUFFIX, MODE, TEMP_PREFIX, check_queue_name, put
+
 SCHEME = "pidfs"
-TEMP_PREFIX = "."        # a name the reader never matches: every folder entry starting with it is skipped
-TEMP_SUFFIX = ".tmp"
-MESSAGE_SUFFIX = ".msg"
 CLAIMED = ".claimed"
 BAD = ".bad"
-MODE = 0o600
-FRONT_PRIORITY = 9   # AMQP's sense: the highest
-FRONT = "-"          # sorts before every digit of a stamp
 
 log = logging.getLogger("pid.worker")
-
-_last_stamp = 0
 
 
 def register() -> None:
     """Make `pidfs://` name this transport (idempotent; before a Connection or Celery app resolves the URL)."""
     TRANSPORT_ALIASES[SCHEME] = f"{__name__}:Transport"
-
-
-def _stamp() -> str:
-    """A fixed-width wall-clock stamp, strictly increasing within a process: names sort oldest first (also across a
-    reboot, which a monotonic clock would not survive)."""
-    global _last_stamp
-    _last_stamp = max(time.time_ns(), _last_stamp + 1)
-    return f"{_last_stamp:020d}"
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _mkdir_private(folder: str) -> str:
@@ -89,19 +67,8 @@ class Channel(filesystem.Channel):
     # ---------------------------------------------------------------- names and folders
 
     @staticmethod
-    def _message_name(queue: str, front: bool = False) -> str:
-        # kombu's layout, `<stamp>_<id>.<queue>.msg`, so messages already queued by kombu's transport still match;
-        # one for the front, `-<stamp>_...`: read before the others, in its own order among those for the front.
-        return f"{FRONT if front else ''}{_stamp()}_{uuid.uuid4().hex}.{queue}{MESSAGE_SUFFIX}"
-
-    @staticmethod
     def _is_message_of(name: str, queue: str) -> bool:
         return not name.startswith(TEMP_PREFIX) and name.partition(".")[2] == queue + MESSAGE_SUFFIX
-
-    @staticmethod
-    def _check_queue_name(queue: str) -> None:
-        if not queue or "/" in queue or "\0" in queue:
-            raise ChannelError(f"Invalid queue name for the filesystem transport: {queue!r}")
 
     @cached_property
     def claim_folder(self) -> str:
@@ -121,25 +88,16 @@ class Channel(filesystem.Channel):
 
     # kombu's own bases disagree on the argument's name (`message`, `payload`): every caller passes it by position.
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        """Write the whole message under a name no reader matches, then rename it into place."""
-        self._check_queue_name(queue)
-        name = self._message_name(queue, front=self._get_message_priority(message) >= FRONT_PRIORITY)
-        final = os.path.join(self.data_folder_out, name)
-        temp = os.path.join(self.data_folder_out, TEMP_PREFIX + name + TEMP_SUFFIX)
-        data = dumps(message).encode("utf-8")
+        """Write the whole message under a name no reader matches, then rename it into place (queue_files.put)."""
         try:
-            fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, MODE)
-            try:
-                _write_all(fd, data)
-            finally:
-                os.close(fd)
-            os.rename(temp, final)
+            check_queue_name(queue)
+        except ValueError as exc:
+            raise ChannelError(str(exc)) from None
+        front = self._get_message_priority(message) >= FRONT_PRIORITY
+        try:
+            put(self.data_folder_out, queue, dumps(message).encode("utf-8"), front)
         except OSError as exc:
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
-            raise ChannelError(f"Cannot add message {name!r} to {self.data_folder_out!r}: {exc}") from exc
+            raise ChannelError(f"Cannot add a message to {self.data_folder_out!r}: {exc}") from exc
 
     def _put_fanout(self, exchange: str, payload: Any, routing_key: str, **kwargs: Any) -> None:
         for binding in self.get_table(exchange):

@@ -91,8 +91,9 @@ def _queued(home: Path, queue: str) -> list[dict]:
     return [json.loads(p.read_bytes()) for p in sorted(folder.iterdir()) if p.name.endswith(f".{queue}.msg")]
 
 
-def test_kombus_message_on_the_embedded_queue_is_the_one_celery_sends(tmp_path):
-    """Without a Redis broker the message goes through kombu (jobs/publish.py send): the same as Celery's."""
+def test_the_message_put_in_the_embedded_queue_is_the_one_celery_sends(tmp_path):
+    """On the embedded queue pid puts the message file itself (jobs/queue_files.py), without kombu: the same as
+    Celery's."""
     env = {**_env(tmp_path, ""), "PID_BROKER_URL": ""}
     celery = "from pid.worker.app import app; app.send_task('pid.run_job', args=['job-1'], task_id='job-1', queue='q1')"
     ours = ("from pid.jobs.dispatch import publish; from pid.jobs.store import default_store; "
@@ -108,18 +109,19 @@ def test_kombus_message_on_the_embedded_queue_is_the_one_celery_sends(tmp_path):
 
 
 def test_one_process_publishes_over_one_connection_and_a_failed_one_is_dropped(tmp_path):
-    """A worker's hand-backs and re-dispatches reuse the process's connection to the broker (as Celery's producer
-    pool did); a send that failed drops it, and the next one connects anew."""
+    """A worker's hand-backs and re-dispatches through kombu (RabbitMQ; here kombu on the embedded queue's transport)
+    reuse the process's connection to the broker, as Celery's producer pool did; a send that failed drops it, and the
+    next one connects anew."""
     env = {**_env(tmp_path, ""), "PID_BROKER_URL": ""}
-    code = ("from pid.jobs.dispatch import publish; from pid.jobs import publish as p; "
-            "from pid.jobs.store import default_store\n"
-            "store = default_store(); print(publish(store, [('job-1', 'q1')])); first = list(p._connections.values())\n"
-            "print(publish(store, [('job-2', 'q1')])); assert list(p._connections.values()) == first, 'reconnected'\n"
+    code = ("import os; from pid.jobs import publish as p; from pid.jobs.brokers import broker_settings\n"
+            "url, options = broker_settings(os.environ['PID_HOME'])\n"
+            "print(p.send(url, options, [('job-1', 'q1')])); first = list(p._connections.values())\n"
+            "print(p.send(url, options, [('job-2', 'q1')])); assert list(p._connections.values()) == first\n"
             "class Broken(Exception): pass\n"
             "def refuse(*a, **k): raise Broken('refused')\n"
-            "first[0].Producer = refuse; sent, error = publish(store, [('job-3', 'q1')])\n"
+            "first[0].Producer = refuse; sent, error = p.send(url, options, [('job-3', 'q1')])\n"
             "assert sent == 0 and isinstance(error, Broken) and not p._connections, (sent, error)\n"
-            "print(publish(store, [('job-4', 'q1')])); assert list(p._connections.values()) != first\n")
+            "print(p.send(url, options, [('job-4', 'q1')])); assert list(p._connections.values()) != first\n")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:3] == ["(1, None)", "(1, None)", "(1, None)"]
@@ -137,15 +139,16 @@ for args in (["list"], ["status", job], ["logs", job], ["view", job, "-o", "page
              ["--help"]):
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     print(args[0], result.exit_code)
-print("loaded:", sorted({m.split(".")[0] for m in sys.modules if m.split(".")[0] in sys.argv[2:]}))
+print("loaded:", sorted({n for m in sys.modules for n in sys.argv[2:] if m == n or m.startswith(n + ".")}))
 """
 
 
 def test_the_client_commands_load_neither_celery_nor_the_worker(tmp_path, sample_repo):
-    """Submitting (on the embedded queue, through kombu), listing, status, logs, cancel and workers: the client
-    needs jobs/, never worker/ or Celery (only `pid worker` and a foreground run load those)."""
+    """Submitting (on the embedded queue), listing, status, logs, cancel and workers: the client needs jobs/, never
+    worker/, Celery or kombu (only `pid worker` and a foreground run load those)."""
     env = {**_env(tmp_path, ""), "PID_BROKER_URL": ""}
-    done = subprocess.run([sys.executable, "-c", CLIENT, str(sample_repo), "celery", "worker"], env=env, cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-c", CLIENT, str(sample_repo), "celery", "kombu", "pid.worker", "docker"],
+                          env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr + done.stdout
     assert all(f"{command} 0" in done.stdout for command in ("submit", "list", "status", "cancel")), done.stdout

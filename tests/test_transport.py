@@ -15,6 +15,7 @@ from kombu.exceptions import ConnectionError as BrokerConnectionError
 from kombu.transport import virtual
 
 from tests.broker_stress import run, transport_options
+from pid.jobs import queue_files as qf
 from pid.jobs import transport
 from pid.jobs.transport import register
 
@@ -72,7 +73,7 @@ def test_a_half_written_temp_file_is_never_read(conn: kombu.Connection, options:
     """A producer's file before its rename: a reader neither delivers, moves nor counts it."""
     queue = conn.SimpleQueue("jobs")
     name = "00000000000000000001_0123456789abcdef0123456789abcdef.jobs.msg"
-    temp = Path(options["data_folder_in"]) / (transport.TEMP_PREFIX + name + transport.TEMP_SUFFIX)
+    temp = Path(options["data_folder_in"]) / (qf.TEMP_PREFIX + name + qf.TEMP_SUFFIX)
     temp.write_text('{"body": "half')
     with pytest.raises(queue.Empty):
         queue.get_nowait()
@@ -91,7 +92,7 @@ def test_a_message_being_written_is_invisible_until_complete(
     with kombu.Connection("pidfs://", transport_options=options) as other:
         reader = other.SimpleQueue("jobs")
         seen: list[str] = []
-        write_all = transport._write_all
+        write_all = qf._write_all
 
         def write_in_halves(fd: int, data: bytes) -> None:
             write_all(fd, data[:len(data) // 2])
@@ -100,7 +101,7 @@ def test_a_message_being_written_is_invisible_until_complete(
             seen.append("half")
             write_all(fd, data[len(data) // 2:])
 
-        monkeypatch.setattr(transport, "_write_all", write_in_halves)
+        monkeypatch.setattr(qf, "_write_all", write_in_halves)
         queue.put({"n": 1, "pad": "x" * 10000})
         assert seen == ["half"]
         assert reader.get_nowait().payload == {"n": 1, "pad": "x" * 10000}
@@ -175,9 +176,9 @@ def test_a_message_for_the_front_is_read_before_those_queued_in_their_own_order(
     queue = conn.SimpleQueue("jobs")
     for n in range(3):
         queue.put({"n": n})
-    queue.put({"n": "back-1"}, priority=transport.FRONT_PRIORITY)
+    queue.put({"n": "back-1"}, priority=qf.FRONT_PRIORITY)
     queue.put({"n": 3}, priority=0)
-    queue.put({"n": "back-2"}, priority=transport.FRONT_PRIORITY)
+    queue.put({"n": "back-2"}, priority=qf.FRONT_PRIORITY)
     assert [queue.get_nowait().payload["n"] for _ in range(6)] == ["back-1", "back-2", 0, 1, 2, 3]
 
 
@@ -233,8 +234,8 @@ def test_fanout_goes_through_the_atomic_put(conn: kombu.Connection, options: dic
         [file] = queue_files(options, f".{queue.name}.msg")
         assert stat.S_IMODE(os.stat(os.path.join(options["data_folder_in"], file)).st_mode) == 0o600
         assert queue.get(no_ack=True).payload == {"ping": 1}
-    assert not [n for n in os.listdir(options["data_folder_in"]) if n.startswith(transport.TEMP_PREFIX)
-                and n.endswith(transport.TEMP_SUFFIX)]
+    assert not [n for n in os.listdir(options["data_folder_in"]) if n.startswith(qf.TEMP_PREFIX)
+                and n.endswith(qf.TEMP_SUFFIX)]
 
 
 def test_an_exchange_table_being_created_reads_as_empty(conn: kombu.Connection, options: dict[str, Any]) -> None:
