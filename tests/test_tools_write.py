@@ -85,7 +85,7 @@ def test_a_write_inlined_in_its_command_runs_on_a_server_without_slot_shells(doc
     box = docker_sandbox
     channel_id = 9000 + os.getpid() % 1000
     blocker = f"/.pid/run/cmd.{channel_id}.0"
-    engine = box.client.containers.get(box.container_id)
+    engine = box.container.client.containers.get(box.container.id)
     assert engine.exec_run(["mkdir", blocker], user="root").exit_code == 0
     monkeypatch.setattr(box.channels, "_ids", itertools.count(channel_id))
     channel = box.channels._open_channel("agent")
