@@ -180,25 +180,15 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
 
     previous = signal.signal(signal.SIGINT, on_sigint)   # before the sandbox's thread starts
     try:
-        from pid.worker.sandbox_start import abandon, start_sandbox
-        starting = start_sandbox(spec)    # the container starts while the agent's code loads
-        try:
-            check_image(spec.image)
-            reap_own_quietly()
-            from pid.worker.control import ForegroundJob
-            from pid.worker.runner import run_job
-            jobs.append(ForegroundJob.start(spec))   # in the job store: list, status, steer, pause, cancel reach it
-        except BaseException:             # bad input: nothing may stay behind
-            abandon(starting)
-            raise
-        job = jobs[0]
+        starting, job = submission.start_foreground(spec, before=reap_own_quietly)   # (shared with pid.run)
+        jobs.append(job)
         if interrupted.is_set():          # Ctrl-C while it set up: nothing ran, nothing stays
+            from pid.worker.sandbox_start import abandon
             abandon(starting)
             job.end(None)
             echo("interrupted before the job started", err=True)
             sys.exit(EXIT_INTERRUPTED)
         result = None
-        failure: str | None = None
         printer: Any = EventPrinter(verbose=verbose)
         if not as_json and on_terminal(err=True):
             from pid.cli.live_view import RunView
@@ -206,17 +196,11 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
             views.append(printer)
         try:
             echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
-            result = run_job(spec, api_key=api_key, sink=job.sink(ev.ignore if as_json else printer),
-                             on_agent=lambda agent: _attach(agent, agents, job), check_in=job.check_in,
-                             cancel=job.cancel,
-                             starting=starting, keep=job.store)
-        except BaseException as exc:   # not the job's own failure (run_job records those)
-            failure = f"{type(exc).__name__}: {exc}"
-            raise
+            result = submission.run_foreground(spec, job, starting, api_key=api_key,
+                                               sink=ev.ignore if as_json else printer, on_agent=agents.append)
         finally:
             if views:
                 views[0].stop()
-            job.end(result, failure)
     finally:
         signal.signal(signal.SIGINT, previous)
     if interrupted.is_set() and not agents:   # Ctrl-C while it set up: the job ended before its agent started
@@ -226,12 +210,6 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
         result = {**result, "final_message": None}   # it streamed onto this terminal already
     print_result(result, spec.job_dir, as_json, said=printer.said)
     sys.exit(EXIT_INTERRUPTED if interrupted.is_set() else exit_code_for(result))
-
-
-def _attach(agent: Any, agents: list[Any], job: Any) -> None:
-    """The running agent, for Ctrl-C here and for the store's controls from other terminals."""
-    agents.append(agent)
-    job.attach(agent)
 
 
 @cli.command()
@@ -404,18 +382,12 @@ def result(job_id: str, as_json: bool, wait: bool, download: str | None) -> None
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 def cancel(job_id: str) -> None:
     """Cancel a queued or running job (artifacts so far are kept)."""
-    from pid.jobs.sweep import cancel_job
     store, record = _record_or_fail(job_id)
-    if record.terminal:
-        raise BadInput(f"job {job_id} is {record.status}: nothing to cancel")
-    status = cancel_job(store, job_id)
-    if status == "running":
+    if submission.cancel(store, job_id) == "running":
         who = "its `pid run` stops it" if record.kind == "run" else "its worker stops it"
         echo(f"{job_id}: cancelling ({who} and keeps the artifacts so far)")
-    elif status == "cancelled":
-        echo(f"{job_id}: cancelled")  # it had not started, or its process was gone: it ends here and now
     else:
-        raise BadInput(f"job {job_id} is {status}: nothing to cancel")
+        echo(f"{job_id}: cancelled")  # it had not started, or its process was gone: it ends here and now
 
 
 def _post(kind: str, job_id: str, message: str) -> None:

@@ -277,3 +277,55 @@ def _local_result(path: str, job_id: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return result if isinstance(result, dict) and result.get("id") == job_id else None
+
+
+def cancel(store: Any, job_id: str) -> str:
+    """Cancel a queued or running job (`pid cancel`, Job.cancel); returns "running" (its process stops it and keeps
+    the artifacts so far) or "cancelled" (it ended here and now)."""
+    record = job_record(store, job_id)
+    if record.terminal:
+        raise PidError(f"job {job_id} is {record.status}: nothing to cancel")
+    from pid.jobs.sweep import cancel_job
+    status = cancel_job(store, job_id)
+    if status not in ("running", "cancelled"):
+        raise PidError(f"job {job_id} is {status}: nothing to cancel")
+    return status
+
+
+def start_foreground(spec: JobSpec, before: Callable[[], None] = lambda: None) -> tuple[Any, Any]:
+    """A foreground job's start (`pid run`, pid.run): its container starts while the agent's code loads, and the job
+    enters the store (list, status, steer, pause, cancel reach it). Returns (starting sandbox, ForegroundJob); on any
+    failure nothing stays behind. `before` runs once the container is on its way (the CLI's housekeeping)."""
+    from pid.worker.sandbox_start import abandon, start_sandbox
+    starting = start_sandbox(spec)
+    try:
+        check_image(spec.image)
+        before()
+        from pid.worker.control import ForegroundJob
+        return starting, ForegroundJob.start(spec)
+    except BaseException:
+        abandon(starting)
+        raise
+
+
+def run_foreground(spec: JobSpec, job: Any, starting: Any, *, api_key: str | None, sink: Callable[[Any], None],
+                   on_agent: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    """Run a started foreground job to its end and record that end (whatever stops it); returns result.json's
+    data. `sink` sees the agent's events; `on_agent` the agent, once it exists (after the job's own attach)."""
+    from pid.worker.runner import run_job
+
+    def attach(agent: Any) -> None:
+        job.attach(agent)
+        if on_agent is not None:
+            on_agent(agent)
+    result = None
+    failure: str | None = None
+    try:
+        result = run_job(spec, api_key=api_key, sink=job.sink(sink), on_agent=attach, check_in=job.check_in,
+                         cancel=job.cancel, starting=starting, keep=job.store)
+        return result
+    except BaseException as exc:   # not the job's own failure (run_job records those)
+        failure = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        job.end(result, failure)
