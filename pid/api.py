@@ -109,6 +109,16 @@ class Job:
             raise PidError(f"job {self.id} is {record.status}: no result yet")
         return load_result(self._store(), self.id)
 
+    def patch(self) -> str | None:
+        """The ended job's patch.diff (its change to the workspace, `git apply`-able), from the job store wherever
+        it ran; None when the job left none. PidError if it has not ended."""
+        from pid.jobs.artifact_store import PATCH
+        result = self.result()   # (ended, and its artifacts uploaded with its result)
+        store = self._store()
+        if "patch" not in result.get("artifacts", {}) or PATCH not in store.artifact_names(self.id):
+            return None
+        return b"".join(store.open_artifact(self.id, PATCH)).decode("utf-8", "surrogateescape")
+
     def logs(self, follow: bool = True) -> Iterator[dict[str, Any]]:
         """The job's log records (what `pid logs --json` prints, one dict each: tool calls, model errors, the job's
         starts and end), from the first; with follow, going on as they come until the job ends."""
