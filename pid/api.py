@@ -12,6 +12,9 @@ when it is called (pid.run alone loads the agent and the sandbox, as `pid run` d
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
 import time
 import warnings
@@ -48,6 +51,41 @@ def run(task: str, repo: str | os.PathLike[str] | None = None, **options: Any) -
     from pid import events
     starting, job = submission.start_foreground(spec)
     return submission.run_foreground(spec, job, starting, api_key=api_key, sink=events.ignore)
+
+
+def batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str], **options: Any) -> dict[str, Any]:
+    """Run a batch as `pid batch TASKS --out OUT --json` does, in this process (its main thread: a Ctrl-C cancels
+    the batch's jobs, as on the command line), and return what that prints: {"items": [each item's batch.jsonl
+    object, as it ended], "summary": summary.json's data}. Its options are the command's (workers=2,
+    max_total_cost=…, max_running=…, retry_failed=True, allow_outside=True, and every job option as every
+    item's default); running it again with the same OUT resumes the batch."""
+    import click
+
+    from pid.terminal import one_line
+    from pid.config import HomeUnusable, ensure_pid_home
+    try:
+        ensure_pid_home()
+    except HomeUnusable as exc:
+        raise PidError(str(exc)) from None
+    command = _command("batch")
+    args = _args(command, "batch", options, _CLI_ONLY | {"out_dir", "detach", "status_dir", "wait_dir", "cancel_dir"})
+    printed = io.StringIO()
+    code: Any = 0
+    try:
+        with contextlib.redirect_stdout(printed):
+            command.main([*args, f"--out={os.fspath(out)}", "--json", "--", os.fspath(tasks)],
+                         prog_name="pid batch", standalone_mode=False)
+    except SystemExit as exc:   # (the command ends with its exit code: the items' worst)
+        code = exc.code
+    except click.ClickException as exc:
+        raise PidError(one_line(exc.format_message())) from None
+    if code == 130:
+        raise KeyboardInterrupt
+    lines = [json.loads(line) for line in printed.getvalue().splitlines() if line.startswith("{")]
+    summaries = [line["summary"] for line in lines if "summary" in line]
+    if not summaries:
+        raise PidError(f"pid batch ended (exit {code}) without a summary: {one_line(printed.getvalue())[:200]}")
+    return {"items": [line for line in lines if "summary" not in line], "summary": summaries[-1]}
 
 
 def job(job_id: str) -> Job:
@@ -158,29 +196,12 @@ def _parse(command_name: str, task: Any, repo: Any, options: dict[str, Any]) -> 
     with the CLI's one line; so is an unusable PID_HOME, which stops every command first."""
     import click
 
-    from pid.cli.main import cli
     from pid.config import HomeUnusable, ensure_pid_home
     from pid.terminal import one_line
     if not isinstance(task, str):
         raise PidError(f"the task must be text, not {type(task).__name__}")
-    command = cli.commands[command_name]
-    params = {p.name: p for p in command.params if isinstance(p, click.Option) and p.name not in _CLI_ONLY}
-    args: list[str] = []
-    for name, value in [("repo", None if repo is None else os.fspath(repo)), *options.items()]:
-        param = params.get(name)
-        if param is None:
-            raise PidError(f"pid.{command_name}() takes no option {name!r} (it takes "
-                           f"{', '.join(sorted(n for n in params if n and n != 'repo'))})")
-        if value is None:
-            continue
-        flag = max(param.opts, key=len)
-        if getattr(param, "is_flag", False):
-            if not isinstance(value, bool):
-                raise PidError(f"{flag}: {value!r} is not True or False")
-            args += [flag] if value else []
-            continue
-        many = getattr(param, "multiple", False) and isinstance(value, (list, tuple))
-        args += [f"{flag}={_as_text(v)}" for v in (value if many else [value])]
+    command = _command(command_name)
+    args = _args(command, command_name, {"repo": None if repo is None else os.fspath(repo), **options})
     try:
         ctx = command.make_context(f"pid {command_name}", [*args, "--", task])
     except click.ClickException as exc:
@@ -190,6 +211,39 @@ def _parse(command_name: str, task: Any, repo: Any, options: dict[str, Any]) -> 
     except HomeUnusable as exc:
         raise PidError(str(exc)) from None
     return {k: v for k, v in ctx.params.items() if k not in _CLI_ONLY}
+
+
+def _command(name: str) -> Any:
+    """The `pid` command of this name: its options are the API's."""
+    import click
+
+    from pid.cli.main import cli
+    command = cli.get_command(click.Context(cli), name)
+    assert command is not None
+    return command
+
+
+def _args(command: Any, command_name: str, options: dict[str, Any], cli_only: set[str] = _CLI_ONLY) -> list[str]:
+    """The keywords as command-line words (`--flag=value`), each checked to be one of the command's options."""
+    import click
+    params = {p.name: p for p in command.params if isinstance(p, click.Option) and p.name not in cli_only}
+    args: list[str] = []
+    for name, value in options.items():
+        param = params.get(name)
+        if param is None:
+            raise PidError(f"pid.{command_name}() takes no option {name!r} (it takes "
+                           f"{', '.join(sorted(n for n in params if n))})")
+        if value is None:
+            continue
+        flag = max(param.opts, key=len)
+        if param.is_flag:
+            if not isinstance(value, bool):
+                raise PidError(f"{flag}: {value!r} is not True or False")
+            args += [flag] if value else []
+            continue
+        many = param.multiple and isinstance(value, (list, tuple))
+        args += [f"{flag}={_as_text(v)}" for v in (value if many else [value])]
+    return args
 
 
 def _as_text(value: Any) -> str:

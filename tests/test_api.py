@@ -169,3 +169,25 @@ def test_run_in_this_process_returns_the_result(api_env, sample_repo, tmp_path):
     assert job.status() == "completed" and job.result()["id"] == result["id"]
     patch = (tmp_path / "out" / result["id"] / "patch.diff").read_text()
     assert "+ran" in patch and job.patch() == patch
+
+
+def test_a_bad_batch_option_is_refused_before_anything_runs(api_env, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "a", "task": "t", "workdir": "/testbed"}\n')
+    with pytest.raises(pid.PidError, match="^Invalid value for '--max-running'"):
+        pid.batch(tasks, tmp_path / "out", model="m", max_running=0)
+    with pytest.raises(pid.PidError, match="takes no option 'detach'"):
+        pid.batch(tasks, tmp_path / "out", model="m", detach=True)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.docker
+@pytest.mark.cli
+def test_a_batch_runs_to_its_summary(api_env, worker, sample_repo, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(f'{{"id": "item{n}", "task": "t{n}", "repo": "{sample_repo}"}}\n' for n in range(2)))
+    with ScriptedLLM([{"text": "done"}] * 2) as llm:
+        ran = pid.batch(tasks, tmp_path / "out", model="scripted", base_url=llm.base_url)
+    assert ran["summary"]["by_status"] == {"completed": 2} and ran["summary"]["exit_code"] == 0, ran
+    assert sorted(item["id"] for item in ran["items"]) == ["item0", "item1"], ran
+    assert (tmp_path / "out" / "summary.json").exists()
