@@ -121,7 +121,7 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
         raise _bad("pid batch needs --out DIR: the batch's results, and its memory when it runs again")
     if detach and workers:
         raise _bad("--detach and --workers: the local workers would stop as the command returns")
-    from pid.cli.main import check_broker, check_out_dir
+    from pid.jobs.submission import check_broker, check_out_dir
     check_broker()
     out = check_out_dir(options.pop("out_dir"))
     if os.path.isdir(out) and os.listdir(out) and not BatchDir.exists(out):

@@ -33,7 +33,7 @@ from pid.jobs.spec import DEFAULT_QUEUE, JobSpec
 from pid.jobs import submission
 # The checks a job's options pass, shared with the Python API (pid/api.py); here under the names the other commands use
 from pid.jobs.submission import (RESULT_GRACE_S, check_api_key, check_broker, check_cpus, check_image,  # noqa: F401
-                                 check_originals, check_out_dir, check_repo, check_workspace_size, load_result)
+                                 check_out_dir, load_result)
 
 EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without --wait)
 EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it
@@ -76,13 +76,6 @@ def as_bad_input(call: Callable[[], Any]) -> Any:
 
 def warn_line(text: str) -> None:
     echo(f"pid: warning: {text}", err=True)
-
-
-def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
-    """The job the options describe (a task of `-` is stdin's), every value checked before anything starts."""
-    if options["task"] == "-":   # the task from stdin, as `pid batch -` reads its tasks
-        options["task"] = read_stdin_task()
-    return submission.build_spec(options, no_images, warn_line)
 
 
 class PidGroup(click.Group):

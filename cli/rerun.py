@@ -156,7 +156,7 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
 
 def check_prices(spec: JobSpec) -> None:
     """--max-cost (given now, or the earlier job's) needs prices: the earlier job's own, or the model table's, as
-    `submit` accepts them (pid.cli.main.build_spec)."""
+    `submit` accepts them (pid.jobs.submission.build_spec)."""
     priced = spec.input_price or spec.output_price or spec.cache_read_price or spec.cache_write_price
     if spec.max_cost is not None and not priced and not submission.table_prices(spec.model):
         raise _main.BadInput("--max-cost needs the model's prices, and neither the earlier job nor the model table "
