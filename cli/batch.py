@@ -43,8 +43,14 @@ class BatchCommand(click.Command):
     JOB_PARAMS = {option.name for option in JOB_OPTIONS} | {"api_key", "no_images"}
 
     def invoke(self, ctx: click.Context) -> Any:
-        from pid.cli.main import as_bad_input   # a shared check's refusal is one line and exit 2, as everywhere
-        return as_bad_input(lambda: super(BatchCommand, self).invoke(ctx))
+        """A shared check's refusal (PidError) is one line and exit 2, as everywhere."""
+        from pid.errors import PidError
+        try:
+            return super().invoke(ctx)
+        except click.ClickException:
+            raise
+        except PidError as exc:
+            raise _bad(str(exc)) from None
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows: dict[bool, list[tuple[str, str]]] = {False: [], True: []}

@@ -302,7 +302,8 @@ def start_foreground(spec: JobSpec, before: Callable[[], None] = lambda: None) -
         check_image(spec.image)
         before()
         from pid.worker.control import ForegroundJob
-        return starting, ForegroundJob.start(spec)
+        from pid.worker.runner import run_job  # noqa: F401 - the agent's code loads while the container starts, before
+        return starting, ForegroundJob.start(spec)   # the job is in the store (a Ctrl-C then stops it before it runs)
     except BaseException:
         abandon(starting)
         raise
