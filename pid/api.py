@@ -40,9 +40,10 @@ def submit(task: str, repo: str | os.PathLike[str] | None = None, **options: Any
 
 
 def run(task: str, repo: str | os.PathLike[str] | None = None, **options: Any) -> dict[str, Any]:
-    """Run one job in this process, as `pid run` does (no queue, no worker), and return its result: what
-    `pid run --json` prints (result.json; its patch is result["patch"] when it fits, and at result["artifacts"]
-    on disk). A failed or cancelled job is a result too; PidError only for what stops it before it starts."""
+    """Run one job in this process, as `pid run` does (no queue, no worker; its sandbox on this machine's engine),
+    and return its result: what `pid run --json` prints (result.json; the patch is OUT/<id>/patch.diff, or
+    pid.job(result["id"]).patch()). A failed or cancelled job is a result too; PidError is for what stops it before
+    it starts. Another thread (or process) can steer or cancel it through pid.job(id) meanwhile."""
     params = _parse("run", task, repo, options)
     from pid.jobs import submission
     api_key = params.pop("api_key")
