@@ -43,7 +43,7 @@ def run(task: str, repo: str | os.PathLike[str] | None = None, **options: Any) -
     """Run one job in this process, as `pid run` does (no queue, no worker; its sandbox on this machine's engine),
     and return its result: what `pid run --json` prints (result.json; the patch is OUT/<id>/patch.diff, or
     pid.job(result["id"]).patch()). A failed or cancelled job is a result too; PidError is for what stops it before
-    it starts. Another thread (or process) can steer or cancel it through pid.job(id) meanwhile."""
+    it starts. It is in the job store meanwhile: `pid list`, `pid steer`, `pid cancel` reach it."""
     params = _parse("run", task, repo, options)
     from pid.jobs import submission
     api_key = params.pop("api_key")
