@@ -42,6 +42,16 @@ class BatchCommand(click.Command):
     """`batch --help` shows batch's own options first, then the job options every item takes as defaults."""
     JOB_PARAMS = {option.name for option in JOB_OPTIONS} | {"api_key", "no_images"}
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """A shared check's refusal (PidError) is one line and exit 2, as everywhere."""
+        from pid.errors import PidError
+        try:
+            return super().invoke(ctx)
+        except click.ClickException:
+            raise
+        except PidError as exc:
+            raise _bad(str(exc)) from None
+
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows: dict[bool, list[tuple[str, str]]] = {False: [], True: []}
         for param in self.get_params(ctx):
@@ -117,7 +127,7 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
         raise _bad("pid batch needs --out DIR: the batch's results, and its memory when it runs again")
     if detach and workers:
         raise _bad("--detach and --workers: the local workers would stop as the command returns")
-    from pid.cli.main import check_broker, check_out_dir
+    from pid.jobs.submission import check_broker, check_out_dir
     check_broker()
     out = check_out_dir(options.pop("out_dir"))
     if os.path.isdir(out) and os.listdir(out) and not BatchDir.exists(out):
@@ -231,7 +241,8 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
     one (repos, model, prices, key), every directory repo packed once. Any problem: all of them, exit 2. The key
     goes with the items whose endpoint is `key_endpoint` (the command line's) only: a line naming another endpoint
     runs without it (pid.config.endpoint)."""
-    from pid.cli.main import BadInput, check_api_key, check_originals, check_repo
+    from pid.errors import PidError
+    from pid.jobs.submission import check_api_key, check_originals, check_repo
     from pid.config import base_url_for, endpoint
     from pid.jobs.spec import command_problem
     errors = list(errors or [])
@@ -251,17 +262,17 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
             if given not in repos:
                 try:
                     repos[given] = check_repo(given)
-                except BadInput as exc:
+                except PidError as exc:
                     repos[given] = exc
             checked = repos[given]
         if isinstance(checked, BaseException):
-            errors.append(f"{where}: {checked.format_message()}")   # type: ignore[attr-defined]
+            errors.append(f"{where}: {checked}")
             continue
         try:
             fields["check_original"] = check_originals(fields.get("check_original") or (), fields.get("check"),
                                                        fields.get("workdir"))
-        except BadInput as exc:
-            errors.append(f"{where}: {exc.format_message()}")
+        except PidError as exc:
+            errors.append(f"{where}: {exc}")
             continue
         model = fields.pop("model", None)
         if not model:
@@ -281,9 +292,9 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
         keyed = api_key if key_endpoint is None or endpoint(spec.api, spec.base_url) == key_endpoint else None
         try:
             check_api_key(spec, keyed)
-        except BadInput as exc:
+        except PidError as exc:
             mine = f" (the command line's key is for {key_endpoint} only)" if api_key and not keyed else ""
-            errors.append(f"{where}: {exc.format_message()}{mine}")
+            errors.append(f"{where}: {exc}{mine}")
             continue
         specs[item.id] = spec
     _refuse(errors, tasks)
@@ -321,9 +332,9 @@ def _policy_refusals(items: list[Item], specs: dict[str, JobSpec]) -> list[str]:
 
 
 def _priced_in_table(model: str, seen: dict[str, bool]) -> bool:
-    from pid.cli.main import _table_prices
+    from pid.jobs.submission import table_prices
     if model not in seen:
-        seen[model] = _table_prices(model)
+        seen[model] = table_prices(model)
     return seen[model]
 
 
@@ -361,15 +372,16 @@ def _check_images(specs: dict[str, JobSpec]) -> None:
     from pid.jobs.brokers import embedded_broker
     if not embedded_broker():
         return
-    from pid.cli.main import BadInput, check_cpus, check_image
+    from pid.errors import PidError
+    from pid.jobs.submission import check_cpus, check_image
     for image in sorted({s.image for s in specs.values()}):
         check_image(image)
     item, most = max(specs.items(), key=lambda pair: pair[1].cpus, default=(None, None))
     if most is not None:
         try:
             check_cpus(most)
-        except BadInput as exc:
-            raise _bad(f"item {item}: {exc.format_message()}; nothing was submitted") from None
+        except PidError as exc:
+            raise _bad(f"item {item}: {exc}; nothing was submitted") from None
 
 
 class LocalWorkers:

@@ -5,14 +5,11 @@ from pid.endings.exit_code_for. `pid batch` (cli/batch.py) exits with its
 worst item's code."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
-from urllib.parse import urlsplit
 from dataclasses import asdict
 from typing import Any, Callable
 
@@ -22,16 +19,21 @@ import pid.cli as cli_package
 from pid import events as ev
 from pid import settings
 from pid.costs import format_cost
-from pid.config import API_KEY_ENV, KEYED_HOSTS, HomeUnusable, base_url_for, ensure_pid_home, pid_home
+from pid.config import HomeUnusable, ensure_pid_home, pid_home
 from pid.cli.ids import JOB_ID
-from pid.cli.options import EnvOption, QueueName, Size, format_size, job_options
+from pid.cli.options import MAX_WORKSPACE_OPTION, QUEUE_OPTION, EnvOption, QueueName, format_size, job_options
 from pid.cli.status_line import on_terminal
 from pid.cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, echo, format_duration,
                             print_result, styled, wait_for)
 from pid.terminal import dumps, one_line
 from pid.endings import STATUSES, exit_code_for
 from pid.jobs.clients import MissingClient
-from pid.jobs.spec import DEFAULT_QUEUE, JobSpec, spec_field
+from pid.errors import PidError
+from pid.jobs.spec import DEFAULT_QUEUE, JobSpec
+from pid.jobs import submission
+# The checks a job's options pass, shared with the Python API (pid/api.py); here under the names the other commands use
+from pid.jobs.submission import (RESULT_GRACE_S, check_api_key, check_broker, check_cpus, check_image,  # noqa: F401
+                                 check_out_dir, load_result)
 
 EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without --wait)
 EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it
@@ -39,11 +41,11 @@ EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it
 NO_WORKER_NOTICE_S = settings.NO_WORKER_NOTICE_S.get()
 SWEEP_WHILE_WAITING_S = 5.0   # how often a `--wait` looks for jobs whose process died
 JOB_STATUSES = ("queued", "running", *STATUSES)
-DEFAULT_MAX_WORKSPACE = 200 << 20   # bytes of a directory --repo once packed at submit
 
 
-class BadInput(click.ClickException):
-    """One line on stderr and exit code 2, never a traceback."""
+class BadInput(click.ClickException, PidError):
+    """One line on stderr and exit code 2, never a traceback. (A PidError: what the shared checks raise, the
+    commands turn into this one, PidCommand.invoke.)"""
     exit_code = 2
 
     def show(self, file: Any = None) -> None:
@@ -59,7 +61,21 @@ class PidCommand(click.Command):
             ensure_pid_home()
         except HomeUnusable as exc:
             raise BadInput(str(exc)) from None
-        return super().invoke(ctx)
+        return as_bad_input(lambda: super(PidCommand, self).invoke(ctx))
+
+
+def as_bad_input(call: Callable[[], Any]) -> Any:
+    """A shared check's refusal (PidError, pid/jobs/submission.py) is the command's one line and exit 2."""
+    try:
+        return call()
+    except BadInput:
+        raise
+    except PidError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def warn_line(text: str) -> None:
+    echo(f"pid: warning: {text}", err=True)
 
 
 class PidGroup(click.Group):
@@ -93,39 +109,6 @@ class PidGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-def build_spec(options: dict[str, Any], no_images: bool) -> JobSpec:
-    """The job the options describe, every value checked; refuses (BadInput) before anything starts."""
-    task, repo, model = options.pop("task"), options.pop("repo"), options.pop("model")
-    if task == "-":   # the task from stdin, as `pid batch -` reads its tasks
-        task = read_stdin_task()
-    if not task.strip():
-        raise BadInput("the task is empty")
-    repo_path = check_repo(repo) if repo else None
-    if repo_path is None and not options.get("workdir"):
-        raise BadInput("no workspace: pass --repo DIR|URL, or --workdir PATH to work in the image's own directory")
-    options["check_original"] = check_originals(options.get("check_original") or (), options.get("check"),
-                                                options.get("workdir"))
-    if not model:
-        raise BadInput("no model configured: pass --model or set PID_MODEL")
-    from pid.jobs.spec import command_problem
-    problem = command_problem(options.get("check"))
-    if problem:
-        raise BadInput(f"--check: {problem}")
-    if options["max_cost"] is not None and not any(options[p] for p in ("input_price", "output_price",
-                                                                        "cache_read_price", "cache_write_price")) \
-            and not _table_prices(model):
-        raise BadInput("--max-cost needs the model's prices: pass --input-price and/or --output-price (or describe "
-                       "the model in models.json)")
-    out_dir = check_out_dir(options.pop("out_dir"))
-    spec = JobSpec(task=task, repo=repo_path, model=model, out_dir=out_dir, images=not no_images,
-                   **{**options, "files": list(options["files"]), "runtime": options["runtime"] or None})
-    spec.base_url = base_url_for(spec.api, spec.base_url)   # the spec records the endpoint the job really uses
-    if spec.network != "none":
-        echo(f"pid: warning: --network {spec.network}: the sandbox can reach the network and is reachable "
-             f"from it", err=True)
-    return spec
-
-
 MAX_TASK_BYTES = 1 << 20   # a task read from stdin
 
 
@@ -140,143 +123,6 @@ def read_stdin_task() -> str:
         raise BadInput("the task on stdin is not UTF-8 text") from None
 
 
-def _table_prices(model: str) -> bool:
-    """The model table (pid/models.py) prices this model."""
-    from pid.models import ModelsFileError, model_info
-    try:
-        info = model_info(model)
-    except ModelsFileError as exc:
-        raise BadInput(str(exc)) from None
-    return bool(info.input_price or info.output_price)
-
-
-def check_originals(paths: Any, check: str | None, workdir: str | None) -> list[str]:
-    """--check-original as the spec keeps it: workdir-relative paths, only beside a --check."""
-    if not paths:
-        return []
-    if not check:
-        raise BadInput("--check-original needs --check (it says what the check sees as the original has it)")
-    from pid.jobs.spec import original_paths
-    from pid.sandbox.config import SandboxConfig
-    try:
-        return original_paths(list(paths), workdir or SandboxConfig.workdir)
-    except ValueError as exc:
-        raise BadInput(str(exc)) from None
-
-
-def check_repo(repo: str) -> str:
-    """--repo as the spec keeps it: a git URL (checked, kept as given) or an existing directory (absolute)."""
-    from pid.jobs.snapshot import git_source
-    try:
-        if git_source(repo) is not None:
-            return repo
-    except ValueError as exc:
-        raise BadInput(f"--repo: {exc}") from None
-    repo_path = os.path.abspath(os.path.expanduser(repo))
-    if not os.path.exists(repo_path):
-        raise BadInput(f"repo path does not exist: {repo}")
-    if not os.path.isdir(repo_path):
-        raise BadInput(f"repo path is not a directory: {repo}")
-    return repo_path
-
-
-def pack_workspace(spec: JobSpec, max_bytes: int) -> None:
-    """A directory --repo is packed now and stored as a blob (once per tree): the job runs on the tree as it is at
-    submit, on whatever machine takes it. A git URL is cloned by the worker instead."""
-    from pid.jobs.snapshot import git_source, pack_and_store
-    if not spec.repo or git_source(spec.repo) is not None:
-        return
-    from pid.sandbox.workspace import WorkspaceTooLarge
-    from pid.jobs.blobs import default_blobs
-    try:
-        spec.workspace = pack_and_store(spec.repo, default_blobs(), max_bytes, tmp_dir=pid_home()).digest
-    except WorkspaceTooLarge:
-        raise BadInput(f"--repo {spec.repo} is larger than --max-workspace {format_size(max_bytes)} once packed; "
-                       "nothing was queued (raise --max-workspace or PID_MAX_WORKSPACE, or submit a git URL)"
-                       ) from None
-    except OSError as exc:
-        raise BadInput(f"cannot pack --repo {spec.repo}: {exc.strerror or exc}"
-                       f"{f' ({exc.filename})' if exc.filename else ''}") from None
-
-
-def check_workspace_size(spec: JobSpec, max_bytes: int) -> None:
-    """A directory --repo larger than --max-workspace once packed is refused before anything is written (its size
-    from lstat: a sparse file of terabytes used to become as large a file on the host before the job failed)."""
-    from pid.jobs.snapshot import git_source
-    if not spec.repo or git_source(spec.repo) is not None or max_bytes <= 0:
-        return
-    from pid.sandbox.workspace import tree_size
-    if tree_size(spec.repo, max_bytes) > max_bytes:
-        raise BadInput(f"--repo {spec.repo} is larger than --max-workspace {format_size(max_bytes)} once packed; "
-                       "nothing ran (raise --max-workspace or PID_MAX_WORKSPACE)")
-
-
-def check_out_dir(out: str) -> str:
-    """OUT must be a directory pid can write in, or one it can create (its parent exists and is writable)."""
-    path = os.path.abspath(os.path.expanduser(out))
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise BadInput(f"--out {out}: not a directory")
-    where = path if os.path.isdir(path) else os.path.dirname(path)
-    if not os.path.isdir(where):
-        raise BadInput(f"--out {out}: its parent directory {where} does not exist")
-    try:  # a real write: permission bits say nothing for root or a read-only filesystem
-        fd, probe = tempfile.mkstemp(prefix=".pid-write-check-", dir=where)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise BadInput(f"--out {out}: cannot write in {where} ({exc.strerror or exc})") from None
-    return path
-
-
-def check_api_key(spec: JobSpec, key: str | None) -> None:
-    """The vendors' endpoints need a key (the same rule as the providers'); an endpoint of one's own may not."""
-    host = urlsplit(spec.base_url or "").hostname
-    if key or host not in KEYED_HOSTS:
-        return
-    raise BadInput(f"no API key: {host} needs one; pass --api-key or set {' or '.join(API_KEY_ENV)}, or point "
-                   f"--base-url at an endpoint of your own")
-
-
-def check_policies(store: Any, spec: JobSpec) -> None:
-    """Refuse at once a job that no live worker of its queue would admit (their policies come with their
-    heartbeats), with the message a worker would give."""
-    from pid.jobs.workers import live_workers
-    from pid.jobs.policy import refusal_by_workers
-    refusal = refusal_by_workers(live_workers(store), spec)
-    if refusal:
-        raise BadInput(f"{refusal}; nothing was queued")
-
-
-def check_broker() -> None:
-    """A PID_BROKER_URL no transport serves is refused before anything is recorded."""
-    from pid.jobs.brokers import broker_problem
-    problem = broker_problem()
-    if problem:
-        raise BadInput(problem)
-
-
-def check_cpus(spec: JobSpec) -> None:
-    """More CPUs than the engine has is refused before a container is asked for (the engine would refuse it with a
-    400). Only a count above one is worth asking about; an engine that does not answer is left to say so itself."""
-    if spec.cpus <= 1:
-        return
-    from pid.sandbox.engine_probe import engine_cpus
-    have = engine_cpus()
-    if have is not None and spec.cpus > have:
-        raise BadInput(f"--cpus {spec.cpus:g}: the Docker engine has only {have} CPU{'s' if have != 1 else ''}")
-
-
-def check_image(image: str) -> None:
-    from pid.sandbox.engine_probe import image_present
-    if image_present(image):   # (the engine's socket, without loading the Docker SDK)
-        return
-    from pid.sandbox import DockerUnavailable, ImageNotFound, ensure_image
-    try:
-        ensure_image(image)
-    except (ImageNotFound, DockerUnavailable) as exc:
-        raise BadInput(str(exc)) from None
-
-
 @click.group(cls=PidGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="pid")
 def cli() -> None:
@@ -284,13 +130,6 @@ def cli() -> None:
 
     Wherever a command takes a job's ID: the whole id, any end of it only one job has (70a672), `last` (the newest
     job), or BATCHDIR/ITEM (a batch item's current job)."""
-
-
-MAX_WORKSPACE_OPTION = click.option(
-    "--max-workspace", type=Size(), default=format_size(DEFAULT_MAX_WORKSPACE), show_default=True,
-    envvar=settings.MAX_WORKSPACE.name, show_envvar=True, cls=EnvOption,
-    help="Largest packed size of a directory --repo (checked before anything is written; `submit` packs it then and "
-         "it travels with the job), and the most a git URL's clone may take on the worker.")
 
 
 VERBOSE_HELP = "Also show each tool call's output: its first and last lines, as the model saw it."
@@ -304,11 +143,10 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
         **options: Any) -> None:
     """Run one job in the foreground (no queue). On a terminal a status line at the bottom shows what it is doing,
     its tokens and cost so far, and the model's replies stream as they come."""
-    spec = build_spec(options, no_images)
-    spec.max_workspace = max_workspace
-    check_api_key(spec, api_key)
-    check_workspace_size(spec, max_workspace)
-    check_cpus(spec)
+    if options["task"] == "-":
+        options["task"] = read_stdin_task()
+    spec = submission.prepare_run(options, api_key=api_key, no_images=no_images, max_workspace=max_workspace,
+                                  warn=warn_line)
     agents: list[Any] = []
     jobs: list[Any] = []   # the job, once in the store
     interrupted = threading.Event()
@@ -335,25 +173,15 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
 
     previous = signal.signal(signal.SIGINT, on_sigint)   # before the sandbox's thread starts
     try:
-        from pid.worker.sandbox_start import abandon, start_sandbox
-        starting = start_sandbox(spec)    # the container starts while the agent's code loads
-        try:
-            check_image(spec.image)
-            reap_own_quietly()
-            from pid.worker.control import ForegroundJob
-            from pid.worker.runner import run_job
-            jobs.append(ForegroundJob.start(spec))   # in the job store: list, status, steer, pause, cancel reach it
-        except BaseException:             # bad input: nothing may stay behind
-            abandon(starting)
-            raise
-        job = jobs[0]
+        starting, job = submission.start_foreground(spec, before=reap_own_quietly)   # (shared with pid.run)
+        jobs.append(job)
         if interrupted.is_set():          # Ctrl-C while it set up: nothing ran, nothing stays
+            from pid.worker.sandbox_start import abandon
             abandon(starting)
             job.end(None)
             echo("interrupted before the job started", err=True)
             sys.exit(EXIT_INTERRUPTED)
         result = None
-        failure: str | None = None
         printer: Any = EventPrinter(verbose=verbose)
         if not as_json and on_terminal(err=True):
             from pid.cli.live_view import RunView
@@ -361,17 +189,11 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
             views.append(printer)
         try:
             echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
-            result = run_job(spec, api_key=api_key, sink=job.sink(ev.ignore if as_json else printer),
-                             on_agent=lambda agent: _attach(agent, agents, job), check_in=job.check_in,
-                             cancel=job.cancel,
-                             starting=starting, keep=job.store)
-        except BaseException as exc:   # not the job's own failure (run_job records those)
-            failure = f"{type(exc).__name__}: {exc}"
-            raise
+            result = submission.run_foreground(spec, job, starting, api_key=api_key,
+                                               sink=ev.ignore if as_json else printer, on_agent=agents.append)
         finally:
             if views:
                 views[0].stop()
-            job.end(result, failure)
     finally:
         signal.signal(signal.SIGINT, previous)
     if interrupted.is_set() and not agents:   # Ctrl-C while it set up: the job ended before its agent started
@@ -383,49 +205,30 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
     sys.exit(EXIT_INTERRUPTED if interrupted.is_set() else exit_code_for(result))
 
 
-def _attach(agent: Any, agents: list[Any], job: Any) -> None:
-    """The running agent, for Ctrl-C here and for the store's controls from other terminals."""
-    agents.append(agent)
-    job.attach(agent)
-
-
 @cli.command()
 @job_options
 @click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code.")
 @MAX_WORKSPACE_OPTION
-@click.option("--queue", type=QueueName(), default=DEFAULT_QUEUE, show_default=True, envvar=settings.QUEUE.name,
-              show_envvar=True, cls=EnvOption, help=spec_field("queue").metadata["help"])
+@QUEUE_OPTION
 def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_workspace: int, queue: str,
            **options: Any) -> None:
     """Queue a job for a worker and print its id. A directory --repo is packed now: the job sees it as it is now."""
-    check_broker()
-    spec = build_spec(options, no_images)
-    spec.queue = queue
-    spec.max_workspace = max_workspace
-    from pid.jobs.brokers import embedded_broker
+    if options["task"] == "-":
+        options["task"] = read_stdin_task()
+    spec = submission.submit(options, api_key=api_key, no_images=no_images, max_workspace=max_workspace,
+                             queue=queue, warn=warn_line)   # what pid.submit calls (pid/api.py)
     from pid.jobs.store import default_store
-    if embedded_broker():  # the worker is on this machine: its image and CPUs must be here too
-        check_cpus(spec)
-        check_image(spec.image)
-    pack_workspace(spec, max_workspace)
-    queue_job(default_store(), spec, api_key, wait, as_json)
+    _queued(default_store(), spec, wait, as_json)
 
 
 def queue_job(store: Any, spec: JobSpec, api_key: str | None, wait: bool, as_json: bool) -> None:
-    """Record the job, keep its key, publish it; then print its id, or wait for its end (submit, continue, retry)."""
-    from pid.jobs.dispatch import dispatch
-    check_policies(store, spec)
-    store.create(spec)
-    try:
-        # The key goes into the store for the life of the job, never into the broker's message: any worker that
-        # runs the job (again) reads it there.
-        if api_key and not store.set_secret(spec.id, api_key):
-            raise RuntimeError("the job store did not keep its API key")
-        dispatch(spec.id, store=store)
-    except Exception as exc:  # the broker refused: the job must not sit queued forever
-        store.finish(spec.id, "dispatch_failed", error=str(exc))
-        from pid.jobs.reach import unreachable_broker
-        raise BadInput(unreachable_broker(exc, spec.id)) from None
+    """Record the job, keep its key, publish it; then print its id, or wait for its end (continue, retry)."""
+    submission.enqueue(store, spec, api_key)
+    _queued(store, spec, wait, as_json)
+
+
+def _queued(store: Any, spec: JobSpec, wait: bool, as_json: bool) -> None:
+    """A job just queued: print its id, or wait for its end."""
     if not wait:
         echo(spec.id)
         return
@@ -446,7 +249,7 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, downloa
         echo(f"\nstopped waiting; job {job_id} goes on (pid result {job_id} --wait, pid cancel {job_id})",
              err=True)
         sys.exit(EXIT_INTERRUPTED)
-    result = _load_result(store, job_id)
+    result = load_result(store, job_id)
     where = _download(store, job_id, download, own_dir) if download else record.spec.job_dir
     print_result(result, where, as_json, said=printer.said)
     sys.exit(exit_code_for(result))
@@ -511,48 +314,10 @@ def _no_worker_notice(store: Any, job_id: str, out: Callable[..., None] = echo) 
     return tick
 
 
-RESULT_GRACE_S = 10.0   # an ended job's result.json may follow its end by this much (a sweep, a cancel write it then)
-
-
-def _load_result(store: Any, job_id: str) -> dict[str, Any]:
-    """An ended job's result.json from the job store, wherever the worker ran; for a job recorded before results
-    went there, from its local out directory. Neither: one line, exit 2."""
-    from pid.jobs.artifact_store import DownloadError, read_result
-    record = store.get(job_id)
-    path = os.path.join(record.spec.job_dir, "result.json")
-    ended = record.finished_at if record.finished_at is not None else store.now()
-    deadline = time.monotonic() + max(0.0, RESULT_GRACE_S - (store.now() - ended))
-    while True:
-        try:
-            result = read_result(store, job_id)
-        except DownloadError as exc:
-            raise BadInput(str(exc)) from None
-        if result is None:
-            result = _local_result(path, job_id)
-        if result is not None:
-            return result
-        if time.monotonic() >= deadline:
-            raise BadInput(f"job {job_id} ({record.status}): its result.json is neither in the job store (expired "
-                           f"after the retention period?) nor at {path}")
-        time.sleep(0.2)
-
-
-def _local_result(path: str, job_id: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            result = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return result if isinstance(result, dict) and result.get("id") == job_id else None
-
-
 def _record_or_fail(job_id: str) -> Any:
     from pid.jobs.store import default_store
     store = default_store()
-    record = store.get(job_id)
-    if record is None:
-        raise BadInput(f"no such job: {job_id}")
-    return store, record
+    return store, submission.job_record(store, job_id)
 
 
 @cli.command()
@@ -600,7 +365,7 @@ def result(job_id: str, as_json: bool, wait: bool, download: str | None) -> None
     if not record.terminal:
         echo(f"pid: job {job_id} is {record.status}: no result yet (--wait waits for it)", err=True)
         sys.exit(EXIT_NOT_FINISHED)
-    result = _load_result(store, job_id)
+    result = load_result(store, job_id)
     where = _download(store, job_id, download, own_dir=False) if download else record.spec.job_dir
     print_result(result, where, as_json)
     sys.exit(exit_code_for(result))
@@ -610,26 +375,17 @@ def result(job_id: str, as_json: bool, wait: bool, download: str | None) -> None
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 def cancel(job_id: str) -> None:
     """Cancel a queued or running job (artifacts so far are kept)."""
-    from pid.jobs.sweep import cancel_job
     store, record = _record_or_fail(job_id)
-    if record.terminal:
-        raise BadInput(f"job {job_id} is {record.status}: nothing to cancel")
-    status = cancel_job(store, job_id)
-    if status == "running":
+    if submission.cancel(store, job_id) == "running":
         who = "its `pid run` stops it" if record.kind == "run" else "its worker stops it"
         echo(f"{job_id}: cancelling ({who} and keeps the artifacts so far)")
-    elif status == "cancelled":
-        echo(f"{job_id}: cancelled")  # it had not started, or its process was gone: it ends here and now
     else:
-        raise BadInput(f"job {job_id} is {status}: nothing to cancel")
+        echo(f"{job_id}: cancelled")  # it had not started, or its process was gone: it ends here and now
 
 
 def _post(kind: str, job_id: str, message: str) -> None:
-    if not message.strip():
-        raise BadInput(f"the {kind.replace('_', '-')} message is empty")
-    store, record = _record_or_fail(job_id)
-    if not store.post(job_id, kind, message):
-        raise BadInput(f"job {job_id} is {record.status}: it takes no more messages")
+    from pid.jobs.store import default_store
+    submission.post(default_store(), job_id, kind, message)
     echo(f"{job_id}: {kind.replace('_', '-')} queued")
 
 
@@ -890,6 +646,9 @@ def main() -> None:
         else:
             echo(f"pid: error: {one_line(exc.format_message())}", err=True)
         sys.exit(exc.exit_code)
+    except PidError as exc:   # (a command turns these into BadInput; one raised outside a command's run is the same)
+        echo(f"pid: error: {one_line(str(exc))}", err=True)
+        sys.exit(2)
     except Exception as exc:   # a store that cannot be reached is one line too; anything else is a bug's traceback
         from pid.jobs.reach import unreachable_store
         line = unreachable_store(exc)

@@ -14,8 +14,9 @@ import click
 from click.core import ParameterSource
 
 from pid.config import API_KEY_ENV, API_NAMES, THINKING_LEVELS
+from pid.sandbox.config import DEFAULT_MAX_WORKSPACE
 from pid.sandbox.disk import format_size
-from pid.jobs.spec import default_of, spec_field
+from pid.jobs.spec import DEFAULT_QUEUE, default_of, spec_field
 from pid import settings
 
 MIN_MEMORY = 6 << 20   # the Docker engine refuses less
@@ -353,3 +354,14 @@ def spec_options(func: Callable[..., Any] | None = None, *,
     for decorator in reversed(decorators):
         func = decorator(func)
     return func
+
+
+MAX_WORKSPACE_OPTION = click.option(
+    "--max-workspace", type=Size(), default=format_size(DEFAULT_MAX_WORKSPACE), show_default=True,
+    envvar=settings.MAX_WORKSPACE.name, show_envvar=True, cls=EnvOption,
+    help="Largest packed size of a directory --repo (checked before anything is written; `submit` packs it then and "
+         "it travels with the job), and the most a git URL's clone may take on the worker.")
+
+QUEUE_OPTION = click.option(
+    "--queue", type=QueueName(), default=DEFAULT_QUEUE, show_default=True, envvar=settings.QUEUE.name,
+    show_envvar=True, cls=EnvOption, help=spec_field("queue").metadata["help"])

@@ -17,6 +17,7 @@ from pid.cli.ids import JOB_ID
 from pid.cli.options import Api, Number, QueueName, Url
 from pid.cli.output import echo
 from pid.config import API_KEY_ENV, EnvDefaults, endpoint
+from pid.jobs import submission
 from pid.jobs.spec import JobSpec, spec_field
 
 _main: Any = None   # pid.cli.main (a module), once registered
@@ -30,7 +31,8 @@ def register(group: click.Group, main_module: ModuleType) -> None:
 
 
 class HomeCommand(click.Command):
-    """As pid.cli.main's commands: an unusable PID_HOME stops it before it does anything."""
+    """As pid.cli.main's commands: an unusable PID_HOME stops it before it does anything; a shared check's refusal
+    is one line and exit 2."""
 
     def invoke(self, ctx: click.Context) -> Any:
         from pid.config import HomeUnusable, ensure_pid_home
@@ -38,7 +40,7 @@ class HomeCommand(click.Command):
             ensure_pid_home()
         except HomeUnusable as exc:
             raise _main.BadInput(str(exc)) from None
-        return super().invoke(ctx)
+        return _main.as_bad_input(lambda: super(HomeCommand, self).invoke(ctx))
 
 
 def _limit(flag: str, name: str, kind: type) -> Any:
@@ -154,9 +156,9 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
 
 def check_prices(spec: JobSpec) -> None:
     """--max-cost (given now, or the earlier job's) needs prices: the earlier job's own, or the model table's, as
-    `submit` accepts them (pid.cli.main.build_spec)."""
+    `submit` accepts them (pid.jobs.submission.build_spec)."""
     priced = spec.input_price or spec.output_price or spec.cache_read_price or spec.cache_write_price
-    if spec.max_cost is not None and not priced and not _main._table_prices(spec.model):
+    if spec.max_cost is not None and not priced and not submission.table_prices(spec.model):
         raise _main.BadInput("--max-cost needs the model's prices, and neither the earlier job nor the model table "
                              "has them")
 

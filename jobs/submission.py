@@ -1,0 +1,332 @@
+"""A job from its options to the queue (or to a foreground run): every check made once, for the `pid` command and
+the Python API alike (pid/api.py). A refusal is a PidError whose message is the one line `pid` prints for it, and
+nothing has started or been recorded when it is raised."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from pid.config import API_KEY_ENV, KEYED_HOSTS, base_url_for, pid_home
+from pid.errors import PidError
+from pid.jobs.spec import JobSpec, command_problem
+from pid.sandbox.disk import format_size
+
+RESULT_GRACE_S = 10.0   # an ended job's result.json may follow its end by this much (a sweep, a cancel write it then)
+
+
+def build_spec(options: dict[str, Any], no_images: bool, warn: Callable[[str], None]) -> JobSpec:
+    """The job the options (the `run`/`submit` options, as parsed) describe, every value checked. `warn` gets what
+    is allowed but worth saying (a sandbox on the network)."""
+    task, repo, model = options.pop("task"), options.pop("repo"), options.pop("model")
+    if not task.strip():
+        raise PidError("the task is empty")
+    repo_path = check_repo(repo) if repo else None
+    if repo_path is None and not options.get("workdir"):
+        raise PidError("no workspace: pass --repo DIR|URL, or --workdir PATH to work in the image's own directory")
+    options["check_original"] = check_originals(options.get("check_original") or (), options.get("check"),
+                                                options.get("workdir"))
+    if not model:
+        raise PidError("no model configured: pass --model or set PID_MODEL")
+    problem = command_problem(options.get("check"))
+    if problem:
+        raise PidError(f"--check: {problem}")
+    if options["max_cost"] is not None and not any(options[p] for p in ("input_price", "output_price",
+                                                                        "cache_read_price", "cache_write_price")) \
+            and not table_prices(model):
+        raise PidError("--max-cost needs the model's prices: pass --input-price and/or --output-price (or describe "
+                       "the model in models.json)")
+    out_dir = check_out_dir(options.pop("out_dir"))
+    spec = JobSpec(task=task, repo=repo_path, model=model, out_dir=out_dir, images=not no_images,
+                   **{**options, "files": list(options["files"]), "runtime": options["runtime"] or None})
+    spec.base_url = base_url_for(spec.api, spec.base_url)   # the spec records the endpoint the job really uses
+    if spec.network != "none":
+        warn(f"--network {spec.network}: the sandbox can reach the network and is reachable from it")
+    return spec
+
+
+def prepare_run(options: dict[str, Any], *, api_key: str | None, no_images: bool, max_workspace: int,
+                warn: Callable[[str], None]) -> JobSpec:
+    """A foreground job's spec (`pid run`, pid.run), checked as far as can be before its sandbox starts."""
+    spec = build_spec(options, no_images, warn)
+    spec.max_workspace = max_workspace
+    check_api_key(spec, api_key)
+    check_workspace_size(spec, max_workspace)
+    check_cpus(spec)
+    return spec
+
+
+def submit(options: dict[str, Any], *, api_key: str | None, no_images: bool, max_workspace: int, queue: str,
+           warn: Callable[[str], None]) -> JobSpec:
+    """Check, pack, record and publish one job (`pid submit`, pid.submit); returns its spec once it is queued."""
+    check_broker()
+    spec = build_spec(options, no_images, warn)
+    spec.queue = queue
+    spec.max_workspace = max_workspace
+    from pid.jobs.brokers import embedded_broker
+    from pid.jobs.store import default_store
+    if embedded_broker():  # the worker is on this machine: its image and CPUs must be here too
+        check_cpus(spec)
+        check_image(spec.image)
+    pack_workspace(spec, max_workspace)
+    enqueue(default_store(), spec, api_key)
+    return spec
+
+
+def enqueue(store: Any, spec: JobSpec, api_key: str | None) -> None:
+    """Record the job, keep its key, publish it (submit, continue, retry)."""
+    from pid.jobs.dispatch import dispatch
+    check_policies(store, spec)
+    store.create(spec)
+    try:
+        # The key goes into the store for the life of the job, never into the broker's message: any worker that
+        # runs the job (again) reads it there.
+        if api_key and not store.set_secret(spec.id, api_key):
+            raise RuntimeError("the job store did not keep its API key")
+        dispatch(spec.id, store=store)
+    except Exception as exc:  # the broker refused: the job must not sit queued forever
+        store.finish(spec.id, "dispatch_failed", error=str(exc))
+        from pid.jobs.reach import unreachable_broker
+        raise PidError(unreachable_broker(exc, spec.id)) from None
+
+
+def table_prices(model: str) -> bool:
+    """The model table (pid/models.py) prices this model."""
+    from pid.models import ModelsFileError, model_info
+    try:
+        info = model_info(model)
+    except ModelsFileError as exc:
+        raise PidError(str(exc)) from None
+    return bool(info.input_price or info.output_price)
+
+
+def check_originals(paths: Any, check: str | None, workdir: str | None) -> list[str]:
+    """--check-original as the spec keeps it: workdir-relative paths, only beside a --check."""
+    if not paths:
+        return []
+    if not check:
+        raise PidError("--check-original needs --check (it says what the check sees as the original has it)")
+    from pid.jobs.spec import original_paths
+    from pid.sandbox.config import SandboxConfig
+    try:
+        return original_paths(list(paths), workdir or SandboxConfig.workdir)
+    except ValueError as exc:
+        raise PidError(str(exc)) from None
+
+
+def check_repo(repo: str) -> str:
+    """--repo as the spec keeps it: a git URL (checked, kept as given) or an existing directory (absolute)."""
+    from pid.jobs.snapshot import git_source
+    try:
+        if git_source(repo) is not None:
+            return repo
+    except ValueError as exc:
+        raise PidError(f"--repo: {exc}") from None
+    repo_path = os.path.abspath(os.path.expanduser(repo))
+    if not os.path.exists(repo_path):
+        raise PidError(f"repo path does not exist: {repo}")
+    if not os.path.isdir(repo_path):
+        raise PidError(f"repo path is not a directory: {repo}")
+    return repo_path
+
+
+def pack_workspace(spec: JobSpec, max_bytes: int) -> None:
+    """A directory --repo is packed now and stored as a blob (once per tree): the job runs on the tree as it is at
+    submit, on whatever machine takes it. A git URL is cloned by the worker instead."""
+    from pid.jobs.snapshot import git_source, pack_and_store
+    if not spec.repo or git_source(spec.repo) is not None:
+        return
+    from pid.sandbox.workspace import WorkspaceTooLarge
+    from pid.jobs.blobs import default_blobs
+    try:
+        spec.workspace = pack_and_store(spec.repo, default_blobs(), max_bytes, tmp_dir=pid_home()).digest
+    except WorkspaceTooLarge:
+        raise PidError(f"--repo {spec.repo} is larger than --max-workspace {format_size(max_bytes)} once packed; "
+                       "nothing was queued (raise --max-workspace or PID_MAX_WORKSPACE, or submit a git URL)"
+                       ) from None
+    except OSError as exc:
+        raise PidError(f"cannot pack --repo {spec.repo}: {exc.strerror or exc}"
+                       f"{f' ({exc.filename})' if exc.filename else ''}") from None
+
+
+def check_workspace_size(spec: JobSpec, max_bytes: int) -> None:
+    """A directory --repo larger than --max-workspace once packed is refused before anything is written (its size
+    from lstat: a sparse file of terabytes used to become as large a file on the host before the job failed)."""
+    from pid.jobs.snapshot import git_source
+    if not spec.repo or git_source(spec.repo) is not None or max_bytes <= 0:
+        return
+    from pid.sandbox.workspace import tree_size
+    if tree_size(spec.repo, max_bytes) > max_bytes:
+        raise PidError(f"--repo {spec.repo} is larger than --max-workspace {format_size(max_bytes)} once packed; "
+                       "nothing ran (raise --max-workspace or PID_MAX_WORKSPACE)")
+
+
+def check_out_dir(out: str) -> str:
+    """OUT must be a directory pid can write in, or one it can create (its parent exists and is writable)."""
+    path = os.path.abspath(os.path.expanduser(out))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise PidError(f"--out {out}: not a directory")
+    where = path if os.path.isdir(path) else os.path.dirname(path)
+    if not os.path.isdir(where):
+        raise PidError(f"--out {out}: its parent directory {where} does not exist")
+    try:  # a real write: permission bits say nothing for root or a read-only filesystem
+        fd, probe = tempfile.mkstemp(prefix=".pid-write-check-", dir=where)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise PidError(f"--out {out}: cannot write in {where} ({exc.strerror or exc})") from None
+    return path
+
+
+def check_api_key(spec: JobSpec, key: str | None) -> None:
+    """The vendors' endpoints need a key (the same rule as the providers'); an endpoint of one's own may not."""
+    host = urlsplit(spec.base_url or "").hostname
+    if key or host not in KEYED_HOSTS:
+        return
+    raise PidError(f"no API key: {host} needs one; pass --api-key or set {' or '.join(API_KEY_ENV)}, or point "
+                   f"--base-url at an endpoint of your own")
+
+
+def check_policies(store: Any, spec: JobSpec) -> None:
+    """Refuse at once a job that no live worker of its queue would admit (their policies come with their
+    heartbeats), with the message a worker would give."""
+    from pid.jobs.workers import live_workers
+    from pid.jobs.policy import refusal_by_workers
+    refusal = refusal_by_workers(live_workers(store), spec)
+    if refusal:
+        raise PidError(f"{refusal}; nothing was queued")
+
+
+def check_broker() -> None:
+    """A PID_BROKER_URL no transport serves is refused before anything is recorded."""
+    from pid.jobs.brokers import broker_problem
+    problem = broker_problem()
+    if problem:
+        raise PidError(problem)
+
+
+def check_cpus(spec: JobSpec) -> None:
+    """More CPUs than the engine has is refused before a container is asked for (the engine would refuse it with a
+    400). Only a count above one is worth asking about; an engine that does not answer is left to say so itself."""
+    if spec.cpus <= 1:
+        return
+    from pid.sandbox.engine_probe import engine_cpus
+    have = engine_cpus()
+    if have is not None and spec.cpus > have:
+        raise PidError(f"--cpus {spec.cpus:g}: the Docker engine has only {have} CPU{'s' if have != 1 else ''}")
+
+
+def check_image(image: str) -> None:
+    from pid.sandbox.engine_probe import image_present
+    if image_present(image):   # (the engine's socket, without loading the Docker SDK)
+        return
+    from pid.sandbox import DockerUnavailable, ImageNotFound, ensure_image
+    try:
+        ensure_image(image)
+    except (ImageNotFound, DockerUnavailable) as exc:
+        raise PidError(str(exc)) from None
+
+
+def job_record(store: Any, job_id: str) -> Any:
+    """The job's record, or a PidError: no such job."""
+    record = store.get(job_id)
+    if record is None:
+        raise PidError(f"no such job: {job_id}")
+    return record
+
+
+def post(store: Any, job_id: str, kind: str, message: str) -> None:
+    """A steer or follow-up message for a job (`pid steer`, Job.steer)."""
+    if not message.strip():
+        raise PidError(f"the {kind.replace('_', '-')} message is empty")
+    record = job_record(store, job_id)
+    if not store.post(job_id, kind, message):
+        raise PidError(f"job {job_id} is {record.status}: it takes no more messages")
+
+
+def load_result(store: Any, job_id: str) -> dict[str, Any]:
+    """An ended job's result.json from the job store, wherever the worker ran; for a job recorded before results
+    went there, from its local out directory. Neither: a PidError."""
+    from pid.jobs.artifact_store import DownloadError, read_result
+    record = store.get(job_id)
+    path = os.path.join(record.spec.job_dir, "result.json")
+    ended = record.finished_at if record.finished_at is not None else store.now()
+    deadline = time.monotonic() + max(0.0, RESULT_GRACE_S - (store.now() - ended))
+    while True:
+        try:
+            result = read_result(store, job_id)
+        except DownloadError as exc:
+            raise PidError(str(exc)) from None
+        if result is None:
+            result = _local_result(path, job_id)
+        if result is not None:
+            return result
+        if time.monotonic() >= deadline:
+            raise PidError(f"job {job_id} ({record.status}): its result.json is neither in the job store (expired "
+                           f"after the retention period?) nor at {path}")
+        time.sleep(0.2)
+
+
+def _local_result(path: str, job_id: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            result = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return result if isinstance(result, dict) and result.get("id") == job_id else None
+
+
+def cancel(store: Any, job_id: str) -> str:
+    """Cancel a queued or running job (`pid cancel`, Job.cancel); returns "running" (its process stops it and keeps
+    the artifacts so far) or "cancelled" (it ended here and now)."""
+    record = job_record(store, job_id)
+    if record.terminal:
+        raise PidError(f"job {job_id} is {record.status}: nothing to cancel")
+    from pid.jobs.sweep import cancel_job
+    status = cancel_job(store, job_id)
+    if status not in ("running", "cancelled"):
+        raise PidError(f"job {job_id} is {status}: nothing to cancel")
+    return status
+
+
+def start_foreground(spec: JobSpec, before: Callable[[], None] = lambda: None) -> tuple[Any, Any]:
+    """A foreground job's start (`pid run`, pid.run): its container starts while the agent's code loads, and the job
+    enters the store (list, status, steer, pause, cancel reach it). Returns (starting sandbox, ForegroundJob); on any
+    failure nothing stays behind. `before` runs once the container is on its way (the CLI's housekeeping)."""
+    from pid.worker.sandbox_start import abandon, start_sandbox
+    starting = start_sandbox(spec)
+    try:
+        check_image(spec.image)
+        before()
+        from pid.worker.control import ForegroundJob
+        from pid.worker.runner import run_job  # noqa: F401 - the agent's code loads while the container starts, before
+        return starting, ForegroundJob.start(spec)   # the job is in the store (a Ctrl-C then stops it before it runs)
+    except BaseException:
+        abandon(starting)
+        raise
+
+
+def run_foreground(spec: JobSpec, job: Any, starting: Any, *, api_key: str | None, sink: Callable[[Any], None],
+                   on_agent: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    """Run a started foreground job to its end and record that end (whatever stops it); returns result.json's
+    data. `sink` sees the agent's events; `on_agent` the agent, once it exists (after the job's own attach)."""
+    from pid.worker.runner import run_job
+
+    def attach(agent: Any) -> None:
+        job.attach(agent)
+        if on_agent is not None:
+            on_agent(agent)
+    result = None
+    failure: str | None = None
+    try:
+        result = run_job(spec, api_key=api_key, sink=job.sink(sink), on_agent=attach, check_in=job.check_in,
+                         cancel=job.cancel, starting=starting, keep=job.store)
+        return result
+    except BaseException as exc:   # not the job's own failure (run_job records those)
+        failure = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        job.end(result, failure)

@@ -1,0 +1,254 @@
+"""pid's Python API: submit jobs, follow them, run one in the foreground, from a Python program (an eval harness, a
+CI tool) without a `pid` process per job. docs/api.md shows it in use.
+
+The options are the `pid run` / `pid submit` options under their JobSpec names (timeout_s=600, max_turns=30,
+out_dir=…, api_key=…, no_images=True, queue=…, max_workspace=…), with the same defaults (the same PID_*
+environment variables) and the same checks: each keyword goes through the command's own option, so a bad value
+raises PidError with the one line `pid` prints for it, after `pid: error:`. A job then goes through the same
+function `pid submit` calls (pid/jobs/submission.py).
+
+Importing this module loads neither Celery, nor Docker's SDK, nor pid's worker: what each call needs is imported
+when it is called (pid.run alone loads the agent and the sandbox, as `pid run` does).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from pid.errors import PidError
+
+# Command-line options that are about the terminal, not the job: the API returns values instead of printing them.
+_CLI_ONLY = {"as_json", "wait", "verbose"}
+POLL_S = 0.2            # how often a wait looks at the job's record
+SWEEP_EVERY_S = 5.0     # how often a wait looks for jobs whose process died (as `pid result --wait` does)
+
+
+def submit(task: str, repo: str | os.PathLike[str] | None = None, **options: Any) -> Job:
+    """Queue a job for a worker, as `pid submit` does; returns it at once. A directory `repo` is packed now: the
+    job sees it as it is now."""
+    params = _parse("submit", task, repo, options)
+    from pid.jobs import submission
+    spec = submission.submit(params, api_key=params.pop("api_key"), no_images=params.pop("no_images"),
+                             max_workspace=params.pop("max_workspace"), queue=params.pop("queue"), warn=_warn)
+    return Job(spec.id)
+
+
+def run(task: str, repo: str | os.PathLike[str] | None = None, **options: Any) -> dict[str, Any]:
+    """Run one job in this process, as `pid run` does (no queue, no worker; its sandbox on this machine's engine),
+    and return its result: what `pid run --json` prints (result.json; the patch is OUT/<id>/patch.diff, or
+    pid.job(result["id"]).patch()). A failed or cancelled job is a result too; PidError is for what stops it before
+    it starts. It is in the job store meanwhile: `pid list`, `pid steer`, `pid cancel` reach it."""
+    params = _parse("run", task, repo, options)
+    from pid.jobs import submission
+    api_key = params.pop("api_key")
+    spec = submission.prepare_run(params, api_key=api_key, no_images=params.pop("no_images"),
+                                  max_workspace=params.pop("max_workspace"), warn=_warn)
+    from pid import events
+    starting, job = submission.start_foreground(spec)
+    return submission.run_foreground(spec, job, starting, api_key=api_key, sink=events.ignore)
+
+
+def batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str], **options: Any) -> dict[str, Any]:
+    """Run a batch as `pid batch TASKS --out OUT --json` does, in this process (its main thread: a Ctrl-C cancels
+    the batch's jobs, as on the command line), and return what that prints: {"items": [each item's batch.jsonl
+    object, as it ended], "summary": summary.json's data}. Its options are the command's (workers=2,
+    max_total_cost=…, max_running=…, retry_failed=True, allow_outside=True, and every job option as every
+    item's default); running it again with the same OUT resumes the batch."""
+    import click
+
+    from pid.terminal import one_line
+    from pid.config import HomeUnusable, ensure_pid_home
+    try:
+        ensure_pid_home()
+    except HomeUnusable as exc:
+        raise PidError(str(exc)) from None
+    command = _command("batch")
+    args = _args(command, "batch", options, _CLI_ONLY | {"out_dir", "detach", "status_dir", "wait_dir", "cancel_dir"})
+    printed = io.StringIO()
+    code: Any = 0
+    try:
+        with contextlib.redirect_stdout(printed):
+            command.main([*args, f"--out={os.fspath(out)}", "--json", "--", os.fspath(tasks)],
+                         prog_name="pid batch", standalone_mode=False)
+    except SystemExit as exc:   # (the command ends with its exit code: the items' worst)
+        code = exc.code
+    except click.ClickException as exc:
+        raise PidError(one_line(exc.format_message())) from None
+    if code == 130:
+        raise KeyboardInterrupt
+    lines = [json.loads(line) for line in printed.getvalue().splitlines() if line.startswith("{")]
+    summaries = [line["summary"] for line in lines if "summary" in line]
+    if not summaries:
+        raise PidError(f"pid batch ended (exit {code}) without a summary: {one_line(printed.getvalue())[:200]}")
+    return {"items": [line for line in lines if "summary" not in line], "summary": summaries[-1]}
+
+
+def job(job_id: str) -> Job:
+    """A Job for a job already in the store (submitted here, by `pid submit`, or on another machine sharing the
+    store); PidError if there is none."""
+    from pid.jobs import submission
+    handle = Job(job_id)
+    submission.job_record(handle._store(), job_id)
+    return handle
+
+
+@dataclass
+class Job:
+    """A job in the store, by id: every method asks the store, so it works from any process or machine that
+    shares it, whichever worker runs the job."""
+    id: str
+    _cached_store: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def _store(self) -> Any:
+        if self._cached_store is None:
+            from pid.jobs.store import default_store
+            self._cached_store = default_store()
+        return self._cached_store
+
+    def _record(self) -> Any:
+        from pid.jobs.submission import job_record
+        return job_record(self._store(), self.id)
+
+    def status(self) -> str:
+        """queued, running, or how it ended (pid.endings.STATUSES: completed, failed, cancelled, …)."""
+        return str(self._record().status)
+
+    def done(self) -> bool:
+        """The job has ended (its result is there, or follows within moments)."""
+        return bool(self._record().terminal)
+
+    def wait(self, timeout: float | None = None) -> dict[str, Any]:
+        """Block until the job ends and return its result (see result()); TimeoutError after `timeout` seconds,
+        the job going on. Meanwhile a job whose process died is found and ended, as `pid result --wait` does."""
+        from pid.jobs.sweep import sweep_quietly
+        deadline = None if timeout is None else time.monotonic() + timeout
+        next_sweep = time.monotonic() + SWEEP_EVERY_S
+        while not self.done():
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise TimeoutError(f"job {self.id} is still {self.status()} after {timeout:g}s")
+            if now >= next_sweep:
+                next_sweep = now + SWEEP_EVERY_S
+                sweep_quietly(self._store())
+            time.sleep(POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - now)))
+        return self.result()
+
+    def result(self) -> dict[str, Any]:
+        """The ended job's result.json, as `pid result --json` prints it (its patch in result["patch"], its exit
+        reason, usage, cost, check); PidError if it has not ended (wait() waits)."""
+        from pid.jobs.submission import load_result
+        record = self._record()
+        if not record.terminal:
+            raise PidError(f"job {self.id} is {record.status}: no result yet")
+        return load_result(self._store(), self.id)
+
+    def patch(self) -> str | None:
+        """The ended job's patch.diff (its change to the workspace, `git apply`-able), from the job store wherever
+        it ran; None when the job left none. PidError if it has not ended."""
+        from pid.jobs.artifact_store import PATCH
+        result = self.result()   # (ended, and its artifacts uploaded with its result)
+        store = self._store()
+        if "patch" not in result.get("artifacts", {}) or PATCH not in store.artifact_names(self.id):
+            return None
+        return b"".join(store.open_artifact(self.id, PATCH)).decode("utf-8", "surrogateescape")
+
+    def logs(self, follow: bool = True) -> Iterator[dict[str, Any]]:
+        """The job's log records (what `pid logs --json` prints, one dict each: tool calls, model errors, the job's
+        starts and end), from the first; with follow, going on as they come until the job ends."""
+        store, after = self._store(), 0
+        while True:
+            ended = self._record().terminal   # (read before the events: the last ones are in by then)
+            for after, record in store.events(self.id, after=after, wait_s=1.0 if follow and not ended else 0):
+                yield record
+            if not follow or ended:
+                return
+
+    def cancel(self) -> str:
+        """Cancel the job; returns "running" (its process stops it and keeps the artifacts so far, wait() for its
+        end) or "cancelled" (it had not started: it ended now). PidError if it has ended already."""
+        from pid.jobs.submission import cancel
+        return cancel(self._store(), self.id)
+
+    def steer(self, message: str) -> None:
+        """A message the agent gets after its current tool calls, before its next model call (`pid steer`)."""
+        from pid.jobs.submission import post
+        post(self._store(), self.id, "steer", message)
+
+    def follow_up(self, message: str) -> None:
+        """A message the agent gets when it would otherwise stop (`pid follow-up`)."""
+        from pid.jobs.submission import post
+        post(self._store(), self.id, "follow_up", message)
+
+
+def _warn(text: str) -> None:
+    """What is allowed but worth saying (a sandbox on the network): a Python warning, where the CLI prints a line."""
+    warnings.warn(f"pid: {text}", stacklevel=4)
+
+
+def _parse(command_name: str, task: Any, repo: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """The keyword options through the command's own click options (`pid run` or `pid submit`): their defaults,
+    environment variables and checks; returns the values the command's function would get. A refusal is PidError
+    with the CLI's one line; so is an unusable PID_HOME, which stops every command first."""
+    import click
+
+    from pid.config import HomeUnusable, ensure_pid_home
+    from pid.terminal import one_line
+    if not isinstance(task, str):
+        raise PidError(f"the task must be text, not {type(task).__name__}")
+    command = _command(command_name)
+    args = _args(command, command_name, {"repo": None if repo is None else os.fspath(repo), **options})
+    try:
+        ctx = command.make_context(f"pid {command_name}", [*args, "--", task])
+    except click.ClickException as exc:
+        raise PidError(one_line(exc.format_message())) from None
+    try:
+        ensure_pid_home()
+    except HomeUnusable as exc:
+        raise PidError(str(exc)) from None
+    return {k: v for k, v in ctx.params.items() if k not in _CLI_ONLY}
+
+
+def _command(name: str) -> Any:
+    """The `pid` command of this name: its options are the API's."""
+    import click
+
+    from pid.cli.main import cli
+    command = cli.get_command(click.Context(cli), name)
+    assert command is not None
+    return command
+
+
+def _args(command: Any, command_name: str, options: dict[str, Any], cli_only: set[str] = _CLI_ONLY) -> list[str]:
+    """The keywords as command-line words (`--flag=value`), each checked to be one of the command's options."""
+    import click
+    params = {p.name: p for p in command.params if isinstance(p, click.Option) and p.name not in cli_only}
+    args: list[str] = []
+    for name, value in options.items():
+        param = params.get(name)
+        if param is None:
+            raise PidError(f"pid.{command_name}() takes no option {name!r} (it takes "
+                           f"{', '.join(sorted(n for n in params if n))})")
+        if value is None:
+            continue
+        flag = max(param.opts, key=len)
+        if param.is_flag:
+            if not isinstance(value, bool):
+                raise PidError(f"{flag}: {value!r} is not True or False")
+            args += [flag] if value else []
+            continue
+        many = param.multiple and isinstance(value, (list, tuple))
+        args += [f"{flag}={_as_text(v)}" for v in (value if many else [value])]
+    return args
+
+
+def _as_text(value: Any) -> str:
+    """A value as it would be typed after its flag: the option's own type then reads it as the CLI does."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)   # --tools read,bash
+    return repr(value) if isinstance(value, float) else str(value)

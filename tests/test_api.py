@@ -1,0 +1,193 @@
+"""pid's Python API (pid/api.py): bad values refused with the CLI's own line, a submitted job followed to its end by
+a real worker, cancel and steer on a running job, and pid.run in this process. A real worker, a real container, a
+scripted model (tests/scripted_llm.py)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import pid
+from tests.gate import gated, open_gate, reached
+from tests.scripted_llm import ScriptedLLM
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def api_env(pid_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """This process sees what the `pid` subprocesses of pid_env see: the same home, image, no stray PID_*."""
+    for name in [n for n in os.environ if n.startswith(("PID_", "OPENAI_", "ANTHROPIC_"))]:
+        monkeypatch.delenv(name)
+    for name, value in pid_env.items():
+        monkeypatch.setenv(name, value)
+    return pid_env
+
+
+def wait_until(predicate, timeout: float = 120, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+# The same mistakes through the API and through `pid submit`: keyword -> command-line words.
+MISTAKES = [
+    ({"timeout_s": "soon"}, ["--timeout", "soon"]),
+    ({"timeout_s": float("nan")}, ["--timeout", "nan"]),
+    ({"max_turns": 0}, ["--max-turns", "0"]),
+    ({"network": "host"}, ["--network", "host"]),
+    ({"memory": "1k"}, ["--memory", "1k"]),
+    ({"tools": ["read", "nope"]}, ["--tools", "read,nope"]),
+    ({"max_cost": 1.0}, ["--max-cost", "1.0"]),   # no prices for an unknown model
+    ({"check": " "}, ["--check", " "]),
+]
+
+
+def test_bad_values_raise_pid_error_with_the_messages_of_the_shared_checks(api_env, sample_repo, tmp_path):
+    assert issubclass(pid.PidError, ValueError)
+    with pytest.raises(pid.PidError, match="^Invalid value for '--timeout': 'soon' is not a number$"):
+        pid.submit("t", repo=sample_repo, model="m", timeout_s="soon")
+    with pytest.raises(pid.PidError, match="^repo path does not exist: /nonexistent$"):
+        pid.submit("t", repo="/nonexistent", model="m")
+    with pytest.raises(pid.PidError, match="^no model configured: pass --model or set PID_MODEL$"):
+        pid.run("t", repo=sample_repo)
+    with pytest.raises(pid.PidError, match="^the task is empty$"):
+        pid.submit("  ", repo=sample_repo, model="m")
+    with pytest.raises(pid.PidError, match="takes no option 'verbose'"):
+        pid.run("t", repo=sample_repo, model="m", verbose=True)   # the terminal's options are not the API's
+    with pytest.raises(pid.PidError, match="^--no-images: 'yes' is not True or False$"):
+        pid.submit("t", repo=sample_repo, model="m", no_images="yes")
+    with pytest.raises(pid.PidError, match="^no such job: nope$"):
+        pid.job("nope")
+
+
+def test_the_environment_gives_the_same_defaults_as_on_the_command_line(api_env, sample_repo, monkeypatch):
+    monkeypatch.setenv("PID_MODEL", "")
+    with pytest.raises(pid.PidError, match="no model configured"):
+        pid.submit("t", repo=sample_repo)
+    monkeypatch.setenv("PID_THINKING", "extreme")
+    with pytest.raises(pid.PidError, match=r"^Invalid value for '--thinking' \(env var: 'PID_THINKING'\)|"
+                                           r"^Invalid value for '--thinking'"):
+        pid.submit("t", repo=sample_repo, model="m")
+
+
+@pytest.mark.cli
+def test_a_mistake_is_the_cli_s_one_line(api_env, run_pid, sample_repo):
+    """Each mistake: the API's message is exactly what `pid submit` prints after `pid: error: `."""
+    for keywords, words in MISTAKES:
+        with pytest.raises(pid.PidError) as raised:
+            pid.submit("t", repo=sample_repo, model="m", **keywords)
+        done = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", *words)
+        assert done.code == 2, (words, done.stderr)
+        assert done.stderr.strip() == f"pid: error: {raised.value}", (keywords, done.stderr)
+
+
+CLIENT = """
+import sys
+import pid
+job = pid.submit("a task", repo=sys.argv[1], model="m", base_url="http://127.0.0.1:9/v1")
+print("status", job.status(), pid.job(job.id).id == job.id)
+print("loaded:", sorted({m for m in sys.modules if m.split(".")[0] in ("celery", "docker") or
+                         m.startswith("pid.worker")}))
+"""
+
+
+@pytest.mark.cli   # (as tests/test_publish.py's: an engine that answers says the image is there through its socket)
+def test_import_pid_and_submit_load_neither_celery_nor_docker_nor_the_worker(tmp_path, sample_repo):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PID_")}
+    env.update(PID_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT), PID_BROKER_URL="")
+    done = subprocess.run([sys.executable, "-c", CLIENT, str(sample_repo)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "status queued True" in done.stdout, done.stdout
+    assert "loaded: []" in done.stdout, done.stdout
+
+
+@pytest.mark.docker
+@pytest.mark.cli
+def test_a_submitted_job_is_followed_to_its_end(api_env, worker, sample_repo, tmp_path):
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo api >> hello.py"}}]},
+              {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        job = pid.submit("append a line", repo=sample_repo, model="scripted", base_url=llm.base_url,
+                         out_dir=str(tmp_path / "out"))
+        assert job.status() in ("queued", "running")
+        records = list(job.logs(follow=True))   # until the job ends
+        assert job.done()
+        result = job.wait(timeout=120)
+    assert result["id"] == job.id and result["status"] == "completed", result
+    assert job.result() == result and job.status() == "completed"
+    assert any("bash" in str(record) for record in records), records
+    patch = job.patch()
+    assert patch is not None and "+api" in patch, patch
+    assert len(llm.requests) == 2
+
+
+@pytest.mark.docker
+@pytest.mark.cli
+def test_steer_then_cancel_a_running_job(api_env, worker, sample_repo, tmp_path):
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": gated("true")}}]},
+              {"tool_calls": [{"name": "bash", "arguments": {"command": "touch /tmp/.pid-test-reached; sleep 100"}}]},
+              {"text": "never"}]
+    with ScriptedLLM(script) as llm:
+        job = pid.submit("t", repo=sample_repo, model="scripted", base_url=llm.base_url,
+                         out_dir=str(tmp_path / "out"))
+        with pytest.raises(pid.PidError, match="no result yet"):
+            job.result()
+        wait_until(lambda: len(llm.requests) >= 1, what="the first model call")
+        job.steer("STEER-API-1")
+        open_gate(job.id)   # the steer was sent while the first command ran
+        wait_until(lambda: reached(job.id), what="the second command")
+        assert "STEER-API-1" in str(llm.requests[1])   # delivered before the next model call
+        with pytest.raises(TimeoutError):
+            job.wait(timeout=0.5)   # it runs on
+        assert job.cancel() == "running"
+        result = job.wait(timeout=120)
+    assert result["status"] == "cancelled", result
+    assert job.status() == "cancelled"
+    with pytest.raises(pid.PidError, match="nothing to cancel"):
+        job.cancel()
+    with pytest.raises(pid.PidError, match="takes no more messages"):
+        job.steer("too late")
+
+
+@pytest.mark.docker
+@pytest.mark.cli
+def test_run_in_this_process_returns_the_result(api_env, sample_repo, tmp_path):
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo ran >> hello.py"}}]},
+              {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        result = pid.run("append a line", repo=sample_repo, model="scripted", base_url=llm.base_url,
+                         out_dir=str(tmp_path / "out"))
+    assert result["status"] == "completed", result
+    job = pid.job(result["id"])
+    assert job.status() == "completed" and job.result()["id"] == result["id"]
+    patch = (tmp_path / "out" / result["id"] / "patch.diff").read_text()
+    assert "+ran" in patch and job.patch() == patch
+
+
+def test_a_bad_batch_option_is_refused_before_anything_runs(api_env, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "a", "task": "t", "workdir": "/testbed"}\n')
+    with pytest.raises(pid.PidError, match="^Invalid value for '--max-running'"):
+        pid.batch(tasks, tmp_path / "out", model="m", max_running=0)
+    with pytest.raises(pid.PidError, match="takes no option 'detach'"):
+        pid.batch(tasks, tmp_path / "out", model="m", detach=True)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.docker
+@pytest.mark.cli
+def test_a_batch_runs_to_its_summary(api_env, worker, sample_repo, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(f'{{"id": "item{n}", "task": "t{n}", "repo": "{sample_repo}"}}\n' for n in range(2)))
+    with ScriptedLLM([{"text": "done"}] * 2) as llm:
+        ran = pid.batch(tasks, tmp_path / "out", model="scripted", base_url=llm.base_url)
+    assert ran["summary"]["by_status"] == {"completed": 2} and ran["summary"]["exit_code"] == 0, ran
+    assert sorted(item["id"] for item in ran["items"]) == ["item0", "item1"], ran
+    assert (tmp_path / "out" / "summary.json").exists()
