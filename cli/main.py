@@ -82,10 +82,11 @@ class PidGroup(click.Group):
     """pid's commands; those that live in their own modules are imported only when named (or listed by --help), so
     `pid submit` does not pay for `pid batch`'s imports."""
     command_class = PidCommand
-    LAZY = {"batch": ("pid.cli.batch", "batch")}
+    LAZY = {"batch": ("pid.cli.batch", "batch"), "view": ("pid.cli.view", "view")}
+    RERUN = ("continue", "retry")   # pid.cli.rerun's, registered with this module's helpers
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *self.LAZY})
+        return sorted({*super().list_commands(ctx), *self.LAZY, *self.RERUN})
 
     # What a newcomer reaches for first, in this order, in a section of its own above the rest.
     MAIN = ("run", "submit", "worker", "batch")
@@ -106,6 +107,9 @@ class PidGroup(click.Group):
             import importlib
             module, attr = self.LAZY[name]
             self.add_command(getattr(importlib.import_module(module), attr), name)
+        elif name in self.RERUN and name not in self.commands:
+            from pid.cli.rerun import register
+            register(self, sys.modules[__name__])   # (this very module: `python -m` runs it as __main__)
         return super().get_command(ctx, name)
 
 
@@ -606,10 +610,6 @@ def reap_own_quietly() -> None:
     threading.Thread(target=reap, name="pid-reap", daemon=True).start()
 
 
-from pid.cli.view import view as view_command  # noqa: E402 - the command lives in its own module; it imports lightly
-cli.add_command(view_command)
-from pid.cli.rerun import register as register_rerun  # noqa: E402 - `continue` and `retry`, with this module's helpers
-register_rerun(cli, sys.modules[__name__])
 if cli_package.LOADING:   # loaded (cli/__init__.py): Ctrl-C is a KeyboardInterrupt again, which main() and the
     cli_package.LOADING = False                                # commands handle (once: `python -m pid.cli.main` may
     signal.signal(signal.SIGINT, signal.default_int_handler)   # load this module a second time, as pid.cli.main)

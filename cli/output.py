@@ -17,7 +17,6 @@ import click
 
 from pid import events as ev
 from pid.costs import format_cost
-from pid.event_records import EventRecords
 from pid.terminal import CLEAR_LINE, dumps, one_line, shown
 from pid.jobs.spec import json_text
 
@@ -158,6 +157,7 @@ class EventPrinter:
     """An event sink for `pid run`: the same lines a job's log prints, straight from its events."""
 
     def __init__(self, verbose: bool = False, out: Callable[..., None] = echo) -> None:
+        from pid.event_records import EventRecords   # (and the tools' summaries: only where records are shown)
         self._records = EventRecords()
         self._printer = RecordPrinter(verbose=verbose, out=out)
         self.said = self._printer.said

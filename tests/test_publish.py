@@ -67,7 +67,9 @@ from click.testing import CliRunner
 from pid.cli.main import cli
 result = CliRunner().invoke(cli, sys.argv[1:], catch_exceptions=False)
 print(result.output, end="")
-print("loaded:", sorted(m for m in ("celery", "kombu") if m in sys.modules))
+UNNEEDED = ("celery", "kombu", "docker", "pid.worker", "pid.tools", "pid.agent", "pid.cli.view", "pid.cli.rerun",
+            "pid.cli.batch")
+print("loaded:", sorted({n for m in sys.modules for n in UNNEEDED if m == n or m.startswith(n + ".")}))
 sys.exit(result.exit_code)
 """
 
@@ -154,3 +156,14 @@ def test_the_client_commands_load_neither_celery_nor_the_worker(tmp_path, sample
     assert all(f"{command} 0" in done.stdout for command in ("submit", "list", "status", "cancel")), done.stdout
     assert "loaded: []" in done.stdout, done.stdout
     assert len(_queued(tmp_path / "home", "pid")) == 1
+
+
+def test_submit_loads_only_what_it_needs(tmp_path, sample_repo):
+    """`pid submit` is a short process on the way to the job's first model request: it loads neither the other
+    commands (view, continue, retry, batch) nor the agent's tools, nor the queue's libraries on the embedded queue."""
+    env = {**_env(tmp_path, ""), "PID_BROKER_URL": ""}
+    done = subprocess.run([sys.executable, "-c", SUBMIT, "submit", "a task", "--repo", str(sample_repo), "--model",
+                           "m", "--base-url", "http://127.0.0.1:9/v1"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "loaded: []" in done.stdout, done.stdout
