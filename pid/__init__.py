@@ -1,6 +1,22 @@
 """pid runs LLM coding agents in Docker sandboxes. Its Python API (pid/api.py, docs/api.md): submit, run, batch,
-job, Job, and PidError for a bad value. Importing pid loads none of Celery, Docker's SDK or the worker."""
-from pid.api import Job, batch, job, run, submit
-from pid.errors import PidError
+job, Job, and PidError for a bad value. They load when first used: `import pid` (which every `pid.*` import runs)
+loads nothing, so `pid`'s own start, and a Ctrl-C during it, stay its command line's (pid/cli/__init__.py)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pid.api import Job, batch, job, run, submit
+    from pid.errors import PidError
 
 __all__ = ["Job", "PidError", "batch", "job", "run", "submit"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PidError":
+        from pid.errors import PidError
+        return PidError
+    if name in __all__:
+        from pid import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'pid' has no attribute {name!r}")
