@@ -1,11 +1,13 @@
 """pid runs LLM coding agents in Docker sandboxes. Its Python API (pid/api.py, docs/api.md): submit, run, batch,
 job, Job, and PidError for a bad value. They load when first used: `import pid` (which every `pid.*` import runs)
-loads nothing, so `pid`'s own start, and a Ctrl-C during it, stay its command line's (pid/cli/__init__.py)."""
+imports nothing at all, so that `pid`'s own start, and a Ctrl-C during it, stay its command line's (pid/cli/__init__.py
+sets that handler first)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+MYPY = False   # (mypy reads it as true: typing.TYPE_CHECKING without importing typing)
+if MYPY:
+    from typing import Any
 
-if TYPE_CHECKING:
     from pid.api import Job, batch, job, run, submit
     from pid.errors import PidError
 
