@@ -128,7 +128,8 @@ def test_workers_sharing_only_redis_run_a_batch_exactly_once_through_a_redis_res
             for job_id in jobs:
                 done = _pid(client_env, client, "result", job_id, "--wait", "--json", "--download",
                             str(client / "dl" / job_id), timeout=300)
-                assert done.returncode == 0, done.stderr + (tmp_path / "w2.log").read_text()[-3000:]
+                assert done.returncode == 0, (done.stdout[-3000:] + done.stderr + (tmp_path / "w1.log").read_text()[-3000:]
+                                              + (tmp_path / "w2.log").read_text()[-3000:])
                 results[job_id] = done
             logs = _pid(client_env, client, "logs", killed[0])
             stop_worker(workers[1])
@@ -144,9 +145,7 @@ def test_workers_sharing_only_redis_run_a_batch_exactly_once_through_a_redis_res
             alone_err = alone_lines.text()
     finally:
         for proc in workers:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_worker(proc)   # a clean stop removes its jobs' containers
         redis.stop()
 
     for n, job_id in enumerate(jobs):
