@@ -265,3 +265,37 @@ def test_a_store_that_keeps_refusing_beats_is_said_once_and_its_return_once(monk
     said = [r.getMessage() for r in caplog.records if "heartbeat" in r.getMessage()]
     assert said == ["recording this worker's heartbeat: the store is down", "this worker's heartbeat is recorded again"]
     assert not any(r.exc_info for r in caplog.records)
+
+
+def test_a_housekeeping_pass_that_cannot_reach_the_store_says_one_line_and_stops(caplog):
+    """A Redis restarting is no bug: one warning for the pass (no traceback per step), and the pass ends there; a
+    step failing for another reason still gets its traceback."""
+    import logging
+
+    import redis
+
+    from pid.worker import housekeeping
+
+    class DownStore:
+        def __init__(self, error: Exception) -> None:
+            self.error, self.calls = error, []
+
+        def __getattr__(self, name: str):
+            def call(*args, **kwargs):
+                self.calls.append(name)
+                raise self.error
+            return call
+
+    caplog.set_level(logging.INFO, logger="pid.worker")
+    keeping = housekeeping.Housekeeping("n", 1, lambda: 0, lambda: True)
+    keeping._next_reap = keeping._next_prune = float("inf")   # the steps that reach the store only
+    down = DownStore(redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"))
+    keeping.once(down)
+    assert [(r.levelno, r.exc_info) for r in caplog.records] == [(logging.WARNING, None)]
+    assert "the job store is unreachable (Redis is loading the dataset in memory)" in caplog.records[0].getMessage()
+    assert down.calls == ["now"]   # the sweep's first look, then nothing more this pass
+
+    caplog.clear()
+    broken = DownStore(redis.exceptions.ResponseError("WRONGTYPE"))
+    keeping.once(broken)
+    assert len(caplog.records) >= 2 and all(r.exc_info for r in caplog.records)

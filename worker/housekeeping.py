@@ -31,6 +31,7 @@ from pid.jobs.spec import DEFAULT_QUEUE
 from pid.jobs.store import JobRecord, Store
 from pid.jobs.store_watch import StoreWatch
 from pid.jobs.workers import BEAT_S, live_workers
+from pid.worker.outage import first_line, transient
 from pid import settings
 
 log = logging.getLogger("pid.worker")
@@ -178,8 +179,14 @@ class Housekeeping:
                 return
             try:
                 step()
-            except Exception:
-                log.exception("%s", what)
+            except Exception as exc:
+                if not transient(exc):
+                    log.exception("%s", what)
+                    continue
+                # One line, not a traceback per step: the store restarting is no bug, and the next pass tries again.
+                log.warning("%s: the job store is unreachable (%s): tried again in the next pass", what,
+                            first_line(exc))
+                return
 
     @staticmethod
     def _reap() -> None:

@@ -61,7 +61,7 @@ class Patience:
                 if gave_up_at is None:
                     gave_up_at = max(self.deadline, now + OUTAGE_MIN_S)
                     log.warning("job %s: the job store is unreachable (%s): %s waits for it, %.0fs at most",
-                                self.job_id, _first_line(exc), what, gave_up_at - now)
+                                self.job_id, first_line(exc), what, gave_up_at - now)
                 if now + pause > gave_up_at:
                     raise
                 time.sleep(pause)
@@ -101,6 +101,6 @@ def patient(store: Store, patience: Patience) -> Store:
     return cast(Store, _PatientStore(store, patience))
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:200]
