@@ -117,17 +117,22 @@ def run_batch(tasks: str, out: str, opts: Options, display: Display | None = Non
               warn: Callable[[str], None] = ignore) -> dict[str, Any]:
     """A whole batch, in the calling thread: prepared, submitted, followed to its end. Returns {"items": [each
     item's batch.jsonl row, as it ended in this run], "summary": summary.json's data} (what `pid batch --json`
-    prints). A KeyboardInterrupt (or any exception) while it runs cancels the jobs it was waiting for, writes
-    batch.jsonl and summary.json as far as they got, and propagates: the same call resumes the batch."""
+    prints). A KeyboardInterrupt while it runs cancels the jobs it was waiting for (queued ones end now, running
+    ones through their workers: not waited for), writes batch.jsonl and summary.json as far as they got, and
+    propagates; another exception leaves the jobs to go on, as a `pid batch` that dies does. Either way the same
+    call resumes the batch."""
     run = prepare(tasks, out, opts, warn)
     items = Items(display)
     try:
         try:
             run.start()
             summary = run.follow(items)
-        except BaseException:
-            run.cancel_tracked()
-            run.summary()
+        except KeyboardInterrupt:
+            try:
+                run.cancel_tracked()
+                run.summary()
+            except Exception as exc:   # (the interrupt is what the caller hears of)
+                warn(f"pid: after the interrupt: {type(exc).__name__}: {exc}")
             raise
     finally:
         run.close()
