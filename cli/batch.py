@@ -19,7 +19,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from pid.cli.batch_run import EXIT_INTERRUPTED, Progress, count, follow
+from pid.cli.batch_run import EXIT_INTERRUPTED, follow
 from pid.cli.options import JOB_OPTIONS, EnvOption, Number, QueueName, Size, format_size, spec_options
 from pid.cli.output import echo
 from pid.terminal import dumps, one_line
@@ -176,35 +176,28 @@ def _open(path: str) -> BatchDir:
 
 def _status(bdir: BatchDir, as_json: bool) -> None:
     """--status DIR: every item by its current job's status (or its recorded end), the spend, no waiting."""
-    store = _store()
-    records = {r.id: r for r in store.batch_jobs(bdir.batch_id)}
-    live = {bdir.current_job(i): i for i in bdir.order if bdir.current_job(i) in records
-            and not records[bdir.current_job(i)].terminal}
-    progress = Progress(total=len(bdir.order))
-    count(progress, bdir, records, {j: i for j, i in live.items() if j})
-    info = store.batch(bdir.batch_id)
+    from pid.jobs.batch_control import status
+    now = status(bdir, _store())
     if as_json:
-        echo(dumps({"batch": bdir.batch_id, "items": len(bdir.order), "counts": progress.counts,
-                    "cost": round(progress.cost, 6),
-                    "budget": None if info is None else {"max_total_cost": info.max_total_cost, "spent": info.spent,
-                                                         "max_running": info.max_running}}))
+        echo(dumps(now.as_dict()))
         return
     from pid.cli.batch_control import item_lines
     from pid.cli.table import terminal_width
     from pid.costs import format_cost
-    counts = ", ".join(f"{n} {s}" for s, n in sorted(progress.counts.items()))
+    info = now.info
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(now.counts.items()))
     budget = f" of {format_cost(info.max_total_cost)}" if info is not None and info.max_total_cost is not None else ""
-    echo(f"batch {bdir.batch_id}: {len(bdir.order)} items: {counts}; cost {format_cost(progress.cost)}{budget}")
-    for line in item_lines(bdir, records, terminal_width()):
+    echo(f"batch {bdir.batch_id}: {len(bdir.order)} items: {counts}; cost {format_cost(now.cost)}{budget}")
+    for line in item_lines(bdir, now.records, terminal_width()):
         echo(line)
 
 
 def _cancel(bdir: BatchDir) -> None:
     """--cancel DIR: a line per job cancelled, then how many."""
-    from pid.cli.batch_control import cancel_batch
-    lines = cancel_batch(bdir, _store())
+    from pid.cli.batch_control import cancel_lines
+    from pid.jobs.batch_control import cancel
+    lines = cancel_lines(cancel(bdir, _store()))
     for line in lines:
         echo(line)
     echo(f"batch {bdir.batch_id}: " + (f"{len(lines)} job(s) cancelled" if lines else "nothing to cancel (every "
                                         "job has ended)"))
-

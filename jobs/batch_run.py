@@ -161,14 +161,18 @@ class Run:
     # -- following ---------------------------------------------------------------------------------------------
 
     def follow_existing(self, display: Display) -> dict[str, Any]:
-        """--wait DIR: the jobs the ledger names that have not been recorded as ended."""
+        """--wait DIR: the jobs the ledger names that have not been recorded as ended, followed."""
+        self.collect_existing()
+        return self.follow(display)
+
+    def collect_existing(self) -> None:
+        """Track the jobs the ledger names that have not been recorded as ended."""
         records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
         for item_id in self.bdir.order:
             job_id = self.bdir.current_job(item_id)
             row = self.bdir.rows.get(item_id)
             if job_id and job_id in records and (row is None or row.get("job_id") != job_id):
                 self.tracked[job_id] = item_id
-        return self.follow(display)
 
     def follow(self, display: Display) -> dict[str, Any]:
         """Wait for every tracked job, recording each as it ends (told to `display`), and return the summary

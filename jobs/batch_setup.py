@@ -117,26 +117,61 @@ def run_batch(tasks: str, out: str, opts: Options, display: Display | None = Non
               warn: Callable[[str], None] = ignore) -> dict[str, Any]:
     """A whole batch, in the calling thread: prepared, submitted, followed to its end. Returns {"items": [each
     item's batch.jsonl row, as it ended in this run], "summary": summary.json's data} (what `pid batch --json`
-    prints). A KeyboardInterrupt while it runs cancels the jobs it was waiting for (queued ones end now, running
-    ones through their workers: not waited for), writes batch.jsonl and summary.json as far as they got, and
-    propagates; another exception leaves the jobs to go on, as a `pid batch` that dies does. Either way the same
-    call resumes the batch."""
+    prints). See follow() for an interrupt."""
     run = prepare(tasks, out, opts, warn)
-    items = Items(display)
     try:
         try:
             run.start()
-            summary = run.follow(items)
         except KeyboardInterrupt:
-            try:
-                run.cancel_tracked()
-                run.summary()
-            except Exception as exc:   # (the interrupt is what the caller hears of)
-                warn(f"pid: after the interrupt: {type(exc).__name__}: {exc}")
+            _cancel_after_interrupt(run, warn)
             raise
+        return follow(run, display, warn)
     finally:
         run.close()
+
+
+def submit_batch(tasks: str, out: str, opts: Options, warn: Callable[[str], None] = ignore) -> Run:
+    """`pid batch --detach`: the batch's jobs submitted (or resumed), nothing followed; the Run says how many
+    (submitted, tracked). Its items end whoever follows them: wait_batch(), `pid batch --wait DIR`."""
+    if opts.workers:
+        raise PidError("--detach and --workers: the local workers would stop as the command returns")
+    run = prepare(tasks, out, opts, warn)
+    try:
+        run.start()
+    except KeyboardInterrupt:
+        _cancel_after_interrupt(run, warn)
+        raise
+    return run
+
+
+def wait_batch(out: str, display: Display | None = None, warn: Callable[[str], None] = ignore) -> dict[str, Any]:
+    """`pid batch --wait DIR`: the jobs of the batch in `out` that have not been recorded as ended, followed to
+    their end (downloaded, recorded); returns as run_batch() does."""
+    run = Run(open_dir(out), default_store(), retry_failed=False, warn=warn)
+    run.collect_existing()
+    return follow(run, display, warn)
+
+
+def follow(run: Run, display: Display | None, warn: Callable[[str], None]) -> dict[str, Any]:
+    """The run followed to its end, its items kept as they end. A KeyboardInterrupt meanwhile cancels the jobs
+    it waits for (queued ones end now, running ones through their workers: not waited for), writes batch.jsonl and
+    summary.json as far as they got, and propagates; another exception leaves the jobs to go on, as a `pid batch`
+    that dies does. Either way the same call resumes the batch."""
+    items = Items(display)
+    try:
+        summary = run.follow(items)
+    except KeyboardInterrupt:
+        _cancel_after_interrupt(run, warn)
+        raise
     return {"items": items.rows, "summary": summary}
+
+
+def _cancel_after_interrupt(run: Run, warn: Callable[[str], None]) -> None:
+    try:
+        run.cancel_tracked()
+        run.summary()
+    except Exception as exc:   # (the interrupt is what the caller hears of)
+        warn(f"pid: after the interrupt: {type(exc).__name__}: {exc}")
 
 
 def default_store() -> Any:

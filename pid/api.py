@@ -64,12 +64,75 @@ def batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str],
     option as every item's default); running it again with the same OUT resumes the batch. A KeyboardInterrupt
     while it runs cancels the batch's jobs that have not ended (without waiting for the running ones to stop),
     writes batch.jsonl and summary.json as far as they got, and propagates."""
-    from pid.jobs.batch_setup import Options, run_batch
-    params = _parse("batch", os.fspath(tasks), None, {**options, "out_dir": os.fspath(out)},
-                    _CLI_ONLY | _BATCH_CLI_ONLY)
+    from pid.jobs.batch_setup import run_batch
+    tasks_path, out_dir, opts = _batch_options(tasks, out, options, _CLI_ONLY | _BATCH_CLI_ONLY)
+    return run_batch(tasks_path, out_dir, opts, display=_Items(on_item), warn=_warn)
+
+
+def submit_batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str], **options: Any) -> Batch:
+    """Submit a batch's jobs (or resume it) and return at once, as `pid batch TASKS --out OUT --detach` does;
+    workers elsewhere run them. The options are pid.batch's but `workers` (they would stop as this returns)."""
+    from pid.jobs.batch_setup import submit_batch as submit_jobs
+    tasks_path, out_dir, opts = _batch_options(tasks, out, options, _CLI_ONLY | _BATCH_CLI_ONLY | {"workers"})
+    return Batch(submit_jobs(tasks_path, out_dir, opts, warn=_warn).bdir.path)
+
+
+def open_batch(out: str | os.PathLike[str]) -> Batch:
+    """The batch whose output directory is `out` (started by pid.batch, pid.submit_batch or `pid batch`);
+    PidError if it is none."""
+    from pid.config import HomeUnusable, ensure_pid_home
+    from pid.jobs.batch_setup import open_dir
+    try:
+        ensure_pid_home()
+    except HomeUnusable as exc:
+        raise PidError(str(exc)) from None
+    path = os.path.abspath(os.path.expanduser(os.fspath(out)))
+    open_dir(path)
+    return Batch(path)
+
+
+@dataclass
+class Batch:
+    """A batch, by its output directory: each method reads it and the job store afresh, from any process that
+    shares them."""
+    out: str
+
+    @property
+    def id(self) -> str:
+        from pid.jobs.batch_setup import open_dir
+        return open_dir(self.out).batch_id
+
+    def status(self) -> dict[str, Any]:
+        """Where its items are, no waiting: what `pid batch --status OUT --json` prints ({"batch", "items",
+        "counts" by status, "cost", "budget"})."""
+        from pid.jobs.batch_control import status
+        from pid.jobs.batch_setup import default_store, open_dir
+        return status(open_dir(self.out), default_store()).as_dict()
+
+    def wait(self, on_item: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Follow its jobs that have not ended to their end (downloaded into OUT, recorded) and return what
+        pid.batch returns: {"items": [those that ended in this call], "summary": {…}}; a KeyboardInterrupt as
+        there. `pid batch --wait OUT --json`."""
+        from pid.jobs.batch_setup import wait_batch
+        return wait_batch(self.out, _Items(on_item), warn=_warn)
+
+    def cancel(self) -> list[dict[str, str]]:
+        """Cancel every job of the batch that has not ended: {"item", "job", "status"} each, "cancelled" (it was
+        queued) or "running" (its worker stops it). `pid batch --cancel OUT`; the same pid.batch call resumes them."""
+        from pid.jobs.batch_control import cancel
+        from pid.jobs.batch_setup import default_store, open_dir
+        return cancel(open_dir(self.out), default_store())
+
+
+def _batch_options(tasks: Any, out: Any, options: dict[str, Any], cli_only: set[str]) -> tuple[str, str, Any]:
+    """pid.batch's keywords through `pid batch`'s options: the tasks file, the output directory and the rest."""
+    from pid.jobs.batch_setup import Options
+    if not isinstance(tasks, (str, os.PathLike)):
+        raise PidError(f"the tasks file must be a path, not {type(tasks).__name__}")
+    params = _parse("batch", os.fspath(tasks), None, {**options, "out_dir": os.fspath(out)}, cli_only)
     job = {k: v for k, v in params.items() if k not in _BATCH_OPTIONS | _BATCH_CLI_ONLY | {"tasks"}}
-    opts = Options(job=job, **{k: v for k, v in params.items() if k in _BATCH_OPTIONS})
-    return run_batch(params["tasks"], job.pop("out_dir"), opts, display=_Items(on_item), warn=_warn)
+    out_dir = job.pop("out_dir")
+    return params["tasks"], out_dir, Options(job=job, **{k: v for k, v in params.items() if k in _BATCH_OPTIONS})
 
 
 def job(job_id: str) -> Job:
