@@ -5,7 +5,8 @@ The options are the `pid run` / `pid submit` options under their JobSpec names (
 out_dir=…, api_key=…, no_images=True, queue=…, max_workspace=…), with the same defaults (the same PID_*
 environment variables) and the same checks: each keyword goes through the command's own option, so a bad value
 raises PidError with the one line `pid` prints for it, after `pid: error:`. A job then goes through the same
-function `pid submit` calls (pid/jobs/submission.py).
+function `pid submit` calls (pid/jobs/submission.py), and a batch through `pid batch`'s own (pid/jobs/batch_setup.py,
+batch_run.py), which report to the API as they report to the command: no output is parsed here.
 
 Importing this module loads neither Celery, nor Docker's SDK, nor pid's worker: what each call needs is imported
 when it is called (pid.run alone loads the agent and the sandbox, as `pid run` does).
