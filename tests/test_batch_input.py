@@ -66,8 +66,9 @@ def test_the_resume_line_never_shows_the_api_key():
 
 
 def test_continue_and_retry_of_a_batch_item_default_their_out_to_pid_runs_not_the_batchs_scratch(tmp_path, monkeypatch):
-    import pid.cli.main  # noqa: F401  (registers pid.cli.rerun with its helpers)
-    from pid.cli.rerun import _out_dir
+    import pid.cli.main
+    from pid.cli.rerun import _out_dir, register
+    register(pid.cli.main.cli, pid.cli.main)   # (as `pid continue` does, when the command is named)
     batch = BatchDir.create(str(tmp_path / "b"), {})
     monkeypatch.chdir(tmp_path)
     assert _out_dir(None, batch.jobs_dir) == str(tmp_path / "pid-runs")
