@@ -1,5 +1,5 @@
-"""`pid batch --status DIR`'s table of items and `pid batch --cancel DIR`, both from the batch directory's ledger and
-the job store's records of the batch's jobs (one query)."""
+"""`pid batch --status DIR`'s table of items and `pid batch --cancel DIR`'s lines, from the batch directory's ledger
+and the job store's records of the batch's jobs (pid/jobs/batch_control.py has them as data)."""
 from __future__ import annotations
 
 from typing import Any
@@ -37,19 +37,7 @@ def item_lines(bdir: BatchDir, records: dict[str, Any], width: int | None) -> li
     return render(ITEM_COLUMNS, rows, width)
 
 
-def cancel_batch(bdir: BatchDir, store: Any) -> list[str]:
-    """Cancel every job of the batch that has not ended (whichever run made it); a line per job. A queued one ends
-    here and now, a running one through its worker (one sweep at the end ends those whose process is gone)."""
-    from pid.jobs.sweep import cancel_job, sweep_quietly
-    items = {job_id: item_id for item_id, jobs in bdir.ledger.items() for job_id in jobs}
-    lines = []
-    for record in store.batch_jobs(bdir.batch_id):
-        if record.terminal:
-            continue
-        status = cancel_job(store, record.id) if record.status == "queued" else store.request_cancel(record.id)
-        said = {"running": "cancelling (its worker stops it)", "cancelled": "cancelled"}.get(str(status))
-        if said is not None:   # (else it ended meanwhile)
-            lines.append(f"{one_line(items.get(record.id, '?'))}  {record.id}: {said}")
-    if lines:
-        sweep_quietly(store)
-    return lines
+def cancel_lines(cancelled: list[dict[str, str]]) -> list[str]:
+    """A line per job pid.jobs.batch_control.cancel() cancelled."""
+    said = {"running": "cancelling (its worker stops it)", "cancelled": "cancelled"}
+    return [f"{one_line(job['item'])}  {job['job']}: {said[job['status']]}" for job in cancelled]

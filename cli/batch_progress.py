@@ -4,9 +4,7 @@ the tasks file, models and agents: every one passes through pid.terminal (rich's
 from __future__ import annotations
 
 import sys
-import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from pid.cli.output import echo, format_duration
 from pid.cli.table import Column, cut
@@ -14,39 +12,9 @@ from pid.cli.table import render as table_lines
 from pid.costs import format_cost
 from pid.endings import ending_words
 from pid.terminal import dumps, one_line, shown
-from pid.jobs.store import JobRecord
+from pid.jobs.batch_run import Display, Progress
 
 RUNNING_SHOWN = 12   # running items listed in the live table at most
-
-
-@dataclass
-class Progress:
-    """What the display shows, recomputed from the store at each poll."""
-    total: int                                   # items of the batch
-    counts: dict[str, int] = field(default_factory=dict)   # by status: ended items' and the live jobs'
-    running: list[tuple[str, JobRecord]] = field(default_factory=list)   # (item id, its record)
-    cost: float = 0.0
-    budget: float | None = None
-    ended_now: int = 0                           # items ended since this run started
-    to_end: int = 0                              # items this run still waits for
-    started: float = field(default_factory=time.monotonic)
-
-    def rate(self) -> float | None:
-        """Items ended per minute in this run."""
-        elapsed = time.monotonic() - self.started
-        return self.ended_now / elapsed * 60 if self.ended_now and elapsed > 0 else None
-
-    def eta_s(self) -> float | None:
-        rate = self.rate()
-        return self.to_end / rate * 60 if rate else None
-
-
-class Display(Protocol):
-    def item_ended(self, row: dict[str, Any], progress: Progress) -> None: ...
-    def update(self, progress: Progress) -> None: ...
-    def note(self, text: str) -> None: ...
-    def stop(self) -> None: ...
-
 
 
 def item_line(row: dict[str, Any], done: int, total: int) -> str:

@@ -1,277 +1,52 @@
-"""One run of `pid batch` over its output directory: which items it submits (and how: a chunk at a time, ledger
-first), which jobs it waits for (never a second job beside a live one), how it follows them (one store query per
-poll for all), downloads each as it ends, cancels them on Ctrl-C, and ends with the summary and its exit code."""
+"""`pid batch`'s following of a run (pid/jobs/batch_run.py): its display, its Ctrl-C, its summary and exit code.
+The run reports; this prints."""
 from __future__ import annotations
 
-import os
-import secrets
 import shlex
 import signal
 import sys
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NoReturn
 
-import click
-
-from pid.cli.batch_progress import Display, Progress, make_display, summary_text
+from pid.cli.batch_progress import make_display, summary_text
 from pid.cli.output import echo
-from pid.endings import ending_words
-from pid.terminal import dumps, one_line
-from pid.jobs.batch import BatchDir, needs_run, row_for, summarize
-from pid.jobs.spec import JobSpec, new_job_id
-from pid.jobs.trees import remove_tree
+from pid.terminal import dumps
+from pid.jobs.batch_run import Progress, Run, count, item_state
 
-POLL_S = 0.5                 # how often the store is read for the batch's jobs (one query for all)...
-POLL_MAX_S = 2.0             # ...or, with more than 250 jobs to follow, up to this
-CHUNK = 200                  # jobs per ledger sync
-DOWNLOADS = 4                # artifacts downloaded at once
-ROWS_EVERY_S = 2.0           # batch.jsonl is rewritten at most this often while the batch runs (and at its end)
-CANCEL_WAIT_S = 90.0         # after Ctrl-C, how long the running jobs get to end before the command stops waiting
+__all__ = ["EXIT_INTERRUPTED", "Progress", "count", "follow", "item_state", "without_secrets"]
+
 EXIT_INTERRUPTED = 130
 
 
-@dataclass
-class Run:
-    """One run of the command over the batch directory: what it submits, waits for, downloads and records."""
-    bdir: BatchDir
-    store: Any
-    as_json: bool
-    retry_failed: bool
-    specs: dict[str, JobSpec] = field(default_factory=dict)   # item id -> its spec (none with --wait DIR)
-    api_key: str | None = None
-    key_endpoint: str | None = None   # the key goes with the jobs whose endpoint this is (pid.config.endpoint)
-    max_running: int | None = None
-    local: Any = None                                         # pid.cli.batch.LocalWorkers
-    tasks: str | None = None
-    tracked: dict[str, str] = field(default_factory=dict)     # job id -> item id: jobs this run waits for
-    adopted: set[str] = field(default_factory=set)            # ...of which those an earlier run submitted
-    submitted: int = 0
-    interrupted: int = 0                                      # Ctrl-C count
-
-    # -- submitting --------------------------------------------------------------------------------------------
-    def _key_reaches(self, spec: JobSpec) -> bool:
-        from pid.config import endpoint
-        return self.key_endpoint is None or endpoint(spec.api, spec.base_url) == self.key_endpoint
-
-    def start(self) -> None:
-        """Decide per item (skip, wait for its job, submit), then submit."""
-        records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
-        to_submit = []
-        for item_id in self.bdir.order:
-            if item_id not in self.specs:
-                continue
-            job_id = self.bdir.current_job(item_id)
-            record = records.get(job_id) if job_id else None
-            row = self.bdir.rows.get(item_id)
-            if job_id is None or record is None:
-                if needs_run(row, self.retry_failed):
-                    to_submit.append(item_id)
-            elif not record.terminal:
-                self.tracked[job_id] = item_id           # still queued or running: wait for it, never beside it
-                self.adopted.add(job_id)
-            elif row is None or row.get("job_id") != job_id:
-                self.tracked[job_id] = item_id           # it ended while no run was watching: record it first
-                self.adopted.add(job_id)
-            elif needs_run(row, self.retry_failed):
-                to_submit.append(item_id)
-        if not to_submit and not self.tracked:
-            echo(nothing_to_do([self.bdir.rows.get(i) for i in self.bdir.order if i in self.specs]), err=True)
-        again = sorted({str(self.bdir.rows[i].get("status")) for i in to_submit if self.bdir.rows.get(i)})
-        if again:
-            n = sum(1 for i in to_submit if self.bdir.rows.get(i))
-            echo(f"pid: {n} item{'s' if n != 1 else ''} whose earlier job ended {' or '.join(again)}: submitted again",
-                 err=True)
-        self.submit(to_submit)
-
-    def submit(self, item_ids: list[str]) -> None:
-        """Ledger first (synced), then the jobs, a chunk at a time: created in one store operation, and published
-        (one broker connection) unless --max-running holds them back (parked: jobs/batch_budget.py)."""
-        room = None
-        if self.max_running is not None:
-            info = self.store.batch(self.bdir.batch_id)
-            records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
-            waiting = sum(1 for j in self.tracked if j in records and records[j].status == "queued"
-                          and records[j].dispatched_at is not None)
-            room = max(0, self.max_running - (info.running if info else 0) - waiting)
-        for start in range(0, len(item_ids), CHUNK):
-            chunk = [(item_id, _job_spec(self.specs[item_id], self.bdir.batch_id)) for item_id in
-                     item_ids[start:start + CHUNK]]
-            self.bdir.record_jobs([(item_id, spec.id) for item_id, spec in chunk])
-            go = chunk if room is None else chunk[:room]
-            room = None if room is None else room - len(go)
-            self.store.create_many([spec for _, spec in go], dispatched=True)
-            self.store.create_many([spec for _, spec in chunk[len(go):]], dispatched=False)
-            for item_id, spec in chunk:
-                if self.api_key and self._key_reaches(spec) and not self.store.set_secret(spec.id, self.api_key):
-                    raise click.ClickException(f"the job store did not keep job {spec.id}'s API key")
-                self.tracked[spec.id] = item_id
-            self.submitted += len(chunk)
-            self._publish([spec for _, spec in go])
-
-    def _publish(self, specs: list[JobSpec]) -> None:
-        """Each job's message (its id), over one connection. A publish that fails leaves it and the rest to the
-        workers' reconcilers, which publish what the store says was not (a warning, once)."""
-        from pid.jobs.dispatch import publish
-        sent, error = publish(self.store, [(spec.id, spec.queue) for spec in specs])
-        if error is None:
-            return
-        for left in specs[sent:]:
-            self.store.mark_undispatched(left.id, f"{type(error).__name__}: {error}")
-        echo(f"pid: warning: the broker refused job {specs[sent].id} ({error}); {len(specs) - sent} job(s) wait "
-             "for a worker's reconciler to queue them", err=True)
-
-    # -- following ---------------------------------------------------------------------------------------------
-
-    def follow_existing(self) -> None:
-        """--wait DIR: the jobs the ledger names that have not been recorded as ended."""
-        records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
-        for item_id in self.bdir.order:
-            job_id = self.bdir.current_job(item_id)
-            row = self.bdir.rows.get(item_id)
-            if job_id and job_id in records and (row is None or row.get("job_id") != job_id):
-                self.tracked[job_id] = item_id
-        self.follow()
-
-    def follow(self) -> None:
-        """Wait for every tracked job, recording each as it ends; then the summary, and exit with its code."""
-        display = make_display(self.as_json)
-        progress = Progress(total=len(self.bdir.order))
-        previous = signal.signal(signal.SIGINT, self._on_sigint)
-        downloads = ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="pid-batch-download")
-        pending: dict[str, Future[dict[str, Any]]] = {}
-        cancelled_at: float | None = None
-        budget_ended = False
-        last_rows = 0.0
-        try:
-            while self.tracked or pending:
-                records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
-                if self.interrupted and cancelled_at is None:
-                    cancelled_at = time.monotonic()
-                    self._cancel_all(records, display)
-                    records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
-                if cancelled_at is not None and (self.interrupted > 1 or
-                                                 time.monotonic() - cancelled_at > CANCEL_WAIT_S):
-                    break
-                for job_id, item_id in list(self.tracked.items()):
-                    record = records.get(job_id)
-                    if record is None:       # gone from the store (expired): it never ended for this batch
-                        del self.tracked[job_id]
-                        if not self.interrupted and item_id in self.specs:
-                            self.submit([item_id])
-                    elif record.terminal and job_id not in pending:
-                        pending[job_id] = downloads.submit(self._finish_item, job_id, item_id, record)
-                for job_id, future in list(pending.items()):
-                    if not future.done():
-                        continue
-                    del pending[job_id]
-                    item_id = self.tracked.pop(job_id)
-                    row = future.result()
-                    self.bdir.rows[item_id] = row
-                    progress.ended_now += 1
-                    count(progress, self.bdir, records, self.tracked)
-                    display.item_ended(row, progress)
-                    if (job_id in self.adopted and not self.interrupted and item_id in self.specs
-                            and needs_run(row, self.retry_failed) and row.get("exit_reason") != "batch_budget"):
-                        display.note(f"pid: {one_line(item_id)}: its earlier job ended "
-                                     f"{ending_words(row['status'], row['exit_reason'])}: submitted again")
-                        self.submit([item_id])   # an earlier run's job, cancelled (or failed, --retry-failed)
-                if not budget_ended:
-                    info = self.store.batch(self.bdir.batch_id)
-                    progress.budget = info.max_total_cost if info else None
-                    if info is not None and info.exhausted:
-                        from pid.jobs.batch_budget import budget_note, end_queued
-                        budget_ended = True
-                        if end_queued(self.store, self.bdir.batch_id, budget_note(info)):
-                            display.note(f"pid: {budget_note(info)}: the queued items are cancelled")
-                if self.local is not None and not self.local.alive() and self.tracked:
-                    display.note(f"pid: the local worker stopped (see {self.local.log_path})")
-                    self.local = None
-                count(progress, self.bdir, records, self.tracked)
-                display.update(progress)
-                if time.monotonic() - last_rows >= ROWS_EVERY_S:
-                    self.bdir.write_rows()
-                    last_rows = time.monotonic()
-                if self.tracked or pending:   # one query for all: less often for thousands of jobs
-                    time.sleep(min(POLL_MAX_S, max(POLL_S, len(self.tracked) / 500)))
-        finally:
-            signal.signal(signal.SIGINT, previous)
-            downloads.shutdown(wait=True)
-            display.stop()
-            self.bdir.write_rows()
-        self._end()
-
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        self.interrupted += 1
-        if self.interrupted == 1:
+def follow(run: Run, as_json: bool, tasks: str | None, existing: bool = False) -> NoReturn:
+    """Follow the run to its end (the live table, or a line per item), print the summary and exit with its code.
+    A first Ctrl-C cancels the batch's jobs and waits for them to end, a second stops waiting: 130."""
+    def on_sigint(signum: int, frame: Any) -> None:
+        if run.interrupt() == 1:
             echo("\ninterrupted: cancelling the batch's queued and running jobs (Ctrl-C again: stop waiting "
                  "for them)…", err=True)
 
-    def _cancel_all(self, records: dict[str, Any], display: Display) -> None:
-        self.cancel_tracked(records, display.note)
-
-    def cancel_tracked(self, records: dict[str, Any] | None = None, note: Any = None) -> None:
-        """Cancel every job this run waits for that has not ended (queued ones end now, running ones through
-        their workers)."""
-        from pid.jobs.sweep import cancel_job
-        for job_id in list(self.tracked):
-            record = records.get(job_id) if records is not None else self.store.get(job_id)
-            if record is not None and not record.terminal:
-                try:
-                    cancel_job(self.store, job_id)
-                except Exception as exc:
-                    (note or (lambda text: echo(text, err=True)))(f"pid: cancelling job {job_id}: {exc}")
-
-    def _finish_item(self, job_id: str, item_id: str, record: Any) -> dict[str, Any]:
-        """An ended job: its result.json and artifacts from the store into DIR/<item id>/; its batch.jsonl row."""
-        from pid.jobs.artifact_store import DownloadError, download, read_result
-        from pid.cli.main import RESULT_GRACE_S
-        note = None
-        try:
-            result = read_result(self.store, job_id, wait_s=RESULT_GRACE_S)
-        except DownloadError as exc:
-            result, note = None, str(exc)
-        if result is None:
-            result = {"id": job_id, "status": record.status, "exit_reason": record.exit_reason,
-                      "error": record.error or note or "no result.json in the job store", "turns": record.turns,
-                      "tool_calls": record.tool_calls, "usage": record.total_usage, "duration_s": record.duration_s}
-        else:
-            fresh = os.path.join(self.bdir.path, f".download-{item_id}-{secrets.token_hex(3)}")
-            try:
-                download(self.store, job_id, fresh)
-                self.bdir.replace_item_dir(item_id, fresh)
-            except (DownloadError, OSError) as exc:
-                remove_tree(fresh)
-                result.setdefault("error", f"artifacts not downloaded: {exc}")
-        remove_tree(os.path.join(self.bdir.jobs_dir, job_id))
-        return row_for(item_id, job_id, result)
-
-    def _end(self) -> None:
-        rows = [self.bdir.rows[i] for i in self.bdir.order if i in self.bdir.rows]
-        summary = {"batch": self.bdir.batch_id, **summarize(rows, len(self.bdir.order))}
-        info = self.store.batch(self.bdir.batch_id)
-        if info is not None:
-            summary["budget"] = {"max_total_cost": info.max_total_cost, "spent": info.spent,
-                                 "max_running": info.max_running}
-        self.bdir.write_summary(summary)
-        if self.as_json:
-            echo(dumps({"summary": summary}))
-        else:
-            echo(summary_text(summary, self.bdir.path))
-        if self.interrupted:
-            left = len(self.tracked)
-            if self.tasks:
-                again = "pid " + shlex.join(["batch", *without_secrets(sys.argv[2:])])
-            else:   # --wait DIR: it cannot submit the cancelled items again; the command that made the batch can
-                tasks = str(self.bdir.meta.get("tasks") or "TASKS")
-                again = (f"pid batch {shlex.quote(tasks)} --out {shlex.quote(self.bdir.path)} and the options that "
-                         "submitted it (without --detach to follow it here)")
-            echo(f"interrupted: {len(rows)} of {len(self.bdir.order)} item(s) ended"
-                 + (f", {left} still ending (their jobs were cancelled)" if left else "")
-                 + f"; resume with: {again}", err=True)
-            sys.exit(EXIT_INTERRUPTED)
-        sys.exit(summary["exit_code"])
+    display = make_display(as_json)
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        summary = run.follow_existing(display) if existing else run.follow(display)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    echo(dumps({"summary": summary}) if as_json else summary_text(summary, run.bdir.path))
+    if run.interrupted:
+        bdir = run.bdir
+        ended = sum(1 for i in bdir.order if i in bdir.rows)
+        left = len(run.tracked)
+        if tasks:
+            again = "pid " + shlex.join(["batch", *without_secrets(sys.argv[2:])])
+        else:   # --wait DIR: it cannot submit the cancelled items again; the command that made the batch can
+            made = str(bdir.meta.get("tasks") or "TASKS")
+            again = (f"pid batch {shlex.quote(made)} --out {shlex.quote(bdir.path)} and the options that "
+                     "submitted it (without --detach to follow it here)")
+        echo(f"interrupted: {ended} of {len(bdir.order)} item(s) ended"
+             + (f", {left} still ending (their jobs were cancelled)" if left else "")
+             + f"; resume with: {again}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(summary["exit_code"])
 
 
 def without_secrets(args: list[str]) -> list[str]:
@@ -290,54 +65,3 @@ def without_secrets(args: list[str]) -> list[str]:
         else:
             shown.append(arg)
     return shown
-
-
-def _job_spec(template: JobSpec, batch_id: str) -> JobSpec:
-    """A new job for an item: its spec, with a fresh id (longer than submit's: thousands are made per second)."""
-    return replace(template, id=new_job_id() + secrets.token_hex(2), batch=batch_id)
-
-
-def nothing_to_do(rows: list[dict[str, Any] | None]) -> str:
-    """What a rerun with nothing to run says: how many items it skipped, and why."""
-    completed = sum(1 for row in rows if row is not None and row.get("exit_code") == 0)
-    others = len(rows) - completed
-    return (f"nothing to do: skipped {completed} completed" +
-            (f", {others} failed or hit a limit (--retry-failed runs them again)" if others else ""))
-
-
-def item_state(bdir: BatchDir, item_id: str, records: dict[str, Any],
-               followed: bool) -> tuple[str, Any, dict[str, Any] | None]:
-    """An item's status (by its row once ended, else by its current job's record), that record and that row."""
-    job_id = bdir.current_job(item_id)
-    record = records.get(job_id) if job_id else None
-    row = bdir.rows.get(item_id)
-    if followed and record is not None:
-        status = record.status if not record.terminal else "ending"
-    elif row is not None and (record is None or row.get("job_id") == job_id):
-        status = str(row.get("status"))
-    elif record is not None:   # its current job, not followed here (--status DIR): as the store has it
-        status = record.status
-    else:
-        status = "not submitted"
-    return status, record, row
-
-
-def count(progress: Progress, bdir: BatchDir, records: dict[str, Any], tracked: dict[str, str]) -> None:
-    """The display's numbers: ended items by their row, the others by their job's status now."""
-    counts: dict[str, int] = {}
-    running = []
-    cost = 0.0
-    live_items = set(tracked.values())
-    for item_id in bdir.order:
-        status, record, row = item_state(bdir, item_id, records, item_id in live_items)
-        if item_id in live_items and record is not None and record.status == "running":
-            running.append((item_id, record))
-        counts[status] = counts.get(status, 0) + 1
-        if record is not None:
-            cost += float(record.total_usage.get("cost") or 0)
-        elif row is not None:
-            cost += float(row.get("cost") or 0)
-    progress.counts, progress.running, progress.cost = counts, running, cost
-    progress.to_end = len(tracked)
-
-

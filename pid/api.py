@@ -5,26 +5,28 @@ The options are the `pid run` / `pid submit` options under their JobSpec names (
 out_dir=…, api_key=…, no_images=True, queue=…, max_workspace=…), with the same defaults (the same PID_*
 environment variables) and the same checks: each keyword goes through the command's own option, so a bad value
 raises PidError with the one line `pid` prints for it, after `pid: error:`. A job then goes through the same
-function `pid submit` calls (pid/jobs/submission.py).
+function `pid submit` calls (pid/jobs/submission.py), and a batch through `pid batch`'s own (pid/jobs/batch_setup.py,
+batch_run.py), which report to the API as they report to the command: no output is parsed here.
 
 Importing this module loads neither Celery, nor Docker's SDK, nor pid's worker: what each call needs is imported
 when it is called (pid.run alone loads the agent and the sandbox, as `pid run` does).
 """
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import os
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from pid.errors import PidError
 
 # Command-line options that are about the terminal, not the job: the API returns values instead of printing them.
 _CLI_ONLY = {"as_json", "wait", "verbose"}
+# `pid batch`'s own options (pid.jobs.batch_setup.Options); the others are the job options, every item's defaults.
+_BATCH_OPTIONS = {"api_key", "no_images", "repo", "queue", "max_workspace", "workers", "max_total_cost",
+                  "max_running", "allow_outside", "retry_failed"}
+_BATCH_CLI_ONLY = {"detach", "status_dir", "wait_dir", "cancel_dir"}   # the command line's only
 POLL_S = 0.2            # how often a wait looks at the job's record
 SWEEP_EVERY_S = 5.0     # how often a wait looks for jobs whose process died (as `pid result --wait` does)
 
@@ -54,39 +56,84 @@ def run(task: str, repo: str | os.PathLike[str] | None = None, **options: Any) -
     return submission.run_foreground(spec, job, starting, api_key=api_key, sink=events.ignore)
 
 
-def batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str], **options: Any) -> dict[str, Any]:
-    """Run a batch as `pid batch TASKS --out OUT --json` does, in this process (its main thread: a Ctrl-C cancels
-    the batch's jobs, as on the command line), and return what that prints: {"items": [each item's batch.jsonl
-    object, as it ended], "summary": summary.json's data}. Its options are the command's (workers=2,
-    max_total_cost=…, max_running=…, retry_failed=True, allow_outside=True, and every job option as every
-    item's default); running it again with the same OUT resumes the batch."""
-    import click
+def batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str],
+          on_item: Callable[[dict[str, Any]], None] | None = None, **options: Any) -> dict[str, Any]:
+    """Run a batch in this process, in the calling thread (any thread), as `pid batch TASKS --out OUT` does, and
+    return what `pid batch --json` prints: {"items": [each item's batch.jsonl object, as it ended in this call],
+    "summary": summary.json's data}; `on_item(row)` is called with each as it ends. Its options are the
+    command's (workers=2, max_total_cost=…, max_running=…, retry_failed=True, allow_outside=True, and every job
+    option as every item's default); running it again with the same OUT resumes the batch. A KeyboardInterrupt
+    while it runs cancels the batch's jobs that have not ended (without waiting for the running ones to stop),
+    writes batch.jsonl and summary.json as far as they got, and propagates."""
+    from pid.jobs.batch_setup import run_batch
+    tasks_path, out_dir, opts = _batch_options(tasks, out, options, _CLI_ONLY | _BATCH_CLI_ONLY)
+    return run_batch(tasks_path, out_dir, opts, display=_Items(on_item), warn=_warn)
 
-    from pid.terminal import one_line
+
+def submit_batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str], **options: Any) -> Batch:
+    """Submit a batch's jobs (or resume it) and return at once, as `pid batch TASKS --out OUT --detach` does;
+    workers elsewhere run them. The options are pid.batch's but `workers` (they would stop as this returns)."""
+    from pid.jobs.batch_setup import submit_batch as submit_jobs
+    tasks_path, out_dir, opts = _batch_options(tasks, out, options, _CLI_ONLY | _BATCH_CLI_ONLY | {"workers"})
+    return Batch(submit_jobs(tasks_path, out_dir, opts, warn=_warn).bdir.path)
+
+
+def open_batch(out: str | os.PathLike[str]) -> Batch:
+    """The batch whose output directory is `out` (started by pid.batch, pid.submit_batch or `pid batch`);
+    PidError if it is none."""
     from pid.config import HomeUnusable, ensure_pid_home
+    from pid.jobs.batch_setup import open_dir
     try:
         ensure_pid_home()
     except HomeUnusable as exc:
         raise PidError(str(exc)) from None
-    command = _command("batch")
-    args = _args(command, "batch", options, _CLI_ONLY | {"out_dir", "detach", "status_dir", "wait_dir", "cancel_dir"})
-    printed = io.StringIO()
-    code: Any = 0
-    try:
-        with contextlib.redirect_stdout(printed):
-            command.main([*args, f"--out={os.fspath(out)}", "--json", "--", os.fspath(tasks)],
-                         prog_name="pid batch", standalone_mode=False)
-    except SystemExit as exc:   # (the command ends with its exit code: the items' worst)
-        code = exc.code
-    except click.ClickException as exc:
-        raise PidError(one_line(exc.format_message())) from None
-    if code == 130:
-        raise KeyboardInterrupt
-    lines = [json.loads(line) for line in printed.getvalue().splitlines() if line.startswith("{")]
-    summaries = [line["summary"] for line in lines if "summary" in line]
-    if not summaries:
-        raise PidError(f"pid batch ended (exit {code}) without a summary: {one_line(printed.getvalue())[:200]}")
-    return {"items": [line for line in lines if "summary" not in line], "summary": summaries[-1]}
+    path = os.path.abspath(os.path.expanduser(os.fspath(out)))
+    open_dir(path)
+    return Batch(path)
+
+
+@dataclass
+class Batch:
+    """A batch, by its output directory: each method reads it and the job store afresh, from any process that
+    shares them."""
+    out: str
+
+    @property
+    def id(self) -> str:
+        from pid.jobs.batch_setup import open_dir
+        return open_dir(self.out).batch_id
+
+    def status(self) -> dict[str, Any]:
+        """Where its items are, no waiting: what `pid batch --status OUT --json` prints ({"batch", "items",
+        "counts" by status, "cost", "budget"})."""
+        from pid.jobs.batch_control import status
+        from pid.jobs.batch_setup import default_store, open_dir
+        return status(open_dir(self.out), default_store()).as_dict()
+
+    def wait(self, on_item: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Follow its jobs that have not ended to their end (downloaded into OUT, recorded) and return what
+        pid.batch returns: {"items": [those that ended in this call], "summary": {…}}; a KeyboardInterrupt as
+        there. `pid batch --wait OUT --json`."""
+        from pid.jobs.batch_setup import wait_batch
+        return wait_batch(self.out, _Items(on_item), warn=_warn)
+
+    def cancel(self) -> list[dict[str, str]]:
+        """Cancel every job of the batch that has not ended: {"item", "job", "status"} each, "cancelled" (it was
+        queued) or "running" (its worker stops it). `pid batch --cancel OUT`; the same pid.batch call resumes them."""
+        from pid.jobs.batch_control import cancel
+        from pid.jobs.batch_setup import default_store, open_dir
+        return cancel(open_dir(self.out), default_store())
+
+
+def _batch_options(tasks: Any, out: Any, options: dict[str, Any], cli_only: set[str]) -> tuple[str, str, Any]:
+    """pid.batch's keywords through `pid batch`'s options: the tasks file, the output directory and the rest."""
+    from pid.jobs.batch_setup import Options
+    if not isinstance(tasks, (str, os.PathLike)):
+        raise PidError(f"the tasks file must be a path, not {type(tasks).__name__}")
+    params = _parse("batch", os.fspath(tasks), None, {**options, "out_dir": os.fspath(out)}, cli_only)
+    job = {k: v for k, v in params.items() if k not in _BATCH_OPTIONS | _BATCH_CLI_ONLY | {"tasks"}}
+    out_dir = job.pop("out_dir")
+    return params["tasks"], out_dir, Options(job=job, **{k: v for k, v in params.items() if k in _BATCH_OPTIONS})
 
 
 def job(job_id: str) -> Job:
@@ -186,15 +233,38 @@ class Job:
         post(self._store(), self.id, "follow_up", message)
 
 
+class _Items:
+    """pid.batch's display: each ended item to on_item, the notes as warnings (the batch's own collector keeps
+    the rows)."""
+
+    def __init__(self, on_item: Callable[[dict[str, Any]], None] | None) -> None:
+        self.on_item = on_item
+
+    def item_ended(self, row: dict[str, Any], progress: Any) -> None:
+        if self.on_item is not None:
+            self.on_item(row)
+
+    def update(self, progress: Any) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        _warn(text)
+
+    def stop(self) -> None:
+        pass
+
+
 def _warn(text: str) -> None:
     """What is allowed but worth saying (a sandbox on the network): a Python warning, where the CLI prints a line."""
     warnings.warn(f"pid: {text}", stacklevel=4)
 
 
-def _parse(command_name: str, task: Any, repo: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """The keyword options through the command's own click options (`pid run` or `pid submit`): their defaults,
-    environment variables and checks; returns the values the command's function would get. A refusal is PidError
-    with the CLI's one line; so is an unusable PID_HOME, which stops every command first."""
+def _parse(command_name: str, task: Any, repo: Any, options: dict[str, Any],
+           cli_only: set[str] = _CLI_ONLY) -> dict[str, Any]:
+    """The keyword options through the command's own click options (`pid run`, `pid submit`, `pid batch`): their
+    defaults, environment variables and checks; returns the values the command's function would get (`task`: its
+    argument). A refusal is PidError with the CLI's one line; so is an unusable PID_HOME, which stops every command
+    first."""
     import click
 
     from pid.config import HomeUnusable, ensure_pid_home
@@ -202,7 +272,8 @@ def _parse(command_name: str, task: Any, repo: Any, options: dict[str, Any]) -> 
     if not isinstance(task, str):
         raise PidError(f"the task must be text, not {type(task).__name__}")
     command = _command(command_name)
-    args = _args(command, command_name, {"repo": None if repo is None else os.fspath(repo), **options})
+    given = options if repo is None else {"repo": os.fspath(repo), **options}
+    args = _args(command, command_name, given, cli_only)
     try:
         ctx = command.make_context(f"pid {command_name}", [*args, "--", task])
     except click.ClickException as exc:

@@ -3,9 +3,11 @@ a real worker, cancel and steer on a running job, and pid.run in this process. A
 scripted model (tests/scripted_llm.py)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -178,16 +180,54 @@ def test_a_bad_batch_option_is_refused_before_anything_runs(api_env, tmp_path):
         pid.batch(tasks, tmp_path / "out", model="m", max_running=0)
     with pytest.raises(pid.PidError, match="takes no option 'detach'"):
         pid.batch(tasks, tmp_path / "out", model="m", detach=True)
+    with pytest.raises(pid.PidError, match="takes no option 'workers'"):
+        pid.submit_batch(tasks, tmp_path / "out", model="m", workers=2)
+    with pytest.raises(pid.PidError, match="is not a batch's output directory"):
+        pid.open_batch(tmp_path)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_batch_s_bad_lines_are_raised_with_their_numbers_and_nothing_is_printed(api_env, tmp_path, capfd):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "a", "task": "t", "workdir": "/testbed"}\n{"id": "b", "workdir": "/testbed"}\n'
+                     '{"id": "c", "task": "t", "workdir": "/testbed", "max_turns": "many"}\n')
+    with pytest.raises(pid.PidError, match="^2 bad line\\(s\\) in .*nothing was submitted: line 2: ") as raised:
+        pid.batch(tasks, tmp_path / "out", model="m", base_url="http://127.0.0.1:9/v1")
+    assert [line.split(":")[0] for line in raised.value.lines] == ["line 2", "line 3"], raised.value.lines
+    assert capfd.readouterr() == ("", "")   # (the API raises what the command prints)
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.docker
 @pytest.mark.cli
-def test_a_batch_runs_to_its_summary(api_env, worker, sample_repo, tmp_path):
+def test_a_batch_runs_to_its_summary_in_any_thread_its_items_told_as_they_end(api_env, worker, sample_repo,
+                                                                               tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(f'{{"id": "item{n}", "task": "t{n}", "repo": "{sample_repo}"}}\n' for n in range(2)))
-    with ScriptedLLM([{"text": "done"}] * 2) as llm:
-        ran = pid.batch(tasks, tmp_path / "out", model="scripted", base_url=llm.base_url)
+    told: list[dict] = []
+    ran: dict = {}
+    with ScriptedLLM([{"text": "done"}] * 2) as llm:   # (signal handlers can be set in the main thread only)
+        thread = threading.Thread(target=lambda: ran.update(pid.batch(
+            tasks, tmp_path / "out", on_item=told.append, model="scripted", base_url=llm.base_url)))
+        thread.start()
+        thread.join(timeout=300)
     assert ran["summary"]["by_status"] == {"completed": 2} and ran["summary"]["exit_code"] == 0, ran
-    assert sorted(item["id"] for item in ran["items"]) == ["item0", "item1"], ran
-    assert (tmp_path / "out" / "summary.json").exists()
+    assert sorted(item["id"] for item in ran["items"]) == ["item0", "item1"] and told == ran["items"], ran
+    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == ran["summary"]
+
+
+@pytest.mark.docker
+@pytest.mark.cli   # (the embedded queue checks the image at submit)
+def test_a_submitted_batch_is_seen_cancelled_and_waited_for_from_its_directory(api_env, sample_repo, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(f'{{"id": "item{n}", "task": "t{n}", "repo": "{sample_repo}"}}\n' for n in range(2)))
+    batch = pid.submit_batch(tasks, tmp_path / "out", model="m", base_url="http://127.0.0.1:9/v1")   # no worker
+    assert batch.out == str(tmp_path / "out") and batch.id.startswith("b-")
+    assert batch.status()["counts"] == {"queued": 2}, batch.status()
+    again = pid.open_batch(tmp_path / "out")
+    assert sorted((c["item"], c["status"]) for c in again.cancel()) == [("item0", "cancelled"), ("item1", "cancelled")]
+    told: list[dict] = []
+    waited = again.wait(on_item=told.append)
+    assert waited["summary"]["by_status"] == {"cancelled": 2} and waited["summary"]["exit_code"] == 1, waited
+    assert sorted(row["id"] for row in told) == ["item0", "item1"] and told == waited["items"]
+    assert again.cancel() == [] and again.status()["counts"] == {"cancelled": 2}

@@ -1,0 +1,54 @@
+"""A batch seen from its output directory, without running it: where its items are (`pid batch --status DIR`) and
+cancelling its jobs (`pid batch --cancel DIR`), as data. One query of the job store for the batch's jobs each."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pid.jobs.batch import BatchDir
+from pid.jobs.batch_run import Progress, count
+
+
+@dataclass
+class Status:
+    """Every item by its current job's status (or its recorded end), and the spend."""
+    bdir: BatchDir
+    counts: dict[str, int]
+    cost: float
+    info: Any                 # the store's BatchInfo (budget, spent, running limit), or None
+    records: dict[str, Any]   # job id -> its record, for the batch's jobs
+
+    def as_dict(self) -> dict[str, Any]:
+        """What `pid batch --status DIR --json` prints."""
+        info = self.info
+        return {"batch": self.bdir.batch_id, "items": len(self.bdir.order), "counts": self.counts,
+                "cost": round(self.cost, 6),
+                "budget": None if info is None else {"max_total_cost": info.max_total_cost, "spent": info.spent,
+                                                     "max_running": info.max_running}}
+
+
+def status(bdir: BatchDir, store: Any) -> Status:
+    records = {r.id: r for r in store.batch_jobs(bdir.batch_id)}
+    live = {bdir.current_job(i): i for i in bdir.order if bdir.current_job(i) in records
+            and not records[bdir.current_job(i)].terminal}
+    progress = Progress(total=len(bdir.order))
+    count(progress, bdir, records, {j: i for j, i in live.items() if j})
+    return Status(bdir, progress.counts, progress.cost, store.batch(bdir.batch_id), records)
+
+
+def cancel(bdir: BatchDir, store: Any) -> list[dict[str, str]]:
+    """Cancel every job of the batch that has not ended (whichever run made it): {"item", "job", "status"} per job,
+    status "cancelled" (it was queued: it ended here and now) or "running" (its worker stops it). One sweep at the
+    end ends those whose process is gone."""
+    from pid.jobs.sweep import cancel_job, sweep_quietly
+    items = {job_id: item_id for item_id, jobs in bdir.ledger.items() for job_id in jobs}
+    cancelled = []
+    for record in store.batch_jobs(bdir.batch_id):
+        if record.terminal:
+            continue
+        state = cancel_job(store, record.id) if record.status == "queued" else store.request_cancel(record.id)
+        if str(state) in ("running", "cancelled"):   # (else it ended meanwhile)
+            cancelled.append({"item": items.get(record.id, "?"), "job": record.id, "status": str(state)})
+    if cancelled:
+        sweep_quietly(store)
+    return cancelled

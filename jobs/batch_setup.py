@@ -1,0 +1,422 @@
+"""From a tasks file and the options to a batch's Run (pid/jobs/batch_run.py): every line checked and every item's
+JobSpec built (all problems at once, nothing submitted), directory repos packed once, the output directory opened or
+created (a rerun must be the same batch), the batch's budget and running limit in the job store, and the local
+workers (`--workers N`). Then run_batch(): a whole batch in one call, returning its items and summary as data.
+
+Refusals are PidError (BadTasks for the tasks file's lines): `pid batch` prints them as its one line and exits 2;
+pid.batch raises them. The lines are parsed by the CLI's own option types (pid/cli/batch_tasks.py): one set of rules.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from pid.errors import PidError
+from pid.sandbox.disk import format_size
+from pid.terminal import one_line
+from pid.jobs.batch import BatchDir, changed_options, kept_options, other_tasks
+from pid.jobs.batch_run import Display, Progress, Run, ignore
+from pid.jobs.spec import JobSpec
+
+if TYPE_CHECKING:
+    from pid.cli.batch_tasks import Item
+
+WORKER_STOP_S = 60.0
+PRICES = ("input_price", "output_price", "cache_read_price", "cache_write_price")
+
+
+class BadTasks(PidError):
+    """Lines of the tasks file that cannot run ("line N: why" each, in line order): nothing was submitted."""
+
+    def __init__(self, tasks: str, lines: list[str]) -> None:
+        self.tasks, self.lines = tasks, lines
+        self.summary = f"{len({e.split(':', 1)[0] for e in lines})} bad line(s) in {tasks}; nothing was submitted"
+        super().__init__(self.summary + ": " + "; ".join(one_line(e) for e in lines))
+
+
+@dataclass
+class Options:
+    """A batch's own options (the job options are every item's defaults, under their JobSpec names: `job`)."""
+    job: dict[str, Any] = field(default_factory=dict)
+    api_key: str | None = None
+    no_images: bool = False
+    repo: str | None = None
+    queue: str = "default"
+    max_workspace: int = 200 << 20
+    workers: int | None = None
+    max_total_cost: float | None = None
+    max_running: int | None = None
+    allow_outside: bool = False
+    retry_failed: bool = False
+
+
+def prepare(tasks: str, out: str, opts: Options, warn: Callable[[str], None] = ignore) -> Run:
+    """The batch's Run over `out` (created, or resumed), its items checked and their specs built, with its local
+    workers started (Run.close() stops them). `tasks` is a path, or "-" for stdin. PidError for any refusal."""
+    from pid.jobs.submission import check_broker, check_out_dir
+    check_broker()
+    out = check_out_dir(out)
+    if os.path.isdir(out) and os.listdir(out) and not BatchDir.exists(out):
+        raise PidError(f"--out {out}: not empty and not a batch's output directory")
+    items, errors = read_items(tasks, opts.allow_outside)
+    tasks_path = os.path.abspath(os.path.expanduser(tasks)) if tasks != "-" else "-"
+    options = dict(opts.job)
+    defined = {**options, "repo": opts.repo, "queue": opts.queue, "no_images": opts.no_images,
+               "max_workspace": opts.max_workspace}
+    if BatchDir.exists(out):
+        _same_batch(open_dir(out), tasks_path, [item.id for item in items], defined)
+    from pid.config import endpoint
+    key_endpoint = endpoint(options["api"], options.get("base_url"))   # the command line's key goes there only
+    specs = build_specs(items, options, repo=opts.repo, queue=opts.queue, no_images=opts.no_images,
+                        api_key=opts.api_key, jobs_dir=os.path.join(out, ".jobs"), max_workspace=opts.max_workspace,
+                        need_prices=opts.max_total_cost is not None, tasks=tasks, errors=errors,
+                        key_endpoint=key_endpoint, warn=warn)
+    settings = {"tasks": tasks_path, "max_total_cost": opts.max_total_cost, "max_running": opts.max_running,
+                "options": kept_options(defined)}
+    bdir = open_dir(out) if BatchDir.exists(out) else BatchDir.create(out, settings)
+    bdir.set_order([item.id for item in items], settings)
+    store = default_store()
+    store.set_batch(bdir.batch_id, opts.max_total_cost, opts.max_running)
+    local = (LocalWorkers.start(opts.workers, sorted({s.queue for s in specs.values()}), out) if opts.workers
+             else None)
+    return Run(bdir, store, opts.retry_failed, specs=specs, api_key=opts.api_key, key_endpoint=key_endpoint,
+               max_running=opts.max_running, local=local, warn=warn)
+
+
+class Items:
+    """A Display that keeps each item's row as it ends (and passes everything on to `then`, if any)."""
+
+    def __init__(self, then: Display | None = None) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.then = then
+
+    def item_ended(self, row: dict[str, Any], progress: Progress) -> None:
+        self.rows.append(row)
+        if self.then is not None:
+            self.then.item_ended(row, progress)
+
+    def update(self, progress: Progress) -> None:
+        if self.then is not None:
+            self.then.update(progress)
+
+    def note(self, text: str) -> None:
+        if self.then is not None:
+            self.then.note(text)
+
+    def stop(self) -> None:
+        if self.then is not None:
+            self.then.stop()
+
+
+def run_batch(tasks: str, out: str, opts: Options, display: Display | None = None,
+              warn: Callable[[str], None] = ignore) -> dict[str, Any]:
+    """A whole batch, in the calling thread: prepared, submitted, followed to its end. Returns {"items": [each
+    item's batch.jsonl row, as it ended in this run], "summary": summary.json's data} (what `pid batch --json`
+    prints). See follow() for an interrupt."""
+    run = prepare(tasks, out, opts, warn)
+    try:
+        try:
+            run.start()
+        except KeyboardInterrupt:
+            _cancel_after_interrupt(run, warn)
+            raise
+        return follow(run, display, warn)
+    finally:
+        run.close()
+
+
+def submit_batch(tasks: str, out: str, opts: Options, warn: Callable[[str], None] = ignore) -> Run:
+    """`pid batch --detach`: the batch's jobs submitted (or resumed), nothing followed; the Run says how many
+    (submitted, tracked). Its items end whoever follows them: wait_batch(), `pid batch --wait DIR`."""
+    if opts.workers:
+        raise PidError("--detach and --workers: the local workers would stop as the command returns")
+    run = prepare(tasks, out, opts, warn)
+    try:
+        run.start()
+    except KeyboardInterrupt:
+        _cancel_after_interrupt(run, warn)
+        raise
+    return run
+
+
+def wait_batch(out: str, display: Display | None = None, warn: Callable[[str], None] = ignore) -> dict[str, Any]:
+    """`pid batch --wait DIR`: the jobs of the batch in `out` that have not been recorded as ended, followed to
+    their end (downloaded, recorded); returns as run_batch() does."""
+    run = Run(open_dir(out), default_store(), retry_failed=False, warn=warn)
+    run.collect_existing()
+    return follow(run, display, warn)
+
+
+def follow(run: Run, display: Display | None, warn: Callable[[str], None]) -> dict[str, Any]:
+    """The run followed to its end, its items kept as they end. A KeyboardInterrupt meanwhile cancels the jobs
+    it waits for (queued ones end now, running ones through their workers: not waited for), writes batch.jsonl and
+    summary.json as far as they got, and propagates; another exception leaves the jobs to go on, as a `pid batch`
+    that dies does. Either way the same call resumes the batch."""
+    items = Items(display)
+    try:
+        summary = run.follow(items)
+    except KeyboardInterrupt:
+        _cancel_after_interrupt(run, warn)
+        raise
+    return {"items": items.rows, "summary": summary}
+
+
+def _cancel_after_interrupt(run: Run, warn: Callable[[str], None]) -> None:
+    try:
+        run.cancel_tracked()
+        run.summary()
+    except Exception as exc:   # (the interrupt is what the caller hears of)
+        warn(f"pid: after the interrupt: {type(exc).__name__}: {exc}")
+
+
+def default_store() -> Any:
+    from pid.jobs.store import default_store as store
+    return store()
+
+
+def open_dir(path: str) -> BatchDir:
+    """An existing batch's output directory; PidError if it is none."""
+    try:
+        return BatchDir.open(path)
+    except ValueError as exc:
+        raise PidError(str(exc)) from None
+
+
+def _same_batch(bdir: BatchDir, tasks: str, item_ids: list[str], options: dict[str, Any]) -> None:
+    """A rerun resumes its batch: another tasks file, or other options, would be merged into it. Refused (exit 2)."""
+    again = (f"resume it with the command that started it (pid batch {shlex.quote(str(bdir.meta.get('tasks')))} "
+             f"--out {shlex.quote(bdir.path)} and the same options), or give this run another --out directory")
+    if other_tasks(bdir.meta, tasks, item_ids):
+        raise PidError(f"--out {bdir.path} holds batch {bdir.batch_id} of another tasks file "
+                       f"({one_line(str(bdir.meta.get('tasks')))}): {again}")
+    changed = changed_options(bdir.meta, options)
+    if changed:
+        from pid.cli.options import JOB_OPTIONS
+        flags = {option.name: option.flag for option in JOB_OPTIONS}
+        named = ", ".join(flags.get(name, "--" + name.replace("_", "-")) for name in changed)
+        raise PidError(f"--out {bdir.path} holds batch {bdir.batch_id}, started with other options ({named} "
+                       f"differ): {again}")
+
+
+def read_items(tasks: str, allow_outside: bool) -> tuple[list[Item], list[str]]:
+    """Every line read and parsed, its paths relative to the tasks file's directory (batch_tasks.local_path); the
+    bad ones are reported with the others build_specs finds."""
+    try:
+        if tasks == "-":
+            lines = sys.stdin.read().removeprefix("\ufeff").splitlines()
+        else:   # utf-8-sig: a byte order mark (some editors write one) is not part of line 1
+            with open(os.path.expanduser(tasks), encoding="utf-8-sig") as f:
+                lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PidError(f"cannot read {tasks}: {getattr(exc, 'strerror', None) or exc}") from None
+    base = None if tasks == "-" else os.path.dirname(os.path.abspath(os.path.expanduser(tasks)))
+    from pid.cli.batch_tasks import parse
+    parsed = parse(lines, base, allow_outside)
+    if not parsed.items and not parsed.errors:
+        raise PidError(f"{tasks}: no tasks")
+    return parsed.items, parsed.errors
+
+
+def _refuse(errors: list[str], tasks: str) -> None:
+    if not errors:
+        return
+    errors.sort(key=lambda e: int(e.split(":", 1)[0].split()[-1]) if e.startswith("line ") else 0)
+    raise BadTasks(tasks, errors)
+
+
+def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None, queue: str, no_images: bool,
+                api_key: str | None, jobs_dir: str, max_workspace: int, need_prices: bool,
+                tasks: str = "TASKS", errors: list[str] | None = None,
+                key_endpoint: str | None = None, warn: Callable[[str], None] = ignore) -> dict[str, JobSpec]:
+    """Each item's JobSpec: the command line's options, then its line's fields; checked as `pid submit` checks
+    one (repos, model, prices, key), every directory repo packed once. Any problem: all of them, exit 2. The key
+    goes with the items whose endpoint is `key_endpoint` (the command line's) only: a line naming another endpoint
+    runs without it (pid.config.endpoint)."""
+    from pid.jobs.submission import check_api_key, check_originals, check_repo
+    from pid.config import base_url_for, endpoint
+    from pid.jobs.spec import command_problem
+    errors = list(errors or [])
+    specs: dict[str, JobSpec] = {}
+    repos: dict[str, str | BaseException] = {}
+    table: dict[str, bool] = {}   # model -> the model table prices it (asked once per model)
+    for item in items:
+        where = f"line {item.line}"
+        given = item.repo or repo
+        fields = {**options, **item.fields}
+        checked: str | BaseException | None = None
+        if not given and not fields.get("workdir"):
+            errors.append(f"{where}: no repo (a \"repo\" field, or --repo for every item) and no workdir (the "
+                          "image's own directory)")
+            continue
+        if given:
+            if given not in repos:
+                try:
+                    repos[given] = check_repo(given)
+                except PidError as exc:
+                    repos[given] = exc
+            checked = repos[given]
+        if isinstance(checked, BaseException):
+            errors.append(f"{where}: {checked}")
+            continue
+        try:
+            fields["check_original"] = check_originals(fields.get("check_original") or (), fields.get("check"),
+                                                       fields.get("workdir"))
+        except PidError as exc:
+            errors.append(f"{where}: {exc}")
+            continue
+        model = fields.pop("model", None)
+        if not model:
+            errors.append(f"{where}: no model (a \"model\" field, --model or PID_MODEL)")
+            continue
+        problem = command_problem(fields.get("check"))
+        problem = f"check: {problem}" if problem else _price_problem(model, fields, need_prices, table)
+        if problem:
+            errors.append(f"{where}: {problem}")
+            continue
+        item_queue = fields.pop("queue", queue)
+        images = fields.pop("images", not no_images)
+        spec = JobSpec(task=item.task, repo=checked, model=model, out_dir=jobs_dir, images=images,
+                       **{**fields, "files": list(fields.get("files") or []), "runtime": fields.get("runtime") or None})
+        spec.queue = item_queue
+        spec.base_url = base_url_for(spec.api, spec.base_url)
+        keyed = api_key if key_endpoint is None or endpoint(spec.api, spec.base_url) == key_endpoint else None
+        try:
+            check_api_key(spec, keyed)
+        except PidError as exc:
+            mine = f" (the command line's key is for {key_endpoint} only)" if api_key and not keyed else ""
+            errors.append(f"{where}: {exc}{mine}")
+            continue
+        specs[item.id] = spec
+    _refuse(errors, tasks)
+    errors += _pack(items, specs, max_workspace)
+    errors += _policy_refusals(items, specs)
+    _refuse(errors, tasks)
+    if any(s.network != "none" for s in specs.values()):
+        warn("pid: warning: some items use --network bridge: their sandboxes can reach the network and are "
+             "reachable from it")
+    _check_images(specs)
+    return specs
+
+
+def _price_problem(model: str, fields: dict[str, Any], need_prices: bool, table: dict[str, bool]) -> str | None:
+    """Why an item's cost could not be bounded (its max_cost, or the batch's --max-total-cost), or None. Prices are
+    accepted as `pid submit` accepts them: given (on the command line or the line), else the model table's (asked
+    once per model: `table`)."""
+    priced = any(fields.get(p) for p in PRICES) or (
+        (need_prices or fields.get("max_cost") is not None) and _priced_in_table(model, table))
+    if fields.get("max_cost") is not None and not priced:
+        return "max_cost needs the model's prices (input_price and/or output_price, or the model table's)"
+    if need_prices and not priced:
+        return ("--max-total-cost needs the model's prices (--input-price and/or --output-price, or the line's "
+                "fields, or the model table's)")
+    return None
+
+
+def _policy_refusals(items: list[Item], specs: dict[str, JobSpec]) -> list[str]:
+    """A line per item that no live worker of its queue would admit (their policies come with their heartbeats)."""
+    from pid.jobs.workers import live_workers
+    from pid.jobs.policy import refusal_by_workers
+    beats = live_workers(default_store())
+    refusals = ((item, refusal_by_workers(beats, specs[item.id])) for item in items if item.id in specs)
+    return [f"line {item.line}: {refusal}" for item, refusal in refusals if refusal]
+
+
+def _priced_in_table(model: str, seen: dict[str, bool]) -> bool:
+    from pid.jobs.submission import table_prices
+    if model not in seen:
+        seen[model] = table_prices(model)
+    return seen[model]
+
+
+def _pack(items: list[Item], specs: dict[str, JobSpec], max_bytes: int) -> list[str]:
+    """Each directory repo packed and stored once (the same tree, whatever the number of items on it)."""
+    from pid.config import pid_home
+    from pid.sandbox.workspace import WorkspaceTooLarge
+    from pid.jobs.blobs import default_blobs
+    from pid.jobs.snapshot import git_source, pack_and_store
+    packed: dict[str, str | str] = {}
+    failed: dict[str, str] = {}
+    errors = []
+    blobs = None
+    for item in items:
+        spec = specs.get(item.id)
+        if spec is None or not spec.repo or git_source(spec.repo) is not None:
+            continue
+        if spec.repo not in packed and spec.repo not in failed:
+            blobs = blobs or default_blobs()
+            try:
+                packed[spec.repo] = pack_and_store(spec.repo, blobs, max_bytes, tmp_dir=pid_home()).digest
+            except WorkspaceTooLarge:
+                failed[spec.repo] = (f"repo {spec.repo} is larger than --max-workspace {format_size(max_bytes)} "
+                                     "once packed")
+            except OSError as exc:
+                failed[spec.repo] = f"cannot pack repo {spec.repo}: {exc.strerror or exc}"
+        if spec.repo in failed:
+            errors.append(f"line {item.line}: {failed[spec.repo]}")
+        else:
+            spec.workspace = packed[spec.repo]
+    return errors
+
+
+def _check_images(specs: dict[str, JobSpec]) -> None:
+    from pid.jobs.brokers import embedded_broker
+    if not embedded_broker():
+        return
+    from pid.errors import PidError
+    from pid.jobs.submission import check_cpus, check_image
+    for image in sorted({s.image for s in specs.values()}):
+        check_image(image)
+    item, most = max(specs.items(), key=lambda pair: pair[1].cpus, default=(None, None))
+    if most is not None:
+        try:
+            check_cpus(most)
+        except PidError as exc:
+            raise PidError(f"item {item}: {exc}; nothing was submitted") from None
+
+
+class LocalWorkers:
+    """`--workers N`: a `pid worker --concurrency N` child for the life of the command, on the batch's queues, in
+    its own session (a Ctrl-C at the terminal is the batch's to handle); its log in DIR/.worker.log."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log_path: str) -> None:
+        self.proc, self.log_path = proc, log_path
+
+    @classmethod
+    def start(cls, n: int, queues: list[str], out: str) -> "LocalWorkers":
+        log_path = os.path.join(out, ".worker.log")
+        os.makedirs(out, exist_ok=True)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker", "--concurrency", str(n),
+                                     "--queue", ",".join(queues)], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+        return cls(proc, log_path)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM: a job still running goes back to the queue (none does at a batch's normal end)."""
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=WORKER_STOP_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _die_with_parent() -> None:
+    """In the local worker's child, before exec: SIGTERM when the batch's process dies, however it dies (Linux), so
+    a killed `pid batch` leaves no worker behind (SIGTERM hands its running jobs back to the queue)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
