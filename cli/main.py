@@ -474,17 +474,25 @@ def logs(job_id: str, follow: bool, as_json: bool, verbose: bool) -> None:
     if not follow:
         return
     notice = _no_worker_notice(store, job_id, line.echo if line else echo)   # a job no worker takes has no log yet
+    from pid.jobs.outage import WaitingThrough
+    outage = WaitingThrough(lambda text: (line.echo if line else echo)(f"pid: {text}", err=True))
     try:
         while True:
-            record = store.get(job_id)
-            if line and record is not None:
-                latest[0] = record
-                line.draw()
-            notice()
-            follower.poll(wait_s=1.0)
-            if record is None or record.terminal:
-                follower.poll()
-                return
+            try:
+                record = store.get(job_id)
+                if line and record is not None:
+                    latest[0] = record
+                    line.draw()
+                notice()
+                follower.poll(wait_s=1.0)
+                if record is None or record.terminal:
+                    follower.poll()
+                    return
+                outage.reached()
+            except Exception as exc:
+                if not outage.bear(exc):
+                    raise
+                time.sleep(1.0)
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
     finally:
@@ -569,7 +577,7 @@ def _volatile_store() -> str | None:
     """Why the job store would lose every job on a restart (jobs/store_watch.py), once it answers: a store not up
     yet is waited for, as Celery waits for its broker; one that refuses the password is not (it never changes its
     mind: one line, exit 2)."""
-    from pid.worker.outage import refused_credentials, transient
+    from pid.jobs.outage import refused_credentials, transient
     from pid.jobs.store import default_store
     from pid.jobs.store_watch import volatile
     store, said = default_store(), False

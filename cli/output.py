@@ -260,13 +260,23 @@ def _count(n: int, noun: str) -> str:
 
 def wait_for(done: Callable[[], bool], follower: EventFollower | None, poll_s: float = 0.2,
              timeout_s: float | None = None, tick: Callable[[], None] | None = None) -> None:
-    """Poll `done` (printing the follower's news) until it is true or `timeout_s` passes; `tick` runs each poll."""
+    """Poll `done` (printing the follower's news) until it is true or `timeout_s` passes; `tick` runs each poll. An
+    outage of the store is waited through (pid/jobs/outage.py)."""
+    from pid.jobs.outage import WaitingThrough
+    outage = WaitingThrough(lambda text: echo(f"pid: {text}", err=True))
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while not done() and (deadline is None or time.monotonic() < deadline):
-        if follower:
-            follower.poll()
-        if tick:
-            tick()
+    while deadline is None or time.monotonic() < deadline:
+        try:
+            if done():
+                break
+            if follower:
+                follower.poll()
+            if tick:
+                tick()
+            outage.reached()
+        except Exception as exc:
+            if not outage.bear(exc):
+                raise
         time.sleep(poll_s)
     if follower:
         follower.poll()

@@ -125,6 +125,7 @@ def cancel_job(store: Store, job_id: str) -> str | None:
     status = store.request_cancel(job_id)
     if was is not None and was.status == "queued" and status == "cancelled":
         write_unrun_result(was.spec, "cancelled", None, store=store)
+        log_job(store, job_id, "cancelled", "cancelled while queued: it never ran", exit_reason="cancelled")
     elif status == "running":
         sweep_quietly(store)
         record = store.get(job_id)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 
-from pid.worker.outage import Patience, patient, transient
+from pid.jobs.outage import Patience, patient, transient
 
 
 class FlakyStore:

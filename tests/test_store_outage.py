@@ -175,3 +175,45 @@ def test_a_put_back_job_starts_before_the_backlog(run_pid, pid_env, sample_repo,
         redis.stop()
     again = model.attempts["chaos-0"][1][0]   # its second attempt's first request
     assert again < min(model.attempts[f"chaos-{n}"][0][0] for n in (2, 3)), model.attempts
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("waiting", [["result", "--wait", "--json"], ["logs", "-f"]])
+def test_a_command_waiting_on_a_job_waits_through_a_redis_restart(pid_env, sample_repo, tmp_path, waiting):
+    """`pid result --wait` and `pid logs -f` (so `submit --wait` too: the same wait) outlast a Redis restart: one line
+    when the store goes, one when it is back, then the job's end as if nothing happened. They used to end at once
+    (exit 2, "cannot use the job store")."""
+    from tests.stderr_lines import StderrLines
+    redis = _redis(tmp_path, appendonly=True)
+    env = {**pid_env, "PID_BROKER_URL": redis.url}
+    try:
+        submitted = _worker_cli(env, tmp_path, "submit", "wait through", "--repo", str(sample_repo), "--model", "m",
+                                "--disk", "0")   # no worker: the job stays queued until cancelled below
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.strip()
+        waiter = subprocess.Popen([sys.executable, "-m", "pid.cli.main", *waiting[:1], job_id, *waiting[1:]],
+                                  cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  stdin=subprocess.DEVNULL)
+        try:
+            lines = StderrLines(waiter)
+            time.sleep(1)   # (it waits already: the job is queued)
+            redis.kill()
+            lines.wait_for("the job store is unreachable")
+            redis.start()
+            lines.wait_for("the job store is back")
+            cancelled = _worker_cli(env, tmp_path, "cancel", job_id)
+            assert cancelled.returncode == 0, cancelled.stderr
+            out, _ = waiter.communicate(timeout=60)
+        finally:
+            if waiter.poll() is None:
+                waiter.kill()
+                waiter.wait()
+    finally:
+        redis.stop()
+    err = lines.text()
+    assert err.count("the job store is unreachable") == 1 and err.count("the job store is back") == 1, err
+    assert "Traceback" not in err and "cannot use the job store" not in err, err
+    if waiting[0] == "result":
+        assert waiter.returncode == 1 and json.loads(out or "{}").get("status") == "cancelled", (out, err)
+    else:
+        assert waiter.returncode == 0 and "cancelled while queued" in out, (out, err)

@@ -19,7 +19,7 @@ from pid import events as ev
 from pid.event_records import EventRecords
 from pid.terminal import shown
 from pid.agent import Agent
-from pid.worker.outage import transient
+from pid.jobs.outage import transient
 from pid.jobs.identity import process_identity
 from pid.jobs.progress import Progress
 from pid.jobs.results import attempt_usage

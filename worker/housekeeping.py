@@ -31,7 +31,7 @@ from pid.jobs.spec import DEFAULT_QUEUE
 from pid.jobs.store import JobRecord, Store
 from pid.jobs.store_watch import StoreWatch
 from pid.jobs.workers import BEAT_S, live_workers
-from pid.worker.outage import first_line, transient
+from pid.jobs.outage import first_line, transient
 from pid import settings
 
 log = logging.getLogger("pid.worker")

@@ -26,7 +26,7 @@ from pid.jobs.results import log_job, with_earlier_attempts
 from pid.jobs.dispatch import dispatch
 from pid.jobs.publish import TASK
 from pid.jobs.spec import JobSpec, spec_problem
-from pid.worker.outage import Patience, patient
+from pid.jobs.outage import Patience, patient
 from pid.worker.runner import run_job
 from pid.worker.sandbox_start import GRACE_S
 from pid.jobs.store import JobAttachments, JobRecord, Store, default_store

@@ -6,7 +6,8 @@ artifacts, result.json, its end, its log records) used to be tried once, so ever
 failed with its work done. Here such a write is tried again, with a growing pause, while the store cannot be reached,
 until the job's own deadline (its start plus --timeout and the grace the runner grants it), and never less than
 OUTAGE_MIN_S after the outage began: a job ending near its limit still outlasts a restart. An error that is not an
-outage (a job the store no longer knows, an artifact too large) is raised at once.
+outage (a job the store no longer knows, an artifact too large) is raised at once. A command waiting on a job waits
+through an outage as well (WaitingThrough).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ log = logging.getLogger("pid.worker")
 
 OUTAGE_MIN_S = 60.0   # the least a write waits for the store to come back, whatever the job's deadline
 PAUSE_MAX_S = 5.0     # between two tries, at most
+WAIT_OUTAGE_S = 300.0  # how long a command waiting on a job waits out its store's outage
 
 T = TypeVar("T")
 
@@ -30,8 +32,8 @@ def transient(exc: BaseException) -> bool:
     the request itself."""
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
-    import redis   # here, not at import: `pid run` loads this module and has no Redis to wait for
-    return isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
+    redis_errors = sys.modules.get("redis.exceptions")   # (not loaded: not a Redis error; `pid run` has no Redis)
+    return redis_errors is not None and isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError))
 
 
 def refused_credentials(exc: BaseException) -> bool:
@@ -70,6 +72,33 @@ class Patience:
             if gave_up_at is not None:
                 log.warning("job %s: the job store is back: %s done", self.job_id, what)
             return done
+
+
+class WaitingThrough:
+    """A command waiting on a job (`submit --wait`, `result --wait`, `logs -f`) waits through an outage of the
+    store too: one line when it begins, one when it ends, and after WAIT_OUTAGE_S of it the command gives up with the
+    store's error, as one that could not reach it at all."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.since: float | None = None   # time.monotonic() when the outage began
+
+    def bear(self, exc: BaseException) -> bool:
+        """Whether to wait on after `exc`: true for an unreachable store while the outage is young enough."""
+        if not transient(exc):
+            return False
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            self.say(f"the job store is unreachable ({first_line(exc)}): waiting for it ({WAIT_OUTAGE_S:.0f}s at "
+                     "most; Ctrl-C stops waiting, the job goes on)")
+        return now - self.since < WAIT_OUTAGE_S
+
+    def reached(self) -> None:
+        """The store answered: an outage, if any, is over."""
+        if self.since is not None:
+            self.say(f"the job store is back (after {time.monotonic() - self.since:.0f}s)")
+            self.since = None
 
 
 class _PatientStore:
