@@ -68,7 +68,8 @@ def _exchange(path: str, request: bytes) -> bytes:
         sock.settimeout(TIMEOUT_S)
         sock.connect(path)
         sock.sendall(request)
-        parts, size = [], 0
+        parts: list[bytes] = []
+        size = 0
         while True:
             sock.settimeout(max(0.001, deadline - time.monotonic()))
             part = sock.recv(65536)
