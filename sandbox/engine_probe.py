@@ -47,35 +47,47 @@ def _get(what: str) -> dict | None:
     if path is None or os.environ.get("DOCKER_TLS_VERIFY"):
         return None
     try:
-        answer = _exchange(path, f"GET {what} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
-    except (OSError, UnicodeError):
-        return None
-    head, sep, body = answer.partition(b"\r\n\r\n")
-    status = head.split(b"\r\n", 1)[0].split()
-    if not sep or len(status) < 2 or status[1] != b"200":
-        return None
-    try:
+        head, body = _exchange(path, f"GET {what} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
+        status = head.split(b"\r\n", 1)[0].split()
+        if len(status) < 2 or status[1] != b"200":
+            return None
         found = json.loads(body)
-    except ValueError:   # (cut short, or not JSON)
+    except (OSError, ValueError, RecursionError):   # (cut short, not JSON, nested past Python's limit)
         return None
     return found if isinstance(found, dict) else None
 
 
-def _exchange(path: str, request: bytes) -> bytes:
-    """Send `request`, read the answer to its end: MAX_ANSWER bytes and TIMEOUT_S at most (OSError past either)."""
+def _exchange(path: str, request: bytes) -> tuple[bytes, bytes]:
+    """Send `request`; the answer's head and body, read until the engine closes or the body has its Content-Length:
+    MAX_ANSWER bytes and TIMEOUT_S in all at most (OSError past either)."""
     deadline = time.monotonic() + TIMEOUT_S
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(TIMEOUT_S)
         sock.connect(path)
         sock.sendall(request)
-        parts: list[bytes] = []
-        size = 0
+        answer = bytearray()
+        length: int | None = None
         while True:
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OSError("the engine did not answer in time")
+            sock.settimeout(left)
             part = sock.recv(65536)
-            if not part:
-                return b"".join(parts)
-            size += len(part)
-            if size > MAX_ANSWER:
+            answer += part
+            if len(answer) > MAX_ANSWER:
                 raise OSError("the engine's answer is too large")
-            parts.append(part)
+            head, sep, body = bytes(answer).partition(b"\r\n\r\n")
+            if sep and length is None:
+                length = _content_length(head)
+            if not part or (length is not None and len(body) >= length):
+                if not sep:
+                    raise OSError("the engine's answer has no end of head")
+                return head, body if length is None else body[:length]
+
+
+def _content_length(head: bytes) -> int | None:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length" and value.strip().isdigit():
+            return int(value.strip())
+    return None

@@ -93,7 +93,7 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
         return
     record = store.get(job_id)
     assert record is not None
-    # From here every write of the job's waits out a store outage, until its deadline (worker/outage.py); the
+    # From here every write of the job's waits out a store outage, until its deadline (pid/jobs/outage.py); the
     # relay's polls do not wait (the next poll tries again).
     polled, store = store, patient(store, Patience(job_id, time.monotonic() + record.spec.timeout_s + GRACE_S))
     if _refused_by_policy(store, record, owner):
