@@ -185,7 +185,7 @@ def test_a_command_waiting_on_a_job_waits_through_a_redis_restart(pid_env, sampl
     (exit 2, "cannot use the job store")."""
     from tests.stderr_lines import StderrLines
     redis = _redis(tmp_path, appendonly=True)
-    env = {**pid_env, "PID_BROKER_URL": redis.url}
+    env = {**pid_env, "PID_BROKER_URL": redis.url, "PID_NO_WORKER_NOTICE_S": "0.5"}   # said once it waits
     try:
         submitted = _worker_cli(env, tmp_path, "submit", "wait through", "--repo", str(sample_repo), "--model", "m",
                                 "--disk", "0")   # no worker: the job stays queued until cancelled below
@@ -196,7 +196,7 @@ def test_a_command_waiting_on_a_job_waits_through_a_redis_restart(pid_env, sampl
                                   stdin=subprocess.DEVNULL)
         try:
             lines = StderrLines(waiter)
-            time.sleep(1)   # (it waits already: the job is queued)
+            lines.wait_for("no worker is consuming queue")   # it waits (a kill before would be a start-up error)
             redis.kill()
             lines.wait_for("the job store is unreachable")
             redis.start()
