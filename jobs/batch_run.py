@@ -85,6 +85,7 @@ class Run:
     adopted: set[str] = field(default_factory=set)            # ...of which those an earlier run submitted
     submitted: int = 0
     interrupted: int = 0                                      # interrupt() count (the CLI's Ctrl-C)
+    stopping: bool = False                                    # follow() waits for its downloads to end
 
     # -- submitting --------------------------------------------------------------------------------------------
     def _key_reaches(self, spec: JobSpec) -> bool:
@@ -137,12 +138,13 @@ class Run:
             self.bdir.record_jobs([(item_id, spec.id) for item_id, spec in chunk])
             go = chunk if room is None else chunk[:room]
             room = None if room is None else room - len(go)
+            for item_id, spec in chunk:   # tracked before they exist: an interrupt at any point cancels them
+                self.tracked[spec.id] = item_id
             self.store.create_many([spec for _, spec in go], dispatched=True)
             self.store.create_many([spec for _, spec in chunk[len(go):]], dispatched=False)
             for item_id, spec in chunk:
                 if self.api_key and self._key_reaches(spec) and not self.store.set_secret(spec.id, self.api_key):
                     raise KeyNotKept(f"the job store did not keep job {spec.id}'s API key")
-                self.tracked[spec.id] = item_id
             self.submitted += len(chunk)
             self._publish([spec for _, spec in go])
 
@@ -178,13 +180,15 @@ class Run:
         """Wait for every tracked job, recording each as it ends (told to `display`), and return the summary
         (summary.json's). After interrupt(): the jobs are cancelled, and waited for CANCEL_WAIT_S at most (or until
         a second interrupt()); `tracked` holds those still ending. Whatever stops it (KeyboardInterrupt
-        included), batch.jsonl keeps the items that ended."""
+        included), batch.jsonl keeps the items that ended; stopped early, the downloads not begun are dropped (a
+        rerun makes them), and a KeyboardInterrupt cancels the jobs first, then waits for the downloads begun."""
         progress = Progress(total=len(self.bdir.order))
         downloads = ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="pid-batch-download")
         pending: dict[str, Future[dict[str, Any]]] = {}
         cancelled_at: float | None = None
         budget_ended = False
         last_rows = 0.0
+        ended = False
         try:
             while self.tracked or pending:
                 records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
@@ -236,10 +240,17 @@ class Run:
                     last_rows = time.monotonic()
                 if self.tracked or pending:   # one query for all: less often for thousands of jobs
                     time.sleep(min(POLL_MAX_S, max(POLL_S, len(self.tracked) / 500)))
+            ended = not self.interrupted
+        except KeyboardInterrupt:   # (pid.batch's): the jobs cancelled before any wait for the downloads
+            self.cancel_tracked(note=display.note)
+            raise
         finally:
-            downloads.shutdown(wait=True)
-            display.stop()
-            self.bdir.write_rows()
+            self.stopping = True   # (from here a further Ctrl-C of `pid batch` raises: cli/batch_run.py)
+            try:   # stopped: the downloads not begun are dropped (a rerun fetches those items again)
+                downloads.shutdown(wait=True, cancel_futures=not ended)
+            finally:
+                display.stop()
+                self.bdir.write_rows()
         return self.summary()
 
     def close(self) -> None:

@@ -1,0 +1,161 @@
+"""A batch's Run followed against a real job store (SQLite under a private PID_HOME), its downloads faked: what an
+interrupt, a cancel from elsewhere and a second follower do. No broker, no engine: the jobs never run; the test
+ends them in the store."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pid.jobs import batch_run
+from pid.jobs.batch import BatchDir, row_for
+from pid.jobs.batch_run import Run
+from pid.jobs.spec import JobSpec
+from pid.jobs.store import open_store
+
+WAIT_S = 20.0   # what a fake download waits for the test at most (never reached when the code is right)
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in [n for n in os.environ if n.startswith("PID_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PID_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(batch_run, "POLL_S", 0.05)
+    return tmp_path
+
+
+def make_run(tmp_path: Path, items: list[str], bdir: BatchDir | None = None) -> Run:
+    """A Run over a new batch directory whose items' jobs are created in the store but never published."""
+    if bdir is None:
+        bdir = BatchDir.create(str(tmp_path / "out"), {})
+        bdir.set_order(items, {})
+    specs = {i: JobSpec(task="t", model="m", out_dir=bdir.jobs_dir, workdir="/testbed") for i in items}
+    run = Run(bdir, open_store(None), retry_failed=False, specs=specs)
+    run._publish = lambda specs: None   # type: ignore[method-assign]
+    return run
+
+
+def end_all(run: Run) -> None:
+    for job_id in run.tracked:
+        assert run.store.request_cancel(job_id) == "cancelled"
+
+
+class Quiet:
+    """A Display that calls `on_update` at each poll."""
+
+    def __init__(self, on_update: Any = None) -> None:
+        self.on_update = on_update
+        self.notes: list[str] = []
+
+    def item_ended(self, row: dict[str, Any], progress: Any) -> None:
+        pass
+
+    def update(self, progress: Any) -> None:
+        if self.on_update is not None:
+            self.on_update()
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def stop(self) -> None:
+        pass
+
+
+def wait_for(predicate: Any) -> None:
+    done = threading.Event()
+    for _ in range(int(WAIT_S / 0.01)):
+        if predicate():
+            return
+        done.wait(0.01)
+    raise AssertionError("never happened")
+
+
+def test_an_interrupted_follow_drops_the_downloads_not_begun(home, monkeypatch):
+    """Ctrl-C: the downloads still queued are not made (each can wait out a result's grace, a store's outage)."""
+    monkeypatch.setattr(batch_run, "DOWNLOADS", 1)
+    run = make_run(home, ["a", "b", "c"])
+    run.submit(["a", "b", "c"])
+    end_all(run)
+    made: list[str] = []
+
+    def finish(job_id: str, item_id: str, record: Any) -> dict[str, Any]:
+        made.append(item_id)
+        wait_for(lambda: run.stopping)
+        return row_for(item_id, job_id, {"status": "cancelled"})
+
+    monkeypatch.setattr(run, "_finish_item", finish)
+    run.follow(Quiet(lambda: run.interrupt()))
+    assert len(made) == 1, made
+
+
+def test_a_further_ctrl_c_ends_the_wait_for_the_downloads(home, monkeypatch):
+    """`pid batch`: Ctrl-C while the end-of-run downloads are waited for is a KeyboardInterrupt (as before the
+    batch's library layer), not one more count."""
+    from pid.cli.batch_run import follow
+    monkeypatch.setattr(batch_run, "DOWNLOADS", 1)
+    run = make_run(home, ["a", "b"])
+    run.submit(["a", "b"])
+    end_all(run)
+    release = threading.Event()
+
+    def finish(job_id: str, item_id: str, record: Any) -> dict[str, Any]:
+        os.kill(os.getpid(), signal.SIGINT)          # the first Ctrl-C: cancel...
+        wait_for(lambda: run.interrupted == 1)
+        os.kill(os.getpid(), signal.SIGINT)          # ...the second: stop waiting for the jobs...
+        wait_for(lambda: run.stopping)
+        os.kill(os.getpid(), signal.SIGINT)          # ...a third, while the downloads are waited for
+        release.wait(WAIT_S)
+        return row_for(item_id, job_id, {"status": "cancelled"})
+
+    monkeypatch.setattr(run, "_finish_item", finish)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            follow(run, as_json=True, tasks=None, existing=False)
+    finally:
+        release.set()
+    assert (home / "out" / "batch.jsonl").exists()
+
+
+def test_an_interrupt_cancels_the_jobs_before_the_downloads_are_waited_for(home, monkeypatch):
+    """pid.batch: a KeyboardInterrupt cancels the jobs at once, not once every queued download has run."""
+    run = make_run(home, ["a", "b"])
+    run.submit(["a", "b"])
+    ended, live = list(run.tracked)
+    assert run.store.request_cancel(ended) == "cancelled"
+    seen: list[str] = []
+
+    def finish(job_id: str, item_id: str, record: Any) -> dict[str, Any]:
+        wait_for(lambda: run.stopping)
+        seen.append(run.store.get(live).status)
+        return row_for(item_id, job_id, {"status": "cancelled"})
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "_finish_item", finish)
+    with pytest.raises(KeyboardInterrupt):
+        run.follow(Quiet(interrupt))
+    assert seen == ["cancelled"]
+
+
+def test_a_job_created_just_before_an_interrupt_is_cancelled_with_the_others(home, monkeypatch):
+    """An interrupt between the store's creating a chunk (dispatched) and the run's next step: cancelled too."""
+    run = make_run(home, ["a"])
+    create = run.store.create_many
+
+    def create_then_interrupt(specs: list[JobSpec], dispatched: bool = False) -> None:
+        create(specs, dispatched=dispatched)
+        if specs:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(run.store, "create_many", create_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        run.submit(["a"])
+    run.cancel_tracked()
+    job_id = run.bdir.current_job("a")
+    assert job_id is not None and run.store.get(job_id).status == "cancelled"
