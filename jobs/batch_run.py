@@ -17,7 +17,7 @@ from typing import Any, Callable, Protocol
 
 from pid.endings import ending_words
 from pid.terminal import one_line
-from pid.jobs.batch import BatchDir, needs_run, row_for, summarize
+from pid.jobs.batch import BatchDir, needs_run, release, row_for, summarize
 from pid.jobs.spec import JobSpec, new_job_id
 from pid.jobs.store import JobRecord
 from pid.jobs.trees import remove_tree
@@ -254,10 +254,15 @@ class Run:
         return self.summary()
 
     def close(self) -> None:
-        """Stop the local workers (`--workers N`), if any: a job still running goes back to the queue."""
-        if self.local is not None:
-            self.local.stop()
-            self.local = None
+        """Stop the local workers (`--workers N`), if any: a job still running goes back to the queue. Then let
+        the batch directory go (another run may follow it)."""
+        try:
+            if self.local is not None:
+                self.local.stop()
+                self.local = None
+        finally:
+            release(self.bdir.lock)
+            self.bdir.lock = None
 
     def interrupt(self) -> int:
         """Stop the batch (safe from a signal handler or another thread): the first call has follow() cancel the

@@ -4,6 +4,7 @@ ends them in the store."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 from pathlib import Path
@@ -159,3 +160,56 @@ def test_a_job_created_just_before_an_interrupt_is_cancelled_with_the_others(hom
     run.cancel_tracked()
     job_id = run.bdir.current_job("a")
     assert job_id is not None and run.store.get(job_id).status == "cancelled"
+
+
+def test_a_second_follower_of_a_batch_directory_is_refused_in_the_same_process(home):
+    """pid.batch in one thread, Batch.wait in another: both would download every item and rewrite batch.jsonl."""
+    import pid
+    from pid.jobs.batch_setup import open_held
+    bdir = BatchDir.create(str(home / "out"), {})
+    held = open_held(bdir.path)
+    try:
+        with pytest.raises(pid.PidError, match=f"^another run follows {home / 'out'} "):
+            pid.open_batch(home / "out").wait()
+    finally:
+        make_run(home, [], held).close()
+    assert pid.open_batch(home / "out").wait()["summary"]["items"] == 0   # let go: the next one follows
+
+
+@pytest.mark.cli
+def test_pid_batch_wait_beside_another_follower_exits_2_with_one_line(home, run_pid, pid_env):
+    from pid.jobs.batch_setup import open_held
+    env = {**pid_env, "PID_HOME": str(home / "home")}
+    bdir = BatchDir.create(str(home / "out"), {})
+    held = open_held(bdir.path)
+    try:
+        r = run_pid("batch", "--wait", bdir.path, env=env)
+    finally:
+        make_run(home, [], held).close()
+    assert r.code == 2 and r.stderr.startswith("pid: error: another run follows ") and "Traceback" not in r.stderr, \
+        r.stderr
+
+
+def test_the_batch_directory_s_temporary_files_are_unique_per_write_not_per_process(home, monkeypatch):
+    """Threads share a pid: two writers naming their temporary file by it would write into one file."""
+    from pid.jobs import spec
+    bdir = BatchDir.create(str(home / "out"), {})
+    (home / "fresh1").mkdir()
+    (home / "fresh2").mkdir()
+    moved: list[tuple[str, str]] = []
+    replace = os.replace
+
+    def record(src: str, dst: str) -> None:
+        moved.append((src, dst))
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", record)
+    bdir.write_rows()
+    bdir.write_rows()
+    spec.write_json_atomic(str(home / "x.json"), {})
+    spec.write_json_atomic(str(home / "x.json"), {})
+    bdir.replace_item_dir("a", str(home / "fresh1"))
+    bdir.replace_item_dir("a", str(home / "fresh2"))
+    rows, meta = [m[0] for m in moved[0:2]], [m[0] for m in moved[2:4]]
+    assert rows[0] != rows[1] and meta[0] != meta[1], moved
+    assert re.fullmatch(re.escape(bdir.item_dir("a")) + r"\.old-\d+-[0-9a-f]{8}", moved[5][1]), moved
