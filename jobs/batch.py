@@ -10,6 +10,8 @@
     DIR/<item id>/      the item's artifacts, downloaded from the job store (result.json, patch.diff, session.jsonl…)
     DIR/.jobs/          where a worker on this machine writes (the jobs' --out); removed once downloaded
     DIR/.lock           held (flock) by the one run that submits to or follows the batch (hold())
+    DIR/.cancelled      made by a cancel of the whole batch (--cancel DIR, Batch.cancel): the run that follows it
+                        submits no more and cancels what it submitted since; the next run that submits removes it
 
 No click here: the command is cli/batch.py.
 """
@@ -32,7 +34,7 @@ from pid.jobs.spec import write_json_atomic
 from pid.jobs.trees import remove_tree
 
 META, LEDGER, RESULTS, SUMMARY, JOBS = "batch.json", "jobs.jsonl", "batch.jsonl", "summary.json", ".jobs"
-LOCK = ".lock"
+LOCK, CANCELLED = ".lock", ".cancelled"
 
 # An item's exit code, from least to most serious: the batch exits with its worst item's (see docs/batches.md).
 # 0 completed (and its check passed), 3 a limit was hit, 4 its check failed, 1 failed or cancelled.
@@ -184,6 +186,18 @@ class BatchDir:
                 self.ledger.setdefault(item_id, []).append(job_id)
             f.flush()
             os.fsync(f.fileno())
+
+    def mark_cancelled(self, on: bool = True) -> None:
+        """The batch cancelled as a whole (or, `on` false, resumed): see CANCELLED."""
+        path = os.path.join(self.path, CANCELLED)
+        if on:
+            with open(path, "w", encoding="utf-8"):
+                pass
+        elif os.path.lexists(path):
+            os.remove(path)
+
+    def cancelled(self) -> bool:
+        return os.path.lexists(os.path.join(self.path, CANCELLED))
 
     def current_job(self, item_id: str) -> str | None:
         jobs = self.ledger.get(item_id)

@@ -28,6 +28,8 @@ CHUNK = 200                  # jobs per ledger sync
 DOWNLOADS = 4                # artifacts downloaded at once
 ROWS_EVERY_S = 2.0           # batch.jsonl is rewritten at most this often while the batch runs (and at its end)
 CANCEL_WAIT_S = 90.0         # after Ctrl-C, how long the running jobs get to end before the command stops waiting
+CANCELLED_NOTE = ("pid: the batch was cancelled (pid batch --cancel DIR, Batch.cancel): this run submits no more of "
+                  "it; running it again resumes it")
 
 
 class KeyNotKept(RuntimeError):
@@ -83,6 +85,9 @@ class Run:
     warn: Callable[[str], None] = ignore                      # what is said outside the display (stderr's lines)
     tracked: dict[str, str] = field(default_factory=dict)     # job id -> item id: jobs this run waits for
     adopted: set[str] = field(default_factory=set)            # ...of which those an earlier run submitted
+    watched: set[str] = field(default_factory=set)            # ...and of those, the ones live and not being
+    #                                                           cancelled when adopted (a cancel then is this run's)
+    stopped: bool = False                                     # the batch was cancelled as a whole meanwhile
     submitted: int = 0
     interrupted: int = 0                                      # interrupt() count (the CLI's Ctrl-C)
     stopping: bool = False                                    # follow() waits for its downloads to end
@@ -108,6 +113,8 @@ class Run:
             elif not record.terminal:
                 self.tracked[job_id] = item_id           # still queued or running: wait for it, never beside it
                 self.adopted.add(job_id)
+                if not record.cancel_requested:
+                    self.watched.add(job_id)
             elif row is None or row.get("job_id") != job_id:
                 self.tracked[job_id] = item_id           # it ended while no run was watching: record it first
                 self.adopted.add(job_id)
@@ -133,6 +140,11 @@ class Run:
                           and records[j].dispatched_at is not None)
             room = max(0, self.max_running - (info.running if info else 0) - waiting)
         for start in range(0, len(item_ids), CHUNK):
+            if self.bdir.cancelled():   # cancelled as a whole (Batch.cancel, --cancel DIR): no more of it
+                if not self.stopped:
+                    self.warn(CANCELLED_NOTE)
+                self.stopped = True
+                return
             chunk = [(item_id, _job_spec(self.specs[item_id], self.bdir.batch_id)) for item_id in
                      item_ids[start:start + CHUNK]]
             self.bdir.record_jobs([(item_id, spec.id) for item_id, spec in chunk])
@@ -188,13 +200,20 @@ class Run:
         cancelled_at: float | None = None
         budget_ended = False
         last_rows = 0.0
-        ended = False
+        ended = stop_seen = False
         try:
             while self.tracked or pending:
                 records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
                 if self.interrupted and cancelled_at is None:
                     cancelled_at = time.monotonic()
                     self._cancel_all(records, display)
+                    records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
+                if not stop_seen and self.bdir.cancelled():   # the batch cancelled elsewhere: what this run
+                    stop_seen = True                          # submitted since goes too, and none again
+                    if not self.stopped:
+                        display.note(CANCELLED_NOTE)
+                    self.stopped = True
+                    self.cancel_tracked(records, display.note)
                     records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
                 if cancelled_at is not None and (self.interrupted > 1 or
                                                  time.monotonic() - cancelled_at > CANCEL_WAIT_S):
@@ -203,7 +222,7 @@ class Run:
                     record = records.get(job_id)
                     if record is None:       # gone from the store (expired): it never ended for this batch
                         del self.tracked[job_id]
-                        if not self.interrupted and item_id in self.specs:
+                        if not self.interrupted and not self.stopped and item_id in self.specs:
                             self.submit([item_id])
                     elif record.terminal and job_id not in pending:
                         pending[job_id] = downloads.submit(self._finish_item, job_id, item_id, record)
@@ -217,8 +236,10 @@ class Run:
                     progress.ended_now += 1
                     count(progress, self.bdir, records, self.tracked)
                     display.item_ended(row, progress)
-                    if (job_id in self.adopted and not self.interrupted and item_id in self.specs
-                            and needs_run(row, self.retry_failed) and row.get("exit_reason") != "batch_budget"):
+                    cancelled_here = job_id in self.watched and row.get("status") == "cancelled"
+                    if (job_id in self.adopted and not self.interrupted and not self.stopped and not cancelled_here
+                            and item_id in self.specs and needs_run(row, self.retry_failed)
+                            and row.get("exit_reason") != "batch_budget"):
                         display.note(f"pid: {one_line(item_id)}: its earlier job ended "
                                      f"{ending_words(row['status'], row['exit_reason'])}: submitted again")
                         self.submit([item_id])   # an earlier run's job, cancelled (or failed, --retry-failed)

@@ -82,6 +82,7 @@ def prepare(tasks: str, out: str, opts: Options, warn: Callable[[str], None] = i
     try:
         bdir = open_dir(out) if BatchDir.exists(out) else BatchDir.create(out, settings)
         bdir.lock = lock
+        bdir.mark_cancelled(False)   # (a run that submits resumes a cancelled batch)
         bdir.set_order([item.id for item in items], settings)
         store = default_store()
         store.set_batch(bdir.batch_id, opts.max_total_cost, opts.max_running)

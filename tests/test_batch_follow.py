@@ -213,3 +213,66 @@ def test_the_batch_directory_s_temporary_files_are_unique_per_write_not_per_proc
     rows, meta = [m[0] for m in moved[0:2]], [m[0] for m in moved[2:4]]
     assert rows[0] != rows[1] and meta[0] != meta[1], moved
     assert re.fullmatch(re.escape(bdir.item_dir("a")) + r"\.old-\d+-[0-9a-f]{8}", moved[5][1]), moved
+
+
+class Stops(Quiet):
+    """A Display that stops the run (two interrupts) once `done()` or after many polls: a test that would wait for
+    a job that never runs ends, and fails on its assertions instead."""
+
+    def __init__(self, run: Run, done: Any = lambda: False) -> None:
+        super().__init__()
+        self.polls = 0
+
+        def check() -> None:
+            self.polls += 1
+            if done() or self.polls > 100:
+                run.interrupt()
+                run.interrupt()
+        self.on_update = check
+
+
+def finished(job_id: str, item_id: str, record: Any) -> dict[str, Any]:
+    return row_for(item_id, job_id, {"status": record.status, "exit_reason": record.exit_reason})
+
+
+def test_an_earlier_run_s_job_cancelled_while_this_run_follows_it_is_not_submitted_again(home, monkeypatch):
+    from pid.jobs.sweep import cancel_job
+    first = make_run(home, ["a"])
+    first.submit(["a"])
+    (job_id,) = first.tracked
+    run = make_run(home, ["a"], BatchDir.open(first.bdir.path))
+    run.start()
+    assert run.tracked == {job_id: "a"}
+    monkeypatch.setattr(run, "_finish_item", finished)
+    cancelled: list[str] = []
+
+    def cancel_once() -> bool:
+        if not cancelled:
+            cancelled.append(str(cancel_job(run.store, job_id)))   # `pid cancel JOB`, or Batch.cancel
+        return run.submitted > 0
+    run.follow(Stops(run, cancel_once))
+    assert cancelled == ["cancelled"] and run.submitted == 0 and run.bdir.ledger["a"] == [job_id]
+    assert run.bdir.rows["a"]["status"] == "cancelled"
+
+
+def test_a_batch_cancelled_while_it_is_submitted_submits_no_more_and_cancels_what_it_just_did(home, monkeypatch):
+    """Batch.cancel in another thread while pid.batch submits its chunks: the store has no job of it yet when the
+    cancel looks (the worst case); none of its jobs goes on, and no later chunk is submitted."""
+    from pid.jobs.batch_control import cancel
+    monkeypatch.setattr(batch_run, "CHUNK", 1)
+    run = make_run(home, ["a", "b", "c"])
+    create = run.store.create_many
+    said: list[list[dict[str, str]]] = []
+
+    def cancel_then_create(specs: list[JobSpec], dispatched: bool = False) -> None:
+        if specs and not said:
+            said.append(cancel(BatchDir.open(run.bdir.path), run.store))
+        create(specs, dispatched=dispatched)
+
+    monkeypatch.setattr(run.store, "create_many", cancel_then_create)
+    monkeypatch.setattr(run, "_finish_item", finished)
+    run.start()
+    summary = run.follow(Stops(run))
+    assert said == [[]] and run.submitted == 1 and list(run.bdir.ledger) == ["a"], run.bdir.ledger
+    assert [r.status for r in run.store.batch_jobs(run.bdir.batch_id)] == ["cancelled"]
+    assert summary["by_status"] == {"cancelled": 1} and summary["not_ended"] == 2
