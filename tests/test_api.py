@@ -180,8 +180,10 @@ def test_a_bad_batch_option_is_refused_before_anything_runs(api_env, tmp_path):
         pid.batch(tasks, tmp_path / "out", model="m", max_running=0)
     with pytest.raises(pid.PidError, match="takes no option 'detach'"):
         pid.batch(tasks, tmp_path / "out", model="m", detach=True)
-    with pytest.raises(pid.PidError, match="takes no option 'workers'"):
+    with pytest.raises(pid.PidError, match=r"^pid\.submit_batch\(\) takes no option 'workers'"):
         pid.submit_batch(tasks, tmp_path / "out", model="m", workers=2)
+    with pytest.raises(pid.PidError, match=r"^pid\.batch\(\) takes no option 'out_dir': the batch's directory is"):
+        pid.batch(tasks, tmp_path / "out", model="m", out_dir=tmp_path / "elsewhere")
     with pytest.raises(pid.PidError, match="is not a batch's output directory"):
         pid.open_batch(tmp_path)
     assert not (tmp_path / "out").exists()
