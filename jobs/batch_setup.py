@@ -419,7 +419,8 @@ class LocalWorkers:
         with open(log_path, "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker", "--concurrency", str(n),
                                      "--queue", ",".join(queues)], stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=_die_with_parent())
         return cls(proc, log_path)
 
     def alive(self) -> bool:
@@ -437,12 +438,18 @@ class LocalWorkers:
             self.proc.wait()
 
 
-def _die_with_parent() -> None:
-    """In the local worker's child, before exec: SIGTERM when the batch's process dies, however it dies (Linux), so
-    a killed `pid batch` leaves no worker behind (SIGTERM hands its running jobs back to the queue)."""
+def _die_with_parent() -> Callable[[], None] | None:
+    """For the local worker's child, before exec: SIGTERM when the batch's process dies, however it dies (Linux), so
+    a killed `pid batch` leaves no worker behind (SIGTERM hands its running jobs back to the queue). prctl is found
+    here, in the parent: the child, forked from a process that may run threads (pid.batch in a thread), only calls
+    it (an import or a dlopen there could wait forever on a lock another thread held at the fork)."""
     try:
         import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    death_signal = int(signal.SIGTERM)
 
+    def set_death_signal() -> None:
+        prctl(1, death_signal)   # PR_SET_PDEATHSIG
+    return set_death_signal

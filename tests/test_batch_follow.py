@@ -276,3 +276,32 @@ def test_a_batch_cancelled_while_it_is_submitted_submits_no_more_and_cancels_wha
     assert said == [[]] and run.submitted == 1 and list(run.bdir.ledger) == ["a"], run.bdir.ledger
     assert [r.status for r in run.store.batch_jobs(run.bdir.batch_id)] == ["cancelled"]
     assert summary["by_status"] == {"cancelled": 1} and summary["not_ended"] == 2
+
+
+def test_the_local_worker_s_child_only_calls_prctl_found_before_the_fork(home, monkeypatch):
+    """pid.batch(workers=N) in a thread of a threaded process: the forked child imports and loads nothing."""
+    import ctypes
+    import subprocess
+    from pid.jobs import batch_setup
+    calls: list[tuple[Any, ...]] = []
+
+    class Libc:
+        def prctl(self, *args: Any) -> None:
+            calls.append(("prctl", *args))
+
+    def cdll(*args: Any, **kwargs: Any) -> Libc:
+        calls.append(("CDLL",))
+        return Libc()
+
+    started: dict[str, Any] = {}
+
+    class Popen:
+        def __init__(self, args: list[str], **kwargs: Any) -> None:
+            started.update(kwargs)
+
+    monkeypatch.setattr(ctypes, "CDLL", cdll)
+    monkeypatch.setattr(subprocess, "Popen", Popen)
+    batch_setup.LocalWorkers.start(1, ["default"], str(home / "out"))
+    before_fork = list(calls)
+    started["preexec_fn"]()   # what the child runs
+    assert before_fork == [("CDLL",)] and calls[1:] == [("prctl", 1, int(signal.SIGTERM))], calls
