@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 
 from pid.endings import ending_words
 from pid.terminal import one_line
+from pid.jobs.outage import WaitingThrough
 from pid.jobs.batch import BatchDir, needs_run, release, row_for, summarize
 from pid.jobs.spec import JobSpec, new_job_id
 from pid.jobs.store import JobRecord
@@ -201,64 +202,72 @@ class Run:
         budget_ended = False
         last_rows = 0.0
         ended = stop_seen = False
+        outage = WaitingThrough(lambda text: display.note(f"pid: {text}"))
         try:
             while self.tracked or pending:
-                records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
-                if self.interrupted and cancelled_at is None:
-                    cancelled_at = time.monotonic()
-                    self._cancel_all(records, display)
+                if self.interrupted > 1 and outage.since is not None:
+                    break   # (the store is down: a second Ctrl-C stops waiting for it)
+                try:
                     records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
-                if not stop_seen and self.bdir.cancelled():   # the batch cancelled elsewhere: what this run
-                    stop_seen = True                          # submitted since goes too, and none again
-                    if not self.stopped:
-                        display.note(CANCELLED_NOTE)
-                    self.stopped = True
-                    self.cancel_tracked(records, display.note)
-                    records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
-                if cancelled_at is not None and (self.interrupted > 1 or
-                                                 time.monotonic() - cancelled_at > CANCEL_WAIT_S):
-                    break
-                for job_id, item_id in list(self.tracked.items()):
-                    record = records.get(job_id)
-                    if record is None:       # gone from the store (expired): it never ended for this batch
-                        del self.tracked[job_id]
-                        if not self.interrupted and not self.stopped and item_id in self.specs:
-                            self.submit([item_id])
-                    elif record.terminal and job_id not in pending:
-                        pending[job_id] = downloads.submit(self._finish_item, job_id, item_id, record)
-                for job_id, future in list(pending.items()):
-                    if not future.done():
-                        continue
-                    del pending[job_id]
-                    item_id = self.tracked.pop(job_id)
-                    row = future.result()
-                    self.bdir.rows[item_id] = row
-                    progress.ended_now += 1
+                    if self.interrupted and cancelled_at is None:
+                        cancelled_at = time.monotonic()
+                        self._cancel_all(records, display)
+                        records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
+                    if not stop_seen and self.bdir.cancelled():   # the batch cancelled elsewhere: what this run
+                        stop_seen = True                          # submitted since goes too, and none again
+                        if not self.stopped:
+                            display.note(CANCELLED_NOTE)
+                        self.stopped = True
+                        self.cancel_tracked(records, display.note)
+                        records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
+                    if cancelled_at is not None and (self.interrupted > 1 or
+                                                     time.monotonic() - cancelled_at > CANCEL_WAIT_S):
+                        break
+                    for job_id, item_id in list(self.tracked.items()):
+                        record = records.get(job_id)
+                        if record is None:       # gone from the store (expired): it never ended for this batch
+                            del self.tracked[job_id]
+                            if not self.interrupted and not self.stopped and item_id in self.specs:
+                                self.submit([item_id])
+                        elif record.terminal and job_id not in pending:
+                            pending[job_id] = downloads.submit(self._finish_item, job_id, item_id, record)
+                    for job_id, future in list(pending.items()):
+                        if not future.done():
+                            continue
+                        del pending[job_id]
+                        row = future.result()   # (a store's outage raised here: the next poll downloads it again)
+                        item_id = self.tracked.pop(job_id)
+                        self.bdir.rows[item_id] = row
+                        progress.ended_now += 1
+                        count(progress, self.bdir, records, self.tracked)
+                        display.item_ended(row, progress)
+                        cancelled_here = job_id in self.watched and row.get("status") == "cancelled"
+                        if (job_id in self.adopted and not self.interrupted and not self.stopped and not cancelled_here
+                                and item_id in self.specs and needs_run(row, self.retry_failed)
+                                and row.get("exit_reason") != "batch_budget"):
+                            display.note(f"pid: {one_line(item_id)}: its earlier job ended "
+                                         f"{ending_words(row['status'], row['exit_reason'])}: submitted again")
+                            self.submit([item_id])   # an earlier run's job, cancelled (or failed, --retry-failed)
+                    if not budget_ended:
+                        info = self.store.batch(self.bdir.batch_id)
+                        progress.budget = info.max_total_cost if info else None
+                        if info is not None and info.exhausted:
+                            from pid.jobs.batch_budget import budget_note, end_queued
+                            budget_ended = True
+                            if end_queued(self.store, self.bdir.batch_id, budget_note(info)):
+                                display.note(f"pid: {budget_note(info)}: the queued items are cancelled")
+                    if self.local is not None and not self.local.alive() and self.tracked:
+                        display.note(f"pid: the local worker stopped (see {self.local.log_path})")
+                        self.local = None
                     count(progress, self.bdir, records, self.tracked)
-                    display.item_ended(row, progress)
-                    cancelled_here = job_id in self.watched and row.get("status") == "cancelled"
-                    if (job_id in self.adopted and not self.interrupted and not self.stopped and not cancelled_here
-                            and item_id in self.specs and needs_run(row, self.retry_failed)
-                            and row.get("exit_reason") != "batch_budget"):
-                        display.note(f"pid: {one_line(item_id)}: its earlier job ended "
-                                     f"{ending_words(row['status'], row['exit_reason'])}: submitted again")
-                        self.submit([item_id])   # an earlier run's job, cancelled (or failed, --retry-failed)
-                if not budget_ended:
-                    info = self.store.batch(self.bdir.batch_id)
-                    progress.budget = info.max_total_cost if info else None
-                    if info is not None and info.exhausted:
-                        from pid.jobs.batch_budget import budget_note, end_queued
-                        budget_ended = True
-                        if end_queued(self.store, self.bdir.batch_id, budget_note(info)):
-                            display.note(f"pid: {budget_note(info)}: the queued items are cancelled")
-                if self.local is not None and not self.local.alive() and self.tracked:
-                    display.note(f"pid: the local worker stopped (see {self.local.log_path})")
-                    self.local = None
-                count(progress, self.bdir, records, self.tracked)
-                display.update(progress)
-                if time.monotonic() - last_rows >= ROWS_EVERY_S:
-                    self.bdir.write_rows()
-                    last_rows = time.monotonic()
+                    display.update(progress)
+                    if time.monotonic() - last_rows >= ROWS_EVERY_S:
+                        self.bdir.write_rows()
+                        last_rows = time.monotonic()
+                    outage.reached()
+                except Exception as exc:   # the store unreachable (a Redis restarting): waited through, a while
+                    if not outage.bear(exc):
+                        raise
                 if self.tracked or pending:   # one query for all: less often for thousands of jobs
                     time.sleep(min(POLL_MAX_S, max(POLL_S, len(self.tracked) / 500)))
             ended = not self.interrupted

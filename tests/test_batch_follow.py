@@ -305,3 +305,28 @@ def test_the_local_worker_s_child_only_calls_prctl_found_before_the_fork(home, m
     before_fork = list(calls)
     started["preexec_fn"]()   # what the child runs
     assert before_fork == [("CDLL",)] and calls[1:] == [("prctl", 1, int(signal.SIGTERM))], calls
+
+
+def test_a_store_outage_while_the_batch_is_followed_is_waited_through(home, monkeypatch):
+    """A Redis that restarts: the run says so (its display's notes) and goes on when the store is back."""
+    run = make_run(home, ["a"])
+    run.submit(["a"])
+    (job_id,) = run.tracked
+    monkeypatch.setattr(run, "_finish_item", finished)
+    batch_jobs = run.store.batch_jobs
+    polls = {"n": 0}
+
+    def flaky(batch_id: str) -> list[Any]:
+        polls["n"] += 1
+        if polls["n"] in (2, 3):
+            raise ConnectionError("Connection refused")
+        if polls["n"] == 4:
+            run.store.request_cancel(job_id)   # it ends during the outage
+        return batch_jobs(batch_id)
+
+    monkeypatch.setattr(run.store, "batch_jobs", flaky)
+    display = Stops(run)
+    summary = run.follow(display)
+    assert summary["by_status"] == {"cancelled": 1} and display.polls < 100, summary
+    said = [n.split(" (")[0] for n in display.notes]
+    assert said == ["pid: the job store is unreachable", "pid: the job store is back"], display.notes
