@@ -215,7 +215,7 @@ class Run:
                         records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
                     if not stop_seen and self.bdir.cancelled():   # the batch cancelled elsewhere: what this run
                         stop_seen = True                          # submitted since goes too, and none again
-                        if not self.stopped:
+                        if not self.stopped and self.specs:   # (a run that submits nothing has nothing to say)
                             display.note(CANCELLED_NOTE)
                         self.stopped = True
                         self.cancel_tracked(records, display.note)
