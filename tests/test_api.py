@@ -180,8 +180,10 @@ def test_a_bad_batch_option_is_refused_before_anything_runs(api_env, tmp_path):
         pid.batch(tasks, tmp_path / "out", model="m", max_running=0)
     with pytest.raises(pid.PidError, match="takes no option 'detach'"):
         pid.batch(tasks, tmp_path / "out", model="m", detach=True)
-    with pytest.raises(pid.PidError, match="takes no option 'workers'"):
+    with pytest.raises(pid.PidError, match=r"^pid\.submit_batch\(\) takes no option 'workers'"):
         pid.submit_batch(tasks, tmp_path / "out", model="m", workers=2)
+    with pytest.raises(pid.PidError, match=r"^pid\.batch\(\) takes no option 'out_dir': the batch's directory is"):
+        pid.batch(tasks, tmp_path / "out", model="m", out_dir=tmp_path / "elsewhere")
     with pytest.raises(pid.PidError, match="is not a batch's output directory"):
         pid.open_batch(tmp_path)
     assert not (tmp_path / "out").exists()
@@ -214,6 +216,35 @@ def test_a_batch_runs_to_its_summary_in_any_thread_its_items_told_as_they_end(ap
     assert ran["summary"]["by_status"] == {"completed": 2} and ran["summary"]["exit_code"] == 0, ran
     assert sorted(item["id"] for item in ran["items"]) == ["item0", "item1"] and told == ran["items"], ran
     assert json.loads((tmp_path / "out" / "summary.json").read_text()) == ran["summary"]
+
+
+@pytest.mark.docker
+@pytest.mark.cli
+def test_a_keyboard_interrupt_in_pid_batch_cancels_what_has_not_ended_records_what_has_and_propagates(
+        api_env, worker, sample_repo, tmp_path):
+    """pid.batch's documented contract: the interrupt (here on_item's, after the first item) cancels the jobs that
+    have not ended, writes batch.jsonl and summary.json as far as they got, and propagates."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(f'{{"id": "item{n}", "task": "t{n}", "repo": "{sample_repo}"}}\n' for n in range(2)))
+    script = [{"text": "done"},   # the first job to ask (one worker slot: the other waits, or runs next)...
+              {"tool_calls": [{"name": "bash", "arguments": {"command": gated("true")}}]},   # ...never ends alone
+              {"text": "never"}]
+    told: list[dict] = []
+
+    def interrupt(row: dict) -> None:
+        told.append(row)
+        raise KeyboardInterrupt
+
+    with ScriptedLLM(script) as llm:
+        with pytest.raises(KeyboardInterrupt):
+            pid.batch(tasks, tmp_path / "out", on_item=interrupt, model="scripted", base_url=llm.base_url)
+        ledger = [json.loads(line) for line in (tmp_path / "out" / "jobs.jsonl").read_text().splitlines()]
+        other = next(entry["job_id"] for entry in ledger if entry["id"] != told[0]["id"])
+        assert pid.job(other).wait(timeout=120)["status"] == "cancelled"
+    rows = [json.loads(line) for line in (tmp_path / "out" / "batch.jsonl").read_text().splitlines()]
+    assert [(row["id"], row["status"]) for row in rows] == [(told[0]["id"], "completed")], rows
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["ended"] == 1 and summary["not_ended"] == 1, summary
 
 
 @pytest.mark.docker
