@@ -261,7 +261,7 @@ class _Items:
 
 def _warn(text: str) -> None:
     """What is allowed but worth saying (a sandbox on the network): a Python warning, where the CLI prints a line."""
-    warnings.warn(f"pid: {text}", stacklevel=4)
+    warnings.warn(text if text.startswith("pid: ") else f"pid: {text}", stacklevel=4)   # (a batch's notes have it)
 
 
 def _parse(command_name: str, task: Any, repo: Any, options: dict[str, Any],

@@ -262,3 +262,15 @@ def test_a_submitted_batch_is_seen_cancelled_and_waited_for_from_its_directory(a
     assert waited["summary"]["by_status"] == {"cancelled": 2} and waited["summary"]["exit_code"] == 1, waited
     assert sorted(row["id"] for row in told) == ["item0", "item1"] and told == waited["items"]
     assert again.cancel() == [] and again.status()["counts"] == {"cancelled": 2}
+
+
+def test_a_warning_says_pid_once():
+    """The API's warnings start "pid: " once, whether the note it carries had that prefix (a batch's) or not."""
+    import warnings
+
+    from pid import api
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        api._warn("pid: the batch was cancelled")
+        api._warn("the sandbox is on the network")
+    assert [str(w.message) for w in caught] == ["pid: the batch was cancelled", "pid: the sandbox is on the network"]
