@@ -17,7 +17,6 @@ import click
 
 from pid.costs import format_cost
 from pid.terminal import CLEAR_LINE, dumps, one_line, shown
-
 from pid.jobs.spec import json_text
 
 if TYPE_CHECKING:   # (the events module loads only where a job's events are printed: not in `pid submit`)
