@@ -221,10 +221,16 @@ def _start(sender: Any = None, **_: Any) -> None:
                                 queues=Taking.queues)
     housekeeping.start()
     signals.worker_shutdown.connect(lambda **_: housekeeping.stop(), weak=False)
+    pool_size = int(settings.POOL.get() or 0)
+    if pool_size > 0:
+        from pid.worker import warm_pool
+        warm_pool.start(pool_size)
+        signals.worker_shutdown.connect(lambda **_: warm_pool.stop(), weak=False)
     if settings.RESULT_BACKEND.raw():
         jobs_log.info("PID_RESULT_BACKEND is set but no longer used: the job store holds every result")
-    jobs_log.info("pid worker ready (%s, %d at once, queue %s): waiting for jobs (Ctrl-C: finish the running jobs, "
-                  "then stop; twice: hand them back and stop)", node, Taking.concurrency, ",".join(Taking.queues))
+    jobs_log.info("pid worker ready (%s, %d at once, queue %s%s): waiting for jobs (Ctrl-C: finish the running jobs, "
+                  "then stop; twice: hand them back and stop)", node, Taking.concurrency, ",".join(Taking.queues),
+                  f", a warm pool of {pool_size} per class" if pool_size > 0 else "")
 
 
 __all__ = ["OnlyWhatCanStart", "WorkerSignals", "start_only_what_can_start"]

@@ -1,0 +1,301 @@
+"""A worker's warm pool: sandboxes created, hardened, started and greeted before any job asks, so that a job of a
+class the worker served lately skips DockerSandbox.create (~0.3 s of its start).
+
+A sandbox's class is its SandboxConfig without what is the job's own (its id, attempt and time to live): image,
+limits, user, disk, runtime, workspace kind. After a job of class C starts, the pool keeps `size` ready sandboxes of C;
+a class no job asked for in IDLE_S is drained. A ready sandbox is made by the job's own creation path
+(DockerSandbox.create: the same hardening, limits, disks and runtime), with a job id of its own (`pool-...`), the
+label pid.pool (this worker process: a SIGKILLed worker's are removed by the next reap on this host, see
+sandbox/reaper.py reap_orphan_pools) and a time to live that covers the pool's idle life and the class's jobs.
+
+Taking: a container's labels cannot change, so a job that takes one renames it (config.taken_name): cancel, the sweep
+of a lost attempt and a retry find a job's containers by that name as by label (reaper.remove_job_containers). A
+sandbox serves one job and is removed as the job ends, like any other; one whose time left is shorter than the job
+needs, or whose image tag moved, is not given (it is removed). The pool refills in one thread, one creation at a time,
+and waits while any job of this worker creates its own sandbox: a job's creation comes first. On a clean stop the
+ready ones are removed (close(), from the worker's shutdown, never a finaliser).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import IO, Any, Callable, Iterator
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from pid.jobs.identity import process_identity
+from pid.sandbox import DockerSandbox, SandboxConfig
+from pid.sandbox.config import taken_name
+from pid.sandbox.docker_client import engine_errors
+from pid.sandbox.reaper import remove_job_containers
+
+log = logging.getLogger("pid.worker")
+
+IDLE_S = 300.0        # a class no job asked for this long is drained
+SPARE_S = 60.0        # a ready sandbox must outlive the job's own time to live by this much to be given
+RETRY_S = 30.0        # after a failed creation, the class waits this long before the next
+TICK_S = 5.0          # the refill thread's look at idle classes (a wait, not a poll of the engine)
+STOP_WAIT_S = 60.0    # for a creation under way when the worker stops
+
+Key = tuple[Any, ...]
+
+
+def class_of(config: SandboxConfig) -> Key:
+    """The sandbox's class: its config without the job's own fields."""
+    return dataclasses.astuple(dataclasses.replace(config, job_id="", attempt=0, ttl_s=0.0, pool=""))
+
+
+@dataclass
+class Ready:
+    sandbox: DockerSandbox
+    expires: float          # wall clock: the container's own end (its time to live from its creation)
+    memory: int | None      # bytes its cgroup used once ready (None: not readable here)
+
+
+@dataclass
+class Wanted:
+    """A class the worker served lately: the config to make its sandboxes from, and when a job last asked."""
+    template: SandboxConfig
+    ttl_s: float
+    used_at: float
+    ready: list[Ready] = field(default_factory=list)
+    creating: bool = False
+    failed_at: float = 0.0
+
+
+def pool_identity() -> str:
+    """This worker process, as pid.pool labels carry it: host, pid and pid.jobs.identity's token."""
+    return f"{socket.gethostname()}:{os.getpid()}:{process_identity(os.getpid()) or ''}"
+
+
+class WarmPool:
+    """Ready sandboxes per class. Thread-safe; one refill thread."""
+
+    def __init__(self, size: int, *, idle_s: float = IDLE_S,
+                 create: Callable[[SandboxConfig], DockerSandbox] = DockerSandbox.create) -> None:
+        self.size, self.idle_s, self._create = size, idle_s, create
+        self.identity = pool_identity()
+        self._classes: dict[Key, Wanted] = {}
+        self._jobs_creating = 0
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._refill_loop, name="pid-warm-pool", daemon=True)
+
+    def start(self) -> "WarmPool":
+        self._thread.start()
+        return self
+
+    # -- the job's side ------------------------------------------------------------------------------------------
+    def served(self, config: SandboxConfig) -> None:
+        """A job of this class starts: keep its class ready (and long-lived enough for it)."""
+        key, now = class_of(config), time.time()
+        with self._cond:
+            wanted = self._classes.get(key)
+            if wanted is None:
+                self._classes[key] = Wanted(config, config.ttl_s, now)
+            else:
+                wanted.used_at, wanted.ttl_s = now, max(wanted.ttl_s, config.ttl_s)
+            self._cond.notify_all()
+
+    def take(self, config: SandboxConfig) -> DockerSandbox | None:
+        """A ready sandbox of the job's class, now the job's (renamed for it), or None: the job creates its own."""
+        key = class_of(config)
+        while True:
+            with self._cond:
+                wanted = self._classes.get(key)
+                if self._closed or wanted is None or not wanted.ready:
+                    return None
+                ready = wanted.ready.pop(0)   # the oldest first: it has the least time left
+                self._cond.notify_all()       # (one fewer ready: the refill thread makes another)
+            if ready.expires - time.time() >= config.ttl_s + SPARE_S and _hand_over(ready.sandbox, config):
+                return ready.sandbox
+            ready.sandbox.close()   # too little time left, gone, another image behind the tag: never given
+
+    @contextmanager
+    def job_creating(self) -> Iterator[None]:
+        """A job creates its own sandbox meanwhile: the pool makes none until it is done."""
+        with self._cond:
+            self._jobs_creating += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._jobs_creating -= 1
+                self._cond.notify_all()
+
+    # -- what the heartbeat shows -----------------------------------------------------------------------------------
+    def status(self) -> list[dict[str, Any]]:
+        """Per image: the sandboxes ready, and the memory they used once ready (bytes, where readable)."""
+        shown: dict[str, dict[str, Any]] = {}
+        with self._cond:
+            for wanted in self._classes.values():
+                entry = shown.setdefault(wanted.template.image, {"image": wanted.template.image, "ready": 0,
+                                                                  "memory": 0})
+                entry["ready"] += len(wanted.ready)
+                entry["memory"] += sum(r.memory or 0 for r in wanted.ready)
+        return list(shown.values())
+
+    # -- refilling ----------------------------------------------------------------------------------------------
+    def _refill_loop(self) -> None:
+        config: SandboxConfig | None = None
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    drained = self._drain(time.time())
+                    key = None if self._jobs_creating or drained else self._next_class(time.time())
+                    if key is not None or drained:
+                        break
+                    self._cond.wait(TICK_S)
+                if key is not None:
+                    wanted = self._classes[key]
+                    wanted.creating = True
+                    config = dataclasses.replace(wanted.template, job_id=f"pool-{uuid.uuid4().hex[:12]}",
+                                                 attempt=0, ttl_s=wanted.ttl_s + self.idle_s + SPARE_S,
+                                                 pool=self.identity)
+            for ready in drained:
+                ready.sandbox.close()
+            if key is not None and config is not None:
+                self._make(key, config)
+
+    def _drain(self, now: float) -> list[Ready]:
+        """(Holding the lock.) The classes idle too long go; the ready sandboxes too short-lived for their class
+        go. What to close, outside the lock."""
+        gone: list[Ready] = []
+        for key, wanted in list(self._classes.items()):
+            keep = [r for r in wanted.ready if r.expires - now >= wanted.ttl_s + SPARE_S]
+            gone += [r for r in wanted.ready if r not in keep]
+            wanted.ready = keep
+            if now - wanted.used_at > self.idle_s and not wanted.creating:
+                gone += wanted.ready
+                del self._classes[key]
+        return gone
+
+    def _next_class(self, now: float) -> Key | None:
+        """(Holding the lock.) The class furthest below its size, not failing lately."""
+        short = [(len(w.ready), key) for key, w in self._classes.items()
+                 if len(w.ready) < self.size and not w.creating and now - w.failed_at >= RETRY_S]
+        return min(short, key=lambda pair: pair[0])[1] if short else None
+
+    def _make(self, key: Key, config: SandboxConfig) -> None:
+        start = time.time()
+        try:
+            sandbox = self._create(config)
+        except Exception as exc:
+            log.warning("warm pool: cannot make a sandbox of %s: %s (tried again in %.0f s)", config.image, exc,
+                        RETRY_S)
+            with self._cond:
+                wanted = self._classes.get(key)
+                if wanted is not None:
+                    wanted.creating, wanted.failed_at = False, time.time()
+            return
+        ready = Ready(sandbox, start + config.ttl_s, _memory(sandbox))
+        with self._cond:
+            wanted = self._classes.get(key)
+            if wanted is not None:
+                wanted.creating = False
+            if not self._closed and wanted is not None:
+                wanted.ready.append(ready)
+                return
+        sandbox.close()   # the pool stopped (or the class went) meanwhile
+
+    # -- stopping -------------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Remove every ready sandbox (a creation under way is waited for, then removed). Idempotent."""
+        with self._cond:
+            self._closed = True
+            ready = [r for w in self._classes.values() for r in w.ready]
+            for wanted in self._classes.values():
+                wanted.ready = []
+            self._cond.notify_all()
+        for one in ready:
+            one.sandbox.close()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(STOP_WAIT_S)
+
+
+def _hand_over(sandbox: DockerSandbox, config: SandboxConfig) -> bool:
+    """The ready sandbox becomes the job's: it still runs the image its tag names, and it takes the job's name (see
+    the module's docstring) and config. False: it cannot serve (the caller removes it)."""
+    box = sandbox.container
+    try:
+        state = box.client.api.inspect_container(box.id)
+        if not state.get("State", {}).get("Running") or state.get("Image") != box.image_id:
+            return False
+        if str(box.client.api.inspect_image(config.image).get("Id")) != box.image_id:
+            return False   # the tag moved since: the job gets the image it names now
+        box.client.api.rename(box.id, taken_name(config.job_id, config.attempt))
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        log.debug("warm pool: a ready sandbox cannot be given: %s", exc)
+        return False
+    box.config = config   # (a git clone's container, for one, is labelled from it)
+    return True
+
+
+def _memory(sandbox: DockerSandbox) -> int | None:
+    """The memory the container's cgroup uses (cgroup v2), read once: a ready sandbox's hardly changes."""
+    pid = sandbox.container.init_pid()
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            path = f.read().strip().rsplit(":", 1)[-1]
+        with open(f"/sys/fs/cgroup{path}/memory.current") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+class PooledProvider:
+    """pid.sandbox_lifecycle.SandboxProvider over a warm pool: a ready sandbox of the job's class when there is
+    one, else a new one made as without a pool. A packed workspace given to a taken sandbox is not unpacked here:
+    the job's import_tar unpacks it (pid.jobs.snapshot.import_into)."""
+
+    def __init__(self, pool: WarmPool, client: docker.DockerClient | None = None) -> None:
+        self.pool, self.client = pool, client
+
+    def create(self, config: SandboxConfig, workspace: IO[bytes] | None = None) -> DockerSandbox:
+        self.pool.served(config)
+        taken = self.pool.take(config)
+        if taken is not None:
+            return taken
+        with self.pool.job_creating():
+            return DockerSandbox.create(config, self.client, workspace)
+
+    @engine_errors
+    def clear_job(self, job_id: str) -> None:
+        remove_job_containers(job_id, self.client)
+
+
+_active: list[WarmPool] = []   # this worker process's pool, when it has one (`pid worker --pool N`)
+
+
+def start(size: int) -> WarmPool:
+    pool = WarmPool(size).start()
+    _active.append(pool)
+    return pool
+
+
+def stop() -> None:
+    """The worker stops: its pool's ready sandboxes go."""
+    while _active:
+        _active.pop().close()
+
+
+def provider() -> PooledProvider | None:
+    """The provider a job of this worker creates its sandbox through, or None (no pool: the runner's default)."""
+    return PooledProvider(_active[0]) if _active else None
+
+
+def status() -> list[dict[str, Any]] | None:
+    return _active[0].status() if _active else None
