@@ -518,7 +518,7 @@ def workers(show_all: bool, as_json: bool) -> None:
     if not beats:
         echo("no live worker" + ("" if show_all else " (pid workers --all: also stopped or lost ones)"))
         return
-    from pid.cli.listing import worker_lines
+    from pid.cli.listing import pool_entry, worker_lines
     from pid.cli.table import terminal_width
     header, *lines = worker_lines(beats, now, terminal_width())
     echo(header)
@@ -526,6 +526,8 @@ def workers(show_all: bool, as_json: bool) -> None:
         echo(line)
         if b.policy:
             echo("  policy: " + ", ".join(f"{one_line(k)} = {dumps(v)}" for k, v in b.policy.items()))
+        if b.pool and state == "alive":
+            echo("  warm pool: " + ", ".join(pool_entry(entry) for entry in b.pool))
         if b.alarm:
             echo(styled(f"  !!! {one_line(b.alarm)}", fg="red", bold=True))
 

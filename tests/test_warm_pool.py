@@ -148,6 +148,8 @@ def test_a_worker_serves_a_job_from_its_pool_then_removes_what_is_left_as_it_sto
             assert ready[0][:12] in transcript   # the tool ran in the pooled container (its hostname)
             assert ready[0] not in {c.id for c in pid_containers()}   # and it went with the job
             _wait("the pool refilled", _ready_ids, log)
+            _wait("`pid workers` shows the pool",
+                  lambda: f"warm pool: {IMAGE} 1 ready" in run_pid("workers", env=env).stdout, log, timeout=30)
         finally:
             stop_worker(worker)
     assert pool_containers() == [], log.read_text()[-3000:]
