@@ -4,7 +4,10 @@ redis-server started here) and on the embedded default.
 
 Target (issue 9): <= 1 s with Redis (median).
 
-    python bench/bench_submit_latency.py [--runs 7] [--broker redis|embedded|both]
+    python bench/bench_submit_latency.py [--runs 7] [--broker redis|embedded|both] [--pool N]
+
+--pool N: the worker keeps N ready sandboxes (`pid worker --pool N`); the first, unmeasured, job makes its class
+known, and each job then takes one made while the previous one ran.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from tests.brokers import RedisServer  # noqa: E402
 from tests.scripted_llm import ScriptedLLM  # noqa: E402
 
 
-def measure(broker: str, runs: int) -> list[float]:
+def measure(broker: str, runs: int, pool: int = 0) -> list[float]:
     with tempfile.TemporaryDirectory(prefix="pid-bench-submit-") as root:
         env = dict(os.environ, PID_HOME=os.path.join(root, "home"), PYTHONPATH=ROOT)
         redis = None
@@ -37,7 +40,8 @@ def measure(broker: str, runs: int) -> list[float]:
         os.makedirs(os.path.join(root, "out"))
         log_path = os.path.join(root, "worker.log")
         with open(log_path, "w") as log:
-            worker = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker", "--concurrency", "2"],
+            worker = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker", "--concurrency", "2",
+                                       "--pool", str(pool)],
                                       env=env, stdout=log, stderr=subprocess.STDOUT)
         samples = []
         try:
@@ -66,10 +70,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--broker", choices=["redis", "embedded", "both"], default="both")
+    parser.add_argument("--pool", type=int, default=0, help="the worker's --pool (0: none)")
     args = parser.parse_args()
     for broker in (["redis", "embedded"] if args.broker == "both" else [args.broker]):
-        samples = sorted(measure(broker, args.runs))
-        print(f"{broker:9} submit -> first model request: median {statistics.median(samples):.2f} s "
+        samples = sorted(measure(broker, args.runs, args.pool))
+        print(f"{broker:9} pool {args.pool} submit -> first model request: median {statistics.median(samples):.2f} s "
               f"(min {samples[0]:.2f}, max {samples[-1]:.2f}, n={len(samples)})")
 
 

@@ -171,6 +171,8 @@ class WorkerSignals:
                           "back)", stuck, HANDBACK_S)
         time.sleep(POOL_STOP_S)
         jobs_log.info("stopping: the worker did not exit by itself; it exits now")
+        from pid.worker import warm_pool
+        warm_pool.stop(wait=False)   # its ready sandboxes go (one being made is left to the next reap)
         logging.shutdown()
         os._exit(1 if stuck else 0)
 

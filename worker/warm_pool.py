@@ -210,8 +210,8 @@ class WarmPool:
         sandbox.close()   # the pool stopped (or the class went) meanwhile
 
     # -- stopping -------------------------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Remove every ready sandbox (a creation under way is waited for, then removed). Idempotent."""
+    def close(self, wait: bool = True) -> None:
+        """Remove every ready sandbox; a creation under way is waited for (with `wait`), then removed. Idempotent."""
         with self._cond:
             self._closed = True
             ready = [r for w in self._classes.values() for r in w.ready]
@@ -220,7 +220,7 @@ class WarmPool:
             self._cond.notify_all()
         for one in ready:
             one.sandbox.close()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
+        if wait and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(STOP_WAIT_S)
 
 
@@ -286,10 +286,10 @@ def start(size: int) -> WarmPool:
     return pool
 
 
-def stop() -> None:
-    """The worker stops: its pool's ready sandboxes go."""
+def stop(wait: bool = True) -> None:
+    """The worker stops: its pool's ready sandboxes go (`wait`: also the one being made, once it is)."""
     while _active:
-        _active.pop().close()
+        _active.pop().close(wait)
 
 
 def provider() -> PooledProvider | None:
