@@ -265,11 +265,11 @@ class PooledProvider:
         self.pool, self.client = pool, client
 
     def create(self, config: SandboxConfig, workspace: IO[bytes] | None = None) -> DockerSandbox:
-        self.pool.served(config)
-        taken = self.pool.take(config)
-        if taken is not None:
-            return taken
-        with self.pool.job_creating():
+        with self.pool.job_creating():   # (from before `served`: the refill it wakes waits for this job's own)
+            self.pool.served(config)
+            taken = self.pool.take(config)
+            if taken is not None:
+                return taken
             return DockerSandbox.create(config, self.client, workspace)
 
     @engine_errors

@@ -1,0 +1,160 @@
+"""The warm pool's bookkeeping (worker/warm_pool.py) on stand-in sandboxes: each ready one is given once, the refill
+waits for a job's own creation, an idle class is drained, a stop removes what is ready and what was being made.
+(The real containers: tests/test_warm_pool.py.)"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+
+from pid.sandbox import SandboxConfig
+from pid.worker import warm_pool
+from pid.worker.warm_pool import WarmPool
+
+
+@dataclass
+class FakeAPI:
+    tag: str = "sha256:one"        # what the image's tag names now
+    renamed: list[tuple[str, str]] = field(default_factory=list)
+
+    def inspect_container(self, cid: str) -> dict[str, Any]:
+        return {"State": {"Running": True}, "Image": "sha256:one"}
+
+    def inspect_image(self, name: str) -> dict[str, Any]:
+        return {"Id": self.tag}
+
+    def rename(self, cid: str, name: str) -> None:
+        self.renamed.append((cid, name))
+
+
+@dataclass
+class FakeClient:
+    api: FakeAPI
+
+
+@dataclass
+class FakeContainer:
+    client: FakeClient
+    id: str
+    config: SandboxConfig
+    image_id: str = "sha256:one"
+
+    def init_pid(self) -> None:
+        return None
+
+
+@dataclass
+class FakeBox:
+    container: FakeContainer
+    closed: bool = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Factory:
+    """Makes stand-in sandboxes; `gate`, when set, holds each creation until it is opened."""
+
+    def __init__(self) -> None:
+        self.api = FakeAPI()
+        self.made: list[FakeBox] = []
+        self.configs: list[SandboxConfig] = []   # each as it was made
+        self.gate: threading.Event | None = None
+
+    def __call__(self, config: SandboxConfig) -> Any:
+        if self.gate is not None:
+            self.gate.wait(10)
+        self.configs.append(config)
+        box = FakeBox(FakeContainer(FakeClient(self.api), f"c{len(self.made)}", config))
+        self.made.append(box)
+        return box
+
+
+def until(check: Callable[[], Any], timeout: float = 10) -> Any:
+    deadline = time.time() + timeout
+    while not (found := check()):
+        assert time.time() < deadline
+        time.sleep(0.01)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def quick_ticks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(warm_pool, "TICK_S", 0.02)
+
+
+def job(job_id: str = "j1", **more: Any) -> SandboxConfig:
+    return SandboxConfig(**{"job_id": job_id, "attempt": 1, "ttl_s": 600.0, **more})
+
+
+def ready(pool: WarmPool) -> int:
+    return sum(entry["ready"] for entry in pool.status())
+
+
+def test_each_ready_sandbox_is_given_once_renamed_for_its_job():
+    factory = Factory()
+    pool = WarmPool(2, create=factory).start()
+    try:
+        pool.served(job())
+        given = []
+        for n in range(5):
+            until(lambda: ready(pool) >= 1)
+            box = pool.take(job(f"j{n}"))
+            assert box is not None
+            given.append(box)
+        assert len({id(box) for box in given}) == 5
+        assert [name for _, name in factory.api.renamed] == [f"pid-job-j{n}-a1" for n in range(5)]
+        assert [box.container.config.job_id for box in given] == [f"j{n}" for n in range(5)]
+        assert all(c.pool.count(":") == 2 and c.job_id.startswith("pool-") and c.ttl_s > 600
+                   for c in factory.configs)   # made labelled pid.pool, to outlive the class's jobs
+    finally:
+        pool.close()
+    assert all(box.closed for box in factory.made if box not in given)
+
+
+def test_the_refill_waits_while_a_job_creates_its_own():
+    factory = Factory()
+    pool = WarmPool(1, create=factory).start()
+    try:
+        with pool.job_creating():
+            pool.served(job())
+            time.sleep(0.2)   # several of the refill thread's looks
+            assert factory.made == []
+        until(lambda: ready(pool) == 1)
+    finally:
+        pool.close()
+
+
+def test_an_idle_class_is_drained_and_a_moved_tag_is_never_given():
+    factory = Factory()
+    pool = WarmPool(1, idle_s=0.3, create=factory).start()
+    try:
+        pool.served(job())
+        until(lambda: ready(pool) == 1)
+        factory.api.tag = "sha256:two"
+        assert pool.take(job()) is None and factory.made[0].closed   # not that image any more: removed
+        factory.api.tag = "sha256:one"
+        until(lambda: ready(pool) == 1)
+        until(lambda: pool.status() == [])   # no job of the class for idle_s: drained
+        assert all(box.closed for box in factory.made)
+    finally:
+        pool.close()
+
+
+def test_a_stop_removes_the_ready_ones_and_the_one_being_made():
+    factory = Factory()
+    pool = WarmPool(2, create=factory).start()
+    pool.served(job())
+    until(lambda: ready(pool) == 2)
+    factory.gate = threading.Event()
+    assert pool.take(job()) is not None   # (given: the job removes it)
+    until(lambda: any(w.creating for w in pool._classes.values()))
+    stopping = threading.Thread(target=pool.close)
+    stopping.start()
+    factory.gate.set()
+    stopping.join(10)
+    assert not stopping.is_alive()
+    assert len(factory.made) == 3 and [box.closed for box in factory.made] == [False, True, True]
