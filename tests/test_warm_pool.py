@@ -177,7 +177,8 @@ def test_cancel_removes_a_running_jobs_pooled_container(run_pid, pid_env, sample
     assert pool_containers() == [], log.read_text()[-3000:]
 
 
-def test_a_sigkilled_workers_pool_is_removed_by_the_next_reap(run_pid, pid_env, sample_repo, tmp_path):
+@pytest.mark.parametrize("reaper", ["pid reap", "the next worker"])
+def test_a_sigkilled_workers_pool_is_removed_by_the_next_reap(run_pid, pid_env, sample_repo, tmp_path, reaper):
     env = {**pid_env, "PID_POOL": "2"}
     log = tmp_path / "w.log"
     with ScriptedLLM([{"text": "warm"}]) as llm:
@@ -192,6 +193,13 @@ def test_a_sigkilled_workers_pool_is_removed_by_the_next_reap(run_pid, pid_env, 
         finally:
             stop_worker(worker)
     assert len(pool_containers()) >= 2   # nothing removed them: their worker had no chance
-    reaped = run_pid("reap", env=env)
-    assert reaped.code == 0, reaped.stderr
+    if reaper == "pid reap":
+        reaped = run_pid("reap", env=env)
+        assert reaped.code == 0, reaped.stderr
+    else:   # its first housekeeping pass reaps
+        later = start_worker(pid_env, tmp_path, tmp_path / "w2.log")
+        try:
+            _wait("the next worker's reap", lambda: pool_containers() == [], tmp_path / "w2.log", timeout=60)
+        finally:
+            stop_worker(later)
     assert pool_containers() == []
