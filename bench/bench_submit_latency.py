@@ -7,7 +7,8 @@ Target (issue 9): <= 1 s with Redis (median).
     python bench/bench_submit_latency.py [--runs 7] [--broker redis|embedded|both] [--pool N]
 
 --pool N: the worker keeps N ready sandboxes (`pid worker --pool N`); the first, unmeasured, job makes its class
-known, and each job then takes one made while the previous one ran.
+known; before each measured submit the bench waits (unmeasured) until the worker has one ready, so that each job
+takes one: an idle warm worker, as the target says.
 """
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ def measure(broker: str, runs: int, pool: int = 0) -> list[float]:
             while "ready" not in open(log_path).read():
                 time.sleep(0.05)
             for n in range(runs + 1):   # the first warms the engine's and the OS's caches
+                if pool and n:
+                    wait_for_ready_sandbox(env["PID_HOME"])
                 with ScriptedLLM([{"text": "done"}]) as llm:
                     started = time.time()
                     subprocess.run([sys.executable, "-m", "pid.cli.main", "submit", f"t{n}", "--repo", repo, "--model",
@@ -64,6 +67,21 @@ def measure(broker: str, runs: int, pool: int = 0) -> list[float]:
             if redis is not None:
                 redis.stop()
         return samples
+
+
+def wait_for_ready_sandbox(home: str, timeout: float = 60) -> None:
+    """Until the worker's warm pool has a sandbox ready (labelled pid.pool, not yet renamed for a job)."""
+    import docker
+
+    from pid.sandbox.reaper import owner_label
+    client = docker.from_env()
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        listed = client.api.containers(filters={"label": ["pid.pool", f"pid.owner={owner_label(home)}"]})
+        if any(not name.startswith("/pid-job-") for c in listed for name in c.get("Names") or []):
+            return
+        time.sleep(0.05)
+    raise SystemExit("the worker's warm pool made no sandbox")
 
 
 def main() -> None:
