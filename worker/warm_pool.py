@@ -243,14 +243,19 @@ def _hand_over(sandbox: DockerSandbox, config: SandboxConfig) -> bool:
 
 
 def _memory(sandbox: DockerSandbox) -> int | None:
-    """The memory the container's cgroup uses (cgroup v2), read once: a ready sandbox's hardly changes."""
+    """The memory the container's cgroup uses (v1's memory controller, else v2's), read once: a ready sandbox's
+    hardly changes. None where the host does not show it."""
     pid = sandbox.container.init_pid()
     if pid is None:
         return None
     try:
         with open(f"/proc/{pid}/cgroup") as f:
-            path = f.read().strip().rsplit(":", 1)[-1]
-        with open(f"/sys/fs/cgroup{path}/memory.current") as f:
+            groups = dict(line.split(":", 2)[1:] for line in f.read().splitlines() if line.count(":") >= 2)
+        if "memory" in groups:
+            where = f"/sys/fs/cgroup/memory{groups['memory']}/memory.usage_in_bytes"
+        else:
+            where = f"/sys/fs/cgroup{groups.get('', '')}/memory.current"
+        with open(where) as f:
             return int(f.read())
     except (OSError, ValueError):
         return None
