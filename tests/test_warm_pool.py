@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +16,8 @@ import pytest
 
 from pid.sandbox import DockerSandbox, SandboxConfig
 from pid.sandbox.config import LABEL_POOL, taken_name
-from pid.sandbox.reaper import remove_job_containers
-from pid.worker.warm_pool import WarmPool, class_of
+from pid.sandbox.reaper import reap_expired, remove_job_containers
+from pid.worker.warm_pool import IDLE_S, SPARE_S, WarmPool, class_of
 from tests.conftest import RUNTIME, pid_containers, start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
 
@@ -76,6 +78,28 @@ def test_a_class_with_nothing_ready_or_another_limit_is_not_served_from_the_pool
         assert pool.take(config("pool-test-e", ttl_s=10 ** 6)) is None    # needs more time than the ready one has
         assert class_of(config("x")) == class_of(config("y", attempt=3, ttl_s=5))
     finally:
+        pool.close()
+    assert pool_containers() == []
+
+
+def test_ready_and_taken_pool_sandboxes_expire_like_any_other():
+    owner = f"pool-test-{uuid.uuid4().hex[:8]}"   # (this test's own: the reap touches nothing else)
+    pool = WarmPool(2).start()
+    taken = None
+    try:
+        pool.served(config("pool-test-g", owner=owner))
+        wait_ready(pool, 2)
+        taken = pool.take(config("pool-test-g", owner=owner))
+        assert taken is not None
+        ours = {c.id for c in pool_containers()}
+        assert taken.container.id in ours and len(ours) >= 2
+        later = datetime.now(timezone.utc) + timedelta(seconds=600 + IDLE_S + 2 * SPARE_S + 60)
+        assert set(reap_expired(owner, now=datetime.now(timezone.utc))) == set()   # not before their time
+        removed = set(reap_expired(owner, now=later))
+        assert ours <= removed   # the taken one (the job's now) and the ready one alike
+    finally:
+        if taken is not None:
+            taken.close()
         pool.close()
     assert pool_containers() == []
 
