@@ -111,15 +111,20 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
         if tasks or len([d for d in (status_dir, wait_dir, cancel_dir) if d]) > 1:
             raise _bad("--status DIR, --wait DIR and --cancel DIR take no tasks file, and one at a time")
         path = os.path.abspath(os.path.expanduser(status_dir or wait_dir or cancel_dir or ""))
-        bdir = _open(path)
         if status_dir:
-            _status(bdir, as_json)
+            _status(_open(path), as_json)
             return
         if cancel_dir:
-            _cancel(bdir)
+            _cancel(_open(path))
             return
         from pid.jobs.batch_run import Run
-        follow(Run(bdir, _store(), retry_failed=False, warn=_warn), as_json, None, existing=True)
+        from pid.jobs.batch_setup import open_held
+        run = Run(open_held(path), _store(), retry_failed=False, warn=_warn)   # (its PidError: exit 2)
+        try:
+            follow(run, as_json, None, existing=True)
+        finally:
+            run.close()
+        return   # (follow exits)
     if not tasks:
         raise _bad("pid batch needs a tasks file (TASKS.jsonl, or - for stdin), or --status DIR / --wait DIR")
     ctx = click.get_current_context()

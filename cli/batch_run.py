@@ -21,6 +21,8 @@ def follow(run: Run, as_json: bool, tasks: str | None, existing: bool = False) -
     """Follow the run to its end (the live table, or a line per item), print the summary and exit with its code.
     A first Ctrl-C cancels the batch's jobs and waits for them to end, a second stops waiting: 130."""
     def on_sigint(signum: int, frame: Any) -> None:
+        if run.stopping:   # waiting for the downloads: Ctrl-C ends that wait (what is queued is fetched by a rerun)
+            raise KeyboardInterrupt
         if run.interrupt() == 1:
             echo("\ninterrupted: cancelling the batch's queued and running jobs (Ctrl-C again: stop waiting "
                  "for them)…", err=True)

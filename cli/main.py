@@ -16,7 +16,6 @@ from typing import Any, Callable
 import click
 
 import pid.cli as cli_package
-from pid import events as ev
 from pid import settings
 from pid.costs import format_cost
 from pid.config import HomeUnusable, ensure_pid_home, pid_home
@@ -193,8 +192,9 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
             views.append(printer)
         try:
             echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
+            from pid import events
             result = submission.run_foreground(spec, job, starting, api_key=api_key,
-                                               sink=ev.ignore if as_json else printer, on_agent=agents.append)
+                                               sink=events.ignore if as_json else printer, on_agent=agents.append)
         finally:
             if views:
                 views[0].stop()

@@ -11,14 +11,17 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import click
 
-from pid import events as ev
 from pid.costs import format_cost
 from pid.terminal import CLEAR_LINE, dumps, one_line, shown
+
 from pid.jobs.spec import json_text
+
+if TYPE_CHECKING:   # (the events module loads only where a job's events are printed: not in `pid submit`)
+    from pid import events as ev
 
 CHECK_LINES_SHOWN = 15   # of a failed check's output_tail, under the summary (all of it is in result.json)
 

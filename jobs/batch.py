@@ -9,11 +9,15 @@
     DIR/summary.json    the summary (summarize())
     DIR/<item id>/      the item's artifacts, downloaded from the job store (result.json, patch.diff, session.jsonl…)
     DIR/.jobs/          where a worker on this machine writes (the jobs' --out); removed once downloaded
+    DIR/.lock           held (flock) by the one run that submits to or follows the batch (hold())
+    DIR/.cancelled      made by a cancel of the whole batch (--cancel DIR, Batch.cancel): the run that follows it
+                        submits no more and cancels what it submitted since; the next run that submits removes it
 
 No click here: the command is cli/batch.py.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
@@ -25,10 +29,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 from pid.endings import exit_code_for
+from pid.errors import PidError
 from pid.jobs.spec import write_json_atomic
 from pid.jobs.trees import remove_tree
 
 META, LEDGER, RESULTS, SUMMARY, JOBS = "batch.json", "jobs.jsonl", "batch.jsonl", "summary.json", ".jobs"
+LOCK, CANCELLED = ".lock", ".cancelled"
 
 # An item's exit code, from least to most serious: the batch exits with its worst item's (see docs/batches.md).
 # 0 completed (and its check passed), 3 a limit was hit, 4 its check failed, 1 failed or cancelled.
@@ -65,6 +71,27 @@ def changed_options(meta: dict[str, Any], options: dict[str, Any]) -> list[str]:
         return []
     now = kept_options(options)
     return [name for name in sorted({*before, *now}) if json.dumps(before.get(name)) != json.dumps(now.get(name))]
+
+
+def hold(path: str) -> int:
+    """An exclusive lock on the batch directory `path` (made if need be) for the run that submits to or follows it:
+    two followers would both download every item and rewrite batch.jsonl. flock is per open file, so a second
+    follower in the same process (another thread) is refused as one in another process is. Returns the lock's
+    descriptor (release() gives it up; so does the process's end). PidError when another run holds it."""
+    os.makedirs(path, exist_ok=True)
+    fd = os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise PidError(f"another run follows {path} (pid batch, pid.batch or Batch.wait, in this process or "
+                       "another): let it end, or stop it, before running or waiting for the batch here") from None
+    return fd
+
+
+def release(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
 
 
 def new_batch_id() -> str:
@@ -106,6 +133,7 @@ class BatchDir:
     ledger: dict[str, list[str]] = field(default_factory=dict)   # item id -> its job ids, oldest first
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)             # item ids, as the tasks file has them
+    lock: int | None = field(default=None, repr=False)          # hold()'s descriptor, while a run holds it
 
     @staticmethod
     def exists(path: str) -> bool:
@@ -159,6 +187,18 @@ class BatchDir:
             f.flush()
             os.fsync(f.fileno())
 
+    def mark_cancelled(self, on: bool = True) -> None:
+        """The batch cancelled as a whole (or, `on` false, resumed): see CANCELLED."""
+        path = os.path.join(self.path, CANCELLED)
+        if on:
+            with open(path, "w", encoding="utf-8"):
+                pass
+        elif os.path.lexists(path):
+            os.remove(path)
+
+    def cancelled(self) -> bool:
+        return os.path.lexists(os.path.join(self.path, CANCELLED))
+
     def current_job(self, item_id: str) -> str | None:
         jobs = self.ledger.get(item_id)
         return jobs[-1] if jobs else None
@@ -166,7 +206,7 @@ class BatchDir:
     def write_rows(self) -> None:
         """batch.jsonl anew (atomically): one line per ended item, in the tasks file's order."""
         path = os.path.join(self.path, RESULTS)
-        tmp = f"{path}.tmp{os.getpid()}"
+        tmp = f"{path}.tmp{os.getpid()}-{secrets.token_hex(4)}"   # (threads share a pid)
         with open(tmp, "w", encoding="utf-8") as f:
             for item_id in self.order:
                 if item_id in self.rows:
@@ -184,7 +224,7 @@ class BatchDir:
     def replace_item_dir(self, item_id: str, fresh: str) -> None:
         """The item's folder becomes `fresh` (a finished download), whatever an earlier job left there."""
         final = self.item_dir(item_id)
-        old = f"{final}.old-{os.getpid()}"
+        old = f"{final}.old-{os.getpid()}-{secrets.token_hex(4)}"
         if os.path.lexists(final):
             os.replace(final, old)
         os.replace(fresh, final)

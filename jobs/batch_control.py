@@ -39,8 +39,10 @@ def status(bdir: BatchDir, store: Any) -> Status:
 def cancel(bdir: BatchDir, store: Any) -> list[dict[str, str]]:
     """Cancel every job of the batch that has not ended (whichever run made it): {"item", "job", "status"} per job,
     status "cancelled" (it was queued: it ended here and now) or "running" (its worker stops it). One sweep at the
-    end ends those whose process is gone."""
+    end ends those whose process is gone. A run following the batch meanwhile submits no more of it (and no job of
+    it again); the next run that submits it resumes it (BatchDir.mark_cancelled)."""
     from pid.jobs.sweep import cancel_job, sweep_quietly
+    bdir.mark_cancelled()   # (first: a run following the batch submits no more, and cancels what it just did)
     items = {job_id: item_id for item_id, jobs in bdir.ledger.items() for job_id in jobs}
     cancelled = []
     for record in store.batch_jobs(bdir.batch_id):

@@ -17,7 +17,8 @@ from typing import Any, Callable, Protocol
 
 from pid.endings import ending_words
 from pid.terminal import one_line
-from pid.jobs.batch import BatchDir, needs_run, row_for, summarize
+from pid.jobs.outage import WaitingThrough
+from pid.jobs.batch import BatchDir, needs_run, release, row_for, summarize
 from pid.jobs.spec import JobSpec, new_job_id
 from pid.jobs.store import JobRecord
 from pid.jobs.trees import remove_tree
@@ -28,6 +29,8 @@ CHUNK = 200                  # jobs per ledger sync
 DOWNLOADS = 4                # artifacts downloaded at once
 ROWS_EVERY_S = 2.0           # batch.jsonl is rewritten at most this often while the batch runs (and at its end)
 CANCEL_WAIT_S = 90.0         # after Ctrl-C, how long the running jobs get to end before the command stops waiting
+CANCELLED_NOTE = ("pid: the batch was cancelled (pid batch --cancel DIR, Batch.cancel): this run submits no more of "
+                  "it; running it again resumes it")
 
 
 class KeyNotKept(RuntimeError):
@@ -83,8 +86,12 @@ class Run:
     warn: Callable[[str], None] = ignore                      # what is said outside the display (stderr's lines)
     tracked: dict[str, str] = field(default_factory=dict)     # job id -> item id: jobs this run waits for
     adopted: set[str] = field(default_factory=set)            # ...of which those an earlier run submitted
+    watched: set[str] = field(default_factory=set)            # ...and of those, the ones live and not being
+    #                                                           cancelled when adopted (a cancel then is this run's)
+    stopped: bool = False                                     # the batch was cancelled as a whole meanwhile
     submitted: int = 0
     interrupted: int = 0                                      # interrupt() count (the CLI's Ctrl-C)
+    stopping: bool = False                                    # follow() waits for its downloads to end
 
     # -- submitting --------------------------------------------------------------------------------------------
     def _key_reaches(self, spec: JobSpec) -> bool:
@@ -107,6 +114,8 @@ class Run:
             elif not record.terminal:
                 self.tracked[job_id] = item_id           # still queued or running: wait for it, never beside it
                 self.adopted.add(job_id)
+                if not record.cancel_requested:
+                    self.watched.add(job_id)
             elif row is None or row.get("job_id") != job_id:
                 self.tracked[job_id] = item_id           # it ended while no run was watching: record it first
                 self.adopted.add(job_id)
@@ -132,17 +141,23 @@ class Run:
                           and records[j].dispatched_at is not None)
             room = max(0, self.max_running - (info.running if info else 0) - waiting)
         for start in range(0, len(item_ids), CHUNK):
+            if self.bdir.cancelled():   # cancelled as a whole (Batch.cancel, --cancel DIR): no more of it
+                if not self.stopped:
+                    self.warn(CANCELLED_NOTE)
+                self.stopped = True
+                return
             chunk = [(item_id, _job_spec(self.specs[item_id], self.bdir.batch_id)) for item_id in
                      item_ids[start:start + CHUNK]]
             self.bdir.record_jobs([(item_id, spec.id) for item_id, spec in chunk])
             go = chunk if room is None else chunk[:room]
             room = None if room is None else room - len(go)
+            for item_id, spec in chunk:   # tracked before they exist: an interrupt at any point cancels them
+                self.tracked[spec.id] = item_id
             self.store.create_many([spec for _, spec in go], dispatched=True)
             self.store.create_many([spec for _, spec in chunk[len(go):]], dispatched=False)
             for item_id, spec in chunk:
                 if self.api_key and self._key_reaches(spec) and not self.store.set_secret(spec.id, self.api_key):
                     raise KeyNotKept(f"the job store did not keep job {spec.id}'s API key")
-                self.tracked[spec.id] = item_id
             self.submitted += len(chunk)
             self._publish([spec for _, spec in go])
 
@@ -178,75 +193,106 @@ class Run:
         """Wait for every tracked job, recording each as it ends (told to `display`), and return the summary
         (summary.json's). After interrupt(): the jobs are cancelled, and waited for CANCEL_WAIT_S at most (or until
         a second interrupt()); `tracked` holds those still ending. Whatever stops it (KeyboardInterrupt
-        included), batch.jsonl keeps the items that ended."""
+        included), batch.jsonl keeps the items that ended; stopped early, the downloads not begun are dropped (a
+        rerun makes them), and a KeyboardInterrupt cancels the jobs first, then waits for the downloads begun."""
         progress = Progress(total=len(self.bdir.order))
         downloads = ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="pid-batch-download")
         pending: dict[str, Future[dict[str, Any]]] = {}
         cancelled_at: float | None = None
         budget_ended = False
         last_rows = 0.0
+        ended = stop_seen = False
+        outage = WaitingThrough(lambda text: display.note(f"pid: {text}"))
         try:
             while self.tracked or pending:
-                records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
-                if self.interrupted and cancelled_at is None:
-                    cancelled_at = time.monotonic()
-                    self._cancel_all(records, display)
+                if self.interrupted > 1 and outage.since is not None:
+                    break   # (the store is down: a second Ctrl-C stops waiting for it)
+                try:
                     records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
-                if cancelled_at is not None and (self.interrupted > 1 or
-                                                 time.monotonic() - cancelled_at > CANCEL_WAIT_S):
-                    break
-                for job_id, item_id in list(self.tracked.items()):
-                    record = records.get(job_id)
-                    if record is None:       # gone from the store (expired): it never ended for this batch
-                        del self.tracked[job_id]
-                        if not self.interrupted and item_id in self.specs:
-                            self.submit([item_id])
-                    elif record.terminal and job_id not in pending:
-                        pending[job_id] = downloads.submit(self._finish_item, job_id, item_id, record)
-                for job_id, future in list(pending.items()):
-                    if not future.done():
-                        continue
-                    del pending[job_id]
-                    item_id = self.tracked.pop(job_id)
-                    row = future.result()
-                    self.bdir.rows[item_id] = row
-                    progress.ended_now += 1
+                    if self.interrupted and cancelled_at is None:
+                        cancelled_at = time.monotonic()
+                        self._cancel_all(records, display)
+                        records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
+                    if not stop_seen and self.bdir.cancelled():   # the batch cancelled elsewhere: what this run
+                        stop_seen = True                          # submitted since goes too, and none again
+                        if not self.stopped and self.specs:   # (a run that submits nothing has nothing to say)
+                            display.note(CANCELLED_NOTE)
+                        self.stopped = True
+                        self.cancel_tracked(records, display.note)
+                        records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
+                    if cancelled_at is not None and (self.interrupted > 1 or
+                                                     time.monotonic() - cancelled_at > CANCEL_WAIT_S):
+                        break
+                    for job_id, item_id in list(self.tracked.items()):
+                        record = records.get(job_id)
+                        if record is None:       # gone from the store (expired): it never ended for this batch
+                            del self.tracked[job_id]
+                            if not self.interrupted and not self.stopped and item_id in self.specs:
+                                self.submit([item_id])
+                        elif record.terminal and job_id not in pending:
+                            pending[job_id] = downloads.submit(self._finish_item, job_id, item_id, record)
+                    for job_id, future in list(pending.items()):
+                        if not future.done():
+                            continue
+                        del pending[job_id]
+                        row = future.result()   # (a store's outage raised here: the next poll downloads it again)
+                        item_id = self.tracked.pop(job_id)
+                        self.bdir.rows[item_id] = row
+                        progress.ended_now += 1
+                        count(progress, self.bdir, records, self.tracked)
+                        display.item_ended(row, progress)
+                        cancelled_here = job_id in self.watched and row.get("status") == "cancelled"
+                        if (job_id in self.adopted and not self.interrupted and not self.stopped and not cancelled_here
+                                and item_id in self.specs and needs_run(row, self.retry_failed)
+                                and row.get("exit_reason") != "batch_budget"):
+                            display.note(f"pid: {one_line(item_id)}: its earlier job ended "
+                                         f"{ending_words(row['status'], row['exit_reason'])}: submitted again")
+                            self.submit([item_id])   # an earlier run's job, cancelled (or failed, --retry-failed)
+                    if not budget_ended:
+                        info = self.store.batch(self.bdir.batch_id)
+                        progress.budget = info.max_total_cost if info else None
+                        if info is not None and info.exhausted:
+                            from pid.jobs.batch_budget import budget_note, end_queued
+                            budget_ended = True
+                            if end_queued(self.store, self.bdir.batch_id, budget_note(info)):
+                                display.note(f"pid: {budget_note(info)}: the queued items are cancelled")
+                    if self.local is not None and not self.local.alive() and self.tracked:
+                        display.note(f"pid: the local worker stopped (see {self.local.log_path})")
+                        self.local = None
                     count(progress, self.bdir, records, self.tracked)
-                    display.item_ended(row, progress)
-                    if (job_id in self.adopted and not self.interrupted and item_id in self.specs
-                            and needs_run(row, self.retry_failed) and row.get("exit_reason") != "batch_budget"):
-                        display.note(f"pid: {one_line(item_id)}: its earlier job ended "
-                                     f"{ending_words(row['status'], row['exit_reason'])}: submitted again")
-                        self.submit([item_id])   # an earlier run's job, cancelled (or failed, --retry-failed)
-                if not budget_ended:
-                    info = self.store.batch(self.bdir.batch_id)
-                    progress.budget = info.max_total_cost if info else None
-                    if info is not None and info.exhausted:
-                        from pid.jobs.batch_budget import budget_note, end_queued
-                        budget_ended = True
-                        if end_queued(self.store, self.bdir.batch_id, budget_note(info)):
-                            display.note(f"pid: {budget_note(info)}: the queued items are cancelled")
-                if self.local is not None and not self.local.alive() and self.tracked:
-                    display.note(f"pid: the local worker stopped (see {self.local.log_path})")
-                    self.local = None
-                count(progress, self.bdir, records, self.tracked)
-                display.update(progress)
-                if time.monotonic() - last_rows >= ROWS_EVERY_S:
-                    self.bdir.write_rows()
-                    last_rows = time.monotonic()
+                    display.update(progress)
+                    if time.monotonic() - last_rows >= ROWS_EVERY_S:
+                        self.bdir.write_rows()
+                        last_rows = time.monotonic()
+                    outage.reached()
+                except Exception as exc:   # the store unreachable (a Redis restarting): waited through, a while
+                    if not outage.bear(exc):
+                        raise
                 if self.tracked or pending:   # one query for all: less often for thousands of jobs
                     time.sleep(min(POLL_MAX_S, max(POLL_S, len(self.tracked) / 500)))
+            ended = not self.interrupted
+        except KeyboardInterrupt:   # (pid.batch's): the jobs cancelled before any wait for the downloads
+            self.cancel_tracked(note=display.note)
+            raise
         finally:
-            downloads.shutdown(wait=True)
-            display.stop()
-            self.bdir.write_rows()
+            self.stopping = True   # (from here a further Ctrl-C of `pid batch` raises: cli/batch_run.py)
+            try:   # stopped: the downloads not begun are dropped (a rerun fetches those items again)
+                downloads.shutdown(wait=True, cancel_futures=not ended)
+            finally:
+                display.stop()
+                self.bdir.write_rows()
         return self.summary()
 
     def close(self) -> None:
-        """Stop the local workers (`--workers N`), if any: a job still running goes back to the queue."""
-        if self.local is not None:
-            self.local.stop()
-            self.local = None
+        """Stop the local workers (`--workers N`), if any: a job still running goes back to the queue. Then let
+        the batch directory go (another run may follow it)."""
+        try:
+            if self.local is not None:
+                self.local.stop()
+                self.local = None
+        finally:
+            release(self.bdir.lock)
+            self.bdir.lock = None
 
     def interrupt(self) -> int:
         """Stop the batch (safe from a signal handler or another thread): the first call has follow() cancel the

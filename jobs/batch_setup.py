@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pid.errors import PidError
 from pid.sandbox.disk import format_size
 from pid.terminal import one_line
-from pid.jobs.batch import BatchDir, changed_options, kept_options, other_tasks
+from pid.jobs.batch import BatchDir, changed_options, hold, kept_options, other_tasks, release
 from pid.jobs.batch_run import Display, Progress, Run, ignore
 from pid.jobs.spec import JobSpec
 
@@ -78,12 +78,19 @@ def prepare(tasks: str, out: str, opts: Options, warn: Callable[[str], None] = i
                         key_endpoint=key_endpoint, warn=warn)
     settings = {"tasks": tasks_path, "max_total_cost": opts.max_total_cost, "max_running": opts.max_running,
                 "options": kept_options(defined)}
-    bdir = open_dir(out) if BatchDir.exists(out) else BatchDir.create(out, settings)
-    bdir.set_order([item.id for item in items], settings)
-    store = default_store()
-    store.set_batch(bdir.batch_id, opts.max_total_cost, opts.max_running)
-    local = (LocalWorkers.start(opts.workers, sorted({s.queue for s in specs.values()}), out) if opts.workers
-             else None)
+    lock = hold(out)
+    try:
+        bdir = open_dir(out) if BatchDir.exists(out) else BatchDir.create(out, settings)
+        bdir.lock = lock
+        bdir.mark_cancelled(False)   # (a run that submits resumes a cancelled batch)
+        bdir.set_order([item.id for item in items], settings)
+        store = default_store()
+        store.set_batch(bdir.batch_id, opts.max_total_cost, opts.max_running)
+        local = (LocalWorkers.start(opts.workers, sorted({s.queue for s in specs.values()}), out) if opts.workers
+                 else None)
+    except BaseException:
+        release(lock)
+        raise
     return Run(bdir, store, opts.retry_failed, specs=specs, api_key=opts.api_key, key_endpoint=key_endpoint,
                max_running=opts.max_running, local=local, warn=warn)
 
@@ -141,15 +148,20 @@ def submit_batch(tasks: str, out: str, opts: Options, warn: Callable[[str], None
     except KeyboardInterrupt:
         _cancel_after_interrupt(run, warn)
         raise
+    finally:
+        run.close()   # (the directory's lock: whoever follows the batch takes it)
     return run
 
 
 def wait_batch(out: str, display: Display | None = None, warn: Callable[[str], None] = ignore) -> dict[str, Any]:
     """`pid batch --wait DIR`: the jobs of the batch in `out` that have not been recorded as ended, followed to
     their end (downloaded, recorded); returns as run_batch() does."""
-    run = Run(open_dir(out), default_store(), retry_failed=False, warn=warn)
-    run.collect_existing()
-    return follow(run, display, warn)
+    run = Run(open_held(out), default_store(), retry_failed=False, warn=warn)
+    try:
+        run.collect_existing()
+        return follow(run, display, warn)
+    finally:
+        run.close()
 
 
 def follow(run: Run, display: Display | None, warn: Callable[[str], None]) -> dict[str, Any]:
@@ -177,6 +189,20 @@ def _cancel_after_interrupt(run: Run, warn: Callable[[str], None]) -> None:
 def default_store() -> Any:
     from pid.jobs.store import default_store as store
     return store()
+
+
+def open_held(path: str) -> BatchDir:
+    """An existing batch's output directory, held for this run to follow (hold()): PidError if another run follows
+    it, or it is no batch's (Run.close() lets it go)."""
+    open_dir(path)   # (no batch there: say so, and make nothing)
+    lock = hold(path)
+    try:
+        bdir = open_dir(path)
+    except BaseException:
+        release(lock)
+        raise
+    bdir.lock = lock
+    return bdir
 
 
 def open_dir(path: str) -> BatchDir:
@@ -393,7 +419,8 @@ class LocalWorkers:
         with open(log_path, "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker", "--concurrency", str(n),
                                      "--queue", ",".join(queues)], stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=_die_with_parent())
         return cls(proc, log_path)
 
     def alive(self) -> bool:
@@ -411,12 +438,18 @@ class LocalWorkers:
             self.proc.wait()
 
 
-def _die_with_parent() -> None:
-    """In the local worker's child, before exec: SIGTERM when the batch's process dies, however it dies (Linux), so
-    a killed `pid batch` leaves no worker behind (SIGTERM hands its running jobs back to the queue)."""
+def _die_with_parent() -> Callable[[], None] | None:
+    """For the local worker's child, before exec: SIGTERM when the batch's process dies, however it dies (Linux), so
+    a killed `pid batch` leaves no worker behind (SIGTERM hands its running jobs back to the queue). prctl is found
+    here, in the parent: the child, forked from a process that may run threads (pid.batch in a thread), only calls
+    it (an import or a dlopen there could wait forever on a lock another thread held at the fork)."""
     try:
         import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    death_signal = int(signal.SIGTERM)
 
+    def set_death_signal() -> None:
+        prctl(1, death_signal)   # PR_SET_PDEATHSIG
+    return set_death_signal

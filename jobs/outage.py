@@ -44,10 +44,11 @@ def refused_credentials(exc: BaseException) -> bool:
 
 
 class Patience:
-    """How long one job's writes wait for its store: until `deadline` (time.monotonic()), at least OUTAGE_MIN_S."""
+    """How long one job's writes (or one read, `who` says what it is for the log) wait for its store: until
+    `deadline` (time.monotonic()), at least OUTAGE_MIN_S."""
 
-    def __init__(self, job_id: str, deadline: float) -> None:
-        self.job_id, self.deadline = job_id, deadline
+    def __init__(self, job_id: str, deadline: float, who: str | None = None) -> None:
+        self.who, self.deadline = who or f"job {job_id}", deadline
 
     def call(self, what: str, write: Callable[[], T]) -> T:
         """write(), tried again while the store is unreachable and time is left; its result, or its last error."""
@@ -62,15 +63,15 @@ class Patience:
                 now = time.monotonic()
                 if gave_up_at is None:
                     gave_up_at = max(self.deadline, now + OUTAGE_MIN_S)
-                    log.warning("job %s: the job store is unreachable (%s): %s waits for it, %.0fs at most",
-                                self.job_id, first_line(exc), what, gave_up_at - now)
+                    log.warning("%s: the job store is unreachable (%s): %s waits for it, %.0fs at most",
+                                self.who, first_line(exc), what, gave_up_at - now)
                 if now + pause > gave_up_at:
                     raise
                 time.sleep(pause)
                 pause = min(pause * 2, PAUSE_MAX_S)
                 continue
             if gave_up_at is not None:
-                log.warning("job %s: the job store is back: %s done", self.job_id, what)
+                log.warning("%s: the job store is back: %s done", self.who, what)
             return done
 
 

@@ -33,6 +33,7 @@ on them. So a child never touches the parent's client: `_connection()` makes a n
 from __future__ import annotations
 
 import builtins
+import functools
 import hashlib
 import json
 import os
@@ -484,8 +485,12 @@ class RedisBlobs(RedisDb):
         return self._chunks(key, count, digest)
 
     def _chunks(self, key: str, count: int, digest: str) -> Iterator[bytes]:
+        # A Redis restarting while a blob is read (a job's workspace streaming into its sandbox, a download) is
+        # waited out chunk by chunk: reading chunk i again is harmless, where the reader could not start over.
+        from pid.jobs.outage import Patience
+        patience = Patience("", time.monotonic(), who=f"reading blob {digest[:19]}")
         for i in range(count):
-            chunk = self._r.lindex(key, i)
+            chunk: bytes | None = patience.call(f"chunk {i + 1} of {count}", functools.partial(self._r.lindex, key, i))
             if chunk is None:   # expired while read
                 raise BlobMissing(digest)
             if chunk:

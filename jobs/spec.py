@@ -230,7 +230,7 @@ def json_text(data: Any) -> Any:
 
 
 def write_json_atomic(path: str, data: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = f"{path}.tmp{os.getpid()}-{secrets.token_hex(4)}"   # (threads share a pid)
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(json_text(data), f, indent=2, ensure_ascii=False)
         f.write("\n")

@@ -66,7 +66,7 @@ def batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str],
     while it runs cancels the batch's jobs that have not ended (without waiting for the running ones to stop),
     writes batch.jsonl and summary.json as far as they got, and propagates."""
     from pid.jobs.batch_setup import run_batch
-    tasks_path, out_dir, opts = _batch_options(tasks, out, options, _CLI_ONLY | _BATCH_CLI_ONLY)
+    tasks_path, out_dir, opts = _batch_options("batch", tasks, out, options, _CLI_ONLY | _BATCH_CLI_ONLY)
     return run_batch(tasks_path, out_dir, opts, display=_Items(on_item), warn=_warn)
 
 
@@ -74,7 +74,8 @@ def submit_batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str], **o
     """Submit a batch's jobs (or resume it) and return at once, as `pid batch TASKS --out OUT --detach` does;
     workers elsewhere run them. The options are pid.batch's but `workers` (they would stop as this returns)."""
     from pid.jobs.batch_setup import submit_batch as submit_jobs
-    tasks_path, out_dir, opts = _batch_options(tasks, out, options, _CLI_ONLY | _BATCH_CLI_ONLY | {"workers"})
+    tasks_path, out_dir, opts = _batch_options("submit_batch", tasks, out, options,
+                                              _CLI_ONLY | _BATCH_CLI_ONLY | {"workers"})
     return Batch(submit_jobs(tasks_path, out_dir, opts, warn=_warn).bdir.path)
 
 
@@ -125,12 +126,16 @@ class Batch:
         return cancel(open_dir(self.out), default_store())
 
 
-def _batch_options(tasks: Any, out: Any, options: dict[str, Any], cli_only: set[str]) -> tuple[str, str, Any]:
-    """pid.batch's keywords through `pid batch`'s options: the tasks file, the output directory and the rest."""
+def _batch_options(name: str, tasks: Any, out: Any, options: dict[str, Any],
+                   cli_only: set[str]) -> tuple[str, str, Any]:
+    """pid.batch's (pid.`name`'s) keywords through `pid batch`'s options: the tasks file, the output directory and
+    the rest."""
     from pid.jobs.batch_setup import Options
     if not isinstance(tasks, (str, os.PathLike)):
         raise PidError(f"the tasks file must be a path, not {type(tasks).__name__}")
-    params = _parse("batch", os.fspath(tasks), None, {**options, "out_dir": os.fspath(out)}, cli_only)
+    if "out_dir" in options:   # (the batch's directory is `out`; the job option has no other meaning here)
+        raise PidError(f"pid.{name}() takes no option 'out_dir': the batch's directory is its `out` argument")
+    params = _parse("batch", os.fspath(tasks), None, {**options, "out_dir": os.fspath(out)}, cli_only, name)
     job = {k: v for k, v in params.items() if k not in _BATCH_OPTIONS | _BATCH_CLI_ONLY | {"tasks"}}
     out_dir = job.pop("out_dir")
     return params["tasks"], out_dir, Options(job=job, **{k: v for k, v in params.items() if k in _BATCH_OPTIONS})
@@ -256,11 +261,11 @@ class _Items:
 
 def _warn(text: str) -> None:
     """What is allowed but worth saying (a sandbox on the network): a Python warning, where the CLI prints a line."""
-    warnings.warn(f"pid: {text}", stacklevel=4)
+    warnings.warn(text if text.startswith("pid: ") else f"pid: {text}", stacklevel=4)   # (a batch's notes have it)
 
 
 def _parse(command_name: str, task: Any, repo: Any, options: dict[str, Any],
-           cli_only: set[str] = _CLI_ONLY) -> dict[str, Any]:
+           cli_only: set[str] = _CLI_ONLY, api_name: str | None = None) -> dict[str, Any]:
     """The keyword options through the command's own click options (`pid run`, `pid submit`, `pid batch`): their
     defaults, environment variables and checks; returns the values the command's function would get (`task`: its
     argument). A refusal is PidError with the CLI's one line; so is an unusable PID_HOME, which stops every command
@@ -273,7 +278,7 @@ def _parse(command_name: str, task: Any, repo: Any, options: dict[str, Any],
         raise PidError(f"the task must be text, not {type(task).__name__}")
     command = _command(command_name)
     given = options if repo is None else {"repo": os.fspath(repo), **options}
-    args = _args(command, command_name, given, cli_only)
+    args = _args(command, api_name or command_name, given, cli_only)
     try:
         ctx = command.make_context(f"pid {command_name}", [*args, "--", task])
     except click.ClickException as exc:

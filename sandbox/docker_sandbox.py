@@ -26,7 +26,8 @@ from .commands import FILE_TIMEOUT_S, Commands
 from .config import SandboxConfig
 from .docker_client import engine_errors
 from .exec_channels import ExecChannels
-from .launch import Container, free_reserve, launch
+from .disk import reap_disks
+from .launch import Container, default_disk_root, free_reserve, launch
 from .process_table import ProcessTable
 from .reaper import remove_job_containers
 from .workspace import patch_script
@@ -208,4 +209,8 @@ class DockerProvider:
 
     @engine_errors
     def clear_job(self, job_id: str) -> None:
+        """What the job's lost attempts left: their containers, then their disks (a worker that died left them
+        mounted; their locks died with it). The sweep that put the job back may have run where those disks are not
+        (a client's `pid result --wait` on another PID_HOME), so the retry clears them here."""
         remove_job_containers(job_id, self.client)
+        reap_disks(default_disk_root())

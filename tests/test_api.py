@@ -180,8 +180,10 @@ def test_a_bad_batch_option_is_refused_before_anything_runs(api_env, tmp_path):
         pid.batch(tasks, tmp_path / "out", model="m", max_running=0)
     with pytest.raises(pid.PidError, match="takes no option 'detach'"):
         pid.batch(tasks, tmp_path / "out", model="m", detach=True)
-    with pytest.raises(pid.PidError, match="takes no option 'workers'"):
+    with pytest.raises(pid.PidError, match=r"^pid\.submit_batch\(\) takes no option 'workers'"):
         pid.submit_batch(tasks, tmp_path / "out", model="m", workers=2)
+    with pytest.raises(pid.PidError, match=r"^pid\.batch\(\) takes no option 'out_dir': the batch's directory is"):
+        pid.batch(tasks, tmp_path / "out", model="m", out_dir=tmp_path / "elsewhere")
     with pytest.raises(pid.PidError, match="is not a batch's output directory"):
         pid.open_batch(tmp_path)
     assert not (tmp_path / "out").exists()
@@ -217,6 +219,35 @@ def test_a_batch_runs_to_its_summary_in_any_thread_its_items_told_as_they_end(ap
 
 
 @pytest.mark.docker
+@pytest.mark.cli
+def test_a_keyboard_interrupt_in_pid_batch_cancels_what_has_not_ended_records_what_has_and_propagates(
+        api_env, worker, sample_repo, tmp_path):
+    """pid.batch's documented contract: the interrupt (here on_item's, after the first item) cancels the jobs that
+    have not ended, writes batch.jsonl and summary.json as far as they got, and propagates."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(f'{{"id": "item{n}", "task": "t{n}", "repo": "{sample_repo}"}}\n' for n in range(2)))
+    script = [{"text": "done"},   # the first job to ask (one worker slot: the other waits, or runs next)...
+              {"tool_calls": [{"name": "bash", "arguments": {"command": gated("true")}}]},   # ...never ends alone
+              {"text": "never"}]
+    told: list[dict] = []
+
+    def interrupt(row: dict) -> None:
+        told.append(row)
+        raise KeyboardInterrupt
+
+    with ScriptedLLM(script) as llm:
+        with pytest.raises(KeyboardInterrupt):
+            pid.batch(tasks, tmp_path / "out", on_item=interrupt, model="scripted", base_url=llm.base_url)
+        ledger = [json.loads(line) for line in (tmp_path / "out" / "jobs.jsonl").read_text().splitlines()]
+        other = next(entry["job_id"] for entry in ledger if entry["id"] != told[0]["id"])
+        assert pid.job(other).wait(timeout=120)["status"] == "cancelled"
+    rows = [json.loads(line) for line in (tmp_path / "out" / "batch.jsonl").read_text().splitlines()]
+    assert [(row["id"], row["status"]) for row in rows] == [(told[0]["id"], "completed")], rows
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["ended"] == 1 and summary["not_ended"] == 1, summary
+
+
+@pytest.mark.docker
 @pytest.mark.cli   # (the embedded queue checks the image at submit)
 def test_a_submitted_batch_is_seen_cancelled_and_waited_for_from_its_directory(api_env, sample_repo, tmp_path):
     tasks = tmp_path / "tasks.jsonl"
@@ -231,3 +262,15 @@ def test_a_submitted_batch_is_seen_cancelled_and_waited_for_from_its_directory(a
     assert waited["summary"]["by_status"] == {"cancelled": 2} and waited["summary"]["exit_code"] == 1, waited
     assert sorted(row["id"] for row in told) == ["item0", "item1"] and told == waited["items"]
     assert again.cancel() == [] and again.status()["counts"] == {"cancelled": 2}
+
+
+def test_a_warning_says_pid_once():
+    """The API's warnings start "pid: " once, whether the note it carries had that prefix (a batch's) or not."""
+    import warnings
+
+    from pid import api
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        api._warn("pid: the batch was cancelled")
+        api._warn("the sandbox is on the network")
+    assert [str(w.message) for w in caught] == ["pid: the batch was cancelled", "pid: the sandbox is on the network"]

@@ -128,8 +128,8 @@ def test_workers_sharing_only_redis_run_a_batch_exactly_once_through_a_redis_res
             for job_id in jobs:
                 done = _pid(client_env, client, "result", job_id, "--wait", "--json", "--download",
                             str(client / "dl" / job_id), timeout=300)
-                assert done.returncode == 0, (done.stdout[-3000:] + done.stderr + (tmp_path / "w1.log").read_text()[-3000:]
-                                              + (tmp_path / "w2.log").read_text()[-3000:])
+                logs_now = [(tmp_path / f"w{n}.log").read_text()[-3000:] for n in (1, 2)]
+                assert done.returncode == 0, done.stdout[-3000:] + done.stderr + "".join(logs_now)
                 results[job_id] = done
             logs = _pid(client_env, client, "logs", killed[0])
             stop_worker(workers[1])

@@ -506,3 +506,17 @@ def test_create_survives_a_reap_between_open_and_lock(root: str, monkeypatch: py
 
 def test_reap_missing_root_is_empty(tmp_path: Path) -> None:
     assert reap_disks(str(tmp_path / "nope")) == []
+
+
+@needs_disks
+def test_a_retried_job_clears_the_disk_its_lost_attempt_left(root: str, monkeypatch) -> None:
+    """compose-smoke at e32d019: a killed worker's job ran again on the other replica, but its first attempt's disk
+    stayed mounted (the sweep that requeued it ran in a client with another PID_HOME). The retry clears it."""
+    from pid.sandbox import docker_sandbox
+    _orphan(root, "job-lost-a1b2c3")
+    real = os.path.realpath(root)
+    assert os.path.join(real, "job-lost-a1b2c3") in mounts()
+    monkeypatch.setattr(docker_sandbox, "default_disk_root", lambda: root)
+    docker_sandbox.DockerProvider().clear_job("job-lost")
+    assert not [m for m in mounts() if m.startswith(real + "/")]
+    assert not os.path.lexists(os.path.join(real, "job-lost-a1b2c3.img"))

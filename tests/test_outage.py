@@ -1,5 +1,6 @@
-"""worker/outage.py: a running job's store writes wait out an outage (tries again while the store cannot be
-reached, streams rewound), and only an outage: any other error is the caller's at once."""
+"""pid/jobs/outage.py: a running job's store writes wait out an outage (tries again while the store cannot be
+reached, streams rewound), and only an outage: any other error is the caller's at once. A command waiting on a job
+waits through one, up to WAIT_OUTAGE_S."""
 from __future__ import annotations
 
 import io
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 import redis
 
-from pid.jobs.outage import Patience, patient, transient
+from pid.jobs import outage
+from pid.jobs.outage import Patience, WaitingThrough, patient, transient
 
 
 class FlakyStore:
@@ -46,3 +48,23 @@ def test_what_counts_as_an_outage():
     assert transient(redis.BusyLoadingError("LOADING"))   # Redis up again, still reading its append-only file
     assert transient(ConnectionRefusedError()) and not transient(redis.ResponseError("WRONGTYPE"))
     assert not transient(ValueError("too large"))
+
+
+def test_a_wait_through_an_outage_says_it_once_each_way_and_gives_up_at_its_limit(monkeypatch):
+    said: list[str] = []
+    clock = [1000.0]
+    monkeypatch.setattr(outage.time, "monotonic", lambda: clock[0])
+    waiting = WaitingThrough(said.append)
+    down = redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+    assert waiting.bear(down) and waiting.bear(down)
+    clock[0] += 30
+    waiting.reached()
+    assert said == ["the job store is unreachable (Error 111 connecting to 127.0.0.1:6379. Connection refused.): "
+                    f"waiting for it ({outage.WAIT_OUTAGE_S:.0f}s at most; Ctrl-C stops waiting, the job goes on)",
+                    "the job store is back (after 30s)"]
+    waiting.reached()   # (no outage: nothing said)
+    assert len(said) == 2
+    assert waiting.bear(down)
+    clock[0] += outage.WAIT_OUTAGE_S
+    assert not waiting.bear(down)   # past the limit: the caller raises the store's error
+    assert not WaitingThrough(said.append).bear(redis.ResponseError("WRONGTYPE"))   # not an outage: at once

@@ -68,7 +68,7 @@ from pid.cli.main import cli
 result = CliRunner().invoke(cli, sys.argv[1:], catch_exceptions=False)
 print(result.output, end="")
 UNNEEDED = ("celery", "kombu", "docker", "pid.worker", "pid.tools", "pid.agent", "pid.cli.view", "pid.cli.rerun",
-            "pid.cli.batch")
+            "pid.cli.batch", "pid.events", "pid.messages", "http.client")
 print("loaded:", sorted({n for m in sys.modules for n in UNNEEDED if m == n or m.startswith(n + ".")}))
 sys.exit(result.exit_code)
 """
@@ -160,7 +160,8 @@ def test_the_client_commands_load_neither_celery_nor_the_worker(tmp_path, sample
 
 def test_submit_loads_only_what_it_needs(tmp_path, sample_repo):
     """`pid submit` is a short process on the way to the job's first model request: it loads neither the other
-    commands (view, continue, retry, batch) nor the agent's tools, nor the queue's libraries on the embedded queue."""
+    commands (view, continue, retry, batch) nor the agent's tools or events, nor the queue's libraries on the
+    embedded queue, nor an HTTP client for its image check."""
     env = {**_env(tmp_path, ""), "PID_BROKER_URL": ""}
     done = subprocess.run([sys.executable, "-c", SUBMIT, "submit", "a task", "--repo", str(sample_repo), "--model",
                            "m", "--base-url", "http://127.0.0.1:9/v1"],

@@ -299,3 +299,33 @@ def test_a_housekeeping_pass_that_cannot_reach_the_store_says_one_line_and_stops
     broken = DownStore(redis.exceptions.ResponseError("WRONGTYPE"))
     keeping.once(broken)
     assert len(caplog.records) >= 2 and all(r.exc_info for r in caplog.records)
+
+
+def test_the_engine_timing_out_while_reaping_is_not_called_the_store(caplog, monkeypatch):
+    """Reaping asks the engine: its timeout is logged as itself (with its traceback), and the store's steps go on."""
+    import logging
+
+    from pid.worker import housekeeping
+
+    def engine_times_out() -> None:
+        raise TimeoutError("the engine did not answer")
+
+    calls: list[str] = []
+
+    class QuietStore:
+        def __getattr__(self, name: str):
+            def call(*args, **kwargs):
+                calls.append(name)
+                return [] if name in ("suspects", "list", "workers") else None
+            return call
+
+    monkeypatch.setattr(housekeeping.Housekeeping, "_reap", staticmethod(engine_times_out))
+    monkeypatch.setattr(housekeeping, "reconcile", lambda store, on_end=None: calls.append("reconcile"))
+    caplog.set_level(logging.INFO, logger="pid.worker")
+    keeping = housekeeping.Housekeeping("n", 1, lambda: 0, lambda: True)
+    keeping._next_prune = float("inf")
+    keeping.once(QuietStore())
+    reaping = [r for r in caplog.records if r.getMessage() == housekeeping.REAPING]
+    assert len(reaping) == 1 and reaping[0].exc_info is not None
+    assert not [r for r in caplog.records if "job store is unreachable" in r.getMessage()]
+    assert "forget_silent_workers" in calls and "reconcile" in calls

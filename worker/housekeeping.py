@@ -42,6 +42,7 @@ RECONCILE_S = settings.RECONCILE_S.get()
 REDISPATCH_AFTER_S = settings.REDISPATCH_AFTER_S.get()   # ...whatever the workers are doing
 DISPATCH_GIVE_UP_S = settings.DISPATCH_GIVE_UP_S.get()
 REAP_EVERY_S = 60.0
+REAPING = "reaping expired containers and disks"   # the one step that asks the engine, not the store
 PRUNE_EVERY_S = 3600.0   # ended jobs, their logs and artifacts, and unused blobs past PID_RETENTION leave the store
 STOP_WAIT_S = 10.0                    # for each housekeeping thread when the worker stops
 
@@ -174,14 +175,15 @@ class Housekeeping:
             steps.append(("removing what the retention period has passed", store.prune))
         if time.monotonic() >= self._next_reap:
             self._next_reap = time.monotonic() + REAP_EVERY_S
-            steps.insert(0, ("reaping expired containers and disks", self._reap))
+            steps.insert(0, ("forgetting workers silent for long", store.forget_silent_workers))
+            steps.insert(0, (REAPING, self._reap))
         for what, step in steps:
             if self._stop.is_set():
                 return
             try:
                 step()
             except Exception as exc:
-                if not transient(exc):
+                if what == REAPING or not transient(exc):   # (reaping asks the engine, not the store)
                     log.exception("%s", what)
                     continue
                 # One line, not a traceback per step: the store restarting is no bug, and the next pass tries again.
@@ -192,6 +194,4 @@ class Housekeeping:
     @staticmethod
     def _reap() -> None:
         from pid.sandbox.reaper import reap_installation
-        from pid.jobs.store import default_store
         reap_installation(pid_home())
-        default_store().forget_silent_workers()

@@ -24,6 +24,7 @@ from pid.worker import warm_pool
 from pid.worker.app import app
 from pid.worker.control import LEASE_S, ControlRelay, new_owner, record_end
 from pid.jobs.results import log_job, with_earlier_attempts
+from pid.jobs.blobs import StoreBlobs
 from pid.jobs.dispatch import dispatch
 from pid.jobs.publish import TASK
 from pid.jobs.spec import JobSpec, spec_problem
@@ -93,7 +94,7 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
         return
     record = store.get(job_id)
     assert record is not None
-    # From here every write of the job's waits out a store outage, until its deadline (worker/outage.py); the
+    # From here every write of the job's waits out a store outage, until its deadline (pid/jobs/outage.py); the
     # relay's polls do not wait (the next poll tries again).
     polled, store = store, patient(store, Patience(job_id, time.monotonic() + record.spec.timeout_s + GRACE_S))
     if _refused_by_policy(store, record, owner):
@@ -119,7 +120,8 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
         result = run_job(record.spec, api_key=_api_key(store, record.spec, api_key), sink=sink, gate=gate,
                          on_agent=relay.attach, check_in=relay.check_in, cancel=relay.cancel, still_owner=still_owner,
                          amend_result=lambda r: with_earlier_attempts(r, record.earlier), attempt=record.attempts,
-                         artifact_store=store, sandboxes=warm_pool.provider())
+                         artifact_store=store, sandboxes=warm_pool.provider(),
+                         blobs=StoreBlobs(store))   # (its workspace read waits out an outage)
     except BaseException as exc:   # never a silent failure: the record says what stopped the job
         result["error"] = f"the job was stopped by {type(exc).__name__}: {exc}".strip().rstrip(":")[:500]
         raise
