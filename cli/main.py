@@ -550,9 +550,9 @@ def workers(show_all: bool, as_json: bool) -> None:
                                   "before its container starts (docs/security.md).")
 @click.option("--pool", type=click.IntRange(min=0, max=64), default=0, show_default=True, envvar=settings.POOL.name,
               show_envvar=True, cls=EnvOption,
-              help="Ready sandboxes kept for each class (image and limits) of job this worker served in the last 5 "
-                   "minutes: such a job skips its container's start (~0.3 s). Each is a started container and its "
-                   "disks; none is ever used twice.")
+              help="Ready sandboxes kept in all, shared among the classes (image and limits) of job this worker "
+                   "served most recently (in the last 5 minutes): such a job skips its container's start (~0.3 s). "
+                   "Each is a started container and its disks; none is ever used twice.")
 @click.option("--allow-volatile-store", is_flag=True,
               help="Start on a Redis job store that keeps neither an append-only file nor snapshots (a restart of "
                    "it loses every job); refused otherwise.")

@@ -81,7 +81,7 @@ RESULT_BACKEND = _setting("PID_RESULT_BACKEND", None, str,
                           "no longer used (the job store holds every result): a worker says so when it is set")
 POLICY = _option("PID_POLICY", "worker --policy", "a worker's policy file (docs/policy.md)")
 QUEUES = _option("PID_QUEUES", "worker --queue", "the queues a worker takes jobs from, comma-separated")
-POOL = _option("PID_POOL", "worker --pool", "ready sandboxes a worker keeps for each class of job it served lately")
+POOL = _option("PID_POOL", "worker --pool", "ready sandboxes a worker keeps in all, for the job classes it served last")
 
 # A worker's housekeeping: read once, as the worker's modules load
 SWEEP_S = _setting("PID_SWEEP_S", 5.0, float, "seconds between a worker's sweeps for lost jobs")

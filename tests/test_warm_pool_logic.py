@@ -158,3 +158,39 @@ def test_a_stop_removes_the_ready_ones_and_the_one_being_made():
     stopping.join(10)
     assert not stopping.is_alive()
     assert len(factory.made) == 3 and [box.closed for box in factory.made] == [False, True, True]
+
+
+def alive(factory: Factory) -> int:
+    return sum(not box.closed for box in factory.made)
+
+
+def ready_cpus(pool: WarmPool) -> list[float]:
+    with pool._cond:
+        return sorted(r.sandbox.container.config.cpus for w in pool._classes.values() for r in w.ready)
+
+
+def test_the_pool_holds_its_size_in_all_shared_by_the_classes_used_last():
+    factory = Factory()
+    pool = WarmPool(2, create=factory).start()
+    try:
+        for n in range(8):   # a tasks file whose every job asks a CPU share of its own: each a class
+            pool.served(job(f"j{n}", cpus=1 + n / 100))
+            latest = [1.0, 1.0] if n == 0 else [1 + (n - 1) / 100, 1 + n / 100]
+            until(lambda: ready_cpus(pool) == latest)   # one each for the two used last
+            until(lambda: alive(factory) == 2)           # the least recently used class's went
+            assert len(pool._classes) == min(n + 1, 2)
+    finally:
+        pool.close()
+    assert alive(factory) == 0
+
+
+def test_the_clone_limit_is_no_class_the_job_gets_its_own_on_hand_over():
+    factory = Factory()
+    pool = WarmPool(1, create=factory).start()
+    try:
+        pool.served(job("j0", max_workspace=1 << 20))
+        until(lambda: ready(pool) == 1)
+        box = pool.take(job("j1", max_workspace=5 << 20))
+        assert box is not None and box.container.config.max_workspace == 5 << 20
+    finally:
+        pool.close()

@@ -232,7 +232,7 @@ def _start(sender: Any = None, **_: Any) -> None:
         jobs_log.info("PID_RESULT_BACKEND is set but no longer used: the job store holds every result")
     jobs_log.info("pid worker ready (%s, %d at once, queue %s%s): waiting for jobs (Ctrl-C: finish the running jobs, "
                   "then stop; twice: hand them back and stop)", node, Taking.concurrency, ",".join(Taking.queues),
-                  f", a warm pool of {pool_size} per class" if pool_size > 0 else "")
+                  f", a warm pool of {pool_size} sandboxes" if pool_size > 0 else "")
 
 
 __all__ = ["OnlyWhatCanStart", "WorkerSignals", "start_only_what_can_start"]

@@ -1,19 +1,23 @@
 """A worker's warm pool: sandboxes created, hardened, started and greeted before any job asks, so that a job of a
 class the worker served lately skips DockerSandbox.create (~0.3 s of its start).
 
-A sandbox's class is its SandboxConfig without what is the job's own (its id, attempt and time to live): image,
-limits, user, disk, runtime, workspace kind. After a job of class C starts, the pool keeps `size` ready sandboxes of C;
-a class no job asked for in IDLE_S is drained. A ready sandbox is made by the job's own creation path
-(DockerSandbox.create: the same hardening, limits, disks and runtime), with a job id of its own (`pool-...`), the
-label pid.pool (this worker process: a SIGKILLed worker's are removed by the next reap on this host, see
-sandbox/reaper.py reap_orphan_pools) and a time to live that covers the pool's idle life and the class's jobs.
+A sandbox's class is its SandboxConfig without what is the job's own (its id, attempt, time to live, and the clone
+limit its hand-over sets): image, limits, user, disk, runtime, workspace kind. The pool holds at most `size` ready
+sandboxes in all, shared among the classes jobs asked for most recently (at most `size` classes: the least recently
+used one goes first, its ready sandboxes removed); a class no job asked for in IDLE_S is drained. So a tasks file
+whose every job is a class of its own makes at most one sandbox per job it starts, never a growing heap. A ready
+sandbox is made by the job's own creation path (DockerSandbox.create: the same hardening, limits, disks and runtime),
+with a job id of its own (`pool-...`), the label pid.pool (this worker process: a SIGKILLed worker's are removed by
+the next reap on this host, see sandbox/reaper.py reap_orphan_pools) and a time to live that covers the pool's idle
+life and the class's jobs.
 
 Taking: a container's labels cannot change, so a job that takes one renames it (config.taken_name): cancel, the sweep
 of a lost attempt and a retry find a job's containers by that name as by label (reaper.remove_job_containers). A
 sandbox serves one job and is removed as the job ends, like any other; one whose time left is shorter than the job
 needs, or whose image tag moved, is not given (it is removed). The pool refills in one thread, one creation at a time,
-and waits while any job of this worker creates its own sandbox: a job's creation comes first. On a clean stop the
-ready ones are removed (close(), from the worker's shutdown, never a finaliser).
+and waits while any job of this worker creates its own sandbox: a job's creation comes first; that thread also
+removes what the pool lets go. On a clean stop the ready ones are removed (close(), from the worker's shutdown, never
+a finaliser).
 """
 from __future__ import annotations
 
@@ -50,8 +54,9 @@ Key = tuple[Any, ...]
 
 
 def class_of(config: SandboxConfig) -> Key:
-    """The sandbox's class: its config without the job's own fields."""
-    return dataclasses.astuple(dataclasses.replace(config, job_id="", attempt=0, ttl_s=0.0, pool=""))
+    """The sandbox's class: its config without the job's own fields (max_workspace bounds a clone into the sandbox:
+    the creation does not use it, the hand-over gives the job's own) and without the pool's label."""
+    return dataclasses.astuple(dataclasses.replace(config, job_id="", attempt=0, ttl_s=0.0, pool="", max_workspace=0))
 
 
 @dataclass
@@ -78,13 +83,14 @@ def pool_identity() -> str:
 
 
 class WarmPool:
-    """Ready sandboxes per class. Thread-safe; one refill thread."""
+    """At most `size` ready sandboxes, over the classes used most recently. Thread-safe; one refill thread."""
 
     def __init__(self, size: int, *, idle_s: float = IDLE_S,
                  create: Callable[[SandboxConfig], DockerSandbox] = DockerSandbox.create) -> None:
         self.size, self.idle_s, self._create = size, idle_s, create
         self.identity = pool_identity()
         self._classes: dict[Key, Wanted] = {}
+        self._to_close: list[DockerSandbox] = []   # let go: the refill thread removes them, off any job's path
         self._jobs_creating = 0
         self._closed = False
         self._cond = threading.Condition()
@@ -104,6 +110,7 @@ class WarmPool:
                 self._classes[key] = Wanted(config, config.ttl_s, now)
             else:
                 wanted.used_at, wanted.ttl_s = now, max(wanted.ttl_s, config.ttl_s)
+            self._drain(now)   # (a class pushed out by this one lets its ready sandboxes go now)
             self._cond.notify_all()
 
     def take(self, config: SandboxConfig) -> DockerSandbox | None:
@@ -152,9 +159,10 @@ class WarmPool:
                 while True:
                     if self._closed:
                         return
-                    drained = self._drain(time.time())
-                    key = None if self._jobs_creating or drained else self._next_class(time.time())
-                    if key is not None or drained:
+                    self._drain(time.time())
+                    closing, self._to_close = self._to_close, []
+                    key = None if self._jobs_creating or closing else self._next_class(time.time())
+                    if key is not None or closing:
                         break
                     self._cond.wait(TICK_S)
                 if key is not None:
@@ -163,29 +171,39 @@ class WarmPool:
                     config = dataclasses.replace(wanted.template, job_id=f"pool-{uuid.uuid4().hex[:12]}",
                                                  attempt=0, ttl_s=wanted.ttl_s + self.idle_s + SPARE_S,
                                                  pool=self.identity)
-            for ready in drained:
-                ready.sandbox.close()
+            for sandbox in closing:
+                sandbox.close()
             if key is not None and config is not None:
                 self._make(key, config)
 
-    def _drain(self, now: float) -> list[Ready]:
-        """(Holding the lock.) The classes idle too long go; the ready sandboxes too short-lived for their class
-        go. What to close, outside the lock."""
-        gone: list[Ready] = []
+    def _targets(self) -> dict[Key, int]:
+        """(Holding the lock.) How many ready sandboxes each class may have: `size` shared among the `size` classes
+        used most recently (the most recent get the remainder); the others none."""
+        recent = sorted(self._classes, key=lambda k: self._classes[k].used_at, reverse=True)[:self.size]
+        if not recent:
+            return {}
+        share, extra = divmod(self.size, len(recent))
+        return {key: share + (1 if n < extra else 0) for n, key in enumerate(recent)}
+
+    def _drain(self, now: float) -> None:
+        """(Holding the lock.) Let go (into _to_close) of the classes idle too long or beyond the `size` most recent,
+        of a class's ready sandboxes beyond its share (its oldest), and of those too short-lived for their class."""
+        targets = self._targets()
         for key, wanted in list(self._classes.items()):
             keep = [r for r in wanted.ready if r.expires - now >= wanted.ttl_s + SPARE_S]
-            gone += [r for r in wanted.ready if r not in keep]
+            if now - wanted.used_at > self.idle_s or key not in targets:
+                keep = []
+                del self._classes[key]   # (a creation under way for it is removed once made: see _make)
+            keep = keep[max(0, len(keep) - targets.get(key, 0)):]   # (its newest: they have the most time left)
+            self._to_close += [r.sandbox for r in wanted.ready if r not in keep]
             wanted.ready = keep
-            if now - wanted.used_at > self.idle_s and not wanted.creating:
-                gone += wanted.ready
-                del self._classes[key]
-        return gone
 
     def _next_class(self, now: float) -> Key | None:
-        """(Holding the lock.) The class furthest below its size, not failing lately."""
-        short = [(len(w.ready), key) for key, w in self._classes.items()
-                 if len(w.ready) < self.size and not w.creating and now - w.failed_at >= RETRY_S]
-        return min(short, key=lambda pair: pair[0])[1] if short else None
+        """(Holding the lock.) The class furthest below its share (the most recent of those), not failing lately."""
+        targets = self._targets()
+        short = [(targets[key] - len(w.ready), w.used_at, key) for key, w in self._classes.items()
+                 if len(w.ready) < targets.get(key, 0) and not w.creating and now - w.failed_at >= RETRY_S]
+        return max(short, key=lambda entry: entry[:2])[2] if short else None
 
     def _make(self, key: Key, config: SandboxConfig) -> None:
         start = time.time()
@@ -204,22 +222,23 @@ class WarmPool:
             wanted = self._classes.get(key)
             if wanted is not None:
                 wanted.creating = False
-            if not self._closed and wanted is not None:
+            if not self._closed and wanted is not None and len(wanted.ready) < self._targets().get(key, 0):
                 wanted.ready.append(ready)
                 return
-        sandbox.close()   # the pool stopped (or the class went) meanwhile
+        sandbox.close()   # the pool stopped, or the class went or has its share, meanwhile
 
     # -- stopping -------------------------------------------------------------------------------------------------
     def close(self, wait: bool = True) -> None:
         """Remove every ready sandbox; a creation under way is waited for (with `wait`), then removed. Idempotent."""
         with self._cond:
             self._closed = True
-            ready = [r for w in self._classes.values() for r in w.ready]
+            closing = [r.sandbox for w in self._classes.values() for r in w.ready] + self._to_close
             for wanted in self._classes.values():
                 wanted.ready = []
+            self._to_close = []
             self._cond.notify_all()
-        for one in ready:
-            one.sandbox.close()
+        for sandbox in closing:
+            sandbox.close()
         if wait and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(STOP_WAIT_S)
 
