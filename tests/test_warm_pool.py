@@ -179,6 +179,38 @@ def test_a_worker_serves_a_job_from_its_pool_then_removes_what_is_left_as_it_sto
     assert pool_containers() == [], log.read_text()[-3000:]
 
 
+def test_a_checked_job_takes_a_pooled_sandbox_and_its_check_a_fresh_one(run_pid, pid_env, sample_repo, tmp_path):
+    env = {**pid_env, "PID_POOL": "2"}
+    script = [{"text": "first"},
+              {"tool_calls": [{"name": "bash", "arguments": {"command": "hostname"}}]},
+              {"text": "second"}]
+    log = tmp_path / "w.log"
+    with ScriptedLLM(script) as llm:
+        worker = start_worker(env, tmp_path, log)
+        try:
+            submit = ["--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url, "--check", "hostname"]
+            first = run_pid("submit", "t", *submit, "--wait", env=env)
+            assert first.code == 0, first.stderr + log.read_text()
+            ready = _wait("two ready sandboxes after the first job", lambda: len(_ready_ids()) >= 2 and _ready_ids(),
+                          log)
+            second = run_pid("submit", "t", *submit, "--out", str(tmp_path / "out"), env=env)
+            job_id = second.stdout.strip()
+            done = run_pid("result", job_id, "--wait", "--json", env=env, timeout=120)
+            assert done.code == 0, done.stderr + log.read_text()
+            result = done.json()
+            assert result["final_message"] == "second" and result["check"]["passed"], result
+            transcript = (tmp_path / "out" / job_id / "session.jsonl").read_text()
+            assert any(one[:12] in transcript for one in ready)   # the job's own was a pooled one...
+            assert not any(one[:12] in result["check"]["output_tail"] for one in ready)   # ...its check's was not
+            # the check's class (its image by id) is none of the pool's: both ready ones are the job's class
+            _wait("the pool refilled with the job's class alone",
+                  lambda: f"warm pool: {IMAGE} 2 ready" in (shown := run_pid("workers", env=env).stdout)
+                  and "sha256:" not in shown, log, timeout=60)
+        finally:
+            stop_worker(worker)
+    assert pool_containers() == [], log.read_text()[-3000:]
+
+
 def test_cancel_removes_a_running_jobs_pooled_container(run_pid, pid_env, sample_repo, tmp_path):
     env = {**pid_env, "PID_POOL": "1"}
     script = [{"text": "warm"}, {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 300"}}]}]

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import docker.errors
 import pytest
 
 from pid.sandbox import SandboxConfig
@@ -19,6 +20,7 @@ from pid.worker.warm_pool import WarmPool
 class FakeAPI:
     tag: str = "sha256:one"        # what the image's tag names now
     renamed: list[tuple[str, str]] = field(default_factory=list)
+    refuse: bool = False           # every rename fails as the engine's 409 (the name is taken)
 
     def inspect_container(self, cid: str) -> dict[str, Any]:
         return {"State": {"Running": True}, "Image": "sha256:one"}
@@ -27,6 +29,8 @@ class FakeAPI:
         return {"Id": self.tag}
 
     def rename(self, cid: str, name: str) -> None:
+        if self.refuse:
+            raise docker.errors.APIError(f"409 Conflict: the name {name} is already in use")
         self.renamed.append((cid, name))
 
 
@@ -50,9 +54,10 @@ class FakeContainer:
 class FakeBox:
     container: FakeContainer
     closed: bool = False
+    closed_by: str = ""           # the thread that removed it
 
     def close(self) -> None:
-        self.closed = True
+        self.closed, self.closed_by = True, threading.current_thread().name
 
 
 class Factory:
@@ -135,7 +140,8 @@ def test_an_idle_class_is_drained_and_a_moved_tag_is_never_given():
         pool.served(job())
         until(lambda: ready(pool) == 1)
         factory.api.tag = "sha256:two"
-        assert pool.take(job()) is None and factory.made[0].closed   # not that image any more: removed
+        assert pool.take(job()) is None   # not that image any more: never given...
+        until(lambda: factory.made[0].closed)   # ...and removed
         factory.api.tag = "sha256:one"
         until(lambda: ready(pool) == 1)
         until(lambda: pool.status() == [])   # no job of the class for idle_s: drained
@@ -192,5 +198,52 @@ def test_the_clone_limit_is_no_class_the_job_gets_its_own_on_hand_over():
         until(lambda: ready(pool) == 1)
         box = pool.take(job("j1", max_workspace=5 << 20))
         assert box is not None and box.container.config.max_workspace == 5 << 20
+    finally:
+        pool.close()
+
+
+def test_a_refused_hand_over_ends_the_take_and_is_removed_off_the_jobs_path():
+    factory = Factory()
+    pool = WarmPool(3, create=factory).start()
+    try:
+        pool.served(job())
+        until(lambda: ready(pool) == 3)
+        factory.api.refuse = True
+        assert pool.take(job()) is None   # the job makes its own at once...
+        assert ready(pool) >= 2           # ...without trying (and removing) every other one first
+        until(lambda: any(box.closed for box in factory.made))
+        assert [box.closed_by for box in factory.made if box.closed] == ["pid-warm-pool"]
+    finally:
+        pool.close()
+
+
+class FreshSandboxes:
+    """DockerSandbox.create's stand-in for PooledProvider's sandboxes made new."""
+
+    def __init__(self, factory: Factory) -> None:
+        self.factory, self.made = factory, []
+
+    def create(self, config: SandboxConfig, client: Any = None, workspace: Any = None) -> Any:
+        box = self.factory(config)
+        self.made.append(box)
+        return box
+
+
+def test_a_checked_jobs_check_sandbox_is_made_new_and_no_class_of_the_pool(monkeypatch):
+    factory = Factory()
+    fresh = FreshSandboxes(factory)
+    monkeypatch.setattr(warm_pool, "DockerSandbox", fresh)
+    pool = WarmPool(2, create=factory).start()
+    try:
+        pool.served(job("j0"))
+        until(lambda: ready(pool) == 2)
+        run = warm_pool.PooledProvider(pool)   # one job's run
+        own = run.create(job("j1"))
+        assert own not in fresh.made and own.container.config.job_id == "j1"
+        check = run.create(job("j1", image="sha256:one"))   # its --check: the image the agent's ran, by id
+        assert check in fresh.made
+        assert factory.api.renamed == [(own.container.id, "pid-job-j1-a1")]   # the check took no ready one
+        assert [w.template.image for w in pool._classes.values()] == ["pid-sandbox:latest"]
+        until(lambda: ready(pool) == 2)   # and the pool keeps the job's class alone
     finally:
         pool.close()

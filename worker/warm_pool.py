@@ -114,7 +114,9 @@ class WarmPool:
             self._cond.notify_all()
 
     def take(self, config: SandboxConfig) -> DockerSandbox | None:
-        """A ready sandbox of the job's class, now the job's (renamed for it), or None: the job creates its own."""
+        """A ready sandbox of the job's class, now the job's (renamed for it), or None: the job creates its own.
+        What cannot be given is let go (the refill thread removes it: never on the job's path); after one the engine
+        refuses (gone, renamed, another image behind the tag) the job does not try the next."""
         key = class_of(config)
         while True:
             with self._cond:
@@ -123,9 +125,22 @@ class WarmPool:
                     return None
                 ready = wanted.ready.pop(0)   # the oldest first: it has the least time left
                 self._cond.notify_all()       # (one fewer ready: the refill thread makes another)
-            if ready.expires - time.time() >= config.ttl_s + SPARE_S and _hand_over(ready.sandbox, config):
+                if ready.expires - time.time() < config.ttl_s + SPARE_S:
+                    self._to_close.append(ready.sandbox)   # too little time left: a newer one may have enough
+                    continue
+            if _hand_over(ready.sandbox, config):
                 return ready.sandbox
-            ready.sandbox.close()   # too little time left, gone, another image behind the tag: never given
+            self._let_go(ready.sandbox)
+            return None
+
+    def _let_go(self, sandbox: DockerSandbox) -> None:
+        """For the refill thread to remove; once the pool is closed (that thread gone), here."""
+        with self._cond:
+            if not self._closed:
+                self._to_close.append(sandbox)
+                self._cond.notify_all()
+                return
+        sandbox.close()
 
     @contextmanager
     def job_creating(self) -> Iterator[None]:
@@ -281,19 +296,24 @@ def _memory(sandbox: DockerSandbox) -> int | None:
 
 
 class PooledProvider:
-    """pid.sandbox_lifecycle.SandboxProvider over a warm pool: a ready sandbox of the job's class when there is
-    one, else a new one made as without a pool. A packed workspace given to a taken sandbox is not unpacked here:
-    the job's import_tar unpacks it (pid.jobs.snapshot.import_into)."""
+    """pid.sandbox_lifecycle.SandboxProvider over a warm pool, for one run of one job: its own sandbox is a ready
+    one of its class when there is one, else a new one made as without a pool. Any later sandbox of the run (its
+    --check's, made while the job's own holds the name pid-job-<id>-a<n>) is always made new, and is no class of the
+    pool's. A packed workspace given to a taken sandbox is not unpacked here: the job's import_tar unpacks it
+    (pid.jobs.snapshot.import_into)."""
 
     def __init__(self, pool: WarmPool, client: docker.DockerClient | None = None) -> None:
         self.pool, self.client = pool, client
+        self._jobs_own_made = False
 
     def create(self, config: SandboxConfig, workspace: IO[bytes] | None = None) -> DockerSandbox:
         with self.pool.job_creating():   # (from before `served`: the refill it wakes waits for this job's own)
-            self.pool.served(config)
-            taken = self.pool.take(config)
-            if taken is not None:
-                return taken
+            if not self._jobs_own_made:
+                self._jobs_own_made = True
+                self.pool.served(config)
+                taken = self.pool.take(config)
+                if taken is not None:
+                    return taken
             return DockerSandbox.create(config, self.client, workspace)
 
     @engine_errors
@@ -317,7 +337,8 @@ def stop(wait: bool = True) -> None:
 
 
 def provider() -> PooledProvider | None:
-    """The provider a job of this worker creates its sandbox through, or None (no pool: the runner's default)."""
+    """The provider one run of a job of this worker creates its sandboxes through (a new one for each run), or None
+    (no pool: the runner's default)."""
     return PooledProvider(_active[0]) if _active else None
 
 
