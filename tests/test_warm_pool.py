@@ -76,7 +76,7 @@ def test_a_class_with_nothing_ready_or_another_limit_is_not_served_from_the_pool
         wait_ready(pool, 1)
         assert pool.take(config("pool-test-d", memory="1g")) is None      # another class
         assert pool.take(config("pool-test-e", ttl_s=10 ** 6)) is None    # needs more time than the ready one has
-        assert class_of(config("x")) == class_of(config("y", attempt=3, ttl_s=5))
+        assert class_of(config("x")) == class_of(config("y", attempt=3, ttl_s=900))   # (one band: 600)
     finally:
         pool.close()
     assert pool_containers() == []

@@ -247,3 +247,34 @@ def test_a_checked_jobs_check_sandbox_is_made_new_and_no_class_of_the_pool(monke
         until(lambda: ready(pool) == 2)   # and the pool keeps the job's class alone
     finally:
         pool.close()
+
+
+def test_a_long_job_of_a_class_does_not_make_its_short_jobs_containers_live_long():
+    factory = Factory()
+    pool = WarmPool(2, create=factory).start()
+    week, short = 7 * 86400.0, 600.0
+    try:
+        pool.served(job("long", ttl_s=week))
+        pool.served(job("j0", ttl_s=short))
+        until(lambda: ready(pool) == 2)
+        for name, ttl in (("j1", short), ("j2", week)):
+            box = pool.take(job(name, ttl_s=ttl))
+            assert box is not None
+            made = factory.configs[int(box.container.id[1:])]   # (as the pool made it: its container's life)
+            assert ttl + warm_pool.SPARE_S <= made.ttl_s <= warm_pool.longest_life(ttl, warm_pool.IDLE_S)
+    finally:
+        pool.close()
+
+
+def test_a_ready_sandbox_far_longer_lived_than_the_job_is_not_given():
+    factory = Factory()
+    pool = WarmPool(1, create=factory).start()
+    try:
+        pool.served(job(ttl_s=1000.0))
+        until(lambda: ready(pool) == 1)
+        with pool._cond:   # (as if made for a job of the class that lived far longer)
+            next(iter(pool._classes.values())).ready[0].expires += 10 * 86400
+        assert pool.take(job(ttl_s=1000.0)) is None
+        until(lambda: factory.made[0].closed)
+    finally:
+        pool.close()

@@ -1,28 +1,32 @@
 """A worker's warm pool: sandboxes created, hardened, started and greeted before any job asks, so that a job of a
 class the worker served lately skips DockerSandbox.create (~0.3 s of its start).
 
-A sandbox's class is its SandboxConfig without what is the job's own (its id, attempt, time to live, and the clone
-limit its hand-over sets): image, limits, user, disk, runtime, workspace kind. The pool holds at most `size` ready
-sandboxes in all, shared among the classes jobs asked for most recently (at most `size` classes: the least recently
-used one goes first, its ready sandboxes removed); a class no job asked for in IDLE_S is drained. So a tasks file
-whose every job is a class of its own makes at most one sandbox per job it starts, never a growing heap. A ready
-sandbox is made by the job's own creation path (DockerSandbox.create: the same hardening, limits, disks and runtime),
-with a job id of its own (`pool-...`), the label pid.pool (this worker process: a SIGKILLed worker's are removed by
-the next reap on this host, see sandbox/reaper.py reap_orphan_pools) and a time to live that covers the pool's idle
-life and the class's jobs.
+A sandbox's class is its SandboxConfig without what is the job's own (its id, attempt, and the clone limit its
+hand-over sets): image, limits, user, disk, runtime, workspace kind, and its time to live to within a factor of two
+(ttl_band): a ready sandbox outlives its class's longest job by the pool's idle time, so a taken one lives at most
+about twice its job's time to live plus that, never a week for a short job because a long one ran lately.
+
+The pool holds at most `size` ready sandboxes in all, shared among the classes jobs asked for most recently (at most
+`size` classes: the least recently used one goes first, its ready sandboxes removed); a class no job asked for in
+IDLE_S is drained. So a tasks file whose every job is a class of its own makes at most one sandbox per job it starts,
+never a growing heap. A ready sandbox is made by the job's own creation path (DockerSandbox.create: the same
+hardening, limits, disks and runtime), with a job id of its own (`pool-...`), the label pid.pool (this worker
+process: a SIGKILLed worker's are removed by the next reap on this host, see sandbox/reaper.py reap_orphan_pools) and
+a time to live that covers the pool's idle life and the class's jobs.
 
 Taking: a container's labels cannot change, so a job that takes one renames it (config.taken_name): cancel, the sweep
 of a lost attempt and a retry find a job's containers by that name as by label (reaper.remove_job_containers). A
 sandbox serves one job and is removed as the job ends, like any other; one whose time left is shorter than the job
-needs, or whose image tag moved, is not given (it is removed). The pool refills in one thread, one creation at a time,
-and waits while any job of this worker creates its own sandbox: a job's creation comes first; that thread also
-removes what the pool lets go. On a clean stop the ready ones are removed (close(), from the worker's shutdown, never
-a finaliser).
+needs (or far longer: longest_life), or whose image tag moved, is not given (it is removed). The pool refills in one
+thread, one creation at a time, and waits while any job of this worker creates its own sandbox: a job's creation
+comes first; that thread also removes what the pool lets go. On a clean stop the ready ones are removed (close(),
+from the worker's shutdown, never a finaliser).
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import socket
 import threading
@@ -55,8 +59,21 @@ Key = tuple[Any, ...]
 
 def class_of(config: SandboxConfig) -> Key:
     """The sandbox's class: its config without the job's own fields (max_workspace bounds a clone into the sandbox:
-    the creation does not use it, the hand-over gives the job's own) and without the pool's label."""
-    return dataclasses.astuple(dataclasses.replace(config, job_id="", attempt=0, ttl_s=0.0, pool="", max_workspace=0))
+    the creation does not use it, the hand-over gives the job's own) and without the pool's label; its time to live
+    by band."""
+    blank = dataclasses.replace(config, job_id="", attempt=0, ttl_s=0.0, pool="", max_workspace=0)
+    return dataclasses.astuple(blank) + (ttl_band(config.ttl_s),)
+
+
+def ttl_band(ttl_s: float) -> int:
+    """Times to live in (2**(n-1), 2**n] seconds are band n: one class's longest is under twice its shortest."""
+    return math.ceil(math.log2(max(ttl_s, 1.0)))
+
+
+def longest_life(ttl_s: float, idle_s: float) -> float:
+    """The most time left a ready sandbox may have to be given to a job of this time to live: what its class's
+    longest job (under twice this one) plus the pool's idle time and margin can make, no more."""
+    return 2 * ttl_s + idle_s + 2 * SPARE_S
 
 
 @dataclass
@@ -125,9 +142,10 @@ class WarmPool:
                     return None
                 ready = wanted.ready.pop(0)   # the oldest first: it has the least time left
                 self._cond.notify_all()       # (one fewer ready: the refill thread makes another)
-                if ready.expires - time.time() < config.ttl_s + SPARE_S:
-                    self._to_close.append(ready.sandbox)   # too little time left: a newer one may have enough
-                    continue
+                left = ready.expires - time.time()
+                if not config.ttl_s + SPARE_S <= left <= longest_life(config.ttl_s, self.idle_s):
+                    self._to_close.append(ready.sandbox)   # too little time left (a newer one may have enough), or
+                    continue                               # far more than the job's (not made for its class)
             if _hand_over(ready.sandbox, config):
                 return ready.sandbox
             self._let_go(ready.sandbox)
