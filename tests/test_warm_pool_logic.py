@@ -278,3 +278,43 @@ def test_a_ready_sandbox_far_longer_lived_than_the_job_is_not_given():
         until(lambda: factory.made[0].closed)
     finally:
         pool.close()
+
+
+class Stuck(Factory):
+    """Its sandboxes' removal hangs (an engine that does not answer) until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def __call__(self, config: SandboxConfig) -> Any:
+        box = super().__call__(config)
+        box.close = lambda: self.release.wait(60)
+        return box
+
+
+def test_a_worker_that_must_exit_does_so_even_if_its_pool_cannot_be_removed(monkeypatch):
+    from types import SimpleNamespace
+
+    from pid.worker import main_process
+    factory = Stuck()
+    pool = WarmPool(1, create=factory).start()
+    exits: list[int] = []
+    monkeypatch.setattr(main_process, "HANDBACK_S", 0)
+    monkeypatch.setattr(main_process, "POOL_STOP_S", 0)
+    monkeypatch.setattr(main_process, "WARM_POOL_CLOSE_S", 0.2, raising=False)
+    monkeypatch.setattr(main_process.logging, "shutdown", lambda: None)
+    monkeypatch.setattr(main_process.os, "_exit", exits.append)
+    monkeypatch.setattr(warm_pool, "_active", [pool])
+    stopping = threading.Thread(target=main_process.WorkerSignals._bound_the_stop,
+                                args=(SimpleNamespace(running=lambda: 0),), daemon=True)
+    try:
+        pool.served(job())
+        until(lambda: ready(pool) == 1)
+        stopping.start()
+        stopping.join(20)
+        assert exits == [0]   # it exited, its ready sandbox's removal still hanging (the next reap's)
+    finally:
+        factory.release.set()
+        stopping.join(20)   # (ended while os._exit is still the stand-in)
+        pool.close()

@@ -29,6 +29,7 @@ HANDBACK_S = 60      # for the running jobs to hand themselves back once the wor
 FILES_PER_JOB = 32   # descriptors a running job may hold (its disk, channels, model connection, files), generously
 FILES_BASE = 256     # the worker's own descriptors
 POOL_STOP_S = 10     # for the worker to exit once no job runs
+WARM_POOL_CLOSE_S = 5   # then for its warm pool's ready sandboxes to go, if it must exit anyway (the engine may hang)
 
 
 class Taking:
@@ -160,8 +161,10 @@ class WorkerSignals:
 
     def _bound_the_stop(self) -> None:
         """A stop always ends. Jobs get HANDBACK_S to hand themselves back, then the worker POOL_STOP_S to exit on
-        its own; after that it exits anyway. A job still running then loses its lease holder with this process: the
-        next sweep on this host puts it back at once."""
+        its own; after that it exits anyway, its warm pool given WARM_POOL_CLOSE_S to remove its ready sandboxes (a
+        hung engine could hold that for minutes: what is left, the next reap removes, its process being gone). A job
+        still running then loses its lease holder with this process: the next sweep on this host puts it back at
+        once."""
         deadline = time.monotonic() + HANDBACK_S
         while self.running() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -172,7 +175,10 @@ class WorkerSignals:
         time.sleep(POOL_STOP_S)
         jobs_log.info("stopping: the worker did not exit by itself; it exits now")
         from pid.worker import warm_pool
-        warm_pool.stop(wait=False)   # its ready sandboxes go (one being made is left to the next reap)
+        closing = threading.Thread(target=warm_pool.stop, kwargs={"wait": False}, name="pid-warm-pool-stop",
+                                   daemon=True)
+        closing.start()   # (one being made is left to the next reap)
+        closing.join(WARM_POOL_CLOSE_S)
         logging.shutdown()
         os._exit(1 if stuck else 0)
 
