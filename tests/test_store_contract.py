@@ -300,6 +300,8 @@ def test_a_heartbeat_carries_identity_and_alarm_and_a_stop_keeps_them_until_the_
     store.beat("a@h", "h", 1, "boot", 2, 0, True)   # started again: no identity known, no alarm, not stopped
     (again,) = store.workers(alive_within_s=60)
     assert (again.identity, again.alarm, again.stopped_at, again.pool) == (None, None, None, [])
+    store.worker_stopped("gone@h")                  # a worker never heard from: nothing to mark
+    assert [w.node for w in store.workers()] == ["a@h"]
 
 
 def test_a_heartbeat_carries_the_workers_warm_pool(store):
@@ -310,8 +312,6 @@ def test_a_heartbeat_carries_the_workers_warm_pool(store):
     store.beat("a@h", "h", 1, "boot", 2, 0, True, pool=[])   # drained
     (beat,) = store.workers()
     assert beat.pool == []
-    store.worker_stopped("gone@h")                  # a worker never heard from: nothing to mark
-    assert [w.node for w in store.workers()] == ["a@h"]
 
 
 def test_list_newest_first_by_status(store, tmp_path):

@@ -44,27 +44,29 @@ def wait_ready(pool: WarmPool, count: int, timeout: float = 60) -> None:
 
 def test_a_ready_sandbox_serves_one_job_and_goes_by_the_jobs_name():
     pool = WarmPool(1).start()
+    taken = second = None
     try:
-        assert pool.take(config("pool-test-a")) is None   # nothing served yet: the job makes its own
-        pool.served(config("pool-test-a"))
+        assert pool.take(config("wp-test-a")) is None   # nothing served yet: the job makes its own
+        pool.served(config("wp-test-a"))
         wait_ready(pool, 1)
         ready_ids = {c.id for c in pool_containers()}
-        taken = pool.take(config("pool-test-a"))
+        taken = pool.take(config("wp-test-a"))
         assert taken is not None and taken.container.id in ready_ids
         assert taken.exec("echo hi > /workspace/f && cat /workspace/f", timeout=30).tail == b"hi\n"
         client = docker.from_env()
-        assert client.api.inspect_container(taken.container.id)["Name"] == "/" + taken_name("pool-test-a", 1)
+        assert client.api.inspect_container(taken.container.id)["Name"] == "/" + taken_name("wp-test-a", 1)
         # the next job of the class never gets the same one: a new one (another container) is made for it
         wait_ready(pool, 1)
-        second = pool.take(config("pool-test-b"))
+        second = pool.take(config("wp-test-b"))
         assert second is not None and second.container.id != taken.container.id
         assert second.exec("cat /workspace/f 2>&1; true", timeout=30).tail != b"hi\n"
-        second.close()
         # cancel, a retry and the sweep of a lost attempt find the taken one by the job's id and attempt
-        assert remove_job_containers("pool-test-a", attempt=2) == []
-        assert remove_job_containers("pool-test-a", attempt=1) == [taken.container.id]
-        taken.close()
+        assert remove_job_containers("wp-test-a", attempt=2) == []
+        assert remove_job_containers("wp-test-a", attempt=1) == [taken.container.id]
     finally:
+        for box in (taken, second):
+            if box is not None:
+                box.close()
         pool.close()
     assert pool_containers() == []   # a clean stop leaves no ready sandbox
 
@@ -72,10 +74,10 @@ def test_a_ready_sandbox_serves_one_job_and_goes_by_the_jobs_name():
 def test_a_class_with_nothing_ready_or_another_limit_is_not_served_from_the_pool():
     pool = WarmPool(1).start()
     try:
-        pool.served(config("pool-test-c"))
+        pool.served(config("wp-test-c"))
         wait_ready(pool, 1)
-        assert pool.take(config("pool-test-d", memory="1g")) is None      # another class
-        assert pool.take(config("pool-test-e", ttl_s=10 ** 6)) is None    # needs more time than the ready one has
+        assert pool.take(config("wp-test-d", memory="1g")) is None      # another class
+        assert pool.take(config("wp-test-e", ttl_s=10 ** 6)) is None    # needs more time than the ready one has
         assert class_of(config("x")) == class_of(config("y", attempt=3, ttl_s=900))   # (one band: 600)
     finally:
         pool.close()
@@ -83,13 +85,13 @@ def test_a_class_with_nothing_ready_or_another_limit_is_not_served_from_the_pool
 
 
 def test_ready_and_taken_pool_sandboxes_expire_like_any_other():
-    owner = f"pool-test-{uuid.uuid4().hex[:8]}"   # (this test's own: the reap touches nothing else)
+    owner = f"wp-test-{uuid.uuid4().hex[:8]}"   # (this test's own: the reap touches nothing else)
     pool = WarmPool(2).start()
     taken = None
     try:
-        pool.served(config("pool-test-g", owner=owner))
+        pool.served(config("wp-test-g", owner=owner))
         wait_ready(pool, 2)
-        taken = pool.take(config("pool-test-g", owner=owner))
+        taken = pool.take(config("wp-test-g", owner=owner))
         assert taken is not None
         ours = {c.id for c in pool_containers()}
         assert taken.container.id in ours and len(ours) >= 2
@@ -111,11 +113,11 @@ HARDENING = ("CapAdd", "CapDrop", "SecurityOpt", "ReadonlyRootfs", "PidsLimit", 
 def test_a_pooled_sandbox_is_hardened_as_a_fresh_one():
     client = docker.from_env()
     pool = WarmPool(1).start()
-    fresh = DockerSandbox.create(config("pool-test-fresh"))
+    fresh = DockerSandbox.create(config("wp-test-fresh"))
     try:
-        pool.served(config("pool-test-f"))
+        pool.served(config("wp-test-f"))
         wait_ready(pool, 1)
-        taken = pool.take(config("pool-test-f"))
+        taken = pool.take(config("wp-test-f"))
         assert taken is not None
         try:
             pooled_info = client.api.inspect_container(taken.container.id)
@@ -249,13 +251,17 @@ def test_a_sigkilled_workers_pool_is_removed_by_the_next_reap(run_pid, pid_env, 
         finally:
             stop_worker(worker)
     assert len(pool_containers()) >= 2   # nothing removed them: their worker had no chance
+    disks = Path(env["PID_HOME"]) / "disks"
+    assert any(disks.iterdir())          # nor their disks
     if reaper == "pid reap":
         reaped = run_pid("reap", env=env)
         assert reaped.code == 0, reaped.stderr
     else:   # its first housekeeping pass reaps
         later = start_worker(pid_env, tmp_path, tmp_path / "w2.log")
         try:
-            _wait("the next worker's reap", lambda: pool_containers() == [], tmp_path / "w2.log", timeout=60)
+            _wait("the next worker's reap", lambda: pool_containers() == [] and not any(disks.iterdir()),
+                  tmp_path / "w2.log", timeout=60)
         finally:
             stop_worker(later)
     assert pool_containers() == []
+    assert not any(disks.iterdir())   # their disks (unmounted, removed) went with them

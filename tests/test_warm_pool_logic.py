@@ -3,6 +3,7 @@ waits for a job's own creation, an idle class is drained, a stop removes what is
 (The real containers: tests/test_warm_pool.py.)"""
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ import pytest
 
 from pid.sandbox import SandboxConfig
 from pid.worker import warm_pool
-from pid.worker.warm_pool import WarmPool
+from pid.worker.warm_pool import WarmPool, class_of
 
 
 @dataclass
@@ -318,3 +319,27 @@ def test_a_worker_that_must_exit_does_so_even_if_its_pool_cannot_be_removed(monk
         factory.release.set()
         stopping.join(20)   # (ended while os._exit is still the stand-in)
         pool.close()
+
+
+BLANKED = {"job_id", "attempt", "pool", "max_workspace"}   # the job's own (ttl_s: by band, below)
+
+
+def other_value(value: Any) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 3
+    return (value or "") + "x"
+
+
+def test_every_other_config_field_makes_a_class_of_its_own():
+    base = job()
+    hash(class_of(base))
+    for each in dataclasses.fields(SandboxConfig):
+        if each.name == "ttl_s":
+            continue
+        changed = class_of(dataclasses.replace(base, **{each.name: other_value(getattr(base, each.name))}))
+        hash(changed)   # (a dict key)
+        assert (changed == class_of(base)) == (each.name in BLANKED), each.name
+    assert class_of(dataclasses.replace(base, ttl_s=900.0)) == class_of(base)   # one band: (512, 1024] s
+    assert class_of(dataclasses.replace(base, ttl_s=1100.0)) != class_of(base)
