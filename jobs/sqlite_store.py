@@ -572,8 +572,8 @@ class SqliteHeartbeats(SqliteDb):
         """The worker stopped cleanly: its heartbeat stays, marked stopped (`pid workers --all` lists it), until
         forget_silent_workers forgets it with the others not heard from."""
         with self._db() as db:
-            db.execute("UPDATE workers SET stopped_at = ?, running = 0, free_since = NULL WHERE node = ?",
-                       (time.time(), node))
+            db.execute("UPDATE workers SET stopped_at = ?, running = 0, free_since = NULL, pool = NULL WHERE node = ?",
+                       (time.time(), node))   # (its warm pool was removed as it stopped)
 
     def forget_silent_workers(self, silent_s: float = 86400) -> None:
         """Workers not heard from for a day (killed, or stopped) leave the table."""

@@ -312,6 +312,10 @@ def test_a_heartbeat_carries_the_workers_warm_pool(store):
     store.beat("a@h", "h", 1, "boot", 2, 0, True, pool=[])   # drained
     (beat,) = store.workers()
     assert beat.pool == []
+    store.beat("a@h", "h", 1, "boot", 2, 0, True, pool=pool)
+    store.worker_stopped("a@h")   # a stopped worker's pool is removed as it stops: none is shown
+    (stopped,) = store.workers()
+    assert stopped.stopped_at and stopped.pool == []
 
 
 def test_list_newest_first_by_status(store, tmp_path):
