@@ -548,8 +548,8 @@ def workers(show_all: bool, as_json: bool) -> None:
               cls=EnvOption, help="A TOML file of the most a job may ask of this worker (memory, CPUs, disk, "
                                   "timeout, cost, root, network, images, endpoints): a job outside it is refused "
                                   "before its container starts (docs/security.md).")
-@click.option("--pool", type=click.IntRange(min=0, max=64), default=0, show_default=True, envvar=settings.POOL.name,
-              show_envvar=True, cls=EnvOption,
+@click.option("--pool", type=click.IntRange(min=0, max=settings.POOL_MAX), default=0, show_default=True,
+              envvar=settings.POOL.name, show_envvar=True, cls=EnvOption,
               help="Ready sandboxes kept in all, shared among the classes (image and limits) of job this worker "
                    "served most recently (in the last 5 minutes): such a job skips its container's start (~0.3 s). "
                    "Each is a started container and its disks; none is ever used twice.")

@@ -229,7 +229,11 @@ def _start(sender: Any = None, **_: Any) -> None:
                                 queues=Taking.queues)
     housekeeping.start()
     signals.worker_shutdown.connect(lambda **_: housekeeping.stop(), weak=False)
-    pool_size = int(settings.POOL.get() or 0)
+    try:
+        pool_size = settings.POOL.get()   # (`pid worker --pool` checked it already; a worker started otherwise)
+    except ValueError as exc:
+        jobs_log.error("no warm pool: %s", exc)
+        pool_size = 0
     if pool_size > 0:
         from pid.worker import warm_pool
         warm_pool.start(pool_size)
