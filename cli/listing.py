@@ -44,6 +44,12 @@ def worker_lines(beats: list[tuple[Any, str]], now: float, width: int | None) ->
     return render(WORKER_COLUMNS, rows, width)
 
 
+def pool_entry(entry: dict[str, Any]) -> str:
+    """One image of a worker's warm pool: `pid-sandbox:latest 2 ready (41 MiB)`."""
+    memory = f" ({entry['memory'] / (1 << 20):.0f} MiB)" if entry.get("memory") else ""
+    return f"{one_line(str(entry.get('image')))} {entry.get('ready', 0)} ready{memory}"
+
+
 class NotABatch(click.ClickException):
     exit_code = 2   # one line (pid.cli.main prints it), as every bad input
 

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, Iterator
 from pid.endings import ExitReason, status_of
 from pid.jobs.spec import DEFAULT_QUEUE, JobSpec
 from pid.jobs.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing, Capped, Controls,
-                            JobRecord, StoreUnavailable, WorkerBeat, _policy, _queues, blob_from_file, blob_hex,
+                            JobRecord, StoreUnavailable, WorkerBeat, _policy, _pool, _queues, blob_from_file, blob_hex,
                             check_artifact_name, retention_s, sum_usage)
 
 SCHEMA = """
@@ -65,7 +65,8 @@ CREATE TABLE IF NOT EXISTS workers (
   policy TEXT,                     -- the rules it admits jobs by, JSON (jobs/policy.py); NULL: everything
   identity TEXT,                   -- its process's boot, pid namespace and start time (worker/control.py)
   stopped_at REAL,                 -- when it stopped cleanly; NULL: it has not (alive, or killed: silent)
-  alarm TEXT                       -- what went badly wrong that its user must know (jobs/store_watch.py)
+  alarm TEXT,                      -- what went badly wrong that its user must know (jobs/store_watch.py)
+  pool TEXT                        -- its warm pool, JSON: per image, sandboxes ready and their memory
 );
 CREATE TABLE IF NOT EXISTS inbox (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -115,7 +116,8 @@ ADDED_COLUMNS = {"kind": "TEXT NOT NULL DEFAULT 'worker'", "usage": "TEXT", "ear
                  "check_result": "TEXT",   # result.json's `check` (JSON), once the job's check ran
                  "batch": "TEXT",
                  "rid": "TEXT"}   # the id reversed: a suffix of ids is a prefix of these (indexed)
-WORKER_COLUMNS = {"queues": "TEXT", "policy": "TEXT", "identity": "TEXT", "stopped_at": "REAL", "alarm": "TEXT"}
+WORKER_COLUMNS = {"queues": "TEXT", "policy": "TEXT", "identity": "TEXT", "stopped_at": "REAL", "alarm": "TEXT",
+                  "pool": "TEXT"}
 
 
 # SQLite's state must not be copied mid-operation into a forked child (its mutexes, a half-done write): every
@@ -548,28 +550,30 @@ class SqliteHeartbeats(SqliteDb):
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
              taking_jobs: bool, queues: "builtins.list[str] | None" = None,
              policy: dict[str, Any] | None = None, identity: str | None = None,
-             alarm: str | None = None) -> None:
+             alarm: str | None = None, pool: "builtins.list[dict[str, Any]] | None" = None) -> None:
         """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs."""
         now = time.time()
         free = taking_jobs and running < concurrency
         with self._db() as db:
             db.execute(
                 "INSERT INTO workers (node, host, pid, boot_id, concurrency, running, free_since, started_at, beat_at, "
-                "queues, policy, identity, alarm) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(node) DO "
+                "queues, policy, identity, alarm, pool) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(node) DO "
                 "UPDATE SET concurrency = excluded.concurrency, running = excluded.running, "
                 "beat_at = excluded.beat_at, boot_id = excluded.boot_id, queues = excluded.queues, "
                 "policy = excluded.policy, "
-                "identity = excluded.identity, alarm = excluded.alarm, stopped_at = NULL, "
+                "identity = excluded.identity, alarm = excluded.alarm, pool = excluded.pool, stopped_at = NULL, "
                 "free_since = CASE WHEN ? THEN COALESCE(workers.free_since, excluded.beat_at) ELSE NULL END",
                 (node, host, pid, boot_id, concurrency, running, now if free else None, now, now,
-                 ",".join(queues or [DEFAULT_QUEUE]), json.dumps(policy) if policy else None, identity, alarm, free))
+                 ",".join(queues or [DEFAULT_QUEUE]), json.dumps(policy) if policy else None, identity, alarm,
+                 json.dumps(pool) if pool else None, free))
 
     def worker_stopped(self, node: str) -> None:
         """The worker stopped cleanly: its heartbeat stays, marked stopped (`pid workers --all` lists it), until
         forget_silent_workers forgets it with the others not heard from."""
         with self._db() as db:
-            db.execute("UPDATE workers SET stopped_at = ?, running = 0, free_since = NULL WHERE node = ?",
-                       (time.time(), node))
+            db.execute("UPDATE workers SET stopped_at = ?, running = 0, free_since = NULL, pool = NULL WHERE node = ?",
+                       (time.time(), node))   # (its warm pool was removed as it stopped)
 
     def forget_silent_workers(self, silent_s: float = 86400) -> None:
         """Workers not heard from for a day (killed, or stopped) leave the table."""
@@ -584,8 +588,9 @@ class SqliteHeartbeats(SqliteDb):
             args.append(time.time() - alive_within_s)
         with self._db() as db:
             rows = db.execute(sql + " ORDER BY started_at", args).fetchall()
-        return [WorkerBeat(**{k: r[k] for k in r.keys() if k not in ("queues", "policy")},
-                           queues=_queues(r["queues"]), policy=_policy(r["policy"])) for r in rows]
+        return [WorkerBeat(**{k: r[k] for k in r.keys() if k not in ("queues", "policy", "pool")},
+                           queues=_queues(r["queues"]), policy=_policy(r["policy"]), pool=_pool(r["pool"]))
+                for r in rows]
 
 
 class SqliteBlobs(SqliteDb):

@@ -204,6 +204,7 @@ class WorkerBeat:
     identity: str | None = None     # its process's boot, pid namespace and start time (worker/control.py)
     stopped_at: float | None = None   # when it stopped cleanly (None: it has not)
     alarm: str | None = None   # what went badly wrong that its user must know (jobs/store_watch.py)
+    pool: list[dict[str, Any]] = field(default_factory=list)   # its warm pool: per image, sandboxes ready, memory
 
 
 class StoreBase(Protocol):
@@ -287,7 +288,8 @@ class Heartbeats(StoreBase, Protocol):
 
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
              taking_jobs: bool, queues: "builtins.list[str] | None" = None,
-             policy: dict[str, Any] | None = None, identity: str | None = None, alarm: str | None = None) -> None: ...
+             policy: dict[str, Any] | None = None, identity: str | None = None, alarm: str | None = None,
+             pool: "builtins.list[dict[str, Any]] | None" = None) -> None: ...
     def worker_stopped(self, node: str) -> None: ...
     def forget_silent_workers(self, silent_s: float = 86400) -> None: ...
     def workers(self, alive_within_s: float | None = None) -> "builtins.list[WorkerBeat]": ...
@@ -393,6 +395,19 @@ def blob_from_file(store: BlobStore, path: str, digest: str | None) -> str:
 
 def _queues(text: str | None) -> list[str]:
     return [q for q in (text or "").split(",") if q] or [DEFAULT_QUEUE]
+
+
+def _pool(text: str | None) -> list[dict[str, Any]]:
+    """A heartbeat's warm pool (JSON written by the worker): only well-formed entries (image, ready, memory)."""
+    try:
+        value = json.loads(text) if text else []
+    except ValueError:
+        return []
+    if not isinstance(value, list):
+        return []
+    return [{"image": str(e.get("image", "")), "ready": int(e.get("ready") or 0), "memory": int(e.get("memory") or 0)}
+            for e in value if isinstance(e, dict) and isinstance(e.get("ready", 0), int)
+            and isinstance(e.get("memory", 0), int)]
 
 
 def _policy(text: str | None) -> dict[str, Any]:

@@ -81,6 +81,22 @@ RESULT_BACKEND = _setting("PID_RESULT_BACKEND", None, str,
                           "no longer used (the job store holds every result): a worker says so when it is set")
 POLICY = _option("PID_POLICY", "worker --policy", "a worker's policy file (docs/policy.md)")
 QUEUES = _option("PID_QUEUES", "worker --queue", "the queues a worker takes jobs from, comma-separated")
+POOL_MAX = 64   # a worker's warm pool at most: each ready sandbox is a running container and two mounted disks
+
+
+def _pool_size(text: str) -> int:
+    """PID_POOL: a whole number from 0 (no pool) to POOL_MAX; anything else is refused, not read as something."""
+    try:
+        size = int(text)
+    except ValueError:
+        size = -1
+    if not 0 <= size <= POOL_MAX:
+        raise ValueError(f"PID_POOL takes a whole number of ready sandboxes from 0 to {POOL_MAX}, not {text!r}")
+    return size
+
+
+POOL = _setting("PID_POOL", 0, _pool_size, "ready sandboxes a worker keeps in all, for the job classes it served last",
+                f"as `worker --pool` (0 to {POOL_MAX})")
 
 # A worker's housekeeping: read once, as the worker's modules load
 SWEEP_S = _setting("PID_SWEEP_S", 5.0, float, "seconds between a worker's sweeps for lost jobs")

@@ -9,6 +9,8 @@ LABEL_CREATED = "pid.created"  # ISO 8601 UTC
 LABEL_EXPIRES = "pid.expires"  # ISO 8601 UTC; after this the reaper may remove the container
 LABEL_OWNER = "pid.owner"      # which installation (PID_HOME) made it: `pid reap` removes only its own
 LABEL_ATTEMPT = "pid.attempt"  # which attempt of its job: a lost attempt's is removed, never the next one's
+LABEL_POOL = "pid.pool"        # a worker's warm pool made it: "host:pid:identity" of that worker process (its
+# pid.job is then `pool-...`; a job that takes it renames it, see taken_name)
 
 AGENT_HOME = "/home/agent"
 DEFAULT_USER = "1000:1000"
@@ -58,3 +60,10 @@ class SandboxConfig:
     max_workspace: int = DEFAULT_MAX_WORKSPACE   # bytes a git URL's clone may take (its .git and checkout)
     writable_image: bool = False  # the image's own filesystem is the job's to change, copy-on-write on its disk
     image_workspace: bool = False  # the workspace is the image's own workdir as it is (nothing is imported)
+    pool: str = ""                # made ready for a warm pool: the pool's process (LABEL_POOL's value); "" for a job's
+
+
+def taken_name(job_id: str, attempt: int) -> str:
+    """The name a warm pool's container takes when a job takes it: its labels still name the pool, so cancel, the
+    sweep of a lost attempt and a retry find the job's containers by this name as well as by label."""
+    return f"pid-job-{job_id}-a{attempt}"

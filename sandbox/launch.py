@@ -22,7 +22,7 @@ from docker.types import Mount, Ulimit
 
 from .channel import PID_DIR, RUN_DIR, Channel, PipeLink, entry_command
 from .config import (AGENT_HOME, BASE_ENV, LABEL_ATTEMPT, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER,
-                     SandboxConfig, parse_user)
+                     LABEL_POOL, SandboxConfig, parse_user)
 from .disk import DiskError, JobDisk, disks_supported
 from .docker_client import connect, ensure_image
 from .errors import SandboxError
@@ -357,7 +357,8 @@ def _create(box: Container, command: list[str], now: datetime, ttl: int, options
             labels={LABEL_JOB: config.job_id, LABEL_CREATED: _iso(now),
                     LABEL_EXPIRES: _iso(now + timedelta(seconds=ttl)),
                     LABEL_OWNER: config.owner or owner_label(_pid_home()),
-                    LABEL_ATTEMPT: str(config.attempt), **run_labels()},
+                    LABEL_ATTEMPT: str(config.attempt), **({LABEL_POOL: config.pool} if config.pool else {}),
+                    **run_labels()},
             mem_limit=config.memory, memswap_limit=config.memory,
             nano_cpus=int(config.cpus * 1e9), pids_limit=host_tasks,
             network_mode=config.network,

@@ -16,7 +16,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from .config import LABEL_ATTEMPT, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER
+from .config import LABEL_ATTEMPT, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, LABEL_POOL, taken_name
 from .docker_client import connect
 from pid import settings
 
@@ -86,7 +86,38 @@ def remove_job_containers(job_id: str, client: docker.DockerClient | None = None
     attempts left behind; a sweeper removes a lost attempt's, never the next attempt's."""
     client = connect(client)
     labels = [f"{LABEL_JOB}={job_id}"] + ([f"{LABEL_ATTEMPT}={attempt}"] if attempt is not None else [])
-    return [c["Id"] for c in list_containers(client, labels) if force_remove(client, c["Id"])]
+    found = {c["Id"] for c in list_containers(client, labels)} | set(taken_containers(client, job_id, attempt))
+    return [container_id for container_id in found if force_remove(client, container_id)]
+
+
+def taken_containers(client: docker.DockerClient, job_id: str, attempt: int | None = None) -> list[str]:
+    """The warm pool's containers a job took (of one attempt, or of any): found by the name the job gave them
+    (config.taken_name), matched exactly (the engine's name filter matches any part of a name)."""
+    prefix = taken_name(job_id, 0)[:-1]   # "pid-job-<id>-a"
+    try:
+        listed = client.api.containers(all=True, filters={"label": [LABEL_POOL], "name": [prefix]})
+    except docker.errors.NotFound:
+        return []
+    wanted = {"/" + taken_name(job_id, attempt)} if attempt is not None else None
+    return [c["Id"] for c in listed for name in (c.get("Names") or [])
+            if (name in wanted if wanted is not None else
+                name.startswith("/" + prefix) and name[len(prefix) + 1:].isdigit())]
+
+
+def reap_orphan_pools(owner: str | None, client: docker.DockerClient | None = None) -> list[str]:
+    """Force-remove the warm-pool containers (ready, or taken by a job) of installation `owner` (None: of every
+    installation) whose worker process is gone: a worker killed with SIGKILL had no chance to remove them. Only a
+    process on this machine can be known gone (pid.jobs.identity); others' containers wait for their expiry."""
+    from pid.jobs.identity import process_alive
+    client = connect(client)
+    labels = [LABEL_POOL] + ([f"{LABEL_OWNER}={owner}"] if owner is not None else [])
+    orphans = []
+    for c in list_containers(client, labels):
+        host, _, rest = str((c.get("Labels") or {}).get(LABEL_POOL, "")).partition(":")
+        pid, _, identity = rest.partition(":")
+        if pid.isdigit() and process_alive(host, int(pid), identity) is False:
+            orphans.append(c["Id"])
+    return [container_id for container_id in orphans if force_remove(client, container_id)]
 
 
 def reap_expired(owner: str | None, client: docker.DockerClient | None = None,
@@ -109,7 +140,9 @@ def reap_expired(owner: str | None, client: docker.DockerClient | None = None,
 def reap_installation(pid_home: str, *, all_owners: bool = False,
                       client: docker.DockerClient | None = None) -> tuple[list[str], list[str]]:
     """What `pid reap`, `pid run` and every worker do: remove this installation's expired containers (every
-    installation's with all_owners), then the per-job disks whose job process is gone. (container ids, disk names)"""
+    installation's with all_owners) and those of warm pools whose worker is gone, then the per-job disks whose job
+    process is gone. (container ids, disk names)"""
     from .disk import reap_disks
-    containers = reap_expired(None if all_owners else owner_label(pid_home), client)
+    owner = None if all_owners else owner_label(pid_home)
+    containers = reap_expired(owner, client) + reap_orphan_pools(owner, client)
     return containers, reap_disks(os.path.join(pid_home, "disks"))

@@ -194,3 +194,34 @@ def test_sandbox_containers_carry_the_runs_label():
     while time.monotonic() < deadline and any(c["Id"] == container_id for c in run_containers(client, RUN_ID)):
         time.sleep(0.1)
     assert all(c["Id"] != container_id for c in run_containers(client, RUN_ID))
+
+
+def pooled(cid: str, name: str, pool: str = "h:1:x") -> dict:
+    return {"Id": cid, "State": "running", "Names": [name], "Labels": {"pid.job": "pool-1", "pid.pool": pool}}
+
+
+def test_a_taken_pool_container_is_found_by_its_jobs_exact_name_and_attempt():
+    listed = [pooled("abc-1", "/pid-job-abc-a1"), pooled("abc-2", "/pid-job-abc-a2"),
+              pooled("abcd-1", "/pid-job-abcd-a1"), pooled("ready", "/eager_turing"),
+              pooled("trick", "/pid-job-abc-a1x")]
+    api = FakeAPI(listed)
+    assert remove_job_containers("abc", FakeClient(api), attempt=1) == ["abc-1"]
+    assert remove_job_containers("abc", FakeClient(api)) == ["abc-2"]   # any attempt's, never another job's
+    assert sorted(c["Id"] for c in api.listed) == ["abcd-1", "ready", "trick"]
+
+
+def test_a_pool_whose_process_is_gone_on_this_host_is_reaped_and_no_other():
+    import socket
+
+    from pid.jobs.identity import process_identity
+    from pid.sandbox.reaper import reap_orphan_pools
+    me, host = os.getpid(), socket.gethostname()
+    mine = process_identity(me)
+    assert mine is not None
+    boot, namespace, _ = mine.split("-", 2)
+    listed = [pooled("alive", "/a", f"{host}:{me}:{mine}"),
+              pooled("gone", "/b", f"{host}:{me}:{boot}-{namespace}-1"),   # this pid, another start: gone
+              pooled("elsewhere", "/c", f"another-host:{me}:{mine}"),      # not knowable here: its expiry decides
+              pooled("garbled", "/d", "nonsense")]
+    api = FakeAPI(listed)
+    assert reap_orphan_pools(None, FakeClient(api)) == ["gone"]

@@ -65,6 +65,21 @@ def test_a_setting_is_read_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.TEST_RUN.get() == ""
 
 
+@pytest.mark.parametrize("text", ["-1", "65", "1000000", "2.5", "many", "1e3"])
+def test_a_warm_pool_size_out_of_bounds_is_refused(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    monkeypatch.setenv(settings.POOL.name, text)
+    with pytest.raises(ValueError, match="from 0 to 64"):
+        settings.POOL.get()
+
+
+def test_a_warm_pool_size_is_a_whole_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(settings.POOL.name, raising=False)
+    assert settings.POOL.get() == 0
+    for text, size in (("0", 0), ("3", 3), ("64", 64)):
+        monkeypatch.setenv(settings.POOL.name, text)
+        assert settings.POOL.get() == size
+
+
 def test_the_settings_module_is_core() -> None:
     """Every package reads its settings here, so this module imports only the standard library."""
     tree = ast.parse((ROOT / "pid" / "settings.py").read_text())

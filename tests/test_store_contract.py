@@ -299,9 +299,23 @@ def test_a_heartbeat_carries_identity_and_alarm_and_a_stop_keeps_them_until_the_
     assert store.workers(alive_within_s=60) == []
     store.beat("a@h", "h", 1, "boot", 2, 0, True)   # started again: no identity known, no alarm, not stopped
     (again,) = store.workers(alive_within_s=60)
-    assert (again.identity, again.alarm, again.stopped_at) == (None, None, None)
+    assert (again.identity, again.alarm, again.stopped_at, again.pool) == (None, None, None, [])
     store.worker_stopped("gone@h")                  # a worker never heard from: nothing to mark
     assert [w.node for w in store.workers()] == ["a@h"]
+
+
+def test_a_heartbeat_carries_the_workers_warm_pool(store):
+    pool = [{"image": "pid-sandbox:latest", "ready": 2, "memory": 3 << 20}]
+    store.beat("a@h", "h", 1, "boot", 2, 0, True, pool=pool)
+    (beat,) = store.workers()
+    assert beat.pool == pool
+    store.beat("a@h", "h", 1, "boot", 2, 0, True, pool=[])   # drained
+    (beat,) = store.workers()
+    assert beat.pool == []
+    store.beat("a@h", "h", 1, "boot", 2, 0, True, pool=pool)
+    store.worker_stopped("a@h")   # a stopped worker's pool is removed as it stops: none is shown
+    (stopped,) = store.workers()
+    assert stopped.stopped_at and stopped.pool == []
 
 
 def test_list_newest_first_by_status(store, tmp_path):

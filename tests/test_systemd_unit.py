@@ -14,7 +14,7 @@ import pytest
 
 from tests.services import missing
 
-from pid.worker.main_process import HANDBACK_S, POOL_STOP_S
+from pid.worker.main_process import HANDBACK_S, POOL_STOP_S, WARM_POOL_CLOSE_S
 
 pytestmark = pytest.mark.cli   # runs systemd's verifier (no Docker engine)
 
@@ -49,7 +49,7 @@ def test_systemd_analyze_verifies_the_unit(tmp_path):
 def test_a_stop_hands_the_jobs_back_and_a_crash_restarts():
     service = _service()
     assert service["KillSignal"] == "SIGTERM" and service["KillMode"] == "mixed"
-    assert int(service["TimeoutStopSec"]) > HANDBACK_S + POOL_STOP_S
+    assert int(service["TimeoutStopSec"]) > HANDBACK_S + POOL_STOP_S + WARM_POOL_CLOSE_S
     assert service["Restart"] == "on-failure" and service["RestartPreventExitStatus"] == "2"
     assert service["EnvironmentFile"] == "/etc/pid/worker.env" and "${PID_CONCURRENCY}" in service["ExecStart"]
     settings = dict(line.split("=", 1) for line in ENV.read_text().splitlines() if line and not line.startswith("#"))

@@ -47,8 +47,27 @@ def tool_results(request: dict) -> list[str]:
     return [m["content"] for m in request["messages"] if m["role"] == "tool"]
 
 
+POOLED = os.environ.get("PID_TEST_POOL") == "1"   # every sandbox below comes from a worker's warm pool
+
+
 def new_box(job_id: str, **config) -> DockerSandbox:
-    return DockerSandbox.create(SandboxConfig(image=IMAGE, runtime=RUNTIME, job_id=job_id, **config))
+    """A job's sandbox; with PID_TEST_POOL=1, one a warm pool made ready, then taken (worker/warm_pool.py)."""
+    box_config = SandboxConfig(image=IMAGE, runtime=RUNTIME, job_id=job_id, **config)
+    return pooled(box_config) if POOLED else DockerSandbox.create(box_config)
+
+
+def pooled(box_config: SandboxConfig) -> DockerSandbox:
+    from pid.worker.warm_pool import WarmPool
+    pool = WarmPool(1).start()
+    try:
+        pool.served(box_config)
+        deadline = time.time() + 120
+        while not (taken := pool.take(box_config)):
+            assert time.time() < deadline, "the warm pool made no sandbox"
+            time.sleep(0.05)
+        return taken
+    finally:
+        pool.close()
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ from pid.jobs.store import JobRecord, Store
 from pid.jobs.store_watch import StoreWatch
 from pid.jobs.workers import BEAT_S, live_workers
 from pid.jobs.outage import first_line, transient
+from pid.worker import warm_pool
 from pid import settings
 
 log = logging.getLogger("pid.worker")
@@ -137,7 +138,7 @@ class Housekeeping:
             try:
                 store.beat(self.node, socket.gethostname(), os.getpid(), boot_id(), self.concurrency,
                            self.running(), self.taking_jobs(), self.queues, policy.active().to_dict(), identity,
-                           alarm=self._watch.alarm if self._watch else None)
+                           alarm=self._watch.alarm if self._watch else None, pool=warm_pool.status())
                 if failing is not None:
                     log.warning("this worker's heartbeat is recorded again")
                     failing = None

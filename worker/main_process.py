@@ -29,6 +29,7 @@ HANDBACK_S = 60      # for the running jobs to hand themselves back once the wor
 FILES_PER_JOB = 32   # descriptors a running job may hold (its disk, channels, model connection, files), generously
 FILES_BASE = 256     # the worker's own descriptors
 POOL_STOP_S = 10     # for the worker to exit once no job runs
+WARM_POOL_CLOSE_S = 5   # then for its warm pool's ready sandboxes to go, if it must exit anyway (the engine may hang)
 
 
 class Taking:
@@ -160,8 +161,10 @@ class WorkerSignals:
 
     def _bound_the_stop(self) -> None:
         """A stop always ends. Jobs get HANDBACK_S to hand themselves back, then the worker POOL_STOP_S to exit on
-        its own; after that it exits anyway. A job still running then loses its lease holder with this process: the
-        next sweep on this host puts it back at once."""
+        its own; after that it exits anyway, its warm pool given WARM_POOL_CLOSE_S to remove its ready sandboxes (a
+        hung engine could hold that for minutes: what is left, the next reap removes, its process being gone). A job
+        still running then loses its lease holder with this process: the next sweep on this host puts it back at
+        once."""
         deadline = time.monotonic() + HANDBACK_S
         while self.running() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -171,6 +174,11 @@ class WorkerSignals:
                           "back)", stuck, HANDBACK_S)
         time.sleep(POOL_STOP_S)
         jobs_log.info("stopping: the worker did not exit by itself; it exits now")
+        from pid.worker import warm_pool
+        closing = threading.Thread(target=warm_pool.stop, kwargs={"wait": False}, name="pid-warm-pool-stop",
+                                   daemon=True)
+        closing.start()   # (one being made is left to the next reap)
+        closing.join(WARM_POOL_CLOSE_S)
         logging.shutdown()
         os._exit(1 if stuck else 0)
 
@@ -221,10 +229,20 @@ def _start(sender: Any = None, **_: Any) -> None:
                                 queues=Taking.queues)
     housekeeping.start()
     signals.worker_shutdown.connect(lambda **_: housekeeping.stop(), weak=False)
+    try:
+        pool_size = settings.POOL.get()   # (`pid worker --pool` checked it already; a worker started otherwise)
+    except ValueError as exc:
+        jobs_log.error("no warm pool: %s", exc)
+        pool_size = 0
+    if pool_size > 0:
+        from pid.worker import warm_pool
+        warm_pool.start(pool_size)
+        signals.worker_shutdown.connect(lambda **_: warm_pool.stop(), weak=False)
     if settings.RESULT_BACKEND.raw():
         jobs_log.info("PID_RESULT_BACKEND is set but no longer used: the job store holds every result")
-    jobs_log.info("pid worker ready (%s, %d at once, queue %s): waiting for jobs (Ctrl-C: finish the running jobs, "
-                  "then stop; twice: hand them back and stop)", node, Taking.concurrency, ",".join(Taking.queues))
+    jobs_log.info("pid worker ready (%s, %d at once, queue %s%s): waiting for jobs (Ctrl-C: finish the running jobs, "
+                  "then stop; twice: hand them back and stop)", node, Taking.concurrency, ",".join(Taking.queues),
+                  f", a warm pool of {pool_size} sandboxes" if pool_size > 0 else "")
 
 
 __all__ = ["OnlyWhatCanStart", "WorkerSignals", "start_only_what_can_start"]

@@ -20,6 +20,7 @@ from pid.endings import ending_words, status_of
 from pid.terminal import ShownLogRecords, one_line
 from pid.jobs import policy
 from pid.jobs import batch_budget
+from pid.worker import warm_pool
 from pid.worker.app import app
 from pid.worker.control import LEASE_S, ControlRelay, new_owner, record_end
 from pid.jobs.results import log_job, with_earlier_attempts
@@ -119,7 +120,8 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
         result = run_job(record.spec, api_key=_api_key(store, record.spec, api_key), sink=sink, gate=gate,
                          on_agent=relay.attach, check_in=relay.check_in, cancel=relay.cancel, still_owner=still_owner,
                          amend_result=lambda r: with_earlier_attempts(r, record.earlier), attempt=record.attempts,
-                         artifact_store=store, blobs=StoreBlobs(store))   # (its workspace read waits out an outage)
+                         artifact_store=store, sandboxes=warm_pool.provider(),
+                         blobs=StoreBlobs(store))   # (its workspace read waits out an outage)
     except BaseException as exc:   # never a silent failure: the record says what stopped the job
         result["error"] = f"the job was stopped by {type(exc).__name__}: {exc}".strip().rstrip(":")[:500]
         raise

@@ -12,6 +12,7 @@ redis.call('HSET', key, 'concurrency', A.concurrency, 'running', A.running, 'bea
 redis.call('HDEL', key, 'stopped_at')
 if isnull(A.boot_id) then redis.call('HDEL', key, 'boot_id') else redis.call('HSET', key, 'boot_id', A.boot_id) end
 if isnull(A.alarm) then redis.call('HDEL', key, 'alarm') else redis.call('HSET', key, 'alarm', A.alarm) end
+if isnull(A.pool) then redis.call('HDEL', key, 'pool') else redis.call('HSET', key, 'pool', A.pool) end
 if isnull(A.identity) then redis.call('HDEL', key, 'identity') else redis.call('HSET', key, 'identity', A.identity) end
 if not free then redis.call('HDEL', key, 'free_since')
 elseif redis.call('HEXISTS', key, 'free_since') == 0 then redis.call('HSET', key, 'free_since', fmt(t)) end
