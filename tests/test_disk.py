@@ -509,14 +509,18 @@ def test_reap_missing_root_is_empty(tmp_path: Path) -> None:
 
 
 @needs_disks
-def test_a_retried_job_clears_the_disk_its_lost_attempt_left(root: str, monkeypatch) -> None:
+@pytest.mark.parametrize("pooled", [False, True])
+def test_a_retried_job_clears_the_disk_its_lost_attempt_left(root: str, monkeypatch, pooled: bool) -> None:
     """compose-smoke at e32d019: a killed worker's job ran again on the other replica, but its first attempt's disk
-    stayed mounted (the sweep that requeued it ran in a client with another PID_HOME). The retry clears it."""
+    stayed mounted (the sweep that requeued it ran in a client with another PID_HOME). The retry clears it, with a
+    warm pool as without."""
     from pid.sandbox import docker_sandbox
+    from pid.worker.warm_pool import PooledProvider, WarmPool
     _orphan(root, "job-lost-a1b2c3")
     real = os.path.realpath(root)
     assert os.path.join(real, "job-lost-a1b2c3") in mounts()
     monkeypatch.setattr(docker_sandbox, "default_disk_root", lambda: root)
-    docker_sandbox.DockerProvider().clear_job("job-lost")
+    provider = PooledProvider(WarmPool(1)) if pooled else docker_sandbox.DockerProvider()   # (the pool not started)
+    provider.clear_job("job-lost")
     assert not [m for m in mounts() if m.startswith(real + "/")]
     assert not os.path.lexists(os.path.join(real, "job-lost-a1b2c3.img"))

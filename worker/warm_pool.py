@@ -41,10 +41,8 @@ import docker.errors
 import requests.exceptions
 
 from pid.jobs.identity import process_identity
-from pid.sandbox import DockerSandbox, SandboxConfig
+from pid.sandbox import DockerProvider, DockerSandbox, SandboxConfig
 from pid.sandbox.config import taken_name
-from pid.sandbox.docker_client import engine_errors
-from pid.sandbox.reaper import remove_job_containers
 
 log = logging.getLogger("pid.worker")
 
@@ -313,15 +311,16 @@ def _memory(sandbox: DockerSandbox) -> int | None:
         return None
 
 
-class PooledProvider:
+class PooledProvider(DockerProvider):
     """pid.sandbox_lifecycle.SandboxProvider over a warm pool, for one run of one job: its own sandbox is a ready
-    one of its class when there is one, else a new one made as without a pool. Any later sandbox of the run (its
-    --check's, made while the job's own holds the name pid-job-<id>-a<n>) is always made new, and is no class of the
-    pool's. A packed workspace given to a taken sandbox is not unpacked here: the job's import_tar unpacks it
-    (pid.jobs.snapshot.import_into)."""
+    one of its class when there is one, else a new one made as without a pool (DockerProvider, whose clear_job it
+    keeps). Any later sandbox of the run (its --check's, made while the job's own holds the name pid-job-<id>-a<n>)
+    is always made new, and is no class of the pool's. A packed workspace given to a taken sandbox is not unpacked
+    here: the job's import_tar unpacks it (pid.jobs.snapshot.import_into)."""
 
     def __init__(self, pool: WarmPool, client: docker.DockerClient | None = None) -> None:
-        self.pool, self.client = pool, client
+        super().__init__(client)
+        self.pool = pool
         self._jobs_own_made = False
 
     def create(self, config: SandboxConfig, workspace: IO[bytes] | None = None) -> DockerSandbox:
@@ -332,11 +331,7 @@ class PooledProvider:
                 taken = self.pool.take(config)
                 if taken is not None:
                     return taken
-            return DockerSandbox.create(config, self.client, workspace)
-
-    @engine_errors
-    def clear_job(self, job_id: str) -> None:
-        remove_job_containers(job_id, self.client)
+            return super().create(config, workspace)
 
 
 _active: list[WarmPool] = []   # this worker process's pool, when it has one (`pid worker --pool N`)
