@@ -233,7 +233,7 @@ class FreshSandboxes:
 def test_a_checked_jobs_check_sandbox_is_made_new_and_no_class_of_the_pool(monkeypatch):
     factory = Factory()
     fresh = FreshSandboxes(factory)
-    monkeypatch.setattr(warm_pool, "DockerSandbox", fresh)
+    monkeypatch.setattr("pid.sandbox.docker_sandbox.DockerSandbox", fresh)   # (DockerProvider's: a new one)
     pool = WarmPool(2, create=factory).start()
     try:
         pool.served(job("j0"))
