@@ -23,24 +23,32 @@ log = logging.getLogger(__name__)
 MAX_PROCESSES = 1 << 16    # a container's process list is read up to this many entries
 
 
-def _read(path: str, limit: int = 1 << 20) -> str:
+def read_small(path: str, limit: int = 1 << 20) -> str:
     with open(path, "rb") as f:
         return f.read(limit).decode("ascii", "replace")
 
 
-def _cgroup_procs_file(init_pid: int) -> str | None:
-    """The host path of the cgroup.procs that holds the container's processes (cgroup v1 pids controller, or v2)."""
-    for line in _read(f"/proc/{init_pid}/cgroup").splitlines():
+def cgroup_dir(init_pid: int, controller: str) -> str | None:
+    """The host directory of the container's cgroup for `controller` (cgroup v1's, e.g. pids or memory; else v2's
+    unified one), where it exists; from its first process's /proc/<pid>/cgroup (nothing in the container changes it).
+    OSError if that process is gone."""
+    for line in read_small(f"/proc/{init_pid}/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
         if controllers == "":                                   # cgroup v2
-            candidate = f"/sys/fs/cgroup{path}/cgroup.procs"
-        elif "pids" in controllers.split(","):
-            candidate = f"/sys/fs/cgroup/pids{path}/cgroup.procs"
+            candidate = f"/sys/fs/cgroup{path}"
+        elif controller in controllers.split(","):
+            candidate = f"/sys/fs/cgroup/{controller}{path}"
         else:
             continue
-        if os.path.exists(candidate):
+        if os.path.isdir(candidate):
             return candidate
     return None
+
+
+def _cgroup_procs_file(init_pid: int) -> str | None:
+    """The host path of the cgroup.procs that holds the container's processes (cgroup v1 pids controller, or v2)."""
+    where = cgroup_dir(init_pid, "pids")
+    return None if where is None else os.path.join(where, "cgroup.procs")
 
 
 TABLE_MARGIN = 8   # processes a command needs to start (as channel.sh's table_full)
@@ -74,7 +82,7 @@ class ProcessGauge:
             except OSError:
                 continue
             try:
-                maximum = _read(os.path.join(path, "pids.max")).strip()
+                maximum = read_small(os.path.join(path, "pids.max")).strip()
                 gauge = cls(fd, None if maximum == "max" else int(maximum))
                 gauge.has_room()
                 return gauge
@@ -96,7 +104,7 @@ class ProcessGauge:
 
 def _host_uid(init_pid: int, uid: int) -> int | None:
     """The container's uid as the host sees it (different under user-namespace remapping)."""
-    for line in _read(f"/proc/{init_pid}/uid_map").splitlines():
+    for line in read_small(f"/proc/{init_pid}/uid_map").splitlines():
         inside, outside, count = (int(x) for x in line.split())
         if inside <= uid < inside + count:
             return outside + uid - inside
@@ -105,7 +113,7 @@ def _host_uid(init_pid: int, uid: int) -> int | None:
 
 def _real_uid(pid: int) -> int | None:
     try:
-        for line in _read(f"/proc/{pid}/status", 8192).splitlines():
+        for line in read_small(f"/proc/{pid}/status", 8192).splitlines():
             if line.startswith("Uid:"):
                 return int(line.split()[1])
     except (OSError, ValueError, IndexError):
@@ -153,7 +161,7 @@ def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: in
         return None
     sweep = Sweep(killed=[], cgroup_dir=os.path.dirname(procs), thawed=False)
     try:
-        for entry in _read(procs, MAX_PROCESSES * 12).split()[:MAX_PROCESSES]:
+        for entry in read_small(procs, MAX_PROCESSES * 12).split()[:MAX_PROCESSES]:
             pid = int(entry)
             if _real_uid(pid) == host_uid and (stat := _state_and_start(pid)) is not None:
                 try:
@@ -180,7 +188,7 @@ def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: in
 def _refused_forks(cgroup_dir: str) -> int | None:
     """pids.events' "max" count: how many forks the limit refused so far."""
     try:
-        for line in _read(os.path.join(cgroup_dir, "pids.events"), 4096).splitlines():
+        for line in read_small(os.path.join(cgroup_dir, "pids.events"), 4096).splitlines():
             name, _, count = line.partition(" ")
             if name == "max":
                 return int(count)
@@ -193,7 +201,7 @@ def _state_and_start(pid: int) -> tuple[str, str] | None:
     """A process's state and start time (fields 3 and 22 of /proc/<pid>/stat: the start time tells a reused pid
     apart), or None when it is gone."""
     try:
-        text = _read(f"/proc/{pid}/stat", 4096)
+        text = read_small(f"/proc/{pid}/stat", 4096)
     except OSError:
         return None
     fields = text[text.rfind(")") + 2:].split()
@@ -217,8 +225,8 @@ def _wait_for_room(cgroup_dir: str, limit_s: float = 3.0) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         try:
-            current = int(_read(os.path.join(cgroup_dir, "pids.current")))
-            maximum = _read(os.path.join(cgroup_dir, "pids.max")).strip()
+            current = int(read_small(os.path.join(cgroup_dir, "pids.current")))
+            maximum = read_small(os.path.join(cgroup_dir, "pids.max")).strip()
         except (OSError, ValueError):
             return
         if maximum == "max" or current + 16 < int(maximum):

@@ -43,6 +43,7 @@ import requests.exceptions
 from pid.jobs.identity import process_identity
 from pid.sandbox import DockerProvider, DockerSandbox, SandboxConfig
 from pid.sandbox.config import taken_name
+from pid.sandbox.processes import cgroup_dir, read_small
 
 log = logging.getLogger("pid.worker")
 
@@ -296,19 +297,16 @@ def _memory(sandbox: DockerSandbox) -> int | None:
     """The memory the container's cgroup uses (v1's memory controller, else v2's), read once: a ready sandbox's
     hardly changes. None where the host does not show it."""
     pid = sandbox.container.init_pid()
-    if pid is None:
-        return None
     try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            groups = dict(line.split(":", 2)[1:] for line in f.read().splitlines() if line.count(":") >= 2)
-        if "memory" in groups:
-            where = f"/sys/fs/cgroup/memory{groups['memory']}/memory.usage_in_bytes"
-        else:
-            where = f"/sys/fs/cgroup{groups.get('', '')}/memory.current"
-        with open(where) as f:
-            return int(f.read())
+        where = None if pid is None else cgroup_dir(pid, "memory")
+        if where is None:
+            return None
+        for name in ("memory.usage_in_bytes", "memory.current"):   # (v1, v2)
+            if os.path.exists(os.path.join(where, name)):
+                return int(read_small(os.path.join(where, name)))
     except (OSError, ValueError):
-        return None
+        pass
+    return None
 
 
 class PooledProvider(DockerProvider):
