@@ -41,3 +41,15 @@ def process_alive(host: str, pid: int, identity: str) -> bool | None:
         return None   # another boot, or another pid namespace of a host with this name: not ours to judge
     fields = proc_stat(pid)
     return fields is not None and fields[0] != "Z" and process_identity(pid) == identity
+
+
+def process_mark() -> str:
+    """This process as "host:pid:identity", for a label or record that must say whether it is gone (mark_gone)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{process_identity(os.getpid()) or ''}"
+
+
+def mark_gone(mark: str) -> bool:
+    """Is the process process_mark() named known to be gone (on this machine only: elsewhere, or unreadable, no)?"""
+    host, _, rest = mark.partition(":")
+    pid, _, identity = rest.partition(":")
+    return pid.isdigit() and process_alive(host, int(pid), identity) is False

@@ -108,15 +108,11 @@ def reap_orphan_pools(owner: str | None, client: docker.DockerClient | None = No
     """Force-remove the warm-pool containers (ready, or taken by a job) of installation `owner` (None: of every
     installation) whose worker process is gone: a worker killed with SIGKILL had no chance to remove them. Only a
     process on this machine can be known gone (pid.jobs.identity); others' containers wait for their expiry."""
-    from pid.jobs.identity import process_alive
+    from pid.jobs.identity import mark_gone
     client = connect(client)
     labels = [LABEL_POOL] + ([f"{LABEL_OWNER}={owner}"] if owner is not None else [])
-    orphans = []
-    for c in list_containers(client, labels):
-        host, _, rest = str((c.get("Labels") or {}).get(LABEL_POOL, "")).partition(":")
-        pid, _, identity = rest.partition(":")
-        if pid.isdigit() and process_alive(host, int(pid), identity) is False:
-            orphans.append(c["Id"])
+    orphans = [c["Id"] for c in list_containers(client, labels)
+               if mark_gone(str((c.get("Labels") or {}).get(LABEL_POOL, "")))]
     return [container_id for container_id in orphans if force_remove(client, container_id)]
 
 

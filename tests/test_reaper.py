@@ -213,13 +213,13 @@ def test_a_taken_pool_container_is_found_by_its_jobs_exact_name_and_attempt():
 def test_a_pool_whose_process_is_gone_on_this_host_is_reaped_and_no_other():
     import socket
 
-    from pid.jobs.identity import process_identity
+    from pid.jobs.identity import process_identity, process_mark
     from pid.sandbox.reaper import reap_orphan_pools
     me, host = os.getpid(), socket.gethostname()
     mine = process_identity(me)
     assert mine is not None
     boot, namespace, _ = mine.split("-", 2)
-    listed = [pooled("alive", "/a", f"{host}:{me}:{mine}"),
+    listed = [pooled("alive", "/a", process_mark()),   # (as a pool labels its sandboxes)
               pooled("gone", "/b", f"{host}:{me}:{boot}-{namespace}-1"),   # this pid, another start: gone
               pooled("elsewhere", "/c", f"another-host:{me}:{mine}"),      # not knowable here: its expiry decides
               pooled("garbled", "/d", "nonsense")]

@@ -28,7 +28,6 @@ import dataclasses
 import logging
 import math
 import os
-import socket
 import threading
 import time
 import uuid
@@ -40,7 +39,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from pid.jobs.identity import process_identity
+from pid.jobs.identity import process_mark
 from pid.sandbox import DockerProvider, DockerSandbox, SandboxConfig
 from pid.sandbox.config import taken_name
 from pid.sandbox.processes import cgroup_dir, read_small
@@ -93,18 +92,13 @@ class Wanted:
     failed_at: float = 0.0
 
 
-def pool_identity() -> str:
-    """This worker process, as pid.pool labels carry it: host, pid and pid.jobs.identity's token."""
-    return f"{socket.gethostname()}:{os.getpid()}:{process_identity(os.getpid()) or ''}"
-
-
 class WarmPool:
     """At most `size` ready sandboxes, over the classes used most recently. Thread-safe; one refill thread."""
 
     def __init__(self, size: int, *, idle_s: float = IDLE_S,
                  create: Callable[[SandboxConfig], DockerSandbox] = DockerSandbox.create) -> None:
         self.size, self.idle_s, self._create = size, idle_s, create
-        self.identity = pool_identity()
+        self.identity = process_mark()   # (the pid.pool label: reaper.reap_orphan_pools)
         self._classes: dict[Key, Wanted] = {}
         self._to_close: list[DockerSandbox] = []   # let go: the refill thread removes them, off any job's path
         self._jobs_creating = 0
