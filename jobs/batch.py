@@ -30,7 +30,7 @@ from typing import Any
 
 from pid.endings import exit_code_for
 from pid.errors import PidError
-from pid.jobs.spec import write_json_atomic
+from pid.jobs.spec import beside, write_json_atomic
 from pid.jobs.trees import remove_tree
 
 META, LEDGER, RESULTS, SUMMARY, JOBS = "batch.json", "jobs.jsonl", "batch.jsonl", "summary.json", ".jobs"
@@ -206,7 +206,7 @@ class BatchDir:
     def write_rows(self) -> None:
         """batch.jsonl anew (atomically): one line per ended item, in the tasks file's order."""
         path = os.path.join(self.path, RESULTS)
-        tmp = f"{path}.tmp{os.getpid()}-{secrets.token_hex(4)}"   # (threads share a pid)
+        tmp = beside(path, "tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             for item_id in self.order:
                 if item_id in self.rows:
@@ -224,7 +224,7 @@ class BatchDir:
     def replace_item_dir(self, item_id: str, fresh: str) -> None:
         """The item's folder becomes `fresh` (a finished download), whatever an earlier job left there."""
         final = self.item_dir(item_id)
-        old = f"{final}.old-{os.getpid()}-{secrets.token_hex(4)}"
+        old = beside(final, "old-")
         if os.path.lexists(final):
             os.replace(final, old)
         os.replace(fresh, final)

@@ -229,8 +229,14 @@ def json_text(data: Any) -> Any:
     return data
 
 
+def beside(path: str, what: str) -> str:
+    """A fresh name next to `path` for a file about to replace it (`what`: tmp, old): unique to this write, not only
+    to this process (threads share a pid)."""
+    return f"{path}.{what}{os.getpid()}-{secrets.token_hex(4)}"
+
+
 def write_json_atomic(path: str, data: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp{os.getpid()}-{secrets.token_hex(4)}"   # (threads share a pid)
+    tmp = beside(path, "tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(json_text(data), f, indent=2, ensure_ascii=False)
         f.write("\n")
