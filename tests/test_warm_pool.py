@@ -9,7 +9,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import docker
 import pytest
@@ -151,24 +151,35 @@ def _ready_ids() -> list[str]:
             and not c.name.startswith("pid-job-")]
 
 
+# Two jobs through a worker's pool: the first (waited for) makes its class known, the second runs its `hostname`.
+TWO_JOBS = [{"text": "first"},
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "hostname"}}]},
+            {"text": "second"}]
+
+
+def _two_jobs(run_pid: Any, env: dict[str, str], tmp_path: Path, log: Path, submit: list[str], ready_what: str,
+              ready_ids: Callable[[], Any]) -> tuple[Any, str, Any]:
+    """The first job to its end, the pool's ready sandboxes then, and the second job (its --out in tmp_path/out) to
+    its end: (ready ids, its id, its `pid result --json`)."""
+    first = run_pid("submit", "t", *submit, "--wait", env=env)
+    assert first.code == 0, first.stderr + log.read_text()
+    ready = _wait(ready_what, ready_ids, log)
+    job_id = run_pid("submit", "t", *submit, "--out", str(tmp_path / "out"), env=env).stdout.strip()
+    done = run_pid("result", job_id, "--wait", "--json", env=env, timeout=120)
+    assert done.code == 0, done.stderr + log.read_text()
+    return ready, job_id, done
+
+
 def test_a_worker_serves_a_job_from_its_pool_then_removes_what_is_left_as_it_stops(run_pid, pid_env, sample_repo,
                                                                                    tmp_path):
     env = {**pid_env, "PID_POOL": "1"}
-    script = [{"text": "first"},
-              {"tool_calls": [{"name": "bash", "arguments": {"command": "hostname"}}]},
-              {"text": "second"}]
     log = tmp_path / "w.log"
-    with ScriptedLLM(script) as llm:
+    with ScriptedLLM(TWO_JOBS) as llm:
         worker = start_worker(env, tmp_path, log)
         try:
-            submit = ["--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url]
-            first = run_pid("submit", "t", *submit, "--wait", env=env)
-            assert first.code == 0, first.stderr + log.read_text()
-            ready = _wait("a ready sandbox after the first job", _ready_ids, log)
-            second = run_pid("submit", "t", *submit, "--out", str(tmp_path / "out"), env=env)
-            job_id = second.stdout.strip()
-            done = run_pid("result", job_id, "--wait", "--json", env=env, timeout=120)
-            assert done.code == 0, done.stderr + log.read_text()
+            ready, job_id, done = _two_jobs(run_pid, env, tmp_path, log, ["--repo", str(sample_repo), "--model", "m",
+                                            "--base-url", llm.base_url], "a ready sandbox after the first job",
+                                            _ready_ids)
             assert done.json()["final_message"] == "second"
             transcript = (tmp_path / "out" / job_id / "session.jsonl").read_text()
             assert ready[0][:12] in transcript   # the tool ran in the pooled container (its hostname)
@@ -183,22 +194,14 @@ def test_a_worker_serves_a_job_from_its_pool_then_removes_what_is_left_as_it_sto
 
 def test_a_checked_job_takes_a_pooled_sandbox_and_its_check_a_fresh_one(run_pid, pid_env, sample_repo, tmp_path):
     env = {**pid_env, "PID_POOL": "2"}
-    script = [{"text": "first"},
-              {"tool_calls": [{"name": "bash", "arguments": {"command": "hostname"}}]},
-              {"text": "second"}]
     log = tmp_path / "w.log"
-    with ScriptedLLM(script) as llm:
+    with ScriptedLLM(TWO_JOBS) as llm:
         worker = start_worker(env, tmp_path, log)
         try:
-            submit = ["--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url, "--check", "hostname"]
-            first = run_pid("submit", "t", *submit, "--wait", env=env)
-            assert first.code == 0, first.stderr + log.read_text()
-            ready = _wait("two ready sandboxes after the first job", lambda: len(_ready_ids()) >= 2 and _ready_ids(),
-                          log)
-            second = run_pid("submit", "t", *submit, "--out", str(tmp_path / "out"), env=env)
-            job_id = second.stdout.strip()
-            done = run_pid("result", job_id, "--wait", "--json", env=env, timeout=120)
-            assert done.code == 0, done.stderr + log.read_text()
+            ready, job_id, done = _two_jobs(run_pid, env, tmp_path, log, ["--repo", str(sample_repo), "--model", "m",
+                                            "--base-url", llm.base_url, "--check", "hostname"],
+                                            "two ready sandboxes after the first job",
+                                            lambda: len(_ready_ids()) >= 2 and _ready_ids())
             result = done.json()
             assert result["final_message"] == "second" and result["check"]["passed"], result
             transcript = (tmp_path / "out" / job_id / "session.jsonl").read_text()

@@ -7,7 +7,8 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import docker.errors
 import pytest
@@ -100,10 +101,19 @@ def ready(pool: WarmPool) -> int:
     return sum(entry["ready"] for entry in pool.status())
 
 
-def test_each_ready_sandbox_is_given_once_renamed_for_its_job():
+@contextmanager
+def running_pool(size: int, **options: Any) -> Iterator[tuple[WarmPool, Factory]]:
+    """A started pool on stand-in sandboxes (and their factory), closed whatever the test does."""
     factory = Factory()
-    pool = WarmPool(2, create=factory).start()
+    pool = WarmPool(size, create=factory, **options).start()
     try:
+        yield pool, factory
+    finally:
+        pool.close()
+
+
+def test_each_ready_sandbox_is_given_once_renamed_for_its_job():
+    with running_pool(2) as (pool, factory):
         pool.served(job())
         given = []
         for n in range(5):
@@ -116,28 +126,20 @@ def test_each_ready_sandbox_is_given_once_renamed_for_its_job():
         assert [box.container.config.job_id for box in given] == [f"j{n}" for n in range(5)]
         assert all(c.pool.count(":") == 2 and c.job_id.startswith("pool-") and c.ttl_s > 600
                    for c in factory.configs)   # made labelled pid.pool, to outlive the class's jobs
-    finally:
-        pool.close()
     assert all(box.closed for box in factory.made if box not in given)
 
 
 def test_the_refill_waits_while_a_job_creates_its_own():
-    factory = Factory()
-    pool = WarmPool(1, create=factory).start()
-    try:
+    with running_pool(1) as (pool, factory):
         with pool.job_creating():
             pool.served(job())
             time.sleep(0.2)   # several of the refill thread's looks
             assert factory.made == []
         until(lambda: ready(pool) == 1)
-    finally:
-        pool.close()
 
 
 def test_an_idle_class_is_drained_and_a_moved_tag_is_never_given():
-    factory = Factory()
-    pool = WarmPool(1, idle_s=0.3, create=factory).start()
-    try:
+    with running_pool(1, idle_s=0.3) as (pool, factory):
         pool.served(job())
         until(lambda: ready(pool) == 1)
         factory.api.tag = "sha256:two"
@@ -147,8 +149,6 @@ def test_an_idle_class_is_drained_and_a_moved_tag_is_never_given():
         until(lambda: ready(pool) == 1)
         until(lambda: pool.status() == [])   # no job of the class for idle_s: drained
         assert all(box.closed for box in factory.made)
-    finally:
-        pool.close()
 
 
 def test_a_stop_removes_the_ready_ones_and_the_one_being_made():
@@ -177,36 +177,26 @@ def ready_cpus(pool: WarmPool) -> list[float]:
 
 
 def test_the_pool_holds_its_size_in_all_shared_by_the_classes_used_last():
-    factory = Factory()
-    pool = WarmPool(2, create=factory).start()
-    try:
+    with running_pool(2) as (pool, factory):
         for n in range(8):   # a tasks file whose every job asks a CPU share of its own: each a class
             pool.served(job(f"j{n}", cpus=1 + n / 100))
             latest = [1.0, 1.0] if n == 0 else [1 + (n - 1) / 100, 1 + n / 100]
             until(lambda: ready_cpus(pool) == latest)   # one each for the two used last
             until(lambda: alive(factory) == 2)           # the least recently used class's went
             assert len(pool._classes) == min(n + 1, 2)
-    finally:
-        pool.close()
     assert alive(factory) == 0
 
 
 def test_the_clone_limit_is_no_class_the_job_gets_its_own_on_hand_over():
-    factory = Factory()
-    pool = WarmPool(1, create=factory).start()
-    try:
+    with running_pool(1) as (pool, factory):
         pool.served(job("j0", max_workspace=1 << 20))
         until(lambda: ready(pool) == 1)
         box = pool.take(job("j1", max_workspace=5 << 20))
         assert box is not None and box.container.config.max_workspace == 5 << 20
-    finally:
-        pool.close()
 
 
 def test_a_refused_hand_over_ends_the_take_and_is_removed_off_the_jobs_path():
-    factory = Factory()
-    pool = WarmPool(3, create=factory).start()
-    try:
+    with running_pool(3) as (pool, factory):
         pool.served(job())
         until(lambda: ready(pool) == 3)
         factory.api.refuse = True
@@ -214,8 +204,6 @@ def test_a_refused_hand_over_ends_the_take_and_is_removed_off_the_jobs_path():
         assert ready(pool) >= 2           # ...without trying (and removing) every other one first
         until(lambda: any(box.closed for box in factory.made))
         assert [box.closed_by for box in factory.made if box.closed] == ["pid-warm-pool"]
-    finally:
-        pool.close()
 
 
 class FreshSandboxes:
@@ -268,17 +256,13 @@ def test_a_long_job_of_a_class_does_not_make_its_short_jobs_containers_live_long
 
 
 def test_a_ready_sandbox_far_longer_lived_than_the_job_is_not_given():
-    factory = Factory()
-    pool = WarmPool(1, create=factory).start()
-    try:
+    with running_pool(1) as (pool, factory):
         pool.served(job(ttl_s=1000.0))
         until(lambda: ready(pool) == 1)
         with pool._cond:   # (as if made for a job of the class that lived far longer)
             next(iter(pool._classes.values())).ready[0].expires += 10 * 86400
         assert pool.take(job(ttl_s=1000.0)) is None
         until(lambda: factory.made[0].closed)
-    finally:
-        pool.close()
 
 
 class Stuck(Factory):
