@@ -20,7 +20,7 @@ from pid import settings
 from pid.costs import format_cost
 from pid.config import HomeUnusable, ensure_pid_home, pid_home
 from pid.cli.ids import JOB_ID
-from pid.cli.options import MAX_WORKSPACE_OPTION, QUEUE_OPTION, EnvOption, QueueName, format_size, job_options
+from pid.cli.options import MAX_WORKSPACE_OPTION, QUEUE_OPTION, EnvOption, PoolSpec, QueueName, format_size, job_options
 from pid.cli.status_line import on_terminal
 from pid.cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, echo, format_duration,
                             print_result, styled, wait_for)
@@ -548,15 +548,16 @@ def workers(show_all: bool, as_json: bool) -> None:
               cls=EnvOption, help="A TOML file of the most a job may ask of this worker (memory, CPUs, disk, "
                                   "timeout, cost, root, network, images, endpoints): a job outside it is refused "
                                   "before its container starts (docs/security.md).")
-@click.option("--pool", type=click.IntRange(min=0, max=settings.POOL_MAX), default=0, show_default=True,
+@click.option("--pool", type=PoolSpec(), default="0", show_default=True,
               envvar=settings.POOL.name, show_envvar=True, cls=EnvOption,
-              help="Ready sandboxes kept in all, shared among the classes (image and limits) of job this worker "
-                   "served most recently (in the last 5 minutes): such a job skips its container's start (~0.3 s). "
-                   "Each is a started container and its disks; none is ever used twice.")
+              help="Ready sandboxes kept: N in all, shared among the classes (image and limits) of job this worker "
+                   "served most recently (in the last 5 minutes); IMAGE=N, comma-separated, gives an image N of "
+                   f"its own (`--pool 2,swe-task:latest=8`; {settings.POOL_MAX} at most in all). Such a job skips "
+                   "its container's start (~0.3 s). Each is a started container and its disks; none is used twice.")
 @click.option("--allow-volatile-store", is_flag=True,
               help="Start on a Redis job store that keeps neither an append-only file nor snapshots (a restart of "
                    "it loses every job); refused otherwise.")
-def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_file: str | None, pool: int,
+def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_file: str | None, pool: str,
            allow_volatile_store: bool) -> None:
     """Start a worker that runs queued jobs (Ctrl-C: finish the running jobs, then stop; twice, or SIGTERM, or
     SIGHUP: hand them back to the queue now)."""
@@ -571,7 +572,7 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
         problem = _volatile_store()
         if problem:
             raise BadInput(problem)
-    os.environ[settings.POOL.name] = str(pool)   # read where the worker is ready (worker/main_process.py)
+    os.environ[settings.POOL.name] = pool   # read where the worker is ready (worker/main_process.py)
     from pid.worker.app import app
     from pid.worker.tasks import configure_job_lines, node_name
     configure_job_lines()

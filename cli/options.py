@@ -220,6 +220,19 @@ class QueueName(click.ParamType):
         return ",".join(dict.fromkeys(names))
 
 
+class PoolSpec(click.ParamType):
+    """A worker's warm pool: `N`, and `IMAGE=N` for an image of its own, comma-separated (settings.parse_pool); kept
+    as its canonical text, which the worker reads back from PID_POOL."""
+    name = "spec"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        from pid.settings import parse_pool
+        try:
+            return str(parse_pool(str(value)))
+        except ValueError as exc:
+            self.fail(str(exc).replace("PID_POOL takes", "takes").replace("PID_POOL ", ""), param, ctx)
+
+
 class PromptFile(click.ParamType):
     """A file on this machine whose text goes into the job's spec (the worker may be on another machine): read now,
     UTF-8, at most pid.prompt.MAX_SYSTEM_PROMPT_BYTES, not empty."""

@@ -84,19 +84,63 @@ QUEUES = _option("PID_QUEUES", "worker --queue", "the queues a worker takes jobs
 POOL_MAX = 64   # a worker's warm pool at most: each ready sandbox is a running container and two mounted disks
 
 
-def _pool_size(text: str) -> int:
-    """PID_POOL: a whole number from 0 (no pool) to POOL_MAX; anything else is refused, not read as something."""
-    try:
-        size = int(text)
-    except ValueError:
-        size = -1
-    if not 0 <= size <= POOL_MAX:
-        raise ValueError(f"PID_POOL takes a whole number of ready sandboxes from 0 to {POOL_MAX}, not {text!r}")
-    return size
+@dataclass(frozen=True)
+class PoolSizes:
+    """A worker's warm pool: `shared` ready sandboxes among the images without a size of their own, and `per_image`
+    for each image that has one (its name as canonical_image writes it)."""
+    shared: int = 0
+    per_image: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def total(self) -> int:
+        return self.shared + sum(n for _, n in self.per_image)
+
+    def budget(self, image: str) -> tuple[str, int]:
+        """Which share an image's sandboxes come out of ("" for the shared one), and its size."""
+        image = canonical_image(image)
+        return next(((name, n) for name, n in self.per_image if name == image), ("", self.shared))
+
+    def __str__(self) -> str:
+        return ",".join([str(self.shared)] + [f"{name}={n}" for name, n in self.per_image])
 
 
-POOL = _setting("PID_POOL", 0, _pool_size, "ready sandboxes a worker keeps in all, for the job classes it served last",
-                f"as `worker --pool` (0 to {POOL_MAX})")
+def canonical_image(image: str) -> str:
+    """An image as the engine names it: `:latest` where no tag or digest is given (`pid-sandbox` is
+    `pid-sandbox:latest`)."""
+    if "@" in image or ":" in image.rsplit("/", 1)[-1]:
+        return image
+    return image + ":latest"
+
+
+def parse_pool(text: str) -> PoolSizes:
+    """PID_POOL, `worker --pool`: `N` (the shared size), and `IMAGE=N` for an image of its own, comma-separated:
+    `4`, `swe-task:latest=8,2`. Each N a whole number; all together at most POOL_MAX. Anything else is refused."""
+    shared: int | None = None
+    per_image: list[tuple[str, int]] = []
+    for item in (part.strip() for part in text.split(",")):
+        name, _, count = item.rpartition("=")
+        count = count.strip()
+        n = int(count) if count.isascii() and count.isdigit() else -1
+        if not 0 <= n <= POOL_MAX or ("=" in item and not name.strip()):
+            raise ValueError(f"PID_POOL takes a whole number of ready sandboxes from 0 to {POOL_MAX}, or IMAGE=N, "
+                             f"comma-separated, not {text!r}")
+        if not name and shared is not None:
+            raise ValueError(f"PID_POOL gives the shared size twice: {text!r}")
+        if not name:
+            shared = n
+        elif any(canonical_image(name.strip()) == seen for seen, _ in per_image):
+            raise ValueError(f"PID_POOL names the image {name.strip()!r} twice: {text!r}")
+        else:
+            per_image.append((canonical_image(name.strip()), n))
+    sizes = PoolSizes(shared or 0, tuple(per_image))
+    if sizes.total > POOL_MAX:
+        raise ValueError(f"PID_POOL asks for {sizes.total} ready sandboxes in all: at most {POOL_MAX}: {text!r}")
+    return sizes
+
+
+POOL = _setting("PID_POOL", PoolSizes(), parse_pool,
+                "ready sandboxes a worker keeps, for the job classes it served last: `N` in all, `IMAGE=N` for an "
+                "image of its own, comma-separated", f"as `worker --pool` (in all 0 to {POOL_MAX})")
 
 # A worker's housekeeping: read once, as the worker's modules load
 SWEEP_S = _setting("PID_SWEEP_S", 5.0, float, "seconds between a worker's sweeps for lost jobs")

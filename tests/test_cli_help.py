@@ -55,3 +55,11 @@ def test_help_says_which_ids_a_command_takes():
     assert "last" in top and "BATCHDIR/ITEM" in top and "70a672" in top, top
     status = CliRunner().invoke(cli, ["status", "--help"], terminal_width=100).output
     assert "status [OPTIONS] ID\n" in status, status
+
+
+def test_a_bad_pool_size_is_one_line_and_exit_2_before_the_worker_starts():
+    for bad, why in (("65", "from 0 to 64"), ("2,x=63", "65 ready sandboxes in all"), ("=1", "IMAGE=N")):
+        result = CliRunner().invoke(cli, ["worker", "--pool", bad])
+        assert result.exit_code == 2
+        assert "Invalid value for '--pool'" in result.output and why in result.output
+        assert "PID_POOL" not in result.output   # (the option's own words: the user typed --pool)

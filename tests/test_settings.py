@@ -65,19 +65,31 @@ def test_a_setting_is_read_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.TEST_RUN.get() == ""
 
 
-@pytest.mark.parametrize("text", ["-1", "65", "1000000", "2.5", "many", "1e3"])
-def test_a_warm_pool_size_out_of_bounds_is_refused(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+@pytest.mark.parametrize("text,why", [
+    ("-1", "from 0 to 64"), ("65", "from 0 to 64"), ("1000000", "from 0 to 64"), ("2.5", "from 0 to 64"),
+    ("many", "from 0 to 64"), ("1e3", "from 0 to 64"), ("=3", "IMAGE=N"), ("x=", "IMAGE=N"), ("x=-1", "IMAGE=N"),
+    ("\u0663", "from 0 to 64"), ("1,2", "shared size twice"), ("x=1,x:latest=2", "image 'x:latest' twice"),
+    ("4,a=30,b=31", "65 ready sandboxes in all"),
+])
+def test_a_warm_pool_size_out_of_bounds_is_refused(monkeypatch: pytest.MonkeyPatch, text: str, why: str) -> None:
     monkeypatch.setenv(settings.POOL.name, text)
-    with pytest.raises(ValueError, match="from 0 to 64"):
+    with pytest.raises(ValueError, match=re.escape(why)):
         settings.POOL.get()
 
 
-def test_a_warm_pool_size_is_a_whole_number(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_warm_pool_size_is_whole_numbers_in_all_and_per_image(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(settings.POOL.name, raising=False)
-    assert settings.POOL.get() == 0
-    for text, size in (("0", 0), ("3", 3), ("64", 64)):
+    assert settings.POOL.get().total == 0
+    for text, shared, per_image in (("0", 0, ()), ("3", 3, ()), ("64", 64, ()),
+                                    ("swe/task=8, 2", 2, (("swe/task:latest", 8),)),
+                                    ("reg:5000/x:1=2,y@sha256:ab=1", 0, (("reg:5000/x:1", 2), ("y@sha256:ab", 1)))):
         monkeypatch.setenv(settings.POOL.name, text)
-        assert settings.POOL.get() == size
+        sizes = settings.POOL.get()
+        assert (sizes.shared, sizes.per_image) == (shared, per_image)
+        assert settings.parse_pool(str(sizes)) == sizes   # (the CLI hands the worker this text)
+    sizes = settings.parse_pool("2,swe/task=8")
+    assert sizes.budget("swe/task") == sizes.budget("swe/task:latest") == ("swe/task:latest", 8)
+    assert sizes.budget("other:1") == ("", 2) and sizes.total == 10
 
 
 def test_the_settings_module_is_core() -> None:

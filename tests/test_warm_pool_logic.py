@@ -15,6 +15,7 @@ import pytest
 
 from pid.sandbox import SandboxConfig
 from pid.worker import warm_pool
+from pid.settings import PoolSizes, parse_pool
 from pid.worker.warm_pool import WarmPool, class_of
 
 
@@ -102,7 +103,7 @@ def ready(pool: WarmPool) -> int:
 
 
 @contextmanager
-def running_pool(size: int, **options: Any) -> Iterator[tuple[WarmPool, Factory]]:
+def running_pool(size: int | PoolSizes, **options: Any) -> Iterator[tuple[WarmPool, Factory]]:
     """A started pool on stand-in sandboxes (and their factory), closed whatever the test does."""
     factory = Factory()
     pool = WarmPool(size, create=factory, **options).start()
@@ -185,6 +186,34 @@ def test_the_pool_holds_its_size_in_all_shared_by_the_classes_used_last():
             until(lambda: alive(factory) == 2)           # the least recently used class's went
             assert len(pool._classes) == min(n + 1, 2)
     assert alive(factory) == 0
+
+
+def ready_by_image(pool: WarmPool) -> dict[str, int]:
+    return {entry["image"]: entry["ready"] for entry in pool.status() if entry["ready"]}
+
+
+def test_an_image_with_a_size_of_its_own_has_its_own_budget():
+    sizes = parse_pool("1,task-a=3")
+    with running_pool(sizes) as (pool, factory):
+        pool.served(job("a1", image="task-a"))   # (named as the engine does: task-a:latest is its budget)
+        pool.served(job("b1", image="task-b:1"))
+        until(lambda: ready_by_image(pool) == {"task-a": 3, "task-b:1": 1})
+        pool.served(job("c1", image="task-c:1"))   # the shared one goes to the other image used last...
+        until(lambda: ready_by_image(pool) == {"task-a": 3, "task-c:1": 1})
+        for n in range(2):   # ...while task-a's classes share its own 3, never the shared one
+            pool.served(job(f"a{n}", image="task-a", cpus=2.0 + n))
+        until(lambda: ready_cpus(pool) == [1.0, 1.0, 2.0, 3.0] and alive(factory) == 4)   # one each
+        assert ready_by_image(pool) == {"task-a": 3, "task-c:1": 1}
+    assert alive(factory) == 0
+
+
+def test_an_image_of_size_zero_gets_none_when_the_shared_budget_has_room():
+    with running_pool(parse_pool("2,task-a=0")) as (pool, factory):
+        pool.served(job("a1", image="task-a:latest"))
+        pool.served(job("b1", image="task-b:1"))
+        until(lambda: ready_by_image(pool) == {"task-b:1": 2})
+        time.sleep(0.1)
+        assert all(box.container.config.image == "task-b:1" for box in factory.made)
 
 
 def test_the_clone_limit_is_no_class_the_job_gets_its_own_on_hand_over():

@@ -230,19 +230,27 @@ def _start(sender: Any = None, **_: Any) -> None:
     housekeeping.start()
     signals.worker_shutdown.connect(lambda **_: housekeeping.stop(), weak=False)
     try:
-        pool_size = settings.POOL.get()   # (`pid worker --pool` checked it already; a worker started otherwise)
+        pool = settings.POOL.get()   # (`pid worker --pool` checked it already; a worker started otherwise)
     except ValueError as exc:
         jobs_log.error("no warm pool: %s", exc)
-        pool_size = 0
-    if pool_size > 0:
+        pool = settings.PoolSizes()
+    if pool.total > 0:
         from pid.worker import warm_pool
-        warm_pool.start(pool_size)
+        warm_pool.start(pool)
         signals.worker_shutdown.connect(lambda **_: warm_pool.stop(), weak=False)
     if settings.RESULT_BACKEND.raw():
         jobs_log.info("PID_RESULT_BACKEND is set but no longer used: the job store holds every result")
     jobs_log.info("pid worker ready (%s, %d at once, queue %s%s): waiting for jobs (Ctrl-C: finish the running jobs, "
                   "then stop; twice: hand them back and stop)", node, Taking.concurrency, ",".join(Taking.queues),
-                  f", a warm pool of {pool_size} sandboxes" if pool_size > 0 else "")
+                  f", a warm pool of {_pool_words(pool)}" if pool.total > 0 else "")
+
+
+def _pool_words(pool: settings.PoolSizes) -> str:
+    """`4 sandboxes`, `8 sandboxes for swe:latest and 2 for other images`."""
+    parts = [f"{n} for {image}" for image, n in pool.per_image]
+    if not parts:
+        return f"{pool.shared} sandboxes"
+    return " and ".join(parts + [f"{pool.shared} for other images"] * bool(pool.shared))
 
 
 __all__ = ["OnlyWhatCanStart", "WorkerSignals", "start_only_what_can_start"]

@@ -6,9 +6,10 @@ hand-over sets): image, limits, user, disk, runtime, workspace kind, and its tim
 (ttl_band): a ready sandbox outlives its class's longest job by the pool's idle time, so a taken one lives at most
 about twice its job's time to live plus that, never a week for a short job because a long one ran lately.
 
-The pool holds at most `size` ready sandboxes in all, shared among the classes jobs asked for most recently (at most
-`size` classes: the least recently used one goes first, its ready sandboxes removed); a class no job asked for in
-IDLE_S is drained. So a tasks file whose every job is a class of its own makes at most one sandbox per job it starts,
+The pool holds at most `sizes.shared` ready sandboxes in all, shared among the classes jobs asked for most recently
+(at most that many classes: the least recently used one goes first, its ready sandboxes removed); an image with a size
+of its own (`--pool IMAGE=N`) has its own N the same way, for its classes alone. A class no job asked for in IDLE_S is
+drained. So a tasks file whose every job is a class of its own makes at most one sandbox per job it starts,
 never a growing heap. A ready sandbox is made by the job's own creation path (DockerSandbox.create: the same
 hardening, limits, disks and runtime), with a job id of its own (`pool-...`), the label pid.pool (this worker
 process: a SIGKILLed worker's are removed by the next reap on this host, see sandbox/reaper.py reap_orphan_pools) and
@@ -43,6 +44,7 @@ from pid.jobs.identity import process_mark
 from pid.sandbox import DockerProvider, DockerSandbox, SandboxConfig
 from pid.sandbox.config import taken_name
 from pid.sandbox.processes import cgroup_dir, read_small
+from pid.settings import PoolSizes
 
 log = logging.getLogger("pid.worker")
 
@@ -93,11 +95,12 @@ class Wanted:
 
 
 class WarmPool:
-    """At most `size` ready sandboxes, over the classes used most recently. Thread-safe; one refill thread."""
+    """At most `sizes` ready sandboxes, over the classes used most recently. Thread-safe; one refill thread."""
 
-    def __init__(self, size: int, *, idle_s: float = IDLE_S,
+    def __init__(self, sizes: PoolSizes | int, *, idle_s: float = IDLE_S,
                  create: Callable[[SandboxConfig], DockerSandbox] = DockerSandbox.create) -> None:
-        self.size, self.idle_s, self._create = size, idle_s, create
+        self.sizes = PoolSizes(sizes) if isinstance(sizes, int) else sizes
+        self.idle_s, self._create = idle_s, create
         self.identity = process_mark()   # (the pid.pool label: reaper.reap_orphan_pools)
         self._classes: dict[Key, Wanted] = {}
         self._to_close: list[DockerSandbox] = []   # let go: the refill thread removes them, off any job's path
@@ -203,17 +206,25 @@ class WarmPool:
                 self._make(key, config)
 
     def _targets(self) -> dict[Key, int]:
-        """(Holding the lock.) How many ready sandboxes each class may have: `size` shared among the `size` classes
-        used most recently (the most recent get the remainder); the others none."""
-        recent = sorted(self._classes, key=lambda k: self._classes[k].used_at, reverse=True)[:self.size]
-        if not recent:
-            return {}
-        share, extra = divmod(self.size, len(recent))
-        return {key: share + (1 if n < extra else 0) for n, key in enumerate(recent)}
+        """(Holding the lock.) How many ready sandboxes each class may have: each budget (the shared one, an image's
+        own) divided among the at most that many of its classes used most recently (the most recent get the
+        remainder); the others none."""
+        budgets: dict[str, tuple[int, list[Key]]] = {}
+        for key in sorted(self._classes, key=lambda k: self._classes[k].used_at, reverse=True):
+            name, size = self.sizes.budget(self._classes[key].template.image)
+            budgets.setdefault(name, (size, []))[1].append(key)
+        targets: dict[Key, int] = {}
+        for size, keys in budgets.values():
+            recent = keys[:size]
+            if recent:
+                share, extra = divmod(size, len(recent))
+                targets.update({key: share + (1 if n < extra else 0) for n, key in enumerate(recent)})
+        return targets
 
     def _drain(self, now: float) -> None:
-        """(Holding the lock.) Let go (into _to_close) of the classes idle too long or beyond the `size` most recent,
-        of a class's ready sandboxes beyond its share (its oldest), and of those too short-lived for their class."""
+        """(Holding the lock.) Let go (into _to_close) of the classes idle too long or beyond their budget's most
+        recent, of a class's ready sandboxes beyond its share (its oldest), and of those too short-lived for their
+        class."""
         targets = self._targets()
         for key, wanted in list(self._classes.items()):
             keep = [r for r in wanted.ready if r.expires - now >= wanted.ttl_s + SPARE_S]
@@ -329,8 +340,8 @@ class PooledProvider(DockerProvider):
 _active: list[WarmPool] = []   # this worker process's pool, when it has one (`pid worker --pool N`)
 
 
-def start(size: int) -> WarmPool:
-    pool = WarmPool(size).start()
+def start(sizes: PoolSizes) -> WarmPool:
+    pool = WarmPool(sizes).start()
     _active.append(pool)
     return pool
 
