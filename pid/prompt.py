@@ -36,14 +36,16 @@ GUIDELINES = """Guidelines:
 def build_system_prompt(tools: list[ToolSpec], sandbox: Sandbox, *, today: date | None = None,
                         custom: str | None = None) -> str:
     """`custom` (a --system-prompt file's text) replaces the base and wins over the workspace's SYSTEM.md."""
+    # one look for every file below (a workspace with none, the usual case, costs one command, not one per name)
+    present = sandbox.readable_files((SYSTEM_FILES if custom is None else ()) + APPEND_SYSTEM_FILES + CONTEXT_FILES)
     if custom is None:
-        found = load_workspace_file(sandbox, SYSTEM_FILES, MAX_SYSTEM_PROMPT_BYTES)
+        found = load_workspace_file(sandbox, SYSTEM_FILES, MAX_SYSTEM_PROMPT_BYTES, present)
         custom = found[1] if found else None
     lines = [custom.rstrip()] if custom and custom.strip() else default_prompt(tools)   # empty: pi's default too
-    append = load_workspace_file(sandbox, APPEND_SYSTEM_FILES, MAX_SYSTEM_PROMPT_BYTES)
+    append = load_workspace_file(sandbox, APPEND_SYSTEM_FILES, MAX_SYSTEM_PROMPT_BYTES, present)
     if append and append[1].strip():
         lines += ["", append[1].rstrip()]
-    context = load_context_file(sandbox)
+    context = load_context_file(sandbox, present)
     if context:
         name, text = context
         lines += ["", "# Project Context", "", f"## {posixpath.join(sandbox.workdir, name)}", "", text.rstrip()]
@@ -61,15 +63,19 @@ def default_prompt(tools: list[ToolSpec]) -> list[str]:
     return lines + ["", GUIDELINES]
 
 
-def load_context_file(sandbox: Sandbox) -> tuple[str, str] | None:
+def load_context_file(sandbox: Sandbox, present: set[str] | None = None) -> tuple[str, str] | None:
     """AGENTS.md, else CLAUDE.md, at the workspace root."""
-    return load_workspace_file(sandbox, CONTEXT_FILES, MAX_CONTEXT_FILE_BYTES)
+    return load_workspace_file(sandbox, CONTEXT_FILES, MAX_CONTEXT_FILE_BYTES, present)
 
 
-def load_workspace_file(sandbox: Sandbox, names: tuple[str, ...], max_bytes: int) -> tuple[str, str] | None:
+def load_workspace_file(sandbox: Sandbox, names: tuple[str, ...], max_bytes: int,
+                        present: set[str] | None = None) -> tuple[str, str] | None:
     """The first of `names` (relative to the workspace) that is a readable regular file, read inside the sandbox
-    (never on the host), at most `max_bytes` of it: (name, text)."""
+    (never on the host), at most `max_bytes` of it: (name, text). `present`: those of them Sandbox.readable_files
+    found (the others are not tried)."""
     for name in names:
+        if present is not None and name not in present:
+            continue
         try:
             data = sandbox.read_file(posixpath.join(sandbox.workdir, name), max_bytes=max_bytes)
         except OSError:  # missing, a directory, unreadable, or not a regular file

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 
 # A command whose first line is this runs even when the working directory is gone (which makes the agent's own
@@ -87,6 +87,11 @@ class Sandbox(Protocol):
         not a regular file (a FIFO or device would block), TimeoutError after `timeout`, InterruptedError on cancel;
         SandboxError when the sandbox itself fails.
         """
+        ...
+
+    def readable_files(self, paths: Sequence[str], *, timeout: float = 120.0) -> set[str]:
+        """Which of `paths` are regular files the agent can read, in one look (a job's start asks after six:
+        its context files); TimeoutError after `timeout`, SandboxError when the sandbox itself fails."""
         ...
 
     def write_file(self, path: str, data: bytes, *, timeout: float = 120.0,

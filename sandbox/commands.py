@@ -11,7 +11,7 @@ import os
 import posixpath
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from pid.sandbox_api import DEFAULT_OUTPUT, ExecResult, OutputPolicy, SandboxLost
 
@@ -259,6 +259,14 @@ class Commands:
         target = self.abs(path)
         return self._file_op(fileops.read_snippet(self.channels.shell, target, limit), target, emit=limit,
                              timeout=timeout, cancel=cancel)
+
+    def readable_files(self, paths: Sequence[str], *, timeout: float = FILE_TIMEOUT_S) -> set[str]:
+        targets = [self.abs(p) for p in paths]
+        if not targets:
+            return set()
+        found = self._file_op(fileops.readable_snippet(targets), ", ".join(targets), emit=12 * len(targets),
+                              timeout=timeout, cancel=None)
+        return {paths[i] for i in fileops.readable_indexes(found, len(targets))}
 
     def write_file(self, path: str, data: bytes, *, timeout: float = FILE_TIMEOUT_S,
                    cancel: threading.Event | None = None) -> None:

@@ -14,7 +14,7 @@ time they leave here (docker_client.engine_errors).
 from __future__ import annotations
 
 import threading
-from typing import IO, Callable
+from typing import IO, Callable, Sequence
 
 import docker
 
@@ -155,6 +155,10 @@ class DockerSandbox:
     def read_file(self, path: str, *, max_bytes: int | None = None, timeout: float = FILE_TIMEOUT_S,
                   cancel: threading.Event | None = None) -> bytes:
         return self.commands.read_file(path, max_bytes=max_bytes, timeout=timeout, cancel=cancel)
+
+    @engine_errors
+    def readable_files(self, paths: Sequence[str], *, timeout: float = FILE_TIMEOUT_S) -> set[str]:
+        return self.commands.readable_files(paths, timeout=timeout)
 
     @engine_errors
     def write_file(self, path: str, data: bytes, *, timeout: float = FILE_TIMEOUT_S,

@@ -78,6 +78,19 @@ def read_snippet(shell: str, path: str, max_bytes: int) -> bytes:
     return head + b'exec head -c %d -- "$f" 2>/dev/null\n' % max_bytes
 
 
+def readable_snippet(paths: list[str]) -> bytes:
+    """Print the index of each of `paths` that is a regular file the agent can read, one a line (numbers, not the
+    names: the host takes nothing else from what the agent could have placed there)."""
+    names = b" ".join(quote(p) for p in paths)
+    return (ANYWHERE + b"i=0\nfor f in " + names + b'; do [ -f "$f" ] && [ -r "$f" ] && echo "$i"; i=$((i + 1)); '
+            b"done\nexit 0\n")
+
+
+def readable_indexes(output: bytes, count: int) -> set[int]:
+    """readable_snippet's answer: its indexes below `count` (anything else in it is ignored)."""
+    return {int(line) for line in output.split() if line.isdigit() and int(line) < count}
+
+
 def write_snippet(shell: str, path: str, size: int) -> bytes:
     """Create or overwrite `path` (parents made, mode kept) with the `size` bytes of the uploaded file "$1"."""
     body = ANYWHERE + b"f=" + quote(path) + b"\n" + _CHECK_WRITE.encode() + b"exec 2>/dev/null\n"

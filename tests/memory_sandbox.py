@@ -22,7 +22,7 @@ import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Mapping, Union
+from typing import IO, Any, Callable, Mapping, Sequence, Union
 
 from pid.sandbox_api import DEFAULT_OUTPUT, ExecResult, OutputPolicy, SandboxError, SandboxLost
 from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped
@@ -95,6 +95,7 @@ class MemorySandbox:
         self.keep_output_max: int | None = None   # a kept output holds only its last this-many bytes (its front
         #                                           reads as NUL bytes, as after the Docker sandbox's trimming)
         self.calls: list[ExecCall] = []
+        self.looks: list[list[str]] = []   # each readable_files call's paths
         self.removed_by_pid = False
         self.closed = False
         self.base: dict[str, bytes] | None = None   # the workspace as import_workspace left it
@@ -219,6 +220,11 @@ class MemorySandbox:
                 raise _error(OSError, errno.EINVAL, target)
             data = self.files[target]
         return data if max_bytes is None else data[:max(0, max_bytes)]
+
+    def readable_files(self, paths: Sequence[str], *, timeout: float = 120.0) -> set[str]:
+        with self._lock:
+            self.looks.append(list(paths))
+            return {p for p in paths if (t := self._abs(p)) in self.files and t not in self.denied}
 
     def write_file(self, path: str, data: bytes, *, timeout: float = 120.0,
                    cancel: threading.Event | None = None) -> None:

@@ -54,3 +54,17 @@ def test_a_system_md_that_is_a_directory_is_skipped():
     box = MemorySandbox(files={"SYSTEM.md": "ROOT"})
     box.dirs.add("/workspace/.pi/SYSTEM.md")
     assert build_system_prompt(default_registry().specs(), box, today=TODAY).startswith("ROOT\n")
+
+
+def test_the_workspace_is_looked_at_once_and_only_the_files_found_are_read():
+    box = MemorySandbox(files={"AGENTS.md": "ctx", "CLAUDE.md": "not this one"})
+    reads: list[str] = []
+    read = box.read_file
+    box.read_file = lambda path, **kw: reads.append(path) or read(path, **kw)   # type: ignore[method-assign]
+    text = build_system_prompt(default_registry().specs(), box, today=TODAY)
+    assert box.looks == [[".pi/SYSTEM.md", "SYSTEM.md", ".pi/APPEND_SYSTEM.md", "APPEND_SYSTEM.md", "AGENTS.md",
+                          "CLAUDE.md"]]
+    assert reads == ["/workspace/AGENTS.md"] and text.endswith("ctx" + TAIL)
+    box.looks.clear()
+    build_system_prompt(default_registry().specs(), box, today=TODAY, custom="MINE")
+    assert box.looks == [[".pi/APPEND_SYSTEM.md", "APPEND_SYSTEM.md", "AGENTS.md", "CLAUDE.md"]]

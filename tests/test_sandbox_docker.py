@@ -764,6 +764,17 @@ def test_fifos_and_devices_are_refused_not_blocked_on(sb):
     assert sb.read_file("plainfile") == b"x"
 
 
+def test_readable_files_is_one_look_that_names_only_readable_regular_files(sb):
+    sb.exec("rm -rf look && mkdir -p look/dir && cd look && echo a > plain && echo b > \"it's\n odd\" && "
+            "echo c > locked && chmod 000 locked && ln -sf plain link && ln -sf gone dangling && mkfifo pipe",
+            timeout=10)
+    names = ["look/plain", "look/it's\n odd", "look/locked", "look/link", "look/dangling", "look/pipe",
+             "look/dir", "look/missing", "/dev/zero", "/workspace/look/plain"]
+    assert sb.readable_files(names) == {"look/plain", "look/it's\n odd", "look/link", "/workspace/look/plain"}
+    assert sb.readable_files([]) == set()
+    assert sb.read_file("look/plain") == b"a\n"   # the channel is still in step
+
+
 def test_the_agent_is_unprivileged_and_git_works(sb):
     result = sb.exec("set -e; id -u; id -g; grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status; "
                      "cd /tmp && rm -rf g && git init -q g && cd g && echo a > f && git add f && "
