@@ -73,6 +73,20 @@ def ignore(text: str) -> None:
 
 
 @dataclass
+class _Following:
+    """What Run.follow keeps between its passes over the store."""
+    progress: Progress
+    display: Display
+    downloads: ThreadPoolExecutor
+    outage: WaitingThrough
+    pending: dict[str, Future[dict[str, Any]]] = field(default_factory=dict)   # job id -> its download
+    cancelled_at: float | None = None   # when an interrupt cancelled the jobs
+    stop_seen: bool = False             # the batch's cancel mark, acted on
+    budget_ended: bool = False          # the budget was spent, and the queued items cancelled
+    last_rows: float = 0.0              # when batch.jsonl was last written
+
+
+@dataclass
 class Run:
     """One run over the batch directory: what it submits, waits for, downloads and records."""
     bdir: BatchDir
@@ -195,80 +209,22 @@ class Run:
         a second interrupt()); `tracked` holds those still ending. Whatever stops it (KeyboardInterrupt
         included), batch.jsonl keeps the items that ended; stopped early, the downloads not begun are dropped (a
         rerun makes them), and a KeyboardInterrupt cancels the jobs first, then waits for the downloads begun."""
-        progress = Progress(total=len(self.bdir.order))
-        downloads = ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="pid-batch-download")
-        pending: dict[str, Future[dict[str, Any]]] = {}
-        cancelled_at: float | None = None
-        budget_ended = False
-        last_rows = 0.0
-        ended = stop_seen = False
-        outage = WaitingThrough(lambda text: display.note(f"pid: {text}"))
+        f = _Following(Progress(total=len(self.bdir.order)), display,
+                       ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="pid-batch-download"),
+                       WaitingThrough(lambda text: display.note(f"pid: {text}")))
+        ended = False
         try:
-            while self.tracked or pending:
-                if self.interrupted > 1 and outage.since is not None:
+            while self.tracked or f.pending:
+                if self.interrupted > 1 and f.outage.since is not None:
                     break   # (the store is down: a second Ctrl-C stops waiting for it)
                 try:
-                    records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
-                    if self.interrupted and cancelled_at is None:
-                        cancelled_at = time.monotonic()
-                        self._cancel_all(records, display)
-                        records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
-                    if not stop_seen and self.bdir.cancelled():   # the batch cancelled elsewhere: what this run
-                        stop_seen = True                          # submitted since goes too, and none again
-                        if not self.stopped and self.specs:   # (a run that submits nothing has nothing to say)
-                            display.note(CANCELLED_NOTE)
-                        self.stopped = True
-                        self.cancel_tracked(records, display.note)
-                        records = {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
-                    if cancelled_at is not None and (self.interrupted > 1 or
-                                                     time.monotonic() - cancelled_at > CANCEL_WAIT_S):
+                    if not self._follow_pass(f):
                         break
-                    for job_id, item_id in list(self.tracked.items()):
-                        record = records.get(job_id)
-                        if record is None:       # gone from the store (expired): it never ended for this batch
-                            del self.tracked[job_id]
-                            if not self.interrupted and not self.stopped and item_id in self.specs:
-                                self.submit([item_id])
-                        elif record.terminal and job_id not in pending:
-                            pending[job_id] = downloads.submit(self._finish_item, job_id, item_id, record)
-                    for job_id, future in list(pending.items()):
-                        if not future.done():
-                            continue
-                        del pending[job_id]
-                        row = future.result()   # (a store's outage raised here: the next poll downloads it again)
-                        item_id = self.tracked.pop(job_id)
-                        self.bdir.rows[item_id] = row
-                        progress.ended_now += 1
-                        count(progress, self.bdir, records, self.tracked)
-                        display.item_ended(row, progress)
-                        cancelled_here = job_id in self.watched and row.get("status") == "cancelled"
-                        if (job_id in self.adopted and not self.interrupted and not self.stopped and not cancelled_here
-                                and item_id in self.specs and needs_run(row, self.retry_failed)
-                                and row.get("exit_reason") != "batch_budget"):
-                            display.note(f"pid: {one_line(item_id)}: its earlier job ended "
-                                         f"{ending_words(row['status'], row['exit_reason'])}: submitted again")
-                            self.submit([item_id])   # an earlier run's job, cancelled (or failed, --retry-failed)
-                    if not budget_ended:
-                        info = self.store.batch(self.bdir.batch_id)
-                        progress.budget = info.max_total_cost if info else None
-                        if info is not None and info.exhausted:
-                            from pid.jobs.batch_budget import budget_note, end_queued
-                            budget_ended = True
-                            if end_queued(self.store, self.bdir.batch_id, budget_note(info)):
-                                display.note(f"pid: {budget_note(info)}: the queued items are cancelled")
-                    if self.local is not None and not self.local.alive() and self.tracked:
-                        display.note(f"pid: the local worker stopped (see {self.local.log_path})")
-                        self.local = None
-                    count(progress, self.bdir, records, self.tracked)
-                    display.update(progress)
-                    if time.monotonic() - last_rows >= ROWS_EVERY_S:
-                        self.bdir.write_rows()
-                        last_rows = time.monotonic()
-                    outage.reached()
+                    f.outage.reached()
                 except Exception as exc:   # the store unreachable (a Redis restarting): waited through, a while
-                    if not outage.bear(exc):
+                    if not f.outage.bear(exc):
                         raise
-                if self.tracked or pending:   # one query for all: less often for thousands of jobs
+                if self.tracked or f.pending:   # one query for all: less often for thousands of jobs
                     time.sleep(min(POLL_MAX_S, max(POLL_S, len(self.tracked) / 500)))
             ended = not self.interrupted
         except KeyboardInterrupt:   # (pid.batch's): the jobs cancelled before any wait for the downloads
@@ -277,11 +233,89 @@ class Run:
         finally:
             self.stopping = True   # (from here a further Ctrl-C of `pid batch` raises: cli/batch_run.py)
             try:   # stopped: the downloads not begun are dropped (a rerun fetches those items again)
-                downloads.shutdown(wait=True, cancel_futures=not ended)
+                f.downloads.shutdown(wait=True, cancel_futures=not ended)
             finally:
                 display.stop()
                 self.bdir.write_rows()
         return self.summary()
+
+    def _follow_pass(self, f: _Following) -> bool:
+        """One look at the store for all the batch's jobs: stops acted on, ended jobs downloaded and recorded, the
+        budget and the local workers checked, the display updated. False: stop following (interrupted, and the
+        jobs had their time to end)."""
+        records = self._records()
+        if self.interrupted and f.cancelled_at is None:
+            f.cancelled_at = time.monotonic()
+            self._cancel_all(records, f.display)
+            records = self._records()
+        if not f.stop_seen and self.bdir.cancelled():   # the batch cancelled elsewhere: what this run
+            f.stop_seen = True                          # submitted since goes too, and none again
+            if not self.stopped and self.specs:   # (a run that submits nothing has nothing to say)
+                f.display.note(CANCELLED_NOTE)
+            self.stopped = True
+            self.cancel_tracked(records, f.display.note)
+            records = self._records()
+        if f.cancelled_at is not None and (self.interrupted > 1 or time.monotonic() - f.cancelled_at > CANCEL_WAIT_S):
+            return False
+        self._download_ended(records, f)
+        self._record_downloaded(records, f)
+        if not f.budget_ended:
+            self._check_budget(f)
+        if self.local is not None and not self.local.alive() and self.tracked:
+            f.display.note(f"pid: the local worker stopped (see {self.local.log_path})")
+            self.local = None
+        count(f.progress, self.bdir, records, self.tracked)
+        f.display.update(f.progress)
+        if time.monotonic() - f.last_rows >= ROWS_EVERY_S:
+            self.bdir.write_rows()
+            f.last_rows = time.monotonic()
+        return True
+
+    def _records(self) -> dict[str, JobRecord]:
+        return {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}
+
+    def _download_ended(self, records: dict[str, JobRecord], f: _Following) -> None:
+        """Each tracked job that ended gets its download begun; one gone from the store (expired: it never ended
+        for this batch) is submitted again."""
+        for job_id, item_id in list(self.tracked.items()):
+            record = records.get(job_id)
+            if record is None:
+                del self.tracked[job_id]
+                if not self.interrupted and not self.stopped and item_id in self.specs:
+                    self.submit([item_id])
+            elif record.terminal and job_id not in f.pending:
+                f.pending[job_id] = f.downloads.submit(self._finish_item, job_id, item_id, record)
+
+    def _record_downloaded(self, records: dict[str, JobRecord], f: _Following) -> None:
+        """Each finished download becomes its item's row (and is shown); an earlier run's job that was cancelled
+        (or failed, with --retry-failed) is submitted again."""
+        for job_id, future in list(f.pending.items()):
+            if not future.done():
+                continue
+            del f.pending[job_id]
+            row = future.result()   # (a store's outage raised here: the next poll downloads it again)
+            item_id = self.tracked.pop(job_id)
+            self.bdir.rows[item_id] = row
+            f.progress.ended_now += 1
+            count(f.progress, self.bdir, records, self.tracked)
+            f.display.item_ended(row, f.progress)
+            cancelled_here = job_id in self.watched and row.get("status") == "cancelled"
+            if (job_id in self.adopted and not self.interrupted and not self.stopped and not cancelled_here
+                    and item_id in self.specs and needs_run(row, self.retry_failed)
+                    and row.get("exit_reason") != "batch_budget"):
+                f.display.note(f"pid: {one_line(item_id)}: its earlier job ended "
+                               f"{ending_words(row['status'], row['exit_reason'])}: submitted again")
+                self.submit([item_id])
+
+    def _check_budget(self, f: _Following) -> None:
+        """The batch's cost budget: once spent, its queued items are cancelled (once)."""
+        info = self.store.batch(self.bdir.batch_id)
+        f.progress.budget = info.max_total_cost if info else None
+        if info is not None and info.exhausted:
+            from pid.jobs.batch_budget import budget_note, end_queued
+            f.budget_ended = True
+            if end_queued(self.store, self.bdir.batch_id, budget_note(info)):
+                f.display.note(f"pid: {budget_note(info)}: the queued items are cancelled")
 
     def close(self) -> None:
         """Stop the local workers (`--workers N`), if any: a job still running goes back to the queue. Then let
