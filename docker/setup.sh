@@ -106,6 +106,9 @@ if [ "${1:-}" = "--test" ]; then
   tier -n 4 -m "not docker and not cli and not llama" "${@:2}"
   say "running the CLI and Docker tests"
   tier -n 4 --dist loadgroup -m "docker or cli" "${@:2}"
+  # The trust boundary again, every sandbox taken from a worker's warm pool (made before its job, then handed over)
+  say "running the trust-boundary tests on sandboxes from a warm pool"
+  PID_TEST_POOL=1 tier -n 4 -p no:cacheprovider -m docker tests/test_trust_boundary.py
   # The deployment as users run it (docs/deploy.md): docker/compose.yaml brought up for real, jobs
   # through its client, a worker killed, torn down; its images are built the first time (a few minutes), then kept.
   say "running the compose stack end to end (docker/compose-smoke.sh)"
@@ -117,12 +120,13 @@ if [ "${1:-}" = "--test" ]; then
   say "running the tests against a real llama-server"
   tier -m llama "${@:2}"
   if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
-    say "running the tool, task-image, trust-boundary and chaos tests again under gVisor (runsc)"
+    say "running the tool, task-image, trust-boundary (also pooled) and chaos tests again under gVisor (runsc)"
     # One process: gVisor's ptrace platform spends CPU per system call, and four at once on two cores ran the
     # 100-job batches and a deep repository's collection past their deadlines.
     PID_TEST_RUNTIME=runsc tier -p no:cacheprovider -m docker tests/test_tools_bash.py \
       tests/test_tools_read.py tests/test_tools_edit.py tests/test_tools_write.py tests/test_task_images.py \
       tests/test_trust_boundary.py tests/test_worker_chaos.py
+    PID_TEST_RUNTIME=runsc PID_TEST_POOL=1 tier -p no:cacheprovider -m docker tests/test_trust_boundary.py
   elif [[ "${CI:-}" =~ ^(1|[Tt][Rr][Uu][Ee])$ ]]; then
     # in CI a missing service is an error, not a skip (tests/services.py): the gVisor run is part of the suite
     echo "CI is set, and dockerd has no runsc runtime: the gVisor tests did not run (see above for why)" >&2
