@@ -21,7 +21,7 @@ from pid.sandbox_api import OutputPolicy, SandboxLost
 from pid.sandbox import DockerSandbox, SandboxConfig, SandboxError, commands, launch
 from pid.sandbox.channel import ProtocolError
 from tests import deep_tree
-from tests.conftest import RUNTIME, WAITING_SHELL_MARK, signal_waiting_shells, signalled
+from tests.conftest import RUN_ID, RUNTIME, WAITING_SHELL_MARK, signal_waiting_shells, signalled
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.docker  # the whole module needs an engine
@@ -51,8 +51,9 @@ POOLED = os.environ.get("PID_TEST_POOL") == "1"   # every sandbox below comes fr
 
 
 def new_box(job_id: str, **config) -> DockerSandbox:
-    """A job's sandbox; with PID_TEST_POOL=1, one a warm pool made ready, then taken (worker/warm_pool.py)."""
-    box_config = SandboxConfig(image=IMAGE, runtime=RUNTIME, job_id=job_id, **config)
+    """A job's sandbox; with PID_TEST_POOL=1, one a warm pool made ready, then taken (worker/warm_pool.py) and
+    renamed for its job: the id is this test run's own, as another run's (xdist) would take the same name."""
+    box_config = SandboxConfig(image=IMAGE, runtime=RUNTIME, job_id=f"{job_id}-{RUN_ID}", **config)
     return pooled(box_config) if POOLED else DockerSandbox.create(box_config)
 
 
