@@ -29,6 +29,7 @@ from typing import Callable, Mapping
 
 from pid.sandbox_api import OutputPolicy
 
+from . import drop_helper
 from .errors import SandboxError
 from .frames import BoundedReader, FrameReader, PipeReader, ReplyTooLarge, StreamClosed, wait_ready
 
@@ -65,22 +66,29 @@ _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)   # (Linux, the BSDs, macOS)
 
 
 def install_script(api, container_id: str, host_dir: str | None) -> None:
-    """Put channel.sh into /.pid, root-owned: the agent may read the script, never change it. With a job disk, /.pid
-    is a fresh directory of it on the host, written before the container starts (no engine request); otherwise the
-    script goes in as a tar stream through the API (no exec)."""
-    if host_dir is not None:
-        fd = os.open(os.path.join(host_dir, "channel.sh"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o555)
-        with os.fdopen(fd, "wb") as f:
-            f.write(SCRIPT)
+    """Put channel.sh, and pid's privilege drop where there is one (drop_helper.py), into /.pid, root-owned: the
+    agent may read them, never change them. With a job disk, /.pid is a fresh directory of it on the host, written
+    before the container starts (no engine request); otherwise they go in as a tar stream through the API (no
+    exec)."""
+    drop = drop_helper.program()
+    files = {"channel.sh": (SCRIPT, 0o555), drop_helper.NAME: (drop or b"", 0o555 if drop else 0o444)}
+    if host_dir is not None:   # (a fresh directory: without a drop of pid's there is none, and setpriv is used)
+        for name, (data, mode) in files.items():
+            if not data:
+                continue
+            fd = os.open(os.path.join(host_dir, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
         return
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         folder = tarfile.TarInfo(PID_DIR.lstrip("/"))
         folder.type, folder.mode = tarfile.DIRTYPE, 0o711
         tar.addfile(folder)
-        script = tarfile.TarInfo(f"{folder.name}/channel.sh")
-        script.size, script.mode = len(SCRIPT), 0o555
-        tar.addfile(script, io.BytesIO(SCRIPT))
+        for name, (data, mode) in files.items():   # (an empty, unexecutable drop replaces any the image has)
+            member = tarfile.TarInfo(f"{folder.name}/{name}")
+            member.size, member.mode = len(data), mode
+            tar.addfile(member, io.BytesIO(data))
     try:
         api.put_archive(container_id, "/", buffer.getvalue())
     except Exception as exc:

@@ -23,8 +23,9 @@
 #
 # TRUST. This server and its files are pid's; the commands it starts are the agent's (a root agent, `--user root`,
 # shares pid's uid: then none of this holds, and the host still bounds every reply in bytes and time).
-#  - Privilege drop: every agent command, and every file read or write the tools make, runs through `setpriv` as the
-#    agent's uid and gid, no supplementary groups, no capabilities at all; no-new-privileges on the container keeps
+#  - Privilege drop: every agent command, and every file read or write the tools make, runs through pid's drop
+#    (/.pid/drop, sandbox/drop.c: a few system calls) or else the image's `setpriv`, as the agent's uid and gid, no
+#    supplementary groups, no capabilities at all; no-new-privileges on the container keeps
 #    set-uid binaries from bringing any back. It runs in its own process group (the kill target) from a fixed PATH.
 #  - Who can write where: the server's FIFOs are in /.pid/run (0700, root), command outputs in /.pid/out (0711: the
 #    agent can read a file whose name it is told, never list, create or replace one). With a job disk both live on
@@ -47,7 +48,8 @@ MARK=/.pid/run/mark.$CID
 N=0            # output files made so far (<id>.<n>)
 JUNK= JUNKN=0  # output files nobody needs any more, removed 32 at a time (one rm, not one per request)
 UMASK=022
-DROP=          # "setpriv ... " for an agent that is not root (set in op_hello)
+DROP=          # for an agent that is not root (set in op_hello): "/.pid/drop <uid> <gid>", else "setpriv ..."
+DROPBIN=/.pid/drop   # pid's own privilege drop (sandbox/drop.c), put here by the host where it could build one
 SETSID=setsid
 SHBIN=sh
 SHELL_=sh
@@ -213,15 +215,17 @@ op_hello() {  # h nonce: set up /.pid (control) and this server (both)
         chmod 711 /.pid /.pid/out && chmod 700 /.pid/run || { say F "$nonce" "cannot set up /.pid"; return; }
         mkdir -p /.pid/git "$WD" && chown "$UID_:$GID_" "$WD" || { say F "$nonce" "cannot create $WD"; return; }
         [ -z "${HOME:-}" ] || { mkdir -p "$HOME" && chown "$UID_:$GID_" "$HOME"; }
-        [ "$UID_" = 0 ] || command -v setpriv >/dev/null 2>&1 || {
+        [ "$UID_" = 0 ] || [ -x "$DROPBIN" ] || command -v setpriv >/dev/null 2>&1 || {
             say F "$nonce" "the image has no setpriv (util-linux), needed to run commands as a non-root user; use --user root or add util-linux"
             return; }
         UMASK=077   # pid's own outputs: for pid's eyes only
     fi
     umask "$UMASK"
     SETSID=$(command -v setsid) || SETSID=setsid
-    [ "$ROLE" != agent ] || [ "$UID_" = 0 ] ||
-        DROP="$(command -v setpriv) --reuid=$UID_ --regid=$GID_ --clear-groups --inh-caps=-all --bounding-set=-all"
+    if [ "$ROLE" != agent ] || [ "$UID_" = 0 ]; then :
+    elif [ -x "$DROPBIN" ]; then DROP="$DROPBIN $UID_ $GID_"   # (it runs the program as named: SHBIN is absolute)
+    else DROP="$(command -v setpriv) --reuid=$UID_ --regid=$GID_ --clear-groups --inh-caps=-all --bounding-set=-all"
+    fi
     SHBIN=$(command -v "$SHELL_") || SHBIN=$SHELL_
     cd /   # commands cd to the workdir themselves; a shell started in a directory since removed complains
     hello_more
@@ -391,7 +395,7 @@ say_pieces() {  # say_head for a file with NUL bytes: the pieces between them, j
     printf '%s' "${parts[-1]}"
 }
 # The slot shells. Each is started ahead of time, already dropped to the agent, blocked reading its command from its
-# FIFO, so that start-up (setpriv, bash: ~2 ms) is off the request path; two alternate, so back-to-back requests
+# FIFO, so that start-up (the drop, bash: ~2 ms) is off the request path; two alternate, so back-to-back requests
 # still find one up. Each is a fresh bash in its own process group that evaluates its command as `bash -c` would.
 # Who can write its FIFO: the server holds both FIFOs read-write (fds 4, 5) for its life, so nothing blocks in
 # open(); each shell opens its own anew, read-only, while still root (fd 3): the agent, who may ptrace its own
@@ -399,7 +403,7 @@ say_pieces() {  # say_head for a file with NUL bytes: the pieces between them, j
 # can shrink the pipe to one page, so no more than one page ever goes into a FIFO (an empty pipe takes it at once,
 # stopped reader or not): a longer command goes through a file of root's, and the FIFO gets "<length> <file>".
 # A command that arrives cut short (that file on a full disk) is not run at all (status 125).
-# Locale: setpriv and bash start in C (setpriv would load a dozen locale files for nothing); the shell loads the
+# Locale: the drop and bash start in C (setpriv would load a dozen locale files for nothing); the shell loads the
 # agent's locale ($3: the image's LC_ALL, else its LANG) before it waits, reads the command in C (a byte count), and
 # is back in the agent's locale before the command runs. The umask is set before the wait, the directory after it.
 # The image's loader and shell variables come back here alone (image_env.py), BASH_ENV read quietly as bash would.
@@ -449,7 +453,7 @@ ready() {  # $1 slot: PID <- its waiting shell, a new one if it is gone (what th
     fi
     PID=${Z[$1]} POUT=${ZO[$1]}
 }
-refill() {  # start the used slot's successor (a fork, setpriv and bash: ~5 ms of CPU) while a command runs, or
+refill() {  # start the used slot's successor (a fork, the drop and bash: ~4 ms of CPU) while a command runs, or
     # after ~1 ms of quiet: not at once, a reply wakes the host's reader on this CPU
     DUE=
     table_full && return 0   # (ready starts it when it is needed and possible)

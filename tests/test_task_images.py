@@ -199,6 +199,37 @@ def test_a_tree_pid_s_tools_could_load_or_run_from_is_never_the_agent_s(request,
 
 
 @pytest.mark.docker
+def test_an_image_without_setpriv_runs_a_non_root_agent_through_pid_s_own_drop(request, tmp_path, monkeypatch):
+    """Every agent command drops its privileges through /.pid/drop (sandbox/drop.c), so an image without util-linux
+    works, the agent as unprivileged as through setpriv; without pid's drop (no compiler on the host) it is refused
+    with the reason."""
+    from pid.sandbox import DockerSandbox, SandboxConfig, drop_helper
+    from pid.sandbox.errors import SandboxError
+    assert drop_helper.program() is not None   # (the test machine has a C compiler)
+    (tmp_path / "Dockerfile").write_text(f"FROM {IMAGE}\nRUN rm /usr/bin/setpriv\n")
+    tag = f"pid-test-nosetpriv:{RUN_ID.lower()}"
+    subprocess.run(["docker", "build", "-q", "--network", "none", "-t", tag, str(tmp_path)], check=True,
+                   capture_output=True, timeout=300)
+    try:
+        for disk in ({}, {"disk": 0}):   # /.pid written before the start, or put in through the engine
+            box = DockerSandbox.create(SandboxConfig(image=tag, job_id="test-no-setpriv", runtime=RUNTIME, **disk))
+            try:
+                done = box.exec("id -u; id -G; grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb)' /proc/self/status; "
+                                "command -v setpriv || echo none", timeout=30)
+                lines = done.tail.decode().splitlines()
+                assert lines[:2] == ["1000", "1000"], lines
+                assert [line.split()[1] for line in lines[2:7]] == ["0000000000000000"] * 5, lines
+                assert lines[7] == "none"
+            finally:
+                box.close()
+        monkeypatch.setattr(drop_helper, "program", lambda: None)
+        with pytest.raises(SandboxError, match="the image has no setpriv"):
+            DockerSandbox.create(SandboxConfig(image=tag, job_id="test-no-setpriv", runtime=RUNTIME)).close()
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
+
+
+@pytest.mark.docker
 def test_a_workdir_the_image_lacks_is_a_clear_error(task_image):
     from pid.sandbox import SandboxConfig, SandboxError
     from pid.sandbox import DockerSandbox

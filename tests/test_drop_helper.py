@@ -1,0 +1,66 @@
+"""pid's privilege drop (sandbox/drop.c, built by sandbox/drop_helper.py), run here on the host as root would run it
+in a container: what it leaves the program, what it refuses, and how it is built and kept. (In a container, under
+runc and gVisor: tests/test_task_images.py, tests/test_trust_boundary.py.)"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pid.sandbox import drop_helper
+
+pytestmark = pytest.mark.cli
+
+
+@pytest.fixture
+def built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The program, built afresh into a cache of this test's own."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    drop_helper.program.cache_clear()
+    try:
+        data = drop_helper.program()
+    finally:
+        drop_helper.program.cache_clear()
+    assert data is not None and data.startswith(b"\x7fELF") and len(data) < 16384
+    path = tmp_path / "drop"
+    path.write_bytes(data)
+    path.chmod(0o555)
+    return path
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the drop changes ids: only root may")
+def test_the_program_runs_with_the_ids_and_no_capability_or_group_left(built: Path):
+    out = subprocess.run([str(built), "1000", "1001", "/bin/sh", "-c",
+                          "id -u; id -g; id -G; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs)' /proc/self/status"],
+                         capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and lines[:3] == ["1000", "1001", "1001"], out
+    assert {line.split()[0]: line.split()[1] for line in lines[3:] if line.startswith("Cap")} == {
+        "CapInh:": "0" * 16, "CapPrm:": "0" * 16, "CapEff:": "0" * 16, "CapBnd:": "0" * 16, "CapAmb:": "0" * 16}
+
+
+@pytest.mark.parametrize("args", [[], ["1000", "1000"], ["x", "1000", "/bin/true"], ["1000", "-1", "/bin/true"],
+                                  ["1000", "1000", "true"], ["99999999999", "1", "/bin/true"],
+                                  ["1000", "1000", "/no/such/program"]])
+def test_bad_arguments_or_a_missing_program_run_nothing(built: Path, args: list[str]):
+    out = subprocess.run([str(built), *args], capture_output=True, timeout=30)
+    assert out.returncode == 127 and out.stdout == b"" and out.stderr == b""
+
+
+def test_it_is_built_once_and_kept_by_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    drop_helper.program.cache_clear()
+    try:
+        first = drop_helper.program()
+        kept = list((tmp_path / "pid").iterdir())
+        assert first is not None and len(kept) == 1 and kept[0].read_bytes() == first
+        drop_helper.program.cache_clear()
+        monkeypatch.setenv("CC", "/nonexistent/cc")   # (a second build could not happen: the kept one is read)
+        assert drop_helper.program() == first
+        drop_helper.program.cache_clear()
+        kept[0].write_bytes(b"not a program")          # a damaged cache is built again; without a compiler, none
+        assert drop_helper.program() is None
+    finally:
+        drop_helper.program.cache_clear()
