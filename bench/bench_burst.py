@@ -1,13 +1,14 @@
 """Benchmark: a burst — N jobs submitted together to one idle `pid worker --concurrency N` — until the last of them
 reaches the model, beside the engine's own rate of starting containers in parallel, measured in the same run.
 
-The jobs go in by one `pid.submit_batch` (the repository packed once, every job queued at once); the clock starts
-as it is called and stops at the last job's first model request. The engine alone: 32 containers of the sandbox
+The jobs go in by one `pid batch --detach` (the repository packed once, every job queued at once); the clock starts
+as the command starts and stops at the last job's first model request. `--tree DIR` runs another checkout's pid
+(an older commit, for a comparison in the same minutes). The engine alone: 32 containers of the sandbox
 image created and started 16 at a time with the docker SDK (no pid), before and after the burst.
 
 Targets (issue 24): 32 jobs all at the model within 8 s; jobs started per second >= 80 % of the engine's rate.
 
-    python bench/bench_burst.py [--jobs 32] [--pool 0] [--rounds 2]
+    python bench/bench_burst.py [--jobs 32] [--pool 0] [--rounds 2] [--tree DIR]
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ def engine_rate(count: int = 32, parallel: int = 16) -> float:
     finally:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda cid: client.api.remove_container(cid, force=True), made))
+        client.close()
 
 
 def wait_for_pool(home: str, want: int, timeout: float = 300) -> None:
@@ -65,29 +67,33 @@ def wait_for_pool(home: str, want: int, timeout: float = 300) -> None:
         if sum(not any(n.startswith("/pid-job-") for n in c.get("Names") or []) for c in listed) >= want:
             return
         time.sleep(0.2)
+    client.close()
     raise SystemExit(f"the worker's warm pool did not reach {want} ready sandboxes")
 
 
-def burst(jobs: int, pool: int) -> tuple[float, float]:
+def burst(jobs: int, pool: int, tree: str) -> tuple[float, float]:
     """(seconds from the submission to the last job's first model request, the submission's own seconds)."""
+    pid_cli = [sys.executable, "-m", "pid.cli.main" if os.path.isdir(os.path.join(tree, "pid", "cli")) else "cli.main"]
     with tempfile.TemporaryDirectory(prefix="pid-bench-burst-") as root:
         home = os.path.join(root, "home")
-        env = dict(os.environ, PID_HOME=home, PYTHONPATH=ROOT)
+        env = dict(os.environ, PID_HOME=home, PYTHONPATH=tree)
         repo = small_repo(root)
         log_path = os.path.join(root, "worker.log")
         with open(log_path, "w") as log:
-            worker = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker", "--concurrency", str(jobs),
-                                       "--pool", str(pool)], env=env, stdout=log, stderr=subprocess.STDOUT)
+            worker = subprocess.Popen([*pid_cli, "worker", "--concurrency", str(jobs),
+                                       *(["--pool", str(pool)] if pool else [])],
+                                      env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tree)
         try:
             while "ready" not in Path(log_path).read_text():
                 if worker.poll() is not None:
                     raise SystemExit(Path(log_path).read_text())
                 time.sleep(0.05)
-            os.environ["PID_HOME"] = home
-            import pid
+            model = ["--model", "m", "--base-url", "", "--api-key", "k"]
             with ScriptedLLM(responder=lambda body: {"text": "done"}) as llm:
+                model[3] = llm.base_url
                 if pool:   # one job first makes the class known; then the pool fills
-                    pid.submit("warm", repo, model="m", base_url=llm.base_url, api_key="k").wait(120)
+                    subprocess.run([*pid_cli, "submit", "warm", "--repo", repo, *model, "--wait"], env=env,
+                                   cwd=tree, check=True, capture_output=True, timeout=300)
                     wait_for_pool(home, pool)
                     llm.arrived.clear()
                 tasks = os.path.join(root, "tasks.jsonl")
@@ -96,7 +102,8 @@ def burst(jobs: int, pool: int) -> tuple[float, float]:
                         f.write(json.dumps({"id": f"b{n}", "task": f"burst {n}", "repo": repo}) + "\n")
                 time.sleep(1)   # the worker idle
                 started = time.time()
-                pid.submit_batch(tasks, os.path.join(root, "out"), model="m", base_url=llm.base_url, api_key="k")
+                subprocess.run([*pid_cli, "batch", tasks, "--out", os.path.join(root, "out"), "--detach", *model],
+                               env=env, cwd=tree, check=True, capture_output=True, timeout=300)
                 submitted = time.time() - started
                 deadline = time.time() + 300
                 while len(llm.arrived) < jobs:
@@ -115,10 +122,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=32)
     parser.add_argument("--pool", type=int, default=0, help="the worker's --pool (filled before the burst)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tree", default=ROOT, help="the checkout whose pid runs (default: this one)")
     args = parser.parse_args()
     rates, took = [engine_rate()], []
     for _ in range(args.rounds):
-        last, submitted = burst(args.jobs, args.pool)
+        last, submitted = burst(args.jobs, args.pool, os.path.abspath(args.tree))
         took.append(last)
         print(f"{args.jobs} jobs, pool {args.pool}: the last at the model {last:.2f} s after the submission began "
               f"(the submission itself {submitted:.2f} s)", flush=True)

@@ -131,7 +131,7 @@ def measure(pool: int, seconds: float) -> dict[str, float]:
             time.sleep(3)   # the job's own removal and the last refill settle
             cids = kept_containers(env["PID_HOME"])
             cpu_files = [cgroup_file(cid, "cpu.stat") for cid in cids]
-            memory = [cgroup_file(cid, "memory.current") for cid in cids]
+            memory = [cgroup_file(cid, "memory.current") or cgroup_file(cid, "memory.usage_in_bytes") for cid in cids]
             shims = [p for cid in cids for p in shim_of(cid)]
             engine = pids_named("dockerd", "containerd")
 
