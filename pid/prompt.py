@@ -37,7 +37,11 @@ def build_system_prompt(tools: list[ToolSpec], sandbox: Sandbox, *, today: date 
                         custom: str | None = None) -> str:
     """`custom` (a --system-prompt file's text) replaces the base and wins over the workspace's SYSTEM.md."""
     # one look for every file below (a workspace with none, the usual case, costs one command, not one per name)
-    present = sandbox.readable_files((SYSTEM_FILES if custom is None else ()) + APPEND_SYSTEM_FILES + CONTEXT_FILES)
+    present: set[str] | None
+    try:
+        present = sandbox.readable_files((SYSTEM_FILES if custom is None else ()) + APPEND_SYSTEM_FILES + CONTEXT_FILES)
+    except OSError:   # (the look failed or timed out: each file is tried on its own, as a missing one is skipped)
+        present = None
     if custom is None:
         found = load_workspace_file(sandbox, SYSTEM_FILES, MAX_SYSTEM_PROMPT_BYTES, present)
         custom = found[1] if found else None

@@ -121,7 +121,7 @@ def parse_pool(text: str) -> PoolSizes:
         name, _, count = item.rpartition("=")
         count = count.strip()
         n = int(count) if count.isascii() and count.isdigit() else -1
-        if not 0 <= n <= POOL_MAX or ("=" in item and not name.strip()):
+        if not 0 <= n <= POOL_MAX or ("=" in item and not name.strip()) or "=" in name:
             raise ValueError(f"PID_POOL takes a whole number of ready sandboxes from 0 to {POOL_MAX}, or IMAGE=N, "
                              f"comma-separated, not {text!r}")
         if not name and shared is not None:

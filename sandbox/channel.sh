@@ -215,24 +215,28 @@ op_hello() {  # h nonce: set up /.pid (control) and this server (both)
         chmod 711 /.pid /.pid/out && chmod 700 /.pid/run || { say F "$nonce" "cannot set up /.pid"; return; }
         mkdir -p /.pid/git "$WD" && chown "$UID_:$GID_" "$WD" || { say F "$nonce" "cannot create $WD"; return; }
         [ -z "${HOME:-}" ] || { mkdir -p "$HOME" && chown "$UID_:$GID_" "$HOME"; }
-        [ "$UID_" = 0 ] || [ -x "$DROPBIN" ] || command -v setpriv >/dev/null 2>&1 || {
+        [ "$UID_" = 0 ] || drop_runs || command -v setpriv >/dev/null 2>&1 || {
             say F "$nonce" "the image has no setpriv (util-linux), needed to run commands as a non-root user; use --user root or add util-linux"
             return; }
         UMASK=077   # pid's own outputs: for pid's eyes only
     fi
     umask "$UMASK"
     SETSID=$(command -v setsid) || SETSID=setsid
-    if [ "$ROLE" != agent ] || [ "$UID_" = 0 ]; then :
-    elif [ -x "$DROPBIN" ]; then DROP="$DROPBIN $UID_ $GID_"   # (it runs the program as named: SHBIN is absolute)
-    else DROP="$(command -v setpriv) --reuid=$UID_ --regid=$GID_ --clear-groups --inh-caps=-all --bounding-set=-all"
-    fi
     SHBIN=$(command -v "$SHELL_") || SHBIN=$SHELL_
     cd /   # commands cd to the workdir themselves; a shell started in a directory since removed complains
+    if [ "$ROLE" != agent ] || [ "$UID_" = 0 ]; then :
+    elif drop_runs; then DROP="$DROPBIN $UID_ $GID_"   # (it runs the program as named: SHBIN is absolute)
+    else DROP="$(command -v setpriv) --reuid=$UID_ --regid=$GID_ --clear-groups --inh-caps=-all --bounding-set=-all"
+    fi
     hello_more
     events
     say R "$nonce" "" "$SHELL_" "$PE"
 }
 hello_more() { :; }
+drop_runs() {  # pid's drop is here and works (tried once: one built for another architecture than the engine's
+    # does not run, nor one a security module refuses); otherwise setpriv drops
+    [ -x "$DROPBIN" ] && "$DROPBIN" "$UID_" "$GID_" "$(command -v "$SHELL_")" -c : </dev/null >/dev/null 2>&1
+}
 store() {  # $1 datalen: the data that follows the command, into a file of root's that the command gets as "$1";
     # STORED <- its name, or empty when it could not be made (every byte still leaves stdin: left there, they would
     # be read as pid's requests)

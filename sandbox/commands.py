@@ -264,8 +264,9 @@ class Commands:
         targets = [self.abs(p) for p in paths]
         if not targets:
             return set()
-        found = self._file_op(fileops.readable_snippet(targets), ", ".join(targets), emit=12 * len(targets),
-                              timeout=timeout, cancel=None)
+        # (the first 4 KiB of its output: the indexes, after whatever the image's BASH_ENV may print)
+        found = self._file_op(fileops.readable_snippet(targets), ", ".join(targets), emit=4096, timeout=timeout,
+                              cancel=None)
         return {paths[i] for i in fileops.readable_indexes(found, len(targets))}
 
     def write_file(self, path: str, data: bytes, *, timeout: float = FILE_TIMEOUT_S,

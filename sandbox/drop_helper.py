@@ -4,7 +4,11 @@ Every command of the agent starts through a privilege drop. Through the image's 
 the container's CPU per command than a static program of a few system calls (docs/speed.md), and needs util-linux in
 the image. The program is built once per machine with the host's C compiler (`$CC`, else `cc`), no C library, and
 kept in the user's cache directory by its source's digest. Without a compiler, or on an architecture drop.c does not
-know, there is none: channel.sh then drops through setpriv, as it always could.
+know, there is none: channel.sh then drops through setpriv, as it always could (it also tries the program once as
+it starts, and takes setpriv if it cannot run there: an engine of another architecture).
+
+The program runs as root in every sandbox, so a kept copy is used only when it is this user's and nobody else can
+write it or its directory; otherwise it is built again.
 """
 from __future__ import annotations
 
@@ -15,8 +19,10 @@ import logging
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
+import threading
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +35,9 @@ FLAGS = ["-static", "-nostdlib", "-Os", "-fno-stack-protector", "-fno-asynchrono
          "-no-pie", "-Wl,--build-id=none", "-s"]
 
 
+_building = threading.Lock()   # (a worker's jobs may all start at once: one builds, the others wait for it)
+
+
 @functools.cache
 def program() -> bytes | None:
     """The built program's bytes (read from the cache, else built now), or None: commands drop through setpriv."""
@@ -38,17 +47,33 @@ def program() -> bytes | None:
     digest = hashlib.sha256(SOURCE + " ".join(FLAGS).encode()).hexdigest()[:16]
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pid",
                          f"drop-{digest}-{machine}")
-    try:
-        with open(cache, "rb") as f:
-            kept = f.read(MAX_SIZE + 1)
-        if _plausible(kept):
+    with _building:
+        kept = _kept(cache)
+        if kept is not None:
             return kept
+        built = _build()
+        if built is not None:
+            _keep(cache, built)
+        return built
+
+
+def _kept(path: str) -> bytes | None:
+    """The kept copy, if it and its directory are this user's and writable by nobody else (no link followed)."""
+    try:
+        if not _private(os.lstat(os.path.dirname(path))):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        pass
-    built = _build()
-    if built is not None:
-        _keep(cache, built)
-    return built
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not _private(os.fstat(fd)):
+            return None
+        data = f.read(MAX_SIZE + 1)
+    return data if _plausible(data) else None
+
+
+def _private(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 def _build() -> bytes | None:
@@ -84,6 +109,9 @@ def _keep(path: str, data: bytes) -> None:
     tmp = None
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        if not _private(os.lstat(os.path.dirname(path))):
+            log.info("not keeping pid's privilege drop in %s: others may write there", os.path.dirname(path))
+            return
         fd, tmp = tempfile.mkstemp(prefix=".drop-", dir=os.path.dirname(path))
         with os.fdopen(fd, "wb") as f:
             f.write(data)

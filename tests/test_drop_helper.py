@@ -42,11 +42,16 @@ def test_the_program_runs_with_the_ids_and_no_capability_or_group_left(built: Pa
 
 
 @pytest.mark.parametrize("args", [[], ["1000", "1000"], ["x", "1000", "/bin/true"], ["1000", "-1", "/bin/true"],
-                                  ["1000", "1000", "true"], ["99999999999", "1", "/bin/true"],
-                                  ["1000", "1000", "/no/such/program"]])
-def test_bad_arguments_or_a_missing_program_run_nothing(built: Path, args: list[str]):
+                                  ["1000", "1000", "true"], ["99999999999", "1", "/bin/true"]])
+def test_bad_arguments_run_nothing(built: Path, args: list[str]):
     out = subprocess.run([str(built), *args], capture_output=True, timeout=30)
     assert out.returncode == 127 and out.stdout == b"" and out.stderr == b""
+
+
+def test_a_missing_program_runs_nothing_and_a_refused_step_ends_it_before(built: Path):
+    out = subprocess.run([str(built), "1000", "1000", "/no/such/program"], capture_output=True, timeout=30)
+    # as root every step is done and the exec fails (127); as anyone else the first step is refused (126)
+    assert out.returncode == (127 if os.geteuid() == 0 else 126) and out.stdout == out.stderr == b""
 
 
 def test_it_is_built_once_and_kept_by_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -62,5 +67,14 @@ def test_it_is_built_once_and_kept_by_its_source(tmp_path: Path, monkeypatch: py
         drop_helper.program.cache_clear()
         kept[0].write_bytes(b"not a program")          # a damaged cache is built again; without a compiler, none
         assert drop_helper.program() is None
+        drop_helper.program.cache_clear()
+        kept[0].write_bytes(first)
+        kept[0].chmod(0o666)                           # a copy others could have written is not used
+        assert drop_helper.program() is None
+        drop_helper.program.cache_clear()
+        monkeypatch.delenv("CC")
+        kept[0].chmod(0o600)
+        (tmp_path / "pid").chmod(0o777)                # nor one in a directory others write: built, not kept
+        assert drop_helper.program() == first and kept[0].stat().st_mode & 0o777 == 0o600
     finally:
         drop_helper.program.cache_clear()

@@ -68,3 +68,12 @@ def test_the_workspace_is_looked_at_once_and_only_the_files_found_are_read():
     box.looks.clear()
     build_system_prompt(default_registry().specs(), box, today=TODAY, custom="MINE")
     assert box.looks == [[".pi/APPEND_SYSTEM.md", "APPEND_SYSTEM.md", "AGENTS.md", "CLAUDE.md"]]
+
+
+def test_a_failed_look_leaves_each_file_to_its_own_read():
+    box = MemorySandbox(files={"AGENTS.md": "ctx"})
+
+    def fails(paths, **kw):
+        raise TimeoutError("no answer")
+    box.readable_files = fails   # type: ignore[method-assign]
+    assert build_system_prompt(default_registry().specs(), box, today=TODAY).endswith("ctx" + TAIL)

@@ -69,7 +69,7 @@ def test_a_setting_is_read_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     ("-1", "from 0 to 64"), ("65", "from 0 to 64"), ("1000000", "from 0 to 64"), ("2.5", "from 0 to 64"),
     ("many", "from 0 to 64"), ("1e3", "from 0 to 64"), ("=3", "IMAGE=N"), ("x=", "IMAGE=N"), ("x=-1", "IMAGE=N"),
     ("\u0663", "from 0 to 64"), ("1,2", "shared size twice"), ("x=1,x:latest=2", "image 'x:latest' twice"),
-    ("4,a=30,b=31", "65 ready sandboxes in all"),
+    ("4,a=30,b=31", "65 ready sandboxes in all"), ("a=b=3", "IMAGE=N"),
 ])
 def test_a_warm_pool_size_out_of_bounds_is_refused(monkeypatch: pytest.MonkeyPatch, text: str, why: str) -> None:
     monkeypatch.setenv(settings.POOL.name, text)
