@@ -50,6 +50,7 @@ JUNK= JUNKN=0  # output files nobody needs any more, removed 32 at a time (one r
 UMASK=022
 DROP=          # for an agent that is not root (set in op_hello): "/.pid/drop <uid> <gid>", else "setpriv ..."
 DROPBIN=/.pid/drop   # pid's own privilege drop (sandbox/drop.c), put here by the host where it could build one
+DROPOK=/.pid/run/drop.ok   # whether it runs here (drop_runs)
 SETSID=setsid
 SHBIN=sh
 SHELL_=sh
@@ -211,31 +212,45 @@ op_hello() {  # h nonce: set up /.pid (control) and this server (both)
     local nonce="$2"
     umask 077
     [ -d /.pid/run ] || mkdir -p /.pid/run /.pid/out || { say F "$nonce" "cannot create /.pid"; return; }
+    SHBIN=$(command -v "$SHELL_") || SHBIN=$SHELL_
     if [ "$ROLE" = control ]; then
         chmod 711 /.pid /.pid/out && chmod 700 /.pid/run || { say F "$nonce" "cannot set up /.pid"; return; }
         mkdir -p /.pid/git "$WD" && chown "$UID_:$GID_" "$WD" || { say F "$nonce" "cannot create $WD"; return; }
         [ -z "${HOME:-}" ] || { mkdir -p "$HOME" && chown "$UID_:$GID_" "$HOME"; }
-        [ "$UID_" = 0 ] || drop_runs || command -v setpriv >/dev/null 2>&1 || {
+        [ "$UID_" = 0 ] || command -v setpriv >/dev/null 2>&1 || drop_runs || {
             say F "$nonce" "the image has no setpriv (util-linux), needed to run commands as a non-root user; use --user root or add util-linux"
             return; }
         UMASK=077   # pid's own outputs: for pid's eyes only
     fi
     umask "$UMASK"
     SETSID=$(command -v setsid) || SETSID=setsid
-    SHBIN=$(command -v "$SHELL_") || SHBIN=$SHELL_
     cd /   # commands cd to the workdir themselves; a shell started in a directory since removed complains
     if [ "$ROLE" != agent ] || [ "$UID_" = 0 ]; then :
     elif drop_runs; then DROP="$DROPBIN $UID_ $GID_"   # (it runs the program as named: SHBIN is absolute)
-    else DROP="$(command -v setpriv) --reuid=$UID_ --regid=$GID_ --clear-groups --inh-caps=-all --bounding-set=-all"
+    elif command -v setpriv >/dev/null 2>&1; then
+        DROP="$(command -v setpriv) --reuid=$UID_ --regid=$GID_ --clear-groups --inh-caps=-all --bounding-set=-all"
+    else
+            say F "$nonce" "the image has no setpriv (util-linux), needed to run commands as a non-root user; use --user root or add util-linux"
+        return
     fi
     hello_more
     events
     say R "$nonce" "" "$SHELL_" "$PE"
 }
 hello_more() { :; }
-drop_runs() {  # pid's drop is here and works (tried once: one built for another architecture than the engine's
-    # does not run, nor one a security module refuses); otherwise setpriv drops
-    [ -x "$DROPBIN" ] && "$DROPBIN" "$UID_" "$GID_" "$(command -v "$SHELL_")" -c : </dev/null >/dev/null 2>&1
+drop_runs() {  # pid's drop is here and works: one built for another architecture than the engine's does not run,
+    # nor one a security module refuses (setpriv drops then). Tried once, by the first server to greet, before the
+    # agent runs anything (the servers that start with the container); the answer is kept in /.pid/run (root's), so
+    # a server greeted later, with the agent about, runs nothing of the agent's uid here.
+    local ok=
+    [ -x "$DROPBIN" ] || return 1
+    [ ! -f "$DROPOK" ] || read -r ok <"$DROPOK"   # (a regular file: bash reads it by lines, nothing left over)
+    if [ -z "$ok" ]; then
+        ok=0
+        "$DROPBIN" "$UID_" "$GID_" "$SHBIN" -c : </dev/null >/dev/null 2>&1 3>&- 4>&- 5>&- 6>&- && ok=1
+        echo "$ok" >"$DROPOK"
+    fi
+    [ "$ok" = 1 ]
 }
 store() {  # $1 datalen: the data that follows the command, into a file of root's that the command gets as "$1";
     # STORED <- its name, or empty when it could not be made (every byte still leaves stdin: left there, they would

@@ -775,6 +775,22 @@ def test_readable_files_is_one_look_that_names_only_readable_regular_files(sb):
     assert sb.read_file("look/plain") == b"a\n"   # the channel is still in step
 
 
+def test_a_drop_that_cannot_run_here_leaves_the_drop_to_setpriv(client, monkeypatch):
+    """pid's drop is tried once, by the first server to greet, and the answer kept for later ones (/.pid/run,
+    root's): one that cannot run here (built for another architecture) is not used, and setpriv drops instead."""
+    from pid.sandbox import drop_helper
+    for program, kept in ((drop_helper.program(), "1"), (b"\x7fELF" + b"\0" * 60, "0")):
+        monkeypatch.setattr(drop_helper, "program", lambda program=program: program)
+        box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-drop", ttl_s=300), client)
+        try:
+            done = box.exec("id -u; grep -E '^CapEff' /proc/self/status", timeout=30)
+            assert done.tail.decode().split() == ["1000", "CapEff:", "0000000000000000"], done.tail
+            answer = client.containers.get(box.container.id).exec_run(["cat", "/.pid/run/drop.ok"])
+            assert answer.output.decode().strip() == kept
+        finally:
+            box.close()
+
+
 def test_the_agent_is_unprivileged_and_git_works(sb):
     result = sb.exec("set -e; id -u; id -g; grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status; "
                      "cd /tmp && rm -rf g && git init -q g && cd g && echo a > f && git add f && "
