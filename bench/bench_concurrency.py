@@ -8,7 +8,10 @@ The fixed CPU per job is the intercept of the worker's CPU per job over the numb
 Targets (issue 9): 64 concurrent jobs with a 1 s think time on this 2-core machine, harness CPU below half a core,
 fixed CPU per job <= 0.2 s.
 
-    python bench/bench_concurrency.py [--jobs 64] [--turns 6] [--think 1.0]
+    python bench/bench_concurrency.py [--jobs 64] [--turns 6] [--think 1.0] [--pool N]
+
+--pool N: the worker starts first, with `--pool N`; one job makes the class known, the pool fills, and then the jobs
+are queued at once (one `pid batch --detach`) instead of before the worker starts.
 """
 from __future__ import annotations
 
@@ -74,7 +77,9 @@ class Round:
     completed: int
 
 
-def one_round(jobs: int, turns: int, think: float, concurrency: int) -> Round:
+def one_round(jobs: int, turns: int, think: float, concurrency: int, pool: int = 0) -> Round:
+    if pool:
+        return pooled_round(jobs, turns, think, concurrency, pool)
     with tempfile.TemporaryDirectory(prefix="pid-bench-conc-") as root:
         home = os.path.join(root, "home")
         env = dict(os.environ, PID_HOME=home, PYTHONPATH=ROOT)
@@ -112,17 +117,58 @@ def one_round(jobs: int, turns: int, think: float, concurrency: int) -> Round:
         return Round(jobs, turns, wall, cpu, rss, most_at_once(llm.arrived, think), completed)
 
 
+def pooled_round(jobs: int, turns: int, think: float, concurrency: int, pool: int) -> Round:
+    from bench.bench_burst import wait_for_pool
+    with tempfile.TemporaryDirectory(prefix="pid-bench-conc-") as root:
+        home = os.path.join(root, "home")
+        env = dict(os.environ, PID_HOME=home, PYTHONPATH=ROOT)
+        repo = small_repo(root)
+        cli = [sys.executable, "-m", "pid.cli.main"]
+        log_path = os.path.join(root, "worker.log")
+        with open(log_path, "w") as log:
+            worker = subprocess.Popen([*cli, "worker", "--concurrency", str(concurrency), "--pool", str(pool)],
+                                      env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while "ready" not in Path(log_path).read_text():
+                time.sleep(0.05)
+            with ScriptedLLM(responder=Model(0, 0)) as warm:
+                subprocess.run([*cli, "submit", "warm", "--repo", repo, "--model", "m", "--base-url", warm.base_url,
+                                "--api-key", "k", "--wait"], env=env, check=True, capture_output=True, timeout=300)
+            wait_for_pool(home, pool)
+            tasks = os.path.join(root, "tasks.jsonl")
+            with open(tasks, "w") as f:
+                f.writelines(json.dumps({"id": f"c{n}", "task": f"conc-{n}", "repo": repo}) + "\n"
+                             for n in range(jobs))
+            with ScriptedLLM(responder=Model(turns, think)) as llm:
+                started, cpu_before = time.monotonic(), cpu_s(worker.pid)
+                subprocess.run([*cli, "batch", tasks, "--out", os.path.join(root, "out"), "--detach", "--model", "m",
+                                "--base-url", llm.base_url, "--api-key", "k"], env=env, check=True,
+                               capture_output=True, timeout=300)
+                while (text := Path(log_path).read_text()).count(" completed (") + text.count(" failed (") < jobs + 1:
+                    if worker.poll() is not None or time.monotonic() - started > 600:
+                        raise RuntimeError("the worker stopped or took too long:\n" + text[-3000:])
+                    time.sleep(0.2)
+                wall, cpu = time.monotonic() - started, cpu_s(worker.pid) - cpu_before
+                rss = peak_rss_mb(worker.pid)
+                completed = Path(log_path).read_text().count(" completed (") - 1
+        finally:
+            worker.terminate()
+            worker.wait(timeout=120)
+        return Round(jobs, turns, wall, cpu, rss, most_at_once(llm.arrived, think), completed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=64)
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--think", type=float, default=1.0)
     parser.add_argument("--concurrency", type=int, default=None, help="the worker's (default: --jobs)")
+    parser.add_argument("--pool", type=int, default=0, help="the worker's --pool (filled before the jobs go in)")
     args = parser.parse_args()
     concurrency = args.concurrency or args.jobs
-    rounds = [one_round(args.jobs, turns, args.think, concurrency) for turns in (1, args.turns)]
+    rounds = [one_round(args.jobs, turns, args.think, concurrency, args.pool) for turns in (1, args.turns)]
     for r in rounds:
-        print(f"{r.jobs} jobs x {r.turns} turn(s), think {args.think} s, concurrency {concurrency}: "
+        print(f"{r.jobs} jobs x {r.turns} turn(s), think {args.think} s, concurrency {concurrency}, pool {args.pool}: "
               f"{r.completed} completed in {r.wall_s:.1f} s; model requests in flight at most {r.most_in_flight}; "
               f"worker CPU {r.cpu_s:.1f} s = {r.cpu_s / r.wall_s:.2f} core, {r.cpu_s / r.jobs:.3f} s per job; "
               f"peak RSS {r.peak_rss_mb:.0f} MB")

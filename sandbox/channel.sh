@@ -230,7 +230,7 @@ op_hello() {  # h nonce: set up /.pid (control) and this server (both)
     elif command -v setpriv >/dev/null 2>&1; then
         DROP="$(command -v setpriv) --reuid=$UID_ --regid=$GID_ --clear-groups --inh-caps=-all --bounding-set=-all"
     else
-            say F "$nonce" "the image has no setpriv (util-linux), needed to run commands as a non-root user; use --user root or add util-linux"
+        say F "$nonce" "the image has no setpriv (util-linux), needed to run commands as a non-root user; use --user root or add util-linux"
         return
     fi
     hello_more
