@@ -7,9 +7,10 @@ import os
 import signal
 import time
 import uuid
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import docker
 import pytest
@@ -170,89 +171,80 @@ def _two_jobs(run_pid: Any, env: dict[str, str], tmp_path: Path, log: Path, subm
     return ready, job_id, done
 
 
-def test_a_worker_serves_a_job_from_its_pool_then_removes_what_is_left_as_it_stops(run_pid, pid_env, sample_repo,
-                                                                                   tmp_path):
-    env = {**pid_env, "PID_POOL": "1"}
-    log = tmp_path / "w.log"
-    with ScriptedLLM(TWO_JOBS) as llm:
-        worker = start_worker(env, tmp_path, log)
-        try:
-            ready, job_id, done = _two_jobs(run_pid, env, tmp_path, log, ["--repo", str(sample_repo), "--model", "m",
-                                            "--base-url", llm.base_url], "a ready sandbox after the first job",
-                                            _ready_ids)
-            assert done.json()["final_message"] == "second"
-            transcript = (tmp_path / "out" / job_id / "session.jsonl").read_text()
-            assert ready[0][:12] in transcript   # the tool ran in the pooled container (its hostname)
-            assert ready[0] not in {c.id for c in pid_containers()}   # and it went with the job
-            _wait("the pool refilled", _ready_ids, log)
-            _wait("`pid workers` shows the pool",
-                  lambda: f"warm pool: {IMAGE} 1 ready" in run_pid("workers", env=env).stdout, log, timeout=30)
-        finally:
-            stop_worker(worker)
-    assert pool_containers() == [], log.read_text()[-3000:]
-
-
-def test_a_checked_job_takes_a_pooled_sandbox_and_its_check_a_fresh_one(run_pid, pid_env, sample_repo, tmp_path):
-    env = {**pid_env, "PID_POOL": "2"}
-    log = tmp_path / "w.log"
-    with ScriptedLLM(TWO_JOBS) as llm:
-        worker = start_worker(env, tmp_path, log)
-        try:
-            ready, job_id, done = _two_jobs(run_pid, env, tmp_path, log, ["--repo", str(sample_repo), "--model", "m",
-                                            "--base-url", llm.base_url, "--check", "hostname"],
-                                            "two ready sandboxes after the first job",
-                                            lambda: len(_ready_ids()) >= 2 and _ready_ids())
-            result = done.json()
-            assert result["final_message"] == "second" and result["check"]["passed"], result
-            transcript = (tmp_path / "out" / job_id / "session.jsonl").read_text()
-            assert any(one[:12] in transcript for one in ready)   # the job's own was a pooled one...
-            assert not any(one[:12] in result["check"]["output_tail"] for one in ready)   # ...its check's was not
-            # the check's class (its image by id) is none of the pool's: both ready ones are the job's class
-            _wait("the pool refilled with the job's class alone",
-                  lambda: f"warm pool: {IMAGE} 2 ready" in (shown := run_pid("workers", env=env).stdout)
-                  and "sha256:" not in shown, log, timeout=60)
-        finally:
-            stop_worker(worker)
-    assert pool_containers() == [], log.read_text()[-3000:]
-
-
-def test_cancel_removes_a_running_jobs_pooled_container(run_pid, pid_env, sample_repo, tmp_path):
-    env = {**pid_env, "PID_POOL": "1"}
-    script = [{"text": "warm"}, {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 300"}}]}]
+@contextmanager
+def pooled_worker(pid_env: dict[str, str], tmp_path: Path, size: int,
+                  script: list[dict[str, Any]]) -> Iterator[tuple[dict[str, str], Path, ScriptedLLM, Any]]:
+    """A worker with PID_POOL=size (its log, w.log) and a scripted model, stopped whatever the test does:
+    (its environment, its log, the model, its process)."""
+    env = {**pid_env, "PID_POOL": str(size)}
     log = tmp_path / "w.log"
     with ScriptedLLM(script) as llm:
         worker = start_worker(env, tmp_path, log)
         try:
-            submit = ["--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url]
-            assert run_pid("submit", "t", *submit, "--wait", env=env).code == 0, log.read_text()
-            ready = _wait("a ready sandbox", _ready_ids, log)
-            job_id = run_pid("submit", "t", *submit, env=env).stdout.strip()
-            _wait("the job's tool call", lambda: "running bash" in run_pid("status", job_id, env=env).stdout, log)
-            client = docker.from_env()
-            assert client.api.inspect_container(ready[0])["Name"] == "/" + taken_name(job_id, 1)
-            assert run_pid("cancel", job_id, env=env).code == 0
-            _wait("the job cancelled", lambda: "cancelled" in run_pid("status", job_id, env=env).stdout, log)
-            _wait("its container removed", lambda: ready[0] not in {c.id for c in pid_containers()}, log)
+            yield env, log, llm, worker
         finally:
             stop_worker(worker)
+
+
+def test_a_worker_serves_a_job_from_its_pool_then_removes_what_is_left_as_it_stops(run_pid, pid_env, sample_repo,
+                                                                                   tmp_path):
+    with pooled_worker(pid_env, tmp_path, 1, TWO_JOBS) as (env, log, llm, worker):
+        ready, job_id, done = _two_jobs(run_pid, env, tmp_path, log, ["--repo", str(sample_repo), "--model", "m",
+                                        "--base-url", llm.base_url], "a ready sandbox after the first job",
+                                        _ready_ids)
+        assert done.json()["final_message"] == "second"
+        transcript = (tmp_path / "out" / job_id / "session.jsonl").read_text()
+        assert ready[0][:12] in transcript   # the tool ran in the pooled container (its hostname)
+        assert ready[0] not in {c.id for c in pid_containers()}   # and it went with the job
+        _wait("the pool refilled", _ready_ids, log)
+        _wait("`pid workers` shows the pool",
+              lambda: f"warm pool: {IMAGE} 1 ready" in run_pid("workers", env=env).stdout, log, timeout=30)
+    assert pool_containers() == [], log.read_text()[-3000:]
+
+
+def test_a_checked_job_takes_a_pooled_sandbox_and_its_check_a_fresh_one(run_pid, pid_env, sample_repo, tmp_path):
+    with pooled_worker(pid_env, tmp_path, 2, TWO_JOBS) as (env, log, llm, worker):
+        ready, job_id, done = _two_jobs(run_pid, env, tmp_path, log, ["--repo", str(sample_repo), "--model", "m",
+                                        "--base-url", llm.base_url, "--check", "hostname"],
+                                        "two ready sandboxes after the first job",
+                                        lambda: len(_ready_ids()) >= 2 and _ready_ids())
+        result = done.json()
+        assert result["final_message"] == "second" and result["check"]["passed"], result
+        transcript = (tmp_path / "out" / job_id / "session.jsonl").read_text()
+        assert any(one[:12] in transcript for one in ready)   # the job's own was a pooled one...
+        assert not any(one[:12] in result["check"]["output_tail"] for one in ready)   # ...its check's was not
+        # the check's class (its image by id) is none of the pool's: both ready ones are the job's class
+        _wait("the pool refilled with the job's class alone",
+              lambda: f"warm pool: {IMAGE} 2 ready" in (shown := run_pid("workers", env=env).stdout)
+              and "sha256:" not in shown, log, timeout=60)
+    assert pool_containers() == [], log.read_text()[-3000:]
+
+
+def test_cancel_removes_a_running_jobs_pooled_container(run_pid, pid_env, sample_repo, tmp_path):
+    script = [{"text": "warm"}, {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 300"}}]}]
+    with pooled_worker(pid_env, tmp_path, 1, script) as (env, log, llm, worker):
+        submit = ["--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url]
+        assert run_pid("submit", "t", *submit, "--wait", env=env).code == 0, log.read_text()
+        ready = _wait("a ready sandbox", _ready_ids, log)
+        job_id = run_pid("submit", "t", *submit, env=env).stdout.strip()
+        _wait("the job's tool call", lambda: "running bash" in run_pid("status", job_id, env=env).stdout, log)
+        client = docker.from_env()
+        assert client.api.inspect_container(ready[0])["Name"] == "/" + taken_name(job_id, 1)
+        assert run_pid("cancel", job_id, env=env).code == 0
+        _wait("the job cancelled", lambda: "cancelled" in run_pid("status", job_id, env=env).stdout, log)
+        _wait("its container removed", lambda: ready[0] not in {c.id for c in pid_containers()}, log)
     assert pool_containers() == [], log.read_text()[-3000:]
 
 
 @pytest.mark.parametrize("reaper", ["pid reap", "the next worker"])
 def test_a_sigkilled_workers_pool_is_removed_by_the_next_reap(run_pid, pid_env, sample_repo, tmp_path, reaper):
-    env = {**pid_env, "PID_POOL": "2"}
-    log = tmp_path / "w.log"
-    with ScriptedLLM([{"text": "warm"}]) as llm:
-        worker = start_worker(env, tmp_path, log)
-        try:
-            done = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url,
-                           "--wait", env=env)
-            assert done.code == 0, done.stderr + log.read_text()
-            _wait("two ready sandboxes", lambda: len(_ready_ids()) >= 2, log)
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
-        finally:
-            stop_worker(worker)
+    with pooled_worker(pid_env, tmp_path, 2, [{"text": "warm"}]) as (env, log, llm, worker):
+        done = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url,
+                       "--wait", env=env)
+        assert done.code == 0, done.stderr + log.read_text()
+        _wait("two ready sandboxes", lambda: len(_ready_ids()) >= 2, log)
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
     assert len(pool_containers()) >= 2   # nothing removed them: their worker had no chance
     disks = Path(env["PID_HOME"]) / "disks"
     assert any(disks.iterdir())          # nor their disks
