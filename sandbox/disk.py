@@ -30,6 +30,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Callable
@@ -37,6 +38,7 @@ from typing import Callable
 log = logging.getLogger(__name__)
 
 TIMEOUT = 30.0                     # seconds for mkfs / mount / umount -l
+LOST_TRIES, LOST_WAIT_S = 40, 0.05  # a new image a concurrent reap took: how long its removal is waited for
 UMOUNT_TIMEOUT = 60.0              # a plain umount may have to flush dirty pages into the image first
 RESERVED_PERCENT = 5   # blocks only root can use: pid's machinery still writes after the agent filled the disk
 IMAGE_SUFFIX = ".img"
@@ -320,10 +322,14 @@ class JobDisk:
         image, mountpoint = os.path.join(root, name + IMAGE_SUFFIX), os.path.join(root, name)
 
         fd = -1
-        for _ in range(3):  # a reap_disks running right between our open and flock may take the new file away
-            try:
+        lost = False
+        for _ in range(LOST_TRIES):  # a reap_disks running right between our open and flock may take the new file
+            try:                     # away: it is then removing it, and the name is ours again once it has
                 fd = os.open(image, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             except FileExistsError:
+                if lost:
+                    time.sleep(LOST_WAIT_S)
+                    continue
                 raise DiskError(f"disk {image} already exists: another job uses the name {name!r}, "
                                 f"or a dead worker left it (reap_disks cleans those up)") from None
             except OSError as exc:
@@ -332,7 +338,7 @@ class JobDisk:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 os.close(fd)
-                fd = -1
+                fd, lost = -1, True
                 continue
             if _same_file(fd, image):
                 break

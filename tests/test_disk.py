@@ -504,6 +504,38 @@ def test_create_survives_a_reap_between_open_and_lock(root: str, monkeypatch: py
         d.close()
 
 
+@needs_disks
+def test_create_waits_out_a_reap_that_locked_the_new_image_first(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reap took the brand-new image's lock before its creator: the creator's lock is refused, and the name is
+    still taken until the reap has removed it (CI saw "disk ... already exists" here). The creator waits for that."""
+    import threading
+    real_flock = disk_mod.fcntl.flock
+    calls = []
+
+    def flock(fd, op):
+        calls.append(op)
+        if len(calls) == 1:
+            image = os.path.join(os.path.realpath(root), "job.img")
+            reaper = os.open(image, os.O_RDONLY)
+            real_flock(reaper, disk_mod.fcntl.LOCK_EX)   # as _reap_image holds it...
+
+            def finish() -> None:   # ...while it shuts the new disk down, then removes it
+                time.sleep(0.2)
+                os.unlink(image)
+                os.close(reaper)
+            threading.Thread(target=finish).start()
+        return real_flock(fd, op)
+    monkeypatch.setattr(disk_mod.fcntl, "flock", flock)
+    d = JobDisk.create(root, "job", 64 * MiB)
+    monkeypatch.undo()
+    try:
+        assert len(calls) == 2
+        assert os.path.exists(d.image) and d.mountpoint in mounts()
+        assert disk_mod._same_file(d._lock_fd, d.image)
+    finally:
+        d.close()
+
+
 def test_reap_missing_root_is_empty(tmp_path: Path) -> None:
     assert reap_disks(str(tmp_path / "nope")) == []
 
