@@ -10,7 +10,7 @@ import uuid
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import docker
 import pytest
@@ -148,8 +148,17 @@ def _wait(what: str, check: Any, log: Path, timeout: float = 90) -> Any:
 
 
 def _ready_ids() -> list[str]:
+    """The pool's containers not yet taken: the ready ones, and one still being made (labelled already)."""
     return [c.id for c in pool_containers() if c.labels.get("pid.job", "").startswith("pool-")
             and not c.name.startswith("pid-job-")]
+
+
+def _wait_ready(run_pid: Any, env: dict[str, str], log: Path, count: int) -> list[str]:
+    """The pool's ready sandboxes, once `pid workers` counts `count` ready: a container still being made is listed
+    already, and a job that comes meanwhile is not served from it (it makes its own)."""
+    _wait(f"{count} ready sandbox(es)",
+          lambda: f"warm pool: {IMAGE} {count} ready" in run_pid("workers", env=env).stdout, log)
+    return _wait("their containers", lambda: len(ids := _ready_ids()) == count and ids, log)
 
 
 # Two jobs through a worker's pool: the first (waited for) makes its class known, the second runs its `hostname`.
@@ -158,13 +167,13 @@ TWO_JOBS = [{"text": "first"},
             {"text": "second"}]
 
 
-def _two_jobs(run_pid: Any, env: dict[str, str], tmp_path: Path, log: Path, submit: list[str], ready_what: str,
-              ready_ids: Callable[[], Any]) -> tuple[Any, str, Any]:
-    """The first job to its end, the pool's ready sandboxes then, and the second job (its --out in tmp_path/out) to
-    its end: (ready ids, its id, its `pid result --json`)."""
+def _two_jobs(run_pid: Any, env: dict[str, str], tmp_path: Path, log: Path, submit: list[str],
+              count: int) -> tuple[Any, str, Any]:
+    """The first job to its end, the pool's `count` ready sandboxes then, and the second job (its --out in
+    tmp_path/out) to its end: (ready ids, its id, its `pid result --json`)."""
     first = run_pid("submit", "t", *submit, "--wait", env=env)
     assert first.code == 0, first.stderr + log.read_text()
-    ready = _wait(ready_what, ready_ids, log)
+    ready = _wait_ready(run_pid, env, log, count)
     job_id = run_pid("submit", "t", *submit, "--out", str(tmp_path / "out"), env=env).stdout.strip()
     done = run_pid("result", job_id, "--wait", "--json", env=env, timeout=120)
     assert done.code == 0, done.stderr + log.read_text()
@@ -190,8 +199,7 @@ def test_a_worker_serves_a_job_from_its_pool_then_removes_what_is_left_as_it_sto
                                                                                    tmp_path):
     with pooled_worker(pid_env, tmp_path, 1, TWO_JOBS) as (env, log, llm, worker):
         ready, job_id, done = _two_jobs(run_pid, env, tmp_path, log, ["--repo", str(sample_repo), "--model", "m",
-                                        "--base-url", llm.base_url], "a ready sandbox after the first job",
-                                        _ready_ids)
+                                        "--base-url", llm.base_url], 1)
         assert done.json()["final_message"] == "second"
         transcript = (tmp_path / "out" / job_id / "session.jsonl").read_text()
         assert ready[0][:12] in transcript   # the tool ran in the pooled container (its hostname)
@@ -205,9 +213,7 @@ def test_a_worker_serves_a_job_from_its_pool_then_removes_what_is_left_as_it_sto
 def test_a_checked_job_takes_a_pooled_sandbox_and_its_check_a_fresh_one(run_pid, pid_env, sample_repo, tmp_path):
     with pooled_worker(pid_env, tmp_path, 2, TWO_JOBS) as (env, log, llm, worker):
         ready, job_id, done = _two_jobs(run_pid, env, tmp_path, log, ["--repo", str(sample_repo), "--model", "m",
-                                        "--base-url", llm.base_url, "--check", "hostname"],
-                                        "two ready sandboxes after the first job",
-                                        lambda: len(_ready_ids()) >= 2 and _ready_ids())
+                                        "--base-url", llm.base_url, "--check", "hostname"], 2)
         result = done.json()
         assert result["final_message"] == "second" and result["check"]["passed"], result
         transcript = (tmp_path / "out" / job_id / "session.jsonl").read_text()
@@ -225,7 +231,7 @@ def test_cancel_removes_a_running_jobs_pooled_container(run_pid, pid_env, sample
     with pooled_worker(pid_env, tmp_path, 1, script) as (env, log, llm, worker):
         submit = ["--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url]
         assert run_pid("submit", "t", *submit, "--wait", env=env).code == 0, log.read_text()
-        ready = _wait("a ready sandbox", _ready_ids, log)
+        ready = _wait_ready(run_pid, env, log, 1)
         job_id = run_pid("submit", "t", *submit, env=env).stdout.strip()
         _wait("the job's tool call", lambda: "running bash" in run_pid("status", job_id, env=env).stdout, log)
         client = docker.from_env()
