@@ -35,6 +35,7 @@ FILE_TIMEOUT_S = 120.0     # a read or write of the tools, start to end
 READ_LIMIT = 64 << 20      # the most one read_file returns, whatever the caller asks
 KEEP_OUTPUT = 64 << 20     # a command's kept output file holds at most about its last this-many bytes...
 TRIM_EVERY_S = 1.0         # ...checked this often while it runs
+SETTLE_AT = 8              # finished outputs are removed this many at a time, or once TRIM_EVERY_S has passed
 HOUSEKEEPING_TIMEOUT_S = 5.0
 DISK_FULL_BELOW = 1 << 20  # the job's disk counts as full, for the model's notice, with less than this left
 
@@ -42,11 +43,13 @@ DISK_FULL_BELOW = 1 << 20  # the job's disk counts as full, for the model's noti
 class OutputFiles:
     """The commands' output files on pid's disk (/.pid/out), opened on the host: which are kept, which go."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.dir_fd: int | None = None
         self.kept = KeptOutputs()   # which finished outputs stay there (under _lock)
         self._lock = threading.Lock()
         self._unsettled: list[tuple[str, bool]] = []   # finished outputs not yet removed or kept: (name, kept)
+        self._trimmed: set[str] = set()   # outputs that may have a trimming record (<name>.cut)
         self._next_sweep = 0.0
 
     def open(self, pid_disk: JobDisk) -> None:
@@ -54,30 +57,50 @@ class OutputFiles:
 
     def finished(self, out_path: str, kept: bool) -> None:
         """A command's reply is read: its output file is to be removed, or kept for the model (outputs.py). That is
-        done by the next housekeeping, while the next command runs: the host only waits then, and the reply is not
-        held up by a removal's journal writes (~0.1 ms)."""
+        done by a later housekeeping, while a command runs: the host only waits then, and the reply is not held up
+        by a removal (~0.1 ms)."""
         with self._lock:
             self._unsettled.append((posixpath.basename(out_path), kept))
 
     def housekeeping(self) -> None:
-        """Settle the finished outputs; and, at most once every TRIM_EVERY_S (as often as a running command's sweep
-        comes, so back-to-back commands add nothing to what a process left behind can write between two sweeps),
-        cut back the removed outputs such processes still write (outputs.py)."""
-        now = time.monotonic()
+        """Settle the finished outputs, and cut back the removed ones that processes left behind still write
+        (outputs.py). Both at most once every TRIM_EVERY_S (as often as a running command's sweep comes, so
+        back-to-back commands add nothing to what such a process can write between two sweeps), or as SETTLE_AT
+        outputs wait: a removal at a command's start costs ~0.1 ms of the host's CPU, a few in a row a fraction of
+        that each. Commands seconds apart, as a model's are, settle each at the next one's start."""
+        now = self.clock()
         with self._lock:
+            if len(self._unsettled) < SETTLE_AT and now < self._next_sweep:
+                return
             unsettled, self._unsettled = self._unsettled, []
             if self.dir_fd is None:
                 return
             for name, kept in unsettled:
-                self.kept.finished(self.dir_fd, name, kept)
+                trimmed = name in self._trimmed
+                self._trimmed.discard(name)
+                self.kept.finished(self.dir_fd, name, kept, trimmed)
             if now >= self._next_sweep:
                 self.kept.sweep(self.dir_fd)
                 self._next_sweep = now + TRIM_EVERY_S
+
+    def trim(self, name: str, keep: int) -> int | None:
+        """Cut a running command's output back to about its last `keep` bytes (output_trim.py): the bytes cut so
+        far, None without the directory here."""
+        dir_fd = self.dup()
+        if dir_fd is None:
+            return None
+        with self._lock:
+            self._trimmed.add(name)
+        try:
+            return trim_front(dir_fd, name, keep)
+        finally:
+            os.close(dir_fd)
 
     def clear(self) -> None:
         """Every output goes (the agent's processes are gone): pid's disk is the patch's."""
         with self._lock:
             self._unsettled = []
+            self._trimmed.clear()
             if self.dir_fd is not None:
                 self.kept.clear(self.dir_fd)
 
@@ -286,15 +309,13 @@ class Commands:
         """Keep a long-running command's output from filling the job's disk: beyond KEEP_OUTPUT only its tail is
         kept. Returns the bytes cut so far. With a job disk the host cuts it (output_trim); without one, a spare
         channel does."""
-        dir_fd = self.outputs.dup()
-        if dir_fd is not None:
-            try:
-                return trim_front(dir_fd, posixpath.basename(out_path), KEEP_OUTPUT)
-            except OSError as exc:
-                log.info("cannot trim %s: %s", out_path, exc)
-                return cut
-            finally:
-                os.close(dir_fd)
+        try:
+            done = self.outputs.trim(posixpath.basename(out_path), KEEP_OUTPUT)
+        except OSError as exc:
+            log.info("cannot trim %s: %s", out_path, exc)
+            return cut
+        if done is not None:
+            return done
         done = self.channels.on_spare(
             lambda ch: ch.trim(out_path, KEEP_OUTPUT, time.monotonic() + HOUSEKEEPING_TIMEOUT_S))
         return cut if done is None else done

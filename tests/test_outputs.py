@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from pid.sandbox.commands import SETTLE_AT, TRIM_EVERY_S, OutputFiles
+from pid.sandbox.output_trim import STEP
 from pid.sandbox.outputs import LINGER_BYTES, KeptOutputs, remove, used
 
 KiB = 1024
@@ -103,3 +105,54 @@ def test_a_process_left_behind_cannot_fill_the_disk_through_an_output_it_still_h
     finally:
         writer.close()
         kept.close()
+
+
+class PidDisk:
+    """As much of a JobDisk as OutputFiles.open needs: where pid's directories are."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, sub: str) -> str:
+        return str(self.root / sub)
+
+
+@pytest.fixture
+def files(tmp_path: Path):
+    """A sandbox's OutputFiles on tmp_path/out, with a clock the test moves: (the files, the directory, the clock)."""
+    (tmp_path / "out").mkdir()
+    clock = [100.0]
+    files = OutputFiles(clock=lambda: clock[0])
+    files.open(PidDisk(tmp_path))   # type: ignore[arg-type]
+    yield files, tmp_path / "out", clock
+    files.close()
+
+
+def test_finished_outputs_go_a_few_at_a_time_or_once_a_sweep_is_due(files) -> None:
+    files, path, clock = files
+    files.housekeeping()   # (a sweep: the next is due TRIM_EVERY_S later)
+    names = [output(path, f"1.{n}", KiB) for n in range(SETTLE_AT)]
+    for name in names[:-1]:
+        files.finished(f"/.pid/out/{name}", kept=False)
+        files.housekeeping()
+    assert sorted(os.listdir(path)) == sorted(names)   # back-to-back commands: they wait for more...
+    files.finished(f"/.pid/out/{names[-1]}", kept=False)
+    files.housekeeping()
+    assert os.listdir(path) == []                      # ...and go together
+    files.finished("/.pid/out/" + output(path, "1.9", KiB), kept=False)
+    files.housekeeping()
+    assert os.listdir(path) == ["1.9"]
+    clock[0] += TRIM_EVERY_S                           # commands a second apart: each goes at the next one's start
+    files.housekeeping()
+    assert os.listdir(path) == []
+
+
+def test_a_trimmed_output_goes_with_its_record(files) -> None:
+    files, path, clock = files
+    output(path, "2.1", 3 * STEP)
+    assert files.trim("2.1", 64 * KiB) == 2 * STEP
+    assert sorted(os.listdir(path)) == ["2.1", "2.1.cut"]
+    files.finished("/.pid/out/2.1", kept=False)
+    clock[0] += TRIM_EVERY_S
+    files.housekeeping()
+    assert os.listdir(path) == []

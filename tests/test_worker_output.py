@@ -20,7 +20,8 @@ pytestmark = pytest.mark.docker  # the whole module needs an engine
 def test_the_worker_prints_a_line_per_job_and_ctrl_c_lets_the_running_job_end(run_pid, pid_env, sample_repo,
                                                                               tmp_path):
     log = tmp_path / "worker.log"
-    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 4"}}]}, {"text": "done"}]
+    # (long enough for `pid status` to see it under a loaded CI: each call is a Python start; 4 s was missed once)
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 10"}}]}, {"text": "done"}]
     worker = start_worker(pid_env, tmp_path, log)
     try:
         with ScriptedLLM(script) as llm:
