@@ -380,21 +380,23 @@ class Channel:
 
     @classmethod
     def open_exec(cls, api, container_id: str, channel_id: int, *, role: str, workdir: str, uid: int, gid: int,
-                  env: Mapping[str, str]) -> "Channel":
+                  env: Mapping[str, str], host_outputs: bool = False) -> "Channel":
         link = StreamLink(api, container_id, ["/bin/sh", "-c", _BOOT, "pid-boot", SCRIPT_PATH, role, str(channel_id),
                                               workdir, str(uid), str(gid)], env)
         channel = cls(link, channel_id, role)
         try:
-            channel.send_hello(time.monotonic() + STARTUP_TIMEOUT)
+            channel.send_hello(time.monotonic() + STARTUP_TIMEOUT, host_outputs)
             channel.await_hello(time.monotonic() + STARTUP_TIMEOUT)
         except BaseException:
             channel.close()
             raise
         return channel
 
-    def send_hello(self, deadline: float) -> None:
+    def send_hello(self, deadline: float, host_outputs: bool = False) -> None:
+        """`host_outputs`: the host removes the outputs of the commands it runs on this server (commands.py's
+        OutputFiles), which then leaves them alone: removed first, one could not be held and cut back."""
         self._hello_nonce = new_nonce()
-        self._send(b"h %s\n" % self._hello_nonce, deadline)
+        self._send(b"h %s%s\n" % (self._hello_nonce, b" o" if host_outputs else b""), deadline)
 
     def await_hello(self, deadline: float, alive: Callable[[], bool] | None = None) -> None:
         """The server's answer to "h". `alive` (is the container up?) is asked every second while none comes: a

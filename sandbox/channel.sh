@@ -8,7 +8,9 @@
 #   reply:   "<TAG> <nonce> <fields...> <len>\n" then exactly <len> bytes of payload.
 #   The nonce is the request's (random, fresh per request): a reply is taken only for the request that asked, and
 #   its payload is counted, never searched for an end mark, so no byte of the agent's output can end or fake a reply.
-#   h n                      -> R n <shell> <refused forks> 0              | F n <len> + why the sandbox cannot work
+#   h n [o]                  -> R n <shell> <refused forks> 0              | F n <len> + why the sandbox cannot work
+#                               o: the host removes the outputs of the commands it runs here (it holds pid's disk):
+#                               this server then never removes one, which the host may not yet hold (outputs.py)
 #   r n <emit> <slot|-> <cmdlen> <datalen|->  + command + data (the data is stored in a file passed as "$1")
 #                            -> P n <pgid> <output file> 0 when started (B n 0: the process table is full, nothing ran)
 #                               then D n <status> <refused forks> <len> + the first <emit> bytes of its output.
@@ -47,6 +49,7 @@ FIFO=/.pid/run/cmd.$CID
 MARK=/.pid/run/mark.$CID
 N=0            # output files made so far (<id>.<n>)
 JUNK= JUNKN=0  # output files nobody needs any more, removed 32 at a time (one rm, not one per request)
+HOSTOUT=       # the host removes the commands' outputs (op_hello): JUNK holds only this server's other files
 UMASK=022
 DROP=          # for an agent that is not root (set in op_hello): "/.pid/drop <uid> <gid>", else "setpriv ..."
 DROPBIN=/.pid/drop   # pid's own privilege drop (sandbox/drop.c), put here by the host where it could build one
@@ -208,8 +211,9 @@ linger() {  # $1 pgid, $2 output file
         ticks=$((ticks + 1))
     done
 }
-op_hello() {  # h nonce: set up /.pid (control) and this server (both)
+op_hello() {  # h nonce [o]: set up /.pid (control) and this server (both)
     local nonce="$2"
+    case ${3-} in '') ;; o) HOSTOUT=1 ;; *) refuse "$nonce" ;; esac
     umask 077
     [ -d /.pid/run ] || mkdir -p /.pid/run /.pid/out || { say F "$nonce" "cannot create /.pid"; return; }
     SHBIN=$(command -v "$SHELL_") || SHBIN=$SHELL_
@@ -304,7 +308,7 @@ finish() {  # $1 nonce, $2 emit: wait for PID, then reply D with the head of POU
     events
     if [ -e "$POUT" ]; then say_head D "$1" "$POUT" "$2" "$rc" "$PE"
     else say D "$1" "$(printf '%s' "$UNMADE" | head -c "$2")" 126 "$PE"; fi   # no shell ran (see UNMADE)
-    forget "$POUT"
+    [ -n "$HOSTOUT" ] || forget "$POUT"
     [ -z "$SLOTS" ] || slot_done
 }
 readcmd() {  # CMD <- $1 bytes of stdin; fewer (the host gave up half-way): nothing of it may run, the server ends

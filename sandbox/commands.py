@@ -2,7 +2,7 @@
 
 A command runs in its own process group; on timeout or cancel the group is killed inside the container before the
 call returns. Its output goes to a file on pid's own disk, which the host bounds while it runs (output_trim.py) and
-removes or keeps while the next command runs (outputs.py).
+removes or keeps while later commands run (outputs.py; OutputFiles.housekeeping).
 """
 from __future__ import annotations
 
@@ -99,8 +99,7 @@ class OutputFiles:
     def clear(self) -> None:
         """Every output goes (the agent's processes are gone): pid's disk is the patch's."""
         with self._lock:
-            self._unsettled = []
-            self._trimmed.clear()
+            self._unsettled = []   # (_trimmed stays: a trim under way may still write its record)
             if self.dir_fd is not None:
                 self.kept.clear(self.dir_fd)
 

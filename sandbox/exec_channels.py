@@ -71,7 +71,7 @@ class ExecChannels:
         assert self._control is not None
         try:
             for channel in (self._control, *self._prestarted):
-                channel.send_hello(time.monotonic() + PRESTARTED_HELLO_S)
+                channel.send_hello(time.monotonic() + PRESTARTED_HELLO_S, self._host_outputs(channel.role))
             self._control.await_hello(time.monotonic() + PRESTARTED_HELLO_S, alive=self.container.is_alive)
         except SetupFailed:
             raise   # (a server through the engine would say the same)
@@ -103,7 +103,12 @@ class ExecChannels:
         box = self.container
         with self.exec_gate:
             return Channel.open_exec(box.client.api, box.id, next(self._ids), role=role, workdir=box.config.workdir,
-                                     uid=box.uid, gid=box.gid, env=box.env)
+                                     uid=box.uid, gid=box.gid, env=box.env, host_outputs=self._host_outputs(role))
+
+    def _host_outputs(self, role: str) -> bool:
+        """Whether the host removes the outputs of the commands a server of this role runs: the agent's, on pid's
+        disk (commands.py: OutputFiles)."""
+        return role == "agent" and self.container.pid_disk is not None
 
     def _new_channel(self) -> Channel:
         """An agent server the container's entry started, once it has answered; else a new one (docker exec)."""

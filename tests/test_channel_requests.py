@@ -43,7 +43,8 @@ def test_no_request_in_a_refused_commands_body_runs(shell, header):
 
 
 @pytest.mark.parametrize("shell", SHELLS)
-@pytest.mark.parametrize("request_", [b"x n1 5", b"c n1 x /.pid/out/1.1", b"t n1 0 -1 /dev/null", b"k n1 1x", b""])
+@pytest.mark.parametrize("request_", [b"x n1 5", b"c n1 x /.pid/out/1.1", b"t n1 0 -1 /dev/null", b"k n1 1x", b"",
+                                      b"h n1 x"])
 def test_a_refused_request_ends_the_server(shell, request_):
     # Out of step with the host: nothing after it is taken for a request.
     assert serve(shell, request_ + b"\n" + HIDDEN) == b"E %s 0\n" % (request_.split(b" ") + [b"", b""])[1]

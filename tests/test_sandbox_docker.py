@@ -108,6 +108,27 @@ def test_agent_commands_keep_their_locale(client, sb):
         channel.close()
 
 
+@pytest.mark.parametrize("host_outputs", [True, False])
+def test_a_server_told_that_the_host_removes_the_outputs_leaves_them_to_it(client, sb, host_outputs):
+    """The host removes the agent's outputs, and holds each one it removed, to cut it back should a process the
+    command left behind write on (outputs.py); the server's own sweep of its files (32 at a time) would remove some
+    first, out of the host's reach. Told at its hello (`h n o`), it leaves them."""
+    channel = Channel.open_exec(client.api, sb.container.id, 902 + host_outputs, role="agent", workdir=sb.workdir,
+                                uid=sb.container.uid, gid=sb.container.gid, env=BASE_ENV, host_outputs=host_outputs)
+    outputs = []
+    try:
+        for _ in range(40):
+            outputs.append(channel.start("true", 0, time.monotonic() + 10)[1])
+            assert channel.finish(time.monotonic() + 10) is not None
+    finally:
+        channel.close()
+    left = sb.exec("for f in %s; do [ ! -e $f ] || echo $f; done" % " ".join(outputs), timeout=10).tail.split()
+    if host_outputs:
+        assert [f.decode() for f in left] == outputs
+    else:   # (the server removed the first 32 as the 33rd command came)
+        assert [f.decode() for f in left] == outputs[32:]
+
+
 def test_a_command_the_host_gave_up_sending_never_runs(client, sb):
     """Issue 21, finding 6: a host that stops sending a command half-way (its start ran out of time) closes the
     channel. The server used to run what it had read of it; now it runs nothing and ends."""
