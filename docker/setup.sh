@@ -105,7 +105,7 @@ if [ "${1:-}" = "--test" ]; then
   say "running the fast tests (no Docker, no subprocesses)"
   tier -n 4 -m "not docker and not cli and not llama" "${@:2}"
   say "running the CLI and Docker tests"
-  tier -n 4 --dist loadgroup -m "docker or cli" "${@:2}"
+  tier -n 4 --dist loadgroup -m "docker or cli" --durations=15 "${@:2}"
   # The trust boundary again, every sandbox taken from a worker's warm pool (made before its job, then handed over)
   say "running the trust-boundary tests on sandboxes from a warm pool"
   PID_TEST_POOL=1 tier -n 4 -p no:cacheprovider -m docker tests/test_trust_boundary.py
@@ -122,11 +122,15 @@ if [ "${1:-}" = "--test" ]; then
   if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
     say "running the tool, task-image, trust-boundary (also pooled) and chaos tests again under gVisor (runsc)"
     # One process: gVisor's ptrace platform spends CPU per system call, and four at once on two cores ran the
-    # 100-job batches and a deep repository's collection past their deadlines.
-    PID_TEST_RUNTIME=runsc tier -p no:cacheprovider -m docker tests/test_tools_bash.py \
+    # 100-job batches and a deep repository's collection past their deadlines (two at once: a background child's
+    # late output, waited for 100 ms, was missed). The 100-job batches (exactly once, on two workers) are the
+    # queue's, not the runtime's: runc runs them, idle and loaded; here they were most of this run's time.
+    PID_TEST_RUNTIME=runsc tier -p no:cacheprovider -m docker --durations=10 tests/test_tools_bash.py \
       tests/test_tools_read.py tests/test_tools_edit.py tests/test_tools_write.py tests/test_task_images.py \
-      tests/test_trust_boundary.py tests/test_worker_chaos.py
-    PID_TEST_RUNTIME=runsc PID_TEST_POOL=1 tier -p no:cacheprovider -m docker tests/test_trust_boundary.py
+      tests/test_trust_boundary.py tests/test_worker_chaos.py \
+      --deselect tests/test_worker_chaos.py::test_a_100_job_batch_on_two_workers_completes_every_job_once
+    PID_TEST_RUNTIME=runsc PID_TEST_POOL=1 tier -p no:cacheprovider -m docker --durations=10 \
+      tests/test_trust_boundary.py
   elif [[ "${CI:-}" =~ ^(1|[Tt][Rr][Uu][Ee])$ ]]; then
     # in CI a missing service is an error, not a skip (tests/services.py): the gVisor run is part of the suite
     echo "CI is set, and dockerd has no runsc runtime: the gVisor tests did not run (see above for why)" >&2
