@@ -48,8 +48,10 @@ OUT=/.pid/out
 FIFO=/.pid/run/cmd.$CID
 MARK=/.pid/run/mark.$CID
 N=0            # output files made so far (<id>.<n>)
-JUNK= JUNKN=0  # output files nobody needs any more, removed 32 at a time (one rm, not one per request)
-HOSTOUT=       # the host removes the commands' outputs (op_hello): JUNK holds only this server's other files
+JUNK= JUNKN=0  # files nobody needs any more (outputs, uploaded data, long commands), removed SWEEP_AT at a time
+SWEEP_AT=32    # (one rm, not one per request)
+HOSTOUT=       # the host removes the commands' outputs (op_hello): JUNK holds only the rarer others, which then go
+               # at the next request, not 32 uploads later
 UMASK=022
 DROP=          # for an agent that is not root (set in op_hello): "/.pid/drop <uid> <gid>", else "setpriv ..."
 DROPBIN=/.pid/drop   # pid's own privilege drop (sandbox/drop.c), put here by the host where it could build one
@@ -213,7 +215,7 @@ linger() {  # $1 pgid, $2 output file
 }
 op_hello() {  # h nonce [o]: set up /.pid (control) and this server (both)
     local nonce="$2"
-    case ${3-} in '') ;; o) HOSTOUT=1 ;; *) refuse "$nonce" ;; esac
+    case ${3-} in '') ;; o) HOSTOUT=1 SWEEP_AT=1 ;; *) refuse "$nonce" ;; esac
     umask 077
     [ -d /.pid/run ] || mkdir -p /.pid/run /.pid/out || { say F "$nonce" "cannot create /.pid"; return; }
     SHBIN=$(command -v "$SHELL_") || SHBIN=$SHELL_
@@ -320,7 +322,7 @@ op_run() {  # r nonce emit slot cmdlen datalen
     case $emit$cmdlen in *[!0-9]*) false ;; esac && [ -n "$emit" ] && [ -n "$cmdlen" ] &&
         case $slot in -) ;; 0|1) [ -n "$SLOTS" ] && [ "$cmdlen" -le "$DIRECT_MAX" ] ;; *) false ;; esac &&
         case $data in -) ;; *) digits "$data" ;; esac || refuse "$nonce"
-    [ "$JUNKN" -lt 32 ] || sweep
+    [ "$JUNKN" -lt "$SWEEP_AT" ] || sweep
     readcmd "$cmdlen"
     [ -n "$CMD" ] || CMD=:
     [ "$data" = - ] || { store "$data"; with_data; }

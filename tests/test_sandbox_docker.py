@@ -110,23 +110,29 @@ def test_agent_commands_keep_their_locale(client, sb):
 
 @pytest.mark.parametrize("host_outputs", [True, False])
 def test_a_server_told_that_the_host_removes_the_outputs_leaves_them_to_it(client, sb, host_outputs):
-    """The host removes the agent's outputs, and holds each one it removed, to cut it back should a process the
+    """The host removes the agent's outputs, and holds the last ones it removed, to cut one back should a process the
     command left behind write on (outputs.py); the server's own sweep of its files (32 at a time) would remove some
-    first, out of the host's reach. Told at its hello (`h n o`), it leaves them."""
-    channel = Channel.open_exec(client.api, sb.container.id, 902 + host_outputs, role="agent", workdir=sb.workdir,
+    first, out of the host's reach. Told at its hello (`h n o`), it leaves them, and removes its other files (here an
+    upload's) at the next request instead."""
+    cid = 902 + host_outputs
+    channel = Channel.open_exec(client.api, sb.container.id, cid, role="agent", workdir=sb.workdir,
                                 uid=sb.container.uid, gid=sb.container.gid, env=BASE_ENV, host_outputs=host_outputs)
     outputs = []
     try:
         for _ in range(40):
             outputs.append(channel.start("true", 0, time.monotonic() + 10)[1])
             assert channel.finish(time.monotonic() + 10) is not None
+        for upload in (b"data", None):
+            channel.start('cat "${1:-/dev/null}"', 10, time.monotonic() + 10, upload=upload)
+            assert channel.finish(time.monotonic() + 10) is not None
     finally:
         channel.close()
     left = sb.exec("for f in %s; do [ ! -e $f ] || echo $f; done" % " ".join(outputs), timeout=10).tail.split()
+    uploads = [n for n in os.listdir(sb.container.pid_disk.path("out")) if n.startswith(f"{cid}.") and ".in" in n]
     if host_outputs:
-        assert [f.decode() for f in left] == outputs
-    else:   # (the server removed the first 32 as the 33rd command came)
-        assert [f.decode() for f in left] == outputs[32:]
+        assert [f.decode() for f in left] == outputs and uploads == []
+    else:   # (the server removed the first 32 as the 33rd command came; the upload waits for 31 more)
+        assert [f.decode() for f in left] == outputs[32:] and len(uploads) == 1
 
 
 def test_a_command_the_host_gave_up_sending_never_runs(client, sb):
