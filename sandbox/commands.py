@@ -222,7 +222,8 @@ class Commands:
                 self.processes.kill_group(started_pgid)
                 reply = collect(channel, time.monotonic() + KILL_GRACE_S)
                 if reply is None:
-                    raise SandboxError(f"command did not end after SIGKILL of its process group {pgid}")
+                    pgid = None   # (killed below, with every process of the agent, or with the container)
+                    reply = self._end_unkilled(channel, started_pgid, collect)
             pgid = None
         except BaseException as exc:
             if pgid is not None:   # interrupted while the command runs: it must not outlive us
@@ -236,6 +237,28 @@ class Commands:
             raise
         self.channels.release(channel)
         return stop, reply, clearings, out_path
+
+    def _end_unkilled(self, channel: Channel, pgid: int, collect: Callable[[Channel, float], Any]) -> Any:
+        """A command still unreported KILL_GRACE_S after the SIGKILL of its group: a fork bomb's shells can outpace
+        one kill (gVisor's kernel signals a large group slowly, and bash sleeps between the forks it is refused), or
+        its server is stuck. Every process of the agent is killed; if its reply still does not come, the container
+        goes: nothing may outlive a kill, and a job must not wait on a sandbox that cannot end a command."""
+        log.warning("command (process group %s) unreported %.0f s after SIGKILL: clearing the agent's processes",
+                    pgid, KILL_GRACE_S)
+        try:
+            self.processes.clear()
+            reply = collect(channel, time.monotonic() + KILL_GRACE_S)
+        except SandboxLost:
+            raise
+        except SandboxError as exc:
+            reply, cause = None, f" ({exc})"
+        else:
+            cause = ""
+        if reply is None:
+            self.container.kill()
+            raise SandboxLost(f"a command did not end after SIGKILL of its process group {pgid} and of every process "
+                              f"of the agent{cause}; the container was removed")
+        return reply
 
     def exec(self, command: str, *, timeout: float, output: OutputPolicy = DEFAULT_OUTPUT,
              on_output: Callable[[bytes], None] | None = None,

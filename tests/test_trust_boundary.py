@@ -18,7 +18,7 @@ import docker
 import pytest
 
 from pid.sandbox_api import OutputPolicy, SandboxLost
-from pid.sandbox import DockerSandbox, SandboxConfig, SandboxError, commands, launch
+from pid.sandbox import DockerSandbox, SandboxConfig, SandboxError, commands, launch, processes
 from pid.sandbox.channel import ProtocolError
 from tests import deep_tree
 from tests.conftest import RUN_ID, RUNTIME, WAITING_SHELL_MARK, signal_waiting_shells, signalled
@@ -321,6 +321,41 @@ def test_under_gvisor_a_fork_bomb_ends_at_worst_its_own_sandbox():
             outcome = b"lost"
         assert outcome in (b"alive\n", b"lost"), outcome
         container_id = box.container.id
+    with pytest.raises(docker.errors.NotFound):
+        box.container.client.containers.get(container_id)
+
+
+def _agent_servers(box: DockerSandbox) -> list[int]:
+    """The host pids of pid's servers of the agent's channels in a box (runc: the host sees them)."""
+    init = box.container.client.api.inspect_container(box.container.id)["State"]["Pid"]
+    procs = Path(processes.cgroup_dir(init, "pids") or "", "cgroup.procs").read_text().split()
+    servers = []
+    for pid in procs:
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3] == [b"/.pid/channel.sh", b"agent"]:
+                servers.append(int(pid))
+        except (OSError, IndexError):
+            pass
+    return servers
+
+
+@pytest.mark.skipif(RUNTIME == "runsc", reason="the host sees only gVisor's own processes, not pid's servers in it")
+def test_a_command_unreported_after_its_kill_ends_its_sandbox(monkeypatch):
+    """A command still unreported after the SIGKILL of its group (under gVisor a fork bomb can outpace the kill; here
+    its server is stopped from the host) has every process of the agent killed, then, still unreported, its container
+    removed: the call fails as SandboxLost and leaves nothing running."""
+    monkeypatch.setattr(commands, "KILL_GRACE_S", 2.0)
+    with new_box("test-trust-unkilled", ttl_s=300) as box:
+        container_id = box.container.id
+        servers = _agent_servers(box)
+        assert servers
+        stopper = threading.Timer(1.0, lambda: [os.kill(pid, signal.SIGSTOP) for pid in servers])
+        stopper.start()
+        started = time.monotonic()
+        with pytest.raises(SandboxLost, match="did not end after SIGKILL"):
+            box.exec("sleep 120", timeout=3)
+        assert time.monotonic() - started < 60
+        stopper.join()
     with pytest.raises(docker.errors.NotFound):
         box.container.client.containers.get(container_id)
 
