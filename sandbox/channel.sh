@@ -511,12 +511,14 @@ hand() {  # $1 slot: CMD into its FIFO: up to a page itself, a longer one throug
 }
 handed() {  # $1 slot, to whose FIFO the host wrote the command: PID <- the shell that runs it (false: the table
     # is full, nothing ran). A shell that died before it took the command (the agent's code killed it) ran none of
-    # it: its remains are drained and a new shell gets the command. A slot with no shell yet gets one now.
+    # it: its remains are drained and a new shell gets the command. A slot with no shell yet gets one now. The FIFO
+    # is looked at again once the shell is seen dead: before, a shell could take a quick command, run it and end in
+    # between, and it ran twice.
     SLOT=$1
     if [ -z "${Z[$1]}" ]; then
         table_full && { drain "$1"; return 1; }
         spawn "$1"
-    elif read -r -t 0 -u $((4 + $1)) && ! alive "${Z[$1]}"; then
+    elif read -r -t 0 -u $((4 + $1)) && ! alive "${Z[$1]}" && read -r -t 0 -u $((4 + $1)); then
         wait "${Z[$1]}"
         drain "$1"
         Z[$1]=

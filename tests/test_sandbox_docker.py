@@ -585,6 +585,22 @@ def test_concurrent_execs_use_several_channels(sb):
     assert {i: r.tail for i, r in results.items()} == {i: b"%d\n" % i for i in range(4)}
 
 
+def test_a_quick_command_runs_once_even_when_its_shell_ends_before_the_server_looks(sb):
+    """A command handed straight to its waiting shell could be taken, run and ended by that shell between the
+    server's two looks (is the FIFO still full? is the shell dead?): the server took the shell for one that died
+    before taking it and gave the command to a new shell, which ran it again (3 of 1,000 here, the host busy)."""
+    hogs = [subprocess.Popen(["timeout", "120", "sh", "-c", "while :; do :; done"], start_new_session=True)
+            for _ in range(4)]
+    try:
+        for _ in range(1000):
+            sb.exec("echo x >> /tmp/runs-once", timeout=30)
+    finally:
+        for hog in hogs:
+            os.killpg(hog.pid, signal.SIGKILL)
+            hog.wait()
+    assert sb.exec("wc -l < /tmp/runs-once", timeout=30).tail == b"1000\n"
+
+
 def test_agent_cannot_signal_pids_servers(sb):
     """The servers are root's, the agent's commands are not: pkill finds them and is refused."""
     result = sb.exec("pkill -9 -f channel.sh; echo rc=$?; kill -STOP 1; echo rc=$?", timeout=10)
