@@ -494,17 +494,24 @@ class Channel:
         else:
             direct = False
         data = b"-" if upload is None else b"%d" % len(upload)
+        sent = False
         try:
             self._send(b"r %s %d %s %d %s\n%s%s" % (self._nonce, self._emit, slot, len(cmd), data, cmd, upload or b""),
                        deadline)
+            sent = True
             started = self._reply(self._nonce, {b"P": "dp", b"B": ""}, 0, deadline)
             if started is None:
                 self.broken = True
                 raise SandboxError("exec channel did not answer in time")
         except ChannelClosed as exc:
-            # A dead server ran nothing, and the caller may try another channel; but a command handed to its shell
-            # may have run, unless it can be taken back from the FIFO.
-            if direct and not (isinstance(link, PipeLink) and link.take_back(self._slot, len(handed))):
+            # A server that could not take the request ran nothing, and the caller may try another channel. One that
+            # took it and went away may have handed the command to a shell, which outlives it; a command handed to
+            # its shell by the host may have run, unless it can be taken back from the FIFO.
+            if direct:
+                unsure = not (isinstance(link, PipeLink) and link.take_back(self._slot, len(handed)))
+            else:
+                unsure = sent
+            if unsure:
                 raise SandboxError(f"exec channel broke as a command started: {exc}") from exc
             raise
         if started.tag == b"B":
@@ -561,10 +568,11 @@ class Channel:
                               max_bytes, deadline)
         return reply.number(0), reply.payload
 
-    def kill(self, pgid: int, deadline: float) -> None:
-        """SIGKILL a process group (a builtin in the server: works with the process table full)."""
+    def kill(self, pgid: int, deadline: float) -> bool:
+        """SIGKILL a process group (a builtin in the server: works with the process table full); whether any process
+        was there to signal."""
         nonce = new_nonce()
-        self._request(b"k %s %d\n" % (nonce, pgid), nonce, {b"K": "d"}, 0, deadline)
+        return self._request(b"k %s %d\n" % (nonce, pgid), nonce, {b"K": "d"}, 0, deadline).number(0) == 0
 
     def kill_agent_processes(self, deadline: float) -> tuple[int, int]:
         """SIGKILL every process of the agent's uid; (how many were killed, forks the pids limit refused so far)."""

@@ -388,7 +388,9 @@ field() {
     S=
 }
 nap() { IFS= read -r -t 0.01 -u 6 _; }   # ~10 ms without a fork: a read that times out on the server's own FIFO
-readcmd() { CMD=; [ "$1" = 0 ] || IFS= read -r -N "$1" CMD; }   # (stdin is a pipe or socket: bash reads no further)
+readcmd() {  # (stdin is a pipe or socket: bash reads no further)
+    CMD=; [ "$1" = 0 ] || IFS= read -r -N "$1" CMD; [ "${#CMD}" -eq "$1" ] || quit
+}
 host_gone() { read -r -t 0; }
 say() { printf '%s %s%s %d\n%s' "$1" "$2" "${4+ ${*:4}}" "${#3}" "$3"; }   # (as above, without a local or a shift)
 say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes, without a fork
@@ -464,6 +466,7 @@ alive() {  # whether slot shell $1 can still take a command. kill -0 passes a sh
     { slurp "/proc/$1/stat"; } 2>/dev/null
     set -- "$1" ${S##*) }   # (numbers and one letter: nothing to glob)
     S=
+    [ "${3:-}" = "$$" ] || return 1   # not this server's child: bash reaped it, and its number went to another process
     case ${2:-Z} in
         [ZX]*) untrace "$1"; return 1 ;;
         t*) kill -9 "$1"; untrace "$1"; return 1 ;;

@@ -222,7 +222,6 @@ class Commands:
                 self.processes.kill_group(started_pgid)
                 reply = collect(channel, time.monotonic() + KILL_GRACE_S)
                 if reply is None:
-                    pgid = None   # (killed below, with every process of the agent, or with the container)
                     reply = self._end_unkilled(channel, started_pgid, collect)
             pgid = None
         except BaseException as exc:
@@ -239,18 +238,21 @@ class Commands:
         return stop, reply, clearings, out_path
 
     def _end_unkilled(self, channel: Channel, pgid: int, collect: Callable[[Channel, float], Any]) -> Any:
-        """A command still unreported KILL_GRACE_S after the SIGKILL of its group: a fork bomb's shells can outpace
-        one kill (gVisor's kernel signals a large group slowly, and bash sleeps between the forks it is refused), or
-        its server is stuck. Every process of the agent is killed; if its reply still does not come, the container
-        goes: nothing may outlive a kill, and a job must not wait on a sandbox that cannot end a command."""
-        log.warning("command (process group %s) unreported %.0f s after SIGKILL: clearing the agent's processes",
-                    pgid, KILL_GRACE_S)
+        """A command still unreported KILL_GRACE_S after the SIGKILL of its group. Its group is killed again: if
+        nothing was left in it, only the report is late (a loaded machine), which gets as long again. If processes
+        were left (a fork bomb's shells can outpace one kill: gVisor's kernel signals a large group slowly, and bash
+        sleeps between the forks it is refused), every process of the agent is killed. If the reply still does not
+        come, the container goes: nothing may outlive a kill, and a job must not wait on a sandbox that cannot end a
+        command."""
+        log.warning("command (process group %s) unreported %.0f s after SIGKILL", pgid, KILL_GRACE_S)
         try:
-            self.processes.clear()
+            if self.processes.kill_group(pgid) and self.container.uid != 0:   # (a root agent's: nothing to clear)
+                self.processes.clear()
             reply = collect(channel, time.monotonic() + KILL_GRACE_S)
         except SandboxLost:
             raise
         except SandboxError as exc:
+            self.channels.raise_if_lost(exc)
             reply, cause = None, f" ({exc})"
         else:
             cause = ""

@@ -268,8 +268,8 @@ class Container:
         while time.monotonic() < end:
             try:
                 self.client.api.inspect_container(self.id)
-            except docker.errors.DockerException:   # NotFound: gone; anything else: nothing better to wait for
-                return
+            except (docker.errors.DockerException, requests.exceptions.RequestException):
+                return   # NotFound: gone; anything else (an engine busy past its timeout): nothing better to wait for
             time.sleep(0.05)
 
 

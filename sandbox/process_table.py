@@ -49,11 +49,12 @@ class ProcessTable:
         except (OSError, ValueError):
             return False
 
-    def kill_group(self, pgid: int) -> None:
-        """SIGKILL a process group inside the container. The control server does it with a builtin: no new process,
-        so a full process table cannot stop it. If even that fails, the container goes: nothing may outlive a kill."""
+    def kill_group(self, pgid: int) -> bool:
+        """SIGKILL a process group inside the container; whether any process was there to signal. The control server
+        does it with a builtin: no new process, so a full process table cannot stop it. If even that fails, the
+        container goes: nothing may outlive a kill."""
         try:
-            self.channels.with_control(lambda ch: ch.kill(pgid, time.monotonic() + CONTROL_TIMEOUT_S))
+            return bool(self.channels.with_control(lambda ch: ch.kill(pgid, time.monotonic() + CONTROL_TIMEOUT_S)))
         except SandboxLost:
             raise
         except SandboxError as exc:
