@@ -186,8 +186,7 @@ class DockerSandbox:
     def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:
         """Write the workspace's changes since the base commit to host file `dest` (made by pid's git, as root,
         from pid's repository; paths validated, size capped)."""
-        if self.container.uid != 0:   # nothing of the agent may run on (swap files, hold FIFOs) while pid's git reads
-            self.processes.clear()
+        self.processes.clear()   # nothing of the agent may run on (swap files, hold FIFOs) while pid's git reads
         free_reserve(self.container.disk)   # the room kept for an image's base (see launch._reserve)
         base = self.workspace.base(timeout)
         self.commands.outputs.clear()   # the agent's outputs go (its processes are): pid's disk is the patch's

@@ -67,8 +67,11 @@ class ProcessTable:
         """After the pids limit was hit: kill every process of the agent, so that the next call can start; how many.
         From the host with the container frozen where possible (a fork bomb cannot race it, nor starve it of CPU);
         else by pid's server inside, with builtins. The forks refused until then count as dealt with: a later reply
-        that shows them must not clear the table again (killing what that command left running)."""
+        that shows them must not clear the table again (killing what that command left running). A root agent shares
+        pid's uid: nothing tells its processes from pid's, so nothing is killed (0) and no clearing counted."""
         box = self.container
+        if box.uid == 0:
+            return 0
         sweep = None
         if not box.own_kernel:   # (the host sees none of the agent's processes under a kernel of the runtime's)
             with self.channels.exec_gate:   # (only the freeze excludes starting a channel: the waits are outside)
@@ -95,7 +98,7 @@ class ProcessTable:
             refused = events > self.events
             hit = refused or self.clearings != clearings
             self.events = max(self.events, events)
-            if refused and self.container.uid != 0:
+            if refused:
                 self.clear()
         return hit
 

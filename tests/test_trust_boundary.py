@@ -339,8 +339,9 @@ def test_under_gvisor_a_fork_bomb_ends_at_worst_its_own_sandbox():
 
 def _agent_servers(box: DockerSandbox) -> list[int]:
     """The host pids of pid's servers of the agent's channels in a box (runc: the host sees them)."""
-    init = box.container.client.api.inspect_container(box.container.id)["State"]["Pid"]
-    procs = Path(processes.cgroup_dir(init, "pids") or "", "cgroup.procs").read_text().split()
+    cgroup = processes.cgroup_dir(box.container.init_pid() or 0, "pids")
+    assert cgroup, "the container's cgroup is not on this host"
+    procs = Path(cgroup, "cgroup.procs").read_text().split()
     servers = []
     for pid in procs:
         try:
