@@ -38,6 +38,7 @@ class ExecChannels:
         self._ids = itertools.count(PRESTARTED[-1][1] + 1 if first else 1)
         self._control: Channel | None = first[0] if first else None
         self._control_lock = threading.Lock()
+        self._adrift: set[int] = set()   # process groups of pid's scripts that may still run (run_script)
         self._prestarted: list[Channel] = first[1:]   # agent servers the entry started, not yet pooled
         self._prestarted_lock = threading.Lock()
         self._pool = ChannelPool(self._new_channel, MAX_CHANNELS)
@@ -181,6 +182,9 @@ class ExecChannels:
                         self.raise_if_lost(exc)
                         raise
                 try:
+                    for pgid in list(self._adrift):   # first: a second run beside one could leave a patch of neither
+                        channel.kill(pgid, time.monotonic() + CONTROL_TIMEOUT_S)
+                        self._adrift.discard(pgid)
                     return fn(channel)
                 except ChannelClosed:
                     if attempt:
@@ -194,14 +198,14 @@ class ExecChannels:
         Raises SandboxError when it fails or outlives `timeout` (the channel is then dropped; what still runs ends
         with the container, which the runner's collection deadline removes).
         """
-        return self.with_control(lambda channel: run_script(channel, script, what, timeout))
+        return self.with_control(lambda channel: run_script(channel, script, what, timeout, self._adrift))
 
     def run_as_pid_aside(self, script: str, what: str, timeout: float) -> bytes:
         """run_as_pid on a root channel of its own: a long script (hashing a large tree) while the agent works must
         never hold the control channel, which kills the agent's commands."""
         channel = self._open_channel("control")
         try:
-            return run_script(channel, script, what, timeout)
+            return run_script(channel, script, what, timeout, self._adrift)
         finally:
             channel.close()
 
@@ -225,11 +229,18 @@ class ExecChannels:
                     self._control_lock.release()
 
 
-def run_script(channel: Channel, script: str, what: str, timeout: float) -> bytes:
-    """One of pid's scripts on `channel`, to its end within `timeout`; its output (SandboxError when it fails)."""
-    channel.start(script, 16384, time.monotonic() + CONTROL_TIMEOUT_S)
-    done = channel.finish(time.monotonic() + timeout)
+def run_script(channel: Channel, script: str, what: str, timeout: float, adrift: set[int]) -> bytes:
+    """One of pid's scripts on `channel`, to its end within `timeout`; its output (SandboxError when it fails). A run
+    that may go on, its server gone (the OOM killer can choose it) or its time up, joins `adrift`: ExecChannels
+    kills it before its next control request, which may be this script again."""
+    pgid, _ = channel.start(script, 16384, time.monotonic() + CONTROL_TIMEOUT_S)
+    try:
+        done = channel.finish(time.monotonic() + timeout)
+    except ChannelClosed:
+        adrift.add(pgid)
+        raise
     if done is None:   # its server waits for it and reads nothing meanwhile: drop the channel
+        adrift.add(pgid)
         channel.broken = True
         raise SandboxError(f"{what} did not finish within {timeout:g}s")
     if done.exit_code != 0:

@@ -337,15 +337,15 @@ def test_under_gvisor_a_fork_bomb_ends_at_worst_its_own_sandbox():
         time.sleep(1)
 
 
-def _agent_servers(box: DockerSandbox) -> list[int]:
-    """The host pids of pid's servers of the agent's channels in a box (runc: the host sees them)."""
+def _servers(box: DockerSandbox, role: bytes = b"agent") -> list[int]:
+    """The host pids of pid's servers of one role's channels in a box (runc: the host sees them)."""
     cgroup = processes.cgroup_dir(box.container.init_pid() or 0, "pids")
     assert cgroup, "the container's cgroup is not on this host"
     procs = Path(cgroup, "cgroup.procs").read_text().split()
     servers = []
     for pid in procs:
         try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3] == [b"/.pid/channel.sh", b"agent"]:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3] == [b"/.pid/channel.sh", role]:
                 servers.append(int(pid))
         except (OSError, IndexError):
             pass
@@ -361,7 +361,7 @@ def test_a_command_unreported_after_its_kill_ends_its_sandbox(monkeypatch):
     monkeypatch.setattr(commands, "KILL_GRACE_S", 2.0)
     with new_box("test-trust-unkilled", ttl_s=300) as box:
         container_id = box.container.id
-        servers = _agent_servers(box)
+        servers = _servers(box)
         assert servers
         stopper = threading.Timer(1.0, lambda: [os.kill(pid, signal.SIGSTOP) for pid in servers])
         stopper.start()
@@ -372,6 +372,28 @@ def test_a_command_unreported_after_its_kill_ends_its_sandbox(monkeypatch):
         stopper.join()
     with pytest.raises(docker.errors.NotFound):
         box.container.client.containers.get(container_id)
+
+
+@pytest.mark.skipif(RUNTIME == "runsc", reason="the host sees only gVisor's own processes, not pid's servers in it")
+def test_a_script_of_pids_left_running_is_ended_before_the_next_control_request():
+    """pid's control server killed while one of pid's scripts runs (the OOM killer can choose it): the script runs
+    again on a new server, and only once its first run is killed. So is a script that outlived its time, before
+    whatever pid asks next. Two runs at once of the script that writes the patch could leave a patch of neither."""
+    with new_box("test-trust-orphan", ttl_s=300) as box:
+        servers = _servers(box, b"control")
+        assert servers
+        killer = threading.Timer(1.0, lambda: [os.kill(pid, signal.SIGKILL) for pid in servers])
+        killer.start()
+        script = "echo start >>/.pid/runs; sleep 3; echo end >>/.pid/runs; cat /.pid/runs"
+        assert box.run_as_pid(script, "a probe", 60) == b"start\nstart\nend\n"
+        killer.join()
+        time.sleep(3)   # (when the first run would have ended, had it not been killed)
+        assert box.run_as_pid("cat /.pid/runs", "a look", 30) == b"start\nstart\nend\n"
+        with pytest.raises(SandboxError, match="did not finish within 1s"):
+            box.run_as_pid("rm /.pid/runs; " + script, "a slow probe", 1)
+        box.run_as_pid("true", "the next request", 30)
+        time.sleep(3)
+        assert box.run_as_pid("cat /.pid/runs", "a look", 30) == b"start\n"
 
 
 # -- 5. the agent cannot reach pid's machinery ------------------------------------------------------------------------
