@@ -123,7 +123,7 @@ cutinfo() {  # CUT, CUTL <- bytes and newlines dropped from the front of output 
     digits "$CUT" "$CUTL" || { CUT=0; CUTL=0; }
 }
 take() { if [ -n "$GNUHEAD" ]; then head -c "$1"; else dd bs=1 count="$1" 2>/dev/null; fi; }   # exactly $1 bytes
-GNUHEAD=; head --version 2>/dev/null | grep -q GNU && GNUHEAD=1   # (GNU head never reads past N bytes of a pipe)
+GNUHEAD=; case $(head --version 2>/dev/null) in *GNU*) GNUHEAD=1 ;; esac   # (GNU head reads no more than N bytes)
 
 op_count() {  # c nonce tail file
     local nonce="$2" tail="$3" f="$4" lines

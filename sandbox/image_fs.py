@@ -44,7 +44,9 @@ SYSTEM_BIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")   # pid's PATH in the co
 # What pid's machinery runs as root in the container (sandbox/channel.sh, sandbox/workspace.py's scripts)
 PID_TOOLS = ("sh", "bash", "dash", "env", "setpriv", "setsid", "git", "head", "tail", "cat", "rm", "mkdir", "mkfifo",
              "chmod", "chown", "mv", "cp", "ln", "stat", "wc", "tr", "sleep", "kill", "tar", "find", "sort", "touch",
-             "dd", "truncate", "realpath", "id", "ls", "printf", "test", "[", "xargs", "sed", "awk", "gzip")
+             "dd", "truncate", "realpath", "id", "ls", "printf", "test", "[", "xargs", "sed", "awk", "gzip", "grep",
+             "fallocate")
+MAX_LINKS = 16   # links followed to find what one of PID_TOOLS is (past that, every tree counts as reached)
 NOT_BOUND = {"proc", "sys", "dev", "tmp", ".pid", "sbin"}   # top-level directories a root agent's overlay never
                                                            # covers (/sbin: where the engine binds its init)
 BASE_TARGET = "/.pid/base/tree"        # the workdir as the image has it, for pid's git (root only)
@@ -147,28 +149,64 @@ def _names(layers: list[str], path: str) -> set[str]:
 def _reached_by_pid(layers: list[str], trees: list[str]) -> set[str]:
     """The trees pid's own root tools could load or run something from, so never the agent's: one the loader's cache
     or /etc/ld.so.preload names (searched as bytes: the cache shares string tails, and an unparsed mention counts),
-    or one a tool pid runs (PID_TOOLS, in the system directories) is a link into. Fails closed: ImageFSError."""
+    or one a tool pid runs (PID_TOOLS, in the system directories) reaches through its links, however many (Debian's
+    /usr/bin/awk -> /etc/alternatives/awk -> /usr/bin/mawk; one through /etc/alternatives into /usr/local/bin would
+    have pid run the agent's program as root). Fails closed: ImageFSError, or every tree when links do not end."""
     reached: set[str] = set()
     for path in LOADER_FILES:
         data = _image_file(layers, path)
         reached.update(tree for tree in trees if data is not None and (tree.rstrip("/") + "/").encode() in data)
     for directory in SYSTEM_BIN:
-        try:
-            lowers = subtree_lowers(layers, directory)
-        except ImageFSError:   # (a merged /usr's /bin, a link: its tools are those of /usr/bin)
-            continue
         for tool in PID_TOOLS:
-            for lower in lowers:
-                try:
-                    target = os.readlink(os.path.join(lower, tool))
-                except FileNotFoundError:
-                    continue
-                except OSError:   # there, and not a link
-                    break
-                resolved = posixpath.normpath(posixpath.join(directory, target))
-                reached.update(tree for tree in trees if _inside(resolved, [tree]))
-                break
+            passed = _lookup_path(layers, posixpath.join(directory, tool))
+            if passed is None:
+                return set(trees)
+            reached.update(tree for tree in trees if any(_inside(path, [tree]) for path in passed))
     return reached
+
+
+def _lookup_path(layers: list[str], path: str) -> list[str] | None:
+    """Every path a lookup of absolute `path` in the image passes through, one after each link it follows (in any
+    of its components) and the last; None past MAX_LINKS links (a loop, say)."""
+    passed = [path]
+    todo = [part for part in path.split("/") if part]
+    done = ""   # the components looked up so far: none of them a link
+    links = 0
+    while todo:
+        part = todo.pop(0)
+        if part in (".", ".."):
+            done = posixpath.dirname(done) if part == ".." else done
+            continue
+        target = _link_target(layers, done or "/", part)
+        if target is None:
+            done = f"{done}/{part}"
+            continue
+        links += 1
+        if links > MAX_LINKS:
+            return None
+        todo = [p for p in target.split("/") if p] + todo
+        done = "" if target.startswith("/") else done
+        passed.append(posixpath.normpath("/" + "/".join([done.strip("/"), *todo]).strip("/")))
+    return passed
+
+
+def _link_target(layers: list[str], directory: str, name: str) -> str | None:
+    """The target of `name` in the image's `directory` (one with no link on its way) when the topmost entry there is
+    a link; None when it is anything else or absent."""
+    try:
+        lowers = subtree_lowers(layers, directory)
+    except ImageFSError:
+        return None
+    for lower in lowers:
+        entry = os.path.join(lower, name)
+        try:
+            st = os.lstat(entry)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+        return os.readlink(entry) if stat.S_ISLNK(st.st_mode) else None
+    return None
 
 
 def _image_file(layers: list[str], path: str) -> bytes | None:

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from pid.sandbox.image_env import CARRIER, neutralised
-from pid.sandbox.image_fs import ImageFSError, check_workdir, subtree_lowers
+from pid.sandbox.image_fs import ImageFSError, _reached_by_pid, check_workdir, subtree_lowers
 from pid.sandbox.mounts import swap_map
 
 
@@ -96,3 +96,28 @@ def test_the_image_s_loader_and_shell_variables_are_emptied_and_carried():
                             'declare -F ls || echo no-function'], env={"C": added[CARRIER]},
                            capture_output=True, text=True, timeout=10).stdout
     assert shown == "/opt/lib|/opt/env.sh|/opt/a b.so|no-function\n", shlex.quote(shown)
+
+
+def test_a_tree_a_tool_of_pids_reaches_through_any_chain_of_links_is_pids(tmp_path):
+    """What pid runs as root (here `wc`) is followed through every link: Debian's alternatives add a second one, which
+    could lead into a tree the agent may write. A chain that does not end counts as reaching every tree."""
+    top, bottom = _layers(tmp_path, "top", "bottom")
+    trees = ["/usr/local/bin", "/opt"]
+    for layer, directory in ((top, "usr/bin"), (bottom, "usr/bin"), (bottom, "etc/alternatives"),
+                             (bottom, "usr/local/bin")):
+        os.makedirs(os.path.join(layer, directory), exist_ok=True)
+    os.symlink("usr/bin", os.path.join(bottom, "bin"))   # a merged /usr
+    os.symlink("/etc/alternatives/awk", os.path.join(bottom, "usr", "bin", "awk"))
+    os.symlink("/usr/bin/mawk", os.path.join(bottom, "etc", "alternatives", "awk"))
+    assert _reached_by_pid([top, bottom], trees) == set()
+    os.symlink("/etc/alternatives/wc", os.path.join(top, "usr", "bin", "wc"))
+    os.symlink("../../usr/local/bin/wc", os.path.join(bottom, "etc", "alternatives", "wc"))
+    assert _reached_by_pid([top, bottom], trees) == {"/usr/local/bin"}
+    os.remove(os.path.join(top, "usr", "bin", "wc"))
+    os.symlink("/opt", os.path.join(bottom, "usr", "tools"))
+    os.symlink("/usr/tools/grep", os.path.join(top, "usr", "bin", "grep"))   # through a directory's link
+    assert _reached_by_pid([top, bottom], trees) == {"/opt"}
+    os.remove(os.path.join(top, "usr", "bin", "grep"))
+    os.symlink("/etc/alternatives/tar", os.path.join(top, "usr", "bin", "tar"))
+    os.symlink("/usr/bin/tar", os.path.join(bottom, "etc", "alternatives", "tar"))   # a loop
+    assert _reached_by_pid([top, bottom], trees) == set(trees)
