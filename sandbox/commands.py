@@ -239,16 +239,20 @@ class Commands:
 
     def _end_unkilled(self, channel: Channel, pgid: int, collect: Callable[[Channel, float], Any]) -> Any:
         """A command still unreported KILL_GRACE_S after the SIGKILL of its group. Its group is killed again: if
-        nothing was left in it, only the report is late (a loaded machine), which gets as long again. If processes
-        were left (a fork bomb's shells can outpace one kill: gVisor's kernel signals a large group slowly, and bash
-        sleeps between the forks it is refused), every process of the agent is killed. If the reply still does not
-        come, the container goes: nothing may outlive a kill, and a job must not wait on a sandbox that cannot end a
-        command."""
+        nothing was left in it, the report may only be late (a loaded machine), which gets as long again. Then (or at
+        once, if processes were left: a fork bomb's shells can outpace one kill, gVisor's kernel signals a large
+        group slowly, and bash sleeps between the forks it is refused) every process of the agent is killed: one may
+        hold what the report waits for (a tracer of the helper the server runs as the agent). If the reply still does
+        not come, the container goes: nothing may outlive a kill, and a job must not wait on a sandbox that cannot
+        end a command."""
         log.warning("command (process group %s) unreported %.0f s after SIGKILL", pgid, KILL_GRACE_S)
         try:
-            if self.processes.kill_group(pgid):
+            reply = None
+            if not self.processes.kill_group(pgid):
+                reply = collect(channel, time.monotonic() + KILL_GRACE_S)
+            if reply is None:
                 self.processes.clear()
-            reply = collect(channel, time.monotonic() + KILL_GRACE_S)
+                reply = collect(channel, time.monotonic() + KILL_GRACE_S)
         except SandboxLost:
             raise
         except SandboxError as exc:

@@ -374,6 +374,53 @@ def test_a_command_unreported_after_its_kill_ends_its_sandbox(monkeypatch):
         box.container.client.containers.get(container_id)
 
 
+GVISOR_REFUSES_PTRACE = (
+    "gVisor refuses the attack itself: its kernel applies Yama ptrace_scope 1 (its default; the agent can neither "
+    "write /proc/sys/kernel/yama/ptrace_scope nor has CAP_SYS_PTRACE), under which a process may ptrace only its own "
+    "descendants, and pid's waiting slot shells are children of the root server: PTRACE_ATTACH fails with EPERM (and "
+    "/proc/N/mem with EACCES, process_vm_writev with ENOSYS). The runc host has no Yama: the attack is tested there")
+
+
+# The agent's process that ptraces the helper pid's server runs as the agent after a command (linger's pid-scan) and
+# never waits for it: the exited helper stays a zombie only its tracer can reap, and the server waits for it.
+TRACER = r"""
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+held = [os.open("/dev/null", os.O_RDONLY) for _ in range(550)]   # (a slower scan: many descriptors to look at)
+for _ in range(4):
+    if os.fork() == 0:
+        time.sleep(60)
+        os._exit(0)
+end = time.time() + 20
+while time.time() < end:
+    for p in os.listdir("/proc"):
+        try:
+            line = open(f"/proc/{p}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"pid-scan" in line and libc.ptrace(0x4206, int(p), None, None) == 0:   # PTRACE_SEIZE
+            open("/tmp/traced", "w").write(p)
+            time.sleep(300)
+"""
+
+
+@pytest.mark.skipif(RUNTIME == "runsc", reason=GVISOR_REFUSES_PTRACE)
+def test_a_reply_the_agent_holds_up_after_its_command_ended_comes_once_its_processes_are_killed(monkeypatch):
+    """A command ends, and a process of the agent's holds up its report (above). When the kill of its group and as
+    long again did not bring it, every process of the agent is killed, and the call returns, timed out: the sandbox
+    stays (before, with nothing left in the command's group, its container was removed and the job lost)."""
+    monkeypatch.setattr(commands, "KILL_GRACE_S", 2.0)
+    with new_box("test-trust-held", ttl_s=300) as box:
+        box.write_file("/tmp/tracer.py", TRACER.encode())
+        result = box.exec("setsid -f python3 /tmp/tracer.py </dev/null >/dev/null 2>&1; sleep 2; "
+                          "sleep 1 >/dev/null 2>&1 & echo ran",
+                          timeout=6)
+        assert box.exec("cat /tmp/traced", timeout=10).exit_code == 0, "the tracer never caught the helper"
+        assert result.timed_out and result.tail == b"ran\n"
+        assert box.exec("echo next", timeout=10).tail == b"next\n"
+
+
 @pytest.mark.skipif(RUNTIME == "runsc", reason="the host sees only gVisor's own processes, not pid's servers in it")
 def test_a_script_of_pids_left_running_is_ended_before_the_next_control_request():
     """pid's control server killed while one of pid's scripts runs (the OOM killer can choose it): the script runs
@@ -639,11 +686,6 @@ print("refused", refused, "yama", scope, "writable", writable, "injected", done)
 """
 DUP2, FCNTL, F_SETPIPE_SZ = 33, 72, 1031   # x86-64 system call numbers
 ptraced = pytest.mark.skipif(os.uname().machine != "x86_64", reason="the injector speaks x86-64 only")
-GVISOR_REFUSES_PTRACE = (
-    "gVisor refuses the attack itself: its kernel applies Yama ptrace_scope 1 (its default; the agent can neither "
-    "write /proc/sys/kernel/yama/ptrace_scope nor has CAP_SYS_PTRACE), under which a process may ptrace only its own "
-    "descendants, and pid's waiting slot shells are children of the root server: PTRACE_ATTACH fails with EPERM (and "
-    "/proc/N/mem with EACCES, process_vm_writev with ENOSYS). The runc host has no Yama: the attack is tested there")
 
 
 def inject(box: DockerSandbox, *syscall: int) -> None:
