@@ -13,7 +13,7 @@ from typing import Any, Callable
 import click
 from click.core import ParameterSource
 
-from pid.config import API_KEY_ENV, API_NAMES, THINKING_LEVELS
+from pid.config import API_KEY_ENV, API_NAMES, THINKING_LEVELS, EnvKey
 from pid.sandbox.config import DEFAULT_MAX_WORKSPACE
 from pid.sandbox.disk import format_size
 from pid.jobs.spec import DEFAULT_QUEUE, default_of, spec_field
@@ -269,6 +269,15 @@ class EnvOption(click.Option):
         return hint
 
 
+def api_key_option(help: str) -> Callable[[Any], Any]:
+    """--api-key, else the environment's key, which is marked as such: it goes only to the environment's endpoint
+    (pid.config.key_endpoint), never to a --base-url given beside it."""
+    def mark(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        from_env = value and param.name and ctx.get_parameter_source(param.name) == ParameterSource.ENVIRONMENT
+        return EnvKey(value) if from_env else value
+    return click.option("--api-key", envvar=list(API_KEY_ENV), show_envvar=True, callback=mark, help=help)
+
+
 @dataclass
 class JobOption:
     """One option of `run`/`submit` for one JobSpec field: default, help and bounds come from the field."""
@@ -359,8 +368,7 @@ def spec_options(func: Callable[..., Any] | None = None, *,
         return lambda f: spec_options(f, json_help=json_help)
     decorators = [
         *(option.decorator() for option in JOB_OPTIONS),
-        click.option("--api-key", envvar=list(API_KEY_ENV), show_envvar=True,
-                     help="API key; never enters the container."),
+        api_key_option("API key; never enters the container."),
         click.option("--no-images", is_flag=True, help="The model takes no images: read's images reach it as a note."),
         click.option("--json", "as_json", is_flag=True, help=json_help),
     ]

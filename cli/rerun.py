@@ -14,9 +14,9 @@ from typing import Any
 import click
 
 from pid.cli.ids import JOB_ID
-from pid.cli.options import Api, Number, QueueName, Url
+from pid.cli.options import Api, Number, QueueName, Url, api_key_option
 from pid.cli.output import echo
-from pid.config import API_KEY_ENV, EnvDefaults, endpoint
+from pid.config import EnvDefaults, endpoint, key_endpoint
 from pid.jobs import submission
 from pid.jobs.spec import JobSpec, spec_field
 
@@ -57,8 +57,7 @@ def queue_options(func: Any) -> Any:
                           "batch item's: pid-runs), else pid-runs."),
         click.option("--queue", type=QueueName(), default=None,
                      help="The queue the job waits in. Default: the earlier job's."),
-        click.option("--api-key", envvar=list(API_KEY_ENV), show_envvar=True,
-                     help="API key; never enters the container (an ended job's key is not kept: give it again)."),
+        api_key_option("API key; never enters the container (an ended job's key is not kept: give it again)."),
         click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code."),
         click.option("--json", "as_json", is_flag=True, help="With --wait: print result.json instead of the summary."),
     ]
@@ -140,9 +139,9 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
     # it is for: the one named beside it (--base-url, --api here, else PID_BASE_URL, PID_API), else the API's own
     # (pid.config.endpoint). No key is ever taken from the earlier job: its own was forgotten when it ended.
     env = EnvDefaults.read()
-    bound = EnvDefaults(api_key, given.base_url or env.base_url, given.api or env.api)
-    if api_key and bound.key_for(spec.api, spec.base_url) is None:
-        echo(f"pid: the API key is for {endpoint(bound.api, bound.base_url)}, not this job's "
+    home = key_endpoint(api_key, given.api or env.api, given.base_url or env.base_url)
+    if api_key and endpoint(spec.api, spec.base_url) != home:
+        echo(f"pid: the API key is for {home}, not this job's "
              f"{endpoint(spec.api, spec.base_url)}: not sent (pass --base-url, or set PID_BASE_URL, to send it "
              f"there)", err=True)
         api_key = None

@@ -70,8 +70,8 @@ def prepare(tasks: str, out: str, opts: Options, warn: Callable[[str], None] = i
                "max_workspace": opts.max_workspace}
     if BatchDir.exists(out):
         _same_batch(open_dir(out), tasks_path, [item.id for item in items], defined)
-    from pid.config import endpoint
-    key_endpoint = endpoint(options["api"], options.get("base_url"))   # the command line's key goes there only
+    from pid.config import key_endpoint as endpoint_of_key
+    key_endpoint = endpoint_of_key(opts.api_key, options["api"], options.get("base_url"))   # its key goes there only
     specs = build_specs(items, options, repo=opts.repo, queue=opts.queue, no_images=opts.no_images,
                         api_key=opts.api_key, jobs_dir=os.path.join(out, ".jobs"), max_workspace=opts.max_workspace,
                         need_prices=opts.max_total_cost is not None, tasks=tasks, errors=errors,

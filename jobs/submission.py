@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from pid.config import API_KEY_ENV, KEYED_HOSTS, base_url_for, pid_home
+from pid.config import API_KEY_ENV, KEYED_HOSTS, base_url_for, bound_key, endpoint, key_endpoint, pid_home
 from pid.errors import PidError
 from pid.jobs.spec import JobSpec, command_problem
 from pid.sandbox.disk import format_size
@@ -53,7 +53,7 @@ def prepare_run(options: dict[str, Any], *, api_key: str | None, no_images: bool
     """A foreground job's spec (`pid run`, pid.run), checked as far as can be before its sandbox starts."""
     spec = build_spec(options, no_images, warn)
     spec.max_workspace = max_workspace
-    check_api_key(spec, api_key)
+    check_api_key(spec, api_key, warn)
     check_workspace_size(spec, max_workspace)
     check_cpus(spec)
     return spec
@@ -66,6 +66,7 @@ def submit(options: dict[str, Any], *, api_key: str | None, no_images: bool, max
     spec = build_spec(options, no_images, warn)
     spec.queue = queue
     spec.max_workspace = max_workspace
+    warn_unsent_key(spec, api_key, warn)   # (no key may be right: the worker's own may be for this endpoint)
     from pid.jobs.brokers import embedded_broker
     from pid.jobs.store import default_store
     if embedded_broker():  # the worker is on this machine: its image and CPUs must be here too
@@ -78,6 +79,7 @@ def submit(options: dict[str, Any], *, api_key: str | None, no_images: bool, max
 
 def enqueue(store: Any, spec: JobSpec, api_key: str | None) -> None:
     """Record the job, keep its key, publish it (submit, continue, retry)."""
+    api_key = bound_key(api_key, spec.api, spec.base_url)
     from pid.jobs.dispatch import dispatch
     check_policies(store, spec)
     store.create(spec)
@@ -181,13 +183,27 @@ def check_out_dir(out: str) -> str:
     return path
 
 
-def check_api_key(spec: JobSpec, key: str | None) -> None:
-    """The vendors' endpoints need a key (the same rule as the providers'); an endpoint of one's own may not."""
+def check_api_key(spec: JobSpec, key: str | None, warn: Callable[[str], None] | None = None) -> None:
+    """The vendors' endpoints need a key (the same rule as the providers'); an endpoint of one's own may not. A key
+    from the environment that is for another endpoint is not this job's (warn_unsent_key)."""
+    keyed = bound_key(key, spec.api, spec.base_url)
+    if warn is not None:
+        warn_unsent_key(spec, key, warn)
     host = urlsplit(spec.base_url or "").hostname
-    if key or host not in KEYED_HOSTS:
+    if keyed or host not in KEYED_HOSTS:
         return
+    elsewhere = f" (the key in the environment is for {key_endpoint(key, spec.api, spec.base_url)} only)" \
+        if key else ""
     raise PidError(f"no API key: {host} needs one; pass --api-key or set {' or '.join(API_KEY_ENV)}, or point "
-                   f"--base-url at an endpoint of your own")
+                   f"--base-url at an endpoint of your own{elsewhere}")
+
+
+def warn_unsent_key(spec: JobSpec, key: str | None, warn: Callable[[str], None]) -> None:
+    """Say so when a key from the environment will not go with this job: it goes only to the environment's endpoint
+    (PID_BASE_URL, else the API's own; pid.config.key_endpoint), never to another a command line names."""
+    if key and bound_key(key, spec.api, spec.base_url) is None:
+        warn(f"the API key in the environment is for {key_endpoint(key, spec.api, spec.base_url)}, not this job's "
+             f"{endpoint(spec.api, spec.base_url)}: not sent (pass --api-key, or set PID_BASE_URL, to send it there)")
 
 
 def check_policies(store: Any, spec: JobSpec) -> None:
@@ -322,8 +338,8 @@ def run_foreground(spec: JobSpec, job: Any, starting: Any, *, api_key: str | Non
     result = None
     failure: str | None = None
     try:
-        result = run_job(spec, api_key=api_key, sink=job.sink(sink), on_agent=attach, check_in=job.check_in,
-                         cancel=job.cancel, starting=starting, keep=job.store)
+        result = run_job(spec, api_key=bound_key(api_key, spec.api, spec.base_url), sink=job.sink(sink),
+                         on_agent=attach, check_in=job.check_in, cancel=job.cancel, starting=starting, keep=job.store)
         return result
     except BaseException as exc:   # not the job's own failure (run_job records those)
         failure = f"{type(exc).__name__}: {exc}"

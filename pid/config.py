@@ -81,3 +81,21 @@ class EnvDefaults:
         """The key, for a job whose endpoint is the one it is bound to (see endpoint); None for any other."""
         bound = self.api_key is not None and endpoint(api, base_url) == endpoint(self.api, self.base_url)
         return self.api_key if bound else None
+
+
+class EnvKey(str):
+    """An API key a command took from the environment (API_KEY_ENV), not from its --api-key: like the worker's, it
+    is bound to the environment's endpoint (PID_BASE_URL, else PID_API's own), not to a --base-url beside it."""
+
+
+def key_endpoint(key: str | None, api: str, base_url: str | None) -> str:
+    """The endpoint `key` may go to, for a command whose own endpoint is (api, base_url)."""
+    if isinstance(key, EnvKey):
+        env = EnvDefaults.read()
+        return endpoint(env.api, env.base_url)
+    return endpoint(api, base_url)
+
+
+def bound_key(key: str | None, api: str, base_url: str | None) -> str | None:
+    """`key` for a job of this endpoint when it is the key's (see key_endpoint), else None."""
+    return key if key and endpoint(api, base_url) == key_endpoint(key, api, base_url) else None

@@ -354,3 +354,21 @@ def test_an_endpoint_of_ones_own_runs_without_a_key(run_pid, sample_repo, tmp_pa
     assert res.code == 0, res.stderr
     assert "authorization" not in llm.request_headers[0]
 
+
+@pytest.mark.docker   # runs jobs
+def test_a_key_from_the_environment_goes_only_to_the_environments_endpoint(run_pid, pid_env, sample_repo, tmp_path):
+    """A key in the environment is for PID_BASE_URL, else its API's own endpoint (docs/options.md, "API keys"): a
+    --base-url naming another on the command line gets it only with --api-key, and the command says it was not sent."""
+    cases = [({"OPENAI_API_KEY": "sk-openai"}, [], None),
+             ({"PID_API_KEY": "sk-env", "PID_BASE_URL": "http://10.9.9.9/v1"}, [], None),
+             ({"PID_API_KEY": "sk-env", "PID_BASE_URL": "URL"}, [], "Bearer sk-env"),
+             ({"OPENAI_API_KEY": "sk-openai"}, ["--api-key", "sk-given"], "Bearer sk-given")]
+    for n, (variables, args, sent) in enumerate(cases):
+        with ScriptedLLM([{"text": "done"}]) as llm:
+            env = dict(pid_env, **{k: v.replace("URL", llm.base_url) for k, v in variables.items()})
+            res = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url,
+                          "--out", str(tmp_path / f"out{n}"), *args, env=env)
+        assert res.code == 0, res.stderr
+        assert llm.request_headers[0].get("authorization") == sent, variables
+        assert ("not sent" in res.stderr) == (sent is None), res.stderr
+
