@@ -687,3 +687,21 @@ def test_a_stream_of_empty_events_ends_at_the_stream_bound(monkeypatch) -> None:
     finally:
         server.sock.close()
     assert reply.stop_reason == "error" and "passed 1 MiB" in reply.error_message, reply
+
+
+@pytest.mark.parametrize("kind, body", [("text/html", b"<html><body>It works!</body></html>"),
+                                        ("application/json", b'{"object": "chat.completion", "choices": []}')])
+def test_a_reply_that_is_not_an_event_stream_is_the_endpoints_mistake_not_an_overflow(kind: str, body: bytes) -> None:
+    """A 200 that says it is a web page or a whole JSON body (a --base-url that is not the API's, a proxy that does
+    not stream) has no event: that is said as it is, once, and never taken for a conversation too long for the model
+    (as an empty event stream is: some servers answer so)."""
+    from pid.providers.overflow import is_context_overflow
+    server = RawServer(f"HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\n", body)
+    try:
+        reply = OpenAIProvider(ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=3)).stream(
+            "", HELLO, [])
+    finally:
+        server.sock.close()
+    assert reply.stop_reason == "error" and not is_context_overflow(reply)
+    assert reply.error_message == (f"the server answered with {kind}, not an event stream: is --base-url the API's "
+                                   "own (an OpenAI-compatible one usually ends in /v1)?")

@@ -480,6 +480,7 @@ class StreamReply:
         self.status: int | None = None
         self.asked_s: float | None = None  # the wait the server asked for
         self.events = 0                    # server-sent events read (none at all: an empty response)
+        self.content_type = ""             # the response's, as it said (see not_a_stream)
         self.size = 0                      # bytes of text, thinking and arguments so far (see MAX_REPLY_BYTES)
 
     def fail(self, message: str, *, aborted: bool = False, retry: str | None = None, status: int | None = None,
@@ -505,6 +506,12 @@ UNFINISHED_MESSAGE = "the stream ended before the response finished"
 # llama-cpp-python's answer to a streaming request too long for its context: HTTP 200 and not one event. Retried a
 # little (retry.EMPTY_RETRIES), then taken for the refusal it most likely is (pid/providers/overflow.py), so that the
 # loop compacts and asks again; still empty after that, the job fails saying so.
+def not_a_stream(content_type: str) -> bool:
+    """A reply that said it is something else (a web page, a JSON body from a server that does not stream): no event
+    in it is the endpoint's mistake, not an empty answer (which some servers give a conversation too long)."""
+    return bool(content_type) and not content_type.lower().startswith("text/event-stream")
+
+
 EMPTY_MESSAGE = ("the server returned an empty response (no event at all; some servers answer so when the "
                  "conversation is too long for their context)")
 
@@ -551,6 +558,9 @@ class StreamingProvider:
                 if failure is not None:
                     reply.fail(failure.message, aborted=failure.aborted, retry=failure.retry, status=failure.status,
                                asked_s=failure.asked_s)
+                elif reply.error is None and reply.events == 0 and not_a_stream(reply.content_type):
+                    reply.fail(f"the server answered with {truncate(reply.content_type)}, not an event stream: is "
+                               "--base-url the API's own (an OpenAI-compatible one usually ends in /v1)?")
                 elif reply.error is None and reply.events == 0:
                     reply.fail(EMPTY_MESSAGE, retry=retry.EMPTY)
                 elif reply.error is None and not reply.finished:
@@ -589,6 +599,7 @@ class StreamingProvider:
         """SSE events into the reply (its feed(event, payload, on_text)); malformed data fails it, and so does one
         too large: reading stops there (the caller closes the response, and with it the connection)."""
         drained = read = 0
+        reply.content_type = response.headers.get("content-type", "")
         try:
             for event, data in iter_sse(response):
                 reply.events += 1
