@@ -252,6 +252,8 @@ def _write_patch(source: BinaryIO, dest: str, max_bytes: int) -> PatchCopy:
     return PatchCopy(patch.size, dropped)
 
 
+NEW_REPOSITORY = ("a git repository of its own (git init, cargo new): git records only its commit, not its files "
+                  "(without its .git they are in the patch)")
 _HUNK_HEADER = re.compile(rb"@@ -[0-9]+(?:,([0-9]+))? \+[0-9]+(?:,([0-9]+))? @@")
 _MODE_LINE = re.compile(rb"(old mode|new mode|deleted file mode|new file mode) ([0-7]{6})")
 _INDEX_LINE = re.compile(rb"index [0-9a-f]{4,64}\.\.[0-9a-f]{4,64}(?: ([0-7]{6}))?")
@@ -554,6 +556,8 @@ class _PatchFilter:
         elif match := _MODE_LINE.fullmatch(text):
             if match[2] == b"120000" and match[1] in (b"new mode", b"new file mode"):
                 self._drop("symlink")
+            elif match[2] == b"160000" and match[1] in (b"new mode", b"new file mode"):
+                self._drop(NEW_REPOSITORY)
         elif match := _INDEX_LINE.fullmatch(text):
             if match[1] == b"120000":
                 self._drop("symlink")

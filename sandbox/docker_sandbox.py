@@ -20,6 +20,7 @@ import docker
 
 from pid.sandbox_api import DEFAULT_OUTPUT, ExecResult, OutputPolicy
 from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped
+from pid.terminal import escaped
 
 from .channel import PID_DIR, install_script
 from .commands import FILE_TIMEOUT_S, Commands
@@ -30,7 +31,7 @@ from .disk import reap_disks
 from .launch import Container, default_disk_root, free_reserve, launch
 from .process_table import ProcessTable
 from .reaper import remove_job_containers
-from .workspace import patch_script
+from .workspace import patch_script, unrecorded
 from .workspaces import UploadedWorkspace, copy_patch_out, export_files, workspace_for
 
 
@@ -191,8 +192,10 @@ class DockerSandbox:
         base = self.workspace.base(timeout)
         self.commands.outputs.clear()   # the agent's outputs go (its processes are): pid's disk is the patch's
         room = f"{PID_DIR}/patch"
-        self.run_as_pid(patch_script(self.workdir, base, room), "making the patch", timeout)
-        return copy_patch_out(self.container, f"{room}/patch.diff", dest, max_bytes)
+        said = self.run_as_pid(patch_script(self.workdir, base, room), "making the patch", timeout)
+        copy = copy_patch_out(self.container, f"{room}/patch.diff", dest, max_bytes)
+        copy.dropped[:0] = [Skipped(escaped(path), why) for path, why in unrecorded(said)]
+        return copy
 
     @engine_errors
     def export_files(self, paths: list[str], dest_dir: str, budget: FilesBudget) -> tuple[list[str], list[Skipped]]:

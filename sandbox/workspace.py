@@ -120,10 +120,33 @@ def patch_script(workdir: str, base: str, room: str) -> str:
             f"-regex '.{{{len(workdir.rstrip('/')) + MAX_NAME + 2},}}' -print -quit 2>/dev/null | head -c 200)\n"
             f"if [ -n \"$too_long\" ]; then echo \"a path of the workspace is longer than {MAX_NAME} bytes (git "
             "cannot record it in the patch): $too_long...\" >&2; exit 3; fi\n"
-            "git -c core.bigFileThreshold=0 add -A\n"
+            # What git cannot record (a new repository with no commit yet, as `git init` or `cargo new` leave; a FIFO
+            # or a device) is left out and said (unrecorded); any other error fails the patch.
+            f"if ! git -c core.bigFileThreshold=0 add -A --ignore-errors 2>{room}/add.err; then\n"
+            f"  if grep -v -e '{_NO_COMMIT}$' -e '{_NOT_A_FILE}$' -e '^fatal: adding files failed$' -e '^hint:' "
+            f"-e '^warning:' {room}/add.err | grep -q .; then cat {room}/add.err >&2; exit 1; fi\n"
+            f"  head -c 16000 {room}/add.err\n"
+            "fi\n"
             "git -c diff.noprefix=false -c diff.mnemonicPrefix=false diff --cached --binary --no-color --no-ext-diff "
             f"--no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/ {base} -- . "
             + " ".join(f"':(exclude,glob){pattern}'" for pattern in BYTECODE) + f" > {room}/patch.diff\n")
+
+
+_NO_COMMIT = "does not have a commit checked out"                          # git add's words, in its error lines
+_NOT_A_FILE = "can only add regular files, symbolic links or git-directories"
+_UNRECORDED = ((re.compile(rb"error: '(.+)/' " + _NO_COMMIT.encode()), "a git repository of its own with no commit "
+                "yet (git init, cargo new): git cannot record it (without its .git its files are in the patch)"),
+               (re.compile(rb"error: (.+): " + _NOT_A_FILE.encode()), "not a regular file, a link or a directory"))
+
+
+def unrecorded(said: bytes) -> list[tuple[str, str]]:
+    """(path, why) for each path the patch script's git left out (its output, the lines patch_script passes on)."""
+    found = []
+    for line in said.splitlines():
+        for pattern, why in _UNRECORDED:
+            if match := pattern.fullmatch(line):
+                found.append((match[1].decode("utf-8", "surrogateescape"), why))
+    return found
 
 
 GIT_SCHEMES = ("https", "http", "ssh", "git", "file")

@@ -1052,6 +1052,28 @@ def test_git_repo_patch_roundtrip(client, tmp_path):
     assert (fresh / "edit.txt").read_text() == "one\nTWO\nuncommitted\n"
 
 
+def test_what_git_cannot_record_is_left_out_of_the_patch_and_said(client, tmp_path):
+    """A new directory with a repository of its own (`cargo new` runs `git init`): with no commit yet, git refused it
+    and with it the whole patch; with one, git recorded only that commit and its files were gone without a word. A
+    tracked file the agent replaced with a FIFO failed the whole patch too. Now the rest of the patch is made, and
+    each is in its report."""
+    repo = make_repo(tmp_path)
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-gitlink", ttl_s=300), client) as box:
+        box.import_workspace(str(repo))
+        box.write_file("edit.txt", b"changed\n")
+        assert box.exec("mkdir -p fresh committed && echo a > fresh/a.rs && echo b > committed/b.rs && "
+                        "git -C fresh init -q && git -C committed init -q && "
+                        "git -C committed -c user.name=a -c user.email=a@b commit -q --allow-empty -m x && "
+                        "rm untracked.txt && mkfifo untracked.txt && echo ok", timeout=30).tail == b"ok\n"
+        copy = box.export_patch(str(tmp_path / "out.patch"), 1 << 20)
+    text = (tmp_path / "out.patch").read_bytes()
+    assert b"+changed" in text and b"b/committed" not in text and b"b/fresh" not in text
+    assert [(s.path, s.reason.split(" (")[0]) for s in copy.dropped] == [
+        ("untracked.txt", "not a regular file, a link or a directory"),
+        ("fresh", "a git repository of its own with no commit yet"),
+        ("committed", "a git repository of its own")]
+
+
 @pytest.fixture
 def image_without_bash(client):
     """The default image with bash removed: the channel must work with POSIX sh alone."""
