@@ -43,7 +43,8 @@ class EventRecords:
                 "is_error": event.result.is_error, "output": output_excerpt(event.result.text), "t": now}
             if event.result.is_error:   # bash's says how it ended last; the other tools say why first
                 lines = [line for line in event.result.text.strip().splitlines() if line.strip()] or [""]
-                record["error_line"] = one_line(lines[-1] if event.name == "bash" else lines[0])[:200]
+                ending = event.name == "bash" and not lines[0].startswith(VALIDATION_FAILED)
+                record["error_line"] = one_line(lines[-1] if ending else invalid_arguments(lines))[:200]
             return record
         if isinstance(event, ev.MessageEnd) and isinstance(event.message, AssistantMessage):
             message = event.message
@@ -112,3 +113,14 @@ def job_record(status: str, **fields: Any) -> dict[str, Any]:
     puts it back, it ends)."""
     return {"type": "job", "status": status, **{k: v for k, v in fields.items() if v is not None},
             "t": round(time.time(), 3)}
+
+
+VALIDATION_FAILED = "Validation failed for tool"   # (pid/tools/schema.py's first line: arguments the tool refused)
+
+
+def invalid_arguments(lines: list[str]) -> str:
+    """A failed call's first line, or for arguments the tool refused the first problem ("timeout: must be > 0"), not
+    the echo of the arguments after it."""
+    if lines[0].startswith(VALIDATION_FAILED) and len(lines) > 1:
+        return lines[1].strip().removeprefix("- ")
+    return lines[0]

@@ -77,3 +77,5 @@ def test_a_failed_tool_s_line_gives_its_reason_and_bash_s_its_ending():
                                                  "exactly."
     assert line("bash", "Traceback (most recent call last):\n  boom\n\nCommand exited with code 1") == \
         "Command exited with code 1"
+    assert line("bash", 'Validation failed for tool "bash":\n  - timeout: must be > 0\n\nReceived arguments:\n'
+                        '{\n  "command": "ls",\n  "timeout": -1\n}') == "timeout: must be > 0"
