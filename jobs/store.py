@@ -25,6 +25,7 @@ from typing import Any, BinaryIO, Iterator, Protocol
 from pid.endings import TERMINAL_STATUSES, ExitReason, check_passed_of, exit_code_of
 from pid.jobs.spec import DEFAULT_QUEUE, JobSpec
 from pid import settings
+from pid.errors import PidError
 
 USAGE_KEYS = ("input", "output", "cache_read", "cache_write", "total_tokens")
 
@@ -57,7 +58,7 @@ def retention_s(value: str | None = None) -> float:
         return DEFAULT_RETENTION_S
     m = _DURATION.fullmatch(raw)
     if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"PID_RETENTION={raw!r} is not a duration: give seconds or e.g. 12h, 7d, 2w")
+        raise PidError(f"PID_RETENTION={raw!r} is not a duration: give seconds or e.g. 12h, 7d, 2w")
     return float(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
@@ -358,8 +359,9 @@ _redis_stores: dict[tuple[int, str], Store] = {}   # one client (and connection 
 def open_store(url: str | None, variable: str = settings.STORE_URL.name) -> Store:
     """The store at `url`: None or "" -> SQLite under PID_HOME; sqlite:///ABS/PATH.db -> SQLite there;
     redis://HOST:PORT/DB (rediss://, unix://) -> RedisStore (one per URL and process: it holds a connection pool).
-    ValueError, with a one-line message naming `variable`, for any other URL or a bad PID_RETENTION."""
+    PidError (a ValueError: the command's one line), naming `variable`, for any other URL or a bad PID_RETENTION."""
     from pid.jobs.sqlite_store import JobStore   # (it imports this module)
+    retention_s()   # (checked now: the SQLite store reads it at its first prune, an hour into a worker's life)
     if not url:
         from pid.config import pid_home
         return JobStore(os.path.join(pid_home(), "jobs.db"))
@@ -367,7 +369,7 @@ def open_store(url: str | None, variable: str = settings.STORE_URL.name) -> Stor
     if scheme == "sqlite":
         path = url[len("sqlite://"):]
         if not path.startswith("/") or path.endswith("/"):
-            raise ValueError(f"{variable}={url}: a SQLite store is named by an absolute file path, "
+            raise PidError(f"{variable}={url}: a SQLite store is named by an absolute file path, "
                              "sqlite:///ABS/PATH.db")
         return JobStore(path)
     if scheme in ("redis", "rediss", "unix"):
@@ -380,7 +382,7 @@ def open_store(url: str | None, variable: str = settings.STORE_URL.name) -> Stor
             store = _redis_stores[key] = RedisStore(url)
         return store
     shown = url[:200] if "@" not in url else scheme + "://…"   # never a password
-    raise ValueError(f"{variable}={shown}: not a store pid knows: use sqlite:///ABS/PATH.db or "
+    raise PidError(f"{variable}={shown}: not a store pid knows: use sqlite:///ABS/PATH.db or "
                      "redis://HOST:PORT/DB")
 
 
