@@ -54,6 +54,7 @@ def prepare_run(options: dict[str, Any], *, api_key: str | None, no_images: bool
     spec = build_spec(options, no_images, warn)
     spec.max_workspace = max_workspace
     check_api_key(spec, api_key, warn)
+    table_prices(spec.model)   # (the models file, read here as the job will read it: a bad one refuses now)
     check_workspace_size(spec, max_workspace)
     check_cpus(spec)
     return spec

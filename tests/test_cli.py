@@ -328,6 +328,19 @@ def test_no_api_key_for_the_default_endpoint_is_exit_2(run_pid, sample_repo, tmp
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("content", [None, "{bad"])
+def test_a_models_file_that_is_missing_or_bad_refuses_the_run_before_it_starts(run_pid, pid_env, sample_repo,
+                                                                               tmp_path, content):
+    models = tmp_path / "models.json"
+    if content is not None:
+        models.write_text(content)
+    res = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+                  "--out", str(tmp_path / "o"), env=dict(pid_env, PID_MODELS=str(models)))
+    assert res.code == 2 and res.stderr.count("\n") == 1 and str(models) in res.stderr, res.stderr
+    assert res.stderr.startswith("pid: error: PID_MODELS=" if content is None else "pid: error: cannot read")
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_vendor_endpoint_named_explicitly_still_needs_a_key(run_pid, sample_repo, tmp_path):
     res = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", "https://api.openai.com/v1/",
                   "--out", str(tmp_path / "o"))
