@@ -40,7 +40,7 @@ class ViewError(click.ClickException):
 @click.argument("target", metavar="ID|DIR")
 @click.option("-o", "--output", metavar="FILE", type=click.Path(dir_okay=False),
               help="Where to write the page (default: pid-view-<id>.html here for a job; DIR/view/index.html for a "
-                   "batch, its items' pages beside it).")
+                   "batch, its items' pages beside it; with -o FILE, in FILE-items/ beside FILE).")
 @click.option("--open", "open_page", is_flag=True, help="Open the page in a browser, where there is one.")
 @click.option("--watch", is_flag=True,
               help="For a job by id: keep rewriting its page while the job runs (the page reloads itself every "
@@ -75,7 +75,8 @@ def _view_dir(directory: str, output: str | None) -> str:
         index = os.path.abspath(output or os.path.join(default, "index.html"))
         _check_writable(os.path.dirname(index), create=output is None)
         try:
-            path, _ = render_batch(directory, os.path.dirname(index), os.path.basename(index))
+            path, _ = render_batch(directory, os.path.dirname(index), os.path.basename(index),
+                                   items_dir="" if output is None else _items_dir(index))
         except OSError as exc:
             raise ViewError(f"cannot write {index}: {exc.strerror or exc}") from None
         return path
@@ -266,6 +267,13 @@ def _write_path(path: str, text: str) -> str:
     except OSError as exc:
         raise ViewError(f"cannot write {path}: {exc.strerror or exc}") from None
     return path
+
+
+def _items_dir(index: str) -> str:
+    """The folder beside a batch page named with -o that holds its items' pages: FILE's name without .html, then
+    "-items" (report.html: report-items/)."""
+    name = os.path.basename(index)
+    return (name[:-5] if name.lower().endswith(".html") else name) + "-items"
 
 
 def _check_writable(directory: str, create: bool) -> None:

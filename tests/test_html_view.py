@@ -227,6 +227,23 @@ def test_a_batch_index_links_each_item_and_is_sortable(tmp_path):
     assert 'data-v="0.034"' in text and 'data-v="40.0"' in text
 
 
+def test_a_batch_page_named_with_o_keeps_its_items_pages_in_a_folder_of_their_own(tmp_path):
+    """`pid view DIR -o report.html` wrote the items' pages beside report.html, over files of the same names."""
+    from pid.cli.view import view
+    from click.testing import CliRunner
+    batch = write_batch(tmp_path / "batch")
+    mine = tmp_path / "out" / "proj-a-1.html"
+    mine.parent.mkdir()
+    mine.write_text("MINE")
+    result = CliRunner().invoke(view, [str(batch), "-o", str(tmp_path / "out" / "report.html")])
+    assert result.exit_code == 0, result.output
+    assert mine.read_text() == "MINE"
+    links = Structure((tmp_path / "out" / "report.html").read_text()).attr_values("href")
+    assert "report-items/proj-a-1.html" in links and all(name.startswith("report-items/") for name in links)
+    item = (tmp_path / "out" / "report-items" / "proj-a-1.html").read_text()
+    assert "../report.html" in Structure(item).attr_values("href")
+
+
 def test_a_batch_item_id_never_leaves_the_view_directory(tmp_path):
     batch = tmp_path / "batch"
     batch.mkdir()

@@ -120,10 +120,11 @@ def test_a_batch_directory_writes_an_index_and_item_pages(tmp_path, env):
     (tmp_path / "elsewhere").mkdir()
     res = pid(env, tmp_path, "view", str(batch), "-o", str(tmp_path / "elsewhere" / "b.html"))
     assert res.returncode == 0, res.stderr
-    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == \
-        sorted(["b.html", "proj-a-1.html", "proj-b-2.html", "proj-c-3.html", [p.name for p in
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["b-items", "b.html"]
+    assert sorted(p.name for p in (tmp_path / "elsewhere" / "b-items").iterdir()) == \
+        sorted(["proj-a-1.html", "proj-b-2.html", "proj-c-3.html", [p.name for p in
                 (batch / "view").glob("item-*.html")][0]])
-    assert 'href="b.html"' in (tmp_path / "elsewhere" / "proj-a-1.html").read_text()
+    assert 'href="../b.html"' in (tmp_path / "elsewhere" / "b-items" / "proj-a-1.html").read_text()
     write_job(batch / "view", {"id": "j"}, simple_session(["c"]))   # an item whose id is "view"
     one_line_error(pid(env, tmp_path, "view", str(batch)), "is an item's folder", "pass -o FILE")
 

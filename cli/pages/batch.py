@@ -175,24 +175,27 @@ def row_html(item: Item) -> str:
 
 
 def render_batch(batch_dir: str, out_dir: str, index_name: str = "index.html",
-                 limits: Limits = LIMITS) -> tuple[str, list[str]]:
-    """Writes the index and the items' pages into out_dir; returns the index's path and the pages written."""
+                 limits: Limits = LIMITS, items_dir: str = "") -> tuple[str, list[str]]:
+    """Writes the index into out_dir and the items' pages beside it, or into its subfolder `items_dir` (a page named
+    with -o shares its folder with files of the user's, which an item's page must not replace); returns the index's
+    path and the pages written."""
     items, bad = read_items(batch_dir)
-    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(os.path.join(out_dir, items_dir), exist_ok=True)
     taken = {index_name.lower()}
     pages: list[str] = []
     for item in items:
         folder = item_dir(batch_dir, item)
         if folder is None:
             continue
-        item.page = page_name(item.id, taken)
+        item.page = (items_dir + "/" if items_dir else "") + page_name(item.id, taken)
         result = read_result(folder, limits) or {}
         item.task = " ".join(str(result.get("task") or "").split())
         fallback: dict[str, Any] = {k: item.line[k] for k in ("status", "exit_reason", "turns", "duration_s", "check")
                     if k in item.line}
         fallback["id"] = item.line.get("job_id") or item.id
         path = os.path.join(out_dir, item.page)
-        write_page(path, render_job(folder, fallback=fallback, back_link=index_name, limits=limits))
+        back = "../" + index_name if items_dir else index_name
+        write_page(path, render_job(folder, fallback=fallback, back_link=back, limits=limits))
         pages.append(path)
     head = "".join(f'<th class="{"num" if numeric else ""}" data-key="{key}" tabindex="0">{title}</th>'
                    for title, key, numeric in COLUMNS)
