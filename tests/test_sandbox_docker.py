@@ -1031,13 +1031,16 @@ def test_git_repo_patch_roundtrip(client, tmp_path):
         assert b"+TWO" in text and b"b/added/new.txt" in text and b"GIT binary patch" in text
         assert b"uncommitted" not in text.replace(b" uncommitted\n", b"")   # context only, not a change
 
-        copied, skipped = box.export_files(["passwd-link", "added", "missing-file"], str(tmp_path / "files"),
-                                           FilesBudget(1 << 20, 100))
+        box.exec("ln -s /etc etc-link && ln -s /.pid deep-link", timeout=10)   # (the engine follows them as root)
+        copied, skipped = box.export_files(["passwd-link", "added", "missing-file", "etc-link/passwd",
+                                            "deep-link/git/config"], str(tmp_path / "files"), FilesBudget(1 << 20, 100))
     assert snapshot(repo) == before                      # the host repo was never modified
     # export: the link to /etc/passwd is refused, nothing of the host file leaks; the directory arrives
     files = tmp_path / "files" / "workspace"   # the in-container path is kept under dest_dir
     assert copied == [str(files / "added"), str(files / "added" / "new.txt")]
-    assert sorted((s.path, s.reason) for s in skipped) == [("missing-file", "not found"), ("passwd-link", "symlink")]
+    assert sorted((s.path, s.reason) for s in skipped) == [
+        ("deep-link/git/config", "a link on its way"), ("etc-link/passwd", "a link on its way"),
+        ("missing-file", "not found"), ("passwd-link", "symlink")]
     assert (files / "added" / "new.txt").read_bytes() == b"brand new\n"
     assert not os.path.lexists(files / "passwd-link")
     host_passwd = Path("/etc/passwd").read_bytes()
