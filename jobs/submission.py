@@ -260,6 +260,8 @@ def post(store: Any, job_id: str, kind: str, message: str) -> None:
     if not message.strip():
         raise PidError(f"the {kind.replace('_', '-')} message is empty")
     record = job_record(store, job_id)
+    if record.cancel_requested:   # (it would never be read: the job stops at its next step)
+        raise PidError(f"job {job_id} is being cancelled: it takes no more messages")
     if not store.post(job_id, kind, message):
         raise PidError(f"job {job_id} is {record.status}: it takes no more messages")
 
