@@ -32,7 +32,7 @@ from pid.jobs.spec import DEFAULT_QUEUE, JobSpec
 from pid.jobs import submission
 # The checks a job's options pass, shared with the Python API (pid/api.py); here under the names the other commands use
 from pid.jobs.submission import (RESULT_GRACE_S, check_api_key, check_broker, check_cpus, check_image,  # noqa: F401
-                                 check_out_dir, load_result)
+                                 check_out_dir, check_runtime, load_result)
 
 EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without --wait)
 EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it

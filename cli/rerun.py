@@ -148,6 +148,7 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
     _main.check_api_key(spec, api_key)
     if embedded_broker():   # the worker is on this machine: its image and CPUs must be here too
         _main.check_cpus(spec)
+        _main.check_runtime(spec.runtime)
         _main.check_image(spec.image)
     _main.queue_job(store, spec, api_key, wait, as_json)
 

@@ -394,9 +394,11 @@ def _check_images(specs: dict[str, JobSpec]) -> None:
     if not embedded_broker():
         return
     from pid.errors import PidError
-    from pid.jobs.submission import check_cpus, check_image
+    from pid.jobs.submission import check_cpus, check_image, check_runtime
     for image in sorted({s.image for s in specs.values()}):
         check_image(image)
+    for runtime in sorted({s.runtime for s in specs.values() if s.runtime}):
+        check_runtime(runtime)
     item, most = max(specs.items(), key=lambda pair: pair[1].cpus, default=(None, None))
     if most is not None:
         try:

@@ -57,6 +57,7 @@ def prepare_run(options: dict[str, Any], *, api_key: str | None, no_images: bool
     table_prices(spec.model)   # (the models file, read here as the job will read it: a bad one refuses now)
     check_workspace_size(spec, max_workspace)
     check_cpus(spec)
+    check_runtime(spec.runtime)
     return spec
 
 
@@ -72,6 +73,7 @@ def submit(options: dict[str, Any], *, api_key: str | None, no_images: bool, max
     from pid.jobs.store import default_store
     if embedded_broker():  # the worker is on this machine: its image and CPUs must be here too
         check_cpus(spec)
+        check_runtime(spec.runtime)
         check_image(spec.image)
     pack_workspace(spec, max_workspace)
     enqueue(default_store(), spec, api_key)
@@ -234,6 +236,17 @@ def check_cpus(spec: JobSpec) -> None:
     have = engine_cpus()
     if have is not None and spec.cpus > have:
         raise PidError(f"--cpus {spec.cpus:g}: the Docker engine has only {have} CPU{'s' if have != 1 else ''}")
+
+
+def check_runtime(runtime: str | None) -> None:
+    """A --runtime the engine does not offer is refused before a container is asked for (the engine would fail the
+    job at its start)."""
+    if not runtime:
+        return
+    from pid.sandbox.engine_probe import engine_runtimes
+    have = engine_runtimes()
+    if have is not None and runtime not in have:
+        raise PidError(f"--runtime {runtime}: the Docker engine has no such runtime (it has {', '.join(sorted(have))})")
 
 
 def check_image(image: str) -> None:

@@ -39,6 +39,13 @@ def engine_cpus() -> int | None:
     return cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None
 
 
+def engine_runtimes() -> set[str] | None:
+    """The OCI runtimes the engine offers (its /info's Runtimes: runc, runsc...); None when it did not say."""
+    info = _get("/info")
+    runtimes = info.get("Runtimes") if info is not None else None
+    return set(runtimes) if isinstance(runtimes, dict) else None
+
+
 def _get(what: str) -> dict | None:
     """The engine's JSON answer to GET `what` over its Unix socket; None for anything but a 200 and an object. A
     plain HTTP/1.0 exchange (the engine answers and closes): http.client alone would cost the submit ~10 ms to

@@ -328,6 +328,15 @@ def test_no_api_key_for_the_default_endpoint_is_exit_2(run_pid, sample_repo, tmp
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.docker   # asks the engine
+@pytest.mark.parametrize("command", ["run", "submit"])
+def test_a_runtime_the_engine_does_not_offer_is_refused_before_anything_starts(run_pid, sample_repo, tmp_path, command):
+    res = run_pid(command, "t", "--repo", str(sample_repo), "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+                  "--out", str(tmp_path / "o"), "--runtime", "nosuch")
+    assert_one_error(res, "--runtime nosuch: the Docker engine has no such runtime (it has ", "runc")
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("content", [None, "{bad"])
 def test_a_models_file_that_is_missing_or_bad_refuses_the_run_before_it_starts(run_pid, pid_env, sample_repo,
                                                                                tmp_path, content):
