@@ -218,8 +218,9 @@ class Agent:
             if consecutive_timeouts >= self.limits.max_consecutive_timeouts:
                 return self._end(out, "consecutive_timeouts", f"{consecutive_timeouts} consecutive commands timed out")
             if self.limits.max_cost is not None and out.usage.cost.total > self.limits.max_cost:
-                return self._end(out, "max_cost",
-                                 f"cost ${out.usage.cost.total:.4f} exceeded max_cost ${self.limits.max_cost:.4f}")
+                spent, limit = out.usage.cost.total, self.limits.max_cost
+                digits = next((d for d in range(4, 12) if f"{spent:.{d}f}" != f"{limit:.{d}f}"), 12)   # (never $x > $x)
+                return self._end(out, "max_cost", f"cost ${spent:.{digits}f} exceeded max_cost ${limit:.{digits}f}")
             if not calls:
                 if self._check_in is not None:
                     self._check_in()
