@@ -528,8 +528,10 @@ class Channel:
         self.pids_events = done.number(1)
         return Finished(done.payload, done.number(0), self.pids_events)
 
-    def wait_exec(self, deadline: float, output: OutputPolicy) -> ExecReply | None:
-        """`finish` for a command started with emit = tail_bytes + 1, with its totals and its kept output file."""
+    def wait_exec(self, deadline: float, output: OutputPolicy,
+                  before_count: Callable[[str], None] | None = None) -> ExecReply | None:
+        """`finish` for a command started with emit = tail_bytes + 1, with its totals and its kept output file
+        (`before_count(file)` first, when it has to be counted here)."""
         done = self.finish(deadline)
         if done is None:
             return None
@@ -541,6 +543,8 @@ class Channel:
         if not output.keeps(len(head), newlines + (1 if head and not head.endswith(b"\n") else 0)):
             tail, total, kept = head, len(head), None
         else:
+            if before_count is not None:
+                before_count(self._out_path)
             newlines, total, cut, tail = self.count(self._out_path, max(1, tail_bytes),
                                                     time.monotonic() + REPLY_TIMEOUT)
             kept = self._out_path

@@ -271,7 +271,7 @@ class Commands:
              cancel: threading.Event | None = None) -> ExecResult:
         stop, reply, clearings, out_path = self._run(
             command, emit=output.tail_bytes + 1, timeout=timeout, cancel=cancel, on_output=on_output,
-            collect=lambda ch, deadline: ch.wait_exec(deadline, output))
+            collect=lambda ch, deadline: ch.wait_exec(deadline, output, before_count=self._settle_output))
         self.outputs.finished(out_path, kept=reply.kept_path is not None)
         pids_hit = self.processes.after_command(reply.pids_events, clearings)
         return ExecResult(
@@ -347,6 +347,16 @@ class Commands:
         done = self.channels.on_spare(
             lambda ch: ch.trim(out_path, KEEP_OUTPUT, time.monotonic() + HOUSEKEEPING_TIMEOUT_S))
         return cut if done is None else done
+
+    def _settle_output(self, out_path: str) -> None:
+        """Before the server counts an ended command's output: all but its tail cut from the host, which counts the
+        newlines that go without reading holes. The server reads the file whole from the last cut, and a command can
+        make its output terabytes of holes in a moment (`truncate -s 2T /dev/stdout`): counted there, it kept the
+        call past its timeout and a root `wc` busy for hours. (Without a job disk, the server counts as before.)"""
+        try:
+            self.outputs.trim(posixpath.basename(out_path), KEEP_OUTPUT)
+        except OSError as exc:
+            log.info("cannot trim %s: %s", out_path, exc)
 
     def _poll_output(self, out_path: str, offset: int, on_output: Callable[[bytes], None]) -> int:
         """Hand output appended since `offset` to on_output, through a spare channel if one is free."""

@@ -443,6 +443,18 @@ def test_a_script_of_pids_left_running_is_ended_before_the_next_control_request(
         assert box.run_as_pid("cat /.pid/runs", "a look", 30) == b"start\n"
 
 
+def test_an_output_made_terabytes_of_holes_is_counted_within_the_calls_time(box):
+    """A command that seeks its own output 2 TiB ahead: the server counted every byte of it (`wc -l` over the holes),
+    so the call outlived its timeout by minutes and a root `wc` ran on. The host cuts the front first, reading only
+    the file's data."""
+    started = time.monotonic()
+    result = box.exec("printf 'a\\nb\\n'; head -c1 /dev/zero | dd bs=1 seek=2T 2>/dev/null; echo end", timeout=20)
+    assert time.monotonic() - started < 20
+    assert (result.exit_code, result.total_lines, result.tail[-4:]) == (0, 3, b"end\n")
+    assert result.total_bytes > 2 << 40
+    assert b" wc" not in box.exec("ps -eo args", timeout=10).tail
+
+
 # -- 5. the agent cannot reach pid's machinery ------------------------------------------------------------------------
 def test_pids_pipes_files_and_processes_are_out_of_the_agents_reach(box):
     result = box.exec(
