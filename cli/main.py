@@ -210,7 +210,8 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
 
 
 @cli.command()
-@job_options
+@job_options(json_help="With --wait: print result.json instead of the summary; without: {\"id\", \"status\", "
+                       "\"queue\"} instead of the id alone.")
 @click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code.")
 @MAX_WORKSPACE_OPTION
 @QUEUE_OPTION
@@ -233,8 +234,8 @@ def queue_job(store: Any, spec: JobSpec, api_key: str | None, wait: bool, as_jso
 
 def _queued(store: Any, spec: JobSpec, wait: bool, as_json: bool) -> None:
     """A job just queued: print its id, or wait for its end."""
-    if not wait:
-        echo(spec.id)
+    if not wait:   # (--json: an object, as every --json prints; the id alone otherwise, for $(pid submit ...))
+        echo(dumps({"id": spec.id, "status": "queued", "queue": spec.queue}) if as_json else spec.id)
         return
     echo(f"job {spec.id} queued", err=True)
     _wait_and_exit(store, spec.id, as_json, follow=not as_json, download=spec.job_dir, own_dir=True)

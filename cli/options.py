@@ -350,9 +350,12 @@ JOB_OPTIONS = [
 ]
 
 
-def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
+def job_options(func: Callable[..., Any] | None = None, *,
+                json_help: str = "Print result.json instead of the summary.") -> Any:
     """The options `run` and `submit` share: they describe the same job."""
-    func = spec_options(func)
+    if func is None:
+        return lambda f: job_options(f, json_help=json_help)
+    func = spec_options(func, json_help=json_help)
     for decorator in reversed([click.argument("task"),
                                click.option("--repo", "repo", metavar="DIR|URL",
                                             help=spec_field("repo").metadata["help"])]):

@@ -328,6 +328,18 @@ def test_no_api_key_for_the_default_endpoint_is_exit_2(run_pid, sample_repo, tmp
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.docker   # submits a job (the embedded queue checks the image)
+def test_submit_json_without_wait_prints_an_object(run_pid, pid_env, sample_repo):
+    res = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+                  "--json")
+    assert res.code == 0, res.stderr
+    said = json.loads(res.stdout)
+    assert said == {"id": said["id"], "status": "queued", "queue": "pid"}   # (the default queue)
+    assert stored_spec(pid_env, said["id"]).task == "t"
+    plain = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", "http://127.0.0.1:9/v1")
+    assert plain.code == 0 and stored_spec(pid_env, plain.stdout.strip()).task == "t"
+
+
 @pytest.mark.docker   # asks the engine
 @pytest.mark.parametrize("command", ["run", "submit"])
 def test_a_runtime_the_engine_does_not_offer_is_refused_before_anything_starts(run_pid, sample_repo, tmp_path, command):
