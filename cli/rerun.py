@@ -59,7 +59,9 @@ def queue_options(func: Any) -> Any:
                      help="The queue the job waits in. Default: the earlier job's."),
         api_key_option("API key; never enters the container (an ended job's key is not kept: give it again)."),
         click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code."),
-        click.option("--json", "as_json", is_flag=True, help="With --wait: print result.json instead of the summary."),
+        click.option("--json", "as_json", is_flag=True,
+                     help="With --wait: print result.json instead of the summary; without: {\"id\", \"status\", "
+                          "\"queue\"} instead of the id alone."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
