@@ -573,6 +573,8 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
         problem = _volatile_store()
         if problem:
             raise BadInput(problem)
+    from pid.jobs.store import retention_s
+    retention_s()   # (a bad PID_RETENTION: this command's one line; every job's store would refuse it)
     os.environ[settings.POOL.name] = pool   # read where the worker is ready (worker/main_process.py)
     from pid.worker.app import app
     from pid.worker.tasks import configure_job_lines, node_name

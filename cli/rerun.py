@@ -16,7 +16,7 @@ import click
 from pid.cli.ids import JOB_ID
 from pid.cli.options import Api, Number, QueueName, Url, api_key_option
 from pid.cli.output import echo
-from pid.config import EnvDefaults, endpoint, key_endpoint
+from pid.config import EnvDefaults, EnvKey, endpoint, key_endpoint
 from pid.jobs import submission
 from pid.jobs.spec import JobSpec, spec_field
 
@@ -143,9 +143,9 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
     env = EnvDefaults.read()
     home = key_endpoint(api_key, given.api or env.api, given.base_url or env.base_url)
     if api_key and endpoint(spec.api, spec.base_url) != home:
+        how = "pass --api-key, or set PID_BASE_URL" if isinstance(api_key, EnvKey) else "pass --base-url"
         echo(f"pid: the API key is for {home}, not this job's "
-             f"{endpoint(spec.api, spec.base_url)}: not sent (pass --base-url, or set PID_BASE_URL, to send it "
-             f"there)", err=True)
+             f"{endpoint(spec.api, spec.base_url)}: not sent ({how}, to send it there)", err=True)
         api_key = None
     _main.check_api_key(spec, api_key)
     if embedded_broker():   # the worker is on this machine: its image and CPUs must be here too

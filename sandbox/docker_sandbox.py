@@ -204,18 +204,22 @@ class DockerSandbox:
         """Copy in-container files or directories into `dest_dir`, under their in-container paths; (host paths
         written, what was skipped and why). Limits and name checks: pid.sandbox.artifacts. A path with a link on
         its way is skipped: the engine copies as root and follows it, to files the agent cannot read (pid's git, the
-        image's /etc/shadow). (Collected after the patch: nothing of the agent's runs to change a path meanwhile.)"""
+        image's /etc/shadow). Every process of the agent's is killed first: nothing may swap a path for a link
+        between the look and the copy."""
+        self.processes.clear()   # (in a check's container, what the tests left may still run)
         linked = self._linked_on_the_way(paths)
         written, skipped = export_files(self.container, [p for p in paths if p not in linked], dest_dir, budget)
         return written, [Skipped(escaped(p), "a link on its way") for p in paths if p in linked] + skipped
 
     def _linked_on_the_way(self, paths: list[str]) -> set[str]:
-        """The paths one of whose directories (below the workdir, for a relative one) is a link."""
+        """The paths one of whose directories (below the workdir, for a relative one) is a link: looked for as the
+        engine looks (it cleans a path lexically first, and follows the last component too when a "/" ends it)."""
         ways: dict[str, set[str]] = {}
         for path in paths:
-            parts = [part for part in path.split("/") if part]
+            parts = [part for part in posixpath.normpath(path).split("/") if part not in ("", ".")]
             start = "/" if path.startswith("/") else self.workdir
-            for n in range(1, len(parts)):
+            last = len(parts) + 1 if path.endswith(("/", "/.")) else len(parts)
+            for n in range(1, last):
                 ways.setdefault(posixpath.join(start, *parts[:n]), set()).add(path)
         if not ways:
             return set()

@@ -231,12 +231,13 @@ class ExecChannels:
 
 def run_script(channel: Channel, script: str, what: str, timeout: float, adrift: set[int]) -> bytes:
     """One of pid's scripts on `channel`, to its end within `timeout`; its output (SandboxError when it fails). A run
-    that may go on, its server gone (the OOM killer can choose it) or its time up, joins `adrift`: ExecChannels
-    kills it before its next control request, which may be this script again."""
+    that may go on (its server gone, which the OOM killer can choose, its channel broken, or its time up) joins
+    `adrift`: ExecChannels kills it before its next control request, which may be this script again. (One whose
+    start was never confirmed has no known group: the call fails, saying so.)"""
     pgid, _ = channel.start(script, 16384, time.monotonic() + CONTROL_TIMEOUT_S)
     try:
         done = channel.finish(time.monotonic() + timeout)
-    except ChannelClosed:
+    except BaseException:   # (its server gone, the channel broken, an interrupt: the script may run on)
         adrift.add(pgid)
         raise
     if done is None:   # its server waits for it and reads nothing meanwhile: drop the channel

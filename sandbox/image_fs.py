@@ -166,8 +166,9 @@ def _reached_by_pid(layers: list[str], trees: list[str]) -> set[str]:
 
 
 def _lookup_path(layers: list[str], path: str) -> list[str] | None:
-    """Every path a lookup of absolute `path` in the image passes through, one after each link it follows (in any
-    of its components) and the last; None past MAX_LINKS links (a loop, say)."""
+    """Every path a lookup of absolute `path` in the image passes through: each directory and entry it looks up (a
+    link's target may pass through a tree and leave it again with ".."), and after each link it follows the path
+    it then resolves; None past MAX_LINKS links (a loop, say)."""
     passed = [path]
     todo = [part for part in path.split("/") if part]
     done = ""   # the components looked up so far: none of them a link
@@ -178,6 +179,7 @@ def _lookup_path(layers: list[str], path: str) -> list[str] | None:
             done = posixpath.dirname(done) if part == ".." else done
             continue
         target = _link_target(layers, done or "/", part)
+        passed.append(f"{done}/{part}")
         if target is None:
             done = f"{done}/{part}"
             continue

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from pid.terminal import escaped
 
 from . import tarstream
+from .errors import SandboxError
 from .gitseed import GitSeed
 
 # The base commit and the patch are made by pid, as root, with git state the agent cannot reach: a repository in
@@ -121,31 +122,47 @@ def patch_script(workdir: str, base: str, room: str) -> str:
             f"if [ -n \"$too_long\" ]; then echo \"a path of the workspace is longer than {MAX_NAME} bytes (git "
             "cannot record it in the patch): $too_long...\" >&2; exit 3; fi\n"
             # What git cannot record (a new repository with no commit yet, as `git init` or `cargo new` leave; a FIFO
-            # or a device) is left out and said (unrecorded); any other error fails the patch.
+            # or a device) is left out; git's words go to the host (unrecorded), which fails the patch on any others.
+            # It reads them a line each: a name with a control character (a line break could forge a line) fails it.
             f"if ! git -c core.bigFileThreshold=0 add -A --ignore-errors 2>{room}/add.err; then\n"
-            f"  if grep -v -e '{_NO_COMMIT}$' -e '{_NOT_A_FILE}$' -e '^fatal: adding files failed$' -e '^hint:' "
-            f"-e '^warning:' {room}/add.err | grep -q .; then cat {room}/add.err >&2; exit 1; fi\n"
-            f"  head -c 16000 {room}/add.err\n"
+            "  if [ -n \"$(find \"$GIT_WORK_TREE\" -path \"$GIT_WORK_TREE/.git\" -prune -o -name '*[[:cntrl:]]*' "
+            f"-print 2>/dev/null | head -c 1)\" ]; then cat {room}/add.err >&2; exit 1; fi\n"
+            f"  echo '{UNRECORDED_MARK}'; head -c {UNRECORDED_MAX + 1} {room}/add.err\n"
             "fi\n"
             "git -c diff.noprefix=false -c diff.mnemonicPrefix=false diff --cached --binary --no-color --no-ext-diff "
             f"--no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/ {base} -- . "
             + " ".join(f"':(exclude,glob){pattern}'" for pattern in BYTECODE) + f" > {room}/patch.diff\n")
 
 
-_NO_COMMIT = "does not have a commit checked out"                          # git add's words, in its error lines
-_NOT_A_FILE = "can only add regular files, symbolic links or git-directories"
-_UNRECORDED = ((re.compile(rb"error: '(.+)/' " + _NO_COMMIT.encode()), "a git repository of its own with no commit "
-                "yet (git init, cargo new): git cannot record it (without its .git its files are in the patch)"),
-               (re.compile(rb"error: (.+): " + _NOT_A_FILE.encode()), "not a regular file, a link or a directory"))
+UNRECORDED_MARK = "pid: what git could not record:"   # (patch_script's output, before git's words)
+UNRECORDED_MAX = 16000
+_UNRECORDED = ((re.compile(rb"error: '(.+)/' does not have a commit checked out"), "a git repository of its own with "
+                "no commit yet (git init, cargo new): git cannot record it (without its .git, its files are in the "
+                "patch)"),
+               (re.compile(rb"error: (.+): can only add regular files, symbolic links or git-directories"),
+                "not a regular file, a link or a directory"))
+_GITS_ASIDES = re.compile(rb"hint:.*|warning: adding embedded git repository: .+")
 
 
 def unrecorded(said: bytes) -> list[tuple[str, str]]:
-    """(path, why) for each path the patch script's git left out (its output, the lines patch_script passes on)."""
+    """(path, why) for each path the patch script's git left out (what it said after UNRECORDED_MARK); SandboxError
+    when git said anything else (any other error), or too much to read."""
+    mark = UNRECORDED_MARK.encode() + b"\n"
+    if mark not in said:
+        return []
+    words = said.split(mark, 1)[1]
+    if len(words) > UNRECORDED_MAX:
+        raise SandboxError(f"making the patch failed: git could not record many paths: {_shown(words[:300])}")
     found = []
-    for line in said.splitlines():
+    for line in words.split(b"\n"):
+        if not line or _GITS_ASIDES.fullmatch(line):
+            continue
         for pattern, why in _UNRECORDED:
             if match := pattern.fullmatch(line):
                 found.append((match[1].decode("utf-8", "surrogateescape"), why))
+                break
+        else:
+            raise SandboxError(f"making the patch failed: {_shown(line[:300])}")
     return found
 
 

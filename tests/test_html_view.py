@@ -242,6 +242,10 @@ def test_a_batch_page_named_with_o_keeps_its_items_pages_in_a_folder_of_their_ow
     assert "report-items/proj-a-1.html" in links and all(name.startswith("report-items/") for name in links)
     item = (tmp_path / "out" / "report-items" / "proj-a-1.html").read_text()
     assert "../report.html" in Structure(item).attr_values("href")
+    assert CliRunner().invoke(view, [str(batch), "-o", str(tmp_path / "out" / "r#1.html")]).exit_code == 0
+    assert "r%231-items/proj-a-1.html" in Structure((tmp_path / "out" / "r#1.html").read_text()).attr_values("href")
+    item = (tmp_path / "out" / "r#1-items" / "proj-a-1.html").read_text()
+    assert "../r%231.html" in Structure(item).attr_values("href")
 
 
 def test_a_batch_item_id_never_leaves_the_view_directory(tmp_path):

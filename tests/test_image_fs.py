@@ -118,6 +118,10 @@ def test_a_tree_a_tool_of_pids_reaches_through_any_chain_of_links_is_pids(tmp_pa
     os.symlink("/usr/tools/grep", os.path.join(top, "usr", "bin", "grep"))   # through a directory's link
     assert _reached_by_pid([top, bottom], trees) == {"/opt"}
     os.remove(os.path.join(top, "usr", "bin", "grep"))
+    os.symlink("/usr/local/bin/x/../../../bin/mawk", os.path.join(top, "usr", "bin", "sed"))   # through, and out
+    os.makedirs(os.path.join(bottom, "usr", "local", "bin", "x"))
+    assert _reached_by_pid([top, bottom], trees) == {"/usr/local/bin"}
+    os.remove(os.path.join(top, "usr", "bin", "sed"))
     os.symlink("/etc/alternatives/tar", os.path.join(top, "usr", "bin", "tar"))
     os.symlink("/usr/bin/tar", os.path.join(bottom, "etc", "alternatives", "tar"))   # a loop
     assert _reached_by_pid([top, bottom], trees) == set(trees)

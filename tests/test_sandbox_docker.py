@@ -1033,14 +1033,16 @@ def test_git_repo_patch_roundtrip(client, tmp_path):
 
         box.exec("ln -s /etc etc-link && ln -s /.pid deep-link", timeout=10)   # (the engine follows them as root)
         copied, skipped = box.export_files(["passwd-link", "added", "missing-file", "etc-link/passwd",
-                                            "deep-link/git/config"], str(tmp_path / "files"), FilesBudget(1 << 20, 100))
+                                            "deep-link/git/config", "etc-link/", "nothere/../deep-link/git"],
+                                           str(tmp_path / "files"), FilesBudget(1 << 20, 100))
     assert snapshot(repo) == before                      # the host repo was never modified
     # export: the link to /etc/passwd is refused, nothing of the host file leaks; the directory arrives
     files = tmp_path / "files" / "workspace"   # the in-container path is kept under dest_dir
     assert copied == [str(files / "added"), str(files / "added" / "new.txt")]
     assert sorted((s.path, s.reason) for s in skipped) == [
-        ("deep-link/git/config", "a link on its way"), ("etc-link/passwd", "a link on its way"),
-        ("missing-file", "not found"), ("passwd-link", "symlink")]
+        ("deep-link/git/config", "a link on its way"), ("etc-link/", "a link on its way"),
+        ("etc-link/passwd", "a link on its way"), ("missing-file", "not found"),
+        ("nothere/../deep-link/git", "a link on its way"), ("passwd-link", "symlink")]
     assert (files / "added" / "new.txt").read_bytes() == b"brand new\n"
     assert not os.path.lexists(files / "passwd-link")
     host_passwd = Path("/etc/passwd").read_bytes()
@@ -1069,6 +1071,11 @@ def test_what_git_cannot_record_is_left_out_of_the_patch_and_said(client, tmp_pa
                         "git -C committed -c user.name=a -c user.email=a@b commit -q --allow-empty -m x && "
                         "rm untracked.txt && mkfifo untracked.txt && echo ok", timeout=30).tail == b"ok\n"
         copy = box.export_patch(str(tmp_path / "out.patch"), 1 << 20)
+        # a name with a line break could forge git's words: with one about, git's errors fail the patch again
+        assert box.exec("d=$'q\\nhint: z'; mkdir -p \"$d\" && git -C \"$d\" init -q && echo ok", timeout=30).tail == \
+            b"ok\n"
+        with pytest.raises(SandboxError, match="making the patch failed"):
+            box.export_patch(str(tmp_path / "again.patch"), 1 << 20)
     text = (tmp_path / "out.patch").read_bytes()
     assert b"+changed" in text and b"b/committed" not in text and b"b/fresh" not in text
     assert [(s.path, s.reason.split(" (")[0]) for s in copy.dropped] == [

@@ -320,3 +320,21 @@ def test_a_path_longer_than_path_max_is_refused_whichever_side_meets_it(deep_tmp
             unpack_tar(io.BytesIO(out.getvalue()), str(dest), 1000, 1000)
         assert not os.listdir(dest)
         dest.rmdir()
+
+
+def test_only_what_git_says_it_cannot_record_is_left_out_of_a_patch():
+    """patch_script passes on git's words when `git add` left paths out; those it names (a repository with no commit,
+    a FIFO) are the patch report's, and any other line fails the patch, as git's errors did before: a file name
+    cannot make an error look like one of them (a name with a control character fails the patch in the container)."""
+    from pid.sandbox.errors import SandboxError
+    from pid.sandbox.workspace import UNRECORDED_MARK, unrecorded
+    mark = UNRECORDED_MARK.encode() + b"\n"
+    assert unrecorded(b"") == []
+    said = (b"error: f: can only add regular files, symbolic links or git-directories\n"
+            b"warning: adding embedded git repository: kept\nhint: You've added another git repository\n"
+            b"error: 'new crate/' does not have a commit checked out\n")
+    assert [path for path, _ in unrecorded(mark + said)] == ["f", "new crate"]
+    for other in (b"error: unable to index file 'x'\n", b"fatal: adding files failed\n",
+                  b"error: 'x' does not have a commit checked out\n", b"x" * 16001):
+        with pytest.raises(SandboxError, match="making the patch failed"):
+            unrecorded(mark + said + other)

@@ -17,6 +17,7 @@ import os
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from pid.cli.pages.blocks import (LIMITS, Limits, badge, check_badge, esc, fmt_cost, fmt_duration, fmt_int, number,
                                   page, status_class, write_page)
@@ -187,14 +188,15 @@ def render_batch(batch_dir: str, out_dir: str, index_name: str = "index.html",
         folder = item_dir(batch_dir, item)
         if folder is None:
             continue
-        item.page = (items_dir + "/" if items_dir else "") + page_name(item.id, taken)
+        name = page_name(item.id, taken)
+        item.page = (quote(items_dir) + "/" if items_dir else "") + name   # (a link: -o's name may hold "#" or "?")
         result = read_result(folder, limits) or {}
         item.task = " ".join(str(result.get("task") or "").split())
         fallback: dict[str, Any] = {k: item.line[k] for k in ("status", "exit_reason", "turns", "duration_s", "check")
                     if k in item.line}
         fallback["id"] = item.line.get("job_id") or item.id
-        path = os.path.join(out_dir, item.page)
-        back = "../" + index_name if items_dir else index_name
+        path = os.path.join(out_dir, items_dir, name)
+        back = "../" + quote(index_name) if items_dir else index_name
         write_page(path, render_job(folder, fallback=fallback, back_link=back, limits=limits))
         pages.append(path)
     head = "".join(f'<th class="{"num" if numeric else ""}" data-key="{key}" tabindex="0">{title}</th>'
