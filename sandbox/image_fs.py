@@ -176,7 +176,7 @@ def _lookup_path(layers: list[str], path: str) -> list[str] | None:
     while todo:
         part = todo.pop(0)
         if part in (".", ".."):
-            done = posixpath.dirname(done) if part == ".." else done
+            done = posixpath.dirname(done).rstrip("/") if part == ".." else done   # ("" is the root)
             continue
         target = _link_target(layers, done or "/", part)
         passed.append(f"{done}/{part}")

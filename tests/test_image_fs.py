@@ -118,7 +118,7 @@ def test_a_tree_a_tool_of_pids_reaches_through_any_chain_of_links_is_pids(tmp_pa
     os.symlink("/usr/tools/grep", os.path.join(top, "usr", "bin", "grep"))   # through a directory's link
     assert _reached_by_pid([top, bottom], trees) == {"/opt"}
     os.remove(os.path.join(top, "usr", "bin", "grep"))
-    os.symlink("/usr/local/bin/x/../../../bin/mawk", os.path.join(top, "usr", "bin", "sed"))   # through, and out
+    os.symlink("/etc/../usr/local/bin/x/../../../bin/mawk", os.path.join(top, "usr", "bin", "sed"))   # through, out
     os.makedirs(os.path.join(bottom, "usr", "local", "bin", "x"))
     assert _reached_by_pid([top, bottom], trees) == {"/usr/local/bin"}
     os.remove(os.path.join(top, "usr", "bin", "sed"))
