@@ -370,7 +370,7 @@ def open_store(url: str | None, variable: str = settings.STORE_URL.name) -> Stor
         path = url[len("sqlite://"):]
         if not path.startswith("/") or path.endswith("/"):
             raise PidError(f"{variable}={url}: a SQLite store is named by an absolute file path, "
-                             "sqlite:///ABS/PATH.db")
+                           "sqlite:///ABS/PATH.db")
         return JobStore(path)
     if scheme in ("redis", "rediss", "unix"):
         key = (os.getpid(), url)
@@ -383,7 +383,7 @@ def open_store(url: str | None, variable: str = settings.STORE_URL.name) -> Stor
         return store
     shown = url[:200] if "@" not in url else scheme + "://…"   # never a password
     raise PidError(f"{variable}={shown}: not a store pid knows: use sqlite:///ABS/PATH.db or "
-                     "redis://HOST:PORT/DB")
+                   "redis://HOST:PORT/DB")
 
 
 def blob_from_file(store: BlobStore, path: str, digest: str | None) -> str:
