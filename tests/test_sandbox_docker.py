@@ -1116,13 +1116,15 @@ def test_posix_sh_fallback_without_bash(client, image_without_bash):
         assert (big.total_lines, big.tail) == (100000, b"99\n100000\n")
 
 
-def test_the_engines_errors_reach_callers_as_sandbox_errors(sb, monkeypatch, tmp_path):
+def test_the_engines_errors_reach_callers_as_sandbox_errors(client, monkeypatch, tmp_path):
     # The runner knows pid.sandbox_api's errors only: an engine whose connection drops mid-call is a SandboxError, never
-    # the Docker SDK's or its transport's own exception (export_files used to let requests' errors through).
+    # the Docker SDK's or its transport's own exception (export_files used to let requests' errors through). (A box of
+    # its own: export_files first asks the container, which must be up.)
     import requests.exceptions
 
     def dropped(*args, **kwargs):
         raise requests.exceptions.ConnectionError("connection aborted")
-    monkeypatch.setattr(sb.container.client.api, "get_archive", dropped)
-    with pytest.raises(SandboxError, match="connection aborted"):
-        sb.export_files(["x.txt"], str(tmp_path), FilesBudget(max_bytes=1 << 20, max_entries=100))
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-engine-errors", ttl_s=300), client) as sb:
+        monkeypatch.setattr(sb.container.client.api, "get_archive", dropped)
+        with pytest.raises(SandboxError, match="connection aborted"):
+            sb.export_files(["x.txt"], str(tmp_path), FilesBudget(max_bytes=1 << 20, max_entries=100))
