@@ -413,10 +413,14 @@ def test_a_reply_the_agent_holds_up_after_its_command_ended_comes_once_its_proce
     monkeypatch.setattr(commands, "KILL_GRACE_S", 2.0)
     with new_box("test-trust-held", ttl_s=300) as box:
         box.write_file("/tmp/tracer.py", TRACER.encode())
-        result = box.exec("setsid -f python3 /tmp/tracer.py </dev/null >/dev/null 2>&1; sleep 2; "
-                          "sleep 1 >/dev/null 2>&1 & echo ran",
-                          timeout=6)
-        assert box.exec("cat /tmp/traced", timeout=10).exit_code == 0, "the tracer never caught the helper"
+        for _ in range(3):   # (the tracer must catch a helper that lives a few ms: on a loaded host it may not)
+            result = box.exec("setsid -f python3 /tmp/tracer.py </dev/null >/dev/null 2>&1; sleep 2; "
+                              "sleep 1 >/dev/null 2>&1 & echo ran", timeout=6)
+            if box.exec("cat /tmp/traced", timeout=10).exit_code == 0:
+                break
+            assert not result.timed_out and result.tail == b"ran\n"   # (uncaught: it ends as any command does)
+        else:
+            pytest.fail("the tracer never caught the helper")
         assert result.timed_out and result.tail == b"ran\n"
         assert box.exec("echo next", timeout=10).tail == b"next\n"
 
