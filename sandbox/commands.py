@@ -352,7 +352,8 @@ class Commands:
         """Before the server counts an ended command's output: all but its tail cut from the host, which counts the
         newlines that go without reading holes. The server reads the file whole from the last cut, and a command can
         make its output terabytes of holes in a moment (`truncate -s 2T /dev/stdout`): counted there, it kept the
-        call past its timeout and a root `wc` busy for hours. (Without a job disk, the server counts as before.)"""
+        call past its timeout and a root `wc` busy for hours. (Without a job disk, the server counts as before: a
+        spare channel's trim would read the holes as well.)"""
         try:
             self.outputs.trim(posixpath.basename(out_path), KEEP_OUTPUT)
         except OSError as exc:

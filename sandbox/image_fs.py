@@ -166,10 +166,10 @@ def _reached_by_pid(layers: list[str], trees: list[str]) -> set[str]:
 
 
 def _lookup_path(layers: list[str], path: str) -> list[str] | None:
-    """Every path a lookup of absolute `path` in the image passes through: each directory and entry it looks up (a
-    link's target may pass through a tree and leave it again with ".."), and after each link it follows the path
-    it then resolves; None past MAX_LINKS links (a loop, say)."""
-    passed = [path]
+    """Every path a lookup of absolute `path` in the image passes through: each directory and entry it looks up,
+    through every link it follows (whose target may pass through a tree and leave it again with ".."); None past
+    MAX_LINKS links (a loop, say)."""
+    passed: list[str] = []
     todo = [part for part in path.split("/") if part]
     done = ""   # the components looked up so far: none of them a link
     links = 0
@@ -188,7 +188,6 @@ def _lookup_path(layers: list[str], path: str) -> list[str] | None:
             return None
         todo = [p for p in target.split("/") if p] + todo
         done = "" if target.startswith("/") else done
-        passed.append(posixpath.normpath("/" + "/".join([done.strip("/"), *todo]).strip("/")))
     return passed
 
 

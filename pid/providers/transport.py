@@ -503,15 +503,15 @@ class StreamReply:
 
 
 UNFINISHED_MESSAGE = "the stream ended before the response finished"
-# llama-cpp-python's answer to a streaming request too long for its context: HTTP 200 and not one event. Retried a
-# little (retry.EMPTY_RETRIES), then taken for the refusal it most likely is (pid/providers/overflow.py), so that the
-# loop compacts and asks again; still empty after that, the job fails saying so.
 def not_a_stream(content_type: str) -> bool:
     """A reply that said it is something else (a web page, a JSON body from a server that does not stream): no event
     in it is the endpoint's mistake, not an empty answer (which some servers give a conversation too long)."""
     return bool(content_type) and not content_type.lower().startswith("text/event-stream")
 
 
+# llama-cpp-python's answer to a streaming request too long for its context: HTTP 200 and not one event. Retried a
+# little (retry.EMPTY_RETRIES), then taken for the refusal it most likely is (pid/providers/overflow.py), so that the
+# loop compacts and asks again; still empty after that, the job fails saying so.
 EMPTY_MESSAGE = ("the server returned an empty response (no event at all; some servers answer so when the "
                  "conversation is too long for their context)")
 
