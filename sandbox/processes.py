@@ -21,6 +21,8 @@ import docker.errors
 log = logging.getLogger(__name__)
 
 MAX_PROCESSES = 1 << 16    # a container's process list is read up to this many entries
+FREEZE_ATTEMPTS = 3
+UNFROZEN_SWEEP_S = 5.0     # how long passes over an unfrozen container's processes may go on
 
 
 def read_small(path: str, limit: int = 1 << 20) -> str:
@@ -141,8 +143,9 @@ class Sweep:
 
 
 def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: int) -> Sweep | None:
-    """SIGKILL every process of uid `uid` in the container, frozen first. None: not possible from here, or no
-    process of the agent was seen (under gVisor the host sees only the runtime's own): the caller sweeps inside."""
+    """SIGKILL every process of uid `uid` in the container, frozen first (else in passes from the host, which no CPU
+    quota slows). None: not possible from here, or no process of the agent was seen (under gVisor the host sees only
+    the runtime's own): the caller sweeps inside."""
     if os.geteuid() != 0:
         return None
     try:
@@ -154,25 +157,20 @@ def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: in
         return None
     if procs is None or host_uid is None or host_uid == 0:
         return None
+    frozen = _freeze(client, container_id)
+    sweep = Sweep(killed=[], cgroup_dir=os.path.dirname(procs), thawed=not frozen)
+    killed: set[tuple[int, str]] = set()
     try:
-        client.api.pause(container_id)
-    except docker.errors.DockerException as exc:
-        log.info("cannot freeze the container: %s", exc)
-        return None
-    sweep = Sweep(killed=[], cgroup_dir=os.path.dirname(procs), thawed=False)
-    try:
-        for entry in read_small(procs, MAX_PROCESSES * 12).split()[:MAX_PROCESSES]:
-            pid = int(entry)
-            if _real_uid(pid) == host_uid and (stat := _state_and_start(pid)) is not None:
-                try:
-                    os.kill(pid, signal.SIGKILL)   # acts once the container thaws
-                    sweep.killed.append((pid, stat[1]))
-                except ProcessLookupError:
-                    pass
+        # Frozen, one pass kills all. Unfrozen (the engine could not freeze it), passes go on until one finds none:
+        # the host is not under the container's CPU quota, so it kills faster than a starved bomb forks.
+        deadline = time.monotonic() + UNFROZEN_SWEEP_S
+        while _kill_pass(procs, host_uid, killed) and not frozen and time.monotonic() < deadline:
+            pass
     except (OSError, ValueError) as exc:   # (the sweep inside finishes the job)
         log.warning("sweeping container %s from the host failed: %s", container_id[:12], exc)
     finally:
-        for attempt in range(3):
+        sweep.killed = sorted(killed)
+        for attempt in range(3 if frozen else 0):
             try:
                 client.api.unpause(container_id)
                 sweep.thawed = True
@@ -183,6 +181,35 @@ def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: in
     # A frozen container goes back to the caller, whatever was killed: nothing may run in it (a docker exec started
     # into it would wedge the engine's shim).
     return sweep if sweep.killed or not sweep.thawed else None
+
+
+def _freeze(client: docker.DockerClient, container_id: str) -> bool:
+    """Pause the container; whether it is frozen. Under a fork bomb on a loaded host, cgroup v1's freezer may not
+    settle in the time runc gives it ("unable to freeze"): it is tried again, briefly."""
+    for attempt in range(FREEZE_ATTEMPTS):
+        try:
+            client.api.pause(container_id)
+            return True
+        except docker.errors.DockerException as exc:
+            log.warning("cannot freeze container %s (attempt %d): %s", container_id[:12], attempt + 1, exc)
+            time.sleep(0.05)
+    return False
+
+
+def _kill_pass(procs: str, host_uid: int, killed: set[tuple[int, str]]) -> int:
+    """SIGKILL every live process of `host_uid` listed in `procs` (a cgroup.procs), added to `killed` (pid, start
+    time); how many were signalled."""
+    found = 0
+    for entry in read_small(procs, MAX_PROCESSES * 12).split()[:MAX_PROCESSES]:
+        pid = int(entry)
+        if _real_uid(pid) == host_uid and (stat := _state_and_start(pid)) is not None and stat[0] != "Z":
+            try:
+                os.kill(pid, signal.SIGKILL)   # (in a frozen container: acts once it thaws)
+            except ProcessLookupError:
+                continue
+            found += 1
+            killed.add((pid, stat[1]))
+    return found
 
 
 def _refused_forks(cgroup_dir: str) -> int | None:

@@ -20,7 +20,7 @@ import requests
 
 from pid.sandbox_api import OutputPolicy, SandboxLost
 from pid.sandbox import DockerSandbox, SandboxConfig, SandboxError, commands, launch, processes
-from pid.sandbox.channel import ProtocolError
+from pid.sandbox.channel import Channel, ProtocolError
 from tests import deep_tree
 from tests.conftest import RUN_ID, RUNTIME, WAITING_SHELL_MARK, signal_waiting_shells, signalled
 from tests.scripted_llm import ScriptedLLM
@@ -302,6 +302,39 @@ def test_after_a_fork_bomb_the_next_tool_call_works(box, loaded):
         for hog in hogs:   # the whole group: killing `timeout` alone would leave its loop running
             os.killpg(hog.pid, signal.SIGKILL)
             hog.wait()
+
+
+@pytest.mark.skipif(RUNTIME == "runsc", reason=GVISOR_FORK_BOMB)
+def test_a_fork_bomb_the_engine_cannot_freeze_is_killed_from_the_host(monkeypatch):
+    """cgroup v1's freezer may not settle under a fork bomb on a loaded host (runc: "unable to freeze"). pid's server
+    inside is then one task among hundreds under the CPU quota: a CI run's sweep there did not answer in 30 s. The
+    host kills instead, pass after pass, and never asks the server."""
+    with new_box("test-trust-unfrozen", ttl_s=300) as box:
+        freezes: list[str] = []
+
+        def unable_to_freeze(container_id: str) -> None:
+            freezes.append(container_id)
+            raise docker.errors.APIError("Cannot pause container: unable to freeze")
+
+        monkeypatch.setattr(box.container.client.api, "pause", unable_to_freeze)
+        asked_inside: list[float] = []
+        monkeypatch.setattr(Channel, "kill_agent_processes",
+                            lambda self, deadline: asked_inside.append(deadline) or (0, 0))
+        hogs = _load_host(60)
+        try:
+            bomb = box.exec(":(){ :|:& };:", timeout=5)
+            time.sleep(3)
+            after_bomb = box.exec("echo alive; ls -d /", timeout=60)
+            assert bomb.pids_limit_hit or after_bomb.pids_limit_hit
+            assert after_bomb.tail == b"alive\n/\n"
+            assert freezes and not asked_inside
+            left = box.run_as_pid("for f in /proc/[0-9]*/status; do grep -q '^Uid:[[:space:]]*1000[[:space:]]' $f "
+                                  "2>/dev/null && echo $f; done; true", "the agent's processes", 30)
+            assert left.count(b"\n") <= 2, left   # (at most pid's two waiting shells, of the agent's uid)
+        finally:
+            for hog in hogs:
+                os.killpg(hog.pid, signal.SIGKILL)
+                hog.wait()
 
 
 @pytest.mark.skipif(RUNTIME != "runsc", reason="gVisor only (under runc the next tool call works: see above)")
