@@ -31,10 +31,11 @@ from .gitseed import GitSeed
 # looks into a path component named .git). Configuration comes only from /.pid/gitconfig and the command line: no
 # hooks, no fsmonitor, no filters, textconv or external diff; attributes in the workspace cannot convert content
 # (info/attributes outranks every .gitattributes).
+_GIT_FLAGS = ("-c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.untrackedCache=false "
+              "-c core.excludesFile=/dev/null -c core.attributesFile=/dev/null")
 _GIT_ENV = ("export GIT_DIR=/.pid/git GIT_WORK_TREE={workdir} GIT_CONFIG_GLOBAL=/.pid/gitconfig GIT_CONFIG_NOSYSTEM=1 "
             "HOME=/.pid GIT_TERMINAL_PROMPT=0 GIT_OPTIONAL_LOCKS=0 LC_ALL=C\n"
-            "git() {{ command git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.untrackedCache=false "
-            "-c core.excludesFile=/dev/null -c core.attributesFile=/dev/null "
+            f"git() {{{{ command git {_GIT_FLAGS} "
             "-c commit.gpgsign=false -c user.name=pid -c user.email=pid@localhost \"$@\"; }}\n")
 
 _GITCONFIG = """[safe]
@@ -121,6 +122,14 @@ def patch_script(workdir: str, base: str, room: str) -> str:
             f"-regex '.{{{len(workdir.rstrip('/')) + MAX_NAME + 2},}}' -print -quit 2>/dev/null | head -c 200)\n"
             f"if [ -n \"$too_long\" ]; then echo \"a path of the workspace is longer than {MAX_NAME} bytes (git "
             "cannot record it in the patch): $too_long...\" >&2; exit 3; fi\n"
+            # git's binary diff of a file near 2 GiB or more is broken (2.39 fails on a malloc of a negative size;
+            # past 4 GiB it writes a truncated patch and exits 0), and a sparse file that large takes no room but has
+            # git read all of it first. So one over MAX_FILE that git would add fails the patch at once.
+            "too_big=$(GIT_LITERAL_PATHSPECS=1 find \"$GIT_WORK_TREE\" -path \"$GIT_WORK_TREE/.git\" -prune -o "
+            f"-type f -size +{MAX_FILE}c -exec git {_GIT_FLAGS} ls-files -m -o --exclude-standard -- {{}} + "
+            "2>/dev/null | head -c 200)\n"
+            f"if [ -n \"$too_big\" ]; then echo \"a file of the workspace is over {MAX_FILE:,} bytes (git cannot "
+            "write a patch of it): $too_big...\" >&2; exit 3; fi\n"
             # What git cannot record (a new repository with no commit yet, as `git init` or `cargo new` leave; a FIFO
             # or a device) is left out; git's words go to the host (unrecorded), which fails the patch on any others.
             # It reads them a line each: a name with a control character (a line break could forge a line) fails it.
@@ -188,6 +197,7 @@ def check_git_source(url: str, ref: str | None) -> None:
 # The longest path a workspace may hold, relative to its root: Linux's PATH_MAX (with its NUL). No longer one can be
 # opened by its path from the workspace's root (nor checked out by git), and it bounds a directory's depth (2,048).
 MAX_NAME = 4095
+MAX_FILE = 2_000_000_000   # bytes: git 2.39's binary diff fails from ~2 GiB on (see patch_script)
 
 
 class WorkspaceTooLarge(Exception):

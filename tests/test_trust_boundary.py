@@ -173,6 +173,26 @@ def test_a_path_too_long_for_git_fails_the_patch_instead_of_leaving_the_file_out
             box.export_patch(str(tmp_path / "patch.diff"), 1 << 20)
 
 
+def test_a_file_too_large_for_gits_diff_fails_the_patch_at_once(tmp_path):
+    """git's binary diff breaks on a file near 2 GiB or more: past 4 GiB it wrote a truncated patch and exited 0, and
+    a sparse file that large costs the agent nothing but had git read all of it first (a minute here). Now such a
+    file fails the patch at once, naming it; one git ignores (or left unchanged) does not."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.txt").write_text("a\n")
+    (repo / ".gitignore").write_text("data/\n")
+    with new_box("test-trust-hugefile", ttl_s=300) as box:
+        box.import_workspace(str(repo))
+        made = box.exec("cd /workspace && mkdir data && truncate -s 5G data/ignored.bin && echo b > a.txt && echo ok",
+                        timeout=30)
+        assert made.tail == b"ok\n", made.tail
+        copy = box.export_patch(str(tmp_path / "patch.diff"), 1 << 20, timeout=60)
+        assert (tmp_path / "patch.diff").read_bytes().count(b"diff --git") == 1, copy
+        box.exec("truncate -s 5G /workspace/huge.bin", timeout=30)
+        with pytest.raises(SandboxError, match="over 2,000,000,000 bytes.*huge.bin"):
+            box.export_patch(str(tmp_path / "patch2.diff"), 1 << 20, timeout=300)
+
+
 def test_pid_disk_out_of_inodes_gives_plain_errors_and_never_feeds_an_upload_to_pids_server(monkeypatch):
     """Where pid's own files go can run out of inodes too: a root agent can write there, and keep the host's removal
     of finished outputs from freeing any (hard links; here that removal is simply off). An upload whose file could
