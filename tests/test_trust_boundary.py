@@ -74,7 +74,7 @@ def pooled(box_config: SandboxConfig) -> DockerSandbox:
 
 @pytest.fixture(scope="module")
 def box():
-    sandbox = new_box("test-trust", ttl_s=900)
+    sandbox = new_box("test-trust")   # (the default time to live: a loaded CI run may hold it past 15 min)
     try:
         yield sandbox
     finally:
@@ -83,7 +83,7 @@ def box():
 
 @pytest.fixture(scope="module")
 def root_box():
-    sandbox = new_box("test-trust-root", ttl_s=900, user="root")
+    sandbox = new_box("test-trust-root", user="root")
     try:
         yield sandbox
     finally:
