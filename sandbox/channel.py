@@ -578,11 +578,12 @@ class Channel:
         nonce = new_nonce()
         return self._request(b"k %s %d\n" % (nonce, pgid), nonce, {b"K": "d"}, 0, deadline).number(0) == 0
 
-    def kill_agent_processes(self, deadline: float) -> tuple[int, int]:
-        """SIGKILL every process of the agent's uid; (how many were killed, forks the pids limit refused so far)."""
+    def kill_agent_processes(self, deadline: float) -> tuple[int, int, int]:
+        """SIGKILL every process of the agent's uid; (how many were killed, forks the pids limit refused so far, how
+        many were still found in the last pass: non-zero, some may be left)."""
         nonce = new_nonce()
-        reply = self._request(b"K %s\n" % nonce, nonce, {b"K": "dd"}, 0, deadline)
-        return reply.number(0), reply.number(1)
+        reply = self._request(b"K %s\n" % nonce, nonce, {b"K": "ddd"}, 0, deadline)
+        return reply.number(0), reply.number(1), reply.number(2)
 
     def close(self) -> None:
         """End the server (EOF on its stdin) and drop the link. Never raises."""

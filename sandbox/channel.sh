@@ -19,7 +19,8 @@
 #   t n <from> <max> <file>  -> S n <size> <len> + bytes [max(from, size - max), size)
 #   T n <keep> <file>        -> T n <bytes cut> 0   (all but ~<keep> bytes of a running command's output become a hole)
 #   k n <pgid>               -> K n <status> 0      (SIGKILL the group: a builtin, works with the process table full)
-#   K n                      -> K n <killed> <refused forks> 0   (SIGKILL every process of the agent's uid)
+#   K n                      -> K n <killed> <refused forks> <left> 0   (SIGKILL every process of the agent's uid;
+#                               <left>: found in the last pass, some may have outrun it)
 #   q n                      -> the server ends (as at EOF). Anything else: E n 0, and it ends too (out of step).
 # The only paths in requests are output files this server reported (/.pid/out/<id>.<n>), which the host checks.
 #
@@ -110,10 +111,13 @@ table_full() {  # true when the process table is (nearly) full: a fork now would
     [ $((cur + 8)) -ge "$PMAX" ]
 }
 slurp() { S=; read -r S <"$1"; }   # POSIX sh reads byte by byte: nothing is read ahead (bash: see below)
-field() {  # FV <- the first number of field $2 ("Uid") in process directory $1's status; empty when it is gone
+field() {  # FV <- the first number of field $2 ("Uid") in process directory $1's status, FS <- its state's letter
+    # (State comes first); both empty when it is gone
     local k v rest
-    FV=
-    while read -r k v rest; do [ "$k" = "$2:" ] && { FV=$v; return 0; }; done <"$1/status"
+    FV= FS=
+    while read -r k v rest; do
+        case $k in State:) FS=$v ;; "$2:") FV=$v; return 0 ;; esac
+    done <"$1/status"
 }
 forget() { JUNK="$JUNK $1"; JUNKN=$((JUNKN + 1)); }
 sweep() { rm -f $JUNK; JUNK=; JUNKN=0; }
@@ -159,31 +163,38 @@ op_trim() {  # T nonce keep file: the front becomes a hole (fallocate), its newl
     fi
     say T "$nonce" "" "$CUT"
 }
-op_kill() {  # k nonce pgid
+op_kill() {  # k nonce pgid; no such group: the process of that number, if the agent's (its leader may have moved
+    # to another group, and left this one empty; a number reused since is not the agent's, never killed)
     local rc
     digits "$3" || refuse "$2"
-    kill -9 -"$3" 2>/dev/null || kill -9 "$3" 2>/dev/null
+    kill -9 -"$3" 2>/dev/null ||
+        { { field "/proc/$3" Uid; } 2>/dev/null; [ "$FV" = "$UID_" ] && kill -9 "$3" 2>/dev/null; }
     rc=$?
     untrace "$3"
     say K "$2" "" "$rc"
 }
-op_killall() {  # K nonce: every process of the agent's uid, with builtins only (the process table may be full)
-    local killed=0 found pass p
+op_killall() {  # K nonce: every process of the agent's uid, with builtins only (the process table may be full);
+    # passes until one finds none (one that ended as it was looked at may have forked first: it counts as found);
+    # the host asks again while some are found in the last pass
+    local killed=0 found=0 pass p
     if [ "$UID_" != 0 ]; then   # (a root agent shares pid's uid: only its commands' groups are killed, by k)
         set +f
         for pass in 1 2 3 4 5 6 7 8 9 10; do
             found=0
             for p in /proc/[0-9]*; do
                 { field "$p" Uid; } 2>/dev/null
-                [ "$FV" = "$UID_" ] && kill -9 "${p#/proc/}" 2>/dev/null && found=$((found + 1))
+                case $FS:$FV in
+                    [ZX]:*) ;;   # (dead already: a zombie waits for its parent)
+                    ?:"$UID_") kill -9 "${p#/proc/}" 2>/dev/null && killed=$((killed + 1)); found=$((found + 1)) ;;
+                    :) found=$((found + 1)) ;;
+                esac
             done
-            killed=$((killed + found))
             [ "$found" = 0 ] && break
         done
         set -f
     fi
     events
-    say K "$2" "" "$killed" "$PE"
+    say K "$2" "" "$killed" "$PE" "$found"
 }
 untrace() {  # ptrace is the agent's right over its own processes, pid's slot shells among them: a tracer that
     # stops a shell the server waits for would hang it. Such a tracer (a process of the agent's uid) is killed.
@@ -382,9 +393,10 @@ slurp() {  # S <- file $1, whole: `read -N` never reads past what it asks for, s
 }
 field() {
     local s
-    FV=
+    FV= FS=
     { slurp "$1/status"; } 2>/dev/null
     case $S in *"$LF$2:"*) s=${S#*"$LF$2:"}; s=${s#"${s%%[0-9]*}"}; FV=${s%%[!0-9]*} ;; esac
+    case $S in *"${LF}State:"*) s=${S#*"${LF}State:"}; s=${s#"${s%%[A-Za-z]*}"}; FS=${s:0:1} ;; esac
     S=
 }
 nap() { IFS= read -r -t 0.01 -u 6 _; }   # ~10 ms without a fork: a read that times out on the server's own FIFO

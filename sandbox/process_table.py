@@ -19,6 +19,8 @@ from .processes import ProcessGauge, kill_agent_processes
 
 log = logging.getLogger(__name__)
 
+SWEEP_S = 5.0   # how long the agent's processes may take to be all killed before its container goes instead
+
 
 class ProcessTable:
     """The process table of one container. Thread-safe."""
@@ -73,22 +75,39 @@ class ProcessTable:
         if box.uid == 0:
             return 0
         sweep = None
+        refused: int | None
         if not box.own_kernel:   # (the host sees none of the agent's processes under a kernel of the runtime's)
             with self.channels.exec_gate:   # (only the freeze excludes starting a channel: the waits are outside)
                 sweep = kill_agent_processes(box.client, box.id, box.uid)
         if sweep is None:
-            killed, refused = self.channels.with_control(
-                lambda ch: ch.kill_agent_processes(time.monotonic() + CONTROL_TIMEOUT_S))
+            killed, refused, left = self._sweep_inside()
         elif not sweep.thawed:   # nothing can run in it any more: it goes
             box.kill()
             raise SandboxLost("the sandbox container could not be thawed after its process table was cleared; "
                               "it was removed")
         else:
-            killed, refused = len(sweep.killed), sweep.wait()
+            killed, refused, left = len(sweep.killed), sweep.wait(), int(not sweep.complete)
+        if left:   # what pid does next (its patch, a copy, the next command) may not run beside the agent's code
+            box.kill()
+            raise SandboxLost("the agent's processes outran every attempt to kill them; the container was removed")
         with self._lock:
             self.events = max(self.events, refused or 0)
             self.clearings += 1
         return killed
+
+    def _sweep_inside(self) -> tuple[int, int, int]:
+        """The sweep by pid's server, asked again while its last pass still found some of the agent's processes
+        (killed ones not dead yet, or a chain that forks as it goes), for SWEEP_S at most; (killed, refused forks,
+        left)."""
+        deadline = time.monotonic() + SWEEP_S
+        killed = 0
+        while True:
+            more, refused, left = self.channels.with_control(
+                lambda ch: ch.kill_agent_processes(time.monotonic() + CONTROL_TIMEOUT_S))
+            killed += more
+            if not left or time.monotonic() > deadline:
+                return killed, refused, left
+            time.sleep(0.02)
 
     def after_command(self, events: int, clearings: int) -> bool:
         """A command's reply saw `events` refused forks, and the table had been cleared `clearings` times before it

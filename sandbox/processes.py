@@ -9,6 +9,7 @@ and the caller uses the in-container sweep.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -125,11 +126,12 @@ def _real_uid(pid: int) -> int | None:
 
 @dataclass
 class Sweep:
-    """What a clearing from the host did: the processes it killed (host pid, start time), and whether the container
-    is thawed again."""
+    """What a clearing from the host did: the processes it killed (host pid, start time), whether the container is
+    thawed again, and whether nothing of the agent's can be left."""
     killed: list[tuple[int, str]]
     cgroup_dir: str
     thawed: bool
+    complete: bool = False   # every process of the agent's was seen killed (else the caller may not go on)
 
     def wait(self) -> int | None:
         """Wait (briefly) until the killed have died and the table has room again; then the forks the pids limit
@@ -158,16 +160,24 @@ def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: in
     if procs is None or host_uid is None or host_uid == 0:
         return None
     frozen = _freeze(client, container_id)
+    if not frozen and not _pidfds():   # (by number alone, one reused outside the container since could be hit)
+        return None
     sweep = Sweep(killed=[], cgroup_dir=os.path.dirname(procs), thawed=not frozen)
     killed: set[tuple[int, str]] = set()
     try:
-        # Frozen, one pass kills all. Unfrozen (the engine could not freeze it), passes go on until one finds none:
-        # the host is not under the container's CPU quota, so it kills faster than a starved bomb forks.
-        deadline = time.monotonic() + UNFROZEN_SWEEP_S
-        while _kill_pass(procs, host_uid, killed) and not frozen and time.monotonic() < deadline:
-            pass
-    except (OSError, ValueError) as exc:   # (the sweep inside finishes the job)
+        if not frozen:   # passes until one finds none: the host is not under the container's CPU quota, so it kills
+            # faster than a starved bomb forks; then, the bomb gone, the freezer settles for a last look
+            deadline = time.monotonic() + UNFROZEN_SWEEP_S
+            while (left := _kill_pass(procs, host_uid, killed, frozen)) and time.monotonic() < deadline:
+                pass
+            sweep.complete = not left
+            frozen = _freeze(client, container_id, attempts=1)
+        if frozen:
+            _kill_pass(procs, host_uid, killed, frozen)
+            sweep.complete = True
+    except (OSError, ValueError) as exc:
         log.warning("sweeping container %s from the host failed: %s", container_id[:12], exc)
+        sweep.complete = False
     finally:
         sweep.killed = sorted(killed)
         for attempt in range(3 if frozen else 0):
@@ -179,14 +189,15 @@ def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: in
                 log.warning("could not thaw container %s (attempt %d): %s", container_id[:12], attempt + 1, exc)
                 time.sleep(0.2)
     # A frozen container goes back to the caller, whatever was killed: nothing may run in it (a docker exec started
-    # into it would wedge the engine's shim).
-    return sweep if sweep.killed or not sweep.thawed else None
+    # into it would wedge the engine's shim). So does one whose agent may have outrun the sweep.
+    return sweep if sweep.killed or not sweep.thawed or not sweep.complete else None
 
 
-def _freeze(client: docker.DockerClient, container_id: str) -> bool:
+def _freeze(client: docker.DockerClient, container_id: str, attempts: int = FREEZE_ATTEMPTS) -> bool:
     """Pause the container; whether it is frozen. Under a fork bomb on a loaded host, cgroup v1's freezer may not
-    settle in the time runc gives it ("unable to freeze"): it is tried again, briefly."""
-    for attempt in range(FREEZE_ATTEMPTS):
+    settle in the time runc gives it ("unable to freeze"), nor with a process in uninterruptible sleep: it is tried
+    again, briefly."""
+    for attempt in range(attempts):
         try:
             client.api.pause(container_id)
             return True
@@ -196,19 +207,51 @@ def _freeze(client: docker.DockerClient, container_id: str) -> bool:
     return False
 
 
-def _kill_pass(procs: str, host_uid: int, killed: set[tuple[int, str]]) -> int:
+@functools.cache
+def _pidfds() -> bool:
+    """Whether this kernel (and seccomp filter) gives pidfds."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        return True
+    except (AttributeError, OSError):
+        return False
+
+
+def _kill_pass(procs: str, host_uid: int, killed: set[tuple[int, str]], frozen: bool) -> int:
     """SIGKILL every live process of `host_uid` listed in `procs` (a cgroup.procs), added to `killed` (pid, start
-    time); how many were signalled."""
+    time); how many were signalled, or ended before they were looked at (one may have forked first: its child was
+    not listed). Unfrozen, a process may end and its number go to another, even outside the container, between the
+    list and the kill: each is held by a pidfd, then looked at (its uid, and its cgroup: the container's), and only
+    that pidfd is signalled."""
     found = 0
+    where = os.path.dirname(procs)
     for entry in read_small(procs, MAX_PROCESSES * 12).split()[:MAX_PROCESSES]:
         pid = int(entry)
-        if _real_uid(pid) == host_uid and (stat := _state_and_start(pid)) is not None and stat[0] != "Z":
-            try:
-                os.kill(pid, signal.SIGKILL)   # (in a frozen container: acts once it thaws)
-            except ProcessLookupError:
-                continue
+        try:
+            handle: int | None = os.pidfd_open(pid)
+        except ProcessLookupError:
             found += 1
-            killed.add((pid, stat[1]))
+            continue
+        except OSError:   # (no pidfds here: by number, which only a frozen container keeps from reuse)
+            handle = None
+        try:
+            if handle is None and not frozen:
+                found += 1
+            elif (_real_uid(pid) == host_uid and (stat := _state_and_start(pid)) is not None and stat[0] != "Z"
+                  and (frozen or cgroup_dir(pid, "pids") == where)):
+                if handle is None:
+                    os.kill(pid, signal.SIGKILL)
+                else:   # (in a frozen container it acts once the container thaws)
+                    signal.pidfd_send_signal(handle, signal.SIGKILL)
+                found += 1
+                killed.add((pid, stat[1]))
+        except ProcessLookupError:
+            found += 1
+        except OSError:   # (its /proc entry went with it)
+            found += 1
+        finally:
+            if handle is not None:
+                os.close(handle)
     return found
 
 

@@ -193,6 +193,20 @@ def test_a_file_too_large_for_gits_diff_fails_the_patch_at_once(tmp_path):
             box.export_patch(str(tmp_path / "patch2.diff"), 1 << 20, timeout=300)
 
 
+def test_a_fifo_git_would_read_fails_the_patch_at_once(tmp_path):
+    """git opens every .gitignore (and .gitattributes) it meets: a FIFO there held pid's git until the collection's
+    deadline removed the container. Now the patch fails at once, saying why."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.txt").write_text("a\n")
+    with new_box("test-trust-fifo-ignore", ttl_s=300) as box:
+        box.import_workspace(str(repo))
+        made = box.exec("cd /workspace && mkdir d && mkfifo d/.gitignore && echo b > a.txt && echo ok", timeout=30)
+        assert made.tail == b"ok\n", made.tail
+        with pytest.raises(SandboxError, match="no regular file.*d/.gitignore"):
+            box.export_patch(str(tmp_path / "patch.diff"), 1 << 20, timeout=20)
+
+
 def test_pid_disk_out_of_inodes_gives_plain_errors_and_never_feeds_an_upload_to_pids_server(monkeypatch):
     """Where pid's own files go can run out of inodes too: a root agent can write there, and keep the host's removal
     of finished outputs from freeing any (hard links; here that removal is simply off). An upload whose file could
@@ -339,7 +353,7 @@ def test_a_fork_bomb_the_engine_cannot_freeze_is_killed_from_the_host(monkeypatc
         monkeypatch.setattr(box.container.client.api, "pause", unable_to_freeze)
         asked_inside: list[float] = []
         monkeypatch.setattr(Channel, "kill_agent_processes",
-                            lambda self, deadline: asked_inside.append(deadline) or (0, 0))
+                            lambda self, deadline: asked_inside.append(deadline) or (0, 0, 0))
         hogs = _load_host(60)
         try:
             bomb = box.exec(":(){ :|:& };:", timeout=5)
@@ -355,6 +369,25 @@ def test_a_fork_bomb_the_engine_cannot_freeze_is_killed_from_the_host(monkeypatc
             for hog in hogs:
                 os.killpg(hog.pid, signal.SIGKILL)
                 hog.wait()
+
+
+def test_a_sweep_of_a_container_that_could_not_be_frozen_kills_nothing_outside_it(tmp_path):
+    """Unfrozen, a process the sweep listed may end and its number go to another, even outside the container (here
+    another user's process of the agent's uid, listed as a stale cgroup.procs would list it): only a process still
+    in the container's cgroup is killed."""
+    if os.geteuid() != 0:
+        pytest.skip("the host sweep needs root")
+    victim = subprocess.Popen(["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", "sleep", "100"])
+    try:
+        stale = tmp_path / "cgroup.procs"
+        stale.write_text(f"{victim.pid}\n")
+        time.sleep(0.2)   # (setpriv has exec'd sleep by now, as uid 1000)
+        killed: set[tuple[int, str]] = set()
+        assert processes._kill_pass(str(stale), 1000, killed, frozen=False) == 0 and not killed
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
 
 
 @pytest.mark.skipif(RUNTIME != "runsc", reason="gVisor only (under runc the next tool call works: see above)")
@@ -644,6 +677,37 @@ def test_a_root_agent_cannot_open_files_by_handle(root_box):
         assert seen["opened"] == -1, words
         return
     assert seen["named"] == 0 and (seen["opened"], errors["opened"]) == (-1, 1), words   # EPERM
+
+
+def test_a_kill_of_a_group_that_is_gone_never_reaches_a_process_not_the_agents(box):
+    """pid kills a command by its process group. With no such group it kills the process of that number (a leader
+    that moved to another group), but only the agent's: the number may since have gone to a process of pid's (an
+    agent can cycle numbers on purpose). Here a root process that leads no group stands for one."""
+    engine = box.container.client.containers.get(box.container.id)
+    started = engine.exec_run(["sh", "-c", "sleep 4747 & wait"], user="root", detach=True)
+    assert started.exit_code is None
+    for _ in range(100):
+        found = engine.exec_run(["pgrep", "-x", "-f", "sleep 4747"], user="root").output.split()
+        if found:
+            break
+        time.sleep(0.05)
+    pid = int(found[0])
+    leader = engine.exec_run(["ps", "-o", "pgid=", "-p", str(pid)], user="root").output.strip()
+    assert int(leader) != pid   # (it leads no group: `kill -9 -<pid>` finds none)
+    assert box.processes.kill_group(pid) is False
+    assert engine.exec_run(["kill", "-0", str(pid)], user="root").exit_code == 0   # alive
+    engine.exec_run(["kill", "-9", str(pid)], user="root")
+    # and the agent's own process that leads no group is killed by its number
+    agents = box.exec("sleep 4848 >/dev/null 2>&1 & echo $!", timeout=10)
+    # (started by the command's shell: in its group, which it does not lead)
+    agent_pid = int(agents.tail)
+    assert box.processes.kill_group(agent_pid) is True
+    for _ in range(50):   # (dead, or a zombie until the container's init reaps it; a loaded host takes a moment)
+        state = box.exec(f"cut -d' ' -f3 /proc/{agent_pid}/stat 2>/dev/null || echo gone", timeout=10).tail
+        if state in (b"gone\n", b"Z\n"):
+            break
+        time.sleep(0.1)
+    assert state in (b"gone\n", b"Z\n"), state
 
 
 # -- 2. a job that never ends ---------------------------------------------------------------------------------------
