@@ -705,3 +705,53 @@ def test_a_reply_that_is_not_an_event_stream_is_the_endpoints_mistake_not_an_ove
     assert reply.stop_reason == "error" and not is_context_overflow(reply)
     assert reply.error_message == (f"the server answered with {kind}, not an event stream: is --base-url the API's "
                                    "own (an OpenAI-compatible one usually ends in /v1)?")
+
+
+def _raw_reply(body: bytes, *, api: str = "openai", kind: str = "text/event-stream") -> AssistantMessage:
+    server = RawServer(f"HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\n", body)
+    try:
+        config = ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=3, api=api)
+        provider = AnthropicProvider(config) if api == ANTHROPIC else OpenAIProvider(config)
+        return provider.stream("", HELLO, [])
+    finally:
+        server.sock.close()
+
+
+@pytest.mark.parametrize("body", [b"this is not sse at all\n", b"<html><body>It works!</body></html>\n"])
+def test_an_event_stream_of_no_events_but_other_text_is_said_as_it_is_never_an_overflow(body: bytes) -> None:
+    """A body labelled as an event stream whose lines are no SSE fields is not the empty answer some servers give a
+    conversation too long for them (retried, then compacted: a CI job ended context_overflow for 1,235 tokens): the
+    job fails at once, quoting what came."""
+    from pid.providers.overflow import is_context_overflow
+    reply = _raw_reply(body)
+    assert reply.stop_reason == "error" and not is_context_overflow(reply), reply
+    assert reply.error_message == "the server's reply is not a stream of events; it began: " + body.decode().strip()
+
+
+@pytest.mark.parametrize("api, body", [
+    ("openai", b"data: [DONE]\n\n"),
+    ("openai", b'data: {"id": "x", "choices": []}\n\ndata: [DONE]\n\n'),
+    (ANTHROPIC, b'event: message_stop\ndata: {"type": "message_stop"}\n\n')])
+def test_a_stream_with_no_answer_at_all_is_an_error_not_a_completed_job(api: str, body: bytes) -> None:
+    """No content and no finish reason (not even an empty answer): a CI step without a check took this for a job
+    completed, exit 0."""
+    reply = _raw_reply(body, api=api)
+    assert (reply.stop_reason, reply.error_message) == (
+        "error", "the server's stream held no answer (no content and no finish reason)"), reply
+
+
+def test_an_empty_answer_with_its_finish_reason_is_still_an_answer() -> None:
+    body = b'data: {"choices": [{"delta": {"content": ""}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+    reply = _raw_reply(body)
+    assert (reply.stop_reason, reply.error_message) == ("stop", None), reply
+
+
+@pytest.mark.parametrize("chunk", [b'{"choices": [{"delta": {"content": 42}}]}', b'{"choices": "x"}',
+                                   b'{"choices": ["x"]}', b'{"choices": [{"delta": "x"}]}'])
+def test_a_chunk_not_shaped_as_a_chat_completion_fails_the_reply_saying_so(chunk: bytes) -> None:
+    """Content that is a number was dropped without a word; `choices` as a string failed with Python's own words
+    (AttributeError)."""
+    reply = _raw_reply(b"data: " + chunk + b"\n\ndata: [DONE]\n\n")
+    assert reply.stop_reason == "error", reply
+    assert reply.error_message.startswith("malformed stream data from the server (not the shape of a chat "
+                                          "completion chunk): "), reply.error_message

@@ -20,8 +20,8 @@ from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, M
 from pid.providers import retry
 from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price
 from pid.providers.openai import parse_arguments
-from pid.providers.transport import (BLOCK_BYTES, Pieces, StreamReply, StreamingProvider, ToolsJSON, json_object,
-                                     truncate, utf8_size)
+from pid.providers.transport import (BLOCK_BYTES, NO_ANSWER, Pieces, StreamReply, StreamingProvider, ToolsJSON,
+                                     json_object, truncate, utf8_size)
 from pid.tokens import get_counter
 
 API = API_NAMES["anthropic"]
@@ -230,6 +230,8 @@ class _Reply(StreamReply):
                 has_calls = True
         if self.error is not None:
             return content, ("aborted" if self.aborted else "error"), self.error
+        if not content and self.stop_reason is None:   # (a bare message_stop: not even an empty answer)
+            return content, "error", NO_ANSWER
         if _STOP.get(self.stop_reason or "") == "length":  # truncated tool calls must not run
             return content, "length", None
         if has_calls:

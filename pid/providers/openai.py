@@ -21,8 +21,8 @@ from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, M
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers import retry
 from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price
-from pid.providers.transport import (BLOCK_BYTES, Pieces, StreamReply, StreamingProvider, ToolsJSON, json_object,
-                                     truncate, utf8_size)
+from pid.providers.transport import (BLOCK_BYTES, NO_ANSWER, Pieces, StreamReply, StreamingProvider, ToolsJSON,
+                                     json_object, truncate, utf8_size)
 
 API = API_NAMES["openai"]
 DEFAULT_MAX_OUTPUT = 32000   # pi's cap on a model's maxTokens when the request names none
@@ -119,10 +119,15 @@ class _Reply(StreamReply):
         choices = chunk.get("choices")
         if not choices:
             return
-        choice = choices[0]
-        delta = choice.get("delta")
+        choice = choices[0] if isinstance(choices, list) else None
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        text = delta.get("content") if isinstance(delta, dict) else None
+        if not isinstance(choice, dict) or not isinstance(delta, (dict, type(None))) \
+                or not isinstance(text, (str, list, type(None))):
+            self.fail("malformed stream data from the server (not the shape of a chat completion chunk): "
+                      + truncate(json.dumps(chunk)))
+            return
         if delta:
-            text = delta.get("content")
             if isinstance(text, list):  # a few servers stream content parts
                 text = "".join(p.get("text", "") for p in text if isinstance(p, dict))
             if isinstance(text, str) and text:
@@ -204,6 +209,8 @@ class _Reply(StreamReply):
             content.append(ToolCall(slot.id or f"call_{uuid.uuid4().hex[:24]}", slot.name, arguments, raw))
         if self.error is not None:
             return content, ("aborted" if self.aborted else "error"), self.error
+        if not content and self.finish is None:   # (a bare "[DONE]": not even an empty answer)
+            return content, "error", NO_ANSWER
         if self.finish == "length":  # tool calls cut by the token limit must not run: the loop fails them
             return content, "length", None
         if self.calls:

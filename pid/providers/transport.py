@@ -387,10 +387,14 @@ class EventTooLarge(Exception):
     """One server-sent event (its unfinished line included) outgrew MAX_EVENT_BYTES."""
 
 
-def iter_sse(response: httpx.Response, limit: int = MAX_EVENT_BYTES) -> Iterator[tuple[str, bytes]]:
+SSE_FIELDS = (b"data", b"event", b"id", b"retry")
+
+
+def iter_sse(response: httpx.Response, limit: int = MAX_EVENT_BYTES,
+             strays: list[bytes] | None = None) -> Iterator[tuple[str, bytes]]:
     """(event name, data) per server-sent event. Comment lines are skipped; `data:` may lack its space. An event
     larger than `limit` bytes raises EventTooLarge as soon as that many have arrived: an endless line is never
-    held whole."""
+    held whole. The first line that is no SSE field goes into `strays` (a body that is not a stream at all)."""
     event = ""
     data: list[bytes] = []
     data_size = 0
@@ -428,6 +432,8 @@ def iter_sse(response: httpx.Response, limit: int = MAX_EVENT_BYTES) -> Iterator
                 data_size += len(value)
             elif name == b"event":
                 event = value.decode("utf-8", errors="replace")
+            elif strays is not None and not strays and name not in SSE_FIELDS:
+                strays.append(line[:200])
         if pending_size + data_size > limit:
             raise EventTooLarge(limit)
     buffer = b"".join(pending)
@@ -481,6 +487,7 @@ class StreamReply:
         self.asked_s: float | None = None  # the wait the server asked for
         self.events = 0                    # server-sent events read (none at all: an empty response)
         self.content_type = ""             # the response's, as it said (see not_a_stream)
+        self.strays: list[bytes] = []      # the first line of the body that was no SSE field
         self.size = 0                      # bytes of text, thinking and arguments so far (see MAX_REPLY_BYTES)
 
     def fail(self, message: str, *, aborted: bool = False, retry: str | None = None, status: int | None = None,
@@ -503,6 +510,8 @@ class StreamReply:
 
 
 UNFINISHED_MESSAGE = "the stream ended before the response finished"
+NO_ANSWER = "the server's stream held no answer (no content and no finish reason)"
+NOT_EVENTS = "the server's reply is not a stream of events; it began: "
 def not_a_stream(content_type: str) -> bool:
     """A reply that said it is something else (a web page, a JSON body from a server that does not stream): no event
     in it is the endpoint's mistake, not an empty answer (which some servers give a conversation too long)."""
@@ -561,6 +570,8 @@ class StreamingProvider:
                 elif reply.error is None and reply.events == 0 and not_a_stream(reply.content_type):
                     reply.fail(f"the server answered with {truncate(reply.content_type)}, not an event stream: is "
                                "--base-url the API's own (an OpenAI-compatible one usually ends in /v1)?")
+                elif reply.error is None and reply.events == 0 and reply.strays:
+                    reply.fail(NOT_EVENTS + truncate(reply.strays[0].decode("utf-8", "replace")))
                 elif reply.error is None and reply.events == 0:
                     reply.fail(EMPTY_MESSAGE, retry=retry.EMPTY)
                 elif reply.error is None and not reply.finished:
@@ -601,7 +612,7 @@ class StreamingProvider:
         drained = read = 0
         reply.content_type = response.headers.get("content-type", "")
         try:
-            for event, data in iter_sse(response):
+            for event, data in iter_sse(response, strays=reply.strays):
                 reply.events += 1
                 read += len(data)
                 if read > MAX_STREAM_BYTES and not reply.done:
