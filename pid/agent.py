@@ -43,6 +43,10 @@ class Limits:
     wall_clock_s: float | None = None
     max_cost: float | None = None             # USD
     max_consecutive_timeouts: int = 3
+    # What the job's earlier attempts used (a worker that died or handed the job back): counted against max_turns
+    # and max_cost, which are the job's, however many attempts it takes
+    spent_turns: int = 0
+    spent_cost: float = 0.0
     # Asked before every model call: a reason (and its message) to end the run now, or None. A limit shared with
     # others that the loop cannot see (a batch's budget, kept elsewhere); it must not raise.
     gate: Callable[[], tuple[ExitReason, str] | None] | None = None
@@ -175,8 +179,11 @@ class Agent:
             if self.cancel_event.is_set():
                 self._take_in(pending)   # the transcript keeps what was asked, even if no model call followed
                 return self._stopped(out)
-            if self.limits.max_turns is not None and out.turns >= self.limits.max_turns:
-                return self._end(out, "max_turns", f"reached max_turns ({self.limits.max_turns})")
+            if self.limits.max_turns is not None and out.turns + self.limits.spent_turns >= self.limits.max_turns:
+                return self._end(out, "max_turns", f"reached max_turns ({self.limits.max_turns})"
+                                 + (" over its attempts" if self.limits.spent_turns else ""))
+            if (over := self._over_cost(out)) is not None:   # (its earlier attempts' may have used it all)
+                return self._end(out, "max_cost", over)
             stop = self.limits.gate() if self.limits.gate is not None else None
             if stop is not None:
                 self._take_in(pending)
@@ -217,10 +224,8 @@ class Agent:
                     consecutive_timeouts = 0
             if consecutive_timeouts >= self.limits.max_consecutive_timeouts:
                 return self._end(out, "consecutive_timeouts", f"{consecutive_timeouts} consecutive commands timed out")
-            if self.limits.max_cost is not None and out.usage.cost.total > self.limits.max_cost:
-                spent, limit = out.usage.cost.total, self.limits.max_cost
-                digits = next((d for d in range(4, 12) if f"{spent:.{d}f}" != f"{limit:.{d}f}"), 12)   # (never $x > $x)
-                return self._end(out, "max_cost", f"cost ${spent:.{digits}f} exceeded max_cost ${limit:.{digits}f}")
+            if (over := self._over_cost(out)) is not None:
+                return self._end(out, "max_cost", over)
             if not calls:
                 if self._check_in is not None:
                     self._check_in()
@@ -389,6 +394,17 @@ class Agent:
             self.cancel()
         self._emit(ev.Control("cancel", "received"))
         return self._end(out, "cancelled", None)
+
+    def _over_cost(self, out: Outcome) -> str | None:
+        """Why the job's cost passed max_cost (this attempt's and its earlier ones'), or None."""
+        if self.limits.max_cost is None:
+            return None
+        spent, limit = out.usage.cost.total + self.limits.spent_cost, self.limits.max_cost
+        if spent <= limit:
+            return None
+        digits = next((d for d in range(4, 12) if f"{spent:.{d}f}" != f"{limit:.{d}f}"), 12)   # (never $x > $x)
+        return (f"cost ${spent:.{digits}f} exceeded max_cost ${limit:.{digits}f}"
+                + (" over its attempts" if self.limits.spent_cost else ""))
 
     @staticmethod
     def _end(out: Outcome, reason: ExitReason, error: str | None) -> Outcome:

@@ -146,6 +146,17 @@ def test_a_later_attempt_clears_what_an_earlier_one_left(sample_repo, tmp_path):
     assert result["exit_reason"] == "stop" and provider.cleared == [spec.id]
 
 
+def test_a_jobs_later_attempt_has_what_its_earlier_ones_left_of_its_turns(sample_repo, tmp_path):
+    """The worker passes the store record's earlier attempts: their turns count against the job's max_turns."""
+    provider = MemoryProvider({"true": Run("")})
+    with ScriptedLLM([{"tool_calls": [{"name": "bash", "arguments": {"command": "true"}}]}] * 5) as llm:
+        spec = spec_for(sample_repo, tmp_path / "out", llm, max_turns=3)
+        result = run_job(spec, sandboxes=provider, attempt=2,
+                         earlier=[{"attempt": 1, "turns": 2, "tool_calls": 2, "usage": {"cost": 0.0}}])
+        assert len(llm.requests) == 1
+    assert (result["exit_reason"], result["error"]) == ("max_turns", "reached max_turns (3) over its attempts")
+
+
 def test_a_sandbox_lost_mid_job_fails_it_as_a_sandbox_error(sample_repo, tmp_path):
     def lose(command: str, box: MemorySandbox) -> Run:
         box.kill()   # as the watchdog would, or the engine

@@ -32,7 +32,7 @@ from pid.worker.job_run import JobRun
 from pid.jobs.spec import JobSpec
 from pid.worker.sandbox_start import GRACE_S, sandbox_config
 from pid.jobs.snapshot import DirSnapshot, import_into, is_directory_repo, open_packed
-from pid.jobs.store import Store, default_store
+from pid.jobs.store import Store, default_store, sum_usage
 
 Gate = Callable[[], "tuple[ExitReason, str] | None"]   # asked before every model call (pid/agent.py Limits.gate)
 CheckIn = Callable[[], None]   # asked before every model call and as the agent would stop (pid/agent.py Agent)
@@ -179,7 +179,9 @@ def job_agent(job: JobRun, model: ModelInfo, provider: Provider, tools: ToolRegi
     system_prompt = build_system_prompt(tools.specs(), job.sandbox, custom=spec.system_prompt)
     return Agent(provider, tools, ToolContext(sandbox=job.sandbox, cancel=job.cancel), system_prompt,
                  session=job.session, sink=job.sink, check_in=check_in,
-                 limits=Limits(max_turns=spec.max_turns, wall_clock_s=remaining, max_cost=spec.max_cost, gate=gate),
+                 limits=Limits(max_turns=spec.max_turns, wall_clock_s=remaining, max_cost=spec.max_cost, gate=gate,
+                               spent_turns=sum(int(a.get("turns") or 0) for a in job.earlier),
+                               spent_cost=float(sum_usage(*(a.get("usage") or {} for a in job.earlier))["cost"])),
                  compactor=Compactor(provider, model.context_window, max_output_tokens=model.max_tokens),
                  notices=[] if spec.context_window else [w for w in (
                      None if model.known else unknown_model_warning(model),

@@ -54,6 +54,7 @@ class JobRun:
     check: Check | None = None
     checking: "Future[JobSandbox] | None" = None   # the check's sandbox, being made
     checked: JobSandbox | None = None   # the check's sandbox, once it ran
+    earlier: list[dict[str, Any]] = field(default_factory=list)   # the job's earlier attempts' counts (Limits)
 
     def release(self, keep: Store | None) -> None:
         """The job's sandboxes are removed (the check's too, once made: now, or when it is), its watchdog stops, and

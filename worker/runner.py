@@ -45,7 +45,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             sandboxes: SandboxProvider[Any] | None = None,
             amend_result: Callable[[dict[str, Any]], None] | None = None, attempt: int = 1,
             blobs: Blobs | None = None, artifact_store: Store | None = None, keep: Store | None = None,
-            gate: Gate | None = None, check_in: CheckIn | None = None) -> dict[str, Any]:
+            gate: Gate | None = None, check_in: CheckIn | None = None,
+            earlier: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Run one job to its end and return result.json's content. Never raises for job failures.
 
     `starting` is the job's sandbox already being created (sandbox_start.start_sandbox); else it is created here,
@@ -65,7 +66,9 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     snapshot (stored while the agent works), then the transcript, patch, files and result.json, before this returns.
     Its out directory has them all: a store that refuses them costs those commands, never the job.
 
-    `gate` is asked before every model call (pid/agent.py Limits.gate): a batch's budget stops the job there.
+    `earlier` are the job's earlier attempts' counts (its store record's): max_turns and max_cost are the job's, so
+    they count. `gate` is asked before every model call (pid/agent.py Limits.gate): a batch's budget stops the job
+    there.
     `check_in` too, and as the agent would stop (pid/agent.py Agent): the job's relay applies the store's controls
     then (`on_agent` gave it the agent).
     """
@@ -78,7 +81,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         return record_unstarted(spec, f"cannot create the job's directory {spec.job_dir}: {exc.strerror or exc}",
                                 started, artifact_store)
     job = JobRun(spec, job_dir, started, attempt, cancel or threading.Event(), sandboxes or DockerProvider(), blobs,
-                 sink, starting=starting)
+                 sink, starting=starting, earlier=earlier or [])
     stopping: BaseException | None = None   # Ctrl-C, or the process ending: raised again once the job is recorded
     try:
         try:

@@ -120,6 +120,7 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
         result = run_job(record.spec, api_key=_api_key(store, record.spec, api_key), sink=sink, gate=gate,
                          on_agent=relay.attach, check_in=relay.check_in, cancel=relay.cancel, still_owner=still_owner,
                          amend_result=lambda r: with_earlier_attempts(r, record.earlier), attempt=record.attempts,
+                         earlier=record.earlier,
                          artifact_store=store, sandboxes=warm_pool.provider(),
                          blobs=StoreBlobs(store))   # (its workspace read waits out an outage)
     except BaseException as exc:   # never a silent failure: the record says what stopped the job
