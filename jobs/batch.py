@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -31,7 +32,6 @@ from typing import Any
 from pid.endings import exit_code_for
 from pid.errors import PidError
 from pid.jobs.spec import beside, write_json_atomic
-from pid.jobs.trees import remove_tree
 
 META, LEDGER, RESULTS, SUMMARY, JOBS = "batch.json", "jobs.jsonl", "batch.jsonl", "summary.json", ".jobs"
 LOCK, CANCELLED = ".lock", ".cancelled"
@@ -222,13 +222,37 @@ class BatchDir:
         return os.path.join(self.path, item_id)
 
     def replace_item_dir(self, item_id: str, fresh: str) -> None:
-        """The item's folder becomes `fresh` (a finished download), whatever an earlier job left there."""
+        """The item's folder becomes `fresh` (a finished download). What an earlier job left there is kept in its
+        `earlier/<job id>/` (and that job's own `earlier/` beside it): a rerun's job may end without having run (a
+        cancel, a spent budget), and its empty patch must not cost the work before it."""
         final = self.item_dir(item_id)
-        old = beside(final, "old-")
-        if os.path.lexists(final):
-            os.replace(final, old)
+        if os.path.isdir(final) and not os.path.islink(final):
+            kept = os.path.join(fresh, EARLIER)
+            os.makedirs(kept, exist_ok=True)
+            older = os.path.join(final, EARLIER)
+            if os.path.isdir(older) and not os.path.islink(older):
+                for name in os.listdir(older):
+                    os.replace(os.path.join(older, name), os.path.join(kept, name))
+                os.rmdir(older)
+            os.replace(final, os.path.join(kept, _job_id_of(final)))
+        elif os.path.lexists(final):
+            os.remove(final)
         os.replace(fresh, final)
-        remove_tree(old)
+
+
+EARLIER = "earlier"   # an item's folder: the artifacts of its earlier jobs, by job id
+
+
+def _job_id_of(item_dir: str) -> str:
+    """The id of the job whose artifacts `item_dir` holds (its result.json's), else a name of its own."""
+    try:
+        with open(os.path.join(item_dir, "result.json"), encoding="utf-8") as f:
+            job_id = json.load(f).get("id")
+    except (OSError, ValueError, AttributeError):
+        job_id = None
+    if isinstance(job_id, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", job_id):   # (a name, no path)
+        return job_id
+    return f"unknown-{secrets.token_hex(3)}"
 
 
 def _lines(path: str) -> list[dict[str, Any]]:

@@ -135,6 +135,12 @@ class Run:
                 self.adopted.add(job_id)
             elif needs_run(row, self.retry_failed):
                 to_submit.append(item_id)
+        info = self.store.batch(self.bdir.batch_id) if to_submit else None
+        if info is not None and info.exhausted:   # each would end batch_budget unrun, its item's work before it kept
+            n = len(to_submit)
+            self.warn(f"pid: the batch's --max-total-cost (${info.max_total_cost:g}) is spent (${info.spent:.4f}): "
+                      f"{n} item{'s' if n != 1 else ''} not submitted (a higher --max-total-cost runs them)")
+            to_submit = []
         if not to_submit and not self.tracked:
             self.warn(nothing_to_do([self.bdir.rows.get(i) for i in self.bdir.order if i in self.specs]))
         again = sorted({str(self.bdir.rows[i].get("status")) for i in to_submit if self.bdir.rows.get(i)})

@@ -3,8 +3,8 @@ interrupt, a cancel from elsewhere and a second follower do. No broker, no engin
 ends them in the store."""
 from __future__ import annotations
 
+import json
 import os
-import re
 import signal
 import threading
 from pathlib import Path
@@ -208,11 +208,26 @@ def test_the_batch_directory_s_temporary_files_are_unique_per_write_not_per_proc
     bdir.write_rows()
     spec.write_json_atomic(str(home / "x.json"), {})
     spec.write_json_atomic(str(home / "x.json"), {})
-    bdir.replace_item_dir("a", str(home / "fresh1"))
-    bdir.replace_item_dir("a", str(home / "fresh2"))
     rows, meta = [m[0] for m in moved[0:2]], [m[0] for m in moved[2:4]]
     assert rows[0] != rows[1] and meta[0] != meta[1], moved
-    assert re.fullmatch(re.escape(bdir.item_dir("a")) + r"\.old-\d+-[0-9a-f]{8}", moved[5][1]), moved
+
+
+def test_a_rerun_items_folder_keeps_what_its_earlier_jobs_left(home):
+    """A rerun's job may end without having run (the batch cancelled, its budget spent): its empty patch replaced
+    the work of the job before it (a new-user test lost five turns' session and patch so). Each earlier job's
+    folder is kept, by its id, under `earlier/`."""
+    bdir = BatchDir.create(str(home / "out"), {})
+    for n in (1, 2, 3):
+        fresh = home / f"fresh{n}"
+        fresh.mkdir()
+        (fresh / "result.json").write_text(json.dumps({"id": f"job-{n}"}))
+        (fresh / "patch.diff").write_text(f"patch {n}\n")
+        bdir.replace_item_dir("a", str(fresh))
+    item = Path(bdir.item_dir("a"))
+    assert (item / "patch.diff").read_text() == "patch 3\n"
+    assert sorted(p.name for p in (item / "earlier").iterdir()) == ["job-1", "job-2"]
+    assert (item / "earlier" / "job-1" / "patch.diff").read_text() == "patch 1\n"
+    assert not (item / "earlier" / "job-2" / "earlier").exists()   # (one level: each job's folder beside the others)
 
 
 class Stops(Quiet):
@@ -330,3 +345,17 @@ def test_a_store_outage_while_the_batch_is_followed_is_waited_through(home, monk
     assert summary["by_status"] == {"cancelled": 1} and display.polls < 100, summary
     said = [n.split(" (")[0] for n in display.notes]
     assert said == ["pid: the job store is unreachable", "pid: the job store is back"], display.notes
+
+
+def test_a_rerun_of_a_batch_whose_budget_is_spent_submits_nothing(tmp_path):
+    """Each job would have ended batch_budget without a model call, its item's folder holding nothing of the work
+    before it: the run says so instead."""
+    run = make_run(tmp_path, ["a", "b"])
+    said: list[str] = []
+    run.warn = said.append
+    run.store.set_batch(run.bdir.batch_id, 1.0, None)
+    run.store.add_batch_spend(run.bdir.batch_id, 1.25)
+    run.start()
+    assert run.tracked == {} and run.submitted == 0
+    assert said[0] == ("pid: the batch's --max-total-cost ($1) is spent ($1.2500): 2 items not submitted (a higher "
+                       "--max-total-cost runs them)"), said
