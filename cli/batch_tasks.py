@@ -117,10 +117,13 @@ def parse(lines: Iterable[str], base: str | None, allow_outside: bool = False) -
             errors.append(f"line {number}: not a JSON object")
             continue
         item_id = data.pop("id", number)
-        if isinstance(item_id, bool) or not isinstance(item_id, (str, int)) or not ID_RE.fullmatch(str(item_id)) \
-                or str(item_id) in RESERVED_IDS:
+        if isinstance(item_id, bool) or not isinstance(item_id, (str, int)) or not ID_RE.fullmatch(str(item_id)):
             problems.append(f"id {json.dumps(item_id)[:60]} is not a valid id (letters, digits, '.', '_', '-'; at "
                             "most 128; not starting with '.')")
+            item_id = f"line-{number}"
+        elif str(item_id) in RESERVED_IDS:
+            problems.append(f"id {json.dumps(item_id)} is the name of one of the batch's own files (ids may not be "
+                            f"{', '.join(sorted(RESERVED_IDS))})")
             item_id = f"line-{number}"
         item_id = str(item_id)
         if item_id in seen:

@@ -1,0 +1,14 @@
+"""The tasks file's checks (cli/batch_tasks.py): each bad line is told by its number and why."""
+from __future__ import annotations
+
+from pid.cli.batch_tasks import parse
+
+
+def test_an_id_that_names_one_of_the_batchs_own_files_is_told_so_not_called_invalid(tmp_path):
+    """"summary.json" has only the letters and dots an id may have: what refuses it is the batch's own file."""
+    parsed = parse(['{"id": "summary.json", "task": "t", "repo": "."}', '{"id": ".x", "task": "t", "repo": "."}',
+                    '{"id": "ok-1", "task": "t", "repo": "."}'], str(tmp_path))
+    assert parsed.errors == [
+        "line 1: id \"summary.json\" is the name of one of the batch's own files (ids may not be batch.json, "
+        "batch.jsonl, jobs.jsonl, summary.json)",
+        "line 2: id \".x\" is not a valid id (letters, digits, '.', '_', '-'; at most 128; not starting with '.')"]
