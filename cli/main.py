@@ -449,6 +449,9 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool, batch_dir: s
     if as_json:
         echo(dumps([r.to_dict() for r in records], indent=2))
         return
+    if not records:   # (on stderr: stdout stays the table's, empty)
+        echo("no jobs" + (f" with status {status_filter}" if status_filter else "")
+             + (f" in batch {batch_dir}" if batch_dir else ""), err=True)
     for line in job_lines(records, terminal_width()) if records else []:
         echo(line)
 

@@ -235,4 +235,5 @@ def test_submit_wait_shows_tool_calls_as_the_worker_makes_them(run_pid, worker, 
 def test_submit_checks_the_image_before_queueing(run_pid, sample_repo):
     res = run_pid("submit", "t", "--repo", str(sample_repo), "--model", "m", "--image", "pid-no-such-image:0")
     assert res.code == 2 and "pid-no-such-image:0" in res.stderr
-    assert run_pid("list").stdout == ""  # nothing was queued
+    listed = run_pid("list")
+    assert (listed.stdout, listed.stderr) == ("", "no jobs\n")  # nothing was queued, and the empty list says so
