@@ -253,7 +253,10 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool, said: set[
         echo(styled(f"error: {one_line(str(result['error']))}", fg="red"), err=True)
     if result.get("warning"):
         echo(styled(f"warning: {one_line(str(result['warning']))}", fg="yellow"), err=True)
-    echo(f"artifacts: {os.path.relpath(job_dir)}", err=True)
+    if os.path.isdir(job_dir):
+        echo(f"artifacts: {os.path.relpath(job_dir)}", err=True)
+    else:   # (another machine's, or a batch's spool, removed once its item's folder got them)
+        echo(f"artifacts: not here (pid result {result.get('id', 'ID')} --download DIR fetches them)", err=True)
 
 
 def _count(n: int, noun: str) -> str:

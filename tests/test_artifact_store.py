@@ -227,6 +227,9 @@ def test_pid_result_reads_the_store_and_downloads_without_the_worker_s_directory
     res = pid(cli_env, tmp_path, "result", spec.id, "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["id"] == spec.id
+    res = pid(cli_env, tmp_path, "result", spec.id)   # (never a path to a directory that is not there)
+    assert res.returncode == 0, res.stderr
+    assert f"artifacts: not here (pid result {spec.id} --download DIR fetches them)" in res.stderr, res.stderr
     res = pid(cli_env, tmp_path, "result", spec.id, "--download", "dl")
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "dl" / "files" / "workspace" / "out.txt").read_text() == "made by the agent\n"
