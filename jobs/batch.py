@@ -32,6 +32,7 @@ from typing import Any
 from pid.endings import exit_code_for
 from pid.errors import PidError
 from pid.jobs.spec import beside, write_json_atomic
+from pid.jobs.trees import remove_tree
 
 META, LEDGER, RESULTS, SUMMARY, JOBS = "batch.json", "jobs.jsonl", "batch.jsonl", "summary.json", ".jobs"
 LOCK, CANCELLED = ".lock", ".cancelled"
@@ -223,24 +224,52 @@ class BatchDir:
 
     def replace_item_dir(self, item_id: str, fresh: str) -> None:
         """The item's folder becomes `fresh` (a finished download). What an earlier job left there is kept in its
-        `earlier/<job id>/` (and that job's own `earlier/` beside it): a rerun's job may end without having run (a
-        cancel, a spent budget), and its empty patch must not cost the work before it."""
+        `earlier/<job id>/` (its own `earlier/` beside it): a rerun's job may end without having run (a cancel, a
+        spent budget), and its empty patch must not cost the work before it. Each step is one rename, and a failed
+        one leaves the item's folder as it was (the caller then removes `fresh`)."""
         final = self.item_dir(item_id)
-        if os.path.isdir(final) and not os.path.islink(final):
-            kept = os.path.join(fresh, EARLIER)
-            os.makedirs(kept, exist_ok=True)
-            older = os.path.join(final, EARLIER)
-            if os.path.isdir(older) and not os.path.islink(older):
-                for name in os.listdir(older):
-                    os.replace(os.path.join(older, name), os.path.join(kept, name))
-                os.rmdir(older)
-            os.replace(final, os.path.join(kept, _job_id_of(final)))
-        elif os.path.lexists(final):
+        if os.path.lexists(final) and (os.path.islink(final) or not os.path.isdir(final)):
             os.remove(final)
-        os.replace(fresh, final)
+        if not os.path.lexists(final):
+            os.replace(fresh, final)
+            return
+        kept = os.path.join(fresh, EARLIER)
+        older = os.path.join(final, EARLIER)
+        if _job_id_of(final) == _job_id_of(fresh):   # the same job downloaded again: only what it kept carries over
+            if os.path.isdir(older) and not os.path.islink(older):
+                os.replace(older, kept)
+            gone = beside(final, "old-")
+            os.replace(final, gone)
+            os.replace(fresh, final)
+            remove_tree(gone)
+            return
+        os.makedirs(kept, exist_ok=True)
+        archived = _free(os.path.join(kept, _job_id_of(final)))
+        os.replace(final, archived)
+        try:
+            os.replace(fresh, final)
+        except OSError:
+            os.replace(archived, final)
+            raise
+        nested = os.path.join(final, EARLIER, os.path.basename(archived), EARLIER)   # (one level: side by side)
+        try:
+            for name in os.listdir(nested) if os.path.isdir(nested) and not os.path.islink(nested) else []:
+                os.replace(os.path.join(nested, name), _free(os.path.join(final, EARLIER, name)))
+            os.rmdir(nested)
+        except OSError:
+            pass   # (what was not moved stays where it was, nested)
 
 
 EARLIER = "earlier"   # an item's folder: the artifacts of its earlier jobs, by job id
+
+
+def _free(path: str) -> str:
+    """`path`, or `path-2`, `path-3`... the first that does not exist."""
+    n, free = 1, path
+    while os.path.lexists(free):
+        n += 1
+        free = f"{path}-{n}"
+    return free
 
 
 def _job_id_of(item_dir: str) -> str:
@@ -252,7 +281,7 @@ def _job_id_of(item_dir: str) -> str:
         job_id = None
     if isinstance(job_id, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", job_id):   # (a name, no path)
         return job_id
-    return f"unknown-{secrets.token_hex(3)}"
+    return "unknown"
 
 
 def _lines(path: str) -> list[dict[str, Any]]:

@@ -141,7 +141,7 @@ class Run:
             self.warn(f"pid: the batch's --max-total-cost (${info.max_total_cost:g}) is spent (${info.spent:.4f}): "
                       f"{n} item{'s' if n != 1 else ''} not submitted (a higher --max-total-cost runs them)")
             to_submit = []
-        if not to_submit and not self.tracked:
+        elif not to_submit and not self.tracked:
             self.warn(nothing_to_do([self.bdir.rows.get(i) for i in self.bdir.order if i in self.specs]))
         again = sorted({str(self.bdir.rows[i].get("status")) for i in to_submit if self.bdir.rows.get(i)})
         if again:

@@ -43,9 +43,8 @@ class Limits:
     wall_clock_s: float | None = None
     max_cost: float | None = None             # USD
     max_consecutive_timeouts: int = 3
-    # What the job's earlier attempts used (a worker that died or handed the job back): counted against max_turns
-    # and max_cost, which are the job's, however many attempts it takes
-    spent_turns: int = 0
+    # What the job's earlier attempts spent (a worker that died or handed the job back): max_cost is the job's,
+    # however many attempts it takes (max_turns is each attempt's: each starts over, with a new transcript)
     spent_cost: float = 0.0
     # Asked before every model call: a reason (and its message) to end the run now, or None. A limit shared with
     # others that the loop cannot see (a batch's budget, kept elsewhere); it must not raise.
@@ -179,9 +178,8 @@ class Agent:
             if self.cancel_event.is_set():
                 self._take_in(pending)   # the transcript keeps what was asked, even if no model call followed
                 return self._stopped(out)
-            if self.limits.max_turns is not None and out.turns + self.limits.spent_turns >= self.limits.max_turns:
-                return self._end(out, "max_turns", f"reached max_turns ({self.limits.max_turns})"
-                                 + (" over its attempts" if self.limits.spent_turns else ""))
+            if self.limits.max_turns is not None and out.turns >= self.limits.max_turns:
+                return self._end(out, "max_turns", f"reached max_turns ({self.limits.max_turns})")
             if (over := self._over_cost(out)) is not None:   # (its earlier attempts' may have used it all)
                 return self._end(out, "max_cost", over)
             stop = self.limits.gate() if self.limits.gate is not None else None

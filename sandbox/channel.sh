@@ -164,7 +164,8 @@ op_trim() {  # T nonce keep file: the front becomes a hole (fallocate), its newl
     say T "$nonce" "" "$CUT"
 }
 op_kill() {  # k nonce pgid; no such group: the process of that number, if the agent's (its leader may have moved
-    # to another group, and left this one empty; a number reused since is not the agent's, never killed)
+    # to another group, and left this one empty; a number since reused by pid's is not killed, unless the agent is
+    # root and so shares pid's uid)
     local rc
     digits "$3" || refuse "$2"
     kill -9 -"$3" 2>/dev/null ||

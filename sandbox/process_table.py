@@ -2,7 +2,8 @@
 and clearing the table when the pids limit refused the agent a fork.
 
 A fork bomb fills the table; pid then kills every process of the agent's uid (never its own servers), from the host
-with the container frozen where it can (processes.py), else through the control server's builtins.
+with the container frozen where it can (processes.py), else through the control server's builtins; one that cannot
+be seen to have killed them all ends the sandbox.
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ class ProcessTable:
         sweep = None
         refused: int | None
         if not box.own_kernel:   # (the host sees none of the agent's processes under a kernel of the runtime's)
-            with self.channels.exec_gate:   # (only the freeze excludes starting a channel: the waits are outside)
+            with self.channels.exec_gate:   # (no channel starts while it may be frozen: the waits for the dead after)
                 sweep = kill_agent_processes(box.client, box.id, box.uid)
         if sweep is None:
             killed, refused, left = self._sweep_inside()

@@ -3,7 +3,9 @@
 Why from outside: a fork bomb keeps the process table full (so nothing new can start inside) and keeps the CPU
 busy (so pid's own server inside, one task among hundreds under the CPU quota, barely runs). The engine freezes the
 whole container (cgroup freezer: nothing runs, nothing forks), the host SIGKILLs every process of the agent's uid,
-and the container thaws with only pid's machinery left; the host then waits until the killed have died. This needs the
+and the container thaws with only pid's machinery left; the host then waits until the killed have died. Where the
+engine cannot freeze it (runc's cgroup v1 freezer gives up under a fork bomb on a loaded host), the host kills in
+passes, each process held by a pidfd and checked to be the container's, until one finds nothing new. This needs the
 worker to run as root on the engine's host, as the per-job disk does; elsewhere `kill_agent_processes` answers None
 and the caller uses the in-container sweep.
 """
@@ -164,16 +166,18 @@ def kill_agent_processes(client: docker.DockerClient, container_id: str, uid: in
         return None
     sweep = Sweep(killed=[], cgroup_dir=os.path.dirname(procs), thawed=not frozen)
     killed: set[tuple[int, str]] = set()
+    seen: set[tuple[int, str]] = set()
     try:
         if not frozen:   # passes until one finds none: the host is not under the container's CPU quota, so it kills
             # faster than a starved bomb forks; then, the bomb gone, the freezer settles for a last look
             deadline = time.monotonic() + UNFROZEN_SWEEP_S
-            while (left := _kill_pass(procs, host_uid, killed, frozen)) and time.monotonic() < deadline:
+            while (left := _kill_pass(procs, host_uid, killed, seen, frozen)) and time.monotonic() < deadline:
                 pass
             sweep.complete = not left
             frozen = _freeze(client, container_id, attempts=1)
+            sweep.thawed = not frozen
         if frozen:
-            _kill_pass(procs, host_uid, killed, frozen)
+            _kill_pass(procs, host_uid, killed, seen, frozen)
             sweep.complete = True
     except (OSError, ValueError) as exc:
         log.warning("sweeping container %s from the host failed: %s", container_id[:12], exc)
@@ -217,12 +221,15 @@ def _pidfds() -> bool:
         return False
 
 
-def _kill_pass(procs: str, host_uid: int, killed: set[tuple[int, str]], frozen: bool) -> int:
+def _kill_pass(procs: str, host_uid: int, killed: set[tuple[int, str]], seen: set[tuple[int, str]],
+               frozen: bool) -> int:
     """SIGKILL every live process of `host_uid` listed in `procs` (a cgroup.procs), added to `killed` (pid, start
-    time); how many were signalled, or ended before they were looked at (one may have forked first: its child was
-    not listed). Unfrozen, a process may end and its number go to another, even outside the container, between the
-    list and the kill: each is held by a pidfd, then looked at (its uid, and its cgroup: the container's), and only
-    that pidfd is signalled."""
+    time); how many of the agent's it saw for the first time (`seen`: a zombie too, which may have forked before it
+    ended), or that ended before they were looked at (one may have forked first: its child was not listed). One
+    killed before and not yet dead is signalled again but not counted: with SIGKILL pending it cannot fork.
+    Unfrozen, a process may end and its number go to another, even outside the container, between the list and the
+    kill: each is held by a pidfd, then looked at (its uid, and its cgroup: the container's), and only that pidfd is
+    signalled."""
     found = 0
     where = os.path.dirname(procs)
     for entry in read_small(procs, MAX_PROCESSES * 12).split()[:MAX_PROCESSES]:
@@ -237,14 +244,17 @@ def _kill_pass(procs: str, host_uid: int, killed: set[tuple[int, str]], frozen: 
         try:
             if handle is None and not frozen:
                 found += 1
-            elif (_real_uid(pid) == host_uid and (stat := _state_and_start(pid)) is not None and stat[0] != "Z"
+            elif (_real_uid(pid) == host_uid and (stat := _state_and_start(pid)) is not None
                   and (frozen or cgroup_dir(pid, "pids") == where)):
-                if handle is None:
-                    os.kill(pid, signal.SIGKILL)
-                else:   # (in a frozen container it acts once the container thaws)
-                    signal.pidfd_send_signal(handle, signal.SIGKILL)
-                found += 1
-                killed.add((pid, stat[1]))
+                if (pid, stat[1]) not in seen:
+                    seen.add((pid, stat[1]))
+                    found += 1
+                if stat[0] != "Z":
+                    if handle is None:
+                        os.kill(pid, signal.SIGKILL)
+                    else:   # (in a frozen container it acts once the container thaws)
+                        signal.pidfd_send_signal(handle, signal.SIGKILL)
+                    killed.add((pid, stat[1]))
         except ProcessLookupError:
             found += 1
         except OSError:   # (its /proc entry went with it)

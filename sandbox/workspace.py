@@ -122,11 +122,13 @@ def patch_script(workdir: str, base: str, room: str) -> str:
             f"-regex '.{{{len(workdir.rstrip('/')) + MAX_NAME + 2},}}' -print -quit 2>/dev/null | head -c 200)\n"
             f"if [ -n \"$too_long\" ]; then echo \"a path of the workspace is longer than {MAX_NAME} bytes (git "
             "cannot record it in the patch): $too_long...\" >&2; exit 3; fi\n"
-            # git opens every .gitignore and .gitattributes it meets, and would wait forever on a FIFO there
+            # git opens every .gitignore and .gitattributes it meets (and .gitmodules, beside a new repository), and
+            # would wait forever on a FIFO there
             "odd=$(find \"$GIT_WORK_TREE\" -path \"$GIT_WORK_TREE/.git\" -prune -o \\( -name .gitignore -o -name "
-            ".gitattributes \\) \\( -type p -o -type c -o -type b \\) -print -quit 2>/dev/null | head -c 200)\n"
-            "if [ -n \"$odd\" ]; then echo \"a .gitignore or .gitattributes of the workspace is no regular file (git "
-            "would wait on it forever): $odd...\" >&2; exit 3; fi\n"
+            ".gitattributes -o -name .gitmodules \\) \\( -type p -o -type c -o -type b \\) -print -quit 2>/dev/null "
+            "| head -c 200)\n"
+            "if [ -n \"$odd\" ]; then echo \"a .gitignore, .gitattributes or .gitmodules of the workspace is no "
+            "regular file (git would wait on it forever): $odd...\" >&2; exit 3; fi\n"
             # git's binary diff of a file near 2 GiB or more is broken (2.39 fails on a malloc of a negative size;
             # past 4 GiB it writes a truncated patch and exits 0), and a sparse file that large takes no room but has
             # git read all of it first. So one over MAX_FILE that git would add fails the patch at once.

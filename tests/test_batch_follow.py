@@ -228,6 +228,13 @@ def test_a_rerun_items_folder_keeps_what_its_earlier_jobs_left(home):
     assert sorted(p.name for p in (item / "earlier").iterdir()) == ["job-1", "job-2"]
     assert (item / "earlier" / "job-1" / "patch.diff").read_text() == "patch 1\n"
     assert not (item / "earlier" / "job-2" / "earlier").exists()   # (one level: each job's folder beside the others)
+    again = home / "again"   # the same job downloaded twice (a run's rows are written every few seconds)
+    again.mkdir()
+    (again / "result.json").write_text(json.dumps({"id": "job-3"}))
+    (again / "patch.diff").write_text("patch 3, again\n")
+    bdir.replace_item_dir("a", str(again))
+    assert (item / "patch.diff").read_text() == "patch 3, again\n"
+    assert sorted(p.name for p in (item / "earlier").iterdir()) == ["job-1", "job-2"]
 
 
 class Stops(Quiet):
@@ -357,5 +364,5 @@ def test_a_rerun_of_a_batch_whose_budget_is_spent_submits_nothing(tmp_path):
     run.store.add_batch_spend(run.bdir.batch_id, 1.25)
     run.start()
     assert run.tracked == {} and run.submitted == 0
-    assert said[0] == ("pid: the batch's --max-total-cost ($1) is spent ($1.2500): 2 items not submitted (a higher "
-                       "--max-total-cost runs them)"), said
+    assert said == ["pid: the batch's --max-total-cost ($1) is spent ($1.2500): 2 items not submitted (a higher "
+                    "--max-total-cost runs them)"], said

@@ -146,15 +146,17 @@ def test_a_later_attempt_clears_what_an_earlier_one_left(sample_repo, tmp_path):
     assert result["exit_reason"] == "stop" and provider.cleared == [spec.id]
 
 
-def test_a_jobs_later_attempt_has_what_its_earlier_ones_left_of_its_turns(sample_repo, tmp_path):
-    """The worker passes the store record's earlier attempts: their turns count against the job's max_turns."""
+def test_a_jobs_later_attempt_has_what_its_earlier_ones_left_of_its_max_cost(sample_repo, tmp_path):
+    """The worker passes the store record's earlier attempts: what they spent counts against the job's max_cost."""
     provider = MemoryProvider({"true": Run("")})
-    with ScriptedLLM([{"tool_calls": [{"name": "bash", "arguments": {"command": "true"}}]}] * 5) as llm:
-        spec = spec_for(sample_repo, tmp_path / "out", llm, max_turns=3)
+    usage = {"prompt_tokens": 1_000_000, "completion_tokens": 0}
+    with ScriptedLLM([{"tool_calls": [{"name": "bash", "arguments": {"command": "true"}}], "usage": usage}] * 5) as llm:
+        spec = spec_for(sample_repo, tmp_path / "out", llm, max_cost=1.5, input_price=1.0, output_price=1.0)
         result = run_job(spec, sandboxes=provider, attempt=2,
-                         earlier=[{"attempt": 1, "turns": 2, "tool_calls": 2, "usage": {"cost": 0.0}}])
+                         earlier=[{"attempt": 1, "turns": 2, "tool_calls": 2, "usage": {"cost": 1.0}}])
         assert len(llm.requests) == 1
-    assert (result["exit_reason"], result["error"]) == ("max_turns", "reached max_turns (3) over its attempts")
+    assert (result["exit_reason"], result["error"]) == (
+        "max_cost", "cost $2.0000 exceeded max_cost $1.5000 over its attempts"), result
 
 
 def test_a_sandbox_lost_mid_job_fails_it_as_a_sandbox_error(sample_repo, tmp_path):

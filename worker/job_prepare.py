@@ -180,7 +180,6 @@ def job_agent(job: JobRun, model: ModelInfo, provider: Provider, tools: ToolRegi
     return Agent(provider, tools, ToolContext(sandbox=job.sandbox, cancel=job.cancel), system_prompt,
                  session=job.session, sink=job.sink, check_in=check_in,
                  limits=Limits(max_turns=spec.max_turns, wall_clock_s=remaining, max_cost=spec.max_cost, gate=gate,
-                               spent_turns=sum(int(a.get("turns") or 0) for a in job.earlier),
                                spent_cost=float(sum_usage(*(a.get("usage") or {} for a in job.earlier))["cost"])),
                  compactor=Compactor(provider, model.context_window, max_output_tokens=model.max_tokens),
                  notices=[] if spec.context_window else [w for w in (

@@ -66,8 +66,8 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     snapshot (stored while the agent works), then the transcript, patch, files and result.json, before this returns.
     Its out directory has them all: a store that refuses them costs those commands, never the job.
 
-    `earlier` are the job's earlier attempts' counts (its store record's): max_turns and max_cost are the job's, so
-    they count. `gate` is asked before every model call (pid/agent.py Limits.gate): a batch's budget stops the job
+    `earlier` are the job's earlier attempts' counts (its store record's): max_cost is the job's, so their cost
+    counts. `gate` is asked before every model call (pid/agent.py Limits.gate): a batch's budget stops the job
     there.
     `check_in` too, and as the agent would stop (pid/agent.py Agent): the job's relay applies the store's controls
     then (`on_agent` gave it the agent).
