@@ -22,7 +22,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from typing import Any
 
 from pid.endings import exit_code_for
 from pid.errors import PidError
-from pid.jobs.spec import beside, write_json_atomic
+from pid.jobs.spec import JOB_ID_RE, beside, write_json_atomic
 from pid.jobs.trees import remove_tree
 
 META, LEDGER, RESULTS, SUMMARY, JOBS = "batch.json", "jobs.jsonl", "batch.jsonl", "summary.json", ".jobs"
@@ -223,41 +222,31 @@ class BatchDir:
         return os.path.join(self.path, item_id)
 
     def replace_item_dir(self, item_id: str, fresh: str) -> None:
-        """The item's folder becomes `fresh` (a finished download). What an earlier job left there is kept in its
-        `earlier/<job id>/` (its own `earlier/` beside it): a rerun's job may end without having run (a cancel, a
-        spent budget), and its empty patch must not cost the work before it. Each step is one rename, and a failed
-        one leaves the item's folder as it was (the caller then removes `fresh`)."""
+        """The item's folder becomes `fresh` (a finished download). What an earlier job left there is kept in
+        `earlier/<job id>/`, every earlier job's side by side: a rerun's job may end without having run (a cancel, a
+        spent budget), and its empty patch must not cost the work before it. The same job downloaded again keeps
+        only what it kept. Each step is one rename, undone if the next fails (the caller then removes `fresh`)."""
         final = self.item_dir(item_id)
-        if os.path.lexists(final) and (os.path.islink(final) or not os.path.isdir(final)):
-            os.remove(final)
         if not os.path.lexists(final):
             os.replace(fresh, final)
             return
-        kept = os.path.join(fresh, EARLIER)
-        older = os.path.join(final, EARLIER)
-        if _job_id_of(final) == _job_id_of(fresh):   # the same job downloaded again: only what it kept carries over
-            if os.path.isdir(older) and not os.path.islink(older):
-                os.replace(older, kept)
-            gone = beside(final, "old-")
-            os.replace(final, gone)
-            os.replace(fresh, final)
-            remove_tree(gone)
-            return
-        os.makedirs(kept, exist_ok=True)
-        archived = _free(os.path.join(kept, _job_id_of(final)))
-        os.replace(final, archived)
+        kept, older = os.path.join(fresh, EARLIER), os.path.join(final, EARLIER)
+        carried = os.path.isdir(older) and not os.path.islink(older)
+        if carried:
+            os.replace(older, kept)
+        same = _job_id_of(final) == _job_id_of(fresh)
         try:
-            os.replace(fresh, final)
+            if not same:
+                os.makedirs(kept, exist_ok=True)
+            archived = beside(final, "old-") if same else _free(os.path.join(kept, _job_id_of(final)))
+            os.replace(final, archived)
         except OSError:
-            os.replace(archived, final)
+            if carried:
+                os.replace(kept, older)
             raise
-        nested = os.path.join(final, EARLIER, os.path.basename(archived), EARLIER)   # (one level: side by side)
-        try:
-            for name in os.listdir(nested) if os.path.isdir(nested) and not os.path.islink(nested) else []:
-                os.replace(os.path.join(nested, name), _free(os.path.join(final, EARLIER, name)))
-            os.rmdir(nested)
-        except OSError:
-            pass   # (what was not moved stays where it was, nested)
+        os.replace(fresh, final)
+        if same:
+            remove_tree(archived)
 
 
 EARLIER = "earlier"   # an item's folder: the artifacts of its earlier jobs, by job id
@@ -279,7 +268,7 @@ def _job_id_of(item_dir: str) -> str:
             job_id = json.load(f).get("id")
     except (OSError, ValueError, AttributeError):
         job_id = None
-    if isinstance(job_id, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", job_id):   # (a name, no path)
+    if isinstance(job_id, str) and JOB_ID_RE.fullmatch(job_id):
         return job_id
     return "unknown"
 

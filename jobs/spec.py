@@ -157,7 +157,7 @@ def default_of(name: str) -> Any:
     return None if f.default_factory is MISSING else f.default_factory()
 
 
-_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")   # (a name, never a path)
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}")
 _DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -178,7 +178,7 @@ def spec_problem(spec: JobSpec) -> str | None:
             return f"{f.name} = {value!r} is not text"
     if spec.cpus <= 0 or spec.disk < 0 or spec.max_workspace < 0:
         return "cpus, disk and max_workspace cannot be negative (cpus above 0)"
-    if not _ID_RE.fullmatch(spec.id):
+    if not JOB_ID_RE.fullmatch(spec.id):
         return f"id {spec.id!r} is not a job id"
     if not os.path.isabs(spec.out_dir) or os.path.normpath(spec.out_dir) != (spec.out_dir.rstrip("/") or "/") or \
             "\0" in spec.out_dir:
