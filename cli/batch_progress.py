@@ -122,8 +122,10 @@ def summary_text(summary: dict[str, Any], where: str) -> str:
     if check["checked"]:
         lines.append(f"check: {check['passed']}/{check['checked']} passed ({check['pass_rate'] * 100:.0f}%)")
     cost, tokens, dur = s["cost"], s["tokens"], s["duration_s"]
+    earlier = (f", {format_cost(cost['all_jobs'])} with earlier jobs"   # (a rerun's, a job's earlier attempts)
+               if cost.get("all_jobs", 0) > cost["total"] + 1e-6 else "")
     lines.append(f"cost: {format_cost(cost['total'])} (per item p50 {format_cost(cost['p50'] or 0)}, "
-                 f"p95 {format_cost(cost['p95'] or 0)})"
+                 f"p95 {format_cost(cost['p95'] or 0)}{earlier})"
                  f"  tokens: {int(tokens['total'])} (p50 {int(tokens['p50'] or 0)}, p95 {int(tokens['p95'] or 0)})")
     lines.append(f"duration: p50 {format_duration(dur['p50'])}, p95 {format_duration(dur['p95'])}")
     if s["slowest"]:

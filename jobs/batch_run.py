@@ -388,6 +388,8 @@ class Run:
         if info is not None:
             summary["budget"] = {"max_total_cost": info.max_total_cost, "spent": info.spent,
                                  "max_running": info.max_running}
+            # cost.total is the items' latest jobs'; a rerun's earlier jobs and a job's earlier attempts were paid too
+            summary["cost"]["all_jobs"] = round(info.spent, 6)
         self.bdir.write_summary(summary)
         return summary
 

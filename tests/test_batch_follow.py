@@ -366,3 +366,21 @@ def test_a_rerun_of_a_batch_whose_budget_is_spent_submits_nothing(tmp_path):
     assert run.tracked == {} and run.submitted == 0
     assert said == ["pid: the batch's --max-total-cost ($1) is spent ($1.2500): 2 items not submitted (a higher "
                     "--max-total-cost runs them)"], said
+
+
+def test_the_summary_counts_what_earlier_jobs_spent_too(home):
+    """cost.total counts each item's latest job; a rerun's earlier jobs were paid for too (a new-user test read a
+    smaller total than the batch had spent): `all_jobs` is the store's count, which --max-total-cost holds against,
+    and the summary's text says it when it is more."""
+    from pid.cli.batch_progress import summary_text
+    run = make_run(home, ["a"])
+    run.store.set_batch(run.bdir.batch_id, None, None)
+    run.store.add_batch_spend(run.bdir.batch_id, 0.25)   # an earlier job of item a
+    run.bdir.rows["a"] = {"id": "a", "job_id": "j2", "status": "completed", "exit_code": 0, "cost": 0.1, "turns": 2}
+    summary = run.summary()
+    assert summary["cost"]["total"] == pytest.approx(0.1)
+    assert summary["cost"]["all_jobs"] == pytest.approx(0.25)
+    assert json.loads((home / "out" / "summary.json").read_text())["cost"]["all_jobs"] == pytest.approx(0.25)
+    assert "$0.25 with earlier jobs" in summary_text(summary, "out")
+    run.bdir.rows["a"]["cost"] = 0.25   # nothing paid beyond the latest jobs: nothing more said
+    assert "earlier" not in summary_text(run.summary(), "out")
