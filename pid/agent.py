@@ -135,11 +135,12 @@ class Agent:
             self._send(ev.Control("resume", "sent"))
             self._resumed.set()
 
-    def cancel(self, reason: ExitReason = "cancelled") -> None:
+    def cancel(self, reason: ExitReason = "cancelled", why: str | None = None) -> None:
+        """Stop at the next check. `why`: who stops it when it is not the user's cancel (its worker stopping)."""
         if self._stop_reason is None:
             self._stop_reason = reason
             if reason == "cancelled":   # (a wall clock running out is the job's limit, not a control)
-                self._send(ev.Control("cancel", "sent"))
+                self._send(ev.Control("cancel", "sent", why))
         self.cancel_event.set()
         self._resumed.set()
 

@@ -86,7 +86,7 @@ class Controls:
     def follow_up(self, text: str) -> None:
         self.applied.append(f"follow_up {text}")
 
-    def cancel(self) -> None:
+    def cancel(self, why: str | None = None) -> None:
         self.applied.append("cancel")
 
 

@@ -114,7 +114,7 @@ class ControlRelay:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pid-control", daemon=True)
         self._reported = -1
-        self._stop_requested = False
+        self._stop_requested: str | None = None
         self._records = EventRecords()
         self._log = EventLog(store, job_id)
         self._applying = threading.Lock()        # one snapshot of the controls applied at a time
@@ -170,10 +170,10 @@ class ControlRelay:
         except Exception:
             log.exception("job %s: recording progress", self.job_id)
 
-    def request_stop(self) -> None:
+    def request_stop(self, why: str) -> None:
         """Stop the job soon, from anywhere (a signal handler included: this only sets a flag, which the relay's
-        thread acts on)."""
-        self._stop_requested = True
+        thread acts on). `why`: its worker's reason, said in the job's log (it is no cancel of the user's)."""
+        self._stop_requested = why
 
     def _run(self) -> None:
         renew_every = LEASE_S / 6
@@ -210,12 +210,12 @@ class ControlRelay:
         try:
             with self._applying:
                 if self._stop_requested:
-                    self._cancel()
+                    self._cancel(f"its worker stops ({self._stop_requested}): the job goes back to the queue")
                 controls = self.store.controls(self.job_id, self.owner)
                 if controls is None or not controls.owned:
                     if not self.cancel.is_set():
                         log.warning("job %s: no longer this worker's; stopping", self.job_id)
-                    self._cancel()
+                    self._cancel("this worker no longer holds the job")
                     read = True
                     return False
                 if controls.cancel_requested:
@@ -247,10 +247,10 @@ class ControlRelay:
         for kind, text in self.store.take_messages(self.job_id):
             (agent.steer if kind == "steer" else agent.follow_up)(text)
 
-    def _cancel(self) -> None:
+    def _cancel(self, why: str | None = None) -> None:
         self.cancel.set()
         if self._agent is not None:
-            self._agent.cancel()
+            self._agent.cancel(why=why)
 
 
 def record_end(store: Leases, job_id: str, owner: str, result: dict[str, Any], attempts: int = 6) -> None:

@@ -53,7 +53,7 @@ class StopRequest:
         if self.requested is None:
             self.requested = why
             if self.relay is not None:
-                self.relay.request_stop()
+                self.relay.request_stop(why)
 
 
 _running: dict[int, StopRequest] = {}   # this worker's running jobs, by id(): written by their threads
@@ -106,7 +106,7 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
     relay = ControlRelay(polled, job_id, owner, writes=store)
     stop.relay = relay
     if stop.requested:
-        relay.request_stop()
+        relay.request_stop(stop.requested)
     relay.start()
     result: dict[str, Any] = {"id": job_id, "exit_reason": "error"}
     kept: list[bool] = []   # the runner's last word on whether this process still owns the job (then it wrote)
