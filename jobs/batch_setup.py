@@ -8,6 +8,7 @@ pid.batch raises them. The lines are parsed by the CLI's own option types (pid/c
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -224,9 +225,19 @@ def _same_batch(bdir: BatchDir, tasks: str, item_ids: list[str], options: dict[s
     if changed:
         from pid.cli.options import JOB_OPTIONS
         flags = {option.name: option.flag for option in JOB_OPTIONS}
-        named = ", ".join(flags.get(name, "--" + name.replace("_", "-")) for name in changed)
-        raise PidError(f"--out {bdir.path} holds batch {bdir.batch_id}, started with other options ({named} "
-                       f"differ): {again}")
+        before, now = bdir.meta.get("options") or {}, kept_options(options)
+        named = "; ".join(f"{flags.get(name, '--' + name.replace('_', '-'))} was {_shown(before.get(name))}, "
+                          f"now {_shown(now.get(name))}" for name in changed)
+        raise PidError(f"--out {bdir.path} holds batch {bdir.batch_id}, started with other options ({named}): "
+                       f"{again}")
+
+
+def _shown(value: Any) -> str:
+    """An option's value in a message: as JSON, on one line, cut short (a long text is kept by its digest)."""
+    if value is None:
+        return "not given"
+    text = one_line(json.dumps(value, ensure_ascii=False))
+    return text if len(text) <= 60 else text[:59] + "…"
 
 
 def read_items(tasks: str, allow_outside: bool) -> tuple[list[Item], list[str]]:
