@@ -21,6 +21,11 @@ class SandboxError(RuntimeError):
     """The sandbox itself failed (channel broke, container gone); not an error of the command."""
 
 
+class BadRepo(SandboxError):
+    """The job's repository cannot be had as it was given: its URL was reached and has no such branch, tag or commit,
+    or its file:// path is no directory on this worker. The input's fault, not the sandbox's: the job never ran."""
+
+
 class SandboxLost(SandboxError):
     """The sandbox is gone for good (its container was removed or stopped): the job cannot go on.
 

@@ -31,7 +31,7 @@ import docker.errors
 
 from .config import LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, SandboxConfig
 from .disk import parse_size
-from .errors import SandboxError
+from .errors import BadRepo, SandboxError
 from .reaper import force_remove, run_labels
 from .seccomp import SECURITY_OPT
 from .workspace import check_git_source
@@ -70,6 +70,7 @@ cd "$dir" || fail "no checkout"
 echo "pid-commit $(g rev-parse HEAD)" >&2
 exec tar -cf - --numeric-owner .
 """.replace("CLONE_DIR", CLONE_DIR)
+NO_REF = "pid-clone-error no branch, tag or commit named "   # the script's line for a ref the repository lacks
 
 
 class _Stdout(io.RawIOBase):
@@ -114,7 +115,7 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
     if scheme == "file":
         source = os.path.realpath(urlsplit(url).path)
         if not os.path.isdir(source):
-            raise SandboxError(f"cannot clone {url}: {source} is not a directory on this worker")
+            raise BadRepo(f"cannot clone {url}: {source} is not a directory on this worker")
         mounts.append(docker.types.Mount(SOURCE_MOUNT, source, type="bind", read_only=True))
         inside = f"file://{SOURCE_MOUNT}"
     limit = clone_limit(config)
@@ -161,8 +162,10 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
                                f"workspace limit of {_mib(limit)} (raise --max-workspace, or the job's --disk)")
         if code != 0 or commit is None or not _SHA_RE.fullmatch(commit):
             git_said = _last(lines)
-            raise SandboxError(f"cannot clone {url}{f' at {ref}' if ref else ''}: "
-                               f"{git_said or f'exit status {code}'}")
+            # (the repository was reached, and has no such ref: the input's fault, which no retry mends)
+            no_ref = any(ln.startswith(NO_REF) for ln in lines)
+            why = f"cannot clone {url}{f' at {ref}' if ref else ''}: {git_said or f'exit status {code}'}"
+            raise BadRepo(why) if no_ref else SandboxError(why)
         if problem is not None:
             raise problem
         return commit

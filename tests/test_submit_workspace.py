@@ -136,6 +136,16 @@ def test_git_url_jobs_run_at_a_branch_a_tag_and_a_commit(run_pid, pid_env, bare_
                                                "commit": expected}
                 patch = (tmp_path / "out" / jobs[ref] / "patch.diff").read_text()
                 assert f"-{refs[ref]}\n+agent\n" in patch, patch
+            # A ref the repository lacks, or a path that is no directory on the worker: the input's fault, which
+            # no retry mends (exit 2, as bad usage), not the sandbox's (exit 1); no model call was made
+            for url, why in [(f"file://{bare}#nope", "no branch, tag or commit named nope"),
+                             (f"file://{tmp_path}/missing.git#main", "is not a directory on this worker")]:
+                res = run_pid("submit", "t", "--repo", url, "--model", "m", "--base-url", llm.base_url,
+                              "--out", str(tmp_path / "out"))
+                assert res.code == 0, res.stderr
+                done = run_pid("result", res.stdout.strip(), "--wait", "--json")
+                assert done.code == 2, (done.stdout, done.stderr)
+                assert done.json()["exit_reason"] == "bad_repo" and why in done.json()["error"], done.stdout
         finally:
             stop_worker(worker)
     store = JobStore(os.path.join(pid_env["PID_HOME"], "jobs.db"))

@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 from pid import events as ev
 from pid.agent import Agent, Outcome
-from pid.sandbox_api import SandboxError
+from pid.endings import ExitReason
+from pid.sandbox_api import BadRepo, SandboxError
 from pid.sandbox_lifecycle import JobSandbox, SandboxProvider
 from pid.sandbox import DockerProvider
 from pid.jobs.blobs import Blobs
@@ -91,7 +92,9 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         except JobCancelled:
             job.outcome = Outcome("cancelled")
         except Exception as exc:  # sandbox or setup failure: a failed job with a readable reason
-            job.outcome = Outcome("sandbox_error" if isinstance(exc, SandboxError) else "error", error=describe(exc))
+            reason: ExitReason = ("bad_repo" if isinstance(exc, BadRepo) else
+                                  "sandbox_error" if isinstance(exc, SandboxError) else "error")
+            job.outcome = Outcome(reason, error=describe(exc))
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 job.outcome = Outcome("interrupted", error="interrupted")
