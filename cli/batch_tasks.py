@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import click
 
@@ -139,8 +139,8 @@ def parse(lines: Iterable[str], base: str | None, allow_outside: bool = False) -
             try:
                 if "://" not in repo:
                     repo = local_path(repo, base, allow_outside)
-                elif repo.lower().startswith("file:"):   # a path too: the worker clones it from its machine
-                    local_path(unquote(urlsplit(repo).path), base, allow_outside)
+                elif repo.lower().startswith("file:"):   # a path too: the worker clones it from its machine (as
+                    local_path(urlsplit(repo).path, base, allow_outside)   # written: check_git_source refuses escapes)
             except click.BadParameter as exc:
                 problems.append(f"repo: {exc.message}")
         fields: dict[str, Any] = {}

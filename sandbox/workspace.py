@@ -195,6 +195,10 @@ def check_git_source(url: str, ref: str | None) -> None:
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
             raise ValueError(f"a file:// URL names a path on the worker (file:///path): {url!r}")
+        # One reading only: the worker mounts the path as written, so no %-escape (a check that decoded it would
+        # judge another path) and no . or .. segment (what a link resolves them to is the worker's to say)
+        if "%" in parts.path or any(segment in (".", "..") for segment in parts.path.split("/")):
+            raise ValueError(f"a file:// URL's path is taken as written: no %-escapes, no . or .. segments: {url!r}")
     elif not parts.hostname or parts.hostname.startswith("-"):
         raise ValueError(f"no host in {url!r}")
     if ref is not None and (not _REF_RE.fullmatch(ref) or ".." in ref or ref.endswith((".lock", "/", "."))):

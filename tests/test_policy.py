@@ -257,11 +257,13 @@ def test_a_tasks_file_s_paths_are_its_own_directory_s_unless_allowed_outside(run
         {"task": "a link out", "repo": "link"},
         {"task": "a prompt out", "repo": "repo", "system_prompt": str(secret / "key.txt")},
         {"task": "a file URL out", "repo": f"file://{secret}"},
+        # decoded, inside the tasks file's directory; as the worker mounts it, the secret (an attack review's)
+        {"task": "an escaped file URL out", "repo": f"file://{secret}/z%2F..%2F..%2Ftasks%2Fw/.."},
     ]))
     args = ["batch", str(tasks), "--model", "m", "--base-url", "http://x/v1", "--detach"]
     r = run_pid(*args, "--out", str(tmp_path / "out"))
     assert r.code == 2, r.stderr
-    for line in (2, 3, 4, 5, 6):
+    for line in (2, 3, 4, 5, 6, 7):
         assert f"line {line}: " in r.stderr and "outside the tasks file's directory" in r.stderr, r.stderr
     assert "line 1:" not in r.stderr and "hunter2" not in r.stderr
     # tasks from stdin have no directory: their paths need --allow-outside
@@ -271,7 +273,11 @@ def test_a_tasks_file_s_paths_are_its_own_directory_s_unless_allowed_outside(run
                            capture_output=True, text=True, timeout=120)
     assert piped.returncode == 2 and "stdin" in piped.stderr and "--allow-outside" in piped.stderr, piped.stderr
     # (a link as the repository itself is refused however it is named: its tree is packed without following links)
-    tasks.write_text("".join(line + "\n" for line in tasks.read_text().splitlines() if '"link"' not in line))
+    # (and an escaped file:// path is no path at all: the worker would mount it as written, not as decoded)
+    r = run_pid(*args, "--out", str(tmp_path / "out2"), "--allow-outside")
+    assert r.code == 2 and "line 7: --repo: a file:// URL's path is taken as written" in r.stderr, r.stderr
+    tasks.write_text("".join(line + "\n" for line in tasks.read_text().splitlines()
+                             if '"link"' not in line and "%2F" not in line))
     r = run_pid(*args, "--out", str(tmp_path / "out2"), "--allow-outside")
     assert r.code == 0, r.stderr
     specs = {r.spec.task: r.spec for r in JobStore(str(Path(pid_env["PID_HOME"]) / "jobs.db")).list()}
