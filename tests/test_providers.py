@@ -755,3 +755,79 @@ def test_a_chunk_not_shaped_as_a_chat_completion_fails_the_reply_saying_so(chunk
     assert reply.stop_reason == "error", reply
     assert reply.error_message.startswith("malformed stream data from the server (not the shape of a chat "
                                           "completion chunk): "), reply.error_message
+
+
+# -- what a hostile endpoint sends between and after events (from an attack review) ------------------------------
+
+def test_empty_data_lines_count_toward_the_event_bound() -> None:
+    """`data:` with nothing after it, sent forever without the blank line that ends an event: each adds a line to the
+    event, and each counts (pid's memory grew by ~40 bytes per empty line, counted as none, to 738 MB in 40 s)."""
+    import httpx
+
+    from pid.providers.transport import EventTooLarge, iter_sse
+    response = httpx.Response(200, stream=httpx.ByteStream(b"data:\n" * 2000))
+    with pytest.raises(EventTooLarge):
+        list(iter_sse(response, limit=1000))
+    response = httpx.Response(200, stream=httpx.ByteStream(b"data:\ndata: a\ndata:\n\n"))
+    assert list(iter_sse(response)) == [("", b"\na\n")]   # (the lines still join as SSE says)
+
+
+def test_comment_lines_count_toward_the_stream_bound(monkeypatch) -> None:
+    """Keep-alive comments (`:`) sent as fast as the socket goes add nothing to the reply, and were never counted:
+    only the job's wall clock ended them. Every byte counts toward the stream's bound (lowered here)."""
+    from pid.providers import transport
+    monkeypatch.setattr(transport, "MAX_STREAM_BYTES", 1 << 20)
+    server = RawServer("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n", b":\n" * (1 << 20))
+    try:
+        reply = OpenAIProvider(ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=0)).stream(
+            "", HELLO, [])
+    finally:
+        server.sock.close()
+    assert reply.stop_reason == "error" and "passed 1 MiB" in reply.error_message, reply
+
+
+class TrickleServer:
+    """A whole reply, then the connection kept open: `extra` sent every 0.2 s (or nothing), until the client goes."""
+
+    def __init__(self, body: bytes, extra: bytes) -> None:
+        self.body, self.extra = body, extra
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            conn.recv(1 << 20)
+            chunk = lambda data: f"{len(data):x}\r\n".encode() + data + b"\r\n"   # noqa: E731
+            try:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                             b"\r\n" + chunk(self.body))
+                for _ in range(150):   # 30 s at most
+                    time.sleep(0.2)
+                    if self.extra:
+                        conn.sendall(chunk(self.extra))
+            except OSError:
+                pass
+
+
+@pytest.mark.parametrize("extra", [b":\n", b""], ids=["comments", "silence"])
+def test_a_finished_reply_is_not_held_by_a_stream_that_stays_open(extra: bytes) -> None:
+    """A complete reply (its finish reason and [DONE]), then the stream kept open, with a comment now and then or
+    silent: pid reads on only briefly, to reuse the connection if its end comes soon (the job waited for its wall
+    clock, and lost the answer)."""
+    body = (b'data: {"choices": [{"index": 0, "delta": {"content": "done"}, "finish_reason": "stop"}]}\n\n'
+            b"data: [DONE]\n\n")
+    server = TrickleServer(body, extra)
+    replies: list[AssistantMessage] = []
+    try:
+        provider = OpenAIProvider(ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=0))
+        worker = threading.Thread(target=lambda: replies.append(provider.stream("", HELLO, [])), daemon=True)
+        started = time.monotonic()
+        worker.start()
+        worker.join(15)
+    finally:
+        server.sock.close()
+    assert replies, "the reply never ended"
+    assert time.monotonic() - started < 5
+    assert replies[0].stop_reason == "stop" and replies[0].content == [TextContent("done")], replies[0]

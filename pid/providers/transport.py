@@ -18,7 +18,7 @@ import threading
 import zlib
 import time
 import urllib.request
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urlsplit
@@ -45,9 +45,13 @@ MAX_REPLY_BYTES = 4 << 20
 BLOCK_BYTES = 64
 # The most one server-sent event may take, its escaped JSON included: a server may send a whole reply in one event.
 MAX_EVENT_BYTES = 2 * MAX_REPLY_BYTES
-DRAIN_BYTES = 65536         # read after the reply's end so that the connection can be reused, at most
-# The most of one stream pid reads, its events' JSON and empty events included (a server could send `{"choices":[]}`
-# forever, which adds nothing to the reply): generous, since a reply of one-character deltas is ~60 times its text.
+# Read after the reply's end so that the connection can be reused, at most (a server that keeps the stream open
+# past its end, if only with comments, is not waited for)
+DRAIN_BYTES = 65536
+DRAIN_S = 1.0
+# The most of one stream pid reads, every byte counted: its events' JSON, empty events, comments and blank lines (a
+# server could send `{"choices":[]}` or `:` forever, which adds nothing to the reply): generous, since a reply of
+# one-character deltas is ~60 times its text.
 MAX_STREAM_BYTES = 64 * MAX_REPLY_BYTES
 REPLY_TOO_LARGE = ("the model's reply exceeded {limit} bytes ({mib} MiB) of text, thinking and tool-call arguments, "
                    "the most pid reads of one reply; pid stopped reading it")
@@ -68,11 +72,14 @@ class _CancellableStream(httpcore.NetworkStream):
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         cancel: threading.Event | None = getattr(_current, "cancel", None)
-        if cancel is None:
+        until: float | None = getattr(_current, "until", None)
+        if cancel is None and until is None:
             return self._inner.read(max_bytes, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
+        if until is not None:
+            deadline = until if deadline is None else min(deadline, until)
         while True:
-            if cancel.is_set():
+            if cancel is not None and cancel.is_set():
                 raise Cancelled()
             wait = CANCEL_CHECK_S if deadline is None else min(CANCEL_CHECK_S, deadline - time.monotonic())
             if wait <= 0:
@@ -176,6 +183,17 @@ def cancellable(cancel: threading.Event | None) -> Iterator[None]:
         yield
     finally:
         _current.cancel = previous
+
+
+@contextmanager
+def reads_until(moment: float) -> Iterator[None]:
+    """Make reads on this thread time out (httpx.ReadTimeout) at `moment` (time.monotonic()) at the latest."""
+    previous = getattr(_current, "until", None)
+    _current.until = moment
+    try:
+        yield
+    finally:
+        _current.until = previous
 
 
 @dataclass
@@ -387,24 +405,40 @@ class EventTooLarge(Exception):
     """One server-sent event (its unfinished line included) outgrew MAX_EVENT_BYTES."""
 
 
+class StreamTooLong(Exception):
+    """The stream sent more bytes than its budget (StreamBudget) allows."""
+
+
+@dataclass
+class StreamBudget:
+    """The bytes a stream may still send, every one counted (comments and blank lines too); the reader may lower it."""
+    left: int
+
+
 SSE_FIELDS = (b"data", b"event", b"id", b"retry")
 
 
-def iter_sse(response: httpx.Response, limit: int = MAX_EVENT_BYTES,
-             strays: list[bytes] | None = None) -> Iterator[tuple[str, bytes]]:
+def iter_sse(response: httpx.Response, limit: int = MAX_EVENT_BYTES, strays: list[bytes] | None = None,
+             budget: StreamBudget | None = None) -> Iterator[tuple[str, bytes]]:
     """(event name, data) per server-sent event. Comment lines are skipped; `data:` may lack its space. An event
     larger than `limit` bytes raises EventTooLarge as soon as that many have arrived: an endless line is never
-    held whole. The first line that is no SSE field goes into `strays` (a body that is not a stream at all)."""
+    held whole, and each of its data lines costs its bytes and its newline, so empty ones too. The first line that
+    is no SSE field goes into `strays` (a body that is not a stream at all). Every byte read is taken from `budget`:
+    StreamTooLong once it is spent."""
     event = ""
-    data: list[bytes] = []
-    data_size = 0
+    data = bytearray()   # the event's data lines, joined by newlines as they come
+    lines_in = 0
     pending: list[bytes] = []  # the unfinished line, in the chunks it came in (joined once, when it ends)
     pending_size = 0
     for chunk in body_chunks(response):
+        if budget is not None:
+            budget.left -= len(chunk)
+            if budget.left < 0:
+                raise StreamTooLong()
         if b"\n" not in chunk:
             pending.append(chunk)
             pending_size += len(chunk)
-            if pending_size + data_size > limit:
+            if pending_size + len(data) > limit:
                 raise EventTooLarge(limit)
             continue
         if pending:
@@ -417,9 +451,9 @@ def iter_sse(response: httpx.Response, limit: int = MAX_EVENT_BYTES,
             if line.endswith(b"\r"):
                 line = line[:-1]
             if not line:
-                if data:
-                    yield event, b"\n".join(data)
-                    data, data_size = [], 0
+                if lines_in:
+                    yield event, bytes(data)
+                    data, lines_in = bytearray(), 0
                 event = ""
                 continue
             if line[0] == 58:  # ":" starts a comment (keep-alives from OpenRouter and others)
@@ -428,20 +462,25 @@ def iter_sse(response: httpx.Response, limit: int = MAX_EVENT_BYTES,
             if value[:1] == b" ":
                 value = value[1:]
             if name == b"data":
-                data.append(value)
-                data_size += len(value)
+                if lines_in:
+                    data += b"\n"
+                data += value
+                lines_in += 1
             elif name == b"event":
                 event = value.decode("utf-8", errors="replace")
             elif strays is not None and not strays and name not in SSE_FIELDS:
                 strays.append(line[:200])
-        if pending_size + data_size > limit:
+        if pending_size + len(data) > limit:
             raise EventTooLarge(limit)
     buffer = b"".join(pending)
     if buffer.strip() and buffer.startswith(b"data:"):
         value = buffer[5:]
-        data.append(value[1:] if value[:1] == b" " else value)
-    if data:
-        yield event, b"\n".join(data)
+        if lines_in:
+            data += b"\n"
+        data += value[1:] if value[:1] == b" " else value
+        lines_in += 1
+    if lines_in:
+        yield event, bytes(data)
 
 
 def stream_failure(exc: BaseException, url: str) -> str:
@@ -609,40 +648,46 @@ class StreamingProvider:
     def _consume(self, response: Any, reply: StreamReply, on_text: Callable[[str], None] | None) -> None:
         """SSE events into the reply (its feed(event, payload, on_text)); malformed data fails it, and so does one
         too large: reading stops there (the caller closes the response, and with it the connection)."""
-        drained = read = 0
         reply.content_type = response.headers.get("content-type", "")
-        try:
-            for event, data in iter_sse(response, strays=reply.strays):
-                reply.events += 1
-                read += len(data)
-                if read > MAX_STREAM_BYTES and not reply.done:
+        budget = StreamBudget(MAX_STREAM_BYTES)
+        with ExitStack() as draining:
+            try:
+                for event, data in iter_sse(response, strays=reply.strays, budget=budget):
+                    if not reply.done:
+                        reply.events += 1
+                    if reply.done or data == b"[DONE]":   # (OpenAI's end; Anthropic's is message_stop, in feed)
+                        reply.done = True
+                    elif not self._take(event, data, reply, on_text):
+                        return
+                    if reply.done and budget.left > DRAIN_BYTES:
+                        # drain to the end so that the connection can be kept alive, if that end comes soon
+                        budget.left = DRAIN_BYTES
+                        draining.enter_context(reads_until(time.monotonic() + DRAIN_S))
+            except StreamTooLong:
+                if not reply.done:
                     reply.fail(f"the server's stream passed {MAX_STREAM_BYTES >> 20} MiB, the most pid reads of one "
                                "reply; pid stopped reading it")
-                    return
-                if reply.done:   # drain to the end so the connection can be kept alive, if that end comes soon
-                    drained += len(data)
-                    if drained > DRAIN_BYTES:
-                        return
-                    continue
-                if data == b"[DONE]":  # OpenAI's end marker; Anthropic ends with message_stop instead
-                    reply.done = True
-                    continue
-                try:   # (SSE is UTF-8: decoded here, json.loads skips guessing the encoding of bytes)
-                    payload = json.loads(data.decode("utf-8"))
-                except ValueError:
-                    reply.fail("malformed stream data from the server: " + truncate(data.decode("utf-8", "replace")))
-                    return
-                if isinstance(payload, dict):
-                    reply.feed(event, payload, on_text)
-                    if reply.error is not None:
-                        return
-        except EventTooLarge as exc:
-            if not reply.done:
-                limit = int(exc.args[0])
-                reply.fail(EVENT_TOO_LARGE.format(limit=limit, mib=limit >> 20))
-        except UnsupportedEncoding as exc:
-            reply.fail(f"the server sent its reply in a content encoding pid does not read ({exc}); pid asks for "
-                       f"{ENCODINGS} or none")
+            except httpx.TimeoutException:
+                if not reply.done:   # (once done, only the drain's own deadline)
+                    raise
+            except EventTooLarge as exc:
+                if not reply.done:
+                    limit = int(exc.args[0])
+                    reply.fail(EVENT_TOO_LARGE.format(limit=limit, mib=limit >> 20))
+            except UnsupportedEncoding as exc:
+                reply.fail(f"the server sent its reply in a content encoding pid does not read ({exc}); pid asks for "
+                           f"{ENCODINGS} or none")
+
+    def _take(self, event: str, data: bytes, reply: StreamReply, on_text: Callable[[str], None] | None) -> bool:
+        """One event of the reply fed to it; False when it failed the reply (reading stops)."""
+        try:   # (SSE is UTF-8: decoded here, json.loads skips guessing the encoding of bytes)
+            payload = json.loads(data.decode("utf-8"))
+        except ValueError:
+            reply.fail("malformed stream data from the server: " + truncate(data.decode("utf-8", "replace")))
+            return False
+        if isinstance(payload, dict):
+            reply.feed(event, payload, on_text)
+        return reply.error is None
 
     def _message(self, reply: Any) -> AssistantMessage:
         raise NotImplementedError
