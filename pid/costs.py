@@ -10,6 +10,8 @@ def format_cost(usd: float | None) -> str:
         return "-"
     if usd == 0:
         return "$0"
+    if not 0 < usd < math.inf:   # (no endpoint's usage makes one now; an older record may hold one)
+        return f"${usd:g}"
     if usd >= 0.01:
         return f"${usd:,.2f}"
     decimals = 1 - math.floor(math.log10(usd))   # two significant digits

@@ -831,3 +831,43 @@ def test_a_finished_reply_is_not_held_by_a_stream_that_stays_open(extra: bytes) 
     assert replies, "the reply never ended"
     assert time.monotonic() - started < 5
     assert replies[0].stop_reason == "stop" and replies[0].content == [TextContent("done")], replies[0]
+
+
+@pytest.mark.parametrize("api", BOTH)
+@pytest.mark.parametrize("count, expected", [("-2000000", 0), ("NaN", 0), ("-1.5e308", 0), ("1" + "0" * 309, 10**12),
+                                             ('"12"', 0), ("true", 0), ("12.0", 12)])
+def test_token_counts_are_made_sane(api: str, count: str, expected: int) -> None:
+    """An endpoint's usage is its word, not pid's arithmetic: a negative count made a negative cost that got past
+    --max-cost and crashed every command that printed it; NaN and 10**309 made a cost result.json could not hold, or
+    an OverflowError out of the provider (an attack review's). Counts are whole numbers from 0 to 10**12."""
+    from pid.costs import format_cost
+    if api == OPENAI:
+        body = ('data: {"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}], '
+                f'"usage": {{"prompt_tokens": 1000, "completion_tokens": {count}}}}}\n\ndata: [DONE]\n\n')
+    else:
+        body = (f'event: message_start\ndata: {{"type": "message_start", "message": {{"usage": {{"input_tokens": 1000, '
+                f'"output_tokens": 1}}}}}}\n\n'
+                'event: content_block_start\ndata: {"type": "content_block_start", "index": 0, '
+                '"content_block": {"type": "text", "text": "x"}}\n\n'
+                'event: content_block_stop\ndata: {"type": "content_block_stop", "index": 0}\n\n'
+                'event: message_delta\ndata: {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, '
+                f'"usage": {{"output_tokens": {count}}}}}\n\n'
+                'event: message_stop\ndata: {"type": "message_stop"}\n\n')
+    server = RawServer("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n", body.encode())
+    try:
+        config = ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=0, api=api,
+                                input_cost_per_mtok=1.0, output_cost_per_mtok=1.0)
+        reply = (AnthropicProvider(config) if api == ANTHROPIC else OpenAIProvider(config)).stream("", HELLO, [])
+    finally:
+        server.sock.close()
+    assert reply.stop_reason == "stop", reply.error_message
+    if api == ANTHROPIC and count in ('"12"', "true"):   # (no number: message_start's count stands)
+        expected = 1
+    assert (reply.usage.input, reply.usage.output) == (1000, expected)
+    assert reply.usage.cost.total == pytest.approx((1000 + expected) / 1e6)
+    format_cost(reply.usage.cost.total)
+
+
+def test_a_cost_an_older_record_holds_is_printed_whatever_it_is() -> None:
+    from pid.costs import format_cost
+    assert [format_cost(x) for x in (-87.5, float("nan"), float("inf"), 0.5)] == ["$-87.5", "$nan", "$inf", "$0.50"]

@@ -18,7 +18,7 @@ from pid.config import API_NAMES, base_url_for
 from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers import retry
-from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price
+from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price, token_count
 from pid.providers.openai import parse_arguments
 from pid.providers.transport import (BLOCK_BYTES, NO_ANSWER, Pieces, StreamReply, StreamingProvider, ToolsJSON,
                                      json_object, truncate, utf8_size)
@@ -209,8 +209,8 @@ class _Reply(StreamReply):
         for key, attr in (("input_tokens", "input"), ("output_tokens", "output"),
                           ("cache_read_input_tokens", "cache_read"), ("cache_creation_input_tokens", "cache_write")):
             value = usage.get(key)
-            if isinstance(value, int):
-                setattr(self.usage, attr, value)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):   # (a null leaves the count)
+                setattr(self.usage, attr, token_count(value))
 
     def result(self) -> tuple[list[Content], StopReason, str | None]:
         content: list[Content] = []

@@ -43,6 +43,17 @@ class ProviderConfig:
     cache_write_cost_per_mtok: float = 0.0
 
 
+MAX_TOKEN_COUNT = 10**12   # more than any conversation: a count past it is taken as it, so a cost cap still stops
+
+
+def token_count(value: Any) -> int:
+    """A token count as the server sent it, made sane: a whole number from 0 to MAX_TOKEN_COUNT (a negative one,
+    NaN, text or 10**309 would make a negative, infinite or unprintable cost and get past --max-cost)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return 0
+    return int(min(max(value, 0), MAX_TOKEN_COUNT))
+
+
 def price(usage: Usage, config: ProviderConfig) -> Usage:
     """Fill usage.cost from the configured per-million-token prices."""
     usage.cost.input = usage.input * config.input_cost_per_mtok / 1e6

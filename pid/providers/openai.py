@@ -20,7 +20,7 @@ from pid.config import API_NAMES, base_url_for
 from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, Message, TextContent, ThinkingContent,
                           ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage)
 from pid.providers import retry
-from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price
+from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price, token_count
 from pid.providers.transport import (BLOCK_BYTES, NO_ANSWER, Pieces, StreamReply, StreamingProvider, ToolsJSON,
                                      json_object, truncate, utf8_size)
 
@@ -189,14 +189,14 @@ class _Reply(StreamReply):
 
     def usage(self) -> Usage:
         raw = self.raw_usage or {}
-        prompt = _int(raw.get("prompt_tokens"))
+        prompt = token_count(raw.get("prompt_tokens"))
         details = raw.get("prompt_tokens_details") or {}
-        cached = _int(details.get("cached_tokens") if isinstance(details, dict) else 0) \
-            or _int(raw.get("prompt_cache_hit_tokens"))
+        cached = token_count(details.get("cached_tokens") if isinstance(details, dict) else 0) \
+            or token_count(raw.get("prompt_cache_hit_tokens"))
         completion = raw.get("completion_tokens_details") or {}
-        reasoning = _int(completion.get("reasoning_tokens") if isinstance(completion, dict) else 0)
+        reasoning = token_count(completion.get("reasoning_tokens") if isinstance(completion, dict) else 0)
         # completion_tokens already holds the reasoning tokens (OpenAI's definition; pi adds them once more)
-        return Usage(input=max(prompt - cached, 0), output=_int(raw.get("completion_tokens")), cache_read=cached,
+        return Usage(input=max(prompt - cached, 0), output=token_count(raw.get("completion_tokens")), cache_read=cached,
                      reasoning=reasoning)
 
     def result(self) -> tuple[list[Content], StopReason, str | None]:
@@ -234,9 +234,6 @@ def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
         return {}, text
     return (value, None) if isinstance(value, dict) else ({}, text)
 
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) else 0
 
 
 def _error_message(error: Any) -> str:
