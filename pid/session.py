@@ -47,7 +47,12 @@ class SessionWriter:
         self._ids.add(entry["id"])
 
     def _write(self, obj: dict[str, Any]) -> None:
-        self._file.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
+        line = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:   # a lone surrogate (a byte of a file not in UTF-8, a model's "\ud800"): as an
+            line = json.dumps(obj, separators=(",", ":"))   # escape, which JSON can hold and UTF-8 cannot
+        self._file.write(line + "\n")
         self._file.flush()
 
     def _append(self, body: dict[str, Any]) -> str:

@@ -81,3 +81,15 @@ def test_pi_written_file_reads_back(tmp_path):
     header, messages = read_session(str(FIXTURE))
     assert header["version"] == 3
     assert messages[0].role == "user" and messages[1].stop_reason == "toolUse"
+
+
+def test_a_lone_surrogate_is_written_as_an_escape(tmp_path):
+    """A file not in UTF-8 (edit's diff keeps its bytes as surrogates) or a model's "\\ud800" made a text UTF-8 cannot
+    hold: the job failed with 0 turns and its cost lost (an attack review's). The line holds it as an escape."""
+    path = tmp_path / "s.jsonl"
+    with SessionWriter(str(path), cwd="/w") as s:
+        s.message(UserMessage.text("caf\udce9 and \ud800"))
+        s.message(UserMessage.text("plain é"))
+    header, messages = read_session(str(path))
+    assert [m.content[0].text for m in messages] == ["caf\udce9 and \ud800", "plain é"]
+    assert "plain é" in path.read_text(encoding="utf-8")   # (only the line that needs it is escaped)
