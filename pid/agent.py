@@ -33,6 +33,12 @@ from pid.tools.registry import ToolRegistry
 
 LENGTH_STOP_TOOL_ERROR = ('Tool call "{name}" was not executed: the response hit the output token limit, so its '
                           'arguments may be truncated. Re-issue the tool call with complete arguments.')
+# The most tool calls one reply runs: what they return is held together, and a reply of 4 MiB holds ~46,000 `read`s
+# (an attack review's endpoint made 4,000 take 1.1 GB). Far more than a model asks for at once; the rest are answered,
+# not run, and the model may ask again.
+MAX_CALLS_PER_REPLY = 64
+TOO_MANY_CALLS_ERROR = ('Tool call "{name}" was not executed: one response may make at most {limit} tool calls. '
+                        'Re-issue it in your next response if it is still needed.')
 OVERFLOW_ERROR = ("the conversation is too long for the model's context window ({detail}); try a model with a larger "
                   "window, or set --context-window to the window the server really has")
 
@@ -319,9 +325,12 @@ class Agent:
         if reply.stop_reason == "length":
             return [self._result_message(c, ToolResult.error(LENGTH_STOP_TOOL_ERROR.format(name=c.name)))
                     for c in calls]
+        calls, refused = calls[:MAX_CALLS_PER_REPLY], calls[MAX_CALLS_PER_REPLY:]
+        too_many = [self._result_message(c, ToolResult.error(TOO_MANY_CALLS_ERROR.format(
+            name=c.name, limit=MAX_CALLS_PER_REPLY))) for c in refused]
         if len(calls) == 1:
-            return [self._run_tool(calls[0])]
-        return list(self._pool.map(self._run_tool, calls))  # map keeps the order the model issued the calls
+            return [self._run_tool(calls[0])] + too_many
+        return list(self._pool.map(self._run_tool, calls)) + too_many  # map keeps the order of the model's calls
 
     def _run_tool(self, call: ToolCall) -> ToolResultMessage:
         self._emit(ev.ToolStart(call.id, call.name, call.arguments))

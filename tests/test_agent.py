@@ -9,7 +9,7 @@ import time
 import pytest
 
 from pid import events as ev
-from pid.agent import LENGTH_STOP_TOOL_ERROR, Agent, Limits
+from pid.agent import LENGTH_STOP_TOOL_ERROR, MAX_CALLS_PER_REPLY, TOO_MANY_CALLS_ERROR, Agent, Limits
 from pid.messages import AssistantMessage, TextContent, ToolCall, ToolResultMessage, UserMessage
 from pid.providers import make_provider
 from pid.providers.base import ProviderConfig
@@ -186,6 +186,19 @@ def test_length_stop_fails_its_tool_calls_without_running_them(sandbox):
     assert result == LENGTH_STOP_TOOL_ERROR.format(name="bash")
     assert outcome.status == "completed"
     assert sandbox.commands == []
+
+
+def test_a_reply_runs_at_most_its_share_of_tool_calls_and_answers_the_rest(sandbox):
+    """What a reply's calls return is held together: an endpoint's reply of 4,000 `read`s took 1.1 GB (an attack
+    review's). The first MAX_CALLS_PER_REPLY run; each of the others gets an error, in order, and nothing more."""
+    calls = [bash(f"echo {n}") for n in range(MAX_CALLS_PER_REPLY + 3)]
+    with ScriptedLLM([{"tool_calls": calls}, {"text": "done"}]) as llm:
+        outcome = make_agent(llm, sandbox).run("go")
+        results = [m["content"] for m in tool_messages(llm.requests[1])]
+    assert outcome.status == "completed"
+    assert sorted(sandbox.commands) == sorted(f"echo {n}" for n in range(MAX_CALLS_PER_REPLY))
+    assert len(results) == MAX_CALLS_PER_REPLY + 3
+    assert results[-3:] == [TOO_MANY_CALLS_ERROR.format(name="bash", limit=MAX_CALLS_PER_REPLY)] * 3
 
 
 def test_an_answer_cut_at_the_output_limit_ends_the_job_as_a_limit_not_completed(sandbox):
