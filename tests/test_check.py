@@ -384,3 +384,17 @@ def test_submit_wait_is_a_ci_gate_and_the_store_has_the_check(run_pid, worker, b
         res = run_pid("submit", "--wait", "--json", *_options(llm, tmp_path / "out", buggy, "--check", UNITTEST))
     assert res.code == 0, res.stderr
     assert res.json()["check"]["passed"] is True
+
+
+@pytest.mark.docker
+@pytest.mark.cli
+def test_pid_run_removes_the_check_s_sandbox_when_the_patch_cannot_be_made(run_pid, buggy, tmp_path):
+    """The check's sandbox starts while the patch is made; a patch over --max-patch leaves it unused. `pid run` ended
+    before the thread making it did, and its container ran on until its time to live (a new-user test's)."""
+    from tests.conftest import pid_containers
+    with ScriptedLLM(FIX) as llm:
+        res = run_pid("run", "--json", *_options(llm, tmp_path / "out", buggy, "--check", UNITTEST, "--max-patch",
+                                                 "10"))
+    assert res.code == 1 and res.json()["exit_reason"] == "artifact_error", res.stdout + res.stderr
+    job_id = res.json()["id"]
+    assert [c.name for c in pid_containers() if c.labels.get("pid.job", "").startswith(job_id)] == []

@@ -62,14 +62,26 @@ class JobRun:
         self.watchdog.stop()
         if self.sandbox:
             self.sandbox.close()
-        if self.checking is not None:   # closing twice is harmless
-            self.checking.add_done_callback(_close_made)
+        if self.checking is not None:   # (closing twice is harmless)
+            # waited for, not left to a callback: a process that ends next (`pid run`) would stop the thread making
+            # it, and leave a running container behind (a check that never ran: the patch could not be made)
+            try:
+                made = self.checking.result(timeout=CHECK_MADE_WAIT_S)
+            except BaseException as exc:   # not made; or still being made (its time to live and the reaper end it)
+                self.checking.add_done_callback(_close_made)
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                made.close()
         if self.checked:
             self.checked.close()
         if self.snapshot is not None:
             if keep is not None:
                 self.snapshot.keep(StoreBlobs(keep))
             self.snapshot.close()
+
+
+CHECK_MADE_WAIT_S = 60.0
 
 
 def _close_made(made: "Future[JobSandbox]") -> None:
