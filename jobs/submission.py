@@ -357,6 +357,8 @@ def run_foreground(spec: JobSpec, job: Any, starting: Any, *, api_key: str | Non
         result = run_job(spec, api_key=bound_key(api_key, spec.api, spec.base_url), sink=job.sink(sink),
                          on_agent=attach, check_in=job.check_in, cancel=job.cancel, starting=starting, keep=job.store)
         return result
+    except KeyboardInterrupt:   # (pid.run's caller's Ctrl-C: run_job wrote result.json so, `interrupted`)
+        raise
     except BaseException as exc:   # not the job's own failure (run_job records those)
         failure = f"{type(exc).__name__}: {exc}"
         raise

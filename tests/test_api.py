@@ -173,6 +173,30 @@ def test_run_in_this_process_returns_the_result(api_env, sample_repo, tmp_path):
     assert "+ran" in patch and job.patch() == patch
 
 
+@pytest.mark.docker
+@pytest.mark.cli
+def test_a_keyboard_interrupt_in_pid_run_is_recorded_alike_in_result_json_and_the_store(api_env, sample_repo,
+                                                                                        tmp_path):
+    """pid.run installs no signal handler: a Ctrl-C in its process is a KeyboardInterrupt, which propagates. The job's
+    ending is the one result.json has (`interrupted`): the store said failed, error "KeyboardInterrupt: " (a new-user
+    test's)."""
+    import _thread
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}, {"text": "never"}]
+    with ScriptedLLM(script) as llm:
+        timer = threading.Timer(4.0, _thread.interrupt_main)
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                pid.run("wait", repo=sample_repo, model="scripted", base_url=llm.base_url,
+                        out_dir=str(tmp_path / "out"))
+        finally:
+            timer.cancel()
+    result = json.loads(next((tmp_path / "out").glob("*/result.json")).read_text())
+    assert (result["status"], result["exit_reason"]) == ("cancelled", "interrupted"), result
+    assert pid.job(result["id"]).status() == "cancelled"
+    assert pid.job(result["id"]).result()["exit_reason"] == "interrupted"
+
+
 def test_a_bad_batch_option_is_refused_before_anything_runs(api_env, tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "a", "task": "t", "workdir": "/testbed"}\n')
