@@ -27,6 +27,8 @@ def build_spec(options: dict[str, Any], no_images: bool, warn: Callable[[str], N
     repo_path = check_repo(repo) if repo else None
     if repo_path is None and not options.get("workdir"):
         raise PidError("no workspace: pass --repo DIR|URL, or --workdir PATH to work in the image's own directory")
+    if options.get("workdir") and options.get("disk") == 0:   # (the image's trees are made writable on that disk)
+        raise PidError("--workdir needs the job's own disk: pass a --disk size other than 0")
     options["check_original"] = check_originals(options.get("check_original") or (), options.get("check"),
                                                 options.get("workdir"))
     if not model:

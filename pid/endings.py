@@ -33,7 +33,7 @@ ExitReason = Literal[
     "dispatch_failed",        # the queue refused the job
     "batch_budget",           # its batch's --max-total-cost was reached (pid batch): queued or at its next model call
     "policy_refused",         # the worker's policy does not admit what the job asks (jobs/policy.py): never started
-    "bad_repo",               # --repo's URL has no such ref, or its file:// path is no directory here: never started
+    "bad_workspace",          # --repo's URL has no such ref or path, or --workdir is no directory in the image
     "error",                  # anything else (a bug or a set-up failure), with its message in `error`
 ]
 
@@ -69,7 +69,7 @@ ENDINGS: dict[str, Ending] = {
     "dispatch_failed": Ending("failed", 1),
     "batch_budget": Ending("cancelled", 1),
     "policy_refused": Ending("failed", 2),   # as bad usage: the job asked for what it may not have
-    "bad_repo": Ending("failed", 2),         # as bad usage: a retry cannot help
+    "bad_workspace": Ending("failed", 2),    # as bad usage: a retry cannot help
     "error": Ending("failed", 1),
 }
 assert set(ENDINGS) == set(get_args(ExitReason)), "every exit reason has exactly one ending"

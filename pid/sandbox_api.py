@@ -21,9 +21,10 @@ class SandboxError(RuntimeError):
     """The sandbox itself failed (channel broke, container gone); not an error of the command."""
 
 
-class BadRepo(SandboxError):
-    """The job's repository cannot be had as it was given: its URL was reached and has no such branch, tag or commit,
-    or its file:// path is no directory on this worker. The input's fault, not the sandbox's: the job never ran."""
+class BadWorkspace(SandboxError):
+    """The job's workspace cannot be had as it was given: its repository's URL was reached and has no such branch,
+    tag or commit, its file:// path is no directory on this worker, or its --workdir is no directory in the image.
+    The input's fault, not the sandbox's: the job never ran, and no retry would help."""
 
 
 class SandboxLost(SandboxError):

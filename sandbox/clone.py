@@ -31,7 +31,7 @@ import docker.errors
 
 from .config import LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, SandboxConfig
 from .disk import parse_size
-from .errors import BadRepo, SandboxError
+from .errors import BadWorkspace, SandboxError
 from .reaper import force_remove, run_labels
 from .seccomp import SECURITY_OPT
 from .workspace import check_git_source
@@ -115,7 +115,7 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
     if scheme == "file":
         source = os.path.realpath(urlsplit(url).path)
         if not os.path.isdir(source):
-            raise BadRepo(f"cannot clone {url}: {source} is not a directory on this worker")
+            raise BadWorkspace(f"cannot clone {url}: {source} is not a directory on this worker")
         mounts.append(docker.types.Mount(SOURCE_MOUNT, source, type="bind", read_only=True))
         inside = f"file://{SOURCE_MOUNT}"
     limit = clone_limit(config)
@@ -165,7 +165,7 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
             # (the repository was reached, and has no such ref: the input's fault, which no retry mends)
             no_ref = any(ln.startswith(NO_REF) for ln in lines)
             why = f"cannot clone {url}{f' at {ref}' if ref else ''}: {git_said or f'exit status {code}'}"
-            raise BadRepo(why) if no_ref else SandboxError(why)
+            raise BadWorkspace(why) if no_ref else SandboxError(why)
         if problem is not None:
             raise problem
         return commit

@@ -1,9 +1,9 @@
 """Errors of the Docker sandbox; all are `pid.sandbox_api.SandboxError`, so callers need only the core type."""
 from __future__ import annotations
 
-from pid.sandbox_api import BadRepo, SandboxError
+from pid.sandbox_api import BadWorkspace, SandboxError
 
-__all__ = ["SandboxError", "BadRepo", "ImageNotFound", "DockerUnavailable"]
+__all__ = ["SandboxError", "BadWorkspace", "ImageNotFound", "DockerUnavailable"]
 
 
 class ImageNotFound(SandboxError):

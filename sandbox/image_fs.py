@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import AGENT_HOME
-from .errors import SandboxError
+from .errors import BadWorkspace, SandboxError
 from .mounts import MountError, agent_userns, attach_clone, detach, mount_overlay
 
 # The image's environments an agent that is not root may change: /opt (a conda env, a venv), and in /usr/local what
@@ -60,6 +60,10 @@ _NEVER_HELD = ("/usr/local", "/usr/local/lib")   # (its libraries: the loader's,
 
 class ImageFSError(SandboxError):
     """The image's filesystem cannot be made writable here; the message says why and what to do instead."""
+
+
+class NoWorkdir(ImageFSError, BadWorkspace):
+    """--workdir is no directory in the image: the input's fault (bad_workspace), not the engine's."""
 
 
 @dataclass
@@ -119,7 +123,9 @@ def subtree_lowers(layers: list[str], path: str) -> list[str]:
                 break
             if not stat.S_ISDIR(st.st_mode):   # a whiteout (0/0 character device), a file or a link: ends the tree
                 if not lowers and not (stat.S_ISCHR(st.st_mode) and st.st_rdev == 0):
-                    raise ImageFSError(f"{path} is not a directory in the image")
+                    link = "/" + os.path.relpath(here, layer) if stat.S_ISLNK(st.st_mode) else None
+                    raise ImageFSError(f"{path} is not a directory in the image"
+                                       + (f" ({link} is a symbolic link)" if link else ""))
                 return lowers
             if _opaque(here):
                 hides_below = True
@@ -251,10 +257,13 @@ class ImageFS:
         `init_binary`: the engine's init on the host (its /sbin/docker-init), which a root agent's trees hide."""
         fs = cls(root)
         try:
-            base_lowers = subtree_lowers(layers, workdir)   # (also: no link on its way, into the system or else)
+            try:   # (also: no link on its way, into the system or else)
+                base_lowers = subtree_lowers(layers, workdir)
+            except ImageFSError as exc:
+                raise NoWorkdir(f"{exc} (--workdir names a directory itself)") from None
             if image_workspace and not base_lowers:
-                raise ImageFSError(f"the image has no directory {workdir} (--workdir without --repo works in the "
-                                   "image's own directory)")
+                raise NoWorkdir(f"the image has no directory {workdir} (--workdir without --repo works in the "
+                                "image's own directory)")
             userns = agent_userns(uid, gid) if uid != 0 else None
             if uid == 0:
                 view = fs._overlay(layers, None, dict(uid=0, gid=0, mode=0o755))

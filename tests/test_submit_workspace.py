@@ -145,7 +145,7 @@ def test_git_url_jobs_run_at_a_branch_a_tag_and_a_commit(run_pid, pid_env, bare_
                 assert res.code == 0, res.stderr
                 done = run_pid("result", res.stdout.strip(), "--wait", "--json")
                 assert done.code == 2, (done.stdout, done.stderr)
-                assert done.json()["exit_reason"] == "bad_repo" and why in done.json()["error"], done.stdout
+                assert done.json()["exit_reason"] == "bad_workspace" and why in done.json()["error"], done.stdout
         finally:
             stop_worker(worker)
     store = JobStore(os.path.join(pid_env["PID_HOME"], "jobs.db"))

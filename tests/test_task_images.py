@@ -240,6 +240,22 @@ def test_a_workdir_the_image_lacks_is_a_clear_error(task_image):
                                            writable_image=True, image_workspace=True, runtime=RUNTIME))
 
 
+@pytest.mark.docker
+@pytest.mark.cli
+def test_a_workdir_the_image_lacks_is_bad_input_exit_2(run_pid, task_image, tmp_path):
+    """The job's input, not the sandbox's failure: a CI retrying sandbox_error would retry it for nothing (a new-user
+    test's). The same for --workdir with --disk 0, refused before anything starts."""
+    with ScriptedLLM([{"text": "never"}]) as llm:
+        result = run_pid("run", "t", "--workdir", "/nowhere", "--image", task_image, "--model", "scripted",
+                         "--base-url", llm.base_url, "--out", str(tmp_path / "out"), "--json", timeout=300)
+        assert result.code == 2, result.stderr
+        assert result.json()["exit_reason"] == "bad_workspace" and "no directory /nowhere" in result.json()["error"]
+        assert llm.requests == []
+        clash = run_pid("submit", "t", "--workdir", "/testbed", "--image", task_image, "--disk", "0", "--model",
+                        "scripted", "--base-url", llm.base_url, "--out", str(tmp_path / "out"))
+    assert clash.code == 2 and "--workdir needs the job's own disk" in clash.stderr, clash.stderr
+
+
 # -- pid run: the verdict ----------------------------------------------------------------------------------------
 
 def _run(run_pid, llm: ScriptedLLM, image: str, tmp_path: Path, *extra: str):

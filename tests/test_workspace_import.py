@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pid.sandbox import DockerSandbox, SandboxConfig, SandboxError
-from pid.sandbox.errors import BadRepo
+from pid.sandbox.errors import BadWorkspace
 from pid.sandbox.workspace import pack_tar
 from tests.conftest import IMAGE, pid_containers
 
@@ -124,7 +124,7 @@ def test_a_git_url_is_cloned_at_its_ref(tmp_path, bare_repo, ref, text):
 def test_a_git_ref_that_does_not_exist_is_a_clear_error(bare_repo):
     bare, _ = bare_repo
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-noref", ttl_s=300)) as box:
-        with pytest.raises(BadRepo, match=f"cannot clone file://{bare} at nope: no branch, tag or commit "
+        with pytest.raises(BadWorkspace, match=f"cannot clone file://{bare} at nope: no branch, tag or commit "
                                                f"named nope"):
             box.import_git(f"file://{bare}", "nope")
 

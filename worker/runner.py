@@ -23,7 +23,7 @@ from typing import Any, Callable
 from pid import events as ev
 from pid.agent import Agent, Outcome
 from pid.endings import ExitReason
-from pid.sandbox_api import BadRepo, SandboxError
+from pid.sandbox_api import BadWorkspace, SandboxError
 from pid.sandbox_lifecycle import JobSandbox, SandboxProvider
 from pid.sandbox import DockerProvider
 from pid.jobs.blobs import Blobs
@@ -92,7 +92,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         except JobCancelled:
             job.outcome = Outcome("cancelled")
         except Exception as exc:  # sandbox or setup failure: a failed job with a readable reason
-            reason: ExitReason = ("bad_repo" if isinstance(exc, BadRepo) else
+            reason: ExitReason = ("bad_workspace" if isinstance(exc, BadWorkspace) else
                                   "sandbox_error" if isinstance(exc, SandboxError) else "error")
             job.outcome = Outcome(reason, error=describe(exc))
         except BaseException as exc:
