@@ -151,9 +151,26 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
     if embedded_broker():   # the worker is on this machine: its image and CPUs must be here too
         _main.check_cpus(spec)
         _main.check_runtime(spec.runtime)
-        _main.check_image(spec.image)
+        _check_image_id(spec) if spec.image_id else _main.check_image(spec.image)
     _main.queue_job(store, spec, api_key, wait, as_json)
 
+
+
+def _check_image_id(spec: JobSpec) -> None:
+    """The very image the earlier job ran (its id) must be in the engine: a job runs again on it, not on what its tag
+    names now."""
+    from pid.sandbox.engine_probe import image_present
+    if image_present(str(spec.image_id)):
+        return
+    from pid.sandbox import DockerUnavailable, ImageNotFound, ensure_image
+    try:
+        ensure_image(str(spec.image_id))
+    except ImageNotFound:
+        raise _main.BadInput(f"the image the earlier job ran ({str(spec.image_id)[:19]}…, then {spec.image}) is no "
+                             "longer in the Docker engine: a job runs again on the image it ran, not on what its tag "
+                             "names now") from None
+    except DockerUnavailable as exc:
+        raise _main.BadInput(str(exc)) from None
 
 
 def check_prices(spec: JobSpec) -> None:

@@ -113,6 +113,9 @@ def _copy(spec: JobSpec, store: Store, job_id: str) -> JobSpec:
     # not in the earlier job's batch: that batch's ledger never names it, and its spent budget would end it at once
     new = dataclasses.replace(spec, id=new_job_id(), files=list(spec.files),
                               tools=list(spec.tools) if spec.tools else spec.tools, batch=None)
+    ran = _result(store, job_id)
+    if isinstance(ran.get("image_id"), str) and _IMAGE_ID.fullmatch(ran["image_id"]):
+        new.image_id = ran["image_id"]   # the image it ran, not the one its tag names now
     if spec.workspace:
         if not store.has_blob(spec.workspace):
             raise Refused(f"job {job_id}: its workspace snapshot ({spec.workspace[:19]}…) is no longer in the job "
@@ -122,7 +125,8 @@ def _copy(spec: JobSpec, store: Store, job_id: str) -> JobSpec:
         return new
     from pid.jobs.snapshot import git_source
     git = git_source(spec.repo) if "://" in spec.repo else None
-    ran_on = _ran_on(store, job_id)
+    workspace = ran.get("workspace")
+    ran_on = workspace if isinstance(workspace, dict) else {}
     if git is not None:
         if ran_on.get("kind") == "git" and ran_on.get("commit"):
             new.repo = f"{git.url}#{ran_on['commit']}"
@@ -139,15 +143,17 @@ def _copy(spec: JobSpec, store: Store, job_id: str) -> JobSpec:
     return new
 
 
-def _ran_on(store: Store, job_id: str) -> dict[str, Any]:
-    """result.json's `workspace`: which snapshot the job ran on ({} when unknown)."""
+def _result(store: Store, job_id: str) -> dict[str, Any]:
+    """The job's result.json, for what it ran on: its `workspace` (which snapshot) and `image_id` ({} when unknown)."""
     from pid.jobs.artifact_store import read_result
     try:
         result = read_result(store, job_id) or {}
     except Exception:
         return {}
-    workspace = result.get("workspace")
-    return workspace if isinstance(workspace, dict) else {}
+    return result if isinstance(result, dict) else {}
+
+
+_IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 # -- the worker's side: the parent's state into the new job -------------------------------------------------------

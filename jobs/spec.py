@@ -125,6 +125,9 @@ class JobSpec:
     parent: str | None = setting(None, "The job this one continues (`pid continue`): its transcript is loaded and its "
                                        "patch applied to the same snapshot.")
     retry_of: str | None = setting(None, "The job this one runs again (`pid retry`).")
+    # A retry's or continuation's image, by id: the one its earlier job ran (result.json's image_id), whatever `image`
+    # names now (a tag may have moved). `image` stays what the policy judges and what is shown.
+    image_id: str | None = setting(None, "The image to run, by id (\"sha256:<hex>\").")
 
     @property
     def workspace_dir(self) -> str:
@@ -201,6 +204,8 @@ def spec_problem(spec: JobSpec) -> str | None:
             return f"{name} {repr(value)[:80]} is not a URL or path pid takes"
     if spec.workspace is not None and not (isinstance(spec.workspace, str) and _DIGEST_RE.fullmatch(spec.workspace)):
         return f"workspace {spec.workspace!r} is not a blob digest"
+    if spec.image_id is not None and not (isinstance(spec.image_id, str) and _DIGEST_RE.fullmatch(spec.image_id)):
+        return f"image_id {spec.image_id!r} is not an image id"
     for name in ("files", "check_original", "tools"):
         value = getattr(spec, name)
         if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):

@@ -331,3 +331,36 @@ def test_another_model_at_another_endpoint_continues_with_the_key_given_for_it(e
     admitted = env.pid("continue", parent, "more", "--queue", "policed")
     assert admitted.code == 0, admitted.stderr
     env.pid("cancel", admitted.stdout.strip())
+
+
+def test_a_retry_runs_on_the_image_its_job_ran_though_its_tag_moved(env: Env, tmp_path: Path):
+    """A task image's tag rebuilt since: retry and continue run on the image the job ran (result.json's image_id), as
+    the check does (a retry ran on the new image, a continuation's patch then did not apply: a new-user test's)."""
+    tag = f"pid-test-moving:{RUN_ID.lower()}"
+    ids = []
+
+    def build(marker: str) -> None:
+        (tmp_path / "img").mkdir(exist_ok=True)
+        (tmp_path / "img" / "Dockerfile").write_text(f"FROM {IMAGE}\nRUN echo {marker} > /etc/pid-marker\n")
+        subprocess.run(["docker", "build", "-q", "-t", tag, str(tmp_path / "img")], check=True, capture_output=True,
+                       timeout=300)
+        ids.append(subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", tag], check=True,
+                                  capture_output=True, text=True).stdout.strip())
+    try:
+        build("one")
+        repo = make_repo(tmp_path / "repo", ORIGINAL)
+        first, _ = env.requests_during([tool("bash", command="cat /etc/pid-marker"), {"text": "ONE"}],
+                                       lambda: env.submit(repo, "--image", tag, "--wait", "--json"))
+        assert first.code == 0, first.stderr
+        assert first.json()["image_id"] == ids[0]
+        build("two")
+        again, requests = env.requests_during([tool("bash", command="cat /etc/pid-marker"), {"text": "AGAIN"}],
+                                              lambda: env.pid("retry", first.json()["id"], "--wait", "--json"))
+        assert again.code == 0, again.stderr
+        assert again.json()["image_id"] == ids[0] != ids[1]
+        assert texts(requests[1])[-1][1].startswith("one\n")
+        subprocess.run(["docker", "rmi", ids[0]], check=True, capture_output=True, timeout=120)
+        gone = env.pid("retry", first.json()["id"])
+        assert gone.code == 2 and "no longer in the Docker engine" in gone.stderr, gone.stderr
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag, *ids], capture_output=True, timeout=120)

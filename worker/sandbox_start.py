@@ -30,7 +30,8 @@ def sandbox_config(spec: JobSpec, attempt: int = 1) -> "SandboxConfig":
     from pid.sandbox.reaper import owner_label
     home = pid_home()
     return SandboxConfig(
-        image=spec.image, job_id=spec.id, memory=spec.memory, cpus=spec.cpus, pids_limit=spec.pids_limit,
+        image=spec.image_id or spec.image,   # (a retry's or continuation's: the image its earlier job ran, by id)
+        job_id=spec.id, memory=spec.memory, cpus=spec.cpus, pids_limit=spec.pids_limit,
         network=spec.network, user=spec.user, disk=spec.disk, runtime=spec.runtime, owner=owner_label(home),
         attempt=attempt, max_workspace=spec.max_workspace, workdir=spec.workspace_dir,
         writable_image=spec.workdir is not None, image_workspace=not spec.repo,
