@@ -264,7 +264,6 @@ class ImageFS:
             if image_workspace and not base_lowers:
                 raise NoWorkdir(f"the image has no directory {workdir} (--workdir without --repo works in the "
                                 "image's own directory)")
-            userns = agent_userns(uid, gid) if uid != 0 else None
             if uid == 0:
                 view = fs._overlay(layers, None, dict(uid=0, gid=0, mode=0o755))
                 for name in sorted(os.listdir(view)):
@@ -294,6 +293,7 @@ class ImageFS:
                         continue   # (an environment tree that is a link or a file in this image: not the agent's)
                     if not lowers:
                         continue
+                    userns = _owner_is_the_agent(lowers[0], uid, gid)
                     clones = fs._clones(lowers, userns)
                     view = fs._overlay_of(clones, userns, _attrs(lowers[0]))
                     fs.trees.append(Tree(target, view))
@@ -380,6 +380,15 @@ def _init_again(view: str, init_binary: str | None, bound: set[str]) -> list[Tre
     if init_binary is None or not _inside(landing, sorted(bound)):
         return []
     return [Tree(landing, init_binary, read_only=True)]
+
+
+def _owner_is_the_agent(top: str, uid: int, gid: int) -> int | None:
+    """The idmapping of a writable tree: its top directory's owner in the image (root, or a task image's own user)
+    becomes the agent, for every file of that owner in the tree; None when the agent owns it already."""
+    st = os.lstat(top)
+    if (st.st_uid, st.st_gid) == (uid, gid):
+        return None
+    return agent_userns(uid, gid, st.st_uid, st.st_gid)
 
 
 def _attrs(path: str) -> dict[str, int]:

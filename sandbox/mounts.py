@@ -97,30 +97,32 @@ def detach(target: str) -> None:
     _libc.umount2(os.fsencode(target), MNT_DETACH)
 
 
-def swap_map(inside: int) -> str:
-    """A uid_map/gid_map that swaps 0 and `inside` and maps every other id to itself: through an idmapped mount of
-    it, the image's root-owned files are the agent's, and what the agent writes is stored as root's."""
-    if inside <= 0 or inside >= UID_END - 1:
-        raise ValueError(f"no id swap for {inside}")
-    lines = [f"0 {inside} 1", f"{inside} 0 1"]
-    if inside > 1:
-        lines.append(f"1 1 {inside - 1}")
-    if inside + 1 < UID_END - 1:
-        lines.append(f"{inside + 1} {inside + 1} {UID_END - 1 - (inside + 1)}")
+def swap_map(inside: int, owner: int = 0) -> str:
+    """A uid_map/gid_map that swaps `owner` and `inside` and maps every other id to itself: through an idmapped mount
+    of it, the image's files of `owner` (root's, usually) are the agent's, and what the agent writes is stored as
+    `owner`'s. The same id twice: every id to itself."""
+    if not (0 <= inside < UID_END - 1 and 0 <= owner < UID_END - 1):
+        raise ValueError(f"no id swap for {inside} and {owner}")
+    low, high = sorted((inside, owner))
+    lines = [f"{owner} {inside} 1", f"{inside} {owner} 1"] if low != high else []
+    for start, end in ((0, low), (low + 1, high), (high + 1, UID_END - 1)) if low != high else ((0, UID_END - 1),):
+        if end > start:
+            lines.append(f"{start} {start} {end - start}")
     return "\n".join(lines) + "\n"
 
 
-_userns: dict[tuple[int, int], int] = {}
+_userns: dict[tuple[int, int, int, int], int] = {}
 _userns_lock = threading.Lock()
 
 
-def agent_userns(uid: int, gid: int) -> int:
-    """A user namespace fd whose mapping swaps root and the agent's uid (and gid); one per identity and process
-    (the fd keeps the namespace alive after its first process is gone)."""
+def agent_userns(uid: int, gid: int, owner_uid: int = 0, owner_gid: int = 0) -> int:
+    """A user namespace fd whose mapping swaps the owner's ids (root's, by default) and the agent's; one per pair and
+    process (the fd keeps the namespace alive after its first process is gone)."""
+    key = (uid, gid, owner_uid, owner_gid)
     with _userns_lock:
-        if (uid, gid) not in _userns:
-            _userns[(uid, gid)] = _new_userns(swap_map(uid), swap_map(gid))
-        return _userns[(uid, gid)]
+        if key not in _userns:
+            _userns[key] = _new_userns(swap_map(uid, owner_uid), swap_map(gid, owner_gid))
+        return _userns[key]
 
 
 def _new_userns(uid_map: str, gid_map: str) -> int:

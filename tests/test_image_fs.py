@@ -71,15 +71,18 @@ def test_a_workdir_in_or_over_the_system_pid_s_or_the_kernel_s_is_refused(path):
         check_workdir(path)
 
 
-def test_the_idmapping_swaps_root_and_the_agent_and_keeps_every_other_id():
-    lines = [tuple(map(int, line.split())) for line in swap_map(1000).splitlines()]
-    assert lines[:2] == [(0, 1000, 1), (1000, 0, 1)]
+@pytest.mark.parametrize("owner", [0, 1, 999, 1234, 1001])
+def test_the_idmapping_swaps_the_owner_and_the_agent_and_keeps_every_other_id(owner):
+    lines = [tuple(map(int, line.split())) for line in swap_map(1000, owner).splitlines()]
+    assert lines[:2] == [(owner, 1000, 1), (1000, owner, 1)]
     inside = sorted((start, start + count) for start, _, count in lines)
     assert inside[0][0] == 0 and inside[-1][1] == (1 << 32) - 1
     assert all(a_end == b_start for (_, a_end), (b_start, _) in zip(inside, inside[1:]))   # no gap, no overlap
     assert all(start == outside for start, outside, _ in lines[2:])
+    assert swap_map(1000) == swap_map(1000, 0)
+    assert swap_map(1000, 1000) == f"0 0 {(1 << 32) - 1}\n"   # (the agent's own: every id to itself)
     with pytest.raises(ValueError):
-        swap_map(0)
+        swap_map(-1)
 
 
 def test_the_image_s_loader_and_shell_variables_are_emptied_and_carried():

@@ -295,6 +295,31 @@ def test_pid_run_works_in_the_image_s_testbed_and_the_check_judges_its_patch(run
                      "@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"), patch
 
 
+@pytest.mark.docker
+@pytest.mark.cli
+@pytest.mark.parametrize("owner", ["1000:1000", "1234:1234"])
+def test_a_workdir_the_image_gives_to_a_user_is_the_agent_s_to_edit(run_pid, task_image, tmp_path, owner):
+    """The workdir's owner in the image is the agent in it: root's (above), the agent's own uid, or another user's
+    (an image built with `chown`/USER). The swap of root and the agent had made 1000's files root's, and the agent
+    could not edit them (a new-user test's)."""
+    tag = f"{task_image}-{owner.replace(':', '-')}"
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {task_image}\nRUN chown -R {owner} /testbed\n")
+    subprocess.run(["docker", "build", "-q", "--network", "none", "-t", tag, str(tmp_path / "ctx")], check=True,
+                   capture_output=True, timeout=300)
+    try:
+        script = [{"tool_calls": [FIX]}, {"tool_calls": [{"name": "bash", "arguments": {"command": "ls -ln calc.py"}}]},
+                  {"text": "Fixed add()."}]
+        with ScriptedLLM(script) as llm:
+            result, data, job_dir = _run(run_pid, llm, tag, tmp_path)
+        assert result.code == 0, result.stderr
+        assert data["check"]["passed"] is True
+        assert _tool_outputs(job_dir)[1].split()[2:4] == ["1000", "1000"]   # (the agent's, as it sees them)
+        assert "+    return a + b" in (job_dir / "patch.diff").read_text()
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
+
+
 def _blob(text: str) -> str:
     """git's short blob id of a text."""
     data = text.encode()
