@@ -330,13 +330,15 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
             continue
         specs[item.id] = spec
     _refuse(errors, tasks)
+    errors += _missing_images(items, specs)   # (before packing: every line is told, not the first image's)
+    _refuse(errors, tasks)
     errors += _pack(items, specs, max_workspace)
     errors += _policy_refusals(items, specs)
     _refuse(errors, tasks)
     if any(s.network != "none" for s in specs.values()):
         warn("pid: warning: some items use --network bridge: their sandboxes can reach the network and are "
              "reachable from it")
-    _check_images(specs)
+    _check_engine(specs)
     return specs
 
 
@@ -400,14 +402,23 @@ def _pack(items: list[Item], specs: dict[str, JobSpec], max_bytes: int) -> list[
     return errors
 
 
-def _check_images(specs: dict[str, JobSpec]) -> None:
+def _missing_images(items: list[Item], specs: dict[str, JobSpec]) -> list[str]:
+    """With the embedded queue the worker is on this machine: each line whose image is not in its engine, said as
+    `line N: …` (an engine that cannot be reached is the command's error, said once)."""
+    from pid.jobs.brokers import embedded_broker
+    if not embedded_broker():
+        return []
+    from pid.jobs.submission import image_missing
+    missing = {image: why for image in sorted({s.image for s in specs.values()}) if (why := image_missing(image))}
+    return [f"line {item.line}: {missing[specs[item.id].image]}" for item in items
+            if item.id in specs and specs[item.id].image in missing]
+
+
+def _check_engine(specs: dict[str, JobSpec]) -> None:
     from pid.jobs.brokers import embedded_broker
     if not embedded_broker():
         return
-    from pid.errors import PidError
-    from pid.jobs.submission import check_cpus, check_image, check_runtime
-    for image in sorted({s.image for s in specs.values()}):
-        check_image(image)
+    from pid.jobs.submission import check_cpus, check_runtime
     for runtime in sorted({s.runtime for s in specs.values() if s.runtime}):
         check_runtime(runtime)
     item, most = max(specs.items(), key=lambda pair: pair[1].cpus, default=(None, None))

@@ -252,14 +252,24 @@ def check_runtime(runtime: str | None) -> None:
 
 
 def check_image(image: str) -> None:
+    problem = image_missing(image)
+    if problem:
+        raise PidError(problem)
+
+
+def image_missing(image: str) -> str | None:
+    """Why `image` is not in the engine (pid never pulls), or None when it is; PidError when the engine is gone."""
     from pid.sandbox.engine_probe import image_present
     if image_present(image):   # (the engine's socket, without loading the Docker SDK)
-        return
+        return None
     from pid.sandbox import DockerUnavailable, ImageNotFound, ensure_image
     try:
         ensure_image(image)
-    except (ImageNotFound, DockerUnavailable) as exc:
+    except ImageNotFound as exc:
+        return str(exc)
+    except DockerUnavailable as exc:
         raise PidError(str(exc)) from None
+    return None
 
 
 def job_record(store: Any, job_id: str) -> Any:

@@ -75,3 +75,27 @@ def test_batch_status_says_each_running_item_s_turn_once(run_pid, pid_env, sampl
     assert line.split()[0] == "slow", line
     # ITEM JOB STATUS TURNS COST DETAIL: the turn once, in its column (the activity's own "turn 1:" dropped)
     assert line.split()[2:] == ["running", "1", "$0", "running", "bash", "sleep", "30"] and "turn" not in line, line
+
+
+def test_every_line_whose_image_is_missing_is_told_with_its_number(run_pid, pid_env, sample_repo, tmp_path):
+    """With the embedded queue (a worker on this machine) each line naming an image the engine lacks is a bad line:
+    all of them, by number (only the first image was told, without a line, and only once every other line was
+    good: a new-user test's). Through the API that is BadTasks, with its lines."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(line) + "\n" for line in [
+        {"id": "a", "task": "t", "repo": str(sample_repo), "image": "pid-test-nope:1"},
+        {"id": "b", "task": "t", "repo": str(sample_repo), "image": "pid-test-nope:2"},
+        {"id": "c", "task": "t", "repo": str(sample_repo)}]))
+    res = run_pid("batch", str(tasks), "--out", str(tmp_path / "out"), "--model", "m", "--base-url",
+                  "http://127.0.0.1:9/v1", "--detach")
+    assert res.code == 2, res.stderr
+    assert "line 1: sandbox image 'pid-test-nope:1' not found" in res.stderr, res.stderr
+    assert "line 2: sandbox image 'pid-test-nope:2' not found" in res.stderr and "line 3" not in res.stderr
+    import pid
+    from pid.jobs.batch_setup import BadTasks
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in pid_env.items():
+            env.setenv(name, value)
+        with pytest.raises(BadTasks) as raised:
+            pid.submit_batch(tasks, tmp_path / "out2", model="m", base_url="http://127.0.0.1:9/v1")
+    assert [line.split(":", 1)[0] for line in raised.value.lines] == ["line 1", "line 2"]
