@@ -82,7 +82,8 @@ def job_uploads(spec: JobSpec, job_dir: str, result: dict[str, Any]) -> list[Upl
     files_dir = os.path.join(job_dir, FILES)
     collected = (result.get("artifacts") or {}).get("files") or []
     for path in collected if isinstance(collected, list) else []:
-        rel = os.path.relpath(str(path), job_dir)
+        path = os.path.join(job_dir, str(path))   # (relative to the job's directory; an older result's absolute)
+        rel = os.path.relpath(path, job_dir)
         if rel.startswith(FILES + os.sep) and os.path.commonpath([files_dir, str(path)]) == files_dir \
                 and _regular(str(path)):
             uploads.append(Upload(storable(rel.replace(os.sep, "/")), str(path), spec.max_files_bytes))

@@ -160,8 +160,8 @@ def test_the_check_s_files_win_over_the_agent_s_and_the_agent_s_others_are_kept(
     files = job_dir / "files"
     assert (files / "workspace" / "report.txt").read_text() == "FAILED (failures=1)\n"
     assert (files / "tmp" / "notes.md").read_text() == "what I did\n"
-    assert sorted(result["artifacts"]["files"]) == sorted([str(files / "workspace" / "report.txt"),
-                                                            str(files / "tmp" / "notes.md")])
+    # (by their path in the job's directory, which a download or a batch's item folder keeps)
+    assert sorted(result["artifacts"]["files"]) == ["files/tmp/notes.md", "files/workspace/report.txt"]
     assert result["artifacts"]["refused"] == [{"path": "gone.txt", "reason": "not found", "artifact": "files"}]
     assert not (job_dir / ".files-check").exists()
 
@@ -182,9 +182,8 @@ def test_a_directory_the_check_has_replaces_the_agent_s_whole_and_the_files_say_
     files = job_dir / "files"
     assert (files / "tmp" / "out" / "report.txt").read_text() == "real\n"
     assert not (files / "tmp" / "out" / "extra.txt").exists()      # the check's out/ as a whole
-    assert result["artifacts"]["files"] == [str(files / "tmp" / "notes.md"), str(files / "tmp" / "out" / "report.txt")]
-    assert result["artifacts"]["files_from"] == {"agent": [str(files / "tmp" / "notes.md")],
-                                                 "check": [str(files / "tmp" / "out" / "report.txt")]}
+    assert result["artifacts"]["files"] == ["files/tmp/notes.md", "files/tmp/out/report.txt"]
+    assert result["artifacts"]["files_from"] == {"agent": ["files/tmp/notes.md"], "check": ["files/tmp/out/report.txt"]}
     assert "refused" not in result["artifacts"]
 
 

@@ -28,6 +28,7 @@ def record(job: JobRun, *, owner: bool, spool: str | None, amend_result: Callabl
     if getattr(job.sandbox, "image_id", None):   # the image it ran, by id (a tag may have moved since)
         result["image_id"] = getattr(job.sandbox, "image_id")
     result["attempt"] = job.attempt   # whose result this is: a sweep elsewhere trusts a stored one of this attempt
+    _files_relative(result.get("artifacts") or {}, job.job_dir)
     if amend_result:
         amend_result(result)
     if job.syncing is not None:
@@ -50,6 +51,18 @@ def record(job: JobRun, *, owner: bool, spool: str | None, amend_result: Callabl
     if spool is not None:
         remove_tree(spool)
     return result
+
+
+def _files_relative(artifacts: dict[str, Any], job_dir: str) -> None:
+    """The collected files by their path in the job's directory (files/…), as the digests name them: the worker's
+    own path is wrong wherever the directory is downloaded to (a batch's item folder, `pid result --download`)."""
+    def relative(paths: Any) -> Any:
+        return [os.path.relpath(p, job_dir) if isinstance(p, str) and os.path.isabs(p) else p for p in paths] \
+            if isinstance(paths, list) else paths
+    if "files" in artifacts:
+        artifacts["files"] = relative(artifacts["files"])
+    if isinstance(artifacts.get("files_from"), dict):
+        artifacts["files_from"] = {k: relative(v) for k, v in artifacts["files_from"].items()}
 
 
 def record_unstarted(spec: JobSpec, error: str, started: float, artifact_store: Store | None) -> dict[str, Any]:
