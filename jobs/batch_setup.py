@@ -274,7 +274,7 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
     one (repos, model, prices, key), every directory repo packed once. Any problem: all of them, exit 2. The key
     goes with the items whose endpoint is `key_endpoint` (the command line's) only: a line naming another endpoint
     runs without it (pid.config.endpoint)."""
-    from pid.jobs.submission import check_api_key, check_originals, check_repo
+    from pid.jobs.submission import check_api_key, check_originals, check_repo, check_together
     from pid.config import base_url_for, endpoint
     from pid.jobs.spec import command_problem
     errors = list(errors or [])
@@ -301,6 +301,7 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
             errors.append(f"{where}: {checked}")
             continue
         try:
+            check_together(fields)
             fields["check_original"] = check_originals(fields.get("check_original") or (), fields.get("check"),
                                                        fields.get("workdir"))
         except PidError as exc:

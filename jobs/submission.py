@@ -27,8 +27,7 @@ def build_spec(options: dict[str, Any], no_images: bool, warn: Callable[[str], N
     repo_path = check_repo(repo) if repo else None
     if repo_path is None and not options.get("workdir"):
         raise PidError("no workspace: pass --repo DIR|URL, or --workdir PATH to work in the image's own directory")
-    if options.get("workdir") and options.get("disk") == 0:   # (the image's trees are made writable on that disk)
-        raise PidError("--workdir needs the job's own disk: pass a --disk size other than 0")
+    check_together(options)
     options["check_original"] = check_originals(options.get("check_original") or (), options.get("check"),
                                                 options.get("workdir"))
     if not model:
@@ -108,6 +107,14 @@ def table_prices(model: str) -> bool:
     except ModelsFileError as exc:
         raise PidError(str(exc)) from None
     return bool(info.input_price or info.output_price)
+
+
+def check_together(options: dict[str, Any]) -> None:
+    """What options may not be together, or empty, beyond each one's own check (a command's or a tasks-file line's)."""
+    if options.get("workdir") and options.get("disk") == 0:   # (the image's trees are made writable on that disk)
+        raise PidError("--workdir needs the job's own disk: pass a --disk size other than 0")
+    if any(not str(path).strip() for path in options.get("files") or ()):   # ("" named the whole workdir)
+        raise PidError("--file: an empty path (name a file or directory of the container)")
 
 
 def check_originals(paths: Any, check: str | None, workdir: str | None) -> list[str]:
@@ -282,11 +289,14 @@ def job_record(store: Any, job_id: str) -> Any:
 
 def post(store: Any, job_id: str, kind: str, message: str) -> None:
     """A steer or follow-up message for a job (`pid steer`, Job.steer)."""
+    if not isinstance(message, str):
+        raise PidError(f"the {kind.replace('_', '-')} message must be text, not {type(message).__name__}")
     if not message.strip():
         raise PidError(f"the {kind.replace('_', '-')} message is empty")
     record = job_record(store, job_id)
     if record.cancel_requested:   # (it would never be read: the job stops at its next step)
-        raise PidError(f"job {job_id} is being cancelled: it takes no more messages")
+        raise PidError(f"job {job_id} is {'cancelled' if record.terminal else 'being cancelled'}: it takes no more "
+                       "messages")
     if not store.post(job_id, kind, message):
         raise PidError(f"job {job_id} is {record.status}: it takes no more messages")
 

@@ -179,6 +179,9 @@ class Job:
         """Block until the job ends and return its result (see result()); TimeoutError after `timeout` seconds,
         the job going on. Meanwhile a job whose process died is found and ended, as `pid result --wait` does."""
         from pid.jobs.sweep import sweep_quietly
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout >= 0):
+            raise PidError(f"timeout must be a number of seconds, 0 or more (or None), not {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         next_sweep = time.monotonic() + SWEEP_EVERY_S
         while not self.done():
@@ -276,6 +279,8 @@ def _parse(command_name: str, task: Any, repo: Any, options: dict[str, Any],
     from pid.terminal import one_line
     if not isinstance(task, str):
         raise PidError(f"the task must be text, not {type(task).__name__}")
+    if repo is not None and not isinstance(repo, (str, os.PathLike)):
+        raise PidError(f"repo must be a path or a URL, not {type(repo).__name__}")
     command = _command(command_name)
     given = options if repo is None else {"repo": os.fspath(repo), **options}
     args = _args(command, api_name or command_name, given, cli_only)

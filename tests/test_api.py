@@ -47,6 +47,7 @@ MISTAKES = [
     ({"tools": ["read", "nope"]}, ["--tools", "read,nope"]),
     ({"max_cost": 1.0}, ["--max-cost", "1.0"]),   # no prices for an unknown model
     ({"check": " "}, ["--check", " "]),
+    ({"files": [""]}, ["--file", ""]),   # (it named the whole workdir)
 ]
 
 
@@ -66,6 +67,9 @@ def test_bad_values_raise_pid_error_with_the_messages_of_the_shared_checks(api_e
         pid.submit("t", repo=sample_repo, model="m", no_images="yes")
     with pytest.raises(pid.PidError, match="^no such job: nope$"):
         pid.job("nope")
+    # values of the wrong type are refused as bad values too, not as Python's own errors (a new-user test's)
+    with pytest.raises(pid.PidError, match="^repo must be a path or a URL, not int$"):
+        pid.submit("t", repo=5, model="m")   # type: ignore[arg-type]
 
 
 def test_the_environment_gives_the_same_defaults_as_on_the_command_line(api_env, sample_repo, monkeypatch):
@@ -154,8 +158,13 @@ def test_steer_then_cancel_a_running_job(api_env, worker, sample_repo, tmp_path)
     assert job.status() == "cancelled"
     with pytest.raises(pid.PidError, match="nothing to cancel"):
         job.cancel()
-    with pytest.raises(pid.PidError, match="takes no more messages"):
-        job.steer("too late")
+    with pytest.raises(pid.PidError, match="^job .* is cancelled: it takes no more messages$"):
+        job.steer("too late")   # (not "being cancelled": it has ended)
+    with pytest.raises(pid.PidError, match="must be text, not NoneType"):
+        job.steer(None)   # type: ignore[arg-type]
+    for bad in ("x", -1, float("nan")):
+        with pytest.raises(pid.PidError, match="timeout must be a number of seconds"):
+            job.wait(timeout=bad)   # type: ignore[arg-type]
 
 
 @pytest.mark.docker
