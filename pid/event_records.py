@@ -88,6 +88,9 @@ class EventRecords:
             if not record["passed"]:
                 last = (check.get("error") or str(check.get("output_tail") or "")).strip().splitlines()[-1:] or [""]
                 record["error_line"] = one_line(last[0])[:200]
+                for flag in ("error", "cancelled"):   # (how it failed: cli/output.py check_failure; not "killed")
+                    if check.get(flag):
+                        record[flag] = True
             return record
         return None
 

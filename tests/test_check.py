@@ -278,10 +278,17 @@ def test_a_worker_stopping_while_the_check_runs_leaves_the_job_to_the_queue(bugg
 def test_a_check_the_sandbox_could_not_run_fails_the_job(buggy, tmp_path):
     def gone(command, box):
         raise SandboxLost("the sandbox container is gone")
-    result, _, _, _ = _memory_job(buggy, tmp_path, NO_FIX, {UNITTEST: gone}, check=UNITTEST)
+    result, events, _, _ = _memory_job(buggy, tmp_path, NO_FIX, {UNITTEST: gone}, check=UNITTEST)
     assert (result["status"], result["exit_reason"]) == ("failed", "sandbox_error")
     assert result["check"]["passed"] is False and "gone" in result["check"]["error"]
     assert exit_code_for(result) == 1
+    # `pid logs` says it could not run (it said "killed": nothing was)
+    from pid.cli.output import RecordPrinter
+    records, lines = EventRecords(), []
+    printer = RecordPrinter(out=lambda *parts, **_: lines.append("".join(map(str, parts))))
+    for record in filter(None, map(records, events)):
+        printer(record)
+    assert any("could not run: the sandbox container is gone" in line for line in lines), lines
 
 
 # -- a real container ---------------------------------------------------------------------------------------------
