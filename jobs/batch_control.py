@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pid.jobs.batch import BatchDir
-from pid.jobs.batch_run import Progress, count
+from pid.jobs.batch_run import Progress, count, item_state
 
 
 @dataclass
@@ -19,12 +19,34 @@ class Status:
     records: dict[str, Any]   # job id -> its record, for the batch's jobs
 
     def as_dict(self) -> dict[str, Any]:
-        """What `pid batch --status DIR --json` prints."""
+        """What `pid batch --status DIR --json` prints: the counts, and each item as the table shows it."""
         info = self.info
         return {"batch": self.bdir.batch_id, "items": len(self.bdir.order), "counts": self.counts,
                 "cost": round(self.cost, 6),
                 "budget": None if info is None else {"max_total_cost": info.max_total_cost, "spent": info.spent,
-                                                     "max_running": info.max_running}}
+                                                     "max_running": info.max_running},
+                "item_states": item_rows(self.bdir, self.records)}
+
+
+def item_rows(bdir: BatchDir, records: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each item in the tasks file's order: its current job, status, turns, cost, and what it is doing now (running)
+    or why it ended."""
+    rows = []
+    for item_id in bdir.order:
+        state, record, row = item_state(bdir, item_id, records, followed=False)
+        if record is not None:
+            turns, cost = record.turns, float(record.total_usage.get("cost") or 0)
+            if not record.terminal:   # (the activity's own "turn N: " is the turn said once)
+                detail = (record.activity or record.status).split(": ", 1)[-1]
+            else:
+                detail = record.exit_reason or "-"
+        elif row is not None:
+            turns, cost, detail = int(row.get("turns") or 0), float(row.get("cost") or 0), str(row.get("exit_reason"))
+        else:
+            turns, cost, detail = 0, 0.0, "-"
+        rows.append({"id": item_id, "job_id": bdir.current_job(item_id), "status": state, "turns": turns,
+                     "cost": round(cost, 6), "detail": detail})
+    return rows
 
 
 def status(bdir: BatchDir, store: Any) -> Status:

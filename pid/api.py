@@ -106,7 +106,7 @@ class Batch:
 
     def status(self) -> dict[str, Any]:
         """Where its items are, no waiting: what `pid batch --status OUT --json` prints ({"batch", "items",
-        "counts" by status, "cost", "budget"})."""
+        "counts" by status, "cost", "budget", "item_states": each item's id, job_id, status, turns, cost, detail})."""
         from pid.jobs.batch_control import status
         from pid.jobs.batch_setup import default_store, open_dir
         return status(open_dir(self.out), default_store()).as_dict()

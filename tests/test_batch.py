@@ -322,6 +322,9 @@ def test_a_detached_batch_keeps_its_running_limit_without_its_client(run_pid, pi
         assert "pid batch --wait" in r.stdout
         status = run_pid("batch", "--status", str(out), "--json")
         assert status.code == 0 and json.loads(status.stdout)["counts"] == {"queued": 4}
+        items = json.loads(status.stdout)["item_states"]   # (each item as the table shows it)
+        assert [(i["id"], i["status"], i["turns"]) for i in items] == [(f"item-{n}", "queued", 0) for n in range(4)]
+        assert all(i["job_id"] for i in items)
         worker = start_worker(pid_env, tmp_path, tmp_path / "worker.log", concurrency=3)
         try:
             waited = run_pid("batch", "--wait", str(out), timeout=300)
@@ -332,7 +335,9 @@ def test_a_detached_batch_keeps_its_running_limit_without_its_client(run_pid, pi
     results = sorted(result_files(out, [f"item-{i}" for i in range(4)]).values(), key=lambda x: x["started_at"])
     for earlier, later in zip(results, results[1:]):
         assert later["started_at"] >= earlier["finished_at"], "two of the batch's jobs ran at once"
-    assert json.loads(run_pid("batch", "--status", str(out), "--json").stdout)["counts"] == {"completed": 4}
+    ended = json.loads(run_pid("batch", "--status", str(out), "--json").stdout)
+    assert ended["counts"] == {"completed": 4}
+    assert [(i["status"], i["detail"]) for i in ended["item_states"]] == [("completed", "stop")] * 4
 
 
 def run_in_pty(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 300) -> tuple[int, str]:
