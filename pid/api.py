@@ -313,8 +313,8 @@ def _args(command: Any, command_name: str, options: dict[str, Any], cli_only: se
     for name, value in options.items():
         param = params.get(name)
         if param is None:
-            raise PidError(f"pid.{command_name}() takes no option {name!r} (it takes "
-                           f"{', '.join(sorted(n for n in params if n))})")
+            taken = sorted(n for n in params if n and not (n == "out_dir" and command_name.endswith("batch")))
+            raise PidError(f"pid.{command_name}() takes no option {name!r} (it takes {', '.join(taken)})")
         if value is None:
             continue
         flag = max(param.opts, key=len)

@@ -211,8 +211,9 @@ def test_a_bad_batch_option_is_refused_before_anything_runs(api_env, tmp_path):
     tasks.write_text('{"id": "a", "task": "t", "workdir": "/testbed"}\n')
     with pytest.raises(pid.PidError, match="^Invalid value for '--max-running'"):
         pid.batch(tasks, tmp_path / "out", model="m", max_running=0)
-    with pytest.raises(pid.PidError, match="takes no option 'detach'"):
+    with pytest.raises(pid.PidError, match="takes no option 'detach'") as refused:
         pid.batch(tasks, tmp_path / "out", model="m", detach=True)
+    assert "out_dir" not in str(refused.value)   # (the options it lists are the ones it takes)
     with pytest.raises(pid.PidError, match=r"^pid\.submit_batch\(\) takes no option 'workers'"):
         pid.submit_batch(tasks, tmp_path / "out", model="m", workers=2)
     with pytest.raises(pid.PidError, match=r"^pid\.batch\(\) takes no option 'out_dir': the batch's directory is"):
