@@ -22,3 +22,8 @@ def __getattr__(name: str) -> Any:
         from pid import api
         return getattr(api, name)
     raise AttributeError(f"module 'pid' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The API's names too, though they load when first used (dir(pid), a REPL's completion)."""
+    return sorted({*globals(), *__all__})

@@ -206,6 +206,10 @@ def test_a_keyboard_interrupt_in_pid_run_is_recorded_alike_in_result_json_and_th
     assert pid.job(result["id"]).result()["exit_reason"] == "interrupted"
 
 
+def test_dir_of_pid_names_the_api_though_it_loads_when_used():
+    assert set(pid.__all__) <= set(dir(pid))
+
+
 def test_a_bad_batch_option_is_refused_before_anything_runs(api_env, tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "a", "task": "t", "workdir": "/testbed"}\n')
