@@ -157,6 +157,13 @@ class Job:
     id: str
     _cached_store: Any = field(default=None, init=False, repr=False, compare=False)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Its id alone: a Job goes to another process (multiprocessing) as what it is, a name in the store."""
+        return {"id": self.id}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.id, self._cached_store = state["id"], None
+
     def _store(self) -> Any:
         if self._cached_store is None:
             from pid.jobs.store import default_store

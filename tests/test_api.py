@@ -210,6 +210,15 @@ def test_dir_of_pid_names_the_api_though_it_loads_when_used():
     assert set(pid.__all__) <= set(dir(pid))
 
 
+def test_a_job_goes_to_another_process_by_its_id(api_env, tmp_path):
+    """An eval harness hands jobs to worker processes (multiprocessing pickles them): its store stays behind."""
+    import pickle
+    job = pid.Job("some-job")
+    job._cached_store = threading.local()   # (what a used Job holds: a store with its thread-local connections)
+    again = pickle.loads(pickle.dumps(job))
+    assert again.id == "some-job" and again._cached_store is None
+
+
 def test_a_bad_batch_option_is_refused_before_anything_runs(api_env, tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "a", "task": "t", "workdir": "/testbed"}\n')
