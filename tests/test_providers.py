@@ -772,6 +772,21 @@ def test_empty_data_lines_count_toward_the_event_bound() -> None:
     assert list(iter_sse(response)) == [("", b"\na\n")]   # (the lines still join as SSE says)
 
 
+def test_compressed_bytes_that_decode_to_nothing_count_toward_the_stream_bound(monkeypatch) -> None:
+    """Empty deflate blocks (5 bytes each, nothing decoded) sent forever were never counted (a code review's)."""
+    from pid.providers import transport
+    monkeypatch.setattr(transport, "MAX_STREAM_BYTES", 1 << 20)
+    gzip_header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+    body = gzip_header + b"\x00\x00\x00\xff\xff" * (300_000)   # (stored blocks of length 0, none final)
+    server = RawServer("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n", body)
+    try:
+        reply = OpenAIProvider(ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=0)).stream(
+            "", HELLO, [])
+    finally:
+        server.sock.close()
+    assert reply.stop_reason == "error" and "passed 1 MiB" in reply.error_message, reply
+
+
 def test_comment_lines_count_toward_the_stream_bound(monkeypatch) -> None:
     """Keep-alive comments (`:`) sent as fast as the socket goes add nothing to the reply, and were never counted:
     only the job's wall clock ended them. Every byte counts toward the stream's bound (lowered here)."""
@@ -787,10 +802,11 @@ def test_comment_lines_count_toward_the_stream_bound(monkeypatch) -> None:
 
 
 class TrickleServer:
-    """A whole reply, then the connection kept open: `extra` sent every 0.2 s (or nothing), until the client goes."""
+    """A whole reply, then the connection kept open: `extra` sent every 0.2 s (or nothing), until the client goes;
+    or, with `cut`, a chunk cut short and the connection closed."""
 
-    def __init__(self, body: bytes, extra: bytes) -> None:
-        self.body, self.extra = body, extra
+    def __init__(self, body: bytes, extra: bytes, cut: bool = False) -> None:
+        self.body, self.extra, self.cut = body, extra, cut
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
         threading.Thread(target=self._serve, daemon=True).start()
@@ -803,6 +819,9 @@ class TrickleServer:
             try:
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
                              b"\r\n" + chunk(self.body))
+                if self.cut:
+                    conn.sendall(b"64\r\nonly part of it")
+                    return
                 for _ in range(150):   # 30 s at most
                     time.sleep(0.2)
                     if self.extra:
@@ -811,14 +830,22 @@ class TrickleServer:
                 pass
 
 
-@pytest.mark.parametrize("extra", [b":\n", b""], ids=["comments", "silence"])
-def test_a_finished_reply_is_not_held_by_a_stream_that_stays_open(extra: bytes) -> None:
+@pytest.mark.parametrize("extra, cut, spent", [(b":\n", False, False), (b"", False, False), (b"", True, False),
+                                               (b"", False, True)],
+                         ids=["comments", "silence", "cut-short", "silence-near-the-stream-bound"])
+def test_a_finished_reply_is_not_held_by_a_stream_that_stays_open(extra: bytes, cut: bool, spent: bool,
+                                                                   monkeypatch) -> None:
     """A complete reply (its finish reason and [DONE]), then the stream kept open, with a comment now and then or
-    silent: pid reads on only briefly, to reuse the connection if its end comes soon (the job waited for its wall
-    clock, and lost the answer)."""
+    silent, or broken off: pid reads on only briefly, to reuse the connection if its end comes soon, and whatever
+    happens then costs nothing of the answer (the job waited for its wall clock, and lost the answer; near the
+    stream's bound the drain had no deadline; a broken connection lost it: an attack review's and a code review's)."""
+    from pid.providers import transport
     body = (b'data: {"choices": [{"index": 0, "delta": {"content": "done"}, "finish_reason": "stop"}]}\n\n'
             b"data: [DONE]\n\n")
-    server = TrickleServer(body, extra)
+    if spent:   # (less than DRAIN_BYTES of the stream's bound left when the reply is done)
+        monkeypatch.setattr(transport, "MAX_STREAM_BYTES", 100_000)
+        body = b":" + b"x" * 40_000 + b"\n" + body
+    server = TrickleServer(body, extra, cut)
     replies: list[AssistantMessage] = []
     try:
         provider = OpenAIProvider(ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=0))

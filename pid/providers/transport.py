@@ -298,24 +298,46 @@ class UnsupportedEncoding(Exception):
     """A body in a content encoding pid does not decode itself (several layers, brotli, ...)."""
 
 
-def body_chunks(response: httpx.Response) -> Iterator[bytes]:
+class StreamTooLong(Exception):
+    """The stream sent more bytes than its budget (StreamBudget) allows."""
+
+
+@dataclass
+class StreamBudget:
+    """The bytes a stream may still send, every one counted (comments, blank lines, compressed bytes that decode to
+    nothing, and what they decode to); the reader may lower it."""
+    left: int
+
+    def spend(self, size: int) -> None:
+        self.left -= size
+        if self.left < 0:
+            raise StreamTooLong()
+
+
+def body_chunks(response: httpx.Response, budget: StreamBudget | None = None) -> Iterator[bytes]:
     """A response's body as the server meant it, decoded here in bounded steps. httpx would inflate a small
     compressed piece into one chunk of any size before any limit could be checked (2 KB of `gzip, gzip` became 2 GB):
-    pid reads the raw bytes, and accepts identity or one layer of gzip or deflate, DECODE_STEP bytes at a time."""
+    pid reads the raw bytes, and accepts identity or one layer of gzip or deflate, DECODE_STEP bytes at a time. Each
+    raw byte, and each decoded one, is taken from `budget` (StreamTooLong once it is spent)."""
+    spend = budget.spend if budget is not None else (lambda size: None)
     stream = response.stream
     raw: Iterable[bytes] = stream if isinstance(stream, httpx.SyncByteStream) else response.iter_raw()
     encoding = response.headers.get("content-encoding", "").strip().lower()
     if encoding in ("", "identity"):
-        yield from raw
+        for chunk in raw:
+            spend(len(chunk))
+            yield chunk
         return
     if encoding not in ("gzip", "x-gzip", "deflate"):
         raise UnsupportedEncoding(encoding[:100])
     decoder = zlib.decompressobj(wbits=32 + zlib.MAX_WBITS)   # (a gzip or a zlib header, whichever it is)
     try:
         for chunk in raw:
+            spend(len(chunk))
             while chunk:
                 piece = decoder.decompress(chunk, DECODE_STEP)
                 if piece:
+                    spend(len(piece))
                     yield piece
                 chunk = decoder.unconsumed_tail
         rest = decoder.flush(DECODE_STEP)
@@ -405,14 +427,6 @@ class EventTooLarge(Exception):
     """One server-sent event (its unfinished line included) outgrew MAX_EVENT_BYTES."""
 
 
-class StreamTooLong(Exception):
-    """The stream sent more bytes than its budget (StreamBudget) allows."""
-
-
-@dataclass
-class StreamBudget:
-    """The bytes a stream may still send, every one counted (comments and blank lines too); the reader may lower it."""
-    left: int
 
 
 SSE_FIELDS = (b"data", b"event", b"id", b"retry")
@@ -430,11 +444,7 @@ def iter_sse(response: httpx.Response, limit: int = MAX_EVENT_BYTES, strays: lis
     lines_in = 0
     pending: list[bytes] = []  # the unfinished line, in the chunks it came in (joined once, when it ends)
     pending_size = 0
-    for chunk in body_chunks(response):
-        if budget is not None:
-            budget.left -= len(chunk)
-            if budget.left < 0:
-                raise StreamTooLong()
+    for chunk in body_chunks(response, budget):
         if b"\n" not in chunk:
             pending.append(chunk)
             pending_size += len(chunk)
@@ -481,6 +491,21 @@ def iter_sse(response: httpx.Response, limit: int = MAX_EVENT_BYTES, strays: lis
         lines_in += 1
     if lines_in:
         yield event, bytes(data)
+
+
+def _fail_read(reply: Any, exc: Exception) -> None:
+    """A reply whose stream passed one of pid's bounds fails saying which; any other error is the caller's."""
+    if isinstance(exc, StreamTooLong):
+        reply.fail(f"the server's stream passed {MAX_STREAM_BYTES >> 20} MiB, the most pid reads of one reply; pid "
+                   "stopped reading it")
+    elif isinstance(exc, EventTooLarge):
+        limit = int(exc.args[0])
+        reply.fail(EVENT_TOO_LARGE.format(limit=limit, mib=limit >> 20))
+    elif isinstance(exc, UnsupportedEncoding):
+        reply.fail(f"the server sent its reply in a content encoding pid does not read ({exc}); pid asks for "
+                   f"{ENCODINGS} or none")
+    else:
+        raise exc
 
 
 def stream_failure(exc: BaseException, url: str) -> str:
@@ -647,36 +672,27 @@ class StreamingProvider:
 
     def _consume(self, response: Any, reply: StreamReply, on_text: Callable[[str], None] | None) -> None:
         """SSE events into the reply (its feed(event, payload, on_text)); malformed data fails it, and so does one
-        too large: reading stops there (the caller closes the response, and with it the connection)."""
+        too large: reading stops there (the caller closes the response, and with it the connection). Once the reply
+        is done the rest is drained, DRAIN_BYTES and DRAIN_S at most, so that the connection can be kept alive if its
+        end comes soon; whatever goes wrong then costs nothing of the answer."""
         reply.content_type = response.headers.get("content-type", "")
         budget = StreamBudget(MAX_STREAM_BYTES)
         with ExitStack() as draining:
             try:
                 for event, data in iter_sse(response, strays=reply.strays, budget=budget):
-                    if not reply.done:
-                        reply.events += 1
-                    if reply.done or data == b"[DONE]":   # (OpenAI's end; Anthropic's is message_stop, in feed)
+                    if reply.done:
+                        continue
+                    reply.events += 1
+                    if data == b"[DONE]":   # (OpenAI's end; Anthropic's is message_stop, which feed() sees)
                         reply.done = True
                     elif not self._take(event, data, reply, on_text):
                         return
-                    if reply.done and budget.left > DRAIN_BYTES:
-                        # drain to the end so that the connection can be kept alive, if that end comes soon
-                        budget.left = DRAIN_BYTES
+                    if reply.done:
+                        budget.left = min(budget.left, DRAIN_BYTES)
                         draining.enter_context(reads_until(time.monotonic() + DRAIN_S))
-            except StreamTooLong:
+            except Exception as exc:  # noqa: BLE001 - each bound's own words; once done, nothing is lost
                 if not reply.done:
-                    reply.fail(f"the server's stream passed {MAX_STREAM_BYTES >> 20} MiB, the most pid reads of one "
-                               "reply; pid stopped reading it")
-            except httpx.TimeoutException:
-                if not reply.done:   # (once done, only the drain's own deadline)
-                    raise
-            except EventTooLarge as exc:
-                if not reply.done:
-                    limit = int(exc.args[0])
-                    reply.fail(EVENT_TOO_LARGE.format(limit=limit, mib=limit >> 20))
-            except UnsupportedEncoding as exc:
-                reply.fail(f"the server sent its reply in a content encoding pid does not read ({exc}); pid asks for "
-                           f"{ENCODINGS} or none")
+                    _fail_read(reply, exc)
 
     def _take(self, event: str, data: bytes, reply: StreamReply, on_text: Callable[[str], None] | None) -> bool:
         """One event of the reply fed to it; False when it failed the reply (reading stops)."""
