@@ -151,7 +151,10 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
     if embedded_broker():   # the worker is on this machine: its image and CPUs must be here too
         _main.check_cpus(spec)
         _main.check_runtime(spec.runtime)
-        _check_image_id(spec) if spec.image_id else _main.check_image(spec.image)
+        if spec.image_id:
+            _check_image_id(spec)
+        else:
+            _main.check_image(spec.image)
     _main.queue_job(store, spec, api_key, wait, as_json)
 
 

@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from pid.jobs.spec import JobSpec, new_job_id
+from pid.jobs.spec import DIGEST_RE, JobSpec, new_job_id
 from pid.jobs.store import ARTIFACT_LIMIT, BlobMissing, JobAttachments, JobRecords, Store
 
 SESSION = "session.jsonl"
@@ -114,7 +114,7 @@ def _copy(spec: JobSpec, store: Store, job_id: str) -> JobSpec:
     new = dataclasses.replace(spec, id=new_job_id(), files=list(spec.files),
                               tools=list(spec.tools) if spec.tools else spec.tools, batch=None)
     ran = _result(store, job_id)
-    if isinstance(ran.get("image_id"), str) and _IMAGE_ID.fullmatch(ran["image_id"]):
+    if isinstance(ran.get("image_id"), str) and DIGEST_RE.fullmatch(ran["image_id"]):
         new.image_id = ran["image_id"]   # the image it ran, not the one its tag names now
     if spec.workspace:
         if not store.has_blob(spec.workspace):
@@ -152,8 +152,6 @@ def _result(store: Store, job_id: str) -> dict[str, Any]:
         return {}
     return result if isinstance(result, dict) else {}
 
-
-_IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 # -- the worker's side: the parent's state into the new job -------------------------------------------------------

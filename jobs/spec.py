@@ -162,7 +162,7 @@ def default_of(name: str) -> Any:
 
 JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")   # (a name, never a path)
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}")
-_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def spec_problem(spec: JobSpec) -> str | None:
@@ -202,9 +202,9 @@ def spec_problem(spec: JobSpec) -> str | None:
         value = getattr(spec, name)
         if value is not None and not (isinstance(value, str) and value.isprintable() and value.strip() == value):
             return f"{name} {repr(value)[:80]} is not a URL or path pid takes"
-    if spec.workspace is not None and not (isinstance(spec.workspace, str) and _DIGEST_RE.fullmatch(spec.workspace)):
+    if spec.workspace is not None and not (isinstance(spec.workspace, str) and DIGEST_RE.fullmatch(spec.workspace)):
         return f"workspace {spec.workspace!r} is not a blob digest"
-    if spec.image_id is not None and not (isinstance(spec.image_id, str) and _DIGEST_RE.fullmatch(spec.image_id)):
+    if spec.image_id is not None and not (isinstance(spec.image_id, str) and DIGEST_RE.fullmatch(spec.image_id)):
         return f"image_id {spec.image_id!r} is not an image id"
     for name in ("files", "check_original", "tools"):
         value = getattr(spec, name)

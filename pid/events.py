@@ -155,7 +155,8 @@ ControlKind = Literal["steer", "follow_up", "pause", "resume", "cancel"]
 @dataclass
 class Control:
     """A control from outside the loop (`pid steer`, `follow-up`, `pause`, `resume`, `cancel`, Ctrl-C): `sent` when it
-    reaches the agent, `received` when the loop acts on it. `text`: a steer's or follow-up's message."""
+    reaches the agent, `received` when the loop acts on it. `text`: a steer's or follow-up's message, or why a cancel
+    that is not the user's was sent (its worker stopping)."""
     kind: ControlKind
     stage: Literal["sent", "received"]
     text: str | None = None

@@ -54,7 +54,9 @@ g() { git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c credential.help
 fail() { echo "pid-clone-error $*" >&2; exit 1; }
 full() {
   cd /tmp && rm -rf "$dir" && g clone -q --no-checkout --no-recurse-submodules -- "$url" "$dir" || fail "cannot clone"
-  cd "$dir" && commit=$(g rev-parse -q --verify "$ref^{commit}") || fail "no branch, tag or commit named $ref"
+  # (a branch other than the default is origin's only, after a clone without a checkout)
+  cd "$dir" && commit=$(g rev-parse -q --verify "refs/remotes/origin/$ref^{commit}" ||
+    g rev-parse -q --verify "$ref^{commit}") || fail "no branch, tag or commit named $ref"
   g checkout -q --detach "$commit" || fail "cannot check out $ref"
 }
 dir=CLONE_DIR

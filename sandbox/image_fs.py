@@ -7,8 +7,9 @@ size: each writable tree is an overlay whose lower layers are the engine's own l
 one writes those) and whose upper layer lives on the job's disk, so every byte written there counts against --disk.
 
 - An agent that is not root gets one overlay per tree it may change (the workdir, /opt, where pip and npm write in
-  /usr/local: AGENT_TREES), made of *idmapped* layers that swap root and the agent's uid: in those trees the image's
-  root-owned files are the agent's, and what it writes is stored as root's. Everything else (/usr/bin, /lib, /etc)
+  /usr/local: AGENT_TREES), made of *idmapped* layers that swap the agent's uid with the owner of the tree's top
+  directory in the image (root's, usually; a task image may give its workdir to a user): in each tree that owner's
+  files are the agent's, and what it writes is stored as that owner's. Everything else (/usr/bin, /lib, /etc)
   stays the image's read-only root, so pid's machinery, which runs only from the system directories, runs nothing
   the agent could have replaced (nor loads: the image's loader and shell variables are kept from it, image_env.py).
 - A root agent gets the whole image root as one overlay (apt may write anywhere), bound over the read-only root
@@ -293,7 +294,7 @@ class ImageFS:
                         continue   # (an environment tree that is a link or a file in this image: not the agent's)
                     if not lowers:
                         continue
-                    userns = _owner_is_the_agent(lowers[0], uid, gid)
+                    userns = _swap_with_owner(lowers[0], uid, gid)
                     clones = fs._clones(lowers, userns)
                     view = fs._overlay_of(clones, userns, _attrs(lowers[0]))
                     fs.trees.append(Tree(target, view))
@@ -382,7 +383,7 @@ def _init_again(view: str, init_binary: str | None, bound: set[str]) -> list[Tre
     return [Tree(landing, init_binary, read_only=True)]
 
 
-def _owner_is_the_agent(top: str, uid: int, gid: int) -> int | None:
+def _swap_with_owner(top: str, uid: int, gid: int) -> int | None:
     """The idmapping of a writable tree: its top directory's owner in the image (root, or a task image's own user)
     becomes the agent, for every file of that owner in the tree; None when the agent owns it already."""
     st = os.lstat(top)

@@ -99,3 +99,8 @@ def test_every_line_whose_image_is_missing_is_told_with_its_number(run_pid, pid_
         with pytest.raises(BadTasks) as raised:
             pid.submit_batch(tasks, tmp_path / "out2", model="m", base_url="http://127.0.0.1:9/v1")
     assert [line.split(":", 1)[0] for line in raised.value.lines] == ["line 1", "line 2"]
+    # options that cannot be together are a bad line too, as on the command line
+    tasks.write_text(json.dumps({"id": "d", "task": "t", "workdir": "/testbed", "disk": "0"}) + "\n")
+    clash = run_pid("batch", str(tasks), "--out", str(tmp_path / "out3"), "--model", "m", "--base-url",
+                    "http://127.0.0.1:9/v1", "--detach")
+    assert clash.code == 2 and "line 1: --workdir needs the job's own disk" in clash.stderr, clash.stderr

@@ -34,3 +34,20 @@ def test_the_live_batch_table_keeps_turn_and_cost_readable_at_80_columns() -> No
     assert "turn" in header and "cost" in header, text
     assert "$0.00082" in text and " 3 " in text, text
     assert all(len(line) <= 80 for line in text.splitlines()), text
+
+
+def test_a_set_up_failure_that_is_the_input_s_is_bad_workspace():
+    """A retry's pinned image missing on the worker that took it is the input's fault, said as such (a bare
+    "sha256:… not found, build it" ended sandbox_error, which a CI retries for nothing: a code review's)."""
+    from pid.jobs.spec import JobSpec
+    from pid.sandbox import ImageNotFound
+    from pid.sandbox_api import BadWorkspace, SandboxError
+    from pid.worker.runner import set_up_failure
+    pinned = JobSpec(task="t", model="m", image="app:1", image_id="sha256:" + "0" * 64)
+    out = set_up_failure(pinned, ImageNotFound(str(pinned.image_id)))
+    assert out.exit_reason == "bad_workspace" and "not in this worker's Docker engine" in str(out.error)
+    plain = JobSpec(task="t", model="m")
+    assert set_up_failure(plain, ImageNotFound("app:1")).exit_reason == "sandbox_error"
+    assert set_up_failure(plain, BadWorkspace("no such ref")).exit_reason == "bad_workspace"
+    assert set_up_failure(plain, SandboxError("gone")).exit_reason == "sandbox_error"
+    assert set_up_failure(plain, ValueError("bug")).exit_reason == "error"

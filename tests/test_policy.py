@@ -283,3 +283,28 @@ def test_a_tasks_file_s_paths_are_its_own_directory_s_unless_allowed_outside(run
     specs = {r.spec.task: r.spec for r in JobStore(str(Path(pid_env["PID_HOME"]) / "jobs.db")).list()}
     assert specs["relative"].repo == str(here / "repo") and specs["relative"].system_prompt == "Be brief.\n"
     assert specs["a prompt out"].system_prompt == "hunter2\n"
+
+
+@pytest.mark.docker
+def test_a_pinned_image_runs_only_by_a_name_the_policy_admits(monkeypatch, tmp_path):
+    """A retry pins the image its earlier job ran by id (image_id). Anyone who can write the store's specs could pin
+    any image the engine holds: the policy's images judge the names the pinned image has now (a code review's)."""
+    import docker
+
+    from pid.jobs import policy as policies
+    from pid.worker.tasks import _pinned_image_refusal
+    from tests.conftest import IMAGE, RUN_ID
+    client = docker.from_env()
+    ours = client.images.get(IMAGE).id
+    (tmp_path / "Dockerfile").write_text(f"FROM {IMAGE}\nLABEL pid.test=other\n")
+    tag = f"pid-test-other:{RUN_ID.lower()}"
+    subprocess.run(["docker", "build", "-q", "-t", tag, str(tmp_path)], check=True, capture_output=True, timeout=300)
+    other = client.images.get(tag)
+    monkeypatch.setattr(policies, "_active", [Policy(images=(IMAGE.split(":")[0] + ":*",))])
+    spec = JobSpec(task="t", model="m", image=IMAGE, image_id=ours)
+    assert _pinned_image_refusal(spec) is None
+    forged = JobSpec(task="t", model="m", image=IMAGE, image_id=other.id)
+    assert "has no name now that the policy's images admit" in str(_pinned_image_refusal(forged))
+    monkeypatch.setattr(policies, "_active", [Policy()])   # (no images rule: nothing to judge)
+    assert _pinned_image_refusal(forged) is None
+    subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)

@@ -29,6 +29,9 @@ from pid.jobs.store import Store
 from pid.worker.watchdog import Watchdog
 
 
+CHECK_MADE_WAIT_S = 60.0   # the most a job's end waits for its check's sandbox to be made, to remove it
+
+
 @dataclass
 class JobRun:
     """One run of a job, from its directory on: where it comes from, what it holds open, how it has ended so far."""
@@ -62,26 +65,30 @@ class JobRun:
         self.watchdog.stop()
         if self.sandbox:
             self.sandbox.close()
-        if self.checking is not None:   # (closing twice is harmless)
-            # waited for, not left to a callback: a process that ends next (`pid run`) would stop the thread making
-            # it, and leave a running container behind (a check that never ran: the patch could not be made)
-            try:
-                made = self.checking.result(timeout=CHECK_MADE_WAIT_S)
-            except BaseException as exc:   # not made; or still being made (its time to live and the reaper end it)
-                self.checking.add_done_callback(_close_made)
-                if not isinstance(exc, Exception):
-                    raise
-            else:
-                made.close()
-        if self.checked:
-            self.checked.close()
-        if self.snapshot is not None:
-            if keep is not None:
-                self.snapshot.keep(StoreBlobs(keep))
-            self.snapshot.close()
+        try:
+            if self.checking is not None:
+                self._close_check_sandbox()
+        finally:
+            if self.checked:
+                self.checked.close()
+            if self.snapshot is not None:
+                if keep is not None:
+                    self.snapshot.keep(StoreBlobs(keep))
+                self.snapshot.close()
 
-
-CHECK_MADE_WAIT_S = 60.0
+    def _close_check_sandbox(self) -> None:
+        """Waited for, not left to a callback: a process that ends next (`pid run`) would stop the thread making it,
+        and leave a running container behind (a check that never ran: the patch could not be made). Closing twice is
+        harmless."""
+        assert self.checking is not None
+        try:
+            made = self.checking.result(timeout=CHECK_MADE_WAIT_S)
+        except BaseException as exc:   # not made; or still being made (its time to live and the reaper end it)
+            self.checking.add_done_callback(_close_made)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            made.close()
 
 
 def _close_made(made: "Future[JobSandbox]") -> None:

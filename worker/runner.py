@@ -25,7 +25,7 @@ from pid.agent import Agent, Outcome
 from pid.endings import ExitReason
 from pid.sandbox_api import BadWorkspace, SandboxError
 from pid.sandbox_lifecycle import JobSandbox, SandboxProvider
-from pid.sandbox import DockerProvider
+from pid.sandbox import DockerProvider, ImageNotFound
 from pid.jobs.blobs import Blobs
 from pid.jobs.results import client_is_local, spool_dir
 from pid.worker.job_collect import collect
@@ -92,9 +92,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         except JobCancelled:
             job.outcome = Outcome("cancelled")
         except Exception as exc:  # sandbox or setup failure: a failed job with a readable reason
-            reason: ExitReason = ("bad_workspace" if isinstance(exc, BadWorkspace) else
-                                  "sandbox_error" if isinstance(exc, SandboxError) else "error")
-            job.outcome = Outcome(reason, error=describe(exc))
+            job.outcome = set_up_failure(spec, exc)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 job.outcome = Outcome("interrupted", error="interrupted")
@@ -107,6 +105,19 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     if stopping is not None:
         raise stopping
     return result
+
+
+def set_up_failure(spec: JobSpec, exc: Exception) -> Outcome:
+    """The ending of a job whose set-up failed: its input's fault (bad_workspace: no retry would help), the
+    sandbox's, or anything else's."""
+    if isinstance(exc, ImageNotFound) and spec.image_id:
+        return Outcome("bad_workspace", error=(
+            f"the image its earlier job ran ({spec.image_id[:19]}…, then {spec.image}) is not in this worker's Docker "
+            "engine: a retry or continuation runs on that very image (an image has the same id on every worker only "
+            "when it comes from one registry or file)"))
+    reason: ExitReason = ("bad_workspace" if isinstance(exc, BadWorkspace) else
+                          "sandbox_error" if isinstance(exc, SandboxError) else "error")
+    return Outcome(reason, error=describe(exc))
 
 
 def run_agent(agent: Agent, spec: JobSpec, on_agent: AgentHook | None) -> Outcome:

@@ -4,6 +4,7 @@ job starts and one when it ends. Told to stop (SIGTERM, SIGHUP, a second Ctrl-C:
 the job back to the queue: it runs again on the next worker, never `failed` for it."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -145,7 +146,8 @@ def _refused_by_policy(store: Store, record: JobRecord, owner: str) -> bool:
     into the store past the CLI's checks), ends here, before any container starts: `failed`, `policy_refused`, with
     the rule it breaks."""
     problem = spec_problem(record.spec)
-    refusal = f"the job's spec is malformed: {problem}" if problem else policy.active().refusal(record.spec)
+    refusal = (f"the job's spec is malformed: {problem}" if problem else
+               policy.active().refusal(record.spec) or _pinned_image_refusal(record.spec))
     if refusal is None:
         return False
     error = f"refused by the policy of worker {socket.gethostname()}: {refusal}"
@@ -158,6 +160,24 @@ def _refused_by_policy(store: Store, record: JobRecord, owner: str) -> bool:
     if record.spec.batch:
         _wake_parked(store, record.spec.batch)
     return True
+
+
+def _pinned_image_refusal(spec: JobSpec) -> str | None:
+    """A retry's or continuation's pinned image (image_id) runs only if it has a name the policy's `images` admits
+    now: the store's spec may name any image the engine holds by its id (anyone with the store's URL writes specs)."""
+    rules = policy.active()
+    if spec.image_id is None or rules.images is None:
+        return None
+    from pid.sandbox import DockerUnavailable, ImageNotFound, ensure_image
+    try:
+        attrs = ensure_image(spec.image_id)
+    except (ImageNotFound, DockerUnavailable):
+        return None   # (it cannot start at all: the sandbox says so, bad_workspace or sandbox_error)
+    names = [*(attrs.get("RepoTags") or []), *(attrs.get("RepoDigests") or [])]
+    if any(rules.refusal(dataclasses.replace(spec, image=name, image_id=None)) is None for name in names):
+        return None
+    return (f"the image it runs again ({spec.image_id[:19]}…, then {spec.image}) has no name now that the policy's "
+            "images admit")
 
 
 def _wake_parked(store: Store, batch_id: str) -> None:

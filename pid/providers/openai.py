@@ -235,7 +235,6 @@ def parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
     return (value, None) if isinstance(value, dict) else ({}, text)
 
 
-
 def _error_message(error: Any) -> str:
     if isinstance(error, dict):
         return str(error.get("message") or json.dumps(error))
