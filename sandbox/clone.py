@@ -40,6 +40,7 @@ CLONE_TMP = "/tmp"            # the clone's only writable place: a tmpfs of clon
 SOURCE_MOUNT = "/pid-src"     # where a file:// repository appears, read-only, in the clone's container
 CLONE_DIR = "/tmp/pid-clone"
 _SHA_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+NO_REF = 3                    # the clone script's exit status when the repository has no such ref
 
 _SCRIPT = r"""
 set -u
@@ -52,17 +53,21 @@ g() { git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c credential.help
   -c "protocol.$scheme.allow=always" -c safe.directory='*' -c submodule.recurse=false -c advice.detachedHead=false \
   -c init.defaultBranch=main "$@"; }
 fail() { echo "pid-clone-error $*" >&2; exit 1; }
+sha=; printf '%s' "$ref" | grep -Eqx '[0-9a-f]{40}|[0-9a-f]{64}' && sha=1
 full() {
   cd /tmp && rm -rf "$dir" && g clone -q --no-checkout --no-recurse-submodules -- "$url" "$dir" || fail "cannot clone"
-  # (a branch other than the default is origin's only, after a clone without a checkout)
-  cd "$dir" && commit=$(g rev-parse -q --verify "refs/remotes/origin/$ref^{commit}" ||
-    g rev-parse -q --verify "$ref^{commit}") || fail "no branch, tag or commit named $ref"
+  # A name may be a branch other than the default, origin's only after a clone without a checkout; a commit id is
+  # that commit, never a branch a repository named so. No such ref: exit NO_REF (the repository was reached).
+  cd "$dir" || fail "no clone"
+  if [ -n "$sha" ]; then commit=$(g rev-parse -q --verify "$ref^{commit}")
+  else commit=$(g rev-parse -q --verify "refs/remotes/origin/$ref^{commit}" || g rev-parse -q --verify "$ref^{commit}")
+  fi || { echo "pid-clone-error no branch, tag or commit named $ref" >&2; exit NO_REF; }
   g checkout -q --detach "$commit" || fail "cannot check out $ref"
 }
 dir=CLONE_DIR
 if [ -z "$ref" ]; then
   g clone -q --depth 1 --no-recurse-submodules -- "$url" "$dir" || fail "cannot clone"
-elif printf '%s' "$ref" | grep -Eqx '[0-9a-f]{40}|[0-9a-f]{64}'; then
+elif [ -n "$sha" ]; then
   { mkdir -p "$dir" && cd "$dir" && g init -q && g remote add origin "$url" &&
     g fetch -q --depth 1 origin "$ref" && g checkout -q --detach FETCH_HEAD; } 2>/dev/null || full
 else
@@ -71,8 +76,7 @@ fi
 cd "$dir" || fail "no checkout"
 echo "pid-commit $(g rev-parse HEAD)" >&2
 exec tar -cf - --numeric-owner .
-""".replace("CLONE_DIR", CLONE_DIR)
-NO_REF = "pid-clone-error no branch, tag or commit named "   # the script's line for a ref the repository lacks
+""".replace("CLONE_DIR", CLONE_DIR).replace("NO_REF", str(NO_REF))
 
 
 class _Stdout(io.RawIOBase):
@@ -164,10 +168,12 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
                                f"workspace limit of {_mib(limit)} (raise --max-workspace, or the job's --disk)")
         if code != 0 or commit is None or not _SHA_RE.fullmatch(commit):
             git_said = _last(lines)
-            # (the repository was reached, and has no such ref: the input's fault, which no retry mends)
-            no_ref = any(ln.startswith(NO_REF) for ln in lines)
             why = f"cannot clone {url}{f' at {ref}' if ref else ''}: {git_said or f'exit status {code}'}"
-            raise BadWorkspace(why) if no_ref else SandboxError(why)
+            # (the script said so by its status, never by text a repository could print: the repository was reached,
+            # and has no such ref, which no retry mends)
+            raise BadWorkspace(why) if code == NO_REF else SandboxError(why)
+        if ref and _SHA_RE.fullmatch(ref) and commit != ref:
+            raise SandboxError(f"cannot clone {url} at {ref}: the clone checked out {commit}, another commit")
         if problem is not None:
             raise problem
         return commit

@@ -129,6 +129,32 @@ def test_a_git_ref_that_does_not_exist_is_a_clear_error(bare_repo):
             box.import_git(f"file://{bare}", "nope")
 
 
+def test_a_commit_id_is_that_commit_never_a_branch_named_so(tmp_path):
+    """A repository that no longer has the commit a job pins (a retry's, a continuation's) but has a branch named by
+    its id: git reads a full id as the commit, and so does pid (its fallback clone took the branch, and the job ran
+    on another tree: an attack review's)."""
+    src = tmp_path / "src"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(src)]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(src)], check=True)
+    (src / "f").write_text("good\n")
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "good"], check=True)
+    pinned = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run([*git, "checkout", "-q", "--orphan", "evil"], check=True)
+    (src / "f").write_text("EVIL\n")
+    subprocess.run([*git, "commit", "-qam", "evil"], check=True)
+    subprocess.run([*git, "branch", "-m", "evil", pinned], check=True)
+    subprocess.run([*git, "checkout", "-q", "--orphan", "main2"], check=True)
+    subprocess.run([*git, "commit", "-qm", "rewritten"], check=True)
+    subprocess.run([*git, "branch", "-D", "main"], check=True, capture_output=True)
+    subprocess.run([*git, "reflog", "expire", "--expire=now", "--all"], check=True)
+    subprocess.run([*git, "gc", "-q", "--prune=now"], check=True)
+    assert subprocess.run([*git, "cat-file", "-e", pinned]).returncode != 0   # (the commit is gone)
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-sha", ttl_s=300)) as box:
+        with pytest.raises(BadWorkspace, match=f"no branch, tag or commit named {pinned}"):
+            box.import_git(f"file://{src}", pinned)
+
+
 def tricky_tree(root: Path, nested_repo: bool) -> Path:
     """What `git add -A` treats with care: ignore rules (nested, negated, directories), modes, links, odd names, the
     workspace's own .git, long names; with `nested_repo`, a repository inside it (git adds that its own way)."""
