@@ -787,6 +787,25 @@ def test_compressed_bytes_that_decode_to_nothing_count_toward_the_stream_bound(m
     assert reply.stop_reason == "error" and "passed 1 MiB" in reply.error_message, reply
 
 
+def test_the_chunked_framing_counts_toward_the_stream_bound(monkeypatch) -> None:
+    """Chunk extensions (`2;x=<50 KB>`) carry no body byte, and 1.8 GB of them passed a 1 MiB bound (an attack
+    review's): every byte off the socket counts."""
+    from pid.providers import transport
+    monkeypatch.setattr(transport, "MAX_STREAM_BYTES", 1 << 20)
+    framing = b"".join(b"2;x=" + b"a" * 50_000 + b"\r\n:\n\r\n" for _ in range(40))
+    reply = (b'data: {"choices": [{"index": 0, "delta": {"content": "done"}, "finish_reason": "stop"}]}\n\n'
+             b"data: [DONE]\n\n")
+    body = framing + f"{len(reply):x}\r\n".encode() + reply + b"\r\n0\r\n\r\n"
+    server = RawServer("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n", b"")
+    server.response = server.response.split(b"Content-Length")[0] + b"\r\n" + body
+    try:
+        got = OpenAIProvider(ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=0)).stream(
+            "", HELLO, [])
+    finally:
+        server.sock.close()
+    assert got.stop_reason == "error" and "passed 1 MiB" in got.error_message, got
+
+
 def test_comment_lines_count_toward_the_stream_bound(monkeypatch) -> None:
     """Keep-alive comments (`:`) sent as fast as the socket goes add nothing to the reply, and were never counted:
     only the job's wall clock ended them. Every byte counts toward the stream's bound (lowered here)."""

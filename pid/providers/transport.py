@@ -71,6 +71,13 @@ class _CancellableStream(httpcore.NetworkStream):
         self._inner = inner
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        data = self._read(max_bytes, timeout)
+        budget: StreamBudget | None = getattr(_current, "budget", None)
+        if budget is not None:   # every byte off the socket, the chunked framing's too
+            budget.spend(len(data))
+        return data
+
+    def _read(self, max_bytes: int, timeout: float | None) -> bytes:
         cancel: threading.Event | None = getattr(_current, "cancel", None)
         until: float | None = getattr(_current, "until", None)
         if cancel is None and until is None:
@@ -183,6 +190,17 @@ def cancellable(cancel: threading.Event | None) -> Iterator[None]:
         yield
     finally:
         _current.cancel = previous
+
+
+@contextmanager
+def reads_counted(budget: StreamBudget) -> Iterator[None]:
+    """Take every byte this thread's reads get off a socket from `budget` (StreamTooLong once it is spent)."""
+    previous = getattr(_current, "budget", None)
+    _current.budget = budget
+    try:
+        yield
+    finally:
+        _current.budget = previous
 
 
 @contextmanager
@@ -318,22 +336,20 @@ def body_chunks(response: httpx.Response, budget: StreamBudget | None = None) ->
     """A response's body as the server meant it, decoded here in bounded steps. httpx would inflate a small
     compressed piece into one chunk of any size before any limit could be checked (2 KB of `gzip, gzip` became 2 GB):
     pid reads the raw bytes, and accepts identity or one layer of gzip or deflate, DECODE_STEP bytes at a time. Each
-    raw byte, and each decoded one, is taken from `budget` (StreamTooLong once it is spent)."""
+    decoded byte is taken from `budget` (StreamTooLong once it is spent; the raw ones are, off the socket, where the
+    stream is read within reads_counted)."""
     spend = budget.spend if budget is not None else (lambda size: None)
     stream = response.stream
     raw: Iterable[bytes] = stream if isinstance(stream, httpx.SyncByteStream) else response.iter_raw()
     encoding = response.headers.get("content-encoding", "").strip().lower()
     if encoding in ("", "identity"):
-        for chunk in raw:
-            spend(len(chunk))
-            yield chunk
+        yield from raw
         return
     if encoding not in ("gzip", "x-gzip", "deflate"):
         raise UnsupportedEncoding(encoding[:100])
     decoder = zlib.decompressobj(wbits=32 + zlib.MAX_WBITS)   # (a gzip or a zlib header, whichever it is)
     try:
         for chunk in raw:
-            spend(len(chunk))
             while chunk:
                 piece = decoder.decompress(chunk, DECODE_STEP)
                 if piece:
@@ -678,6 +694,7 @@ class StreamingProvider:
         reply.content_type = response.headers.get("content-type", "")
         budget = StreamBudget(MAX_STREAM_BYTES)
         with ExitStack() as draining:
+            draining.enter_context(reads_counted(budget))
             try:
                 for event, data in iter_sse(response, strays=reply.strays, budget=budget):
                     if reply.done:
