@@ -443,8 +443,6 @@ class EventTooLarge(Exception):
     """One server-sent event (its unfinished line included) outgrew MAX_EVENT_BYTES."""
 
 
-
-
 SSE_FIELDS = (b"data", b"event", b"id", b"retry")
 
 
@@ -453,8 +451,8 @@ def iter_sse(response: httpx.Response, limit: int = MAX_EVENT_BYTES, strays: lis
     """(event name, data) per server-sent event. Comment lines are skipped; `data:` may lack its space. An event
     larger than `limit` bytes raises EventTooLarge as soon as that many have arrived: an endless line is never
     held whole, and each of its data lines costs its bytes and its newline, so empty ones too. The first line that
-    is no SSE field goes into `strays` (a body that is not a stream at all). Every byte read is taken from `budget`:
-    StreamTooLong once it is spent."""
+    is no SSE field goes into `strays` (a body that is not a stream at all). `budget` takes what a compressed body
+    decodes to (body_chunks): StreamTooLong once it is spent."""
     event = ""
     data = bytearray()   # the event's data lines, joined by newlines as they come
     lines_in = 0
@@ -693,8 +691,8 @@ class StreamingProvider:
         end comes soon; whatever goes wrong then costs nothing of the answer."""
         reply.content_type = response.headers.get("content-type", "")
         budget = StreamBudget(MAX_STREAM_BYTES)
-        with ExitStack() as draining:
-            draining.enter_context(reads_counted(budget))
+        with ExitStack() as reading:
+            reading.enter_context(reads_counted(budget))
             try:
                 for event, data in iter_sse(response, strays=reply.strays, budget=budget):
                     if reply.done:
@@ -706,7 +704,7 @@ class StreamingProvider:
                         return
                     if reply.done:
                         budget.left = min(budget.left, DRAIN_BYTES)
-                        draining.enter_context(reads_until(time.monotonic() + DRAIN_S))
+                        reading.enter_context(reads_until(time.monotonic() + DRAIN_S))
             except Exception as exc:  # noqa: BLE001 - each bound's own words; once done, nothing is lost
                 if not reply.done:
                     _fail_read(reply, exc)
