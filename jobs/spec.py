@@ -274,6 +274,8 @@ def original_paths(paths: list[str] | tuple[str, ...], workdir: str) -> list[str
     for path in paths:
         if not path or "\0" in path or "\n" in path:
             raise ValueError(f"--check-original takes a path of the workdir, not {path!r}")
+        if any(c in path for c in "*?["):   # (taken as written, a pattern would protect nothing, and say nothing)
+            raise ValueError(f"--check-original {path}: a path, not a pattern (name each file, or their directory)")
         rel = posixpath.normpath(posixpath.relpath(path, workdir) if path.startswith("/") else path)
         if rel in (".", "..") or rel.startswith("../") or rel.startswith("/"):
             raise ValueError(f"--check-original {path}: not a path inside the workdir {workdir}")

@@ -48,6 +48,7 @@ MISTAKES = [
     ({"max_cost": 1.0}, ["--max-cost", "1.0"]),   # no prices for an unknown model
     ({"check": " "}, ["--check", " "]),
     ({"files": [""]}, ["--file", ""]),   # (it named the whole workdir)
+    ({"check": "true", "check_original": ["tests/*.py"]}, ["--check", "true", "--check-original", "tests/*.py"]),
 ]
 
 

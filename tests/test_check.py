@@ -68,6 +68,16 @@ def _exec(text: bytes, total: int | None = None, lines: int | None = None) -> Ex
                       total_lines=lines if lines is not None else text.count(b"\n"))
 
 
+def test_check_original_takes_paths_not_patterns():
+    """A glob was taken as a file of that name and protected nothing, without a word (a new-user test's): the
+    agent could then edit the tests that judge it."""
+    from pid.jobs.spec import original_paths
+    assert original_paths(["tests/test_a.py", "/testbed/tests"], "/testbed") == ["tests/test_a.py", "tests"]
+    for pattern in ("tests/*.py", "test_?.py", "tests/[ab].py"):
+        with pytest.raises(ValueError, match="a path, not a pattern"):
+            original_paths([pattern], "/testbed")
+
+
 def test_the_output_tail_keeps_the_last_lines_bounded_and_clean():
     many = b"".join(b"line %d\n" % i for i in range(500))
     tail = output_tail(_exec(many))
