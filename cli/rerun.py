@@ -162,18 +162,10 @@ def _queue(make: Any, out_dir: str | None, queue: str | None, api_key: str | Non
 def _check_image_id(spec: JobSpec) -> None:
     """The very image the earlier job ran (its id) must be in the engine: a job runs again on it, not on what its tag
     names now."""
-    from pid.sandbox.engine_probe import image_present
-    if image_present(str(spec.image_id)):
-        return
-    from pid.sandbox import DockerUnavailable, ImageNotFound, ensure_image
-    try:
-        ensure_image(str(spec.image_id))
-    except ImageNotFound:
-        raise _main.BadInput(f"the image the earlier job ran ({str(spec.image_id)[:19]}…, then {spec.image}) is no "
-                             "longer in the Docker engine: a job runs again on the image it ran, not on what its tag "
-                             "names now") from None
-    except DockerUnavailable as exc:
-        raise _main.BadInput(str(exc)) from None
+    from pid.jobs.continuation import pinned_image_gone
+    from pid.jobs.submission import image_missing
+    if image_missing(str(spec.image_id)):
+        raise _main.BadInput(pinned_image_gone(spec, "is no longer in the Docker engine"))
 
 
 def check_prices(spec: JobSpec) -> None:

@@ -143,6 +143,13 @@ def _copy(spec: JobSpec, store: Store, job_id: str) -> JobSpec:
     return new
 
 
+def pinned_image_gone(spec: JobSpec, where: str) -> str:
+    """What to say when the image a retry or continuation pins (image_id) is not there (`where`: "is not in …")."""
+    return (f"the image the earlier job ran ({str(spec.image_id)[:19]}…, then {spec.image}) {where}: a "
+            "retry or continuation runs on that very image, not on what its tag names now (an image has the same id "
+            "on every machine only when it comes from one registry or file)")
+
+
 def _result(store: Store, job_id: str) -> dict[str, Any]:
     """The job's result.json, for what it ran on: its `workspace` (which snapshot) and `image_id` ({} when unknown)."""
     from pid.jobs.artifact_store import read_result

@@ -111,10 +111,8 @@ def set_up_failure(spec: JobSpec, exc: Exception) -> Outcome:
     """The ending of a job whose set-up failed: its input's fault (bad_workspace: no retry would help), the
     sandbox's, or anything else's."""
     if isinstance(exc, ImageNotFound) and spec.image_id:
-        return Outcome("bad_workspace", error=(
-            f"the image its earlier job ran ({spec.image_id[:19]}…, then {spec.image}) is not in this worker's Docker "
-            "engine: a retry or continuation runs on that very image (an image has the same id on every worker only "
-            "when it comes from one registry or file)"))
+        from pid.jobs.continuation import pinned_image_gone
+        return Outcome("bad_workspace", error=pinned_image_gone(spec, "is not in this worker's Docker engine"))
     reason: ExitReason = ("bad_workspace" if isinstance(exc, BadWorkspace) else
                           "sandbox_error" if isinstance(exc, SandboxError) else "error")
     return Outcome(reason, error=describe(exc))
