@@ -20,7 +20,7 @@ import time
 import urllib.request
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, ContextManager, Iterable, Iterator
 from urllib.parse import urlsplit
 
 import httpcore
@@ -182,36 +182,29 @@ class _Cookies(httpx.Cookies):
 
 
 @contextmanager
-def cancellable(cancel: threading.Event | None) -> Iterator[None]:
+def _reads_with(name: str, value: Any) -> Iterator[None]:
+    """What this thread's socket reads see (_CancellableStream.read) as `name`, for the time of the block."""
+    previous = getattr(_current, name, None)
+    setattr(_current, name, value)
+    try:
+        yield
+    finally:
+        setattr(_current, name, previous)
+
+
+def cancellable(cancel: threading.Event | None) -> ContextManager[None]:
     """Make reads on this thread give up (raise Cancelled) once `cancel` is set."""
-    previous = getattr(_current, "cancel", None)
-    _current.cancel = cancel
-    try:
-        yield
-    finally:
-        _current.cancel = previous
+    return _reads_with("cancel", cancel)
 
 
-@contextmanager
-def reads_counted(budget: StreamBudget) -> Iterator[None]:
+def reads_counted(budget: StreamBudget) -> ContextManager[None]:
     """Take every byte this thread's reads get off a socket from `budget` (StreamTooLong once it is spent)."""
-    previous = getattr(_current, "budget", None)
-    _current.budget = budget
-    try:
-        yield
-    finally:
-        _current.budget = previous
+    return _reads_with("budget", budget)
 
 
-@contextmanager
-def reads_until(moment: float) -> Iterator[None]:
+def reads_until(moment: float) -> ContextManager[None]:
     """Make reads on this thread time out (httpx.ReadTimeout) at `moment` (time.monotonic()) at the latest."""
-    previous = getattr(_current, "until", None)
-    _current.until = moment
-    try:
-        yield
-    finally:
-        _current.until = previous
+    return _reads_with("until", moment)
 
 
 @dataclass
