@@ -524,10 +524,12 @@ def _zeros_gzipped() -> bytes:
 
 
 class RawServer:
-    """One canned HTTP response, whatever the request: a compressed body a few KB long."""
+    """One canned HTTP response, whatever the request: a compressed body a few KB long. `framed`: the body carries
+    its own framing (chunked), so no Content-Length."""
 
-    def __init__(self, head: str, body: bytes) -> None:
-        self.response = head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+    def __init__(self, head: str, body: bytes, framed: bool = False) -> None:
+        length = "" if framed else f"Content-Length: {len(body)}\r\n"
+        self.response = head.encode() + f"{length}\r\n".encode() + body
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
         threading.Thread(target=self._serve, daemon=True).start()
@@ -707,10 +709,12 @@ def test_a_reply_that_is_not_an_event_stream_is_the_endpoints_mistake_not_an_ove
                                    "own (an OpenAI-compatible one usually ends in /v1)?")
 
 
-def _raw_reply(body: bytes, *, api: str = "openai", kind: str = "text/event-stream") -> AssistantMessage:
-    server = RawServer(f"HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\n", body)
+def _raw_reply(body: bytes, *, api: str = "openai", kind: str = "text/event-stream", headers: str = "",
+               framed: bool = False, **config_fields: Any) -> AssistantMessage:
+    """The reply a provider makes of one canned response (`headers`: more of them, each ending in CRLF)."""
+    server = RawServer(f"HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\n{headers}", body, framed)
     try:
-        config = ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=3, api=api)
+        config = ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=3, api=api, **config_fields)
         provider = AnthropicProvider(config) if api == ANTHROPIC else OpenAIProvider(config)
         return provider.stream("", HELLO, [])
     finally:
@@ -778,12 +782,7 @@ def test_compressed_bytes_that_decode_to_nothing_count_toward_the_stream_bound(m
     monkeypatch.setattr(transport, "MAX_STREAM_BYTES", 1 << 20)
     gzip_header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
     body = gzip_header + b"\x00\x00\x00\xff\xff" * (300_000)   # (stored blocks of length 0, none final)
-    server = RawServer("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n", body)
-    try:
-        reply = OpenAIProvider(ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=0)).stream(
-            "", HELLO, [])
-    finally:
-        server.sock.close()
+    reply = _raw_reply(body, headers="Content-Encoding: gzip\r\n")
     assert reply.stop_reason == "error" and "passed 1 MiB" in reply.error_message, reply
 
 
@@ -796,13 +795,7 @@ def test_the_chunked_framing_counts_toward_the_stream_bound(monkeypatch) -> None
     reply = (b'data: {"choices": [{"index": 0, "delta": {"content": "done"}, "finish_reason": "stop"}]}\n\n'
              b"data: [DONE]\n\n")
     body = framing + f"{len(reply):x}\r\n".encode() + reply + b"\r\n0\r\n\r\n"
-    server = RawServer("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n", b"")
-    server.response = server.response.split(b"Content-Length")[0] + b"\r\n" + body
-    try:
-        got = OpenAIProvider(ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=0)).stream(
-            "", HELLO, [])
-    finally:
-        server.sock.close()
+    got = _raw_reply(body, headers="Transfer-Encoding: chunked\r\n", framed=True)
     assert got.stop_reason == "error" and "passed 1 MiB" in got.error_message, got
 
 
@@ -811,12 +804,7 @@ def test_comment_lines_count_toward_the_stream_bound(monkeypatch) -> None:
     only the job's wall clock ended them. Every byte counts toward the stream's bound (lowered here)."""
     from pid.providers import transport
     monkeypatch.setattr(transport, "MAX_STREAM_BYTES", 1 << 20)
-    server = RawServer("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n", b":\n" * (1 << 20))
-    try:
-        reply = OpenAIProvider(ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=0)).stream(
-            "", HELLO, [])
-    finally:
-        server.sock.close()
+    reply = _raw_reply(b":\n" * (1 << 20))
     assert reply.stop_reason == "error" and "passed 1 MiB" in reply.error_message, reply
 
 
@@ -899,13 +887,7 @@ def test_token_counts_are_made_sane(api: str, count: str, expected: int) -> None
                 'event: message_delta\ndata: {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, '
                 f'"usage": {{"output_tokens": {count}}}}}\n\n'
                 'event: message_stop\ndata: {"type": "message_stop"}\n\n')
-    server = RawServer("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n", body.encode())
-    try:
-        config = ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=0, api=api,
-                                input_cost_per_mtok=1.0, output_cost_per_mtok=1.0)
-        reply = (AnthropicProvider(config) if api == ANTHROPIC else OpenAIProvider(config)).stream("", HELLO, [])
-    finally:
-        server.sock.close()
+    reply = _raw_reply(body.encode(), api=api, input_cost_per_mtok=1.0, output_cost_per_mtok=1.0)
     assert reply.stop_reason == "stop", reply.error_message
     if api == ANTHROPIC and count in ('"12"', "true"):   # (no number: message_start's count stands)
         expected = 1
