@@ -837,18 +837,24 @@ class TrickleServer:
                 pass
 
 
-@pytest.mark.parametrize("extra, cut, spent", [(b":\n", False, False), (b"", False, False), (b"", True, False),
-                                               (b"", False, True)],
-                         ids=["comments", "silence", "cut-short", "silence-near-the-stream-bound"])
-def test_a_finished_reply_is_not_held_by_a_stream_that_stays_open(extra: bytes, cut: bool, spent: bool,
+@pytest.mark.parametrize("extra, cut, spent, ended", [
+    (b":\n", False, False, True), (b"", False, False, True), (b"", True, False, True), (b"", False, True, True),
+    (b":\n", False, False, False), (b"", False, False, False), (b"", True, False, False)],
+    ids=["comments", "silence", "cut-short", "silence-near-the-stream-bound", "no-end-comments", "no-end-silence",
+         "no-end-cut-short"])
+def test_a_finished_reply_is_not_held_by_a_stream_that_stays_open(extra: bytes, cut: bool, spent: bool, ended: bool,
                                                                    monkeypatch) -> None:
-    """A complete reply (its finish reason and [DONE]), then the stream kept open, with a comment now and then or
-    silent, or broken off: pid reads on only briefly, to reuse the connection if its end comes soon, and whatever
-    happens then costs nothing of the answer (the job waited for its wall clock, and lost the answer; near the
-    stream's bound the drain had no deadline; a broken connection lost it: an attack review's and a code review's)."""
+    """A complete reply (its finish reason, its usage, and [DONE] or not), then the stream kept open, with a comment
+    now and then or silent, or broken off: pid reads on only briefly (for the trailers of a reply that said it is
+    complete, then to reuse the connection if its end comes soon), and whatever happens then costs nothing of the
+    answer (the job waited for its wall clock, and lost the answer; near the stream's bound the drain had no
+    deadline; a broken connection lost it: an attack review's and a code review's; without [DONE] the job was held:
+    a new-user test's)."""
     from pid.providers import transport
+    monkeypatch.setattr(transport, "TRAILER_S", 1.5)
     body = (b'data: {"choices": [{"index": 0, "delta": {"content": "done"}, "finish_reason": "stop"}]}\n\n'
-            b"data: [DONE]\n\n")
+            b'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 7}}\n\n'
+            + (b"data: [DONE]\n\n" if ended else b""))
     if spent:   # (less than DRAIN_BYTES of the stream's bound left when the reply is done)
         monkeypatch.setattr(transport, "MAX_STREAM_BYTES", 100_000)
         body = b":" + b"x" * 40_000 + b"\n" + body
@@ -865,6 +871,7 @@ def test_a_finished_reply_is_not_held_by_a_stream_that_stays_open(extra: bytes, 
     assert replies, "the reply never ended"
     assert time.monotonic() - started < 5
     assert replies[0].stop_reason == "stop" and replies[0].content == [TextContent("done")], replies[0]
+    assert replies[0].usage.output == 7
 
 
 @pytest.mark.parametrize("api", BOTH)

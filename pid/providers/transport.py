@@ -12,6 +12,7 @@ import functools
 import html
 import io
 import json
+import math
 import re
 import ssl
 import threading
@@ -49,6 +50,10 @@ MAX_EVENT_BYTES = 2 * MAX_REPLY_BYTES
 # past its end, if only with comments, is not waited for)
 DRAIN_BYTES = 65536
 DRAIN_S = 1.0
+# Read after the reply said it is complete (OpenAI's finish_reason, Anthropic's stop_reason) for what only trails it,
+# its usage and its end, at most DRAIN_BYTES and this long: a server that stops there but keeps the stream open holds
+# no job (it had waited for its wall clock, and lost the answer)
+TRAILER_S = 10.0
 # The most of one stream pid reads, every byte counted: its events' JSON, empty events, comments and blank lines (a
 # server could send `{"choices":[]}` or `:` forever, which adds nothing to the reply): generous, since a reply of
 # one-character deltas is ~60 times its text.
@@ -680,10 +685,12 @@ class StreamingProvider:
     def _consume(self, response: Any, reply: StreamReply, on_text: Callable[[str], None] | None) -> None:
         """SSE events into the reply (its feed(event, payload, on_text)); malformed data fails it, and so does one
         too large: reading stops there (the caller closes the response, and with it the connection). Once the reply
-        is done the rest is drained, DRAIN_BYTES and DRAIN_S at most, so that the connection can be kept alive if its
-        end comes soon; whatever goes wrong then costs nothing of the answer."""
+        says it is complete only its trailers are read, DRAIN_BYTES and TRAILER_S at most, and once it is done the
+        rest is drained, DRAIN_S at most, so that the connection can be kept alive if its end comes soon; whatever
+        goes wrong then costs nothing of the answer."""
         reply.content_type = response.headers.get("content-type", "")
         budget = StreamBudget(MAX_STREAM_BYTES)
+        stage, until = 0, math.inf   # 0 reading, 1 complete (its trailers), 2 done (the drain): each bounded closer
         with ExitStack() as reading:
             reading.enter_context(reads_counted(budget))
             try:
@@ -695,11 +702,14 @@ class StreamingProvider:
                         reply.done = True
                     elif not self._take(event, data, reply, on_text):
                         return
-                    if reply.done:
+                    now_stage = 2 if reply.done else 1 if reply.finished else 0
+                    if now_stage > stage:
+                        stage = now_stage
+                        until = min(until, time.monotonic() + (DRAIN_S if stage == 2 else TRAILER_S))
                         budget.left = min(budget.left, DRAIN_BYTES)
-                        reading.enter_context(reads_until(time.monotonic() + DRAIN_S))
-            except Exception as exc:  # noqa: BLE001 - each bound's own words; once done, nothing is lost
-                if not reply.done:
+                        reading.enter_context(reads_until(until))
+            except Exception as exc:  # noqa: BLE001 - each bound's own words; once complete, nothing is lost
+                if not reply.finished:
                     _fail_read(reply, exc)
 
     def _take(self, event: str, data: bytes, reply: StreamReply, on_text: Callable[[str], None] | None) -> bool:
