@@ -25,6 +25,12 @@ log = logging.getLogger("pid.worker")
 
 MAX_ATTEMPTS = settings.MAX_ATTEMPTS.get()   # a job whose worker was lost this often has failed
 
+# A worker's process seen alive on this host keeps its lapsed lease this much longer: the job store was out of
+# reach for a while (no worker could renew), and the worker renews at its first poll that reaches it again. Put back
+# at once, the job had run again from the start beside the first attempt (found by a new-user test: a 40 s Redis
+# outage). A worker stopped or hung for longer loses the job then, as one that died loses it when its lease lapses.
+ALIVE_GRACE_S = 300.0
+
 Ended = Callable[[JobRecord], None]
 
 
@@ -37,7 +43,8 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
     for record in store.suspects(host=socket.gethostname()):
         lapsed = (record.lease_until or 0) < now
         alive = owner_alive(record)   # None: not knowable from here (another host): the lease decides
-        if (not lapsed and alive is not False) or (lapsed and alive and record.kind == "run"):
+        if (not lapsed and alive is not False) or (lapsed and alive and (
+                record.kind == "run" or now - (record.lease_until or 0) < ALIVE_GRACE_S)):
             continue  # alive; a `pid run` stopped (Ctrl-Z, a suspended machine) renews its lease when it goes on
         written = _written_result(record, store)
         if written is not None:   # it ended and wrote result.json, then died before telling the store: that holds

@@ -172,6 +172,26 @@ def test_the_sweep_ends_a_lost_pid_run_but_not_a_stopped_one(tmp_path):
     assert store.renew(stopped.id, f"{host}:{os.getpid()}:y", 60)   # it goes on where it was
 
 
+def test_a_live_workers_lapsed_lease_waits_out_a_store_outage_then_goes(tmp_path, monkeypatch):
+    """A worker alive on this host whose lease lapsed (the job store was out of reach, so nobody could renew) keeps
+    its job for ALIVE_GRACE_S, and renews it where it was; past that, a stopped or hung one loses it to the queue
+    (a new-user test: after a 40 s Redis outage the job ran again from the start beside the first attempt)."""
+    import os
+    import socket
+    from pid.jobs import sweep as sweeping
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job = store.create(spec(tmp_path))
+    owner = f"{socket.gethostname()}:{os.getpid()}:w"
+    assert store.claim(job.id, owner, lease_s=0.1)
+    time.sleep(0.2)
+    assert sweeping.sweep(store) == [] and store.get(job.id).status == "running"
+    assert store.renew(job.id, owner, 0.1)   # the store is back: it goes on where it was
+    time.sleep(0.2)
+    monkeypatch.setattr(sweeping, "ALIVE_GRACE_S", 0.05)
+    assert sweeping.sweep(store) == [] and store.get(job.id).status == "queued"
+    assert not store.renew(job.id, owner, 60)
+
+
 def test_the_sweep_fails_a_job_whose_attempts_are_used_up_with_its_counts(tmp_path):
     from pid.jobs.sweep import MAX_ATTEMPTS, sweep
     store = JobStore(str(tmp_path / "jobs.db"))
