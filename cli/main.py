@@ -19,7 +19,7 @@ import pid.cli as cli_package
 from pid import settings
 from pid.costs import format_cost
 from pid.config import HomeUnusable, ensure_pid_home, pid_home
-from pid.cli.ids import JOB_ID
+from pid.cli.ids import JOB_ID, NoSuchJob
 from pid.cli.options import MAX_WORKSPACE_OPTION, QUEUE_OPTION, EnvOption, PoolSpec, QueueName, format_size, job_options
 from pid.cli.status_line import on_terminal
 from pid.cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, echo, format_duration,
@@ -241,15 +241,25 @@ def _queued(store: Any, spec: JobSpec, wait: bool, as_json: bool) -> None:
     _wait_and_exit(store, spec.id, as_json, follow=not as_json, download=spec.job_dir, own_dir=True)
 
 
+def _still_there(store: Any, job_id: str) -> Any:
+    """The job's record; one that vanished while waited for (a store flushed, or a Redis without persistence
+    restarted) is said so, exit 2: nothing tells how it ended, which exit 1 ("failed") would claim."""
+    record = store.get(job_id)
+    if record is None:
+        raise NoSuchJob(f"job {job_id} is no longer in the job store: its record was lost (was the store flushed, or "
+                        "a Redis without persistence restarted?); how it ended cannot be told")
+    return record
+
+
 def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, download: str | None = None,
                    own_dir: bool = False) -> None:
     """Wait for the job's end, print its result (from the store: the worker may be on another machine) and exit
     with its code; with `download`, its artifacts go there first (see _download)."""
-    record = store.get(job_id)
+    record = _still_there(store, job_id)
     printer = RecordPrinter(summary_follows=True)
     follower = EventFollower(store, job_id, printer) if follow else None
     try:
-        wait_for(lambda: store.get(job_id).terminal, follower, tick=_while_waiting(store, job_id))
+        wait_for(lambda: _still_there(store, job_id).terminal, follower, tick=_while_waiting(store, job_id))
     except KeyboardInterrupt:
         echo(f"\nstopped waiting; job {job_id} goes on (pid result {job_id} --wait, pid cancel {job_id})",
              err=True)

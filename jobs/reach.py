@@ -41,6 +41,8 @@ def _unreachable(exc: BaseException) -> bool:
     if redis_errors is not None and isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError,
                                                      redis_errors.NoPermissionError)):
         return True   # (AuthenticationError, a wrong or missing password, is a ConnectionError)
+    if redis_errors is not None and isinstance(exc, redis_errors.ResponseError) and "DB index" in str(exc):
+        return True   # a database number past the server's (`redis://host/99`): no store there for pid
     from pid.jobs.store import StoreUnavailable
     return isinstance(exc, StoreUnavailable)
 

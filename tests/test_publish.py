@@ -168,3 +168,13 @@ def test_submit_loads_only_what_it_needs(tmp_path, sample_repo):
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr + done.stdout
     assert "loaded: []" in done.stdout, done.stdout
+
+
+def test_a_redis_database_past_the_servers_is_one_line(tmp_path, redis_url):
+    """`redis://host/99` on a server of 16 databases: `pid list` says so in one line, exit 2, not a traceback (a
+    new-user test)."""
+    run = subprocess.run([sys.executable, "-m", "pid.cli.main", "list"], env=_env(tmp_path, redis_url.rsplit("/", 1)[0] + "/99"),
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith("pid: error: cannot use the job store") and "DB index" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and run.stderr.count("\n") == 1

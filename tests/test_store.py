@@ -230,3 +230,28 @@ def test_a_job_that_wrote_its_result_then_died_keeps_that_result(tmp_path):
     assert (record.status, record.exit_reason, record.turns, record.tool_calls) == ("completed", "stop", 4, 3)
     with open(path) as f:
         assert json.load(f) == written
+
+
+def test_waiting_on_a_job_whose_record_vanishes_says_so(tmp_path, monkeypatch):
+    """`submit --wait` on a job whose record the store lost (flushed, a Redis without persistence restarted): one
+    line, exit 2, not a traceback and exit 1 as if the job had failed (a new-user test)."""
+    import sqlite3
+    import threading
+
+    import pytest
+
+    from pid.cli.ids import NoSuchJob
+    from pid.cli.main import _wait_and_exit
+    monkeypatch.setenv("PID_HOME", str(tmp_path / "home"))
+    path = str(tmp_path / "jobs.db")
+    store = JobStore(path)
+    job = store.create(spec(tmp_path))
+
+    def lose() -> None:
+        with sqlite3.connect(path) as db:
+            db.execute("DELETE FROM jobs WHERE id = ?", (job.id,))
+
+    threading.Timer(0.3, lose).start()
+    with pytest.raises(NoSuchJob, match="no longer in the job store") as raised:
+        _wait_and_exit(store, job.id, as_json=True, follow=False)
+    assert raised.value.exit_code == 2
