@@ -173,7 +173,8 @@ def test_submit_loads_only_what_it_needs(tmp_path, sample_repo):
 def test_a_redis_database_past_the_servers_is_one_line(tmp_path, redis_url):
     """`redis://host/99` on a server of 16 databases: `pid list` says so in one line, exit 2, not a traceback (a
     new-user test)."""
-    run = subprocess.run([sys.executable, "-m", "pid.cli.main", "list"], env=_env(tmp_path, redis_url.rsplit("/", 1)[0] + "/99"),
+    past = redis_url.rsplit("/", 1)[0] + "/99"
+    run = subprocess.run([sys.executable, "-m", "pid.cli.main", "list"], env=_env(tmp_path, past),
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2, run.stderr
     assert run.stderr.startswith("pid: error: cannot use the job store") and "DB index" in run.stderr, run.stderr
