@@ -344,8 +344,12 @@ def store_url() -> str | None:
     url = settings.STORE_URL.raw()
     if url:
         return url
-    from pid.jobs.brokers import redis_broker
-    return redis_broker()
+    from pid.jobs.brokers import broker_problem, redis_broker
+    broker = redis_broker()
+    problem = None if broker else broker_problem()
+    if problem:   # (a mistyped Redis URL had quietly meant this machine's SQLite store: `pid list` said "no jobs")
+        raise PidError(problem)
+    return broker
 
 
 def store_variable() -> str:

@@ -179,3 +179,14 @@ def test_a_redis_database_past_the_servers_is_one_line(tmp_path, redis_url):
     assert run.returncode == 2, run.stderr
     assert run.stderr.startswith("pid: error: cannot use the job store") and "DB index" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr and run.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("url", ["redis:/127.0.0.1:6390/0", "127.0.0.1:6390"])
+def test_a_mistyped_broker_url_is_refused_by_the_commands_that_read_the_store(tmp_path, url):
+    """`pid list` with a mistyped PID_BROKER_URL had read this machine's SQLite store and said "no jobs", exit 0 (a
+    new-user test): it refuses it, in one line, as submit and worker do."""
+    run = subprocess.run([sys.executable, "-m", "pid.cli.main", "list"], env=_env(tmp_path, url),
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith("pid: error: PID_BROKER_URL=") and "not a broker pid knows" in run.stderr
+    assert not (tmp_path / "home" / "jobs.db").exists()
