@@ -43,10 +43,11 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
     for record in store.suspects(host=socket.gethostname()):
         lapsed = (record.lease_until or 0) < now
         alive = owner_alive(record)   # None: not knowable from here (another host): the lease decides
-        if (not lapsed and alive is not False) or (lapsed and alive and (
-                record.kind == "run" or now - (record.lease_until or 0) < ALIVE_GRACE_S)):
+        if (not lapsed and alive is not False) or (lapsed and alive and record.kind == "run"):
             continue  # alive; a `pid run` stopped (Ctrl-Z, a suspended machine) renews its lease when it goes on
         written = _written_result(record, store)
+        if written is None and lapsed and alive and now - (record.lease_until or 0) < ALIVE_GRACE_S:
+            continue  # a live worker cut off from the store renews at its first poll that reaches it
         if written is not None:   # it ended and wrote result.json, then died before telling the store: that holds
             if store.finish(record.id, written["exit_reason"], owner=record.owner, error=written.get("error"),
                             turns=written.get("turns"), tool_calls=written.get("tool_calls"),

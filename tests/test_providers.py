@@ -874,6 +874,22 @@ def test_a_finished_reply_is_not_held_by_a_stream_that_stays_open(extra: bytes, 
     assert replies[0].usage.output == 7
 
 
+def test_a_finish_reason_on_every_chunk_does_not_cut_the_reply() -> None:
+    """Some OpenAI-compatible gateways put finish_reason on every chunk, not only the last: the reply goes on after
+    one, and is read whole, past the trailers' bound (a review: it was cut at 64 KiB and taken as complete)."""
+    piece = "x" * 49 + "\n"
+    body = b"".join(b'data: {"choices": [{"index": 0, "delta": {"content": ' + json.dumps(piece).encode()
+                    + b'}, "finish_reason": "stop"}]}\n\n' for _ in range(2000)) + b"data: [DONE]\n\n"
+    server = TrickleServer(body, b"", False)
+    try:
+        provider = OpenAIProvider(ProviderConfig(model="m", base_url=server.url, api_key="k", max_retries=0))
+        reply = provider.stream("", HELLO, [])
+    finally:
+        server.sock.close()
+    assert reply.stop_reason == "stop" and reply.error_message is None, reply.error_message
+    assert reply.content == [TextContent(piece * 2000)]
+
+
 @pytest.mark.parametrize("api", BOTH)
 @pytest.mark.parametrize("count, expected", [("-2000000", 0), ("NaN", 0), ("-1.5e308", 0), ("1" + "0" * 309, 10**12),
                                              ('"12"', 0), ("true", 0), ("12.0", 12)])

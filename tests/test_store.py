@@ -192,6 +192,24 @@ def test_a_live_workers_lapsed_lease_waits_out_a_store_outage_then_goes(tmp_path
     assert not store.renew(job.id, owner, 60)
 
 
+def test_a_live_workers_job_that_wrote_its_result_is_ended_from_it_within_the_grace(tmp_path):
+    """The grace is for a job still running: one whose result.json is written (its end could not reach the store)
+    ends from it at the next sweep, as before, not 5 minutes later (a review)."""
+    import json
+    import os
+    import socket
+    from pid.jobs.sweep import sweep
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job = store.create(spec(tmp_path))
+    assert store.claim(job.id, f"{socket.gethostname()}:{os.getpid()}:w", lease_s=0.1)
+    os.makedirs(job.spec.job_dir)
+    with open(os.path.join(job.spec.job_dir, "result.json"), "w") as f:
+        json.dump({"id": job.id, "status": "completed", "exit_reason": "stop", "turns": 2, "tool_calls": 1}, f)
+    time.sleep(0.2)
+    assert sweep(store) == [job.id]
+    assert (store.get(job.id).status, store.get(job.id).exit_reason) == ("completed", "stop")
+
+
 def test_the_sweep_fails_a_job_whose_attempts_are_used_up_with_its_counts(tmp_path):
     from pid.jobs.sweep import MAX_ATTEMPTS, sweep
     store = JobStore(str(tmp_path / "jobs.db"))

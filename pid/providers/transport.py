@@ -691,6 +691,9 @@ class StreamingProvider:
         reply.content_type = response.headers.get("content-type", "")
         budget = StreamBudget(MAX_STREAM_BYTES)
         stage, until = 0, math.inf   # 0 reading, 1 complete (its trailers), 2 done (the drain): each bounded closer
+        spared, size = 0, 0          # the budget held back in stage 1, and the reply's size when it began
+        trusted = True   # a finish reason ends the reply, unless more of it follows one: some gateways put
+                         # finish_reason on every chunk, and the rest of such a reply is read as any other
         with ExitStack() as reading:
             reading.enter_context(reads_counted(budget))
             try:
@@ -702,14 +705,19 @@ class StreamingProvider:
                         reply.done = True
                     elif not self._take(event, data, reply, on_text):
                         return
-                    now_stage = 2 if reply.done else 1 if reply.finished else 0
+                    if stage == 1 and reply.size != size and not reply.done:   # the reply went on after its finish
+                        trusted, stage, until = False, 0, math.inf
+                        budget.left, spared = budget.left + spared, 0
+                        reading.enter_context(reads_until(until))
+                    now_stage = 2 if reply.done else 1 if reply.finished and trusted else 0
                     if now_stage > stage:
-                        stage = now_stage
+                        stage, size = now_stage, reply.size
                         until = min(until, time.monotonic() + (DRAIN_S if stage == 2 else TRAILER_S))
+                        spared += budget.left - min(budget.left, DRAIN_BYTES)
                         budget.left = min(budget.left, DRAIN_BYTES)
                         reading.enter_context(reads_until(until))
             except Exception as exc:  # noqa: BLE001 - each bound's own words; once complete, nothing is lost
-                if not reply.finished:
+                if stage == 0:
                     _fail_read(reply, exc)
 
     def _take(self, event: str, data: bytes, reply: StreamReply, on_text: Callable[[str], None] | None) -> bool:
