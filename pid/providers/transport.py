@@ -713,8 +713,8 @@ class StreamingProvider:
                     if now_stage > stage:
                         stage, size = now_stage, reply.size
                         until = min(until, time.monotonic() + (DRAIN_S if stage == 2 else TRAILER_S))
-                        spared += budget.left - min(budget.left, DRAIN_BYTES)
-                        budget.left = min(budget.left, DRAIN_BYTES)
+                        spared = max(budget.left - DRAIN_BYTES, 0)   # (given back should the reply go on)
+                        budget.left -= spared
                         reading.enter_context(reads_until(until))
             except Exception as exc:  # noqa: BLE001 - each bound's own words; once complete, nothing is lost
                 if stage == 0:
