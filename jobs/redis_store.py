@@ -47,8 +47,8 @@ import redis
 from pid.endings import ExitReason, status_of
 from pid.jobs.brokers import shown_url
 from pid.jobs.spec import DEFAULT_QUEUE, JobSpec
-from pid.jobs.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing, Capped, Controls,
-                            JobRecord, WorkerBeat, _policy, _pool, _queues, blob_from_file, blob_hex,
+from pid.jobs.store import (ALIVE_WITHIN_S, ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing,
+                            Capped, Controls, JobRecord, WorkerBeat, _policy, _pool, _queues, blob_from_file, blob_hex,
                             check_artifact_name,
                             retention_s, sum_usage)
 
@@ -403,12 +403,14 @@ class RedisHeartbeats(RedisDb):
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
              taking_jobs: bool, queues: "builtins.list[str] | None" = None,
              policy: dict[str, Any] | None = None, identity: str | None = None,
-             alarm: str | None = None, pool: "builtins.list[dict[str, Any]] | None" = None) -> None:
-        """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs."""
+             alarm: str | None = None, pool: "builtins.list[dict[str, Any]] | None" = None,
+             silent_s: float = ALIVE_WITHIN_S) -> None:
+        """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs, `resumed_at`
+        when it was last heard again after a silence of over silent_s."""
         self._run("beat", node, host=host, pid=pid, boot_id=boot_id, concurrency=concurrency, running=running,
                   taking_jobs=taking_jobs, queues=",".join(queues or [DEFAULT_QUEUE]),
                   policy=json.dumps(policy or {}), identity=identity, alarm=alarm,
-                  pool=json.dumps(pool) if pool else None)
+                  pool=json.dumps(pool) if pool else None, silent_s=silent_s)
 
     def worker_stopped(self, node: str) -> None:
         """The worker stopped cleanly: its heartbeat stays, marked stopped, until forget_silent_workers."""
@@ -626,11 +628,11 @@ def _batch(batch_id: str, found: Any) -> BatchInfo | None:
 
 
 def _beat(fields: dict[bytes, bytes]) -> WorkerBeat:
-    free, stopped = _text(fields, "free_since"), _text(fields, "stopped_at")
+    free, stopped, resumed = _text(fields, "free_since"), _text(fields, "stopped_at"), _text(fields, "resumed_at")
     return WorkerBeat(_text(fields, "node") or "", _text(fields, "host") or "", int(_text(fields, "pid") or 0),
                       _text(fields, "boot_id"), int(_text(fields, "concurrency") or 0),
                       int(_text(fields, "running") or 0), float(free) if free is not None else None,
                       float(_text(fields, "started_at") or 0), float(_text(fields, "beat_at") or 0),
                       _queues(_text(fields, "queues")), _policy(_text(fields, "policy")), _text(fields, "identity"),
                       float(stopped) if stopped is not None else None, _text(fields, "alarm"),
-                      _pool(_text(fields, "pool")))
+                      _pool(_text(fields, "pool")), float(resumed) if resumed is not None else None)

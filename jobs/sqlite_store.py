@@ -17,9 +17,9 @@ from typing import Any, BinaryIO, Iterator
 
 from pid.endings import ExitReason, status_of
 from pid.jobs.spec import DEFAULT_QUEUE, JobSpec
-from pid.jobs.store import (ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing, Capped, Controls,
-                            JobRecord, StoreUnavailable, WorkerBeat, _policy, _pool, _queues, blob_from_file, blob_hex,
-                            check_artifact_name, retention_s, sum_usage)
+from pid.jobs.store import (ALIVE_WITHIN_S, ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing,
+                            Capped, Controls, JobRecord, StoreUnavailable, WorkerBeat, _policy, _pool, _queues,
+                            blob_from_file, blob_hex, check_artifact_name, retention_s, sum_usage)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -66,7 +66,8 @@ CREATE TABLE IF NOT EXISTS workers (
   identity TEXT,                   -- its process's boot, pid namespace and start time (worker/control.py)
   stopped_at REAL,                 -- when it stopped cleanly; NULL: it has not (alive, or killed: silent)
   alarm TEXT,                      -- what went badly wrong that its user must know (jobs/store_watch.py)
-  pool TEXT                        -- its warm pool, JSON: per image, sandboxes ready and their memory
+  pool TEXT,                       -- its warm pool, JSON: per image, sandboxes ready and their memory
+  resumed_at REAL                  -- its first beat after a silence, from the same process (jobs/store.py WorkerBeat)
 );
 CREATE TABLE IF NOT EXISTS inbox (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -117,7 +118,7 @@ ADDED_COLUMNS = {"kind": "TEXT NOT NULL DEFAULT 'worker'", "usage": "TEXT", "ear
                  "batch": "TEXT",
                  "rid": "TEXT"}   # the id reversed: a suffix of ids is a prefix of these (indexed)
 WORKER_COLUMNS = {"queues": "TEXT", "policy": "TEXT", "identity": "TEXT", "stopped_at": "REAL", "alarm": "TEXT",
-                  "pool": "TEXT"}
+                  "pool": "TEXT", "resumed_at": "REAL"}
 
 
 # SQLite's state must not be copied mid-operation into a forked child (its mutexes, a half-done write): every
@@ -550,8 +551,10 @@ class SqliteHeartbeats(SqliteDb):
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
              taking_jobs: bool, queues: "builtins.list[str] | None" = None,
              policy: dict[str, Any] | None = None, identity: str | None = None,
-             alarm: str | None = None, pool: "builtins.list[dict[str, Any]] | None" = None) -> None:
-        """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs."""
+             alarm: str | None = None, pool: "builtins.list[dict[str, Any]] | None" = None,
+             silent_s: float = ALIVE_WITHIN_S) -> None:
+        """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs, `resumed_at`
+        when it was last heard again after a silence of over silent_s."""
         now = time.time()
         free = taking_jobs and running < concurrency
         with self._db() as db:
@@ -563,10 +566,12 @@ class SqliteHeartbeats(SqliteDb):
                 "beat_at = excluded.beat_at, boot_id = excluded.boot_id, queues = excluded.queues, "
                 "policy = excluded.policy, "
                 "identity = excluded.identity, alarm = excluded.alarm, pool = excluded.pool, stopped_at = NULL, "
-                "free_since = CASE WHEN ? THEN COALESCE(workers.free_since, excluded.beat_at) ELSE NULL END",
+                "free_since = CASE WHEN ? THEN COALESCE(workers.free_since, excluded.beat_at) ELSE NULL END, "
+                "resumed_at = CASE WHEN workers.identity = excluded.identity AND workers.stopped_at IS NULL "
+                "AND excluded.beat_at - workers.beat_at > ? THEN excluded.beat_at ELSE workers.resumed_at END",
                 (node, host, pid, boot_id, concurrency, running, now if free else None, now, now,
                  ",".join(queues or [DEFAULT_QUEUE]), json.dumps(policy) if policy else None, identity, alarm,
-                 json.dumps(pool) if pool else None, free))
+                 json.dumps(pool) if pool else None, free, silent_s))
 
     def worker_stopped(self, node: str) -> None:
         """The worker stopped cleanly: its heartbeat stays, marked stopped (`pid workers --all` lists it), until

@@ -189,6 +189,10 @@ class Controls:
     mail: bool           # undelivered steer / follow-up messages wait
 
 
+BEAT_S = 2.0                          # a worker's heartbeat (worker/housekeeping.py)
+ALIVE_WITHIN_S = 3 * BEAT_S + 1      # a worker not heard from for this long (three beats missed) is presumed gone
+
+
 @dataclass
 class WorkerBeat:
     node: str
@@ -206,6 +210,9 @@ class WorkerBeat:
     stopped_at: float | None = None   # when it stopped cleanly (None: it has not)
     alarm: str | None = None   # what went badly wrong that its user must know (jobs/store_watch.py)
     pool: list[dict[str, Any]] = field(default_factory=list)   # its warm pool: per image, sandboxes ready, memory
+    # its last beat after a silence of over ALIVE_WITHIN_S, from the same process (its identity): the store was out
+    # of its reach, and came back (jobs/sweep.py)
+    resumed_at: float | None = None
 
 
 class StoreBase(Protocol):
@@ -283,14 +290,14 @@ class DispatchRecords(StoreBase, Protocol):
 
 
 class Heartbeats(StoreBase, Protocol):
-    """Workers' heartbeats: who is alive, what it consumes and admits, and a kept stop. Written by
-    worker/housekeeping.py, read through jobs/workers.py live_workers by reconcile and the CLI (`pid workers`, submit's
-    refusal of a job no worker admits)."""
+    """Workers' heartbeats: who is alive, what it consumes and admits, a kept stop, and a return from silence. Written
+    by worker/housekeeping.py, read through jobs/workers.py live_workers by reconcile and the CLI (`pid workers`,
+    submit's refusal of a job no worker admits), and by jobs/sweep.py (a lapsed lease on another host)."""
 
     def beat(self, node: str, host: str, pid: int, boot_id: str | None, concurrency: int, running: int,
              taking_jobs: bool, queues: "builtins.list[str] | None" = None,
              policy: dict[str, Any] | None = None, identity: str | None = None, alarm: str | None = None,
-             pool: "builtins.list[dict[str, Any]] | None" = None) -> None: ...
+             pool: "builtins.list[dict[str, Any]] | None" = None, silent_s: float = ALIVE_WITHIN_S) -> None: ...
     def worker_stopped(self, node: str) -> None: ...
     def forget_silent_workers(self, silent_s: float = 86400) -> None: ...
     def workers(self, alive_within_s: float | None = None) -> "builtins.list[WorkerBeat]": ...

@@ -18,7 +18,7 @@ from pid.endings import ENDINGS, ExitReason, status_of
 from pid.jobs.results import log_job, with_earlier_attempts
 from pid.jobs.identity import proc_stat, process_alive
 from pid.jobs.spec import JobSpec, write_json_atomic
-from pid.jobs.store import JobRecord, Store
+from pid.jobs.store import ALIVE_WITHIN_S, JobRecord, Store, WorkerBeat
 from pid import settings
 
 log = logging.getLogger("pid.worker")
@@ -30,6 +30,9 @@ MAX_ATTEMPTS = settings.MAX_ATTEMPTS.get()   # a job whose worker was lost this 
 # at once, the job had run again from the start beside the first attempt (found by a new-user test: a 40 s Redis
 # outage). A worker stopped or hung for longer loses the job then, as one that died loses it when its lease lapses.
 ALIVE_GRACE_S = 300.0
+# A lease held on another host: its process cannot be seen from here, so the workers' heartbeats stand in for it
+# within the same grace (store_just_back); a worker heard again after a silence holds every sweeper off for a lease
+LEASE_S = settings.LEASE_S.get()
 
 Ended = Callable[[JobRecord], None]
 
@@ -40,14 +43,19 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
     Returns the ids ended."""
     ended = []
     now = store.now()   # the clock the store's times are on
+    beats: list[WorkerBeat] | None = None   # read once, and only for a lapsed lease held on another host
     for record in store.suspects(host=socket.gethostname()):
         lapsed = (record.lease_until or 0) < now
-        alive = owner_alive(record)   # None: not knowable from here (another host): the lease decides
+        alive = owner_alive(record)   # None: not knowable from here (another host): lease and heartbeats decide
         if (not lapsed and alive is not False) or (lapsed and alive and record.kind == "run"):
             continue  # alive; a `pid run` stopped (Ctrl-Z, a suspended machine) renews its lease when it goes on
         written = _written_result(record, store)
-        if written is None and lapsed and alive and now - (record.lease_until or 0) < ALIVE_GRACE_S:
-            continue  # a live worker cut off from the store renews at its first poll that reaches it
+        if written is None and lapsed and alive is not False and now - (record.lease_until or 0) < ALIVE_GRACE_S:
+            if alive:
+                continue  # a live worker cut off from the store renews at its first poll that reaches it
+            beats = store.workers() if beats is None else beats
+            if store_just_back(record, beats, now):
+                continue
         if written is not None:   # it ended and wrote result.json, then died before telling the store: that holds
             if store.finish(record.id, written["exit_reason"], owner=record.owner, error=written.get("error"),
                             turns=written.get("turns"), tool_calls=written.get("tool_calls"),
@@ -87,6 +95,22 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
             if on_end:
                 on_end(store.get(record.id) or record)
     return ended
+
+
+def store_just_back(record: JobRecord, beats: list[WorkerBeat], now: float) -> bool:
+    """Whether a lease held on another host lapsed because the store was out of reach, rather than because its holder
+    died: its worker has beaten since the lapse (it renews at its next poll), no worker reaches the store yet (it is
+    only just back), or a worker came back from a silence less than a lease ago (so may the holder, a moment later).
+    Found by a new-user test: after a 40 s Redis outage, another host's sweep ran a live worker's jobs again."""
+    host, pid = _owner(record)
+    identity = _owner_identity(record)
+    live = [b for b in beats if b.stopped_at is None]
+    if any((b.host, b.pid, b.identity) == (host, pid, identity) and b.beat_at > (record.lease_until or 0)
+           for b in live if identity):
+        return True
+    if not any(now - b.beat_at <= ALIVE_WITHIN_S for b in live):
+        return True
+    return any(b.resumed_at is not None and now - b.resumed_at < LEASE_S for b in live)
 
 
 def _written_result(record: JobRecord, store: Store | None = None) -> dict[str, Any] | None:
@@ -184,7 +208,7 @@ def owner_alive(record: JobRecord) -> bool | None:
     host, pid = _owner(record)
     if host != socket.gethostname() or pid is None:
         return None
-    identity = (record.owner or "").rsplit(":", 1)[-1].partition(".")[2]
+    identity = _owner_identity(record)
     if not identity:   # an owner recorded by an older pid: judged by the start time against the claim
         return _alive_since(pid, record.claimed_at or record.started_at or record.created_at)
     return process_alive(host, pid, identity)
@@ -225,6 +249,10 @@ def _owner(record: JobRecord) -> tuple[str, int | None]:
         return parts[0], int(parts[1])
     except ValueError:
         return parts[0], None
+
+
+def _owner_identity(record: JobRecord) -> str:
+    return (record.owner or "").rsplit(":", 1)[-1].partition(".")[2]
 
 
 def _who(record: JobRecord) -> str:

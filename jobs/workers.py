@@ -4,10 +4,9 @@ some live worker takes the job's queue and allows it)."""
 from __future__ import annotations
 
 from pid.jobs.identity import process_alive
-from pid.jobs.store import Heartbeats, WorkerBeat
+from pid.jobs.store import ALIVE_WITHIN_S, BEAT_S, Heartbeats, WorkerBeat
 
-BEAT_S = 2.0                          # a worker's heartbeat
-ALIVE_WITHIN_S = 3 * BEAT_S + 1      # a worker not heard from for this long (three beats missed) is presumed gone
+__all__ = ["ALIVE_WITHIN_S", "BEAT_S", "live_workers", "process_gone", "worker_state"]
 
 
 def worker_state(beat: WorkerBeat, now: float) -> str:

@@ -81,6 +81,7 @@ def test_a_cancelled_job_whose_worker_died_ends_cancelled_with_a_result(tmp_path
     assert store.claim(job.id, "dead-worker", lease_s=0.2)
     assert store.request_cancel(job.id) == "running"   # the worker would have stopped it, but it died
     time.sleep(0.3)
+    a_worker_reaches_the_store(store)
     sweep(store)
     record = store.get(job.id)
     assert (record.status, record.exit_reason) == ("cancelled", "cancelled")
@@ -210,6 +211,44 @@ def test_a_live_workers_job_that_wrote_its_result_is_ended_from_it_within_the_gr
     assert (store.get(job.id).status, store.get(job.id).exit_reason) == ("completed", "stop")
 
 
+def test_a_lapsed_lease_held_on_another_host_waits_while_the_heartbeats_say_the_store_is_just_back(tmp_path,
+                                                                                                  monkeypatch):
+    """From another host the holder cannot be seen: its lease lapsed because it died, or because the store was out
+    of everyone's reach (a new-user test: after a 40 s Redis outage, the compose stack's other replica ran a live
+    worker's job again). The sweep holds off while the heartbeats say the store is only just back, and puts the job
+    back once they say the workers reach it and the holder stays silent; past ALIVE_GRACE_S, whatever they say."""
+    from pid.jobs import sweep as sweeping
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job = store.create(spec(tmp_path))
+    owner = "elsewhere:4242:w.boot-4242-1"
+    assert store.claim(job.id, owner, lease_s=0.1)
+    time.sleep(0.2)
+    assert sweeping.sweep(store) == [] and store.get(job.id).status == "running"   # no worker reaches the store yet
+    store.beat("w@elsewhere", "elsewhere", 4242, None, 1, 1, True, identity="boot-4242-1")
+    assert sweeping.sweep(store) == [] and store.get(job.id).status == "running"   # the holder beats: it renews
+    assert store.renew(job.id, owner, 0.1)
+    store.beat("v@other", "other", 7, None, 1, 0, True, identity="boot-7-1")
+    time.sleep(0.3)
+    store.beat("v@other", "other", 7, None, 1, 0, True, identity="boot-7-1", silent_s=0.2)
+    assert sweeping.sweep(store) == [] and store.get(job.id).status == "running"   # v just came back: so may w
+    monkeypatch.setattr(sweeping, "LEASE_S", 0.0)   # v's return is a lease ago; v beats, w is silent: w is gone
+    assert sweeping.sweep(store) == [] and store.get(job.id).status == "queued"
+    assert not store.renew(job.id, owner, 60)
+
+    assert store.claim(job.id, owner, lease_s=0.1)
+    time.sleep(0.2)
+    store.beat("v@other", "other", 7, None, 1, 0, True, identity="boot-7-1")
+    monkeypatch.setattr(sweeping, "LEASE_S", 60.0)
+    monkeypatch.setattr(sweeping, "ALIVE_GRACE_S", 0.05)   # the grace bounds every hold-off
+    assert sweeping.sweep(store) == [] and store.get(job.id).status == "queued"
+
+
+def a_worker_reaches_the_store(store: JobStore) -> None:
+    """A live worker elsewhere beats: a lapsed lease held on another host is then its holder's death, not the
+    store's outage (jobs/sweep.store_just_back)."""
+    store.beat("live@elsewhere", "elsewhere", 1, None, 1, 0, True, identity="boot-1-1")
+
+
 def test_the_sweep_fails_a_job_whose_attempts_are_used_up_with_its_counts(tmp_path):
     from pid.jobs.sweep import MAX_ATTEMPTS, sweep
     store = JobStore(str(tmp_path / "jobs.db"))
@@ -218,6 +257,7 @@ def test_the_sweep_fails_a_job_whose_attempts_are_used_up_with_its_counts(tmp_pa
         assert store.claim(job.id, f"w{attempt}", lease_s=0.1)
         store.progress(job.id, f"w{attempt}", 1, 1, {"input": 100, "output": 10, "total_tokens": 110, "cost": 0.1})
         time.sleep(0.2)
+    a_worker_reaches_the_store(store)
     assert sweep(store) == [job.id]
     record = store.get(job.id)
     assert (record.status, record.exit_reason) == ("failed", "worker_lost")

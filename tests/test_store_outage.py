@@ -73,6 +73,58 @@ def test_redis_killed_for_10s_under_4_running_jobs_all_complete(run_pid, pid_env
     assert text.count("waits for it") >= 4 and "the job store is back" in text, text   # each end met the outage
 
 
+# A sweeper on another machine (the compose file's other replica, its client): the holder's process cannot be seen
+# from there, so only the store's lease and heartbeats tell it anything
+SWEEP_ON_ANOTHER_HOST = """
+import socket, sys, time
+socket.gethostname = lambda: "another-host"
+from pid.jobs.redis_store import RedisStore
+from pid.jobs.sweep import sweep
+store, until = RedisStore(sys.argv[1]), time.monotonic() + float(sys.argv[2])
+while time.monotonic() < until:
+    try:
+        print(sweep(store), flush=True)
+    except Exception as exc:
+        print(type(exc).__name__, flush=True)   # the store is still down
+    time.sleep(0.2)
+"""
+
+
+@pytest.mark.docker
+def test_a_redis_outage_longer_than_the_lease_runs_no_job_twice_from_another_host(run_pid, pid_env, sample_repo,
+                                                                                   tmp_path):
+    """A new-user test of the compose stack: Redis down for longer than the lease; the first sweep to reach it again
+    (the other replica's, a `pid status` on another machine) found the lease lapsed and put the job back, and it ran
+    twice. The heartbeats now say the store is only just back: the sweep holds off, the worker renews its lease where
+    it was, and the job completes once."""
+    redis = _redis(tmp_path, appendonly=True)
+    env = {**pid_env, "PID_BROKER_URL": redis.url, "PID_SWEEP_S": "1", "PID_LEASE_S": "3"}
+    store = RedisStore(redis.url)
+    model = JobsModel(first_commands={"chaos-0": "sleep 14"})
+    log = tmp_path / "w.log"
+    try:
+        with ScriptedLLM(responder=model) as llm:
+            worker = start_worker(env, tmp_path, log, concurrency=1)
+            try:
+                job = _submit(run_pid, env, sample_repo, llm, tmp_path / "out", 0)
+                _wait_running_tool(store, [job], log)
+                redis.kill()
+                # longer than the lease (3 s) and than a worker's silence before it is presumed gone (7 s)
+                elsewhere = subprocess.Popen([sys.executable, "-c", SWEEP_ON_ANOTHER_HOST, redis.url, "13"], env=env,
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                time.sleep(9)
+                redis.start()   # the sweeper elsewhere is at it within 0.2 s, before or after the worker's first beat
+                swept, _ = elsewhere.communicate(timeout=60)
+                _wait_ended(store, [job], [log], timeout=120)
+            finally:
+                stop_worker(worker)
+        (record,) = _all_completed_once(store, [job], model)
+    finally:
+        redis.stop()
+    assert "[]" in swept, swept   # it did sweep after the outage
+    assert record.attempts == 1 and "back in the queue" not in log.read_text(), (swept, log.read_text())
+
+
 @pytest.mark.cli
 def test_a_volatile_redis_store_is_refused_unless_allowed(pid_env, tmp_path):
     redis = _redis(tmp_path, snapshots=False)
