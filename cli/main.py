@@ -496,13 +496,13 @@ def logs(job_id: str, follow: bool, as_json: bool, verbose: bool) -> None:
     try:
         while True:
             try:
-                record = store.get(job_id)
-                if line and record is not None:
+                record = _still_there(store, job_id)
+                if line:
                     latest[0] = record
                     line.draw()
                 notice()
                 follower.poll(wait_s=1.0)
-                if record is None or record.terminal:
+                if record.terminal:
                     follower.poll()
                     return
                 outage.reached()

@@ -313,3 +313,25 @@ def test_waiting_on_a_job_whose_record_vanishes_says_so(tmp_path, monkeypatch):
     with pytest.raises(NoSuchJob, match="no longer in the job store") as raised:
         _wait_and_exit(store, job.id, as_json=True, follow=False)
     assert raised.value.exit_code == 2
+
+
+def test_following_the_log_of_a_job_whose_record_vanishes_says_so(tmp_path, monkeypatch):
+    """`pid logs -f` on a job whose record the store lost ended at once, exit 0, with nothing said."""
+    import sqlite3
+    import threading
+
+    from click.testing import CliRunner
+
+    from pid.cli.main import cli
+    monkeypatch.setenv("PID_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("PID_BROKER_URL", raising=False)
+    path = str(tmp_path / "home" / "jobs.db")
+    job = JobStore(path).create(spec(tmp_path))
+
+    def lose() -> None:
+        with sqlite3.connect(path) as db:
+            db.execute("DELETE FROM jobs WHERE id = ?", (job.id,))
+
+    threading.Timer(0.5, lose).start()
+    res = CliRunner().invoke(cli, ["logs", "-f", job.id])
+    assert res.exit_code == 2 and "no longer in the job store" in res.output, res.output
