@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from pid.config import endpoint
 from pid.sandbox.config import parse_user
 from pid.sandbox.disk import format_size, parse_size
-from pid.jobs.spec import JobSpec
+from pid.jobs.spec import NETWORKS, JobSpec
 
 if TYPE_CHECKING:
     from pid.jobs.store import WorkerBeat
@@ -151,6 +151,9 @@ def _value(key: str, value: Any) -> Any:
     if key in ("max_cpus", "max_timeout", "max_cost", "max_pids"):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 2 ** 53:
             raise wrong("a number from 0 to 2**53")
+        least = _LEAST.get(key)
+        if least is not None and value < least:   # under what any job may ask: the worker would refuse every job
+            raise wrong(f"at least {least:g}, the least a job can ask (below it no job is admitted)")
         if key == "max_pids":
             if not float(value).is_integer():
                 raise wrong("a whole number")
@@ -162,7 +165,16 @@ def _value(key: str, value: Any) -> Any:
         return value
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise wrong('a list of names, e.g. ["a", "b"]')
+    if key == "allow_network" and not set(value) <= set(NETWORKS):   # a typo would admit no job
+        raise wrong(f"a list of the networks {_listed(NETWORKS)}")
+    if key in ("base_urls", "repos") and not all("://" in v for v in value):   # matched part by part from the scheme
+        raise wrong('a list of URLs with their scheme, e.g. ["https://api.example.com/*"]')
     return tuple(value)
+
+
+# The least a job may ask for each limited value (jobs/spec.py's bounds): a policy maximum under it admits no job.
+_LEAST = {rule: next(f.metadata["min"] for f in fields(JobSpec) if f.name == name)
+          for rule, name in (("max_cpus", "cpus"), ("max_pids", "pids_limit"), ("max_timeout", "timeout_s"))}
 
 
 def load(path: str) -> Policy:

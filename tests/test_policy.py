@@ -125,7 +125,11 @@ def test_a_policy_file_is_checked_key_by_key(tmp_path, strict):
     assert image_name("reg:5000/a/b") == "reg:5000/a/b:latest" and image_name("a@sha256:" + "0" * 64).endswith("0")
     bad = {"max_memory = \"4x\"": "max_memory", "max_cpus = \"2\"": "max_cpus", "colour = 1": "unknown key colour",
            "images = \"a\"": "images", "allow_root = 1": "allow_root", "max_pids = 2.5": "max_pids",
-           "max_cost = nan": "max_cost", "max_timeout = -1": "max_timeout", "[x": "not TOML"}
+           "max_cost = nan": "max_cost", "max_timeout = -1": "max_timeout", "[x": "not TOML",
+           # values no job can meet: the worker would refuse every job, each after the user waited for it
+           "max_cpus = 0": "max_cpus = 0: expected at least 0.01", "max_pids = 8": "max_pids = 8: expected at least 16",
+           "max_timeout = 0": "max_timeout", 'allow_network = ["nonee"]': 'networks \\["none", "bridge"\\]',
+           'base_urls = ["api.openai.com/v1"]': "URLs with their scheme", 'repos = ["github.com/*"]': "repos"}
     for text, named in bad.items():
         path = tmp_path / "bad.toml"
         path.write_text(text + "\n")
