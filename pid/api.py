@@ -41,11 +41,13 @@ def submit(task: str, repo: str | os.PathLike[str] | None = None, **options: Any
     return Job(spec.id)
 
 
-def run(task: str, repo: str | os.PathLike[str] | None = None, **options: Any) -> dict[str, Any]:
+def run(task: str, repo: str | os.PathLike[str] | None = None, on_start: Callable[[Job], None] | None = None,
+        **options: Any) -> dict[str, Any]:
     """Run one job in this process, as `pid run` does (no queue, no worker; its sandbox on this machine's engine),
     and return its result: what `pid run --json` prints (result.json; the patch is OUT/<id>/patch.diff, or
     pid.job(result["id"]).patch()). A failed or cancelled job is a result too; PidError is for what stops it before
-    it starts. It is in the job store meanwhile: `pid list`, `pid steer`, `pid cancel` reach it."""
+    it starts. It is in the job store meanwhile: `pid list`, `pid steer`, `pid cancel` reach it, and so does the Job
+    that `on_start(job)` is given as it goes in (from this thread: another thread may steer or cancel it)."""
     params = _parse("run", task, repo, options)
     from pid.jobs import submission
     api_key = params.pop("api_key")
@@ -53,6 +55,15 @@ def run(task: str, repo: str | os.PathLike[str] | None = None, **options: Any) -
                                   max_workspace=params.pop("max_workspace"), warn=_warn)
     from pid import events
     starting, job = submission.start_foreground(spec)
+    if on_start is not None:
+        try:
+            on_start(Job(spec.id))
+        except BaseException as exc:   # the job ends before its agent starts, and its sandbox goes
+            from pid.worker.sandbox_start import abandon
+            abandon(starting)
+            job.end(None, error=None if isinstance(exc, KeyboardInterrupt) else
+                    f"on_start raised {type(exc).__name__}: {exc}")
+            raise
     return submission.run_foreground(spec, job, starting, api_key=api_key, sink=events.ignore)
 
 

@@ -185,6 +185,45 @@ def test_run_in_this_process_returns_the_result(api_env, sample_repo, tmp_path):
 
 @pytest.mark.docker
 @pytest.mark.cli
+def test_run_hands_its_job_over_as_it_starts_and_another_thread_cancels_it(api_env, sample_repo, tmp_path):
+    """pid.run blocks; on_start gives the caller the Job while it runs (it had no id to steer or cancel by)."""
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}, {"text": "never"}]
+    started: list[pid.Job] = []
+    with ScriptedLLM(script) as llm:
+        def cancel_once_running() -> None:
+            wait_until(lambda: started and len(llm.requests) >= 1, what="the job's first model call")
+            assert started[0].status() == "running"
+            started[0].cancel()
+        canceller = threading.Thread(target=cancel_once_running)
+        canceller.start()
+        result = pid.run("wait", repo=sample_repo, model="scripted", base_url=llm.base_url,
+                         out_dir=str(tmp_path / "out"), on_start=started.append)
+        canceller.join(timeout=30)
+    assert [job.id for job in started] == [result["id"]]
+    assert (result["status"], result["exit_reason"]) == ("cancelled", "cancelled"), result
+
+
+@pytest.mark.docker
+@pytest.mark.cli
+def test_run_s_on_start_that_raises_ends_the_job_and_leaves_no_sandbox(api_env, sample_repo, tmp_path):
+    from pid.jobs.sqlite_store import JobStore
+    from tests.conftest import pid_containers
+
+    def refuse(job: pid.Job) -> None:
+        raise RuntimeError("no room for it")
+    with ScriptedLLM([{"text": "never"}]) as llm:
+        with pytest.raises(RuntimeError, match="no room"):
+            pid.run("t", repo=sample_repo, model="scripted", base_url=llm.base_url, out_dir=str(tmp_path / "out"),
+                    on_start=refuse)
+        assert llm.requests == []
+    (record,) = JobStore(os.path.join(api_env["PID_HOME"], "jobs.db")).list()
+    assert (record.status, record.error) == ("failed", "on_start raised RuntimeError: no room for it")
+    wait_until(lambda: not [c for c in pid_containers() if c.labels.get("pid.job") == record.id
+                            and c.status != "removing"], timeout=15, what="the job's sandbox to go")
+
+
+@pytest.mark.docker
+@pytest.mark.cli
 def test_a_keyboard_interrupt_in_pid_run_is_recorded_alike_in_result_json_and_the_store(api_env, sample_repo,
                                                                                         tmp_path):
     """pid.run installs no signal handler: a Ctrl-C in its process is a KeyboardInterrupt, which propagates. The job's
