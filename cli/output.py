@@ -249,6 +249,10 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool, said: set[
                 echo(styled("check output, its last lines:", dim=True), err=True)
             for line in tail:
                 echo(f"  {line}", err=True)
+        if isinstance(check.get("original_missing"), list) and check["original_missing"]:
+            echo(styled("warning: --check-original " + ", ".join(one_line(str(p)) for p in check["original_missing"])
+                        + ": not in the original workspace (the check saw none there: a misspelt path protects "
+                        "nothing)", fg="yellow"), err=True)
     if result.get("error") and said_key(str(result["error"])) not in said:
         echo(styled(f"error: {one_line(str(result['error']))}", fg="red"), err=True)
     if result.get("warning"):

@@ -351,6 +351,20 @@ def test_pid_run_exits_0_when_the_agent_fixes_the_bug_and_4_when_it_does_not(run
 
 @pytest.mark.docker
 @pytest.mark.cli
+def test_a_check_original_path_the_workspace_lacks_is_said(run_pid, buggy, tmp_path):
+    """`--check-original tests/test_calc.py` for a test at the top: it protected nothing, and said nothing."""
+    with ScriptedLLM(FIX) as llm:
+        res = run_pid("run", *_options(llm, tmp_path / "out", buggy, "--check", UNITTEST, "--check-original",
+                                       "test_calc.py", "--check-original", "tests/test_calc.py"))
+    assert res.code == 0, res.stderr
+    check = json.loads(next((tmp_path / "out").glob("*/result.json")).read_text())["check"]
+    assert (check["original"], check["original_missing"]) == (["test_calc.py", "tests/test_calc.py"],
+                                                              ["tests/test_calc.py"])
+    assert "warning: --check-original tests/test_calc.py: not in the original workspace" in res.stderr, res.stderr
+
+
+@pytest.mark.docker
+@pytest.mark.cli
 def test_pid_run_a_check_past_its_timeout_fails_the_job(run_pid, buggy, tmp_path):
     with ScriptedLLM(FIX) as llm:
         started = time.monotonic()

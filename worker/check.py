@@ -40,6 +40,7 @@ class Check:
     cancelled: bool = False    # the job was cancelled while its check ran
     error: str | None = None   # the check could not run (the sandbox failed): it has not passed
     original: tuple[str, ...] = ()   # the workspace paths it saw as the original has them (--check-original)
+    original_missing: tuple[str, ...] = ()   # those of them the original does not have (a misspelt path?)
 
     def to_result(self) -> dict[str, Any]:
         result: dict[str, Any] = {"command": self.command, "exit_code": self.exit_code, "passed": self.passed,
@@ -47,6 +48,8 @@ class Check:
                                   "timed_out": self.timed_out, "ran_on": "patch"}
         if self.original:
             result["original"] = list(self.original)
+        if self.original_missing:
+            result["original_missing"] = list(self.original_missing)
         if self.cancelled:
             result["cancelled"] = True
         if self.error:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
+import shlex
 import threading
 import time
 from concurrent.futures import Future
@@ -28,6 +29,7 @@ from pid.jobs.snapshot import import_into
 from pid.jobs.trees import remove_tree
 
 CHECK_START_TIMEOUT_S = 300.0   # the check's fresh sandbox must be up by then (else the check could not run)
+PROBE_TIMEOUT_S = 30.0          # to look for the --check-original paths in it
 
 Collecting = Callable[[JobSandbox, Callable[[], "str | None"]], "str | None"]   # one collection under its deadline
 
@@ -77,6 +79,7 @@ def _check(job: JobRun) -> tuple[Check, JobSandbox | None]:
     assert spec.check is not None and job.checking is not None
     job.sink(ev.CheckStart(spec.check))
     original = tuple(spec.check_original)
+    missing: tuple[str, ...] = ()
     started = time.monotonic()
     box: JobSandbox | None = None
     try:
@@ -86,6 +89,7 @@ def _check(job: JobRun) -> tuple[Check, JobSandbox | None]:
             raise SandboxError(f"the check's sandbox did not start within {CHECK_START_TIMEOUT_S:g}s") from None
         watchdog.arm(COLLECT_TIMEOUT_S + spec.check_timeout_s + GRACE_S, box.kill, "check")
         _original_workspace(box, job)
+        missing = _not_in_original(box, original)
         with open(os.path.join(job.job_dir, "patch.diff"), "rb") as f:
             apply_patch(box, f.read(), original, whose="the job's patch")
         if job.cancel.is_set():
@@ -101,7 +105,7 @@ def _check(job: JobRun) -> tuple[Check, JobSandbox | None]:
             check = Check(spec.check, None, False, took, "", error=describe(exc))
     finally:
         watchdog.disarm()
-    check = dataclasses.replace(check, original=original)
+    check = dataclasses.replace(check, original=original, original_missing=missing)
     job.sink(ev.CheckEnd(check.to_result()))
     return check, box
 
@@ -116,6 +120,21 @@ def _original_workspace(box: JobSandbox, job: JobRun) -> None:
         import_into(box, f"{workspace['url']}#{workspace['commit']}", None)
     else:
         import_into(box, job.spec.repo, job.spec.workspace, job.blobs, snapshot=job.snapshot)
+
+
+def _not_in_original(box: JobSandbox, original: tuple[str, ...]) -> tuple[str, ...]:
+    """The --check-original paths the original workspace does not have: the check sees them absent (what the agent
+    made there is left out), which a misspelt path protects nothing by; result.json says so. Asked of the check's
+    fresh sandbox, before the patch: nothing of the agent's is there yet."""
+    if not original:
+        return ()
+    names = " ".join(shlex.quote(path) for path in original)
+    done = box.exec(f"i=0; for p in {names}; do [ -e \"$p\" ] || [ -L \"$p\" ] || echo $i; i=$((i + 1)); done",
+                    timeout=PROBE_TIMEOUT_S)
+    if done.exit_code != 0:
+        raise SandboxError(f"looking for the --check-original paths failed (exit {done.exit_code})")
+    found = done.tail.decode("ascii", errors="replace").split()
+    return tuple(original[int(i)] for i in found if i.isdigit() and int(i) < len(original))
 
 
 def _after_check(outcome: Outcome, check: Check) -> Outcome:
