@@ -346,22 +346,29 @@ def test_close_of_busy_mount_unmounts_lazily(root: str) -> None:
 
 @needs_disks
 def test_discard_drops_unflushed_data_instead_of_writing_it_to_the_host(root: str) -> None:
-    d = JobDisk.create(root, "job", 1 * GiB, layout=LAYOUT)
-    try:
-        with open(d.path("workspace") + "/dirty", "wb") as f:
-            f.write(b"\x5a" * (128 * MiB))        # in the page cache, not yet in the image
-        before = os.stat(d.image).st_blocks * 512
-        assert disk_mod._discard(d.mountpoint, d.image)
-        with pytest.raises(OSError) as err:
-            Path(d.path("workspace"), "more").write_text("x")
-        assert err.value.errno == errno.EIO
-        assert disk_mod._unmount(d.mountpoint)
-        os.sync()
-        after = os.stat(d.image).st_blocks * 512
-        assert after < before + 16 * MiB, f"unmount wrote {(after - before) / MiB:.0f} MiB into the image"
-    finally:
-        d.close()
-    assert not os.path.lexists(d.image) and os.listdir(root) == []
+    """Up to three disks: the kernel's own writeback may flush part of one while it is measured (seen in CI, with
+    the other tests' writes past the machine's dirty-page threshold: 28 of 128 MiB); a discard that did not work
+    writes all of every one."""
+    written = []
+    for n in range(3):
+        d = JobDisk.create(root, f"job{n}", 1 * GiB, layout=LAYOUT)
+        try:
+            with open(d.path("workspace") + "/dirty", "wb") as f:
+                f.write(b"\x5a" * (128 * MiB))        # in the page cache, not yet in the image
+            before = os.stat(d.image).st_blocks * 512
+            assert disk_mod._discard(d.mountpoint, d.image)
+            with pytest.raises(OSError) as err:
+                Path(d.path("workspace"), "more").write_text("x")
+            assert err.value.errno == errno.EIO
+            assert disk_mod._unmount(d.mountpoint)
+            os.sync()
+            written.append((os.stat(d.image).st_blocks * 512 - before) / MiB)
+        finally:
+            d.close()
+        assert not os.path.lexists(d.image) and os.listdir(root) == []
+        if written[-1] < 16:
+            return
+    raise AssertionError(f"unmount wrote {', '.join(f'{w:.0f}' for w in written)} MiB into the images")
 
 
 @needs_disks
