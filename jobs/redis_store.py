@@ -405,8 +405,8 @@ class RedisHeartbeats(RedisDb):
              policy: dict[str, Any] | None = None, identity: str | None = None,
              alarm: str | None = None, pool: "builtins.list[dict[str, Any]] | None" = None,
              silent_s: float = ALIVE_WITHIN_S) -> None:
-        """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs, `resumed_at`
-        when it was last heard again after a silence of over silent_s."""
+        """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs, `silent_since`
+        and `resumed_at` its last silence of over silent_s."""
         self._run("beat", node, host=host, pid=pid, boot_id=boot_id, concurrency=concurrency, running=running,
                   taking_jobs=taking_jobs, queues=",".join(queues or [DEFAULT_QUEUE]),
                   policy=json.dumps(policy or {}), identity=identity, alarm=alarm,
@@ -628,11 +628,13 @@ def _batch(batch_id: str, found: Any) -> BatchInfo | None:
 
 
 def _beat(fields: dict[bytes, bytes]) -> WorkerBeat:
-    free, stopped, resumed = _text(fields, "free_since"), _text(fields, "stopped_at"), _text(fields, "resumed_at")
+    free, stopped = _text(fields, "free_since"), _text(fields, "stopped_at")
+    silent, resumed = _text(fields, "silent_since"), _text(fields, "resumed_at")
     return WorkerBeat(_text(fields, "node") or "", _text(fields, "host") or "", int(_text(fields, "pid") or 0),
                       _text(fields, "boot_id"), int(_text(fields, "concurrency") or 0),
                       int(_text(fields, "running") or 0), float(free) if free is not None else None,
                       float(_text(fields, "started_at") or 0), float(_text(fields, "beat_at") or 0),
                       _queues(_text(fields, "queues")), _policy(_text(fields, "policy")), _text(fields, "identity"),
                       float(stopped) if stopped is not None else None, _text(fields, "alarm"),
-                      _pool(_text(fields, "pool")), float(resumed) if resumed is not None else None)
+                      _pool(_text(fields, "pool")), float(silent) if silent is not None else None,
+                      float(resumed) if resumed is not None else None)

@@ -67,7 +67,8 @@ CREATE TABLE IF NOT EXISTS workers (
   stopped_at REAL,                 -- when it stopped cleanly; NULL: it has not (alive, or killed: silent)
   alarm TEXT,                      -- what went badly wrong that its user must know (jobs/store_watch.py)
   pool TEXT,                       -- its warm pool, JSON: per image, sandboxes ready and their memory
-  resumed_at REAL                  -- its first beat after a silence, from the same process (jobs/store.py WorkerBeat)
+  silent_since REAL,               -- its last silence, from the same process: its beat before (jobs/store.py
+  resumed_at REAL                  -- WorkerBeat), and its beat after
 );
 CREATE TABLE IF NOT EXISTS inbox (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -118,7 +119,7 @@ ADDED_COLUMNS = {"kind": "TEXT NOT NULL DEFAULT 'worker'", "usage": "TEXT", "ear
                  "batch": "TEXT",
                  "rid": "TEXT"}   # the id reversed: a suffix of ids is a prefix of these (indexed)
 WORKER_COLUMNS = {"queues": "TEXT", "policy": "TEXT", "identity": "TEXT", "stopped_at": "REAL", "alarm": "TEXT",
-                  "pool": "TEXT", "resumed_at": "REAL"}
+                  "pool": "TEXT", "silent_since": "REAL", "resumed_at": "REAL"}
 
 
 # SQLite's state must not be copied mid-operation into a forked child (its mutexes, a half-done write): every
@@ -545,6 +546,11 @@ class SqliteDispatch(SqliteDb):
         return [_record(r) for r in rows]
 
 
+# a beat that ends a silence of over `?` seconds of the same process (workers.*: the row before this beat)
+_SILENCE = ("workers.identity = excluded.identity AND workers.stopped_at IS NULL AND "
+            "excluded.beat_at - workers.beat_at > ?")
+
+
 class SqliteHeartbeats(SqliteDb):
     """The workers' heartbeats. (Heartbeats)"""
 
@@ -553,8 +559,8 @@ class SqliteHeartbeats(SqliteDb):
              policy: dict[str, Any] | None = None, identity: str | None = None,
              alarm: str | None = None, pool: "builtins.list[dict[str, Any]] | None" = None,
              silent_s: float = ALIVE_WITHIN_S) -> None:
-        """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs, `resumed_at`
-        when it was last heard again after a silence of over silent_s."""
+        """A worker is alive; `free_since` tracks how long it has had a free slot while taking jobs, `silent_since`
+        and `resumed_at` its last silence of over silent_s."""
         now = time.time()
         free = taking_jobs and running < concurrency
         with self._db() as db:
@@ -567,11 +573,11 @@ class SqliteHeartbeats(SqliteDb):
                 "policy = excluded.policy, "
                 "identity = excluded.identity, alarm = excluded.alarm, pool = excluded.pool, stopped_at = NULL, "
                 "free_since = CASE WHEN ? THEN COALESCE(workers.free_since, excluded.beat_at) ELSE NULL END, "
-                "resumed_at = CASE WHEN workers.identity = excluded.identity AND workers.stopped_at IS NULL "
-                "AND excluded.beat_at - workers.beat_at > ? THEN excluded.beat_at ELSE workers.resumed_at END",
+                f"silent_since = CASE WHEN {_SILENCE} THEN workers.beat_at ELSE workers.silent_since END, "
+                f"resumed_at = CASE WHEN {_SILENCE} THEN excluded.beat_at ELSE workers.resumed_at END",
                 (node, host, pid, boot_id, concurrency, running, now if free else None, now, now,
                  ",".join(queues or [DEFAULT_QUEUE]), json.dumps(policy) if policy else None, identity, alarm,
-                 json.dumps(pool) if pool else None, free, silent_s))
+                 json.dumps(pool) if pool else None, free, silent_s, silent_s))
 
     def worker_stopped(self, node: str) -> None:
         """The worker stopped cleanly: its heartbeat stays, marked stopped (`pid workers --all` lists it), until

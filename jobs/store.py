@@ -210,8 +210,9 @@ class WorkerBeat:
     stopped_at: float | None = None   # when it stopped cleanly (None: it has not)
     alarm: str | None = None   # what went badly wrong that its user must know (jobs/store_watch.py)
     pool: list[dict[str, Any]] = field(default_factory=list)   # its warm pool: per image, sandboxes ready, memory
-    # its last beat after a silence of over ALIVE_WITHIN_S, from the same process (its identity): the store was out
-    # of its reach, and came back (jobs/sweep.py)
+    # its last silence of over ALIVE_WITHIN_S, from the same process (its identity): from its beat before (silent_since)
+    # to its first beat after (resumed_at); the store was out of its reach for that long (jobs/sweep.py)
+    silent_since: float | None = None
     resumed_at: float | None = None
 
 

@@ -31,7 +31,7 @@ MAX_ATTEMPTS = settings.MAX_ATTEMPTS.get()   # a job whose worker was lost this 
 # outage). A worker stopped or hung for longer loses the job then, as one that died loses it when its lease lapses.
 ALIVE_GRACE_S = 300.0
 # A lease held on another host: its process cannot be seen from here, so the workers' heartbeats stand in for it
-# within the same grace (store_just_back); a worker heard again after a silence holds every sweeper off for a lease
+# within the same grace (store_just_back); a worker back from a silence the lapse fell in holds it off for a lease
 LEASE_S = settings.LEASE_S.get()
 
 Ended = Callable[[JobRecord], None]
@@ -99,18 +99,21 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
 
 def store_just_back(record: JobRecord, beats: list[WorkerBeat], now: float) -> bool:
     """Whether a lease held on another host lapsed because the store was out of reach, rather than because its holder
-    died: its worker has beaten since the lapse (it renews at its next poll), no worker reaches the store yet (it is
-    only just back), or a worker came back from a silence less than a lease ago (so may the holder, a moment later).
-    Found by a new-user test: after a 40 s Redis outage, another host's sweep ran a live worker's jobs again."""
+    died (found by a new-user test: after a 40 s Redis outage, another host's sweep ran a live worker's jobs again).
+    The heartbeats tell: its holder beats again, a worker was cut off from the store when the lease lapsed and is back
+    (so may the holder be, a moment later), or no worker that was there then reaches the store yet."""
+    lapse = record.lease_until or 0
+    live = [b for b in beats if b.stopped_at is None]
     host, pid = _owner(record)
     identity = _owner_identity(record)
-    live = [b for b in beats if b.stopped_at is None]
-    if any((b.host, b.pid, b.identity) == (host, pid, identity) and b.beat_at > (record.lease_until or 0)
-           for b in live if identity):
+    if identity and any((b.host, b.pid, b.identity) == (host, pid, identity) and b.beat_at > lapse for b in live):
+        return True   # it renews the lease at its next poll
+    if any(b.silent_since is not None and b.resumed_at is not None and b.silent_since <= lapse <= b.resumed_at
+           and now - b.resumed_at < LEASE_S for b in live):
         return True
-    if not any(now - b.beat_at <= ALIVE_WITHIN_S for b in live):
-        return True
-    return any(b.resumed_at is not None and now - b.resumed_at < LEASE_S for b in live)
+    if record.kind == "run":
+        return False   # (a `pid run` has no heartbeat: the workers' silence says nothing of it)
+    return not any(now - b.beat_at <= ALIVE_WITHIN_S and b.started_at < lapse for b in live)
 
 
 def _written_result(record: JobRecord, store: Store | None = None) -> dict[str, Any] | None:
@@ -252,6 +255,7 @@ def _owner(record: JobRecord) -> tuple[str, int | None]:
 
 
 def _owner_identity(record: JobRecord) -> str:
+    """The lease holder's process identity (worker/control.new_owner), "" for an owner recorded without one."""
     return (record.owner or "").rsplit(":", 1)[-1].partition(".")[2]
 
 

@@ -325,8 +325,8 @@ def test_a_job_that_stored_its_result_then_died_keeps_that_result_on_any_machine
 
     from pid.jobs.sweep import sweep
     spec = make_job(store, tmp_path)
-    assert store.claim(spec.id, "elsewhere:1:x", lease_s=0.2)
     store.beat("live@elsewhere", "elsewhere", 2, None, 1, 0, True)   # the store is reachable: the holder is gone
+    assert store.claim(spec.id, "elsewhere:1:x", lease_s=0.2)
     store_result(store, spec.id, {"id": spec.id, "status": "completed", "exit_reason": "stop", "turns": 4,
                                   "tool_calls": 3, "attempt": 2})   # not this attempt's: ignored
     _time.sleep(0.3)

@@ -78,6 +78,7 @@ def test_a_cancelled_job_whose_worker_died_ends_cancelled_with_a_result(tmp_path
     from pid.jobs.sweep import sweep
     store = JobStore(str(tmp_path / "jobs.db"))
     job = store.create(spec(tmp_path))
+    a_worker_reaches_the_store(store)
     assert store.claim(job.id, "dead-worker", lease_s=0.2)
     assert store.request_cancel(job.id) == "running"   # the worker would have stopped it, but it died
     time.sleep(0.3)
@@ -221,31 +222,50 @@ def test_a_lapsed_lease_held_on_another_host_waits_while_the_heartbeats_say_the_
     store = JobStore(str(tmp_path / "jobs.db"))
     job = store.create(spec(tmp_path))
     owner = "elsewhere:4242:w.boot-4242-1"
+    monkeypatch.setattr(sweeping, "ALIVE_WITHIN_S", 0.2)   # (a worker not heard from for 0.2 s: not reaching it)
+    store.beat("v@other", "other", 7, None, 1, 0, True, identity="boot-7-1")
     assert store.claim(job.id, owner, lease_s=0.1)
-    time.sleep(0.2)
-    assert sweeping.sweep(store) == [] and store.get(job.id).status == "running"   # no worker reaches the store yet
+    time.sleep(0.3)
+    store.beat("new@third", "third", 8, None, 1, 0, True, identity="boot-8-1")   # started after the lapse
+    assert sweeping.sweep(store) == [] and store.get(job.id).status == "running"   # none of the others is back yet
     store.beat("w@elsewhere", "elsewhere", 4242, None, 1, 1, True, identity="boot-4242-1")
     assert sweeping.sweep(store) == [] and store.get(job.id).status == "running"   # the holder beats: it renews
     assert store.renew(job.id, owner, 0.1)
-    store.beat("v@other", "other", 7, None, 1, 0, True, identity="boot-7-1")
-    time.sleep(0.3)
-    store.beat("v@other", "other", 7, None, 1, 0, True, identity="boot-7-1", silent_s=0.2)
-    assert sweeping.sweep(store) == [] and store.get(job.id).status == "running"   # v just came back: so may w
+    time.sleep(0.2)
+    store.beat("v@other", "other", 7, None, 1, 0, True, identity="boot-7-1", silent_s=0.2)   # silent since before
+    assert sweeping.sweep(store) == [] and store.get(job.id).status == "running"   # the lapse: it is back, so may w
     monkeypatch.setattr(sweeping, "LEASE_S", 0.0)   # v's return is a lease ago; v beats, w is silent: w is gone
     assert sweeping.sweep(store) == [] and store.get(job.id).status == "queued"
     assert not store.renew(job.id, owner, 60)
 
+    monkeypatch.setattr(sweeping, "LEASE_S", 60.0)
     assert store.claim(job.id, owner, lease_s=0.1)
     time.sleep(0.2)
-    store.beat("v@other", "other", 7, None, 1, 0, True, identity="boot-7-1")
-    monkeypatch.setattr(sweeping, "LEASE_S", 60.0)
+    store.beat("w@elsewhere", "elsewhere", 4242, None, 1, 1, True, identity="boot-4242-1")
     monkeypatch.setattr(sweeping, "ALIVE_GRACE_S", 0.05)   # the grace bounds every hold-off
     assert sweeping.sweep(store) == [] and store.get(job.id).status == "queued"
 
 
+def test_a_workers_return_holds_off_only_the_leases_that_lapsed_while_it_was_away(tmp_path):
+    """A worker back from a silence that ended before the lease lapsed (a laptop that slept, a blip) says nothing of
+    this lease; and a `pid run` has no heartbeat: the workers' silence says nothing of it either."""
+    from pid.jobs import sweep as sweeping
+    store = JobStore(str(tmp_path / "jobs.db"))
+    store.beat("v@other", "other", 7, None, 1, 0, True, identity="boot-7-1")
+    time.sleep(0.3)
+    store.beat("v@other", "other", 7, None, 1, 0, True, identity="boot-7-1", silent_s=0.2)   # back, just now
+    job, run = store.create(spec(tmp_path)), store.create(spec(tmp_path), kind="run")
+    assert store.claim(job.id, "elsewhere:4242:w.boot-4242-1", lease_s=0.1)
+    assert store.claim(run.id, "elsewhere:4243:r.boot-4243-1", lease_s=0.1)
+    time.sleep(0.2)
+    store.beat("v@other", "other", 7, None, 1, 0, True, identity="boot-7-1")
+    assert sweeping.sweep(store) == [run.id] and store.get(job.id).status == "queued"
+    assert store.get(run.id).exit_reason == "client_lost"
+
+
 def a_worker_reaches_the_store(store: JobStore) -> None:
-    """A live worker elsewhere beats: a lapsed lease held on another host is then its holder's death, not the
-    store's outage (jobs/sweep.store_just_back)."""
+    """A live worker elsewhere, there before the lease lapsed, beats: a lapsed lease held on another host is then its
+    holder's death, not the store's outage (jobs/sweep.store_just_back)."""
     store.beat("live@elsewhere", "elsewhere", 1, None, 1, 0, True, identity="boot-1-1")
 
 
@@ -253,6 +273,7 @@ def test_the_sweep_fails_a_job_whose_attempts_are_used_up_with_its_counts(tmp_pa
     from pid.jobs.sweep import MAX_ATTEMPTS, sweep
     store = JobStore(str(tmp_path / "jobs.db"))
     job = store.create(spec(tmp_path))
+    a_worker_reaches_the_store(store)
     for attempt in range(MAX_ATTEMPTS):
         assert store.claim(job.id, f"w{attempt}", lease_s=0.1)
         store.progress(job.id, f"w{attempt}", 1, 1, {"input": 100, "output": 10, "total_tokens": 110, "cost": 0.1})

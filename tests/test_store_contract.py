@@ -758,15 +758,17 @@ def test_create_many_makes_queued_jobs_at_once_dispatched_or_not(store, tmp_path
 
 
 def test_a_heartbeat_after_a_silence_from_the_same_process_says_when_it_resumed(store):
-    """resumed_at: the worker's first beat after a silence longer than silent_s, and only from the process that beat
-    before (the same identity); a worker started again under the same name, or beating on time, did not resume."""
+    """silent_since, resumed_at: a silence longer than silent_s, from the beat before it to the one after, and only
+    from the process that beat before (the same identity); a worker started again under the same name, or beating
+    on time, did not resume."""
     store.beat("a@h", "h", 1, "boot", 2, 0, True, identity="boot-1-2", silent_s=0.2)
     store.beat("a@h", "h", 1, "boot", 2, 0, True, identity="boot-1-2", silent_s=0.2)
-    assert store.workers()[0].resumed_at is None                      # on time
+    (on_time,) = store.workers()
+    assert on_time.resumed_at is None and on_time.silent_since is None
     time.sleep(0.3)
     store.beat("a@h", "h", 1, "boot", 2, 0, True, identity="boot-1-2", silent_s=0.2)
     (back,) = store.workers()
-    assert back.resumed_at == back.beat_at                            # silent for 0.3 s, then heard again
+    assert (back.silent_since, back.resumed_at) == (on_time.beat_at, back.beat_at)   # silent for 0.3 s, then back
     time.sleep(0.3)
     store.beat("a@h", "h", 9, "boot", 2, 0, True, identity="boot-9-9", silent_s=0.2)   # another process
     (restarted,) = store.workers()

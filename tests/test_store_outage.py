@@ -121,8 +121,8 @@ def test_a_redis_outage_longer_than_the_lease_runs_no_job_twice_from_another_hos
         (record,) = _all_completed_once(store, [job], model)
     finally:
         redis.stop()
-    assert "[]" in swept, swept   # it did sweep after the outage
-    assert record.attempts == 1 and "back in the queue" not in log.read_text(), (swept, log.read_text())
+    assert "[]" in swept and "back in the queue" not in swept, swept   # it swept after the outage, and held off
+    assert record.attempts == 1, (swept, log.read_text())
 
 
 @pytest.mark.cli

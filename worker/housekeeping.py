@@ -30,7 +30,7 @@ from pid.jobs.identity import process_identity
 from pid.jobs.spec import DEFAULT_QUEUE
 from pid.jobs.store import JobRecord, Store
 from pid.jobs.store_watch import StoreWatch
-from pid.jobs.workers import BEAT_S, live_workers
+from pid.jobs.workers import ALIVE_WITHIN_S, BEAT_S, live_workers
 from pid.jobs.outage import first_line, transient
 from pid.worker import warm_pool
 from pid import settings
@@ -45,6 +45,9 @@ REAP_EVERY_S = 60.0
 REAPING = "reaping expired containers and disks"   # the one step that asks the engine, not the store
 PRUNE_EVERY_S = 3600.0   # ended jobs, their logs and artifacts, and unused blobs past PID_RETENTION leave the store
 STOP_WAIT_S = 10.0                    # for each housekeeping thread when the worker stops
+# A silence between two beats that a lease can lapse in is recorded as one (jobs/sweep.store_just_back); a beat merely
+# late is not. (A lease of 30 s: 7 s; PID_LEASE_S=3: 3 s.)
+SILENT_S = max(1.5 * BEAT_S, min(ALIVE_WITHIN_S, settings.LEASE_S.get() / 2))
 
 
 def boot_id() -> str | None:
@@ -138,7 +141,8 @@ class Housekeeping:
             try:
                 store.beat(self.node, socket.gethostname(), os.getpid(), boot_id(), self.concurrency,
                            self.running(), self.taking_jobs(), self.queues, policy.active().to_dict(), identity,
-                           alarm=self._watch.alarm if self._watch else None, pool=warm_pool.status())
+                           alarm=self._watch.alarm if self._watch else None, pool=warm_pool.status(),
+                           silent_s=SILENT_S)
                 if failing is not None:
                     log.warning("this worker's heartbeat is recorded again")
                     failing = None

@@ -1,11 +1,11 @@
 -- beat.lua: A worker's heartbeat (ID: its node name): its hash is made on the first beat, then updated; free_since tracks
--- how long it has had a free slot while taking jobs, and resumed_at its first beat after a silence of over silent_s
--- from the same process. Atomic: a beat never leaves a half-written worker to a reader.
+-- how long it has had a free slot while taking jobs; a silence of over silent_s from the same process is kept, from its
+-- beat before (silent_since) to this one (resumed_at). Atomic: a beat never leaves a half-written worker to a reader.
 local key = P .. 'worker:' .. ID
 local t = now()
 local was = redis.call('HMGET', key, 'beat_at', 'identity', 'stopped_at')
 if was[1] and was[2] and not was[3] and was[2] == A.identity and t - tonumber(was[1]) > A.silent_s then
-  redis.call('HSET', key, 'resumed_at', fmt(t))
+  redis.call('HSET', key, 'silent_since', was[1], 'resumed_at', fmt(t))
 end
 local free = A.taking_jobs and A.running < A.concurrency
 if redis.call('EXISTS', key) == 0 then
