@@ -187,3 +187,24 @@ def test_steers_and_follow_ups_reach_the_agent_in_the_order_posted(store, relay,
     relay.check_in()
     assert agent.applied[:3] == ["steer one", "follow_up two", "steer three"]
     assert store.threads == {"pid-control"}
+
+
+def test_once_another_worker_holds_the_job_this_attempt_writes_nothing_more_to_its_log(store, relay, monkeypatch):
+    """A worker frozen past its lease wakes to find the job another's: its cancel and its last records stayed out
+    of the log, which is the new attempt's (they used to interleave with it: a new-user test)."""
+    from pid import events as ev
+    monkeypatch.setattr(control, "CHECK_IN_WAIT_S", 3600.0)
+    agent = Controls()
+    relay.attach(agent)
+    relay.start()
+    relay.on_event(ev.Notice("before"))
+    relay.check_in()   # a pass, then its flush
+    assert store.inner.requeue(store.job_id, OWNER, lapsed_only=False)   # (its lease lapsed while it was frozen)
+    assert store.inner.claim(store.job_id, "elsewhere:2:next", lease_s=60)
+    relay.on_event(ev.Notice("while it was frozen"))   # waits for the next flush
+    relay.check_in()
+    relay.on_event(ev.Notice("after"))
+    relay.stop()
+    texts = [record.get("text") for _, record in store.inner.events(store.job_id)]
+    assert "before" in texts and "while it was frozen" not in texts and "after" not in texts, texts
+    assert agent.applied[-1] == "cancel"

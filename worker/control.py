@@ -50,7 +50,8 @@ class EventLog:
     """A job's log records on their way to the store (`pid logs`, `submit --wait`): the agent's threads add them,
     the relay's thread writes them every poll, so a model or tool call never waits on the store. Those a store
     outage kept out wait for the next flush, in order. At most PENDING_MAX wait; past that the oldest go, and a
-    record says how many."""
+    record says how many. Once the job is no longer this worker's (disowned) nothing more is written: the log is the
+    attempt's that holds the job now."""
 
     PENDING_MAX = 1000
 
@@ -58,12 +59,23 @@ class EventLog:
         self.store, self.job_id = store, job_id
         self._pending: deque[dict[str, Any]] = deque(maxlen=self.PENDING_MAX)
         self._dropped = 0
+        self._disowned = False
         self._lock = threading.Lock()
 
     def add(self, record: dict[str, Any]) -> None:
         with self._lock:
+            if self._disowned:
+                return
             self._dropped += len(self._pending) == self.PENDING_MAX   # the oldest goes
             self._pending.append(record)
+
+    def disown(self) -> None:
+        """Another worker holds the job (this one was frozen or cut off past its lease): what this attempt still
+        says would interleave with that attempt's records (found by a new-user test: a frozen worker's cancel)."""
+        with self._lock:
+            self._disowned = True
+            self._pending.clear()
+            self._dropped = 0
 
     def flush(self, store: JobAttachments | None = None) -> None:
         """Write what waits (to `store`, else the log's own); what an unreachable store refused waits for the next
@@ -213,6 +225,7 @@ class ControlRelay:
                     self._cancel(f"its worker stops ({self._stop_requested}): the job goes back to the queue")
                 controls = self.store.controls(self.job_id, self.owner)
                 if controls is None or not controls.owned:
+                    self._log.disown()
                     if not self.cancel.is_set():
                         log.warning("job %s: no longer this worker's; stopping", self.job_id)
                     self._cancel("this worker no longer holds the job")
@@ -253,20 +266,21 @@ class ControlRelay:
             self._agent.cancel(why=why)
 
 
-def record_end(store: Leases, job_id: str, owner: str, result: dict[str, Any], attempts: int = 6) -> None:
-    """The job's ending must reach the store, or the sweeper would run a finished job again: retry a busy store."""
+def record_end(store: Leases, job_id: str, owner: str, result: dict[str, Any], attempts: int = 6) -> bool:
+    """The job's ending must reach the store, or the sweeper would run a finished job again: retry a busy store.
+    False when the store refused it: the job is no longer this owner's (its end is another attempt's to say)."""
     for attempt in range(attempts):
         try:
-            store.finish(job_id, result["exit_reason"], owner=owner, error=result.get("error"),
-                         turns=result.get("turns"), tool_calls=result.get("tool_calls"),
-                         usage=attempt_usage(result), check=result.get("check"))
-            return
+            return store.finish(job_id, result["exit_reason"], owner=owner, error=result.get("error"),
+                                turns=result.get("turns"), tool_calls=result.get("tool_calls"),
+                                usage=attempt_usage(result), check=result.get("check"))
         except Exception as exc:
             if attempts == 1:   # a foreground run: one line, no traceback
                 log.warning("job %s: could not record its end in the job store: %s", job_id, exc)
-                return
+                return True
             log.exception("job %s: recording its end (attempt %d)", job_id, attempt + 1)
             time.sleep(2 ** attempt)
+    return True
 
 
 class ForegroundJob:

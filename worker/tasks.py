@@ -132,11 +132,14 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
         if stop.requested and not (kept and kept[-1]):
             hand_back(store, job_id, owner, relay, stop.requested)
         else:
-            record_end(store, job_id, owner, result)
+            recorded = record_end(store, job_id, owner, result)
             line = end_line(job_id, status_of(result["exit_reason"]), result.get("exit_reason"),
                             result.get("duration_s"), (result.get("usage") or {}).get("cost"), result.get("check"))
-            jobs_log.info("%s", line)
-            log_job(store, job_id, status_of(result["exit_reason"]), line, exit_reason=result["exit_reason"])
+            if recorded:
+                jobs_log.info("%s", line)
+                log_job(store, job_id, status_of(result["exit_reason"]), line, exit_reason=result["exit_reason"])
+            else:   # another worker holds the job now: its log and its ending are that attempt's
+                jobs_log.info("%s (not recorded: the job is no longer this worker's)", line)
         if record.spec.batch:
             _wake_parked(store, record.spec.batch)
 
