@@ -286,15 +286,24 @@ class JobOption:
     type: Callable[[float | None, float | None], click.ParamType] | None = None
     envvar: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    once: bool = False                 # given twice is an error, not the last one taken without a word
 
     def decorator(self) -> Callable[[Any], Any]:
         meta = spec_field(self.name).metadata
         default = default_of(self.name)
         kind = self.type(meta["min"], meta["max"]) if self.type else None
         shown = _as_typed(default, kind)   # the option's type turns it back into the field's value
+        once = {"multiple": True, "callback": self._one} if self.once else {}
         return click.option(self.flag, self.name, type=kind, default=default if shown is None else shown,
                             show_default=shown is not None, help=meta["help"], envvar=self.envvar,
-                            show_envvar=bool(self.envvar), cls=EnvOption, **self.extra)
+                            show_envvar=bool(self.envvar), cls=EnvOption, **self.extra, **once)
+
+    def _one(self, ctx: click.Context, param: click.Parameter, values: tuple[Any, ...]) -> Any:
+        """A `once` option's value: a CI gate written as `--check 'ruff check .' --check pytest` never ran ruff."""
+        if len(values) > 1:
+            raise click.BadParameter(f"given {len(values)} times; a job takes one (for --check, join the commands "
+                                     "into one: --check 'ruff check . && pytest')", param_hint=self.flag)
+        return values[0] if values else None
 
 
 def _as_typed(default: Any, kind: click.ParamType | None) -> str | None:
@@ -344,7 +353,7 @@ JOB_OPTIONS = [
     JobOption("--max-files-size", "max_files_bytes", _const(Size())),
     JobOption("--max-files", "max_files", lambda low, high: Number(int, low, high)),
     JobOption("--system-prompt", "system_prompt", _const(PromptFile())),
-    JobOption("--check", "check", extra={"metavar": "CMD"}),
+    JobOption("--check", "check", extra={"metavar": "CMD"}, once=True),
     JobOption("--check-timeout", "check_timeout_s", lambda low, high: Number(float, low, high)),
     JobOption("--check-original", "check_original", extra={"multiple": True, "metavar": "PATH"}),
 ]

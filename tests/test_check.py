@@ -78,6 +78,21 @@ def test_check_original_takes_paths_not_patterns():
             original_paths([pattern], "/testbed")
 
 
+def test_a_check_given_twice_is_refused_not_the_last_one_kept(tmp_path, monkeypatch):
+    """`--check 'ruff check .' --check pytest` ran pytest alone, and the gate could pass without ruff; in Python,
+    check=["a", "b"] became the command "a,b" (a new-user test)."""
+    from click.testing import CliRunner
+
+    import pid
+    from pid.cli.main import cli
+    monkeypatch.setenv("PID_HOME", str(tmp_path / "home"))
+    res = CliRunner().invoke(cli, ["submit", "t", "--repo", str(tmp_path), "--model", "m", "--check", "ruff check .",
+                                   "--check", "pytest"])
+    assert res.exit_code == 2 and "--check: given 2 times; a job takes one" in " ".join(res.output.split())
+    with pytest.raises(pid.PidError, match="given 2 times"):
+        pid.submit("t", repo=tmp_path, model="m", check=["ruff check .", "pytest"])
+
+
 def test_the_output_tail_keeps_the_last_lines_bounded_and_clean():
     many = b"".join(b"line %d\n" % i for i in range(500))
     tail = output_tail(_exec(many))
