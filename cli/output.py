@@ -218,12 +218,29 @@ def said_key(text: str) -> str:
     return one_line(text)[:200]
 
 
+def missing_originals(result: dict[str, Any]) -> str | None:
+    """The warning for --check-original paths the original workspace did not have (result.json's check), if any."""
+    check = result.get("check")
+    missing = check.get("original_missing") if isinstance(check, dict) else None
+    if not isinstance(missing, list) or not missing:
+        return None
+    return ("--check-original " + ", ".join(one_line(str(p)) for p in missing) + ": not in the original workspace "
+            "(the check saw none there: a misspelt path protects nothing)")
+
+
+def _missing_originals(result: dict[str, Any]) -> None:
+    text = missing_originals(result)
+    if text:
+        echo(styled(f"warning: {text}", fg="yellow"), err=True)
+
+
 def print_result(result: dict[str, Any], job_dir: str, as_json: bool, said: set[str] | frozenset[str] = frozenset()
                  ) -> None:
     """The final message and the summary. `said`: what the job's live lines printed already (RecordPrinter.said):
     its check's verdict and errors are not said twice."""
     if as_json:
         echo(dumps(json_text(result), indent=2))
+        _missing_originals(result)   # (on stderr: a CI gate reading the JSON sees it in its log)
         return
     if result.get("final_message"):
         echo(str(result["final_message"]))
@@ -249,10 +266,7 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool, said: set[
                 echo(styled("check output, its last lines:", dim=True), err=True)
             for line in tail:
                 echo(f"  {line}", err=True)
-        if isinstance(check.get("original_missing"), list) and check["original_missing"]:
-            echo(styled("warning: --check-original " + ", ".join(one_line(str(p)) for p in check["original_missing"])
-                        + ": not in the original workspace (the check saw none there: a misspelt path protects "
-                        "nothing)", fg="yellow"), err=True)
+    _missing_originals(result)
     if result.get("error") and said_key(str(result["error"])) not in said:
         echo(styled(f"error: {one_line(str(result['error']))}", fg="red"), err=True)
     if result.get("warning"):

@@ -274,7 +274,7 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
     one (repos, model, prices, key), every directory repo packed once. Any problem: all of them, exit 2. The key
     goes with the items whose endpoint is `key_endpoint` (the command line's) only: a line naming another endpoint
     runs without it (pid.config.endpoint)."""
-    from pid.jobs.submission import check_api_key, check_originals, check_repo, check_together
+    from pid.jobs.submission import check_api_key, check_originals, check_repo, check_together, warn_missing_originals
     from pid.config import base_url_for, endpoint
     from pid.jobs.spec import command_problem
     errors = list(errors or [])
@@ -330,6 +330,7 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
             errors.append(f"{where}: {exc}{mine}")
             continue
         specs[item.id] = spec
+        warn_missing_originals(spec, lambda text: warn(f"pid: warning: {where}: {text}"))
     _refuse(errors, tasks)
     errors += _missing_images(items, specs)   # (before packing: every line is told, not the first image's)
     _refuse(errors, tasks)

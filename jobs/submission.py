@@ -46,7 +46,21 @@ def build_spec(options: dict[str, Any], no_images: bool, warn: Callable[[str], N
     spec.base_url = base_url_for(spec.api, spec.base_url)   # the spec records the endpoint the job really uses
     if spec.network != "none":
         warn(f"--network {spec.network}: the sandbox can reach the network and is reachable from it")
+    warn_missing_originals(spec, warn)
     return spec
+
+
+def warn_missing_originals(spec: JobSpec, warn: Callable[[str], None]) -> None:
+    """Each --check-original path a directory repo does not have, said before the job runs: the check would see it
+    absent, and a misspelt path protects nothing (a new-user test: under --json the only word of it was in
+    result.json, after the gate had passed). A git URL's or an image's workspace is the worker's to look at: the
+    check's result says it then (`original_missing`)."""
+    if not spec.repo or not os.path.isdir(spec.repo):
+        return
+    for path in spec.check_original:
+        if not os.path.lexists(os.path.join(spec.repo, path)):
+            warn(f"--check-original {path}: {spec.repo} has no such path (the check will see none there: a misspelt "
+                 "path protects nothing)")
 
 
 def prepare_run(options: dict[str, Any], *, api_key: str | None, no_images: bool, max_workspace: int,

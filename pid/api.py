@@ -64,7 +64,7 @@ def run(task: str, repo: str | os.PathLike[str] | None = None, on_start: Callabl
             job.end(None, error=None if isinstance(exc, KeyboardInterrupt) else
                     f"on_start raised {type(exc).__name__}: {exc}")
             raise
-    return submission.run_foreground(spec, job, starting, api_key=api_key, sink=events.ignore)
+    return _said(submission.run_foreground(spec, job, starting, api_key=api_key, sink=events.ignore))
 
 
 def batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str],
@@ -210,7 +210,7 @@ class Job:
                 next_sweep = now + SWEEP_EVERY_S
                 sweep_quietly(self._store())
             time.sleep(POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - now)))
-        return self.result()
+        return _said(self.result())
 
     def result(self) -> dict[str, Any]:
         """The ended job's result.json, as `pid result --json` prints it (its patch in result["patch"], its exit
@@ -278,6 +278,15 @@ class _Items:
 
     def stop(self) -> None:
         pass
+
+
+def _said(result: dict[str, Any]) -> dict[str, Any]:
+    """A result, with the warning its ending deserves where the CLI prints one under the summary."""
+    from pid.cli.output import missing_originals
+    text = missing_originals(result)
+    if text:
+        _warn(text)
+    return result
 
 
 def _warn(text: str) -> None:

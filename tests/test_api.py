@@ -205,6 +205,19 @@ def test_run_hands_its_job_over_as_it_starts_and_another_thread_cancels_it(api_e
 
 @pytest.mark.docker
 @pytest.mark.cli
+def test_run_warns_of_a_check_original_path_the_workspace_lacks(api_env, sample_repo, tmp_path):
+    """Where the CLI prints a warning line, the API gives a Python warning: before the job, and with its result."""
+    with ScriptedLLM([{"text": "done"}]) as llm:
+        with pytest.warns(UserWarning) as said:
+            result = pid.run("t", repo=sample_repo, model="scripted", base_url=llm.base_url,
+                             out_dir=str(tmp_path / "out"), check="true", check_original=["tests/nope.py"])
+    assert result["check"]["original_missing"] == ["tests/nope.py"]
+    texts = [str(w.message) for w in said]
+    assert any("has no such path" in t for t in texts) and any("not in the original workspace" in t for t in texts)
+
+
+@pytest.mark.docker
+@pytest.mark.cli
 def test_run_s_on_start_that_raises_ends_the_job_and_leaves_no_sandbox(api_env, sample_repo, tmp_path):
     from pid.jobs.sqlite_store import JobStore
     from tests.conftest import pid_containers

@@ -93,6 +93,21 @@ def test_a_check_given_twice_is_refused_not_the_last_one_kept(tmp_path, monkeypa
         pid.submit("t", repo=tmp_path, model="m", check=["ruff check .", "pytest"])
 
 
+def test_a_check_original_path_a_directory_repo_lacks_is_said_before_the_job_runs(buggy, tmp_path):
+    """Said at submit, on stderr (a CI gate reading --json saw it only in result.json, after the gate had passed)."""
+    from pid.jobs.submission import warn_missing_originals
+    said: list[str] = []
+    spec = JobSpec(task="t", repo=str(buggy), model="m", out_dir=str(tmp_path / "out"), check=UNITTEST,
+                   check_original=["test_calc.py", "tests/test_calc.py"])
+    warn_missing_originals(spec, said.append)
+    assert said == [f"--check-original tests/test_calc.py: {buggy} has no such path (the check will see none there: "
+                    "a misspelt path protects nothing)"]
+    said.clear()
+    warn_missing_originals(JobSpec(task="t", repo="https://example.com/r.git", model="m", out_dir=str(tmp_path),
+                                   check=UNITTEST, check_original=["nope"]), said.append)
+    assert said == []   # a git URL's workspace is the worker's to look at: the check's result says it
+
+
 def test_the_output_tail_keeps_the_last_lines_bounded_and_clean():
     many = b"".join(b"line %d\n" % i for i in range(500))
     tail = output_tail(_exec(many))
@@ -369,12 +384,16 @@ def test_pid_run_exits_0_when_the_agent_fixes_the_bug_and_4_when_it_does_not(run
 def test_a_check_original_path_the_workspace_lacks_is_said(run_pid, buggy, tmp_path):
     """`--check-original tests/test_calc.py` for a test at the top: it protected nothing, and said nothing."""
     with ScriptedLLM(FIX) as llm:
-        res = run_pid("run", *_options(llm, tmp_path / "out", buggy, "--check", UNITTEST, "--check-original",
-                                       "test_calc.py", "--check-original", "tests/test_calc.py"))
+        res = run_pid("run", "--json", *_options(llm, tmp_path / "out", buggy, "--check", UNITTEST,
+                                                 "--check-original", "test_calc.py", "--check-original",
+                                                 "tests/test_calc.py"))
     assert res.code == 0, res.stderr
-    check = json.loads(next((tmp_path / "out").glob("*/result.json")).read_text())["check"]
+    check = res.json()["check"]
     assert (check["original"], check["original_missing"]) == (["test_calc.py", "tests/test_calc.py"],
                                                               ["tests/test_calc.py"])
+    # before the job (the repository is here to look at), and after it from the check's own look (a CI gate that
+    # reads the JSON has both in its log)
+    assert f"pid: warning: --check-original tests/test_calc.py: {buggy} has no such path" in res.stderr, res.stderr
     assert "warning: --check-original tests/test_calc.py: not in the original workspace" in res.stderr, res.stderr
 
 
