@@ -154,6 +154,8 @@ class WorkerSignals:
         self.handing_back = True
         if self.running():
             jobs_log.info("stopping: handing %d running job(s) back to the queue", self.running())
+        else:
+            jobs_log.info("stopping (%s): no job is running", signal.Signals(signum).name)
         hand_back_all(signal.Signals(signum).name)
         threading.Thread(target=self._bound_the_stop, name="pid-bound-the-stop", daemon=True).start()
         if callable(self._celery_term):
@@ -229,6 +231,7 @@ def _start(sender: Any = None, **_: Any) -> None:
                                 queues=Taking.queues)
     housekeeping.start()
     signals.worker_shutdown.connect(lambda **_: housekeeping.stop(), weak=False)
+    signals.worker_shutdown.connect(lambda **_: jobs_log.info("pid worker stopped (%s)", node), weak=False)
     try:
         pool = settings.POOL.get()   # (`pid worker --pool` checked it already; a worker started otherwise)
     except ValueError as exc:
