@@ -129,11 +129,11 @@ def _not_in_original(box: JobSandbox, original: tuple[str, ...]) -> tuple[str, .
     if not original:
         return ()
     names = " ".join(shlex.quote(path) for path in original)
-    done = box.exec(f"i=0; for p in {names}; do [ -e \"$p\" ] || [ -L \"$p\" ] || echo $i; i=$((i + 1)); done",
-                    timeout=PROBE_TIMEOUT_S)
+    done = box.exec(f"i=0; for p in {names}; do [ -e \"$p\" ] || [ -L \"$p\" ] || echo pid-missing:$i; "
+                    "i=$((i + 1)); done", timeout=PROBE_TIMEOUT_S)
     if done.exit_code != 0:
         raise SandboxError(f"looking for the --check-original paths failed (exit {done.exit_code})")
-    found = done.tail.decode("ascii", errors="replace").split()
+    found = [word.split(b":", 1)[1] for word in done.tail.split() if word.startswith(b"pid-missing:")]
     return tuple(original[int(i)] for i in found if i.isdigit() and int(i) < len(original))
 
 
