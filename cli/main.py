@@ -165,7 +165,7 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
             if jobs:     # that the sandbox's thread waits on, and nothing would end
                 jobs[0].cancel.set()
                 if not again:   # its set-up or its agent, not yet begun, sees the cancel at its next step
-                    say("\ncancelling: the job stops at its next step…")
+                    say(("" if views else "\n") + "cancelling: the job stops at its next step…")
                     return
             if again:
                 say("still setting up: it stops at its next step…")

@@ -269,6 +269,21 @@ class EnvOption(click.Option):
         return hint
 
 
+class OnceOption(EnvOption):
+    """An option given at most once: a second one is refused, not the last taken without a word (a CI gate written
+    as `--check 'ruff check .' --check pytest` never ran ruff). Repeatable underneath, so that a repeat is seen."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "multiple": True})
+
+    def process_value(self, ctx: click.Context, value: Any) -> Any:
+        values = super().process_value(ctx, value)
+        if len(values) > 1:
+            hint = " (join the commands into one: --check 'ruff check . && pytest')" if self.name == "check" else ""
+            raise click.BadParameter(f"given {len(values)} times; a job takes one{hint}", ctx=ctx, param=self)
+        return values[0] if values else None
+
+
 def api_key_option(help: str) -> Callable[[Any], Any]:
     """--api-key, else the environment's key, which is marked as such: it goes only to the environment's endpoint
     (pid.config.key_endpoint), never to a --base-url given beside it."""
@@ -293,17 +308,9 @@ class JobOption:
         default = default_of(self.name)
         kind = self.type(meta["min"], meta["max"]) if self.type else None
         shown = _as_typed(default, kind)   # the option's type turns it back into the field's value
-        once = {"multiple": True, "callback": self._one} if self.once else {}
         return click.option(self.flag, self.name, type=kind, default=default if shown is None else shown,
                             show_default=shown is not None, help=meta["help"], envvar=self.envvar,
-                            show_envvar=bool(self.envvar), cls=EnvOption, **self.extra, **once)
-
-    def _one(self, ctx: click.Context, param: click.Parameter, values: tuple[Any, ...]) -> Any:
-        """A `once` option's value: a CI gate written as `--check 'ruff check .' --check pytest` never ran ruff."""
-        if len(values) > 1:
-            raise click.BadParameter(f"given {len(values)} times; a job takes one (for --check, join the commands "
-                                     "into one: --check 'ruff check . && pytest')", param_hint=self.flag)
-        return values[0] if values else None
+                            show_envvar=bool(self.envvar), cls=OnceOption if self.once else EnvOption, **self.extra)
 
 
 def _as_typed(default: Any, kind: click.ParamType | None) -> str | None:

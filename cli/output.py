@@ -224,8 +224,9 @@ def missing_originals(result: dict[str, Any]) -> str | None:
     missing = check.get("original_missing") if isinstance(check, dict) else None
     if not isinstance(missing, list) or not missing:
         return None
-    return ("--check-original " + ", ".join(one_line(str(p)) for p in missing) + ": not in the original workspace "
-            "(the check saw none there: a misspelt path protects nothing)")
+    return ("--check-original " + ", ".join(one_line(str(p)) for p in missing) + ": not in the original workspace, "
+            "so the check saw none there (right for a file the patch adds; else a misspelt path, which protects "
+            "nothing)")
 
 
 def _missing_originals(result: dict[str, Any]) -> None:

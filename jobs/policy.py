@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from pid.config import endpoint
 from pid.sandbox.config import parse_user
 from pid.sandbox.disk import format_size, parse_size
-from pid.jobs.spec import NETWORKS, JobSpec
+from pid.jobs.spec import NETWORKS, JobSpec, spec_field
 
 if TYPE_CHECKING:
     from pid.jobs.store import WorkerBeat
@@ -129,12 +129,13 @@ class Policy:
         values: dict[str, Any] = {}
         for key, value in data.items():
             if key in known:
-                values[key] = _value(key, value)
+                values[key] = _value(key, value, strict)
         return cls(**values)
 
 
-def _value(key: str, value: Any) -> Any:
-    """One rule's value, checked: sizes as the options take them, numbers finite and 0 or more, lists of names."""
+def _value(key: str, value: Any, strict: bool = True) -> Any:
+    """One rule's value, checked: sizes as the options take them, numbers finite and 0 or more, lists of names;
+    strict (a file), also none that no job could meet (a heartbeat's is that worker's to enforce, as it is)."""
     def wrong(wanted: str) -> PolicyError:
         return PolicyError(f"{key} = {repr(value)[:60]}: expected {wanted}")
 
@@ -152,7 +153,7 @@ def _value(key: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 2 ** 53:
             raise wrong("a number from 0 to 2**53")
         least = _LEAST.get(key)
-        if least is not None and value < least:   # under what any job may ask: the worker would refuse every job
+        if strict and least is not None and value < least:   # under what any job may ask: it would refuse every job
             raise wrong(f"at least {least:g}, the least a job can ask (below it no job is admitted)")
         if key == "max_pids":
             if not float(value).is_integer():
@@ -165,15 +166,15 @@ def _value(key: str, value: Any) -> Any:
         return value
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise wrong('a list of names, e.g. ["a", "b"]')
-    if key == "allow_network" and not set(value) <= set(NETWORKS):   # a typo would admit no job
+    if strict and key == "allow_network" and not set(value) <= set(NETWORKS):   # a typo would admit no job
         raise wrong(f"a list of the networks {_listed(NETWORKS)}")
-    if key in ("base_urls", "repos") and not all("://" in v for v in value):   # matched part by part from the scheme
+    if strict and key in ("base_urls", "repos") and not all("://" in v for v in value):   # matched from the scheme
         raise wrong('a list of URLs with their scheme, e.g. ["https://api.example.com/*"]')
     return tuple(value)
 
 
 # The least a job may ask for each limited value (jobs/spec.py's bounds): a policy maximum under it admits no job.
-_LEAST = {rule: next(f.metadata["min"] for f in fields(JobSpec) if f.name == name)
+_LEAST = {rule: spec_field(name).metadata["min"]
           for rule, name in (("max_cpus", "cpus"), ("max_pids", "pids_limit"), ("max_timeout", "timeout_s"))}
 
 

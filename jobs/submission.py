@@ -59,8 +59,8 @@ def warn_missing_originals(spec: JobSpec, warn: Callable[[str], None]) -> None:
         return
     for path in spec.check_original:
         if not os.path.lexists(os.path.join(spec.repo, path)):
-            warn(f"--check-original {path}: {spec.repo} has no such path (the check will see none there: a misspelt "
-                 "path protects nothing)")
+            warn(f"--check-original {path}: {spec.repo} has no such path, so the check will see none there (right "
+                 "for a file the patch adds; else a misspelt path, which protects nothing)")
 
 
 def prepare_run(options: dict[str, Any], *, api_key: str | None, no_images: bool, max_workspace: int,

@@ -41,7 +41,7 @@ def submit(task: str, repo: str | os.PathLike[str] | None = None, **options: Any
     return Job(spec.id)
 
 
-def run(task: str, repo: str | os.PathLike[str] | None = None, on_start: Callable[[Job], None] | None = None,
+def run(task: str, repo: str | os.PathLike[str] | None = None, *, on_start: Callable[[Job], None] | None = None,
         **options: Any) -> dict[str, Any]:
     """Run one job in this process, as `pid run` does (no queue, no worker; its sandbox on this machine's engine),
     and return its result: what `pid run --json` prints (result.json; the patch is OUT/<id>/patch.diff, or
@@ -350,6 +350,9 @@ def _args(command: Any, command_name: str, options: dict[str, Any], cli_only: se
                 raise PidError(f"{flag}: {value!r} is not True or False")
             args += [flag] if value else []
             continue
+        from pid.cli.options import OnceOption
+        if isinstance(param, OnceOption) and not isinstance(value, str):   # (check=[] had meant no check at all)
+            raise PidError(f"{name} takes one value, a string, not {type(value).__name__}")
         many = param.multiple and isinstance(value, (list, tuple))
         args += [f"{flag}={_as_text(v)}" for v in (value if many else [value])]
     return args

@@ -88,9 +88,10 @@ def test_a_check_given_twice_is_refused_not_the_last_one_kept(tmp_path, monkeypa
     monkeypatch.setenv("PID_HOME", str(tmp_path / "home"))
     res = CliRunner().invoke(cli, ["submit", "t", "--repo", str(tmp_path), "--model", "m", "--check", "ruff check .",
                                    "--check", "pytest"])
-    assert res.exit_code == 2 and "--check: given 2 times; a job takes one" in " ".join(res.output.split())
-    with pytest.raises(pid.PidError, match="given 2 times"):
-        pid.submit("t", repo=tmp_path, model="m", check=["ruff check .", "pytest"])
+    assert res.exit_code == 2 and "'--check': given 2 times; a job takes one" in " ".join(res.output.split())
+    for many in (["ruff check .", "pytest"], []):   # ([] had meant no check at all)
+        with pytest.raises(pid.PidError, match="check takes one value, a string, not list"):
+            pid.submit("t", repo=tmp_path, model="m", check=many)
 
 
 def test_a_check_original_path_a_directory_repo_lacks_is_said_before_the_job_runs(buggy, tmp_path):
@@ -100,8 +101,8 @@ def test_a_check_original_path_a_directory_repo_lacks_is_said_before_the_job_run
     spec = JobSpec(task="t", repo=str(buggy), model="m", out_dir=str(tmp_path / "out"), check=UNITTEST,
                    check_original=["test_calc.py", "tests/test_calc.py"])
     warn_missing_originals(spec, said.append)
-    assert said == [f"--check-original tests/test_calc.py: {buggy} has no such path (the check will see none there: "
-                    "a misspelt path protects nothing)"]
+    assert said == [f"--check-original tests/test_calc.py: {buggy} has no such path, so the check will see none "
+                    "there (right for a file the patch adds; else a misspelt path, which protects nothing)"]
     said.clear()
     warn_missing_originals(JobSpec(task="t", repo="https://example.com/r.git", model="m", out_dir=str(tmp_path),
                                    check=UNITTEST, check_original=["nope"]), said.append)

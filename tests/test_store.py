@@ -269,6 +269,23 @@ def a_worker_reaches_the_store(store: JobStore) -> None:
     store.beat("live@elsewhere", "elsewhere", 1, None, 1, 0, True, identity="boot-1-1")
 
 
+def test_a_worker_logs_its_end_when_a_sweep_recorded_it_from_its_result_but_not_another_attempts(tmp_path):
+    """The store refuses a worker's end when the job had ended or is another's: a sweep that ended it from the
+    result.json this worker wrote (a store outage) leaves it this worker's to log; a job another worker holds does
+    not (its log is that attempt's)."""
+    from pid.worker.control import record_end
+    from pid.worker.tasks import _still_mine
+    store = JobStore(str(tmp_path / "jobs.db"))
+    mine, taken = store.create(spec(tmp_path)), store.create(spec(tmp_path))
+    for job in (mine, taken):
+        assert store.claim(job.id, "h:1:me", lease_s=60)
+    assert store.finish(mine.id, "stop", owner="h:1:me")   # the sweep, from this worker's result.json
+    assert store.requeue(taken.id, "h:1:me", lapsed_only=False) and store.claim(taken.id, "h:2:next", lease_s=60)
+    for job, still in ((mine, True), (taken, False)):
+        assert not record_end(store, job.id, "h:1:me", {"exit_reason": "stop"}, attempts=1)
+        assert _still_mine(store, job.id, "h:1:me") is still
+
+
 def test_the_sweep_fails_a_job_whose_attempts_are_used_up_with_its_counts(tmp_path):
     from pid.jobs.sweep import MAX_ATTEMPTS, sweep
     store = JobStore(str(tmp_path / "jobs.db"))
@@ -339,7 +356,6 @@ def test_waiting_on_a_job_whose_record_vanishes_says_so(tmp_path, monkeypatch):
 def test_following_the_log_of_a_job_whose_record_vanishes_says_so(tmp_path, monkeypatch):
     """`pid logs -f` on a job whose record the store lost ended at once, exit 0, with nothing said."""
     import sqlite3
-    import threading
 
     from click.testing import CliRunner
 
@@ -349,10 +365,14 @@ def test_following_the_log_of_a_job_whose_record_vanishes_says_so(tmp_path, monk
     path = str(tmp_path / "home" / "jobs.db")
     job = JobStore(path).create(spec(tmp_path))
 
-    def lose() -> None:
+    from pid.cli.output import EventFollower
+    first_poll = EventFollower.poll
+
+    def lose_then_poll(self, *args, **kwargs):   # (its first poll comes after the job was found)
         with sqlite3.connect(path) as db:
             db.execute("DELETE FROM jobs WHERE id = ?", (job.id,))
+        return first_poll(self, *args, **kwargs)
 
-    threading.Timer(0.5, lose).start()
+    monkeypatch.setattr(EventFollower, "poll", lose_then_poll)
     res = CliRunner().invoke(cli, ["logs", "-f", job.id])
     assert res.exit_code == 2 and "no longer in the job store" in res.output, res.output

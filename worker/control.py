@@ -268,7 +268,7 @@ class ControlRelay:
 
 def record_end(store: Leases, job_id: str, owner: str, result: dict[str, Any], attempts: int = 6) -> bool:
     """The job's ending must reach the store, or the sweeper would run a finished job again: retry a busy store.
-    False when the store refused it: the job is no longer this owner's (its end is another attempt's to say)."""
+    False only when the store refused it: the job had ended, or is no longer this owner's."""
     for attempt in range(attempts):
         try:
             return store.finish(job_id, result["exit_reason"], owner=owner, error=result.get("error"),

@@ -7,6 +7,7 @@ patch (worker/check.py runs the command itself).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import posixpath
 import shlex
@@ -27,6 +28,8 @@ from pid.jobs.spec import JobSpec
 from pid.worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, sandbox_config
 from pid.jobs.snapshot import import_into
 from pid.jobs.trees import remove_tree
+
+log = logging.getLogger("pid.worker")
 
 CHECK_START_TIMEOUT_S = 300.0   # the check's fresh sandbox must be up by then (else the check could not run)
 PROBE_TIMEOUT_S = 30.0          # to look for the --check-original paths in it
@@ -129,10 +132,15 @@ def _not_in_original(box: JobSandbox, original: tuple[str, ...]) -> tuple[str, .
     if not original:
         return ()
     names = " ".join(shlex.quote(path) for path in original)
-    done = box.exec(f"i=0; for p in {names}; do [ -e \"$p\" ] || [ -L \"$p\" ] || echo pid-missing:$i; "
-                    "i=$((i + 1)); done", timeout=PROBE_TIMEOUT_S)
+    try:
+        done = box.exec(f"i=0; for p in {names}; do [ -e \"$p\" ] || [ -L \"$p\" ] || echo pid-missing:$i; "
+                        "i=$((i + 1)); done", timeout=PROBE_TIMEOUT_S)
+    except (SandboxError, OSError) as exc:   # only a warning hangs on it: the check itself goes on (or fails) alone
+        log.warning("looking for the --check-original paths: %s", exc)
+        return ()
     if done.exit_code != 0:
-        raise SandboxError(f"looking for the --check-original paths failed (exit {done.exit_code})")
+        log.warning("looking for the --check-original paths: exit %s", done.exit_code)
+        return ()
     found = [word.split(b":", 1)[1] for word in done.tail.split() if word.startswith(b"pid-missing:")]
     return tuple(original[int(i)] for i in found if i.isdigit() and int(i) < len(original))
 

@@ -154,7 +154,7 @@ class WorkerSignals:
         self.handing_back = True
         if self.running():
             jobs_log.info("stopping: handing %d running job(s) back to the queue", self.running())
-        else:
+        elif not self.draining:   # (after a first Ctrl-C its jobs ended, and this is the stop it asked for)
             jobs_log.info("stopping (%s): no job is running", signal.Signals(signum).name)
         hand_back_all(signal.Signals(signum).name)
         threading.Thread(target=self._bound_the_stop, name="pid-bound-the-stop", daemon=True).start()
@@ -231,7 +231,6 @@ def _start(sender: Any = None, **_: Any) -> None:
                                 queues=Taking.queues)
     housekeeping.start()
     signals.worker_shutdown.connect(lambda **_: housekeeping.stop(), weak=False)
-    signals.worker_shutdown.connect(lambda **_: jobs_log.info("pid worker stopped (%s)", node), weak=False)
     try:
         pool = settings.POOL.get()   # (`pid worker --pool` checked it already; a worker started otherwise)
     except ValueError as exc:
@@ -241,6 +240,7 @@ def _start(sender: Any = None, **_: Any) -> None:
         from pid.worker import warm_pool
         warm_pool.start(pool)
         signals.worker_shutdown.connect(lambda **_: warm_pool.stop(), weak=False)
+    signals.worker_shutdown.connect(lambda **_: jobs_log.info("pid worker stopped (%s)", node), weak=False)   # last
     if settings.RESULT_BACKEND.raw():
         jobs_log.info("PID_RESULT_BACKEND is set but no longer used: the job store holds every result")
     jobs_log.info("pid worker ready (%s, %d at once, queue %s%s): waiting for jobs (Ctrl-C: finish the running jobs, "

@@ -132,7 +132,7 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
         if stop.requested and not (kept and kept[-1]):
             hand_back(store, job_id, owner, relay, stop.requested)
         else:
-            recorded = record_end(store, job_id, owner, result)
+            recorded = record_end(store, job_id, owner, result) or _still_mine(store, job_id, owner)
             line = end_line(job_id, status_of(result["exit_reason"]), result.get("exit_reason"),
                             result.get("duration_s"), (result.get("usage") or {}).get("cost"), result.get("check"))
             if recorded:
@@ -142,6 +142,16 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
                 jobs_log.info("%s (not recorded: the job is no longer this worker's)", line)
         if record.spec.batch:
             _wake_parked(store, record.spec.batch)
+
+
+def _still_mine(store: Store, job_id: str, owner: str) -> bool:
+    """After the store refused this worker's end: whether the job is still this attempt's all the same (a sweep
+    ended it from the result.json this worker wrote, during an outage), so that its end line is its own to log."""
+    try:
+        record = store.get(job_id)
+    except Exception:
+        return True
+    return record is None or record.owner == owner
 
 
 def _refused_by_policy(store: Store, record: JobRecord, owner: str) -> bool:
