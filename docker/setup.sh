@@ -112,7 +112,7 @@ if [ "${1:-}" = "--test" ]; then
   tier -n 4 --dist loadgroup -m "docker or cli" --durations=15 "${@:2}"
   # The trust boundary again, every sandbox taken from a worker's warm pool (made before its job, then handed over)
   say "running the trust-boundary tests on sandboxes from a warm pool"
-  PID_TEST_POOL=1 tier -n 4 -p no:cacheprovider -m docker tests/test_trust_boundary.py
+  PID_TEST_POOL=1 tier -n 4 --dist loadgroup -p no:cacheprovider -m docker tests/test_trust_boundary.py
   # The deployment as users run it (docs/deploy.md): docker/compose.yaml brought up for real, jobs
   # through its client, a worker killed, torn down; its images are built the first time (a few minutes), then kept.
   say "running the compose stack end to end (docker/compose-smoke.sh)"

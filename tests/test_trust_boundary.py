@@ -309,8 +309,12 @@ GVISOR_FORK_BOMB = ("gVisor's ptrace platform (Debian's runsc 2022) spends host 
                     "kernel refuses: under a fork bomb they can grow by ~600/s past any cgroup limit (6,400 and 15,600 "
                     "seen), and the sandbox dies when the limit is hit; see "
                     "test_under_gvisor_a_fork_bomb_ends_at_worst_its_own_sandbox")
+# The fork bombs take their turns on one xdist worker (--dist loadgroup): three at once, two with both cores loaded
+# besides, ran a CI run's machine past their deadlines (the 600 escaped sleeps took over 10 s to start).
+FORK_BOMBS = pytest.mark.xdist_group("fork-bombs")
 
 
+@FORK_BOMBS
 @pytest.mark.skipif(RUNTIME == "runsc", reason=GVISOR_FORK_BOMB)
 @pytest.mark.parametrize("loaded", [False, True])
 def test_after_a_fork_bomb_the_next_tool_call_works(box, loaded):
@@ -338,6 +342,7 @@ def test_after_a_fork_bomb_the_next_tool_call_works(box, loaded):
             hog.wait()
 
 
+@FORK_BOMBS
 @pytest.mark.skipif(RUNTIME == "runsc", reason=GVISOR_FORK_BOMB)
 def test_a_fork_bomb_the_engine_cannot_freeze_is_killed_from_the_host(monkeypatch):
     """cgroup v1's freezer may not settle under a fork bomb on a loaded host (runc: "unable to freeze"). pid's server
