@@ -218,7 +218,7 @@ def said_key(text: str) -> str:
     return one_line(text)[:200]
 
 
-def missing_originals(result: dict[str, Any]) -> str | None:
+def missing_originals_warning(result: dict[str, Any]) -> str | None:
     """The warning for --check-original paths the original workspace did not have (result.json's check), if any."""
     check = result.get("check")
     missing = check.get("original_missing") if isinstance(check, dict) else None
@@ -229,8 +229,8 @@ def missing_originals(result: dict[str, Any]) -> str | None:
             "nothing)")
 
 
-def _missing_originals(result: dict[str, Any]) -> None:
-    text = missing_originals(result)
+def _warn_of_missing_originals(result: dict[str, Any]) -> None:
+    text = missing_originals_warning(result)
     if text:
         echo(styled(f"warning: {text}", fg="yellow"), err=True)
 
@@ -241,7 +241,7 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool, said: set[
     its check's verdict and errors are not said twice."""
     if as_json:
         echo(dumps(json_text(result), indent=2))
-        _missing_originals(result)   # (on stderr: a CI gate reading the JSON sees it in its log)
+        _warn_of_missing_originals(result)   # (on stderr: a CI gate reading the JSON sees it in its log)
         return
     if result.get("final_message"):
         echo(str(result["final_message"]))
@@ -267,7 +267,7 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool, said: set[
                 echo(styled("check output, its last lines:", dim=True), err=True)
             for line in tail:
                 echo(f"  {line}", err=True)
-    _missing_originals(result)
+    _warn_of_missing_originals(result)
     if result.get("error") and said_key(str(result["error"])) not in said:
         echo(styled(f"error: {one_line(str(result['error']))}", fg="red"), err=True)
     if result.get("warning"):

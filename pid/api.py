@@ -64,7 +64,7 @@ def run(task: str, repo: str | os.PathLike[str] | None = None, *, on_start: Call
             job.end(None, error=None if isinstance(exc, KeyboardInterrupt) else
                     f"on_start raised {type(exc).__name__}: {exc}")
             raise
-    return _said(submission.run_foreground(spec, job, starting, api_key=api_key, sink=events.ignore))
+    return _warned_of(submission.run_foreground(spec, job, starting, api_key=api_key, sink=events.ignore))
 
 
 def batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str],
@@ -210,7 +210,7 @@ class Job:
                 next_sweep = now + SWEEP_EVERY_S
                 sweep_quietly(self._store())
             time.sleep(POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - now)))
-        return _said(self.result())
+        return _warned_of(self.result())
 
     def result(self) -> dict[str, Any]:
         """The ended job's result.json, as `pid result --json` prints it (its patch in result["patch"], its exit
@@ -280,17 +280,20 @@ class _Items:
         pass
 
 
-def _said(result: dict[str, Any]) -> dict[str, Any]:
+def _warned_of(result: dict[str, Any]) -> dict[str, Any]:
     """A result, with the warning its ending deserves where the CLI prints one under the summary."""
-    from pid.cli.output import missing_originals
-    text = missing_originals(result)
+    from pid.cli.output import missing_originals_warning
+    text = missing_originals_warning(result)
     if text:
         _warn(text)
     return result
 
 
 def _warn(text: str) -> None:
-    """What is allowed but worth saying (a sandbox on the network): a Python warning, where the CLI prints a line."""
+    """What is allowed but worth saying (a sandbox on the network): a Python warning, where the CLI prints a line.
+    Sanitised as the CLI's line is: it may quote a tasks file's paths, and Python prints it to the terminal."""
+    from pid.terminal import one_line
+    text = one_line(text)
     warnings.warn(text if text.startswith("pid: ") else f"pid: {text}", stacklevel=4)   # (a batch's notes have it)
 
 
@@ -335,6 +338,8 @@ def _command(name: str) -> Any:
 def _args(command: Any, command_name: str, options: dict[str, Any], cli_only: set[str] = _CLI_ONLY) -> list[str]:
     """The keywords as command-line words (`--flag=value`), each checked to be one of the command's options."""
     import click
+
+    from pid.cli.options import OnceOption
     params = {p.name: p for p in command.params if isinstance(p, click.Option) and p.name not in cli_only}
     args: list[str] = []
     for name, value in options.items():
@@ -350,7 +355,6 @@ def _args(command: Any, command_name: str, options: dict[str, Any], cli_only: se
                 raise PidError(f"{flag}: {value!r} is not True or False")
             args += [flag] if value else []
             continue
-        from pid.cli.options import OnceOption
         if isinstance(param, OnceOption) and not isinstance(value, str):   # (check=[] had meant no check at all)
             raise PidError(f"{name} takes one value, a string, not {type(value).__name__}")
         many = param.multiple and isinstance(value, (list, tuple))
