@@ -26,14 +26,14 @@ def unreachable_store(exc: BaseException) -> str | None:
     else:
         from pid.config import pid_home
         where = os.path.join(pid_home(), "jobs.db")
-    return f"cannot use the job store at {where}: {_reason(exc)}"
+    return f"cannot use the job store at {where}: {_reason(exc)}{_tls_hint(url, exc)}"
 
 
 def unreachable_broker(exc: BaseException, job_id: str) -> str:
     """The one line for a broker that would not take job `job_id`'s message (whatever the reason: nothing ran)."""
     url = settings.BROKER_URL.raw() or "the embedded queue"
     return f"could not queue job {job_id}: the broker at {shown_url(url)} (PID_BROKER_URL) did not take it: " \
-           f"{_reason(exc)}"
+           f"{_reason(exc)}{_tls_hint(url, exc)}"
 
 
 def _unreachable(exc: BaseException) -> bool:
@@ -45,6 +45,14 @@ def _unreachable(exc: BaseException) -> bool:
         return True   # a database number past the server's (`redis://host/99`): no store there for pid
     from pid.jobs.store import StoreUnavailable
     return isinstance(exc, StoreUnavailable)
+
+
+def _tls_hint(url: str | None, exc: BaseException) -> str:
+    """A timeout on a rediss:// URL is most often a plain Redis, which waits for a command while the client waits
+    for its TLS handshake: say so, since the library's words only say it timed out."""
+    if not (url or "").startswith("rediss:") or "timeout" not in (str(exc) + type(exc).__name__).lower():
+        return ""
+    return " (rediss:// speaks TLS: is the server's port a TLS one? A plain Redis takes redis://)"
 
 
 def _reason(exc: BaseException) -> str:
