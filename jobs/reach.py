@@ -7,6 +7,7 @@ error from Redis can only come from a process that imported redis).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 from pid.jobs.brokers import shown_url
@@ -26,6 +27,7 @@ def unreachable_store(exc: BaseException) -> str | None:
     else:
         from pid.config import pid_home
         where = os.path.join(pid_home(), "jobs.db")
+        return f"cannot use the job store at {where}: {_reason(exc)}{_disk_left(pid_home())}"
     return f"cannot use the job store at {where}: {_reason(exc)}{_tls_hint(url, exc)}"
 
 
@@ -43,8 +45,24 @@ def _unreachable(exc: BaseException) -> bool:
         return True   # (AuthenticationError, a wrong or missing password, is a ConnectionError)
     if redis_errors is not None and isinstance(exc, redis_errors.ResponseError) and "DB index" in str(exc):
         return True   # a database number past the server's (`redis://host/99`): no store there for pid
+    sqlite = sys.modules.get("sqlite3")
+    if sqlite is not None and isinstance(exc, sqlite.OperationalError) and str(exc) in SQLITE_OUT_OF_ROOM:
+        return True
     from pid.jobs.store import StoreUnavailable
     return isinstance(exc, StoreUnavailable)
+
+
+# What SQLite says when the store's disk is full: "disk I/O error" when a WAL file cannot grow
+SQLITE_OUT_OF_ROOM = ("disk I/O error", "database or disk is full")
+
+
+def _disk_left(path: str) -> str:
+    """For a SQLite store: a full disk under PID_HOME, said as such (SQLite's own words may be "disk I/O error")."""
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return ""
+    return f" (its disk is full: {usage.free:,} bytes free under {path})" if usage.free < 1 << 20 else ""
 
 
 def _tls_hint(url: str | None, exc: BaseException) -> str:

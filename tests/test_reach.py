@@ -1,6 +1,9 @@
 """The one line a command prints when the job store or the broker cannot be reached (jobs/reach.py)."""
 from __future__ import annotations
 
+import shutil
+import sqlite3
+
 import redis.exceptions
 
 from pid.jobs import reach
@@ -26,3 +29,16 @@ def test_other_failures_get_no_tls_hint(monkeypatch):
     monkeypatch.setenv("PID_STORE_URL", "redis://127.0.0.1:6399/0")
     timeout = reach.unreachable_store(redis.exceptions.TimeoutError("Timeout connecting to server"))
     assert timeout is not None and "TLS" not in timeout, timeout
+
+
+def test_a_full_disk_under_pid_home_is_said_as_such(monkeypatch, tmp_path):
+    """SQLite says "disk I/O error" when its WAL cannot grow: the line names the store and says the disk is full
+    (it was a traceback: a new-user test, PID_HOME on a full tmpfs)."""
+    monkeypatch.delenv("PID_STORE_URL", raising=False)
+    monkeypatch.delenv("PID_BROKER_URL", raising=False)
+    monkeypatch.setenv("PID_HOME", str(tmp_path))
+    monkeypatch.setattr(reach.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2 << 20, 2 << 20, 0))
+    line = reach.unreachable_store(sqlite3.OperationalError("disk I/O error"))
+    assert line == f"cannot use the job store at {tmp_path}/jobs.db: disk I/O error (its disk is full: 0 bytes " \
+                   f"free under {tmp_path})", line
+    assert reach.unreachable_store(sqlite3.OperationalError("no such table: jobs")) is None   # a bug: its traceback
