@@ -139,9 +139,11 @@ def patch_script(workdir: str, base: str, room: str) -> str:
             "write a patch of it): $too_big...\" >&2; exit 3; fi\n"
             # What git cannot record (a new repository with no commit yet, as `git init` or `cargo new` leave; a FIFO
             # or a device) is left out; git's words go to the host (unrecorded), which fails the patch on any others.
-            # It reads them a line each: a name with a control character (a line break could forge a line) fails it.
+            # It reads them a line each: a path git could report (a repository, a file that is none) with a control
+            # character in it (a line break could forge a line) fails it. Another such name is recorded, quoted.
             f"if ! git -c core.bigFileThreshold=0 add -A --ignore-errors 2>{room}/add.err; then\n"
-            "  if [ -n \"$(find \"$GIT_WORK_TREE\" -path \"$GIT_WORK_TREE/.git\" -prune -o -name '*[[:cntrl:]]*' "
+            "  if [ -n \"$(find \"$GIT_WORK_TREE\" -path \"$GIT_WORK_TREE/.git\" -prune -o -path '*[[:cntrl:]]*' "
+            "\\( -name .git -o -type p -o -type s -o -type c -o -type b \\) "
             f"-print 2>/dev/null | head -c 1)\" ]; then cat {room}/add.err >&2; exit 1; fi\n"
             f"  echo '{UNRECORDED_MARK}'; head -c {UNRECORDED_MAX + 1} {room}/add.err\n"
             "fi\n"

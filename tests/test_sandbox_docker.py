@@ -1071,6 +1071,7 @@ def test_what_git_cannot_record_is_left_out_of_the_patch_and_said(client, tmp_pa
                         "git -C fresh init -q && git -C committed init -q && "
                         "git -C committed -c user.name=a -c user.email=a@b commit -q --allow-empty -m x && "
                         "rm untracked.txt && mkfifo untracked.txt && echo ok", timeout=30).tail == b"ok\n"
+        box.write_file("tab\there.txt", b"odd name\n")   # (could forge no line of git's: the rest is made)
         copy = box.export_patch(str(tmp_path / "out.patch"), 1 << 20)
         # a name with a line break could forge git's words: with one about, git's errors fail the patch again
         assert box.exec("d=$'q\\nhint: z'; mkdir -p \"$d\" && git -C \"$d\" init -q && echo ok", timeout=30).tail == \
@@ -1079,10 +1080,12 @@ def test_what_git_cannot_record_is_left_out_of_the_patch_and_said(client, tmp_pa
             box.export_patch(str(tmp_path / "again.patch"), 1 << 20)
     text = (tmp_path / "out.patch").read_bytes()
     assert b"+changed" in text and b"b/committed" not in text and b"b/fresh" not in text
-    assert [(s.path, s.reason.split(" (")[0]) for s in copy.dropped] == [
-        ("untracked.txt", "not a regular file, a link or a directory"),
+    assert b"odd name" not in text   # (the patch leaves out a name with a control character, and says so)
+    assert sorted((s.path, s.reason.split(" (")[0]) for s in copy.dropped) == [
+        ("committed", "a git repository of its own"),
         ("fresh", "a git repository of its own with no commit yet"),
-        ("committed", "a git repository of its own")]
+        ("tab\\there.txt", "control character in name"),   # (shown escaped)
+        ("untracked.txt", "not a regular file, a link or a directory")]
 
 
 @pytest.fixture
