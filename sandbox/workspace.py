@@ -147,24 +147,58 @@ def patch_script(workdir: str, base: str, room: str) -> str:
             f"-print 2>/dev/null | head -c 1)\" ]; then cat {room}/add.err >&2; exit 1; fi\n"
             f"  echo '{UNRECORDED_MARK}'; head -c {UNRECORDED_MAX + 1} {room}/add.err\n"
             "fi\n"
+            # A new FIFO or socket git passes over without a word: listed (NUL-separated, a counted length), unless
+            # the workspace's .gitignore files ignore it
+            "find \"$GIT_WORK_TREE\" -path \"$GIT_WORK_TREE/.git\" -prune -o \\( -type p -o -type s -o -type c "
+            f"-o -type b \\) -print0 2>/dev/null | head -c {SPECIAL_MAX} > {room}/special\n"
+            f"if [ -s {room}/special ]; then git check-ignore --no-index -z --stdin -n -v < {room}/special "
+            f"| head -c {4 * SPECIAL_MAX} > {room}/special.v || true\n"
+            f"  echo '{SPECIAL_MARK}' $(wc -c < {room}/special.v); cat {room}/special.v; fi\n"
             "git -c diff.noprefix=false -c diff.mnemonicPrefix=false diff --cached --binary --no-color --no-ext-diff "
             f"--no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/ {base} -- . "
             + " ".join(f"':(exclude,glob){pattern}'" for pattern in BYTECODE) + f" > {room}/patch.diff\n")
 
 
 UNRECORDED_MARK = "pid: what git could not record:"   # (patch_script's output, before git's words)
-UNRECORDED_MAX = 16000
+UNRECORDED_MAX = 11000
+SPECIAL_MARK = "pid: no files:"   # (then the length of git check-ignore's records of the FIFOs, sockets and devices)
+SPECIAL_MAX = 1000   # bytes of their names: with git's words, within the script's output that the host reads
 _UNRECORDED = ((re.compile(rb"error: '(.+)/' does not have a commit checked out"), "a git repository of its own with "
                 "no commit yet (git init, cargo new): git cannot record it (without its .git, its files are in the "
                 "patch)"),
                (re.compile(rb"error: (.+): can only add regular files, symbolic links or git-directories"),
                 "not a regular file, a link or a directory"))
+_NO_FILE = _UNRECORDED[1][1]
 _GITS_ASIDES = re.compile(rb"hint:.*|warning: adding embedded git repository: .+")
 
 
-def unrecorded(said: bytes) -> list[tuple[str, str]]:
-    """(path, why) for each path the patch script's git left out (what it said after UNRECORDED_MARK); SandboxError
-    when git said anything else (any other error), or too much to read."""
+def unrecorded(said: bytes, workdir: str) -> list[tuple[str, str]]:
+    """(path, why) for each path the patch script's git left out: what git said after UNRECORDED_MARK, then the
+    FIFOs, sockets and devices no .gitignore ignores (after SPECIAL_MARK); SandboxError when git said anything else
+    (any other error), or too much to read."""
+    said, _, special = (b"\n" + said).partition(b"\n" + SPECIAL_MARK.encode() + b" ")
+    found = _git_left_out(said[1:])
+    known = {path for path, _ in found}
+    return found + [(path, _NO_FILE) for path in _no_files(special, workdir) if path not in known]
+
+
+def _no_files(special: bytes, workdir: str) -> list[str]:
+    """The paths git check-ignore -z -n -v did not find ignored, in SPECIAL_MARK's counted records (source, line,
+    pattern, path; an empty source or a "!" pattern: not ignored). A record cut short by its bound is left out."""
+    length, _, records = special.partition(b"\n")
+    if not length.isdigit() or int(length) > len(records):
+        return []
+    fields = records[:int(length)].split(b"\0")
+    prefix = workdir.rstrip("/") + "/"
+    paths = []
+    for source, _, pattern, path in zip(*[iter(fields[:len(fields) - 1])] * 4):
+        name = path.decode("utf-8", "surrogateescape")
+        if (not source or pattern.startswith(b"!")) and name.startswith(prefix):
+            paths.append(name[len(prefix):])
+    return paths
+
+
+def _git_left_out(said: bytes) -> list[tuple[str, str]]:
     mark = UNRECORDED_MARK.encode() + b"\n"
     if mark not in said:
         return []

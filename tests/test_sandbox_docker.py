@@ -1062,7 +1062,7 @@ def test_what_git_cannot_record_is_left_out_of_the_patch_and_said(client, tmp_pa
     """A new directory with a repository of its own (`cargo new` runs `git init`): with no commit yet, git refused it
     and with it the whole patch; with one, git recorded only that commit and its files were gone without a word. A
     tracked file the agent replaced with a FIFO failed the whole patch too. Now the rest of the patch is made, and
-    each is in its report."""
+    each is in its report; so is a new FIFO, which git passed over without a word (unless a .gitignore ignores it)."""
     repo = make_repo(tmp_path)
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-gitlink", ttl_s=300), client) as box:
         box.import_workspace(str(repo))
@@ -1070,7 +1070,8 @@ def test_what_git_cannot_record_is_left_out_of_the_patch_and_said(client, tmp_pa
         assert box.exec("mkdir -p fresh committed && echo a > fresh/a.rs && echo b > committed/b.rs && "
                         "git -C fresh init -q && git -C committed init -q && "
                         "git -C committed -c user.name=a -c user.email=a@b commit -q --allow-empty -m x && "
-                        "rm untracked.txt && mkfifo untracked.txt && echo ok", timeout=30).tail == b"ok\n"
+                        "rm untracked.txt && mkfifo untracked.txt && mkfifo new.fifo skip.fifo && "
+                        "echo skip.fifo > .gitignore && echo ok", timeout=30).tail == b"ok\n"
         box.write_file("tab\there.txt", b"odd name\n")   # (could forge no line of git's: the rest is made)
         copy = box.export_patch(str(tmp_path / "out.patch"), 1 << 20)
         # a name with a line break could forge git's words: with one about, git's errors fail the patch again
@@ -1084,6 +1085,7 @@ def test_what_git_cannot_record_is_left_out_of_the_patch_and_said(client, tmp_pa
     assert sorted((s.path, s.reason.split(" (")[0]) for s in copy.dropped) == [
         ("committed", "a git repository of its own"),
         ("fresh", "a git repository of its own with no commit yet"),
+        ("new.fifo", "not a regular file, a link or a directory"),   # (git said nothing of it: pid looked)
         ("tab\\there.txt", "control character in name"),   # (shown escaped)
         ("untracked.txt", "not a regular file, a link or a directory")]
 

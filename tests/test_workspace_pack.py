@@ -327,6 +327,20 @@ def test_a_path_longer_than_path_max_is_refused_whichever_side_meets_it(deep_tmp
         dest.rmdir()
 
 
+def test_fifos_and_sockets_no_gitignore_ignores_are_listed_as_left_out():
+    """git passes over a new FIFO or socket without a word: patch_script lists them after SPECIAL_MARK (git
+    check-ignore's NUL-separated records, a counted length); those no .gitignore ignores are reported, once."""
+    from pid.sandbox.workspace import SPECIAL_MARK, UNRECORDED_MARK, unrecorded
+    records = (b"\0\0\0/w/new fifo\0" b".gitignore\0" b"1\0*.sock\0/w/s.sock\0" b".gitignore\0" b"2\0!keep.sock\0"
+               b"/w/keep.sock\0" b"\0\0\0/w/f\0" b"\0\0\0/w/line\nbreak\0" b"\0\0\0/w/cut sho")
+    special = SPECIAL_MARK.encode() + b" %d\n" % len(records) + records
+    git = UNRECORDED_MARK.encode() + b"\nerror: f: can only add regular files, symbolic links or git-directories\n"
+    assert unrecorded(special, "/w") == [(p, "not a regular file, a link or a directory")
+                                         for p in ("new fifo", "keep.sock", "f", "line\nbreak")]
+    assert [path for path, _ in unrecorded(git + special, "/w")] == ["f", "new fifo", "keep.sock", "line\nbreak"]
+    assert unrecorded(SPECIAL_MARK.encode() + b" 999\n" + records, "/w") == []   # (not all there: none is taken)
+
+
 def test_only_what_git_says_it_cannot_record_is_left_out_of_a_patch():
     """patch_script passes on git's words when `git add` left paths out; those it names (a repository with no commit,
     a FIFO) are the patch report's, and any other line fails the patch, as git's errors did before: a file name
@@ -334,12 +348,12 @@ def test_only_what_git_says_it_cannot_record_is_left_out_of_a_patch():
     from pid.sandbox.errors import SandboxError
     from pid.sandbox.workspace import UNRECORDED_MARK, unrecorded
     mark = UNRECORDED_MARK.encode() + b"\n"
-    assert unrecorded(b"") == []
+    assert unrecorded(b"", "/w") == []
     said = (b"error: f: can only add regular files, symbolic links or git-directories\n"
             b"warning: adding embedded git repository: kept\nhint: You've added another git repository\n"
             b"error: 'new crate/' does not have a commit checked out\n")
-    assert [path for path, _ in unrecorded(mark + said)] == ["f", "new crate"]
+    assert [path for path, _ in unrecorded(mark + said, "/w")] == ["f", "new crate"]
     for other in (b"error: unable to index file 'x'\n", b"fatal: adding files failed\n",
                   b"error: 'x' does not have a commit checked out\n", b"x" * 16001):
         with pytest.raises(SandboxError, match="making the patch failed"):
-            unrecorded(mark + said + other)
+            unrecorded(mark + said + other, "/w")
