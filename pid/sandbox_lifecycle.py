@@ -29,8 +29,10 @@ class PatchCopy:
 class FilesBudget:
     """Limits shared by several extract_files calls (one per requested path) so they cap the whole collection.
 
-    Entries are filesystem objects created, parent directories made on the way included. Once a limit is hit,
-    `stopped` holds the reason and every later member, in this call or a later one, is skipped with it.
+    Entries are filesystem objects created, parent directories made on the way included. A file over the bytes
+    left is skipped alone (a smaller one after it may fit: a big log asked for first must not cost the small reports
+    after it). Once the entry limit is hit, `stopped` holds the reason and every later member, in this call or a
+    later one, is skipped with it.
     """
     max_bytes: int
     max_entries: int

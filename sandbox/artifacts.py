@@ -674,8 +674,8 @@ class _Extractor:
         if member.isdir():
             os.close(self._open_dirs(parts))
             return
-        if self.budget.used_bytes + member.size > self.budget.max_bytes:
-            raise self._stop(f"over the {_size_text(self.budget.max_bytes)} limit")
+        if self.budget.used_bytes + member.size > self.budget.max_bytes:   # (a smaller file after it may still fit)
+            raise _Refused(f"over the {_size_text(self.budget.max_bytes)} limit")
         parent = self._open_dirs(parts[:-1])
         try:
             self._need_entry()

@@ -394,7 +394,8 @@ class MemorySandbox:
             for name in found:
                 data = self.files[name]
                 if budget.stopped is None and budget.used_bytes + len(data) > budget.max_bytes:
-                    budget.stopped = f"over the {budget.max_bytes}-byte limit"
+                    skipped.append(Skipped(name, f"over the {budget.max_bytes}-byte limit"))
+                    continue
                 if budget.stopped is None and budget.used_entries + 1 > budget.max_entries:
                     budget.stopped = f"over the {budget.max_entries}-entry limit"
                 if budget.stopped is not None:

@@ -543,13 +543,13 @@ def test_duplicate_member_does_not_overwrite(tmp_path):
     assert reasons(result.skipped) == ["already exists"]
 
 
-def test_byte_limit_skips_the_crossing_member_and_everything_after(tmp_path):
+def test_byte_limit_skips_what_does_not_fit_and_takes_what_still_does(tmp_path):
+    """A new-user test: a big log asked for first cost every small report after it."""
     data = tar_bytes(member("a", b"a" * 400), member("b", b"b" * 400), member("c", b"c" * 400),
                      member("d", b"d"), member("e", type=tarfile.DIRTYPE))
     result, dest = extract(tmp_path, data, max_bytes=1000)
-    assert tree(dest) == ["a", "b"] and result.total_bytes == 800
-    assert [(s.path, s.reason) for s in result.skipped] == [
-        ("c", "over the 1000-byte limit"), ("d", "over the 1000-byte limit"), ("e", "over the 1000-byte limit")]
+    assert tree(dest) == ["a", "b", "d", "e"] and result.total_bytes == 801
+    assert [(s.path, s.reason) for s in result.skipped] == [("c", "over the 1000-byte limit")]
 
 
 def test_huge_member_over_the_limit_ends_the_reading(tmp_path):
@@ -581,6 +581,17 @@ def test_parent_directories_count_as_entries(tmp_path):
     result, dest = extract(tmp_path, tar_bytes(member("a/b/c/d.txt", b"x")), max_entries=2)
     assert tree(dest) == ["a", "a/b"]
     assert reasons(result.skipped) == ["over the 2-entry limit"]
+
+
+def test_a_file_over_the_shared_byte_budget_costs_no_later_call(tmp_path):
+    budget = FilesBudget(max_bytes=1000, max_entries=10)
+    big = extract_files([tar_bytes(member("big.log", b"x" * 3000))], str(tmp_path / "one"),
+                        max_bytes=0, max_entries=0, budget=budget)
+    small = extract_files([tar_bytes(member("report.txt", b"ok"))], str(tmp_path / "two"),
+                          max_bytes=0, max_entries=0, budget=budget)
+    assert reasons(big.skipped)[0] == "over the 1000-byte limit" and big.written == []
+    assert small.skipped == [] and (tmp_path / "two" / "report.txt").read_bytes() == b"ok"
+    assert (budget.used_bytes, budget.used_entries, budget.stopped) == (2, 1, None)
 
 
 def test_budget_is_shared_across_calls(tmp_path):
