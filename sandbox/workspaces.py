@@ -21,6 +21,7 @@ import docker.errors
 
 from pid.config import pid_home
 from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped
+from pid.terminal import escaped
 
 from .artifacts import copy_patch, extract_files
 from .errors import SandboxError
@@ -308,7 +309,10 @@ def export_files(container: Container, paths: list[str], dest_dir: str,
         finally:
             chunks.close()
         written.extend(copied.written)
-        skipped.extend(copied.skipped)
+        # named as asked for (`/tmp/x.log`, not `x.log`: the archive names them from the last component on)
+        where = escaped(posixpath.dirname(posixpath.normpath(path)))
+        skipped.extend(s if s.path in ("…", "(archive)") or not where else
+                       dataclasses.replace(s, path=posixpath.join(where, s.path)) for s in copied.skipped)
     return written, skipped
 
 

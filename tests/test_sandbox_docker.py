@@ -1032,15 +1032,18 @@ def test_git_repo_patch_roundtrip(client, tmp_path):
         assert b"+TWO" in text and b"b/added/new.txt" in text and b"GIT binary patch" in text
         assert b"uncommitted" not in text.replace(b" uncommitted\n", b"")   # context only, not a change
 
-        box.exec("ln -s /etc etc-link && ln -s /.pid deep-link", timeout=10)   # (the engine follows them as root)
+        box.exec("ln -s /etc etc-link && ln -s /.pid deep-link && mkdir -p /tmp/o && ln -s /etc/passwd /tmp/o/pl && "
+                 "ln -s /etc/passwd added/pl", timeout=10)   # (the engine follows them as root)
         copied, skipped = box.export_files(["passwd-link", "added", "missing-file", "etc-link/passwd",
-                                            "deep-link/git/config", "etc-link/", "nothere/../deep-link/git"],
+                                            "deep-link/git/config", "etc-link/", "nothere/../deep-link/git",
+                                            "/tmp/o/pl"],
                                            str(tmp_path / "files"), FilesBudget(1 << 20, 100))
     assert snapshot(repo) == before                      # the host repo was never modified
     # export: the link to /etc/passwd is refused, nothing of the host file leaks; the directory arrives
     files = tmp_path / "files" / "workspace"   # the in-container path is kept under dest_dir
     assert copied == [str(files / "added"), str(files / "added" / "new.txt")]
-    assert sorted((s.path, s.reason) for s in skipped) == [
+    assert sorted((s.path, s.reason) for s in skipped) == [   # (each named as asked for)
+        ("/tmp/o/pl", "symlink"), ("added/pl", "symlink"),
         ("deep-link/git/config", "a link on its way"), ("etc-link/", "a link on its way"),
         ("etc-link/passwd", "a link on its way"), ("missing-file", "not found"),
         ("nothere/../deep-link/git", "a link on its way"), ("passwd-link", "symlink")]
