@@ -8,6 +8,7 @@ pid.batch raises them. The lines are parsed by the CLI's own option types (pid/c
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pid.errors import PidError
 from pid.sandbox.disk import format_size
 from pid.terminal import one_line
-from pid.jobs.batch import BatchDir, changed_options, hold, kept_options, other_tasks, release
+from pid.jobs.batch import BatchDir, changed_options, hold, kept_options, needs_run, other_tasks, release
 from pid.jobs.batch_run import Display, Progress, Run, ignore
 from pid.jobs.spec import JobSpec
 
@@ -69,8 +70,9 @@ def prepare(tasks: str, out: str, opts: Options, warn: Callable[[str], None] = i
     options = dict(opts.job)
     defined = {**options, "repo": opts.repo, "queue": opts.queue, "no_images": opts.no_images,
                "max_workspace": opts.max_workspace}
+    digests = item_digests(items)
     if BatchDir.exists(out):
-        _same_batch(open_dir(out), tasks_path, [item.id for item in items], defined)
+        _same_batch(open_dir(out), tasks_path, digests, defined, opts.retry_failed)
     from pid.config import key_endpoint as endpoint_of_key
     key_endpoint = endpoint_of_key(opts.api_key, options["api"], options.get("base_url"))   # its key goes there only
     specs = build_specs(items, options, repo=opts.repo, queue=opts.queue, no_images=opts.no_images,
@@ -78,7 +80,7 @@ def prepare(tasks: str, out: str, opts: Options, warn: Callable[[str], None] = i
                         need_prices=opts.max_total_cost is not None, tasks=tasks, errors=errors,
                         key_endpoint=key_endpoint, warn=warn)
     settings = {"tasks": tasks_path, "max_total_cost": opts.max_total_cost, "max_running": opts.max_running,
-                "options": kept_options(defined)}
+                "options": kept_options(defined), "items": digests}
     lock = hold(out)
     try:
         bdir = open_dir(out) if BatchDir.exists(out) else BatchDir.create(out, settings)
@@ -214,11 +216,20 @@ def open_dir(path: str) -> BatchDir:
         raise PidError(str(exc)) from None
 
 
-def _same_batch(bdir: BatchDir, tasks: str, item_ids: list[str], options: dict[str, Any]) -> None:
-    """A rerun resumes its batch: another tasks file, or other options, would be merged into it. Refused (exit 2)."""
+def item_digests(items: list[Item]) -> dict[str, str]:
+    """Each item's definition (its task, repository and fields; not its line's number) by a digest: batch.json keeps
+    them, so that a rerun can tell a line edited or removed since its item's job was submitted."""
+    return {item.id: hashlib.sha256(json.dumps([item.task, item.repo, item.fields], sort_keys=True, default=str)
+                                    .encode("utf-8", "surrogatepass")).hexdigest()[:32] for item in items}
+
+
+def _same_batch(bdir: BatchDir, tasks: str, digests: dict[str, str], options: dict[str, Any],
+                retry_failed: bool) -> None:
+    """A rerun resumes its batch: another tasks file, other options, or another line for an item whose job stands
+    (ended and not to run again, or still queued or running) would be merged into it. Refused (exit 2)."""
     again = (f"resume it with the command that started it (pid batch {shlex.quote(str(bdir.meta.get('tasks')))} "
              f"--out {shlex.quote(bdir.path)} and the same options), or give this run another --out directory")
-    if other_tasks(bdir.meta, tasks, item_ids):
+    if other_tasks(bdir.meta, tasks, list(digests)):
         raise PidError(f"--out {bdir.path} holds batch {bdir.batch_id} of another tasks file "
                        f"({one_line(str(bdir.meta.get('tasks')))}): {again}")
     changed = changed_options(bdir.meta, options)
@@ -230,6 +241,17 @@ def _same_batch(bdir: BatchDir, tasks: str, item_ids: list[str], options: dict[s
                           f"now {_shown(now.get(name))}" for name in changed)
         raise PidError(f"--out {bdir.path} holds batch {bdir.batch_id}, started with other options ({named}): "
                        f"{again}")
+    recorded = bdir.meta.get("items")   # (none in a batch.json from before they were kept)
+    if isinstance(recorded, dict):
+        changed = [i for i in bdir.order if bdir.ledger.get(i) and i in recorded and digests.get(i) != recorded[i]
+                   and (i not in digests or i not in bdir.rows or not needs_run(bdir.rows[i], retry_failed))]
+        if changed:
+            said = ", ".join(f"{one_line(i)} ({'removed' if i not in digests else 'edited'})" for i in changed[:5])
+            more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+            raise PidError(f"--out {bdir.path} holds batch {bdir.batch_id}, whose tasks file changed for items whose "
+                           f"jobs stand: {said}{more}: put their lines back as they were, or give this run another "
+                           "--out directory (added lines are fine, and so is a new line for an item to run again: "
+                           "cancelled, or failed with --retry-failed)")
 
 
 def _shown(value: Any) -> str:

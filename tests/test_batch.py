@@ -370,7 +370,7 @@ def run_in_pty(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 
 def test_a_terminal_gets_a_live_table_and_retry_failed_reruns_only_the_failed(pid_env, tmp_path):
     """On a terminal: the live table (counts, running items with their turn, cost, ETA). Items that hit a limit
     are not rerun by the same command; with --retry-failed (their limit raised in the file) they are, and only
-    they."""
+    they. A completed item's line edited is refused: its result would not be the line's."""
     projects = make_projects(tmp_path / "projects")
     tasks = tasks_file(tmp_path / "tasks.jsonl", projects, 4)
     lines = [json.loads(line) for line in tasks.read_text().splitlines()]
@@ -393,6 +393,12 @@ def test_a_terminal_gets_a_live_table_and_retry_failed_reruns_only_the_failed(pi
         requests = len(agent.log)
         same = subprocess.run(cmd, cwd=tmp_path, env=pid_env, capture_output=True, text=True, timeout=300)
         assert same.returncode == 3 and len(agent.log) == requests, same.stderr    # nothing ran again
+        edited = [dict(line, task="another task") if line["id"] == "item-0" else line for line in lines]
+        tasks.write_text("".join(json.dumps(line) + "\n" for line in edited))   # a completed item's line, edited
+        refused = subprocess.run([*cmd, "--retry-failed"], cwd=tmp_path, env=pid_env, capture_output=True,
+                                 text=True, timeout=300)
+        assert refused.returncode == 2 and "item-0 (edited)" in refused.stderr, refused.stderr
+        assert len(agent.log) == requests
         for line in lines:
             line.pop("max_turns", None)
         tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))

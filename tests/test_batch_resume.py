@@ -1,6 +1,6 @@
 """A batch's --out is its memory: the same command resumes it, and nothing else is merged into it. Another tasks
-file, or other options, is refused (exit 2) with how to resume and the way out (another directory). Real CLI; the
-jobs wait in a queue no worker consumes."""
+file, other options, or a submitted item's line edited or removed, is refused (exit 2) with how to resume and the
+way out (another directory). Real CLI; the jobs wait in a queue no worker consumes."""
 from __future__ import annotations
 
 import json
@@ -45,6 +45,12 @@ def test_another_tasks_file_or_other_options_are_refused_and_the_same_command_re
     assert piped.returncode == 2 and "another tasks file" in piped.stderr, piped.stderr
     assert len(run_pid("list", "--json", "--limit", "100").json()) == jobs   # nothing more was submitted
     assert json.loads((out / "batch.json").read_text())["order"] == meta["order"] == ["a", "b"]
+
+    # a line edited or removed since its item was submitted: the batch's result would no longer be the file's
+    tasks.write_text(json.dumps({"id": "a", "task": "task a, edited", "repo": str(sample_repo)}) + "\n")
+    line = assert_one_error(run_pid("batch", str(tasks), "--model", "m1", *common), "tasks file changed",
+                            "a (edited), b (removed)", "another --out directory")
+    assert len(run_pid("list", "--json", "--limit", "100").json()) == jobs   # nothing more was submitted
 
     write_tasks(tasks, sample_repo, ["a", "b", "d"])   # the same file, one item added: the same batch, resumed
     again = run_pid("batch", str(tasks), "--model", "m1", *common)
