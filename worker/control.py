@@ -125,7 +125,7 @@ class ControlRelay:
         self._agent: Agent | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pid-control", daemon=True)
-        self._reported = -1
+        self._reported = self.progress.version   # (the claim recorded the start: nothing to say until a turn)
         self._stop_requested: str | None = None
         self._records = EventRecords()
         self._log = EventLog(store, job_id)
@@ -189,7 +189,7 @@ class ControlRelay:
 
     def _run(self) -> None:
         renew_every = LEASE_S / 6
-        last_write = time.monotonic()
+        last_write = time.monotonic() - PROGRESS_EVERY_S   # (the first turn is shown at once, then every 2 s at most)
         unreachable = False
         while True:
             self._wake.wait(CONTROL_POLL_S)   # a poll, or sooner when the agent checks in
