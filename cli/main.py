@@ -195,9 +195,9 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
             views.append(printer)
         try:
             echo(f"job {spec.id}: {spec.model} in {spec.image}", err=True)
-            from pid import events
-            result = submission.run_foreground(spec, job, starting, api_key=api_key,
-                                               sink=events.ignore if as_json else printer, on_agent=agents.append)
+            # (--json too: its lines go to stderr, result.json alone to stdout; a CI log shows the retries)
+            result = submission.run_foreground(spec, job, starting, api_key=api_key, sink=printer,
+                                               on_agent=agents.append)
         finally:
             if views:
                 views[0].stop()
@@ -241,7 +241,7 @@ def _queued(store: Any, spec: JobSpec, wait: bool, as_json: bool) -> None:
         echo(dumps({"id": spec.id, "status": "queued", "queue": spec.queue}) if as_json else spec.id)
         return
     echo(f"job {spec.id} queued", err=True)
-    _wait_and_exit(store, spec.id, as_json, follow=not as_json, download=spec.job_dir, own_dir=True)
+    _wait_and_exit(store, spec.id, as_json, follow=True, download=spec.job_dir, own_dir=True)   # (lines: stderr)
 
 
 def _still_there(store: Any, job_id: str) -> Any:

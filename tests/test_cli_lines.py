@@ -108,6 +108,27 @@ def test_the_summary_says_each_thing_once_and_its_cost(run_pid, sample_repo, tmp
     assert summary.startswith("completed (stop) in ") and summary.endswith("· $0.0083"), summary
 
 
+def test_json_keeps_the_runs_lines_on_stderr_and_stdout_for_the_result(run_pid, pid_env, sample_repo, tmp_path):
+    """--json replaces the summary, not the lines as the job runs: a CI log showed nothing through a model's retries
+    (a new-user test)."""
+    from tests.conftest import start_worker, stop_worker
+    script = [{"error": {"status": 500}}, {"tool_calls": [{"name": "bash", "arguments": {"command": "echo hi"}}]},
+              {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        ran = run_pid("run", "t", "--repo", str(sample_repo), *opts(llm, tmp_path / "out"), "--json")
+        llm.add(*script)
+        worker = start_worker(pid_env, tmp_path, tmp_path / "worker.log")
+        try:
+            waited = run_pid("submit", "--wait", "t", "--repo", str(sample_repo), *opts(llm, tmp_path / "out2"),
+                             "--json")
+        finally:
+            stop_worker(worker)
+    for res in (ran, waited):
+        assert res.code == 0, res.stderr
+        assert json.loads(res.stdout)["status"] == "completed"   # (stdout: result.json alone)
+        assert "retrying" in res.stderr and "bash echo hi" in res.stderr, res.stderr
+
+
 def test_an_html_error_page_is_its_status_and_first_line_said_once(run_pid, sample_repo, tmp_path):
     page = ("<!DOCTYPE html>\n<html>\n<head>\n<title>502 Bad Gateway</title>\n<style>body { margin: 0 }</style>\n"
             "</head>\n<body>\n<center><h1>502 Bad Gateway</h1></center>\n<hr><center>nginx/1.18.0</center>\n"
