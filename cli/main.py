@@ -458,7 +458,11 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool, batch_dir: s
     from pid.jobs.sweep import sweep_quietly
     store = default_store()
     sweep_quietly(store)
-    records = batch_records(store, batch_dir, limit, status_filter) if batch_dir else store.list(limit, status_filter)
+    records = (batch_records(store, batch_dir, limit + 1, status_filter) if batch_dir
+               else store.list(limit + 1, status_filter))   # (one more: whether there are more is said)
+    more, records = len(records) > limit, records[:limit]
+    if more:   # (on stderr: stdout stays the table's, or the JSON's)
+        echo(f"the newest {limit} shown; more with --limit", err=True)
     if as_json:
         echo(dumps([r.to_dict() for r in records], indent=2))
         return

@@ -92,6 +92,9 @@ def test_tables_at_80_columns_ids_by_their_end_and_batch_control(run_pid, pid_en
 
     batch_only = run_pid("list", "--batch", str(out), "--json").json()
     assert sorted(r["id"] for r in batch_only) == sorted(job_ids.values())
+    cut = run_pid("list", "--batch", str(out), "--json", "--limit", "2")   # (more there: said on stderr)
+    assert len(cut.json()) == 2 and "the newest 2 shown; more with --limit" in cut.stderr, cut.stderr
+    assert "more with --limit" not in run_pid("list", "--limit", "100").stderr
 
     status = run_pid("batch", "--status", str(out), env=env80)
     assert status.code == 0, status.stderr
