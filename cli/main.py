@@ -382,6 +382,8 @@ def result(job_id: str, as_json: bool, wait: bool, download: str | None) -> None
         _wait_and_exit(store, job_id, as_json, follow=False, download=download)
     if not record.terminal:
         echo(f"pid: job {job_id} is {record.status}: no result yet (--wait waits for it)", err=True)
+        if as_json:   # (a JSON reader gets JSON: where the job is, not a result.json)
+            echo(dumps({"id": record.id, "status": record.status, "ended": False}))
         sys.exit(EXIT_NOT_FINISHED)
     result = load_result(store, job_id)
     where = _download(store, job_id, download, own_dir=False) if download else record.spec.job_dir

@@ -210,6 +210,8 @@ def test_result_of_an_unfinished_job_is_exit_5_and_cancel_of_a_finished_one_exit
     early = run_pid("result", job_id)
     assert early.code == 5
     assert early.stderr.strip() == f"pid: job {job_id} is queued: no result yet (--wait waits for it)"
+    as_json = run_pid("result", job_id, "--json")   # (JSON on stdout, for a reader such as jq)
+    assert as_json.code == 5 and as_json.json() == {"id": job_id, "status": "queued", "ended": False}
     assert run_pid("cancel", job_id).stdout.strip() == f"{job_id}: cancelled"
     assert run_pid("result", job_id).code == 1
     assert_one_error(run_pid("cancel", job_id), f"job {job_id} is cancelled: nothing to cancel")
