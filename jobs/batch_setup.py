@@ -267,12 +267,18 @@ def read_items(tasks: str, allow_outside: bool) -> tuple[list[Item], list[str]]:
     bad ones are reported with the others build_specs finds."""
     try:
         if tasks == "-":
-            lines = sys.stdin.read().removeprefix("\ufeff").splitlines()
-        else:   # utf-8-sig: a byte order mark (some editors write one) is not part of line 1
-            with open(os.path.expanduser(tasks), encoding="utf-8-sig") as f:
-                lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PidError(f"cannot read {tasks}: {getattr(exc, 'strerror', None) or exc}") from None
+            raw = sys.stdin.buffer.read()
+        else:
+            with open(os.path.expanduser(tasks), "rb") as f:
+                raw = f.read()
+    except OSError as exc:
+        raise PidError(f"cannot read {tasks}: {exc.strerror or exc}") from None
+    try:   # utf-8-sig: a byte order mark (some editors write one) is not part of line 1
+        lines = raw.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise PidError(f"cannot read {tasks}: line {line}: not UTF-8 (byte {raw[exc.start]:#04x}: {exc.reason})"
+                       ) from None
     base = None if tasks == "-" else os.path.dirname(os.path.abspath(os.path.expanduser(tasks)))
     from pid.cli.batch_tasks import parse
     parsed = parse(lines, base, allow_outside)
