@@ -266,8 +266,9 @@ def read_items(tasks: str, allow_outside: bool) -> tuple[list[Item], list[str]]:
     """Every line read and parsed, its paths relative to the tasks file's directory (batch_tasks.local_path); the
     bad ones are reported with the others build_specs finds."""
     try:
-        if tasks == "-":
-            raw = sys.stdin.buffer.read()
+        if tasks == "-":   # (a stdin replaced by a text stream, as in a notebook, has no bytes underneath)
+            stdin = sys.stdin
+            raw = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogateescape")
         else:
             with open(os.path.expanduser(tasks), "rb") as f:
                 raw = f.read()
