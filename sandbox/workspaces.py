@@ -308,12 +308,24 @@ def export_files(container: Container, paths: list[str], dest_dir: str,
                                    budget=budget)
         finally:
             chunks.close()
+        if not copied.written:
+            _remove_empty(target, dest_dir)   # (no files/etc left behind for a --file that was refused)
         written.extend(copied.written)
         # named as asked for (`/tmp/x.log`, not `x.log`: the archive names them from the last component on)
         where = escaped(posixpath.dirname(posixpath.normpath(path)))
         skipped.extend(s if s.path in ("…", "(archive)") or not where else
                        dataclasses.replace(s, path=posixpath.join(where, s.path)) for s in copied.skipped)
     return written, skipped
+
+
+def _remove_empty(path: str, top: str) -> None:
+    """Remove `path` and its parents below `top` while they are empty directories (pid made them)."""
+    while os.path.normpath(path) != os.path.normpath(top):
+        try:
+            os.rmdir(path)
+        except OSError:   # (not empty: another --file's, or not there)
+            return
+        path = os.path.dirname(path)
 
 
 def _nothing_imported() -> SandboxError:

@@ -1049,6 +1049,7 @@ def test_git_repo_patch_roundtrip(client, tmp_path):
         ("nothere/../deep-link/git", "a link on its way"), ("passwd-link", "symlink")]
     assert (files / "added" / "new.txt").read_bytes() == b"brand new\n"
     assert not os.path.lexists(files / "passwd-link")
+    assert not os.path.lexists(tmp_path / "files" / "tmp")   # (nothing came of /tmp/o/pl: no folders for it)
     host_passwd = Path("/etc/passwd").read_bytes()
     assert all(p.read_bytes() != host_passwd for p in files.rglob("*") if p.is_file())
 
