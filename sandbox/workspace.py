@@ -150,9 +150,9 @@ def patch_script(workdir: str, base: str, room: str) -> str:
             # A new FIFO or socket git passes over without a word: listed (NUL-separated, a counted length), unless
             # the workspace's .gitignore files ignore it
             "find \"$GIT_WORK_TREE\" -path \"$GIT_WORK_TREE/.git\" -prune -o \\( -type p -o -type s -o -type c "
-            f"-o -type b \\) -print0 2>/dev/null | head -c {SPECIAL_MAX} > {room}/special\n"
+            f"-o -type b \\) -print0 2>/dev/null | head -z -n {SPECIAL_COUNT} > {room}/special 2>/dev/null || true\n"
             f"if [ -s {room}/special ]; then git check-ignore --no-index -z --stdin -n -v < {room}/special "
-            f"| head -c {4 * SPECIAL_MAX} > {room}/special.v || true\n"
+            f"| head -c {SPECIAL_MAX} > {room}/special.v || true\n"
             f"  echo '{SPECIAL_MARK}' $(wc -c < {room}/special.v); cat {room}/special.v; fi\n"
             "git -c diff.noprefix=false -c diff.mnemonicPrefix=false diff --cached --binary --no-color --no-ext-diff "
             f"--no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/ {base} -- . "
@@ -162,7 +162,8 @@ def patch_script(workdir: str, base: str, room: str) -> str:
 UNRECORDED_MARK = "pid: what git could not record:"   # (patch_script's output, before git's words)
 UNRECORDED_MAX = 11000
 SPECIAL_MARK = "pid: no files:"   # (then the length of git check-ignore's records of the FIFOs, sockets and devices)
-SPECIAL_MAX = 1000   # bytes of their names: with git's words, within the script's output that the host reads
+SPECIAL_COUNT = 64   # of them looked up, whole names (GNU head -z; elsewhere none is listed)
+SPECIAL_MAX = 4000   # bytes of their records read back: with git's words, within the script's output the host reads
 _UNRECORDED = ((re.compile(rb"error: '(.+)/' does not have a commit checked out"), "a git repository of its own with "
                 "no commit yet (git init, cargo new): git cannot record it (without its .git, its files are in the "
                 "patch)"),
