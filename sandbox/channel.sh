@@ -501,11 +501,12 @@ refill() {  # start the used slot's successor (a fork, the drop and bash: ~4 ms 
     [ -n "${Z[0]}" ] || spawn 0
     [ -n "${Z[1]}" ] || spawn 1
 }
-idle() {  # FIRST <- the first byte of the next request; if ~1 ms passes first, a used slot's successor starts and
-    # the files due to go go (both fork: off the next request's path, unless it comes at once)
-    [ -n "$DUE" ] || [ "$JUNKN" -ge "$SWEEP_AT" ] || return 0
+idle() {  # FIRST <- the first byte of the next request; if ~1 ms passes first, a used slot's successor starts and,
+    # when the host removes the outputs (JUNK: only commands and uploads, done with), those files go (both fork: off
+    # the next request's path, unless it comes at once). Otherwise JUNK holds outputs the host may still count (c).
+    [ -n "$DUE" ] || { [ -n "$HOSTOUT" ] && [ -n "$JUNK" ]; } || return 0
     IFS= read -r -t 0.001 -n 1 FIRST
-    case $? in 0) ;; 1) return 1 ;; *) [ -z "$DUE" ] || refill; [ "$JUNKN" -lt "$SWEEP_AT" ] || sweep ;; esac
+    case $? in 0) ;; 1) return 1 ;; *) [ -z "$DUE" ] || refill; [ -z "$HOSTOUT" ] || [ -z "$JUNK" ] || sweep ;; esac
 }
 hello_more() {  # the slot FIFOs (without them, e.g. no inode left, commands start as on the sh path)
     SETSID=   # (job control makes each command a process group leader already: setsid would fork)

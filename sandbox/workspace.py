@@ -139,11 +139,11 @@ def patch_script(workdir: str, base: str, room: str) -> str:
             "write a patch of it): $too_big...\" >&2; exit 3; fi\n"
             # What git cannot record (a new repository with no commit yet, as `git init` or `cargo new` leave; a FIFO
             # or a device) is left out; git's words go to the host (unrecorded), which fails the patch on any others.
-            # It reads them a line each: a path git could report (a repository, a file that is none) with a control
-            # character in it (a line break could forge a line) fails it. Another such name is recorded, quoted.
+            # It reads them a line each: a name with a control character (a line break could forge a line) fails it,
+            # whatever the file: git's errors name any file it could not add (an invalid path), and each of them
+            # must be read as it is, never taken for one of the errors that leave a path out.
             f"if ! git -c core.bigFileThreshold=0 add -A --ignore-errors 2>{room}/add.err; then\n"
-            "  if [ -n \"$(find \"$GIT_WORK_TREE\" -path \"$GIT_WORK_TREE/.git\" -prune -o -path '*[[:cntrl:]]*' "
-            "\\( -name .git -o -type p -o -type s -o -type c -o -type b \\) "
+            "  if [ -n \"$(find \"$GIT_WORK_TREE\" -path \"$GIT_WORK_TREE/.git\" -prune -o -name '*[[:cntrl:]]*' "
             f"-print 2>/dev/null | head -c 1)\" ]; then cat {room}/add.err >&2; exit 1; fi\n"
             f"  echo '{UNRECORDED_MARK}'; head -c {UNRECORDED_MAX + 1} {room}/add.err\n"
             "fi\n"
@@ -152,7 +152,7 @@ def patch_script(workdir: str, base: str, room: str) -> str:
             "find \"$GIT_WORK_TREE\" -path \"$GIT_WORK_TREE/.git\" -prune -o \\( -type p -o -type s -o -type c "
             f"-o -type b \\) -print0 2>/dev/null | head -z -n {SPECIAL_COUNT} > {room}/special 2>/dev/null || true\n"
             f"if [ -s {room}/special ]; then git check-ignore --no-index -z --stdin -n -v < {room}/special "
-            f"| head -c {SPECIAL_MAX} > {room}/special.v || true\n"
+            f"2>/dev/null | head -c {SPECIAL_MAX} > {room}/special.v || true\n"
             f"  echo '{SPECIAL_MARK}' $(wc -c < {room}/special.v); cat {room}/special.v; fi\n"
             "git -c diff.noprefix=false -c diff.mnemonicPrefix=false diff --cached --binary --no-color --no-ext-diff "
             f"--no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/ {base} -- . "
