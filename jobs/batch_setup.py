@@ -244,14 +244,31 @@ def _same_batch(bdir: BatchDir, tasks: str, digests: dict[str, str], options: di
     recorded = bdir.meta.get("items")   # (none in a batch.json from before they were kept)
     if isinstance(recorded, dict):
         changed = [i for i in bdir.order if bdir.ledger.get(i) and i in recorded and digests.get(i) != recorded[i]
-                   and (i not in digests or i not in bdir.rows or not needs_run(bdir.rows[i], retry_failed))]
+                   and (i not in digests or _stands(bdir, i, retry_failed))]
         if changed:
             said = ", ".join(f"{one_line(i)} ({'removed' if i not in digests else 'edited'})" for i in changed[:5])
             more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
-            raise PidError(f"--out {bdir.path} holds batch {bdir.batch_id}, whose tasks file changed for items whose "
-                           f"jobs stand: {said}{more}: put their lines back as they were, or give this run another "
-                           "--out directory (added lines are fine, and so is a new line for an item to run again: "
-                           "cancelled, or failed with --retry-failed)")
+            raise PidError(f"--out {bdir.path} holds batch {bdir.batch_id}, whose tasks file changed for items "
+                           f"whose jobs stand (their lines, or files the lines name): {said}{more}: put their lines "
+                           "back as they were, or give this run another --out directory (added lines are fine, and "
+                           "so is a new line for an item to run again: cancelled, or failed with --retry-failed)")
+
+
+def _stands(bdir: BatchDir, item_id: str, retry_failed: bool) -> bool:
+    """Whether the item's current job stands: queued or running, or ended and not to run again. Told by its row
+    when that is the current job's, else by the store (a Ctrl-C while submitting, a `pid cancel`, a SIGTERM leave
+    jobs with no row; a row may be an earlier job's)."""
+    job_id = bdir.current_job(item_id)
+    row = bdir.rows.get(item_id)
+    if row is not None and row.get("job_id") == job_id:
+        return not needs_run(row, retry_failed)
+    from pid.jobs.store import default_store
+    record = default_store().get(job_id) if job_id else None
+    if record is None:   # (never created: it is submitted again)
+        return False
+    if not record.terminal:
+        return True
+    return record.status != "cancelled" and not (retry_failed and record.status != "completed")
 
 
 def _shown(value: Any) -> str:
@@ -268,14 +285,15 @@ def read_items(tasks: str, allow_outside: bool) -> tuple[list[Item], list[str]]:
     try:
         if tasks == "-":   # (a stdin replaced by a text stream, as in a notebook, has no bytes underneath)
             stdin = sys.stdin
-            raw = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogateescape")
+            raw = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogatepass")
         else:
             with open(os.path.expanduser(tasks), "rb") as f:
                 raw = f.read()
     except OSError as exc:
         raise PidError(f"cannot read {tasks}: {exc.strerror or exc}") from None
-    try:   # utf-8-sig: a byte order mark (some editors write one) is not part of line 1
-        lines = raw.decode("utf-8-sig").splitlines()
+    raw = raw.removeprefix(b"\xef\xbb\xbf")   # a byte order mark (some editors write one) is not part of line 1
+    try:
+        lines = raw.decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise PidError(f"cannot read {tasks}: line {line}: not UTF-8 (byte {raw[exc.start]:#04x}: {exc.reason})"

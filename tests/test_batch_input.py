@@ -92,7 +92,7 @@ def test_a_byte_order_mark_and_crlf_line_ends_are_not_part_of_the_lines(run_pid,
 @pytest.mark.cli
 def test_a_tasks_file_not_utf8_is_refused_with_its_line(run_pid, tmp_path):
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_bytes(b'{"task": "t"}\n{"task": "caf\xe9"}\n')   # (Latin-1)
+    tasks.write_bytes(b'\xef\xbb\xbf{"task": "t"}\n{"task": "caf\xe9"}\n')   # (a byte order mark, then Latin-1)
     r = run_pid("batch", str(tasks), "--out", str(tmp_path / "out"), "--model", "m", "--base-url", "http://x/v1")
     assert r.code == 2 and f"cannot read {tasks}: line 2: not UTF-8 (byte 0xe9" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()

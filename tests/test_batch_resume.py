@@ -58,6 +58,15 @@ def test_another_tasks_file_or_other_options_are_refused_and_the_same_command_re
     assert json.loads((out / "batch.json").read_text())["order"] == ["a", "b", "d"]
     assert len(run_pid("list", "--json", "--limit", "100").json()) == jobs + 1   # only the new item
 
+    # a cancelled item (no row: nothing followed it) runs again, so its line may change
+    ledger = [json.loads(line) for line in (out / "jobs.jsonl").read_text().splitlines()]
+    assert run_pid("cancel", [e["job_id"] for e in ledger if e["id"] == "a"][-1]).code == 0
+    tasks.write_text(json.dumps({"id": "a", "task": "task a, edited", "repo": str(sample_repo)}) + "\n"
+                     + "".join(json.dumps({"id": i, "task": f"task {i}", "repo": str(sample_repo)}) + "\n"
+                               for i in ("b", "d")))
+    edited = run_pid("batch", str(tasks), "--model", "m1", *common)
+    assert edited.code == 0, edited.stderr   # (accepted: its cancelled job's row is written, then it goes again)
+
 
 def test_batch_status_says_each_running_item_s_turn_once(run_pid, pid_env, sample_repo, tmp_path):
     import time
