@@ -200,6 +200,15 @@ def test_cancel_pause_steer_and_follow_up(store, tmp_path):
                                            ("steer", "x" * 10_000)]
     assert store.take_messages(job.id) == []                       # delivered once
     assert not store.controls(job.id, "a").mail
+    # a new attempt (a hand-back, a worker lost) starts the conversation again: it is given every message again
+    assert store.hand_back(job.id, "a", 1, 1, None) == "queued" and store.claim(job.id, "b", lease_s=60)
+    assert store.controls(job.id, "b").mail
+    assert store.post(job.id, "steer", "sent since")
+    assert store.take_messages(job.id) == [("steer", "look at b.py"), ("follow_up", "then add a test"),
+                                           ("steer", "x" * 10_000), ("steer", "sent since")]
+    assert store.take_messages(job.id) == [] and not store.controls(job.id, "b").mail
+    store.hand_back(job.id, "b", 0, 0, None)
+    assert store.claim(job.id, "a", lease_s=60)
     assert store.set_paused(job.id, False) and not store.controls(job.id, "a").paused
     assert store.request_cancel(job.id) == "running"
     assert store.controls(job.id, "a").cancel_requested and store.get(job.id).cancel_requested

@@ -1,5 +1,6 @@
 -- claim.lua: A worker takes a job that is queued, or running under a lapsed lease (by the server's clock), unless a
--- cancel was asked or its batch is at its spending or running limit; an earlier attempt's counts go to `earlier`.
+-- cancel was asked or its batch is at its spending or running limit; an earlier attempt's counts go to `earlier`, and
+-- its messages are to be taken again.
 -- Returns 1 when taken. Atomic: the checks and the taking are one step, so exactly one claimer wins and a batch's
 -- max_running is never passed by two claims at once.
 local status = field('status')
@@ -23,6 +24,7 @@ if attempts > 0 then
   if earlier == nil or earlier == '[]' then earlier = '[' .. entry .. ']'
   else earlier = string.sub(earlier, 1, -2) .. ',' .. entry .. ']' end
   redis.call('HSET', K, 'earlier', earlier)
+  redis.call('HDEL', K, 'inbox_taken')   -- it starts the conversation again: every message is its to take again
 end
 redis.call('HSET', K, 'owner', A.owner, 'lease_until', fmt(t + A.lease_s), 'attempts', attempts + 1,
   'turns', 0, 'tool_calls', 0, 'updated_at', fmt(t), 'claimed_at', fmt(t))
