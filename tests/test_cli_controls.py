@@ -49,6 +49,8 @@ def test_controls_show_as_sent_and_as_received_in_the_terminal_and_the_log(run_p
                                  "--base-url", llm.base_url, "--out", str(tmp_path / "out"))
         try:
             wait_until(lambda: len(llm.requests) >= 1, what="the first model call")
+            not_paused = run_pid("resume", job_id)   # (not "resumed": nothing was paused)
+            assert not_paused.code == 2 and "is running, not paused: nothing to resume" in not_paused.stderr
             follower = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "logs", job_id, "-f"], cwd=tmp_path,
                                         env=pid_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for args in (("pause", job_id), ("steer", job_id, "STEER-1"), ("follow-up", job_id, "FOLLOW-2")):
