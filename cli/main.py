@@ -386,9 +386,27 @@ def result(job_id: str, as_json: bool, wait: bool, download: str | None) -> None
             echo(dumps({"id": record.id, "status": record.status, "ended": False}))
         sys.exit(EXIT_NOT_FINISHED)
     result = load_result(store, job_id)
-    where = _download(store, job_id, download, own_dir=False) if download else record.spec.job_dir
+    where = _download(store, job_id, download, own_dir=False) if download else _artifacts_here(record)
     print_result(result, where, as_json)
     sys.exit(exit_code_for(result))
+
+
+def _artifacts_here(record: Any) -> str:
+    """Where the job's artifacts are on this machine: its --out directory, or, for a batch's job, its item's folder
+    (the batch's spool, DIR/.jobs/<id>, is removed once the item's folder has them)."""
+    job_dir = record.spec.job_dir
+    spool = os.path.dirname(os.path.normpath(job_dir))
+    if os.path.isdir(job_dir) or os.path.basename(spool) != ".jobs":
+        return str(job_dir)
+    from pid.jobs.batch import BatchDir
+    try:
+        bdir = BatchDir.open(os.path.dirname(spool))
+    except ValueError:
+        return str(job_dir)
+    for item_id, jobs in bdir.ledger.items():
+        if jobs and jobs[-1] == record.id and os.path.isdir(os.path.join(bdir.path, item_id)):
+            return os.path.join(bdir.path, item_id)
+    return str(job_dir)
 
 
 @cli.command()

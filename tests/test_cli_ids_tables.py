@@ -109,6 +109,8 @@ def test_tables_at_80_columns_ids_by_their_end_and_batch_control(run_pid, pid_en
     assert run_pid("status", suffix).stdout.startswith(job_ids["docs"] + "  completed")
     assert run_pid("status", f"{out}/fix-lexer").stdout.startswith(job_ids["fix-lexer"] + "  ")
     assert run_pid("result", f"{out}/fix-lexer", "--json").json()["id"] == job_ids["fix-lexer"]
+    shown = run_pid("result", f"{out}/fix-lexer").stderr   # (its item's folder: the batch's spool is gone)
+    assert [line for line in shown.splitlines() if line.startswith("artifacts: ")][0].endswith("/fix-lexer"), shown
     assert run_pid("status", "last").stdout.startswith(twins[-1] + "  queued")
     ambiguous = run_pid("cancel", "a7a7a")
     assert ambiguous.code == 2 and ambiguous.stderr.strip() == \
