@@ -25,5 +25,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    """The API's names too, though they load when first used (dir(pid), a REPL's completion)."""
-    return sorted({*globals(), *__all__})
+    """The API's names, though they load when first used (dir(pid), a REPL's completion), and the module's own
+    dunders and subpackages already imported; not the helpers of this file (MYPY, annotations)."""
+    return sorted({*__all__, *(name for name, value in globals().items()
+                               if name.startswith("__") or type(value).__name__ == "module")})
