@@ -145,8 +145,8 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
         except KeyboardInterrupt:   # mid-submit: what was submitted goes, and the ledger keeps it for a rerun
             echo("\ninterrupted while submitting: cancelling the jobs submitted so far", err=True)
             run.cancel_tracked()
-            from pid.cli.batch_run import without_secrets
-            echo("resume with: pid " + shlex.join(["batch", *without_secrets(sys.argv[2:])]), err=True)
+            from pid.cli.batch_run import this_command
+            echo(f"resume with: {this_command()}", err=True)
             sys.exit(EXIT_INTERRUPTED)
         if detach:
             path = run.bdir.path

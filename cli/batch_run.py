@@ -39,7 +39,7 @@ def follow(run: Run, as_json: bool, tasks: str | None, existing: bool = False) -
         ended = sum(1 for i in bdir.order if i in bdir.rows)
         left = len(run.tracked)
         if tasks:
-            again = "pid " + shlex.join(["batch", *without_secrets(sys.argv[2:])])
+            again = this_command()
         else:   # --wait DIR: it cannot submit the cancelled items again; the command that made the batch can
             made = str(bdir.meta.get("tasks") or "TASKS")
             again = (f"pid batch {shlex.quote(made)} --out {shlex.quote(bdir.path)} and the options that "
@@ -49,6 +49,11 @@ def follow(run: Run, as_json: bool, tasks: str | None, existing: bool = False) -
              + f"; resume with: {again}", err=True)
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(summary["exit_code"])
+
+
+def this_command() -> str:
+    """The `pid batch` command line this process runs, its secrets left out: what resumes the batch."""
+    return "pid " + shlex.join(["batch", *without_secrets(sys.argv[2:])])
 
 
 def without_secrets(args: list[str]) -> list[str]:

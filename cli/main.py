@@ -394,19 +394,17 @@ def result(job_id: str, as_json: bool, wait: bool, download: str | None) -> None
 def _artifacts_here(record: Any) -> str:
     """Where the job's artifacts are on this machine: its --out directory, or, for a batch's job, its item's folder
     (the batch's spool, DIR/.jobs/<id>, is removed once the item's folder has them)."""
+    from pid.jobs.batch import JOBS, BatchDir
     job_dir = record.spec.job_dir
     spool = os.path.dirname(os.path.normpath(job_dir))
-    if os.path.isdir(job_dir) or os.path.basename(spool) != ".jobs":
+    if os.path.isdir(job_dir) or os.path.basename(spool) != JOBS:
         return str(job_dir)
-    from pid.jobs.batch import BatchDir
     try:
         bdir = BatchDir.open(os.path.dirname(spool))
     except ValueError:
         return str(job_dir)
-    for item_id, jobs in bdir.ledger.items():
-        if jobs and jobs[-1] == record.id and os.path.isdir(os.path.join(bdir.path, item_id)):
-            return os.path.join(bdir.path, item_id)
-    return str(job_dir)
+    item = next((i for i in bdir.ledger if bdir.current_job(i) == record.id), None)
+    return os.path.join(bdir.path, item) if item and os.path.isdir(os.path.join(bdir.path, item)) else str(job_dir)
 
 
 @cli.command()

@@ -121,20 +121,14 @@ class Run:
                 continue
             job_id = self.bdir.current_job(item_id)
             record = records.get(job_id) if job_id else None
-            row = self.bdir.rows.get(item_id)
-            if job_id is None or record is None:
-                if needs_run(row, self.retry_failed):
-                    to_submit.append(item_id)
-            elif not record.terminal:
-                self.tracked[job_id] = item_id           # still queued or running: wait for it, never beside it
-                self.adopted.add(job_id)
-                if not record.cancel_requested:
-                    self.watched.add(job_id)
-            elif row is None or row.get("job_id") != job_id:
-                self.tracked[job_id] = item_id           # it ended while no run was watching: record it first
-                self.adopted.add(job_id)
-            elif needs_run(row, self.retry_failed):
+            step = next_step(self.bdir, item_id, record, self.retry_failed)
+            if step == "submit":
                 to_submit.append(item_id)
+            elif step in ("wait", "record") and job_id is not None and record is not None:
+                self.tracked[job_id] = item_id           # wait for it, never beside it; or record how it ended first
+                self.adopted.add(job_id)
+                if step == "wait" and not record.cancel_requested:
+                    self.watched.add(job_id)
         info = self.store.batch(self.bdir.batch_id) if to_submit else None
         if info is not None and info.exhausted:   # each would end batch_budget unrun, its item's work before it kept
             n = len(to_submit)
@@ -397,6 +391,21 @@ class Run:
 def _job_spec(template: JobSpec, batch_id: str) -> JobSpec:
     """A new job for an item: its spec, with a fresh id (longer than submit's: thousands are made per second)."""
     return replace(template, id=new_job_id() + secrets.token_hex(2), batch=batch_id)
+
+
+def next_step(bdir: BatchDir, item_id: str, record: Any, retry_failed: bool) -> str:
+    """What a run of the batch does for an item, given its current job's record (None: no job, or none in the
+    store): "submit"; "wait" (its job is queued or running); "record" (its job ended while no run watched: its row
+    is written first, and a later run goes on from it); or "skip"."""
+    job_id = bdir.current_job(item_id)
+    row = bdir.rows.get(item_id)
+    if job_id is None or record is None:
+        return "submit" if needs_run(row, retry_failed) else "skip"
+    if not record.terminal:
+        return "wait"
+    if row is None or row.get("job_id") != job_id:
+        return "record"
+    return "submit" if needs_run(row, retry_failed) else "skip"
 
 
 def nothing_to_do(rows: list[dict[str, Any] | None]) -> str:

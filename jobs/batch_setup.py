@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from pid.errors import PidError
 from pid.sandbox.disk import format_size
 from pid.terminal import one_line
-from pid.jobs.batch import BatchDir, changed_options, hold, kept_options, needs_run, other_tasks, release
-from pid.jobs.batch_run import Display, Progress, Run, ignore
+from pid.jobs.batch import BatchDir, changed_options, hold, kept_options, other_tasks, release
+from pid.jobs.batch_run import Display, Progress, Run, ignore, next_step
 from pid.jobs.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -255,19 +255,15 @@ def _same_batch(bdir: BatchDir, tasks: str, digests: dict[str, str], options: di
 
 
 def _stands(bdir: BatchDir, item_id: str, retry_failed: bool) -> bool:
-    """Whether the item's current job stands: queued or running, or ended and not to run again. Told by its row
-    when that is the current job's, else by the store (a Ctrl-C while submitting, a `pid cancel`, a SIGTERM leave
-    jobs with no row; a row may be an earlier job's)."""
-    job_id = bdir.current_job(item_id)
-    row = bdir.rows.get(item_id)
-    if row is not None and row.get("job_id") == job_id:
-        return not needs_run(row, retry_failed)
+    """Whether the item's current job stands: this run would wait for it or skip it (batch_run.next_step, as
+    Run.start decides), or it ended unwatched (a Ctrl-C while submitting, a `pid cancel`, a SIGTERM) in a way that
+    does not run it again."""
     from pid.jobs.store import default_store
+    job_id = bdir.current_job(item_id)
     record = default_store().get(job_id) if job_id else None
-    if record is None:   # (never created: it is submitted again)
-        return False
-    if not record.terminal:
-        return True
+    step = next_step(bdir, item_id, record, retry_failed)
+    if step != "record" or record is None:
+        return step != "submit"
     return record.status != "cancelled" and not (retry_failed and record.status != "completed")
 
 

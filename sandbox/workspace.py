@@ -164,12 +164,11 @@ UNRECORDED_MAX = 11000
 SPECIAL_MARK = "pid: no files:"   # (then the length of git check-ignore's records of the FIFOs, sockets and devices)
 SPECIAL_COUNT = 64   # of them looked up, whole names (GNU head -z; elsewhere none is listed)
 SPECIAL_MAX = 4000   # bytes of their records read back: with git's words, within the script's output the host reads
+_NO_FILE = "not a regular file, a link or a directory"
 _UNRECORDED = ((re.compile(rb"error: '(.+)/' does not have a commit checked out"), "a git repository of its own with "
                 "no commit yet (git init, cargo new): git cannot record it (without its .git, its files are in the "
                 "patch)"),
-               (re.compile(rb"error: (.+): can only add regular files, symbolic links or git-directories"),
-                "not a regular file, a link or a directory"))
-_NO_FILE = _UNRECORDED[1][1]
+               (re.compile(rb"error: (.+): can only add regular files, symbolic links or git-directories"), _NO_FILE))
 _GITS_ASIDES = re.compile(rb"hint:.*|warning: adding embedded git repository: .+")
 
 

@@ -1,8 +1,8 @@
 """The one line a command prints when the job store or the broker cannot be reached (jobs/reach.py)."""
 from __future__ import annotations
 
-import shutil
 import sqlite3
+from types import SimpleNamespace
 
 import redis.exceptions
 
@@ -37,7 +37,7 @@ def test_a_full_disk_under_pid_home_is_said_as_such(monkeypatch, tmp_path):
     monkeypatch.delenv("PID_STORE_URL", raising=False)
     monkeypatch.delenv("PID_BROKER_URL", raising=False)
     monkeypatch.setenv("PID_HOME", str(tmp_path))
-    monkeypatch.setattr(reach.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2 << 20, 2 << 20, 0))
+    monkeypatch.setattr(reach.shutil, "disk_usage", lambda path: SimpleNamespace(total=2 << 20, used=2 << 20, free=0))
     line = reach.unreachable_store(sqlite3.OperationalError("disk I/O error"))
     assert line == f"cannot use the job store at {tmp_path}/jobs.db: disk I/O error (its disk is full: 0 bytes " \
                    f"free under {tmp_path})", line
