@@ -1,7 +1,8 @@
 # pid exec channel server: requests on stdin, replies on stdout, one request at a time. Runs as root, as `bash|sh
 # channel.sh <role> <channel id> <workdir> <uid> <gid>` (channel.py: `docker exec`, or two FIFOs of /.pid/run that the
-# container's entry opens). Why a server: one `docker exec` costs ~60 ms, a request ~1 ms. Without bash, the first
-# part is the server: it needs a /bin/sh with `local`, which POSIX lacks (dash, busybox ash and bash have it).
+# container's entry opens). Why a server: one `docker exec` costs ~60 ms, a request ~1 ms. Beside it in /.pid, root's
+# and read-only: channel_ops.sh, the requests on outputs and processes (c t T k K), and channel_sh.sh, what a /bin/sh
+# without bash uses where bash has builtins (it needs `local`, which POSIX lacks; dash and busybox ash have it).
 #
 # THE PROTOCOL (the only one; channel.py reads every reply with one reader, Channel._reply):
 #   request: "<op> <nonce> <numbers...> [<output file>]\n", then, for r, <cmdlen> bytes of command, <datalen> of data.
@@ -76,11 +77,6 @@ digits() {  # true when every argument is a non-empty decimal number (no field r
     local a
     for a in "$@"; do case $a in ''|*[!0-9]*) return 1 ;; esac; done
 }
-say() {  # $1 tag, $2 nonce, $3 payload (no NUL), then the fields
-    local tag="$1" nonce="$2" data="$3"
-    shift 3
-    printf '%s %s%s %d\n%s' "$tag" "$nonce" "${*:+ $*}" "${#data}" "$data"
-}
 say_file() {  # $1 tag, $2 nonce, $3 file, $4 offset, $5 length, then the fields: exactly <length> bytes of the file
     # from <offset>, padded with NULs should it have shrunk meanwhile (a command may truncate its own output), so
     # that the length in the header is always what follows
@@ -89,13 +85,6 @@ say_file() {  # $1 tag, $2 nonce, $3 file, $4 offset, $5 length, then the fields
     printf '%s %s%s %d\n' "$tag" "$nonce" "${*:+ $*}" "$len"
     [ "$len" -gt 0 ] || return 0
     { tail -c +$((from + 1)) -- "$f" 2>/dev/null | head -c "$len"; head -c "$len" /dev/zero; } | head -c "$len"
-}
-say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes
-    local tag="$1" nonce="$2" f="$3" max="$4"
-    shift 4
-    fsize "$f"
-    [ "$SIZE" -le "$max" ] || SIZE=$max
-    say_file "$tag" "$nonce" "$f" 0 "$SIZE" "$@"
 }
 fsize() { SIZE=$(wc -c <"$1" 2>/dev/null) || SIZE=0; SIZE=$((SIZE + 0)); }
 # (A cgroup file is read by lines: it can always seek back, so bash's buffer keeps nothing of it; see slurp.)
@@ -110,110 +99,18 @@ table_full() {  # true when the process table is (nearly) full: a fork now would
     case $cur in ''|*[!0-9]*) return 1 ;; esac
     [ $((cur + 8)) -ge "$PMAX" ]
 }
-slurp() { S=; read -r S <"$1"; }   # POSIX sh reads byte by byte: nothing is read ahead (bash: see below)
-field() {  # FV <- the first number of field $2 ("Uid") in process directory $1's status, FS <- its state's letter
-    # (State comes first); both empty when it is gone
-    local k v rest
-    FV= FS=
-    while read -r k v rest; do
-        case $k in State:) FS=$v ;; "$2:") FV=$v; return 0 ;; esac
-    done <"$1/status"
-}
 forget() { JUNK="$JUNK $1"; JUNKN=$((JUNKN + 1)); }
 sweep() { rm -f $JUNK; JUNK=; JUNKN=0; }
-cutinfo() {  # CUT, CUTL <- bytes and newlines dropped from the front of output file $1 (output_trim.py, op_trim)
-    CUT=0 CUTL=0
-    [ -f "$1.cut" ] && read -r CUT CUTL <"$1.cut" 2>/dev/null
-    digits "$CUT" "$CUTL" || { CUT=0; CUTL=0; }
-}
 take() { if [ -n "$GNUHEAD" ]; then head -c "$1"; else dd bs=1 count="$1" 2>/dev/null; fi; }   # exactly $1 bytes
 GNUHEAD=; case $(head --version 2>/dev/null) in *GNU*) GNUHEAD=1 ;; esac   # (GNU head reads no more than N bytes)
+HERE=${0%/*}; [ "$HERE" != "$0" ] || HERE=.   # pid's own files beside this one: root's, read-only (channel.py)
+. "$HERE/channel_ops.sh"   # the requests on outputs and processes: c t T k K
 
-op_count() {  # c nonce tail file
-    local nonce="$2" tail="$3" f="$4" lines
-    digits "$tail" || refuse "$nonce"
-    cutinfo "$f"
-    fsize "$f"
-    if [ "$CUT" = 0 ]; then lines=$(wc -l <"$f" 2>/dev/null)
-    else lines=$(($(tail -c +$((CUT + 1)) -- "$f" | wc -l) + CUTL)); fi   # the front's were counted when cut
-    [ "$tail" -le "$SIZE" ] || tail=$SIZE
-    case $JUNK in *" $f") JUNK=${JUNK%" $f"}; JUNKN=$((JUNKN - 1)) ;; esac   # kept: the host reads it later
-    say_file C "$nonce" "$f" $((SIZE - tail)) "$tail" $((lines + 0)) "$SIZE" "$CUT"
-}
-op_tail() {  # t nonce from max file
-    local nonce="$2" from="$3" max="$4" f="$5"
-    digits "$from" "$max" || refuse "$nonce"
-    fsize "$f"
-    [ "$SIZE" -gt "$from" ] || from=$SIZE
-    [ $((SIZE - max)) -le "$from" ] || from=$((SIZE - max))
-    say_file S "$nonce" "$f" "$from" $((SIZE - from)) "$SIZE"
-}
-op_trim() {  # T nonce keep file: the front becomes a hole (fallocate), its newlines are counted in <file>.cut
-    local nonce="$2" keep="$3" f="$4" new nl
-    digits "$keep" || refuse "$nonce"
-    cutinfo "$f"
-    fsize "$f"
-    if [ $((SIZE - CUT)) -gt $((keep * 2)) ]; then
-        new=$(((SIZE - keep) / 1048576 * 1048576))
-        nl=$(tail -c +$((CUT + 1)) -- "$f" | head -c $((new - CUT)) | wc -l)
-        if fallocate -p -o "$CUT" -l $((new - CUT)) "$f" 2>/dev/null; then
-            CUT=$new CUTL=$((CUTL + nl))
-            echo "$CUT $CUTL" >"$f.cut"
-        fi
-    fi
-    say T "$nonce" "" "$CUT"
-}
-op_kill() {  # k nonce pgid; no such group: the process of that number, if the agent's (its leader may have moved
-    # to another group, and left this one empty; a number since reused by pid's is not killed, unless the agent is
-    # root and so shares pid's uid)
-    local rc
-    digits "$3" || refuse "$2"
-    kill -9 -"$3" 2>/dev/null ||
-        { { field "/proc/$3" Uid; } 2>/dev/null; [ "$FV" = "$UID_" ] && kill -9 "$3" 2>/dev/null; }
-    rc=$?
-    untrace "$3"
-    say K "$2" "" "$rc"
-}
-op_killall() {  # K nonce: every process of the agent's uid, with builtins only (the process table may be full);
-    # passes until one finds none (one that ended as it was looked at may have forked first: it counts as found);
-    # the host asks again while some are found in the last pass
-    local killed=0 found=0 pass p
-    if [ "$UID_" != 0 ]; then   # (a root agent shares pid's uid: only its commands' groups are killed, by k)
-        set +f
-        for pass in 1 2 3 4 5 6 7 8 9 10; do
-            found=0
-            for p in /proc/[0-9]*; do
-                { field "$p" Uid; } 2>/dev/null
-                case $FS:$FV in
-                    [ZX]:*) ;;   # (dead already: a zombie waits for its parent)
-                    ?:"$UID_") kill -9 "${p#/proc/}" 2>/dev/null && killed=$((killed + 1)); found=$((found + 1)) ;;
-                    :) found=$((found + 1)) ;;
-                esac
-            done
-            [ "$found" = 0 ] && break
-        done
-        set -f
-    fi
-    events
-    say K "$2" "" "$killed" "$PE" "$found"
-}
-untrace() {  # ptrace is the agent's right over its own processes, pid's slot shells among them: a tracer that
-    # stops a shell the server waits for would hang it. Such a tracer (a process of the agent's uid) is killed.
-    local tp
-    digits "$1" || return 0
-    { field "/proc/$1" TracerPid; } 2>/dev/null
-    tp=$FV
-    case $tp in ''|0|1|"$$") return 0 ;; esac
-    { field "/proc/$tp" Uid; } 2>/dev/null
-    [ "$FV" = "$UID_" ] && kill -9 "$tp" 2>/dev/null
-    return 0
-}
 # A command's background processes may still write just after it ended ("(sleep .05; echo x) &"); pi reads on
 # while its pipe has writers, until they are quiet for 100 ms. Here: while processes of its group are left and one
 # of the agent's holds the output open (looked for as the agent: pid may not look into the agent's /proc entries),
 # wait until they are gone or the file went unwritten for ~100 ms, 1 s at most (never with the table full).
 SCAN='set +f; for f in /proc/[0-9]*/fd/*; do [ "$f" -ef "$1" ] && exit 0; done; exit 1'
-nap() { sleep 0.01; }
 linger() {  # $1 pgid, $2 output file
     local quiet=0 ticks=0
     ! table_full || return 0
@@ -255,7 +152,6 @@ op_hello() {  # h nonce [o]: set up /.pid (control) and this server (both)
     events
     say R "$nonce" "" "$SHELL_" "$PE"
 }
-hello_more() { :; }
 drop_runs() {  # pid's drop is here and works: one built for another architecture than the engine's does not run,
     # nor one a security module refuses (setpriv drops then). Tried once, by the first server to greet, before the
     # agent runs anything (the servers that start with the container); the answer is kept in /.pid/run (root's), so
@@ -325,10 +221,6 @@ finish() {  # $1 nonce, $2 emit: wait for PID, then reply D with the head of POU
     [ -n "$HOSTOUT" ] || forget "$POUT"
     [ -z "$SLOTS" ] || slot_done
 }
-readcmd() {  # CMD <- $1 bytes of stdin; fewer (the host gave up half-way): nothing of it may run, the server ends
-    CMD=$(take "$1"; echo .); CMD=${CMD%.}; [ "${#CMD}" -eq "$1" ] || quit   # (the dot keeps trailing newlines)
-}
-host_gone() { false; }; idle() { :; }   # POSIX sh cannot tell, nor start a shell ahead (bash: see below)
 op_run() {  # r nonce emit slot cmdlen datalen
     local nonce="$2" emit="$3" slot="$4" cmdlen="$5" data="$6"
     case $emit$cmdlen in *[!0-9]*) false ;; esac && [ -n "$emit" ] && [ -n "$cmdlen" ] &&
@@ -351,7 +243,6 @@ op_run() {  # r nonce emit slot cmdlen datalen
     [ -z "$DUE" ] || refill
     finish "$nonce" "$emit"
 }
-quit() { rm -f "$MARK"; exit 0; }
 refuse() { say E "$1" ""; quit; }   # not understood: the stream is out of step (a refused r's body is unread)
 serve() {  # one request at a time until EOF or q
     while :; do
@@ -374,7 +265,8 @@ serve() {  # one request at a time until EOF or q
     quit
 }
 
-[ -n "${BASH_VERSION:-}" ] || serve   # POSIX sh ends here: nothing below is parsed by it.
+# POSIX sh ends here, in the functions it has for what bash does below with builtins; nothing below is parsed by it.
+[ -n "${BASH_VERSION:-}" ] || { . "$HERE/channel_sh.sh"; serve; }
 
 # --- bash: the same server, with pre-started shells and builtins where sh forks ------------------------------------
 SHELL_=bash
@@ -392,7 +284,7 @@ slurp() {  # S <- file $1, whole: `read -N` never reads past what it asks for, s
     S=
     IFS= read -r -N 16384 S <"$1"
 }
-field() {
+field() {  # FV <- the first number of field $2 ("Uid") in process directory $1's status, FS <- its state's letter
     local s
     FV= FS=
     { slurp "$1/status"; } 2>/dev/null
@@ -405,7 +297,7 @@ readcmd() {  # (stdin is a pipe or socket: bash reads no further)
     CMD=; [ "$1" = 0 ] || IFS= read -r -N "$1" CMD; [ "${#CMD}" -eq "$1" ] || quit
 }
 host_gone() { read -r -t 0; }
-say() { printf '%s %s%s %d\n%s' "$1" "$2" "${4+ ${*:4}}" "${#3}" "$3"; }   # (as above, without a local or a shift)
+say() { printf '%s %s%s %d\n%s' "$1" "$2" "${4+ ${*:4}}" "${#3}" "$3"; }   # tag, nonce, payload (no NUL), fields
 say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes, without a fork
     local c=
     # one read: it stops early only at the end of the file, or at a NUL byte, which a variable cannot hold

@@ -1,0 +1,30 @@
+# channel.sh's functions for a /bin/sh without bash (dash, busybox ash), sourced by it in place of what bash does with
+# builtins: replies and reads go through `head`, `wc` and `read` by lines, and every command is a new shell.
+say() {  # $1 tag, $2 nonce, $3 payload (no NUL), then the fields
+    local tag="$1" nonce="$2" data="$3"
+    shift 3
+    printf '%s %s%s %d\n%s' "$tag" "$nonce" "${*:+ $*}" "${#data}" "$data"
+}
+say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes
+    local tag="$1" nonce="$2" f="$3" max="$4"
+    shift 4
+    fsize "$f"
+    [ "$SIZE" -le "$max" ] || SIZE=$max
+    say_file "$tag" "$nonce" "$f" 0 "$SIZE" "$@"
+}
+slurp() { S=; read -r S <"$1"; }   # POSIX sh reads byte by byte: nothing is read ahead (bash: channel.sh)
+field() {  # FV <- the first number of field $2 ("Uid") in process directory $1's status, FS <- its state's letter
+    # (State comes first); both empty when it is gone
+    local k v rest
+    FV= FS=
+    while read -r k v rest; do
+        case $k in State:) FS=$v ;; "$2:") FV=$v; return 0 ;; esac
+    done <"$1/status"
+}
+nap() { sleep 0.01; }
+hello_more() { :; }
+readcmd() {  # CMD <- $1 bytes of stdin; fewer (the host gave up half-way): nothing of it may run, the server ends
+    CMD=$(take "$1"; echo .); CMD=${CMD%.}; [ "${#CMD}" -eq "$1" ] || quit   # (the dot keeps trailing newlines)
+}
+host_gone() { false; }; idle() { :; }   # POSIX sh cannot tell, nor start a shell ahead (bash: channel.sh)
+quit() { rm -f "$MARK"; exit 0; }
