@@ -89,10 +89,13 @@ CONTROL_RECEIVED = {"pause": "the agent holds before its next model call", "resu
 
 
 def control_line(record: dict[str, Any]) -> str:
-    """A control as it is sent (→) and as the agent receives it (←): `→ steer sent: …`, `← pause received: …`."""
+    """A control as it is sent (→) and as the agent receives it (←): `→ steer sent: …`, `← pause received: …`. A
+    cancel sent with a reason is pid's, not the user's (its worker stops, or lost the job): said as such."""
     kind = str(record.get("kind", "?"))
     sent = record.get("stage") == "sent"
     text = record.get("text")
+    if kind == "cancel" and sent and text is not None:
+        return f"→ pid stops the agent: {one_line(str(text))[:100]}"
     if text is not None:
         what = one_line(str(text))[:100]
     else:

@@ -1,7 +1,7 @@
 """A tool call's line cuts a long reason visibly ("…"), so a reader never takes a cut one for the whole (issue 22)."""
 from __future__ import annotations
 
-from pid.cli.output import tool_line
+from pid.cli.output import control_line, tool_line
 
 
 def text_of(parts: list) -> str:
@@ -34,3 +34,12 @@ def test_a_waiting_command_leaves_the_job_s_end_to_its_summary() -> None:
     assert said == ["· attempt 1 started on vm"]
     RecordPrinter(out=out)(end)   # pid logs: its end is the log's last line
     assert said[-1] == "· job j completed (stop) in 1.0s"
+
+
+def test_pid_s_own_stop_is_not_said_as_the_user_s_cancel() -> None:
+    """A worker that stops hands its job back: the agent's cancel then carries pid's reason (a new-user test read
+    "→ cancel sent" there as a cancel of theirs)."""
+    why = "its worker stops (SIGTERM): the job goes back to the queue"
+    assert control_line({"kind": "cancel", "stage": "sent", "text": why}) == f"→ pid stops the agent: {why}"
+    assert control_line({"kind": "cancel", "stage": "sent"}) == "→ cancel sent"
+    assert control_line({"kind": "cancel", "stage": "received"}) == "← cancel received: the agent stops"
