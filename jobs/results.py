@@ -65,18 +65,25 @@ def attempt_usage(result: dict[str, Any]) -> dict[str, Any] | None:
     return per_attempt[-1]["usage"] if per_attempt else result.get("usage")
 
 
-def with_earlier_attempts(result: dict[str, Any], earlier: list[dict[str, Any]]) -> None:
-    """A job taken up again after its worker died: its result counts what the earlier attempts spent.
+def with_earlier_attempts(result: dict[str, Any], earlier: list[dict[str, Any]],
+                          first_started: float | None = None) -> None:
+    """A job taken up again (its worker died, or stopped and handed it back): its result counts what the earlier
+    attempts spent, and how long the job took.
 
-    `usage` becomes the sum over attempts; `per_attempt` lists each attempt's own turns, tool calls and usage
-    (turns and tool_calls stay this attempt's: they describe this attempt's transcript, session.jsonl)."""
+    `usage` becomes the sum over attempts; `per_attempt` lists each attempt's own turns, tool calls and usage, and
+    this attempt's duration (turns and tool_calls stay this attempt's: they describe this attempt's transcript,
+    session.jsonl). With `first_started` (the store's start of the job's first attempt), `started_at` and
+    `duration_s` become the job's, as `pid list` and `pid status` show them."""
     if not earlier:
         return
     from pid.jobs.store import sum_usage
     this = {"attempt": len(earlier) + 1, "turns": result.get("turns", 0), "tool_calls": result.get("tool_calls", 0),
-            "usage": result.get("usage") or {}}
+            "usage": result.get("usage") or {}, "duration_s": result.get("duration_s")}
     result["per_attempt"] = [*earlier, this]
     result["usage"] = sum_usage(*(a.get("usage") or {} for a in result["per_attempt"]))
+    if first_started is not None:   # (built just now: its end is this moment; another machine's clock may lag)
+        result["started_at"] = iso_time(first_started)
+        result["duration_s"] = round(max(time.time() - first_started, this["duration_s"] or 0.0), 3)
 
 
 def log_job(store: JobAttachments, job_id: str, status: str, note: str, **fields: Any) -> None:
