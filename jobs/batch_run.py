@@ -296,16 +296,19 @@ class Run:
             row = future.result()   # (a store's outage raised here: the next poll downloads it again)
             item_id = self.tracked.pop(job_id)
             self.bdir.rows[item_id] = row
-            f.progress.ended_now += 1
-            count(f.progress, self.bdir, records, self.tracked)
-            f.display.item_ended(row, f.progress)
             cancelled_here = job_id in self.watched and row.get("status") == "cancelled"
-            if (job_id in self.adopted and not self.interrupted and not self.stopped and not cancelled_here
-                    and item_id in self.specs and needs_run(row, self.retry_failed)
-                    and row.get("exit_reason") != "batch_budget"):
+            again = (job_id in self.adopted and not self.interrupted and not self.stopped and not cancelled_here
+                     and item_id in self.specs and needs_run(row, self.retry_failed)
+                     and row.get("exit_reason") != "batch_budget")
+            if again:   # an earlier run's ending (a cancel it left still ending): said as such, not as this run's
+                count(f.progress, self.bdir, records, self.tracked)
                 f.display.note(f"pid: {one_line(item_id)}: its earlier job ended "
                                f"{ending_words(row['status'], row['exit_reason'])}: submitted again")
                 self.submit([item_id])
+                continue
+            f.progress.ended_now += 1
+            count(f.progress, self.bdir, records, self.tracked)
+            f.display.item_ended(row, f.progress)
 
     def _check_budget(self, f: _Following) -> None:
         """The batch's cost budget: once spent, its queued items are cancelled (once)."""

@@ -277,6 +277,27 @@ def test_an_earlier_run_s_job_cancelled_while_this_run_follows_it_is_not_submitt
     assert run.bdir.rows["a"]["status"] == "cancelled"
 
 
+def test_a_rerun_says_an_earlier_run_s_cancel_as_such_not_as_an_ending_of_its_own(home, monkeypatch):
+    """Ctrl-C twice left a job cancelled and not yet recorded: the rerun records it, says it ended in the earlier
+    run and submits its item again; it does not show it as one of this run's endings (a new-user test read the
+    earlier run's endings printed first as the rerun's)."""
+    first = make_run(home, ["a", "b"])
+    first.submit(["a", "b"])
+    end_all(first)   # (the first run's cancel, still ending when it stopped waiting)
+    run = make_run(home, ["a", "b"], BatchDir.open(first.bdir.path))
+    run.start()
+    assert sorted(run.tracked.values()) == ["a", "b"] and run.submitted == 0
+    monkeypatch.setattr(run, "_finish_item", finished)
+    display = Stops(run, lambda: run.submitted == 2)
+    ended: list[str] = []
+    display.item_ended = lambda row, progress: ended.append(row["id"])   # type: ignore[method-assign]
+    run.follow(display)
+    assert ended == [] and run.submitted == 2, (ended, display.notes)
+    assert sorted(n for n in display.notes if "its earlier job ended cancelled: submitted again" in n) == \
+        ["pid: a: its earlier job ended cancelled: submitted again",
+         "pid: b: its earlier job ended cancelled: submitted again"]
+
+
 def test_a_batch_cancelled_while_it_is_submitted_submits_no_more_and_cancels_what_it_just_did(home, monkeypatch):
     """Batch.cancel in another thread while pid.batch submits its chunks: the store has no job of it yet when the
     cancel looks (the worst case); none of its jobs goes on, and no later chunk is submitted."""
