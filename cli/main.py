@@ -442,11 +442,8 @@ def follow_up(job_id: str, message: str) -> None:
 
 
 def _set_paused(job_id: str, paused: bool) -> None:
-    store, record = _record_or_fail(job_id)
-    if not paused and not record.paused and not record.terminal:   # (saying "resumed" would claim what did not happen)
-        raise BadInput(f"job {job_id} is {record.status}, not paused: nothing to resume")
-    if not store.set_paused(job_id, paused):
-        raise BadInput(f"job {job_id} is {store.get(job_id).status}: nothing to {'pause' if paused else 'resume'}")
+    from pid.jobs.store import default_store
+    submission.set_paused(default_store(), job_id, paused)
     echo(f"{job_id}: {'pause requested' if paused else 'resumed'}")
 
 

@@ -258,6 +258,17 @@ class Job:
         from pid.jobs.submission import post
         post(self._store(), self.id, "follow_up", message)
 
+    def pause(self) -> None:
+        """Hold the job before its next model call (`pid pause`; a queued one holds once it starts). Its wall
+        clock keeps running. PidError if it has ended."""
+        from pid.jobs.submission import set_paused
+        set_paused(self._store(), self.id, True)
+
+    def resume(self) -> None:
+        """Let a paused job go on (`pid resume`); PidError if it is not paused."""
+        from pid.jobs.submission import set_paused
+        set_paused(self._store(), self.id, False)
+
 
 class _Items:
     """pid.batch's display: each ended item to on_item, the notes as warnings (the batch's own collector keeps

@@ -137,7 +137,7 @@ def test_a_submitted_job_is_followed_to_its_end(api_env, worker, sample_repo, tm
 
 @pytest.mark.docker
 @pytest.mark.cli
-def test_steer_then_cancel_a_running_job(api_env, worker, sample_repo, tmp_path):
+def test_steer_pause_resume_then_cancel_a_running_job(api_env, worker, sample_repo, tmp_path):
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": gated("true")}}]},
               {"tool_calls": [{"name": "bash", "arguments": {"command": "touch /tmp/.pid-test-reached; sleep 100"}}]},
               {"text": "never"}]
@@ -151,6 +151,12 @@ def test_steer_then_cancel_a_running_job(api_env, worker, sample_repo, tmp_path)
         open_gate(job.id)   # the steer was sent while the first command ran
         wait_until(lambda: reached(job.id), what="the second command")
         assert "STEER-API-1" in str(llm.requests[1])   # delivered before the next model call
+        job.pause()   # (held before its next model call: the command it runs goes on)
+        assert job._record().paused
+        job.resume()
+        assert not job._record().paused
+        with pytest.raises(pid.PidError, match="^job .* is running, not paused: nothing to resume$"):
+            job.resume()
         with pytest.raises(TimeoutError):
             job.wait(timeout=0.5)   # it runs on
         assert job.cancel() == "running"
@@ -161,6 +167,8 @@ def test_steer_then_cancel_a_running_job(api_env, worker, sample_repo, tmp_path)
         job.cancel()
     with pytest.raises(pid.PidError, match="^job .* is cancelled: it takes no more messages$"):
         job.steer("too late")   # (not "being cancelled": it has ended)
+    with pytest.raises(pid.PidError, match="^job .* is cancelled: nothing to pause$"):
+        job.pause()
     with pytest.raises(pid.PidError, match="must be text, not NoneType"):
         job.steer(None)   # type: ignore[arg-type]
     for bad in ("x", -1, float("nan")):
