@@ -2,7 +2,8 @@
 # channel.sh <role> <channel id> <workdir> <uid> <gid>` (channel.py: `docker exec`, or two FIFOs of /.pid/run that the
 # container's entry opens). Why a server: one `docker exec` costs ~60 ms, a request ~1 ms. Beside it in /.pid, root's
 # and read-only: channel_ops.sh, the requests on outputs and processes (c t T k K), and channel_sh.sh, what a /bin/sh
-# without bash uses where bash has builtins (it needs `local`, which POSIX lacks; dash and busybox ash have it).
+# without bash uses where bash has builtins. All but the bash part need a /bin/sh with `local`, which POSIX lacks
+# (dash and busybox ash have it).
 #
 # THE PROTOCOL (the only one; channel.py reads every reply with one reader, Channel._reply):
 #   request: "<op> <nonce> <numbers...> [<output file>]\n", then, for r, <cmdlen> bytes of command, <datalen> of data.
@@ -103,8 +104,8 @@ forget() { JUNK="$JUNK $1"; JUNKN=$((JUNKN + 1)); }
 sweep() { rm -f $JUNK; JUNK=; JUNKN=0; }
 take() { if [ -n "$GNUHEAD" ]; then head -c "$1"; else dd bs=1 count="$1" 2>/dev/null; fi; }   # exactly $1 bytes
 GNUHEAD=; case $(head --version 2>/dev/null) in *GNU*) GNUHEAD=1 ;; esac   # (GNU head reads no more than N bytes)
-HERE=${0%/*}; [ "$HERE" != "$0" ] || HERE=.   # pid's own files beside this one: root's, read-only (channel.py)
-. "$HERE/channel_ops.sh"   # the requests on outputs and processes: c t T k K
+case $0 in /*) HERE=${0%/*} ;; *) exit 1 ;; esac   # pid's own files beside this one (/.pid: root's, read-only)
+. "$HERE/channel_ops.sh" || exit 1   # the requests on outputs and processes: c t T k K
 
 # A command's background processes may still write just after it ended ("(sleep .05; echo x) &"); pi reads on
 # while its pipe has writers, until they are quiet for 100 ms. Here: while processes of its group are left and one
@@ -121,6 +122,17 @@ linger() {  # $1 pgid, $2 output file
         if [ "$2" -nt "$MARK" ]; then quiet=0; true >"$MARK"; else quiet=$((quiet + 1)); fi
         ticks=$((ticks + 1))
     done
+}
+untrace() {  # ptrace is the agent's right over its own processes, pid's slot shells among them: a tracer that
+    # stops a shell the server waits for would hang it. Such a tracer (a process of the agent's uid) is killed.
+    local tp
+    digits "$1" || return 0
+    { field "/proc/$1" TracerPid; } 2>/dev/null
+    tp=$FV
+    case $tp in ''|0|1|"$$") return 0 ;; esac
+    { field "/proc/$tp" Uid; } 2>/dev/null
+    [ "$FV" = "$UID_" ] && kill -9 "$tp" 2>/dev/null
+    return 0
 }
 op_hello() {  # h nonce [o]: set up /.pid (control) and this server (both)
     local nonce="$2"
@@ -266,7 +278,7 @@ serve() {  # one request at a time until EOF or q
 }
 
 # POSIX sh ends here, in the functions it has for what bash does below with builtins; nothing below is parsed by it.
-[ -n "${BASH_VERSION:-}" ] || { . "$HERE/channel_sh.sh"; serve; }
+[ -n "${BASH_VERSION:-}" ] || { . "$HERE/channel_sh.sh" || exit 1; serve; }
 
 # --- bash: the same server, with pre-started shells and builtins where sh forks ------------------------------------
 SHELL_=bash

@@ -1,6 +1,6 @@
 # pid's requests on a command's output and on the agent's processes: sourced by channel.sh, whose top says the
 # protocol and the trust argument. c, t and T read and trim an output file the server reported (the host checks
-# every name against that); k, K and untrace kill. They run as root and run nothing of the agent's.
+# every name against that); k and K kill. They run as root and run nothing of the agent's.
 
 cutinfo() {  # CUT, CUTL <- bytes and newlines dropped from the front of output file $1 (output_trim.py, op_trim)
     CUT=0 CUTL=0
@@ -74,15 +74,4 @@ op_killall() {  # K nonce: every process of the agent's uid, with builtins only 
     fi
     events
     say K "$2" "" "$killed" "$PE" "$found"
-}
-untrace() {  # ptrace is the agent's right over its own processes, pid's slot shells among them: a tracer that
-    # stops a shell the server waits for would hang it. Such a tracer (a process of the agent's uid) is killed.
-    local tp
-    digits "$1" || return 0
-    { field "/proc/$1" TracerPid; } 2>/dev/null
-    tp=$FV
-    case $tp in ''|0|1|"$$") return 0 ;; esac
-    { field "/proc/$tp" Uid; } 2>/dev/null
-    [ "$FV" = "$UID_" ] && kill -9 "$tp" 2>/dev/null
-    return 0
 }

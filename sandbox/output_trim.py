@@ -3,7 +3,7 @@
 A command may print far more than the job's disk holds; only its tail matters (the model sees the tail, the full
 output file is a tail too past KEEP_OUTPUT). The host punches out the file's front (the command keeps appending to
 the same file) and records what went in "<file>.cut": the bytes and the newlines cut, which the container's server
-adds back when it counts the output (cutinfo in channel.sh). Done on the host, it needs no process and no channel
+adds back when it counts the output (cutinfo in channel_ops.sh). Done on the host, it needs no process and no channel
 in the container, and it works under gVisor, whose files refuse hole punching from inside.
 """
 from __future__ import annotations

@@ -61,3 +61,16 @@ def test_a_command_the_host_stopped_sending_half_way_never_runs(shell, tmp_path)
         assert answer == b"" and not marker.exists(), answer
     finally:
         marker.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_server_missing_a_part_or_started_by_a_relative_name_ends_at_once(shell, tmp_path):
+    """Its parts are read from beside it: one missing (a packaging mistake) ends it before it answers anything, as
+    does a name without a directory (it would read them from wherever it was started)."""
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(SCRIPT, alone / "channel.sh")
+    for argv, cwd in (([str(alone / "channel.sh")], "/tmp"), (["channel.sh"], str(SCRIPT.parent))):
+        done = subprocess.run([*shell, *argv, "agent", "77", "/tmp", "54321", "54321"], input=HIDDEN,
+                              capture_output=True, timeout=20, cwd=cwd)
+        assert done.returncode != 0 and done.stdout == b"", (argv, done)
