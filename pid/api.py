@@ -14,6 +14,7 @@ when it is called (pid.run alone loads the agent and the sandbox, as `pid run` d
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -53,7 +54,6 @@ def run(task: str, repo: str | os.PathLike[str] | None = None, *, on_start: Call
     api_key = params.pop("api_key")
     spec = submission.prepare_run(params, api_key=api_key, no_images=params.pop("no_images"),
                                   max_workspace=params.pop("max_workspace"), warn=_warn)
-    from pid import events
     starting, job = submission.start_foreground(spec)
     if on_start is not None:
         try:
@@ -64,7 +64,7 @@ def run(task: str, repo: str | os.PathLike[str] | None = None, *, on_start: Call
             job.end(None, error=None if isinstance(exc, KeyboardInterrupt) else
                     f"on_start raised {type(exc).__name__}: {exc}")
             raise
-    return _warned_of(submission.run_foreground(spec, job, starting, api_key=api_key, sink=events.ignore))
+    return _warned_of(submission.run_foreground(spec, job, starting, api_key=api_key, sink=_notices_warned))
 
 
 def batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str],
@@ -154,10 +154,13 @@ def _batch_options(name: str, tasks: Any, out: Any, options: dict[str, Any],
 
 def job(job_id: str) -> Job:
     """A Job for a job already in the store (submitted here, by `pid submit`, or on another machine sharing the
-    store); PidError if there is none."""
+    store), by its whole id; PidError if there is none."""
     from pid.jobs import submission
     handle = Job(job_id)
-    submission.job_record(handle._store(), job_id)
+    try:
+        submission.job_record(handle._store(), job_id)
+    except PidError as exc:
+        raise PidError(f"{exc} (pid.job() takes a job's whole id, as pid list --json gives it)") from None
     return handle
 
 
@@ -189,6 +192,14 @@ class Job:
         """queued, running, or how it ended (pid.endings.STATUSES: completed, failed, cancelled, …)."""
         return str(self._record().status)
 
+    def __hash__(self) -> int:   # (a job is its id: a dict's key, a set's member)
+        return hash(self.id)
+
+    def paused(self) -> bool:
+        """A pause holds the job (pause(); `pid pause`): it makes no model call until resumed."""
+        record = self._record()
+        return bool(record.paused) and not record.terminal
+
     def done(self) -> bool:
         """The job has ended (its result is there, or follows within moments)."""
         return bool(self._record().terminal)
@@ -205,7 +216,9 @@ class Job:
         while not self.done():
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                raise TimeoutError(f"job {self.id} is still {self.status()} after {timeout:g}s")
+                record = self._record()
+                held = " (paused: resume() lets it go on)" if record.paused and not record.terminal else ""
+                raise TimeoutError(f"job {self.id} is still {record.status}{held} after {timeout:g}s")
             if now >= next_sweep:
                 next_sweep = now + SWEEP_EVERY_S
                 sweep_quietly(self._store())
@@ -213,8 +226,9 @@ class Job:
         return _warned_of(self.result())
 
     def result(self) -> dict[str, Any]:
-        """The ended job's result.json, as `pid result --json` prints it (its patch in result["patch"], its exit
-        reason, usage, cost, check); PidError if it has not ended (wait() waits)."""
+        """The ended job's result.json, as `pid result --json` prints it (its exit reason, usage, cost, check; the
+        patch's file name in result["artifacts"]["patch"], its text from patch()); PidError if it has not ended
+        (wait() waits)."""
         from pid.jobs.submission import load_result
         record = self._record()
         if not record.terminal:
@@ -223,7 +237,8 @@ class Job:
 
     def patch(self) -> str | None:
         """The ended job's patch.diff (its change to the workspace, `git apply`-able), from the job store wherever
-        it ran; None when the job left none. PidError if it has not ended."""
+        it ran: "" when the job changed nothing; None when it left no patch (it never ran, or its sandbox was lost
+        before the patch was taken). PidError if it has not ended."""
         from pid.jobs.artifact_store import PATCH
         result = self.result()   # (ended, and its artifacts uploaded with its result)
         store = self._store()
@@ -300,12 +315,30 @@ def _warned_of(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _notices_warned(event: Any) -> None:
+    """pid.run's sink: the agent's warnings (a model not in the model table: no prices, a context window assumed)
+    are Python warnings, where `pid run` prints them."""
+    if getattr(event, "type", None) == "notice" and getattr(event, "level", None) == "warning":
+        _warn(event.text)
+
+
 def _warn(text: str) -> None:
-    """What is allowed but worth saying (a sandbox on the network): a Python warning, where the CLI prints a line.
-    Sanitised as the CLI's line is: it may quote a tasks file's paths, and Python prints it to the terminal."""
+    """What is allowed but worth saying (a sandbox on the network): a Python warning, where the CLI prints a line,
+    named by the caller's line (not pid's: Python shows a warning once per line that raised it). Sanitised as the
+    CLI's line is: it may quote a tasks file's paths, and Python prints it to the terminal."""
     from pid.terminal import one_line
     text = one_line(text)
-    warnings.warn(text if text.startswith("pid: ") else f"pid: {text}", stacklevel=4)   # (a batch's notes have it)
+    warnings.warn(text if text.startswith("pid: ") else f"pid: {text}", stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """warnings.warn's stacklevel for the first frame outside pid's own code (Python 3.12's skip_file_prefixes)."""
+    own = os.path.dirname(__file__) + os.sep   # (the package: its sandbox/, jobs/, … are imported as pid.*)
+    frame: Any = sys._getframe(2)   # (_warn's caller, as warnings.warn counts from _warn)
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(own):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _parse(command_name: str, task: Any, repo: Any, options: dict[str, Any],
