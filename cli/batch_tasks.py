@@ -144,7 +144,13 @@ def parse(lines: Iterable[str], base: str | None, allow_outside: bool = False) -
             except click.BadParameter as exc:
                 problems.append(f"repo: {exc.message}")
         fields: dict[str, Any] = {}
+        named: dict[str, str] = {}   # option -> the field that set it (one value each: "timeout" and "timeout_s")
         for key, value in data.items():
+            known = options.get(key)
+            option_name = "images" if key in IMAGES_FIELDS else str(known.name) if known else key
+            if named.setdefault(option_name, key) != key:
+                problems.append(f"{key}: the same option as {named[option_name]} (give one of them)")
+                continue
             if key in IMAGES_FIELDS:   # the flag --no-images (or the JobSpec field `images`): a JSON boolean
                 if not isinstance(value, bool):
                     problems.append(f"{key}: must be true or false")
