@@ -144,18 +144,13 @@ def parse(lines: Iterable[str], base: str | None, allow_outside: bool = False) -
             except click.BadParameter as exc:
                 problems.append(f"repo: {exc.message}")
         fields: dict[str, Any] = {}
-        named: dict[str, str] = {}   # option -> the field that set it (one value each: "timeout" and "timeout_s")
+        named: dict[str, str] = {}   # option -> the field that set it ("timeout" and "timeout_s" are one option)
         for key, value in data.items():
-            known = options.get(key)
-            option_name = "images" if key in IMAGES_FIELDS else str(known.name) if known else key
-            if named.setdefault(option_name, key) != key:
-                problems.append(f"{key}: the same option as {named[option_name]} (give one of them)")
-                continue
             if key in IMAGES_FIELDS:   # the flag --no-images (or the JobSpec field `images`): a JSON boolean
                 if not isinstance(value, bool):
                     problems.append(f"{key}: must be true or false")
                 else:
-                    fields["images"] = value if key == "images" else not value
+                    _put(fields, named, problems, "images", value if key == "images" else not value, key)
                 continue
             if key == "queue":
                 try:
@@ -171,7 +166,7 @@ def parse(lines: Iterable[str], base: str | None, allow_outside: bool = False) -
             try:
                 if option.name in PATH_FIELDS and isinstance(value, str):
                     value = local_path(value, base, allow_outside)
-                fields[option.name] = convert(option, value)
+                _put(fields, named, problems, option.name, convert(option, value), key)
             except click.BadParameter as exc:
                 problems.append(f"{key}: {exc.message}")
         if problems:
@@ -179,6 +174,16 @@ def parse(lines: Iterable[str], base: str | None, allow_outside: bool = False) -
             continue
         items.append(Item(item_id, number, str(task), repo, fields))
     return Parsed(items, errors)
+
+
+def _put(fields: dict[str, Any], named: dict[str, str], problems: list[str], name: str, value: Any, key: str) -> None:
+    """A line's value for option `name`, given as field `key`: one given again under another name with another value
+    is a problem, not a silent choice of one of them."""
+    if name in fields and fields[name] != value:
+        problems.append(f"{key}: the same option as {named[name]}, with another value (give one of them)")
+        return
+    fields[name] = value
+    named.setdefault(name, key)
 
 
 def _raise(message: str) -> Any:

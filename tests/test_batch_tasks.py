@@ -15,11 +15,13 @@ def test_an_id_that_names_one_of_the_batchs_own_files_is_told_so_not_called_inva
 
 
 def test_one_option_given_twice_on_a_line_under_two_names_is_refused(tmp_path):
-    """"timeout" and "timeout_s" are one option: a line with both lost one of them without a word (a new-user
-    test's); now it is told, as --check given twice is."""
+    """"timeout" and "timeout_s" are one option: a line with two values for it lost one without a word (a new-user
+    test's); now it is told. The same value under both names is one value."""
     parsed = parse(['{"task": "t", "repo": ".", "timeout": 30, "timeout_s": 40}',
                     '{"task": "t", "repo": ".", "no-images": true, "images": true}',
-                    '{"task": "t", "repo": ".", "max-turns": 3, "timeout": 30}'], str(tmp_path))
-    assert parsed.errors == ["line 1: timeout_s: the same option as timeout (give one of them)",
-                             "line 2: images: the same option as no-images (give one of them)"]
-    assert [item.fields for item in parsed.items] == [{"max_turns": 3, "timeout_s": 30.0}]
+                    '{"task": "t", "repo": ".", "max-turns": 3, "timeout": 30, "timeout_s": 30.0}',
+                    '{"task": "t", "repo": ".", "no-images": true, "images": false}'], str(tmp_path))
+    assert parsed.errors == [
+        "line 1: timeout_s: the same option as timeout, with another value (give one of them)",
+        "line 2: images: the same option as no-images, with another value (give one of them)"]
+    assert [item.fields for item in parsed.items] == [{"max_turns": 3, "timeout_s": 30.0}, {"images": False}]
