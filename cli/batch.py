@@ -45,8 +45,8 @@ class BatchCommand(click.Command):
             return super().invoke(ctx)
         except click.ClickException:
             raise
-        except BadTasks as exc:   # each line, then what they mean
-            for error in exc.lines:
+        except BadTasks as exc:   # each reason with its lines, then what they mean
+            for error in exc.grouped():
                 echo(f"pid: error: {exc.tasks}: {one_line(error)}", err=True)
             raise _bad(exc.summary) from None
         except PidError as exc:

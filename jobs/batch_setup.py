@@ -38,7 +38,26 @@ class BadTasks(PidError):
     def __init__(self, tasks: str, lines: list[str]) -> None:
         self.tasks, self.lines = tasks, lines
         self.summary = f"{len({e.split(':', 1)[0] for e in lines})} bad line(s) in {tasks}; nothing was submitted"
-        super().__init__(self.summary + ": " + "; ".join(one_line(e) for e in lines))
+        super().__init__(self.summary + ": " + "; ".join(one_line(e) for e in self.grouped()))
+
+    def grouped(self, shown: int = 10) -> list[str]:
+        """Each reason once, with the lines it is about: "lines 1, 2, 3: why" (the first `shown` numbers named).
+        A reason every line shares (a batch option, a model without prices) is told once, not once a line."""
+        numbers: dict[str, list[str]] = {}
+        for error in self.lines:
+            where, sep, why = error.partition(": ")
+            if where.startswith("line ") and sep:
+                numbers.setdefault(why, []).append(where[len("line "):])
+            else:
+                numbers.setdefault(error, [])
+        told = []
+        for why, lines in numbers.items():
+            if len(lines) <= 1:
+                told.append(f"line {lines[0]}: {why}" if lines else why)
+                continue
+            more = f" and {len(lines) - shown} more" if len(lines) > shown else ""
+            told.append(f"lines {', '.join(lines[:shown])}{more}: {why}")
+        return told
 
 
 @dataclass

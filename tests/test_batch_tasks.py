@@ -25,3 +25,12 @@ def test_one_option_given_twice_on_a_line_under_two_names_is_refused(tmp_path):
         "line 1: timeout_s: the same option as timeout, with another value (give one of them)",
         "line 2: images: the same option as no-images, with another value (give one of them)"]
     assert [item.fields for item in parsed.items] == [{"max_turns": 3, "timeout_s": 30.0}, {"images": False}]
+
+
+def test_a_reason_many_lines_share_is_told_once_with_their_numbers():
+    """A model without prices and --max-total-cost: a 1,000-line file printed the same reason 1,000 times."""
+    from pid.jobs.batch_setup import BadTasks
+    why = "--max-total-cost needs the model's prices"
+    refused = BadTasks("tasks.jsonl", [f"line {n}: {why}" for n in range(1, 13)] + ["line 13: id is taken"])
+    assert refused.grouped() == [f"lines 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 and 2 more: {why}", "line 13: id is taken"]
+    assert len(refused.lines) == 13 and str(refused).count(why) == 1
