@@ -26,7 +26,7 @@ def job_lines(records: list[Any], width: int | None) -> list[str]:
         reason = record.exit_reason or "-"
         if record.check:   # the check's verdict beside the reason
             reason += " ✓check" if record.check.get("passed") is True else " ✗check"
-        status = record.status + (" (paused)" if record.paused and not record.terminal else "")   # (as pid status)
+        status = record.status + (" (paused)" if record.held else "")   # (as pid status)
         rows.append([one_line(record.id), status, format_duration(record.duration_s),
                      format_cost(record.total_usage["cost"]), one_line(reason),
                      cut(one_line(record.spec.task), TASK_SHOWN, "start")])

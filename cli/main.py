@@ -349,7 +349,7 @@ def status(job_id: str, as_json: bool) -> None:
     if as_json:
         echo(dumps(record.to_dict(), indent=2))
         return
-    flags = " (paused)" if record.paused and not record.terminal else ""
+    flags = " (paused)" if record.held else ""
     flags += " (cancel requested)" if record.cancel_requested and not record.terminal else ""
     echo(f"{record.id}  {record.status}{flags}  turns={record.turns} tool_calls={record.tool_calls}"
          f"  attempts={record.attempts}" + (f"  exit_reason={record.exit_reason}" if record.exit_reason else ""))

@@ -300,15 +300,15 @@ class Run:
             again = (job_id in self.adopted and not self.interrupted and not self.stopped and not cancelled_here
                      and item_id in self.specs and needs_run(row, self.retry_failed)
                      and row.get("exit_reason") != "batch_budget")
+            if not again:
+                f.progress.ended_now += 1
+            count(f.progress, self.bdir, records, self.tracked)
             if again:   # an earlier run's ending (a cancel it left still ending): said as such, not as this run's
-                count(f.progress, self.bdir, records, self.tracked)
                 f.display.note(f"pid: {one_line(item_id)}: its earlier job ended "
                                f"{ending_words(row['status'], row['exit_reason'])}: submitted again")
                 self.submit([item_id])
-                continue
-            f.progress.ended_now += 1
-            count(f.progress, self.bdir, records, self.tracked)
-            f.display.item_ended(row, f.progress)
+            else:
+                f.display.item_ended(row, f.progress)
 
     def _check_budget(self, f: _Following) -> None:
         """The batch's cost budget: once spent, its queued items are cancelled (once)."""

@@ -130,6 +130,11 @@ class JobRecord:
         return self.status in TERMINAL_STATUSES
 
     @property
+    def held(self) -> bool:
+        """A pause holds it: queued or running, it makes no model call until resumed (an ended job's flag is moot)."""
+        return self.paused and not self.terminal
+
+    @property
     def total_usage(self) -> dict[str, Any]:
         """Every attempt's tokens and cost: what the job has spent."""
         return sum_usage(*(a.get("usage") or {} for a in self.earlier), self.usage)

@@ -318,7 +318,7 @@ def post(store: Any, job_id: str, kind: str, message: str) -> None:
 def set_paused(store: Any, job_id: str, paused: bool) -> None:
     """Hold a job before its next model call, or let it go on (`pid pause`/`pid resume`, Job.pause/resume)."""
     record = job_record(store, job_id)
-    if not paused and not record.paused and not record.terminal:   # (saying "resumed" would claim what did not happen)
+    if not paused and not record.held and not record.terminal:   # (saying "resumed" would claim what did not happen)
         raise PidError(f"job {job_id} is {record.status}, not paused: nothing to resume")
     if not store.set_paused(job_id, paused):
         raise PidError(f"job {job_id} is {store.get(job_id).status}: nothing to {'pause' if paused else 'resume'}")

@@ -157,9 +157,10 @@ def job(job_id: str) -> Job:
     store), by its whole id; PidError if there is none."""
     from pid.jobs import submission
     handle = Job(job_id)
+    store = handle._store()
     try:
-        submission.job_record(handle._store(), job_id)
-    except PidError as exc:
+        submission.job_record(store, job_id)
+    except PidError as exc:   # (no such job: the store itself answered)
         raise PidError(f"{exc} (pid.job() takes a job's whole id, as pid list --json gives it)") from None
     return handle
 
@@ -197,8 +198,7 @@ class Job:
 
     def paused(self) -> bool:
         """A pause holds the job (pause(); `pid pause`): it makes no model call until resumed."""
-        record = self._record()
-        return bool(record.paused) and not record.terminal
+        return bool(self._record().held)
 
     def done(self) -> bool:
         """The job has ended (its result is there, or follows within moments)."""
@@ -217,7 +217,7 @@ class Job:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 record = self._record()
-                held = " (paused: resume() lets it go on)" if record.paused and not record.terminal else ""
+                held = " (paused: resume() lets it go on)" if record.held else ""
                 raise TimeoutError(f"job {self.id} is still {record.status}{held} after {timeout:g}s")
             if now >= next_sweep:
                 next_sweep = now + SWEEP_EVERY_S
@@ -318,7 +318,8 @@ def _warned_of(result: dict[str, Any]) -> dict[str, Any]:
 def _notices_warned(event: Any) -> None:
     """pid.run's sink: the agent's warnings (a model not in the model table: no prices, a context window assumed)
     are Python warnings, where `pid run` prints them."""
-    if getattr(event, "type", None) == "notice" and getattr(event, "level", None) == "warning":
+    from pid.events import Notice
+    if isinstance(event, Notice) and event.level == "warning":
         _warn(event.text)
 
 

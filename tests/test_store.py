@@ -5,6 +5,7 @@ import multiprocessing
 import time
 
 from pid.jobs.spec import JobSpec
+from pid.session import iso_time
 from pid.jobs.sqlite_store import JobStore
 
 
@@ -113,12 +114,15 @@ def test_a_job_taken_up_again_keeps_the_earlier_attempts_counts_and_usage(tmp_pa
     assert record.total_usage["total_tokens"] == 1050 and record.total_usage["cost"] == 0.5
     result = {"turns": 1, "tool_calls": 0, "usage": dict(used, input=10, total_tokens=60, cost=0.25),
               "duration_s": 0.01}
+    before = time.time()
     with_earlier_attempts(result, record.earlier, record.started_at)
+    after = time.time()
     assert result["usage"]["input"] == 1010 and result["usage"]["cost"] == 0.75
     assert [a["attempt"] for a in result["per_attempt"]] == [1, 2]
     # its duration is the job's, from the first attempt's start, as pid list shows it; this attempt's is kept
     assert result["per_attempt"][-1]["duration_s"] == 0.01
-    assert result["duration_s"] >= 0.3 and abs(result["duration_s"] - record.duration_s) < 0.2
+    assert before - record.started_at - 0.001 <= result["duration_s"] <= after - record.started_at + 0.001
+    assert result["started_at"] == iso_time(record.started_at) and result["duration_s"] >= 0.3
     assert store.finish(job.id, "stop", owner="b", usage=result["per_attempt"][-1]["usage"])
     assert store.get(job.id).total_usage["cost"] == 0.75
 
