@@ -71,6 +71,8 @@ case $PMAX in ''|*[!0-9]*) PMAX= ;; esac
 DIRECT_MAX=4000   # at most one page ever goes into a slot's FIFO (channel.py: DIRECT_MAX); see SLOT_SHELL
 SLOTS=         # bash agent servers: commands run on two pre-started slot shells (see SLOT_SHELL)
 DUE=           # (bash) a used slot's successor is still to be started
+NOSETPRIV="the image has no setpriv (util-linux), needed to run commands as a non-root user; use --user root or add\
+ util-linux"
 UNMADE="pid: the command could not start: its output file could not be made (no space or no inodes left for output)"
 
 # --- helpers shared by both servers (POSIX sh, and `local`) --------------------------------------------------------
@@ -86,6 +88,13 @@ say_file() {  # $1 tag, $2 nonce, $3 file, $4 offset, $5 length, then the fields
     printf '%s %s%s %d\n' "$tag" "$nonce" "${*:+ $*}" "$len"
     [ "$len" -gt 0 ] || return 0
     { tail -c +$((from + 1)) -- "$f" 2>/dev/null | head -c "$len"; head -c "$len" /dev/zero; } | head -c "$len"
+}
+say_copy() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes, through head
+    local tag="$1" nonce="$2" f="$3" max="$4"
+    shift 4
+    fsize "$f"
+    [ "$SIZE" -le "$max" ] || SIZE=$max
+    say_file "$tag" "$nonce" "$f" 0 "$SIZE" "$@"
 }
 fsize() { SIZE=$(wc -c <"$1" 2>/dev/null) || SIZE=0; SIZE=$((SIZE + 0)); }
 # (A cgroup file is read by lines: it can always seek back, so bash's buffer keeps nothing of it; see slurp.)
@@ -144,9 +153,7 @@ op_hello() {  # h nonce [o]: set up /.pid (control) and this server (both)
         chmod 711 /.pid /.pid/out && chmod 700 /.pid/run || { say F "$nonce" "cannot set up /.pid"; return; }
         mkdir -p /.pid/git "$WD" && chown "$UID_:$GID_" "$WD" || { say F "$nonce" "cannot create $WD"; return; }
         [ -z "${HOME:-}" ] || { mkdir -p "$HOME" && chown "$UID_:$GID_" "$HOME"; }
-        [ "$UID_" = 0 ] || command -v setpriv >/dev/null 2>&1 || drop_runs || {
-            say F "$nonce" "the image has no setpriv (util-linux), needed to run commands as a non-root user; use --user root or add util-linux"
-            return; }
+        [ "$UID_" = 0 ] || command -v setpriv >/dev/null 2>&1 || drop_runs || { say F "$nonce" "$NOSETPRIV"; return; }
         UMASK=077   # pid's own outputs: for pid's eyes only
     fi
     umask "$UMASK"
@@ -156,9 +163,7 @@ op_hello() {  # h nonce [o]: set up /.pid (control) and this server (both)
     elif drop_runs; then DROP="$DROPBIN $UID_ $GID_"   # (it runs the program as named: SHBIN is absolute)
     elif command -v setpriv >/dev/null 2>&1; then
         DROP="$(command -v setpriv) --reuid=$UID_ --regid=$GID_ --clear-groups --inh-caps=-all --bounding-set=-all"
-    else
-        say F "$nonce" "the image has no setpriv (util-linux), needed to run commands as a non-root user; use --user root or add util-linux"
-        return
+    else say F "$nonce" "$NOSETPRIV"; return
     fi
     hello_more
     events
@@ -310,33 +315,11 @@ readcmd() {  # (stdin is a pipe or socket: bash reads no further)
 }
 host_gone() { read -r -t 0; }
 say() { printf '%s %s%s %d\n%s' "$1" "$2" "${4+ ${*:4}}" "${#3}" "$3"; }   # tag, nonce, payload (no NUL), fields
-say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes, without a fork
+say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes, in one read
+    # without a fork; a read stops early at a NUL byte, which a variable cannot hold: then a copy through head
     local c=
-    # one read: it stops early only at the end of the file, or at a NUL byte, which a variable cannot hold
-    if [ -s "$3" ] && IFS= read -r -d '' -n "$4" c <"$3" && [ "${#c}" -lt "$4" ]; then say_pieces "$@"
+    if [ -s "$3" ] && IFS= read -r -d '' -n "$4" c <"$3" && [ "${#c}" -lt "$4" ]; then say_copy "$@"
     else say "$1" "$2" "$c" "${@:5}"; fi
-}
-say_pieces() {  # say_head for a file with NUL bytes: the pieces between them, joined with NULs again
-    local tag=$1 nonce=$2 f=$3 max=$4 left=$4 want c total=0 nul=0
-    local -a parts=()
-    shift 4
-    while [ "$left" -gt 0 ] && [ "${#parts[@]}" -lt 64 ]; do
-        want=$left nul=0
-        IFS= read -r -d '' -n "$want" c || { parts+=("$c"); total=$((total + ${#c})); break; }   # (end of file)
-        parts+=("$c")
-        total=$((total + ${#c})) left=$((left - ${#c}))
-        [ "${#c}" -lt "$want" ] && { nul=1; total=$((total + 1)); left=$((left - 1)); }
-    done <"$f"
-    [ "$nul" = 0 ] || parts+=("")
-    if [ "$left" -gt 0 ] && [ "${#parts[@]}" -ge 64 ]; then   # many NULs: one copy through head instead
-        fsize "$f"
-        [ "$SIZE" -le "$max" ] || SIZE=$max
-        say_file "$tag" "$nonce" "$f" 0 "$SIZE" "$@"
-        return
-    fi
-    printf '%s %s%s %d\n' "$tag" "$nonce" "${*:+ $*}" "$total"
-    printf '%s\0' "${parts[@]:0:${#parts[@]}-1}"
-    printf '%s' "${parts[-1]}"
 }
 # The slot shells. Each is started ahead of time, already dropped to the agent, blocked reading its command from its
 # FIFO, so that start-up (the drop, bash: ~2 ms) is off the request path; two alternate, so back-to-back requests

@@ -5,13 +5,7 @@ say() {  # $1 tag, $2 nonce, $3 payload (no NUL), then the fields
     shift 3
     printf '%s %s%s %d\n%s' "$tag" "$nonce" "${*:+ $*}" "${#data}" "$data"
 }
-say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes
-    local tag="$1" nonce="$2" f="$3" max="$4"
-    shift 4
-    fsize "$f"
-    [ "$SIZE" -le "$max" ] || SIZE=$max
-    say_file "$tag" "$nonce" "$f" 0 "$SIZE" "$@"
-}
+say_head() { say_copy "$@"; }   # the file's first <max> bytes, through head
 slurp() { S=; read -r S <"$1"; }   # POSIX sh reads byte by byte: nothing is read ahead (bash: channel.sh)
 field() {  # FV <- the first number of field $2 ("Uid") in process directory $1's status, FS <- its state's letter
     # (State comes first); both empty when it is gone
