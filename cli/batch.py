@@ -74,12 +74,12 @@ class BatchCommand(click.Command):
 @click.option("--max-workspace", type=Size(), default=format_size(200 << 20), show_default=True,
               envvar=settings.MAX_WORKSPACE.name, show_envvar=True, cls=EnvOption,
               help="Largest packed size of a directory repo (each is packed once, at submit).")
-@click.option("--workers", type=click.IntRange(1, 256), default=None,
+@click.option("--workers", type=Number(int, 1, 256), default=None,
               help="Also run N job slots here (a `pid worker` for the life of the command).")
 @click.option("--max-total-cost", type=Number(float, 0, None), default=None,
               help="USD for the whole batch, across every worker: once its jobs have spent it, queued items are "
                    "cancelled and running ones stop before their next model call (exit reason batch_budget).")
-@click.option("--max-running", type=click.IntRange(min=1), default=None,
+@click.option("--max-running", type=Number(int, 1, None), default=None,
               help="The batch's jobs running at once at most, whichever workers take them (the job store "
                    "enforces it).")
 @click.option("--allow-outside", is_flag=True,

@@ -20,7 +20,8 @@ from pid import settings
 from pid.costs import format_cost
 from pid.config import HomeUnusable, ensure_pid_home, pid_home
 from pid.cli.ids import JOB_ID, NoSuchJob
-from pid.cli.options import MAX_WORKSPACE_OPTION, QUEUE_OPTION, EnvOption, PoolSpec, QueueName, format_size, job_options
+from pid.cli.options import (MAX_WORKSPACE_OPTION, QUEUE_OPTION, EnvOption, Number, PoolSpec, QueueName, format_size,
+                             job_options)
 from pid.cli.status_line import on_terminal
 from pid.cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, echo, format_duration,
                             print_result, styled, wait_for)
@@ -226,16 +227,10 @@ def submit(api_key: str | None, as_json: bool, no_images: bool, wait: bool, max_
     spec = submission.submit(options, api_key=api_key, no_images=no_images, max_workspace=max_workspace,
                              queue=queue, warn=warn_line)   # what pid.submit calls (pid/api.py)
     from pid.jobs.store import default_store
-    _queued(default_store(), spec, wait, as_json)
+    queued(default_store(), spec, wait, as_json)
 
 
-def queue_job(store: Any, spec: JobSpec, api_key: str | None, wait: bool, as_json: bool) -> None:
-    """Record the job, keep its key, publish it; then print its id, or wait for its end (continue, retry)."""
-    submission.enqueue(store, spec, api_key)
-    _queued(store, spec, wait, as_json)
-
-
-def _queued(store: Any, spec: JobSpec, wait: bool, as_json: bool) -> None:
+def queued(store: Any, spec: JobSpec, wait: bool, as_json: bool) -> None:
     """A job just queued: print its id, or wait for its end."""
     if not wait:   # (--json: an object, as every --json prints; the id alone otherwise, for $(pid submit ...))
         echo(dumps({"id": spec.id, "status": "queued", "queue": spec.queue}) if as_json else spec.id)
@@ -462,7 +457,7 @@ def resume(job_id: str) -> None:
 
 
 @cli.command("list")
-@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True,
+@click.option("--limit", type=Number(int, 1, None), default=20, show_default=True,
               help="Show at most this many jobs (the newest).")
 @click.option("--status", "status_filter", type=click.Choice(list(JOB_STATUSES)), help="Only jobs in this status.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON array of the jobs' records.")
@@ -571,7 +566,7 @@ def workers(show_all: bool, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--concurrency", "-c", type=click.IntRange(min=1, max=1024), default=8, show_default=True,
+@click.option("--concurrency", "-c", type=Number(int, 1, 1024), default=8, show_default=True,
               help="Jobs run at once (each a thread of the worker, with its own container). A job mostly waits on "
                    "its model: dozens fit on two cores; the containers' memory is the usual limit.")
 @click.option("--loglevel", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),

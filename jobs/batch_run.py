@@ -413,10 +413,14 @@ def next_step(bdir: BatchDir, item_id: str, record: Any, retry_failed: bool) -> 
 
 def nothing_to_do(rows: list[dict[str, Any] | None]) -> str:
     """What a rerun with nothing to run says: how many items it skipped, and why."""
-    completed = sum(1 for row in rows if row is not None and row.get("exit_code") == 0)
-    others = len(rows) - completed
-    return (f"nothing to do: skipped {completed} completed" +
-            (f", {others} failed or hit a limit (--retry-failed runs them again)" if others else ""))
+    ended = [row for row in rows if row is not None]
+    completed = sum(1 for row in ended if row.get("exit_code") == 0)
+    check_failed = sum(1 for row in ended if row.get("exit_code") != 0 and row.get("status") == "completed")
+    others = len(rows) - completed - check_failed
+    skipped = [f"{completed} completed", *([f"{check_failed} completed whose check failed"] if check_failed else []),
+               *([f"{others} failed or hit a limit"] if others else [])]
+    again = " (--retry-failed runs them again)" if check_failed or others else ""
+    return f"nothing to do: skipped {', '.join(skipped)}{again}"
 
 
 def item_state(bdir: BatchDir, item_id: str, records: dict[str, Any],

@@ -273,6 +273,27 @@ class Job:
         from pid.jobs.submission import post
         post(self._store(), self.id, "follow_up", message)
 
+    def retry(self, **options: Any) -> Job:
+        """Run the ended job again as a new job (`pid retry`): the same task and options, on the same workspace
+        snapshot; returns the new job, queued. Options: out_dir, queue, api_key (the earlier job's key was
+        forgotten when it ended). PidError if this job has not ended."""
+        from pid.jobs import requeue
+        params = _params("retry", [self.id], options, api_name="Job.retry")
+        _, spec = requeue.retry(self.id, _rerun(params), _warn)
+        return Job(spec.id)
+
+    def continue_(self, message: str, **options: Any) -> Job:
+        """A new job that carries on this ended one's conversation with `message` (`pid continue`), on its snapshot
+        with its patch applied, so the new job's patch holds both jobs' changes; returns it, queued. Options:
+        model, base_url, api (who answers now), max_turns, timeout_s, max_cost (the earlier job's by default),
+        out_dir, queue, api_key. PidError if this job has not ended or left no transcript."""
+        from pid.jobs import requeue
+        if not isinstance(message, str):
+            raise PidError(f"the message must be text, not {type(message).__name__}")
+        params = _params("continue", [self.id, message], options, api_name="Job.continue_")
+        _, spec = requeue.continue_job(self.id, message, _rerun(params), _warn, model=params["model"])
+        return Job(spec.id)
+
     def pause(self) -> None:
         """Hold the job before its next model call (`pid pause`; a queued one holds once it starts). Its wall
         clock keeps running. PidError if it has ended."""
@@ -283,6 +304,12 @@ class Job:
         """Let a paused job go on (`pid resume`); PidError if it is not paused."""
         from pid.jobs.submission import set_paused
         set_paused(self._store(), self.id, False)
+
+
+def _rerun(params: dict[str, Any]) -> Any:
+    from pid.jobs.requeue import LIMITS, Rerun
+    return Rerun(params["out_dir"], params["queue"], params["api_key"], params.get("base_url"), params.get("api"),
+                 {name: params[name] for name in LIMITS if name in params})
 
 
 class _Items:
@@ -348,19 +375,25 @@ def _parse(command_name: str, task: Any, repo: Any, options: dict[str, Any],
     defaults, environment variables and checks; returns the values the command's function would get (`task`: its
     argument). A refusal is PidError with the CLI's one line; so is an unusable PID_HOME, which stops every command
     first."""
-    import click
-
-    from pid.config import HomeUnusable, ensure_pid_home
-    from pid.terminal import one_line
     if not isinstance(task, str):
         raise PidError(f"the task must be text, not {type(task).__name__}")
     if repo is not None and not isinstance(repo, (str, os.PathLike)):
         raise PidError(f"repo must be a path or a URL, not {type(repo).__name__}")
-    command = _command(command_name)
     given = options if repo is None else {"repo": os.fspath(repo), **options}
-    args = _args(command, api_name or command_name, given, cli_only)
+    return _params(command_name, [task], given, cli_only, api_name)
+
+
+def _params(command_name: str, arguments: list[str], options: dict[str, Any], cli_only: set[str] = _CLI_ONLY,
+            api_name: str | None = None) -> dict[str, Any]:
+    """The command's parameters for these arguments and keyword options, parsed and checked as `pid` parses them."""
+    import click
+
+    from pid.config import HomeUnusable, ensure_pid_home
+    from pid.terminal import one_line
+    command = _command(command_name)
+    args = _args(command, api_name or command_name, options, cli_only)
     try:
-        ctx = command.make_context(f"pid {command_name}", [*args, "--", task])
+        ctx = command.make_context(f"pid {command_name}", [*args, "--", *arguments])
     except click.ClickException as exc:
         raise PidError(one_line(exc.format_message())) from None
     try:
@@ -375,6 +408,10 @@ def _command(name: str) -> Any:
     import click
 
     from pid.cli.main import cli
+    if name in ("continue", "retry"):   # (pid.cli.rerun's, which `pid` registers when they are named)
+        from pid.cli import main
+        from pid.cli.rerun import register
+        register(cli, main)
     command = cli.get_command(click.Context(cli), name)
     assert command is not None
     return command

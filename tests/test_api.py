@@ -137,6 +137,42 @@ def test_a_submitted_job_is_followed_to_its_end(api_env, worker, sample_repo, tm
 
 @pytest.mark.docker
 @pytest.mark.cli
+def test_an_ended_job_is_continued_and_retried_as_new_jobs(api_env, worker, sample_repo, tmp_path):
+    """Job.continue_() and Job.retry(), as `pid continue` and `pid retry`: new jobs from the store, checked alike."""
+    def append(line: str) -> list[dict]:
+        return [{"tool_calls": [{"name": "bash", "arguments": {"command": f"echo {line} >> hello.py"}}]},
+                {"text": "done"}]
+    with ScriptedLLM(append("one")) as llm:
+        job = pid.submit("append one", repo=sample_repo, model="scripted", base_url=llm.base_url,
+                         out_dir=str(tmp_path / "out"))
+        with pytest.raises(pid.PidError, match=f"^job {job.id} is (queued|running): only a job that has ended can "
+                                               "be retried"):
+            job.retry()
+        assert job.wait(timeout=120)["status"] == "completed"
+        with pytest.raises(pid.PidError, match="^the message is empty$"):
+            job.continue_("  ")
+        with pytest.raises(pid.PidError, match="^Invalid value for '--max-turns'"):
+            job.continue_("more", max_turns=0)
+        with pytest.raises(pid.PidError, match=r"^pid.Job.retry\(\) takes no option 'model' \(it takes api_key, "
+                                               r"out_dir, queue\)$"):
+            job.retry(model="other")
+        llm.add(*append("two"))
+        then = job.continue_("now append two", max_turns=5)
+        assert then != job and then.wait(timeout=120)["status"] == "completed"
+        both = then.patch()
+        assert both is not None and "+one" in both and "+two" in both, both   # the new patch holds both changes
+        assert "now append two" in json.dumps(llm.requests[-2]) and "append one" in json.dumps(llm.requests[-2])
+        llm.add(*append("three"))
+        again = job.retry(out_dir=str(tmp_path / "again"))
+        assert again.wait(timeout=120)["status"] == "completed"
+        patch = again.patch()
+        assert patch is not None and "+three" in patch and "+one" not in patch, patch   # the first job's snapshot
+        assert (tmp_path / "again").is_dir()
+    assert len(llm.requests) == 6
+
+
+@pytest.mark.docker
+@pytest.mark.cli
 def test_steer_pause_resume_then_cancel_a_running_job(api_env, worker, sample_repo, tmp_path):
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": gated("true")}}]},
               {"tool_calls": [{"name": "bash", "arguments": {"command": "touch /tmp/.pid-test-reached; sleep 100"}}]},
@@ -289,8 +325,10 @@ def test_a_job_goes_to_another_process_by_its_id(api_env, tmp_path):
 def test_a_bad_batch_option_is_refused_before_anything_runs(api_env, tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "a", "task": "t", "workdir": "/testbed"}\n')
-    with pytest.raises(pid.PidError, match="^Invalid value for '--max-running'"):
+    with pytest.raises(pid.PidError, match=r"^Invalid value for '--max-running': 0 is out of range \(at least 1\)$"):
         pid.batch(tasks, tmp_path / "out", model="m", max_running=0)
+    with pytest.raises(pid.PidError, match=r"^Invalid value for '--workers': -1 is out of range \(1 to 256\)$"):
+        pid.batch(tasks, tmp_path / "out", model="m", workers=-1)   # (in the words every other option uses)
     with pytest.raises(pid.PidError, match="takes no option 'detach'") as refused:
         pid.batch(tasks, tmp_path / "out", model="m", detach=True)
     assert "out_dir" not in str(refused.value)   # (the options it lists are the ones it takes)

@@ -4,6 +4,7 @@ follow to its end (`--status DIR`, the resume line after Ctrl-C)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -66,15 +67,17 @@ def test_the_resume_line_never_shows_the_api_key():
 
 
 def test_continue_and_retry_of_a_batch_item_default_their_out_to_pid_runs_not_the_batchs_scratch(tmp_path, monkeypatch):
-    import pid.cli.main
-    from pid.cli.rerun import _out_dir, register
-    register(pid.cli.main.cli, pid.cli.main)   # (as `pid continue` does, when the command is named)
+    from pid.jobs.requeue import out_dir as _out_dir
     batch = BatchDir.create(str(tmp_path / "b"), {})
     monkeypatch.chdir(tmp_path)
     assert _out_dir(None, batch.jobs_dir) == str(tmp_path / "pid-runs")
     assert _out_dir(None, batch.jobs_dir + "/") == str(tmp_path / "pid-runs")
     (tmp_path / "mine").mkdir()
     assert _out_dir(None, str(tmp_path / "mine")) == str(tmp_path / "mine")   # any other: the earlier job's
+    (tmp_path / "mine").chmod(0o500)   # (one this machine cannot write: submit's default; root writes anywhere)
+    if not os.access(tmp_path / "mine", os.W_OK):
+        assert _out_dir(None, str(tmp_path / "mine")) == str(tmp_path / "pid-runs")
+    assert _out_dir(None, str(tmp_path / "no" / "such")) == str(tmp_path / "pid-runs")
 
 
 @pytest.mark.cli
@@ -133,3 +136,16 @@ def test_ctrl_c_on_wait_dir_names_the_command_that_resubmits_the_cancelled_items
     assert proc.returncode == 130, stderr
     assert f"resume with: pid batch {tasks} --out {out} and the options that submitted it" in stderr, stderr
     assert json.loads(run_pid("batch", "--status", str(out), "--json").stdout)["counts"] == {"cancelled": 1}
+
+
+def test_a_rerun_with_nothing_to_do_tells_a_failed_check_apart_from_a_failed_job():
+    from pid.jobs.batch_run import nothing_to_do
+    done = {"status": "completed", "exit_code": 0}
+    check_failed = {"status": "completed", "exit_code": 4}   # (the agent completed; the check failed the patch)
+    limit = {"status": "limit", "exit_code": 3}
+    assert nothing_to_do([done, done]) == "nothing to do: skipped 2 completed"
+    assert nothing_to_do([done, check_failed, limit, limit]) == (
+        "nothing to do: skipped 1 completed, 1 completed whose check failed, 2 failed or hit a limit "
+        "(--retry-failed runs them again)")
+    assert nothing_to_do([check_failed]) == (
+        "nothing to do: skipped 0 completed, 1 completed whose check failed (--retry-failed runs them again)")

@@ -15,15 +15,13 @@ def no_user_files(tmp_path, monkeypatch):
 def test_continue_and_retry_accept_max_cost_with_the_model_tables_prices():
     """`submit --max-cost` takes the model table's prices; `pid retry` / `pid continue` of that job must too (they
     used to refuse every such job: its spec has max_cost and no explicit price)."""
-    import pid.cli.main
-    from pid.cli.main import BadInput
-    from pid.cli.rerun import check_prices, register
-    register(pid.cli.main.cli, pid.cli.main)   # (as `pid continue` does, when the command is named)
+    from pid.errors import PidError
+    from pid.jobs.requeue import check_prices
     from pid.jobs.spec import JobSpec
     check_prices(JobSpec(task="t", repo="/r", model="gpt-4o", max_cost=1.0))            # the table prices it
     check_prices(JobSpec(task="t", repo="/r", model="house-model", max_cost=1.0, input_price=2.0))
     check_prices(JobSpec(task="t", repo="/r", model="house-model"))                     # no --max-cost
-    with pytest.raises(BadInput, match="--max-cost needs the model's prices"):
+    with pytest.raises(PidError, match="--max-cost needs the model's prices"):
         check_prices(JobSpec(task="t", repo="/r", model="house-model", max_cost=1.0))
 
 
