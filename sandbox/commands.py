@@ -37,6 +37,9 @@ KEEP_OUTPUT = 64 << 20     # a command's kept output file holds at most about it
 TRIM_EVERY_S = 1.0         # ...checked this often while it runs
 SETTLE_AT = 8              # finished outputs are removed this many at a time, or once TRIM_EVERY_S has passed
 HOUSEKEEPING_TIMEOUT_S = 5.0
+ALIVE_EVERY_S = 5.0        # how often a long command's wait asks the engine whether its container still runs (under
+                           # gVisor a removed container's exec stream stays open: nothing else would say so until
+                           # the command's timeout)
 DISK_FULL_BELOW = 1 << 20  # the job's disk counts as full, for the model's notice, with less than this left
 
 
@@ -193,6 +196,7 @@ class Commands:
             self.outputs.housekeeping()   # (the command runs meanwhile)
             next_poll = started + OUTPUT_POLL_S
             next_trim = started + TRIM_EVERY_S
+            next_alive = started + ALIVE_EVERY_S
             polled = cut = 0
             stop: str | None = None
             while True:
@@ -207,7 +211,11 @@ class Commands:
                     cut = self._trim_output(out_path, cut)
                     self.outputs.housekeeping()
                     next_trim = time.monotonic() + TRIM_EVERY_S
-                wake = min(deadline, next_trim)
+                if now >= next_alive:
+                    if not self.container.is_alive():
+                        raise SandboxLost("the sandbox container is gone (the engine no longer runs it)")
+                    next_alive = time.monotonic() + ALIVE_EVERY_S
+                wake = min(deadline, next_trim, next_alive)
                 if cancel is not None:
                     wake = min(wake, now + CANCEL_POLL_S)
                 if on_output is not None:
@@ -225,7 +233,8 @@ class Commands:
                     reply = self._end_unkilled(channel, started_pgid, collect)
             pgid = None
         except BaseException as exc:
-            if pgid is not None:   # interrupted while the command runs: it must not outlive us
+            if pgid is not None and not isinstance(exc, SandboxLost):   # interrupted while it runs: it must
+                # not outlive us (a container that is gone has nothing left to kill, nor a channel that answers)
                 try:
                     self.processes.kill_group(pgid)
                 except Exception:
