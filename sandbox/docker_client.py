@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Callable, ParamSpec, TypeVar
 
 import docker
@@ -11,10 +12,22 @@ import requests.exceptions
 from .errors import DockerUnavailable, ImageNotFound, SandboxError
 
 
+_api_versions: dict[str, str] = {}   # the engine's API version by DOCKER_HOST, negotiated once per process
+
+
 def connect(client: docker.DockerClient | None = None) -> docker.DockerClient:
-    """The given client, or one from the environment; DockerUnavailable when the engine does not answer."""
+    """The given client, or one from the environment; DockerUnavailable when the engine does not answer. The API
+    version is negotiated with the first client of each engine, not with every client (one per sandbox): to answer
+    /version the engine runs `runc --version` and `docker-init --version` (~14 ms of its time, while a burst of jobs
+    waits on it), where a ping costs it ~1 ms."""
     try:
-        client = client or docker.from_env()
+        if client is None:
+            host = os.environ.get("DOCKER_HOST", "")
+            known = _api_versions.get(host)
+            client = docker.from_env(version=known or "auto")
+            if known is None:   # (negotiated: the engine answered)
+                _api_versions[host] = str(client.api.api_version)
+                return client
         client.ping()
     except docker.errors.DockerException as exc:
         raise DockerUnavailable(str(exc)) from exc
@@ -25,7 +38,7 @@ def connect(client: docker.DockerClient | None = None) -> docker.DockerClient:
 
 def ensure_image(image: str, client: docker.DockerClient | None = None) -> dict[str, Any]:
     """The image's inspect (its id, ENV, layers); ImageNotFound unless it is present locally (pid never pulls)."""
-    client = connect(client)
+    client = client or connect()   # (a client given was connected moments ago: the request below says if it is not)
     try:
         return dict(client.images.get(image).attrs)
     except docker.errors.ImageNotFound as exc:
@@ -33,6 +46,8 @@ def ensure_image(image: str, client: docker.DockerClient | None = None) -> dict[
     except docker.errors.APIError as exc:
         if exc.status_code == 404:
             raise ImageNotFound(image) from exc
+        raise DockerUnavailable(str(exc)) from exc
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise DockerUnavailable(str(exc)) from exc
 
 

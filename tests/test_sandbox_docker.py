@@ -943,6 +943,28 @@ def test_image_not_found_message(client):
     assert "pid-no-such-image:never" in str(info.value) and "build-offline.sh" in str(info.value)
 
 
+def test_the_api_version_is_negotiated_once_per_engine_not_once_per_sandbox(monkeypatch):
+    """The engine runs runc and docker-init to answer /version: a worker asks it once, then pings."""
+    import requests
+    from pid.sandbox import docker_client
+    paths: list[str] = []
+    send = requests.Session.send
+
+    def counted(self, request, **kwargs):
+        paths.append(request.path_url)
+        return send(self, request, **kwargs)
+    monkeypatch.setattr(requests.Session, "send", counted)
+    monkeypatch.setattr(docker_client, "_api_versions", {})
+    clients = [docker_client.connect() for _ in range(3)]
+    try:
+        assert sum(path.endswith("/version") for path in paths) == 1, paths
+        assert len({c.api.api_version for c in clients}) == 1 and clients[0].api.api_version
+        assert sum(path.endswith("/_ping") for path in paths) == 2, paths   # (the later ones: the engine answers)
+    finally:
+        for c in clients:
+            c.close()
+
+
 # -- workspace ------------------------------------------------------------------------------------------------
 def git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
