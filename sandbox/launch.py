@@ -50,6 +50,15 @@ RESERVE_MAX = 64 << 20
 # job's disk: the host pays for what is written.
 PID_DISK = 1 << 30
 PID_DISK_DIRS = {"out": 0o711, "run": 0o700, "patch": 0o700}   # each bound at /.pid/<name>
+# No network (--network none): the engine's own "none" costs a container start about as much as all the rest (its
+# network library prepares the empty namespace, running dockerd again as a hook): with pid's disk there, the engine
+# is told the container has no network at all, and runc makes the empty namespace itself (its loopback up), twice as
+# fast here. /etc/hosts, which the engine writes only for a network of its own, is then pid's: the engine's words
+# for no network, on the job's disk: the job's own file, as the engine's is (a root agent may write it, and fills
+# its own disk if it writes on).
+ETC_HOSTS = ("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\n"
+             "ff00::0\tip6-mcastprefix\nff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n")
+HOSTS_FILE = "hosts"   # at the root of the job's disk
 
 # pid's in-container machinery runs as root with only these capabilities; the agent (another uid) gets none:
 #   SETUID, SETGID  setpriv drops each agent command to the agent's uid and gid
@@ -325,6 +334,11 @@ def _storage(box: Container, inspected: dict[str, Any]) -> dict[str, Any]:
         own.insert(0, (config.workdir, "workspace"))
     mounts = [Mount(target, disk.path(name), type="bind") for target, name in own]
     mounts += [Mount(f"{PID_DIR}/{sub}", pid_disk.path(sub), type="bind") for sub in PID_DISK_DIRS]
+    if config.network == "none":
+        try:
+            mounts.append(Mount("/etc/hosts", _hosts_file(disk), type="bind"))
+        except OSError as exc:
+            raise SandboxError(f"cannot write the container's /etc/hosts on the job's disk: {exc}") from exc
     if config.writable_image:
         try:
             _reserve(disk, config.disk)
@@ -337,6 +351,16 @@ def _storage(box: Container, inspected: dict[str, Any]) -> dict[str, Any]:
         mounts += [Mount(tree.target, tree.source, type="bind", read_only=tree.read_only)
                    for tree in box.image_fs.mounts()]
     return {"read_only": True, "mounts": mounts}
+
+
+def _hosts_file(disk: JobDisk) -> str:
+    """The container's /etc/hosts, on the job's disk (see ETC_HOSTS)."""
+    path = disk.path(HOSTS_FILE)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(ETC_HOSTS)
+    os.chmod(path, 0o644)   # (whatever the umask)
+    return path
 
 
 def _create(box: Container, command: list[str], now: datetime, ttl: int, options: dict[str, Any]) -> str:
@@ -362,6 +386,7 @@ def _create(box: Container, command: list[str], now: datetime, ttl: int, options
             mem_limit=config.memory, memswap_limit=config.memory,
             nano_cpus=int(config.cpus * 1e9), pids_limit=host_tasks,
             network_mode=config.network,
+            network_disabled=box.disk is not None and config.network == "none",   # (see ETC_HOSTS)
             security_opt=SECURITY_OPT,   # (no-new-privileges, and pid's seccomp profile: seccomp.py)
             cap_drop=["ALL"], cap_add=caps,
             ulimits=ulimits,

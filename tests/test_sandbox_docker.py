@@ -877,7 +877,9 @@ def test_limits_and_labels(client, sb):
     assert host["CapDrop"] == ["ALL"] and "NET_RAW" not in host["CapAdd"] and "DAC_OVERRIDE" not in host["CapAdd"]
     assert host["ReadonlyRootfs"] is True      # all writes go to the job's disk, or pid's own (its /.pid/*)
     assert sorted(m["Destination"] for m in attrs["Mounts"]) == ["/.pid", "/.pid/out", "/.pid/patch", "/.pid/run",
-                                                                   "/home/agent", "/tmp", "/var/tmp", "/workspace"]
+                                                                   "/etc/hosts", "/home/agent", "/tmp", "/var/tmp",
+                                                                   "/workspace"]
+    assert attrs["Config"].get("NetworkDisabled") is True   # no network library's namespace: launch.ETC_HOSTS
     nofile = [u for u in host["Ulimits"] if u["Name"] == "nofile"][0]
     assert 512 * nofile["Hard"] * 8 <= int(Path("/proc/sys/fs/file-max").read_text())
     labels = attrs["Config"]["Labels"]

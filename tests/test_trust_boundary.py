@@ -650,6 +650,28 @@ I386_VSOCK = bytes.fromhex("6a00" "6a01" "6a28" "89e1" "bb01000000" "b866000000"
                            "f7d8" "89c3" "b801000000" "cd80")
 
 
+NETWORK_PROBE = r"""
+import errno, socket
+print(sorted(name for _, name in socket.if_nameindex()), socket.gethostbyname("localhost"))
+server = socket.socket(); server.bind(("127.0.0.1", 0)); server.listen()
+socket.create_connection(server.getsockname()).sendall(b"x"); print("loopback", server.accept()[0].recv(1))
+for host in ("1.1.1.1", "172.17.0.1"):   # (the internet; the engine's default bridge, the host's side of it)
+    try:
+        socket.create_connection((host, 53), timeout=3); print("reached", host)
+    except OSError as exc:
+        print(host, errno.errorcode.get(exc.errno, exc))
+"""
+
+
+def test_no_network_is_a_loopback_alone_and_localhost_resolves(box):
+    """--network none (the default): the agent's tests may serve and connect on localhost; nothing else is there.
+    (Made by the runtime, not the engine's network library: see launch.ETC_HOSTS.)"""
+    box.write_file("/tmp/net_probe.py", NETWORK_PROBE.encode())
+    lines = box.exec("python3 /tmp/net_probe.py", timeout=30).tail.decode().splitlines()
+    assert lines[:2] == ["['lo'] 127.0.0.1", "loopback b'x'"], lines
+    assert [line.split()[1] for line in lines[2:]] in (["ENETUNREACH"] * 2, ["EHOSTUNREACH"] * 2), lines   # (gVisor)
+
+
 def test_the_sandbox_makes_no_socket_of_a_family_it_does_not_need(box):
     """`--network none` left AF_VSOCK open: a socket to the hypervisor was made and a connect to the host answered.
     pid's seccomp profile lets a socket be only AF_UNIX, AF_INET, AF_INET6 or AF_NETLINK (and a pair only AF_UNIX):
