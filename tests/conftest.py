@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -95,6 +96,12 @@ def signal_waiting_shells(signal_name: str) -> str:
     return ("sleep 0.3; n=0; for p in /proc/[0-9]*; do [ \"${p#/proc/}\" = $$ ] && continue; "
             f"case $(tr '\\0' ' ' 2>/dev/null <$p/cmdline) in *'{WAITING_SHELL_MARK}'*) "
             f"kill -{signal_name} ${{p#/proc/}} && n=$((n + 1)) ;; esac; done; echo signalled $n")
+
+
+def ctrl_c_default() -> None:
+    """preexec_fn of a process a test sends Ctrl-C: SIGINT has its default meaning there even when this run ignores
+    it (a run started in the background by a non-interactive shell: its children inherit SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def signalled(tail: bytes) -> int:

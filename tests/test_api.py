@@ -293,7 +293,11 @@ def test_a_keyboard_interrupt_in_pid_run_is_recorded_alike_in_result_json_and_th
     ending is the one result.json has (`interrupted`): the store said failed, error "KeyboardInterrupt: " (a new-user
     test's)."""
     import _thread
+    import signal
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}, {"text": "never"}]
+    # (Python's own Ctrl-C, as a program started from a terminal has it: a run started in the background by a
+    # non-interactive shell ignores SIGINT, and interrupt_main then does nothing)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     with ScriptedLLM(script) as llm:
         timer = threading.Timer(4.0, _thread.interrupt_main)
         timer.start()
@@ -303,6 +307,7 @@ def test_a_keyboard_interrupt_in_pid_run_is_recorded_alike_in_result_json_and_th
                         out_dir=str(tmp_path / "out"))
         finally:
             timer.cancel()
+            signal.signal(signal.SIGINT, previous)
     result = json.loads(next((tmp_path / "out").glob("*/result.json")).read_text())
     assert (result["status"], result["exit_reason"]) == ("cancelled", "interrupted"), result
     assert pid.job(result["id"]).status() == "cancelled"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.brokers import RedisServer, _skip_unless
-from tests.conftest import stop_worker
+from tests.conftest import ctrl_c_default, stop_worker
 from tests.scripted_llm import ScriptedLLM
 from tests.stderr_lines import StderrLines
 from tests.test_e2e_remote import start_hidden_worker
@@ -138,7 +138,8 @@ def test_workers_sharing_only_redis_run_a_batch_exactly_once_through_a_redis_res
                                       str(client / "out"), "--disk", "0"], cwd=client,
                                      env={**client_env, "PID_NO_WORKER_NOTICE_S": "8"},   # > ALIVE_WITHIN_S:
                                      # by then the killed worker, whose process this host cannot see, is silent
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=ctrl_c_default)
             alone_lines = StderrLines(alone)
             alone_lines.wait_for("no worker is consuming queue 'pid'")
             alone.send_signal(signal.SIGINT)

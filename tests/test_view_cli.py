@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, ctrl_c_default
 from tests.view_fixtures import HOSTILE_CALL_IDS, hostile_result, hostile_session, simple_session, write_batch, \
     write_job
 from pid.jobs.spec import JobSpec
@@ -192,7 +192,7 @@ def watch(job_id: str, page: Path, cwd: Path, env: dict[str, str]) -> subprocess
     """`pid view JOB --watch -o PAGE`, running, its output piped."""
     return subprocess.Popen([sys.executable, "-m", "pid.cli.main", "view", job_id, "--watch", "-o", str(page)],
                             cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, preexec_fn=ctrl_c_default)
 
 
 def test_watch_rewrites_a_running_jobs_page_until_it_ends(store, tmp_path, env):
