@@ -417,8 +417,9 @@ def nothing_to_do(rows: list[dict[str, Any] | None]) -> str:
     completed = sum(1 for row in ended if row.get("exit_code") == 0)
     check_failed = sum(1 for row in ended if row.get("exit_code") != 0 and row.get("status") == "completed")
     others = len(rows) - completed - check_failed
-    skipped = [f"{completed} completed", *([f"{check_failed} completed whose check failed"] if check_failed else []),
-               *([f"{others} failed or hit a limit"] if others else [])]
+    skipped = [f"{count} {what}" for count, what in ((completed, "completed"),
+                                                      (check_failed, "completed whose check failed"),
+                                                      (others, "failed or hit a limit")) if count] or ["0 items"]
     again = " (--retry-failed runs them again)" if check_failed or others else ""
     return f"nothing to do: skipped {', '.join(skipped)}{again}"
 

@@ -40,8 +40,10 @@
 #    descriptors, so bytes left in it by a read of a file (or a timed-out read of a FIFO) would be taken as the next
 #    request. Files are therefore read by count (`read -N` in slurp, `read -d '' -n` in say_head: unbuffered, never
 #    past what is asked for); a timed-out read is followed by emptying that buffer (drain). Bytes, not characters (C).
-#  - Nothing the agent starts may make this server hang: a full process table is detected before a fork (B), a
-#    tracer that holds a slot shell is killed (untrace), and a command the host stopped sending never runs.
+#  - Nothing the agent starts may make this server hang: a full process table is detected before a command's fork
+#    (B), a tracer that holds a slot shell is killed (untrace), and a command the host stopped sending never runs.
+#    Replies copied through head (c, t, an output with NUL bytes) fork: with the table full one may come short, and
+#    the host, which counts every reply, drops that channel.
 pid_opath=${PID_IMAGE_PATH:-/usr/local/bin:/usr/bin:/bin}   # the image's PATH, for the agent's commands alone
 unset PID_IMAGE_PATH
 PATH=/usr/sbin:/usr/bin:/sbin:/bin   # pid's: root-owned system directories only

@@ -37,10 +37,34 @@ KEEP_OUTPUT = 64 << 20     # a command's kept output file holds at most about it
 TRIM_EVERY_S = 1.0         # ...checked this often while it runs
 SETTLE_AT = 8              # finished outputs are removed this many at a time, or once TRIM_EVERY_S has passed
 HOUSEKEEPING_TIMEOUT_S = 5.0
-ALIVE_EVERY_S = 5.0        # how often a long command's wait asks the engine whether its container still runs (under
-                           # gVisor a removed container's exec stream stays open: nothing else would say so until
-                           # the command's timeout)
+ALIVE_EVERY_S = 5.0        # how often a long command's wait asks whether its container still runs (see Liveness)
 DISK_FULL_BELOW = 1 << 20  # the job's disk counts as full, for the model's notice, with less than this left
+
+
+class Liveness:
+    """Whether the container still runs, for a runtime with a kernel of its own: under gVisor a removed container's
+    exec streams can stay open, and nothing else would say so before the command's timeout (runc's end at once). The
+    engine is asked every ALIVE_EVERY_S from a thread of its own, so that an engine slow to answer (one removing a
+    sandbox can be held for minutes) never holds up the wait, its cancel or its deadline."""
+
+    def __init__(self, container: Container, started: float) -> None:
+        self.container = container
+        self.next = started + ALIVE_EVERY_S
+        self.gone = False
+        self._asking: threading.Thread | None = None
+
+    def check(self, now: float) -> bool:
+        """True once the engine said the container no longer runs."""
+        if not self.gone and now >= self.next:
+            self.next = now + ALIVE_EVERY_S
+            if self._asking is None or not self._asking.is_alive():   # (else the last question is still out)
+                self._asking = threading.Thread(target=self._ask, name="pid-sandbox-alive", daemon=True)
+                self._asking.start()
+        return self.gone
+
+    def _ask(self) -> None:
+        if not self.container.is_alive():
+            self.gone = True
 
 
 class OutputFiles:
@@ -196,7 +220,7 @@ class Commands:
             self.outputs.housekeeping()   # (the command runs meanwhile)
             next_poll = started + OUTPUT_POLL_S
             next_trim = started + TRIM_EVERY_S
-            next_alive = started + ALIVE_EVERY_S
+            liveness = Liveness(self.container, started) if self.container.own_kernel else None
             polled = cut = 0
             stop: str | None = None
             while True:
@@ -211,11 +235,9 @@ class Commands:
                     cut = self._trim_output(out_path, cut)
                     self.outputs.housekeeping()
                     next_trim = time.monotonic() + TRIM_EVERY_S
-                if now >= next_alive:
-                    if not self.container.is_alive():
-                        raise SandboxLost("the sandbox container is gone (the engine no longer runs it)")
-                    next_alive = time.monotonic() + ALIVE_EVERY_S
-                wake = min(deadline, next_trim, next_alive)
+                if liveness is not None and liveness.check(now):
+                    raise SandboxLost("the sandbox container is gone (the engine no longer runs it)")
+                wake = min(deadline, next_trim, liveness.next if liveness is not None else deadline)
                 if cancel is not None:
                     wake = min(wake, now + CANCEL_POLL_S)
                 if on_output is not None:

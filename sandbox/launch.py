@@ -54,8 +54,8 @@ PID_DISK_DIRS = {"out": 0o711, "run": 0o700, "patch": 0o700}   # each bound at /
 # network library prepares the empty namespace, running dockerd again as a hook): with pid's disk there, the engine
 # is told the container has no network at all, and runc makes the empty namespace itself (its loopback up), twice as
 # fast here. /etc/hosts, which the engine writes only for a network of its own, is then pid's: the engine's words
-# for no network, on the job's disk: the job's own file, as the engine's is (a root agent may write it, and fills
-# its own disk if it writes on).
+# for no network, in a file of the job's own on the job's disk, read-only in the container (as the engine's is with
+# a read-only root).
 ETC_HOSTS = ("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\n"
              "ff00::0\tip6-mcastprefix\nff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n")
 HOSTS_FILE = "hosts"   # at the root of the job's disk
@@ -336,7 +336,7 @@ def _storage(box: Container, inspected: dict[str, Any]) -> dict[str, Any]:
     mounts += [Mount(f"{PID_DIR}/{sub}", pid_disk.path(sub), type="bind") for sub in PID_DISK_DIRS]
     if config.network == "none":
         try:
-            mounts.append(Mount("/etc/hosts", _hosts_file(disk), type="bind"))
+            mounts.append(Mount("/etc/hosts", _hosts_file(disk), type="bind", read_only=True))
         except OSError as exc:
             raise SandboxError(f"cannot write the container's /etc/hosts on the job's disk: {exc}") from exc
     if config.writable_image:
@@ -358,8 +358,8 @@ def _hosts_file(disk: JobDisk) -> str:
     path = disk.path(HOSTS_FILE)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o644)   # (whatever the umask)
         f.write(ETC_HOSTS)
-    os.chmod(path, 0o644)   # (whatever the umask)
     return path
 
 

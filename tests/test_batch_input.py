@@ -148,4 +148,4 @@ def test_a_rerun_with_nothing_to_do_tells_a_failed_check_apart_from_a_failed_job
         "nothing to do: skipped 1 completed, 1 completed whose check failed, 2 failed or hit a limit "
         "(--retry-failed runs them again)")
     assert nothing_to_do([check_failed]) == (
-        "nothing to do: skipped 0 completed, 1 completed whose check failed (--retry-failed runs them again)")
+        "nothing to do: skipped 1 completed whose check failed (--retry-failed runs them again)")

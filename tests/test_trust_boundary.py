@@ -110,10 +110,12 @@ def test_a_root_agent_flooding_the_channel_costs_the_host_no_memory(root_box):
 
 
 def test_a_root_agent_cannot_plant_the_tools_pid_runs(root_box):
-    """The image's filesystem is read-only: not even a root agent can replace tail, git or sh."""
+    """The image's filesystem is read-only: not even a root agent can replace tail, git or sh, nor what `localhost`
+    names (the engine's /etc/hosts is read-only with a read-only root; pid's own is too: launch.ETC_HOSTS)."""
     result = root_box.exec("printf '#!/bin/sh\\nhead -c 1G /dev/zero\\n' > /usr/local/bin/tail; echo rc=$?; "
-                           "cp /bin/true /usr/bin/git; echo rc=$?", timeout=10)
-    assert result.tail.count(b"Read-only file system") == 2 and result.tail.count(b"rc=1") == 2, result.tail
+                           "cp /bin/true /usr/bin/git; echo rc=$?; echo '10.0.0.1 localhost' >> /etc/hosts; echo rc=$?",
+                           timeout=10)
+    assert result.tail.count(b"Read-only file system") == 3 and result.tail.count(b"rc=1") == 3, result.tail
     before = rss_mb()
     big = root_box.exec("seq 1 300000", timeout=60,
                         output=OutputPolicy(tail_bytes=1000))   # counted and tailed by pid's own tools
