@@ -70,7 +70,7 @@ def requeue(make: Callable[[Any], JobSpec], given: Rerun, warn: Callable[[str], 
         if value is not None:
             setattr(spec, name, value)
     check_prices(spec)
-    spec.out_dir = out_dir(given.out_dir, spec.out_dir)
+    spec.out_dir = out_dir(given.out_dir, spec.out_dir, warn)
     if given.queue:
         spec.queue = given.queue
     api_key = _key_for(spec, given, warn)
@@ -119,9 +119,10 @@ def check_prices(spec: JobSpec) -> None:
                        "them")
 
 
-def out_dir(given: str | None, earlier: str) -> str:
+def out_dir(given: str | None, earlier: str, warn: Callable[[str], None]) -> str:
     """The directory given (checked), else the earlier job's when this machine can write there (a batch item's: not
-    the batch's scratch directory), else submit's default."""
+    the batch's scratch directory), else submit's default (and `warn` says why, when the earlier one was not a
+    batch's)."""
     if given is not None:
         return submission.check_out_dir(given)
     default = os.path.join(os.getcwd(), str(spec_field("out_dir").default))
@@ -131,5 +132,7 @@ def out_dir(given: str | None, earlier: str) -> str:
         return submission.check_out_dir(default)   # the batch's scratch, which it empties as it downloads each item
     try:
         return submission.check_out_dir(earlier)
-    except PidError:
+    except PidError as exc:
+        warn(f"the earlier job's artifacts directory is of no use here ({exc.args[0].removeprefix('--out ')}): "
+             f"this job's go to {default}")
         return submission.check_out_dir(default)

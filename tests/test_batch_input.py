@@ -4,7 +4,6 @@ follow to its end (`--status DIR`, the resume line after Ctrl-C)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -67,17 +66,21 @@ def test_the_resume_line_never_shows_the_api_key():
 
 
 def test_continue_and_retry_of_a_batch_item_default_their_out_to_pid_runs_not_the_batchs_scratch(tmp_path, monkeypatch):
-    from pid.jobs.requeue import out_dir as _out_dir
+    from pid.jobs.requeue import out_dir
+    said: list[str] = []
+
+    def _out_dir(given, earlier):
+        return out_dir(given, earlier, said.append)
     batch = BatchDir.create(str(tmp_path / "b"), {})
     monkeypatch.chdir(tmp_path)
     assert _out_dir(None, batch.jobs_dir) == str(tmp_path / "pid-runs")
     assert _out_dir(None, batch.jobs_dir + "/") == str(tmp_path / "pid-runs")
     (tmp_path / "mine").mkdir()
     assert _out_dir(None, str(tmp_path / "mine")) == str(tmp_path / "mine")   # any other: the earlier job's
-    (tmp_path / "mine").chmod(0o500)   # (one this machine cannot write: submit's default; root writes anywhere)
-    if not os.access(tmp_path / "mine", os.W_OK):
-        assert _out_dir(None, str(tmp_path / "mine")) == str(tmp_path / "pid-runs")
+    assert said == []   # (a batch's scratch is never an item's artifacts directory: nothing to say)
     assert _out_dir(None, str(tmp_path / "no" / "such")) == str(tmp_path / "pid-runs")
+    assert said[-1] == (f"the earlier job's artifacts directory is of no use here ({tmp_path / 'no' / 'such'}: its "
+                        f"parent directory {tmp_path / 'no'} does not exist): this job's go to {tmp_path / 'pid-runs'}")
 
 
 @pytest.mark.cli
