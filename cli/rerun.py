@@ -85,8 +85,8 @@ def continue_job(job_id: str, message: str, model: str | None, base_url: str | N
                  **limits: Any) -> None:
     """Continue an ended job as a new job: its conversation, then MESSAGE; on its snapshot with its patch applied,
     so the new job's patch holds both jobs' changes. Prints the new job's id."""
-    given = Rerun(out_dir, queue, api_key, base_url, api, limits)
-    store, spec = requeue.continue_job(job_id, message, given, _note, model=model)
+    given = Rerun(out_dir, queue, api_key, model, base_url, api, limits)
+    store, spec = requeue.continue_job(job_id, message, given, _note)
     _main.queued(store, spec, wait, as_json)
 
 

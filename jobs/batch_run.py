@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
 
-from pid.endings import ending_words
+from pid.endings import EXIT_CHECK_FAILED, ending_words
 from pid.terminal import one_line
 from pid.jobs.outage import WaitingThrough
 from pid.jobs.batch import BatchDir, needs_run, release, row_for, summarize
@@ -415,7 +415,7 @@ def nothing_to_do(rows: list[dict[str, Any] | None]) -> str:
     """What a rerun with nothing to run says: how many items it skipped, and why."""
     ended = [row for row in rows if row is not None]
     completed = sum(1 for row in ended if row.get("exit_code") == 0)
-    check_failed = sum(1 for row in ended if row.get("exit_code") != 0 and row.get("status") == "completed")
+    check_failed = sum(1 for row in ended if row.get("exit_code") == EXIT_CHECK_FAILED)
     others = len(rows) - completed - check_failed
     skipped = [f"{count} {what}" for count, what in ((completed, "completed"),
                                                       (check_failed, "completed whose check failed"),

@@ -24,7 +24,8 @@ class Rerun:
     out_dir: str | None = None
     queue: str | None = None
     api_key: str | None = None
-    base_url: str | None = None   # continue's: the endpoint named here, which the key given with it is for
+    model: str | None = None      # continue's: who answers now (the endpoint named here is the one the key given
+    base_url: str | None = None   # with it is for)
     api: str | None = None
     limits: dict[str, Any] = field(default_factory=dict)
 
@@ -35,19 +36,18 @@ def retry(job_id: str, given: Rerun, warn: Callable[[str], None]) -> tuple[Any, 
     return requeue(lambda store: retry_spec(store, job_id), given, warn)
 
 
-def continue_job(job_id: str, message: str, given: Rerun, warn: Callable[[str], None],
-                 model: str | None = None) -> tuple[Any, JobSpec]:
+def continue_job(job_id: str, message: str, given: Rerun, warn: Callable[[str], None]) -> tuple[Any, JobSpec]:
     """Queue a new job that carries on the ended one's conversation with `message`, on its snapshot with its patch
-    applied (so the new patch holds both jobs' changes); `model`, given.base_url and given.api switch who answers."""
+    applied (so the new patch holds both jobs' changes); given.model, .base_url and .api switch who answers."""
     if not message.strip():
         raise PidError("the message is empty")
-    if model is not None and not model.strip():
+    if given.model is not None and not given.model.strip():
         raise PidError("--model is empty")
     from pid.jobs.continuation import continuation_spec, switch_model
 
     def make(store: Any) -> JobSpec:
         spec = continuation_spec(store, job_id, message)
-        switch_model(spec, model, given.base_url, given.api)
+        switch_model(spec, given.model, given.base_url, given.api)
         return spec
     return requeue(make, given, warn)
 
@@ -64,9 +64,7 @@ def requeue(make: Callable[[Any], JobSpec], given: Rerun, warn: Callable[[str], 
         spec = make(store)
     except Refused as exc:
         raise PidError(str(exc)) from None
-    for name, value in given.limits.items():
-        if name not in LIMITS:
-            raise PidError(f"a new job from an earlier one takes no limit {name!r} (only {', '.join(LIMITS)})")
+    for name, value in given.limits.items():   # (LIMITS: the command's and the API's only)
         if value is not None:
             setattr(spec, name, value)
     check_prices(spec)

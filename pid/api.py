@@ -291,7 +291,7 @@ class Job:
         if not isinstance(message, str):
             raise PidError(f"the message must be text, not {type(message).__name__}")
         params = _params("continue", [self.id, message], options, api_name="Job.continue_")
-        _, spec = requeue.continue_job(self.id, message, _rerun(params), _warn, model=params["model"])
+        _, spec = requeue.continue_job(self.id, message, _rerun(params), _warn)
         return Job(spec.id)
 
     def pause(self) -> None:
@@ -308,8 +308,8 @@ class Job:
 
 def _rerun(params: dict[str, Any]) -> Any:
     from pid.jobs.requeue import LIMITS, Rerun
-    return Rerun(params["out_dir"], params["queue"], params["api_key"], params.get("base_url"), params.get("api"),
-                 {name: params[name] for name in LIMITS if name in params})
+    return Rerun(params["out_dir"], params["queue"], params["api_key"], params.get("model"), params.get("base_url"),
+                 params.get("api"), {name: params[name] for name in LIMITS if name in params})
 
 
 class _Items:
