@@ -8,13 +8,14 @@ Its signal handlers only set flags and send signals: the work is done by the eve
 """
 from __future__ import annotations
 
-import faulthandler
 import logging
 import os
 import resource
 import signal
+import sys
 import threading
 import time
+import traceback
 from typing import Any, Callable
 
 from celery import bootsteps, signals
@@ -209,9 +210,26 @@ def raise_open_files_limit(concurrency: int) -> int:
 
 
 def dump_stacks_on_sigusr2() -> None:
-    """`kill -USR2` on a worker writes every thread's stack to its log: what a worker that
-    does not stop is waiting for."""
-    faulthandler.register(signal.SIGUSR2, file=2, all_threads=True, chain=False)   # fd 2: the log
+    """`kill -USR2` on a worker writes every thread's stack, by name, to its log: what a worker that does not stop
+    is waiting for. A Python handler, so under the GIL: a consistent snapshot. (faulthandler's dump reads the other
+    threads' frames without it, and could crash the very worker it was asked to look at as one of them ended.)"""
+    try:
+        signal.signal(signal.SIGUSR2, _write_stacks)
+    except ValueError:   # not the main thread: no dump
+        pass
+
+
+def _write_stacks(signum: int, frame: Any) -> None:
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    parts = [f"\nevery thread's stack in pid worker {os.getpid()} (kill -USR2), most recent call last:\n"]
+    for ident, top in sys._current_frames().items():
+        parts.append(f"\nthread {names.get(ident, '?')} ({ident:#x}):\n" + "".join(traceback.format_stack(top)))
+    data = "".join(parts).encode("utf-8", "replace")
+    try:
+        while data:   # fd 2 is the log (sys.stderr may be Celery's logging proxy)
+            data = data[os.write(2, data):]
+    except OSError:   # no log to write to: nothing to raise into whatever the main thread was doing
+        pass
 
 
 @signals.worker_ready.connect
