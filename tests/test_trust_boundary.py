@@ -148,8 +148,9 @@ def test_the_disk_limit_holds_inside_and_costs_the_host_at_most_that(tmp_path):
 def test_a_disk_out_of_inodes_leaves_the_agents_commands_running_and_its_errors_plain():
     """ext4 keeps blocks for root, not inodes: the agent can use up every inode of the job's disk. pid's own files
     (the commands' output, its pipes, an upload) are on pid's own disk: the agent's later commands still run and
-    report, and a write fails with ENOSPC."""
-    with new_box("test-trust-inodes", ttl_s=300, disk=64 << 20) as box:
+    report, and a write fails with ENOSPC. (A 16 MiB disk: 4,096 inodes to use up, not 16,384: a quarter of the
+    work, which gVisor makes slow.)"""
+    with new_box("test-trust-inodes", ttl_s=300, disk=16 << 20) as box:
         made = box.exec("cd /tmp && i=0; while { : >f$i; } 2>/dev/null; do i=$((i + 1)); done; echo $i", timeout=120)
         assert int(made.tail) > 1000, made.tail
         with pytest.raises(OSError) as full:
@@ -218,11 +219,13 @@ def test_pid_disk_out_of_inodes_gives_plain_errors_and_never_feeds_an_upload_to_
     of finished outputs from freeing any (hard links; here that removal is simply off). An upload whose file could
     then not be made used to stay on the server's input and be read as its requests (here `k 1`: kill every process
     of the container, as root). Now all of it is read and dropped, the write fails with ENOSPC, and a command whose
-    output file cannot be made says so (126)."""
+    output file cannot be made says so (126). (pid's disk of 16 MiB here, not 1 GiB: 4,096 inodes to use up, not
+    65,536.)"""
+    monkeypatch.setattr(launch, "PID_DISK", 16 << 20)
     with new_box("test-trust-pid-inodes", ttl_s=300, user="root", disk=64 << 20) as box:
         monkeypatch.setattr(box.commands.outputs.kept, "finished", lambda *args, **kwargs: None)
         box.exec("setsid sleep 4343 >/dev/null 2>&1 &", timeout=10)   # kill -9 -1 would end it
-        box.exec("cd /.pid/out && seq -f x%g 1 100000 | xargs touch", timeout=300)
+        box.exec("cd /.pid/out && seq -f x%g 1 20000 | xargs touch", timeout=300)
         with pytest.raises(OSError) as full:
             box.write_file("/workspace/upload.bin", b"k 1\n" * 20000)    # (over 32 KiB: stored by a process)
         assert "No space left" in str(full.value)
@@ -261,7 +264,7 @@ def test_an_agent_that_uses_up_every_inode_ends_as_it_ended_with_its_patch(run_p
               {"tool_calls": [{"name": "bash", "arguments": {"command": "touch /workspace/new.txt; echo rc=$?"}}]},
               {"text": "done"}]
     with ScriptedLLM(script) as llm:
-        res = run_pid("run", "t", "--repo", str(sample_repo), "--disk", "64m", *opts(llm, tmp_path / "out"))
+        res = run_pid("run", "t", "--repo", str(sample_repo), "--disk", "16m", *opts(llm, tmp_path / "out"))
     result = res.json()
     assert res.code == 0 and result["status"] == "completed", result
     made = tool_results(llm.requests[1])[0]
@@ -763,7 +766,7 @@ def test_frozen_servers_cannot_keep_a_job_past_its_wall_clock(run_pid, sample_re
               {"text": "never"}]
     with ScriptedLLM(script) as llm:
         started = time.monotonic()
-        res = run_pid("run", "freeze", "--repo", str(sample_repo), "--user", "root", "--timeout", "30",
+        res = run_pid("run", "freeze", "--repo", str(sample_repo), "--user", "root", "--timeout", "15",
                       *opts(llm, tmp_path / "out"), timeout=200)
         took = time.monotonic() - started
     result = res.json()
