@@ -765,11 +765,15 @@ def test_frozen_servers_cannot_keep_a_job_past_its_wall_clock(run_pid, sample_re
               {"tool_calls": [{"name": "write", "arguments": {"path": "stuck.txt", "content": "x" * 100000}}]},
               {"text": "never"}]
     with ScriptedLLM(script) as llm:
-        started = time.monotonic()
-        res = run_pid("run", "freeze", "--repo", str(sample_repo), "--user", "root", "--timeout", "15",
+        started, began = time.monotonic(), time.time()
+        res = run_pid("run", "freeze", "--repo", str(sample_repo), "--user", "root", "--timeout", "20",
                       *opts(llm, tmp_path / "out"), timeout=200)
         took = time.monotonic() - started
+        asked = list(llm.arrived)
     result = res.json()
+    assert len(asked) == 2, asked   # `sleep 3` never came back...
+    assert began + 20 - asked[1] > 4, "the wall clock came before the servers froze (a machine too slow)"   # ...held
+    # longer than it runs: the servers froze
     assert took < 90, took
     assert res.code == 3 and result["status"] == "limit" and result["exit_reason"] == "wall_clock", result
     assert (tmp_path / "out" / result["id"] / "result.json").exists()

@@ -68,17 +68,34 @@ def test_a_redis_broker_without_its_client_is_a_clear_error(run_pid, pid_env, sa
 
 
 def test_sigusr2_writes_every_threads_stack_to_the_workers_log(pid_env, tmp_path):
-    """What a worker that does not stop is waiting for: `kill -USR2` answers it, and the worker runs on."""
+    """What a worker that does not stop is waiting for: `kill -USR2` answers it, every time, and the worker runs
+    on."""
     log_path = tmp_path / "w.log"
     proc = start_worker(pid_env, tmp_path, log_path)
+    head, end = f"every thread's stack in pid worker {proc.pid} ", f"end of the stacks of pid worker {proc.pid}\n"
+
+    def dumps() -> list[str]:   # the whole ones
+        return [part.split(end, 1)[0] for part in log_path.read_text().split(head)[1:] if end in part]
+
+    def waiter_shown(dump: str) -> bool:   # the thread that waits for a drained worker, by its name, and its stack
+        section = dump.partition("\nthread pid-stop-when-drained (")[2].split("\nthread ", 1)[0]
+        return "in _stop_when_drained" in section
+
     try:
-        os.kill(proc.pid, signal.SIGUSR2)
-        deadline = time.time() + 30
-        while "thread pid-stop-when-drained" not in log_path.read_text():
+        # (each dump is a snapshot: one that came as the thread was starting may show it elsewhere, so ask again)
+        deadline, asked = time.time() + 30, 0.0
+        while not any(waiter_shown(dump) for dump in dumps()):
             assert time.time() < deadline and proc.poll() is None, log_path.read_text()
+            if time.time() - asked > 2:
+                os.kill(proc.pid, signal.SIGUSR2)
+                asked = time.time()
             time.sleep(0.1)
-        dump = log_path.read_text().split("thread pid-stop-when-drained", 1)[1]
-        assert "in _stop_when_drained" in dump.split("\nthread ", 1)[0]   # its own stack, by its name
+        before = len(dumps())
+        time.sleep(0.3)
+        os.kill(proc.pid, signal.SIGUSR2)   # and again: the worker answers every time
+        while len(dumps()) <= before:
+            assert time.time() < deadline + 10 and proc.poll() is None, log_path.read_text()
+            time.sleep(0.1)
         time.sleep(0.5)
         assert proc.poll() is None
     finally:

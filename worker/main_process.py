@@ -8,6 +8,7 @@ Its signal handlers only set flags and send signals: the work is done by the eve
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import resource
@@ -211,25 +212,36 @@ def raise_open_files_limit(concurrency: int) -> int:
 
 def dump_stacks_on_sigusr2() -> None:
     """`kill -USR2` on a worker writes every thread's stack, by name, to its log: what a worker that does not stop
-    is waiting for. A Python handler, so under the GIL: a consistent snapshot. (faulthandler's dump reads the other
-    threads' frames without it, and could crash the very worker it was asked to look at as one of them ended.)"""
+    is waiting for. A Python handler: it runs in the main thread, between two of its steps (Celery's loop sleeps in
+    Python), and takes the frames under the GIL. faulthandler's dump reads other threads' frames without it, and
+    could crash the very worker it was asked to look at (it stopped mid-line in CI as a thread ended)."""
     try:
         signal.signal(signal.SIGUSR2, _write_stacks)
-    except ValueError:   # not the main thread: no dump
-        pass
+    except ValueError:   # not the main thread (never so in `pid worker`): faulthandler's dump, rather than none
+        faulthandler.register(signal.SIGUSR2, file=2, all_threads=True, chain=False)
+
+
+_dumping = False   # a dump is being written (a second SIGUSR2 meanwhile, fd 2 a full pipe, adds none inside it)
 
 
 def _write_stacks(signum: int, frame: Any) -> None:
-    names = {thread.ident: thread.name for thread in threading.enumerate()}
-    parts = [f"\nevery thread's stack in pid worker {os.getpid()} (kill -USR2), most recent call last:\n"]
-    for ident, top in sys._current_frames().items():
-        parts.append(f"\nthread {names.get(ident, '?')} ({ident:#x}):\n" + "".join(traceback.format_stack(top)))
-    data = "".join(parts).encode("utf-8", "replace")
+    global _dumping
+    if _dumping:
+        return
+    _dumping = True
     try:
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        parts = [f"\nevery thread's stack in pid worker {os.getpid()} (kill -USR2), most recent call last:\n"]
+        for ident, top in sys._current_frames().items():
+            parts.append(f"\nthread {names.get(ident, '?')} ({ident:#x}):\n" + "".join(traceback.format_stack(top)))
+        parts.append(f"end of the stacks of pid worker {os.getpid()}\n")
+        data = "".join(parts).encode("utf-8", "replace")
         while data:   # fd 2 is the log (sys.stderr may be Celery's logging proxy)
             data = data[os.write(2, data):]
-    except OSError:   # no log to write to: nothing to raise into whatever the main thread was doing
+    except Exception:   # (no log to write to, ...): nothing may be raised into what the main thread was doing
         pass
+    finally:
+        _dumping = False
 
 
 @signals.worker_ready.connect
