@@ -232,10 +232,29 @@ def missing_originals_warning(result: dict[str, Any]) -> str | None:
             "nothing)")
 
 
+REFUSED_SHOWN = 3   # what the artifacts left out, named in the warning line (all of it is in result.json)
+
+
+def refused_warning(result: dict[str, Any]) -> str | None:
+    """What the artifacts left out (result.json's artifacts.refused: a missing --file, a patch section or file that
+    could not be taken) as one line, if anything."""
+    artifacts = result.get("artifacts")
+    refused = artifacts.get("refused") if isinstance(artifacts, dict) else None
+    if not isinstance(refused, list) or not refused:
+        return None
+    named = []
+    for entry in refused[:REFUSED_SHOWN]:
+        entry = entry if isinstance(entry, dict) else {}
+        kind = "--file" if entry.get("artifact") == "files" else str(entry.get("artifact", "?"))
+        named.append(f"{kind} {one_line(str(entry.get('path', '?')))} ({one_line(str(entry.get('reason', '?')))})")
+    more = f" and {len(refused) - REFUSED_SHOWN} more" if len(refused) > REFUSED_SHOWN else ""
+    return "left out of the artifacts: " + ", ".join(named) + more + " (result.json's artifacts.refused)"
+
+
 def _warn_of_missing_originals(result: dict[str, Any]) -> None:
-    text = missing_originals_warning(result)
-    if text:
-        echo(styled(f"warning: {text}", fg="yellow"), err=True)
+    for text in (missing_originals_warning(result), refused_warning(result)):
+        if text:
+            echo(styled(f"warning: {text}", fg="yellow"), err=True)
 
 
 def print_result(result: dict[str, Any], job_dir: str, as_json: bool, said: set[str] | frozenset[str] = frozenset()
@@ -253,12 +272,14 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool, said: set[
     colour = {"completed": "green", "limit": "yellow", "cancelled": "yellow"}.get(status, "red")
     usage = result.get("usage") or {}
     cost = usage.get("cost") or 0
-    echo(styled(status, fg=colour, bold=True),
-         f"{'' if reason == status else f' ({reason})'} in {result.get('duration_s', 0):.1f}s · "
+    check = result.get("check")
+    failed_check = (styled(f", check FAILED ({check_failure(check)})", fg="red", bold=True)
+                    if isinstance(check, dict) and check.get("passed") is not True else "")
+    echo(styled(status, fg=colour, bold=True), "" if reason == status else f" ({reason})", failed_check,
+         f" in {result.get('duration_s', 0):.1f}s · "
          f"{_count(result.get('turns', 0), 'turn')} · {_count(result.get('tool_calls', 0), 'tool call')} · "
          f"{_count(usage.get('total_tokens', 0), 'token')} · "
          f"{format_cost(cost if isinstance(cost, (int, float)) else 0)}", err=True)
-    check = result.get("check")
     if isinstance(check, dict):
         if CHECK_SAID not in said:
             echo(*check_line(check), err=True)

@@ -429,7 +429,9 @@ def test_submit_wait_is_a_ci_gate_and_the_store_has_the_check(run_pid, worker, b
     assert res.code == EXIT_CHECK_FAILED, res.stderr
     verdict = next(line for line in res.stderr.splitlines() if line.startswith("✗ check python3 -m unittest"))
     assert "— exit 1" in verdict and "AssertionError: -1 != 5" in res.stderr   # the live log's line, the output
-    assert "check FAILED (exit 1)" not in res.stderr                            # (not again by the summary)
+    summary = next(line for line in res.stderr.splitlines() if line.startswith("completed (stop)"))
+    assert summary.startswith("completed (stop), check FAILED (exit 1) in "), summary   # the last line says it too
+    assert res.stderr.count("check FAILED") == 1                # (the verdict's own line is not repeated)
     job_id = next((tmp_path / "out").iterdir()).name
 
     status = run_pid("status", job_id, "--json")
