@@ -74,7 +74,9 @@ class ModelRetry:
     type: Literal["model_retry"] = field(default="model_retry", init=False)
 
     def describe(self) -> str:
-        """'rate limited, retrying in 12 s'."""
+        """'rate limited, retrying in 12 s' (a backoff's wait can be near nothing: 'retrying at once')."""
+        if self.wait_s < 0.05:
+            return f"{self.reason}, retrying at once"
         wait = f"{self.wait_s:.1f} s" if self.wait_s < 10 else f"{self.wait_s:.0f} s"
         return f"{self.reason}, retrying in {wait}"
 

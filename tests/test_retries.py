@@ -274,7 +274,7 @@ def test_a_retried_call_leaves_one_reply_in_the_transcript_and_says_so_in_events
     assistants = [e["message"] for e in entries if e.get("message", {}).get("role") == "assistant"]
     assert len(assistants) == 1 and assistants[0]["content"] == [{"type": "text", "text": text}]
     records = [r for r in map(EventRecords(), events) if r and r["type"] == "model_retry"]
-    assert records[1]["message"].startswith("rate limited, retrying in ") and records[1]["status"] == 429
+    assert records[1]["message"].startswith("rate limited, retrying ") and records[1]["status"] == 429
 
 
 def test_cancel_during_a_wait_ends_the_job_at_once(monkeypatch):

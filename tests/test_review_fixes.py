@@ -1,6 +1,8 @@
 """Fixes from the review of the long-tasks / batches merge: each test fails without its fix."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 
@@ -131,6 +133,8 @@ def test_a_rate_limited_summary_call_waits_with_an_event_as_any_model_call(tmp_p
     assert first_end.error is None
     retry = next(e for e in events if isinstance(e, ev.ModelRetry))
     assert retry.status == 429 and retry.describe() == "rate limited, retrying in 0.2 s"
+    # (a backoff's wait near nothing read "retrying in 0.0 s")
+    assert replace(retry, wait_s=0.01, reason="unreachable").describe() == "unreachable, retrying at once"
 
 
 def test_a_worker_without_the_models_prices_refuses_a_job_with_max_cost(sample_repo, tmp_path):
