@@ -207,6 +207,29 @@ def test_unreachable_endpoint_is_an_error_not_an_exception(api: str, monkeypatch
 
 
 @pytest.mark.parametrize("api", BOTH)
+def test_an_endpoint_that_answered_then_refuses_is_waited_for_as_it_restarts(api: str) -> None:
+    """A refusal from an endpoint that never answered is most likely a wrong URL (three attempts, above); once it
+    has answered the job, it is a server restarting (a local one reloading its model): waited for, within the
+    retry budget, and the call then goes through."""
+    with ScriptedLLM([{"text": "first"}]) as llm:
+        port, p = llm.port, provider(llm, api, max_retries=None, retry_budget_s=30.0)
+        assert p.stream("", HELLO, []).text == "first"
+    restarted: list[ScriptedLLM] = []
+    restart = threading.Timer(0.8, lambda: restarted.append(ScriptedLLM([{"text": "again"}], port=port).start()))
+    restart.start()
+    notices: list[Any] = []
+    try:
+        reply = p.stream("", HELLO, [], on_retry=notices.append)
+    finally:
+        restart.join()
+        for server in restarted:
+            server.close()
+        p.close()
+    assert (reply.stop_reason, reply.text) == ("stop", "again"), reply.error_message
+    assert len(notices) > 3 and notices[-1].reason == "unreachable"   # more than a wrong URL's three attempts
+
+
+@pytest.mark.parametrize("api", BOTH)
 def test_cancel_during_a_stalled_stream_aborts_promptly_with_partial_content(api: str) -> None:
     cancel = threading.Event()
     deltas: list[str] = []

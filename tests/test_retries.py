@@ -119,6 +119,7 @@ def test_the_budget_and_the_caps_end_the_retries():
     assert policy.wait_before_retry(9, retry.RATE_LIMITED, 60, 841) is None        # would pass the budget
     assert policy.wait_before_retry(2, retry.UNREACHABLE, None, 0) is not None
     assert policy.wait_before_retry(3, retry.UNREACHABLE, None, 0) is None         # a wrong URL: 3 attempts
+    assert policy.wait_before_retry(9, retry.UNREACHABLE, None, 0, answered=True) is not None   # a restart
     assert RetryPolicy(max_retries=2).wait_before_retry(3, retry.SERVER_ERROR, None, 0) is None
 
 

@@ -10,7 +10,9 @@ How long: what the server asks for (`Retry-After` in seconds or as an HTTP date,
 rate-limit reset headers of OpenAI and Anthropic), else exponential backoff with full jitter. Each wait is capped at
 `max_wait_s`; one call's retrying (from its first failure: the waits and the attempts after it) stays within
 `budget_s`: no wait starts that would end past it. A refused connection (nothing listening, an
-unknown host) is most likely a wrong URL, so it gets only UNREACHABLE_RETRIES retries.
+unknown host) to an endpoint that has not yet answered the job is most likely a wrong URL, so it gets only
+UNREACHABLE_RETRIES retries; once the endpoint has answered, a refusal is a server restarting (a local one reloading
+its model), retried as any failure.
 """
 from __future__ import annotations
 
@@ -45,12 +47,13 @@ class RetryPolicy:
     base_s: float = 1.0                 # backoff: uniform(0, min(max_wait_s, base_s * 2**(attempt-1)))
     max_retries: int | None = None      # None: as many as the budget allows
 
-    def wait_before_retry(self, attempt: int, reason: str, asked_s: float | None, spent_s: float) -> float | None:
+    def wait_before_retry(self, attempt: int, reason: str, asked_s: float | None, spent_s: float,
+                          answered: bool = False) -> float | None:
         """Seconds to wait before attempt `attempt + 1`, or None to give up (`spent_s`: time since the call
-        first failed, later attempts included)."""
+        first failed, later attempts included; `answered`: the endpoint has answered this job before)."""
         if self.max_retries is not None and attempt > self.max_retries:
             return None
-        if reason == UNREACHABLE and attempt > UNREACHABLE_RETRIES:
+        if reason == UNREACHABLE and attempt > UNREACHABLE_RETRIES and not answered:
             return None
         if reason == EMPTY and attempt > EMPTY_RETRIES:
             return None

@@ -618,6 +618,7 @@ class StreamingProvider:
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
                          "Accept-Encoding": ENCODINGS, **headers}
         self._client = make_client(config, url)
+        self._answered = False   # the endpoint has answered a request (a refusal then is a restart: retry.py)
 
     def close(self) -> None:
         self._client.close()
@@ -640,6 +641,7 @@ class StreamingProvider:
             while True:
                 failure = stream_request(self._client, self._url, headers=self._headers, body=body, cancel=cancel,
                                          consume=lambda response: self._consume(response, reply, on_text))
+                self._answered = self._answered or failure is None or failure.status is not None
                 if failure is not None:
                     reply.fail(failure.message, aborted=failure.aborted, retry=failure.retry, status=failure.status,
                                asked_s=failure.asked_s)
@@ -656,7 +658,8 @@ class StreamingProvider:
                     return self._message(reply)
                 now = retry.clock()
                 retrying_since = retrying_since if retrying_since is not None else now
-                wait = policy.wait_before_retry(attempt, reply.retry, reply.asked_s, now - retrying_since)
+                wait = policy.wait_before_retry(attempt, reply.retry, reply.asked_s, now - retrying_since,
+                                                answered=self._answered)
                 if wait is None:
                     if attempt > 1:
                         reply.error += f" (after {attempt} attempts)"
