@@ -23,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.bench_run_startup import small_repo  # noqa: E402
+from bench.container_cpu import cgroup_cpu_file, cpu_seconds  # noqa: E402
 from bench.bench_submit_latency import wait_for_ready_sandbox  # noqa: E402
 from tests.scripted_llm import ScriptedLLM  # noqa: E402
 
@@ -87,19 +88,6 @@ def cgroup_file(cid: str, name: str) -> str | None:
     return hits[0] if hits else None
 
 
-def cgroup_cpu(path: str | None) -> float:
-    if path is None:
-        return 0.0
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("usage_usec"):
-                    return int(line.split()[1]) / 1e6
-    except OSError:
-        pass
-    return 0.0
-
-
 def kept_containers(home: str) -> list[str]:
     import docker
 
@@ -130,14 +118,14 @@ def measure(pool: int, seconds: float) -> dict[str, float]:
                     time.sleep(0.2)
             time.sleep(3)   # the job's own removal and the last refill settle
             cids = kept_containers(env["PID_HOME"])
-            cpu_files = [cgroup_file(cid, "cpu.stat") for cid in cids]
+            cpu_files = [cgroup_cpu_file(cid) for cid in cids]   # (cgroup v2's or v1's)
             memory = [cgroup_file(cid, "memory.current") or cgroup_file(cid, "memory.usage_in_bytes") for cid in cids]
             shims = [p for cid in cids for p in shim_of(cid)]
             engine = pids_named("dockerd", "containerd")
 
             def snapshot() -> tuple[float, float, float, float]:
                 return (sum(process_cpu(p) for p in children(worker.pid)),
-                        sum(cgroup_cpu(f) for f in cpu_files), sum(process_cpu(p) for p in shims),
+                        sum(cpu_seconds(f) for f in cpu_files), sum(process_cpu(p) for p in shims),
                         sum(process_cpu(p) for p in engine))
 
             before, started = snapshot(), time.time()
