@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.bench_run_startup import small_repo  # noqa: E402
-from bench.container_cpu import cgroup_cpu_file, cpu_seconds  # noqa: E402
+from bench.container_cpu import cgroup_cpu_file, cgroup_files, cpu_seconds  # noqa: E402
 from bench.bench_submit_latency import wait_for_ready_sandbox  # noqa: E402
 from tests.scripted_llm import ScriptedLLM  # noqa: E402
 
@@ -83,11 +83,6 @@ def shim_of(cid: str) -> list[int]:
     return found
 
 
-def cgroup_file(cid: str, name: str) -> str | None:
-    hits = glob.glob(f"/sys/fs/cgroup/**/*{cid}*/{name}", recursive=True)
-    return hits[0] if hits else None
-
-
 def kept_containers(home: str) -> list[str]:
     import docker
 
@@ -119,7 +114,8 @@ def measure(pool: int, seconds: float) -> dict[str, float]:
             time.sleep(3)   # the job's own removal and the last refill settle
             cids = kept_containers(env["PID_HOME"])
             cpu_files = [cgroup_cpu_file(cid) for cid in cids]   # (cgroup v2's or v1's)
-            memory = [cgroup_file(cid, "memory.current") or cgroup_file(cid, "memory.usage_in_bytes") for cid in cids]
+            memory = [(cgroup_files(cid, "memory.current") or cgroup_files(cid, "memory.usage_in_bytes") or [None])[0]
+                      for cid in cids]
             shims = [p for cid in cids for p in shim_of(cid)]
             engine = pids_named("dockerd", "containerd")
 

@@ -6,12 +6,17 @@ from __future__ import annotations
 import glob
 
 
+def cgroup_files(cid: str, name: str) -> list[str]:
+    """Container `cid`'s cgroup files called `name` (one per hierarchy that has it: v2's, or v1's controllers)."""
+    return glob.glob(f"/sys/fs/cgroup/**/*{cid}*/{name}", recursive=True)
+
+
 def cgroup_cpu_file(cid: str) -> str | None:
     """The file that counts container `cid`'s CPU, or None where no cgroup of it can be read."""
-    for path in glob.glob(f"/sys/fs/cgroup/**/*{cid}*/cpu.stat", recursive=True):
-        if _read(path).find("usage_usec") >= 0:   # (v1's cpu.stat, of the cpu controller, has no usage)
+    for path in cgroup_files(cid, "cpu.stat"):
+        if "usage_usec" in _read(path):   # (v1's cpu.stat, of the cpu controller, has no usage)
             return path
-    hits = glob.glob(f"/sys/fs/cgroup/**/*{cid}*/cpuacct.usage", recursive=True)
+    hits = cgroup_files(cid, "cpuacct.usage")
     return hits[0] if hits else None
 
 

@@ -251,7 +251,8 @@ def refused_warning(result: dict[str, Any]) -> str | None:
     return "left out of the artifacts: " + ", ".join(named) + more + " (result.json's artifacts.refused)"
 
 
-def _warn_of_missing_originals(result: dict[str, Any]) -> None:
+def _warn_under_the_summary(result: dict[str, Any]) -> None:
+    """What the job's artifacts or its check lack that the user should hear of (missing originals, refused paths)."""
     for text in (missing_originals_warning(result), refused_warning(result)):
         if text:
             echo(styled(f"warning: {text}", fg="yellow"), err=True)
@@ -263,7 +264,7 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool, said: set[
     its check's verdict and errors are not said twice."""
     if as_json:
         echo(dumps(json_text(result), indent=2))
-        _warn_of_missing_originals(result)   # (on stderr: a CI gate reading the JSON sees it in its log)
+        _warn_under_the_summary(result)   # (on stderr: a CI gate reading the JSON sees it in its log)
         return
     if result.get("final_message"):
         echo(str(result["final_message"]))
@@ -291,7 +292,7 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool, said: set[
                 echo(styled("check output, its last lines:", dim=True), err=True)
             for line in tail:
                 echo(f"  {line}", err=True)
-    _warn_of_missing_originals(result)
+    _warn_under_the_summary(result)
     if result.get("error") and said_key(str(result["error"])) not in said:
         echo(styled(f"error: {one_line(str(result['error']))}", fg="red"), err=True)
     if result.get("warning"):
