@@ -250,8 +250,6 @@ class Compactor:
 
     def _summarize(self, messages: list[Message], prompt: str, previous: str | None, max_tokens: int,
                    cancel: threading.Event | None, usage: Usage, on_retry: RetryListener | None = None) -> str:
-        from pid.providers import make_provider   # here: providers import nothing of this module, keep it so
-
         if self.max_output:
             max_tokens = min(max_tokens, self.max_output)
         tail = (f"<previous-summary>\n{previous}\n</previous-summary>\n\n" if previous else "") + prompt
@@ -259,7 +257,8 @@ class Compactor:
         conversation = self._fit(serialize_conversation(messages), budget)
         request: list[Message] = [UserMessage.text(f"<conversation>\n{conversation}\n</conversation>\n\n{tail}")]
         # Thinking off: its budget would come on top of max_tokens, which the input budget above already takes whole.
-        provider = make_provider(dataclasses.replace(self.provider.config, max_tokens=max_tokens, thinking="off"))
+        provider = self.provider.sibling(dataclasses.replace(self.provider.config, max_tokens=max_tokens,
+                                                            thinking="off"))
         try:
             reply = provider.stream(SUMMARIZATION_SYSTEM_PROMPT, request, [], cancel=cancel, on_retry=on_retry)
         finally:

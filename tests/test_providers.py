@@ -1,6 +1,8 @@
 """The providers against a real HTTP server (tests/scripted_llm.py) speaking the OpenAI and Anthropic wire formats."""
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import json
 import socket
@@ -207,13 +209,15 @@ def test_unreachable_endpoint_is_an_error_not_an_exception(api: str, monkeypatch
 
 
 @pytest.mark.parametrize("api", BOTH)
-def test_an_endpoint_that_answered_then_refuses_is_waited_for_as_it_restarts(api: str) -> None:
+@pytest.mark.parametrize("caller", ["the same provider", "its sibling"])
+def test_an_endpoint_that_answered_then_refuses_is_waited_for_as_it_restarts(api: str, caller: str) -> None:
     """A refusal from an endpoint that never answered is most likely a wrong URL (three attempts, above); once it
     has answered the job, it is a server restarting (a local one reloading its model): waited for, within the
-    retry budget, and the call then goes through."""
+    retry budget, and the call then goes through. A sibling (compaction's summary call) knows it answered too."""
     with ScriptedLLM([{"text": "first"}]) as llm:
-        port, p = llm.port, provider(llm, api, max_retries=None, retry_budget_s=30.0)
-        assert p.stream("", HELLO, []).text == "first"
+        port, first = llm.port, provider(llm, api, max_retries=None, retry_budget_s=30.0)
+        assert first.stream("", HELLO, []).text == "first"
+    p = first if caller == "the same provider" else first.sibling(dataclasses.replace(first.config, max_tokens=64))
     restarted: list[ScriptedLLM] = []
     restart = threading.Timer(0.8, lambda: restarted.append(ScriptedLLM([{"text": "again"}], port=port).start()))
     restart.start()
@@ -225,6 +229,7 @@ def test_an_endpoint_that_answered_then_refuses_is_waited_for_as_it_restarts(api
         for server in restarted:
             server.close()
         p.close()
+        first.close()
     assert (reply.stop_reason, reply.text) == ("stop", "again"), reply.error_message
     assert len(notices) > 3 and notices[-1].reason == "unreachable"   # more than a wrong URL's three attempts
 

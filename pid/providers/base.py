@@ -92,6 +92,10 @@ class Provider(Protocol):
         """on_retry hears of each wait before the call is repeated; text streamed before it is void."""
         ...
 
+    def sibling(self, config: ProviderConfig) -> "Provider":
+        """A provider for another config (a summary call's) that keeps what this one learned of the endpoint."""
+        ...
+
     def close(self) -> None:
         """Release the HTTP connections."""
         ...

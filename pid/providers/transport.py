@@ -623,6 +623,14 @@ class StreamingProvider:
     def close(self) -> None:
         self._client.close()
 
+    def sibling(self, config: ProviderConfig) -> "StreamingProvider":
+        """A provider of this class under another config (compaction's summary call), which knows what this one
+        learned of the endpoint: once it answered, a refusal is a restart to wait out, not a wrong URL."""
+        # (each wire format, a subclass, is built from its config alone)
+        other = type(self)(config)  # type: ignore[call-arg]
+        other._answered = self._answered
+        return other
+
     def stream(self, system: str, messages: list[Message], tools: list[ToolSpec], *,
                cancel: threading.Event | None = None,
                on_text: Callable[[str], None] | None = None,
