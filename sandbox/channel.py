@@ -60,6 +60,8 @@ RUN_DIR = "run"   # the FIFOs' directory in /.pid
 STARTUP_TIMEOUT = 30.0
 REPLY_TIMEOUT = 30.0     # for requests that must answer promptly (start, kill, counts)
 LINE_LIMIT = 1024        # no reply header is longer
+REQUEST_HEADER = 128     # every request's first line, padded with spaces to this size: bash reads it in one system
+                         # call (a line it reads byte by byte, one call each: it may not read past the newline)
 HELLO_LIMIT = 4096       # a setup failure's reason
 DIRECT_MAX = 4000       # a command the host writes into a slot's FIFO itself: one atomic write (PIPE_BUF is 4096)
 
@@ -329,6 +331,14 @@ def read_reply(reader: BoundedReader, nonce: bytes, expect: Mapping[bytes, str],
     return Reply(words[0], fields, payload)
 
 
+def request_line(header: bytes) -> bytes:
+    """A request's first line, REQUEST_HEADER bytes with its newline (the fields are pid's: numbers, a nonce, an
+    output file's name)."""
+    if len(header) >= REQUEST_HEADER:
+        raise ValueError(f"a request header of over {REQUEST_HEADER - 1} bytes: {header[:80]!r}")
+    return header.ljust(REQUEST_HEADER - 1) + b"\n"
+
+
 def new_nonce() -> bytes:
     return secrets.token_hex(12).encode()
 
@@ -400,7 +410,7 @@ class Channel:
         """`host_outputs`: the host removes the outputs of the commands it runs on this server (commands.py's
         OutputFiles), which then leaves them alone: removed first, one could not be held and cut back."""
         self._hello_nonce = new_nonce()
-        self._send(b"h %s%s\n" % (self._hello_nonce, b" o" if host_outputs else b""), deadline)
+        self._send(request_line(b"h %s%s" % (self._hello_nonce, b" o" if host_outputs else b"")), deadline)
 
     def await_hello(self, deadline: float, alive: Callable[[], bool] | None = None) -> None:
         """The server's answer to "h". `alive` (is the container up?) is asked every second while none comes: a
@@ -500,8 +510,8 @@ class Channel:
         data = b"-" if upload is None else b"%d" % len(upload)
         sent = False
         try:
-            self._send(b"r %s %d %s %d %s\n%s%s" % (self._nonce, self._emit, slot, len(cmd), data, cmd, upload or b""),
-                       deadline)
+            self._send(request_line(b"r %s %d %s %d %s" % (self._nonce, self._emit, slot, len(cmd), data)) + cmd +
+                       (upload or b""), deadline)
             sent = True
             started = self._reply(self._nonce, {b"P": "dp", b"B": ""}, 0, deadline)
             if started is None:
@@ -560,33 +570,35 @@ class Channel:
         """(newlines, bytes, bytes cut from its front, last tail_bytes bytes) of an output file, which is kept (not
         removed with the junk)."""
         nonce = new_nonce()
-        reply = self._request(b"c %s %d %s\n" % (nonce, tail_bytes, path.encode()), nonce, {b"C": "ddd"}, tail_bytes,
-                              deadline)
+        reply = self._request(request_line(b"c %s %d %s" % (nonce, tail_bytes, path.encode())), nonce,
+                              {b"C": "ddd"}, tail_bytes, deadline)
         return reply.number(0), reply.number(1), reply.number(2), reply.payload
 
     def trim(self, path: str, keep: int, deadline: float) -> int:
         """Bound a running command's output file to about its last `keep` bytes on disk; bytes cut so far."""
         nonce = new_nonce()
-        return self._request(b"T %s %d %s\n" % (nonce, keep, path.encode()), nonce, {b"T": "d"}, 0, deadline).number(0)
+        return self._request(request_line(b"T %s %d %s" % (nonce, keep, path.encode())), nonce, {b"T": "d"}, 0,
+                             deadline).number(0)
 
     def tail(self, path: str, offset: int, max_bytes: int, deadline: float) -> tuple[int, bytes]:
         """(current size, bytes appended since `offset`, at most the last `max_bytes` of them)."""
         nonce = new_nonce()
-        reply = self._request(b"t %s %d %d %s\n" % (nonce, offset, max_bytes, path.encode()), nonce, {b"S": "d"},
-                              max_bytes, deadline)
+        reply = self._request(request_line(b"t %s %d %d %s" % (nonce, offset, max_bytes, path.encode())), nonce,
+                              {b"S": "d"}, max_bytes, deadline)
         return reply.number(0), reply.payload
 
     def kill(self, pgid: int, deadline: float) -> bool:
         """SIGKILL a process group (a builtin in the server: works with the process table full); whether any process
         was there to signal."""
         nonce = new_nonce()
-        return self._request(b"k %s %d\n" % (nonce, pgid), nonce, {b"K": "d"}, 0, deadline).number(0) == 0
+        return self._request(request_line(b"k %s %d" % (nonce, pgid)), nonce, {b"K": "d"}, 0,
+                             deadline).number(0) == 0
 
     def kill_agent_processes(self, deadline: float) -> tuple[int, int, int]:
         """SIGKILL every process of the agent's uid; (how many were killed, forks the pids limit refused so far, how
         many were still found in the last pass: non-zero, some may be left)."""
         nonce = new_nonce()
-        reply = self._request(b"K %s\n" % nonce, nonce, {b"K": "ddd"}, 0, deadline)
+        reply = self._request(request_line(b"K %s" % nonce), nonce, {b"K": "ddd"}, 0, deadline)
         return reply.number(0), reply.number(1), reply.number(2)
 
     def close(self) -> None:

@@ -6,7 +6,8 @@
 # (dash and busybox ash have it).
 #
 # THE PROTOCOL (the only one; channel.py reads every reply with one reader, Channel._reply):
-#   request: "<op> <nonce> <numbers...> [<output file>]\n", then, for r, <cmdlen> bytes of command, <datalen> of data.
+#   request: "<op> <nonce> <numbers...> [<output file>]", padded with spaces to 127 bytes, and "\n" (bash reads it in
+#            one read: REQUEST_HEADER), then, for r, <cmdlen> bytes of command, <datalen> of data.
 #   reply:   "<TAG> <nonce> <fields...> <len>\n" then exactly <len> bytes of payload.
 #   The nonce is the request's (random, fresh per request): a reply is taken only for the request that asked, and
 #   its payload is counted, never searched for an end mark, so no byte of the agent's output can end or fake a reply.
@@ -267,7 +268,7 @@ serve() {  # one request at a time until EOF or q
     while :; do
         FIRST=
         idle || break
-        IFS= read -r LINE || break
+        request || break
         set -- $FIRST$LINE
         case ${1:-} in
             r) op_run "$@" ;;
@@ -316,6 +317,7 @@ readcmd() {  # (stdin is a pipe or socket: bash reads no further)
     CMD=; [ "$1" = 0 ] || IFS= read -r -N "$1" CMD; [ "${#CMD}" -eq "$1" ] || quit
 }
 host_gone() { read -r -t 0; }
+request() { IFS= read -r -N $((128 - ${#FIRST})) LINE; }   # LINE <- the rest of a request's first line (above)
 say() { printf '%s %s%s %d\n%s' "$1" "$2" "${4+ ${*:4}}" "${#3}" "$3"; }   # tag, nonce, payload (no NUL), fields
 say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes, in one read
     # without a fork; a read stops early at a NUL byte, which a variable cannot hold: then a copy through head

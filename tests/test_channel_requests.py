@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from pid.sandbox.channel import request_line as line
+
 SCRIPT = Path(__file__).resolve().parent.parent / "sandbox" / "channel.sh"
 SHELLS = [pytest.param(argv, id=argv[0]) for argv in (["bash"], ["dash"], ["sh"], ["busybox", "sh"])
           if shutil.which(argv[0])]
-HIDDEN = b"t n2 0 0 /dev/null\n"   # a harmless request: any reply to n2 means it ran
+HIDDEN = line(b"t n2 0 0 /dev/null")   # a harmless request: any reply to n2 means it ran
 
 
 def serve(shell: list[str], requests: bytes) -> bytes:
@@ -26,7 +28,7 @@ def serve(shell: list[str], requests: bytes) -> bytes:
 
 @pytest.mark.parametrize("shell", SHELLS)
 def test_a_hidden_request_is_answered_when_it_is_a_request(shell):
-    assert serve(shell, b"t n0 0 0 /dev/null\n" + HIDDEN) == b"S n0 0 0\nS n2 0 0\n"
+    assert serve(shell, line(b"t n0 0 0 /dev/null") + HIDDEN) == b"S n0 0 0\nS n2 0 0\n"
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -38,8 +40,8 @@ def test_a_hidden_request_is_answered_when_it_is_a_request(shell):
     b"r n1 0 - %d",           # no data length
 ])
 def test_no_request_in_a_refused_commands_body_runs(shell, header):
-    body = HIDDEN + b"t n3 0 0 /dev/null\n"
-    assert serve(shell, b"t n0 0 0 /dev/null\n" + header % len(body) + b"\n" + body) == b"S n0 0 0\nE n1 0\n"
+    body = HIDDEN + line(b"t n3 0 0 /dev/null")
+    assert serve(shell, line(b"t n0 0 0 /dev/null") + line(header % len(body)) + body) == b"S n0 0 0\nE n1 0\n"
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -47,7 +49,7 @@ def test_no_request_in_a_refused_commands_body_runs(shell, header):
                                       b"h n1 x"])
 def test_a_refused_request_ends_the_server(shell, request_):
     # Out of step with the host: nothing after it is taken for a request.
-    assert serve(shell, request_ + b"\n" + HIDDEN) == b"E %s 0\n" % (request_.split(b" ") + [b"", b""])[1]
+    assert serve(shell, line(request_) + HIDDEN) == b"E %s 0\n" % (request_.split(b" ") + [b"", b""])[1]
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -57,7 +59,7 @@ def test_a_command_the_host_stopped_sending_half_way_never_runs(shell, tmp_path)
     marker = Path("/tmp") / f"pid-test-cut-{tmp_path.name}-{shell[0]}"
     command = b"touch %s; echo whole" % bytes(marker)
     try:
-        answer = serve(shell, b"r n1 2 - %d -\n" % (len(command) + 40) + command)
+        answer = serve(shell, line(b"r n1 2 - %d -" % (len(command) + 40)) + command)
         assert answer == b"" and not marker.exists(), answer
     finally:
         marker.unlink(missing_ok=True)

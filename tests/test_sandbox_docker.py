@@ -20,7 +20,7 @@ from pid.sandbox_api import OutputPolicy, SandboxError
 from pid.sandbox import DockerSandbox, ImageNotFound, SandboxConfig, reap_expired
 from pid.sandbox.artifacts import FilesBudget
 from pid.sandbox import fileops
-from pid.sandbox.channel import DIRECT_MAX, Channel
+from pid.sandbox.channel import DIRECT_MAX, Channel, request_line
 from pid.sandbox.config import BASE_ENV
 from pid.sandbox.reaper import owner_label, run_labels
 from tests.conftest import WAITING_SHELL_MARK, signal_waiting_shells, signalled
@@ -144,7 +144,7 @@ def test_a_command_the_host_gave_up_sending_never_runs(client, sb):
                                 uid=sb.container.uid, gid=sb.container.gid, env=BASE_ENV)
     command = b"touch /tmp/cut-short; exit 0 #" + b"x" * 100
     try:
-        channel.link.send(b"r n0nce 0 - %d -\n%s" % (len(command) + 100, command), time.monotonic() + 10)
+        channel.link.send(request_line(b"r n0nce 0 - %d -" % (len(command) + 100)) + command, time.monotonic() + 10)
     finally:
         channel.close()
     for _ in range(300):   # until that server has read to its end (and so started whatever it was going to)
