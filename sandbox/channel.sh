@@ -45,6 +45,8 @@
 #    (B), a tracer that holds a slot shell is killed (untrace), and a command the host stopped sending never runs.
 #    Replies copied through head (c, t, an output with NUL bytes) fork: with the table full one may come short, and
 #    the host, which counts every reply, drops that channel.
+exec 2>/dev/null   # (as its boot has it already: nothing but replies reaches the host, so kill's and read's errors
+                   # need no redirection of their own, which costs ~10 system calls each)
 pid_opath=${PID_IMAGE_PATH:-/usr/local/bin:/usr/bin:/bin}   # the image's PATH, for the agent's commands alone
 unset PID_IMAGE_PATH
 PATH=/usr/sbin:/usr/bin:/sbin:/bin   # pid's: root-owned system directories only
@@ -90,7 +92,7 @@ say_file() {  # $1 tag, $2 nonce, $3 file, $4 offset, $5 length, then the fields
     shift 5
     printf '%s %s%s %d\n' "$tag" "$nonce" "${*:+ $*}" "$len"
     [ "$len" -gt 0 ] || return 0
-    { tail -c +$((from + 1)) -- "$f" 2>/dev/null | head -c "$len"; head -c "$len" /dev/zero; } | head -c "$len"
+    { tail -c +$((from + 1)) -- "$f" | head -c "$len"; head -c "$len" /dev/zero; } | head -c "$len"
 }
 say_copy() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes, through head
     local tag="$1" nonce="$2" f="$3" max="$4"
@@ -99,7 +101,7 @@ say_copy() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's f
     [ "$SIZE" -le "$max" ] || SIZE=$max
     say_file "$tag" "$nonce" "$f" 0 "$SIZE" "$@"
 }
-fsize() { SIZE=$(wc -c <"$1" 2>/dev/null) || SIZE=0; SIZE=$((SIZE + 0)); }
+fsize() { SIZE=$(wc -c <"$1") || SIZE=0; SIZE=$((SIZE + 0)); }
 # (A cgroup file is read by lines: it can always seek back, so bash's buffer keeps nothing of it; see slurp.)
 events() {  # PE <- forks the pids limit refused so far, "max <n>" (0 when the cgroup does not say)
     PE=0
@@ -114,8 +116,8 @@ table_full() {  # true when the process table is (nearly) full: a fork now would
 }
 forget() { JUNK="$JUNK $1"; JUNKN=$((JUNKN + 1)); }
 sweep() { rm -f $JUNK; JUNK=; JUNKN=0; }
-take() { if [ -n "$GNUHEAD" ]; then head -c "$1"; else dd bs=1 count="$1" 2>/dev/null; fi; }   # exactly $1 bytes
-GNUHEAD=; case $(head --version 2>/dev/null) in *GNU*) GNUHEAD=1 ;; esac   # (GNU head reads no more than N bytes)
+take() { if [ -n "$GNUHEAD" ]; then head -c "$1"; else dd bs=1 count="$1"; fi; }   # exactly $1 bytes
+GNUHEAD=; case $(head --version) in *GNU*) GNUHEAD=1 ;; esac   # (GNU head reads no more than N bytes)
 case $0 in /*) HERE=${0%/*} ;; *) exit 1 ;; esac   # pid's own files beside this one (/.pid: root's, read-only)
 . "$HERE/channel_ops.sh" || exit 1   # the requests on outputs and processes: c t T k K
 
@@ -129,7 +131,7 @@ linger() {  # $1 pgid, $2 output file
     ! table_full || return 0
     PATH=$pid_opath $DROP $SHBIN -c "$SCAN" pid-scan "$2" </dev/null >/dev/null 2>&1 4>&- 5>&- 6>&- || return 0
     true >"$MARK"   # (not `:`: a failed redirection on a special builtin ends dash)
-    while [ "$quiet" -lt 10 ] && [ "$ticks" -lt 100 ] && kill -0 -"$1" 2>/dev/null && ! table_full; do
+    while [ "$quiet" -lt 10 ] && [ "$ticks" -lt 100 ] && kill -0 -"$1" && ! table_full; do
         nap
         if [ "$2" -nt "$MARK" ]; then quiet=0; true >"$MARK"; else quiet=$((quiet + 1)); fi
         ticks=$((ticks + 1))
@@ -139,11 +141,11 @@ untrace() {  # ptrace is the agent's right over its own processes, pid's slot sh
     # stops a shell the server waits for would hang it. Such a tracer (a process of the agent's uid) is killed.
     local tp
     digits "$1" || return 0
-    { field "/proc/$1" TracerPid; } 2>/dev/null
+    field "/proc/$1" TracerPid
     tp=$FV
     case $tp in ''|0|1|"$$") return 0 ;; esac
-    { field "/proc/$tp" Uid; } 2>/dev/null
-    [ "$FV" = "$UID_" ] && kill -9 "$tp" 2>/dev/null
+    field "/proc/$tp" Uid
+    [ "$FV" = "$UID_" ] && kill -9 "$tp"
     return 0
 }
 op_hello() {  # h nonce [o]: set up /.pid (control) and this server (both)
@@ -230,10 +232,10 @@ finish() {  # $1 nonce, $2 emit: wait for PID, then reply D with the head of POU
     local rc
     wait "$PID"
     rc=$?
-    if kill -0 -"$PID" 2>/dev/null; then   # processes of its group are left
+    if kill -0 -"$PID"; then   # processes of its group are left
         # a stopped shell (bash's wait returns then, 128 + the signal) goes now, not to take a later command
-        kill -0 "$PID" 2>/dev/null && { kill -9 "$PID"; untrace "$PID"; wait "$PID"; }
-        [ "$ROLE" = agent ] && kill -0 -"$PID" 2>/dev/null && linger "$PID" "$POUT"
+        kill -0 "$PID" && { kill -9 "$PID"; untrace "$PID"; wait "$PID"; }
+        [ "$ROLE" = agent ] && kill -0 -"$PID" && linger "$PID" "$POUT"
     fi
     events
     if [ -e "$POUT" ]; then say_head D "$1" "$POUT" "$2" "$rc" "$PE"
@@ -307,7 +309,7 @@ slurp() {  # S <- file $1, whole: `read -N` never reads past what it asks for, s
 field() {  # FV <- the first number of field $2 ("Uid") in process directory $1's status, FS <- its state's letter
     local s
     FV= FS=
-    { slurp "$1/status"; } 2>/dev/null
+    slurp "$1/status"
     case $S in *"$LF$2:"*) s=${S#*"$LF$2:"}; s=${s#"${s%%[0-9]*}"}; FV=${s%%[!0-9]*} ;; esac
     case $S in *"${LF}State:"*) s=${S#*"${LF}State:"}; s=${s#"${s%%[A-Za-z]*}"}; FS=${s:0:1} ;; esac
     S=
@@ -340,7 +342,7 @@ say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's f
 # The image's loader and shell variables come back here alone (image_env.py), BASH_ENV read quietly as bash would.
 SLOT_SHELL='[ -z "${PID_IMAGE_ENV-}" ] || { eval "$PID_IMAGE_ENV"; unset PID_IMAGE_ENV; [ ! -r "${BASH_ENV-}" ] || . "$BASH_ENV" "$@"; }
 umask "$1"; if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; LC_ALL=C
-read -r n f <&3 && if [ -z "$f" ]; then IFS= read -r -N "$n" c <&3; else IFS= read -r -N "$n" c <"$f"; fi; exec 3<&-
+read -r -u 3 n f && if [ -z "$f" ]; then IFS= read -r -N "$n" -u 3 c; else IFS= read -r -N "$n" c <"$f"; fi; exec 3<&-
 [ "${#c}" = "$n" ] || { printf "pid: the command reached its shell cut short (%s of %s bytes; is the job'"'"'s disk full?): not run" "${#c}" "$n"; exit 125; }
 if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; unset n f; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
 printf "Working directory does not exist: %s\nCannot execute bash commands." "$2"; exit 212 ;; esac; set --; eval "unset c; $c"'
@@ -366,8 +368,8 @@ alive() {  # whether slot shell $1 can still take a command. kill -0 passes a sh
     # (a frozen container's SIGKILL waits for the thaw) or not reaped: /proc/<pid>/stat says so (fields 3, 9, 31:
     # state, flags, pending signals: a zombie, PF_EXITING or PF_SIGNALED, a SIGKILL on its way). A shell stopped by a
     # tracer (state t) is killed here, and the tracer of it or of a zombie too: the caller then waits for it.
-    kill -0 "$1" 2>/dev/null || return 1
-    { slurp "/proc/$1/stat"; } 2>/dev/null
+    kill -0 "$1" || return 1
+    slurp "/proc/$1/stat"
     set -- "$1" ${S##*) }   # (numbers and one letter: nothing to glob)
     S=
     [ "${3:-}" = "$$" ] || return 1   # not this server's child: bash reaped it, and its number went to another process
@@ -445,7 +447,7 @@ slot_done() {  # the slot's shell is reaped (its number may be reused): its succ
 }
 quit() {  # the host went away: the waiting shells wait for commands that will never come
     local p
-    for p in "${Z[@]}"; do [ -z "$p" ] || kill -9 -"$p" 2>/dev/null || kill -9 "$p" 2>/dev/null; done
+    for p in "${Z[@]}"; do [ -z "$p" ] || kill -9 -"$p" || kill -9 "$p"; done
     rm -f "$FIFO.0" "$FIFO.1" "$FIFO.s" "$MARK"
     exit 0
 }

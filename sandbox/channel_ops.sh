@@ -4,7 +4,7 @@
 
 cutinfo() {  # CUT, CUTL <- bytes and newlines dropped from the front of output file $1 (output_trim.py, op_trim)
     CUT=0 CUTL=0
-    [ -f "$1.cut" ] && read -r CUT CUTL <"$1.cut" 2>/dev/null
+    [ -f "$1.cut" ] && read -r CUT CUTL <"$1.cut"
     digits "$CUT" "$CUTL" || { CUT=0; CUTL=0; }
 }
 op_count() {  # c nonce tail file
@@ -12,7 +12,7 @@ op_count() {  # c nonce tail file
     digits "$tail" || refuse "$nonce"
     cutinfo "$f"
     fsize "$f"
-    if [ "$CUT" = 0 ]; then lines=$(wc -l <"$f" 2>/dev/null)
+    if [ "$CUT" = 0 ]; then lines=$(wc -l <"$f")
     else lines=$(($(tail -c +$((CUT + 1)) -- "$f" | wc -l) + CUTL)); fi   # the front's were counted when cut
     [ "$tail" -le "$SIZE" ] || tail=$SIZE
     case $JUNK in *" $f") JUNK=${JUNK%" $f"}; JUNKN=$((JUNKN - 1)) ;; esac   # kept: the host reads it later
@@ -34,7 +34,7 @@ op_trim() {  # T nonce keep file: the front becomes a hole (fallocate), its newl
     if [ $((SIZE - CUT)) -gt $((keep * 2)) ]; then
         new=$(((SIZE - keep) / 1048576 * 1048576))
         nl=$(tail -c +$((CUT + 1)) -- "$f" | head -c $((new - CUT)) | wc -l)
-        if fallocate -p -o "$CUT" -l $((new - CUT)) "$f" 2>/dev/null; then
+        if fallocate -p -o "$CUT" -l $((new - CUT)) "$f"; then
             CUT=$new CUTL=$((CUTL + nl))
             echo "$CUT $CUTL" >"$f.cut"
         fi
@@ -46,8 +46,8 @@ op_kill() {  # k nonce pgid; no such group: the process of that number, if the a
     # root and so shares pid's uid)
     local rc
     digits "$3" || refuse "$2"
-    kill -9 -"$3" 2>/dev/null ||
-        { { field "/proc/$3" Uid; } 2>/dev/null; [ "$FV" = "$UID_" ] && kill -9 "$3" 2>/dev/null; }
+    kill -9 -"$3" ||
+        { field "/proc/$3" Uid; [ "$FV" = "$UID_" ] && kill -9 "$3"; }
     rc=$?
     untrace "$3"
     say K "$2" "" "$rc"
@@ -61,10 +61,10 @@ op_killall() {  # K nonce: every process of the agent's uid, with builtins only 
         for pass in 1 2 3 4 5 6 7 8 9 10; do
             found=0
             for p in /proc/[0-9]*; do
-                { field "$p" Uid; } 2>/dev/null
+                field "$p" Uid
                 case $FS:$FV in
                     [ZX]:*) ;;   # (dead already: a zombie waits for its parent)
-                    ?:"$UID_") kill -9 "${p#/proc/}" 2>/dev/null && killed=$((killed + 1)); found=$((found + 1)) ;;
+                    ?:"$UID_") kill -9 "${p#/proc/}" && killed=$((killed + 1)); found=$((found + 1)) ;;
                     :) found=$((found + 1)) ;;
                 esac
             done

@@ -87,7 +87,7 @@ RUNTIME = os.environ.get("PID_TEST_RUNTIME") or None
 
 
 # What only a slot shell waiting for its command has in its command line (sandbox/channel.sh's SLOT_SHELL).
-WAITING_SHELL_MARK = "read -r n f <&3"
+WAITING_SHELL_MARK = "read -r -u 3 n f"
 
 
 def signal_waiting_shells(signal_name: str) -> str:

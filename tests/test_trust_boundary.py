@@ -812,7 +812,7 @@ def inject(pid, number, *args):   # one system call in a process blocked in read
     os.waitpid(pid, 0x40000000)
     saved, regs = Regs(), Regs()
     ptrace(12, pid, ctypes.byref(saved))                          # PTRACE_GETREGS
-    if (saved.orig_rax, saved.rdi, saved.rax) != (0, 0, 2 ** 64 - 512):   # not stopped in read(0) (-ERESTARTSYS)
+    if (saved.orig_rax, saved.rdi, saved.rax) != (0, 3, 2 ** 64 - 512):   # not stopped in read(3) (-ERESTARTSYS)
         ptrace(17, pid)                                           # (not yet: it goes on, untouched)
         return None
     ctypes.pointer(regs)[0] = saved
@@ -843,7 +843,7 @@ for attempt in range(300):   # (the other slot's shell may not be waiting yet: i
             for _ in range(100):   # (a shell just started may still be root's setpriv, or not blocked in its read)
                 try:
                     try:
-                        blocked = open("/proc/%s/syscall" % entry).read().startswith("0 0x0 ")   # read(0): `<&3`
+                        blocked = open("/proc/%s/syscall" % entry).read().startswith("0 0x3 ")   # read(3): `-u 3`
                     except FileNotFoundError:   # (gVisor has no /proc/N/syscall: asleep; inject checks the registers)
                         blocked = open("/proc/%s/stat" % entry).read().rsplit(") ", 1)[1].startswith("S ")
                     ours = "\nUid:\t%d\t" % os.getuid() in open("/proc/%s/status" % entry).read()
@@ -946,7 +946,7 @@ def waiting(entry):
     if mark not in open("/proc/%s/cmdline" % entry, "rb").read() or os.stat("/proc/" + entry).st_uid != os.getuid():
         return False
     try:
-        return open("/proc/%s/syscall" % entry).read().startswith("0 0x0 ")   # blocked in read(0): its `<&3`
+        return open("/proc/%s/syscall" % entry).read().startswith("0 0x3 ")   # blocked in read(3): its `-u 3`
     except FileNotFoundError:   # (gVisor has no /proc/N/syscall)
         return open("/proc/%s/stat" % entry).read().rsplit(") ", 1)[1].startswith("S ")
 if sys.argv[2] != "waiting":
@@ -954,7 +954,8 @@ if sys.argv[2] != "waiting":
 while time.time() < end:
     for entry in os.listdir("/proc"):
         try:
-            if sys.argv[2] == "waiting" and entry.isdigit() and int(entry) not in held and waiting(entry):
+            if (sys.argv[2] == "waiting" and entry.isdigit() and int(entry) not in held | {os.getpid()}
+                    and waiting(entry)):   # (not itself: the mark is in its arguments, and it reads on fd 3 too)
                 hold(int(entry))
         except OSError:
             pass
