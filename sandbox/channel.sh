@@ -45,8 +45,7 @@
 #    (B), a tracer that holds a slot shell is killed (untrace), and a command the host stopped sending never runs.
 #    Replies copied through head (c, t, an output with NUL bytes) fork: with the table full one may come short, and
 #    the host, which counts every reply, drops that channel.
-exec 2>/dev/null   # (as its boot has it already: nothing but replies reaches the host, so kill's and read's errors
-                   # need no redirection of their own, which costs ~10 system calls each)
+exec 2>/dev/null   # (as its boot has it: only replies reach the host; no kill or read needs a redirection of its own)
 pid_opath=${PID_IMAGE_PATH:-/usr/local/bin:/usr/bin:/bin}   # the image's PATH, for the agent's commands alone
 unset PID_IMAGE_PATH
 PATH=/usr/sbin:/usr/bin:/sbin:/bin   # pid's: root-owned system directories only

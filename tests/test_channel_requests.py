@@ -76,3 +76,13 @@ def test_a_server_missing_a_part_or_started_by_a_relative_name_ends_at_once(shel
         done = subprocess.run([*shell, *argv, "agent", "77", "/tmp", "54321", "54321"], input=HIDDEN,
                               capture_output=True, timeout=20, cwd=cwd)
         assert done.returncode != 0 and done.stdout == b"", (argv, done)
+
+
+def test_a_request_line_is_one_fixed_size_read_and_never_longer():
+    """bash reads a request's first line with one `read -N` of REQUEST_HEADER bytes (a line it would read byte by
+    byte): every line is exactly that long, and one that cannot fit is refused on the host, never cut."""
+    from pid.sandbox.channel import REQUEST_HEADER
+    assert line(b"k n1 5") == b"k n1 5" + b" " * (REQUEST_HEADER - 7) + b"\n"
+    assert len(line(b"x" * (REQUEST_HEADER - 1))) == REQUEST_HEADER
+    with pytest.raises(ValueError):
+        line(b"x" * REQUEST_HEADER)
