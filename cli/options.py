@@ -87,14 +87,15 @@ class Url(click.ParamType):
 
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
         text = str(value).strip()
-        try:
+        scheme: str | None = None
+        host: str | None = None
+        try:   # (ValueError: a bad port, or an unclosed IPv6 bracket)
             parts = urllib.parse.urlsplit(text)
-            host = parts.hostname
-            parts.port  # raises on a bad port
+            scheme, host, _ = parts.scheme, parts.hostname, parts.port
         except ValueError:
-            host = None
+            pass
         # (nothing unprintable either: a tasks file's URL is shown in messages, and no server's needs one)
-        if parts.scheme not in ("http", "https") or not host or re.search(r"\s", text) or not text.isprintable():
+        if scheme not in ("http", "https") or not host or re.search(r"\s", text) or not text.isprintable():
             self.fail(f"{value!r} is not an http(s) URL (e.g. http://localhost:8000/v1)", param, ctx)
         return text
 

@@ -71,6 +71,10 @@ def test_bad_values_raise_pid_error_with_the_messages_of_the_shared_checks(api_e
     # values of the wrong type are refused as bad values too, not as Python's own errors (a new-user test's)
     with pytest.raises(pid.PidError, match="^repo must be a path or a URL, not int$"):
         pid.submit("t", repo=5, model="m")   # type: ignore[arg-type]
+    with pytest.raises(pid.PidError, match=r"^--file takes strings, numbers or paths \(or a list of them\), not dict$"):
+        pid.submit("t", repo=sample_repo, model="m", files={"a": 1})   # (it became a path named "{'a': 1}")
+    with pytest.raises(pid.PidError, match="^Invalid value for '--base-url': 'http://\\[::1' is not an http"):
+        pid.submit("t", repo=sample_repo, model="m", base_url="http://[::1")   # (it raised UnboundLocalError)
 
 
 def test_the_environment_gives_the_same_defaults_as_on_the_command_line(api_env, sample_repo, monkeypatch):

@@ -90,7 +90,7 @@ def test_a_check_given_twice_is_refused_not_the_last_one_kept(tmp_path, monkeypa
                                    "--check", "pytest"])
     assert res.exit_code == 2 and "'--check': given 2 times; a job takes one" in " ".join(res.output.split())
     for many in (["ruff check .", "pytest"], []):   # ([] had meant no check at all)
-        with pytest.raises(pid.PidError, match="check takes one value, a string, not list"):
+        with pytest.raises(pid.PidError, match="^--check takes one value, a string, not list$"):
             pid.submit("t", repo=tmp_path, model="m", check=many)
 
 

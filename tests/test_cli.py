@@ -112,6 +112,7 @@ BAD_VALUES = [
     ("--base-url", "ftp://example.com/v1", "not an http(s) URL"),
     ("--base-url", "localhost:8000", "not an http(s) URL"),
     ("--base-url", "http://x.example/v1\x1b[2J", "not an http(s) URL"),   # (its escape would reach a terminal)
+    ("--base-url", "http://[::1/v1", "not an http(s) URL"),                 # (an unclosed IPv6 bracket)
     ("--image", "Not/A Valid:image!", "not a valid image reference"),
     ("--api", "nope", "not one of openai, anthropic"),
     ("--tools", "read,nope", "unknown tool(s) nope; choose from read, bash, edit, write"),

@@ -79,3 +79,7 @@ def test_a_failed_tool_s_line_gives_its_reason_and_bash_s_its_ending():
         "Command exited with code 1"
     assert line("bash", 'Validation failed for tool "bash":\n  - timeout: must be > 0\n\nReceived arguments:\n'
                         '{\n  "command": "ls",\n  "timeout": -1\n}') == "timeout: must be > 0"
+    from pid.messages import ToolCall
+    from pid.tools.registry import default_registry   # arguments that are no JSON: the reason, not the echo of them
+    refused = default_registry().execute(ToolCall("c", "bash", {}, raw_arguments="{not json"), None)  # type: ignore
+    assert line("bash", refused.content[0].text).startswith('The arguments for tool "bash" were not valid JSON')

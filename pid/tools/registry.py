@@ -11,7 +11,7 @@ from pid.messages import ToolCall, ToolSpec
 from pid.sandbox_api import SandboxLost
 from pid.tools import bash, edit, read, write
 from pid.tools.base import Tool, ToolContext, ToolResult, ToolSettings
-from pid.tools.schema import format_validation_error, validate
+from pid.tools.schema import NOT_RUN, format_validation_error, validate
 from pid.tools.truncate import utf8_len
 
 RAW_ARGUMENTS_QUOTE_CHARS = 2000
@@ -100,14 +100,14 @@ def _oversized(arguments: Any) -> tuple[str, int] | None:
 
 def _oversized_message(name: str, where: str, size: int) -> str:
     return (f'Argument "{where}" of tool "{name}" is {size} bytes, over the limit of {MAX_ARGUMENT_BYTES} bytes '
-            f"({MAX_ARGUMENT_BYTES >> 20} MiB) for one argument, so the tool was not run. Split the work into smaller "
+            f"({MAX_ARGUMENT_BYTES >> 20} MiB) for one argument, {NOT_RUN}. Split the work into smaller "
             f"calls (a large file: write a first part, then append the rest).")
 
 
 def _invalid_json_message(name: str, raw: str) -> str:
     quoted = raw if len(raw) <= RAW_ARGUMENTS_QUOTE_CHARS else (
         raw[:RAW_ARGUMENTS_QUOTE_CHARS] + f"... [truncated, {len(raw)} characters total]")
-    return (f'The arguments for tool "{name}" were not valid JSON, so the tool was not run. '
+    return (f'The arguments for tool "{name}" were not valid JSON, {NOT_RUN}. '
             f"Send the arguments again as one valid JSON object.\n\nReceived:\n{quoted}")
 
 

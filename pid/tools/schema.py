@@ -24,8 +24,14 @@ def validate(schema: dict[str, Any], value: Any) -> tuple[Any, list[ValidationEr
     return _check(schema, value, "", errors), errors
 
 
+# The first lines of the errors of a call that was refused before it ran (their reason first, not an ending: the
+# CLI's one line for a failed call, pid/event_records.py): arguments the tool refused, and the registry's own.
+VALIDATION_FAILED = "Validation failed for tool"
+NOT_RUN = "so the tool was not run"   # (pid/tools/registry.py: arguments that are not JSON, or too big)
+
+
 def format_validation_error(tool_name: str, errors: list[ValidationError], received: Any) -> str:
-    lines = [f'Validation failed for tool "{tool_name}":']
+    lines = [f'{VALIDATION_FAILED} "{tool_name}":']
     lines += [f"  - {path}: {problem}" for path, problem in errors]
     return "\n".join(lines) + "\n\nReceived arguments:\n" + json.dumps(received, indent=2, default=str)
 
