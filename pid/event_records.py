@@ -14,7 +14,7 @@ from typing import Any
 from pid import events as ev
 from pid.messages import AssistantMessage
 from pid.terminal import one_line, shown
-from pid.tools.schema import NOT_RUN, VALIDATION_FAILED
+from pid.tools.schema import NOT_RUN, REFUSED_OPENINGS, VALIDATION_FAILED
 from pid.tools.summary import summarize_call
 
 TEXT_MAX = 2000
@@ -44,7 +44,7 @@ class EventRecords:
                 "is_error": event.result.is_error, "output": output_excerpt(event.result.text), "t": now}
             if event.result.is_error:   # bash's says how it ended last; the other tools, and a refused call, why first
                 lines = [line for line in event.result.text.strip().splitlines() if line.strip()] or [""]
-                ending = event.name == "bash" and not (lines[0].startswith(VALIDATION_FAILED) or NOT_RUN in lines[0])
+                ending = event.name == "bash" and not refused(lines[0])
                 record["error_line"] = one_line(lines[-1] if ending else invalid_arguments(lines))[:200]
             return record
         if isinstance(event, ev.MessageEnd) and isinstance(event.message, AssistantMessage):
@@ -117,6 +117,12 @@ def job_record(status: str, **fields: Any) -> dict[str, Any]:
     puts it back, it ends)."""
     return {"type": "job", "status": status, **{k: v for k, v in fields.items() if v is not None},
             "t": round(time.time(), 3)}
+
+
+def refused(first_line: str) -> bool:
+    """The error of a call refused before it ran (not a command's output, whose last line says how it ended)."""
+    return first_line.startswith(VALIDATION_FAILED) or (first_line.startswith(REFUSED_OPENINGS)
+                                                         and NOT_RUN in first_line)
 
 
 def invalid_arguments(lines: list[str]) -> str:

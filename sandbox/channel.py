@@ -66,7 +66,7 @@ HELLO_LIMIT = 4096       # a setup failure's reason
 DIRECT_MAX = 4000       # a command the host writes into a slot's FIFO itself: one atomic write (PIPE_BUF is 4096)
 
 # The only paths a request names are output files the server itself reported: checked once, sent as they are.
-OUTPUT_FILE = re.compile(r"/\.pid/out/[0-9]+\.[0-9]+")
+OUTPUT_FILE = re.compile(r"/\.pid/out/[0-9]{1,10}\.[0-9]{1,12}")   # (so that a request naming one fits its line)
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)   # (Linux, the BSDs, macOS)
 
 
@@ -334,8 +334,8 @@ def read_reply(reader: BoundedReader, nonce: bytes, expect: Mapping[bytes, str],
 def request_line(header: bytes) -> bytes:
     """A request's first line, REQUEST_HEADER bytes with its newline (the fields are pid's: numbers, a nonce, an
     output file's name)."""
-    if len(header) >= REQUEST_HEADER:
-        raise ValueError(f"a request header of over {REQUEST_HEADER - 1} bytes: {header[:80]!r}")
+    if len(header) >= REQUEST_HEADER or b"\n" in header:
+        raise ValueError(f"a request header of over {REQUEST_HEADER - 1} bytes, or of two lines: {header[:80]!r}")
     return header.ljust(REQUEST_HEADER - 1) + b"\n"
 
 

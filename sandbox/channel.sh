@@ -73,6 +73,7 @@ for d in /sys/fs/cgroup/pids /sys/fs/cgroup; do [ -r "$d/pids.max" ] && { CG=$d;
 [ -z "$CG" ] || read -r PMAX <"$CG/pids.max"
 case $PMAX in ''|*[!0-9]*) PMAX= ;; esac
 DIRECT_MAX=4000   # at most one page ever goes into a slot's FIFO (channel.py: DIRECT_MAX); see SLOT_SHELL
+REQUEST_HEADER=128   # a request's first line, its newline last and alone (channel.py: REQUEST_HEADER); see request
 SLOTS=         # bash agent servers: commands run on two pre-started slot shells (see SLOT_SHELL)
 DUE=           # (bash) a used slot's successor is still to be started
 NOSETPRIV="the image has no setpriv (util-linux), needed to run commands as a non-root user; use --user root or add\
@@ -318,7 +319,11 @@ readcmd() {  # (stdin is a pipe or socket: bash reads no further)
     CMD=; [ "$1" = 0 ] || IFS= read -r -N "$1" CMD; [ "${#CMD}" -eq "$1" ] || quit
 }
 host_gone() { read -r -t 0; }
-request() { IFS= read -r -N $((128 - ${#FIRST})) LINE; }   # LINE <- the rest of a request's first line (above)
+request() {  # LINE <- the rest of a request's first line, read at once; a line out of step is refused (op "-")
+    IFS= read -r -N $((REQUEST_HEADER - ${#FIRST})) LINE || return 1
+    case $FIRST${LINE%"$LF"} in *"$LF"*) LINE=- FIRST= ;; esac
+    case $LINE in *"$LF") ;; *) LINE=- FIRST= ;; esac
+}
 say() { printf '%s %s%s %d\n%s' "$1" "$2" "${4+ ${*:4}}" "${#3}" "$3"; }   # tag, nonce, payload (no NUL), fields
 say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes, in one read
     # without a fork; a read stops early at a NUL byte, which a variable cannot hold: then a copy through head

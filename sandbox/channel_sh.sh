@@ -20,6 +20,8 @@ hello_more() { :; }
 readcmd() {  # CMD <- $1 bytes of stdin; fewer (the host gave up half-way): nothing of it may run, the server ends
     CMD=$(take "$1"; echo .); CMD=${CMD%.}; [ "${#CMD}" -eq "$1" ] || quit   # (the dot keeps trailing newlines)
 }
-request() { IFS= read -r LINE; }   # (by lines: the padding goes as the fields are split)
+request() {  # (by lines; one of another length is out of step: refused, as op "-")
+    IFS= read -r LINE || return 1; [ "${#LINE}" -eq $((REQUEST_HEADER - 1)) ] || LINE=-
+}
 host_gone() { false; }; idle() { :; }   # POSIX sh cannot tell, nor start a shell ahead (bash: channel.sh)
 quit() { rm -f "$MARK"; exit 0; }

@@ -78,11 +78,20 @@ def test_a_server_missing_a_part_or_started_by_a_relative_name_ends_at_once(shel
         assert done.returncode != 0 and done.stdout == b"", (argv, done)
 
 
-def test_a_request_line_is_one_fixed_size_read_and_never_longer():
-    """bash reads a request's first line with one `read -N` of REQUEST_HEADER bytes (a line it would read byte by
-    byte): every line is exactly that long, and one that cannot fit is refused on the host, never cut."""
+def test_the_host_pads_every_request_line_to_one_size_and_never_cuts_one():
     from pid.sandbox.channel import REQUEST_HEADER
     assert line(b"k n1 5") == b"k n1 5" + b" " * (REQUEST_HEADER - 7) + b"\n"
     assert len(line(b"x" * (REQUEST_HEADER - 1))) == REQUEST_HEADER
-    with pytest.raises(ValueError):
-        line(b"x" * REQUEST_HEADER)
+    for unfit in (b"x" * REQUEST_HEADER, b"k n1 5\nk n2 6"):
+        with pytest.raises(ValueError):
+            line(unfit)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("first", [b"t n0 0 0 /dev/null\n",                        # a line, unpadded
+                                   line(b"t n0 0 0 /dev/null")[:-1] + b" \n",      # one byte too many
+                                   b"t n0\n" + line(b"0 0 /dev/null")[5:]])        # the right size, two lines
+def test_a_request_line_of_another_size_is_refused_and_ends_the_server(shell, first):
+    """bash reads a request's first line with one `read -N` of REQUEST_HEADER bytes (it reads a line byte by byte),
+    sh by lines: either way a line that is not exactly that, its newline last and alone, is out of step."""
+    assert serve(shell, first + HIDDEN) == b"E  0\n"

@@ -322,6 +322,24 @@ def test_a_summary_asks_for_no_more_than_the_model_can_answer(tmp_path):
     assert model.summaries and {s["max_tokens"] for s in model.summaries} == {4096}
 
 
+def test_a_summary_call_is_made_by_a_sibling_of_the_jobs_provider(tmp_path):
+    """Its sibling knows what the job's provider learned of the endpoint (a refusal once it answered is a restart:
+    tests/test_providers.py), where a provider made anew would take it for a wrong URL."""
+    model = LongJob(turns=20)
+    with ScriptedLLM(responder=model) as llm:
+        provider = make_provider(ProviderConfig(model="scripted", base_url=llm.base_url))
+        siblings: list[Any] = []
+        made_by = provider.sibling
+        provider.sibling = lambda config: siblings.append(made_by(config)) or siblings[-1]  # type: ignore[method-assign]
+        with make_box() as box:
+            agent = Agent(provider, default_registry(), ToolContext(sandbox=box), "system",
+                          compactor=Compactor(provider, WINDOW, max_output_tokens=4096))
+            assert agent.run("go").status == "completed"
+        provider.close()
+    assert model.summaries and len(siblings) == len(model.summaries)
+    assert all((s.config.max_tokens, s.config.thinking) == (4096, "off") for s in siblings)
+
+
 def test_without_a_compaction_the_session_context_is_the_whole_branch():
     from pid.session import read_session
     fixture = Path(__file__).parent / "fixtures" / "pi-session-v3-sample.jsonl"

@@ -83,3 +83,4 @@ def test_a_failed_tool_s_line_gives_its_reason_and_bash_s_its_ending():
     from pid.tools.registry import default_registry   # arguments that are no JSON: the reason, not the echo of them
     refused = default_registry().execute(ToolCall("c", "bash", {}, raw_arguments="{not json"), None)  # type: ignore
     assert line("bash", refused.content[0].text).startswith('The arguments for tool "bash" were not valid JSON')
+    assert line("bash", "so the tool was not run\nCommand exited with code 1") == "Command exited with code 1"

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import functools
 import json
 import socket

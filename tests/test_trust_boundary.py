@@ -886,6 +886,18 @@ def inject(box: DockerSandbox, *syscall: int) -> None:
     assert result.exit_code == 0 and int(words[-1]) >= 1, result.tail
 
 
+def test_the_agents_command_holds_no_descriptor_of_pids_fifos():
+    """A slot shell reads its command from a FIFO of pid's (fd 3, opened as root) and closes it before the command
+    runs: a command that kept it could read the next command sent to that slot, which then would not run."""
+    with new_box("test-trust-fds", ttl_s=300) as box:
+        listing = "for f in /proc/$$/fd/*; do readlink \"$f\"; done; true"   # (the glob's own fd is gone by then)
+        for command in (listing, listing + "\n#" + "p" * 5000):   # (a short one straight, a long one via a file)
+            result = box.exec(command, timeout=20)
+            targets = result.tail.decode().split()
+            assert result.exit_code == 0 and any(t.startswith("/.pid/out/") for t in targets), result
+            assert not [t for t in targets if t.startswith("/.pid/run") or t.startswith("pipe:")], targets
+
+
 @ptraced
 def test_a_waiting_shells_descriptor_cannot_write_its_pipe_or_change_the_servers_reads():
     """A waiting shell's command descriptor, duplicated by ptrace for the agent's next command, used to be the

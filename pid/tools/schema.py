@@ -24,10 +24,12 @@ def validate(schema: dict[str, Any], value: Any) -> tuple[Any, list[ValidationEr
     return _check(schema, value, "", errors), errors
 
 
-# The first lines of the errors of a call that was refused before it ran (their reason first, not an ending: the
-# CLI's one line for a failed call, pid/event_records.py): arguments the tool refused, and the registry's own.
+# How the errors of a call refused before it ran begin (their reason first, not an ending: the CLI's one line for
+# a failed call, pid/event_records.py): arguments the tool refused, and the registry's own (pid/tools/registry.py:
+# arguments that are no JSON, or too big), whose first line also says NOT_RUN.
 VALIDATION_FAILED = "Validation failed for tool"
-NOT_RUN = "so the tool was not run"   # (pid/tools/registry.py: arguments that are not JSON, or too big)
+NOT_RUN = "so the tool was not run"
+REFUSED_OPENINGS = ('The arguments for tool "', 'Argument "')
 
 
 def format_validation_error(tool_name: str, errors: list[ValidationError], received: Any) -> str:
