@@ -20,8 +20,8 @@ from pid import settings
 from pid.costs import format_cost
 from pid.config import HomeUnusable, ensure_pid_home, pid_home
 from pid.cli.ids import JOB_ID, NoSuchJob
-from pid.cli.options import (MAX_WORKSPACE_OPTION, QUEUE_OPTION, EnvOption, Number, PoolSpec, QueueName, format_size,
-                             job_options)
+from pid.cli.options import (MAX_WORKSPACE_OPTION, QUEUE_OPTION, EnvOption, Number, PoolSpec, QueueName, Url,
+                             format_size, job_options)
 from pid.cli.status_line import on_terminal
 from pid.cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, echo, format_duration,
                             print_result, styled, wait_for)
@@ -594,6 +594,7 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
            allow_volatile_store: bool) -> None:
     """Start a worker that runs queued jobs (Ctrl-C: finish the running jobs, then stop; twice, or SIGTERM, or
     SIGHUP: hand them back to the queue now)."""
+    _check_own_endpoint()
     check_broker()
     from pid.jobs import policy
     if policy_file:
@@ -615,6 +616,17 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
     app.worker_main([*quiet, "worker", f"--concurrency={concurrency}", f"--queues={queues}",
                      f"--hostname={node_name()}", f"--loglevel={loglevel.upper()}", "--without-gossip",
                      "--without-mingle", *(["--task-events"] if events else [])])
+
+
+def _check_own_endpoint() -> None:
+    """A worker's PID_BASE_URL names the endpoint its own API key is for (pid.config.EnvDefaults): a malformed one
+    would send the key to no job, without a word."""
+    raw = settings.BASE_URL.raw()
+    if raw:
+        try:
+            Url().convert(raw, None, None)
+        except click.BadParameter as exc:
+            raise BadInput(f"${settings.BASE_URL.name}: {exc.message}") from None
 
 
 def _volatile_store() -> str | None:

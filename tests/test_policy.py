@@ -219,6 +219,14 @@ def test_a_bad_policy_file_stops_the_worker_in_one_line(run_pid, tmp_path):
 
 
 @pytest.mark.cli
+def test_a_malformed_endpoint_for_the_workers_own_key_stops_it_in_one_line(run_pid, pid_env):
+    r = run_pid("worker", env={**pid_env, "PID_BASE_URL": "http://[::1/v1"}, timeout=60)
+    assert r.code == 2 and r.stderr.strip().endswith("$PID_BASE_URL: 'http://[::1/v1' is not an http(s) URL "
+                                                     "(e.g. http://localhost:8000/v1)"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.cli
 def test_a_batch_says_per_line_what_no_worker_admits(run_pid, pid_env, tmp_path):
     policy = tmp_path / "policy.toml"
     policy.write_text('max_cpus = 1\nallow_network = ["none"]\n')
