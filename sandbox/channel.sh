@@ -6,8 +6,8 @@
 # (dash and busybox ash have it).
 #
 # THE PROTOCOL (the only one; channel.py reads every reply with one reader, Channel._reply):
-#   request: "<op> <nonce> <numbers...> [<output file>]", padded with spaces to 127 bytes, and "\n" (bash reads it in
-#            one read: REQUEST_HEADER), then, for r, <cmdlen> bytes of command, <datalen> of data.
+#   request: "<op> <nonce> <numbers...> [<output file>]", padded with spaces to 127 bytes, and "\n" (exactly: bash
+#            reads it in one read, REQUEST_HEADER), then, for r, <cmdlen> bytes of command, <datalen> of data.
 #   reply:   "<TAG> <nonce> <fields...> <len>\n" then exactly <len> bytes of payload.
 #   The nonce is the request's (random, fresh per request): a reply is taken only for the request that asked, and
 #   its payload is counted, never searched for an end mark, so no byte of the agent's output can end or fake a reply.
