@@ -439,12 +439,12 @@ def _args(command: Any, command_name: str, options: dict[str, Any], cli_only: se
             continue
         if isinstance(param, OnceOption) and not isinstance(value, str):   # (check=[] had meant no check at all)
             raise PidError(f"{flag} takes one value, a string, not {type(value).__name__}")
-        many = param.multiple and isinstance(value, (list, tuple))
-        for item in value if isinstance(value, (list, tuple)) else [value]:
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        for item in items:
             if not isinstance(item, (str, int, float, os.PathLike)):   # (a dict would have become its repr)
                 raise PidError(f"{flag} takes strings, numbers or paths (or a list of them), not "
                                f"{type(item).__name__}")
-        args += [f"{flag}={_as_text(v)}" for v in (value if many else [value])]
+        args += [f"{flag}={_as_text(v)}" for v in (items if param.multiple else [value])]
     return args
 
 
