@@ -9,11 +9,10 @@ submitted job's, so that `retry` and `continue` run on the very tree the job saw
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 from pid.sandbox_api import SandboxError
 from pid.sandbox_lifecycle import JobSandbox
@@ -40,35 +39,41 @@ def git_source(repo: str) -> GitSource | None:
 
 
 def pack_and_store(root: str, blobs: Blobs, max_bytes: int, tmp_dir: str | None = None) -> Packed:
-    """Pack the directory `root` (pid.sandbox.workspace.pack_tar: deterministic, links kept as links) into a temporary
-    file, hashing as it is written, and store it unless a blob of that digest is already there. Raises
-    WorkspaceTooLarge past `max_bytes` (0: no limit), OSError when the tree cannot be read."""
-    fd, tmp = tempfile.mkstemp(prefix=".pid-pack-", dir=tmp_dir)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            packed = pack_tar(root, out, 0, 0, max_bytes)
+    """Pack the directory `root` (pid.sandbox.workspace.pack_tar: deterministic, links kept as links) into an anonymous
+    temporary file (nothing is left behind if the process is killed), hashing as it is written, and store it unless a
+    blob of that digest is already there. Raises WorkspaceTooLarge past `max_bytes` (0: no limit), OSError when the
+    tree cannot be read."""
+    with tempfile.TemporaryFile(prefix=".pid-pack-", dir=tmp_dir) as out:
+        packed = pack_tar(root, out, 0, 0, max_bytes)
+        out.flush()
         if not blobs.has(packed.digest):
-            blobs.put_file(tmp, packed.digest)
+            blobs.put_file(_name_of(out), packed.digest)
         return packed
-    finally:
-        os.unlink(tmp)
+
+
+def _name_of(file: IO[bytes]) -> str:
+    """A name that opens the unlinked `file` again, as a reader of its own (its own offset), as a path would."""
+    return f"/proc/self/fd/{file.fileno()}"
 
 
 class DirSnapshot:
-    """A directory as its `pid run` job saw it: the tar its sandbox imports, in a temporary file until close().
+    """A directory as its `pid run` job saw it: the tar its sandbox imports, in an anonymous temporary file (unlinked
+    from its creation: a `pid run` killed with SIGKILL leaves no workspace-sized file behind) until close().
     keep() stores it as a blob in a thread of its own: the model's first request never waits for the store."""
 
     def __init__(self, root: str, max_bytes: int) -> None:
-        fd, self.path = tempfile.mkstemp(prefix="pid-snapshot-")
+        self._file = tempfile.TemporaryFile(prefix="pid-snapshot-")
         try:
-            with os.fdopen(fd, "wb") as out:
-                self.packed: Packed = pack_tar(root, out, 0, 0, max_bytes)
+            self.packed: Packed = pack_tar(root, self._file, 0, 0, max_bytes)
+            self._file.flush()
         except BaseException as exc:
-            os.unlink(self.path)
+            self._file.close()
             if isinstance(exc, WorkspaceTooLarge):
                 raise SandboxError(f"{root} is larger than the workspace limit ({max_bytes} bytes once packed)"
                                    ) from None
             raise
+        # the check and the store may read it at the same time: each open() of its name is a reader of its own
+        self.path = _name_of(self._file)
         self.kept = False
         self._keeping: threading.Thread | None = None
 
@@ -96,10 +101,7 @@ class DirSnapshot:
         """Once stored (if it is being), the temporary file goes."""
         if self._keeping is not None:
             self._keeping.join()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        self._file.close()
 
 
 def open_packed(workspace: str, blobs: Blobs | None = None) -> BinaryIO:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +31,7 @@ IMAGE = os.environ.get("PID_TEST_IMAGE", "pid-sandbox:latest")
 
 # In-process sandboxes (tool and sandbox tests) keep their job disks, and take their owner label, from a home of
 # this run's own: nothing is shared with a real installation on the machine.
-os.environ["PID_HOME"] = tempfile.mkdtemp(prefix="pid-test-home-")
+os.environ["PID_HOME"] = HOME = tempfile.mkdtemp(prefix="pid-test-home-")
 # Every container this run makes, here or in the pid processes it starts, carries this id: the leak check at the end
 # counts and removes only those (the engine is shared with other runs and real workers).
 RUN_ID = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -262,6 +263,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
               file=sys.stderr)
     if leaked or _leaked_on_workers:
         session.exitstatus = 1
+    _remove_home()
+
+
+def _remove_home() -> None:
+    """This run's PID_HOME goes once its containers have: a job disk a killed pid process left mounted there is
+    reaped first (as a worker's sweep would), then the directory is removed."""
+    from pid.sandbox.disk import reap_disks
+    reap_disks(os.path.join(HOME, "disks"))
+    shutil.rmtree(HOME, ignore_errors=True)
 
 
 def _leak_check() -> str:

@@ -102,7 +102,9 @@ def test_a_foreground_run_is_cancelled_from_another_terminal(run_pid, pid_env, s
 
 
 def test_a_killed_foreground_run_is_ended_by_the_next_command_that_sweeps(run_pid, pid_env, sample_repo, tmp_path):
-    env = {**pid_env, "PID_LEASE_S": "2"}
+    tmp = tmp_path / "tmp"   # its TMPDIR: where its snapshot of the repository was (anonymous: nothing stays behind)
+    tmp.mkdir()
+    env = {**pid_env, "PID_LEASE_S": "2", "TMPDIR": str(tmp)}
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 100"}}],
                "usage": {"prompt_tokens": 1000, "completion_tokens": 50}}]
     with ScriptedLLM(script) as llm:
@@ -115,6 +117,7 @@ def test_a_killed_foreground_run_is_ended_by_the_next_command_that_sweeps(run_pi
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     assert [c for c in pid_containers() if c.labels.get("pid.job") == job["id"]]   # the orphan is still there
+    assert list(tmp.iterdir()) == []
     time.sleep(2.5)                                                                 # its lease lapses
     status = run_pid("status", job["id"], env=env)
     assert "failed" in status.stdout and "client_lost" in status.stdout, status.stdout
