@@ -788,6 +788,59 @@ def test_a_chunk_not_shaped_as_a_chat_completion_fails_the_reply_saying_so(chunk
                                           "completion chunk): "), reply.error_message
 
 
+_ANSWER = b'data: {"choices": [{"delta": {"content": "hi"}, "finish_reason": "stop"}]}\n\n'
+_A_TEXT = (b'event: content_block_start\ndata: {"type": "content_block_start", "index": 0, '
+           b'"content_block": {"type": "text", "text": "hi"}}\n\n')
+_A_END = (b'event: message_delta\ndata: {"type": "message_delta", "delta": {"stop_reason": "end_turn"}}\n\n'
+          b'event: message_stop\ndata: {"type": "message_stop"}\n\n')
+
+
+@pytest.mark.parametrize("api, body", [
+    ("openai", _ANSWER + b'data: {"choices": [], "usage": [1, 2]}\n\ndata: [DONE]\n\n'),
+    ("openai", _ANSWER + b'data: {"choices": [], "usage": "lots"}\n\ndata: [DONE]\n\n'),
+    (ANTHROPIC, b'event: message_start\ndata: {"type": "message_start", "message": {"id": ["x"], "usage": [1]}}\n\n'
+     + _A_TEXT + b'event: message_delta\ndata: {"type": "message_delta", "delta": ["x"], "usage": "lots"}\n\n'
+     + _A_END)])
+def test_a_usage_not_shaped_as_one_is_no_usage(api: str, body: bytes) -> None:
+    """A usage that is no object failed the job with Python's words, its call uncounted (an attack review's:
+    `'list' object has no attribute 'get'`, escaping the provider): now it is no usage, as a missing one."""
+    reply = _raw_reply(body, api=api)
+    assert (reply.stop_reason, reply.text, reply.usage.input, reply.usage.output) == ("stop", "hi", 0, 0), reply
+    assert reply.response_id is None or isinstance(reply.response_id, str)
+
+
+def test_a_finish_reason_that_is_no_string_still_ends_the_answer() -> None:
+    """(It was looked up as a key: a dict raised TypeError out of the provider.)"""
+    reply = _raw_reply(b'data: {"choices": [{"delta": {"content": "hi"}, "finish_reason": {"x": 1}}]}\n\n'
+                       b"data: [DONE]\n\n")
+    assert (reply.stop_reason, reply.text, reply.error_message) == ("stop", "hi", None), reply
+
+
+@pytest.mark.parametrize("index", [b'"zz"', b"[0]", b"1.5", b"true"])
+def test_a_content_block_index_that_is_no_whole_number_fails_the_reply_saying_so(index: bytes) -> None:
+    """Indexes 0 and "zz" could not be put in order: the reply raised TypeError out of the provider (an attack
+    review's), and a list as an index could not even be stored."""
+    second = _A_TEXT.replace(b'"index": 0', b'"index": ' + index)
+    reply = _raw_reply(_A_TEXT + second + _A_END, api=ANTHROPIC)
+    assert reply.stop_reason == "error", reply
+    assert reply.error_message.startswith("malformed stream data from the server: a content block's index is not a "
+                                          "whole number: "), reply.error_message
+
+
+def test_a_reply_the_provider_cannot_make_a_message_of_is_a_failed_message_never_an_exception(monkeypatch) -> None:
+    """Whatever a server's data breaks in the last step (the message made of the reply) ends as the provider's
+    failure, with the call still made and counted: the seam never raises."""
+    from pid.providers import openai
+
+    def broken(self, reply):
+        raise TypeError("'<' not supported between instances of 'str' and 'int'")
+    monkeypatch.setattr(openai.OpenAIProvider, "_message", broken)
+    reply = _raw_reply(_ANSWER + b"data: [DONE]\n\n")
+    assert (reply.stop_reason, reply.content, reply.api) == ("error", [], "openai-completions"), reply
+    assert reply.error_message == ("malformed reply from the server (TypeError: '<' not supported between instances "
+                                   "of 'str' and 'int')"), reply.error_message
+
+
 # -- what a hostile endpoint sends between and after events (from an attack review) ------------------------------
 
 def test_empty_data_lines_count_toward_the_event_bound() -> None:

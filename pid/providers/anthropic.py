@@ -159,8 +159,9 @@ class _Reply(StreamReply):
     def feed(self, event: str, payload: dict[str, Any], on_text: StreamListener | None) -> None:
         kind = payload.get("type") or event
         if kind == "content_block_delta":
-            block = self.blocks.get(payload.get("index", 0))
-            delta = payload.get("delta") or {}
+            at = _index(payload.get("index", 0))
+            block = self.blocks.get(at) if at is not None else None
+            delta = _dict(payload.get("delta"))
             if block is None:
                 return
             delta_type = delta.get("type")
@@ -177,7 +178,12 @@ class _Reply(StreamReply):
             if on_text is not None and delta_type == "text_delta":
                 on_text(piece)
         elif kind == "content_block_start":
-            start = payload.get("content_block") or {}
+            index = _index(payload.get("index", len(self.blocks)))
+            if index is None:
+                self.fail("malformed stream data from the server: a content block's index is not a whole number: "
+                          + truncate(repr(payload.get("index"))))
+                return
+            start = _dict(payload.get("content_block"))
             block = _Block(_str(start.get("type")), id=_str(start.get("id")), name=_str(start.get("name")),
                            data=_str(start.get("data")) if start.get("type") == "redacted_thinking" else "")
             first = ""
@@ -187,21 +193,21 @@ class _Reply(StreamReply):
                 first = json.dumps(start["input"])
             block.parts.append(first)
             self.grow(BLOCK_BYTES + sum(utf8_size(t) for t in (block.id, block.name, block.data, first)))
-            self.blocks[payload.get("index", len(self.blocks))] = block
+            self.blocks[index] = block
         elif kind == "message_start":
-            message = payload.get("message") or {}
-            self.response_id = message.get("id")
-            self._count(message.get("usage") or {})
+            message = _dict(payload.get("message"))
+            self.response_id = _str(message.get("id")) or None
+            self._count(_dict(message.get("usage")))
         elif kind == "message_delta":
-            self.stop_reason = (payload.get("delta") or {}).get("stop_reason") or self.stop_reason
-            self._count(payload.get("usage") or {})
+            self.stop_reason = _str(_dict(payload.get("delta")).get("stop_reason")) or self.stop_reason
+            self._count(_dict(payload.get("usage")))
         elif kind == "message_stop":
             self.done = True
         elif kind == "error":
             error = payload.get("error") or {}
-            label = error.get("type", "error") if isinstance(error, dict) else "error"
-            message = error.get("message", "") if isinstance(error, dict) else str(error)
-            self.fail(f"the server reported an error mid-stream ({label}): {truncate(message)}",
+            label = _str(error.get("type")) or "error" if isinstance(error, dict) else "error"
+            said = _str(error.get("message")) if isinstance(error, dict) else str(error)
+            self.fail(f"the server reported an error mid-stream ({label}): {truncate(said)}",
                       retry=_STREAM_RETRY.get(label), status=529 if label == "overloaded_error" else None)
 
     def _count(self, usage: dict[str, Any]) -> None:
@@ -243,6 +249,16 @@ class _Reply(StreamReply):
 
 def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    """A field the format says is an object: anything else reads as an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def _index(value: Any) -> int | None:
+    """A content block's index, when it is one (a block keyed by anything else could not be put in order)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _tool_id(call_id: str) -> str:

@@ -114,7 +114,7 @@ class _Reply(StreamReply):
                       retry=_stream_error_retry(chunk["error"]))
             return
         usage = chunk.get("usage")
-        if usage:
+        if usage and isinstance(usage, dict):   # (anything else is no usage: the tokens are estimated)
             self.raw_usage = usage
         choices = chunk.get("choices")
         if not choices:
@@ -145,8 +145,9 @@ class _Reply(StreamReply):
             # fragment of `tool_calls` in `function_call` within the same delta (appending both doubled them).
             if delta.get("function_call") and not delta.get("tool_calls"):
                 self._call_fragment({"index": 0, "function": delta["function_call"]})
-        if choice.get("finish_reason"):
-            self.finish = choice["finish_reason"]
+        if choice.get("finish_reason"):   # (a string; anything else is read as the end it still marks)
+            finish = choice["finish_reason"]
+            self.finish = finish if isinstance(finish, str) else "stop"
 
     def _append(self, kind: str, piece: str, source: str | None = None) -> None:
         self.grow(utf8_size(piece))

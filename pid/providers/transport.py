@@ -28,7 +28,7 @@ import httpcore
 import httpx
 
 from pid.messages import AssistantMessage, Message, ToolSpec
-from pid.config import KEYED_HOSTS
+from pid.config import API_NAMES, KEYED_HOSTS
 from pid.providers import retry
 from pid.providers.base import ProviderConfig, without_images
 
@@ -639,7 +639,7 @@ class StreamingProvider:
         try:
             if self._missing_key:
                 reply.fail(self._missing_key, aborted=False)
-                return self._message(reply)
+                return self._finish(reply)
             if not self.config.images:
                 messages = without_images(messages)
             body = self.request_bytes(system, messages, tools)
@@ -663,7 +663,7 @@ class StreamingProvider:
                 elif reply.error is None and not reply.finished:
                     reply.fail(UNFINISHED_MESSAGE, retry=retry.STREAM_BROKE)
                 if reply.error is None or reply.aborted or reply.retry is None:
-                    return self._message(reply)
+                    return self._finish(reply)
                 now = retry.clock()
                 retrying_since = retrying_since if retrying_since is not None else now
                 wait = policy.wait_before_retry(attempt, reply.retry, reply.asked_s, now - retrying_since,
@@ -671,17 +671,29 @@ class StreamingProvider:
                 if wait is None:
                     if attempt > 1:
                         reply.error += f" (after {attempt} attempts)"
-                    return self._message(reply)
+                    return self._finish(reply)
                 if on_retry is not None:
                     on_retry(retry.RetryNotice(attempt, wait, reply.retry, reply.status, reply.error))
                 reply = self._new_reply()   # the failed attempt's partial reply is dropped, never merged
                 if retry.interruptible_wait(wait, cancel):
                     reply.fail(ABORTED_MESSAGE, aborted=True)
-                    return self._message(reply)
+                    return self._finish(reply)
                 attempt += 1
         except Exception as exc:  # noqa: BLE001 - the seam never raises
             reply.fail(f"internal error in the {self.label} provider: {type(exc).__name__}: {exc}")
-        return self._message(reply)
+        return self._finish(reply)
+
+    def _finish(self, reply: StreamReply) -> AssistantMessage:
+        """The reply as a message; should what the server sent break even that, a failed message that says so and
+        holds nothing of it (the seam never raises: the job ends as a provider's error, the call counted)."""
+        try:
+            return self._message(reply)
+        except Exception as exc:  # noqa: BLE001
+            error = reply.error or (f"malformed reply from the server ({type(exc).__name__}: "
+                                    f"{truncate(str(exc))})")
+            return AssistantMessage([], API_NAMES.get(self.label, self.label), self.config.provider,
+                                    self.config.model, stop_reason="error", error_message=error,
+                                    response_id=reply.response_id if isinstance(reply.response_id, str) else None)
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
         raise NotImplementedError
