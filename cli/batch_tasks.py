@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import click
 
 from pid.cli.options import JOB_OPTIONS, JobOption, QueueName
-from pid.jobs.spec import spec_field
+from pid.jobs.spec import message_problem, spec_field
 
 ID_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 # An item's folder sits beside these in the output directory (and hidden ones, which an id cannot start with).
@@ -132,6 +132,8 @@ def parse(lines: Iterable[str], base: str | None, allow_outside: bool = False) -
         task = data.pop("task", None)
         if not isinstance(task, str) or not task.strip():
             problems.append("no task (a non-empty string)")
+        elif (problem := message_problem("its task", task)) is not None:
+            problems.append(problem)
         repo = data.pop("repo", None)
         if repo is not None and (not isinstance(repo, str) or not repo.strip()):
             problems.append("repo must be a non-empty string")

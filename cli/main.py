@@ -29,7 +29,7 @@ from pid.terminal import dumps, one_line
 from pid.endings import STATUSES, exit_code_for
 from pid.jobs.clients import MissingClient
 from pid.errors import PidError
-from pid.jobs.spec import DEFAULT_QUEUE, JobSpec
+from pid.jobs.spec import DEFAULT_QUEUE, MAX_MESSAGE_BYTES, JobSpec
 from pid.jobs import submission
 # The checks a job's options pass, shared with the Python API (pid/api.py); here under the names the other commands use
 from pid.jobs.submission import (RESULT_GRACE_S, check_api_key, check_broker, check_cpus, check_image,  # noqa: F401
@@ -113,14 +113,11 @@ class PidGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-MAX_TASK_BYTES = 1 << 20   # a task read from stdin
-
-
 def read_stdin_task() -> str:
-    """TASK `-`: the task is stdin's text (UTF-8, at most MAX_TASK_BYTES)."""
-    data = sys.stdin.buffer.read(MAX_TASK_BYTES + 1)
-    if len(data) > MAX_TASK_BYTES:
-        raise BadInput(f"the task on stdin is larger than {format_size(MAX_TASK_BYTES)}")
+    """TASK `-`: the task is stdin's text (UTF-8, at most MAX_MESSAGE_BYTES: read no further)."""
+    data = sys.stdin.buffer.read(MAX_MESSAGE_BYTES + 1)
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise BadInput(f"the task on stdin is larger than {format_size(MAX_MESSAGE_BYTES)}")
     try:
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from pid.config import EnvDefaults, EnvKey, endpoint, key_endpoint
 from pid.errors import PidError
 from pid.jobs import submission
-from pid.jobs.spec import JobSpec, spec_field
+from pid.jobs.spec import JobSpec, message_problem, spec_field
 
 LIMITS = ("max_turns", "timeout_s", "max_cost")   # what `continue` may change of the earlier job's limits
 
@@ -39,8 +39,8 @@ def retry(job_id: str, given: Rerun, warn: Callable[[str], None]) -> tuple[Any, 
 def continue_job(job_id: str, message: str, given: Rerun, warn: Callable[[str], None]) -> tuple[Any, JobSpec]:
     """Queue a new job that carries on the ended one's conversation with `message`, on its snapshot with its patch
     applied (so the new patch holds both jobs' changes); given.model, .base_url and .api switch who answers."""
-    if not message.strip():
-        raise PidError("the message is empty")
+    if (problem := message_problem("the message", message)) is not None:
+        raise PidError(problem)
     if given.model is not None and not given.model.strip():
         raise PidError("--model is empty")
     from pid.jobs.continuation import continuation_spec, switch_model

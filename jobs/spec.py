@@ -179,6 +179,8 @@ def spec_problem(spec: JobSpec) -> str | None:
                 return f"{f.name} = {value!r} is out of range"
         elif f.type == "str" and not isinstance(value, str):
             return f"{f.name} = {value!r} is not text"
+    if (problem := message_problem("the task", spec.task)) is not None:
+        return problem
     if spec.cpus <= 0 or spec.disk < 0 or spec.max_workspace < 0:
         return "cpus, disk and max_workspace cannot be negative (cpus above 0)"
     if not JOB_ID_RE.fullmatch(spec.id):
@@ -248,6 +250,22 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+# A task, steer or follow-up goes whole into every model request after it: one longer than this is a mistake (a file
+# pasted in), and would make a result.json too large to fetch (a stdin task is read up to it, no further).
+MAX_MESSAGE_BYTES = 1 << 20
+
+
+def message_problem(what: str, text: str) -> str | None:
+    """Why a task or message (`what`: "the task") cannot be sent, or None."""
+    if not text.strip():
+        return f"{what} is empty"
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_MESSAGE_BYTES:
+        return (f"{what} is larger than 1 MiB ({size:,} bytes); it goes whole into every model request: put what "
+                "it quotes in the repository instead")
+    return None
 
 
 # --check: refused at submit, before the job is queued (worker/check.py runs it)

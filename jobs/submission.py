@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from pid.config import API_KEY_ENV, KEYED_HOSTS, base_url_for, bound_key, endpoint, key_endpoint, pid_home
 from pid.errors import PidError
-from pid.jobs.spec import JobSpec, command_problem
+from pid.jobs.spec import JobSpec, command_problem, message_problem
 from pid.sandbox.disk import format_size
 
 RESULT_GRACE_S = 10.0   # an ended job's result.json may follow its end by this much (a sweep, a cancel write it then)
@@ -22,8 +22,8 @@ def build_spec(options: dict[str, Any], no_images: bool, warn: Callable[[str], N
     """The job the options (the `run`/`submit` options, as parsed) describe, every value checked. `warn` gets what
     is allowed but worth saying (a sandbox on the network)."""
     task, repo, model = options.pop("task"), options.pop("repo"), options.pop("model")
-    if not task.strip():
-        raise PidError("the task is empty")
+    if (problem := message_problem("the task", task)) is not None:
+        raise PidError(problem)
     repo_path = check_repo(repo) if repo else None
     if repo_path is None and not options.get("workdir"):
         raise PidError("no workspace: pass --repo DIR|URL, or --workdir PATH to work in the image's own directory")
@@ -305,8 +305,8 @@ def post(store: Any, job_id: str, kind: str, message: str) -> None:
     """A steer or follow-up message for a job (`pid steer`, Job.steer)."""
     if not isinstance(message, str):
         raise PidError(f"the {kind.replace('_', '-')} message must be text, not {type(message).__name__}")
-    if not message.strip():
-        raise PidError(f"the {kind.replace('_', '-')} message is empty")
+    if (problem := message_problem(f"the {kind.replace('_', '-')} message", message)) is not None:
+        raise PidError(problem)
     record = job_record(store, job_id)
     if record.cancel_requested:   # (it would never be read: the job stops at its next step)
         raise PidError(f"job {job_id} is {'cancelled' if record.terminal else 'being cancelled'}: it takes no more "

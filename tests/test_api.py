@@ -62,6 +62,8 @@ def test_bad_values_raise_pid_error_with_the_messages_of_the_shared_checks(api_e
         pid.run("t", repo=sample_repo)
     with pytest.raises(pid.PidError, match="^the task is empty$"):
         pid.submit("  ", repo=sample_repo, model="m")
+    with pytest.raises(pid.PidError, match=r"^the task is larger than 1 MiB \(1,048,577 bytes\); it goes whole "):
+        pid.submit("é" * (1 << 19) + "x", repo=sample_repo, model="m")   # (counted in UTF-8 bytes, as it is sent)
     with pytest.raises(pid.PidError, match="takes no option 'verbose'"):
         pid.run("t", repo=sample_repo, model="m", verbose=True)   # the terminal's options are not the API's
     with pytest.raises(pid.PidError, match="^--no-images: 'yes' is not True or False$"):

@@ -27,6 +27,7 @@ def test_a_line_is_refused_as_submit_would_refuse_its_options_and_accepted_as_su
         {"task": "t", "repo": str(repo), "no-images": True, "images": False},  # 5: --no-images, or the field
         {"task": "t", "repo": str(repo), "max_cost": 1},                     # 6: gpt-4o-mini: the table's prices
         {"task": "t", "repo": str(repo), "max_cost": 1, "model": "my-local-model"},  # 7: no prices anywhere
+        {"task": "t" * ((1 << 20) + 1), "repo": str(repo)},                 # 8: a task a result could not carry
     ]
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -37,9 +38,10 @@ def test_a_line_is_refused_as_submit_would_refuse_its_options_and_accepted_as_su
     assert "line 3: check: the check command is empty" in r.stderr
     assert "line 4: no_images: must be true or false" in r.stderr
     assert "line 7: max_cost needs the model's prices" in r.stderr
+    assert "line 8: its task is larger than 1 MiB (1,048,577 bytes)" in r.stderr
     for number in (2, 5, 6):
         assert f"line {number}:" not in r.stderr, r.stderr
-    assert "4 bad line(s)" in r.stderr and not (tmp_path / "out").exists()
+    assert "5 bad line(s)" in r.stderr and not (tmp_path / "out").exists()
 
 
 def test_status_counts_an_ended_job_no_run_has_downloaded_yet_by_its_status(tmp_path: Path):

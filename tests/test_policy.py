@@ -96,7 +96,7 @@ def test_a_worker_judges_a_spec_written_past_the_cli_as_malformed():
     for fields in (dict(max_cost=float("nan")), dict(pids_limit=-1), dict(cpus=0.0), dict(id="../planted/x"),
                    dict(out_dir="/tmp/a/../b"), dict(memory=5), dict(user="ROOT"), dict(api="bogus"),
                    dict(workspace=""), dict(runtime="a\nb"), dict(timeout_s=True), dict(max_turns=2.5),
-                   dict(base_url="http://x/v1\nforged log line")):
+                   dict(base_url="http://x/v1\nforged log line"), dict(task="x" * ((1 << 20) + 1))):
         assert spec_problem(admitted(**fields)) is not None, fields
     assert "max_cost" in Policy(max_cost=1).refusal(admitted(max_cost=float("nan")))   # and NaN is over any limit
 
