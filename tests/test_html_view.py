@@ -69,6 +69,24 @@ def test_a_hostile_transcript_is_escaped_everywhere(tmp_path):
     assert "</details>" in visible and "<script>" in visible
 
 
+def test_bidi_controls_are_shown_where_they_stand(tmp_path):
+    """A "Trojan Source" line reads otherwise than it runs: on the page each control is a visible mark, in the
+    patch, the model's text and a tool's output alike (an attack review's: they came through unchanged)."""
+    trojan = 'if access_level != "user\u202e \u2066// Check if admin\u2069 \u2066":'
+    b = SessionBuilder()
+    b.user("review this")
+    b.assistant({"type": "text", "text": "Done: " + trojan}, call("c1", "bash", command="cat a.py"))
+    b.result("c1", "bash", trojan)
+    b.assistant({"type": "text", "text": "ok"}, stop="stop")
+    result = {"id": "j", "status": "completed", "exit_reason": "stop", "task": "t"}
+    job = write_job(tmp_path / "job", result, b.text(), patch=f"--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n+{trojan}\n")
+    text = render_job(str(job))
+    visible = "".join(Structure(text).text)
+    assert not any(ch in text for ch in "\u202e\u2066\u2069")
+    assert visible.count("\u27e8U+202E\u27e9") >= 3, visible
+    assert 'user\u27e8U+202E\u27e9 \u27e8U+2066\u27e9// Check if admin\u27e8U+2069\u27e9' in visible
+
+
 def test_every_tool_call_is_on_the_page_with_its_output(tmp_path):
     s = Structure(job_page(tmp_path))
     assert s.attr_values("data-tool-call") == HOSTILE_CALL_IDS
