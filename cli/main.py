@@ -37,8 +37,6 @@ from pid.jobs.submission import (RESULT_GRACE_S, check_api_key, check_broker, ch
 
 EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without --wait)
 EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it
-# `--wait` says so when a job is still queued after this long (PID_NO_WORKER_NOTICE_S: the tests wait less)
-NO_WORKER_NOTICE_S = settings.NO_WORKER_NOTICE_S.get()
 SWEEP_WHILE_WAITING_S = 5.0   # how often a `--wait` looks for jobs whose process died
 JOB_STATUSES = ("queued", "running", *STATUSES)
 
@@ -131,6 +129,7 @@ def cli() -> None:
 
     Wherever a command takes a job's ID: the whole id, any end of it only one job has (70a672), `last` (the newest
     job), or BATCHDIR/ITEM (a batch item's current job)."""
+    settings.check()   # a PID_* variable set to what it cannot be: one line, before anything starts
 
 
 VERBOSE_HELP = "Also show each tool call's output: its first and last lines, as the model saw it."
@@ -297,9 +296,10 @@ def _while_waiting(store: Any, job_id: str) -> Callable[[], None]:
 
 
 def _no_worker_notice(store: Any, job_id: str, out: Callable[..., None] = echo) -> Callable[[], None]:
-    """Once, after NO_WORKER_NOTICE_S: a job still queued means no worker took it. The workers' heartbeats in the
-    store tell whether any is alive, and how busy. `out`: echo, or a status line's."""
-    deadline = time.monotonic() + NO_WORKER_NOTICE_S
+    """Once, after PID_NO_WORKER_NOTICE_S (the tests wait less): a job still queued means no worker took it. The
+    workers' heartbeats in the store tell whether any is alive, and how busy. `out`: echo, or a status line's."""
+    notice_s = settings.NO_WORKER_NOTICE_S.get()
+    deadline = time.monotonic() + notice_s
     done = False
 
     def tick() -> None:
@@ -313,7 +313,7 @@ def _no_worker_notice(store: Any, job_id: str, out: Callable[..., None] = echo) 
         from pid.jobs.workers import live_workers
         queue = record.spec.queue
         workers = [w for w in live_workers(store) if queue in w.queues]
-        waited = f"job {job_id} is still queued after {NO_WORKER_NOTICE_S:g}s"
+        waited = f"job {job_id} is still queued after {notice_s:g}s"
         if workers:
             running = sum(w.running for w in workers)
             out(f"{waited}: {len(workers)} worker(s) are running {running} job(s); it waits for a free one",

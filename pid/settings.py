@@ -7,11 +7,18 @@ settings say so. docs/options.md's table of variables is `table()` (tests/test_s
 current, and keeps PID_ names out of the code elsewhere)."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
+from pid.errors import PidError
+
 T = TypeVar("T")
+
+
+class BadSetting(PidError):
+    """A PID_* variable set to what it cannot be: `$NAME: why`, the one line a command prints before it starts."""
 
 
 @dataclass(frozen=True)
@@ -27,9 +34,14 @@ class Setting(Generic[T]):
         return os.environ.get(self.name) or None
 
     def get(self) -> T:
-        """The value now: the variable parsed, else the default."""
+        """The value now: the variable parsed, else the default. BadSetting when it cannot be parsed."""
         raw = self.raw()
-        return self.default if raw is None else self.parse(raw)
+        if raw is None:
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as exc:   # (a parse that names the variable itself is left to say it)
+            raise BadSetting(str(exc) if self.name in str(exc) else f"${self.name}: {exc}") from None
 
 
 ALL: list[Setting[Any]] = []
@@ -43,6 +55,29 @@ def _setting(name: str, default: T, parse: Callable[[str], T], why: str, shown_d
 
 def _flag(text: str) -> bool:
     return text == "1"
+
+
+def _seconds(least: float) -> Callable[[str], float]:
+    """A parse of a number of seconds: finite, and above `least` (0: above zero) or, for least < 0, at least 0."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or not (value > least if least >= 0 else value >= 0):
+            raise ValueError(f"{text!r} is not a number of seconds {'above 0' if least >= 0 else 'from 0'}")
+        return value
+    return parse
+
+
+def _count(least: int) -> Callable[[str], int]:
+    """A parse of a whole number, at least `least`."""
+    def parse(text: str) -> int:
+        value = int(text) if text.strip().isascii() and text.strip().isdigit() else -1
+        if value < least:
+            raise ValueError(f"{text!r} is not a whole number from {least}")
+        return value
+    return parse
 
 
 def _option(name: str, option: str, why: str) -> Setting[str | None]:
@@ -143,23 +178,30 @@ POOL = _setting("PID_POOL", PoolSizes(), parse_pool,
                 "image of its own, comma-separated", f"as `worker --pool` (in all 0 to {POOL_MAX})")
 
 # A worker's housekeeping: read once, as the worker's modules load
-SWEEP_S = _setting("PID_SWEEP_S", 5.0, float, "seconds between a worker's sweeps for lost jobs")
-RECONCILE_S = _setting("PID_RECONCILE_S", 60.0, float,
+SWEEP_S = _setting("PID_SWEEP_S", 5.0, _seconds(0), "seconds between a worker's sweeps for lost jobs")
+RECONCILE_S = _setting("PID_RECONCILE_S", 60.0, _seconds(0),
                        "seconds a queued job waits beside a free live worker before its message is presumed lost")
-REDISPATCH_AFTER_S = _setting("PID_REDISPATCH_AFTER_S", 1800.0, float,
+REDISPATCH_AFTER_S = _setting("PID_REDISPATCH_AFTER_S", 1800.0, _seconds(0),
                               "seconds a queued job waits before it is dispatched again, whatever the workers do")
-DISPATCH_GIVE_UP_S = _setting("PID_DISPATCH_GIVE_UP_S", 600.0, float,
+DISPATCH_GIVE_UP_S = _setting("PID_DISPATCH_GIVE_UP_S", 600.0, _seconds(0),
                               "seconds a job that could not be dispatched is retried before it fails")
-LEASE_S = _setting("PID_LEASE_S", 30.0, float, "seconds a running job may be silent before it is presumed dead")
-MAX_ATTEMPTS = _setting("PID_MAX_ATTEMPTS", 3, int, "times a job's worker may be lost before the job fails")
+LEASE_S = _setting("PID_LEASE_S", 30.0, _seconds(0), "seconds a running job may be silent before it is presumed dead")
+MAX_ATTEMPTS = _setting("PID_MAX_ATTEMPTS", 3, _count(1), "times a job's worker may be lost before the job fails")
 
 # The client
-NO_WORKER_NOTICE_S = _setting("PID_NO_WORKER_NOTICE_S", 10.0, float,
+NO_WORKER_NOTICE_S = _setting("PID_NO_WORKER_NOTICE_S", 10.0, _seconds(-1),
                               "seconds `submit --wait` waits on a queued job before it says no worker took it")
 
 # Tests
 TEST_RUN = _setting("PID_TEST_RUN", "", str.strip,
                     "a test run's mark on the containers it makes, so it removes only its own")
+
+
+def check() -> None:
+    """Every setting that is set, parsed now (the first that cannot be is a BadSetting): a command checks them all
+    before it starts, so a worker with a bad one never starts half-way (its housekeeping reads them as it loads)."""
+    for setting in ALL:
+        setting.get()
 
 
 def table() -> str:

@@ -144,6 +144,18 @@ def test_a_bad_value_from_the_environment_names_the_variable(run_pid, pid_env, s
     assert "cannot reach the Docker engine" not in res.stderr
 
 
+@pytest.mark.parametrize("variable, value, command", [
+    ("PID_NO_WORKER_NOTICE_S", "abc", ["list"]), ("PID_LEASE_S", "abc", ["worker"]),
+    ("PID_SWEEP_S", "soon", ["worker"]), ("PID_MAX_ATTEMPTS", "0", ["worker"]), ("PID_LEASE_S", "-1", ["list"])])
+def test_a_pid_variable_it_cannot_be_is_one_line_before_any_command_starts(run_pid, pid_env, variable, value,
+                                                                            command):
+    """A traceback from `pid list` (read as its module loaded), a worker that took jobs without its heartbeat or
+    sweeps (a new user's test): now one line, exit 2, and no worker started."""
+    res = run_pid(*command, env={**pid_env, variable: value}, timeout=60)
+    assert_one_error(res, f"${variable}: {value!r} is not a ")
+    assert "ready" not in res.stdout + res.stderr
+
+
 def test_usage_errors_are_one_line(run_pid, sample_repo):
     assert_one_error(run_pid("run"), "Missing argument")
     assert_one_error(run_pid("run", "t"), "no workspace: pass --repo DIR|URL, or --workdir PATH")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pid import settings
+from pid.errors import PidError
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = re.compile(r"PID_[A-Z0-9_]+")
@@ -65,6 +66,35 @@ def test_a_setting_is_read_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.TEST_RUN.get() == ""
 
 
+@pytest.mark.parametrize("setting, text, why", [
+    (settings.LEASE_S, "abc", "$PID_LEASE_S: 'abc' is not a number of seconds above 0"),
+    (settings.LEASE_S, "-1", "$PID_LEASE_S: '-1' is not a number of seconds above 0"),
+    (settings.SWEEP_S, "0", "$PID_SWEEP_S: '0' is not a number of seconds above 0"),
+    (settings.SWEEP_S, "inf", "$PID_SWEEP_S: 'inf' is not a number of seconds above 0"),
+    (settings.RECONCILE_S, "nan", "$PID_RECONCILE_S: 'nan' is not a number of seconds above 0"),
+    (settings.NO_WORKER_NOTICE_S, "-0.5", "$PID_NO_WORKER_NOTICE_S: '-0.5' is not a number of seconds from 0"),
+    (settings.MAX_ATTEMPTS, "0", "$PID_MAX_ATTEMPTS: '0' is not a whole number from 1"),
+    (settings.MAX_ATTEMPTS, "2.5", "$PID_MAX_ATTEMPTS: '2.5' is not a whole number from 1"),
+    (settings.POOL, "many", "PID_POOL takes a whole number"),
+])
+def test_a_setting_it_cannot_be_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch, setting, text: str,
+                                                       why: str) -> None:
+    """A bad number crashed `pid` with a traceback (read as a module loaded), or left a worker that took jobs with no
+    heartbeat nor sweeps (a new user's test): each is refused, in one line that names the variable, by check() (which
+    every command runs first) as by a read."""
+    monkeypatch.setenv(setting.name, text)
+    for read in (setting.get, settings.check):
+        with pytest.raises(settings.BadSetting) as raised:
+            read()
+        assert str(raised.value).startswith(why) and "\n" not in str(raised.value), raised.value
+    assert isinstance(raised.value, PidError)
+
+
+def test_the_numbers_settings_take() -> None:
+    assert (settings.NO_WORKER_NOTICE_S.parse("0"), settings.LEASE_S.parse("0.5"), settings.MAX_ATTEMPTS.parse("1"),
+            settings.MAX_ATTEMPTS.parse(" 12 ")) == (0.0, 0.5, 1, 12)
+
+
 @pytest.mark.parametrize("text,why", [
     ("-1", "from 0 to 64"), ("65", "from 0 to 64"), ("1000000", "from 0 to 64"), ("2.5", "from 0 to 64"),
     ("many", "from 0 to 64"), ("1e3", "from 0 to 64"), ("=3", "IMAGE=N"), ("x=", "IMAGE=N"), ("x=-1", "IMAGE=N"),
@@ -97,4 +127,4 @@ def test_the_settings_module_is_core() -> None:
     tree = ast.parse((ROOT / "pid" / "settings.py").read_text())
     modules = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names} | \
         {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert modules <= {"__future__", "os", "dataclasses", "typing"}
+    assert modules <= {"__future__", "math", "os", "dataclasses", "typing", "pid.errors"}   # (which imports nothing)

@@ -246,7 +246,19 @@ def _write_stacks(signum: int, frame: Any) -> None:
 
 @signals.worker_ready.connect
 def _start(sender: Any = None, **_: Any) -> None:
-    """In the worker, once ready: take over the stop signals, say it is ready, start the housekeeping."""
+    """In the worker, once ready: take over the stop signals, say it is ready, start the housekeeping. A worker that
+    cannot do all of it ends at once (exit 1): one without its heartbeat and sweeps would take jobs while `pid workers`
+    says no worker is alive, and Celery only logs what a signal handler raises. What it may have taken is its lease's:
+    the next sweep hands it back, as after a SIGKILL."""
+    try:
+        _ready(sender)
+    except Exception as exc:
+        jobs_log.critical("pid worker cannot start its housekeeping (%s): stopping", exc, exc_info=True)
+        logging.shutdown()
+        os._exit(1)
+
+
+def _ready(sender: Any) -> None:
     from pid.worker.housekeeping import Housekeeping
     Taking.concurrency = getattr(getattr(sender, "controller", None), "concurrency", None) or 1
     Taking.queues = sorted(sender.app.amqp.queues.consume_from or [QUEUE])
