@@ -440,7 +440,12 @@ def _args(command: Any, command_name: str, options: dict[str, Any], cli_only: se
         if isinstance(param, OnceOption) and not isinstance(value, str):   # (check=[] had meant no check at all)
             raise PidError(f"{flag} takes one value, a string, not {type(value).__name__}")
         items = list(value) if isinstance(value, (list, tuple)) else [value]
+        # a name, a path, a key: never a number (as a tasks file says)
+        text = isinstance(param.type, (click.types.StringParamType, click.Path))
+        wanted = "strings or paths (or a list of them)" if param.multiple else "a string"
         for item in items:
+            if text and not isinstance(item, (str, os.PathLike)):
+                raise PidError(f"{flag} takes {wanted}, not {type(item).__name__}")
             if not isinstance(item, (str, int, float, os.PathLike)):   # (a dict would have become its repr)
                 raise PidError(f"{flag} takes strings, numbers or paths (or a list of them), not "
                                f"{type(item).__name__}")

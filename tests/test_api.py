@@ -73,8 +73,15 @@ def test_bad_values_raise_pid_error_with_the_messages_of_the_shared_checks(api_e
     # values of the wrong type are refused as bad values too, not as Python's own errors (a new-user test's)
     with pytest.raises(pid.PidError, match="^repo must be a path or a URL, not int$"):
         pid.submit("t", repo=5, model="m")   # type: ignore[arg-type]
-    with pytest.raises(pid.PidError, match=r"^--file takes strings, numbers or paths \(or a list of them\), not dict$"):
+    with pytest.raises(pid.PidError, match=r"^--file takes strings or paths \(or a list of them\), not dict$"):
         pid.submit("t", repo=sample_repo, model="m", files={"a": 1})   # (it became a path named "{'a': 1}")
+    with pytest.raises(pid.PidError, match=r"^--file takes strings or paths \(or a list of them\), not int$"):
+        pid.submit("t", repo=sample_repo, model="m", files=5)   # (it was queued as the file "5", as no tasks file does)
+    with pytest.raises(pid.PidError, match=r"^--api-key takes a string, not int$"):
+        pid.submit("t", repo=sample_repo, model="m", api_key=5)
+    with pytest.raises(pid.PidError, match=r"^--timeout takes strings, numbers or paths \(or a list of them\), "
+                                           r"not dict$"):
+        pid.submit("t", repo=sample_repo, model="m", timeout_s={"s": 1})
     with pytest.raises(pid.PidError, match="^Invalid value for '--base-url': 'http://\\[::1' is not an http"):
         pid.submit("t", repo=sample_repo, model="m", base_url="http://[::1")   # (it raised UnboundLocalError)
 
