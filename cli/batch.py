@@ -189,12 +189,13 @@ def _status(bdir: BatchDir, as_json: bool) -> None:
         echo(dumps(now.as_dict()))
         return
     from pid.cli.batch_control import item_lines
+    from pid.cli.batch_progress import spend_words
     from pid.cli.table import terminal_width
-    from pid.costs import format_cost
     info = now.info
     counts = ", ".join(f"{n} {s}" for s, n in sorted(now.counts.items()))
-    budget = f" of {format_cost(info.max_total_cost)}" if info is not None and info.max_total_cost is not None else ""
-    echo(f"batch {bdir.batch_id}: {len(bdir.order)} items: {counts}; cost {format_cost(now.cost)}{budget}")
+    budget = None if info is None else info.max_total_cost
+    cost = spend_words(now.cost, 0.0 if info is None else info.spent, budget)
+    echo(f"batch {bdir.batch_id}: {len(bdir.order)} items: {counts}; cost {cost}")
     for line in item_lines(bdir, now.records, terminal_width()):
         echo(line)
 

@@ -77,6 +77,17 @@ CELL_SHOWN = 60   # of an activity or a last tool, before the terminal's width i
 ITEM_SHOWN = 24   # of an item's id (its end: ids are typed by their end)
 
 
+def spend_words(cost: float, spent: float, budget: float | None) -> str:
+    """What the batch's jobs cost, and of its budget: `$2.03 of $5.00`; when earlier jobs (a rerun's, earlier
+    attempts) spent more of it, that too, as the budget counts it: `$2.03 ($7.36 with earlier jobs) of $7.00`."""
+    words = format_cost(cost)
+    if budget is None:
+        return words
+    if spent > cost + 1e-6:
+        words += f" ({format_cost(spent)} with earlier jobs)"
+    return f"{words} of {format_cost(budget)}"
+
+
 def render(progress: Progress, width: int | None = None) -> Any:
     """The live table (a rich renderable), within `width` columns: laid out by cli/table.py as `pid list` is, so
     that the turn and cost columns stay readable however long an item's id or activity is."""
@@ -84,8 +95,8 @@ def render(progress: Progress, width: int | None = None) -> Any:
     from rich.text import Text
     counts = "  ".join(f"{status} {n}" for status, n in sorted(progress.counts.items()) if n)
     rate, eta = progress.rate(), progress.eta_s()
-    budget = f" of {format_cost(progress.budget)}" if progress.budget is not None else ""
-    head = Text(f"{progress.total} items  {counts or 'starting'}  ·  {format_cost(progress.cost)}{budget}  ·  "
+    head = Text(f"{progress.total} items  {counts or 'starting'}  ·  "
+                f"{spend_words(progress.cost, progress.spent, progress.budget)}  ·  "
                 f"{f'{rate:.1f}/min' if rate else '-/min'}  ·  ETA {format_duration(eta)}", no_wrap=True,
                 overflow="ellipsis")
     rows = []

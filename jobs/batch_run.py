@@ -44,7 +44,8 @@ class Progress:
     counts: dict[str, int] = field(default_factory=dict)   # by status: ended items' and the live jobs'
     running: list[tuple[str, JobRecord]] = field(default_factory=list)   # (item id, its record)
     cost: float = 0.0
-    budget: float | None = None
+    budget: float | None = None                  # --max-total-cost...
+    spent: float = 0.0                           # ...and what it is held against: every job of the batch, earlier too
     ended_now: int = 0                           # items ended since this run started
     to_end: int = 0                              # items this run still waits for
     started: float = field(default_factory=time.monotonic)
@@ -314,6 +315,7 @@ class Run:
         """The batch's cost budget: once spent, its queued items are cancelled (once)."""
         info = self.store.batch(self.bdir.batch_id)
         f.progress.budget = info.max_total_cost if info else None
+        f.progress.spent = info.spent if info else 0.0
         if info is not None and info.exhausted:
             from pid.jobs.batch_budget import budget_note, end_queued
             f.budget_ended = True

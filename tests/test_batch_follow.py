@@ -389,6 +389,23 @@ def test_a_rerun_of_a_batch_whose_budget_is_spent_submits_nothing(tmp_path):
                     "--max-total-cost runs them)"], said
 
 
+def test_the_status_line_and_the_live_table_say_the_spend_the_budget_is_held_against(home, capsys):
+    """A budget of $5 spent, then raised to $7: `--status` said "cost $2.03 of $7.00" (the latest jobs' cost) while
+    every job had spent $7.36, over the $7 (a new user's test): both now say what the budget counts."""
+    from pid.cli.batch import _status
+    from pid.cli.batch_progress import render, spend_words
+    assert spend_words(2.03, 7.36, 7.0) == "$2.03 ($7.36 with earlier jobs) of $7.00"
+    assert spend_words(2.03, 2.03, 7.0) == "$2.03 of $7.00" and spend_words(2.03, 9.0, None) == "$2.03"
+    run = make_run(home, ["a"])
+    run.store.set_batch(run.bdir.batch_id, 7.0, None)
+    run.store.add_batch_spend(run.bdir.batch_id, 7.36)
+    run.bdir.rows["a"] = {"id": "a", "job_id": "j2", "status": "completed", "exit_code": 0, "cost": 2.03, "turns": 2}
+    _status(run.bdir, as_json=False)
+    assert "; cost $2.03 ($7.36 with earlier jobs) of $7.00" in capsys.readouterr().out
+    progress = batch_run.Progress(total=1, cost=2.03, budget=7.0, spent=7.36)
+    assert "$2.03 ($7.36 with earlier jobs) of $7.00" in str(render(progress, 200).renderables[0])
+
+
 def test_the_summary_counts_what_earlier_jobs_spent_too(home):
     """cost.total counts each item's latest job; a rerun's earlier jobs were paid for too (a new-user test read a
     smaller total than the batch had spent): `all_jobs` is the store's count, which --max-total-cost holds against,
