@@ -204,8 +204,10 @@ def _cancel(bdir: BatchDir) -> None:
     """--cancel DIR: a line per job cancelled, then how many."""
     from pid.cli.batch_control import cancel_lines
     from pid.jobs.batch_control import cancel
-    lines = cancel_lines(cancel(bdir, _store()))
-    for line in lines:
+    cancelled = cancel(bdir, _store())
+    for line in cancel_lines(cancelled):
         echo(line)
-    echo(f"batch {bdir.batch_id}: " + (f"{len(lines)} job(s) cancelled" if lines else "nothing to cancel (every "
-                                        "job has ended)"))
+    ended = sum(job["status"] == "cancelled" for job in cancelled)
+    told = len(cancelled) - ended   # running: their workers stop them, at their next step
+    said = [f"{ended} job(s) cancelled"] * bool(ended) + [f"{told} being stopped by their workers"] * bool(told)
+    echo(f"batch {bdir.batch_id}: " + (", ".join(said) if said else "nothing to cancel (every job has ended)"))

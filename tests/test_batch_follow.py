@@ -406,6 +406,20 @@ def test_the_status_line_and_the_live_table_say_the_spend_the_budget_is_held_aga
     assert "$2.03 ($7.36 with earlier jobs) of $7.00" in str(render(progress, 200).renderables[0])
 
 
+def test_cancel_says_which_jobs_ended_and_which_their_workers_stop(home, capsys, monkeypatch):
+    """It said "4 job(s) cancelled" with two of them still running, being stopped (a new user's test)."""
+    from pid.cli.batch import _cancel
+    from pid.jobs import batch_control
+    run = make_run(home, ["a"])
+    monkeypatch.setattr(batch_control, "cancel", lambda bdir, store: [
+        {"item": "s1", "job": "j1", "status": "running"}, {"item": "s2", "job": "j2", "status": "cancelled"},
+        {"item": "s3", "job": "j3", "status": "cancelled"}])
+    _cancel(run.bdir)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "s1  j1: cancelling (its worker stops it)"
+    assert lines[-1] == f"batch {run.bdir.batch_id}: 2 job(s) cancelled, 1 being stopped by their workers"
+
+
 def test_the_summary_counts_what_earlier_jobs_spent_too(home):
     """cost.total counts each item's latest job; a rerun's earlier jobs were paid for too (a new-user test read a
     smaller total than the batch had spent): `all_jobs` is the store's count, which --max-total-cost holds against,
