@@ -605,6 +605,7 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
             raise BadInput(problem)
     from pid.jobs.store import retention_s
     retention_s()   # (a bad PID_RETENTION: this command's one line; every job's store would refuse it)
+    _check_pool_images(settings.parse_pool(pool))
     os.environ[settings.POOL.name] = pool   # read where the worker is ready (worker/main_process.py)
     from pid.worker.app import app
     from pid.worker.tasks import configure_job_lines, node_name
@@ -613,6 +614,18 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
     app.worker_main([*quiet, "worker", f"--concurrency={concurrency}", f"--queues={queues}",
                      f"--hostname={node_name()}", f"--loglevel={loglevel.upper()}", "--without-gossip",
                      "--without-mingle", *(["--task-events"] if events else [])])
+
+
+def _check_pool_images(pool: settings.PoolSizes) -> None:
+    """An image the pool names must be in the engine, as a job's must (pid never pulls): else the pool would never
+    fill, below a ready line that says it will. An engine not up yet is the worker's to wait for, not refused."""
+    for image, count in pool.per_image:
+        try:
+            problem = submission.image_missing(image) if count else None
+        except PidError:
+            return
+        if problem:
+            raise BadInput(f"--pool {image}={count}: {problem}")
 
 
 def _check_own_endpoint() -> None:

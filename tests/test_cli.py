@@ -156,6 +156,14 @@ def test_a_pid_variable_it_cannot_be_is_one_line_before_any_command_starts(run_p
     assert "ready" not in res.stdout + res.stderr
 
 
+@pytest.mark.docker
+def test_a_warm_pool_of_an_image_the_engine_lacks_is_refused(run_pid):
+    """It was announced ("a warm pool of 2 for foo:latest") and never filled (a new user's test)."""
+    res = run_pid("worker", "--pool", "1,pid-no-such-image-here=2", timeout=60)
+    assert_one_error(res, "--pool pid-no-such-image-here:latest=2: sandbox image 'pid-no-such-image-here:latest' not "
+                          "found")
+
+
 def test_usage_errors_are_one_line(run_pid, sample_repo):
     assert_one_error(run_pid("run"), "Missing argument")
     assert_one_error(run_pid("run", "t"), "no workspace: pass --repo DIR|URL, or --workdir PATH")
