@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from typing import Any, Callable
@@ -15,6 +16,7 @@ from pid.errors import PidError
 from pid.jobs.spec import JobSpec, command_problem, message_problem
 from pid.sandbox.disk import format_size
 
+SCP_LIKE = re.compile(r"([\w.-]+@[\w.-]+):(?!//)(\S+)")   # user@host:path
 RESULT_GRACE_S = 10.0   # an ended job's result.json may follow its end by this much (a sweep, a cancel write it then)
 
 
@@ -155,7 +157,9 @@ def check_repo(repo: str) -> str:
         raise PidError(f"--repo: {exc}") from None
     repo_path = os.path.abspath(os.path.expanduser(repo))
     if not os.path.exists(repo_path):
-        raise PidError(f"repo path does not exist: {repo}")
+        scp = SCP_LIKE.fullmatch(repo)   # git's short form of an ssh URL, `git@host:org/repo.git`
+        raise PidError(f"repo path does not exist: {repo}" + (
+            f" (a git URL is written in full: ssh://{scp[1]}/{scp[2].lstrip('/')})" if scp else ""))
     if not os.path.isdir(repo_path):
         raise PidError(f"repo path is not a directory: {repo}")
     return repo_path
