@@ -102,11 +102,8 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
     the command line's options are every item's defaults. --out DIR holds one folder per item, batch.jsonl and
     summary.json; running the same command again resumes the batch. Exit code: 0 when every item completed (and
     passed its check), else the worst item's (docs/batches.md)."""
-    from pid.config import HomeUnusable, ensure_pid_home
-    try:
-        ensure_pid_home()
-    except HomeUnusable as exc:
-        raise _bad(str(exc)) from None
+    from pid.cli.main import before_command
+    before_command()
     if status_dir or wait_dir or cancel_dir:
         if tasks or len([d for d in (status_dir, wait_dir, cancel_dir) if d]) > 1:
             raise _bad("--status DIR, --wait DIR and --cancel DIR take no tasks file, and one at a time")

@@ -21,7 +21,7 @@ from pid.costs import format_cost
 from pid.config import HomeUnusable, ensure_pid_home, pid_home
 from pid.cli.ids import JOB_ID, NoSuchJob
 from pid.cli.options import (MAX_WORKSPACE_OPTION, QUEUE_OPTION, EnvOption, Number, PoolSpec, QueueName, Url,
-                             format_size, job_options)
+                             job_options)
 from pid.cli.status_line import on_terminal
 from pid.cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, echo, format_duration,
                             print_result, styled, wait_for)
@@ -29,7 +29,7 @@ from pid.terminal import dumps, one_line
 from pid.endings import STATUSES, exit_code_for
 from pid.jobs.clients import MissingClient
 from pid.errors import PidError
-from pid.jobs.spec import DEFAULT_QUEUE, MAX_MESSAGE_BYTES, JobSpec
+from pid.jobs.spec import DEFAULT_QUEUE, MAX_MESSAGE_BYTES, MAX_MESSAGE_WORDS, JobSpec
 from pid.jobs import submission
 # The checks a job's options pass, shared with the Python API (pid/api.py); here under the names the other commands use
 from pid.jobs.submission import (RESULT_GRACE_S, check_api_key, check_broker, check_cpus, check_image,  # noqa: F401
@@ -50,15 +50,22 @@ class BadInput(click.ClickException, PidError):
         echo(f"pid: error: {one_line(self.format_message())}", err=True)
 
 
+def before_command() -> None:
+    """What every command checks once its arguments are parsed (so --help still works): a PID_* variable set to what
+    it cannot be, an unusable PID_HOME (where every command keeps its state). Either stops it before it does
+    anything, in one line (BadInput)."""
+    try:
+        settings.check()
+        ensure_pid_home()
+    except (PidError, HomeUnusable) as exc:
+        raise BadInput(str(exc)) from None
+
+
 class PidCommand(click.Command):
-    """Every command keeps its state under PID_HOME: an unusable one stops it before it does anything (after
-    parsing, so --help still works)."""
+    """A command of pid's: before_command, then a shared check's refusal is its one line."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            ensure_pid_home()
-        except HomeUnusable as exc:
-            raise BadInput(str(exc)) from None
+        before_command()
         return as_bad_input(lambda: super(PidCommand, self).invoke(ctx))
 
 
@@ -115,7 +122,7 @@ def read_stdin_task() -> str:
     """TASK `-`: the task is stdin's text (UTF-8, at most MAX_MESSAGE_BYTES: read no further)."""
     data = sys.stdin.buffer.read(MAX_MESSAGE_BYTES + 1)
     if len(data) > MAX_MESSAGE_BYTES:
-        raise BadInput(f"the task on stdin is larger than {format_size(MAX_MESSAGE_BYTES)}")
+        raise BadInput(f"the task on stdin is larger than {MAX_MESSAGE_WORDS}")
     try:
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError:
@@ -129,7 +136,6 @@ def cli() -> None:
 
     Wherever a command takes a job's ID: the whole id, any end of it only one job has (70a672), `last` (the newest
     job), or BATCHDIR/ITEM (a batch item's current job)."""
-    settings.check()   # a PID_* variable set to what it cannot be: one line, before anything starts
 
 
 VERBOSE_HELP = "Also show each tool call's output: its first and last lines, as the model saw it."
@@ -603,8 +609,6 @@ def worker(concurrency: int, loglevel: str, events: bool, queues: str, policy_fi
         problem = _volatile_store()
         if problem:
             raise BadInput(problem)
-    from pid.jobs.store import retention_s
-    retention_s()   # (a bad PID_RETENTION: this command's one line; every job's store would refuse it)
     _check_pool_images(settings.parse_pool(pool))
     os.environ[settings.POOL.name] = pool   # read where the worker is ready (worker/main_process.py)
     from pid.worker.app import app

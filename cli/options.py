@@ -231,7 +231,7 @@ class PoolSpec(click.ParamType):
         try:
             return str(parse_pool(str(value)))
         except ValueError as exc:
-            self.fail(str(exc).replace("PID_POOL takes", "takes").replace("PID_POOL ", ""), param, ctx)
+            self.fail(str(exc), param, ctx)
 
 
 class PromptFile(click.ParamType):

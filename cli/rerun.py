@@ -29,15 +29,10 @@ def register(group: click.Group, main_module: ModuleType) -> None:
 
 
 class HomeCommand(click.Command):
-    """As pid.cli.main's commands: an unusable PID_HOME stops it before it does anything; a shared check's refusal
-    is one line and exit 2."""
+    """As pid.cli.main's commands (before_command); a shared check's refusal is one line and exit 2."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        from pid.config import HomeUnusable, ensure_pid_home
-        try:
-            ensure_pid_home()
-        except HomeUnusable as exc:
-            raise _main.BadInput(str(exc)) from None
+        _main.before_command()
         return _main.as_bad_input(lambda: super(HomeCommand, self).invoke(ctx))
 
 

@@ -32,10 +32,7 @@ USAGE_KEYS = ("input", "output", "cache_read", "cache_write", "total_tokens")
 EVENTS_KEPT = 10_000                    # per job: older events are dropped
 ARTIFACT_LIMIT = 256 * 1024 * 1024      # bytes per artifact, by default
 BLOB_CHUNK = 1024 * 1024                # the unit blobs are streamed (and, in Redis, stored) in
-DEFAULT_RETENTION_S = 7 * 86400
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", re.IGNORECASE)
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 class BlobMissing(KeyError):
@@ -51,15 +48,14 @@ class TooLarge(ValueError):
 
 
 def retention_s(value: str | None = None) -> float:
-    """PID_RETENTION (or `value`): seconds, or a number with a unit s/m/h/d/w ("7d"); 7 days when unset. How long
-    an ended job (its record, events and artifacts) and an unpinned blob are kept."""
-    raw = settings.RETENTION.raw() if value is None else value
-    if not raw:
-        return DEFAULT_RETENTION_S
-    m = _DURATION.fullmatch(raw)
-    if not m or float(m.group(1)) <= 0:
-        raise PidError(f"PID_RETENTION={raw!r} is not a duration: give seconds or e.g. 12h, 7d, 2w")
-    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+    """PID_RETENTION (or `value`, as it would be written there): how long an ended job (its record, events and
+    artifacts) and an unpinned blob are kept; 7 days when unset. A BadSetting (a PidError) for anything else."""
+    if value is None:
+        return settings.RETENTION.get()
+    try:
+        return settings.parse_duration(value) if value else settings.RETENTION.default
+    except ValueError as exc:
+        raise settings.BadSetting(f"${settings.RETENTION.name}: {exc}") from None
 
 
 def blob_hex(digest: str) -> str:

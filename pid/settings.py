@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
@@ -40,8 +41,8 @@ class Setting(Generic[T]):
             return self.default
         try:
             return self.parse(raw)
-        except ValueError as exc:   # (a parse that names the variable itself is left to say it)
-            raise BadSetting(str(exc) if self.name in str(exc) else f"${self.name}: {exc}") from None
+        except ValueError as exc:
+            raise BadSetting(f"${self.name}: {exc}") from None
 
 
 ALL: list[Setting[Any]] = []
@@ -57,15 +58,19 @@ def _flag(text: str) -> bool:
     return text == "1"
 
 
-def _seconds(least: float) -> Callable[[str], float]:
-    """A parse of a number of seconds: finite, and above `least` (0: above zero) or, for least < 0, at least 0."""
+MAX_SECONDS = 7 * 24 * 3600.0   # a week: longer is a typo (and past threading's longest wait, a thread's end)
+
+
+def _seconds(zero_ok: bool = False) -> Callable[[str], float]:
+    """A parse of a number of seconds: above 0 (or 0 too), at most MAX_SECONDS."""
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = math.nan
-        if not math.isfinite(value) or not (value > least if least >= 0 else value >= 0):
-            raise ValueError(f"{text!r} is not a number of seconds {'above 0' if least >= 0 else 'from 0'}")
+        if not (0 <= value <= MAX_SECONDS) or (value == 0 and not zero_ok):
+            raise ValueError(f"{text!r} is not a number of seconds {'from 0' if zero_ok else 'above 0'} to "
+                             f"{MAX_SECONDS:.0f} (a week)")
         return value
     return parse
 
@@ -110,8 +115,20 @@ TIKTOKEN_DOWNLOAD = _setting("PID_TIKTOKEN_DOWNLOAD", False, _flag,
 BROKER_URL = _setting("PID_BROKER_URL", None, str, "the broker for several machines (`redis://host:6379/0`, "
                       "`amqp://host//`)", "the embedded queue under PID_HOME")
 STORE_URL = _setting("PID_STORE_URL", None, str, "the job store", "the broker's Redis, else SQLite under PID_HOME")
-RETENTION = _setting("PID_RETENTION", None, str, "how long ended jobs and unused blobs are kept: seconds, or e.g. "
-                     "`12h`, `7d`, `2w` (parsed by jobs/store.py)", "`7d`")
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", re.IGNORECASE)
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds, or a number with a unit s/m/h/d/w (`7d`), above 0."""
+    m = _DURATION.fullmatch(text)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a duration: give seconds or e.g. 12h, 7d, 2w")
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
+
+
+RETENTION = _setting("PID_RETENTION", 7 * 86400.0, parse_duration, "how long ended jobs and unused blobs are kept: "
+                     "seconds, or e.g. `12h`, `7d`, `2w`", "`7d`")
 RESULT_BACKEND = _setting("PID_RESULT_BACKEND", None, str,
                           "no longer used (the job store holds every result): a worker says so when it is set")
 POLICY = _option("PID_POLICY", "worker --policy", "a worker's policy file (docs/policy.md)")
@@ -157,19 +174,19 @@ def parse_pool(text: str) -> PoolSizes:
         count = count.strip()
         n = int(count) if count.isascii() and count.isdigit() else -1
         if not 0 <= n <= POOL_MAX or ("=" in item and not name.strip()) or "=" in name:
-            raise ValueError(f"PID_POOL takes a whole number of ready sandboxes from 0 to {POOL_MAX}, or IMAGE=N, "
+            raise ValueError(f"takes a whole number of ready sandboxes from 0 to {POOL_MAX}, or IMAGE=N, "
                              f"comma-separated, not {text!r}")
         if not name and shared is not None:
-            raise ValueError(f"PID_POOL gives the shared size twice: {text!r}")
+            raise ValueError(f"gives the shared size twice: {text!r}")
         if not name:
             shared = n
         elif any(canonical_image(name.strip()) == seen for seen, _ in per_image):
-            raise ValueError(f"PID_POOL names the image {name.strip()!r} twice: {text!r}")
+            raise ValueError(f"names the image {name.strip()!r} twice: {text!r}")
         else:
             per_image.append((canonical_image(name.strip()), n))
     sizes = PoolSizes(shared or 0, tuple(per_image))
     if sizes.total > POOL_MAX:
-        raise ValueError(f"PID_POOL asks for {sizes.total} ready sandboxes in all: at most {POOL_MAX}: {text!r}")
+        raise ValueError(f"asks for {sizes.total} ready sandboxes in all: at most {POOL_MAX}: {text!r}")
     return sizes
 
 
@@ -178,18 +195,18 @@ POOL = _setting("PID_POOL", PoolSizes(), parse_pool,
                 "image of its own, comma-separated", f"as `worker --pool` (in all 0 to {POOL_MAX})")
 
 # A worker's housekeeping: read once, as the worker's modules load
-SWEEP_S = _setting("PID_SWEEP_S", 5.0, _seconds(0), "seconds between a worker's sweeps for lost jobs")
-RECONCILE_S = _setting("PID_RECONCILE_S", 60.0, _seconds(0),
+SWEEP_S = _setting("PID_SWEEP_S", 5.0, _seconds(), "seconds between a worker's sweeps for lost jobs")
+RECONCILE_S = _setting("PID_RECONCILE_S", 60.0, _seconds(),
                        "seconds a queued job waits beside a free live worker before its message is presumed lost")
-REDISPATCH_AFTER_S = _setting("PID_REDISPATCH_AFTER_S", 1800.0, _seconds(0),
+REDISPATCH_AFTER_S = _setting("PID_REDISPATCH_AFTER_S", 1800.0, _seconds(),
                               "seconds a queued job waits before it is dispatched again, whatever the workers do")
-DISPATCH_GIVE_UP_S = _setting("PID_DISPATCH_GIVE_UP_S", 600.0, _seconds(0),
+DISPATCH_GIVE_UP_S = _setting("PID_DISPATCH_GIVE_UP_S", 600.0, _seconds(),
                               "seconds a job that could not be dispatched is retried before it fails")
-LEASE_S = _setting("PID_LEASE_S", 30.0, _seconds(0), "seconds a running job may be silent before it is presumed dead")
+LEASE_S = _setting("PID_LEASE_S", 30.0, _seconds(), "seconds a running job may be silent before it is presumed dead")
 MAX_ATTEMPTS = _setting("PID_MAX_ATTEMPTS", 3, _count(1), "times a job's worker may be lost before the job fails")
 
 # The client
-NO_WORKER_NOTICE_S = _setting("PID_NO_WORKER_NOTICE_S", 10.0, _seconds(-1),
+NO_WORKER_NOTICE_S = _setting("PID_NO_WORKER_NOTICE_S", 10.0, _seconds(zero_ok=True),
                               "seconds `submit --wait` waits on a queued job before it says no worker took it")
 
 # Tests
@@ -199,9 +216,11 @@ TEST_RUN = _setting("PID_TEST_RUN", "", str.strip,
 
 def check() -> None:
     """Every setting that is set, parsed now (the first that cannot be is a BadSetting): a command checks them all
-    before it starts, so a worker with a bad one never starts half-way (its housekeeping reads them as it loads)."""
+    before it starts, so a worker with a bad one never starts half-way (its housekeeping reads them as it loads).
+    PID_POOL is `pid worker --pool`'s, which parses it (a --pool given wins over it)."""
     for setting in ALL:
-        setting.get()
+        if setting is not POOL:
+            setting.get()
 
 
 def table() -> str:

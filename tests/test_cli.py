@@ -154,6 +154,15 @@ def test_a_pid_variable_it_cannot_be_is_one_line_before_any_command_starts(run_p
     res = run_pid(*command, env={**pid_env, variable: value}, timeout=60)
     assert_one_error(res, f"${variable}: {value!r} is not a ")
     assert "ready" not in res.stdout + res.stderr
+    helped = run_pid(*command, "--help", env={**pid_env, variable: value}, timeout=60)   # (checked after parsing)
+    assert helped.code == 0 and "Usage: pid" in helped.stdout, helped.stderr
+
+
+def test_a_pool_given_wins_over_a_bad_pid_pool_which_no_other_command_reads(run_pid, pid_env):
+    env = {**pid_env, "PID_POOL": "many"}
+    assert run_pid("list", env=env).code == 0
+    res = run_pid("worker", "--pool", "70", env=env, timeout=60)   # (refused for its own value: --pool was read)
+    assert_one_error(res, "--pool", "'70'")
 
 
 @pytest.mark.docker

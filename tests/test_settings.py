@@ -67,7 +67,8 @@ def test_a_setting_is_read_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("setting, text, why", [
-    (settings.LEASE_S, "abc", "$PID_LEASE_S: 'abc' is not a number of seconds above 0"),
+    (settings.LEASE_S, "abc", "$PID_LEASE_S: 'abc' is not a number of seconds above 0 to 604800 (a week)"),
+    (settings.LEASE_S, "1e10", "$PID_LEASE_S: '1e10' is not a number of seconds above 0"),
     (settings.LEASE_S, "-1", "$PID_LEASE_S: '-1' is not a number of seconds above 0"),
     (settings.SWEEP_S, "0", "$PID_SWEEP_S: '0' is not a number of seconds above 0"),
     (settings.SWEEP_S, "inf", "$PID_SWEEP_S: 'inf' is not a number of seconds above 0"),
@@ -75,7 +76,6 @@ def test_a_setting_is_read_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     (settings.NO_WORKER_NOTICE_S, "-0.5", "$PID_NO_WORKER_NOTICE_S: '-0.5' is not a number of seconds from 0"),
     (settings.MAX_ATTEMPTS, "0", "$PID_MAX_ATTEMPTS: '0' is not a whole number from 1"),
     (settings.MAX_ATTEMPTS, "2.5", "$PID_MAX_ATTEMPTS: '2.5' is not a whole number from 1"),
-    (settings.POOL, "many", "PID_POOL takes a whole number"),
 ])
 def test_a_setting_it_cannot_be_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch, setting, text: str,
                                                        why: str) -> None:
@@ -88,6 +88,15 @@ def test_a_setting_it_cannot_be_is_one_line_naming_it(monkeypatch: pytest.Monkey
             read()
         assert str(raised.value).startswith(why) and "\n" not in str(raised.value), raised.value
     assert isinstance(raised.value, PidError)
+
+
+def test_a_bad_pid_pool_is_the_worker_s_to_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pid worker --pool` parses it (a --pool given wins over it), and no other command reads it: check() leaves it
+    to them."""
+    monkeypatch.setenv(settings.POOL.name, "many")
+    settings.check()
+    with pytest.raises(settings.BadSetting, match=r"^\$PID_POOL: takes a whole number of ready sandboxes from 0 "):
+        settings.POOL.get()
 
 
 def test_the_numbers_settings_take() -> None:
@@ -127,4 +136,5 @@ def test_the_settings_module_is_core() -> None:
     tree = ast.parse((ROOT / "pid" / "settings.py").read_text())
     modules = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names} | \
         {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert modules <= {"__future__", "math", "os", "dataclasses", "typing", "pid.errors"}   # (which imports nothing)
+    assert modules <= {"__future__", "math", "os", "re", "dataclasses", "typing",
+                       "pid.errors"}   # (which imports nothing)
