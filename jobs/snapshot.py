@@ -72,13 +72,12 @@ class DirSnapshot:
                 raise SandboxError(f"{root} is larger than the workspace limit ({max_bytes} bytes once packed)"
                                    ) from None
             raise
-        # the check and the store may read it at the same time: each open() of its name is a reader of its own
-        self.path = _name_of(self._file)
         self.kept = False
         self._keeping: threading.Thread | None = None
 
     def open(self) -> BinaryIO:
-        return open(self.path, "rb")
+        """A reader of its own (the check and the store may read it at the same time); ValueError once closed."""
+        return open(_name_of(self._file), "rb")
 
     def keep(self, blobs: Blobs) -> None:
         """Store the snapshot in `blobs`, in the background (close() waits for it), once however often asked; a
@@ -89,7 +88,7 @@ class DirSnapshot:
         def store() -> None:
             try:
                 if not blobs.has(self.packed.digest):
-                    blobs.put_file(self.path, self.packed.digest)
+                    blobs.put_file(_name_of(self._file), self.packed.digest)
                 self.kept = True
             except Exception as exc:
                 log.warning("the workspace snapshot was not kept in the job store (%s): retry and continue will not "
