@@ -809,6 +809,16 @@ def test_a_usage_not_shaped_as_one_is_no_usage(api: str, body: bytes) -> None:
     assert reply.response_id is None or isinstance(reply.response_id, str)
 
 
+@pytest.mark.parametrize("calls", [b'[1]', b'"x"', b'[{"index": [0], "function": {"name": "bash"}}]',
+                                   b'[{"index": 0, "function": "bash"}]', b'[{"index": true, "function": {}}]'])
+def test_a_tool_call_not_shaped_as_one_fails_the_reply_saying_so(calls: bytes) -> None:
+    """They failed with Python's words (AttributeError, unhashable type), a review's."""
+    reply = _raw_reply(b'data: {"choices": [{"delta": {"tool_calls": ' + calls + b'}}]}\n\ndata: [DONE]\n\n')
+    assert reply.stop_reason == "error", reply
+    assert reply.error_message.startswith("malformed stream data from the server (not the shape of a tool call): "), \
+        reply.error_message
+
+
 def test_a_finish_reason_that_is_no_string_still_ends_the_answer() -> None:
     """(It was looked up as a key: a dict raised TypeError out of the provider.)"""
     reply = _raw_reply(b'data: {"choices": [{"delta": {"content": "hi"}, "finish_reason": {"x": 1}}]}\n\n'
@@ -835,8 +845,10 @@ def test_a_reply_the_provider_cannot_make_a_message_of_is_a_failed_message_never
     def broken(self, reply):
         raise TypeError("'<' not supported between instances of 'str' and 'int'")
     monkeypatch.setattr(openai.OpenAIProvider, "_message", broken)
-    reply = _raw_reply(_ANSWER + b"data: [DONE]\n\n")
+    reply = _raw_reply(_ANSWER + b'data: {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 2}}\n\n'
+                       b"data: [DONE]\n\n")
     assert (reply.stop_reason, reply.content, reply.api) == ("error", [], "openai-completions"), reply
+    assert (reply.usage.input, reply.usage.output) == (10, 2)   # (the call was made: what it used counts)
     assert reply.error_message == ("malformed reply from the server (TypeError: '<' not supported between instances "
                                    "of 'str' and 'int')"), reply.error_message
 

@@ -64,6 +64,7 @@ def adaptive_thinking(model: str) -> bool:
 
 class AnthropicProvider(StreamingProvider):
     label = "anthropic"
+    api = API
 
     def __init__(self, config: ProviderConfig) -> None:
         base_url = base_url_for(API, config.base_url)
@@ -87,7 +88,10 @@ class AnthropicProvider(StreamingProvider):
             counted = get_counter().count(thought)
             reply.usage.reasoning = min(counted, reply.usage.output) if reply.usage.output else counted
         return AssistantMessage(content, API, self.config.provider, self.config.model,
-                                price(reply.usage, self.config), stop_reason, error, reply.response_id)
+                                price(self._usage(reply), self.config), stop_reason, error, reply.response_id)
+
+    def _usage(self, reply: "_Reply") -> Usage:
+        return reply.usage
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
         return self._body(system, to_anthropic_messages(messages, self._same_model),

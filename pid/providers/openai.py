@@ -39,6 +39,7 @@ _FINISH: dict[str, StopReason] = {"stop": "stop", "length": "length", "tool_call
 
 class OpenAIProvider(StreamingProvider):
     label = "openai"
+    api = API
 
     def __init__(self, config: ProviderConfig) -> None:
         auth = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
@@ -85,7 +86,10 @@ class OpenAIProvider(StreamingProvider):
     def _message(self, reply: "_Reply") -> AssistantMessage:
         content, stop_reason, error = reply.result()
         return AssistantMessage(content, API, self.config.provider, self.config.model,
-                                price(reply.usage(), self.config), stop_reason, error, reply.response_id)
+                                price(self._usage(reply), self.config), stop_reason, error, reply.response_id)
+
+    def _usage(self, reply: "_Reply") -> Usage:
+        return reply.usage()
 
 
 @dataclass
@@ -140,7 +144,8 @@ class _Reply(StreamReply):
                     self._append("thinking", thinking, name)
                     break
             for fragment in delta.get("tool_calls") or ():
-                self._call_fragment(fragment)
+                if not self._call_fragment(fragment):
+                    return
             # The legacy single-function shape, read only where it comes alone: llama-cpp-python repeats every
             # fragment of `tool_calls` in `function_call` within the same delta (appending both doubled them).
             if delta.get("function_call") and not delta.get("tool_calls"):
@@ -161,9 +166,15 @@ class _Reply(StreamReply):
     def finished(self) -> bool:
         return self.finish is not None or self.done
 
-    def _call_fragment(self, fragment: dict[str, Any]) -> None:
+    def _call_fragment(self, fragment: Any) -> bool:
+        """A piece of a tool call into its slot; False when it is not shaped as one (the reply fails, saying so)."""
+        key = fragment.get("index") if isinstance(fragment, dict) else None
+        if not isinstance(fragment, dict) or not isinstance(fragment.get("function") or {}, dict) \
+                or not (key is None or isinstance(key, int) and not isinstance(key, bool)):
+            self.fail("malformed stream data from the server (not the shape of a tool call): "
+                      + truncate(json.dumps(fragment)))
+            return False
         call_id = fragment.get("id")
-        key = fragment.get("index")
         if key is None:  # no index: a new id starts the next call, anything else continues the last one
             last = list(self.calls.values())[-1] if self.calls else None
             continues = last is not None and (not call_id or call_id == last.id)
@@ -187,6 +198,7 @@ class _Reply(StreamReply):
         if isinstance(arguments, str) and arguments:
             self.grow(utf8_size(arguments))
             slot.arguments.append(arguments)
+        return True
 
     def usage(self) -> Usage:
         raw = self.raw_usage or {}

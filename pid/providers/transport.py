@@ -27,10 +27,10 @@ from urllib.parse import urlsplit
 import httpcore
 import httpx
 
-from pid.messages import AssistantMessage, Message, ToolSpec
-from pid.config import API_NAMES, KEYED_HOSTS
+from pid.messages import AssistantMessage, Message, ToolSpec, Usage
+from pid.config import KEYED_HOSTS
 from pid.providers import retry
-from pid.providers.base import ProviderConfig, without_images
+from pid.providers.base import ProviderConfig, price, without_images
 
 CANCEL_CHECK_S = 0.1        # longest a cancelled read keeps waiting on a silent server
 ERROR_TEXT_LIMIT = 500
@@ -608,6 +608,7 @@ class StreamingProvider:
     becomes an AssistantMessage.
     """
     label = "http"
+    api = ""   # its wire format's name (pid.config.API_NAMES), which its messages carry
 
     def __init__(self, config: ProviderConfig, url: str, headers: dict[str, str]) -> None:
         self.config = config
@@ -691,9 +692,12 @@ class StreamingProvider:
         except Exception as exc:  # noqa: BLE001
             error = reply.error or (f"malformed reply from the server ({type(exc).__name__}: "
                                     f"{truncate(str(exc))})")
-            return AssistantMessage([], API_NAMES.get(self.label, self.label), self.config.provider,
-                                    self.config.model, stop_reason="error", error_message=error,
-                                    response_id=reply.response_id if isinstance(reply.response_id, str) else None)
+        try:   # (the call was made: what it used is counted, when that can still be read)
+            usage = price(self._usage(reply), self.config)
+        except Exception:  # noqa: BLE001
+            usage = Usage()
+        return AssistantMessage([], self.api, self.config.provider, self.config.model, usage, "error", error,
+                                reply.response_id if isinstance(reply.response_id, str) else None)
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
         raise NotImplementedError
@@ -755,4 +759,8 @@ class StreamingProvider:
         return reply.error is None
 
     def _message(self, reply: Any) -> AssistantMessage:
+        raise NotImplementedError
+
+    def _usage(self, reply: Any) -> Usage:
+        """The tokens the reply says it used."""
         raise NotImplementedError
