@@ -86,7 +86,8 @@ def test_only_http_links_with_a_host_are_links():
     assert safe_href("https://example.com/x") == "https://example.com/x"
     assert safe_href("HTTP://example.com") == "HTTP://example.com"
     for bad in ("javascript:alert(1)", "data:text/html,x", "https://", "http:///x", "ftp://x.example/", "mailto:a@b",
-                "https://a.example/\\x", "https://a.example/ x"):
+                "https://a.example/\\x", "https://a.example/ x",
+                "https://example.com/a\u202eb"):   # (the page shows a bidi control as a mark: another URL)
         assert safe_href(bad) is None, bad
 
 

@@ -47,15 +47,15 @@ def as_list(value: Any) -> list[Any]:
 
 # Bidi controls reorder what follows them where they are not seen ("Trojan Source": a patch that reads otherwise than
 # it runs): a page shows each as a visible mark, e.g. ⟨U+202E⟩, where it stands (the terminal drops them instead).
-_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def esc(value: Any) -> str:
     """Text for an HTML element or a quoted attribute: escape sequences and control characters removed (by the one
-    sanitiser, pid/terminal.py), bidi controls made visible (_BIDI), then HTML-escaped."""
+    sanitiser, pid/terminal.py), bidi controls made visible (BIDI), then HTML-escaped."""
     text = strip_escapes(value if isinstance(value, str) else str(value))
     if not text.isascii():
-        text = _BIDI.sub(lambda m: f"\u27e8U+{ord(m.group()):04X}\u27e9", text)
+        text = BIDI.sub(lambda m: f"\u27e8U+{ord(m.group()):04X}\u27e9", text)
     return html.escape(text, quote=True)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from pid.cli.pages.blocks import esc
+from pid.cli.pages.blocks import BIDI, esc
 
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})[ \t]*([^`\n]*)")
 _HEADING = re.compile(r" {0,3}(#{1,6})[ \t]+(.*)")   # the closing #s are cut in Python: see _heading_text
@@ -36,7 +36,7 @@ _SAFE_URL = re.compile(r"https?://[^\s\"'<>`\\]+", re.IGNORECASE)
 
 def safe_href(url: str) -> str | None:
     """The URL if it is an absolute http(s) URL with a host, else None (javascript:, data:, relative, odd)."""
-    if not _SAFE_URL.fullmatch(url):
+    if not _SAFE_URL.fullmatch(url) or BIDI.search(url):   # (esc would show a bidi control: another URL)
         return None
     try:
         parts = urlsplit(url)
