@@ -80,12 +80,16 @@ ITEM_SHOWN = 24   # of an item's id (its end: ids are typed by their end)
 def spend_words(cost: float, spent: float, budget: float | None) -> str:
     """What the batch's jobs cost, and of its budget: `$2.03 of $5.00`; when earlier jobs (a rerun's, earlier
     attempts) spent more of it, that too, as the budget counts it: `$2.03 ($7.36 with earlier jobs) of $7.00`."""
-    words = format_cost(cost)
     if budget is None:
-        return words
-    if spent > cost + 1e-6:
-        words += f" ({format_cost(spent)} with earlier jobs)"
-    return f"{words} of {format_cost(budget)}"
+        return format_cost(cost)
+    earlier = with_earlier(cost, spent)
+    return f"{format_cost(cost)}{f' ({earlier})' if earlier else ''} of {format_cost(budget)}"
+
+
+def with_earlier(cost: float, spent: float) -> str:
+    """`$7.36 with earlier jobs` when the batch's jobs spent more than its latest ones cost (a rerun's, earlier
+    attempts), else ""."""
+    return f"{format_cost(spent)} with earlier jobs" if spent > cost + 1e-6 else ""
 
 
 def render(progress: Progress, width: int | None = None) -> Any:
@@ -133,10 +137,9 @@ def summary_text(summary: dict[str, Any], where: str) -> str:
     if check["checked"]:
         lines.append(f"check: {check['passed']}/{check['checked']} passed ({check['pass_rate'] * 100:.0f}%)")
     cost, tokens, dur = s["cost"], s["tokens"], s["duration_s"]
-    earlier = (f", {format_cost(cost['all_jobs'])} with earlier jobs"   # (a rerun's, a job's earlier attempts)
-               if cost.get("all_jobs", 0) > cost["total"] + 1e-6 else "")
+    earlier = with_earlier(cost["total"], cost.get("all_jobs", 0))
     lines.append(f"cost: {format_cost(cost['total'])} (per item p50 {format_cost(cost['p50'] or 0)}, "
-                 f"p95 {format_cost(cost['p95'] or 0)}{earlier})"
+                 f"p95 {format_cost(cost['p95'] or 0)}{f', {earlier}' if earlier else ''})"
                  f"  tokens: {int(tokens['total'])} (p50 {int(tokens['p50'] or 0)}, p95 {int(tokens['p95'] or 0)})")
     lines.append(f"duration: p50 {format_duration(dur['p50'])}, p95 {format_duration(dur['p95'])}")
     if s["slowest"]:

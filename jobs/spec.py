@@ -255,6 +255,7 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
 # A task, steer or follow-up goes whole into every model request after it: one longer than this is a mistake (a file
 # pasted in), and would make a result.json too large to fetch (a stdin task is read up to it, no further).
 MAX_MESSAGE_BYTES = 1 << 20
+MAX_MESSAGE_WORDS = "1 MiB"   # (as messages say it)
 
 
 def message_problem(what: str, text: str) -> str | None:
@@ -263,8 +264,8 @@ def message_problem(what: str, text: str) -> str | None:
         return f"{what} is empty"
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_MESSAGE_BYTES:
-        return (f"{what} is larger than 1 MiB ({size:,} bytes); it goes whole into every model request: put what "
-                "it quotes in the repository instead")
+        return (f"{what} is larger than {MAX_MESSAGE_WORDS} ({size:,} bytes); it goes whole into every model "
+                "request: put what it quotes in the repository instead")
     return None
 
 

@@ -159,7 +159,7 @@ def check_repo(repo: str) -> str:
     if not os.path.exists(repo_path):
         scp = SCP_LIKE.fullmatch(repo)   # git's short form of an ssh URL, `git@host:org/repo.git`
         raise PidError(f"repo path does not exist: {repo}" + (
-            f" (a git URL is written in full: ssh://{scp[1]}/{scp[2].lstrip('/')})" if scp else ""))
+            f" (pid takes a git URL written in full, such as ssh://{scp[1]}/{scp[2].lstrip('/')})" if scp else ""))
     if not os.path.isdir(repo_path):
         raise PidError(f"repo path is not a directory: {repo}")
     return repo_path

@@ -58,8 +58,8 @@ def test_bad_values_raise_pid_error_with_the_messages_of_the_shared_checks(api_e
         pid.submit("t", repo=sample_repo, model="m", timeout_s="soon")
     with pytest.raises(pid.PidError, match="^repo path does not exist: /nonexistent$"):
         pid.submit("t", repo="/nonexistent", model="m")
-    with pytest.raises(pid.PidError, match=r"^repo path does not exist: git@github.com:x/y.git \(a git URL is "
-                                           r"written in full: ssh://git@github.com/x/y.git\)$"):
+    with pytest.raises(pid.PidError, match=r"^repo path does not exist: git@github.com:x/y.git \(pid takes a git URL "
+                                           r"written in full, such as ssh://git@github.com/x/y.git\)$"):
         pid.submit("t", repo="git@github.com:x/y.git", model="m")
     with pytest.raises(pid.PidError, match="^no model configured: pass --model or set PID_MODEL$"):
         pid.run("t", repo=sample_repo)

@@ -402,8 +402,11 @@ def test_the_status_line_and_the_live_table_say_the_spend_the_budget_is_held_aga
     run.bdir.rows["a"] = {"id": "a", "job_id": "j2", "status": "completed", "exit_code": 0, "cost": 2.03, "turns": 2}
     _status(run.bdir, as_json=False)
     assert "; cost $2.03 ($7.36 with earlier jobs) of $7.00" in capsys.readouterr().out
-    progress = batch_run.Progress(total=1, cost=2.03, budget=7.0, spent=7.36)
-    assert "$2.03 ($7.36 with earlier jobs) of $7.00" in str(render(progress, 200).renderables[0])
+    following = batch_run._Following(batch_run.Progress(total=1, cost=2.03), display=None,  # type: ignore[arg-type]
+                                      downloads=None, outage=None)  # type: ignore[arg-type]
+    run._check_budget(following)   # (what each pass of the live table reads from the store)
+    assert (following.progress.budget, following.progress.spent) == (7.0, pytest.approx(7.36))
+    assert "$2.03 ($7.36 with earlier jobs) of $7.00" in str(render(following.progress, 200).renderables[0])
 
 
 def test_cancel_says_which_jobs_ended_and_which_their_workers_stop(home, capsys, monkeypatch):
