@@ -685,8 +685,8 @@ class StreamingProvider:
         return self._finish(reply)
 
     def _finish(self, reply: StreamReply) -> AssistantMessage:
-        """The reply as a message; should what the server sent break even that, a failed message that says so and
-        holds nothing of it (the seam never raises: the job ends as a provider's error, the call counted)."""
+        """The reply as a message; should what the server sent break even that, a failed message that says so, with
+        none of the reply's content (the seam never raises: the job ends as a provider's error, the call counted)."""
         try:
             return self._message(reply)
         except Exception as exc:  # noqa: BLE001
