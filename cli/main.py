@@ -37,6 +37,7 @@ from pid.jobs.submission import (RESULT_GRACE_S, check_api_key, check_broker, ch
 
 EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without --wait)
 EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # what stops a foreground run as Ctrl-C does
 SWEEP_WHILE_WAITING_S = 5.0   # how often a `--wait` looks for jobs whose process died
 JOB_STATUSES = ("queued", "running", *STATUSES)
 
@@ -161,9 +162,12 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
     def say(text: str) -> None:
         (views[0].line.echo if views else echo)(text, err=True)
 
+    stopped_by: list[int] = []   # the signal that stopped it: the exit code is 128 + its number, as a shell's
+
     def on_sigint(signum: int, frame: Any) -> None:
         again = interrupted.is_set()
         interrupted.set()
+        stopped_by.append(signum)
         if not agents:   # setting up: it stops at its next step. Never an exception here: it could break an import
             if jobs:     # that the sandbox's thread waits on, and nothing would end
                 jobs[0].cancel.set()
@@ -180,7 +184,10 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
         else:  # cleanup is short and bounded; interrupting it would leak the container and lose the result
             say("still cleaning up…")
 
-    previous = signal.signal(signal.SIGINT, on_sigint)   # before the sandbox's thread starts
+    # Ctrl-C, and SIGTERM or SIGHUP as CI runners, `timeout` and a closed terminal stop a step: the job is cancelled,
+    # its patch collected and its result printed (SIGKILL is the sweep's to end: client_lost). Before the sandbox's
+    # thread starts.
+    previous = {sig: signal.signal(sig, on_sigint) for sig in STOP_SIGNALS}
     try:
         starting, job = submission.start_foreground(spec, before=reap_own_quietly)   # (shared with pid.run)
         jobs.append(job)
@@ -189,7 +196,7 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
             abandon(starting)
             job.end(None)
             echo("interrupted before the job started", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+            sys.exit(128 + stopped_by[0])
         result = None
         printer: Any = EventPrinter(verbose=verbose)
         if not as_json and on_terminal(err=True):
@@ -205,14 +212,15 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
             if views:
                 views[0].stop()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if interrupted.is_set() and not agents:   # Ctrl-C while it set up: the job ended before its agent started
         echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(128 + stopped_by[0])
     if views and views[0].showed_reply(result.get("final_message")):
         result = {**result, "final_message": None}   # it streamed onto this terminal already
     print_result(result, spec.job_dir, as_json, said=printer.said)
-    sys.exit(EXIT_INTERRUPTED if interrupted.is_set() else exit_code_for(result))
+    sys.exit(128 + stopped_by[0] if stopped_by else exit_code_for(result))
 
 
 @cli.command()

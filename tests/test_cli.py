@@ -279,23 +279,27 @@ def test_waiting_with_no_worker_says_so_and_ctrl_c_is_130(pid_env, run_pid, samp
 
 
 @pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
-def test_ctrl_c_during_a_run_is_130_with_the_result(pid_env, sample_repo, tmp_path):
-    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}]
+@pytest.mark.parametrize("stop, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_ctrl_c_during_a_run_is_130_with_the_result(pid_env, sample_repo, tmp_path, stop, code):
+    """SIGTERM too (CI runners and `timeout` stop a step so): it killed `pid run` at once, its patch and result lost
+    (a new user's test). Now each is Ctrl-C: the job cancelled, its patch collected, its result printed."""
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo changed > new.txt; sleep 60"}}]}]
     with ScriptedLLM(script) as llm:
         proc = start_pid(pid_env, tmp_path, "run", "t", "--repo", str(sample_repo), "--model", "m",
                          "--base-url", llm.base_url, "--out", str(tmp_path / "out"), "--json")
         try:
             wait_until(lambda: len(llm.requests) >= 1, what="the first model call")
             time.sleep(1)   # the sleep is running now
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(stop)
             out, err = proc.communicate(timeout=60)
         finally:
             if proc.poll() is None:
                 proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     result = json.loads(out)
     assert (result["status"], result["exit_reason"]) == ("cancelled", "cancelled")
     assert "Traceback" not in err
+    assert "+changed" in (tmp_path / "out" / result["id"] / "patch.diff").read_text()
 
 
 @pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
