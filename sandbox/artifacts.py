@@ -595,6 +595,9 @@ class _CutShort(Exception):
     """The member's data ended early; the archive ends with it."""
 
 
+PASS_OVER_AT_LEAST = 64 << 20   # skipped file data read past before the rest of an archive is given up
+
+
 def extract_files(chunks: Iterable[bytes], dest_dir: str, *, max_bytes: int, max_entries: int,
                   budget: FilesBudget | None = None) -> FilesCopy:
     """Extract the regular files and directories of the tar stream under dest_dir; everything else, unsafe
@@ -602,8 +605,9 @@ def extract_files(chunks: Iterable[bytes], dest_dir: str, *, max_bytes: int, max
 
     With `budget`, its limits and counts are used and updated instead of max_bytes and max_entries. Problems of
     the archive end the extraction with a Skipped entry; host errors (disk full) are raised. No partial file is
-    ever left. Regular files skipped are read past only up to max_bytes of data: a huge (say sparse) file past
-    that ends the reading, so the stream read stays within about twice the limit.
+    ever left. Regular files skipped are read past only up to max_bytes of data (PASS_OVER_AT_LEAST at least, so
+    that one file over a small limit does not cost the smaller ones after it): a huge (say sparse) file past that
+    ends the reading, so the stream read stays within about twice the limit (or the limit and that floor).
     """
     budget = budget if budget is not None else FilesBudget(max_bytes, max_entries)
     result = FilesCopy(written=[], skipped=[], total_bytes=0)
@@ -653,7 +657,7 @@ class _Extractor:
                 reason = str(exc)
         self.skips.add(member.name, reason)
         self.passed_over += _data_size(member)
-        return self.passed_over <= self.budget.max_bytes
+        return self.passed_over <= max(self.budget.max_bytes, PASS_OVER_AT_LEAST)
 
     def _stop(self, reason: str) -> _Refused:
         self.budget.stopped = reason

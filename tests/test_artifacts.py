@@ -552,7 +552,18 @@ def test_byte_limit_skips_what_does_not_fit_and_takes_what_still_does(tmp_path):
     assert [(s.path, s.reason) for s in result.skipped] == [("c", "over the 1000-byte limit")]
 
 
-def test_huge_member_over_the_limit_ends_the_reading(tmp_path):
+def test_a_member_over_a_small_limit_leaves_the_smaller_ones_after_it(tmp_path):
+    """With --max-files-size 2k, one 3,000-byte file ended the reading: the small ones after it were lost, where
+    the docs say they are still collected (a new user's test). Skipped data is read past up to a floor."""
+    data = tar_bytes(member("big", b"b" * 3000), *(member(f"s{i}", b"ss") for i in range(5)))
+    result, dest = extract(tmp_path, data, max_bytes=2048)
+    assert tree(dest) == ["s0", "s1", "s2", "s3", "s4"]
+    assert [(s.path, s.reason) for s in result.skipped] == [("big", "over the 2048-byte limit")]
+
+
+def test_huge_member_over_the_limit_ends_the_reading(tmp_path, monkeypatch):
+    from pid.sandbox import artifacts
+    monkeypatch.setattr(artifacts, "PASS_OVER_AT_LEAST", 2 << 20)   # (64 MiB: a test of that size reads slowly)
     data = tar_bytes(member("small", b"s"), member("huge", b"h" * (3 << 20)), member("later", b"l"))
     result, dest = extract(tmp_path, data, max_bytes=1 << 20)
     assert tree(dest) == ["small"]
