@@ -217,10 +217,19 @@ def model_info(name: str, overrides: Mapping[str, Any] | None = None) -> ModelIn
                                cache_write_price=info.cache_write_price or info.input_price)
 
 
-def unknown_model_warning(info: ModelInfo) -> str:
-    return (f"model {info.id!r} is not in the model table: assuming a {info.context_window:,}-token context window "
-            f"and no prices (set --context-window, or describe it in models.json: {MODELS_ENV} or "
-            f"$PID_HOME/models.json)")
+def unknown_model_warning(info: ModelInfo, window_given: bool = False) -> str | None:
+    """What a model the table lacks is assumed to be, of what its options did not give; None when they gave it all."""
+    assumed, options = [], []
+    if not window_given:
+        assumed.append(f"a {info.context_window:,}-token context window")
+        options.append("--context-window")
+    if not (info.input_price or info.output_price):
+        assumed.append("no prices")
+        options.append("--input-price/--output-price")
+    if not assumed:
+        return None
+    return (f"model {info.id!r} is not in the model table: assuming {' and '.join(assumed)} (set "
+            f"{' and '.join(options)}, or describe it in models.json: {MODELS_ENV} or $PID_HOME/models.json)")
 
 
 def silent_truncation_warning(info: ModelInfo, base_url: str | None) -> str | None:

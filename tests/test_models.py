@@ -41,6 +41,10 @@ def test_an_unknown_model_gets_pis_default_window_and_a_warning():
     assert info.input_price == info.output_price == 0
     assert "--context-window" in unknown_model_warning(info) and "my-finetune-v3" in unknown_model_warning(info)
     assert not model_info("gpt-4oo").known     # a prefix must end at a separator
+    # what its options gave is not said to be assumed (a new user's test: "no prices" with --input-price given)
+    priced = model_info("my-finetune-v3", {"input_price": 1.0})
+    assert "assuming a 128,000-token context window (set --context-window, or" in unknown_model_warning(priced)
+    assert unknown_model_warning(priced, window_given=True) is None
 
 
 def test_overrides_win_and_none_means_not_given():
@@ -162,8 +166,9 @@ def test_a_job_takes_prices_and_window_from_the_table_and_warns_of_an_unknown_mo
         told = run_job(spec("house-model", llm, context_window=65536), sandboxes=MemoryProvider({}),
                        sink=events.append)
     assert unknown["status"] == told["status"] == "completed"
-    notices = [e for e in events if isinstance(e, ev.Notice)]
-    assert len(notices) == 1 and "'house-model' is not in the model table" in notices[0].text   # not for `told`
+    notices = [e.text for e in events if isinstance(e, ev.Notice)]
+    assert len(notices) == 2 and "'house-model' is not in the model table" in notices[0], notices
+    assert "window" not in notices[1] and "assuming no prices (set --input-price/--output-price," in notices[1]
 
 
 def test_a_model_server_that_looks_like_ollama_gets_a_warning_about_its_window(sample_repo, tmp_path, monkeypatch):

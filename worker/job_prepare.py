@@ -182,6 +182,6 @@ def job_agent(job: JobRun, model: ModelInfo, provider: Provider, tools: ToolRegi
                  limits=Limits(max_turns=spec.max_turns, wall_clock_s=remaining, max_cost=spec.max_cost, gate=gate,
                                spent_cost=float(sum_usage(*(a.get("usage") or {} for a in job.earlier))["cost"])),
                  compactor=Compactor(provider, model.context_window, max_output_tokens=model.max_tokens),
-                 notices=[] if spec.context_window else [w for w in (
-                     None if model.known else unknown_model_warning(model),
-                     silent_truncation_warning(model, spec.base_url)) if w])
+                 notices=[w for w in (
+                     None if model.known else unknown_model_warning(model, window_given=bool(spec.context_window)),
+                     None if spec.context_window else silent_truncation_warning(model, spec.base_url)) if w])
