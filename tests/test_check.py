@@ -332,6 +332,24 @@ def test_a_check_the_sandbox_could_not_run_fails_the_job(buggy, tmp_path):
     assert any("could not run: the sandbox container is gone" in line for line in lines), lines
 
 
+def test_a_patch_the_check_cannot_apply_is_the_patch_s_failure_not_the_sandbox_s(buggy, tmp_path, monkeypatch):
+    """(An agent that un-ignores and edits an ignored file makes such a patch, a known limit: it ended sandbox_error,
+    "the container failed", a new user's test.) Nothing was checked: the job ends artifact_error, and says why."""
+    from pid.jobs.continuation import Refused
+    from pid.worker import job_check
+
+    def refuse(box, patch, original, whose):
+        raise Refused(f"{whose} does not apply to its snapshot: error: config.ini: already exists in working directory")
+    monkeypatch.setattr(job_check, "apply_patch", refuse)
+    ran: list[str] = []
+    result, _, _, _ = _memory_job(buggy, tmp_path, NO_FIX, {UNITTEST: lambda command, box: ran.append(command)},
+                                  check=UNITTEST)
+    assert (result["status"], result["exit_reason"]) == ("failed", "artifact_error") and ran == []
+    assert result["error"] == ("the check could not judge the patch: the job's patch does not apply to its snapshot: "
+                               "error: config.ini: already exists in working directory")
+    assert result["check"]["passed"] is False and exit_code_for(result) == 1
+
+
 # -- a real container ---------------------------------------------------------------------------------------------
 
 @pytest.mark.docker

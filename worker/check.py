@@ -41,6 +41,7 @@ class Check:
     error: str | None = None   # the check could not run (the sandbox failed): it has not passed
     original: tuple[str, ...] = ()   # the workspace paths it saw as the original has them (--check-original)
     original_missing: tuple[str, ...] = ()   # those of them the original does not have (a misspelt path?)
+    unapplied: bool = False    # the error: the job's patch does not apply to the workspace it was made from
 
     def to_result(self) -> dict[str, Any]:
         result: dict[str, Any] = {"command": self.command, "exit_code": self.exit_code, "passed": self.passed,

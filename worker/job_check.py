@@ -22,7 +22,7 @@ from pid.agent import Outcome
 from pid.sandbox_api import SandboxError
 from pid.sandbox_lifecycle import FilesBudget, JobSandbox, SandboxProvider
 from pid.worker.check import Check, run_check
-from pid.jobs.continuation import apply_patch
+from pid.jobs.continuation import Refused, apply_patch
 from pid.worker.job_run import JobRun, describe, ended, owns, refused
 from pid.jobs.spec import JobSpec
 from pid.worker.sandbox_start import COLLECT_TIMEOUT_S, GRACE_S, sandbox_config
@@ -94,11 +94,17 @@ def _check(job: JobRun) -> tuple[Check, JobSandbox | None]:
         _original_workspace(box, job)
         missing = _not_in_original(box, original)
         with open(os.path.join(job.job_dir, "patch.diff"), "rb") as f:
-            apply_patch(box, f.read(), original, whose="the job's patch")
-        if job.cancel.is_set():
-            check = Check(spec.check, None, False, 0.0, "", cancelled=True)
+            patch = f.read()
+        try:
+            apply_patch(box, patch, original, whose="the job's patch")
+        except Refused as exc:   # the patch's fault, not the sandbox's: nothing was checked
+            check = Check(spec.check, None, False, round(time.monotonic() - started, 3), "", error=str(exc),
+                          unapplied=True)
         else:
-            check = run_check(box, spec.check, spec.check_timeout_s, job.cancel)
+            if job.cancel.is_set():
+                check = Check(spec.check, None, False, 0.0, "", cancelled=True)
+            else:
+                check = run_check(box, spec.check, spec.check_timeout_s, job.cancel)
     except Exception as exc:
         took = round(time.monotonic() - started, 3)
         if watchdog.fired == "check":
@@ -151,6 +157,8 @@ def _after_check(outcome: Outcome, check: Check) -> Outcome:
     completed job (the sandbox failed: nothing was checked)."""
     if check.cancelled:
         return ended(outcome, "cancelled", "cancelled while the check ran")
+    if check.unapplied and outcome.status == "completed":
+        return ended(outcome, "artifact_error", f"the check could not judge the patch: {check.error}")
     if check.error and not check.timed_out and outcome.status == "completed":
         return ended(outcome, "sandbox_error", f"the check could not run: {check.error}")
     return outcome
