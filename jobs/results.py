@@ -86,6 +86,21 @@ def with_earlier_attempts(result: dict[str, Any], earlier: list[dict[str, Any]],
         result["duration_s"] = round(max(time.time() - first_started, this["duration_s"] or 0.0), 3)
 
 
+def end_line(job_id: str, status: str | None, exit_reason: str | None, duration_s: float | None,
+             cost: float | None, check: dict[str, Any] | None = None) -> str:
+    """How a job ended, in one line: its worker's log and the job's own (`pid logs`) end with it."""
+    from pid.costs import format_cost
+    from pid.endings import ending_words
+    line = f"job {job_id} {ending_words(status, exit_reason)}"
+    if duration_s is not None:
+        line += f" in {duration_s:.1f}s"
+    if cost:
+        line += f" · {format_cost(cost)}"
+    if check is not None:
+        line += " · check passed" if check.get("passed") is True else " · check FAILED"
+    return line
+
+
 def log_job(store: JobAttachments, job_id: str, status: str, note: str, **fields: Any) -> None:
     """One record of what happened to the job itself (started, handed back, put back, ended) in its log."""
     try:

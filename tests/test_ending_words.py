@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pid.cli.batch_progress import item_line
-from pid.worker.tasks import end_line
+from pid.jobs.results import end_line
 
 
 def test_worker_end_line_does_not_repeat_the_status() -> None:

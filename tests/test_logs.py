@@ -84,3 +84,15 @@ def test_a_failed_tool_s_line_gives_its_reason_and_bash_s_its_ending():
     refused = default_registry().execute(ToolCall("c", "bash", {}, raw_arguments="{not json"), None)  # type: ignore
     assert line("bash", refused.content[0].text).startswith('The arguments for tool "bash" were not valid JSON')
     assert line("bash", "so the tool was not run\nCommand exited with code 1") == "Command exited with code 1"
+
+
+def test_a_foreground_run_s_log_ends_with_how_it_ended(run_pid, sample_repo, tmp_path):
+    """A worker's job's log ends with its end line; a `pid run`'s said nothing of how the job ended (a new user's
+    test: a wall clock's job showed only its aborted command)."""
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 30"}}]}, {"text": "never"}]
+    with ScriptedLLM(script) as llm:
+        done = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url,
+                       "--out", str(tmp_path / "out"), "--timeout", "3", "--json", timeout=120)
+    job_id = done.json()["id"]
+    last = run_pid("logs", job_id).stdout.strip().splitlines()[-1]
+    assert f"job {job_id} limit (wall_clock) in " in last, last

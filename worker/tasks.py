@@ -16,15 +16,14 @@ import warnings
 from typing import Any
 
 from pid.config import EnvDefaults, endpoint
-from pid.costs import format_cost
-from pid.endings import ending_words, status_of
+from pid.endings import status_of
 from pid.terminal import ShownLogRecords, one_line
 from pid.jobs import policy
 from pid.jobs import batch_budget
 from pid.worker import warm_pool
 from pid.worker.app import app
 from pid.worker.control import LEASE_S, ControlRelay, new_owner, record_end
-from pid.jobs.results import log_job, with_earlier_attempts
+from pid.jobs.results import end_line, log_job, with_earlier_attempts
 from pid.jobs.blobs import StoreBlobs
 from pid.jobs.dispatch import dispatch
 from pid.jobs.publish import TASK
@@ -245,18 +244,6 @@ def hand_back(store: Store, job_id: str, owner: str, relay: ControlRelay, why: s
         dispatch(job_id, store=store)
     except Exception as exc:
         log.warning("job %s: dispatching it again: %s (a worker's reconciler will)", job_id, exc)
-
-
-def end_line(job_id: str, status: str | None, exit_reason: str | None, duration_s: float | None,
-             cost: float | None, check: dict[str, Any] | None = None) -> str:
-    line = f"job {job_id} {ending_words(status, exit_reason)}"
-    if duration_s is not None:
-        line += f" in {duration_s:.1f}s"
-    if cost:
-        line += f" · {format_cost(cost)}"
-    if check is not None:
-        line += " · check passed" if check.get("passed") is True else " · check FAILED"
-    return line
 
 
 def _short(text: str, width: int = 60) -> str:
