@@ -54,7 +54,8 @@ def test_run_compacts_a_job_that_outgrows_its_window(run_pid, sample_repo, tmp_p
     lines = [json.loads(x) for x in (job_dir / "session.jsonl").read_text().splitlines()]
     compactions = [e for e in lines if e["type"] == "compaction"]
     assert len(compactions) >= 2 and model.summaries >= len(compactions)
-    assert "context compacted (context full)" in res.stderr and "warning" not in res.stderr
+    assert "context compacted (context full)" in res.stderr and "-token context window" not in res.stderr   # (given)
+    assert "assuming no prices (set --input-price/--output-price" in res.stderr   # (not given: said)
     assert max(openai_request_tokens(r) for r in requests) <= 16384
     main = [r for r in requests if not system_text(r).startswith(SUMMARIZATION_SYSTEM_PROMPT[:40])]
     for body in main:
