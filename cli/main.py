@@ -1,8 +1,8 @@
 """The `pid` command. Thin: parse, call, print. Exit codes: 0 completed (and its --check passed), 1 failed or
 cancelled, 2 bad usage or input (nothing ran), 3 a limit was hit (timeout, max turns, max cost), 4 completed but its
---check failed, 5 `pid result` of a job not finished yet, 130 interrupted (Ctrl-C). A job's codes (0, 1, 3, 4) come
-from pid.endings.exit_code_for. `pid batch` (cli/batch.py) exits with its
-worst item's code."""
+--check failed, 5 `pid result` of a job not finished yet, 130 interrupted (Ctrl-C; `pid run` stopped by SIGTERM 143,
+by SIGHUP 129). A job's codes (0, 1, 3, 4) come from pid.endings.exit_code_for. `pid batch` (cli/batch.py) exits with
+its worst item's code."""
 from __future__ import annotations
 
 import os
@@ -156,17 +156,14 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
                                   warn=warn_line)
     agents: list[Any] = []
     jobs: list[Any] = []   # the job, once in the store
-    interrupted = threading.Event()
+    stopped_by: list[int] = []   # the signals that stopped it: the exit code is 128 + the first's, as a shell's
     views: list[Any] = []   # the terminal's live view, while the job runs: a Ctrl-C's words go above its status line
 
     def say(text: str) -> None:
         (views[0].line.echo if views else echo)(text, err=True)
 
-    stopped_by: list[int] = []   # the signal that stopped it: the exit code is 128 + its number, as a shell's
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        again = interrupted.is_set()
-        interrupted.set()
+    def on_stop(signum: int, frame: Any) -> None:
+        again = bool(stopped_by)
         stopped_by.append(signum)
         if not agents:   # setting up: it stops at its next step. Never an exception here: it could break an import
             if jobs:     # that the sandbox's thread waits on, and nothing would end
@@ -187,11 +184,11 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
     # Ctrl-C, and SIGTERM or SIGHUP as CI runners, `timeout` and a closed terminal stop a step: the job is cancelled,
     # its patch collected and its result printed (SIGKILL is the sweep's to end: client_lost). Before the sandbox's
     # thread starts.
-    previous = {sig: signal.signal(sig, on_sigint) for sig in STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, on_stop) for sig in STOP_SIGNALS}
     try:
         starting, job = submission.start_foreground(spec, before=reap_own_quietly)   # (shared with pid.run)
         jobs.append(job)
-        if interrupted.is_set():          # Ctrl-C while it set up: nothing ran, nothing stays
+        if stopped_by:          # Ctrl-C while it set up: nothing ran, nothing stays
             from pid.worker.sandbox_start import abandon
             abandon(starting)
             job.end(None)
@@ -214,7 +211,7 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if interrupted.is_set() and not agents:   # Ctrl-C while it set up: the job ended before its agent started
+    if stopped_by and not agents:   # Ctrl-C while it set up: the job ended before its agent started
         echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
         sys.exit(128 + stopped_by[0])
     if views and views[0].showed_reply(result.get("final_message")):

@@ -8,6 +8,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from pid.costs import format_cost
+from pid.endings import ending_words, status_of
 from pid.event_records import job_record
 from pid.session import iso_time
 from pid.jobs.spec import JobSpec
@@ -89,8 +91,6 @@ def with_earlier_attempts(result: dict[str, Any], earlier: list[dict[str, Any]],
 def end_line(job_id: str, status: str | None, exit_reason: str | None, duration_s: float | None,
              cost: float | None, check: dict[str, Any] | None = None) -> str:
     """How a job ended, in one line: its worker's log and the job's own (`pid logs`) end with it."""
-    from pid.costs import format_cost
-    from pid.endings import ending_words
     line = f"job {job_id} {ending_words(status, exit_reason)}"
     if duration_s is not None:
         line += f" in {duration_s:.1f}s"
@@ -99,6 +99,18 @@ def end_line(job_id: str, status: str | None, exit_reason: str | None, duration_
     if check is not None:
         line += " · check passed" if check.get("passed") is True else " · check FAILED"
     return line
+
+
+def result_line(job_id: str, result: dict[str, Any]) -> str:
+    """end_line of a result.json (or of an ending that has only its exit reason and error)."""
+    return end_line(job_id, status_of(result["exit_reason"]), result["exit_reason"], result.get("duration_s"),
+                    (result.get("usage") or {}).get("cost"), result.get("check"))
+
+
+def log_end(store: JobAttachments, job_id: str, result: dict[str, Any], line: str) -> None:
+    """The job's log ends with its end line (`line`: result_line's), as its record in the store ended it."""
+    reason = result["exit_reason"]
+    log_job(store, job_id, status_of(reason), line, exit_reason=reason)
 
 
 def log_job(store: JobAttachments, job_id: str, status: str, note: str, **fields: Any) -> None:

@@ -50,12 +50,7 @@ class TooLarge(ValueError):
 def retention_s(value: str | None = None) -> float:
     """PID_RETENTION (or `value`, as it would be written there): how long an ended job (its record, events and
     artifacts) and an unpinned blob are kept; 7 days when unset. A BadSetting (a PidError) for anything else."""
-    if value is None:
-        return settings.RETENTION.get()
-    try:
-        return settings.parse_duration(value) if value else settings.RETENTION.default
-    except ValueError as exc:
-        raise settings.BadSetting(f"${settings.RETENTION.name}: {exc}") from None
+    return settings.RETENTION.get() if value is None else settings.RETENTION.value_of(value)
 
 
 def blob_hex(digest: str) -> str:

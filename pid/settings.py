@@ -36,11 +36,14 @@ class Setting(Generic[T]):
 
     def get(self) -> T:
         """The value now: the variable parsed, else the default. BadSetting when it cannot be parsed."""
-        raw = self.raw()
-        if raw is None:
+        return self.value_of(self.raw())
+
+    def value_of(self, text: str | None) -> T:
+        """`text` as this variable's value would be read (empty or None: the default); BadSetting when it is none."""
+        if not text:
             return self.default
         try:
-            return self.parse(raw)
+            return self.parse(text)
         except ValueError as exc:
             raise BadSetting(f"${self.name}: {exc}") from None
 
@@ -119,7 +122,7 @@ _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", re.IGNORECASE)
 _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def parse_duration(text: str) -> float:
+def _duration(text: str) -> float:
     """Seconds, or a number with a unit s/m/h/d/w (`7d`), above 0."""
     m = _DURATION.fullmatch(text)
     if not m or float(m.group(1)) <= 0:
@@ -127,7 +130,7 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
 
 
-RETENTION = _setting("PID_RETENTION", 7 * 86400.0, parse_duration, "how long ended jobs and unused blobs are kept: "
+RETENTION = _setting("PID_RETENTION", 7 * 86400.0, _duration, "how long ended jobs and unused blobs are kept: "
                      "seconds, or e.g. `12h`, `7d`, `2w`", "`7d`")
 RESULT_BACKEND = _setting("PID_RESULT_BACKEND", None, str,
                           "no longer used (the job store holds every result): a worker says so when it is set")

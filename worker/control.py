@@ -22,7 +22,7 @@ from pid.agent import Agent
 from pid.jobs.outage import transient
 from pid.jobs.identity import process_identity
 from pid.jobs.progress import Progress
-from pid.jobs.results import attempt_usage, end_line, log_job
+from pid.jobs.results import attempt_usage, log_end, result_line
 from pid.jobs.store import JobAttachments, Leases, Store
 from pid import settings
 
@@ -338,8 +338,4 @@ class ForegroundJob:
                             {"exit_reason": "interrupted", "error": "interrupted"})
         if record_end(self.store, self.relay.job_id, self.relay.owner, ending, attempts=1):
             # its log ends as a worker's job's does (`pid logs`: it said nothing of how the job ended)
-            from pid.endings import status_of
-            reason = ending["exit_reason"]
-            log_job(self.store, self.relay.job_id, status_of(reason),
-                    end_line(self.relay.job_id, status_of(reason), reason, ending.get("duration_s"),
-                             (ending.get("usage") or {}).get("cost"), ending.get("check")), exit_reason=reason)
+            log_end(self.store, self.relay.job_id, ending, result_line(self.relay.job_id, ending))

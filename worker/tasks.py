@@ -16,14 +16,13 @@ import warnings
 from typing import Any
 
 from pid.config import EnvDefaults, endpoint
-from pid.endings import status_of
 from pid.terminal import ShownLogRecords, one_line
 from pid.jobs import policy
 from pid.jobs import batch_budget
 from pid.worker import warm_pool
 from pid.worker.app import app
 from pid.worker.control import LEASE_S, ControlRelay, new_owner, record_end
-from pid.jobs.results import end_line, log_job, with_earlier_attempts
+from pid.jobs.results import end_line, log_end, log_job, result_line, with_earlier_attempts
 from pid.jobs.blobs import StoreBlobs
 from pid.jobs.dispatch import dispatch
 from pid.jobs.publish import TASK
@@ -133,11 +132,10 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
             hand_back(store, job_id, owner, relay, stop.requested)
         else:
             recorded = record_end(store, job_id, owner, result) or _still_mine(store, job_id, owner)
-            line = end_line(job_id, status_of(result["exit_reason"]), result.get("exit_reason"),
-                            result.get("duration_s"), (result.get("usage") or {}).get("cost"), result.get("check"))
+            line = result_line(job_id, result)
             if recorded:
                 jobs_log.info("%s", line)
-                log_job(store, job_id, status_of(result["exit_reason"]), line, exit_reason=result["exit_reason"])
+                log_end(store, job_id, result, line)
             else:   # another worker holds the job now: its log and its ending are that attempt's
                 jobs_log.info("%s (not recorded: the job is no longer this worker's)", line)
         if record.spec.batch:

@@ -21,7 +21,7 @@ from pid.providers import retry
 from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price, token_count
 from pid.providers.openai import parse_arguments
 from pid.providers.transport import (BLOCK_BYTES, NO_ANSWER, Pieces, StreamReply, StreamingProvider, ToolsJSON,
-                                     json_object, truncate, utf8_size)
+                                     json_object, truncate, utf8_size, whole_number)
 from pid.tokens import get_counter
 
 API = API_NAMES["anthropic"]
@@ -163,7 +163,7 @@ class _Reply(StreamReply):
     def feed(self, event: str, payload: dict[str, Any], on_text: StreamListener | None) -> None:
         kind = payload.get("type") or event
         if kind == "content_block_delta":
-            at = _index(payload.get("index", 0))
+            at = whole_number(payload.get("index", 0))
             block = self.blocks.get(at) if at is not None else None
             delta = _dict(payload.get("delta"))
             if block is None:
@@ -182,7 +182,7 @@ class _Reply(StreamReply):
             if on_text is not None and delta_type == "text_delta":
                 on_text(piece)
         elif kind == "content_block_start":
-            index = _index(payload.get("index", len(self.blocks)))
+            index = whole_number(payload.get("index", len(self.blocks)))
             if index is None:
                 self.fail("malformed stream data from the server: a content block's index is not a whole number: "
                           + truncate(repr(payload.get("index"))))
@@ -258,11 +258,6 @@ def _str(value: Any) -> str:
 def _dict(value: Any) -> dict[str, Any]:
     """A field the format says is an object: anything else reads as an empty one."""
     return value if isinstance(value, dict) else {}
-
-
-def _index(value: Any) -> int | None:
-    """A content block's index, when it is one (a block keyed by anything else could not be put in order)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _tool_id(call_id: str) -> str:

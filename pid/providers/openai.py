@@ -22,7 +22,7 @@ from pid.messages import (AssistantMessage, Content, StopReason, ImageContent, M
 from pid.providers import retry
 from pid.providers.base import IdentityCache, ProviderConfig, StreamListener, price, token_count
 from pid.providers.transport import (BLOCK_BYTES, NO_ANSWER, Pieces, StreamReply, StreamingProvider, ToolsJSON,
-                                     json_object, truncate, utf8_size)
+                                     json_object, truncate, utf8_size, whole_number)
 
 API = API_NAMES["openai"]
 DEFAULT_MAX_OUTPUT = 32000   # pi's cap on a model's maxTokens when the request names none
@@ -170,7 +170,7 @@ class _Reply(StreamReply):
         """A piece of a tool call into its slot; False when it is not shaped as one (the reply fails, saying so)."""
         key = fragment.get("index") if isinstance(fragment, dict) else None
         if not isinstance(fragment, dict) or not isinstance(fragment.get("function") or {}, dict) \
-                or not (key is None or isinstance(key, int) and not isinstance(key, bool)):
+                or (key is not None and whole_number(key) is None):
             self.fail("malformed stream data from the server (not the shape of a tool call): "
                       + truncate(json.dumps(fragment)))
             return False

@@ -529,6 +529,11 @@ def stream_failure(exc: BaseException, url: str) -> str:
     return f"stream from {_origin(url)} failed: {type(exc).__name__}: {_describe(exc)}"
 
 
+def whole_number(value: Any) -> int | None:
+    """A JSON field that must be a whole number (an index), when it is one: a bool or a float is not."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def utf8_size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
