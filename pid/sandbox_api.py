@@ -67,6 +67,7 @@ class ExecResult:
     output_from: int = 0            # the kept file starts at this byte of the output (its front was dropped: size cap)
     pids_limit_hit: bool = False    # the process limit refused a fork meanwhile (the agent's processes were killed)
     disk_full: bool = False         # the job's disk was full as the command ended (the agent's writes failed)
+    out_of_memory: bool = False     # the memory limit made the kernel kill a process meanwhile (a failed command)
 
 
 @runtime_checkable

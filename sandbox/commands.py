@@ -21,6 +21,7 @@ from .disk import JobDisk
 from .errors import SandboxError
 from .exec_channels import CONTROL_TIMEOUT_S, MAX_CHANNELS, ExecChannels
 from .launch import Container
+from .memory import OUT_OF_MEMORY, MemoryWatch
 from .output_trim import trim_front
 from .outputs import KeptOutputs
 from .process_table import ProcessTable
@@ -152,6 +153,7 @@ class Commands:
         self.channels = channels
         self.processes = processes
         self.outputs = OutputFiles()
+        self.memory = MemoryWatch(container)
         self.agent_started = False   # an agent command (or file op) was started: the workspace may hold its links
 
     def abs(self, path: str) -> str:
@@ -214,7 +216,11 @@ class Commands:
         started = time.monotonic()
         deadline = started + timeout
         clearings = self.processes.clearings
-        channel, started_pgid, out_path = self._start(command, emit, started + CONTROL_TIMEOUT_S, upload)
+        try:
+            channel, started_pgid, out_path = self._start(command, emit, started + CONTROL_TIMEOUT_S, upload)
+        except SandboxError as exc:
+            self._explain(exc, self.memory.ran_out())
+            raise
         pgid: int | None = started_pgid   # None once the command has ended: nothing left to kill
         try:
             self.outputs.housekeeping()   # (the command runs meanwhile)
@@ -255,6 +261,8 @@ class Commands:
                     reply = self._end_unkilled(channel, started_pgid, collect)
             pgid = None
         except BaseException as exc:
+            # (looked at first: the kill below may remove the container, and its cgroup with the count)
+            out_of_memory = isinstance(exc, SandboxError) and self.memory.ran_out()
             if pgid is not None and not isinstance(exc, SandboxLost):   # interrupted while it runs: it must
                 # not outlive us (a container that is gone has nothing left to kill, nor a channel that answers)
                 try:
@@ -262,11 +270,28 @@ class Commands:
                 except Exception:
                     pass
             self.channels.discard(channel)
-            if isinstance(exc, SandboxError) and not isinstance(exc, SandboxLost):
-                self.channels.raise_if_lost(exc)
+            if isinstance(exc, SandboxError):
+                self._explain(exc, out_of_memory)
             raise
         self.channels.release(channel)
         return stop, reply, clearings, out_path
+
+    def _explain(self, exc: SandboxError, out_of_memory: bool) -> None:
+        """Raise what a failed call means: SandboxLost when its container is gone, and either way the cause when the
+        kernel killed processes for memory meanwhile (pid's server may have been one). Returns when there is no more
+        to say."""
+        lost = exc if isinstance(exc, SandboxLost) else None
+        if lost is None:
+            try:
+                self.channels.raise_if_lost(exc)
+            except SandboxLost as gone:
+                lost = gone
+        if lost is not None:
+            if out_of_memory or self.container.oom_killed():   # (a container that ended: its count went with it)
+                raise SandboxLost(f"the sandbox container is gone: {OUT_OF_MEMORY}") from exc
+            raise lost
+        if out_of_memory:
+            raise type(exc)(f"pid's server for this call was lost: {OUT_OF_MEMORY}") from exc
 
     def _end_unkilled(self, channel: Channel, pgid: int, collect: Callable[[Channel, float], Any]) -> Any:
         """A command still unreported KILL_GRACE_S after the SIGKILL of its group. Its group is killed again: if
@@ -309,7 +334,7 @@ class Commands:
             exit_code=None if stop else reply.exit_code, tail=reply.tail, total_bytes=reply.total_bytes,
             total_lines=reply.total_lines, timed_out=stop == "timed_out", cancelled=stop == "cancelled",
             output_path=reply.kept_path, output_from=reply.kept_from, pids_limit_hit=pids_hit,
-            disk_full=self._disk_full())
+            disk_full=self._disk_full(), out_of_memory=bool(stop or reply.exit_code != 0) and self.memory.ran_out())
 
     def _disk_full(self) -> bool:
         """The job's disk has no room left for the agent's writes (blocks or inodes): a command that hides its errors

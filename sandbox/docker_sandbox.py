@@ -13,14 +13,15 @@ time they leave here (docker_client.engine_errors).
 """
 from __future__ import annotations
 
+import contextlib
 import posixpath
 import shlex
 import threading
-from typing import IO, Callable, Sequence
+from typing import IO, Callable, Iterator, Sequence
 
 import docker
 
-from pid.sandbox_api import DEFAULT_OUTPUT, ExecResult, OutputPolicy
+from pid.sandbox_api import DEFAULT_OUTPUT, ExecResult, OutputPolicy, SandboxError
 from pid.sandbox_lifecycle import FilesBudget, PatchCopy, Skipped
 from pid.terminal import escaped
 
@@ -31,6 +32,7 @@ from .docker_client import engine_errors
 from .exec_channels import ExecChannels
 from .disk import reap_disks
 from .launch import Container, default_disk_root, free_reserve, launch
+from .memory import OUT_OF_MEMORY
 from .process_table import ProcessTable
 from .reaper import remove_job_containers
 from .workspace import patch_script, unrecorded
@@ -135,6 +137,7 @@ class DockerSandbox:
         self.container.remove()
         self.processes.close()
         self.commands.outputs.close()
+        self.commands.memory.close()
         self.container.release()
 
     def __enter__(self) -> "DockerSandbox":
@@ -185,10 +188,25 @@ class DockerSandbox:
     def import_image(self, timeout: float = 600.0) -> None:
         self.workspace.import_image(timeout)
 
+    @contextlib.contextmanager
+    def _memory_told(self) -> Iterator[None]:
+        """pid's own work that fails in a container that ran out of memory says so: the kernel may have killed pid's
+        server there, and would again."""
+        try:
+            yield
+        except SandboxError as exc:
+            if self.commands.memory.ever_ran_out():
+                exc.args = (f"{OUT_OF_MEMORY} ({exc})",)
+            raise
+
     @engine_errors
     def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:
         """Write the workspace's changes since the base commit to host file `dest` (made by pid's git, as root,
         from pid's repository; paths validated, size capped)."""
+        with self._memory_told():
+            return self._export_patch(dest, max_bytes, timeout)
+
+    def _export_patch(self, dest: str, max_bytes: int, timeout: float) -> PatchCopy:
         self.processes.clear()   # nothing of the agent may run on (swap files, hold FIFOs) while pid's git reads
         free_reserve(self.container.disk)   # the room kept for an image's base (see launch._reserve)
         base = self.workspace.base(timeout)
@@ -207,9 +225,10 @@ class DockerSandbox:
         its way is skipped: the engine copies as root and follows it, to files the agent cannot read (pid's git, the
         image's /etc/shadow). Every process of the agent's is killed first: nothing may swap a path for a link
         between the look and the copy."""
-        self.processes.clear()   # (in a check's container, what the tests left may still run)
-        linked = self._linked_on_the_way(paths)
-        written, skipped = export_files(self.container, [p for p in paths if p not in linked], dest_dir, budget)
+        with self._memory_told():
+            self.processes.clear()   # (in a check's container, what the tests left may still run)
+            linked = self._linked_on_the_way(paths)
+            written, skipped = export_files(self.container, [p for p in paths if p not in linked], dest_dir, budget)
         return written, [Skipped(escaped(p), "a link on its way") for p in paths if p in linked] + skipped
 
     def _linked_on_the_way(self, paths: list[str]) -> set[str]:

@@ -245,6 +245,13 @@ class Container:
             return True   # the engine is slow or busy: not evidence that the container is gone
         return bool(state.get("Running")) and not state.get("Dead")
 
+    def oom_killed(self) -> bool:
+        """The engine says the kernel killed the container's first process (or gVisor's sandbox) for memory."""
+        try:
+            return bool(self.client.api.inspect_container(self.id).get("State", {}).get("OOMKilled"))
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return False
+
     def init_pid(self) -> int | None:
         """The host's pid of the container's init, or None when the engine does not say."""
         try:

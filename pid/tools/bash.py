@@ -23,6 +23,9 @@ OUTPUT = OutputPolicy(tail_bytes=TAIL_BYTES, keep_lines=MAX_LINES, keep_bytes=MA
 
 DISK_FULL_NOTICE = ("No space left on device: the job's disk is full (its --disk limit). Writes fail until files are "
                     "removed.")
+OUT_OF_MEMORY_NOTICE = ("The container ran out of memory (its memory limit): the kernel killed processes to free "
+                        "memory (a process killed so exits with code 137). Files in /dev/shm count against the limit "
+                        "too.")
 PIDS_LIMIT_NOTICE = ("The container's process limit was reached: some processes could not start. All of the agent's "
                      "processes (background ones too) were killed so that the next command can run.")
 
@@ -81,6 +84,8 @@ def run_bash(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         text = _append(text, PIDS_LIMIT_NOTICE)
     if result.disk_full:
         text = _append(text, DISK_FULL_NOTICE)
+    if result.out_of_memory:
+        text = _append(text, OUT_OF_MEMORY_NOTICE)
 
     if result.cancelled:
         return ToolResult(_text(_append(text, "Command aborted")), True, details)

@@ -1,0 +1,47 @@
+"""A container that runs out of memory says so: the kernel's kills (a command's status 137, or pid's own server in
+it) come with why, for the model and in the job's ending."""
+from __future__ import annotations
+
+import pytest
+
+from pid.tools.bash import OUT_OF_MEMORY_NOTICE
+from tests.scripted_llm import ScriptedLLM
+from tests.test_e2e import job_options
+
+pytestmark = pytest.mark.docker
+
+HOG = "x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo ${#x}"   # bash holds it all: the kernel kills bash
+
+
+def test_a_command_killed_for_memory_tells_the_model_why(run_pid, sample_repo, tmp_path):
+    script = [
+        {"tool_calls": [{"name": "bash", "arguments": {"command": HOG}}]},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "echo fine; exit 3"}}]},
+        {"text": "ok"},
+    ]
+    with ScriptedLLM(script) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), "--json", "--memory", "128m",
+                      *job_options(llm, tmp_path / "out"))
+        assert res.code == 0, res.stderr
+        killed, failed = [m["content"] for m in llm.requests[2]["messages"] if m["role"] == "tool"]
+    assert OUT_OF_MEMORY_NOTICE in killed and killed.endswith("Command exited with code 137"), killed
+    assert OUT_OF_MEMORY_NOTICE not in failed and failed.endswith("Command exited with code 3"), failed  # (once)
+
+
+def test_memory_filled_where_no_kill_frees_it_ends_saying_so(run_pid, sample_repo, tmp_path):
+    """Pages in /dev/shm cannot be reclaimed: the kernel kills on, pid's own servers too. However the job then
+    ends (the call fails, the sandbox is lost, or the patch cannot be made), what the model or the user is told says
+    the container ran out of memory, never only that a channel closed."""
+    script = [
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "head -c 100000000 /dev/zero > /dev/shm/fill"}}]},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "echo after > hello.py"}}]},
+        {"text": "ok"},
+    ]
+    with ScriptedLLM(script) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), "--json", "--memory", "40m",
+                      *job_options(llm, tmp_path / "out"))
+        result = res.json()
+        told = [m["content"] for request in llm.requests for m in request["messages"] if m["role"] == "tool"]
+    said = "\n".join([*told, result.get("error") or ""])
+    assert "ran out of memory" in said, (said, res.stderr)
+    assert "ran out of memory" in (result.get("error") or "") or result["status"] == "completed", result
