@@ -435,6 +435,11 @@ class _PatchFilter:
             raise ArtifactTooLarge(f"the patch is over the {_size_text(self.max_bytes)} limit")
         self.out.write(data)
 
+    def _refuse_mode(self, mode: bytes) -> None:
+        why = _file_type(mode)
+        if why is not None:
+            self._drop(why)
+
     def _drop(self, reason: str, name: str | None = None) -> None:
         if self.dropping:
             return
@@ -554,13 +559,11 @@ class _PatchFilter:
             else:
                 self._refuse_name(name)
         elif match := _MODE_LINE.fullmatch(text):
-            if match[2] == b"120000" and match[1] in (b"new mode", b"new file mode"):
-                self._drop("symlink")
-            elif match[2] == b"160000" and match[1] in (b"new mode", b"new file mode"):
-                self._drop(NEW_REPOSITORY)
+            if match[1] in (b"new mode", b"new file mode"):
+                self._refuse_mode(match[2])
         elif match := _INDEX_LINE.fullmatch(text):
-            if match[1] == b"120000":
-                self._drop("symlink")
+            if match[1] is not None:   # (the mode of a file changed in place)
+                self._refuse_mode(match[1])
         elif _SIMILARITY_LINE.fullmatch(text):
             pass
         elif text == b"GIT binary patch":
@@ -570,6 +573,16 @@ class _PatchFilter:
             self.state = "end"
         else:
             self._drop("unexpected line in the header")
+
+
+def _file_type(mode: bytes) -> str | None:
+    """Why a file of this mode may not come out of a patch, or None for a regular file's. git apply reads a mode by
+    its file-type bits alone (120755 makes a symlink as 120000 does, 160644 a nested repository), so the type is
+    what is judged, not the digits as git itself writes them; only a regular file's passes."""
+    kind = int(mode, 8) & 0o170000
+    if kind == 0o100000:
+        return None
+    return {0o120000: "symlink", 0o160000: NEW_REPOSITORY}.get(kind, "a mode git does not write")
 
 
 def _base85_line_ok(line: bytes) -> bool:

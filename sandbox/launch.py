@@ -8,6 +8,7 @@ the workspace streaming onto its disk meanwhile.
 from __future__ import annotations
 
 import os
+import posixpath
 import shutil
 import threading
 import time
@@ -27,7 +28,7 @@ from .disk import DiskError, JobDisk, disks_supported
 from .docker_client import connect, ensure_image
 from .errors import SandboxError
 from .image_env import image_env, neutralised
-from .image_fs import ImageFS, image_layers
+from .image_fs import ImageFS, check_workdir, image_layers
 from .reaper import force_remove, owner_label, run_labels
 from .seccomp import SECURITY_OPT
 
@@ -335,12 +336,16 @@ def _storage(box: Container, inspected: dict[str, Any]) -> dict[str, Any]:
               "vartmp": (0, 0, 0o1777), "pid": (0, 0, 0o711)}
     if config.writable_image:
         layout.update({"image": (0, 0, 0o700), "pid/base": (0, 0, 0o700)})
+    volumes = image_volumes(inspected, config.workdir)
+    if volumes:
+        layout.update({"volumes": (0, 0, 0o755), **{f"volumes/{n}": (uid, gid, 0o755) for n in range(len(volumes))}})
     box.disk, box.pid_disk = disk, pid_disk = _make_disks(config, layout)
     own = [(AGENT_HOME, "home"), ("/tmp", "tmp"), ("/var/tmp", "vartmp"), (PID_DIR, "pid")]
     if not config.image_workspace:
         own.insert(0, (config.workdir, "workspace"))
     mounts = [Mount(target, disk.path(name), type="bind") for target, name in own]
     mounts += [Mount(f"{PID_DIR}/{sub}", pid_disk.path(sub), type="bind") for sub in PID_DISK_DIRS]
+    mounts += [Mount(target, disk.path(f"volumes/{n}"), type="bind") for n, target in enumerate(volumes)]
     if config.network == "none":
         try:
             mounts.append(Mount("/etc/hosts", _hosts_file(disk), type="bind", read_only=True))
@@ -358,6 +363,25 @@ def _storage(box: Container, inspected: dict[str, Any]) -> dict[str, Any]:
         mounts += [Mount(tree.target, tree.source, type="bind", read_only=tree.read_only)
                    for tree in box.image_fs.mounts()]
     return {"read_only": True, "mounts": mounts}
+
+
+def image_volumes(inspected: dict[str, Any], workdir: str) -> list[str]:
+    """The image's VOLUME paths, each to be a fresh, empty directory of the job's disk, the agent's: else the engine
+    makes a volume of its own there, on its own storage, past --disk, and left behind by a forced removal. A volume
+    where pid could not give the agent a directory (a system tree, pid's own) is refused, as such a --workdir is."""
+    targets = []
+    agents = ("/tmp", "/var/tmp", AGENT_HOME, workdir)   # (already the job disk's: a volume there is too)
+    for path in sorted((inspected.get("Config") or {}).get("Volumes") or {}):
+        norm = posixpath.normpath(path)
+        if not any(norm == tree or norm.startswith(tree.rstrip("/") + "/") for tree in agents):
+            try:
+                check_workdir(norm)
+            except ValueError:
+                raise SandboxError(f"the image declares VOLUME {path}: pid gives every volume a directory of the job's "
+                                   "disk, which it cannot do in a system directory or its own; remove it from the "
+                                   "image") from None
+        targets.append(norm)
+    return targets
 
 
 def _hosts_file(disk: JobDisk) -> str:
@@ -384,6 +408,8 @@ def _create(box: Container, command: list[str], now: datetime, ttl: int, options
         container = box.client.containers.create(
             box.image_id, command, environment=box.env,
             auto_remove=True, init=True, user="0:0",
+            entrypoint=[], healthcheck={"test": ["NONE"]},   # nothing of the image's runs but what pid starts: an
+            # ENTRYPOINT would run as root before pid, a HEALTHCHECK as root beside the agent, with its files
             log_config={"type": "none"},   # nothing of the container's is logged by the engine (nor fills its disk)
             labels={LABEL_JOB: config.job_id, LABEL_CREATED: _iso(now),
                     LABEL_EXPIRES: _iso(now + timedelta(seconds=ttl)),

@@ -58,7 +58,7 @@ def force_remove(client: docker.DockerClient, container_id: str) -> bool:
         if attempt:
             time.sleep(0.5)
         try:
-            client.api.remove_container(container_id, force=True)
+            client.api.remove_container(container_id, force=True, v=True)   # (v: an anonymous volume too)
             return True
         except docker.errors.NotFound:
             return False

@@ -287,6 +287,37 @@ def test_symlinks_in_the_patch_are_dropped(tmp_path):
     assert [(s.path, s.reason) for s in result.dropped] == [("link", "symlink"), ("l2", "symlink")]
 
 
+@pytest.mark.parametrize("mode, reason", [
+    (b"120755", "symlink"), (b"120644", "symlink"), (b"160644", artifacts.NEW_REPOSITORY),
+    (b"040000", "a mode git does not write"), (b"000000", "a mode git does not write")])
+def test_a_mode_of_no_regular_file_is_dropped_however_it_is_written(tmp_path, mode, reason):
+    new = (b"diff --git a/evil b/evil\nnew file mode " + mode + b"\nindex 0000000..6666666\n--- /dev/null\n"
+           b"+++ b/evil\n@@ -0,0 +1 @@\n+/etc/passwd\n\\ No newline at end of file\n")
+    changed = (b"diff --git a/old b/old\nindex 1111111..2222222 " + mode + b"\n--- a/old\n+++ b/old\n"
+               b"@@ -1 +1 @@\n-a\n+/etc\n")
+    result, written = copy(tmp_path, new + changed + GOOD1)
+    assert written == GOOD1
+    assert [(s.path, s.reason) for s in result.dropped] == [("evil", reason), ("old", reason)]
+
+
+def test_git_makes_a_symlink_of_a_mode_120755(tmp_path):
+    """Why the type bits are judged: git apply itself reads 120755 as a symlink."""
+    work = tmp_path / "work"
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    (work / "evil.patch").write_bytes(b"diff --git a/evil b/evil\nnew file mode 120755\nindex 0000000..6666666\n"
+                                      b"--- /dev/null\n+++ b/evil\n@@ -0,0 +1 @@\n+/etc/passwd\n"
+                                      b"\\ No newline at end of file\n")
+    subprocess.run(["git", "-C", str(work), "apply", "evil.patch"], check=True, capture_output=True)
+    assert (work / "evil").is_symlink() and os.readlink(work / "evil") == "/etc/passwd"
+
+
+def test_a_regular_file_s_modes_pass(tmp_path):
+    executable = (b"diff --git a/run.sh b/run.sh\nnew file mode 100755\nindex 0000000..6666666\n--- /dev/null\n"
+                  b"+++ b/run.sh\n@@ -0,0 +1 @@\n+echo hi\n")
+    result, written = copy(tmp_path, executable + GOOD1)
+    assert written == executable + GOOD1 and result.dropped == []
+
+
 def binary_hunk(data: bytes) -> bytes:
     z = zlib.compress(data)
     out = [b"literal %d\n" % len(data)]
