@@ -306,7 +306,8 @@ def pack_tar(root: str, out: IO[bytes], uid: int = 0, gid: int = 0, max_bytes: i
     limit, else WorkspaceTooLarge as soon as it is passed).
 
     Every entry of the tree: links stored as links (never followed), special files skipped, no git run. Regular
-    files are opened with O_NOFOLLOW, so a file swapped for a symlink meanwhile is never followed. Deterministic:
+    files are opened with O_NOFOLLOW, and everything below a directory through a descriptor of it, so neither a file nor
+    a directory swapped for a symlink meanwhile is followed. Deterministic:
     members in sorted order (per directory: its subdirectories and links to directories, then the rest), owned by
     uid:gid with no names, whole-second mtimes, so the same tree gives the same bytes (and the same digest: a hundred
     jobs on one tree store it once). Written by pid.sandbox.tarstream: ~30 µs of Python per file.
@@ -317,69 +318,92 @@ def pack_tar(root: str, out: IO[bytes], uid: int = 0, gid: int = 0, max_bytes: i
     sink = _HashingSink(out, max_bytes)
     inodes: dict[tuple[int, int], bytes] = {}
     # Directories still to pack, the next one last: depth first in sorted order, as a loop (a tree of any depth).
-    todo: list[tuple[str, str]] = [(root, "")]
+    # Each with the (device, inode) its parent listed: one swapped meanwhile (for a link, or a link put on its way)
+    # is not the one opened, and is skipped.
+    todo: list[tuple[str, str, tuple[int, int] | None]] = [(root, "", None)]
     while todo:
-        path, arc = todo.pop()
-        subdirs = _pack_dir(path, arc, sink, uid, gid, inodes)
-        todo.extend((entry.path, arc + entry.name + "/") for entry in reversed(subdirs) if not entry.is_symlink())
+        path, arc, listed = todo.pop()
+        subdirs = _pack_dir(path, arc, listed, sink, uid, gid, inodes)
+        todo.extend((os.path.join(path, name), arc + name + "/", key) for name, key in reversed(subdirs))
     sink.write(tarstream.end())
     sink.pad(tarstream.BLOCK * 20)   # as tar and tarfile: whole records of 10 KiB
     sink.flush()
     return Packed(f"sha256:{sink.hash.hexdigest()}", sink.size)
 
 
-def _pack_dir(path: str, arc: str, sink: "_HashingSink", uid: int, gid: int,
-              inodes: dict[tuple[int, int], bytes]) -> list[os.DirEntry[str]]:
-    """The entries of one directory; returns its subdirectories (and links to directories), in order."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _pack_dir(path: str, arc: str, listed: tuple[int, int] | None, sink: "_HashingSink", uid: int, gid: int,
+              inodes: dict[tuple[int, int], bytes]) -> list[tuple[str, tuple[int, int]]]:
+    """The entries of one directory, read through a descriptor of it (nothing below is looked up by a path that
+    could be swapped); returns its subdirectories to walk (name, (device, inode)), in order."""
     try:
-        entries = list(os.scandir(path))
-    except FileNotFoundError:
-        return []   # vanished since its parent was read
-    dirs: list[os.DirEntry[str]] = []
-    files: list[os.DirEntry[str]] = []
-    for entry in entries:
-        try:
-            (dirs if entry.is_dir() else files).append(entry)   # as os.walk: a link to a directory is a "directory"
-        except OSError:
-            files.append(entry)
-    dirs.sort(key=lambda e: e.name)
-    files.sort(key=lambda e: e.name)
-    for entry in dirs + files:
-        name = arc + entry.name
-        if len(os.fsencode(name)) > MAX_NAME:
-            raise OSError(errno.ENAMETOOLONG, f"a path in the tree longer than {MAX_NAME} bytes", entry.path)
-        _pack_entry(entry, name, sink, uid, gid, inodes)
-    return dirs
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return []   # vanished, or swapped for a link, since its parent was read
+        raise
+    try:
+        st = os.fstat(fd)
+        if listed is not None and (st.st_dev, st.st_ino) != listed:
+            return []   # another directory than its parent listed: a link was put on its way meanwhile
+        entries = list(os.scandir(fd))
+        dirs: list[os.DirEntry[str]] = []
+        files: list[os.DirEntry[str]] = []
+        for entry in entries:
+            try:
+                (dirs if entry.is_dir() else files).append(entry)   # as os.walk: a link to a directory is a "directory"
+            except OSError:
+                files.append(entry)
+        dirs.sort(key=lambda e: e.name)
+        files.sort(key=lambda e: e.name)
+        walk: list[tuple[str, tuple[int, int]]] = []
+        for entry in dirs + files:
+            name = arc + entry.name
+            if len(os.fsencode(name)) > MAX_NAME:
+                raise OSError(errno.ENAMETOOLONG, f"a path in the tree longer than {MAX_NAME} bytes",
+                              os.path.join(path, entry.name))
+            kept = _pack_entry(entry, fd, path, name, sink, uid, gid, inodes)
+            if kept is not None:
+                walk.append((entry.name, kept))
+        return walk
+    finally:
+        os.close(fd)
 
 
-def _pack_entry(entry: os.DirEntry, arc: str, sink: "_HashingSink", uid: int, gid: int,
-                inodes: dict[tuple[int, int], bytes]) -> None:
+def _pack_entry(entry: os.DirEntry, dir_fd: int, dir_path: str, arc: str, sink: "_HashingSink", uid: int, gid: int,
+                inodes: dict[tuple[int, int], bytes]) -> tuple[int, int] | None:
+    """One entry of the directory open as `dir_fd`; a directory's (device, inode), to walk it, else None."""
     name = os.fsencode(arc)
     try:
         if entry.is_file(follow_symlinks=False):   # (the directory's entry type: no system call)
-            _pack_file(entry.path, name, sink, uid, gid, inodes)
-            return
+            _pack_file(entry.name, dir_fd, os.path.join(dir_path, entry.name), name, sink, uid, gid, inodes)
+            return None
         st = entry.stat(follow_symlinks=False)
     except FileNotFoundError:
-        return   # vanished since the directory was read
+        return None   # vanished since the directory was read
     if stat.S_ISDIR(st.st_mode):
         sink.write(tarstream.header(name + b"/", tarstream.DIR, 0, st.st_mode, int(st.st_mtime), uid, gid))
-    elif stat.S_ISLNK(st.st_mode):
+        return st.st_dev, st.st_ino
+    if stat.S_ISLNK(st.st_mode):
         try:
-            target = os.readlink(os.fsencode(entry.path))
+            target = os.readlink(os.fsencode(entry.name), dir_fd=dir_fd)
         except OSError:
-            return
+            return None
         sink.write(tarstream.header(name, tarstream.SYM, 0, st.st_mode, int(st.st_mtime), uid, gid, target))
     elif stat.S_ISREG(st.st_mode):   # (an entry type the directory did not say)
-        _pack_file(entry.path, name, sink, uid, gid, inodes)
+        _pack_file(entry.name, dir_fd, os.path.join(dir_path, entry.name), name, sink, uid, gid, inodes)
     # sockets, FIFOs and devices are not part of a workspace
+    return None
 
 
-def _pack_file(path: str, name: bytes, sink: "_HashingSink", uid: int, gid: int,
+def _pack_file(entry_name: str, dir_fd: int, path: str, name: bytes, sink: "_HashingSink", uid: int, gid: int,
                inodes: dict[tuple[int, int], bytes]) -> None:
-    """A regular file, opened without following a link (a file swapped for one since the walk is skipped)."""
+    """A regular file of the directory open as `dir_fd`, opened without following a link (a file swapped for one
+    since the walk is skipped); `path` names it in errors."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(entry_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return   # vanished or swapped for a link since the walk: skip it
     try:

@@ -47,8 +47,8 @@ class FakeAPI:
         return [dict(c) for c in self.listed
                 if all(c["Labels"].get(k) == v if sep else k in c["Labels"] for k, sep, v in wanted)]
 
-    def remove_container(self, cid: str, force: bool) -> None:
-        assert force
+    def remove_container(self, cid: str, force: bool, v: bool = False) -> None:
+        assert force and v   # (an anonymous volume goes with it)
         if cid in self.vanish or cid not in {c["Id"] for c in self.listed}:
             raise docker.errors.NotFound(f"No such container: {cid}")
         self.listed = [c for c in self.listed if c["Id"] != cid]

@@ -61,6 +61,33 @@ def test_links_are_packed_as_links_and_owners_are_fixed(tmp_path):
     assert {(m.uid, m.gid, m.uname, m.gname) for m in members.values()} == {(0, 0, "", "")}
 
 
+@pytest.mark.parametrize("swapped", ["a", "a/b"])
+def test_a_directory_swapped_for_a_link_after_its_parent_was_read_is_not_followed(tmp_path, monkeypatch, swapped):
+    """A writer racing the walk: once a directory's parent was listed, the directory (or one on its way, "a" for
+    "a/b") becomes a link to a tree outside the repository. Nothing of that tree is packed."""
+    from pid.sandbox import workspace
+    root, outside = tmp_path / "repo", tmp_path / "outside"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "mine.txt").write_text("mine\n")
+    (outside / "b").mkdir(parents=True)
+    (outside / "b" / "secret.txt").write_text("secret\n")
+    parent = "" if swapped == "a" else "a/"
+    real = workspace._pack_dir
+
+    def racing(path, arc, *rest):
+        listed = real(path, arc, *rest)
+        if arc == parent:   # (the swap lands between the listing and the walk below it)
+            os.rename(root / "a", tmp_path / "a.moved")
+            os.symlink(outside, root / "a")
+        return listed
+
+    monkeypatch.setattr(workspace, "_pack_dir", racing)
+    out = io.BytesIO()
+    pack_tar(str(root), out)
+    names = tarfile.open(fileobj=io.BytesIO(out.getvalue())).getnames()
+    assert not [n for n in names if "secret" in n], names
+
+
 def test_a_tree_over_the_limit_stops_packing(tmp_path):
     root = tmp_path / "big"
     root.mkdir()
