@@ -439,7 +439,7 @@ def _priced_in_table(model: str, seen: dict[str, bool]) -> bool:
 def _pack(items: list[Item], specs: dict[str, JobSpec], max_bytes: int) -> list[str]:
     """Each directory repo packed and stored once (the same tree, whatever the number of items on it)."""
     from pid.config import pid_home
-    from pid.sandbox.workspace import WorkspaceTooLarge
+    from pid.sandbox.workspace import WorkspaceTooLarge, pack_error
     from pid.jobs.blobs import default_blobs
     from pid.jobs.snapshot import git_source, pack_and_store
     packed: dict[str, str | str] = {}
@@ -458,7 +458,7 @@ def _pack(items: list[Item], specs: dict[str, JobSpec], max_bytes: int) -> list[
                 failed[spec.repo] = (f"repo {spec.repo} is larger than --max-workspace {format_size(max_bytes)} "
                                      "once packed")
             except OSError as exc:
-                failed[spec.repo] = f"cannot pack repo {spec.repo}: {exc.strerror or exc}"
+                failed[spec.repo] = f"cannot pack repo {spec.repo}: {pack_error(exc)}"
         if spec.repo in failed:
             errors.append(f"line {item.line}: {failed[spec.repo]}")
         else:

@@ -14,9 +14,9 @@ import threading
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO
 
-from pid.sandbox_api import SandboxError
+from pid.sandbox_api import BadWorkspace, SandboxError
 from pid.sandbox_lifecycle import JobSandbox
-from pid.sandbox.workspace import Packed, WorkspaceTooLarge, check_git_source, pack_tar
+from pid.sandbox.workspace import Packed, WorkspaceTooLarge, check_git_source, pack_error, pack_tar
 from pid.jobs.blobs import BlobMissing, Blobs, default_blobs
 
 log = logging.getLogger("pid.worker")
@@ -71,6 +71,8 @@ class DirSnapshot:
             if isinstance(exc, WorkspaceTooLarge):
                 raise SandboxError(f"{root} is larger than the workspace limit ({max_bytes} bytes once packed)"
                                    ) from None
+            if isinstance(exc, OSError):   # (no retry would read it better: the input's fault)
+                raise BadWorkspace(f"cannot pack --repo {root}: {pack_error(exc)}") from None
             raise
         self.kept = False
         self._keeping: threading.Thread | None = None

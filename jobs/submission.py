@@ -171,7 +171,7 @@ def pack_workspace(spec: JobSpec, max_bytes: int) -> None:
     from pid.jobs.snapshot import git_source, pack_and_store
     if not spec.repo or git_source(spec.repo) is not None:
         return
-    from pid.sandbox.workspace import WorkspaceTooLarge
+    from pid.sandbox.workspace import WorkspaceTooLarge, pack_error
     from pid.jobs.blobs import default_blobs
     try:
         spec.workspace = pack_and_store(spec.repo, default_blobs(), max_bytes, tmp_dir=pid_home()).digest
@@ -180,8 +180,7 @@ def pack_workspace(spec: JobSpec, max_bytes: int) -> None:
                        "nothing was queued (raise --max-workspace or PID_MAX_WORKSPACE, or submit a git URL)"
                        ) from None
     except OSError as exc:
-        raise PidError(f"cannot pack --repo {spec.repo}: {exc.strerror or exc}"
-                       f"{f' ({exc.filename})' if exc.filename else ''}") from None
+        raise PidError(f"cannot pack --repo {spec.repo}: {pack_error(exc)}") from None
 
 
 def check_workspace_size(spec: JobSpec, max_bytes: int) -> None:

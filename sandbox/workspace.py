@@ -301,6 +301,15 @@ def tree_size(root: str, limit: int) -> int:
     return total
 
 
+def pack_error(exc: OSError) -> str:
+    """Why a tree could not be packed, in one line: the reason and the path, shortened (a path may be 4 KB)."""
+    name = exc.filename
+    name = os.fsdecode(name) if isinstance(name, (str, bytes)) else "" if name is None else str(name)
+    if len(name) > 160:
+        name = f"{name[:70]}…{name[-70:]}"
+    return f"{exc.strerror or exc}{f' ({name})' if name else ''}"
+
+
 def pack_tar(root: str, out: IO[bytes], uid: int = 0, gid: int = 0, max_bytes: int = 0) -> Packed:
     """Write a tar of the directory `root` to `out` as a stream, hashing it as it goes; at most `max_bytes` (0: no
     limit, else WorkspaceTooLarge as soon as it is passed).
@@ -343,6 +352,9 @@ def _pack_dir(path: str, arc: str, listed: tuple[int, int] | None, sink: "_Hashi
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
             return []   # vanished, or swapped for a link, since its parent was read
+        if exc.errno == errno.ENAMETOOLONG:
+            raise OSError(errno.ENAMETOOLONG, f"a path longer than Linux allows ({MAX_NAME} bytes from /)",
+                          path) from None
         raise
     try:
         st = os.fstat(fd)

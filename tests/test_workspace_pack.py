@@ -354,6 +354,23 @@ def test_a_path_longer_than_path_max_is_refused_whichever_side_meets_it(deep_tmp
         dest.rmdir()
 
 
+def test_a_tree_whose_paths_pass_path_max_from_slash_is_refused_in_one_short_line(deep_tmp):
+    """Its own paths are shorter than 4,095 bytes, but not from /: the walk says so, and pid run's snapshot refuses
+    it as the input's fault (bad_workspace, exit 2) in a line of bounded length, not Python's 4 KB errno."""
+    from pid.jobs.snapshot import DirSnapshot
+    from pid.sandbox.workspace import MAX_NAME, pack_error
+    from pid.sandbox_api import BadWorkspace
+    depth = (MAX_NAME - len(str(deep_tmp / "r")) + 2) // 2 + 1      # "d/" per level: past 4,095 from / alone
+    assert 2 * depth + 8 < MAX_NAME
+    deep_tree.make(deep_tmp / "r", depth=depth)
+    with pytest.raises(OSError, match="longer than Linux allows") as raised:
+        pack(deep_tmp / "r")
+    assert len(pack_error(raised.value)) < 300
+    with pytest.raises(BadWorkspace, match="cannot pack --repo .*longer than Linux allows") as refused:
+        DirSnapshot(str(deep_tmp / "r"), 0)
+    assert len(str(refused.value)) < 400
+
+
 def test_fifos_and_sockets_no_gitignore_ignores_are_listed_as_left_out():
     """git passes over a new FIFO or socket without a word: patch_script lists them after SPECIAL_MARK (git
     check-ignore's NUL-separated records, a counted length); those no .gitignore ignores are reported, once."""
