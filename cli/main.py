@@ -318,20 +318,10 @@ def _no_worker_notice(store: Any, job_id: str, out: Callable[..., None] = echo) 
         if done or time.monotonic() < deadline:
             return
         done = True
-        record = store.get(job_id)
-        if record is None or record.status != "queued":
-            return
-        from pid.jobs.workers import live_workers
-        queue = record.spec.queue
-        workers = [w for w in live_workers(store) if queue in w.queues]
-        waited = f"job {job_id} is still queued after {notice_s:g}s"
-        if workers:
-            running = sum(w.running for w in workers)
-            out(f"{waited}: {len(workers)} worker(s) are running {running} job(s); it waits for a free one",
-                err=True)
-        else:
-            start = "pid worker" + ("" if queue == DEFAULT_QUEUE else f" --queue {queue}")
-            out(f"{waited}: no worker is consuming queue '{queue}' (start one with `{start}`)", err=True)
+        from pid.jobs.workers import still_queued
+        line = still_queued(store, job_id, notice_s)
+        if line is not None:
+            out(line, err=True)
     return tick
 
 

@@ -3,10 +3,13 @@ stopped or are gone. The worker beats (worker/housekeeping.py); the client reads
 some live worker takes the job's queue and allows it)."""
 from __future__ import annotations
 
+from typing import Any
+
 from pid.jobs.identity import process_alive
+from pid.jobs.spec import DEFAULT_QUEUE
 from pid.jobs.store import ALIVE_WITHIN_S, BEAT_S, Heartbeats, WorkerBeat
 
-__all__ = ["ALIVE_WITHIN_S", "BEAT_S", "live_workers", "process_gone", "worker_state"]
+__all__ = ["ALIVE_WITHIN_S", "BEAT_S", "live_workers", "process_gone", "still_queued", "worker_state"]
 
 
 def worker_state(beat: WorkerBeat, now: float) -> str:
@@ -27,3 +30,19 @@ def process_gone(beat: WorkerBeat) -> bool:
     """The worker's process is known to be gone: it ran on this machine, in this boot and pid namespace (its
     identity says), and no process with its pid and start time is here. Elsewhere nothing is known (False)."""
     return beat.identity is not None and process_alive(beat.host, beat.pid, beat.identity) is False
+
+
+def still_queued(store: Any, job_id: str, waited_s: float) -> str | None:
+    """What a wait says of a job still queued after `waited_s` seconds (`pid result --wait`, Job.wait): which live
+    workers take its queue and how busy they are, or that none does and how to start one. None: it left the queue."""
+    record = store.get(job_id)
+    if record is None or record.status != "queued":
+        return None
+    queue = record.spec.queue
+    workers = [w for w in live_workers(store) if queue in w.queues]
+    waited = f"job {job_id} is still queued after {waited_s:g}s"
+    if workers:
+        running = sum(w.running for w in workers)
+        return f"{waited}: {len(workers)} worker(s) are running {running} job(s); it waits for a free one"
+    start = "pid worker" + ("" if queue == DEFAULT_QUEUE else f" --queue {queue}")
+    return f"{waited}: no worker is consuming queue '{queue}' (start one with `{start}`)"

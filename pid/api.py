@@ -13,14 +13,24 @@ when it is called (pid.run alone loads the agent and the sandbox, as `pid run` d
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
 import os
 import sys
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, ParamSpec, TypeVar
 
 from pid.errors import PidError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# A library's log records are its caller's to show (logging's advice for libraries): pid's (a sweep putting a lost
+# job back in the queue) never reach stderr on their own. What the caller should see is a Python warning (_warn).
+logging.getLogger("pid").addHandler(logging.NullHandler())
 
 # Command-line options that are about the terminal, not the job: the API returns values instead of printing them.
 _CLI_ONLY = {"as_json", "wait", "verbose"}
@@ -32,6 +42,32 @@ POLL_S = 0.2            # how often a wait looks at the job's record
 SWEEP_EVERY_S = 5.0     # how often a wait looks for jobs whose process died (as `pid result --wait` does)
 
 
+@contextlib.contextmanager
+def _store_reached() -> Iterator[None]:
+    """A job store that cannot be reached (or refuses pid) is PidError with the CLI's line, not its library's
+    exception."""
+    try:
+        yield
+    except PidError:
+        raise
+    except Exception as exc:
+        from pid.jobs.reach import unreachable_store
+        line = unreachable_store(exc)
+        if line is None:
+            raise
+        raise PidError(line) from None
+
+
+def _reached(fn: Callable[P, R]) -> Callable[P, R]:
+    """fn, under _store_reached."""
+    @functools.wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        with _store_reached():
+            return fn(*args, **kwargs)
+    return call
+
+
+@_reached
 def submit(task: str, repo: str | os.PathLike[str] | None = None, **options: Any) -> Job:
     """Queue a job for a worker, as `pid submit` does; returns it at once. A directory `repo` is packed now: the
     job sees it as it is now."""
@@ -42,6 +78,7 @@ def submit(task: str, repo: str | os.PathLike[str] | None = None, **options: Any
     return Job(spec.id)
 
 
+@_reached
 def run(task: str, repo: str | os.PathLike[str] | None = None, *, on_start: Callable[[Job], None] | None = None,
         **options: Any) -> dict[str, Any]:
     """Run one job in this process, as `pid run` does (no queue, no worker; its sandbox on this machine's engine),
@@ -49,6 +86,7 @@ def run(task: str, repo: str | os.PathLike[str] | None = None, *, on_start: Call
     pid.job(result["id"]).patch()). A failed or cancelled job is a result too; PidError is for what stops it before
     it starts. It is in the job store meanwhile: `pid list`, `pid steer`, `pid cancel` reach it, and so does the Job
     that `on_start(job)` is given as it goes in (from this thread: another thread may steer or cancel it)."""
+    _callable_or_none("on_start", on_start)
     params = _parse("run", task, repo, options)
     from pid.jobs import submission
     api_key = params.pop("api_key")
@@ -67,6 +105,7 @@ def run(task: str, repo: str | os.PathLike[str] | None = None, *, on_start: Call
     return _warned_of(submission.run_foreground(spec, job, starting, api_key=api_key, sink=_notices_warned))
 
 
+@_reached
 def batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str],
           on_item: Callable[[dict[str, Any]], None] | None = None, **options: Any) -> dict[str, Any]:
     """Run a batch in this process, in the calling thread (any thread), as `pid batch TASKS --out OUT` does, and
@@ -77,10 +116,12 @@ def batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str],
     while it runs cancels the batch's jobs that have not ended (without waiting for the running ones to stop),
     writes batch.jsonl and summary.json as far as they got, and propagates."""
     from pid.jobs.batch_setup import run_batch
+    _callable_or_none("on_item", on_item)
     tasks_path, out_dir, opts = _batch_options("batch", tasks, out, options, _CLI_ONLY | _BATCH_CLI_ONLY)
     return run_batch(tasks_path, out_dir, opts, display=_Items(on_item), warn=_warn)
 
 
+@_reached
 def submit_batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str], **options: Any) -> Batch:
     """Submit a batch's jobs (or resume it) and return at once, as `pid batch TASKS --out OUT --detach` does;
     workers elsewhere run them. The options are pid.batch's but `workers` (they would stop as this returns)."""
@@ -90,15 +131,14 @@ def submit_batch(tasks: str | os.PathLike[str], out: str | os.PathLike[str], **o
     return Batch(submit_jobs(tasks_path, out_dir, opts, warn=_warn).bdir.path)
 
 
+@_reached
 def open_batch(out: str | os.PathLike[str]) -> Batch:
     """The batch whose output directory is `out` (started by pid.batch, pid.submit_batch or `pid batch`);
     PidError if it is none."""
-    from pid.config import HomeUnusable, ensure_pid_home
     from pid.jobs.batch_setup import open_dir
-    try:
-        ensure_pid_home()
-    except HomeUnusable as exc:
-        raise PidError(str(exc)) from None
+    if not isinstance(out, (str, os.PathLike)):
+        raise PidError(f"the batch's directory must be a path, not {type(out).__name__}")
+    _ready()
     path = os.path.abspath(os.path.expanduser(os.fspath(out)))
     open_dir(path)
     return Batch(path)
@@ -111,10 +151,12 @@ class Batch:
     out: str
 
     @property
+    @_reached
     def id(self) -> str:
         from pid.jobs.batch_setup import open_dir
         return open_dir(self.out).batch_id
 
+    @_reached
     def status(self) -> dict[str, Any]:
         """Where its items are, no waiting: what `pid batch --status OUT --json` prints ({"batch", "items",
         "counts" by status, "cost", "budget", "item_states": each item's id, job_id, status, turns, cost, detail})."""
@@ -122,19 +164,27 @@ class Batch:
         from pid.jobs.batch_setup import default_store, open_dir
         return status(open_dir(self.out), default_store()).as_dict()
 
+    @_reached
     def wait(self, on_item: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Follow its jobs that have not ended to their end (downloaded into OUT, recorded) and return what
         pid.batch returns: {"items": [those that ended in this call], "summary": {…}}; a KeyboardInterrupt as
         there. `pid batch --wait OUT --json`."""
         from pid.jobs.batch_setup import wait_batch
+        _callable_or_none("on_item", on_item)
         return wait_batch(self.out, _Items(on_item), warn=_warn)
 
+    @_reached
     def cancel(self) -> list[dict[str, str]]:
         """Cancel every job of the batch that has not ended: {"item", "job", "status"} each, "cancelled" (it was
         queued) or "running" (its worker stops it). `pid batch --cancel OUT`; the same pid.batch call resumes them."""
         from pid.jobs.batch_control import cancel
         from pid.jobs.batch_setup import default_store, open_dir
         return cancel(open_dir(self.out), default_store())
+
+
+def _callable_or_none(name: str, hook: Any) -> None:
+    if hook is not None and not callable(hook):
+        raise PidError(f"{name} must be a function (or None), not {type(hook).__name__}")
 
 
 def _batch_options(name: str, tasks: Any, out: Any, options: dict[str, Any],
@@ -144,6 +194,8 @@ def _batch_options(name: str, tasks: Any, out: Any, options: dict[str, Any],
     from pid.jobs.batch_setup import Options
     if not isinstance(tasks, (str, os.PathLike)):
         raise PidError(f"the tasks file must be a path, not {type(tasks).__name__}")
+    if not isinstance(out, (str, os.PathLike)):
+        raise PidError(f"the batch's directory must be a path, not {type(out).__name__}")
     if "out_dir" in options:   # (the batch's directory is `out`; the job option has no other meaning here)
         raise PidError(f"pid.{name}() takes no option 'out_dir': the batch's directory is its `out` argument")
     params = _parse("batch", os.fspath(tasks), None, {**options, "out_dir": os.fspath(out)}, cli_only, name)
@@ -152,10 +204,14 @@ def _batch_options(name: str, tasks: Any, out: Any, options: dict[str, Any],
     return params["tasks"], out_dir, Options(job=job, **{k: v for k, v in params.items() if k in _BATCH_OPTIONS})
 
 
+@_reached
 def job(job_id: str) -> Job:
     """A Job for a job already in the store (submitted here, by `pid submit`, or on another machine sharing the
     store), by its whole id; PidError if there is none."""
     from pid.jobs import submission
+    if not isinstance(job_id, str):
+        raise PidError(f"pid.job() takes a job's id, a string, not {type(job_id).__name__}")
+    _ready()
     handle = Job(job_id)
     store = handle._store()
     try:
@@ -189,6 +245,7 @@ class Job:
         from pid.jobs.submission import job_record
         return job_record(self._store(), self.id)
 
+    @_reached
     def status(self) -> str:
         """queued, running, or how it ended (pid.endings.STATUSES: completed, failed, cancelled, …)."""
         return str(self._record().status)
@@ -196,14 +253,17 @@ class Job:
     def __hash__(self) -> int:   # (a job is its id: a dict's key, a set's member)
         return hash(self.id)
 
+    @_reached
     def paused(self) -> bool:
         """A pause holds the job (pause(); `pid pause`): it makes no model call until resumed."""
         return bool(self._record().held)
 
+    @_reached
     def done(self) -> bool:
         """The job has ended (its result is there, or follows within moments)."""
         return bool(self._record().terminal)
 
+    @_reached
     def wait(self, timeout: float | None = None) -> dict[str, Any]:
         """Block until the job ends and return its result (see result()); TimeoutError after `timeout` seconds,
         the job going on. Meanwhile a job whose process died is found and ended, as `pid result --wait` does."""
@@ -211,10 +271,20 @@ class Job:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or not timeout >= 0):
             raise PidError(f"timeout must be a number of seconds, 0 or more (or None), not {timeout!r}")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        next_sweep = time.monotonic() + SWEEP_EVERY_S
+        from pid import settings
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        next_sweep = started + SWEEP_EVERY_S
+        notice_s = settings.NO_WORKER_NOTICE_S.get()
+        noticed = False
         while not self.done():
             now = time.monotonic()
+            if not noticed and now - started >= notice_s:   # (once, as `pid result --wait` says it)
+                from pid.jobs.workers import still_queued
+                noticed = True
+                line = still_queued(self._store(), self.id, notice_s)
+                if line is not None:
+                    _warn(line)
             if deadline is not None and now >= deadline:
                 record = self._record()
                 held = " (paused: resume() lets it go on)" if record.held else ""
@@ -225,6 +295,7 @@ class Job:
             time.sleep(POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - now)))
         return _warned_of(self.result())
 
+    @_reached
     def result(self) -> dict[str, Any]:
         """The ended job's result.json, as `pid result --json` prints it (its exit reason, usage, cost, check; the
         patch's file name in result["artifacts"]["patch"], its text from patch()); PidError if it has not ended
@@ -235,6 +306,7 @@ class Job:
             raise PidError(f"job {self.id} is {record.status}: no result yet")
         return load_result(self._store(), self.id)
 
+    @_reached
     def patch(self) -> str | None:
         """The ended job's patch.diff (its change to the workspace, `git apply`-able), from the job store wherever
         it ran: "" when the job changed nothing; None when it left no patch (it never ran, or its sandbox was lost
@@ -249,30 +321,37 @@ class Job:
     def logs(self, follow: bool = True) -> Iterator[dict[str, Any]]:
         """The job's log records (what `pid logs --json` prints, one dict each: tool calls, model errors, the job's
         starts and end), from the first; with follow, going on as they come until the job ends."""
-        store, after = self._store(), 0
-        while True:
-            ended = self._record().terminal   # (read before the events: the last ones are in by then)
-            for after, record in store.events(self.id, after=after, wait_s=1.0 if follow and not ended else 0):
-                yield record
-            if not follow or ended:
-                return
+        if not isinstance(follow, bool):
+            raise PidError(f"follow must be True or False, not {follow!r}")
+        with _store_reached():
+            store, after = self._store(), 0
+            while True:
+                ended = self._record().terminal   # (read before the events: the last ones are in by then)
+                for after, record in store.events(self.id, after=after, wait_s=1.0 if follow and not ended else 0):
+                    yield record
+                if not follow or ended:
+                    return
 
+    @_reached
     def cancel(self) -> str:
         """Cancel the job; returns "running" (its process stops it and keeps the artifacts so far, wait() for its
         end) or "cancelled" (it had not started: it ended now). PidError if it has ended already."""
         from pid.jobs.submission import cancel
         return cancel(self._store(), self.id)
 
+    @_reached
     def steer(self, message: str) -> None:
         """A message the agent gets after its current tool calls, before its next model call (`pid steer`)."""
         from pid.jobs.submission import post
         post(self._store(), self.id, "steer", message)
 
+    @_reached
     def follow_up(self, message: str) -> None:
         """A message the agent gets when it would otherwise stop (`pid follow-up`)."""
         from pid.jobs.submission import post
         post(self._store(), self.id, "follow_up", message)
 
+    @_reached
     def retry(self, **options: Any) -> Job:
         """Run the ended job again as a new job (`pid retry`): the same task and options, on the same workspace
         snapshot; returns the new job, queued. Options: out_dir, queue, api_key (the earlier job's key was
@@ -282,6 +361,7 @@ class Job:
         _, spec = requeue.retry(self.id, _rerun(params), _warn)
         return Job(spec.id)
 
+    @_reached
     def continue_(self, message: str, **options: Any) -> Job:
         """A new job that carries on this ended one's conversation with `message` (`pid continue`), on its snapshot
         with its patch applied, so the new job's patch holds both jobs' changes; returns it, queued. Options:
@@ -294,12 +374,14 @@ class Job:
         _, spec = requeue.continue_job(self.id, message, _rerun(params), _warn)
         return Job(spec.id)
 
+    @_reached
     def pause(self) -> None:
         """Hold the job before its next model call (`pid pause`; a queued one holds once it starts). Its wall
         clock keeps running. PidError if it has ended."""
         from pid.jobs.submission import set_paused
         set_paused(self._store(), self.id, True)
 
+    @_reached
     def resume(self) -> None:
         """Let a paused job go on (`pid resume`); PidError if it is not paused."""
         from pid.jobs.submission import set_paused
@@ -388,7 +470,6 @@ def _params(command_name: str, arguments: list[str], options: dict[str, Any], cl
     """The command's parameters for these arguments and keyword options, parsed and checked as `pid` parses them."""
     import click
 
-    from pid.config import HomeUnusable, ensure_pid_home
     from pid.terminal import one_line
     command = _command(command_name)
     args = _args(command, api_name or command_name, options, cli_only)
@@ -396,11 +477,21 @@ def _params(command_name: str, arguments: list[str], options: dict[str, Any], cl
         ctx = command.make_context(f"pid {command_name}", [*args, "--", *arguments])
     except click.ClickException as exc:
         raise PidError(one_line(exc.format_message())) from None
+    _ready()
+    return {k: v for k, v in ctx.params.items() if k not in _CLI_ONLY}
+
+
+def _ready() -> None:
+    """What every `pid` command checks before it does anything (pid.cli.main.before_command): PID_* settings that
+    are what they cannot be (BadSetting, a PidError), an unusable PID_HOME."""
+    from pid import settings
+    from pid.config import HomeUnusable, ensure_pid_home
+    settings.check()
     try:
         ensure_pid_home()
     except HomeUnusable as exc:
         raise PidError(str(exc)) from None
-    return {k: v for k, v in ctx.params.items() if k not in _CLI_ONLY}
+
 
 
 def _command(name: str) -> Any:
@@ -447,8 +538,9 @@ def _args(command: Any, command_name: str, options: dict[str, Any], cli_only: se
             if text and not isinstance(item, (str, os.PathLike)):
                 raise PidError(f"{flag} takes {wanted}, not {type(item).__name__}")
             if not isinstance(item, (str, int, float, os.PathLike)):   # (a dict would have become its repr)
-                raise PidError(f"{flag} takes strings, numbers or paths (or a list of them), not "
-                               f"{type(item).__name__}")
+                what = ("strings, numbers or paths (or a list of them)" if param.multiple else
+                        "a string" if text else "a number (int or float) or a string")
+                raise PidError(f"{flag} takes {what}, not {type(item).__name__}")
         args += [f"{flag}={_as_text(v)}" for v in (items if param.multiple else [value])]
     return args
 

@@ -82,8 +82,7 @@ def test_bad_values_raise_pid_error_with_the_messages_of_the_shared_checks(api_e
         pid.submit("t", repo=sample_repo, model="m", files=5)   # (it was queued as the file "5", as no tasks file does)
     with pytest.raises(pid.PidError, match=r"^--api-key takes a string, not int$"):
         pid.submit("t", repo=sample_repo, model="m", api_key=5)
-    with pytest.raises(pid.PidError, match=r"^--timeout takes strings, numbers or paths \(or a list of them\), "
-                                           r"not dict$"):
+    with pytest.raises(pid.PidError, match=r"^--timeout takes a number \(int or float\) or a string, not dict$"):
         pid.submit("t", repo=sample_repo, model="m", timeout_s={"s": 1})
     with pytest.raises(pid.PidError, match="^Invalid value for '--base-url': 'http://\\[::1' is not an http"):
         pid.submit("t", repo=sample_repo, model="m", base_url="http://[::1")   # (it raised UnboundLocalError)
@@ -97,6 +96,58 @@ def test_the_environment_gives_the_same_defaults_as_on_the_command_line(api_env,
     with pytest.raises(pid.PidError, match=r"^Invalid value for '--thinking' \(env var: 'PID_THINKING'\)|"
                                            r"^Invalid value for '--thinking'"):
         pid.submit("t", repo=sample_repo, model="m")
+
+
+def test_what_every_command_checks_first_is_checked_before_anything_is_queued(api_env, sample_repo, monkeypatch):
+    """A new user's: PID_LEASE_S=abc made `pid submit` refuse, while pid.submit queued the job (and its wait raised).
+    A store that cannot be reached raised redis' own exception, not the CLI's line."""
+    from pid.jobs.sqlite_store import JobStore
+    for name, value in (("PID_LEASE_S", "abc"), ("PID_MAX_ATTEMPTS", "0"), ("PID_SWEEP_S", "-1")):
+        with monkeypatch.context() as env:
+            env.setenv(name, value)
+            with pytest.raises(pid.PidError, match=rf"^\${name}: '{value}' "):
+                pid.submit("t", repo=sample_repo, model="m")
+            with pytest.raises(pid.PidError, match=rf"^\${name}: "):
+                pid.job("nope")
+    assert JobStore(os.path.join(api_env["PID_HOME"], "jobs.db")).list() == []
+    monkeypatch.setenv("PID_STORE_URL", "redis://127.0.0.1:1/0")
+    for call in (lambda: pid.job("x"), lambda: pid.Job("x").status(), lambda: pid.Job("x").wait(1),
+                 lambda: list(pid.Job("x").logs(follow=False))):
+        with pytest.raises(pid.PidError, match=r"^cannot use the job store at redis://127.0.0.1:1/0 \(PID_STORE_URL\)"):
+            call()
+
+
+def test_values_of_the_wrong_type_are_refused_before_anything_starts(api_env, sample_repo, tmp_path):
+    """A new user's: each was a TypeError after the work had begun, or read as something else."""
+    from decimal import Decimal
+    with pytest.raises(pid.PidError, match="^on_start must be a function \\(or None\\), not int$"):
+        pid.run("t", repo=sample_repo, model="m", on_start=5)
+    with pytest.raises(pid.PidError, match="^on_item must be a function \\(or None\\), not int$"):
+        pid.batch(tmp_path / "tasks.jsonl", tmp_path / "b", on_item=5)
+    for call in (lambda: pid.batch(tmp_path / "tasks.jsonl", 5), lambda: pid.submit_batch(tmp_path / "t.jsonl", 5),
+                 lambda: pid.open_batch(5)):
+        with pytest.raises(pid.PidError, match="^the batch's directory must be a path, not int$"):
+            call()
+    with pytest.raises(pid.PidError, match=r"^--timeout takes a number \(int or float\) or a string, not Decimal$"):
+        pid.submit("t", repo=sample_repo, model="m", timeout_s=Decimal("60"))
+    with pytest.raises(pid.PidError, match="^follow must be True or False, not 'no'$"):
+        list(pid.Job("x").logs(follow="no"))
+    for bad in (5, None):
+        with pytest.raises(pid.PidError, match="^pid.job\\(\\) takes a job's id, a string, not "):
+            pid.job(bad)
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.cli
+def test_a_wait_on_a_job_no_worker_takes_says_so_as_pid_result_wait_does(api_env, sample_repo, monkeypatch):
+    """A new user's: Job.wait() waited in silence (forever with no timeout) where the CLI says no worker takes it."""
+    monkeypatch.setenv("PID_NO_WORKER_NOTICE_S", "0.5")
+    job = pid.submit("t", repo=sample_repo, model="m", base_url="http://127.0.0.1:9/v1", queue="nobody-listens")
+    with pytest.warns(UserWarning, match=rf"^pid: job {job.id} is still queued after 0.5s: no worker is consuming "
+                                         r"queue 'nobody-listens' \(start one with `pid worker --queue "):
+        with pytest.raises(TimeoutError, match="still queued after 1.5s"):
+            job.wait(1.5)
+    job.cancel()
 
 
 @pytest.mark.cli
@@ -297,6 +348,9 @@ def test_run_s_on_start_that_raises_ends_the_job_and_leaves_no_sandbox(api_env, 
         assert llm.requests == []
     (record,) = JobStore(os.path.join(api_env["PID_HOME"], "jobs.db")).list()
     assert (record.status, record.error) == ("failed", "on_start raised RuntimeError: no room for it")
+    result = pid.job(record.id).wait(5)   # (it had no result.json: wait, result and patch all failed)
+    assert (result["status"], result["exit_reason"]) == ("failed", "error"), result
+    assert result["error"] == "on_start raised RuntimeError: no room for it" and pid.job(record.id).patch() is None
     wait_until(lambda: not [c for c in pid_containers() if c.labels.get("pid.job") == record.id
                             and c.status != "removing"], timeout=15, what="the job's sandbox to go")
 

@@ -288,8 +288,8 @@ class ForegroundJob:
     terminal. Its process is its only worker: if it dies the job is never dispatched again, the next sweep ends it.
     A store that cannot be written costs those controls, never the run (one warning)."""
 
-    def __init__(self, store: Store | None, relay: ControlRelay | None) -> None:
-        self.store, self.relay = store, relay
+    def __init__(self, store: Store | None, relay: ControlRelay | None, spec: Any = None) -> None:
+        self.store, self.relay, self.spec = store, relay, spec
         self.cancel = relay.cancel if relay else threading.Event()
 
     @classmethod
@@ -307,7 +307,7 @@ class ForegroundJob:
             return cls(None, None)
         relay = ControlRelay(store, spec.id, owner)
         relay.start()
-        return cls(store, relay)
+        return cls(store, relay, spec)
 
     def sink(self, inner: ev.EventSink) -> ev.EventSink:
         if self.relay is None:
@@ -339,3 +339,9 @@ class ForegroundJob:
         if record_end(self.store, self.relay.job_id, self.relay.owner, ending, attempts=1):
             # its log ends as a worker's job's does (`pid logs`: it said nothing of how the job ended)
             log_end(self.store, self.relay.job_id, ending, result_line(self.relay.job_id, ending))
+            if result is None and self.spec is not None:   # (it never got as far as a result.json of its own)
+                from pid.jobs.sweep import write_unrun_result
+                try:
+                    write_unrun_result(self.spec, ending["exit_reason"], ending["error"], store=self.store)
+                except Exception as exc:
+                    log.warning("job %s: could not store its result: %s", self.relay.job_id, exc)
