@@ -110,7 +110,7 @@ def test_the_header_shows_the_result_and_its_check(tmp_path):
 
 def test_edits_writes_and_the_patch_are_highlighted_diffs(tmp_path):
     text = job_page(tmp_path)
-    # The edit with the tool's own patch, the legacy edit from its arguments, the write as an added file.
+    # The edit with the tool's own patch, the legacy edit from its arguments, the write's whole content.
     assert '<div class="del">-print(&quot;hello&quot;)</div><div class="add">+print(&quot;hello, pid&quot;)</div>' \
         in text
     assert '<div class="add">+b = 3  # &lt;/details&gt;' in text and '<div class="del">-b = 2</div>' in text
@@ -119,6 +119,26 @@ def test_edits_writes_and_the_patch_are_highlighted_diffs(tmp_path):
     assert '<div class="meta">diff --git a/hello.py b/hello.py</div>' in patch
     assert '<div class="hunk">@@ -1 +1 @@</div>' in patch
     assert '<div class="add">+print(&quot;hello, pid&quot;)  # &lt;/details&gt;&lt;script&gt;' in patch
+
+
+def test_a_write_over_a_file_is_never_shown_as_a_new_file(tmp_path):
+    """A new user's: every write showed as `@@ -0,0 +1,N @@`, a file made from nothing, though it may replace one.
+    A write of a path this session wrote before is a diff against that; any other says it is the whole content."""
+    s = SessionBuilder()
+    s.user("t")
+    s.assistant(call("w1", "write", path="notes.txt", content="one\ntwo\n"))
+    s.result("w1", "write", "Successfully wrote 8 bytes to notes.txt")
+    s.assistant(call("w2", "write", path="notes.txt", content="one\nthree\n"))
+    s.result("w2", "write", "Successfully wrote 10 bytes to notes.txt")
+    s.assistant(call("e1", "edit", path="notes.txt", oldText="three", newText="four"))
+    s.result("e1", "edit", "Successfully replaced 1 block(s) in notes.txt")
+    s.assistant(call("w3", "write", path="notes.txt", content="five\n"))
+    s.result("w3", "write", "Successfully wrote 5 bytes to notes.txt")
+    text = render_job(str(write_job(tmp_path / "job", None, s.text(), patch=None)))
+    assert "@@ -0,0" not in text
+    assert text.count("written whole: 2 lines (what it replaced, if anything, is not in the transcript)") == 1
+    assert '<div class="del">-two</div><div class="add">+three</div>' in text   # the second write, against the first
+    assert "written whole: 1 line (" in text   # after an edit, what was there is not known whole
 
 
 def test_thinking_compaction_branches_and_torn_lines(tmp_path):

@@ -54,11 +54,21 @@ def edit_diff(arguments: dict[str, Any], details: Any) -> str:
     return "\n".join(out)
 
 
-def write_diff(arguments: dict[str, Any]) -> str:
+def write_diff(arguments: dict[str, Any], before: str | None = None) -> str:
+    """A write as a diff: against what this session wrote there before when it did (`before`), else its whole
+    content, which may have replaced a file: nothing in the transcript says what was there."""
     content = str(arguments.get("content", ""))
     path = str(arguments.get("path", "file"))
+    if before is not None:
+        diff = list(difflib.unified_diff(before.splitlines(), content.splitlines(), path, path, lineterm="", n=3))
+        return "\n".join(diff) if diff else f"@@ {path}: written again, unchanged @@"
     lines = content.splitlines()
-    return "\n".join([f"+++ {path}", f"@@ -0,0 +1,{len(lines)} @@", *("+" + line for line in lines)])
+    return "\n".join([f"+++ {path}", f"@@ written whole: {len(lines):,} line{'' if len(lines) == 1 else 's'} (what it "
+                      "replaced, if anything, is not in the transcript) @@", *("+" + line for line in lines)])
+
+
+KNOWN_WRITE_MAX = 64 << 10   # a write's content kept to diff the next write of its path against, at most...
+KNOWN_WRITES = 256           # ...for this many paths
 
 
 # -- the session ---------------------------------------------------------------------------------------------------
@@ -283,6 +293,25 @@ class JobRenderer:
         self.dropped_calls = 0     # ... not shown at all
         self.dropped_entries = 0
         self.at: dict[int, float | None] = {}   # when each message of the current turn was recorded (by id())
+        self.written: dict[str, str] = {}   # what this session's last write put in a path, where it is known whole
+
+    def known_before(self, name: str, args: dict[str, Any], result: dict[str, Any] | None) -> str | None:
+        """For a write: what this session's earlier write left in its path, if nothing has changed it since; then
+        what this call leaves there is noted (an edit's is not known whole)."""
+        path = args.get("path")
+        if name not in ("write", "edit") or not isinstance(path, str):
+            return None
+        before = self.written.pop(path, None)
+        content = args.get("content")
+        if (name == "write" and isinstance(content, str) and len(content) <= KNOWN_WRITE_MAX and result is not None
+                and not result.get("isError")):
+            self.written[path] = content
+            while len(self.written) > KNOWN_WRITES:
+                self.written.pop(next(iter(self.written)))
+        elif result is not None and result.get("isError"):   # (nothing changed)
+            if before is not None:
+                self.written[path] = before
+        return before if name == "write" else None
 
     def emit(self, html_text: str) -> None:
         self.parts.append(html_text)
@@ -441,7 +470,7 @@ class JobRenderer:
         ended = self.at.get(id(result)) if result is not None else None
         head = (f'<div class="tool-head">{esc(name)} <code>{esc(call_summary(name, args))}</code>'
                 f'{" " + mark if mark else ""}{when_html(started_ms, ended)}</div>')
-        body = self.arguments_html(name, args, result)
+        body = self.arguments_html(name, args, result, self.known_before(name, args, result))
         if not_applied and body:
             body = f'<div class="not-applied-change" title="not applied: the file was not changed">{body}</div>'
         if result is None:
@@ -455,7 +484,8 @@ class JobRenderer:
         return (f'<div class="tool{" error" if is_error else ""}" data-tool-call="{esc(call.get("id", ""))}" '
                 f'data-tool="{esc(name)}">{head}{body}{out}</div>')
 
-    def arguments_html(self, name: str, args: dict[str, Any], result: dict[str, Any] | None) -> str:
+    def arguments_html(self, name: str, args: dict[str, Any], result: dict[str, Any] | None,
+                       before: str | None = None) -> str:
         limits = self.limits
         if name == "bash" and isinstance(args.get("command"), str):
             rest = {k: v for k, v in args.items() if k != "command"}
@@ -467,7 +497,7 @@ class JobRenderer:
             if diff:
                 return diff_html(diff, limits.diff_lines)
         if name == "write" and "content" in args:
-            return diff_html(write_diff(args), limits.diff_lines)
+            return diff_html(write_diff(args, before), limits.diff_lines)
         if name == "read" and set(args) <= {"path", "offset", "limit"}:
             extra = " ".join(f"{k}={args[k]}" for k in ("offset", "limit") if k in args)
             return f'<div class="dim">{esc(extra)}</div>' if extra else ""
@@ -478,6 +508,7 @@ class JobRenderer:
     def tool_line(self, call: dict[str, Any], result: dict[str, Any] | None) -> str:
         args = as_dict(call.get("arguments"))
         name = str(call.get("name", "?"))
+        self.known_before(name, args, result)   # (a write shown as one line still changes what the next one is against)
         error = ""
         if result and result.get("isError"):
             failed = badge("not applied", "bad not-applied") if name in ("edit", "write") else badge("error", "bad")
