@@ -345,7 +345,6 @@ def _storage(box: Container, inspected: dict[str, Any]) -> dict[str, Any]:
         own.insert(0, (config.workdir, "workspace"))
     mounts = [Mount(target, disk.path(name), type="bind") for target, name in own]
     mounts += [Mount(f"{PID_DIR}/{sub}", pid_disk.path(sub), type="bind") for sub in PID_DISK_DIRS]
-    mounts += [Mount(target, disk.path(f"volumes/{n}"), type="bind") for n, target in enumerate(volumes)]
     if config.network == "none":
         try:
             mounts.append(Mount("/etc/hosts", _hosts_file(disk), type="bind", read_only=True))
@@ -362,6 +361,9 @@ def _storage(box: Container, inspected: dict[str, Any]) -> dict[str, Any]:
             raise SandboxError(f"cannot make the image's filesystem writable: {exc}") from exc
         mounts += [Mount(tree.target, tree.source, type="bind", read_only=tree.read_only)
                    for tree in box.image_fs.mounts()]
+    taken = {mount["Target"] for mount in mounts}   # (a volume where pid mounts a tree already is that tree)
+    mounts += [Mount(target, disk.path(f"volumes/{n}"), type="bind")
+               for n, target in enumerate(volumes) if target not in taken]
     return {"read_only": True, "mounts": mounts}
 
 
@@ -380,7 +382,8 @@ def image_volumes(inspected: dict[str, Any], workdir: str) -> list[str]:
                 raise SandboxError(f"the image declares VOLUME {path}: pid gives every volume a directory of the job's "
                                    "disk, which it cannot do in a system directory or its own; remove it from the "
                                    "image") from None
-        targets.append(norm)
+        if norm not in targets:
+            targets.append(norm)
     return targets
 
 

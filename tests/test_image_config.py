@@ -17,7 +17,7 @@ pytestmark = pytest.mark.docker
 
 HOSTILE = (f"FROM {IMAGE}\n"
            "RUN mkdir /data && echo image-content > /data/x\n"
-           "VOLUME /data /workspace/cache\n"
+           "VOLUME /data /workspace/cache /workspace /tmp/\n"
            "HEALTHCHECK --interval=1s CMD touch /tmp/health-ran /workspace/health-ran\n"
            'ENTRYPOINT ["/bin/sh", "-c", "touch /tmp/entry-ran; exec \\"$@\\"", "entry"]\n')
 
