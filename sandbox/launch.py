@@ -8,7 +8,6 @@ the workspace streaming onto its disk meanwhile.
 from __future__ import annotations
 
 import os
-import posixpath
 import shutil
 import threading
 import time
@@ -28,9 +27,10 @@ from .disk import DiskError, JobDisk, disks_supported
 from .docker_client import connect, ensure_image
 from .errors import SandboxError
 from .image_env import image_env, neutralised
-from .image_fs import ImageFS, check_workdir, image_layers
+from .image_fs import ImageFS, image_layers
 from .reaper import force_remove, owner_label, run_labels
 from .seccomp import SECURITY_OPT
+from .volumes import image_volumes
 
 PRESTARTED = (("control", 1), ("agent", 2), ("agent", 3))   # the servers the container's entry starts (role, id)
 FIFO_RUNTIMES = ("runc", "io.containerd.runc.v2")   # runtimes whose containers open the host's FIFOs
@@ -336,9 +336,10 @@ def _storage(box: Container, inspected: dict[str, Any]) -> dict[str, Any]:
               "vartmp": (0, 0, 0o1777), "pid": (0, 0, 0o711)}
     if config.writable_image:
         layout.update({"image": (0, 0, 0o700), "pid/base": (0, 0, 0o700)})
-    volumes = image_volumes(inspected, config.workdir)
+    volumes = image_volumes(inspected, config.image, ("/tmp", "/var/tmp", AGENT_HOME, PID_DIR, config.workdir))
     if volumes:
-        layout.update({"volumes": (0, 0, 0o755), **{f"volumes/{n}": (uid, gid, 0o755) for n in range(len(volumes))}})
+        layout.update({"volumes": (0, 0, 0o755),
+                       **{f"volumes/{n}": (v.uid, v.gid, v.mode) for n, v in enumerate(volumes)}})
     box.disk, box.pid_disk = disk, pid_disk = _make_disks(config, layout)
     own = [(AGENT_HOME, "home"), ("/tmp", "tmp"), ("/var/tmp", "vartmp"), (PID_DIR, "pid")]
     if not config.image_workspace:
@@ -362,29 +363,9 @@ def _storage(box: Container, inspected: dict[str, Any]) -> dict[str, Any]:
         mounts += [Mount(tree.target, tree.source, type="bind", read_only=tree.read_only)
                    for tree in box.image_fs.mounts()]
     taken = {mount["Target"] for mount in mounts}   # (a volume where pid mounts a tree already is that tree)
-    mounts += [Mount(target, disk.path(f"volumes/{n}"), type="bind")
-               for n, target in enumerate(volumes) if target not in taken]
+    mounts += [Mount(v.target, disk.path(f"volumes/{n}"), type="bind")
+               for n, v in enumerate(volumes) if v.target not in taken]
     return {"read_only": True, "mounts": mounts}
-
-
-def image_volumes(inspected: dict[str, Any], workdir: str) -> list[str]:
-    """The image's VOLUME paths, each to be a fresh, empty directory of the job's disk, the agent's: else the engine
-    makes a volume of its own there, on its own storage, past --disk, and left behind by a forced removal. A volume
-    where pid could not give the agent a directory (a system tree, pid's own) is refused, as such a --workdir is."""
-    targets = []
-    agents = ("/tmp", "/var/tmp", AGENT_HOME, workdir)   # (already the job disk's: a volume there is too)
-    for path in sorted((inspected.get("Config") or {}).get("Volumes") or {}):
-        norm = posixpath.normpath(path)
-        if not any(norm == tree or norm.startswith(tree.rstrip("/") + "/") for tree in agents):
-            try:
-                check_workdir(norm)
-            except ValueError:
-                raise SandboxError(f"the image declares VOLUME {path}: pid gives every volume a directory of the job's "
-                                   "disk, which it cannot do in a system directory or its own; remove it from the "
-                                   "image") from None
-        if norm not in targets:
-            targets.append(norm)
-    return targets
 
 
 def _hosts_file(disk: JobDisk) -> str:

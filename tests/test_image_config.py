@@ -3,6 +3,7 @@ run as root, a health check beside the agent with the agent's files), and its VO
 disk, bounded by --disk and gone with it (the engine's own volumes were neither)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 
@@ -10,14 +11,13 @@ import docker
 import pytest
 
 from pid.sandbox import DockerSandbox, SandboxConfig
-from pid.sandbox_api import SandboxError
 from tests.conftest import IMAGE, RUN_ID, RUNTIME
 
 pytestmark = pytest.mark.docker
 
 HOSTILE = (f"FROM {IMAGE}\n"
-           "RUN mkdir /data && echo image-content > /data/x\n"
-           "VOLUME /data /workspace/cache /workspace /tmp/\n"
+           "RUN mkdir /data /opt/cache && echo image-content > /data/x && chown 1000:1000 /data\n"
+           "VOLUME /data //data /opt/cache /workspace /tmp/\n"
            "HEALTHCHECK --interval=1s CMD touch /tmp/health-ran /workspace/health-ran\n"
            'ENTRYPOINT ["/bin/sh", "-c", "touch /tmp/entry-ran; exec \\"$@\\"", "entry"]\n')
 
@@ -47,18 +47,30 @@ def test_an_image_s_entrypoint_health_check_and_volumes_are_not_the_job_s(hostil
                         "head -c 100000000 /dev/zero > /data/big; echo rc=$?", timeout=60)
         out = done.tail.decode()
         assert "health-ran" not in out and "entry-ran" not in out, out
-        assert "image-content" not in out and "wrote" in out, out   # a fresh directory, the agent's
-        assert "rc=1" in out and "No space left on device" in out, out   # bounded by --disk
+        assert "image-content" not in out and "wrote" in out, out   # a fresh directory, owned as the image's is
+        assert "No space left on device" in out, out   # bounded by --disk
+        owners = box.exec("stat -c '%u %a' /data /opt/cache; touch /opt/cache/x 2>&1", timeout=30).tail.decode()
+        assert owners.startswith("1000 755\n0 755\n") and "Permission denied" in owners, owners
+        assert "rc=1" in out, out
         mounts = docker.from_env().api.inspect_container(container_id)["Mounts"]
         assert [m for m in mounts if m["Type"] == "volume"] == [], mounts
     finally:
         box.close()
 
 
-def test_an_image_with_a_volume_in_a_system_directory_is_refused(tmp_path):
-    tag = build(tmp_path, "system-volume", f"FROM {IMAGE}\nVOLUME /usr/lib\n")
+@pytest.mark.parametrize("lines, said", [
+    ("VOLUME /usr/lib", "declares VOLUME /usr/lib: pid makes every volume a directory of the job's disk"),
+    ("RUN ln -s /etc /link\nVOLUME /link", "declares VOLUME /link, and /link is not a directory in the image "
+                                            "(/link is a symbolic link)"),
+    ("VOLUME /workspace/cache", "declares VOLUME /workspace/cache, inside /workspace, which pid gives the job"),
+])
+def test_an_image_volume_pid_cannot_make_is_refused_as_the_image_s_fault(tmp_path, lines, said):
+    """A link on the way would have the runtime mount the agent's directory where it points (/etc); one inside the
+    workspace would hide what was imported there."""
+    from pid.sandbox.volumes import BadVolume
+    tag = build(tmp_path, "bad-volume", f"FROM {IMAGE}\n{lines}\n")
     try:
-        with pytest.raises(SandboxError, match="declares VOLUME /usr/lib"):
+        with pytest.raises(BadVolume, match=re.escape(said)):
             DockerSandbox.create(SandboxConfig(image=tag, job_id="test-image-config", runtime=RUNTIME))
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
