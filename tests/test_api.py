@@ -381,7 +381,10 @@ def test_a_keyboard_interrupt_in_pid_run_is_recorded_alike_in_result_json_and_th
     result = json.loads(next((tmp_path / "out").glob("*/result.json")).read_text())
     assert (result["status"], result["exit_reason"]) == ("cancelled", "interrupted"), result
     assert pid.job(result["id"]).status() == "cancelled"
-    assert pid.job(result["id"]).result()["exit_reason"] == "interrupted"
+    stored = pid.job(result["id"]).result()
+    assert stored["exit_reason"] == "interrupted"
+    # the run's own result, with its patch, not a bare one written over it as the run ended
+    assert "patch" in result["artifacts"] and "patch" in stored["artifacts"], (result, stored)
 
 
 def test_dir_of_pid_names_the_api_though_it_loads_when_used():

@@ -339,9 +339,18 @@ class ForegroundJob:
         if record_end(self.store, self.relay.job_id, self.relay.owner, ending, attempts=1):
             # its log ends as a worker's job's does (`pid logs`: it said nothing of how the job ended)
             log_end(self.store, self.relay.job_id, ending, result_line(self.relay.job_id, ending))
-            if result is None and self.spec is not None:   # (it never got as far as a result.json of its own)
-                from pid.jobs.sweep import write_unrun_result
-                try:
-                    write_unrun_result(self.spec, ending["exit_reason"], ending["error"], store=self.store)
-                except Exception as exc:
-                    log.warning("job %s: could not store its result: %s", self.relay.job_id, exc)
+            if result is None and self.spec is not None:
+                self._result_if_none(ending)
+
+    def _result_if_none(self, ending: dict[str, Any]) -> None:
+        """A result.json for a run that stopped before it had one (an on_start that raised): one run_job wrote
+        as it was interrupted (Ctrl-C: `interrupted`, with its counts and patch) stays."""
+        from pid.jobs.artifact_store import read_result
+        from pid.jobs.sweep import write_unrun_result
+        assert self.spec is not None and self.store is not None
+        try:
+            if read_result(self.store, self.spec.id) is None and \
+                    not os.path.exists(os.path.join(self.spec.job_dir, "result.json")):
+                write_unrun_result(self.spec, ending["exit_reason"], ending["error"], store=self.store)
+        except Exception as exc:
+            log.warning("job %s: could not store its result: %s", self.spec.id, exc)
