@@ -213,6 +213,7 @@ class Commands:
         pid/tools/registry.py's MAX_ARGUMENT_BYTES.)
         """
         self.agent_started = True
+        self.memory.mark()
         started = time.monotonic()
         deadline = started + timeout
         clearings = self.processes.clearings

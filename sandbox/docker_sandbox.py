@@ -32,7 +32,7 @@ from .docker_client import engine_errors
 from .exec_channels import ExecChannels
 from .disk import reap_disks
 from .launch import Container, default_disk_root, free_reserve, launch
-from .memory import OUT_OF_MEMORY
+from .memory import OUT_OF_MEMORY_EARLIER
 from .process_table import ProcessTable
 from .reaper import remove_job_containers
 from .workspace import patch_script, unrecorded
@@ -196,7 +196,7 @@ class DockerSandbox:
             yield
         except SandboxError as exc:
             if self.commands.memory.ever_ran_out():
-                exc.args = (f"{OUT_OF_MEMORY} ({exc})",)
+                exc.args = (f"{exc} ({OUT_OF_MEMORY_EARLIER})",)
             raise
 
     @engine_errors

@@ -17,6 +17,8 @@ from .processes import cgroup_dir
 
 OUT_OF_MEMORY = ("the container ran out of memory: the kernel killed processes to free memory (its --memory limit; "
                  "files in /dev/shm count against it)")
+OUT_OF_MEMORY_EARLIER = ("the container ran out of memory during the job, and the kernel may have killed pid's own "
+                         "processes in it: its --memory limit; files in /dev/shm count against it")
 
 
 def _oom_kills(fd: int) -> int:
@@ -32,14 +34,18 @@ def _open_counter(container: Container) -> int | None:
     """An open descriptor of the container's memory.events (v2) or memory.oom_control (v1), or None."""
     dirs = [f"{root}/{name}" for root in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup")
             for name in (f"docker/{container.id}", f"system.slice/docker-{container.id}.scope")]
-    init_pid = container.init_pid()
-    if init_pid:
+    fd = _first_counter(dirs)
+    if fd is None:   # (elsewhere: where the container's first process is, which costs an engine request)
+        init_pid = container.init_pid()
         try:
-            found = cgroup_dir(init_pid, "memory")
+            found = cgroup_dir(init_pid, "memory") if init_pid else None
         except (OSError, ValueError):
             found = None
-        if found:
-            dirs.insert(0, found)
+        fd = _first_counter([found]) if found else None
+    return fd
+
+
+def _first_counter(dirs: list[str]) -> int | None:
     for path in dirs:
         for name in ("memory.events", "memory.oom_control"):
             try:
@@ -65,14 +71,19 @@ class MemoryWatch:
         self._fd = self.UNOPENED
         self._lock = threading.Lock()
 
+    def mark(self) -> None:
+        """A call starts: what the kernel killed before it is not its doing (one read of an open file)."""
+        with self._lock:
+            self._look()
+
     def ran_out(self) -> bool:
-        """Whether the kernel killed a process for memory since the last time this said so (or since the start)."""
+        """Whether the kernel killed a process for memory since the last mark (or the last time this said so)."""
         with self._lock:
             before = self.seen
             return self._look() > before
 
     def ever_ran_out(self) -> bool:
-        """Whether the kernel ever killed a process of the container for memory."""
+        """Whether the kernel ever killed a process of the container for memory (pid's own may have been one)."""
         with self._lock:
             return self._look() > 0
 
