@@ -252,6 +252,8 @@ def _write_patch(source: BinaryIO, dest: str, max_bytes: int) -> PatchCopy:
     return PatchCopy(patch.size, dropped)
 
 
+# pid's git diffs with --no-renames: a rename or copy is forged, and it would carry a link as it is (no mode line).
+RENAMED = "a rename or copy, which pid's git never writes (it could carry a link)"
 NEW_REPOSITORY = ("a git repository of its own (git init, cargo new): git records only its commit, not its files "
                   "(without its .git they are in the patch)")
 _HUNK_HEADER = re.compile(rb"@@ -[0-9]+(?:,([0-9]+))? \+[0-9]+(?:,([0-9]+))? @@")
@@ -558,6 +560,7 @@ class _PatchFilter:
                 self._drop("malformed file name line")
             else:
                 self._refuse_name(name)
+                self._drop(RENAMED)   # (a safe name's section goes too; the first reason found is the one kept)
         elif match := _MODE_LINE.fullmatch(text):
             if match[1] in (b"new mode", b"new file mode"):
                 self._refuse_mode(match[2])

@@ -201,7 +201,8 @@ def test_every_name_line_of_a_section_is_checked(tmp_path, bad_line, reason):
     assert reasons(result.dropped) == [reason]
 
 
-def test_renames_and_copies_with_safe_names_are_kept(tmp_path):
+def test_renames_and_copies_are_dropped_whatever_their_names(tmp_path):
+    """pid's git writes none (--no-renames); a forged copy of a link is a new link with no mode line to judge."""
     rename = (b"diff --git a/old name.txt b/new name.txt\n"
               b"similarity index 90%\n"
               b"rename from old name.txt\n"
@@ -216,7 +217,20 @@ def test_renames_and_copies_with_safe_names_are_kept(tmp_path):
               b'copy to "caf\\303\\251 copy.txt"\n')
     mode = b"diff --git a/run.sh b/run.sh\nold mode 100644\nnew mode 100755\n"
     result, written = copy(tmp_path, rename + copied + mode)
-    assert written == rename + copied + mode and result.dropped == []
+    assert written == mode
+    assert [(d.path, d.reason) for d in result.dropped] == [("new name.txt", artifacts.RENAMED),
+                                                          ("caf\u00e9 copy.txt", artifacts.RENAMED)]
+
+
+def test_git_makes_a_link_of_a_forged_copy_of_one(tmp_path):
+    """Why: git apply copies a link as a link, and the section has no mode line to judge."""
+    work = tmp_path / "work"
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    os.symlink("/etc/passwd", work / "link")
+    (work / "copy.patch").write_bytes(b"diff --git a/link b/evil\nsimilarity index 100%\ncopy from link\n"
+                                      b"copy to evil\n")
+    subprocess.run(["git", "-C", str(work), "apply", "copy.patch"], check=True, capture_output=True)
+    assert (work / "evil").is_symlink()
 
 
 @pytest.mark.parametrize("line, reason", [
