@@ -8,6 +8,7 @@ submitted job's, so that `retry` and `continue` run on the very tree the job saw
 """
 from __future__ import annotations
 
+import errno
 import logging
 import tempfile
 import threading
@@ -56,6 +57,10 @@ def _name_of(file: IO[bytes]) -> str:
     return f"/proc/self/fd/{file.fileno()}"
 
 
+# What fails for the machine's sake, not the tree's (the snapshot's own file, the process's descriptors)
+HOST_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EMFILE, errno.ENFILE, errno.ENOMEM}
+
+
 class DirSnapshot:
     """A directory as its `pid run` job saw it: the tar its sandbox imports, in an anonymous temporary file (unlinked
     from its creation: a `pid run` killed with SIGKILL leaves no workspace-sized file behind) until close().
@@ -71,7 +76,7 @@ class DirSnapshot:
             if isinstance(exc, WorkspaceTooLarge):
                 raise SandboxError(f"{root} is larger than the workspace limit ({max_bytes} bytes once packed)"
                                    ) from None
-            if isinstance(exc, OSError):   # (no retry would read it better: the input's fault)
+            if isinstance(exc, OSError) and exc.errno not in HOST_ERRNOS:   # (no retry would read it better)
                 raise BadWorkspace(f"cannot pack --repo {root}: {pack_error(exc)}") from None
             raise
         self.kept = False

@@ -565,7 +565,8 @@ class _PatchFilter:
             if match[1] in (b"new mode", b"new file mode"):
                 self._refuse_mode(match[2])
         elif match := _INDEX_LINE.fullmatch(text):
-            if match[1] is not None:   # (the mode of a file changed in place)
+            # (the mode of an entry changed in place: a submodule the workspace has may move to another commit)
+            if match[1] is not None and int(match[1], 8) & 0o170000 != 0o160000:
                 self._refuse_mode(match[1])
         elif _SIMILARITY_LINE.fullmatch(text):
             pass
