@@ -323,6 +323,9 @@ class Job:
         starts and end), from the first; with follow, going on as they come until the job ends."""
         if not isinstance(follow, bool):
             raise PidError(f"follow must be True or False, not {follow!r}")
+        return self._logs(follow)
+
+    def _logs(self, follow: bool) -> Iterator[dict[str, Any]]:
         with _store_reached():
             store, after = self._store(), 0
             while True:

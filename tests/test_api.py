@@ -131,7 +131,7 @@ def test_values_of_the_wrong_type_are_refused_before_anything_starts(api_env, sa
     with pytest.raises(pid.PidError, match=r"^--timeout takes a number \(int or float\) or a string, not Decimal$"):
         pid.submit("t", repo=sample_repo, model="m", timeout_s=Decimal("60"))
     with pytest.raises(pid.PidError, match="^follow must be True or False, not 'no'$"):
-        list(pid.Job("x").logs(follow="no"))
+        pid.Job("x").logs(follow="no")   # (at the call, not at the first item)
     for bad in (5, None):
         with pytest.raises(pid.PidError, match="^pid.job\\(\\) takes a job's id, a string, not "):
             pid.job(bad)
