@@ -314,12 +314,12 @@ def pack_tar(root: str, out: IO[bytes], uid: int = 0, gid: int = 0, max_bytes: i
     """Write a tar of the directory `root` to `out` as a stream, hashing it as it goes; at most `max_bytes` (0: no
     limit, else WorkspaceTooLarge as soon as it is passed).
 
-    Every entry of the tree: links stored as links (never followed), special files skipped, no git run. Regular
-    files are opened with O_NOFOLLOW, and everything below a directory through a descriptor of it, so neither a file nor
-    a directory swapped for a symlink meanwhile is followed. Deterministic:
-    members in sorted order (per directory: its subdirectories and links to directories, then the rest), owned by
-    uid:gid with no names, whole-second mtimes, so the same tree gives the same bytes (and the same digest: a hundred
-    jobs on one tree store it once). Written by pid.sandbox.tarstream: ~30 µs of Python per file.
+    Every entry of the tree: links stored as links (never followed), special files skipped, no git run. Files are
+    opened with O_NOFOLLOW, and everything below a directory through a descriptor of it, so neither a file nor a
+    directory swapped for a symlink meanwhile is followed. Deterministic: members in sorted order (per directory: its
+    subdirectories and links to directories, then the rest), owned by uid:gid with no names, whole-second mtimes, so
+    the same tree gives the same bytes (and the same digest: a hundred jobs on one tree store it once). Written by
+    pid.sandbox.tarstream: ~30 µs of Python per file.
     """
     root = os.path.abspath(root)
     if not os.path.isdir(root) or os.path.islink(root):
