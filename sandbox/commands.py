@@ -7,6 +7,7 @@ removes or keeps while later commands run (outputs.py; OutputFiles.housekeeping)
 from __future__ import annotations
 
 import logging
+import math
 import os
 import posixpath
 import threading
@@ -340,14 +341,22 @@ class Commands:
     def _disk_full(self) -> bool:
         """The job's disk has no room left for the agent's writes (blocks or inodes): a command that hides its errors
         (or a file tool's plain ENOSPC) says no more, so the model is told. One statvfs on the host."""
-        if self.container.disk is None:
-            return False
+        st = self._disk_stats()
+        return st is not None and (self._free(st) < DISK_FULL_BELOW or st.f_favail == 0)
+
+    def _disk_free(self) -> float:
+        """Bytes the agent may still write on the job's disk (infinite without one, or where it cannot be read)."""
+        st = self._disk_stats()
+        return math.inf if st is None else self._free(st)
+
+    def _disk_stats(self) -> os.statvfs_result | None:
         try:
-            st = os.statvfs(self.container.disk.mountpoint)
+            return None if self.container.disk is None else os.statvfs(self.container.disk.mountpoint)
         except OSError:
-            return False
-        free = st.f_bfree if self.container.uid == 0 else st.f_bavail   # (root may use ext4's reserved blocks)
-        return free * st.f_frsize < DISK_FULL_BELOW or st.f_favail == 0
+            return None
+
+    def _free(self, st: os.statvfs_result) -> int:
+        return (st.f_bfree if self.container.uid == 0 else st.f_bavail) * st.f_frsize   # (root: ext4's reserve too)
 
     def _file_op(self, snippet: bytes, path: str, *, emit: int, timeout: float, cancel: threading.Event | None,
                  upload: bytes | None = None) -> bytes:
@@ -382,11 +391,12 @@ class Commands:
         target = self.abs(path)
         data = bytes(data)
         shell = self.channels.shell
-        inline = fileops.inline_write_snippet(target, data, fileops.INLINE_MAX) if shell == "bash" else None
+        careful = self._disk_free() < len(data) + fileops.ROOM_MARGIN   # (a failed write must not empty the file)
+        inline = fileops.inline_write_snippet(target, data, fileops.INLINE_MAX, careful) if shell == "bash" else None
         if inline is not None:   # a short command: the host can hand it to the slot shell itself (Channel.start)
             self._file_op(inline, target, emit=0, timeout=timeout, cancel=cancel)
             return
-        self._file_op(fileops.write_snippet(shell, target, len(data)), target, emit=0, timeout=timeout,
+        self._file_op(fileops.write_snippet(shell, target, len(data), careful), target, emit=0, timeout=timeout,
                       cancel=cancel, upload=data)
 
     # -- housekeeping while a command runs ------------------------------------------------------------------------

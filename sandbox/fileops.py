@@ -48,8 +48,24 @@ _CHECK_WRITE = """case $f in */*) d=${f%/*} ;; *) d=. ;; esac
 [ -z "$d" ] || [ -d "$d" ] || mkdir -p -- "$d" 2>/dev/null || exit 93
 [ -d "$f" ] && exit 91
 [ -e "$f" ] && [ ! -f "$f" ] && exit 94
-{ : >"$f"; } 2>/dev/null || { [ -e "$f" ] && { [ -w "$f" ] && exit 95; exit 92; }; [ -w "${d:-/}" ] && exit 95; exit 92; }
 """
+_TRUNCATE = """{ : >"$f"; } 2>/dev/null || { [ -e "$f" ] && { [ -w "$f" ] && exit 95; exit 92; }; [ -w "${d:-/}" ] && exit 95; exit 92; }
+"""
+# A write truncates the file first: one that then fails for room would leave it empty. Where the host saw the job's
+# disk nearly full (ROOM_MARGIN), the snippet first checks that the new content fits in what is free plus what the
+# old content frees, and refuses (ENOSPC) with the file untouched. (Two stats, forks: only on a nearly full disk;
+# gVisor's stat of a file on a full disk fails with EINVAL, where wc still counts it.)
+_CHECK_ROOM = """h=0; [ -f "$f" ] && h=$(stat -c %%s -- "$f" 2>/dev/null || wc -c <"$f" 2>/dev/null || echo 0)
+r=$(stat -f -c '%%a %%S' -- "${d:-/}/" 2>/dev/null) && set -- "${1-}" $r && \
+  [ $((%d + ROOM_SLACK)) -gt $(($2 * $3 + h)) ] && exit 95
+""".replace("ROOM_SLACK", str(64 << 10))
+ROOM_MARGIN = 1 << 20   # free bytes past a write's size under which the host asks for _CHECK_ROOM
+
+
+def _checked_write(path: str, size: int, careful: bool) -> bytes:
+    """The start of a write snippet: the path's checks, the room check when `careful`, the truncation."""
+    room = (_CHECK_ROOM % size) if careful else ""
+    return ANYWHERE + b"f=" + quote(path) + b"\n" + (_CHECK_WRITE + room + _TRUNCATE).encode() + b"exec 2>/dev/null\n"
 
 
 _BUILTIN_COPY_MAX = 32768   # bash copies this much with builtins faster than `cat` starts
@@ -91,22 +107,21 @@ def readable_indexes(output: bytes, count: int) -> set[int]:
     return {int(line) for line in output.split() if line.isdigit() and int(line) < count}
 
 
-def write_snippet(shell: str, path: str, size: int) -> bytes:
+def write_snippet(shell: str, path: str, size: int, careful: bool = False) -> bytes:
     """Create or overwrite `path` (parents made, mode kept) with the `size` bytes of the uploaded file "$1"."""
-    body = ANYWHERE + b"f=" + quote(path) + b"\n" + _CHECK_WRITE.encode() + b"exec 2>/dev/null\n"
+    body = _checked_write(path, size, careful)
     if shell == "bash" and size <= _BUILTIN_COPY_MAX:
         return body + _BASH_EMIT.encode() + b'e "$1" %d >"$f" || exit 95\n' % size
     return body + b'cat -- "$1" >"$f" || exit 95\n'
 
 
-def inline_write_snippet(path: str, data: bytes, limit: int) -> bytes | None:
+def inline_write_snippet(path: str, data: bytes, limit: int, careful: bool = False) -> bytes | None:
     """write_snippet for bash with the data in the command itself (printf %b: a backslash doubled, NUL as \\0000),
     so that no upload is stored first; None when that command would be longer than `limit`."""
     if len(data) > limit:   # (escaping only lengthens it)
         return None
     escaped = data.replace(b"\\", b"\\\\").replace(b"\0", b"\\0000")
-    snippet = (ANYWHERE + b"f=" + quote(path) + b"\n" + _CHECK_WRITE.encode() + b"exec 2>/dev/null\n"
-               + b"printf %b " + quote(escaped) + b' >"$f" || exit 95\n')
+    snippet = _checked_write(path, len(data), careful) + b"printf %b " + quote(escaped) + b' >"$f" || exit 95\n'
     return snippet if len(snippet) <= limit else None
 
 
