@@ -336,7 +336,7 @@ class Commands:
             exit_code=None if stop else reply.exit_code, tail=reply.tail, total_bytes=reply.total_bytes,
             total_lines=reply.total_lines, timed_out=stop == "timed_out", cancelled=stop == "cancelled",
             output_path=reply.kept_path, output_from=reply.kept_from, pids_limit_hit=pids_hit,
-            disk_full=self._disk_full(), out_of_memory=bool(stop or reply.exit_code != 0) and self.memory.ran_out())
+            disk_full=self._disk_full(), out_of_memory=self.memory.ran_out())
 
     def _disk_full(self) -> bool:
         """The job's disk has no room left for the agent's writes (blocks or inodes): a command that hides its errors

@@ -4,8 +4,8 @@ Why: a process the kernel kills for memory dies of SIGKILL (status 137) with no 
 picks one of pid's own servers (pages in /dev/shm cannot be reclaimed, so killing the agent's shell frees nothing) the
 call fails as a closed channel. Either way the model and the user are told the container ran out of memory. The
 count is the cgroup's `oom_kill` (v2 memory.events, v1 memory.oom_control), which nothing in the container can
-write; it is read as each call starts (one read of an open file, ~2 µs) and again after one that failed, so a kill is
-told for the call it happened in. Where the host cannot see the container's cgroup (a worker in a container of its
+write; it is read as each call starts and as it ends (one read of an open file, ~2 µs each), so a kill is told for
+the call it happened in, whether or not the command's status shows it (a background process, `cmd; echo $?`). Where the host cannot see the container's cgroup (a worker in a container of its
 own), nothing is said, as before; under gVisor the kernel kills the whole sandbox, which the engine may say.
 """
 from __future__ import annotations
