@@ -196,7 +196,7 @@ def check_failure(check: dict[str, Any]) -> str:
     if check.get("error"):
         return "could not run"
     if check.get("timed_out"):
-        return "timed out"
+        return "timed out: --check-timeout"
     if check.get("cancelled"):
         return "cancelled"
     return "killed" if check.get("exit_code") is None else f"exit {check.get('exit_code')}"

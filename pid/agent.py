@@ -397,7 +397,8 @@ class Agent:
 
     def _stopped(self, out: Outcome) -> Outcome:
         if self._stop_reason == "wall_clock":
-            return self._end(out, "wall_clock", f"wall-clock limit of {self.limits.wall_clock_s:g}s reached")
+            return self._end(out, "wall_clock",
+                             f"wall-clock limit of {self.limits.wall_clock_s:g}s (--timeout) reached")
         if self._stop_reason is None:   # its cancel event was set from outside: a cancel all the same
             self.cancel()
         self._emit(ev.Control("cancel", "received"))
@@ -411,7 +412,7 @@ class Agent:
         if spent <= limit:
             return None
         digits = next((d for d in range(4, 12) if f"{spent:.{d}f}" != f"{limit:.{d}f}"), 12)   # (never $x > $x)
-        return (f"cost ${spent:.{digits}f} exceeded max_cost ${limit:.{digits}f}"
+        return (f"cost ${spent:.{digits}f} exceeded --max-cost ${limit:.{digits}f}"
                 + (" over its attempts" if self.limits.spent_cost else ""))
 
     @staticmethod

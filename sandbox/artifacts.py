@@ -229,7 +229,10 @@ def copy_patch(chunks: Iterable[bytes], dest: str, max_bytes: int) -> PatchCopy:
             if not member.isreg():
                 continue
             if member.size > max_bytes:
-                raise ArtifactTooLarge(f"the patch is {member.size} bytes, over the {_size_text(max_bytes)} limit")
+                size = f"{-(-member.size >> 20)} MB" if member.size >= 1 << 20 else f"{member.size} bytes"
+                raise ArtifactTooLarge(f"the patch is {size}, over the {_size_text(max_bytes)} limit (--max-patch): a "
+                                       "large generated or binary file is the usual cause (remove it or .gitignore it "
+                                       "in the task, or raise --max-patch)")
             return _write_patch(_regular(tar, member), dest, max_bytes)
     raise FileNotFoundError("no regular file in the archive")
 

@@ -5,8 +5,9 @@ picks one of pid's own servers (pages in /dev/shm cannot be reclaimed, so killin
 call fails as a closed channel. Either way the model and the user are told the container ran out of memory. The
 count is the cgroup's `oom_kill` (v2 memory.events, v1 memory.oom_control), which nothing in the container can
 write; it is read as each call starts and as it ends (one read of an open file, ~2 µs each), so a kill is told for
-the call it happened in, whether or not the command's status shows it (a background process, `cmd; echo $?`). Where the host cannot see the container's cgroup (a worker in a container of its
-own), nothing is said, as before; under gVisor the kernel kills the whole sandbox, which the engine may say.
+the call it happened in, whether or not the command's status shows it (a background process, `cmd; echo $?`). Where
+the host cannot see the container's cgroup (a worker in a container of its own), nothing is said, as before; under
+gVisor the kernel kills the whole sandbox, which the engine may say.
 """
 from __future__ import annotations
 

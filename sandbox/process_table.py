@@ -61,7 +61,7 @@ class ProcessTable:
         except SandboxLost:
             raise
         except SandboxError as exc:
-            log.warning("cannot kill process group %s (%s): removing the container", pgid, exc)
+            log.info("cannot kill process group %s (%s): removing the container", pgid, exc)   # (the job says why)
             self.container.kill()
             raise SandboxLost(f"could not stop a command inside the sandbox ({exc}); the container was removed") \
                 from exc

@@ -240,7 +240,7 @@ def test_max_cost_ends_the_job(sandbox):
         outcome = make_agent(llm, sandbox, limits=Limits(max_cost=1.5), input_cost_per_mtok=1.0).run("go")
     assert (outcome.status, outcome.exit_reason, outcome.turns) == ("limit", "max_cost", 2)
     assert outcome.usage.cost.total == pytest.approx(2.0)
-    assert outcome.error == "cost $2.0000 exceeded max_cost $1.5000"
+    assert outcome.error == "cost $2.0000 exceeded --max-cost $1.5000"
 
 
 def test_a_cost_just_past_max_cost_is_said_with_the_digits_that_show_it(sandbox):
@@ -248,7 +248,7 @@ def test_a_cost_just_past_max_cost_is_said_with_the_digits_that_show_it(sandbox)
     with ScriptedLLM(script) as llm:
         outcome = make_agent(llm, sandbox, limits=Limits(max_cost=0.001), input_cost_per_mtok=0.001).run("go")
     assert outcome.exit_reason == "max_cost"
-    assert outcome.error == "cost $0.0010003 exceeded max_cost $0.0010000"
+    assert outcome.error == "cost $0.0010003 exceeded --max-cost $0.0010000"
 
 
 def test_max_cost_counts_the_jobs_earlier_attempts(sandbox):
@@ -259,7 +259,7 @@ def test_max_cost_counts_the_jobs_earlier_attempts(sandbox):
         outcome = make_agent(llm, sandbox, limits=Limits(max_cost=1.5, spent_cost=1.0),
                              input_cost_per_mtok=1.0).run("go")
     assert (outcome.exit_reason, outcome.turns) == ("max_cost", 1)
-    assert outcome.error == "cost $2.0000 exceeded max_cost $1.5000 over its attempts"
+    assert outcome.error == "cost $2.0000 exceeded --max-cost $1.5000 over its attempts"
 
     with ScriptedLLM(script) as llm:   # the earlier attempts used it all: no model call at all
         outcome = make_agent(llm, sandbox, limits=Limits(max_cost=1.5, spent_cost=1.6),

@@ -231,7 +231,7 @@ def test_the_timeout_message_names_the_jobs_timeout(run_pid, sample_repo, tmp_pa
         res = run_pid("run", "t", "--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url,
                       "--out", str(tmp_path / "out"), "--timeout", "5", "--json")
     assert res.code == 3, res.stderr
-    assert res.json()["error"] == "wall-clock limit of 5s reached"
+    assert res.json()["error"] == "wall-clock limit of 5s (--timeout) reached"
 
 
 @pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)

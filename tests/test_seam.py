@@ -156,7 +156,7 @@ def test_a_jobs_later_attempt_has_what_its_earlier_ones_left_of_its_max_cost(sam
                          earlier=[{"attempt": 1, "turns": 2, "tool_calls": 2, "usage": {"cost": 1.0}}])
         assert len(llm.requests) == 1
     assert (result["exit_reason"], result["error"]) == (
-        "max_cost", "cost $2.0000 exceeded max_cost $1.5000 over its attempts"), result
+        "max_cost", "cost $2.0000 exceeded --max-cost $1.5000 over its attempts"), result
 
 
 def test_a_sandbox_lost_mid_job_fails_it_as_a_sandbox_error(sample_repo, tmp_path):

@@ -73,7 +73,7 @@ def true_ending(job: JobRun) -> Outcome:
     watchdog removed the sandbox), or a completed job's sandbox is gone."""
     if job.watchdog.fired:
         return ended(job.outcome, "wall_clock",
-                     f"wall-clock limit of {job.spec.timeout_s:g}s reached; the sandbox was removed")
+                     f"wall-clock limit of {job.spec.timeout_s:g}s (--timeout) reached; the sandbox was removed")
     if job.sandbox and job.outcome.status == "completed" and not job.sandbox.is_alive():
         return ended(job.outcome, "sandbox_error", "the sandbox container is gone")
     return job.outcome

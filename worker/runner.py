@@ -124,7 +124,8 @@ def run_agent(agent: Agent, spec: JobSpec, on_agent: AgentHook | None) -> Outcom
         on_agent(agent)
     outcome = agent.run(spec.task)
     if outcome.exit_reason == "wall_clock":  # the agent's timer had what set-up left; the limit is the job's
-        outcome = dataclasses.replace(outcome, error=f"wall-clock limit of {spec.timeout_s:g}s reached")
+        outcome = dataclasses.replace(outcome,
+                                      error=f"wall-clock limit of {spec.timeout_s:g}s (--timeout) reached")
     return outcome
 
 
