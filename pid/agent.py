@@ -222,13 +222,16 @@ class Agent:
             self._emit(ev.TurnEnd(turn, reply, results))
             if self.cancel_event.is_set():
                 return self._stopped(out)
-            for result in results:  # in call order: a command that finished in time resets the count
-                if result.details and result.details.get("timedOut"):
-                    consecutive_timeouts += 1
-                elif result.tool_name == "bash":
-                    consecutive_timeouts = 0
+            # Counted by turn, so that the model has seen each timeout before the next counts: a turn whose commands
+            # all ran out of time adds one, a command that finished in time starts over.
+            commands = [r for r in results if r.tool_name == "bash"]
+            if commands and all(r.details and r.details.get("timedOut") for r in commands):
+                consecutive_timeouts += 1
+            elif commands:
+                consecutive_timeouts = 0
             if consecutive_timeouts >= self.limits.max_consecutive_timeouts:
-                return self._end(out, "consecutive_timeouts", f"{consecutive_timeouts} consecutive commands timed out")
+                return self._end(out, "consecutive_timeouts",
+                                 f"the commands of {consecutive_timeouts} turns in a row timed out")
             if (over := self._over_cost(out)) is not None:
                 return self._end(out, "max_cost", over)
             if not calls:

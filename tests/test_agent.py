@@ -232,6 +232,16 @@ def test_max_turns_and_consecutive_timeouts_end_with_their_own_reason(sandbox):
     with ScriptedLLM([{"tool_calls": [bash("sleep 5", timeout=0.3)]}] * 4) as llm:
         outcome = make_agent(llm, sandbox, limits=Limits(max_consecutive_timeouts=2)).run("go")
     assert (outcome.status, outcome.exit_reason, outcome.turns) == ("limit", "consecutive_timeouts", 2)
+    assert outcome.error == "the commands of 2 turns in a row timed out"
+
+
+def test_parallel_timeouts_of_one_turn_count_once_so_the_model_sees_them(sandbox):
+    """A new user's: three parallel calls that timed out ended the job before the model saw any of them."""
+    slow = [bash("sleep 5", timeout=0.3)] * 3
+    script = [{"tool_calls": slow}, {"tool_calls": [bash("true")]}, {"tool_calls": slow}, {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        outcome = make_agent(llm, sandbox, limits=Limits(max_consecutive_timeouts=2)).run("go")
+    assert (outcome.exit_reason, outcome.turns) == ("stop", 4), outcome
 
 
 def test_max_cost_ends_the_job(sandbox):
