@@ -35,7 +35,7 @@ from .mounts import MountError, agent_userns, attach_clone, detach, mount_overla
 
 # The image's environments an agent that is not root may change: /opt (a conda env, a venv), and in /usr/local what
 # pip, npm -g and make install of programs write (not /usr/local/lib's own libraries, which the loader may take for
-# pid's tools); each only when nothing pid runs as root could load or run from it (see _reached_by_pid).
+# pid's tools); each only when nothing pid runs as root could load or run from it (see reached_by_pid).
 AGENT_TREES = ("/opt", "/usr/local/bin", "/usr/local/sbin", "/usr/local/share", "/usr/local/include",
                "/usr/local/src", "/usr/local/etc")
 AGENT_LIB_TREES = ("python", "node_modules")   # /usr/local/lib/<these>* too
@@ -153,7 +153,7 @@ def _names(layers: list[str], path: str) -> set[str]:
     return names
 
 
-def _reached_by_pid(layers: list[str], trees: list[str]) -> set[str]:
+def reached_by_pid(layers: list[str], trees: list[str]) -> set[str]:
     """The trees pid's own root tools could load or run something from, so never the agent's: one the loader's cache
     or /etc/ld.so.preload names (searched as bytes: the cache shares string tails, and an unparsed mention counts),
     or one a tool pid runs (PID_TOOLS, in the system directories) reaches through its links, however many (Debian's
@@ -277,7 +277,7 @@ class ImageFS:
                 wanted = [*([workdir] if image_workspace else []), *AGENT_TREES,
                           *(f"/usr/local/lib/{name}" for name in _names(layers, "/usr/local/lib")
                             if name.startswith(AGENT_LIB_TREES))]
-                reached = _reached_by_pid(layers, wanted)
+                reached = reached_by_pid(layers, wanted)
                 if image_workspace and workdir in reached:
                     raise ImageFSError(f"pid's own tools could load or run files of {workdir} (the image's loader "
                                        "names it, or a tool pid runs is a link into it): it cannot be the agent's")

@@ -3,8 +3,9 @@ the job (the engine's own volume would live on its storage, past --disk, and out
 
 A volume is at a path the image names, and the image may make that path a link, which the runtime follows as it
 mounts (a link to /etc would put the empty directory there): a volume with a link on its way in the image is refused,
-as is one in a system directory or pid's own, and one inside a tree pid gives the job itself (the workdir, /tmp, the
-agent's home; at the tree's own top it is that tree). The directory is owned as the image's own is (root's, 0755,
+as is one in a system directory or pid's own, one pid's root tools could load or run from (image_fs's rule for the
+agent's trees), and one inside a tree pid gives the job itself (the workdir, /tmp, the agent's home; at the tree's own
+top it is that tree). The directory is owned as the image's own is (root's, 0755,
 where the image's layers cannot be read here); the image's content there is not copied.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from pid.sandbox_api import BadWorkspace
 
-from .image_fs import ImageFSError, check_workdir, image_layers, subtree_lowers
+from .image_fs import ImageFSError, reached_by_pid, check_workdir, image_layers, subtree_lowers
 
 
 class BadVolume(BadWorkspace):
@@ -70,6 +71,13 @@ def _as_in_image(target: str, layers: list[str] | None) -> Volume:
         lowers = subtree_lowers(layers, target)
     except ImageFSError as exc:
         raise BadVolume(f"the image declares VOLUME {target}, and {exc}; remove the VOLUME from the image") from None
+    try:
+        reached = reached_by_pid(layers, [target])
+    except ImageFSError:   # (fails closed: what pid's tools load cannot be told)
+        reached = {target}
+    if reached:   # a library or tool there would run in pid's root processes (its git, its servers)
+        raise BadVolume(f"the image declares VOLUME {target}, where pid's own tools could load or run something from "
+                        "(the loader's cache names it, or a tool's link leads there); remove the VOLUME from the image")
     if not lowers:   # (the image has no such directory: the engine would make it root's)
         return Volume(target)
     st = os.lstat(lowers[0])

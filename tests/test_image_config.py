@@ -63,6 +63,11 @@ def test_an_image_s_entrypoint_health_check_and_volumes_are_not_the_job_s(hostil
     ("RUN ln -s /etc /link\nVOLUME /link", "declares VOLUME /link, and /link is not a directory in the image "
                                             "(/link is a symbolic link)"),
     ("VOLUME /workspace/cache", "declares VOLUME /workspace/cache, inside /workspace, which pid gives the job"),
+    # (an attacker's: the agent's libz there ran in pid's root git)
+    ("RUN mkdir /usr/local/lib/pidtest && cp -L \"$(ldconfig -p | awk '/libz.so.1 /{print $NF; exit}')\" "
+     "/usr/local/lib/pidtest/ && echo /usr/local/lib/pidtest > /etc/ld.so.conf.d/pidtest.conf && ldconfig && "
+     "chown 1000:1000 /usr/local/lib/pidtest\nVOLUME /usr/local/lib/pidtest",
+     "declares VOLUME /usr/local/lib/pidtest, where pid's own tools could load or run something from"),
 ])
 def test_an_image_volume_pid_cannot_make_is_refused_as_the_image_s_fault(tmp_path, lines, said):
     """A link on the way would have the runtime mount the agent's directory where it points (/etc); one inside the

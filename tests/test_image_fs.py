@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from pid.sandbox.image_env import CARRIER, neutralised
-from pid.sandbox.image_fs import ImageFSError, _reached_by_pid, check_workdir, subtree_lowers
+from pid.sandbox.image_fs import ImageFSError, reached_by_pid, check_workdir, subtree_lowers
 from pid.sandbox.mounts import swap_map
 
 
@@ -112,19 +112,19 @@ def test_a_tree_a_tool_of_pids_reaches_through_any_chain_of_links_is_pids(tmp_pa
     os.symlink("usr/bin", os.path.join(bottom, "bin"))   # a merged /usr
     os.symlink("/etc/alternatives/awk", os.path.join(bottom, "usr", "bin", "awk"))
     os.symlink("/usr/bin/mawk", os.path.join(bottom, "etc", "alternatives", "awk"))
-    assert _reached_by_pid([top, bottom], trees) == set()
+    assert reached_by_pid([top, bottom], trees) == set()
     os.symlink("/etc/alternatives/wc", os.path.join(top, "usr", "bin", "wc"))
     os.symlink("../../usr/local/bin/wc", os.path.join(bottom, "etc", "alternatives", "wc"))
-    assert _reached_by_pid([top, bottom], trees) == {"/usr/local/bin"}
+    assert reached_by_pid([top, bottom], trees) == {"/usr/local/bin"}
     os.remove(os.path.join(top, "usr", "bin", "wc"))
     os.symlink("/opt", os.path.join(bottom, "usr", "tools"))
     os.symlink("/usr/tools/grep", os.path.join(top, "usr", "bin", "grep"))   # through a directory's link
-    assert _reached_by_pid([top, bottom], trees) == {"/opt"}
+    assert reached_by_pid([top, bottom], trees) == {"/opt"}
     os.remove(os.path.join(top, "usr", "bin", "grep"))
     os.symlink("/etc/../usr/local/bin/x/../../../bin/mawk", os.path.join(top, "usr", "bin", "sed"))   # through, out
     os.makedirs(os.path.join(bottom, "usr", "local", "bin", "x"))
-    assert _reached_by_pid([top, bottom], trees) == {"/usr/local/bin"}
+    assert reached_by_pid([top, bottom], trees) == {"/usr/local/bin"}
     os.remove(os.path.join(top, "usr", "bin", "sed"))
     os.symlink("/etc/alternatives/tar", os.path.join(top, "usr", "bin", "tar"))
     os.symlink("/usr/bin/tar", os.path.join(bottom, "etc", "alternatives", "tar"))   # a loop
-    assert _reached_by_pid([top, bottom], trees) == set(trees)
+    assert reached_by_pid([top, bottom], trees) == set(trees)
