@@ -342,6 +342,7 @@ class _PatchFilter:
         self.old = self.new = 0     # lines still due in the current hunk
         self.no_eol_seen = False
         self.binary_hunks = 0
+        self.mode_seen = False      # the current section said a mode (a mode line, or one on its index line)
 
     # -- splitting the stream into lines ---------------------------------------------------------------------
     def feed(self, block: bytes) -> None:
@@ -440,6 +441,13 @@ class _PatchFilter:
             raise ArtifactTooLarge(f"the patch is over the {_size_text(self.max_bytes)} limit")
         self.out.write(data)
 
+    def _mode_stated(self) -> None:
+        """A change to a file's content must say the file's mode, as pid's git always does (on its index line, or as
+        a new or deleted file's): without one git apply keeps the file's own type, so a forged hunk could retarget a
+        link the workspace has."""
+        if not self.mode_seen:
+            self._drop("a change that does not say the file's mode (it could retarget a link)")
+
     def _refuse_mode(self, mode: bytes) -> None:
         why = _file_type(mode)
         if why is not None:
@@ -466,6 +474,7 @@ class _PatchFilter:
             self.preamble = False
         self.state = "header"
         self.dropping = False
+        self.mode_seen = False
         self.section_start = self.size
         rest = line[len(b"diff --git "):].rstrip(b"\n")
         self.label = _decode(rest)
@@ -497,6 +506,8 @@ class _PatchFilter:
         if not complete:
             self._drop("header line over 8 KiB")
         elif line.startswith(b"@@ -") and state in ("header", "after_hunk"):
+            if state == "header":
+                self._mode_stated()
             self._start_hunk(line)
         elif state == "header":
             self._header_line(line)
@@ -565,18 +576,22 @@ class _PatchFilter:
                 self._refuse_name(name)
                 self._drop(RENAMED)   # (a safe name's section goes too; the first reason found is the one kept)
         elif match := _MODE_LINE.fullmatch(text):
+            self.mode_seen = True
             if match[1] in (b"new mode", b"new file mode"):
                 self._refuse_mode(match[2])
         elif match := _INDEX_LINE.fullmatch(text):
             # (the mode of an entry changed in place: a submodule the workspace has may move to another commit)
+            self.mode_seen = self.mode_seen or match[1] is not None
             if match[1] is not None and int(match[1], 8) & 0o170000 != 0o160000:
                 self._refuse_mode(match[1])
         elif _SIMILARITY_LINE.fullmatch(text):
             pass
         elif text == b"GIT binary patch":
+            self._mode_stated()
             self.state = "binary"
             self.binary_hunks = 0
         elif text.startswith(b"Binary files ") and text.endswith(b" differ"):
+            self._mode_stated()
             self.state = "end"
         else:
             self._drop("unexpected line in the header")

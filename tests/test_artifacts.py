@@ -284,9 +284,27 @@ def test_hunk_lines_that_look_like_headers_are_content(tmp_path):
     (b"From: someone\n@@ -1 +1 @@\n-a\n+b\n", "unexpected line in the header"),
 ])
 def test_malformed_hunks_drop_their_section(tmp_path, hunk, reason):
-    bad = section([b"diff --git a/f b/f", b"--- a/f", b"+++ b/f"], hunk=hunk)
+    bad = section([b"diff --git a/f b/f", b"index 1111111..2222222 100644", b"--- a/f", b"+++ b/f"], hunk=hunk)
     result, written = copy(tmp_path, GOOD1 + bad + GOOD2)
     assert written == GOOD1 + GOOD2 and reasons(result.dropped) == [reason]
+
+
+@pytest.mark.parametrize("header", [[b"index 1111111..2222222"], []])
+def test_a_change_that_does_not_say_the_file_s_mode_is_dropped(tmp_path, header):
+    """An attacker's: git apply keeps a file's own type where no mode is said, so a hunk over a link the workspace
+    has retargets it (pid's git always says the mode)."""
+    lines = [b"diff --git a/lnk b/lnk", *header, b"--- a/lnk", b"+++ b/lnk"]
+    forged = section(lines, hunk=b"@@ -1 +1 @@\n-target.txt\n\\ No newline at end of file\n+/root/.ssh/authorized_keys\n"
+                                 b"\\ No newline at end of file\n")
+    result, written = copy(tmp_path, GOOD1 + forged + GOOD2)
+    assert written == GOOD1 + GOOD2
+    assert reasons(result.dropped) == ["a change that does not say the file's mode (it could retarget a link)"]
+    work = tmp_path / "work"   # (what git makes of it)
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    os.symlink("target.txt", work / "lnk")
+    (work / "forged.patch").write_bytes(forged)
+    subprocess.run(["git", "-C", str(work), "apply", "forged.patch"], check=True, capture_output=True)
+    assert os.readlink(work / "lnk") == "/root/.ssh/authorized_keys"
 
 
 def test_symlinks_in_the_patch_are_dropped(tmp_path):
