@@ -125,17 +125,20 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
         mounts.append(docker.types.Mount(SOURCE_MOUNT, source, type="bind", read_only=True))
         inside = f"file://{SOURCE_MOUNT}"
     limit = clone_limit(config)
+    tmpfs = {CLONE_TMP: f"rw,nosuid,nodev,noexec,size={limit},mode=1777"}
+    tmpfs.update({path: "ro,size=4k,mode=755" for path in _image_volumes(client, config.image) if path not in tmpfs})
     now = datetime.now(timezone.utc)
     labels = {LABEL_JOB: config.job_id, LABEL_OWNER: config.owner, LABEL_CREATED: _iso(now),
               LABEL_EXPIRES: _iso(now + timedelta(seconds=timeout + 60)), **run_labels()}
     try:
         created = client.api.create_container(
             config.image, ["sh", "-c", _SCRIPT, "pid-clone", inside, ref or "", scheme],
+            entrypoint=[], healthcheck={"test": ["NONE"]},   # (nothing of the image's runs: launch._create)
             user=config.user if config.user != "root" else "0:0", labels=labels, environment={"HOME": "/tmp"},
             network_disabled=scheme == "file",   # (a local path: no network at all, the faster start: launch.ETC_HOSTS)
             host_config=client.api.create_host_config(
                 network_mode="none" if scheme == "file" else "bridge", mounts=mounts, read_only=True,
-                tmpfs={CLONE_TMP: f"rw,nosuid,nodev,noexec,size={limit},mode=1777"},
+                tmpfs=tmpfs,
                 mem_limit=_memory(config.memory, limit), memswap_limit=_memory(config.memory, limit),
                 nano_cpus=int(config.cpus * 1e9),
                 pids_limit=config.pids_limit, security_opt=SECURITY_OPT, cap_drop=["ALL"],
@@ -181,6 +184,16 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
     finally:
         timer.cancel()
         force_remove(client, cid)
+
+
+def _image_volumes(client: docker.DockerClient, image: str) -> list[str]:
+    """The image's VOLUME paths: each gets an empty read-only tmpfs in the clone's container, where the engine would
+    make a volume of its own, on its storage, past every limit."""
+    try:
+        volumes = (client.api.inspect_image(image).get("Config") or {}).get("Volumes") or {}
+    except docker.errors.DockerException as exc:
+        raise SandboxError(f"cannot inspect {image!r}: {exc}") from exc
+    return sorted({"/" + os.path.normpath(path).lstrip("/") for path in volumes if path.startswith("/")})
 
 
 def clone_limit(config: SandboxConfig) -> int:

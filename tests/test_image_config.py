@@ -24,6 +24,7 @@ HOSTILE = (f"FROM {IMAGE}\n"
 
 def build(tmp_path, name: str, dockerfile: str) -> str:
     tag = f"pid-test-{name}:{RUN_ID.lower()}"
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "Dockerfile").write_text(dockerfile)
     subprocess.run(["docker", "build", "-q", "--network", "none", "-t", tag, str(tmp_path)], check=True,
                    capture_output=True, timeout=300)
@@ -77,5 +78,25 @@ def test_an_image_volume_pid_cannot_make_is_refused_as_the_image_s_fault(tmp_pat
     try:
         with pytest.raises(BadVolume, match=re.escape(said)):
             DockerSandbox.create(SandboxConfig(image=tag, job_id="test-image-config", runtime=RUNTIME))
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
+
+
+def test_a_clone_s_container_runs_nothing_of_the_image_s_either(tmp_path):
+    """An attacker's: the container that clones a git URL for the job ran the image's ENTRYPOINT (here one that never
+    lets the clone run) and HEALTHCHECK, and its VOLUMEs were the engine's, past every limit."""
+    source = tmp_path / "src"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(source)], check=True)
+    (source / "a.txt").write_text("cloned\n")
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(source), "add", "-A"], check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(source), "commit", "-qm", "c"],
+                   check=True)
+    tag = build(tmp_path / "image", "clone-config",
+                f"FROM {IMAGE}\nRUN mkdir /data\nVOLUME /data\nHEALTHCHECK --interval=1s CMD true\n"
+                'ENTRYPOINT ["/bin/sh", "-c", "echo the image took over; exit 3"]\n')
+    try:
+        with DockerSandbox.create(SandboxConfig(image=tag, job_id="test-image-config", runtime=RUNTIME)) as box:
+            box.import_git(f"file://{source}", None)
+            assert box.exec("cat a.txt", timeout=30).tail == b"cloned\n"
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
