@@ -15,7 +15,10 @@ import shlex
 from typing import Any
 
 HAZARDS = {"BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "CDPATH", "GLOBIGNORE", "BASH_XTRACEFD",
-           "PROMPT_COMMAND", "GCONV_PATH", "LOCPATH", "NLSPATH", "GLIBC_TUNABLES", "HOSTALIASES", "MALLOC_CONF"}
+           "PROMPT_COMMAND", "GCONV_PATH", "LOCPATH", "NLSPATH", "GLIBC_TUNABLES", "HOSTALIASES", "MALLOC_CONF",
+           # bash's own behaviour (emptied, each means its default): TMOUT ends an idle server's read, the others
+           # change what its functions and builtins do
+           "TMOUT", "FUNCNEST", "BASH_COMPAT", "EXECIGNORE"}
 HAZARD_PREFIXES = ("LD_", "BASH_FUNC_")
 NOT_CARRIED = {"SHELLOPTS", "BASHOPTS"}   # read-only in bash once it runs: emptied, never given back
 CARRIER = "PID_IMAGE_ENV"

@@ -294,8 +294,8 @@ def test_a_change_that_does_not_say_the_file_s_mode_is_dropped(tmp_path, header)
     """An attacker's: git apply keeps a file's own type where no mode is said, so a hunk over a link the workspace
     has retargets it (pid's git always says the mode)."""
     lines = [b"diff --git a/lnk b/lnk", *header, b"--- a/lnk", b"+++ b/lnk"]
-    forged = section(lines, hunk=b"@@ -1 +1 @@\n-target.txt\n\\ No newline at end of file\n+/root/.ssh/authorized_keys\n"
-                                 b"\\ No newline at end of file\n")
+    forged = section(lines, hunk=b"@@ -1 +1 @@\n-target.txt\n\\ No newline at end of file\n"
+                                 b"+/root/.ssh/authorized_keys\n\\ No newline at end of file\n")
     result, written = copy(tmp_path, GOOD1 + forged + GOOD2)
     assert written == GOOD1 + GOOD2
     assert reasons(result.dropped) == ["a change that does not say the file's mode (it could retarget a link)"]

@@ -100,3 +100,35 @@ def test_a_clone_s_container_runs_nothing_of_the_image_s_either(tmp_path):
             assert box.exec("cat a.txt", timeout=30).tail == b"cloned\n"
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
+
+
+def test_an_image_s_tmout_ends_no_server_of_pid_s(tmp_path):
+    """An attacker's: an image's ENV TMOUT=2 made bash end pid's idle root servers' reads, and so the servers. The
+    agent's own shells still get it."""
+    tag = build(tmp_path, "tmout", f"FROM {IMAGE}\nENV TMOUT=1\n")
+    try:
+        with DockerSandbox.create(SandboxConfig(image=tag, job_id="test-image-config", runtime=RUNTIME)) as box:
+            servers = "ps -eo args | grep -c '[c]hannel.sh'"
+            before = box.exec(servers, timeout=30).tail
+            time.sleep(2.5)
+            done = box.exec(f'echo "TMOUT=$TMOUT"; {servers}', timeout=30).tail.decode().split()
+            assert done == ["TMOUT=1", before.decode().strip()], (before, done)
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
+
+
+def test_an_image_s_pool_label_does_not_make_a_job_s_container_an_orphan_s(tmp_path):
+    """An attacker's: an image LABEL pid.pool naming a process that is gone was merged into the job's container's
+    labels, and the reaper of orphaned pools removed the running job's sandbox."""
+    from pid.jobs.identity import mark_gone, process_mark
+    host, pid_, identity = process_mark().split(":", 2)
+    gone = f"{host}:4999999:{identity}"
+    assert mark_gone(gone)
+    tag = build(tmp_path, "pool-label", f'FROM {IMAGE}\nLABEL pid.pool="{gone}"\n')
+    try:
+        with DockerSandbox.create(SandboxConfig(image=tag, job_id="test-image-config", runtime=RUNTIME)) as box:
+            # (what reaper.reap_orphan_pools judges, asked of this container alone: other tests' are not ours to reap)
+            labels = docker.from_env().api.inspect_container(box.container.id)["Config"]["Labels"]
+            assert labels["pid.pool"] == "" and not mark_gone(labels["pid.pool"])
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
