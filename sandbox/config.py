@@ -11,6 +11,7 @@ LABEL_OWNER = "pid.owner"      # which installation (PID_HOME) made it: `pid rea
 LABEL_ATTEMPT = "pid.attempt"  # which attempt of its job: a lost attempt's is removed, never the next one's
 LABEL_POOL = "pid.pool"        # a worker's warm pool made it: "host:pid:identity" of that worker process (its
 # pid.job is then `pool-...`; a job that takes it renames it, see taken_name)
+POOL_JOB_PREFIX = "pool-"      # a pool's container's pid.job (an image's own pid.pool label may be on a job's)
 
 AGENT_HOME = "/home/agent"
 DEFAULT_USER = "1000:1000"

@@ -398,8 +398,7 @@ def _create(box: Container, command: list[str], now: datetime, ttl: int, options
             labels={LABEL_JOB: config.job_id, LABEL_CREATED: _iso(now),
                     LABEL_EXPIRES: _iso(now + timedelta(seconds=ttl)),
                     LABEL_OWNER: config.owner or owner_label(_pid_home()),
-                    LABEL_ATTEMPT: str(config.attempt), LABEL_POOL: config.pool,   # ("" for a job's: an image's
-                    # own pid.pool label would otherwise be merged in, and the reaper take the job's for an orphan's)
+                    LABEL_ATTEMPT: str(config.attempt), **({LABEL_POOL: config.pool} if config.pool else {}),
                     **run_labels()},
             mem_limit=config.memory, memswap_limit=config.memory,
             nano_cpus=int(config.cpus * 1e9), pids_limit=host_tasks,

@@ -16,7 +16,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from .config import LABEL_ATTEMPT, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, LABEL_POOL, taken_name
+from .config import LABEL_ATTEMPT, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, LABEL_POOL, POOL_JOB_PREFIX, taken_name
 from .docker_client import connect
 from pid import settings
 
@@ -111,8 +111,11 @@ def reap_orphan_pools(owner: str | None, client: docker.DockerClient | None = No
     from pid.jobs.identity import mark_gone
     client = connect(client)
     labels = [LABEL_POOL] + ([f"{LABEL_OWNER}={owner}"] if owner is not None else [])
+    # (a pool's containers are the ones whose job is the pool's own, `pool-…`, which only pid sets: an image's own
+    # pid.pool label is merged into its job's container's labels)
     orphans = [c["Id"] for c in list_containers(client, labels)
-               if mark_gone(str((c.get("Labels") or {}).get(LABEL_POOL, "")))]
+               if str((c.get("Labels") or {}).get(LABEL_JOB, "")).startswith(POOL_JOB_PREFIX)
+               and mark_gone(str((c.get("Labels") or {}).get(LABEL_POOL, "")))]
     return [container_id for container_id in orphans if force_remove(client, container_id)]
 
 

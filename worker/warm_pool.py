@@ -42,7 +42,7 @@ import requests.exceptions
 
 from pid.jobs.identity import process_mark
 from pid.sandbox import DockerProvider, DockerSandbox, SandboxConfig
-from pid.sandbox.config import taken_name
+from pid.sandbox.config import POOL_JOB_PREFIX, taken_name
 from pid.sandbox.processes import cgroup_dir, read_small
 from pid.settings import PoolSizes
 
@@ -197,7 +197,7 @@ class WarmPool:
                 if key is not None:
                     wanted = self._classes[key]
                     wanted.creating = True
-                    config = dataclasses.replace(wanted.template, job_id=f"pool-{uuid.uuid4().hex[:12]}",
+                    config = dataclasses.replace(wanted.template, job_id=f"{POOL_JOB_PREFIX}{uuid.uuid4().hex[:12]}",
                                                  attempt=0, ttl_s=wanted.ttl_s + self.idle_s + SPARE_S,
                                                  pool=self.identity)
             for sandbox in closing:
