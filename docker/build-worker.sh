@@ -53,7 +53,12 @@ trap 'rm -f "$constraints"' EXIT
   --platform "manylinux2014_$arch" --platform "manylinux_2_17_$arch" --platform "manylinux_2_28_$arch" \
   -c "$constraints" pip "$pidwheel" flower >&2
 echo "building $image from $base (no network) ..." >&2
+previous=$(docker image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)
 docker build -q --network none --build-arg BASE="$base" --label pid.source="$source" -t "$image" \
   -f docker/Dockerfile.worker . >&2
+# The image it replaces, now untagged, goes (one per build would pile up, ~240 MB each); kept while a container uses it.
+if [ -n "$previous" ] && [ "$(docker image inspect -f '{{len .RepoTags}}' "$previous" 2>/dev/null)" = 0 ]; then
+  docker rmi "$previous" >/dev/null 2>&1 || true
+fi
 find "$wheels" -name '*.whl' -delete
 echo "$image"
