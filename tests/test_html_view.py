@@ -141,6 +141,19 @@ def test_a_write_over_a_file_is_never_shown_as_a_new_file(tmp_path):
     assert "written whole: 1 line (" in text   # after an edit, what was there is not known whole
 
 
+def test_the_collected_files_and_what_was_left_out_are_on_the_page(tmp_path):
+    """A new user's: only `pid result` said which --file was missing or which patch section was dropped."""
+    result = {"id": "j", "status": "completed", "exit_reason": "stop",
+              "artifacts": {"patch": "patch.diff", "files": ["files/workspace/notes.txt"],
+                            "refused": [{"path": "/nope", "reason": "not found", "artifact": "files"},
+                                        {"path": "<b>x</b>", "reason": "symlink", "artifact": "patch"}]}}
+    text = render_job(str(write_job(tmp_path / "job", result, simple_session(["c1"]), patch=None)))
+    assert_inert(text)
+    assert "collected: <code>files/workspace/notes.txt</code>" in text
+    assert "<li><code>/nope</code> <span class=\"dim\">(files)</span>: not found</li>" in text
+    assert "<code>&lt;b&gt;x&lt;/b&gt;</code> <span class=\"dim\">(patch)</span>: symlink" in text
+
+
 def test_thinking_compaction_branches_and_torn_lines(tmp_path):
     text = job_page(tmp_path)
     assert '<details class="thinking"><summary>thinking</summary>' in text

@@ -178,6 +178,30 @@ def check_html(check: Any, limits: Limits) -> str:
     return head
 
 
+ARTIFACTS_LISTED = 50   # collected files and refusals shown (each list), the rest counted
+
+
+def artifacts_html(artifacts: dict[str, Any], limits: Limits) -> str:
+    """The files collected (--file) and what was left out of the patch or the files, with why (a new user's: the page
+    showed neither, only `pid result` did)."""
+    files = [f for f in artifacts.get("files") or [] if isinstance(f, str)]
+    refused = [r for r in artifacts.get("refused") or [] if isinstance(r, dict)]
+    parts = []
+    if files:
+        shown = ", ".join(f"<code>{esc(clip(f, 300)[0])}</code>" for f in files[:ARTIFACTS_LISTED])
+        parts.append(f"<div>collected: {shown}{_more(len(files))}</div>")
+    if refused:
+        items = "".join(f'<li><code>{esc(clip(str(r.get("path", "?")), 300)[0])}</code> '
+                        f'<span class="dim">({esc(str(r.get("artifact", "")))})</span>: '
+                        f'{esc(clip(str(r.get("reason", "")), 500)[0])}</li>' for r in refused[:ARTIFACTS_LISTED])
+        parts.append(f'<div class="warn">left out:</div><ul class="refused">{items}</ul>{_more(len(refused))}')
+    return "".join(parts)
+
+
+def _more(count: int) -> str:
+    return f' <span class="dim">and {count - ARTIFACTS_LISTED:,} more</span>' if count > ARTIFACTS_LISTED else ""
+
+
 def header_html(result: dict[str, Any], limits: Limits, relatives: str = "") -> str:
     """The result's facts; `relatives`: rows (dt, dd) of the jobs it is related to, first."""
     usage = as_dict(result.get("usage"))
@@ -196,6 +220,9 @@ def header_html(result: dict[str, Any], limits: Limits, relatives: str = "") -> 
     ]
     if "check" in result:
         rows.append(("check", check_html(result.get("check"), limits) or '<span class="dim">—</span>'))
+    left_out = artifacts_html(as_dict(result.get("artifacts")), limits)
+    if left_out:
+        rows.append(("artifacts", left_out))
     for key in ("repo", "image", "started_at", "finished_at"):
         if result.get(key):
             rows.append((key.replace("_", " "), esc(result[key])))
