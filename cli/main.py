@@ -18,7 +18,7 @@ import click
 import pid.cli as cli_package
 from pid import settings
 from pid.costs import format_cost
-from pid.config import HomeUnusable, ensure_pid_home, pid_home
+from pid.config import check_ready, pid_home
 from pid.cli.ids import JOB_ID, NoSuchJob
 from pid.cli.options import (MAX_WORKSPACE_OPTION, QUEUE_OPTION, EnvOption, Number, PoolSpec, QueueName, Url,
                              job_options)
@@ -56,9 +56,8 @@ def before_command() -> None:
     it cannot be, an unusable PID_HOME (where every command keeps its state). Either stops it before it does
     anything, in one line (BadInput)."""
     try:
-        settings.check()
-        ensure_pid_home()
-    except (PidError, HomeUnusable) as exc:
+        check_ready()
+    except PidError as exc:
         raise BadInput(str(exc)) from None
 
 

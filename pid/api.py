@@ -485,15 +485,9 @@ def _params(command_name: str, arguments: list[str], options: dict[str, Any], cl
 
 
 def _ready() -> None:
-    """What every `pid` command checks before it does anything (pid.cli.main.before_command): PID_* settings that
-    are what they cannot be (BadSetting, a PidError), an unusable PID_HOME."""
-    from pid import settings
-    from pid.config import HomeUnusable, ensure_pid_home
-    settings.check()
-    try:
-        ensure_pid_home()
-    except HomeUnusable as exc:
-        raise PidError(str(exc)) from None
+    """What every `pid` command checks before it does anything (pid.config.check_ready)."""
+    from pid.config import check_ready
+    check_ready()
 
 
 

@@ -8,6 +8,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pid import settings
+from pid.errors import PidError
 
 # `--api` / PID_API name -> the wire format the providers speak (pid/providers keys its implementations by these).
 API_NAMES = {"openai": "openai-completions", "anthropic": "anthropic-messages"}
@@ -60,6 +61,17 @@ def ensure_pid_home() -> str:
         raise HomeUnusable(f"PID_HOME {home} is not a writable directory ({exc.strerror or exc}); "
                            f"set PID_HOME to one") from None
     return home
+
+
+def check_ready() -> None:
+    """What every command, and every call of the Python API, checks before it does anything: PID_* settings that are
+    what they cannot be (BadSetting), an unusable PID_HOME (where every command keeps its state). A PidError, one
+    line."""
+    settings.check()
+    try:
+        ensure_pid_home()
+    except HomeUnusable as exc:
+        raise PidError(str(exc)) from None
 
 
 @dataclass
