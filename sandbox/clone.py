@@ -29,11 +29,12 @@ from urllib.parse import urlsplit
 import docker
 import docker.errors
 
-from .config import LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, SandboxConfig
+from .config import IMAGE_RUNS_NOTHING, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, SandboxConfig
 from .disk import parse_size
 from .errors import BadWorkspace, SandboxError
 from .reaper import force_remove, run_labels
 from .seccomp import SECURITY_OPT
+from .volumes import volume_paths
 from .workspace import check_git_source
 
 CLONE_TMP = "/tmp"            # the clone's only writable place: a tmpfs of clone_limit() bytes
@@ -126,14 +127,15 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
         inside = f"file://{SOURCE_MOUNT}"
     limit = clone_limit(config)
     tmpfs = {CLONE_TMP: f"rw,nosuid,nodev,noexec,size={limit},mode=1777"}
-    tmpfs.update({path: "ro,size=4k,mode=755" for path in _image_volumes(client, config.image) if path not in tmpfs})
+    tmpfs.update({path: "ro,size=4k,mode=755" for path in _image_volumes(client, config.image)
+                  if path.startswith("/") and path not in tmpfs})
     now = datetime.now(timezone.utc)
     labels = {LABEL_JOB: config.job_id, LABEL_OWNER: config.owner, LABEL_CREATED: _iso(now),
               LABEL_EXPIRES: _iso(now + timedelta(seconds=timeout + 60)), **run_labels()}
     try:
         created = client.api.create_container(
             config.image, ["sh", "-c", _SCRIPT, "pid-clone", inside, ref or "", scheme],
-            entrypoint=[], healthcheck={"test": ["NONE"]},   # (nothing of the image's runs: launch._create)
+            **IMAGE_RUNS_NOTHING,
             user=config.user if config.user != "root" else "0:0", labels=labels, environment={"HOME": "/tmp"},
             network_disabled=scheme == "file",   # (a local path: no network at all, the faster start: launch.ETC_HOSTS)
             host_config=client.api.create_host_config(
@@ -190,10 +192,9 @@ def _image_volumes(client: docker.DockerClient, image: str) -> list[str]:
     """The image's VOLUME paths: each gets an empty read-only tmpfs in the clone's container, where the engine would
     make a volume of its own, on its storage, past every limit."""
     try:
-        volumes = (client.api.inspect_image(image).get("Config") or {}).get("Volumes") or {}
+        return volume_paths(client.api.inspect_image(image))
     except docker.errors.DockerException as exc:
         raise SandboxError(f"cannot inspect {image!r}: {exc}") from exc
-    return sorted({"/" + os.path.normpath(path).lstrip("/") for path in volumes if path.startswith("/")})
 
 
 def clone_limit(config: SandboxConfig) -> int:

@@ -11,6 +11,9 @@ LABEL_OWNER = "pid.owner"      # which installation (PID_HOME) made it: `pid rea
 LABEL_ATTEMPT = "pid.attempt"  # which attempt of its job: a lost attempt's is removed, never the next one's
 LABEL_POOL = "pid.pool"        # a worker's warm pool made it: "host:pid:identity" of that worker process (its
 # pid.job is then `pool-...`; a job that takes it renames it, see taken_name)
+# Nothing of an image's configuration runs but what pid starts (every container pid creates from a job's image): an
+# ENTRYPOINT would run as root before pid, a HEALTHCHECK as root beside the agent, with its files.
+IMAGE_RUNS_NOTHING = {"entrypoint": [], "healthcheck": {"test": ["NONE"]}}
 POOL_JOB_PREFIX = "pool-"      # a pool's container's pid.job (an image's own pid.pool label may be on a job's)
 
 AGENT_HOME = "/home/agent"

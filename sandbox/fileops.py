@@ -57,8 +57,8 @@ _TRUNCATE = """{ : >"$f"; } 2>/dev/null || { [ -e "$f" ] && { [ -w "$f" ] && exi
 # gVisor's stat of a file on a full disk fails with EINVAL, where wc still counts it.)
 _CHECK_ROOM = """h=0; [ -f "$f" ] && h=$(stat -c %%s -- "$f" 2>/dev/null || wc -c <"$f" 2>/dev/null || echo 0)
 r=$(stat -f -c '%%a %%S' -- "${d:-/}/" 2>/dev/null) && set -- "${1-}" $r && \
-  [ $((%d + ROOM_SLACK)) -gt $(($2 * $3 + h)) ] && exit 95
-""".replace("ROOM_SLACK", str(64 << 10))
+  [ $((%d + 65536)) -gt $(($2 * $3 + h)) ] && exit 95
+"""   # (64 KiB of slack: blocks the new content's extents may take besides its own)
 ROOM_MARGIN = 1 << 20   # free bytes past a write's size under which the host asks for _CHECK_ROOM
 
 

@@ -21,8 +21,8 @@ import requests.exceptions
 from docker.types import Mount, Ulimit
 
 from .channel import PID_DIR, RUN_DIR, Channel, PipeLink, entry_command
-from .config import (AGENT_HOME, BASE_ENV, LABEL_ATTEMPT, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER,
-                     LABEL_POOL, SandboxConfig, parse_user)
+from .config import (AGENT_HOME, BASE_ENV, IMAGE_RUNS_NOTHING, LABEL_ATTEMPT, LABEL_CREATED, LABEL_EXPIRES,
+                     LABEL_JOB, LABEL_OWNER, LABEL_POOL, SandboxConfig, parse_user)
 from .disk import DiskError, JobDisk, disks_supported
 from .docker_client import connect, ensure_image
 from .errors import SandboxError
@@ -392,8 +392,7 @@ def _create(box: Container, command: list[str], now: datetime, ttl: int, options
         container = box.client.containers.create(
             box.image_id, command, environment=box.env,
             auto_remove=True, init=True, user="0:0",
-            entrypoint=[], healthcheck={"test": ["NONE"]},   # nothing of the image's runs but what pid starts: an
-            # ENTRYPOINT would run as root before pid, a HEALTHCHECK as root beside the agent, with its files
+            **IMAGE_RUNS_NOTHING,
             log_config={"type": "none"},   # nothing of the container's is logged by the engine (nor fills its disk)
             labels={LABEL_JOB: config.job_id, LABEL_CREATED: _iso(now),
                     LABEL_EXPIRES: _iso(now + timedelta(seconds=ttl)),

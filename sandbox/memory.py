@@ -15,7 +15,7 @@ import os
 import threading
 
 from .launch import Container
-from .processes import cgroup_dir
+from .processes import cgroup_dir, engine_cgroup_dirs
 
 OUT_OF_MEMORY = ("the container ran out of memory: the kernel killed processes to free memory (its --memory limit; "
                  "files in /dev/shm count against it)")
@@ -34,9 +34,7 @@ def _oom_kills(fd: int) -> int:
 
 def _open_counter(container: Container) -> int | None:
     """An open descriptor of the container's memory.events (v2) or memory.oom_control (v1), or None."""
-    dirs = [f"{root}/{name}" for root in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup")
-            for name in (f"docker/{container.id}", f"system.slice/docker-{container.id}.scope")]
-    fd = _first_counter(dirs)
+    fd = _first_counter(engine_cgroup_dirs(container.id, "memory"))
     if fd is None:   # (elsewhere: where the container's first process is, which costs an engine request)
         init_pid = container.init_pid()
         try:

@@ -50,6 +50,13 @@ def cgroup_dir(init_pid: int, controller: str) -> str | None:
     return None
 
 
+def engine_cgroup_dirs(container_id: str, controller: str) -> list[str]:
+    """Where the engine's cgroup drivers put a container's cgroup for `controller` (v1's, then v2's unified one),
+    cgroupfs's and systemd's: looked at before the container's first process is asked for (an engine request)."""
+    return [f"{root}/{name}" for root in (f"/sys/fs/cgroup/{controller}", "/sys/fs/cgroup")
+            for name in (f"docker/{container_id}", f"system.slice/docker-{container_id}.scope")]
+
+
 def _cgroup_procs_file(init_pid: int) -> str | None:
     """The host path of the cgroup.procs that holds the container's processes (cgroup v1 pids controller, or v2)."""
     where = cgroup_dir(init_pid, "pids")
@@ -72,8 +79,7 @@ class ProcessGauge:
     def open(cls, container_id: str, init_pid: int | None = None) -> "ProcessGauge | None":
         """The gauge of a container by the engine's usual cgroup paths, else (given its first process) by where
         that process is; None if neither is readable."""
-        dirs = [f"{root}/{name}" for root in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")
-                for name in (f"docker/{container_id}", f"system.slice/docker-{container_id}.scope")]
+        dirs = engine_cgroup_dirs(container_id, "pids")
         if init_pid:
             try:
                 procs = _cgroup_procs_file(init_pid)

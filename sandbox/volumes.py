@@ -39,25 +39,31 @@ def image_volumes(inspected: dict[str, Any], image: str, trees: tuple[str, ...])
     except ImageFSError:   # (another storage driver: nothing to look at, nothing owned but by root)
         layers = None
     volumes: list[Volume] = []
-    for path in sorted((inspected.get("Config") or {}).get("Volumes") or {}):
+    for path in volume_paths(inspected):
         target = _target(path, trees)
-        if target is not None and all(v.target != target for v in volumes):
+        if target is not None:
             volumes.append(_as_in_image(target, layers))
     return volumes
 
 
+def volume_paths(inspected: dict[str, Any]) -> list[str]:
+    """The image's VOLUME paths (an image inspect's Config.Volumes), normalised as the engine does, each once; a
+    relative one (no engine takes it) as it is, for the refusal to name."""
+    paths = {"/" + posixpath.normpath(p).lstrip("/") if p.startswith("/") else p   # (normpath keeps a leading "//")
+             for p in (inspected.get("Config") or {}).get("Volumes") or {}}
+    return sorted(paths)
+
+
 def _target(path: str, trees: tuple[str, ...]) -> str | None:
-    """Where the volume goes, normalised; None for the top of one of `trees`; BadVolume where it cannot be."""
-    norm = posixpath.normpath(path) if path.startswith("/") else ""
-    norm = "/" + norm.lstrip("/") if norm else norm   # (normpath keeps a leading "//")
-    if norm in trees:
+    """Where the volume goes; None for the top of one of `trees`; BadVolume where it cannot be."""
+    if path in trees:
         return None
-    inside = [tree for tree in trees if norm.startswith(tree.rstrip("/") + "/")]
+    inside = [tree for tree in trees if path.startswith(tree.rstrip("/") + "/")]
     if inside:
         raise BadVolume(f"the image declares VOLUME {path}, inside {inside[0]}, which pid gives the job itself; "
                         "remove the VOLUME from the image")
     try:
-        return check_workdir(norm)
+        return check_workdir(path)
     except ValueError:
         raise BadVolume(f"the image declares VOLUME {path}: pid makes every volume a directory of the job's disk, "
                         "which it cannot be in a system directory or pid's own; remove it from the image") from None
