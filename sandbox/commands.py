@@ -293,7 +293,7 @@ class Commands:
                 raise SandboxLost(f"the sandbox container is gone: {OUT_OF_MEMORY}") from exc
             raise lost
         if out_of_memory:
-            raise type(exc)(f"pid's server for this call was lost: {OUT_OF_MEMORY}") from exc
+            raise SandboxError(f"pid's server for this call was lost: {OUT_OF_MEMORY}") from exc
 
     def _end_unkilled(self, channel: Channel, pgid: int, collect: Callable[[Channel, float], Any]) -> Any:
         """A command still unreported KILL_GRACE_S after the SIGKILL of its group. Its group is killed again: if
