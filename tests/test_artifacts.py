@@ -158,6 +158,18 @@ def copy(tmp_path, patch: bytes, max_bytes: int = 10 << 20, chunk: int | None = 
     return result, dest.read_bytes()
 
 
+def git_applied(tmp_path, name: str, patch: bytes, link: tuple[str, str] | None = None):
+    """What git apply makes of `patch` in a fresh repository (holding the symlink `link`, name -> target, if given):
+    the filter is judged by what git itself would make, before it and after it."""
+    work = tmp_path / name
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    if link is not None:
+        os.symlink(link[1], work / link[0])
+    (work / "p.patch").write_bytes(patch)
+    subprocess.run(["git", "-C", str(work), "apply", "--allow-empty", "p.patch"], check=True, capture_output=True)
+    return work
+
+
 @pytest.mark.parametrize("chunk", CHUNK_SIZES)
 def test_forged_sections_are_dropped_and_good_ones_kept_byte_for_byte(tmp_path, chunk):
     result, written = copy(tmp_path, GOOD1 + FORGED_HOOK + ESCAPE + ANSI + GOOD2, chunk=chunk)
@@ -222,15 +234,12 @@ def test_renames_and_copies_are_dropped_whatever_their_names(tmp_path):
                                                           ("caf\u00e9 copy.txt", artifacts.RENAMED)]
 
 
-def test_git_makes_a_link_of_a_forged_copy_of_one(tmp_path):
+def test_a_forged_copy_of_a_link_makes_no_link_once_filtered(tmp_path):
     """Why: git apply copies a link as a link, and the section has no mode line to judge."""
-    work = tmp_path / "work"
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
-    os.symlink("/etc/passwd", work / "link")
-    (work / "copy.patch").write_bytes(b"diff --git a/link b/evil\nsimilarity index 100%\ncopy from link\n"
-                                      b"copy to evil\n")
-    subprocess.run(["git", "-C", str(work), "apply", "copy.patch"], check=True, capture_output=True)
-    assert (work / "evil").is_symlink()
+    forged = b"diff --git a/link b/evil\nsimilarity index 100%\ncopy from link\ncopy to evil\n"
+    assert (git_applied(tmp_path, "raw", forged, ("link", "/etc/passwd")) / "evil").is_symlink()
+    _, written = copy(tmp_path, forged)
+    assert not os.path.lexists(git_applied(tmp_path, "filtered", written, ("link", "/etc/passwd")) / "evil")
 
 
 @pytest.mark.parametrize("line, reason", [
@@ -299,12 +308,10 @@ def test_a_change_that_does_not_say_the_file_s_mode_is_dropped(tmp_path, header)
     result, written = copy(tmp_path, GOOD1 + forged + GOOD2)
     assert written == GOOD1 + GOOD2
     assert reasons(result.dropped) == ["a change that does not say the file's mode (it could retarget a link)"]
-    work = tmp_path / "work"   # (what git makes of it)
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
-    os.symlink("target.txt", work / "lnk")
-    (work / "forged.patch").write_bytes(forged)
-    subprocess.run(["git", "-C", str(work), "apply", "forged.patch"], check=True, capture_output=True)
-    assert os.readlink(work / "lnk") == "/root/.ssh/authorized_keys"
+    link = ("lnk", "target.txt")
+    assert os.readlink(git_applied(tmp_path, "raw", forged, link) / "lnk") == "/root/.ssh/authorized_keys"
+    _, alone = copy(tmp_path, forged)
+    assert os.readlink(git_applied(tmp_path, "filtered", alone, link) / "lnk") == "target.txt"
 
 
 def test_symlinks_in_the_patch_are_dropped(tmp_path):
@@ -335,15 +342,13 @@ def test_a_mode_of_no_regular_file_is_dropped_however_it_is_written(tmp_path, mo
     assert [(s.path, s.reason) for s in result.dropped] == [("evil", reason), ("old", reason)]
 
 
-def test_git_makes_a_symlink_of_a_mode_120755(tmp_path):
+def test_a_link_written_120755_is_made_by_git_and_not_once_filtered(tmp_path):
     """Why the type bits are judged: git apply itself reads 120755 as a symlink."""
-    work = tmp_path / "work"
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
-    (work / "evil.patch").write_bytes(b"diff --git a/evil b/evil\nnew file mode 120755\nindex 0000000..6666666\n"
-                                      b"--- /dev/null\n+++ b/evil\n@@ -0,0 +1 @@\n+/etc/passwd\n"
-                                      b"\\ No newline at end of file\n")
-    subprocess.run(["git", "-C", str(work), "apply", "evil.patch"], check=True, capture_output=True)
-    assert (work / "evil").is_symlink() and os.readlink(work / "evil") == "/etc/passwd"
+    forged = (b"diff --git a/evil b/evil\nnew file mode 120755\nindex 0000000..6666666\n--- /dev/null\n+++ b/evil\n"
+              b"@@ -0,0 +1 @@\n+/etc/passwd\n\\ No newline at end of file\n")
+    assert os.readlink(git_applied(tmp_path, "raw", forged) / "evil") == "/etc/passwd"
+    _, written = copy(tmp_path, forged)
+    assert not os.path.lexists(git_applied(tmp_path, "filtered", written) / "evil")
 
 
 def test_a_regular_file_s_modes_pass(tmp_path):
