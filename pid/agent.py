@@ -34,11 +34,13 @@ from pid.tools.registry import ToolRegistry
 LENGTH_STOP_TOOL_ERROR = ('Tool call "{name}" was not executed: the response hit the output token limit, so its '
                           'arguments may be truncated. Re-issue the tool call with complete arguments.')
 # The most tool calls one reply runs: what they return is held together, and a reply of 4 MiB holds ~46,000 `read`s
-# (an attack review's endpoint made 4,000 take 1.1 GB). Far more than a model asks for at once; the rest are answered,
-# not run, and the model may ask again.
+# (an attack review's endpoint made 4,000 take 1.1 GB). Far more than a model asks for at once. The first call past
+# them is answered, not run; any after it are left out of the transcript (an endpoint that sent 40,000 a turn grew a
+# job's memory by ~50 MB a turn with their answers), and the model may ask again.
 MAX_CALLS_PER_REPLY = 64
-TOO_MANY_CALLS_ERROR = ('Tool call "{name}" was not executed: one response may make at most {limit} tool calls. '
-                        'Re-issue it in your next response if it is still needed.')
+TOO_MANY_CALLS_ERROR = ('Tool call "{name}" was not executed: one response may make at most {limit} tool calls, and '
+                        'this one made {made}: this call and the ones after it did not run (those after it are left '
+                        'out of the conversation). Re-issue what is still needed in your next response.')
 OVERFLOW_ERROR = ("the conversation is too long for the model's context window ({detail}); try a model with a larger "
                   "window, or set --context-window to the window the server really has")
 
@@ -106,6 +108,7 @@ class Agent:
         self._sent: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()   # controls' `sent`, for the next to emit
         self._ended = False
         self._pool = ThreadPoolExecutor(max_parallel_tools, thread_name_prefix="pid-tool")
+        self._calls_made = 0   # by the last reply, before _keep_calls
 
     # -- controls (any thread) --------------------------------------------------------------------------------------
     def load_history(self, entries: list[tuple[str | None, Message]],
@@ -270,6 +273,7 @@ class Agent:
             reply.usage = price(estimate_usage(get_counter(), self.system_prompt, context, reply, self.tools.specs()),
                                 self.provider.config)
         out.usage.add(reply.usage)
+        self._calls_made = _keep_calls(reply, MAX_CALLS_PER_REPLY + 1)
         self._add(reply)
         return reply
 
@@ -330,7 +334,7 @@ class Agent:
                     for c in calls]
         calls, refused = calls[:MAX_CALLS_PER_REPLY], calls[MAX_CALLS_PER_REPLY:]
         too_many = [self._result_message(c, ToolResult.error(TOO_MANY_CALLS_ERROR.format(
-            name=c.name, limit=MAX_CALLS_PER_REPLY))) for c in refused]
+            name=c.name, limit=MAX_CALLS_PER_REPLY, made=self._calls_made))) for c in refused]
         if len(calls) == 1:
             return [self._run_tool(calls[0])] + too_many
         return list(self._pool.map(self._run_tool, calls)) + too_many  # map keeps the order of the model's calls
@@ -429,3 +433,19 @@ def _drain(pending: "queue.SimpleQueue[str]", kind: ev.ControlKind) -> list[tupl
     while not pending.empty():
         texts.append((kind, pending.get()))
     return texts
+
+
+def _keep_calls(reply: AssistantMessage, most: int) -> int:
+    """Leave at most `most` tool calls in `reply` (its other content stays, in order); how many it made."""
+    made = len(reply.tool_calls)
+    if made > most:
+        kept = 0
+        content = []
+        for block in reply.content:
+            if isinstance(block, ToolCall):
+                kept += 1
+                if kept > most:
+                    continue
+            content.append(block)
+        reply.content = content
+    return made
