@@ -1014,3 +1014,19 @@ def test_token_counts_are_made_sane(api: str, count: str, expected: int) -> None
 def test_a_cost_an_older_record_holds_is_printed_whatever_it_is() -> None:
     from pid.costs import format_cost
     assert [format_cost(x) for x in (-87.5, float("nan"), float("inf"), 0.5)] == ["$-87.5", "$nan", "$inf", "$0.50"]
+
+
+@pytest.mark.parametrize("api", [OPENAI, ANTHROPIC])
+def test_an_api_key_the_server_echoes_in_its_error_is_not_recorded(api: str) -> None:
+    """Gateways quote the Authorization header in a 401 ("Incorrect API key provided: Bearer sk-…"): that text went
+    into stderr, result.json, the session and the job store as it was (an attack review's). The key is replaced."""
+    key = "sk-SECRET-KEY-123456"
+    said = {"message": f"Incorrect API key provided: Bearer {key}"}
+    with ScriptedLLM([{"error": {"status": 503, "body": {"error": said}}},   # (retried: a notice first)
+                      {"error": {"status": 401, "body": {"error": said}}}]) as llm:
+        notices: list[Any] = []
+        reply = provider(llm, api, api_key=key, max_retries=1, retry_base_s=0.01).stream(
+            "", HELLO, [], on_retry=notices.append)
+    assert reply.stop_reason == "error" and "Incorrect API key provided: Bearer [the API key]" in reply.error_message
+    assert len(notices) == 1 and "Bearer [the API key]" in notices[0].error
+    assert key not in reply.error_message and key not in notices[0].error

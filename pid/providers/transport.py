@@ -668,6 +668,8 @@ class StreamingProvider:
                     reply.fail(EMPTY_MESSAGE, retry=retry.EMPTY)
                 elif reply.error is None and not reply.finished:
                     reply.fail(UNFINISHED_MESSAGE, retry=retry.STREAM_BROKE)
+                if reply.error is not None:
+                    reply.error = self._without_key(reply.error)
                 if reply.error is None or reply.aborted or reply.retry is None:
                     return self._finish(reply)
                 now = retry.clock()
@@ -688,6 +690,12 @@ class StreamingProvider:
         except Exception as exc:  # noqa: BLE001 - the seam never raises
             reply.fail(f"internal error in the {self.label} provider: {type(exc).__name__}: {exc}")
         return self._finish(reply)
+
+    def _without_key(self, text: str) -> str:
+        """A server's error text, with the job's own API key, should the server echo it (gateways and proxies that
+        quote the Authorization header do), replaced: the text goes into the log, the events and result.json."""
+        key = self.config.api_key
+        return text.replace(key, "[the API key]") if key and len(key) >= 8 else text
 
     def _finish(self, reply: StreamReply) -> AssistantMessage:
         """The reply as a message; should what the server sent break even that, a failed message that says so, with
