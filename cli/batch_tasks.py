@@ -113,6 +113,9 @@ def parse(lines: Iterable[str], base: str | None, allow_outside: bool = False) -
         except ValueError as exc:
             errors.append(f"line {number}: not JSON ({exc})")
             continue
+        except RecursionError:
+            errors.append(f"line {number}: not JSON pid reads (nested too deeply)")
+            continue
         if not isinstance(data, dict):
             errors.append(f"line {number}: not a JSON object")
             continue

@@ -5,7 +5,10 @@ Each value is checked as it is parsed, so a bad one is refused (exit 2, one line
 from __future__ import annotations
 
 import math
+import os
 import re
+import select
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -234,6 +237,34 @@ class PoolSpec(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+PROMPT_READ_S = 10.0   # a prompt file that is a pipe (`<(…)`) has this long to send all of it
+
+
+def read_within(path: str, limit: int, timeout_s: float) -> bytes:
+    """At most `limit` bytes of `path`, within `timeout_s`: a FIFO (a tasks file may name one) is opened without
+    waiting for a writer and read with a deadline, never hanging the command. TimeoutError past it; OSError."""
+    deadline = time.monotonic() + timeout_s
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        chunks: list[bytes] = []
+        size = 0
+        while size < limit:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError(path)
+            try:
+                chunk = os.read(fd, min(limit - size, 1 << 16))
+            except BlockingIOError:
+                continue
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 class PromptFile(click.ParamType):
     """A file on this machine whose text goes into the job's spec (the worker may be on another machine): read now,
     UTF-8, at most pid.prompt.MAX_SYSTEM_PROMPT_BYTES, not empty."""
@@ -245,8 +276,10 @@ class PromptFile(click.ParamType):
         from pid.prompt import MAX_SYSTEM_PROMPT_BYTES
         path = str(value)
         try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_SYSTEM_PROMPT_BYTES + 1)
+            data = read_within(path, MAX_SYSTEM_PROMPT_BYTES + 1, PROMPT_READ_S)
+        except TimeoutError:
+            self.fail(f"cannot read {path}: nothing came from it within {PROMPT_READ_S:g} s (a FIFO no one "
+                      "writes?)", param, ctx)
         except OSError as exc:
             self.fail(f"cannot read {path}: {exc.strerror or exc}", param, ctx)
         if len(data) > MAX_SYSTEM_PROMPT_BYTES:

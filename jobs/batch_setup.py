@@ -294,31 +294,76 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:59] + "…"
 
 
+# A tasks file is read a line at a time, each line bounded: a task is at most 1 MiB (jobs/spec.py), and its line is
+# JSON, where an escaped character takes up to six bytes. The file as a whole is bounded too (its items are held):
+# /dev/zero or an endless stdin given as one is refused, not read into memory without end.
+TASKS_LINE_MAX = 8 << 20
+TASKS_FILE_MAX = 512 << 20
+
+
 def read_items(tasks: str, allow_outside: bool) -> tuple[list[Item], list[str]]:
     """Every line read and parsed, its paths relative to the tasks file's directory (batch_tasks.local_path); the
     bad ones are reported with the others build_specs finds."""
     try:
         if tasks == "-":   # (a stdin replaced by a text stream, as in a notebook, has no bytes underneath)
             stdin = sys.stdin
-            raw = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogatepass")
+            lines, too_long = _lines(stdin.buffer if hasattr(stdin, "buffer") else _Encoded(stdin), tasks)
         else:
             with open(os.path.expanduser(tasks), "rb") as f:
-                raw = f.read()
+                lines, too_long = _lines(f, tasks)
     except OSError as exc:
         raise PidError(f"cannot read {tasks}: {exc.strerror or exc}") from None
-    raw = raw.removeprefix(b"\xef\xbb\xbf")   # a byte order mark (some editors write one) is not part of line 1
-    try:
-        lines = raw.decode("utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise PidError(f"cannot read {tasks}: line {line}: not UTF-8 (byte {raw[exc.start]:#04x}: {exc.reason})"
-                       ) from None
     base = None if tasks == "-" else os.path.dirname(os.path.abspath(os.path.expanduser(tasks)))
     from pid.cli.batch_tasks import parse
     parsed = parse(lines, base, allow_outside)
-    if not parsed.items and not parsed.errors:
+    errors = parsed.errors + [f"line {n}: longer than {_mib(TASKS_LINE_MAX)} (a task is at most 1 MiB)"
+                              for n in too_long]
+    if not parsed.items and not errors:
         raise PidError(f"{tasks}: no tasks")
-    return parsed.items, parsed.errors
+    return parsed.items, errors
+
+
+def _lines(stream: Any, tasks: str) -> tuple[list[str], list[int]]:
+    """The tasks file's lines, decoded (a line over TASKS_LINE_MAX is left blank, its number in the second list);
+    PidError for a file over TASKS_FILE_MAX or a line that is not UTF-8."""
+    lines: list[str] = []
+    too_long: list[int] = []
+    total = 0
+    while True:
+        raw = stream.readline(TASKS_LINE_MAX + 1)
+        if not raw:
+            return lines, too_long
+        total += len(raw)
+        if len(raw) > TASKS_LINE_MAX:   # the rest of it is read past, a bounded piece at a time
+            while raw and not raw.endswith(b"\n") and total <= TASKS_FILE_MAX:
+                raw = stream.readline(TASKS_LINE_MAX)
+                total += len(raw)
+            too_long.append(len(lines) + 1)
+            raw = b""
+        if total > TASKS_FILE_MAX:
+            raise PidError(f"cannot read {tasks}: larger than {_mib(TASKS_FILE_MAX)}: split it into several "
+                           "batches")
+        if not lines:
+            raw = raw.removeprefix(b"\xef\xbb\xbf")   # a byte order mark (some editors write one) is not part of line 1
+        try:
+            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError as exc:
+            raise PidError(f"cannot read {tasks}: line {len(lines) + 1}: not UTF-8 (byte {raw[exc.start]:#04x}: "
+                           f"{exc.reason})") from None
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):g} MiB"
+
+
+class _Encoded:
+    """A text stream read as UTF-8 bytes, a line at a time (for a stdin with no bytes underneath)."""
+
+    def __init__(self, text: Any) -> None:
+        self.text = text
+
+    def readline(self, limit: int) -> bytes:
+        return self.text.readline(limit).encode("utf-8", "surrogatepass")
 
 
 def _refuse(errors: list[str], tasks: str) -> None:

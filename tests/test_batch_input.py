@@ -4,6 +4,8 @@ follow to its end (`--status DIR`, the resume line after Ctrl-C)."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -154,3 +156,63 @@ def test_a_rerun_with_nothing_to_do_tells_a_failed_check_apart_from_a_failed_job
         "(--retry-failed runs them again)")
     assert nothing_to_do([check_failed]) == (
         "nothing to do: skipped 1 completed whose check failed (--retry-failed runs them again)")
+
+
+def test_the_check_pass_rate_counts_items_whose_check_never_ran_as_not_passed():
+    """A SWE-bench-style batch's pass rate is its resolved rate: an item that asked for a check and hit a limit or an
+    error before it (no verdict) did not pass; one that asked for none is not counted."""
+    from pid.cli.batch_progress import summary_text
+    from pid.jobs.batch import row_for, summarize
+
+    def ended(status: str, reason: str, check: dict | None = None) -> dict:
+        return {"status": status, "exit_reason": reason, "usage": {}, "turns": 1, **({"check": check} if check else {})}
+    rows = [row_for("fixed", "j1", ended("completed", "stop", {"passed": True, "exit_code": 0}), True),
+            row_for("wrong", "j2", ended("completed", "stop", {"passed": False, "exit_code": 1}), True),
+            row_for("slow", "j3", ended("limit", "wall_clock"), True),
+            row_for("broken", "j4", ended("failed", "provider_error"), True),
+            row_for("unchecked", "j5", ended("completed", "stop"), False)]
+    summary = summarize(rows, items=5)
+    assert summary["check"] == {"asked": 4, "checked": 2, "passed": 1, "pass_rate": 0.25}
+    said = summary_text(summary, ".")
+    assert "check: 1/4 passed (25%), 2 of them never checked (their jobs did not complete)" in said, said
+    # a batch.jsonl of an older pid (no check_asked): its verdicts alone, as before
+    old = [{k: v for k, v in row.items() if k != "check_asked"} for row in rows]
+    assert summarize(old, items=5)["check"] == {"asked": 2, "checked": 2, "passed": 1, "pass_rate": 0.5}
+
+
+def test_a_hostile_tasks_file_is_read_within_bounds_and_its_bad_lines_reported(tmp_path, monkeypatch):
+    """/dev/zero as a tasks file took 7.3 GB in 20 s, a 300 MB line 1.2 GB, and a line of deeply nested JSON ended
+    the command with a traceback (an attack review's): each is now a bounded read and one line of error."""
+    import pid.jobs.batch_setup as batch_setup
+    from pid.errors import PidError
+    monkeypatch.setattr(batch_setup, "TASKS_LINE_MAX", 1 << 20)
+    monkeypatch.setattr(batch_setup, "TASKS_FILE_MAX", 4 << 20)
+    with pytest.raises(PidError, match=r"cannot read /dev/zero: larger than 4 MiB: split it"):
+        batch_setup.read_items("/dev/zero", allow_outside=False)
+    tasks = tmp_path / "tasks.jsonl"
+    good = json.dumps({"id": "ok", "task": "t"})
+    tasks.write_text("\n".join([good, json.dumps({"id": "big", "task": "x" * (1 << 20)}), "[" * 100_000 + "]" * 100_000,
+                                json.dumps({"id": "last", "task": "t"})]) + "\n")
+    items, errors = batch_setup.read_items(str(tasks), allow_outside=False)
+    assert [item.id for item in items] == ["ok", "last"]
+    assert sorted(errors) == ["line 2: longer than 1 MiB (a task is at most 1 MiB)",
+                              "line 3: not JSON pid reads (nested too deeply)"], errors
+
+
+def test_a_prompt_file_that_is_a_fifo_no_one_writes_is_refused_in_time(tmp_path, monkeypatch):
+    """`--system-prompt` (or a tasks line's system_prompt) naming a FIFO hung the command for good; a pipe that does
+    send its text (`<(…)`) is still read."""
+    import click
+    from pid.cli import options
+    monkeypatch.setattr(options, "PROMPT_READ_S", 0.5)
+    fifo = tmp_path / "prompt.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(click.BadParameter, match="nothing came from it within 0.5 s"):
+        options.PromptFile().convert(str(fifo), None, None)
+    def write() -> None:   # as `<(…)`'s writer: it opens the FIFO (waiting for the reader), writes, and ends
+        with open(fifo, "wb") as f:
+            f.write(b"be brief\n")
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert options.PromptFile().convert(str(fifo), None, None) == "be brief\n"
+    writer.join()
