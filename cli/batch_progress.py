@@ -134,8 +134,11 @@ def summary_text(summary: dict[str, Any], where: str) -> str:
     lines = [f"{s['items']} items: {counts or 'none ended'}" + (f", {s['not_ended']} not ended" if s["not_ended"]
                                                                else "")]
     check = s["check"]
-    if check["checked"]:
-        lines.append(f"check: {check['passed']}/{check['checked']} passed ({check['pass_rate'] * 100:.0f}%)")
+    asked = check.get("asked", check["checked"])
+    if asked:
+        unjudged = asked - check["checked"]
+        lines.append(f"check: {check['passed']}/{asked} passed ({check['pass_rate'] * 100:.0f}%)" +
+                     (f", {unjudged} of them never checked (their jobs did not complete)" if unjudged else ""))
     cost, tokens, dur = s["cost"], s["tokens"], s["duration_s"]
     earlier = with_earlier(cost["total"], cost.get("all_jobs", 0))
     lines.append(f"cost: {format_cost(cost['total'])} (per item p50 {format_cost(cost['p50'] or 0)}, "

@@ -108,14 +108,15 @@ def batch_exit_code(codes: list[int]) -> int:
     return worst
 
 
-def row_for(item_id: str, job_id: str, result: dict[str, Any]) -> dict[str, Any]:
-    """An ended item's line in batch.jsonl, from its result.json."""
+def row_for(item_id: str, job_id: str, result: dict[str, Any], check_asked: bool) -> dict[str, Any]:
+    """An ended item's line in batch.jsonl, from its result.json. `check_asked`: its job had a --check, whether or
+    not it ran (a job that did not complete has no verdict, and counts as not passed: summarize)."""
     usage = result.get("usage") or {}
     return {"id": item_id, "job_id": job_id, "status": result.get("status"), "exit_reason": result.get("exit_reason"),
             "exit_code": exit_code_for(result), "cost": round(float(usage.get("cost") or 0.0), 6),
             "tokens": int(usage.get("total_tokens") or 0), "turns": int(result.get("turns") or 0),
             "tool_calls": int(result.get("tool_calls") or 0), "duration_s": result.get("duration_s"),
-            "check": result.get("check"), "error": result.get("error")}
+            "check": result.get("check"), "check_asked": check_asked, "error": result.get("error")}
 
 
 def needs_run(row: dict[str, Any] | None, retry_failed: bool) -> bool:
@@ -312,14 +313,18 @@ def summarize(rows: list[dict[str, Any]], items: int, top: int = 5) -> dict[str,
         by_status[str(row.get("status"))] = by_status.get(str(row.get("status")), 0) + 1
     checked = [row for row in rows if isinstance(row.get("check"), dict)]
     passed = sum(1 for row in checked if row["check"].get("passed"))
+    # The pass rate is over every ended item that asked for a check: one whose job never got to it (a limit, an
+    # error, a cancel) did not pass, so that for a SWE-bench-style batch the rate is the resolved rate. (A row of an
+    # older pid has no check_asked: its verdicts alone count, as they did.)
+    asked = len(checked) + sum(1 for row in rows if row.get("check_asked") and not isinstance(row.get("check"), dict))
     codes = [int(row.get("exit_code", 1)) for row in rows]
     ran = [row for row in rows if row.get("turns")]   # per item: an item ended before its first turn says nothing
     durations = [float(row["duration_s"]) for row in ran if isinstance(row.get("duration_s"), (int, float))]
     return {
         "items": items, "ended": len(rows), "not_ended": items - len(rows), "by_status": by_status,
         "exit_code": batch_exit_code(codes + ([1] if items > len(rows) else [])),
-        "check": {"checked": len(checked), "passed": passed,
-                  "pass_rate": round(passed / len(checked), 4) if checked else None},
+        "check": {"asked": asked, "checked": len(checked), "passed": passed,
+                  "pass_rate": round(passed / asked, 4) if asked else None},
         "ran": len(ran),
         "cost": _spread([float(row.get("cost") or 0) for row in ran], 6),
         "tokens": _spread([float(row.get("tokens") or 0) for row in ran], 1),

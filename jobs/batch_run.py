@@ -376,7 +376,7 @@ class Run:
                 remove_tree(fresh)
                 result.setdefault("error", f"artifacts not downloaded: {exc}")
         remove_tree(os.path.join(self.bdir.jobs_dir, job_id))
-        return row_for(item_id, job_id, result)
+        return row_for(item_id, job_id, result, bool(record.spec.check))
 
     def summary(self) -> dict[str, Any]:
         """The batch's summary from the rows recorded so far (its budget's figures with it), written to

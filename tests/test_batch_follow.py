@@ -87,7 +87,7 @@ def test_an_interrupted_follow_drops_the_downloads_not_begun(home, monkeypatch):
     def finish(job_id: str, item_id: str, record: Any) -> dict[str, Any]:
         made.append(item_id)
         wait_for(lambda: run.stopping)
-        return row_for(item_id, job_id, {"status": "cancelled"})
+        return row_for(item_id, job_id, {"status": "cancelled"}, False)
 
     monkeypatch.setattr(run, "_finish_item", finish)
     run.follow(Quiet(lambda: run.interrupt()))
@@ -111,7 +111,7 @@ def test_a_further_ctrl_c_ends_the_wait_for_the_downloads(home, monkeypatch):
         wait_for(lambda: run.stopping)
         os.kill(os.getpid(), signal.SIGINT)          # ...a third, while the downloads are waited for
         release.wait(WAIT_S)
-        return row_for(item_id, job_id, {"status": "cancelled"})
+        return row_for(item_id, job_id, {"status": "cancelled"}, False)
 
     monkeypatch.setattr(run, "_finish_item", finish)
     try:
@@ -133,7 +133,7 @@ def test_an_interrupt_cancels_the_jobs_before_the_downloads_are_waited_for(home,
     def finish(job_id: str, item_id: str, record: Any) -> dict[str, Any]:
         wait_for(lambda: run.stopping)
         seen.append(run.store.get(live).status)
-        return row_for(item_id, job_id, {"status": "cancelled"})
+        return row_for(item_id, job_id, {"status": "cancelled"}, False)
 
     def interrupt() -> None:
         raise KeyboardInterrupt
@@ -254,7 +254,7 @@ class Stops(Quiet):
 
 
 def finished(job_id: str, item_id: str, record: Any) -> dict[str, Any]:
-    return row_for(item_id, job_id, {"status": record.status, "exit_reason": record.exit_reason})
+    return row_for(item_id, job_id, {"status": record.status, "exit_reason": record.exit_reason}, False)
 
 
 def test_an_earlier_run_s_job_cancelled_while_this_run_follows_it_is_not_submitted_again(home, monkeypatch):

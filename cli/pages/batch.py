@@ -122,8 +122,9 @@ def summary_html(batch_dir: str, items: list[Item]) -> str:
     for item in items:
         status = str(item.line.get("status") or "unknown")
         counts[status] = counts.get(status, 0) + 1
-    checks = [i.line.get("check") for i in items if isinstance(i.line.get("check"), (dict, bool))]
-    passed = sum(1 for c in checks if (c.get("passed") if isinstance(c, dict) else c))
+    checks = [i.line.get("check") for i in items
+              if isinstance(i.line.get("check"), (dict, bool)) or i.line.get("check_asked") is True]
+    passed = sum(1 for c in checks if (c.get("passed") if isinstance(c, dict) else c))   # (None: never checked)
     cost = sum(number(i.line.get("cost")) or 0.0 for i in items)
     tokens = sum(number(i.line.get("tokens")) or 0.0 for i in items)
     parts = [f"{len(items):,} items", *(f"{badge(f'{n} {s}', status_class(s))}" for s, n in sorted(counts.items())),
