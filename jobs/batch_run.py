@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
 
+from pid import settings
 from pid.endings import EXIT_CHECK_FAILED, ending_words
 from pid.terminal import one_line
 from pid.jobs.outage import WaitingThrough
@@ -85,6 +86,8 @@ class _Following:
     stop_seen: bool = False             # the batch's cancel mark, acted on
     budget_ended: bool = False          # the budget was spent, and the queued items cancelled
     last_rows: float = 0.0              # when batch.jsonl was last written
+    began: float = field(default_factory=time.monotonic)
+    workers_looked: bool = False        # whether a worker takes the batch's queues was looked at (once)
 
 
 @dataclass
@@ -265,12 +268,26 @@ class Run:
         if self.local is not None and not self.local.alive() and self.tracked:
             f.display.note(f"pid: the local worker stopped (see {self.local.log_path})")
             self.local = None
+        if self.local is None and not f.workers_looked and \
+                time.monotonic() - f.began >= settings.NO_WORKER_NOTICE_S.get():
+            f.workers_looked = True
+            self._look_for_workers(records, f)
         count(f.progress, self.bdir, records, self.tracked)
         f.display.update(f.progress)
         if time.monotonic() - f.last_rows >= ROWS_EVERY_S:
             self.bdir.write_rows()
             f.last_rows = time.monotonic()
         return True
+
+    def _look_for_workers(self, records: dict[str, JobRecord], f: _Following) -> None:
+        """Once, a while into following: the queues of the jobs still queued that no live worker consumes are said
+        (a misnamed queue, or no worker started, had the batch wait in silence)."""
+        from pid.jobs.workers import no_worker, unserved_queues
+        queued = [r for job_id in self.tracked if (r := records.get(job_id)) is not None and r.status == "queued"]
+        for queue in unserved_queues(self.store, {r.spec.queue for r in queued}):
+            waiting = sum(1 for r in queued if r.spec.queue == queue)
+            f.display.note(f"pid: {waiting} item(s) still queued after {time.monotonic() - f.began:.0f}s: "
+                           f"{no_worker(queue)}")
 
     def _records(self) -> dict[str, JobRecord]:
         return {r.id: r for r in self.store.batch_jobs(self.bdir.batch_id)}

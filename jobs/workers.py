@@ -9,7 +9,8 @@ from pid.jobs.identity import process_alive
 from pid.jobs.spec import DEFAULT_QUEUE
 from pid.jobs.store import ALIVE_WITHIN_S, BEAT_S, Heartbeats, WorkerBeat
 
-__all__ = ["ALIVE_WITHIN_S", "BEAT_S", "live_workers", "process_gone", "still_queued", "worker_state"]
+__all__ = ["ALIVE_WITHIN_S", "BEAT_S", "live_workers", "no_worker", "process_gone", "still_queued", "unserved_queues",
+           "worker_state"]
 
 
 def worker_state(beat: WorkerBeat, now: float) -> str:
@@ -44,5 +45,15 @@ def still_queued(store: Any, job_id: str, waited_s: float) -> str | None:
     if workers:
         running = sum(w.running for w in workers)
         return f"{waited}: {len(workers)} worker(s) are running {running} job(s); it waits for a free one"
+    return f"{waited}: {no_worker(queue)}"
+
+
+def unserved_queues(store: Any, queues: set[str]) -> list[str]:
+    """Those of `queues` that no live worker consumes, sorted."""
+    served = {queue for w in live_workers(store) for queue in w.queues}
+    return sorted(queues - served)
+
+
+def no_worker(queue: str) -> str:
     start = "pid worker" + ("" if queue == DEFAULT_QUEUE else f" --queue {queue}")
-    return f"{waited}: no worker is consuming queue '{queue}' (start one with `{start}`)"
+    return f"no worker is consuming queue '{queue}' (start one with `{start}`)"

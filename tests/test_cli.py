@@ -278,6 +278,31 @@ def test_waiting_with_no_worker_says_so_and_ctrl_c_is_130(pid_env, run_pid, samp
     assert run_pid("status", job_id).code == 0 and "queued" in run_pid("status", job_id).stdout
 
 
+@pytest.mark.docker   # the embedded queue checks the image
+def test_a_batch_on_a_queue_no_worker_consumes_says_so(pid_env, sample_repo, tmp_path):
+    """A misnamed --queue or no worker started had `pid batch` wait in silence, its log empty (a new user's test): a
+    while in, the queue no live worker takes is named with the command that would start one."""
+    pid_env = {**pid_env, "PID_NO_WORKER_NOTICE_S": NOTICE_S}
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": name, "task": "t", "repo": str(sample_repo)}) + "\n"
+                             for name in ("a", "b")))
+    batch = start_pid(pid_env, tmp_path, "batch", str(tasks), "--out", str(tmp_path / "out"), "--queue", "nobodyq",
+                      "--model", "m", "--base-url", LOCAL)
+    err = StderrLines(batch)
+    notice = "item(s) still queued after"
+    try:
+        err.wait_for(notice)
+        batch.send_signal(signal.SIGINT)   # (its jobs are cancelled: nothing is left queued)
+        batch.wait(timeout=60)
+    finally:
+        if batch.poll() is None:
+            batch.kill()
+    said = [line for line in err.text().splitlines() if notice in line]
+    assert len(said) == 1 and said[0].startswith("pid: 2 item(s) still queued after "), err.text()
+    assert said[0].endswith("no worker is consuming queue 'nobodyq' (start one with `pid worker --queue nobodyq`)")
+    assert "Traceback" not in err.text()
+
+
 @pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
 @pytest.mark.parametrize("stop, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_ctrl_c_during_a_run_is_130_with_the_result(pid_env, sample_repo, tmp_path, stop, code):
