@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import click
 
@@ -191,8 +191,7 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
             from pid.worker.sandbox_start import abandon
             abandon(starting)
             job.end(None)
-            echo("interrupted before the job started", err=True)
-            sys.exit(128 + stopped_by[0])
+            _interrupted(spec, as_json, stopped_by[0], "interrupted before the job started")
         result = None
         printer: Any = EventPrinter(verbose=verbose)
         if not as_json and on_terminal(err=True):
@@ -211,12 +210,24 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if stopped_by and not agents:   # Ctrl-C while it set up: the job ended before its agent started
-        echo(f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}", err=True)
-        sys.exit(128 + stopped_by[0])
+        _interrupted(spec, as_json, stopped_by[0], f"interrupted; artifacts: {os.path.relpath(spec.job_dir)}",
+                     result)
     if views and views[0].showed_reply(result.get("final_message")):
         result = {**result, "final_message": None}   # it streamed onto this terminal already
     print_result(result, spec.job_dir, as_json, said=printer.said)
     sys.exit(128 + stopped_by[0] if stopped_by else exit_code_for(result))
+
+
+def _interrupted(spec: JobSpec, as_json: bool, signum: int, words: str, result: dict[str, Any] | None = None
+                 ) -> NoReturn:
+    """`pid run` stopped as it set up: said, and its result printed when it has one (--json: on stdout, as a CI
+    step's reader expects, whenever the job has a result.json), with 128 + the signal's number."""
+    echo(words, err=True)
+    if result is None:
+        result = submission.local_result(os.path.join(spec.job_dir, "result.json"), spec.id)
+    if result is not None:
+        print_result(result, spec.job_dir, as_json)
+    sys.exit(128 + signum)
 
 
 @cli.command()

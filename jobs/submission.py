@@ -341,7 +341,7 @@ def load_result(store: Any, job_id: str) -> dict[str, Any]:
         except DownloadError as exc:
             raise PidError(str(exc)) from None
         if result is None:
-            result = _local_result(path, job_id)
+            result = local_result(path, job_id)
         if result is not None:
             return result
         if time.monotonic() >= deadline:
@@ -350,7 +350,8 @@ def load_result(store: Any, job_id: str) -> dict[str, Any]:
         time.sleep(0.2)
 
 
-def _local_result(path: str, job_id: str) -> dict[str, Any] | None:
+def local_result(path: str, job_id: str) -> dict[str, Any] | None:
+    """The result.json at `path`, if it is job `job_id`'s."""
     try:
         with open(path, encoding="utf-8") as f:
             result = json.load(f)

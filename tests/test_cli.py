@@ -330,19 +330,23 @@ def test_ctrl_c_during_a_run_is_130_with_the_result(pid_env, sample_repo, tmp_pa
 @pytest.mark.docker   # runs a job, or submits one (the embedded queue checks the image)
 @pytest.mark.parametrize("delay_s", [0, 0.3, 0.8])
 def test_ctrl_c_during_set_up_is_130_and_leaves_no_container(pid_env, sample_repo, tmp_path, delay_s):
+    """--json prints result.json on stdout however early the stop (a CI wrapper got nothing when it came while the
+    sandbox started: a new user's test)."""
     with ScriptedLLM([{"delay_s": 5, "text": "done"}]) as llm:
         proc = start_pid(pid_env, tmp_path, "run", "t", "--repo", str(sample_repo), "--model", "m",
-                         "--base-url", llm.base_url, "--out", str(tmp_path / "out"))
+                         "--base-url", llm.base_url, "--out", str(tmp_path / "out"), "--json")
         try:
             line = proc.stderr.readline()   # set-up starts right after this line
             assert line.startswith("job "), line
             time.sleep(delay_s)
             proc.send_signal(signal.SIGINT)
-            _, err = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=60)
         finally:
             if proc.poll() is None:
                 proc.kill()
     assert proc.returncode == 130, err
+    result = json.loads(out)
+    assert result["status"] == "cancelled" and result["id"] == line.split()[1].rstrip(":"), (out, err)
     # set-up may already be over at the later delays on a fast machine: then the running job is cancelled instead
     assert "Traceback" not in err and ("interrupted" in err or "cancelling" in err), err
     job_id = line.split()[1].rstrip(":")
