@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+DEFAULT_IMAGE = "pid-sandbox:latest"   # the one docker/build-offline.sh makes
+
 LABEL_JOB = "pid.job"          # which job owns the container; its presence marks a pid container
 LABEL_CREATED = "pid.created"  # ISO 8601 UTC
 LABEL_EXPIRES = "pid.expires"  # ISO 8601 UTC; after this the reaper may remove the container
@@ -47,7 +49,7 @@ def parse_user(text: str) -> tuple[int, int]:
 
 @dataclass
 class SandboxConfig:
-    image: str = "pid-sandbox:latest"
+    image: str = DEFAULT_IMAGE
     job_id: str = "adhoc"
     memory: str = "2g"            # swap equal to memory (memswap_limit == mem_limit): no swap at all
     cpus: float = 1.0

@@ -943,7 +943,9 @@ def test_reap_expired_removes_expired_labelled_container(client):
 def test_image_not_found_message(client):
     with pytest.raises(ImageNotFound) as info:
         DockerSandbox.create(SandboxConfig(image="pid-no-such-image:never", job_id=JOB + "-noimg"), client)
-    assert "pid-no-such-image:never" in str(info.value) and "build-offline.sh" in str(info.value)
+    assert "pid-no-such-image:never" in str(info.value) and "load it (`docker load`) or build it" in str(info.value)
+    assert "build-offline.sh" not in str(info.value)   # (it would make a plain Debian image under a task's name)
+    assert "build it with `docker/build-offline.sh`" in str(ImageNotFound("pid-sandbox:latest"))
 
 
 def test_the_api_version_is_negotiated_once_per_engine_not_once_per_sandbox(monkeypatch):
