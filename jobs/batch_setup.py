@@ -438,8 +438,12 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
             continue
         specs[item.id] = spec
         warn_missing_originals(spec, lambda text: warn(f"pid: warning: {where}: {text}"))
-    _refuse(errors, tasks)
-    errors += _missing_images(items, specs)   # (before packing: every line is told, not the first image's)
+    try:   # (with the other lines' errors, before packing: every bad line is told at once)
+        errors += _missing_images(items, specs)
+    except PidError as exc:   # the engine cannot be asked: said beside the lines' own errors, if any
+        if not errors:
+            raise
+        errors.append(f"the images were not looked for: {exc}")
     _refuse(errors, tasks)
     errors += _pack(items, specs, max_workspace)
     errors += _policy_refusals(items, specs)

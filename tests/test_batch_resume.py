@@ -119,3 +119,11 @@ def test_every_line_whose_image_is_missing_is_told_with_its_number(run_pid, pid_
     clash = run_pid("batch", str(tasks), "--out", str(tmp_path / "out3"), "--model", "m", "--base-url",
                     "http://127.0.0.1:9/v1", "--detach")
     assert clash.code == 2 and "line 1: --workdir needs the job's own disk" in clash.stderr, clash.stderr
+    # a line bad otherwise is told together with a missing image, not in a second round once it is mended (a new
+    # user's)
+    tasks.write_text("{not json\n" + json.dumps({"id": "e", "task": "t", "image": "pid-test-nope:1",
+                                                  "repo": str(sample_repo)}) + "\n")
+    both = run_pid("batch", str(tasks), "--out", str(tmp_path / "out4"), "--model", "m", "--base-url",
+                   "http://127.0.0.1:9/v1", "--detach")
+    assert both.code == 2 and "line 1: not JSON" in both.stderr, both.stderr
+    assert "line 2: sandbox image 'pid-test-nope:1' not found" in both.stderr, both.stderr
