@@ -19,7 +19,14 @@ EXIT_INTERRUPTED = 130
 
 def follow(run: Run, as_json: bool, tasks: str | None, existing: bool = False) -> NoReturn:
     """Follow the run to its end (the live table, or a line per item), print the summary and exit with its code.
-    A first Ctrl-C cancels the batch's jobs and waits for them to end, a second stops waiting: 130."""
+    A first Ctrl-C cancels the batch's jobs and waits for them to end, a second stops waiting: 130. SIGTERM or
+    SIGHUP (a CI step's timeout, a closed terminal) stops following at once: the jobs go on, the command that resumes
+    is said (it ended without a word), and the exit code is 128 + the signal's number."""
+    def on_stop(signum: int, frame: Any) -> None:
+        echo(f"\nstopped by {signal.Signals(signum).name}: the batch's jobs go on; resume with: "
+             f"{resume_command(run, tasks)}", err=True)
+        raise SystemExit(128 + signum)   # (its local workers, if any, hand their jobs back as the run closes)
+
     def on_sigint(signum: int, frame: Any) -> None:
         if run.stopping:   # waiting for the downloads: Ctrl-C ends that wait (what is queued is fetched by a rerun)
             raise KeyboardInterrupt
@@ -28,27 +35,33 @@ def follow(run: Run, as_json: bool, tasks: str | None, existing: bool = False) -
                  "for them)…", err=True)
 
     display = make_display(as_json)
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, on_sigint),
+                **{sig: signal.signal(sig, on_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}}
     try:
         summary = run.follow_existing(display) if existing else run.follow(display)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     echo(dumps({"summary": summary}) if as_json else summary_text(summary, run.bdir.path))
     if run.interrupted:
         bdir = run.bdir
         ended = sum(1 for i in bdir.order if i in bdir.rows)
         left = len(run.tracked)
-        if tasks:
-            again = this_command()
-        else:   # --wait DIR: it cannot submit the cancelled items again; the command that made the batch can
-            made = str(bdir.meta.get("tasks") or "TASKS")
-            again = (f"pid batch {shlex.quote(made)} --out {shlex.quote(bdir.path)} and the options that "
-                     "submitted it (without --detach to follow it here)")
         echo(f"interrupted: {ended} of {len(bdir.order)} item(s) ended"
              + (f", {left} still ending (their jobs were cancelled)" if left else "")
-             + f"; resume with: {again}", err=True)
+             + f"; resume with: {resume_command(run, tasks)}", err=True)
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(summary["exit_code"])
+
+
+def resume_command(run: Run, tasks: str | None) -> str:
+    """What resumes the batch: this command (given its tasks file), else the one that made it."""
+    if tasks:
+        return this_command()
+    # --wait DIR: it cannot submit the cancelled items again; the command that made the batch can
+    made = str(run.bdir.meta.get("tasks") or "TASKS")
+    return (f"pid batch {shlex.quote(made)} --out {shlex.quote(run.bdir.path)} and the options that submitted it "
+            "(without --detach to follow it here)")
 
 
 def this_command() -> str:

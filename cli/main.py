@@ -273,12 +273,22 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, downloa
     record = _still_there(store, job_id)
     printer = RecordPrinter(summary_follows=True)
     follower = EventFollower(store, job_id, printer) if follow else None
+    signals: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:   # SIGTERM, SIGHUP (a CI step's timeout): as Ctrl-C, said
+        signals.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS if sig != signal.SIGINT}
     try:
         wait_for(lambda: _still_there(store, job_id).terminal, follower, tick=_while_waiting(store, job_id))
     except KeyboardInterrupt:
         echo(f"\nstopped waiting; job {job_id} goes on (pid result {job_id} --wait, pid cancel {job_id})",
              err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(128 + signals[0] if signals else EXIT_INTERRUPTED)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     result = load_result(store, job_id)
     where = _download(store, job_id, download, own_dir) if download else record.spec.job_dir
     print_result(result, where, as_json, said=printer.said)

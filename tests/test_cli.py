@@ -264,22 +264,26 @@ def test_waiting_with_no_worker_says_so_and_ctrl_c_is_130(pid_env, run_pid, samp
         errs = [StderrLines(proc) for proc in (waiting, result_wait, following)]
         for err in errs:
             err.wait_for(notice)
+        # SIGTERM (a CI step's timeout) is Ctrl-C too: it ended `submit --wait` without a word (a new user's)
+        for proc, stop in ((waiting, signal.SIGTERM), (result_wait, signal.SIGINT), (following, signal.SIGINT)):
+            proc.send_signal(stop)
         for proc in (waiting, result_wait, following):
-            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
         outs = [err.text() for err in errs]
     finally:
         for proc in (waiting, result_wait, following):
             if proc and proc.poll() is None:
                 proc.kill()
-    for proc, err in zip((waiting, result_wait, following), outs):
+    for proc, err, code in zip((waiting, result_wait, following), outs, (143, 130, 130)):
         assert notice in err, err
-        assert proc.returncode == 130, err
+        assert proc.returncode == code, err
         assert "Traceback" not in err
+    assert f"stopped waiting; job {job_id} goes on" in outs[0], outs[0]
     assert run_pid("status", job_id).code == 0 and "queued" in run_pid("status", job_id).stdout
 
 
 @pytest.mark.docker   # the embedded queue checks the image
-def test_a_batch_on_a_queue_no_worker_consumes_says_so(pid_env, sample_repo, tmp_path):
+def test_a_batch_on_a_queue_no_worker_consumes_says_so(pid_env, run_pid, sample_repo, tmp_path):
     """A misnamed --queue or no worker started had `pid batch` wait in silence, its log empty (a new user's test): a
     while in, the queue no live worker takes is named with the command that would start one."""
     pid_env = {**pid_env, "PID_NO_WORKER_NOTICE_S": NOTICE_S}
@@ -292,11 +296,14 @@ def test_a_batch_on_a_queue_no_worker_consumes_says_so(pid_env, sample_repo, tmp
     notice = "item(s) still queued after"
     try:
         err.wait_for(notice)
-        batch.send_signal(signal.SIGINT)   # (its jobs are cancelled: nothing is left queued)
+        batch.send_signal(signal.SIGTERM)   # (a CI step's timeout: it ended without a word, not even how to resume)
         batch.wait(timeout=60)
     finally:
         if batch.poll() is None:
             batch.kill()
+    assert batch.returncode == 143, err.text()
+    assert "stopped by SIGTERM: the batch's jobs go on; resume with: pid batch " in err.text(), err.text()
+    assert run_pid("batch", "--cancel", str(tmp_path / "out")).code == 0   # (nothing of it stays queued)
     said = [line for line in err.text().splitlines() if notice in line]
     assert len(said) == 1 and said[0].startswith("pid: 2 item(s) still queued after "), err.text()
     assert said[0].endswith("no worker is consuming queue 'nobodyq' (start one with `pid worker --queue nobodyq`)")
