@@ -22,7 +22,9 @@ from pid.jobs.spec import message_problem, spec_field
 
 ID_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 # An item's folder sits beside these in the output directory (and hidden ones, which an id cannot start with).
-RESERVED_IDS = {"batch.json", "batch.jsonl", "jobs.jsonl", "summary.json"}
+# `view` is where `pid view DIR` writes the batch's pages.
+RESERVED_IDS = {"batch.json", "batch.jsonl", "jobs.jsonl", "summary.json", "view"}
+SECRET_FIELDS = {"api_key", "api-key"}   # a key is not taken from a tasks file: the batch keeps its lines
 NOT_PER_ITEM = {"out_dir"}   # the batch's own: its output directory
 IMAGES_FIELDS = ("no-images", "no_images", "images")
 PATH_FIELDS = {"system_prompt"}   # options whose value is a file on this machine (besides `repo`)
@@ -125,7 +127,8 @@ def parse(lines: Iterable[str], base: str | None, allow_outside: bool = False) -
                             "most 128; not starting with '.')")
             item_id = f"line-{number}"
         elif str(item_id) in RESERVED_IDS:
-            problems.append(f"id {json.dumps(item_id)} is the name of one of the batch's own files (ids may not be "
+            problems.append(f"id {json.dumps(item_id)} is the name of one of the batch's own files or folders (ids "
+                            "may not be "
                             f"{', '.join(sorted(RESERVED_IDS))})")
             item_id = f"line-{number}"
         item_id = str(item_id)
@@ -165,6 +168,10 @@ def parse(lines: Iterable[str], base: str | None, allow_outside: bool = False) -
                     problems.append(f"queue: {exc.message}")
                 continue
             option = options.get(key)
+            if key in SECRET_FIELDS:
+                problems.append(f"{key}: an API key is not taken from a tasks file (a file that is shared, and kept "
+                                "beside the batch's results): set PID_API_KEY, or pass --api-key")
+                continue
             if option is None:
                 problems.append(f"unknown field {key!r}")
                 continue

@@ -7,11 +7,20 @@ from pid.cli.batch_tasks import parse
 def test_an_id_that_names_one_of_the_batchs_own_files_is_told_so_not_called_invalid(tmp_path):
     """"summary.json" has only the letters and dots an id may have: what refuses it is the batch's own file."""
     parsed = parse(['{"id": "summary.json", "task": "t", "repo": "."}', '{"id": ".x", "task": "t", "repo": "."}',
-                    '{"id": "ok-1", "task": "t", "repo": "."}'], str(tmp_path))
+                    '{"id": "ok-1", "task": "t", "repo": "."}', '{"id": "view", "task": "t", "repo": "."}'],
+                   str(tmp_path))
+    own = ("is the name of one of the batch's own files or folders (ids may not be batch.json, batch.jsonl, "
+           "jobs.jsonl, summary.json, view)")
     assert parsed.errors == [
-        "line 1: id \"summary.json\" is the name of one of the batch's own files (ids may not be batch.json, "
-        "batch.jsonl, jobs.jsonl, summary.json)",
-        "line 2: id \".x\" is not a valid id (letters, digits, '.', '_', '-'; at most 128; not starting with '.')"]
+        f"line 1: id \"summary.json\" {own}",
+        "line 2: id \".x\" is not a valid id (letters, digits, '.', '_', '-'; at most 128; not starting with '.')",
+        f"line 4: id \"view\" {own}"]   # (`pid view DIR` writes there: its pages were taken for an earlier job's)
+
+
+def test_an_api_key_in_a_tasks_file_is_refused_with_where_a_key_goes(tmp_path):
+    parsed = parse(['{"task": "t", "repo": ".", "api_key": "sk-1"}'], str(tmp_path))
+    assert parsed.errors == ["line 1: api_key: an API key is not taken from a tasks file (a file that is shared, and "
+                             "kept beside the batch's results): set PID_API_KEY, or pass --api-key"]
 
 
 def test_one_option_given_twice_on_a_line_under_two_names_is_refused(tmp_path):
