@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from pid.cli.output import echo, format_duration
+from pid.jobs.batch import check_verdict
 from pid.cli.table import Column, cut
 from pid.cli.table import render as table_lines
 from pid.costs import format_cost
@@ -18,8 +19,7 @@ RUNNING_SHOWN = 12   # running items listed in the live table at most
 
 
 def item_line(row: dict[str, Any], done: int, total: int) -> str:
-    check = row.get("check")
-    checked = "" if not isinstance(check, dict) else f" check={'passed' if check.get('passed') else 'failed'}"
+    checked = f" check={said.replace(' ', '-')}" if (said := check_verdict(row)) else ""
     error = f": {one_line(str(row['error']))}" if row.get("error") and row.get("status") != "completed" else ""
     ending = ending_words(row['status'], row['exit_reason'])
     return (f"[{done}/{total}] {one_line(str(row['id']))} {ending} turns={row['turns']} "

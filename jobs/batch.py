@@ -119,6 +119,14 @@ def row_for(item_id: str, job_id: str, result: dict[str, Any], check_asked: bool
             "check": result.get("check"), "check_asked": check_asked, "error": result.get("error")}
 
 
+def check_verdict(row: dict[str, Any]) -> str | None:
+    """An ended item's check: passed, failed, not run (its job did not get to it), or None (it asked for none)."""
+    check = row.get("check")
+    if isinstance(check, dict):
+        return "passed" if check.get("passed") else "failed"
+    return "not run" if row.get("check_asked") else None
+
+
 def needs_run(row: dict[str, Any] | None, retry_failed: bool) -> bool:
     """Whether a (re)run of the batch runs this item: it never ended, or was cancelled (Ctrl-C, the budget), or
     it failed or hit a limit (or its check failed) and --retry-failed asks for it again."""

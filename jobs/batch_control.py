@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pid.jobs.batch import BatchDir
+from pid.jobs.batch import BatchDir, check_verdict
 from pid.jobs.batch_run import Progress, count, item_state
 
 
@@ -44,9 +44,13 @@ def item_rows(bdir: BatchDir, records: dict[str, Any]) -> list[dict[str, Any]]:
             turns, cost, detail = int(row.get("turns") or 0), float(row.get("cost") or 0), str(row.get("exit_reason"))
         else:
             turns, cost, detail = 0, 0.0, "-"
+        judged = check_verdict(row) if row is not None and row.get("job_id") == bdir.current_job(item_id) else None
+        if judged is not None:
+            detail = f"{detail}, check {judged}"
         rows.append({"id": item_id, "job_id": bdir.current_job(item_id), "status": state, "turns": turns,
-                     "cost": round(cost, 6), "detail": detail})
+                     "cost": round(cost, 6), "detail": detail, "check": judged})
     return rows
+
 
 
 def status(bdir: BatchDir, store: Any) -> Status:

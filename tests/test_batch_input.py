@@ -216,3 +216,24 @@ def test_a_prompt_file_that_is_a_fifo_no_one_writes_is_refused_in_time(tmp_path,
     writer.start()
     assert options.PromptFile().convert(str(fifo), None, None) == "be brief\n"
     writer.join()
+
+
+def test_batch_status_says_each_ended_items_check(tmp_path):
+    """`pid batch --status` showed an item whose check failed as `completed … stop`, as one that passed."""
+    from pid.cli.batch_control import item_lines
+    from pid.jobs.batch import row_for
+    from pid.jobs.batch_control import item_rows
+    bdir = BatchDir.create(str(tmp_path / "out"), {})
+    names = ["good", "bad", "slow", "plain"]
+    bdir.set_order(names, {})
+    bdir.record_jobs([(name, f"job-{name}") for name in names])
+    ended = [("completed", "stop", {"passed": True}), ("completed", "stop", {"passed": False}),
+             ("limit", "wall_clock", None), ("completed", "stop", None)]
+    for name, (status, reason, check) in zip(names, ended):
+        result = {"status": status, "exit_reason": reason, **({"check": check} if check else {})}
+        bdir.rows[name] = row_for(name, f"job-{name}", result, check_asked=name != "plain")
+    rows = item_rows(bdir, {})
+    assert [(r["detail"], r["check"]) for r in rows] == [
+        ("stop, check passed", "passed"), ("stop, check failed", "failed"), ("wall_clock, check not run", "not run"),
+        ("stop", None)]
+    assert "stop, check failed" in "\n".join(item_lines(bdir, {}, 120))
