@@ -440,10 +440,9 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
         warn_missing_originals(spec, lambda text: warn(f"pid: warning: {where}: {text}"))
     try:   # (with the other lines' errors, before packing: every bad line is told at once)
         errors += _missing_images(items, specs)
-    except PidError as exc:   # the engine cannot be asked: said beside the lines' own errors, if any
+    except PidError:   # the engine cannot be asked: the lines' own errors are told first, if any
         if not errors:
             raise
-        errors.append(f"the images were not looked for: {exc}")
     _refuse(errors, tasks)
     errors += _pack(items, specs, max_workspace)
     errors += _policy_refusals(items, specs)
