@@ -254,7 +254,9 @@ def _same_batch(bdir: BatchDir, tasks: str, digests: dict[str, str], options: di
     changed = changed_options(bdir.meta, options)
     if changed:
         from pid.cli.options import JOB_OPTIONS
-        flags = {option.name: option.flag for option in JOB_OPTIONS}
+        # (an option read from the environment too is named with its variable: the command line may be the same)
+        flags = {option.name: option.flag + (f" (or ${option.envvar})" if option.envvar else "")
+                 for option in JOB_OPTIONS}
         before, now = bdir.meta.get("options") or {}, kept_options(options)
         named = "; ".join(f"{flags.get(name, '--' + name.replace('_', '-'))} was {_shown(before.get(name))}, "
                           f"now {_shown(now.get(name))}" for name in changed)

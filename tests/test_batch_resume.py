@@ -38,7 +38,7 @@ def test_another_tasks_file_or_other_options_are_refused_and_the_same_command_re
     line = assert_one_error(run_pid("batch", str(tasks), "--model", "m2", *common), "other options", "--model",
                             "another --out directory")
     assert "--base-url" not in line
-    assert '--model was "m1", now "m2"' in line   # (which to give back to resume)
+    assert '--model (or $PID_MODEL) was "m1", now "m2"' in line   # (which to give back to resume, and where from)
     piped = subprocess.run([sys.executable, "-m", "pid.cli.main", "batch", "-", "--model", "m1", *common],
                            input=other.read_text(), cwd=tmp_path, env=pid_env, capture_output=True, text=True,
                            timeout=120)
