@@ -94,8 +94,8 @@ def control_line(record: dict[str, Any]) -> str:
     kind = str(record.get("kind", "?"))
     sent = record.get("stage") == "sent"
     text = record.get("text")
-    if kind == "cancel" and sent and text is not None:
-        return f"→ pid stops the agent: {one_line(str(text))[:100]}"
+    if kind == "cancel" and text is not None:   # (received: the agent stopped for that, not for a user's cancel)
+        return f"→ pid stops the agent: {one_line(str(text))[:100]}" if sent else "← the agent stops"
     if text is not None:
         what = one_line(str(text))[:100]
     else:

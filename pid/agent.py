@@ -100,6 +100,7 @@ class Agent:
         self._replay = Replay()
         self.cancel_event = context.cancel
         self._stop_reason: ExitReason | None = None   # why cancel_event was set: "cancelled" or "wall_clock"
+        self._stop_why: str | None = None   # who stopped it, when not the user (its worker stopping)
         self._steering: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._follow_ups: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._resumed = threading.Event()
@@ -147,7 +148,7 @@ class Agent:
     def cancel(self, reason: ExitReason = "cancelled", why: str | None = None) -> None:
         """Stop at the next check. `why`: who stops it when it is not the user's cancel (its worker stopping)."""
         if self._stop_reason is None:
-            self._stop_reason = reason
+            self._stop_reason, self._stop_why = reason, why
             if reason == "cancelled":   # (a wall clock running out is the job's limit, not a control)
                 self._send(ev.Control("cancel", "sent", why))
         self.cancel_event.set()
@@ -408,7 +409,7 @@ class Agent:
                              f"wall-clock limit of {self.limits.wall_clock_s:g}s (--timeout) reached")
         if self._stop_reason is None:   # its cancel event was set from outside: a cancel all the same
             self.cancel()
-        self._emit(ev.Control("cancel", "received"))
+        self._emit(ev.Control("cancel", "received", self._stop_why))
         return self._end(out, "cancelled", None)
 
     def _over_cost(self, out: Outcome) -> str | None:

@@ -43,3 +43,5 @@ def test_pid_s_own_stop_is_not_said_as_the_user_s_cancel() -> None:
     assert control_line({"kind": "cancel", "stage": "sent", "text": why}) == f"→ pid stops the agent: {why}"
     assert control_line({"kind": "cancel", "stage": "sent"}) == "→ cancel sent"
     assert control_line({"kind": "cancel", "stage": "received"}) == "← cancel received: the agent stops"
+    # and as the agent takes it: not "cancel received" for a job that goes back to the queue (a new user's)
+    assert control_line({"kind": "cancel", "stage": "received", "text": why}) == "← the agent stops"
