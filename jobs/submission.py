@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from pid.config import API_KEY_ENV, KEYED_HOSTS, base_url_for, bound_key, endpoint, key_endpoint, pid_home
 from pid.errors import PidError
+from pid.terminal import escaped
 from pid.jobs.spec import JobSpec, command_problem, message_problem
 from pid.sandbox.disk import format_size
 
@@ -158,10 +159,10 @@ def check_repo(repo: str) -> str:
     repo_path = os.path.abspath(os.path.expanduser(repo))
     if not os.path.exists(repo_path):
         scp = SCP_LIKE.fullmatch(repo)   # git's short form of an ssh URL, `git@host:org/repo.git`
-        raise PidError(f"repo path does not exist: {repo}" + (
+        raise PidError(f"repo path does not exist: {escaped(repo)}" + (
             f" (pid takes a git URL written in full, such as ssh://{scp[1]}/{scp[2].lstrip('/')})" if scp else ""))
     if not os.path.isdir(repo_path):
-        raise PidError(f"repo path is not a directory: {repo}")
+        raise PidError(f"repo path is not a directory: {escaped(repo)}")
     return repo_path
 
 

@@ -58,6 +58,9 @@ def test_bad_values_raise_pid_error_with_the_messages_of_the_shared_checks(api_e
         pid.submit("t", repo=sample_repo, model="m", timeout_s="soon")
     with pytest.raises(pid.PidError, match="^repo path does not exist: /nonexistent$"):
         pid.submit("t", repo="/nonexistent", model="m")
+    # a name with a terminal's escapes in it is shown with them escaped: stripped, it named a path that exists
+    with pytest.raises(pid.PidError, match=r"^repo path does not exist: .*repo\\x1b\]0;T\\x07$"):
+        pid.submit("t", repo=f"{sample_repo}\x1b]0;T\x07", model="m")
     with pytest.raises(pid.PidError, match=r"^repo path does not exist: git@github.com:x/y.git \(pid takes a git URL "
                                            r"written in full, such as ssh://git@github.com/x/y.git\)$"):
         pid.submit("t", repo="git@github.com:x/y.git", model="m")
