@@ -14,6 +14,7 @@ time they leave here (docker_client.engine_errors).
 from __future__ import annotations
 
 import contextlib
+import logging
 import posixpath
 import shlex
 import threading
@@ -31,12 +32,14 @@ from .config import SandboxConfig
 from .docker_client import engine_errors
 from .exec_channels import ExecChannels
 from .disk import reap_disks
-from .launch import Container, default_disk_root, free_reserve, launch
+from .launch import Container, default_disk_root, free_reserve, launch, launch_on_disks_of, take_disks
 from .memory import OUT_OF_MEMORY_EARLIER
 from .process_table import ProcessTable
 from .reaper import remove_job_containers
 from .workspace import patch_script, unrecorded
 from .workspaces import UploadedWorkspace, copy_patch_out, export_files, workspace_for
+
+log = logging.getLogger(__name__)
 
 
 class DockerSandbox:
@@ -53,6 +56,7 @@ class DockerSandbox:
         self.workspace = workspace_for(container, self.channels, lambda: self.commands.agent_started)
         self._unpacked: BaseException | None = None   # why the workspace unpacked as it started failed
         self._closed = False
+        self._revived = False   # a fresh container on the disks took the gone one's place (_revive)
 
     @property
     def removed_by_pid(self) -> bool:
@@ -199,11 +203,51 @@ class DockerSandbox:
                 exc.args = (f"{exc} ({OUT_OF_MEMORY_EARLIER})",)
             raise
 
+    @contextlib.contextmanager
+    def _collecting(self) -> Iterator[Callable[[], bool]]:
+        """pid's work after the agent, told when the container is gone; yields `again`, which revives it (_revive) and
+        says whether the work is worth one more try."""
+        with self._memory_told():
+            yield self._revive
+
+    def _revive(self) -> bool:
+        """When the agent's container is gone (not removed by pid: the kernel's memory kill took it down, or someone
+        removed it) and its disks are here, a fresh container on them takes its place, with nothing of the agent's
+        running: the patch and the files are not lost with it. Once; whether it did."""
+        gone = self.container
+        if self._revived or gone.removed_by_pid or gone.disk is None or gone.is_alive():
+            return False
+        self._revived = True
+        gone.remove()   # (one stopped but not yet removed goes too)
+        box = launch_on_disks_of(gone)
+        channels = ExecChannels(box)
+        try:
+            box.start()
+            events = channels.start_control()
+        except BaseException:
+            channels.close()
+            box.remove()
+            raise
+        take_disks(box, gone)
+        self.channels.close()
+        self.container, self.channels = box, channels
+        self.processes = ProcessTable(box, channels)
+        self.processes.events = events
+        self.workspace.moved(box, channels)
+        log.warning("job %s: its container was gone; pid collects what the agent left from a fresh one on its disks",
+                    box.config.job_id)
+        return True
+
     @engine_errors
     def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:
         """Write the workspace's changes since the base commit to host file `dest` (made by pid's git, as root,
-        from pid's repository; paths validated, size capped)."""
-        with self._memory_told():
+        from pid's repository; paths validated, size capped). A container found gone is revived for it (_revive)."""
+        with self._collecting() as again:
+            try:
+                return self._export_patch(dest, max_bytes, timeout)
+            except SandboxError:
+                if not again():
+                    raise
             return self._export_patch(dest, max_bytes, timeout)
 
     def _export_patch(self, dest: str, max_bytes: int, timeout: float) -> PatchCopy:
@@ -225,10 +269,18 @@ class DockerSandbox:
         its way is skipped: the engine copies as root and follows it, to files the agent cannot read (pid's git, the
         image's /etc/shadow). Every process of the agent's is killed first: nothing may swap a path for a link
         between the look and the copy."""
-        with self._memory_told():
-            self.processes.clear()   # (in a check's container, what the tests left may still run)
-            linked = self._linked_on_the_way(paths)
-            written, skipped = export_files(self.container, [p for p in paths if p not in linked], dest_dir, budget)
+        with self._collecting() as again:
+            try:
+                return self._export_files(paths, dest_dir, budget)
+            except SandboxError:
+                if not again():
+                    raise
+            return self._export_files(paths, dest_dir, budget)
+
+    def _export_files(self, paths: list[str], dest_dir: str, budget: FilesBudget) -> tuple[list[str], list[Skipped]]:
+        self.processes.clear()   # (in a check's container, what the tests left may still run)
+        linked = self._linked_on_the_way(paths)
+        written, skipped = export_files(self.container, [p for p in paths if p not in linked], dest_dir, budget)
         return written, [Skipped(escaped(p), "a link on its way") for p in paths if p in linked] + skipped
 
     def _linked_on_the_way(self, paths: list[str]) -> set[str]:

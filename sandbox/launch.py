@@ -11,7 +11,7 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -28,7 +28,7 @@ from .docker_client import connect, ensure_image
 from .errors import SandboxError
 from .image_env import image_env, neutralised
 from .image_fs import ImageFS, image_layers
-from .reaper import force_remove, owner_label, run_labels
+from .reaper import force_remove, owner_label, remove_container, run_labels
 from .seccomp import SECURITY_OPT
 from .volumes import image_volumes
 
@@ -228,7 +228,9 @@ class Container:
     image_fs: ImageFS | None = None
     own_kernel: bool = False   # the runtime runs a kernel of its own (see FIFO_RUNTIMES)
     first: list[Channel] = field(default_factory=list)   # the entry's servers (PRESTARTED), not yet greeted
-    removed_by_pid: bool = False   # kill() was called: the container is gone on purpose
+    removed_by_pid: bool = False   # kill() removed it (or tried): it is gone on purpose
+    storage: dict[str, Any] = field(default_factory=dict)   # its filesystem's options (_storage): the disks' mounts
+    _killing: threading.Lock = field(init=False, default_factory=threading.Lock, repr=False, compare=False)
 
     def start(self) -> None:
         try:
@@ -261,9 +263,15 @@ class Container:
             return None
 
     def kill(self) -> None:
-        """Force-remove the container now, from any thread (the watchdog's tool)."""
-        self.removed_by_pid = True
-        force_remove(self.client, self.id)
+        """Force-remove the container now, from any thread (the watchdog's tool). One gone already, or going (the
+        kernel's memory kill ended it, someone removed it), was not removed by pid: what it left may be collected."""
+        with self._killing:
+            if self.removed_by_pid:
+                force_remove(self.client, self.id)
+                return
+            self.removed_by_pid = True   # (first: a channel that breaks meanwhile is read as pid's doing)
+            if remove_container(self.client, self.id) in ("gone", "going"):
+                self.removed_by_pid = False
 
     def remove(self) -> None:
         """Force-remove the container; never raises."""
@@ -300,7 +308,7 @@ def launch(config: SandboxConfig, client: docker.DockerClient | None = None) -> 
     box = Container(client, config, str(inspected.get("Id") or config.image),   # (its id from here on)
                     {**agent_env(uid), **neutralised(image_env(inspected))}, uid, gid)
     try:
-        options = _storage(box, inspected)
+        box.storage = options = _storage(box, inspected)
         runtime = config.runtime or default_runtime(client)
         host_kernel = runtime in FIFO_RUNTIMES
         box.own_kernel = not host_kernel and runtime != "unknown"   # (under runc, NPROC would count the agent
@@ -317,6 +325,25 @@ def launch(config: SandboxConfig, client: docker.DockerClient | None = None) -> 
         box.release()
         raise
     return box
+
+
+def launch_on_disks_of(gone: Container) -> Container:
+    """A fresh container, not started, on the disks of one that is gone (the kernel's memory kill took it down, or
+    someone removed it): the same image, hardening, limits, labels and mounts, and nothing of the agent's running, so
+    that pid's own work on what the agent left (the patch, the files) can still be done. Its servers start through
+    the engine (`docker exec`). The disks stay `gone`'s until the caller hands them over (take_disks)."""
+    if gone.disk is None:
+        raise SandboxError("the container had no disk of its own: nothing of it is left to collect")
+    box = replace(gone, id="", first=[], removed_by_pid=False)
+    ttl = max(1, int(gone.config.ttl_s))
+    box.id = _create(box, ["sleep", str(ttl)], datetime.now(timezone.utc), ttl, gone.storage)
+    return box
+
+
+def take_disks(new: Container, gone: Container) -> None:
+    """What the host holds for `gone` (its disks, the image's trees) is `new`'s from now on: its release frees them."""
+    gone.disk = gone.pid_disk = gone.image_fs = None
+    gone.first = []
 
 
 def _storage(box: Container, inspected: dict[str, Any]) -> dict[str, Any]:

@@ -50,24 +50,29 @@ def parse_time(value: str) -> datetime | None:
 
 
 def force_remove(client: docker.DockerClient, container_id: str) -> bool:
-    """Force-remove; True when it is gone (or already going: 409 is a removal in progress). Never raises. An engine
-    that fails the request otherwise (busy, a kill it did not see end) is asked once more before giving up (the
-    container's own time to live and the reaper remain)."""
+    """Force-remove; True when it is gone (or already going: 409 is a removal in progress). Never raises."""
+    return remove_container(client, container_id) in ("removed", "going")
+
+
+def remove_container(client: docker.DockerClient, container_id: str) -> str:
+    """Force-remove: "removed" (by this request), "going" (a removal already in progress: 409), "gone" (there was
+    none) or "failed". Never raises. An engine that fails the request otherwise (busy, a kill it did not see end) is
+    asked once more before giving up (the container's own time to live and the reaper remain)."""
     error: Exception | None = None
     for attempt in range(2):
         if attempt:
             time.sleep(0.5)
         try:
             client.api.remove_container(container_id, force=True, v=True)   # (v: an anonymous volume too)
-            return True
+            return "removed"
         except docker.errors.NotFound:
-            return False
+            return "gone"
         except Exception as exc:
             if getattr(exc, "status_code", None) == 409:
-                return True
+                return "going"
             error = exc
     log.warning("cannot remove container %s: %s", container_id[:12], error)
-    return False
+    return "failed"
 
 
 def list_containers(client: docker.DockerClient, labels: list[str]) -> list[dict[str, Any]]:

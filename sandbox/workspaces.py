@@ -49,6 +49,10 @@ class Workspace(Protocol):
         """Nothing of it writes on the job's disk any more (before the disk goes). Never raises."""
         ...
 
+    def moved(self, container: Container, channels: ExecChannels) -> None:
+        """The workspace is now seen through another container on the same disks (DockerSandbox._revive)."""
+        ...
+
 
 def workspace_for(container: Container, channels: ExecChannels, agent_started: Callable[[], bool]) -> Workspace:
     """The image's own workdir when the container has pid's view of it (a task image's job without a repository),
@@ -213,6 +217,9 @@ class UploadedWorkspace:
             raise SandboxError("no base commit: import_workspace was not called")
         return self.base_commit
 
+    def moved(self, container: Container, channels: ExecChannels) -> None:
+        self.container, self.channels = container, channels
+
     def close(self) -> None:
         if self._packing is not None:   # it writes on the job disk: done (a second or so) before the disk goes
             self._packing.join(30.0)
@@ -261,15 +268,18 @@ class ImageWorkspace:
         if self._recording is not None:
             self._recording.join()
         self._recording = None
-        if self._error is not None:
-            self._error = None
+        if self._error is not None:   # (kept until it is recorded: a container found gone may be revived for it)
             self.base_commit = self._record(self.channels.run_as_pid, timeout)
+            self._error = None
         if self.base_commit is None:
             raise SandboxError("no base commit: import_workspace was not called")
         return self.base_commit
 
     def close(self) -> None:
         pass
+
+    def moved(self, container: Container, channels: ExecChannels) -> None:
+        self.channels = channels
 
 
 def copy_patch_out(container: Container, inside: str, dest: str, max_bytes: int) -> PatchCopy:

@@ -1180,3 +1180,41 @@ def test_the_engines_errors_reach_callers_as_sandbox_errors(client, monkeypatch,
         monkeypatch.setattr(sb.container.client.api, "get_archive", dropped)
         with pytest.raises(SandboxError, match="connection aborted"):
             sb.export_files(["x.txt"], str(tmp_path), FilesBudget(max_bytes=1 << 20, max_entries=100))
+
+
+def test_a_container_gone_before_collection_leaves_its_patch_and_files(client, tmp_path):
+    """The kernel's memory kill can take the whole container down (pages in /dev/shm), and so can someone's `docker
+    rm -f`: the patch and the files were lost with it, though the agent's work is on the job's disk. A fresh
+    container on those disks, with nothing of the agent's running, now collects them; it goes with the sandbox."""
+    repo = make_repo(tmp_path)
+    job = JOB + "-revived"
+    box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=job, ttl_s=300), client)
+    try:
+        box.import_workspace(str(repo))
+        box.write_file("edit.txt", b"changed before the loss\n")
+        assert box.exec("mkdir -p out && echo report > out/r.txt && echo ok", timeout=30).tail == b"ok\n"
+        first = box.container.id
+        client.api.remove_container(first, force=True)
+        copy = box.export_patch(str(tmp_path / "out.patch"), 1 << 20)
+        files, skipped = box.export_files(["out/r.txt"], str(tmp_path / "files"), FilesBudget(1 << 20, 100))
+        assert box.container.id != first and box.is_alive()
+        # nothing of the agent's was started there: pid's control server and its own scripts only
+        users = box.run_as_pid("ps -eo user= | sort -u", "listing").decode().split()
+        assert users == ["root"], users
+    finally:
+        box.close()
+    assert b"+changed before the loss" in (tmp_path / "out.patch").read_bytes() and copy.size > 0
+    assert skipped == [] and [open(path).read() for path in files] == ["report\n"]
+    assert not client.containers.list(all=True, filters={"label": f"pid.job={job}"})
+    assert box.container.disk is not None and box.container.disk.closed   # (the disks went with the sandbox)
+
+
+def test_a_container_removed_by_pid_is_not_revived(client, tmp_path):
+    """The watchdog's kill (a wall clock run out, a collection past its deadline) is meant: nothing comes back."""
+    repo = make_repo(tmp_path)
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-killed", ttl_s=300), client) as box:
+        box.import_workspace(str(repo))
+        box.kill()
+        with pytest.raises(SandboxError):
+            box.export_patch(str(tmp_path / "out.patch"), 1 << 20)
+        assert not box.is_alive()

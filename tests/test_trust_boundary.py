@@ -1060,7 +1060,8 @@ def test_the_agents_tracer_holding_pids_shells_costs_no_call_more_than_its_timeo
 # -- 6. a job that lies -----------------------------------------------------------------------------------------------
 @not_pooled
 def test_a_container_removed_mid_job_fails_the_job(run_pid, pid_env, sample_repo, tmp_path):
-    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]},
+    """...and what the agent had done is not lost with it: a fresh container on the job's disks makes the patch."""
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo done-before > made.txt; sleep 60"}}]},
               {"text": "all good, honest"}]
     client = docker.from_env()
     from pid.sandbox.reaper import owner_label
@@ -1087,6 +1088,9 @@ def test_a_container_removed_mid_job_fails_the_job(run_pid, pid_env, sample_repo
     # Not at the command's timeout (120 s, the bash tool's default): under gVisor a removed container's exec stream
     # stays open, and only the engine, asked while the command runs, says the container is gone.
     assert result["duration_s"] < 100, result
+    assert result["artifacts"].get("patch") == "patch.diff", result["artifacts"]
+    assert "+done-before" in (tmp_path / "out" / result["id"] / "patch.diff").read_text()
+    assert not client.containers.list(all=True, filters={"label": f"pid.job={result['id']}"})
 
 
 @not_pooled
