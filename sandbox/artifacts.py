@@ -221,19 +221,14 @@ def _data_size(member: tarfile.TarInfo) -> int:
 def copy_patch(chunks: Iterable[bytes], dest: str, max_bytes: int) -> PatchCopy:
     """The tar stream holds one regular file, a `git diff --binary` patch: write it to `dest` without the file
     sections that name an unsafe path (diff --git, ---/+++, rename/copy lines), that make a symlink, or that are
-    not in git's own format, which could hide a header `git apply` would still find. Raises ArtifactTooLarge over
-    max_bytes (no file is left), FileNotFoundError without a regular file, tarfile.TarError for an unreadable or
-    cut archive (the partial dest is removed)."""
+    not in git's own format, which could hide a header `git apply` would still find, nor those of new files whose
+    diff alone is over max_bytes. Raises ArtifactTooLarge when the rest is still over it (no file is left),
+    FileNotFoundError without a regular file, tarfile.TarError for an unreadable or cut archive (the partial dest is
+    removed)."""
     with _open_tar(chunks) as tar:
         for member in _members(tar):
-            if not member.isreg():
-                continue
-            if member.size > max_bytes:
-                size = f"{-(-member.size >> 20)} MB" if member.size >= 1 << 20 else f"{member.size} bytes"
-                raise ArtifactTooLarge(f"the patch is {size}, over the {_size_text(max_bytes)} limit (--max-patch): a "
-                                       "large generated or binary file is the usual cause (remove it or .gitignore it "
-                                       "in the task, or raise --max-patch)")
-            return _write_patch(_regular(tar, member), dest, max_bytes)
+            if member.isreg():
+                return _write_patch(_regular(tar, member), dest, max_bytes)
     raise FileNotFoundError("no regular file in the archive")
 
 
@@ -343,6 +338,9 @@ class _PatchFilter:
         self.no_eol_seen = False
         self.binary_hunks = 0
         self.mode_seen = False      # the current section said a mode (a mode line, or one on its index line)
+        self.new_file = False       # the current section makes a new file
+        self.over = False           # the patch went over max_bytes in the current section: it is counted, not
+        #                             written, until it ends (left out if a new file's alone is over: else too large)
 
     # -- splitting the stream into lines ---------------------------------------------------------------------
     def feed(self, block: bytes) -> None:
@@ -437,8 +435,14 @@ class _PatchFilter:
         if self.dropping:
             return
         self.size += len(data)
-        if self.size > self.max_bytes:
-            raise ArtifactTooLarge(f"the patch is over the {_size_text(self.max_bytes)} limit")
+        if self.size > self.max_bytes or self.over:
+            # A new file that alone is over the limit (a generated or binary file, as a rule) is left out and the rest
+            # kept; past the limit otherwise, the patch is too large (said as its section ends).
+            self.over = True
+            if self.size - self.section_start > self.max_bytes and self.new_file:
+                self._drop(f"a new file whose diff alone is over the {_size_text(self.max_bytes)} limit "
+                           "(--max-patch): left out, the rest of the patch kept")
+            return
         self.out.write(data)
 
     def _mode_stated(self) -> None:
@@ -457,6 +461,7 @@ class _PatchFilter:
         if self.dropping:
             return
         self.dropping = True
+        self.over = False
         self.out.seek(self.section_start)
         self.out.truncate()
         self.size = self.section_start
@@ -467,6 +472,11 @@ class _PatchFilter:
             self._drop("hunk cut short")
         elif self.state not in _SECTION_ENDS and self.state != "preamble":
             self._drop("binary patch cut short")
+        if self.over:
+            raise ArtifactTooLarge(
+                f"the patch is over the {_size_text(self.max_bytes)} limit (--max-patch), without the new files "
+                "too large for it alone: many generated files, or a large change to a file the workspace had, are "
+                "the usual cause (remove or .gitignore them in the task, or raise --max-patch)")
 
     def _start_section(self, line: bytes, complete: bool) -> None:
         if self.preamble:
@@ -475,6 +485,7 @@ class _PatchFilter:
         self.state = "header"
         self.dropping = False
         self.mode_seen = False
+        self.new_file = False
         self.section_start = self.size
         rest = line[len(b"diff --git "):].rstrip(b"\n")
         self.label = _decode(rest)
@@ -577,6 +588,7 @@ class _PatchFilter:
                 self._drop(RENAMED)   # (a safe name's section goes too; the first reason found is the one kept)
         elif match := _MODE_LINE.fullmatch(text):
             self.mode_seen = True
+            self.new_file = self.new_file or match[1] == b"new file mode"
             if match[1] in (b"new mode", b"new file mode"):
                 self._refuse_mode(match[2])
         elif match := _INDEX_LINE.fullmatch(text):

@@ -434,14 +434,34 @@ def test_five_megabyte_line_is_kept_with_bounded_memory(tmp_path):
     assert peak < (5 << 20) // 5, f"peak {peak} bytes for a 5 MiB line"
 
 
+def new_file(name: str, lines: int) -> bytes:
+    return (f"diff --git a/{name} b/{name}\nnew file mode 100644\nindex 0000000..4444444\n--- /dev/null\n"
+            f"+++ b/{name}\n@@ -0,0 +1,{lines} @@\n").encode() + b"+generated line of output\n" * lines
+
+
 def test_patch_over_the_limit_raises_and_leaves_no_file(tmp_path):
     dest = tmp_path / "patch.diff"
-    with pytest.raises(ArtifactTooLarge, match="1000-byte limit"):
+    with pytest.raises(ArtifactTooLarge, match="1000-byte limit"):   # (changes to files the workspace had)
         copy_patch(patch_tar(GOOD1 * 20), str(dest), 1000)
     assert not dest.exists()
-    with pytest.raises(ArtifactTooLarge, match="1 MB limit"):
-        copy_patch(patch_tar(b"x" * ((1 << 20) + 1)), str(dest), 1 << 20)
+    with pytest.raises(ArtifactTooLarge, match="1 MB limit"):   # (new files each within it, too many together)
+        copy_patch(patch_tar(b"".join(new_file(f"gen/{n}.txt", 20_000) for n in range(3))), str(dest), 1 << 20)
     assert not dest.exists()
+
+
+def test_a_new_file_over_the_limit_alone_is_left_out_and_the_rest_kept(tmp_path):
+    """One generated file (a build, a download, a dump) the agent left cost the whole patch: it alone is left out
+    now, said with why, and what git applies is the rest of the change."""
+    big = new_file("data/dump.csv", 60_000)                     # ~1.5 MB: over the 1 MB limit alone
+    copy = copy_patch(patch_tar(GOOD1 + big + GOOD2 + new_file("after.txt", 2)), str(tmp_path / "p.diff"), 1 << 20)
+    kept = (tmp_path / "p.diff").read_bytes()
+    assert kept == GOOD1 + GOOD2 + new_file("after.txt", 2)
+    assert [(s.path, s.reason) for s in copy.dropped] == [
+        ("data/dump.csv", "a new file whose diff alone is over the 1 MB limit (--max-patch): left out, the rest of "
+                          "the patch kept")]
+    applied = git_applied(tmp_path, "work", kept[len(GOOD1):])   # (GOOD1 changes a file this repository lacks)
+    assert (applied / "after.txt").is_file() and (applied / "docs" / "notes.md").is_file()
+    assert not (applied / "data").exists()
 
 
 def test_patch_stream_cut_short_leaves_no_file(tmp_path):
