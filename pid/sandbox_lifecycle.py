@@ -45,7 +45,7 @@ class FilesBudget:
 class JobSandbox(Sandbox, Protocol):
     """One job's sandbox: what the tools use, plus what the runner does before and after them."""
 
-    removed_by_pid: bool   # kill() was called: the sandbox is gone on purpose (nothing left to collect)
+    removed_by_pid: bool   # pid removed it on purpose (kill(), a watchdog): nothing is collected from it
 
     def import_workspace(self, host_path: str, timeout: float = 600.0) -> None:
         """Copy a host directory into workdir and record it as the base of the patch (the host side is only read)."""

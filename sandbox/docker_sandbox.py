@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import posixpath
 import shlex
 import threading
-from typing import IO, Callable, Iterator, Sequence
+from typing import IO, Callable, Iterator, Sequence, TypeVar
 
 import docker
 
@@ -40,6 +41,7 @@ from .workspace import patch_script, unrecorded
 from .workspaces import UploadedWorkspace, copy_patch_out, export_files, workspace_for
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class DockerSandbox:
@@ -57,10 +59,12 @@ class DockerSandbox:
         self._unpacked: BaseException | None = None   # why the workspace unpacked as it started failed
         self._closed = False
         self._revived = False   # a fresh container on the disks took the gone one's place (_revive)
+        self._killed = False    # kill() was called: the sandbox is gone on purpose
+        self._swapping = threading.Lock()   # (kill() and a revival's swap of the container)
 
     @property
     def removed_by_pid(self) -> bool:
-        return self.container.removed_by_pid
+        return self._killed or self.container.removed_by_pid
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     @classmethod
@@ -128,8 +132,12 @@ class DockerSandbox:
         return self.container.is_alive()
 
     def kill(self) -> None:
-        """Force-remove the container now, from any thread: every wait on it ends (the watchdog's tool)."""
-        self.container.kill()
+        """Force-remove the container now, from any thread: every wait on it ends (the watchdog's tool). On purpose:
+        nothing is revived after it."""
+        with self._swapping:
+            self._killed = True
+            box = self.container
+        box.kill()
 
     def close(self) -> None:
         """Remove the container (forced) and its disk. Idempotent; never raises."""
@@ -203,37 +211,59 @@ class DockerSandbox:
                 exc.args = (f"{exc} ({OUT_OF_MEMORY_EARLIER})",)
             raise
 
-    @contextlib.contextmanager
-    def _collecting(self) -> Iterator[Callable[[], bool]]:
-        """pid's work after the agent, told when the container is gone; yields `again`, which revives it (_revive) and
-        says whether the work is worth one more try."""
+    def _revivable(self, work: Callable[[], T], redo: Callable[[], bool] = lambda: True) -> T:
+        """pid's `work` after the agent, done again, once, on a revived container (_revive) when it failed because the
+        container is gone; `redo`: whether the failed attempt left nothing that a second one would trip on."""
         with self._memory_told():
-            yield self._revive
+            try:
+                return work()
+            except SandboxError:
+                if not (redo() and self._revive()):
+                    raise
+            return work()
 
     def _revive(self) -> bool:
         """When the agent's container is gone (not removed by pid: the kernel's memory kill took it down, or someone
         removed it) and its disks are here, a fresh container on them takes its place, with nothing of the agent's
-        running: the patch and the files are not lost with it. Once; whether it did."""
+        running: the patch and the files are not lost with it. Not for a root agent, which could have replaced what
+        pid's servers run there. Once; whether it did (a revival that fails is logged: the first error is the one
+        that counts)."""
         gone = self.container
-        if self._revived or gone.removed_by_pid or gone.disk is None or gone.is_alive():
+        if (self._revived or self._killed or gone.removed_by_pid or gone.disk is None or gone.uid == 0
+                or gone.is_alive()):
             return False
         self._revived = True
         gone.remove()   # (one stopped but not yet removed goes too)
-        box = launch_on_disks_of(gone)
+        try:
+            box = launch_on_disks_of(gone)
+        except SandboxError as exc:
+            log.warning("job %s: its container is gone, and a fresh one on its disks could not be made: %s",
+                        gone.config.job_id, exc)
+            return False
         channels = ExecChannels(box)
         try:
             box.start()
             events = channels.start_control()
-        except BaseException:
+        except SandboxError as exc:
+            log.warning("job %s: its container is gone, and a fresh one on its disks did not start: %s",
+                        gone.config.job_id, exc)
             channels.close()
             box.remove()
-            raise
-        take_disks(box, gone)
-        self.channels.close()
-        self.container, self.channels = box, channels
-        self.processes = ProcessTable(box, channels)
-        self.processes.events = events
-        self.workspace.moved(box, channels)
+            return False
+        with self._swapping:   # (a kill meanwhile, the collection's deadline, is for the new container too)
+            killed = self._killed
+            if not killed:
+                take_disks(gone)
+                self.channels.close()
+                self.processes.close()
+                self.container, self.channels = box, channels
+                self.processes = ProcessTable(box, channels)
+                self.processes.events = events
+                self.workspace.moved(box, channels)
+        if killed:
+            channels.close()
+            box.remove()
+            return False
         log.warning("job %s: its container was gone; pid collects what the agent left from a fresh one on its disks",
                     box.config.job_id)
         return True
@@ -242,13 +272,7 @@ class DockerSandbox:
     def export_patch(self, dest: str, max_bytes: int, timeout: float = 600.0) -> PatchCopy:
         """Write the workspace's changes since the base commit to host file `dest` (made by pid's git, as root,
         from pid's repository; paths validated, size capped). A container found gone is revived for it (_revive)."""
-        with self._collecting() as again:
-            try:
-                return self._export_patch(dest, max_bytes, timeout)
-            except SandboxError:
-                if not again():
-                    raise
-            return self._export_patch(dest, max_bytes, timeout)
+        return self._revivable(lambda: self._export_patch(dest, max_bytes, timeout))
 
     def _export_patch(self, dest: str, max_bytes: int, timeout: float) -> PatchCopy:
         self.processes.clear()   # nothing of the agent may run on (swap files, hold FIFOs) while pid's git reads
@@ -269,13 +293,8 @@ class DockerSandbox:
         its way is skipped: the engine copies as root and follows it, to files the agent cannot read (pid's git, the
         image's /etc/shadow). Every process of the agent's is killed first: nothing may swap a path for a link
         between the look and the copy."""
-        with self._collecting() as again:
-            try:
-                return self._export_files(paths, dest_dir, budget)
-            except SandboxError:
-                if not again():
-                    raise
-            return self._export_files(paths, dest_dir, budget)
+        return self._revivable(lambda: self._export_files(paths, dest_dir, budget),
+                               redo=lambda: not os.path.exists(dest_dir))   # (nothing copied, nothing charged)
 
     def _export_files(self, paths: list[str], dest_dir: str, budget: FilesBudget) -> tuple[list[str], list[Skipped]]:
         self.processes.clear()   # (in a check's container, what the tests left may still run)

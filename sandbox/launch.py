@@ -340,10 +340,10 @@ def launch_on_disks_of(gone: Container) -> Container:
     return box
 
 
-def take_disks(new: Container, gone: Container) -> None:
-    """What the host holds for `gone` (its disks, the image's trees) is `new`'s from now on: its release frees them."""
+def take_disks(gone: Container) -> None:
+    """What the host held for `gone` (its disks, the image's trees) is the container launch_on_disks_of made on them
+    from now on: that one's release frees them, `gone`'s no longer does."""
     gone.disk = gone.pid_disk = gone.image_fs = None
-    gone.first = []
 
 
 def _storage(box: Container, inspected: dict[str, Any]) -> dict[str, Any]:

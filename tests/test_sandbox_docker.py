@@ -1209,12 +1209,32 @@ def test_a_container_gone_before_collection_leaves_its_patch_and_files(client, t
     assert box.container.disk is not None and box.container.disk.closed   # (the disks went with the sandbox)
 
 
-def test_a_container_removed_by_pid_is_not_revived(client, tmp_path):
-    """The watchdog's kill (a wall clock run out, a collection past its deadline) is meant: nothing comes back."""
+def test_a_container_removed_by_pid_is_not_revived(client, tmp_path, monkeypatch):
+    """The watchdog's kill (a wall clock run out, a collection past its deadline) is meant: nothing comes back, also
+    when it comes while a revival is under way (the review's). Nor for a root agent, which could have replaced what
+    pid's servers run there."""
+    import pid.sandbox.docker_sandbox as docker_sandbox
     repo = make_repo(tmp_path)
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-killed", ttl_s=300), client) as box:
         box.import_workspace(str(repo))
         box.kill()
         with pytest.raises(SandboxError):
             box.export_patch(str(tmp_path / "out.patch"), 1 << 20)
-        assert not box.is_alive()
+        assert not box.is_alive() and box.removed_by_pid
+    made = []
+
+    def launched_then_killed(gone):
+        made.append(launch(gone))
+        midway.kill()   # (the collection's deadline, as the new container is being made)
+        return made[-1]
+    launch = docker_sandbox.launch_on_disks_of
+    monkeypatch.setattr(docker_sandbox, "launch_on_disks_of", launched_then_killed)
+    for job, user in ((JOB + "-killed-midway", None), (JOB + "-root", "root")):
+        with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=job, ttl_s=300, **({"user": user} if user else
+                                                {})), client) as midway:
+            midway.import_workspace(str(repo))
+            client.api.remove_container(midway.container.id, force=True)
+            with pytest.raises(SandboxError):
+                midway.export_patch(str(tmp_path / f"{job}.patch"), 1 << 20)
+            assert not client.containers.list(all=True, filters={"label": f"pid.job={job}"})
+    assert len(made) == 1   # (the root agent's sandbox was never revived)
