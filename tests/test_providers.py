@@ -18,7 +18,7 @@ import pytest
 from pid.messages import (AssistantMessage, ImageContent, TextContent, ThinkingContent, ToolCall, ToolResultMessage,
                           ToolSpec, UserMessage)
 from pid.providers import AnthropicProvider, OpenAIProvider, ProviderConfig, make_provider
-from pid.providers.transport import MAX_EVENT_BYTES, MAX_REPLY_BYTES
+from pid.providers.transport import ERROR_TEXT_LIMIT, MAX_EVENT_BYTES, MAX_REPLY_BYTES
 from tests.scripted_llm import ENDLESS_CAP, ENDLESS_PIECE, ScriptedLLM
 
 OPENAI = "openai-completions"
@@ -1030,3 +1030,8 @@ def test_an_api_key_the_server_echoes_in_its_error_is_not_recorded(api: str) -> 
     assert reply.stop_reason == "error" and "Incorrect API key provided: Bearer [the API key]" in reply.error_message
     assert len(notices) == 1 and "Bearer [the API key]" in notices[0].error
     assert key not in reply.error_message and key not in notices[0].error
+    # a key the error text's truncation cut leaves nothing of its start either
+    cut = {"message": "x" * (ERROR_TEXT_LIMIT - 10) + key}
+    with ScriptedLLM([{"error": {"status": 401, "body": {"error": cut}}}]) as llm:
+        reply = provider(llm, api, api_key=key, max_retries=0).stream("", HELLO, [])
+    assert reply.error_message.endswith("x[the API key]..."), reply.error_message[-60:]

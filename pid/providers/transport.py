@@ -695,11 +695,25 @@ class StreamingProvider:
         """A server's error text, with the job's own API key, should the server echo it (gateways and proxies that
         quote the Authorization header do), replaced: the text goes into the log, the events and result.json."""
         key = self.config.api_key
-        return text.replace(key, "[the API key]") if key and len(key) >= 8 else text
+        if not key or len(key) < 8:
+            return text
+        text = text.replace(key, "[the API key]")
+        body, cut = (text[:-3], "...") if text.endswith("...") else (text, "")
+        for size in range(len(key) - 1, 3, -1):   # (a key the text's truncation cut: its start is left at the end)
+            if body.endswith(key[:size]):
+                return body[:-size] + "[the API key]" + cut
+        return text
 
     def _finish(self, reply: StreamReply) -> AssistantMessage:
         """The reply as a message; should what the server sent break even that, a failed message that says so, with
-        none of the reply's content (the seam never raises: the job ends as a provider's error, the call counted)."""
+        none of the reply's content (the seam never raises: the job ends as a provider's error, the call counted).
+        Its error never holds the job's API key."""
+        message = self._message_or_failure(reply)
+        if message.error_message:
+            message.error_message = self._without_key(message.error_message)
+        return message
+
+    def _message_or_failure(self, reply: StreamReply) -> AssistantMessage:
         try:
             return self._message(reply)
         except Exception as exc:  # noqa: BLE001
