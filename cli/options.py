@@ -8,7 +8,6 @@ import math
 import os
 import re
 import select
-import time
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -237,20 +236,21 @@ class PoolSpec(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-PROMPT_READ_S = 10.0   # a prompt file that is a pipe (`<(…)`) has this long to send all of it
+PROMPT_READ_S = 10.0   # a prompt file that is a pipe (`<(…)`) may be silent this long at a time
 
 
-def read_within(path: str, limit: int, timeout_s: float) -> bytes:
-    """At most `limit` bytes of `path`, within `timeout_s`: a FIFO (a tasks file may name one) is opened without
-    waiting for a writer and read with a deadline, never hanging the command. TimeoutError past it; OSError."""
-    deadline = time.monotonic() + timeout_s
+def read_within(path: str, limit: int, quiet_s: float) -> bytes:
+    """At most `limit` bytes of `path`. A FIFO (a tasks file may name one) is opened without waiting for a writer
+    and read as long as it sends something every `quiet_s`: it never hangs the command. TimeoutError when it is
+    silent longer; OSError."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
+        ready = select.poll()
+        ready.register(fd, select.POLLIN)
         chunks: list[bytes] = []
         size = 0
         while size < limit:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if not ready.poll(quiet_s * 1000):
                 raise TimeoutError(path)
             try:
                 chunk = os.read(fd, min(limit - size, 1 << 16))
@@ -278,8 +278,8 @@ class PromptFile(click.ParamType):
         try:
             data = read_within(path, MAX_SYSTEM_PROMPT_BYTES + 1, PROMPT_READ_S)
         except TimeoutError:
-            self.fail(f"cannot read {path}: nothing came from it within {PROMPT_READ_S:g} s (a FIFO no one "
-                      "writes?)", param, ctx)
+            self.fail(f"cannot read {path}: it sent nothing for {PROMPT_READ_S:g} s (a FIFO no one writes?)", param,
+                      ctx)
         except OSError as exc:
             self.fail(f"cannot read {path}: {exc.strerror or exc}", param, ctx)
         if len(data) > MAX_SYSTEM_PROMPT_BYTES:

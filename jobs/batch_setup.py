@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from pid.errors import PidError
 from pid.sandbox.disk import format_size
@@ -306,18 +306,19 @@ TASKS_FILE_MAX = 512 << 20
 def read_items(tasks: str, allow_outside: bool) -> tuple[list[Item], list[str]]:
     """Every line read and parsed, its paths relative to the tasks file's directory (batch_tasks.local_path); the
     bad ones are reported with the others build_specs finds."""
+    from pid.cli.batch_tasks import parse
+    base = None if tasks == "-" else os.path.dirname(os.path.abspath(os.path.expanduser(tasks)))
+    too_long: list[int] = []
     try:
         if tasks == "-":   # (a stdin replaced by a text stream, as in a notebook, has no bytes underneath)
             stdin = sys.stdin
-            lines, too_long = _lines(stdin.buffer if hasattr(stdin, "buffer") else _Encoded(stdin), tasks)
+            parsed = parse(_lines(stdin.buffer if hasattr(stdin, "buffer") else _Encoded(stdin), tasks, too_long),
+                           base, allow_outside)
         else:
             with open(os.path.expanduser(tasks), "rb") as f:
-                lines, too_long = _lines(f, tasks)
+                parsed = parse(_lines(f, tasks, too_long), base, allow_outside)
     except OSError as exc:
         raise PidError(f"cannot read {tasks}: {exc.strerror or exc}") from None
-    base = None if tasks == "-" else os.path.dirname(os.path.abspath(os.path.expanduser(tasks)))
-    from pid.cli.batch_tasks import parse
-    parsed = parse(lines, base, allow_outside)
     errors = parsed.errors + [f"line {n}: longer than {_mib(TASKS_LINE_MAX)} (a task is at most 1 MiB)"
                               for n in too_long]
     if not parsed.items and not errors:
@@ -325,32 +326,32 @@ def read_items(tasks: str, allow_outside: bool) -> tuple[list[Item], list[str]]:
     return parsed.items, errors
 
 
-def _lines(stream: Any, tasks: str) -> tuple[list[str], list[int]]:
-    """The tasks file's lines, decoded (a line over TASKS_LINE_MAX is left blank, its number in the second list);
-    PidError for a file over TASKS_FILE_MAX or a line that is not UTF-8."""
-    lines: list[str] = []
-    too_long: list[int] = []
-    total = 0
+def _lines(stream: Any, tasks: str, too_long: list[int]) -> Iterator[str]:
+    """The tasks file's lines, decoded, one at a time as they are parsed (none is held longer): a line over
+    TASKS_LINE_MAX is read past and given blank, its number put in `too_long`. PidError for a file over
+    TASKS_FILE_MAX or a line that is not UTF-8."""
+    total = number = 0
     while True:
         raw = stream.readline(TASKS_LINE_MAX + 1)
         if not raw:
-            return lines, too_long
+            return
+        number += 1
         total += len(raw)
-        if len(raw) > TASKS_LINE_MAX:   # the rest of it is read past, a bounded piece at a time
+        if len(raw) > TASKS_LINE_MAX and not raw.endswith(b"\n"):   # the rest is read past, a bounded piece at a time
             while raw and not raw.endswith(b"\n") and total <= TASKS_FILE_MAX:
                 raw = stream.readline(TASKS_LINE_MAX)
                 total += len(raw)
-            too_long.append(len(lines) + 1)
+            too_long.append(number)
             raw = b""
         if total > TASKS_FILE_MAX:
             raise PidError(f"cannot read {tasks}: larger than {_mib(TASKS_FILE_MAX)}: split it into several "
                            "batches")
-        if not lines:
+        if number == 1:
             raw = raw.removeprefix(b"\xef\xbb\xbf")   # a byte order mark (some editors write one) is not part of line 1
         try:
-            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+            yield raw.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError as exc:
-            raise PidError(f"cannot read {tasks}: line {len(lines) + 1}: not UTF-8 (byte {raw[exc.start]:#04x}: "
+            raise PidError(f"cannot read {tasks}: line {number}: not UTF-8 (byte {raw[exc.start]:#04x}: "
                            f"{exc.reason})") from None
 
 

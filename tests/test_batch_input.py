@@ -191,10 +191,12 @@ def test_a_hostile_tasks_file_is_read_within_bounds_and_its_bad_lines_reported(t
         batch_setup.read_items("/dev/zero", allow_outside=False)
     tasks = tmp_path / "tasks.jsonl"
     good = json.dumps({"id": "ok", "task": "t"})
+    exact = json.dumps({"id": "exact", "task": ""})
+    exact = exact[:-2] + "y" * ((1 << 20) - len(exact)) + exact[-2:]   # (a line of exactly the limit: it is read)
     tasks.write_text("\n".join([good, json.dumps({"id": "big", "task": "x" * (1 << 20)}), "[" * 100_000 + "]" * 100_000,
-                                json.dumps({"id": "last", "task": "t"})]) + "\n")
+                                json.dumps({"id": "last", "task": "t"}), exact]) + "\n")
     items, errors = batch_setup.read_items(str(tasks), allow_outside=False)
-    assert [item.id for item in items] == ["ok", "last"]
+    assert [item.id for item in items] == ["ok", "last", "exact"] and len(exact.encode()) == 1 << 20
     assert sorted(errors) == ["line 2: longer than 1 MiB (a task is at most 1 MiB)",
                               "line 3: not JSON pid reads (nested too deeply)"], errors
 
@@ -207,7 +209,7 @@ def test_a_prompt_file_that_is_a_fifo_no_one_writes_is_refused_in_time(tmp_path,
     monkeypatch.setattr(options, "PROMPT_READ_S", 0.5)
     fifo = tmp_path / "prompt.fifo"
     os.mkfifo(fifo)
-    with pytest.raises(click.BadParameter, match="nothing came from it within 0.5 s"):
+    with pytest.raises(click.BadParameter, match="it sent nothing for 0.5 s"):
         options.PromptFile().convert(str(fifo), None, None)
     def write() -> None:   # as `<(…)`'s writer: it opens the FIFO (waiting for the reader), writes, and ends
         with open(fifo, "wb") as f:
