@@ -23,9 +23,9 @@ def follow(run: Run, as_json: bool, tasks: str | None, existing: bool = False) -
     SIGHUP (a CI step's timeout, a closed terminal) stops following at once: the jobs go on, the command that resumes
     is said (it ended without a word), and the exit code is 128 + the signal's number."""
     def on_stop(signum: int, frame: Any) -> None:
-        echo(f"\nstopped by {signal.Signals(signum).name}: the batch's jobs go on; resume with: "
-             f"{resume_command(run, tasks)}", err=True)
-        raise SystemExit(128 + signum)   # (its local workers, if any, hand their jobs back as the run closes)
+        if run.stopping:   # waiting for the downloads: that wait ends too
+            raise SystemExit(128 + signum)
+        run.let_go(signum)   # (following stops at its next pass: nothing is left half-recorded)
 
     def on_sigint(signum: int, frame: Any) -> None:
         if run.stopping:   # waiting for the downloads: Ctrl-C ends that wait (what is queued is fetched by a rerun)
@@ -42,6 +42,10 @@ def follow(run: Run, as_json: bool, tasks: str | None, existing: bool = False) -
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if run.let_go_by:   # (its local workers, if any, hand their jobs back as the run closes)
+        again = this_command() if tasks else f"pid batch --wait {shlex.quote(run.bdir.path)}"
+        _say(f"stopped by {signal.Signals(run.let_go_by).name}: the batch's jobs go on; resume with: {again}")
+        sys.exit(128 + run.let_go_by)
     echo(dumps({"summary": summary}) if as_json else summary_text(summary, run.bdir.path))
     if run.interrupted:
         bdir = run.bdir
@@ -52,6 +56,14 @@ def follow(run: Run, as_json: bool, tasks: str | None, existing: bool = False) -
              + f"; resume with: {resume_command(run, tasks)}", err=True)
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(summary["exit_code"])
+
+
+def _say(text: str) -> None:
+    """A line on stderr that a terminal closed meanwhile (SIGHUP: EIO) does not turn into an error."""
+    try:
+        echo(text, err=True)
+    except OSError:
+        pass
 
 
 def resume_command(run: Run, tasks: str | None) -> str:

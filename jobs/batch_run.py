@@ -109,6 +109,7 @@ class Run:
     stopped: bool = False                                     # the batch was cancelled as a whole meanwhile
     submitted: int = 0
     interrupted: int = 0                                      # interrupt() count (the CLI's Ctrl-C)
+    let_go_by: int = 0                                        # let_go()'s signal: stop following, the jobs go on
     stopping: bool = False                                    # follow() waits for its downloads to end
 
     # -- submitting --------------------------------------------------------------------------------------------
@@ -230,7 +231,7 @@ class Run:
                         raise
                 if self.tracked or f.pending:   # one query for all: less often for thousands of jobs
                     time.sleep(min(POLL_MAX_S, max(POLL_S, len(self.tracked) / 500)))
-            ended = not self.interrupted
+            ended = not self.interrupted and not self.let_go_by
         except KeyboardInterrupt:   # (pid.batch's): the jobs cancelled before any wait for the downloads
             self.cancel_tracked(note=display.note)
             raise
@@ -247,6 +248,8 @@ class Run:
         """One look at the store for all the batch's jobs: stops acted on, ended jobs downloaded and recorded, the
         budget and the local workers checked, the display updated. False: stop following (interrupted, and the
         jobs had their time to end)."""
+        if self.let_go_by:
+            return False
         records = self._records()
         if self.interrupted and f.cancelled_at is None:
             f.cancelled_at = time.monotonic()
@@ -349,6 +352,10 @@ class Run:
         finally:
             release(self.bdir.lock)
             self.bdir.lock = None
+
+    def let_go(self, signum: int) -> None:
+        """Stop following at the next pass (safe from a signal handler): the jobs are not cancelled, they go on."""
+        self.let_go_by = signum
 
     def interrupt(self) -> int:
         """Stop the batch (safe from a signal handler or another thread): the first call has follow() cancel the
