@@ -397,3 +397,11 @@ def test_relatives_are_linked_and_a_watched_page_reloads(tmp_path):
     assert ('<dt>continued by</dt><dd><a href="kid&amp;1.html" data-relation="continued by"><code>kid-1</code></a>, '
             '<code data-relation="continued by">kid-2</code>') in linked
     assert '<meta http-equiv="refresh" content="2">' in linked and "live: this page reloads every 2 s" in linked
+
+
+def test_a_batch_item_whose_check_never_ran_says_so_on_its_row():
+    """The summary counted it among the checks (not passed) while its row showed no check at all (the review's)."""
+    from pid.cli.pages.batch import Item, row_html
+    row = row_html(Item({"id": "slow", "status": "limit", "exit_reason": "wall_clock", "check_asked": True}))
+    assert "not run" in row
+    assert "not run" not in row_html(Item({"id": "plain", "status": "completed", "exit_reason": "stop"}))

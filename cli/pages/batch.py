@@ -5,8 +5,8 @@ them in one file would not be, and a browser opens a small index at once; every 
 asset, no network) and the links between them are relative, so the view/ folder can be copied or archived whole.
 
 The batch directory (written by `pid batch --out DIR`): DIR/batch.jsonl, one JSON object per item (id, job_id,
-status, exit_reason, exit_code, cost, tokens, turns, duration_s, check), DIR/summary.json, and DIR/<id>/ holding
-each item's artifacts. Any field may be missing; lines that are not JSON objects are counted and skipped; an id
+status, exit_reason, exit_code, cost, tokens, turns, duration_s, check, check_asked), DIR/summary.json, and DIR/<id>/
+holding each item's artifacts. Any field may be missing; lines that are not JSON objects are counted and skipped; an id
 seen twice (a resumed batch) keeps its last line, in its first place.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from pid.jobs.batch import check_verdict
 from pid.cli.pages.blocks import (LIMITS, Limits, badge, check_badge, esc, fmt_cost, fmt_duration, fmt_int, number,
                                   page, status_class, write_page)
 from pid.cli.pages.job import read_result, render_job
@@ -152,10 +153,10 @@ def row_html(item: Item) -> str:
     line = item.line
     status = str(line.get("status") or "unknown")
     check = line.get("check")
-    if isinstance(check, dict):
-        check_v = "passed" if check.get("passed") else "failed"
+    if isinstance(check, bool):   # (an older batch.jsonl's)
+        check_v = "passed" if check else "failed"
     else:
-        check_v = "" if not isinstance(check, bool) else ("passed" if check else "failed")
+        check_v = check_verdict(line) or ""
     name = f'<a href="{esc(item.page)}">{esc(item.id)}</a>' if item.page else esc(item.id)
     reason = f' <span class="dim">{esc(line["exit_reason"])}</span>' if line.get("exit_reason") else ""
 
@@ -165,7 +166,7 @@ def row_html(item: Item) -> str:
     cells = [
         (esc(item.id), name, ""),
         (esc(status), badge(status, status_class(status)) + reason, ""),
-        (check_v, check_badge(check), ""),
+        (check_v, check_badge(check) if check_v != "not run" else badge("not run", "bad"), ""),
         (num("cost"), fmt_cost(line.get("cost")), "num"),
         (num("tokens"), fmt_int(line.get("tokens")), "num"),
         (num("turns"), fmt_int(line.get("turns")), "num"),
