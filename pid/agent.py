@@ -39,8 +39,8 @@ LENGTH_STOP_TOOL_ERROR = ('Tool call "{name}" was not executed: the response hit
 # job's memory by ~50 MB a turn with their answers), and the model may ask again.
 MAX_CALLS_PER_REPLY = 64
 TOO_MANY_CALLS_ERROR = ('Tool call "{name}" was not executed: one response may make at most {limit} tool calls, and '
-                        'this one made {made}: this call and the ones after it did not run (those after it are left '
-                        'out of the conversation). Re-issue what is still needed in your next response.')
+                        'this one made {made}{after}. Re-issue what is still needed in your next response.')
+LEFT_OUT_CALLS = ": this call and the {count} after it did not run (those are left out of the conversation)"
 OVERFLOW_ERROR = ("the conversation is too long for the model's context window ({detail}); try a model with a larger "
                   "window, or set --context-window to the window the server really has")
 
@@ -220,7 +220,7 @@ class Agent:
                 if self.cancel_event.is_set():
                     return self._stopped(out)
                 return self._end(out, "sandbox_error", str(exc))
-            out.tool_calls += len(calls)
+            out.tool_calls += self._calls_made   # (those left out of the transcript too: the model made them)
             for result in results:
                 self._add(result)
             self._emit(ev.TurnEnd(turn, reply, results))
@@ -334,8 +334,10 @@ class Agent:
             return [self._result_message(c, ToolResult.error(LENGTH_STOP_TOOL_ERROR.format(name=c.name)))
                     for c in calls]
         calls, refused = calls[:MAX_CALLS_PER_REPLY], calls[MAX_CALLS_PER_REPLY:]
+        left_out = self._calls_made - MAX_CALLS_PER_REPLY - 1
+        after = LEFT_OUT_CALLS.format(count=left_out) if left_out > 0 else ""
         too_many = [self._result_message(c, ToolResult.error(TOO_MANY_CALLS_ERROR.format(
-            name=c.name, limit=MAX_CALLS_PER_REPLY, made=self._calls_made))) for c in refused]
+            name=c.name, limit=MAX_CALLS_PER_REPLY, made=self._calls_made, after=after))) for c in refused]
         if len(calls) == 1:
             return [self._run_tool(calls[0])] + too_many
         return list(self._pool.map(self._run_tool, calls)) + too_many  # map keeps the order of the model's calls

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from pid import events as ev
-from pid.agent import LENGTH_STOP_TOOL_ERROR, MAX_CALLS_PER_REPLY, TOO_MANY_CALLS_ERROR, Agent, Limits
+from pid.agent import (LEFT_OUT_CALLS, LENGTH_STOP_TOOL_ERROR, MAX_CALLS_PER_REPLY, TOO_MANY_CALLS_ERROR, Agent,
+                       Limits)
 from pid.messages import AssistantMessage, TextContent, ToolCall, ToolResultMessage, UserMessage
 from pid.providers import make_provider
 from pid.providers.base import ProviderConfig
@@ -198,11 +199,12 @@ def test_a_reply_runs_at_most_its_share_of_tool_calls_and_answers_the_rest(sandb
         outcome = agent.run("go")
         results = [m["content"] for m in tool_messages(llm.requests[1])]
         replayed = [m for m in llm.requests[1]["messages"] if m["role"] == "assistant"][0]
-    assert outcome.status == "completed" and outcome.tool_calls == MAX_CALLS_PER_REPLY + 1
+    assert outcome.status == "completed" and outcome.tool_calls == MAX_CALLS_PER_REPLY + 3
     assert sorted(sandbox.commands) == sorted(f"echo {n}" for n in range(MAX_CALLS_PER_REPLY))
     assert len(results) == MAX_CALLS_PER_REPLY + 1
+    after = LEFT_OUT_CALLS.format(count=2)
     assert results[-1] == TOO_MANY_CALLS_ERROR.format(name="bash", limit=MAX_CALLS_PER_REPLY,
-                                                      made=MAX_CALLS_PER_REPLY + 3)
+                                                      made=MAX_CALLS_PER_REPLY + 3, after=after)
     assert len(replayed["tool_calls"]) == MAX_CALLS_PER_REPLY + 1      # as the model is shown its own reply
     assert len(agent.messages[1].tool_calls) == MAX_CALLS_PER_REPLY + 1  # and as the transcript keeps it
 
