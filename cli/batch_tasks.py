@@ -128,8 +128,7 @@ def parse(lines: Iterable[str], base: str | None, allow_outside: bool = False) -
             item_id = f"line-{number}"
         elif str(item_id) in RESERVED_IDS:
             problems.append(f"id {json.dumps(item_id)} is the name of one of the batch's own files or folders (ids "
-                            "may not be "
-                            f"{', '.join(sorted(RESERVED_IDS))})")
+                            f"may not be {', '.join(sorted(RESERVED_IDS))})")
             item_id = f"line-{number}"
         item_id = str(item_id)
         if item_id in seen:

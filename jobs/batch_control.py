@@ -52,7 +52,6 @@ def item_rows(bdir: BatchDir, records: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-
 def status(bdir: BatchDir, store: Any) -> Status:
     records = {r.id: r for r in store.batch_jobs(bdir.batch_id)}
     live = {bdir.current_job(i): i for i in bdir.order if bdir.current_job(i) in records
