@@ -220,12 +220,12 @@ def run(api_key: str | None, as_json: bool, no_images: bool, max_workspace: int,
 
 def _interrupted(spec: JobSpec, as_json: bool, signum: int, words: str, result: dict[str, Any] | None = None
                  ) -> NoReturn:
-    """`pid run` stopped as it set up: said, and its result printed when it has one (--json: on stdout, as a CI
-    step's reader expects, whenever the job has a result.json), with 128 + the signal's number."""
+    """`pid run` stopped as it set up: one line, and with --json its result.json on stdout, as a CI step's reader
+    expects (whenever the job has one); 128 + the signal's number."""
     echo(words, err=True)
-    if result is None:
+    if as_json and result is None:
         result = submission.local_result(os.path.join(spec.job_dir, "result.json"), spec.id)
-    if result is not None:
+    if as_json and result is not None:
         print_result(result, spec.job_dir, as_json)
     sys.exit(128 + signum)
 
