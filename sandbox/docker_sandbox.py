@@ -224,16 +224,18 @@ class DockerSandbox:
 
     def _revive(self) -> bool:
         """When the agent's container is gone (not removed by pid: the kernel's memory kill took it down, or someone
-        removed it) and its disks are here, a fresh container on them takes its place, with nothing of the agent's
-        running: the patch and the files are not lost with it. Not for a root agent, which could have replaced what
-        pid's servers run there. Once; whether it did (a revival that fails is logged: the first error is the one
-        that counts)."""
+        removed it), or ran out of memory (the kernel may have killed pid's server in it), and its disks are here, a
+        fresh container on them takes its place, with nothing of the agent's running: the patch and the files are not
+        lost with it. Not for a root agent, which could have replaced what pid's servers run there. Once; whether it
+        did (a revival that fails is logged: the first error is the one that counts)."""
         gone = self.container
-        if (self._revived or self._killed or gone.removed_by_pid or gone.disk is None or gone.uid == 0
-                or gone.is_alive()):
+        if self._revived or self._killed or gone.removed_by_pid or gone.disk is None or gone.uid == 0:
+            return False
+        # (one still running whose memory ran out: pid's server there was killed, and /dev/shm stays full)
+        if gone.is_alive() and not self.commands.memory.ever_ran_out():
             return False
         self._revived = True
-        gone.remove()   # (one stopped but not yet removed goes too)
+        gone.remove()   # (one stopped but not yet removed goes too, and one that ran out of memory)
         try:
             box = launch_on_disks_of(gone)
         except SandboxError as exc:
@@ -244,11 +246,13 @@ class DockerSandbox:
         try:
             box.start()
             events = channels.start_control()
-        except SandboxError as exc:
-            log.warning("job %s: its container is gone, and a fresh one on its disks did not start: %s",
-                        gone.config.job_id, exc)
+        except BaseException as exc:
             channels.close()
             box.remove()
+            if not isinstance(exc, SandboxError):
+                raise
+            log.warning("job %s: its container is gone, and a fresh one on its disks did not start: %s",
+                        gone.config.job_id, exc)
             return False
         with self._swapping:   # (a kill meanwhile, the collection's deadline, is for the new container too)
             killed = self._killed

@@ -1238,3 +1238,31 @@ def test_a_container_removed_by_pid_is_not_revived(client, tmp_path, monkeypatch
                 midway.export_patch(str(tmp_path / f"{job}.patch"), 1 << 20)
             assert not client.containers.list(all=True, filters={"label": f"pid.job={job}"})
     assert len(made) == 1   # (the root agent's sandbox was never revived)
+
+
+def test_a_container_that_ran_out_of_memory_and_lost_pids_server_is_revived(client, tmp_path, monkeypatch):
+    """Pages in /dev/shm cannot be freed: the kernel's memory kill may take pid's own server while the container
+    runs on, and with /dev/shm full no new one could make the patch there (an attack's finding). A container whose
+    memory ran out is then replaced too, by a fresh one on its disks, whose /dev/shm is empty."""
+    repo = make_repo(tmp_path)
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-shm", ttl_s=300, memory="64m"), client) as box:
+        box.import_workspace(str(repo))
+        box.write_file("edit.txt", b"changed before the memory ran out\n")
+        try:   # (the kernel may take that call's own server: then the call fails, saying so)
+            box.exec("head -c 40M /dev/zero > /dev/shm/fill; python3 -c 'a = bytearray(40 << 20)'", timeout=60)
+        except SandboxError as exc:
+            assert "ran out of memory" in str(exc)
+        assert box.commands.memory.ever_ran_out() and box.is_alive()
+        first = box.container.id
+        make = box._export_patch
+        failures = iter([SandboxError("exec channel closed (container stopped?)")])
+
+        def lost_once(*args):   # (the kernel's choice, made here: pid's server in it is gone, none can start)
+            for failure in failures:
+                raise failure
+            return make(*args)
+        monkeypatch.setattr(box, "_export_patch", lost_once)
+        copy = box.export_patch(str(tmp_path / "out.patch"), 1 << 20)
+        assert box.container.id != first and copy.size > 0
+        assert box.run_as_pid("ls /dev/shm | wc -l", "looking").strip() == b"0"
+    assert b"+changed before the memory ran out" in (tmp_path / "out.patch").read_bytes()
