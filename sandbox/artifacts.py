@@ -339,6 +339,9 @@ class _PatchFilter:
         self.binary_hunks = 0
         self.mode_seen = False      # the current section said a mode (a mode line, or one on its index line)
         self.new_file = False       # the current section makes a new file
+        self.deleted = False        # ...or deletes one
+        self.last_deleted = ""      # the file the previous section deleted (git writes a type change as a deletion
+        #                             and a new file, one after the other): its new file is no new file
         self.over = False           # the patch went over max_bytes in the current section: it is counted, not
         #                             written, until it ends (left out if a new file's alone is over: else too large)
 
@@ -482,10 +485,11 @@ class _PatchFilter:
         if self.preamble:
             self.skips.add("(text before the first diff --git line)", "not part of any file section")
             self.preamble = False
+        self.last_deleted = self.label if self.deleted and not self.dropping else ""
         self.state = "header"
         self.dropping = False
         self.mode_seen = False
-        self.new_file = False
+        self.new_file = self.deleted = False
         self.section_start = self.size
         rest = line[len(b"diff --git "):].rstrip(b"\n")
         self.label = _decode(rest)
@@ -588,7 +592,8 @@ class _PatchFilter:
                 self._drop(RENAMED)   # (a safe name's section goes too; the first reason found is the one kept)
         elif match := _MODE_LINE.fullmatch(text):
             self.mode_seen = True
-            self.new_file = self.new_file or match[1] == b"new file mode"
+            self.new_file = self.new_file or (match[1] == b"new file mode" and self.label != self.last_deleted)
+            self.deleted = self.deleted or match[1] == b"deleted file mode"
             if match[1] in (b"new mode", b"new file mode"):
                 self._refuse_mode(match[2])
         elif match := _INDEX_LINE.fullmatch(text):

@@ -449,6 +449,16 @@ def test_patch_over_the_limit_raises_and_leaves_no_file(tmp_path):
     assert not dest.exists()
 
 
+def test_a_link_replaced_by_a_file_over_the_limit_is_no_new_file_to_leave_out(tmp_path):
+    """git writes a type change as a deletion and a new file of the same path: leaving the new file out would have
+    the patch delete the path the workspace still has (an attack's finding). Too large, it fails the patch."""
+    deleted = (b"diff --git a/lnk b/lnk\ndeleted file mode 120000\nindex 1111111..0000000\n--- a/lnk\n+++ /dev/null\n"
+               b"@@ -1 +0,0 @@\n-README\n\\ No newline at end of file\n")
+    with pytest.raises(ArtifactTooLarge, match="1 MB limit"):
+        copy_patch(patch_tar(GOOD1 + deleted + new_file("lnk", 60_000)), str(tmp_path / "p.diff"), 1 << 20)
+    assert not (tmp_path / "p.diff").exists()
+
+
 def test_a_new_file_over_the_limit_alone_is_left_out_and_the_rest_kept(tmp_path):
     """One generated file (a build, a download, a dump) the agent left cost the whole patch: it alone is left out
     now, said with why, and what git applies is the rest of the change."""
