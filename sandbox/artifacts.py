@@ -100,6 +100,12 @@ class _Skips:
             self.entries.append(Skipped("…", "; ".join(notes)))
 
 
+def new_file_over(max_bytes: int) -> str:
+    """Why a new file is not in the patch: its diff alone is over --max-patch (the host's filter, or pid's git)."""
+    return f"a new file whose diff alone is over the {_size_text(max_bytes)} limit (--max-patch): left out, the rest " \
+           "of the patch kept"
+
+
 def _size_text(limit: int) -> str:
     return f"{limit >> 20} MB" if limit and limit % (1 << 20) == 0 else f"{limit}-byte"
 
@@ -443,8 +449,7 @@ class _PatchFilter:
             # kept; past the limit otherwise, the patch is too large (said as its section ends).
             self.over = True
             if self.size - self.section_start > self.max_bytes and self.new_file:
-                self._drop(f"a new file whose diff alone is over the {_size_text(self.max_bytes)} limit "
-                           "(--max-patch): left out, the rest of the patch kept")
+                self._drop(new_file_over(self.max_bytes))
             return
         self.out.write(data)
 

@@ -12,6 +12,7 @@ import errno
 import hashlib
 import os
 import re
+import shlex
 import stat
 import tarfile
 import tempfile
@@ -96,7 +97,7 @@ _COMMIT_DEFERRED = ("tree=$(git write-tree --missing-ok)\n"
                     "echo \"$head\"\n")
 
 
-def patch_script(workdir: str, base: str, room: str) -> str:
+def patch_script(workdir: str, base: str, room: str, max_patch: int) -> str:
     """Write the workspace's changes since `base` (new and binary files too) as a patch to `room`/patch.diff.
 
     Everything git writes for it goes into `room` (a directory of root's on pid's own disk, see launch.PID_DISK): a
@@ -111,6 +112,7 @@ def patch_script(workdir: str, base: str, room: str) -> str:
         raise ValueError(f"not a commit id: {base!r}")
     if not re.fullmatch(r"/[A-Za-z0-9_./-]+", room):
         raise ValueError(f"not a directory pid names: {room!r}")
+    max_patch = int(max_patch)
     return (_GIT_ENV.format(workdir=workdir) + "set -e\numask 077\n"
             f"rm -rf {room}/objects {room}/index {room}/index.lock {room}/patch.diff\n"
             f"mkdir -p {room}/objects\n"
@@ -132,9 +134,10 @@ def patch_script(workdir: str, base: str, room: str) -> str:
             # git's binary diff of a file near 2 GiB or more is broken (2.39 fails on a malloc of a negative size;
             # past 4 GiB it writes a truncated patch and exits 0), and a sparse file that large takes no room but has
             # git read all of it first. So one over MAX_FILE that git would add fails the patch at once.
+            + _big_new_files(room, max_patch) +
             "too_big=$(GIT_LITERAL_PATHSPECS=1 find \"$GIT_WORK_TREE\" -path \"$GIT_WORK_TREE/.git\" -prune -o "
             f"-type f -size +{MAX_FILE}c -exec git {_GIT_FLAGS} ls-files -m -o --exclude-standard -- {{}} + "
-            "2>/dev/null | head -c 200)\n"
+            f"2>/dev/null | grep -vxFf {room}/big.lines | head -c 200)\n"
             f"if [ -n \"$too_big\" ]; then echo \"a file of the workspace is over {MAX_FILE:,} bytes (git cannot "
             "write a patch of it): $too_big...\" >&2; exit 3; fi\n"
             # What git cannot record (a new repository with no commit yet, as `git init` or `cargo new` leave; a FIFO
@@ -142,7 +145,7 @@ def patch_script(workdir: str, base: str, room: str) -> str:
             # It reads them a line each: a name with a control character (a line break could forge a line) fails it,
             # whatever the file: git's errors name any file it could not add (an invalid path), and each of them
             # must be read as it is, never taken for one of the errors that leave a path out.
-            f"if ! git -c core.bigFileThreshold=0 add -A --ignore-errors 2>{room}/add.err; then\n"
+            f"if ! git -c core.bigFileThreshold=0 add -A --ignore-errors $spec 2>{room}/add.err; then\n"
             "  if [ -n \"$(find \"$GIT_WORK_TREE\" -path \"$GIT_WORK_TREE/.git\" -prune -o -name '*[[:cntrl:]]*' "
             f"-print 2>/dev/null | head -c 1)\" ]; then cat {room}/add.err >&2; exit 1; fi\n"
             f"  echo '{UNRECORDED_MARK}'; head -c {UNRECORDED_MAX + 1} {room}/add.err\n"
@@ -154,11 +157,41 @@ def patch_script(workdir: str, base: str, room: str) -> str:
             f"if [ -s {room}/special ]; then git check-ignore --no-index -z --stdin -n -v < {room}/special "
             f"2>/dev/null | head -c {SPECIAL_MAX} > {room}/special.v || true\n"
             f"  echo '{SPECIAL_MARK}' $(wc -c < {room}/special.v); cat {room}/special.v; fi\n"
+            f"if [ -s {room}/big ]; then echo; printf '%s ' '{BIG_MARK}'; "
+            f"head -c {BIG_MAX} {room}/big | od -An -v -tx1 | tr -d ' \\n'; fi\n"
             "git -c diff.noprefix=false -c diff.mnemonicPrefix=false diff --cached --binary --no-color --no-ext-diff "
             f"--no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/ {base} -- . "
             + " ".join(f"':(exclude,glob){pattern}'" for pattern in BYTECODE) + f" > {room}/patch.diff\n")
 
 
+def _big_new_files(room: str, max_patch: int) -> str:
+    """The part of patch_script that leaves out, before git reads them, the new files whose diff alone would be over
+    --max-patch: each would take its size twice on pid's disk (its objects, then its diff) before the host left it out
+    anyway (artifacts.py), and a 480 MB one filled that disk. A text file's diff is at least its size; a binary one's
+    (git's deflate, in base85) at least its `gzip -1` size; one over MAX_FILE goes whatever it holds (git cannot diff
+    it). `$spec` then holds git add's pathspec options, and room/big the paths (NUL-separated; big.lines the ones on
+    one line, for the check below). A git without pathspec files (before 2.25) leaves nothing out."""
+    judge = ('for f; do p="$GIT_WORK_TREE/$f"; [ -f "$p" ] && [ ! -L "$p" ] || continue; '
+             f'[ "$(wc -c < "$p")" -gt {MAX_FILE} ] || '
+             '[ "$(head -c 8000 "$p" | tr -d "\\000" | wc -c)" = "$(head -c 8000 "$p" | wc -c)" ] || '
+             f'[ "$(gzip -1 -c < "$p" | head -c {max_patch + 1} | wc -c)" -gt {max_patch} ] || continue; '
+             'printf "%s\\0" "$f"; done')
+    return (f": > {room}/big; : > {room}/big.lines; spec=\n"
+            "if git add -h 2>&1 | grep -q pathspec-from-file; then\n"
+            f"  find \"$GIT_WORK_TREE\" -path \"$GIT_WORK_TREE/.git\" -prune -o -type f -size +{max_patch}c -print0 "
+            "2>/dev/null | xargs -0 -r git ls-files -z -o --exclude-standard -- 2>/dev/null "
+            f"| xargs -0 -r sh -c {shlex.quote(judge)} pid-big 2>/dev/null | head -z -n {BIG_COUNT} > {room}/big "
+            "|| true\n"
+            f"  if [ -s {room}/big ] && printf ':(top)\\0' > {room}/spec && "
+            f"xargs -0 printf ':(exclude,top,literal)%s\\0' < {room}/big >> {room}/spec && "
+            f"tr '\\0' '\\n' < {room}/big > {room}/big.lines; then\n"
+            f"    spec=\"--pathspec-from-file={room}/spec --pathspec-file-nul\"; fi\n"
+            "fi\n")
+
+
+BIG_MARK = "pid: new files over --max-patch:"   # (then their NUL-separated names, in hex: nothing in them is a mark)
+BIG_COUNT = 32   # of them left out at most (the others' fate is the host's filter: artifacts.py)
+BIG_MAX = 500    # bytes of their names said (with git's words and SPECIAL_MAX, within the 16 KiB the host reads)
 UNRECORDED_MARK = "pid: what git could not record:"   # (patch_script's output, before git's words)
 UNRECORDED_MAX = 11000
 SPECIAL_MARK = "pid: no files:"   # (then the length of git check-ignore's records of the FIFOs, sockets and devices)
@@ -172,14 +205,30 @@ _UNRECORDED = ((re.compile(rb"error: '(.+)/' does not have a commit checked out"
 _GITS_ASIDES = re.compile(rb"hint:.*|warning: adding embedded git repository: .+")
 
 
-def unrecorded(said: bytes, workdir: str) -> list[tuple[str, str]]:
+def unrecorded(said: bytes, workdir: str, max_patch: int) -> list[tuple[str, str]]:
     """(path, why) for each path the patch script's git left out: what git said after UNRECORDED_MARK, then the
-    FIFOs, sockets and devices no .gitignore ignores (after SPECIAL_MARK); SandboxError when git said anything else
-    (any other error), or too much to read."""
+    FIFOs, sockets and devices no .gitignore ignores (after SPECIAL_MARK), then the new files over --max-patch the
+    script left out (after BIG_MARK, said last); SandboxError when git said anything else (any other error), or too
+    much to read."""
+    said, big = _big_left_out(said, max_patch)
     said, _, special = (b"\n" + said).partition(b"\n" + SPECIAL_MARK.encode() + b" ")
     found = _git_left_out(said[1:])
     known = {path for path, _ in found}
-    return found + [(path, _NO_FILE) for path in _no_files(special, workdir) if path not in known]
+    return found + [(path, _NO_FILE) for path in _no_files(special, workdir) if path not in known] + big
+
+
+def _big_left_out(said: bytes, max_patch: int) -> tuple[bytes, list[tuple[str, str]]]:
+    """The script's output without its BIG_MARK section, and the files that section names (a name cut by BIG_MAX is
+    left out of the list, not of the patch's leaving out)."""
+    from .artifacts import new_file_over
+    rest, mark, tail = said.rpartition(b"\n" + BIG_MARK.encode() + b" ")
+    if not mark:
+        return said, []
+    try:
+        names = bytes.fromhex(tail.strip().decode("ascii")).split(b"\0")
+    except ValueError:
+        return rest, []
+    return rest, [(name.decode("utf-8", "surrogateescape"), new_file_over(max_patch)) for name in names[:-1]]
 
 
 def _no_files(special: bytes, workdir: str) -> list[str]:

@@ -1266,3 +1266,26 @@ def test_a_container_that_ran_out_of_memory_and_lost_pids_server_is_revived(clie
         assert box.container.id != first and copy.size > 0
         assert box.run_as_pid("ls /dev/shm | wc -l", "looking").strip() == b"0"
     assert b"+changed before the memory ran out" in (tmp_path / "out.patch").read_bytes()
+
+
+def test_new_files_over_the_patchs_limit_are_left_out_before_git_reads_them(client, tmp_path):
+    """A 480 MB checkpoint filled pid's disk with its objects and its diff before the host could leave it out, and
+    the whole patch failed (an attack's finding). pid's git now leaves out, unread, each new file whose diff alone
+    would be over --max-patch: text over it, or binary that stays over it compressed. One that compresses well stays
+    in (its diff is small), and so do changes to files the workspace had."""
+    repo = make_repo(tmp_path)
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-bignew", ttl_s=300), client) as box:
+        box.import_workspace(str(repo))
+        box.write_file("edit.txt", b"changed\n")
+        made = box.exec("head -c 3000000 /dev/urandom > 'model*.bin' && yes 'a line of a log' | head -c 1500000 > "
+                        "big.log && head -c 3000000 /dev/zero > sparse.bin && printf 'x\\000' > small.bin && echo ok",
+                        timeout=60)
+        assert made.tail == b"ok\n", made
+        copy = box.export_patch(str(tmp_path / "out.patch"), 1 << 20)
+        stored = int(box.run_as_pid("du -sk /.pid/patch/objects | cut -f1", "measuring").strip())
+    patch = (tmp_path / "out.patch").read_bytes()
+    assert b"+changed" in patch and b"b/sparse.bin" in patch and b"b/small.bin" in patch
+    assert b"model" not in patch and b"big.log" not in patch
+    reason = "a new file whose diff alone is over the 1 MB limit (--max-patch): left out, the rest of the patch kept"
+    assert sorted((s.path, s.reason) for s in copy.dropped) == [("big.log", reason), ("model*.bin", reason)]
+    assert stored < 1000, stored   # (kB: neither left-out file was stored on pid's disk)

@@ -183,7 +183,8 @@ def test_a_path_too_long_for_git_fails_the_patch_instead_of_leaving_the_file_out
 def test_a_file_too_large_for_gits_diff_fails_the_patch_at_once(tmp_path):
     """git's binary diff breaks on a file near 2 GiB or more: past 4 GiB it wrote a truncated patch and exited 0, and
     a sparse file that large costs the agent nothing but had git read all of it first (a minute here). Now such a
-    file fails the patch at once, naming it; one git ignores (or left unchanged) does not."""
+    file the workspace had fails the patch at once, naming it; one git ignores (or left unchanged) does not, and a new
+    one is left out unread, as any new file over --max-patch is."""
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "a.txt").write_text("a\n")
@@ -196,8 +197,11 @@ def test_a_file_too_large_for_gits_diff_fails_the_patch_at_once(tmp_path):
         copy = box.export_patch(str(tmp_path / "patch.diff"), 1 << 20, timeout=60)
         assert (tmp_path / "patch.diff").read_bytes().count(b"diff --git") == 1, copy
         box.exec("truncate -s 5G /workspace/huge.bin", timeout=30)
-        with pytest.raises(SandboxError, match="over 2,000,000,000 bytes.*huge.bin"):
-            box.export_patch(str(tmp_path / "patch2.diff"), 1 << 20, timeout=300)
+        copy = box.export_patch(str(tmp_path / "patch2.diff"), 1 << 20, timeout=60)
+        assert [s.path for s in copy.dropped] == ["huge.bin"] and "--max-patch" in copy.dropped[0].reason
+        box.exec("truncate -s 5G /workspace/a.txt", timeout=30)
+        with pytest.raises(SandboxError, match="over 2,000,000,000 bytes.*a.txt"):
+            box.export_patch(str(tmp_path / "patch3.diff"), 1 << 20, timeout=300)
 
 
 def test_a_fifo_git_would_read_fails_the_patch_at_once(tmp_path):

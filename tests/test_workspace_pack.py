@@ -379,10 +379,12 @@ def test_fifos_and_sockets_no_gitignore_ignores_are_listed_as_left_out():
                b"/w/keep.sock\0" b"\0\0\0/w/f\0" b"\0\0\0/w/line\nbreak\0" b"\0\0\0/w/cut sho")
     special = SPECIAL_MARK.encode() + b" %d\n" % len(records) + records
     git = UNRECORDED_MARK.encode() + b"\nerror: f: can only add regular files, symbolic links or git-directories\n"
-    assert unrecorded(special, "/w") == [(p, "not a regular file, a link or a directory")
+    assert unrecorded(special, "/w", 1 << 20) == [(p, "not a regular file, a link or a directory")
                                          for p in ("new fifo", "keep.sock", "f", "line\nbreak")]
-    assert [path for path, _ in unrecorded(git + special, "/w")] == ["f", "new fifo", "keep.sock", "line\nbreak"]
-    assert unrecorded(SPECIAL_MARK.encode() + b" 999\n" + records, "/w") == []   # (not all there: none is taken)
+    assert [path for path, _ in unrecorded(git + special, "/w", 1 << 20)] == ["f", "new fifo", "keep.sock",
+                                                                             "line\nbreak"]
+    cut = SPECIAL_MARK.encode() + b" 999\n" + records
+    assert unrecorded(cut, "/w", 1 << 20) == []   # (not all there: none is taken)
 
 
 def test_only_what_git_says_it_cannot_record_is_left_out_of_a_patch():
@@ -392,12 +394,12 @@ def test_only_what_git_says_it_cannot_record_is_left_out_of_a_patch():
     from pid.sandbox.errors import SandboxError
     from pid.sandbox.workspace import UNRECORDED_MARK, unrecorded
     mark = UNRECORDED_MARK.encode() + b"\n"
-    assert unrecorded(b"", "/w") == []
+    assert unrecorded(b"", "/w", 1 << 20) == []
     said = (b"error: f: can only add regular files, symbolic links or git-directories\n"
             b"warning: adding embedded git repository: kept\nhint: You've added another git repository\n"
             b"error: 'new crate/' does not have a commit checked out\n")
-    assert [path for path, _ in unrecorded(mark + said, "/w")] == ["f", "new crate"]
+    assert [path for path, _ in unrecorded(mark + said, "/w", 1 << 20)] == ["f", "new crate"]
     for other in (b"error: unable to index file 'x'\n", b"fatal: adding files failed\n",
                   b"error: 'x' does not have a commit checked out\n", b"x" * 16001):
         with pytest.raises(SandboxError, match="making the patch failed"):
-            unrecorded(mark + said + other, "/w")
+            unrecorded(mark + said + other, "/w", 1 << 20)
