@@ -44,7 +44,7 @@ def follow(run: Run, as_json: bool, tasks: str | None, existing: bool = False) -
             signal.signal(sig, handler)
     if run.let_go_by:   # (its local workers, if any, hand their jobs back as the run closes)
         again = this_command() if tasks else f"pid batch --wait {shlex.quote(run.bdir.path)}"
-        _say(f"stopped by {signal.Signals(run.let_go_by).name}: the batch's jobs go on; resume with: {again}")
+        echo(f"stopped by {signal.Signals(run.let_go_by).name}: the batch's jobs go on; resume with: {again}", err=True)
         sys.exit(128 + run.let_go_by)
     echo(dumps({"summary": summary}) if as_json else summary_text(summary, run.bdir.path))
     if run.interrupted:
@@ -56,14 +56,6 @@ def follow(run: Run, as_json: bool, tasks: str | None, existing: bool = False) -
              + f"; resume with: {resume_command(run, tasks)}", err=True)
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(summary["exit_code"])
-
-
-def _say(text: str) -> None:
-    """A line on stderr that a terminal closed meanwhile (SIGHUP: EIO) does not turn into an error."""
-    try:
-        echo(text, err=True)
-    except OSError:
-        pass
 
 
 def resume_command(run: Run, tasks: str | None) -> str:

@@ -283,11 +283,8 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, downloa
     try:
         wait_for(lambda: _still_there(store, job_id).terminal, follower, tick=_while_waiting(store, job_id))
     except KeyboardInterrupt:
-        try:
-            echo(f"\nstopped waiting; job {job_id} goes on (pid result {job_id} --wait, pid cancel {job_id})",
-                 err=True)
-        except OSError:   # (SIGHUP: its terminal is gone)
-            pass
+        echo(f"\nstopped waiting; job {job_id} goes on (pid result {job_id} --wait, pid cancel {job_id})",
+             err=True)
         sys.exit(128 + signals[0] if signals else EXIT_INTERRUPTED)
     finally:
         for sig, handler in previous.items():

@@ -8,6 +8,7 @@ control sequence pid writes itself (pid/terminal.py CLEAR_LINE, for a live statu
 """
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -41,12 +42,14 @@ Part = str | Styled
 def echo(*parts: Part, err: bool = False, nl: bool = True, clear: bool = False) -> None:
     """Print one message made of `parts` (and a newline, unless not `nl`). The only way pid's commands write to the
     terminal: each part goes through pid.terminal.shown, then a Styled part gets its style. `clear`: first erase the
-    cursor's line (a status line, on a terminal). A reader that went away (`pid run … | head`) only stops the
-    output: see _gone."""
+    cursor's line (a status line, on a terminal). A reader that went away (`pid run … | head`, or a terminal closed:
+    EIO after SIGHUP) only stops the output: see _gone."""
     try:
         text = "".join(click.style(shown(p.text), **p.style) if isinstance(p, Styled) else shown(p) for p in parts)
         click.echo(CLEAR_LINE + text if clear else text, err=err, nl=nl)
-    except BrokenPipeError:
+    except OSError as exc:
+        if not isinstance(exc, BrokenPipeError) and exc.errno != errno.EIO:
+            raise
         _gone(sys.stderr if err else sys.stdout)
 
 

@@ -319,19 +319,19 @@ def summarize(rows: list[dict[str, Any]], items: int, top: int = 5) -> dict[str,
     by_status: dict[str, int] = {}
     for row in rows:
         by_status[str(row.get("status"))] = by_status.get(str(row.get("status")), 0) + 1
-    checked = [row for row in rows if isinstance(row.get("check"), dict)]
-    passed = sum(1 for row in checked if row["check"].get("passed"))
     # The pass rate is over every ended item that asked for a check: one whose job never got to it (a limit, an
     # error, a cancel) did not pass, so that for a SWE-bench-style batch the rate is the resolved rate. (A row of an
     # older pid has no check_asked: its verdicts alone count, as they did.)
-    asked = len(checked) + sum(1 for row in rows if row.get("check_asked") and not isinstance(row.get("check"), dict))
+    verdicts = [verdict for row in rows if (verdict := check_verdict(row)) is not None]
+    asked, checked = len(verdicts), sum(1 for verdict in verdicts if verdict != "not run")
+    passed = verdicts.count("passed")
     codes = [int(row.get("exit_code", 1)) for row in rows]
     ran = [row for row in rows if row.get("turns")]   # per item: an item ended before its first turn says nothing
     durations = [float(row["duration_s"]) for row in ran if isinstance(row.get("duration_s"), (int, float))]
     return {
         "items": items, "ended": len(rows), "not_ended": items - len(rows), "by_status": by_status,
         "exit_code": batch_exit_code(codes + ([1] if items > len(rows) else [])),
-        "check": {"asked": asked, "checked": len(checked), "passed": passed,
+        "check": {"asked": asked, "checked": checked, "passed": passed,
                   "pass_rate": round(passed / asked, 4) if asked else None},
         "ran": len(ran),
         "cost": _spread([float(row.get("cost") or 0) for row in ran], 6),
