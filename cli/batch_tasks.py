@@ -109,82 +109,103 @@ def parse(lines: Iterable[str], base: str | None, allow_outside: bool = False) -
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue
+        data = _json_object(text)
+        if isinstance(data, str):
+            errors.append(f"line {number}: {data}")
+            continue
         problems: list[str] = []
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            errors.append(f"line {number}: not JSON ({exc})")
-            continue
-        except RecursionError:
-            errors.append(f"line {number}: not JSON pid reads (nested too deeply)")
-            continue
-        if not isinstance(data, dict):
-            errors.append(f"line {number}: not a JSON object")
-            continue
-        item_id = data.pop("id", number)
-        if isinstance(item_id, bool) or not isinstance(item_id, (str, int)) or not ID_RE.fullmatch(str(item_id)):
-            problems.append(f"id {json.dumps(item_id)[:60]} is not a valid id (letters, digits, '.', '_', '-'; at "
-                            "most 128; not starting with '.')")
-            item_id = f"line-{number}"
-        elif str(item_id) in RESERVED_IDS:
-            problems.append(f"id {json.dumps(item_id)} is the name of one of the batch's own files or folders (ids "
-                            f"may not be {', '.join(sorted(RESERVED_IDS))})")
-            item_id = f"line-{number}"
-        item_id = str(item_id)
-        if item_id in seen:
-            problems.append(f"id {item_id!r} is also line {seen[item_id]}'s")
-        seen.setdefault(item_id, number)
+        item_id = _item_id(data.pop("id", number), number, seen, problems)
         task = data.pop("task", None)
         if not isinstance(task, str) or not task.strip():
             problems.append("no task (a non-empty string)")
         elif (problem := message_problem("its task", task)) is not None:
             problems.append(problem)
-        repo = data.pop("repo", None)
-        if repo is not None and (not isinstance(repo, str) or not repo.strip()):
-            problems.append("repo must be a non-empty string")
-        elif isinstance(repo, str):
-            try:
-                if "://" not in repo:
-                    repo = local_path(repo, base, allow_outside)
-                elif repo.lower().startswith("file:"):   # a path too: the worker clones it from its machine (as
-                    local_path(urlsplit(repo).path, base, allow_outside)   # written: check_git_source refuses escapes)
-            except click.BadParameter as exc:
-                problems.append(f"repo: {exc.message}")
-        fields: dict[str, Any] = {}
-        named: dict[str, str] = {}   # option -> the field that set it ("timeout" and "timeout_s" are one option)
-        for key, value in data.items():
-            if key in IMAGES_FIELDS:   # the flag --no-images (or the JobSpec field `images`): a JSON boolean
-                if not isinstance(value, bool):
-                    problems.append(f"{key}: must be true or false")
-                else:
-                    _put(fields, named, problems, "images", value if key == "images" else not value, key)
-                continue
-            if key == "queue":
-                try:
-                    fields["queue"] = QueueName().convert(value, None, None) if isinstance(value, str) else \
-                        _raise("must be a string")
-                except click.BadParameter as exc:
-                    problems.append(f"queue: {exc.message}")
-                continue
-            option = options.get(key)
-            if key in SECRET_FIELDS:
-                problems.append(f"{key}: an API key is not taken from a tasks file (a file that is shared, and kept "
-                                "beside the batch's results): set PID_API_KEY, or pass --api-key")
-                continue
-            if option is None:
-                problems.append(f"unknown field {key!r}")
-                continue
-            try:
-                if option.name in PATH_FIELDS and isinstance(value, str):
-                    value = local_path(value, base, allow_outside)
-                _put(fields, named, problems, option.name, convert(option, value), key)
-            except click.BadParameter as exc:
-                problems.append(f"{key}: {exc.message}")
+        repo = _repo(data.pop("repo", None), base, allow_outside, problems)
+        fields = _fields(data, options, base, allow_outside, problems)
         if problems:
             errors.extend(f"line {number}: {p}" for p in problems)
             continue
         items.append(Item(item_id, number, str(task), repo, fields))
     return Parsed(items, errors)
+
+
+def _json_object(text: str) -> dict[str, Any] | str:
+    """A line's JSON object, or what is wrong with the line."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        return f"not JSON ({exc})"
+    except RecursionError:
+        return "not JSON pid reads (nested too deeply)"
+    return data if isinstance(data, dict) else "not a JSON object"
+
+
+def _item_id(item_id: Any, number: int, seen: dict[str, int], problems: list[str]) -> str:
+    """A line's id, checked (a bad one is a problem, and `line-N` stands in for it); `seen`: id -> its first line."""
+    if isinstance(item_id, bool) or not isinstance(item_id, (str, int)) or not ID_RE.fullmatch(str(item_id)):
+        problems.append(f"id {json.dumps(item_id)[:60]} is not a valid id (letters, digits, '.', '_', '-'; at "
+                        "most 128; not starting with '.')")
+        item_id = f"line-{number}"
+    elif str(item_id) in RESERVED_IDS:
+        problems.append(f"id {json.dumps(item_id)} is the name of one of the batch's own files or folders (ids "
+                        f"may not be {', '.join(sorted(RESERVED_IDS))})")
+        item_id = f"line-{number}"
+    item_id = str(item_id)
+    if item_id in seen:
+        problems.append(f"id {item_id!r} is also line {seen[item_id]}'s")
+    seen.setdefault(item_id, number)
+    return item_id
+
+
+def _repo(repo: Any, base: str | None, allow_outside: bool, problems: list[str]) -> Any:
+    """A line's repo: a URL, or a local path resolved against `base` (local_path)."""
+    if repo is not None and (not isinstance(repo, str) or not repo.strip()):
+        problems.append("repo must be a non-empty string")
+    elif isinstance(repo, str):
+        try:
+            if "://" not in repo:
+                repo = local_path(repo, base, allow_outside)
+            elif repo.lower().startswith("file:"):   # a path too: the worker clones it from its machine (as
+                local_path(urlsplit(repo).path, base, allow_outside)   # written: check_git_source refuses escapes)
+        except click.BadParameter as exc:
+            problems.append(f"repo: {exc.message}")
+    return repo
+
+
+def _fields(data: dict[str, Any], options: dict[str, JobOption], base: str | None, allow_outside: bool,
+            problems: list[str]) -> dict[str, Any]:
+    """A line's other fields, each a job option checked as the option checks it -> JobSpec fields."""
+    fields: dict[str, Any] = {}
+    named: dict[str, str] = {}   # option -> the field that set it ("timeout" and "timeout_s" are one option)
+    for key, value in data.items():
+        if key in IMAGES_FIELDS:   # the flag --no-images (or the JobSpec field `images`): a JSON boolean
+            if not isinstance(value, bool):
+                problems.append(f"{key}: must be true or false")
+            else:
+                _put(fields, named, problems, "images", value if key == "images" else not value, key)
+            continue
+        if key == "queue":
+            try:
+                fields["queue"] = QueueName().convert(value, None, None) if isinstance(value, str) else \
+                    _raise("must be a string")
+            except click.BadParameter as exc:
+                problems.append(f"queue: {exc.message}")
+            continue
+        option = options.get(key)
+        if key in SECRET_FIELDS:
+            problems.append(f"{key}: an API key is not taken from a tasks file (a file that is shared, and kept "
+                            "beside the batch's results): set PID_API_KEY, or pass --api-key")
+            continue
+        if option is None:
+            problems.append(f"unknown field {key!r}")
+            continue
+        try:
+            if option.name in PATH_FIELDS and isinstance(value, str):
+                value = local_path(value, base, allow_outside)
+            _put(fields, named, problems, option.name, convert(option, value), key)
+        except click.BadParameter as exc:
+            problems.append(f"{key}: {exc.message}")
+    return fields
 
 
 def _put(fields: dict[str, Any], named: dict[str, str], problems: list[str], name: str, value: Any, key: str) -> None:

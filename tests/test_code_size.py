@@ -1,0 +1,38 @@
+"""No production function over 80 lines, no class over 400 (issue 23): past that, a newcomer cannot hold one in mind,
+and only its author changes it safely. Read from the source (ast), over the same modules as the import-cycle test.
+"""
+from __future__ import annotations
+
+import ast
+
+from tests.test_import_cycles import ROOT, modules, packages
+
+MAX_FUNCTION_LINES = 80
+MAX_CLASS_LINES = 400
+
+
+def too_long() -> list[str]:
+    found = []
+    for name, path in sorted(modules(ROOT, packages(ROOT)).items()):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else \
+                MAX_FUNCTION_LINES if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+            if limit is None:
+                continue
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > limit:
+                found.append(f"{name}.{node.name}: {lines} lines (at most {limit})")
+    return found
+
+
+def test_no_function_or_class_is_too_long() -> None:
+    assert too_long() == []
+
+
+def test_the_check_sees_a_long_function(tmp_path, monkeypatch) -> None:
+    """The walk is not vacuous: a long function in a module it reads is reported."""
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    path = tmp_path / "long.py"
+    path.write_text(f"def long():\n{body}\n")
+    monkeypatch.setattr("tests.test_code_size.modules", lambda root, packages: {"pid.long": path})
+    assert too_long() == [f"pid.long.long: {MAX_FUNCTION_LINES + 1} lines (at most {MAX_FUNCTION_LINES})"]
