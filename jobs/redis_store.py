@@ -245,8 +245,9 @@ class RedisRecords(RedisDb):
         status = self._run("request_cancel", job_id, status=status_of("cancelled"))
         return status.decode() if status else None
 
-    def finish_if_queued(self, job_id: str, exit_reason: ExitReason) -> bool:
-        return self._run("finish_if_queued", job_id, exit_reason=exit_reason, status=status_of(exit_reason)) == 1
+    def finish_if_queued(self, job_id: str, exit_reason: ExitReason, error: str | None = None) -> bool:
+        return self._run("finish_if_queued", job_id, exit_reason=exit_reason, status=status_of(exit_reason),
+                         error=error) == 1
 
     def set_paused(self, job_id: str, paused: bool) -> bool:
         return self._run("set_paused", job_id, paused=int(paused)) == 1

@@ -275,11 +275,11 @@ class SqliteRecords(SqliteDb):
         record = self.get(job_id)
         return record.status if record else None
 
-    def finish_if_queued(self, job_id: str, exit_reason: ExitReason) -> bool:
+    def finish_if_queued(self, job_id: str, exit_reason: ExitReason, error: str | None = None) -> bool:
         with self._db() as db:
-            return db.execute("UPDATE jobs SET status = ?, exit_reason = ?, finished_at = ? "
+            return db.execute("UPDATE jobs SET status = ?, exit_reason = ?, error = ?, finished_at = ? "
                               "WHERE id = ? AND status = 'queued'",
-                              (status_of(exit_reason), exit_reason, time.time(), job_id)).rowcount == 1
+                              (status_of(exit_reason), exit_reason, error, time.time(), job_id)).rowcount == 1
 
     def set_paused(self, job_id: str, paused: bool) -> bool:
         with self._db() as db:
@@ -526,11 +526,11 @@ class SqliteDispatch(SqliteDb):
 
     def mark_undispatched(self, job_id: str, error: str) -> None:
         """The publish failed: the job waits for a worker's reconciler to try again (`undispatched_since` keeps
-        when the waiting began)."""
+        when its publishes began to fail: a job its batch held back, never tried, starts its clock now)."""
         with self._db() as db:
-            db.execute("UPDATE jobs SET dispatched_at = NULL, dispatch_error = ?, "
-                       "undispatched_since = COALESCE(undispatched_since, ?) WHERE id = ? AND status = 'queued'",
-                       (error[:500], time.time(), job_id))
+            db.execute("UPDATE jobs SET dispatched_at = NULL, dispatch_error = ?, undispatched_since = CASE WHEN "
+                       "dispatch_error IS NULL OR undispatched_since IS NULL THEN ? ELSE undispatched_since END "
+                       "WHERE id = ? AND status = 'queued'", (error[:500], time.time(), job_id))
 
     def to_dispatch(self, stale_before: float | None) -> "builtins.list[JobRecord]":
         """Queued worker jobs that need a message: never dispatched (or the publish failed), or (with

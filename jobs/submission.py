@@ -111,7 +111,7 @@ def enqueue(store: Any, spec: JobSpec, api_key: str | None) -> None:
             raise RuntimeError("the job store did not keep its API key")
         dispatch(spec.id, store=store)
     except Exception as exc:  # the broker refused: the job must not sit queued forever
-        store.finish(spec.id, "dispatch_failed", error=str(exc))
+        store.finish_if_queued(spec.id, "dispatch_failed", error=str(exc))   # (not one a worker took meanwhile)
         from pid.jobs.reach import unreachable_broker
         raise PidError(unreachable_broker(exc, spec.id)) from None
 

@@ -105,8 +105,8 @@ def test_a_busy_worker_is_not_free_and_a_stopping_one_neither(tmp_path):
 def test_a_job_that_cannot_be_dispatched_for_long_ends_failed_even_the_oldest(tmp_path):
     store = JobStore(str(tmp_path / "jobs.db"))
     jobs = [store.create(spec(tmp_path, n)) for n in range(2)]
-    with store._db() as db:
-        db.execute("UPDATE jobs SET undispatched_since = ?", (time.time() - 3600,))
+    with store._db() as db:   # their publishes have failed for an hour
+        db.execute("UPDATE jobs SET undispatched_since = ?, dispatch_error = 'down'", (time.time() - 3600,))
 
     def refused(job_id: str, **kw) -> bool:
         store.mark_dispatched(job_id, kw.get("previous"), only_if=kw.get("reconcile", False))
@@ -120,6 +120,42 @@ def test_a_job_that_cannot_be_dispatched_for_long_ends_failed_even_the_oldest(tm
         assert "the broker is down" in record.error
         result = json.loads((tmp_path / "out" / job.id / "result.json").read_text())
         assert result["exit_reason"] == "dispatch_failed"
+
+
+def test_a_failed_publish_ends_no_job_its_batch_held_back_nor_one_a_worker_took(tmp_path):
+    """--max-running: a batch's jobs past its slots wait undispatched, never tried. One failed publish (of any job)
+    ends only the jobs whose own publishes have failed for long, not those, however long they waited; and a waiting
+    job's clock starts at its own first failure."""
+    store = JobStore(str(tmp_path / "jobs.db"))
+    store.set_batch("b", max_total_cost=None, max_running=1)
+    batch = []
+    for n in range(3):
+        s = spec(tmp_path, n)
+        s.batch = "b"
+        batch.append(store.create(s))
+    other = store.create(spec(tmp_path, 9))
+    taken = store.create(spec(tmp_path, 10))
+    assert store.claim(batch[0].id, "w", 60)
+    with store._db() as db:   # an hour old; `taken` failed for an hour, then a worker took it from a late message
+        db.execute("UPDATE jobs SET created_at = created_at - 3600, undispatched_since = ?", (time.time() - 3600,))
+        db.execute("UPDATE jobs SET dispatch_error = 'down' WHERE id = ?", (taken.id,))
+    attempts: list[str] = []
+
+    def refused(job_id: str, **kw) -> bool:
+        attempts.append(job_id)
+        store.mark_undispatched(job_id, "ConnectionRefusedError: the broker is down")
+        if job_id == taken.id:
+            assert store.claim(taken.id, "w2", 60)   # it is running by the time the give-up looks at it
+        raise ConnectionRefusedError("the broker is down")
+
+    for _ in range(2):
+        assert reconcile(store, dispatch=refused) == []
+    assert batch[1].id not in attempts and batch[2].id not in attempts   # held back: no slot
+    for job in batch[1:]:
+        assert store.get(job.id).status == "queued", store.get(job.id)
+    assert store.get(other.id).status == "queued"   # its clock started at its first failure, just now
+    assert store.get(other.id).undispatched_since > time.time() - 60
+    assert (store.get(taken.id).status, store.get(taken.id).owner) == ("running", "w2")
 
 
 def test_a_short_broker_outage_fails_nothing(tmp_path):

@@ -149,6 +149,7 @@ def test_the_end_is_recorded_once(store, tmp_path):
     assert not store.finish(job.id, "error", error="late")         # a second ending does not overwrite
     assert not store.finish(job.id, "error", owner="a")
     assert not store.finish_if_queued(job.id, "cancelled")
+    assert not store.finish_if_queued(job.id, "dispatch_failed", error="late")
     again = store.get(job.id)
     assert (again.status, again.exit_reason, again.error, again.finished_at) == \
         ("completed", "stop", None, first.finished_at)
@@ -243,10 +244,15 @@ def test_dispatch_records(store, tmp_path):
     assert not store.mark_dispatched(sent.id, previous, only_if=True)       # of two re-dispatchers, one wins
     assert store.mark_dispatched(fresh.id, None, only_if=True)
     assert not store.mark_dispatched(fresh.id, None, only_if=True)
+    time.sleep(0.01)
     store.mark_undispatched(fresh.id, "ConnectionRefusedError: down " + "x" * 1000)
     r = store.get(fresh.id)
     assert r.dispatched_at is None and r.dispatch_error.startswith("ConnectionRefusedError") \
-        and len(r.dispatch_error) == 500 and r.undispatched_since == fresh.undispatched_since
+        and len(r.dispatch_error) == 500
+    # the clock of failed publishes starts at the first failure (a job its batch held back was waiting, not failing)
+    assert r.undispatched_since > fresh.undispatched_since
+    store.mark_undispatched(fresh.id, "down again")
+    assert store.get(fresh.id).undispatched_since == r.undispatched_since   # and runs on through later ones
     store.request_cancel(fresh.id)
     assert fresh.id not in [r.id for r in store.to_dispatch(None)]
     assert not store.mark_dispatched(fresh.id)

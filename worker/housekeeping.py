@@ -94,11 +94,14 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
         except Exception as exc:
             log.warning("dispatching queued jobs: %s", exc)
             for waiting in store.to_dispatch(stale_before=None):
+                # Only a job whose publishes have failed that long: not one its batch holds back (--max-running),
+                # never tried, nor one a worker claimed meanwhile (finish_if_queued).
                 since = waiting.undispatched_since or waiting.created_at
-                if now - since < DISPATCH_GIVE_UP_S:
+                if waiting.dispatch_error is None or now - since < DISPATCH_GIVE_UP_S or \
+                        rooms.get(waiting.spec.batch or "") == 0:
                     continue
                 error = f"could not be dispatched for {now - since:.0f}s: {exc}"[:500]
-                if store.finish(waiting.id, "dispatch_failed", error=error):
+                if store.finish_if_queued(waiting.id, "dispatch_failed", error=error):
                     write_unrun_result(waiting.spec, "dispatch_failed", error, waiting, store=store)
                     if on_end:
                         on_end(store.get(waiting.id) or waiting)
