@@ -51,8 +51,11 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
             continue  # alive; a `pid run` stopped (Ctrl-Z, a suspended machine) renews its lease when it goes on
         written = _written_result(record, store)
         if written is None and lapsed and alive is not False and now - (record.lease_until or 0) < ALIVE_GRACE_S:
-            if alive:
-                continue  # a live worker cut off from the store renews at its first poll that reaches it
+            if alive or record.kind == "run":
+                # a live worker cut off from the store renews at its first poll that reaches it; so does a `pid run`
+                # on another host (its machine suspended, its network gone a while): nothing here tells it from a
+                # dead one, and nobody runs it again, so only the grace can end it
+                continue
             beats = store.workers() if beats is None else beats
             if store_just_back(record, beats, now):
                 continue

@@ -208,3 +208,26 @@ def test_once_another_worker_holds_the_job_this_attempt_writes_nothing_more_to_i
     texts = [record.get("text") for _, record in store.inner.events(store.job_id)]
     assert "before" in texts and "while it was frozen" not in texts and "after" not in texts, texts
     assert agent.applied[-1] == "cancel"
+
+
+def test_a_foreground_run_the_store_ended_while_its_machine_was_away_goes_on(store, monkeypatch, caplog):
+    """A `pid run` is its job's only process (nobody runs it again): when another machine's sweep ended it (this one
+    slept past the grace), the relay says so once and stops polling; the run is not cancelled."""
+    monkeypatch.setattr(control, "CHECK_IN_WAIT_S", 3600.0)
+    relay = ControlRelay(store, store.job_id, OWNER, foreground=True)
+    agent = Controls()
+    relay.attach(agent)
+    relay.start()
+    relay.check_in()
+    assert store.inner.finish(store.job_id, "client_lost", lapsed_only=False, error="gone")   # the other sweep
+    calls = store.controls_calls
+    with caplog.at_level("WARNING", logger="pid"):
+        relay.check_in()
+        relay._thread.join(timeout=30)   # it stops polling by itself
+    assert not relay._thread.is_alive() and store.controls_calls == calls + 1
+    assert "cancel" not in agent.applied and not relay.cancel.is_set()
+    assert [r.message for r in caplog.records].count(
+        f"job {store.job_id}: the job store no longer counts this run as running (another machine ended it while "
+        "this one was away): list, steer, pause and cancel no longer reach it; the run goes on") == 1
+    relay.check_in()   # a later check-in does not wait on a relay that stopped
+    relay.stop()

@@ -138,7 +138,7 @@ def test_a_failed_publish_ends_no_job_its_batch_held_back_nor_one_a_worker_took(
     assert store.claim(batch[0].id, "w", 60)
     with store._db() as db:   # an hour old; `taken` failed for an hour, then a worker took it from a late message
         db.execute("UPDATE jobs SET created_at = created_at - 3600, undispatched_since = ?", (time.time() - 3600,))
-        db.execute("UPDATE jobs SET dispatch_error = 'down' WHERE id = ?", (taken.id,))
+        db.execute("UPDATE jobs SET dispatch_error = 'down', created_at = created_at - 60 WHERE id = ?", (taken.id,))
     attempts: list[str] = []
 
     def refused(job_id: str, **kw) -> bool:
@@ -150,6 +150,7 @@ def test_a_failed_publish_ends_no_job_its_batch_held_back_nor_one_a_worker_took(
 
     for _ in range(2):
         assert reconcile(store, dispatch=refused) == []
+    assert attempts == [taken.id, other.id]   # the oldest first; a pass stops at its first failure
     assert batch[1].id not in attempts and batch[2].id not in attempts   # held back: no slot
     for job in batch[1:]:
         assert store.get(job.id).status == "queued", store.get(job.id)

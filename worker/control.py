@@ -115,10 +115,13 @@ class ControlRelay:
     agent in the order they were posted. The agent's thread never waits on the store: its check-in (before each
     model call and as it would stop) asks this thread for a pass now and waits CHECK_IN_WAIT_S at most."""
 
-    def __init__(self, store: Store, job_id: str, owner: str, writes: Store | None = None) -> None:
+    def __init__(self, store: Store, job_id: str, owner: str, writes: Store | None = None,
+                 foreground: bool = False) -> None:
         """`store` is polled (an unreachable one: the next poll tries again); `writes`, if given, is the store as
-        the job's last writes reach it (its log's last records, its final counts), waiting out an outage."""
-        self.store, self.job_id, self.owner = store, job_id, owner
+        the job's last writes reach it (its log's last records, its final counts), waiting out an outage.
+        `foreground`: a `pid run`'s, which no other process runs again: a job the store no longer counts as its own
+        (ended while its machine was away) costs its controls, never the run."""
+        self.store, self.job_id, self.owner, self.foreground = store, job_id, owner, foreground
         self._writes = writes or store
         self.cancel = threading.Event()
         self.progress = Progress()
@@ -224,6 +227,14 @@ class ControlRelay:
                 if self._stop_requested:
                     self._cancel(f"its worker stops ({self._stop_requested}): the job goes back to the queue")
                 controls = self.store.controls(self.job_id, self.owner)
+                if (controls is None or not controls.owned) and self.foreground:
+                    self._log.disown()
+                    log.warning("job %s: the job store no longer counts this run as running (another machine ended "
+                                "it while this one was away): list, steer, pause and cancel no longer reach it; the "
+                                "run goes on", self.job_id)
+                    self._done.set()   # no more polls
+                    read = True
+                    return False
                 if controls is None or not controls.owned:
                     self._log.disown()
                     if not self.cancel.is_set():
@@ -305,7 +316,7 @@ class ForegroundJob:
             print(shown(f"pid: warning: job {spec.id} is not in the job store ({exc}): list, status, steer, pause "
                         "and cancel will not reach it"), file=sys.stderr)
             return cls(None, None)
-        relay = ControlRelay(store, spec.id, owner)
+        relay = ControlRelay(store, spec.id, owner, foreground=True)
         relay.start()
         return cls(store, relay, spec)
 
