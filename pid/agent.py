@@ -111,6 +111,11 @@ class Agent:
         self._pool = ThreadPoolExecutor(max_parallel_tools, thread_name_prefix="pid-tool")
         self._calls_made = 0   # by the last reply, before _keep_calls
 
+    @property
+    def ended(self) -> bool:
+        """Its loop is over: a steer or follow-up would reach no one."""
+        return self._ended
+
     # -- controls (any thread) --------------------------------------------------------------------------------------
     def load_history(self, entries: list[tuple[str | None, Message]],
                      compaction: dict[str, Any] | None = None) -> None:

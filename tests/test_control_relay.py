@@ -71,6 +71,7 @@ class Controls:
     def __init__(self) -> None:
         self.applied: list[str] = []
         self.paused = False
+        self.ended = False
 
     def pause(self) -> None:
         self.applied.append("pause")
@@ -231,3 +232,27 @@ def test_a_foreground_run_the_store_ended_while_its_machine_was_away_goes_on(sto
         "this one was away): list, steer, pause and cancel no longer reach it; the run goes on") == 1
     relay.check_in()   # a later check-in does not wait on a relay that stopped
     relay.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_steer_sent_after_the_agent_ended_is_not_taken_and_the_log_says_so(store, relay, sandbox, monkeypatch):
+    """Sent while the job was collected or checked: no agent reads it. It is left in the inbox (not marked taken by a
+    relay that hands it to an agent that has ended), and the job's log says, before its end, that it was not
+    delivered."""
+    monkeypatch.setattr(control, "CHECK_IN_WAIT_S", 3600.0)
+    relay.start()
+    with ScriptedLLM(SCRIPT) as llm:
+        agent = make_agent(llm, sandbox, check_in=relay.check_in)
+        relay.attach(agent)
+        assert agent.run("go").final_message == "done" and agent.ended
+    store.post(store.job_id, "steer", "also fix the tests")
+    store.post(store.job_id, "follow_up", "x" * 300)
+    calls = store.controls_calls
+    store.wait_for_calls(calls + 2)   # two passes saw the mail
+    relay.stop()
+    control.log_undelivered(store.inner, store.job_id, {"exit_reason": "stop"})
+    notes = [record.get("note") for _, record in store.inner.events(store.job_id)]
+    assert f"steer not delivered: the agent had ended (`pid continue {store.job_id} MESSAGE` carries on with it): " \
+        "also fix the tests" in notes, notes
+    assert any(n and n.startswith("follow-up not delivered") and n.endswith("x" * 200 + "…") for n in notes), notes
+    assert store.inner.take_messages(store.job_id) == []   # said once

@@ -22,7 +22,8 @@ from pid.agent import Agent
 from pid.jobs.outage import transient
 from pid.jobs.identity import process_identity
 from pid.jobs.progress import Progress
-from pid.jobs.results import attempt_usage, log_end, result_line
+from pid.endings import status_of
+from pid.jobs.results import attempt_usage, log_end, log_job, result_line
 from pid.jobs.store import JobAttachments, Leases, Store
 from pid import settings
 
@@ -246,7 +247,7 @@ class ControlRelay:
                     self._cancel()
                 agent = self._agent
                 if agent is not None:
-                    if controls.mail:
+                    if controls.mail and not agent.ended:   # (after its end they stay: log_undelivered says so)
                         self._deliver(agent)   # before a resume: what was sent while paused goes in first
                     (agent.pause if controls.paused else agent.resume)()
                 read = True
@@ -275,6 +276,21 @@ class ControlRelay:
         self.cancel.set()
         if self._agent is not None:
             self._agent.cancel(why=why)
+
+
+def log_undelivered(store: Store, job_id: str, result: dict[str, Any]) -> None:
+    """The steers and follow-ups no agent took (sent while the job was collected or checked, after its agent ended):
+    the job's log says so, each with its text, before its end line; the CLI had said "queued"."""
+    try:
+        messages = store.take_messages(job_id)
+    except Exception as exc:
+        log.warning("job %s: reading its undelivered messages: %s", job_id, exc)
+        return
+    for kind, text in messages:
+        name = kind.replace("_", "-")
+        log_job(store, job_id, status_of(result["exit_reason"]),
+                f"{name} not delivered: the agent had ended (`pid continue {job_id} MESSAGE` carries on with it): "
+                f"{text[:200]}{'…' if len(text) > 200 else ''}")
 
 
 def record_end(store: Leases, job_id: str, owner: str, result: dict[str, Any], attempts: int = 6) -> bool:
@@ -349,6 +365,7 @@ class ForegroundJob:
                             {"exit_reason": "interrupted", "error": "interrupted"})
         if record_end(self.store, self.relay.job_id, self.relay.owner, ending, attempts=1):
             # its log ends as a worker's job's does (`pid logs`: it said nothing of how the job ended)
+            log_undelivered(self.store, self.relay.job_id, ending)
             log_end(self.store, self.relay.job_id, ending, result_line(self.relay.job_id, ending))
             if result is None and self.spec is not None:
                 self._result_if_none(ending)

@@ -21,7 +21,7 @@ from pid.jobs import policy
 from pid.jobs import batch_budget
 from pid.worker import warm_pool
 from pid.worker.app import app
-from pid.worker.control import LEASE_S, ControlRelay, new_owner, record_end
+from pid.worker.control import LEASE_S, ControlRelay, log_undelivered, new_owner, record_end
 from pid.jobs.results import end_line, log_end, log_job, result_line, with_earlier_attempts
 from pid.jobs.blobs import StoreBlobs
 from pid.jobs.dispatch import dispatch
@@ -135,6 +135,7 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
             line = result_line(job_id, result)
             if recorded:
                 jobs_log.info("%s", line)
+                log_undelivered(store, job_id, result)
                 log_end(store, job_id, result, line)
             else:   # another worker holds the job now: its log and its ending are that attempt's
                 jobs_log.info("%s (not recorded: the job is no longer this worker's)", line)
