@@ -11,9 +11,12 @@ through an outage as well (WaitingThrough).
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import sys
 import time
+import uuid
+from contextvars import ContextVar
 from typing import Any, Callable, TypeVar, cast
 
 from pid.jobs.store import Store
@@ -25,6 +28,30 @@ PAUSE_MAX_S = 5.0     # between two tries, at most
 WAIT_OUTAGE_S = 300.0  # how long a command waiting on a job waits out its store's outage
 
 T = TypeVar("T")
+
+# The write Patience is trying (again) in this thread: [its id, the store scripts it has run in this try].
+_WRITE: ContextVar[list[Any] | None] = ContextVar("pid_patient_write", default=None)
+
+
+def call_token(*request: str) -> str:
+    """The token a store script's run is known by (jobs/redis_lua/once.lua: a run with a token already seen returns
+    the first one's result and does nothing). Fresh, except in a write Patience tries again: there the same request,
+    made at the same point of the write, gets the same token, so a write that ran but whose reply was lost (the
+    store went away just then) is not done twice when the store is back."""
+    write = _WRITE.get()
+    if write is None:
+        return uuid.uuid4().hex
+    write[1] += 1
+    return f"{write[0]}.{write[1]}.{hashlib.blake2b(chr(0).join(request).encode(), digest_size=8).hexdigest()}"
+
+
+def _as_one_write(state: list[Any], write: Callable[[], T]) -> T:
+    state[1] = 0
+    token = _WRITE.set(state)
+    try:
+        return write()
+    finally:
+        _WRITE.reset(token)
 
 
 def transient(exc: BaseException) -> bool:
@@ -54,9 +81,10 @@ class Patience:
         """write(), tried again while the store is unreachable and time is left; its result, or its last error."""
         pause = 0.25
         gave_up_at: float | None = None
+        state: list[Any] = [uuid.uuid4().hex, 0]   # (call_token: every try is the same write)
         while True:
             try:
-                done = write()
+                done = _as_one_write(state, write)
             except Exception as exc:
                 if not transient(exc):
                     raise

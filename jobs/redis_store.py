@@ -46,6 +46,7 @@ import redis
 
 from pid.endings import ExitReason, status_of
 from pid.jobs.brokers import shown_url
+from pid.jobs.outage import call_token
 from pid.jobs.spec import DEFAULT_QUEUE, JobSpec
 from pid.jobs.store import (ALIVE_WITHIN_S, ARTIFACT_LIMIT, BLOB_CHUNK, EVENTS_KEPT, BatchInfo, BlobMissing,
                             Capped, Controls, JobRecord, WorkerBeat, _policy, _pool, _queues, blob_from_file, blob_hex,
@@ -125,8 +126,15 @@ class RedisDb:
 
     def _run(self, script: str, job_id: str = "", /, **args: Any) -> Any:
         client, scripts = self._connection()
-        return scripts[script](args=[PREFIX, str(self.retention), job_id, json.dumps(args), uuid.uuid4().hex],
-                               client=client)
+        argv = [PREFIX, str(self.retention), job_id, json.dumps(args)]
+        argv.append(call_token(script, *argv))
+        try:
+            return scripts[script](args=argv, client=client)
+        except redis.ConnectionError:
+            # The connection broke, before the script ran or after, its reply lost: sent again with its token, it
+            # runs once (once.lua; redis-py, as pid makes its client, sends nothing again itself). Not after a
+            # TimeoutError: a server that does not answer is not asked twice.
+            return scripts[script](args=argv, client=client)
 
     def close(self) -> None:
         if self._state is not None and self._state[0] == os.getpid():

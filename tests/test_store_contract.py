@@ -792,3 +792,31 @@ def test_a_heartbeat_after_a_silence_from_the_same_process_says_when_it_resumed(
     time.sleep(0.3)
     store.beat("a@h", "h", 9, "boot", 2, 0, True, identity="boot-9-9", silent_s=0.2)   # a stop is no silence
     assert store.workers()[0].resumed_at == back.resumed_at
+
+
+def test_redis_a_write_whose_reply_is_lost_is_sent_again_and_done_once(redis_server, tmp_path):
+    """The store goes away just after a script ran, its reply lost: the same call is sent again with its token and
+    returns what the first run did (once.lua). Without it, a steer taken in that instant was lost and a batch's spend
+    counted twice. When it stays away a while, the job's Patience tries the write again: the same once."""
+    from pid.jobs.outage import Patience, patient
+    from pid.jobs.redis_store import RedisStore
+    from tests.reply_cutter import ReplyCutter
+    cutter = ReplyCutter(redis_server.port)
+    try:
+        store = RedisStore(cutter.url)
+        job = store.create(spec(tmp_path))
+        store.set_batch("b", max_total_cost=10.0, max_running=None)
+        assert store.take_messages(job.id) == [] and store.add_batch_spend("b", 0.0).spent == 0   # (scripts loaded:
+        store.post(job.id, "steer", "one")                               # the reply cut is the script's, not NOSCRIPT)
+        sha = {name: script.sha.encode() for name, script in store._connection()[1].items()}   # (what EVALSHA sends)
+        cutter.cut_after = sha["take_messages"]
+        assert store.take_messages(job.id) == [("steer", "one")]
+        assert cutter.cut.is_set() and store.take_messages(job.id) == []
+
+        cutter.cut.clear()
+        cutter.cut_after, cutter.down_after_cut_s = sha["add_batch_spend"], 1.0   # the send again fails too
+        info = patient(store, Patience(job.id, time.monotonic() + 60)).add_batch_spend("b", 0.25)
+        assert cutter.cut.is_set() and info is not None and info.spent == 0.25
+        assert RedisStore(redis_server.url).batch("b").spent == 0.25   # counted once
+    finally:
+        cutter.close()
