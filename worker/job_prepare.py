@@ -10,7 +10,6 @@ makes it the ending).
 from __future__ import annotations
 
 import os
-import time
 from typing import Callable
 
 from pid import events as ev
@@ -116,7 +115,7 @@ def take_sandbox(job: JobRun) -> None:
         if spec.workspace:   # unpacked while the container starts
             job.packed = open_packed(spec.workspace, job.blobs)
         job.sandbox = job.sandboxes.create(sandbox_config(spec, job.attempt), workspace=job.packed)
-    job.watchdog.arm(spec.timeout_s - (time.time() - job.started) + GRACE_S, job.sandbox.kill, "wall_clock")
+    job.watchdog.arm(spec.timeout_s - job.elapsed() + GRACE_S, job.sandbox.kill, "wall_clock")
 
 
 def import_workspace(job: JobRun, keep: Store | None) -> None:
@@ -175,7 +174,7 @@ def job_agent(job: JobRun, model: ModelInfo, provider: Provider, tools: ToolRegi
     """The agent, its limits what the job's wall clock has left after set-up."""
     spec = job.spec
     assert job.sandbox is not None
-    remaining = max(1.0, spec.timeout_s - (time.time() - job.started))
+    remaining = max(1.0, spec.timeout_s - job.elapsed())
     system_prompt = build_system_prompt(tools.specs(), job.sandbox, custom=spec.system_prompt)
     return Agent(provider, tools, ToolContext(sandbox=job.sandbox, cancel=job.cancel), system_prompt,
                  session=job.session, sink=job.sink, check_in=check_in,

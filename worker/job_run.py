@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable
@@ -58,6 +59,11 @@ class JobRun:
     checking: "Future[JobSandbox] | None" = None   # the check's sandbox, being made
     checked: JobSandbox | None = None   # the check's sandbox, once it ran
     earlier: list[dict[str, Any]] = field(default_factory=list)   # the job's earlier attempts' counts (Limits)
+    begun: float = field(default_factory=time.monotonic)   # its wall clock's start (a clock step changes no limit)
+
+    def elapsed(self) -> float:
+        """Seconds since run_job began, as --timeout counts them."""
+        return time.monotonic() - self.begun
 
     def release(self, keep: Store | None) -> None:
         """The job's sandboxes are removed (the check's too, once made: now, or when it is), its watchdog stops, and
