@@ -125,10 +125,12 @@ def _written_result(record: JobRecord, store: Store | None = None) -> dict[str, 
     attempt's."""
     path = os.path.join(record.spec.job_dir, "result.json")
     try:
-        if os.stat(path).st_mtime < (record.started_at or record.created_at):
+        if os.stat(path).st_mtime < (record.claimed_at or record.started_at or record.created_at):
             raise FileNotFoundError(path)   # an earlier run's
         with open(path, "rb") as f:
             result = json.loads(f.read(1 << 20))
+        if isinstance(result, dict) and result.get("attempt", record.attempts) != record.attempts:
+            raise ValueError("an earlier attempt's")   # (`pid run` writes none: it is the only one)
     except (OSError, ValueError):
         result = _stored_result(record, store)
     if not isinstance(result, dict) or result.get("id") != record.id or result.get("exit_reason") not in ENDINGS:

@@ -320,6 +320,8 @@ def test_a_job_that_wrote_its_result_then_died_keeps_that_result(tmp_path):
     'unrun' one over it."""
     import json
     import os
+    import socket
+    import subprocess
 
     from pid.jobs.sweep import sweep
     store = JobStore(str(tmp_path / "jobs.db"))
@@ -337,6 +339,20 @@ def test_a_job_that_wrote_its_result_then_died_keeps_that_result(tmp_path):
     assert (record.status, record.exit_reason, record.turns, record.tool_calls) == ("completed", "stop", 4, 3)
     with open(path) as f:
         assert json.load(f) == written
+
+    # a worker's job: the result.json an earlier attempt left is not this attempt's ending
+    again = store.create(spec(tmp_path))
+    assert store.claim(again.id, "nohost:1:a", lease_s=0.2)
+    os.makedirs(again.spec.job_dir)
+    with open(os.path.join(again.spec.job_dir, "result.json"), "w") as f:
+        json.dump({**written, "id": again.id, "attempt": 1}, f)
+    time.sleep(0.3)
+    dead = subprocess.Popen(["true"])   # the second attempt's worker, here, is gone
+    dead.wait()
+    assert store.requeue(again.id, "nohost:1:a", lapsed_only=True)
+    assert store.claim(again.id, f"{socket.gethostname()}:{dead.pid}:b", 0.2)
+    time.sleep(0.3)
+    assert sweep(store) == [] and store.get(again.id).status == "queued"   # lost: back in the queue, not "stop"
 
 
 def test_waiting_on_a_job_whose_record_vanishes_says_so(tmp_path, monkeypatch):
