@@ -116,7 +116,10 @@ def store_just_back(record: JobRecord, beats: list[WorkerBeat], now: float) -> b
         return True
     if record.kind == "run":
         return False   # (a `pid run` has no heartbeat: the workers' silence says nothing of it)
-    return not any(now - b.beat_at <= ALIVE_WITHIN_S and b.started_at < lapse for b in live)
+    # A worker that has reached the store without a break for twice the time a beat may be missed knows it up as well
+    # (a worker started after the lapse: the dead one's replacement, which would otherwise wait out the whole grace)
+    return not any(now - b.beat_at <= ALIVE_WITHIN_S and
+                   (b.started_at < lapse or now - (b.resumed_at or b.started_at) > 2 * ALIVE_WITHIN_S) for b in live)
 
 
 def _written_result(record: JobRecord, store: Store | None = None) -> dict[str, Any] | None:

@@ -403,3 +403,22 @@ def test_following_the_log_of_a_job_whose_record_vanishes_says_so(tmp_path, monk
     monkeypatch.setattr(EventFollower, "poll", lose_then_poll)
     res = CliRunner().invoke(cli, ["logs", "-f", job.id])
     assert res.exit_code == 2 and "no longer in the job store" in res.output, res.output
+
+
+def test_a_replacement_worker_that_reaches_the_store_does_not_hold_off_a_dead_workers_job(tmp_path):
+    """The dead worker's replacement (a new pod) started after the lease lapsed: once it has reached the store for a
+    while, the holder would have beaten too if it could; the job goes back to the queue, not after the whole grace."""
+    from pid.jobs.store import ALIVE_WITHIN_S, WorkerBeat
+    from pid.jobs.sweep import store_just_back
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job = store.create(spec(tmp_path))
+    assert store.claim(job.id, "old-pod:7:w.boot-7-1", lease_s=60)
+    record = store.get(job.id)
+    lapse = record.lease_until
+
+    def new_pod(started: float, now: float) -> WorkerBeat:
+        return WorkerBeat("w@new-pod", "new-pod", 7, None, 1, 0, now, started, now, identity="boot-7-9")
+    just_started = lapse + 5
+    assert store_just_back(record, [new_pod(just_started, just_started + 1)], just_started + 1)   # too soon to tell
+    later = just_started + 2 * ALIVE_WITHIN_S + 1
+    assert not store_just_back(record, [new_pod(just_started, later)], later)
