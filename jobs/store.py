@@ -27,7 +27,7 @@ from pid.jobs.spec import DEFAULT_QUEUE, JobSpec
 from pid import settings
 from pid.errors import PidError
 
-USAGE_KEYS = ("input", "output", "cache_read", "cache_write", "total_tokens")
+USAGE_KEYS = ("input", "output", "cache_read", "cache_write", "reasoning", "total_tokens")
 
 EVENTS_KEPT = 10_000                    # per job: older events are dropped
 ARTIFACT_LIMIT = 256 * 1024 * 1024      # bytes per artifact, by default

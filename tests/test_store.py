@@ -103,7 +103,8 @@ def test_a_job_taken_up_again_keeps_the_earlier_attempts_counts_and_usage(tmp_pa
     store = JobStore(str(tmp_path / "jobs.db"))
     job = store.create(spec(tmp_path))
     assert store.claim(job.id, "a", lease_s=0.2)
-    used = {"input": 1000, "output": 50, "cache_read": 0, "cache_write": 0, "total_tokens": 1050, "cost": 0.5}
+    used = {"input": 1000, "output": 50, "cache_read": 0, "cache_write": 0, "reasoning": 20, "total_tokens": 1050,
+            "cost": 0.5}
     assert store.progress(job.id, "a", 2, 3, used, "turn 2: running bash sleep 9", "bash ls (ok, 0.1s)")
     assert not store.progress(job.id, "intruder", 9, 9, used)   # only the lease holder records progress
     time.sleep(0.3)
@@ -118,6 +119,8 @@ def test_a_job_taken_up_again_keeps_the_earlier_attempts_counts_and_usage(tmp_pa
     with_earlier_attempts(result, record.earlier, record.started_at)
     after = time.time()
     assert result["usage"]["input"] == 1010 and result["usage"]["cost"] == 0.75
+    assert result["usage"]["reasoning"] == 40   # every field result.json's usage has, summed (it was dropped)
+    assert set(result["usage"]) == set(used) and set(result["per_attempt"][0]["usage"]) == set(used)
     assert [a["attempt"] for a in result["per_attempt"]] == [1, 2]
     # its duration is the job's, from the first attempt's start, as pid list shows it; this attempt's is kept
     assert result["per_attempt"][-1]["duration_s"] == 0.01
