@@ -327,19 +327,14 @@ def _while_waiting(store: Any, job_id: str) -> Callable[[], None]:
 
 
 def _no_worker_notice(store: Any, job_id: str, out: Callable[..., None] = echo) -> Callable[[], None]:
-    """Once, after PID_NO_WORKER_NOTICE_S (the tests wait less): a job still queued means no worker took it. The
-    workers' heartbeats in the store tell whether any is alive, and how busy. `out`: echo, or a status line's."""
-    notice_s = settings.NO_WORKER_NOTICE_S.get()
-    deadline = time.monotonic() + notice_s
-    done = False
+    """After PID_NO_WORKER_NOTICE_S in the queue (the tests wait less), and again if the job goes back to it: a job
+    still queued means no worker took it. The workers' heartbeats in the store tell whether any is alive, and how
+    busy. `out`: echo, or a status line's."""
+    from pid.jobs.workers import QueuedNotice
+    queued = QueuedNotice(store, job_id, settings.NO_WORKER_NOTICE_S.get())
 
     def tick() -> None:
-        nonlocal done
-        if done or time.monotonic() < deadline:
-            return
-        done = True
-        from pid.jobs.workers import still_queued
-        line = still_queued(store, job_id, notice_s)
+        line = queued()
         if line is not None:
             out(line, err=True)
     return tick

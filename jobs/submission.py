@@ -366,11 +366,11 @@ def cancel(store: Any, job_id: str) -> str:
     the artifacts so far) or "cancelled" (it ended here and now)."""
     record = job_record(store, job_id)
     if record.terminal:
-        raise PidError(f"job {job_id} is {record.status}: nothing to cancel")
+        raise PidError(f"job {job_id} has ended ({record.status}): nothing to cancel")
     from pid.jobs.sweep import cancel_job
     status = cancel_job(store, job_id)
     if status not in ("running", "cancelled"):
-        raise PidError(f"job {job_id} is {status}: nothing to cancel")
+        raise PidError(f"job {job_id} has ended ({status}): nothing to cancel")
     return status
 
 

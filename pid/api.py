@@ -275,16 +275,13 @@ class Job:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         next_sweep = started + SWEEP_EVERY_S
-        notice_s = settings.NO_WORKER_NOTICE_S.get()
-        noticed = False
+        from pid.jobs.workers import QueuedNotice
+        queued = QueuedNotice(self._store(), self.id, settings.NO_WORKER_NOTICE_S.get())
         while not self.done():
             now = time.monotonic()
-            if not noticed and now - started >= notice_s:   # (once, as `pid result --wait` says it)
-                from pid.jobs.workers import still_queued
-                noticed = True
-                line = still_queued(self._store(), self.id, notice_s)
-                if line is not None:
-                    _warn(line)
+            line = queued()   # (as `pid result --wait` says it)
+            if line is not None:
+                _warn(line)
             if deadline is not None and now >= deadline:
                 record = self._record()
                 held = " (paused: resume() lets it go on)" if record.held else ""
@@ -306,17 +303,23 @@ class Job:
             raise PidError(f"job {self.id} is {record.status}: no result yet")
         return load_result(self._store(), self.id)
 
-    @_reached
     def patch(self) -> str | None:
-        """The ended job's patch.diff (its change to the workspace, `git apply`-able), from the job store wherever
-        it ran: "" when the job changed nothing; None when it left no patch (it never ran, or its sandbox was lost
-        before the patch was taken). PidError if it has not ended."""
+        """The ended job's patch.diff (its change to the workspace), from the job store wherever it ran, as text to
+        read: "" when the job changed nothing; None when it left no patch (it never ran, or its sandbox was lost
+        before the patch was taken). PidError if it has not ended. Bytes that are not UTF-8 (a file in Latin-1)
+        are kept as surrogates: to write or `git apply` it, take patch_bytes()."""
+        patch = self.patch_bytes()
+        return None if patch is None else patch.decode("utf-8", "surrogateescape")
+
+    @_reached
+    def patch_bytes(self) -> bytes | None:
+        """The ended job's patch.diff as it is, `git apply`-able: what patch() reads, byte for byte."""
         from pid.jobs.artifact_store import PATCH
         result = self.result()   # (ended, and its artifacts uploaded with its result)
         store = self._store()
         if "patch" not in result.get("artifacts", {}) or PATCH not in store.artifact_names(self.id):
             return None
-        return b"".join(store.open_artifact(self.id, PATCH)).decode("utf-8", "surrogateescape")
+        return b"".join(store.open_artifact(self.id, PATCH))
 
     def logs(self, follow: bool = True) -> Iterator[dict[str, Any]]:
         """The job's log records (what `pid logs --json` prints, one dict each: tool calls, model errors, the job's
@@ -527,6 +530,8 @@ def _args(command: Any, command_name: str, options: dict[str, Any], cli_only: se
             continue
         if isinstance(param, OnceOption) and not isinstance(value, str):   # (check=[] had meant no check at all)
             raise PidError(f"{flag} takes one value, a string, not {type(value).__name__}")
+        if isinstance(value, (set, frozenset)):   # (tools={"read", "bash"}: in a set's order, which is none)
+            value = sorted(value, key=str)
         items = list(value) if isinstance(value, (list, tuple)) else [value]
         # a name, a path, a key: never a number (as a tasks file says)
         text = isinstance(param.type, (click.types.StringParamType, click.Path))

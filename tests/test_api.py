@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -188,7 +189,8 @@ def test_import_pid_and_submit_load_neither_celery_nor_docker_nor_the_worker(tmp
 @pytest.mark.docker
 @pytest.mark.cli
 def test_a_submitted_job_is_followed_to_its_end(api_env, worker, sample_repo, tmp_path):
-    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo api >> hello.py"}}]},
+    script = [{"tool_calls": [{"name": "bash", "arguments": {
+        "command": "echo api >> hello.py && printf 'caf\\351 = 1\\n' > latin.py"}}]},   # (a Latin-1 file)
               {"text": "done"}]
     with ScriptedLLM(script) as llm:
         job = pid.submit("append a line", repo=sample_repo, model="scripted", base_url=llm.base_url,
@@ -200,8 +202,13 @@ def test_a_submitted_job_is_followed_to_its_end(api_env, worker, sample_repo, tm
     assert result["id"] == job.id and result["status"] == "completed", result
     assert job.result() == result and job.status() == "completed"
     assert any("bash" in str(record) for record in records), records
-    patch = job.patch()
+    patch, raw = job.patch(), job.patch_bytes()
     assert patch is not None and "+api" in patch, patch
+    assert raw is not None and b"+caf\xe9 = 1" in raw and patch == raw.decode("utf-8", "surrogateescape")
+    applied = tmp_path / "applied"
+    shutil.copytree(sample_repo, applied)
+    subprocess.run(["git", "apply", "-"], input=raw, cwd=applied, check=True)   # byte for byte
+    assert (applied / "latin.py").read_bytes() == b"caf\xe9 = 1\n"
     assert len(llm.requests) == 2
 
 
@@ -507,3 +514,9 @@ def test_a_warning_says_pid_once():
         api._warn("pid: the batch was cancelled")
         api._warn("the sandbox is on the network")
     assert [str(w.message) for w in caught] == ["pid: the batch was cancelled", "pid: the sandbox is on the network"]
+
+
+def test_a_set_of_tools_is_taken_as_their_list():
+    """tools={"read", "bash"} is a list of names in no order; it was refused as if --tools wanted a number."""
+    from pid.api import _args, _command
+    assert _args(_command("submit"), "submit", {"tools": {"read", "bash"}}) == ["--tools=bash,read"]

@@ -244,7 +244,7 @@ def test_result_of_an_unfinished_job_is_exit_5_and_cancel_of_a_finished_one_exit
     assert as_json.code == 5 and as_json.json() == {"id": job_id, "status": "queued", "ended": False}
     assert run_pid("cancel", job_id).stdout.strip() == f"{job_id}: cancelled"
     assert run_pid("result", job_id).code == 1
-    assert_one_error(run_pid("cancel", job_id), f"job {job_id} is cancelled: nothing to cancel")
+    assert_one_error(run_pid("cancel", job_id), f"job {job_id} has ended (cancelled): nothing to cancel")
     assert_one_error(run_pid("pause", job_id), f"job {job_id} is cancelled: nothing to pause")
     assert_one_error(run_pid("steer", job_id, "hi"), "takes no more messages")
 

@@ -34,7 +34,7 @@ def test_a_handed_back_job_is_queued_with_its_counts_and_is_not_a_loss(tmp_path)
     assert store.claim(job.id, "w2", 60)
     assert store.get(job.id).earlier == [{"attempt": 1, "turns": 2, "tool_calls": 3,
                                           "usage": {"input": 50, "output": 0, "cache_read": 0, "cache_write": 0,
-                                                    "total_tokens": 0, "cost": 0.0}}]
+                                                    "reasoning": 0, "total_tokens": 0, "cost": 0.0}}]
 
 
 def test_a_job_cancelled_then_handed_back_ends_cancelled_instead_of_waiting_forever(tmp_path):
@@ -366,3 +366,27 @@ def test_the_engine_timing_out_while_reaping_is_not_called_the_store(caplog, mon
     assert len(reaping) == 1 and reaping[0].exc_info is not None
     assert not [r for r in caplog.records if "job store is unreachable" in r.getMessage()]
     assert "forget_silent_workers" in calls and "reconcile" in calls
+
+
+def test_a_wait_says_a_job_is_queued_once_a_stay_and_again_when_it_goes_back(tmp_path):
+    """`pid result --wait` and Job.wait: a job still queued after the notice time is said once; one that ran and
+    went back to the queue (its worker killed) is said again, not left in silence."""
+    from pid.jobs.workers import QueuedNotice
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job = store.create(spec(tmp_path))
+    notice = QueuedNotice(store, job.id, 0.05)
+    assert notice() is None                      # too soon
+    time.sleep(0.06)
+    first = notice()
+    assert first is not None and first.startswith(f"job {job.id} is still queued after 0.05s: no worker")
+    time.sleep(0.06)
+    assert notice() is None                      # said once for this stay
+    assert store.claim(job.id, "h:1:w", 60)
+    time.sleep(0.06)
+    assert notice() is None                      # it runs
+    assert store.requeue(job.id, "h:1:w", lapsed_only=False)
+    time.sleep(0.06)
+    again = notice()
+    assert again is not None and again.startswith(f"job {job.id} is back in the queue: no worker")
+    time.sleep(0.06)
+    assert notice() is None
