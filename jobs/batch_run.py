@@ -110,6 +110,8 @@ class Run:
     submitted: int = 0
     interrupted: int = 0                                      # interrupt() count (the CLI's Ctrl-C)
     let_go_by: int = 0                                        # let_go()'s signal: stop following, the jobs go on
+    deadline: float | None = None                             # (time.monotonic()) stop following then, likewise
+    timed_out: bool = False                                   # ...and it did
     stopping: bool = False                                    # follow() waits for its downloads to end
 
     # -- submitting --------------------------------------------------------------------------------------------
@@ -231,7 +233,7 @@ class Run:
                         raise
                 if self.tracked or f.pending:   # one query for all: less often for thousands of jobs
                     time.sleep(min(POLL_MAX_S, max(POLL_S, len(self.tracked) / 500)))
-            ended = not self.interrupted and not self.let_go_by
+            ended = not self.interrupted and not self.let_go_by and not self.timed_out
         except KeyboardInterrupt:   # (pid.batch's): the jobs cancelled before any wait for the downloads
             self.cancel_tracked(note=display.note)
             raise
@@ -249,6 +251,9 @@ class Run:
         budget and the local workers checked, the display updated. False: stop following (interrupted, and the
         jobs had their time to end)."""
         if self.let_go_by:
+            return False
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.timed_out = True
             return False
         records = self._records()
         if self.interrupted and f.cancelled_at is None:

@@ -15,6 +15,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -175,15 +176,24 @@ def submit_batch(tasks: str, out: str, opts: Options, warn: Callable[[str], None
     return run
 
 
-def wait_batch(out: str, display: Display | None = None, warn: Callable[[str], None] = ignore) -> dict[str, Any]:
+def wait_batch(out: str, display: Display | None = None, warn: Callable[[str], None] = ignore,
+               timeout: float | None = None) -> dict[str, Any]:
     """`pid batch --wait DIR`: the jobs of the batch in `out` that have not been recorded as ended, followed to
-    their end (downloaded, recorded); returns as run_batch() does."""
+    their end (downloaded, recorded); returns as run_batch() does. After `timeout` seconds, TimeoutError: the jobs
+    go on, and what ended meanwhile is recorded (the next wait follows the rest)."""
     run = Run(open_held(out), default_store(), retry_failed=False, warn=warn)
+    if timeout is not None:
+        run.deadline = time.monotonic() + timeout
     try:
         run.collect_existing()
-        return follow(run, display, warn)
+        followed = follow(run, display, warn)
     finally:
         run.close()
+    if run.timed_out:
+        left = len(run.tracked)
+        raise TimeoutError(f"batch {run.bdir.batch_id}: {left} job(s) not ended after {timeout:g}s (they go on; "
+                           "wait() again follows them)")
+    return followed
 
 
 def follow(run: Run, display: Display | None, warn: Callable[[str], None]) -> dict[str, Any]:

@@ -165,13 +165,15 @@ class Batch:
         return status(open_dir(self.out), default_store()).as_dict()
 
     @_reached
-    def wait(self, on_item: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    def wait(self, on_item: Callable[[dict[str, Any]], None] | None = None,
+             timeout: float | None = None) -> dict[str, Any]:
         """Follow its jobs that have not ended to their end (downloaded into OUT, recorded) and return what
         pid.batch returns: {"items": [those that ended in this call], "summary": {…}}; a KeyboardInterrupt as
-        there. `pid batch --wait OUT --json`."""
+        there. TimeoutError after `timeout` seconds, the jobs going on (those that ended meanwhile are recorded,
+        and given to on_item). `pid batch --wait OUT --json`."""
         from pid.jobs.batch_setup import wait_batch
         _callable_or_none("on_item", on_item)
-        return wait_batch(self.out, _Items(on_item), warn=_warn)
+        return wait_batch(self.out, _Items(on_item), warn=_warn, timeout=_seconds_or_none(timeout))
 
     @_reached
     def cancel(self) -> list[dict[str, str]]:
@@ -180,6 +182,14 @@ class Batch:
         from pid.jobs.batch_control import cancel
         from pid.jobs.batch_setup import default_store, open_dir
         return cancel(open_dir(self.out), default_store())
+
+
+def _seconds_or_none(timeout: Any) -> float | None:
+    """A wait's timeout, checked: seconds, 0 or more, or None (no limit)."""
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not timeout >= 0):
+        raise PidError(f"timeout must be a number of seconds, 0 or more (or None), not {timeout!r}")
+    return timeout
 
 
 def _callable_or_none(name: str, hook: Any) -> None:
@@ -268,9 +278,7 @@ class Job:
         """Block until the job ends and return its result (see result()); TimeoutError after `timeout` seconds,
         the job going on. Meanwhile a job whose process died is found and ended, as `pid result --wait` does."""
         from pid.jobs.sweep import sweep_quietly
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not timeout >= 0):
-            raise PidError(f"timeout must be a number of seconds, 0 or more (or None), not {timeout!r}")
+        timeout = _seconds_or_none(timeout)
         from pid import settings
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout

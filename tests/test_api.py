@@ -495,6 +495,11 @@ def test_a_submitted_batch_is_seen_cancelled_and_waited_for_from_its_directory(a
     batch = pid.submit_batch(tasks, tmp_path / "out", model="m", base_url="http://127.0.0.1:9/v1")   # no worker
     assert batch.out == str(tmp_path / "out") and batch.id.startswith("b-")
     assert batch.status()["counts"] == {"queued": 2}, batch.status()
+    with pytest.raises(pid.PidError, match="^timeout must be a number of seconds"):
+        batch.wait(timeout=-1)
+    with pytest.raises(TimeoutError, match=r"^batch b-\S+: 2 job\(s\) not ended after 0.5s \(they go on; wait"):
+        batch.wait(timeout=0.5)
+    assert batch.status()["counts"] == {"queued": 2}   # they go on, and the directory is free again:
     again = pid.open_batch(tmp_path / "out")
     assert sorted((c["item"], c["status"]) for c in again.cancel()) == [("item0", "cancelled"), ("item1", "cancelled")]
     told: list[dict] = []
