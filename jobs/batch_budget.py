@@ -90,7 +90,7 @@ def refused(store: Store, record: JobRecord) -> str | None:
             write_unrun_result(record.spec, "batch_budget", budget_note(info), store=store)
         return "batch_budget"
     if info.max_running is not None and info.running >= info.max_running:
-        store.mark_undispatched(record.id, PARKED)
+        store.mark_undispatched(record.id, PARKED, parked=True)
         return "parked"
     return None
 

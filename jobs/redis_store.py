@@ -59,7 +59,7 @@ UPLOAD_TTL_S = 3600    # an upload's temporary key vanishes an hour after its wr
 
 # The scripts, one file each in redis_lua/ (each says what it does and why it is atomic). Every script is sent as
 # prelude.lua (the arguments and shared helpers) + its body; a script that writes is wrapped in once.lua, so a call
-# redis-py sends again after a lost reply does not run twice.
+# sent again after a lost reply (RedisDb._run, a job's Patience) does not run twice.
 _SCRIPT_NAMES = (
     "create", "claim", "controls", "renew", "progress", "finish", "finish_if_queued", "request_cancel", "set_paused",
     "post", "take_messages", "requeue", "mark_dispatched", "mark_published", "mark_undispatched", "set_batch",
@@ -127,7 +127,8 @@ class RedisDb:
     def _run(self, script: str, job_id: str = "", /, **args: Any) -> Any:
         client, scripts = self._connection()
         argv = [PREFIX, str(self.retention), job_id, json.dumps(args)]
-        argv.append(call_token(script, *argv))
+        token, keep_s = call_token(script, *argv)
+        argv += [token, str(keep_s)]
         try:
             return scripts[script](args=argv, client=client)
         except redis.ConnectionError:
@@ -394,8 +395,8 @@ class RedisDispatch(RedisDb):
     def mark_published(self, job_id: str) -> None:
         self._run("mark_published", job_id)
 
-    def mark_undispatched(self, job_id: str, error: str) -> None:
-        self._run("mark_undispatched", job_id, error=error[:500])
+    def mark_undispatched(self, job_id: str, error: str, parked: bool = False) -> None:
+        self._run("mark_undispatched", job_id, error=error[:500], parked=parked)
 
     def to_dispatch(self, stale_before: float | None) -> "builtins.list[JobRecord]":
         """Queued worker jobs that need a message: never dispatched (or the publish failed), or (with

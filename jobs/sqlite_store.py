@@ -524,13 +524,15 @@ class SqliteDispatch(SqliteDb):
         with self._db() as db:
             db.execute("UPDATE jobs SET dispatch_error = NULL, undispatched_since = NULL WHERE id = ?", (job_id,))
 
-    def mark_undispatched(self, job_id: str, error: str) -> None:
-        """The publish failed: the job waits for a worker's reconciler to try again (`undispatched_since` keeps
-        when its publishes began to fail: a job its batch held back, never tried, starts its clock now)."""
+    def mark_undispatched(self, job_id: str, error: str, parked: bool = False) -> None:
+        """The publish failed: the job waits for a worker's reconciler to try again. `undispatched_since` keeps
+        when its publishes began to fail; a job its batch holds back (`parked`: --max-running) is not failing, and
+        has none."""
         with self._db() as db:
-            db.execute("UPDATE jobs SET dispatched_at = NULL, dispatch_error = ?, undispatched_since = CASE WHEN "
-                       "dispatch_error IS NULL OR undispatched_since IS NULL THEN ? ELSE undispatched_since END "
-                       "WHERE id = ? AND status = 'queued'", (error[:500], time.time(), job_id))
+            db.execute("UPDATE jobs SET dispatched_at = NULL, dispatch_error = ?, undispatched_since = CASE WHEN ? "
+                       "THEN NULL WHEN dispatch_error IS NULL OR undispatched_since IS NULL THEN ? ELSE "
+                       "undispatched_since END WHERE id = ? AND status = 'queued'",
+                       (error[:500], parked, time.time(), job_id))
 
     def to_dispatch(self, stale_before: float | None) -> "builtins.list[JobRecord]":
         """Queued worker jobs that need a message: never dispatched (or the publish failed), or (with

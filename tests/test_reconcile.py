@@ -123,9 +123,10 @@ def test_a_job_that_cannot_be_dispatched_for_long_ends_failed_even_the_oldest(tm
 
 
 def test_a_failed_publish_ends_no_job_its_batch_held_back_nor_one_a_worker_took(tmp_path):
-    """--max-running: a batch's jobs past its slots wait undispatched, never tried. One failed publish (of any job)
-    ends only the jobs whose own publishes have failed for long, not those, however long they waited; and a waiting
-    job's clock starts at its own first failure."""
+    """--max-running: a batch's jobs past its slots are parked (batch_budget.refused), never tried. A failed publish
+    ends only the jobs whose own publishes have failed for long: not those, however long they were parked, nor one a
+    worker took meanwhile; and it starts the clock of every job a pass cut short never tried."""
+    from pid.jobs import batch_budget
     store = JobStore(str(tmp_path / "jobs.db"))
     store.set_batch("b", max_total_cost=None, max_running=1)
     batch = []
@@ -133,30 +134,47 @@ def test_a_failed_publish_ends_no_job_its_batch_held_back_nor_one_a_worker_took(
         s = spec(tmp_path, n)
         s.batch = "b"
         batch.append(store.create(s))
-    other = store.create(spec(tmp_path, 9))
-    taken = store.create(spec(tmp_path, 10))
+    first = store.create(spec(tmp_path, 8))   # unbatched, before the batch's jobs in the queue
     assert store.claim(batch[0].id, "w", 60)
-    with store._db() as db:   # an hour old; `taken` failed for an hour, then a worker took it from a late message
-        db.execute("UPDATE jobs SET created_at = created_at - 3600, undispatched_since = ?", (time.time() - 3600,))
-        db.execute("UPDATE jobs SET dispatch_error = 'down', created_at = created_at - 60 WHERE id = ?", (taken.id,))
+    for job in batch[1:]:   # refused a claim by the full batch: parked
+        assert batch_budget.refused(store, store.get(job.id)) == "parked"
+    taken = store.create(spec(tmp_path, 10))
+    other = store.create(spec(tmp_path, 11))
+    with store._db() as db:   # all an hour old; `first` and `taken` have failed to publish for that long
+        db.execute("UPDATE jobs SET created_at = created_at - 3600, undispatched_since = undispatched_since - 3600")
+        db.execute("UPDATE jobs SET created_at = created_at - 60, dispatch_error = 'down', undispatched_since = ? "
+                   "WHERE id IN (?, ?)", (time.time() - 3600, first.id, taken.id))
     attempts: list[str] = []
 
     def refused(job_id: str, **kw) -> bool:
         attempts.append(job_id)
         store.mark_undispatched(job_id, "ConnectionRefusedError: the broker is down")
-        if job_id == taken.id:
-            assert store.claim(taken.id, "w2", 60)   # it is running by the time the give-up looks at it
         raise ConnectionRefusedError("the broker is down")
 
-    for _ in range(2):
-        assert reconcile(store, dispatch=refused) == []
-    assert attempts == [taken.id, other.id]   # the oldest first; a pass stops at its first failure
-    assert batch[1].id not in attempts and batch[2].id not in attempts   # held back: no slot
-    for job in batch[1:]:
-        assert store.get(job.id).status == "queued", store.get(job.id)
-    assert store.get(other.id).status == "queued"   # its clock started at its first failure, just now
-    assert store.get(other.id).undispatched_since > time.time() - 60
+    read = store.to_dispatch
+
+    def then_taken(stale_before):   # a worker takes `taken` from a late message while the give-up looks
+        waiting = read(stale_before)
+        if stale_before is None and store.get(taken.id).status == "queued":
+            assert store.claim(taken.id, "w2", 60)
+        return waiting
+    store.to_dispatch = then_taken
+    assert reconcile(store, dispatch=refused) == [] and attempts == [first.id]   # a pass stops at its first failure
+    assert (store.get(first.id).status, store.get(first.id).exit_reason) == ("failed", "dispatch_failed")
     assert (store.get(taken.id).status, store.get(taken.id).owner) == ("running", "w2")
+    for job in batch[1:]:
+        assert store.get(job.id).status == "queued", store.get(job.id)   # parked, never failing
+        assert store.get(job.id).undispatched_since is None
+    assert store.get(other.id).status == "queued"
+    assert store.get(other.id).undispatched_since > time.time() - 60   # its clock started with the outage
+    assert reconcile(store, dispatch=refused) == [] and attempts == [first.id, other.id]
+    assert store.get(other.id).status == "queued"
+    assert store.finish(batch[0].id, "stop", owner="w")   # a slot is free: a parked job's first failure starts
+    attempts.clear()                                      # its clock then, however long it was parked
+    reconcile(store, dispatch=refused)
+    assert attempts and store.get(attempts[0]).status == "queued"
+    for job in batch[1:]:
+        assert store.get(job.id).status == "queued"
 
 
 def test_a_short_broker_outage_fails_nothing(tmp_path):

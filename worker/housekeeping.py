@@ -62,7 +62,6 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
               dispatch: Callable[..., bool] | None = None) -> list[str]:
     """Dispatch the queued jobs that need a message (with `dispatch`, pid.jobs.dispatch.dispatch by default); end those
     that could not be dispatched for DISPATCH_GIVE_UP_S. Returns the ids dispatched."""
-    from pid.jobs.sweep import write_unrun_result
     if dispatch is None:
         from pid.jobs.dispatch import dispatch as publish
         dispatch = publish
@@ -93,20 +92,35 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
                     rooms[job.spec.batch or ""] = left - 1
         except Exception as exc:
             log.warning("dispatching queued jobs: %s", exc)
-            for waiting in store.to_dispatch(stale_before=None):
-                # Only a job whose publishes have failed that long: not one its batch holds back (--max-running),
-                # never tried, nor one a worker claimed meanwhile (finish_if_queued).
-                since = waiting.undispatched_since or waiting.created_at
-                if waiting.dispatch_error is None or now - since < DISPATCH_GIVE_UP_S or \
-                        rooms.get(waiting.spec.batch or "") == 0:
-                    continue
-                error = f"could not be dispatched for {now - since:.0f}s: {exc}"[:500]
-                if store.finish_if_queued(waiting.id, "dispatch_failed", error=error):
-                    write_unrun_result(waiting.spec, "dispatch_failed", error, waiting, store=store)
-                    if on_end:
-                        on_end(store.get(waiting.id) or waiting)
+            _give_up(store, exc, now, rooms, on_end)
             break   # the broker is down: the next pass tries again
     return dispatched
+
+
+def _give_up(store: Store, exc: Exception, now: float, rooms: dict[str, int | None],
+             on_end: Callable[[JobRecord], None] | None) -> None:
+    """A publish failed: the queued jobs that need one fail with it (their clocks start now, those of a pass cut
+    short too), and those whose publishes have failed for DISPATCH_GIVE_UP_S end `dispatch_failed`. Not a job its
+    batch holds back (--max-running: never tried), nor one a worker claimed meanwhile (finish_if_queued)."""
+    from pid.jobs.batch_budget import room
+    from pid.jobs.sweep import write_unrun_result
+    for waiting in store.to_dispatch(stale_before=None):
+        batch = waiting.spec.batch
+        if batch and batch not in rooms:
+            rooms[batch] = room(store, batch)
+        if batch and rooms[batch] == 0:
+            continue
+        if waiting.dispatch_error is None or waiting.undispatched_since is None:
+            store.mark_undispatched(waiting.id, f"{type(exc).__name__}: {exc}")
+            continue
+        since = waiting.undispatched_since
+        if now - since < DISPATCH_GIVE_UP_S:
+            continue
+        error = f"could not be dispatched for {now - since:.0f}s: {exc}"[:500]
+        if store.finish_if_queued(waiting.id, "dispatch_failed", error=error):
+            write_unrun_result(waiting.spec, "dispatch_failed", error, waiting, store=store)
+            if on_end:
+                on_end(store.get(waiting.id) or waiting)
 
 
 class Housekeeping:
