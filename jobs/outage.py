@@ -29,20 +29,23 @@ WAIT_OUTAGE_S = 300.0  # how long a command waiting on a job waits out its store
 
 T = TypeVar("T")
 
-# The write Patience is trying (again) in this thread: [its id, the store scripts it has run in this try].
+# The write Patience is trying (again) in this thread: [its id, the store scripts it has run in this try, its deadline].
 _WRITE: ContextVar[list[Any] | None] = ContextVar("pid_patient_write", default=None)
+TOKEN_KEPT_S = 600   # how long the store remembers a script's run by its token, at least
 
 
-def call_token(*request: str) -> str:
-    """The token a store script's run is known by (jobs/redis_lua/once.lua: a run with a token already seen returns
-    the first one's result and does nothing). Fresh, except in a write Patience tries again: there the same request,
-    made at the same point of the write, gets the same token, so a write that ran but whose reply was lost (the
-    store went away just then) is not done twice when the store is back."""
+def call_token(*request: str) -> tuple[str, int]:
+    """The token a store script's run is known by, and for how long the store keeps it (jobs/redis_lua/once.lua: a
+    run with a token already seen returns the first one's result and does nothing). Fresh, except in a write
+    Patience tries again: there the same request, made at the same point of the write, gets the same token, kept as
+    long as Patience may try, so a write that ran but whose reply was lost (the store went away just then) is not
+    done twice when the store is back."""
     write = _WRITE.get()
     if write is None:
-        return uuid.uuid4().hex
+        return uuid.uuid4().hex, TOKEN_KEPT_S
     write[1] += 1
-    return f"{write[0]}.{write[1]}.{hashlib.blake2b(chr(0).join(request).encode(), digest_size=8).hexdigest()}"
+    digest = hashlib.blake2b(chr(0).join(request).encode(), digest_size=8).hexdigest()
+    return f"{write[0]}.{write[1]}.{digest}", max(TOKEN_KEPT_S, int(write[2] - time.monotonic() + OUTAGE_MIN_S) + 60)
 
 
 def _as_one_write(state: list[Any], write: Callable[[], T]) -> T:
@@ -81,7 +84,7 @@ class Patience:
         """write(), tried again while the store is unreachable and time is left; its result, or its last error."""
         pause = 0.25
         gave_up_at: float | None = None
-        state: list[Any] = [uuid.uuid4().hex, 0]   # (call_token: every try is the same write)
+        state: list[Any] = [uuid.uuid4().hex, 0, self.deadline]   # (call_token: every try is the same write)
         while True:
             try:
                 done = _as_one_write(state, write)

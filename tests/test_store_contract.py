@@ -253,6 +253,11 @@ def test_dispatch_records(store, tmp_path):
     assert r.undispatched_since > fresh.undispatched_since
     store.mark_undispatched(fresh.id, "down again")
     assert store.get(fresh.id).undispatched_since == r.undispatched_since   # and runs on through later ones
+    store.mark_undispatched(fresh.id, "waiting for a free slot", parked=True)   # held back by its batch: not failing
+    parked = store.get(fresh.id)
+    assert (parked.dispatch_error, parked.undispatched_since) == ("waiting for a free slot", None)
+    store.mark_undispatched(fresh.id, "down")
+    assert store.get(fresh.id).undispatched_since is not None   # its next failure starts the clock again
     store.request_cancel(fresh.id)
     assert fresh.id not in [r.id for r in store.to_dispatch(None)]
     assert not store.mark_dispatched(fresh.id)
@@ -815,8 +820,11 @@ def test_redis_a_write_whose_reply_is_lost_is_sent_again_and_done_once(redis_ser
 
         cutter.cut.clear()
         cutter.cut_after, cutter.down_after_cut_s = sha["add_batch_spend"], 1.0   # the send again fails too
-        info = patient(store, Patience(job.id, time.monotonic() + 60)).add_batch_spend("b", 0.25)
+        info = patient(store, Patience(job.id, time.monotonic() + 3600)).add_batch_spend("b", 0.25)
         assert cutter.cut.is_set() and info is not None and info.spent == 0.25
         assert RedisStore(redis_server.url).batch("b").spent == 0.25   # counted once
+        direct = RedisStore(redis_server.url)._r   # a patient write's run is remembered as long as it may be tried
+        kept = sorted(direct.ttl(key) for key in direct.scan_iter(match="pid:done:*"))
+        assert kept[0] <= 600 and kept[-1] > 3600, kept
     finally:
         cutter.close()

@@ -1,6 +1,7 @@
 -- prelude.lua: Shared by every script (prepended to each when it is registered): the arguments and the helpers.
 -- ARGV[1]: the key prefix, ARGV[2]: the retention (s), ARGV[3]: the job id (a batch's or a worker's for their
--- scripts), ARGV[4]: the operation's arguments as a JSON object (null: None), ARGV[5]: the call's token (once.lua).
+-- scripts), ARGV[4]: the operation's arguments as a JSON object (null: None), ARGV[5]: the call's token and ARGV[6]
+-- how long its result is kept (once.lua).
 -- Times are the Redis server's clock (TIME), written "%.6f". Not a script of its own: it runs inside each one, so
 -- inside that script's atomic step.
 local P, RET, ID = ARGV[1], tonumber(ARGV[2]), ARGV[3]
