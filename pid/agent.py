@@ -108,13 +108,15 @@ class Agent:
         self._sink_lock = threading.Lock()
         self._sent: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()   # controls' `sent`, for the next to emit
         self._ended = False
+        self._inbox_lock = threading.Lock()   # a steer or follow-up goes in, or the loop is over: one or the other
+        self._inbox_closed = False
         self._pool = ThreadPoolExecutor(max_parallel_tools, thread_name_prefix="pid-tool")
         self._calls_made = 0   # by the last reply, before _keep_calls
 
     @property
     def ended(self) -> bool:
-        """Its loop is over: a steer or follow-up would reach no one."""
-        return self._ended
+        """Its loop is over: a steer or follow-up would reach no one (steer() and follow_up() say False)."""
+        return self._inbox_closed
 
     # -- controls (any thread) --------------------------------------------------------------------------------------
     def load_history(self, entries: list[tuple[str | None, Message]],
@@ -130,15 +132,22 @@ class Agent:
 
     # Each control's `sent` event is queued before the control itself, so that its `received` (which the loop emits
     # after draining that queue) can never come first.
-    def steer(self, text: str) -> None:
-        """Delivered after the running tool batch completes, before the next model call."""
-        self._send(ev.Control("steer", "sent", text))
-        self._steering.put(text)
+    def steer(self, text: str) -> bool:
+        """Delivered after the running tool batch completes, before the next model call. False: the agent has
+        ended, nothing took it."""
+        return self._post("steer", self._steering, text)
 
-    def follow_up(self, text: str) -> None:
-        """Delivered when the agent would otherwise stop; the loop then goes on."""
-        self._send(ev.Control("follow_up", "sent", text))
-        self._follow_ups.put(text)
+    def follow_up(self, text: str) -> bool:
+        """Delivered when the agent would otherwise stop; the loop then goes on. False: as steer()."""
+        return self._post("follow_up", self._follow_ups, text)
+
+    def _post(self, kind: ev.ControlKind, inbox: "queue.SimpleQueue[str]", text: str) -> bool:
+        with self._inbox_lock:
+            if self._inbox_closed:
+                return False
+            self._send(ev.Control(kind, "sent", text))
+            inbox.put(text)
+            return True
 
     def pause(self) -> None:
         if not self.cancel_event.is_set() and self._resumed.is_set():  # a cancelled agent must run to its end
@@ -175,6 +184,11 @@ class Agent:
             if timer:
                 timer.cancel()
             self._pool.shutdown(wait=True, cancel_futures=True)
+            with self._inbox_lock:   # what came after the loop last looked (its last model call, a limit) is said
+                self._inbox_closed = True
+                left = _drain(self._steering, "steer") + _drain(self._follow_ups, "follow_up")
+        for kind, text in left:
+            self._emit(ev.Notice(undelivered(kind or "steer", text)))
         self._emit(ev.AgentEnd(outcome.status, outcome.exit_reason))
         self._ended = True
         return outcome
@@ -434,6 +448,12 @@ class Agent:
     def _end(out: Outcome, reason: ExitReason, error: str | None) -> Outcome:
         out.exit_reason, out.error = reason, error
         return out
+
+
+def undelivered(kind: str, text: str) -> str:
+    """What a job's log says of a steer or follow-up no agent took."""
+    return (f"{kind.replace('_', '-')} not delivered: the agent had ended (`pid continue` carries on with a message): "
+            f"{text[:200]}{'…' if len(text) > 200 else ''}")
 
 
 def _drain(pending: "queue.SimpleQueue[str]", kind: ev.ControlKind) -> list[tuple[ev.ControlKind | None, str]]:

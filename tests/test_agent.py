@@ -421,3 +421,24 @@ def test_a_gate_asked_before_every_model_call_ends_the_run_with_its_reason(sandb
     assert (outcome.status, outcome.exit_reason, outcome.error) == ("cancelled", "batch_budget",
                                                                     "the batch's budget is spent")
     assert (outcome.turns, calls, len(asked)) == (2, 2, 3)
+
+
+def test_a_steer_the_loop_never_reads_again_is_said_and_one_after_the_end_is_refused(sandbox):
+    """A steer that came as the job hit a limit (here, during its last turn's tool call) was queued for a loop that
+    never looked again: it is said not delivered, in the agent's events; one sent after the end is refused."""
+    events: list[ev.Event] = []
+    agent: Agent | None = None
+
+    def sink(event: ev.Event) -> None:
+        events.append(event)
+        if isinstance(event, ev.ToolStart):
+            assert agent is not None and agent.steer("also fix the docs")
+    with ScriptedLLM([{"tool_calls": [bash("echo hi")]}, {"text": "never asked"}]) as llm:
+        agent = make_agent(llm, sandbox, limits=Limits(max_turns=1), sink=sink)
+        outcome = agent.run("go")
+    assert (outcome.exit_reason, agent.ended) == ("max_turns", True)
+    notices = [e.text for e in events if isinstance(e, ev.Notice)]
+    assert "steer not delivered: the agent had ended (`pid continue` carries on with a message): also fix the docs" \
+        in notices, notices
+    assert [type(e) for e in events][-1] is ev.AgentEnd   # said before the end
+    assert agent.steer("too late") is False and agent.follow_up("too late") is False

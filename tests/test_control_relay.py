@@ -81,11 +81,13 @@ class Controls:
         self.applied.append("resume")
         self.paused = False
 
-    def steer(self, text: str) -> None:
+    def steer(self, text: str) -> bool:
         self.applied.append(f"steer {text}")
+        return True
 
-    def follow_up(self, text: str) -> None:
+    def follow_up(self, text: str) -> bool:
         self.applied.append(f"follow_up {text}")
+        return True
 
     def cancel(self, why: str | None = None) -> None:
         self.applied.append("cancel")
@@ -252,7 +254,7 @@ def test_a_steer_sent_after_the_agent_ended_is_not_taken_and_the_log_says_so(sto
     relay.stop()
     control.log_undelivered(store.inner, store.job_id, {"exit_reason": "stop"})
     notes = [record.get("note") for _, record in store.inner.events(store.job_id)]
-    assert f"steer not delivered: the agent had ended (`pid continue {store.job_id} MESSAGE` carries on with it): " \
-        "also fix the tests" in notes, notes
+    assert "steer not delivered: the agent had ended (`pid continue` carries on with a message): also fix the tests" \
+        in notes, notes
     assert any(n and n.startswith("follow-up not delivered") and n.endswith("x" * 200 + "…") for n in notes), notes
     assert store.inner.take_messages(store.job_id) == []   # said once

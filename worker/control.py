@@ -18,7 +18,7 @@ from typing import Any, Callable
 from pid import events as ev
 from pid.event_records import EventRecords
 from pid.terminal import shown
-from pid.agent import Agent
+from pid.agent import Agent, undelivered
 from pid.jobs.outage import transient
 from pid.jobs.identity import process_identity
 from pid.jobs.progress import Progress
@@ -270,7 +270,8 @@ class ControlRelay:
 
     def _deliver(self, agent: Agent) -> None:
         for kind, text in self.store.take_messages(self.job_id):
-            (agent.steer if kind == "steer" else agent.follow_up)(text)
+            if not (agent.steer if kind == "steer" else agent.follow_up)(text):   # it ended meanwhile
+                log_job(self._writes, self.job_id, "running", undelivered(kind, text))
 
     def _cancel(self, why: str | None = None) -> None:
         self.cancel.set()
@@ -287,10 +288,7 @@ def log_undelivered(store: Store, job_id: str, result: dict[str, Any]) -> None:
         log.warning("job %s: reading its undelivered messages: %s", job_id, exc)
         return
     for kind, text in messages:
-        name = kind.replace("_", "-")
-        log_job(store, job_id, status_of(result["exit_reason"]),
-                f"{name} not delivered: the agent had ended (`pid continue {job_id} MESSAGE` carries on with it): "
-                f"{text[:200]}{'…' if len(text) > 200 else ''}")
+        log_job(store, job_id, status_of(result["exit_reason"]), undelivered(kind, text))
 
 
 def record_end(store: Leases, job_id: str, owner: str, result: dict[str, Any], attempts: int = 6) -> bool:
