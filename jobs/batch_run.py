@@ -111,7 +111,7 @@ class Run:
     interrupted: int = 0                                      # interrupt() count (the CLI's Ctrl-C)
     let_go_by: int = 0                                        # let_go()'s signal: stop following, the jobs go on
     deadline: float | None = None                             # (time.monotonic()) stop following then, likewise
-    timed_out: bool = False                                   # ...and it did
+    timed_out: int = 0                                        # ...and it did: this many jobs had not ended
     stopping: bool = False                                    # follow() waits for its downloads to end
 
     # -- submitting --------------------------------------------------------------------------------------------
@@ -231,6 +231,10 @@ class Run:
                 except Exception as exc:   # the store unreachable (a Redis restarting): waited through, a while
                     if not f.outage.bear(exc):
                         raise
+                if self.deadline is not None and time.monotonic() >= self.deadline:   # (after a pass, and
+                    self.timed_out = sum(job_id not in f.pending for job_id in self.tracked)   # the downloads of
+                    if self.timed_out:                                             # what had ended by then)
+                        break
                 if self.tracked or f.pending:   # one query for all: less often for thousands of jobs
                     time.sleep(min(POLL_MAX_S, max(POLL_S, len(self.tracked) / 500)))
             ended = not self.interrupted and not self.let_go_by and not self.timed_out
@@ -251,9 +255,6 @@ class Run:
         budget and the local workers checked, the display updated. False: stop following (interrupted, and the
         jobs had their time to end)."""
         if self.let_go_by:
-            return False
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            self.timed_out = True
             return False
         records = self._records()
         if self.interrupted and f.cancelled_at is None:

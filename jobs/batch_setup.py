@@ -190,9 +190,8 @@ def wait_batch(out: str, display: Display | None = None, warn: Callable[[str], N
     finally:
         run.close()
     if run.timed_out:
-        left = len(run.tracked)
-        raise TimeoutError(f"batch {run.bdir.batch_id}: {left} job(s) not ended after {timeout:g}s (they go on; "
-                           "wait() again follows them)")
+        raise TimeoutError(f"batch {run.bdir.batch_id}: {run.timed_out} job(s) not ended after {timeout:g}s (they go "
+                           "on; wait() again follows them)")
     return followed
 
 

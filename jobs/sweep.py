@@ -71,9 +71,13 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
         if record.cancel_requested:  # cancelled, then its process died: it ends cancelled, not queued again
             reason: ExitReason = "cancelled"
             error = None
-        elif record.kind == "run":
+        elif record.kind == "run" and alive is False:
             reason, error = "client_lost", (f"the `pid run` process that ran this job ({_who(record)}) ended "
                                                 "without finishing it (killed?); a foreground job is not run again")
+        elif record.kind == "run":
+            reason, error = "client_lost", (f"the `pid run` process that ran this job ({_who(record)}) has not been "
+                                            f"heard from for {now - (record.lease_until or now):.0f}s (killed, or its "
+                                            "machine away); a foreground job is not run again")
         elif record.losses >= MAX_ATTEMPTS:
             reason, error = "worker_lost", (f"worker lost {record.losses} time(s) ({_who(record)} last): "
                                                 "the job is not dispatched again")
@@ -114,8 +118,8 @@ def store_just_back(record: JobRecord, beats: list[WorkerBeat], now: float) -> b
     if any(b.silent_since is not None and b.resumed_at is not None and b.silent_since <= lapse <= b.resumed_at
            and now - b.resumed_at < LEASE_S for b in live):
         return True
-    if record.kind == "run":
-        return False   # (a `pid run` has no heartbeat: the workers' silence says nothing of it)
+    # (Not asked of a `pid run`: it has no heartbeat, the workers' silence says nothing of it; sweep() gives it the
+    # grace.)
     # A worker that has reached the store without a break for twice the time a beat may be missed knows it up as well
     # (a worker started after the lapse: the dead one's replacement, which would otherwise wait out the whole grace)
     return not any(now - b.beat_at <= ALIVE_WITHIN_S and

@@ -503,7 +503,7 @@ def test_a_submitted_batch_is_seen_cancelled_and_waited_for_from_its_directory(a
     again = pid.open_batch(tmp_path / "out")
     assert sorted((c["item"], c["status"]) for c in again.cancel()) == [("item0", "cancelled"), ("item1", "cancelled")]
     told: list[dict] = []
-    waited = again.wait(on_item=told.append)
+    waited = again.wait(on_item=told.append, timeout=0)   # one look, enough for jobs that have ended
     assert waited["summary"]["by_status"] == {"cancelled": 2} and waited["summary"]["exit_code"] == 1, waited
     assert sorted(row["id"] for row in told) == ["item0", "item1"] and told == waited["items"]
     assert again.cancel() == [] and again.status()["counts"] == {"cancelled": 2}

@@ -29,10 +29,14 @@ def test_no_function_or_class_is_too_long() -> None:
     assert too_long() == []
 
 
-def test_the_check_sees_a_long_function(tmp_path, monkeypatch) -> None:
-    """The walk is not vacuous: a long function in a module it reads is reported."""
+def test_the_check_sees_a_long_function_and_a_long_class(tmp_path, monkeypatch) -> None:
+    """The walk is not vacuous: a long function, and a long class of short methods, in a module it reads are
+    reported."""
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    n = MAX_CLASS_LINES // 3 + 1   # three lines a method, the blank one between them: a class of 3 * n lines
+    methods = "\n".join(f"    def m{i}(self):\n        return {i}\n" for i in range(n))
     path = tmp_path / "long.py"
-    path.write_text(f"def long():\n{body}\n")
+    path.write_text(f"def long():\n{body}\n\n\nclass Big:\n{methods}")
     monkeypatch.setattr("tests.test_code_size.modules", lambda root, packages: {"pid.long": path})
-    assert too_long() == [f"pid.long.long: {MAX_FUNCTION_LINES + 1} lines (at most {MAX_FUNCTION_LINES})"]
+    assert too_long() == [f"pid.long.long: {MAX_FUNCTION_LINES + 1} lines (at most {MAX_FUNCTION_LINES})",
+                          f"pid.long.Big: {3 * n} lines (at most {MAX_CLASS_LINES})"]

@@ -275,6 +275,8 @@ def test_a_workers_return_holds_off_only_the_leases_that_lapsed_while_it_was_awa
     assert store.get(run.id).status == "running"   # within the grace: its machine may only be asleep
     monkeypatch.setattr(sweeping, "ALIVE_GRACE_S", 0.05)
     assert sweeping.sweep(store) == [run.id] and store.get(run.id).exit_reason == "client_lost"
+    assert "has not been heard from for" in store.get(run.id).error and "killed, or its machine away" in \
+        store.get(run.id).error
 
 
 def a_worker_reaches_the_store(store: JobStore) -> None:
@@ -354,6 +356,7 @@ def test_a_job_that_wrote_its_result_then_died_keeps_that_result(tmp_path):
     dead.wait()
     assert store.requeue(again.id, "nohost:1:a", lapsed_only=True)
     assert store.claim(again.id, f"{socket.gethostname()}:{dead.pid}:b", 0.2)
+    os.utime(os.path.join(again.spec.job_dir, "result.json"))   # written since, by its time: its attempt tells
     time.sleep(0.3)
     assert sweep(store) == [] and store.get(again.id).status == "queued"   # lost: back in the queue, not "stop"
 

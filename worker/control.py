@@ -230,9 +230,10 @@ class ControlRelay:
                 controls = self.store.controls(self.job_id, self.owner)
                 if (controls is None or not controls.owned) and self.foreground:
                     self._log.disown()
-                    log.warning("job %s: the job store no longer counts this run as running (another machine ended "
-                                "it while this one was away): list, steer, pause and cancel no longer reach it; the "
-                                "run goes on", self.job_id)
+                    log.warning("job %s: the job store no longer counts this run as running (%s): list, steer, pause "
+                                "and cancel no longer reach it; the run goes on", self.job_id,
+                                "its record is gone" if controls is None else
+                                "another machine ended it while this one was away")
                     self._done.set()   # no more polls
                     read = True
                     return False

@@ -73,7 +73,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     `check_in` too, and as the agent would stop (pid/agent.py Agent): the job's relay applies the store's controls
     then (`on_agent` gave it the agent).
     """
-    started = time.time()
+    started, begun = time.time(), time.monotonic()
     try:
         job_dir, spool = job_directory(spec, spooled=artifact_store is not None)
     except OSError as exc:   # --out unwritable here, and no spool instead: the job fails, saying where and why
@@ -82,7 +82,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
         return record_unstarted(spec, f"cannot create the job's directory {spec.job_dir}: {exc.strerror or exc}",
                                 started, artifact_store)
     job = JobRun(spec, job_dir, started, attempt, cancel or threading.Event(), sandboxes or DockerProvider(), blobs,
-                 sink, starting=starting, earlier=earlier or [])
+                 sink, starting=starting, earlier=earlier or [], begun=begun)
     stopping: BaseException | None = None   # Ctrl-C, or the process ending: raised again once the job is recorded
     try:
         try:
