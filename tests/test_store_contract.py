@@ -154,6 +154,18 @@ def test_the_end_is_recorded_once(store, tmp_path):
     assert (again.status, again.exit_reason, again.error, again.finished_at) == \
         ("completed", "stop", None, first.finished_at)
     assert not store.claim(job.id, "b", 60) and not store.set_paused(job.id, True)
+
+    # a `pid run` the sweep ended client_lost (its machine asleep past the grace) comes back: it ends its job truly
+    run = store.create(spec(tmp_path, 1), kind="run")
+    assert store.claim(run.id, "laptop:1:r", lease_s=60)
+    assert store.finish(run.id, "client_lost", error="not heard from")      # another host's sweep
+    assert not store.finish(run.id, "stop", owner="elsewhere:2:x")          # only its own process
+    assert not store.finish(run.id, "stop")                                 # nor an ending without an owner
+    assert store.finish(run.id, "stop", owner="laptop:1:r", turns=3)
+    back = store.get(run.id)
+    assert (back.status, back.exit_reason, back.error, back.turns) == ("completed", "stop", None, 3)
+    assert [r.id for r in store.list(10, "completed")] == [run.id, job.id]
+    assert not store.finish(run.id, "error", owner="laptop:1:r")           # and once
     # a lapsed job may be ended by the sweeper, with its error
     other = store.create(spec(tmp_path, 1))
     assert store.claim(other.id, "a", lease_s=0.05)
