@@ -137,7 +137,7 @@ def _written_result(record: JobRecord, store: Store | None = None) -> dict[str, 
         with open(path, "rb") as f:
             result = json.loads(f.read(1 << 20))
         if isinstance(result, dict) and result.get("attempt", record.attempts) != record.attempts:
-            raise ValueError("an earlier attempt's")   # (`pid run` writes none: it is the only one)
+            raise ValueError("an earlier attempt's")   # (one that says none, an older pid's, is taken as this one's)
     except (OSError, ValueError):
         result = _stored_result(record, store)
     if not isinstance(result, dict) or result.get("id") != record.id or result.get("exit_reason") not in ENDINGS:
