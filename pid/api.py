@@ -329,6 +329,23 @@ class Job:
             return None
         return b"".join(store.open_artifact(self.id, PATCH))
 
+    @_reached
+    def download(self, dest: str | os.PathLike[str]) -> str:
+        """Every artifact of the ended job (result.json, patch.diff, session.jsonl, the files collected under
+        files/…) from the job store into the directory `dest` (made if missing; one that is not empty must hold this
+        job's earlier download), wherever the job ran; returns its absolute path. `pid result ID --download DEST`.
+        PidError if it has not ended or its artifacts cannot all be written."""
+        from pid.jobs.artifact_store import DownloadError, download
+        if not isinstance(dest, (str, os.PathLike)):
+            raise PidError(f"dest must be a path, not {type(dest).__name__}")
+        self.result()   # (ended, its artifacts stored with its result)
+        path = os.path.abspath(os.path.expanduser(os.fspath(dest)))
+        try:
+            download(self._store(), self.id, path)
+        except DownloadError as exc:
+            raise PidError(str(exc)) from None
+        return path
+
     def logs(self, follow: bool = True) -> Iterator[dict[str, Any]]:
         """The job's log records (what `pid logs --json` prints, one dict each: tool calls, model errors, the job's
         starts and end), from the first; with follow, going on as they come until the job ends."""

@@ -194,7 +194,7 @@ def test_a_submitted_job_is_followed_to_its_end(api_env, worker, sample_repo, tm
               {"text": "done"}]
     with ScriptedLLM(script) as llm:
         job = pid.submit("append a line", repo=sample_repo, model="scripted", base_url=llm.base_url,
-                         out_dir=str(tmp_path / "out"))
+                         out_dir=str(tmp_path / "out"), files=["hello.py"])
         assert job.status() in ("queued", "running")
         records = list(job.logs(follow=True))   # until the job ends
         assert job.done()
@@ -210,6 +210,18 @@ def test_a_submitted_job_is_followed_to_its_end(api_env, worker, sample_repo, tm
     subprocess.run(["git", "apply", "-"], input=raw, cwd=applied, check=True)   # byte for byte
     assert (applied / "latin.py").read_bytes() == b"caf\xe9 = 1\n"
     assert len(llm.requests) == 2
+    # every artifact, from the store, as `pid result --download` writes them
+    dest = job.download(tmp_path / "dl")
+    assert dest == str(tmp_path / "dl") and (tmp_path / "dl" / "patch.diff").read_bytes() == raw
+    assert json.loads((tmp_path / "dl" / "result.json").read_text())["id"] == job.id
+    assert (tmp_path / "dl" / "files" / "workspace" / "hello.py").read_text().endswith("api\n")
+    assert (tmp_path / "dl" / "session.jsonl").exists()
+    assert job.download(tmp_path / "dl") == dest   # again: its own earlier download
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "mine.txt").write_text("keep")
+    with pytest.raises(pid.PidError, match="other"):
+        job.download(tmp_path / "other")
+    assert (tmp_path / "other" / "mine.txt").read_text() == "keep"
 
 
 @pytest.mark.docker
