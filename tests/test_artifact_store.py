@@ -337,3 +337,22 @@ def test_a_job_that_stored_its_result_then_died_keeps_that_result_on_any_machine
     record = store.get(spec.id)
     assert (record.status, record.exit_reason, record.turns, record.tool_calls) == ("completed", "stop", 4, 3)
     assert not os.path.exists(spec.job_dir)
+
+
+def test_an_attempt_that_lost_its_lease_after_collecting_stores_only_its_transcript(sample_repo, tmp_path):
+    """Its lease held when its artifacts were made, then lapsed and went to another attempt (a long check): asked
+    once more before they are stored, it stores only its transcript, not over the new owner's patch and result."""
+    from tests.memory_sandbox import MemoryProvider
+    from tests.scripted_llm import ScriptedLLM
+    from pid.worker.runner import run_job
+    store = JobStore(str(tmp_path / "jobs.db"))
+    asked: list[str] = []
+    with ScriptedLLM([{"text": "done"}]) as llm:
+        spec = runner_spec(sample_repo, tmp_path / "out", llm)
+        store.create(spec)
+        result = run_job(spec, sandboxes=MemoryProvider({}), artifact_store=store, attempt=2,
+                         still_owner=lambda: asked.append("collect") or True,
+                         holds_lease=lambda: asked.append("store") or False)
+    assert asked == ["collect", "store"] and result["exit_reason"] == "stop"
+    assert store.artifact_names(spec.id) == ["session.attempt-2.jsonl"]
+    assert not os.path.exists(os.path.join(spec.job_dir, "result.json"))

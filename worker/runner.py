@@ -31,7 +31,7 @@ from pid.jobs.results import client_is_local, spool_dir
 from pid.worker.job_collect import collect
 from pid.worker.job_prepare import CheckIn, Gate, JobCancelled, prepare
 from pid.worker.job_record import record, record_unstarted
-from pid.worker.job_run import JobRun, describe
+from pid.worker.job_run import JobRun, describe, owns
 from pid.jobs.spec import JobSpec
 from pid.worker.sandbox_start import abandon
 from pid.jobs.store import Store
@@ -41,7 +41,7 @@ AgentHook = Callable[[Agent], None]
 
 def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = ev.ignore,
             on_agent: AgentHook | None = None, cancel: threading.Event | None = None,
-            still_owner: Callable[[], bool] = lambda: True,
+            still_owner: Callable[[], bool] = lambda: True, holds_lease: Callable[[], bool] = lambda: True,
             starting: "Future[JobSandbox] | None" = None,
             sandboxes: SandboxProvider[Any] | None = None,
             amend_result: Callable[[dict[str, Any]], None] | None = None, attempt: int = 1,
@@ -54,9 +54,10 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     by `sandboxes` (Docker's by default). The workspace comes from `blobs` (default_blobs()) when the spec has one.
 
     `attempt` is the job's attempt this run is (its containers carry it). `still_owner` is asked before artifacts
-    are written: a worker that lost its lease (another one took the job
-    over) must not overwrite the new owner's patch and result. `amend_result` completes the result before it is
-    written (a re-dispatched job adds its earlier attempts' usage).
+    are made: a worker that lost its lease (another one took the job over), or is stopping, must not overwrite the
+    new owner's patch and result; `holds_lease` once more just before they are stored (a long check may have cost
+    the lease meanwhile; a stop then no longer matters: the work is done). `amend_result` completes the result
+    before it is written (a re-dispatched job adds its earlier attempts' usage).
 
     With `artifact_store` (a worker's job), the artifacts and then result.json are also stored there, before this
     returns (so before the job's end is recorded): clients on any machine download them. --out is the client's
@@ -97,7 +98,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
             if isinstance(exc, KeyboardInterrupt):
                 job.outcome = Outcome("interrupted", error="interrupted")
             stopping = exc
-        owner = collect(job, still_owner)
+        owner = collect(job, still_owner) and owns(holds_lease)
     finally:
         job.release(keep)
     result = record(job, owner=owner, spool=spool, amend_result=amend_result, artifact_store=artifact_store,

@@ -118,6 +118,7 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
     try:
         result = run_job(record.spec, api_key=_api_key(store, record.spec, api_key), sink=sink, gate=gate,
                          on_agent=relay.attach, check_in=relay.check_in, cancel=relay.cancel, still_owner=still_owner,
+                         holds_lease=relay.still_owner,
                          amend_result=lambda r: with_earlier_attempts(r, record.earlier, record.started_at),
                          attempt=record.attempts,
                          earlier=record.earlier,
