@@ -236,3 +236,34 @@ def test_a_100_job_batch_on_two_workers_completes_every_job_once(load, pid_env, 
     assert [r.attempts for r in records] == [1] * 100
     assert requests == 100      # one model call per job: no job ran twice
     assert _own_containers(jobs) == []
+
+
+def test_a_job_whose_agent_ended_finishes_its_check_as_its_worker_stops(run_pid, pid_env, sample_repo, tmp_path):
+    """SIGTERM while a job's check runs, its agent done: handed back, its whole agent would run again (the model paid
+    again); it finishes its check within the stop's grace instead, and is recorded by this worker, once."""
+    env = {**pid_env, "PID_SWEEP_S": "1"}
+    store = JobStore(os.path.join(env["PID_HOME"], "jobs.db"))
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo fixed >> hello.py"}}]}, {"text": "done"}]
+    with ScriptedLLM(script) as llm:
+        worker = start_worker(env, tmp_path, tmp_path / "w.log")
+        try:
+            res = run_pid("submit", "fix it", "--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url,
+                          "--out", str(tmp_path / "out"), "--check", "sleep 6; grep -q fixed hello.py",
+                          *(["--runtime", RUNTIME] if RUNTIME else []), env=env)
+            assert res.code == 0, res.stderr
+            job = res.stdout.strip()
+            deadline = time.time() + 90
+            while ((r := store.get(job)) and r.activity or "") != "running the check":
+                assert time.time() < deadline, (tmp_path / "w.log").read_text()
+                time.sleep(0.1)
+            os.killpg(worker.pid, signal.SIGTERM)
+            _wait_stopped(worker, tmp_path / "w.log", timeout=120)
+        finally:
+            stop_worker(worker)
+        log = (tmp_path / "w.log").read_text()
+        assert len(llm.requests) == 2, log
+    record = store.get(job)
+    assert (record.status, record.exit_reason, record.attempts, record.handbacks) == ("completed", "stop", 1, 0), log
+    result = json.loads((tmp_path / "out" / job / "result.json").read_text())
+    assert result["check"]["passed"] is True and "handed back" not in log
+    assert _own_containers([job]) == []

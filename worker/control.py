@@ -38,6 +38,10 @@ PROGRESS_EVERY_S = 2.0    # how often progress is written, at most; the lease is
 # answers in milliseconds, even loaded; one that hangs (Redis gives up after 60 s, SQLite's busy wait after 30 s)
 # costs one turn this once, and the check-ins after it do not wait until a pass reads the store again.
 CHECK_IN_WAIT_S = 1.0
+# A stopping worker hands its jobs back at once, but one whose agent has ended is let finish its collection and check
+# this long (its worker waits 60 s for its jobs: worker/main_process.py HANDBACK_S): handed back, it would run its
+# whole agent again, paying the model again.
+FINISH_ON_STOP_S = 40.0
 
 
 def new_owner() -> str:
@@ -131,6 +135,8 @@ class ControlRelay:
         self._thread = threading.Thread(target=self._run, name="pid-control", daemon=True)
         self._reported = self.progress.version   # (the claim recorded the start: nothing to say until a turn)
         self._stop_requested: str | None = None
+        self._stop_at = 0.0                      # (time.monotonic()) when it was requested
+        self._stopped_it = False                 # the relay cancelled the job for its worker's stop
         self._records = EventRecords()
         self._log = EventLog(store, job_id)
         self._applying = threading.Lock()        # one snapshot of the controls applied at a time
@@ -187,9 +193,15 @@ class ControlRelay:
             log.exception("job %s: recording progress", self.job_id)
 
     def request_stop(self, why: str) -> None:
-        """Stop the job soon, from anywhere (a signal handler included: this only sets a flag, which the relay's
+        """Stop the job soon, from anywhere (a signal handler included: this only sets flags, which the relay's
         thread acts on). `why`: its worker's reason, said in the job's log (it is no cancel of the user's)."""
+        self._stop_at = time.monotonic()
         self._stop_requested = why
+
+    def finishing(self) -> bool:
+        """Its agent has ended and a stop has not cancelled it: its collection and check are the job's last work,
+        to be recorded, not handed back (FINISH_ON_STOP_S)."""
+        return self._agent is not None and self._agent.ended and not self._stopped_it
 
     def _run(self) -> None:
         renew_every = LEASE_S / 6
@@ -225,7 +237,9 @@ class ControlRelay:
         read = False
         try:
             with self._applying:
-                if self._stop_requested:
+                if self._stop_requested and not (self.finishing() and
+                                                 time.monotonic() - self._stop_at < FINISH_ON_STOP_S):
+                    self._stopped_it = True
                     self._cancel(f"its worker stops ({self._stop_requested}): the job goes back to the queue")
                 controls = self.store.controls(self.job_id, self.owner)
                 if (controls is None or not controls.owned) and self.foreground:

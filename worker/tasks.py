@@ -110,8 +110,8 @@ def _run_claimed(job_id: str, api_key: str | None, stop: StopRequest) -> None:
     result: dict[str, Any] = {"id": job_id, "exit_reason": "error"}
     kept: list[bool] = []   # the runner's last word on whether this process still owns the job (then it wrote)
 
-    def still_owner() -> bool:
-        kept.append(stop.requested is None and relay.still_owner())
+    def still_owner() -> bool:   # (a job finishing its collection and check as its worker stops is still its)
+        kept.append((stop.requested is None or relay.finishing()) and relay.still_owner())
         return kept[-1]
 
     sink, gate = batch_budget.attach(store, record, relay.on_event)
