@@ -298,14 +298,15 @@ class RedisLeases(RedisDb):
 
     def finish(self, job_id: str, exit_reason: ExitReason, *, owner: str | None = None, error: str | None = None,
                turns: int | None = None, tool_calls: int | None = None, usage: dict[str, Any] | None = None,
-               lapsed_only: bool = False, check: dict[str, Any] | None = None) -> bool:
+               lapsed_only: bool = False, check: dict[str, Any] | None = None, returning: bool = False) -> bool:
         """Record the ending, once (`check`: result.json's, when the job's check ran). With an owner, only the lease
-        holder may; with lapsed_only, only while nobody holds a live lease. The job's API key is deleted; its keys
-        expire after the retention period."""
+        holder may; `returning`: a `pid run` ended client_lost meanwhile, by its owner (SQLite's finish); with
+        lapsed_only, only while nobody holds a live lease. The job's API key is deleted; its keys expire after the
+        retention period."""
         return self._run("finish", job_id, exit_reason=exit_reason, status=status_of(exit_reason), owner=owner,
                          error=error, turns=turns, tool_calls=tool_calls,
                          usage=json.dumps(usage) if usage is not None else None, lapsed_only=lapsed_only,
-                         check=json.dumps(check) if check is not None else None) == 1
+                         check=json.dumps(check) if check is not None else None, returning=returning) == 1
 
     def take_messages(self, job_id: str) -> "builtins.list[tuple[str, str]]":
         """Undelivered messages in the order they were posted, taken (delivered) at once."""

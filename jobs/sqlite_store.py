@@ -354,16 +354,17 @@ class SqliteLeases(SqliteDb):
 
     def finish(self, job_id: str, exit_reason: ExitReason, *, owner: str | None = None, error: str | None = None,
                turns: int | None = None, tool_calls: int | None = None, usage: dict[str, Any] | None = None,
-               lapsed_only: bool = False, check: dict[str, Any] | None = None) -> bool:
+               lapsed_only: bool = False, check: dict[str, Any] | None = None, returning: bool = False) -> bool:
         """Record the ending (its status follows from the reason; `usage`: this attempt's; `check`: result.json's,
         when the job's check ran). With an owner, only the lease holder may finish (a stale worker cannot
-        overwrite), and a `pid run` the sweep ended client_lost (its machine away past the grace) may still end its
-        job truly; with lapsed_only, only while nobody holds a live lease (the sweeper must not end a job just
-        re-claimed)."""
+        overwrite); `returning` (with its owner): a `pid run` the sweep ended client_lost (its machine away past the
+        grace) ends its job truly. With lapsed_only, only while nobody holds a live lease (the sweeper must not end
+        a job just re-claimed)."""
         sql = ("UPDATE jobs SET status = ?, exit_reason = ?, error = ?, finished_at = ?, lease_until = NULL, "
                "turns = COALESCE(?, turns), tool_calls = COALESCE(?, tool_calls), usage = COALESCE(?, usage), "
-               "check_result = ?, activity = NULL WHERE id = ? AND (status IN ('queued', 'running')" +
-               (" OR kind = 'run' AND exit_reason = 'client_lost')" if owner is not None else ")"))
+               "check_result = ?, activity = NULL WHERE id = ? AND " +
+               ("kind = 'run' AND exit_reason = 'client_lost'" if returning and owner is not None else
+                "status IN ('queued', 'running')"))
         args: list[Any] = [status_of(exit_reason), exit_reason, error, time.time(), turns, tool_calls,
                            json.dumps(usage) if usage is not None else None,
                            json.dumps(check) if check is not None else None, job_id]

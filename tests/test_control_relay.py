@@ -258,3 +258,28 @@ def test_a_steer_sent_after_the_agent_ended_is_not_taken_and_the_log_says_so(sto
         in notes, notes
     assert any(n and n.startswith("follow-up not delivered") and n.endswith("x" * 200 + "…") for n in notes), notes
     assert store.inner.take_messages(store.job_id) == []   # said once
+
+
+def test_a_foreground_run_that_comes_back_records_its_true_ending_over_client_lost(tmp_path, monkeypatch):
+    """Ended client_lost by another host's sweep while its machine slept, the run went on; its end replaces that
+    record and the result.json the sweep stored, once."""
+    from pid.jobs.artifact_store import read_result, store_result
+    from pid.worker.control import ForegroundJob
+    monkeypatch.setattr(control, "CHECK_IN_WAIT_S", 3600.0)
+    inner = JobStore(str(tmp_path / "jobs.db"))
+    spec = JobSpec(task="t", repo=str(tmp_path), model="m", out_dir=str(tmp_path / "out"), base_url="http://x")
+    inner.create(spec, kind="run")
+    assert inner.claim(spec.id, OWNER, lease_s=60)
+    relay = ControlRelay(inner, spec.id, OWNER, foreground=True)
+    relay.attach(Controls())
+    relay.start()
+    assert inner.finish(spec.id, "client_lost", error="not heard from")   # the other host's sweep
+    store_result(inner, spec.id, {"id": spec.id, "status": "failed", "exit_reason": "client_lost"})
+    relay.check_in()
+    relay._thread.join(timeout=30)
+    assert relay.disowned
+    ending = {"id": spec.id, "status": "completed", "exit_reason": "stop", "turns": 2, "tool_calls": 1}
+    ForegroundJob(inner, relay).end(ending)
+    record = inner.get(spec.id)
+    assert (record.status, record.exit_reason, record.turns) == ("completed", "stop", 2)
+    assert read_result(inner, spec.id)["exit_reason"] == "stop"

@@ -157,15 +157,18 @@ def test_the_end_is_recorded_once(store, tmp_path):
 
     # a `pid run` the sweep ended client_lost (its machine asleep past the grace) comes back: it ends its job truly
     run = store.create(spec(tmp_path, 1), kind="run")
-    assert store.claim(run.id, "laptop:1:r", lease_s=60)
-    assert store.finish(run.id, "client_lost", error="not heard from")      # another host's sweep
-    assert not store.finish(run.id, "stop", owner="elsewhere:2:x")          # only its own process
-    assert not store.finish(run.id, "stop")                                 # nor an ending without an owner
-    assert store.finish(run.id, "stop", owner="laptop:1:r", turns=3)
+    assert store.claim(run.id, "laptop:1:r", lease_s=0.05)
+    time.sleep(0.1)
+    assert store.finish(run.id, "client_lost", owner="laptop:1:r", error="not heard from", lapsed_only=True)  # a sweep
+    assert not store.finish(run.id, "client_lost", owner="laptop:1:r", lapsed_only=True)   # another sweep, late
+    assert not store.finish(run.id, "stop", owner="laptop:1:r")            # an ending not said to be the return
+    assert not store.finish(run.id, "stop", owner="elsewhere:2:x", returning=True)   # only its own process
+    assert not store.finish(run.id, "stop", returning=True)                # nor an ending without an owner
+    assert store.finish(run.id, "stop", owner="laptop:1:r", turns=3, returning=True)
     back = store.get(run.id)
     assert (back.status, back.exit_reason, back.error, back.turns) == ("completed", "stop", None, 3)
     assert [r.id for r in store.list(10, "completed")] == [run.id, job.id]
-    assert not store.finish(run.id, "error", owner="laptop:1:r")           # and once
+    assert not store.finish(run.id, "error", owner="laptop:1:r", returning=True)   # and once
     # a lapsed job may be ended by the sweeper, with its error
     other = store.create(spec(tmp_path, 1))
     assert store.claim(other.id, "a", lease_s=0.05)

@@ -41,7 +41,7 @@ CHECK_IN_WAIT_S = 1.0
 # A stopping worker hands its jobs back at once, but one whose agent has ended is let finish its collection and check
 # this long (its worker waits 60 s for its jobs: worker/main_process.py HANDBACK_S): handed back, it would run its
 # whole agent again, paying the model again.
-FINISH_ON_STOP_S = 40.0
+FINISH_ON_STOP_S = 25.0   # (what is left of the 60 s goes to its files, uploads and containers' removal)
 
 
 def new_owner() -> str:
@@ -127,6 +127,7 @@ class ControlRelay:
         `foreground`: a `pid run`'s, which no other process runs again: a job the store no longer counts as its own
         (ended while its machine was away) costs its controls, never the run."""
         self.store, self.job_id, self.owner, self.foreground = store, job_id, owner, foreground
+        self.disowned = False   # (foreground) the store ended the run meanwhile
         self._writes = writes or store
         self.cancel = threading.Event()
         self.progress = Progress()
@@ -199,9 +200,10 @@ class ControlRelay:
         self._stop_requested = why
 
     def finishing(self) -> bool:
-        """Its agent has ended and a stop has not cancelled it: its collection and check are the job's last work,
-        to be recorded, not handed back (FINISH_ON_STOP_S)."""
-        return self._agent is not None and self._agent.ended and not self._stopped_it
+        """Its agent has ended and a stop has not cancelled it, nor had FINISH_ON_STOP_S go by: its collection and
+        check are the job's last work, to be recorded, not handed back."""
+        return self._agent is not None and self._agent.ended and not self._stopped_it and \
+            (self._stop_requested is None or time.monotonic() - self._stop_at < FINISH_ON_STOP_S)
 
     def _run(self) -> None:
         renew_every = LEASE_S / 6
@@ -237,12 +239,12 @@ class ControlRelay:
         read = False
         try:
             with self._applying:
-                if self._stop_requested and not (self.finishing() and
-                                                 time.monotonic() - self._stop_at < FINISH_ON_STOP_S):
+                if self._stop_requested and not self.finishing():
                     self._stopped_it = True
                     self._cancel(f"its worker stops ({self._stop_requested}): the job goes back to the queue")
                 controls = self.store.controls(self.job_id, self.owner)
                 if (controls is None or not controls.owned) and self.foreground:
+                    self.disowned = True
                     self._log.disown()
                     log.warning("job %s: the job store no longer counts this run as running (%s): list, steer, pause "
                                 "and cancel no longer reach it; the run goes on", self.job_id,
@@ -306,14 +308,16 @@ def log_undelivered(store: Store, job_id: str, result: dict[str, Any]) -> None:
         log_job(store, job_id, status_of(result["exit_reason"]), undelivered(kind, text))
 
 
-def record_end(store: Leases, job_id: str, owner: str, result: dict[str, Any], attempts: int = 6) -> bool:
+def record_end(store: Leases, job_id: str, owner: str, result: dict[str, Any], attempts: int = 6,
+               returning: bool = False) -> bool:
     """The job's ending must reach the store, or the sweeper would run a finished job again: retry a busy store.
-    False only when the store refused it: the job had ended, or is no longer this owner's."""
+    False only when the store refused it: the job had ended, or is no longer this owner's. `returning`: a `pid
+    run` that another host's sweep ended client_lost while its machine was away (Store.finish)."""
     for attempt in range(attempts):
         try:
             return store.finish(job_id, result["exit_reason"], owner=owner, error=result.get("error"),
                                 turns=result.get("turns"), tool_calls=result.get("tool_calls"),
-                                usage=attempt_usage(result), check=result.get("check"))
+                                usage=attempt_usage(result), check=result.get("check"), returning=returning)
         except Exception as exc:
             if attempts == 1:   # a foreground run: one line, no traceback
                 log.warning("job %s: could not record its end in the job store: %s", job_id, exc)
@@ -376,7 +380,11 @@ class ForegroundJob:
         self.relay.stop()
         ending = result or ({"exit_reason": "error", "error": error} if error else
                             {"exit_reason": "interrupted", "error": "interrupted"})
-        if record_end(self.store, self.relay.job_id, self.relay.owner, ending, attempts=1):
+        returning = self.relay.disowned
+        if record_end(self.store, self.relay.job_id, self.relay.owner, ending, attempts=1, returning=returning):
+            if returning and result is not None:   # over the client_lost result.json the sweep stored
+                from pid.jobs.artifact_store import store_result
+                store_result(self.store, self.relay.job_id, result)
             # its log ends as a worker's job's does (`pid logs`: it said nothing of how the job ended)
             log_undelivered(self.store, self.relay.job_id, ending)
             log_end(self.store, self.relay.job_id, ending, result_line(self.relay.job_id, ending))

@@ -63,9 +63,10 @@ def check_patch(job: JobRun, owner: bool, still_owner: Callable[[], bool], missi
     files could not be collected or None.)"""
     assert job.checking is not None
     job.check, job.checked = _check(job)
-    # A cancel while the check ran: the job's own (it ends cancelled), or its worker stopping or losing the job
-    # (then it is no longer this attempt's to end: it goes back to the queue).
-    owner = owns(still_owner) if job.check.cancelled else owner
+    # Asked again after the check, however it went: a cancel while it ran is the job's own (it ends cancelled) or its
+    # worker's stopping or losing the job (then it is no longer this attempt's to end: it goes back to the queue),
+    # and a check that outlasted a stopping worker's grace leaves the job to be handed back, its files uncollected.
+    owner = owner and owns(still_owner)
     job.outcome = _after_check(job.outcome, job.check)
     checked, spec = job.checked, job.spec
     if spec.files and owner and checked is not None and not checked.removed_by_pid:
@@ -86,10 +87,9 @@ def _check(job: JobRun) -> tuple[Check, JobSandbox | None]:
     started = time.monotonic()
     box: JobSandbox | None = None
     try:
-        try:
-            box = job.checking.result(timeout=CHECK_START_TIMEOUT_S)
-        except FutureTimeout:
-            raise SandboxError(f"the check's sandbox did not start within {CHECK_START_TIMEOUT_S:g}s") from None
+        box = _check_box(job)
+        if box is None:   # cancelled while its sandbox was being made
+            return _ended_check(job, Check(spec.check, None, False, 0.0, "", cancelled=True), original, missing), box
         watchdog.arm(COLLECT_TIMEOUT_S + spec.check_timeout_s + GRACE_S, box.kill, "check")
         _original_workspace(box, job)
         missing = _not_in_original(box, original)
@@ -114,9 +114,28 @@ def _check(job: JobRun) -> tuple[Check, JobSandbox | None]:
             check = Check(spec.check, None, False, took, "", error=describe(exc))
     finally:
         watchdog.disarm()
+    return _ended_check(job, check, original, missing), box
+
+
+def _ended_check(job: JobRun, check: Check, original: tuple[str, ...], missing: tuple[str, ...]) -> Check:
     check = dataclasses.replace(check, original=original, original_missing=missing)
     job.sink(ev.CheckEnd(check.to_result()))
-    return check, box
+    return check
+
+
+def _check_box(job: JobRun) -> JobSandbox | None:
+    """The check's sandbox once it is made; None if the job is cancelled first (a stopping worker's grace may end
+    while it starts)."""
+    assert job.checking is not None
+    deadline = time.monotonic() + CHECK_START_TIMEOUT_S
+    while True:
+        try:
+            return job.checking.result(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+        except FutureTimeout:
+            if job.cancel.is_set():
+                return None
+            if time.monotonic() >= deadline:
+                raise SandboxError(f"the check's sandbox did not start within {CHECK_START_TIMEOUT_S:g}s") from None
 
 
 def _original_workspace(box: JobSandbox, job: JobRun) -> None:

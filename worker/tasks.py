@@ -1,7 +1,8 @@
 """The Celery task, in a thread of the worker: it claims the job in the store and runs it beside a ControlRelay
 (worker/control.py: lease, cancel/pause/steer/follow-up, progress), records the ending, and prints one line when a
 job starts and one when it ends. Told to stop (SIGTERM, SIGHUP, a second Ctrl-C: worker/main_process.py), it hands
-the job back to the queue: it runs again on the next worker, never `failed` for it."""
+the job back to the queue: it runs again on the next worker, never `failed` for it (a job whose agent has ended may
+finish its check first: ControlRelay.finishing)."""
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 class StopRequest:
     """One running job's answer to its worker being told to stop (SIGTERM, SIGHUP, a second Ctrl-C: see
-    worker/main_process.py): hand the job back. `request` only sets flags (it is called from a signal handler); the
-    relay's thread stops the agent."""
+    worker/main_process.py): hand the job back (unless it is finishing: ControlRelay.finishing). `request` only sets
+    flags (it is called from a signal handler); the relay's thread stops the agent."""
 
     def __init__(self) -> None:
         self.relay: ControlRelay | None = None

@@ -1,11 +1,12 @@
 -- finish.lua: Records a queued or running job's ending, once: its status, reason, counts, check; then ended() drops its
--- API key and sets its keys' TTLs. With an owner only the lease holder may (and a `pid run` the sweep ended
--- client_lost, its machine away past the grace, may still end its job truly); with lapsed_only only while nobody holds
--- a live lease. Atomic: of the worker's own finish and a sweeper's, exactly one records the ending, and a lease just
--- renewed is never ended by the sweeper.
+-- API key and sets its keys' TTLs. With an owner only the lease holder may; `returning` (with its owner): a `pid run`
+-- the sweep ended client_lost, its machine away past the grace, ends its job truly. With lapsed_only only while nobody
+-- holds a live lease. Atomic: of the worker's own finish and a sweeper's, exactly one records the ending, and a lease
+-- just renewed is never ended by the sweeper.
 local status = field('status')
-local returned = not isnull(A.owner) and field('kind') == 'run' and field('exit_reason') == 'client_lost'
-if not active(status) and not returned then return 0 end
+if A.returning and not isnull(A.owner) then
+  if field('kind') ~= 'run' or field('exit_reason') ~= 'client_lost' then return 0 end
+elseif not active(status) then return 0 end
 if not isnull(A.owner) and field('owner') ~= A.owner then return 0 end
 local t = now()
 if A.lapsed_only then
