@@ -5,6 +5,7 @@ are asserted (the check-in's bound is set here to what each test needs)."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -283,3 +284,32 @@ def test_a_foreground_run_that_comes_back_records_its_true_ending_over_client_lo
     record = inner.get(spec.id)
     assert (record.status, record.exit_reason, record.turns) == ("completed", "stop", 2)
     assert read_result(inner, spec.id)["exit_reason"] == "stop"
+
+
+@pytest.mark.timeout(60)
+def test_a_stopping_worker_lets_an_ended_agent_s_job_finish_for_its_grace_then_stops_it(store, relay, monkeypatch):
+    """Its worker told to stop: a job whose agent is still running is stopped at once; one whose agent has ended
+    (its collection, its check) is finishing, not cancelled, until FINISH_ON_STOP_S has gone by."""
+    monkeypatch.setattr(control, "CHECK_IN_WAIT_S", 3600.0)
+    monkeypatch.setattr(control, "FINISH_ON_STOP_S", 1.0)
+    agent = Controls()
+    agent.ended = True
+    relay.attach(agent)
+    relay.start()
+    relay.request_stop("SIGTERM")
+    relay.check_in()
+    assert relay.finishing() and not relay.cancel.is_set() and "cancel" not in agent.applied
+    deadline = time.monotonic() + 30
+    while not relay.cancel.is_set():   # the grace goes by: the relay's next poll stops it
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not relay.finishing() and "cancel" in agent.applied
+
+    running = Controls()   # an agent still at work is stopped at the first pass
+    other = ControlRelay(store, store.job_id, OWNER)
+    other.attach(running)
+    other.request_stop("SIGTERM")
+    other.start()
+    other.check_in()
+    assert other.cancel.is_set() and not other.finishing()
+    other.stop()
