@@ -336,8 +336,8 @@ class Job:
         job's earlier download), wherever the job ran; returns its absolute path. `pid result ID --download DEST`.
         PidError if it has not ended or its artifacts cannot all be written."""
         from pid.jobs.artifact_store import DownloadError, download
-        if not isinstance(dest, (str, os.PathLike)):
-            raise PidError(f"dest must be a path, not {type(dest).__name__}")
+        if not isinstance(dest, (str, os.PathLike)) or not os.fspath(dest):
+            raise PidError(f"dest must be a directory's path, not {dest!r}")
         self.result()   # (ended, its artifacts stored with its result)
         path = os.path.abspath(os.path.expanduser(os.fspath(dest)))
         try:

@@ -221,6 +221,8 @@ def test_a_submitted_job_is_followed_to_its_end(api_env, worker, sample_repo, tm
     (tmp_path / "other" / "mine.txt").write_text("keep")
     with pytest.raises(pid.PidError, match="other"):
         job.download(tmp_path / "other")
+    with pytest.raises(pid.PidError, match="^dest must be a directory's path, not ''$"):
+        job.download("")
     assert (tmp_path / "other" / "mine.txt").read_text() == "keep"
 
 
