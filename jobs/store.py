@@ -158,6 +158,8 @@ def sum_usage(*usages: dict[str, Any]) -> dict[str, Any]:
     """Usage dicts in result.json's shape, added up."""
     total: dict[str, Any] = {k: sum(int(u.get(k) or 0) for u in usages) for k in USAGE_KEYS}
     total["cost"] = round(sum(float(u.get("cost") or 0.0) for u in usages), 6)
+    if any(u.get("estimated") for u in usages):   # (pid counted some of the tokens itself)
+        total["estimated"] = True
     return total
 
 

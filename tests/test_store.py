@@ -120,6 +120,9 @@ def test_a_job_taken_up_again_keeps_the_earlier_attempts_counts_and_usage(tmp_pa
     after = time.time()
     assert result["usage"]["input"] == 1010 and result["usage"]["cost"] == 0.75
     assert result["usage"]["reasoning"] == 40   # every field result.json's usage has, summed (it was dropped)
+    assert "estimated" not in result["usage"]
+    from pid.jobs.store import sum_usage
+    assert sum_usage(used, dict(used, estimated=True))["estimated"] is True   # (one attempt's tokens were counted)
     assert set(result["usage"]) == set(used) and set(result["per_attempt"][0]["usage"]) == set(used)
     assert [a["attempt"] for a in result["per_attempt"]] == [1, 2]
     # its duration is the job's, from the first attempt's start, as pid list shows it; this attempt's is kept
