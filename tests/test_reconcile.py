@@ -161,6 +161,8 @@ def test_a_failed_publish_ends_no_job_its_batch_held_back_nor_one_a_worker_took(
     store.to_dispatch = then_taken
     assert reconcile(store, dispatch=refused) == [] and attempts == [first.id]   # a pass stops at its first failure
     assert (store.get(first.id).status, store.get(first.id).exit_reason) == ("failed", "dispatch_failed")
+    said = [record.get("note", "") for _, record in store.events(first.id)]   # its log says how it ended
+    assert any(note.startswith("dispatch_failed: could not be dispatched for ") for note in said), said
     assert (store.get(taken.id).status, store.get(taken.id).owner) == ("running", "w2")
     for job in batch[1:]:
         assert store.get(job.id).status == "queued", store.get(job.id)   # parked, never failing
@@ -408,3 +410,31 @@ def test_a_wait_says_a_job_is_queued_once_a_stay_and_again_when_it_goes_back(tmp
     assert again is not None and again.startswith(f"job {job.id} is back in the queue: no worker")
     time.sleep(0.06)
     assert notice() is None
+
+
+def test_a_batch_s_failing_publish_takes_its_free_slot_and_a_held_back_job_s_clock_is_stopped(tmp_path):
+    """--max-running 1, one slot free: the publish of the job that was to take it fails. The batch's next job stays
+    held back (no failure clock of its own, found by an operator's test: it was ended dispatch_failed at the next
+    outage, for time it had only waited); and a held-back job with a clock loses it at the next pass."""
+    store = JobStore(str(tmp_path / "jobs.db"))
+    store.set_batch("b", max_total_cost=None, max_running=1)
+    jobs = []
+    for n in range(3):
+        s = spec(tmp_path, n)
+        s.batch = "b"
+        jobs.append(store.create(s))
+
+    def refused(job_id: str, **kw) -> bool:
+        store.mark_undispatched(job_id, "ConnectionRefusedError: the broker is down")
+        raise ConnectionRefusedError("the broker is down")
+
+    def publish(job_id: str, **kw) -> bool:
+        return store.mark_dispatched(job_id, kw.get("previous"), only_if=kw.get("reconcile", False))
+
+    assert reconcile(store, dispatch=refused) == []
+    assert store.get(jobs[0].id).undispatched_since is not None   # its publish failed: its clock runs
+    assert [store.get(j.id).dispatch_error for j in jobs[1:]] == [None, None]   # held back, not failing
+    with store._db() as db:   # a clock an earlier pass started on a job that is held back now
+        db.execute("UPDATE jobs SET undispatched_since = 1, dispatch_error = 'down' WHERE id = ?", (jobs[2].id,))
+    assert reconcile(store, dispatch=publish) == [jobs[0].id]
+    assert store.get(jobs[2].id).undispatched_since is None and store.get(jobs[2].id).status == "queued"

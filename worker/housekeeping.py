@@ -75,7 +75,10 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
             if job.spec.batch not in rooms:
                 from pid.jobs.batch_budget import room
                 rooms[job.spec.batch] = room(store, job.spec.batch)
-            if rooms[job.spec.batch] == 0:
+            if rooms[job.spec.batch] == 0:   # held back: it waits for a slot, it is not failing
+                if job.undispatched_since is not None:   # (a clock started while it seemed to have one)
+                    from pid.jobs.batch_budget import PARKED
+                    store.mark_undispatched(job.id, PARKED, parked=True)
                 continue
         idle = job.spec.queue in idle_queues   # a worker of the job's queue has been free: its message is lost
         if job.dispatched_at is not None and not idle and job.dispatched_at >= now - REDISPATCH_AFTER_S:
@@ -92,6 +95,9 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
                     rooms[job.spec.batch or ""] = left - 1
         except Exception as exc:
             log.warning("dispatching queued jobs: %s", exc)
+            left = rooms.get(job.spec.batch or "")
+            if left:   # the job that failed holds the slot it was to take: the batch's others stay held back
+                rooms[job.spec.batch or ""] = left - 1
             _give_up(store, exc, now, rooms, on_end)
             break   # the broker is down: the next pass tries again
     return dispatched
@@ -103,6 +109,7 @@ def _give_up(store: Store, exc: Exception, now: float, rooms: dict[str, int | No
     short too), and those whose publishes have failed for DISPATCH_GIVE_UP_S end `dispatch_failed`. Not a job its
     batch holds back (--max-running: never tried), nor one a worker claimed meanwhile (finish_if_queued)."""
     from pid.jobs.batch_budget import room
+    from pid.jobs.results import log_job
     from pid.jobs.sweep import write_unrun_result
     for waiting in store.to_dispatch(stale_before=None):
         batch = waiting.spec.batch
@@ -118,6 +125,7 @@ def _give_up(store: Store, exc: Exception, now: float, rooms: dict[str, int | No
             continue
         error = f"could not be dispatched for {now - since:.0f}s: {exc}"[:500]
         if store.finish_if_queued(waiting.id, "dispatch_failed", error=error):
+            log_job(store, waiting.id, "failed", f"dispatch_failed: {error}", exit_reason="dispatch_failed")
             write_unrun_result(waiting.spec, "dispatch_failed", error, waiting, store=store)
             if on_end:
                 on_end(store.get(waiting.id) or waiting)
