@@ -98,7 +98,8 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
             ended.append(record.id)
             log_job(store, record.id, status_of(reason), f"{reason}: {error}" if error else reason, exit_reason=reason)
             write_unrun_result(record.spec, reason, error, record, store=store)
-            _remove_containers(record.id, record.attempts)
+            if not (record.kind == "run" and alive is None):   # (a run elsewhere may come back to its container;
+                _remove_containers(record.id, record.attempts)    # if it never does, the reaper's time to live)
             if on_end:
                 on_end(store.get(record.id) or record)
     return ended

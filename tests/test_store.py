@@ -277,7 +277,10 @@ def test_a_workers_return_holds_off_only_the_leases_that_lapsed_while_it_was_awa
     assert sweeping.sweep(store) == [] and store.get(job.id).status == "queued"
     assert store.get(run.id).status == "running"   # within the grace: its machine may only be asleep
     monkeypatch.setattr(sweeping, "ALIVE_GRACE_S", 0.05)
+    removed: list[str] = []
+    monkeypatch.setattr(sweeping, "_remove_containers", lambda job_id, attempt: removed.append(job_id))
     assert sweeping.sweep(store) == [run.id] and store.get(run.id).exit_reason == "client_lost"
+    assert removed == []   # its container stays for it to come back to (on a shared engine); else the reaper's TTL
     assert "has not been heard from for" in store.get(run.id).error and "killed, or its machine away" in \
         store.get(run.id).error
 
