@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Callable, TypeVar, cast
 
 from pid.jobs.store import Store
@@ -29,9 +30,18 @@ WAIT_OUTAGE_S = 300.0  # how long a command waiting on a job waits out its store
 
 T = TypeVar("T")
 
-# The write Patience is trying (again) in this thread: [its id, the store scripts it has run in this try, its deadline].
-_WRITE: ContextVar[list[Any] | None] = ContextVar("pid_patient_write", default=None)
 TOKEN_KEPT_S = 600   # how long the store remembers a script's run by its token, at least
+
+
+@dataclass
+class _Write:
+    """The write Patience is trying (again) in this thread."""
+    id: str
+    deadline: float      # (time.monotonic()) Patience's: as long as its tokens are kept
+    scripts: int = 0     # the store scripts it has run in this try
+
+
+_WRITE: ContextVar[_Write | None] = ContextVar("pid_patient_write", default=None)
 
 
 def call_token(*request: str) -> tuple[str, int]:
@@ -43,13 +53,14 @@ def call_token(*request: str) -> tuple[str, int]:
     write = _WRITE.get()
     if write is None:
         return uuid.uuid4().hex, TOKEN_KEPT_S
-    write[1] += 1
+    write.scripts += 1
     digest = hashlib.blake2b(chr(0).join(request).encode(), digest_size=8).hexdigest()
-    return f"{write[0]}.{write[1]}.{digest}", max(TOKEN_KEPT_S, int(write[2] - time.monotonic() + OUTAGE_MIN_S) + 60)
+    kept = max(TOKEN_KEPT_S, int(write.deadline - time.monotonic() + OUTAGE_MIN_S) + 60)
+    return f"{write.id}.{write.scripts}.{digest}", kept
 
 
-def _as_one_write(state: list[Any], write: Callable[[], T]) -> T:
-    state[1] = 0
+def _as_one_write(state: _Write, write: Callable[[], T]) -> T:
+    state.scripts = 0
     token = _WRITE.set(state)
     try:
         return write()
@@ -84,7 +95,7 @@ class Patience:
         """write(), tried again while the store is unreachable and time is left; its result, or its last error."""
         pause = 0.25
         gave_up_at: float | None = None
-        state: list[Any] = [uuid.uuid4().hex, 0, self.deadline]   # (call_token: every try is the same write)
+        state = _Write(uuid.uuid4().hex, self.deadline)   # (call_token: every try is the same write)
         while True:
             try:
                 done = _as_one_write(state, write)

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import time
+from typing import Callable
 
 from pid.worker.control import new_owner
 from pid.jobs.workers import ALIVE_WITHIN_S, worker_state
@@ -14,12 +15,34 @@ from pid.worker.housekeeping import RECONCILE_S, reconcile
 from pid.jobs.spec import JobSpec
 from pid.jobs.identity import process_identity
 from pid.jobs.sqlite_store import JobStore
-from pid.jobs.store import WorkerBeat
+from pid.jobs.store import JobRecord, WorkerBeat
 from pid.jobs.sweep import owner_alive
 
 
 def spec(tmp_path, n: int = 0) -> JobSpec:
     return JobSpec(task=f"t{n}", repo=str(tmp_path), model="m", out_dir=str(tmp_path / "out"), base_url="http://x")
+
+
+def batch_jobs(store: JobStore, tmp_path, n: int, max_running: int) -> list[JobRecord]:
+    """`n` queued jobs of the batch "b", which runs at most `max_running` at once."""
+    store.set_batch("b", max_total_cost=None, max_running=max_running)
+    jobs = []
+    for i in range(n):
+        s = spec(tmp_path, i)
+        s.batch = "b"
+        jobs.append(store.create(s))
+    return jobs
+
+
+def broker_down(store: JobStore, attempts: list[str] | None = None) -> Callable[..., bool]:
+    """A dispatch whose publish fails, with pid.jobs.dispatch.dispatch's bookkeeping of it; `attempts` notes each."""
+    def refused(job_id: str, **kw) -> bool:
+        if attempts is not None:
+            attempts.append(job_id)
+        store.mark_dispatched(job_id, kw.get("previous"), only_if=kw.get("reconcile", False))
+        store.mark_undispatched(job_id, "ConnectionRefusedError: the broker is down")
+        raise ConnectionRefusedError("the broker is down")
+    return refused
 
 
 def test_a_handed_back_job_is_queued_with_its_counts_and_is_not_a_loss(tmp_path):
@@ -108,12 +131,7 @@ def test_a_job_that_cannot_be_dispatched_for_long_ends_failed_even_the_oldest(tm
     with store._db() as db:   # their publishes have failed for an hour
         db.execute("UPDATE jobs SET undispatched_since = ?, dispatch_error = 'down'", (time.time() - 3600,))
 
-    def refused(job_id: str, **kw) -> bool:
-        store.mark_dispatched(job_id, kw.get("previous"), only_if=kw.get("reconcile", False))
-        store.mark_undispatched(job_id, "ConnectionRefusedError: the broker is down")
-        raise ConnectionRefusedError("the broker is down")
-
-    assert reconcile(store, dispatch=refused) == []
+    assert reconcile(store, dispatch=broker_down(store)) == []
     for job in jobs:
         record = store.get(job.id)
         assert (record.status, record.exit_reason) == ("failed", "dispatch_failed"), record
@@ -128,12 +146,7 @@ def test_a_failed_publish_ends_no_job_its_batch_held_back_nor_one_a_worker_took(
     worker took meanwhile; and it starts the clock of every job a pass cut short never tried."""
     from pid.jobs import batch_budget
     store = JobStore(str(tmp_path / "jobs.db"))
-    store.set_batch("b", max_total_cost=None, max_running=1)
-    batch = []
-    for n in range(3):
-        s = spec(tmp_path, n)
-        s.batch = "b"
-        batch.append(store.create(s))
+    batch = batch_jobs(store, tmp_path, 3, max_running=1)
     first = store.create(spec(tmp_path, 8))   # unbatched, before the batch's jobs in the queue
     assert store.claim(batch[0].id, "w", 60)
     for job in batch[1:]:   # refused a claim by the full batch: parked
@@ -145,12 +158,7 @@ def test_a_failed_publish_ends_no_job_its_batch_held_back_nor_one_a_worker_took(
         db.execute("UPDATE jobs SET created_at = created_at - 60, dispatch_error = 'down', undispatched_since = ? "
                    "WHERE id IN (?, ?)", (time.time() - 3600, first.id, taken.id))
     attempts: list[str] = []
-
-    def refused(job_id: str, **kw) -> bool:
-        attempts.append(job_id)
-        store.mark_undispatched(job_id, "ConnectionRefusedError: the broker is down")
-        raise ConnectionRefusedError("the broker is down")
-
+    refused = broker_down(store, attempts)
     read = store.to_dispatch
 
     def then_taken(stale_before):   # a worker takes `taken` from a late message while the give-up looks
@@ -212,12 +220,7 @@ def test_the_reconciler_dispatches_a_batchs_waiting_jobs_only_into_its_free_slot
     """--max-running: jobs the store refused wait undispatched; a reconciler pass fills the batch's free slots and
     no more (other jobs are not held back)."""
     store = JobStore(str(tmp_path / "jobs.db"))
-    store.set_batch("b", max_total_cost=None, max_running=2)
-    jobs = []
-    for n in range(5):
-        s = spec(tmp_path, n)
-        s.batch = "b"
-        jobs.append(store.create(s))
+    jobs = batch_jobs(store, tmp_path, 5, max_running=2)
     other = store.create(spec(tmp_path, 9))
     assert store.claim(jobs[0].id, "w", 60)
     sent: list[str] = []
@@ -417,21 +420,12 @@ def test_a_batch_s_failing_publish_takes_its_free_slot_and_a_held_back_job_s_clo
     held back (no failure clock of its own, found by an operator's test: it was ended dispatch_failed at the next
     outage, for time it had only waited); and a held-back job with a clock loses it at the next pass."""
     store = JobStore(str(tmp_path / "jobs.db"))
-    store.set_batch("b", max_total_cost=None, max_running=1)
-    jobs = []
-    for n in range(3):
-        s = spec(tmp_path, n)
-        s.batch = "b"
-        jobs.append(store.create(s))
-
-    def refused(job_id: str, **kw) -> bool:
-        store.mark_undispatched(job_id, "ConnectionRefusedError: the broker is down")
-        raise ConnectionRefusedError("the broker is down")
+    jobs = batch_jobs(store, tmp_path, 3, max_running=1)
 
     def publish(job_id: str, **kw) -> bool:
         return store.mark_dispatched(job_id, kw.get("previous"), only_if=kw.get("reconcile", False))
 
-    assert reconcile(store, dispatch=refused) == []
+    assert reconcile(store, dispatch=broker_down(store)) == []
     assert store.get(jobs[0].id).undispatched_since is not None   # its publish failed: its clock runs
     assert [store.get(j.id).dispatch_error for j in jobs[1:]] == [None, None]   # held back, not failing
     with store._db() as db:   # a clock an earlier pass started on a job that is held back now

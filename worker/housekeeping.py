@@ -72,12 +72,11 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
     rooms: dict[str, int | None] = {}   # a batch's free slots (--max-running): its other jobs wait, undispatched
     for job in store.to_dispatch(stale_before=now - RECONCILE_S):
         if job.spec.batch:
+            from pid.jobs.batch_budget import PARKED, room
             if job.spec.batch not in rooms:
-                from pid.jobs.batch_budget import room
                 rooms[job.spec.batch] = room(store, job.spec.batch)
             if rooms[job.spec.batch] == 0:   # held back: it waits for a slot, it is not failing
                 if job.undispatched_since is not None:   # (a clock started while it seemed to have one)
-                    from pid.jobs.batch_budget import PARKED
                     store.mark_undispatched(job.id, PARKED, parked=True)
                 continue
         idle = job.spec.queue in idle_queues   # a worker of the job's queue has been free: its message is lost
