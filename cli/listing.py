@@ -40,7 +40,8 @@ def worker_lines(beats: list[tuple[Any, str]], now: float, width: int | None) ->
         until = now if state == "alive" else (b.stopped_at if state == "stopped" else None) or b.beat_at
         seen = state if state == "alive" else f"{state} {format_duration(now - until)} ago"
         node = b.node.removeprefix(f"{b.host}:{b.pid}:")   # the host and pid have their own columns
-        rows.append([one_line(b.host), str(b.pid), one_line(node), f"{b.running}/{b.concurrency}",
+        running = b.running if state == "alive" else "-"   # a last beat's count is not what it runs now
+        rows.append([one_line(b.host), str(b.pid), one_line(node), f"{running}/{b.concurrency}",
                      one_line(",".join(b.queues)), format_duration(until - b.started_at), seen])
     return render(WORKER_COLUMNS, rows, width)
 

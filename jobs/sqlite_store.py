@@ -827,7 +827,7 @@ def _take(db: sqlite3.Connection, job_id: str, owner: str, now: float, lease_s: 
                         "usage": sum_usage(json.loads(row["usage"] or "{}"))})
     db.execute("UPDATE jobs SET status = 'running', owner = ?, lease_until = ?, attempts = attempts + 1, "
                "started_at = COALESCE(started_at, ?), earlier = ?, turns = 0, tool_calls = 0, usage = NULL, "
-               "activity = NULL, updated_at = ?, claimed_at = ? WHERE id = ?",
+               "activity = NULL, last_tool = NULL, updated_at = ?, claimed_at = ? WHERE id = ?",
                (owner, now + lease_s, now, json.dumps(earlier), now, now, job_id))
     if row["attempts"] > 0:   # a new attempt starts the conversation again: every message is its to read again
         db.execute("UPDATE inbox SET delivered = 0 WHERE job_id = ?", (job_id,))

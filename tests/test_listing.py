@@ -1,9 +1,10 @@
 """`pid list`'s lines (cli/listing.py), from a real store's records."""
 from __future__ import annotations
 
-from pid.cli.listing import job_lines
+from pid.cli.listing import job_lines, worker_lines
 from pid.jobs.spec import JobSpec
 from pid.jobs.sqlite_store import JobStore
+from pid.jobs.store import WorkerBeat
 
 
 def test_a_paused_job_is_listed_as_paused(tmp_path):
@@ -15,3 +16,14 @@ def test_a_paused_job_is_listed_as_paused(tmp_path):
     lines = job_lines([store.get(held.id), store.get(free.id)], 200)
     assert "running (paused)" in lines[1] and "task 0" in lines[1], lines
     assert "paused" not in lines[2] and "queued" in lines[2], lines
+
+
+def test_a_worker_no_longer_heard_from_shows_no_running_count():
+    """Its last beat's count is not what it runs now: a lost worker's jobs are handed back (pid workers --all)."""
+    def beat(pid: int, running: int) -> WorkerBeat:
+        return WorkerBeat(f"h:{pid}:n", "h", pid, None, 2, running, None, started_at=100.0, beat_at=190.0)
+    alive, lost = beat(11, 1), beat(12, 1)
+    header, alive_line, lost_line = worker_lines([(alive, "alive"), (lost, "lost")], now=195.0, width=200)
+    assert "RUNNING" in header
+    assert " 1/2 " in alive_line and "alive" in alive_line, alive_line
+    assert " -/2 " in lost_line and " 1/2 " not in lost_line and "lost 5.0s ago" in lost_line, lost_line

@@ -73,6 +73,19 @@ def test_claim_is_refused_while_leased_and_taken_once_lapsed(store, tmp_path):
     assert store.claim("no-such-job", "x", 60) is False
 
 
+def test_a_new_attempt_starts_with_no_activity_or_last_tool_of_the_one_before(store, tmp_path):
+    """`pid status` of attempt 2 must not show what attempt 1 was doing when its worker died."""
+    job = store.create(spec(tmp_path))
+    assert store.claim(job.id, "h:1:a", lease_s=0.05)
+    assert store.progress(job.id, "h:1:a", 3, 2, activity="running bash", last_tool="bash: make (exit 0, 1.0s)")
+    time.sleep(0.1)
+    assert store.claim(job.id, "h:2:b", lease_s=60)
+    record = store.get(job.id)
+    assert (record.attempts, record.turns, record.tool_calls) == (2, 0, 0)
+    assert (record.activity, record.last_tool) == (None, None)
+    assert record.earlier[0]["turns"] == 3
+
+
 def test_progress_renews_and_keeps_counts_and_a_new_attempt_keeps_the_earlier_ones(store, tmp_path):
     job = store.create(spec(tmp_path))
     assert store.claim(job.id, "a", lease_s=0.3)

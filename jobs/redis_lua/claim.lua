@@ -29,6 +29,6 @@ end
 redis.call('HSET', K, 'owner', A.owner, 'lease_until', fmt(t + A.lease_s), 'attempts', attempts + 1,
   'turns', 0, 'tool_calls', 0, 'updated_at', fmt(t), 'claimed_at', fmt(t))
 if field('started_at') == nil then redis.call('HSET', K, 'started_at', fmt(t)) end
-redis.call('HDEL', K, 'usage', 'activity')
+redis.call('HDEL', K, 'usage', 'activity', 'last_tool')
 move(status, 'running')
 return 1
