@@ -234,11 +234,12 @@ def copy_patch(chunks: Iterable[bytes], dest: str, max_bytes: int) -> PatchCopy:
     with _open_tar(chunks) as tar:
         for member in _members(tar):
             if member.isreg():
-                return _write_patch(_regular(tar, member), dest, max_bytes)
+                return write_patch(_regular(tar, member), dest, max_bytes)
     raise FileNotFoundError("no regular file in the archive")
 
 
-def _write_patch(source: BinaryIO, dest: str, max_bytes: int) -> PatchCopy:
+def write_patch(source: BinaryIO, dest: str, max_bytes: int) -> PatchCopy:
+    """copy_patch's work on the patch file itself (read from pid's disk on the host: workspaces.read_patch)."""
     dropped: list[Skipped] = []
     skips = _Skips(dropped)
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)

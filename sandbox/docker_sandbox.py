@@ -286,7 +286,7 @@ class DockerSandbox:
         room = f"{PID_DIR}/patch"
         said = self.run_as_pid(patch_script(self.workdir, base, room, max_bytes), "making the patch", timeout)
         left_out = unrecorded(said, self.workdir, max_bytes)   # (before the copy: a failing patch leaves no file)
-        copy = copy_patch_out(self.container, f"{room}/patch.diff", dest, max_bytes)
+        copy = copy_patch_out(self.container, room, dest, max_bytes)
         copy.dropped[:0] = [Skipped(escaped(path), why) for path, why in left_out]
         return copy
 

@@ -227,6 +227,8 @@ class Container:
     pid_disk: JobDisk | None = None   # pid's own (see PID_DISK); there whenever the job's disk is
     image_fs: ImageFS | None = None
     own_kernel: bool = False   # the runtime runs a kernel of its own (see FIFO_RUNTIMES)
+    host_kernel: bool = False   # the runtime is one of FIFO_RUNTIMES: what the container writes on a disk of pid's is
+                                # the host's file at once (gVisor's writes may wait in its own page cache)
     first: list[Channel] = field(default_factory=list)   # the entry's servers (PRESTARTED), not yet greeted
     removed_by_pid: bool = False   # kill() removed it (or tried): it is gone on purpose
     storage: dict[str, Any] = field(default_factory=dict)   # its filesystem's options (_storage): the disks' mounts
@@ -310,7 +312,7 @@ def launch(config: SandboxConfig, client: docker.DockerClient | None = None) -> 
     try:
         box.storage = options = _storage(box, inspected)
         runtime = config.runtime or default_runtime(client)
-        host_kernel = runtime in FIFO_RUNTIMES
+        box.host_kernel = host_kernel = runtime in FIFO_RUNTIMES
         box.own_kernel = not host_kernel and runtime != "unknown"   # (under runc, NPROC would count the agent
         ttl = max(1, int(config.ttl_s))                              # uid's processes in every container)
         command = ["sleep", str(ttl)]   # exits (and is auto-removed) by itself when orphaned

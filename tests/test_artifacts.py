@@ -187,6 +187,33 @@ def test_clean_patch_is_copied_unchanged(tmp_path):
     assert written == GOOD1 + GOOD2 and result.dropped == []
 
 
+def test_a_patch_read_on_pids_disk_is_filtered_as_one_from_the_engine_and_never_through_a_link(tmp_path):
+    """Under runc the host reads the patch where pid's git wrote it (workspaces.read_patch): the same filter applies,
+    and a link or a FIFO in its place (a root agent's, say) is refused at once, never followed or waited on."""
+    from pid.sandbox.workspaces import read_patch
+    room = tmp_path / "patch"
+    room.mkdir()
+    (room / "patch.diff").write_bytes(GOOD1 + FORGED_HOOK + GOOD2)
+    result = read_patch(str(room), str(tmp_path / "out.diff"), 10 << 20)
+    assert (tmp_path / "out.diff").read_bytes() == GOOD1 + GOOD2 and result.size == len(GOOD1 + GOOD2)
+    assert [s.path for s in result.dropped] == [".git/hooks/post-checkout"]
+    secret = tmp_path / "secret"
+    secret.write_bytes(GOOD1)
+    (room / "patch.diff").unlink()
+    os.symlink(secret, room / "patch.diff")
+    with pytest.raises(OSError):
+        read_patch(str(room), str(tmp_path / "out2.diff"), 10 << 20)
+    (room / "patch.diff").unlink()
+    os.mkfifo(room / "patch.diff")
+    with pytest.raises(FileNotFoundError, match="no regular file"):
+        read_patch(str(room), str(tmp_path / "out3.diff"), 10 << 20)
+    linked = tmp_path / "linked"
+    os.symlink(room, linked)
+    with pytest.raises(OSError):
+        read_patch(str(linked), str(tmp_path / "out4.diff"), 10 << 20)
+    assert not (tmp_path / "out2.diff").exists() and not (tmp_path / "out4.diff").exists()
+
+
 def section(lines: list[bytes], hunk: bytes = b"@@ -1 +1 @@\n-a\n+b\n") -> bytes:
     return b"".join(line + b"\n" for line in lines) + hunk
 
