@@ -82,17 +82,21 @@ def agent_env(uid: int) -> dict[str, str]:
 
 
 _default_runtimes: dict[str, str] = {}
+_asking_runtime = threading.Lock()
 
 
 def default_runtime(client: docker.DockerClient) -> str:
-    """The engine's default runtime (asked once per engine and process: dockerd must restart to change it)."""
+    """The engine's default runtime (asked once per engine and process: dockerd must restart to change it). A burst's
+    jobs, all starting at once, wait for the one answer: each /info costs the engine two processes (`runc
+    --version`, `docker-init --version`) as it starts their containers."""
     url = str(client.api.base_url)
-    if url not in _default_runtimes:
-        try:
-            _default_runtimes[url] = str(client.info().get("DefaultRuntime") or "runc")
-        except (docker.errors.DockerException, requests.exceptions.RequestException):
-            return "unknown"   # (not kept: asked again next time)
-    return _default_runtimes[url]
+    with _asking_runtime:
+        if url not in _default_runtimes:
+            try:
+                _default_runtimes[url] = str(client.info().get("DefaultRuntime") or "runc")
+            except (docker.errors.DockerException, requests.exceptions.RequestException):
+                return "unknown"   # (not kept: asked again next time)
+        return _default_runtimes[url]
 
 
 def _reserve(disk: JobDisk, size: int) -> None:
