@@ -83,13 +83,12 @@ if [ "${1:-}" = "--test" ]; then
   # test skips; in CI it fails).
   command -v tmux >/dev/null || apt_install tmux || true
   # The pi compatibility test (tests/test_compaction_pi.py) continues a session pid compacted with the real pi, from
-  # npm, best-effort (node and npm from apt when absent; without them that test skips; in CI it fails). It goes into a
-  # cache outside the checkout, as llama-server does: a clean clone does not install it again (~20 s).
+  # npm, best-effort (node and npm from apt when absent; without them that test skips; in CI it fails). It goes into
+  # the user's cache, outside the checkout: a clean clone does not install it again (~20 s).
   command -v npm >/dev/null || apt_install nodejs npm || true
-  pi_prefix=${PID_PI_CACHE:-/var/cache/pid-pi}/0.73.1
+  pi_prefix=${PID_PI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pid-pi}/0.73.1
   if command -v npm >/dev/null && [ ! -x "$pi_prefix/node_modules/.bin/pi" ]; then
     say "installing pi (npm) into $pi_prefix"
-    $sudo mkdir -p "$pi_prefix" && $sudo chown "$(id -u):$(id -g)" "$pi_prefix"
     npm install --prefix "$pi_prefix" --no-audit --no-fund --loglevel=error @mariozechner/pi-coding-agent@0.73.1 \
       >/dev/null || true
   fi
@@ -108,7 +107,9 @@ if [ "${1:-}" = "--test" ]; then
   say "checking the code (ruff, mypy)"
   .venv/bin/ruff check . || failed=1
   .venv/bin/mypy || failed=1
-  tier() { .venv/bin/python -m pytest "$@" || [ $? -eq 5 ] || failed=1; }
+  # Each tier runs as a child the script waits for, so that an interrupt (Ctrl-C, a CI's TERM) is acted on at once
+  current=""
+  tier() { .venv/bin/python -m pytest "$@" & current=$!; wait "$current" || [ $? -eq 5 ] || failed=1; current=""; }
   other_lane() {
     if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
       say "running the tool, task-image, trust-boundary (also pooled) and chaos tests again under gVisor (runsc)"
@@ -132,7 +133,7 @@ if [ "${1:-}" = "--test" ]; then
     say "building llama-server for the real-server tests (cached: only the first run pays)"
     bash docker/build-llama.sh >/tmp/pid-build-llama.log 2>&1 || echo "llama-server not built (see /tmp/pid-build-llama.log): its tests skip (fail in CI)" >&2
     say "running the tests against a real llama-server"
-    tier -m llama
+    tier -m llama "$@"
     # The deployment as users run it (docs/deploy.md): docker/compose.yaml brought up for real, jobs
     # through its client, a worker killed, torn down; its images are built the first time (a few minutes), then kept.
     say "running the compose stack end to end (docker/compose-smoke.sh)"
@@ -142,9 +143,25 @@ if [ "${1:-}" = "--test" ]; then
   # workers, the engine) and the gVisor tier two thirds: one after the other the suite took 15-17 min here, side by
   # side 9-10. The second lane's output is shown when it ends, whole.
   lane=$(mktemp /tmp/pid-ci-lane.XXXXXX)
-  ( failed=0; other_lane; exit "$failed" ) >"$lane" 2>&1 &
+  set -m   # (the lane in a process group of its own: an interrupt ends all of it, its tests' processes too)
+  ( failed=0; other_lane "${@:2}"; exit "$failed" ) </dev/null >"$lane" 2>&1 &
   other=$!
-  trap 'pkill -TERM -P "$other" 2>/dev/null; kill "$other" 2>/dev/null; rm -f "$lane"' INT TERM   # (an interrupted run)
+  set +m
+  end_lane() {
+    kill -TERM -- -"$other" 2>/dev/null || true
+    [ -z "$current" ] || kill -TERM "$current" 2>/dev/null || true
+  }
+  interrupted() {
+    end_lane
+    echo "interrupted; the other lane's output so far:" >&2
+    cat "$lane" >&2 || true
+    rm -f "$lane"
+    exit "$1"
+  }
+  trap 'interrupted 130' INT
+  trap 'interrupted 143' TERM
+  trap 'end_lane; rm -f "$lane"' EXIT
+  say "the other lane (gVisor, llama-server, the compose stack) runs beside these tiers, into $lane (shown when it ends)"
   say "running the fast tests (no Docker, no subprocesses)"
   tier -n 4 -m "not docker and not cli and not llama" "${@:2}"
   say "running the CLI and Docker tests"
@@ -152,10 +169,9 @@ if [ "${1:-}" = "--test" ]; then
   # The trust boundary again, every sandbox taken from a worker's warm pool (made before its job, then handed over)
   say "running the trust-boundary tests on sandboxes from a warm pool"
   PID_TEST_POOL=1 tier -n 4 --dist loadgroup -p no:cacheprovider -m docker tests/test_trust_boundary.py
-  say "waiting for the other lane (gVisor, llama-server, the compose stack)"
+  say "waiting for the other lane (gVisor, llama-server, the compose stack): $lane"
   wait "$other" || failed=1
   cat "$lane"
-  rm -f "$lane"
   exit "$failed"
 fi
 say "ready: .venv/bin/pid --help"

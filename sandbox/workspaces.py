@@ -29,6 +29,7 @@ from .errors import SandboxError
 from .exec_channels import ExecChannels
 from .gitseed import GitSeed
 from .image_fs import BASE_TARGET
+from .channel import PID_DIR
 from .launch import Container
 from .reaper import owner_label
 from .workspace import UnsafeTar, WorkspaceTooLarge, base_script, build_tar, sanitize_tar, unpack_tar
@@ -287,7 +288,11 @@ def copy_patch_out(container: Container, room: str, dest: str, max_bytes: int) -
     """The patch pid's git wrote as `room`/patch.diff, to host file `dest` (paths validated, size capped:
     artifacts.py). Under runc it is read where it lies, on pid's disk (read_patch); else through the engine."""
     if container.host_kernel and container.pid_disk is not None:
-        return read_patch(container.pid_disk.path(posixpath.basename(room)), dest, max_bytes)
+        assert room == f"{PID_DIR}/patch", room   # (pid's disk's "patch", bound there: launch.PID_DISK_DIRS)
+        try:
+            return read_patch(container.pid_disk.path("patch"), dest, max_bytes)
+        except OSError as exc:
+            raise SandboxError(f"cannot read the patch on pid's disk: {exc}") from exc
     inside = f"{room}/patch.diff"
     try:
         chunks, _ = container.client.api.get_archive(container.id, inside)

@@ -1,8 +1,8 @@
 """The real pi (npm) opens a session pid compacted and continues it: pid's compaction entries are pi's.
 
-pi is installed once into a cache outside the checkout (/var/cache/pid-pi, or $PID_PI_CACHE; docker/setup.sh --test
-does it beforehand), or PID_TEST_PI names a pi executable. Without node and npm the test is skipped; a failed install is
-a failure."""
+pi is installed once into the user's cache, outside the checkout (~/.cache/pid-pi, or $PID_PI_CACHE; docker/setup.sh
+--test does it beforehand), or PID_TEST_PI names a pi executable. Without node and npm the test is skipped; a failed
+install is a failure."""
 from __future__ import annotations
 
 import json
@@ -21,7 +21,8 @@ from tests.test_compaction import LongJob, entries, run_job
 pytestmark = pytest.mark.cli   # a subprocess (node), no engine
 
 PI_PACKAGE = "@mariozechner/pi-coding-agent@0.73.1"   # the version that wrote tests/fixtures/pi-session-v3-sample
-PI_PREFIX = Path(os.environ.get("PID_PI_CACHE", "/var/cache/pid-pi")) / "0.73.1"
+PI_PREFIX = Path(os.environ.get("PID_PI_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                 / "pid-pi") / "0.73.1"   # (where docker/setup.sh --test puts it)
 
 
 def pi_command() -> str:

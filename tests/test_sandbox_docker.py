@@ -1110,7 +1110,8 @@ def test_under_runc_the_patch_comes_from_pids_disk_without_the_engine(client, mo
     reads the file on pid's disk, where pid's git wrote it. (gVisor's writes may wait in its own cache: there the
     engine still copies it; the gVisor tier's patch tests take that way.)"""
     repo = make_repo(tmp_path)
-    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-patch-host", ttl_s=300), client) as box:
+    config = SandboxConfig(image=IMAGE, runtime="runc", job_id=JOB + "-patch-host", ttl_s=300)
+    with DockerSandbox.create(config, client) as box:
         assert box.container.host_kernel and box.container.pid_disk is not None
         box.import_workspace(str(repo))
         box.write_file("added/new.txt", b"brand new\n")
