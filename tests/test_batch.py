@@ -202,6 +202,7 @@ def result_files(out: Path, ids: list[str]) -> dict[str, dict[str, Any]]:
     return {i: json.loads((out / i / "result.json").read_text()) for i in ids}
 
 
+@pytest.mark.long
 @pytest.mark.docker
 @pytest.mark.cli
 def test_a_batch_interrupted_halfway_resumes_and_its_summary_matches_the_items_results(pid_env, tmp_path):
@@ -365,6 +366,7 @@ def run_in_pty(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 
     return proc.wait(timeout=30), b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.long
 @pytest.mark.docker
 @pytest.mark.cli
 def test_a_terminal_gets_a_live_table_and_retry_failed_reruns_only_the_failed(pid_env, tmp_path):

@@ -61,6 +61,7 @@ def _all_completed_once(store: Store, job_ids: list[str], model: JobsModel) -> l
 
 # -- RabbitMQ -------------------------------------------------------------------------------------------------------
 
+@pytest.mark.long
 def test_rabbitmq_a_job_longer_than_the_consumer_timeout_completes_and_the_worker_keeps_consuming(
         rabbitmq_server, run_pid, pid_env, sample_repo, tmp_path):
     """One process, two jobs queued at once, the first longer than the broker's consumer timeout: RabbitMQ would
@@ -85,6 +86,7 @@ def test_rabbitmq_a_job_longer_than_the_consumer_timeout_completes_and_the_worke
     assert "timed out" not in rabbitmq_server.log()
 
 
+@pytest.mark.long
 def test_rabbitmq_a_message_that_arrives_while_every_process_is_busy_goes_back_to_the_broker(
         rabbitmq_server, run_pid, pid_env, sample_repo, tmp_path):
     """Two processes, two jobs running, two more queued: when the shorter job ends the broker sends two (its
@@ -146,6 +148,7 @@ def _messages_lost(*logs: Path) -> int:
 
 # -- Redis ----------------------------------------------------------------------------------------------------------
 
+@pytest.mark.long
 def test_redis_killed_and_restarted_empty_mid_batch_every_job_completes_exactly_once(
         redis_server, run_pid, pid_env, sample_repo, tmp_path):
     """kill -9 and an empty restart lose every message Redis held: the reconciler dispatches those jobs again."""

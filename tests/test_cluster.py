@@ -68,6 +68,7 @@ def _statuses(env: dict[str, str], cwd: Path) -> dict[str, str]:
     return {r["id"]: r["status"] for r in json.loads(listed.stdout)} if listed.returncode == 0 else {}
 
 
+@pytest.mark.long
 def test_workers_sharing_only_redis_run_a_batch_exactly_once_through_a_redis_restart_and_a_killed_worker(
         pid_env, tmp_path):
     _skip_unless("redis-server", "Redis")

@@ -316,6 +316,7 @@ def test_pid_status_says_the_job_is_waiting_to_retry():
 
 # -- the real CLI: a 40 s rate limit -------------------------------------------------------------------------------
 
+@pytest.mark.long
 @pytest.mark.docker   # `pid run`: a real job, in a real container
 @pytest.mark.cli
 def test_pid_run_waits_out_a_40_second_rate_limit_and_shows_the_waits(run_pid, pid_env, sample_repo, tmp_path):

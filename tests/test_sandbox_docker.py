@@ -654,6 +654,7 @@ def test_channel_recovers_after_a_root_agent_kills_servers(client):
         assert servers(box).isdisjoint(before)  # fresh channels replaced every killed one
 
 
+@pytest.mark.long
 def test_the_in_container_sweep_kills_the_agent_and_keeps_the_control_channel_in_step(client):
     """The sweep pid's control server runs when the host cannot freeze the container (a worker that is not root on
     the engine's host): it reads every process's status with builtins. It used to leave the rest of a status file

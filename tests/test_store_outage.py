@@ -188,6 +188,7 @@ def test_a_worker_whose_store_restarts_empty_says_so_in_its_log_and_in_pid_worke
     assert sum("!!!" in line and "restarted EMPTY" in line for line in log.read_text().splitlines()) == 1
 
 
+@pytest.mark.long
 @pytest.mark.docker
 def test_a_put_back_job_starts_before_the_backlog(run_pid, pid_env, sample_repo, tmp_path):
     """Two workers of one job each: chaos-0 runs on the first, chaos-1 on the second; chaos-2 and chaos-3 wait in the

@@ -761,6 +761,7 @@ def test_a_kill_of_a_group_that_is_gone_never_reaches_a_process_not_the_agents(b
 
 
 # -- 2. a job that never ends ---------------------------------------------------------------------------------------
+@pytest.mark.long
 @not_pooled
 def test_frozen_servers_cannot_keep_a_job_past_its_wall_clock(run_pid, sample_repo, tmp_path):
     freeze = "(sleep 1; pkill -STOP -f channel.sh; pkill -STOP -x sleep) >/dev/null 2>&1 & echo armed"

@@ -203,6 +203,7 @@ for n in range(int(sys.argv[1])):
 """
 
 
+@pytest.mark.long
 @pytest.mark.xdist_group("100-jobs")   # (its two runs, 12 containers each, one after the other even under xdist)
 @pytest.mark.parametrize("load", [False, True], ids=["idle", "loaded"])
 def test_a_100_job_batch_on_two_workers_completes_every_job_once(load, pid_env, sample_repo, tmp_path):

@@ -121,6 +121,7 @@ def test_pid_workers_lists_the_live_workers_from_their_heartbeats(run_pid, pid_e
     assert run_pid("workers", env=pid_env).stdout.startswith("no live worker")
 
 
+@pytest.mark.long
 def test_queues_route_jobs_to_the_workers_that_consume_them(run_pid, pid_env, sample_repo, tmp_path):
     """A job submitted to queue 'big' waits while only a default-queue worker runs (and --wait says no worker
     consumes 'big'); a worker started with --queue big takes it. `pid workers` shows each worker's queues."""
