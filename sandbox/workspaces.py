@@ -289,10 +289,7 @@ def copy_patch_out(container: Container, room: str, dest: str, max_bytes: int) -
     artifacts.py). Under runc it is read where it lies, on pid's disk (read_patch); else through the engine."""
     if container.host_kernel and container.pid_disk is not None:
         assert room == f"{PID_DIR}/patch", room   # (pid's disk's "patch", bound there: launch.PID_DISK_DIRS)
-        try:
-            return read_patch(container.pid_disk.path("patch"), dest, max_bytes)
-        except OSError as exc:
-            raise SandboxError(f"cannot read the patch on pid's disk: {exc}") from exc
+        return read_patch(container.pid_disk.path("patch"), dest, max_bytes)
     inside = f"{room}/patch.diff"
     try:
         chunks, _ = container.client.api.get_archive(container.id, inside)
@@ -310,15 +307,18 @@ def read_patch(host_dir: str, dest: str, max_bytes: int) -> PatchCopy:
     write there unless it is root, and its processes were all killed before pid's git wrote the file: still, neither
     the directory nor the file is taken through a link, and only a regular file is read (a FIFO would not block)."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    dir_fd = os.open(host_dir, flags | os.O_DIRECTORY)
     try:
-        fd = os.open("patch.diff", flags | os.O_NONBLOCK, dir_fd=dir_fd)
-    finally:
-        os.close(dir_fd)
+        dir_fd = os.open(host_dir, flags | os.O_DIRECTORY)
+        try:
+            fd = os.open("patch.diff", flags | os.O_NONBLOCK, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        raise SandboxError(f"cannot read the patch on pid's disk: {exc}") from exc
     with os.fdopen(fd, "rb") as source:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise FileNotFoundError("the patch is no regular file")
-        return write_patch(source, dest, max_bytes)
+            raise SandboxError("cannot read the patch on pid's disk: it is no regular file")
+        return write_patch(source, dest, max_bytes)   # (its own errors as the engine's way has them)
 
 
 def export_files(container: Container, paths: list[str], dest_dir: str,

@@ -197,19 +197,20 @@ def test_a_patch_read_on_pids_disk_is_filtered_as_one_from_the_engine_and_never_
     result = read_patch(str(room), str(tmp_path / "out.diff"), 10 << 20)
     assert (tmp_path / "out.diff").read_bytes() == GOOD1 + GOOD2 and result.size == len(GOOD1 + GOOD2)
     assert [s.path for s in result.dropped] == [".git/hooks/post-checkout"]
+    from pid.sandbox_api import SandboxError
     secret = tmp_path / "secret"
     secret.write_bytes(GOOD1)
     (room / "patch.diff").unlink()
     os.symlink(secret, room / "patch.diff")
-    with pytest.raises(OSError):
+    with pytest.raises(SandboxError, match="cannot read the patch on pid's disk"):
         read_patch(str(room), str(tmp_path / "out2.diff"), 10 << 20)
     (room / "patch.diff").unlink()
     os.mkfifo(room / "patch.diff")
-    with pytest.raises(FileNotFoundError, match="no regular file"):
+    with pytest.raises(SandboxError, match="no regular file"):
         read_patch(str(room), str(tmp_path / "out3.diff"), 10 << 20)
     linked = tmp_path / "linked"
     os.symlink(room, linked)
-    with pytest.raises(OSError):
+    with pytest.raises(SandboxError, match="cannot read the patch on pid's disk"):
         read_patch(str(linked), str(tmp_path / "out4.diff"), 10 << 20)
     assert not (tmp_path / "out2.diff").exists() and not (tmp_path / "out4.diff").exists()
 
