@@ -71,6 +71,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             missing(reason)
 
 
+def own_build(dockerfile: str) -> str:
+    """`dockerfile` made a build of this run's own (a LABEL after its FROM): the same file built at once by another run
+    on the engine (CI runs the task-image tests under runc and gVisor side by side) shares the engine's cached image,
+    and that run's `docker rmi` removed it under this build's tag."""
+    first, _, rest = dockerfile.partition("\n")
+    return f"{first}\nLABEL pid-tests.build={RUN_ID.lower()}\n{rest}"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked `long` (20 s or more) run first. pytest-xdist hands out tests in this order: a long one left to
     the end of a parallel tier ran on alone while the other workers had nothing left (the 100-job batches, one

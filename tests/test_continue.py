@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import IMAGE, ROOT, RUN_ID, CliResult, start_worker, stop_worker
+from tests.conftest import IMAGE, ROOT, RUN_ID, CliResult, own_build, start_worker, stop_worker
 from tests.scripted_llm import ScriptedLLM
 from pid.sandbox.reaper import TEST_RUN_ENV
 from pid.jobs.sqlite_store import JobStore
@@ -341,7 +341,7 @@ def test_a_retry_runs_on_the_image_its_job_ran_though_its_tag_moved(env: Env, tm
 
     def build(marker: str) -> None:
         (tmp_path / "img").mkdir(exist_ok=True)
-        (tmp_path / "img" / "Dockerfile").write_text(f"FROM {IMAGE}\nRUN echo {marker} > /etc/pid-marker\n")
+        (tmp_path / "img" / "Dockerfile").write_text(own_build(f"FROM {IMAGE}\nRUN echo {marker} > /etc/pid-marker\n"))
         subprocess.run(["docker", "build", "-q", "-t", tag, str(tmp_path / "img")], check=True, capture_output=True,
                        timeout=300)
         ids.append(subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", tag], check=True,

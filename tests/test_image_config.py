@@ -11,7 +11,7 @@ import docker
 import pytest
 
 from pid.sandbox import DockerSandbox, SandboxConfig
-from tests.conftest import IMAGE, RUN_ID, RUNTIME
+from tests.conftest import IMAGE, RUN_ID, RUNTIME, own_build
 
 pytestmark = pytest.mark.docker
 
@@ -25,7 +25,7 @@ HOSTILE = (f"FROM {IMAGE}\n"
 def build(tmp_path, name: str, dockerfile: str) -> str:
     tag = f"pid-test-{name}:{RUN_ID.lower()}"
     tmp_path.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "Dockerfile").write_text(dockerfile)
+    (tmp_path / "Dockerfile").write_text(own_build(dockerfile))
     subprocess.run(["docker", "build", "-q", "--network", "none", "-t", tag, str(tmp_path)], check=True,
                    capture_output=True, timeout=300)
     return tag

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import IMAGE, RUN_ID, RUNTIME
+from tests.conftest import IMAGE, RUN_ID, RUNTIME, own_build
 from tests.scripted_llm import ScriptedLLM
 
 CALC = "def add(a, b):\n    return a - b\n"
@@ -26,11 +26,6 @@ CHECK = "python3 -m unittest -q test_calc"
 FIX = {"name": "edit", "arguments": {"path": "calc.py", "edits": [{"oldText": "return a - b",
                                                                     "newText": "return a + b"}]}}
 SITE = "$(python3 -c 'import site; print(site.getsitepackages()[0])')"
-
-
-# A build of this run's own: the same Dockerfile built by another run at once (CI runs this file under runc and gVisor
-# side by side) shares the engine's cached image, and that run's `docker rmi` removed it under this build's tag
-OWN_BUILD = f"LABEL pid.test-build={RUN_ID.lower()}\n"
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +182,7 @@ def test_a_disk_filled_through_the_image_still_leaves_room_for_the_patch(task_im
 def test_a_tree_pid_s_tools_could_load_or_run_from_is_never_the_agent_s(request, tmp_path, reach):
     """An image in which pid's root tools may load or run something from /opt: /opt stays the image's (read-only to
     the agent), while /testbed is the agent's."""
-    (tmp_path / "Dockerfile").write_text(f"FROM {IMAGE}\n{OWN_BUILD}RUN mkdir -p /opt/lib /testbed && {reach}\n")
+    (tmp_path / "Dockerfile").write_text(own_build(f"FROM {IMAGE}\nRUN mkdir -p /opt/lib /testbed && {reach}\n"))
     tag = f"pid-test-loader:{RUN_ID.lower()}-{request.node.callspec.id}"
     subprocess.run(["docker", "build", "-q", "--network", "none", "-t", tag, str(tmp_path)], check=True,
                    capture_output=True, timeout=300)
@@ -211,7 +206,7 @@ def test_an_image_without_setpriv_runs_a_non_root_agent_through_pid_s_own_drop(r
     from pid.sandbox import DockerSandbox, SandboxConfig, drop_helper
     from pid.sandbox.errors import SandboxError
     assert drop_helper.program() is not None   # (the test machine has a C compiler)
-    (tmp_path / "Dockerfile").write_text(f"FROM {IMAGE}\n{OWN_BUILD}RUN rm /usr/bin/setpriv\n")
+    (tmp_path / "Dockerfile").write_text(own_build(f"FROM {IMAGE}\nRUN rm /usr/bin/setpriv\n"))
     tag = f"pid-test-nosetpriv:{RUN_ID.lower()}"
     subprocess.run(["docker", "build", "-q", "--network", "none", "-t", tag, str(tmp_path)], check=True,
                    capture_output=True, timeout=300)
