@@ -25,11 +25,11 @@ OUT_OF_MEMORY_EARLIER = ("the container ran out of memory during the job, and th
 
 def _oom_kills(fd: int) -> int:
     """The `oom_kill N` line of an open memory.events or memory.oom_control."""
-    for line in os.pread(fd, 4096, 0).decode("ascii", "replace").splitlines():
-        name, _, value = line.partition(" ")
-        if name == "oom_kill":
-            return int(value)
-    raise ValueError("no oom_kill line")
+    text = b"\n" + os.pread(fd, 4096, 0)
+    at = text.find(b"\noom_kill ")
+    if at < 0:
+        raise ValueError("no oom_kill line")
+    return int(text[at + 10:].partition(b"\n")[0])
 
 
 def _open_counter(container: Container) -> int | None:

@@ -19,9 +19,8 @@ import threading
 import zlib
 import time
 import urllib.request
-from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urlsplit
 
 import httpcore
@@ -186,30 +185,41 @@ class _Cookies(httpx.Cookies):
             super().extract_cookies(response)
 
 
-@contextmanager
-def _reads_with(name: str, value: Any) -> Iterator[None]:
-    """What this thread's socket reads see (_CancellableStream.read) as `name`, for the time of the block."""
-    previous = getattr(_current, name, None)
-    setattr(_current, name, value)
-    try:
-        yield
-    finally:
-        setattr(_current, name, previous)
+class _ReadsWith:
+    """What this thread's socket reads see (_CancellableStream.read) as `name`, for the time of the block (`set`
+    changes it within the block). A class, not a generator: a turn enters several."""
+    __slots__ = ("name", "value", "previous")
+
+    def __init__(self, name: str, value: Any) -> None:
+        self.name, self.value, self.previous = name, value, None
+
+    def __enter__(self) -> "_ReadsWith":
+        self.previous = getattr(_current, self.name, None)
+        setattr(_current, self.name, self.value)
+        return self
+
+    def set(self, value: Any) -> None:
+        self.value = value
+        setattr(_current, self.name, value)
+
+    def __exit__(self, *_exc: object) -> None:
+        setattr(_current, self.name, self.previous)
 
 
-def cancellable(cancel: threading.Event | None) -> ContextManager[None]:
+def cancellable(cancel: threading.Event | None) -> _ReadsWith:
     """Make reads on this thread give up (raise Cancelled) once `cancel` is set."""
-    return _reads_with("cancel", cancel)
+    return _ReadsWith("cancel", cancel)
 
 
-def reads_counted(budget: StreamBudget) -> ContextManager[None]:
+def reads_counted(budget: StreamBudget) -> _ReadsWith:
     """Take every byte this thread's reads get off a socket from `budget` (StreamTooLong once it is spent)."""
-    return _reads_with("budget", budget)
+    return _ReadsWith("budget", budget)
 
 
-def reads_until(moment: float) -> ContextManager[None]:
-    """Make reads on this thread time out (httpx.ReadTimeout) at `moment` (time.monotonic()) at the latest."""
-    return _reads_with("until", moment)
+def reads_until(moment: float | None) -> _ReadsWith:
+    """Make reads on this thread time out (httpx.ReadTimeout) at `moment` (time.monotonic()) at the latest (None:
+    no such moment)."""
+    return _ReadsWith("until", moment)
 
 
 @dataclass
@@ -335,16 +345,19 @@ def body_chunks(response: httpx.Response, budget: StreamBudget | None = None) ->
     compressed piece into one chunk of any size before any limit could be checked (2 KB of `gzip, gzip` became 2 GB):
     pid reads the raw bytes, and accepts identity or one layer of gzip or deflate, DECODE_STEP bytes at a time. Each
     decoded byte is taken from `budget` (StreamTooLong once it is spent; the raw ones are, off the socket, where the
-    stream is read within reads_counted)."""
-    spend = budget.spend if budget is not None else (lambda size: None)
+    stream is read within reads_counted). UnsupportedEncoding for any other encoding."""
     stream = response.stream
     raw: Iterable[bytes] = stream if isinstance(stream, httpx.SyncByteStream) else response.iter_raw()
     encoding = response.headers.get("content-encoding", "").strip().lower()
     if encoding in ("", "identity"):
-        yield from raw
-        return
+        return iter(raw)
     if encoding not in ("gzip", "x-gzip", "deflate"):
         raise UnsupportedEncoding(encoding[:100])
+    return _inflated(raw, encoding, budget)
+
+
+def _inflated(raw: Iterable[bytes], encoding: str, budget: StreamBudget | None) -> Iterator[bytes]:
+    spend = budget.spend if budget is not None else (lambda size: None)
     decoder = zlib.decompressobj(wbits=32 + zlib.MAX_WBITS)   # (a gzip or a zlib header, whichever it is)
     try:
         for chunk in raw:
@@ -748,8 +761,7 @@ class StreamingProvider:
         spared, size = 0, 0          # the budget held back in stage 1, and the reply's size when it began
         trusted = True   # a finish reason ends the reply, unless more of it follows one: some gateways put
                          # finish_reason on every chunk, and the rest of such a reply is read as any other
-        with ExitStack() as reading:
-            reading.enter_context(reads_counted(budget))
+        with reads_counted(budget), reads_until(None) as bound:
             try:
                 for event, data in iter_sse(response, strays=reply.strays, budget=budget):
                     if reply.done:
@@ -762,14 +774,14 @@ class StreamingProvider:
                     if stage == 1 and reply.size != size and not reply.done:   # the reply went on after its finish
                         trusted, stage, until = False, 0, math.inf
                         budget.left, spared = budget.left + spared, 0
-                        reading.enter_context(reads_until(until))
+                        bound.set(None)
                     now_stage = 2 if reply.done else 1 if reply.finished and trusted else 0
                     if now_stage > stage:
                         stage, size = now_stage, reply.size
                         until = min(until, time.monotonic() + (DRAIN_S if stage == 2 else TRAILER_S))
                         spared = max(budget.left - DRAIN_BYTES, 0)   # (given back should the reply go on)
                         budget.left -= spared
-                        reading.enter_context(reads_until(until))
+                        bound.set(until)
             except Exception as exc:  # noqa: BLE001 - each bound's own words; once complete, nothing is lost
                 if stage == 0:
                     _fail_read(reply, exc)
