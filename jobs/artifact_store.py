@@ -30,6 +30,7 @@ from typing import Any, Iterator
 from pid.endings import status_of
 from pid.jobs.spec import JobSpec, json_text, storable
 from pid.jobs.store import ARTIFACT_LIMIT, BlobMissing, JobAttachments, TooLarge
+from pid.output_dirs import mark
 
 log = logging.getLogger("pid.worker")
 
@@ -333,6 +334,7 @@ def download(store: JobAttachments, job_id: str, dest: str, own: bool = False) -
         os.unlink(MARKER, dir_fd=root)
     finally:
         os.close(root)
+    mark(dest)   # (pid's output: no workspace packed around it takes it in)
     return names
 
 

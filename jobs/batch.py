@@ -32,6 +32,7 @@ from pid.endings import exit_code_for
 from pid.errors import PidError
 from pid.jobs.spec import JOB_ID_RE, beside, write_json_atomic
 from pid.jobs.trees import remove_tree
+from pid.output_dirs import make_marked
 
 META, LEDGER, RESULTS, SUMMARY, JOBS = "batch.json", "jobs.jsonl", "batch.jsonl", "summary.json", ".jobs"
 LOCK, CANCELLED = ".lock", ".cancelled"
@@ -78,7 +79,7 @@ def hold(path: str) -> int:
     two followers would both download every item and rewrite batch.jsonl. flock is per open file, so a second
     follower in the same process (another thread) is refused as one in another process is. Returns the lock's
     descriptor (release() gives it up; so does the process's end). PidError when another run holds it."""
-    os.makedirs(path, exist_ok=True)
+    make_marked(path)
     fd = os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

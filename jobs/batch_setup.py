@@ -25,6 +25,7 @@ from pid.terminal import one_line
 from pid.jobs.batch import BatchDir, changed_options, hold, kept_options, other_tasks, release
 from pid.jobs.batch_run import Display, Progress, Run, ignore, next_step
 from pid.jobs.spec import JobSpec
+from pid.output_dirs import make_marked
 
 if TYPE_CHECKING:
     from pid.cli.batch_tasks import Item
@@ -563,7 +564,7 @@ class LocalWorkers:
     @classmethod
     def start(cls, n: int, queues: list[str], out: str) -> "LocalWorkers":
         log_path = os.path.join(out, ".worker.log")
-        os.makedirs(out, exist_ok=True)
+        make_marked(out)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "pid.cli.main", "worker", "--concurrency", str(n),
                                      "--queue", ",".join(queues)], stdout=log, stderr=subprocess.STDOUT,

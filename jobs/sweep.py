@@ -19,6 +19,7 @@ from pid.jobs.results import log_job, with_earlier_attempts
 from pid.jobs.identity import proc_stat, process_alive
 from pid.jobs.spec import JobSpec, write_json_atomic
 from pid.jobs.store import ALIVE_WITHIN_S, JobRecord, Store, WorkerBeat
+from pid.output_dirs import make_marked
 from pid import settings
 
 log = logging.getLogger("pid.worker")
@@ -211,7 +212,7 @@ def write_unrun_result(spec: JobSpec, exit_reason: ExitReason, error: str | None
             shutil.rmtree(job_dir, ignore_errors=True)
             return
     try:
-        os.makedirs(job_dir, exist_ok=True)
+        make_marked(job_dir)
         write_json_atomic(os.path.join(job_dir, "result.json"), result)
     except OSError as exc:
         log.warning("job %s: cannot write result.json in %s: %s", spec.id, job_dir, exc)

@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pid import settings
 from pid.errors import PidError
+from pid.output_dirs import make_marked
 
 # `--api` / PID_API name -> the wire format the providers speak (pid/providers keys its implementations by these).
 API_NAMES = {"openai": "openai-completions", "anthropic": "anthropic-messages"}
@@ -53,7 +54,7 @@ def ensure_pid_home() -> str:
     Why a real write: permission bits say nothing for root, nor for a read-only filesystem."""
     home = pid_home()
     try:
-        os.makedirs(home, mode=0o700, exist_ok=True)
+        make_marked(home, mode=0o700)   # (its blobs hold workspaces and artifacts: see output_dirs)
         fd, probe = tempfile.mkstemp(prefix=".pid-write-check-", dir=home)
         os.close(fd)
         os.unlink(probe)

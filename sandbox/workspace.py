@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import IO
 from urllib.parse import urlsplit
 
+from pid.output_dirs import is_marked
 from pid.terminal import escaped
 
 from . import tarstream
@@ -340,7 +341,8 @@ def tree_size(root: str, limit: int) -> int:
                 total += tarstream.BLOCK
                 try:
                     if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
+                        if not is_marked(entry.path):   # (pid's output: left out, see pack_tar)
+                            stack.append(entry.path)
                     elif entry.is_file(follow_symlinks=False):
                         total += -(-entry.stat(follow_symlinks=False).st_size // tarstream.BLOCK) * tarstream.BLOCK
                 except OSError:
@@ -363,7 +365,8 @@ def pack_tar(root: str, out: IO[bytes], uid: int = 0, gid: int = 0, max_bytes: i
     """Write a tar of the directory `root` to `out` as a stream, hashing it as it goes; at most `max_bytes` (0: no
     limit, else WorkspaceTooLarge as soon as it is passed).
 
-    Every entry of the tree: links stored as links (never followed), special files skipped, no git run. Files are
+    Every entry of the tree: links stored as links (never followed), special files skipped, no git run, and no
+    directory below `root` that is pid's own output (pid/output_dirs.py). Files are
     opened with O_NOFOLLOW, and everything below a directory through a descriptor of it, so neither a file nor a
     directory swapped for a symlink meanwhile is followed. Deterministic: members in sorted order (per directory: its
     subdirectories and links to directories, then the rest), owned by uid:gid with no names, whole-second mtimes, so
@@ -445,6 +448,8 @@ def _pack_entry(entry: os.DirEntry, dir_fd: int, dir_path: str, arc: str, sink: 
     except FileNotFoundError:
         return None   # vanished since the directory was read
     if stat.S_ISDIR(st.st_mode):
+        if is_marked(entry.name, dir_fd):
+            return None   # pid's own output (pid/output_dirs.py): no part of a workspace
         sink.write(tarstream.header(name + b"/", tarstream.DIR, 0, st.st_mode, int(st.st_mtime), uid, gid))
         return st.st_dev, st.st_ino
     if stat.S_ISLNK(st.st_mode):

@@ -140,8 +140,8 @@ def test_download_writes_every_artifact_private_and_again_into_its_own_download(
     assert not (dest / MARKER).exists()
     assert stat.S_IMODE((dest / "files").stat().st_mode) == 0o700
     assert stat.S_IMODE((dest / "patch.diff").stat().st_mode) == 0o600
-    assert sorted(p.name for p in dest.iterdir()) == ["files", "patch.diff", "result.json",
-                                                      "session.attempt-1.jsonl", "session.jsonl"]
+    assert sorted(p.name for p in dest.iterdir()) == [".pid-output", "files", "patch.diff", "result.json",
+                                                      "session.attempt-1.jsonl", "session.jsonl"]   # (output_dirs)
     (dest / "patch.diff").write_text("edited by the user")
     download(store, spec.id, str(dest))          # its own earlier download: written again
     assert (dest / "patch.diff").read_bytes() == b"+change\n"

@@ -6,14 +6,16 @@ from __future__ import annotations
 import gc
 import io
 import os
+import shutil
 import stat
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from pid.output_dirs import make_marked
 from pid.sandbox.workspace import (MemberCheck, UnsafeTar, WorkspaceTooLarge, check_git_source, pack_tar, sanitize_tar,
-                                   unpack_tar)
+                                   tree_size, unpack_tar)
 from pid.jobs.blobs import BlobCorrupt, BlobMissing, StoreBlobs
 from pid.jobs.sqlite_store import JobStore
 from pid.jobs.snapshot import git_source, pack_and_store
@@ -86,6 +88,31 @@ def test_a_directory_swapped_for_a_link_after_its_parent_was_read_is_not_followe
     pack_tar(str(root), out)
     names = tarfile.open(fileobj=io.BytesIO(out.getvalue())).getnames()
     assert not [n for n in names if "secret" in n], names
+
+
+def test_pids_own_output_below_the_root_is_left_out_of_the_pack_and_of_its_size(tmp_path):
+    root = tree(tmp_path / "r")
+    plain, digest = pack(root)
+    runs = root / "pid-runs" / "20261205-1"
+    runs.mkdir(parents=True)
+    (runs / "session.jsonl").write_text("the earlier job's transcript\n" * 1000)
+    make_marked(str(runs))                        # a job's directory (the worker's, a download's)
+    batch = root / "nested" / "batch"
+    batch.mkdir(parents=True)
+    (batch / "batch.jsonl").write_text("{}\n" * 1000)
+    make_marked(str(batch))                       # a batch's directory
+    make_marked(str(batch))                       # (again: nothing changes)
+    data, _ = pack(root)
+    names = [m.name for m in tarfile.open(fileobj=io.BytesIO(data))]
+    assert "pid-runs" in names and "nested" in names   # the directories around it are the user's
+    assert not [n for n in names if n.startswith(("pid-runs/", "nested/"))], names
+    assert tree_size(str(root), 1 << 30) < 100 * 1024   # (its 30 KB of transcript not counted)
+    shutil.rmtree(root / "pid-runs")
+    shutil.rmtree(root / "nested")
+    assert pack(root)[1] == digest and plain == pack(root)[0]   # nothing else of the tree changed
+    # The root itself is packed as asked, marked or not: a job's files may be the next job's workspace
+    make_marked(str(root))
+    assert "src/pkg/m.py" in [m.name for m in tarfile.open(fileobj=io.BytesIO(pack(root)[0]))]
 
 
 def test_a_tree_over_the_limit_stops_packing(tmp_path):

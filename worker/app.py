@@ -7,14 +7,13 @@ close a worker's channel), and Celery keeps no results (the store has them; noth
 """
 from __future__ import annotations
 
-import os
-
 from celery import Celery
 
 from pid.config import pid_home
 from pid.jobs.brokers import broker_settings
 from pid.jobs.clients import check_clients
 from pid.jobs.spec import DEFAULT_QUEUE
+from pid.output_dirs import make_marked
 from pid import settings
 
 QUEUE = DEFAULT_QUEUE   # the default queue (a job names its own: JobSpec.queue)
@@ -22,7 +21,7 @@ QUEUE = DEFAULT_QUEUE   # the default queue (a job names its own: JobSpec.queue)
 
 def make_app() -> Celery:
     home = pid_home()
-    os.makedirs(home, mode=0o700, exist_ok=True)
+    make_marked(home, mode=0o700)
     broker, transport_options = broker_settings(home)
     check_clients({settings.BROKER_URL.name: broker})
     # What a worker loads as it starts (before it builds its consumer): the job task, and the worker process's own

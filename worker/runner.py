@@ -33,6 +33,7 @@ from pid.worker.job_prepare import CheckIn, Gate, JobCancelled, prepare
 from pid.worker.job_record import record, record_unstarted
 from pid.worker.job_run import JobRun, describe, owns
 from pid.jobs.spec import JobSpec
+from pid.output_dirs import make_marked
 from pid.worker.sandbox_start import abandon
 from pid.jobs.store import Store
 
@@ -135,7 +136,7 @@ def job_directory(spec: JobSpec, spooled: bool) -> tuple[str, str | None]:
     works in a spool when its client is elsewhere, or when --out cannot be made here; else OSError says why not."""
     spool = spool_dir(spec.id) if spooled and not client_is_local() else None
     try:
-        os.makedirs(spool or spec.job_dir, exist_ok=True)
+        make_marked(spool or spec.job_dir)
         return spool or spec.job_dir, spool
     except OSError:
         if not spooled or not _made(spool_dir(spec.id)):
