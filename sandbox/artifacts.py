@@ -737,7 +737,9 @@ class _Extractor:
             os.close(self._open_dirs(parts))
             return
         if self.budget.used_bytes + member.size > self.budget.max_bytes:   # (a smaller file after it may still fit)
-            raise _Refused(f"over the {_size_text(self.budget.max_bytes)} limit")
+            limit = f"over the {_size_text(self.budget.max_bytes)} limit"
+            alone = member.size > self.budget.max_bytes
+            raise _Refused(limit if alone else f"{limit} with the files collected before it")
         parent = self._open_dirs(parts[:-1])
         try:
             self._need_entry()

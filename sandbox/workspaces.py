@@ -328,7 +328,10 @@ def export_files(container: Container, paths: list[str], dest_dir: str,
     os.makedirs(dest_dir, exist_ok=True)
     written: list[str] = []
     skipped: list[Skipped] = []
-    for path, inside in ((p, posixpath.join(container.config.workdir, p)) for p in paths):
+    for path, inside in _outermost(paths, container.config.workdir):
+        if inside == "/":
+            skipped.append(Skipped(escaped(path), "the whole filesystem: name the directories to collect"))
+            continue
         try:
             chunks, _ = container.client.api.get_archive(container.id, inside)
         except docker.errors.NotFound:
@@ -348,11 +351,26 @@ def export_files(container: Container, paths: list[str], dest_dir: str,
         if not copied.written:
             _remove_empty(target, dest_dir)   # (no files/etc left behind for a --file that was refused)
         written.extend(copied.written)
-        # named as asked for (`/tmp/x.log`, not `x.log`: the archive names them from the last component on)
-        where = escaped(posixpath.dirname(posixpath.normpath(path)))
+        # named as asked for (`/tmp/x.log`, not `x.log`: the archive names them from the last component on; below
+        # `.` or `..`, from the directory it stands for)
+        asked = posixpath.normpath(path)
+        where = escaped(posixpath.dirname(inside if posixpath.basename(asked) in (".", "..") else asked))
         skipped.extend(s if s.path in ("…", "(archive)") or not where else
                        dataclasses.replace(s, path=posixpath.join(where, s.path)) for s in copied.skipped)
     return written, skipped
+
+
+def _outermost(paths: list[str], workdir: str) -> list[tuple[str, str]]:
+    """(the path as asked, as the container names it: absolute, cleaned as the engine cleans it) for each path that
+    no other one holds, once. The engine's archive of a directory holds everything below it: `--file d` with
+    `--file d/sub`, or `--file .` with `--file a.py`, copied a file twice (the second time refused, as there already),
+    and `.` came without the workdir's own name (`files/a.py`, not `files/workspace/a.py`)."""
+    named: dict[str, str] = {}
+    for path in paths:
+        named.setdefault(posixpath.normpath(posixpath.join(workdir, path)), path)
+    held = [inside for inside in named if inside != "/"]   # (`/` is refused: see export_files)
+    return [(path, inside) for inside, path in named.items()
+            if not any(inside.startswith(other + "/") for other in held)]
 
 
 def _remove_empty(path: str, top: str) -> None:

@@ -1106,6 +1106,27 @@ def test_git_repo_patch_roundtrip(client, tmp_path):
     assert (fresh / "edit.txt").read_text() == "one\nTWO\nuncommitted\n"
 
 
+def test_files_asked_for_in_any_spelling_land_once_under_their_in_container_path(client, tmp_path):
+    """A new user's test: `--file .` put the workspace's files at files/a.py where `--file a.py` put it at
+    files/workspace/a.py (and with both, in both places); `--file d` with `--file /workspace/d/sub/` warned that the
+    files below sub were left out, as there already; `--file /` was refused file by file, as absolute paths."""
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-files", ttl_s=300), client) as box:
+        box.exec("mkdir -p d/sub && echo a > a.py && echo b > d/sub/b.txt", timeout=10)
+        dest = tmp_path / "files"
+        copied, skipped = box.export_files([".", "a.py", "./a.py", "d", "/workspace/d/sub/", "../workspace/a.py"],
+                                           str(dest), FilesBudget(1 << 20, 100))
+        assert skipped == []
+        files = dest / "workspace"
+        assert sorted(copied) == sorted({str(files), str(files / "a.py"), str(files / "d"), str(files / "d" / "sub"),
+                                         str(files / "d" / "sub" / "b.txt")})
+        assert (files / "a.py").read_text() == "a\n" and sorted(os.listdir(dest)) == ["workspace"]
+
+        copied, skipped = box.export_files(["/", "a.py"], str(tmp_path / "again"), FilesBudget(1 << 20, 100))
+        assert copied == [str(tmp_path / "again" / "workspace" / "a.py")]
+        assert [(s.path, s.reason) for s in skipped] == [("/", "the whole filesystem: name the directories to "
+                                                               "collect")]
+
+
 def test_under_runc_the_patch_comes_from_pids_disk_without_the_engine(client, monkeypatch, tmp_path):
     """The engine's archive of the patch cost a `docker-tar` process per job (~30 ms of CPU): under runc the host
     reads the file on pid's disk, where pid's git wrote it. (gVisor's writes may wait in its own cache: there the
