@@ -24,14 +24,13 @@ from pid.sandbox.disk import format_size
 from pid.terminal import one_line
 from pid.jobs.batch import BatchDir, changed_options, hold, kept_options, other_tasks, release
 from pid.jobs.batch_run import Display, Progress, Run, ignore, next_step
-from pid.jobs.spec import JobSpec
+from pid.jobs.spec import PRICES, JobSpec
 from pid.output_dirs import make_marked
 
 if TYPE_CHECKING:
     from pid.cli.batch_tasks import Item
 
 WORKER_STOP_S = 60.0
-PRICES = ("input_price", "output_price", "cache_read_price", "cache_write_price")
 
 
 class BadTasks(PidError):
@@ -400,7 +399,7 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
     errors = list(errors or [])
     specs: dict[str, JobSpec] = {}
     repos: dict[str, str | BaseException] = {}
-    table: dict[str, bool] = {}   # model -> the model table prices it (asked once per model)
+    table: dict[str, dict[str, float]] = {}   # model -> the model table's prices of it (asked once per model)
     for item in items:
         where = f"line {item.line}"
         given = item.repo or repo
@@ -467,12 +466,16 @@ def build_specs(items: list[Item], options: dict[str, Any], *, repo: str | None,
     return specs
 
 
-def _price_problem(model: str, fields: dict[str, Any], need_prices: bool, table: dict[str, bool]) -> str | None:
+def _price_problem(model: str, fields: dict[str, Any], need_prices: bool,
+                   table: dict[str, dict[str, float]]) -> str | None:
     """Why an item's cost could not be bounded (its max_cost, or the batch's --max-total-cost), or None. Prices are
     accepted as `pid submit` accepts them: given (on the command line or the line), else the model table's (asked
-    once per model: `table`)."""
-    priced = any(fields.get(p) for p in PRICES) or (
-        (need_prices or fields.get("max_cost") is not None) and _priced_in_table(model, table))
+    once per model: `table`), which then go into `fields`: the job carries them, as a submitted one does (the
+    worker's own table may lack the model)."""
+    priced = any(fields.get(p) for p in PRICES)
+    if not priced and (need_prices or fields.get("max_cost") is not None):
+        fields.update(_table_prices(model, table))
+        priced = any(fields.get(p) for p in PRICES)
     if fields.get("max_cost") is not None and not priced:
         return "max_cost needs the model's prices (input_price and/or output_price, or the model table's)"
     if need_prices and not priced:
@@ -490,7 +493,7 @@ def _policy_refusals(items: list[Item], specs: dict[str, JobSpec]) -> list[str]:
     return [f"line {item.line}: {refusal}" for item, refusal in refusals if refusal]
 
 
-def _priced_in_table(model: str, seen: dict[str, bool]) -> bool:
+def _table_prices(model: str, seen: dict[str, dict[str, float]]) -> dict[str, float]:
     from pid.jobs.submission import table_prices
     if model not in seen:
         seen[model] = table_prices(model)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from pid.config import EnvDefaults, EnvKey, endpoint, key_endpoint
 from pid.errors import PidError
 from pid.jobs import submission
-from pid.jobs.spec import JobSpec, message_problem, spec_field
+from pid.jobs.spec import PRICES, JobSpec, message_problem, spec_field
 
 LIMITS = ("max_turns", "timeout_s", "max_cost")   # what `continue` may change of the earlier job's limits
 
@@ -109,12 +109,16 @@ def _check_image_id(spec: JobSpec) -> None:
 
 
 def check_prices(spec: JobSpec) -> None:
-    """max_cost (given now, or the earlier job's) needs prices: the earlier job's own, or the model table's, as
-    `submit` accepts them (submission.build_spec)."""
-    priced = spec.input_price or spec.output_price or spec.cache_read_price or spec.cache_write_price
-    if spec.max_cost is not None and not priced and not submission.table_prices(spec.model):
+    """max_cost (given now, or the earlier job's) needs prices: the earlier job's own, or the model table's, which
+    the job then carries, as `submit` has it (submission.build_spec)."""
+    if spec.max_cost is None or any(getattr(spec, name) for name in PRICES):
+        return
+    priced = submission.table_prices(spec.model)
+    if not priced:
         raise PidError("--max-cost needs the model's prices, and neither the earlier job nor the model table has "
                        "them")
+    for name, value in priced.items():
+        setattr(spec, name, value)
 
 
 def out_dir(given: str | None, earlier: str, warn: Callable[[str], None]) -> str:

@@ -22,6 +22,7 @@ from pid.sandbox.config import SandboxConfig, parse_user
 NETWORKS = ("none", "bridge")     # never host: it would hand the agent the host's own network stack
 DEFAULT_QUEUE = "pid"             # the queue a job waits in unless `submit --queue` names another
 MAX_TIMEOUT_S = 7 * 24 * 3600.0   # a week: longer is a typo (or inf), and the container's time to live must fit
+PRICES = ("input_price", "output_price", "cache_read_price", "cache_write_price")   # a job's prices (USD/M tokens)
 
 
 def new_job_id() -> str:

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from pid.config import API_KEY_ENV, KEYED_HOSTS, base_url_for, bound_key, endpoint, key_endpoint, pid_home
 from pid.errors import PidError
 from pid.terminal import escaped
-from pid.jobs.spec import JobSpec, command_problem, message_problem
+from pid.jobs.spec import PRICES, JobSpec, command_problem, message_problem
 from pid.sandbox.disk import format_size
 
 SCP_LIKE = re.compile(r"([\w.-]+@[\w.-]+):(?!//)(\S+)")   # user@host:path
@@ -38,11 +38,12 @@ def build_spec(options: dict[str, Any], no_images: bool, warn: Callable[[str], N
     problem = command_problem(options.get("check"))
     if problem:
         raise PidError(f"--check: {problem}")
-    if options["max_cost"] is not None and not any(options[p] for p in ("input_price", "output_price",
-                                                                        "cache_read_price", "cache_write_price")) \
-            and not table_prices(model):
-        raise PidError("--max-cost needs the model's prices: pass --input-price and/or --output-price (or describe "
-                       "the model in models.json)")
+    priced = table_prices(model)   # (the models file read now, as the job will read it: a bad one refuses here)
+    if options["max_cost"] is not None and not any(options[p] for p in PRICES):
+        if not priced:
+            raise PidError("--max-cost needs the model's prices: pass --input-price and/or --output-price (or "
+                           "describe the model in models.json)")
+        options.update(priced)   # the job carries the prices its cap was accepted on: the worker's table may lack them
     out_dir = check_out_dir(options.pop("out_dir"))
     spec = JobSpec(task=task, repo=repo_path, model=model, out_dir=out_dir, images=not no_images,
                    **{**options, "files": list(options["files"]), "runtime": options["runtime"] or None})
@@ -72,7 +73,6 @@ def prepare_run(options: dict[str, Any], *, api_key: str | None, no_images: bool
     spec = build_spec(options, no_images, warn)
     spec.max_workspace = max_workspace
     check_api_key(spec, api_key, warn)
-    table_prices(spec.model)   # (the models file, read here as the job will read it: a bad one refuses now)
     check_workspace_size(spec, max_workspace)
     check_cpus(spec)
     check_runtime(spec.runtime)
@@ -116,14 +116,17 @@ def enqueue(store: Any, spec: JobSpec, api_key: str | None) -> None:
         raise PidError(unreachable_broker(exc, spec.id)) from None
 
 
-def table_prices(model: str) -> bool:
-    """The model table (pid/models.py) prices this model."""
+def table_prices(model: str) -> dict[str, float]:
+    """The model table's (pid/models.py) prices of this model, by the spec's names; empty when it has no input or
+    output price."""
     from pid.models import ModelsFileError, model_info
     try:
         info = model_info(model)
     except ModelsFileError as exc:
         raise PidError(str(exc)) from None
-    return bool(info.input_price or info.output_price)
+    if not (info.input_price or info.output_price):
+        return {}
+    return {name: getattr(info, name) for name in PRICES if getattr(info, name)}
 
 
 def check_together(options: dict[str, Any]) -> None:

@@ -25,6 +25,42 @@ def test_continue_and_retry_accept_max_cost_with_the_model_tables_prices():
     check_prices(JobSpec(task="t", repo="/r", model="house-model"))                     # no --max-cost
     with pytest.raises(PidError, match="--max-cost needs the model's prices"):
         check_prices(JobSpec(task="t", repo="/r", model="house-model", max_cost=1.0))
+    carried = JobSpec(task="t", repo="/r", model="gpt-4o", max_cost=1.0)
+    check_prices(carried)   # (the job carries the table's prices: see the test below)
+    assert carried.input_price > 0 and carried.output_price > 0
+
+
+def test_a_job_whose_max_cost_the_clients_model_table_priced_carries_those_prices(tmp_path, monkeypatch):
+    """A new user's test: PID_MODELS priced the model where `pid submit` ran, not where the worker ran; the client
+    accepted --max-cost, and the worker failed the job (exit 1, nothing ran). The job now carries the prices its cap
+    was accepted on. A PID_MODELS that names no file is refused at submit, as `pid run` refuses it."""
+    import json
+    from pid.api import _parse
+    from pid.errors import PidError
+    from pid.jobs.submission import build_spec
+    from pid.models import model_info
+    models = tmp_path / "models.json"
+    models.write_text(json.dumps({"providers": {"house": {"models": [
+        {"id": "pricey", "cost": {"input": 3, "output": 15, "cacheRead": 0.3}}]}}}))
+    monkeypatch.setenv("PID_MODELS", str(models))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def spec(**options):
+        params = _parse("submit", "t", str(repo), {"model": "pricey", **options})
+        for name in ("api_key", "no_images", "max_workspace", "queue"):   # (as pid.submit takes them out)
+            params.pop(name)
+        return build_spec(params, False, lambda _: None)
+    capped = spec(max_cost=0.5)
+    table = model_info("pricey")
+    assert (capped.input_price, capped.output_price, capped.cache_read_price, capped.cache_write_price) == \
+        (table.input_price, table.output_price, table.cache_read_price, table.cache_write_price) and \
+        (capped.input_price, capped.output_price) == (3, 15)
+    assert spec(max_cost=0.5, input_price=1.0).output_price == 0.0   # prices given: the table's stay out
+    assert spec().input_price == 0.0                                 # no cap: the worker's table prices it
+    monkeypatch.setenv("PID_MODELS", str(tmp_path / "nonexistent.json"))
+    with pytest.raises(PidError, match="nonexistent.json"):
+        spec()
 
 
 def test_openai_s_own_endpoint_gets_max_completion_tokens():
