@@ -108,9 +108,13 @@ def test_an_image_s_tmout_ends_no_server_of_pid_s(tmp_path):
     tag = build(tmp_path, "tmout", f"FROM {IMAGE}\nENV TMOUT=1\n")
     try:
         with DockerSandbox.create(SandboxConfig(image=tag, job_id="test-image-config", runtime=RUNTIME)) as box:
-            # (each server once, by its command line: a server's fork, as it starts a slot shell, has the same one)
-            servers = "ps -eo args | grep '[c]hannel.sh' | sort -u"
-            before = box.exec(servers, timeout=30).tail.decode().splitlines()
+            # (each server once, by its command line: a server's fork, as it starts a slot shell, has the same one;
+            # a server still booting, whose channel the host has not opened yet, is not one yet)
+            servers = "ps -eo args | grep '[c]hannel.sh' | grep -v pid-boot | sort -u"
+            deadline = time.monotonic() + 20
+            while len(before := box.exec(servers, timeout=30).tail.decode().splitlines()) < 3 and \
+                    time.monotonic() < deadline:
+                time.sleep(0.1)
             time.sleep(2.5)
             said = box.exec(f'echo "TMOUT=$TMOUT"; {servers}', timeout=30).tail.decode().splitlines()
             assert said[0] == "TMOUT=1" and len(before) >= 3, (before, said)
