@@ -1,6 +1,7 @@
 """Job ids as people type them, resolved in one place for every command that takes one: the whole id, any unique
-end of it (`70a672`: the random part, which `pid list` keeps when it must shorten an id), `last` (the newest job),
-or BATCHDIR/ITEM (a batch item's current job, from the batch directory's ledger)."""
+end of it of MIN_END characters or more (`70a672`: the random part, which `pid list` keeps when it must shorten an
+id; `pid cancel 1` must not pick whichever job ends in 1), `last` (the newest job), or BATCHDIR/ITEM (a batch item's
+current job, from the batch directory's ledger)."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,7 @@ import click
 
 LAST = "last"
 CANDIDATES = 4   # shown for an ambiguous suffix
+MIN_END = 4      # characters of an id's end, at least, that name it
 
 
 class NoSuchJob(click.ClickException):
@@ -30,14 +32,17 @@ def resolve(store: Any, ref: str) -> str:
         return ref
     if "/" in ref or os.sep in ref:
         return _batch_item(store, ref)
-    found = store.ids_ending(ref, CANDIDATES + 1)
+    found = store.ids_ending(ref, CANDIDATES + 1) if len(ref) >= MIN_END else []
     if len(found) == 1:
         return str(found[0])
     if not found:
         from pid.jobs.batch import BatchDir
         if BatchDir.exists(os.path.abspath(os.path.expanduser(ref))):   # a batch's directory, without an item
             return _batch_item(store, ref)
-        raise NoSuchJob(f"no such job: {ref}")
+        if len(ref) < MIN_END:
+            raise NoSuchJob(f"no such job: {ref} (an id's end names a job from {MIN_END} characters on: `pid list` "
+                            "shows the ids)")
+        raise NoSuchJob(f"no such job: {ref} (a job's whole id, or its end: its last {MIN_END} characters or more)")
     shown = ", ".join(sorted(found)[:CANDIDATES]) + (", …" if len(found) > CANDIDATES else "")
     raise NoSuchJob(f"ambiguous job id {ref}: it ends {shown} (type more of it)")
 

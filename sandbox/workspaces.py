@@ -335,7 +335,9 @@ def export_files(container: Container, paths: list[str], dest_dir: str,
         try:
             chunks, _ = container.client.api.get_archive(container.id, inside)
         except docker.errors.NotFound:
-            skipped.append(Skipped(path, "not found"))
+            pattern = any(mark in path for mark in "*?[")
+            skipped.append(Skipped(path, "not found (a path, not a pattern: name the directory)" if pattern
+                                   else "not found"))
             continue
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot copy {path} out of the sandbox: {exc}") from exc

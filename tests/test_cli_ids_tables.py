@@ -117,7 +117,11 @@ def test_tables_at_80_columns_ids_by_their_end_and_batch_control(run_pid, pid_en
         f"pid: error: ambiguous job id a7a7a: it ends {twins[0]}, {twins[1]} (type more of it)"
     assert run_pid("cancel", "8a7a7a").stdout == f"{twins[1]}: cancelled\n"
     missing = run_pid("logs", "zzzzzz")
-    assert missing.code == 2 and missing.stderr == "pid: error: no such job: zzzzzz\n"
+    assert missing.code == 2 and missing.stderr == \
+        "pid: error: no such job: zzzzzz (a job's whole id, or its end: its last 4 characters or more)\n"
+    short = run_pid("cancel", job_ids["docs"][-1:])   # (a new user's: `pid logs 1` took a job that ends in 1)
+    assert short.code == 2 and short.stderr == (f"pid: error: no such job: {job_ids['docs'][-1]} (an id's end "
+                                                "names a job from 4 characters on: `pid list` shows the ids)\n")
 
 
 def test_workers_at_80_columns(run_pid, pid_env, tmp_path):

@@ -216,7 +216,8 @@ def test_a_pid_run_job_is_continued_and_retried_on_the_tree_it_saw(env: Env, tmp
 
 def test_continue_and_retry_refuse_clearly(env: Env, tmp_path: Path):
     repo = make_repo(tmp_path / "repo", ORIGINAL)
-    assert env.pid("continue", "no-such-job", "hi").stderr == "pid: error: no such job: no-such-job\n"
+    assert env.pid("continue", "no-such-job", "hi").stderr == \
+        "pid: error: no such job: no-such-job (a job's whole id, or its end: its last 4 characters or more)\n"
     assert env.pid("retry", "no-such-job").code == 2
     waiting = env.submit(repo, "--queue", "nobody-consumes-this")   # stays queued: no worker takes it
     assert waiting.code == 0, waiting.stderr

@@ -169,7 +169,8 @@ def test_submit_validates_before_queueing(run_pid, tmp_path):
 
 def test_unknown_job_is_exit_2(run_pid):
     res = run_pid("status", "no-such-job")
-    assert res.code == 2 and res.stderr.strip() == "pid: error: no such job: no-such-job"
+    assert res.code == 2 and res.stderr.strip() == \
+        "pid: error: no such job: no-such-job (a job's whole id, or its end: its last 4 characters or more)"
 
 
 def test_unreachable_endpoint_is_a_failed_job(run_pid, sample_repo, tmp_path):

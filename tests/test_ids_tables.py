@@ -33,7 +33,9 @@ def store(tmp_path: Path) -> JobStore:
 
 def test_a_unique_end_of_an_id_names_its_job_and_an_ambiguous_one_lists_candidates(store):
     assert resolve(store, "70a672") == IDS[0]
-    assert resolve(store, "f") == IDS[2]
+    assert resolve(store, "cdef") == IDS[2]
+    with pytest.raises(NoSuchJob, match=r"^no such job: f \(an id's end names a job from 4 characters on"):
+        resolve(store, "f")   # (unique, but a slip of `pid cancel 1` must not pick whichever job ends so)
     assert resolve(store, IDS[1]) == IDS[1]
     with pytest.raises(NoSuchJob) as ambiguous:
         resolve(store, "0a672")
