@@ -17,10 +17,14 @@ JOB_COLUMNS = [Column("ID", shrink="end"), Column("STATUS"), Column("TIME", righ
 WORKER_COLUMNS = [Column("HOST", shrink="start", min=8), Column("PID", right=True), Column("NODE", shrink="end"),
                   Column("RUNNING", right=True), Column("QUEUES", shrink="start", min=8), Column("UP", right=True),
                   Column("STATE")]
+ITEM_COLUMN = Column("ITEM", shrink="end", min=8)   # `pid list --batch DIR`: the batch's item each job ran
 TASK_SHOWN = 60   # a task's first characters at most, however wide the terminal
+Place = tuple[str | None, bool]   # a batch's job: its item (None: the batch's ledger does not name it), and whether
+                                  # it is the item's current job (else a newer one replaced it: a retry)
 
 
-def job_lines(records: list[Any], width: int | None) -> list[str]:
+def job_lines(records: list[Any], width: int | None, places: list[Place] | None = None) -> list[str]:
+    """The header, then a line per record; with `places` (a batch's: batch_records), each record's item first."""
     rows = []
     for record in records:
         reason = record.exit_reason or "-"
@@ -30,7 +34,10 @@ def job_lines(records: list[Any], width: int | None) -> list[str]:
         rows.append([one_line(record.id), status, format_duration(record.duration_s),
                      format_cost(record.total_usage["cost"]), one_line(reason),
                      cut(one_line(record.spec.task), TASK_SHOWN, "start")])
-    return render(JOB_COLUMNS, rows, width)
+    if places is None:
+        return render(JOB_COLUMNS, rows, width)
+    items = ["?" if item is None else one_line(item) + ("" if current else " (earlier)") for item, current in places]
+    return render([ITEM_COLUMN, *JOB_COLUMNS], [[item, *row] for item, row in zip(items, rows)], width)
 
 
 def worker_lines(beats: list[tuple[Any, str]], now: float, width: int | None) -> list[str]:
@@ -56,12 +63,15 @@ class NotABatch(click.ClickException):
     exit_code = 2   # one line (pid.cli.main prints it), as every bad input
 
 
-def batch_records(store: Any, directory: str, limit: int, status: str | None) -> list[Any]:
-    """`pid list --batch DIR`: that batch's jobs (every attempt of every item), newest first."""
+def batch_records(store: Any, directory: str, limit: int, status: str | None) -> tuple[list[Any], list[Place]]:
+    """`pid list --batch DIR`: that batch's jobs (every attempt of every item), newest first, and where each is in
+    the batch, as its ledger has it."""
     from pid.jobs.batch import BatchDir
     try:
         bdir = BatchDir.open(os.path.abspath(os.path.expanduser(directory)))
     except ValueError as exc:
         raise NotABatch(str(exc)) from None
+    place: dict[str, Place] = {job: (item, job == jobs[-1]) for item, jobs in bdir.ledger.items() for job in jobs}
     records = [r for r in store.batch_jobs(bdir.batch_id) if status is None or r.status == status]
-    return sorted(records, key=lambda r: r.created_at, reverse=True)[:limit]
+    records = sorted(records, key=lambda r: r.created_at, reverse=True)[:limit]
+    return records, [place.get(r.id, (None, False)) for r in records]

@@ -483,18 +483,20 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool, batch_dir: s
     from pid.jobs.sweep import sweep_quietly
     store = default_store()
     sweep_quietly(store)
-    records = (batch_records(store, batch_dir, limit + 1, status_filter) if batch_dir
-               else store.list(limit + 1, status_filter))   # (one more: whether there are more is said)
+    records, places = (batch_records(store, batch_dir, limit + 1, status_filter) if batch_dir
+                       else (store.list(limit + 1, status_filter), None))   # (one more: whether there are more is said)
     more, records = len(records) > limit, records[:limit]
     if more:   # (on stderr: stdout stays the table's, or the JSON's)
         echo(f"the newest {limit} shown; more with --limit", err=True)
-    if as_json:
-        echo(dumps([r.to_dict() for r in records], indent=2))
+    if as_json:   # (a batch's: each with its item, and whether it is the item's current job)
+        echo(dumps([r.to_dict() for r in records] if places is None else
+                   [{**r.to_dict(), "item": item, "current": current} for r, (item, current) in zip(records, places)],
+                   indent=2))
         return
     if not records:   # (on stderr: stdout stays the table's, empty)
         echo("no jobs" + (f" with status {status_filter}" if status_filter else "")
              + (f" in batch {batch_dir}" if batch_dir else ""), err=True)
-    for line in job_lines(records, terminal_width()) if records else []:
+    for line in job_lines(records, terminal_width(), places and places[:limit]) if records else []:
         echo(line)
 
 

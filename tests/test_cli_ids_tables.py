@@ -92,6 +92,10 @@ def test_tables_at_80_columns_ids_by_their_end_and_batch_control(run_pid, pid_en
 
     batch_only = run_pid("list", "--batch", str(out), "--json").json()
     assert sorted(r["id"] for r in batch_only) == sorted(job_ids.values())
+    assert all(job_ids[r["item"]] == r["id"] and r["current"] for r in batch_only), batch_only
+    items_shown = run_pid("list", "--batch", str(out), env=env80).stdout.splitlines()
+    assert items_shown[0].split()[:2] == ["ITEM", "ID"] and \
+        sorted(line.split()[0] for line in items_shown[1:]) == sorted(ITEMS), items_shown
     cut = run_pid("list", "--batch", str(out), "--json", "--limit", "2")   # (more there: said on stderr)
     assert len(cut.json()) == 2 and "the newest 2 shown; more with --limit" in cut.stderr, cut.stderr
     assert "more with --limit" not in run_pid("list", "--limit", "100").stderr
