@@ -144,7 +144,7 @@ class Run:
             to_submit = []
         elif not to_submit and not self.tracked:
             self.warn(nothing_to_do([self.bdir.rows.get(i) for i in self.bdir.order if i in self.specs]))
-        again = sorted({str(self.bdir.rows[i].get("status")) for i in to_submit if self.bdir.rows.get(i)})
+        again = sorted({_ended(self.bdir.rows[i]) for i in to_submit if self.bdir.rows.get(i)})
         if again:
             n = sum(1 for i in to_submit if self.bdir.rows.get(i))
             self.warn(f"pid: {n} item{'s' if n != 1 else ''} whose earlier job ended {' or '.join(again)}: submitted "
@@ -441,6 +441,14 @@ def next_step(bdir: BatchDir, item_id: str, record: Any, retry_failed: bool) -> 
     if row is None or row.get("job_id") != job_id:
         return "record"
     return "submit" if needs_run(row, retry_failed) else "skip"
+
+
+def _ended(row: dict[str, Any]) -> str:
+    """How an ended item's job ended, in a few words: its status, or that its check failed (its status then is
+    `completed`, which a rerun does not run again)."""
+    if row.get("exit_code") == EXIT_CHECK_FAILED:
+        return "with a failed check"
+    return "at a limit" if row.get("status") == "limit" else str(row.get("status"))
 
 
 def nothing_to_do(rows: list[dict[str, Any] | None]) -> str:
