@@ -1,15 +1,18 @@
 """The rows of `pid list` and `pid workers` (cli/table.py lays them out), and `pid list --batch DIR`'s jobs."""
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from pid.cli.output import format_duration
 from pid.cli.table import Column, cut, render
 from pid.costs import format_cost
+from pid.errors import PidError
 from pid.terminal import one_line
+
+if TYPE_CHECKING:
+    from pid.jobs.batch_control import Place
 
 JOB_COLUMNS = [Column("ID", shrink="end"), Column("STATUS"), Column("TIME", right=True),
                Column("COST", right=True), Column("REASON", shrink="start", min=9),
@@ -19,8 +22,6 @@ WORKER_COLUMNS = [Column("HOST", shrink="start", min=8), Column("PID", right=Tru
                   Column("STATE")]
 ITEM_COLUMN = Column("ITEM", shrink="end", min=8)   # `pid list --batch DIR`: the batch's item each job ran
 TASK_SHOWN = 60   # a task's first characters at most, however wide the terminal
-Place = tuple[str | None, bool]   # a batch's job: its item (None: the batch's ledger does not name it), and whether
-                                  # it is the item's current job (else a newer one replaced it: a retry)
 
 
 def job_lines(records: list[Any], width: int | None, places: list[Place] | None = None) -> list[str]:
@@ -65,13 +66,9 @@ class NotABatch(click.ClickException):
 
 def batch_records(store: Any, directory: str, limit: int, status: str | None) -> tuple[list[Any], list[Place]]:
     """`pid list --batch DIR`: that batch's jobs (every attempt of every item), newest first, and where each is in
-    the batch, as its ledger has it."""
-    from pid.jobs.batch import BatchDir
+    the batch (jobs/batch_control.py)."""
+    from pid.jobs.batch_control import batch_jobs
     try:
-        bdir = BatchDir.open(os.path.abspath(os.path.expanduser(directory)))
-    except ValueError as exc:
+        return batch_jobs(store, directory, limit, status)
+    except PidError as exc:
         raise NotABatch(str(exc)) from None
-    place: dict[str, Place] = {job: (item, job == jobs[-1]) for item, jobs in bdir.ledger.items() for job in jobs}
-    records = [r for r in store.batch_jobs(bdir.batch_id) if status is None or r.status == status]
-    records = sorted(records, key=lambda r: r.created_at, reverse=True)[:limit]
-    return records, [place.get(r.id, (None, False)) for r in records]

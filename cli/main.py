@@ -489,9 +489,8 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool, batch_dir: s
     if more:   # (on stderr: stdout stays the table's, or the JSON's)
         echo(f"the newest {limit} shown; more with --limit", err=True)
     if as_json:   # (a batch's: each with its item, and whether it is the item's current job)
-        echo(dumps([r.to_dict() for r in records] if places is None else
-                   [{**r.to_dict(), "item": item, "current": current} for r, (item, current) in zip(records, places)],
-                   indent=2))
+        from pid.jobs.batch_control import listed
+        echo(dumps(listed(records, places), indent=2))
         return
     if not records:   # (on stderr: stdout stays the table's, empty)
         echo("no jobs" + (f" with status {status_filter}" if status_filter else "")

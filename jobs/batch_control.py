@@ -2,9 +2,11 @@
 cancelling its jobs (`pid batch --cancel DIR`), as data. One query of the job store for the batch's jobs each."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
+from pid.errors import PidError
 from pid.jobs.batch import BatchDir, check_verdict
 from pid.jobs.batch_run import Progress, count, item_state
 
@@ -79,3 +81,29 @@ def cancel(bdir: BatchDir, store: Any) -> list[dict[str, str]]:
     if cancelled:
         sweep_quietly(store)
     return cancelled
+
+
+Place = tuple[str | None, bool]   # a batch's job: its item (None: the batch's ledger does not name it), and whether
+                                  # it is the item's current job (else a newer one replaced it: a retry)
+
+
+def batch_jobs(store: Any, directory: str, limit: int, status: str | None) -> tuple[list[Any], list[Place]]:
+    """The jobs of the batch whose output directory is `directory` (every attempt of every item), newest first, at
+    most `limit`, only those in `status` if given; and where each is in the batch, as its ledger has it. PidError
+    (one line) when the directory is not a batch's."""
+    try:
+        bdir = BatchDir.open(os.path.abspath(os.path.expanduser(directory)))
+    except ValueError as exc:
+        raise PidError(str(exc)) from None
+    place: dict[str, Place] = {job: (item, job == jobs[-1]) for item, jobs in bdir.ledger.items() for job in jobs}
+    records = [r for r in store.batch_jobs(bdir.batch_id) if status is None or r.status == status]
+    records = sorted(records, key=lambda r: r.created_at, reverse=True)[:limit]
+    return records, [place.get(r.id, (None, False)) for r in records]
+
+
+def listed(records: list[Any], places: list[Place] | None) -> list[dict[str, Any]]:
+    """What `pid list --json` prints (and pid.jobs returns): each record as a dict; a batch's with its item and
+    whether it is the item's current job."""
+    if places is None:
+        return [r.to_dict() for r in records]
+    return [{**r.to_dict(), "item": item, "current": current} for r, (item, current) in zip(records, places)]

@@ -1,17 +1,17 @@
 """pid runs LLM coding agents in Docker sandboxes. Its Python API (pid/api.py, docs/api.md): submit, run, batch,
-submit_batch, open_batch, Batch, job, Job, and PidError for a bad value. They load when first used: `import pid`
-(which every `pid.*` import runs) imports nothing at all, so that `pid`'s own start, and a Ctrl-C during it, stay its
-command line's (pid/cli/__init__.py sets that handler first)."""
+submit_batch, open_batch, Batch, job, list_jobs, Job, and PidError for a bad value. They load when first used:
+`import pid` (which every `pid.*` import runs) imports nothing at all, so that `pid`'s own start, and a Ctrl-C during
+it, stay its command line's (pid/cli/__init__.py sets that handler first)."""
 from __future__ import annotations
 
 MYPY = False   # (mypy reads it as true: typing.TYPE_CHECKING without importing typing)
 if MYPY:
     from typing import Any
 
-    from pid.api import Batch, Job, batch, job, open_batch, run, submit, submit_batch
+    from pid.api import Batch, Job, batch, job, list_jobs, open_batch, run, submit, submit_batch
     from pid.errors import PidError
 
-__all__ = ["Batch", "Job", "PidError", "batch", "job", "open_batch", "run", "submit", "submit_batch"]
+__all__ = ["Batch", "Job", "PidError", "batch", "job", "list_jobs", "open_batch", "run", "submit", "submit_batch"]
 
 
 def __getattr__(name: str) -> Any:

@@ -231,6 +231,29 @@ def job(job_id: str) -> Job:
     return handle
 
 
+@_reached
+def list_jobs(limit: int = 20, status: str | None = None,
+         batch: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+    """The newest jobs in the store, newest first, at most `limit`, as `pid list --json` gives them (each a dict:
+    `id`, `status`, `spec`, counts, usage, …; `pid.job(d["id"])` is its Job). `status` keeps the jobs in it (queued,
+    running, or an ending's); `batch` those of the batch whose output directory it is, each then with its `item` and
+    whether it is the item's `current` job (else a retry replaced it)."""
+    from pid.endings import STATUSES
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise PidError(f"pid.list_jobs(): limit is a whole number from 1 on, not {limit!r}")
+    if status is not None and status not in ("queued", "running", *STATUSES):
+        raise PidError(f"pid.list_jobs(): no job status {status!r} (queued, running, {', '.join(STATUSES)})")
+    _ready()
+    from pid.jobs.batch_control import batch_jobs, listed
+    from pid.jobs.store import default_store
+    from pid.jobs.sweep import sweep_quietly
+    store = default_store()
+    sweep_quietly(store)
+    if batch is None:
+        return listed(store.list(limit, status), None)
+    return listed(*batch_jobs(store, os.fspath(batch), limit, status))
+
+
 @dataclass
 class Job:
     """A job in the store, by id: every method asks the store, so it works from any process or machine that

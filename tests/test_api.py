@@ -142,6 +142,37 @@ def test_values_of_the_wrong_type_are_refused_before_anything_starts(api_env, sa
     assert not (tmp_path / "b").exists()
 
 
+def test_list_jobs_gives_the_newest_as_pid_list_json_does_and_a_batchs_with_their_items(api_env, run_pid, tmp_path):
+    """There was no pid.list(): an eval harness shelled out to `pid list --json`."""
+    from pid.jobs.batch import BatchDir
+    from pid.jobs.spec import JobSpec
+    from pid.jobs.sqlite_store import JobStore
+    store = JobStore(str(Path(api_env["PID_HOME"]) / "jobs.db"))
+    bdir = BatchDir.create(str(tmp_path / "batch"), {})
+    made = [store.create(JobSpec(id=f"20261205-00000{n}-bbbb0{n}", task=f"t{n}", repo=str(tmp_path), model="m",
+                                 out_dir=str(tmp_path), base_url="http://127.0.0.1:9/v1",
+                                 batch=bdir.batch_id if n < 2 else None)).id for n in range(3)]
+    bdir.record_jobs([("item-a", made[0]), ("item-a", made[1])])   # (made[1]: item-a's retry)
+    store.claim(made[2], "w", lease_s=60)
+    listed, cli = pid.list_jobs(), json.loads(run_pid("list", "--json").stdout)
+    assert [(j["id"], j["status"], sorted(j)) for j in listed] == [(j["id"], j["status"], sorted(j)) for j in cli]
+    assert [j["id"] for j in pid.list_jobs()] == made[::-1] and [j["id"] for j in pid.list_jobs(limit=1)] == [made[2]]
+    assert [j["id"] for j in pid.list_jobs(status="running")] == [made[2]] and pid.list_jobs(status="completed") == []
+    in_batch = pid.list_jobs(batch=tmp_path / "batch")
+    assert [(j["id"], j["item"], j["current"]) for j in in_batch] == [(made[1], "item-a", True),
+                                                                    (made[0], "item-a", False)]
+    cli = json.loads(run_pid("list", "--json", "--batch", str(tmp_path / "batch")).stdout)
+    assert [(j["id"], j["item"], j["current"], sorted(j)) for j in in_batch] == \
+        [(j["id"], j["item"], j["current"], sorted(j)) for j in cli]
+    for bad, why in ((0, "limit is a whole number"), (True, "limit is a whole number"), ("5", "limit is a whole")):
+        with pytest.raises(pid.PidError, match=why):
+            pid.list_jobs(limit=bad)
+    with pytest.raises(pid.PidError, match="no job status 'done'"):
+        pid.list_jobs(status="done")
+    with pytest.raises(pid.PidError, match="is not a batch"):
+        pid.list_jobs(batch=tmp_path)
+
+
 @pytest.mark.cli
 def test_a_wait_on_a_job_no_worker_takes_says_so_as_pid_result_wait_does(api_env, sample_repo, monkeypatch):
     """A new user's: Job.wait() waited in silence (forever with no timeout) where the CLI says no worker takes it."""
