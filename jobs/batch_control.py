@@ -102,7 +102,7 @@ def batch_jobs(store: Any, directory: str, limit: int, status: str | None) -> tu
 
 
 def listed(records: list[Any], places: list[Place] | None) -> list[dict[str, Any]]:
-    """What `pid list --json` prints (and pid.jobs returns): each record as a dict; a batch's with its item and
+    """What `pid list --json` prints (and pid.list_jobs returns): each record as a dict; a batch's with its item and
     whether it is the item's current job."""
     if places is None:
         return [r.to_dict() for r in records]
