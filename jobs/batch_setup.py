@@ -472,9 +472,10 @@ def _price_problem(model: str, fields: dict[str, Any], need_prices: bool,
     accepted as `pid submit` accepts them: given (on the command line or the line), else the model table's (asked
     once per model: `table`), which then go into `fields`: the job carries them, as a submitted one does (the
     worker's own table may lack the model)."""
-    priced = any(fields.get(p) for p in PRICES)
+    tabled = _table_prices(model, table)   # (read for every model: a models file that is missing or bad refuses the
+    priced = any(fields.get(p) for p in PRICES)   # batch here, as it refuses `pid submit`)
     if not priced and (need_prices or fields.get("max_cost") is not None):
-        fields.update(_table_prices(model, table))
+        fields.update(tabled)
         priced = any(fields.get(p) for p in PRICES)
     if fields.get("max_cost") is not None and not priced:
         return "max_cost needs the model's prices (input_price and/or output_price, or the model table's)"

@@ -46,6 +46,21 @@ def test_a_line_is_refused_as_submit_would_refuse_its_options_and_accepted_as_su
     assert "5 bad line(s)" in r.stderr and not (tmp_path / "out").exists()
 
 
+@pytest.mark.cli
+def test_a_models_file_that_is_missing_refuses_the_batch_as_it_refuses_submit(run_pid, pid_env, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"task": "t", "repo": str(repo)}) + "\n")
+    missing = tmp_path / "nonexistent.json"
+    for command in (["batch", str(tasks), "--out", str(tmp_path / "out")], ["submit", "t", "--repo", str(repo)]):
+        r = run_pid(*command, "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+                    env={**pid_env, "PID_MODELS": str(missing)})
+        assert r.code == 2 and r.stderr.startswith("pid: error: PID_MODELS=") and str(missing) in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_status_counts_an_ended_job_no_run_has_downloaded_yet_by_its_status(tmp_path: Path):
     """`pid batch --status DIR` of a detached batch whose jobs ended: not 'not submitted'."""
     bdir = BatchDir.create(str(tmp_path / "b"), {})
