@@ -543,9 +543,10 @@ class Channel:
         return Finished(done.payload, done.number(0), self.pids_events)
 
     def wait_exec(self, deadline: float, output: OutputPolicy,
-                  before_count: Callable[[str], None] | None = None) -> ExecReply | None:
-        """`finish` for a command started with emit = tail_bytes + 1, with its totals and its kept output file
-        (`before_count(file)` first, when it has to be counted here)."""
+                  count_here: Callable[[str, int], tuple[int, int, int, bytes] | None] | None = None
+                  ) -> ExecReply | None:
+        """`finish` for a command started with emit = tail_bytes + 1, with its totals and its kept output file. A long
+        output is counted by `count_here(file, tail_bytes)` when it can (None: by the server, see count)."""
         done = self.finish(deadline)
         if done is None:
             return None
@@ -557,10 +558,9 @@ class Channel:
         if not output.keeps(len(head), newlines + (1 if head and not head.endswith(b"\n") else 0)):
             tail, total, kept = head, len(head), None
         else:
-            if before_count is not None:
-                before_count(self._out_path)
-            newlines, total, cut, tail = self.count(self._out_path, max(1, tail_bytes),
-                                                    time.monotonic() + REPLY_TIMEOUT)
+            counted = count_here(self._out_path, max(1, tail_bytes)) if count_here is not None else None
+            newlines, total, cut, tail = counted or self.count(self._out_path, max(1, tail_bytes),
+                                                               time.monotonic() + REPLY_TIMEOUT)
             kept = self._out_path
         lines = newlines + (1 if tail and not tail.endswith(b"\n") else 0)
         tail = tail[max(0, len(tail) - tail_bytes):] if tail_bytes else b""

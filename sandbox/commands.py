@@ -23,7 +23,7 @@ from .errors import SandboxError
 from .exec_channels import CONTROL_TIMEOUT_S, MAX_CHANNELS, ExecChannels
 from .launch import Container
 from .memory import OUT_OF_MEMORY, MemoryWatch
-from .output_trim import trim_front
+from .output_trim import count_output, read_tail, trim_front
 from .outputs import KeptOutputs
 from .process_table import ProcessTable
 
@@ -131,6 +131,28 @@ class OutputFiles:
             self._unsettled = []   # (_trimmed stays: a trim under way may still write its record)
             if self.dir_fd is not None:
                 self.kept.clear(self.dir_fd)
+
+    def count(self, name: str, tail_bytes: int) -> tuple[int, int, int, bytes] | None:
+        """An ended command's output counted on the host (output_trim.count_output); None without the directory
+        here, or when it is too long to count at once."""
+        dir_fd = self.dup()
+        if dir_fd is None:
+            return None
+        try:
+            return count_output(dir_fd, name, tail_bytes)
+        finally:
+            os.close(dir_fd)
+
+    def tail(self, name: str, offset: int, max_bytes: int) -> tuple[int, bytes] | None:
+        """A running command's output since `offset`, read on the host (output_trim.read_tail); None without the
+        directory here."""
+        dir_fd = self.dup()
+        if dir_fd is None:
+            return None
+        try:
+            return read_tail(dir_fd, name, offset, max_bytes)
+        finally:
+            os.close(dir_fd)
 
     def dup(self) -> int | None:
         """A copy of the directory's descriptor (close() may run meanwhile and its number be reused)."""
@@ -329,7 +351,7 @@ class Commands:
              cancel: threading.Event | None = None) -> ExecResult:
         stop, reply, clearings, out_path = self._run(
             command, emit=output.tail_bytes + 1, timeout=timeout, cancel=cancel, on_output=on_output,
-            collect=lambda ch, deadline: ch.wait_exec(deadline, output, before_count=self._settle_output))
+            collect=lambda ch, deadline: ch.wait_exec(deadline, output, count_here=self._count_output))
         self.outputs.finished(out_path, kept=reply.kept_path is not None)
         pids_hit = self.processes.after_command(reply.pids_events, clearings)
         return ExecResult(
@@ -415,21 +437,35 @@ class Commands:
             lambda ch: ch.trim(out_path, KEEP_OUTPUT, time.monotonic() + HOUSEKEEPING_TIMEOUT_S))
         return cut if done is None else done
 
-    def _settle_output(self, out_path: str) -> None:
-        """Before the server counts an ended command's output: all but its tail cut from the host, which counts the
-        newlines that go without reading holes. The server reads the file whole from the last cut, and a command can
-        make its output terabytes of holes in a moment (`truncate -s 2T /dev/stdout`): counted there, it kept the
-        call past its timeout and a root `wc` busy for hours. (Without a job disk, the server counts as before: a
-        spare channel's trim would read the holes as well.)"""
+    def _count_output(self, out_path: str, tail_bytes: int) -> tuple[int, int, int, bytes] | None:
+        """An ended command's long output, counted: (newlines, bytes, bytes cut, its last tail_bytes bytes), or None
+        for the server to count it. First all but its tail is cut from the host, which counts the newlines that go
+        without reading holes: a command can make its output terabytes of holes in a moment (`truncate -s 2T
+        /dev/stdout`), which the server's `wc` read for hours past the call's timeout. Then, where the container's
+        writes are the host kernel's (runc), the host counts the rest too: the server's count forks, which a full
+        process table (a fork bomb left running) held up past every deadline. (Without a job disk the server counts
+        all of it: a spare channel's trim would read the holes as well.)"""
+        name = posixpath.basename(out_path)
         try:
-            self.outputs.trim(posixpath.basename(out_path), KEEP_OUTPUT)
+            self.outputs.trim(name, KEEP_OUTPUT)
+            return self.outputs.count(name, tail_bytes) if self.container.host_kernel else None
         except OSError as exc:
-            log.info("cannot trim %s: %s", out_path, exc)
+            log.info("cannot trim or count %s: %s", out_path, exc)
+            return None
 
     def _poll_output(self, out_path: str, offset: int, on_output: Callable[[bytes], None]) -> int:
-        """Hand output appended since `offset` to on_output, through a spare channel if one is free."""
-        got = self.channels.on_spare(
-            lambda ch: ch.tail(out_path, offset, OUTPUT_CHUNK, time.monotonic() + HOUSEKEEPING_TIMEOUT_S))
+        """Hand output appended since `offset` to on_output: read on the host where the container's writes are its
+        kernel's (runc, with pid's disk here), else through a spare channel if one is free."""
+        got = None
+        if self.container.host_kernel:
+            try:
+                got = self.outputs.tail(posixpath.basename(out_path), offset, OUTPUT_CHUNK)
+            except OSError as exc:
+                log.info("cannot read %s: %s", out_path, exc)
+                return offset
+        if got is None:
+            got = self.channels.on_spare(
+                lambda ch: ch.tail(out_path, offset, OUTPUT_CHUNK, time.monotonic() + HOUSEKEEPING_TIMEOUT_S))
         if got is None:
             return offset
         size, chunk = got

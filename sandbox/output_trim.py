@@ -86,6 +86,37 @@ def _newlines(fd: int, start: int, end: int, deadline: float) -> tuple[int, int]
     return lines, min(at, end)
 
 
+def count_output(dir_fd: int, name: str, tail_bytes: int) -> tuple[int, int, int, bytes] | None:
+    """(newlines, bytes, bytes cut from its front, its last `tail_bytes`) of an ended command's output file `name`:
+    what the server's `c` request answers, counted here with no process in the container (with a fork bomb's full
+    process table, that request's `wc` waited on fork retries past every deadline). None when what is left after the
+    cut takes longer than COUNT_BUDGET_S to count: the server counts it then. OSError when it cannot be read."""
+    cut, lines = read_cut(dir_fd, name)
+    fd = _open_regular(dir_fd, name, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        found, reached = _newlines(fd, min(cut, size), size, time.monotonic() + COUNT_BUDGET_S)
+        if reached < size:
+            return None
+        start = max(0, size - tail_bytes)
+        return lines + found, size, cut, os.pread(fd, size - start, start)
+    finally:
+        os.close(fd)
+
+
+def read_tail(dir_fd: int, name: str, offset: int, max_bytes: int) -> tuple[int, bytes]:
+    """(output file `name`'s size now, its bytes from `offset` on, at most the last `max_bytes` of them): what the
+    server's `t` request answers, read here with no process in the container (a fork bomb's full process table made
+    that request's `tail` and `head` wait on fork retries). OSError when the file cannot be read."""
+    fd = _open_regular(dir_fd, name, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        start = max(min(offset, size), size - max_bytes)
+        return size, os.pread(fd, size - start, start)
+    finally:
+        os.close(fd)
+
+
 def _open_regular(dir_fd: int, name: str, mode: int) -> int:
     """A regular file of the job disk's output directory, never followed, never blocking (a root agent can put
     anything there)."""

@@ -360,6 +360,33 @@ def test_after_a_fork_bomb_the_next_tool_call_works(box, loaded):
 
 @FORK_BOMBS
 @pytest.mark.skipif(RUNTIME == "runsc", reason=GVISOR_FORK_BOMB)
+@pytest.mark.parametrize("timeout", [20, 4])
+def test_a_fork_bomb_then_more_commands_in_one_call_ends_in_time_and_says_so(timeout):
+    """A new user's test: with the bomb still forking as the command ended, the server's count of its (long) output
+    forked `wc`, which waited on fork retries: the call failed after 20-37 s ("exec channel closed", "did not send
+    a whole reply in time"), past --timeout. The host counts the output itself now (and reads a running command's
+    output for on_output itself): the call ends with its output, the process-limit note, and at its timeout."""
+    policy = OutputPolicy(keep_lines=2000, keep_bytes=51200)   # (the bash tool's: a long output is counted)
+    box = new_box(f"test-trust-bomb-{timeout}")   # (its own: the bomb goes on in the background)
+    try:
+        started = time.monotonic()
+        seen: list[bytes] = []
+        result = box.exec("bomb() { bomb | bomb & }; bomb; sleep 2; echo bombed", timeout=timeout, output=policy,
+                          on_output=seen.append)
+        took = time.monotonic() - started
+        assert result.pids_limit_hit and took < timeout + 3, (took, result)
+        if result.timed_out:
+            assert timeout == 4, result
+        else:
+            assert result.exit_code == 0 and result.tail.endswith(b"bombed\n") and result.total_lines > 1, result
+        assert seen   # (the running command's output came, read on the host)
+        assert box.exec("echo next", timeout=30).tail == b"next\n"
+    finally:
+        box.close()
+
+
+@FORK_BOMBS
+@pytest.mark.skipif(RUNTIME == "runsc", reason=GVISOR_FORK_BOMB)
 def test_a_fork_bomb_the_engine_cannot_freeze_is_killed_from_the_host(monkeypatch):
     """cgroup v1's freezer may not settle under a fork bomb on a loaded host (runc: "unable to freeze"). pid's server
     inside is then one task among hundreds under the CPU quota: a CI run's sweep there did not answer in 30 s. The
