@@ -55,22 +55,30 @@ class Number(click.ParamType):
 
 
 class Size(click.ParamType):
-    """'10g', '300m', '1.5G', bytes -> bytes; with `zero_ok`, '0' or 'none' means no limit."""
+    """'10g', '300m', '1.5G', bytes -> bytes; with `zero_ok`, '0' or 'none' means no limit. `low` and `high` bound
+    any other size, each with the reason for it."""
     name = "size"
 
-    def __init__(self, zero_ok: bool = False) -> None:
-        self.zero_ok = zero_ok
+    def __init__(self, zero_ok: bool = False, low: tuple[int, str] | None = None,
+                 high: tuple[int, str] | None = None) -> None:
+        self.zero_ok, self.low, self.high = zero_ok, low, high
 
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
-        if isinstance(value, int):
-            return value
         if self.zero_ok and str(value).strip().lower() in ("0", "none"):
             return 0
-        from pid.sandbox.disk import parse_size
-        try:
-            return parse_size(str(value))
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+        if isinstance(value, int):
+            size = value
+        else:
+            from pid.sandbox.disk import parse_size
+            try:
+                size = parse_size(str(value))
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        if self.low is not None and size < self.low[0]:
+            self.fail(f"{value!r} is below {format_size(self.low[0])}, {self.low[1]}", param, ctx)
+        if self.high is not None and size > self.high[0]:
+            self.fail(f"{value!r} is above {format_size(self.high[0])}, {self.high[1]}", param, ctx)
+        return size
 
 
 class Memory(click.ParamType):
@@ -388,7 +396,8 @@ JOB_OPTIONS = [
     JobOption("--pids", "pids_limit", lambda low, high: Number(int, low, high)),
     JobOption("--network", "network", _const(Network())),
     JobOption("--user", "user", _const(User())),
-    JobOption("--disk", "disk", _const(Size(zero_ok=True))),
+    JobOption("--disk", "disk", _const(Size(zero_ok=True, low=(16 << 20, "the least a job's disk can work with"),
+                                            high=(16 << 40, "the largest disk file an ext4 host can hold")))),
     JobOption("--runtime", "runtime"),
     JobOption("--max-patch", "max_patch", _const(Size())),
     JobOption("--max-files-size", "max_files_bytes", _const(Size())),

@@ -79,7 +79,7 @@ def parse_size(text: str) -> int:
 
 def format_size(n: int) -> str:
     """Bytes as the shortest exact size parse_size reads back: 10737418240 -> '10g'."""
-    for unit, shift in (("g", 30), ("m", 20), ("k", 10)):
+    for unit, shift in (("t", 40), ("g", 30), ("m", 20), ("k", 10)):
         if n and n % (1 << shift) == 0:
             return f"{n >> shift}{unit}"
     return str(n)

@@ -45,6 +45,8 @@ MISTAKES = [
     ({"max_turns": 0}, ["--max-turns", "0"]),
     ({"network": "host"}, ["--network", "host"]),
     ({"memory": "1k"}, ["--memory", "1k"]),
+    ({"disk": "20t"}, ["--disk", "20t"]),   # (a new user's: accepted, then the job failed making the disk)
+    ({"disk": "1m"}, ["--disk", "1m"]),     # (every command then said the disk was full)
     ({"tools": ["read", "nope"]}, ["--tools", "read,nope"]),
     ({"max_cost": 1.0}, ["--max-cost", "1.0"]),   # no prices for an unknown model
     ({"check": " "}, ["--check", " "]),
