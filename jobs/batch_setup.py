@@ -548,8 +548,8 @@ def _check_engine(specs: dict[str, JobSpec]) -> None:
     if not embedded_broker():
         return
     from pid.jobs.submission import check_cpus, check_runtime
-    for runtime in sorted({s.runtime for s in specs.values() if s.runtime}):
-        check_runtime(runtime)
+    for runtime, network in sorted({(s.runtime, s.network) for s in specs.values() if s.runtime}):
+        check_runtime(runtime, network)
     item, most = max(specs.items(), key=lambda pair: pair[1].cpus, default=(None, None))
     if most is not None:
         try:

@@ -75,7 +75,7 @@ def requeue(make: Callable[[Any], JobSpec], given: Rerun, warn: Callable[[str], 
     submission.check_api_key(spec, api_key)
     if embedded_broker():   # the worker is on this machine: its image and CPUs must be here too
         submission.check_cpus(spec)
-        submission.check_runtime(spec.runtime)
+        submission.check_runtime(spec.runtime, spec.network)
         if spec.image_id:
             _check_image_id(spec)
         else:

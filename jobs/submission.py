@@ -75,7 +75,7 @@ def prepare_run(options: dict[str, Any], *, api_key: str | None, no_images: bool
     check_api_key(spec, api_key, warn)
     check_workspace_size(spec, max_workspace)
     check_cpus(spec)
-    check_runtime(spec.runtime)
+    check_runtime(spec.runtime, spec.network)
     return spec
 
 
@@ -91,7 +91,7 @@ def submit(options: dict[str, Any], *, api_key: str | None, no_images: bool, max
     from pid.jobs.store import default_store
     if embedded_broker():  # the worker is on this machine: its image and CPUs must be here too
         check_cpus(spec)
-        check_runtime(spec.runtime)
+        check_runtime(spec.runtime, spec.network)
         check_image(spec.image)
     pack_workspace(spec, max_workspace)
     enqueue(default_store(), spec, api_key)
@@ -268,15 +268,22 @@ def check_cpus(spec: JobSpec) -> None:
         raise PidError(f"--cpus {spec.cpus:g}: the Docker engine has only {have} CPU{'s' if have != 1 else ''}")
 
 
-def check_runtime(runtime: str | None) -> None:
+def check_runtime(runtime: str | None, network: str = "none") -> None:
     """A --runtime the engine does not offer is refused before a container is asked for (the engine would fail the
-    job at its start)."""
+    job at its start), and so is a network the engine's arguments to that runtime take away (gVisor set up with
+    `--network=none`, as docs/gvisor.md suggests: the sandbox would have none, while pid said it could reach out)."""
     if not runtime:
         return
     from pid.sandbox.engine_probe import engine_runtimes
     have = engine_runtimes()
-    if have is not None and runtime not in have:
+    if have is None:
+        return
+    if runtime not in have:
         raise PidError(f"--runtime {runtime}: the Docker engine has no such runtime (it has {', '.join(sorted(have))})")
+    if network != "none" and "--network=none" in have[runtime]:
+        raise PidError(f"--network {network} with --runtime {runtime}: the Docker engine runs {runtime} with "
+                       "--network=none (its runtimeArgs), so the sandbox would have no network; keep --network none, "
+                       f"or give the engine a {runtime} runtime without that argument (docs/gvisor.md)")
 
 
 def check_image(image: str) -> None:

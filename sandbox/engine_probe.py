@@ -39,11 +39,18 @@ def engine_cpus() -> int | None:
     return cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None
 
 
-def engine_runtimes() -> set[str] | None:
-    """The OCI runtimes the engine offers (its /info's Runtimes: runc, runsc...); None when it did not say."""
+def engine_runtimes() -> dict[str, list[str]] | None:
+    """The OCI runtimes the engine offers (its /info's Runtimes: runc, runsc...), each with the arguments the engine
+    gives it (runtimeArgs: gVisor's `--network=none`, say); None when it did not say."""
     info = _get("/info")
     runtimes = info.get("Runtimes") if info is not None else None
-    return set(runtimes) if isinstance(runtimes, dict) else None
+    if not isinstance(runtimes, dict):
+        return None
+    found: dict[str, list[str]] = {}
+    for name, spec in runtimes.items():
+        args = spec.get("runtimeArgs") if isinstance(spec, dict) else None
+        found[str(name)] = [str(arg) for arg in args] if isinstance(args, list) else []
+    return found
 
 
 def _get(what: str) -> dict | None:

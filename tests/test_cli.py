@@ -414,6 +414,21 @@ def test_submit_json_without_wait_prints_an_object(run_pid, pid_env, sample_repo
 
 @pytest.mark.docker   # asks the engine
 @pytest.mark.parametrize("command", ["run", "submit"])
+def test_a_network_the_runtimes_own_arguments_take_away_is_refused(run_pid, sample_repo, tmp_path, command):
+    """A new user's test: with the engine's runsc set up with --network=none (as docs/gvisor.md suggests), a job's
+    --network bridge ran with no network at all, while pid warned that the sandbox could reach out."""
+    from pid.sandbox.engine_probe import engine_runtimes
+    if "--network=none" not in (engine_runtimes() or {}).get("runsc", []):
+        pytest.skip("the engine has no runsc runtime run with --network=none")
+    res = run_pid(command, "t", "--repo", str(sample_repo), "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+                  "--out", str(tmp_path / "o"), "--runtime", "runsc", "--network", "bridge")
+    assert res.code == 2 and "pid: error: --network bridge with --runtime runsc: the Docker engine runs runsc with " \
+        "--network=none" in res.stderr, res.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.docker   # asks the engine
+@pytest.mark.parametrize("command", ["run", "submit"])
 def test_a_runtime_the_engine_does_not_offer_is_refused_before_anything_starts(run_pid, sample_repo, tmp_path, command):
     res = run_pid(command, "t", "--repo", str(sample_repo), "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
                   "--out", str(tmp_path / "o"), "--runtime", "nosuch")
