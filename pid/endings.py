@@ -33,7 +33,8 @@ ExitReason = Literal[
     "dispatch_failed",        # the queue refused the job
     "batch_budget",           # its batch's --max-total-cost was reached (pid batch): queued or at its next model call
     "policy_refused",         # the worker's policy does not admit what the job asks (jobs/policy.py): never started
-    "bad_workspace",          # --repo's URL has no such ref or path, or --workdir is no directory in the image
+    "bad_workspace",          # --repo's URL has no such ref or path, --workdir is no directory in the image, or the
+                              # image is not in the worker's engine
     "error",                  # anything else (a bug or a set-up failure), with its message in `error`
 ]
 

@@ -47,7 +47,8 @@ def test_a_set_up_failure_that_is_the_input_s_is_bad_workspace():
     out = set_up_failure(pinned, ImageNotFound(str(pinned.image_id)))
     assert out.exit_reason == "bad_workspace" and "not in this worker's Docker engine" in str(out.error)
     plain = JobSpec(task="t", model="m")
-    assert set_up_failure(plain, ImageNotFound("app:1")).exit_reason == "sandbox_error"
+    missing = set_up_failure(plain, ImageNotFound("app:1"))   # (a new user's: --image a Redis worker lacked, exit 1)
+    assert missing.exit_reason == "bad_workspace" and "on the worker that took the job" in str(missing.error)
     assert set_up_failure(plain, BadWorkspace("no such ref")).exit_reason == "bad_workspace"
     assert set_up_failure(plain, SandboxError("gone")).exit_reason == "sandbox_error"
     assert set_up_failure(plain, ValueError("bug")).exit_reason == "error"

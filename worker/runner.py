@@ -112,9 +112,11 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
 def set_up_failure(spec: JobSpec, exc: Exception) -> Outcome:
     """The ending of a job whose set-up failed: its input's fault (bad_workspace: no retry would help), the
     sandbox's, or anything else's."""
-    if isinstance(exc, ImageNotFound) and spec.image_id:
-        from pid.jobs.continuation import pinned_image_gone
-        return Outcome("bad_workspace", error=pinned_image_gone(spec, "is not in this worker's Docker engine"))
+    if isinstance(exc, ImageNotFound):   # (pid never pulls: the image must be loaded there first)
+        if spec.image_id:
+            from pid.jobs.continuation import pinned_image_gone
+            return Outcome("bad_workspace", error=pinned_image_gone(spec, "is not in this worker's Docker engine"))
+        return Outcome("bad_workspace", error=f"{describe(exc)} (on the worker that took the job)")
     reason: ExitReason = ("bad_workspace" if isinstance(exc, BadWorkspace) else
                           "sandbox_error" if isinstance(exc, SandboxError) else "error")
     return Outcome(reason, error=describe(exc))
