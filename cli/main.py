@@ -251,6 +251,11 @@ def queued(store: Any, spec: JobSpec, wait: bool, as_json: bool) -> None:
     """A job just queued: print its id, or wait for its end."""
     if not wait:   # (--json: an object, as every --json prints; the id alone otherwise, for $(pid submit ...))
         echo(dumps({"id": spec.id, "status": "queued", "queue": spec.queue}) if as_json else spec.id)
+        from pid.jobs.brokers import embedded_broker
+        if not embedded_broker():   # (a worker elsewhere: jobs/results.py client_is_local)
+            import shlex   # (a new user's: --out was never written, and nothing said so)
+            echo(f"pid: a worker keeps this job's artifacts in the job store; `pid result {spec.id} --wait "
+                 f"--download {shlex.quote(spec.job_dir)}` puts them in --out", err=True)
         return
     echo(f"job {spec.id} queued", err=True)
     _wait_and_exit(store, spec.id, as_json, follow=True, download=spec.job_dir, own_dir=True)   # (lines: stderr)

@@ -82,6 +82,9 @@ def test_submit_on_redis_pushes_one_message_without_loading_celery(tmp_path, red
     assert done.returncode == 0, done.stderr + done.stdout
     job_id = done.stdout.split()[0]
     assert "loaded: []" in done.stdout
+    # (a new user's: the worker elsewhere never writes --out, and nothing said so)
+    assert f"pid: a worker keeps this job's artifacts in the job store; `pid result {job_id} --wait --download " \
+        in done.stdout + done.stderr, done.stdout + done.stderr
     entries = redis.Redis.from_url(redis_url).lrange("q2", 0, -1)
     assert len(entries) == 1
     sent = json.loads(entries[0])
