@@ -118,15 +118,15 @@ class PidGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-def read_stdin_task() -> str:
-    """TASK `-`: the task is stdin's text (UTF-8, at most MAX_MESSAGE_BYTES: read no further)."""
+def read_stdin_task(what: str = "the task") -> str:
+    """TASK (or MESSAGE) `-`: stdin's text (UTF-8, at most MAX_MESSAGE_BYTES: read no further)."""
     data = sys.stdin.buffer.read(MAX_MESSAGE_BYTES + 1)
     if len(data) > MAX_MESSAGE_BYTES:
-        raise BadInput(f"the task on stdin is larger than {MAX_MESSAGE_WORDS}")
+        raise BadInput(f"{what} on stdin is larger than {MAX_MESSAGE_WORDS}")
     try:
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError:
-        raise BadInput("the task on stdin is not UTF-8 text") from None
+        raise BadInput(f"{what} on stdin is not UTF-8 text") from None
 
 
 @click.group(cls=PidGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -433,6 +433,8 @@ def cancel(job_id: str) -> None:
 
 
 def _post(kind: str, job_id: str, message: str) -> None:
+    if message == "-":   # (as `pid run -`: a new user's steer sent the model a bare "-")
+        message = read_stdin_task(f"the {kind.replace('_', '-')} message")
     from pid.jobs.store import default_store
     submission.post(default_store(), job_id, kind, message)
     echo(f"{job_id}: {kind.replace('_', '-')} queued")
@@ -442,7 +444,8 @@ def _post(kind: str, job_id: str, message: str) -> None:
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.argument("message")
 def steer(job_id: str, message: str) -> None:
-    """Send a message delivered after the current tool calls, before the next model call."""
+    """Send a message delivered after the current tool calls, before the next model call (`-`: read it from
+    stdin)."""
     _post("steer", job_id, message)
 
 
@@ -450,7 +453,7 @@ def steer(job_id: str, message: str) -> None:
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.argument("message")
 def follow_up(job_id: str, message: str) -> None:
-    """Send a message delivered when the agent would otherwise stop."""
+    """Send a message delivered when the agent would otherwise stop (`-`: read it from stdin)."""
     _post("follow_up", job_id, message)
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pid import events as ev
+from pid.jobs.store import CHECKING, COLLECTING
 from pid.messages import AssistantMessage, Usage
 from pid.tools.summary import summarize_call
 
@@ -59,11 +60,11 @@ class Progress:
                 self._retrying = False
                 self.activity = f"turn {event.turn}: the model is answering (attempt {event.attempt})"
             elif isinstance(event, ev.AgentEnd):
-                self.activity = "collecting the artifacts"
+                self.activity = COLLECTING
             elif isinstance(event, ev.CheckStart):
-                self.activity = "running the check"
+                self.activity = CHECKING
             elif isinstance(event, ev.CheckEnd):
-                self.activity = "collecting the artifacts"
+                self.activity = COLLECTING
             else:
                 return
             self.version += 1

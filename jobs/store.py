@@ -81,6 +81,11 @@ class Capped:
         return data
 
 
+# A job's activity (JobRecord.activity, jobs/progress.py) once its agent has ended: it takes no more messages
+COLLECTING, CHECKING = "collecting the artifacts", "running the check"
+AGENT_ENDED = (COLLECTING, CHECKING)
+
+
 @dataclass
 class JobRecord:
     id: str

@@ -325,6 +325,9 @@ def post(store: Any, job_id: str, kind: str, message: str) -> None:
     if record.cancel_requested:   # (it would never be read: the job stops at its next step)
         raise PidError(f"job {job_id} is {'cancelled' if record.terminal else 'being cancelled'}: it takes no more "
                        "messages")
+    from pid.jobs.store import AGENT_ENDED
+    if not record.terminal and record.activity in AGENT_ENDED:   # (a new user's: "queued", then never delivered)
+        raise PidError(f"job {job_id}'s agent has ended (now: {record.activity}): it takes no more messages")
     if not store.post(job_id, kind, message):
         raise PidError(f"job {job_id} is {record.status}: it takes no more messages")
 
