@@ -138,7 +138,7 @@ def cli() -> None:
     job), or BATCHDIR/ITEM (a batch item's current job)."""
 
 
-VERBOSE_HELP = "Also show each tool call's output: its first and last lines, as the model saw it."
+VERBOSE_HELP = "Also show each tool call as it starts, and its output: its first and last lines, as the model saw it."
 
 
 @cli.command()

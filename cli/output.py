@@ -110,9 +110,9 @@ def control_line(record: dict[str, Any]) -> str:
 class RecordPrinter:
     """Prints a job's log records (pid/event_records.py) on stderr: a line per tool call as it ends, model errors,
     and what happened to the job (an attempt started, handed back, put back). With as_json, each record is one JSON
-    line on stdout instead. `verbose`: each tool call's output excerpt under its line. `out`: where the lines go
-    (echo's signature; a status line's echo keeps itself below them). `summary_follows` (`submit --wait`): the
-    job's end is said once, by the summary, not also by its log's end record."""
+    line on stdout instead. `verbose`: a line as each tool call starts too, and its output excerpt under its end's.
+    `out`: where the lines go (echo's signature; a status line's echo keeps itself below them). `summary_follows`
+    (`submit --wait`): the job's end is said once, by the summary, not also by its log's end record."""
 
     def __init__(self, as_json: bool = False, err: bool = True, verbose: bool = False,
                  out: Callable[..., None] = echo, summary_follows: bool = False) -> None:
@@ -132,6 +132,9 @@ class RecordPrinter:
             if self.verbose:
                 for line in record.get("output") or []:
                     echo(styled(f"  │ {shown(str(line))}", dim=True), err=err)
+        elif kind == "tool_start" and self.verbose:   # (a long call shows as it starts: its ✓ line waits for its end)
+            echo(styled(f"· {one_line(str(record.get('name')))} {one_line(str(record.get('summary', '')))} …",
+                        dim=True), err=err)
         elif kind == "check_start":
             echo(styled(f"· check: {one_line(str(record.get('command', '')))}", dim=True), err=err)
         elif kind == "check_end":

@@ -161,4 +161,6 @@ def test_off_a_terminal_the_lines_are_plain(run_pid, sample_repo, tmp_path):
     assert "│" not in logs.stdout and "✓ bash" in logs.stdout, logs.stdout
     verbose = run_pid("logs", job_id, "--verbose")
     assert "✓ bash printf" in verbose.stdout and "  │ first-out\n  │ second-out\n" in verbose.stdout, verbose.stdout
+    started = verbose.stdout.index("· bash printf")   # (a new user's: a long call showed nothing until its end)
+    assert verbose.stdout.index(" …\n", started) < verbose.stdout.index("✓ bash printf"), verbose.stdout
     assert "\x1b" not in verbose.stdout
