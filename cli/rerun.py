@@ -61,16 +61,26 @@ def queue_options(func: Any) -> Any:
     return func
 
 
+def model_options(func: Any) -> Any:
+    """Who answers the new job: the earlier job's model and endpoint, or those named here."""
+    decorators = [
+        click.option("--model", default=None, help="Another model answers (its prices and context window: the model "
+                                                   "table's). Default: the earlier job's."),
+        click.option("--base-url", type=Url(), default=None,
+                     help="Another endpoint answers; the API key given here goes to it. Default: the earlier job's."),
+        click.option("--api", type=Api(), default=None,
+                     help="Its wire format (openai or anthropic); without --base-url, an earlier vendor's own "
+                          "endpoint becomes this format's own. Default: the earlier job's."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
 @click.command("continue", cls=HomeCommand)
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.argument("message")
-@click.option("--model", default=None, help="Another model carries on (its prices and context window: the model "
-                                             "table's). Default: the earlier job's.")
-@click.option("--base-url", type=Url(), default=None,
-              help="Another endpoint carries on; the API key given here goes to it. Default: the earlier job's.")
-@click.option("--api", type=Api(), default=None,
-              help="Its wire format (openai or anthropic); without --base-url, an earlier vendor's own endpoint "
-                   "becomes this format's own. Default: the earlier job's.")
+@model_options
 @_limit("--max-turns", "max_turns", int)
 @_limit("--timeout", "timeout_s", float)
 @_limit("--max-cost", "max_cost", float)
@@ -87,12 +97,13 @@ def continue_job(job_id: str, message: str, model: str | None, base_url: str | N
 
 @click.command(cls=HomeCommand)
 @click.argument("job_id", type=JOB_ID, metavar="ID")
+@model_options
 @queue_options
-def retry(job_id: str, out_dir: str | None, queue: str | None, api_key: str | None, wait: bool,
-          as_json: bool) -> None:
-    """Run a job again as a new job: the same task and options, on the same workspace snapshot. Prints the new
-    job's id."""
-    store, spec = requeue.retry(job_id, Rerun(out_dir, queue, api_key), _note)
+def retry(job_id: str, model: str | None, base_url: str | None, api: str | None, out_dir: str | None,
+          queue: str | None, api_key: str | None, wait: bool, as_json: bool) -> None:
+    """Run a job again as a new job: the same task and options, on the same workspace snapshot (--model,
+    --base-url, --api: another model or endpoint answers). Prints the new job's id."""
+    store, spec = requeue.retry(job_id, Rerun(out_dir, queue, api_key, model, base_url, api), _note)
     _main.queued(store, spec, wait, as_json)
 
 

@@ -24,16 +24,28 @@ class Rerun:
     out_dir: str | None = None
     queue: str | None = None
     api_key: str | None = None
-    model: str | None = None      # continue's: who answers now (the endpoint named here is the one the key given
-    base_url: str | None = None   # with it is for)
+    model: str | None = None      # who answers now (the endpoint named here is the one the key given with it is
+    base_url: str | None = None   # for)
     api: str | None = None
     limits: dict[str, Any] = field(default_factory=dict)
 
 
 def retry(job_id: str, given: Rerun, warn: Callable[[str], None]) -> tuple[Any, JobSpec]:
-    """Queue the ended job again as a new job: the same task and options, on the same workspace snapshot."""
-    from pid.jobs.continuation import retry_spec
-    return requeue(lambda store: retry_spec(store, job_id), given, warn)
+    """Queue the ended job again as a new job: the same task and options, on the same workspace snapshot;
+    given.model, .base_url and .api switch who answers (an endpoint that moved)."""
+    _check_model(given)
+    from pid.jobs.continuation import retry_spec, switch_model
+
+    def make(store: Any) -> JobSpec:
+        spec = retry_spec(store, job_id)
+        switch_model(spec, given.model, given.base_url, given.api)
+        return spec
+    return requeue(make, given, warn)
+
+
+def _check_model(given: Rerun) -> None:
+    if given.model is not None and not given.model.strip():
+        raise PidError("--model is empty")
 
 
 def continue_job(job_id: str, message: str, given: Rerun, warn: Callable[[str], None]) -> tuple[Any, JobSpec]:
@@ -41,8 +53,7 @@ def continue_job(job_id: str, message: str, given: Rerun, warn: Callable[[str], 
     applied (so the new patch holds both jobs' changes); given.model, .base_url and .api switch who answers."""
     if (problem := message_problem("the message", message)) is not None:
         raise PidError(problem)
-    if given.model is not None and not given.model.strip():
-        raise PidError("--model is empty")
+    _check_model(given)
     from pid.jobs.continuation import continuation_spec, switch_model
 
     def make(store: Any) -> JobSpec:

@@ -408,8 +408,8 @@ class Job:
     @_reached
     def retry(self, **options: Any) -> Job:
         """Run the ended job again as a new job (`pid retry`): the same task and options, on the same workspace
-        snapshot; returns the new job, queued. Options: out_dir, queue, api_key (the earlier job's key was
-        forgotten when it ended). PidError if this job has not ended."""
+        snapshot; returns the new job, queued. Options: model, base_url, api (who answers now), out_dir, queue,
+        api_key (the earlier job's key was forgotten when it ended). PidError if this job has not ended."""
         from pid.jobs import requeue
         params = _params("retry", [self.id], options, api_name="Job.retry")
         _, spec = requeue.retry(self.id, _rerun(params), _warn)

@@ -181,6 +181,14 @@ def test_retry_runs_the_same_task_on_the_same_snapshot_as_a_new_job(env: Env, tm
     assert queued.code == 0 and queued.stdout.strip() != original["id"] and len(queued.stdout.split()) == 1
     assert env.pid("result", queued.stdout.strip(), "--wait").code == 0
 
+    # Another endpoint and model (a new user's: the endpoint had moved, and retry could not say so)
+    with ScriptedLLM([{"text": "MOVED"}]) as moved:
+        switched = env.pid("retry", original["id"], "--base-url", moved.base_url, "--model", "other", "--wait",
+                           "--json")
+        assert switched.code == 0, switched.stderr
+        assert len(moved.requests) == 1 and moved.requests[0]["model"] == "other"
+    assert switched.json()["model"] == "other" and switched.json()["final_message"] == "MOVED"
+
 
 def test_a_pid_run_job_is_continued_and_retried_on_the_tree_it_saw(env: Env, tmp_path: Path):
     repo = make_repo(tmp_path / "repo", ORIGINAL)
