@@ -59,6 +59,10 @@ class Progress:
             elif isinstance(event, ev.TextDelta) and self._retrying:   # a retried call answers: the wait is over
                 self._retrying = False
                 self.activity = f"turn {event.turn}: the model is answering (attempt {event.attempt})"
+            elif isinstance(event, ev.Control) and event.stage == "received" and event.kind in ("pause", "resume"):
+                # (a new user's: a held job said "waiting for the model" for as long as it was held)
+                self.activity = f"turn {self.turns}: " + ("paused (pid resume lets it go on)" if event.kind == "pause"
+                                                          else "resumed")
             elif isinstance(event, ev.AgentEnd):
                 self.activity = COLLECTING
             elif isinstance(event, ev.CheckStart):

@@ -273,3 +273,19 @@ def test_pid_status_stops_saying_compacting_once_the_compaction_ended():
     assert progress.snapshot()["activity"] == "turn 7: compacting the context"
     progress.on_event(ev.CompactionEnd("threshold", 30000, 9000, 12, "summary"))
     assert progress.snapshot()["activity"] == "turn 7: waiting for the model"
+
+
+def test_pid_status_says_a_held_job_is_paused():
+    """A new user's test: a job held by `pid pause` said "turn 1: waiting for the model" for as long as it was held."""
+    from pid import events as ev
+    from pid.jobs.progress import Progress
+    progress = Progress()
+    progress.on_event(ev.TurnStart(2))
+    progress.on_event(ev.Control("pause", "sent"))       # (sent: the agent holds only at its next model call)
+    assert progress.snapshot()["activity"] == "turn 2: waiting for the model"
+    progress.on_event(ev.Control("pause", "received"))
+    assert progress.snapshot()["activity"] == "turn 2: paused (pid resume lets it go on)"
+    progress.on_event(ev.Control("resume", "received"))
+    assert progress.snapshot()["activity"] == "turn 2: resumed"
+    progress.on_event(ev.Control("steer", "received", "hi"))   # (other controls leave it as it is)
+    assert progress.snapshot()["activity"] == "turn 2: resumed"
