@@ -68,6 +68,8 @@ class ExecResult:
     pids_limit_hit: bool = False    # the process limit refused a fork meanwhile (the agent's processes were killed)
     disk_full: bool = False         # the job's disk was full as the command ended (the agent's writes failed)
     out_of_memory: bool = False     # the memory limit made the kernel kill a process meanwhile (a failed command)
+    output_lost: bool = False       # its output filled the room kept for it (a flood faster than pid trims it): the
+                                    # rest was lost, and the command's writes to its output failed
 
 
 @runtime_checkable

@@ -112,16 +112,16 @@ class OutputFiles:
                 self.kept.sweep(self.dir_fd)
                 self._next_sweep = now + TRIM_EVERY_S
 
-    def trim(self, name: str, keep: int) -> int | None:
+    def trim(self, name: str, keep: int, on_full: Callable[[], None] | None = None) -> int | None:
         """Cut a running command's output back to about its last `keep` bytes (output_trim.py): the bytes cut so
-        far, None without the directory here."""
+        far, None without the directory here. `on_full()`: the disk was full before the cut (output was lost)."""
         dir_fd = self.dup()
         if dir_fd is None:
             return None
         with self._lock:
             self._trimmed.add(name)
         try:
-            return trim_front(dir_fd, name, keep)
+            return trim_front(dir_fd, name, keep, on_full)
         finally:
             os.close(dir_fd)
 
@@ -178,6 +178,7 @@ class Commands:
         self.outputs = OutputFiles()
         self.memory = MemoryWatch(container)
         self.agent_started = False   # an agent command (or file op) was started: the workspace may hold its links
+        self._flooded: set[str] = set()   # running commands' outputs that found pid's disk full (output_lost)
 
     def abs(self, path: str) -> str:
         return path if path.startswith("/") else posixpath.join(self.container.config.workdir, path)
@@ -352,13 +353,15 @@ class Commands:
         stop, reply, clearings, out_path = self._run(
             command, emit=output.tail_bytes + 1, timeout=timeout, cancel=cancel, on_output=on_output,
             collect=lambda ch, deadline: ch.wait_exec(deadline, output, count_here=self._count_output))
+        lost = out_path in self._flooded
+        self._flooded.discard(out_path)
         self.outputs.finished(out_path, kept=reply.kept_path is not None)
         pids_hit = self.processes.after_command(reply.pids_events, clearings)
         return ExecResult(
             exit_code=None if stop else reply.exit_code, tail=reply.tail, total_bytes=reply.total_bytes,
             total_lines=reply.total_lines, timed_out=stop == "timed_out", cancelled=stop == "cancelled",
             output_path=reply.kept_path, output_from=reply.kept_from, pids_limit_hit=pids_hit,
-            disk_full=self._disk_full(), out_of_memory=self.memory.ran_out())
+            disk_full=self._disk_full(), out_of_memory=self.memory.ran_out(), output_lost=lost)
 
     def _disk_full(self) -> bool:
         """The job's disk has no room left for the agent's writes (blocks or inodes): a command that hides its errors
@@ -425,9 +428,9 @@ class Commands:
     def _trim_output(self, out_path: str, cut: int) -> int:
         """Keep a long-running command's output from filling the job's disk: beyond KEEP_OUTPUT only its tail is
         kept. Returns the bytes cut so far. With a job disk the host cuts it (output_trim); without one, a spare
-        channel does."""
+        channel does. A disk found full before the cut marks the output as flooded (output_lost)."""
         try:
-            done = self.outputs.trim(posixpath.basename(out_path), KEEP_OUTPUT)
+            done = self.outputs.trim(posixpath.basename(out_path), KEEP_OUTPUT, lambda: self._flooded.add(out_path))
         except OSError as exc:
             log.info("cannot trim %s: %s", out_path, exc)
             return cut
@@ -444,10 +447,11 @@ class Commands:
         /dev/stdout`), which the server's `wc` read for hours past the call's timeout. Then, where the container's
         writes are the host kernel's (runc), the host counts the rest too: the server's count forks, which a full
         process table (a fork bomb left running) held up past every deadline. (Without a job disk the server counts
-        all of it: a spare channel's trim would read the holes as well.)"""
+        all of it: a spare channel's trim would read the holes as well.) A disk found full as this trim begins marks
+        the output as flooded (output_lost)."""
         name = posixpath.basename(out_path)
         try:
-            self.outputs.trim(name, KEEP_OUTPUT)
+            self.outputs.trim(name, KEEP_OUTPUT, lambda: self._flooded.add(out_path))
             return self.outputs.count(name, tail_bytes) if self.container.host_kernel else None
         except OSError as exc:
             log.info("cannot trim or count %s: %s", out_path, exc)

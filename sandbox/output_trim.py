@@ -13,6 +13,7 @@ import errno
 import os
 import stat
 import time
+from typing import Callable
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
@@ -21,6 +22,7 @@ FALLOC_FL_PUNCH_HOLE = 0x02
 STEP = 1 << 20            # the front goes in whole mebibytes
 READ_CHUNK = 1 << 20
 COUNT_BUDGET_S = 1.0      # of host time per trim counting the newlines about to go; the rest waits for the next
+FULL_BELOW = 1 << 20      # the output disk counts as full (a flood outran the trims: output was lost) with less left
 
 
 def read_cut(dir_fd: int, name: str) -> tuple[int, int]:
@@ -38,12 +40,22 @@ def read_cut(dir_fd: int, name: str) -> tuple[int, int]:
     return int(fields[0]), int(fields[1])
 
 
-def trim_front(dir_fd: int, name: str, keep: int) -> int:
+def is_full(fd: int) -> bool:
+    """Whether the disk of `fd` has no room left for the agent's writes (FULL_BELOW)."""
+    st = os.fstatvfs(fd)
+    return st.f_bavail * st.f_frsize < FULL_BELOW
+
+
+def trim_front(dir_fd: int, name: str, keep: int, on_full: Callable[[], None] | None = None) -> int:
     """Leave about the last `keep` bytes of output file `name` on disk once more than twice that is kept; returns the
-    bytes cut so far. Raises OSError when the file cannot be read or punched (the caller keeps what it has)."""
+    bytes cut so far. Raises OSError when the file cannot be read or punched (the caller keeps what it has).
+    `on_full()` is called when the disk was full before the cut (as it began, or as the newlines were counted): a
+    flood outran the trims, and what came meanwhile was lost."""
     cut, lines = read_cut(dir_fd, name)
     fd = _open_regular(dir_fd, name, os.O_RDWR)   # (punching needs write access)
     try:
+        if on_full is not None and is_full(fd):
+            on_full()
         size = os.fstat(fd).st_size
         new = (size - keep) // STEP * STEP
         if size - cut <= 2 * keep or new <= cut:
@@ -52,6 +64,8 @@ def trim_front(dir_fd: int, name: str, keep: int) -> int:
         if new <= cut:
             return cut
         lines += found
+        if on_full is not None and is_full(fd):
+            on_full()
         if _libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, cut, new - cut) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"cannot punch the front of {name}: {os.strerror(err)}")

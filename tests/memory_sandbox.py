@@ -40,10 +40,12 @@ class Run:
     exit_code: int | None = 0
     pids_limit_hit: bool = False
     disk_full: bool = False
+    output_lost: bool = False
 
     def __init__(self, *steps: Step, exit_code: int | None = 0, pids_limit_hit: bool = False,
-                 disk_full: bool = False) -> None:
+                 disk_full: bool = False, output_lost: bool = False) -> None:
         self.steps, self.exit_code, self.pids_limit_hit, self.disk_full = steps, exit_code, pids_limit_hit, disk_full
+        self.output_lost = output_lost
 
 
 Handler = Callable[[str, "MemorySandbox"], Run]
@@ -139,7 +141,7 @@ class MemorySandbox:
         else:
             stop = "cancelled" if cancel is not None and cancel.is_set() else None   # while its last step ran
         call.result = self._result(bytes(out), output, None if stop else run.exit_code, stop, run.pids_limit_hit,
-                                   run.disk_full)
+                                   run.disk_full, run.output_lost)
         return call.result
 
     def _git_apply(self, command: str) -> "Run":
@@ -189,7 +191,7 @@ class MemorySandbox:
             self._gone.wait(min(POLL_S, min(end, deadline) - now))
 
     def _result(self, data: bytes, output: OutputPolicy, exit_code: int | None, stop: str | None,
-                pids_limit_hit: bool, disk_full: bool = False) -> ExecResult:
+                pids_limit_hit: bool, disk_full: bool = False, output_lost: bool = False) -> ExecResult:
         lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
         kept, kept_from = None, 0
         if output.keeps(len(data), lines):
@@ -203,7 +205,8 @@ class MemorySandbox:
         return ExecResult(exit_code=exit_code, tail=tail, total_bytes=len(data),
                           total_lines=lines,
                           timed_out=stop == "timed_out", cancelled=stop == "cancelled", output_path=kept,
-                          output_from=kept_from, pids_limit_hit=pids_limit_hit, disk_full=disk_full)
+                          output_from=kept_from, pids_limit_hit=pids_limit_hit, disk_full=disk_full,
+                          output_lost=output_lost)
 
     def read_file(self, path: str, *, max_bytes: int | None = None, timeout: float = 120.0,
                   cancel: threading.Event | None = None) -> bytes:

@@ -13,7 +13,7 @@ import pytest
 from pid.messages import TextContent
 from pid.sandbox_api import OutputPolicy, RUN_ANYWHERE, SandboxError, SandboxLost
 from pid.tools import ToolSettings
-from pid.tools.bash import DISK_FULL_NOTICE, OUTPUT, PIDS_LIMIT_NOTICE, TAIL_BYTES
+from pid.tools.bash import DISK_FULL_NOTICE, OUTPUT, OUTPUT_LOST_NOTICE, PIDS_LIMIT_NOTICE, TAIL_BYTES
 from pid.tools.truncate import MAX_BYTES, MAX_LINES
 from tests.memory_sandbox import Commands, MemorySandbox, Run
 from tests.tool_sandbox import call_tool
@@ -164,6 +164,13 @@ def test_a_kept_output_whose_front_was_dropped_says_where_it_starts():
 def test_the_process_limit_notice():
     result = bash(box_with(forks=Run("x\n", pids_limit_hit=True)), "forks")
     assert text(result) == "x\n\n\n" + PIDS_LIMIT_NOTICE and not result.is_error
+
+
+def test_an_output_flood_that_outran_pids_trims_is_said():
+    """A new user's test: `yes` filled pid's room for its output in under a second, failed writing, and the model saw
+    only "Command exited with code 1"."""
+    result = bash(box_with(flood=Run("y\ny\n", exit_code=1, output_lost=True)), "flood")
+    assert text(result) == "y\ny\n\n\n" + OUTPUT_LOST_NOTICE + "\n\nCommand exited with code 1" and result.is_error
 
 
 def test_a_full_disk_is_said_even_when_the_output_could_not_be():

@@ -294,6 +294,23 @@ def test_a_write_past_the_disk_shows_the_model_no_space_left(run_pid, sample_rep
     assert "Command exited with code 1" in seen, seen
 
 
+@pytest.mark.skipif(RUNTIME == "runsc", reason="gVisor's writes reach the host's disk through its own cache: the "
+                                              "host's look at the room left may come before them")
+def test_an_output_flood_that_fills_pids_room_for_it_is_said_and_a_trimmed_one_is_not(box):
+    """A new user's test: `yes` filled pid's ~1 GiB for command output before the host's first trim, failed writing,
+    and the model saw only exit 1. 1.25 GiB from dd: either the trims kept up (a slow machine), and all of it is
+    counted and nothing said, or its room filled, and the result says output was lost."""
+    flood = 80 * (16 << 20)
+    result = box.exec("dd if=/dev/zero bs=16M count=80 status=none; echo dd=$?", timeout=60,
+                      output=OutputPolicy(tail_bytes=1000))
+    lost = result.total_bytes < flood
+    assert result.output_lost == lost, (result.total_bytes, result.output_lost)
+    if not lost:
+        assert result.tail.endswith(b"dd=0\n"), result.tail[-100:]
+    quiet = box.exec("seq 1 300000", timeout=30, output=OutputPolicy(tail_bytes=1000))   # (room again: nothing lost)
+    assert not quiet.output_lost and quiet.total_lines == 300000
+
+
 def test_a_huge_output_keeps_only_its_tail_on_disk(box, monkeypatch):
     monkeypatch.setattr(commands, "KEEP_OUTPUT", 1 << 20)
     monkeypatch.setattr(commands, "TRIM_EVERY_S", 0.2)

@@ -26,6 +26,9 @@ DISK_FULL_NOTICE = ("No space left on device: the job's disk is full (its --disk
 OUT_OF_MEMORY_NOTICE = ("The container ran out of memory (its memory limit): the kernel killed processes to free "
                         "memory (a process killed so exits with code 137). Files in /dev/shm count against the limit "
                         "too.")
+OUTPUT_LOST_NOTICE = ("The command's output filled the room pid keeps for it (about 1 GiB, printed faster than pid "
+                      "trims it): the rest was lost, and its writes to its output failed (which may be why it "
+                      "failed). Send such output to a file, or print less.")
 PIDS_LIMIT_NOTICE = ("The container's process limit was reached: some processes could not start. All of the agent's "
                      "processes (background ones too) were killed so that the next command can run.")
 
@@ -86,6 +89,8 @@ def run_bash(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         text = _append(text, DISK_FULL_NOTICE)
     if result.out_of_memory:
         text = _append(text, OUT_OF_MEMORY_NOTICE)
+    if result.output_lost:
+        text = _append(text, OUTPUT_LOST_NOTICE)
 
     if result.cancelled:
         return ToolResult(_text(_append(text, "Command aborted")), True, details)
