@@ -387,6 +387,7 @@ class Commands:
                  upload: bytes | None = None) -> bytes:
         stop, done, _, out_path = self._run(snippet, emit=emit, timeout=timeout, cancel=cancel, upload=upload,
                                             collect=lambda ch, deadline: ch.finish(deadline))
+        self._flooded.discard(out_path)   # (a file tool's output is pid's own snippet's: nothing to tell)
         self.outputs.finished(out_path, kept=False)
         if stop == "cancelled":
             raise InterruptedError(f"cancelled: {path}")
