@@ -395,7 +395,8 @@ def test_a_fork_bomb_then_more_commands_in_one_call_ends_in_time_and_says_so(tim
         if result.timed_out:
             assert timeout == 4, result
         else:
-            assert result.exit_code == 0 and result.tail.endswith(b"bombed\n") and result.total_lines > 1, result
+            # (its last command's status; its "bombed" may be followed by the bomb's own lines, still coming)
+            assert result.exit_code == 0 and result.total_lines > 1, result
         assert seen   # (the running command's output came, read on the host)
         assert box.exec("echo next", timeout=30).tail == b"next\n"
     finally:
