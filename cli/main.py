@@ -26,7 +26,7 @@ from pid.cli.status_line import on_terminal
 from pid.cli.output import (EventFollower, EventPrinter, RecordPrinter, check_line, echo, format_duration,
                             print_result, styled, wait_for)
 from pid.terminal import dumps, one_line
-from pid.endings import STATUSES, exit_code_for
+from pid.endings import JOB_STATUSES, exit_code_for
 from pid.jobs.clients import MissingClient
 from pid.errors import PidError
 from pid.jobs.spec import DEFAULT_QUEUE, MAX_MESSAGE_BYTES, MAX_MESSAGE_WORDS, JobSpec
@@ -39,7 +39,6 @@ EXIT_NOT_FINISHED = 5      # `pid result` of a job that has not ended (without -
 EXIT_INTERRUPTED = 130     # Ctrl-C, as a shell reports it
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # what stops a foreground run as Ctrl-C does
 SWEEP_WHILE_WAITING_S = 5.0   # how often a `--wait` looks for jobs whose process died
-JOB_STATUSES = ("queued", "running", *STATUSES)
 
 
 class BadInput(click.ClickException, PidError):

@@ -238,11 +238,11 @@ def list_jobs(limit: int = 20, status: str | None = None,
     `id`, `status`, `spec`, counts, usage, …; `pid.job(d["id"])` is its Job). `status` keeps the jobs in it (queued,
     running, or an ending's); `batch` those of the batch whose output directory it is, each then with its `item` and
     whether it is the item's `current` job (else a retry replaced it)."""
-    from pid.endings import STATUSES
+    from pid.endings import JOB_STATUSES
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise PidError(f"pid.list_jobs(): limit is a whole number from 1 on, not {limit!r}")
-    if status is not None and status not in ("queued", "running", *STATUSES):
-        raise PidError(f"pid.list_jobs(): no job status {status!r} (queued, running, {', '.join(STATUSES)})")
+    if status is not None and status not in JOB_STATUSES:
+        raise PidError(f"pid.list_jobs(): no job status {status!r} ({', '.join(JOB_STATUSES)})")
     _ready()
     from pid.jobs.batch_control import batch_jobs, listed
     from pid.jobs.store import default_store

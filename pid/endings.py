@@ -77,6 +77,7 @@ assert set(ENDINGS) == set(get_args(ExitReason)), "every exit reason has exactly
 
 STATUSES: tuple[Status, ...] = get_args(Status)
 TERMINAL_STATUSES: tuple[Status, ...] = STATUSES   # a job that has a status from this table has ended
+JOB_STATUSES = ("queued", "running", *STATUSES)    # every status a job's record can have
 
 
 def status_of(reason: ExitReason) -> Status:

@@ -12,7 +12,7 @@ import os
 import posixpath
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from pid.sandbox_api import DEFAULT_OUTPUT, ExecResult, OutputPolicy, SandboxLost
 
@@ -23,10 +23,11 @@ from .errors import SandboxError
 from .exec_channels import CONTROL_TIMEOUT_S, MAX_CHANNELS, ExecChannels
 from .launch import Container
 from .memory import OUT_OF_MEMORY, MemoryWatch
-from .output_trim import count_output, read_tail, trim_front
+from .output_trim import FULL_BELOW, count_output, read_tail, trim_front
 from .outputs import KeptOutputs
 from .process_table import ProcessTable
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 OUTPUT_POLL_S = 0.75       # on_output cadence
@@ -40,7 +41,7 @@ TRIM_EVERY_S = 1.0         # ...checked this often while it runs
 SETTLE_AT = 8              # finished outputs are removed this many at a time, or once TRIM_EVERY_S has passed
 HOUSEKEEPING_TIMEOUT_S = 5.0
 ALIVE_EVERY_S = 5.0        # how often a long command's wait asks whether its container still runs (see Liveness)
-DISK_FULL_BELOW = 1 << 20  # the job's disk counts as full, for the model's notice, with less than this left
+DISK_FULL_BELOW = FULL_BELOW   # the job's disk counts as full, for the model's notice, with less than this left
 
 
 class Liveness:
@@ -115,15 +116,11 @@ class OutputFiles:
     def trim(self, name: str, keep: int, on_full: Callable[[], None] | None = None) -> int | None:
         """Cut a running command's output back to about its last `keep` bytes (output_trim.py): the bytes cut so
         far, None without the directory here. `on_full()`: the disk was full before the cut (output was lost)."""
-        dir_fd = self.dup()
-        if dir_fd is None:
+        if self.dir_fd is None:
             return None
         with self._lock:
             self._trimmed.add(name)
-        try:
-            return trim_front(dir_fd, name, keep, on_full)
-        finally:
-            os.close(dir_fd)
+        return self._on_dir(lambda dir_fd: trim_front(dir_fd, name, keep, on_full))
 
     def clear(self) -> None:
         """Every output goes (the agent's processes are gone): pid's disk is the patch's."""
@@ -135,22 +132,20 @@ class OutputFiles:
     def count(self, name: str, tail_bytes: int) -> tuple[int, int, int, bytes] | None:
         """An ended command's output counted on the host (output_trim.count_output); None without the directory
         here, or when it is too long to count at once."""
-        dir_fd = self.dup()
-        if dir_fd is None:
-            return None
-        try:
-            return count_output(dir_fd, name, tail_bytes)
-        finally:
-            os.close(dir_fd)
+        return self._on_dir(lambda dir_fd: count_output(dir_fd, name, tail_bytes))
 
     def tail(self, name: str, offset: int, max_bytes: int) -> tuple[int, bytes] | None:
         """A running command's output since `offset`, read on the host (output_trim.read_tail); None without the
         directory here."""
+        return self._on_dir(lambda dir_fd: read_tail(dir_fd, name, offset, max_bytes))
+
+    def _on_dir(self, op: Callable[[int], T]) -> T | None:
+        """op(a copy of the directory's descriptor), closed after; None without the directory here."""
         dir_fd = self.dup()
         if dir_fd is None:
             return None
         try:
-            return read_tail(dir_fd, name, offset, max_bytes)
+            return op(dir_fd)
         finally:
             os.close(dir_fd)
 

@@ -22,7 +22,7 @@ FALLOC_FL_PUNCH_HOLE = 0x02
 STEP = 1 << 20            # the front goes in whole mebibytes
 READ_CHUNK = 1 << 20
 COUNT_BUDGET_S = 1.0      # of host time per trim counting the newlines about to go; the rest waits for the next
-FULL_BELOW = 1 << 20      # the output disk counts as full (a flood outran the trims: output was lost) with less left
+FULL_BELOW = 1 << 20      # a disk counts as full with less left for the agent (pid's: a flood outran the trims)
 
 
 def read_cut(dir_fd: int, name: str) -> tuple[int, int]:
