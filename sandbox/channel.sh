@@ -116,8 +116,9 @@ table_full() {  # true when the process table is (nearly) full: a fork now would
 }
 forget() { JUNK="$JUNK $1"; JUNKN=$((JUNKN + 1)); }
 sweep() { rm -f $JUNK; JUNK=; JUNKN=0; }
-take() { if [ -n "$GNUHEAD" ]; then head -c "$1"; else dd bs=1 count="$1"; fi; }   # exactly $1 bytes
-GNUHEAD=; case $(head --version) in *GNU*) GNUHEAD=1 ;; esac   # (GNU head reads no more than N bytes)
+take() { if [ "$GNUHEAD" = 1 ]; then head -c "$1"; else dd bs=1 count="$1"; fi; }   # exactly $1 bytes; first:
+headkind() { [ -n "$GNUHEAD" ] || case $(head --version) in *GNU*) GNUHEAD=1 ;; *) GNUHEAD=0 ;; esac; }
+GNUHEAD=   # (GNU head reads no more than N bytes; asked once, when first needed: it forks)
 case $0 in /*) HERE=${0%/*} ;; *) exit 1 ;; esac   # pid's own files beside this one (/.pid: root's, read-only)
 . "$HERE/channel_ops.sh" || exit 1   # the requests on outputs and processes: c t T k K
 
@@ -156,8 +157,11 @@ op_hello() {  # h nonce [o]: set up /.pid (control) and this server (both)
     SHBIN=$(command -v "$SHELL_") || SHBIN=$SHELL_
     if [ "$ROLE" = control ]; then
         chmod 711 /.pid /.pid/out && chmod 700 /.pid/run || { say F "$nonce" "cannot set up /.pid"; return; }
-        mkdir -p /.pid/git "$WD" && chown "$UID_:$GID_" "$WD" || { say F "$nonce" "cannot create $WD"; return; }
-        [ -z "${HOME:-}" ] || { mkdir -p "$HOME" && chown "$UID_:$GID_" "$HOME"; }
+        # (a job's disk has them all but the image's workdir: each tool forks, so none runs for nothing)
+        [ -d /.pid/git ] && [ -d "$WD" ] || mkdir -p /.pid/git "$WD" || { say F "$nonce" "cannot create $WD"; return; }
+        [ -z "${HOME:-}" ] || [ -d "$HOME" ] || mkdir -p "$HOME"   # (a home it cannot make or own is no failure)
+        chown "$UID_:$GID_" "$WD" ${HOME:+"$HOME"} || chown "$UID_:$GID_" "$WD" ||
+            { say F "$nonce" "cannot create $WD"; return; }
         [ "$UID_" = 0 ] || command -v setpriv >/dev/null 2>&1 || drop_runs || { say F "$nonce" "$NOSETPRIV"; return; }
         UMASK=077   # pid's own outputs: for pid's eyes only
     fi
@@ -194,6 +198,7 @@ store() {  # $1 datalen: the data that follows the command, into a file of root'
     N=$((N + 1))
     STORED=$OUT/$CID.$N.in
     forget "$STORED"
+    headkind
     take "$1" | { cat >"$STORED" || { cat >/dev/null; exit 1; }; } || STORED=
 }
 with_data() {  # CMD <- CMD with "$1" set to the stored data (after its "#pid:anywhere" first line, if any)
@@ -408,9 +413,13 @@ idle() {  # FIRST <- the first byte of the next request; if ~1 ms passes first, 
 hello_more() {  # the slot FIFOs (without them, e.g. no inode left, commands start as on the sh path)
     SETSID=   # (job control makes each command a process group leader already: setsid would fork)
     [ "$ROLE" = agent ] || return 0
-    rm -f "$FIFO.0" "$FIFO.1" "$FIFO.s"
-    mkfifo -m 600 "$FIFO.0" "$FIFO.1" && exec 4<>"$FIFO.0" 5<>"$FIFO.1" && SLOTS=1 && spawn 0 && spawn 1
-    mkfifo -m 600 "$FIFO.s" && exec 6<>"$FIFO.s" || nap() { sleep 0.01; }
+    local f
+    for f in "$FIFO.0" "$FIFO.1" "$FIFO.s"; do   # (none, but for a server greeted twice: then all go)
+        [ ! -e "$f" ] && [ ! -L "$f" ] || { rm -f "$FIFO.0" "$FIFO.1" "$FIFO.s"; break; }
+    done
+    mkfifo -m 600 "$FIFO.0" "$FIFO.1" "$FIFO.s"   # (one process for the three; what it made is looked at)
+    [ -p "$FIFO.0" ] && [ -p "$FIFO.1" ] && exec 4<>"$FIFO.0" 5<>"$FIFO.1" && SLOTS=1 && spawn 0 && spawn 1
+    [ -p "$FIFO.s" ] && exec 6<>"$FIFO.s" || nap() { sleep 0.01; }
 }
 hand() {  # $1 slot: CMD into its FIFO: up to a page itself, a longer one through a file of root's
     local file

@@ -18,6 +18,7 @@ field() {  # FV <- the first number of field $2 ("Uid") in process directory $1'
 nap() { sleep 0.01; }
 hello_more() { :; }
 readcmd() {  # CMD <- $1 bytes of stdin; fewer (the host gave up half-way): nothing of it may run, the server ends
+    headkind
     CMD=$(take "$1"; echo .); CMD=${CMD%.}; [ "${#CMD}" -eq "$1" ] || quit   # (the dot keeps trailing newlines)
 }
 request() {  # (by lines; one of another length is out of step: refused, as op "-")

@@ -374,7 +374,7 @@ def _storage(box: Container, inspected: dict[str, Any]) -> dict[str, Any]:
             raise SandboxError(f"--workdir needs the job's own disk, and {reason or 'there is none (--disk 0)'}")
         return {"storage_opt": {"size": str(config.disk)}}   # the engine's own quota (overlay2 on xfs, pquota)
     layout = {"workspace": (uid, gid, 0o755), "home": (uid, gid, 0o755), "tmp": (0, 0, 0o1777),
-              "vartmp": (0, 0, 0o1777), "pid": (0, 0, 0o711)}
+              "vartmp": (0, 0, 0o1777), "pid": (0, 0, 0o711), "pid/git": (0, 0, 0o700)}
     if config.writable_image:
         layout.update({"image": (0, 0, 0o700), "pid/base": (0, 0, 0o700)})
     volumes = image_volumes(inspected, config.image, ("/tmp", "/var/tmp", AGENT_HOME, PID_DIR, config.workdir))

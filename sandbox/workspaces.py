@@ -156,7 +156,7 @@ class UploadedWorkspace:
             os.unlink(spool)
 
     def _new_seed(self) -> GitSeed | None:
-        """pid's repository-to-be on the job disk (/.pid/git, root only; the control channel made it empty), for the
+        """pid's repository-to-be on the job disk (/.pid/git, root only; made empty with the disk), for the
         unpacker to write the base's objects and index into; None if something is in it already (a second import:
         git makes that base)."""
         disk = self.container.disk
