@@ -216,13 +216,19 @@ def spec_problem(spec: JobSpec) -> str | None:
     return None
 
 
+# A lone surrogate that is no stray byte kept by surrogateescape (those are U+DC80-U+DCFF): a model's "\ud800"
+_LONE_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
+
+
 def storable(text: str) -> str:
-    """A name as it can be stored (UTF-8): a file name that is not UTF-8 (read as Python does, its stray bytes as
-    surrogates) gets them escaped, `bad\\xffname`; any other text is itself. (Showing it is pid/terminal.py's.)"""
+    """Text as it can be stored (UTF-8): a file name that is not UTF-8 (read as Python does, its stray bytes as
+    surrogates) gets them escaped, `bad\\xffname`; any other lone surrogate (a model or a server may send "\\ud800"
+    in JSON) becomes U+FFFD; any other text is itself. (Showing it is pid/terminal.py's.)"""
     try:
         text.encode("utf-8")
         return text
     except UnicodeEncodeError:
+        text = _LONE_SURROGATE.sub("\ufffd", text)
         return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 

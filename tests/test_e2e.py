@@ -238,3 +238,21 @@ def test_submit_checks_the_image_before_queueing(run_pid, sample_repo):
     assert res.code == 2 and "pid-no-such-image:0" in res.stderr
     listed = run_pid("list")
     assert (listed.stdout, listed.stderr) == ("", "no jobs\n")  # nothing was queued, and the empty list says so
+
+
+def test_a_lone_surrogate_from_the_model_ends_the_job_truly(run_pid, worker, sample_repo, tmp_path):
+    """A model (or its error) may send "\\ud800" in JSON: text no UTF-8 file or store can hold. Recording the job's
+    end crashed on it (a traceback, a result.json that said `error`, none at all from a worker). It is stored as
+    U+FFFD now, and the job ends as the model's reply says."""
+    with ScriptedLLM([{"text": "hi \ud800 there"}, {"text": "again \udfff"}]) as llm:
+        ran = run_pid("run", "t", "--repo", str(sample_repo), *job_options(llm, tmp_path / "run"), "--json")
+        submitted = run_pid("submit", "--wait", "--json", "t", "--repo", str(sample_repo),
+                            *job_options(llm, tmp_path / "submit"))
+    assert ran.code == 0, ran.stderr
+    assert "Traceback" not in ran.stderr and ran.json()["final_message"] == "hi \ufffd there"
+    assert submitted.code == 0, submitted.stderr
+    assert submitted.json()["status"] == "completed" and submitted.json()["final_message"] == "again \ufffd"
+    with ScriptedLLM([{"error": {"status": 400, "message": "bad \ud800 request"}}]) as llm:
+        failed = run_pid("run", "t", "--repo", str(sample_repo), *job_options(llm, tmp_path / "run"), "--json")
+    assert failed.code == 1 and failed.json()["exit_reason"] == "provider_error", failed.stderr
+    assert "bad \ufffd request" in failed.json()["error"]

@@ -93,3 +93,13 @@ def test_a_lone_surrogate_is_written_as_an_escape(tmp_path):
     header, messages = read_session(str(path))
     assert [m.content[0].text for m in messages] == ["caf\udce9 and \ud800", "plain é"]
     assert "plain é" in path.read_text(encoding="utf-8")   # (only the line that needs it is escaped)
+
+
+def test_storable_text_keeps_stray_bytes_as_escapes_and_makes_other_lone_surrogates_u_fffd():
+    """result.json and the job store take text through storable: a lone surrogate that is no stray byte (a model's
+    "\\ud800") made it raise, and the job's end was recorded as a crash."""
+    from pid.jobs.spec import json_text, storable
+    assert storable("plain é") == "plain é"
+    assert storable("caf\udce9 \udcc3\udca9") == "caf\\xe9 é"     # stray bytes: escaped, or whole UTF-8 again
+    assert storable("a \ud800 b \udfff c \udc00") == "a \ufffd b \ufffd c \ufffd"
+    assert json.dumps(json_text({"final_message": "x\ud83d"}), ensure_ascii=False).encode("utf-8")
