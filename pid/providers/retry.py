@@ -7,7 +7,8 @@ resets and timeouts, and a stream that breaks or ends before the reply finished.
 partial reply of the failed attempt is dropped.
 
 How long: what the server asks for (`Retry-After` in seconds or as an HTTP date, `retry-after-ms`, or on a 429 the
-rate-limit reset headers of OpenAI and Anthropic), else exponential backoff with full jitter. Each wait is capped at
+rate-limit reset headers of OpenAI and Anthropic; a wait of 0 is none asked), else exponential backoff with full
+jitter. Each wait is capped at
 `max_wait_s`; one call's retrying (from its first failure: the waits and the attempts after it) stays within
 `budget_s`: no wait starts that would end past it. A refused connection (nothing listening, an
 unknown host) to an endpoint that has not yet answered the job is most likely a wrong URL, so it gets only
@@ -57,8 +58,11 @@ class RetryPolicy:
             return None
         if reason == EMPTY and attempt > EMPTY_RETRIES:
             return None
-        if asked_s is not None and not math.isnan(asked_s):   # "nan" parses as a float: never compare with it
-            wait = min(max(asked_s, 0.0), self.max_wait_s)
+        # The server's word, when it asks for a wait at all: 0 (or a date gone by) is no wait asked, and the backoff
+        # holds (a proxy answering 500 with `Retry-After: 0` was asked again at once, thousands of times a second).
+        # ("nan" parses as a float: never compare with it.)
+        if asked_s is not None and not math.isnan(asked_s) and asked_s > 0:
+            wait = min(asked_s, self.max_wait_s)
         else:
             wait = random.uniform(0.0, min(self.max_wait_s, self.base_s * 2 ** (attempt - 1)))
         if spent_s + wait > self.budget_s:
