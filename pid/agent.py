@@ -230,6 +230,8 @@ class Agent:
                 return self._stopped(out)
             if reply.stop_reason == "error":
                 self._emit(ev.TurnEnd(turn, reply, []))
+                if (over := self._over_cost(out)) is not None:   # (its failed attempts count: retrying stopped)
+                    return self._end(out, "max_cost", over)
                 return self._end(out, "provider_error", reply.error_message or "model request failed")
             calls = reply.tool_calls
             try:
@@ -269,14 +271,18 @@ class Agent:
                     return self._end(out, "length", "the model's answer was cut at its output-token limit")
                 return out
 
-    def _call_model(self, turn: int, context: list[Message]) -> AssistantMessage:
-        """One model call, retried by the provider; each wait is an event, and the deltas say which attempt."""
+    def _call_model(self, turn: int, out: Outcome, context: list[Message]) -> AssistantMessage:
+        """One model call, retried by the provider; each wait is an event, and the deltas say which attempt. What a
+        failed attempt reported using counts, so a retry that the cost cap no longer leaves room for is not made."""
         attempt = 1
 
-        def retrying(notice: RetryNotice) -> None:
+        def retrying(notice: RetryNotice) -> bool:
             nonlocal attempt
+            if self._over_cost(out, notice.usage) is not None:
+                return False
             attempt = notice.attempt + 1
             self._retrying(turn, notice)
+            return True
 
         return self.provider.stream(self.system_prompt, context, self.tools.specs(), cancel=self.cancel_event,
                                     on_text=lambda text: self._emit(ev.TextDelta(turn, text, attempt)),
@@ -288,7 +294,7 @@ class Agent:
     def _ask(self, turn: int, out: Outcome) -> AssistantMessage:
         """One model call on the current context; its reply joins the transcript (a failed one is never replayed)."""
         context = self._context_messages()
-        reply = self._call_model(turn, context)
+        reply = self._call_model(turn, out, context)
         if reply.usage.total_tokens == 0 and reply.stop_reason not in ("error", "aborted"):
             reply.usage = price(estimate_usage(get_counter(), self.system_prompt, context, reply, self.tools.specs()),
                                 self.provider.config)
@@ -433,11 +439,13 @@ class Agent:
         self._emit(ev.Control("cancel", "received", self._stop_why))
         return self._end(out, "cancelled", None)
 
-    def _over_cost(self, out: Outcome) -> str | None:
-        """Why the job's cost passed max_cost (this attempt's and its earlier ones'), or None."""
+    def _over_cost(self, out: Outcome, more: Usage | None = None) -> str | None:
+        """Why the job's cost passed max_cost (this attempt's and its earlier ones', and `more` not yet counted), or
+        None."""
         if self.limits.max_cost is None:
             return None
-        spent, limit = out.usage.cost.total + self.limits.spent_cost, self.limits.max_cost
+        spent = out.usage.cost.total + self.limits.spent_cost + (more.cost.total if more is not None else 0.0)
+        limit = self.limits.max_cost
         if spent <= limit:
             return None
         digits = next((d for d in range(4, 12) if f"{spent:.{d}f}" != f"{limit:.{d}f}"), 12)   # (never $x > $x)

@@ -3,6 +3,7 @@ in-memory sandbox (no Docker: commands are scripted below): parallel tools in ca
 pause, cancel, length stops, caps. The loop against a real container: test_e2e*.py."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -259,6 +260,34 @@ def test_max_cost_ends_the_job(sandbox):
     assert (outcome.status, outcome.exit_reason, outcome.turns) == ("limit", "max_cost", 2)
     assert outcome.usage.cost.total == pytest.approx(2.0)
     assert outcome.error == "cost $2.0000 exceeded --max-cost $1.5000"
+
+
+def _failing_after_usage(prompt: int, completion: int) -> dict:
+    """An OpenAI stream that reports its usage, then an error event: retried (the usage is the server's word)."""
+    chunk = {"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"},
+                                     "finish_reason": None}]}
+    usage = {"id": "x", "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion}}
+    error = {"error": {"message": "server overloaded", "type": "server_error", "code": 502}}
+    return {"raw": [f"data: {json.dumps(e)}\n\n" for e in (chunk, usage, error)]}
+
+
+def test_max_cost_counts_failed_attempts_and_stops_their_retries(sandbox):
+    """A hostile-endpoint tester's find: each attempt reported $2 before failing, and pid retried it 29 times under
+    --max-cost 0.01 (the cap was looked at between turns only), and counted none of it."""
+    with ScriptedLLM([_failing_after_usage(1_000_000, 1_000_000)] * 3 + [{"text": "never"}]) as llm:
+        outcome = make_agent(llm, sandbox, limits=Limits(max_cost=0.01), input_cost_per_mtok=1.0,
+                             output_cost_per_mtok=1.0, max_retry_wait_s=0.01).run("go")
+        assert len(llm.requests) == 1
+    assert (outcome.exit_reason, outcome.turns) == ("max_cost", 1), outcome
+    assert outcome.usage.cost.total == pytest.approx(2.0) and outcome.usage.input == 1_000_000
+
+    with ScriptedLLM([_failing_after_usage(1000, 1000)] * 2 + [{"text": "done", "usage": {
+            "prompt_tokens": 10, "completion_tokens": 10}}]) as llm:   # room for the retries: each one counts
+        outcome = make_agent(llm, sandbox, limits=Limits(max_cost=1.0), input_cost_per_mtok=1.0,
+                             output_cost_per_mtok=1.0, max_retry_wait_s=0.01).run("go")
+        assert len(llm.requests) == 3
+    assert (outcome.exit_reason, outcome.final_message) == ("stop", "done")
+    assert outcome.usage.input == 2010 and outcome.usage.output == 2010
 
 
 def test_a_cost_just_past_max_cost_is_said_with_the_digits_that_show_it(sandbox):

@@ -179,6 +179,7 @@ def test_an_overloaded_error_event_inside_an_anthropic_stream_is_retried():
         reply, notices, _ = stream(provider(llm, ANTHROPIC))
     assert reply.text == "second time lucky"
     assert notices[0].reason == "overloaded" and "Overloaded" in notices[0].error
+    assert notices[0].status is None   # (the stream came with a 200: shown as "HTTP 529", it named none sent)
 
 
 def test_a_server_error_chunk_inside_an_openai_stream_is_retried():

@@ -212,7 +212,7 @@ class _Reply(StreamReply):
             label = _str(error.get("type")) or "error" if isinstance(error, dict) else "error"
             said = _str(error.get("message")) if isinstance(error, dict) else str(error)
             self.fail(f"the server reported an error mid-stream ({label}): {truncate(said)}",
-                      retry=_STREAM_RETRY.get(label), status=529 if label == "overloaded_error" else None)
+                      retry=_STREAM_RETRY.get(label))   # (no HTTP status: the stream's was 200)
 
     def _count(self, usage: dict[str, Any]) -> None:
         """message_start carries the input side, message_delta the (cumulative) output side; later values win."""

@@ -89,7 +89,8 @@ class Provider(Protocol):
                cancel: threading.Event | None = None,
                on_text: StreamListener | None = None,
                on_retry: RetryListener | None = None) -> AssistantMessage:
-        """on_retry hears of each wait before the call is repeated; text streamed before it is void."""
+        """on_retry hears of each wait before the call is repeated (False from it: the call is not repeated); text
+        streamed before it is void. The reply's usage counts its failed attempts' too."""
         ...
 
     def sibling(self, config: ProviderConfig) -> "Provider":

@@ -22,10 +22,12 @@ import random
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import Callable, Mapping
+
+from pid.messages import Usage
 
 UNREACHABLE_RETRIES = 2
 EMPTY_RETRIES = 2   # an empty response is most likely a refusal for length: the loop compacts instead (see EMPTY)
@@ -78,9 +80,11 @@ class RetryNotice:
     reason: str                # one of the names above
     status: int | None         # the HTTP status, when there was one
     error: str                 # the failure in the server's words
+    usage: Usage = field(default_factory=Usage)   # what the call's failed attempts so far reported using, priced
 
 
-RetryListener = Callable[[RetryNotice], None]
+# Told of each wait before it starts; False: the call is not tried again (the caller's cost cap is spent).
+RetryListener = Callable[[RetryNotice], "bool | None"]
 
 
 def clock() -> float:

@@ -655,6 +655,7 @@ class StreamingProvider:
                on_text: Callable[[str], None] | None = None,
                on_retry: retry.RetryListener | None = None) -> AssistantMessage:
         reply = self._new_reply()
+        dropped = Usage()   # what the attempts given up on reported using: their replies go, their cost stays
         try:
             if self._missing_key:
                 reply.fail(self._missing_key, aborted=False)
@@ -684,7 +685,7 @@ class StreamingProvider:
                 if reply.error is not None:
                     reply.error = self._without_key(reply.error)
                 if reply.error is None or reply.aborted or reply.retry is None:
-                    return self._finish(reply)
+                    return self._finish(reply, dropped)
                 now = retry.clock()
                 retrying_since = retrying_since if retrying_since is not None else now
                 wait = policy.wait_before_retry(attempt, reply.retry, reply.asked_s, now - retrying_since,
@@ -692,17 +693,22 @@ class StreamingProvider:
                 if wait is None:
                     if attempt > 1:
                         reply.error += f" (after {attempt} attempts)"
-                    return self._finish(reply)
-                if on_retry is not None:
-                    on_retry(retry.RetryNotice(attempt, wait, reply.retry, reply.status, reply.error))
+                    return self._finish(reply, dropped)
+                so_far = Usage()
+                so_far.add(dropped)
+                so_far.add(self._reported(reply))
+                if on_retry is not None and on_retry(retry.RetryNotice(attempt, wait, reply.retry, reply.status,
+                                                                       reply.error, so_far)) is False:
+                    return self._finish(reply, dropped)
+                dropped = so_far
                 reply = self._new_reply()   # the failed attempt's partial reply is dropped, never merged
                 if retry.interruptible_wait(wait, cancel):
                     reply.fail(ABORTED_MESSAGE, aborted=True)
-                    return self._finish(reply)
+                    return self._finish(reply, dropped)
                 attempt += 1
         except Exception as exc:  # noqa: BLE001 - the seam never raises
             reply.fail(f"internal error in the {self.label} provider: {type(exc).__name__}: {exc}")
-        return self._finish(reply)
+        return self._finish(reply, dropped)
 
     def _without_key(self, text: str) -> str:
         """A server's error text, with the job's own API key, should the server echo it (gateways and proxies that
@@ -717,11 +723,14 @@ class StreamingProvider:
                 return body[:-size] + "[the API key]" + cut
         return text
 
-    def _finish(self, reply: StreamReply) -> AssistantMessage:
+    def _finish(self, reply: StreamReply, dropped: Usage | None = None) -> AssistantMessage:
         """The reply as a message; should what the server sent break even that, a failed message that says so, with
         none of the reply's content (the seam never raises: the job ends as a provider's error, the call counted).
+        Its usage adds what the call's `dropped` attempts reported (the call cost that too: a cost cap counts it).
         Its error never holds the job's API key."""
         message = self._message_or_failure(reply)
+        if dropped is not None:
+            message.usage.add(dropped)
         if message.error_message:
             message.error_message = self._without_key(message.error_message)
         return message
@@ -732,12 +741,16 @@ class StreamingProvider:
         except Exception as exc:  # noqa: BLE001
             error = reply.error or (f"malformed reply from the server ({type(exc).__name__}: "
                                     f"{truncate(str(exc))})")
-        try:   # (the call was made: what it used is counted, when that can still be read)
-            usage = price(self._usage(reply), self.config)
+        return AssistantMessage([], self.api, self.config.provider, self.config.model, self._reported(reply),
+                                "error", error, reply.response_id if isinstance(reply.response_id, str) else None)
+
+    def _reported(self, reply: StreamReply) -> Usage:
+        """What the server said the reply used, priced (the call was made: it is counted when it can still be
+        read; a reply too broken for that counts nothing)."""
+        try:
+            return price(self._usage(reply), self.config)
         except Exception:  # noqa: BLE001
-            usage = Usage()
-        return AssistantMessage([], self.api, self.config.provider, self.config.model, usage, "error", error,
-                                reply.response_id if isinstance(reply.response_id, str) else None)
+            return Usage()
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
         raise NotImplementedError
