@@ -50,7 +50,8 @@ def queue_options(func: Any) -> Any:
                           "batch item's: pid-runs), else pid-runs."),
         click.option("--queue", type=QueueName(), default=None,
                      help="The queue the job waits in. Default: the earlier job's."),
-        api_key_option("API key; never enters the container (an ended job's key is not kept: give it again)."),
+        api_key_option("API key; never enters the container (an ended job's key is not kept: give it again). It is "
+                       "sent only to the endpoint it is for: the API's own, or the --base-url given with it."),
         click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code."),
         click.option("--json", "as_json", is_flag=True,
                      help="With --wait: print result.json instead of the summary; without: {\"id\", \"status\", "

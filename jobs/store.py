@@ -369,24 +369,24 @@ def store_variable() -> str:
 
 
 _redis_stores: dict[tuple[int, str], Store] = {}   # one client (and connection pool) per URL and process
+_sqlite_stores: dict[tuple[int, str], Store] = {}   # one per database file and process (_sqlite_store)
 
 
 def open_store(url: str | None, variable: str = settings.STORE_URL.name) -> Store:
     """The store at `url`: None or "" -> SQLite under PID_HOME; sqlite:///ABS/PATH.db -> SQLite there;
     redis://HOST:PORT/DB (rediss://, unix://) -> RedisStore (one per URL and process: it holds a connection pool).
     PidError (a ValueError: the command's one line), naming `variable`, for any other URL or a bad PID_RETENTION."""
-    from pid.jobs.sqlite_store import JobStore   # (it imports this module)
     retention_s()   # (checked now: the SQLite store reads it at its first prune, an hour into a worker's life)
     if not url:
         from pid.config import pid_home
-        return JobStore(os.path.join(pid_home(), "jobs.db"))
+        return _sqlite_store(os.path.join(pid_home(), "jobs.db"))
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme == "sqlite":
         path = url[len("sqlite://"):]
         if not path.startswith("/") or path.endswith("/"):
             raise PidError(f"{variable}={url}: a SQLite store is named by an absolute file path, "
                            "sqlite:///ABS/PATH.db")
-        return JobStore(path)
+        return _sqlite_store(path)
     if scheme in ("redis", "rediss", "unix"):
         key = (os.getpid(), url)
         store = _redis_stores.get(key)
@@ -399,6 +399,18 @@ def open_store(url: str | None, variable: str = settings.STORE_URL.name) -> Stor
     shown = url[:200] if "@" not in url else scheme + "://…"   # never a password
     raise PidError(f"{variable}={shown}: not a store pid knows: use sqlite:///ABS/PATH.db or "
                    "redis://HOST:PORT/DB")
+
+
+def _sqlite_store(path: str) -> Store:
+    """One per file and process, as a Redis store is per URL: each keeps a connection per thread for its frequent
+    reads, so a store per caller held two descriptors for every pid.Job still referenced (an eval holding its 500
+    Jobs ran out of them), and checked the schema again at every open."""
+    from pid.jobs.sqlite_store import JobStore   # (it imports this module)
+    key = (os.getpid(), os.path.abspath(path))
+    store = _sqlite_stores.get(key)
+    if store is None:
+        store = _sqlite_stores[key] = JobStore(path)
+    return store
 
 
 def blob_from_file(store: BlobStore, path: str, digest: str | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import tempfile
 import time
@@ -15,6 +16,7 @@ from pid.config import API_KEY_ENV, KEYED_HOSTS, base_url_for, bound_key, endpoi
 from pid.errors import PidError
 from pid.terminal import escaped
 from pid.jobs.spec import PRICES, JobSpec, command_problem, message_problem
+from pid.sandbox.config import SandboxConfig
 from pid.sandbox.disk import format_size
 
 SCP_LIKE = re.compile(r"([\w.-]+@[\w.-]+):(?!//)(\S+)")   # user@host:path
@@ -135,6 +137,10 @@ def check_together(options: dict[str, Any]) -> None:
         raise PidError("--workdir needs the job's own disk: pass a --disk size other than 0")
     if any(not str(path).strip() for path in options.get("files") or ()):   # ("" named the whole workdir)
         raise PidError("--file: an empty path (name a file or directory of the container)")
+    workdir = options.get("workdir") or SandboxConfig.workdir
+    for path in options.get("files") or ():   # (collection refuses it too, but only after the job ran)
+        if not posixpath.normpath(posixpath.join(workdir, str(path))).strip("/"):
+            raise PidError(f"--file {escaped(str(path))}: the whole filesystem: name the directories to collect")
 
 
 def check_originals(paths: Any, check: str | None, workdir: str | None) -> list[str]:

@@ -235,9 +235,9 @@ def job(job_id: str) -> Job:
 def list_jobs(limit: int = 20, status: str | None = None,
          batch: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
     """The newest jobs in the store, newest first, at most `limit`, as `pid list --json` gives them (each a dict:
-    `id`, `status`, `spec`, counts, usage, …; `pid.job(d["id"])` is its Job). `status` keeps the jobs in it (queued,
-    running, or an ending's); `batch` those of the batch whose output directory it is, each then with its `item` and
-    whether it is the item's `current` job (else a retry replaced it)."""
+    `id`, `status`, `task`, `exit_reason`, counts, usage, times, …; `pid.job(d["id"])` is its Job). `status` keeps
+    the jobs in it (queued, running, or an ending's); `batch` those of the batch whose output directory it is, each
+    then with its `item` and whether it is the item's `current` job (else a retry replaced it)."""
     from pid.endings import JOB_STATUSES
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise PidError(f"pid.list_jobs(): limit is a whole number from 1 on, not {limit!r}")

@@ -88,6 +88,9 @@ def test_bad_values_raise_pid_error_with_the_messages_of_the_shared_checks(api_e
         pid.submit("t", repo=sample_repo, model="m", files=5)   # (it was queued as the file "5", as no tasks file does)
     with pytest.raises(pid.PidError, match=r"^--api-key takes a string, not int$"):
         pid.submit("t", repo=sample_repo, model="m", api_key=5)
+    for whole in ("/", "..", "/tmp/../"):   # refused by the collection too, but only after the job had run (a tester's)
+        with pytest.raises(pid.PidError, match=r"^--file .*: the whole filesystem: name the directories to collect$"):
+            pid.submit("t", repo=sample_repo, model="m", files=["src", whole])
     with pytest.raises(pid.PidError, match=r"^--timeout takes a number \(int or float\) or a string, not dict$"):
         pid.submit("t", repo=sample_repo, model="m", timeout_s={"s": 1})
     with pytest.raises(pid.PidError, match="^Invalid value for '--base-url': 'http://\\[::1' is not an http"):
@@ -185,6 +188,23 @@ def test_a_wait_on_a_job_no_worker_takes_says_so_as_pid_result_wait_does(api_env
         with pytest.raises(TimeoutError, match="still queued after 1.5s"):
             job.wait(1.5)
     job.cancel()
+
+
+@pytest.mark.cli   # (submit asks the engine whether the image is there)
+def test_jobs_held_by_an_eval_share_one_store_and_hold_no_descriptors_each(api_env, sample_repo):
+    """An API tester's: each Job opened its own SQLite store, which kept a connection (two descriptors) per Job for
+    its reads; an eval holding its Jobs ran out of descriptors at ~500 of them (a raw sqlite3 error)."""
+    jobs = [pid.submit("t", repo=sample_repo, model="m", base_url="http://127.0.0.1:9/v1", queue="nobody-listens")
+            for _ in range(3)]
+    for job in jobs:
+        job.cancel()
+    before = len(os.listdir("/proc/self/fd"))
+    held = [pid.job(job.id) for job in jobs for _ in range(20)]
+    for job in held:
+        assert [r["status"] for r in job.logs() if r.get("status")][-1:] == ["cancelled"]
+        assert job.status() == "cancelled"
+    assert len(os.listdir("/proc/self/fd")) - before < 6
+    assert len({id(job._store()) for job in held}) == 1
 
 
 @pytest.mark.cli
