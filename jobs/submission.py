@@ -317,7 +317,7 @@ def job_record(store: Any, job_id: str) -> Any:
     """The job's record, or a PidError: no such job."""
     record = store.get(job_id)
     if record is None:
-        raise PidError(f"no such job: {job_id}")
+        raise PidError(f"no such job: {escaped(job_id)}")   # (a name from anyone: one line, nothing raw)
     return record
 
 
@@ -343,6 +343,9 @@ def set_paused(store: Any, job_id: str, paused: bool) -> None:
     record = job_record(store, job_id)
     if not paused and not record.held and not record.terminal:   # (saying "resumed" would claim what did not happen)
         raise PidError(f"job {job_id} is {record.status}, not paused: nothing to resume")
+    from pid.jobs.store import AGENT_ENDED
+    if paused and not record.terminal and record.activity in AGENT_ENDED:   # (as post: it would hold nothing)
+        raise PidError(f"job {job_id}'s agent has ended (now: {record.activity}): nothing to pause")
     if not store.set_paused(job_id, paused):
         raise PidError(f"job {job_id} is {store.get(job_id).status}: nothing to {'pause' if paused else 'resume'}")
 

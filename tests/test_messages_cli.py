@@ -37,4 +37,7 @@ def test_a_message_dash_is_read_from_stdin_and_an_ended_agent_takes_none(pid_env
             assert refused.returncode == 2 and refused.stderr == \
                 f"pid: error: job {job.id}'s agent has ended (now: {activity}): it takes no more messages\n", \
                 refused.stderr
-    assert store.take_messages(job.id) == []
+        paused = pid(pid_env, tmp_path, "pause", job.id)   # (it said nothing, and held nothing: an API tester's)
+        assert paused.returncode == 2 and paused.stderr == \
+            f"pid: error: job {job.id}'s agent has ended (now: {activity}): nothing to pause\n", paused.stderr
+    assert store.take_messages(job.id) == [] and not store.get(job.id).paused

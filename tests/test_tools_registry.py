@@ -137,6 +137,8 @@ def test_invalid_json_arguments_are_quoted_and_truncated():
     assert "not valid JSON" in text(short) and text(short).endswith('Received:\n{"n": 5')
     long = text(run(registry, "echo", {}, raw='{"n": "' + "x" * 5000))
     assert "[truncated, 5007 characters total]" in long and len(long) < 2400
+    listed = text(run(registry, "echo", {}, raw="[1, 2]"))   # (valid JSON: "not valid JSON" misled the model)
+    assert listed.startswith('The arguments for tool "echo" were JSON, but not one JSON object, ')
 
 
 def test_handler_exceptions_become_error_results():

@@ -5,6 +5,7 @@ results the model can read and correct, so the loop has a single path for every 
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Iterable
 
 from pid.messages import ToolCall, ToolSpec
@@ -107,7 +108,12 @@ def _oversized_message(name: str, where: str, size: int) -> str:
 def _invalid_json_message(name: str, raw: str) -> str:
     quoted = raw if len(raw) <= RAW_ARGUMENTS_QUOTE_CHARS else (
         raw[:RAW_ARGUMENTS_QUOTE_CHARS] + f"... [truncated, {len(raw)} characters total]")
-    return (f'The arguments for tool "{name}" were not valid JSON, {NOT_RUN}. '
+    try:   # (valid JSON of another kind, `[1, 2]`, is no object either: said as it is)
+        json.loads(raw, strict=False)
+        what = "were JSON, but not one JSON object"
+    except (ValueError, RecursionError):
+        what = "were not valid JSON"
+    return (f'The arguments for tool "{name}" {what}, {NOT_RUN}. '
             f"Send the arguments again as one valid JSON object.\n\nReceived:\n{quoted}")
 
 
