@@ -290,6 +290,15 @@ def test_max_cost_counts_failed_attempts_and_stops_their_retries(sandbox):
     assert outcome.usage.input == 2010 and outcome.usage.output == 2010
 
 
+def test_an_endless_reply_cut_at_its_bound_is_not_free(sandbox):
+    """A hostile-endpoint tester's: a reply stopped at MAX_REPLY_BYTES (the server said nothing of its usage) counted
+    0 tokens, $0, though a real service bills all of it; it is estimated now, and --max-cost sees it."""
+    with ScriptedLLM([{"endless": "text"}]) as llm:
+        outcome = make_agent(llm, sandbox, limits=Limits(max_cost=0.5), output_cost_per_mtok=1.0).run("go")
+    assert (outcome.exit_reason, outcome.turns) == ("max_cost", 1), outcome
+    assert MAX_REPLY_BYTES // 4 <= outcome.usage.output <= MAX_REPLY_BYTES // 2 and outcome.usage.input > 0
+
+
 def test_a_cost_just_past_max_cost_is_said_with_the_digits_that_show_it(sandbox):
     script = [{"tool_calls": [bash("true")], "usage": {"prompt_tokens": 1_000_250, "completion_tokens": 0}}] * 2
     with ScriptedLLM(script) as llm:

@@ -568,6 +568,9 @@ class Pieces:
         return self._buffer.getvalue()
 
 
+BYTES_PER_TOKEN = 4   # a failed reply's estimate (_reported): about what English text and code average
+
+
 class StreamReply:
     """The part of a reply-in-progress the shared stream loop uses: its end, its failure, its id, its size."""
 
@@ -685,7 +688,7 @@ class StreamingProvider:
                 if reply.error is not None:
                     reply.error = self._without_key(reply.error)
                 if reply.error is None or reply.aborted or reply.retry is None:
-                    return self._finish(reply, dropped)
+                    return self._finish(reply, dropped, len(body))
                 now = retry.clock()
                 retrying_since = retrying_since if retrying_since is not None else now
                 wait = policy.wait_before_retry(attempt, reply.retry, reply.asked_s, now - retrying_since,
@@ -693,13 +696,13 @@ class StreamingProvider:
                 if wait is None:
                     if attempt > 1:
                         reply.error += f" (after {attempt} attempts)"
-                    return self._finish(reply, dropped)
+                    return self._finish(reply, dropped, len(body))
                 so_far = Usage()
                 so_far.add(dropped)
-                so_far.add(self._reported(reply))
+                so_far.add(self._reported(reply, len(body)))
                 if on_retry is not None and on_retry(retry.RetryNotice(attempt, wait, reply.retry, reply.status,
                                                                        reply.error, so_far)) is False:
-                    return self._finish(reply, dropped)
+                    return self._finish(reply, dropped, len(body))
                 dropped = so_far
                 reply = self._new_reply()   # the failed attempt's partial reply is dropped, never merged
                 if retry.interruptible_wait(wait, cancel):
@@ -723,12 +726,15 @@ class StreamingProvider:
                 return body[:-size] + "[the API key]" + cut
         return text
 
-    def _finish(self, reply: StreamReply, dropped: Usage | None = None) -> AssistantMessage:
+    def _finish(self, reply: StreamReply, dropped: Usage | None = None, sent: int = 0) -> AssistantMessage:
         """The reply as a message; should what the server sent break even that, a failed message that says so, with
         none of the reply's content (the seam never raises: the job ends as a provider's error, the call counted).
-        Its usage adds what the call's `dropped` attempts reported (the call cost that too: a cost cap counts it).
-        Its error never holds the job's API key."""
+        Its usage adds what the call's `dropped` attempts reported (the call cost that too: a cost cap counts it); a
+        failed reply the server said nothing of using is estimated (_reported). Its error never holds the job's API
+        key."""
         message = self._message_or_failure(reply)
+        if message.stop_reason in ("error", "aborted") and message.usage.total_tokens == 0:
+            message.usage = self._reported(reply, sent)
         if dropped is not None:
             message.usage.add(dropped)
         if message.error_message:
@@ -744,13 +750,18 @@ class StreamingProvider:
         return AssistantMessage([], self.api, self.config.provider, self.config.model, self._reported(reply),
                                 "error", error, reply.response_id if isinstance(reply.response_id, str) else None)
 
-    def _reported(self, reply: StreamReply) -> Usage:
-        """What the server said the reply used, priced (the call was made: it is counted when it can still be
-        read; a reply too broken for that counts nothing)."""
+    def _reported(self, reply: StreamReply, sent: int = 0) -> Usage:
+        """What the server said the reply used, priced (the call was made: it is counted when it can still be read).
+        A reply that came in part with no word of its usage (cut at MAX_REPLY_BYTES, broken, cancelled) is estimated
+        at ~4 bytes a token, the `sent` request's bytes and what arrived: an endless reply must not be free under
+        --max-cost. One that never began counts nothing."""
         try:
-            return price(self._usage(reply), self.config)
+            usage = price(self._usage(reply), self.config)
         except Exception:  # noqa: BLE001
-            return Usage()
+            usage = Usage()
+        if usage.total_tokens == 0 and reply.size > 0:
+            usage = price(Usage(input=sent // BYTES_PER_TOKEN, output=-(-reply.size // BYTES_PER_TOKEN)), self.config)
+        return usage
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
         raise NotImplementedError
