@@ -63,6 +63,7 @@ UMASK=022
 DROP=          # for an agent that is not root (set in op_hello): "/.pid/drop <uid> <gid>", else "setpriv ..."
 DROPBIN=/.pid/drop   # pid's own privilege drop (sandbox/drop.c), put here by the host where it could build one
 DROPOK=/.pid/run/drop.ok   # whether it runs here (drop_runs)
+SET_UP=/.pid/run/set-up   # the container's directories were made (set_up)
 SETSID=setsid
 SHBIN=sh
 SHELL_=sh
@@ -156,12 +157,7 @@ op_hello() {  # h nonce [o]: set up /.pid (control) and this server (both)
     [ -d /.pid/run ] || mkdir -p /.pid/run /.pid/out || { say F "$nonce" "cannot create /.pid"; return; }
     SHBIN=$(command -v "$SHELL_") || SHBIN=$SHELL_
     if [ "$ROLE" = control ]; then
-        chmod 711 /.pid /.pid/out && chmod 700 /.pid/run || { say F "$nonce" "cannot set up /.pid"; return; }
-        # (a job's disk has them all but the image's workdir: each tool forks, so none runs for nothing)
-        [ -d /.pid/git ] && [ -d "$WD" ] || mkdir -p /.pid/git "$WD" || { say F "$nonce" "cannot create $WD"; return; }
-        [ -z "${HOME:-}" ] || [ -d "$HOME" ] || mkdir -p "$HOME"   # (a home it cannot make or own is no failure)
-        chown "$UID_:$GID_" "$WD" ${HOME:+"$HOME"} || chown "$UID_:$GID_" "$WD" ||
-            { say F "$nonce" "cannot create $WD"; return; }
+        set_up || { say F "$nonce" "$WHY"; return; }
         [ "$UID_" = 0 ] || command -v setpriv >/dev/null 2>&1 || drop_runs || { say F "$nonce" "$NOSETPRIV"; return; }
         UMASK=077   # pid's own outputs: for pid's eyes only
     fi
@@ -177,6 +173,24 @@ op_hello() {  # h nonce [o]: set up /.pid (control) and this server (both)
     hello_more
     events
     say R "$nonce" "" "$SHELL_" "$PE"
+}
+set_up() {  # the container's directories, by the first control server greeted, before the agent runs anything. A
+    # control server greeted later (one aside, one replacing a dead one) leaves them: by then the agent may have
+    # swapped the workdir (its own tree's, under --workdir) or the home for a link to /.pid, and a chown through it
+    # gave the agent pid's files (root). The mark that it was done is root's, in /.pid/run. WHY <- what failed.
+    [ ! -e "$SET_UP" ] || return 0
+    WHY="cannot set up /.pid"
+    chmod 711 /.pid /.pid/out && chmod 700 /.pid/run || return 1
+    WHY="cannot create $WD"   # (a job's disk has them all but an image's workdir: each tool forks, none for nothing)
+    [ -d /.pid/git ] && [ -d "$WD" ] || mkdir -p /.pid/git "$WD" || return 1
+    set -- "$WD"
+    if [ -n "${HOME:-}" ]; then   # (a home it cannot make or own is no failure)
+        [ -d "$HOME" ] || mkdir -p "$HOME"
+        [ ! -d "$HOME" ] || set -- "$WD" "$HOME"
+    fi
+    chown "$UID_:$GID_" "$@" || chown "$UID_:$GID_" "$WD" || return 1
+    WHY="cannot set up /.pid"
+    true >"$SET_UP"
 }
 drop_runs() {  # pid's drop is here and works: one built for another architecture than the engine's does not run,
     # nor one a security module refuses (setpriv drops then). Tried once, by the first server to greet, before the

@@ -89,6 +89,29 @@ def test_the_agent_owns_its_workdir_and_environment_but_not_the_system(task_imag
 
 
 @pytest.mark.docker
+def test_a_workdir_the_agent_swaps_for_a_link_never_gives_it_pid_s_files(task_image):
+    """An attack test's: under --workdir in a tree the agent owns (/opt here), the agent swapped its workdir for a link
+    to /.pid; a control server greeted later (the base is recorded on one aside) chowned the workdir through the
+    link, /.pid became the agent's, and its replaced /.pid/drop then ran as root. The directories are set up once,
+    before the agent runs anything."""
+    from pid.sandbox import DockerSandbox, SandboxConfig
+    box = DockerSandbox.create(SandboxConfig(image=task_image, job_id="test-task-image-link", runtime=RUNTIME,
+                                             workdir="/opt/pkgs/helper", writable_image=True, image_workspace=True))
+    try:
+        swapped = box.exec("cd / && mv /opt/pkgs/helper /opt/pkgs/helper.real && ln -s /.pid /opt/pkgs/helper "
+                           "&& echo swapped", timeout=30)
+        assert swapped.tail == b"swapped\n", swapped.tail
+        box.channels.run_as_pid_aside(":", "greeting a control server aside", 30)
+        owners = box.channels.run_as_pid("for p in /.pid /.pid/drop /.pid/run; do if [ -O $p ]; then echo root; "
+                                         "else echo other; fi; done", "looking", 30)   # (gVisor: no statx for ls)
+        assert owners.decode().split() == ["root", "root", "root"], owners
+        tried = box.exec("echo x > /.pid/drop; touch /.pid/mine; ls /.pid/run", timeout=30)
+        assert b"Permission denied" in tried.tail and b"set-up" not in tried.tail, tried.tail
+    finally:
+        box.close()
+
+
+@pytest.mark.docker
 def test_the_image_s_loader_and_shell_variables_reach_the_agent_but_never_pid_s_root_processes(task_image):
     """The image names /opt files in BASH_ENV and LD_LIBRARY_PATH; the agent owns /opt. Its commands see both (and
     BASH_ENV was read), while pid's root servers, started after the agent rewrote the file, read nothing of it."""
