@@ -289,6 +289,13 @@ def test_max_cost_counts_failed_attempts_and_stops_their_retries(sandbox):
     assert (outcome.exit_reason, outcome.final_message) == ("stop", "done")
     assert outcome.usage.input == 2010 and outcome.usage.output == 2010
 
+    reply = {"raw": ['data: {"id": "x", "choices": [{"index": 0, "delta": {"content": "done, at length"}, '
+                     '"finish_reason": "stop"}]}\n\n', "data: [DONE]\n\n"]}   # (its usage: none said)
+    with ScriptedLLM([_failing_after_usage(1000, 1000), reply]) as llm:
+        outcome = make_agent(llm, sandbox, input_cost_per_mtok=1.0, max_retry_wait_s=0.01).run("go")
+    assert outcome.final_message == "done, at length"   # estimated, though the failed attempt's count came first
+    assert outcome.usage.input > 1000 and outcome.usage.output > 1000 and outcome.usage.estimated, outcome.usage
+
 
 def test_an_endless_reply_cut_at_its_bound_is_not_free(sandbox):
     """A hostile-endpoint tester's: a reply stopped at MAX_REPLY_BYTES (the server said nothing of its usage) counted
@@ -297,6 +304,7 @@ def test_an_endless_reply_cut_at_its_bound_is_not_free(sandbox):
         outcome = make_agent(llm, sandbox, limits=Limits(max_cost=0.5), output_cost_per_mtok=1.0).run("go")
     assert (outcome.exit_reason, outcome.turns) == ("max_cost", 1), outcome
     assert MAX_REPLY_BYTES // 4 <= outcome.usage.output <= MAX_REPLY_BYTES // 2 and outcome.usage.input > 0
+    assert outcome.usage.estimated   # (said so wherever the usage is shown)
 
 
 def test_a_cost_just_past_max_cost_is_said_with_the_digits_that_show_it(sandbox):

@@ -733,7 +733,9 @@ class StreamingProvider:
         failed reply the server said nothing of using is estimated (_reported). Its error never holds the job's API
         key."""
         message = self._message_or_failure(reply)
-        if message.stop_reason in ("error", "aborted") and message.usage.total_tokens == 0:
+        failed = message.stop_reason in ("error", "aborted")
+        if message.usage.total_tokens == 0 and (failed or dropped is not None and dropped.total_tokens):
+            # (the agent estimates a reply with no usage, but not once the dropped attempts' have made it some)
             message.usage = self._reported(reply, sent)
         if dropped is not None:
             message.usage.add(dropped)
@@ -760,7 +762,8 @@ class StreamingProvider:
         except Exception:  # noqa: BLE001
             usage = Usage()
         if usage.total_tokens == 0 and reply.size > 0:
-            usage = price(Usage(input=sent // BYTES_PER_TOKEN, output=-(-reply.size // BYTES_PER_TOKEN)), self.config)
+            usage = price(Usage(input=sent // BYTES_PER_TOKEN, output=-(-reply.size // BYTES_PER_TOKEN),
+                                estimated=True), self.config)
         return usage
 
     def request_body(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
