@@ -3,7 +3,7 @@
 engine's init running `sleep` (what the engine's own start costs there). In a burst the two cores are the limit, so
 this is part of how many jobs a worker starts per second.
 
-    python bench/bench_start_cpu.py [--runs 8] [--tree DIR]
+    python bench/bench_start_cpu.py [--runs 8]      (another checkout's: run that checkout's copy of this script)
 """
 from __future__ import annotations
 

@@ -408,7 +408,7 @@ def _sqlite_store(path: str) -> Store:
     from pid.jobs.sqlite_store import JobStore   # (it imports this module)
     key = (os.getpid(), os.path.abspath(path))
     store = _sqlite_stores.get(key)
-    if store is None:
+    if store is None or not os.path.exists(path):   # (one removed meanwhile is made again, as before)
         store = _sqlite_stores[key] = JobStore(path)
     return store
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import re
 import tempfile
 import time
@@ -16,7 +15,7 @@ from pid.config import API_KEY_ENV, KEYED_HOSTS, base_url_for, bound_key, endpoi
 from pid.errors import PidError
 from pid.terminal import escaped
 from pid.jobs.spec import PRICES, JobSpec, command_problem, message_problem
-from pid.sandbox.config import SandboxConfig
+from pid.sandbox.config import SandboxConfig, container_path
 from pid.sandbox.disk import format_size
 
 SCP_LIKE = re.compile(r"([\w.-]+@[\w.-]+):(?!//)(\S+)")   # user@host:path
@@ -139,7 +138,7 @@ def check_together(options: dict[str, Any]) -> None:
         raise PidError("--file: an empty path (name a file or directory of the container)")
     workdir = options.get("workdir") or SandboxConfig.workdir
     for path in options.get("files") or ():   # (collection refuses it too, but only after the job ran)
-        if not posixpath.normpath(posixpath.join(workdir, str(path))).strip("/"):
+        if container_path(str(path), workdir) == "/":
             raise PidError(f"--file {escaped(str(path))}: the whole filesystem: name the directories to collect")
 
 

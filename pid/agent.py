@@ -278,18 +278,22 @@ class Agent:
 
         def retrying(notice: RetryNotice) -> bool:
             nonlocal attempt
-            if self._over_cost(out, notice.usage) is not None:
+            if not self._retry_within_cost(turn, out, notice):
                 return False
             attempt = notice.attempt + 1
-            self._retrying(turn, notice)
             return True
 
         return self.provider.stream(self.system_prompt, context, self.tools.specs(), cancel=self.cancel_event,
                                     on_text=lambda text: self._emit(ev.TextDelta(turn, text, attempt)),
                                     on_retry=retrying)
 
-    def _retrying(self, turn: int, notice: RetryNotice) -> None:
+    def _retry_within_cost(self, turn: int, out: Outcome, notice: RetryNotice) -> bool:
+        """Whether a failed model call (the loop's, or a summary's) is tried again: not once what its attempts
+        reported using would pass the cost cap. The wait is an event."""
+        if self._over_cost(out, notice.usage) is not None:
+            return False
         self._emit(ev.ModelRetry(turn, notice.attempt, notice.wait_s, notice.reason, notice.status, notice.error))
+        return True
 
     def _ask(self, turn: int, out: Outcome) -> AssistantMessage:
         """One model call on the current context; its reply joins the transcript (a failed one is never replayed)."""
@@ -299,6 +303,8 @@ class Agent:
             reply.usage = price(estimate_usage(get_counter(), self.system_prompt, context, reply, self.tools.specs()),
                                 self.provider.config)
         out.usage.add(reply.usage)
+        if reply.retried_usage is not None:   # (the job's count, not the message's: see AssistantMessage)
+            out.usage.add(reply.retried_usage)
         self._calls_made = _keep_calls(reply, MAX_CALLS_PER_REPLY + 1)
         self._add(reply)
         return reply
@@ -340,7 +346,7 @@ class Agent:
         self._emit(ev.CompactionStart(reason, tokens))
         try:
             done = self.compactor.compact(self.messages, tokens, reason=reason, cancel=self.cancel_event,
-                                          on_retry=lambda notice: self._retrying(turn, notice))
+                                          on_retry=lambda notice: self._retry_within_cost(turn, out, notice))
         except CompactionFailed as exc:
             out.usage.add(exc.usage)
             self._emit(ev.CompactionEnd(reason, tokens, error=str(exc), usage=exc.usage))

@@ -431,7 +431,7 @@ class Job:
     @_reached
     def pause(self) -> None:
         """Hold the job before its next model call (`pid pause`; a queued one holds once it starts). Its wall
-        clock keeps running. PidError if it has ended."""
+        clock keeps running. PidError if it has ended, or its agent has (its check or its artifacts under way)."""
         from pid.jobs.submission import set_paused
         set_paused(self._store(), self.id, True)
 

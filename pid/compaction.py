@@ -267,6 +267,8 @@ class Compactor:
             reply.usage = price(estimate_usage(self.counter, SUMMARIZATION_SYSTEM_PROMPT, request, reply),
                                 self.provider.config)
         usage.add(reply.usage)
+        if reply.retried_usage is not None:
+            usage.add(reply.retried_usage)
         if reply.stop_reason == "aborted" or (cancel is not None and cancel.is_set()):
             raise CompactionFailed("compaction cancelled", usage, aborted=True)
         if reply.stop_reason == "error":

@@ -151,6 +151,9 @@ class AssistantMessage:
     response_id: str | None = None
     timestamp: int = field(default_factory=now_ms)
     role: Literal["assistant"] = "assistant"
+    # What the call's failed attempts, retried, reported using: counted in the job's usage, never in this message's
+    # own (the newest reply's usage is the context's size: compaction reads it), and not written to the session.
+    retried_usage: Usage | None = field(default=None, compare=False, repr=False)
 
     @property
     def tool_calls(self) -> list[ToolCall]:

@@ -117,8 +117,8 @@ table_full() {  # true when the process table is (nearly) full: a fork now would
 }
 forget() { JUNK="$JUNK $1"; JUNKN=$((JUNKN + 1)); }
 sweep() { rm -f $JUNK; JUNK=; JUNKN=0; }
-take() { if [ "$GNUHEAD" = 1 ]; then head -c "$1"; else dd bs=1 count="$1"; fi; }   # exactly $1 bytes; first:
-headkind() { [ -n "$GNUHEAD" ] || case $(head --version) in *GNU*) GNUHEAD=1 ;; *) GNUHEAD=0 ;; esac; }
+take() { if [ "$GNUHEAD" = 1 ]; then head -c "$1"; else dd bs=1 count="$1"; fi; }   # exactly $1 bytes (headkind first)
+headkind() { [ -n "$GNUHEAD" ] || case $(head --version </dev/null) in *GNU*) GNUHEAD=1 ;; *) GNUHEAD=0 ;; esac; }
 GNUHEAD=   # (GNU head reads no more than N bytes; asked once, when first needed: it forks)
 case $0 in /*) HERE=${0%/*} ;; *) exit 1 ;; esac   # pid's own files beside this one (/.pid: root's, read-only)
 . "$HERE/channel_ops.sh" || exit 1   # the requests on outputs and processes: c t T k K

@@ -1,6 +1,7 @@
 """Settings of one sandbox container, and the labels every pid container carries."""
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 
@@ -67,6 +68,12 @@ class SandboxConfig:
     writable_image: bool = False  # the image's own filesystem is the job's to change, copy-on-write on its disk
     image_workspace: bool = False  # the workspace is the image's own workdir as it is (nothing is imported)
     pool: str = ""                # made ready for a warm pool: the pool's process (LABEL_POOL's value); "" for a job's
+
+
+def container_path(path: str, workdir: str) -> str:
+    """`path` as the container names it: absolute (a relative one is the workdir's), cleaned as the engine cleans it
+    (`..` taken back, and "//" is "/", which posixpath keeps)."""
+    return "/" + posixpath.normpath(posixpath.join(workdir, path)).lstrip("/")
 
 
 def taken_name(job_id: str, attempt: int) -> str:

@@ -30,6 +30,7 @@ from .exec_channels import ExecChannels
 from .gitseed import GitSeed
 from .image_fs import BASE_TARGET
 from .channel import PID_DIR
+from .config import container_path
 from .launch import Container
 from .reaper import owner_label
 from .workspace import UnsafeTar, WorkspaceTooLarge, base_script, build_tar, sanitize_tar, unpack_tar
@@ -369,7 +370,7 @@ def _outermost(paths: list[str], workdir: str) -> list[tuple[str, str]]:
     and `.` came without the workdir's own name (`files/a.py`, not `files/workspace/a.py`)."""
     named: dict[str, str] = {}
     for path in paths:
-        named.setdefault(posixpath.normpath(posixpath.join(workdir, path)), path)
+        named.setdefault(container_path(path, workdir), path)
     held = [inside for inside in named if inside != "/"]   # (`/` is refused: see export_files)
     return [(path, inside) for inside, path in named.items()
             if not any(inside.startswith(other + "/") for other in held)]

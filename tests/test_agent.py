@@ -283,11 +283,14 @@ def test_max_cost_counts_failed_attempts_and_stops_their_retries(sandbox):
 
     with ScriptedLLM([_failing_after_usage(1000, 1000)] * 2 + [{"text": "done", "usage": {
             "prompt_tokens": 10, "completion_tokens": 10}}]) as llm:   # room for the retries: each one counts
-        outcome = make_agent(llm, sandbox, limits=Limits(max_cost=1.0), input_cost_per_mtok=1.0,
-                             output_cost_per_mtok=1.0, max_retry_wait_s=0.01).run("go")
+        agent = make_agent(llm, sandbox, limits=Limits(max_cost=1.0), input_cost_per_mtok=1.0,
+                           output_cost_per_mtok=1.0, max_retry_wait_s=0.01)
+        outcome = agent.run("go")
         assert len(llm.requests) == 3
     assert (outcome.exit_reason, outcome.final_message) == ("stop", "done")
     assert outcome.usage.input == 2010 and outcome.usage.output == 2010
+    # the reply's own usage is its own: compaction takes the newest one's as the context's size (a review's find)
+    assert (agent.messages[-1].usage.input, agent.messages[-1].usage.output) == (10, 10)
 
     reply = {"raw": ['data: {"id": "x", "choices": [{"index": 0, "delta": {"content": "done, at length"}, '
                      '"finish_reason": "stop"}]}\n\n', "data: [DONE]\n\n"]}   # (its usage: none said)

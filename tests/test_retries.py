@@ -116,9 +116,10 @@ def test_backoff_has_full_jitter_and_every_wait_is_capped():
 def test_a_server_asking_for_no_wait_gets_the_backoff():
     """`Retry-After: 0` (or a date gone by) on every 500 had pid ask again at once: ~2,500 requests a second."""
     policy = RetryPolicy(max_wait_s=60, budget_s=900, base_s=1)
-    for asked in (0.0, -5.0):
+    for asked in (0.0, -5.0, 0.001):
         waits = [policy.wait_before_retry(5, retry.SERVER_ERROR, asked, 0) for _ in range(200)]
         assert all(0 <= w <= 16 for w in waits) and max(waits) > 2   # uniform(0, 1 * 2**4), as with none asked
+    assert retry.server_delay(500, {"retry-after-ms": "0", "Retry-After": "5"}) == 5   # (the 0 hid the 5)
 
 
 def test_the_budget_and_the_caps_end_the_retries():

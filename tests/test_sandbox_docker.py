@@ -1121,10 +1121,10 @@ def test_files_asked_for_in_any_spelling_land_once_under_their_in_container_path
                                          str(files / "d" / "sub" / "b.txt")})
         assert (files / "a.py").read_text() == "a\n" and sorted(os.listdir(dest)) == ["workspace"]
 
-        copied, skipped = box.export_files(["/", "a.py", "d/*.txt"], str(tmp_path / "again"),
+        copied, skipped = box.export_files(["/", "a.py", "d/*.txt", "//"], str(tmp_path / "again"),
                                            FilesBudget(1 << 20, 100))
         assert copied == [str(tmp_path / "again" / "workspace" / "a.py")]
-        assert [(s.path, s.reason) for s in skipped] == [
+        assert [(s.path, s.reason) for s in skipped] == [   # ("//" was the whole root: posixpath keeps it so)
             ("/", "the whole filesystem: name the directories to collect"),
             ("d/*.txt", "not found (a path, not a pattern: name the directory)")]
 

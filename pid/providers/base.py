@@ -90,7 +90,7 @@ class Provider(Protocol):
                on_text: StreamListener | None = None,
                on_retry: RetryListener | None = None) -> AssistantMessage:
         """on_retry hears of each wait before the call is repeated (False from it: the call is not repeated); text
-        streamed before it is void. The reply's usage counts its failed attempts' too."""
+        streamed before it is void. What its failed attempts used is the reply's retried_usage."""
         ...
 
     def sibling(self, config: ProviderConfig) -> "Provider":

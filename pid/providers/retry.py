@@ -7,13 +7,12 @@ resets and timeouts, and a stream that breaks or ends before the reply finished.
 partial reply of the failed attempt is dropped.
 
 How long: what the server asks for (`Retry-After` in seconds or as an HTTP date, `retry-after-ms`, or on a 429 the
-rate-limit reset headers of OpenAI and Anthropic; a wait of 0 is none asked), else exponential backoff with full
-jitter. Each wait is capped at
-`max_wait_s`; one call's retrying (from its first failure: the waits and the attempts after it) stays within
-`budget_s`: no wait starts that would end past it. A refused connection (nothing listening, an
-unknown host) to an endpoint that has not yet answered the job is most likely a wrong URL, so it gets only
-UNREACHABLE_RETRIES retries; once the endpoint has answered, a refusal is a server restarting (a local one reloading
-its model), retried as any failure.
+rate-limit reset headers of OpenAI and Anthropic; a wait under 0.1 s is none asked), else exponential backoff with
+full jitter. Each wait is capped at `max_wait_s`; one call's retrying (from its first failure: the waits and the
+attempts after it) stays within `budget_s`: no wait starts that would end past it. A refused connection (nothing
+listening, an unknown host) to an endpoint that has not yet answered the job is most likely a wrong URL, so it gets
+only UNREACHABLE_RETRIES retries; once the endpoint has answered, a refusal is a server restarting (a local one
+reloading its model), retried as any failure.
 """
 from __future__ import annotations
 
@@ -30,6 +29,7 @@ from typing import Callable, Mapping
 from pid.messages import Usage
 
 UNREACHABLE_RETRIES = 2
+MIN_ASKED_S = 0.1   # a server's asked wait below this is taken as none asked: the backoff holds
 EMPTY_RETRIES = 2   # an empty response is most likely a refusal for length: the loop compacts instead (see EMPTY)
 
 # What a retryable failure was, as the wait's event says it ("rate limited, retrying in 12 s").
@@ -60,10 +60,10 @@ class RetryPolicy:
             return None
         if reason == EMPTY and attempt > EMPTY_RETRIES:
             return None
-        # The server's word, when it asks for a wait at all: 0 (or a date gone by) is no wait asked, and the backoff
-        # holds (a proxy answering 500 with `Retry-After: 0` was asked again at once, thousands of times a second).
-        # ("nan" parses as a float: never compare with it.)
-        if asked_s is not None and not math.isnan(asked_s) and asked_s > 0:
+        # The server's word, when it asks for a real wait: less than MIN_ASKED_S (0, or a date gone by) is none
+        # asked, and the backoff holds (a proxy answering 500 with `Retry-After: 0` was asked again at once,
+        # thousands of times a second). ("nan" parses as a float: never compare with it.)
+        if asked_s is not None and not math.isnan(asked_s) and asked_s >= MIN_ASKED_S:
             wait = min(asked_s, self.max_wait_s)
         else:
             wait = random.uniform(0.0, min(self.max_wait_s, self.base_s * 2 ** (attempt - 1)))
@@ -118,9 +118,11 @@ def server_delay(status: int, headers: Mapping[str, str], now: float | None = No
     """The wait the server asks for, in seconds (None: it names none). Header names are matched lower-case."""
     now = time.time() if now is None else now
     h = {k.lower(): v for k, v in headers.items()}
-    if h.get("retry-after-ms"):
+    if h.get("retry-after-ms"):   # (one that asks for no wait hides no Retry-After that asks for one)
         try:
-            return max(float(h["retry-after-ms"]) / 1000, 0.0)
+            asked_ms = float(h["retry-after-ms"]) / 1000
+            if asked_ms > 0:
+                return asked_ms
         except ValueError:
             pass
     if h.get("retry-after"):

@@ -729,16 +729,14 @@ class StreamingProvider:
     def _finish(self, reply: StreamReply, dropped: Usage | None = None, sent: int = 0) -> AssistantMessage:
         """The reply as a message; should what the server sent break even that, a failed message that says so, with
         none of the reply's content (the seam never raises: the job ends as a provider's error, the call counted).
-        Its usage adds what the call's `dropped` attempts reported (the call cost that too: a cost cap counts it); a
-        failed reply the server said nothing of using is estimated (_reported). Its error never holds the job's API
+        A failed reply the server said nothing of using is estimated (_reported); what the call's `dropped` attempts
+        reported rides beside it, as its retried_usage (the call cost that too). Its error never holds the job's API
         key."""
         message = self._message_or_failure(reply)
-        failed = message.stop_reason in ("error", "aborted")
-        if message.usage.total_tokens == 0 and (failed or dropped is not None and dropped.total_tokens):
-            # (the agent estimates a reply with no usage, but not once the dropped attempts' have made it some)
+        if message.stop_reason in ("error", "aborted") and message.usage.total_tokens == 0:
             message.usage = self._reported(reply, sent)
-        if dropped is not None:
-            message.usage.add(dropped)
+        if dropped is not None and (dropped.total_tokens or dropped.cost.total):
+            message.retried_usage = dropped
         if message.error_message:
             message.error_message = self._without_key(message.error_message)
         return message
