@@ -690,7 +690,8 @@ def reap(all_owners: bool) -> None:
     `pid run` also do this on their own)."""
     from pid.sandbox.reaper import reap_installation
     containers, disks = reap_installation(pid_home(), all_owners=all_owners)
-    echo(f"removed {len(containers)} expired container(s) and {len(disks)} orphaned disk(s)")
+    echo(f"removed {len(containers)} container(s) (expired, or a dead worker's warm pool's) and {len(disks)} "
+         "orphaned disk(s)")
 
 
 def reap_own_quietly() -> None:

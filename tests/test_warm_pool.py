@@ -266,3 +266,25 @@ def test_a_sigkilled_workers_pool_is_removed_by_the_next_reap(run_pid, pid_env, 
             stop_worker(later)
     assert pool_containers() == []
     assert not any(disks.iterdir())   # their disks (unmounted, removed) went with them
+
+
+def test_the_sweep_of_a_sigkilled_pool_workers_job_takes_the_pool_along_with_its_disks(run_pid, pid_env, sample_repo,
+                                                                                       tmp_path):
+    """An operator's test: the first `pid list` after a pool worker's SIGKILL swept its running job, and with the job's
+    disk every disk whose lock had died, the pool's too; the pool's ready containers ran on, on deleted disks, until
+    a reap or their expiry. They go together now."""
+    script = [{"text": "warm"}, {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 120"}}]},
+              {"text": "never"}]
+    with pooled_worker(pid_env, tmp_path, 2, script) as (env, log, llm, worker):
+        model = ["--repo", str(sample_repo), "--model", "m", "--base-url", llm.base_url]
+        assert run_pid("submit", "warm", *model, "--wait", env=env).code == 0, log.read_text()
+        _wait("two ready sandboxes", lambda: len(_ready_ids()) >= 2, log)
+        job_id = run_pid("submit", "t", *model, env=env).stdout.strip()
+        _wait("the job's command", lambda: "sleep 120" in run_pid("status", job_id, env=env).stdout, log)
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+    listed = run_pid("list", env=env)   # (its sweep finds the job's process gone)
+    assert listed.code == 0 and job_id in listed.stdout, listed.stderr
+    disks = Path(env["PID_HOME"]) / "disks"
+    _wait("the pool's containers and every disk", lambda: pool_containers() == [] and not any(disks.iterdir()), log,
+          timeout=30)

@@ -21,8 +21,8 @@ TAIL_BYTES = 128 * 1024
 # Whatever the model is shown less of than the whole stays reachable in the kept output file.
 OUTPUT = OutputPolicy(tail_bytes=TAIL_BYTES, keep_lines=MAX_LINES, keep_bytes=MAX_BYTES)
 
-DISK_FULL_NOTICE = ("No space left on device: the job's disk is full (its --disk limit). Writes fail until files are "
-                    "removed.")
+DISK_FULL_NOTICE = ("No space left on device, or nearly: the job's disk has less than 1 MiB left (its --disk limit). "
+                    "Writes fail, or soon will, until files are removed.")
 OUT_OF_MEMORY_NOTICE = ("The container ran out of memory (its memory limit): the kernel killed processes to free "
                         "memory (a process killed so exits with code 137). Files in /dev/shm count against the limit "
                         "too.")
