@@ -27,6 +27,7 @@ RESERVED_IDS = {"batch.json", "batch.jsonl", "jobs.jsonl", "summary.json", "view
 SECRET_FIELDS = {"api_key", "api-key"}   # a key is not taken from a tasks file: the batch keeps its lines
 NOT_PER_ITEM = {"out_dir"}   # the batch's own: its output directory
 IMAGES_FIELDS = ("no-images", "no_images", "images")
+MAX_BAD_LINES = 1000   # a tasks file's bad lines told at most: a file of millions kept one error each (~100 B a byte)
 PATH_FIELDS = {"system_prompt"}   # options whose value is a file on this machine (besides `repo`)
 
 
@@ -107,6 +108,9 @@ def parse(lines: Iterable[str], base: str | None, allow_outside: bool = False) -
     errors: list[str] = []
     seen: dict[str, int] = {}
     for number, text in enumerate(lines, start=1):
+        if len(errors) >= MAX_BAD_LINES:   # (nothing will be submitted: the rest is not read, nor kept in memory)
+            errors.append(f"line {number} on: not read ({MAX_BAD_LINES} bad lines already)")
+            break
         if not text.strip():
             continue
         data = _json_object(text)
@@ -200,7 +204,9 @@ def _fields(data: dict[str, Any], options: dict[str, JobOption], base: str | Non
             problems.append(f"unknown field {key!r}")
             continue
         try:
-            if option.name in PATH_FIELDS and isinstance(value, str):
+            if option.name in PATH_FIELDS:   # (a path as a number, 42, was read from the current directory)
+                if not isinstance(value, str):
+                    raise click.BadParameter("must be a path (a string)")
                 value = local_path(value, base, allow_outside)
             _put(fields, named, problems, option.name, convert(option, value), key)
         except click.BadParameter as exc:

@@ -136,6 +136,21 @@ def needs_run(row: dict[str, Any] | None, retry_failed: bool) -> bool:
     return retry_failed and row.get("exit_code") != 0
 
 
+
+def _links(path: str) -> str:
+    """The first symbolic link among the batch directory's entries and its items' (pid's files: none is one), or
+    "". The workers' .jobs is theirs, and left out."""
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.is_symlink():
+                return entry.name
+            if entry.is_dir(follow_symlinks=False) and entry.name != JOBS:
+                with os.scandir(entry.path) as inner:
+                    for item in inner:
+                        if item.is_symlink():
+                            return f"{entry.name}/{item.name}"
+    return ""
+
 @dataclass
 class BatchDir:
     path: str
@@ -166,6 +181,10 @@ class BatchDir:
                 raise ValueError
         except (OSError, ValueError):
             raise ValueError(f"{path} is not a batch's output directory (no readable {META})") from None
+        linked = _links(path)
+        if linked:   # (pid writes none: a directory from elsewhere sent the ledger, the log, the view through them)
+            raise ValueError(f"{path} holds a symbolic link ({linked}): it is no batch directory pid wrote; give "
+                             "another one")
         found = cls(path, meta)
         for entry in _lines(os.path.join(path, LEDGER)):
             found.ledger.setdefault(str(entry["id"]), []).append(str(entry["job_id"]))

@@ -271,6 +271,13 @@ def _same_batch(bdir: BatchDir, tasks: str, digests: dict[str, str], options: di
                           f"now {_shown(now.get(name))}" for name in changed)
         raise PidError(f"--out {bdir.path} holds batch {bdir.batch_id}, started with other options ({named}): "
                        f"{again}")
+    foreign = _foreign_rows(bdir)
+    if foreign:
+        said = ", ".join(one_line(i) for i in foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5
+                                                              else "")
+        raise PidError(f"--out {bdir.path}: its results name jobs this job store never had, though it would keep them "
+                       f"still ({said}): a batch directory from elsewhere (a repository can carry one) is not resumed; "
+                       "give this run another --out directory (or resume with the job store the batch ran on)")
     recorded = bdir.meta.get("items")   # (none in a batch.json from before they were kept)
     if isinstance(recorded, dict):
         changed = [i for i in bdir.order if bdir.ledger.get(i) and i in recorded and digests.get(i) != recorded[i]
@@ -282,6 +289,29 @@ def _same_batch(bdir: BatchDir, tasks: str, digests: dict[str, str], options: di
                            f"whose jobs stand (their lines, or files the lines name): {said}{more}: put their lines "
                            "back as they were, or give this run another --out directory (added lines are fine, and "
                            "so is a new line for an item to run again: cancelled, or failed with --retry-failed)")
+
+
+def _foreign_rows(bdir: BatchDir) -> list[str]:
+    """Items whose ended row names a job the job store does not have, though its retention would keep it still: a
+    rerun would take such a row as the item's result (a forged `completed` with a passed check, and exit 0)."""
+    from pid.jobs.store import default_store, retention_s
+    store, now, keep = default_store(), time.time(), retention_s()
+    foreign = []
+    for item_id, row in bdir.rows.items():
+        job_id = str(row.get("job_id") or "")
+        made = _id_time(job_id)
+        if made is None or (now - made < keep and store.get(job_id) is None):
+            foreign.append(item_id)
+    return foreign
+
+
+def _id_time(job_id: str) -> float | None:
+    """When a job id says it was made (new_job_id: "YYYYMMDD-HHMMSS-…", UTC), or None for an id of no such form."""
+    from datetime import datetime, timezone
+    try:
+        return datetime.strptime(job_id[:15], "%Y%m%d-%H%M%S").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
 
 
 def _stands(bdir: BatchDir, item_id: str, retry_failed: bool) -> bool:

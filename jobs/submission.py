@@ -207,6 +207,9 @@ def check_workspace_size(spec: JobSpec, max_bytes: int) -> None:
 def check_out_dir(out: str) -> str:
     """OUT must be a directory pid can write in, or one it can create (its parent exists and is writable)."""
     path = os.path.abspath(os.path.expanduser(out))
+    if os.path.islink(path):   # (a repository's own `pid-runs` link sent a job's output, files and all, elsewhere)
+        raise PidError(f"--out {escaped(out)}: a symbolic link (to {escaped(os.readlink(path))}): pid writes no output "
+                       "through one, as a repository may have put it there; name the directory itself")
     if os.path.exists(path) and not os.path.isdir(path):
         raise PidError(f"--out {out}: not a directory")
     where = path if os.path.isdir(path) else os.path.dirname(path)

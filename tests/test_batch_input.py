@@ -216,6 +216,22 @@ def test_a_hostile_tasks_file_is_read_within_bounds_and_its_bad_lines_reported(t
                               "line 3: not JSON pid reads (nested too deeply)"], errors
 
 
+def test_a_tasks_file_of_bad_lines_is_told_in_bounded_memory_and_a_path_must_be_a_string(tmp_path):
+    """A hostile-tasks test's: one error kept per bad line took ~100 bytes of memory per byte of the file (3 GB for a
+    30 MB file of `1`s); and a system_prompt given as a number skipped the tasks directory's bound (`42`, read from
+    the current directory)."""
+    import pid.jobs.batch_setup as batch_setup
+    from pid.cli.batch_tasks import MAX_BAD_LINES
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("1\n" * (MAX_BAD_LINES * 5) + json.dumps({"id": "x", "task": "t", "system_prompt": 42}) + "\n")
+    items, errors = batch_setup.read_items(str(tasks), allow_outside=False)
+    assert items == [] and len(errors) == MAX_BAD_LINES + 1
+    assert errors[-1] == f"line {MAX_BAD_LINES + 1} on: not read ({MAX_BAD_LINES} bad lines already)"
+    tasks.write_text(json.dumps({"id": "x", "task": "t", "system_prompt": 42}) + "\n")
+    items, errors = batch_setup.read_items(str(tasks), allow_outside=False)
+    assert errors == ["line 1: system_prompt: must be a path (a string)"], errors
+
+
 def test_a_prompt_file_that_is_a_fifo_no_one_writes_is_refused_in_time(tmp_path, monkeypatch):
     """`--system-prompt` (or a tasks line's system_prompt) naming a FIFO hung the command for good; a pipe that does
     send its text (`<(…)`) is still read."""

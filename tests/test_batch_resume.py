@@ -127,3 +127,24 @@ def test_every_line_whose_image_is_missing_is_told_with_its_number(run_pid, pid_
                    "http://127.0.0.1:9/v1", "--detach")
     assert both.code == 2 and "line 1: not JSON" in both.stderr, both.stderr
     assert "line 2: sandbox image 'pid-test-nope:1' not found" in both.stderr, both.stderr
+
+
+def test_a_batch_directory_from_elsewhere_is_not_resumed(run_pid, pid_env, sample_repo, tmp_path):
+    """A hostile-repository test's: a tasks directory that carried its own `pid-batch/` (batch.json, a batch.jsonl
+    row saying item `a` completed with its check passed) made `pid batch … --out pid-batch` print "nothing to do",
+    100 % passed, exit 0, with nothing run; links among its files sent the ledger and the worker's log elsewhere."""
+    from datetime import datetime, timezone
+    tasks = write_tasks(tmp_path / "tasks.jsonl", sample_repo, ["a"])
+    out = tmp_path / "pid-batch"
+    out.mkdir()
+    (out / "batch.json").write_text(json.dumps({"batch": "b-fake", "tasks": str(tasks)}))
+    forged = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + "abcdef"
+    (out / "batch.jsonl").write_text(json.dumps({"id": "a", "job_id": forged, "status": "completed", "exit_code": 0,
+                                                 "check": {"passed": True}, "check_asked": True}) + "\n")
+    common = ["--out", str(out), "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--queue",
+              "nobody-consumes-this", "--detach"]
+    assert_one_error(run_pid("batch", str(tasks), *common), "its results name jobs this job store never had", "(a)")
+    (out / "batch.jsonl").unlink()
+    (out / "jobs.jsonl").symlink_to(tmp_path / "victim")
+    assert_one_error(run_pid("batch", str(tasks), *common), "holds a symbolic link (jobs.jsonl)")
+    assert not (tmp_path / "victim").exists()

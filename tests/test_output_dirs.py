@@ -37,3 +37,15 @@ def test_a_jobs_artifacts_inside_the_repository_stay_out_of_the_next_jobs_worksp
     assert ids[0] not in seen, seen   # the second job saw nothing of the first's
     patch = Path(out / ids[1] / "patch.diff").read_text()
     assert "pid-runs" not in patch, patch
+
+
+def test_an_out_directory_that_is_a_link_is_refused(tmp_path):
+    """A hostile-repository test's: a repository's own committed `pid-runs` link (the default --out of a `pid run`
+    in it) sent the job's patch, transcript and --file copies to wherever it pointed."""
+    from pid.errors import PidError
+    from pid.jobs.submission import check_out_dir
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "pid-runs").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(PidError, match=r"^--out .*pid-runs: a symbolic link \(to .*elsewhere\): pid writes no output"):
+        check_out_dir(str(tmp_path / "pid-runs"))
+    assert check_out_dir(str(tmp_path / "elsewhere")) == str(tmp_path / "elsewhere")
