@@ -37,7 +37,7 @@ from .launch import Container, default_disk_root, free_reserve, launch, launch_o
 from .memory import OUT_OF_MEMORY_EARLIER
 from .process_table import ProcessTable
 from .reaper import remove_job_containers
-from .workspace import patch_script, unrecorded
+from .workspace import NESTED_WHY, patch_script, unrecorded
 from .workspaces import UploadedWorkspace, copy_patch_out, export_files, workspace_for
 
 log = logging.getLogger(__name__)
@@ -287,7 +287,9 @@ class DockerSandbox:
         said = self.run_as_pid(patch_script(self.workdir, base, room, max_bytes), "making the patch", timeout)
         left_out = unrecorded(said, self.workdir, max_bytes)   # (before the copy: a failing patch leaves no file)
         copy = copy_patch_out(self.container, room, dest, max_bytes)
-        copy.dropped[:0] = [Skipped(escaped(path), why) for path, why in left_out]
+        said_already = {skipped.path for skipped in copy.dropped}   # (a repository whose commit changed: dropped there)
+        copy.dropped[:0] = [Skipped(escaped(path), why) for path, why in left_out
+                            if why != NESTED_WHY or escaped(path) not in said_already]
         return copy
 
     @engine_errors

@@ -160,6 +160,12 @@ def patch_script(workdir: str, base: str, room: str, max_patch: int) -> str:
             f"  echo '{SPECIAL_MARK}' $(wc -c < {room}/special.v); cat {room}/special.v; fi\n"
             f"if [ -s {room}/big ]; then echo; printf '%s ' '{BIG_MARK}'; "
             f"head -c {BIG_MAX} {room}/big | od -An -v -tx1 | tr -d ' \\n'; fi\n"
+            # A repository inside the workspace is one entry to pid's git (its commit): what changes in it is in no
+            # patch. Named (from pid's index alone: git never runs in it, its config and hooks are the agent's).
+            f"git -c core.quotePath=true ls-files -s | grep '^160000 ' | cut -f2- | head -n {NESTED_COUNT} "
+            f"> {room}/nested 2>/dev/null || true\n"
+            f"if [ -s {room}/nested ]; then echo; printf '%s ' '{NESTED_MARK}'; "
+            f"head -c {BIG_MAX} {room}/nested | od -An -v -tx1 | tr -d ' \\n'; fi\n"
             "git -c diff.noprefix=false -c diff.mnemonicPrefix=false diff --cached --binary --no-color --no-ext-diff "
             f"--no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/ {base} -- . "
             + " ".join(f"':(exclude,glob){pattern}'" for pattern in BYTECODE) + f" > {room}/patch.diff\n")
@@ -190,6 +196,10 @@ def _big_new_files(room: str, max_patch: int) -> str:
             "fi\n")
 
 
+NESTED_MARK = "pid: repositories of their own:"   # (then their names, in hex: said after BIG_MARK's)
+NESTED_COUNT = 32   # of them named at most
+NESTED_WHY = ("a git repository of its own that came with the workspace: git records only its commit, so no change "
+              "inside it is in the patch")
 BIG_MARK = "pid: new files over --max-patch:"   # (then their NUL-separated names, in hex: nothing in them is a mark)
 BIG_COUNT = 32   # of them left out at most (the others' fate is the host's filter: artifacts.py)
 BIG_MAX = 500    # bytes of their names said (with git's words and SPECIAL_MAX, within the 16 KiB the host reads)
@@ -211,11 +221,25 @@ def unrecorded(said: bytes, workdir: str, max_patch: int) -> list[tuple[str, str
     FIFOs, sockets and devices no .gitignore ignores (after SPECIAL_MARK), then the new files over --max-patch the
     script left out (after BIG_MARK, said last); SandboxError when git said anything else (any other error), or too
     much to read."""
+    said, nested = _nested(said)
     said, big = _big_left_out(said, max_patch)
     said, _, special = (b"\n" + said).partition(b"\n" + SPECIAL_MARK.encode() + b" ")
     found = _git_left_out(said[1:])
     known = {path for path, _ in found}
-    return found + [(path, _NO_FILE) for path in _no_files(special, workdir) if path not in known] + big
+    return found + [(path, _NO_FILE) for path in _no_files(special, workdir) if path not in known] + big + nested
+
+
+def _nested(said: bytes) -> tuple[bytes, list[tuple[str, str]]]:
+    """The script's output without its NESTED_MARK section (said last), and the repositories that section names (as
+    git quotes an unusual name; a name cut by BIG_MAX is left out of the list)."""
+    rest, mark, tail = said.rpartition(b"\n" + NESTED_MARK.encode() + b" ")
+    if not mark:
+        return said, []
+    try:
+        names = bytes.fromhex(tail.strip().decode("ascii")).split(b"\n")
+    except ValueError:
+        return rest, []
+    return rest, [(name.decode("utf-8", "surrogateescape"), NESTED_WHY) for name in names[:-1] if name]
 
 
 def _big_left_out(said: bytes, max_patch: int) -> tuple[bytes, list[tuple[str, str]]]:

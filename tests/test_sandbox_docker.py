@@ -23,6 +23,7 @@ from pid.sandbox import fileops
 from pid.sandbox.channel import DIRECT_MAX, Channel, request_line
 from pid.sandbox.config import BASE_ENV
 from pid.sandbox.reaper import owner_label, run_labels
+from pid.sandbox.workspace import NESTED_WHY
 from tests.conftest import WAITING_SHELL_MARK, signal_waiting_shells, signalled
 from tests.services import missing
 
@@ -1146,6 +1147,27 @@ def test_under_runc_the_patch_comes_from_pids_disk_without_the_engine(client, mo
         patch = tmp_path / "out.patch"
         assert box.export_patch(str(patch), 1 << 20).size == patch.stat().st_size
     assert b"+brand new" in patch.read_bytes() and b"b/added/new.txt" in patch.read_bytes()
+
+
+def test_a_repository_that_came_with_the_workspace_is_said_to_be_left_out(client, tmp_path):
+    """A hostile-repository test's: a workspace holding a repository of its own (`vendor/lib/.git`, committed): the
+    agent's changes inside it were in no patch, and nothing said so. It is named in the report now; the rest of the
+    patch is made as before."""
+    repo = make_repo(tmp_path)
+    nested = repo / "vendor" / "lib"
+    nested.mkdir(parents=True)
+    git(nested, "init", "-q")
+    (nested / "lib.c").write_text("int x;\n")
+    git(nested, "add", "-A")
+    git(nested, "commit", "-qm", "lib")
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-nested", ttl_s=300), client) as box:
+        box.import_workspace(str(repo))
+        assert box.exec("echo 'int y;' >> vendor/lib/lib.c && echo more >> edit.txt && echo ok",
+                        timeout=30).tail == b"ok\n"
+        copy = box.export_patch(str(tmp_path / "out.patch"), 1 << 20)
+    text = (tmp_path / "out.patch").read_bytes()
+    assert b"+more" in text and b"lib.c" not in text
+    assert [(s.path, s.reason) for s in copy.dropped] == [("vendor/lib", NESTED_WHY)]
 
 
 def test_what_git_cannot_record_is_left_out_of_the_patch_and_said(client, tmp_path):
