@@ -136,7 +136,6 @@ def needs_run(row: dict[str, Any] | None, retry_failed: bool) -> bool:
     return retry_failed and row.get("exit_code") != 0
 
 
-
 def _links(path: str) -> str:
     """The first symbolic link among the batch directory's entries and its items' (pid's files: none is one), or
     "". The workers' .jobs is theirs, and left out."""
@@ -150,6 +149,7 @@ def _links(path: str) -> str:
                         if item.is_symlink():
                             return f"{entry.name}/{item.name}"
     return ""
+
 
 @dataclass
 class BatchDir:

@@ -218,9 +218,9 @@ _GITS_ASIDES = re.compile(rb"hint:.*|warning: adding embedded git repository: .+
 
 def unrecorded(said: bytes, workdir: str, max_patch: int) -> list[tuple[str, str]]:
     """(path, why) for each path the patch script's git left out: what git said after UNRECORDED_MARK, then the
-    FIFOs, sockets and devices no .gitignore ignores (after SPECIAL_MARK), then the new files over --max-patch the
-    script left out (after BIG_MARK, said last); SandboxError when git said anything else (any other error), or too
-    much to read."""
+    FIFOs, sockets and devices no .gitignore ignores (after SPECIAL_MARK), the new files over --max-patch the script
+    left out (after BIG_MARK), then the repositories of their own (after NESTED_MARK, said last); SandboxError when
+    git said anything else (any other error), or too much to read."""
     said, nested = _nested(said)
     said, big = _big_left_out(said, max_patch)
     said, _, special = (b"\n" + said).partition(b"\n" + SPECIAL_MARK.encode() + b" ")
