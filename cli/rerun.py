@@ -43,8 +43,15 @@ def _limit(flag: str, name: str, kind: type) -> Any:
                         help=f"{meta['help']} Default: the earlier job's.")
 
 
+def _stacked(func: Any, decorators: list[Any]) -> Any:
+    """func with `decorators` applied as if written above it, in that order."""
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
 def queue_options(func: Any) -> Any:
-    decorators = [
+    return _stacked(func, [
         click.option("--out", "out_dir", metavar="DIR",
                      help="Artifacts go to DIR/<job id>/. Default: the earlier job's when it can be written here (a "
                           "batch item's: pid-runs), else pid-runs."),
@@ -56,15 +63,12 @@ def queue_options(func: Any) -> Any:
         click.option("--json", "as_json", is_flag=True,
                      help="With --wait: print result.json instead of the summary; without: {\"id\", \"status\", "
                           "\"queue\"} instead of the id alone."),
-    ]
-    for decorator in reversed(decorators):
-        func = decorator(func)
-    return func
+    ])
 
 
 def model_options(func: Any) -> Any:
     """Who answers the new job: the earlier job's model and endpoint, or those named here."""
-    decorators = [
+    return _stacked(func, [
         click.option("--model", default=None, help="Another model answers (its prices and context window: the model "
                                                    "table's). Default: the earlier job's."),
         click.option("--base-url", type=Url(), default=None,
@@ -72,10 +76,7 @@ def model_options(func: Any) -> Any:
         click.option("--api", type=Api(), default=None,
                      help="Its wire format (openai or anthropic); without --base-url, an earlier vendor's own "
                           "endpoint becomes this format's own. Default: the earlier job's."),
-    ]
-    for decorator in reversed(decorators):
-        func = decorator(func)
-    return func
+    ])
 
 
 @click.command("continue", cls=HomeCommand)

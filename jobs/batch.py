@@ -33,6 +33,7 @@ from pid.errors import PidError
 from pid.jobs.spec import JOB_ID_RE, beside, write_json_atomic
 from pid.jobs.trees import remove_tree
 from pid.output_dirs import make_marked
+from pid.terminal import escaped
 
 META, LEDGER, RESULTS, SUMMARY, JOBS = "batch.json", "jobs.jsonl", "batch.jsonl", "summary.json", ".jobs"
 LOCK, CANCELLED = ".lock", ".cancelled"
@@ -183,8 +184,8 @@ class BatchDir:
             raise ValueError(f"{path} is not a batch's output directory (no readable {META})") from None
         linked = _links(path)
         if linked:   # (pid writes none: a directory from elsewhere sent the ledger, the log, the view through them)
-            raise ValueError(f"{path} holds a symbolic link ({linked}): it is no batch directory pid wrote; give "
-                             "another one")
+            raise ValueError(f"{path} holds a symbolic link ({escaped(linked)}): it is no batch directory pid wrote; "
+                             "give another one")   # (its name is the directory's maker's: shown escaped)
         found = cls(path, meta)
         for entry in _lines(os.path.join(path, LEDGER)):
             found.ledger.setdefault(str(entry["id"]), []).append(str(entry["job_id"]))

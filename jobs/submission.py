@@ -333,11 +333,17 @@ def post(store: Any, job_id: str, kind: str, message: str) -> None:
     if record.cancel_requested:   # (it would never be read: the job stops at its next step)
         raise PidError(f"job {job_id} is {'cancelled' if record.terminal else 'being cancelled'}: it takes no more "
                        "messages")
-    from pid.jobs.store import AGENT_ENDED
-    if not record.terminal and record.activity in AGENT_ENDED:   # (a new user's: "queued", then never delivered)
-        raise PidError(f"job {job_id}'s agent has ended (now: {record.activity}): it takes no more messages")
+    _refuse_once_agent_ended(record, "it takes no more messages")   # (a new user's: "queued", then never delivered)
     if not store.post(job_id, kind, message):
         raise PidError(f"job {job_id} is {record.status}: it takes no more messages")
+
+
+def _refuse_once_agent_ended(record: Any, what: str) -> None:
+    """A job whose agent has ended (its check or its artifacts under way) reads no message and holds at no model
+    call: a PidError saying so and `what`, rather than a message queued for no one."""
+    from pid.jobs.store import AGENT_ENDED
+    if not record.terminal and record.activity in AGENT_ENDED:
+        raise PidError(f"job {record.id}'s agent has ended (now: {record.activity}): {what}")
 
 
 def set_paused(store: Any, job_id: str, paused: bool) -> None:
@@ -345,9 +351,8 @@ def set_paused(store: Any, job_id: str, paused: bool) -> None:
     record = job_record(store, job_id)
     if not paused and not record.held and not record.terminal:   # (saying "resumed" would claim what did not happen)
         raise PidError(f"job {job_id} is {record.status}, not paused: nothing to resume")
-    from pid.jobs.store import AGENT_ENDED
-    if paused and not record.terminal and record.activity in AGENT_ENDED:   # (as post: it would hold nothing)
-        raise PidError(f"job {job_id}'s agent has ended (now: {record.activity}): nothing to pause")
+    if paused:
+        _refuse_once_agent_ended(record, "nothing to pause")   # (it said nothing, and held nothing)
     if not store.set_paused(job_id, paused):
         raise PidError(f"job {job_id} is {store.get(job_id).status}: nothing to {'pause' if paused else 'resume'}")
 

@@ -284,12 +284,8 @@ def _remove_containers(job_id: str, attempt: int | None = None) -> None:
     try:
         from pid.config import pid_home
         from pid.sandbox import remove_job_containers
-        from pid.sandbox.disk import reap_disks
-        from pid.sandbox.reaper import owner_label, reap_orphan_pools
+        from pid.sandbox.reaper import owner_label, reap_gone
         remove_job_containers(job_id, attempt=attempt)
-        # A dead worker's warm pool goes with its disks, which reap_disks takes as it takes the job's: left, its
-        # ready containers ran on disks already deleted (an operator's test), until a reap or their expiry.
-        reap_orphan_pools(owner_label(pid_home()))
-        reap_disks(os.path.join(pid_home(), "disks"))
+        reap_gone(pid_home(), owner_label(pid_home()))   # (with the job's disk, a dead worker's pool and its disks)
     except Exception:
         log.debug("job %s: removing its containers and disk", job_id, exc_info=True)

@@ -146,7 +146,16 @@ def reap_installation(pid_home: str, *, all_owners: bool = False,
     """What `pid reap`, `pid run` and every worker do: remove this installation's expired containers (every
     installation's with all_owners) and those of warm pools whose worker is gone, then the per-job disks whose job
     process is gone. (container ids, disk names)"""
-    from .disk import reap_disks
     owner = None if all_owners else owner_label(pid_home)
-    containers = reap_expired(owner, client) + reap_orphan_pools(owner, client)
-    return containers, reap_disks(os.path.join(pid_home, "disks"))
+    expired = reap_expired(owner, client)
+    pools, disks = reap_gone(pid_home, owner, client)
+    return expired + pools, disks
+
+
+def reap_gone(pid_home: str, owner: str | None, client: docker.DockerClient | None = None
+              ) -> tuple[list[str], list[str]]:
+    """The warm pools of workers known gone (reap_orphan_pools), then the per-job disks whose process is gone: always
+    together, since a pool's containers run on disks the second removes (left, they ran on deleted disks until
+    their expiry). (container ids, disk names)"""
+    from .disk import reap_disks
+    return reap_orphan_pools(owner, client), reap_disks(os.path.join(pid_home, "disks"))

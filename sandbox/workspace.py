@@ -158,17 +158,22 @@ def patch_script(workdir: str, base: str, room: str, max_patch: int) -> str:
             f"if [ -s {room}/special ]; then git check-ignore --no-index -z --stdin -n -v < {room}/special "
             f"2>/dev/null | head -c {SPECIAL_MAX} > {room}/special.v || true\n"
             f"  echo '{SPECIAL_MARK}' $(wc -c < {room}/special.v); cat {room}/special.v; fi\n"
-            f"if [ -s {room}/big ]; then echo; printf '%s ' '{BIG_MARK}'; "
-            f"head -c {BIG_MAX} {room}/big | od -An -v -tx1 | tr -d ' \\n'; fi\n"
+            + _said_in_hex(BIG_MARK, f"{room}/big") +
             # A repository inside the workspace is one entry to pid's git (its commit): what changes in it is in no
             # patch. Named (from pid's index alone: git never runs in it, its config and hooks are the agent's).
             f"git -c core.quotePath=true ls-files -s | grep '^160000 ' | cut -f2- | head -n {NESTED_COUNT} "
             f"> {room}/nested 2>/dev/null || true\n"
-            f"if [ -s {room}/nested ]; then echo; printf '%s ' '{NESTED_MARK}'; "
-            f"head -c {BIG_MAX} {room}/nested | od -An -v -tx1 | tr -d ' \\n'; fi\n"
+            + _said_in_hex(NESTED_MARK, f"{room}/nested") +
             "git -c diff.noprefix=false -c diff.mnemonicPrefix=false diff --cached --binary --no-color --no-ext-diff "
             f"--no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/ {base} -- . "
             + " ".join(f"':(exclude,glob){pattern}'" for pattern in BYTECODE) + f" > {room}/patch.diff\n")
+
+
+def _said_in_hex(mark: str, path: str) -> str:
+    """The part of patch_script that says file `path` (when not empty) after `mark`, in hex: on a line of its own,
+    at most BIG_MAX bytes of it, nothing in it a mark (_hex_section reads it back)."""
+    return (f"if [ -s {path} ]; then echo; printf '%s ' '{mark}'; "
+            f"head -c {BIG_MAX} {path} | od -An -v -tx1 | tr -d ' \\n'; fi\n")
 
 
 def _big_new_files(room: str, max_patch: int) -> str:
@@ -231,29 +236,30 @@ def unrecorded(said: bytes, workdir: str, max_patch: int) -> list[tuple[str, str
 
 def _nested(said: bytes) -> tuple[bytes, list[tuple[str, str]]]:
     """The script's output without its NESTED_MARK section (said last), and the repositories that section names (as
-    git quotes an unusual name; a name cut by BIG_MAX is left out of the list)."""
-    rest, mark, tail = said.rpartition(b"\n" + NESTED_MARK.encode() + b" ")
-    if not mark:
+    git quotes an unusual name)."""
+    rest, names = _hex_section(said, NESTED_MARK, b"\n")
+    return rest, [(name, NESTED_WHY) for name in names if name]
+
+
+def _hex_section(said: bytes, mark: str, separator: bytes) -> tuple[bytes, list[str]]:
+    """The script's output without its last section `mark` (_said_in_hex), and the names that section holds: a
+    name cut by BIG_MAX is left out of the list."""
+    rest, found, tail = said.rpartition(b"\n" + mark.encode() + b" ")
+    if not found:
         return said, []
     try:
-        names = bytes.fromhex(tail.strip().decode("ascii")).split(b"\n")
+        names = bytes.fromhex(tail.strip().decode("ascii")).split(separator)
     except ValueError:
         return rest, []
-    return rest, [(name.decode("utf-8", "surrogateescape"), NESTED_WHY) for name in names[:-1] if name]
+    return rest, [name.decode("utf-8", "surrogateescape") for name in names[:-1]]
 
 
 def _big_left_out(said: bytes, max_patch: int) -> tuple[bytes, list[tuple[str, str]]]:
     """The script's output without its BIG_MARK section, and the files that section names (a name cut by BIG_MAX is
     left out of the list, not of the patch's leaving out)."""
     from .artifacts import new_file_over
-    rest, mark, tail = said.rpartition(b"\n" + BIG_MARK.encode() + b" ")
-    if not mark:
-        return said, []
-    try:
-        names = bytes.fromhex(tail.strip().decode("ascii")).split(b"\0")
-    except ValueError:
-        return rest, []
-    return rest, [(name.decode("utf-8", "surrogateescape"), new_file_over(max_patch)) for name in names[:-1]]
+    rest, names = _hex_section(said, BIG_MARK, b"\0")
+    return rest, [(name, new_file_over(max_patch)) for name in names]
 
 
 def _no_files(special: bytes, workdir: str) -> list[str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import posixpath
 import shlex
 import threading
 import time
@@ -19,6 +18,7 @@ from typing import Any, Callable
 
 from pid import events as ev
 from pid.agent import Outcome
+from pid.sandbox.config import container_path
 from pid.sandbox_api import SandboxError
 from pid.sandbox_lifecycle import FilesBudget, JobSandbox, SandboxProvider
 from pid.worker.check import Check, run_check
@@ -228,7 +228,7 @@ def _collect_check_files(box: JobSandbox, spec: JobSpec, job_dir: str, artifacts
 
 def _in_container(box: JobSandbox, path: str) -> str:
     """A --file path as the sandbox resolves it, relative to / ("" for / itself)."""
-    return posixpath.normpath(posixpath.join(box.workdir, path)).lstrip("/")
+    return container_path(path, box.workdir).lstrip("/")
 
 
 def _inside_rel(rel: str, root: str) -> bool:
