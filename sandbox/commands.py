@@ -231,8 +231,9 @@ class Commands:
         deadline is killed at once below, as timed out. (A command is at most a tool argument's size: see
         pid/tools/registry.py's MAX_ARGUMENT_BYTES.)
         """
+        if not self.agent_started:   # (later kills are told once, by the next call to end: one read per call)
+            self.memory.mark()
         self.agent_started = True
-        self.memory.mark()
         started = time.monotonic()
         deadline = started + timeout
         clearings = self.processes.clearings

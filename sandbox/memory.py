@@ -72,12 +72,14 @@ class MemoryWatch:
         self._lock = threading.Lock()
 
     def mark(self) -> None:
-        """A call starts: what the kernel killed before it is not its doing (one read of an open file)."""
+        """The agent's first call starts: what the kernel killed before it is not the agent's doing (one read of an
+        open file). A kill after it, during a call or between two (a server left running), is told once, by the
+        next call to end (ran_out)."""
         with self._lock:
             self._look()
 
     def ran_out(self) -> bool:
-        """Whether the kernel killed a process for memory since the last mark (or the last time this said so)."""
+        """Whether the kernel killed a process for memory since the mark, or since the last time this said so."""
         with self._lock:
             before = self.seen
             return self._look() > before

@@ -51,3 +51,23 @@ def test_memory_filled_where_no_kill_frees_it_ends_saying_so(run_pid, sample_rep
     said = "\n".join([*told, result.get("error") or ""])
     assert "ran out of memory" in said, (said, res.stderr)
     assert "ran out of memory" in (result.get("error") or "") or result["status"] == "completed", result
+
+
+def test_a_kill_between_two_commands_is_told_by_the_next(run_pid, sample_repo, tmp_path):
+    """A process left running (a server, a build in the background) that the kernel kills while the model thinks:
+    the next command's result says the container ran out of memory, once."""
+    script = [
+        {"tool_calls": [{"name": "bash", "arguments": {"command": f"( sleep 0.3; {HOG} ) >/dev/null 2>&1 &"}}]},
+        {"delay_s": 3, "tool_calls": [{"name": "bash", "arguments": {"command": "echo next"}}]},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "echo then"}}]},
+        {"text": "ok"},
+    ]
+    with ScriptedLLM(script) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), "--json", "--memory", "128m",
+                      *job_options(llm, tmp_path / "out"))
+        assert res.code == 0, res.stderr
+        told = [m["content"] for m in llm.requests[3]["messages"] if m["role"] == "tool"]
+    started, following, then = told
+    assert OUT_OF_MEMORY_NOTICE not in started, started
+    assert OUT_OF_MEMORY_NOTICE in following and following.startswith("next"), following
+    assert OUT_OF_MEMORY_NOTICE not in then, then
