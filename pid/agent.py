@@ -412,9 +412,11 @@ class Agent:
 
     def _emit(self, event: ev.Event) -> None:
         with self._sink_lock:     # tool threads emit too; a sink never sees two events at once
-            self._emit_sent()     # a control sent meanwhile comes first
+            if not self._sent.empty():
+                self._emit_sent()     # a control sent meanwhile comes first
             self.sink(event)
-        self._emit_sent_soon()
+        if not self._sent.empty():
+            self._emit_sent_soon()
 
     def _send(self, event: ev.Control) -> None:
         """A control's `sent`, from any thread, a signal handler's included: it never waits for the sink (the thread

@@ -36,7 +36,7 @@ class SessionWriter:
         self.id = session_id or str(uuid.uuid4())
         self._last_id: str | None = None
         self._ids: set[str] = set()   # ids are 8 hex digits (pi's): one is drawn again until it is new, as pi does
-        self._file: IO[str] = open(path, "a", encoding="utf-8")
+        self._file: IO[bytes] = open(path, "ab")
         header = {"type": "session", "version": SESSION_VERSION, "id": self.id, "timestamp": iso_time(), "cwd": cwd}
         self._write({**header, "parentSession": parent_session} if parent_session else header)
 
@@ -47,12 +47,12 @@ class SessionWriter:
         self._ids.add(entry["id"])
 
     def _write(self, obj: dict[str, Any]) -> None:
-        line = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+        line = json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
         try:
-            line.encode("utf-8")
+            data = line.encode("utf-8")
         except UnicodeEncodeError:   # a lone surrogate (a byte of a file not in UTF-8, a model's "\ud800"): as an
-            line = json.dumps(obj, separators=(",", ":"))   # escape, which JSON can hold and UTF-8 cannot
-        self._file.write(line + "\n")
+            data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()   # escape: JSON holds it, UTF-8 cannot
+        self._file.write(data)
         self._file.flush()
 
     def _append(self, body: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ first request, and the bytes go through the kernel only.
 """
 from __future__ import annotations
 
+import functools
 import io
 import importlib.resources
 import os
@@ -295,17 +296,19 @@ class Reply:
 
 
 # What a field may be: "d" a decimal number, "p" an output file of the server's, "w" the server's shell.
-_FIELD_OK: dict[str, Callable[[bytes], bool]] = {
-    "d": lambda field: field.isdigit() and len(field) <= 20,
-    "p": lambda field: OUTPUT_FILE.fullmatch(field.decode("ascii", "replace")) is not None,
-    "w": lambda field: field in (b"bash", b"sh"),
-}
+_FIELD_PATTERNS = {"d": rb"[0-9]{1,20}", "p": OUTPUT_FILE.pattern.encode(), "w": rb"bash|sh"}
+
+
+@functools.lru_cache(maxsize=None)
+def _fields_shape(kinds: str) -> re.Pattern[bytes]:
+    """The fields of a reply with `kinds`, then its payload's length: one pattern, matched once per reply."""
+    return re.compile(b"".join(b"(?:%s) " % _FIELD_PATTERNS[kind] for kind in kinds) + _FIELD_PATTERNS["d"])
 
 
 def read_reply(reader: BoundedReader, nonce: bytes, expect: Mapping[bytes, str], limit: int,
                deadline: float) -> Reply | None:
     """The next reply, which must answer the request that sent `nonce`, with a tag of `expect`, whose kinds of fields
-    it has (see _FIELD_OK), and a payload of at most `limit` bytes; None when no header came by `deadline` (the
+    it has (see _FIELD_PATTERNS), and a payload of at most `limit` bytes; None when no header came by `deadline` (the
     payload, once announced, gets REPLY_TIMEOUT more, or SandboxError). Anything else (another nonce or tag, a refusal
     "E", a malformed or oversized reply) raises ProtocolError: the server is confused or hostile, and the channel is
     dropped. The payload is counted, never searched for an end mark: no byte of it can end the reply early or pass for
@@ -316,19 +319,21 @@ def read_reply(reader: BoundedReader, nonce: bytes, expect: Mapping[bytes, str],
         raise ProtocolError(f"exec channel: a reply header of over {LINE_LIMIT} bytes") from exc
     if header is None:
         return None
-    words = header.split(b" ")
-    kinds = expect.get(words[0]) if len(words) >= 3 else None
-    if kinds is None or words[1] != nonce or len(words) != 3 + len(kinds):
+    tag, _, rest = header.partition(b" ")
+    given, _, rest = rest.partition(b" ")
+    kinds = expect.get(tag)
+    if kinds is None or given != nonce:
         raise ProtocolError(f"exec channel: unexpected reply {header[:80]!r}")
-    fields, length = words[2:-1], words[-1]
-    if not all(_FIELD_OK[kind](field) for kind, field in zip(kinds, fields)) or not _FIELD_OK["d"](length):
+    if _fields_shape(kinds).fullmatch(rest) is None:
         raise ProtocolError(f"exec channel: malformed reply {header[:80]!r}")
+    words = rest.split(b" ")
+    fields, length = words[:-1], words[-1]
     if int(length) > limit:
         raise ProtocolError(f"exec channel sent more than was asked for ({int(length)} > {limit} bytes)")
     payload = reader.read_exact(int(length), max(deadline, time.monotonic() + REPLY_TIMEOUT))
     if payload is None:
         raise SandboxError("exec channel did not send a whole reply in time")
-    return Reply(words[0], fields, payload)
+    return Reply(tag, fields, payload)
 
 
 def request_line(header: bytes) -> bytes:

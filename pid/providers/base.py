@@ -49,6 +49,8 @@ MAX_TOKEN_COUNT = 10**12   # more than any conversation: a count past it is take
 def token_count(value: Any) -> int:
     """A token count as the server sent it, made sane: a whole number from 0 to MAX_TOKEN_COUNT (a negative one,
     NaN, text or 10**309 would make a negative, infinite or unprintable cost and get past --max-cost)."""
+    if type(value) is int:   # (the usual case, first)
+        return min(max(value, 0), MAX_TOKEN_COUNT)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         return 0
     return int(min(max(value, 0), MAX_TOKEN_COUNT))

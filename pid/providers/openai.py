@@ -124,23 +124,23 @@ class _Reply(StreamReply):
         if not choices:
             return
         choice = choices[0] if isinstance(choices, list) else None
-        delta = choice.get("delta") if isinstance(choice, dict) else None
-        text = delta.get("content") if isinstance(delta, dict) else None
-        if not isinstance(choice, dict) or not isinstance(delta, (dict, type(None))) \
-                or not isinstance(text, (str, list, type(None))):
-            self.fail("malformed stream data from the server (not the shape of a chat completion chunk): "
-                      + truncate(json.dumps(chunk)))
-            return
+        if not isinstance(choice, dict):
+            return self._malformed(chunk)
+        delta = choice.get("delta")
         if delta:
-            if isinstance(text, list):  # a few servers stream content parts
-                text = "".join(p.get("text", "") for p in text if isinstance(p, dict))
-            if isinstance(text, str) and text:
-                self._append("text", text)
-                if on_text is not None:
-                    on_text(text)
+            text = delta.get("content") if isinstance(delta, dict) else None
+            if not isinstance(delta, dict) or not (text is None or isinstance(text, (str, list))):
+                return self._malformed(chunk)
+            if text:
+                if isinstance(text, list):  # a few servers stream content parts
+                    text = "".join(p.get("text", "") for p in text if isinstance(p, dict))
+                if text:
+                    self._append("text", text)
+                    if on_text is not None:
+                        on_text(text)
             for name in REASONING_FIELDS:
                 thinking = delta.get(name)
-                if isinstance(thinking, str) and thinking:
+                if thinking and isinstance(thinking, str):
                     self._append("thinking", thinking, name)
                     break
             for fragment in delta.get("tool_calls") or ():
@@ -150,9 +150,15 @@ class _Reply(StreamReply):
             # fragment of `tool_calls` in `function_call` within the same delta (appending both doubled them).
             if delta.get("function_call") and not delta.get("tool_calls"):
                 self._call_fragment({"index": 0, "function": delta["function_call"]})
+        elif not (delta is None or isinstance(delta, dict)):   # ("", 0 or [] too)
+            return self._malformed(chunk)
         if choice.get("finish_reason"):   # (a string; anything else is read as the end it still marks)
             finish = choice["finish_reason"]
             self.finish = finish if isinstance(finish, str) else "stop"
+
+    def _malformed(self, chunk: dict[str, Any]) -> None:
+        self.fail("malformed stream data from the server (not the shape of a chat completion chunk): "
+                  + truncate(json.dumps(chunk)))
 
     def _append(self, kind: str, piece: str, source: str | None = None) -> None:
         self.grow(utf8_size(piece))
@@ -169,8 +175,8 @@ class _Reply(StreamReply):
     def _call_fragment(self, fragment: Any) -> bool:
         """A piece of a tool call into its slot; False when it is not shaped as one (the reply fails, saying so)."""
         key = fragment.get("index") if isinstance(fragment, dict) else None
-        if not isinstance(fragment, dict) or not isinstance(fragment.get("function") or {}, dict) \
-                or (key is not None and whole_number(key) is None):
+        function = (fragment.get("function") or {}) if isinstance(fragment, dict) else None
+        if not isinstance(function, dict) or (key is not None and whole_number(key) is None):
             self.fail("malformed stream data from the server (not the shape of a tool call): "
                       + truncate(json.dumps(fragment)))
             return False
@@ -188,14 +194,13 @@ class _Reply(StreamReply):
         if call_id and not slot.id:
             slot.id = str(call_id)
             self.grow(utf8_size(slot.id))
-        function = fragment.get("function") or {}
         if function.get("name") and not slot.name:
             slot.name = str(function["name"])
             self.grow(utf8_size(slot.name))
         arguments = function.get("arguments")
         if isinstance(arguments, dict):  # already parsed by a lenient server
             arguments = json.dumps(arguments)
-        if isinstance(arguments, str) and arguments:
+        if arguments and isinstance(arguments, str):
             self.grow(utf8_size(arguments))
             slot.arguments.append(arguments)
         return True
