@@ -9,6 +9,7 @@ the CPU the process spends and the relay's reads and writes (the calls that take
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -98,8 +99,11 @@ def run(jobs: int, seconds: float, busy: bool) -> None:
 
 
 def main() -> None:
-    jobs = int(sys.argv[1]) if len(sys.argv) > 1 else 64
-    seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 20
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("jobs", nargs="?", type=int, default=64, help="relays at once (default 64)")
+    parser.add_argument("seconds", nargs="?", type=float, default=20, help="each measurement's length (default 20)")
+    args = parser.parse_args()
+    jobs, seconds = args.jobs, args.seconds
     run(jobs, seconds, busy=False)
     run(jobs, seconds, busy=True)
 

@@ -10,6 +10,7 @@ compare runs on different days by.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -47,8 +48,11 @@ def measure(name: str, call: Callable[[], object], n: int, pause_s: float = 0.0,
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
-    runtime = sys.argv[2] if len(sys.argv) > 2 else None
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("n", nargs="?", type=int, default=300, help="calls per measurement (default 300)")
+    parser.add_argument("runtime", nargs="?", help="an engine runtime, e.g. runsc for gVisor")
+    args = parser.parse_args()
+    n, runtime = args.n, args.runtime
     with DockerSandbox.create(SandboxConfig(job_id="bench-tool-roundtrip", ttl_s=600, runtime=runtime)) as sb:
         sb.write_file("small.txt", b"hello world\n" * 20)
         page = bytes(range(256)) * 16                    # binary: NULs and backslashes included
