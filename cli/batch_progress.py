@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from pid.cli.output import echo, format_duration
+from pid.cli.output import echo, format_duration, missing_originals_warning
 from pid.jobs.batch import check_verdict
 from pid.cli.table import Column, cut
 from pid.cli.table import render as table_lines
@@ -26,6 +26,12 @@ def item_line(row: dict[str, Any], done: int, total: int) -> str:
             f"{format_cost(row['cost'])} {format_duration(row.get('duration_s'))}{checked}{error}")
 
 
+def item_warning(row: dict[str, Any]) -> str | None:
+    """What an ended item's user should hear of beside its line: --check-original paths its original lacks."""
+    warning = missing_originals_warning(row)   # (a row's check is its result.json's)
+    return None if warning is None else f"warning: {one_line(str(row['id']))}: {warning}"
+
+
 class Lines:
     """Without a terminal: a line per item as it ends, on stdout (--json: its batch.jsonl object)."""
 
@@ -35,6 +41,8 @@ class Lines:
     def item_ended(self, row: dict[str, Any], progress: Progress) -> None:
         done = sum(progress.counts.get(s, 0) for s in ("completed", "failed", "limit", "cancelled"))
         echo(dumps(row) if self.as_json else item_line(row, done, progress.total))
+        if (warning := item_warning(row)) is not None:
+            self.note(warning)
 
     def update(self, progress: Progress) -> None:
         pass
@@ -60,6 +68,8 @@ class Live:
     def item_ended(self, row: dict[str, Any], progress: Progress) -> None:
         done = sum(progress.counts.get(s, 0) for s in ("completed", "failed", "limit", "cancelled"))
         self.console.print(shown(item_line(row, done, progress.total)), markup=False, highlight=False)
+        if (warning := item_warning(row)) is not None:
+            self.note(warning)
 
     def update(self, progress: Progress) -> None:
         self.live.update(render(progress, self.console.width))
@@ -139,6 +149,13 @@ def summary_text(summary: dict[str, Any], where: str) -> str:
         unjudged = asked - check["checked"]
         lines.append(f"check: {check['passed']}/{asked} passed ({check['pass_rate'] * 100:.0f}%)" +
                      (f", {unjudged} of them never checked (their jobs did not complete)" if unjudged else ""))
+    missing = check.get("original_missing") or []
+    if missing:
+        shown_ids = ", ".join(one_line(str(i)) for i in missing[:5]) + (f" and {len(missing) - 5} more"
+                                                                       if len(missing) > 5 else "")
+        lines.append(f"warning: {len(missing)} item(s) named --check-original paths their original workspace does "
+                     f"not have, which protects nothing there (a misspelt path?): {shown_ids} (batch.jsonl's "
+                     "check.original_missing)")
     cost, tokens, dur = s["cost"], s["tokens"], s["duration_s"]
     earlier = with_earlier(cost["total"], cost.get("all_jobs", 0))
     lines.append(f"cost: {format_cost(cost['total'])} (per item p50 {format_cost(cost['p50'] or 0)}, "

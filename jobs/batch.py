@@ -129,6 +129,13 @@ def check_verdict(row: dict[str, Any]) -> str | None:
     return "not run" if row.get("check_asked") else None
 
 
+def _originals_missing(row: dict[str, Any]) -> bool:
+    """Whether the item's check named --check-original paths its original workspace does not have (a misspelt path
+    protects nothing: the agent's changes to the file it meant were judged with it)."""
+    check = row.get("check")
+    return isinstance(check, dict) and bool(check.get("original_missing"))
+
+
 def needs_run(row: dict[str, Any] | None, retry_failed: bool) -> bool:
     """Whether a (re)run of the batch runs this item: it never ended, or was cancelled (Ctrl-C, the budget), or
     it failed or hit a limit (or its check failed) and --retry-failed asks for it again."""
@@ -353,7 +360,8 @@ def summarize(rows: list[dict[str, Any]], items: int, top: int = 5) -> dict[str,
         "items": items, "ended": len(rows), "not_ended": items - len(rows), "by_status": by_status,
         "exit_code": batch_exit_code(codes + ([1] if items > len(rows) else [])),
         "check": {"asked": asked, "checked": checked, "passed": passed,
-                  "pass_rate": round(passed / asked, 4) if asked else None},
+                  "pass_rate": round(passed / asked, 4) if asked else None,
+                  "original_missing": [row["id"] for row in rows if _originals_missing(row)]},
         "ran": len(ran),
         "cost": _spread([float(row.get("cost") or 0) for row in ran], 6),
         "tokens": _spread([float(row.get("tokens") or 0) for row in ran], 1),

@@ -429,6 +429,31 @@ def test_the_summary_counts_per_item_figures_over_the_items_that_ran():
     assert summary["exit_code"] == 1
 
 
+def test_an_item_whose_check_original_the_workspace_lacks_is_warned_of_by_the_batch(capsys):
+    """A misspelt --check-original protects nothing (the agent's edit of the test it meant is judged with it): the
+    batch says so beside the item's line and under its summary, not only in batch.jsonl."""
+    from pid.cli.batch_progress import Lines, summary_text
+    from pid.jobs.batch import summarize
+    from pid.jobs.batch_run import Progress
+    check = {"command": "pytest", "exit_code": 0, "passed": True, "duration_s": 1.0, "output_tail": "",
+             "timed_out": False, "ran_on": "patch", "original": ["tests/test_calc.py"]}
+    rows = [{"id": "typo", "status": "completed", "exit_reason": "stop", "exit_code": 0, "cost": 0, "tokens": 1,
+             "turns": 1, "duration_s": 1.0, "check": {**check, "original_missing": ["tests/test_calc.py"]}},
+            {"id": "fine", "status": "completed", "exit_reason": "stop", "exit_code": 0, "cost": 0, "tokens": 1,
+             "turns": 1, "duration_s": 1.0, "check": check}]
+    for row in rows:
+        Lines(as_json=False).item_ended(row, Progress(total=2))
+    out, err = capsys.readouterr()
+    assert out.count("check=passed") == 2 and "warning" not in out
+    assert err.splitlines() == ["warning: typo: --check-original tests/test_calc.py: not in the original workspace, "
+                                "so the check saw none there (right for a file the patch adds; else a misspelt path, "
+                                "which protects nothing)"]
+    summary = summarize(rows, items=2)
+    assert summary["check"]["original_missing"] == ["typo"]
+    assert "warning: 1 item(s) named --check-original paths" in summary_text(summary, "out")
+    assert "warning" not in summary_text(summarize(rows[1:], items=1), "out")
+
+
 @pytest.mark.docker   # `pid batch --workers 1`: a real worker process, real containers
 @pytest.mark.cli
 def test_a_tasks_line_naming_another_endpoint_gets_neither_the_command_line_s_key_nor_the_worker_s(
