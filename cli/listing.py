@@ -64,7 +64,8 @@ class NotABatch(click.ClickException):
     exit_code = 2   # one line (pid.cli.main prints it), as every bad input
 
 
-def batch_records(store: Any, directory: str, limit: int, status: str | None) -> tuple[list[Any], list[Place]]:
+def batch_records(store: Any, directory: str, limit: int | None, status: str | None
+                  ) -> tuple[list[Any], list[Place]]:
     """`pid list --batch DIR`: that batch's jobs (every attempt of every item), newest first, and where each is in
     the batch (jobs/batch_control.py)."""
     from pid.jobs.batch_control import batch_jobs

@@ -476,13 +476,16 @@ def resume(job_id: str) -> None:
     _set_paused(job_id, False)
 
 
+LIST_LIMIT = 20   # `pid list` without --limit: the newest jobs (a batch's: all of them)
+
+
 @cli.command("list")
-@click.option("--limit", type=Number(int, 1, None), default=20, show_default=True,
-              help="Show at most this many jobs (the newest).")
+@click.option("--limit", type=Number(int, 1, None), default=None,
+              help="Show at most this many jobs (the newest)  [default: 20; with --batch, all of the batch's]")
 @click.option("--status", "status_filter", type=click.Choice(list(JOB_STATUSES)), help="Only jobs in this status.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON array of the jobs' records.")
 @click.option("--batch", "batch_dir", metavar="DIR", help="Only the jobs of the batch whose directory is DIR.")
-def list_jobs(limit: int, status_filter: str | None, as_json: bool, batch_dir: str | None) -> None:
+def list_jobs(limit: int | None, status_filter: str | None, as_json: bool, batch_dir: str | None) -> None:
     """Recent jobs, newest first: status, duration, cost, exit reason, task (`pid run` jobs too)."""
     from pid.cli.listing import batch_records, job_lines
     from pid.cli.table import terminal_width
@@ -490,9 +493,12 @@ def list_jobs(limit: int, status_filter: str | None, as_json: bool, batch_dir: s
     from pid.jobs.sweep import sweep_quietly
     store = default_store()
     sweep_quietly(store)
-    records, places = (batch_records(store, batch_dir, limit + 1, status_filter) if batch_dir
-                       else (store.list(limit + 1, status_filter), None))   # (one more: whether there are more is said)
-    more, records = len(records) > limit, records[:limit]
+    if limit is None and not batch_dir:
+        limit = LIST_LIMIT
+    asked = None if limit is None else limit + 1   # (one more: whether there are more is said)
+    records, places = (batch_records(store, batch_dir, asked, status_filter) if batch_dir
+                       else (store.list(asked or LIST_LIMIT + 1, status_filter), None))
+    more, records = limit is not None and len(records) > limit, records[:limit]
     if more:   # (on stderr: stdout stays the table's, or the JSON's)
         echo(f"the newest {limit} shown; more with --limit", err=True)
     if as_json:   # (a batch's: each with its item, and whether it is the item's current job)

@@ -87,17 +87,19 @@ Place = tuple[str | None, bool]   # a batch's job: its item (None: the batch's l
                                   # it is the item's current job (else a newer one replaced it: a retry)
 
 
-def batch_jobs(store: Any, directory: str, limit: int, status: str | None) -> tuple[list[Any], list[Place]]:
-    """The jobs of the batch whose output directory is `directory` (every attempt of every item), newest first, at
-    most `limit`, only those in `status` if given; and where each is in the batch, as its ledger has it. PidError
-    (one line) when the directory is not a batch's."""
+def batch_jobs(store: Any, directory: str, limit: int | None, status: str | None) -> tuple[list[Any], list[Place]]:
+    """The jobs of the batch whose output directory is `directory` (every attempt of every item), newest first (a
+    batch's items in their order among jobs made at once), at most `limit` (None: all), only those in `status` if
+    given; and where each is in the batch, as its ledger has it. PidError (one line) when the directory is not a
+    batch's."""
     try:
         bdir = BatchDir.open(os.path.abspath(os.path.expanduser(directory)))
     except ValueError as exc:
         raise PidError(str(exc)) from None
     place: dict[str, Place] = {job: (item, job == jobs[-1]) for item, jobs in bdir.ledger.items() for job in jobs}
     records = [r for r in store.batch_jobs(bdir.batch_id) if status is None or r.status == status]
-    records = sorted(records, key=lambda r: r.created_at, reverse=True)[:limit]
+    order: dict[str | None, int] = {item: n for n, item in enumerate(bdir.order)}
+    records = sorted(records, key=lambda r: (-r.created_at, order.get(place.get(r.id, (None, False))[0], -1)))[:limit]
     return records, [place.get(r.id, (None, False)) for r in records]
 
 

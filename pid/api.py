@@ -232,15 +232,16 @@ def job(job_id: str) -> Job:
 
 
 @_reached
-def list_jobs(limit: int = 20, status: str | None = None,
-         batch: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
-    """The newest jobs in the store, newest first, at most `limit`, as `pid list --json` gives them (each a dict:
-    `id`, `status`, `task`, `exit_reason`, counts, usage, times, …; `pid.job(d["id"])` is its Job). `status` keeps
-    the jobs in it (queued, running, or an ending's); `batch` those of the batch whose output directory it is, each
-    then with its `item` and whether it is the item's `current` job (else a retry replaced it)."""
+def list_jobs(limit: int | None = None, status: str | None = None,
+              batch: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+    """The newest jobs in the store, newest first, at most `limit` (None: 20, or all of a batch's), as `pid list
+    --json` gives them (each a dict: `id`, `status`, `task`, `exit_reason`, counts, usage, times, …;
+    `pid.job(d["id"])` is its Job). `status` keeps the jobs in it (queued, running, or an ending's); `batch` those of
+    the batch whose output directory it is, each then with its `item` and whether it is the item's `current` job
+    (else a retry replaced it)."""
     from pid.endings import JOB_STATUSES
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise PidError(f"pid.list_jobs(): limit is a whole number from 1 on, not {limit!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise PidError(f"pid.list_jobs(): limit is a whole number from 1 on, or None, not {limit!r}")
     if status is not None and status not in JOB_STATUSES:
         raise PidError(f"pid.list_jobs(): no job status {status!r} ({', '.join(JOB_STATUSES)})")
     _ready()
@@ -250,7 +251,7 @@ def list_jobs(limit: int = 20, status: str | None = None,
     store = default_store()
     sweep_quietly(store)
     if batch is None:
-        return listed(store.list(limit, status), None)
+        return listed(store.list(20 if limit is None else limit, status), None)
     return listed(*batch_jobs(store, os.fspath(batch), limit, status))
 
 

@@ -178,6 +178,29 @@ def test_list_jobs_gives_the_newest_as_pid_list_json_does_and_a_batchs_with_thei
         pid.list_jobs(batch=tmp_path)
 
 
+def test_a_batch_s_listing_shows_every_item_in_the_batch_s_order(api_env, run_pid, tmp_path):
+    """`pid list --batch` stopped at 20 rows (a script counting them got 20 of 60), and its note called them the
+    newest when they were the first: jobs submitted at once share their created_at."""
+    from pid.jobs.batch import BatchDir
+    from pid.jobs.spec import JobSpec
+    from pid.jobs.sqlite_store import JobStore
+    store = JobStore(str(Path(api_env["PID_HOME"]) / "jobs.db"))
+    bdir = BatchDir.create(str(tmp_path / "batch"), {})
+    items = [f"i{n:02d}" for n in range(25)]
+    made = [store.create(JobSpec(id=f"20261205-000000-cccc{n:02d}", task=item, repo=str(tmp_path), model="m",
+                                 out_dir=str(tmp_path), base_url="http://127.0.0.1:9/v1", batch=bdir.batch_id)).id
+            for n, item in enumerate(items)]
+    bdir.record_jobs(list(zip(items, made)))
+    with store._db() as db:   # (as `pid batch` makes them: thousands a second, in one moment)
+        db.execute("UPDATE jobs SET created_at = 1000")
+    listed = run_pid("list", "--json", "--batch", str(tmp_path / "batch"))
+    assert [j["item"] for j in listed.json()] == items and "shown" not in listed.stderr
+    assert [j["item"] for j in pid.list_jobs(batch=tmp_path / "batch")] == items
+    assert len(run_pid("list", "--json").json()) == 20 and len(pid.list_jobs()) == 20
+    few = run_pid("list", "--json", "--batch", str(tmp_path / "batch"), "--limit", "3")
+    assert [j["item"] for j in few.json()] == items[:3] and "the newest 3 shown" in few.stderr
+
+
 @pytest.mark.cli
 def test_a_wait_on_a_job_no_worker_takes_says_so_as_pid_result_wait_does(api_env, sample_repo, monkeypatch):
     """A new user's: Job.wait() waited in silence (forever with no timeout) where the CLI says no worker takes it."""
