@@ -205,7 +205,8 @@ def check_failure(check: dict[str, Any]) -> str:
         return "timed out: --check-timeout"
     if check.get("cancelled"):
         return "cancelled"
-    return "killed" if check.get("exit_code") is None else f"exit {check.get('exit_code')}"
+    failure = "killed" if check.get("exit_code") is None else f"exit {check.get('exit_code')}"
+    return failure + ("; the container ran out of memory (--memory)" if check.get("out_of_memory") else "")
 
 
 def check_line(check: dict[str, Any]) -> list[Part]:

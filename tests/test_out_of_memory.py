@@ -71,3 +71,24 @@ def test_a_kill_between_two_commands_is_told_by_the_next(run_pid, sample_repo, t
     assert OUT_OF_MEMORY_NOTICE not in started, started
     assert OUT_OF_MEMORY_NOTICE in following and following.startswith("next"), following
     assert OUT_OF_MEMORY_NOTICE not in then, then
+
+
+def test_a_check_killed_for_memory_says_so(run_pid, sample_repo, tmp_path):
+    """The check's container has the job's limits: a check the kernel killed for memory failed on a limit, which
+    may say nothing of the patch. Its record and its line say so (they said `exit 137` alone)."""
+    with ScriptedLLM([{"text": "nothing to do"}]) as llm:
+        res = run_pid("run", "t", "--repo", str(sample_repo), "--json", "--memory", "128m", "--check", HOG,
+                      *job_options(llm, tmp_path / "out"))
+    check = res.json()["check"]
+    assert res.code == 4 and check["passed"] is False and check["out_of_memory"] is True, check
+    with ScriptedLLM([{"text": "nothing to do"}]) as llm:
+        fine = run_pid("run", "t", "--repo", str(sample_repo), "--json", "--memory", "128m", "--check", "true",
+                       *job_options(llm, tmp_path / "out2"))
+    assert fine.code == 0 and "out_of_memory" not in fine.json()["check"], fine.json()
+
+
+def test_the_check_line_names_the_memory_limit():
+    from pid.cli.output import check_failure
+    assert check_failure({"exit_code": 137, "out_of_memory": True}) == \
+        "exit 137; the container ran out of memory (--memory)"
+    assert check_failure({"exit_code": 1}) == "exit 1"

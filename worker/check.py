@@ -10,7 +10,8 @@ group killed inside the container at its own timeout.
 
 What it leaves in result.json (and the job's store record) is `Check.to_result()`: command, exit_code, passed,
 duration_s, output_tail (the last OUTPUT_TAIL_LINES lines / OUTPUT_TAIL_BYTES bytes, as the bash tool cuts its tail),
-timed_out, ran_on ("patch") and original (the --check-original paths).
+timed_out, ran_on ("patch"), original (the --check-original paths) and out_of_memory (when the kernel killed
+processes of its container for memory meanwhile).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class Check:
     original: tuple[str, ...] = ()   # the workspace paths it saw as the original has them (--check-original)
     original_missing: tuple[str, ...] = ()   # those of them the original does not have (a misspelt path?)
     unapplied: bool = False    # the error: the job's patch does not apply to the workspace it was made from
+    out_of_memory: bool = False   # the kernel killed processes of its container for memory meanwhile (--memory)
 
     def to_result(self) -> dict[str, Any]:
         result: dict[str, Any] = {"command": self.command, "exit_code": self.exit_code, "passed": self.passed,
@@ -53,6 +55,8 @@ class Check:
             result["original_missing"] = list(self.original_missing)
         if self.cancelled:
             result["cancelled"] = True
+        if self.out_of_memory:   # (a limit, not the patch, may have failed it)
+            result["out_of_memory"] = True
         if self.error:
             result["error"] = self.error
         return result
@@ -68,7 +72,7 @@ def run_check(sandbox: Sandbox, command: str, timeout_s: float,
     tail = output_tail(result)
     passed = result.exit_code == 0 and not result.timed_out and not result.cancelled
     return Check(command, result.exit_code, passed, duration, tail, timed_out=result.timed_out,
-                 cancelled=result.cancelled)
+                 cancelled=result.cancelled, out_of_memory=result.out_of_memory)
 
 
 def output_tail(result: ExecResult) -> str:
