@@ -520,6 +520,14 @@ def test_exec_runs_in_own_process_group_and_fresh_shell(sb):
     assert out[3] == b"bash"
 
 
+def test_a_command_s_lines_are_numbered_as_bash_c_numbers_them(sb):
+    """The model reads "line N" to find its mistake: the lines of its command count from 1, as in `bash -c`
+    (the waiting shell's own lines came first: a syntax error on line 3 was said to be on line 8)."""
+    assert sb.exec("echo $LINENO\necho $LINENO", timeout=10).tail == b"1\n2\n"
+    said = sb.exec("echo a\nnosuchcommand\nfi", timeout=10).tail.decode()
+    assert "line 2: nosuchcommand: command not found" in said and "line 3: syntax error" in said, said
+
+
 def test_output_file_mode_and_tail_when_large(sb):
     result = sb.exec("seq 1 100000", timeout=30, output=OutputPolicy(tail_bytes=100))
     assert result.total_lines == 100000
