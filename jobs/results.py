@@ -55,10 +55,12 @@ def client_is_local() -> bool:
     return embedded_broker()
 
 
-def spool_dir(job_id: str) -> str:
-    """Where a worker job works when the client's --out cannot be made on this machine."""
+def spool_dir(job_id: str, attempt: int) -> str:
+    """Where an attempt of a worker job works when the client's --out cannot be made on this machine: each attempt
+    its own, removed at its end (a worker that froze, lost the job and woke up removed the one its job's next
+    attempt was working in, patch and transcript with it)."""
     from pid.config import pid_home
-    return os.path.join(pid_home(), "spool", job_id)
+    return os.path.join(pid_home(), "spool", f"{job_id}.{attempt}")
 
 
 def attempt_usage(result: dict[str, Any]) -> dict[str, Any] | None:

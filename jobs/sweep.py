@@ -191,8 +191,10 @@ def write_unrun_result(spec: JobSpec, exit_reason: ExitReason, error: str | None
     costs the local file."""
     from pid.agent import Outcome   # here, not at the top: `pid list` loads the agent only when it ends a job
     from pid.jobs.results import build_result, client_is_local, spool_dir
-    # where the job worked here: a cluster's job in this worker's spool, never the --out its submitter named
-    job_dir = spec.job_dir if store is None or client_is_local() else spool_dir(spec.id)
+    # where the job worked here: a cluster's job in its attempt's spool (the record's last; 0: none ran here),
+    # never the --out its submitter named
+    spooled = store is not None and not client_is_local()
+    job_dir = spool_dir(spec.id, record.attempts if record is not None else 0) if spooled else spec.job_dir
     session = os.path.join(job_dir, "session.jsonl")
     artifacts: dict[str, Any] = {}
     if os.path.exists(session):

@@ -3,6 +3,7 @@ client writes them to its disk without ever leaving the directory it was given. 
 tmp_path, plus a few real `pid result` subprocesses (no engine)."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import hashlib
 import json
@@ -10,6 +11,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -293,6 +295,40 @@ def test_a_worker_job_whose_out_dir_cannot_be_made_here_spools_and_stores_everyt
     assert read_result(store, spec.id) == result
     assert "+print(1)" in stored(store, spec.id, "patch.diff").decode()
     assert os.listdir(tmp_path / "worker-home" / "spool") == []   # the spool goes once its files are stored
+
+
+def test_a_stale_attempt_that_ends_leaves_the_next_attempt_s_spool_alone(sample_repo, tmp_path, monkeypatch):
+    """A worker froze, another took its job over, and the first woke up: its attempt ended (not the owner's) and
+    removed the spool, the next attempt's working directory with it; the job then failed, its patch gone (a CI
+    tester's find, with workers sharing one PID_HOME). Each attempt has a spool of its own."""
+    import threading
+    from tests.memory_sandbox import MemoryProvider
+    from tests.scripted_llm import ScriptedLLM
+    from pid.worker.runner import run_job
+    monkeypatch.setenv("PID_HOME", str(tmp_path / "worker-home"))
+    store = JobStore(str(tmp_path / "jobs.db"))
+    blocker = tmp_path / "out"
+    blocker.write_text("the client's --out does not exist on this machine")
+    write = {"tool_calls": [{"name": "write", "arguments": {"path": "hello.py", "content": "print(1)\n"}}]}
+    later = threading.Event()
+    with ScriptedLLM([write, {"text": "done", "hold": later}]) as new, ScriptedLLM([{"text": "stale"}]) as old:
+        spec = runner_spec(sample_repo, blocker, new, files=["hello.py"])
+        store.create(spec)
+        results: list[dict] = []
+        second = threading.Thread(target=lambda: results.append(run_job(
+            spec, sandboxes=MemoryProvider({}), artifact_store=store, attempt=2)))
+        second.start()
+        deadline = time.monotonic() + 30
+        while len(new.requests) < 2 and time.monotonic() < deadline:   # attempt 2 is at work: its file written
+            time.sleep(0.01)
+        stale = run_job(dataclasses.replace(spec, base_url=old.base_url), sandboxes=MemoryProvider({}),
+                        artifact_store=store, attempt=1, still_owner=lambda: False)
+        later.set()
+        second.join(60)
+    assert stale["final_message"] == "stale" and results, stale
+    assert (results[0]["status"], results[0]["final_message"]) == ("completed", "done"), results[0]
+    assert "+print(1)" in stored(store, spec.id, "patch.diff").decode()
+    assert os.listdir(tmp_path / "worker-home" / "spool") == []
 
 
 def test_a_pid_run_whose_out_dir_cannot_be_made_still_fails_saying_so(sample_repo, tmp_path):

@@ -77,7 +77,7 @@ def run_job(spec: JobSpec, *, api_key: str | None = None, sink: ev.EventSink = e
     """
     started, begun = time.time(), time.monotonic()
     try:
-        job_dir, spool = job_directory(spec, spooled=artifact_store is not None)
+        job_dir, spool = job_directory(spec, attempt, spooled=artifact_store is not None)
     except OSError as exc:   # --out unwritable here, and no spool instead: the job fails, saying where and why
         if starting is not None:
             abandon(starting)
@@ -133,17 +133,18 @@ def run_agent(agent: Agent, spec: JobSpec, on_agent: AgentHook | None) -> Outcom
     return outcome
 
 
-def job_directory(spec: JobSpec, spooled: bool) -> tuple[str, str | None]:
-    """Where the job works, and the spool directory to remove at its end (or None). A worker's job (`spooled`)
-    works in a spool when its client is elsewhere, or when --out cannot be made here; else OSError says why not."""
-    spool = spool_dir(spec.id) if spooled and not client_is_local() else None
+def job_directory(spec: JobSpec, attempt: int, spooled: bool) -> tuple[str, str | None]:
+    """Where the job's attempt works, and the spool directory to remove at its end (or None). A worker's job
+    (`spooled`) works in its attempt's spool when its client is elsewhere, or when --out cannot be made here; else
+    OSError says why not."""
+    spool = spool_dir(spec.id, attempt) if spooled and not client_is_local() else None
     try:
         make_marked(spool or spec.job_dir)
         return spool or spec.job_dir, spool
     except OSError:
-        if not spooled or not _made(spool_dir(spec.id)):
+        if not spooled or not _made(spool_dir(spec.id, attempt)):
             raise
-        return spool_dir(spec.id), spool_dir(spec.id)
+        return spool_dir(spec.id, attempt), spool_dir(spec.id, attempt)
 
 
 def _made(path: str) -> bool:
