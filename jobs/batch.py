@@ -356,12 +356,13 @@ def summarize(rows: list[dict[str, Any]], items: int, top: int = 5) -> dict[str,
     codes = [int(row.get("exit_code", 1)) for row in rows]
     ran = [row for row in rows if row.get("turns")]   # per item: an item ended before its first turn says nothing
     durations = [float(row["duration_s"]) for row in ran if isinstance(row.get("duration_s"), (int, float))]
+    missing = [row["id"] for row in rows if _originals_missing(row)]   # (said only when there are any)
     return {
         "items": items, "ended": len(rows), "not_ended": items - len(rows), "by_status": by_status,
         "exit_code": batch_exit_code(codes + ([1] if items > len(rows) else [])),
         "check": {"asked": asked, "checked": checked, "passed": passed,
                   "pass_rate": round(passed / asked, 4) if asked else None,
-                  "original_missing": [row["id"] for row in rows if _originals_missing(row)]},
+                  **({"original_missing": missing} if missing else {})},
         "ran": len(ran),
         "cost": _spread([float(row.get("cost") or 0) for row in ran], 6),
         "tokens": _spread([float(row.get("tokens") or 0) for row in ran], 1),
