@@ -92,7 +92,9 @@ def sweep(store: Store, *, on_end: Ended | None = None) -> list[str]:
                     if on_end:
                         on_end(now_record)
                     continue
-                log.warning("job %s: its worker process (%s) is gone; back in the queue", record.id, _who(record))
+                silent = now - (record.lease_until or now)   # (a process unseen from here: its lease said it)
+                how = "is gone" if alive is False else f"has not renewed its lease for {silent:.0f}s (dead, frozen?)"
+                log.warning("job %s: its worker process (%s) %s; back in the queue", record.id, _who(record), how)
                 log_job(store, record.id, "queued", f"its worker ({_who(record)}) was lost: back in the queue")
             continue
         if store.finish(record.id, reason, owner=record.owner, error=error, lapsed_only=lapsed):
