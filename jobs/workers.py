@@ -47,7 +47,22 @@ def still_queued(store: Any, job_id: str, waited_s: float, again: bool = False) 
     if workers:
         running = sum(w.running for w in workers)
         return f"{waited}: {len(workers)} worker(s) are running {running} job(s); it waits for a free one"
-    return f"{waited}: {no_worker(queue)}"
+    return f"{waited}: {no_worker(queue)}{_silent_ones(store, queue)}"
+
+
+SILENT_SAID_S = 600   # a worker silent for longer than this is not named beside "no worker"
+
+
+def _silent_ones(store: Any, queue: str) -> str:
+    """The workers of `queue` heard from lately but not now (a store outage silences them all until they beat
+    again, as does a frozen machine): named, so that nobody starts workers for an outage."""
+    now = time.time()
+    silent = [w for w in store.workers() if queue in w.queues and worker_state(w, now) == "silent"
+              and now - w.beat_at <= SILENT_SAID_S]
+    if not silent:
+        return ""
+    return (f"; {len(silent)} worker(s) that take it were last heard from {now - max(w.beat_at for w in silent):.0f}s "
+            "ago (cut off from the job store, frozen, or gone)")
 
 
 class QueuedNotice:

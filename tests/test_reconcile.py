@@ -432,3 +432,23 @@ def test_a_batch_s_failing_publish_takes_its_free_slot_and_a_held_back_job_s_clo
         db.execute("UPDATE jobs SET undispatched_since = 1, dispatch_error = 'down' WHERE id = ?", (jobs[2].id,))
     assert reconcile(store, dispatch=publish) == [jobs[0].id]
     assert store.get(jobs[2].id).undispatched_since is None and store.get(jobs[2].id).status == "queued"
+
+
+def test_a_wait_names_the_workers_it_has_not_heard_from_lately(tmp_path, monkeypatch):
+    """After a store outage every worker is silent until it beats again: "no worker is consuming queue 'pid' (start
+    one)" alone sent an on-call operator to start workers for nothing. The silent ones are named beside it."""
+    from pid.jobs.sqlite_store import JobStore
+    from pid.jobs.workers import still_queued
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job = store.create(JobSpec(task="t", repo=str(tmp_path), model="m", out_dir=str(tmp_path)))
+    alone = still_queued(store, job.id, 10)
+    assert alone == f"job {job.id} is still queued after 10s: no worker is consuming queue 'pid' (start one with " \
+                    "`pid worker`)"
+    store.beat("w@elsewhere", "elsewhere", 1, None, 2, 0, True)
+    later = time.time() + ALIVE_WITHIN_S + 30
+    monkeypatch.setattr(time, "time", lambda: later)
+    said = still_queued(store, job.id, 10)
+    assert said is not None and said.startswith(alone + "; 1 worker(s) that take it were last heard from "), said
+    assert said.endswith("s ago (cut off from the job store, frozen, or gone)"), said
+    monkeypatch.setattr(time, "time", lambda: later + 3600)   # long gone: not named
+    assert still_queued(store, job.id, 10) == alone
