@@ -289,6 +289,8 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, downloa
     except KeyboardInterrupt:
         echo(f"\nstopped waiting; job {job_id} goes on (pid result {job_id} --wait, pid cancel {job_id})",
              err=True)
+        if as_json:   # (a pipeline whose step timed out still reads which job goes on, as `pid result --json` says)
+            echo(dumps(_not_ended(store, job_id)))
         sys.exit(128 + signals[0] if signals else EXIT_INTERRUPTED)
     finally:
         for sig, handler in previous.items():
@@ -297,6 +299,17 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, downloa
     where = _download(store, job_id, download, own_dir) if download else record.spec.job_dir
     print_result(result, where, as_json, said=printer.said)
     sys.exit(exit_code_for(result))
+
+
+def _not_ended(store: Any, job_id: str, record: Any = None) -> dict[str, Any]:
+    """What --json prints of a job that has not ended: where it is (`record`, else the store's now; "unknown" when
+    the store is out of reach)."""
+    if record is None:
+        try:
+            record = store.get(job_id)
+        except Exception:
+            pass
+    return {"id": job_id, "status": record.status if record is not None else "unknown", "ended": False}
 
 
 def _download(store: Any, job_id: str, dest: str, own_dir: bool) -> str:
@@ -395,7 +408,7 @@ def result(job_id: str, as_json: bool, wait: bool, download: str | None) -> None
     if not record.terminal:
         echo(f"pid: job {job_id} is {record.status}: no result yet (--wait waits for it)", err=True)
         if as_json:   # (a JSON reader gets JSON: where the job is, not a result.json)
-            echo(dumps({"id": record.id, "status": record.status, "ended": False}))
+            echo(dumps(_not_ended(store, job_id, record)))
         sys.exit(EXIT_NOT_FINISHED)
     result = load_result(store, job_id)
     where = _download(store, job_id, download, own_dir=False) if download else _artifacts_here(record)

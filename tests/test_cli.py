@@ -258,7 +258,7 @@ def test_waiting_with_no_worker_says_so_and_ctrl_c_is_130(pid_env, run_pid, samp
         wait_until(lambda: (tmp_path / "out").exists() or JobStore(
             os.path.join(pid_env["PID_HOME"], "jobs.db")).list(), what="the job to be queued")
         job_id = JobStore(os.path.join(pid_env["PID_HOME"], "jobs.db")).list()[0].id
-        result_wait = start_pid(pid_env, tmp_path, "result", job_id, "--wait")
+        result_wait = start_pid(pid_env, tmp_path, "result", job_id, "--wait", "--json")
         following = start_pid(pid_env, tmp_path, "logs", "-f", job_id)
         notice = f"job {job_id} is still queued after {NOTICE_S}s: no worker is consuming queue 'pid'"
         errs = [StderrLines(proc) for proc in (waiting, result_wait, following)]
@@ -279,6 +279,8 @@ def test_waiting_with_no_worker_says_so_and_ctrl_c_is_130(pid_env, run_pid, samp
         assert proc.returncode == code, err
         assert "Traceback" not in err
     assert f"stopped waiting; job {job_id} goes on" in outs[0], outs[0]
+    # a JSON reader (a CI step whose timeout stopped the wait) still learns which job goes on, and where
+    assert json.loads(result_wait.stdout.read()) == {"id": job_id, "status": "queued", "ended": False}
     assert run_pid("status", job_id).code == 0 and "queued" in run_pid("status", job_id).stdout
 
 
