@@ -489,9 +489,6 @@ def resume(job_id: str) -> None:
     _set_paused(job_id, False)
 
 
-LIST_LIMIT = 20   # `pid list` without --limit: the newest jobs (a batch's: all of them)
-
-
 @cli.command("list")
 @click.option("--limit", type=Number(int, 1, None), default=None,
               help="Show at most this many jobs (the newest)  [default: 20; with --batch, all of the batch's]")
@@ -502,7 +499,7 @@ def list_jobs(limit: int | None, status_filter: str | None, as_json: bool, batch
     """Recent jobs, newest first: status, duration, cost, exit reason, task (`pid run` jobs too)."""
     from pid.cli.listing import batch_records, job_lines
     from pid.cli.table import terminal_width
-    from pid.jobs.store import default_store
+    from pid.jobs.store import LIST_LIMIT, default_store
     from pid.jobs.sweep import sweep_quietly
     store = default_store()
     sweep_quietly(store)

@@ -193,6 +193,7 @@ class Controls:
 
 
 BEAT_S = 2.0                          # a worker's heartbeat (worker/housekeeping.py)
+LIST_LIMIT = 20   # `pid list` and pid.list_jobs() without a limit: the newest jobs (a batch's: all of them)
 ALIVE_WITHIN_S = 3 * BEAT_S + 1      # a worker not heard from for this long (three beats missed) is presumed gone
 
 

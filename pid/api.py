@@ -246,12 +246,12 @@ def list_jobs(limit: int | None = None, status: str | None = None,
         raise PidError(f"pid.list_jobs(): no job status {status!r} ({', '.join(JOB_STATUSES)})")
     _ready()
     from pid.jobs.batch_control import batch_jobs, listed
-    from pid.jobs.store import default_store
+    from pid.jobs.store import LIST_LIMIT, default_store
     from pid.jobs.sweep import sweep_quietly
     store = default_store()
     sweep_quietly(store)
     if batch is None:
-        return listed(store.list(20 if limit is None else limit, status), None)
+        return listed(store.list(LIST_LIMIT if limit is None else limit, status), None)
     return listed(*batch_jobs(store, os.fspath(batch), limit, status))
 
 
