@@ -30,7 +30,7 @@ from typing import Any
 
 from pid.endings import exit_code_for
 from pid.errors import PidError
-from pid.jobs.spec import JOB_ID_RE, beside, write_json_atomic
+from pid.jobs.spec import ID_TIME, JOB_ID_RE, beside, write_json_atomic
 from pid.jobs.trees import remove_tree
 from pid.output_dirs import make_marked
 from pid.terminal import escaped
@@ -97,7 +97,7 @@ def release(fd: int | None) -> None:
 
 
 def new_batch_id() -> str:
-    return "b-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+    return "b-" + datetime.now(timezone.utc).strftime(ID_TIME) + "-" + secrets.token_hex(3)
 
 
 def batch_exit_code(codes: list[int]) -> int:

@@ -24,7 +24,7 @@ from pid.sandbox.disk import format_size
 from pid.terminal import one_line
 from pid.jobs.batch import BatchDir, changed_options, hold, kept_options, other_tasks, release
 from pid.jobs.batch_run import Display, Progress, Run, ignore, next_step
-from pid.jobs.spec import PRICES, JobSpec
+from pid.jobs.spec import PRICES, JobSpec, job_id_time
 from pid.output_dirs import make_marked
 
 if TYPE_CHECKING:
@@ -299,19 +299,10 @@ def _foreign_rows(bdir: BatchDir) -> list[str]:
     foreign = []
     for item_id, row in bdir.rows.items():
         job_id = str(row.get("job_id") or "")
-        made = _id_time(job_id)
+        made = job_id_time(job_id)
         if made is None or (now - made < keep and store.get(job_id) is None):
             foreign.append(item_id)
     return foreign
-
-
-def _id_time(job_id: str) -> float | None:
-    """When a job id says it was made (new_job_id: "YYYYMMDD-HHMMSS-…", UTC), or None for an id of no such form."""
-    from datetime import datetime, timezone
-    try:
-        return datetime.strptime(job_id[:15], "%Y%m%d-%H%M%S").replace(tzinfo=timezone.utc).timestamp()
-    except ValueError:
-        return None
 
 
 def _stands(bdir: BatchDir, item_id: str, retry_failed: bool) -> bool:

@@ -25,9 +25,20 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0   # a week: longer is a typo (or inf), and the c
 PRICES = ("input_price", "output_price", "cache_read_price", "cache_write_price")   # a job's prices (USD/M tokens)
 
 
+ID_TIME = "%Y%m%d-%H%M%S"   # how a job's (and a batch's) id begins: when it was made, UTC
+
+
 def new_job_id() -> str:
     """Sortable by submission time, unique without coordination."""
-    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+    return datetime.now(timezone.utc).strftime(ID_TIME) + "-" + secrets.token_hex(3)
+
+
+def job_id_time(job_id: str) -> float | None:
+    """When a job id says it was made (new_job_id's), or None for an id of no such form."""
+    try:
+        return datetime.strptime(job_id[:15], ID_TIME).replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
 
 
 def setting(default: Any, help: str, *, min: float | None = None, max: float | None = None,
