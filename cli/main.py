@@ -503,11 +503,12 @@ def list_jobs(limit: int | None, status_filter: str | None, as_json: bool, batch
     from pid.jobs.sweep import sweep_quietly
     store = default_store()
     sweep_quietly(store)
-    if limit is None and not batch_dir:
-        limit = LIST_LIMIT
-    asked = None if limit is None else limit + 1   # (one more: whether there are more is said)
-    records, places = (batch_records(store, batch_dir, asked, status_filter) if batch_dir
-                       else (store.list(asked or LIST_LIMIT + 1, status_filter), None))
+    # (one more than shown: whether there are more is said)
+    if batch_dir:   # (a batch's: all of them unless --limit)
+        records, places = batch_records(store, batch_dir, None if limit is None else limit + 1, status_filter)
+    else:
+        limit = limit or LIST_LIMIT
+        records, places = store.list(limit + 1, status_filter), None
     more, records = limit is not None and len(records) > limit, records[:limit]
     if more:   # (on stderr: stdout stays the table's, or the JSON's)
         echo(f"the newest {limit} shown; more with --limit", err=True)

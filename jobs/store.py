@@ -193,7 +193,6 @@ class Controls:
 
 
 BEAT_S = 2.0                          # a worker's heartbeat (worker/housekeeping.py)
-LIST_LIMIT = 20   # `pid list` and pid.list_jobs() without a limit: the newest jobs (a batch's: all of them)
 ALIVE_WITHIN_S = 3 * BEAT_S + 1      # a worker not heard from for this long (three beats missed) is presumed gone
 
 
@@ -367,6 +366,9 @@ def store_url() -> str | None:
 def store_variable() -> str:
     """The variable that names the store in use, for messages: PID_STORE_URL when set, else PID_BROKER_URL."""
     return settings.STORE_URL.name if settings.STORE_URL.raw() else settings.BROKER_URL.name
+
+
+LIST_LIMIT = 20   # `pid list` and pid.list_jobs() without a limit: the newest jobs (a batch's: all of them)
 
 
 _redis_stores: dict[tuple[int, str], Store] = {}   # one client (and connection pool) per URL and process
