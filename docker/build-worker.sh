@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 if_stale=""; [ "${1:-}" != "--if-stale" ] || { if_stale=1; shift; }
 image=${1:-pid-worker:latest}
 # What the image is made of, as one digest: pid's code, its packaging and this Dockerfile.
-source=$( { find pid sandbox jobs worker cli -type f \( -name '*.py' -o -name '*.sh' -o -name '*.lua' \) | LC_ALL=C sort;
+source=$( { find pid sandbox jobs worker cli -type f \( -name '*.py' -o -name '*.sh' -o -name '*.lua' -o -name '*.c' \) | LC_ALL=C sort;
             echo pyproject.toml; echo docker/Dockerfile.worker; } | xargs sha256sum | sha256sum | cut -c1-16)
 if [ -n "$if_stale" ] && [ "$(docker image inspect -f '{{index .Config.Labels "pid.source"}}' "$image" 2>/dev/null)" = "$source" ]; then
   echo "$image"; exit 0
@@ -52,6 +52,12 @@ trap 'rm -f "$constraints"' EXIT
   --python-version "$want" --implementation cp \
   --platform "manylinux2014_$arch" --platform "manylinux_2_17_$arch" --platform "manylinux_2_28_$arch" \
   -c "$constraints" pip "$pidwheel" flower >&2
+# pid's privilege drop, built by this host's compiler for the base's machine (the image has none: Dockerfile.worker)
+rm -f "$wheels/drop"
+if [ "$(uname -m)" = "$arch" ]; then
+  "$python" -m pid.sandbox.drop_helper build "$wheels/drop" >&2 ||
+    echo "no privilege drop of pid's own in $image: its jobs' commands drop through setpriv" >&2
+fi
 echo "building $image from $base (no network) ..." >&2
 previous=$(docker image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)
 docker build -q --network none --build-arg BASE="$base" --label pid.source="$source" -t "$image" \
@@ -61,4 +67,5 @@ if [ -n "$previous" ] && [ "$(docker image inspect -f '{{len .RepoTags}}' "$prev
   docker rmi "$previous" >/dev/null 2>&1 || true
 fi
 find "$wheels" -name '*.whl' -delete
+rm -f "$wheels/drop"
 echo "$image"

@@ -100,6 +100,8 @@ for _ in $(seq 1 120); do
   sleep 0.5
 done
 [ "$ready" -ge 2 ] || fail "2 workers did not start (ready: $ready)"
+! "${compose[@]}" -f docker/compose.yaml logs worker 2>/dev/null | grep "no privilege drop of pid's own" ||
+  fail "the worker image has no privilege drop of pid's own (build-worker.sh builds one into it)"
 network=$(docker network ls -q --filter "label=com.docker.compose.project=$project")
 [ -n "$network" ] || fail "no network of project $project"
 run docker run -d --name "$model" --network "$network" --network-alias model -v "$root/tests:/src/tests:ro" -w /src \

@@ -21,6 +21,7 @@ import platform
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 
@@ -41,12 +42,9 @@ _building = threading.Lock()   # (a worker's jobs may all start at once: one bui
 @functools.cache
 def program() -> bytes | None:
     """The built program's bytes (read from the cache, else built now), or None: commands drop through setpriv."""
-    machine = platform.machine()
-    if os.name != "posix" or platform.system() != "Linux" or machine not in MACHINES:
+    cache = _cache_path()
+    if cache is None:
         return None
-    digest = hashlib.sha256(SOURCE + " ".join(FLAGS).encode()).hexdigest()[:16]
-    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pid",
-                         f"drop-{digest}-{machine}")
     with _building:
         kept = _kept(cache)
         if kept is not None:
@@ -55,6 +53,16 @@ def program() -> bytes | None:
         if built is not None:
             _keep(cache, built)
         return built
+
+
+def _cache_path() -> str | None:
+    """Where this user keeps the program built from this source, by its digest; None where there is none to use."""
+    machine = platform.machine()
+    if os.name != "posix" or platform.system() != "Linux" or machine not in MACHINES:
+        return None
+    digest = hashlib.sha256(SOURCE + " ".join(FLAGS).encode()).hexdigest()[:16]
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pid",
+                        f"drop-{digest}-{machine}")
 
 
 def _kept(path: str) -> bytes | None:
@@ -120,3 +128,40 @@ def _keep(path: str, data: bytes) -> None:
         log.info("cannot keep pid's privilege drop in %s: %s", path, exc)
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m pid.sandbox.drop_helper build FILE`: the program, built or kept here, into FILE (to ship it, as
+    docker/build-worker.sh does into the worker image). `... keep FILE`: such a file into this user's cache, where
+    `program()` finds it, on a machine with no compiler (the worker image)."""
+    if len(argv) != 2 or argv[0] not in ("build", "keep"):
+        log.error("usage: python -m pid.sandbox.drop_helper build|keep FILE")
+        return 2
+    action, path = argv
+    if action == "build":
+        data = program()
+        if data is None:
+            log.error("pid's privilege drop cannot be built here (no C compiler, or not Linux on x86_64 or aarch64)")
+            return 1
+        with open(path, "wb") as f:
+            f.write(data)
+        return 0
+    with open(path, "rb") as f:
+        data = f.read(MAX_SIZE + 1)
+    if not _plausible(data):
+        log.error("%s is not pid's privilege drop (a static ELF program of at most %d bytes)", path, MAX_SIZE)
+        return 1
+    kept = _cache_path()
+    if kept is None:
+        log.error("pid's privilege drop is not used on this machine (not Linux on x86_64 or aarch64)")
+        return 1
+    _keep(kept, data)
+    if _kept(kept) != data:
+        log.error("cannot keep pid's privilege drop in %s", kept)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    sys.exit(main(sys.argv[1:]))

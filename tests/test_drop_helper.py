@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,32 @@ def test_it_is_built_once_and_kept_by_its_source(tmp_path: Path, monkeypatch: py
         assert drop_helper.program() == first and kept[0].stat().st_mode & 0o777 == 0o600
     finally:
         drop_helper.program.cache_clear()
+
+
+def _helper(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pid.sandbox.drop_helper", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **env}, cwd=Path(__file__).resolve().parent.parent)
+
+
+def test_a_program_built_on_one_machine_is_kept_on_one_with_no_compiler(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    """As the worker image gets it (docker/build-worker.sh, Dockerfile.worker): built where a compiler is, shipped as
+    a file, kept where none is, and then what the sandboxes get."""
+    shipped = tmp_path / "shipped"
+    built = _helper(["build", str(shipped)], {"XDG_CACHE_HOME": str(tmp_path / "builder")})
+    assert built.returncode == 0 and shipped.read_bytes().startswith(b"\x7fELF"), built.stderr
+    image = {"XDG_CACHE_HOME": str(tmp_path / "image"), "CC": "/nonexistent/cc"}
+    none = _helper(["build", str(tmp_path / "none")], image)
+    assert none.returncode == 1 and "cannot be built here" in none.stderr and not (tmp_path / "none").exists()
+    (tmp_path / "junk").write_bytes(b"#!/bin/sh\n")
+    refused = _helper(["keep", str(tmp_path / "junk")], image)
+    assert refused.returncode == 1 and "is not pid's privilege drop" in refused.stderr
+    assert _helper(["keep", str(shipped)], image).returncode == 0
+    monkeypatch.setenv("XDG_CACHE_HOME", image["XDG_CACHE_HOME"])
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    drop_helper.program.cache_clear()
+    try:
+        assert drop_helper.program() == shipped.read_bytes()
+    finally:
+        drop_helper.program.cache_clear()
+    assert _helper(["run", str(shipped)], image).returncode == 2

@@ -259,6 +259,7 @@ def _start(sender: Any = None, **_: Any) -> None:
 
 
 def _ready(sender: Any) -> None:
+    from pid.sandbox import drop_helper
     from pid.worker.housekeeping import Housekeeping
     Taking.concurrency = getattr(getattr(sender, "controller", None), "concurrency", None) or 1
     Taking.queues = sorted(sender.app.amqp.queues.consume_from or [QUEUE])
@@ -283,6 +284,10 @@ def _ready(sender: Any) -> None:
         warm_pool.start(pool)
         signals.worker_shutdown.connect(lambda **_: warm_pool.stop(), weak=False)
     signals.worker_shutdown.connect(lambda **_: jobs_log.info("pid worker stopped (%s)", node), weak=False)   # last
+    if drop_helper.program() is None:   # (built now, once: not in the first job's start)
+        jobs_log.warning("no privilege drop of pid's own here (it is built with a C compiler, `cc` or $CC, on Linux "
+                         "x86_64 or aarch64): the agent's commands drop through each task image's setpriv, ~1 ms "
+                         "more of the container's CPU per command, and an image without util-linux cannot run them")
     if settings.RESULT_BACKEND.raw():
         jobs_log.info("PID_RESULT_BACKEND is set but no longer used: the job store holds every result")
     jobs_log.info("pid worker ready (%s, %d at once, queue %s%s): waiting for jobs (Ctrl-C: finish the running jobs, "
