@@ -251,11 +251,12 @@ finish() {  # $1 nonce, $2 emit: wait for PID, then reply D with the head of POU
     local rc
     wait "$PID"
     rc=$?
-    if kill -0 -"$PID"; then   # processes of its group are left
-        # a stopped shell (bash's wait returns then, 128 + the signal) goes now, not to take a later command
-        kill -0 "$PID" && { kill -9 "$PID"; untrace "$PID"; wait "$PID"; }
-        [ "$ROLE" = agent ] && kill -0 -"$PID" && linger "$PID" "$POUT"
-    fi
+    # a stopped shell (bash's wait returns then, 128 + the signal) goes now, not to take a later command
+    ! kill -0 "$PID" || { kill -9 "$PID"; untrace "$PID"; wait "$PID"; }
+    # Its job leaves bash's table before its group is looked at: bash 5.2 keeps a dead job there for good once a
+    # `kill -0 -<its pgid>` finds it, and the table, ~300 bytes more per command, is scanned at every fork and wait.
+    disown "$PID"
+    [ "$ROLE" != agent ] || ! kill -0 -"$PID" || linger "$PID" "$POUT"   # processes of its group are left
     events
     if [ -e "$POUT" ]; then say_head D "$1" "$POUT" "$2" "$rc" "$PE"
     else say D "$1" "$(printf '%s' "$UNMADE" | head -c "$2")" 126 "$PE"; fi   # no shell ran (see UNMADE)
