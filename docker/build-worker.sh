@@ -46,7 +46,7 @@ echo "building the wheelhouse for Python $want on $arch into $wheels ..." >&2
 rm -rf build ./*.egg-info
 pidwheel=$(ls "$wheels"/pid-*.whl)
 constraints=$(mktemp /tmp/pid-constraints.XXXXXX)
-trap 'rm -f "$constraints"' EXIT
+trap 'rm -f "$constraints" "$wheels/drop"' EXIT   # (a drop left here would go into a later registry build's image)
 "$python" -m pip freeze --disable-pip-version-check --exclude-editable 2>/dev/null | grep -v -i '^pid[=@ ]' >"$constraints" || true
 "$python" -m pip download -q --disable-pip-version-check --only-binary :all: --dest "$wheels" \
   --python-version "$want" --implementation cp \
@@ -67,5 +67,4 @@ if [ -n "$previous" ] && [ "$(docker image inspect -f '{{len .RepoTags}}' "$prev
   docker rmi "$previous" >/dev/null 2>&1 || true
 fi
 find "$wheels" -name '*.whl' -delete
-rm -f "$wheels/drop"
 echo "$image"

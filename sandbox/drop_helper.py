@@ -20,6 +20,7 @@ import os
 import platform
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 SOURCE = importlib.resources.files(__package__).joinpath("drop.c").read_bytes()
 NAME = "drop"                       # its name in /.pid
 MACHINES = ("x86_64", "aarch64")    # the architectures drop.c has system calls for
+ELF_MACHINES = {"x86_64": 62, "aarch64": 183}   # their ELF e_machine
+ET_EXEC, PT_DYNAMIC, PT_INTERP = 2, 2, 3
 MAX_SIZE = 64 * 1024                # a build larger than this is not the program drop.c makes
 BUILD_TIMEOUT_S = 60.0
 FLAGS = ["-static", "-nostdlib", "-Os", "-fno-stack-protector", "-fno-asynchronous-unwind-tables", "-fno-pie",
@@ -109,7 +112,20 @@ def _build() -> bytes | None:
 
 
 def _plausible(data: bytes) -> bool:
-    return data.startswith(b"\x7fELF") and len(data) <= MAX_SIZE
+    """Whether `data` is a program drop.c could have been built into for this machine: a static 64-bit
+    little-endian executable (no interpreter, nothing linked at run time) of this machine's architecture, no larger
+    than MAX_SIZE. A kept or shipped file is run as root in every sandbox, and channel.sh only tells whether it
+    exits 0: /bin/true would pass that, and every agent command would then do nothing and succeed."""
+    if len(data) > MAX_SIZE or len(data) < 64 or data[:6] != b"\x7fELF\x02\x01":
+        return False
+    kind, machine = struct.unpack_from("<HH", data, 16)
+    ph_offset, = struct.unpack_from("<Q", data, 32)
+    ph_size, ph_count = struct.unpack_from("<HH", data, 54)
+    if kind != ET_EXEC or machine != ELF_MACHINES.get(platform.machine()) or ph_size < 4 or ph_count == 0 \
+            or ph_offset + ph_size * ph_count > len(data):
+        return False
+    kinds = {struct.unpack_from("<I", data, ph_offset + n * ph_size)[0] for n in range(ph_count)}
+    return not kinds & {PT_DYNAMIC, PT_INTERP}
 
 
 def _keep(path: str, data: bytes) -> None:
@@ -149,7 +165,8 @@ def main(argv: list[str]) -> int:
     with open(path, "rb") as f:
         data = f.read(MAX_SIZE + 1)
     if not _plausible(data):
-        log.error("%s is not pid's privilege drop (a static ELF program of at most %d bytes)", path, MAX_SIZE)
+        log.error("%s is not pid's privilege drop (a static ELF program for %s of at most %d bytes)", path,
+                  platform.machine(), MAX_SIZE)
         return 1
     kept = _cache_path()
     if kept is None:

@@ -96,9 +96,13 @@ def test_a_program_built_on_one_machine_is_kept_on_one_with_no_compiler(tmp_path
     image = {"XDG_CACHE_HOME": str(tmp_path / "image"), "CC": "/nonexistent/cc"}
     none = _helper(["build", str(tmp_path / "none")], image)
     assert none.returncode == 1 and "cannot be built here" in none.stderr and not (tmp_path / "none").exists()
-    (tmp_path / "junk").write_bytes(b"#!/bin/sh\n")
-    refused = _helper(["keep", str(tmp_path / "junk")], image)
-    assert refused.returncode == 1 and "is not pid's privilege drop" in refused.stderr
+    other_machine = bytearray(shipped.read_bytes())
+    other_machine[18:20] = (183 if other_machine[18] == 62 else 62).to_bytes(2, "little")   # x86_64 <-> aarch64
+    (tmp_path / "other-machine").write_bytes(other_machine)
+    (tmp_path / "junk").write_bytes(b"\x7fELF, but not a program")
+    for wrong in ("/bin/true", tmp_path / "other-machine", tmp_path / "junk"):   # (/bin/true: dynamically linked)
+        refused = _helper(["keep", str(wrong)], image)   # run as root in every sandbox, /bin/true would make every
+        assert refused.returncode == 1 and "is not pid's privilege drop" in refused.stderr, wrong   # command a no-op
     assert _helper(["keep", str(shipped)], image).returncode == 0
     monkeypatch.setenv("XDG_CACHE_HOME", image["XDG_CACHE_HOME"])
     monkeypatch.setenv("CC", "/nonexistent/cc")
