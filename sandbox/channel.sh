@@ -129,9 +129,13 @@ case $0 in /*) HERE=${0%/*} ;; *) exit 1 ;; esac   # pid's own files beside this
 # wait until they are gone or the file went unwritten for ~100 ms, 1 s at most (never with the table full).
 SCAN='set +f; for f in /proc/[0-9]*/fd/*; do [ "$f" -ef "$1" ] && exit 0; done; exit 1'
 linger() {  # $1 pgid, $2 output file
-    local quiet=0 ticks=0
+    local quiet=0 ticks=0 scan
     ! table_full || return 0
-    PATH=$pid_opath $DROP $SHBIN -c "$SCAN" pid-scan "$2" </dev/null >/dev/null 2>&1 4>&- 5>&- 6>&- || return 0
+    # (in the background: a scan the agent stops ends bash's wait, 128 + the signal, and is killed, not kept)
+    PATH=$pid_opath $DROP $SHBIN -c "$SCAN" pid-scan "$2" </dev/null >/dev/null 2>&1 4>&- 5>&- 6>&- &
+    scan=$!
+    wait "$scan" || { kill -9 "$scan"; wait "$scan"; disown "$scan"; return 0; }
+    disown "$scan"
     true >"$MARK"   # (not `:`: a failed redirection on a special builtin ends dash)
     while [ "$quiet" -lt 10 ] && [ "$ticks" -lt 100 ] && kill -0 -"$1" && ! table_full; do
         nap

@@ -1390,3 +1390,45 @@ def test_a_long_session_does_not_grow_its_server(client):
         assert grown < 150, f"the servers' heap grew {grown} KiB over 1,500 commands"   # (it was ~490)
     finally:
         box.close()
+
+
+def test_an_output_scan_the_agent_stops_is_not_kept_by_the_server(client):
+    """When a command leaves background processes, the server looks (as the agent) for one that holds its output
+    open. The agent can SIGSTOP that scan: the server's wait then returns, and the stopped scan used to stay, one
+    more stopped child of the root server per command."""
+    stopper = ("python3 - <<'PY' >/dev/null 2>&1\n"
+               "import os, signal, sys\n"
+               "if os.fork(): sys.exit(0)\n"
+               "os.setsid()\n"
+               "if os.fork(): os._exit(0)\n"
+               "while True:\n"
+               "    for d in os.listdir('/proc'):\n"
+               "        try:\n"
+               "            if d.isdigit() and b'pid-scan' in open(f'/proc/{d}/cmdline', 'rb').read():\n"
+               "                os.kill(int(d), signal.SIGSTOP)\n"
+               "        except OSError:\n"
+               "            pass\n"
+               "PY\n"
+               "echo started")
+    box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-scan", ttl_s=300), client)
+    try:
+        assert box.exec(stopper, timeout=30).tail == b"started\n"
+        for _ in range(8):
+            done = box.exec("(sleep 0.2) & echo x", timeout=30)
+            assert (done.exit_code, done.tail) == (0, b"x\n"), done
+        rows = client.api.top(box.container.id, ps_args="-o pid,args")["Processes"]
+        servers = {int(pid) for pid, args in rows if "channel.sh agent" in args}
+        stopped = [pid for pid, _ in rows
+                   if (fields := _stat_fields(int(pid))) and fields[0] == "T" and int(fields[1]) in servers]
+        assert stopped == [], f"{len(stopped)} stopped children of the servers"
+        assert box.exec("echo fine", timeout=30).tail == b"fine\n"
+    finally:
+        box.close()
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """State, parent pid, ... of a host process (None when it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
