@@ -131,10 +131,16 @@ SCAN='set +f; for f in /proc/[0-9]*/fd/*; do [ "$f" -ef "$1" ] && exit 0; done; 
 linger() {  # $1 pgid, $2 output file
     local quiet=0 ticks=0 scan
     ! table_full || return 0
-    # (in the background: a scan the agent stops ends bash's wait, 128 + the signal, and is killed, not kept)
+    # (in the background: a scan the agent stops ends bash's wait too, and is then killed, not kept; only while it
+    # is this server's child, stopped: a number already reaped may be another process's)
     PATH=$pid_opath $DROP $SHBIN -c "$SCAN" pid-scan "$2" </dev/null >/dev/null 2>&1 4>&- 5>&- 6>&- &
     scan=$!
-    wait "$scan" || { kill -9 "$scan"; wait "$scan"; disown "$scan"; return 0; }
+    wait "$scan" || {
+        field "/proc/$scan" PPid
+        case $FS:$FV in [Tt]:"$$") kill -9 "$scan"; wait "$scan" ;; esac
+        disown "$scan"
+        return 0
+    }
     disown "$scan"
     true >"$MARK"   # (not `:`: a failed redirection on a special builtin ends dash)
     while [ "$quiet" -lt 10 ] && [ "$ticks" -lt 100 ] && kill -0 -"$1" && ! table_full; do
