@@ -161,7 +161,8 @@ class RecordPrinter:
         elif kind == "job" and record.get("note") and not (self.summary_follows and record.get("exit_reason")):
             echo(styled(f"· {one_line(str(record['note']))}", dim=True), err=err)
         elif kind == "dropped":
-            echo(styled(f"· {record.get('count')} log record(s) dropped", dim=True), err=err)
+            why = f" ({one_line(str(record['why']))})" if record.get("why") else ""
+            echo(styled(f"· {record.get('count')} log record(s) dropped{why}", dim=True), err=err)
 
 
 class EventPrinter:
@@ -188,11 +189,12 @@ class EventFollower:
         self.after = 0
 
     def poll(self, wait_s: float = 0) -> None:
+        from pid.jobs.store import with_dropped
         try:
             records = self.store.events(self.job_id, after=self.after, wait_s=wait_s)
         except Exception:   # a store briefly unreachable: the next poll catches up
             return
-        for n, record in records:
+        for n, record in with_dropped(records, self.after):
             self.printer(record)
             self.after = n
 

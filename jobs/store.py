@@ -35,6 +35,19 @@ BLOB_CHUNK = 1024 * 1024                # the unit blobs are streamed (and, in R
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 
 
+def with_dropped(events: builtins.list[tuple[int, dict[str, Any]]],
+                 after: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """A job's events as read after number `after`, with a "dropped" record where numbers are missing: a store
+    keeps a job's newest EVENTS_KEPT only, so a long job's log would otherwise start (or go on) later without a
+    word. The record carries the number before the next event, so that reading on after it loses nothing."""
+    for n, record in events:
+        if n > after + 1:
+            yield n - 1, {"type": "dropped", "count": n - after - 1, "t": record.get("t"),
+                          "why": f"a job's log keeps its newest {EVENTS_KEPT:,} records"}
+        yield n, record
+        after = n
+
+
 class BlobMissing(KeyError):
     """No blob (or artifact) by that name: never stored, or expired."""
 

@@ -378,11 +378,13 @@ class Job:
         return self._logs(follow)
 
     def _logs(self, follow: bool) -> Iterator[dict[str, Any]]:
+        from pid.jobs.store import with_dropped
         with _store_reached():
             store, after = self._store(), 0
             while True:
                 ended = self._record().terminal   # (read before the events: the last ones are in by then)
-                for after, record in store.events(self.id, after=after, wait_s=1.0 if follow and not ended else 0):
+                events = store.events(self.id, after=after, wait_s=1.0 if follow and not ended else 0)
+                for after, record in with_dropped(events, after):
                     yield record
                 if not follow or ended:
                     return

@@ -487,6 +487,26 @@ def test_events_are_bounded_per_job(store, tmp_path):
     assert store.events(other.id) == [(1, {"n": 0})]
 
 
+def test_a_log_read_past_what_was_dropped_says_so_once(store, tmp_path):
+    """A long job's log keeps its newest records only: `pid logs` and Job.logs() start with a line saying how many
+    went, not silently at some later tool call (a 3,000-call job's log started at its 2,006th record)."""
+    from pid.cli.output import EventFollower, RecordPrinter
+    job = store.create(spec(tmp_path))
+    store.events_kept = 50
+    for n in range(1, 301):
+        store.append_event(job.id, {"type": "job", "note": f"record {n}"})
+    lines: list[str] = []
+    shown = RecordPrinter(out=lambda text, **_: lines.append(str(getattr(text, "text", text))))   # (Styled text)
+    follower = EventFollower(store, job.id, shown)
+    follower.poll()
+    first = [seq for seq, _ in store.events(job.id)][0]
+    assert lines[0] == f"· {first - 1} log record(s) dropped (a job's log keeps its newest 10,000 records)"
+    assert lines[1:] == [f"· record {n}" for n in range(first, 301)]
+    store.append_event(job.id, {"type": "job", "note": "record 301"})
+    follower.poll()
+    assert lines[-1] == "· record 301" and sum("dropped" in line for line in lines) == 1
+
+
 # -- artifacts and API keys -------------------------------------------------------------------------------------------
 
 def test_artifacts_with_a_size_cap(store, tmp_path):
