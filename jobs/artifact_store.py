@@ -147,20 +147,25 @@ def store_result(store: JobAttachments, job_id: str, result: dict[str, Any]) -> 
     return False
 
 
-def upload_transcript(store: JobAttachments, job_id: str, job_dir: str, attempt: int) -> None:
+def upload_transcript(store: JobAttachments, job_id: str, job_dir: str, attempt: int) -> str | None:
     """An attempt that ends without ending the job (handed back, or taken over by another worker): its transcript is
-    kept in the store as session.attempt-N.jsonl, beside the one of the attempt that finishes the job."""
+    kept in the store as session.attempt-N.jsonl, beside the one of the attempt that finishes the job. Its digest,
+    or None when it was not stored."""
     path = os.path.join(job_dir, SESSION)
-    if _regular(path):
-        _put_file(store, job_id, f"session.attempt-{attempt}.jsonl", path, ARTIFACT_LIMIT)
+    digests: dict[str, str] = {}
+    name = f"session.attempt-{attempt}.jsonl"
+    if _regular(path) and _put_file(store, job_id, name, path, ARTIFACT_LIMIT, digests) is None:
+        return digests[name]
+    return None
 
 
 class TranscriptSync:
     """While an attempt runs, its transcript goes to the store now and then as session.attempt-N.jsonl, so that a
     worker killed mid-job (SIGKILL, a machine lost) still leaves the attempt's transcript to the client. A copy is
-    made when the file has grown by a quarter since the last one (at most every MIN_INTERVAL_S): the copies of one
-    attempt together stay within about five times its final transcript, and a loss costs at most its last quarter.
-    The attempt's own end replaces or removes the copy (run_job)."""
+    made when the file has grown by a quarter since the last one (at most every MIN_INTERVAL_S), and a loss costs at
+    most its last quarter. Each copy's blob goes once the next one is stored (a long job's copies together came to
+    five times its transcript, kept for the whole retention). The attempt's own end keeps the last copy (handed
+    back) or discards it (the job's session.jsonl is the same transcript)."""
 
     MIN_INTERVAL_S = 5.0
     GROWTH = 1.25
@@ -169,6 +174,7 @@ class TranscriptSync:
         self.store, self.job_id, self.job_dir, self.attempt = store, job_id, job_dir, attempt
         self.name = f"session.attempt-{attempt}.jsonl"
         self._synced = 0
+        self._digest: str | None = None   # the copy in the store now
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pid-transcript-sync", daemon=True)
 
@@ -180,12 +186,33 @@ class TranscriptSync:
         self._stop.set()
         self._thread.join(timeout=30)
 
+    def discard(self) -> None:
+        """The attempt ended the job, whose session.jsonl holds this transcript: the copy goes, and its blob unless
+        session.jsonl is the very same bytes. After stop(). Never raises."""
+        try:
+            self.store.delete_artifact(self.job_id, self.name)
+        except Exception as exc:   # a copy left behind ages out with the retention
+            log.info("job %s: cannot discard %s: %s", self.job_id, self.name, exc)
+            return
+        self.stored(None)
+
     def _run(self) -> None:
         while not self._stop.wait(self.MIN_INTERVAL_S):
             size = _size(os.path.join(self.job_dir, SESSION))
             if size > 0 and size >= self._synced * self.GROWTH:
-                upload_transcript(self.store, self.job_id, self.job_dir, self.attempt)
+                digest = upload_transcript(self.store, self.job_id, self.job_dir, self.attempt)
+                if digest is not None:
+                    self.stored(digest)
                 self._synced = size
+
+    def stored(self, digest: str | None) -> None:
+        """A newer copy is in the store (None: none is needed any more): the older one's blob goes. Never raises."""
+        old, self._digest = self._digest, digest
+        if old is not None and old != digest:
+            try:
+                self.store.drop_own_blob(self.job_id, old)
+            except Exception as exc:   # the store unreachable: that copy ages out with the retention instead
+                log.info("job %s: cannot drop an older copy of its transcript: %s", self.job_id, exc)
 
 
 def _put_file(store: JobAttachments, job_id: str, name: str, path: str, limit: int,

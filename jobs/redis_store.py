@@ -560,6 +560,14 @@ class RedisAttachments(RedisBlobs):
         """Forget the job's artifact of that name (its blob ages out like any other); False: there was none."""
         return bool(self._r.hdel(PREFIX + "artifacts:" + job_id, name))
 
+    def drop_own_blob(self, job_id: str, digest: str) -> bool:
+        """Remove now a blob only this job could have made (a copy of its running transcript, replaced since),
+        unless one of the job's artifacts names it (only the job's: no other could hold its bytes); True when
+        removed. (Other blobs expire with their TTL.)"""
+        if digest.encode() in self._r.hvals(PREFIX + "artifacts:" + job_id):
+            return False
+        return bool(self._r.delete(PREFIX + "blob:" + blob_hex(digest)))
+
     def artifact_names(self, job_id: str) -> "builtins.list[str]":
         return sorted(n.decode() for n in self._r.hkeys(PREFIX + "artifacts:" + job_id))
 

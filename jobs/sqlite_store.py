@@ -732,6 +732,25 @@ class SqliteAttachments(SqliteBlobs):
         with self._db() as db:
             return db.execute("DELETE FROM artifacts WHERE job_id = ? AND name = ?", (job_id, name)).rowcount > 0
 
+    def drop_own_blob(self, job_id: str, digest: str) -> bool:
+        """Remove now a blob only this job could have made (a copy of its running transcript, replaced since),
+        unless an artifact or a pin names it; True when removed. (Other blobs nothing names age out: prune.)"""
+        path = self._blob_path(digest)
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")   # (no artifact can come to name it meanwhile)
+            try:
+                named = db.execute("SELECT 1 FROM artifacts WHERE digest = ? UNION ALL "
+                                   "SELECT 1 FROM blob_pins WHERE digest = ? LIMIT 1", (digest, digest)).fetchone()
+                if named is not None:
+                    return False
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    return False
+                return True
+            finally:
+                db.execute("COMMIT")
+
     def artifact_names(self, job_id: str) -> "builtins.list[str]":
         with self._reader() as db:
             return [r["name"] for r in db.execute("SELECT name FROM artifacts WHERE job_id = ? ORDER BY name",

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from pid.jobs.artifact_store import (MARKER, DownloadError, already_local, download, read_result, store_result,
-                                   upload_artifacts, upload_transcript)
+from pid.jobs.artifact_store import (MARKER, DownloadError, TranscriptSync, already_local, download, read_result,
+                                   store_result, upload_artifacts, upload_transcript)
 from pid.jobs.spec import JobSpec
 from pid.jobs.sqlite_store import JobStore
 
@@ -122,6 +122,44 @@ def test_a_handed_back_attempt_keeps_its_transcript_in_the_store(store, tmp_path
     upload_transcript(store, spec.id, str(job_dir), attempt=2)
     assert store.artifact_names(spec.id) == ["session.attempt-2.jsonl"]
     assert stored(store, spec.id, "session.attempt-2.jsonl") == b'{"type": "session"}\n'
+
+
+def test_a_running_attempts_transcript_copies_leave_one_blob_and_none_once_the_job_keeps_its_own(store, tmp_path):
+    """Each copy of a running attempt's transcript was a blob of its own, kept for the whole retention after the
+    next copy replaced it: a long job left five times its transcript in the store (1.5 GB for three jobs)."""
+    spec = make_job(store, tmp_path)
+    job_dir = Path(spec.job_dir)
+    job_dir.mkdir(parents=True)
+    session = job_dir / "session.jsonl"
+    blobs = lambda: sorted(p.name for p in Path(store.blob_dir).iterdir() if not p.name.startswith("."))  # noqa: E731
+    sync = TranscriptSync(store, spec.id, str(job_dir), attempt=1)
+    sync.MIN_INTERVAL_S = 0.02
+    sync.start()
+    try:
+        for n in range(1, 6):   # the transcript doubles: each time a new copy
+            session.write_text('{"type": "message"}\n' * 2 ** n)
+            deadline = time.monotonic() + 10
+            while stored_or_none(store, spec.id, "session.attempt-1.jsonl") != session.read_bytes():
+                assert time.monotonic() < deadline, f"copy {n} never stored"
+                time.sleep(0.02)
+            assert len(blobs()) == 1, (n, blobs())   # the copy before it is gone
+    finally:
+        sync.stop()
+    result = {"id": spec.id, "status": "completed", "exit_reason": "stop", "artifacts": {"session": "session.jsonl"}}
+    upload_artifacts(store, spec, str(job_dir), result)   # the job's own session.jsonl: the same bytes as the copy
+    sync.discard()
+    assert store.artifact_names(spec.id) == ["result.json", "session.jsonl"]
+    assert stored(store, spec.id, "session.jsonl") == session.read_bytes()   # its blob was the copy's, and stays
+    sync.stored(store.put_artifact(spec.id, "session.attempt-1.jsonl", io.BytesIO(b"an older copy\n")))
+    sync.discard()   # a copy that differs from session.jsonl goes, blob and all
+    assert store.artifact_names(spec.id) == ["result.json", "session.jsonl"] and len(blobs()) == 2
+
+
+def stored_or_none(store: JobStore, job_id: str, name: str) -> bytes | None:
+    try:
+        return stored(store, job_id, name)
+    except KeyError:
+        return None
 
 
 def uploaded_job(store: JobStore, tmp_path: Path) -> JobSpec:

@@ -509,6 +509,19 @@ def test_a_log_read_past_what_was_dropped_says_so_once(store, tmp_path):
 
 # -- artifacts and API keys -------------------------------------------------------------------------------------------
 
+def test_a_replaced_blob_of_the_jobs_own_goes_at_once_unless_an_artifact_names_it(store, tmp_path):
+    job = store.create(spec(tmp_path))
+    first = store.put_artifact(job.id, "session.attempt-1.jsonl", io.BytesIO(b"copy 1\n"))
+    second = store.put_artifact(job.id, "session.attempt-1.jsonl", io.BytesIO(b"copy 1\ncopy 2\n"))
+    store.put_artifact(job.id, "session.jsonl", io.BytesIO(b"copy 1\ncopy 2\n"))   # the same bytes: one blob
+    assert store.drop_own_blob(job.id, first) and not store.has_blob(first)
+    assert not store.drop_own_blob(job.id, first)                      # gone already
+    assert not store.drop_own_blob(job.id, second) and store.has_blob(second)   # named (twice)
+    store.delete_artifact(job.id, "session.attempt-1.jsonl")
+    assert not store.drop_own_blob(job.id, second)                     # session.jsonl still names it
+    assert b"".join(store.open_artifact(job.id, "session.jsonl")) == b"copy 1\ncopy 2\n"
+
+
 def test_artifacts_with_a_size_cap(store, tmp_path):
     job = store.create(spec(tmp_path))
     digest = store.put_artifact(job.id, "patch.diff", io.BytesIO(b"--- a\n+++ b\n"))

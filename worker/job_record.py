@@ -36,9 +36,14 @@ def record(job: JobRun, *, owner: bool, spool: str | None, amend_result: Callabl
     if artifact_store is not None:
         if owner:
             upload_artifacts(artifact_store, spec, job.job_dir, result)
-            _forget(artifact_store, spec.id, f"session.attempt-{job.attempt}.jsonl")   # session.jsonl is this one's
+            if job.syncing is not None:   # session.jsonl is this one's
+                job.syncing.discard()
+            else:
+                _forget(artifact_store, spec.id, f"session.attempt-{job.attempt}.jsonl")
         else:   # handed back or taken over: this attempt's transcript is kept all the same
-            upload_transcript(artifact_store, spec.id, job.job_dir, job.attempt)
+            digest = upload_transcript(artifact_store, spec.id, job.job_dir, job.attempt)
+            if job.syncing is not None and digest is not None:
+                job.syncing.stored(digest)
     if keep is not None:
         keep_run_artifacts(keep, spec, job.job_dir, result)
     if owner:
