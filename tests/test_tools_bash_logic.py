@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from pid.messages import TextContent
+from pid.messages import TextContent, ToolCall
 from pid.sandbox_api import OutputPolicy, RUN_ANYWHERE, SandboxError, SandboxLost
-from pid.tools import ToolSettings
+from pid.tools import ToolContext, ToolSettings, default_registry
 from pid.tools.bash import DISK_FULL_NOTICE, OUTPUT, OUTPUT_LOST_NOTICE, PIDS_LIMIT_NOTICE, TAIL_BYTES
 from pid.tools.truncate import MAX_BYTES, MAX_LINES
 from tests.memory_sandbox import Commands, MemorySandbox, Run
@@ -213,3 +213,19 @@ def test_a_sandbox_removed_while_a_command_runs_ends_the_call_with_sandbox_lost(
     with pytest.raises(SandboxLost):
         bash(box, "long")
     assert time.monotonic() - began < 2 and box.removed_by_pid and not box.is_alive()
+
+
+def test_a_read_of_a_full_output_the_sandbox_has_removed_says_so():
+    """The sandbox keeps only the newest full outputs (the Docker one: 1,000): a later read of one bash named to the
+    model said only "File not found", as if the model had the name wrong."""
+    box = box_with(long=Run(seq(1, 3000)))
+    ctx, registry = ToolContext(box), default_registry()
+    named = registry.execute(ToolCall("c1", "bash", {"command": "long"}), ctx)
+    path = named.details["fullOutputPath"]
+    assert text(registry.execute(ToolCall("c2", "read", {"path": path, "limit": 1}), ctx)).startswith("1\n")
+    del box.files[path]
+    gone = registry.execute(ToolCall("c3", "read", {"path": path}), ctx)
+    assert gone.is_error and text(gone) == (f"File not found: {path} (an earlier command's full output: the sandbox "
+                                            "keeps only the newest ones, and has removed this one)")
+    assert text(registry.execute(ToolCall("c4", "read", {"path": "/.pid/out/99"}), ctx)) == \
+        "File not found: /.pid/out/99"   # a name bash never gave is just not found

@@ -22,6 +22,9 @@ class ToolContext:
     settings: ToolSettings = field(default_factory=ToolSettings)
     # Partial output of a long-running call, for live views (throttled by the caller of on_update's source).
     on_update: Callable[[str], None] | None = None
+    # The full-output files bash's notices named to the model: the sandbox keeps only the newest, and a read of one
+    # it removed says so, not just "File not found".
+    full_outputs: set[str] = field(default_factory=set)
 
 
 @dataclass

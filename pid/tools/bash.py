@@ -151,6 +151,8 @@ def format_output(ctx: ToolContext, result: ExecResult) -> tuple[str, dict[str, 
     total = result.total_lines
     end = total
     start = max(total - cut.output_lines + 1, 1)
+    if result.output_path:
+        ctx.full_outputs.add(result.output_path)
     if result.output_path and result.output_from:
         where = (f". The last {format_size(result.total_bytes - result.output_from)} of the output (from byte "
                  f"{result.output_from}; what is before it reads as NUL bytes): {result.output_path}]")

@@ -114,6 +114,9 @@ def run_read(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
             resolve_path(ctx.sandbox, args["path"]),
             lambda p: ctx.sandbox.read_file(p, max_bytes=READ_CAP + 1, cancel=ctx.cancel))
     except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and args["path"] in ctx.full_outputs:
+            return ToolResult.error(f"File not found: {shown} (an earlier command's full output: the sandbox keeps "
+                                    f"only the newest ones, and has removed this one)")
         return file_error(exc, shown, " Use bash with ls to list its contents.")
     whole = len(head) <= READ_CAP
 
