@@ -430,3 +430,34 @@ def test_an_attempt_that_lost_its_lease_after_collecting_stores_only_its_transcr
     assert asked == ["collect", "store"] and result["exit_reason"] == "stop"
     assert store.artifact_names(spec.id) == ["session.attempt-2.jsonl"]
     assert not os.path.exists(os.path.join(spec.job_dir, "result.json"))
+
+
+@pytest.mark.parametrize("session_fits", [True, False])
+def test_a_job_whose_transcript_the_store_refused_keeps_its_last_copy(store, tmp_path, monkeypatch, session_fits):
+    """A long job's session.jsonl over the store's limit was lost whole: the end of the attempt also discarded the
+    last copy the running job had stored. That copy now stays; a job whose session.jsonl is stored discards it."""
+    import threading
+    import pid.jobs.artifact_store as artifact_store
+    from pid.agent import Outcome
+    from pid.worker.job_record import record
+    from pid.worker.job_run import JobRun
+    spec = make_job(store, tmp_path)
+    job_dir = Path(spec.job_dir)
+    job_dir.mkdir(parents=True)
+    (job_dir / "session.jsonl").write_text('{"type": "message"}\n' * 100)
+    sync = TranscriptSync(store, spec.id, str(job_dir), attempt=1)
+    sync.MIN_INTERVAL_S = 3600   # (it runs, and makes no copy of its own: the one below stands for them)
+    sync.start()
+    sync.stored(upload_transcript(store, spec.id, str(job_dir), attempt=1))   # a copy made while it ran
+    (job_dir / "session.jsonl").write_text('{"type": "message"}\n' * 200)     # it grew on
+    if not session_fits:
+        monkeypatch.setattr(artifact_store, "ARTIFACT_LIMIT", 3000)
+    job = JobRun(spec, str(job_dir), time.time(), 1, threading.Event(), None, None, lambda _e: None,   # type: ignore
+                 outcome=Outcome("stop", final_message="done"), artifacts={"session": "session.jsonl"}, syncing=sync)
+    result = record(job, owner=True, spool=None, amend_result=None, artifact_store=store, keep=None)
+    names = store.artifact_names(spec.id)
+    if session_fits:
+        assert result["status"] == "completed" and names == ["result.json", "session.jsonl"]
+    else:
+        assert result["exit_reason"] == "artifact_error" and names == ["result.json", "session.attempt-1.jsonl"]
+        assert stored(store, spec.id, "session.attempt-1.jsonl") == b'{"type": "message"}\n' * 100

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from pid.agent import Outcome
 from pid.jobs.results import build_result
-from pid.jobs.artifact_store import keep_run_artifacts, store_result, upload_artifacts, upload_transcript
+from pid.jobs.artifact_store import SESSION, keep_run_artifacts, store_result, upload_artifacts, upload_transcript
 from pid.worker.job_run import JobRun
 from pid.jobs.spec import JobSpec, write_json_atomic
 from pid.jobs.store import JobAttachments, Store
@@ -36,7 +36,10 @@ def record(job: JobRun, *, owner: bool, spool: str | None, amend_result: Callabl
     if artifact_store is not None:
         if owner:
             upload_artifacts(artifact_store, spec, job.job_dir, result)
-            if job.syncing is not None:   # session.jsonl is this one's
+            refused = {r.get("name") for r in (result.get("artifacts") or {}).get("not_stored") or []}
+            if SESSION in refused:   # the last copy is the most of this transcript the store can have: it stays
+                pass
+            elif job.syncing is not None:   # session.jsonl is this one's
                 job.syncing.discard()
             else:
                 _forget(artifact_store, spec.id, f"session.attempt-{job.attempt}.jsonl")
