@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 import click
 
 from pid.costs import format_cost
+from pid.endings import check_originals_missing
 from pid.terminal import CLEAR_LINE, dumps, one_line, shown
 from pid.jobs.spec import json_text
 
@@ -232,11 +233,10 @@ def said_key(text: str) -> str:
 
 def missing_originals_warning(result: dict[str, Any]) -> str | None:
     """The warning for --check-original paths the original workspace did not have (result.json's check), if any."""
-    check = result.get("check")
-    missing = check.get("original_missing") if isinstance(check, dict) else None
-    if not isinstance(missing, list) or not missing:
+    missing = check_originals_missing(result)
+    if not missing:
         return None
-    return ("--check-original " + ", ".join(one_line(str(p)) for p in missing) + ": not in the original workspace, "
+    return ("--check-original " + ", ".join(one_line(p) for p in missing) + ": not in the original workspace, "
             "so the check saw none there (right for a file the patch adds; else a misspelt path, which protects "
             "nothing)")
 

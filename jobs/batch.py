@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from pid.endings import exit_code_for
+from pid.endings import check_originals_missing, exit_code_for
 from pid.errors import PidError
 from pid.jobs.spec import ID_TIME, JOB_ID_RE, beside, write_json_atomic
 from pid.jobs.trees import remove_tree
@@ -127,13 +127,6 @@ def check_verdict(row: dict[str, Any]) -> str | None:
     if isinstance(check, dict):
         return "passed" if check.get("passed") else "failed"
     return "not run" if row.get("check_asked") else None
-
-
-def _originals_missing(row: dict[str, Any]) -> bool:
-    """Whether the item's check named --check-original paths its original workspace does not have (a misspelt path
-    protects nothing: the agent's changes to the file it meant were judged with it)."""
-    check = row.get("check")
-    return isinstance(check, dict) and bool(check.get("original_missing"))
 
 
 def needs_run(row: dict[str, Any] | None, retry_failed: bool) -> bool:
@@ -356,7 +349,7 @@ def summarize(rows: list[dict[str, Any]], items: int, top: int = 5) -> dict[str,
     codes = [int(row.get("exit_code", 1)) for row in rows]
     ran = [row for row in rows if row.get("turns")]   # per item: an item ended before its first turn says nothing
     durations = [float(row["duration_s"]) for row in ran if isinstance(row.get("duration_s"), (int, float))]
-    missing = [row["id"] for row in rows if _originals_missing(row)]   # (said only when there are any)
+    missing = [row["id"] for row in rows if check_originals_missing(row)]   # (said only when there are any)
     return {
         "items": items, "ended": len(rows), "not_ended": items - len(rows), "by_status": by_status,
         "exit_code": batch_exit_code(codes + ([1] if items > len(rows) else [])),

@@ -113,6 +113,14 @@ def check_passed_of(result: dict[str, Any]) -> bool | None:
     return isinstance(check, dict) and check.get("passed") is True
 
 
+def check_originals_missing(result: dict[str, Any]) -> list[str]:
+    """result.json's (or a batch row's) `check.original_missing`: the --check-original paths the original workspace
+    did not have (a misspelt one protects nothing); [] without any."""
+    check = result.get("check")
+    missing = check.get("original_missing") if isinstance(check, dict) else None
+    return [str(path) for path in missing] if isinstance(missing, list) else []
+
+
 def exit_code_for(result: dict[str, Any]) -> int:
     """The CLI's exit code for a result.json (see exit_code_of)."""
     return exit_code_of(result.get("exit_reason"), check_passed_of(result))

@@ -16,7 +16,7 @@ from pid.jobs.results import build_result
 from pid.jobs.artifact_store import SESSION, keep_run_artifacts, store_result, upload_artifacts, upload_transcript
 from pid.worker.job_run import JobRun
 from pid.jobs.spec import JobSpec, write_json_atomic
-from pid.jobs.store import JobAttachments, Store
+from pid.jobs.store import Store
 from pid.jobs.trees import remove_tree
 
 def record(job: JobRun, *, owner: bool, spool: str | None, amend_result: Callable[[dict[str, Any]], None] | None,
@@ -37,12 +37,10 @@ def record(job: JobRun, *, owner: bool, spool: str | None, amend_result: Callabl
         if owner:
             upload_artifacts(artifact_store, spec, job.job_dir, result)
             refused = {r.get("name") for r in (result.get("artifacts") or {}).get("not_stored") or []}
-            if SESSION in refused:   # the last copy is the most of this transcript the store can have: it stays
-                pass
-            elif job.syncing is not None:   # session.jsonl is this one's
+            # session.jsonl is this attempt's transcript: its copy goes (refused, the copy is the most of it the
+            # store can have, and stays; no sync started, there is no copy)
+            if job.syncing is not None and SESSION not in refused:
                 job.syncing.discard()
-            else:
-                _forget(artifact_store, spec.id, f"session.attempt-{job.attempt}.jsonl")
         else:   # handed back or taken over: this attempt's transcript is kept all the same
             digest = upload_transcript(artifact_store, spec.id, job.job_dir, job.attempt)
             if job.syncing is not None and digest is not None:
@@ -79,10 +77,3 @@ def record_unstarted(spec: JobSpec, error: str, started: float, artifact_store: 
     if artifact_store is not None:
         store_result(artifact_store, spec.id, failed)
     return failed
-
-
-def _forget(store: JobAttachments, job_id: str, name: str) -> None:
-    try:
-        store.delete_artifact(job_id, name)
-    except Exception:   # a stale copy of this attempt's transcript beside its final one: untidy, never harmful
-        pass
