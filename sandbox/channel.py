@@ -35,9 +35,10 @@ from .errors import SandboxError
 from .frames import BoundedReader, FrameReader, PipeReader, ReplyTooLarge, StreamClosed, wait_ready
 
 SCRIPT = importlib.resources.files(__package__).joinpath("channel.sh").read_bytes()
-# What channel.sh sources from beside itself: pid's requests on outputs and processes, and what sh uses without bash.
+# What channel.sh sources from beside itself: the greeting, pid's requests on outputs and processes, and what sh
+# uses without bash.
 PARTS = {name: importlib.resources.files(__package__).joinpath(name).read_bytes()
-         for name in ("channel_ops.sh", "channel_sh.sh")}
+         for name in ("channel_hello.sh", "channel_ops.sh", "channel_sh.sh")}
 PID_DIR = "/.pid"
 SCRIPT_PATH = f"{PID_DIR}/channel.sh"
 

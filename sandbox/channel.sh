@@ -1,9 +1,11 @@
 # pid exec channel server: requests on stdin, replies on stdout, one request at a time. Runs as root, as `bash|sh
 # channel.sh <role> <channel id> <workdir> <uid> <gid>` (channel.py: `docker exec`, or two FIFOs of /.pid/run that the
-# container's entry opens). Why a server: one `docker exec` costs ~60 ms, a request ~1 ms. Beside it in /.pid, root's
-# and read-only: channel_ops.sh, the requests on outputs and processes (c t T k K), and channel_sh.sh, what a /bin/sh
-# without bash uses where bash has builtins. All but the bash part need a /bin/sh with `local`, which POSIX lacks
-# (dash and busybox ash have it).
+# container's entry opens). Why a server: one `docker exec` costs ~60 ms, a request ~1 ms. This file is what a bash
+# call goes through: the protocol, the run op, the pre-started shells. Beside it in /.pid, root's and read-only:
+# channel_hello.sh, the greeting (h: the set-up of /.pid and of the privilege drop, before the agent runs anything),
+# channel_ops.sh, the requests on outputs and processes (c t T k K), and channel_sh.sh, what a /bin/sh without bash
+# uses where bash has builtins. All but the bash part need a /bin/sh with `local`, which POSIX lacks (dash and
+# busybox ash have it).
 #
 # THE PROTOCOL (the only one; channel.py reads every reply with one reader, Channel._reply):
 #   request: "<op> <nonce> <numbers...> [<output file>]", padded with spaces to 127 bytes, and "\n" (exactly: bash
@@ -29,14 +31,9 @@
 #
 # TRUST. This server and its files are pid's; the commands it starts are the agent's (a root agent, `--user root`,
 # shares pid's uid: then none of this holds, and the host still bounds every reply in bytes and time).
-#  - Privilege drop: every agent command, and every file read or write the tools make, runs through pid's drop
-#    (/.pid/drop, sandbox/drop.c: a few system calls) or else the image's `setpriv`, as the agent's uid and gid, no
-#    supplementary groups, no capabilities at all; no-new-privileges on the container keeps
-#    set-uid binaries from bringing any back. It runs in its own process group (the kill target) from a fixed PATH.
-#  - Who can write where: the server's FIFOs are in /.pid/run (0700, root), command outputs in /.pid/out (0711: the
-#    agent can read a file whose name it is told, never list, create or replace one). With a job disk both live on
-#    pid's own disk, so filling the job's disk cannot stop an output from being written. A slot shell's FIFO gets
-#    bytes from pid alone: each shell opens it read-only, as root, before it drops to the agent (see SLOT_SHELL).
+#  - The privilege drop, and who can write where (/.pid, its FIFOs and outputs): channel_hello.sh, which sets them up.
+#    A slot shell's FIFO gets bytes from pid alone: each shell opens it read-only, as root, before it drops to the
+#    agent (see SLOT_SHELL).
 #  - Bounded reads: the host bounds every reply; here, bash's `read` builtin shares one read-ahead buffer between all
 #    descriptors, so bytes left in it by a read of a file (or a timed-out read of a FIFO) would be taken as the next
 #    request. Files are therefore read by count (`read -N` in slurp, `read -d '' -n` in say_head: unbuffered, never
@@ -61,14 +58,8 @@ HOSTOUT=       # the host removes the commands' outputs (op_hello): JUNK holds o
                # at the next request, not 32 uploads later
 UMASK=022
 DROP=          # for an agent that is not root (set in op_hello): "/.pid/drop <uid> <gid>", else "setpriv ..."
-DROPBIN=/.pid/drop   # pid's own privilege drop (sandbox/drop.c), put here by the host where it could build one
-DROPOK=/.pid/run/drop.ok   # whether it runs here (drop_runs)
-SET_UP=/.pid/run/set-up   # the container's directories were made (set_up)
-SETSID=setsid
-SHBIN=sh
-SHELL_=sh
-CG=            # the container's pids cgroup, and its limit (fixed for the container's life; empty: none)
-PMAX=
+SETSID=setsid SHBIN=sh SHELL_=sh   # how a command's shell starts (set in op_hello)
+CG= PMAX=      # the container's pids cgroup, and its limit (fixed for the container's life; empty: none)
 set -f         # fields are split on spaces, never globbed
 for d in /sys/fs/cgroup/pids /sys/fs/cgroup; do [ -r "$d/pids.max" ] && { CG=$d; break; }; done
 [ -z "$CG" ] || read -r PMAX <"$CG/pids.max"
@@ -77,8 +68,6 @@ DIRECT_MAX=4000   # at most one page ever goes into a slot's FIFO (channel.py: D
 REQUEST_HEADER=128   # a request's first line, its newline last and alone (channel.py: REQUEST_HEADER); see request
 SLOTS=         # bash agent servers: commands run on two pre-started slot shells (see SLOT_SHELL)
 DUE=           # (bash) a used slot's successor is still to be started
-NOSETPRIV="the image has no setpriv (util-linux), needed to run commands as a non-root user; use --user root or add\
- util-linux"
 UNMADE="pid: the command could not start: its output file could not be made (no space or no inodes left for output)"
 
 # --- helpers shared by both servers (POSIX sh, and `local`) --------------------------------------------------------
@@ -86,23 +75,6 @@ digits() {  # true when every argument is a non-empty decimal number (no field r
     local a
     for a in "$@"; do case $a in ''|*[!0-9]*) return 1 ;; esac; done
 }
-say_file() {  # $1 tag, $2 nonce, $3 file, $4 offset, $5 length, then the fields: exactly <length> bytes of the file
-    # from <offset>, padded with NULs should it have shrunk meanwhile (a command may truncate its own output), so
-    # that the length in the header is always what follows
-    local tag="$1" nonce="$2" f="$3" from="$4" len="$5"
-    shift 5
-    printf '%s %s%s %d\n' "$tag" "$nonce" "${*:+ $*}" "$len"
-    [ "$len" -gt 0 ] || return 0
-    { tail -c +$((from + 1)) -- "$f" | head -c "$len"; head -c "$len" /dev/zero; } | head -c "$len"
-}
-say_copy() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes, through head
-    local tag="$1" nonce="$2" f="$3" max="$4"
-    shift 4
-    fsize "$f"
-    [ "$SIZE" -le "$max" ] || SIZE=$max
-    say_file "$tag" "$nonce" "$f" 0 "$SIZE" "$@"
-}
-fsize() { SIZE=$(wc -c <"$1") || SIZE=0; SIZE=$((SIZE + 0)); }
 # (A cgroup file is read by lines: it can always seek back, so bash's buffer keeps nothing of it; see slurp.)
 events() {  # PE <- forks the pids limit refused so far, "max <n>" (0 when the cgroup does not say)
     PE=0
@@ -121,6 +93,7 @@ take() { if [ "$GNUHEAD" = 1 ]; then head -c "$1"; else dd bs=1 count="$1"; fi; 
 headkind() { [ -n "$GNUHEAD" ] || case $(head --version </dev/null) in *GNU*) GNUHEAD=1 ;; *) GNUHEAD=0 ;; esac; }
 GNUHEAD=   # (GNU head reads no more than N bytes; asked once, when first needed: it forks)
 case $0 in /*) HERE=${0%/*} ;; *) exit 1 ;; esac   # pid's own files beside this one (/.pid: root's, read-only)
+. "$HERE/channel_hello.sh" || exit 1   # the greeting: h
 . "$HERE/channel_ops.sh" || exit 1   # the requests on outputs and processes: c t T k K
 
 # A command's background processes may still write just after it ended ("(sleep .05; echo x) &"); pi reads on
@@ -148,73 +121,6 @@ linger() {  # $1 pgid, $2 output file
         if [ "$2" -nt "$MARK" ]; then quiet=0; true >"$MARK"; else quiet=$((quiet + 1)); fi
         ticks=$((ticks + 1))
     done
-}
-untrace() {  # ptrace is the agent's right over its own processes, pid's slot shells among them: a tracer that
-    # stops a shell the server waits for would hang it. Such a tracer (a process of the agent's uid) is killed.
-    local tp
-    digits "$1" || return 0
-    field "/proc/$1" TracerPid
-    tp=$FV
-    case $tp in ''|0|1|"$$") return 0 ;; esac
-    field "/proc/$tp" Uid
-    [ "$FV" = "$UID_" ] && kill -9 "$tp"
-    return 0
-}
-op_hello() {  # h nonce [o]: set up /.pid (control) and this server (both)
-    local nonce="$2"
-    case ${3-} in '') ;; o) HOSTOUT=1 SWEEP_AT=1 ;; *) refuse "$nonce" ;; esac
-    umask 077
-    [ -d /.pid/run ] || mkdir -p /.pid/run /.pid/out || { say F "$nonce" "cannot create /.pid"; return; }
-    SHBIN=$(command -v "$SHELL_") || SHBIN=$SHELL_
-    if [ "$ROLE" = control ]; then
-        set_up || { say F "$nonce" "$WHY"; return; }
-        [ "$UID_" = 0 ] || command -v setpriv >/dev/null 2>&1 || drop_runs || { say F "$nonce" "$NOSETPRIV"; return; }
-        UMASK=077   # pid's own outputs: for pid's eyes only
-    fi
-    umask "$UMASK"
-    SETSID=$(command -v setsid) || SETSID=setsid
-    cd /   # commands cd to the workdir themselves; a shell started in a directory since removed complains
-    if [ "$ROLE" != agent ] || [ "$UID_" = 0 ]; then :
-    elif drop_runs; then DROP="$DROPBIN $UID_ $GID_"   # (it runs the program as named: SHBIN is absolute)
-    elif command -v setpriv >/dev/null 2>&1; then
-        DROP="$(command -v setpriv) --reuid=$UID_ --regid=$GID_ --clear-groups --inh-caps=-all --bounding-set=-all"
-    else say F "$nonce" "$NOSETPRIV"; return
-    fi
-    hello_more
-    events
-    say R "$nonce" "" "$SHELL_" "$PE"
-}
-set_up() {  # the container's directories, by the first control server greeted, before the agent runs anything. A
-    # control server greeted later (one aside, one replacing a dead one) leaves them: by then the agent may have
-    # swapped the workdir (its own tree's, under --workdir) or the home for a link to /.pid, and a chown through it
-    # gave the agent pid's files (root). The mark that it was done is root's, in /.pid/run. WHY <- what failed.
-    [ ! -e "$SET_UP" ] || return 0
-    WHY="cannot set up /.pid"
-    chmod 711 /.pid /.pid/out && chmod 700 /.pid/run || return 1
-    WHY="cannot create $WD"   # (a job's disk has them all but an image's workdir: each tool forks, none for nothing)
-    [ -d /.pid/git ] && [ -d "$WD" ] || mkdir -p /.pid/git "$WD" || return 1
-    set -- "$WD"
-    if [ -n "${HOME:-}" ]; then   # (a home it cannot make or own is no failure)
-        [ -d "$HOME" ] || mkdir -p "$HOME"
-        [ ! -d "$HOME" ] || set -- "$WD" "$HOME"
-    fi
-    chown "$UID_:$GID_" "$@" || chown "$UID_:$GID_" "$WD" || return 1
-    WHY="cannot set up /.pid"
-    true >"$SET_UP"
-}
-drop_runs() {  # pid's drop is here and works: one built for another architecture than the engine's does not run,
-    # nor one a security module refuses (setpriv drops then). Tried once, by the first server to greet, before the
-    # agent runs anything (the servers that start with the container); the answer is kept in /.pid/run (root's), so
-    # a server greeted later, with the agent about, runs nothing of the agent's uid here.
-    local ok=
-    [ -x "$DROPBIN" ] || return 1
-    [ ! -f "$DROPOK" ] || read -r ok <"$DROPOK"   # (a regular file: bash reads it by lines, nothing left over)
-    if [ -z "$ok" ]; then
-        ok=0
-        "$DROPBIN" "$UID_" "$GID_" "$SHBIN" -c : </dev/null >/dev/null 2>&1 3>&- 4>&- 5>&- 6>&- && ok=1
-        echo "$ok" >"$DROPOK"
-    fi
-    [ "$ok" = 1 ]
 }
 store() {  # $1 datalen: the data that follows the command, into a file of root's that the command gets as "$1";
     # STORED <- its name, or empty when it could not be made (every byte still leaves stdin: left there, they would
@@ -328,8 +234,7 @@ export -n LC_ALL
 LC_ALL=C
 LF='
 '
-Z=("" "")      # each slot's waiting shell (pid) and its output file
-ZO=("" "")
+Z=("" "") ZO=("" "")   # each slot's waiting shell (pid) and its output file
 SLOT=0         # the slot the next command runs on (they alternate: the other shell is up meanwhile)
 
 slurp() {  # S <- file $1, whole: `read -N` never reads past what it asks for, so nothing stays in bash's buffer

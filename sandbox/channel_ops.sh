@@ -1,7 +1,25 @@
 # pid's requests on a command's output and on the agent's processes: sourced by channel.sh, whose top says the
 # protocol and the trust argument. c, t and T read and trim an output file the server reported (the host checks
-# every name against that); k and K kill. They run as root and run nothing of the agent's.
+# every name against that), and reply with a copy of it (say_file); k and K kill. They run as root and run nothing
+# of the agent's.
 
+say_file() {  # $1 tag, $2 nonce, $3 file, $4 offset, $5 length, then the fields: exactly <length> bytes of the file
+    # from <offset>, padded with NULs should it have shrunk meanwhile (a command may truncate its own output), so
+    # that the length in the header is always what follows
+    local tag="$1" nonce="$2" f="$3" from="$4" len="$5"
+    shift 5
+    printf '%s %s%s %d\n' "$tag" "$nonce" "${*:+ $*}" "$len"
+    [ "$len" -gt 0 ] || return 0
+    { tail -c +$((from + 1)) -- "$f" | head -c "$len"; head -c "$len" /dev/zero; } | head -c "$len"
+}
+say_copy() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's first <max> bytes, through head
+    local tag="$1" nonce="$2" f="$3" max="$4"
+    shift 4
+    fsize "$f"
+    [ "$SIZE" -le "$max" ] || SIZE=$max
+    say_file "$tag" "$nonce" "$f" 0 "$SIZE" "$@"
+}
+fsize() { SIZE=$(wc -c <"$1") || SIZE=0; SIZE=$((SIZE + 0)); }
 cutinfo() {  # CUT, CUTL <- bytes and newlines dropped from the front of output file $1 (output_trim.py, op_trim)
     CUT=0 CUTL=0
     [ -f "$1.cut" ] && read -r CUT CUTL <"$1.cut"
@@ -40,6 +58,17 @@ op_trim() {  # T nonce keep file: the front becomes a hole (fallocate), its newl
         fi
     fi
     say T "$nonce" "" "$CUT"
+}
+untrace() {  # ptrace is the agent's right over its own processes, pid's slot shells among them: a tracer that
+    # stops a shell the server waits for would hang it. Such a tracer (a process of the agent's uid) is killed.
+    local tp
+    digits "$1" || return 0
+    field "/proc/$1" TracerPid
+    tp=$FV
+    case $tp in ''|0|1|"$$") return 0 ;; esac
+    field "/proc/$tp" Uid
+    [ "$FV" = "$UID_" ] && kill -9 "$tp"
+    return 0
 }
 op_kill() {  # k nonce pgid; no such group: the process of that number, if the agent's (its leader may have moved
     # to another group, and left this one empty; a number since reused by pid's is not killed, unless the agent is

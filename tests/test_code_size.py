@@ -40,3 +40,13 @@ def test_the_check_sees_a_long_function_and_a_long_class(tmp_path, monkeypatch) 
     monkeypatch.setattr("tests.test_code_size.modules", lambda root, packages: {"pid.long": path})
     assert too_long() == [f"pid.long.long: {MAX_FUNCTION_LINES + 1} lines (at most {MAX_FUNCTION_LINES})",
                           f"pid.long.Big: {3 * n} lines (at most {MAX_CLASS_LINES})"]
+
+
+def test_the_in_container_server_stays_reviewable() -> None:
+    """The trust boundary (issue 23): channel.sh, the server a bash call goes through, at most ~400 lines; each part
+    it sources (the greeting, the requests on outputs and processes, what sh uses without bash) a small one."""
+    sandbox = ROOT / "sandbox"
+    sizes = {path.name: len(path.read_text().splitlines()) for path in sandbox.glob("channel*.sh")}
+    assert sizes["channel.sh"] <= 400, sizes
+    assert set(sizes) == {"channel.sh", "channel_hello.sh", "channel_ops.sh", "channel_sh.sh"}, sizes
+    assert all(lines <= 120 for name, lines in sizes.items() if name != "channel.sh"), sizes
