@@ -207,6 +207,44 @@ def test_unreachable_endpoint_is_an_error_not_an_exception(api: str, monkeypatch
     assert "after 3 attempts" in reply.error_message
 
 
+MALFORMED_ANSWERS = {
+    "a redirect whose Location has a control byte": b"HTTP/1.1 302 Found\r\nLocation: http://x/\x01y\r\n"
+                                                    b"Content-Length: 0\r\n\r\n",
+    "not HTTP at all": b"SSH-2.0-OpenSSH_9.2\r\n\r\n",
+    "a broken chunk": b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      b"zz\r\ndata: {}\r\n",
+}
+
+
+@pytest.mark.parametrize("answer", sorted(MALFORMED_ANSWERS))
+def test_an_answer_that_is_not_http_is_tried_three_times_not_for_the_whole_budget(answer: str, tmp_path) -> None:
+    """A hostile or broken endpoint that answers every request with bytes no HTTP reader takes gets the same answer
+    again: the call ends after three attempts with the reader's reason, not after the 15 minutes of retries that a
+    dropped connection is worth."""
+    replay = tmp_path / "answer"
+    replay.write_bytes(MALFORMED_ANSWERS[answer])
+    notices: list[Any] = []
+    with ScriptedLLM([{"replay": str(replay)}] * 5) as llm:
+        started = time.monotonic()
+        reply = provider(llm, max_retries=None, retry_budget_s=900.0).stream("", HELLO, [], on_retry=notices.append)
+        assert len(llm.requests) == 3, answer
+    assert time.monotonic() - started < 10
+    assert reply.stop_reason == "error" and "after 3 attempts" in reply.error_message, reply.error_message
+    assert [n.reason for n in notices] == ["malformed response"] * 2
+
+
+def test_a_connection_closed_before_its_answer_is_still_retried_as_a_connection_failure(tmp_path) -> None:
+    """An empty answer (a kept-alive connection the server had closed, a restart) is no malformed one: retried, and
+    the call goes through."""
+    replay = tmp_path / "nothing"
+    replay.write_bytes(b"")
+    notices: list[Any] = []
+    with ScriptedLLM([{"replay": str(replay)}] * 3 + [{"text": "ok"}]) as llm:
+        reply = provider(llm, max_retries=None).stream("", HELLO, [], on_retry=notices.append)
+    assert reply.text == "ok", reply.error_message
+    assert [n.reason for n in notices] == ["connection failed"] * 3
+
+
 @pytest.mark.parametrize("api", BOTH)
 @pytest.mark.parametrize("caller", ["the same provider", "its sibling"])
 def test_an_endpoint_that_answered_then_refuses_is_waited_for_as_it_restarts(api: str, caller: str) -> None:

@@ -12,7 +12,8 @@ full jitter. Each wait is capped at `max_wait_s`; one call's retrying (from its 
 attempts after it) stays within `budget_s`: no wait starts that would end past it. A refused connection (nothing
 listening, an unknown host) to an endpoint that has not yet answered the job is most likely a wrong URL, so it gets
 only UNREACHABLE_RETRIES retries; once the endpoint has answered, a refusal is a server restarting (a local one
-reloading its model), retried as any failure.
+reloading its model), retried as any failure. An answer that is not HTTP pid can read (a bad status line or header, a
+broken chunk) comes back the same for the same request: it gets MALFORMED_RETRIES retries, not the whole budget.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from pid.messages import Usage
 
 UNREACHABLE_RETRIES = 2
 MIN_ASKED_S = 0.1   # a server's asked wait below this is taken as none asked: the backoff holds
+MALFORMED_RETRIES = 2
 EMPTY_RETRIES = 2   # an empty response is most likely a refusal for length: the loop compacts instead (see EMPTY)
 
 # What a retryable failure was, as the wait's event says it ("rate limited, retrying in 12 s").
@@ -41,6 +43,7 @@ TIMEOUT = "timed out"
 STREAM_BROKE = "stream broke"
 EMPTY = "empty response"
 UNREACHABLE = "unreachable"
+MALFORMED = "malformed response"
 
 
 @dataclass
@@ -59,6 +62,8 @@ class RetryPolicy:
         if reason == UNREACHABLE and attempt > UNREACHABLE_RETRIES and not answered:
             return None
         if reason == EMPTY and attempt > EMPTY_RETRIES:
+            return None
+        if reason == MALFORMED and attempt > MALFORMED_RETRIES:
             return None
         # The server's word, when it asks for a real wait: less than MIN_ASKED_S (0, or a date gone by) is none
         # asked, and the backoff holds (a proxy answering 500 with `Retry-After: 0` was asked again at once,

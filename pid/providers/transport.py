@@ -270,6 +270,9 @@ def post_stream(client: httpx.Client, url: str, *, headers: dict[str, str], body
     except httpx.ConnectTimeout as exc:
         return Failure(f"cannot reach {_origin(url)}: {_describe(exc)}", retry=retry.TIMEOUT)
     except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        if _malformed(exc):
+            return Failure(f"{_origin(url)} answered with what is not HTTP pid can read: {_describe(exc)}",
+                           retry=retry.MALFORMED)
         return Failure(f"connection to {_origin(url)} failed: {_describe(exc)}", retry=retry.CONNECTION)
     except httpx.TimeoutException as exc:
         return Failure(f"timed out waiting for a response from {_origin(url)} ({type(exc).__name__})",
@@ -299,6 +302,8 @@ def _stream_retry(exc: BaseException) -> str | None:
     """Why an error raised while the body streamed is worth a retry: the connection, not our parsing, failed."""
     if isinstance(exc, httpx.TimeoutException):
         return retry.TIMEOUT
+    if _malformed(exc):
+        return retry.MALFORMED
     if isinstance(exc, httpx.HTTPError):
         return retry.STREAM_BROKE
     return None
@@ -372,6 +377,16 @@ def _inflated(raw: Iterable[bytes], encoding: str, budget: StreamBudget | None) 
             yield rest
     except zlib.error as exc:
         raise httpx.DecodingError(f"the body's {encoding} is corrupt: {exc}") from None
+
+
+# How httpx words a connection that ended before its answer did (a kept-alive connection the server had closed, a
+# server restarting): worth retrying. Any other protocol error is bytes that are not HTTP (a bad status line, a header
+# with control bytes, a broken chunk), which the same request gets again.
+_CUT_SHORT = ("server disconnected", "peer closed connection")
+
+
+def _malformed(exc: BaseException) -> bool:
+    return isinstance(exc, httpx.RemoteProtocolError) and not str(exc).lower().startswith(_CUT_SHORT)
 
 
 def _origin(url: str) -> str:
