@@ -285,8 +285,9 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool, said: set[
     check = result.get("check")
     failed_check = (styled(f", check FAILED ({check_failure(check)})", fg="red", bold=True)
                     if isinstance(check, dict) and check.get("passed") is not True else "")
+    duration = result.get("duration_s")   # (None for a job that never started)
     echo(styled(status, fg=colour, bold=True), "" if reason == status else f" ({reason})", failed_check,
-         f" in {result.get('duration_s', 0):.1f}s · "
+         f" in {duration if isinstance(duration, (int, float)) else 0:.1f}s · "
          f"{_count(result.get('turns', 0), 'turn')} · {_count(result.get('tool_calls', 0), 'tool call')} · "
          f"{_count(usage.get('total_tokens', 0), 'token')} · "
          f"{format_cost(cost if isinstance(cost, (int, float)) else 0)}", err=True)

@@ -29,3 +29,10 @@ def test_what_the_artifacts_left_out_is_a_warning_naming_the_first_few(capsys, t
     assert "warning: left out of the artifacts: --file /nope (not found) (result.json" in capsys.readouterr().err
     print_result(RESULT, str(tmp_path), as_json=False)
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_result_with_no_duration_is_summed_up_not_a_crash(capsys, tmp_path):
+    """A job that never started has no duration (null in the store's record): the summary still prints."""
+    print_result({**RESULT, "status": "cancelled", "exit_reason": "cancelled", "duration_s": None}, str(tmp_path),
+                 as_json=False)
+    assert capsys.readouterr().err.splitlines()[0].startswith("cancelled in 0.0s · 2 turns")
