@@ -15,7 +15,9 @@ written by the same model, and the agent goes on from summary + the most recent 
   modifiedFiles}); the full history stays in the file, and pi rebuilds the same context from it.
 
 Differences from pi: tokens are counted with pid's counter (pi: chars/4); for windows too small for pi's defaults the
-reserve is at most half the window and the kept part at most half of what is left; when even the newest turn is over
+reserve is at most half the window, and the kept part and the summary each at most a quarter of what is left (the
+split turn's summary an eighth), so that a compacted context has room to grow (with pi's sizes in a 32k window, a
+model writing long summaries was compacted before most of its calls); when even the newest turn is over
 `keep`, only the newest turn is kept (pi would keep everything); the two summaries of a split turn are asked one after
 the other; the conversation handed to the summariser is shortened from its oldest end if it would not fit.
 """
@@ -142,7 +144,9 @@ class Compactor:
         self.max_output = max_output_tokens     # the model's largest reply: a summary asks for no more
         self.reserve = min(reserve_tokens, context_window // 2)
         self.threshold = context_window - self.reserve
-        self.keep = min(keep_recent_tokens, self.threshold // 2)
+        self.keep = min(keep_recent_tokens, self.threshold // 4)
+        self.summary_tokens = min(int(0.8 * self.reserve), self.threshold // 4)   # pi: 0.8 * reserve
+        self.turn_summary_tokens = min(int(0.5 * self.reserve), self.threshold // 8)   # pi: 0.5 * reserve
         self.counter = counter or get_counter()
         self.latest: Compaction | None = None
         self._summary: UserMessage | None = None   # the latest summary as the context's first message
@@ -232,12 +236,12 @@ class Compactor:
         usage = Usage()
         if history:
             prompt = UPDATE_SUMMARIZATION_PROMPT if previous else SUMMARIZATION_PROMPT
-            summary = self._summarize(history, prompt, previous, int(0.8 * self.reserve), cancel, usage,
+            summary = self._summarize(history, prompt, previous, self.summary_tokens, cancel, usage,
                                       on_retry)
         else:   # only the turn's prefix is new (pi would drop a previous summary here; it is kept)
             summary = previous or "No prior history."
         if prefix:
-            turn = self._summarize(prefix, TURN_PREFIX_PROMPT, None, int(0.5 * self.reserve), cancel, usage,
+            turn = self._summarize(prefix, TURN_PREFIX_PROMPT, None, self.turn_summary_tokens, cancel, usage,
                                    on_retry)
             summary = f"{summary}\n\n---\n\n**Turn Context (split turn):**\n\n{turn}"
         read_files, modified_files = self._file_lists(history + prefix)
@@ -275,7 +279,20 @@ class Compactor:
             raise CompactionFailed(f"summarization failed: {reply.error_message or 'model request failed'}", usage)
         if not reply.text.strip():
             raise CompactionFailed("summarization failed: the model returned no summary", usage)
-        return reply.text
+        return self._within(reply.text, max_tokens)
+
+    def _within(self, summary: str, max_tokens: int) -> str:
+        """The summary, cut if the server sent more than it was asked for (one ignoring max_tokens, or hostile):
+        a summary over its budget fills the context it was meant to free, and the next call compacts again.
+        (A quarter over, by pid's count, is the model's tokenizer counting differently, and is kept.)"""
+        limit = max_tokens + max_tokens // 4
+        if self.counter.count(summary) <= limit:
+            return summary
+        low, high = 0, len(summary)   # the longest prefix within the limit
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if self.counter.count(summary[:middle]) <= limit else (low, middle - 1)
+        return summary[:low] + f"\n[summary cut: the model wrote more than the {max_tokens} tokens asked for]"
 
     def _fit(self, parts: list[str], budget: int) -> str:
         """The serialised conversation, its oldest parts left out until it fits the summariser's window."""

@@ -307,7 +307,29 @@ def test_small_windows_scale_the_reserve_and_the_kept_part():
     provider = make_provider(ProviderConfig(model="m", base_url="http://127.0.0.1:9/v1"))
     big, small = Compactor(provider, 200_000), Compactor(provider, 8192)
     assert (big.reserve, big.keep, big.threshold) == (16384, 20000, 200_000 - 16384)
-    assert (small.reserve, small.threshold, small.keep) == (4096, 4096, 2048)
+    assert (small.reserve, small.threshold, small.keep) == (4096, 4096, 1024)
+    assert (big.summary_tokens, big.turn_summary_tokens) == (13107, 8192)   # pi's: 0.8 and 0.5 of the reserve
+    assert (small.summary_tokens, small.turn_summary_tokens) == (1024, 512)
+
+
+def test_long_summaries_in_a_small_window_leave_room_to_work_in(tmp_path):
+    """With pi's sizes a 32k window compacted before most calls when the model wrote long summaries (summary and
+    kept part filled what compacting had freed). The summary's budget scales with the window, and a server that
+    sends more than it was asked for has its summary cut to it."""
+    class Verbose(LongJob):
+        def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
+            reply = super().__call__(body)
+            if "SUMMARY-" in reply.get("text", ""):   # ~18k tokens, whatever max_tokens asked for
+                reply["text"] += "\n" + " ".join(f"detail{i}" for i in range(6000))
+            return reply
+    model = Verbose(turns=60)
+    with ScriptedLLM(responder=model) as llm:
+        outcome, agent, session_path = run_job(llm, tmp_path)
+    assert outcome.status == "completed", outcome.error
+    compactions = [e for e in entries(session_path) if e["type"] == "compaction"]
+    assert 3 <= len(compactions) <= 10, len(compactions)   # 42 of 61 calls before
+    assert all("[summary cut: the model wrote more than the" in c["summary"] for c in compactions)
+    assert {s["max_tokens"] for s in model.summaries} <= {4096, 2048}
 
 
 def test_a_summary_asks_for_no_more_than_the_model_can_answer(tmp_path):
@@ -316,10 +338,10 @@ def test_a_summary_asks_for_no_more_than_the_model_can_answer(tmp_path):
         provider = make_provider(ProviderConfig(model="scripted", base_url=llm.base_url))
         with make_box() as box:
             agent = Agent(provider, default_registry(), ToolContext(sandbox=box), "system",
-                          compactor=Compactor(provider, WINDOW, max_output_tokens=4096))
+                          compactor=Compactor(provider, WINDOW, max_output_tokens=1024))
             assert agent.run("go").status == "completed"
         provider.close()
-    assert model.summaries and {s["max_tokens"] for s in model.summaries} == {4096}
+    assert model.summaries and {s["max_tokens"] for s in model.summaries} == {1024}
 
 
 def test_a_summary_call_is_made_by_a_sibling_of_the_jobs_provider(tmp_path):
@@ -333,11 +355,11 @@ def test_a_summary_call_is_made_by_a_sibling_of_the_jobs_provider(tmp_path):
         provider.sibling = lambda config: siblings.append(made_by(config)) or siblings[-1]  # type: ignore[method-assign]
         with make_box() as box:
             agent = Agent(provider, default_registry(), ToolContext(sandbox=box), "system",
-                          compactor=Compactor(provider, WINDOW, max_output_tokens=4096))
+                          compactor=Compactor(provider, WINDOW, max_output_tokens=1024))
             assert agent.run("go").status == "completed"
         provider.close()
     assert model.summaries and len(siblings) == len(model.summaries)
-    assert all((s.config.max_tokens, s.config.thinking) == (4096, "off") for s in siblings)
+    assert all((s.config.max_tokens, s.config.thinking) == (1024, "off") for s in siblings)
 
 
 def test_without_a_compaction_the_session_context_is_the_whole_branch():
