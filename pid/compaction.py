@@ -282,10 +282,12 @@ class Compactor:
         return self._within(reply.text, max_tokens)
 
     def _within(self, summary: str, max_tokens: int) -> str:
-        """The summary, cut if the server sent more than it was asked for (one ignoring max_tokens, or hostile):
-        a summary over its budget fills the context it was meant to free, and the next call compacts again.
-        (A quarter over, by pid's count, is the model's tokenizer counting differently, and is kept.)"""
-        limit = max_tokens + max_tokens // 4
+        """The summary, cut if the server sent far more than it was asked for (one ignoring max_tokens, or
+        hostile): a summary over its budget fills the context it was meant to free, and the next call compacts
+        again. The server's own count is not taken on trust; pid's differs from the model's tokenizer (by up to half
+        again: o200k), or over-counts ordinary text by a third (the estimate without tiktoken's table), so only a
+        summary over 1.5 (estimated: 2) times the budget by pid's count is cut."""
+        limit = max_tokens * 3 // 2 if self.counter.exact else max_tokens * 2
         if self.counter.count(summary) <= limit:
             return summary
         low, high = 0, len(summary)   # the longest prefix within the limit

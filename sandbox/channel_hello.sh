@@ -1,7 +1,7 @@
 # The greeting (h), sourced by channel.sh, whose top says the protocol: pid's set-up of /.pid and of this server,
-# once per server, before anything of the agent's runs here. The first control server greeted makes the directories
-# and tries pid's privilege drop (set_up, drop_runs: root's control part); every server then chooses how it starts
-# the agent's commands (DROP).
+# once per server. The first control server greeted makes the directories, and the first server that needs to
+# tries pid's privilege drop, before the agent runs anything (set_up, drop_runs: root's control part; a server
+# greeted later reads what they left); every server then chooses how it starts the agent's commands (DROP).
 #  - Privilege drop: every agent command, and every file read or write the tools make, runs through pid's drop
 #    (/.pid/drop, sandbox/drop.c: a few system calls) or else the image's `setpriv`, as the agent's uid and gid, no
 #    supplementary groups, no capabilities at all; no-new-privileges on the container keeps set-uid binaries from

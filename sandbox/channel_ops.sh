@@ -1,7 +1,7 @@
 # pid's requests on a command's output and on the agent's processes: sourced by channel.sh, whose top says the
 # protocol and the trust argument. c, t and T read and trim an output file the server reported (the host checks
-# every name against that), and reply with a copy of it (say_file); k and K kill. They run as root and run nothing
-# of the agent's.
+# every name against that; c and t reply with a copy of part of it, say_file); k and K kill. They run as root and run
+# nothing of the agent's.
 
 say_file() {  # $1 tag, $2 nonce, $3 file, $4 offset, $5 length, then the fields: exactly <length> bytes of the file
     # from <offset>, padded with NULs should it have shrunk meanwhile (a command may truncate its own output), so

@@ -4,10 +4,10 @@ Why: pid's disk (see launch.PID_DISK) holds only pid's files, so that whatever t
 command's output can still be written and the patch still made. The agent's commands write their output there, and
 nothing else of the agent's: so the host bounds what stays. An output the model was shown whole is removed while a
 later command runs (commands.py: OutputFiles.housekeeping; a read of the `read` tool leaves up to 8 MB), by the host
-alone: pid's server is told to leave the agent's outputs (channel.sh: `h n o`), for one it removed first could not be
-held and cut back (see remove). One kept for the model (it was longer than what the model is shown, which names the
-file) stays, the newest first, up to KEPT_BYTES and KEPT_FILES for all of them (nor can many small ones use up the
-inodes). All of this runs on the host, through the output directory's descriptor: names are pid's own (`N.M`,
+alone: pid's server is told to leave the agent's outputs (channel_hello.sh: `h n o`), for one it removed first could
+not be held and cut back (see remove). One kept for the model (it was longer than what the model is shown, which
+names the file) stays, the newest first, up to KEPT_BYTES and KEPT_FILES for all of them (nor can many small ones use
+up the inodes). All of this runs on the host, through the output directory's descriptor: names are pid's own (`N.M`,
 validated by the channel), never followed.
 """
 from __future__ import annotations

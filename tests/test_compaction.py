@@ -312,10 +312,25 @@ def test_small_windows_scale_the_reserve_and_the_kept_part():
     assert (small.summary_tokens, small.turn_summary_tokens) == (1024, 512)
 
 
+def test_a_summary_is_cut_only_when_far_over_its_budget():
+    """pid's count is not the model's (o200k against the model's tokenizer; the estimate over-counts ordinary text by
+    a third): a summary the model kept within its budget is never cut, one far over it is, with a note."""
+    provider = make_provider(ProviderConfig(model="m", base_url="http://127.0.0.1:9/v1"))
+    compactor = Compactor(provider, WINDOW)
+    counter = compactor.counter
+    within = " ".join(f"word{i}" for i in range(1500))   # ~4 bytes a token: at most 4096 of a model's tokens
+    assert len(within.encode()) <= 4 * 4096 and compactor._within(within, 4096) == within
+    far = " ".join(f"detail{i}" for i in range(8000))
+    cut = compactor._within(far, 4096)
+    assert cut.endswith("[summary cut: the model wrote more than the 4096 tokens asked for]")
+    assert far.startswith(cut.split("\n[summary cut")[0])
+    assert counter.count(cut.split("\n[summary cut")[0]) <= 4096 * (3 / 2 if counter.exact else 2)
+
+
 def test_long_summaries_in_a_small_window_leave_room_to_work_in(tmp_path):
     """With pi's sizes a 32k window compacted before most calls when the model wrote long summaries (summary and
     kept part filled what compacting had freed). The summary's budget scales with the window, and a server that
-    sends more than it was asked for has its summary cut to it."""
+    sends far more than it was asked for has its summary cut."""
     class Verbose(LongJob):
         def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
             reply = super().__call__(body)
@@ -327,7 +342,7 @@ def test_long_summaries_in_a_small_window_leave_room_to_work_in(tmp_path):
         outcome, agent, session_path = run_job(llm, tmp_path)
     assert outcome.status == "completed", outcome.error
     compactions = [e for e in entries(session_path) if e["type"] == "compaction"]
-    assert 3 <= len(compactions) <= 10, len(compactions)   # 42 of 61 calls before
+    assert 3 <= len(compactions) <= 15, len(compactions)   # 42 of 61 calls before
     assert all("[summary cut: the model wrote more than the" in c["summary"] for c in compactions)
     assert {s["max_tokens"] for s in model.summaries} <= {4096, 2048}
 

@@ -233,16 +233,36 @@ def test_an_answer_that_is_not_http_is_tried_three_times_not_for_the_whole_budge
     assert [n.reason for n in notices] == ["malformed response"] * 2
 
 
-def test_a_connection_closed_before_its_answer_is_still_retried_as_a_connection_failure(tmp_path) -> None:
-    """An empty answer (a kept-alive connection the server had closed, a restart) is no malformed one: retried, and
-    the call goes through."""
-    replay = tmp_path / "nothing"
-    replay.write_bytes(b"")
+CUT_SHORT = {   # connections that end before the answer does: a server restarting, a proxy cutting it
+    "before any answer": (b"", "connection failed"),
+    "inside a chunk's size line": (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                   b"Transfer-Encoding: chunked\r\n\r\ne\r\ndata: {\"a\":1}\n\r\n1", "stream broke"),
+}
+
+
+@pytest.mark.parametrize("cut", sorted(CUT_SHORT))
+def test_a_connection_cut_short_is_still_retried_as_before(cut: str, tmp_path) -> None:
+    """No malformed answer: retried (here three times), and the call goes through."""
+    replay = tmp_path / "cut"
+    replay.write_bytes(CUT_SHORT[cut][0])
     notices: list[Any] = []
     with ScriptedLLM([{"replay": str(replay)}] * 3 + [{"text": "ok"}]) as llm:
         reply = provider(llm, max_retries=None).stream("", HELLO, [], on_retry=notices.append)
     assert reply.text == "ok", reply.error_message
-    assert [n.reason for n in notices] == ["connection failed"] * 3
+    assert [n.reason for n in notices] == [CUT_SHORT[cut][1]] * 3
+
+
+def test_malformed_answers_are_counted_in_a_row_not_with_the_failures_before_them(tmp_path) -> None:
+    """Two 503s while a server restarts, then two answers that are not HTTP, then the reply: the malformed ones are
+    two in a row, within their three attempts, and the call goes through."""
+    replay = tmp_path / "answer"
+    replay.write_bytes(MALFORMED_ANSWERS["not HTTP at all"])
+    script = [{"error": {"status": 503}}] * 2 + [{"replay": str(replay)}] * 2 + [{"text": "ok"}]
+    notices: list[Any] = []
+    with ScriptedLLM(script) as llm:
+        reply = provider(llm, max_retries=None).stream("", HELLO, [], on_retry=notices.append)
+    assert reply.text == "ok", reply.error_message
+    assert [n.reason for n in notices] == ["server error"] * 2 + ["malformed response"] * 2
 
 
 @pytest.mark.parametrize("api", BOTH)

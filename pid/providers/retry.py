@@ -54,16 +54,17 @@ class RetryPolicy:
     max_retries: int | None = None      # None: as many as the budget allows
 
     def wait_before_retry(self, attempt: int, reason: str, asked_s: float | None, spent_s: float,
-                          answered: bool = False) -> float | None:
+                          answered: bool = False, in_a_row: int = 1) -> float | None:
         """Seconds to wait before attempt `attempt + 1`, or None to give up (`spent_s`: time since the call
-        first failed, later attempts included; `answered`: the endpoint has answered this job before)."""
+        first failed, later attempts included; `answered`: the endpoint has answered this job before; `in_a_row`:
+        how many of the latest attempts failed for this same reason, this one included)."""
         if self.max_retries is not None and attempt > self.max_retries:
             return None
         if reason == UNREACHABLE and attempt > UNREACHABLE_RETRIES and not answered:
             return None
         if reason == EMPTY and attempt > EMPTY_RETRIES:
             return None
-        if reason == MALFORMED and attempt > MALFORMED_RETRIES:
+        if reason == MALFORMED and in_a_row > MALFORMED_RETRIES:
             return None
         # The server's word, when it asks for a real wait: less than MIN_ASKED_S (0, or a date gone by) is none
         # asked, and the backoff holds (a proxy answering 500 with `Retry-After: 0` was asked again at once,

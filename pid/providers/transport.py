@@ -382,7 +382,7 @@ def _inflated(raw: Iterable[bytes], encoding: str, budget: StreamBudget | None) 
 # How httpx words a connection that ended before its answer did (a kept-alive connection the server had closed, a
 # server restarting): worth retrying. Any other protocol error is bytes that are not HTTP (a bad status line, a header
 # with control bytes, a broken chunk), which the same request gets again.
-_CUT_SHORT = ("server disconnected", "peer closed connection")
+_CUT_SHORT = ("server disconnected", "peer closed connection", "peer unexpectedly closed connection")
 
 
 def _malformed(exc: BaseException) -> bool:
@@ -684,6 +684,7 @@ class StreamingProvider:
             policy = retry_policy(self.config)
             retrying_since: float | None = None   # the first failure: the retry budget counts from there
             attempt = 1
+            same_reason, in_a_row = None, 0   # the latest failures' reason, and how many in a row had it
             while True:
                 failure = stream_request(self._client, self._url, headers=self._headers, body=body, cancel=cancel,
                                          consume=lambda response: self._consume(response, reply, on_text))
@@ -706,8 +707,10 @@ class StreamingProvider:
                     return self._finish(reply, dropped, len(body))
                 now = retry.clock()
                 retrying_since = retrying_since if retrying_since is not None else now
+                in_a_row = in_a_row + 1 if reply.retry == same_reason else 1
+                same_reason = reply.retry
                 wait = policy.wait_before_retry(attempt, reply.retry, reply.asked_s, now - retrying_since,
-                                                answered=self._answered)
+                                                answered=self._answered, in_a_row=in_a_row)
                 if wait is None:
                     if attempt > 1:
                         reply.error += f" (after {attempt} attempts)"
