@@ -257,7 +257,9 @@ class Agent:
             if consecutive_timeouts >= self.limits.max_consecutive_timeouts:
                 return self._end(out, "consecutive_timeouts",
                                  f"the commands of {consecutive_timeouts} turns in a row timed out")
-            if (over := self._over_cost(out)) is not None:
+            # The cap is looked at before each model call: a reply that ends the job with its answer completes it,
+            # whatever that last call cost (a steer or follow-up that asks for more is looked at before its call).
+            if (calls or reply.stop_reason != "stop") and (over := self._over_cost(out)) is not None:
                 return self._end(out, "max_cost", over)
             if not calls:
                 if self._check_in is not None:

@@ -262,6 +262,18 @@ def test_max_cost_ends_the_job(sandbox):
     assert outcome.error == "cost $2.0000 exceeded --max-cost $1.5000"
 
 
+def test_a_final_answer_that_passes_max_cost_completes_the_job_with_it(sandbox):
+    """A new user's: the one answer of a job cost more than --max-cost, and the job ended `max_cost` with no final
+    message, where --max-turns 1 completed it. The cap is looked at before each call: this answer is the job's end."""
+    script = [{"text": "ALL FINISHED: here is my final answer",
+               "usage": {"prompt_tokens": 1_000_000, "completion_tokens": 0}}]
+    with ScriptedLLM(script) as llm:
+        outcome = make_agent(llm, sandbox, limits=Limits(max_cost=0.5), input_cost_per_mtok=1.0).run("go")
+    assert (outcome.status, outcome.exit_reason, outcome.error) == ("completed", "stop", None)
+    assert outcome.final_message == "ALL FINISHED: here is my final answer"
+    assert outcome.usage.cost.total == pytest.approx(1.0)
+
+
 def _failing_after_usage(prompt: int, completion: int) -> dict:
     """An OpenAI stream that reports its usage, then an error event: retried (the usage is the server's word)."""
     chunk = {"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"},
