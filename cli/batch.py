@@ -65,7 +65,7 @@ class BatchCommand(click.Command):
                 formatter.write_dl([(flag.ljust(width), text) for flag, text in rows[is_job]])
 
 
-@click.command("batch", cls=BatchCommand)
+@click.command("batch", cls=BatchCommand, short_help="Run one job per line of a tasks file (JSONL).")
 @click.argument("tasks", required=False, metavar="TASKS.jsonl|-")
 @click.option("--repo", metavar="DIR|URL",
               help=spec_field("repo").metadata["help"].rstrip(".") + ". Every item's, unless its line names one.")

@@ -392,7 +392,7 @@ def status(job_id: str, as_json: bool) -> None:
 
 
 
-@cli.command()
+@cli.command(short_help="Show a finished job's result; exit with its code.")
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print result.json.")
 @click.option("--wait", is_flag=True, help="Wait for the job to end first.")
@@ -452,7 +452,7 @@ def _post(kind: str, job_id: str, message: str) -> None:
     echo(f"{job_id}: {kind.replace('_', '-')} queued")
 
 
-@cli.command()
+@cli.command(short_help="Send a message for the agent's next model call.")
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.argument("message")
 def steer(job_id: str, message: str) -> None:
@@ -461,7 +461,7 @@ def steer(job_id: str, message: str) -> None:
     _post("steer", job_id, message)
 
 
-@cli.command("follow-up")
+@cli.command("follow-up", short_help="Send a message for when the agent would stop.")
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.argument("message")
 def follow_up(job_id: str, message: str) -> None:
@@ -475,7 +475,7 @@ def _set_paused(job_id: str, paused: bool) -> None:
     echo(f"{job_id}: {'pause requested' if paused else 'resumed'}")
 
 
-@cli.command()
+@cli.command(short_help="Hold a job before its next model call.")
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 def pause(job_id: str) -> None:
     """Hold a job before its next model call (its wall clock keeps running)."""
@@ -489,7 +489,7 @@ def resume(job_id: str) -> None:
     _set_paused(job_id, False)
 
 
-@cli.command("list")
+@cli.command("list", short_help="Recent jobs, newest first.")
 @click.option("--limit", type=Number(int, 1, None), default=None,
               help="Show at most this many jobs (the newest)  [default: 20; with --batch, all of the batch's]")
 @click.option("--status", "status_filter", type=click.Choice(list(JOB_STATUSES)), help="Only jobs in this status.")
@@ -523,7 +523,7 @@ def list_jobs(limit: int | None, status_filter: str | None, as_json: bool, batch
         echo(line)
 
 
-@cli.command()
+@cli.command(short_help="A job's log: its tool calls, errors and attempts.")
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the job goes on, until it ends.")
 @click.option("--json", "as_json", is_flag=True, help="Every record, one JSON object per line.")
@@ -571,7 +571,7 @@ def logs(job_id: str, follow: bool, as_json: bool, verbose: bool) -> None:
             line.stop()
 
 
-@cli.command()
+@cli.command(short_help="The workers of this job store.")
 @click.option("--all", "show_all", is_flag=True, help="Also workers not heard from lately (stopped or lost).")
 @click.option("--json", "as_json", is_flag=True, help="A JSON array of the workers' heartbeats.")
 def workers(show_all: bool, as_json: bool) -> None:
@@ -603,7 +603,7 @@ def workers(show_all: bool, as_json: bool) -> None:
             echo(styled(f"  !!! {one_line(b.alarm)}", fg="red", bold=True))
 
 
-@cli.command()
+@cli.command(short_help="Start a worker that runs queued jobs.")
 @click.option("--concurrency", "-c", type=Number(int, 1, 1024), default=8, show_default=True,
               help="Jobs run at once (each a thread of the worker, with its own container). A job mostly waits on "
                    "its model: dozens fit on two cores; the containers' memory is the usual limit.")
@@ -699,7 +699,7 @@ def _volatile_store() -> str | None:
             time.sleep(2)
 
 
-@cli.command()
+@cli.command(short_help="Remove expired pid containers and orphaned disks.")
 @click.option("--all", "all_owners", is_flag=True,
               help="Also remove expired containers of other pid installations on this engine.")
 def reap(all_owners: bool) -> None:

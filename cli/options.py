@@ -145,13 +145,21 @@ class Workdir(click.ParamType):
 NETWORKS = ("none", "bridge")
 
 
-class Network(click.ParamType):
+class Words(click.ParamType):
+    """A choice among lower-case words, shown as they are typed (click upper-cases a type's name) and taken in
+    any case."""
+
+    def get_metavar(self, param: Any, ctx: Any = None) -> str:
+        return self.name
+
+
+class Network(Words):
     """none (no network) or bridge (the engine's NAT network). Never host: it would hand the agent the host's own
     network stack, every service on the host's localhost included."""
     name = "|".join(NETWORKS)
 
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
-        text = str(value).strip()
+        text = str(value).strip().lower()
         if text == "host":
             self.fail("'host' would give the agent the host's own network (every service listening on its "
                       "localhost); use none or bridge", param, ctx)
@@ -172,12 +180,12 @@ class User(click.ParamType):
         return str(value).strip()
 
 
-class Api(click.ParamType):
+class Api(Words):
     """A short name (openai, anthropic) or its wire format -> the wire format."""
     name = "|".join(API_NAMES)
 
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
-        text = str(value).strip()
+        text = str(value).strip().lower()
         if text in API_NAMES.values():
             return text
         if text not in API_NAMES:
@@ -185,7 +193,7 @@ class Api(click.ParamType):
         return API_NAMES[text]
 
 
-class Thinking(click.ParamType):
+class Thinking(Words):
     name = "|".join(THINKING_LEVELS)
 
     def convert(self, value: Any, param: Any, ctx: Any) -> str:

@@ -79,7 +79,7 @@ def model_options(func: Any) -> Any:
     ])
 
 
-@click.command("continue", cls=HomeCommand)
+@click.command("continue", cls=HomeCommand, short_help="Continue an ended job as a new job.")
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.argument("message")
 @model_options
@@ -97,7 +97,7 @@ def continue_job(job_id: str, message: str, model: str | None, base_url: str | N
     _main.queued(store, spec, wait, as_json)
 
 
-@click.command(cls=HomeCommand)
+@click.command(cls=HomeCommand, short_help="Run a job again as a new job.")
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 @model_options
 @queue_options

@@ -36,7 +36,7 @@ class ViewError(click.ClickException):
     exit_code = 2
 
 
-@click.command("view")
+@click.command("view", short_help="Write a job's or a batch's page (HTML).")
 @click.argument("target", metavar="ID|DIR")
 @click.option("-o", "--output", metavar="FILE", type=click.Path(dir_okay=False),
               help="Where to write the page (default: pid-view-<id>.html here for a job; DIR/view/index.html for a "

@@ -63,3 +63,18 @@ def test_a_bad_pool_size_is_one_line_and_exit_2_before_the_worker_starts():
         assert result.exit_code == 2
         assert "Invalid value for '--pool'" in result.output and why in result.output
         assert "PID_POOL" not in result.output   # (the option's own words: the user typed --pool)
+
+
+def test_top_help_says_each_command_whole_and_choices_as_typed():
+    """A new user's: the top help cut most commands' summaries mid-phrase ("(Ctrl-C: finish the..."), and `run
+    --help` showed NONE|BRIDGE and OPENAI|ANTHROPIC, which were then refused; they are shown as typed, taken in any
+    case."""
+    top = CliRunner().invoke(cli, ["--help"], terminal_width=80).output
+    commands = top[top.index("Run jobs:"):]
+    assert "..." not in commands, commands
+    run = CliRunner().invoke(cli, ["run", "--help"], terminal_width=100).output
+    for shown in ("--network none|bridge", "--api openai|anthropic", "--thinking off|low|medium|high"):
+        assert shown in run, run
+    from pid.cli.options import Api, Network, Thinking
+    assert (Network().convert("NONE", None, None), Api().convert("OpenAI", None, None),
+            Thinking().convert("LOW", None, None)) == ("none", "openai-completions", "low")
