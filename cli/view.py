@@ -188,17 +188,18 @@ def _watch(job_id: str, output: str | None, opened: Any) -> None:
         if path:   # a page that no longer reloads: nobody rewrites it now
             try:
                 _view_job_id(record.id, output, None)
-            except ViewError:
-                pass
+            except ViewError:   # (still no transcript: the placeholder, without its reload)
+                _placeholder(output, record, watching=False)
         raise SystemExit(130) from None
 
 
-def _placeholder(output: str | None, record: Any) -> str:
+def _placeholder(output: str | None, record: Any, watching: bool = True) -> str:
     from pid.cli.pages.blocks import esc, page
     path = _page_path(output, record.id)
-    body = (f"<h1>pid job <code>{esc(record.id)}</code></h1><p>{esc(record.status)}: no transcript yet. This page "
-            f"reloads every {REFRESH_S} s while pid view --watch runs.</p>")
-    _write_path(path, page(f"pid job {record.id}", body, refresh_s=REFRESH_S))
+    said = (f"This page reloads every {REFRESH_S} s while pid view --watch runs." if watching else
+            "pid view --watch was stopped: this page is not rewritten any more.")
+    body = f"<h1>pid job <code>{esc(record.id)}</code></h1><p>{esc(record.status)}: no transcript yet. {said}</p>"
+    _write_path(path, page(f"pid job {record.id}", body, refresh_s=REFRESH_S if watching else None))
     return path
 
 

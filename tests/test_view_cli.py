@@ -252,3 +252,23 @@ def test_ctrl_c_leaves_a_watched_page_that_no_longer_reloads(store, tmp_path, en
     assert proc.returncode == 130 and "Traceback" not in err, err
     text = page.read_text()
     assert 'http-equiv="refresh"' not in text and calls(page) == ["c1"] and ">running<" in text
+
+
+def test_ctrl_c_on_a_queued_jobs_watch_leaves_a_page_that_no_longer_reloads(store, tmp_path, env):
+    """A new user's: a queued job has no transcript yet, so its watched page is a placeholder, and Ctrl-C left it
+    reloading every 2 s for good."""
+    spec = stored_job(store, tmp_path)   # queued: nothing of it yet
+    page = tmp_path / "queued.html"
+    proc = watch(spec.id, page, tmp_path, env)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == str(page)
+        assert 'http-equiv="refresh"' in page.read_text() and "no transcript yet" in page.read_text()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    text = page.read_text()
+    assert 'http-equiv="refresh"' not in text and "no transcript yet" in text and "was stopped" in text
