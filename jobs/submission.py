@@ -3,6 +3,7 @@ the Python API alike (pid/api.py). A refusal is a PidError whose message is the 
 nothing has started or been recorded when it is raised."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -219,8 +220,9 @@ def check_out_dir(out: str) -> str:
         fd, probe = tempfile.mkstemp(prefix=".pid-write-check-", dir=where)
         os.close(fd)
         os.unlink(probe)
-    except OSError as exc:
-        raise PidError(f"--out {out}: cannot write in {where} ({exc.strerror or exc})") from None
+    except OSError as exc:   # (/proc and /sys answer "No such file" to a new file in a directory they have)
+        why = "it takes no new files" if exc.errno == errno.ENOENT else exc.strerror or str(exc)
+        raise PidError(f"--out {out}: cannot write in {where} ({why})") from None
     return path
 
 

@@ -204,7 +204,8 @@ def test_an_unusable_out_is_one_line_before_anything_runs(run_pid, pid_env, samp
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
     cases = [(tmp_path / "missing" / "out", "its parent directory"), (a_file, "not a directory"),
-             (a_file / "out", "does not exist"), (Path("/proc/pid-test-out"), "cannot write in /proc")]
+             (a_file / "out", "does not exist"),
+             (Path("/proc/pid-test-out"), "cannot write in /proc (it takes no new files)")]
     for out, needle in cases:
         assert_one_error(run_pid(command, *job_args(sample_repo, out)), f"--out {out}", needle)
     assert not (Path(pid_env["PID_HOME"]) / "jobs.db").exists() or not JobStore(
