@@ -218,6 +218,7 @@ def _mib(size: int) -> str:
 def _last(lines: list[str]) -> str:
     """Why the clone failed: the script's reason, with git's last "fatal:" or "error:" line."""
     ours = [ln[len("pid-clone-error "):] for ln in lines if ln.startswith("pid-clone-error ")]
+    ours = [reason for reason in ours if reason != "cannot clone"]   # (what the message says first already)
     git = [ln.strip() for ln in lines if ln.startswith(("fatal:", "error:"))]
     text = "; ".join(x[-1] for x in (ours, git) if x)
     return text[:500]
