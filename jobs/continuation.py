@@ -95,6 +95,9 @@ def _continuable(store: Store, job_id: str) -> Any:
         raise Refused(f"job {job_id} ended client_lost: its `pid run` process was killed before it could keep the "
                       f"conversation, so there is none to continue (pid retry {job_id} runs its task again from the "
                       "start)")
+    if SESSION in missing and not record.turns:   # (its workspace or its sandbox failed first)
+        raise Refused(f"job {job_id} ended ({record.status}: {record.exit_reason}) before its agent started: it has "
+                      f"no conversation to continue (pid status {job_id} says why)")
     if missing:
         why = "expired after the retention period, or the job ended without them"
         raise Refused(f"job {job_id} has no {' or '.join(missing)} in the job store ({why}): it cannot be continued")

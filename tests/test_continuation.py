@@ -196,3 +196,22 @@ def test_a_pid_run_job_is_retried_and_continued_on_the_snapshot_its_result_names
     store.put_artifact(spec.id, "result.json", io.BytesIO(json.dumps(missing).encode()))
     with pytest.raises(Refused, match="its workspace snapshot .* is not in the job store"):
         retry_spec(store, spec.id)
+
+
+def test_a_job_whose_agent_never_started_says_so_when_continued(tmp_path):
+    """A new user's: a job that failed bad_workspace (its worker took it, its --repo ref did not exist) was said to
+    have no session "expired after the retention period, or the job ended without them"."""
+    import io
+    from pid.jobs.continuation import continuation_spec
+    from pid.jobs.spec import JobSpec
+    from pid.jobs.sqlite_store import JobStore
+    store = JobStore(str(tmp_path / "jobs.db"))
+    spec = JobSpec(task="t", repo=str(tmp_path), model="m", out_dir=str(tmp_path / "out"))
+    store.create(spec)
+    assert store.claim(spec.id, "w1", 600)
+    store.put_artifact(spec.id, "result.json", io.BytesIO(b'{"exit_reason": "bad_workspace"}'))
+    assert store.finish(spec.id, "bad_workspace", owner="w1", error="no branch, tag or commit named nope")
+    with pytest.raises(Refused) as refused:
+        continuation_spec(store, spec.id, "go on")
+    assert str(refused.value) == (f"job {spec.id} ended (failed: bad_workspace) before its agent started: it has no "
+                                  f"conversation to continue (pid status {spec.id} says why)")
