@@ -123,7 +123,8 @@ def batch(tasks: str | None, api_key: str | None, as_json: bool, no_images: bool
             run.close()
         return   # (follow exits)
     if not tasks:
-        raise _bad("pid batch needs a tasks file (TASKS.jsonl, or - for stdin), or --status DIR / --wait DIR")
+        raise _bad("pid batch needs a tasks file (TASKS.jsonl, or - for stdin), or --status DIR / --wait DIR / "
+                   "--cancel DIR")
     ctx = click.get_current_context()
     if ctx.get_parameter_source("out_dir") in (ParameterSource.DEFAULT, None):
         raise _bad("pid batch needs --out DIR: the batch's results, and its memory when it runs again")
