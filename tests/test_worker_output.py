@@ -43,7 +43,8 @@ def test_the_worker_prints_a_line_per_job_and_ctrl_c_lets_the_running_job_end(ru
     assert f"job {job_id} started: t" in text
     assert f"job {job_id} completed (stop) in " in text
     assert "waiting for 1 running job(s) to end" in text
-    for noise in ("HTTP Request", "[tasks]", "celery@", "SecurityWarning", "No hostname was supplied"):
+    for noise in ("HTTP Request", "[tasks]", "celery@", "SecurityWarning", "No hostname was supplied",
+                  "Warm shutdown"):
         assert noise not in text, text
 
 

@@ -132,6 +132,10 @@ class WorkerSignals:
         self._celery_term = signal.getsignal(signal.SIGTERM)
 
     def install(self) -> None:
+        from celery.apps import worker as celery_worker
+        # Celery prints its shutdown lines ("worker: Warm shutdown (MainProcess)") past its logging, to stdout: they
+        # go to its log instead, and show with --loglevel INFO as the rest of Celery's own lines do.
+        celery_worker.safe_say = _say_as_celery_log
         for sig in STOP_SIGNALS:
             try:
                 signal.signal(sig, self._on_signal)
@@ -190,6 +194,10 @@ class WorkerSignals:
         while not (self.draining and not self.handing_back and not self.state.reserved_requests):
             time.sleep(0.5)
         os.kill(self.pid, signal.SIGTERM)   # nothing runs now: stop
+
+
+def _say_as_celery_log(message: str, stream: Any = None) -> None:
+    logging.getLogger("celery.apps.worker").info(message.strip())
 
 
 def raise_open_files_limit(concurrency: int) -> int:
