@@ -81,6 +81,10 @@ def switch_model(spec: JobSpec, model: str | None = None, base_url: str | None =
     spec.base_url = base_url_for(spec.api, spec.base_url)   # the spec records the endpoint the job really uses
 
 
+# Endings that can come before the agent's first turn (its workspace, its sandbox or its set-up failed first).
+BEFORE_THE_AGENT = ("bad_workspace", "policy_refused", "sandbox_error", "error", "interrupted", "worker_lost")
+
+
 def _continuable(store: Store, job_id: str) -> Any:
     """The job's record, if it can be continued: it has ended, and its transcript and patch are in the store."""
     record = _record(store, job_id)
@@ -95,7 +99,7 @@ def _continuable(store: Store, job_id: str) -> Any:
         raise Refused(f"job {job_id} ended client_lost: its `pid run` process was killed before it could keep the "
                       f"conversation, so there is none to continue (pid retry {job_id} runs its task again from the "
                       "start)")
-    if SESSION in missing and not record.turns:   # (its workspace or its sandbox failed first)
+    if SESSION in missing and not record.turns and record.exit_reason in BEFORE_THE_AGENT:
         raise Refused(f"job {job_id} ended ({record.status}: {record.exit_reason}) before its agent started: it has "
                       f"no conversation to continue (pid status {job_id} says why)")
     if missing:
