@@ -314,7 +314,7 @@ def print_result(result: dict[str, Any], job_dir: str, as_json: bool, said: set[
 
 
 def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
+    return (f"{n:,}" if isinstance(n, int) else str(n)) + f" {noun}" + ("" if n == 1 else "s")   # (as the status line)
 
 
 def wait_for(done: Callable[[], bool], follower: EventFollower | None, poll_s: float = 0.2,

@@ -103,7 +103,7 @@ def test_the_api_option_takes_short_and_wire_names(run_pid, pid_env, sample_repo
 BAD_VALUES = [
     ("--timeout", "inf", "not a finite number"),
     ("--timeout", "nan", "not a finite number"),
-    ("--timeout", "1e12", "out of range (1 to 604800)"),
+    ("--timeout", "1e12", "out of range (1 to 604,800)"),
     ("--timeout", "0.5", "out of range"),
     ("--memory", "lots", "invalid size 'lots'"),
     ("--memory", "1k", "minimum"),
@@ -122,7 +122,7 @@ BAD_VALUES = [
     ("--user", "alice", "UID:GID"),
     ("--disk", "lots", "invalid size"),
     ("--thinking", "max", "not one of off, low, medium, high"),
-    ("--max-retry-wait", "0", "out of range (1 to 3600)"),
+    ("--max-retry-wait", "0", "out of range (1 to 3,600)"),
     ("--retry-budget", "-5", "out of range"),
     ("--cache-read-price", "-1", "out of range"),
 ]

@@ -11,7 +11,7 @@ def test_a_failed_check_is_in_the_summary_line_even_when_its_verdict_was_said(ca
     check = {"command": "exit 3", "exit_code": 3, "passed": False, "duration_s": 0.0, "output_tail": ""}
     print_result({**RESULT, "check": check}, str(tmp_path), as_json=False, said={CHECK_SAID})
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == "completed (stop), check FAILED (exit 3) in 0.5s · 2 turns · 1 tool call · 2085 tokens · $0"
+    assert lines[0] == "completed (stop), check FAILED (exit 3) in 0.5s · 2 turns · 1 tool call · 2,085 tokens · $0"
     print_result({**RESULT, "check": {**check, "exit_code": 0, "passed": True}}, str(tmp_path), as_json=False,
                  said={CHECK_SAID})
     assert capsys.readouterr().err.splitlines()[0].startswith("completed (stop) in 0.5s · ")
