@@ -471,8 +471,8 @@ def follow_up(job_id: str, message: str) -> None:
 
 def _set_paused(job_id: str, paused: bool) -> None:
     from pid.jobs.store import default_store
-    submission.set_paused(default_store(), job_id, paused)
-    echo(f"{job_id}: {'pause requested' if paused else 'resumed'}")
+    changed = submission.set_paused(default_store(), job_id, paused)
+    echo(f"{job_id}: {'resumed' if not paused else 'pause requested' if changed else 'already paused'}")
 
 
 @cli.command(short_help="Hold a job before its next model call.")

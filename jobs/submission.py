@@ -348,15 +348,18 @@ def _refuse_once_agent_ended(record: Any, what: str) -> None:
         raise PidError(f"job {record.id}'s agent has ended (now: {record.activity}): {what}")
 
 
-def set_paused(store: Any, job_id: str, paused: bool) -> None:
-    """Hold a job before its next model call, or let it go on (`pid pause`/`pid resume`, Job.pause/resume)."""
+def set_paused(store: Any, job_id: str, paused: bool) -> bool:
+    """Hold a job before its next model call, or let it go on (`pid pause`/`pid resume`, Job.pause/resume).
+    False: it was paused already (a pause asked twice is no error; a resume of a job not paused is one, as saying
+    "resumed" would claim what did not happen)."""
     record = job_record(store, job_id)
-    if not paused and not record.held and not record.terminal:   # (saying "resumed" would claim what did not happen)
+    if not paused and not record.held and not record.terminal:
         raise PidError(f"job {job_id} is {record.status}, not paused: nothing to resume")
     if paused:
         _refuse_once_agent_ended(record, "nothing to pause")   # (it said nothing, and held nothing)
     if not store.set_paused(job_id, paused):
         raise PidError(f"job {job_id} is {store.get(job_id).status}: nothing to {'pause' if paused else 'resume'}")
+    return not (paused and record.held)
 
 
 def load_result(store: Any, job_id: str) -> dict[str, Any]:

@@ -89,6 +89,8 @@ def test_pause_holds_a_job_and_resume_continues_it(run_pid, worker, sample_repo,
         assert len(llm.requests) == 1  # held before its next model call
         status = run_pid("status", job_id)
         assert "running (paused)" in status.stdout
+        again = run_pid("pause", job_id)   # asked twice: no error, and no claim that it did anything
+        assert again.code == 0 and again.stdout.strip() == f"{job_id}: already paused", again.stdout
         assert run_pid("resume", job_id).code == 0
         done = run_pid("result", job_id, "--wait", "--json")
     assert done.code == 0 and done.json()["final_message"] == "resumed"
