@@ -48,7 +48,7 @@ class Number(click.ParamType):
         return self.kind(number)
 
     def range_text(self) -> str:
-        low, high = (None if b is None else f"{b:,}" if float(b).is_integer() else f"{b:g}"
+        low, high = (None if b is None else f"{int(b):,}" if float(b).is_integer() else f"{b:g}"
                      for b in (self.low, self.high))   # (1,000,000, not 1e+06)
         if low is not None and high is not None:
             return f"{low} to {high}"
