@@ -208,14 +208,12 @@ class Agent:
             if self.cancel_event.is_set():
                 self._take_in(pending)   # the transcript keeps what was asked, even if no model call followed
                 return self._stopped(out)
-            if self.limits.max_turns is not None and out.turns >= self.limits.max_turns:
-                return self._end(out, "max_turns", f"reached max_turns ({self.limits.max_turns})")
-            if (over := self._over_cost(out)) is not None:   # (its earlier attempts' may have used it all)
-                return self._end(out, "max_cost", over)
+            if (spent := self._no_room(out)) is not None:   # (its earlier attempts' cost may have used it all)
+                return _end(out, *spent)
             stop = self.limits.gate() if self.limits.gate is not None else None
             if stop is not None:
                 self._take_in(pending)
-                return self._end(out, *stop)
+                return _end(out, *stop)
             out.turns += 1
             turn = out.turns
             self._emit(ev.TurnStart(turn))
@@ -224,15 +222,15 @@ class Agent:
             reply, overflow = self._ask_fitting(turn, out)
             if overflow is not None:
                 self._emit(ev.TurnEnd(turn, reply, []))
-                return self._end(out, "context_overflow", overflow)
+                return _end(out, "context_overflow", overflow)
             if reply.stop_reason == "aborted" or self.cancel_event.is_set():
                 self._emit(ev.TurnEnd(turn, reply, []))
                 return self._stopped(out)
             if reply.stop_reason == "error":
                 self._emit(ev.TurnEnd(turn, reply, []))
                 if (over := self._over_cost(out)) is not None:   # (its failed attempts count: retrying stopped)
-                    return self._end(out, "max_cost", over)
-                return self._end(out, "provider_error", reply.error_message or "model request failed")
+                    return _end(out, "max_cost", over)
+                return _end(out, "provider_error", reply.error_message or "model request failed")
             calls = reply.tool_calls
             try:
                 results = self._run_tools(reply) if calls else []
@@ -240,7 +238,7 @@ class Agent:
                 self._emit(ev.TurnEnd(turn, reply, []))
                 if self.cancel_event.is_set():
                     return self._stopped(out)
-                return self._end(out, "sandbox_error", str(exc))
+                return _end(out, "sandbox_error", str(exc))
             out.tool_calls += self._calls_made   # (those left out of the transcript too: the model made them)
             for result in results:
                 self._add(result)
@@ -255,23 +253,33 @@ class Agent:
             elif commands:
                 consecutive_timeouts = 0
             if consecutive_timeouts >= self.limits.max_consecutive_timeouts:
-                return self._end(out, "consecutive_timeouts",
+                return _end(out, "consecutive_timeouts",
                                  f"the commands of {consecutive_timeouts} turns in a row timed out")
             # The cap is looked at before each model call: a reply that ends the job with its answer completes it,
             # whatever that last call cost (a steer or follow-up that asks for more is looked at before its call).
             if (calls or reply.stop_reason != "stop") and (over := self._over_cost(out)) is not None:
-                return self._end(out, "max_cost", over)
+                return _end(out, "max_cost", over)
             if not calls:
-                if self._check_in is not None:
-                    self._check_in()
-                # a steer that came during this last reply is not dropped; follow-ups wait for exactly this moment
-                pending = _drain(self._steering, "steer") or _drain(self._follow_ups, "follow_up")
-                if pending:
-                    continue
-                out.final_message = reply.text
-                if reply.stop_reason == "length":   # cut short: it never said it was done
-                    return self._end(out, "length", "the model's answer was cut at its output-token limit")
-                return out
+                pending = self._mail_after(out, reply)
+                if not pending:
+                    return out
+
+    def _mail_after(self, out: Outcome, reply: AssistantMessage) -> list[tuple[ev.ControlKind | None, str]]:
+        """After an answer with no tool call: the steers (else the follow-ups) that open the next turn, or none when
+        the job ends with this answer (`out` then says how)."""
+        if self._check_in is not None:
+            self._check_in()
+        # a steer that came during this last reply is not dropped; follow-ups wait for exactly this moment
+        if (spent := self._no_room(out)) is None:
+            pending = _drain(self._steering, "steer") or _drain(self._follow_ups, "follow_up")
+            if pending:
+                return pending
+        out.final_message = reply.text
+        if spent is not None and not (self._steering.empty() and self._follow_ups.empty()):
+            _end(out, *spent)   # more was asked than its limits leave room for: run() says it was not delivered
+        elif reply.stop_reason == "length":   # cut short: it never said it was done
+            _end(out, "length", "the model's answer was cut at its output-token limit")
+        return []
 
     def _call_model(self, turn: int, out: Outcome, context: list[Message]) -> AssistantMessage:
         """One model call, retried by the provider; each wait is an event, and the deltas say which attempt. What a
@@ -364,12 +372,12 @@ class Agent:
     def _run_tools(self, reply: AssistantMessage) -> list[ToolResultMessage]:
         calls = reply.tool_calls
         if reply.stop_reason == "length":
-            return [self._result_message(c, ToolResult.error(LENGTH_STOP_TOOL_ERROR.format(name=c.name)))
+            return [_result_message(c, ToolResult.error(LENGTH_STOP_TOOL_ERROR.format(name=c.name)))
                     for c in calls]
         calls, refused = calls[:MAX_CALLS_PER_REPLY], calls[MAX_CALLS_PER_REPLY:]
         left_out = self._calls_made - MAX_CALLS_PER_REPLY - 1
         after = LEFT_OUT_CALLS.format(count=left_out) if left_out > 0 else ""
-        too_many = [self._result_message(c, ToolResult.error(TOO_MANY_CALLS_ERROR.format(
+        too_many = [_result_message(c, ToolResult.error(TOO_MANY_CALLS_ERROR.format(
             name=c.name, limit=MAX_CALLS_PER_REPLY, made=self._calls_made, after=after))) for c in refused]
         if len(calls) == 1:
             return [self._run_tool(calls[0])] + too_many
@@ -383,16 +391,9 @@ class Agent:
             self._emit(ev.ToolUpdate(call.id, call.name, partial))
 
         result = self.tools.execute(call, dataclasses.replace(self.context, on_update=update))
-        message = self._result_message(call, result)
+        message = _result_message(call, result)
         self._emit(ev.ToolEnd(call.id, call.name, message, time.monotonic() - started))
         return message
-
-    @staticmethod
-    def _result_message(call: ToolCall, result: ToolResult) -> ToolResultMessage:
-        details = result.details
-        if result.timed_out:
-            details = {**(details or {}), "timedOut": True}
-        return ToolResultMessage(call.id, call.name, list(result.content), result.is_error, details)
 
     def _context_messages(self) -> list[Message]:
         """What the model sees: failed or aborted replies are left out, and every tool call it sees has a result."""
@@ -442,12 +443,20 @@ class Agent:
 
     def _stopped(self, out: Outcome) -> Outcome:
         if self._stop_reason == "wall_clock":
-            return self._end(out, "wall_clock",
+            return _end(out, "wall_clock",
                              f"wall-clock limit of {self.limits.wall_clock_s:g}s (--timeout) reached")
         if self._stop_reason is None:   # its cancel event was set from outside: a cancel all the same
             self.cancel()
         self._emit(ev.Control("cancel", "received", self._stop_why))
-        return self._end(out, "cancelled", None)
+        return _end(out, "cancelled", None)
+
+    def _no_room(self, out: Outcome) -> tuple[ExitReason, str] | None:
+        """Why no further model call may be made (its turns, or its cost cap, spent), or None."""
+        if self.limits.max_turns is not None and out.turns >= self.limits.max_turns:
+            return "max_turns", f"reached max_turns ({self.limits.max_turns})"
+        if (over := self._over_cost(out)) is not None:
+            return "max_cost", over
+        return None
 
     def _over_cost(self, out: Outcome, more: Usage | None = None) -> str | None:
         """Why the job's cost passed max_cost (this attempt's and its earlier ones', and `more` not yet counted), or
@@ -462,10 +471,18 @@ class Agent:
         return (f"cost ${spent:.{digits}f} exceeded --max-cost ${limit:.{digits}f}"
                 + (" over its attempts" if self.limits.spent_cost else ""))
 
-    @staticmethod
-    def _end(out: Outcome, reason: ExitReason, error: str | None) -> Outcome:
-        out.exit_reason, out.error = reason, error
-        return out
+
+
+def _result_message(call: ToolCall, result: ToolResult) -> ToolResultMessage:
+    details = result.details
+    if result.timed_out:
+        details = {**(details or {}), "timedOut": True}
+    return ToolResultMessage(call.id, call.name, list(result.content), result.is_error, details)
+
+
+def _end(out: Outcome, reason: ExitReason, error: str | None) -> Outcome:
+    out.exit_reason, out.error = reason, error
+    return out
 
 
 def undelivered(kind: str, text: str) -> str:

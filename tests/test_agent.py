@@ -274,6 +274,29 @@ def test_a_final_answer_that_passes_max_cost_completes_the_job_with_it(sandbox):
     assert outcome.usage.cost.total == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("limit", ["max_cost", "max_turns"])
+def test_a_final_answer_with_a_message_waiting_and_no_room_left_ends_at_the_limit_saying_so(sandbox, limit):
+    """A review's find: a follow-up waiting as the last allowed call answered was taken out of the inbox, and the
+    loop then ended at its limit without it, saying nothing (before, for --max-turns too). The answer is kept, the
+    job ends at its limit (more was asked than it had room for), and the message is said not delivered."""
+    events: list[ev.Event] = []
+    agent: Agent | None = None
+
+    def sink(event: ev.Event) -> None:
+        events.append(event)
+        if isinstance(event, ev.TurnStart):   # (during the call: the loop looks once it has the answer)
+            assert agent is not None and agent.follow_up("and now the docs")
+    script = [{"text": "the answer", "usage": {"prompt_tokens": 1_000_000, "completion_tokens": 0}}]
+    limits = Limits(max_cost=0.5) if limit == "max_cost" else Limits(max_turns=1)
+    with ScriptedLLM(script) as llm:
+        agent = make_agent(llm, sandbox, limits=limits, sink=sink, input_cost_per_mtok=1.0)
+        outcome = agent.run("go")
+        assert len(llm.requests) == 1
+    assert (outcome.exit_reason, outcome.final_message) == (limit, "the answer")
+    notices = [e.text for e in events if isinstance(e, ev.Notice)]
+    assert any(n.startswith("follow-up not delivered") and n.endswith("and now the docs") for n in notices), notices
+
+
 def _failing_after_usage(prompt: int, completion: int) -> dict:
     """An OpenAI stream that reports its usage, then an error event: retried (the usage is the server's word)."""
     chunk = {"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"},
