@@ -99,7 +99,8 @@ def _continuable(store: Store, job_id: str) -> Any:
         raise Refused(f"job {job_id} ended client_lost: its `pid run` process was killed before it could keep the "
                       f"conversation, so there is none to continue (pid retry {job_id} runs its task again from the "
                       "start)")
-    if SESSION in missing and not record.turns and record.exit_reason in BEFORE_THE_AGENT:
+    ran = record.turns or any(attempt.get("turns") for attempt in record.earlier)   # (turns: the last attempt's)
+    if SESSION in missing and not ran and record.exit_reason in BEFORE_THE_AGENT:
         raise Refused(f"job {job_id} ended ({record.status}: {record.exit_reason}) before its agent started: it has "
                       f"no conversation to continue (pid status {job_id} says why)")
     if missing:

@@ -215,3 +215,14 @@ def test_a_job_whose_agent_never_started_says_so_when_continued(tmp_path):
         continuation_spec(store, spec.id, "go on")
     assert str(refused.value) == (f"job {spec.id} ended (failed: bad_workspace) before its agent started: it has no "
                                   f"conversation to continue (pid status {spec.id} says why)")
+
+    # An attempt that ran (7 turns), handed back, then one whose sandbox failed at once: its agent did start once.
+    ran = JobSpec(task="t", repo=str(tmp_path), model="m", out_dir=str(tmp_path / "out2"))
+    store.create(ran)
+    assert store.claim(ran.id, "w1", 600) and store.progress(ran.id, "w1", 7, 7)
+    assert store.hand_back(ran.id, "w1", 7, 7, None) == "queued"
+    assert store.claim(ran.id, "w2", 600)
+    assert store.finish(ran.id, "sandbox_error", owner="w2", error="the container vanished")
+    with pytest.raises(Refused) as refused:
+        continuation_spec(store, ran.id, "go on")
+    assert "before its agent started" not in str(refused.value) and "no result.json" in str(refused.value)
