@@ -290,9 +290,9 @@ class Compactor:
         limit = max_tokens * 3 // 2 if self.counter.exact else max_tokens * 2
         if self.counter.count(summary) <= limit:
             return summary
-        low, high = 0, min(len(summary), limit * 8)   # the longest prefix within the limit (no piece of text
-        # averages 8 characters a token: counting a prefix that long at most, ~20 times, bounds what a hostile 4 MiB
-        # summary costs)
+        low, high = 0, min(len(summary), limit * 8)   # the longest prefix within the limit, looked for in its
+        # first 8 characters a token (ordinary text has fewer; a summary of long runs of one character is cut
+        # shorter than it need be): ~20 counts of that bound what a hostile 4 MiB summary costs
         while low < high:
             middle = (low + high + 1) // 2
             low, high = (middle, high) if self.counter.count(summary[:middle]) <= limit else (low, middle - 1)

@@ -9,8 +9,10 @@ Its signal handlers only set flags and send signals: the work is done by the eve
 from __future__ import annotations
 
 import faulthandler
+import functools
 import logging
 import os
+import re
 import resource
 import signal
 import sys
@@ -133,9 +135,10 @@ class WorkerSignals:
 
     def install(self) -> None:
         from celery.apps import worker as celery_worker
-        # Celery prints its shutdown lines ("worker: Warm shutdown (MainProcess)") past its logging, to stdout: they
-        # go to its log instead, and show with --loglevel INFO as the rest of Celery's own lines do.
-        celery_worker.safe_say = _say_as_celery_log
+        # Celery prints its shutdown line ("worker: Warm shutdown (MainProcess)") past its logging, to stdout: it
+        # goes to its log instead, and shows with --loglevel INFO as the rest of Celery's own lines do. (Its other
+        # lines, a third Ctrl-C's warning among them, are said as before.)
+        celery_worker.safe_say = functools.partial(_say, celery_worker.safe_say)
         for sig in STOP_SIGNALS:
             try:
                 signal.signal(sig, self._on_signal)
@@ -196,8 +199,13 @@ class WorkerSignals:
         os.kill(self.pid, signal.SIGTERM)   # nothing runs now: stop
 
 
-def _say_as_celery_log(message: str, stream: Any = None) -> None:
-    logging.getLogger("celery.apps.worker").info(message.strip())
+def _say(celery_say: Callable[..., None], message: str, *rest: Any) -> None:
+    if not re.fullmatch(r"worker: \w+ shutdown \(MainProcess\)", message.strip()):
+        return celery_say(message, *rest)
+    try:   # (from a signal handler: Celery's own never raises)
+        logging.getLogger("celery.apps.worker").info(message.strip())
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def raise_open_files_limit(concurrency: int) -> int:
