@@ -86,7 +86,26 @@ def base_script(workdir: str, seeded: bool = False, deferred: bool = False) -> s
             "mkdir -p /.pid/git/info\n"
             "echo '* -text -filter -ident -eol !diff -working-tree-encoding' > /.pid/git/info/attributes\n"
             f"printf '%s\\n' {' '.join(GENERATED)} > /.pid/git/info/exclude\n"
-            + add + (_COMMIT_DEFERRED if deferred else _COMMIT))
+            + add + _KEEP_TRACKED + (_COMMIT_DEFERRED if deferred else _COMMIT))
+
+
+# A file the workspace's own repository tracks though its .gitignore matches it (a committed dist/, `git add -f`) is
+# the project's, as git itself treats it: it stays in the base, and the patch carries the agent's changes to it
+# (left out, they were lost without a word). Read from that repository's index alone (never its config or hooks),
+# before the agent runs; what pid leaves out as generated (GENERATED: bytecode, caches) stays out all the same.
+_KEEP_TRACKED = (
+    'theirs="$GIT_WORK_TREE/.git/index"\n'
+    'if [ -f "$theirs" ] && [ ! -L "$GIT_WORK_TREE/.git" ] && [ ! -L "$theirs" ]; then\n'
+    '  GIT_INDEX_FILE="$theirs" git ls-files -z -c -i --exclude-per-directory=.gitignore > /.pid/git/pid-kept '
+    '2>/dev/null || : > /.pid/git/pid-kept\n'
+    '  if [ -s /.pid/git/pid-kept ]; then\n'
+    '    git update-index --add --remove -z --stdin < /.pid/git/pid-kept 2>/dev/null || true\n'
+    '    git ls-files -z -c -i --exclude-from=/.pid/git/info/exclude > /.pid/git/pid-kept\n'
+    '    if [ -s /.pid/git/pid-kept ]; then GIT_LITERAL_PATHSPECS=1 git rm -q -r --cached --ignore-unmatch '
+    '--pathspec-from-file=/.pid/git/pid-kept --pathspec-file-nul; fi\n'
+    '  fi\n'
+    '  rm -f /.pid/git/pid-kept\n'
+    'fi\n')
 
 
 _COMMIT = ("git commit -q --no-verify --allow-empty -m 'pid: base (workspace as imported)'\n"

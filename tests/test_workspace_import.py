@@ -217,6 +217,39 @@ def test_the_base_written_while_unpacking_is_the_one_git_makes(tmp_path, nested_
     assert "build/" not in listed and ".git/HEAD" not in listed and "100755" in listed and "120000" in listed
 
 
+@pytest.mark.parametrize("disk", [0, 1 << 30], ids=["git-add", "seeded"])
+def test_a_file_the_repository_tracks_though_its_gitignore_matches_it_is_in_the_patch(tmp_path, disk):
+    """A CI user's: a committed dist/ that .gitignore also lists (git add -f) was left out of the base, and the
+    agent's change to it out of the patch, without a word. It is the project's file, as git itself says; what pid
+    leaves out as generated (bytecode) stays out even when tracked."""
+    src = tmp_path / "src"
+    (src / "dist").mkdir(parents=True)
+    (src / "pkg" / "__pycache__").mkdir(parents=True)
+    (src / ".gitignore").write_text("dist/\n*.pyc\n")
+    (src / "dist" / "index.js").write_text("old build\n")
+    (src / "dist" / "gone.js").write_text("deleted before the job\n")
+    (src / "pkg" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"\x00old")
+    (src / "main.py").write_text("print(1)\n")
+    git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(src)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "add", "-f", "dist", "pkg"], check=True)
+    subprocess.run([*git, "commit", "-qm", "with a committed build"], check=True)
+    (src / "dist" / "gone.js").unlink()   # (tracked, missing from the tree: nothing to keep)
+    (src / "dist" / "untracked.js").write_text("never committed\n")
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-tracked", ttl_s=300, disk=disk)) as box:
+        box.import_tar(packed(src))
+        box.workspace.wait_for_base()
+        box.exec("echo new build > dist/index.js; echo 2 > main.py; echo forged > pkg/__pycache__/m.cpython-311.pyc;"
+                 " echo changed > dist/untracked.js", timeout=20)
+        dest = tmp_path / "p.diff"
+        box.export_patch(str(dest), 1 << 20)
+    patch = dest.read_text()
+    files = sorted(line.split(" b/")[-1] for line in patch.splitlines() if line.startswith("diff --git"))
+    assert files == ["dist/index.js", "main.py"], patch
+    assert "+new build" in patch
+
+
 @pytest.mark.parametrize("ref", [None, "main"])
 def test_a_clone_larger_than_the_workspace_limit_fails_clearly_and_leaves_no_container(tmp_path, ref):
     src = tmp_path / "big"
