@@ -194,6 +194,17 @@ def test_retry_after_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
     assert waits == [1.0]
 
 
+def test_a_wait_asked_past_the_retry_budget_says_so() -> None:
+    """A CI user's: a 429 asking for 30 s under --retry-budget 10 failed at once, with only the server's words."""
+    with ScriptedLLM([{"error": {"status": 429, "headers": {"Retry-After": "30"}}}, {"text": "never"}]) as llm:
+        started = time.monotonic()
+        reply = provider(llm, max_retries=None, retry_budget_s=10.0, max_retry_wait_s=60).stream("", HELLO, [])
+        assert len(llm.requests) == 1 and time.monotonic() - started < 5
+    assert reply.error_message.startswith("HTTP 429 from "), reply.error_message
+    assert reply.error_message.endswith(
+        "(the server asked to wait 30 s, past what the retry budget of 10 s left: --retry-budget)"), reply.error_message
+
+
 @pytest.mark.parametrize("api", BOTH)
 def test_unreachable_endpoint_is_an_error_not_an_exception(api: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from pid.providers import retry

@@ -714,6 +714,10 @@ class StreamingProvider:
                 if wait is None:
                     if attempt > 1:
                         reply.error += f" (after {attempt} attempts)"
+                    asked = min(reply.asked_s or 0.0, policy.max_wait_s)
+                    if asked >= retry.MIN_ASKED_S and now - retrying_since + asked > policy.budget_s:
+                        reply.error += (f" (the server asked to wait {asked:g} s, past what the retry budget of "
+                                        f"{policy.budget_s:g} s left: --retry-budget)")
                     return self._finish(reply, dropped, len(body))
                 so_far = Usage()
                 so_far.add(dropped)
