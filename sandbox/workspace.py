@@ -85,25 +85,24 @@ def base_script(workdir: str, seeded: bool = False, deferred: bool = False) -> s
             "git init -q -b main --template=\n"
             "mkdir -p /.pid/git/info\n"
             "echo '* -text -filter -ident -eol !diff -working-tree-encoding' > /.pid/git/info/attributes\n"
+            + add + _KEEP_TRACKED +
+            # what the agent's runs generate is left out of the patch when new (GENERATED, from here on); a file the
+            # workspace had is in the base, and diffed (bytecode never: BYTECODE, in patch_script)
             f"printf '%s\\n' {' '.join(GENERATED)} > /.pid/git/info/exclude\n"
-            + add + _KEEP_TRACKED + (_COMMIT_DEFERRED if deferred else _COMMIT))
+            + (_COMMIT_DEFERRED if deferred else _COMMIT))
 
 
 # A file the workspace's own repository tracks though its .gitignore matches it (a committed dist/, `git add -f`) is
 # the project's, as git itself treats it: it stays in the base, and the patch carries the agent's changes to it
 # (left out, they were lost without a word). Read from that repository's index alone (never its config or hooks),
-# before the agent runs; what pid leaves out as generated (GENERATED: bytecode, caches) stays out all the same.
+# before the agent runs. (Bytecode stays out of the patch all the same: BYTECODE.)
 _KEEP_TRACKED = (
     'theirs="$GIT_WORK_TREE/.git/index"\n'
     'if [ -f "$theirs" ] && [ ! -L "$GIT_WORK_TREE/.git" ] && [ ! -L "$theirs" ]; then\n'
     '  GIT_INDEX_FILE="$theirs" git ls-files -z -c -i --exclude-per-directory=.gitignore > /.pid/git/pid-kept '
     '2>/dev/null || : > /.pid/git/pid-kept\n'
-    '  if [ -s /.pid/git/pid-kept ]; then\n'
-    '    git update-index --add --remove -z --stdin < /.pid/git/pid-kept 2>/dev/null || true\n'
-    '    git ls-files -z -c -i --exclude-from=/.pid/git/info/exclude > /.pid/git/pid-kept\n'
-    '    if [ -s /.pid/git/pid-kept ]; then GIT_LITERAL_PATHSPECS=1 git rm -q -r --cached --ignore-unmatch '
-    '--pathspec-from-file=/.pid/git/pid-kept --pathspec-file-nul; fi\n'
-    '  fi\n'
+    '  if [ -s /.pid/git/pid-kept ]; then git update-index --add --remove -z --stdin < /.pid/git/pid-kept '
+    '2>/dev/null || true; fi\n'
     '  rm -f /.pid/git/pid-kept\n'
     'fi\n')
 

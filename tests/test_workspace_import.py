@@ -220,8 +220,9 @@ def test_the_base_written_while_unpacking_is_the_one_git_makes(tmp_path, nested_
 @pytest.mark.parametrize("disk", [0, 1 << 30], ids=["git-add", "seeded"])
 def test_a_file_the_repository_tracks_though_its_gitignore_matches_it_is_in_the_patch(tmp_path, disk):
     """A CI user's: a committed dist/ that .gitignore also lists (git add -f) was left out of the base, and the
-    agent's change to it out of the patch, without a word. It is the project's file, as git itself says; what pid
-    leaves out as generated (bytecode) stays out even when tracked."""
+    agent's change to it out of the patch, without a word. It is the project's file, as git itself says; bytecode
+    stays out even when tracked. What pid leaves out as generated (node_modules/) is left out when new only: a file
+    the workspace had is diffed, as docs/endings.md said (it was not)."""
     src = tmp_path / "src"
     (src / "dist").mkdir(parents=True)
     (src / "pkg" / "__pycache__").mkdir(parents=True)
@@ -230,6 +231,8 @@ def test_a_file_the_repository_tracks_though_its_gitignore_matches_it_is_in_the_
     (src / "dist" / "gone.js").write_text("deleted before the job\n")
     (src / "pkg" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"\x00old")
     (src / "main.py").write_text("print(1)\n")
+    (src / "node_modules").mkdir()
+    (src / "node_modules" / "had.js").write_text("vendored\n")   # (not ignored, nor committed: the workspace's)
     git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "init", "-q", "-b", "main", str(src)], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
@@ -241,12 +244,13 @@ def test_a_file_the_repository_tracks_though_its_gitignore_matches_it_is_in_the_
         box.import_tar(packed(src))
         box.workspace.wait_for_base()
         box.exec("echo new build > dist/index.js; echo 2 > main.py; echo forged > pkg/__pycache__/m.cpython-311.pyc;"
-                 " echo changed > dist/untracked.js", timeout=20)
+                 " echo changed > dist/untracked.js; echo patched > node_modules/had.js; echo x > node_modules/new.js",
+                 timeout=20)
         dest = tmp_path / "p.diff"
         box.export_patch(str(dest), 1 << 20)
     patch = dest.read_text()
     files = sorted(line.split(" b/")[-1] for line in patch.splitlines() if line.startswith("diff --git"))
-    assert files == ["dist/index.js", "main.py"], patch
+    assert files == ["dist/index.js", "main.py", "node_modules/had.js"], patch   # (a generated file: when new)
     assert "+new build" in patch
 
 
