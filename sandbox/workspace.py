@@ -75,8 +75,10 @@ def base_script(workdir: str, seeded: bool = False, deferred: bool = False) -> s
     assert "'" not in _GITCONFIG
     if seeded:
         add = ("git ls-files -z -c -i --exclude-standard > /.pid/git/pid-ignored\n"
-               "if [ -s /.pid/git/pid-ignored ]; then GIT_LITERAL_PATHSPECS=1 git rm -q -r --cached --ignore-unmatch "
-               "--pathspec-from-file=/.pid/git/pid-ignored --pathspec-file-nul; fi\n"
+               # (update-index, not `git rm --cached`: rm compares each entry with a file it looks up from the
+               # current directory, /, not the workspace: an ignored etc/hostname failed the base)
+               "if [ -s /.pid/git/pid-ignored ]; then git update-index --force-remove -z --stdin "
+               "< /.pid/git/pid-ignored; fi\n"
                "rm -f /.pid/git/pid-ignored\n")
     else:
         add = "git add -A\n"

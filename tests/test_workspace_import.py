@@ -251,7 +251,27 @@ def test_a_file_the_repository_tracks_though_its_gitignore_matches_it_is_in_the_
     patch = dest.read_text()
     files = sorted(line.split(" b/")[-1] for line in patch.splitlines() if line.startswith("diff --git"))
     assert files == ["dist/index.js", "main.py", "node_modules/had.js"], patch   # (a generated file: when new)
-    assert "+new build" in patch
+    assert "-old build\n+new build" in patch   # (the base had the workspace's file, not another's)
+
+
+@pytest.mark.parametrize("disk", [0, 1 << 30], ids=["git-add", "seeded"])
+def test_ignored_files_whose_paths_are_also_the_containers_own_do_not_fail_the_base(tmp_path, disk):
+    """An attacker's find: an ignored etc/hostname failed the base ("staged content different from both the file and
+    the HEAD"): `git rm --cached` compared it with /etc/hostname, looked up from the current directory."""
+    src = tmp_path / "src"
+    (src / "etc").mkdir(parents=True)
+    (src / ".gitignore").write_text("etc/\n")
+    (src / "etc" / "hostname").write_text("not the container's\n")
+    (src / "etc" / "passwd").write_text("nor this\n")
+    (src / "a.txt").write_text("a\n")
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-etc", ttl_s=300, disk=disk)) as box:
+        box.import_tar(packed(src))
+        box.workspace.wait_for_base()
+        box.exec("echo b > a.txt", timeout=20)
+        dest = tmp_path / "p.diff"
+        box.export_patch(str(dest), 1 << 20)
+    assert [line for line in dest.read_text().splitlines() if line.startswith("diff --git")] == \
+        ["diff --git a/a.txt b/a.txt"]
 
 
 @pytest.mark.parametrize("ref", [None, "main"])
