@@ -103,8 +103,10 @@ _KEEP_TRACKED = (
     'if [ -f "$theirs" ] && [ ! -L "$GIT_WORK_TREE/.git" ] && [ ! -L "$theirs" ]; then\n'
     '  GIT_INDEX_FILE="$theirs" git ls-files -z -c -i --exclude-per-directory=.gitignore > /.pid/git/pid-kept '
     '2>/dev/null || : > /.pid/git/pid-kept\n'
+    # (one entry update-index refuses, a tracked file now a directory, stops it whole: then each is tried alone)
     '  if [ -s /.pid/git/pid-kept ]; then git update-index --add --remove -z --stdin < /.pid/git/pid-kept '
-    '2>/dev/null || true; fi\n'
+    '2>/dev/null || { head -z -n 10000 /.pid/git/pid-kept | xargs -0 -r -n 1 git ' + _GIT_FLAGS + ' update-index '
+    '--add --remove -- 2>/dev/null || true; }; fi\n'
     '  rm -f /.pid/git/pid-kept\n'
     'fi\n')
 

@@ -229,6 +229,7 @@ def test_a_file_the_repository_tracks_though_its_gitignore_matches_it_is_in_the_
     (src / ".gitignore").write_text("dist/\n*.pyc\n")
     (src / "dist" / "index.js").write_text("old build\n")
     (src / "dist" / "gone.js").write_text("deleted before the job\n")
+    (src / "dist" / "was-a-file.js").write_text("a file when committed\n")
     (src / "pkg" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"\x00old")
     (src / "main.py").write_text("print(1)\n")
     (src / "node_modules").mkdir()
@@ -239,6 +240,9 @@ def test_a_file_the_repository_tracks_though_its_gitignore_matches_it_is_in_the_
     subprocess.run([*git, "add", "-f", "dist", "pkg"], check=True)
     subprocess.run([*git, "commit", "-qm", "with a committed build"], check=True)
     (src / "dist" / "gone.js").unlink()   # (tracked, missing from the tree: nothing to keep)
+    (src / "dist" / "was-a-file.js").unlink()   # (tracked, a directory now: update-index refuses it, not the rest)
+    (src / "dist" / "was-a-file.js").mkdir()
+    (src / "dist" / "was-a-file.js" / "inner.js").write_text("x\n")
     (src / "dist" / "untracked.js").write_text("never committed\n")
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-tracked", ttl_s=300, disk=disk)) as box:
         box.import_tar(packed(src))
