@@ -239,10 +239,19 @@ def test_ctrl_c_leaves_a_watched_page_that_no_longer_reloads(store, tmp_path, en
     spec = stored_job(store, tmp_path, {"session.attempt-1.jsonl": simple_session(["c1"])})
     assert store.claim(spec.id, "w1", 600)
     page = tmp_path / "live.html"
-    proc = watch(spec.id, page, tmp_path, env)
+    first = watched_then_ctrl_c(spec.id, page, tmp_path, env)
+    assert 'http-equiv="refresh"' in first
+    text = page.read_text()
+    assert 'http-equiv="refresh"' not in text and calls(page) == ["c1"] and ">running<" in text
+
+
+def watched_then_ctrl_c(job_id: str, page: Path, cwd: Path, env: dict[str, str]) -> str:
+    """`pid view JOB --watch` until its page is written, then Ctrl-C (exit 130, no traceback): the page as it was
+    first written."""
+    proc = watch(job_id, page, cwd, env)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == str(page)
-        assert 'http-equiv="refresh"' in page.read_text()
+        first = page.read_text()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -250,8 +259,7 @@ def test_ctrl_c_leaves_a_watched_page_that_no_longer_reloads(store, tmp_path, en
             proc.kill()
             proc.wait()
     assert proc.returncode == 130 and "Traceback" not in err, err
-    text = page.read_text()
-    assert 'http-equiv="refresh"' not in text and calls(page) == ["c1"] and ">running<" in text
+    return first
 
 
 def test_ctrl_c_on_a_queued_jobs_watch_leaves_a_page_that_no_longer_reloads(store, tmp_path, env):
@@ -259,16 +267,7 @@ def test_ctrl_c_on_a_queued_jobs_watch_leaves_a_page_that_no_longer_reloads(stor
     reloading every 2 s for good."""
     spec = stored_job(store, tmp_path)   # queued: nothing of it yet
     page = tmp_path / "queued.html"
-    proc = watch(spec.id, page, tmp_path, env)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == str(page)
-        assert 'http-equiv="refresh"' in page.read_text() and "no transcript yet" in page.read_text()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130 and "Traceback" not in err, err
+    first = watched_then_ctrl_c(spec.id, page, tmp_path, env)
+    assert 'http-equiv="refresh"' in first and "no transcript yet" in first
     text = page.read_text()
     assert 'http-equiv="refresh"' not in text and "no transcript yet" in text and "was stopped" in text
