@@ -254,7 +254,7 @@ class Agent:
                 consecutive_timeouts = 0
             if consecutive_timeouts >= self.limits.max_consecutive_timeouts:
                 return _end(out, "consecutive_timeouts",
-                                 f"the commands of {consecutive_timeouts} turns in a row timed out")
+                            f"the commands of {consecutive_timeouts} turns in a row timed out")
             # The cap is looked at before each model call: a reply that ends the job with its answer completes it,
             # whatever that last call cost (a steer or follow-up that asks for more is looked at before its call).
             if (calls or reply.stop_reason != "stop") and (over := self._over_cost(out)) is not None:
@@ -444,7 +444,7 @@ class Agent:
     def _stopped(self, out: Outcome) -> Outcome:
         if self._stop_reason == "wall_clock":
             return _end(out, "wall_clock",
-                             f"wall-clock limit of {self.limits.wall_clock_s:g}s (--timeout) reached")
+                        f"wall-clock limit of {self.limits.wall_clock_s:g}s (--timeout) reached")
         if self._stop_reason is None:   # its cancel event was set from outside: a cancel all the same
             self.cancel()
         self._emit(ev.Control("cancel", "received", self._stop_why))
@@ -470,7 +470,6 @@ class Agent:
         digits = next((d for d in range(4, 12) if f"{spent:.{d}f}" != f"{limit:.{d}f}"), 12)   # (never $x > $x)
         return (f"cost ${spent:.{digits}f} exceeded --max-cost ${limit:.{digits}f}"
                 + (" over its attempts" if self.limits.spent_cost else ""))
-
 
 
 def _result_message(call: ToolCall, result: ToolResult) -> ToolResultMessage:
