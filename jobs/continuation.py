@@ -17,6 +17,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from pid.endings import BEFORE_THE_AGENT
 from pid.jobs.spec import DIGEST_RE, JobSpec, new_job_id
 from pid.jobs.store import ARTIFACT_LIMIT, BlobMissing, JobAttachments, JobRecords, Store
 
@@ -79,10 +80,6 @@ def switch_model(spec: JobSpec, model: str | None = None, base_url: str | None =
     if base_url:
         spec.base_url = base_url
     spec.base_url = base_url_for(spec.api, spec.base_url)   # the spec records the endpoint the job really uses
-
-
-# Endings that can come before the agent's first turn (its workspace, its sandbox or its set-up failed first).
-BEFORE_THE_AGENT = ("bad_workspace", "policy_refused", "sandbox_error", "error", "interrupted", "worker_lost")
 
 
 def _continuable(store: Store, job_id: str) -> Any:

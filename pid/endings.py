@@ -39,6 +39,9 @@ ExitReason = Literal[
 ]
 
 
+# The endings that can come before the agent's first turn (its workspace, its sandbox or its set-up failed first).
+BEFORE_THE_AGENT = ("bad_workspace", "policy_refused", "sandbox_error", "error", "interrupted", "worker_lost")
+
 EXIT_CHECK_FAILED = 4   # the agent completed, its check did not pass (non-zero, timed out, cancelled)
 
 
