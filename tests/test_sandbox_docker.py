@@ -1365,11 +1365,15 @@ def test_new_files_over_the_patchs_limit_are_left_out_before_git_reads_them(clie
 
 
 def _servers_heap_kib(client, container_id: str) -> int:
-    """The agent servers' heap (RssAnon) together, read from the host (runc: their processes are the host's)."""
-    rows = client.api.top(container_id, ps_args="-o pid,args")
+    """The agent servers' heap (RssAnon) together, read from the host (runc: their processes are the host's).
+    Only the servers themselves: a child a server has just forked (a slot shell before its exec) has the same
+    arguments and, until it execs, a copy of the server's heap (a CI run under load once counted one)."""
+    rows = [(int(row[0]), int(row[1]), row[2])
+            for row in client.api.top(container_id, ps_args="-o pid,ppid,args")["Processes"]]
+    servers = {pid for pid, _, args in rows if "channel.sh " in args}
     total = 0
-    for pid, args in ((int(row[0]), row[1]) for row in rows["Processes"]):
-        if "channel.sh agent" in args:
+    for pid, parent, args in rows:
+        if "channel.sh agent" in args and parent not in servers:
             status = Path(f"/proc/{pid}/status").read_text()
             total += int(status.split("RssAnon:")[1].split()[0])
     return total
