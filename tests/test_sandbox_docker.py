@@ -528,6 +528,16 @@ def test_a_command_s_lines_are_numbered_as_bash_c_numbers_them(sb):
     assert "line 2: nosuchcommand: command not found" in said and "line 3: syntax error" in said, said
 
 
+def test_a_syntax_error_quotes_the_command_alone_and_bash_execution_string_holds_it(sb):
+    """bash quotes the line it could not parse; it quoted pid's own words with it ("`unset c; echo )'"). The
+    command is where `bash -c` keeps it, BASH_EXECUTION_STRING; the waiting shell's script is nowhere to be seen.
+    (Only the source's name differs from `bash -c`'s: bash calls an evaluated string "eval", not "-c".)"""
+    said = sb.exec("echo )", timeout=10)
+    assert said.exit_code == 2 and said.tail.decode().endswith("line 1: `echo )'\n"), said
+    assert sb.exec('printf %s "$BASH_EXECUTION_STRING"', timeout=10).tail == b'printf %s "$BASH_EXECUTION_STRING"'
+    assert sb.exec('echo "none${c+ c}${n+ n}${f+ f}"', timeout=10).tail == b"none\n"
+
+
 def test_output_file_mode_and_tail_when_large(sb):
     result = sb.exec("seq 1 100000", timeout=30, output=OutputPolicy(tail_bytes=100))
     assert result.total_lines == 100000
