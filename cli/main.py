@@ -133,8 +133,8 @@ def read_stdin_task(what: str = "the task") -> str:
 def cli() -> None:
     """pid runs LLM coding agents in Docker sandboxes, in the foreground or through a queue.
 
-    Wherever a command takes a job's ID: the whole id, any end of it only one job has (70a672), `last` (the newest
-    job), or BATCHDIR/ITEM (a batch item's current job)."""
+    Wherever a command takes a job's ID: the whole id, any end of it of 4 or more characters only one job has
+    (70a672), `last` (the newest job), or BATCHDIR/ITEM (a batch item's current job)."""
 
 
 VERBOSE_HELP = "Also show each tool call as it starts, and its output: its first and last lines, as the model saw it."

@@ -16,13 +16,10 @@ import click
 from click.core import ParameterSource
 
 from pid.config import API_KEY_ENV, API_NAMES, THINKING_LEVELS, EnvKey
-from pid.sandbox.config import DEFAULT_MAX_WORKSPACE
+from pid.sandbox.config import DEFAULT_MAX_WORKSPACE, MIN_DISK, MIN_MEMORY
 from pid.sandbox.disk import format_size
 from pid.jobs.spec import DEFAULT_QUEUE, default_of, spec_field
 from pid import settings
-
-MIN_MEMORY = 6 << 20   # the Docker engine refuses less
-
 
 class Number(click.ParamType):
     """A finite int or float within the field's bounds (click's ranges let nan through)."""
@@ -405,7 +402,7 @@ JOB_OPTIONS = [
     JobOption("--pids", "pids_limit", lambda low, high: Number(int, low, high)),
     JobOption("--network", "network", _const(Network())),
     JobOption("--user", "user", _const(User())),
-    JobOption("--disk", "disk", _const(Size(zero_ok=True, low=(16 << 20, "the least a job's disk can work with"),
+    JobOption("--disk", "disk", _const(Size(zero_ok=True, low=(MIN_DISK, "the least a job's disk can work with"),
                                             high=(16 << 40, "the largest disk file an ext4 host can hold")))),
     JobOption("--runtime", "runtime"),
     JobOption("--max-patch", "max_patch", _const(Size())),

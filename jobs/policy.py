@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from pid.config import endpoint
-from pid.sandbox.config import parse_user
+from pid.sandbox.config import MIN_DISK, MIN_MEMORY, parse_user
 from pid.sandbox.disk import format_size, parse_size
 from pid.jobs.spec import NETWORKS, JobSpec, spec_field
 
@@ -148,6 +148,9 @@ def _value(key: str, value: Any, strict: bool = True) -> Any:
             raise PolicyError(f"{key}: {exc}") from None
         if size <= 0:
             raise wrong("a size above 0")
+        least = _LEAST_SIZE.get(key)
+        if strict and least is not None and size < least:   # ("4" for "4g": 4 bytes, which no job can ask)
+            raise wrong(f"at least {format_size(least)}, the least a job can ask (below it no job is admitted)")
         return size
     if key in ("max_cpus", "max_timeout", "max_cost", "max_pids"):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 2 ** 53:
@@ -176,6 +179,7 @@ def _value(key: str, value: Any, strict: bool = True) -> Any:
 # The least a job may ask for each limited value (jobs/spec.py's bounds): a policy maximum under it admits no job.
 _LEAST = {rule: spec_field(name).metadata["min"]
           for rule, name in (("max_cpus", "cpus"), ("max_pids", "pids_limit"), ("max_timeout", "timeout_s"))}
+_LEAST_SIZE = {"max_memory": MIN_MEMORY, "max_disk": MIN_DISK}
 
 
 def load(path: str) -> Policy:

@@ -106,7 +106,7 @@ class JobSpec:
                                             "opt-in (weaker isolation).")
     disk: int = setting(SandboxConfig.disk, "Bytes the job may write in all (workspace, /tmp, home; pid's own "
                                             "files take a disk of their own, 1 GiB); 0: no limit.")
-    runtime: str | None = setting(None, "Engine runtime for the container, e.g. runsc (gVisor); none: the "
+    runtime: str | None = setting(None, "Engine runtime for the container, e.g. runsc (gVisor); left out: the "
                                         "engine's default.")
     max_workspace: int = setting(SandboxConfig.max_workspace, "Bytes a git URL's clone may take on the worker "
                                                                "(its .git and checkout; a directory is bounded "

@@ -106,7 +106,7 @@ QUEUE = _option("PID_QUEUE", "--queue", "the queue `submit` and `batch` send a j
 
 # State and files
 HOME = _setting("PID_HOME", None, str, "pid's state (job store, embedded broker); a command that cannot write "
-                "there refuses to start, exit 2", "`~/.local/share/pid`")
+                "there refuses to start, exit 2", "`$XDG_DATA_HOME/pid`, else `~/.local/share/pid`")
 MODELS = _setting("PID_MODELS", None, str, "a models file (docs/jobs.md); one named here must exist",
                   "`$PID_HOME/models.json`, then pi's")
 TIKTOKEN_FILE = _setting("PID_TIKTOKEN_FILE", None, str, "the tiktoken table, trusted as named (docs/security.md)",

@@ -22,6 +22,8 @@ POOL_JOB_PREFIX = "pool-"      # a pool's container's pid.job (an image's own pi
 AGENT_HOME = "/home/agent"
 DEFAULT_USER = "1000:1000"
 DEFAULT_DISK = 10 << 30
+MIN_DISK = 16 << 20     # the least a job's disk can work with
+MIN_MEMORY = 6 << 20    # the Docker engine refuses less
 DEFAULT_MAX_WORKSPACE = 200 << 20
 
 # Every command sees these: tools must never wait for a pager or paint colours into the model's context.

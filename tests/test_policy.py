@@ -129,7 +129,9 @@ def test_a_policy_file_is_checked_key_by_key(tmp_path, strict):
            "max_cost = nan": "max_cost", "max_timeout = -1": "max_timeout", "[x": "not TOML",
            # values no job can meet: the worker would refuse every job, each after the user waited for it
            "max_cpus = 0": "max_cpus = 0: expected at least 0.01", "max_pids = 8": "max_pids = 8: expected at least 16",
-           "max_timeout = 0": "max_timeout", 'allow_network = ["nonee"]': 'networks \\["none", "bridge"\\]',
+           "max_timeout = 0": "max_timeout", "max_memory = 4": "max_memory = 4: expected at least 6m",
+           'max_disk = "1m"': "max_disk = '1m': expected at least 16m",
+           'allow_network = ["nonee"]': 'networks \\["none", "bridge"\\]',
            'base_urls = ["api.openai.com/v1"]': "URLs with their scheme", 'repos = ["github.com/*"]': "repos"}
     for text, named in bad.items():
         path = tmp_path / "bad.toml"
