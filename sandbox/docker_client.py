@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, ParamSpec, TypeVar
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, ParamSpec, TypeVar
 
 import docker
 import docker.errors
@@ -36,10 +37,24 @@ def connect(client: docker.DockerClient | None = None) -> docker.DockerClient:
     return client
 
 
+@contextmanager
+def connected(client: docker.DockerClient | None = None) -> Iterator[docker.DockerClient]:
+    """connect(client) for the block; a client made here is closed after it. Its connections to the engine go then,
+    not at some later garbage collection: a worker that made one per job held hundreds open, the engine with it."""
+    made = connect(client)
+    try:
+        yield made
+    finally:
+        if client is None:
+            made.close()
+
+
 def ensure_image(image: str, client: docker.DockerClient | None = None) -> dict[str, Any]:
     """The image's inspect (its id, ENV, layers); ImageNotFound unless it is present locally (pid never pulls)."""
-    client = client or connect()   # (a client given was connected moments ago: the request below says if it is not)
-    try:
+    if client is None:
+        with connected() as made:
+            return ensure_image(image, made)
+    try:   # (a client given was connected moments ago: the request below says if it is not)
         return dict(client.images.get(image).attrs)
     except docker.errors.ImageNotFound as exc:
         raise ImageNotFound(image) from exc

@@ -234,6 +234,7 @@ class Container:
     first: list[Channel] = field(default_factory=list)   # the entry's servers (PRESTARTED), not yet greeted
     removed_by_pid: bool = False   # kill() removed it (or tried): it is gone on purpose
     storage: dict[str, Any] = field(default_factory=dict)   # its filesystem's options (_storage): the disks' mounts
+    owns_client: bool = False   # launch made the client for it: release() closes it (a caller's stays the caller's)
     _killing: threading.Lock = field(init=False, default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -303,6 +304,9 @@ class Container:
         if self.image_fs is not None:
             self.image_fs.close()
         _close_disks(self.disk, self.pid_disk)
+        if self.owns_client:   # (its connections to the engine go now, not at a garbage collection)
+            self.owns_client = False
+            self.client.close()
 
     def _wait_gone(self, limit_s: float) -> None:
         end = time.monotonic() + limit_s
@@ -318,11 +322,17 @@ def launch(config: SandboxConfig, client: docker.DockerClient | None = None) -> 
     """Create the job's container, not started. Raises ImageNotFound / DockerUnavailable / SandboxError (also for a
     disk limit that cannot be applied); on any failure nothing of it is left."""
     uid, gid = parse_user(config.user)
+    owned = client is None
     client = connect(client)
-    inspected = ensure_image(config.image, client)
+    try:
+        inspected = ensure_image(config.image, client)
+    except BaseException:
+        if owned:
+            client.close()
+        raise
     now = datetime.now(timezone.utc)
     box = Container(client, config, str(inspected.get("Id") or config.image),   # (its id from here on)
-                    {**agent_env(uid), **neutralised(image_env(inspected))}, uid, gid)
+                    {**agent_env(uid), **neutralised(image_env(inspected))}, uid, gid, owns_client=owned)
     try:
         box.storage = options = _storage(box, inspected)
         box.runtime = config.runtime or default_runtime(client)
@@ -358,6 +368,7 @@ def take_disks(gone: Container) -> None:
     """What the host held for `gone` (its disks, the image's trees) is the container launch_on_disks_of made on them
     from now on: that one's release frees them, `gone`'s no longer does."""
     gone.disk = gone.pid_disk = gone.image_fs = None
+    gone.owns_client = False   # (the fresh one shares its client, and closes it)
 
 
 def _storage(box: Container, inspected: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import docker
 import docker.errors
 
 from .config import LABEL_ATTEMPT, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, LABEL_POOL, POOL_JOB_PREFIX, taken_name
-from .docker_client import connect
+from .docker_client import connected
 from pid import settings
 
 log = logging.getLogger(__name__)
@@ -89,10 +89,10 @@ def remove_job_containers(job_id: str, client: docker.DockerClient | None = None
                           attempt: int | None = None) -> list[str]:
     """Force-remove the containers of one job (of one of its attempts): a retried job first clears what its lost
     attempts left behind; a sweeper removes a lost attempt's, never the next attempt's."""
-    client = connect(client)
     labels = [f"{LABEL_JOB}={job_id}"] + ([f"{LABEL_ATTEMPT}={attempt}"] if attempt is not None else [])
-    found = {c["Id"] for c in list_containers(client, labels)} | set(taken_containers(client, job_id, attempt))
-    return [container_id for container_id in found if force_remove(client, container_id)]
+    with connected(client) as client:
+        found = {c["Id"] for c in list_containers(client, labels)} | set(taken_containers(client, job_id, attempt))
+        return [container_id for container_id in found if force_remove(client, container_id)]
 
 
 def taken_containers(client: docker.DockerClient, job_id: str, attempt: int | None = None) -> list[str]:
@@ -114,14 +114,14 @@ def reap_orphan_pools(owner: str | None, client: docker.DockerClient | None = No
     installation) whose worker process is gone: a worker killed with SIGKILL had no chance to remove them. Only a
     process on this machine can be known gone (pid.jobs.identity); others' containers wait for their expiry."""
     from pid.jobs.identity import mark_gone
-    client = connect(client)
     labels = [LABEL_POOL] + ([f"{LABEL_OWNER}={owner}"] if owner is not None else [])
-    # (a pool's containers are the ones whose job is the pool's own, `pool-…`, which only pid sets: an image's own
-    # pid.pool label is merged into its job's container's labels)
-    orphans = [c["Id"] for c in list_containers(client, labels)
-               if str((c.get("Labels") or {}).get(LABEL_JOB, "")).startswith(POOL_JOB_PREFIX)
-               and mark_gone(str((c.get("Labels") or {}).get(LABEL_POOL, "")))]
-    return [container_id for container_id in orphans if force_remove(client, container_id)]
+    with connected(client) as client:
+        # (a pool's containers are the ones whose job is the pool's own, `pool-…`, which only pid sets: an image's
+        # own pid.pool label is merged into its job's container's labels)
+        orphans = [c["Id"] for c in list_containers(client, labels)
+                   if str((c.get("Labels") or {}).get(LABEL_JOB, "")).startswith(POOL_JOB_PREFIX)
+                   and mark_gone(str((c.get("Labels") or {}).get(LABEL_POOL, "")))]
+        return [container_id for container_id in orphans if force_remove(client, container_id)]
 
 
 def reap_expired(owner: str | None, client: docker.DockerClient | None = None,
@@ -130,15 +130,15 @@ def reap_expired(owner: str | None, client: docker.DockerClient | None = None,
 
     A container that vanishes while this runs (auto-removed, or another reaper) is simply not counted.
     """
-    client = connect(client)
     now = now or datetime.now(timezone.utc)
     if now.tzinfo is None:
         now = now.replace(tzinfo=timezone.utc)
     labels = [LABEL_JOB] + ([f"{LABEL_OWNER}={owner}"] if owner is not None else [])
-    expired = [c["Id"] for c in list_containers(client, labels)
-               if (expires := parse_time((c.get("Labels") or {}).get(LABEL_EXPIRES, ""))) is not None
-               and expires <= now]
-    return [container_id for container_id in expired if force_remove(client, container_id)]
+    with connected(client) as client:
+        expired = [c["Id"] for c in list_containers(client, labels)
+                   if (expires := parse_time((c.get("Labels") or {}).get(LABEL_EXPIRES, ""))) is not None
+                   and expires <= now]
+        return [container_id for container_id in expired if force_remove(client, container_id)]
 
 
 def reap_installation(pid_home: str, *, all_owners: bool = False,
@@ -147,8 +147,9 @@ def reap_installation(pid_home: str, *, all_owners: bool = False,
     installation's with all_owners) and those of warm pools whose worker is gone, then the per-job disks whose job
     process is gone. (container ids, disk names)"""
     owner = None if all_owners else owner_label(pid_home)
-    expired = reap_expired(owner, client)
-    pools, disks = reap_gone(pid_home, owner, client)
+    with connected(client) as client:   # (one client for both)
+        expired = reap_expired(owner, client)
+        pools, disks = reap_gone(pid_home, owner, client)
     return expired + pools, disks
 
 

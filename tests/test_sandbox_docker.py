@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import shutil
 import signal
@@ -17,7 +18,8 @@ import pytest
 
 from pid.config import pid_home
 from pid.sandbox_api import OutputPolicy, SandboxError
-from pid.sandbox import DockerSandbox, ImageNotFound, SandboxConfig, reap_expired
+from pid.sandbox import (DockerSandbox, ImageNotFound, SandboxConfig, ensure_image, reap_expired,
+                         remove_job_containers)
 from pid.sandbox.artifacts import FilesBudget
 from pid.sandbox import fileops
 from pid.sandbox.channel import DIRECT_MAX, Channel, request_line
@@ -1387,6 +1389,39 @@ def _servers_heap_kib(client, container_id: str) -> int:
             status = Path(f"/proc/{pid}/status").read_text()
             total += int(status.split("RssAnon:")[1].split()[0])
     return total
+
+
+def _sockets() -> int:
+    """This process's open sockets."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:   # (the listing's own descriptor, closed by now)
+            pass
+    return count
+
+
+def test_a_closed_sandbox_leaves_no_connection_to_the_engine():
+    """A sandbox made without a client makes its own, and closes it with the container: a worker soak found ~6
+    connections to the engine left per job until a garbage collection, hundreds at once (the engine's too)."""
+    gc.collect()
+    gc.disable()   # (what a collection would free is what this looks for)
+    try:
+        before = _sockets()
+        for n in range(3):
+            box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=f"{JOB}-conn{n}", ttl_s=120))
+            try:
+                box.exec("true", timeout=10)
+                box.read_file("/etc/hostname")
+            finally:
+                box.close()
+        remove_job_containers(f"{JOB}-conn0")   # (the reaper's and the image check's own clients too)
+        ensure_image(IMAGE)
+        left = _sockets() - before
+    finally:
+        gc.enable()
+    assert left <= 1, f"{left} sockets left by 3 closed sandboxes"
 
 
 def test_a_long_session_does_not_grow_its_server(client):
