@@ -161,6 +161,7 @@ class SqliteDb:
         self.retention = retention          # None: PID_RETENTION, read by prune()
         self.events_kept = EVENTS_KEPT
         self._local = threading.local()
+        self._kept: list[tuple[int, threading.Thread, sqlite3.Connection]] = []   # (pid, thread, its reader)
         try:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             self._migrate()
@@ -216,12 +217,27 @@ class SqliteDb:
                 db.execute("PRAGMA busy_timeout=30000")
                 db.row_factory = sqlite3.Row
                 held = self._local.db = (os.getpid(), db)
+                self._keep(db)
             try:
                 yield held[1]
             except sqlite3.Error:
                 self._local.db = None
                 held[1].close()
                 raise
+
+    def _keep(self, db: sqlite3.Connection) -> None:
+        """Note this thread's new reader, and close those of this process's threads that have ended: a connection
+        is in a reference cycle (its statement cache), so only a garbage collection would close it, and a worker
+        held dozens open, one per finished job. (Under _fork_guard; a parent's are never this child's to close.)"""
+        me, alive = os.getpid(), []
+        for kept in self._kept:
+            if kept[0] != me:
+                _inherited.append(kept[2])   # (as _reader keeps them)
+            elif kept[1].is_alive():
+                alive.append(kept)
+            else:
+                kept[2].close()
+        self._kept = [*alive, (me, threading.current_thread(), db)]
 
     def now(self) -> float:
         """The store's clock: this machine's."""

@@ -1,7 +1,10 @@
 """The job store decides "never lost, never twice": one claimer wins, leases lapse, stale owners cannot finish."""
 from __future__ import annotations
 
+import gc
 import multiprocessing
+import os
+import threading
 import time
 
 from pid.jobs.spec import JobSpec
@@ -434,3 +437,35 @@ def test_a_replacement_worker_that_reaches_the_store_does_not_hold_off_a_dead_wo
     assert store_just_back(record, [new_pod(just_started, just_started + 1)], just_started + 1)   # too soon to tell
     later = just_started + 2 * ALIVE_WITHIN_S + 1
     assert not store_just_back(record, [new_pod(just_started, later)], later)
+
+
+def _open_on(path: str) -> int:
+    """This process's descriptors on `path` (the database, its -wal and -shm files)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith(path)
+        except OSError:   # (the listing's own descriptor, closed by now)
+            pass
+    return count
+
+
+def test_the_connection_a_finished_thread_kept_for_reading_is_closed(tmp_path):
+    """Each job's control thread keeps a connection for its frequent reads. A connection is in a reference cycle, so
+    the thread's end left it open until a garbage collection: a worker soak saw dozens open at once. The next thread
+    to open one closes those of threads that have ended."""
+    path = str(tmp_path / "jobs.db")
+    store = JobStore(path)
+    job = store.create(spec(tmp_path))
+    gc.collect()
+    gc.disable()   # (what a collection would close is what this looks for)
+    try:
+        for _ in range(10):
+            reader = threading.Thread(target=lambda: store.events(job.id))
+            reader.start()
+            reader.join()
+        left = _open_on(path)
+    finally:
+        gc.enable()
+    assert 0 < left <= 3, left   # the last thread's alone (its files), closed when the next one opens
+    assert store.events(job.id) is not None   # (the main thread's own goes on being used)
