@@ -223,6 +223,7 @@ class SqliteDb:
             except sqlite3.Error:
                 self._local.db = None
                 held[1].close()
+                self._kept = [kept for kept in self._kept if kept[2] is not held[1]]
                 raise
 
     def _keep(self, db: sqlite3.Connection) -> None:

@@ -273,20 +273,20 @@ say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's f
 # open(); each shell opens its own anew, read-only, while still root (fd 3): the agent, who may ptrace its own
 # waiting shell, gets a descriptor that can neither write pid's FIFO nor change the flags of the server's open. It
 # can shrink the pipe to one page, so no more than one page ever goes into a FIFO (an empty pipe takes it at once,
-# stopped reader or not): a longer command goes through a file of root's, and the FIFO gets "<length> <file>".
-# A command that arrives cut short (that file on a full disk) is not run at all (status 125).
+# stopped reader or not): a longer one goes through a file of root's ("<length> <file>"; cut short: not run, 125).
 # Locale: the drop and bash start in C (setpriv would load a dozen locale files for nothing); the shell loads the
 # agent's locale ($3: the image's LC_ALL, else its LANG) before it waits, reads the command in C (a byte count), and
 # is back in the agent's locale before the command runs. The umask is set before the wait, the directory after it.
 # The image's loader and shell variables come back here alone (image_env.py), BASH_ENV read quietly as bash would.
 # One line (line breaks become spaces): the command's lines are numbered from 1 as `bash -c` numbers them ($LINENO,
-# "line 3: syntax error"), and it is evaluated from where `bash -c` keeps it (BASH_EXECUTION_STRING).
+# "line 3: syntax error"), and it is evaluated from where `bash -c` keeps it (BASH_EXECUTION_STRING, unexported).
 SLOT_SHELL='[ -z "${PID_IMAGE_ENV-}" ] || { eval "$PID_IMAGE_ENV"; unset PID_IMAGE_ENV; [ ! -r "${BASH_ENV-}" ] || . "$BASH_ENV" "$@"; };
 umask "$1"; if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; LC_ALL=C;
 read -r -u 3 n f && if [ -z "$f" ]; then IFS= read -r -N "$n" -u 3 c; else IFS= read -r -N "$n" c <"$f"; fi; exec 3<&-;
 [ "${#c}" = "$n" ] || { printf "pid: the command reached its shell cut short (%s of %s bytes; is the job'"'"'s disk full?): not run" "${#c}" "$n"; exit 125; };
 if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; unset n f; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
-printf "Working directory does not exist: %s\nCannot execute bash commands." "$2"; exit 212 ;; esac; set --; BASH_EXECUTION_STRING=$c; unset c; eval "$BASH_EXECUTION_STRING"'
+printf "Working directory does not exist: %s\nCannot execute bash commands." "$2"; exit 212 ;; esac; set --;
+BASH_EXECUTION_STRING=$c; export -n BASH_EXECUTION_STRING; unset c; eval "$BASH_EXECUTION_STRING"'
 SLOT_SHELL=${SLOT_SHELL//"$LF"/ }
 
 spawn() {  # $1 slot: a new waiting shell (its output file is made now, by root)

@@ -102,6 +102,8 @@ class ExecChannels:
 
     def _open_channel(self, role: str) -> Channel:
         box = self.container
+        if box.released:   # (a warm-up still running as the sandbox closed)
+            raise SandboxError("the sandbox is closed")
         with self.exec_gate:
             return Channel.open_exec(box.client.api, box.id, next(self._ids), role=role, workdir=box.config.workdir,
                                      uid=box.uid, gid=box.gid, env=box.env, host_outputs=self._host_outputs(role))

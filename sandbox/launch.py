@@ -235,6 +235,8 @@ class Container:
     removed_by_pid: bool = False   # kill() removed it (or tried): it is gone on purpose
     storage: dict[str, Any] = field(default_factory=dict)   # its filesystem's options (_storage): the disks' mounts
     owns_client: bool = False   # launch made the client for it: release() closes it (a caller's stays the caller's)
+    released: bool = False   # release() ran: the engine is asked nothing more (a late thread's request would open a
+    # connection on the closed client, left open until a garbage collection)
     _killing: threading.Lock = field(init=False, default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -257,6 +259,8 @@ class Container:
 
     def is_alive(self) -> bool:
         """The container exists and runs (one engine request)."""
+        if self.released:
+            return False
         try:
             state = self.client.api.inspect_container(self.id).get("State", {})
         except docker.errors.NotFound:
@@ -283,6 +287,8 @@ class Container:
         """Force-remove the container now, from any thread (the watchdog's tool). One gone already, or going (the
         kernel's memory kill ended it, someone removed it), was not removed by pid: what it left may be collected."""
         with self._killing:
+            if self.released:   # (removed, and what the host held for it freed)
+                return
             if self.removed_by_pid:
                 force_remove(self.client, self.id)
                 return
@@ -292,7 +298,8 @@ class Container:
 
     def remove(self) -> None:
         """Force-remove the container; never raises."""
-        force_remove(self.client, self.id)
+        if not self.released:
+            force_remove(self.client, self.id)
 
     def release(self) -> None:
         """Once the container is removed: the host's side goes (the disks, the image's trees). Never raises."""
@@ -304,6 +311,7 @@ class Container:
         if self.image_fs is not None:
             self.image_fs.close()
         _close_disks(self.disk, self.pid_disk)
+        self.released = True
         if self.owns_client:   # (its connections to the engine go now, not at a garbage collection)
             self.owns_client = False
             self.client.close()

@@ -1416,12 +1416,13 @@ def test_a_closed_sandbox_leaves_no_connection_to_the_engine():
                 box.read_file("/etc/hostname")
             finally:
                 box.close()
+            assert not box.is_alive() and not box.container.client.api.get_adapter("http+docker://").pools
         remove_job_containers(f"{JOB}-conn0")   # (the reaper's and the image check's own clients too)
         ensure_image(IMAGE)
         left = _sockets() - before
     finally:
         gc.enable()
-    assert left <= 1, f"{left} sockets left by 3 closed sandboxes"
+    assert left <= 3, f"{left} sockets left by 3 closed sandboxes"   # (~6 each before; 3: another test's thread)
 
 
 def test_a_long_session_does_not_grow_its_server(client):

@@ -131,6 +131,22 @@ def test_the_image_s_loader_and_shell_variables_reach_the_agent_but_never_pid_s_
 
 
 @pytest.mark.docker
+def test_a_bash_env_that_leaves_allexport_on_does_not_export_the_command(task_image):
+    """`set -a` in the image's BASH_ENV exports every later assignment: the command, kept where `bash -c` keeps it,
+    would reach every process it starts (a long one then fails each exec: "Argument list too long"). `bash -c` does
+    not export it, nor does pid."""
+    box = _box(task_image)
+    try:
+        box.exec("echo 'set -a' >> /opt/env.sh", timeout=30)
+        for _ in range(3):   # (the shells that wait ahead of their commands read the old file)
+            box.exec("true", timeout=30)
+        said = box.exec('case $- in *a*) echo allexport ;; esac; env | grep -c "^BASH_EXECUTION_STRING="', timeout=30)
+        assert said.tail == b"allexport\n0\n", said.tail
+    finally:
+        box.close()
+
+
+@pytest.mark.docker
 def test_a_root_agent_may_change_the_system_and_pid_still_works(task_image, tmp_path):
     box = _box(task_image, user="root")
     try:
