@@ -279,13 +279,13 @@ say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's f
 # is back in the agent's locale before the command runs. The umask is set before the wait, the directory after it.
 # The image's loader and shell variables come back here alone (image_env.py), BASH_ENV read quietly as bash would.
 # One line (line breaks become spaces): the command's lines are numbered from 1 as `bash -c` numbers them ($LINENO,
-# "line 3: syntax error"), and it is evaluated from where `bash -c` keeps it (BASH_EXECUTION_STRING, unexported).
+# "line 3: syntax error"), evaluated from where `bash -c` keeps it (BASH_EXECUTION_STRING), with no OLDPWD (`cd -`).
 SLOT_SHELL='[ -z "${PID_IMAGE_ENV-}" ] || { eval "$PID_IMAGE_ENV"; unset PID_IMAGE_ENV; [ ! -r "${BASH_ENV-}" ] || . "$BASH_ENV" "$@"; };
 umask "$1"; if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; LC_ALL=C;
 read -r -u 3 n f && if [ -z "$f" ]; then IFS= read -r -N "$n" -u 3 c; else IFS= read -r -N "$n" c <"$f"; fi; exec 3<&-;
 [ "${#c}" = "$n" ] || { printf "pid: the command reached its shell cut short (%s of %s bytes; is the job'"'"'s disk full?): not run" "${#c}" "$n"; exit 125; };
 if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; unset n f; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
-printf "Working directory does not exist: %s\nCannot execute bash commands." "$2"; exit 212 ;; esac; set --;
+printf "Working directory does not exist: %s\nCannot execute bash commands." "$2"; exit 212 ;; esac; unset OLDPWD; set --;
 BASH_EXECUTION_STRING=$c; export -n BASH_EXECUTION_STRING; unset c; eval "$BASH_EXECUTION_STRING"'
 SLOT_SHELL=${SLOT_SHELL//"$LF"/ }
 

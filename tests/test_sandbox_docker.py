@@ -530,14 +530,16 @@ def test_a_command_s_lines_are_numbered_as_bash_c_numbers_them(sb):
     assert "line 2: nosuchcommand: command not found" in said and "line 3: syntax error" in said, said
 
 
-def test_a_syntax_error_quotes_the_command_alone_and_bash_execution_string_holds_it(sb):
+def test_a_command_sees_what_bash_c_would_show_it_of_itself(sb):
     """bash quotes the line it could not parse; it quoted pid's own words with it ("`unset c; echo )'"). The
-    command is where `bash -c` keeps it, BASH_EXECUTION_STRING; the waiting shell's script is nowhere to be seen.
-    (Only the source's name differs from `bash -c`'s: bash calls an evaluated string "eval", not "-c".)"""
+    command is where `bash -c` keeps it, BASH_EXECUTION_STRING; the waiting shell's script, its variables and its
+    own `cd` are nowhere to be seen. (Only the source's name differs from `bash -c`'s: bash calls an evaluated
+    string "eval", not "-c".)"""
     said = sb.exec("echo )", timeout=10)
     assert said.exit_code == 2 and said.tail.decode().endswith("line 1: `echo )'\n"), said
     assert sb.exec('printf %s "$BASH_EXECUTION_STRING"', timeout=10).tail == b'printf %s "$BASH_EXECUTION_STRING"'
     assert sb.exec('echo "none${c+ c}${n+ n}${f+ f}"', timeout=10).tail == b"none\n"
+    assert sb.exec("cd -", timeout=10).tail == b"bash: line 1: cd: OLDPWD not set\n"   # (as in `bash -c`: not "/")
 
 
 def test_output_file_mode_and_tail_when_large(sb):
