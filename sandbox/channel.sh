@@ -285,7 +285,7 @@ umask "$1"; if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; LC_ALL=C;
 read -r -u 3 n f && if [ -z "$f" ]; then IFS= read -r -N "$n" -u 3 c; else IFS= read -r -N "$n" c <"$f"; fi; exec 3<&-;
 [ "${#c}" = "$n" ] || { printf "pid: the command reached its shell cut short (%s of %s bytes; is the job'"'"'s disk full?): not run" "${#c}" "$n"; exit 125; };
 if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; unset n f; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
-printf "Working directory does not exist: %s\nCannot execute bash commands." "$2"; exit 212 ;; esac; unset OLDPWD; set --;
+printf "Working directory does not exist: %s\nCannot execute bash commands." "$2"; exit 212 ;; esac; unset OLDPWD; export OLDPWD; set --;
 BASH_EXECUTION_STRING=$c; export -n BASH_EXECUTION_STRING; unset c; eval "$BASH_EXECUTION_STRING"'
 SLOT_SHELL=${SLOT_SHELL//"$LF"/ }
 

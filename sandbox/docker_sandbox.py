@@ -229,7 +229,7 @@ class DockerSandbox:
         lost with it. Not for a root agent, which could have replaced what pid's servers run there. Once; whether it
         did (a revival that fails is logged: the first error is the one that counts)."""
         gone = self.container
-        if self._revived or self._killed or gone.removed_by_pid or gone.disk is None or gone.uid == 0:
+        if self._revived or self._killed or gone.removed_by_pid or gone.released or gone.disk is None or gone.uid == 0:
             return False
         # (one still running whose memory ran out: pid's server there was killed, and /dev/shm stays full)
         if gone.is_alive() and not self.commands.memory.ever_ran_out():

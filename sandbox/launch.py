@@ -235,8 +235,8 @@ class Container:
     removed_by_pid: bool = False   # kill() removed it (or tried): it is gone on purpose
     storage: dict[str, Any] = field(default_factory=dict)   # its filesystem's options (_storage): the disks' mounts
     owns_client: bool = False   # launch made the client for it: release() closes it (a caller's stays the caller's)
-    released: bool = False   # release() ran: the engine is asked nothing more (a late thread's request would open a
-    # connection on the closed client, left open until a garbage collection)
+    released: bool = False   # release() ran: is_alive, kill and remove ask the engine nothing more, nor does a new
+    # channel (a late thread's request would open a connection on the closed client, left until a garbage collection)
     _killing: threading.Lock = field(init=False, default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -366,7 +366,7 @@ def launch_on_disks_of(gone: Container) -> Container:
     the engine (`docker exec`). The disks stay `gone`'s until the caller hands them over (take_disks)."""
     if gone.disk is None:
         raise SandboxError("the container had no disk of its own: nothing of it is left to collect")
-    box = replace(gone, id="", first=[], removed_by_pid=False)
+    box = replace(gone, id="", first=[], removed_by_pid=False, released=False)
     ttl = max(1, int(gone.config.ttl_s))
     box.id = _create(box, ["sleep", str(ttl)], datetime.now(timezone.utc), ttl, gone.storage)
     return box

@@ -540,6 +540,8 @@ def test_a_command_sees_what_bash_c_would_show_it_of_itself(sb):
     assert sb.exec('printf %s "$BASH_EXECUTION_STRING"', timeout=10).tail == b'printf %s "$BASH_EXECUTION_STRING"'
     assert sb.exec('echo "none${c+ c}${n+ n}${f+ f}"', timeout=10).tail == b"none\n"
     assert sb.exec("cd -", timeout=10).tail == b"bash: line 1: cd: OLDPWD not set\n"   # (as in `bash -c`: not "/")
+    moved = sb.exec("declare -p OLDPWD; cd /tmp && sh -c 'echo \"$OLDPWD\"'", timeout=10)   # (exported, as there)
+    assert moved.tail == b"declare -x OLDPWD\n/workspace\n", moved.tail
 
 
 def test_output_file_mode_and_tail_when_large(sb):
