@@ -242,6 +242,19 @@ def worker(pid_env: dict[str, str], tmp_path: Path):
     stop_worker(proc)
 
 
+def open_descriptors(prefix: str) -> list[str]:
+    """What this process's open descriptors point to, those starting with `prefix` ("socket:", a path)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:   # (the listing's own descriptor, closed by now)
+            continue
+        if target.startswith(prefix):
+            found.append(target)
+    return found
+
+
 def pid_containers() -> list:
     """pid's containers that this run made (its run id: not another xdist worker's, nor another run's on the same
     engine, which may run the same test, with the same job ids, at the same time); one that vanishes meanwhile is

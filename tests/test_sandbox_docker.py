@@ -26,7 +26,7 @@ from pid.sandbox.channel import DIRECT_MAX, Channel, request_line
 from pid.sandbox.config import BASE_ENV
 from pid.sandbox.reaper import owner_label, run_labels
 from pid.sandbox.workspace import NESTED_WHY
-from tests.conftest import WAITING_SHELL_MARK, signal_waiting_shells, signalled
+from tests.conftest import WAITING_SHELL_MARK, open_descriptors, signal_waiting_shells, signalled
 from tests.services import missing
 
 pytestmark = pytest.mark.docker  # the whole module needs an engine
@@ -442,16 +442,7 @@ def _state(pid: int) -> str:
 
 def _open_on_disk(box) -> list[str]:
     """This process's descriptors that point into the sandbox's disks (the job's, and pid's own beside it)."""
-    root = box.container.disk.mountpoint
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(root):
-            found.append(target)
-    return found
+    return open_descriptors(box.container.disk.mountpoint)
 
 
 def test_first_servers_that_do_not_answer_are_replaced_through_the_engine(client, monkeypatch):
@@ -1395,24 +1386,13 @@ def _servers_heap_kib(client, container_id: str) -> int:
     return total
 
 
-def _sockets() -> int:
-    """This process's open sockets."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:   # (the listing's own descriptor, closed by now)
-            pass
-    return count
-
-
 def test_a_closed_sandbox_leaves_no_connection_to_the_engine():
     """A sandbox made without a client makes its own, and closes it with the container: a worker soak found ~6
     connections to the engine left per job until a garbage collection, hundreds at once (the engine's too)."""
     gc.collect()
     gc.disable()   # (what a collection would free is what this looks for)
     try:
-        before = _sockets()
+        before = len(open_descriptors("socket:"))
         for n in range(3):
             box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=f"{JOB}-conn{n}", ttl_s=120))
             try:
@@ -1423,7 +1403,7 @@ def test_a_closed_sandbox_leaves_no_connection_to_the_engine():
             assert not box.is_alive() and not box.container.client.api.get_adapter("http+docker://").pools
         remove_job_containers(f"{JOB}-conn0")   # (the reaper's and the image check's own clients too)
         ensure_image(IMAGE)
-        left = _sockets() - before
+        left = len(open_descriptors("socket:")) - before
     finally:
         gc.enable()
     assert left <= 3, f"{left} sockets left by 3 closed sandboxes"   # (~6 each before; 3: another test's thread)

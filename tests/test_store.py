@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
-import os
 import threading
 import time
 
 from pid.jobs.spec import JobSpec
 from pid.session import iso_time
 from pid.jobs.sqlite_store import JobStore
+from tests.conftest import open_descriptors
 
 
 def spec(tmp_path, **kw) -> JobSpec:
@@ -439,17 +439,6 @@ def test_a_replacement_worker_that_reaches_the_store_does_not_hold_off_a_dead_wo
     assert not store_just_back(record, [new_pod(just_started, later)], later)
 
 
-def _open_on(path: str) -> int:
-    """This process's descriptors on `path` (the database, its -wal and -shm files)."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith(path)
-        except OSError:   # (the listing's own descriptor, closed by now)
-            pass
-    return count
-
-
 def test_the_connection_a_finished_thread_kept_for_reading_is_closed(tmp_path):
     """Each job's control thread keeps a connection for its frequent reads. A connection is in a reference cycle, so
     the thread's end left it open until a garbage collection: a worker soak saw dozens open at once. The next thread
@@ -464,7 +453,7 @@ def test_the_connection_a_finished_thread_kept_for_reading_is_closed(tmp_path):
             reader = threading.Thread(target=lambda: store.events(job.id))
             reader.start()
             reader.join()
-        left = _open_on(path)
+        left = len(open_descriptors(path))   # (the database, its -wal and -shm files)
     finally:
         gc.enable()
     assert 0 < left <= 3, left   # the last thread's alone (its files), closed when the next one opens
