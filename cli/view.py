@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from pid.cli.output import echo
+from pid.terminal import one_line
 
 # The same names as cli/pages/job.py's and jobs/artifact_store.py's; the renderer is imported only when a page is
 # made, so that registering this command costs the other commands nothing.
@@ -187,9 +188,12 @@ def _watch(job_id: str, output: str | None, opened: Any) -> None:
         echo("", err=True)   # the shell's prompt on a line of its own, not after the ^C
         if path:   # a page that no longer reloads: nobody rewrites it now
             try:
-                _view_job_id(record.id, output, None)
-            except ViewError:   # (still no transcript: the placeholder, without its reload)
-                _placeholder(output, record, watching=False)
+                try:
+                    _view_job_id(record.id, output, None)
+                except ViewError:   # (still no transcript: the placeholder, without its reload)
+                    _placeholder(output, record, watching=False)
+            except ViewError as exc:   # (the page cannot be written now: said, and still the exit of a Ctrl-C)
+                echo(f"pid: error: {one_line(exc.format_message())}", err=True)
         raise SystemExit(130) from None
 
 
