@@ -2,10 +2,10 @@
 # channel.sh <role> <channel id> <workdir> <uid> <gid>` (channel.py: `docker exec`, or two FIFOs of /.pid/run that the
 # container's entry opens). Why a server: one `docker exec` costs ~60 ms, a request ~1 ms. This file is what a bash
 # call goes through: the protocol, the run op, the pre-started shells. Beside it in /.pid, root's and read-only:
-# channel_hello.sh, the greeting (h: the set-up of /.pid and of the privilege drop, before the agent runs anything),
-# channel_ops.sh, the requests on outputs and processes (c t T k K), and channel_sh.sh, what a /bin/sh without bash
-# uses where bash has builtins. All but the bash part need a /bin/sh with `local`, which POSIX lacks (dash and
-# busybox ash have it).
+# channel_hello.sh, the greeting (h: the set-up of /.pid, of the privilege drop and of the slot shells, before the
+# agent runs anything), channel_ops.sh, the requests on outputs and processes (c t T k K), channel_sh.sh, what a
+# /bin/sh without bash uses where bash has builtins, and drop (drop.c), pid's privilege drop, which also forks the
+# slot shells. All but the bash part need a /bin/sh with `local`, which POSIX lacks (dash and busybox ash have it).
 #
 # THE PROTOCOL (the only one; channel.py reads every reply with one reader, Channel._reply):
 #   request: "<op> <nonce> <numbers...> [<output file>]", padded with spaces to 127 bytes, and "\n" (exactly: bash
@@ -165,12 +165,12 @@ start_plain() {  # CMD -> PID, POUT: a new shell for it (control: as root, clean
 }
 finish() {  # $1 nonce, $2 emit: wait for PID, then reply D with the head of POUT and the status
     local rc
-    wait "$PID"
-    rc=$?
-    # a stopped shell (bash's wait returns then, 128 + the signal) goes now, not to take a later command
-    ! kill -0 "$PID" || { kill -9 "$PID"; untrace "$PID"; wait "$PID"; }
-    # Its job leaves bash's table before its group is looked at: bash 5.2 keeps a dead job there for good once a
-    # `kill -0 -<its pgid>` finds it, and the table, ~300 bytes more per command, is scanned at every fork and wait.
+    reap "$PID"
+    rc=$RC
+    # a stopped shell (wait returns then, 128 + the signal) goes now, not to take a later command
+    ! kill -0 "$PID" || { kill -9 "$PID"; untrace "$PID"; reap "$PID"; }
+    # Its job (if it is bash's) leaves bash's table before its group is looked at: bash 5.2 keeps a dead job there for
+    # good once a `kill -0 -<its pgid>` finds it; the table, ~300 bytes more per command, is scanned at every fork.
     disown "$PID"
     [ "$ROLE" != agent ] || ! kill -0 -"$PID" || linger "$PID" "$POUT"   # processes of its group are left
     events
@@ -195,7 +195,7 @@ op_run() {  # r nonce emit slot cmdlen datalen
         # The host sends nothing more until it has the "P" line: anything to read now is its EOF. It gave up on
         # this request (its deadline passed, or it stopped sending half-way): nothing of it may run.
         host_gone && quit
-        if [ -n "$SLOTS" ]; then ready "$SLOT"; hand "$SLOT"; else start_plain; fi
+        if [ -z "$SLOTS" ]; then start_plain; elif ready "$SLOT"; then hand "$SLOT"; else say B "$nonce" ""; return; fi
     fi
     say P "$nonce" "" "$PID" "$POUT"
     [ -z "$DUE" ] || refill
@@ -234,7 +234,7 @@ export -n LC_ALL
 LC_ALL=C
 LF='
 '
-Z=("" "") ZO=("" "")   # each slot's waiting shell (pid) and its output file
+Z=("" "") ZO=("" "") SPR= SPW= PARENT=$$   # each slot's waiting shell and output; the spawner's pipes, their parent
 SLOT=0         # the slot the next command runs on (they alternate: the other shell is up meanwhile)
 
 slurp() {  # S <- file $1, whole: `read -N` never reads past what it asks for, so nothing stays in bash's buffer
@@ -266,9 +266,10 @@ say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's f
     if [ -s "$3" ] && IFS= read -r -d '' -n "$4" c <"$3" && [ "${#c}" -lt "$4" ]; then say_copy "$@"
     else say "$1" "$2" "$c" "${@:5}"; fi
 }
-# The slot shells. Each is started ahead of time, already dropped to the agent, blocked reading its command from its
-# FIFO, so that start-up (the drop, bash: ~2 ms) is off the request path; two alternate, so back-to-back requests
-# still find one up. Each is a fresh bash in its own process group that evaluates its command as `bash -c` would.
+# The slot shells. Each is started ahead of time (by pid's drop: spawner), already dropped to the agent, blocked
+# reading its command from its FIFO, so that start-up (the drop, bash: ~2 ms) is off the request path; two
+# alternate, so back-to-back requests still find one up. Each is a fresh bash in its own process group that
+# evaluates its command as `bash -c` would.
 # Who can write its FIFO: the server holds both FIFOs read-write (fds 4, 5) for its life, so nothing blocks in
 # open(); each shell opens its own anew, read-only, while still root (fd 3): the agent, who may ptrace its own
 # waiting shell, gets a descriptor that can neither write pid's FIFO nor change the flags of the server's open. It
@@ -289,13 +290,23 @@ printf "Working directory does not exist: %s\nCannot execute bash commands." "$2
 BASH_EXECUTION_STRING=$c; export -n BASH_EXECUTION_STRING; unset c; eval "$BASH_EXECUTION_STRING"'
 SLOT_SHELL=${SLOT_SHELL//"$LF"/ }
 
-spawn() {  # $1 slot: a new waiting shell (its output file is made now, by root)
+spawn() {  # $1 slot: a new waiting shell (its output file is made now, by root); false: no fork (table full)
     N=$((N + 1))
     ZO[$1]=$OUT/$CID.$N
+    [ -z "$SPW" ] || { ask s "/proc/$$/fd/$((4 + $1))" "${ZO[$1]}"; Z[$1]=${R##-*}; [ -n "${Z[$1]}" ]; return; }
     LC_ALL=C PATH=$pid_opath $DROP $SHBIN -c "$SLOT_SHELL" bash "$UMASK" "$WD" "$LCALL" >"${ZO[$1]}" 2>&1 </dev/null \
         3<"/proc/self/fd/$((4 + $1))" 4>&- 5>&- 6>&- &
     Z[$1]=$!
 }
+spawner() {  # where the drop is pid's own, it forks the slot shells (drop.c, serve: a fork of this server cost ~150
+    # page faults a command); their ends then come from it (reap, ask), and alive knows it for their parent
+    [ "${DROP%% *}" = "$DROPBIN" ] && [ -z "$SPW" ] || return 0
+    coproc SPAWNER { LC_ALL=C PATH=$pid_opath exec $DROP -s $SHBIN -c "$SLOT_SHELL" bash "$UMASK" "$WD" "$LCALL" \
+        4>&- 5>&- 6>&-; }
+    SPR=${SPAWNER[0]} SPW=${SPAWNER[1]} PARENT=$SPAWNER_PID
+}
+ask() { printf '%s %s\n' "$1" "${*:2}" >&"$SPW"; IFS= read -r -N 16 -u "$SPR" R || quit; R=${R%% *}; }
+reap() { if [ -n "$SPW" ]; then ask w "$1"; RC=$R; else wait "$1"; RC=$?; fi; }   # RC <- slot shell $1's wait status
 drain() {  # $1 slot: a shell killed before it read all of its command left the rest in its FIFO; the next shell
     # must not take it for its own. (pid's bytes only, a page at most; 64 reads is a safety bound.)
     local fd=$((4 + $1)) i=0 junk
@@ -314,7 +325,7 @@ alive() {  # whether slot shell $1 can still take a command. kill -0 passes a sh
     slurp "/proc/$1/stat"
     set -- "$1" ${S##*) }   # (numbers and one letter: nothing to glob)
     S=
-    [ "${3:-}" = "$$" ] || return 1   # not this server's child: bash reaped it, and its number went to another process
+    [ "${3:-}" = "$PARENT" ] || return 1   # not our child: it was reaped, and its number went to another process
     case ${2:-Z} in
         [ZX]*) untrace "$1"; return 1 ;;
         t*) kill -9 "$1"; untrace "$1"; return 1 ;;
@@ -323,9 +334,9 @@ alive() {  # whether slot shell $1 can still take a command. kill -0 passes a sh
 }
 ready() {  # $1 slot: PID <- its waiting shell, a new one if it is gone (what the old one left in the FIFO goes)
     if [ -z "${Z[$1]}" ] || ! alive "${Z[$1]}"; then
-        [ -z "${Z[$1]}" ] || wait "${Z[$1]}"
+        [ -z "${Z[$1]}" ] || reap "${Z[$1]}"
         drain "$1"
-        spawn "$1"
+        spawn "$1" || return 1
     fi
     PID=${Z[$1]} POUT=${ZO[$1]}
 }
@@ -342,17 +353,6 @@ idle() {  # FIRST <- the first byte of the next request; if ~1 ms passes first, 
     [ -n "$DUE" ] || { [ -n "$HOSTOUT" ] && [ -n "$JUNK" ]; } || return 0
     IFS= read -r -t 0.001 -n 1 FIRST
     case $? in 0) ;; 1) return 1 ;; *) [ -z "$DUE" ] || refill; [ -z "$HOSTOUT" ] || [ -z "$JUNK" ] || sweep ;; esac
-}
-hello_more() {  # the slot FIFOs (without them, e.g. no inode left, commands start as on the sh path)
-    SETSID=   # (job control makes each command a process group leader already: setsid would fork)
-    [ "$ROLE" = agent ] || return 0
-    local f
-    for f in "$FIFO.0" "$FIFO.1" "$FIFO.s"; do   # (none, but for a server greeted twice: then all go)
-        [ ! -e "$f" ] && [ ! -L "$f" ] || { rm -f "$FIFO.0" "$FIFO.1" "$FIFO.s"; break; }
-    done
-    mkfifo -m 600 "$FIFO.0" "$FIFO.1" "$FIFO.s"   # (one process for the three; what it made is looked at)
-    [ -p "$FIFO.0" ] && [ -p "$FIFO.1" ] && exec 4<>"$FIFO.0" 5<>"$FIFO.1" && SLOTS=1 && spawn 0 && spawn 1
-    [ -p "$FIFO.s" ] && exec 6<>"$FIFO.s" || nap() { sleep 0.01; }
 }
 hand() {  # $1 slot: CMD into its FIFO: up to a page itself, a longer one through a file of root's
     local file
@@ -374,13 +374,13 @@ handed() {  # $1 slot, to whose FIFO the host wrote the command: PID <- the shel
     SLOT=$1
     if [ -z "${Z[$1]}" ]; then
         table_full && { drain "$1"; return 1; }
-        spawn "$1"
+        spawn "$1" || { drain "$1"; return 1; }
     elif read -r -t 0 -u $((4 + $1)) && ! alive "${Z[$1]}" && read -r -t 0 -u $((4 + $1)); then
-        wait "${Z[$1]}"
+        reap "${Z[$1]}"
         drain "$1"
         Z[$1]=
         table_full && return 1
-        spawn "$1"
+        spawn "$1" || return 1
         hand "$1"
     fi
     PID=${Z[$1]} POUT=${ZO[$1]}

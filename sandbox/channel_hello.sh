@@ -39,6 +39,18 @@ op_hello() {  # h nonce [o]: set up /.pid (control) and this server (both)
     events
     say R "$nonce" "" "$SHELL_" "$PE"
 }
+hello_more() {  # (bash; sh has none) the slot FIFOs and shells (channel.sh: SLOT_SHELL, spawner); without them (no
+    # inode left) commands start as on the sh path
+    SETSID=   # (job control makes each command a process group leader already: setsid would fork)
+    [ "$ROLE" = agent ] || return 0
+    local f
+    for f in "$FIFO.0" "$FIFO.1" "$FIFO.s"; do   # (none, but for a server greeted twice: then all go)
+        [ ! -e "$f" ] && [ ! -L "$f" ] || { rm -f "$FIFO.0" "$FIFO.1" "$FIFO.s"; break; }
+    done
+    mkfifo -m 600 "$FIFO.0" "$FIFO.1" "$FIFO.s"   # (one process for the three; what it made is looked at)
+    [ -p "$FIFO.0" ] && [ -p "$FIFO.1" ] && exec 4<>"$FIFO.0" 5<>"$FIFO.1" && SLOTS=1 && spawner && spawn 0 && spawn 1
+    [ -p "$FIFO.s" ] && exec 6<>"$FIFO.s" || nap() { sleep 0.01; }
+}
 set_up() {  # the container's directories, by the first control server greeted, before the agent runs anything. A
     # control server greeted later (one aside, one replacing a dead one) leaves them: by then the agent may have
     # swapped the workdir (its own tree's, under --workdir) or the home for a link to /.pid, and a chown through it

@@ -25,5 +25,6 @@ request() {  # (by lines; one of another length is out of step: refused, as op "
     IFS= read -r LINE || return 1; [ "${#LINE}" -eq $((REQUEST_HEADER - 1)) ] || LINE=-
 }
 host_gone() { false; }; idle() { :; }   # POSIX sh cannot tell, nor start a shell ahead (bash: channel.sh)
+reap() { wait "$1"; RC=$?; }   # RC <- a command shell's status (bash: from whichever process started it)
 disown() { :; }   # (bash's job table, which channel.sh empties, is not here: no program of that name is looked for)
 quit() { rm -f "$MARK"; exit 0; }

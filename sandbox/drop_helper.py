@@ -5,7 +5,8 @@ the container's CPU per command than a static program of a few system calls (doc
 the image. The program is built once per machine with the host's C compiler (`$CC`, else `cc`), no C library, and
 kept in the user's cache directory by its source's digest. Without a compiler, or on an architecture drop.c does not
 know, there is none: channel.sh then drops through setpriv, as it always could (channel_hello.sh also tries the
-program once as it starts, and takes setpriv if it cannot run there: an engine of another architecture).
+program once as it starts, and takes setpriv if it cannot run there: an engine of another architecture). Where it
+runs, it also forks the bash server's pre-started shells (drop.c's serve mode), a fork of the server cost more.
 
 The program runs as root in every sandbox, so a kept copy is used only when it is this user's and nobody else can
 write it or its directory; otherwise it is built again.

@@ -108,9 +108,10 @@ WAITING_SHELL_MARK = "read -r -u 3 n f"
 
 def signal_waiting_shells(signal_name: str) -> str:
     """A command (for the agent to run) that sends a signal to every slot shell waiting for a command (the ones in
-    pid's exec channels: sandbox/channel.sh's SLOT_SHELL) but its own, then prints "signalled <how many>"."""
+    pid's exec channels: sandbox/channel.sh's SLOT_SHELL) but its own, then prints "signalled <how many>". (pid's
+    drop, which starts them as root, has the script in its arguments too.)"""
     return ("sleep 0.3; n=0; for p in /proc/[0-9]*; do [ \"${p#/proc/}\" = $$ ] && continue; "
-            f"case $(tr '\\0' ' ' 2>/dev/null <$p/cmdline) in *'{WAITING_SHELL_MARK}'*) "
+            f"case $(tr '\\0' ' ' 2>/dev/null <$p/cmdline) in /.pid/drop*) ;; *'{WAITING_SHELL_MARK}'*) "
             f"kill -{signal_name} ${{p#/proc/}} && n=$((n + 1)) ;; esac; done; echo signalled $n")
 
 

@@ -4,6 +4,7 @@ runc and gVisor: tests/test_task_images.py, tests/test_trust_boundary.py.)"""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -43,10 +44,64 @@ def test_the_program_runs_with_the_ids_and_no_capability_or_group_left(built: Pa
 
 
 @pytest.mark.parametrize("args", [[], ["1000", "1000"], ["x", "1000", "/bin/true"], ["1000", "-1", "/bin/true"],
-                                  ["1000", "1000", "true"], ["99999999999", "1", "/bin/true"]])
+                                  ["1000", "1000", "true"], ["99999999999", "1", "/bin/true"],
+                                  ["1000", "1000", "-s"], ["1000", "1000", "-s", "sh"],
+                                  ["1000", "1000", "-x", "/bin/sh"]])
 def test_bad_arguments_run_nothing(built: Path, args: list[str]):
     out = subprocess.run([str(built), *args], capture_output=True, timeout=30)
     assert out.returncode == 127 and out.stdout == b"" and out.stderr == b""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the drop changes ids: only root may")
+def test_serving_it_forks_each_shell_dropped_in_a_group_of_its_own_and_reports_its_end_as_wait_does(built: Path,
+                                                                                                     tmp_path: Path):
+    """channel.sh's slot shells (its spawner): each request forks one, as root until its files are open, then
+    dropped; the end of each is told as bash's `wait` tells it, and only for a child of its own."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    holder = os.open(fifo, os.O_RDWR)   # (the server holds its FIFOs so: a shell's open never blocks)
+    script = 'read -r -u 3 x; echo $x $(id -u) $(id -G) $(ps -o pgid= $$) $MARK; ls /proc/$$/fd; exit 7'
+    old_umask = os.umask(0o022)
+    try:
+        server = subprocess.Popen([str(built), "1000", "1001", "-s", "/bin/bash", "-c", script, "bash"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={"PATH": "/usr/bin:/bin",
+                                                                                      "MARK": "env-kept"})
+    finally:
+        os.umask(old_umask)
+
+    def ask(line: str) -> int:
+        assert server.stdin and server.stdout
+        server.stdin.write(line.encode() + b"\n")
+        server.stdin.flush()
+        reply = server.stdout.read(16)
+        assert len(reply) == 16 and reply.endswith(b"\n"), reply
+        return int(reply)
+
+    try:
+        out = tmp_path / "out"
+        shell = ask(f"s {fifo} {out}")
+        os.write(holder, b"hello\n")
+        assert ask(f"w {shell}") == 7
+        assert out.read_text().split() == ["hello", "1000", "1001", str(shell), "env-kept",   # its own group
+                                           "0", "1", "2", "3"]   # fd 3: the FIFO, read-only; nothing of the server's
+        assert (out.stat().st_uid, out.stat().st_mode & 0o777) == (0, 0o644)         # made by root, the umask kept
+        for sig, status in ((signal.SIGSTOP, 128 + signal.SIGSTOP), (signal.SIGKILL, 128 + signal.SIGKILL)):
+            shell = ask(f"s {fifo} {tmp_path / 'out2'}")
+            os.kill(shell, sig)
+            assert ask(f"w {shell}") == status
+        if Path(f"/proc/{shell}").exists():   # stopped, not yet gone: killed, then its end
+            os.kill(shell, signal.SIGKILL)
+            assert ask(f"w {shell}") == 128 + signal.SIGKILL
+        assert ask("w 1") == 127                                          # no child of its own
+        assert ask(f"w {ask(f's {fifo} {tmp_path}/no/such/dir/out')}") == 1   # no output file: nothing ran
+        assert server.stdin
+        server.stdin.write(b"x 1\n")   # a request it does not know ends it
+        server.stdin.flush()
+        assert server.wait(timeout=10) == 127
+    finally:
+        server.kill()
+        server.wait()
+        os.close(holder)
 
 
 def test_a_missing_program_runs_nothing_and_a_refused_step_ends_it_before(built: Path):

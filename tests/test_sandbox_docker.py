@@ -337,7 +337,10 @@ def _next_callers_server(client, box) -> tuple[int, list[int]]:
     channel = box.channels._pool._idle[-1]   # the one the next call takes
     rows = client.api.top(box.container.id, ps_args="-eo pid,ppid,args")["Processes"]
     server = [int(row[0]) for row in rows if f"channel.sh agent {channel.channel_id} " in row[2]][0]
-    return server, [int(row[0]) for row in rows if int(row[1]) == server and WAITING_SHELL_MARK in row[2]]
+    # (the shells are the children of pid's drop, which the server started to fork them: sandbox/drop.c, serve)
+    parents = {server} | {int(row[0]) for row in rows if int(row[1]) == server and row[2].startswith("/.pid/drop ")}
+    return server, [int(row[0]) for row in rows if int(row[1]) in parents and int(row[0]) not in parents
+                    and WAITING_SHELL_MARK in row[2]]
 
 
 def _v1_freezer(pid: int) -> Path | None:
