@@ -7,6 +7,7 @@ the workspace streaming onto its disk meanwhile.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -31,6 +32,8 @@ from .image_fs import ImageFS, image_layers
 from .reaper import force_remove, owner_label, remove_container, run_labels
 from .seccomp import SECURITY_OPT
 from .volumes import image_volumes
+
+log = logging.getLogger(__name__)
 
 PRESTARTED = (("control", 1), ("agent", 2), ("agent", 3))   # the servers the container's entry starts (role, id)
 FIFO_RUNTIMES = ("runc", "io.containerd.runc.v2")   # runtimes whose containers open the host's FIFOs
@@ -70,6 +73,12 @@ HOSTS_FILE = "hosts"   # at the root of the job's disk
 MACHINERY_CAPABILITIES = ["SETUID", "SETGID", "SETPCAP", "KILL", "CHOWN", "DAC_READ_SEARCH"]
 # With `--user root` the agent shares pid's uid; it also gets what root is expected to do in its own workspace.
 ROOT_AGENT_CAPABILITIES = ["DAC_OVERRIDE", "FOWNER", "FSETID", "NET_BIND_SERVICE"]
+
+# A start the engine itself fails (a 5xx: containerd's shim timing out on a loaded host, "opening w/o fifo ...
+# context deadline exceeded") is tried again: the container is still only created, its disks and its servers' FIFOs
+# as they were. Anything else fails at once.
+START_ATTEMPTS = 3
+START_PAUSE_S = 1.0
 
 NOFILE_MAX = 8192          # below the engine's own limit on common hosts (runc refuses to raise it)
 FILE_TABLE_SHARE = 8       # one job's processes x open files stay under 1/8 of the host's file table
@@ -252,10 +261,18 @@ class Container:
         return self.runtime != "unknown" and not self.host_kernel
 
     def start(self) -> None:
-        try:
-            self.client.api.start(self.id)
-        except docker.errors.DockerException as exc:
-            raise SandboxError(f"cannot start sandbox container from {self.config.image!r}: {exc}") from exc
+        """Start the created container (see START_ATTEMPTS)."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self.client.api.start(self.id)
+                return
+            except docker.errors.DockerException as exc:
+                server_error = isinstance(exc, docker.errors.APIError) and exc.is_server_error()
+                if not server_error or attempt == START_ATTEMPTS or self.released:
+                    raise SandboxError(f"cannot start sandbox container from {self.config.image!r}: {exc}") from exc
+                log.warning("the engine failed to start container %s (attempt %d of %d), trying again: %s",
+                            self.id[:12], attempt, START_ATTEMPTS, exc)
+                time.sleep(START_PAUSE_S)
 
     def is_alive(self) -> bool:
         """The container exists and runs (one engine request)."""
