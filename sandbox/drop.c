@@ -141,6 +141,8 @@ static void serve(long uid, long gid, char **argv, char **envp) {
     long have = 0;
     if (sys(__NR_close_range, 3, ~0UL, 0))   /* nothing of the server's but the request and reply pipes */
         for (long fd = 3; fd < 1024; fd++) sys(__NR_close, fd, 0, 0);
+    long dfl[4] = {0, 0, 0, 0};   /* SIGCHLD's default: an ignored one (inherited) would reap every child unasked */
+    if (sys4(__NR_rt_sigaction, SIGCHLD, (long)dfl, 0, 8)) leave(126);
     for (;;) {
         long end = 0;
         while (end < have && line[end] != '\n') end++;

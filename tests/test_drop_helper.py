@@ -65,7 +65,9 @@ def test_serving_it_forks_each_shell_dropped_in_a_group_of_its_own_and_reports_i
     try:
         server = subprocess.Popen([str(built), "1000", "1001", "-s", "/bin/bash", "-c", script, "bash"],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={"PATH": "/usr/bin:/bin",
-                                                                                      "MARK": "env-kept"})
+                                                                                      "MARK": "env-kept"},
+                                  # (SIGCHLD ignored, as a parent may leave it: every child was then reaped unasked)
+                                  preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN))
     finally:
         os.umask(old_umask)
 
