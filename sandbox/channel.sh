@@ -298,11 +298,12 @@ spawn() {  # $1 slot: a new waiting shell (its output file is made now, by root)
         3<"/proc/self/fd/$((4 + $1))" 4>&- 5>&- 6>&- &
     Z[$1]=$!
 }
-spawner() {  # where the drop is pid's own, it forks the slot shells (drop.c, serve: a fork of this server cost ~150
+spawner() {  # where the drop is pid's own, it forks the slot shells (drop.c, serve: a fork of this server cost ~170
     # page faults a command); their ends then come from it (reap, ask), and alive knows it for their parent
+    local i   # (greeted again: the first shells go, their FIFOs are no more)
+    [ -z "$SPW" ] || for i in 0 1; do [ -z "${Z[$i]}" ] || { kill -9 "${Z[$i]}"; reap "${Z[$i]}"; Z[$i]=; }; done
     [ "${DROP%% *}" = "$DROPBIN" ] && [ -z "$SPW" ] || return 0
-    coproc SPAWNER { LC_ALL=C PATH=$pid_opath exec $DROP -s $SHBIN -c "$SLOT_SHELL" bash "$UMASK" "$WD" "$LCALL" \
-        4>&- 5>&- 6>&-; }
+    coproc SPAWNER { LC_ALL=C PATH=$pid_opath exec $DROP -s $SHBIN -c "$SLOT_SHELL" bash "$UMASK" "$WD" "$LCALL"; }
     SPR=${SPAWNER[0]} SPW=${SPAWNER[1]} PARENT=$SPAWNER_PID
 }
 ask() { printf '%s %s\n' "$1" "${*:2}" >&"$SPW"; IFS= read -r -N 16 -u "$SPR" R || quit; R=${R%% *}; }
@@ -325,7 +326,7 @@ alive() {  # whether slot shell $1 can still take a command. kill -0 passes a sh
     slurp "/proc/$1/stat"
     set -- "$1" ${S##*) }   # (numbers and one letter: nothing to glob)
     S=
-    [ "${3:-}" = "$PARENT" ] || return 1   # not our child: it was reaped, and its number went to another process
+    [ "${3:-}" = "$PARENT" ] || return 1   # not ours: reaped (its number went to another process), or orphaned
     case ${2:-Z} in
         [ZX]*) untrace "$1"; return 1 ;;
         t*) kill -9 "$1"; untrace "$1"; return 1 ;;
@@ -379,8 +380,7 @@ handed() {  # $1 slot, to whose FIFO the host wrote the command: PID <- the shel
         reap "${Z[$1]}"
         drain "$1"
         Z[$1]=
-        table_full && return 1
-        spawn "$1" || return 1
+        ! table_full && spawn "$1" || return 1
         hand "$1"
     fi
     PID=${Z[$1]} POUT=${ZO[$1]}

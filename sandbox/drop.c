@@ -13,7 +13,7 @@
 
    Serve (-s): the bash server's pre-started slot shells are forked from this small process, not from the server.
    A fork copies the forking process's page tables, and each page either side writes next is copied again: from
-   the server that was ~150 page faults per command (its heap, then the child's until its exec), the most of its
+   the server that was ~170 page faults per command (its heap, then the child's until its exec), the most of its
    CPU on a VM where a fault costs microseconds. Requests come on stdin from the root server alone, a line each:
        s <fifo> <output>   -> a child, in a process group of its own: stdin /dev/null, stdout and stderr <output>
                               (made now, as root, with the server's umask; exit 1 when it cannot be), fd 3 <fifo>
@@ -154,12 +154,13 @@ static void serve(long uid, long gid, char **argv, char **envp) {
             continue;
         }
         line[end] = 0;
+        if (end < 3 || line[1] != ' ') leave(127);
         char *a = line + 2, *b = a;
         while (*b && *b != ' ') b++;
-        if (line[0] == 's' && line[1] == ' ' && *b == ' ' && b[1] == '/' && a[0] == '/') {
+        if (line[0] == 's' && *b == ' ' && b[1] == '/' && a[0] == '/') {
             *b = 0;
             reply(spawn(a, b + 1, uid, gid, argv, envp));
-        } else if (line[0] == 'w' && line[1] == ' ' && number(a) > 0) {
+        } else if (line[0] == 'w' && number(a) > 0) {
             reply(status_of(number(a)));
         } else {
             leave(127);

@@ -108,14 +108,18 @@ def _first_argument_in(name: str, allowed: Iterable[int]) -> list[dict[str, Any]
 
 def profile() -> dict[str, Any]:
     """The profile, in the form the engine takes (`--security-opt seccomp=<json>`)."""
-    namespaces = 0x7E020000   # clone's CLONE_NEW* flags: as in Docker's, a new namespace needs CAP_SYS_ADMIN
+    # clone's flags refused: CLONE_NEW* (as in Docker's, a new namespace needs CAP_SYS_ADMIN) and CLONE_PARENT, which
+    # Docker's allows: a child so made is its parent's sibling, and a command's shell's sibling would be a child of
+    # pid's root drop (drop.c, serve), which reaps only the shells it made: each such child, once dead, would hold a
+    # place in the process table for the container's life
+    refused = 0x7E020000 | 0x00008000
     rules: list[dict[str, Any]] = [{"names": ALLOWED, "action": "SCMP_ACT_ALLOW", "args": []}]
     rules += [_allow("personality", _arg(persona, "SCMP_CMP_EQ"))   # Linux, 32-bit, uname 2.6, both; asking
               for persona in (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)]
     rules += [_allow("arch_prctl", arches=["amd64", "x32"]), _allow("modify_ldt", arches=["amd64", "x32", "x86"]),
               *(_allow(name, arches=["arm", "arm64"]) for name in
                 ("arm_fadvise64_64", "arm_sync_file_range", "sync_file_range2", "breakpoint", "cacheflush", "set_tls"))]
-    rules += [_allow("clone", {"index": index, "value": namespaces, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"},
+    rules += [_allow("clone", {"index": index, "value": refused, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"},
                      **{key: ["s390", "s390x"]})   # (s390's clone takes its flags second)
               for index, key in ((0, "not_on"), (1, "arches"))]
     rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS, "args": []})   # (its
