@@ -171,7 +171,7 @@ finish() {  # $1 nonce, $2 emit: wait for PID, then reply D with the head of POU
     ! kill -0 "$PID" || { kill -9 "$PID"; untrace "$PID"; reap "$PID"; }
     # Its job (if it is bash's) leaves bash's table before its group is looked at: bash 5.2 keeps a dead job there for
     # good once a `kill -0 -<its pgid>` finds it; the table, ~300 bytes more per command, is scanned at every fork.
-    disown "$PID"
+    [ -n "$SPW" ] || disown "$PID"
     [ "$ROLE" != agent ] || ! kill -0 -"$PID" || linger "$PID" "$POUT"   # processes of its group are left
     events
     if [ -e "$POUT" ]; then say_head D "$1" "$POUT" "$2" "$rc" "$PE"

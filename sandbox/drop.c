@@ -56,6 +56,9 @@ __asm__(".globl _start\n_start:\n mov x0, sp\n bl start\n brk #0\n");
 #error "pid's drop helper knows x86_64 and aarch64 (elsewhere pid uses setpriv)"
 #endif
 #define sys(n, a, b, c) sys4(n, a, b, c, 0)
+#ifndef __NR_close_range
+#define __NR_close_range 436   /* (x86_64's and aarch64's; headers older than Linux 5.9 lack it) */
+#endif
 
 static void leave(long code) {
     for (;;) sys(__NR_exit_group, code, 0, 0);
@@ -113,6 +116,7 @@ static void put(long fd, long at) {   /* fd onto descriptor `at` (nothing to do 
 
 static long spawn(const char *fifo, const char *out, long uid, long gid, char **argv, char **envp) {
     long pid = sys(__NR_clone, SIGCHLD, 0, 0);   /* a fork (x86_64's and aarch64's clone: flags, then zeros) */
+    if (pid > 0) sys(__NR_setpgid, pid, pid, 0);   /* (both sides, as a shell does: the group is there on return) */
     if (pid) return pid;
     if (sys(__NR_setpgid, 0, 0, 0)) leave(126);
     put(sys(__NR_openat, AT_FDCWD, (long)fifo, O_RDONLY), 3);   /* (a link of /proc: the server's FIFO) */

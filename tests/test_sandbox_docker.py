@@ -203,14 +203,25 @@ def test_the_first_servers_start_with_the_container_on_fifos_that_nothing_else_c
     assert gone(client, box.container.id)
 
 
-def test_a_short_command_runs_exactly_once_whatever_the_agent_did_to_its_waiting_shells(client):
+def without_pids_drop(monkeypatch) -> None:
+    """The sandboxes made from now on drop through the image's setpriv, as where the host has no compiler: the server
+    then forks the slot shells itself (with pid's drop, the drop forks them)."""
+    from pid.sandbox import drop_helper
+    monkeypatch.setattr(drop_helper, "program", lambda: None)
+
+
+@pytest.mark.parametrize("drop", ["pid's", "setpriv"])
+def test_a_short_command_runs_exactly_once_whatever_the_agent_did_to_its_waiting_shells(client, monkeypatch, drop):
     """A short command goes straight into the waiting slot shell's FIFO (the server only waits for it). A shell the
     agent killed first gets a successor with the server's own copy; a shell it stopped is ended (128 + SIGSTOP) and
     its command never runs, long or short (a long one goes through a file: nothing can block on a stopped shell);
     either way every later command runs once, in step."""
+    if drop == "setpriv":
+        without_pids_drop(monkeypatch)
     box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-direct", ttl_s=300), client)
     try:
-        box.exec("true", timeout=10)
+        parent = box.exec("tr '\\0' ' ' </proc/$PPID/cmdline", timeout=10).tail   # who started the shell
+        assert parent.startswith(b"/.pid/drop " if drop == "pid's" else b"bash /.pid/channel.sh agent "), parent
         idle = box.channels._pool._idle
         assert idle and all(len(ch.link.slot_fds) == 2 for ch in idle)   # the direct path is taken
         for i in range(4):
@@ -1447,10 +1458,14 @@ def test_a_closed_sandbox_leaves_no_connection_to_the_engine():
     assert left <= 3, f"{left} sockets left by 3 closed sandboxes"   # (~6 each before; 3: another test's thread)
 
 
-def test_a_long_session_does_not_grow_its_server(client):
+@pytest.mark.parametrize("drop", ["pid's", "setpriv"])
+def test_a_long_session_does_not_grow_its_server(client, monkeypatch, drop):
     """bash 5.2 kept every command's dead job in its table for good once the server looked at its process group
     (`kill -0 -<pgid>`): ~330 bytes of the server's heap per command, and a longer scan of that table at every fork
-    and wait (the container's CPU per paced `true` grew from 1.9 to 2.7 ms over 6,000 calls)."""
+    and wait (the container's CPU per paced `true` grew from 1.9 to 2.7 ms over 6,000 calls). Where pid's drop
+    forks the shells they are never the server's jobs; through setpriv they are."""
+    if drop == "setpriv":
+        without_pids_drop(monkeypatch)
     box = DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-long", ttl_s=300), client)
     try:
         for _ in range(200):

@@ -97,8 +97,15 @@ def root_box():
 
 # -- 1. host memory ---------------------------------------------------------------------------------------------
 def test_a_flood_into_the_channel_is_refused_at_the_source(box):
-    result = box.exec("head -c 300M /dev/zero > /proc/$PPID/fd/1; echo rc=$?", timeout=60)
-    assert b"Permission denied" in result.tail and result.tail.endswith(b"rc=1\n"), result.tail
+    """A command's shell is a child of pid's drop (its parent, $PPID), a child of the server: the server's reply
+    stream, and the drop's request and reply pipes (a request there makes a file as root), are not the agent's."""
+    result = box.exec("s=$(cut -d' ' -f4 /proc/$PPID/stat); tr '\\0' ' ' </proc/$s/cmdline; echo; "
+                      "head -c 300M /dev/zero > /proc/$s/fd/1; echo rc=$?; "
+                      "echo 's /proc/self/fd/0 /tmp/made' > /proc/$PPID/fd/0; echo rc=$?; "
+                      ": < /proc/$PPID/fd/1; echo rc=$?; [ -e /tmp/made ] || echo none made", timeout=60)
+    lines = result.tail.decode().splitlines()
+    assert lines[0].startswith("bash /.pid/channel.sh agent ") and lines.count("rc=1") == 3, lines
+    assert "Permission denied" in lines[1] and lines[-1] == "none made", lines
 
 
 def test_a_root_agent_flooding_the_channel_costs_the_host_no_memory(root_box):
