@@ -346,6 +346,9 @@ def _next_callers_server(client, box) -> tuple[int, list[int]]:
     up: a call ran, then half a second passed)."""
     box.exec("true", timeout=10)
     time.sleep(0.5)   # the next shells are up
+    deadline = time.monotonic() + 30   # (a channel still warming up, once ready, would be the next call's instead: CI
+    while box.channels._pool._warming and time.monotonic() < deadline:   # under load, just after the sandbox's start)
+        time.sleep(0.05)
     channel = box.channels._pool._idle[-1]   # the one the next call takes
     rows = client.api.top(box.container.id, ps_args="-eo pid,ppid,args")["Processes"]
     server = [int(row[0]) for row in rows if f"channel.sh agent {channel.channel_id} " in row[2]][0]

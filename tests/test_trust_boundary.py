@@ -791,11 +791,13 @@ def test_a_command_leaves_no_child_to_pids_own_processes(box):
     for the container's life (a review made 501 and filled it). pid's seccomp profile refuses the flag; gVisor, which
     does not apply the profile, leaves no such child to the drop either."""
     box.write_file("/tmp/clone_parent.py", CLONE_PARENT_PROBE.encode())
+    # (this module's box is shared: a waiting shell another test killed is the drop's zombie until its slot is used)
+    _, before = map(int, as_root(box, "python3", "-c", DROPS_ZOMBIES).split())
     result = box.exec("exec python3 /tmp/clone_parent.py 50", timeout=30)   # (exec: the shell's own process clones)
     assert result.exit_code == 0 and (RUNTIME == "runsc" or result.tail == b"made 0 refused 50\n"), result.tail
     time.sleep(0.5)
     drops, zombies = map(int, as_root(box, "python3", "-c", DROPS_ZOMBIES).split())
-    assert drops >= 1 and zombies == 0, (drops, zombies)
+    assert drops >= 1 and zombies <= before, (drops, before, zombies)
     assert box.exec("echo after", timeout=10).tail == b"after\n"
 
 
