@@ -2,14 +2,26 @@
 
 A Ctrl-C while pid's code loads, before any command has started anything, is one line and exit 130, never a
 traceback from the middle of an import: this handler is set first of all, when this process is the `pid` command
-(`pid …` or `python -m pid.cli.main …`; not a program that imports pid), and pid.cli.main puts Python's own back once
-loaded.
+(`pid …` or `python -m pid.cli.main …`; not a program that imports pid), and pid.cli.main, once loaded, sets one
+that raises Interrupted (a KeyboardInterrupt, which main() and the commands handle).
 """
 from __future__ import annotations
 
+import _signal   # (not `signal`, which imports enum: the Ctrl-C before this handler is set stays Python's own start)
 import os
-import signal
 import sys
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or a stop signal pid turns into one) once pid's command has loaded. Not KeyboardInterrupt itself:
+    CPython (3.11–3.13, under `python -m`) marks one that passes out of code run by exec() of a string (every
+    dataclass's __init__ is made so, as a module loads) as unhandled, and though pid caught it and asked for exit code
+    130, ends the process by SIGINT. It checks the exact type; every `except KeyboardInterrupt` catches this one."""
+
+
+def raise_interrupted(signum: int, frame: object) -> None:
+    """The command's SIGINT handler (cli/main.py), in place of signal.default_int_handler."""
+    raise Interrupted
 
 
 def _interrupted_while_loading(signum: int, frame: object) -> None:
@@ -25,9 +37,9 @@ def _is_the_command() -> bool:
 
 
 LOADING = False   # the handler above is set (a SIGINT ignored, or a program that imports pid, is left as it is)
-if _is_the_command() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+if _is_the_command() and _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
     try:
-        signal.signal(signal.SIGINT, _interrupted_while_loading)
+        _signal.signal(_signal.SIGINT, _interrupted_while_loading)
         LOADING = True
     except ValueError:   # not the main thread
         pass

@@ -7,6 +7,7 @@ import signal
 import sys
 from typing import Any, NoReturn
 
+from pid.cli import Interrupted
 from pid.cli.batch_progress import make_display, summary_text
 from pid.cli.output import echo
 from pid.terminal import dumps
@@ -29,7 +30,7 @@ def follow(run: Run, as_json: bool, tasks: str | None, existing: bool = False) -
 
     def on_sigint(signum: int, frame: Any) -> None:
         if run.stopping:   # waiting for the downloads: Ctrl-C ends that wait (what is queued is fetched by a rerun)
-            raise KeyboardInterrupt
+            raise Interrupted
         if run.interrupt() == 1:
             echo("\ninterrupted: cancelling the batch's queued and running jobs (Ctrl-C again: stop waiting "
                  "for them)…", err=True)

@@ -16,6 +16,7 @@ from typing import Any, Callable, NoReturn
 import click
 
 import pid.cli as cli_package
+from pid.cli import Interrupted
 from pid import settings
 from pid.costs import format_cost
 from pid.config import check_ready, pid_home
@@ -281,7 +282,7 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, downloa
 
     def stop(signum: int, frame: Any) -> None:   # SIGTERM, SIGHUP (a CI step's timeout): as Ctrl-C, said
         signals.append(signum)
-        raise KeyboardInterrupt
+        raise Interrupted
 
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS if sig != signal.SIGINT}
     try:
@@ -726,7 +727,7 @@ def reap_own_quietly() -> None:
 
 if cli_package.LOADING:   # loaded (cli/__init__.py): Ctrl-C is a KeyboardInterrupt again, which main() and the
     cli_package.LOADING = False                                # commands handle (once: `python -m pid.cli.main` may
-    signal.signal(signal.SIGINT, signal.default_int_handler)   # load this module a second time, as pid.cli.main)
+    signal.signal(signal.SIGINT, cli_package.raise_interrupted)   # load this module a second time, as pid.cli.main)
 
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)
