@@ -31,6 +31,7 @@ import docker.errors
 
 from .config import IMAGE_RUNS_NOTHING, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, SandboxConfig
 from .disk import parse_size
+from .launch import start_created
 from .errors import BadWorkspace, SandboxError
 from .reaper import force_remove, run_labels
 from .seccomp import SECURITY_OPT
@@ -153,7 +154,7 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
     started = time.monotonic()
     try:
         stdout = _Stdout(client.api.attach(cid, stdout=True, stderr=True, stream=True, logs=False, demux=True))
-        client.api.start(cid)
+        start_created(client, cid, f"cannot start the clone of {url}")   # (the attached stream waits through a retry)
         timer.start()
         problem: BaseException | None = None
         try:

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Callable
 
 import docker
 import docker.errors
@@ -88,6 +88,23 @@ FILE_TABLE_SHARE = 8       # one job's processes x open files stay under 1/8 of 
 def agent_env(uid: int) -> dict[str, str]:
     """The environment of pid's servers in the container, and so of the agent's commands."""
     return dict(BASE_ENV, USER="root" if uid == 0 else "agent")
+
+
+def start_created(client: docker.DockerClient, cid: str, failed: str,
+                  given_up: Callable[[], bool] = lambda: False) -> None:
+    """Start a created container, trying an engine's own failure again (START_ATTEMPTS) unless `given_up()`; raises
+    SandboxError("<failed>: <the engine's words>") when it cannot."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            client.api.start(cid)
+            return
+        except docker.errors.DockerException as exc:
+            server_error = isinstance(exc, docker.errors.APIError) and exc.is_server_error()
+            if not server_error or attempt == START_ATTEMPTS or given_up():
+                raise SandboxError(f"{failed}: {exc}") from exc
+            log.warning("the engine failed to start container %s (attempt %d of %d), trying again: %s",
+                        cid[:12], attempt, START_ATTEMPTS, exc)
+            time.sleep(START_PAUSE_S)
 
 
 _default_runtimes: dict[str, str] = {}
@@ -262,17 +279,8 @@ class Container:
 
     def start(self) -> None:
         """Start the created container (see START_ATTEMPTS)."""
-        for attempt in range(1, START_ATTEMPTS + 1):
-            try:
-                self.client.api.start(self.id)
-                return
-            except docker.errors.DockerException as exc:
-                server_error = isinstance(exc, docker.errors.APIError) and exc.is_server_error()
-                if not server_error or attempt == START_ATTEMPTS or self.released:
-                    raise SandboxError(f"cannot start sandbox container from {self.config.image!r}: {exc}") from exc
-                log.warning("the engine failed to start container %s (attempt %d of %d), trying again: %s",
-                            self.id[:12], attempt, START_ATTEMPTS, exc)
-                time.sleep(START_PAUSE_S)
+        start_created(self.client, self.id, f"cannot start sandbox container from {self.config.image!r}",
+                      given_up=lambda: self.released)
 
     def is_alive(self) -> bool:
         """The container exists and runs (one engine request)."""

@@ -121,6 +121,42 @@ def test_a_git_url_is_cloned_at_its_ref(tmp_path, bare_repo, ref, text):
         time.sleep(0.2)
 
 
+def test_a_clone_s_start_the_engine_fails_is_tried_again_and_a_refused_one_is_not(bare_repo, monkeypatch):
+    """As a sandbox's own start (launch.START_ATTEMPTS): containerd timing out on a loaded host is a 5xx, and the
+    clone's container, still only created and already attached to, starts on the next try. A 4xx ends the import
+    with the engine's words, the clone's container removed."""
+    import docker.errors
+    import requests
+    from pid.sandbox import launch
+    bare, commits = bare_repo
+    monkeypatch.setattr(launch, "START_PAUSE_S", 0.01)
+    with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-restart", ttl_s=300)) as box:
+        api = box.container.client.api
+        real_start, calls = api.start, []
+
+        def failing(times: int, status: int):
+            def start(container, *args, **kwargs):
+                calls.append(container)
+                if len(calls) <= times:
+                    response = requests.Response()
+                    response.status_code = status
+                    raise docker.errors.APIError(f"{status} Server Error", response=response,
+                                                 explanation="failed to create shim task: context deadline exceeded")
+                return real_start(container, *args, **kwargs)
+            return start
+
+        monkeypatch.setattr(api, "start", failing(1, 500))
+        assert box.import_git(f"file://{bare}", "v1") == commits["v1"] and len(calls) == 2
+        assert box.exec("cat a.txt", timeout=20).tail == b"one\n"
+        calls.clear()
+        monkeypatch.setattr(api, "start", failing(1, 400))
+        with pytest.raises(SandboxError, match=f"cannot start the clone of file://{bare}: .*context deadline"):
+            box.import_git(f"file://{bare}", "v1")
+        assert len(calls) == 1
+        clones = [c for c in pid_containers() if c.labels.get("pid.job") == JOB + "-restart"]
+        assert [c.id for c in clones] == [box.container.id], "the clone's container stayed"
+
+
 def test_a_git_ref_that_does_not_exist_is_a_clear_error(bare_repo):
     bare, _ = bare_repo
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-noref", ttl_s=300)) as box:
