@@ -17,7 +17,8 @@
    CPU on a VM where a fault costs microseconds. Requests come on stdin from the root server alone, a line each:
        s <fifo> <output>   -> a child, in a process group of its own: stdin /dev/null, stdout and stderr <output>
                               (made now, as root, with the server's umask; exit 1 when it cannot be), fd 3 <fifo>
-                              read-only (opened as root); then the drop and the program. Reply: its pid, or
+                              read-only (opened as root); then the drop and the program. (The bounding set is
+                              emptied once, as serve starts: each child has it so.) Reply: its pid, or
                               -<errno> when the fork failed (the process table is full).
        w <pid>             -> what bash's `wait` gives for that child: its status once it ended (then it is reaped:
                               until then its number stays taken), 128 + the signal that killed or stopped it, 127
@@ -74,7 +75,7 @@ static long number(const char *s) {   /* a decimal id, or -1 */
     return v;
 }
 
-static void drop(long uid, long gid) {   /* the drop itself: returns only when every step is done and checked */
+static void unbound(void) {   /* the bounding set emptied: no exec can bring a capability back */
     long last = 0;   /* the kernel's capabilities: EINVAL beyond the last (every kernel pid runs on has > 33) */
     for (; last < 64; last++) {
         long r = sys(__NR_prctl, PR_CAPBSET_DROP, last, 0);
@@ -83,6 +84,9 @@ static void drop(long uid, long gid) {   /* the drop itself: returns only when e
     }
     for (long cap = 0; cap < last; cap++)
         if (sys(__NR_prctl, PR_CAPBSET_READ, cap, 0) != 0) leave(126);
+}
+
+static void become(long uid, long gid) {   /* the agent's ids, and no capability left: returns only when checked */
     if (sys(__NR_setgroups, 0, 0, 0) || sys(__NR_setresgid, gid, gid, gid) || sys(__NR_setresuid, uid, uid, uid))
         leave(126);
     if (sys(__NR_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0) != 0 &&
@@ -124,7 +128,7 @@ static long spawn(const char *fifo, const char *out, long uid, long gid, char **
     long fd = sys4(__NR_openat, AT_FDCWD, (long)out, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0666);
     if (fd < 0 || sys(__NR_dup3, fd, 2, 0) != 2) leave(1);
     put(fd, 1);
-    drop(uid, gid);
+    become(uid, gid);   /* (the bounding set went once, in serve: a fork keeps it) */
     sys(__NR_execve, (long)argv[0], (long)argv, (long)envp);
     leave(127);
     return 0;
@@ -147,6 +151,7 @@ static void serve(long uid, long gid, char **argv, char **envp) {
         for (long fd = 3; fd < 1024; fd++) sys(__NR_close, fd, 0, 0);
     long dfl[4] = {0, 0, 0, 0};   /* SIGCHLD's default: an ignored one (inherited) would reap every child unasked */
     if (sys4(__NR_rt_sigaction, SIGCHLD, (long)dfl, 0, 8)) leave(126);
+    unbound();   /* once for every shell (82 system calls each, else): it keeps its own capabilities to drop them */
     for (;;) {
         long end = 0;
         while (end < have && line[end] != '\n') end++;
@@ -183,7 +188,8 @@ __attribute__((used)) void start(long *sp) {
     int serving = argv[3][0] == '-' && argv[3][1] == 's' && !argv[3][2];
     if (uid < 0 || gid < 0 || argc < 4 + serving || argv[3 + serving][0] != '/') leave(127);
     if (serving) serve(uid, gid, argv + 4, envp);
-    drop(uid, gid);
+    unbound();
+    become(uid, gid);
     sys(__NR_execve, (long)argv[3], (long)(argv + 3), (long)envp);
     leave(127);
 }

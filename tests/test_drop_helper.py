@@ -60,7 +60,8 @@ def test_serving_it_forks_each_shell_dropped_in_a_group_of_its_own_and_reports_i
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     holder = os.open(fifo, os.O_RDWR)   # (the server holds its FIFOs so: a shell's open never blocks)
-    script = 'read -r -u 3 x; echo $x $(id -u) $(id -G) $(ps -o pgid= $$) $MARK; ls /proc/$$/fd; exit 7'
+    script = ('read -r -u 3 x; echo $x $(id -u) $(id -G) $(ps -o pgid= $$) $MARK; ls /proc/$$/fd; '
+              'grep -E "^Cap(Inh|Prm|Eff|Bnd|Amb):" /proc/$$/status | cut -f2; exit 7')
     old_umask = os.umask(0o022)
     try:
         server = subprocess.Popen([str(built), "1000", "1001", "-s", "/bin/bash", "-c", script, "bash"],
@@ -85,7 +86,8 @@ def test_serving_it_forks_each_shell_dropped_in_a_group_of_its_own_and_reports_i
         os.write(holder, b"hello\n")
         assert ask(f"w {shell}") == 7
         assert out.read_text().split() == ["hello", "1000", "1001", str(shell), "env-kept",   # its own group
-                                           "0", "1", "2", "3"]   # fd 3: the FIFO, read-only; nothing of the server's
+                                           "0", "1", "2", "3",   # fd 3: the FIFO, read-only; nothing of the server's
+                                           *["0" * 16] * 5]   # no capability (the bounding set: emptied as it began)
         assert (out.stat().st_uid, out.stat().st_mode & 0o777) == (0, 0o644)         # made by root, the umask kept
         for sig, status in ((signal.SIGSTOP, 128 + signal.SIGSTOP), (signal.SIGKILL, 128 + signal.SIGKILL)):
             shell = ask(f"s {fifo} {tmp_path / 'out2'}")
