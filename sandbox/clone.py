@@ -31,8 +31,8 @@ import docker.errors
 
 from .config import IMAGE_RUNS_NOTHING, LABEL_CREATED, LABEL_EXPIRES, LABEL_JOB, LABEL_OWNER, SandboxConfig
 from .disk import parse_size
-from .launch import start_created
 from .errors import BadWorkspace, SandboxError
+from .launch import start_created
 from .reaper import force_remove, run_labels
 from .seccomp import SECURITY_OPT
 from .volumes import volume_paths
@@ -151,11 +151,21 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
     cid = created["Id"]
     timer = threading.Timer(timeout, lambda: force_remove(client, cid))
     timer.daemon = True
-    started = time.monotonic()
+    attached: list[Any] = []
+
+    def attach() -> None:   # (before each start: a start the engine fails ends what was attached)
+        for stream in attached:
+            stream.close()
+        try:
+            attached[:] = [client.api.attach(cid, stdout=True, stderr=True, stream=True, logs=False, demux=True)]
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"cannot start the clone of {url}: {exc}") from exc
     try:
-        stdout = _Stdout(client.api.attach(cid, stdout=True, stderr=True, stream=True, logs=False, demux=True))
-        start_created(client, cid, f"cannot start the clone of {url}")   # (the attached stream waits through a retry)
+        attach()
+        start_created(client, cid, f"cannot start the clone of {url}", again=attach)
+        started = time.monotonic()
         timer.start()
+        stdout = _Stdout(attached[0])
         problem: BaseException | None = None
         try:
             unpack(io.BufferedReader(stdout, 1 << 16))

@@ -91,10 +91,13 @@ def agent_env(uid: int) -> dict[str, str]:
 
 
 def start_created(client: docker.DockerClient, cid: str, failed: str,
-                  given_up: Callable[[], bool] = lambda: False) -> None:
-    """Start a created container, trying an engine's own failure again (START_ATTEMPTS) unless `given_up()`; raises
+                  given_up: Callable[[], bool] = lambda: False, again: Callable[[], None] = lambda: None) -> None:
+    """Start a created container, trying an engine's own failure again (START_ATTEMPTS) unless `given_up()`, after
+    `again()` (the engine ends what was attached to the container when a start fails); raises
     SandboxError("<failed>: <the engine's words>") when it cannot."""
     for attempt in range(1, START_ATTEMPTS + 1):
+        if attempt > 1:
+            again()
         try:
             client.api.start(cid)
             return

@@ -123,8 +123,10 @@ def test_a_git_url_is_cloned_at_its_ref(tmp_path, bare_repo, ref, text):
 
 def test_a_clone_s_start_the_engine_fails_is_tried_again_and_a_refused_one_is_not(bare_repo, monkeypatch):
     """As a sandbox's own start (launch.START_ATTEMPTS): containerd timing out on a loaded host is a 5xx, and the
-    clone's container, still only created and already attached to, starts on the next try. A 4xx ends the import
-    with the engine's words, the clone's container removed."""
+    clone's container, still only created, starts on the next try. The engine ends what was attached to it when its
+    start fails (as the fake start here does): the clone attaches anew. A 4xx ends the import with the engine's words,
+    the clone's container removed."""
+    import re
     import docker.errors
     import requests
     from pid.sandbox import launch
@@ -132,12 +134,14 @@ def test_a_clone_s_start_the_engine_fails_is_tried_again_and_a_refused_one_is_no
     monkeypatch.setattr(launch, "START_PAUSE_S", 0.01)
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-restart", ttl_s=300)) as box:
         api = box.container.client.api
-        real_start, calls = api.start, []
+        real_start, real_attach, calls, attached = api.start, api.attach, [], []
+        monkeypatch.setattr(api, "attach", lambda *a, **kw: attached.append(real_attach(*a, **kw)) or attached[-1])
 
         def failing(times: int, status: int):
             def start(container, *args, **kwargs):
                 calls.append(container)
                 if len(calls) <= times:
+                    attached[-1].close()   # (the engine's cleanup of a failed start: the attached stream ends)
                     response = requests.Response()
                     response.status_code = status
                     raise docker.errors.APIError(f"{status} Server Error", response=response,
@@ -146,11 +150,12 @@ def test_a_clone_s_start_the_engine_fails_is_tried_again_and_a_refused_one_is_no
             return start
 
         monkeypatch.setattr(api, "start", failing(1, 500))
-        assert box.import_git(f"file://{bare}", "v1") == commits["v1"] and len(calls) == 2
+        assert box.import_git(f"file://{bare}", "v1") == commits["v1"] and (len(calls), len(attached)) == (2, 2)
         assert box.exec("cat a.txt", timeout=20).tail == b"one\n"
         calls.clear()
         monkeypatch.setattr(api, "start", failing(1, 400))
-        with pytest.raises(SandboxError, match=f"cannot start the clone of file://{bare}: .*context deadline"):
+        with pytest.raises(SandboxError, match=f"cannot start the clone of {re.escape(f'file://{bare}')}: "
+                                               ".*context deadline"):
             box.import_git(f"file://{bare}", "v1")
         assert len(calls) == 1
         clones = [c for c in pid_containers() if c.labels.get("pid.job") == JOB + "-restart"]
