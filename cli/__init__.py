@@ -2,26 +2,14 @@
 
 A Ctrl-C while pid's code loads, before any command has started anything, is one line and exit 130, never a
 traceback from the middle of an import: this handler is set first of all, when this process is the `pid` command
-(`pid …` or `python -m pid.cli.main …`; not a program that imports pid), and pid.cli.main, once loaded, sets one
-that raises Interrupted (a KeyboardInterrupt, which main() and the commands handle).
+(`pid …` or `python -m pid.cli.main …`; not a program that imports pid), and pid.cli.main's main(), once loaded,
+sets one that raises Interrupted (a KeyboardInterrupt, which main() and the commands handle).
 """
 from __future__ import annotations
 
-import _signal   # (not `signal`, which imports enum: the Ctrl-C before this handler is set stays Python's own start)
+import _signal   # (not `signal`, which builds its enums: ~1 ms more before this handler is set)
 import os
 import sys
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (or a stop signal pid turns into one) once pid's command has loaded. Not KeyboardInterrupt itself:
-    CPython (3.11–3.13, under `python -m`) marks one that passes out of code run by exec() of a string (every
-    dataclass's __init__ is made so, as a module loads) as unhandled, and though pid caught it and asked for exit code
-    130, ends the process by SIGINT. It checks the exact type; every `except KeyboardInterrupt` catches this one."""
-
-
-def raise_interrupted(signum: int, frame: object) -> None:
-    """The command's SIGINT handler (cli/main.py), in place of signal.default_int_handler."""
-    raise Interrupted
 
 
 def _interrupted_while_loading(signum: int, frame: object) -> None:
@@ -43,3 +31,16 @@ if _is_the_command() and _signal.getsignal(_signal.SIGINT) is _signal.default_in
         LOADING = True
     except ValueError:   # not the main thread
         pass
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or a stop signal pid turns into one) once pid's command has loaded. Not KeyboardInterrupt itself:
+    CPython (3.10–3.13 at least, under `python -m`) marks one that passes out of code run by exec() or eval() of a
+    string (every dataclass's __init__ is made so, as a module loads) as unhandled, and though pid caught it and asked
+    for exit code 130, ends the process by SIGINT. It checks the exact type; every `except KeyboardInterrupt` catches
+    this one. (Defined after the handler above is set: making a class is a call, where a Ctrl-C lands.)"""
+
+
+def raise_interrupted(signum: int, frame: object) -> None:
+    """The command's SIGINT handler (cli/main.py), in place of signal.default_int_handler."""
+    raise Interrupted

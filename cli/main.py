@@ -725,11 +725,6 @@ def reap_own_quietly() -> None:
     threading.Thread(target=reap, name="pid-reap", daemon=True).start()
 
 
-if cli_package.LOADING:   # loaded (cli/__init__.py): Ctrl-C is a KeyboardInterrupt again, which main() and the
-    cli_package.LOADING = False                                # commands handle (once: `python -m pid.cli.main` may
-    signal.signal(signal.SIGINT, cli_package.raise_interrupted)   # load this module a second time, as pid.cli.main)
-
-
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", BadInput)
 
 
@@ -739,10 +734,19 @@ def _shown_traceback(kind: type[BaseException], exc: BaseException, tb: Any) -> 
     echo("".join(traceback.format_exception(kind, exc, tb)).rstrip("\n"), err=True)
 
 
+def loaded() -> None:
+    """pid's code is loaded: a Ctrl-C of the command raises cli.Interrupted from now on, which main() and the commands
+    handle (where cli/__init__.py set its handler while it loaded)."""
+    if cli_package.LOADING:
+        cli_package.LOADING = False
+        signal.signal(signal.SIGINT, cli_package.raise_interrupted)
+
+
 def main() -> None:
     """Every ending is an exit code and at most one line: usage errors included, Ctrl-C anywhere is 130. A library's
     warning (logging's last resort) and a bug's traceback pass through the sanitiser like every other line."""
     try:
+        loaded()
         import logging
         from pid.terminal import ShownLogRecords
         if logging.lastResort is not None:

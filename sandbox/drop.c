@@ -151,7 +151,8 @@ static void serve(long uid, long gid, char **argv, char **envp) {
         for (long fd = 3; fd < 1024; fd++) sys(__NR_close, fd, 0, 0);
     long dfl[4] = {0, 0, 0, 0};   /* SIGCHLD's default: an ignored one (inherited) would reap every child unasked */
     if (sys4(__NR_rt_sigaction, SIGCHLD, (long)dfl, 0, 8)) leave(126);
-    unbound();   /* once for every shell (82 system calls each, else): it keeps its own capabilities to drop them */
+    unbound();   /* once for every shell (~80 system calls each, else): the bounding set only shrinks and a fork
+                    inherits it; this process never execs, and keeps its permitted set for its children's setresuid */
     for (;;) {
         long end = 0;
         while (end < have && line[end] != '\n') end++;
