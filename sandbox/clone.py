@@ -151,21 +151,10 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
     cid = created["Id"]
     timer = threading.Timer(timeout, lambda: force_remove(client, cid))
     timer.daemon = True
-    attached: list[Any] = []
-
-    def attach() -> None:   # (before each start: a start the engine fails ends what was attached)
-        for stream in attached:
-            stream.close()
-        try:
-            attached[:] = [client.api.attach(cid, stdout=True, stderr=True, stream=True, logs=False, demux=True)]
-        except docker.errors.DockerException as exc:
-            raise SandboxError(f"cannot start the clone of {url}: {exc}") from exc
     try:
-        attach()
-        start_created(client, cid, f"cannot start the clone of {url}", again=attach)
+        stdout = _Stdout(_start_attached(client, cid, f"cannot start the clone of {url}"))
         started = time.monotonic()
         timer.start()
-        stdout = _Stdout(attached[0])
         problem: BaseException | None = None
         try:
             unpack(io.BufferedReader(stdout, 1 << 16))
@@ -197,6 +186,24 @@ def clone_into(client: docker.DockerClient, config: SandboxConfig, url: str, ref
     finally:
         timer.cancel()
         force_remove(client, cid)
+
+
+def _start_attached(client: docker.DockerClient, cid: str, failed: str) -> Iterator[tuple[bytes | None, bytes | None]]:
+    """Start the clone's container, attached to first: its output's frames (stdout, stderr). A start the engine fails
+    ends what was attached (moby's cleanup), so each try attaches anew (launch.start_created)."""
+    attached: list[Any] = []
+
+    def attach() -> None:
+        for stream in attached:
+            stream.close()
+        try:
+            attached[:] = [client.api.attach(cid, stdout=True, stderr=True, stream=True, logs=False, demux=True)]
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"{failed}: {exc}") from exc
+
+    attach()
+    start_created(client, cid, failed, again=attach)
+    return attached[0]
 
 
 def _image_volumes(client: docker.DockerClient, image: str) -> list[str]:
