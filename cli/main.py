@@ -16,7 +16,6 @@ from typing import Any, Callable, NoReturn
 import click
 
 import pid.cli as cli_package
-from pid.cli import Interrupted
 from pid import settings
 from pid.costs import format_cost
 from pid.config import check_ready, pid_home
@@ -282,7 +281,7 @@ def _wait_and_exit(store: Any, job_id: str, as_json: bool, follow: bool, downloa
 
     def stop(signum: int, frame: Any) -> None:   # SIGTERM, SIGHUP (a CI step's timeout): as Ctrl-C, said
         signals.append(signum)
-        raise Interrupted
+        raise cli_package.Interrupted
 
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS if sig != signal.SIGINT}
     try:

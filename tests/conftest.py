@@ -128,6 +128,25 @@ def signalled(tail: bytes) -> int:
     return int(words[1])
 
 
+def failing_starts(real_start, calls: list, times: int, status: int, on_failure=lambda: None):
+    """An engine client's `api.start` that the engine fails `times` times first (`status`; containerd's shim timing
+    out on a loaded host was a 5xx), then the real one; each call's container goes into `calls`, and `on_failure()`
+    runs before each failure (what the engine would undo)."""
+    import docker.errors
+    import requests
+
+    def start(container, *args, **kwargs):
+        calls.append(container)
+        if len(calls) <= times:
+            on_failure()
+            response = requests.Response()
+            response.status_code = status
+            raise docker.errors.APIError(f"{status} Server Error", response=response,
+                                         explanation="failed to create shim task: context deadline exceeded")
+        return real_start(container, *args, **kwargs)
+    return start
+
+
 from tests.tool_sandbox import docker_sandbox, sandbox  # noqa: E402,F401 - the tool tests' fixtures, for every module
 from tests.brokers import rabbitmq_server, redis_server  # noqa: E402,F401 - private brokers (tests/test_brokers.py)
 

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, ctrl_c_default
 
 # Loaded as the `pid` command would be, then a Ctrl-C inside code that exec() runs from a string (as each dataclass's
 # __init__ is made while pid's modules load), caught as pid.cli.main's main() catches it.
@@ -34,5 +33,5 @@ def test_a_ctrl_c_caught_after_passing_through_exec_d_code_exits_130_under_pytho
     (tmp_path / "ctrl_c_probe.py").write_text(PROBE)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     proc = subprocess.run([sys.executable, "-m", "ctrl_c_probe"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=60, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                          text=True, timeout=60, preexec_fn=ctrl_c_default)
     assert proc.returncode == 130, (proc.returncode, proc.stderr)

@@ -15,7 +15,6 @@ from pathlib import Path
 import docker
 import docker.errors
 import pytest
-import requests
 
 from pid.config import pid_home
 from pid.sandbox_api import OutputPolicy, SandboxError
@@ -1248,34 +1247,20 @@ def image_without_bash(client):
     docker.from_env(timeout=600).images.remove(image.id, force=True)
 
 
-def _engine_error(status: int, message: str) -> docker.errors.APIError:
-    response = requests.Response()
-    response.status_code = status
-    return docker.errors.APIError(f"{status} Server Error", response=response, explanation=message)
-
-
 def test_a_start_the_engine_fails_is_tried_again_and_a_refused_one_is_not(client, monkeypatch):
     """containerd may time out starting a container on a loaded host (a 5xx from the engine; once in CI: "opening w/o
     fifo ... context deadline exceeded"): the container, still only created, is started again. A start the engine
     refuses (a 4xx), or one that keeps failing, ends the sandbox's creation with its error, nothing left behind."""
     from pid.sandbox import launch
+    from tests.conftest import failing_starts
     real_start, calls = client.api.start, []
-
-    def failing(times: int, status: int):
-        def start(container, *args, **kwargs):
-            calls.append(container)
-            if len(calls) <= times:
-                raise _engine_error(status, "failed to create shim task: context deadline exceeded")
-            return real_start(container, *args, **kwargs)
-        return start
-
     monkeypatch.setattr(launch, "START_PAUSE_S", 0.01)
-    monkeypatch.setattr(client.api, "start", failing(1, 500))
+    monkeypatch.setattr(client.api, "start", failing_starts(real_start, calls, 1, 500))
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-restart", ttl_s=300), client) as box:
         assert box.exec("echo up", timeout=10).tail == b"up\n" and len(calls) == 2
     for times, status, tried in ((9, 500, launch.START_ATTEMPTS), (1, 400, 1)):
         calls.clear()
-        monkeypatch.setattr(client.api, "start", failing(times, status))
+        monkeypatch.setattr(client.api, "start", failing_starts(real_start, calls, times, status))
         with pytest.raises(SandboxError, match="cannot start sandbox container .*context deadline exceeded"):
             DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-restart", ttl_s=300), client)
         assert len(calls) == tried

@@ -127,9 +127,8 @@ def test_a_clone_s_start_the_engine_fails_is_tried_again_and_a_refused_one_is_no
     start fails (as the fake start here does): the clone attaches anew. A 4xx ends the import with the engine's words,
     the clone's container removed."""
     import re
-    import docker.errors
-    import requests
     from pid.sandbox import launch
+    from tests.conftest import failing_starts
     bare, commits = bare_repo
     monkeypatch.setattr(launch, "START_PAUSE_S", 0.01)
     with DockerSandbox.create(SandboxConfig(image=IMAGE, job_id=JOB + "-restart", ttl_s=300)) as box:
@@ -137,17 +136,8 @@ def test_a_clone_s_start_the_engine_fails_is_tried_again_and_a_refused_one_is_no
         real_start, real_attach, calls, attached = api.start, api.attach, [], []
         monkeypatch.setattr(api, "attach", lambda *a, **kw: attached.append(real_attach(*a, **kw)) or attached[-1])
 
-        def failing(times: int, status: int):
-            def start(container, *args, **kwargs):
-                calls.append(container)
-                if len(calls) <= times:
-                    attached[-1].close()   # (the engine's cleanup of a failed start: the attached stream ends)
-                    response = requests.Response()
-                    response.status_code = status
-                    raise docker.errors.APIError(f"{status} Server Error", response=response,
-                                                 explanation="failed to create shim task: context deadline exceeded")
-                return real_start(container, *args, **kwargs)
-            return start
+        def failing(times: int, status: int):   # (the engine's cleanup of a failed start ends the attached stream)
+            return failing_starts(real_start, calls, times, status, on_failure=lambda: attached[-1].close())
 
         monkeypatch.setattr(api, "start", failing(1, 500))
         assert box.import_git(f"file://{bare}", "v1") == commits["v1"] and (len(calls), len(attached)) == (2, 2)
