@@ -46,14 +46,14 @@ echo "building the wheelhouse for Python $want on $arch into $wheels ..." >&2
 rm -rf build ./*.egg-info
 pidwheel=$(ls "$wheels"/pid-*.whl)
 constraints=$(mktemp /tmp/pid-constraints.XXXXXX)
-trap 'rm -f "$constraints" "$wheels/drop"' EXIT   # (a drop left here would go into a later registry build's image)
+trap 'rm -f "$constraints" "$wheels/drop" "$wheels/drop.so"' EXIT   # (a drop left here would go into a later registry build's image)
 "$python" -m pip freeze --disable-pip-version-check --exclude-editable 2>/dev/null | grep -v -i '^pid[=@ ]' >"$constraints" || true
 "$python" -m pip download -q --disable-pip-version-check --only-binary :all: --dest "$wheels" \
   --python-version "$want" --implementation cp \
   --platform "manylinux2014_$arch" --platform "manylinux_2_17_$arch" --platform "manylinux_2_28_$arch" \
   -c "$constraints" pip "$pidwheel" flower >&2
 # pid's privilege drop, built by this host's compiler for the base's machine (the image has none: Dockerfile.worker)
-rm -f "$wheels/drop"
+rm -f "$wheels/drop" "$wheels/drop.so"
 if [ "$(uname -m)" = "$arch" ]; then
   "$python" -m pid.sandbox.drop_helper build "$wheels/drop" >&2 ||
     echo "no privilege drop of pid's own in $image: its jobs' commands drop through setpriv" >&2

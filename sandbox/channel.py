@@ -73,13 +73,13 @@ _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)   # (Linux, the BSDs, macOS)
 
 
 def install_script(api, container_id: str, host_dir: str | None) -> None:
-    """Put channel.sh and its parts, and pid's privilege drop where there is one (drop_helper.py), into /.pid,
-    root-owned: the agent may read them, never change them. With a job disk, /.pid is a fresh directory of it on the
-    host, written before the container starts (no engine request); otherwise they go in as a tar stream through the
-    API (no exec)."""
-    drop = drop_helper.program()
+    """Put channel.sh and its parts, and pid's privilege drop and its zygote where there are (drop_helper.py), into
+    /.pid, root-owned: the agent may read them, never change them. With a job disk, /.pid is a fresh directory of it
+    on the host, written before the container starts (no engine request); otherwise they go in as a tar stream
+    through the API (no exec)."""
+    drop, zygote = drop_helper.program(), drop_helper.library()
     files = {"channel.sh": (SCRIPT, 0o555), **{name: (data, 0o444) for name, data in PARTS.items()},
-             drop_helper.NAME: (drop or b"", 0o555 if drop else 0o444)}
+             drop_helper.NAME: (drop or b"", 0o555 if drop else 0o444), drop_helper.LIBRARY: (zygote or b"", 0o444)}
     if host_dir is not None:   # (a fresh directory: without a drop of pid's there is none, and setpriv is used)
         for name, (data, mode) in files.items():
             if not data:

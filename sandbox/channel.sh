@@ -54,8 +54,7 @@ MARK=/.pid/run/mark.$CID
 N=0            # output files made so far (<id>.<n>)
 JUNK= JUNKN=0  # files nobody needs any more (outputs, uploaded data, long commands), removed SWEEP_AT at a time
 SWEEP_AT=32    # (one rm, not one per request)
-HOSTOUT=       # the host removes the commands' outputs (op_hello): JUNK holds only the rarer others, which then go
-               # at the next request, not 32 uploads later
+HOSTOUT=       # the host removes the commands' outputs (op_hello): JUNK holds only the rarer others (gone sooner)
 UMASK=022
 DROP=          # for an agent that is not root (set in op_hello): "/.pid/drop <uid> <gid>", else "setpriv ..."
 SETSID=setsid SHBIN=sh SHELL_=sh   # how a command's shell starts (set in op_hello)
@@ -72,18 +71,14 @@ UNMADE="pid: the command could not start: its output file could not be made (no 
 
 # --- helpers shared by both servers (POSIX sh, and `local`) --------------------------------------------------------
 digits() {  # true when every argument is a non-empty decimal number (no field reaches $((...)) otherwise)
-    local a
-    for a in "$@"; do case $a in ''|*[!0-9]*) return 1 ;; esac; done
-}
+    local a; for a in "$@"; do case $a in ''|*[!0-9]*) return 1 ;; esac; done; }
 # (A cgroup file is read by lines: it can always seek back, so bash's buffer keeps nothing of it; see slurp.)
 events() {  # PE <- forks the pids limit refused so far, "max <n>" (0 when the cgroup does not say)
-    PE=0
-    [ -z "$CG" ] || read -r _ PE <"$CG/pids.events"
+    PE=0; [ -z "$CG" ] || read -r _ PE <"$CG/pids.events"
     case $PE in ''|*[!0-9]*) PE=0 ;; esac
 }
 table_full() {  # true when the process table is (nearly) full: a fork now would hang (processes.py: TABLE_MARGIN)
-    local cur
-    [ -n "$PMAX" ] && read -r cur <"$CG/pids.current" || return 1
+    local cur; [ -n "$PMAX" ] && read -r cur <"$CG/pids.current" || return 1
     case $cur in ''|*[!0-9]*) return 1 ;; esac
     [ $((cur + 8)) -ge "$PMAX" ]
 }
@@ -234,7 +229,7 @@ export -n LC_ALL
 LC_ALL=C
 LF='
 '
-Z=("" "") ZO=("" "") SPR= SPW= PARENT=$$   # each slot's waiting shell and output; the spawner's pipes, their parent
+Z=("" "") ZO=("" "") ZP=("" "") SPR= SPW=   # each slot's waiting shell, its output and parent; the spawner's pipes
 SLOT=0         # the slot the next command runs on (they alternate: the other shell is up meanwhile)
 
 slurp() {  # S <- file $1, whole: `read -N` never reads past what it asks for, so nothing stays in bash's buffer
@@ -267,22 +262,25 @@ say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's f
     else say "$1" "$2" "$c" "${@:5}"; fi
 }
 # The slot shells. Each is started ahead of time (by pid's drop: spawner), already dropped to the agent, blocked
-# reading its command from its FIFO, so that start-up (the drop, bash: ~2 ms) is off the request path; two
-# alternate, so back-to-back requests still find one up. Each is a fresh bash in its own process group that
-# evaluates its command as `bash -c` would.
+# reading its command from its FIFO, so that start-up is off the request path; two alternate, so back-to-back
+# requests still find one up. Each is a fresh bash in its own process group that evaluates its command as `bash -c`
+# would: the drop's zygote ($4 z, $5 its builtin: drop.c) forks them from a bash that never runs a command, after
+# what is the same for every shell (the image's variables, umask, locale), and each then warms what its command's
+# path touches (copy-on-write faults before the wait, not after); without it, the drop executes bash for each.
 # Who can write its FIFO: the server holds both FIFOs read-write (fds 4, 5) for its life, so nothing blocks in
-# open(); each shell opens its own anew, read-only, while still root (fd 3): the agent, who may ptrace its own
-# waiting shell, gets a descriptor that can neither write pid's FIFO nor change the flags of the server's open. It
-# can shrink the pipe to one page, so no more than one page ever goes into a FIFO (an empty pipe takes it at once,
+# open(); each shell gets its own opened anew, read-only, by root (fd 3): the agent, who may ptrace its own waiting
+# shell, gets a descriptor that can neither write pid's FIFO nor change the flags of the server's open. It can
+# shrink the pipe to one page, so no more than one page ever goes into a FIFO (an empty pipe takes it at once,
 # stopped reader or not): a longer one goes through a file of root's ("<length> <file>"; cut short: not run, 125).
-# Locale: the drop and bash start in C (setpriv would load a dozen locale files for nothing); the shell loads the
-# agent's locale ($3: the image's LC_ALL, else its LANG) before it waits, reads the command in C (a byte count), and
-# is back in the agent's locale before the command runs. The umask is set before the wait, the directory after it.
-# The image's loader and shell variables come back here alone (image_env.py), BASH_ENV read quietly as bash would.
+# Locale: the drop and bash start in C; the shell loads the agent's locale ($3: the image's LC_ALL, else its LANG)
+# before it waits, reads the command in C (a byte count), and is back in the agent's locale before the command
+# runs. The image's loader and shell variables come back here alone (image_env.py), BASH_ENV read as bash would.
 # One line (line breaks become spaces): the command's lines are numbered from 1 as `bash -c` numbers them ($LINENO,
 # "line 3: syntax error"), evaluated from where `bash -c` keeps it (BASH_EXECUTION_STRING), with no OLDPWD (`cd -`).
-SLOT_SHELL='[ -z "${PID_IMAGE_ENV-}" ] || { eval "$PID_IMAGE_ENV"; unset PID_IMAGE_ENV; [ ! -r "${BASH_ENV-}" ] || . "$BASH_ENV" "$@"; };
+SLOT_SHELL='[ -z "${PID_IMAGE_ENV-}" ] || { eval "$PID_IMAGE_ENV"; unset PID_IMAGE_ENV; };
 umask "$1"; if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; LC_ALL=C;
+[ -z "${4-}" ] || { enable -f "$5" zserve && zserve && SECONDS=0 && RANDOM=$((BASHPID ^ 1${EPOCHREALTIME//[!0-9]/})) && { cd -- "$2"; LC_ALL=$3; LC_ALL=C; eval :; } 2>/dev/null; } || exit 99;
+set -- "$1" "$2" "$3"; [ ! -r "${BASH_ENV-}" ] || . "$BASH_ENV" "$@";
 read -r -u 3 n f && if [ -z "$f" ]; then IFS= read -r -N "$n" -u 3 c; else IFS= read -r -N "$n" c <"$f"; fi; exec 3<&-;
 [ "${#c}" = "$n" ] || { printf "pid: the command reached its shell cut short (%s of %s bytes; is the job'"'"'s disk full?): not run" "${#c}" "$n"; exit 125; };
 if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; unset n f; cd -- "$2" 2>/dev/null || case $c in "#pid:anywhere"*) ;; *)
@@ -293,20 +291,21 @@ SLOT_SHELL=${SLOT_SHELL//"$LF"/ }
 spawn() {  # $1 slot: a new waiting shell (its output file is made now, by root); false: no fork (table full)
     N=$((N + 1))
     ZO[$1]=$OUT/$CID.$N
-    [ -z "$SPW" ] || { ask s "/proc/$$/fd/$((4 + $1))" "${ZO[$1]}"; Z[$1]=${R##-*}; [ -n "${Z[$1]}" ]; return; }
+    [ -z "$SPW" ] || { ask s "/proc/$$/fd/$((4 + $1))" "${ZO[$1]}"; Z[$1]=${R##-*} ZP[$1]=$RP; [ -n "${Z[$1]}" ]; return; }
     LC_ALL=C PATH=$pid_opath $DROP $SHBIN -c "$SLOT_SHELL" bash "$UMASK" "$WD" "$LCALL" >"${ZO[$1]}" 2>&1 </dev/null \
         3<"/proc/self/fd/$((4 + $1))" 4>&- 5>&- 6>&- &
-    Z[$1]=$!
+    Z[$1]=$! ZP[$1]=$$
 }
 spawner() {  # where the drop is pid's own, it forks the slot shells (drop.c, serve: a fork of this server cost ~170
     # page faults a command); their ends then come from it (reap, ask), and alive knows it for their parent
-    local i   # (greeted again: the first shells go, their FIFOs are no more)
+    local i=   # (greeted again: the first shells go, their FIFOs are no more)
     [ -z "$SPW" ] || for i in 0 1; do [ -z "${Z[$i]}" ] || { kill -9 "${Z[$i]}"; reap "${Z[$i]}"; Z[$i]=; }; done
     [ "${DROP%% *}" = "$DROPBIN" ] && [ -z "$SPW" ] || return 0
-    coproc SPAWNER { LC_ALL=C PATH=$pid_opath exec $DROP -s $SHBIN -c "$SLOT_SHELL" bash "$UMASK" "$WD" "$LCALL"; }
-    SPR=${SPAWNER[0]} SPW=${SPAWNER[1]} PARENT=$SPAWNER_PID
+    [ ! -s "$ZYGOTE" ] || i="-z $ZYGOTE"   # (its zygote: drop.c)
+    coproc SPAWNER { LC_ALL=C PATH=$pid_opath exec $DROP -s $i $SHBIN -c "$SLOT_SHELL" bash "$UMASK" "$WD" "$LCALL"; }
+    SPR=${SPAWNER[0]} SPW=${SPAWNER[1]}
 }
-ask() { printf '%s %s\n' "$1" "${*:2}" >&"$SPW"; IFS= read -r -N 16 -u "$SPR" R || quit; R=${R%% *}; }
+ask() { printf '%s %s\n' "$1" "${*:2}" >&"$SPW"; IFS= read -r -N 16 -u "$SPR" R || quit; set -- $R; R=$1 RP=${2-}; }
 reap() { if [ -n "$SPW" ]; then ask w "$1"; RC=$R; else wait "$1"; RC=$?; fi; }   # RC <- slot shell $1's wait status
 drain() {  # $1 slot: a shell killed before it read all of its command left the rest in its FIFO; the next shell
     # must not take it for its own. (pid's bytes only, a page at most; 64 reads is a safety bound.)
@@ -318,15 +317,16 @@ drain() {  # $1 slot: a shell killed before it read all of its command left the 
     done
     mapfile junk </dev/null   # a timed-out `read -N` leaves its bytes in bash's shared buffer: mapfile empties it
 }
-alive() {  # whether slot shell $1 can still take a command. kill -0 passes a shell that is killed but not dead yet
+alive() {  # whether slot $1's shell can still take a command. kill -0 passes a shell that is killed but not dead yet
     # (a frozen container's SIGKILL waits for the thaw) or not reaped: /proc/<pid>/stat says so (fields 3, 9, 31:
     # state, flags, pending signals: a zombie, PF_EXITING or PF_SIGNALED, a SIGKILL on its way). A shell stopped by a
     # tracer (state t) is killed here, and the tracer of it or of a zombie too: the caller then waits for it.
-    kill -0 "$1" || return 1
-    slurp "/proc/$1/stat"
-    set -- "$1" ${S##*) }   # (numbers and one letter: nothing to glob)
+    local parent=${ZP[$1]} pid=${Z[$1]}
+    kill -0 "$pid" || return 1
+    slurp "/proc/$pid/stat"
+    set -- "$pid" ${S##*) }   # (numbers and one letter: nothing to glob)
     S=
-    [ "${3:-}" = "$PARENT" ] || return 1   # not ours: reaped (its number went to another process), or orphaned
+    [ "${3:-}" = "$parent" ] || return 1   # not ours: reaped (its number went to another process), or orphaned
     case ${2:-Z} in
         [ZX]*) untrace "$1"; return 1 ;;
         t*) kill -9 "$1"; untrace "$1"; return 1 ;;
@@ -334,7 +334,7 @@ alive() {  # whether slot shell $1 can still take a command. kill -0 passes a sh
     [ $((${8:-0} & 0x404 | ${30:-0} & 256)) = 0 ]
 }
 ready() {  # $1 slot: PID <- its waiting shell, a new one if it is gone (what the old one left in the FIFO goes)
-    if [ -z "${Z[$1]}" ] || ! alive "${Z[$1]}"; then
+    if [ -z "${Z[$1]}" ] || ! alive "$1"; then
         [ -z "${Z[$1]}" ] || reap "${Z[$1]}"
         drain "$1"
         spawn "$1" || return 1
@@ -376,7 +376,7 @@ handed() {  # $1 slot, to whose FIFO the host wrote the command: PID <- the shel
     if [ -z "${Z[$1]}" ]; then
         table_full && { drain "$1"; return 1; }
         spawn "$1" || { drain "$1"; return 1; }
-    elif read -r -t 0 -u $((4 + $1)) && ! alive "${Z[$1]}" && read -r -t 0 -u $((4 + $1)); then
+    elif read -r -t 0 -u $((4 + $1)) && ! alive "$1" && read -r -t 0 -u $((4 + $1)); then
         reap "${Z[$1]}"
         drain "$1"
         Z[$1]=

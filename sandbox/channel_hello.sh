@@ -11,6 +11,7 @@
 #    pid's own disk, so filling the job's disk cannot stop an output from being written.
 DROPBIN=/.pid/drop   # pid's own privilege drop (sandbox/drop.c), put here by the host where it could build one
 DROPOK=/.pid/run/drop.ok   # whether it runs here (drop_runs)
+ZYGOTE=/.pid/zygote.so   # its zygote's half (drop.c), put beside it
 SET_UP=/.pid/run/set-up   # the container's directories were made (set_up)
 NOSETPRIV="the image has no setpriv (util-linux), needed to run commands as a non-root user; use --user root or add\
  util-linux"

@@ -102,17 +102,20 @@ def _fast_tier_has_no_engine(request: pytest.FixtureRequest, monkeypatch: pytest
 RUNTIME = os.environ.get("PID_TEST_RUNTIME") or None
 
 
-# What only a slot shell waiting for its command has in its command line (sandbox/channel.sh's SLOT_SHELL).
+# What a slot shell waiting for its command has in its command line (sandbox/channel.sh's SLOT_SHELL); so do pid's
+# drop, which starts them as root, and its zygote, which forks them (its arguments end in zygote.so, its parent is
+# the drop: sandbox/drop.c).
 WAITING_SHELL_MARK = "read -r -u 3 n f"
 
 
 def signal_waiting_shells(signal_name: str) -> str:
     """A command (for the agent to run) that sends a signal to every slot shell waiting for a command (the ones in
-    pid's exec channels: sandbox/channel.sh's SLOT_SHELL) but its own, then prints "signalled <how many>". (pid's
-    drop, which starts them as root, has the script in its arguments too.)"""
+    pid's exec channels: sandbox/channel.sh's SLOT_SHELL) but its own, then prints "signalled <how many>"."""
     return ("sleep 0.3; n=0; for p in /proc/[0-9]*; do [ \"${p#/proc/}\" = $$ ] && continue; "
-            f"case $(tr '\\0' ' ' 2>/dev/null <$p/cmdline) in /.pid/drop*) ;; *'{WAITING_SHELL_MARK}'*) "
-            f"kill -{signal_name} ${{p#/proc/}} && n=$((n + 1)) ;; esac; done; echo signalled $n")
+            "c=$(tr '\\0' ' ' 2>/dev/null <$p/cmdline); q=$(cut -d' ' -f4 $p/stat 2>/dev/null); "
+            f"case $c in /.pid/drop*) ;; *'{WAITING_SHELL_MARK}'*) case $c$(tr '\\0' ' ' 2>/dev/null <"
+            f"/proc/$q/cmdline) in *zygote.so*/.pid/drop*) ;; *) kill -{signal_name} ${{p#/proc/}} && n=$((n + 1)) "
+            ";; esac ;; esac; done; echo signalled $n")
 
 
 def ctrl_c_default() -> None:

@@ -4,10 +4,13 @@ runc and gVisor: tests/test_task_images.py, tests/test_trust_boundary.py.)"""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 
@@ -16,19 +19,26 @@ from pid.sandbox import drop_helper
 pytestmark = pytest.mark.cli
 
 
+def cache_clear() -> None:
+    drop_helper.program.cache_clear()
+    drop_helper.library.cache_clear()
+
+
 @pytest.fixture
 def built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The program, built afresh into a cache of this test's own."""
+    """The program, built afresh into a cache of this test's own, and its zygote's half beside it (drop.so)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    drop_helper.program.cache_clear()
+    cache_clear()
     try:
-        data = drop_helper.program()
+        data, library = drop_helper.program(), drop_helper.library()
     finally:
-        drop_helper.program.cache_clear()
+        cache_clear()
     assert data is not None and data.startswith(b"\x7fELF") and len(data) < 16384
+    assert library is not None and library.startswith(b"\x7fELF") and len(library) < 32768
     path = tmp_path / "drop"
     path.write_bytes(data)
     path.chmod(0o555)
+    (tmp_path / "drop.so").write_bytes(library)
     return path
 
 
@@ -78,7 +88,7 @@ def test_serving_it_forks_each_shell_dropped_in_a_group_of_its_own_and_reports_i
         server.stdin.flush()
         reply = server.stdout.read(16)
         assert len(reply) == 16 and reply.endswith(b"\n"), reply
-        return int(reply)
+        return int(reply.split()[0])   # (a new shell's: then its parent, this drop)
 
     try:
         out = tmp_path / "out"
@@ -140,6 +150,112 @@ def test_it_is_built_once_and_kept_by_its_source(tmp_path: Path, monkeypatch: py
         drop_helper.program.cache_clear()
 
 
+ZYGOTE_SCRIPT = ('[ -z "${1-}" ] || { enable -f "$2" zserve && zserve && SECONDS=0; } || exit 99; read -r -u 3 x; '
+                 'echo $x $$ $BASHPID $PPID $(id -u) $(ps -o pgid= $$) $(ps -o ppid= $$) $SECONDS; ls /proc/$$/fd; '
+                 'stat -c %u /proc/$$/status; '
+                 'exit 7')
+
+
+@pytest.fixture
+def readable() -> Iterator[Path]:
+    """A directory the agent's uid can read (a test's own tmp_path is root's alone)."""
+    path = Path(tempfile.mkdtemp(prefix="pid-zygote-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def _serving(drop: Path, library: Path, readable: Path) -> tuple[subprocess.Popen, Callable[[str], list[int]]]:
+    """The drop serving with a zygote of `library` (a copy in `readable`), and how to ask it (the numbers of its
+    answer)."""
+    if library.exists():
+        shutil.copy(library, readable / library.name)
+    old_umask = os.umask(0o022)
+    try:
+        server = subprocess.Popen([str(drop), "1000", "1001", "-s", "-z", str(readable / library.name), "/bin/bash",
+                                   "-c", ZYGOTE_SCRIPT, "bash"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  env={"PATH": "/usr/bin:/bin"})
+    finally:
+        os.umask(old_umask)
+
+    def ask(line: str) -> list[int]:
+        assert server.stdin and server.stdout
+        server.stdin.write(line.encode() + b"\n")
+        server.stdin.flush()
+        reply = server.stdout.read(16)
+        assert len(reply) == 16 and reply.endswith(b"\n"), reply
+        return [int(word) for word in reply.split()]
+    return server, ask
+
+
+def _uid_and_owner(pid: int) -> tuple[int, int]:
+    """A process's real uid, and who owns its /proc entries (root for one that is not dumpable)."""
+    status = Path(f"/proc/{pid}/status")
+    uid = next(int(line.split()[1]) for line in status.read_text().splitlines() if line.startswith("Uid:"))
+    return uid, status.stat().st_uid
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the drop changes ids: only root may")
+def test_its_zygote_forks_each_shell_from_a_bash_that_ran_nothing_and_one_that_goes_is_replaced(built: Path,
+                                                                                                 tmp_path: Path,
+                                                                                                 readable: Path):
+    """With -z, the shells are forked by a bash of the agent's (the zygote) that loaded drop.c's builtin: each is its
+    own process ($$, its group, SECONDS from 0), the zygote is out of the agent's reach but for signals (not
+    dumpable: /proc shows it as root's), and a zygote killed or stopped is ended, its shells with it (128 + SIGKILL),
+    and the next shell comes from the drop itself, then from a new zygote."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    holder = os.open(fifo, os.O_RDWR)
+    server, ask = _serving(built, tmp_path / "drop.so", readable)
+    try:
+        shell, zygote = ask(f"s {fifo} {tmp_path / 'out'}")
+        assert zygote not in (server.pid, shell) and _uid_and_owner(zygote) == (1000, 0)
+        os.write(holder, b"hello\n")
+        assert ask(f"w {shell}") == [7]
+        words = (tmp_path / "out").read_text().split()
+        assert words == ["hello", str(shell), str(shell), str(server.pid), "1000", str(shell), str(zygote), "0",
+                         "0", "1", "2", "3", "1000"], words   # $PPID: the zygote's own parent, as for a shell the
+        waiting, same = ask(f"s {fifo} {tmp_path / 'out2'}")   # drop forks; the shell dumpable, as after an exec
+        assert same == zygote
+        os.kill(waiting, signal.SIGSTOP)   # stopped, told, still the zygote's: then killed, and its end
+        assert ask(f"w {waiting}") == [128 + signal.SIGSTOP]
+        os.kill(waiting, signal.SIGKILL)
+        assert ask(f"w {waiting}") == [128 + signal.SIGKILL]
+        assert ask(f"w {waiting}") == [127]   # (reaped: no child any more)
+        waiting, _ = ask(f"s {fifo} {tmp_path / 'out2'}")
+        for sig in (signal.SIGKILL, signal.SIGSTOP):
+            os.kill(zygote, sig)
+            assert ask(f"w {waiting}") == [128 + signal.SIGKILL]   # gone with its zygote
+            waiting, parent = ask(f"s {fifo} {tmp_path / 'out3'}")
+            assert parent not in (server.pid, zygote) and _uid_and_owner(parent) == (1000, 0), (parent, zygote)
+            zygote = parent   # a new one
+        os.kill(waiting, signal.SIGKILL)
+        assert ask(f"w {waiting}") == [128 + signal.SIGKILL]
+    finally:
+        server.kill()
+        server.wait()
+        os.close(holder)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the drop changes ids: only root may")
+def test_a_zygote_that_cannot_load_its_builtin_is_not_tried_again(built: Path, tmp_path: Path, readable: Path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    holder = os.open(fifo, os.O_RDWR)
+    server, ask = _serving(built, tmp_path / "no-such.so", readable)
+    try:
+        for _ in range(3):
+            shell, parent = ask(f"s {fifo} {tmp_path / 'out'}")
+            assert parent == server.pid   # forked by the drop itself
+            os.write(holder, b"x\n")
+            assert ask(f"w {shell}") == [7]
+            assert (tmp_path / "out").read_text().split()[:2] == ["x", str(shell)]
+    finally:
+        server.kill()
+        server.wait()
+        os.close(holder)
+
+
 def _helper(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pid.sandbox.drop_helper", *args], capture_output=True, text=True,
                           timeout=120, env={**os.environ, **env}, cwd=Path(__file__).resolve().parent.parent)
@@ -162,12 +278,17 @@ def test_a_program_built_on_one_machine_is_kept_on_one_with_no_compiler(tmp_path
     for wrong in ("/bin/true", tmp_path / "other-machine", tmp_path / "junk"):   # (/bin/true: dynamically linked)
         refused = _helper(["keep", str(wrong)], image)   # run as root in every sandbox, /bin/true would make every
         assert refused.returncode == 1 and "is not pid's privilege drop" in refused.stderr, wrong   # command a no-op
+    library = Path(f"{shipped}.so").read_bytes()   # the zygote's half, beside it
+    Path(f"{shipped}.so").write_bytes(shipped.read_bytes())   # (a program is no library)
+    refused = _helper(["keep", str(shipped)], image)
+    assert refused.returncode == 1 and "is not pid's zygote library" in refused.stderr
+    Path(f"{shipped}.so").write_bytes(library)
     assert _helper(["keep", str(shipped)], image).returncode == 0
     monkeypatch.setenv("XDG_CACHE_HOME", image["XDG_CACHE_HOME"])
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    drop_helper.program.cache_clear()
+    cache_clear()
     try:
-        assert drop_helper.program() == shipped.read_bytes()
+        assert drop_helper.program() == shipped.read_bytes() and drop_helper.library() == library
     finally:
-        drop_helper.program.cache_clear()
+        cache_clear()
     assert _helper(["run", str(shipped)], image).returncode == 2

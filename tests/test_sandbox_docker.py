@@ -351,8 +351,10 @@ def _next_callers_server(client, box) -> tuple[int, list[int]]:
     channel = box.channels._pool._idle[-1]   # the one the next call takes
     rows = client.api.top(box.container.id, ps_args="-eo pid,ppid,args")["Processes"]
     server = [int(row[0]) for row in rows if f"channel.sh agent {channel.channel_id} " in row[2]][0]
-    # (the shells are the children of pid's drop, which the server started to fork them: sandbox/drop.c, serve)
+    # (the shells are the children of pid's drop, which the server started to fork them, or of its zygote:
+    # sandbox/drop.c, serve)
     parents = {server} | {int(row[0]) for row in rows if int(row[1]) == server and row[2].startswith("/.pid/drop ")}
+    parents |= {int(row[0]) for row in rows if int(row[1]) in parents and row[2].endswith(" z /.pid/zygote.so")}
     return server, [int(row[0]) for row in rows if int(row[1]) in parents and int(row[0]) not in parents
                     and WAITING_SHELL_MARK in row[2]]
 

@@ -440,8 +440,9 @@ def test_a_fork_bomb_the_engine_cannot_freeze_is_killed_from_the_host(monkeypatc
             left = box.run_as_pid("for f in /proc/[0-9]*/status; do grep -q '^Uid:[[:space:]]*1000[[:space:]]' $f "
                                   "2>/dev/null && ! grep -q '^State:[[:space:]]*Z' $f && echo $f; done; true",
                                   "the agent's processes", 30)
-            # (at most pid's two waiting shells, of the agent's uid; a killed one is a zombie until pid reaps it)
-            assert left.count(b"\n") <= 2, left
+            # (at most pid's two waiting shells and the zygote they are forked from, of the agent's uid; a killed one
+            # is a zombie until pid reaps it)
+            assert left.count(b"\n") <= 3, left
         finally:
             for hog in hogs:
                 os.killpg(hog.pid, signal.SIGKILL)
@@ -784,6 +785,55 @@ print(len(drops), sum(state == "Z" and parent in drops for state, parent, _ in s
 """
 
 
+# Run by a command's shell with its parent's pid: what the agent can do to the zygote its shells are forked from.
+ZYGOTE_PROBE = r"""
+import ctypes, errno, os, sys
+zygote = int(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+status = open("/proc/%d/status" % zygote).read()
+uid = [line.split()[1] for line in status.splitlines() if line.startswith("Uid:")][0]
+refused = []
+for name in ("environ", "mem", "maps"):
+    try:
+        open("/proc/%d/%s" % (zygote, name), "rb").read(1)
+    except PermissionError:
+        refused.append(name)
+traced = libc.ptrace(16, zygote, None, None)   # PTRACE_ATTACH
+print(uid, b"zygote.so" in open("/proc/%d/cmdline" % zygote, "rb").read(), ",".join(refused),
+      traced == -1 and ctypes.get_errno() == errno.EPERM)
+"""
+PARENT = 'z=$(cut -d" " -f4 /proc/$$/stat); '   # a command's shell's parent: with pid's drop, its zygote (drop.c)
+
+
+def test_the_bash_the_shells_are_forked_from_is_out_of_the_agents_reach_and_replaced_when_it_goes():
+    """A command's shell is forked from a bash of the agent's own uid that never ran a command (pid's drop's
+    zygote): a process of its own ($$, RANDOM), whose zygote the agent can neither trace nor read (not dumpable); it
+    may stop or kill it (that command then ends as killed), and every later command still runs, once, in a shell of
+    its own."""
+    box = new_box("test-trust-zygote")
+    try:
+        box.write_file("/tmp/zygote.py", ZYGOTE_PROBE.encode())
+        seen = box.exec(PARENT + "python3 /tmp/zygote.py $z; echo $$ $BASHPID $RANDOM $z", timeout=30).tail.split()
+        # (gVisor lets its own uid read a process's environment and map even so: the agent's own, as in its shells)
+        read_refused = b"mem" if RUNTIME == "runsc" else b"environ,mem,maps"
+        assert seen[:4] == [b"1000", b"True", read_refused, b"True"] and seen[4] == seen[5], seen
+        again = box.exec(PARENT + "echo $$ $BASHPID $RANDOM $z", timeout=10).tail.split()
+        assert again[0] == again[1] and again[0] != seen[4] and again[2] != seen[6] and again[3] == seen[7]
+        zygotes = {seen[7]}
+        for sig in ("STOP", "KILL", "STOP"):
+            gone = box.exec(PARENT + f"kill -{sig} $z; echo $z >>/tmp/zygotes", timeout=10)
+            assert gone.exit_code == 128 + signal.SIGKILL, gone   # (its shell's end went with the zygote)
+            for i in range(3):
+                done = box.exec(PARENT + f"echo {sig}{i} >>/tmp/runs; echo $$ $z", timeout=10)
+                assert done.exit_code == 0 and len(done.tail.split()) == 2, done
+                zygotes.add(done.tail.split()[1])
+        assert box.read_file("/tmp/runs").split() == [f"{s}{i}".encode() for s in ("STOP", "KILL", "STOP")
+                                                      for i in range(3)]
+        assert len(zygotes) >= 4, zygotes   # each one stopped or killed was replaced
+    finally:
+        box.close()
+
+
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the probe calls clone by its x86-64 number")
 def test_a_command_leaves_no_child_to_pids_own_processes(box):
     """A child made with CLONE_PARENT is its maker's sibling: made by a command's own shell, it is a child of pid's
@@ -1084,15 +1134,17 @@ while time.time() < end:
     time.sleep(0.01)
 """
 # Seen as root from outside pid's channels (docker exec): the agent's waiting slot shells, how many of them are
-# stopped by a tracer, the agent's zombies, and its tracers still alive.
+# stopped by a tracer, the agent's zombies, and its tracers still alive. (Not the drop's zygote: the agent's too,
+# with the same command line, it forks the shells: its parent is the drop.)
 PTRACE_OBSERVE = r"""
 import os, sys
 mark, seen = sys.argv[1].encode(), dict(waiting=0, traced=0, zombies=0, holders=0)
 for entry in filter(str.isdigit, os.listdir("/proc")):
     try:
         command = open("/proc/%s/cmdline" % entry, "rb").read()
-        state = open("/proc/%s/stat" % entry).read().rsplit(") ", 1)[1][0]
-        if os.stat("/proc/" + entry).st_uid != 1000:
+        state, parent = open("/proc/%s/stat" % entry).read().rsplit(") ", 1)[1].split()[:2]
+        if os.stat("/proc/" + entry).st_uid != 1000 or command.endswith(b"zygote.so\0") and open(
+                "/proc/%s/cmdline" % parent, "rb").read().startswith(b"/.pid/drop\0"):
             continue
     except OSError:
         continue
