@@ -162,8 +162,8 @@ finish() {  # $1 nonce, $2 emit: wait for PID, then reply D with the head of POU
     local rc
     reap "$PID"
     rc=$RC
-    # a stopped shell (wait returns then, 128 + the signal) goes now, not to take a later command
-    ! kill -0 "$PID" || { kill -9 "$PID"; untrace "$PID"; reap "$PID"; }
+    # a stopped shell (wait returns then, 128 + the signal) goes now, not to take a later command (if still ours)
+    ! kill -0 "$PID" || ! ours "$PID" || { kill -9 "$PID"; untrace "$PID"; reap "$PID"; }
     # Its job (if it is bash's) leaves bash's table before its group is looked at: bash 5.2 keeps a dead job there for
     # good once a `kill -0 -<its pgid>` finds it; the table, ~300 bytes more per command, is scanned at every fork.
     [ -n "$SPW" ] || disown "$PID"
@@ -279,7 +279,7 @@ say_head() {  # $1 tag, $2 nonce, $3 file, $4 max, then the fields: the file's f
 # "line 3: syntax error"), evaluated from where `bash -c` keeps it (BASH_EXECUTION_STRING), with no OLDPWD (`cd -`).
 SLOT_SHELL='[ -z "${PID_IMAGE_ENV-}" ] || { eval "$PID_IMAGE_ENV"; unset PID_IMAGE_ENV; };
 umask "$1"; if [ -n "$3" ]; then LC_ALL=$3; else unset LC_ALL; fi; LC_ALL=C;
-[ -z "${4-}" ] || { enable -f "$5" zserve && zserve && SECONDS=0 && RANDOM=$((BASHPID ^ 1${EPOCHREALTIME//[!0-9]/})) && { cd -- "$2"; LC_ALL=$3; LC_ALL=C; eval :; } 2>/dev/null; } || exit 99;
+[ -z "${4-}" ] || { enable -f "$5" zserve && zserve && enable -n zserve && SECONDS=0 && RANDOM=$((BASHPID ^ 1${EPOCHREALTIME//[!0-9]/})) && { cd -- "$2"; LC_ALL=$3; LC_ALL=C; eval :; } 2>/dev/null; } || exit 99;
 set -- "$1" "$2" "$3"; [ ! -r "${BASH_ENV-}" ] || . "$BASH_ENV" "$@";
 read -r -u 3 n f && if [ -z "$f" ]; then IFS= read -r -N "$n" -u 3 c; else IFS= read -r -N "$n" c <"$f"; fi; exec 3<&-;
 [ "${#c}" = "$n" ] || { printf "pid: the command reached its shell cut short (%s of %s bytes; is the job'"'"'s disk full?): not run" "${#c}" "$n"; exit 125; };
@@ -299,7 +299,9 @@ spawn() {  # $1 slot: a new waiting shell (its output file is made now, by root)
 spawner() {  # where the drop is pid's own, it forks the slot shells (drop.c, serve: a fork of this server cost ~170
     # page faults a command); their ends then come from it (reap, ask), and alive knows it for their parent
     local i=   # (greeted again: the first shells go, their FIFOs are no more)
-    [ -z "$SPW" ] || for i in 0 1; do [ -z "${Z[$i]}" ] || { kill -9 "${Z[$i]}"; reap "${Z[$i]}"; Z[$i]=; }; done
+    [ -z "$SPW" ] || for i in 0 1; do
+        [ -z "${Z[$i]}" ] || { ! ours "${Z[$i]}" "$i" || kill -9 "${Z[$i]}"; reap "${Z[$i]}"; Z[$i]=; }
+    done
     [ "${DROP%% *}" = "$DROPBIN" ] && [ -z "$SPW" ] || return 0
     [ ! -s "$ZYGOTE" ] || i="-z $ZYGOTE"   # (its zygote: drop.c)
     coproc SPAWNER { LC_ALL=C PATH=$pid_opath exec $DROP -s $i $SHBIN -c "$SLOT_SHELL" bash "$UMASK" "$WD" "$LCALL"; }
@@ -317,21 +319,19 @@ drain() {  # $1 slot: a shell killed before it read all of its command left the 
     done
     mapfile junk </dev/null   # a timed-out `read -N` leaves its bytes in bash's shared buffer: mapfile empties it
 }
+ours() {  # $1 pid [$2 slot]: still that slot's shell, child of its parent (not reaped, reused, orphaned); ST <- stat
+    [ -n "$SLOTS" ] || return 0   # (the server's own child: its number is taken until the server reaps it)
+    slurp "/proc/$1/stat"; ST=(${S##*) }); S=   # (numbers and one letter: nothing to glob)
+    [ "${ST[1]:-}" = "${ZP[${2:-$SLOT}]}" ]
+}
 alive() {  # whether slot $1's shell can still take a command. kill -0 passes a shell that is killed but not dead yet
     # (a frozen container's SIGKILL waits for the thaw) or not reaped: /proc/<pid>/stat says so (fields 3, 9, 31:
     # state, flags, pending signals: a zombie, PF_EXITING or PF_SIGNALED, a SIGKILL on its way). A shell stopped by a
     # tracer (state t) is killed here, and the tracer of it or of a zombie too: the caller then waits for it.
-    local parent=${ZP[$1]} pid=${Z[$1]}
-    kill -0 "$pid" || return 1
-    slurp "/proc/$pid/stat"
-    set -- "$pid" ${S##*) }   # (numbers and one letter: nothing to glob)
-    S=
-    [ "${3:-}" = "$parent" ] || return 1   # not ours: reaped (its number went to another process), or orphaned
-    case ${2:-Z} in
-        [ZX]*) untrace "$1"; return 1 ;;
-        t*) kill -9 "$1"; untrace "$1"; return 1 ;;
-    esac
-    [ $((${8:-0} & 0x404 | ${30:-0} & 256)) = 0 ]
+    kill -0 "${Z[$1]}" && ours "${Z[$1]}" "$1" || return 1
+    set -- "${Z[$1]}"
+    case ${ST[0]:-Z} in [ZX]*) untrace "$1"; return 1 ;; t*) kill -9 "$1"; untrace "$1"; return 1 ;; esac
+    [ $((${ST[6]:-0} & 0x404 | ${ST[28]:-0} & 256)) = 0 ]
 }
 ready() {  # $1 slot: PID <- its waiting shell, a new one if it is gone (what the old one left in the FIFO goes)
     if [ -z "${Z[$1]}" ] || ! alive "$1"; then
@@ -392,8 +392,8 @@ slot_done() {  # the slot's shell is reaped (its number may be reused): its succ
     SLOT=$((1 - SLOT))
 }
 quit() {  # the host went away: the waiting shells wait for commands that will never come
-    local p
-    for p in "${Z[@]}"; do [ -z "$p" ] || kill -9 -"$p" || kill -9 "$p"; done
+    local i
+    for i in 0 1; do [ -z "${Z[$i]}" ] || ! ours "${Z[$i]}" "$i" || kill -9 -"${Z[$i]}" || kill -9 "${Z[$i]}"; done
     rm -f "$FIFO.0" "$FIFO.1" "$FIFO.s" "$MARK"
     exit 0
 }

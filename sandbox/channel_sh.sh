@@ -27,4 +27,5 @@ request() {  # (by lines; one of another length is out of step: refused, as op "
 host_gone() { false; }; idle() { :; }   # POSIX sh cannot tell, nor start a shell ahead (bash: channel.sh)
 reap() { wait "$1"; RC=$?; }   # RC <- a command shell's status (bash: from whichever process started it)
 disown() { :; }   # (bash's job table, which channel.sh empties, is not here: no program of that name is looked for)
+ours() { :; }   # (every command's shell is this server's own child: its number is taken until reaped)
 quit() { rm -f "$MARK"; exit 0; }

@@ -33,11 +33,13 @@
    never returns in the zygote: it forks a slot shell for each s, from its state before any command (no command of
    the agent's ever runs in it), with the descriptors the drop opened as root and sent along (SCM_RIGHTS), and waits
    for them on w. Each shell is then what a fresh exec would be: its own $$, process group and signal state, and
-   the script reseeds RANDOM and restarts SECONDS. The agent cannot ptrace the zygote nor read its memory (it is not
-   dumpable), only signal it: a zygote that ends or stops is killed (the drop waits on a signalfd for that beside
-   its answer), its shells die with it (their parent-death signal: w then says 128 + SIGKILL), and the next s
-   starts another; one that ends before its first answer (a bash that cannot load the builtin) is not tried again.
-   Either way the drop forks that shell itself, as without a zygote.
+   the script reseeds RANDOM and restarts SECONDS; it reads its FIFO only once the drop has its number. The agent
+   cannot ptrace the zygote nor open its memory, from its exec on (it is not dumpable: see zstart); it can signal it
+   and set its limits and priority (the same uid's), which reach its own later shells only. A zygote that ends or
+   stops is killed (the drop waits on a signalfd for that beside its answer), its shells die with it (their
+   parent-death signal, kept in what they exec: w then says 128 + SIGKILL), and the next s starts another; one whose
+   fork fails is ended too (its limits may be the agent's); one that exits before its first answer (a bash that
+   cannot load the builtin) is not tried again. A shell the zygote could not give, the drop forks itself.
 
    Built by the host (sandbox/drop_helper.py: cc -static -nostdlib; the builtin cc -shared -DPID_ZYGOTE) and put
    read-only into /.pid, root's. */
@@ -138,8 +140,9 @@ static void unbound(void) {   /* the bounding set emptied: no exec can bring a c
         if (sys(__NR_prctl, PR_CAPBSET_READ, cap, 0) != 0) leave(126);
 }
 
-static void become(long uid, long gid) {   /* the agent's ids, and no capability left: returns only when checked */
-    if (sys(__NR_setgroups, 0, 0, 0) || sys(__NR_setresgid, gid, gid, gid) || sys(__NR_setresuid, uid, uid, uid))
+static void become(long uid, long gid, long egid) {   /* the agent's ids, and no capability left: returns only when
+    checked (egid: the zygote's differs from gid until its bash starts: see zstart) */
+    if (sys(__NR_setgroups, 0, 0, 0) || sys(__NR_setresgid, gid, egid, egid) || sys(__NR_setresuid, uid, uid, uid))
         leave(126);
     if (sys(__NR_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0) != 0 &&
         sys(__NR_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, 0) != -22)   /* (a kernel without ambient ones) */
@@ -186,7 +189,7 @@ static long spawn(const char *fifo, const char *out, long uid, long gid, char **
     long fd = sys4(__NR_openat, AT_FDCWD, (long)out, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0666);
     if (fd < 0 || sys(__NR_dup3, fd, 2, 0) != 2) leave(1);
     put(fd, 1);
-    become(uid, gid);   /* (the bounding set went once, in serve: a fork keeps it) */
+    become(uid, gid, gid);   /* (the bounding set went once, in serve: a fork keeps it) */
     sys(__NR_execve, (long)argv[0], (long)argv, (long)envp);
     leave(127);
     return 0;
@@ -211,6 +214,9 @@ static struct {
 } z;
 
 static void zstart(long uid, long gid, char **envp) {
+    /* Its effective gid differs from its real one as it executes bash: the kernel then makes it not dumpable from
+       the exec on (no moment in which the agent could open its memory or trace it); bash, seeing the two differ,
+       sets all three to the real one as it starts (its "privileged mode" off), and it stays not dumpable. */
     int sv[2];
     if (sys4(__NR_socketpair, AF_UNIX, SOCK_SEQPACKET | O_CLOEXEC, 0, (long)sv)) return;
     long pid = sys(__NR_clone, SIGCHLD, 0, 0);
@@ -218,10 +224,11 @@ static void zstart(long uid, long gid, char **envp) {
         unblock();
         if (sys(__NR_setpgid, 0, 0, 0) || sv[1] <= 3) leave(126);   /* (the signalfd holds 3: see serve) */
         long null = sys(__NR_openat, AT_FDCWD, (long)"/dev/null", O_RDWR);
-        if (sys(__NR_dup3, null, 1, 0) != 1 || sys(__NR_dup3, null, 2, 0) != 2) leave(126);
-        put(null, 0);
+        for (long fd = 0; fd < 3; fd++)
+            if (null < 0 || (null != fd && sys(__NR_dup3, null, fd, 0) != fd)) leave(126);
+        if (null > 2) sys(__NR_close, null, 0, 0);
         put(sv[1], 3);
-        become(uid, gid);
+        become(uid, gid, gid == 65534 ? 65533 : 65534);
         sys(__NR_execve, (long)z.argv[0], (long)z.argv, (long)envp);
         leave(127);
     }
@@ -235,10 +242,11 @@ static void zstart(long uid, long gid, char **envp) {
 }
 
 static void zdown(void) {   /* it ended or stopped: killed and reaped (it is not reaped before: no number reused) */
+    int st = 0;
     sys(__NR_kill, z.pid, 9, 0);
-    while (sys4(__NR_wait4, z.pid, 0, 0, 0) == -4) {}
+    while (sys4(__NR_wait4, z.pid, (long)&st, 0, 0) == -4) {}
     sys(__NR_close, z.sock, 0, 0);
-    z.broken |= !z.answered;
+    z.broken |= !z.answered && (st & 0x7f) == 0;   /* it exited before its first answer (no builtin): not killed */
     z.pid = 0;
 }
 
@@ -266,8 +274,14 @@ static int zanswer(long *value) {   /* 1: its answer; 0: it ended or stopped fir
     return 0;
 }
 
+static void zforget(long pid) {   /* a number now another shell's: no entry of an earlier one may answer for it */
+    for (int i = 0; i < KIDS; i++)
+        if (z.kid[i] == pid) z.kid[i] = 0;
+}
+
 static long zspawn(const char *fifo, const char *out, long uid, long gid, char **envp) {
-    /* a slot shell forked by the zygote (-errno: its fork failed); 0: none, the drop forks it itself */
+    /* a slot shell forked by the zygote; 0: none (no zygote, it went, its fork failed, or its table is full): the
+       drop forks it itself. (A zygote whose fork fails goes too: the agent may have lowered its limits.) */
     int i = 0, fd[3];
     while (i < KIDS && z.kid[i]) i++;
     if (z.broken || i == KIDS) return 0;
@@ -280,7 +294,8 @@ static long zspawn(const char *fifo, const char *out, long uid, long gid, char *
     if (fd[0] >= 0 && fd[1] >= 0 && fd[2] >= 0) {   /* (else the drop's own fork fails the same way, as before) */
         if (zsend(z.sock, 's', 0, fd) != 16) zdown();
         else if (!zanswer(&pid)) pid = 0;
-        else if (pid > 0) z.kid[i] = pid, z.kidgen[i] = z.gen;
+        else if (pid <= 0) zdown(), pid = 0;
+        else zforget(pid), z.kid[i] = pid, z.kidgen[i] = z.gen;
     }
     for (i = 0; i < 3; i++) if (fd[i] >= 0) sys(__NR_close, fd[i], 0, 0);
     return pid;
@@ -344,8 +359,13 @@ static void serve(long uid, long gid, char **argv, long argc, char **envp, char 
         if (line[0] == 's' && *b == ' ' && b[1] == '/' && a[0] == '/') {
             *b = 0;
             long pid = zspawn(a, b + 1, uid, gid, envp);
-            if (pid > 0) reply(pid, z.pid);
-            else reply(pid ? pid : spawn(a, b + 1, uid, gid, argv, envp), pid ? 0 : me);
+            if (pid > 0) {
+                reply(pid, z.pid);
+            } else {
+                pid = spawn(a, b + 1, uid, gid, argv, envp);
+                if (pid > 0) zforget(pid);
+                reply(pid, me);
+            }
         } else if (line[0] == 'w' && number(a) > 0) {
             int st = 0;
             long known = zwait(number(a));
@@ -375,7 +395,7 @@ __attribute__((used)) void start(long *sp) {
     if (uid < 0 || gid < 0 || argc <= at || argv[at][0] != '/') leave(127);
     if (serving) serve(uid, gid, argv + at, argc - at, envp, library);
     unbound();
-    become(uid, gid);
+    become(uid, gid, gid);
     sys(__NR_execve, (long)argv[at], (long)(argv + at), (long)envp);
     leave(127);
 }
@@ -415,8 +435,10 @@ static int zserve(void *words) {
     for (;;) {
         int fd[3];
         long arg, op = zreceive(fd, &arg), answer;
-        if (op == 's') {
-            long kid = fork();
+        if (op == 's') {   /* (the shell touches its FIFO only once the drop has its number: `go`) */
+            int go[2], piped = !sys(__NR_pipe2, (long)go, O_CLOEXEC, 0);
+            char b = 0;
+            long kid = piped ? fork() : -1;
             if (kid == 0) {   /* the slot shell: its descriptors, group and signals, then back to the script */
                 sys(__NR_prctl, PR_SET_PDEATHSIG, 9, 0);
                 if (sys(__NR_getppid, 0, 0, 0) != me || sys(__NR_setpgid, 0, 0, 0)) leave(126);
@@ -427,13 +449,25 @@ static int zserve(void *words) {
                 if (sys(__NR_prctl, PR_SET_DUMPABLE, 1, 0) || sys4(__NR_rt_sigaction, SIGCHLD, (long)chld, 0, 8) ||
                     sys4(__NR_rt_sigprocmask, SIG_SETMASK, (long)&mask, 0, 8))
                     leave(126);
+                sys(__NR_close, go[1], 0, 0);
+                long r;
+                do r = sys(__NR_read, go[0], (long)&b, 1); while (r == -4);
+                if (r != 1) leave(126);   /* the zygote went before the drop had the number: nothing ran */
+                sys(__NR_close, go[0], 0, 0);
                 dollar_dollar_pid = (int)sys(__NR_getpid, 0, 0, 0);
                 if (&shell_pgrp) shell_pgrp = dollar_dollar_pid;
                 return 0;
             }
             if (kid > 0) sys(__NR_setpgid, kid, kid, 0);
             for (int i = 0; i < 3; i++) sys(__NR_close, fd[i], 0, 0);
-            answer = kid > 0 ? kid : -11;   /* (EAGAIN: the process table is full) */
+            answer = kid > 0 ? kid : -11;   /* (EAGAIN: the process table is full, or its limit) */
+            if (sys(__NR_write, 3, (long)&answer, 8) != 8) leave(0);
+            if (piped) {
+                sys(__NR_close, go[0], 0, 0);
+                if (kid > 0) sys(__NR_write, go[1], (long)&b, 1);
+                sys(__NR_close, go[1], 0, 0);
+            }
+            continue;
         } else if (op == 'w') {
             int st = 0;
             answer = waited(arg, &st) == arg ? st : -1;

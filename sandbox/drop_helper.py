@@ -200,7 +200,7 @@ def main(argv: list[str]) -> int:
             return 1
         _keep(cache, data)
         if _kept(cache, executable) != data:
-            log.error("cannot keep pid's privilege drop in %s", cache)
+            log.error("cannot keep pid's %s in %s", "privilege drop" if executable else "zygote library", cache)
             return 1
     return 0
 

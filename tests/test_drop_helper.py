@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -150,7 +151,8 @@ def test_it_is_built_once_and_kept_by_its_source(tmp_path: Path, monkeypatch: py
         drop_helper.program.cache_clear()
 
 
-ZYGOTE_SCRIPT = ('[ -z "${1-}" ] || { enable -f "$2" zserve && zserve && SECONDS=0; } || exit 99; read -r -u 3 x; '
+ZYGOTE_SCRIPT = ('[ -z "${1-}" ] || { sleep "${SLOW:-0}"; enable -f "$2" zserve && zserve && SECONDS=0; } || exit 99; '
+                 'read -r -u 3 x; '
                  'echo $x $$ $BASHPID $PPID $(id -u) $(ps -o pgid= $$) $(ps -o ppid= $$) $SECONDS; ls /proc/$$/fd; '
                  'stat -c %u /proc/$$/status; '
                  'exit 7')
@@ -165,7 +167,8 @@ def readable() -> Iterator[Path]:
     shutil.rmtree(path)
 
 
-def _serving(drop: Path, library: Path, readable: Path) -> tuple[subprocess.Popen, Callable[[str], list[int]]]:
+def _serving(drop: Path, library: Path, readable: Path,
+             slow: float = 0) -> tuple[subprocess.Popen, Callable[[str], list[int]]]:
     """The drop serving with a zygote of `library` (a copy in `readable`), and how to ask it (the numbers of its
     answer)."""
     if library.exists():
@@ -174,7 +177,7 @@ def _serving(drop: Path, library: Path, readable: Path) -> tuple[subprocess.Pope
     try:
         server = subprocess.Popen([str(drop), "1000", "1001", "-s", "-z", str(readable / library.name), "/bin/bash",
                                    "-c", ZYGOTE_SCRIPT, "bash"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  env={"PATH": "/usr/bin:/bin"})
+                                  env={"PATH": "/usr/bin:/bin", "SLOW": str(slow)})
     finally:
         os.umask(old_umask)
 
@@ -213,9 +216,12 @@ def test_its_zygote_forks_each_shell_from_a_bash_that_ran_nothing_and_one_that_g
         os.write(holder, b"hello\n")
         assert ask(f"w {shell}") == [7]
         words = (tmp_path / "out").read_text().split()
-        assert words == ["hello", str(shell), str(shell), str(server.pid), "1000", str(shell), str(zygote), "0",
-                         "0", "1", "2", "3", "1000"], words   # $PPID: the zygote's own parent, as for a shell the
-        waiting, same = ask(f"s {fifo} {tmp_path / 'out2'}")   # drop forks; the shell dumpable, as after an exec
+        # $PPID: the zygote's own parent, as for a shell the drop forks; SECONDS from 0 (bash counts the clock's
+        # whole seconds); the shell dumpable, as after an exec
+        assert words[7] in ("0", "1"), words
+        assert words[:7] + words[8:] == ["hello", str(shell), str(shell), str(server.pid), "1000", str(shell),
+                                         str(zygote), "0", "1", "2", "3", "1000"], words
+        waiting, same = ask(f"s {fifo} {tmp_path / 'out2'}")
         assert same == zygote
         os.kill(waiting, signal.SIGSTOP)   # stopped, told, still the zygote's: then killed, and its end
         assert ask(f"w {waiting}") == [128 + signal.SIGSTOP]
@@ -250,6 +256,41 @@ def test_a_zygote_that_cannot_load_its_builtin_is_not_tried_again(built: Path, t
             os.write(holder, b"x\n")
             assert ask(f"w {shell}") == [7]
             assert (tmp_path / "out").read_text().split()[:2] == ["x", str(shell)]
+    finally:
+        server.kill()
+        server.wait()
+        os.close(holder)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the drop changes ids: only root may")
+def test_the_zygote_is_never_the_agents_to_trace_and_one_whose_fork_fails_is_replaced(built: Path, tmp_path: Path,
+                                                                                        readable: Path):
+    """The zygote is not dumpable from its exec on, before its builtin is even loaded: there is no moment in which
+    the agent could open its memory or trace it. A zygote whose fork fails (the agent may lower its limits: same
+    uid) is ended, and the drop forks that shell itself: no false "process table full"."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    holder = os.open(fifo, os.O_RDWR)
+    server, ask = _serving(built, tmp_path / "drop.so", readable, slow=1)   # (its start, slowed down: a second)
+    try:
+        time.sleep(0.5)
+        starting = [int(p) for p in Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()]
+        assert len(starting) == 1 and _uid_and_owner(starting[0]) == (1000, 0)   # still before `enable -f`
+        shell, zygote = ask(f"s {fifo} {tmp_path / 'out'}")
+        assert zygote == starting[0]
+        as_agent = subprocess.run(["/usr/bin/python3", "-c", "import resource, sys; resource.prlimit(int(sys.argv[1]), "
+                                   "resource.RLIMIT_NPROC, (0, 0))", str(zygote)], capture_output=True, timeout=30,
+                                  user=1000, group=1001, extra_groups=[])   # (the same uid's limits: allowed)
+        assert as_agent.returncode == 0, as_agent.stderr
+        forked, parent = ask(f"s {fifo} {tmp_path / 'out2'}")
+        assert parent == server.pid and forked > 0   # its fork refused: the drop's own
+        for pid in (shell, forked):
+            os.kill(pid, signal.SIGKILL)
+            assert ask(f"w {pid}") == [128 + signal.SIGKILL]
+        again, parent = ask(f"s {fifo} {tmp_path / 'out3'}")
+        assert parent not in (server.pid, zygote)   # a new zygote, as slow to start as the first
+        os.kill(again, signal.SIGKILL)
+        assert ask(f"w {again}") == [128 + signal.SIGKILL]
     finally:
         server.kill()
         server.wait()
