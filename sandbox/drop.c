@@ -216,7 +216,8 @@ static struct {
 static void zstart(long uid, long gid, char **envp) {
     /* Its effective gid differs from its real one as it executes bash: the kernel then makes it not dumpable from
        the exec on (no moment in which the agent could open its memory or trace it); bash, seeing the two differ,
-       sets all three to the real one as it starts (its "privileged mode" off), and it stays not dumpable. */
+       sets them to the real one as it starts (its "privileged mode" off; each shell sets all three), and it stays
+       not dumpable. */
     int sv[2];
     if (sys4(__NR_socketpair, AF_UNIX, SOCK_SEQPACKET | O_CLOEXEC, 0, (long)sv)) return;
     long pid = sys(__NR_clone, SIGCHLD, 0, 0);
@@ -427,7 +428,7 @@ static int zserve(void *words) {
     unsigned long all = ~0UL, mask;
     (void)words;
     /* not dumpable: the agent (its uid) can neither ptrace it nor read its memory; SIGCHLD at its default (bash's
-       handler would reap the shells), every other signal held off (the agent may only stop or kill it) */
+       handler would reap the shells), every other signal held off (the agent may still stop or kill it) */
     if (!&dollar_dollar_pid || sys(__NR_prctl, PR_SET_DUMPABLE, 0, 0) ||
         sys4(__NR_rt_sigaction, SIGCHLD, (long)dfl, (long)chld, 8) ||
         sys4(__NR_rt_sigprocmask, SIG_SETMASK, (long)&all, (long)&mask, 8))
@@ -441,7 +442,9 @@ static int zserve(void *words) {
             long kid = piped ? fork() : -1;
             if (kid == 0) {   /* the slot shell: its descriptors, group and signals, then back to the script */
                 sys(__NR_prctl, PR_SET_PDEATHSIG, 9, 0);
-                if (sys(__NR_getppid, 0, 0, 0) != me || sys(__NR_setpgid, 0, 0, 0)) leave(126);
+                long g = sys(__NR_getgid, 0, 0, 0);   /* (all its gids the agent's: see the drop's zstart) */
+                if (sys(__NR_getppid, 0, 0, 0) != me || sys(__NR_setpgid, 0, 0, 0) || sys(__NR_setresgid, g, g, g))
+                    leave(126);
                 put(fd[1], 0);
                 if (sys(__NR_dup3, fd[2], 2, 0) != 2) leave(126);
                 put(fd[2], 1);

@@ -154,7 +154,7 @@ def test_it_is_built_once_and_kept_by_its_source(tmp_path: Path, monkeypatch: py
 ZYGOTE_SCRIPT = ('[ -z "${1-}" ] || { sleep "${SLOW:-0}"; enable -f "$2" zserve && zserve && SECONDS=0; } || exit 99; '
                  'read -r -u 3 x; '
                  'echo $x $$ $BASHPID $PPID $(id -u) $(ps -o pgid= $$) $(ps -o ppid= $$) $SECONDS; ls /proc/$$/fd; '
-                 'stat -c %u /proc/$$/status; '
+                 'stat -c %u /proc/$$/status; grep -c "^Gid:\\s*1001\\s*1001\\s*1001\\s*1001$" /proc/$$/status; '
                  'exit 7')
 
 
@@ -220,7 +220,7 @@ def test_its_zygote_forks_each_shell_from_a_bash_that_ran_nothing_and_one_that_g
         # whole seconds); the shell dumpable, as after an exec
         assert words[7] in ("0", "1"), words
         assert words[:7] + words[8:] == ["hello", str(shell), str(shell), str(server.pid), "1000", str(shell),
-                                         str(zygote), "0", "1", "2", "3", "1000"], words
+                                         str(zygote), "0", "1", "2", "3", "1000", "1"], words   # (its gids)
         waiting, same = ask(f"s {fifo} {tmp_path / 'out2'}")
         assert same == zygote
         os.kill(waiting, signal.SIGSTOP)   # stopped, told, still the zygote's: then killed, and its end
