@@ -441,10 +441,10 @@ static int zserve(void *words) {
             char b = 0;
             long kid = piped ? fork() : -1;
             if (kid == 0) {   /* the slot shell: its descriptors, group and signals, then back to the script */
+                long g = sys(__NR_getgid, 0, 0, 0);   /* (all its gids the agent's, see the drop's zstart; first: a */
+                if (sys(__NR_setresgid, g, g, g)) leave(126);   /* change of ids clears the parent-death signal) */
                 sys(__NR_prctl, PR_SET_PDEATHSIG, 9, 0);
-                long g = sys(__NR_getgid, 0, 0, 0);   /* (all its gids the agent's: see the drop's zstart) */
-                if (sys(__NR_getppid, 0, 0, 0) != me || sys(__NR_setpgid, 0, 0, 0) || sys(__NR_setresgid, g, g, g))
-                    leave(126);
+                if (sys(__NR_getppid, 0, 0, 0) != me || sys(__NR_setpgid, 0, 0, 0)) leave(126);
                 put(fd[1], 0);
                 if (sys(__NR_dup3, fd[2], 2, 0) != 2) leave(126);
                 put(fd[2], 1);
