@@ -369,8 +369,8 @@ static void serve(long uid, long gid, char **argv, long argc, char **envp, char 
             }
         } else if (line[0] == 'w' && number(a) > 0) {
             int st = 0;
-            long known = zwait(number(a));
-            reply(known >= 0 ? known : waited(number(a), &st) == number(a) ? code(st) : 127, 0);
+            long pid = number(a), known = zwait(pid);
+            reply(known >= 0 ? known : waited(pid, &st) == pid ? code(st) : 127, 0);
         } else {
             leave(127);
         }

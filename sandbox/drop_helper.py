@@ -109,7 +109,7 @@ def _build(name: str, flags: list[str], executable: bool) -> bytes | None:
     fallback = "commands drop through setpriv" if executable else "it forks and executes each shell itself"
     compiler = shutil.which(os.environ.get("CC") or "cc")
     if compiler is None:
-        log.info("no C compiler here: agent commands drop their privileges through the image's setpriv")
+        log.info("no C compiler here for pid's %s: %s", what, fallback)
         return None
     with tempfile.TemporaryDirectory(prefix="pid-drop-") as tmp:
         source, out = os.path.join(tmp, "drop.c"), os.path.join(tmp, name)

@@ -3,6 +3,7 @@ in a container: what it leaves the program, what it refuses, and how it is built
 runc and gVisor: tests/test_task_images.py, tests/test_trust_boundary.py.)"""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -167,12 +168,17 @@ def readable() -> Iterator[Path]:
     shutil.rmtree(path)
 
 
-def _serving(drop: Path, library: Path, readable: Path,
-             slow: float = 0) -> tuple[subprocess.Popen, Callable[[str], list[int]]]:
-    """The drop serving with a zygote of `library` (a copy in `readable`), and how to ask it (the numbers of its
-    answer)."""
+@contextlib.contextmanager
+def serving(drop: Path, library: Path, readable: Path,
+            slow: float = 0) -> Iterator[tuple[subprocess.Popen, Callable[[str], list[int]], Path, int]]:
+    """The drop serving with a zygote of `library` (a copy in `readable`), how to ask it (the numbers of its
+    answer), a FIFO for its shells and the descriptor that holds it open (as the server holds its own); all ended
+    after."""
     if library.exists():
         shutil.copy(library, readable / library.name)
+    fifo = readable / "fifo"
+    os.mkfifo(fifo)
+    holder = os.open(fifo, os.O_RDWR)   # (a shell's open of it never blocks)
     old_umask = os.umask(0o022)
     try:
         server = subprocess.Popen([str(drop), "1000", "1001", "-s", "-z", str(readable / library.name), "/bin/bash",
@@ -188,7 +194,12 @@ def _serving(drop: Path, library: Path, readable: Path,
         reply = server.stdout.read(16)
         assert len(reply) == 16 and reply.endswith(b"\n"), reply
         return [int(word) for word in reply.split()]
-    return server, ask
+    try:
+        yield server, ask, fifo, holder
+    finally:
+        server.kill()
+        server.wait()
+        os.close(holder)
 
 
 def _uid_and_owner(pid: int) -> tuple[int, int]:
@@ -205,12 +216,8 @@ def test_its_zygote_forks_each_shell_from_a_bash_that_ran_nothing_and_one_that_g
     """With -z, the shells are forked by a bash of the agent's (the zygote) that loaded drop.c's builtin: each is its
     own process ($$, its group, SECONDS from 0), the zygote is out of the agent's reach but for signals (not
     dumpable: /proc shows it as root's), and a zygote killed or stopped is ended, its shells with it (128 + SIGKILL),
-    and the next shell comes from the drop itself, then from a new zygote."""
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    holder = os.open(fifo, os.O_RDWR)
-    server, ask = _serving(built, tmp_path / "drop.so", readable)
-    try:
+    and the next shell comes from a new zygote."""
+    with serving(built, tmp_path / "drop.so", readable) as (server, ask, fifo, holder):
         shell, zygote = ask(f"s {fifo} {tmp_path / 'out'}")
         assert zygote not in (server.pid, shell) and _uid_and_owner(zygote) == (1000, 0)
         os.write(holder, b"hello\n")
@@ -237,29 +244,18 @@ def test_its_zygote_forks_each_shell_from_a_bash_that_ran_nothing_and_one_that_g
             zygote = parent   # a new one
         os.kill(waiting, signal.SIGKILL)
         assert ask(f"w {waiting}") == [128 + signal.SIGKILL]
-    finally:
-        server.kill()
-        server.wait()
-        os.close(holder)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the drop changes ids: only root may")
-def test_a_zygote_that_cannot_load_its_builtin_is_not_tried_again(built: Path, tmp_path: Path, readable: Path):
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    holder = os.open(fifo, os.O_RDWR)
-    server, ask = _serving(built, tmp_path / "no-such.so", readable)
-    try:
+def test_a_zygote_that_cannot_load_its_builtin_leaves_the_drop_forking_each_shell(built: Path, tmp_path: Path,
+                                                                                   readable: Path):
+    with serving(built, tmp_path / "no-such.so", readable) as (server, ask, fifo, holder):
         for _ in range(3):
             shell, parent = ask(f"s {fifo} {tmp_path / 'out'}")
             assert parent == server.pid   # forked by the drop itself
             os.write(holder, b"x\n")
             assert ask(f"w {shell}") == [7]
             assert (tmp_path / "out").read_text().split()[:2] == ["x", str(shell)]
-    finally:
-        server.kill()
-        server.wait()
-        os.close(holder)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the drop changes ids: only root may")
@@ -268,11 +264,7 @@ def test_the_zygote_is_never_the_agents_to_trace_and_one_whose_fork_fails_is_rep
     """The zygote is not dumpable from its exec on, before its builtin is even loaded: there is no moment in which
     the agent could open its memory or trace it. A zygote whose fork fails (the agent may lower its limits: same
     uid) is ended, and the drop forks that shell itself: no false "process table full"."""
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    holder = os.open(fifo, os.O_RDWR)
-    server, ask = _serving(built, tmp_path / "drop.so", readable, slow=1)   # (its start, slowed down: a second)
-    try:
+    with serving(built, tmp_path / "drop.so", readable, slow=1) as (server, ask, fifo, holder):   # (a slow start)
         time.sleep(0.5)
         starting = [int(p) for p in Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()]
         assert len(starting) == 1 and _uid_and_owner(starting[0]) == (1000, 0)   # still before `enable -f`
@@ -291,10 +283,6 @@ def test_the_zygote_is_never_the_agents_to_trace_and_one_whose_fork_fails_is_rep
         assert parent not in (server.pid, zygote)   # a new zygote, as slow to start as the first
         os.kill(again, signal.SIGKILL)
         assert ask(f"w {again}") == [128 + signal.SIGKILL]
-    finally:
-        server.kill()
-        server.wait()
-        os.close(holder)
 
 
 def _helper(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
