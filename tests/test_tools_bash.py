@@ -193,8 +193,10 @@ def test_waiting_for_background_output_is_bounded(sandbox):
     started = time.monotonic()
     quiet = bash(sandbox, "sleep 30 & echo quiet")   # holds the output open, writes nothing
     assert text(quiet) == "quiet\n"
-    chatty = bash(sandbox, "(for i in $(seq 150); do echo x; sleep 0.02; done) & echo chatty")  # ~3 s of output
-    assert text(chatty).startswith("chatty\nx\n")
+    # ~3 s of output, already flowing when the command ends (a loaded CI host once took over 100 ms to start the
+    # loop's `seq`, and the call rightly ended before its first line)
+    chatty = bash(sandbox, "(for i in $(seq 150); do echo x; sleep 0.02; done) & sleep 0.3; echo chatty")
+    assert "chatty\nx\n" in text(chatty)   # what it wrote after the command's end was kept
     assert time.monotonic() - started < 6
     bash(sandbox, "pkill -u \"$(id -u)\" -x sleep; true")   # the agent's leftovers only
 
