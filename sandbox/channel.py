@@ -79,7 +79,8 @@ def install_script(api, container_id: str, host_dir: str | None) -> None:
     through the API (no exec)."""
     drop, zygote = drop_helper.program(), drop_helper.library()
     files = {"channel.sh": (SCRIPT, 0o555), **{name: (data, 0o444) for name, data in PARTS.items()},
-             drop_helper.NAME: (drop or b"", 0o555 if drop else 0o444), drop_helper.LIBRARY: (zygote or b"", 0o444)}
+             drop_helper.DROP.name: (drop or b"", 0o555 if drop else 0o444),
+             drop_helper.ZYGOTE.name: (zygote or b"", 0o444)}
     if host_dir is not None:   # (a fresh directory: without a drop of pid's there is none, and setpriv is used)
         for name, (data, mode) in files.items():
             if not data:

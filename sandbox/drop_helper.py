@@ -30,20 +30,33 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
 SOURCE = importlib.resources.files(__package__).joinpath("drop.c").read_bytes()
-NAME = "drop"                       # its name in /.pid
-LIBRARY = "zygote.so"               # the zygote's half's name in /.pid
 MACHINES = ("x86_64", "aarch64")    # the architectures drop.c has system calls for
 ELF_MACHINES = {"x86_64": 62, "aarch64": 183}   # their ELF e_machine
 ET_EXEC, ET_DYN, PT_DYNAMIC, PT_INTERP = 2, 3, 2, 3
 MAX_SIZE = 64 * 1024                # a build larger than this is not the program drop.c makes
 BUILD_TIMEOUT_S = 60.0
-COMMON = ["-nostdlib", "-Os", "-fno-stack-protector", "-fno-asynchronous-unwind-tables", "-Wl,--build-id=none", "-s"]
-FLAGS = ["-static", *COMMON, "-fno-pie", "-no-pie"]
-LIBRARY_FLAGS = ["-shared", "-fPIC", "-DPID_ZYGOTE", *COMMON]   # (its C library: the loading bash's)
+COMMON = ("-nostdlib", "-Os", "-fno-stack-protector", "-fno-asynchronous-unwind-tables", "-Wl,--build-id=none", "-s")
+
+
+@dataclass(frozen=True)
+class Build:
+    """One of the two things drop.c is built into, and what its messages call it."""
+    name: str                # its name in /.pid
+    flags: tuple[str, ...]
+    executable: bool         # the static program (run as root); else the zygote's shared library (loaded by bash)
+    what: str                # "pid's <what>"
+    without: str             # what happens where there is none
+
+
+DROP = Build("drop", ("-static", *COMMON, "-fno-pie", "-no-pie"), True, "privilege drop",
+             "commands drop through setpriv")
+ZYGOTE = Build("zygote.so", ("-shared", "-fPIC", "-DPID_ZYGOTE", *COMMON), False,   # (its C library: bash's)
+               "zygote library", "the drop forks and executes each shell itself")
 
 
 _building = threading.Lock()   # (a worker's jobs may all start at once: one builds, the others wait for it)
@@ -52,40 +65,40 @@ _building = threading.Lock()   # (a worker's jobs may all start at once: one bui
 @functools.cache
 def program() -> bytes | None:
     """The built program's bytes (read from the cache, else built now), or None: commands drop through setpriv."""
-    return _made(NAME, FLAGS, executable=True)
+    return _made(DROP)
 
 
 @functools.cache
 def library() -> bytes | None:
     """The zygote's half, built the same way, or None (also without the program): the drop forks every shell."""
-    return _made(LIBRARY, LIBRARY_FLAGS, executable=False) if program() is not None else None
+    return _made(ZYGOTE) if program() is not None else None
 
 
-def _made(name: str, flags: list[str], executable: bool) -> bytes | None:
-    cache = _cache_path(name, flags)
+def _made(build: Build) -> bytes | None:
+    cache = _cache_path(build)
     if cache is None:
         return None
     with _building:
-        kept = _kept(cache, executable)
+        kept = _kept(cache, build)
         if kept is not None:
             return kept
-        built = _build(name, flags, executable)
+        built = _build(build)
         if built is not None:
-            _keep(cache, built)
+            _keep(cache, built, build)
         return built
 
 
-def _cache_path(name: str, flags: list[str]) -> str | None:
-    """Where this user keeps `name` built from this source, by its digest; None where there is none to use."""
+def _cache_path(build: Build) -> str | None:
+    """Where this user keeps `build` made from this source, by its digest; None where there is none to use."""
     machine = platform.machine()
     if os.name != "posix" or platform.system() != "Linux" or machine not in MACHINES:
         return None
-    digest = hashlib.sha256(SOURCE + " ".join(flags).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(SOURCE + " ".join(build.flags).encode()).hexdigest()[:16]
     return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pid",
-                        f"{name.split('.')[0]}-{digest}-{machine}")
+                        f"{build.name.split('.')[0]}-{digest}-{machine}")
 
 
-def _kept(path: str, executable: bool) -> bytes | None:
+def _kept(path: str, build: Build) -> bytes | None:
     """The kept copy, if it and its directory are this user's and writable by nobody else (no link followed)."""
     try:
         if not _private(os.lstat(os.path.dirname(path))):
@@ -97,39 +110,37 @@ def _kept(path: str, executable: bool) -> bytes | None:
         if not _private(os.fstat(fd)):
             return None
         data = f.read(MAX_SIZE + 1)
-    return data if _plausible(data, executable) else None
+    return data if _plausible(data, build) else None
 
 
 def _private(st: os.stat_result) -> bool:
     return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def _build(name: str, flags: list[str], executable: bool) -> bytes | None:
-    what = "privilege drop" if executable else "privilege drop's zygote"
-    fallback = "commands drop through setpriv" if executable else "it forks and executes each shell itself"
+def _build(build: Build) -> bytes | None:
     compiler = shutil.which(os.environ.get("CC") or "cc")
     if compiler is None:
-        log.info("no C compiler here for pid's %s: %s", what, fallback)
+        log.info("no C compiler here for pid's %s: %s", build.what, build.without)
         return None
     with tempfile.TemporaryDirectory(prefix="pid-drop-") as tmp:
-        source, out = os.path.join(tmp, "drop.c"), os.path.join(tmp, name)
+        source, out = os.path.join(tmp, "drop.c"), os.path.join(tmp, build.name)
         with open(source, "wb") as f:
             f.write(SOURCE)
         try:
-            built = subprocess.run([compiler, *flags, "-o", out, source], capture_output=True, text=True,
+            built = subprocess.run([compiler, *build.flags, "-o", out, source], capture_output=True, text=True,
                                    timeout=BUILD_TIMEOUT_S, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("cannot build pid's %s (%s): %s", what, exc, fallback)
+            log.warning("cannot build pid's %s (%s): %s", build.what, exc, build.without)
             return None
         if built.returncode != 0:
-            log.warning("cannot build pid's %s: %s: %s", what, fallback, built.stderr.strip()[-500:])
+            log.warning("cannot build pid's %s: %s: %s", build.what, build.without, built.stderr.strip()[-500:])
             return None
         with open(out, "rb") as f:
             data = f.read(MAX_SIZE + 1)
-    return data if _plausible(data, executable) else None
+    return data if _plausible(data, build) else None
 
 
-def _plausible(data: bytes, executable: bool = True) -> bool:
+def _plausible(data: bytes, build: Build) -> bool:
     """Whether `data` is what drop.c could have been built into for this machine: a 64-bit little-endian ELF file
     of this machine's architecture, no larger than MAX_SIZE; the program static (no interpreter, nothing linked at
     run time), the library a shared object with no interpreter. A kept or shipped program is run as root in every
@@ -140,27 +151,29 @@ def _plausible(data: bytes, executable: bool = True) -> bool:
     kind, machine = struct.unpack_from("<HH", data, 16)
     ph_offset, = struct.unpack_from("<Q", data, 32)
     ph_size, ph_count = struct.unpack_from("<HH", data, 54)
-    if kind != (ET_EXEC if executable else ET_DYN) or machine != ELF_MACHINES.get(platform.machine()) \
+    if kind != (ET_EXEC if build.executable else ET_DYN) or machine != ELF_MACHINES.get(platform.machine()) \
             or ph_size < 4 or ph_count == 0 or ph_offset + ph_size * ph_count > len(data):
         return False
     kinds = {struct.unpack_from("<I", data, ph_offset + n * ph_size)[0] for n in range(ph_count)}
-    return not kinds & {PT_DYNAMIC, PT_INTERP} if executable else PT_DYNAMIC in kinds and PT_INTERP not in kinds
+    if build.executable:
+        return not kinds & {PT_DYNAMIC, PT_INTERP}
+    return PT_DYNAMIC in kinds and PT_INTERP not in kinds
 
 
-def _keep(path: str, data: bytes) -> None:
+def _keep(path: str, data: bytes, build: Build) -> None:
     """Into the cache, whole or not at all (another process may be reading it)."""
     tmp = None
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         if not _private(os.lstat(os.path.dirname(path))):
-            log.info("not keeping pid's privilege drop in %s: others may write there", os.path.dirname(path))
+            log.info("not keeping pid's %s in %s: others may write there", build.what, os.path.dirname(path))
             return
         fd, tmp = tempfile.mkstemp(prefix=".drop-", dir=os.path.dirname(path))
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     except OSError as exc:
-        log.info("cannot keep pid's privilege drop in %s: %s", path, exc)
+        log.info("cannot keep pid's %s in %s: %s", build.what, path, exc)
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
@@ -185,22 +198,22 @@ def main(argv: list[str]) -> int:
             with open(path + ".so", "wb") as f:
                 f.write(half)
         return 0
-    for name, flags, file, executable in ((NAME, FLAGS, path, True), (LIBRARY, LIBRARY_FLAGS, path + ".so", False)):
-        cache = _cache_path(name, flags)
+    for build, file in ((DROP, path), (ZYGOTE, path + ".so")):
+        cache = _cache_path(build)
         if cache is None:
             log.error("pid's privilege drop is not used on this machine (not Linux on x86_64 or aarch64)")
             return 1
-        if not executable and not os.path.exists(file):
+        if build is ZYGOTE and not os.path.exists(file):
             continue
         with open(file, "rb") as f:
             data = f.read(MAX_SIZE + 1)
-        if not _plausible(data, executable):
-            log.error("%s is not pid's %s (an ELF file for %s of at most %d bytes)", file,
-                      "privilege drop" if executable else "zygote library", platform.machine(), MAX_SIZE)
+        if not _plausible(data, build):
+            log.error("%s is not pid's %s (an ELF file for %s of at most %d bytes)", file, build.what,
+                      platform.machine(), MAX_SIZE)
             return 1
-        _keep(cache, data)
-        if _kept(cache, executable) != data:
-            log.error("cannot keep pid's %s in %s", "privilege drop" if executable else "zygote library", cache)
+        _keep(cache, data, build)
+        if _kept(cache, build) != data:
+            log.error("cannot keep pid's %s in %s", build.what, cache)
             return 1
     return 0
 
