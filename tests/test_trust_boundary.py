@@ -22,7 +22,7 @@ import requests
 from pid.sandbox_api import OutputPolicy, SandboxLost
 from pid.sandbox import DockerSandbox, SandboxConfig, SandboxError, commands, launch, processes
 from pid.sandbox.channel import Channel, ProtocolError
-from tests import deep_tree
+from tests import deep_tree, gate
 from tests.conftest import RUN_ID, RUNTIME, WAITING_SHELL_MARK, signal_waiting_shells, signalled
 from tests.scripted_llm import ScriptedLLM
 
@@ -1227,20 +1227,20 @@ def test_the_agents_tracer_holding_pids_shells_costs_no_call_more_than_its_timeo
 @not_pooled
 def test_a_container_removed_mid_job_fails_the_job(run_pid, pid_env, sample_repo, tmp_path):
     """...and what the agent had done is not lost with it: a fresh container on the job's disks makes the patch."""
-    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo done-before > made.txt; sleep 60"}}]},
-              {"text": "all good, honest"}]
+    command = f"echo done-before > made.txt; touch {gate.REACHED}; sleep 60"
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}, {"text": "all good, honest"}]
     client = docker.from_env()
     from pid.sandbox.reaper import owner_label
     owner = owner_label(pid_env["PID_HOME"])
 
-    def remove_when_running() -> None:
-        deadline = time.time() + 60
+    def remove_when_running() -> None:   # (once the command has written its file: not a fixed time after the start,
+        deadline = time.time() + 60      # which a loaded gVisor host once outran)
         while time.time() < deadline:
-            found = client.containers.list(filters={"label": f"pid.owner={owner}"})
-            if found:
-                time.sleep(2)
-                found[0].remove(force=True)
-                return
+            for box in client.containers.list(filters={"label": f"pid.owner={owner}"}):
+                with contextlib.suppress(docker.errors.APIError):
+                    if box.exec_run(["test", "-e", gate.REACHED], user="root").exit_code == 0:
+                        box.remove(force=True)
+                        return
             time.sleep(0.2)
 
     remover = threading.Thread(target=remove_when_running)
